@@ -1,0 +1,128 @@
+//! Server functions. Each is a thin shell over [`crate::backend::AdminBackend`]; every one but
+//! those in [`PUBLIC_SERVER_FNS`] starts with `require_owner()`, and the server also refuses
+//! requests to the others without a session before they run.
+
+use leptos::prelude::*;
+
+use crate::{
+    dto::{DashboardInfo, SettingsInfo, ShellInfo},
+    error::AppError,
+};
+#[cfg(feature = "ssr")]
+use crate::{
+    auth::{answer, backend, begin_session, client_ip, require_owner, retry_after, session},
+    backend::LoginOutcome,
+    dto::NewOwner,
+    error::code,
+};
+
+/// Server functions reachable without a session. Everything else answers 401 without one.
+pub const PUBLIC_SERVER_FNS: &[&str] = &["/api/login", "/api/setup_owner"];
+
+/// Only same-site relative paths are followed after login, never another origin.
+#[cfg(feature = "ssr")]
+fn safe_next(next: &str) -> &str {
+    if next.starts_with('/') && !next.starts_with("//") && !next.starts_with("/\\") { next } else { "/" }
+}
+
+#[server(endpoint = "setup_owner")]
+pub async fn setup_owner(
+    display_name: String,
+    login: String,
+    password: String,
+    password_confirm: String,
+    whatsapp: String,
+) -> Result<(), AppError> {
+    answer(
+        async {
+            if password != password_confirm {
+                return Err(AppError::invalid("The two passwords differ."));
+            }
+            let backend = backend()?;
+            let ip = client_ip().await;
+            let who = backend
+                .create_first_owner(NewOwner { display_name, login, password, phones: whatsapp }, &ip)
+                .await?;
+            begin_session(&session().await?, &who).await?;
+            leptos_axum::redirect("/");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "login")]
+pub async fn login(login: String, password: String, next: String) -> Result<(), AppError> {
+    answer(
+        async {
+            let backend = backend()?;
+            let ip = client_ip().await;
+            match backend.login(&login, &password, &ip).await? {
+                LoginOutcome::Ok(who) => {
+                    begin_session(&session().await?, &who).await?;
+                    leptos_axum::redirect(safe_next(&next));
+                    Ok(())
+                }
+                LoginOutcome::Rejected => Err(AppError::new(code::LOGIN_FAILED, "Wrong login name or password.")),
+                LoginOutcome::Throttled { retry_after_secs } => {
+                    retry_after(retry_after_secs);
+                    Err(AppError::new(code::LOGIN_THROTTLED, "Too many failed attempts. Wait a few minutes and try again."))
+                }
+            }
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "logout")]
+pub async fn logout() -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let session = session().await?;
+            let _ = session.flush().await;
+            backend()?.record_logout(me.owner_id, &client_ip().await).await?;
+            leptos_axum::redirect("/login");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "current_owner")]
+pub async fn current_owner() -> Result<ShellInfo, AppError> {
+    answer(require_owner().await)
+}
+
+#[server(endpoint = "dashboard_facts")]
+pub async fn dashboard_facts() -> Result<DashboardInfo, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.dashboard().await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "console_settings")]
+pub async fn console_settings() -> Result<SettingsInfo, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.settings(me.owner_id).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "update_phones")]
+pub async fn update_phones(phones: String) -> Result<Vec<String>, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.update_phones(me.owner_id, &phones, &client_ip().await).await
+        }
+        .await,
+    )
+}

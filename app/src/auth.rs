@@ -1,0 +1,105 @@
+//! Server-side session checks, shared by the server functions and the server's page guard.
+
+use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
+use tower_sessions::Session;
+
+use crate::{
+    backend::{OwnerIdentity, SharedBackend},
+    dto::ShellInfo,
+    error::AppError,
+};
+
+const SESSION_KEY: &str = "owner";
+
+/// What a session stores about its owner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SessionOwner {
+    id: i64,
+    epoch: i64,
+    login_at_ms: i64,
+}
+
+/// The client address, put into request extensions by the server.
+#[derive(Debug, Clone)]
+pub struct ClientIp(pub String);
+
+fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The owner behind `session`, or `None` for no session, an expired one, or one whose owner was
+/// removed or had the password reset. Invalid sessions are flushed.
+pub async fn owner_of(session: &Session, backend: &SharedBackend) -> Result<Option<ShellInfo>, AppError> {
+    let stored: Option<SessionOwner> = session.get(SESSION_KEY).await.map_err(|e| {
+        tracing::error!(error = %e, "session load failed");
+        AppError::internal()
+    })?;
+    let Some(stored) = stored else { return Ok(None) };
+    let expired = now_ms().saturating_sub(stored.login_at_ms) > backend.session_absolute_timeout_ms();
+    let info = if expired { None } else { backend.shell_info(&OwnerIdentity { id: stored.id, epoch: stored.epoch }).await? };
+    if info.is_none() {
+        let _ = session.flush().await;
+    }
+    Ok(info)
+}
+
+/// Starts a fresh session for `who`, with a new id so a planted id is useless.
+pub async fn begin_session(session: &Session, who: &OwnerIdentity) -> Result<(), AppError> {
+    let record = SessionOwner { id: who.id, epoch: who.epoch, login_at_ms: now_ms() };
+    session.cycle_id().await.map_err(session_error)?;
+    session.insert(SESSION_KEY, record).await.map_err(session_error)?;
+    Ok(())
+}
+
+fn session_error(e: tower_sessions::session::Error) -> AppError {
+    tracing::error!(error = %e, "session store failed");
+    AppError::internal()
+}
+
+pub(crate) fn backend() -> Result<SharedBackend, AppError> {
+    use_context::<SharedBackend>().ok_or_else(|| {
+        tracing::error!("AdminBackend missing from context");
+        AppError::internal()
+    })
+}
+
+pub(crate) async fn session() -> Result<Session, AppError> {
+    leptos_axum::extract::<Session>().await.map_err(|e| {
+        tracing::error!(error = %e, "no session layer");
+        AppError::internal()
+    })
+}
+
+pub(crate) async fn client_ip() -> String {
+    leptos_axum::extract::<axum::Extension<ClientIp>>().await.map(|ip| ip.0.0).unwrap_or_else(|_| "unknown".into())
+}
+
+/// The signed-in owner, or `UNAUTHORIZED`. Every protected server function starts here.
+pub async fn require_owner() -> Result<ShellInfo, AppError> {
+    let backend = backend()?;
+    let session = session().await?;
+    owner_of(&session, &backend).await?.ok_or_else(AppError::unauthorized)
+}
+
+/// Sets the HTTP status (and Retry-After) for an error answer.
+pub fn answer<T>(result: Result<T, AppError>) -> Result<T, AppError> {
+    if let Err(err) = &result {
+        if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
+            if let Ok(status) = http::StatusCode::from_u16(err.status()) {
+                res.set_status(status);
+            }
+        }
+    }
+    result
+}
+
+/// Adds `Retry-After` to the response.
+pub fn retry_after(secs: u64) {
+    if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
+        if let Ok(v) = http::HeaderValue::from_str(&secs.to_string()) {
+            res.insert_header(http::header::RETRY_AFTER, v);
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! What the console needs from the engine. The server implements it and injects it as context,
+//! so the UI never depends on the engine's crates.
+
+use std::sync::Arc;
+
+use crate::{
+    dto::{DashboardInfo, NewOwner, SettingsInfo, ShellInfo},
+    error::AppError,
+};
+
+/// The owner a valid session belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnerIdentity {
+    pub id: i64,
+    pub epoch: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoginOutcome {
+    Ok(OwnerIdentity),
+    /// Unknown login or wrong password; the caller cannot tell which.
+    Rejected,
+    Throttled { retry_after_secs: u64 },
+}
+
+#[async_trait::async_trait]
+pub trait AdminBackend: Send + Sync {
+    /// Whether `/setup` is still open (no owner was ever created).
+    async fn setup_open(&self) -> Result<bool, AppError>;
+    /// Creates the first owner; fails with `SETUP_CLOSED` when one already exists, also when two
+    /// requests race.
+    async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError>;
+    async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError>;
+    async fn record_logout(&self, owner_id: i64, ip: &str) -> Result<(), AppError>;
+    /// `None` when the owner is gone or the session epoch is stale (password was reset).
+    async fn shell_info(&self, who: &OwnerIdentity) -> Result<Option<ShellInfo>, AppError>;
+    async fn dashboard(&self) -> Result<DashboardInfo, AppError>;
+    async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError>;
+    async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError>;
+    /// Sessions older than this since login are void, however active.
+    fn session_absolute_timeout_ms(&self) -> i64;
+}
+
+pub type SharedBackend = Arc<dyn AdminBackend>;

@@ -1,0 +1,70 @@
+//! The one error type every server function returns: a stable code plus a message that is safe
+//! to show an owner. Internals never travel in it.
+
+use leptos::server_fn::{
+    codec::JsonEncoding,
+    error::{FromServerFnError, ServerFnErrorErr},
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct AppError {
+    pub code: String,
+    pub message: String,
+}
+
+/// Stable error codes shown to owners and matched by tests.
+pub mod code {
+    pub const UNAUTHORIZED: &str = "UNAUTHORIZED";
+    pub const LOGIN_FAILED: &str = "LOGIN_FAILED";
+    pub const LOGIN_THROTTLED: &str = "LOGIN_THROTTLED";
+    pub const INVALID_INPUT: &str = "INVALID_INPUT";
+    pub const SETUP_CLOSED: &str = "SETUP_CLOSED";
+    pub const CONFLICT: &str = "CONFLICT";
+    pub const INTERNAL: &str = "INTERNAL";
+    pub const REQUEST_FAILED: &str = "REQUEST_FAILED";
+}
+
+impl AppError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self { code: code.to_string(), message: message.into() }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(code::UNAUTHORIZED, "Please log in.")
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(code::INVALID_INPUT, message)
+    }
+
+    /// Hides the cause from the owner; the caller logs it.
+    pub fn internal() -> Self {
+        Self::new(code::INTERNAL, "Something went wrong on the server. The log has the details.")
+    }
+
+    pub fn is_unauthorized(&self) -> bool {
+        self.code == code::UNAUTHORIZED
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> u16 {
+        match self.code.as_str() {
+            code::UNAUTHORIZED | code::LOGIN_FAILED => 401,
+            code::LOGIN_THROTTLED => 429,
+            code::INVALID_INPUT | code::REQUEST_FAILED => 400,
+            code::SETUP_CLOSED => 410,
+            code::CONFLICT => 409,
+            _ => 500,
+        }
+    }
+}
+
+impl FromServerFnError for AppError {
+    type Encoder = JsonEncoding;
+
+    fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        Self::new(code::REQUEST_FAILED, value.to_string())
+    }
+}

@@ -1,0 +1,74 @@
+//! The Gatehouse console: server-rendered Leptos pages that hydrate from wasm, and the server
+//! functions behind them. Core owner actions are plain HTML forms, so they work before (or
+//! without) the wasm.
+
+pub mod api;
+pub mod domain;
+pub mod dto;
+pub mod error;
+mod layout;
+mod pages;
+
+#[cfg(feature = "ssr")]
+pub mod auth;
+#[cfg(feature = "ssr")]
+pub mod backend;
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Title, provide_meta_context};
+use leptos_router::{
+    StaticSegment,
+    components::{ParentRoute, Route, Router, Routes},
+};
+
+pub use layout::NAV;
+
+/// The HTML document around the app, rendered on the server only.
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8" />
+                <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <link rel="icon" href="data:," />
+                <link rel="stylesheet" href="/assets/gatehouse.css" />
+                <HydrationScripts options />
+                <MetaTags />
+            </head>
+            <body>
+                <App />
+            </body>
+        </html>
+    }
+}
+
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    // Effects run only in the browser, after hydration: tests and scripts wait for this mark.
+    Effect::new(|| {
+        if let Some(body) = document().body() {
+            let _ = body.set_attribute("data-hydrated", "true");
+        }
+    });
+    view! {
+        <Title text="Gatehouse" />
+        <Router>
+            <Routes fallback=pages::NotFound>
+                <Route path=StaticSegment("setup") view=pages::setup::SetupPage />
+                <Route path=StaticSegment("login") view=pages::login::LoginPage />
+                <ParentRoute path=StaticSegment("") view=layout::ConsoleLayout>
+                    <Route path=StaticSegment("") view=pages::dashboard::DashboardPage />
+                    <Route path=StaticSegment("settings") view=pages::settings::SettingsPage />
+                    <Route path=StaticSegment("conversations") view=pages::pending::Conversations />
+                    <Route path=StaticSegment("traces") view=pages::pending::Traces />
+                    <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
+                    <Route path=StaticSegment("jobs") view=pages::pending::Jobs />
+                    <Route path=StaticSegment("tools") view=pages::pending::Tools />
+                    <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
+                </ParentRoute>
+            </Routes>
+        </Router>
+    }
+}

@@ -1,0 +1,29 @@
+pub mod dashboard;
+pub mod login;
+pub mod pending;
+pub mod settings;
+pub mod setup;
+
+use leptos::prelude::*;
+
+use crate::error::AppError;
+
+#[component]
+pub fn NotFound() -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
+        res.set_status(http::StatusCode::NOT_FOUND);
+    }
+    view! {
+        <main class="narrow">
+            <h1>"Not found"</h1>
+            <p>"There is no page here. " <a href="/">"Back to the dashboard"</a></p>
+        </main>
+    }
+}
+
+/// Shows a server function error inline.
+pub fn error_view(err: &AppError) -> AnyView {
+    crate::layout::redirect_if_unauthorized(err);
+    view! { <p class="error" role="alert" data-code=err.code.clone()>{err.message.clone()}</p> }.into_any()
+}

@@ -1,0 +1,69 @@
+//! Sections whose capability has not landed yet. They say what will fill them and show no rows.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+
+fn pending(title: &'static str, capability: &'static str, what: &'static str) -> impl IntoView {
+    view! {
+        <Title text=format!("{title} · Gatehouse") />
+        <h1>{title}</h1>
+        <div class="empty" data-testid="pending-capability">
+            <p><strong>"Nothing to show yet."</strong> " This page is filled by the " <em>{capability}</em> " capability, which is not part of this build."</p>
+            <p>{what}</p>
+        </div>
+    }
+}
+
+#[component]
+pub fn Conversations() -> impl IntoView {
+    pending(
+        "Conversations",
+        "WhatsApp channel and conversation runtime",
+        "Once it lands, every chat (WhatsApp and simulated) appears here with its messages, delivery states and links to traces, and you can talk to the bot through a simulator.",
+    )
+}
+
+#[component]
+pub fn Traces() -> impl IntoView {
+    pending(
+        "Traces",
+        "WhatsApp channel and conversation runtime",
+        "Each processed message will record a trace of every step, LLM call and reply, listed and filterable here.",
+    )
+}
+
+#[component]
+pub fn Approvals() -> impl IntoView {
+    pending(
+        "Approvals",
+        "owner approvals",
+        "High-risk tool calls will wait here for you to approve or reject them, bound to the exact call.",
+    )
+}
+
+#[component]
+pub fn Jobs() -> impl IntoView {
+    pending(
+        "Jobs",
+        "durable job queue",
+        "Tool calls will run as durable jobs; their live counts per state, attempts and errors will show here.",
+    )
+}
+
+#[component]
+pub fn Tools() -> impl IntoView {
+    pending(
+        "Tools & MCP",
+        "tool catalog and MCP servers",
+        "The tool catalog from config/tools.toml, connectors and MCP servers, their policies, breakers and recent calls will show here.",
+    )
+}
+
+#[component]
+pub fn Repairs() -> impl IntoView {
+    pending(
+        "Repairs",
+        "self-improvement",
+        "Failed traces will become regression cases and proposed repairs (diffs) for you to approve or reject. Nothing changes itself.",
+    )
+}

@@ -1,0 +1,57 @@
+use leptos::prelude::*;
+use leptos_meta::Title;
+
+use crate::api::{UpdatePhones, console_settings};
+
+#[component]
+pub fn SettingsPage() -> impl IntoView {
+    let update = ServerAction::<UpdatePhones>::new();
+    let info = Resource::new_blocking(move || update.version().get(), |_| console_settings());
+    view! {
+        <Title text="Settings · Gatehouse" />
+        <h1>"Settings"</h1>
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+            {move || info.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(s) => view! {
+                    <section>
+                        <h2>"Your WhatsApp numbers"</h2>
+                        <p>"The bot treats messages from these numbers as coming from you, an owner."</p>
+                        <ActionForm action=update attr:class="stack">
+                            <label>"Numbers in E.164 form, one per line"
+                                <textarea name="phones" rows="3" data-testid="phones">{s.my_phones.join("\n")}</textarea>
+                            </label>
+                            <button type="submit">"Save numbers"</button>
+                        </ActionForm>
+                        {move || update.value().get().map(|r| match r {
+                            Ok(_) => view! { <p class="ok" role="status">"Saved."</p> }.into_any(),
+                            Err(e) => super::error_view(&e),
+                        })}
+                    </section>
+                    <section>
+                        <h2>"Secrets"</h2>
+                        <p>"Read from the environment only; values are never shown."</p>
+                        <table class="kv" data-testid="secrets">
+                            <tbody>
+                                {s.secrets.into_iter().map(|e| view! {
+                                    <tr><th><code>{e.variable}</code></th><td>{if e.set { "set" } else { "unset" }}</td></tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                    </section>
+                    <section>
+                        <h2>"Effective configuration"</h2>
+                        <p>"From " <code>{s.config_path.clone()}</code> " and GATEHOUSE__SECTION__KEY variables. Every key is explained in that file."</p>
+                        <table class="kv" data-testid="effective-config">
+                            <tbody>
+                                {s.entries.into_iter().map(|e| view! {
+                                    <tr><th><code>{e.key}</code></th><td><code>{e.value}</code></td></tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                    </section>
+                }.into_any(),
+            })}
+        </Suspense>
+    }
+}

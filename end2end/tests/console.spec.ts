@@ -1,0 +1,171 @@
+import { test, expect, type Page, type ConsoleMessage } from "@playwright/test";
+
+// One owner journey, in order, against a fresh database: the steps depend on each other
+// (setup closes for good; failed logins count toward the throttle).
+test.describe.configure({ mode: "serial" });
+
+const owner = { name: "Ada Owner", login: "ada", password: "correct horse battery staple", phone: "+15550001111" };
+
+const NAV = [
+  ["Dashboard", "Dashboard"],
+  ["Conversations", "Conversations"],
+  ["Traces", "Traces"],
+  ["Approvals", "Approvals"],
+  ["Jobs", "Jobs"],
+  ["Tools & MCP", "Tools & MCP"],
+  ["Repairs", "Repairs"],
+  ["Settings", "Settings"],
+] as const;
+
+/** HTTP error answers a test provokes on purpose (a wrong password, invalid input). Chromium
+ *  logs every 4xx response as a console error; only these declared ones are tolerated. */
+let expectedHttpErrors: Array<{ path: string; status: number }> = [];
+function expectHttpError(path: string, status: number) {
+  expectedHttpErrors.push({ path, status });
+}
+
+/** Fails the test on any browser console error or uncaught exception, except the declared
+ *  HTTP error answers above. */
+function watchConsole(page: Page): string[] {
+  const errors: string[] = [];
+  page.on("console", (msg: ConsoleMessage) => {
+    if (msg.type() !== "error") return;
+    const status = /Failed to load resource: the server responded with a status of (\d{3})/.exec(msg.text());
+    const declared =
+      status !== null &&
+      expectedHttpErrors.some((e) => msg.location().url.endsWith(e.path) && Number(status[1]) === e.status);
+    if (!declared) errors.push(`${msg.text()} @ ${msg.location().url}`);
+  });
+  page.on("pageerror", (err) => errors.push(`pageerror: ${err.message}`));
+  return errors;
+}
+
+async function hydrated(page: Page) {
+  await expect(page.locator("body")).toHaveAttribute("data-hydrated", "true");
+}
+
+async function login(page: Page, login: string, password: string) {
+  await page.getByLabel("Login name").fill(login);
+  await page.getByLabel("Password").fill(password);
+  await page.getByRole("button", { name: "Log in" }).click();
+}
+
+let errors: string[] = [];
+test.beforeEach(({ page }) => {
+  expectedHttpErrors = [];
+  errors = watchConsole(page);
+});
+test.afterEach(() => {
+  expect(errors, "browser console errors").toEqual([]);
+});
+
+test("fresh start redirects to setup, which creates the owner and opens the dashboard", async ({ page }) => {
+  await page.goto("/");
+  await expect(page).toHaveURL(/\/setup$/);
+  await hydrated(page);
+  await page.getByLabel("Display name").fill(owner.name);
+  await page.getByLabel("Login name").fill(owner.login);
+  await page.getByLabel("Password (at least 12 characters)").fill(owner.password);
+  await page.getByLabel("Repeat password").fill(owner.password);
+  await page.getByLabel(/WhatsApp numbers/).fill(owner.phone);
+  await page.getByRole("button", { name: "Create owner" }).click();
+
+  await expect(page).toHaveURL(/\/$/);
+  await expect(page.getByRole("heading", { name: "Dashboard" })).toBeVisible();
+  await expect(page.getByTestId("owner-name")).toHaveText(owner.name);
+  const facts = page.getByTestId("dashboard-facts");
+  await expect(facts).toContainText("sqlite");
+  await expect(facts).toContainText("Migrations applied");
+  await expect(facts).toContainText("1 of 1");
+  await expect(page.getByTestId("degraded-banner")).toContainText("ANTHROPIC_API_KEY");
+});
+
+test("setup is closed once an owner exists", async ({ page }) => {
+  await page.goto("/setup");
+  await expect(page).not.toHaveURL(/\/setup/);
+});
+
+test("every console page renders from the navigation, also on a phone-sized screen", async ({ page }) => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto("/login");
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { name: "Dashboard" })).toBeVisible();
+  for (const [link, heading] of NAV) {
+    await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name: link, exact: true }).click();
+    await expect(page.getByRole("heading", { level: 1, name: heading, exact: true })).toBeVisible();
+    if (!["Dashboard", "Settings"].includes(link)) {
+      await expect(page.getByTestId("pending-capability")).toContainText("Nothing to show yet");
+    }
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    expect(overflow, `${link} fits the screen width`).toBeLessThanOrEqual(1);
+  }
+  // Settings shows secrets only as set/unset, and the owner's own number.
+  await page.getByRole("link", { name: "Settings", exact: true }).click();
+  await expect(page.getByTestId("secrets")).toContainText("ANTHROPIC_API_KEY");
+  await expect(page.getByTestId("secrets")).toContainText("unset");
+  await expect(page.getByTestId("phones")).toHaveValue(owner.phone);
+  await expect(page.getByTestId("effective-config")).toContainText("database.url");
+});
+
+test("owners edit their WhatsApp numbers", async ({ page }) => {
+  await page.goto("/login?next=%2Fsettings");
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { name: "Settings" })).toBeVisible();
+  await page.getByTestId("phones").fill(`${owner.phone}\n+447700900123`);
+  await page.getByRole("button", { name: "Save numbers" }).click();
+  await expect(page.getByText("Saved.")).toBeVisible();
+  await page.reload();
+  await expect(page.getByTestId("phones")).toHaveValue(`${owner.phone}\n+447700900123`);
+  expectHttpError("/api/update_phones", 400);
+  await page.getByTestId("phones").fill("not-a-number");
+  await page.getByRole("button", { name: "Save numbers" }).click();
+  await expect(page.getByRole("alert")).toContainText("E.164");
+});
+
+test("logout ends the session and protected pages redirect to login", async ({ page }) => {
+  await page.goto("/login");
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { name: "Dashboard" })).toBeVisible();
+  await page.getByTestId("logout").click();
+  await expect(page).toHaveURL(/\/login/);
+  await page.goto("/jobs");
+  await expect(page).toHaveURL(/\/login\?next=%2Fjobs$/);
+  await expect(page.getByRole("button", { name: "Log in" })).toBeVisible();
+});
+
+test("without JavaScript, login works as a plain form and shows errors", async ({ browser }) => {
+  const context = await browser.newContext({ javaScriptEnabled: false });
+  const page = await context.newPage();
+  const noJsErrors = watchConsole(page);
+  await page.goto("/jobs");
+  await expect(page).toHaveURL(/\/login/);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { name: "Jobs" })).toBeVisible();
+  await context.close();
+  expect(noJsErrors).toEqual([]);
+});
+
+test("a wrong password shows an error, then repeated failures are throttled", async ({ page }) => {
+  expectHttpError("/api/login", 401);
+  expectHttpError("/api/login", 429);
+  await page.goto("/login");
+  await hydrated(page);
+  // Five failures reach the limit within the window; each answer is awaited before the next.
+  for (let i = 1; i <= 5; i++) {
+    const answer = page.waitForResponse((r) => r.url().endsWith("/api/login"));
+    await login(page, owner.login, `wrong password ${i}`);
+    expect((await answer).status()).toBe(401);
+    await expect(page.getByRole("alert")).toHaveText("Wrong login name or password.");
+  }
+  // Now even the right password is refused, with the same generic message for any account.
+  const answer = page.waitForResponse((r) => r.url().endsWith("/api/login"));
+  await login(page, owner.login, owner.password);
+  const res = await answer;
+  expect(res.status()).toBe(429);
+  expect(Number(res.headers()["retry-after"])).toBeGreaterThan(0);
+  await expect(page.getByRole("alert")).toContainText("Too many failed attempts");
+  await expect(page).toHaveURL(/\/login/);
+});

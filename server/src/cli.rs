@@ -1,0 +1,287 @@
+//! The `gatehouse` command line. Exit codes: 0 success, 2 bad usage or bad config, 1 runtime
+//! failure.
+
+use std::{
+    io::{IsTerminal, Read},
+    path::PathBuf,
+    process::ExitCode,
+};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use secrecy::SecretString;
+
+use crate::{
+    config::{self, DEFAULT_CONFIG_PATH, LoadedConfig, LogFormat},
+    db::{self, Db},
+    owners::{self, ValidOwner},
+    telemetry,
+    web::{self, AppState},
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "gatehouse", version, about = "Gatehouse: a WhatsApp assistant with an owner console")]
+pub struct Cli {
+    /// Main config file; the other config files are read from the same folder.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Log format; overrides `log.format`.
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server and console (the default).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Check every config file and report every problem at once, without starting.
+    CheckConfig,
+    /// Manage owner accounts.
+    #[command(subcommand)]
+    Owner(OwnerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OwnerCommand {
+    /// Add an owner.
+    Add(OwnerAdd),
+    /// Set a new password for an owner; their sessions end.
+    ResetPassword(ResetPassword),
+    /// List owners and their WhatsApp numbers.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct OwnerAdd {
+    /// Login name for the console.
+    #[arg(long)]
+    pub login: String,
+    /// Display name.
+    #[arg(long)]
+    pub name: String,
+    /// WhatsApp number in E.164 form; repeat or comma-separate for several.
+    #[arg(long = "whatsapp", value_name = "E164")]
+    pub whatsapp: Vec<String>,
+    /// Read the password from standard input instead of prompting.
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetPassword {
+    #[arg(long)]
+    pub login: String,
+    /// Read the password from standard input instead of prompting.
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Self {
+        Self { code: 2, message: message.into() }
+    }
+    fn runtime(message: impl std::fmt::Display) -> Self {
+        Self { code: 1, message: message.to_string() }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("gatehouse: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn load_config(cli: &Cli) -> Result<LoadedConfig, Failure> {
+    config::load(&cli.config).map_err(|e| Failure::usage(e.to_string()))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Failure::runtime)
+}
+
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let command = cli.command.as_ref().map_or(&Command::Serve, |c| c);
+    if let Command::CheckConfig = command {
+        return check_config(&cli);
+    }
+    let cfg = load_config(&cli)?;
+    let format = match cli.log_format {
+        Some(LogFormatArg::Json) => LogFormat::Json,
+        Some(LogFormatArg::Text) => LogFormat::Text,
+        None => cfg.settings.log.format,
+    };
+    telemetry::init(format, &cfg.settings.log.filter);
+    let rt = runtime()?;
+    rt.block_on(async move {
+        match command {
+            Command::Serve => serve(cfg).await,
+            Command::Migrate => migrate(&cfg).await,
+            Command::CheckConfig => Ok(()),
+            Command::Owner(cmd) => owner(&cfg, cmd).await,
+        }
+    })
+}
+
+fn check_config(cli: &Cli) -> Result<(), Failure> {
+    let cfg = match config::load(&cli.config) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("{e}");
+            return Err(Failure::usage(format!("{} is not valid", cli.config.display())));
+        }
+    };
+    println!("config: {} (valid)", cfg.path.display());
+    for entry in web::backend::effective_entries(&cfg.settings) {
+        println!("  {} = {}", entry.key, entry.value);
+    }
+    println!("secrets (from the environment; values never shown):");
+    for (name, set) in cfg.secrets.presence() {
+        println!("  {name}: {}", if set { "set" } else { "unset" });
+    }
+    Ok(())
+}
+
+async fn connect(cfg: &LoadedConfig) -> Result<Db, Failure> {
+    let db = Db::connect(&cfg.settings.database).await.map_err(|e| {
+        tracing::error!(error = %e, database = %config::load::redact_url(&cfg.settings.database.url), "database connection failed");
+        Failure::runtime(e)
+    })?;
+    match db.migrate().await {
+        Ok(applied) => {
+            for m in &applied {
+                tracing::info!(version = m.version, description = %m.description, "migration applied");
+            }
+            Ok(db)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "migration failed; Gatehouse will not start on a half-migrated database");
+            Err(Failure::runtime(e))
+        }
+    }
+}
+
+async fn migrate(cfg: &LoadedConfig) -> Result<(), Failure> {
+    let db = connect(cfg).await?;
+    let applied = db.applied_migrations().await.map_err(Failure::runtime)?;
+    println!("{} migration(s) applied on {}; the database is current.", applied.len(), db.backend.as_str());
+    for m in applied {
+        println!("  {:04} {}", m.version, m.description);
+    }
+    db.close().await;
+    Ok(())
+}
+
+async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
+    let db = connect(&cfg).await?;
+    let server = &cfg.settings.server;
+    let listener = web::serve::bind_with_fallback(server.addr, server.strict_port).await.map_err(|e| {
+        tracing::error!(addr = %server.addr, error = %e, "cannot listen");
+        Failure::runtime(format!("cannot listen on {}: {e}", server.addr))
+    })?;
+    let addr = listener.local_addr().map_err(Failure::runtime)?;
+    let grace = server.shutdown_grace;
+    let state = AppState::new(cfg, db.clone(), addr, web::ops::metrics_handle());
+    if let Some((provider, var)) = state.degraded() {
+        tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
+    }
+    web::session_store::DbSessionStore::new(db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
+    let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
+    tracing::info!(addr = %addr, url = %state.public_url, database = db.backend.as_str(), "Gatehouse listening");
+    if !setup_done {
+        tracing::info!("first run: open {}/setup to create the first owner", state.public_url);
+    }
+    let router = web::router(state);
+    web::serve::serve(listener, router, grace).await.map_err(Failure::runtime)?;
+    db.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn read_password(from_stdin: bool) -> Result<SecretString, Failure> {
+    if from_stdin {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(Failure::runtime)?;
+        let password = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_string();
+        return Ok(SecretString::from(password));
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::usage("no terminal to prompt on; pass --password-stdin and pipe the password in"));
+    }
+    let first = rpassword::prompt_password("Password: ").map_err(Failure::runtime)?;
+    let second = rpassword::prompt_password("Repeat password: ").map_err(Failure::runtime)?;
+    if first != second {
+        return Err(Failure::usage("the two passwords differ"));
+    }
+    Ok(SecretString::from(first))
+}
+
+fn owner_failure(e: owners::OwnerError) -> Failure {
+    match e {
+        owners::OwnerError::Invalid(_) | owners::OwnerError::LoginTaken(_) | owners::OwnerError::NotFound(_) => Failure::usage(e.to_string()),
+        other => Failure::runtime(other),
+    }
+}
+
+async fn owner(cfg: &LoadedConfig, cmd: &OwnerCommand) -> Result<(), Failure> {
+    let min = usize::try_from(cfg.settings.auth.min_password_length).unwrap_or(12);
+    match cmd {
+        OwnerCommand::Add(args) => {
+            let password = read_password(args.password_stdin)?;
+            let valid = ValidOwner::parse(&args.name, &args.login, password, &args.whatsapp.join(","), min).map_err(owner_failure)?;
+            let db = connect(cfg).await?;
+            let row = owners::add_owner(&db, valid).await.map_err(owner_failure)?;
+            println!("owner {} added (id {})", row.login, row.id);
+            db.close().await;
+        }
+        OwnerCommand::ResetPassword(args) => {
+            let password = read_password(args.password_stdin)?;
+            owners::check_password(&password, min).map_err(owner_failure)?;
+            let db = connect(cfg).await?;
+            owners::reset_password(&db, &args.login, password, min).await.map_err(owner_failure)?;
+            println!("password of {} reset; their sessions have ended", args.login.trim().to_lowercase());
+            db.close().await;
+        }
+        OwnerCommand::List => {
+            let db = connect(cfg).await?;
+            let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
+            let list = db::owners::list(&mut conn).await.map_err(Failure::runtime)?;
+            if list.is_empty() {
+                println!("no owners yet: open the console's /setup page or run `gatehouse owner add`");
+            }
+            for o in list {
+                let phones = db::owners::phones_of(&mut conn, o.id).await.map_err(Failure::runtime)?;
+                println!("{}\t{}\t{}", o.login, o.display_name, phones.join(","));
+            }
+            drop(conn);
+            db.close().await;
+        }
+    }
+    Ok(())
+}

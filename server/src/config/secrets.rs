@@ -1,0 +1,57 @@
+//! Secrets come only from these environment variables. They are held as [`SecretString`], whose
+//! `Debug` prints `[REDACTED]`, and are reported only as "set" or "unset".
+
+use secrecy::SecretString;
+
+pub const ANTHROPIC_API_KEY: &str = "ANTHROPIC_API_KEY";
+pub const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
+pub const WHATSAPP_ACCESS_TOKEN: &str = "WHATSAPP_ACCESS_TOKEN";
+pub const WHATSAPP_APP_SECRET: &str = "WHATSAPP_APP_SECRET";
+pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
+
+/// Every secret variable Gatehouse reads, in display order.
+pub const ALL: [&str; 5] =
+    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN];
+
+#[derive(Debug, Clone, Default)]
+pub struct Secrets {
+    pub anthropic_api_key: Option<SecretString>,
+    pub openai_api_key: Option<SecretString>,
+    pub whatsapp_access_token: Option<SecretString>,
+    pub whatsapp_app_secret: Option<SecretString>,
+    pub whatsapp_verify_token: Option<SecretString>,
+}
+
+impl Secrets {
+    /// Reads every secret from the process environment. An empty value counts as unset.
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty()).map(SecretString::from);
+        Self {
+            anthropic_api_key: get(ANTHROPIC_API_KEY),
+            openai_api_key: get(OPENAI_API_KEY),
+            whatsapp_access_token: get(WHATSAPP_ACCESS_TOKEN),
+            whatsapp_app_secret: get(WHATSAPP_APP_SECRET),
+            whatsapp_verify_token: get(WHATSAPP_VERIFY_TOKEN),
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&SecretString> {
+        match name {
+            ANTHROPIC_API_KEY => self.anthropic_api_key.as_ref(),
+            OPENAI_API_KEY => self.openai_api_key.as_ref(),
+            WHATSAPP_ACCESS_TOKEN => self.whatsapp_access_token.as_ref(),
+            WHATSAPP_APP_SECRET => self.whatsapp_app_secret.as_ref(),
+            WHATSAPP_VERIFY_TOKEN => self.whatsapp_verify_token.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// `(variable, is_set)` for every secret, for `check-config` and the Settings page.
+    pub fn presence(&self) -> Vec<(&'static str, bool)> {
+        ALL.iter().map(|name| (*name, self.by_name(name).is_some())).collect()
+    }
+}

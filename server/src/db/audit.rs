@@ -1,0 +1,103 @@
+//! The owner audit trail: logins, failures, setup and account changes. Never holds a password.
+
+use sqlx::{AnyConnection, Row};
+
+use super::{DbError, now_ms};
+
+/// Events recorded in `owner_audit.event`.
+pub mod event {
+    pub const SETUP_COMPLETED: &str = "setup_completed";
+    pub const LOGIN_OK: &str = "login_ok";
+    pub const LOGIN_FAILED: &str = "login_failed";
+    pub const LOGIN_THROTTLED: &str = "login_throttled";
+    pub const LOGOUT: &str = "logout";
+    pub const PHONES_UPDATED: &str = "phones_updated";
+    pub const OWNER_ADDED: &str = "owner_added";
+    pub const PASSWORD_RESET: &str = "password_reset";
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AuditEntry<'a> {
+    pub owner_id: Option<i64>,
+    pub login: Option<&'a str>,
+    pub ip: Option<&'a str>,
+    pub event: &'a str,
+    /// A JSON object with extra facts; never a secret.
+    pub detail: Option<serde_json::Value>,
+}
+
+pub async fn record(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<(), DbError> {
+    let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
+    sqlx::query("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(now_ms())
+        .bind(entry.owner_id)
+        .bind(entry.login)
+        .bind(entry.ip)
+        .bind(entry.event)
+        .bind(detail)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Failed logins since `since_ms`: (for this login name, from this address), and the oldest
+/// failure time of each, so the caller can say when the window frees up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FailureCounts {
+    pub by_login: i64,
+    pub by_ip: i64,
+    pub oldest_login_at: Option<i64>,
+    pub oldest_ip_at: Option<i64>,
+}
+
+pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, since_ms: i64) -> Result<FailureCounts, DbError> {
+    let by_login = sqlx::query("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND login = $2 AND at > $3")
+        .bind(event::LOGIN_FAILED)
+        .bind(login)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?;
+    let by_ip = sqlx::query("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3")
+        .bind(event::LOGIN_FAILED)
+        .bind(ip)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(FailureCounts {
+        by_login: by_login.try_get(0)?,
+        oldest_login_at: by_login.try_get(1)?,
+        by_ip: by_ip.try_get(0)?,
+        oldest_ip_at: by_ip.try_get(1)?,
+    })
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuditRow {
+    pub at: i64,
+    pub owner_id: Option<i64>,
+    pub login: Option<String>,
+    pub ip: Option<String>,
+    pub event: String,
+    pub detail: String,
+}
+
+pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<AuditRow>, DbError> {
+    let rows = sqlx::query("SELECT at, owner_id, login, ip, event, detail FROM owner_audit ORDER BY id DESC LIMIT $1")
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(AuditRow {
+                at: r.try_get(0)?,
+                owner_id: r.try_get(1)?,
+                login: r.try_get(2)?,
+                ip: r.try_get(3)?,
+                event: r.try_get(4)?,
+                detail: r.try_get(5)?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(DbError::from)
+}
+

@@ -1,0 +1,216 @@
+//! Database access. All SQL lives in this module tree. Timestamps are unix milliseconds and
+//! JSON is TEXT, so the same statements run on SQLite and PostgreSQL through sqlx's `Any`
+//! driver; only the migrations differ per backend.
+
+pub mod audit;
+pub mod owners;
+pub mod sessions;
+
+use std::path::Path;
+
+use sqlx::{
+    AnyPool,
+    any::AnyPoolOptions,
+    migrate::{MigrateError, Migrator},
+};
+
+use crate::config::DatabaseSettings;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn from_url(url: &str) -> Option<Self> {
+        if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Self::Postgres)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+
+    fn migrator(self) -> &'static Migrator {
+        match self {
+            Self::Sqlite => &SQLITE_MIGRATIONS,
+            Self::Postgres => &POSTGRES_MIGRATIONS,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("unsupported database URL; use sqlite://... or postgres://...")]
+    UnsupportedUrl,
+    #[error("cannot create the folder for the SQLite file {path}: {source}")]
+    CreateDir { path: String, source: std::io::Error },
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("migration {version} ({description}) failed: {reason}. Hint: fix the cause, then run `gatehouse migrate`")]
+    Migration { version: i64, description: String, reason: String },
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+}
+
+/// A pool on one of the two backends.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pub pool: AnyPool,
+    pub backend: Backend,
+}
+
+/// One applied migration, for the Dashboard and `/readyz`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AppliedMigration {
+    pub version: i64,
+    pub description: String,
+}
+
+pub fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Db {
+    /// Connects, creating the SQLite file (and its folder) when missing.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbError> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::from_url(&settings.url).ok_or(DbError::UnsupportedUrl)?;
+        let mut url = settings.url.clone();
+        if backend == Backend::Sqlite {
+            url = prepare_sqlite_url(&url)?;
+        }
+        let busy_ms = settings.busy_timeout.as_millis();
+        let pool = AnyPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the one writer; the busy timeout makes a
+                        // writer wait for the lock instead of failing at once.
+                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                        sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await
+            .map_err(DbError::Connect)?;
+        Ok(Self { pool, backend })
+    }
+
+    /// Applies pending migrations. A failure names the migration and the reason.
+    pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, DbError> {
+        let migrator = self.backend.migrator();
+        let before = self.applied_versions().await.unwrap_or_default();
+        migrator.run(&self.pool).await.map_err(|e| describe_migration_error(migrator, e))?;
+        let after = self.applied_migrations().await?;
+        Ok(after.into_iter().filter(|m| !before.contains(&m.version)).collect())
+    }
+
+    /// Migrations recorded as applied, oldest first.
+    pub async fn applied_migrations(&self) -> Result<Vec<AppliedMigration>, DbError> {
+        let rows: Vec<(i64, String)> =
+            sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success = TRUE ORDER BY version")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().map(|(version, description)| AppliedMigration { version, description }).collect())
+    }
+
+    async fn applied_versions(&self) -> Result<Vec<i64>, DbError> {
+        Ok(self.applied_migrations().await?.into_iter().map(|m| m.version).collect())
+    }
+
+    /// Versions shipped in this binary that the database has not applied.
+    pub async fn pending_migrations(&self) -> Result<Vec<i64>, DbError> {
+        let applied = self.applied_versions().await.unwrap_or_default();
+        Ok(self
+            .backend
+            .migrator()
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version))
+            .map(|m| m.version)
+            .collect())
+    }
+
+    /// Number of migrations shipped in this binary.
+    pub fn known_migrations(&self) -> usize {
+        self.backend.migrator().iter().filter(|m| m.migration_type.is_up_migration()).count()
+    }
+
+    /// A round trip to the database.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn describe_migration_error(migrator: &Migrator, err: MigrateError) -> DbError {
+    let describe = |version: i64| {
+        migrator
+            .iter()
+            .find(|m| m.version == version)
+            .map(|m| m.description.to_string())
+            .unwrap_or_else(|| "not in this build".into())
+    };
+    match err {
+        MigrateError::ExecuteMigration(e, version) => {
+            DbError::Migration { version, description: describe(version), reason: e.to_string() }
+        }
+        MigrateError::VersionMismatch(version) => DbError::Migration {
+            version,
+            description: describe(version),
+            reason: "it was applied from a different file than this build ships (checksum mismatch)".into(),
+        },
+        MigrateError::Dirty(version) => DbError::Migration {
+            version,
+            description: describe(version),
+            reason: "an earlier attempt failed half-way and left the database dirty".into(),
+        },
+        MigrateError::VersionMissing(version) => DbError::Migration {
+            version,
+            description: "unknown".into(),
+            reason: "the database has a migration this build does not know; is it a newer Gatehouse?".into(),
+        },
+        other => DbError::Migration { version: 0, description: "migrator".into(), reason: other.to_string() },
+    }
+}
+
+/// Adds `mode=rwc` so a missing file is created, and creates its folder.
+fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
+    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    let (path, query) = rest.split_once('?').map_or((rest, ""), |(p, q)| (p, q));
+    if path != ":memory:" && !path.is_empty() {
+        if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
+        }
+    }
+    let mut params: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
+    if !params.iter().any(|p| p.starts_with("mode=")) {
+        params.push("mode=rwc".into());
+    }
+    Ok(format!("sqlite://{path}?{}", params.join("&")))
+}

@@ -1,0 +1,142 @@
+//! Request middleware: metrics, CSRF origin check, client address, and the console guard that
+//! sends visitors to /setup or /login and refuses protected server functions without a session.
+
+use std::{net::SocketAddr, time::Instant};
+
+use app::{api::PUBLIC_SERVER_FNS, auth::ClientIp, backend::SharedBackend, error::AppError};
+use axum::{
+    Json,
+    extract::{ConnectInfo, MatchedPath, Request, State},
+    http::{HeaderMap, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Redirect, Response},
+};
+use tower_sessions::Session;
+
+use super::state::AppState;
+
+/// Paths that are not console pages: they do their own checks (or need none).
+fn is_page(path: &str) -> bool {
+    !["/api/", "/pkg/", "/assets/", "/webhooks/"].iter().any(|p| path.starts_with(p))
+        && !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico")
+}
+
+/// Counts requests and observes latency by matched route, method and status.
+pub async fn track_metrics(req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let res = next.run(req).await;
+    let status = res.status().as_u16().to_string();
+    let labels = [("route", route), ("method", method), ("status", status)];
+    metrics::counter!("http_requests_total", &labels).increment(1);
+    metrics::histogram!("http_request_duration_seconds", &labels).record(start.elapsed().as_secs_f64());
+    res
+}
+
+#[derive(serde::Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, Json(ErrorBody { code, message })).into_response()
+}
+
+/// The origin a request claims to come from: `Origin`, else the origin of `Referer`.
+fn request_origin(headers: &HeaderMap) -> Option<String> {
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        return Some(origin.trim_end_matches('/').to_string());
+    }
+    let referer = headers.get(header::REFERER).and_then(|v| v.to_str().ok())?;
+    url::Url::parse(referer).ok().map(|u| u.origin().ascii_serialization())
+}
+
+/// Rejects state-changing requests whose Origin (or Referer) is not the console's own.
+/// Webhooks are exempt: they are authenticated by signature instead.
+pub async fn check_origin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if safe || req.uri().path().starts_with("/webhooks/") {
+        return next.run(req).await;
+    }
+    match request_origin(req.headers()) {
+        Some(origin) if origin == state.public_origin => next.run(req).await,
+        other => {
+            tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_origin, path = req.uri().path(), "cross-origin request refused");
+            json_error(StatusCode::FORBIDDEN, "CSRF_ORIGIN_MISMATCH", "This request did not come from the Gatehouse console.")
+        }
+    }
+}
+
+/// Puts the peer address into request extensions for the login throttle and the audit.
+pub async fn client_ip(mut req: Request, next: Next) -> Response {
+    let ip = req.extensions().get::<ConnectInfo<SocketAddr>>().map_or_else(|| "unknown".to_string(), |c| c.0.ip().to_string());
+    req.extensions_mut().insert(ClientIp(ip));
+    next.run(req).await
+}
+
+#[derive(Clone)]
+pub struct GuardState {
+    pub state: AppState,
+    pub backend: SharedBackend,
+}
+
+/// First-run redirect, login redirect, and the server-function session check.
+pub async fn console_guard(State(guard): State<GuardState>, session: Session, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let is_api = path.starts_with("/api/");
+    if !is_api && !is_page(&path) {
+        return next.run(req).await;
+    }
+    if is_api && PUBLIC_SERVER_FNS.contains(&path.as_str()) {
+        return next.run(req).await;
+    }
+    let setup_done = match guard.state.setup_done().await {
+        Ok(done) => done,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read setup state");
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, "DATABASE_UNAVAILABLE", "The database is not reachable.");
+        }
+    };
+    if !is_api {
+        if !setup_done {
+            return if path == "/setup" { next.run(req).await } else { Redirect::to("/setup").into_response() };
+        }
+        if path == "/setup" {
+            return Redirect::to("/login").into_response();
+        }
+    }
+    let owner = match app::auth::owner_of(&session, &guard.backend).await {
+        Ok(owner) => owner,
+        Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.code, &e.message),
+    };
+    match (owner.is_some(), is_api, path.as_str()) {
+        (true, false, "/login") => Redirect::to("/").into_response(),
+        (false, false, "/login") => next.run(req).await,
+        (true, _, _) => next.run(req).await,
+        (false, true, _) => {
+            let err = AppError::unauthorized();
+            json_error(StatusCode::UNAUTHORIZED, &err.code, &err.message)
+        }
+        (false, false, _) => {
+            let target = req.uri().path_and_query().map_or(path.clone(), |pq| pq.as_str().to_string());
+            let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
+            Redirect::to(&format!("/login?next={next_param}")).into_response()
+        }
+    }
+}
+
+/// HTML and API answers are private and must not be cached or framed.
+pub async fn security_headers(req: Request, next: Next) -> Response {
+    let is_static = req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));
+    if !is_static {
+        h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    }
+    res
+}

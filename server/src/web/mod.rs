@@ -1,0 +1,111 @@
+//! The HTTP face: console pages and server functions (Leptos), operations endpoints and
+//! static assets. Web code only exposes; the engine lives elsewhere.
+
+pub mod backend;
+pub mod middleware;
+pub mod ops;
+pub mod serve;
+pub mod session_store;
+pub mod state;
+
+use std::sync::Arc;
+
+use app::{App, backend::SharedBackend, shell};
+use axum::{
+    Router,
+    http::{StatusCode, header},
+    middleware::{from_fn, from_fn_with_state},
+    response::{Html, IntoResponse},
+    routing::get,
+};
+use leptos::prelude::*;
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use tower::ServiceBuilder;
+use tower_http::{
+    request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    services::ServeDir,
+    trace::TraceLayer,
+};
+use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
+
+pub use state::AppState;
+
+const STYLESHEET: &str = include_str!("../../../style/gatehouse.css");
+
+/// Name of the session cookie.
+pub const SESSION_COOKIE: &str = "gatehouse_session";
+
+/// Builds the whole router. Tests call this and drive it with `oneshot`.
+pub fn router(state: AppState) -> Router {
+    let backend: SharedBackend = Arc::new(backend::ConsoleBackend::new(state.clone()));
+    let leptos_options = LeptosOptions::builder()
+        .output_name("gatehouse")
+        .site_root(state.config.settings.server.site_root.display().to_string())
+        .site_pkg_dir("pkg")
+        .site_addr(state.listen_addr)
+        .build();
+    let routes = generate_route_list(App);
+
+    let store = session_store::DbSessionStore::new(state.db.clone());
+    let idle = state.config.settings.auth.session_idle_timeout;
+    let idle = time::Duration::seconds(i64::try_from(idle.as_secs()).unwrap_or(i64::MAX).max(1));
+    let sessions = SessionManagerLayer::new(store)
+        .with_name(SESSION_COOKIE)
+        .with_http_only(true)
+        .with_same_site(SameSite::Strict)
+        .with_secure(state.secure_cookies())
+        .with_expiry(Expiry::OnInactivity(idle));
+
+    let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
+    let context_backend = backend.clone();
+    let shell_options = leptos_options.clone();
+    let pkg_dir = state.config.settings.server.site_root.join("pkg");
+
+    let console: Router<LeptosOptions> = Router::new()
+        .leptos_routes_with_context(
+            &leptos_options,
+            routes,
+            move || provide_context(context_backend.clone()),
+            move || shell(shell_options.clone()),
+        );
+    let console = console
+        .with_state(leptos_options)
+        .layer(from_fn_with_state(guard, middleware::console_guard))
+        .layer(sessions);
+
+    let ops = Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/assets/gatehouse.css", get(stylesheet))
+        .nest_service("/pkg", ServeDir::new(pkg_dir))
+        .with_state(state.clone());
+
+    Router::new()
+        .merge(console)
+        .merge(ops)
+        .fallback(not_found)
+        .route_layer(from_fn(middleware::track_metrics))
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+                    // The path only: query strings can carry tokens.
+                    tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+                }))
+                .layer(PropagateRequestIdLayer::x_request_id())
+                .layer(from_fn(middleware::security_headers))
+                .layer(from_fn_with_state(state, middleware::check_origin))
+                .layer(from_fn(middleware::client_ip)),
+        )
+}
+
+async fn stylesheet() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "public, max-age=300")], STYLESHEET)
+}
+
+async fn not_found() -> impl IntoResponse {
+    metrics::counter!("http_requests_total", "route" => "unmatched", "status" => "404").increment(1);
+    (StatusCode::NOT_FOUND, Html("<!DOCTYPE html><title>Not found</title><p>Not found. <a href=\"/\">Gatehouse console</a></p>"))
+}

@@ -1,0 +1,78 @@
+//! Operations endpoints: liveness, readiness and Prometheus metrics.
+
+use std::time::Duration;
+
+use axum::{
+    Json,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use super::state::AppState;
+
+pub async fn healthz() -> Response {
+    Json(json!({ "status": "alive" })).into_response()
+}
+
+/// 200 when the database answers and every shipped migration is applied; 503 with a reason
+/// otherwise.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let check = async {
+        state.db.ping().await.map_err(|e| format!("database unreachable: {e}"))?;
+        let pending = state.db.pending_migrations().await.map_err(|e| format!("cannot read migrations: {e}"))?;
+        if !pending.is_empty() {
+            return Err(format!("migrations pending: {pending:?}; run `gatehouse migrate`"));
+        }
+        Ok::<(), String>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(3), check).await {
+        Ok(Ok(())) => Json(json!({ "status": "ready" })).into_response(),
+        Ok(Err(reason)) => unavailable(&reason),
+        Err(_) => unavailable("database did not answer within 3 s"),
+    }
+}
+
+fn unavailable(reason: &str) -> Response {
+    tracing::warn!(reason, "not ready");
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
+    use std::sync::OnceLock;
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("duration_seconds".into()),
+                    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+                )
+                .and_then(|b| Ok(b.build_recorder()));
+            let recorder = match recorder {
+                Ok(r) => r,
+                Err(_) => metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            };
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first, which this process never does.
+            let _ = metrics::set_global_recorder(recorder);
+            metrics::gauge!("gatehouse_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                })
+                .ok();
+            handle
+        })
+        .clone()
+}

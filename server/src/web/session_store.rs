@@ -1,0 +1,79 @@
+//! A tower-sessions store on our own `sessions` table, so sessions live in the same database
+//! (either backend) and migrate with everything else.
+
+use async_trait::async_trait;
+use tower_sessions::{
+    SessionStore,
+    session::{Id, Record},
+    session_store::{Error, Result},
+};
+
+use crate::db::{Db, sessions};
+
+#[derive(Debug, Clone)]
+pub struct DbSessionStore {
+    db: Db,
+}
+
+impl DbSessionStore {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// Deletes expired sessions now and then, until the process ends.
+    pub fn spawn_cleanup(&self, every: std::time::Duration) {
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Ok(mut conn) = db.pool.acquire().await {
+                    if let Err(e) = sessions::delete_expired(&mut conn).await {
+                        tracing::warn!(error = %e, "expired session cleanup failed");
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn backend_err(e: impl std::fmt::Display) -> Error {
+    Error::Backend(e.to_string())
+}
+
+fn encode(record: &Record) -> Result<(String, i64)> {
+    let data = serde_json::to_string(record).map_err(|e| Error::Encode(e.to_string()))?;
+    let expires = record.expiry_date.unix_timestamp() * 1000;
+    Ok((data, expires))
+}
+
+#[async_trait]
+impl SessionStore for DbSessionStore {
+    async fn create(&self, record: &mut Record) -> Result<()> {
+        let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
+        loop {
+            let (data, expires) = encode(record)?;
+            if sessions::insert_new(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)? {
+                return Ok(());
+            }
+            record.id = Id::default();
+        }
+    }
+
+    async fn save(&self, record: &Record) -> Result<()> {
+        let (data, expires) = encode(record)?;
+        let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
+        sessions::upsert(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)
+    }
+
+    async fn load(&self, id: &Id) -> Result<Option<Record>> {
+        let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
+        let Some(data) = sessions::load(&mut conn, &id.to_string()).await.map_err(backend_err)? else { return Ok(None) };
+        serde_json::from_str(&data).map(Some).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    async fn delete(&self, id: &Id) -> Result<()> {
+        let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
+        sessions::delete(&mut conn, &id.to_string()).await.map_err(backend_err)
+    }
+}

@@ -1,0 +1,93 @@
+//! Shared state: one `AppState(Arc<App>)` handed to every handler.
+
+use std::{
+    net::SocketAddr,
+    ops::Deref,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::{
+    config::LoadedConfig,
+    db::{self, Db, DbError},
+};
+
+#[derive(Debug)]
+pub struct App {
+    pub config: LoadedConfig,
+    pub db: Db,
+    pub started: Instant,
+    pub started_at_ms: i64,
+    /// The address actually bound (after any port fallback).
+    pub listen_addr: SocketAddr,
+    /// `scheme://host[:port]` that state-changing requests must come from.
+    pub public_origin: String,
+    pub public_url: String,
+    pub metrics: PrometheusHandle,
+    /// Once setup is done it stays done, so a true value is cached.
+    setup_done: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppState(pub Arc<App>);
+
+impl Deref for AppState {
+    type Target = App;
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Self {
+        let public_url = if config.settings.server.public_url.is_empty() {
+            format!("http://{listen_addr}")
+        } else {
+            config.settings.server.public_url.trim_end_matches('/').to_string()
+        };
+        let public_origin = url::Url::parse(&public_url)
+            .map(|u| u.origin().ascii_serialization())
+            .unwrap_or_else(|_| public_url.clone());
+        Self(Arc::new(App {
+            config,
+            db,
+            started: Instant::now(),
+            started_at_ms: db::now_ms(),
+            listen_addr,
+            public_origin,
+            public_url,
+            metrics,
+            setup_done: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether the first owner exists.
+    pub async fn setup_done(&self) -> Result<bool, DbError> {
+        if self.setup_done.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let mut conn = self.db.pool.acquire().await?;
+        let done = db::owners::setup_completed(&mut conn).await?;
+        if done {
+            self.setup_done.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
+
+    /// Cookies get `Secure` when the console is served over https.
+    pub fn secure_cookies(&self) -> bool {
+        self.public_url.starts_with("https://")
+    }
+
+    /// The provider key variable to set, when the configured provider has no key.
+    pub fn degraded(&self) -> Option<(&'static str, &'static str)> {
+        let provider = self.config.settings.llm.provider;
+        let var = provider.key_var();
+        self.config.secrets.by_name(var).is_none().then_some((provider.as_str(), var))
+    }
+}
