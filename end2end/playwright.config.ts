@@ -43,8 +43,9 @@ export default defineConfig({
     url: `${baseURL}/healthz`,
     reuseExistingServer: false,
     timeout: 60_000,
-    stdout: "pipe",
-    stderr: "pipe",
+    // The server's log is shown with GATEHOUSE_E2E_LOGS=1.
+    stdout: process.env.GATEHOUSE_E2E_LOGS ? "pipe" : "ignore",
+    stderr: process.env.GATEHOUSE_E2E_LOGS ? "pipe" : "ignore",
     env: {
       GATEHOUSE__SERVER__ADDR: `127.0.0.1:${port}`,
       GATEHOUSE__SERVER__STRICT_PORT: "true",

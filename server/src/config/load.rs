@@ -124,7 +124,7 @@ fn check(figment: &Figment) -> Result<Settings, ConfigError> {
     collect_leaves(&merged, "", &mut present);
     for key in &present {
         if !known.contains(key) {
-            let near = known.iter().find(|k| k.rsplit('.').next() == key.rsplit('.').next());
+            let near = known.iter().filter(|k| edit_distance(k, key) <= 2).min_by_key(|k| edit_distance(k, key));
             let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
             problems.push(problem_at(figment, key, format!("unknown key{hint}")));
         }
@@ -165,6 +165,20 @@ fn collect_dict(dict: &Dict, prefix: &str, out: &mut BTreeSet<String>) {
         let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
         collect_leaves(v, &key, out);
     }
+}
+
+/// Levenshtein distance, for "did you mean" hints on misspelt keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 fn problem_at(figment: &Figment, key: &str, message: String) -> Problem {

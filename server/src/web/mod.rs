@@ -24,7 +24,8 @@ use tower::ServiceBuilder;
 use tower_http::{
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
     services::ServeDir,
-    trace::TraceLayer,
+    LatencyUnit,
+    trace::{DefaultOnResponse, TraceLayer},
 };
 use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
 
@@ -54,7 +55,9 @@ pub fn router(state: AppState) -> Router {
         .with_http_only(true)
         .with_same_site(SameSite::Strict)
         .with_secure(state.secure_cookies())
-        .with_expiry(Expiry::OnInactivity(idle));
+        .with_expiry(Expiry::OnInactivity(idle))
+        // Saving on every request slides the idle expiry forward.
+        .with_always_save(true);
 
     let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
     let context_backend = backend.clone();
@@ -93,7 +96,9 @@ pub fn router(state: AppState) -> Router {
                     let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
                     // The path only: query strings can carry tokens.
                     tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
-                }))
+                })
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis)))
                 .layer(PropagateRequestIdLayer::x_request_id())
                 .layer(from_fn(middleware::security_headers))
                 .layer(from_fn_with_state(state, middleware::check_origin))

@@ -1,0 +1,10 @@
+//! Integration tests for the `server` crate: one binary, one module per area.
+
+mod support;
+
+mod auth;
+mod cli;
+mod migrations;
+mod ops;
+mod server_fns;
+mod setup;

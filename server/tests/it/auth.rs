@@ -1,0 +1,161 @@
+use std::time::Duration;
+
+use axum::http::{StatusCode, header};
+use sqlx::Row;
+
+use crate::{
+    both_backends,
+    support::{TestApp, TestDb},
+};
+
+const PASSWORD: &str = "correct horse battery";
+
+async fn login_success_failure_and_logout(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+
+    let mut c = app.client();
+    let wrong = c.post_form("/api/login", &[("login", "ada"), ("password", "not the password"), ("next", "/")]).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(wrong.json()["code"], "LOGIN_FAILED");
+    let unknown = c.post_form("/api/login", &[("login", "nobody"), ("password", "not the password"), ("next", "/")]).await;
+    assert_eq!(unknown.json()["message"], wrong.json()["message"], "unknown login and wrong password look alike");
+    assert!(c.cookie.is_none(), "no session after failures");
+
+    let ok = c.post_form("/api/login", &[("login", "ADA"), ("password", PASSWORD), ("next", "/settings")]).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(ok.location(), Some("/settings"), "next is honoured");
+    let cookie = ok.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(!cookie.contains("Secure"), "plain http console: {cookie}");
+    let first_id = c.cookie.clone().expect("session cookie");
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+
+    // Logging in again cycles the session id (no fixation).
+    c.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", "//evil.example/")]).await;
+    let second_id = c.cookie.clone().expect("session cookie");
+    assert_ne!(first_id, second_id);
+
+    let out = c.post_form("/api/logout", &[]).await;
+    assert_eq!(out.status, StatusCode::OK);
+    assert_eq!(out.location(), Some("/login"));
+    let page = c.get("/jobs").await;
+    assert_eq!(page.location(), Some("/login?next=%2Fjobs"));
+    // Replaying the old cookie does not bring the session back.
+    c.cookie = Some(second_id);
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"));
+
+    // The audit has the events and never the password.
+    let rows = sqlx::query("SELECT event, COALESCE(login, ''), detail FROM owner_audit ORDER BY id").fetch_all(&app.state.db.pool).await.expect("audit");
+    let events: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
+    for e in ["setup_completed", "login_failed", "login_ok", "logout"] {
+        assert!(events.iter().any(|x| x == e), "{e} in {events:?}");
+    }
+    for r in &rows {
+        let text = format!("{} {}", r.get::<String, _>(1), r.get::<String, _>(2));
+        assert!(!text.contains("not the password") && !text.contains(PASSWORD), "password leaked into the audit");
+    }
+}
+both_backends!(login_flow, login_success_failure_and_logout);
+
+async fn unsafe_next_is_ignored(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let mut c = app.client();
+    for next in ["//evil.example/", "https://evil.example/", "/\\evil.example"] {
+        let res = c.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", next)]).await;
+        assert_eq!(res.location(), Some("/"), "{next}");
+    }
+}
+both_backends!(login_next_param, unsafe_next_is_ignored);
+
+async fn throttles_by_account_and_by_address(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+
+    // Five failures for one account from five addresses lock that account.
+    for i in 0..5 {
+        let mut c = app.client_from(&format!("10.1.0.{i}:1000"));
+        let res = c.post_form("/api/login", &[("login", "ada"), ("password", "wrong password"), ("next", "/")]).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "attempt {i}");
+    }
+    let mut fresh = app.client_from("10.1.1.1:1000");
+    let locked = fresh.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", "/")]).await;
+    assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = locked.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After");
+    assert!((1..=15 * 60).contains(&retry), "{retry}");
+    assert_eq!(locked.json()["code"], "LOGIN_THROTTLED");
+    assert!(fresh.cookie.is_none(), "the right password does not get in while throttled");
+
+    // Five failures from one address, for different names, lock that address for everyone.
+    let mut spray = app.client_from("10.2.0.1:1000");
+    for i in 0..5 {
+        let login = format!("guess{i}");
+        spray.post_form("/api/login", &[("login", login.as_str()), ("password", "wrong password"), ("next", "/")]).await;
+    }
+    let res = spray.post_form("/api/login", &[("login", "someone"), ("password", "whatever it is"), ("next", "/")]).await;
+    assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS);
+    let same_message = res.json()["message"].clone();
+    assert_eq!(same_message, locked.json()["message"], "one generic message");
+}
+both_backends!(login_throttle, throttles_by_account_and_by_address);
+
+async fn idle_expiry(db: TestDb) {
+    let app = TestApp::with(db, |s| s.auth.session_idle_timeout = Duration::from_secs(1)).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"), "idle session expired");
+}
+both_backends!(session_idle_expiry, idle_expiry);
+
+async fn absolute_expiry(db: TestDb) {
+    let app = TestApp::with(db, |s| s.auth.session_absolute_timeout = Duration::from_secs(2)).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    // Staying active does not extend the absolute limit.
+    for _ in 0..4 {
+        assert_eq!(c.get("/").await.status, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"), "absolute limit reached");
+}
+both_backends!(session_absolute_expiry, absolute_expiry);
+
+async fn password_reset_ends_sessions(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    server::owners::reset_password(&app.state.db, "ada", secrecy::SecretString::from("a brand new password"), 12).await.expect("reset");
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"));
+    let res = c.post_form("/api/login", &[("login", "ada"), ("password", "a brand new password"), ("next", "/")]).await;
+    assert_eq!(res.status, StatusCode::OK);
+}
+both_backends!(reset_voids_sessions, password_reset_ends_sessions);
+
+async fn secure_cookie_on_https(db: TestDb) {
+    let app = TestApp::with(db, |s| s.server.public_url = "https://console.example.com".into()).await;
+    let mut c = app.client();
+    c.origin = Some("https://console.example.com".into());
+    let res = c
+        .post_form("/api/setup_owner", &[("display_name", "Ada"), ("login", "ada"), ("password", PASSWORD), ("password_confirm", PASSWORD), ("whatsapp", "+15550001111")])
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let cookie = res.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    assert!(cookie.contains("Secure"), "{cookie}");
+}
+both_backends!(https_cookie, secure_cookie_on_https);
+
+async fn owners_edit_their_numbers(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let res = c.post_form("/api/update_phones", &[("phones", "+15550001111\n+447700900123")]).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.json(), serde_json::json!(["+15550001111", "+447700900123"]));
+    let bad = c.post_form("/api/update_phones", &[("phones", "12345")]).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let settings = c.post_form("/api/console_settings", &[]).await;
+    assert_eq!(settings.json()["my_phones"], serde_json::json!(["+15550001111", "+447700900123"]));
+}
+both_backends!(phone_numbers, owners_edit_their_numbers);

@@ -1,0 +1,238 @@
+//! The `gatehouse` binary: exit codes, config errors, secrets never printed, owner commands,
+//! migration failures, JSON logs and graceful shutdown.
+
+use std::{
+    io::{Read, Write},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
+const SECRET: &str = "sk-ant-test-7f3a9c1e-never-print-me";
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Out {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn gatehouse");
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("wait");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A config file (the shipped one plus `extra`) pointing at a fresh SQLite file.
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
+    let db = dir.join("data/gatehouse.db");
+    let text = shipped.replace("url = \"sqlite://data/gatehouse.db\"", &format!("url = \"sqlite://{}\"", db.display())) + extra;
+    let path = dir.join("gatehouse.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+#[test]
+fn help_for_every_command_and_bad_usage() {
+    for args in [
+        vec!["--help"],
+        vec!["serve", "--help"],
+        vec!["migrate", "--help"],
+        vec!["check-config", "--help"],
+        vec!["owner", "--help"],
+        vec!["owner", "add", "--help"],
+        vec!["owner", "reset-password", "--help"],
+        vec!["owner", "list", "--help"],
+    ] {
+        let out = run(&args, &[], None);
+        assert_eq!(out.code, 0, "{args:?}: {}", out.all());
+        assert!(out.stdout.contains("Usage"), "{args:?}");
+    }
+    let out = run(&["frobnicate"], &[], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    let out = run(&["owner", "add"], &[], None);
+    assert_eq!(out.code, 2, "missing --login: {}", out.all());
+}
+
+#[test]
+fn shipped_config_is_valid_and_secrets_are_never_printed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("ANTHROPIC_API_KEY", SECRET), ("WHATSAPP_APP_SECRET", SECRET)], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("ANTHROPIC_API_KEY: set"), "{}", out.stdout);
+    assert!(out.stdout.contains("OPENAI_API_KEY: unset"), "{}", out.stdout);
+    assert!(!out.all().contains(SECRET), "secret printed");
+}
+
+#[test]
+fn every_config_problem_is_reported_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "\n[surprise]\nkey = 1\n");
+    let text = std::fs::read_to_string(&path).expect("read").replace("strict_port = false", "strict_port = \"sometimes\"").replace("login_max_failures = 5", "login_max_failures = 5\nlogin_max_failure = 3");
+    std::fs::write(&path, text).expect("write");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE__SERVER__ADDR", "not-an-address"), ("ANTHROPIC_API_KEY", SECRET)], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    let err = out.stderr;
+    let file = path.display().to_string();
+    assert!(err.contains(&format!("surprise.key: unknown key (from {file})")), "{err}");
+    assert!(err.contains("auth.login_max_failure: unknown key; did you mean `auth.login_max_failures`?"), "{err}");
+    assert!(err.contains("server.strict_port: invalid type") && err.contains(&file), "{err}");
+    assert!(err.contains("server.addr") && err.contains("environment variable GATEHOUSE__SERVER__ADDR"), "{err}");
+    assert!(!err.contains(SECRET));
+}
+
+#[test]
+fn bad_config_stops_serve_with_exit_code_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "many")], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("database.max_connections") && out.stderr.contains("GATEHOUSE__DATABASE__MAX_CONNECTIONS"), "{}", out.stderr);
+    let missing = run(&["--config", "/nonexistent/gatehouse.toml", "serve"], &[], None);
+    assert_eq!(missing.code, 2);
+    assert!(missing.stderr.contains("config file not found"), "{}", missing.stderr);
+}
+
+#[test]
+fn owner_commands_from_scripts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let cfg = path.to_str().expect("utf8");
+    let out = run(&["--config", cfg, "owner", "list"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("no owners yet"));
+
+    let add = ["--config", cfg, "owner", "add", "--login", "ada", "--name", "Ada Lovelace", "--whatsapp", "+15550001111", "--password-stdin"];
+    let out = run(&add, &[], Some("a very long password\n"));
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(!out.all().contains("a very long password"));
+    let out = run(&add, &[], Some("a very long password\n"));
+    assert_eq!(out.code, 2, "duplicate login: {}", out.all());
+    let out = run(&["--config", cfg, "owner", "add", "--login", "bob", "--name", "Bob", "--whatsapp", "+15550002222", "--password-stdin"], &[], Some("short\n"));
+    assert_eq!(out.code, 2, "short password: {}", out.all());
+    assert!(out.stderr.contains("at least 12"), "{}", out.stderr);
+    let out = run(&["--config", cfg, "owner", "add", "--login", "bob", "--name", "Bob", "--whatsapp", "555", "--password-stdin"], &[], Some("a very long password\n"));
+    assert_eq!(out.code, 2, "bad number: {}", out.all());
+
+    let out = run(&["--config", cfg, "owner", "list"], &[], None);
+    assert!(out.stdout.contains("ada\tAda Lovelace\t+15550001111"), "{}", out.stdout);
+
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "ada", "--password-stdin"], &[], Some("another long password\n"));
+    assert_eq!(out.code, 0, "{}", out.all());
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "nobody", "--password-stdin"], &[], Some("another long password\n"));
+    assert_eq!(out.code, 2, "{}", out.all());
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "ada"], &[], None);
+    assert_eq!(out.code, 2, "no terminal and no --password-stdin: {}", out.all());
+}
+
+#[test]
+fn migrate_is_idempotent_and_a_failing_migration_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let cfg = path.to_str().expect("utf8");
+    let out = run(&["--config", cfg, "migrate"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("0001 foundation"), "{}", out.stdout);
+    let again = run(&["--config", cfg, "migrate"], &[], None);
+    assert_eq!(again.code, 0);
+    assert!(!again.stderr.contains("migration applied"), "second run applies nothing: {}", again.stderr);
+
+    // A database where the first migration cannot run: a table of the same name exists.
+    let broken = tempfile::tempdir().expect("tempdir");
+    let path = config(broken.path(), "");
+    std::fs::create_dir_all(broken.path().join("data")).expect("mkdir");
+    let db = broken.path().join("data/gatehouse.db");
+    let status = Command::new("python3")
+        .args(["-c", &format!("import sqlite3; c=sqlite3.connect({:?}); c.execute('CREATE TABLE owners (x INTEGER)'); c.commit()", db.display().to_string())])
+        .status()
+        .expect("python3 creates the conflicting table");
+    assert!(status.success());
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[], None);
+    assert_eq!(out.code, 1, "{}", out.all());
+    assert!(out.stderr.contains("migration 1 (foundation) failed"), "{}", out.stderr);
+    assert!(out.stderr.contains("gatehouse migrate"), "hint: {}", out.stderr);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+#[test]
+fn strict_port_taken_is_a_runtime_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[("GATEHOUSE__SERVER__ADDR", &addr), ("GATEHOUSE__SERVER__STRICT_PORT", "true")], None);
+    assert_eq!(out.code, 1, "{}", out.all());
+    assert!(out.stderr.contains("cannot listen"), "{}", out.stderr);
+}
+
+#[test]
+fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "serve"])
+        .env("GATEHOUSE__SERVER__ADDR", &addr)
+        .env("GATEHOUSE__SERVER__STRICT_PORT", "true")
+        .env("WHATSAPP_APP_SECRET", SECRET)
+        .env("ANTHROPIC_API_KEY", "")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut answered = None;
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut text = String::new();
+            let _ = stream.read_to_string(&mut text);
+            answered = Some(text);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let answer = answered.expect("server answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let request_id = answer.lines().find_map(|l| l.strip_prefix("x-request-id: ")).expect("x-request-id header").trim().to_string();
+
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "graceful shutdown exits 0");
+    let mut logs = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut logs).expect("read logs");
+    let lines: Vec<serde_json::Value> = logs.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(!lines.is_empty(), "JSON logs: {logs}");
+    assert_eq!(lines.len(), logs.lines().count(), "every line is JSON: {logs}");
+    assert!(logs.contains(&request_id), "request id {request_id} in the logs");
+    assert!(logs.contains("degraded mode") && logs.contains("ANTHROPIC_API_KEY"), "one degraded-mode warning naming the variable");
+    assert_eq!(logs.matches("degraded mode").count(), 1);
+    assert!(logs.contains("shutdown signal received"));
+    assert!(!logs.contains(SECRET), "secret in logs");
+}

@@ -1,0 +1,90 @@
+use axum::http::StatusCode;
+
+use crate::{
+    both_backends,
+    support::{TestApp, TestDb},
+};
+
+async fn health_ready_metrics(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.client();
+    let health = c.get("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert!(health.headers.get("x-request-id").is_some(), "every response carries a request id");
+    let ready = c.get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    assert_eq!(ready.json()["status"], "ready");
+    c.get("/login").await;
+    let metrics = c.get("/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    assert!(metrics.body.contains("gatehouse_build_info"), "{}", metrics.body);
+    assert!(metrics.body.contains("http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\"}"), "{}", metrics.body);
+    assert!(metrics.body.contains("http_request_duration_seconds_bucket"), "{}", metrics.body);
+}
+both_backends!(operations, health_ready_metrics);
+
+async fn readyz_fails_when_database_goes_away(mut_db: TestDb) {
+    let mut app = TestApp::new(mut_db).await;
+    let mut c = app.client();
+    assert_eq!(c.get("/readyz").await.status, StatusCode::OK);
+    match app.state.db.backend {
+        // The database itself disappears under the running server.
+        server::db::Backend::Postgres => app.db.drop_now().await,
+        // A SQLite file cannot vanish from under open handles; a closed pool is the same outage.
+        server::db::Backend::Sqlite => app.state.db.close().await,
+    }
+    let res = c.get("/readyz").await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "{}", res.body);
+    assert_eq!(res.json()["status"], "unavailable");
+    assert!(res.json()["reason"].as_str().unwrap_or_default().contains("database"), "{}", res.body);
+    assert_eq!(c.get("/healthz").await.status, StatusCode::OK, "still alive");
+}
+both_backends!(readyz_outage, readyz_fails_when_database_goes_away);
+
+async fn readyz_reports_pending_migrations(db: TestDb) {
+    let app = TestApp::new(db).await;
+    sqlx::query("DELETE FROM _sqlx_migrations").execute(&app.state.db.pool).await.expect("forget migrations");
+    let res = app.client().get("/readyz").await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.json()["reason"].as_str().unwrap_or_default().contains("gatehouse migrate"), "{}", res.body);
+}
+both_backends!(readyz_pending, readyz_reports_pending_migrations);
+
+async fn state_changes_need_same_origin(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", "correct horse battery").await;
+    let login = [("login", "ada"), ("password", "correct horse battery"), ("next", "/")];
+
+    let mut evil = app.client();
+    evil.origin = Some("https://evil.example".into());
+    let res = evil.post_form("/api/login", &login).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    assert_eq!(res.json()["code"], "CSRF_ORIGIN_MISMATCH");
+    assert!(evil.cookie.is_none());
+
+    let mut bare = app.client();
+    bare.origin = None;
+    assert_eq!(bare.post_form("/api/login", &login).await.status, StatusCode::FORBIDDEN, "no Origin and no Referer");
+
+    // A logged-in owner's session does not make a cross-origin change acceptable.
+    let mut owner = app.client();
+    owner.post_form("/api/login", &login).await;
+    owner.origin = Some("http://127.0.0.1:3001".into());
+    let res = owner.post_form("/api/update_phones", &[("phones", "+15550009999")]).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    owner.origin = Some(crate::support::PUBLIC_URL.into());
+    let res = owner.post_form("/api/console_settings", &[]).await;
+    assert_eq!(res.json()["my_phones"], serde_json::json!(["+15550001111"]), "refused change did not happen");
+}
+both_backends!(csrf, state_changes_need_same_origin);
+
+#[tokio::test]
+async fn port_fallback_and_strict_port() {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let fallback = server::web::serve::bind_with_fallback(addr, false).await.expect("falls back");
+    let got = fallback.local_addr().expect("addr").port();
+    assert!(got == addr.port() + 1 || got == addr.port() + 2, "{got} after {}", addr.port());
+    let strict = server::web::serve::bind_with_fallback(addr, true).await;
+    assert_eq!(strict.err().map(|e| e.kind()), Some(std::io::ErrorKind::AddrInUse));
+}

@@ -1,0 +1,60 @@
+use axum::http::{Method, StatusCode};
+
+use crate::{
+    both_backends,
+    support::{TestApp, TestDb},
+};
+
+/// Every registered server function, found at run time, so a new one cannot be forgotten.
+fn registered() -> Vec<(String, Method)> {
+    leptos::server_fn::axum::server_fn_paths().map(|(path, method)| (path.to_string(), method)).collect()
+}
+
+#[test]
+fn registry_is_enumerable() {
+    let paths: Vec<String> = registered().into_iter().map(|(p, _)| p).collect();
+    for known in ["/api/login", "/api/setup_owner", "/api/logout", "/api/current_owner", "/api/dashboard_facts", "/api/console_settings", "/api/update_phones"] {
+        assert!(paths.iter().any(|p| p == known), "{known} missing from {paths:?}");
+    }
+}
+
+async fn every_server_fn_refuses_without_session(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", "correct horse battery").await;
+    let mut anonymous = app.client();
+    let public = app::api::PUBLIC_SERVER_FNS;
+    let mut checked = 0;
+    for (path, method) in registered() {
+        if public.contains(&path.as_str()) {
+            continue;
+        }
+        let res = anonymous.request(method.clone(), &path, Some(String::new())).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{method} {path}: {}", res.body);
+        let body = res.json();
+        assert_eq!(body["code"], "UNAUTHORIZED", "{path}");
+        assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{path} returns no data: {}", res.body);
+        checked += 1;
+    }
+    assert!(checked >= 5, "checked {checked} protected server functions");
+}
+both_backends!(server_fns_need_session, every_server_fn_refuses_without_session);
+
+async fn every_console_page_needs_session(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", "correct horse battery").await;
+    let mut anonymous = app.client();
+    for (path, _) in app::NAV {
+        let res = anonymous.get(path).await;
+        let encoded: String = url::form_urlencoded::byte_serialize(path.as_bytes()).collect();
+        assert_eq!(res.location(), Some(format!("/login?next={encoded}").as_str()), "{path}");
+        assert!(!res.body.contains("Dashboard"), "{path} leaks no page content");
+    }
+    let mut owner = app.client();
+    owner.post_form("/api/login", &[("login", "ada"), ("password", "correct horse battery"), ("next", "/")]).await;
+    for (path, label) in app::NAV {
+        let res = owner.get(path).await;
+        assert_eq!(res.status, StatusCode::OK, "{path}");
+        assert!(res.body.contains(label.replace('&', "&amp;").as_str()), "{path} renders {label}");
+    }
+}
+both_backends!(console_pages_need_session, every_console_page_needs_session);

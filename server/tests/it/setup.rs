@@ -1,0 +1,108 @@
+use axum::http::StatusCode;
+use secrecy::SecretString;
+use server::owners::{self, OwnerError, ValidOwner};
+
+use crate::{
+    both_backends,
+    support::{TestApp, TestDb},
+};
+
+fn owner(n: usize) -> ValidOwner {
+    ValidOwner::parse(&format!("Owner {n}"), &format!("owner{n}"), SecretString::from("a long enough password"), &format!("+1555000{n:04}"), 12)
+        .expect("valid owner")
+}
+
+async fn concurrent_setups_create_one_owner(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let tasks: Vec<_> = (0..4)
+        .map(|n| {
+            let db = app.state.db.clone();
+            tokio::spawn(async move { owners::create_first_owner(&db, owner(n), "127.0.0.1").await })
+        })
+        .collect();
+    let mut won = 0;
+    for task in tasks {
+        match task.await.expect("join") {
+            Ok(_) => won += 1,
+            Err(OwnerError::SetupClosed) => {}
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+    assert_eq!(won, 1, "exactly one setup wins");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    assert_eq!(server::db::owners::count(&mut conn).await.expect("count"), 1);
+    assert!(server::db::owners::setup_completed(&mut conn).await.expect("state"));
+}
+both_backends!(setup_race, concurrent_setups_create_one_owner);
+
+async fn concurrent_setups_over_http(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let calls = (0..3).map(|n| {
+        let mut client = app.client_from(&format!("10.0.1.{n}:4000"));
+        async move {
+            let login = format!("racer{n}");
+            let phone = format!("+1555111{n:04}");
+            client
+                .post_form("/api/setup_owner", &[
+                    ("display_name", "Racer"),
+                    ("login", login.as_str()),
+                    ("password", "a long enough password"),
+                    ("password_confirm", "a long enough password"),
+                    ("whatsapp", phone.as_str()),
+                ])
+                .await
+                .status
+        }
+    });
+    let statuses = futures_join(calls).await;
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::GONE), "{statuses:?}");
+}
+both_backends!(setup_race_http, concurrent_setups_over_http);
+
+async fn futures_join<F: std::future::Future<Output = StatusCode> + Send + 'static>(calls: impl Iterator<Item = F>) -> Vec<StatusCode> {
+    let handles: Vec<_> = calls.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("join"));
+    }
+    out
+}
+
+async fn first_run_redirects_and_setup_closes(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut visitor = app.client();
+    for path in ["/", "/jobs", "/settings", "/login"] {
+        let res = visitor.get(path).await;
+        assert!(res.status.is_redirection(), "{path}: {}", res.status);
+        assert_eq!(res.location(), Some("/setup"), "{path}");
+    }
+    assert_eq!(visitor.get("/setup").await.status, StatusCode::OK);
+
+    // Validation: short password, mismatch, bad number. Nothing is created.
+    let short = visitor
+        .post_form("/api/setup_owner", &[("display_name", "A"), ("login", "ab"), ("password", "short"), ("password_confirm", "short"), ("whatsapp", "+15550001111")])
+        .await;
+    assert_eq!(short.status, StatusCode::BAD_REQUEST);
+    assert_eq!(short.json()["code"], "INVALID_INPUT");
+    assert!(short.json()["message"].as_str().unwrap_or_default().contains("12"));
+    let bad_phone = visitor
+        .post_form("/api/setup_owner", &[("display_name", "A"), ("login", "ab"), ("password", "long enough pass"), ("password_confirm", "long enough pass"), ("whatsapp", "5550001111")])
+        .await;
+    assert_eq!(bad_phone.status, StatusCode::BAD_REQUEST);
+    assert!(app.state.setup_done().await.is_ok_and(|done| !done));
+
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    assert!(owner.cookie.is_some(), "setup logs the owner in");
+    assert_eq!(owner.get("/").await.status, StatusCode::OK);
+
+    let mut other = app.client();
+    let again = other
+        .post_form("/api/setup_owner", &[("display_name", "Eve"), ("login", "eve"), ("password", "long enough pass"), ("password_confirm", "long enough pass"), ("whatsapp", "+15550002222")])
+        .await;
+    assert_eq!(again.status, StatusCode::GONE);
+    assert_eq!(again.json()["code"], "SETUP_CLOSED");
+    let page = other.get("/setup").await;
+    assert_eq!(page.location(), Some("/login"), "setup page closed for good");
+}
+both_backends!(first_run, first_run_redirects_and_setup_closes);

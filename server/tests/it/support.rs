@@ -1,0 +1,250 @@
+//! Test helpers: a fresh database per test on either backend, an app built on it, and a small
+//! HTTP client that drives the router in-process and keeps the session cookie.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::ConnectInfo,
+    http::{HeaderMap, Method, Request, StatusCode, header},
+};
+use http_body_util::BodyExt;
+use server::{
+    config::{LoadedConfig, Secrets, Settings},
+    db::Db,
+    web::{self, AppState},
+};
+use sqlx::{Connection, Executor};
+use tower::ServiceExt;
+
+pub const PUBLIC_URL: &str = "http://127.0.0.1:3000";
+
+fn postgres_admin_url() -> String {
+    std::env::var("GATEHOUSE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A database that exists for one test and is removed afterwards.
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("nested/gatehouse.db").display());
+        Self { url, _dir: Some(dir), pg_name: None }
+    }
+
+    /// A fresh PostgreSQL database, or `None` when PostgreSQL is unreachable outside CI. With
+    /// `CI=true` an unreachable server fails the test.
+    pub async fn postgres() -> Option<Self> {
+        sqlx::any::install_default_drivers();
+        let admin = postgres_admin_url();
+        let conn = tokio::time::timeout(Duration::from_secs(5), sqlx::AnyConnection::connect(&admin)).await;
+        let mut conn = match conn {
+            Ok(Ok(conn)) => conn,
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    panic!("PostgreSQL at {admin} is unreachable and CI=true: {why}");
+                }
+                eprintln!("\n!!!!!!!! PostgreSQL SKIPPED: {admin} is unreachable ({why}). Set GATEHOUSE_TEST_POSTGRES_URL or start PostgreSQL. !!!!!!!!\n");
+                return None;
+            }
+        };
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let name = format!("gh_test_{}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed), rand_suffix());
+        conn.execute(format!("CREATE DATABASE {name}").as_str()).await.expect("create test database");
+        let _ = conn.close().await;
+        let mut url = url::Url::parse(&admin).expect("postgres url");
+        url.set_path(&format!("/{name}"));
+        Some(Self { url: url.to_string(), _dir: None, pg_name: Some(name) })
+    }
+
+    pub async fn connect(&self) -> Db {
+        let settings = server::config::DatabaseSettings { url: self.url.clone(), ..Default::default() };
+        Db::connect(&settings).await.expect("connect test database")
+    }
+
+    /// Removes the PostgreSQL database now (e.g. to test what happens when it goes away).
+    pub async fn drop_now(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            drop_pg(&name).await;
+        }
+    }
+}
+
+fn rand_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
+}
+
+async fn drop_pg(name: &str) {
+    if let Ok(mut conn) = sqlx::AnyConnection::connect(&postgres_admin_url()).await {
+        let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+        let _ = conn.close().await;
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            // Drop runs outside async context; a short-lived runtime on its own thread does it.
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    rt.block_on(drop_pg(&name));
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// Runs a test body on SQLite and on PostgreSQL.
+#[macro_export]
+macro_rules! both_backends {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$body($crate::support::TestDb::sqlite()).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(db) = $crate::support::TestDb::postgres().await {
+                    super::$body(db).await;
+                }
+            }
+        }
+    };
+}
+
+pub fn settings_for(db: &TestDb) -> Settings {
+    let mut settings = Settings::default();
+    settings.database.url = db.url.clone();
+    settings.server.public_url = PUBLIC_URL.into();
+    settings.server.site_root = PathBuf::from("/nonexistent-site-root");
+    settings
+}
+
+pub struct TestApp {
+    pub state: AppState,
+    pub router: Router,
+    pub db: TestDb,
+}
+
+impl TestApp {
+    pub async fn new(db: TestDb) -> Self {
+        Self::with(db, |_| {}).await
+    }
+
+    pub async fn with(db: TestDb, tweak: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = settings_for(&db);
+        tweak(&mut settings);
+        let pool = db.connect().await;
+        pool.migrate().await.expect("migrate");
+        let config = LoadedConfig { settings, secrets: Secrets::default(), path: "config/gatehouse.toml".into(), dir: "config".into() };
+        let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
+        let router = web::router(state.clone());
+        Self { state, router, db }
+    }
+
+    pub fn client(&self) -> Client {
+        self.client_from("10.0.0.1:50000")
+    }
+
+    /// A client whose requests appear to come from `peer` (for per-address throttling).
+    pub fn client_from(&self, peer: &str) -> Client {
+        Client { router: self.router.clone(), cookie: None, peer: peer.parse().expect("peer addr"), origin: Some(PUBLIC_URL.into()) }
+    }
+
+    /// Creates the first owner through the setup server function and returns a logged-in client.
+    pub async fn with_owner(&self, login: &str, password: &str) -> Client {
+        let mut client = self.client();
+        let res = client
+            .post_form("/api/setup_owner", &[
+                ("display_name", "Test Owner"),
+                ("login", login),
+                ("password", password),
+                ("password_confirm", password),
+                ("whatsapp", "+15550001111"),
+            ])
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "setup: {}", res.body);
+        client
+    }
+}
+
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn location(&self) -> Option<&str> {
+        self.headers.get(header::LOCATION).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    router: Router,
+    pub cookie: Option<String>,
+    peer: SocketAddr,
+    pub origin: Option<String>,
+}
+
+impl Client {
+    pub async fn request(&mut self, method: Method, path: &str, body: Option<String>) -> Resp {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(origin) = &self.origin {
+            req = req.header(header::ORIGIN, origin);
+        }
+        if let Some(cookie) = &self.cookie {
+            req = req.header(header::COOKIE, format!("{}={cookie}", web::SESSION_COOKIE));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        let mut req = req.body(Body::from(body.unwrap_or_default())).expect("request");
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let res = self.router.clone().oneshot(req).await.expect("infallible");
+        let status = res.status();
+        let headers = res.headers().clone();
+        for set in headers.get_all(header::SET_COOKIE) {
+            let text = set.to_str().unwrap_or_default();
+            if let Some(rest) = text.strip_prefix(&format!("{}=", web::SESSION_COOKIE)) {
+                let value = rest.split(';').next().unwrap_or_default();
+                let removed = text.contains("Max-Age=0") || value.is_empty();
+                self.cookie = if removed { None } else { Some(value.to_string()) };
+            }
+        }
+        let bytes = res.into_body().collect().await.expect("body").to_bytes();
+        Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
+    pub async fn get(&mut self, path: &str) -> Resp {
+        self.request(Method::GET, path, None).await
+    }
+
+    pub async fn post_form(&mut self, path: &str, fields: &[(&str, &str)]) -> Resp {
+        let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
+        self.request(Method::POST, path, Some(body)).await
+    }
+}
