@@ -19,10 +19,15 @@ use crate::{
 /// Server functions reachable without a session. Everything else answers 401 without one.
 pub const PUBLIC_SERVER_FNS: &[&str] = &["/api/login", "/api/setup_owner"];
 
-/// Only same-site relative paths are followed after login, never another origin.
+/// Only plain same-origin paths are followed after login. Anything that a browser could read
+/// as another origin (`//host`, `/\\host`, or with tabs and line breaks it strips) goes to `/`.
 #[cfg(feature = "ssr")]
-fn safe_next(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.starts_with("/\\") { next } else { "/" }
+pub fn safe_next(next: &str) -> &str {
+    let plain = next.starts_with('/')
+        && !next.starts_with("//")
+        && next.len() <= 512
+        && next.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'\\');
+    if plain { next } else { "/" }
 }
 
 #[server(endpoint = "setup_owner")]
@@ -80,7 +85,10 @@ pub async fn logout() -> Result<(), AppError> {
         async {
             let me = require_owner().await?;
             let session = session().await?;
-            let _ = session.flush().await;
+            session.flush().await.map_err(|e| {
+                tracing::error!(error = %e, "logout could not delete the session");
+                AppError::internal()
+            })?;
             backend()?.record_logout(me.owner_id, &client_ip().await).await?;
             leptos_axum::redirect("/login");
             Ok(())

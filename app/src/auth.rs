@@ -83,9 +83,20 @@ pub async fn require_owner() -> Result<ShellInfo, AppError> {
     owner_of(&session, &backend).await?.ok_or_else(AppError::unauthorized)
 }
 
+/// True for a plain HTML form post (no wasm): the answer must be a redirect back to the form,
+/// which carries the error in its URL, not an error status the browser would show as JSON.
+fn is_plain_form_post() -> bool {
+    use_context::<http::request::Parts>()
+        .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|v| v.to_str().ok()).map(|v| v.contains("text/html")))
+        .unwrap_or(false)
+}
+
 /// Sets the HTTP status (and Retry-After) for an error answer.
 pub fn answer<T>(result: Result<T, AppError>) -> Result<T, AppError> {
     if let Err(err) = &result {
+        if is_plain_form_post() {
+            return result;
+        }
         if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
             if let Ok(status) = http::StatusCode::from_u16(err.status()) {
                 res.set_status(status);

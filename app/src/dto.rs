@@ -62,10 +62,16 @@ pub struct SettingsInfo {
 }
 
 /// A new owner as the setup form or the CLI supplies it, before validation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NewOwner {
     pub display_name: String,
     pub login: String,
     pub password: String,
     pub phones: String,
+}
+
+impl std::fmt::Debug for NewOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewOwner").field("login", &self.login).field("password", &"[REDACTED]").finish_non_exhaustive()
+    }
 }

@@ -13,6 +13,7 @@ use secrecy::SecretString;
 use crate::{
     config::{self, DEFAULT_CONFIG_PATH, LoadedConfig, LogFormat},
     db::{self, Db},
+    jobs::{self, JobQueue, Worker},
     owners::{self, ValidOwner},
     telemetry,
     web::{self, AppState},
@@ -48,6 +49,17 @@ pub enum Command {
     /// Manage owner accounts.
     #[command(subcommand)]
     Owner(OwnerCommand),
+    /// Run a job worker alone (scale-out: several processes share one PostgreSQL database).
+    Worker,
+    /// Measure performance.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Enqueue and run no-op jobs; print enqueue/s, completed/s and enqueue-to-start latency.
+    Jobs(crate::bench::JobsBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,6 +157,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Migrate => migrate(&cfg).await,
             Command::CheckConfig => Ok(()),
             Command::Owner(cmd) => owner(&cfg, cmd).await,
+            Command::Worker => worker(cfg).await,
+            Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
         }
     })
 }
@@ -170,7 +184,7 @@ fn check_config(cli: &Cli) -> Result<(), Failure> {
 
 async fn connect(cfg: &LoadedConfig) -> Result<Db, Failure> {
     let db = Db::connect(&cfg.settings.database).await.map_err(|e| {
-        tracing::error!(error = %e, database = %config::load::redact_url(&cfg.settings.database.url), "database connection failed");
+        tracing::error!(error = %e, database = %config::load::display_url(&cfg.settings.database.url), "database connection failed");
         Failure::runtime(e)
     })?;
     match db.migrate().await {
@@ -217,10 +231,30 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     if !setup_done {
         tracing::info!("first run: open {}/setup to create the first owner", state.public_url);
     }
-    let router = web::router(state);
-    web::serve::serve(listener, router, grace).await.map_err(Failure::runtime)?;
-    db.close().await;
+    let router = web::router(state.clone());
+    let shutdown = web::serve::shutdown_watch();
+    let worker = state.config.settings.jobs.worker_in_serve.then(|| {
+        let queue = JobQueue::new(db.clone());
+        tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), queue.waker()).run(shutdown.clone()))
+    });
+    web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
+    if let Some(worker) = worker {
+        let _ = worker.await;
+    }
+    if tokio::time::timeout(grace, db.close()).await.is_err() {
+        tracing::warn!("database connections still busy after the grace period; exiting anyway");
+    }
     tracing::info!("stopped");
+    Ok(())
+}
+
+async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
+    let db = connect(&cfg).await?;
+    let queue = JobQueue::new(db.clone());
+    let settings = cfg.settings.jobs.worker();
+    tracing::info!(database = db.backend.as_str(), queue = %settings.queue, "worker process starting");
+    Worker::new(db.clone(), jobs::registry(), settings, queue.waker()).run(web::serve::shutdown_watch()).await;
+    db.close().await;
     Ok(())
 }
 
@@ -250,7 +284,7 @@ fn owner_failure(e: owners::OwnerError) -> Failure {
 }
 
 async fn owner(cfg: &LoadedConfig, cmd: &OwnerCommand) -> Result<(), Failure> {
-    let min = usize::try_from(cfg.settings.auth.min_password_length).unwrap_or(12);
+    let min = cfg.settings.auth.min_password();
     match cmd {
         OwnerCommand::Add(args) => {
             let password = read_password(args.password_stdin)?;

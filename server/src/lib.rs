@@ -1,9 +1,11 @@
 //! Gatehouse: a WhatsApp assistant that business owners can trust. This crate holds the axum
 //! server, the bot engine and the `gatehouse` command line.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod jobs;
 pub mod owners;
 pub mod telemetry;
 pub mod web;

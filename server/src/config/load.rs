@@ -66,40 +66,8 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
         }]));
     }
     let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(env);
-    let settings = check(&figment)?;
-    let mut problems = Vec::new();
-    if settings.auth.min_password_length < 12 {
-        problems.push(problem_at(&figment, "auth.min_password_length", "must be at least 12".into()));
-    }
-    if settings.auth.login_max_failures == 0 {
-        problems.push(problem_at(&figment, "auth.login_max_failures", "must be at least 1".into()));
-    }
-    if settings.database.max_connections == 0 {
-        problems.push(problem_at(&figment, "database.max_connections", "must be at least 1".into()));
-    }
-    let db = &settings.database.url;
-    if !(db.starts_with("sqlite:") || db.starts_with("postgres://") || db.starts_with("postgresql://")) {
-        problems.push(problem_at(
-            &figment,
-            "database.url",
-            format!("unsupported database URL scheme in {:?}; use sqlite://... or postgres://...", redact_url(db)),
-        ));
-    }
-    if !settings.server.public_url.is_empty() {
-        match url::Url::parse(&settings.server.public_url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            _ => problems.push(problem_at(
-                &figment,
-                "server.public_url",
-                format!("{:?} is not an http(s) URL", settings.server.public_url),
-            )),
-        }
-    }
-    for (key, value) in [("llm.anthropic.base_url", &settings.llm.anthropic.base_url), ("llm.openai.base_url", &settings.llm.openai.base_url)] {
-        if !value.is_empty() && url::Url::parse(value).is_err() {
-            problems.push(problem_at(&figment, key, format!("{value:?} is not a URL")));
-        }
-    }
+    let (settings, mut problems) = check(&figment);
+    problems.extend(check_values(&figment, &settings));
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }
@@ -107,47 +75,112 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
     Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir })
 }
 
-/// Finds unknown keys and every key whose value does not deserialize, then extracts.
-fn check(figment: &Figment) -> Result<Settings, ConfigError> {
-    let defaults = Figment::from(Serialized::defaults(Settings::default()))
-        .find_value("")
-        .map_err(|e| ConfigError(from_figment(figment, e)))?;
+/// Checks that need more than a type: ranges, URLs, combinations.
+fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut need = |ok: bool, key: &str, message: String| {
+        if !ok {
+            problems.push(problem_at(figment, key, message));
+        }
+    };
+    let auth = &settings.auth;
+    need(auth.min_password_length >= 12, "auth.min_password_length", "must be at least 12".into());
+    need(auth.login_max_failures >= 1, "auth.login_max_failures", "must be at least 1".into());
+    need(settings.database.max_connections >= 1, "database.max_connections", "must be at least 1".into());
+    let jobs = &settings.jobs;
+    need(jobs.concurrency >= 1, "jobs.concurrency", "must be at least 1".into());
+    need(jobs.default_max_attempts >= 1, "jobs.default_max_attempts", "must be at least 1".into());
+    need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
+    need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
+    for (key, value) in [
+        ("auth.session_idle_timeout", auth.session_idle_timeout),
+        ("auth.session_absolute_timeout", auth.session_absolute_timeout),
+        ("auth.login_failure_window", auth.login_failure_window),
+        ("database.acquire_timeout", settings.database.acquire_timeout),
+        ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
+        ("llm.openai.timeout", settings.llm.openai.timeout),
+        ("jobs.poll_interval", jobs.poll_interval),
+        ("jobs.lease", jobs.lease),
+        ("jobs.job_timeout", jobs.job_timeout),
+        ("jobs.maintenance_interval", jobs.maintenance_interval),
+    ] {
+        need(!value.is_zero(), key, "must be longer than zero".into());
+    }
+    let db = &settings.database.url;
+    need(
+        crate::db::Backend::from_url(db).is_some(),
+        "database.url",
+        format!("unsupported database URL {:?}; use sqlite://... or postgres://...", display_url(db)),
+    );
+    let public = &settings.server.public_url;
+    if public.is_empty() {
+        need(
+            !settings.server.addr.ip().is_unspecified(),
+            "server.public_url",
+            format!("must be set when server.addr ({}) listens on all interfaces: it is the address owners' browsers use", settings.server.addr),
+        );
+    } else {
+        let ok = url::Url::parse(public).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        need(ok, "server.public_url", format!("{public:?} is not an http(s) URL"));
+    }
+    for (key, value) in [("llm.anthropic.base_url", &settings.llm.anthropic.base_url), ("llm.openai.base_url", &settings.llm.openai.base_url)] {
+        need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
+    }
+    need(
+        tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
+        "log.filter",
+        format!("{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"", settings.log.filter),
+    );
+    problems
+}
+
+/// Finds unknown keys and every key whose value does not deserialize. Returns the settings
+/// built from the defaults plus every key that was fine, so later checks still run.
+fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let base = || Figment::from(Serialized::defaults(Settings::default()));
+    let (Ok(defaults), Ok(merged)) = (base().find_value(""), figment.find_value("")) else {
+        return match figment.extract() {
+            Ok(settings) => (settings, problems),
+            Err(e) => (Settings::default(), from_figment(figment, e)),
+        };
+    };
     let mut known = BTreeSet::new();
     collect_leaves(&defaults, "", &mut known);
-
-    let mut problems = Vec::new();
-    let merged = match figment.find_value("") {
-        Ok(v) => v,
-        Err(e) => return Err(ConfigError(from_figment(figment, e))),
-    };
     let mut present = BTreeSet::new();
     collect_leaves(&merged, "", &mut present);
-    for key in &present {
-        if !known.contains(key) {
-            let near = known.iter().filter(|k| edit_distance(k, key) <= 2).min_by_key(|k| edit_distance(k, key));
-            let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
-            problems.push(problem_at(figment, key, format!("unknown key{hint}")));
-        }
+    for key in present.difference(&known) {
+        let near = known.iter().filter(|k| edit_distance(k, key) <= 2).min_by_key(|k| edit_distance(k, key));
+        let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
+        problems.push(problem_at(figment, key, format!("unknown key{hint}")));
     }
 
-    // Probe each known key alone on top of the defaults, so one bad value cannot hide another.
+    // Probe each known key alone on top of the defaults, so one bad value cannot hide another,
+    // and keep the good ones.
+    let mut good = base();
     for key in known.intersection(&present) {
         let Ok(value) = figment.find_value(key) else { continue };
-        let probe = Figment::from(Serialized::defaults(Settings::default())).merge(Serialized::default(key, value.clone()));
-        if let Err(e) = probe.extract::<Settings>() {
-            let shown = match &value {
-                Value::String(_, s) => format!("{s:?}"),
-                Value::Num(_, n) => format!("{n:?}"),
-                Value::Bool(_, b) => b.to_string(),
-                _ => "the given value".into(),
-            };
-            problems.push(problem_at(figment, key, format!("{} (got {shown})", e.kind)));
+        let probe = base().merge(Serialized::default(key, value.clone()));
+        match probe.extract::<Settings>() {
+            Ok(_) => good = good.merge(Serialized::default(key, value)),
+            Err(e) => {
+                let shown = match &value {
+                    Value::String(_, s) => format!("{s:?}"),
+                    Value::Num(_, n) => format!("{n:?}"),
+                    Value::Bool(_, b) => b.to_string(),
+                    _ => "the given value".into(),
+                };
+                problems.push(problem_at(figment, key, format!("{} (got {shown})", e.kind)));
+            }
         }
     }
-    if !problems.is_empty() {
-        return Err(ConfigError(problems));
+    match good.extract() {
+        Ok(settings) => (settings, problems),
+        Err(e) => {
+            problems.extend(from_figment(figment, e));
+            (Settings::default(), problems)
+        }
     }
-    figment.extract().map_err(|e| ConfigError(from_figment(figment, e)))
 }
 
 fn collect_leaves(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
@@ -207,14 +240,19 @@ fn from_figment(figment: &Figment, err: figment::Error) -> Vec<Problem> {
         .collect()
 }
 
-/// Removes a password from a database URL so it can be shown.
-pub fn redact_url(url: &str) -> String {
+/// A URL safe to show: scheme, host, port and path only. User names, passwords and query
+/// strings (where tokens and passwords hide) are dropped.
+pub fn display_url(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("****"));
+        Ok(mut u) if !u.cannot_be_a_base() => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
             u.to_string()
         }
-        _ => url.to_string(),
+        Ok(u) => format!("{}:…", u.scheme()),
+        Err(_) => "(not a URL)".into(),
     }
 }
 
@@ -258,7 +296,21 @@ mod tests {
     }
 
     #[test]
-    fn redacts_database_password() {
-        assert_eq!(redact_url("postgres://u:secret@h/db"), "postgres://u:****@h/db");
+    fn shown_urls_hold_no_credentials() {
+        assert_eq!(display_url("postgres://u:secret@h:5432/db"), "postgres://h:5432/db");
+        assert_eq!(display_url("postgres://u@h/db?password=secret&sslmode=require"), "postgres://h/db");
+        assert_eq!(display_url("https://user:key@llm.example/v1"), "https://llm.example/v1");
+        assert_eq!(display_url("sqlite://data/gatehouse.db"), "sqlite://data/gatehouse.db");
+    }
+
+    #[test]
+    fn value_checks_run_even_when_keys_are_unknown() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(dir.path(), "[auth]\nmin_password_length = 4\n[nope]\nx = 1\n[log]\nfilter = \"[[[\"\n[server]\naddr = \"0.0.0.0:3000\"\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["nope.x", "auth.min_password_length", "log.filter", "server.public_url"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
     }
 }

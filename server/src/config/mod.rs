@@ -25,6 +25,7 @@ pub struct Settings {
     pub log: LogSettings,
     pub llm: LlmSettings,
     pub models: ModelSettings,
+    pub jobs: JobSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -36,7 +37,7 @@ pub struct ServerSettings {
     pub public_url: String,
     /// When false and the port is taken, the next two ports are tried.
     pub strict_port: bool,
-    /// Folder holding the compiled console assets (`pkg/gatehouse.js`, `pkg/gatehouse_bg.wasm`).
+    /// Folder holding the compiled console assets (`pkg/gatehouse.js`, `pkg/gatehouse.wasm`).
     pub site_root: PathBuf,
     /// How long graceful shutdown waits for open requests.
     #[serde(with = "duration_str")]
@@ -93,6 +94,12 @@ pub struct AuthSettings {
     pub login_failure_window: Duration,
     /// At least 12.
     pub min_password_length: u32,
+}
+
+impl AuthSettings {
+    pub fn min_password(&self) -> usize {
+        usize::try_from(self.min_password_length).unwrap_or(12).max(12)
+    }
 }
 
 impl Default for AuthSettings {
@@ -185,6 +192,66 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+}
+
+/// The durable job queue's worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobSettings {
+    /// Run a worker inside `gatehouse serve`; `gatehouse worker` runs one alone.
+    pub worker_in_serve: bool,
+    pub queue: String,
+    pub concurrency: u32,
+    #[serde(with = "duration_str")]
+    pub poll_interval: Duration,
+    #[serde(with = "duration_str")]
+    pub lease: Duration,
+    #[serde(with = "duration_str")]
+    pub job_timeout: Duration,
+    #[serde(with = "duration_str")]
+    pub shutdown_grace: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_base: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_max: Duration,
+    pub default_max_attempts: u32,
+    #[serde(with = "duration_str")]
+    pub maintenance_interval: Duration,
+}
+
+impl Default for JobSettings {
+    fn default() -> Self {
+        let w = crate::jobs::WorkerSettings::default();
+        Self {
+            worker_in_serve: true,
+            queue: w.queue,
+            concurrency: u32::try_from(w.concurrency).unwrap_or(8),
+            poll_interval: w.poll_interval,
+            lease: w.lease,
+            job_timeout: w.job_timeout,
+            shutdown_grace: w.shutdown_grace,
+            retry_base: w.retry_base,
+            retry_max: w.retry_max,
+            default_max_attempts: 5,
+            maintenance_interval: w.maintenance_interval,
+        }
+    }
+}
+
+impl JobSettings {
+    pub fn worker(&self) -> crate::jobs::WorkerSettings {
+        crate::jobs::WorkerSettings {
+            queue: self.queue.clone(),
+            concurrency: usize::try_from(self.concurrency).unwrap_or(8).max(1),
+            poll_interval: self.poll_interval,
+            lease: self.lease,
+            job_timeout: self.job_timeout,
+            shutdown_grace: self.shutdown_grace,
+            retry_base: self.retry_base,
+            retry_max: self.retry_max,
+            maintenance_interval: self.maintenance_interval,
+        }
+    }
 }
 
 /// Durations as human-readable strings: "500ms", "15m", "12h", "7d".

@@ -9,7 +9,6 @@ pub mod event {
     pub const SETUP_COMPLETED: &str = "setup_completed";
     pub const LOGIN_OK: &str = "login_ok";
     pub const LOGIN_FAILED: &str = "login_failed";
-    pub const LOGIN_THROTTLED: &str = "login_throttled";
     pub const LOGOUT: &str = "logout";
     pub const PHONES_UPDATED: &str = "phones_updated";
     pub const OWNER_ADDED: &str = "owner_added";
@@ -71,33 +70,23 @@ pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, si
     })
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct AuditRow {
-    pub at: i64,
-    pub owner_id: Option<i64>,
-    pub login: Option<String>,
-    pub ip: Option<String>,
-    pub event: String,
-    pub detail: String,
-}
-
-pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<AuditRow>, DbError> {
-    let rows = sqlx::query("SELECT at, owner_id, login, ip, event, detail FROM owner_audit ORDER BY id DESC LIMIT $1")
-        .bind(limit)
-        .fetch_all(&mut *conn)
+/// Like [`record`], returning the new row's id.
+pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<i64, DbError> {
+    let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
+    let row = sqlx::query("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+        .bind(now_ms())
+        .bind(entry.owner_id)
+        .bind(entry.login)
+        .bind(entry.ip)
+        .bind(entry.event)
+        .bind(detail)
+        .fetch_one(&mut *conn)
         .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(AuditRow {
-                at: r.try_get(0)?,
-                owner_id: r.try_get(1)?,
-                login: r.try_get(2)?,
-                ip: r.try_get(3)?,
-                event: r.try_get(4)?,
-                detail: r.try_get(5)?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(DbError::from)
+    Ok(row.try_get(0)?)
 }
 
+/// Turns a provisional failure row into a success for `owner_id`.
+pub async fn mark_success(conn: &mut AnyConnection, id: i64, owner_id: i64, event: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE owner_audit SET event = $1, owner_id = $2 WHERE id = $3").bind(event).bind(owner_id).bind(id).execute(&mut *conn).await?;
+    Ok(())
+}

@@ -3,6 +3,7 @@
 //! driver; only the migrations differ per backend.
 
 pub mod audit;
+pub mod jobs;
 pub mod owners;
 pub mod sessions;
 
@@ -71,6 +72,8 @@ pub enum DbError {
 pub struct Db {
     pub pool: AnyPool,
     pub backend: Backend,
+    /// Kept for PostgreSQL `LISTEN`, which needs its own connection. May hold a password.
+    url: secrecy::SecretString,
 }
 
 /// One applied migration, for the Dashboard and `/readyz`.
@@ -114,7 +117,7 @@ impl Db {
             .connect(&url)
             .await
             .map_err(DbError::Connect)?;
-        Ok(Self { pool, backend })
+        Ok(Self { pool, backend, url: secrecy::SecretString::from(settings.url.clone()) })
     }
 
     /// Applies pending migrations. A failure names the migration and the reason.
@@ -141,7 +144,7 @@ impl Db {
 
     /// Versions shipped in this binary that the database has not applied.
     pub async fn pending_migrations(&self) -> Result<Vec<i64>, DbError> {
-        let applied = self.applied_versions().await.unwrap_or_default();
+        let applied = self.applied_versions().await?;
         Ok(self
             .backend
             .migrator()
@@ -156,10 +159,26 @@ impl Db {
         self.backend.migrator().iter().filter(|m| m.migration_type.is_up_migration()).count()
     }
 
+    /// Starts a transaction that will write. On SQLite it takes the write lock up front
+    /// (`BEGIN IMMEDIATE`): a deferred transaction that reads first and writes later cannot wait
+    /// for the lock and fails with "database is locked" when another writer got in between.
+    pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.pool.begin().await,
+        }
+    }
+
     /// A round trip to the database.
     pub async fn ping(&self) -> Result<(), DbError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// The connection URL, for PostgreSQL only (LISTEN needs a dedicated connection).
+    pub fn postgres_url(&self) -> Option<String> {
+        use secrecy::ExposeSecret;
+        (self.backend == Backend::Postgres).then(|| self.url.expose_secret().to_string())
     }
 
     pub async fn close(&self) {

@@ -4,16 +4,15 @@ use sqlx::{AnyConnection, Row};
 
 use super::{DbError, now_ms};
 
-pub async fn upsert(conn: &mut AnyConnection, id: &str, data: &str, expires_at: i64) -> Result<(), DbError> {
-    sqlx::query(
-        "INSERT INTO sessions (id, data, expires_at) VALUES ($1, $2, $3) \
-         ON CONFLICT (id) DO UPDATE SET data = excluded.data, expires_at = excluded.expires_at",
-    )
-    .bind(id)
-    .bind(data)
-    .bind(expires_at)
-    .execute(&mut *conn)
-    .await?;
+/// Updates an existing session only: a session deleted meanwhile (logout, id cycling) must
+/// not be brought back by a request that loaded it earlier.
+pub async fn update(conn: &mut AnyConnection, id: &str, data: &str, expires_at: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE sessions SET data = $1, expires_at = $2 WHERE id = $3")
+        .bind(data)
+        .bind(expires_at)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 

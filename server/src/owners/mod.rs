@@ -81,38 +81,43 @@ fn phone_strings(phones: &[PhoneNumber]) -> Vec<String> {
 /// Creates the first owner and closes setup, atomically. A racing second request gets
 /// [`OwnerError::SetupClosed`] and leaves nothing behind.
 pub async fn create_first_owner(db: &Db, owner: ValidOwner, ip: &str) -> Result<OwnerRow, OwnerError> {
-    {
-        let mut conn = db.pool.acquire().await?;
-        if q::setup_completed(&mut conn).await? {
-            return Err(OwnerError::SetupClosed);
-        }
-    }
-    let hash = hash_password(owner.password.clone()).await.map_err(OwnerError::Hash)?;
-    let mut tx = db.pool.begin().await?;
-    let id = match q::insert_owner(&mut tx, owner.login.as_str(), &owner.display_name, &hash, &phone_strings(&owner.phones)).await {
-        Ok(id) => id,
-        // A concurrent setup inserted the same login first; the marker decides below anyway.
-        Err(InsertOwnerError::LoginTaken) => return Err(OwnerError::SetupClosed),
-        Err(e) => return Err(e.into()),
-    };
-    if !q::claim_setup(&mut tx, id).await? {
-        tx.rollback().await?;
+    if setup_completed(db).await? {
         return Err(OwnerError::SetupClosed);
     }
+    let hash = hash_password(owner.password.clone()).await.map_err(OwnerError::Hash)?;
+    let mut tx = db.begin_write().await?;
+    let inserted = q::insert_owner(&mut tx, owner.login.as_str(), &owner.display_name, &hash, &phone_strings(&owner.phones)).await;
+    let claimed = match inserted {
+        Ok(id) => q::claim_setup(&mut tx, id).await.map(|won| won.then_some(id)).map_err(OwnerError::from),
+        Err(e) => Err(e.into()),
+    };
+    let id = match claimed {
+        Ok(Some(id)) => id,
+        // Lost the race (the marker was taken), or a racing winner holds the same login or
+        // number: either way the answer is that setup is closed.
+        other => {
+            tx.rollback().await?;
+            if setup_completed(db).await? {
+                return Err(OwnerError::SetupClosed);
+            }
+            return Err(other.err().unwrap_or(OwnerError::SetupClosed));
+        }
+    };
     audit::record(&mut tx, AuditEntry { owner_id: Some(id), login: Some(owner.login.as_str()), ip: Some(ip), event: event::SETUP_COMPLETED, detail: None }).await?;
     let row = q::find_by_id(&mut tx, id).await?.ok_or_else(|| OwnerError::NotFound(owner.login.as_str().into()))?;
-    match tx.commit().await {
-        Ok(()) => Ok(row),
-        // PostgreSQL reports the losing racer's conflict at commit or insert time.
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(OwnerError::SetupClosed),
-        Err(e) => Err(e.into()),
-    }
+    tx.commit().await?;
+    Ok(row)
+}
+
+pub async fn setup_completed(db: &Db) -> Result<bool, OwnerError> {
+    let mut conn = db.pool.acquire().await?;
+    Ok(q::setup_completed(&mut conn).await?)
 }
 
 /// Adds another owner from the CLI. Also closes setup if it was still open.
 pub async fn add_owner(db: &Db, owner: ValidOwner) -> Result<OwnerRow, OwnerError> {
     let hash = hash_password(owner.password.clone()).await.map_err(OwnerError::Hash)?;
-    let mut tx = db.pool.begin().await?;
+    let mut tx = db.begin_write().await?;
     let id = match q::insert_owner(&mut tx, owner.login.as_str(), &owner.display_name, &hash, &phone_strings(&owner.phones)).await {
         Err(InsertOwnerError::LoginTaken) => return Err(OwnerError::LoginTaken(owner.login.as_str().into())),
         other => other?,
@@ -129,7 +134,7 @@ pub async fn reset_password(db: &Db, login: &str, password: SecretString, min_pa
     check_password(&password, min_password)?;
     let login = LoginName::parse(login).map_err(OwnerError::Invalid)?;
     let hash = hash_password(password).await.map_err(OwnerError::Hash)?;
-    let mut tx = db.pool.begin().await?;
+    let mut tx = db.begin_write().await?;
     let owner = q::find_by_login(&mut tx, login.as_str()).await?.ok_or_else(|| OwnerError::NotFound(login.as_str().into()))?;
     q::set_password(&mut tx, owner.id, &hash).await?;
     audit::record(&mut tx, AuditEntry { owner_id: Some(owner.id), login: Some(login.as_str()), ip: Some("cli"), event: event::PASSWORD_RESET, detail: None }).await?;
@@ -139,7 +144,7 @@ pub async fn reset_password(db: &Db, login: &str, password: SecretString, min_pa
 
 pub async fn update_phones(db: &Db, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, OwnerError> {
     let phones = phone_strings(&PhoneNumber::parse_list(phones).map_err(OwnerError::Invalid)?);
-    let mut tx = db.pool.begin().await?;
+    let mut tx = db.begin_write().await?;
     q::replace_phones(&mut tx, owner_id, &phones).await?;
     audit::record(&mut tx, AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: event::PHONES_UPDATED, detail: Some(serde_json::json!({ "count": phones.len() })), ..Default::default() }).await?;
     tx.commit().await?;
@@ -161,38 +166,50 @@ pub struct Throttle {
     pub window: Duration,
 }
 
-/// Checks a password. Failures are recorded (never the password) and counted per login name
-/// and per address; past the limit the password is not even checked.
+/// Serialises "count failures, then reserve an attempt" so parallel requests cannot all slip
+/// under the limit. (Across processes the slack is at most one attempt per process.)
+static RESERVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Checks a password. Each attempt is first recorded as a failure (never with the password),
+/// then turned into a success if the password matches; past the limit, for the login name or
+/// the address, the password is not checked at all.
 pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throttle: Throttle) -> Result<Login, OwnerError> {
-    let login = login.trim().to_lowercase();
-    let now = db::now_ms();
+    // Audit rows hold a valid login name or a fixed marker, never arbitrary input (which could
+    // be a password typed into the wrong field).
+    let name = LoginName::parse(login).ok();
+    let audit_login = name.as_ref().map_or("<invalid>", LoginName::as_str);
     let window_ms = i64::try_from(throttle.window.as_millis()).unwrap_or(i64::MAX);
-    let mut conn = db.pool.acquire().await?;
-    let counts = audit::recent_failures(&mut conn, &login, ip, now - window_ms).await?;
     let max = i64::from(throttle.max_failures);
-    if counts.by_login >= max || counts.by_ip >= max {
-        let oldest = [(counts.by_login >= max).then_some(counts.oldest_login_at).flatten(), (counts.by_ip >= max).then_some(counts.oldest_ip_at).flatten()]
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(now);
-        let wait_ms = (oldest + window_ms - now).max(1000);
-        audit::record(&mut conn, AuditEntry { login: Some(&login), ip: Some(ip), event: event::LOGIN_THROTTLED, ..Default::default() }).await?;
-        return Ok(Login::Throttled { retry_after: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1000)).max(Duration::from_secs(1)) });
-    }
-    let owner = q::find_by_login(&mut conn, &login).await?;
-    drop(conn);
-    let hash = owner.as_ref().map(|o| o.password_hash.clone());
-    let ok = verify_password(password, hash).await;
-    let mut conn = db.pool.acquire().await?;
+    let attempt_id = {
+        let _serial = RESERVE.lock().await;
+        let now = db::now_ms();
+        let mut conn = db.pool.acquire().await?;
+        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - window_ms).await?;
+        if counts.by_login >= max || counts.by_ip >= max {
+            let oldest = [(counts.by_login >= max).then_some(counts.oldest_login_at).flatten(), (counts.by_ip >= max).then_some(counts.oldest_ip_at).flatten()]
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap_or(now);
+            let wait_ms = u64::try_from(oldest + window_ms - now).unwrap_or(0).max(1000);
+            return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
+        }
+        audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }).await?
+    };
+    let owner = match &name {
+        Some(name) => {
+            let mut conn = db.pool.acquire().await?;
+            q::find_by_login(&mut conn, name.as_str()).await?
+        }
+        None => None,
+    };
+    let ok = verify_password(password, owner.as_ref().map(|o| o.password_hash.clone())).await;
     match owner {
         Some(owner) if ok => {
-            audit::record(&mut conn, AuditEntry { owner_id: Some(owner.id), login: Some(&login), ip: Some(ip), event: event::LOGIN_OK, ..Default::default() }).await?;
+            let mut conn = db.pool.acquire().await?;
+            audit::mark_success(&mut conn, attempt_id, owner.id, event::LOGIN_OK).await?;
             Ok(Login::Ok(owner))
         }
-        _ => {
-            audit::record(&mut conn, AuditEntry { login: Some(&login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }).await?;
-            Ok(Login::Rejected)
-        }
+        _ => Ok(Login::Rejected),
     }
 }

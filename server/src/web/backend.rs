@@ -9,7 +9,7 @@ use secrecy::SecretString;
 
 use super::state::AppState;
 use crate::{
-    config::load::redact_url,
+    config::load::display_url,
     db::{self, audit},
     owners::{self, Login, OwnerError, Throttle, ValidOwner},
 };
@@ -25,7 +25,7 @@ impl ConsoleBackend {
     }
 
     fn min_password(&self) -> usize {
-        usize::try_from(self.state.config.settings.auth.min_password_length).unwrap_or(12)
+        self.state.config.settings.auth.min_password()
     }
 }
 
@@ -53,6 +53,7 @@ impl AdminBackend for ConsoleBackend {
     }
 
     async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError> {
+        // Answer "closed" before judging the input; owners::create_first_owner decides races.
         if !self.setup_open().await? {
             return Err(OwnerError::SetupClosed.into());
         }
@@ -147,15 +148,15 @@ impl AdminBackend for ConsoleBackend {
     }
 }
 
-/// The effective settings as dotted keys, with any password in the database URL masked.
+/// The effective settings as dotted keys. URL values lose credentials and query strings.
 pub fn effective_entries(settings: &crate::config::Settings) -> Vec<SettingEntry> {
     let mut out = Vec::new();
     if let Ok(value) = serde_json::to_value(settings) {
         flatten("", &value, &mut out);
     }
     for entry in &mut out {
-        if entry.key == "database.url" {
-            entry.value = redact_url(&entry.value);
+        if entry.key.ends_with("url") && !entry.value.is_empty() {
+            entry.value = display_url(&entry.value);
         }
     }
     out

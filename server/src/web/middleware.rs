@@ -61,9 +61,9 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
         return next.run(req).await;
     }
     match request_origin(req.headers()) {
-        Some(origin) if origin == state.public_origin => next.run(req).await,
+        Some(origin) if state.allowed_origins.iter().any(|o| o.eq_ignore_ascii_case(&origin)) => next.run(req).await,
         other => {
-            tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_origin, path = req.uri().path(), "cross-origin request refused");
+            tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_url, path = req.uri().path(), "cross-origin request refused");
             json_error(StatusCode::FORBIDDEN, "CSRF_ORIGIN_MISMATCH", "This request did not come from the Gatehouse console.")
         }
     }
@@ -125,6 +125,18 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
             Redirect::to(&format!("/login?next={next_param}")).into_response()
         }
     }
+}
+
+/// A caller may pass its own `X-Request-Id` (e.g. a proxy's) when it is a plain token; anything
+/// else is dropped and replaced, so logs never carry caller-chosen text.
+pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
+    let keep = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
+    if !keep {
+        req.headers_mut().remove("x-request-id");
+    }
+    next.run(req).await
 }
 
 /// HTML and API answers are private and must not be cached or framed.

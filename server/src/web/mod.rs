@@ -91,6 +91,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(from_fn(middleware::track_metrics))
         .layer(
             ServiceBuilder::new()
+                .layer(from_fn(middleware::sanitize_request_id))
                 .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
                 .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                     let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");

@@ -19,9 +19,16 @@ pub async fn healthz() -> Response {
 /// 200 when the database answers and every shipped migration is applied; 503 with a reason
 /// otherwise.
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    // Callers are unauthenticated: they get a fixed reason; the details go to the log.
     let check = async {
-        state.db.ping().await.map_err(|e| format!("database unreachable: {e}"))?;
-        let pending = state.db.pending_migrations().await.map_err(|e| format!("cannot read migrations: {e}"))?;
+        state.db.ping().await.map_err(|e| {
+            tracing::warn!(error = %e, "readiness: database unreachable");
+            "database unreachable".to_string()
+        })?;
+        let pending = state.db.pending_migrations().await.map_err(|e| {
+            tracing::warn!(error = %e, "readiness: cannot read applied migrations");
+            "cannot read the database's migrations".to_string()
+        })?;
         if !pending.is_empty() {
             return Err(format!("migrations pending: {pending:?}; run `gatehouse migrate`"));
         }
@@ -35,7 +42,6 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 fn unavailable(reason: &str) -> Response {
-    tracing::warn!(reason, "not ready");
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
 }
 

@@ -51,13 +51,23 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received; finishing open requests");
 }
 
-/// Serves `router` on `listener` until a shutdown signal, then waits up to `grace` for open
-/// requests.
-pub async fn serve(listener: TcpListener, router: axum::Router, grace: Duration) -> io::Result<()> {
+/// A watch that turns true on SIGINT or SIGTERM, for everything that must stop together.
+pub fn shutdown_watch() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// Serves `router` on `listener` until `shutdown` turns true, then waits up to `grace` for
+/// open requests.
+pub async fn serve(listener: TcpListener, router: axum::Router, grace: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) -> io::Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            let _ = shutdown.wait_for(|stop| *stop).await;
             let _ = tx.send(());
         });
     let mut server = std::pin::pin!(server.into_future());

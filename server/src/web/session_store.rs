@@ -43,7 +43,7 @@ fn backend_err(e: impl std::fmt::Display) -> Error {
 
 fn encode(record: &Record) -> Result<(String, i64)> {
     let data = serde_json::to_string(record).map_err(|e| Error::Encode(e.to_string()))?;
-    let expires = record.expiry_date.unix_timestamp() * 1000;
+    let expires = i64::try_from(record.expiry_date.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
     Ok((data, expires))
 }
 
@@ -63,7 +63,7 @@ impl SessionStore for DbSessionStore {
     async fn save(&self, record: &Record) -> Result<()> {
         let (data, expires) = encode(record)?;
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
-        sessions::upsert(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)
+        sessions::update(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)
     }
 
     async fn load(&self, id: &Id) -> Result<Option<Record>> {

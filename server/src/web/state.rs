@@ -25,8 +25,8 @@ pub struct App {
     pub started_at_ms: i64,
     /// The address actually bound (after any port fallback).
     pub listen_addr: SocketAddr,
-    /// `scheme://host[:port]` that state-changing requests must come from.
-    pub public_origin: String,
+    /// Origins (`scheme://host[:port]`) that state-changing requests may come from.
+    pub allowed_origins: Vec<String>,
     pub public_url: String,
     pub metrics: PrometheusHandle,
     /// Once setup is done it stays done, so a true value is cached.
@@ -50,16 +50,20 @@ impl AppState {
         } else {
             config.settings.server.public_url.trim_end_matches('/').to_string()
         };
-        let public_origin = url::Url::parse(&public_url)
-            .map(|u| u.origin().ascii_serialization())
-            .unwrap_or_else(|_| public_url.clone());
+        let mut allowed_origins = vec![
+            url::Url::parse(&public_url).map(|u| u.origin().ascii_serialization()).unwrap_or_else(|_| public_url.clone()),
+        ];
+        // Without a configured URL on loopback, both names for this machine reach the console.
+        if config.settings.server.public_url.is_empty() && listen_addr.ip().is_loopback() {
+            allowed_origins.push(format!("http://localhost:{}", listen_addr.port()));
+        }
         Self(Arc::new(App {
             config,
             db,
             started: Instant::now(),
             started_at_ms: db::now_ms(),
             listen_addr,
-            public_origin,
+            allowed_origins,
             public_url,
             metrics,
             setup_done: AtomicBool::new(false),
@@ -81,7 +85,7 @@ impl AppState {
 
     /// Cookies get `Secure` when the console is served over https.
     pub fn secure_cookies(&self) -> bool {
-        self.public_url.starts_with("https://")
+        url::Url::parse(&self.public_url).is_ok_and(|u| u.scheme() == "https")
     }
 
     /// The provider key variable to set, when the configured provider has no key.

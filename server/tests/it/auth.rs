@@ -63,12 +63,47 @@ async fn unsafe_next_is_ignored(db: TestDb) {
     let app = TestApp::new(db).await;
     app.with_owner("ada", PASSWORD).await;
     let mut c = app.client();
-    for next in ["//evil.example/", "https://evil.example/", "/\\evil.example"] {
+    for next in ["//evil.example/", "https://evil.example/", "/\\evil.example", "/\t/evil.example", "/\n/x", "/a b", "/\u{7f}"] {
         let res = c.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", next)]).await;
         assert_eq!(res.location(), Some("/"), "{next}");
     }
 }
 both_backends!(login_next_param, unsafe_next_is_ignored);
+
+async fn parallel_guesses_cannot_pass_the_limit(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let attempts: Vec<_> = (0..20)
+        .map(|i| {
+            let mut c = app.client_from(&format!("10.9.0.{i}:1000"));
+            tokio::spawn(async move { c.post_form("/api/login", &[("login", "ada"), ("password", "wrong password"), ("next", "/")]).await.status })
+        })
+        .collect();
+    let mut checked = 0;
+    for a in attempts {
+        match a.await.expect("join") {
+            StatusCode::UNAUTHORIZED => checked += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(checked, 5, "exactly the limit of password checks, however parallel");
+}
+both_backends!(login_throttle_parallel, parallel_guesses_cannot_pass_the_limit);
+
+async fn logout_is_not_undone_by_a_request_in_flight(db: TestDb) {
+    use tower_sessions::{SessionStore, session::{Id, Record}};
+    let app = TestApp::new(db).await;
+    let store = server::web::session_store::DbSessionStore::new(app.state.db.clone());
+    let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
+    store.create(&mut record).await.expect("create");
+    assert!(store.load(&record.id).await.expect("load").is_some());
+    // Logout deletes the session; a request that loaded it earlier then saves it.
+    store.delete(&record.id).await.expect("delete");
+    store.save(&record).await.expect("save");
+    assert!(store.load(&record.id).await.expect("load").is_none(), "the deleted session stays deleted");
+}
+both_backends!(logout_race, logout_is_not_undone_by_a_request_in_flight);
 
 async fn throttles_by_account_and_by_address(db: TestDb) {
     let app = TestApp::new(db).await;

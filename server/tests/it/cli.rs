@@ -199,7 +199,8 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
         .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "serve"])
         .env("GATEHOUSE__SERVER__ADDR", &addr)
         .env("GATEHOUSE__SERVER__STRICT_PORT", "true")
-        .env("WHATSAPP_APP_SECRET", SECRET)
+        // Read at start-up (the provider is anthropic, so Gatehouse still runs degraded).
+        .env("OPENAI_API_KEY", SECRET)
         .env("ANTHROPIC_API_KEY", "")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -4,6 +4,8 @@ mod support;
 
 mod auth;
 mod cli;
+mod jobs;
+mod jobs_process;
 mod migrations;
 mod ops;
 mod server_fns;

@@ -78,6 +78,34 @@ async fn state_changes_need_same_origin(db: TestDb) {
 }
 both_backends!(csrf, state_changes_need_same_origin);
 
+async fn request_ids_are_ours_unless_plain(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let send = |id: &'static str| {
+        let router = app.router.clone();
+        async move {
+            let req = axum::http::Request::get("/healthz").header("x-request-id", id).body(axum::body::Body::empty()).expect("request");
+            let res = tower::ServiceExt::oneshot(router, req).await.expect("infallible");
+            res.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string)
+        }
+    };
+    assert_eq!(send("proxy-7f3a_01").await.as_deref(), Some("proxy-7f3a_01"), "a plain token is kept");
+    let replaced = send("evil\" injected=\"1").await.expect("an id");
+    assert!(uuid::Uuid::parse_str(&replaced).is_ok(), "replaced with our own: {replaced}");
+}
+both_backends!(request_ids, request_ids_are_ours_unless_plain);
+
+async fn loopback_console_accepts_both_names(db: TestDb) {
+    let app = TestApp::with(db, |s| s.server.public_url = String::new()).await;
+    let mut c = app.client();
+    c.origin = Some("http://localhost:3000".into());
+    let res = c.post_form("/api/login", &[("login", "nobody"), ("password", "whatever it is"), ("next", "/")]).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "reached the login check: {}", res.body);
+    c.origin = Some("http://localhost:3001".into());
+    let res = c.post_form("/api/login", &[("login", "nobody"), ("password", "whatever it is"), ("next", "/")]).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+}
+both_backends!(loopback_origins, loopback_console_accepts_both_names);
+
 #[tokio::test]
 async fn port_fallback_and_strict_port() {
     let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

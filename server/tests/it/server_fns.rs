@@ -39,6 +39,43 @@ async fn every_server_fn_refuses_without_session(db: TestDb) {
 }
 both_backends!(server_fns_need_session, every_server_fn_refuses_without_session);
 
+/// Defence in depth: each protected function refuses on its own, even if the guard in front of
+/// it were gone. The functions are called directly, with an empty session.
+async fn every_server_fn_checks_the_session_itself(db: TestDb) {
+    use std::sync::Arc;
+
+    use app::backend::SharedBackend;
+    use leptos::prelude::provide_context;
+
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", "correct horse battery").await;
+    let backend: SharedBackend = Arc::new(server::web::backend::ConsoleBackend::new(app.state.clone()));
+    let store = Arc::new(server::web::session_store::DbSessionStore::new(app.state.db.clone()));
+    for (path, method) in registered() {
+        if app::api::PUBLIC_SERVER_FNS.contains(&path.as_str()) {
+            continue;
+        }
+        // Functions with arguments need a body that decodes, or they fail before their body
+        // runs. A new function with arguments must be added here, or this test fails.
+        let body = match path.as_str() {
+            "/api/update_phones" => "phones=%2B15550009999",
+            _ => "",
+        };
+        let mut req = axum::http::Request::builder()
+            .method(method)
+            .uri(&path)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(axum::body::Body::from(body))
+            .expect("request");
+        req.extensions_mut().insert(tower_sessions::Session::new(None, store.clone(), None));
+        let backend = backend.clone();
+        let res = leptos_axum::handle_server_fns_with_context(move || provide_context(backend.clone()), req).await;
+        let res = axum::response::IntoResponse::into_response(res);
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path} without the guard");
+    }
+}
+both_backends!(server_fns_check_session_themselves, every_server_fn_checks_the_session_itself);
+
 async fn every_console_page_needs_session(db: TestDb) {
     let app = TestApp::new(db).await;
     app.with_owner("ada", "correct horse battery").await;

@@ -69,6 +69,30 @@ async fn futures_join<F: std::future::Future<Output = StatusCode> + Send + 'stat
     out
 }
 
+async fn racing_setups_with_the_same_number_get_setup_closed(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let calls = (0..3).map(|n| {
+        let mut client = app.client_from(&format!("10.0.2.{n}:4000"));
+        async move {
+            let login = format!("twin{n}");
+            client
+                .post_form("/api/setup_owner", &[
+                    ("display_name", "Twin"),
+                    ("login", login.as_str()),
+                    ("password", "a long enough password"),
+                    ("password_confirm", "a long enough password"),
+                    ("whatsapp", "+15550007777"),
+                ])
+                .await
+                .status
+        }
+    });
+    let statuses = futures_join(calls).await;
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::GONE), "losers are told setup is closed: {statuses:?}");
+}
+both_backends!(setup_race_same_phone, racing_setups_with_the_same_number_get_setup_closed);
+
 async fn first_run_redirects_and_setup_closes(db: TestDb) {
     let app = TestApp::new(db).await;
     let mut visitor = app.client();

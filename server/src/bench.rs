@@ -1,0 +1,167 @@
+//! `gatehouse bench jobs`: throughput and latency of the job queue on a given database.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::watch;
+
+use crate::{
+    config::DatabaseSettings,
+    db::{Db, jobs::NewJob},
+    jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
+};
+
+#[derive(Debug, clap::Args)]
+pub struct JobsBench {
+    /// Database URL (sqlite://... or postgres://...); the schema is migrated first.
+    #[arg(long)]
+    pub database: String,
+    /// No-op jobs to enqueue and run.
+    #[arg(long, default_value_t = 10_000)]
+    pub jobs: usize,
+    /// Worker instances in this process.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Jobs each worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Jobs enqueued one at a time on an idle queue to measure enqueue-to-start latency.
+    #[arg(long, default_value_t = 300)]
+    pub latency_samples: usize,
+}
+
+const KIND: &str = "bench.noop";
+
+/// Does nothing; in the latency phase it records when it started.
+struct Noop {
+    started: Mutex<Vec<Option<Instant>>>,
+    runs: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl JobHandler for Noop {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        if let Ok(serde_json::Value::Number(n)) = serde_json::from_str::<serde_json::Value>(&ctx.job.args).map(|v| v["sample"].clone()) {
+            let now = Instant::now();
+            if let (Some(i), Ok(mut started)) = (n.as_u64(), self.started.lock()) {
+                if let Some(slot) = started.get_mut(i as usize) {
+                    *slot = Some(now);
+                }
+            }
+        }
+        Ok(JobOutput::default())
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+async fn count_completed(db: &Db, queue: &str) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE queue = $1 AND state = 'completed'").bind(queue).fetch_one(&db.pool).await?;
+    Ok(n)
+}
+
+pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
+    let settings = DatabaseSettings {
+        url: args.database.clone(),
+        max_connections: u32::try_from(args.workers * 3 + 4).unwrap_or(16),
+        ..Default::default()
+    };
+    let db = Db::connect(&settings).await?;
+    db.migrate().await?;
+    let queue_name = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let queue = JobQueue::new(db.clone());
+    let new_job = |args: serde_json::Value| NewJob {
+        kind: KIND.into(),
+        queue: queue_name.clone(),
+        max_attempts: 3,
+        args,
+        correlation_id: "bench".into(),
+        ..Default::default()
+    };
+
+    // 1. Enqueue throughput, 500 jobs per transaction.
+    let t = Instant::now();
+    for chunk in (0..args.jobs).collect::<Vec<_>>().chunks(500) {
+        let mut tx = db.begin_write().await?;
+        for _ in chunk {
+            queue.enqueue_in(&mut tx, &new_job(serde_json::json!({}))).await?;
+        }
+        tx.commit().await?;
+    }
+    let enqueue_secs = t.elapsed().as_secs_f64();
+
+    // 2. Completion throughput with the queue full.
+    let noop = Arc::new(Noop { started: Mutex::new(vec![None; args.latency_samples]), runs: AtomicUsize::new(0) });
+    let (stop, stopped) = watch::channel(false);
+    let worker_settings = WorkerSettings {
+        queue: queue_name.clone(),
+        concurrency: args.concurrency.max(1),
+        poll_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let workers: Vec<_> = (0..args.workers.max(1))
+        .map(|_| {
+            let mut registry = Registry::new();
+            registry.register(KIND, noop.clone());
+            tokio::spawn(Worker::new(db.clone(), registry, worker_settings.clone(), queue.waker()).run(stopped.clone()))
+        })
+        .collect();
+    queue.notify();
+    let target = i64::try_from(args.jobs).unwrap_or(i64::MAX);
+    while count_completed(&db, &queue_name).await? < target {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let complete_secs = t.elapsed().as_secs_f64();
+
+    // 3. Enqueue-to-start latency on the idle queue, one job at a time.
+    let mut enqueued_at = Vec::with_capacity(args.latency_samples);
+    for i in 0..args.latency_samples {
+        let t0 = Instant::now();
+        queue.enqueue(&new_job(serde_json::json!({ "sample": i }))).await?;
+        enqueued_at.push(t0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while noop.started.lock().map(|s| s[i].is_none()).unwrap_or(false) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let started = noop.started.lock().map(|s| s.clone()).unwrap_or_default();
+    let mut latencies: Vec<f64> =
+        enqueued_at.iter().zip(started.iter()).filter_map(|(t0, s)| s.map(|s| s.duration_since(*t0).as_secs_f64() * 1000.0)).collect();
+    latencies.sort_by(f64::total_cmp);
+
+    let _ = stop.send(true);
+    for w in workers {
+        let _ = w.await;
+    }
+    sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)").bind(&queue_name).execute(&db.pool).await?;
+    sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(&queue_name).execute(&db.pool).await?;
+    db.close().await;
+
+    let n = args.jobs as f64;
+    println!("backend            {}", db.backend.as_str());
+    println!("jobs               {} (workers {}, concurrency {} each)", args.jobs, args.workers, args.concurrency);
+    println!("enqueue/s          {:.0} (500 per transaction)", n / enqueue_secs);
+    println!("completed/s        {:.0} (queue full at start)", n / complete_secs);
+    println!(
+        "enqueue-to-start   p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  ({} samples, idle queue)",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.95),
+        percentile(&latencies, 0.99),
+        latencies.len()
+    );
+    Ok(())
+}

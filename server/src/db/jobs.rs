@@ -1,0 +1,623 @@
+//! The durable job queue's SQL. Claims are leases, never transactions held open while a job
+//! runs: PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, SQLite with one `UPDATE ... RETURNING`
+//! (its single writer makes that atomic). Every state change also writes a `job_events` row.
+
+use std::fmt;
+
+use sqlx::{AnyConnection, Row, any::AnyRow};
+
+use super::{Backend, DbError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Available,
+    Scheduled,
+    Running,
+    Retryable,
+    Completed,
+    Cancelled,
+    Discarded,
+    /// Waiting for an owner: approval releases it to available, rejection cancels it.
+    Pending,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        Self::Available,
+        Self::Scheduled,
+        Self::Running,
+        Self::Retryable,
+        Self::Completed,
+        Self::Cancelled,
+        Self::Discarded,
+        Self::Pending,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Scheduled => "scheduled",
+            Self::Running => "running",
+            Self::Retryable => "retryable",
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+            Self::Discarded => "discarded",
+            Self::Pending => "pending",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Completed | Self::Cancelled | Self::Discarded)
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// SQL list of the states a job can be claimed from.
+const DUE_STATES: &str = "('available', 'scheduled', 'retryable')";
+/// SQL list of unfinished states (a dedupe key is unique among these).
+const UNFINISHED: &str = "('available', 'scheduled', 'running', 'retryable', 'pending')";
+
+/// A job to enqueue.
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    pub kind: String,
+    pub queue: String,
+    pub priority: i64,
+    pub dedupe_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub sender_id: Option<String>,
+    pub message_id: Option<String>,
+    /// Bounded by the caller's policy; stored as given.
+    pub original_text: Option<String>,
+    pub tool_name: Option<String>,
+    pub args: serde_json::Value,
+    pub max_attempts: i64,
+    /// Run no earlier than this (unix ms); `None` means now.
+    pub scheduled_at: Option<i64>,
+    /// Cancel if still queued at this time (unix ms).
+    pub expires_at: Option<i64>,
+    /// Start in `pending`, waiting for an owner.
+    pub pending: bool,
+    pub correlation_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobRow {
+    pub id: i64,
+    pub kind: String,
+    pub queue: String,
+    pub state: JobState,
+    pub priority: i64,
+    pub dedupe_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub sender_id: Option<String>,
+    pub message_id: Option<String>,
+    pub original_text: Option<String>,
+    pub tool_name: Option<String>,
+    pub args: String,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub scheduled_at: i64,
+    pub started_at: Option<i64>,
+    pub completed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub last_error_code: Option<String>,
+    pub last_error_message: Option<String>,
+    pub result_preview: Option<String>,
+    pub correlation_id: String,
+}
+
+const COLUMNS: &str = "id, kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, \
+    tool_name, args, attempt, max_attempts, created_at, updated_at, scheduled_at, started_at, completed_at, expires_at, \
+    lease_owner, lease_expires_at, last_error_code, last_error_message, result_preview, correlation_id";
+
+fn job_from_row(r: &AnyRow) -> Result<JobRow, sqlx::Error> {
+    let state: String = r.try_get(3)?;
+    Ok(JobRow {
+        id: r.try_get(0)?,
+        kind: r.try_get(1)?,
+        queue: r.try_get(2)?,
+        state: JobState::parse(&state).ok_or_else(|| sqlx::Error::Decode(format!("unknown job state {state:?}").into()))?,
+        priority: r.try_get(4)?,
+        dedupe_key: r.try_get(5)?,
+        chat_id: r.try_get(6)?,
+        sender_id: r.try_get(7)?,
+        message_id: r.try_get(8)?,
+        original_text: r.try_get(9)?,
+        tool_name: r.try_get(10)?,
+        args: r.try_get(11)?,
+        attempt: r.try_get(12)?,
+        max_attempts: r.try_get(13)?,
+        created_at: r.try_get(14)?,
+        updated_at: r.try_get(15)?,
+        scheduled_at: r.try_get(16)?,
+        started_at: r.try_get(17)?,
+        completed_at: r.try_get(18)?,
+        expires_at: r.try_get(19)?,
+        lease_owner: r.try_get(20)?,
+        lease_expires_at: r.try_get(21)?,
+        last_error_code: r.try_get(22)?,
+        last_error_message: r.try_get(23)?,
+        result_preview: r.try_get(24)?,
+        correlation_id: r.try_get(25)?,
+    })
+}
+
+fn rows(rows: &[AnyRow]) -> Result<Vec<JobRow>, DbError> {
+    rows.iter().map(job_from_row).collect::<Result<_, _>>().map_err(DbError::from)
+}
+
+/// `$first, $first+1, ...` for `n` values.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+async fn event(conn: &mut AnyConnection, job_id: i64, at: i64, state: JobState, attempt: i64, code: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO job_events (job_id, at, state, attempt, error_code, message) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(job_id)
+        .bind(at)
+        .bind(state.as_str())
+        .bind(attempt)
+        .bind(code)
+        .bind(message)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records the same state for many jobs in one statement.
+async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobState, code: Option<&str>) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO job_events (job_id, at, state, attempt, error_code) SELECT id, $1, $2, attempt, $3 FROM jobs WHERE id IN ({})",
+        placeholders(4, ids.len())
+    );
+    let mut q = sqlx::query(&sql).bind(at).bind(state.as_str()).bind(code);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// The outcome of an enqueue.
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    pub job: JobRow,
+    /// True when an unfinished job with the same dedupe key already existed and is returned.
+    pub deduplicated: bool,
+}
+
+/// Inserts a job. Run it in the caller's transaction so the state change that causes the job
+/// and the job itself commit together.
+pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enqueued, DbError> {
+    if let Some(key) = &job.dedupe_key {
+        if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
+            return Ok(Enqueued { job: existing, deduplicated: true });
+        }
+    }
+    let scheduled_at = job.scheduled_at.unwrap_or(now);
+    let state = if job.pending {
+        JobState::Pending
+    } else if scheduled_at > now {
+        JobState::Scheduled
+    } else {
+        JobState::Available
+    };
+    let sql = format!(
+        "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+         args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, $12, $13, $13, $14, $15, $16) \
+         ON CONFLICT DO NOTHING RETURNING {COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(&job.kind)
+        .bind(if job.queue.is_empty() { "default" } else { job.queue.as_str() })
+        .bind(state.as_str())
+        .bind(job.priority)
+        .bind(&job.dedupe_key)
+        .bind(&job.chat_id)
+        .bind(&job.sender_id)
+        .bind(&job.message_id)
+        .bind(&job.original_text)
+        .bind(&job.tool_name)
+        .bind(job.args.to_string())
+        .bind(job.max_attempts.max(1))
+        .bind(now)
+        .bind(scheduled_at)
+        .bind(job.expires_at)
+        .bind(&job.correlation_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match row {
+        Some(row) => {
+            let inserted = job_from_row(&row)?;
+            event(conn, inserted.id, now, state, 0, None, None).await?;
+            Ok(Enqueued { job: inserted, deduplicated: false })
+        }
+        // Lost a race with another enqueue of the same key.
+        None => {
+            let key = job.dedupe_key.as_deref().unwrap_or_default();
+            let existing = find_unfinished_by_dedupe(conn, key).await?.ok_or(DbError::Sql(sqlx::Error::RowNotFound))?;
+            Ok(Enqueued { job: existing, deduplicated: true })
+        }
+    }
+}
+
+pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(job_from_row).transpose()?)
+}
+
+async fn find_unfinished_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 AND state IN {UNFINISHED} ORDER BY id DESC LIMIT 1");
+    let row = sqlx::query(&sql).bind(key).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(job_from_row).transpose()?)
+}
+
+/// The most recent job with this dedupe key, finished or not.
+pub async fn find_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 ORDER BY id DESC LIMIT 1"))
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(row.as_ref().map(job_from_row).transpose()?)
+}
+
+/// Filters for listing; `None` means any.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub kind: Option<String>,
+    pub tool_name: Option<String>,
+    pub chat_id: Option<String>,
+    pub created_from: Option<i64>,
+    pub created_to: Option<i64>,
+    /// Keyset paging: only jobs with a smaller id (newest first).
+    pub before_id: Option<i64>,
+}
+
+/// Newest first, at most `limit`.
+pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
+    let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        format!("${n}")
+    };
+    if filter.state.is_some() {
+        sql += &format!(" AND state = {}", next());
+    }
+    if filter.kind.is_some() {
+        sql += &format!(" AND kind = {}", next());
+    }
+    if filter.tool_name.is_some() {
+        sql += &format!(" AND tool_name = {}", next());
+    }
+    if filter.chat_id.is_some() {
+        sql += &format!(" AND chat_id = {}", next());
+    }
+    if filter.created_from.is_some() {
+        sql += &format!(" AND created_at >= {}", next());
+    }
+    if filter.created_to.is_some() {
+        sql += &format!(" AND created_at < {}", next());
+    }
+    if filter.before_id.is_some() {
+        sql += &format!(" AND id < {}", next());
+    }
+    sql += &format!(" ORDER BY id DESC LIMIT {}", next());
+    let mut q = sqlx::query(&sql);
+    if let Some(s) = filter.state {
+        q = q.bind(s.as_str());
+    }
+    for v in [&filter.kind, &filter.tool_name, &filter.chat_id].into_iter().flatten() {
+        q = q.bind(v.as_str());
+    }
+    for v in [filter.created_from, filter.created_to, filter.before_id].into_iter().flatten() {
+        q = q.bind(v);
+    }
+    rows(&q.bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// Number of jobs in each state (states with none are absent).
+pub async fn counts_by_state(conn: &mut AnyConnection) -> Result<Vec<(JobState, i64)>, DbError> {
+    let found = sqlx::query("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetch_all(&mut *conn).await?;
+    let mut out = Vec::new();
+    for r in found {
+        let state: String = r.try_get(0)?;
+        if let Some(s) = JobState::parse(&state) {
+            out.push((s, r.try_get(1)?));
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobEvent {
+    pub at: i64,
+    pub state: JobState,
+    pub attempt: i64,
+    pub error_code: Option<String>,
+    pub message: Option<String>,
+}
+
+pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEvent>, DbError> {
+    let found = sqlx::query("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")
+        .bind(job_id)
+        .fetch_all(&mut *conn)
+        .await?;
+    found
+        .iter()
+        .map(|r| {
+            let state: String = r.try_get(1)?;
+            Ok(JobEvent {
+                at: r.try_get(0)?,
+                state: JobState::parse(&state).unwrap_or(JobState::Discarded),
+                attempt: r.try_get(2)?,
+                error_code: r.try_get(3)?,
+                message: r.try_get(4)?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(DbError::from)
+}
+
+/// Leases up to `limit` due jobs of `queue` to `owner` until `lease_until`, counting an attempt.
+pub async fn claim(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    queue: &str,
+    owner: &str,
+    limit: i64,
+    now: i64,
+    lease_until: i64,
+) -> Result<Vec<JobRow>, DbError> {
+    let lock = match backend {
+        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+        Backend::Sqlite => "",
+    };
+    let sql = format!(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, \
+         lease_owner = $2, lease_expires_at = $3 \
+         WHERE id IN (SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
+         ORDER BY priority DESC, scheduled_at, id LIMIT $5{lock}) \
+         RETURNING {COLUMNS}"
+    );
+    let claimed = rows(&sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?)?;
+    let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+    events_for(conn, &ids, now, JobState::Running, None).await?;
+    Ok(claimed)
+}
+
+/// Extends the lease of jobs this owner still holds. Returns how many were extended.
+pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease_until: i64) -> Result<u64, DbError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({})",
+        placeholders(3, ids.len())
+    );
+    let mut q = sqlx::query(&sql).bind(lease_until).bind(owner);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.execute(&mut *conn).await?.rows_affected())
+}
+
+/// Marks jobs this owner holds as completed. Returns the ids that were completed (a job whose
+/// lease was rescued meanwhile belongs to someone else and is left alone).
+pub async fn complete(conn: &mut AnyConnection, done: &[(i64, Option<String>)], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
+    let mut completed = Vec::with_capacity(done.len());
+    for (id, preview) in done {
+        let n = sqlx::query(
+            "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = $2, \
+             lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4",
+        )
+        .bind(now)
+        .bind(preview)
+        .bind(*id)
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if n == 1 {
+            completed.push(*id);
+        }
+    }
+    events_for(conn, &completed, now, JobState::Completed, None).await?;
+    Ok(completed)
+}
+
+/// What happened to a failed job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Scheduled again at the given time.
+    Retry { at: i64 },
+    Discarded,
+    /// The lease was lost; nothing changed.
+    NotHeld,
+}
+
+/// Records a failure. A retryable error with attempts left goes back to `retryable` at
+/// `retry_at`; anything else is discarded.
+pub async fn fail(
+    conn: &mut AnyConnection,
+    id: i64,
+    owner: &str,
+    code: &str,
+    message: &str,
+    retryable: bool,
+    retry_at: i64,
+    now: i64,
+) -> Result<FailOutcome, DbError> {
+    let row = sqlx::query(
+        "UPDATE jobs SET \
+           state = CASE WHEN $1 = 1 AND attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
+           scheduled_at = CASE WHEN $1 = 1 AND attempt < max_attempts THEN $2 ELSE scheduled_at END, \
+           completed_at = CASE WHEN $1 = 1 AND attempt < max_attempts THEN NULL ELSE $3 END, \
+           updated_at = $3, last_error_code = $4, last_error_message = $5, lease_owner = NULL, lease_expires_at = NULL \
+         WHERE id = $6 AND state = 'running' AND lease_owner = $7 RETURNING state, attempt",
+    )
+    .bind(i64::from(retryable))
+    .bind(retry_at)
+    .bind(now)
+    .bind(code)
+    .bind(message)
+    .bind(id)
+    .bind(owner)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(FailOutcome::NotHeld) };
+    let state: String = row.try_get(0)?;
+    let attempt: i64 = row.try_get(1)?;
+    let state = JobState::parse(&state).unwrap_or(JobState::Discarded);
+    event(conn, id, now, state, attempt, Some(code), Some(message)).await?;
+    Ok(if state == JobState::Retryable { FailOutcome::Retry { at: retry_at } } else { FailOutcome::Discarded })
+}
+
+/// Reschedules a running job without counting the attempt.
+pub async fn snooze(conn: &mut AnyConnection, id: i64, owner: &str, until: i64, now: i64) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = attempt - 1, \
+         lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4",
+    )
+    .bind(until)
+    .bind(now)
+    .bind(id)
+    .bind(owner)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 1 {
+        let attempt = get(conn, id).await?.map_or(0, |j| j.attempt);
+        event(conn, id, now, JobState::Scheduled, attempt, None, Some("snoozed")).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
+/// then ignored because the lease no longer matches.
+pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -> Result<bool, DbError> {
+    let sql = format!(
+        "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_CANCELLED', \
+         last_error_message = $2, lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state IN {UNFINISHED}"
+    );
+    let n = sqlx::query(&sql).bind(now).bind(reason).bind(id).execute(&mut *conn).await?.rows_affected();
+    if n == 1 {
+        events_for(conn, &[id], now, JobState::Cancelled, Some("JOB_CANCELLED")).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
+/// one more attempt.
+pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET state = 'available', scheduled_at = $1, updated_at = $1, completed_at = NULL, \
+         max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
+         WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled')",
+    )
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await;
+    let n = match n {
+        Ok(done) => done.rows_affected(),
+        // Another unfinished job took the dedupe key meanwhile.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if n == 1 {
+        events_for(conn, &[id], now, JobState::Available, None).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Releases a pending job: approved to available, rejected to cancelled.
+pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, now: i64) -> Result<bool, DbError> {
+    let (state, code) = if approved { (JobState::Available, None) } else { (JobState::Cancelled, Some("JOB_REJECTED")) };
+    let n = sqlx::query(
+        "UPDATE jobs SET state = $1, scheduled_at = $2, updated_at = $2, last_error_code = $3, \
+         completed_at = CASE WHEN $1 = 'cancelled' THEN $2 ELSE NULL END WHERE id = $4 AND state = 'pending'",
+    )
+    .bind(state.as_str())
+    .bind(now)
+    .bind(code)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 1 {
+        events_for(conn, &[id], now, state, code).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Cancels queued jobs whose TTL passed. Returns their ids.
+pub async fn expire(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbError> {
+    let sql = "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
+               last_error_message = 'still queued when its time to live ran out' \
+               WHERE state IN ('available', 'scheduled', 'retryable', 'pending') AND expires_at IS NOT NULL AND expires_at <= $1 RETURNING id";
+    let ids: Vec<i64> = sqlx::query(sql).bind(now).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+    events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
+    Ok(ids)
+}
+
+/// Frees running jobs whose lease expired (their worker died or hung): back to `retryable`
+/// when attempts remain, else `discarded`. Returns their ids.
+pub async fn rescue(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbError> {
+    let sql = "UPDATE jobs SET \
+                 state = CASE WHEN attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
+                 completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
+                 scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
+                 last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL \
+               WHERE state = 'running' AND lease_expires_at < $1 RETURNING id, state";
+    let found = sqlx::query(sql).bind(now).fetch_all(&mut *conn).await?;
+    let mut retry = Vec::new();
+    let mut discarded = Vec::new();
+    for r in &found {
+        let id: i64 = r.try_get(0)?;
+        let state: String = r.try_get(1)?;
+        if state == "retryable" { retry.push(id) } else { discarded.push(id) }
+    }
+    events_for(conn, &retry, now, JobState::Retryable, Some("JOB_LEASE_EXPIRED")).await?;
+    events_for(conn, &discarded, now, JobState::Discarded, Some("JOB_LEASE_EXPIRED")).await?;
+    retry.extend(discarded);
+    Ok(retry)
+}
+
+/// On graceful shutdown: jobs this owner still holds go back to `available` without counting
+/// the interrupted attempt.
+pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
+    let ids: Vec<i64> = sqlx::query(
+        "UPDATE jobs SET state = 'available', attempt = attempt - 1, scheduled_at = $1, updated_at = $1, \
+         lease_owner = NULL, lease_expires_at = NULL WHERE state = 'running' AND lease_owner = $2 RETURNING id",
+    )
+    .bind(now)
+    .bind(owner)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|r| r.try_get(0))
+    .collect::<Result<_, _>>()?;
+    events_for(conn, &ids, now, JobState::Available, Some("JOB_RELEASED")).await?;
+    Ok(ids)
+}

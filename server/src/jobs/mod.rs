@@ -1,0 +1,137 @@
+//! The durable job queue: handlers registered by kind, a worker that claims jobs as leases and
+//! runs them with a timeout, retries with backoff, and a maintainer that rescues expired leases
+//! and expires stale jobs.
+//!
+//! # Contract for handler authors: at least once
+//!
+//! A job runs **at least once**, not exactly once. If the process dies (or its lease expires)
+//! after a handler did its work but before the completion was recorded, the job is rescued and
+//! runs again. A handler whose effect must happen once (sending a message, charging a card)
+//! must be idempotent: use [`JobContext::idempotency_key`] (stable across attempts) to record
+//! the effect in the same transaction as a marker, or to dedupe at the remote side, and check
+//! it before acting again.
+
+pub mod queue;
+pub mod retry;
+pub mod worker;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use serde::de::DeserializeOwned;
+
+use crate::db::jobs::JobRow;
+
+pub use queue::JobQueue;
+pub use worker::{Worker, WorkerSettings};
+
+/// Stable error codes for job failures.
+pub mod code {
+    pub const KIND_UNKNOWN: &str = "JOB_KIND_UNKNOWN";
+    pub const ARGS_INVALID: &str = "JOB_ARGS_INVALID";
+    pub const TIMEOUT: &str = "JOB_TIMEOUT";
+    pub const PANICKED: &str = "JOB_PANICKED";
+}
+
+/// What a handler sees.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub job: JobRow,
+}
+
+impl JobContext {
+    /// The same for every attempt of this job: the key for making effects happen once.
+    pub fn idempotency_key(&self) -> String {
+        format!("job:{}", self.job.id)
+    }
+
+    /// Decodes the job's args; undecodable args are a permanent failure.
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T, JobError> {
+        serde_json::from_str(&self.job.args)
+            .map_err(|e| JobError::permanent(code::ARGS_INVALID, format!("args do not decode: {e}")))
+    }
+}
+
+/// A successful run.
+#[derive(Debug, Clone, Default)]
+pub struct JobOutput {
+    /// A short, redacted description of the result for the console.
+    pub preview: Option<String>,
+    /// Run again after this long without counting an attempt (e.g. waiting on a remote).
+    pub snooze: Option<Duration>,
+}
+
+/// A failed run, with a stable code. Retryable failures are scheduled again with backoff until
+/// attempts run out; permanent ones are discarded at once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct JobError {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl JobError {
+    pub fn retryable(code: &str, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), retryable: true }
+    }
+
+    pub fn permanent(code: &str, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), retryable: false }
+    }
+}
+
+#[async_trait::async_trait]
+pub trait JobHandler: Send + Sync {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError>;
+}
+
+/// Called after a job's outcome is recorded. Hooks must not fail the job; they log.
+#[async_trait::async_trait]
+pub trait JobHook: Send + Sync {
+    async fn on_success(&self, _job: &JobRow) {}
+    /// `final_failure` is true when the job was discarded (no retry follows).
+    async fn on_failure(&self, _job: &JobRow, _error: &JobError, _final_failure: bool) {}
+}
+
+/// The job kinds this build handles. Capabilities register their handlers here; a job of a
+/// kind nobody registered is discarded with `JOB_KIND_UNKNOWN`, never retried.
+pub fn registry() -> Registry {
+    Registry::new()
+}
+
+/// Maps job kinds to handlers.
+#[derive(Default, Clone)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn JobHandler>>,
+    hooks: Vec<Arc<dyn JobHook>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("kinds", &self.handlers.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, kind: &str, handler: Arc<dyn JobHandler>) -> &mut Self {
+        self.handlers.insert(kind.to_string(), handler);
+        self
+    }
+
+    pub fn hook(&mut self, hook: Arc<dyn JobHook>) -> &mut Self {
+        self.hooks.push(hook);
+        self
+    }
+
+    pub fn handler(&self, kind: &str) -> Option<Arc<dyn JobHandler>> {
+        self.handlers.get(kind).cloned()
+    }
+
+    pub fn hooks(&self) -> &[Arc<dyn JobHook>] {
+        &self.hooks
+    }
+}

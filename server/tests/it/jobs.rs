@@ -1,0 +1,388 @@
+//! The job store and worker on both backends.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use server::{
+    db::{
+        self, Db,
+        jobs::{self as store, FailOutcome, JobFilter, JobState, NewJob},
+    },
+    jobs::{JobContext, JobError, JobHandler, JobHook, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
+};
+use tokio::sync::watch;
+
+use crate::{both_backends, support::TestDb};
+
+fn job(kind: &str) -> NewJob {
+    NewJob { kind: kind.into(), queue: "default".into(), max_attempts: 3, correlation_id: "corr-1".into(), args: serde_json::json!({}), ..Default::default() }
+}
+
+async fn fresh(db: &TestDb) -> Db {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    pool
+}
+
+async fn enqueue_commits_with_the_callers_transaction(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let mut tx = pool.pool.begin().await.expect("begin");
+    let rolled_back = queue.enqueue_in(&mut tx, &job("noop")).await.expect("enqueue").job.id;
+    tx.rollback().await.expect("rollback");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    assert!(store::get(&mut conn, rolled_back).await.expect("get").is_none(), "rolled back with the caller");
+    drop(conn);
+
+    let mut tx = pool.pool.begin().await.expect("begin");
+    let kept = queue.enqueue_in(&mut tx, &NewJob { chat_id: Some("chat-1".into()), tool_name: Some("web_fetch".into()), ..job("noop") }).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let got = store::get(&mut conn, kept.job.id).await.expect("get").expect("present");
+    assert_eq!(got.state, JobState::Available);
+    assert_eq!(got.correlation_id, "corr-1");
+    let events = store::events(&mut conn, got.id).await.expect("events");
+    assert_eq!(events.iter().map(|e| e.state).collect::<Vec<_>>(), vec![JobState::Available]);
+}
+both_backends!(jobs_enqueue_in_transaction, enqueue_commits_with_the_callers_transaction);
+
+async fn dedupe_while_unfinished(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let keyed = NewJob { dedupe_key: Some("msg-1:web_fetch".into()), ..job("noop") };
+    let first = queue.enqueue(&keyed).await.expect("first");
+    assert!(!first.deduplicated);
+    let second = queue.enqueue(&keyed).await.expect("second");
+    assert!(second.deduplicated, "same key while unfinished");
+    assert_eq!(second.job.id, first.job.id);
+
+    // Concurrent enqueues of one key create one job.
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let q = queue.clone();
+            let j = NewJob { dedupe_key: Some("race".into()), ..job("noop") };
+            tokio::spawn(async move { q.enqueue(&j).await.expect("enqueue") })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for r in racers {
+        ids.push(r.await.expect("join").job.id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let now = db::now_ms();
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, now, now + 60_000).await.expect("claim");
+    let done: Vec<(i64, Option<String>)> = claimed.iter().map(|j| (j.id, Some("ok".into()))).collect();
+    store::complete(&mut conn, &done, "w1", now).await.expect("complete");
+    drop(conn);
+    let third = queue.enqueue(&keyed).await.expect("third");
+    assert!(!third.deduplicated, "a finished job frees its key");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    assert_eq!(store::find_by_dedupe(&mut conn, "msg-1:web_fetch").await.expect("find").map(|j| j.id), Some(third.job.id));
+}
+both_backends!(jobs_dedupe, dedupe_while_unfinished);
+
+async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let id = queue.enqueue(&job("noop")).await.expect("enqueue").job.id;
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let t0 = db::now_ms();
+
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0, t0 + 1000).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!((claimed[0].state, claimed[0].attempt), (JobState::Running, 1));
+    assert!(store::claim(&mut conn, pool.backend, "default", "w2", 5, t0, t0 + 1000).await.expect("claim").is_empty(), "leased jobs are not claimed twice");
+    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000).await.expect("hb"), 1);
+    assert_eq!(store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000).await.expect("hb"), 0, "only the holder extends");
+
+    // Retryable failure with attempts left: scheduled again.
+    let outcome = store::fail(&mut conn, id, "w1", "TOOL_TIMEOUT", "slow", true, t0 + 5000, t0).await.expect("fail");
+    assert_eq!(outcome, FailOutcome::Retry { at: t0 + 5000 });
+    let j = store::get(&mut conn, id).await.expect("get").expect("job");
+    assert_eq!((j.state, j.last_error_code.as_deref()), (JobState::Retryable, Some("TOOL_TIMEOUT")));
+    assert!(store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 100, t0 + 1000).await.expect("claim").is_empty(), "not due yet");
+
+    // Snooze does not count an attempt.
+    let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 6000, t0 + 9000).await.expect("claim");
+    assert_eq!(again[0].attempt, 2);
+    assert!(store::snooze(&mut conn, id, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"));
+    let j = store::get(&mut conn, id).await.expect("get").expect("job");
+    assert_eq!((j.state, j.attempt), (JobState::Scheduled, 1));
+
+    let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 7000, t0 + 9000).await.expect("claim");
+    assert_eq!(again[0].attempt, 2);
+    assert_eq!(store::fail(&mut conn, id, "w1", "E", "m", true, t0 + 8000, t0 + 7000).await.expect("fail"), FailOutcome::Retry { at: t0 + 8000 });
+    let last = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 8000, t0 + 9000).await.expect("claim");
+    assert_eq!(last[0].attempt, 3);
+    // Out of attempts: discarded even though retryable.
+    assert_eq!(store::fail(&mut conn, id, "w1", "E", "m", true, t0 + 9000, t0 + 8000).await.expect("fail"), FailOutcome::Discarded);
+    // A permanent failure is discarded at once.
+    let other = queue.enqueue(&job("noop")).await.expect("enqueue").job.id;
+    store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 9000, t0 + 20_000).await.expect("claim");
+    assert_eq!(store::fail(&mut conn, other, "w1", "TOOL_SCHEMA_INVALID", "bad", false, 0, t0 + 9000).await.expect("fail"), FailOutcome::Discarded);
+
+    let timeline: Vec<JobState> = store::events(&mut conn, id).await.expect("events").into_iter().map(|e| e.state).collect();
+    use JobState::*;
+    assert_eq!(timeline, vec![Available, Running, Retryable, Running, Scheduled, Running, Retryable, Running, Discarded]);
+
+    // Owner retry gives a discarded job one more attempt.
+    assert!(store::retry_now(&mut conn, id, t0 + 10_000).await.expect("retry"));
+    let j = store::get(&mut conn, id).await.expect("get").expect("job");
+    assert_eq!((j.state, j.max_attempts), (Available, 4));
+}
+both_backends!(jobs_lifecycle, lifecycle_claim_heartbeat_fail_retry_discard);
+
+async fn cancel_expire_rescue_pending(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let t0 = db::now_ms();
+    let cancelled = queue.enqueue(&job("noop")).await.expect("e").job.id;
+    let expiring = queue.enqueue(&NewJob { expires_at: Some(t0 + 50), scheduled_at: Some(t0 + 1_000_000), ..job("noop") }).await.expect("e").job.id;
+    let pending = queue.enqueue(&NewJob { pending: true, ..job("noop") }).await.expect("e").job.id;
+    let rejected = queue.enqueue(&NewJob { pending: true, ..job("noop") }).await.expect("e").job.id;
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    assert_eq!(store::get(&mut conn, expiring).await.expect("g").map(|j| j.state), Some(JobState::Scheduled));
+    assert!(store::cancel(&mut conn, cancelled, "owner cancelled", t0).await.expect("cancel"));
+    assert!(!store::cancel(&mut conn, cancelled, "again", t0).await.expect("cancel"), "finished jobs stay finished");
+
+    assert_eq!(store::expire(&mut conn, t0 + 100).await.expect("expire"), vec![expiring]);
+    assert_eq!(store::get(&mut conn, expiring).await.expect("g").and_then(|j| j.last_error_code), Some("JOB_EXPIRED".into()));
+
+    // Pending jobs are never claimed until released.
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 300).await.expect("claim");
+    assert!(claimed.is_empty(), "{claimed:?}");
+    assert!(store::release_pending(&mut conn, pending, true, t0 + 200).await.expect("approve"));
+    assert!(store::release_pending(&mut conn, rejected, false, t0 + 200).await.expect("reject"));
+    assert_eq!(store::get(&mut conn, rejected).await.expect("g").map(|j| j.state), Some(JobState::Cancelled));
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 300).await.expect("claim");
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![pending]);
+
+    // The worker died: its lease runs out and the job is rescued for a retry.
+    assert_eq!(store::rescue(&mut conn, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
+    assert_eq!(store::rescue(&mut conn, t0 + 400).await.expect("rescue"), vec![pending]);
+    let j = store::get(&mut conn, pending).await.expect("g").expect("job");
+    assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
+    // The dead worker's late result is ignored.
+    assert_eq!(store::complete(&mut conn, &[(pending, None)], "w1", t0 + 500).await.expect("complete"), Vec::<i64>::new());
+}
+both_backends!(jobs_cancel_expire_rescue, cancel_expire_rescue_pending);
+
+async fn listing_filters_paging_counts(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    for i in 0..25 {
+        let chat = if i % 2 == 0 { "even" } else { "odd" };
+        queue.enqueue(&NewJob { chat_id: Some(chat.into()), tool_name: Some(format!("tool{}", i % 3)), ..job("noop") }).await.expect("e");
+    }
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let page1 = store::list(&mut conn, &JobFilter::default(), 10).await.expect("list");
+    assert_eq!(page1.len(), 10);
+    assert!(page1.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+    let page2 = store::list(&mut conn, &JobFilter { before_id: page1.last().map(|j| j.id), ..Default::default() }, 10).await.expect("list");
+    assert_eq!(page2.len(), 10);
+    assert!(page2[0].id < page1[9].id);
+    let even = store::list(&mut conn, &JobFilter { chat_id: Some("even".into()), ..Default::default() }, 100).await.expect("list");
+    assert_eq!(even.len(), 13);
+    let tool0_even = store::list(&mut conn, &JobFilter { chat_id: Some("even".into()), tool_name: Some("tool0".into()), ..Default::default() }, 100).await.expect("list");
+    assert!(tool0_even.iter().all(|j| j.tool_name.as_deref() == Some("tool0") && j.chat_id.as_deref() == Some("even")));
+    assert_eq!(tool0_even.len(), 5);
+    let now = db::now_ms();
+    store::claim(&mut conn, pool.backend, "default", "w", 4, now, now + 1000).await.expect("claim");
+    let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn).await.expect("counts").into_iter().collect();
+    assert_eq!(counts.get(&JobState::Running), Some(&4));
+    assert_eq!(counts.get(&JobState::Available), Some(&21));
+    let running = store::list(&mut conn, &JobFilter { state: Some(JobState::Running), ..Default::default() }, 100).await.expect("list");
+    assert_eq!(running.len(), 4);
+    let future = store::list(&mut conn, &JobFilter { created_from: Some(now + 60_000), ..Default::default() }, 100).await.expect("list");
+    assert!(future.is_empty());
+}
+both_backends!(jobs_listing, listing_filters_paging_counts);
+
+/// Counts runs per job id, fails the first `fail_first` attempts of each job, and can sleep.
+#[derive(Default)]
+struct Probe {
+    runs: Mutex<HashMap<i64, usize>>,
+    fail_first: usize,
+    sleep: Duration,
+}
+
+#[async_trait::async_trait]
+impl JobHandler for Probe {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let n = {
+            let mut runs = self.runs.lock().expect("lock");
+            let n = runs.entry(ctx.job.id).or_default();
+            *n += 1;
+            *n
+        };
+        if !self.sleep.is_zero() {
+            tokio::time::sleep(self.sleep).await;
+        }
+        if n <= self.fail_first {
+            return Err(JobError::retryable("TOOL_PROVIDER_ERROR", "flaky"));
+        }
+        Ok(JobOutput { preview: Some(format!("done by {}", ctx.idempotency_key())), snooze: None })
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct NeedsNumber {
+    #[expect(dead_code, reason = "only its decoding matters")]
+    n: i64,
+}
+
+struct Typed;
+
+#[async_trait::async_trait]
+impl JobHandler for Typed {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        ctx.args::<NeedsNumber>()?;
+        Ok(JobOutput::default())
+    }
+}
+
+#[derive(Default)]
+struct Counting {
+    ok: AtomicUsize,
+    failed_final: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl JobHook for Counting {
+    async fn on_success(&self, _job: &db::jobs::JobRow) {
+        self.ok.fetch_add(1, Ordering::SeqCst);
+    }
+    async fn on_failure(&self, _job: &db::jobs::JobRow, _error: &JobError, final_failure: bool) {
+        if final_failure {
+            self.failed_final.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn fast_settings() -> WorkerSettings {
+    WorkerSettings {
+        concurrency: 8,
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(5),
+        job_timeout: Duration::from_millis(500),
+        shutdown_grace: Duration::from_secs(2),
+        retry_base: Duration::from_millis(10),
+        retry_max: Duration::from_millis(50),
+        maintenance_interval: Duration::from_millis(200),
+        ..Default::default()
+    }
+}
+
+async fn wait_until_finished(pool: &Db, total: usize, within: Duration) -> HashMap<JobState, i64> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn).await.expect("counts").into_iter().collect();
+        let finished: i64 = counts.iter().filter(|(s, _)| s.is_finished()).map(|(_, n)| n).sum();
+        if finished as usize >= total || tokio::time::Instant::now() > deadline {
+            return counts;
+        }
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let flaky = Arc::new(Probe { fail_first: 2, ..Default::default() });
+    let slow = Arc::new(Probe { sleep: Duration::from_secs(5), ..Default::default() });
+    let hook = Arc::new(Counting::default());
+    let mut registry = Registry::new();
+    registry.register("flaky", flaky.clone()).register("slow", slow.clone()).register("typed", Arc::new(Typed)).hook(hook.clone());
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped));
+
+    let retried = queue.enqueue(&job("flaky")).await.expect("e").job.id;
+    let unknown = queue.enqueue(&job("no.such.kind")).await.expect("e").job.id;
+    let bad_args = queue.enqueue(&NewJob { args: serde_json::json!({"n": "not a number"}), ..job("typed") }).await.expect("e").job.id;
+    let timed_out = queue.enqueue(&NewJob { max_attempts: 1, ..job("slow") }).await.expect("e").job.id;
+    let counts = wait_until_finished(&pool, 4, Duration::from_secs(20)).await;
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let r = store::get(&mut conn, retried).await.expect("g").expect("job");
+    assert_eq!((r.state, r.attempt), (JobState::Completed, 3), "{counts:?}");
+    assert_eq!(r.result_preview.as_deref(), Some(format!("done by job:{retried}").as_str()));
+    let u = store::get(&mut conn, unknown).await.expect("g").expect("job");
+    assert_eq!((u.state, u.attempt, u.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_KIND_UNKNOWN")));
+    let b = store::get(&mut conn, bad_args).await.expect("g").expect("job");
+    assert_eq!((b.state, b.attempt, b.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_ARGS_INVALID")));
+    let t = store::get(&mut conn, timed_out).await.expect("g").expect("job");
+    assert_eq!((t.state, t.last_error_code.as_deref()), (JobState::Discarded, Some("JOB_TIMEOUT")));
+    assert_eq!(hook.ok.load(Ordering::SeqCst), 1);
+    assert_eq!(hook.failed_final.load(Ordering::SeqCst), 3);
+}
+both_backends!(worker_outcomes, worker_runs_retries_discards_and_hooks);
+
+async fn several_workers_never_double_claim(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let probe = Arc::new(Probe::default());
+    let total = 1500;
+    let mut tx = pool.pool.begin().await.expect("begin");
+    for _ in 0..total {
+        queue.enqueue_in(&mut tx, &job("probe")).await.expect("e");
+    }
+    tx.commit().await.expect("commit");
+    let (stop, stopped) = watch::channel(false);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let mut registry = Registry::new();
+            registry.register("probe", probe.clone());
+            tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped.clone()))
+        })
+        .collect();
+    queue.notify();
+    let counts = wait_until_finished(&pool, total, Duration::from_secs(60)).await;
+    stop.send(true).expect("stop");
+    for w in workers {
+        w.await.expect("worker");
+    }
+    assert_eq!(counts.get(&JobState::Completed).copied(), Some(total as i64), "{counts:?}");
+    let runs = probe.runs.lock().expect("lock");
+    assert_eq!(runs.len(), total);
+    assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+}
+both_backends!(workers_no_double_claims, several_workers_never_double_claim);
+
+async fn graceful_shutdown_releases_unfinished_leases(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let mut registry = Registry::new();
+    registry.register("slow", Arc::new(Probe { sleep: Duration::from_secs(30), ..Default::default() }));
+    let settings = WorkerSettings { job_timeout: Duration::from_secs(60), shutdown_grace: Duration::from_millis(300), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let id = queue.enqueue(&job("slow")).await.expect("e").job.id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        if store::get(&mut conn, id).await.expect("g").is_some_and(|j| j.state == JobState::Running) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(true).expect("stop");
+    tokio::time::timeout(Duration::from_secs(5), worker).await.expect("stops within the grace period").expect("worker");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let j = store::get(&mut conn, id).await.expect("g").expect("job");
+    assert_eq!((j.state, j.attempt, j.lease_owner), (JobState::Available, 0, None), "released without counting the attempt");
+}
+both_backends!(worker_graceful_shutdown, graceful_shutdown_releases_unfinished_leases);

@@ -1,0 +1,230 @@
+//! Crash safety and scale-out with real processes: kill -9 mid-run, two processes on one
+//! PostgreSQL database, and a database outage under a running worker.
+
+use std::{
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use server::{
+    db::{
+        Db,
+        jobs::{self as store, JobState, NewJob},
+    },
+    jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
+};
+use sqlx::Row;
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+
+use crate::{both_backends, support::TestDb};
+
+fn probe_bin() -> std::path::PathBuf {
+    // target/<profile>/deps/it-<hash> -> target/<profile>/examples/job_probe
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples").join("job_probe")
+}
+
+fn spawn_probe(url: &str, sleep_ms: u64, concurrency: u32) -> Child {
+    Command::new(probe_bin())
+        .args([url, &sleep_ms.to_string(), "2000", &concurrency.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn job_probe (built by cargo test as an example)")
+}
+
+async fn prepare(db: &TestDb, jobs: usize) -> Db {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    sqlx::query("CREATE TABLE probe_runs (job_id BIGINT NOT NULL, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
+    sqlx::query("CREATE TABLE probe_effects (idempotency_key TEXT PRIMARY KEY, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
+    let queue = JobQueue::new(pool.clone());
+    let mut tx = pool.pool.begin().await.expect("begin");
+    for _ in 0..jobs {
+        let job = NewJob { kind: "probe".into(), max_attempts: 5, correlation_id: "t".into(), args: serde_json::json!({}), ..Default::default() };
+        queue.enqueue_in(&mut tx, &job).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+    pool
+}
+
+async fn scalar(pool: &Db, sql: &str) -> i64 {
+    sqlx::query(sql).fetch_one(&pool.pool).await.expect(sql).get::<i64, _>(0)
+}
+
+async fn wait_completed(pool: &Db, total: i64, within: Duration) -> i64 {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let done = scalar(pool, "SELECT COUNT(*) FROM jobs WHERE state = 'completed'").await;
+        if done >= total || tokio::time::Instant::now() > deadline {
+            return done;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn stop(mut child: Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+}
+
+async fn kill_9_mid_run_then_restart(db: TestDb) {
+    let total = 300;
+    let pool = prepare(&db, total).await;
+    let mut first = spawn_probe(&db.url, 40, 16);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await < 40 {
+        assert!(tokio::time::Instant::now() < deadline, "probe never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    let running = scalar(&pool, "SELECT COUNT(*) FROM jobs WHERE state = 'running'").await;
+    assert!(running > 0, "jobs were mid-run when the process died");
+
+    let second = spawn_probe(&db.url, 40, 16);
+    let done = wait_completed(&pool, total as i64, Duration::from_secs(90)).await;
+    stop(second);
+    assert_eq!(done, total as i64, "every job completes after the restart");
+    let effects = scalar(&pool, "SELECT COUNT(*) FROM probe_effects").await;
+    assert_eq!(effects, total as i64, "each job's effect happened exactly once");
+    let runs = scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await;
+    assert!(runs > total as i64, "interrupted jobs ran again (at least once): {runs} runs");
+    let rescued = scalar(&pool, "SELECT COUNT(DISTINCT job_id) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").await;
+    assert!(rescued >= running, "the jobs the dead process held were rescued: {rescued} < {running}");
+}
+both_backends!(jobs_survive_kill_9, kill_9_mid_run_then_restart);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_postgres_without_double_runs() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let total = 10_000;
+    let pool = prepare(&db, total).await;
+    let a = spawn_probe(&db.url, 0, 32);
+    let b = spawn_probe(&db.url, 0, 32);
+    let done = wait_completed(&pool, total as i64, Duration::from_secs(180)).await;
+    stop(a);
+    stop(b);
+    assert_eq!(done, total as i64);
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await, total as i64, "no job ran twice");
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM (SELECT job_id FROM probe_runs GROUP BY job_id HAVING COUNT(*) > 1) dup").await, 0);
+    let per_process = sqlx::query("SELECT pid, COUNT(*) FROM probe_runs GROUP BY pid").fetch_all(&pool.pool).await.expect("per pid");
+    assert_eq!(per_process.len(), 2, "both processes did work");
+}
+
+/// Forwards TCP to PostgreSQL and can cut every connection for a while.
+struct FlakyProxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl FlakyProxy {
+    async fn start(target: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let up = Arc::new(AtomicBool::new(true));
+        let conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (up2, conns2) = (up.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused in effect
+                }
+                let target = target.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                conns2.lock().expect("lock").push(task);
+            }
+        });
+        Self { port, up, conns }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().expect("lock").drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+struct Counter(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl JobHandler for Counter {
+    async fn run(&self, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(JobOutput::default())
+    }
+}
+
+async fn outage_backs_off_and_resumes(db: TestDb) {
+    let total = 400;
+    let pool = prepare(&db, total).await;
+    let is_pg = pool.backend == server::db::Backend::Postgres;
+    let mut proxy = None;
+    let worker_db = if is_pg {
+        let url = url::Url::parse(&db.url).expect("url");
+        let target = format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(5432));
+        let p = FlakyProxy::start(target).await;
+        let mut via = url.clone();
+        via.set_port(Some(p.port)).expect("port");
+        proxy = Some(p);
+        Db::connect(&server::config::DatabaseSettings { url: via.to_string(), acquire_timeout: Duration::from_millis(500), ..Default::default() }).await.expect("connect")
+    } else {
+        Db::connect(&server::config::DatabaseSettings { url: db.url.clone(), busy_timeout: Duration::from_millis(20), ..Default::default() }).await.expect("connect")
+    };
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::new();
+    registry.register("probe", Arc::new(Counter(runs.clone())));
+    let settings = WorkerSettings { concurrency: 4, poll_interval: Duration::from_millis(50), lease: Duration::from_secs(30), ..Default::default() };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let queue = JobQueue::new(worker_db.clone());
+    let worker = tokio::spawn(Worker::new(worker_db.clone(), registry, settings, queue.waker()).run(stop_rx));
+
+    while runs.load(Ordering::SeqCst) < 50 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The outage: PostgreSQL's connections are cut and refused; SQLite is locked by another writer.
+    let lock_holder = if let Some(p) = &proxy {
+        p.cut();
+        None
+    } else {
+        let mut conn = pool.pool.acquire().await.expect("conn").detach();
+        sqlx::query("BEGIN EXCLUSIVE").execute(&mut conn).await.expect("lock");
+        Some(conn)
+    };
+    let during = runs.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let completed_during = scalar(&pool, "SELECT COUNT(*) FROM jobs WHERE state = 'completed'").await;
+    if let Some(p) = &proxy {
+        p.restore();
+    }
+    if let Some(mut conn) = lock_holder {
+        sqlx::query("COMMIT").execute(&mut conn).await.expect("unlock");
+    }
+    assert!(completed_during < total as i64, "the outage happened mid-run");
+    let done = wait_completed(&pool, total as i64, Duration::from_secs(60)).await;
+    stop_tx.send(true).expect("stop");
+    worker.await.expect("worker");
+    assert_eq!(done, total as i64, "nothing lost: every job completed after the outage");
+    assert!(runs.load(Ordering::SeqCst) >= total, "every job ran");
+    assert!(runs.load(Ordering::SeqCst) > during, "work resumed after the outage");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let counts = store::counts_by_state(&mut conn).await.expect("counts");
+    assert!(counts.iter().all(|(s, _)| *s == JobState::Completed), "{counts:?}");
+}
+both_backends!(jobs_survive_db_outage, outage_backs_off_and_resumes);
