@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, JobDetail, JobsPage, SettingsInfo, ShellInfo},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -130,6 +130,50 @@ pub async fn update_phones(phones: String) -> Result<Vec<String>, AppError> {
         async {
             let me = require_owner().await?;
             backend()?.update_phones(me.owner_id, &phones, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_jobs")]
+pub async fn list_jobs(state: String, tool: String, chat: String, since_minutes: i64, before: i64) -> Result<JobsPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.jobs_page(&crate::dto::JobQuery { state, tool, chat, since_minutes, before }).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_job")]
+pub async fn get_job(id: i64) -> Result<JobDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.job_detail(id).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "retry_job")]
+pub async fn retry_job(id: i64) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.retry_job(me.owner_id, id, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "cancel_job")]
+pub async fn cancel_job(id: i64) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.cancel_job(me.owner_id, id, &client_ip().await).await
         }
         .await,
     )

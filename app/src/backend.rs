@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{DashboardInfo, NewOwner, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, NewOwner, SettingsInfo, ShellInfo},
     error::AppError,
 };
 
@@ -37,6 +37,11 @@ pub trait AdminBackend: Send + Sync {
     async fn dashboard(&self) -> Result<DashboardInfo, AppError>;
     async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError>;
     async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError>;
+    async fn jobs_page(&self, query: &JobQuery) -> Result<JobsPage, AppError>;
+    async fn job_detail(&self, id: i64) -> Result<JobDetail, AppError>;
+    /// Owner actions, audited with the owner and address.
+    async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
+    async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
     /// Sessions older than this since login are void, however active.
     fn session_absolute_timeout_ms(&self) -> i64;
 }

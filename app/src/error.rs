@@ -22,6 +22,7 @@ pub mod code {
     pub const INVALID_INPUT: &str = "INVALID_INPUT";
     pub const SETUP_CLOSED: &str = "SETUP_CLOSED";
     pub const CONFLICT: &str = "CONFLICT";
+    pub const NOT_FOUND: &str = "NOT_FOUND";
     pub const INTERNAL: &str = "INTERNAL";
     pub const REQUEST_FAILED: &str = "REQUEST_FAILED";
 }
@@ -56,6 +57,7 @@ impl AppError {
             code::INVALID_INPUT | code::REQUEST_FAILED => 400,
             code::SETUP_CLOSED => 410,
             code::CONFLICT => 409,
+            code::NOT_FOUND => 404,
             _ => 500,
         }
     }

@@ -7,7 +7,8 @@ pub mod domain;
 pub mod dto;
 pub mod error;
 mod layout;
-mod pages;
+pub mod live;
+pub mod pages;
 
 #[cfg(feature = "ssr")]
 pub mod auth;
@@ -17,7 +18,7 @@ pub mod backend;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Title, provide_meta_context};
 use leptos_router::{
-    StaticSegment,
+    ParamSegment, StaticSegment,
     components::{ParentRoute, Route, Router, Routes},
 };
 
@@ -64,7 +65,8 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("conversations") view=pages::pending::Conversations />
                     <Route path=StaticSegment("traces") view=pages::pending::Traces />
                     <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
-                    <Route path=StaticSegment("jobs") view=pages::pending::Jobs />
+                    <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
+                    <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />
                     <Route path=StaticSegment("tools") view=pages::pending::Tools />
                     <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
                 </ParentRoute>

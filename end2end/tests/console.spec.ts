@@ -1,10 +1,12 @@
-import { test, expect, type Page, type ConsoleMessage } from "@playwright/test";
+import { test, expect } from "@playwright/test";
+
+import { expectHttpError, hydrated, login, resetExpectedHttpErrors, watchConsole } from "./fixtures";
+import { owner } from "./support";
 
 // One owner journey, in order, against a fresh database: the steps depend on each other
 // (setup closes for good; failed logins count toward the throttle).
 test.describe.configure({ mode: "serial" });
 
-const owner = { name: "Ada Owner", login: "ada", password: "correct horse battery staple", phone: "+15550001111" };
 
 const NAV = [
   ["Dashboard", "Dashboard"],
@@ -17,42 +19,9 @@ const NAV = [
   ["Settings", "Settings"],
 ] as const;
 
-/** HTTP error answers a test provokes on purpose (a wrong password, invalid input). Chromium
- *  logs every 4xx response as a console error; only these declared ones are tolerated. */
-let expectedHttpErrors: Array<{ path: string; status: number }> = [];
-function expectHttpError(path: string, status: number) {
-  expectedHttpErrors.push({ path, status });
-}
-
-/** Fails the test on any browser console error or uncaught exception, except the declared
- *  HTTP error answers above. */
-function watchConsole(page: Page): string[] {
-  const errors: string[] = [];
-  page.on("console", (msg: ConsoleMessage) => {
-    if (msg.type() !== "error") return;
-    const status = /Failed to load resource: the server responded with a status of (\d{3})/.exec(msg.text());
-    const declared =
-      status !== null &&
-      expectedHttpErrors.some((e) => msg.location().url.endsWith(e.path) && Number(status[1]) === e.status);
-    if (!declared) errors.push(`${msg.text()} @ ${msg.location().url}`);
-  });
-  page.on("pageerror", (err) => errors.push(`pageerror: ${err.message}`));
-  return errors;
-}
-
-async function hydrated(page: Page) {
-  await expect(page.locator("body")).toHaveAttribute("data-hydrated", "true");
-}
-
-async function login(page: Page, login: string, password: string) {
-  await page.getByLabel("Login name").fill(login);
-  await page.getByLabel("Password").fill(password);
-  await page.getByRole("button", { name: "Log in" }).click();
-}
-
 let errors: string[] = [];
 test.beforeEach(({ page }) => {
-  expectedHttpErrors = [];
+  resetExpectedHttpErrors();
   errors = watchConsole(page);
 });
 test.afterEach(() => {
@@ -95,7 +64,7 @@ test("every console page renders from the navigation, also on a phone-sized scre
   for (const [link, heading] of NAV) {
     await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name: link, exact: true }).click();
     await expect(page.getByRole("heading", { level: 1, name: heading, exact: true })).toBeVisible();
-    if (!["Dashboard", "Settings"].includes(link)) {
+    if (!["Dashboard", "Settings", "Jobs"].includes(link)) {
       await expect(page.getByTestId("pending-capability")).toContainText("Nothing to show yet");
     }
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
@@ -149,27 +118,4 @@ test("without JavaScript, login works as a plain form and shows errors", async (
   await expect(page.getByRole("heading", { name: "Jobs" })).toBeVisible();
   await context.close();
   expect(noJsErrors).toEqual([]);
-});
-
-test("a wrong password shows an error, then repeated failures are throttled", async ({ page }) => {
-  expectHttpError("/api/login", 401);
-  expectHttpError("/api/login", 429);
-  await page.goto("/login");
-  await hydrated(page);
-  // One failure came from the no-JavaScript test; four more reach the limit of five within the
-  // window. Each answer is awaited before the next.
-  for (let i = 2; i <= 5; i++) {
-    const answer = page.waitForResponse((r) => r.url().endsWith("/api/login"));
-    await login(page, owner.login, `wrong password ${i}`);
-    expect((await answer).status()).toBe(401);
-    await expect(page.getByRole("alert")).toHaveText("Wrong login name or password.");
-  }
-  // Now even the right password is refused, with the same generic message for any account.
-  const answer = page.waitForResponse((r) => r.url().endsWith("/api/login"));
-  await login(page, owner.login, owner.password);
-  const res = await answer;
-  expect(res.status()).toBe(429);
-  expect(Number(res.headers()["retry-after"])).toBeGreaterThan(0);
-  await expect(page.getByRole("alert")).toContainText("Too many failed attempts");
-  await expect(page).toHaveURL(/\/login/);
 });

@@ -51,9 +51,45 @@ pub enum Command {
     Owner(OwnerCommand),
     /// Run a job worker alone (scale-out: several processes share one PostgreSQL database).
     Worker,
+    /// Inspect and enqueue jobs.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Enqueue a job (e.g. `system.echo` to check the queue end to end).
+    Enqueue(JobsEnqueue),
+    /// List recent jobs, newest first.
+    List(JobsList),
+}
+
+#[derive(Debug, Args)]
+pub struct JobsEnqueue {
+    /// Job kind, such as system.echo.
+    pub kind: String,
+    /// Arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Run no earlier than this from now, e.g. 10m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub delay: Option<std::time::Duration>,
+    #[arg(long)]
+    pub dedupe_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsList {
+    /// Only jobs in this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    pub limit: i64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -158,6 +194,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::CheckConfig => Ok(()),
             Command::Owner(cmd) => owner(&cfg, cmd).await,
             Command::Worker => worker(cfg).await,
+            Command::Jobs(cmd) => jobs_command(&cfg, cmd).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
         }
     })
@@ -234,8 +271,7 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
     let worker = state.config.settings.jobs.worker_in_serve.then(|| {
-        let queue = JobQueue::new(db.clone());
-        tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), queue.waker()).run(shutdown.clone()))
+        tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
     });
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     if let Some(worker) = worker {
@@ -255,6 +291,48 @@ async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
     tracing::info!(database = db.backend.as_str(), queue = %settings.queue, "worker process starting");
     Worker::new(db.clone(), jobs::registry(), settings, queue.waker()).run(web::serve::shutdown_watch()).await;
     db.close().await;
+    Ok(())
+}
+
+async fn jobs_command(cfg: &LoadedConfig, cmd: &JobsCommand) -> Result<(), Failure> {
+    match cmd {
+        JobsCommand::Enqueue(a) => {
+            let args: serde_json::Value = serde_json::from_str(&a.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
+            if !args.is_object() {
+                return Err(Failure::usage("--args must be a JSON object"));
+            }
+            let db = connect(cfg).await?;
+            let delay_ms = a.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let job = db::jobs::NewJob {
+                kind: a.kind.clone(),
+                queue: cfg.settings.jobs.queue.clone(),
+                dedupe_key: a.dedupe_key.clone(),
+                args,
+                max_attempts: i64::from(a.max_attempts.unwrap_or(cfg.settings.jobs.default_max_attempts)),
+                scheduled_at: delay_ms.map(|d| db::now_ms().saturating_add(d)),
+                correlation_id: uuid::Uuid::new_v4().to_string(),
+                ..Default::default()
+            };
+            let queued = JobQueue::new(db.clone()).enqueue(&job).await.map_err(Failure::runtime)?;
+            let how = if queued.deduplicated { "already queued" } else { "enqueued" };
+            println!("job {} {how} ({})", queued.job.id, queued.job.state);
+            db.close().await;
+        }
+        JobsCommand::List(a) => {
+            let state = match &a.state {
+                Some(s) => Some(db::jobs::JobState::parse(s).ok_or_else(|| Failure::usage(format!("unknown state {s:?}")))?),
+                None => None,
+            };
+            let db = connect(cfg).await?;
+            let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
+            let filter = db::jobs::JobFilter { state, ..Default::default() };
+            for j in db::jobs::list(&mut conn, &filter, a.limit).await.map_err(Failure::runtime)? {
+                println!("{}\t{}\t{}\t{}/{}\t{}", j.id, j.kind, j.state, j.attempt, j.max_attempts, j.last_error_code.unwrap_or_default());
+            }
+            drop(conn);
+            db.close().await;
+        }
+    }
     Ok(())
 }
 

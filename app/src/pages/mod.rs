@@ -1,4 +1,5 @@
 pub mod dashboard;
+pub mod jobs;
 pub mod login;
 pub mod pending;
 pub mod settings;

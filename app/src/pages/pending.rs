@@ -42,15 +42,6 @@ pub fn Approvals() -> impl IntoView {
 }
 
 #[component]
-pub fn Jobs() -> impl IntoView {
-    pending(
-        "Jobs",
-        "durable job queue",
-        "Tool calls will run as durable jobs; their live counts per state, attempts and errors will show here.",
-    )
-}
-
-#[component]
 pub fn Tools() -> impl IntoView {
     pending(
         "Tools & MCP",

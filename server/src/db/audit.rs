@@ -13,6 +13,8 @@ pub mod event {
     pub const PHONES_UPDATED: &str = "phones_updated";
     pub const OWNER_ADDED: &str = "owner_added";
     pub const PASSWORD_RESET: &str = "password_reset";
+    pub const JOB_RETRY: &str = "job_retry";
+    pub const JOB_CANCEL: &str = "job_cancel";
 }
 
 #[derive(Debug, Clone, Default)]

@@ -11,7 +11,9 @@
 //! the effect in the same transaction as a marker, or to dedupe at the remote side, and check
 //! it before acting again.
 
+pub mod echo;
 pub mod queue;
+pub mod redact;
 pub mod retry;
 pub mod worker;
 
@@ -96,7 +98,9 @@ pub trait JobHook: Send + Sync {
 /// The job kinds this build handles. Capabilities register their handlers here; a job of a
 /// kind nobody registered is discarded with `JOB_KIND_UNKNOWN`, never retried.
 pub fn registry() -> Registry {
-    Registry::new()
+    let mut registry = Registry::new();
+    registry.register(echo::KIND, Arc::new(echo::Echo));
+    registry
 }
 
 /// Maps job kinds to handlers.

@@ -2,7 +2,10 @@
 
 use app::{
     backend::{AdminBackend, LoginOutcome, OwnerIdentity},
-    dto::{DashboardInfo, DegradedNotice, MigrationInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
+    dto::{
+        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, MigrationInfo, NewOwner, SecretEntry,
+        SettingEntry, SettingsInfo, ShellInfo, StateCount,
+    },
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -10,7 +13,11 @@ use secrecy::SecretString;
 use super::state::AppState;
 use crate::{
     config::load::display_url,
-    db::{self, audit},
+    db::{
+        self, audit,
+        jobs::{self as store, JobFilter, JobRow, JobState},
+    },
+    jobs::redact::redacted_pretty,
     owners::{self, Login, OwnerError, Throttle, ValidOwner},
 };
 
@@ -143,8 +150,114 @@ impl AdminBackend for ConsoleBackend {
         Ok(owners::update_phones(&self.state.db, owner_id, phones, ip).await?)
     }
 
+    async fn jobs_page(&self, query: &JobQuery) -> Result<JobsPage, AppError> {
+        const PAGE: i64 = 50;
+        let state = match query.state.as_str() {
+            "" => None,
+            s => Some(JobState::parse(s).ok_or_else(|| AppError::invalid(format!("unknown job state {s:?}")))?),
+        };
+        let text = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
+        let filter = JobFilter {
+            state,
+            tool_name: text(&query.tool),
+            chat_id: text(&query.chat),
+            created_from: (query.since_minutes > 0).then(|| db::now_ms() - query.since_minutes.saturating_mul(60_000)),
+            before_id: (query.before > 0).then_some(query.before),
+            ..Default::default()
+        };
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let counts = store::counts_by_state(&mut conn).await.map_err(internal)?;
+        let mut jobs = store::list(&mut conn, &filter, PAGE + 1).await.map_err(internal)?;
+        let next_before = (jobs.len() as i64 > PAGE).then(|| {
+            jobs.truncate(PAGE as usize);
+            jobs.last().map_or(0, |j| j.id)
+        });
+        Ok(JobsPage {
+            counts: counts.into_iter().map(|(s, count)| StateCount { state: s.as_str().into(), count }).collect(),
+            jobs: jobs.iter().map(summary).collect(),
+            next_before,
+        })
+    }
+
+    async fn job_detail(&self, id: i64) -> Result<JobDetail, AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let job = store::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no job #{id}.")))?;
+        let events = store::events(&mut conn, id).await.map_err(internal)?;
+        Ok(JobDetail {
+            summary: summary(&job),
+            queue: job.queue.clone(),
+            priority: job.priority,
+            dedupe_key: job.dedupe_key.clone(),
+            sender_id: job.sender_id.clone(),
+            message_id: job.message_id.clone(),
+            correlation_id: job.correlation_id.clone(),
+            args: redacted_pretty(&job.args),
+            scheduled_at: job.scheduled_at,
+            started_at: job.started_at,
+            completed_at: job.completed_at,
+            lease_owner: job.lease_owner.clone(),
+            lease_expires_at: job.lease_expires_at,
+            last_error_message: job.last_error_message.clone(),
+            result_preview: job.result_preview.clone(),
+            events: events
+                .into_iter()
+                .map(|e| JobEventView { at: e.at, state: e.state.as_str().into(), attempt: e.attempt, error_code: e.error_code, message: e.message })
+                .collect(),
+            can_retry: matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Discarded | JobState::Cancelled),
+            can_cancel: !job.state.is_finished(),
+        })
+    }
+
+    async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
+        self.job_action(owner_id, id, ip, audit::event::JOB_RETRY).await
+    }
+
+    async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
+        self.job_action(owner_id, id, ip, audit::event::JOB_CANCEL).await
+    }
+
     fn session_absolute_timeout_ms(&self) -> i64 {
         i64::try_from(self.state.config.settings.auth.session_absolute_timeout.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl ConsoleBackend {
+    /// Retry-now or cancel, and its audit row, in one transaction.
+    async fn job_action(&self, owner_id: i64, id: i64, ip: &str, event: &str) -> Result<(), AppError> {
+        let now = db::now_ms();
+        let mut tx = self.state.db.begin_write().await.map_err(internal)?;
+        let changed = if event == audit::event::JOB_RETRY {
+            store::retry_now(&mut tx, id, now).await
+        } else {
+            store::cancel(&mut tx, id, "cancelled by an owner", now).await
+        }
+        .map_err(internal)?;
+        if !changed {
+            return Err(AppError::new(code::CONFLICT, format!("Job #{id} cannot be changed in its current state.")));
+        }
+        let detail = serde_json::json!({ "job_id": id });
+        audit::record(&mut tx, audit::AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event, detail: Some(detail), ..Default::default() })
+            .await
+            .map_err(internal)?;
+        tx.commit().await.map_err(internal)?;
+        tracing::info!(owner.id = owner_id, job.id = id, action = event, "owner changed a job");
+        self.state.jobs.notify();
+        Ok(())
+    }
+}
+
+fn summary(j: &JobRow) -> JobSummary {
+    JobSummary {
+        id: j.id,
+        kind: j.kind.clone(),
+        state: j.state.as_str().into(),
+        tool_name: j.tool_name.clone(),
+        chat_id: j.chat_id.clone(),
+        attempt: j.attempt,
+        max_attempts: j.max_attempts,
+        created_at: j.created_at,
+        updated_at: j.updated_at,
+        last_error_code: j.last_error_code.clone(),
     }
 }
 

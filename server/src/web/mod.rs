@@ -2,6 +2,7 @@
 //! static assets. Web code only exposes; the engine lives elsewhere.
 
 pub mod backend;
+pub mod live;
 pub mod middleware;
 pub mod ops;
 pub mod serve;
@@ -71,8 +72,11 @@ pub fn router(state: AppState) -> Router {
             move || provide_context(context_backend.clone()),
             move || shell(shell_options.clone()),
         );
+    // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
+    let owner_api = Router::new().route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream)).with_state(state.clone());
     let console = console
         .with_state(leptos_options)
+        .merge(owner_api)
         .layer(from_fn_with_state(guard, middleware::console_guard))
         .layer(sessions);
 

@@ -47,6 +47,14 @@ fn unavailable(reason: &str) -> Response {
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
+    if let Ok(mut conn) = state.db.pool.acquire().await {
+        if let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await {
+            for s in crate::db::jobs::JobState::ALL {
+                let n = counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n);
+                metrics::gauge!("jobs", "state" => s.as_str()).set(n as f64);
+            }
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::{
     config::LoadedConfig,
+    jobs::JobQueue,
     db::{self, Db, DbError},
 };
 
@@ -29,6 +30,8 @@ pub struct App {
     pub allowed_origins: Vec<String>,
     pub public_url: String,
     pub metrics: PrometheusHandle,
+    /// Enqueues jobs and wakes this process's workers.
+    pub jobs: JobQueue,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -59,13 +62,14 @@ impl AppState {
         }
         Self(Arc::new(App {
             config,
-            db,
+            db: db.clone(),
             started: Instant::now(),
             started_at_ms: db::now_ms(),
             listen_addr,
             allowed_origins,
             public_url,
             metrics,
+            jobs: JobQueue::new(db.clone()),
             setup_done: AtomicBool::new(false),
         }))
     }

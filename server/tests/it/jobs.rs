@@ -386,3 +386,36 @@ async fn graceful_shutdown_releases_unfinished_leases(db: TestDb) {
     assert_eq!((j.state, j.attempt, j.lease_owner), (JobState::Available, 0, None), "released without counting the attempt");
 }
 both_backends!(worker_graceful_shutdown, graceful_shutdown_releases_unfinished_leases);
+
+async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: TestDb) {
+    let app = crate::support::TestApp::new(db).await;
+    let mut anonymous = app.client();
+    let stream = anonymous.get("/api/jobs/stream").await;
+    assert_eq!(stream.status, axum::http::StatusCode::UNAUTHORIZED, "the live stream is owner-only");
+
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let queued = app.state.jobs.enqueue(&NewJob { scheduled_at: Some(db::now_ms() + 3_600_000), ..job("system.echo") }).await.expect("enqueue");
+    let id = queued.job.id.to_string();
+    let res = owner.post_form("/api/cancel_job", &[("id", id.as_str())]).await;
+    assert_eq!(res.status, axum::http::StatusCode::OK, "{}", res.body);
+    let again = owner.post_form("/api/cancel_job", &[("id", id.as_str())]).await;
+    assert_eq!(again.status, axum::http::StatusCode::CONFLICT, "a cancelled job cannot be cancelled again");
+    let retried = owner.post_form("/api/retry_job", &[("id", id.as_str())]).await;
+    assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
+
+    let detail = owner.post_form("/api/get_job", &[("id", id.as_str())]).await.json();
+    assert_eq!(detail["summary"]["state"], "available");
+    let page = owner.post_form("/api/list_jobs", &[("state", "available"), ("tool", ""), ("chat", ""), ("since_minutes", "0"), ("before", "0")]).await.json();
+    assert_eq!(page["jobs"][0]["id"], queued.job.id);
+
+    let rows = sqlx::query("SELECT event, detail FROM owner_audit WHERE event IN ('job_cancel', 'job_retry') ORDER BY id").fetch_all(&app.state.db.pool).await.expect("audit");
+    let events: Vec<(String, String)> = rows.iter().map(|r| (sqlx::Row::get(r, 0), sqlx::Row::get(r, 1))).collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].0, "job_cancel");
+    assert!(events[0].1.contains(&format!("\"job_id\":{id}")), "{events:?}");
+    assert_eq!(events[1].0, "job_retry");
+
+    let metrics = owner.get("/metrics").await.body;
+    assert!(metrics.contains("jobs{state=\"available\"} 1"), "{metrics}");
+}
+both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);

@@ -59,6 +59,8 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
         // runs. A new function with arguments must be added here, or this test fails.
         let body = match path.as_str() {
             "/api/update_phones" => "phones=%2B15550009999",
+            "/api/list_jobs" => "state=&tool=&chat=&since_minutes=0&before=0",
+            "/api/get_job" | "/api/retry_job" | "/api/cancel_job" => "id=1",
             _ => "",
         };
         let mut req = axum::http::Request::builder()

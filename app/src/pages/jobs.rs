@@ -1,0 +1,228 @@
+//! The Jobs page: live counts per state, a filterable, paged list, and each job's detail with
+//! its timeline and the owner actions retry-now and cancel.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::{use_params_map, use_query_map};
+
+use crate::{
+    api::{CancelJob, RetryJob, get_job, list_jobs},
+    dto::{JobQuery, JobSummary},
+    live::{fmt_time, use_live},
+};
+
+/// The SSE endpoint that announces job changes.
+pub const JOBS_STREAM: &str = "/api/jobs/stream";
+
+const STATES: [&str; 8] = ["available", "scheduled", "running", "retryable", "completed", "cancelled", "discarded", "pending"];
+
+fn query_string(q: &JobQuery, before: Option<i64>) -> String {
+    let mut parts = Vec::new();
+    for (k, v) in [("state", &q.state), ("tool", &q.tool), ("chat", &q.chat)] {
+        if !v.is_empty() {
+            parts.push(format!("{k}={}", urlencode(v)));
+        }
+    }
+    if q.since_minutes > 0 {
+        parts.push(format!("since_minutes={}", q.since_minutes));
+    }
+    if let Some(b) = before {
+        parts.push(format!("before={b}"));
+    }
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn state_badge(state: &str) -> impl IntoView + use<> {
+    view! { <span class=format!("badge state-{state}")>{state.to_string()}</span> }
+}
+
+#[component]
+pub fn JobsPage() -> impl IntoView {
+    let params = use_query_map();
+    let query = Memo::new(move |_| {
+        params.with(|p| JobQuery {
+            state: p.get("state").unwrap_or_default(),
+            tool: p.get("tool").unwrap_or_default(),
+            chat: p.get("chat").unwrap_or_default(),
+            since_minutes: p.get("since_minutes").and_then(|v| v.parse().ok()).unwrap_or(0),
+            before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
+        })
+    });
+    let live = use_live(JOBS_STREAM);
+    let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before));
+    view! {
+        <Title text="Jobs · Gatehouse" />
+        <h1>"Jobs"</h1>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || page.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(p) => {
+                    let q = query.get();
+                    view! {
+                        <ul class="counts" data-testid="job-counts">
+                            {STATES.iter().map(|s| {
+                                let n = p.counts.iter().find(|c| c.state == *s).map_or(0, |c| c.count);
+                                let href = query_string(&JobQuery { state: s.to_string(), ..Default::default() }, None);
+                                view! { <li><a href=format!("/jobs{href}") data-state=*s>{state_badge(s)}" "<strong>{n}</strong></a></li> }
+                            }).collect_view()}
+                        </ul>
+                        {filter_form(&q)}
+                        {job_table(p.jobs, &q)}
+                        {p.next_before.map(|b| view! {
+                            <p><a class="button" href=format!("/jobs{}", query_string(&q, Some(b)))>"Older jobs \u{2192}"</a></p>
+                        })}
+                    }.into_any()
+                }
+            })}
+        </Transition>
+    }
+}
+
+fn filter_form(q: &JobQuery) -> impl IntoView + use<> {
+    let since = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+    let current_state = q.state.clone();
+    let current_since = q.since_minutes;
+    view! {
+        <form method="get" action="/jobs" class="filters" data-testid="job-filters">
+            <label>"State"
+                <select name="state">
+                    <option value="">"any"</option>
+                    {STATES.iter().map(|s| view! { <option value=*s selected=current_state == *s>{*s}</option> }).collect_view()}
+                </select>
+            </label>
+            <label>"Tool" <input type="text" name="tool" value=q.tool.clone() /></label>
+            <label>"Chat" <input type="text" name="chat" value=q.chat.clone() /></label>
+            <label>"Created"
+                <select name="since_minutes">
+                    {since.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current_since == m>{label}</option> }).collect_view()}
+                </select>
+            </label>
+            <button type="submit">"Filter"</button>
+        </form>
+    }
+}
+
+fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
+    if jobs.is_empty() {
+        let filtered = *q != JobQuery::default();
+        return view! {
+            <div class="empty" data-testid="jobs-empty">
+                <p><strong>{if filtered { "No jobs match these filters." } else { "No jobs yet." }}</strong></p>
+                <p>"Jobs appear here when messages and tool calls are processed. To check the queue by hand, run "
+                   <code>"gatehouse jobs enqueue system.echo --args '{\"message\":\"hello\"}'"</code>"."</p>
+            </div>
+        }
+        .into_any();
+    }
+    view! {
+        <div class="table-wrap">
+            <table class="list" data-testid="jobs-table">
+                <thead><tr><th>"Job"</th><th>"Kind / tool"</th><th>"State"</th><th>"Attempts"</th><th>"Chat"</th><th>"Updated (UTC)"</th></tr></thead>
+                <tbody>
+                    {jobs.into_iter().map(|j| view! {
+                        <tr data-job-id=j.id>
+                            <td><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
+                            <td>{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
+                            <td>{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
+                            <td>{format!("{} / {}", j.attempt, j.max_attempts)}</td>
+                            <td>{j.chat_id.clone().unwrap_or_default()}</td>
+                            <td>{fmt_time(j.updated_at)}</td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+    .into_any()
+}
+
+#[component]
+pub fn JobDetailPage() -> impl IntoView {
+    let params = use_params_map();
+    let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
+    let live = use_live(JOBS_STREAM);
+    let retry = ServerAction::<RetryJob>::new();
+    let cancel = ServerAction::<CancelJob>::new();
+    let detail = Resource::new(
+        move || (id.get(), live.get(), retry.version().get(), cancel.version().get()),
+        |(id, ..)| get_job(id),
+    );
+    view! {
+        <Title text="Job · Gatehouse" />
+        <p><a href="/jobs">"\u{2190} All jobs"</a></p>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || detail.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(d) => {
+                    let s = d.summary.clone();
+                    let id = s.id;
+                    let rows: Vec<(&str, String)> = vec![
+                        ("Kind", s.kind.clone()),
+                        ("Tool", s.tool_name.clone().unwrap_or_else(|| "\u{2014}".into())),
+                        ("Attempts", format!("{} of {}", s.attempt, s.max_attempts)),
+                        ("Queue / priority", format!("{} / {}", d.queue, d.priority)),
+                        ("Chat", s.chat_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                        ("Sender", d.sender_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                        ("Message", d.message_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                        ("Dedupe key", d.dedupe_key.clone().unwrap_or_else(|| "\u{2014}".into())),
+                        ("Correlation id", d.correlation_id.clone()),
+                        ("Created", fmt_time(s.created_at)),
+                        ("Scheduled", fmt_time(d.scheduled_at)),
+                        ("Started", d.started_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
+                        ("Finished", d.completed_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
+                        ("Lease", d.lease_owner.clone().map(|o| format!("{o} until {}", d.lease_expires_at.map(fmt_time).unwrap_or_default())).unwrap_or_else(|| "\u{2014}".into())),
+                    ];
+                    view! {
+                        <h1>{format!("Job #{id}")}" "{state_badge(&s.state)}</h1>
+                        <div class="actions">
+                            {d.can_retry.then(|| view! {
+                                <ActionForm action=retry>
+                                    <input type="hidden" name="id" value=id />
+                                    <button type="submit" data-testid="retry-job">"Retry now"</button>
+                                </ActionForm>
+                            })}
+                            {d.can_cancel.then(|| view! {
+                                <ActionForm action=cancel>
+                                    <input type="hidden" name="id" value=id />
+                                    <button type="submit" class="danger" data-testid="cancel-job">"Cancel"</button>
+                                </ActionForm>
+                            })}
+                        </div>
+                        {move || retry.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+                        {move || cancel.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+                        {s.last_error_code.clone().map(|code| {
+                            let message = d.last_error_message.clone().unwrap_or_default();
+                            view! { <p class="error" data-testid="job-error"><code>{code}</code>" "{message}</p> }
+                        })}
+                        <table class="kv"><tbody>
+                            {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
+                        </tbody></table>
+                        <h2>"Arguments"</h2>
+                        <pre class="json" data-testid="job-args">{d.args.clone()}</pre>
+                        {d.result_preview.clone().map(|p| view! { <h2>"Result"</h2><pre class="json">{p}</pre> })}
+                        <h2>"Timeline"</h2>
+                        <ol class="timeline" data-testid="job-timeline">
+                            {d.events.clone().into_iter().map(|e| view! {
+                                <li>
+                                    <time>{fmt_time(e.at)}</time>" "{state_badge(&e.state)}
+                                    {format!(" attempt {}", e.attempt)}
+                                    {e.error_code.map(|c| view! { " "<code>{c}</code> })}
+                                    {e.message.map(|m| view! { " "<span>{m}</span> })}
+                                </li>
+                            }).collect_view()}
+                        </ol>
+                    }.into_any()
+                }
+            })}
+        </Transition>
+    }
+}

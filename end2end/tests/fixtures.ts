@@ -1,0 +1,38 @@
+import { expect, type ConsoleMessage, type Page } from "@playwright/test";
+
+/** HTTP error answers a test provokes on purpose (a wrong password, invalid input). Chromium
+ *  logs every 4xx response as a console error; only these declared ones are tolerated. */
+let expectedHttpErrors: Array<{ path: string; status: number }> = [];
+export function resetExpectedHttpErrors() {
+  expectedHttpErrors = [];
+}
+export function expectHttpError(path: string, status: number) {
+  expectedHttpErrors.push({ path, status });
+}
+
+/** Fails the test on any browser console error or uncaught exception, except the declared
+ *  HTTP error answers above. */
+export function watchConsole(page: Page): string[] {
+  const errors: string[] = [];
+  page.on("console", (msg: ConsoleMessage) => {
+    if (msg.type() !== "error") return;
+    const status = /Failed to load resource: the server responded with a status of (\d{3})/.exec(msg.text());
+    const declared =
+      status !== null &&
+      expectedHttpErrors.some((e) => msg.location().url.endsWith(e.path) && Number(status[1]) === e.status);
+    if (!declared) errors.push(`${msg.text()} @ ${msg.location().url}`);
+  });
+  page.on("pageerror", (err) => errors.push(`pageerror: ${err.message}`));
+  return errors;
+}
+
+export async function hydrated(page: Page) {
+  await expect(page.locator("body")).toHaveAttribute("data-hydrated", "true");
+}
+
+export async function login(page: Page, login: string, password: string) {
+  await page.getByLabel("Login name").fill(login);
+  await page.getByLabel("Password").fill(password);
+  await page.getByRole("button", { name: "Log in" }).click();
+}
+

@@ -1,0 +1,37 @@
+import { execFileSync } from "node:child_process";
+import * as os from "node:os";
+import * as path from "node:path";
+
+// Shared by the Playwright config and the tests (which run in worker processes): every path is
+// derived, never random, so both sides agree.
+export const repo = path.resolve(__dirname, "..", "..");
+const targetDir = process.env.CARGO_TARGET_DIR ? path.resolve(process.env.CARGO_TARGET_DIR) : path.join(repo, "target");
+export const binary = path.join(targetDir, "debug", "gatehouse");
+export const configPath = path.join(repo, "config", "gatehouse.toml");
+export const port = Number(process.env.GATEHOUSE_E2E_PORT ?? 3917);
+export const baseURL = `http://127.0.0.1:${port}`;
+export const dataDir = path.join(os.tmpdir(), `gatehouse-e2e-${port}`);
+export const databaseUrl = `sqlite://${path.join(dataDir, "e2e.db")}`;
+
+export const serverEnv: Record<string, string> = {
+  GATEHOUSE__SERVER__ADDR: `127.0.0.1:${port}`,
+  GATEHOUSE__SERVER__STRICT_PORT: "true",
+  GATEHOUSE__SERVER__SITE_ROOT: path.join(repo, "target", "site"),
+  GATEHOUSE__DATABASE__URL: databaseUrl,
+  // Quick pickup of jobs enqueued by another process (the CLI) on SQLite.
+  GATEHOUSE__JOBS__POLL_INTERVAL: "200ms",
+  // No LLM key: the console must show the degraded-mode banner.
+  ANTHROPIC_API_KEY: "",
+  OPENAI_API_KEY: "",
+  RUST_LOG: "info",
+};
+
+export const owner = { name: "Ada Owner", login: "ada", password: "correct horse battery staple", phone: "+15550001111" };
+
+/** Runs the gatehouse command line against the test server's database. */
+export function gatehouse(...args: string[]): string {
+  return execFileSync(binary, ["--config", configPath, ...args], {
+    env: { ...process.env, ...serverEnv, RUST_LOG: "warn" },
+    encoding: "utf8",
+  });
+}

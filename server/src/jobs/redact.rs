@@ -1,0 +1,53 @@
+//! Redaction of job arguments before anyone sees them: fields whose names look secret are
+//! replaced, at any depth. (The tool catalog's declared secret fields extend this later.)
+
+use serde_json::Value;
+
+const SECRET_WORDS: [&str; 8] = ["password", "secret", "token", "api_key", "apikey", "authorization", "cookie", "credential"];
+
+pub const REDACTED: &str = "[REDACTED]";
+
+pub fn is_secret_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|w| lower.contains(w))
+}
+
+pub fn redact(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if is_secret_name(k) {
+                    *v = Value::String(REDACTED.into());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// Pretty JSON of `args` with secrets replaced; text that is not JSON is withheld entirely.
+pub fn redacted_pretty(args: &str) -> String {
+    match serde_json::from_str::<Value>(args) {
+        Ok(mut v) => {
+            redact(&mut v);
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        }
+        Err(_) => "(not JSON; withheld)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_secrets_are_replaced() {
+        let text = r#"{"url":"https://x","headers":{"Authorization":"Bearer abc"},"items":[{"api_key":"k1","q":"ok"}],"Password":"p"}"#;
+        let out = redacted_pretty(text);
+        assert!(!out.contains("Bearer abc") && !out.contains("k1") && !out.contains("\"p\""), "{out}");
+        assert!(out.contains("https://x") && out.contains("\"ok\""), "{out}");
+    }
+}
