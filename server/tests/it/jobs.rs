@@ -419,3 +419,29 @@ async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: Tes
     assert!(metrics.contains("jobs{state=\"available\"} 1"), "{metrics}");
 }
 both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);
+
+/// A job enqueued by another process wakes an idle worker at once through LISTEN/NOTIFY, long
+/// before its poll interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_notify_wakes_workers_in_other_processes() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let worker_pool = fresh(&db).await;
+    let probe = Arc::new(Probe::default());
+    let mut registry = Registry::new();
+    registry.register("probe", probe.clone());
+    let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    // The worker's in-process waker is its own; the enqueuer below shares nothing with it.
+    let worker = tokio::spawn(Worker::new(worker_pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
+    tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
+
+    let other_process = JobQueue::new(db.connect().await);
+    let id = other_process.enqueue(&job("probe")).await.expect("enqueue").job.id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !probe.runs.lock().expect("lock").contains_key(&id) {
+        assert!(tokio::time::Instant::now() < deadline, "the idle worker was not woken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+}
