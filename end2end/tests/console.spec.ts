@@ -1,6 +1,6 @@
 import { test, expect } from "@playwright/test";
 
-import { expectHttpError, hydrated, login, resetExpectedHttpErrors, watchConsole } from "./fixtures";
+import { expectHttpError, failOnConsoleErrors, hydrated, login, watchConsole } from "./fixtures";
 import { owner } from "./support";
 
 // One owner journey, in order, against a fresh database: the steps depend on each other
@@ -19,14 +19,7 @@ const NAV = [
   ["Settings", "Settings"],
 ] as const;
 
-let errors: string[] = [];
-test.beforeEach(({ page }) => {
-  resetExpectedHttpErrors();
-  errors = watchConsole(page);
-});
-test.afterEach(() => {
-  expect(errors, "browser console errors").toEqual([]);
-});
+failOnConsoleErrors();
 
 test("fresh start redirects to setup, which creates the owner and opens the dashboard", async ({ page }) => {
   await page.goto("/");

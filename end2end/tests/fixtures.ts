@@ -1,4 +1,4 @@
-import { expect, type ConsoleMessage, type Page } from "@playwright/test";
+import { expect, test, type ConsoleMessage, type Page } from "@playwright/test";
 
 /** HTTP error answers a test provokes on purpose (a wrong password, invalid input). Chromium
  *  logs every 4xx response as a console error; only these declared ones are tolerated. */
@@ -36,3 +36,15 @@ export async function login(page: Page, login: string, password: string) {
   await page.getByRole("button", { name: "Log in" }).click();
 }
 
+
+/** Registers hooks that fail each test of the file on any undeclared browser console error. */
+export function failOnConsoleErrors() {
+  let errors: string[] = [];
+  test.beforeEach(({ page }) => {
+    resetExpectedHttpErrors();
+    errors = watchConsole(page);
+  });
+  test.afterEach(() => {
+    expect(errors, "browser console errors").toEqual([]);
+  });
+}

@@ -1,6 +1,6 @@
 import { test, expect, type Page } from "@playwright/test";
 
-import { expectHttpError, hydrated, login, resetExpectedHttpErrors, watchConsole } from "./fixtures";
+import { expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { gatehouse, owner } from "./support";
 
 // Jobs created through the app (the `gatehouse jobs enqueue` command, writing to the same
@@ -8,14 +8,7 @@ import { gatehouse, owner } from "./support";
 // cancels another.
 test.describe.configure({ mode: "serial" });
 
-let errors: string[] = [];
-test.beforeEach(({ page }) => {
-  resetExpectedHttpErrors();
-  errors = watchConsole(page);
-});
-test.afterEach(() => {
-  expect(errors, "browser console errors").toEqual([]);
-});
+failOnConsoleErrors();
 
 function enqueue(...args: string[]): number {
   const out = gatehouse("jobs", "enqueue", "system.echo", ...args);

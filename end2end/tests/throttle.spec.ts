@@ -1,17 +1,10 @@
 import { test, expect } from "@playwright/test";
 
-import { expectHttpError, hydrated, login, resetExpectedHttpErrors, watchConsole } from "./fixtures";
+import { expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { owner } from "./support";
 
 // Runs last: it locks logins from this address for the rest of the window.
-let errors: string[] = [];
-test.beforeEach(({ page }) => {
-  resetExpectedHttpErrors();
-  errors = watchConsole(page);
-});
-test.afterEach(() => {
-  expect(errors, "browser console errors").toEqual([]);
-});
+failOnConsoleErrors();
 
 test("a wrong password shows an error, then repeated failures are throttled", async ({ page }) => {
   expectHttpError("/api/login", 401);

@@ -67,8 +67,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-async fn count_completed(db: &Db, queue: &str) -> Result<i64, sqlx::Error> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE queue = $1 AND state = 'completed'").bind(queue).fetch_one(&db.pool).await?;
+/// Jobs of `queue` that reached a final state.
+async fn count_finished(db: &Db, queue: &str) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE queue = $1 AND state IN ('completed', 'cancelled', 'discarded')")
+        .bind(queue)
+        .fetch_one(&db.pool)
+        .await?;
     Ok(n)
 }
 
@@ -121,7 +125,9 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
         .collect();
     queue.notify();
     let target = i64::try_from(args.jobs).unwrap_or(i64::MAX);
-    while count_completed(&db, &queue_name).await? < target {
+    let give_up = Instant::now() + Duration::from_secs(600);
+    while count_finished(&db, &queue_name).await? < target {
+        anyhow::ensure!(Instant::now() < give_up, "jobs did not finish within 10 minutes");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let complete_secs = t.elapsed().as_secs_f64();

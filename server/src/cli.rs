@@ -212,6 +212,7 @@ fn check_config(cli: &Cli) -> Result<(), Failure> {
     for entry in web::backend::effective_entries(&cfg.settings) {
         println!("  {} = {}", entry.key, entry.value);
     }
+    println!("tools: {} in the catalog (approval mode {:?})", cfg.catalog.len(), cfg.catalog.approval_mode);
     println!("secrets (from the environment; values never shown):");
     for (name, set) in cfg.secrets.presence() {
         println!("  {name}: {}", if set { "set" } else { "unset" });

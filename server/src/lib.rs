@@ -8,4 +8,5 @@ pub mod db;
 pub mod jobs;
 pub mod owners;
 pub mod telemetry;
+pub mod tools;
 pub mod web;

@@ -50,6 +50,8 @@ pub struct LoadedConfig {
     pub path: PathBuf,
     /// The folder holding the other config files (tools, connectors, MCP servers).
     pub dir: PathBuf,
+    /// The tool catalog from `tools.toml` beside the main file (empty when there is none).
+    pub catalog: std::sync::Arc<crate::tools::Catalog>,
 }
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
@@ -68,11 +70,21 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
     let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(env);
     let (settings, mut problems) = check(&figment);
     problems.extend(check_values(&figment, &settings));
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let tools_path = dir.join("tools.toml");
+    let catalog = if tools_path.is_file() {
+        let is_set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
+        crate::tools::Catalog::load(&tools_path, &is_set).unwrap_or_else(|tool_problems| {
+            problems.extend(tool_problems);
+            crate::tools::Catalog::default()
+        })
+    } else {
+        crate::tools::Catalog::default()
+    };
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir })
+    Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir, catalog: std::sync::Arc::new(catalog) })
 }
 
 /// Checks that need more than a type: ranges, URLs, combinations.

@@ -55,3 +55,17 @@ impl Secrets {
         ALL.iter().map(|name| (*name, self.by_name(name).is_some())).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_secret() {
+        let secrets = Secrets::from_lookup(|name| (name == ANTHROPIC_API_KEY || name == WHATSAPP_APP_SECRET).then(|| "sk-very-secret-value".to_string()));
+        let shown = format!("{secrets:?} {:#?}", secrets);
+        assert!(!shown.contains("sk-very-secret-value"), "{shown}");
+        assert_eq!(secrets.presence().iter().filter(|(_, set)| *set).count(), 2);
+        assert!(Secrets::from_lookup(|_| Some("  ".into())).presence().iter().all(|(_, set)| !set), "blank counts as unset");
+    }
+}

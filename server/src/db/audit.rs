@@ -28,17 +28,7 @@ pub struct AuditEntry<'a> {
 }
 
 pub async fn record(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<(), DbError> {
-    let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
-    sqlx::query("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6)")
-        .bind(now_ms())
-        .bind(entry.owner_id)
-        .bind(entry.login)
-        .bind(entry.ip)
-        .bind(entry.event)
-        .bind(detail)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    record_returning_id(conn, entry).await.map(|_| ())
 }
 
 /// Failed logins since `since_ms`: (for this login name, from this address), and the oldest

@@ -161,6 +161,16 @@ fn rows(rows: &[AnyRow]) -> Result<Vec<JobRow>, DbError> {
     rows.iter().map(job_from_row).collect::<Result<_, _>>().map_err(DbError::from)
 }
 
+/// Text stored from handlers: no NUL (PostgreSQL rejects it in TEXT) and bounded in length.
+fn clean(text: &str, max_chars: usize) -> String {
+    text.chars().filter(|c| *c != '\0').take(max_chars).collect()
+}
+
+const MAX_ERROR_CHARS: usize = 2000;
+const MAX_PREVIEW_CHARS: usize = 4000;
+/// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
+const MAINTENANCE_BATCH: i64 = 500;
+
 /// `$first, $first+1, ...` for `n` values.
 fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
@@ -207,6 +217,10 @@ pub struct Enqueued {
 /// Inserts a job. Run it in the caller's transaction so the state change that causes the job
 /// and the job itself commit together.
 pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enqueued, DbError> {
+    enqueue_attempt(conn, job, now, 3).await
+}
+
+async fn enqueue_attempt(conn: &mut AnyConnection, job: &NewJob, now: i64, attempts_left: u8) -> Result<Enqueued, DbError> {
     if let Some(key) = &job.dedupe_key {
         if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
             return Ok(Enqueued { job: existing, deduplicated: true });
@@ -254,8 +268,12 @@ pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result
         // Lost a race with another enqueue of the same key.
         None => {
             let key = job.dedupe_key.as_deref().unwrap_or_default();
-            let existing = find_unfinished_by_dedupe(conn, key).await?.ok_or(DbError::Sql(sqlx::Error::RowNotFound))?;
-            Ok(Enqueued { job: existing, deduplicated: true })
+            match find_unfinished_by_dedupe(conn, key).await? {
+                Some(existing) => Ok(Enqueued { job: existing, deduplicated: true }),
+                // The winner finished in between: the key is free again.
+                None if attempts_left > 0 => Box::pin(enqueue_attempt(conn, job, now, attempts_left - 1)).await,
+                None => Err(DbError::Sql(sqlx::Error::RowNotFound)),
+            }
         }
     }
 }
@@ -380,6 +398,8 @@ pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEven
 }
 
 /// Leases up to `limit` due jobs of `queue` to `owner` until `lease_until`, counting an attempt.
+/// The attempt number is the lease token: a stale run's result cannot finish a newer run.
+/// Run it in a write transaction so the claim and its events commit together.
 pub async fn claim(
     conn: &mut AnyConnection,
     backend: Backend,
@@ -389,52 +409,69 @@ pub async fn claim(
     now: i64,
     lease_until: i64,
 ) -> Result<Vec<JobRow>, DbError> {
-    let lock = match backend {
-        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
-        Backend::Sqlite => "",
-    };
-    let sql = format!(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, \
-         lease_owner = $2, lease_expires_at = $3 \
-         WHERE id IN (SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
-         ORDER BY priority DESC, scheduled_at, id LIMIT $5{lock}) \
-         RETURNING {COLUMNS}"
+    let due = format!(
+        "SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
+         AND (expires_at IS NULL OR expires_at > $1) ORDER BY priority DESC, scheduled_at, id LIMIT $5"
     );
+    let set = "state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3";
+    let sql = match backend {
+        // The locking subquery must run once: in `WHERE id IN (...)` PostgreSQL may re-run it
+        // and lock more rows than LIMIT.
+        Backend::Postgres => {
+            let returning = COLUMNS.split(", ").map(|c| format!("jobs.{c}")).collect::<Vec<_>>().join(", ");
+            format!("WITH picked AS ({due} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id RETURNING {returning}")
+        }
+        // SQLite has one writer at a time, so one UPDATE is atomic.
+        Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
+    };
     let claimed = rows(&sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?)?;
     let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
     events_for(conn, &ids, now, JobState::Running, None).await?;
     Ok(claimed)
 }
 
-/// Extends the lease of jobs this owner still holds. Returns how many were extended.
-pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease_until: i64) -> Result<u64, DbError> {
-    if ids.is_empty() {
-        return Ok(0);
+/// Extends the lease of jobs this owner still holds. Returns the ids it still holds; the others
+/// were cancelled or rescued, and their runs should stop.
+pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease_until: i64) -> Result<Vec<i64>, DbError> {
+    let mut held = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(500) {
+        let sql = format!(
+            "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
+            placeholders(3, chunk.len())
+        );
+        let mut q = sqlx::query(&sql).bind(lease_until).bind(owner);
+        for id in chunk {
+            q = q.bind(*id);
+        }
+        for r in q.fetch_all(&mut *conn).await? {
+            held.push(r.try_get(0)?);
+        }
     }
-    let sql = format!(
-        "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({})",
-        placeholders(3, ids.len())
-    );
-    let mut q = sqlx::query(&sql).bind(lease_until).bind(owner);
-    for id in ids {
-        q = q.bind(*id);
-    }
-    Ok(q.execute(&mut *conn).await?.rows_affected())
+    Ok(held)
+}
+
+/// A finished run: the job, the attempt it ran as (the lease token), and its result preview.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub id: i64,
+    pub attempt: i64,
+    pub preview: Option<String>,
 }
 
 /// Marks jobs this owner holds as completed. Returns the ids that were completed (a job whose
 /// lease was rescued meanwhile belongs to someone else and is left alone).
-pub async fn complete(conn: &mut AnyConnection, done: &[(i64, Option<String>)], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
+pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
     let mut completed = Vec::with_capacity(done.len());
-    for (id, preview) in done {
+    for Finished { id, attempt, preview } in done {
         let n = sqlx::query(
             "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = $2, \
-             lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4",
+             lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
         )
         .bind(now)
-        .bind(preview)
+        .bind(preview.as_deref().map(|p| clean(p, MAX_PREVIEW_CHARS)))
         .bind(*id)
         .bind(owner)
+        .bind(*attempt)
         .execute(&mut *conn)
         .await?
         .rows_affected();
@@ -458,9 +495,11 @@ pub enum FailOutcome {
 
 /// Records a failure. A retryable error with attempts left goes back to `retryable` at
 /// `retry_at`; anything else is discarded.
+#[expect(clippy::too_many_arguments, reason = "one statement's parameters; a struct would only rename them")]
 pub async fn fail(
     conn: &mut AnyConnection,
     id: i64,
+    attempt: i64,
     owner: &str,
     code: &str,
     message: &str,
@@ -474,35 +513,37 @@ pub async fn fail(
            scheduled_at = CASE WHEN $1 = 1 AND attempt < max_attempts THEN $2 ELSE scheduled_at END, \
            completed_at = CASE WHEN $1 = 1 AND attempt < max_attempts THEN NULL ELSE $3 END, \
            updated_at = $3, last_error_code = $4, last_error_message = $5, lease_owner = NULL, lease_expires_at = NULL \
-         WHERE id = $6 AND state = 'running' AND lease_owner = $7 RETURNING state, attempt",
+         WHERE id = $6 AND state = 'running' AND lease_owner = $7 AND attempt = $8 RETURNING state, attempt",
     )
     .bind(i64::from(retryable))
     .bind(retry_at)
     .bind(now)
-    .bind(code)
-    .bind(message)
+    .bind(clean(code, 100))
+    .bind(clean(message, MAX_ERROR_CHARS))
     .bind(id)
     .bind(owner)
+    .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(row) = row else { return Ok(FailOutcome::NotHeld) };
     let state: String = row.try_get(0)?;
     let attempt: i64 = row.try_get(1)?;
     let state = JobState::parse(&state).unwrap_or(JobState::Discarded);
-    event(conn, id, now, state, attempt, Some(code), Some(message)).await?;
+    event(conn, id, now, state, attempt, Some(&clean(code, 100)), Some(&clean(message, MAX_ERROR_CHARS))).await?;
     Ok(if state == JobState::Retryable { FailOutcome::Retry { at: retry_at } } else { FailOutcome::Discarded })
 }
 
 /// Reschedules a running job without counting the attempt.
-pub async fn snooze(conn: &mut AnyConnection, id: i64, owner: &str, until: i64, now: i64) -> Result<bool, DbError> {
+pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = attempt - 1, \
-         lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4",
+         lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
     )
     .bind(until)
     .bind(now)
     .bind(id)
     .bind(owner)
+    .bind(attempt)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -516,9 +557,13 @@ pub async fn snooze(conn: &mut AnyConnection, id: i64, owner: &str, until: i64, 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
 /// then ignored because the lease no longer matches.
 pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -> Result<bool, DbError> {
+    // A running job keeps its lease fields: its worker sees the lease gone at the next heartbeat
+    // and stops it, and `retry_now` waits until that lease has run out.
     let sql = format!(
         "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_CANCELLED', \
-         last_error_message = $2, lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state IN {UNFINISHED}"
+         last_error_message = $2, lease_owner = CASE WHEN state = 'running' THEN lease_owner ELSE NULL END, \
+         lease_expires_at = CASE WHEN state = 'running' THEN lease_expires_at ELSE NULL END \
+         WHERE id = $3 AND state IN {UNFINISHED}"
     );
     let n = sqlx::query(&sql).bind(now).bind(reason).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
@@ -528,23 +573,18 @@ pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -
 }
 
 /// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
-/// one more attempt.
+/// one more attempt. Refused while a cancelled run may still be stopping (its lease has not run
+/// out) and while another unfinished job holds the same dedupe key.
 pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
-    let n = sqlx::query(
+    let sql = format!(
         "UPDATE jobs SET state = 'available', scheduled_at = $1, updated_at = $1, completed_at = NULL, \
+         lease_owner = NULL, lease_expires_at = NULL, \
          max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
-         WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled')",
-    )
-    .bind(now)
-    .bind(id)
-    .execute(&mut *conn)
-    .await;
-    let n = match n {
-        Ok(done) => done.rows_affected(),
-        // Another unfinished job took the dedupe key meanwhile.
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => 0,
-        Err(e) => return Err(e.into()),
-    };
+         WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled') \
+         AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
+         AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})"
+    );
+    let n = sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
         events_for(conn, &[id], now, JobState::Available, None).await?;
     }
@@ -555,7 +595,8 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
 pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, now: i64) -> Result<bool, DbError> {
     let (state, code) = if approved { (JobState::Available, None) } else { (JobState::Cancelled, Some("JOB_REJECTED")) };
     let n = sqlx::query(
-        "UPDATE jobs SET state = $1, scheduled_at = $2, updated_at = $2, last_error_code = $3, \
+        "UPDATE jobs SET state = $1, scheduled_at = CASE WHEN scheduled_at > $2 THEN scheduled_at ELSE $2 END, \
+         updated_at = $2, last_error_code = $3, \
          completed_at = CASE WHEN $1 = 'cancelled' THEN $2 ELSE NULL END WHERE id = $4 AND state = 'pending'",
     )
     .bind(state.as_str())
@@ -575,8 +616,10 @@ pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, 
 pub async fn expire(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbError> {
     let sql = "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
                last_error_message = 'still queued when its time to live ran out' \
-               WHERE state IN ('available', 'scheduled', 'retryable', 'pending') AND expires_at IS NOT NULL AND expires_at <= $1 RETURNING id";
-    let ids: Vec<i64> = sqlx::query(sql).bind(now).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+               WHERE id IN (SELECT id FROM jobs WHERE state IN ('available', 'scheduled', 'retryable', 'pending') \
+               AND expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2) RETURNING id";
+    let ids: Vec<i64> =
+        sqlx::query(sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
     events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
     Ok(ids)
 }
@@ -589,8 +632,8 @@ pub async fn rescue(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbEr
                  completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
                  scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
                  last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL \
-               WHERE state = 'running' AND lease_expires_at < $1 RETURNING id, state";
-    let found = sqlx::query(sql).bind(now).fetch_all(&mut *conn).await?;
+               WHERE id IN (SELECT id FROM jobs WHERE state = 'running' AND lease_expires_at < $1 LIMIT $2) RETURNING id, state";
+    let found = sqlx::query(sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
     let mut retry = Vec::new();
     let mut discarded = Vec::new();
     for r in &found {

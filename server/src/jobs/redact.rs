@@ -3,12 +3,13 @@
 
 use serde_json::Value;
 
-const SECRET_WORDS: [&str; 8] = ["password", "secret", "token", "api_key", "apikey", "authorization", "cookie", "credential"];
+const SECRET_WORDS: [&str; 12] =
+    ["password", "passwd", "pwd", "secret", "token", "api_key", "apikey", "private_key", "auth", "cookie", "credential", "signature"];
 
 pub const REDACTED: &str = "[REDACTED]";
 
 pub fn is_secret_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
+    let lower = name.to_ascii_lowercase().replace('-', "_");
     SECRET_WORDS.iter().any(|w| lower.contains(w))
 }
 
@@ -24,6 +25,15 @@ pub fn redact(value: &mut Value) {
             }
         }
         Value::Array(items) => items.iter_mut().for_each(redact),
+        Value::String(s) => {
+            // Credentials inside URLs: https://user:pass@host/...
+            if let Ok(mut url) = url::Url::parse(s) {
+                if url.password().is_some() {
+                    let _ = url.set_password(Some(REDACTED));
+                    *s = url.to_string();
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -45,9 +55,9 @@ mod tests {
 
     #[test]
     fn nested_secrets_are_replaced() {
-        let text = r#"{"url":"https://x","headers":{"Authorization":"Bearer abc"},"items":[{"api_key":"k1","q":"ok"}],"Password":"p"}"#;
+        let text = r#"{"url":"https://x","headers":{"Authorization":"Bearer abc","X-Api-Key":"k2"},"items":[{"api_key":"k1","q":"ok"}],"Password":"p","db":"postgres://u:hunter2@h/d"}"#;
         let out = redacted_pretty(text);
-        assert!(!out.contains("Bearer abc") && !out.contains("k1") && !out.contains("\"p\""), "{out}");
+        assert!(!out.contains("Bearer abc") && !out.contains("k1") && !out.contains("k2") && !out.contains("\"p\"") && !out.contains("hunter2"), "{out}");
         assert!(out.contains("https://x") && out.contains("\"ok\""), "{out}");
     }
 }

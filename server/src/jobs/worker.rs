@@ -1,23 +1,24 @@
 //! The worker: claims due jobs as leases, runs up to `concurrency` at once with a timeout,
-//! records outcomes in batches, heartbeats leases, rescues expired ones, and on shutdown stops
-//! claiming, lets running jobs finish within a grace period, then releases their leases.
+//! records outcomes in batches, heartbeats leases (stopping runs whose lease is gone), rescues
+//! expired ones, and on shutdown stops claiming, lets running jobs finish within a grace
+//! period, then releases their leases.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use futures_util::FutureExt;
 use tokio::{
-    sync::{Notify, Semaphore, mpsc, watch},
-    task::JoinSet,
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch},
+    task::{AbortHandle, JoinSet},
 };
 
 use super::{JobContext, JobError, JobOutput, Registry, code, queue::NOTIFY_CHANNEL, retry};
 use crate::db::{
     self, Backend, Db, DbError,
-    jobs::{self as store, JobRow},
+    jobs::{self as store, FailOutcome, Finished, JobRow},
 };
 
 #[derive(Debug, Clone)]
@@ -53,11 +54,25 @@ impl Default for WorkerSettings {
     }
 }
 
-/// One job's outcome, waiting to be recorded.
+/// One run's outcome, waiting to be recorded. It holds the concurrency permit until then, so a
+/// stalled database stops new claims instead of piling up results.
 struct Outcome {
     job: JobRow,
     result: Result<JobOutput, JobError>,
+    _permit: Option<OwnedSemaphorePermit>,
 }
+
+/// What the store did with an outcome.
+enum Applied {
+    Completed,
+    Failed { discarded: bool },
+    Snoozed,
+    /// The lease was gone (cancelled or rescued): the result was ignored.
+    Stale,
+}
+
+/// Runs in progress: job id -> (attempt, abort handle).
+type InFlight = Arc<Mutex<HashMap<i64, (i64, AbortHandle)>>>;
 
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -87,9 +102,9 @@ impl Worker {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let settings = self.settings.clone();
         let permits = Arc::new(Semaphore::new(settings.concurrency.max(1)));
-        let in_flight: Arc<Mutex<HashSet<i64>>> = Arc::default();
+        let in_flight: InFlight = Arc::default();
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Outcome>();
-        let recorder = tokio::spawn(self.clone().record_outcomes(done_rx));
+        let recorder = tokio::spawn(self.clone().record_outcomes(done_rx, in_flight.clone()));
         let heartbeat = tokio::spawn(self.clone().heartbeat(in_flight.clone()));
         let maintainer = tokio::spawn(self.clone().maintain());
         let listener = tokio::spawn(self.clone().listen());
@@ -102,26 +117,34 @@ impl Worker {
                 break;
             }
             while tasks.try_join_next().is_some() {}
+            if recorder.is_finished() {
+                tracing::error!(worker = %self.id, "the outcome recorder stopped; no more claims");
+                break;
+            }
             let free = permits.available_permits();
-            let mut claimed_any = false;
+            let mut full_batch = false;
             if free > 0 {
-                match self.claim(free).await {
+                let claimed = tokio::select! {
+                    claimed = self.claim(free) => claimed,
+                    _ = shutdown.changed() => break,
+                };
+                match claimed {
                     Ok(jobs) => {
                         db_backoff = Duration::from_millis(100);
-                        claimed_any = jobs.len() == free;
+                        full_batch = jobs.len() >= free;
                         for job in jobs {
-                            let Ok(permit) = permits.clone().try_acquire_owned() else { break };
-                            in_flight.lock().map(|mut s| s.insert(job.id)).ok();
+                            // Never drop a claimed job: run it even if the batch overshot.
+                            let permit = permits.clone().try_acquire_owned().ok();
+                            let (id, attempt) = (job.id, job.attempt);
                             let me = self.clone();
                             let done = done_tx.clone();
-                            let in_flight = in_flight.clone();
-                            tasks.spawn(async move {
-                                let id = job.id;
+                            let handle = tasks.spawn(async move {
                                 let result = me.execute(&job).await;
-                                let _ = done.send(Outcome { job, result });
-                                in_flight.lock().map(|mut s| s.remove(&id)).ok();
-                                drop(permit);
+                                let _ = done.send(Outcome { job, result, _permit: permit });
                             });
+                            if let Ok(mut map) = in_flight.lock() {
+                                map.insert(id, (attempt, handle));
+                            }
                         }
                     }
                     Err(e) => {
@@ -135,33 +158,34 @@ impl Worker {
                     }
                 }
             }
-            if claimed_any {
-                // A full batch: there may be more waiting; claim again once a slot frees up.
-                if permits.available_permits() == 0 {
-                    tokio::select! {
-                        _ = tasks.join_next() => {}
-                        _ = shutdown.changed() => {}
-                    }
-                }
-                continue;
+            if full_batch && permits.available_permits() > 0 {
+                continue; // more may be waiting
             }
             let wake = self.wake.clone();
+            let permits_wait = permits.clone();
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(settings.poll_interval) => {}
-                _ = tasks.join_next(), if permits.available_permits() == 0 => {}
+                // A slot freed up after a full batch: look again at once.
+                Ok(p) = permits_wait.acquire_owned(), if full_batch => drop(p),
                 _ = shutdown.changed() => {}
             }
         }
 
+        // One deadline for finishing running jobs and recording their outcomes.
+        let deadline = tokio::time::Instant::now() + settings.shutdown_grace;
         tracing::info!(worker = %self.id, running = tasks.len(), "job worker stopping: no new claims");
-        let drained = tokio::time::timeout(settings.shutdown_grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let drained = tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(worker = %self.id, still_running = tasks.len(), "jobs did not finish within the grace period");
             tasks.abort_all();
         }
         drop(done_tx);
-        let _ = recorder.await;
+        let recorder_abort = recorder.abort_handle();
+        if tokio::time::timeout_at(deadline, recorder).await.is_err() {
+            recorder_abort.abort();
+            tracing::warn!(worker = %self.id, "job outcomes could not be recorded before stopping; those jobs will run again");
+        }
         heartbeat.abort();
         maintainer.abort();
         listener.abort();
@@ -178,8 +202,9 @@ impl Worker {
 
     async fn claim(&self, n: usize) -> Result<Vec<JobRow>, DbError> {
         let now = db::now_ms();
-        let mut conn = self.db.pool.acquire().await?;
-        let jobs = store::claim(&mut conn, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + ms(self.settings.lease)).await?;
+        let mut tx = self.db.begin_write().await?;
+        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + ms(self.settings.lease)).await?;
+        tx.commit().await?;
         if !jobs.is_empty() {
             metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
             for job in &jobs {
@@ -206,88 +231,123 @@ impl Worker {
         result
     }
 
-    /// Records outcomes in batches: whatever has arrived is written in one transaction.
-    async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+    /// Records outcomes in batches: whatever has arrived is written in one transaction. A batch
+    /// that keeps failing is split, so one unwritable outcome cannot hold up the others.
+    async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
-            let mut delay = Duration::from_millis(50);
-            loop {
-                match self.record(&batch).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        // Keep the outcomes and try again: the jobs stay leased (and heartbeated)
-                        // meanwhile; if this process dies they are rescued and run again.
-                        tracing::warn!(worker = %self.id, error = %e, pending = batch.len(), "recording job outcomes failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+            let applied = match self.record_with_retry(&batch, 3).await {
+                Some(applied) => applied,
+                None => {
+                    let mut each = Vec::with_capacity(batch.len());
+                    for o in &batch {
+                        // Retried until the database is back; given up only for this one outcome
+                        // if the database keeps refusing it (its lease then expires and it reruns).
+                        let one = self.record_with_retry(std::slice::from_ref(o), 20).await;
+                        each.push(one.and_then(|mut v| v.pop()).unwrap_or(Applied::Stale));
+                    }
+                    each
+                }
+            };
+            if let Ok(mut map) = in_flight.lock() {
+                for o in &batch {
+                    if map.get(&o.job.id).is_some_and(|(attempt, _)| *attempt == o.job.attempt) {
+                        map.remove(&o.job.id);
                     }
                 }
             }
-            for outcome in batch.drain(..) {
-                self.run_hooks(outcome).await;
+            for (outcome, applied) in batch.drain(..).zip(applied) {
+                self.run_hooks(outcome, applied).await;
             }
         }
     }
 
-    async fn record(&self, batch: &[Outcome]) -> Result<(), DbError> {
+    async fn record_with_retry(&self, batch: &[Outcome], tries: u32) -> Option<Vec<Applied>> {
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=tries {
+            match self.record(batch).await {
+                Ok(applied) => return Some(applied),
+                Err(e) => {
+                    tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), attempt, "recording job outcomes failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        None
+    }
+
+    async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let now = db::now_ms();
         let mut tx = self.db.begin_write().await?;
-        let done: Vec<(i64, Option<String>)> = batch
+        let done: Vec<Finished> = batch
             .iter()
             .filter_map(|o| match &o.result {
-                Ok(out) if out.snooze.is_none() => Some((o.job.id, out.preview.clone())),
+                Ok(out) if out.snooze.is_none() => Some(Finished { id: o.job.id, attempt: o.job.attempt, preview: out.preview.clone() }),
                 _ => None,
             })
             .collect();
-        store::complete(&mut tx, &done, &self.id, now).await?;
+        let completed = store::complete(&mut tx, &done, &self.id, now).await?;
+        let mut applied = Vec::with_capacity(batch.len());
         for o in batch {
-            match &o.result {
+            applied.push(match &o.result {
                 Ok(JobOutput { snooze: Some(after), .. }) => {
-                    store::snooze(&mut tx, o.job.id, &self.id, now + ms(*after), now).await?;
+                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
                 }
-                Ok(_) => {}
+                Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
+                Ok(_) => Applied::Stale,
                 Err(err) => {
                     let at = now + ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
-                    store::fail(&mut tx, o.job.id, &self.id, &err.code, &err.message, err.retryable, at, now).await?;
+                    match store::fail(&mut tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
+                        FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
+                        FailOutcome::Discarded => Applied::Failed { discarded: true },
+                        FailOutcome::NotHeld => Applied::Stale,
+                    }
                 }
-            }
+            });
         }
         tx.commit().await?;
         let queue = self.settings.queue.clone();
-        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(done.len() as u64);
-        metrics::counter!("jobs_failed_total", "queue" => queue).increment(batch.iter().filter(|o| o.result.is_err()).count() as u64);
-        Ok(())
+        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(completed.len() as u64);
+        let failed = applied.iter().filter(|a| matches!(a, Applied::Failed { .. })).count();
+        metrics::counter!("jobs_failed_total", "queue" => queue).increment(failed as u64);
+        Ok(applied)
     }
 
-    async fn run_hooks(&self, outcome: Outcome) {
-        let hooks = self.registry.hooks();
-        if hooks.is_empty() {
-            return;
-        }
-        match &outcome.result {
-            Ok(out) if out.snooze.is_none() => {
-                for h in hooks {
-                    h.on_success(&outcome.job).await;
-                }
+    /// Hooks run only for outcomes the store accepted; a panicking or slow hook is contained.
+    async fn run_hooks(&self, outcome: Outcome, applied: Applied) {
+        let job = &outcome.job;
+        match (&outcome.result, &applied) {
+            (Err(err), Applied::Failed { discarded: true }) => {
+                tracing::warn!(job.id = job.id, kind = %job.kind, code = %err.code, "job discarded");
             }
-            Ok(_) => {}
-            Err(err) => {
-                let final_failure = !err.retryable || outcome.job.attempt >= outcome.job.max_attempts;
-                if final_failure {
-                    tracing::warn!(job.id = outcome.job.id, kind = %outcome.job.kind, code = %err.code, "job discarded");
-                }
-                for h in hooks {
-                    h.on_failure(&outcome.job, err, final_failure).await;
-                }
+            (_, Applied::Stale) => {
+                tracing::info!(job.id = job.id, kind = %job.kind, "result ignored: the job was cancelled or taken over meanwhile");
+            }
+            _ => {}
+        }
+        for hook in self.registry.hooks() {
+            let call = match (&outcome.result, &applied) {
+                (Ok(_), Applied::Completed) => hook.on_success(job).boxed(),
+                (Err(err), Applied::Failed { discarded }) => hook.on_failure(job, err, *discarded).boxed(),
+                _ => continue,
+            };
+            let guarded = tokio::time::timeout(Duration::from_secs(10), std::panic::AssertUnwindSafe(call).catch_unwind()).await;
+            match guarded {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => tracing::error!(job.id = job.id, "a job hook panicked"),
+                Err(_) => tracing::error!(job.id = job.id, "a job hook took longer than 10 s"),
             }
         }
     }
 
-    async fn heartbeat(self, in_flight: Arc<Mutex<HashSet<i64>>>) {
-        let every = (self.settings.lease / 3).max(Duration::from_millis(100));
+    /// Extends leases of running jobs, and stops runs whose lease is gone (cancelled by an owner
+    /// or rescued elsewhere).
+    async fn heartbeat(self, in_flight: InFlight) {
+        let every = (self.settings.lease / 3).max(Duration::from_millis(50));
         loop {
             tokio::time::sleep(every).await;
-            let ids: Vec<i64> = in_flight.lock().map(|s| s.iter().copied().collect()).unwrap_or_default();
+            let ids: Vec<i64> = in_flight.lock().map(|m| m.keys().copied().collect()).unwrap_or_default();
             if ids.is_empty() {
                 continue;
             }
@@ -297,8 +357,17 @@ impl Worker {
                 store::heartbeat(&mut conn, &ids, &self.id, until).await
             }
             .await;
-            if let Err(e) = result {
-                tracing::warn!(worker = %self.id, error = %e, "lease heartbeat failed");
+            match result {
+                Ok(held) => {
+                    let Ok(mut map) = in_flight.lock() else { continue };
+                    for id in ids.iter().filter(|id| !held.contains(id)) {
+                        if let Some((_, handle)) = map.remove(id) {
+                            handle.abort();
+                            tracing::info!(worker = %self.id, job.id = id, "lease lost (cancelled or rescued); run stopped");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(worker = %self.id, error = %e, "lease heartbeat failed"),
             }
         }
     }
@@ -306,10 +375,11 @@ impl Worker {
     async fn maintain(self) {
         loop {
             let result = async {
-                let mut conn = self.db.pool.acquire().await?;
+                let mut tx = self.db.begin_write().await?;
                 let now = db::now_ms();
-                let rescued = store::rescue(&mut conn, now).await?;
-                let expired = store::expire(&mut conn, now).await?;
+                let rescued = store::rescue(&mut tx, now).await?;
+                let expired = store::expire(&mut tx, now).await?;
+                tx.commit().await?;
                 Ok::<_, DbError>((rescued, expired))
             }
             .await;

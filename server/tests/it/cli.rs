@@ -103,6 +103,21 @@ fn every_config_problem_is_reported_at_once() {
 }
 
 #[test]
+fn tool_catalog_problems_are_reported_with_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "\n[nope]\nx = 1\n");
+    std::fs::write(
+        dir.path().join("tools.toml"),
+        "[[tool]]\nname = \"bad name\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\n",
+    )
+    .expect("write tools");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("nope.x: unknown key"), "{}", out.stderr);
+    assert!(out.stderr.contains("tool[0] (bad name).name") && out.stderr.contains("tools.toml"), "{}", out.stderr);
+}
+
+#[test]
 fn bad_config_stops_serve_with_exit_code_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");

@@ -12,7 +12,7 @@ use std::{
 use server::{
     db::{
         self, Db,
-        jobs::{self as store, FailOutcome, JobFilter, JobState, NewJob},
+        jobs::{self as store, FailOutcome, Finished, JobFilter, JobState, NewJob},
     },
     jobs::{JobContext, JobError, JobHandler, JobHook, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
@@ -33,14 +33,14 @@ async fn fresh(db: &TestDb) -> Db {
 async fn enqueue_commits_with_the_callers_transaction(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let mut tx = pool.pool.begin().await.expect("begin");
+    let mut tx = pool.begin_write().await.expect("begin");
     let rolled_back = queue.enqueue_in(&mut tx, &job("noop")).await.expect("enqueue").job.id;
     tx.rollback().await.expect("rollback");
     let mut conn = pool.pool.acquire().await.expect("conn");
     assert!(store::get(&mut conn, rolled_back).await.expect("get").is_none(), "rolled back with the caller");
     drop(conn);
 
-    let mut tx = pool.pool.begin().await.expect("begin");
+    let mut tx = pool.begin_write().await.expect("begin");
     let kept = queue.enqueue_in(&mut tx, &NewJob { chat_id: Some("chat-1".into()), tool_name: Some("web_fetch".into()), ..job("noop") }).await.expect("enqueue");
     tx.commit().await.expect("commit");
     let mut conn = pool.pool.acquire().await.expect("conn");
@@ -80,7 +80,7 @@ async fn dedupe_while_unfinished(db: TestDb) {
     let mut conn = pool.pool.acquire().await.expect("conn");
     let now = db::now_ms();
     let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, now, now + 60_000).await.expect("claim");
-    let done: Vec<(i64, Option<String>)> = claimed.iter().map(|j| (j.id, Some("ok".into()))).collect();
+    let done: Vec<Finished> = claimed.iter().map(|j| Finished { id: j.id, attempt: j.attempt, preview: Some("ok".into()) }).collect();
     store::complete(&mut conn, &done, "w1", now).await.expect("complete");
     drop(conn);
     let third = queue.enqueue(&keyed).await.expect("third");
@@ -101,11 +101,11 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     assert_eq!(claimed.len(), 1);
     assert_eq!((claimed[0].state, claimed[0].attempt), (JobState::Running, 1));
     assert!(store::claim(&mut conn, pool.backend, "default", "w2", 5, t0, t0 + 1000).await.expect("claim").is_empty(), "leased jobs are not claimed twice");
-    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000).await.expect("hb"), 1);
-    assert_eq!(store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000).await.expect("hb"), 0, "only the holder extends");
+    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000).await.expect("hb"), vec![id]);
+    assert!(store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000).await.expect("hb").is_empty(), "only the holder extends");
 
     // Retryable failure with attempts left: scheduled again.
-    let outcome = store::fail(&mut conn, id, "w1", "TOOL_TIMEOUT", "slow", true, t0 + 5000, t0).await.expect("fail");
+    let outcome = store::fail(&mut conn, id, 1, "w1", "TOOL_TIMEOUT", "slow", true, t0 + 5000, t0).await.expect("fail");
     assert_eq!(outcome, FailOutcome::Retry { at: t0 + 5000 });
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref()), (JobState::Retryable, Some("TOOL_TIMEOUT")));
@@ -114,21 +114,22 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     // Snooze does not count an attempt.
     let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 6000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert!(store::snooze(&mut conn, id, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"));
+    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"), "a stale attempt cannot snooze");
+    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"));
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.attempt), (JobState::Scheduled, 1));
 
     let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 7000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert_eq!(store::fail(&mut conn, id, "w1", "E", "m", true, t0 + 8000, t0 + 7000).await.expect("fail"), FailOutcome::Retry { at: t0 + 8000 });
+    assert_eq!(store::fail(&mut conn, id, 2, "w1", "E", "m", true, t0 + 8000, t0 + 7000).await.expect("fail"), FailOutcome::Retry { at: t0 + 8000 });
     let last = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 8000, t0 + 9000).await.expect("claim");
     assert_eq!(last[0].attempt, 3);
     // Out of attempts: discarded even though retryable.
-    assert_eq!(store::fail(&mut conn, id, "w1", "E", "m", true, t0 + 9000, t0 + 8000).await.expect("fail"), FailOutcome::Discarded);
+    assert_eq!(store::fail(&mut conn, id, 3, "w1", "E\0\0", "m", true, t0 + 9000, t0 + 8000).await.expect("fail"), FailOutcome::Discarded);
     // A permanent failure is discarded at once.
     let other = queue.enqueue(&job("noop")).await.expect("enqueue").job.id;
     store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 9000, t0 + 20_000).await.expect("claim");
-    assert_eq!(store::fail(&mut conn, other, "w1", "TOOL_SCHEMA_INVALID", "bad", false, 0, t0 + 9000).await.expect("fail"), FailOutcome::Discarded);
+    assert_eq!(store::fail(&mut conn, other, 1, "w1", "TOOL_SCHEMA_INVALID", "bad\0 with a NUL", false, 0, t0 + 9000).await.expect("fail"), FailOutcome::Discarded);
 
     let timeline: Vec<JobState> = store::events(&mut conn, id).await.expect("events").into_iter().map(|e| e.state).collect();
     use JobState::*;
@@ -172,7 +173,7 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     let j = store::get(&mut conn, pending).await.expect("g").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.
-    assert_eq!(store::complete(&mut conn, &[(pending, None)], "w1", t0 + 500).await.expect("complete"), Vec::<i64>::new());
+    assert_eq!(store::complete(&mut conn, &[Finished { id: pending, attempt: 1, preview: None }], "w1", t0 + 500).await.expect("complete"), Vec::<i64>::new());
 }
 both_backends!(jobs_cancel_expire_rescue, cancel_expire_rescue_pending);
 
@@ -335,7 +336,7 @@ async fn several_workers_never_double_claim(db: TestDb) {
     let queue = JobQueue::new(pool.clone());
     let probe = Arc::new(Probe::default());
     let total = 1500;
-    let mut tx = pool.pool.begin().await.expect("begin");
+    let mut tx = pool.begin_write().await.expect("begin");
     for _ in 0..total {
         queue.enqueue_in(&mut tx, &job("probe")).await.expect("e");
     }
@@ -358,6 +359,12 @@ async fn several_workers_never_double_claim(db: TestDb) {
     let runs = probe.runs.lock().expect("lock");
     assert_eq!(runs.len(), total);
     assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+    // No claim leaked: every job ran on its first attempt and none needed rescuing.
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let (max_attempt,): (i64,) = sqlx::query_as("SELECT MAX(attempt) FROM jobs").fetch_one(&mut *conn).await.expect("max");
+    assert_eq!(max_attempt, 1);
+    let (rescued,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").fetch_one(&mut *conn).await.expect("count");
+    assert_eq!(rescued, 0);
 }
 both_backends!(workers_no_double_claims, several_workers_never_double_claim);
 
@@ -445,3 +452,38 @@ async fn postgres_notify_wakes_workers_in_other_processes() {
     stop.send(true).expect("stop");
     worker.await.expect("worker");
 }
+
+async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let long = Arc::new(Probe { sleep: Duration::from_millis(1500), ..Default::default() });
+    let mut registry = Registry::new();
+    registry.register("long", long.clone());
+    // The lease is far shorter than the job: only heartbeats keep it.
+    let settings = WorkerSettings { lease: Duration::from_millis(300), job_timeout: Duration::from_secs(10), maintenance_interval: Duration::from_millis(100), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let kept = queue.enqueue(&job("long")).await.expect("e").job.id;
+    let cancelled = queue.enqueue(&job("long")).await.expect("e").job.id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while long.runs.lock().expect("lock").len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "jobs never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    assert!(store::cancel(&mut conn, cancelled, "owner cancelled", db::now_ms()).await.expect("cancel"));
+    assert!(!store::retry_now(&mut conn, cancelled, db::now_ms()).await.expect("retry"), "not while the cancelled run may still be stopping");
+    drop(conn);
+    wait_until_finished(&pool, 2, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let k = store::get(&mut conn, kept).await.expect("g").expect("job");
+    assert_eq!((k.state, k.attempt), (JobState::Completed, 1), "heartbeats kept the lease: no rescue, no second attempt");
+    let c = store::get(&mut conn, cancelled).await.expect("g").expect("job");
+    assert_eq!(c.state, JobState::Cancelled, "the stopped run did not complete the cancelled job");
+    assert_eq!(long.runs.lock().expect("lock").values().sum::<usize>(), 2, "each ran once");
+    assert!(store::retry_now(&mut conn, cancelled, db::now_ms() + 1000).await.expect("retry"), "once its lease ran out, it can be retried");
+}
+both_backends!(worker_heartbeat_and_cancel, heartbeats_keep_long_jobs_and_cancel_stops_a_run);

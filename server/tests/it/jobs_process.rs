@@ -44,7 +44,7 @@ async fn prepare(db: &TestDb, jobs: usize) -> Db {
     sqlx::query("CREATE TABLE probe_runs (job_id BIGINT NOT NULL, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
     sqlx::query("CREATE TABLE probe_effects (idempotency_key TEXT PRIMARY KEY, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
     let queue = JobQueue::new(pool.clone());
-    let mut tx = pool.pool.begin().await.expect("begin");
+    let mut tx = pool.begin_write().await.expect("begin");
     for _ in 0..jobs {
         let job = NewJob { kind: "probe".into(), max_attempts: 5, correlation_id: "t".into(), args: serde_json::json!({}), ..Default::default() };
         queue.enqueue_in(&mut tx, &job).await.expect("enqueue");

@@ -153,7 +153,13 @@ impl TestApp {
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
-        let config = LoadedConfig { settings, secrets: Secrets::default(), path: "config/gatehouse.toml".into(), dir: "config".into() };
+        let config = LoadedConfig {
+            settings,
+            secrets: Secrets::default(),
+            path: "config/gatehouse.toml".into(),
+            dir: "config".into(),
+            catalog: Default::default(),
+        };
         let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
         let router = web::router(state.clone());
         Self { state, router, db }

@@ -1,0 +1,406 @@
+//! The tool catalog, loaded from `config/tools.toml`. Loading checks everything (schemas
+//! compile, names are valid for Anthropic and OpenAI and unique, managed and secret fields are
+//! declared, referenced secrets are set) and reports every problem at once, with file and key.
+//! Each definition carries a version hash, so an audit row names exactly what was called.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Problem, duration_str};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    Builtin,
+    Connector,
+    Mcp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    Read,
+    Write,
+    Admin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Audience {
+    Public,
+    OwnerOnly,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    Low,
+    Medium,
+    High,
+}
+
+/// Per-tool approval rule, applied under the global [`ApprovalMode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    #[default]
+    Never,
+    Ask,
+    Always,
+}
+
+/// Global approval mode: `yolo` never asks (except tools marked `always`), `auto` asks for
+/// medium and high risk, `ask` asks for everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    Yolo,
+    #[default]
+    Auto,
+    Ask,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatType {
+    Direct,
+    Group,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AsyncPolicy {
+    #[default]
+    Allowed,
+    Required,
+    Never,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    #[serde(with = "duration_str")]
+    pub backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max_attempts: 1, backoff: Duration::from_millis(500) }
+    }
+}
+
+fn default_chat_types() -> Vec<ChatType> {
+    vec![ChatType::Direct, ChatType::Group]
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_max_result_bytes() -> u64 {
+    50_000
+}
+fn default_true() -> bool {
+    true
+}
+
+/// One tool as written in the config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    pub title: String,
+    pub description: String,
+    #[serde(default)]
+    pub when_to_use: String,
+    #[serde(default)]
+    pub when_not_to_use: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Phrases the cheap candidate detector matches on.
+    #[serde(default)]
+    pub triggers: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub provider: Provider,
+    /// For built-in tools: which implementation runs it.
+    #[serde(default)]
+    pub handler: Option<String>,
+    pub operation: Operation,
+    pub audience: Audience,
+    pub risk: Risk,
+    #[serde(default)]
+    pub approval: Approval,
+    #[serde(default = "default_chat_types")]
+    pub chat_types: Vec<ChatType>,
+    pub input_schema: serde_json::Value,
+    #[serde(default)]
+    pub output_schema: Option<serde_json::Value>,
+    /// Filled by the runtime (chat id, sender, ...), never by the model.
+    #[serde(default)]
+    pub managed_fields: Vec<String>,
+    /// Field name to the environment variable that holds its value; the model never sees it.
+    #[serde(default)]
+    pub secret_fields: BTreeMap<String, String>,
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    #[serde(default)]
+    pub async_policy: AsyncPolicy,
+    #[serde(default)]
+    pub chainable: bool,
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: u64,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+/// A checked tool, ready for the checkpoint.
+pub struct ToolDef {
+    pub spec: ToolSpec,
+    /// `sha256:` of the definition's canonical JSON.
+    pub version: String,
+    pub input_validator: jsonschema::Validator,
+    pub output_validator: Option<jsonschema::Validator>,
+}
+
+impl std::fmt::Debug for ToolDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolDef").field("name", &self.spec.name).field("version", &self.version).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolsFile {
+    #[serde(default)]
+    approval_mode: ApprovalMode,
+    #[serde(default)]
+    tool: Vec<toml::Value>,
+}
+
+/// The loaded catalog. Swapped whole on reload; a call in flight keeps the `Arc` it started with.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub approval_mode: ApprovalMode,
+    tools: BTreeMap<String, Arc<ToolDef>>,
+}
+
+/// Valid under both Anthropic's and OpenAI's tool-name rules: `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `sha256:<hex>` of the canonical (key-sorted) JSON of a definition.
+pub fn version_hash(spec: &ToolSpec) -> String {
+    let canonical = serde_json::to_value(spec).map(|v| v.to_string()).unwrap_or_default();
+    let digest = Sha256::digest(canonical.as_bytes());
+    format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+fn compile(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::options().with_draft(jsonschema::Draft::Draft202012).build(schema).map_err(|e| e.to_string())
+}
+
+impl Catalog {
+    /// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a
+    /// value. On failure, every problem is returned.
+    pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Self, Vec<Problem>> {
+        let source = path.display().to_string();
+        let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
+        let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the tools file: {e}"))])?;
+        let file: ToolsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for a tools file: {e}"))])?;
+
+        let mut problems = Vec::new();
+        let mut tools = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for (i, raw) in file.tool.into_iter().enumerate() {
+            let label = raw.get("name").and_then(|n| n.as_str()).map_or_else(|| format!("tool[{i}]"), |n| format!("tool[{i}] ({n})"));
+            let spec: ToolSpec = match raw.try_into() {
+                Ok(spec) => spec,
+                Err(e) => {
+                    problems.push(problem(label, e.to_string().trim().to_string()));
+                    continue;
+                }
+            };
+            let before = problems.len();
+            let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
+            if !valid_tool_name(&spec.name) {
+                bad("name", "must be 1 to 64 letters, digits, '_' or '-' (Anthropic and OpenAI tool-name rules)".into());
+            }
+            if !seen.insert(spec.name.clone()) {
+                bad("name", format!("{:?} is defined more than once", spec.name));
+            }
+            if spec.description.trim().is_empty() {
+                bad("description", "must say what the tool does; the planner chooses tools by it".into());
+            }
+            if spec.provider == Provider::Builtin && spec.handler.as_deref().is_none_or(str::is_empty) {
+                bad("handler", "a builtin tool must name its implementation".into());
+            }
+            if spec.chat_types.is_empty() {
+                bad("chat_types", "must allow at least one of \"direct\", \"group\"".into());
+            }
+            if spec.timeout.is_zero() {
+                bad("timeout", "must be longer than zero".into());
+            }
+            if spec.retry.max_attempts == 0 {
+                bad("retry.max_attempts", "must be at least 1".into());
+            }
+            if spec.max_result_bytes == 0 {
+                bad("max_result_bytes", "must be at least 1".into());
+            }
+            let input = if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+                bad("input_schema", "must be a JSON Schema with \"type\": \"object\"".into());
+                None
+            } else {
+                match compile(&spec.input_schema) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        bad("input_schema", format!("does not compile: {e}"));
+                        None
+                    }
+                }
+            };
+            let output = match spec.output_schema.as_ref().map(compile) {
+                Some(Err(e)) => {
+                    bad("output_schema", format!("does not compile: {e}"));
+                    None
+                }
+                Some(Ok(v)) => Some(v),
+                None => None,
+            };
+            let properties = spec.input_schema.get("properties").and_then(|p| p.as_object());
+            let declared = |field: &str| properties.is_some_and(|p| p.contains_key(field));
+            for field in &spec.managed_fields {
+                if !declared(field) {
+                    bad("managed_fields", format!("{field:?} is not a property of input_schema"));
+                }
+            }
+            for (field, var) in &spec.secret_fields {
+                if !declared(field) {
+                    bad("secret_fields", format!("{field:?} is not a property of input_schema"));
+                }
+                if spec.managed_fields.contains(field) {
+                    bad("secret_fields", format!("{field:?} cannot be both managed and secret"));
+                }
+                if spec.enabled && !secret_is_set(var) {
+                    bad("secret_fields", format!("{field:?} needs the environment variable {var}, which is not set"));
+                }
+            }
+            if problems.len() == before {
+                if let Some(input_validator) = input {
+                    let version = version_hash(&spec);
+                    tools.insert(spec.name.clone(), Arc::new(ToolDef { spec, version, input_validator, output_validator: output }));
+                }
+            }
+        }
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools }) } else { Err(problems) }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<ToolDef>> {
+        self.tools.get(name).cloned()
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<ToolDef>> {
+        self.tools.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, secrets: &[&str]) -> Result<Catalog, Vec<Problem>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tools.toml");
+        std::fs::write(&path, text).expect("write");
+        let set: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
+        Catalog::load(&path, &move |v| set.iter().any(|s| s == v))
+    }
+
+    const GOOD: &str = r#"
+approval_mode = "auto"
+
+[[tool]]
+name = "lookup_order"
+title = "Look up an order"
+description = "Finds an order by its number."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+managed_fields = ["chat_id"]
+secret_fields = { api_key = "SHOP_API_KEY" }
+timeout = "5s"
+retry = { max_attempts = 3, backoff = "200ms" }
+[tool.input_schema]
+type = "object"
+additionalProperties = false
+required = ["order_id"]
+[tool.input_schema.properties.order_id]
+type = "string"
+[tool.input_schema.properties.chat_id]
+type = "string"
+[tool.input_schema.properties.api_key]
+type = "string"
+"#;
+
+    #[test]
+    fn loads_a_valid_catalog_with_a_version_hash() {
+        let catalog = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
+        let tool = catalog.get("lookup_order").expect("tool");
+        assert!(tool.version.starts_with("sha256:") && tool.version.len() == 71, "{}", tool.version);
+        assert_eq!(tool.spec.retry.max_attempts, 3);
+        assert_eq!(tool.spec.chat_types, vec![ChatType::Direct, ChatType::Group]);
+        assert!(tool.input_validator.is_valid(&serde_json::json!({"order_id": "42"})));
+        assert!(!tool.input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})));
+        let edited = load(&GOOD.replace("Finds an order", "Finds any order"), &["SHOP_API_KEY"]).expect("valid");
+        assert_ne!(edited.get("lookup_order").expect("tool").version, tool.version, "any edit changes the version");
+    }
+
+    #[test]
+    fn reports_every_problem_with_file_and_key() {
+        let text = format!(
+            "{GOOD}\n{}\n{}\n{}",
+            // Duplicate name, bad schema, undeclared managed field.
+            GOOD.replace("approval_mode = \"auto\"", "").replace("managed_fields = [\"chat_id\"]", "managed_fields = [\"sender\"]").replace("type = \"object\"", "type = \"objekt\""),
+            "[[tool]]\nname = \"has space\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"builtin\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\n",
+            "[[tool]]\nname = \"typo\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"everyone\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\nretries = 3\n",
+        );
+        let problems = load(&text, &[]).expect_err("invalid");
+        let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
+        assert!(has("tool[0] (lookup_order).secret_fields: \"api_key\" needs the environment variable SHOP_API_KEY"), "{shown:#?}");
+        assert!(has("tool[1] (lookup_order).name: \"lookup_order\" is defined more than once"), "{shown:#?}");
+        assert!(has("tool[1] (lookup_order).managed_fields: \"sender\" is not a property"), "{shown:#?}");
+        assert!(has("tool[2] (has space).name: must be 1 to 64"), "{shown:#?}");
+        assert!(has("tool[2] (has space).handler: a builtin tool must name its implementation"), "{shown:#?}");
+        assert!(has("tool[3] (typo)") && (has("everyone") || has("retries")), "{shown:#?}");
+        assert!(problems.iter().all(|p| p.source.ends_with("tools.toml")));
+    }
+
+    #[test]
+    fn names_follow_provider_rules() {
+        assert!(valid_tool_name("web_fetch"));
+        assert!(valid_tool_name("server-everything__get-sum"));
+        assert!(!valid_tool_name(""));
+        assert!(!valid_tool_name("a.b"));
+        assert!(!valid_tool_name(&"x".repeat(65)));
+    }
+}
