@@ -1,5 +1,7 @@
-//! Server-sent events for live console pages. The stream sends an event whenever the newest
-//! job state change moves (one indexed lookup per second per open page), and a keep-alive.
+//! Server-sent events for live console pages. The stream sends an event at once (anything that
+//! changed between the page's load and its subscription is picked up), then whenever the newest
+//! job state change moves (one indexed lookup per second per open page), once more shortly
+//! after (PostgreSQL commits can land out of id order), and ends when the server shuts down.
 
 use std::{convert::Infallible, time::Duration};
 
@@ -8,22 +10,47 @@ use axum::{
     response::sse::{Event, KeepAlive, Sse},
 };
 use futures_util::Stream;
+use tokio::time::Instant;
 
 use super::state::AppState;
 
+struct Watch {
+    state: AppState,
+    last: Option<i64>,
+    echo_at: Option<Instant>,
+    shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
 pub async fn jobs_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let stream = futures_util::stream::unfold((state, None::<i64>), |(state, mut last)| async move {
+    let start = Watch { state, last: None, echo_at: None, shutdown: super::serve::shutdown_requested() };
+    let stream = futures_util::stream::unfold(start, |mut w| async move {
         loop {
-            let latest: Option<i64> = sqlx::query_as::<_, (Option<i64>,)>("SELECT MAX(id) FROM job_events").fetch_one(&state.db.pool).await.ok().and_then(|r| r.0);
-            let latest = latest.unwrap_or(0);
-            if last != Some(latest) {
-                let first = last.is_none();
-                last = Some(latest);
-                if !first {
-                    return Some((Ok(Event::default().event("message").data(latest.to_string())), (state, last)));
+            let stopping = async {
+                match w.shutdown.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    }
+                    None => std::future::pending::<()>().await,
                 }
+            };
+            let pause = if w.last.is_none() { Duration::ZERO } else { Duration::from_secs(1) };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stopping => return None,
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            let latest = sqlx::query_as::<_, (Option<i64>,)>("SELECT MAX(id) FROM job_events").fetch_one(&w.state.db.pool).await;
+            let Ok((latest,)) = latest else { continue };
+            let latest = latest.unwrap_or(0);
+            let changed = w.last != Some(latest);
+            w.last = Some(latest);
+            if changed {
+                w.echo_at = Some(Instant::now() + Duration::from_secs(2));
+            } else if w.echo_at.is_some_and(|at| Instant::now() >= at) {
+                w.echo_at = None;
+            } else {
+                continue;
+            }
+            return Some((Ok(Event::default().event("message").data(latest.to_string())), w));
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

@@ -51,14 +51,25 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received; finishing open requests");
 }
 
+static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> = std::sync::OnceLock::new();
+
 /// A watch that turns true on SIGINT or SIGTERM, for everything that must stop together.
 pub fn shutdown_watch() -> tokio::sync::watch::Receiver<bool> {
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = tx.send(true);
-    });
-    rx
+    SHUTDOWN
+        .get_or_init(|| {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                let _ = tx.send(true);
+            });
+            rx
+        })
+        .clone()
+}
+
+/// The process's shutdown watch, if serving has started (long-lived responses end on it).
+pub fn shutdown_requested() -> Option<tokio::sync::watch::Receiver<bool>> {
+    SHUTDOWN.get().cloned()
 }
 
 /// Serves `router` on `listener` until `shutdown` turns true, then waits up to `grace` for
