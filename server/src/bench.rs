@@ -171,3 +171,84 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[derive(Debug, clap::Args)]
+pub struct CheckpointBench {
+    /// Database URL for the audit rows (sqlite://... or postgres://...).
+    #[arg(long)]
+    pub database: String,
+    /// Calls to make.
+    #[arg(long, default_value_t = 20_000)]
+    pub calls: usize,
+}
+
+struct NoopTool;
+
+#[async_trait::async_trait]
+impl crate::tools::ToolExecutor for NoopTool {
+    async fn call(&self, _tool: &crate::tools::ToolDef, _args: &serde_json::Value) -> Result<serde_json::Value, crate::tools::ToolError> {
+        Ok(serde_json::json!({ "ok": true }))
+    }
+}
+
+const NOOP_TOOL: &str = r#"
+[[tool]]
+name = "noop"
+title = "No-op"
+description = "Does nothing; measures the checkpoint itself."
+provider = "builtin"
+handler = "bench.noop"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["q"], properties = { q = { type = "string", maxLength = 200 } } }
+output_schema = { type = "object", properties = { ok = { type = "boolean" } } }
+"#;
+
+/// `gatehouse bench checkpoint`: the checkpoint's own cost on a no-op tool (validation, policy,
+/// breaker, output check) per call, and calls/s including the batched audit writes.
+pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
+    use crate::tools::{
+        CallContext, Catalog, Checkpoint, ToolCall,
+        catalog::ChatType,
+        checkpoint::{AuditWriter, SecretSource},
+        policy::Actor,
+    };
+    let db = Db::connect(&DatabaseSettings { url: args.database.clone(), ..Default::default() }).await?;
+    db.migrate().await?;
+    let dir = std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("tools.toml");
+    std::fs::write(&path, NOOP_TOOL)?;
+    let catalog = Catalog::load(&path, &|_| false).map_err(|p| anyhow::anyhow!("{p:?}"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let secrets: SecretSource = Arc::new(|_| None);
+    let mut cp = Checkpoint::new(Arc::new(catalog), AuditWriter::spawn(db.clone()), secrets);
+    cp.register_builtin("bench.noop", Arc::new(NoopTool));
+    let ctx = CallContext { actor: Actor::Customer, chat_type: ChatType::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false };
+
+    let mut per_call = Vec::with_capacity(args.calls);
+    let t = Instant::now();
+    for i in 0..args.calls {
+        let c = ToolCall { name: "noop".into(), args: serde_json::json!({ "q": format!("query {i}") }) };
+        let t0 = Instant::now();
+        cp.execute(c, &ctx).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        per_call.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    cp.audit().flush().await;
+    let total = t.elapsed().as_secs_f64();
+    per_call.sort_by(f64::total_cmp);
+    let (audited,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM tool_audit WHERE correlation_id = 'bench'").fetch_one(&db.pool).await?;
+    sqlx::query("DELETE FROM tool_audit WHERE correlation_id = 'bench'").execute(&db.pool).await?;
+    println!("backend                  {}", db.backend.as_str());
+    println!("calls                    {} ({} audit rows written)", args.calls, audited);
+    println!(
+        "checkpoint per call      p50 {:.1} µs  p95 {:.1} µs  p99 {:.1} µs  (before the audit write)",
+        percentile(&per_call, 0.50),
+        percentile(&per_call, 0.95),
+        percentile(&per_call, 0.99)
+    );
+    println!("calls/s with audit       {:.0} (until every audit row was committed)", args.calls as f64 / total);
+    db.close().await;
+    Ok(())
+}

@@ -96,6 +96,8 @@ pub struct JobsList {
 pub enum BenchCommand {
     /// Enqueue and run no-op jobs; print enqueue/s, completed/s and enqueue-to-start latency.
     Jobs(crate::bench::JobsBench),
+    /// Call a no-op tool through the checkpoint; print its overhead and calls/s with audit.
+    Checkpoint(crate::bench::CheckpointBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -196,6 +198,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Worker => worker(cfg).await,
             Command::Jobs(cmd) => jobs_command(&cfg, cmd).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
         }
     })
 }

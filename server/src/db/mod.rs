@@ -6,6 +6,7 @@ pub mod audit;
 pub mod jobs;
 pub mod owners;
 pub mod sessions;
+pub mod tool_audit;
 
 use std::path::Path;
 

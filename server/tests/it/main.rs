@@ -10,3 +10,4 @@ mod migrations;
 mod ops;
 mod server_fns;
 mod setup;
+mod tools;

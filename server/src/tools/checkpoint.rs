@@ -1,0 +1,363 @@
+//! The one checkpoint every tool call passes, whatever its provider:
+//!
+//! tool exists and is enabled -> actor and chat type allowed -> no model-supplied managed or
+//! secret field -> managed fields injected -> input valid against the schema -> policy
+//! decision -> circuit breaker -> secrets injected -> execution with timeout -> retries with
+//! backoff for retryable errors -> output valid against the output schema -> audit.
+//!
+//! Every call, allowed or denied, writes one audit row (batched) with secrets redacted.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    breaker::Breakers,
+    catalog::{Catalog, ChatType, Provider, ToolDef},
+    policy::{self, Actor, Decision},
+};
+use crate::{
+    db::{self, Db, tool_audit::AuditRow},
+    jobs::redact,
+};
+
+/// Stable error codes of the checkpoint.
+pub mod code {
+    pub const UNKNOWN: &str = "TOOL_UNKNOWN";
+    pub const DISABLED: &str = "TOOL_DISABLED";
+    pub const NOT_ALLOWED_FOR_ACTOR: &str = "TOOL_NOT_ALLOWED_FOR_ACTOR";
+    pub const CHAT_TYPE_NOT_ALLOWED: &str = "TOOL_CHAT_TYPE_NOT_ALLOWED";
+    pub const MANAGED_FIELD_SUPPLIED: &str = "TOOL_MANAGED_FIELD_SUPPLIED";
+    pub const SCHEMA_INVALID: &str = "TOOL_SCHEMA_INVALID";
+    pub const POLICY_DENIED: &str = "TOOL_POLICY_DENIED";
+    pub const NEEDS_APPROVAL: &str = "TOOL_NEEDS_APPROVAL";
+    pub const CIRCUIT_OPEN: &str = "TOOL_CIRCUIT_OPEN";
+    pub const TIMEOUT: &str = "TOOL_TIMEOUT";
+    pub const PROVIDER_ERROR: &str = "TOOL_PROVIDER_ERROR";
+    pub const RESULT_INVALID: &str = "TOOL_RESULT_INVALID";
+    pub const SECRET_MISSING: &str = "TOOL_SECRET_MISSING";
+    pub const NO_EXECUTOR: &str = "TOOL_NO_EXECUTOR";
+}
+
+/// A call as the planner (or an owner) proposes it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub name: String,
+    pub args: Value,
+}
+
+/// Who is calling, from where. Filled by the runtime, never by the model.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    pub actor: Actor,
+    pub chat_type: ChatType,
+    pub chat_id: Option<String>,
+    pub sender_id: Option<String>,
+    pub correlation_id: String,
+    /// An owner approved exactly this call.
+    pub approved: bool,
+}
+
+/// An execution failure reported by a provider.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ToolError {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl ToolError {
+    pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
+        Self { code: code.into(), message: message.into(), retryable }
+    }
+}
+
+/// Runs a tool's calls for one provider (built-in implementations, connectors, MCP servers).
+#[async_trait::async_trait]
+pub trait ToolExecutor: Send + Sync {
+    async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSuccess {
+    pub tool: String,
+    pub version: String,
+    pub output: Value,
+    pub attempts: u32,
+}
+
+/// Writes audit rows in batches on a background task.
+#[derive(Debug, Clone)]
+pub struct AuditWriter {
+    tx: mpsc::UnboundedSender<AuditMsg>,
+}
+
+#[derive(Debug)]
+enum AuditMsg {
+    Row(AuditRow),
+    Flush(oneshot::Sender<()>),
+}
+
+impl AuditWriter {
+    pub fn spawn(db: Db) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<AuditMsg>();
+        tokio::spawn(async move {
+            let mut msgs = Vec::new();
+            while rx.recv_many(&mut msgs, 2000).await > 0 {
+                let mut rows = Vec::new();
+                let mut flushes = Vec::new();
+                for m in msgs.drain(..) {
+                    match m {
+                        AuditMsg::Row(r) => rows.push(r),
+                        AuditMsg::Flush(done) => flushes.push(done),
+                    }
+                }
+                let mut delay = Duration::from_millis(50);
+                for attempt in 1..=10 {
+                    let written = async {
+                        let mut tx = db.begin_write().await?;
+                        db::tool_audit::insert_many(&mut tx, &rows).await?;
+                        tx.commit().await?;
+                        Ok::<_, db::DbError>(())
+                    }
+                    .await;
+                    match written {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, rows = rows.len(), attempt, "writing tool audit rows failed; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+                for done in flushes {
+                    let _ = done.send(());
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    fn write(&self, row: AuditRow) {
+        if self.tx.send(AuditMsg::Row(row)).is_err() {
+            tracing::error!("tool audit writer stopped; an audit row was lost");
+        }
+    }
+
+    /// Waits until every row sent so far is written.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(AuditMsg::Flush(done)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+/// Reads a secret's value from where secrets live (the environment).
+pub type SecretSource = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+pub struct Checkpoint {
+    catalog: RwLock<Arc<Catalog>>,
+    /// Built-in implementations by handler id.
+    builtins: HashMap<String, Arc<dyn ToolExecutor>>,
+    /// Connector and MCP executors by provider.
+    providers: HashMap<&'static str, Arc<dyn ToolExecutor>>,
+    breakers: Breakers,
+    audit: AuditWriter,
+    secrets: SecretSource,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint").field("builtins", &self.builtins.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}
+
+/// A denial or failure, with the decision the audit recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ToolFailure {
+    pub code: String,
+    pub message: String,
+}
+
+fn fail(code: &str, message: impl Into<String>) -> ToolFailure {
+    ToolFailure { code: code.into(), message: message.into() }
+}
+
+fn provider_key(p: Provider) -> &'static str {
+    match p {
+        Provider::Builtin => "builtin",
+        Provider::Connector => "connector",
+        Provider::Mcp => "mcp",
+    }
+}
+
+impl Checkpoint {
+    pub fn new(catalog: Arc<Catalog>, audit: AuditWriter, secrets: SecretSource) -> Self {
+        Self { catalog: RwLock::new(catalog), builtins: HashMap::new(), providers: HashMap::new(), breakers: Breakers::default(), audit, secrets }
+    }
+
+    pub fn register_builtin(&mut self, handler: &str, executor: Arc<dyn ToolExecutor>) {
+        self.builtins.insert(handler.to_string(), executor);
+    }
+
+    pub fn register_provider(&mut self, provider: Provider, executor: Arc<dyn ToolExecutor>) {
+        self.providers.insert(provider_key(provider), executor);
+    }
+
+    /// Swaps the catalog. Calls in flight keep the version they started with.
+    pub fn reload(&self, catalog: Arc<Catalog>) {
+        if let Ok(mut current) = self.catalog.write() {
+            *current = catalog;
+        }
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.read().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    pub fn breakers(&self) -> &Breakers {
+        &self.breakers
+    }
+
+    pub fn audit(&self) -> &AuditWriter {
+        &self.audit
+    }
+
+    /// The one path for every tool call.
+    pub async fn execute(&self, call: ToolCall, ctx: &CallContext) -> Result<ToolSuccess, ToolFailure> {
+        let started = Instant::now();
+        let catalog = self.catalog();
+        let tool = catalog.get(&call.name);
+        let mut attempts = 0;
+        let result = match &tool {
+            None => Err(fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name))),
+            Some(tool) => self.run(tool, &call.args, ctx, &mut attempts).await,
+        };
+        let (decision, reason) = match &result {
+            Ok(_) => ("allow", "OK".to_string()),
+            Err(f) if f.code == code::NEEDS_APPROVAL => ("needs_approval", f.code.clone()),
+            Err(f) => ("deny", f.code.clone()),
+        };
+        let mut args = call.args.clone();
+        if let (Some(tool), Value::Object(map)) = (&tool, &mut args) {
+            for field in tool.spec.secret_fields.keys() {
+                if map.contains_key(field) {
+                    map.insert(field.clone(), Value::String(redact::REDACTED.into()));
+                }
+            }
+        }
+        redact::redact(&mut args);
+        self.audit.write(AuditRow {
+            at: db::now_ms(),
+            tool: call.name.clone(),
+            version: tool.as_ref().map(|t| t.version.clone()),
+            actor: ctx.actor.as_str().into(),
+            chat_id: ctx.chat_id.clone(),
+            chat_type: match ctx.chat_type {
+                ChatType::Direct => "direct".into(),
+                ChatType::Group => "group".into(),
+            },
+            decision: decision.into(),
+            reason_code: reason,
+            latency_us: i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
+            attempts: i64::from(attempts),
+            correlation_id: ctx.correlation_id.clone(),
+            args: args.to_string(),
+        });
+        result
+    }
+
+    async fn run(&self, tool: &Arc<ToolDef>, args: &Value, ctx: &CallContext, attempts: &mut u32) -> Result<ToolSuccess, ToolFailure> {
+        let spec = &tool.spec;
+        if !spec.enabled {
+            return Err(fail(code::DISABLED, format!("{} is disabled", spec.name)));
+        }
+        if ctx.actor == Actor::Customer && spec.audience == super::catalog::Audience::OwnerOnly {
+            return Err(fail(code::NOT_ALLOWED_FOR_ACTOR, format!("{} is for owners only", spec.name)));
+        }
+        if !spec.chat_types.contains(&ctx.chat_type) {
+            return Err(fail(code::CHAT_TYPE_NOT_ALLOWED, format!("{} is not available in this kind of chat", spec.name)));
+        }
+        let Value::Object(supplied) = args else { return Err(fail(code::SCHEMA_INVALID, "arguments must be a JSON object")) };
+        if let Some(field) = supplied.keys().find(|k| spec.managed_fields.contains(k) || spec.secret_fields.contains_key(*k)) {
+            return Err(fail(code::MANAGED_FIELD_SUPPLIED, format!("{field:?} is filled by Gatehouse, not by the caller")));
+        }
+        let mut input: Map<String, Value> = supplied.clone();
+        for field in &spec.managed_fields {
+            let value = match field.as_str() {
+                "chat_id" => ctx.chat_id.clone(),
+                "sender_id" | "sender" => ctx.sender_id.clone(),
+                "correlation_id" => Some(ctx.correlation_id.clone()),
+                _ => None,
+            };
+            if let Some(v) = value {
+                input.insert(field.clone(), Value::String(v));
+            }
+        }
+        // Validate with placeholders for secrets, so no secret can appear in an error message.
+        let mut checked = input.clone();
+        for field in spec.secret_fields.keys() {
+            checked.insert(field.clone(), Value::String("[secret]".into()));
+        }
+        let checked = Value::Object(checked);
+        if let Some(err) = tool.input_validator.iter_errors(&checked).next() {
+            let at = err.instance_path().to_string();
+            return Err(fail(code::SCHEMA_INVALID, format!("arguments do not match the schema at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword())));
+        }
+        match policy::decide(spec, self.catalog().approval_mode, ctx.actor) {
+            Decision::Deny { reason } => return Err(fail(code::POLICY_DENIED, reason)),
+            Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, reason)),
+            _ => {}
+        }
+        for (field, var) in &spec.secret_fields {
+            let Some(value) = (self.secrets)(var) else { return Err(fail(code::SECRET_MISSING, format!("the secret for {field:?} is not set"))) };
+            input.insert(field.clone(), Value::String(value));
+        }
+        let input = Value::Object(input);
+        let executor = match spec.provider {
+            Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
+            other => self.providers.get(provider_key(other)),
+        }
+        .ok_or_else(|| fail(code::NO_EXECUTOR, format!("nothing in this build runs {}", spec.name)))?;
+
+        let mut delay = spec.retry.backoff;
+        loop {
+            if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
+                return Err(fail(code::CIRCUIT_OPEN, format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
+            }
+            *attempts += 1;
+            let result = match tokio::time::timeout(spec.timeout, executor.call(tool, &input)).await {
+                Ok(result) => result,
+                Err(_) => Err(ToolError::new(code::TIMEOUT, format!("no answer within {:?}", spec.timeout), true)),
+            };
+            match result {
+                Ok(output) => {
+                    self.breakers.record_success(&spec.name);
+                    if let Some(validator) = &tool.output_validator {
+                        if let Some(err) = validator.iter_errors(&output).next() {
+                            return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
+                        }
+                    }
+                    return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
+                }
+                Err(e) => {
+                    self.breakers.record_failure(&spec.name, Instant::now());
+                    if !e.retryable || *attempts >= spec.retry.max_attempts {
+                        let code = if e.code == code::TIMEOUT { code::TIMEOUT } else { code::PROVIDER_ERROR };
+                        return Err(fail(code, e.message));
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                }
+            }
+        }
+    }
+}

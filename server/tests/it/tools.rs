@@ -1,0 +1,299 @@
+//! The one checkpoint, end to end, with its audit on both backends.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use server::tools::{
+    CallContext, Catalog, Checkpoint, ToolCall, ToolDef, ToolError, ToolExecutor,
+    catalog::ChatType,
+    checkpoint::{AuditWriter, code},
+    policy::Actor,
+};
+use sqlx::Row;
+
+use crate::{both_backends, support::TestDb};
+
+const SECRET: &str = "s3cr3t-value-never-shown";
+
+const TOOLS: &str = r#"
+approval_mode = "auto"
+
+[[tool]]
+name = "echo"
+title = "Echo"
+description = "Returns its text."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["text"], properties = { text = { type = "string" } } }
+output_schema = { type = "object", required = ["echo"], properties = { echo = { type = "string" } } }
+
+[[tool]]
+name = "owner_report"
+title = "Owner report"
+description = "Owners only."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "owner_only"
+risk = "low"
+input_schema = { type = "object", properties = { text = { type = "string" } } }
+
+[[tool]]
+name = "direct_only"
+title = "Direct only"
+description = "Not in groups."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+chat_types = ["direct"]
+input_schema = { type = "object", properties = { text = { type = "string" } } }
+
+[[tool]]
+name = "refund"
+title = "Refund"
+description = "Always asks an owner."
+provider = "builtin"
+handler = "test.echo"
+operation = "write"
+audience = "public"
+risk = "medium"
+approval = "always"
+input_schema = { type = "object", properties = { text = { type = "string" } } }
+
+[[tool]]
+name = "flaky"
+title = "Flaky"
+description = "Fails twice, then works."
+provider = "builtin"
+handler = "test.flaky"
+operation = "read"
+audience = "public"
+risk = "low"
+retry = { max_attempts = 3, backoff = "10ms" }
+input_schema = { type = "object" }
+
+[[tool]]
+name = "broken"
+title = "Broken"
+description = "Always fails."
+provider = "builtin"
+handler = "test.broken"
+operation = "read"
+audience = "public"
+risk = "low"
+retry = { max_attempts = 2, backoff = "10ms" }
+input_schema = { type = "object" }
+
+[[tool]]
+name = "slow"
+title = "Slow"
+description = "Never answers in time."
+provider = "builtin"
+handler = "test.slow"
+operation = "read"
+audience = "public"
+risk = "low"
+timeout = "100ms"
+input_schema = { type = "object" }
+
+[[tool]]
+name = "liar"
+title = "Liar"
+description = "Returns what its schema forbids."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", properties = { text = { type = "string" } } }
+output_schema = { type = "object", required = ["count"], properties = { count = { type = "integer" } } }
+
+[[tool]]
+name = "shop"
+title = "Shop"
+description = "Needs a secret and the chat."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+managed_fields = ["chat_id"]
+secret_fields = { api_key = "TEST_SHOP_KEY" }
+input_schema = { type = "object", additionalProperties = false, required = ["order", "chat_id", "api_key"], properties = { order = { type = "string" }, chat_id = { type = "string" }, api_key = { type = "string" } } }
+
+[[tool]]
+name = "off"
+title = "Off"
+description = "Disabled."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+enabled = false
+input_schema = { type = "object" }
+"#;
+
+struct Echo;
+#[async_trait::async_trait]
+impl ToolExecutor for Echo {
+    async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
+        Ok(json!({ "echo": args.get("text").and_then(Value::as_str).unwrap_or_default() }))
+    }
+}
+
+struct Flaky(AtomicUsize);
+#[async_trait::async_trait]
+impl ToolExecutor for Flaky {
+    async fn call(&self, _tool: &ToolDef, _args: &Value) -> Result<Value, ToolError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) < 2 { Err(ToolError::new("UPSTREAM_503", "try later", true)) } else { Ok(json!({})) }
+    }
+}
+
+struct Broken(AtomicUsize);
+#[async_trait::async_trait]
+impl ToolExecutor for Broken {
+    async fn call(&self, _tool: &ToolDef, _args: &Value) -> Result<Value, ToolError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(ToolError::new("UPSTREAM_500", "down", true))
+    }
+}
+
+struct Slow;
+#[async_trait::async_trait]
+impl ToolExecutor for Slow {
+    async fn call(&self, _tool: &ToolDef, _args: &Value) -> Result<Value, ToolError> {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(json!({}))
+    }
+}
+
+/// The connector side: proves the secret and the managed field arrive, and returns neither.
+struct Shop;
+#[async_trait::async_trait]
+impl ToolExecutor for Shop {
+    async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
+        assert_eq!(args["api_key"], SECRET, "the runtime injected the secret");
+        Ok(json!({ "order": args["order"], "chat": args["chat_id"] }))
+    }
+}
+
+fn catalog(text: &str) -> Arc<Catalog> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tools.toml");
+    std::fs::write(&path, text).expect("write");
+    Arc::new(Catalog::load(&path, &|var| var == "TEST_SHOP_KEY").expect("valid catalog"))
+}
+
+struct Rig {
+    checkpoint: Checkpoint,
+    db: server::db::Db,
+    broken: Arc<Broken>,
+    _test_db: TestDb,
+}
+
+async fn rig(db: TestDb) -> Rig {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|var: &str| (var == "TEST_SHOP_KEY").then(|| SECRET.to_string()));
+    let mut checkpoint = Checkpoint::new(catalog(TOOLS), AuditWriter::spawn(pool.clone()), secrets);
+    let broken = Arc::new(Broken(AtomicUsize::new(0)));
+    checkpoint.register_builtin("test.echo", Arc::new(Echo));
+    checkpoint.register_builtin("test.flaky", Arc::new(Flaky(AtomicUsize::new(0))));
+    checkpoint.register_builtin("test.broken", broken.clone());
+    checkpoint.register_builtin("test.slow", Arc::new(Slow));
+    checkpoint.register_provider(server::tools::catalog::Provider::Connector, Arc::new(Shop));
+    Rig { checkpoint, db: pool, broken, _test_db: db }
+}
+
+fn ctx(actor: Actor, chat_type: ChatType) -> CallContext {
+    CallContext { actor, chat_type, chat_id: Some("chat-7".into()), sender_id: Some("+15550001111".into()), correlation_id: "corr-9".into(), approved: false }
+}
+
+fn call(name: &str, args: Value) -> ToolCall {
+    ToolCall { name: name.into(), args }
+}
+
+async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
+    let r = rig(db).await;
+    let customer = ctx(Actor::Customer, ChatType::Direct);
+    let owner = ctx(Actor::Owner, ChatType::Direct);
+    let code_of = |res: Result<server::tools::checkpoint::ToolSuccess, server::tools::checkpoint::ToolFailure>| res.err().map(|f| f.code);
+    let cp = &r.checkpoint;
+
+    let ok = cp.execute(call("echo", json!({"text": "hi"})), &customer).await.expect("allowed");
+    assert_eq!(ok.output, json!({"echo": "hi"}));
+    assert!(ok.version.starts_with("sha256:"));
+    assert_eq!(code_of(cp.execute(call("nope", json!({})), &customer).await).as_deref(), Some(code::UNKNOWN));
+    assert_eq!(code_of(cp.execute(call("off", json!({})), &owner).await).as_deref(), Some(code::DISABLED));
+    assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &customer).await).as_deref(), Some(code::NOT_ALLOWED_FOR_ACTOR));
+    assert!(cp.execute(call("owner_report", json!({})), &owner).await.is_ok());
+    assert_eq!(code_of(cp.execute(call("direct_only", json!({})), &ctx(Actor::Owner, ChatType::Group)).await).as_deref(), Some(code::CHAT_TYPE_NOT_ALLOWED));
+    assert_eq!(code_of(cp.execute(call("echo", json!({"text": 5})), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
+    assert_eq!(code_of(cp.execute(call("echo", json!({"text": "a", "extra": 1})), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
+    assert_eq!(code_of(cp.execute(call("echo", json!("not an object")), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
+    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "chat_id": "other-chat"})), &customer).await).as_deref(), Some(code::MANAGED_FIELD_SUPPLIED));
+    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "api_key": "guess"})), &customer).await).as_deref(), Some(code::MANAGED_FIELD_SUPPLIED));
+    let shop = cp.execute(call("shop", json!({"order": "42"})), &customer).await.expect("shop");
+    assert_eq!(shop.output, json!({"order": "42", "chat": "chat-7"}), "the runtime filled chat_id");
+    assert_eq!(code_of(cp.execute(call("refund", json!({})), &owner).await).as_deref(), Some(code::NEEDS_APPROVAL));
+    assert!(cp.execute(call("refund", json!({})), &CallContext { approved: true, ..owner.clone() }).await.is_ok(), "an approved call runs");
+    let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried until it worked");
+    assert_eq!(flaky.attempts, 3);
+    assert_eq!(code_of(cp.execute(call("broken", json!({})), &customer).await).as_deref(), Some(code::PROVIDER_ERROR), "retries exhausted");
+    assert_eq!(r.broken.0.load(Ordering::SeqCst), 2, "max_attempts honoured");
+    assert_eq!(code_of(cp.execute(call("slow", json!({})), &customer).await).as_deref(), Some(code::TIMEOUT));
+    assert_eq!(code_of(cp.execute(call("liar", json!({"text": "x"})), &customer).await).as_deref(), Some(code::RESULT_INVALID));
+
+    cp.audit().flush().await;
+    let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
+    assert_eq!(rows.len(), 18, "one row per call (18 above), allowed or denied");
+    let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
+    for expected in [code::UNKNOWN, code::DISABLED, code::NOT_ALLOWED_FOR_ACTOR, code::CHAT_TYPE_NOT_ALLOWED, code::SCHEMA_INVALID, code::MANAGED_FIELD_SUPPLIED, code::NEEDS_APPROVAL, code::PROVIDER_ERROR, code::TIMEOUT, code::RESULT_INVALID, "OK"] {
+        assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");
+    }
+    for row in &rows {
+        let args: String = row.get(3);
+        assert!(!args.contains(SECRET) && !args.contains("guess"), "secret in the audit: {args}");
+        assert_eq!(row.get::<String, _>(6), "corr-9");
+    }
+    let decisions: Vec<String> = rows.iter().map(|row| row.get::<String, _>(1)).collect();
+    assert!(decisions.contains(&"needs_approval".to_string()) && decisions.contains(&"deny".to_string()) && decisions.contains(&"allow".to_string()));
+}
+both_backends!(checkpoint_gates, every_gate_with_its_code_and_an_audit_row_each);
+
+async fn the_breaker_opens_after_three_failures(db: TestDb) {
+    let r = rig(db).await;
+    let customer = ctx(Actor::Customer, ChatType::Direct);
+    // Two calls of two attempts each: four failures, so the third call finds the breaker open.
+    for _ in 0..2 {
+        let _ = r.checkpoint.execute(call("broken", json!({})), &customer).await;
+    }
+    let third = r.checkpoint.execute(call("broken", json!({})), &customer).await.expect_err("open");
+    assert_eq!(third.code, code::CIRCUIT_OPEN);
+    let tried = r.broken.0.load(Ordering::SeqCst);
+    assert!(tried <= 4, "the open breaker kept calls away from the provider: {tried}");
+    assert_eq!(r.checkpoint.breakers().state("broken", std::time::Instant::now()), server::tools::breaker::BreakerState::Open);
+}
+both_backends!(checkpoint_breaker, the_breaker_opens_after_three_failures);
+
+async fn reload_keeps_calls_in_flight_on_their_version(db: TestDb) {
+    let r = rig(db).await;
+    let before = r.checkpoint.catalog().get("echo").expect("echo").version.clone();
+    let in_flight = r.checkpoint.catalog();
+    r.checkpoint.reload(catalog(&TOOLS.replace("Returns its text.", "Returns its text, reloaded.")));
+    assert_eq!(in_flight.get("echo").expect("echo").version, before, "a call that started keeps its definition");
+    let after = r.checkpoint.execute(call("echo", json!({"text": "x"})), &ctx(Actor::Owner, ChatType::Direct)).await.expect("ok");
+    assert_ne!(after.version, before, "new calls use the reloaded definition");
+}
+both_backends!(checkpoint_reload, reload_keeps_calls_in_flight_on_their_version);
