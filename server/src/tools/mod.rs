@@ -2,6 +2,7 @@
 //! passes. Built-in, connector and MCP tools share one definition type.
 
 pub mod breaker;
+pub mod builtins;
 pub mod catalog;
 pub mod checkpoint;
 pub mod policy;

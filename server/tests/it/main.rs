@@ -11,3 +11,4 @@ mod ops;
 mod server_fns;
 mod setup;
 mod tools;
+mod web_fetch;

@@ -1,0 +1,6 @@
+//! Built-in tool implementations, registered with the checkpoint by handler id. Which tools use
+//! them (names, descriptions, policies) is configuration, in config/tools.toml.
+
+pub mod html;
+pub mod net_guard;
+pub mod web_fetch;

@@ -1,0 +1,83 @@
+//! web_fetch against local servers only: loopback is refused unless allowed, redirects are
+//! checked at every hop, and limits hold. (Other ranges are covered by the address-check unit
+//! tests, which send no traffic.)
+
+use std::time::Duration;
+
+use axum::{
+    Router,
+    http::header,
+    response::{IntoResponse, Redirect},
+    routing::get,
+};
+use server::tools::builtins::web_fetch::{FetchLimits, WebFetch, code};
+
+async fn serve(router: Router) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    port
+}
+
+async fn site(other_port: u16) -> u16 {
+    let router = Router::new()
+        .route("/page", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], "<html><head><title>Menu</title></head><body><h1>Lunch</h1><p>Soup &amp; bread</p></body></html>") }))
+        .route("/img", get(|| async { ([(header::CONTENT_TYPE, "image/png")], vec![0u8; 16]) }))
+        .route("/big", get(|| async { ([(header::CONTENT_TYPE, "text/plain")], "x".repeat(300_000)) }))
+        .route("/to-localhost", get(move || async move { Redirect::temporary(&format!("http://localhost:{other_port}/page")) }))
+        .route("/to-loopback-ip", get(move || async move { Redirect::temporary(&format!("http://127.0.0.1:{other_port}/page")) }))
+        .route("/to-metadata", get(|| async { Redirect::temporary("http://169.254.169.254/latest/meta-data/") }))
+        .route("/loop", get(|| async { Redirect::temporary("/loop") }))
+        .route("/same-host", get(|| async { Redirect::temporary("/page") }))
+        .route("/error", get(|| async { (axum::http::StatusCode::BAD_GATEWAY, "nope").into_response() }));
+    serve(router).await
+}
+
+fn fetcher(allowed: &[String]) -> WebFetch {
+    WebFetch::new(FetchLimits { allowed_hosts: allowed.to_vec(), max_bytes: 100_000, timeout: Duration::from_secs(5), ..Default::default() }).expect("client")
+}
+
+#[tokio::test]
+async fn loopback_is_refused_unless_allowed() {
+    let other = site(0).await;
+    let port = site(other).await;
+    let strict = fetcher(&[]);
+    for url in [format!("http://127.0.0.1:{port}/page"), format!("http://localhost:{port}/page"), format!("http://[::1]:{port}/page"), format!("http://2130706433:{port}/page"), format!("http://0x7f.0.0.1:{port}/page")] {
+        let err = strict.fetch(&url).await.expect_err(&url);
+        assert_eq!(err.code, code::ADDRESS_FORBIDDEN, "{url}: {err}");
+    }
+    let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
+    let page = allowed.fetch(&format!("http://127.0.0.1:{port}/page")).await.expect("allowed host");
+    assert_eq!(page["title"], "Menu");
+    assert_eq!(page["text"], "Lunch\nSoup & bread");
+    let same = allowed.fetch(&format!("http://127.0.0.1:{port}/same-host")).await.expect("same-host redirect");
+    assert_eq!(same["final_url"], format!("http://127.0.0.1:{port}/page"));
+}
+
+#[tokio::test]
+async fn every_redirect_hop_is_checked() {
+    let other = site(0).await;
+    let port = site(other).await;
+    let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
+    for (path, expected) in [("/to-localhost", code::ADDRESS_FORBIDDEN), ("/to-loopback-ip", code::ADDRESS_FORBIDDEN), ("/to-metadata", code::ADDRESS_FORBIDDEN), ("/loop", code::URL_INVALID)] {
+        let err = allowed.fetch(&format!("http://127.0.0.1:{port}{path}")).await.expect_err(path);
+        assert_eq!(err.code, expected, "{path}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn limits_on_type_size_status_scheme_and_hosts() {
+    let port = site(0).await;
+    let host = format!("127.0.0.1:{port}");
+    let f = fetcher(std::slice::from_ref(&host));
+    assert_eq!(f.fetch(&format!("http://{host}/img")).await.expect_err("image").code, code::CONTENT_TYPE);
+    let big = f.fetch(&format!("http://{host}/big")).await.expect("big");
+    assert_eq!(big["truncated"], true);
+    assert_eq!(big["text"].as_str().map(str::len), Some(100_000));
+    let err = f.fetch(&format!("http://{host}/error")).await.expect_err("502");
+    assert!(err.code == code::HTTP_STATUS && err.retryable, "{err}");
+    assert_eq!(f.fetch("file:///etc/passwd").await.expect_err("file").code, code::URL_INVALID);
+    assert_eq!(f.fetch(&format!("http://user:pw@{host}/page")).await.expect_err("creds").code, code::URL_INVALID);
+    let denied = WebFetch::new(FetchLimits { allowed_hosts: vec![host.clone()], denied_hosts: vec!["127.0.0.1".into()], ..Default::default() }).expect("client");
+    assert_eq!(denied.fetch(&format!("http://{host}/page")).await.expect_err("denied").code, code::HOST_DENIED);
+}
