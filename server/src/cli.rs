@@ -54,9 +54,45 @@ pub enum Command {
     /// Inspect and enqueue jobs.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// List tools, or call one through the checkpoint.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsCommand {
+    /// The catalog: name, provider, audience, risk, approval, version.
+    List,
+    /// Call a tool through the same checkpoint the assistant uses (audited).
+    Call(ToolsCall),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ActorArg {
+    Owner,
+    Customer,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ChatTypeArg {
+    Direct,
+    Group,
+}
+
+#[derive(Debug, Args)]
+pub struct ToolsCall {
+    pub name: String,
+    /// Arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    /// Call as an owner or as a customer.
+    #[arg(long = "as", value_enum, default_value = "owner")]
+    pub actor: ActorArg,
+    #[arg(long, value_enum, default_value = "direct")]
+    pub chat_type: ChatTypeArg,
 }
 
 #[derive(Debug, Subcommand)]
@@ -197,6 +233,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Owner(cmd) => owner(&cfg, cmd).await,
             Command::Worker => worker(cfg).await,
             Command::Jobs(cmd) => jobs_command(&cfg, cmd).await,
+            Command::Tools(cmd) => tools_command(&cfg, cmd).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
         }
@@ -296,6 +333,58 @@ async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
     Worker::new(db.clone(), jobs::registry(), settings, queue.waker()).run(web::serve::shutdown_watch()).await;
     db.close().await;
     Ok(())
+}
+
+async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Failure> {
+    use crate::tools::{CallContext, ToolCall, catalog::ChatType, policy::Actor};
+    match cmd {
+        ToolsCommand::List => {
+            if cfg.catalog.is_empty() {
+                println!("no tools in {}", cfg.dir.join("tools.toml").display());
+            }
+            for t in cfg.catalog.all() {
+                let s = &t.spec;
+                println!(
+                    "{}\t{:?}\t{:?}\t{:?}\t{:?}\t{}\t{}",
+                    s.name, s.provider, s.audience, s.risk, s.approval, if s.enabled { "enabled" } else { "disabled" }, &t.version[..19]
+                );
+            }
+            Ok(())
+        }
+        ToolsCommand::Call(c) => {
+            let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
+            let db = connect(cfg).await?;
+            let checkpoint = crate::tools::checkpoint_for(cfg, &db).map_err(Failure::runtime)?;
+            let ctx = CallContext {
+                actor: match c.actor {
+                    ActorArg::Owner => Actor::Owner,
+                    ActorArg::Customer => Actor::Customer,
+                },
+                chat_type: match c.chat_type {
+                    ChatTypeArg::Direct => ChatType::Direct,
+                    ChatTypeArg::Group => ChatType::Group,
+                },
+                chat_id: Some("cli".into()),
+                sender_id: None,
+                correlation_id: uuid::Uuid::new_v4().to_string(),
+                approved: false,
+            };
+            let result = checkpoint.execute(ToolCall { name: c.name.clone(), args }, &ctx).await;
+            checkpoint.audit().flush().await;
+            db.close().await;
+            match result {
+                Ok(ok) => {
+                    let out = serde_json::json!({ "tool": ok.tool, "version": ok.version, "attempts": ok.attempts, "output": ok.output });
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                    Ok(())
+                }
+                Err(f) => {
+                    println!("{}", serde_json::json!({ "error": { "code": f.code, "message": f.message } }));
+                    Err(Failure { code: 1, message: format!("{}: {}", f.code, f.message) })
+                }
+            }
+        }
+    }
 }
 
 async fn jobs_command(cfg: &LoadedConfig, cmd: &JobsCommand) -> Result<(), Failure> {

@@ -104,6 +104,7 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(jobs.default_max_attempts >= 1, "jobs.default_max_attempts", "must be at least 1".into());
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
+    need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -115,6 +116,7 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("jobs.lease", jobs.lease),
         ("jobs.job_timeout", jobs.job_timeout),
         ("jobs.maintenance_interval", jobs.maintenance_interval),
+        ("web_fetch.timeout", settings.web_fetch.timeout),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }

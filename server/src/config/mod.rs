@@ -26,6 +26,7 @@ pub struct Settings {
     pub llm: LlmSettings,
     pub models: ModelSettings,
     pub jobs: JobSettings,
+    pub web_fetch: WebFetchSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -192,6 +193,47 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+}
+
+/// Limits of the built-in `web_fetch` implementation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebFetchSettings {
+    pub max_bytes: u64,
+    pub max_redirects: u32,
+    #[serde(with = "duration_str")]
+    pub timeout: Duration,
+    /// Hosts (`host` or `host:port`) fetched even when their address is not public.
+    pub allowed_hosts: Vec<String>,
+    pub denied_hosts: Vec<String>,
+    pub user_agent: String,
+}
+
+impl Default for WebFetchSettings {
+    fn default() -> Self {
+        let d = crate::tools::builtins::web_fetch::FetchLimits::default();
+        Self {
+            max_bytes: d.max_bytes as u64,
+            max_redirects: d.max_redirects as u32,
+            timeout: d.timeout,
+            allowed_hosts: d.allowed_hosts,
+            denied_hosts: d.denied_hosts,
+            user_agent: d.user_agent,
+        }
+    }
+}
+
+impl WebFetchSettings {
+    pub fn limits(&self) -> crate::tools::builtins::web_fetch::FetchLimits {
+        crate::tools::builtins::web_fetch::FetchLimits {
+            max_bytes: usize::try_from(self.max_bytes).unwrap_or(usize::MAX),
+            max_redirects: self.max_redirects as usize,
+            timeout: self.timeout,
+            allowed_hosts: self.allowed_hosts.clone(),
+            denied_hosts: self.denied_hosts.clone(),
+            user_agent: self.user_agent.clone(),
+        }
+    }
 }
 
 /// The durable job queue's worker.

@@ -351,8 +351,11 @@ impl Checkpoint {
                 Err(e) => {
                     self.breakers.record_failure(&spec.name, Instant::now());
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
-                        let code = if e.code == code::TIMEOUT { code::TIMEOUT } else { code::PROVIDER_ERROR };
-                        return Err(fail(code, e.message));
+                        if e.code == code::TIMEOUT {
+                            return Err(fail(code::TIMEOUT, e.message));
+                        }
+                        // The provider's own code stays visible inside the message.
+                        return Err(fail(code::PROVIDER_ERROR, format!("{}: {}", e.code, e.message)));
                     }
                     tokio::time::sleep(delay).await;
                     delay = delay.saturating_mul(2);

@@ -7,5 +7,17 @@ pub mod catalog;
 pub mod checkpoint;
 pub mod policy;
 
+use std::sync::Arc;
+
 pub use catalog::{Catalog, ToolDef};
 pub use checkpoint::{CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
+
+use crate::{config::LoadedConfig, db::Db};
+
+/// The checkpoint with this build's built-in implementations, over the loaded catalog.
+pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest::Error> {
+    let secrets: checkpoint::SecretSource = Arc::new(|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
+    let mut checkpoint = Checkpoint::new(cfg.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone()), secrets);
+    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
+    Ok(checkpoint)
+}

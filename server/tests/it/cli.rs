@@ -118,6 +118,27 @@ fn tool_catalog_problems_are_reported_with_the_rest() {
 }
 
 #[test]
+fn tools_list_and_call_go_through_the_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml"), dir.path().join("tools.toml")).expect("copy tools");
+    let cfg = path.to_str().expect("utf8");
+    let out = run(&["--config", cfg, "tools", "list"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("web_fetch\tBuiltin\tPublic\tLow"), "{}", out.stdout);
+
+    let out = run(&["--config", cfg, "tools", "call", "no_such_tool"], &[], None);
+    assert_eq!(out.code, 1, "{}", out.all());
+    assert!(out.stdout.contains("TOOL_UNKNOWN"), "{}", out.stdout);
+    // Loopback is refused before any connection is made.
+    let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://127.0.0.1:9/admin"}"#, "--as", "customer"], &[], None);
+    assert_eq!(out.code, 1, "{}", out.all());
+    assert!(out.stdout.contains("TOOL_PROVIDER_ERROR") && out.stdout.contains("FETCH_ADDRESS_FORBIDDEN"), "{}", out.stdout);
+    let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://example.com","extra":1}"#], &[], None);
+    assert!(out.stdout.contains("TOOL_SCHEMA_INVALID"), "{}", out.stdout);
+}
+
+#[test]
 fn bad_config_stops_serve_with_exit_code_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
