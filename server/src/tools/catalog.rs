@@ -185,6 +185,8 @@ struct ToolsFile {
     approval_mode: ApprovalMode,
     #[serde(default)]
     tool: Vec<toml::Value>,
+    #[serde(default)]
+    hook: Vec<toml::Value>,
 }
 
 /// The loaded catalog. Swapped whole on reload; a call in flight keeps the `Arc` it started with.
@@ -192,6 +194,8 @@ struct ToolsFile {
 pub struct Catalog {
     pub approval_mode: ApprovalMode,
     tools: BTreeMap<String, Arc<ToolDef>>,
+    /// In priority order (lower first).
+    pub hooks: Vec<super::hooks::Hook>,
 }
 
 /// Valid under both Anthropic's and OpenAI's tool-name rules: `^[a-zA-Z0-9_-]{1,64}$`.
@@ -302,7 +306,26 @@ impl Catalog {
                 }
             }
         }
-        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools }) } else { Err(problems) }
+        let mut hooks = Vec::new();
+        for (i, raw) in file.hook.into_iter().enumerate() {
+            let label = raw.get("name").and_then(|n| n.as_str()).map_or_else(|| format!("hook[{i}]"), |n| format!("hook[{i}] ({n})"));
+            let spec: super::hooks::HookSpec = match raw.try_into() {
+                Ok(spec) => spec,
+                Err(e) => {
+                    problems.push(problem(label, e.to_string().trim().to_string()));
+                    continue;
+                }
+            };
+            for t in spec.tools.iter().filter(|t| *t != "*" && !tools.contains_key(*t) && !seen.contains(*t)) {
+                problems.push(problem(format!("{label}.tools"), format!("there is no tool named {t:?}")));
+            }
+            match regex::Regex::new(&spec.pattern) {
+                Ok(regex) => hooks.push(super::hooks::Hook { spec, regex }),
+                Err(e) => problems.push(problem(format!("{label}.pattern"), format!("not a regular expression: {e}"))),
+            }
+        }
+        hooks.sort_by_key(|h| h.spec.priority);
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks }) } else { Err(problems) }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<ToolDef>> {

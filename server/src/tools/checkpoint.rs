@@ -2,8 +2,9 @@
 //!
 //! tool exists and is enabled -> actor and chat type allowed -> no model-supplied managed or
 //! secret field -> managed fields injected -> input valid against the schema -> policy
-//! decision -> circuit breaker -> secrets injected -> execution with timeout -> retries with
-//! backoff for retryable errors -> output valid against the output schema -> audit.
+//! decision -> before-call hooks (changed arguments validated again) -> circuit breaker ->
+//! secrets injected -> execution with timeout -> retries with backoff for retryable errors ->
+//! output valid against the output schema -> after-call hooks -> audit.
 //!
 //! Every call, allowed or denied, writes one audit row (batched) with secrets redacted.
 
@@ -42,6 +43,7 @@ pub mod code {
     pub const RESULT_INVALID: &str = "TOOL_RESULT_INVALID";
     pub const SECRET_MISSING: &str = "TOOL_SECRET_MISSING";
     pub const NO_EXECUTOR: &str = "TOOL_NO_EXECUTOR";
+    pub const HOOK_DENIED: &str = "TOOL_HOOK_DENIED";
 }
 
 /// A call as the planner (or an owner) proposes it.
@@ -312,9 +314,26 @@ impl Checkpoint {
             let at = err.instance_path().to_string();
             return Err(fail(code::SCHEMA_INVALID, format!("arguments do not match the schema at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword())));
         }
-        match policy::decide(spec, self.catalog().approval_mode, ctx.actor) {
+        let catalog = self.catalog();
+        match policy::decide(spec, catalog.approval_mode, ctx.actor) {
             Decision::Deny { reason } => return Err(fail(code::POLICY_DENIED, reason)),
             Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, reason)),
+            _ => {}
+        }
+        match super::hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone())) {
+            super::hooks::Before::Abort { hook } => return Err(fail(code::HOOK_DENIED, format!("stopped by hook {hook:?}"))),
+            super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, format!("hook {hook:?} asks for an owner"))),
+            super::hooks::Before::Proceed { args: Value::Object(changed_args), changed: true } => {
+                // Changed arguments are checked against the schema again.
+                let mut rechecked = changed_args.clone();
+                for field in spec.secret_fields.keys() {
+                    rechecked.insert(field.clone(), Value::String("[secret]".into()));
+                }
+                if tool.input_validator.iter_errors(&Value::Object(rechecked)).next().is_some() {
+                    return Err(fail(code::SCHEMA_INVALID, "arguments changed by a hook no longer match the schema"));
+                }
+                input = changed_args;
+            }
             _ => {}
         }
         for (field, var) in &spec.secret_fields {
@@ -339,13 +358,14 @@ impl Checkpoint {
                 Err(_) => Err(ToolError::new(code::TIMEOUT, format!("no answer within {:?}", spec.timeout), true)),
             };
             match result {
-                Ok(output) => {
+                Ok(mut output) => {
                     self.breakers.record_success(&spec.name);
                     if let Some(validator) = &tool.output_validator {
                         if let Some(err) = validator.iter_errors(&output).next() {
                             return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                         }
                     }
+                    super::hooks::after(&catalog.hooks, &spec.name, &mut output);
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }
                 Err(e) => {

@@ -5,6 +5,7 @@ pub mod breaker;
 pub mod builtins;
 pub mod catalog;
 pub mod checkpoint;
+pub mod hooks;
 pub mod policy;
 
 use std::sync::Arc;

@@ -272,6 +272,87 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
 }
 both_backends!(checkpoint_gates, every_gate_with_its_code_and_an_audit_row_each);
 
+const HOOKS: &str = r##"
+[[tool]]
+name = "code_lookup"
+title = "Code lookup"
+description = "Looks up a four-character code."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", properties = { text = { type = "string", maxLength = 8 } } }
+
+[[hook]]
+name = "no-intranet"
+point = "before_tool_call"
+kind = "deny_pattern"
+priority = 1
+tools = ["echo"]
+pattern = "(?i)intranet"
+
+[[hook]]
+name = "big-numbers-need-an-owner"
+point = "before_tool_call"
+kind = "require_approval_if"
+priority = 2
+tools = ["*"]
+pattern = '\d{6,}'
+
+[[hook]]
+name = "mask-digits"
+point = "before_tool_call"
+kind = "redact"
+priority = 3
+tools = ["code_lookup", "echo"]
+pattern = '\d'
+replacement = "#"
+
+[[hook]]
+name = "mask-in-results"
+point = "after_tool_call"
+kind = "redact"
+tools = ["echo"]
+pattern = "secret"
+replacement = "[hidden]"
+
+[[hook]]
+name = "digits-grow"
+point = "before_tool_call"
+kind = "redact"
+priority = 4
+tools = ["code_lookup"]
+pattern = "#"
+replacement = "[removed]"
+"##;
+
+async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
+    let mut cp = Checkpoint::new(catalog(&format!("{TOOLS}\n{HOOKS}")), AuditWriter::spawn(pool.clone()), secrets);
+    cp.register_builtin("test.echo", Arc::new(Echo));
+    let customer = ctx(Actor::Customer, ChatType::Direct);
+
+    let denied = cp.execute(call("echo", json!({"text": "open the INTRANET page"})), &customer).await.expect_err("aborted");
+    assert_eq!(denied.code, code::HOOK_DENIED);
+    assert!(denied.message.contains("no-intranet"), "{denied}");
+    let ask = cp.execute(call("echo", json!({"text": "order 1234567"})), &customer).await.expect_err("needs an owner");
+    assert_eq!(ask.code, code::NEEDS_APPROVAL);
+    let masked = cp.execute(call("echo", json!({"text": "pin 42 is secret"})), &customer).await.expect("modified, still valid");
+    assert_eq!(masked.output, json!({"echo": "pin ## is [hidden]"}), "args redacted before the call, result after");
+    // The second redaction makes the argument too long for the schema: validated again, refused.
+    let grown = cp.execute(call("code_lookup", json!({"text": "A1"})), &customer).await.expect_err("revalidated");
+    assert_eq!(grown.code, code::SCHEMA_INVALID);
+    assert!(grown.message.contains("hook"), "{grown}");
+
+    cp.audit().flush().await;
+    let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
+    assert_eq!(reasons, vec![code::HOOK_DENIED, code::NEEDS_APPROVAL, "OK", code::SCHEMA_INVALID], "the hook's outcome reaches the audit");
+}
+both_backends!(checkpoint_hooks, hooks_abort_ask_and_modify_with_revalidation);
+
 async fn the_breaker_opens_after_three_failures(db: TestDb) {
     let r = rig(db).await;
     let customer = ctx(Actor::Customer, ChatType::Direct);

@@ -1,0 +1,146 @@
+//! Hooks declared in `config/tools.toml`, run by the checkpoint in priority order (lower first):
+//!
+//! - `before_tool_call`, after the policy decision and before the circuit breaker:
+//!   `deny_pattern` aborts the call when its pattern matches the arguments;
+//!   `require_approval_if` makes the call wait for an owner when it matches;
+//!   `redact` replaces matches inside string arguments (the changed arguments are validated
+//!   against the schema again).
+//! - `after_tool_call`: `redact` replaces matches inside string values of the result.
+//!
+//! A hook that aborts gives a reason code that reaches the audit.
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPoint {
+    BeforeToolCall,
+    AfterToolCall,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookKind {
+    DenyPattern,
+    RequireApprovalIf,
+    Redact,
+}
+
+/// A hook as written in the config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookSpec {
+    pub name: String,
+    pub point: HookPoint,
+    pub kind: HookKind,
+    #[serde(default)]
+    pub priority: i64,
+    /// Tool names it applies to; `["*"]` for all.
+    pub tools: Vec<String>,
+    /// A regular expression.
+    pub pattern: String,
+    /// For `redact`: the replacement text.
+    #[serde(default = "default_replacement")]
+    pub replacement: String,
+}
+
+fn default_replacement() -> String {
+    "[REDACTED]".into()
+}
+
+#[derive(Debug, Clone)]
+pub struct Hook {
+    pub spec: HookSpec,
+    pub regex: Regex,
+}
+
+impl Hook {
+    pub fn applies_to(&self, tool: &str) -> bool {
+        self.spec.tools.iter().any(|t| t == "*" || t == tool)
+    }
+}
+
+/// What the before-call hooks decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Before {
+    Proceed { args: Value, changed: bool },
+    Abort { hook: String },
+    NeedsApproval { hook: String },
+}
+
+fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
+    match value {
+        Value::String(s) => {
+            let replaced = regex.replace_all(s, replacement);
+            if replaced != s.as_str() {
+                *s = replaced.into_owned();
+                return true;
+            }
+            false
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |acc, v| redact_strings(v, regex, replacement) || acc),
+        Value::Object(map) => map.values_mut().fold(false, |acc, v| redact_strings(v, regex, replacement) || acc),
+        _ => false,
+    }
+}
+
+/// Runs the before-call hooks for `tool` on `args`, in priority order.
+pub fn before(hooks: &[Hook], tool: &str, args: &Value) -> Before {
+    let mut args = args.clone();
+    let mut changed = false;
+    for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
+        let text = args.to_string();
+        match hook.spec.kind {
+            HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
+            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => return Before::NeedsApproval { hook: hook.spec.name.clone() },
+            HookKind::Redact => changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement),
+            _ => {}
+        }
+    }
+    Before::Proceed { args, changed }
+}
+
+/// Runs the after-call hooks for `tool` on its output.
+pub fn after(hooks: &[Hook], tool: &str, output: &mut Value) {
+    for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::AfterToolCall && h.applies_to(tool)) {
+        if hook.spec.kind == HookKind::Redact {
+            redact_strings(output, &hook.regex, &hook.spec.replacement);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn hook(name: &str, point: HookPoint, kind: HookKind, priority: i64, pattern: &str) -> Hook {
+        Hook {
+            spec: HookSpec { name: name.into(), point, kind, priority, tools: vec!["*".into()], pattern: pattern.into(), replacement: "[CARD]".into() },
+            regex: Regex::new(pattern).expect("regex"),
+        }
+    }
+
+    #[test]
+    fn order_abort_approval_and_redaction() {
+        let redact = hook("cards", HookPoint::BeforeToolCall, HookKind::Redact, 1, r"\b\d{4}(?: ?\d{4}){3}\b");
+        let deny = hook("no-intranet", HookPoint::BeforeToolCall, HookKind::DenyPattern, 2, r"(?i)intranet");
+        let approval = hook("big-refund", HookPoint::BeforeToolCall, HookKind::RequireApprovalIf, 3, r#""amount":\s*\d{4,}"#);
+        let hooks = vec![redact, deny, approval];
+        assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"})), Before::Abort { hook: "no-intranet".into() });
+        assert_eq!(before(&hooks, "t", &json!({"amount": 12000})), Before::NeedsApproval { hook: "big-refund".into() });
+        match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"})) {
+            Before::Proceed { args, changed } => {
+                assert!(changed);
+                assert_eq!(args, json!({"note": "card [CARD] please"}));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut out = json!({"text": "call 4111111111111111"});
+        after(&[hook("out", HookPoint::AfterToolCall, HookKind::Redact, 0, r"\d{16}")], "t", &mut out);
+        assert_eq!(out, json!({"text": "call [CARD]"}));
+    }
+}
