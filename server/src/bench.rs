@@ -223,7 +223,7 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
     let catalog = Catalog::load(&path, &|_| false).map_err(|p| anyhow::anyhow!("{p:?}"))?;
     let _ = std::fs::remove_dir_all(&dir);
     let secrets: SecretSource = Arc::new(|_| None);
-    let mut cp = Checkpoint::new(Arc::new(catalog), AuditWriter::spawn(db.clone()), secrets);
+    let mut cp = Checkpoint::new(db.clone(), Arc::new(catalog), AuditWriter::spawn(db.clone()), secrets);
     cp.register_builtin("bench.noop", Arc::new(NoopTool));
     let ctx = CallContext { actor: Actor::Customer, chat_type: ChatType::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false };
 

@@ -7,6 +7,7 @@ pub mod jobs;
 pub mod owners;
 pub mod sessions;
 pub mod tool_audit;
+pub mod tool_results;
 
 use std::path::Path;
 

@@ -164,7 +164,13 @@ impl AuditWriter {
 /// Reads a secret's value from where secrets live (the environment).
 pub type SecretSource = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
+/// Results above a tool's `max_result_bytes` are stored whole; above this they are also cut.
+pub const HARD_RESULT_LIMIT: usize = 5_000_000;
+/// How much of a stored result the caller sees inline.
+const SUMMARY_CHARS: usize = 2_000;
+
 pub struct Checkpoint {
+    db: Db,
     catalog: RwLock<Arc<Catalog>>,
     /// Built-in implementations by handler id.
     builtins: HashMap<String, Arc<dyn ToolExecutor>>,
@@ -202,8 +208,8 @@ fn provider_key(p: Provider) -> &'static str {
 }
 
 impl Checkpoint {
-    pub fn new(catalog: Arc<Catalog>, audit: AuditWriter, secrets: SecretSource) -> Self {
-        Self { catalog: RwLock::new(catalog), builtins: HashMap::new(), providers: HashMap::new(), breakers: Breakers::default(), audit, secrets }
+    pub fn new(db: Db, catalog: Arc<Catalog>, audit: AuditWriter, secrets: SecretSource) -> Self {
+        Self { db, catalog: RwLock::new(catalog), builtins: HashMap::new(), providers: HashMap::new(), breakers: Breakers::default(), audit, secrets }
     }
 
     pub fn register_builtin(&mut self, handler: &str, executor: Arc<dyn ToolExecutor>) {
@@ -231,6 +237,51 @@ impl Checkpoint {
 
     pub fn audit(&self) -> &AuditWriter {
         &self.audit
+    }
+
+    /// A result over the tool's inline limit is stored whole (cut at [`HARD_RESULT_LIMIT`], and
+    /// said so); the caller gets a bounded summary and a reference to fetch the rest.
+    async fn bound_size(&self, spec: &super::catalog::ToolSpec, output: Value, correlation_id: &str) -> Result<Value, ToolFailure> {
+        let text = output.to_string();
+        let inline_limit = usize::try_from(spec.max_result_bytes).unwrap_or(usize::MAX);
+        if text.len() <= inline_limit {
+            return Ok(output);
+        }
+        let size = text.len();
+        let truncated = size > HARD_RESULT_LIMIT;
+        let mut cut = HARD_RESULT_LIMIT.min(size);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let body = &text[..cut];
+        let id = format!("res_{}", uuid::Uuid::new_v4().simple());
+        let stored = async {
+            let mut conn = self.db.pool.acquire().await?;
+            db::tool_results::insert(
+                &mut conn,
+                &db::tool_results::StoredResult { id: &id, tool: &spec.name, correlation_id, size_bytes: size as i64, truncated, body },
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = stored {
+            tracing::error!(error = %e, tool = %spec.name, "storing a large tool result failed");
+            return Err(fail(code::PROVIDER_ERROR, "the result was too large to pass on and could not be stored"));
+        }
+        let summary: String = text.chars().take(SUMMARY_CHARS.min(inline_limit)).collect();
+        Ok(serde_json::json!({
+            "summary": summary,
+            "result_ref": id,
+            "size_bytes": size,
+            "truncated": truncated,
+            "note": if truncated { format!("The result was {size} bytes; only the first {HARD_RESULT_LIMIT} were kept.") } else { format!("The whole result ({size} bytes) is stored under result_ref.") },
+        }))
+    }
+
+    /// The stored text of a large result, by its reference.
+    pub async fn fetch_result(&self, id: &str) -> Result<Option<String>, db::DbError> {
+        let mut conn = self.db.pool.acquire().await?;
+        db::tool_results::get(&mut conn, id).await
     }
 
     /// The one path for every tool call.
@@ -358,13 +409,14 @@ impl Checkpoint {
                 Err(_) => Err(ToolError::new(code::TIMEOUT, format!("no answer within {:?}", spec.timeout), true)),
             };
             match result {
-                Ok(mut output) => {
+                Ok(output) => {
                     self.breakers.record_success(&spec.name);
                     if let Some(validator) = &tool.output_validator {
                         if let Some(err) = validator.iter_errors(&output).next() {
                             return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                         }
                     }
+                    let mut output = self.bound_size(spec, output, &ctx.correlation_id).await?;
                     super::hooks::after(&catalog.hooks, &spec.name, &mut output);
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }

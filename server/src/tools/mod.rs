@@ -18,7 +18,7 @@ use crate::{config::LoadedConfig, db::Db};
 /// The checkpoint with this build's built-in implementations, over the loaded catalog.
 pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest::Error> {
     let secrets: checkpoint::SecretSource = Arc::new(|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
-    let mut checkpoint = Checkpoint::new(cfg.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone()), secrets);
+    let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone()), secrets);
     checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
     Ok(checkpoint)
 }

@@ -206,7 +206,7 @@ async fn rig(db: TestDb) -> Rig {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
     let secrets: server::tools::checkpoint::SecretSource = Arc::new(|var: &str| (var == "TEST_SHOP_KEY").then(|| SECRET.to_string()));
-    let mut checkpoint = Checkpoint::new(catalog(TOOLS), AuditWriter::spawn(pool.clone()), secrets);
+    let mut checkpoint = Checkpoint::new(pool.clone(), catalog(TOOLS), AuditWriter::spawn(pool.clone()), secrets);
     let broken = Arc::new(Broken(AtomicUsize::new(0)));
     checkpoint.register_builtin("test.echo", Arc::new(Echo));
     checkpoint.register_builtin("test.flaky", Arc::new(Flaky(AtomicUsize::new(0))));
@@ -331,7 +331,7 @@ async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
     let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
-    let mut cp = Checkpoint::new(catalog(&format!("{TOOLS}\n{HOOKS}")), AuditWriter::spawn(pool.clone()), secrets);
+    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{HOOKS}")), AuditWriter::spawn(pool.clone()), secrets);
     cp.register_builtin("test.echo", Arc::new(Echo));
     let customer = ctx(Actor::Customer, ChatType::Direct);
 
@@ -378,3 +378,62 @@ async fn reload_keeps_calls_in_flight_on_their_version(db: TestDb) {
     assert_ne!(after.version, before, "new calls use the reloaded definition");
 }
 both_backends!(checkpoint_reload, reload_keeps_calls_in_flight_on_their_version);
+
+struct Big(usize);
+#[async_trait::async_trait]
+impl ToolExecutor for Big {
+    async fn call(&self, _tool: &ToolDef, _args: &Value) -> Result<Value, ToolError> {
+        Ok(json!({ "text": "é".repeat(self.0) }))
+    }
+}
+
+async fn large_results_are_stored_and_fetched(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let tools = r#"
+[[tool]]
+name = "big"
+title = "Big"
+description = "Returns a lot."
+provider = "builtin"
+handler = "test.big"
+operation = "read"
+audience = "public"
+risk = "low"
+max_result_bytes = 1000
+input_schema = { type = "object" }
+
+[[tool]]
+name = "huge"
+title = "Huge"
+description = "Returns more than the hard limit."
+provider = "builtin"
+handler = "test.huge"
+operation = "read"
+audience = "public"
+risk = "low"
+max_result_bytes = 1000
+input_schema = { type = "object" }
+"#;
+    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
+    let mut cp = Checkpoint::new(pool.clone(), catalog(tools), AuditWriter::spawn(pool.clone()), secrets);
+    cp.register_builtin("test.big", Arc::new(Big(50_000)));
+    cp.register_builtin("test.huge", Arc::new(Big(server::tools::checkpoint::HARD_RESULT_LIMIT)));
+    let owner = ctx(Actor::Owner, ChatType::Direct);
+
+    let big = cp.execute(call("big", json!({})), &owner).await.expect("big");
+    let out = &big.output;
+    assert_eq!(out["truncated"], false);
+    assert!(out["summary"].as_str().expect("summary").chars().count() <= 1000, "bounded summary");
+    let reference = out["result_ref"].as_str().expect("reference");
+    let whole = cp.fetch_result(reference).await.expect("fetch").expect("stored");
+    assert_eq!(serde_json::from_str::<Value>(&whole).expect("json")["text"].as_str().map(|t| t.chars().count()), Some(50_000), "fetched whole");
+
+    let huge = cp.execute(call("huge", json!({})), &owner).await.expect("huge");
+    assert_eq!(huge.output["truncated"], true);
+    assert!(huge.output["note"].as_str().unwrap_or_default().contains("only the first"), "says it was cut");
+    let kept = cp.fetch_result(huge.output["result_ref"].as_str().expect("ref")).await.expect("fetch").expect("stored");
+    assert!(kept.len() <= server::tools::checkpoint::HARD_RESULT_LIMIT);
+    assert!(cp.fetch_result("res_missing").await.expect("fetch").is_none());
+}
+both_backends!(checkpoint_large_results, large_results_are_stored_and_fetched);
