@@ -299,7 +299,8 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     })?;
     let addr = listener.local_addr().map_err(Failure::runtime)?;
     let grace = server.shutdown_grace;
-    let state = AppState::new(cfg, db.clone(), addr, web::ops::metrics_handle());
+    let state = AppState::new(cfg, db.clone(), addr, web::ops::metrics_handle()).map_err(Failure::runtime)?;
+    spawn_catalog_reload(state.clone());
     if let Some((provider, var)) = state.degraded() {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
@@ -323,6 +324,29 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP reloads the tool catalog (config/tools.toml) without a restart. Calls in flight keep
+/// the version they started with; a file with problems is refused and the current catalog kept.
+fn spawn_catalog_reload(state: AppState) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hangups.recv().await.is_some() {
+            match config::load(&state.config.path) {
+                Ok(fresh) => {
+                    let count = fresh.catalog.len();
+                    state.tools.reload(fresh.catalog);
+                    tracing::info!(tools = count, "tool catalog reloaded");
+                }
+                Err(e) => {
+                    for p in &e.0 {
+                        tracing::error!(problem = %p, "tool catalog reload failed; keeping the current catalog");
+                    }
+                }
+            }
+        }
+    });
 }
 
 async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {

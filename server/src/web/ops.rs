@@ -47,6 +47,16 @@ fn unavailable(reason: &str) -> Response {
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
+    let now = std::time::Instant::now();
+    for tool in state.tools.catalog().all() {
+        let name = tool.spec.name.clone();
+        let value = match state.tools.breakers().state(&name, now) {
+            crate::tools::breaker::BreakerState::Closed => 0.0,
+            crate::tools::breaker::BreakerState::HalfOpen => 1.0,
+            crate::tools::breaker::BreakerState::Open => 2.0,
+        };
+        metrics::gauge!("tool_breaker_state", "tool" => name).set(value);
+    }
     if let Ok(mut conn) = state.db.pool.acquire().await {
         if let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await {
             for s in crate::db::jobs::JobState::ALL {

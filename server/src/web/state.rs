@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::{
     config::LoadedConfig,
     jobs::JobQueue,
+    tools::Checkpoint,
     db::{self, Db, DbError},
 };
 
@@ -32,6 +33,8 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Enqueues jobs and wakes this process's workers.
     pub jobs: JobQueue,
+    /// The one checkpoint every tool call passes.
+    pub tools: Arc<Checkpoint>,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -47,7 +50,9 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Self {
+    /// Fails only when the HTTP client for built-in tools cannot be set up (TLS initialisation).
+    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Result<Self, reqwest::Error> {
+        let tools = Arc::new(crate::tools::checkpoint_for(&config, &db)?);
         let public_url = if config.settings.server.public_url.is_empty() {
             format!("http://{listen_addr}")
         } else {
@@ -60,7 +65,7 @@ impl AppState {
         if config.settings.server.public_url.is_empty() && listen_addr.ip().is_loopback() {
             allowed_origins.push(format!("http://localhost:{}", listen_addr.port()));
         }
-        Self(Arc::new(App {
+        Ok(Self(Arc::new(App {
             config,
             db: db.clone(),
             started: Instant::now(),
@@ -70,8 +75,9 @@ impl AppState {
             public_url,
             metrics,
             jobs: JobQueue::new(db.clone()),
+            tools,
             setup_done: AtomicBool::new(false),
-        }))
+        })))
     }
 
     /// Whether the first owner exists.

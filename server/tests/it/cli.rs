@@ -258,6 +258,15 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let request_id = answer.lines().find_map(|l| l.strip_prefix("x-request-id: ")).expect("x-request-id header").trim().to_string();
 
+    // SIGHUP reloads the tool catalog; a broken file is refused and the old catalog kept.
+    let tools = dir.path().join("tools.toml");
+    std::fs::write(&tools, "approval_mode = \"ask\"\n").expect("write tools");
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&tools, "approval_mode = \"nonsense\"\n").expect("write tools");
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    std::thread::sleep(Duration::from_millis(500));
+
     let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
     assert!(killed.success());
     let status = child.wait().expect("wait");
@@ -271,5 +280,7 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     assert!(logs.contains("degraded mode") && logs.contains("ANTHROPIC_API_KEY"), "one degraded-mode warning naming the variable");
     assert_eq!(logs.matches("degraded mode").count(), 1);
     assert!(logs.contains("shutdown signal received"));
+    assert!(logs.contains("tool catalog reloaded"), "SIGHUP reload: {logs}");
+    assert!(logs.contains("tool catalog reload failed; keeping the current catalog"), "bad file refused: {logs}");
     assert!(!logs.contains(SECRET), "secret in logs");
 }

@@ -20,6 +20,7 @@ async fn health_ready_metrics(db: TestDb) {
     assert!(metrics.body.contains("gatehouse_build_info"), "{}", metrics.body);
     assert!(metrics.body.contains("http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\"}"), "{}", metrics.body);
     assert!(metrics.body.contains("http_request_duration_seconds_bucket"), "{}", metrics.body);
+    assert!(metrics.body.contains("tool_breaker_state{tool=\"web_fetch\"} 0"), "breaker state per tool: {}", metrics.body);
 }
 both_backends!(operations, health_ready_metrics);
 

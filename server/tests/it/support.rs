@@ -3,6 +3,7 @@
 
 use std::{
     net::SocketAddr,
+    sync::Arc,
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
@@ -158,9 +159,13 @@ impl TestApp {
             secrets: Secrets::default(),
             path: "config/gatehouse.toml".into(),
             dir: "config".into(),
-            catalog: Default::default(),
+            // The shipped catalog: it needs no secrets.
+            catalog: Arc::new(
+                server::tools::Catalog::load(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")), &|_| false)
+                    .expect("shipped tools.toml loads"),
+            ),
         };
-        let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
+        let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle()).expect("state");
         let router = web::router(state.clone());
         Self { state, router, db }
     }
