@@ -117,6 +117,7 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("jobs.job_timeout", jobs.job_timeout),
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),
+        ("web_search.timeout", settings.web_search.timeout),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
@@ -137,7 +138,11 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         let ok = url::Url::parse(public).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
         need(ok, "server.public_url", format!("{public:?} is not an http(s) URL"));
     }
-    for (key, value) in [("llm.anthropic.base_url", &settings.llm.anthropic.base_url), ("llm.openai.base_url", &settings.llm.openai.base_url)] {
+    for (key, value) in [
+        ("llm.anthropic.base_url", &settings.llm.anthropic.base_url),
+        ("llm.openai.base_url", &settings.llm.openai.base_url),
+        ("web_search.base_url", &settings.web_search.base_url),
+    ] {
         need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
     }
     need(

@@ -27,6 +27,7 @@ pub struct Settings {
     pub models: ModelSettings,
     pub jobs: JobSettings,
     pub web_fetch: WebFetchSettings,
+    pub web_search: WebSearchSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -193,6 +194,24 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+}
+
+/// The built-in `web_search` provider.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebSearchSettings {
+    pub provider: crate::tools::builtins::web_search::SearchProvider,
+    /// SearXNG: the instance's base URL; Brave: the API endpoint.
+    pub base_url: String,
+    pub max_results: u32,
+    #[serde(with = "duration_str")]
+    pub timeout: Duration,
+}
+
+impl Default for WebSearchSettings {
+    fn default() -> Self {
+        Self { provider: Default::default(), base_url: String::new(), max_results: 5, timeout: Duration::from_secs(10) }
+    }
 }
 
 /// Limits of the built-in `web_fetch` implementation.

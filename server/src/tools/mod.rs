@@ -20,5 +20,9 @@ pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest
     let secrets: checkpoint::SecretSource = Arc::new(|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
     let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone()), secrets);
     checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
+    let search = &cfg.settings.web_search;
+    let brave_key = std::env::var(builtins::web_search::BRAVE_KEY_VAR).ok().filter(|v| !v.trim().is_empty());
+    let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;
+    checkpoint.register_builtin(builtins::web_search::HANDLER, Arc::new(web_search));
     Ok(checkpoint)
 }

@@ -12,3 +12,4 @@ mod server_fns;
 mod setup;
 mod tools;
 mod web_fetch;
+mod web_search;

@@ -4,3 +4,4 @@
 pub mod html;
 pub mod net_guard;
 pub mod web_fetch;
+pub mod web_search;
