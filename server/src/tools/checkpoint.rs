@@ -207,6 +207,19 @@ fn provider_key(p: Provider) -> &'static str {
     }
 }
 
+/// Where `args` break the tool's input schema, if they do. Secret fields are validated as
+/// placeholders, so no secret value can appear in an error message.
+fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<String> {
+    let mut checked = args.clone();
+    for field in tool.spec.secret_fields.keys() {
+        checked.insert(field.clone(), Value::String("[secret]".into()));
+    }
+    let checked = Value::Object(checked);
+    let err = tool.input_validator.iter_errors(&checked).next()?;
+    let at = err.instance_path().to_string();
+    Some(format!("at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword()))
+}
+
 impl Checkpoint {
     pub fn new(db: Db, catalog: Arc<Catalog>, audit: AuditWriter, secrets: SecretSource) -> Self {
         Self { db, catalog: RwLock::new(catalog), builtins: HashMap::new(), providers: HashMap::new(), breakers: Breakers::default(), audit, secrets }
@@ -292,7 +305,7 @@ impl Checkpoint {
         let mut attempts = 0;
         let result = match &tool {
             None => Err(fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name))),
-            Some(tool) => self.run(tool, &call.args, ctx, &mut attempts).await,
+            Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts).await,
         };
         let (decision, reason) = match &result {
             Ok(_) => ("allow", "OK".to_string()),
@@ -328,7 +341,9 @@ impl Checkpoint {
         result
     }
 
-    async fn run(&self, tool: &Arc<ToolDef>, args: &Value, ctx: &CallContext, attempts: &mut u32) -> Result<ToolSuccess, ToolFailure> {
+    /// `catalog` is the version the call started with: its approval mode and hooks apply, even
+    /// if a reload happens meanwhile.
+    async fn run(&self, catalog: &Catalog, tool: &Arc<ToolDef>, args: &Value, ctx: &CallContext, attempts: &mut u32) -> Result<ToolSuccess, ToolFailure> {
         let spec = &tool.spec;
         if !spec.enabled {
             return Err(fail(code::DISABLED, format!("{} is disabled", spec.name)));
@@ -355,17 +370,9 @@ impl Checkpoint {
                 input.insert(field.clone(), Value::String(v));
             }
         }
-        // Validate with placeholders for secrets, so no secret can appear in an error message.
-        let mut checked = input.clone();
-        for field in spec.secret_fields.keys() {
-            checked.insert(field.clone(), Value::String("[secret]".into()));
+        if let Some(problem) = schema_problem(tool, &input) {
+            return Err(fail(code::SCHEMA_INVALID, format!("arguments do not match the schema {problem}")));
         }
-        let checked = Value::Object(checked);
-        if let Some(err) = tool.input_validator.iter_errors(&checked).next() {
-            let at = err.instance_path().to_string();
-            return Err(fail(code::SCHEMA_INVALID, format!("arguments do not match the schema at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword())));
-        }
-        let catalog = self.catalog();
         match policy::decide(spec, catalog.approval_mode, ctx.actor) {
             Decision::Deny { reason } => return Err(fail(code::POLICY_DENIED, reason)),
             Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, reason)),
@@ -376,12 +383,8 @@ impl Checkpoint {
             super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, format!("hook {hook:?} asks for an owner"))),
             super::hooks::Before::Proceed { args: Value::Object(changed_args), changed: true } => {
                 // Changed arguments are checked against the schema again.
-                let mut rechecked = changed_args.clone();
-                for field in spec.secret_fields.keys() {
-                    rechecked.insert(field.clone(), Value::String("[secret]".into()));
-                }
-                if tool.input_validator.iter_errors(&Value::Object(rechecked)).next().is_some() {
-                    return Err(fail(code::SCHEMA_INVALID, "arguments changed by a hook no longer match the schema"));
+                if let Some(problem) = schema_problem(tool, &changed_args) {
+                    return Err(fail(code::SCHEMA_INVALID, format!("arguments changed by a hook no longer match the schema {problem}")));
                 }
                 input = changed_args;
             }

@@ -209,11 +209,11 @@ impl AdminBackend for ConsoleBackend {
     }
 
     async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
-        self.job_action(owner_id, id, ip, audit::event::JOB_RETRY).await
+        self.job_action(owner_id, id, ip, JobAction::Retry).await
     }
 
     async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
-        self.job_action(owner_id, id, ip, audit::event::JOB_CANCEL).await
+        self.job_action(owner_id, id, ip, JobAction::Cancel).await
     }
 
     fn session_absolute_timeout_ms(&self) -> i64 {
@@ -221,17 +221,22 @@ impl AdminBackend for ConsoleBackend {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+enum JobAction {
+    Retry,
+    Cancel,
+}
+
 impl ConsoleBackend {
     /// Retry-now or cancel, and its audit row, in one transaction.
-    async fn job_action(&self, owner_id: i64, id: i64, ip: &str, event: &str) -> Result<(), AppError> {
+    async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
         let now = db::now_ms();
         let mut tx = self.state.db.begin_write().await.map_err(internal)?;
-        let changed = if event == audit::event::JOB_RETRY {
-            store::retry_now(&mut tx, id, now).await
-        } else {
-            store::cancel(&mut tx, id, "cancelled by an owner", now).await
-        }
-        .map_err(internal)?;
+        let (changed, event) = match action {
+            JobAction::Retry => (store::retry_now(&mut tx, id, now).await, audit::event::JOB_RETRY),
+            JobAction::Cancel => (store::cancel(&mut tx, id, "cancelled by an owner", now).await, audit::event::JOB_CANCEL),
+        };
+        let changed = changed.map_err(internal)?;
         if !changed {
             return Err(AppError::new(code::CONFLICT, format!("Job #{id} cannot be changed in its current state.")));
         }
