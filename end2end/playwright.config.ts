@@ -13,12 +13,13 @@ if (process.env.TEST_WORKER_INDEX === undefined) {
 
 export default defineConfig({
   testDir: "./tests",
-  // The journey has an order: setup creates the owner, the jobs tests use it, and the
+  // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
   // throttling test locks logins from this address last.
   projects: [
     { name: "console", testMatch: "console.spec.ts" },
     { name: "jobs", testMatch: "jobs.spec.ts", dependencies: ["console"] },
-    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["jobs"] },
+    { name: "tools", testMatch: "tools.spec.ts", dependencies: ["jobs"] },
+    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["tools"] },
   ],
   fullyParallel: false,
   workers: 1,

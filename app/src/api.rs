@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobsPage, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, JobDetail, JobsPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -174,6 +174,51 @@ pub async fn cancel_job(id: i64) -> Result<(), AppError> {
         async {
             let me = require_owner().await?;
             backend()?.cancel_job(me.owner_id, id, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_tools")]
+pub async fn list_tools(provider: String, audience: String, risk: String) -> Result<ToolsPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.tools_page(&crate::dto::ToolsQuery { provider, audience, risk }).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_tool")]
+pub async fn get_tool(name: String) -> Result<ToolDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.tool_detail(&name).await
+        }
+        .await,
+    )
+}
+
+/// Runs a call through the checkpoint as the signed-in owner.
+#[server(endpoint = "try_tool")]
+pub async fn try_tool(name: String, args: String, chat_type: String) -> Result<TryOutcome, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "reload_tools")]
+pub async fn reload_tools() -> Result<ReloadOutcome, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.reload_tools(me.owner_id, &client_ip().await).await
         }
         .await,
     )

@@ -67,7 +67,8 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
                     <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
                     <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />
-                    <Route path=StaticSegment("tools") view=pages::pending::Tools />
+                    <Route path=StaticSegment("tools") view=pages::tools::ToolsPage />
+                    <Route path=(StaticSegment("tools"), ParamSegment("name")) view=pages::tools::ToolDetailPage />
                     <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
                 </ParentRoute>
             </Routes>

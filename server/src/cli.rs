@@ -333,16 +333,9 @@ fn spawn_catalog_reload(state: AppState) {
     tokio::spawn(async move {
         let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hangups.recv().await.is_some() {
-            match config::load(&state.config.path) {
-                Ok(fresh) => {
-                    let count = fresh.catalog.len();
-                    state.tools.reload(fresh.catalog);
-                    tracing::info!(tools = count, "tool catalog reloaded");
-                }
-                Err(e) => {
-                    for p in &e.0 {
-                        tracing::error!(problem = %p, "tool catalog reload failed; keeping the current catalog");
-                    }
+            if let Err(e) = crate::tools::reload_catalog(&state.config.path, &state.tools) {
+                for p in &e.0 {
+                    tracing::error!(problem = %p, "tool catalog reload failed; keeping the current catalog");
                 }
             }
         }

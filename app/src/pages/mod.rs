@@ -4,6 +4,7 @@ pub mod login;
 pub mod pending;
 pub mod settings;
 pub mod setup;
+pub mod tools;
 
 use leptos::prelude::*;
 

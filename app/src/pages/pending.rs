@@ -42,15 +42,6 @@ pub fn Approvals() -> impl IntoView {
 }
 
 #[component]
-pub fn Tools() -> impl IntoView {
-    pending(
-        "Tools & MCP",
-        "tool catalog and MCP servers",
-        "The tool catalog from config/tools.toml, connectors and MCP servers, their policies, breakers and recent calls will show here.",
-    )
-}
-
-#[component]
 pub fn Repairs() -> impl IntoView {
     pending(
         "Repairs",

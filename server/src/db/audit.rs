@@ -15,6 +15,8 @@ pub mod event {
     pub const PASSWORD_RESET: &str = "password_reset";
     pub const JOB_RETRY: &str = "job_retry";
     pub const JOB_CANCEL: &str = "job_cancel";
+    pub const TOOL_TRY: &str = "tool_try";
+    pub const TOOLS_RELOAD: &str = "tools_reload";
 }
 
 #[derive(Debug, Clone, Default)]

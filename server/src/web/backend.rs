@@ -3,8 +3,9 @@
 use app::{
     backend::{AdminBackend, LoginOutcome, OwnerIdentity},
     dto::{
-        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, MigrationInfo, NewOwner, SecretEntry,
-        SettingEntry, SettingsInfo, ShellInfo, StateCount,
+        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, MigrationInfo, NewOwner, OwnerNotice,
+        ReloadOutcome, SecretEntry, SecretFieldView, SettingEntry, SettingsInfo, ShellInfo, StateCount, ToolCallView, ToolDetail, ToolSummary,
+        ToolsPage, ToolsQuery, TryOutcome,
     },
     error::{AppError, code},
 };
@@ -216,6 +217,144 @@ impl AdminBackend for ConsoleBackend {
         self.job_action(owner_id, id, ip, JobAction::Cancel).await
     }
 
+    async fn tools_page(&self, query: &ToolsQuery) -> Result<ToolsPage, AppError> {
+        let catalog = self.state.tools.catalog();
+        let matches = |have: String, want: &str| want.is_empty() || have == want;
+        let tools: Vec<ToolSummary> = catalog
+            .all()
+            .map(|t| self.tool_summary(t))
+            .filter(|t| matches(t.provider.clone(), &query.provider) && matches(t.audience.clone(), &query.audience) && matches(t.risk.clone(), &query.risk))
+            .collect();
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let recent_calls = db::tool_audit::recent(&mut conn, None, 50).await.map_err(internal)?.iter().map(call_view).collect();
+        let notices = db::owner_notifications::recent(&mut conn, 20)
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .map(|n| OwnerNotice { at: n.at, hook: n.hook, tool: n.tool, reason_code: n.reason_code, message: n.message })
+            .collect();
+        Ok(ToolsPage {
+            approval_mode: label(&catalog.approval_mode),
+            catalog_path: self.state.config.dir.join("tools.toml").display().to_string(),
+            total: catalog.len(),
+            tools,
+            recent_calls,
+            notices,
+        })
+    }
+
+    async fn tool_detail(&self, name: &str) -> Result<ToolDetail, AppError> {
+        use crate::tools::policy::{Actor, Decision, decide};
+        let catalog = self.state.tools.catalog();
+        let tool = catalog.get(name).ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no tool named {name:?} in the catalog.")))?;
+        let spec = &tool.spec;
+        let policy = |actor: Actor| match decide(spec, catalog.approval_mode, actor) {
+            Decision::Allow => "allowed".to_string(),
+            Decision::NeedsApproval { reason } => format!("needs an owner's approval ({reason})"),
+            Decision::Deny { reason } => format!("denied ({reason})"),
+        };
+        let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+        let required: Vec<String> = spec.input_schema.get("required").and_then(|r| r.as_array()).map(|r| r.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
+        let example: serde_json::Map<String, serde_json::Value> = required
+            .iter()
+            .filter(|f| !spec.managed_fields.contains(f) && !spec.secret_fields.contains_key(*f))
+            .map(|f| (f.clone(), serde_json::Value::String(String::new())))
+            .collect();
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let recent_calls = db::tool_audit::recent(&mut conn, Some(name), 20).await.map_err(internal)?.iter().map(call_view).collect();
+        Ok(ToolDetail {
+            summary: self.tool_summary(&tool),
+            when_to_use: spec.when_to_use.clone(),
+            when_not_to_use: spec.when_not_to_use.clone(),
+            aliases: spec.aliases.clone(),
+            triggers: spec.triggers.clone(),
+            chat_types: spec.chat_types.iter().map(label).collect(),
+            input_schema: pretty(&spec.input_schema),
+            output_schema: spec.output_schema.as_ref().map(pretty),
+            managed_fields: spec.managed_fields.clone(),
+            secret_fields: spec
+                .secret_fields
+                .iter()
+                .map(|(field, var)| SecretFieldView { field: field.clone(), variable: var.clone(), set: std::env::var(var).is_ok_and(|v| !v.trim().is_empty()) })
+                .collect(),
+            timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+            retry: format!("{} attempt(s), backoff from {} ms", spec.retry.max_attempts, spec.retry.backoff.as_millis()),
+            async_policy: label(&spec.async_policy),
+            chainable: spec.chainable,
+            max_result_bytes: spec.max_result_bytes,
+            connector: tool.connector.as_ref().map(|c| format!("{}: {:?} {}/{}", c.connector, c.action.method, c.base_url.trim_end_matches('/'), c.action.path)),
+            owner_policy: policy(Actor::Owner),
+            customer_policy: policy(Actor::Customer),
+            hooks: catalog.hooks.iter().filter(|h| h.applies_to(name)).map(|h| format!("{} ({}, {})", h.spec.name, label(&h.spec.point), label(&h.spec.kind))).collect(),
+            example_args: serde_json::to_string_pretty(&example).unwrap_or_else(|_| "{}".into()),
+            recent_calls,
+        })
+    }
+
+    async fn try_tool(&self, owner_id: i64, name: &str, args_json: &str, chat_type: &str, ip: &str) -> Result<TryOutcome, AppError> {
+        use crate::tools::{CallContext, ToolCall, catalog::ChatType, policy::Actor};
+        let args: serde_json::Value = serde_json::from_str(if args_json.trim().is_empty() { "{}" } else { args_json })
+            .map_err(|e| AppError::invalid(format!("The arguments are not valid JSON: {e}")))?;
+        let chat_type = match chat_type {
+            "group" => ChatType::Group,
+            "direct" | "" => ChatType::Direct,
+            other => return Err(AppError::invalid(format!("Unknown chat type {other:?}; use direct or group."))),
+        };
+        let correlation_id = format!("console-{}", uuid::Uuid::new_v4().simple());
+        {
+            let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+            let detail = serde_json::json!({ "tool": name, "correlation_id": correlation_id });
+            audit::record(&mut conn, audit::AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: audit::event::TOOL_TRY, detail: Some(detail), ..Default::default() })
+                .await
+                .map_err(internal)?;
+        }
+        let ctx = CallContext {
+            actor: Actor::Owner,
+            chat_type,
+            chat_id: Some("console".into()),
+            sender_id: Some(format!("owner:{owner_id}")),
+            correlation_id: correlation_id.clone(),
+            approved: false,
+        };
+        let started = std::time::Instant::now();
+        let result = self.state.tools.execute(ToolCall { name: name.to_string(), args }, &ctx).await;
+        // The page shows the call in "recent calls" right away.
+        self.state.tools.audit().flush().await;
+        let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Ok(match result {
+            Ok(ok) => TryOutcome {
+                tool: name.to_string(),
+                ok: true,
+                code: "OK".into(),
+                message: String::new(),
+                output: Some(serde_json::to_string_pretty(&ok.output).unwrap_or_default()),
+                attempts: ok.attempts,
+                correlation_id,
+                latency_ms,
+            },
+            Err(f) => TryOutcome { tool: name.to_string(), ok: false, code: f.code, message: f.message, output: None, attempts: 0, correlation_id, latency_ms },
+        })
+    }
+
+    async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError> {
+        let outcome = crate::tools::reload_catalog(&self.state.config.path, &self.state.tools);
+        let detail = match &outcome {
+            Ok(r) => serde_json::json!({ "ok": true, "tools": r.tools, "changed": r.changed }),
+            Err(e) => serde_json::json!({ "ok": false, "problems": e.0.len() }),
+        };
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        audit::record(&mut conn, audit::AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: audit::event::TOOLS_RELOAD, detail: Some(detail), ..Default::default() })
+            .await
+            .map_err(internal)?;
+        match outcome {
+            Ok(r) => Ok(ReloadOutcome { tools: r.tools, changed: r.changed }),
+            Err(e) => Err(AppError::new(
+                code::CONFIG_INVALID,
+                format!("The catalog was not reloaded; the current one stays. {} problem(s):\n{}", e.0.len(), e.0.iter().map(|p| format!("- {p}")).collect::<Vec<_>>().join("\n")),
+            )),
+        }
+    }
+
     fn session_absolute_timeout_ms(&self) -> i64 {
         i64::try_from(self.state.config.settings.auth.session_absolute_timeout.as_millis()).unwrap_or(i64::MAX)
     }
@@ -248,6 +387,53 @@ impl ConsoleBackend {
         tracing::info!(owner.id = owner_id, job.id = id, action = event, "owner changed a job");
         self.state.jobs.notify();
         Ok(())
+    }
+}
+
+/// The snake_case name serde gives an enum value.
+fn label<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
+
+fn call_view(r: &db::tool_audit::AuditRow) -> ToolCallView {
+    ToolCallView {
+        at: r.at,
+        tool: r.tool.clone(),
+        version: r.version.clone(),
+        actor: r.actor.clone(),
+        chat_type: r.chat_type.clone(),
+        chat_id: r.chat_id.clone(),
+        decision: r.decision.clone(),
+        reason_code: r.reason_code.clone(),
+        latency_us: r.latency_us,
+        attempts: r.attempts,
+        correlation_id: r.correlation_id.clone(),
+    }
+}
+
+impl ConsoleBackend {
+    fn tool_summary(&self, t: &crate::tools::ToolDef) -> ToolSummary {
+        use crate::tools::breaker::BreakerState;
+        let s = &t.spec;
+        let breaker = match self.state.tools.breakers().state(&s.name, std::time::Instant::now()) {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        };
+        ToolSummary {
+            name: s.name.clone(),
+            title: s.title.clone(),
+            description: s.description.clone(),
+            provider: label(&s.provider),
+            operation: label(&s.operation),
+            audience: label(&s.audience),
+            risk: label(&s.risk),
+            approval: label(&s.approval),
+            enabled: s.enabled,
+            version: t.version.clone(),
+            breaker: breaker.into(),
+            tags: s.tags.clone(),
+        }
     }
 }
 

@@ -4,6 +4,7 @@ mod support;
 
 mod auth;
 mod cli;
+mod connectors;
 mod jobs;
 mod jobs_process;
 mod migrations;
@@ -11,5 +12,6 @@ mod ops;
 mod server_fns;
 mod setup;
 mod tools;
+mod tools_console;
 mod web_fetch;
 mod web_search;
