@@ -105,6 +105,25 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
+    let llm = &settings.llm;
+    need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
+    need(llm.retry_initial_delay <= llm.retry_max_delay, "llm.retry_initial_delay", "must not exceed llm.retry_max_delay".into());
+    need(!llm.fallback_reply.trim().is_empty(), "llm.fallback_reply", "must not be empty".into());
+    need(!llm.owner_instruction.trim().is_empty(), "llm.owner_instruction", "must not be empty".into());
+    for (key, endpoint) in [("llm.anthropic.max_tokens", &llm.anthropic), ("llm.openai.max_tokens", &llm.openai)] {
+        need(endpoint.max_tokens >= 1, key, "must be at least 1".into());
+    }
+    let mut priced = BTreeSet::new();
+    for price in &settings.models.prices {
+        need(!price.model.trim().is_empty(), "models.prices", "every price needs a model name".into());
+        need(priced.insert(price.model.as_str()), "models.prices", format!("model {:?} is priced twice", price.model));
+        let amounts = [Some(price.input), Some(price.output), price.cache_read, price.cache_write];
+        need(
+            amounts.iter().flatten().all(|p| p.is_finite() && *p >= 0.0),
+            "models.prices",
+            format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
+        );
+    }
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -112,6 +131,7 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("database.acquire_timeout", settings.database.acquire_timeout),
         ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
         ("llm.openai.timeout", settings.llm.openai.timeout),
+        ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
         ("jobs.poll_interval", jobs.poll_interval),
         ("jobs.lease", jobs.lease),
         ("jobs.job_timeout", jobs.job_timeout),

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod jobs;
+pub mod llm_calls;
 pub mod owners;
 pub mod sessions;
 pub mod tool_audit;
