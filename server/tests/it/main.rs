@@ -6,6 +6,7 @@ mod auth;
 mod cli;
 mod jobs;
 mod jobs_process;
+mod llm;
 mod migrations;
 mod ops;
 mod server_fns;
