@@ -335,6 +335,39 @@ mod tests {
     }
 
     #[test]
+    fn shipped_config_prices_models_and_llm_keys_load() {
+        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(dir.path(), &std::fs::read_to_string(shipped).expect("shipped config"));
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("shipped config loads");
+        let s = &cfg.settings;
+        assert_eq!(s.llm, super::super::LlmSettings { anthropic: s.llm.anthropic.clone(), openai: s.llm.openai.clone(), ..Default::default() }, "documented defaults match the code's");
+        assert!(!s.models.chat.is_empty() && !s.models.compaction.is_empty());
+        for model in [&s.models.chat, &s.models.planner, &s.models.summarizer, &s.models.compaction] {
+            assert!(s.models.price(model).is_some(), "shipped model {model} has a price");
+        }
+    }
+
+    #[test]
+    fn bad_prices_and_retry_settings_are_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[llm]\nmax_retries = 50\nretry_initial_delay = \"10s\"\nretry_max_delay = \"1s\"\nfallback_reply = \" \"\n\
+             [[models.prices]]\nmodel = \"m\"\ninput = -1.0\noutput = 1.0\n[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+        assert!(err.to_string().contains("priced twice") && err.to_string().contains("zero or more"), "{err}");
+        let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
+        assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
+    }
+
+    #[test]
     fn shown_urls_hold_no_credentials() {
         assert_eq!(display_url("postgres://u:secret@h:5432/db"), "postgres://h:5432/db");
         assert_eq!(display_url("postgres://u@h/db?password=secret&sslmode=require"), "postgres://h/db");

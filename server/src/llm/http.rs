@@ -78,7 +78,7 @@ impl Endpoint {
         url: &str,
         request_id_header: &str,
         authorize: &(dyn Fn(RequestBuilder, &HeaderValue) -> RequestBuilder + Send + Sync),
-        classify: &(dyn Fn(u16, &[u8]) -> (ErrorCode, String) + Send + Sync),
+        classify: retry::Classify<'_>,
         parse: &(dyn Fn(&Value) -> Result<Parsed, String> + Send + Sync),
     ) -> Result<ChatResponse, LlmError> {
         let Some(key) = &self.key else {
