@@ -34,7 +34,7 @@ pub fn call_row(provider: &str, req: &ChatRequest, result: &Result<ChatResponse,
         Ok(r) => (
             r.usage,
             "ok".to_string(),
-            Some(serde_json::to_value(&r.stop_reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "other".into())),
+            Some(r.stop_reason.as_str().to_string()),
             Some(200),
             r.attempts,
             r.latency,
@@ -86,6 +86,12 @@ impl ChatModel for Recorded {
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let result = self.inner.chat(req).await;
         let row = call_row(self.inner.provider(), req, &result, &self.prices);
+        let labels = [("provider", row.provider.clone()), ("purpose", row.purpose.clone())];
+        metrics::counter!("llm_calls_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "outcome" => row.outcome.clone()).increment(1);
+        metrics::histogram!("llm_call_duration_seconds", &labels).record(row.latency_ms as f64 / 1000.0);
+        for (kind, n) in [("input", row.input_tokens), ("output", row.output_tokens), ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens)] {
+            metrics::counter!("llm_tokens_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "kind" => kind).increment(u64::try_from(n).unwrap_or(0));
+        }
         let written = async {
             let mut conn = self.db.pool.acquire().await?;
             crate::db::llm_calls::insert(&mut conn, &row).await

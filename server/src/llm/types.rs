@@ -152,8 +152,7 @@ impl ChatRequest {
 }
 
 /// Why the model stopped, the same for every provider.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
     EndTurn,
     MaxTokens,
@@ -191,6 +190,20 @@ impl StopReason {
             "tool_calls" | "function_call" => Self::ToolUse,
             "content_filter" => Self::Refusal,
             other => Self::Other(other.to_string()),
+        }
+    }
+
+    /// The provider-neutral name (`end_turn`, `tool_use`, ...; an unknown value as sent).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::EndTurn => "end_turn",
+            Self::MaxTokens => "max_tokens",
+            Self::StopSequence => "stop_sequence",
+            Self::ToolUse => "tool_use",
+            Self::PauseTurn => "pause_turn",
+            Self::Refusal => "refusal",
+            Self::ContextWindowExceeded => "model_context_window_exceeded",
+            Self::Other(other) => other,
         }
     }
 
@@ -250,5 +263,30 @@ impl ChatResponse {
     /// `pause_turn`, before calling again).
     pub fn to_message(&self) -> Message {
         Message { role: Role::Assistant, content: self.content.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_reasons_round_trip_and_unknown_ones_are_kept() {
+        for name in ["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded", "something_new"] {
+            assert_eq!(StopReason::from_anthropic(name).as_str(), name);
+        }
+        assert_eq!(StopReason::from_openai("tool_calls"), StopReason::ToolUse);
+        assert_eq!(StopReason::from_openai("stop").as_str(), "end_turn");
+        assert!(StopReason::from_anthropic("model_context_window_exceeded").is_truncated());
+        assert!(!StopReason::from_openai("stop").is_truncated());
+    }
+
+    #[test]
+    fn each_purpose_takes_its_configured_model() {
+        let models = ModelSettings { chat: "a".into(), planner: "b".into(), summarizer: "c".into(), compaction: "d".into(), prices: vec![] };
+        let picked: Vec<&str> = Purpose::ALL.iter().map(|p| p.model(&models)).collect();
+        assert_eq!(picked, ["a", "b", "c", "d"]);
+        let req = ChatRequest::new(&models, Purpose::Summarizer, "c1", vec![Message::user("x")]);
+        assert_eq!((req.model.as_str(), req.purpose.as_str()), ("c", "summarizer"));
     }
 }
