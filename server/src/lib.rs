@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod jobs;
+pub mod llm;
 pub mod owners;
 pub mod telemetry;
 pub mod tools;

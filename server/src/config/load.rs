@@ -105,6 +105,25 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
+    let llm = &settings.llm;
+    need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
+    need(llm.retry_initial_delay <= llm.retry_max_delay, "llm.retry_initial_delay", "must not exceed llm.retry_max_delay".into());
+    need(!llm.fallback_reply.trim().is_empty(), "llm.fallback_reply", "must not be empty".into());
+    need(!llm.owner_instruction.trim().is_empty(), "llm.owner_instruction", "must not be empty".into());
+    for (key, endpoint) in [("llm.anthropic.max_tokens", &llm.anthropic), ("llm.openai.max_tokens", &llm.openai)] {
+        need(endpoint.max_tokens >= 1, key, "must be at least 1".into());
+    }
+    let mut priced = BTreeSet::new();
+    for price in &settings.models.prices {
+        need(!price.model.trim().is_empty(), "models.prices", "every price needs a model name".into());
+        need(priced.insert(price.model.as_str()), "models.prices", format!("model {:?} is priced twice", price.model));
+        let amounts = [Some(price.input), Some(price.output), price.cache_read, price.cache_write];
+        need(
+            amounts.iter().flatten().all(|p| p.is_finite() && *p >= 0.0),
+            "models.prices",
+            format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
+        );
+    }
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -112,6 +131,7 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("database.acquire_timeout", settings.database.acquire_timeout),
         ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
         ("llm.openai.timeout", settings.llm.openai.timeout),
+        ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
         ("jobs.poll_interval", jobs.poll_interval),
         ("jobs.lease", jobs.lease),
         ("jobs.job_timeout", jobs.job_timeout),
@@ -312,6 +332,39 @@ mod tests {
         let path = write(dir.path(), "");
         let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
         assert_eq!(cfg.settings, Settings::default());
+    }
+
+    #[test]
+    fn shipped_config_prices_models_and_llm_keys_load() {
+        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(dir.path(), &std::fs::read_to_string(shipped).expect("shipped config"));
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("shipped config loads");
+        let s = &cfg.settings;
+        assert_eq!(s.llm, super::super::LlmSettings { anthropic: s.llm.anthropic.clone(), openai: s.llm.openai.clone(), ..Default::default() }, "documented defaults match the code's");
+        assert!(!s.models.chat.is_empty() && !s.models.compaction.is_empty());
+        for model in [&s.models.chat, &s.models.planner, &s.models.summarizer, &s.models.compaction] {
+            assert!(s.models.price(model).is_some(), "shipped model {model} has a price");
+        }
+    }
+
+    #[test]
+    fn bad_prices_and_retry_settings_are_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[llm]\nmax_retries = 50\nretry_initial_delay = \"10s\"\nretry_max_delay = \"1s\"\nfallback_reply = \" \"\n\
+             [[models.prices]]\nmodel = \"m\"\ninput = -1.0\noutput = 1.0\n[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+        assert!(err.to_string().contains("priced twice") && err.to_string().contains("zero or more"), "{err}");
+        let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
+        assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
     }
 
     #[test]

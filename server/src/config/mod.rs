@@ -163,20 +163,60 @@ impl LlmProvider {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+/// The language model provider, its endpoints, the retry budget and what happens without a key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LlmSettings {
     pub provider: LlmProvider,
+    /// Retries after the first attempt, for errors the provider marks as retryable; all of them
+    /// within the endpoint's `timeout`.
+    pub max_retries: u32,
+    /// First backoff delay; doubled per retry (with jitter) up to `retry_max_delay`.
+    #[serde(with = "duration_str")]
+    pub retry_initial_delay: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_max_delay: Duration,
+    /// What a customer is told when no model can answer (no key, or the provider failed).
+    pub fallback_reply: String,
+    /// The one line an owner is told in degraded mode. `{provider}` and `{variable}` are filled in.
+    pub owner_instruction: String,
     pub anthropic: EndpointSettings,
     pub openai: EndpointSettings,
+}
+
+impl Default for LlmSettings {
+    fn default() -> Self {
+        Self {
+            provider: LlmProvider::default(),
+            max_retries: 2,
+            retry_initial_delay: Duration::from_millis(500),
+            retry_max_delay: Duration::from_secs(8),
+            fallback_reply: "Sorry, I can't answer right now. Please try again a little later.".into(),
+            owner_instruction: "Gatehouse has no key for the {provider} model: set {variable} and restart to enable replies.".into(),
+            anthropic: EndpointSettings::default(),
+            openai: EndpointSettings::default(),
+        }
+    }
+}
+
+impl LlmSettings {
+    /// The endpoint of the configured provider.
+    pub fn endpoint(&self) -> &EndpointSettings {
+        match self.provider {
+            LlmProvider::Anthropic => &self.anthropic,
+            LlmProvider::Openai => &self.openai,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EndpointSettings {
     pub base_url: String,
+    /// Deadline for one request, retries and backoff included.
     #[serde(with = "duration_str")]
     pub timeout: Duration,
+    /// `max_tokens` sent when the caller does not ask for a different limit.
     pub max_tokens: u32,
 }
 
@@ -186,7 +226,7 @@ impl Default for EndpointSettings {
     }
 }
 
-/// Which model serves which purpose. Names live in config only.
+/// Which model serves which purpose, and what each model costs. Names live in config only.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSettings {
@@ -194,6 +234,29 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+    /// Prices per model, for the cost recorded with each call. A model without a price is
+    /// recorded with its tokens and an unknown cost.
+    pub prices: Vec<ModelPrice>,
+}
+
+impl ModelSettings {
+    pub fn price(&self, model: &str) -> Option<&ModelPrice> {
+        self.prices.iter().find(|p| p.model == model)
+    }
+}
+
+/// US dollars per million tokens, as providers publish them. Cache prices default to the input
+/// price when not given.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub model: String,
+    pub input: f64,
+    pub output: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
 
 /// The built-in `web_search` provider.

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod jobs;
+pub mod llm_calls;
 pub mod owner_notifications;
 pub mod owners;
 pub mod sessions;

@@ -100,8 +100,6 @@ impl AppState {
 
     /// The provider key variable to set, when the configured provider has no key.
     pub fn degraded(&self) -> Option<(&'static str, &'static str)> {
-        let provider = self.config.settings.llm.provider;
-        let var = provider.key_var();
-        self.config.secrets.by_name(var).is_none().then_some((provider.as_str(), var))
+        crate::llm::degraded(&self.config.settings, &self.config.secrets).map(|d| (d.provider, d.variable))
     }
 }

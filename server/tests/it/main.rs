@@ -7,6 +7,7 @@ mod cli;
 mod connectors;
 mod jobs;
 mod jobs_process;
+mod llm;
 mod migrations;
 mod ops;
 mod server_fns;
