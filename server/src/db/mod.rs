@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod jobs;
+pub mod mcp;
 pub mod owners;
 pub mod sessions;
 pub mod tool_audit;

@@ -164,6 +164,7 @@ impl TestApp {
                 server::tools::Catalog::load(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")), &|_| false)
                     .expect("shipped tools.toml loads"),
             ),
+            mcp: Arc::default(),
         };
         let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle()).expect("state");
         let router = web::router(state.clone());
