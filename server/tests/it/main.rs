@@ -6,6 +6,7 @@ mod auth;
 mod cli;
 mod jobs;
 mod jobs_process;
+mod mcp;
 mod migrations;
 mod ops;
 mod server_fns;
