@@ -456,3 +456,54 @@ async fn starts_with_the_last_known_tools_when_a_server_is_down() {
     assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::DISABLED, "a disabled server's tools are withheld");
     rig.manager.shutdown().await;
 }
+
+/// The `gatehouse` binary: check-config includes mcp.toml; `mcp refresh`, `mcp list`,
+/// `mcp tools`, `mcp approve` and `tools call` work for an MCP server.
+#[test]
+fn the_command_line_lists_approves_and_calls_mcp_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
+    let db = dir.path().join("data/gatehouse.db");
+    let config = dir.path().join("gatehouse.toml");
+    std::fs::write(&config, shipped.replace("url = \"sqlite://data/gatehouse.db\"", &format!("url = \"sqlite://{}\"", db.display()))).expect("config");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gatehouse")).arg("--config").arg(&config).args(args).output().expect("run gatehouse");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    std::fs::write(dir.path().join("mcp.toml"), "[[server]]\nid = \"Time\"\nbogus = 1\n[server.transport]\ntype = \"http\"\nurl = \"nope\"\n").expect("bad mcp.toml");
+    let (code, _, stderr) = run(&["check-config"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("server[0] (Time)") && stderr.contains("bogus") && stderr.contains("mcp.toml"), "{stderr}");
+
+    let servers = stdio("time", "approval = \"never\"\ndefault_risk = \"low\"", &time_server(), &["--local-timezone", "UTC"], &[]);
+    std::fs::write(dir.path().join("mcp.toml"), servers).expect("mcp.toml");
+    let (code, stdout, stderr) = run(&["check-config"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("mcp servers: 1") && stdout.contains("time (stdio, Untrusted, enabled)"), "{stdout}");
+
+    let (code, stdout, stderr) = run(&["mcp", "refresh", "time"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"taken\": 2"), "{stdout}");
+    let (_, stdout, _) = run(&["mcp", "list"]);
+    assert!(stdout.starts_with("time\tstdio\tUntrusted\tenabled\t"), "{stdout}");
+    assert!(stdout.contains("tools=2\tpending=2"), "{stdout}");
+    let (_, stdout, _) = run(&["mcp", "tools", "time"]);
+    assert!(stdout.contains("time__get_current_time\tpending\tnot offered"), "{stdout}");
+
+    let call = ["tools", "call", "time__get_current_time", "--args", r#"{"timezone":"Asia/Tokyo"}"#];
+    let (code, stdout, _) = run(&call);
+    assert_eq!(code, 1);
+    assert!(stdout.contains("TOOL_QUARANTINED"), "{stdout}");
+    let (code, stdout, stderr) = run(&["mcp", "approve", "time__get_current_time"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("approved"), "{stdout}");
+    let (code, stdout, stderr) = run(&call);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let out: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(out["output"]["structured"]["timezone"], "Asia/Tokyo", "{out}");
+    assert_eq!(out["output"]["untrusted"], true);
+    let (code, _, stderr) = run(&["mcp", "tools", "nope"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("MCP_UNKNOWN_SERVER"), "{stderr}");
+}

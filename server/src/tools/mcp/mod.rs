@@ -113,6 +113,18 @@ pub(crate) struct Inner {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+impl Inner {
+    /// A new session starts with a clean slate: the checkpoint's breakers of the server's tools
+    /// (opened by failures of the session that ended) are closed.
+    pub(crate) fn reset_tool_breakers(&self, server: &str) {
+        let Some(checkpoint) = self.checkpoint.read().ok().and_then(|w| w.upgrade()) else { return };
+        let tools: Vec<String> = self.routes.read().map(|r| r.iter().filter(|(_, route)| route.server == server).map(|(name, _)| name.clone()).collect()).unwrap_or_default();
+        for tool in tools {
+            checkpoint.breakers().record_success(&tool);
+        }
+    }
+}
+
 /// The MCP side of Gatehouse: servers, their tools, quarantine decisions and supervision.
 #[derive(Clone)]
 pub struct McpManager {
@@ -289,17 +301,17 @@ impl McpManager {
             if !row.present {
                 continue;
             }
-            let hold = |code: &'static str, reason: String| (row.catalog_name.clone(), Withheld { code, reason });
-            if !*server.enabled.borrow() {
-                withheld.extend([hold(code::DISABLED, format!("the MCP server {} is disabled", server.config.id))]);
-                continue;
-            }
-            if row.state == db::mcp::state::REJECTED {
-                withheld.extend([hold(code::REJECTED, format!("{} was rejected by an owner", row.catalog_name))]);
-                continue;
-            }
-            if !row.usable() {
-                withheld.extend([hold(code::QUARANTINED, format!("{} is new or changed and waits for an owner's approval", row.catalog_name))]);
+            let held = if !*server.enabled.borrow() {
+                Some(Withheld { code: code::DISABLED, reason: format!("the MCP server {} is disabled", server.config.id) })
+            } else if row.state == db::mcp::state::REJECTED {
+                Some(Withheld { code: code::REJECTED, reason: format!("{} was rejected by an owner", row.catalog_name) })
+            } else if !row.usable() {
+                Some(Withheld { code: code::QUARANTINED, reason: format!("{} is new or changed and waits for an owner's approval", row.catalog_name) })
+            } else {
+                None
+            };
+            if let Some(held) = held {
+                withheld.insert(row.catalog_name.clone(), held);
                 continue;
             }
             let def: Value = serde_json::from_str(&row.definition).unwrap_or(Value::Null);
@@ -310,7 +322,7 @@ impl McpManager {
                 }
                 Err(e) => {
                     tracing::warn!(mcp.server = %row.server_id, tool = %row.catalog_name, error = %e, "MCP tool left out of the catalog");
-                    withheld.extend([hold(code::DISABLED, format!("{} has a definition Gatehouse cannot use: {e}", row.catalog_name))]);
+                    withheld.insert(row.catalog_name.clone(), Withheld { code: code::DISABLED, reason: format!("{} has a definition Gatehouse cannot use: {e}", row.catalog_name) });
                 }
             }
         }
@@ -414,7 +426,7 @@ impl McpManager {
             audit::record(&mut conn, entry).await?;
         }
         let (done, answer) = oneshot::channel();
-        s.refresh.send(Some(done)).map_err(|_| McpError::Unavailable(format!("the supervisor of {server} is not running")))?;
+        s.refresh.send(session::RefreshRequest::Refresh(done)).map_err(|_| McpError::Unavailable(format!("the supervisor of {server} is not running")))?;
         let wait = s.config.discovery.timeout + s.config.call_timeout;
         match tokio::time::timeout(wait, answer).await {
             Ok(Ok(Ok(report))) => Ok(report),
@@ -511,6 +523,7 @@ impl ToolExecutor for McpExecutor {
         let result = match outcome {
             Err(_) => {
                 self.inner.breakers.record_failure(&route.server, Instant::now());
+                let _ = server.refresh.send(session::RefreshRequest::Probe);
                 return Err(ToolError::new(code::TIMEOUT, format!("{} did not answer within {timeout:?}", route.server), false));
             }
             Ok(Err(rmcp::ServiceError::McpError(e))) => {

@@ -21,9 +21,17 @@ use crate::{db::mcp::Found, tools::checkpoint::SecretSource};
 /// in its config. Gatehouse's environment holds API keys, which a server must not see.
 const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT"];
 
-/// Asks for a refresh: `None` from the server's own notification, `Some` from an owner or the
-/// CLI, answered when the refresh is done.
-pub type RefreshRequest = Option<tokio::sync::oneshot::Sender<Result<DiscoveryReport, String>>>;
+/// What a server's supervisor is asked to do while its session lives.
+#[derive(Debug)]
+pub enum RefreshRequest {
+    /// The server sent `notifications/tools/list_changed`.
+    ListChanged,
+    /// An owner or the CLI asks; answered when the refresh is done.
+    Refresh(tokio::sync::oneshot::Sender<Result<DiscoveryReport, String>>),
+    /// A call timed out: is the session still alive? A server that does not answer a
+    /// `tools/list` either is reconnected (an HTTP session that was lost hangs otherwise).
+    Probe,
+}
 
 /// Our side of the protocol: announces Gatehouse and turns `tools/list_changed` into a refresh.
 #[derive(Debug, Clone)]
@@ -33,7 +41,7 @@ pub struct Handler {
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.refresh.send(None);
+        let _ = self.refresh.send(RefreshRequest::ListChanged);
     }
 
     fn get_info(&self) -> ClientConfig {

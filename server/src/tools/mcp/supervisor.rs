@@ -92,7 +92,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 _ = enabled.changed() => continue,
                 _ = shutdown.changed() => break,
                 Some(req) = refresh.recv() => {
-                    if let Some(w) = req {
+                    if let RefreshRequest::Refresh(w) = req {
                         let _ = w.send(Err(format!("{} is disabled", cfg.id)));
                     }
                     continue;
@@ -118,6 +118,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 });
                 record_health(&inner, &server, health::CONNECTED, None, true).await;
                 inner.breakers.record_success(&cfg.id);
+                inner.reset_tool_breakers(&cfg.id);
                 answer(&mut waiters, &Ok(report));
                 let since = Instant::now();
                 let ended = serve(&inner, &manager, &server, session, &mut refresh, &mut shutdown, &mut enabled).await;
@@ -141,7 +142,11 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.changed() => break,
             _ = enabled.changed() => {}
-            Some(req) = refresh.recv() => waiters.extend(req),
+            Some(req) = refresh.recv() => {
+                if let RefreshRequest::Refresh(w) = req {
+                    waiters.push(w);
+                }
+            }
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -186,16 +191,24 @@ async fn serve(
                 }
             }
             Some(req) = refresh.recv() => {
-                let result = match tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await {
+                let listed = tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
+                let result = match listed {
                     Ok(Ok((found, report))) => store(inner, manager, server, &found, &report).await.map(|()| report),
                     Ok(Err(e)) => Err(e),
                     Err(_) => Err(format!("listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)),
                 };
+                let probe = matches!(req, RefreshRequest::Probe);
                 match &result {
                     Ok(_) => record_health(inner, server, health::CONNECTED, None, true).await,
+                    // A session that does not answer after a timed-out call is replaced.
+                    Err(e) if probe => {
+                        if let Some(c) = cancel.take() { c.cancel(); }
+                        let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                        return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
+                    }
                     Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
                 }
-                if let Some(w) = req {
+                if let RefreshRequest::Refresh(w) = req {
                     let _ = w.send(result);
                 }
             }
