@@ -57,6 +57,9 @@ pub enum Command {
     /// List tools, or call one through the checkpoint.
     #[command(subcommand)]
     Tools(ToolsCommand),
+    /// MCP servers: status, tools and quarantine decisions.
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -68,6 +71,24 @@ pub enum ToolsCommand {
     List,
     /// Call a tool through the same checkpoint the assistant uses (audited).
     Call(ToolsCall),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Servers with transport, trust, health, tool counts and tools waiting for approval.
+    List,
+    /// A server's tools (as last discovered) with their quarantine state.
+    Tools { server: String },
+    /// Connect to a server now, discover its tools and store them (new ones wait for approval).
+    Refresh { server: String },
+    /// Approve a tool's current definition (by its catalog name, `<server>__<tool>`).
+    Approve { tool: String },
+    /// Reject a tool (by its catalog name); calls to it fail with TOOL_REJECTED.
+    Reject { tool: String },
+    /// Enable a server (overrides config/mcp.toml).
+    Enable { server: String },
+    /// Disable a server (overrides config/mcp.toml).
+    Disable { server: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -134,6 +155,8 @@ pub enum BenchCommand {
     Jobs(crate::bench::JobsBench),
     /// Call a no-op tool through the checkpoint; print its overhead and calls/s with audit.
     Checkpoint(crate::bench::CheckpointBench),
+    /// MCP discovery time and per-call overhead with server-everything over stdio and HTTP.
+    Mcp(crate::tools::mcp::bench::McpBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -234,8 +257,10 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Worker => worker(cfg).await,
             Command::Jobs(cmd) => jobs_command(&cfg, cmd).await,
             Command::Tools(cmd) => tools_command(&cfg, cmd).await,
+            Command::Mcp(cmd) => mcp_command(&cfg, cmd).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Mcp(args)) => crate::tools::mcp::bench::run(args).await.map_err(Failure::runtime),
         }
     })
 }
@@ -253,6 +278,10 @@ fn check_config(cli: &Cli) -> Result<(), Failure> {
         println!("  {} = {}", entry.key, entry.value);
     }
     println!("tools: {} in the catalog (approval mode {:?})", cfg.catalog.len(), cfg.catalog.approval_mode);
+    println!("mcp servers: {} in {}", cfg.mcp.servers.len(), cfg.dir.join("mcp.toml").display());
+    for s in &cfg.mcp.servers {
+        println!("  {} ({}, {:?}, {}) {}", s.id, s.transport.kind(), s.trust, if s.enabled { "enabled" } else { "disabled" }, s.transport.target());
+    }
     println!("secrets (from the environment; values never shown):");
     for (name, set) in cfg.secrets.presence() {
         println!("  {name}: {}", if set { "set" } else { "unset" });
@@ -301,6 +330,9 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     let grace = server.shutdown_grace;
     let state = AppState::new(cfg, db.clone(), addr, web::ops::metrics_handle()).map_err(Failure::runtime)?;
     spawn_catalog_reload(state.clone());
+    if let Err(e) = state.mcp.start().await {
+        tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
+    }
     if let Some((provider, var)) = state.degraded() {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
@@ -316,6 +348,7 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
         tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
     });
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
+    let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
     if let Some(worker) = worker {
         let _ = worker.await;
     }
@@ -333,10 +366,8 @@ fn spawn_catalog_reload(state: AppState) {
     tokio::spawn(async move {
         let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hangups.recv().await.is_some() {
-            if let Err(e) = crate::tools::reload_catalog(&state.config.path, &state.tools) {
-                for p in &e.0 {
-                    tracing::error!(problem = %p, "tool catalog reload failed; keeping the current catalog");
-                }
+            if let Err(e) = crate::tools::reload_catalog(&state.config.path, &state.mcp, &state.tools).await {
+                tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog");
             }
         }
     });
@@ -356,22 +387,35 @@ async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Fai
     use crate::tools::{CallContext, ToolCall, catalog::ChatType, policy::Actor};
     match cmd {
         ToolsCommand::List => {
-            if cfg.catalog.is_empty() {
-                println!("no tools in {}", cfg.dir.join("tools.toml").display());
+            let db = connect(cfg).await?;
+            let (checkpoint, mcp) = crate::tools::checkpoint_with_mcp(cfg, &db).map_err(Failure::runtime)?;
+            mcp.load_cached().await.map_err(Failure::runtime)?;
+            let catalog = checkpoint.catalog();
+            if catalog.is_empty() {
+                println!("no tools in {} or from MCP servers", cfg.dir.join("tools.toml").display());
             }
-            for t in cfg.catalog.all() {
+            for t in catalog.all() {
                 let s = &t.spec;
                 println!(
                     "{}\t{:?}\t{:?}\t{:?}\t{:?}\t{}\t{}",
                     s.name, s.provider, s.audience, s.risk, s.approval, if s.enabled { "enabled" } else { "disabled" }, &t.version[..19]
                 );
             }
+            db.close().await;
             Ok(())
         }
         ToolsCommand::Call(c) => {
             let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             let db = connect(cfg).await?;
-            let checkpoint = crate::tools::checkpoint_for(cfg, &db).map_err(Failure::runtime)?;
+            let (checkpoint, mcp) = crate::tools::checkpoint_with_mcp(cfg, &db).map_err(Failure::runtime)?;
+            mcp.start().await.map_err(Failure::runtime)?;
+            // An MCP tool needs its server: wait for it to connect (bounded), then call.
+            if let Some(server) = mcp.server_of(&c.name) {
+                let bound = cfg.mcp.get(&server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
+                if let Err(e) = mcp.wait_connected(&server, bound).await {
+                    tracing::warn!(mcp.server = %server, error = %e, "MCP server not connected; the call will say so");
+                }
+            }
             let ctx = CallContext {
                 actor: match c.actor {
                     ActorArg::Owner => Actor::Owner,
@@ -388,6 +432,7 @@ async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Fai
             };
             let result = checkpoint.execute(ToolCall { name: c.name.clone(), args }, &ctx).await;
             checkpoint.audit().flush().await;
+            mcp.shutdown().await;
             db.close().await;
             match result {
                 Ok(ok) => {
@@ -402,6 +447,77 @@ async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Fai
             }
         }
     }
+}
+
+async fn mcp_command(cfg: &LoadedConfig, cmd: &McpCommand) -> Result<(), Failure> {
+    use crate::tools::mcp::{Actor, McpError};
+    let db = connect(cfg).await?;
+    let (_checkpoint, mcp) = crate::tools::checkpoint_with_mcp(cfg, &db).map_err(Failure::runtime)?;
+    let fail = |e: McpError| match e {
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) => Failure::usage(e.to_string()),
+        other => Failure::runtime(other),
+    };
+    let cli_owner = Actor { owner_id: None, login: Some("cli".into()), ip: None };
+    let when = |ms: Option<i64>| ms.map_or_else(|| "never".to_string(), |ms| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64)).to_string());
+    let result = async {
+        match cmd {
+            McpCommand::List => {
+                mcp.load_cached().await.map_err(fail)?;
+                if cfg.mcp.servers.is_empty() {
+                    println!("no MCP servers in {}", cfg.dir.join("mcp.toml").display());
+                }
+                for s in mcp.servers().await.map_err(fail)? {
+                    println!(
+                        "{}	{}	{:?}	{}	{}	tools={}	pending={}	last_seen={}	{}	{}",
+                        s.id,
+                        s.transport,
+                        s.trust,
+                        if s.enabled { "enabled" } else { "disabled" },
+                        s.health,
+                        s.tool_count,
+                        s.pending,
+                        when(s.last_seen_at),
+                        s.target,
+                        s.last_error.unwrap_or_default()
+                    );
+                }
+            }
+            McpCommand::Tools { server } => {
+                for t in mcp.tools(server).await.map_err(fail)? {
+                    let listed = if t.present { "" } else { "	(no longer listed)" };
+                    println!("{}	{}	{}	{}{listed}", t.catalog_name, t.state, if t.usable { "offered" } else { "not offered" }, &t.definition_hash[..19.min(t.definition_hash.len())]);
+                }
+            }
+            McpCommand::Refresh { server } => {
+                mcp.start().await.map_err(fail)?;
+                let bound = cfg.mcp.get(server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
+                let outcome = match mcp.wait_connected(server, bound).await {
+                    Ok(()) => mcp.live(server).map_err(fail)?.last_discovery.ok_or_else(|| Failure::runtime("no discovery result")),
+                    Err(e) => Err(fail(e)),
+                };
+                mcp.shutdown().await;
+                let report = outcome?;
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            }
+            McpCommand::Approve { tool } => {
+                let t = mcp.approve(tool, &cli_owner).await.map_err(fail)?;
+                println!("{} approved ({})", t.catalog_name, t.definition_hash);
+            }
+            McpCommand::Reject { tool } => {
+                let t = mcp.reject(tool, &cli_owner).await.map_err(fail)?;
+                println!("{} rejected", t.catalog_name);
+            }
+            McpCommand::Enable { server } | McpCommand::Disable { server } => {
+                let enable = matches!(cmd, McpCommand::Enable { .. });
+                mcp.set_enabled(server, enable, &cli_owner).await.map_err(fail)?;
+                println!("{server} {}", if enable { "enabled" } else { "disabled" });
+            }
+        }
+        Ok(())
+    }
+    .await;
+    db.close().await;
+    result
 }
 
 async fn jobs_command(cfg: &LoadedConfig, cmd: &JobsCommand) -> Result<(), Failure> {

@@ -52,6 +52,8 @@ pub struct LoadedConfig {
     pub dir: PathBuf,
     /// The tool catalog from `tools.toml` beside the main file (empty when there is none).
     pub catalog: std::sync::Arc<crate::tools::Catalog>,
+    /// The MCP servers from `mcp.toml` beside the main file (none when there is no file).
+    pub mcp: std::sync::Arc<crate::tools::mcp::McpConfig>,
 }
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
@@ -81,10 +83,20 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
     } else {
         crate::tools::Catalog::default()
     };
+    let mcp_path = dir.join("mcp.toml");
+    let mcp = if mcp_path.is_file() {
+        let is_set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
+        crate::tools::mcp::config::load(&mcp_path, &is_set).unwrap_or_else(|mcp_problems| {
+            problems.extend(mcp_problems);
+            crate::tools::mcp::McpConfig::default()
+        })
+    } else {
+        crate::tools::mcp::McpConfig::default()
+    };
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }
-    Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir, catalog: std::sync::Arc::new(catalog) })
+    Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir, catalog: std::sync::Arc::new(catalog), mcp: std::sync::Arc::new(mcp) })
 }
 
 /// Checks that need more than a type: ranges, URLs, combinations.

@@ -17,6 +17,11 @@ pub mod event {
     pub const JOB_CANCEL: &str = "job_cancel";
     pub const TOOL_TRY: &str = "tool_try";
     pub const TOOLS_RELOAD: &str = "tools_reload";
+    pub const MCP_TOOL_APPROVED: &str = "mcp_tool_approved";
+    pub const MCP_TOOL_REJECTED: &str = "mcp_tool_rejected";
+    pub const MCP_SERVER_ENABLED: &str = "mcp_server_enabled";
+    pub const MCP_SERVER_DISABLED: &str = "mcp_server_disabled";
+    pub const MCP_SERVER_REFRESHED: &str = "mcp_server_refreshed";
 }
 
 #[derive(Debug, Clone, Default)]

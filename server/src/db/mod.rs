@@ -6,6 +6,7 @@ pub mod audit;
 pub mod jobs;
 pub mod llm_calls;
 pub mod owner_notifications;
+pub mod mcp;
 pub mod owners;
 pub mod sessions;
 pub mod tool_audit;

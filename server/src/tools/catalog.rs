@@ -174,6 +174,23 @@ pub struct ToolDef {
     pub connector: Option<Arc<super::connectors::ConnectorAction>>,
 }
 
+impl ToolDef {
+    /// A definition made at run time (from MCP discovery), under the same rules as the file:
+    /// a valid name, an object input schema, schemas that compile.
+    pub fn from_spec(spec: ToolSpec) -> Result<Self, String> {
+        if !valid_tool_name(&spec.name) {
+            return Err(format!("{:?} is not a valid tool name", spec.name));
+        }
+        if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+            return Err("the input schema must have \"type\": \"object\"".into());
+        }
+        let input_validator = compile(&spec.input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
+        let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
+        let version = version_hash(&spec);
+        Ok(Self { spec, version, input_validator, output_validator })
+    }
+}
+
 impl std::fmt::Debug for ToolDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolDef").field("name", &self.spec.name).field("version", &self.version).finish_non_exhaustive()
@@ -211,6 +228,17 @@ pub struct Catalog {
     /// In priority order (lower first).
     pub hooks: Vec<super::hooks::Hook>,
     pub audit: AuditSettings,
+    /// Tools that exist but are not offered (an MCP tool waiting for an owner, say): a call
+    /// fails with the given code instead of `TOOL_UNKNOWN`.
+    withheld: BTreeMap<String, Withheld>,
+}
+
+/// Why a known tool is not offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    /// A stable error code, such as `TOOL_QUARANTINED`.
+    pub code: &'static str,
+    pub reason: String,
 }
 
 /// Valid under both Anthropic's and OpenAI's tool-name rules: `^[a-zA-Z0-9_-]{1,64}$`.
@@ -393,7 +421,29 @@ impl Catalog {
             }
         }
         hooks.sort_by_key(|h| h.spec.priority);
-        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
+
+    /// This catalog plus tools from other sources (MCP servers), keeping the approval mode,
+    /// hooks and every existing definition (and so its version). A name already taken is
+    /// refused and reported, never overwritten.
+    pub fn with_extra(&self, extra: impl IntoIterator<Item = Arc<ToolDef>>, withheld: BTreeMap<String, Withheld>) -> (Self, Vec<String>) {
+        let mut tools = self.tools.clone();
+        let mut clashes = Vec::new();
+        for tool in extra {
+            if tools.contains_key(&tool.spec.name) {
+                clashes.push(tool.spec.name.clone());
+            } else {
+                tools.insert(tool.spec.name.clone(), tool);
+            }
+        }
+        let mut all_withheld = self.withheld.clone();
+        all_withheld.extend(withheld.into_iter().filter(|(name, _)| !tools.contains_key(name)));
+        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld }, clashes)
+    }
+
+    /// Why `name` is known but not offered, if it is.
+    pub fn withheld(&self, name: &str) -> Option<&Withheld> {
+        self.withheld.get(name)
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<ToolDef>> {

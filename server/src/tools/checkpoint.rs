@@ -44,6 +44,10 @@ pub mod code {
     pub const SECRET_MISSING: &str = "TOOL_SECRET_MISSING";
     pub const NO_EXECUTOR: &str = "TOOL_NO_EXECUTOR";
     pub const HOOK_DENIED: &str = "TOOL_HOOK_DENIED";
+    /// A tool that is new or changed and waits for an owner's approval.
+    pub const QUARANTINED: &str = "TOOL_QUARANTINED";
+    /// A tool an owner rejected.
+    pub const REJECTED: &str = "TOOL_REJECTED";
 }
 
 /// A call as the planner (or an owner) proposes it.
@@ -348,7 +352,10 @@ impl Checkpoint {
         let mut attempts = 0;
         let mut notify = Vec::new();
         let result = match &tool {
-            None => Err(fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name))),
+            None => Err(match catalog.withheld(&call.name) {
+                Some(w) => fail(w.code, w.reason.clone()),
+                None => fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name)),
+            }),
             Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts, &mut notify).await,
         };
         if let Err(f) = &result {

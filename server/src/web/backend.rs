@@ -337,10 +337,11 @@ impl AdminBackend for ConsoleBackend {
     }
 
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError> {
-        let outcome = crate::tools::reload_catalog(&self.state.config.path, &self.state.tools);
+        let outcome = crate::tools::reload_catalog(&self.state.config.path, &self.state.mcp, &self.state.tools).await;
         let detail = match &outcome {
             Ok(r) => serde_json::json!({ "ok": true, "tools": r.tools, "changed": r.changed }),
-            Err(e) => serde_json::json!({ "ok": false, "problems": e.0.len() }),
+            Err(crate::tools::ReloadError::Config(e)) => serde_json::json!({ "ok": false, "problems": e.0.len() }),
+            Err(crate::tools::ReloadError::Mcp(_)) => serde_json::json!({ "ok": false, "problems": 1 }),
         };
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         audit::record(&mut conn, audit::AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: audit::event::TOOLS_RELOAD, detail: Some(detail), ..Default::default() })
@@ -348,10 +349,11 @@ impl AdminBackend for ConsoleBackend {
             .map_err(internal)?;
         match outcome {
             Ok(r) => Ok(ReloadOutcome { tools: r.tools, changed: r.changed }),
-            Err(e) => Err(AppError::new(
+            Err(crate::tools::ReloadError::Config(e)) => Err(AppError::new(
                 code::CONFIG_INVALID,
                 format!("The catalog was not reloaded; the current one stays. {} problem(s):\n{}", e.0.len(), e.0.iter().map(|p| format!("- {p}")).collect::<Vec<_>>().join("\n")),
             )),
+            Err(crate::tools::ReloadError::Mcp(e)) => Err(internal(e)),
         }
     }
 

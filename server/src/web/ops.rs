@@ -57,6 +57,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         };
         metrics::gauge!("tool_breaker_state", "tool" => name).set(value);
     }
+    for (server, health, tools) in state.mcp.health_gauges() {
+        metrics::gauge!("mcp_server_health", "server" => server.clone()).set(health);
+        metrics::gauge!("mcp_server_tools", "server" => server).set(tools as f64);
+    }
     if let Ok(mut conn) = state.db.pool.acquire().await {
         if let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await {
             for s in crate::db::jobs::JobState::ALL {

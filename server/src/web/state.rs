@@ -35,6 +35,8 @@ pub struct App {
     pub jobs: JobQueue,
     /// The one checkpoint every tool call passes.
     pub tools: Arc<Checkpoint>,
+    /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
+    pub mcp: crate::tools::mcp::McpManager,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -52,7 +54,7 @@ impl Deref for AppState {
 impl AppState {
     /// Fails only when the HTTP client for built-in tools cannot be set up (TLS initialisation).
     pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Result<Self, reqwest::Error> {
-        let tools = Arc::new(crate::tools::checkpoint_for(&config, &db)?);
+        let (tools, mcp) = crate::tools::checkpoint_with_mcp(&config, &db)?;
         let public_url = if config.settings.server.public_url.is_empty() {
             format!("http://{listen_addr}")
         } else {
@@ -76,6 +78,7 @@ impl AppState {
             metrics,
             jobs: JobQueue::new(db.clone()),
             tools,
+            mcp,
             setup_done: AtomicBool::new(false),
         })))
     }

@@ -8,6 +8,7 @@ mod connectors;
 mod jobs;
 mod jobs_process;
 mod llm;
+mod mcp;
 mod migrations;
 mod ops;
 mod server_fns;

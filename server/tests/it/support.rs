@@ -171,6 +171,7 @@ impl TestApp {
             dir: dir.to_path_buf(),
             // The shipped catalog needs no secrets.
             catalog: Arc::new(server::tools::Catalog::load(&dir.join("tools.toml"), &|_| false).expect("tools.toml loads")),
+            mcp: Arc::default(),
         };
         let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle()).expect("state");
         let router = web::router(state.clone());

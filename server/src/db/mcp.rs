@@ -1,0 +1,266 @@
+//! MCP servers and their tools: the discovery cache, quarantine and health.
+
+use sqlx::{AnyConnection, Row, any::AnyRow};
+
+use super::{DbError, now_ms};
+
+/// Quarantine states of a discovered tool.
+pub mod state {
+    /// New or changed: not offered, not callable, until an owner decides.
+    pub const PENDING: &str = "pending";
+    pub const APPROVED: &str = "approved";
+    pub const REJECTED: &str = "rejected";
+}
+
+/// Health of a server as last seen.
+pub mod health {
+    pub const CONNECTED: &str = "connected";
+    /// Connected, but discovery or calls fail.
+    pub const DEGRADED: &str = "degraded";
+    pub const DOWN: &str = "down";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerRow {
+    pub id: String,
+    pub enabled_override: Option<bool>,
+    pub health: String,
+    pub last_error: Option<String>,
+    pub last_seen_at: Option<i64>,
+    pub tool_count: i64,
+    pub discovered_at: Option<i64>,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ToolRow {
+    pub server_id: String,
+    pub name: String,
+    pub catalog_name: String,
+    /// JSON text of the bounded definition.
+    pub definition: String,
+    pub definition_hash: String,
+    pub state: String,
+    pub approved_hash: Option<String>,
+    pub previous_definition: Option<String>,
+    pub present: bool,
+    pub first_seen_at: i64,
+    pub updated_at: i64,
+    pub decided_at: Option<i64>,
+    pub decided_by: Option<i64>,
+}
+
+impl ToolRow {
+    /// Offered and callable: approved, its current definition the approved one, still listed.
+    pub fn usable(&self) -> bool {
+        self.present && self.state == state::APPROVED && self.approved_hash.as_deref() == Some(self.definition_hash.as_str())
+    }
+}
+
+const SERVER_COLUMNS: &str = "id, enabled_override, health, last_error, last_seen_at, tool_count, discovered_at, updated_at";
+const TOOL_COLUMNS: &str = "server_id, name, catalog_name, definition, definition_hash, state, approved_hash, previous_definition, present, first_seen_at, updated_at, decided_at, decided_by";
+
+fn server_row(r: &AnyRow) -> Result<ServerRow, sqlx::Error> {
+    Ok(ServerRow {
+        id: r.try_get(0)?,
+        enabled_override: r.try_get::<Option<i64>, _>(1)?.map(|v| v != 0),
+        health: r.try_get(2)?,
+        last_error: r.try_get(3)?,
+        last_seen_at: r.try_get(4)?,
+        tool_count: r.try_get(5)?,
+        discovered_at: r.try_get(6)?,
+        updated_at: r.try_get(7)?,
+    })
+}
+
+fn tool_row(r: &AnyRow) -> Result<ToolRow, sqlx::Error> {
+    Ok(ToolRow {
+        server_id: r.try_get(0)?,
+        name: r.try_get(1)?,
+        catalog_name: r.try_get(2)?,
+        definition: r.try_get(3)?,
+        definition_hash: r.try_get(4)?,
+        state: r.try_get(5)?,
+        approved_hash: r.try_get(6)?,
+        previous_definition: r.try_get(7)?,
+        present: r.try_get::<i64, _>(8)? != 0,
+        first_seen_at: r.try_get(9)?,
+        updated_at: r.try_get(10)?,
+        decided_at: r.try_get(11)?,
+        decided_by: r.try_get(12)?,
+    })
+}
+
+/// Makes sure a row exists for each configured server (health `down` until it connects).
+pub async fn ensure_server(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO mcp_servers (id, health, tool_count, updated_at) VALUES ($1, $2, 0, $3) ON CONFLICT (id) DO NOTHING")
+        .bind(id)
+        .bind(health::DOWN)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn servers(conn: &mut AnyConnection) -> Result<Vec<ServerRow>, DbError> {
+    let rows = sqlx::query(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers ORDER BY id")).fetch_all(&mut *conn).await?;
+    Ok(rows.iter().map(server_row).collect::<Result<_, _>>()?)
+}
+
+pub async fn server(conn: &mut AnyConnection, id: &str) -> Result<Option<ServerRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(server_row).transpose()?)
+}
+
+/// Records health. `seen` also sets `last_seen_at` (the server answered).
+pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_error: Option<&str>, seen: bool) -> Result<(), DbError> {
+    let now = now_ms();
+    sqlx::query(
+        "UPDATE mcp_servers SET health = $1, last_error = COALESCE($2, last_error), \
+         last_seen_at = CASE WHEN $3 = 1 THEN $4 ELSE last_seen_at END, updated_at = $4 WHERE id = $5",
+    )
+    .bind(health)
+    .bind(last_error)
+    .bind(i64::from(seen))
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn set_enabled_override(conn: &mut AnyConnection, id: &str, enabled: Option<bool>) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE mcp_servers SET enabled_override = $1, updated_at = $2 WHERE id = $3")
+        .bind(enabled.map(i64::from))
+        .bind(now_ms())
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Every cached tool of every server (or of one), by server and name.
+pub async fn tools(conn: &mut AnyConnection, server_id: Option<&str>) -> Result<Vec<ToolRow>, DbError> {
+    let rows = sqlx::query(&format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE ($1 = '' OR server_id = $1) ORDER BY server_id, name"))
+        .bind(server_id.unwrap_or_default())
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.iter().map(tool_row).collect::<Result<_, _>>()?)
+}
+
+pub async fn tool_by_catalog_name(conn: &mut AnyConnection, catalog_name: &str) -> Result<Option<ToolRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE catalog_name = $1")).bind(catalog_name).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(tool_row).transpose()?)
+}
+
+/// One tool as a discovery found it.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub name: String,
+    pub catalog_name: String,
+    pub definition: String,
+    pub definition_hash: String,
+}
+
+/// What a discovery changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Changes {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// Stores a discovery's result, applying quarantine: a new tool, or one whose definition hash
+/// changed, is `pending` with its previous definition kept; a definition that returns to the
+/// approved hash is approved again. On a trusted server's first discovery its tools are
+/// approved without an owner. Run it in a write transaction.
+pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted: bool, found: &[Found]) -> Result<Changes, DbError> {
+    let now = now_ms();
+    let first = server(&mut *conn, server_id).await?.is_none_or(|s| s.discovered_at.is_none());
+    let known: std::collections::HashMap<String, ToolRow> = tools(&mut *conn, Some(server_id)).await?.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let mut changes = Changes::default();
+    for f in found {
+        match known.get(&f.name) {
+            None => {
+                let approved = first && trusted;
+                sqlx::query(&format!(
+                    "INSERT INTO mcp_tools ({TOOL_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, 1, $8, $8, NULL, NULL)"
+                ))
+                .bind(server_id)
+                .bind(&f.name)
+                .bind(&f.catalog_name)
+                .bind(&f.definition)
+                .bind(&f.definition_hash)
+                .bind(if approved { state::APPROVED } else { state::PENDING })
+                .bind(approved.then_some(f.definition_hash.as_str()))
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+                changes.added.push(f.name.clone());
+            }
+            Some(old) if old.definition_hash != f.definition_hash => {
+                let back_to_approved = old.approved_hash.as_deref() == Some(f.definition_hash.as_str()) && old.state != state::REJECTED;
+                sqlx::query(
+                    "UPDATE mcp_tools SET catalog_name = $1, definition = $2, definition_hash = $3, state = $4, previous_definition = $5, \
+                     present = 1, updated_at = $6 WHERE server_id = $7 AND name = $8",
+                )
+                .bind(&f.catalog_name)
+                .bind(&f.definition)
+                .bind(&f.definition_hash)
+                .bind(if back_to_approved { state::APPROVED } else { state::PENDING })
+                .bind(&old.definition)
+                .bind(now)
+                .bind(server_id)
+                .bind(&f.name)
+                .execute(&mut *conn)
+                .await?;
+                changes.changed.push(f.name.clone());
+            }
+            Some(old) if !old.present => {
+                sqlx::query("UPDATE mcp_tools SET present = 1, updated_at = $1 WHERE server_id = $2 AND name = $3")
+                    .bind(now)
+                    .bind(server_id)
+                    .bind(&f.name)
+                    .execute(&mut *conn)
+                    .await?;
+                changes.added.push(f.name.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    for old in known.values().filter(|t| t.present && !found.iter().any(|f| f.name == t.name)) {
+        sqlx::query("UPDATE mcp_tools SET present = 0, updated_at = $1 WHERE server_id = $2 AND name = $3")
+            .bind(now)
+            .bind(server_id)
+            .bind(&old.name)
+            .execute(&mut *conn)
+            .await?;
+        changes.removed.push(old.name.clone());
+    }
+    sqlx::query("UPDATE mcp_servers SET discovered_at = COALESCE(discovered_at, $1), tool_count = $2, updated_at = $1 WHERE id = $3")
+        .bind(now)
+        .bind(i64::try_from(found.len()).unwrap_or(i64::MAX))
+        .bind(server_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(changes)
+}
+
+/// An owner's decision on a tool's current definition. `None` when there is no such tool.
+/// Approving records the hash approved, so a later change quarantines it again.
+pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool, owner_id: Option<i64>) -> Result<Option<ToolRow>, DbError> {
+    let now = now_ms();
+    let sql = if approve {
+        "UPDATE mcp_tools SET state = $1, approved_hash = definition_hash, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4"
+    } else {
+        "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4"
+    };
+    sqlx::query(sql)
+        .bind(if approve { state::APPROVED } else { state::REJECTED })
+        .bind(now)
+        .bind(owner_id)
+        .bind(catalog_name)
+        .execute(&mut *conn)
+        .await?;
+    tool_by_catalog_name(conn, catalog_name).await
+}

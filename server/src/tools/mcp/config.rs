@@ -1,0 +1,431 @@
+//! `config/mcp.toml`: the MCP servers Gatehouse connects to. Loading checks every server on its
+//! own (unknown keys, ids, transports, limits, secrets named by environment variable) and reports
+//! every problem at once, with file and key, like `tools.toml`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{Problem, duration_str},
+    tools::catalog::{Approval, Audience, Risk},
+};
+
+/// How far a server's own claims are believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Trust {
+    /// Its first tools are approved without an owner; it may relax approval of destructive tools.
+    Trusted,
+    /// Every tool waits for an owner; annotations can only make a tool stricter.
+    #[default]
+    Untrusted,
+}
+
+/// A value written in the file, or the name of the environment variable that holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ValueOrSecret {
+    Plain(String),
+    /// `{ secret = "VAR", prefix = "Bearer " }`: the value of `VAR`, after `prefix`.
+    Secret {
+        secret: String,
+        #[serde(default)]
+        prefix: String,
+    },
+}
+
+impl ValueOrSecret {
+    /// The value, reading secrets from `secrets`. `None` when a secret is unset.
+    pub fn resolve(&self, secrets: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        match self {
+            Self::Plain(v) => Some(v.clone()),
+            Self::Secret { secret, prefix } => secrets(secret).map(|v| format!("{prefix}{v}")),
+        }
+    }
+
+    fn secret_var(&self) -> Option<&str> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Secret { secret, .. } => Some(secret),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Transport {
+    /// A child process speaking JSON-RPC on stdin and stdout.
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        /// Variables for the child. It does not inherit Gatehouse's environment (which holds
+        /// keys), only PATH, HOME, LANG and TMPDIR.
+        #[serde(default)]
+        env: BTreeMap<String, ValueOrSecret>,
+        #[serde(default)]
+        cwd: Option<PathBuf>,
+    },
+    /// Streamable HTTP: one endpoint, such as `https://host/mcp`.
+    Http {
+        url: String,
+        #[serde(default)]
+        headers: BTreeMap<String, ValueOrSecret>,
+    },
+}
+
+impl Transport {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Stdio { .. } => "stdio",
+            Self::Http { .. } => "http",
+        }
+    }
+
+    /// Where it runs, safe to show: the command, or the URL without credentials.
+    pub fn target(&self) -> String {
+        match self {
+            Self::Stdio { command, .. } => command.clone(),
+            Self::Http { url, .. } => crate::config::load::display_url(url),
+        }
+    }
+}
+
+/// Bounds on what discovery accepts from a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryLimits {
+    /// Connecting, initializing and listing every page, together.
+    #[serde(with = "duration_str")]
+    pub timeout: Duration,
+    pub max_pages: u32,
+    /// A tool whose input plus output schema is larger (as JSON) is left out.
+    pub max_schema_bytes: u32,
+    /// Longer descriptions are cut.
+    pub max_description_chars: u32,
+}
+
+impl Default for DiscoveryLimits {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(20), max_pages: 50, max_schema_bytes: 64_000, max_description_chars: 1_000 }
+    }
+}
+
+/// Hard ceiling of `max_tools`, whatever the file says.
+pub const MAX_TOOLS_LIMIT: u32 = 1_000;
+
+fn yes() -> bool {
+    true
+}
+fn default_max_tools() -> u32 {
+    100
+}
+fn default_call_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_audience() -> Audience {
+    Audience::OwnerOnly
+}
+fn default_risk() -> Risk {
+    Risk::Medium
+}
+fn default_approval() -> Approval {
+    Approval::Ask
+}
+
+/// One `[[server]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Lower-case letters, digits and '-', at most 24; the prefix of its tools' names.
+    pub id: String,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub transport: Transport,
+    #[serde(default)]
+    pub trust: Trust,
+    /// Tool names (as the server names them) to take; empty takes all. `prefix*` matches a prefix.
+    #[serde(default)]
+    pub allow_tools: Vec<String>,
+    /// Tool names never taken, even when allowed. `prefix*` matches a prefix.
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    #[serde(default = "default_max_tools")]
+    pub max_tools: u32,
+    #[serde(default = "default_call_timeout", with = "duration_str")]
+    pub call_timeout: Duration,
+    #[serde(default = "default_audience")]
+    pub default_audience: Audience,
+    /// The least risk its tools get; annotations can raise it, never lower it.
+    #[serde(default = "default_risk")]
+    pub default_risk: Risk,
+    /// Approval rule for its tools (under the catalog's approval mode).
+    #[serde(default = "default_approval")]
+    pub approval: Approval,
+    /// Destructive tools always need an owner. Only a trusted server may turn this off.
+    #[serde(default = "yes")]
+    pub destructive_needs_approval: bool,
+    #[serde(default)]
+    pub discovery: DiscoveryLimits,
+}
+
+impl ServerConfig {
+    /// Whether the server's tool `name` passes the allow and deny lists.
+    pub fn takes(&self, name: &str) -> bool {
+        let matches = |pattern: &String| match pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == pattern,
+        };
+        (self.allow_tools.is_empty() || self.allow_tools.iter().any(matches)) && !self.deny_tools.iter().any(matches)
+    }
+
+    /// Environment variables holding its secrets.
+    pub fn secret_vars(&self) -> Vec<&str> {
+        match &self.transport {
+            Transport::Stdio { env, .. } => env.values().filter_map(ValueOrSecret::secret_var).collect(),
+            Transport::Http { headers, .. } => headers.values().filter_map(ValueOrSecret::secret_var).collect(),
+        }
+    }
+}
+
+/// Every server in `mcp.toml`, in file order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct McpConfig {
+    pub servers: Vec<ServerConfig>,
+}
+
+impl McpConfig {
+    pub fn get(&self, id: &str) -> Option<&ServerConfig> {
+        self.servers.iter().find(|s| s.id == id)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpFile {
+    #[serde(default)]
+    server: Vec<toml::Value>,
+}
+
+/// Server ids become tool-name prefixes, so they are short and plain.
+pub fn valid_server_id(id: &str) -> bool {
+    (1..=24).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !name.as_bytes()[0].is_ascii_digit()
+}
+
+/// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a value.
+pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConfig, Vec<Problem>> {
+    let source = path.display().to_string();
+    let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
+    let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the MCP servers file: {e}"))])?;
+    let file: McpFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for an MCP servers file: {e}"))])?;
+
+    let mut problems = Vec::new();
+    let mut servers = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, raw) in file.server.into_iter().enumerate() {
+        let label = raw.get("id").and_then(|n| n.as_str()).map_or_else(|| format!("server[{i}]"), |n| format!("server[{i}] ({n})"));
+        let server: ServerConfig = match raw.try_into() {
+            Ok(s) => s,
+            Err(e) => {
+                problems.push(problem(label, e.to_string().trim().to_string()));
+                continue;
+            }
+        };
+        let before = problems.len();
+        let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
+        if !valid_server_id(&server.id) {
+            bad("id", "must be 1 to 24 lower-case letters, digits or '-', starting with a letter or digit".into());
+        }
+        if !seen.insert(server.id.clone()) {
+            bad("id", format!("{:?} is used by more than one server", server.id));
+        }
+        if !(1..=MAX_TOOLS_LIMIT).contains(&server.max_tools) {
+            bad("max_tools", format!("must be 1 to {MAX_TOOLS_LIMIT}"));
+        }
+        if server.call_timeout.is_zero() {
+            bad("call_timeout", "must be longer than zero".into());
+        }
+        let d = &server.discovery;
+        if d.timeout.is_zero() {
+            bad("discovery.timeout", "must be longer than zero".into());
+        }
+        if d.max_pages == 0 {
+            bad("discovery.max_pages", "must be at least 1".into());
+        }
+        if d.max_schema_bytes < 64 {
+            bad("discovery.max_schema_bytes", "must be at least 64".into());
+        }
+        if d.max_description_chars == 0 {
+            bad("discovery.max_description_chars", "must be at least 1".into());
+        }
+        if server.trust == Trust::Untrusted && !server.destructive_needs_approval {
+            bad("destructive_needs_approval", "only a trusted server may run destructive tools without an owner's approval".into());
+        }
+        for (field, list) in [("allow_tools", &server.allow_tools), ("deny_tools", &server.deny_tools)] {
+            if list.iter().any(|p| p.trim().is_empty()) {
+                bad(field, "holds an empty name".into());
+            }
+        }
+        match &server.transport {
+            Transport::Stdio { command, env, cwd, .. } => {
+                if command.trim().is_empty() {
+                    bad("transport.command", "must name the program to start".into());
+                }
+                for name in env.keys().filter(|n| !valid_env_name(n)) {
+                    bad("transport.env", format!("{name:?} is not a valid environment variable name"));
+                }
+                if let Some(dir) = cwd.as_ref().filter(|d| server.enabled && !d.is_dir()) {
+                    bad("transport.cwd", format!("{} is not a folder", dir.display()));
+                }
+            }
+            Transport::Http { url, headers } => {
+                let ok = url::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+                if !ok {
+                    bad("transport.url", format!("{:?} is not an http(s) URL", crate::config::load::display_url(url)));
+                }
+                for name in headers.keys().filter(|n| http::HeaderName::from_bytes(n.as_bytes()).is_err()) {
+                    bad("transport.headers", format!("{name:?} is not a valid HTTP header name"));
+                }
+                for (name, value) in headers {
+                    if let ValueOrSecret::Plain(v) = value {
+                        if http::HeaderValue::from_str(v).is_err() {
+                            bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
+                        }
+                    }
+                }
+            }
+        }
+        if server.enabled {
+            for var in server.secret_vars() {
+                if !secret_is_set(var) {
+                    bad("transport", format!("needs the environment variable {var}, which is not set"));
+                }
+            }
+        }
+        if problems.len() == before {
+            servers.push(server);
+        }
+    }
+    if problems.is_empty() { Ok(McpConfig { servers }) } else { Err(problems) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_text(text: &str, secrets: &[&str]) -> Result<McpConfig, Vec<Problem>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("mcp.toml");
+        std::fs::write(&path, text).expect("write");
+        let set: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
+        load(&path, &move |v| set.iter().any(|s| s == v))
+    }
+
+    const GOOD: &str = r#"
+[[server]]
+id = "everything"
+trust = "trusted"
+allow_tools = ["get-*", "echo"]
+deny_tools = ["get-env"]
+max_tools = 20
+call_timeout = "5s"
+default_audience = "public"
+default_risk = "low"
+approval = "never"
+destructive_needs_approval = false
+discovery = { timeout = "3s", max_pages = 4 }
+[server.transport]
+type = "stdio"
+command = "node"
+args = ["index.js", "stdio"]
+env = { MODE = "test", TOKEN = { secret = "EVERYTHING_TOKEN" } }
+
+[[server]]
+id = "remote"
+[server.transport]
+type = "http"
+url = "https://mcp.example/mcp"
+headers = { Authorization = { secret = "REMOTE_TOKEN", prefix = "Bearer " } }
+"#;
+
+    #[test]
+    fn loads_both_transports_with_defaults() {
+        let cfg = load_text(GOOD, &["EVERYTHING_TOKEN", "REMOTE_TOKEN"]).expect("valid");
+        let everything = cfg.get("everything").expect("server");
+        assert_eq!(everything.trust, Trust::Trusted);
+        assert_eq!(everything.discovery.max_pages, 4);
+        assert_eq!(everything.discovery.max_description_chars, 1_000, "unset limits keep their defaults");
+        assert!(everything.takes("get-sum") && everything.takes("echo"));
+        assert!(!everything.takes("get-env"), "deny wins over allow");
+        assert!(!everything.takes("toggle-simulated-logging"), "not allowed");
+        let remote = cfg.get("remote").expect("server");
+        assert_eq!(remote.trust, Trust::Untrusted, "untrusted unless said otherwise");
+        assert_eq!(remote.default_audience, Audience::OwnerOnly);
+        assert_eq!(remote.approval, Approval::Ask);
+        assert_eq!(remote.transport.kind(), "http");
+        let Transport::Http { headers, .. } = &remote.transport else { panic!("http") };
+        let resolved = headers["Authorization"].resolve(&|v| (v == "REMOTE_TOKEN").then(|| "t0ken".into()));
+        assert_eq!(resolved.as_deref(), Some("Bearer t0ken"));
+    }
+
+    #[test]
+    fn reports_every_problem_with_file_and_key() {
+        let text = format!(
+            "{GOOD}\n{}\n{}\n{}",
+            "[[server]]\nid = \"Bad_Id\"\nmax_tools = 0\ncall_timeout = \"0s\"\ndestructive_needs_approval = false\n[server.transport]\ntype = \"http\"\nurl = \"ftp://x\"\nheaders = { \"bad header\" = \"v\" }\n",
+            "[[server]]\nid = \"remote\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"\"\nenv = { \"1X\" = \"v\" }\n",
+            "[[server]]\nid = \"typo\"\ntrust = \"sure\"\nretries = 3\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n",
+        );
+        let problems = load_text(&text, &[]).expect_err("invalid");
+        let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
+        assert!(has("server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN"), "{shown:#?}");
+        assert!(has("server[1] (remote).transport: needs the environment variable REMOTE_TOKEN"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).id: must be 1 to 24"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).max_tools"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).call_timeout"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).destructive_needs_approval: only a trusted server"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).transport.url"), "{shown:#?}");
+        assert!(has("server[2] (Bad_Id).transport.headers"), "{shown:#?}");
+        assert!(has("server[3] (remote).id: \"remote\" is used by more than one server"), "{shown:#?}");
+        assert!(has("server[3] (remote).transport.command"), "{shown:#?}");
+        assert!(has("server[3] (remote).transport.env"), "{shown:#?}");
+        assert!(has("server[4] (typo)") && (has("sure") || has("retries")), "{shown:#?}");
+        assert!(problems.iter().all(|p| p.source.ends_with("mcp.toml")));
+    }
+
+    #[test]
+    fn unknown_transport_keys_are_refused() {
+        let text = "[[server]]\nid = \"x\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\nurl = \"http://a\"\n";
+        let problems = load_text(text, &[]).expect_err("invalid");
+        assert!(problems[0].to_string().contains("url"), "{problems:?}");
+        let text = "[[server]]\nid = \"x\"\n[server.transport]\ntype = \"sse\"\nurl = \"http://a\"\n";
+        assert!(load_text(text, &[]).is_err(), "the legacy SSE transport is not offered");
+    }
+
+    #[test]
+    fn disabled_servers_need_no_secrets() {
+        let cfg = load_text(&GOOD.replace("id = \"remote\"", "id = \"remote\"\nenabled = false"), &["EVERYTHING_TOKEN"]).expect("valid");
+        assert!(!cfg.get("remote").expect("server").enabled);
+    }
+
+    #[test]
+    fn server_ids_are_plain() {
+        assert!(valid_server_id("everything"));
+        assert!(valid_server_id("time-2"));
+        assert!(!valid_server_id("-x"));
+        assert!(!valid_server_id("a_b"), "'_' would blur the '__' separator");
+        assert!(!valid_server_id(&"x".repeat(25)));
+    }
+}

@@ -1,0 +1,198 @@
+//! One connection to one MCP server: start the transport, initialize, and list tools within the
+//! discovery bounds. `tools/list_changed` from the server asks its supervisor for a refresh.
+
+use std::{collections::HashMap, process::Stdio, time::Instant};
+
+use rmcp::{
+    ClientHandler, RoleClient, ServiceExt,
+    model::{ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams},
+    service::{NotificationContext, Peer, RunningService},
+    transport::{StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig},
+};
+use tokio::{io::AsyncBufReadExt, sync::mpsc};
+
+use super::{
+    config::{ServerConfig, Transport, ValueOrSecret},
+    normalize::{self, Skipped},
+};
+use crate::{db::mcp::Found, tools::checkpoint::SecretSource};
+
+/// Variables a stdio server gets from Gatehouse's own environment; everything else it gets is
+/// in its config. Gatehouse's environment holds API keys, which a server must not see.
+const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT"];
+
+/// What a server's supervisor is asked to do while its session lives.
+#[derive(Debug)]
+pub enum RefreshRequest {
+    /// The server sent `notifications/tools/list_changed`.
+    ListChanged,
+    /// An owner or the CLI asks; answered when the refresh is done.
+    Refresh(tokio::sync::oneshot::Sender<Result<DiscoveryReport, String>>),
+    /// A call timed out: is the session still alive? A server that does not answer a
+    /// `tools/list` either is reconnected (an HTTP session that was lost hangs otherwise).
+    Probe,
+}
+
+/// Our side of the protocol: announces Gatehouse and turns `tools/list_changed` into a refresh.
+#[derive(Debug, Clone)]
+pub struct Handler {
+    pub refresh: mpsc::UnboundedSender<RefreshRequest>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.refresh.send(RefreshRequest::ListChanged);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
+    }
+}
+
+pub type Session = RunningService<RoleClient, Handler>;
+
+/// A failure to connect, with a message that holds no secret.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ConnectError(pub String);
+
+/// Replaces every secret value of the server's config in `text`, and bounds it.
+pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> String {
+    let values: Vec<ValueOrSecret> = match &server.transport {
+        Transport::Stdio { env, .. } => env.values().cloned().collect(),
+        Transport::Http { headers, .. } => headers.values().cloned().collect(),
+    };
+    let mut out = text.to_string();
+    for v in values {
+        if let ValueOrSecret::Secret { secret, .. } = v {
+            if let Some(value) = secrets(&secret).filter(|v| v.len() >= 4) {
+                out = out.replace(&value, "[REDACTED]");
+            }
+        }
+    }
+    normalize::bound_text(&out, 500)
+}
+
+fn resolve(server: &ServerConfig, secrets: &SecretSource, value: &ValueOrSecret) -> Result<String, ConnectError> {
+    value.resolve(&|var| secrets(var)).ok_or_else(|| match value {
+        ValueOrSecret::Secret { secret, .. } => ConnectError(format!("the environment variable {secret} is not set (server {})", server.id)),
+        ValueOrSecret::Plain(_) => ConnectError("unreachable".into()),
+    })
+}
+
+/// Starts the transport and runs the initialize handshake.
+pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Handler) -> Result<Session, ConnectError> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| ConnectError(scrub(server, secrets, &format!("{what}: {e}")));
+    match &server.transport {
+        Transport::Stdio { command, args, env, cwd } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear();
+            for var in PASSED_THROUGH {
+                if let Ok(v) = std::env::var(var) {
+                    cmd.env(var, v);
+                }
+            }
+            for (name, value) in env {
+                cmd.env(name, resolve(server, secrets, value)?);
+            }
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            let (transport, stderr) =
+                TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().map_err(|e| failed(&format!("cannot start {command}"), &e))?;
+            if let Some(stderr) = stderr {
+                // A server's stderr is its log, not an error; kept at debug level, bounded per line.
+                let id = server.id.clone();
+                tokio::spawn(async move {
+                    let mut lines = tokio::io::BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        tracing::debug!(mcp.server = %id, line = %normalize::bound_text(&line, 300), "mcp server stderr");
+                    }
+                });
+            }
+            handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
+        }
+        Transport::Http { url, headers } => {
+            let mut custom = HashMap::new();
+            for (name, value) in headers {
+                let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| failed("bad header name", &e))?;
+                let mut value = http::HeaderValue::from_str(&resolve(server, secrets, value)?).map_err(|_| ConnectError(format!("the value of header {name} is not valid")))?;
+                value.set_sensitive(true);
+                custom.insert(name, value);
+            }
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom).reinit_on_expired_session(true);
+            let transport = StreamableHttpClientTransport::from_config(config);
+            handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
+        }
+    }
+}
+
+/// What one discovery found, for the console and `gatehouse mcp list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiscoveryReport {
+    /// Tools the server listed (over the pages read).
+    pub listed: usize,
+    /// Tools taken into the cache.
+    pub taken: usize,
+    pub pages: u32,
+    /// More tools than `max_tools`, or more pages than `discovery.max_pages`: the rest were ignored.
+    pub truncated: bool,
+    pub skipped: Vec<Skipped>,
+    pub elapsed_ms: u64,
+}
+
+/// Lists tools across pages, keeping within the server's bounds (the caller bounds the time).
+pub async fn discover(server: &ServerConfig, peer: &Peer<RoleClient>) -> Result<(Vec<Found>, DiscoveryReport), String> {
+    let started = Instant::now();
+    let limits = &server.discovery;
+    let max_tools = server.max_tools as usize;
+    let mut report = DiscoveryReport::default();
+    let mut found: Vec<Found> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        if report.pages >= limits.max_pages {
+            report.truncated = true;
+            break;
+        }
+        report.pages += 1;
+        let page = peer
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor.take())))
+            .await
+            .map_err(|e| format!("tools/list failed: {}", normalize::bound_text(&e.to_string(), 300)))?;
+        for tool in page.tools {
+            report.listed += 1;
+            let name = tool.name.to_string();
+            if !server.takes(&name) {
+                continue;
+            }
+            if found.len() >= max_tools {
+                report.truncated = true;
+                continue;
+            }
+            if found.iter().any(|f| f.name == name) {
+                report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason: "listed twice".into() });
+                continue;
+            }
+            match normalize::definition(&tool, limits) {
+                Ok(def) => found.push(Found {
+                    catalog_name: normalize::catalog_name(&server.id, &name),
+                    definition_hash: normalize::definition_hash(&def),
+                    definition: def.to_string(),
+                    name,
+                }),
+                Err(reason) => report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason }),
+            }
+        }
+        match page.next_cursor {
+            Some(next) if found.len() < max_tools => cursor = Some(next),
+            Some(_) => {
+                report.truncated = true;
+                break;
+            }
+            None => break,
+        }
+    }
+    report.taken = found.len();
+    report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Ok((found, report))
+}

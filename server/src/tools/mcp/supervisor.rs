@@ -1,0 +1,217 @@
+//! One task per server: connect and discover within the time bound, serve refreshes while the
+//! session lives, and reconnect with backoff when it ends (a stdio server that exited is started
+//! again). Health goes to the database; nothing here holds a lock across an await, so a hung
+//! server only ever holds up its own task.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    Inner, McpManager, Server,
+    session::{self, DiscoveryReport, Handler, RefreshRequest, Session},
+};
+use crate::db::{self, mcp::health};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A session that lived this long resets the backoff.
+const STABLE: Duration = Duration::from_secs(60);
+
+type Waiters = Vec<oneshot::Sender<Result<DiscoveryReport, String>>>;
+
+fn answer(waiters: &mut Waiters, result: &Result<DiscoveryReport, String>) {
+    for w in waiters.drain(..) {
+        let _ = w.send(result.clone());
+    }
+}
+
+async fn record_health(inner: &Inner, server: &Server, state: &'static str, error: Option<String>, seen: bool) {
+    server.live.send_modify(|l| {
+        l.health = state;
+        if error.is_some() || state == health::CONNECTED {
+            l.last_error.clone_from(&error);
+        }
+        if state != health::CONNECTED && state != health::DEGRADED {
+            l.peer = None;
+        }
+    });
+    if let Some(e) = &error {
+        tracing::warn!(mcp.server = %server.config.id, health = state, error = %e, "MCP server health");
+    }
+    let written = async {
+        let mut conn = inner.db.pool.acquire().await?;
+        db::mcp::set_health(&mut conn, &server.config.id, state, error.as_deref(), seen).await
+    }
+    .await;
+    if let Err(e) = written {
+        tracing::error!(mcp.server = %server.config.id, error = %e, "recording MCP server health failed");
+    }
+}
+
+/// Stores a discovery (quarantine applied) and publishes the new catalog.
+async fn store(inner: &Inner, manager: &McpManager, server: &Server, found: &[db::mcp::Found], report: &DiscoveryReport) -> Result<(), String> {
+    let trusted = server.config.trust == super::Trust::Trusted;
+    let stored = async {
+        let mut tx = inner.db.begin_write().await?;
+        db::mcp::ensure_server(&mut tx, &server.config.id).await?;
+        let changes = db::mcp::apply_discovery(&mut tx, &server.config.id, trusted, found).await?;
+        tx.commit().await?;
+        Ok::<_, db::DbError>(changes)
+    }
+    .await
+    .map_err(|e| format!("storing the discovered tools failed: {e}"))?;
+    if !(changes_empty(&stored)) {
+        tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed; new and changed tools wait for an owner");
+    }
+    server.live.send_modify(|l| l.last_discovery = Some(report.clone()));
+    manager.rebuild().await.map_err(|e| format!("publishing the catalog failed: {e}"))
+}
+
+fn changes_empty(c: &db::mcp::Changes) -> bool {
+    c.added.is_empty() && c.changed.is_empty() && c.removed.is_empty()
+}
+
+pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Server>, mut refresh: mpsc::UnboundedReceiver<RefreshRequest>) {
+    let cfg = &server.config;
+    let mut shutdown = inner.shutdown.subscribe();
+    let mut enabled = server.enabled.subscribe();
+    let mut backoff = FIRST_BACKOFF;
+    let mut waiters: Waiters = Vec::new();
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        if !*enabled.borrow_and_update() {
+            answer(&mut waiters, &Err(format!("{} is disabled", cfg.id)));
+            record_health(&inner, &server, health::DOWN, Some("disabled".into()), false).await;
+            tokio::select! {
+                _ = enabled.changed() => continue,
+                _ = shutdown.changed() => break,
+                Some(req) = refresh.recv() => {
+                    if let RefreshRequest::Refresh(w) = req {
+                        let _ = w.send(Err(format!("{} is disabled", cfg.id)));
+                    }
+                    continue;
+                }
+            }
+        }
+        let handler = Handler { refresh: server.refresh.clone() };
+        let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
+            let session = session::connect(cfg, &inner.secrets, handler).await.map_err(|e| e.0)?;
+            let (found, report) = session::discover(cfg, session.peer()).await?;
+            Ok::<_, String>((session, found, report))
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("connecting and listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)));
+        match attempt {
+            Ok((session, found, report)) => {
+                if let Err(e) = store(&inner, &manager, &server, &found, &report).await {
+                    tracing::error!(mcp.server = %cfg.id, error = %e, "MCP discovery not stored");
+                }
+                server.live.send_modify(|l| {
+                    l.peer = Some(session.peer().clone());
+                    l.connections += 1;
+                });
+                record_health(&inner, &server, health::CONNECTED, None, true).await;
+                inner.breakers.record_success(&cfg.id);
+                inner.reset_tool_breakers(&cfg.id);
+                answer(&mut waiters, &Ok(report));
+                let since = Instant::now();
+                let ended = serve(&inner, &manager, &server, session, &mut refresh, &mut shutdown, &mut enabled).await;
+                server.live.send_modify(|l| l.peer = None);
+                record_health(&inner, &server, health::DOWN, Some(ended), false).await;
+                if since.elapsed() >= STABLE {
+                    backoff = FIRST_BACKOFF;
+                }
+            }
+            Err(e) => {
+                let e = session::scrub(cfg, &inner.secrets, &e);
+                answer(&mut waiters, &Err(e.clone()));
+                record_health(&inner, &server, health::DOWN, Some(e), false).await;
+            }
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+        // Wait before the next try; an owner's refresh tries again at once.
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => break,
+            _ = enabled.changed() => {}
+            Some(req) = refresh.recv() => {
+                if let RefreshRequest::Refresh(w) = req {
+                    waiters.push(w);
+                }
+            }
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+    answer(&mut waiters, &Err(format!("{} stopped", cfg.id)));
+    server.live.send_modify(|l| {
+        l.peer = None;
+        l.health = health::DOWN;
+    });
+}
+
+/// Serves one session until it ends; returns why it ended.
+async fn serve(
+    inner: &Inner,
+    manager: &McpManager,
+    server: &Server,
+    session: Session,
+    refresh: &mut mpsc::UnboundedReceiver<RefreshRequest>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    enabled: &mut tokio::sync::watch::Receiver<bool>,
+) -> String {
+    let cfg = &server.config;
+    let peer = session.peer().clone();
+    let mut cancel = Some(session.cancellation_token());
+    let mut ended = Box::pin(session.waiting());
+    let closed_by_server = || match cfg.transport.kind() {
+        "stdio" => "the server process exited or closed its output".to_string(),
+        _ => "the server closed the session".to_string(),
+    };
+    loop {
+        tokio::select! {
+            _ = &mut ended => return closed_by_server(),
+            _ = shutdown.changed() => {
+                if let Some(c) = cancel.take() { c.cancel(); }
+                let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                return "Gatehouse is stopping".into();
+            }
+            _ = enabled.changed() => {
+                if !*enabled.borrow_and_update() {
+                    if let Some(c) = cancel.take() { c.cancel(); }
+                    let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                    return "disabled".into();
+                }
+            }
+            Some(req) = refresh.recv() => {
+                let listed = tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
+                let result = match listed {
+                    Ok(Ok((found, report))) => store(inner, manager, server, &found, &report).await.map(|()| report),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(format!("listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)),
+                };
+                let probe = matches!(req, RefreshRequest::Probe);
+                match &result {
+                    Ok(_) => record_health(inner, server, health::CONNECTED, None, true).await,
+                    // A session that does not answer after a timed-out call is replaced.
+                    Err(e) if probe => {
+                        if let Some(c) = cancel.take() { c.cancel(); }
+                        let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                        return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
+                    }
+                    Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
+                }
+                if let RefreshRequest::Refresh(w) = req {
+                    let _ = w.send(result);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! MCP servers as tool sources, against real servers installed at pinned versions by
+//! scripts/test (mcp-test-servers/: npm server-everything and server-memory, PyPI
+//! mcp-server-time) and our own misbehaving fixture (mcp-test-servers/fixture.mjs).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use server::{
+    db::Db,
+    tools::{
+        CallContext, Catalog, Checkpoint, ToolCall,
+        catalog::{Approval, ChatType, Operation, Provider, Risk},
+        checkpoint::{AuditWriter, SecretSource, ToolFailure, ToolSuccess, code},
+        mcp::{self, Actor, McpManager},
+        policy::Actor as CallActor,
+    },
+};
+use sqlx::Row;
+
+use crate::{both_backends, support::TestDb};
+
+fn servers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp-test-servers").canonicalize().expect("mcp-test-servers installed (scripts/test)")
+}
+
+fn npm_server(package: &str) -> String {
+    let path = servers_dir().join("node_modules/@modelcontextprotocol").join(package).join("dist/index.js");
+    assert!(path.is_file(), "{} missing: run scripts/test (npm install in mcp-test-servers)", path.display());
+    path.display().to_string()
+}
+
+fn fixture() -> String {
+    servers_dir().join("fixture.mjs").display().to_string()
+}
+
+fn time_server() -> String {
+    let path = servers_dir().join(".venv/bin/mcp-server-time");
+    assert!(path.is_file(), "{} missing: run scripts/test (pip install in mcp-test-servers/.venv)", path.display());
+    path.display().to_string()
+}
+
+fn no_secrets() -> SecretSource {
+    Arc::new(|_: &str| None)
+}
+
+struct Rig {
+    checkpoint: Arc<Checkpoint>,
+    manager: McpManager,
+    db: Db,
+    _test_db: TestDb,
+}
+
+impl Rig {
+    async fn new(test_db: TestDb, servers: &str) -> Self {
+        let db = test_db.connect().await;
+        db.migrate().await.expect("migrate");
+        Self::on(test_db, db, servers).await
+    }
+
+    async fn on(test_db: TestDb, db: Db, servers: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("mcp.toml");
+        std::fs::write(&path, servers).expect("write mcp.toml");
+        let config = mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
+        let manager = McpManager::new(db.clone(), &config, no_secrets());
+        let checkpoint = Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone()), no_secrets());
+        let checkpoint = manager.install(checkpoint, Arc::new(Catalog::default()));
+        manager.start().await.expect("start");
+        Self { checkpoint, manager, db, _test_db: test_db }
+    }
+
+    async fn connected(&self, server: &str) {
+        self.manager.wait_connected(server, Duration::from_secs(30)).await.expect("server connects");
+    }
+
+    async fn call(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        self.call_as(CallActor::Owner, name, args).await
+    }
+
+    async fn call_as(&self, actor: CallActor, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        self.call_with(actor, false, name, args).await
+    }
+
+    /// A call an owner approved (for tools whose policy asks).
+    async fn call_approved(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        self.call_with(CallActor::Owner, true, name, args).await
+    }
+
+    async fn call_with(&self, actor: CallActor, approved: bool, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        let ctx = CallContext { actor, chat_type: ChatType::Direct, chat_id: Some("chat-1".into()), sender_id: None, correlation_id: "mcp-test".into(), approved };
+        self.checkpoint.execute(ToolCall { name: name.into(), args }, &ctx).await
+    }
+
+    async fn approve(&self, tool: &str) {
+        self.manager.approve(tool, &Actor { owner_id: None, login: Some("test-owner".into()), ip: None }).await.expect("approve");
+    }
+}
+
+fn code_of(r: Result<ToolSuccess, ToolFailure>) -> ToolFailure {
+    r.expect_err("the call must fail")
+}
+
+fn text_of(out: &Value) -> String {
+    out["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("\n")
+}
+
+/// Calls of the fixture server as it recorded them.
+fn recorded(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["name"].as_str().map(str::to_string)).collect()
+}
+
+fn stdio(id: &str, extra: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let args = args.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ");
+    let env = env.iter().map(|(k, v)| format!("{k} = {v:?}")).collect::<Vec<_>>().join(", ");
+    format!("[[server]]\nid = \"{id}\"\n{extra}\n[server.transport]\ntype = \"stdio\"\ncommand = {command:?}\nargs = [{args}]\nenv = {{ {env} }}\n\n")
+}
+
+const TRUSTED_OPEN: &str = "trust = \"trusted\"\ndefault_audience = \"public\"\ndefault_risk = \"low\"\napproval = \"never\"\ndestructive_needs_approval = false";
+
+async fn everything_over_stdio(db: TestDb) {
+    let rig = Rig::new(db, &stdio("everything", TRUSTED_OPEN, "node", &[&npm_server("server-everything"), "stdio"], &[])).await;
+    rig.connected("everything").await;
+    let catalog = rig.checkpoint.catalog();
+    let echo = catalog.get("everything__echo").expect("a trusted server's first tools are approved and offered");
+    assert_eq!(echo.spec.provider, Provider::Mcp);
+    assert!(catalog.all().filter(|t| t.spec.provider == Provider::Mcp).count() >= 8, "the whole list was discovered");
+    let sum = catalog.get("everything__get-sum").expect("get-sum");
+    assert_eq!(sum.spec.operation, Operation::Read, "readOnlyHint maps to a read");
+
+    let out = rig.call("everything__echo", json!({"message": "hello gatehouse"})).await.expect("echo").output;
+    assert_eq!(out["untrusted"], true, "every result is marked untrusted");
+    assert!(text_of(&out).contains("hello gatehouse"), "{out}");
+    let sum = rig.call("everything__get-sum", json!({"a": 2, "b": 40})).await.expect("sum").output;
+    assert!(text_of(&sum).contains("42"), "{sum}");
+    let structured = rig.call("everything__get-structured-content", json!({"location": "Chicago"})).await.expect("structured").output;
+    assert!(structured["structured"].is_object(), "structuredContent passed on and valid against its outputSchema: {structured}");
+    let bad = code_of(rig.call("everything__get-sum", json!({"a": "two", "b": 40})).await);
+    assert_eq!(bad.code, code::SCHEMA_INVALID, "the checkpoint checks the server's inputSchema");
+
+    let servers = rig.manager.servers().await.expect("servers");
+    assert_eq!(servers[0].health, "connected");
+    assert!(servers[0].tool_count >= 8 && servers[0].last_seen_at.is_some(), "{servers:?}");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_everything_stdio, everything_over_stdio);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn start_http_everything(port: u16) -> std::process::Child {
+    let child = std::process::Command::new("node")
+        .args([npm_server("server-everything").as_str(), "streamableHttp"])
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start server-everything over HTTP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server-everything did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
+
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_over_streamable_http_survives_a_server_restart() {
+    let port = free_port();
+    let mut http = KillOnDrop(start_http_everything(port));
+    let servers = format!("[[server]]\nid = \"web\"\n{TRUSTED_OPEN}\ncall_timeout = \"3s\"\ndiscovery = {{ timeout = \"5s\" }}\n[server.transport]\ntype = \"http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n");
+    let rig = Rig::new(TestDb::sqlite(), &servers).await;
+    rig.connected("web").await;
+    let out = rig.call("web__echo", json!({"message": "over http"})).await.expect("echo over HTTP").output;
+    assert!(text_of(&out).contains("over http"), "{out}");
+
+    // A new server process knows nothing of our session: its 404 makes the client initialize
+    // again (or the supervisor reconnects); either way calls work again without a restart of ours.
+    drop(http);
+    http = KillOnDrop(start_http_everything(port));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    while Instant::now() < deadline {
+        match rig.call("web__echo", json!({"message": "after restart"})).await {
+            Ok(ok) => {
+                last = Some(ok.output);
+                break;
+            }
+            Err(e) => {
+                assert!(e.message.contains("MCP_SERVER_UNAVAILABLE") || e.code == code::TIMEOUT || e.code == code::CIRCUIT_OPEN || e.code == code::PROVIDER_ERROR, "{e}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    let out = last.expect("calls work again after the HTTP server restarted");
+    assert!(text_of(&out).contains("after restart"), "{out}");
+    rig.manager.shutdown().await;
+    drop(http);
+}
+
+async fn memory_server_starts_quarantined(db: TestDb) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let memory_file = dir.path().join("memory.jsonl");
+    let servers = stdio("memory", "default_audience = \"public\"\ndefault_risk = \"low\"\napproval = \"never\"", "node", &[&npm_server("server-memory")], &[("MEMORY_FILE_PATH", &memory_file.display().to_string())]);
+    let rig = Rig::new(db, &servers).await;
+    rig.connected("memory").await;
+    assert!(rig.checkpoint.catalog().get("memory__read_graph").is_none(), "an untrusted server's tools are not offered");
+    let held = code_of(rig.call("memory__create_entities", json!({"entities": []})).await);
+    assert_eq!(held.code, code::QUARANTINED, "{held}");
+    let tools = rig.manager.tools("memory").await.expect("tools");
+    assert!(tools.len() >= 9 && tools.iter().all(|t| t.state == "pending" && !t.usable), "{tools:?}");
+
+    rig.approve("memory__create_entities").await;
+    rig.approve("memory__read_graph").await;
+    let catalog = rig.checkpoint.catalog();
+    let create = catalog.get("memory__create_entities").expect("approved and offered");
+    assert_eq!(create.spec.operation, Operation::Write, "not read-only");
+    assert_eq!(catalog.get("memory__read_graph").expect("read_graph").spec.operation, Operation::Read);
+    let entities = json!({"entities": [{"name": "Gatehouse", "entityType": "project", "observations": ["speaks MCP"]}]});
+    rig.call("memory__create_entities", entities).await.expect("create");
+    let graph = rig.call("memory__read_graph", json!({})).await.expect("read").output;
+    assert_eq!(graph["structured"]["entities"][0]["name"], "Gatehouse", "{graph}");
+    assert_eq!(code_of(rig.call("memory__delete_entities", json!({"entityNames": ["Gatehouse"]})).await).code, code::QUARANTINED, "still pending");
+
+    let rows = sqlx::query("SELECT event, login, detail FROM owner_audit ORDER BY id").fetch_all(&rig.db.pool).await.expect("audit");
+    assert_eq!(rows.len(), 2, "one owner audit row per decision");
+    assert_eq!(rows[0].get::<String, _>(0), "mcp_tool_approved");
+    assert_eq!(rows[0].get::<String, _>(1), "test-owner");
+    assert!(rows[0].get::<String, _>(2).contains("create_entities"));
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_memory_quarantine, memory_server_starts_quarantined);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_time_server() {
+    let rig = Rig::new(TestDb::sqlite(), &stdio("time", TRUSTED_OPEN, &time_server(), &["--local-timezone", "UTC"], &[])).await;
+    rig.connected("time").await;
+    let out = rig.call("time__get_current_time", json!({"timezone": "Europe/London"})).await.expect("time").output;
+    assert_eq!(out["structured"]["timezone"], "Europe/London", "{out}");
+    let converted = rig.call("time__convert_time", json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"})).await.expect("convert").output;
+    assert!(converted.to_string().contains("21:00"), "{converted}");
+    rig.manager.shutdown().await;
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    record: PathBuf,
+    state: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (record, state) = (dir.path().join("calls.jsonl"), dir.path().join("state"));
+        std::fs::create_dir_all(&state).expect("state dir");
+        Self { _dir: dir, record, state }
+    }
+
+    /// A fixture server; unless `extra` says otherwise its tools are low risk and need no
+    /// approval, so tests reach the behaviour they are about.
+    fn server(&self, id: &str, extra: &str, many: usize) -> String {
+        let mut extra = extra.to_string();
+        for (key, line) in [("approval", "approval = \"never\""), ("default_risk", "default_risk = \"low\"")] {
+            if !extra.contains(key) {
+                extra = format!("{extra}\n{line}");
+            }
+        }
+        let extra = extra.as_str();
+        let env = [("FIXTURE_RECORD", self.record.display().to_string()), ("FIXTURE_STATE", self.state.display().to_string()), ("FIXTURE_MANY", many.to_string())];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        stdio(id, extra, "node", &[&fixture()], &env)
+    }
+}
+
+async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
+    let fx = Fixture::new();
+    // The config's defaults: medium risk, approval "ask" (under approval mode "auto": ask).
+    let rig = Rig::new(db, &fx.server("fx", "deny_tools = [\"fails\"]\ncall_timeout = \"2s\"\napproval = \"ask\"\ndefault_risk = \"medium\"", 0)).await;
+    rig.connected("fx").await;
+
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::QUARANTINED);
+    assert_eq!(code_of(rig.call("fx__fails", json!({})).await).code, code::UNKNOWN, "a denied tool is not in the catalog at all");
+    rig.manager.reject("fx__inject", &Actor::default()).await.expect("reject");
+    assert_eq!(code_of(rig.call("fx__inject", json!({})).await).code, code::REJECTED);
+    rig.approve("fx__echo").await;
+    // Owner-only by default: a customer is refused by the checkpoint.
+    assert_eq!(code_of(rig.call_as(CallActor::Customer, "fx__echo", json!({"text": "x"})).await).code, code::NOT_ALLOWED_FOR_ACTOR);
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": 7})).await).code, code::SCHEMA_INVALID);
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::NEEDS_APPROVAL, "medium risk under \"ask\"");
+    assert_eq!(recorded(&fx.record), Vec::<String>::new(), "nothing denied, quarantined or waiting reached the server");
+
+    let ok = rig.call_approved("fx__echo", json!({"text": "through"})).await.expect("approved echo").output;
+    assert_eq!(ok["structured"]["echo"], "through");
+    assert_eq!(recorded(&fx.record), vec!["echo"], "exactly the allowed call reached the server");
+
+    rig.checkpoint.audit().flush().await;
+    let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&rig.db.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
+    assert_eq!(reasons, vec![code::QUARANTINED, code::UNKNOWN, code::REJECTED, code::NOT_ALLOWED_FOR_ACTOR, code::SCHEMA_INVALID, code::NEEDS_APPROVAL, "OK"]);
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_never_reaches_server, denied_and_quarantined_tools_never_reach_the_server);
+
+async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
+    let fx = Fixture::new();
+    let rig = Rig::new(db, &fx.server("fx", "", 0)).await;
+    rig.connected("fx").await;
+    rig.approve("fx__echo").await;
+    rig.approve("fx__mutate").await;
+    let before = rig.checkpoint.catalog().get("fx__echo").expect("echo").version.clone();
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+
+    // The server changes echo's description, adds a tool, and sends tools/list_changed.
+    rig.call("fx__mutate", json!({})).await.expect("mutate ran");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while rig.checkpoint.catalog().get("fx__echo").is_some() {
+        assert!(Instant::now() < deadline, "list_changed did not lead to a refresh that quarantined the changed tool");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, code::QUARANTINED);
+    assert_eq!(code_of(rig.call("fx__added_later", json!({})).await).code, code::QUARANTINED, "a new tool waits too");
+    let tools = rig.manager.tools("fx").await.expect("tools");
+    let echo = tools.iter().find(|t| t.name == "echo").expect("echo");
+    assert_eq!(echo.state, "pending");
+    assert_eq!(echo.previous_definition.as_ref().and_then(|d| d["description"].as_str()), Some("Echoes its text."), "the old definition is kept for the diff");
+    assert!(echo.definition["description"].as_str().unwrap_or_default().contains("changed"));
+    assert_eq!(recorded(&Path::new(&fx.record).to_path_buf()).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
+
+    rig.approve("fx__echo").await;
+    let after = rig.call("fx__echo", json!({"text": "c"})).await.expect("approved again");
+    assert_ne!(after.version, before, "the approved definition is the new one");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_list_changed, a_changed_tool_list_quarantines_until_approved);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn misbehaving_servers_get_clear_errors_and_block_nobody() {
+    let (fx, other) = (Fixture::new(), Fixture::new());
+    let config = format!(
+        "{}{}",
+        fx.server("fx", "trust = \"trusted\"\ncall_timeout = \"1s\"\ndiscovery = { max_description_chars = 60 }", 0),
+        other.server("other", "trust = \"trusted\"", 0)
+    );
+    let rig = Rig::new(TestDb::sqlite(), &config).await;
+    rig.connected("fx").await;
+    rig.connected("other").await;
+
+    // A hung call times out, and meanwhile the other server answers at once.
+    let started = Instant::now();
+    let (hung, quick) = tokio::join!(rig.call("fx__hang", json!({})), async {
+        let r = rig.call("other__echo", json!({"text": "quick"})).await;
+        (r, started.elapsed())
+    });
+    assert_eq!(code_of(hung).code, code::TIMEOUT);
+    let (quick, took) = quick;
+    quick.expect("the other server answers");
+    assert!(took < Duration::from_millis(900), "a hung server blocked another: {took:?}");
+    assert!(rig.call("fx__echo", json!({"text": "still alive"})).await.is_ok(), "the hung call did not break the session");
+
+    // isError: the server's message, as a provider error.
+    let failed = code_of(rig.call("fx__fails", json!({})).await);
+    assert_eq!(failed.code, code::PROVIDER_ERROR);
+    assert!(failed.message.contains("MCP_TOOL_ERROR") && failed.message.contains("the upstream said no"), "{failed}");
+
+    // Structured content that breaks the declared outputSchema.
+    assert_eq!(code_of(rig.call("fx__liar", json!({})).await).code, code::RESULT_INVALID);
+
+    // Prompt injection: the description is cut and changes no policy; the result is data.
+    let inject = rig.checkpoint.catalog().get("fx__inject").expect("inject");
+    assert!(inject.spec.description.chars().count() <= 60, "{}", inject.spec.description);
+    assert!(inject.spec.tags.contains(&"untrusted".to_string()));
+    assert_eq!((inject.spec.audience, inject.spec.risk, inject.spec.approval), (server::tools::catalog::Audience::OwnerOnly, Risk::Low, Approval::Never), "the config's, whatever the text says");
+    let out = rig.call("fx__inject", json!({})).await.expect("inject").output;
+    assert_eq!(out["untrusted"], true);
+    assert_eq!(out["source"], "mcp:fx");
+    assert!(text_of(&out).contains("IGNORE ALL PREVIOUS INSTRUCTIONS"), "kept as data inside the untrusted wrapper");
+    assert_eq!(code_of(rig.call_as(CallActor::Customer, "fx__inject", json!({})).await).code, code::NOT_ALLOWED_FOR_ACTOR, "policy unchanged");
+
+    // A crash mid-call: a clear error, a restart, and the next call works.
+    let connections = rig.manager.live("fx").expect("live").connections;
+    let crashed = code_of(rig.call("fx__crash", json!({})).await);
+    assert!(crashed.message.contains("MCP_SERVER_UNAVAILABLE") && crashed.message.contains("restarted"), "{crashed}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rig.manager.live("fx").expect("live").connections == connections || rig.manager.live("fx").expect("live").peer.is_none() {
+        assert!(Instant::now() < deadline, "the server was not restarted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back = rig.call("fx__crash", json!({})).await.expect("after the restart").output;
+    assert!(text_of(&back).contains("back after a restart"));
+    let status = rig.manager.servers().await.expect("servers");
+    assert!(status.iter().all(|s| s.health == "connected"), "{status:?}");
+    rig.manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tools_are_bounded() {
+    let fx = Fixture::new();
+    let config = format!(
+        "{}{}",
+        fx.server("capped", "trust = \"trusted\"\nmax_tools = 50", 1_000),
+        fx.server("paged", "trust = \"trusted\"\nmax_tools = 1000\ndiscovery = { max_pages = 4 }", 1_000)
+    );
+    let rig = Rig::new(TestDb::sqlite(), &config).await;
+    rig.connected("capped").await;
+    rig.connected("paged").await;
+    let capped = rig.manager.live("capped").expect("live").last_discovery.expect("report");
+    assert_eq!(capped.taken, 50);
+    assert!(capped.truncated && capped.pages == 1, "stops reading once max_tools are taken: {capped:?}");
+    let paged = rig.manager.live("paged").expect("live").last_discovery.expect("report");
+    assert_eq!((paged.pages, paged.listed, paged.taken), (4, 400, 400), "{paged:?}");
+    assert!(paged.truncated);
+    let catalog = rig.checkpoint.catalog();
+    assert_eq!(catalog.all().filter(|t| t.spec.name.starts_with("capped__")).count(), 50);
+    assert_eq!(catalog.all().filter(|t| t.spec.name.starts_with("paged__")).count(), 400);
+    assert!(rig.call("paged__bulk_0123", json!({"n": 1})).await.is_ok());
+    rig.manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_with_the_last_known_tools_when_a_server_is_down() {
+    let fx = Fixture::new();
+    let test_db = TestDb::sqlite();
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    {
+        let rig = Rig::on(TestDb::sqlite(), db.clone(), &fx.server("fx", "trust = \"trusted\"", 0)).await;
+        rig.connected("fx").await;
+        rig.manager.shutdown().await;
+    }
+    // Same id, but the program is gone: the cached tools are offered, calls say why they fail.
+    let down = "[[server]]\nid = \"fx\"\ntrust = \"trusted\"\napproval = \"never\"\ndefault_risk = \"low\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"/nonexistent/mcp-server\"\n";
+    let rig = Rig::on(test_db, db, down).await;
+    assert!(rig.checkpoint.catalog().get("fx__echo").is_some(), "the last known tools are in the catalog");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.manager.live("fx").expect("live").last_error.is_none() {
+        assert!(Instant::now() < deadline, "no error recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let failed = code_of(rig.call("fx__echo", json!({"text": "x"})).await);
+    assert!(failed.message.contains("MCP_SERVER_UNAVAILABLE") && failed.message.contains("cannot start"), "{failed}");
+    let status = rig.manager.servers().await.expect("servers");
+    assert_eq!(status[0].health, "down");
+    assert!(status[0].last_error.as_deref().unwrap_or_default().contains("/nonexistent/mcp-server"), "{status:?}");
+    rig.manager.set_enabled("fx", false, &Actor::default()).await.expect("disable");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::DISABLED, "a disabled server's tools are withheld");
+    rig.manager.shutdown().await;
+}
+
+/// The `gatehouse` binary: check-config includes mcp.toml; `mcp refresh`, `mcp list`,
+/// `mcp tools`, `mcp approve` and `tools call` work for an MCP server.
+#[test]
+fn the_command_line_lists_approves_and_calls_mcp_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
+    let db = dir.path().join("data/gatehouse.db");
+    let config = dir.path().join("gatehouse.toml");
+    std::fs::write(&config, shipped.replace("url = \"sqlite://data/gatehouse.db\"", &format!("url = \"sqlite://{}\"", db.display()))).expect("config");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gatehouse")).arg("--config").arg(&config).args(args).output().expect("run gatehouse");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    std::fs::write(dir.path().join("mcp.toml"), "[[server]]\nid = \"Time\"\nbogus = 1\n[server.transport]\ntype = \"http\"\nurl = \"nope\"\n").expect("bad mcp.toml");
+    let (code, _, stderr) = run(&["check-config"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("server[0] (Time)") && stderr.contains("bogus") && stderr.contains("mcp.toml"), "{stderr}");
+
+    let servers = stdio("time", "approval = \"never\"\ndefault_risk = \"low\"", &time_server(), &["--local-timezone", "UTC"], &[]);
+    std::fs::write(dir.path().join("mcp.toml"), servers).expect("mcp.toml");
+    let (code, stdout, stderr) = run(&["check-config"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("mcp servers: 1") && stdout.contains("time (stdio, Untrusted, enabled)"), "{stdout}");
+
+    let (code, stdout, stderr) = run(&["mcp", "refresh", "time"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"taken\": 2"), "{stdout}");
+    let (_, stdout, _) = run(&["mcp", "list"]);
+    assert!(stdout.starts_with("time\tstdio\tUntrusted\tenabled\t"), "{stdout}");
+    assert!(stdout.contains("tools=2\tpending=2"), "{stdout}");
+    let (_, stdout, _) = run(&["mcp", "tools", "time"]);
+    assert!(stdout.contains("time__get_current_time\tpending\tnot offered"), "{stdout}");
+
+    let call = ["tools", "call", "time__get_current_time", "--args", r#"{"timezone":"Asia/Tokyo"}"#];
+    let (code, stdout, _) = run(&call);
+    assert_eq!(code, 1);
+    assert!(stdout.contains("TOOL_QUARANTINED"), "{stdout}");
+    let (code, stdout, stderr) = run(&["mcp", "approve", "time__get_current_time"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("approved"), "{stdout}");
+    let (code, stdout, stderr) = run(&call);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let out: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(out["output"]["structured"]["timezone"], "Asia/Tokyo", "{out}");
+    assert_eq!(out["output"]["untrusted"], true);
+    let (code, _, stderr) = run(&["mcp", "tools", "nope"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("MCP_UNKNOWN_SERVER"), "{stderr}");
+}
