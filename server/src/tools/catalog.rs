@@ -187,7 +187,7 @@ impl ToolDef {
         let input_validator = compile(&spec.input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
         let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
         let version = version_hash(&spec);
-        Ok(Self { spec, version, input_validator, output_validator })
+        Ok(Self { spec, version, input_validator, output_validator, connector: None })
     }
 }
 
@@ -422,6 +422,7 @@ impl Catalog {
         }
         hooks.sort_by_key(|h| h.spec.priority);
         if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
+    }
 
     /// This catalog plus tools from other sources (MCP servers), keeping the approval mode,
     /// hooks and every existing definition (and so its version). A name already taken is
