@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobsPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TryOutcome},
+    dto::{DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -219,6 +219,62 @@ pub async fn reload_tools() -> Result<ReloadOutcome, AppError> {
         async {
             let me = require_owner().await?;
             backend()?.reload_tools(me.owner_id, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "mcp_servers")]
+pub async fn mcp_servers() -> Result<McpPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.mcp_page().await
+        }
+        .await,
+    )
+}
+
+/// Enables ("true") or disables ("false") an MCP server.
+#[server(endpoint = "mcp_set_enabled")]
+pub async fn mcp_set_enabled(server: String, enabled: String) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let enabled = match enabled.as_str() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(AppError::invalid("enabled must be true or false")),
+            };
+            backend()?.mcp_set_enabled(me.owner_id, &server, enabled, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "mcp_refresh")]
+pub async fn mcp_refresh(server: String) -> Result<String, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.mcp_refresh(me.owner_id, &server, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+/// Approves ("approve") or rejects ("reject") a quarantined MCP tool, by catalog name.
+#[server(endpoint = "mcp_decide")]
+pub async fn mcp_decide(tool: String, decision: String) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let approve = match decision.as_str() {
+                "approve" => true,
+                "reject" => false,
+                _ => return Err(AppError::invalid("decision must be approve or reject")),
+            };
+            backend()?.mcp_decide(me.owner_id, &tool, approve, &client_ip().await).await
         }
         .await,
     )

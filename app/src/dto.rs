@@ -268,3 +268,45 @@ pub struct ReloadOutcome {
     pub tools: usize,
     pub changed: Vec<String>,
 }
+
+/// One MCP tool with its quarantine state, for the MCP servers page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolView {
+    /// `<server>__<tool>`, the name in the catalog.
+    pub catalog_name: String,
+    pub name: String,
+    /// pending, approved or rejected.
+    pub state: String,
+    /// Offered to the planner and callable now.
+    pub usable: bool,
+    /// Still listed by the server.
+    pub present: bool,
+    pub definition_hash: String,
+    /// Pretty JSON of the definition as the server gives it (untrusted text).
+    pub definition: String,
+    /// Line diff from the previous definition, when it changed: lines start with "+ ", "- " or "  ".
+    pub diff: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServerView {
+    pub id: String,
+    pub transport: String,
+    /// The command or URL, without credentials.
+    pub target: String,
+    pub trust: String,
+    pub enabled: bool,
+    /// connected, degraded or down.
+    pub health: String,
+    pub last_error: Option<String>,
+    pub last_seen_at: Option<i64>,
+    pub tool_count: i64,
+    pub pending: usize,
+    pub tools: Vec<McpToolView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpPage {
+    pub config_path: String,
+    pub servers: Vec<McpServerView>,
+}

@@ -68,6 +68,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
                     <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />
                     <Route path=StaticSegment("tools") view=pages::tools::ToolsPage />
+                    <Route path=StaticSegment("mcp") view=pages::mcp::McpPage />
                     <Route path=(StaticSegment("tools"), ParamSegment("name")) view=pages::tools::ToolDetailPage />
                     <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
                 </ParentRoute>

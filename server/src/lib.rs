@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod conversation;
 pub mod db;
 pub mod jobs;
 pub mod llm;

@@ -1,6 +1,7 @@
 pub mod dashboard;
 pub mod jobs;
 pub mod login;
+pub mod mcp;
 pub mod pending;
 pub mod settings;
 pub mod setup;

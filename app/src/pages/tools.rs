@@ -49,6 +49,7 @@ pub fn ToolsPage() -> impl IntoView {
         <Title text="Tools & MCP · Gatehouse" />
         <h1>"Tools & MCP"</h1>
         <div class="actions">
+            <a class="button" href="/mcp">"MCP servers \u{2192}"</a>
             <ActionForm action=reload>
                 <button type="submit" data-testid="reload-tools">"Reload catalog"</button>
             </ActionForm>

@@ -177,6 +177,15 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
     }
+    let conv = &settings.conversation;
+    need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
+    need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
+    for (i, c) in settings.private_data.categories.iter().enumerate() {
+        need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
+        for p in &c.patterns {
+            need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
+        }
+    }
     need(
         tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
         "log.filter",

@@ -2,6 +2,7 @@
 //! environment variables. Secrets never live here; they come from named environment variables
 //! only (see [`secrets`]).
 
+pub mod conversation;
 pub mod load;
 pub mod secrets;
 
@@ -28,6 +29,8 @@ pub struct Settings {
     pub jobs: JobSettings,
     pub web_fetch: WebFetchSettings,
     pub web_search: WebSearchSettings,
+    pub conversation: conversation::ConversationSettings,
+    pub private_data: conversation::PrivateDataSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

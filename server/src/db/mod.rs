@@ -3,6 +3,7 @@
 //! driver; only the migrations differ per backend.
 
 pub mod audit;
+pub mod conversation;
 pub mod jobs;
 pub mod llm_calls;
 pub mod owner_notifications;
@@ -11,6 +12,7 @@ pub mod owners;
 pub mod sessions;
 pub mod tool_audit;
 pub mod tool_results;
+pub mod traces;
 
 use std::path::Path;
 

@@ -3,7 +3,8 @@
 use app::{
     backend::{AdminBackend, LoginOutcome, OwnerIdentity},
     dto::{
-        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, MigrationInfo, NewOwner, OwnerNotice,
+        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, McpPage, McpServerView, McpToolView, MigrationInfo,
+        NewOwner, OwnerNotice,
         ReloadOutcome, SecretEntry, SecretFieldView, SettingEntry, SettingsInfo, ShellInfo, StateCount, ToolCallView, ToolDetail, ToolSummary,
         ToolsPage, ToolsQuery, TryOutcome,
     },
@@ -357,6 +358,61 @@ impl AdminBackend for ConsoleBackend {
         }
     }
 
+    async fn mcp_page(&self) -> Result<McpPage, AppError> {
+        let mcp = &self.state.mcp;
+        let mut servers = Vec::new();
+        for s in mcp.servers().await.map_err(mcp_error)? {
+            let tools = mcp
+                .tools(&s.id)
+                .await
+                .map_err(mcp_error)?
+                .into_iter()
+                .map(|t| {
+                    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+                    let definition = pretty(&t.definition);
+                    let diff = t.previous_definition.as_ref().map(|old| line_diff(&pretty(old), &definition)).unwrap_or_default();
+                    McpToolView { catalog_name: t.catalog_name, name: t.name, state: t.state, usable: t.usable, present: t.present, definition_hash: t.definition_hash, definition, diff }
+                })
+                .collect();
+            servers.push(McpServerView {
+                id: s.id,
+                transport: s.transport.to_string(),
+                target: s.target,
+                trust: label(&s.trust),
+                enabled: s.enabled,
+                health: s.health,
+                last_error: s.last_error,
+                last_seen_at: s.last_seen_at,
+                tool_count: s.tool_count,
+                pending: s.pending,
+                tools,
+            });
+        }
+        Ok(McpPage { config_path: self.state.config.dir.join("mcp.toml").display().to_string(), servers })
+    }
+
+    async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError> {
+        self.state.mcp.set_enabled(server, enabled, &self.mcp_actor(owner_id, ip)).await.map_err(mcp_error)
+    }
+
+    async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError> {
+        let r = self.state.mcp.refresh(server, Some(&self.mcp_actor(owner_id, ip))).await.map_err(mcp_error)?;
+        let mut text = format!("{server}: {} tool(s) listed, {} taken, in {} ms.", r.listed, r.taken, r.elapsed_ms);
+        if r.truncated {
+            text.push_str(" The list was longer than the configured bound; the rest was ignored.");
+        }
+        if !r.skipped.is_empty() {
+            text.push_str(&format!(" {} skipped (see the log).", r.skipped.len()));
+        }
+        Ok(text)
+    }
+
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, ip: &str) -> Result<(), AppError> {
+        let by = self.mcp_actor(owner_id, ip);
+        let done = if approve { self.state.mcp.approve(tool, &by).await } else { self.state.mcp.reject(tool, &by).await };
+        done.map(|_| ()).map_err(mcp_error)
+    }
+
     fn session_absolute_timeout_ms(&self) -> i64 {
         i64::try_from(self.state.config.settings.auth.session_absolute_timeout.as_millis()).unwrap_or(i64::MAX)
     }
@@ -392,6 +448,46 @@ impl ConsoleBackend {
     }
 }
 
+fn mcp_error(e: crate::tools::mcp::McpError) -> AppError {
+    use crate::tools::mcp::McpError;
+    match e {
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) => AppError::new(code::NOT_FOUND, e.to_string()),
+        McpError::Unavailable(_) => AppError::new(code::CONFLICT, e.to_string()),
+        McpError::Db(_) => internal(e),
+    }
+}
+
+/// A line diff of two texts (longest common subsequence): "  " same, "- " removed, "+ " added.
+/// Definitions are bounded by discovery, so the quadratic table stays small; past 2,000 lines
+/// each side is shown whole instead.
+pub fn line_diff(old: &str, new: &str) -> Vec<String> {
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    if a.len() > 2_000 || b.len() > 2_000 {
+        return a.iter().map(|l| format!("- {l}")).chain(b.iter().map(|l| format!("+ {l}"))).collect();
+    }
+    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            out.push(format!("  {}", a[i]));
+            i += 1;
+            j += 1;
+        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
+            out.push(format!("+ {}", b[j]));
+            j += 1;
+        } else {
+            out.push(format!("- {}", a[i]));
+            i += 1;
+        }
+    }
+    out
+}
+
 /// The snake_case name serde gives an enum value.
 fn label<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
@@ -414,6 +510,10 @@ fn call_view(r: &db::tool_audit::AuditRow) -> ToolCallView {
 }
 
 impl ConsoleBackend {
+    fn mcp_actor(&self, owner_id: i64, ip: &str) -> crate::tools::mcp::Actor {
+        crate::tools::mcp::Actor { owner_id: Some(owner_id), login: None, ip: Some(ip.to_string()) }
+    }
+
     fn tool_summary(&self, t: &crate::tools::ToolDef) -> ToolSummary {
         use crate::tools::breaker::BreakerState;
         let s = &t.spec;

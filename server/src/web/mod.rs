@@ -73,7 +73,10 @@ pub fn router(state: AppState) -> Router {
             move || shell(shell_options.clone()),
         );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
-    let owner_api = Router::new().route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream)).with_state(state.clone());
+    let owner_api = Router::new()
+        .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
+        .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
+        .with_state(state.clone());
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)

@@ -64,6 +64,9 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/list_tools" => "provider=&audience=&risk=",
             "/api/get_tool" => "name=web_fetch",
             "/api/try_tool" => "name=web_fetch&args=%7B%7D&chat_type=direct",
+            "/api/mcp_set_enabled" => "server=x&enabled=true",
+            "/api/mcp_refresh" => "server=x",
+            "/api/mcp_decide" => "tool=x__y&decision=approve",
             _ => "",
         };
         let mut req = axum::http::Request::builder()
