@@ -408,9 +408,16 @@ async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Fai
             let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             let db = connect(cfg).await?;
             let (checkpoint, mcp) = crate::tools::checkpoint_with_mcp(cfg, &db).map_err(Failure::runtime)?;
-            mcp.start().await.map_err(Failure::runtime)?;
+            // Only a call of an MCP tool connects to the MCP servers; any other call leaves them
+            // (and the health a running server recorded) alone.
+            let server = mcp.server_of(&c.name);
+            if server.is_some() {
+                mcp.start().await.map_err(Failure::runtime)?;
+            } else {
+                mcp.load_cached().await.map_err(Failure::runtime)?;
+            }
             // An MCP tool needs its server: wait for it to connect (bounded), then call.
-            if let Some(server) = mcp.server_of(&c.name) {
+            if let Some(server) = server {
                 let bound = cfg.mcp.get(&server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
                 if let Err(e) = mcp.wait_connected(&server, bound).await {
                     tracing::warn!(mcp.server = %server, error = %e, "MCP server not connected; the call will say so");

@@ -357,14 +357,17 @@ impl McpManager {
             .map(|s| {
                 let row = rows.iter().find(|r| r.id == s.config.id);
                 let live = s.live.borrow().clone();
+                // A session this process holds is the truth for this process; the stored health
+                // may have been written by another process (the CLI, a worker) since.
+                let running = live.peer.is_some();
                 ServerStatus {
                     id: s.config.id.clone(),
                     transport: s.config.transport.kind(),
                     target: s.config.transport.target(),
                     trust: s.config.trust,
                     enabled: *s.enabled.borrow(),
-                    health: row.map_or_else(|| live.health.to_string(), |r| r.health.clone()),
-                    last_error: row.and_then(|r| r.last_error.clone()),
+                    health: if running { live.health.to_string() } else { row.map_or_else(|| live.health.to_string(), |r| r.health.clone()) },
+                    last_error: if running { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },
                     last_seen_at: row.and_then(|r| r.last_seen_at),
                     tool_count: row.map_or(0, |r| r.tool_count),
                     pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::state::REJECTED).count(),
