@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TryOutcome},
+    dto::{DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -275,6 +275,28 @@ pub async fn mcp_decide(tool: String, decision: String) -> Result<(), AppError> 
                 _ => return Err(AppError::invalid("decision must be approve or reject")),
             };
             backend()?.mcp_decide(me.owner_id, &tool, approve, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_traces")]
+pub async fn list_traces(chat: String, route: String, outcome: String, error_code: String, since_minutes: i64, before: i64) -> Result<TracesPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.traces_page(&crate::dto::TraceQuery { chat, route, outcome, error_code, since_minutes, before }).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_trace")]
+pub async fn get_trace(id: i64) -> Result<TraceDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.trace_detail(id).await
         }
         .await,
     )

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, ToolsQuery, TryOutcome},
+    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -50,6 +50,8 @@ pub trait AdminBackend: Send + Sync {
     /// Re-reads the tool catalog (tools.toml, connectors.toml); a file with problems is refused
     /// with every problem listed, and the current catalog stays.
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError>;
+    async fn traces_page(&self, query: &TraceQuery) -> Result<TracesPage, AppError>;
+    async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError>;
     async fn mcp_page(&self) -> Result<McpPage, AppError>;
     /// Owner actions on MCP servers and their tools, each audited with the owner and address.
     async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError>;

@@ -310,3 +310,53 @@ pub struct McpPage {
     pub config_path: String,
     pub servers: Vec<McpServerView>,
 }
+
+/// Filters of the Traces page, as they appear in its URL.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceQuery {
+    pub chat: String,
+    pub route: String,
+    pub outcome: String,
+    pub error_code: String,
+    /// Only traces from the last this many minutes; 0 for any time.
+    pub since_minutes: i64,
+    /// Paging: only traces older than this id.
+    pub before: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceSummary {
+    pub id: i64,
+    pub correlation_id: String,
+    pub channel: String,
+    pub chat_id: String,
+    pub message_id: String,
+    pub actor: String,
+    pub route: String,
+    pub outcome: String,
+    pub error_code: Option<String>,
+    pub started_at: i64,
+    pub duration_us: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TracesPage {
+    pub traces: Vec<TraceSummary>,
+    pub next_before: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceStepView {
+    pub step: String,
+    pub decision: String,
+    pub reason_code: String,
+    pub duration_us: i64,
+    /// Pretty JSON facts (model, tokens, lengths; text only when the config keeps it).
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceDetail {
+    pub summary: TraceSummary,
+    pub steps: Vec<TraceStepView>,
+}

@@ -63,7 +63,8 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("") view=pages::dashboard::DashboardPage />
                     <Route path=StaticSegment("settings") view=pages::settings::SettingsPage />
                     <Route path=StaticSegment("conversations") view=pages::pending::Conversations />
-                    <Route path=StaticSegment("traces") view=pages::pending::Traces />
+                    <Route path=StaticSegment("traces") view=pages::traces::TracesPage />
+                    <Route path=(StaticSegment("traces"), ParamSegment("id")) view=pages::traces::TraceDetailPage />
                     <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
                     <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
                     <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />

@@ -6,6 +6,7 @@ pub mod pending;
 pub mod settings;
 pub mod setup;
 pub mod tools;
+pub mod traces;
 
 use leptos::prelude::*;
 

@@ -24,15 +24,6 @@ pub fn Conversations() -> impl IntoView {
 }
 
 #[component]
-pub fn Traces() -> impl IntoView {
-    pending(
-        "Traces",
-        "WhatsApp channel and conversation runtime",
-        "Each processed message will record a trace of every step, LLM call and reply, listed and filterable here.",
-    )
-}
-
-#[component]
 pub fn Approvals() -> impl IntoView {
     pending(
         "Approvals",

@@ -66,6 +66,8 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/try_tool" => "name=web_fetch&args=%7B%7D&chat_type=direct",
             "/api/mcp_set_enabled" => "server=x&enabled=true",
             "/api/mcp_refresh" => "server=x",
+            "/api/list_traces" => "chat=&route=&outcome=&error_code=&since_minutes=0&before=0",
+            "/api/get_trace" => "id=1",
             "/api/mcp_decide" => "tool=x__y&decision=approve",
             _ => "",
         };
