@@ -105,6 +105,26 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
+    let wa = &settings.whatsapp;
+    need(wa.pair_burst >= 1, "whatsapp.pair_burst", "must be at least 1".into());
+    need(wa.global_rate_per_second >= 1, "whatsapp.global_rate_per_second", "must be at least 1".into());
+    need(wa.send_attempts >= 1, "whatsapp.send_attempts", "must be at least 1".into());
+    need(!wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'), "whatsapp.graph_version", "must be a version such as \"v25.0\"".into());
+    need(
+        wa.phone_number_id.chars().all(|c| c.is_ascii_digit()),
+        "whatsapp.phone_number_id",
+        "must be the numeric phone number id from the WhatsApp Manager".into(),
+    );
+    need(
+        wa.window_template.is_empty() || !wa.window_template_language.trim().is_empty(),
+        "whatsapp.window_template_language",
+        "must be set when whatsapp.window_template is".into(),
+    );
+    need(
+        wa.unknown_type_reply.chars().count() <= 4096,
+        "whatsapp.unknown_type_reply",
+        "must fit one WhatsApp message (4,096 characters)".into(),
+    );
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -118,6 +138,8 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),
         ("web_search.timeout", settings.web_search.timeout),
+        ("whatsapp.request_timeout", settings.whatsapp.request_timeout),
+        ("whatsapp.pair_interval", settings.whatsapp.pair_interval),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
@@ -145,6 +167,12 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
     }
+    let graph = &settings.whatsapp.graph_base_url;
+    need(
+        url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        "whatsapp.graph_base_url",
+        format!("{:?} is not an http(s) URL", display_url(graph)),
+    );
     need(
         tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
         "log.filter",

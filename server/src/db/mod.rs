@@ -8,6 +8,7 @@ pub mod owners;
 pub mod sessions;
 pub mod tool_audit;
 pub mod tool_results;
+pub mod whatsapp;
 
 use std::path::Path;
 

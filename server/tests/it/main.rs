@@ -13,3 +13,4 @@ mod setup;
 mod tools;
 mod web_fetch;
 mod web_search;
+mod whatsapp;

@@ -150,13 +150,18 @@ impl TestApp {
     }
 
     pub async fn with(db: TestDb, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::with_secrets(db, Secrets::default(), tweak).await
+    }
+
+    /// An app whose secrets (webhook and Graph API credentials) are `secrets`.
+    pub async fn with_secrets(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         let config = LoadedConfig {
             settings,
-            secrets: Secrets::default(),
+            secrets,
             path: "config/gatehouse.toml".into(),
             dir: "config".into(),
             // The shipped catalog: it needs no secrets.
