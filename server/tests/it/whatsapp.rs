@@ -484,9 +484,14 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     assert!(graph.texts().iter().all(|t| *t == note));
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "unknown types never reach the runtime");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let mut already = 0;
+    for wamid in ["wamid.U1", "wamid.U2", "wamid.U3"] {
+        let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
+        already += usize::from(row.outcome.as_deref().is_some_and(|o| o.contains("already sent")));
+    }
+    assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
     let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
     assert_eq!(audio.msg_type, "audio");
-    assert!(audio.outcome.as_deref().is_some_and(|o| o.contains("already sent")), "{:?}", audio.outcome);
 }
 both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 
@@ -532,8 +537,9 @@ async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
     let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
     // The second send (part 1 of the first attempt) meets a Meta server error once.
     graph.set_rule(|_, index| (index == 1).then(|| graph_error(503, 2, "Service temporarily unavailable")));
-    let paragraph = "Part text that is long enough to split. ".repeat(60);
-    let long = format!("{}\n\n{}", paragraph.trim(), paragraph.trim());
+    let first = "The first part, long enough to split. ".repeat(60);
+    let second = "The second part follows it here. ".repeat(60);
+    let long = format!("{}\n\n{}", first.trim(), second.trim());
     assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.RETRY", "go")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo { fixed: Some(long), ..Default::default() });
     run_jobs(&app, echo.clone()).await;
@@ -541,7 +547,6 @@ async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2, "the job ran twice");
     let bodies = graph.texts();
     assert_eq!(bodies.len(), 3, "part 0, part 1 refused, part 1 again");
-    assert_eq!(bodies[0], bodies.iter().find(|b| **b == bodies[0]).cloned().unwrap_or_default());
     assert_eq!(bodies.iter().filter(|b| **b == bodies[0]).count(), 1, "part 0 went out once");
     assert_eq!(bodies[1], bodies[2], "part 1 was retried");
     let (attempt,): (i64,) = sqlx::query_as("SELECT attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
