@@ -21,7 +21,7 @@ CREATE TABLE whatsapp_inbound (
     raw_truncated    BIGINT  NOT NULL,
     sent_at          BIGINT  NOT NULL,
     received_at      BIGINT  NOT NULL,
-    job_id           BIGINT,
+    -- Its job is found by jobs.message_id = wamid (and the dedupe key whatsapp.inbound:<wamid>).
     processed_at     BIGINT,
     outcome          TEXT
 );

@@ -21,7 +21,7 @@ CREATE TABLE whatsapp_inbound (
     raw_truncated    INTEGER NOT NULL,
     sent_at          INTEGER NOT NULL,
     received_at      INTEGER NOT NULL,
-    job_id           INTEGER,
+    -- Its job is found by jobs.message_id = wamid (and the dedupe key whatsapp.inbound:<wamid>).
     processed_at     INTEGER,
     outcome          TEXT
 );

@@ -38,13 +38,12 @@ pub struct InboundRow {
     pub raw_truncated: bool,
     pub sent_at: i64,
     pub received_at: i64,
-    pub job_id: Option<i64>,
     pub processed_at: Option<i64>,
     pub outcome: Option<String>,
 }
 
 const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
-    raw_truncated, sent_at, received_at, job_id, processed_at, outcome";
+    raw_truncated, sent_at, received_at, processed_at, outcome";
 
 fn inbound_from_row(r: &AnyRow) -> Result<InboundRow, sqlx::Error> {
     Ok(InboundRow {
@@ -62,9 +61,8 @@ fn inbound_from_row(r: &AnyRow) -> Result<InboundRow, sqlx::Error> {
         raw_truncated: r.try_get::<i64, _>(11)? != 0,
         sent_at: r.try_get(12)?,
         received_at: r.try_get(13)?,
-        job_id: r.try_get(14)?,
-        processed_at: r.try_get(15)?,
-        outcome: r.try_get(16)?,
+        processed_at: r.try_get(14)?,
+        outcome: r.try_get(15)?,
     })
 }
 
@@ -96,11 +94,6 @@ pub async fn insert_inbound(conn: &mut AnyConnection, m: &NewInbound, now: i64) 
     .fetch_optional(&mut *conn)
     .await?;
     Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
-}
-
-pub async fn set_inbound_job(conn: &mut AnyConnection, id: i64, job_id: i64) -> Result<(), DbError> {
-    sqlx::query("UPDATE whatsapp_inbound SET job_id = $1 WHERE id = $2").bind(job_id).bind(id).execute(&mut *conn).await?;
-    Ok(())
 }
 
 pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {

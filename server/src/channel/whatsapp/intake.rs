@@ -5,7 +5,7 @@
 use crate::{
     config::Settings,
     db::{
-        self, Db, DbError,
+        self, Backend, Db, DbError,
         jobs::NewJob,
         whatsapp::{self as store, StatusUpdate},
     },
@@ -38,12 +38,21 @@ pub fn dedupe_key(wamid: &str) -> String {
     format!("{INBOUND_KIND}:{wamid}")
 }
 
+/// SQLite has one writer. Webhook posts queue here for it instead of all trying at once: a
+/// connection that finds the database locked sleeps in SQLite's busy handler (1, 2, 5, 10 ms,
+/// ...), which would add those sleeps to the answer Meta waits for.
+static SQLITE_WRITER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Stores `batch` in one transaction. Workers are woken after the commit.
 pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: &Batch) -> Result<IntakeReport, DbError> {
     let mut report = IntakeReport::default();
     if batch.messages.is_empty() && batch.statuses.is_empty() {
         return Ok(report);
     }
+    let _writer = match db.backend {
+        Backend::Sqlite => Some(SQLITE_WRITER.lock().await),
+        Backend::Postgres => None,
+    };
     let now = db::now_ms();
     let mut tx = db.begin_write().await?;
     for m in &batch.messages {
@@ -63,8 +72,7 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: 
             correlation_id: uuid::Uuid::now_v7().to_string(),
             ..Default::default()
         };
-        let enqueued = queue.enqueue_in(&mut tx, &job).await?;
-        store::set_inbound_job(&mut tx, id, enqueued.job.id).await?;
+        queue.enqueue_in(&mut tx, &job).await?;
         report.stored += 1;
     }
     for s in &batch.statuses {
