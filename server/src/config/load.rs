@@ -360,4 +360,28 @@ mod tests {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
     }
+
+    #[test]
+    fn whatsapp_keys_load_and_are_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"http://127.0.0.1:9\"\ngraph_version = \"v24.0\"\nphone_number_id = \"1065403522\"\npair_interval = \"3s\"\n",
+        );
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
+        let wa = &cfg.settings.whatsapp;
+        assert_eq!((wa.graph_base_url.as_str(), wa.graph_version.as_str(), wa.phone_number_id.as_str()), ("http://127.0.0.1:9", "v24.0", "1065403522"));
+        assert_eq!(wa.pair_interval, std::time::Duration::from_secs(3));
+        assert_eq!(Settings::default().whatsapp.graph_base_url, "https://graph.facebook.com");
+
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"ftp://x\"\ngraph_version = \"\"\nphone_number_id = \"+1 555\"\nsend_attempts = 0\nwindow_template = \"t\"\nwindow_template_language = \"\"\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+    }
 }

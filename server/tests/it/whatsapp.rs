@@ -495,10 +495,9 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
 }
 both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 
-#[tokio::test]
-async fn without_a_runtime_messages_are_recorded_and_not_answered() {
+async fn without_a_runtime_messages_are_recorded_and_not_answered(db: TestDb) {
     let graph = FakeGraph::start().await;
-    let app = app(TestDb::sqlite(), Some(&graph), |_| {}).await;
+    let app = app(db, Some(&graph), |_| {}).await;
     assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.R1", "hello")]])).await.status, StatusCode::OK);
     run_jobs(&app, Arc::new(RecordOnly)).await;
     assert!(graph.sends().is_empty());
@@ -506,14 +505,14 @@ async fn without_a_runtime_messages_are_recorded_and_not_answered() {
     let row = store::inbound_by_wamid(&mut conn, "wamid.R1").await.expect("get").expect("stored");
     assert_eq!(row.outcome.as_deref(), Some("no reply: recorded_only"));
 }
+both_backends!(whatsapp_record_only, without_a_runtime_messages_are_recorded_and_not_answered);
 
 // ---------------------------------------------------------------------------------------------
 // The sender: splitting, the ledger across retries, the 24-hour window, pacing and retries.
 
-#[tokio::test]
-async fn long_replies_are_split_and_only_the_first_part_quotes() {
+async fn long_replies_are_split_and_only_the_first_part_quotes(db: TestDb) {
     let graph = FakeGraph::start().await;
-    let app = app(TestDb::sqlite(), Some(&graph), |_| {}).await;
+    let app = app(db, Some(&graph), |_| {}).await;
     let paragraph = "This is a sentence about opening hours. ".repeat(50);
     let long = [paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim()].join("\n\n");
     assert!(long.chars().count() > 8192);
@@ -531,6 +530,7 @@ async fn long_replies_are_split_and_only_the_first_part_quotes() {
     assert_eq!(joined, long);
     assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent'").await, 3);
 }
+both_backends!(whatsapp_split, long_replies_are_split_and_only_the_first_part_quotes);
 
 async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
     let graph = FakeGraph::start().await;
@@ -644,10 +644,9 @@ async fn outside_the_window_with_a_template(db: TestDb) {
 both_backends!(whatsapp_window_template, outside_the_window_with_a_template);
 
 
-#[tokio::test]
-async fn rate_limit_answers_are_retried_with_backoff() {
+async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     let graph = FakeGraph::start().await;
-    let app = app(TestDb::sqlite(), Some(&graph), |s| s.whatsapp.send_attempts = 3).await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 3).await;
     graph.set_rule(|_, index| match index {
         0 => Some(graph_error(400, 131056, "(#131056) (Business Account, Consumer Account) pair rate limit hit")),
         1 => Some(graph_error(429, 130429, "Rate limit hit")),
@@ -672,11 +671,11 @@ async fn rate_limit_answers_are_retried_with_backoff() {
     let row = store::outbound_by_key(&mut conn, "job:901:part:0").await.expect("get").expect("row");
     assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("190")));
 }
+both_backends!(whatsapp_rate_limit_retries, rate_limit_answers_are_retried_with_backoff);
 
-#[tokio::test]
-async fn sends_to_one_recipient_are_paced() {
+async fn sends_to_one_recipient_are_paced(db: TestDb) {
     let graph = FakeGraph::start().await;
-    let app = app(TestDb::sqlite(), Some(&graph), |s| {
+    let app = app(db, Some(&graph), |s| {
         s.whatsapp.pair_burst = 1;
         s.whatsapp.pair_interval = Duration::from_millis(300);
     })
@@ -710,6 +709,7 @@ async fn sends_to_one_recipient_are_paced() {
     assert!(err.to_string().contains("WHATSAPP_PACED"), "{err}");
     assert!(!graph.texts().contains(&"second".to_string()));
 }
+both_backends!(whatsapp_pacing, sends_to_one_recipient_are_paced);
 
 fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<whatsapp::WhatsAppSender> {
     let mut config = app.state.config.clone();

@@ -76,6 +76,11 @@ impl GraphClient {
         Ok(Self { http, messages_url, token })
     }
 
+    /// Whether a phone number id and an access token are set.
+    pub fn is_configured(&self) -> bool {
+        self.messages_url.is_some() && self.token.is_some()
+    }
+
     /// POSTs one message object; returns the wamid Meta assigned (empty for mark-as-read).
     pub async fn post(&self, body: &serde_json::Value) -> Result<String, GraphError> {
         let url = self.messages_url.as_deref().ok_or(GraphError::NotConfigured("whatsapp.phone_number_id is empty"))?;

@@ -163,6 +163,10 @@ impl WhatsAppSender {
     /// Marks `wamid` read, with the typing indicator when `typing`. Failures are logged only:
     /// they must not stop the reply.
     pub async fn mark_read(&self, wamid: &str, typing: bool) {
+        if !self.graph.is_configured() {
+            tracing::debug!("WhatsApp sending is not configured; not marking read");
+            return;
+        }
         let mut body = serde_json::json!({ "messaging_product": "whatsapp", "status": "read", "message_id": wamid });
         if typing {
             body["typing_indicator"] = serde_json::json!({ "type": "text" });
