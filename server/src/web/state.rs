@@ -35,6 +35,8 @@ pub struct App {
     pub jobs: JobQueue,
     /// The one checkpoint every tool call passes.
     pub tools: Arc<Checkpoint>,
+    /// WhatsApp webhook intake (group commit on SQLite).
+    pub whatsapp_intake: crate::channel::whatsapp::intake::Intake,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -76,6 +78,7 @@ impl AppState {
             metrics,
             jobs: JobQueue::new(db.clone()),
             tools,
+            whatsapp_intake: Default::default(),
             setup_done: AtomicBool::new(false),
         })))
     }

@@ -15,7 +15,7 @@ use secrecy::ExposeSecret;
 
 use crate::{db, web::AppState};
 
-use super::{intake, payload, signature};
+use super::{payload, signature};
 
 pub const PATH: &str = "/webhooks/whatsapp";
 
@@ -79,14 +79,15 @@ async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
             return plain(StatusCode::BAD_REQUEST, "not a WhatsApp notification");
         }
     };
-    match intake::store_batch(&state.db, &state.jobs, settings, &batch).await {
+    let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
+    match state.whatsapp_intake.store(&state.db, &state.jobs, settings, batch).await {
         Ok(report) => {
             tracing::debug!(
                 stored = report.stored,
                 duplicates = report.duplicates,
                 statuses = report.statuses_applied,
                 statuses_ignored = report.statuses_ignored,
-                skipped = batch.skipped,
+                skipped,
                 "WhatsApp webhook stored"
             );
             metrics::counter!("whatsapp_webhook_total", "outcome" => "stored").increment(1);
@@ -95,7 +96,7 @@ async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
         }
         Err(e) => {
             // 500 so that Meta delivers again: nothing of this batch was committed.
-            tracing::error!(error = %e, messages = batch.messages.len(), statuses = batch.statuses.len(), "cannot store WhatsApp webhook; answering 500 so Meta retries");
+            tracing::error!(error = %e, messages, statuses, "cannot store WhatsApp webhook; answering 500 so Meta retries");
             metrics::counter!("whatsapp_webhook_total", "outcome" => "store_failed").increment(1);
             plain(StatusCode::INTERNAL_SERVER_ERROR, "not stored")
         }
