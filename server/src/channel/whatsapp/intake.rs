@@ -137,7 +137,10 @@ impl Intake {
             let _writer = self.writer.lock().await;
             let group = std::mem::take(&mut *self.lock_queue());
             if !group.is_empty() {
-                commit_group(db, queue, settings, group).await;
+                // In a task of its own: a client hanging up on this request must not roll back
+                // the other posts' batches.
+                let (db, queue, settings) = (db.clone(), queue.clone(), settings.clone());
+                let _ = tokio::spawn(async move { commit_group(&db, &queue, &settings, group).await }).await;
             }
         }
         Ok(result.await.map_err(|_| IntakeError::Abandoned)??)
