@@ -157,6 +157,8 @@ pub enum BenchCommand {
     Checkpoint(crate::bench::CheckpointBench),
     /// MCP discovery time and per-call overhead with server-everything over stdio and HTTP.
     Mcp(crate::tools::mcp::bench::McpBench),
+    /// Post signed WhatsApp webhooks over loopback; print requests/s and latency percentiles.
+    Webhook(crate::bench::webhook::WebhookBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +263,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::tools::mcp::bench::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
         }
     })
 }
@@ -344,8 +347,9 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
+    let registry = registry_for(&state.config, &db)?;
     let worker = state.config.settings.jobs.worker_in_serve.then(|| {
-        tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
+        tokio::spawn(Worker::new(db.clone(), registry, state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
     });
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
@@ -373,12 +377,20 @@ fn spawn_catalog_reload(state: AppState) {
     });
 }
 
+/// Every job kind this build runs, with the channels' handlers wired to their dependencies.
+fn registry_for(cfg: &LoadedConfig, db: &Db) -> Result<jobs::Registry, Failure> {
+    let mut registry = jobs::registry();
+    crate::channel::whatsapp::register(&mut registry, cfg, db, std::sync::Arc::new(crate::channel::RecordOnly)).map_err(Failure::runtime)?;
+    Ok(registry)
+}
+
 async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
     let db = connect(&cfg).await?;
     let queue = JobQueue::new(db.clone());
     let settings = cfg.settings.jobs.worker();
     tracing::info!(database = db.backend.as_str(), queue = %settings.queue, "worker process starting");
-    Worker::new(db.clone(), jobs::registry(), settings, queue.waker()).run(web::serve::shutdown_watch()).await;
+    let registry = registry_for(&cfg, &db)?;
+    Worker::new(db.clone(), registry, settings, queue.waker()).run(web::serve::shutdown_watch()).await;
     db.close().await;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! server, the bot engine and the `gatehouse` command line.
 
 pub mod bench;
+pub mod channel;
 pub mod cli;
 pub mod config;
 pub mod conversation;

@@ -136,6 +136,26 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
             format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
         );
     }
+    let wa = &settings.whatsapp;
+    need(wa.pair_burst >= 1, "whatsapp.pair_burst", "must be at least 1".into());
+    need(wa.global_rate_per_second >= 1, "whatsapp.global_rate_per_second", "must be at least 1".into());
+    need(wa.send_attempts >= 1, "whatsapp.send_attempts", "must be at least 1".into());
+    need(!wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'), "whatsapp.graph_version", "must be a version such as \"v25.0\"".into());
+    need(
+        wa.phone_number_id.chars().all(|c| c.is_ascii_digit()),
+        "whatsapp.phone_number_id",
+        "must be the numeric phone number id from the WhatsApp Manager".into(),
+    );
+    need(
+        wa.window_template.is_empty() || !wa.window_template_language.trim().is_empty(),
+        "whatsapp.window_template_language",
+        "must be set when whatsapp.window_template is".into(),
+    );
+    need(
+        wa.unknown_type_reply.chars().count() <= 4096,
+        "whatsapp.unknown_type_reply",
+        "must fit one WhatsApp message (4,096 characters)".into(),
+    );
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -150,6 +170,8 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),
         ("web_search.timeout", settings.web_search.timeout),
+        ("whatsapp.request_timeout", settings.whatsapp.request_timeout),
+        ("whatsapp.pair_interval", settings.whatsapp.pair_interval),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
@@ -186,6 +208,12 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
             need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
         }
     }
+    let graph = &settings.whatsapp.graph_base_url;
+    need(
+        url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        "whatsapp.graph_base_url",
+        format!("{:?} is not an http(s) URL", display_url(graph)),
+    );
     need(
         tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
         "log.filter",
@@ -403,6 +431,30 @@ mod tests {
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
         for key in ["nope.x", "auth.min_password_length", "log.filter", "server.public_url"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+    }
+
+    #[test]
+    fn whatsapp_keys_load_and_are_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"http://127.0.0.1:9\"\ngraph_version = \"v24.0\"\nphone_number_id = \"1065403522\"\npair_interval = \"3s\"\n",
+        );
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
+        let wa = &cfg.settings.whatsapp;
+        assert_eq!((wa.graph_base_url.as_str(), wa.graph_version.as_str(), wa.phone_number_id.as_str()), ("http://127.0.0.1:9", "v24.0", "1065403522"));
+        assert_eq!(wa.pair_interval, std::time::Duration::from_secs(3));
+        assert_eq!(Settings::default().whatsapp.graph_base_url, "https://graph.facebook.com");
+
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"ftp://x\"\ngraph_version = \"\"\nphone_number_id = \"+1 555\"\nsend_attempts = 0\nwindow_template = \"t\"\nwindow_template_language = \"\"\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
     }

@@ -13,6 +13,7 @@ pub mod sessions;
 pub mod tool_audit;
 pub mod tool_results;
 pub mod traces;
+pub mod whatsapp;
 
 use std::path::Path;
 

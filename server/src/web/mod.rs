@@ -91,9 +91,14 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .with_state(state.clone());
 
+    // Authenticated by its signature, not a session: outside the console guard, and exempt
+    // from the origin check (see middleware::check_origin).
+    let webhooks = crate::channel::whatsapp::webhook::routes(state.clone());
+
     Router::new()
         .merge(console)
         .merge(ops)
+        .merge(webhooks)
         .fallback(not_found)
         .route_layer(from_fn(middleware::track_metrics))
         .layer(

@@ -37,6 +37,8 @@ pub struct App {
     pub tools: Arc<Checkpoint>,
     /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
     pub mcp: crate::tools::mcp::McpManager,
+    /// WhatsApp webhook intake (group commit on SQLite).
+    pub whatsapp_intake: crate::channel::whatsapp::intake::Intake,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -79,6 +81,7 @@ impl AppState {
             jobs: JobQueue::new(db.clone()),
             tools,
             mcp,
+            whatsapp_intake: Default::default(),
             setup_done: AtomicBool::new(false),
         })))
     }

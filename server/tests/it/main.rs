@@ -18,3 +18,4 @@ mod tools;
 mod tools_console;
 mod web_fetch;
 mod web_search;
+mod whatsapp;

@@ -150,23 +150,28 @@ impl TestApp {
     }
 
     pub async fn with(db: TestDb, tweak: impl FnOnce(&mut Settings)) -> Self {
-        Self::build(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), tweak).await
+        Self::with_secrets(db, Secrets::default(), tweak).await
+    }
+
+    /// An app whose secrets (webhook and Graph API credentials) are `secrets`.
+    pub async fn with_secrets(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::build(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), secrets, tweak).await
     }
 
     /// An app whose config files (gatehouse.toml, tools.toml, ...) are in `dir`, so tests can
     /// edit them and reload.
     pub async fn in_config_dir(db: TestDb, dir: &std::path::Path) -> Self {
-        Self::build(db, dir, |_| {}).await
+        Self::build(db, dir, Secrets::default(), |_| {}).await
     }
 
-    async fn build(db: TestDb, dir: &std::path::Path, tweak: impl FnOnce(&mut Settings)) -> Self {
+    async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         let config = LoadedConfig {
             settings,
-            secrets: Secrets::default(),
+            secrets,
             path: dir.join("gatehouse.toml"),
             dir: dir.to_path_buf(),
             // The shipped catalog needs no secrets.
