@@ -378,9 +378,18 @@ fn spawn_catalog_reload(state: AppState) {
 }
 
 /// Every job kind this build runs, with the channels' handlers wired to their dependencies.
+/// The conversation runtime over the configured model (every call recorded in `llm_calls`).
+fn conversation_runtime(cfg: &LoadedConfig, db: &Db) -> Result<std::sync::Arc<crate::conversation::Runtime>, Failure> {
+    let settings = std::sync::Arc::new(cfg.settings.clone());
+    let model = crate::llm::from_settings(&settings, &cfg.secrets).map_err(Failure::runtime)?;
+    let model = crate::llm::recorded(model, db.clone(), &settings);
+    let lane = std::sync::Arc::new(crate::conversation::NoToolLane);
+    Ok(std::sync::Arc::new(crate::conversation::Runtime::new(db.clone(), settings, cfg.secrets.clone(), model, lane)))
+}
+
 fn registry_for(cfg: &LoadedConfig, db: &Db) -> Result<jobs::Registry, Failure> {
     let mut registry = jobs::registry();
-    crate::channel::whatsapp::register(&mut registry, cfg, db, std::sync::Arc::new(crate::channel::RecordOnly)).map_err(Failure::runtime)?;
+    crate::channel::whatsapp::register(&mut registry, cfg, db, conversation_runtime(cfg, db)?).map_err(Failure::runtime)?;
     Ok(registry)
 }
 

@@ -9,6 +9,7 @@
 //! channels. Tool prompts and results never enter chat memory: only the person's messages and
 //! the chat replies do.
 
+mod inbound;
 pub mod memory;
 pub mod steps;
 
@@ -46,6 +47,9 @@ pub struct Inbound {
     pub text: String,
     /// The id of the message this one replies to (WhatsApp's context.id).
     pub quoted_id: Option<String>,
+    /// The quoted message's text when the channel has it (a bot message it sent); otherwise the
+    /// runtime looks the id up in chat memory.
+    pub quoted_text: Option<String>,
     /// WhatsApp's own mention of the business number.
     pub mentions_bot: bool,
     /// It replies to one of the bot's messages.
@@ -308,9 +312,10 @@ impl Runtime {
         let conv = &self.settings.conversation;
         let now = db::now_ms();
         let mut conn = self.db.pool.acquire().await?;
-        let quoted = match &inbound.quoted_id {
-            Some(id) => store::text_of(&mut conn, id).await?,
-            None => None,
+        let quoted = match (&inbound.quoted_text, &inbound.quoted_id) {
+            (Some(text), _) => Some(text.clone()),
+            (None, Some(id)) => store::text_of(&mut conn, id).await?,
+            (None, None) => None,
         };
         let summary = store::summary(&mut conn, &inbound.chat_id).await?;
         let history: Vec<store::Turn> = store::turns_after(&mut conn, &inbound.chat_id, summary.as_ref().map_or(0, |s| s.covers_through))
