@@ -335,7 +335,7 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
     assert_eq!(echo.state, "pending");
     assert_eq!(echo.previous_definition.as_ref().and_then(|d| d["description"].as_str()), Some("Echoes its text."), "the old definition is kept for the diff");
     assert!(echo.definition["description"].as_str().unwrap_or_default().contains("changed"));
-    assert_eq!(recorded(&Path::new(&fx.record).to_path_buf()).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
 
     rig.approve("fx__echo").await;
     let after = rig.call("fx__echo", json!({"text": "c"})).await.expect("approved again");

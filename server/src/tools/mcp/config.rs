@@ -298,10 +298,10 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
                     bad("transport.headers", format!("{name:?} is not a valid HTTP header name"));
                 }
                 for (name, value) in headers {
-                    if let ValueOrSecret::Plain(v) = value {
-                        if http::HeaderValue::from_str(v).is_err() {
-                            bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
-                        }
+                    if let ValueOrSecret::Plain(v) = value
+                        && http::HeaderValue::from_str(v).is_err()
+                    {
+                        bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
                     }
                 }
             }

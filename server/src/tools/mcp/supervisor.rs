@@ -115,6 +115,8 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 server.live.send_modify(|l| {
                     l.peer = Some(session.peer().clone());
                     l.connections += 1;
+                    l.health = health::CONNECTED;
+                    l.last_error = None;
                 });
                 record_health(&inner, &server, health::CONNECTED, None, true).await;
                 inner.breakers.record_success(&cfg.id);
