@@ -65,7 +65,7 @@ async fn store(inner: &Inner, manager: &McpManager, server: &Server, found: &[db
     .await
     .map_err(|e| format!("storing the discovered tools failed: {e}"))?;
     if !(changes_empty(&stored)) {
-        tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed; new and changed tools wait for an owner");
+        tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed (new and changed tools wait for an owner unless first seen on a trusted server)");
     }
     server.live.send_modify(|l| l.last_discovery = Some(report.clone()));
     manager.rebuild().await.map_err(|e| format!("publishing the catalog failed: {e}"))
