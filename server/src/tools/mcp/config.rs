@@ -421,6 +421,25 @@ headers = { Authorization = { secret = "REMOTE_TOKEN", prefix = "Bearer " } }
     }
 
     #[test]
+    fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/mcp.toml"));
+        let shipped = load(path, &|_| false).expect("shipped mcp.toml loads");
+        assert!(shipped.servers.is_empty(), "no server is enabled by default");
+        // The commented examples, uncommented, are a valid file.
+        let text = std::fs::read_to_string(path).expect("read");
+        let examples: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# Examples"))
+            .skip(1)
+            .map(|l| l.strip_prefix("# ").or_else(|| l.strip_prefix('#')).unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = load_text(&examples, &["NOTES_MCP_TOKEN"]).expect("examples are valid");
+        assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes"]);
+        assert!(cfg.servers.iter().all(|s| !s.enabled));
+    }
+
+    #[test]
     fn server_ids_are_plain() {
         assert!(valid_server_id("everything"));
         assert!(valid_server_id("time-2"));
