@@ -112,13 +112,13 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 if let Err(e) = store(&inner, &manager, &server, &found, &report).await {
                     tracing::error!(mcp.server = %cfg.id, error = %e, "MCP discovery not stored");
                 }
+                // Recorded before the session is offered, so whoever sees it connected also
+                // finds it so in the database.
+                record_health(&inner, &server, health::CONNECTED, None, true).await;
                 server.live.send_modify(|l| {
                     l.peer = Some(session.peer().clone());
                     l.connections += 1;
-                    l.health = health::CONNECTED;
-                    l.last_error = None;
                 });
-                record_health(&inner, &server, health::CONNECTED, None, true).await;
                 inner.breakers.record_success(&cfg.id);
                 inner.reset_tool_breakers(&cfg.id);
                 answer(&mut waiters, &Ok(report));
