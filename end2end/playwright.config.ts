@@ -3,22 +3,25 @@ import * as fs from "node:fs";
 
 // The console is tested against the real binary, on a fresh SQLite file, in Debian's Chromium
 // (Playwright cannot download its own browsers here).
-import { baseURL, binary, configPath, dataDir, serverEnv } from "./tests/support";
+import { baseURL, binary, configPath, dataDir, serverEnv, writeConfig } from "./tests/support";
 
 // Only the runner starts from a clean database; worker processes load this file too.
 if (process.env.TEST_WORKER_INDEX === undefined) {
   fs.rmSync(dataDir, { recursive: true, force: true });
   fs.mkdirSync(dataDir, { recursive: true });
+  writeConfig();
 }
 
 export default defineConfig({
   testDir: "./tests",
-  // The journey has an order: setup creates the owner, the jobs tests use it, and the
+  // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
   // throttling test locks logins from this address last.
   projects: [
     { name: "console", testMatch: "console.spec.ts" },
     { name: "jobs", testMatch: "jobs.spec.ts", dependencies: ["console"] },
-    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["jobs"] },
+    { name: "tools", testMatch: "tools.spec.ts", dependencies: ["jobs"] },
+    { name: "mcp", testMatch: "mcp.spec.ts", dependencies: ["tools"] },
+    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["mcp"] },
   ],
   fullyParallel: false,
   workers: 1,

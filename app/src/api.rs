@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobsPage, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -174,6 +174,129 @@ pub async fn cancel_job(id: i64) -> Result<(), AppError> {
         async {
             let me = require_owner().await?;
             backend()?.cancel_job(me.owner_id, id, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_tools")]
+pub async fn list_tools(provider: String, audience: String, risk: String) -> Result<ToolsPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.tools_page(&crate::dto::ToolsQuery { provider, audience, risk }).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_tool")]
+pub async fn get_tool(name: String) -> Result<ToolDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.tool_detail(&name).await
+        }
+        .await,
+    )
+}
+
+/// Runs a call through the checkpoint as the signed-in owner.
+#[server(endpoint = "try_tool")]
+pub async fn try_tool(name: String, args: String, chat_type: String) -> Result<TryOutcome, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "reload_tools")]
+pub async fn reload_tools() -> Result<ReloadOutcome, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.reload_tools(me.owner_id, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "mcp_servers")]
+pub async fn mcp_servers() -> Result<McpPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.mcp_page().await
+        }
+        .await,
+    )
+}
+
+/// Enables ("true") or disables ("false") an MCP server.
+#[server(endpoint = "mcp_set_enabled")]
+pub async fn mcp_set_enabled(server: String, enabled: String) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let enabled = match enabled.as_str() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(AppError::invalid("enabled must be true or false")),
+            };
+            backend()?.mcp_set_enabled(me.owner_id, &server, enabled, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "mcp_refresh")]
+pub async fn mcp_refresh(server: String) -> Result<String, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.mcp_refresh(me.owner_id, &server, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+/// Approves ("approve") or rejects ("reject") a quarantined MCP tool, by catalog name.
+#[server(endpoint = "mcp_decide")]
+pub async fn mcp_decide(tool: String, decision: String) -> Result<(), AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let approve = match decision.as_str() {
+                "approve" => true,
+                "reject" => false,
+                _ => return Err(AppError::invalid("decision must be approve or reject")),
+            };
+            backend()?.mcp_decide(me.owner_id, &tool, approve, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_traces")]
+pub async fn list_traces(chat: String, route: String, outcome: String, error_code: String, since_minutes: i64, before: i64) -> Result<TracesPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.traces_page(&crate::dto::TraceQuery { chat, route, outcome, error_code, since_minutes, before }).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_trace")]
+pub async fn get_trace(id: i64) -> Result<TraceDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.trace_detail(id).await
         }
         .await,
     )

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, NewOwner, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -42,6 +42,21 @@ pub trait AdminBackend: Send + Sync {
     /// Owner actions, audited with the owner and address.
     async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
     async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
+    async fn tools_page(&self, query: &ToolsQuery) -> Result<ToolsPage, AppError>;
+    async fn tool_detail(&self, name: &str) -> Result<ToolDetail, AppError>;
+    /// Runs one call through the checkpoint as this owner; audited like any other call, plus
+    /// an owner audit row.
+    async fn try_tool(&self, owner_id: i64, name: &str, args_json: &str, chat_type: &str, ip: &str) -> Result<TryOutcome, AppError>;
+    /// Re-reads the tool catalog (tools.toml, connectors.toml); a file with problems is refused
+    /// with every problem listed, and the current catalog stays.
+    async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError>;
+    async fn traces_page(&self, query: &TraceQuery) -> Result<TracesPage, AppError>;
+    async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError>;
+    async fn mcp_page(&self) -> Result<McpPage, AppError>;
+    /// Owner actions on MCP servers and their tools, each audited with the owner and address.
+    async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError>;
+    async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError>;
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, ip: &str) -> Result<(), AppError>;
     /// Sessions older than this since login are void, however active.
     fn session_absolute_timeout_ms(&self) -> i64;
 }

@@ -147,3 +147,216 @@ pub struct JobDetail {
     pub can_retry: bool,
     pub can_cancel: bool,
 }
+
+/// Filters of the Tools page, as they appear in its URL ("" means any).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolsQuery {
+    pub provider: String,
+    pub audience: String,
+    pub risk: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSummary {
+    pub name: String,
+    pub title: String,
+    pub description: String,
+    pub provider: String,
+    pub operation: String,
+    pub audience: String,
+    pub risk: String,
+    pub approval: String,
+    pub enabled: bool,
+    /// `sha256:` hash of the definition.
+    pub version: String,
+    /// closed, open or half_open.
+    pub breaker: String,
+    pub tags: Vec<String>,
+}
+
+/// One checkpoint decision from the tool-call audit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallView {
+    pub at: i64,
+    pub tool: String,
+    pub version: Option<String>,
+    pub actor: String,
+    pub chat_type: String,
+    pub chat_id: Option<String>,
+    pub decision: String,
+    pub reason_code: String,
+    pub latency_us: i64,
+    pub attempts: i64,
+    pub correlation_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerNotice {
+    pub at: i64,
+    pub hook: String,
+    pub tool: String,
+    pub reason_code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolsPage {
+    pub approval_mode: String,
+    /// Where the catalog is read from, for the empty state and the reload hint.
+    pub catalog_path: String,
+    /// Tools in the catalog before filtering.
+    pub total: usize,
+    pub tools: Vec<ToolSummary>,
+    pub recent_calls: Vec<ToolCallView>,
+    pub notices: Vec<OwnerNotice>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretFieldView {
+    pub field: String,
+    pub variable: String,
+    pub set: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDetail {
+    pub summary: ToolSummary,
+    pub when_to_use: String,
+    pub when_not_to_use: String,
+    pub aliases: Vec<String>,
+    pub triggers: Vec<String>,
+    pub chat_types: Vec<String>,
+    /// Pretty JSON.
+    pub input_schema: String,
+    pub output_schema: Option<String>,
+    pub managed_fields: Vec<String>,
+    pub secret_fields: Vec<SecretFieldView>,
+    pub timeout_ms: u64,
+    pub retry: String,
+    pub async_policy: String,
+    pub chainable: bool,
+    pub max_result_bytes: u64,
+    /// For connector tools: connector, method and URL template.
+    pub connector: Option<String>,
+    /// What the checkpoint would decide for an owner and a customer before any hook runs.
+    pub owner_policy: String,
+    pub customer_policy: String,
+    /// Hooks that apply to this tool, by name and point.
+    pub hooks: Vec<String>,
+    /// Arguments a "try it" call can start from: every required property, empty.
+    pub example_args: String,
+    pub recent_calls: Vec<ToolCallView>,
+}
+
+/// The outcome of a "try it" call from the console.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TryOutcome {
+    pub tool: String,
+    pub ok: bool,
+    /// `OK` or the checkpoint's error code.
+    pub code: String,
+    pub message: String,
+    /// Pretty JSON of the result, when there is one.
+    pub output: Option<String>,
+    pub attempts: u32,
+    pub correlation_id: String,
+    pub latency_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReloadOutcome {
+    pub tools: usize,
+    pub changed: Vec<String>,
+}
+
+/// One MCP tool with its quarantine state, for the MCP servers page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolView {
+    /// `<server>__<tool>`, the name in the catalog.
+    pub catalog_name: String,
+    pub name: String,
+    /// pending, approved or rejected.
+    pub state: String,
+    /// Offered to the planner and callable now.
+    pub usable: bool,
+    /// Still listed by the server.
+    pub present: bool,
+    pub definition_hash: String,
+    /// Pretty JSON of the definition as the server gives it (untrusted text).
+    pub definition: String,
+    /// Line diff from the previous definition, when it changed: lines start with "+ ", "- " or "  ".
+    pub diff: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServerView {
+    pub id: String,
+    pub transport: String,
+    /// The command or URL, without credentials.
+    pub target: String,
+    pub trust: String,
+    pub enabled: bool,
+    /// connected, degraded or down.
+    pub health: String,
+    pub last_error: Option<String>,
+    pub last_seen_at: Option<i64>,
+    pub tool_count: i64,
+    pub pending: usize,
+    pub tools: Vec<McpToolView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpPage {
+    pub config_path: String,
+    pub servers: Vec<McpServerView>,
+}
+
+/// Filters of the Traces page, as they appear in its URL.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceQuery {
+    pub chat: String,
+    pub route: String,
+    pub outcome: String,
+    pub error_code: String,
+    /// Only traces from the last this many minutes; 0 for any time.
+    pub since_minutes: i64,
+    /// Paging: only traces older than this id.
+    pub before: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceSummary {
+    pub id: i64,
+    pub correlation_id: String,
+    pub channel: String,
+    pub chat_id: String,
+    pub message_id: String,
+    pub actor: String,
+    pub route: String,
+    pub outcome: String,
+    pub error_code: Option<String>,
+    pub started_at: i64,
+    pub duration_us: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TracesPage {
+    pub traces: Vec<TraceSummary>,
+    pub next_before: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceStepView {
+    pub step: String,
+    pub decision: String,
+    pub reason_code: String,
+    pub duration_us: i64,
+    /// Pretty JSON facts (model, tokens, lengths; text only when the config keeps it).
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceDetail {
+    pub summary: TraceSummary,
+    pub steps: Vec<TraceStepView>,
+}

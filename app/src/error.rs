@@ -23,6 +23,7 @@ pub mod code {
     pub const SETUP_CLOSED: &str = "SETUP_CLOSED";
     pub const CONFLICT: &str = "CONFLICT";
     pub const NOT_FOUND: &str = "NOT_FOUND";
+    pub const CONFIG_INVALID: &str = "CONFIG_INVALID";
     pub const INTERNAL: &str = "INTERNAL";
     pub const REQUEST_FAILED: &str = "REQUEST_FAILED";
 }
@@ -58,6 +59,7 @@ impl AppError {
             code::SETUP_CLOSED => 410,
             code::CONFLICT => 409,
             code::NOT_FOUND => 404,
+            code::CONFIG_INVALID => 422,
             _ => 500,
         }
     }

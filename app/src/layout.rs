@@ -13,6 +13,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("/approvals", "Approvals"),
     ("/jobs", "Jobs"),
     ("/tools", "Tools & MCP"),
+    ("/mcp", "MCP servers"),
     ("/repairs", "Repairs"),
     ("/settings", "Settings"),
 ];

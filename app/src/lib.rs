@@ -63,11 +63,14 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("") view=pages::dashboard::DashboardPage />
                     <Route path=StaticSegment("settings") view=pages::settings::SettingsPage />
                     <Route path=StaticSegment("conversations") view=pages::pending::Conversations />
-                    <Route path=StaticSegment("traces") view=pages::pending::Traces />
+                    <Route path=StaticSegment("traces") view=pages::traces::TracesPage />
+                    <Route path=(StaticSegment("traces"), ParamSegment("id")) view=pages::traces::TraceDetailPage />
                     <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
                     <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
                     <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />
-                    <Route path=StaticSegment("tools") view=pages::pending::Tools />
+                    <Route path=StaticSegment("tools") view=pages::tools::ToolsPage />
+                    <Route path=StaticSegment("mcp") view=pages::mcp::McpPage />
+                    <Route path=(StaticSegment("tools"), ParamSegment("name")) view=pages::tools::ToolDetailPage />
                     <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
                 </ParentRoute>
             </Routes>

@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 
@@ -7,10 +8,12 @@ import * as path from "node:path";
 export const repo = path.resolve(__dirname, "..", "..");
 const targetDir = process.env.CARGO_TARGET_DIR ? path.resolve(process.env.CARGO_TARGET_DIR) : path.join(repo, "target");
 export const binary = path.join(targetDir, "debug", "gatehouse");
-export const configPath = path.join(repo, "config", "gatehouse.toml");
 export const port = Number(process.env.GATEHOUSE_E2E_PORT ?? 3917);
 export const baseURL = `http://127.0.0.1:${port}`;
 export const dataDir = path.join(os.tmpdir(), `gatehouse-e2e-${port}`);
+/** The shipped config, copied by the runner with one MCP server added (see writeConfig). */
+export const configDir = path.join(dataDir, "config");
+export const configPath = path.join(configDir, "gatehouse.toml");
 export const databaseUrl = `sqlite://${path.join(dataDir, "e2e.db")}`;
 
 export const serverEnv: Record<string, string> = {
@@ -34,4 +37,29 @@ export function gatehouse(...args: string[]): string {
     env: { ...process.env, ...serverEnv, RUST_LOG: "warn" },
     encoding: "utf8",
   });
+}
+
+/** Copies the shipped config files into `configDir` and declares one real MCP server, the npm
+ *  reference memory server (installed by scripts/test in mcp-test-servers/), as untrusted: its
+ *  tools wait for an owner's approval. */
+export function writeConfig() {
+  fs.mkdirSync(configDir, { recursive: true });
+  for (const file of ["gatehouse.toml", "tools.toml", "connectors.toml"]) {
+    fs.copyFileSync(path.join(repo, "config", file), path.join(configDir, file));
+  }
+  const memoryServer = path.join(repo, "mcp-test-servers", "node_modules", "@modelcontextprotocol", "server-memory", "dist", "index.js");
+  fs.writeFileSync(
+    path.join(configDir, "mcp.toml"),
+    [
+      "[[server]]",
+      'id = "memory"',
+      'trust = "untrusted"',
+      "[server.transport]",
+      'type = "stdio"',
+      'command = "node"',
+      `args = [${JSON.stringify(memoryServer)}]`,
+      `env = { MEMORY_FILE_PATH = ${JSON.stringify(path.join(dataDir, "memory.jsonl"))} }`,
+      "",
+    ].join("\n"),
+  );
 }

@@ -1,5 +1,7 @@
 //! `gatehouse bench jobs`: throughput and latency of the job queue on a given database.
 
+pub mod webhook;
+
 use std::{
     sync::{
         Arc, Mutex,

@@ -157,6 +157,8 @@ pub enum BenchCommand {
     Checkpoint(crate::bench::CheckpointBench),
     /// MCP discovery time and per-call overhead with server-everything over stdio and HTTP.
     Mcp(crate::tools::mcp::bench::McpBench),
+    /// Post signed WhatsApp webhooks over loopback; print requests/s and latency percentiles.
+    Webhook(crate::bench::webhook::WebhookBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +263,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::tools::mcp::bench::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
         }
     })
 }
@@ -344,8 +347,9 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
+    let registry = registry_for(&state.config, &db)?;
     let worker = state.config.settings.jobs.worker_in_serve.then(|| {
-        tokio::spawn(Worker::new(db.clone(), jobs::registry(), state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
+        tokio::spawn(Worker::new(db.clone(), registry, state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
     });
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
@@ -366,22 +370,18 @@ fn spawn_catalog_reload(state: AppState) {
     tokio::spawn(async move {
         let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hangups.recv().await.is_some() {
-            match config::load(&state.config.path) {
-                Ok(fresh) => {
-                    let count = fresh.catalog.len();
-                    match state.mcp.set_base_catalog(fresh.catalog).await {
-                        Ok(()) => tracing::info!(tools = count, "tool catalog reloaded"),
-                        Err(e) => tracing::error!(error = %e, "tool catalog reload failed"),
-                    }
-                }
-                Err(e) => {
-                    for p in &e.0 {
-                        tracing::error!(problem = %p, "tool catalog reload failed; keeping the current catalog");
-                    }
-                }
+            if let Err(e) = crate::tools::reload_catalog(&state.config.path, &state.mcp, &state.tools).await {
+                tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog");
             }
         }
     });
+}
+
+/// Every job kind this build runs, with the channels' handlers wired to their dependencies.
+fn registry_for(cfg: &LoadedConfig, db: &Db) -> Result<jobs::Registry, Failure> {
+    let mut registry = jobs::registry();
+    crate::channel::whatsapp::register(&mut registry, cfg, db, std::sync::Arc::new(crate::channel::RecordOnly)).map_err(Failure::runtime)?;
+    Ok(registry)
 }
 
 async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
@@ -389,7 +389,8 @@ async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
     let queue = JobQueue::new(db.clone());
     let settings = cfg.settings.jobs.worker();
     tracing::info!(database = db.backend.as_str(), queue = %settings.queue, "worker process starting");
-    Worker::new(db.clone(), jobs::registry(), settings, queue.waker()).run(web::serve::shutdown_watch()).await;
+    let registry = registry_for(&cfg, &db)?;
+    Worker::new(db.clone(), registry, settings, queue.waker()).run(web::serve::shutdown_watch()).await;
     db.close().await;
     Ok(())
 }
@@ -419,9 +420,16 @@ async fn tools_command(cfg: &LoadedConfig, cmd: &ToolsCommand) -> Result<(), Fai
             let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             let db = connect(cfg).await?;
             let (checkpoint, mcp) = crate::tools::checkpoint_with_mcp(cfg, &db).map_err(Failure::runtime)?;
-            mcp.start().await.map_err(Failure::runtime)?;
+            // Only a call of an MCP tool connects to the MCP servers; any other call leaves them
+            // (and the health a running server recorded) alone.
+            let server = mcp.server_of(&c.name);
+            if server.is_some() {
+                mcp.start().await.map_err(Failure::runtime)?;
+            } else {
+                mcp.load_cached().await.map_err(Failure::runtime)?;
+            }
             // An MCP tool needs its server: wait for it to connect (bounded), then call.
-            if let Some(server) = mcp.server_of(&c.name) {
+            if let Some(server) = server {
                 let bound = cfg.mcp.get(&server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
                 if let Err(e) = mcp.wait_connected(&server, bound).await {
                     tracing::warn!(mcp.server = %server, error = %e, "MCP server not connected; the call will say so");

@@ -1,9 +1,12 @@
 pub mod dashboard;
 pub mod jobs;
 pub mod login;
+pub mod mcp;
 pub mod pending;
 pub mod settings;
 pub mod setup;
+pub mod tools;
+pub mod traces;
 
 use leptos::prelude::*;
 

@@ -24,29 +24,11 @@ pub fn Conversations() -> impl IntoView {
 }
 
 #[component]
-pub fn Traces() -> impl IntoView {
-    pending(
-        "Traces",
-        "WhatsApp channel and conversation runtime",
-        "Each processed message will record a trace of every step, LLM call and reply, listed and filterable here.",
-    )
-}
-
-#[component]
 pub fn Approvals() -> impl IntoView {
     pending(
         "Approvals",
         "owner approvals",
         "High-risk tool calls will wait here for you to approve or reject them, bound to the exact call.",
-    )
-}
-
-#[component]
-pub fn Tools() -> impl IntoView {
-    pending(
-        "Tools & MCP",
-        "tool catalog and MCP servers",
-        "The tool catalog from config/tools.toml, connectors and MCP servers, their policies, breakers and recent calls will show here.",
     )
 }
 

@@ -117,6 +117,45 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
+    let llm = &settings.llm;
+    need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
+    need(llm.retry_initial_delay <= llm.retry_max_delay, "llm.retry_initial_delay", "must not exceed llm.retry_max_delay".into());
+    need(!llm.fallback_reply.trim().is_empty(), "llm.fallback_reply", "must not be empty".into());
+    need(!llm.owner_instruction.trim().is_empty(), "llm.owner_instruction", "must not be empty".into());
+    for (key, endpoint) in [("llm.anthropic.max_tokens", &llm.anthropic), ("llm.openai.max_tokens", &llm.openai)] {
+        need(endpoint.max_tokens >= 1, key, "must be at least 1".into());
+    }
+    let mut priced = BTreeSet::new();
+    for price in &settings.models.prices {
+        need(!price.model.trim().is_empty(), "models.prices", "every price needs a model name".into());
+        need(priced.insert(price.model.as_str()), "models.prices", format!("model {:?} is priced twice", price.model));
+        let amounts = [Some(price.input), Some(price.output), price.cache_read, price.cache_write];
+        need(
+            amounts.iter().flatten().all(|p| p.is_finite() && *p >= 0.0),
+            "models.prices",
+            format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
+        );
+    }
+    let wa = &settings.whatsapp;
+    need(wa.pair_burst >= 1, "whatsapp.pair_burst", "must be at least 1".into());
+    need(wa.global_rate_per_second >= 1, "whatsapp.global_rate_per_second", "must be at least 1".into());
+    need(wa.send_attempts >= 1, "whatsapp.send_attempts", "must be at least 1".into());
+    need(!wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'), "whatsapp.graph_version", "must be a version such as \"v25.0\"".into());
+    need(
+        wa.phone_number_id.chars().all(|c| c.is_ascii_digit()),
+        "whatsapp.phone_number_id",
+        "must be the numeric phone number id from the WhatsApp Manager".into(),
+    );
+    need(
+        wa.window_template.is_empty() || !wa.window_template_language.trim().is_empty(),
+        "whatsapp.window_template_language",
+        "must be set when whatsapp.window_template is".into(),
+    );
+    need(
+        wa.unknown_type_reply.chars().count() <= 4096,
+        "whatsapp.unknown_type_reply",
+        "must fit one WhatsApp message (4,096 characters)".into(),
+    );
     for (key, value) in [
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
@@ -124,12 +163,15 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("database.acquire_timeout", settings.database.acquire_timeout),
         ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
         ("llm.openai.timeout", settings.llm.openai.timeout),
+        ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
         ("jobs.poll_interval", jobs.poll_interval),
         ("jobs.lease", jobs.lease),
         ("jobs.job_timeout", jobs.job_timeout),
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),
         ("web_search.timeout", settings.web_search.timeout),
+        ("whatsapp.request_timeout", settings.whatsapp.request_timeout),
+        ("whatsapp.pair_interval", settings.whatsapp.pair_interval),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
@@ -157,6 +199,21 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
     }
+    let conv = &settings.conversation;
+    need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
+    need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
+    for (i, c) in settings.private_data.categories.iter().enumerate() {
+        need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
+        for p in &c.patterns {
+            need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
+        }
+    }
+    let graph = &settings.whatsapp.graph_base_url;
+    need(
+        url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        "whatsapp.graph_base_url",
+        format!("{:?} is not an http(s) URL", display_url(graph)),
+    );
     need(
         tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
         "log.filter",
@@ -327,6 +384,39 @@ mod tests {
     }
 
     #[test]
+    fn shipped_config_prices_models_and_llm_keys_load() {
+        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(dir.path(), &std::fs::read_to_string(shipped).expect("shipped config"));
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("shipped config loads");
+        let s = &cfg.settings;
+        assert_eq!(s.llm, super::super::LlmSettings { anthropic: s.llm.anthropic.clone(), openai: s.llm.openai.clone(), ..Default::default() }, "documented defaults match the code's");
+        assert!(!s.models.chat.is_empty() && !s.models.compaction.is_empty());
+        for model in [&s.models.chat, &s.models.planner, &s.models.summarizer, &s.models.compaction] {
+            assert!(s.models.price(model).is_some(), "shipped model {model} has a price");
+        }
+    }
+
+    #[test]
+    fn bad_prices_and_retry_settings_are_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[llm]\nmax_retries = 50\nretry_initial_delay = \"10s\"\nretry_max_delay = \"1s\"\nfallback_reply = \" \"\n\
+             [[models.prices]]\nmodel = \"m\"\ninput = -1.0\noutput = 1.0\n[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+        assert!(err.to_string().contains("priced twice") && err.to_string().contains("zero or more"), "{err}");
+        let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
+        assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
+    }
+
+    #[test]
     fn shown_urls_hold_no_credentials() {
         assert_eq!(display_url("postgres://u:secret@h:5432/db"), "postgres://h:5432/db");
         assert_eq!(display_url("postgres://u@h/db?password=secret&sslmode=require"), "postgres://h/db");
@@ -341,6 +431,30 @@ mod tests {
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
         for key in ["nope.x", "auth.min_password_length", "log.filter", "server.public_url"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+    }
+
+    #[test]
+    fn whatsapp_keys_load_and_are_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"http://127.0.0.1:9\"\ngraph_version = \"v24.0\"\nphone_number_id = \"1065403522\"\npair_interval = \"3s\"\n",
+        );
+        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
+        let wa = &cfg.settings.whatsapp;
+        assert_eq!((wa.graph_base_url.as_str(), wa.graph_version.as_str(), wa.phone_number_id.as_str()), ("http://127.0.0.1:9", "v24.0", "1065403522"));
+        assert_eq!(wa.pair_interval, std::time::Duration::from_secs(3));
+        assert_eq!(Settings::default().whatsapp.graph_base_url, "https://graph.facebook.com");
+
+        let path = write(
+            dir.path(),
+            "[whatsapp]\ngraph_base_url = \"ftp://x\"\ngraph_version = \"\"\nphone_number_id = \"+1 555\"\nsend_attempts = 0\nwindow_template = \"t\"\nwindow_template_language = \"\"\n",
+        );
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
     }

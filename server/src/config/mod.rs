@@ -2,6 +2,7 @@
 //! environment variables. Secrets never live here; they come from named environment variables
 //! only (see [`secrets`]).
 
+pub mod conversation;
 pub mod load;
 pub mod secrets;
 
@@ -28,6 +29,9 @@ pub struct Settings {
     pub jobs: JobSettings,
     pub web_fetch: WebFetchSettings,
     pub web_search: WebSearchSettings,
+    pub conversation: conversation::ConversationSettings,
+    pub private_data: conversation::PrivateDataSettings,
+    pub whatsapp: WhatsAppSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -163,20 +167,60 @@ impl LlmProvider {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+/// The language model provider, its endpoints, the retry budget and what happens without a key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LlmSettings {
     pub provider: LlmProvider,
+    /// Retries after the first attempt, for errors the provider marks as retryable; all of them
+    /// within the endpoint's `timeout`.
+    pub max_retries: u32,
+    /// First backoff delay; doubled per retry (with jitter) up to `retry_max_delay`.
+    #[serde(with = "duration_str")]
+    pub retry_initial_delay: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_max_delay: Duration,
+    /// What a customer is told when no model can answer (no key, or the provider failed).
+    pub fallback_reply: String,
+    /// The one line an owner is told in degraded mode. `{provider}` and `{variable}` are filled in.
+    pub owner_instruction: String,
     pub anthropic: EndpointSettings,
     pub openai: EndpointSettings,
+}
+
+impl Default for LlmSettings {
+    fn default() -> Self {
+        Self {
+            provider: LlmProvider::default(),
+            max_retries: 2,
+            retry_initial_delay: Duration::from_millis(500),
+            retry_max_delay: Duration::from_secs(8),
+            fallback_reply: "Sorry, I can't answer right now. Please try again a little later.".into(),
+            owner_instruction: "Gatehouse has no key for the {provider} model: set {variable} and restart to enable replies.".into(),
+            anthropic: EndpointSettings::default(),
+            openai: EndpointSettings::default(),
+        }
+    }
+}
+
+impl LlmSettings {
+    /// The endpoint of the configured provider.
+    pub fn endpoint(&self) -> &EndpointSettings {
+        match self.provider {
+            LlmProvider::Anthropic => &self.anthropic,
+            LlmProvider::Openai => &self.openai,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EndpointSettings {
     pub base_url: String,
+    /// Deadline for one request, retries and backoff included.
     #[serde(with = "duration_str")]
     pub timeout: Duration,
+    /// `max_tokens` sent when the caller does not ask for a different limit.
     pub max_tokens: u32,
 }
 
@@ -186,7 +230,7 @@ impl Default for EndpointSettings {
     }
 }
 
-/// Which model serves which purpose. Names live in config only.
+/// Which model serves which purpose, and what each model costs. Names live in config only.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSettings {
@@ -194,6 +238,98 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+    /// Prices per model, for the cost recorded with each call. A model without a price is
+    /// recorded with its tokens and an unknown cost.
+    pub prices: Vec<ModelPrice>,
+}
+
+impl ModelSettings {
+    pub fn price(&self, model: &str) -> Option<&ModelPrice> {
+        self.prices.iter().find(|p| p.model == model)
+    }
+}
+
+/// US dollars per million tokens, as providers publish them. Cache prices default to the input
+/// price when not given.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub model: String,
+    pub input: f64,
+    pub output: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
+
+/// The WhatsApp Cloud API channel: where the Graph API is, how replies are paced, and what
+/// the bot says on its own (notes and templates). Tokens are secrets, never settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WhatsAppSettings {
+    /// Graph API base URL without the version (tests point it at a local fake).
+    pub graph_base_url: String,
+    /// Graph API version path segment, such as "v25.0".
+    pub graph_version: String,
+    /// The business phone number's id (not the number itself). Empty: nothing is sent.
+    pub phone_number_id: String,
+    /// Deadline of one Graph API request.
+    #[serde(with = "duration_str")]
+    pub request_timeout: Duration,
+    /// Mark each handled inbound message as read.
+    pub mark_read: bool,
+    /// Show the typing indicator while a reply is prepared.
+    pub typing_indicator: bool,
+    /// Said to a chat that sends a message type the bot cannot read yet. Empty: say nothing.
+    pub unknown_type_reply: String,
+    /// The note above goes to one chat at most once per this period.
+    #[serde(with = "duration_str")]
+    pub unknown_type_reply_every: Duration,
+    /// Approved template sent when a reply falls outside the 24-hour window (error 131047).
+    /// Empty: the reply is only marked failed.
+    pub window_template: String,
+    pub window_template_language: String,
+    /// Messages to one recipient: a burst of this many, then one per `pair_interval`.
+    pub pair_burst: u32,
+    #[serde(with = "duration_str")]
+    pub pair_interval: Duration,
+    /// Messages per second across all recipients (the business number's throughput).
+    pub global_rate_per_second: u32,
+    /// Longest a send waits for pacing before the job is retried later instead.
+    #[serde(with = "duration_str")]
+    pub max_pacing_wait: Duration,
+    /// Tries per message on rate limits (130429, 131056) and 5xx before the job is retried later.
+    pub send_attempts: u32,
+    /// Backoff between those tries: this, times 4 per further try.
+    #[serde(with = "duration_str")]
+    pub send_retry_base: Duration,
+    /// Largest inbound message object kept verbatim, in bytes; larger ones keep only the parsed fields.
+    pub raw_max_bytes: u64,
+}
+
+impl Default for WhatsAppSettings {
+    fn default() -> Self {
+        Self {
+            graph_base_url: "https://graph.facebook.com".into(),
+            graph_version: "v25.0".into(),
+            phone_number_id: String::new(),
+            request_timeout: Duration::from_secs(15),
+            mark_read: true,
+            typing_indicator: true,
+            unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
+            unknown_type_reply_every: Duration::from_secs(24 * 3600),
+            window_template: String::new(),
+            window_template_language: "en_US".into(),
+            pair_burst: 5,
+            pair_interval: Duration::from_secs(6),
+            global_rate_per_second: 80,
+            max_pacing_wait: Duration::from_secs(20),
+            send_attempts: 3,
+            send_retry_base: Duration::from_secs(2),
+            raw_max_bytes: 65_536,
+        }
+    }
 }
 
 /// The built-in `web_search` provider.

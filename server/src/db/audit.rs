@@ -15,6 +15,8 @@ pub mod event {
     pub const PASSWORD_RESET: &str = "password_reset";
     pub const JOB_RETRY: &str = "job_retry";
     pub const JOB_CANCEL: &str = "job_cancel";
+    pub const TOOL_TRY: &str = "tool_try";
+    pub const TOOLS_RELOAD: &str = "tools_reload";
     pub const MCP_TOOL_APPROVED: &str = "mcp_tool_approved";
     pub const MCP_TOOL_REJECTED: &str = "mcp_tool_rejected";
     pub const MCP_SERVER_ENABLED: &str = "mcp_server_enabled";

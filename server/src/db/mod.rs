@@ -3,12 +3,17 @@
 //! driver; only the migrations differ per backend.
 
 pub mod audit;
+pub mod conversation;
 pub mod jobs;
+pub mod llm_calls;
+pub mod owner_notifications;
 pub mod mcp;
 pub mod owners;
 pub mod sessions;
 pub mod tool_audit;
 pub mod tool_results;
+pub mod traces;
+pub mod whatsapp;
 
 use std::path::Path;
 

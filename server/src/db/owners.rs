@@ -164,3 +164,14 @@ pub async fn set_password(conn: &mut AnyConnection, owner_id: i64, password_hash
     .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// The owner a WhatsApp number belongs to. WhatsApp gives numbers as digits (`15550001111`);
+/// owners' numbers are stored in E.164 (`+15550001111`).
+pub async fn owner_by_phone(conn: &mut AnyConnection, phone: &str) -> Result<Option<i64>, DbError> {
+    let digits: String = phone.chars().filter(char::is_ascii_digit).collect();
+    if digits.is_empty() {
+        return Ok(None);
+    }
+    let row = sqlx::query("SELECT owner_id FROM owner_phones WHERE phone = $1").bind(format!("+{digits}")).fetch_optional(&mut *conn).await?;
+    Ok(row.map(|r| r.try_get(0)).transpose()?)
+}

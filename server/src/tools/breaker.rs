@@ -75,6 +75,16 @@ impl Breakers {
         }
     }
 
+    /// The call ended without telling anything about the provider (it was refused before
+    /// reaching it): a half-open trial slot is given back, nothing else changes.
+    pub fn release(&self, tool: &str) {
+        if let Ok(mut map) = self.inner.lock() {
+            if let Some(b) = map.get_mut(tool) {
+                b.trial_in_flight = false;
+            }
+        }
+    }
+
     pub fn record_failure(&self, tool: &str, now: Instant) {
         let Ok(mut map) = self.inner.lock() else { return };
         let b = map.entry(tool.to_string()).or_default();

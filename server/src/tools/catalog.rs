@@ -170,6 +170,8 @@ pub struct ToolDef {
     pub version: String,
     pub input_validator: jsonschema::Validator,
     pub output_validator: Option<jsonschema::Validator>,
+    /// For connector tools: the HTTP action from `connectors.toml` that runs it.
+    pub connector: Option<Arc<super::connectors::ConnectorAction>>,
 }
 
 impl ToolDef {
@@ -185,7 +187,7 @@ impl ToolDef {
         let input_validator = compile(&spec.input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
         let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
         let version = version_hash(&spec);
-        Ok(Self { spec, version, input_validator, output_validator })
+        Ok(Self { spec, version, input_validator, output_validator, connector: None })
     }
 }
 
@@ -204,6 +206,18 @@ struct ToolsFile {
     tool: Vec<toml::Value>,
     #[serde(default)]
     hook: Vec<toml::Value>,
+    #[serde(default)]
+    audit: AuditSettings,
+}
+
+/// `[audit]` in tools.toml: what the tool-call audit keeps out of its rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    /// Argument names (at any depth, case-insensitive) whose values are personal data and are
+    /// replaced in audit rows. Secret fields are always replaced.
+    #[serde(default)]
+    pub pii_fields: Vec<String>,
 }
 
 /// The loaded catalog. Swapped whole on reload; a call in flight keeps the `Arc` it started with.
@@ -213,6 +227,7 @@ pub struct Catalog {
     tools: BTreeMap<String, Arc<ToolDef>>,
     /// In priority order (lower first).
     pub hooks: Vec<super::hooks::Hook>,
+    pub audit: AuditSettings,
     /// Tools that exist but are not offered (an MCP tool waiting for an owner, say): a call
     /// fails with the given code instead of `TOOL_UNKNOWN`.
     withheld: BTreeMap<String, Withheld>,
@@ -233,8 +248,11 @@ pub fn valid_tool_name(name: &str) -> bool {
 
 /// `sha256:<hex>` of the canonical (key-sorted) JSON of a definition.
 pub fn version_hash(spec: &ToolSpec) -> String {
-    let canonical = serde_json::to_value(spec).map(|v| v.to_string()).unwrap_or_default();
-    let digest = Sha256::digest(canonical.as_bytes());
+    hash_json(&serde_json::to_value(spec).unwrap_or_default())
+}
+
+fn hash_json(value: &serde_json::Value) -> String {
+    let digest = Sha256::digest(value.to_string().as_bytes());
     format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
@@ -249,9 +267,22 @@ impl Catalog {
         let source = path.display().to_string();
         let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
         let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the tools file: {e}"))])?;
-        let file: ToolsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for a tools file: {e}"))])?;
-
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}"))])?;
         let mut problems = Vec::new();
+        // Unknown top-level keys are reported with everything else, not instead of it.
+        const KNOWN: [&str; 4] = ["approval_mode", "tool", "hook", "audit"];
+        for key in table.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
+            problems.push(problem(key.clone(), format!("unknown key; expected one of {}", KNOWN.join(", "))));
+        }
+        table.retain(|k, _| KNOWN.contains(&k));
+        let file: ToolsFile = match table.try_into() {
+            Ok(file) => file,
+            Err(e) => {
+                problems.push(problem(String::new(), e.to_string().trim().to_string()));
+                return Err(problems);
+            }
+        };
+
         let mut tools = BTreeMap::new();
         let mut seen = BTreeSet::new();
         for (i, raw) in file.tool.into_iter().enumerate() {
@@ -330,10 +361,44 @@ impl Catalog {
             if problems.len() == before {
                 if let Some(input_validator) = input {
                     let version = version_hash(&spec);
-                    tools.insert(spec.name.clone(), Arc::new(ToolDef { spec, version, input_validator, output_validator: output }));
+                    tools.insert(spec.name.clone(), ToolDef { spec, version, input_validator, output_validator: output, connector: None });
                 }
             }
         }
+        // Connector actions, from connectors.toml beside this file.
+        let connectors_path = path.with_file_name("connectors.toml");
+        let declared: BTreeMap<String, (bool, BTreeSet<String>)> = tools
+            .values()
+            .map(|t| {
+                let props = t.spec.input_schema.get("properties").and_then(|p| p.as_object()).map(|p| p.keys().cloned().collect()).unwrap_or_default();
+                (t.spec.name.clone(), (t.spec.provider == Provider::Connector, props))
+            })
+            .collect();
+        let mut actions = BTreeMap::new();
+        if connectors_path.is_file() {
+            match super::connectors::load(&connectors_path, &declared, secret_is_set) {
+                Ok(found) => actions = found,
+                Err(found) => problems.extend(found),
+            }
+        }
+        for tool in tools.values_mut() {
+            if tool.spec.provider != Provider::Connector {
+                continue;
+            }
+            match actions.remove(&tool.spec.name) {
+                Some(action) => {
+                    // The version covers the HTTP action too: editing it is a new version.
+                    tool.version = hash_json(&serde_json::json!({ "tool": tool.spec, "connector": *action }));
+                    tool.connector = Some(action);
+                }
+                None if tool.spec.enabled => problems.push(problem(
+                    format!("tool ({}).provider", tool.spec.name),
+                    format!("no enabled action in {} runs this connector tool", connectors_path.display()),
+                )),
+                None => {}
+            }
+        }
+        let tools: BTreeMap<String, Arc<ToolDef>> = tools.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let mut hooks = Vec::new();
         for (i, raw) in file.hook.into_iter().enumerate() {
             let label = raw.get("name").and_then(|n| n.as_str()).map_or_else(|| format!("hook[{i}]"), |n| format!("hook[{i}] ({n})"));
@@ -347,13 +412,16 @@ impl Catalog {
             for t in spec.tools.iter().filter(|t| *t != "*" && !tools.contains_key(*t) && !seen.contains(*t)) {
                 problems.push(problem(format!("{label}.tools"), format!("there is no tool named {t:?}")));
             }
+            if let Some(why) = spec.problem() {
+                problems.push(problem(format!("{label}.kind"), why.into()));
+            }
             match regex::Regex::new(&spec.pattern) {
                 Ok(regex) => hooks.push(super::hooks::Hook { spec, regex }),
                 Err(e) => problems.push(problem(format!("{label}.pattern"), format!("not a regular expression: {e}"))),
             }
         }
         hooks.sort_by_key(|h| h.spec.priority);
-        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, withheld: BTreeMap::new() }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
     }
 
     /// This catalog plus tools from other sources (MCP servers), keeping the approval mode,
@@ -371,7 +439,7 @@ impl Catalog {
         }
         let mut all_withheld = self.withheld.clone();
         all_withheld.extend(withheld.into_iter().filter(|(name, _)| !tools.contains_key(name)));
-        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), withheld: all_withheld }, clashes)
+        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld }, clashes)
     }
 
     /// Why `name` is known but not offered, if it is.
@@ -415,7 +483,8 @@ approval_mode = "auto"
 name = "lookup_order"
 title = "Look up an order"
 description = "Finds an order by its number."
-provider = "connector"
+provider = "builtin"
+handler = "shop.lookup"
 operation = "read"
 audience = "public"
 risk = "low"

@@ -76,11 +76,19 @@ pub struct ToolError {
     pub code: String,
     pub message: String,
     pub retryable: bool,
+    /// The provider refused the call before reaching anything (a forbidden address, a URL
+    /// outside a connector's patterns). The checkpoint reports the provider's own code as a
+    /// denial, and a refusal does not count against the tool's circuit breaker.
+    pub refused: bool,
 }
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { code: code.into(), message: message.into(), retryable }
+        Self { code: code.into(), message: message.into(), retryable, refused: false }
+    }
+
+    pub fn refused(code: &str, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), retryable: false, refused: true }
     }
 }
 
@@ -107,6 +115,7 @@ pub struct AuditWriter {
 #[derive(Debug)]
 enum AuditMsg {
     Row(AuditRow),
+    Notify(db::owner_notifications::Notification),
     Flush(oneshot::Sender<()>),
 }
 
@@ -117,10 +126,12 @@ impl AuditWriter {
             let mut msgs = Vec::new();
             while rx.recv_many(&mut msgs, 2000).await > 0 {
                 let mut rows = Vec::new();
+                let mut notices = Vec::new();
                 let mut flushes = Vec::new();
                 for m in msgs.drain(..) {
                     match m {
                         AuditMsg::Row(r) => rows.push(r),
+                        AuditMsg::Notify(n) => notices.push(n),
                         AuditMsg::Flush(done) => flushes.push(done),
                     }
                 }
@@ -129,6 +140,9 @@ impl AuditWriter {
                     let written = async {
                         let mut tx = db.begin_write().await?;
                         db::tool_audit::insert_many(&mut tx, &rows).await?;
+                        for n in &notices {
+                            db::owner_notifications::insert(&mut tx, n).await?;
+                        }
                         tx.commit().await?;
                         Ok::<_, db::DbError>(())
                     }
@@ -153,6 +167,12 @@ impl AuditWriter {
     fn write(&self, row: AuditRow) {
         if self.tx.send(AuditMsg::Row(row)).is_err() {
             tracing::error!("tool audit writer stopped; an audit row was lost");
+        }
+    }
+
+    fn notify(&self, notice: db::owner_notifications::Notification) {
+        if self.tx.send(AuditMsg::Notify(notice)).is_err() {
+            tracing::error!("tool audit writer stopped; an owner notice was lost");
         }
     }
 
@@ -222,6 +242,29 @@ fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<String> {
     let err = tool.input_validator.iter_errors(&checked).next()?;
     let at = err.instance_path().to_string();
     Some(format!("at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword()))
+}
+
+/// Marks personal data in audited arguments.
+pub const PII_REDACTED: &str = "[PII]";
+
+/// Replaces the values of fields named in `names` (case-insensitive), at any depth.
+fn redact_named(value: &mut Value, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if names.iter().any(|n| n.eq_ignore_ascii_case(k)) {
+                    *v = Value::String(PII_REDACTED.into());
+                } else {
+                    redact_named(v, names);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_named(v, names)),
+        _ => {}
+    }
 }
 
 impl Checkpoint {
@@ -307,13 +350,32 @@ impl Checkpoint {
         let catalog = self.catalog();
         let tool = catalog.get(&call.name);
         let mut attempts = 0;
+        let mut notify = Vec::new();
         let result = match &tool {
             None => Err(match catalog.withheld(&call.name) {
                 Some(w) => fail(w.code, w.reason.clone()),
                 None => fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name)),
             }),
-            Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts).await,
+            Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts, &mut notify).await,
         };
+        if let Err(f) = &result {
+            super::hooks::on_error(&catalog.hooks, &call.name, &f.code, &f.message, &mut notify);
+        }
+        let outcome = match &result {
+            Ok(_) => "succeeded".to_string(),
+            Err(f) => format!("ended with {}", f.code),
+        };
+        for hook in notify {
+            let lead = if hook.spec.message.trim().is_empty() { format!("Hook {}", hook.spec.name) } else { hook.spec.message.trim().to_string() };
+            self.audit.notify(db::owner_notifications::Notification {
+                at: db::now_ms(),
+                hook: hook.spec.name.clone(),
+                tool: call.name.clone(),
+                reason_code: result.as_ref().err().map_or_else(|| "OK".into(), |f| f.code.clone()),
+                message: format!("{lead}: {} {outcome}.", call.name),
+                correlation_id: ctx.correlation_id.clone(),
+            });
+        }
         let (decision, reason) = match &result {
             Ok(_) => ("allow", "OK".to_string()),
             Err(f) if f.code == code::NEEDS_APPROVAL => ("needs_approval", f.code.clone()),
@@ -328,6 +390,7 @@ impl Checkpoint {
             }
         }
         redact::redact(&mut args);
+        redact_named(&mut args, &catalog.audit.pii_fields);
         self.audit.write(AuditRow {
             at: db::now_ms(),
             tool: call.name.clone(),
@@ -350,7 +413,15 @@ impl Checkpoint {
 
     /// `catalog` is the version the call started with: its approval mode and hooks apply, even
     /// if a reload happens meanwhile.
-    async fn run(&self, catalog: &Catalog, tool: &Arc<ToolDef>, args: &Value, ctx: &CallContext, attempts: &mut u32) -> Result<ToolSuccess, ToolFailure> {
+    async fn run<'c>(
+        &self,
+        catalog: &'c Catalog,
+        tool: &Arc<ToolDef>,
+        args: &Value,
+        ctx: &CallContext,
+        attempts: &mut u32,
+        notify: &mut Vec<&'c super::hooks::Hook>,
+    ) -> Result<ToolSuccess, ToolFailure> {
         let spec = &tool.spec;
         if !spec.enabled {
             return Err(fail(code::DISABLED, format!("{} is disabled", spec.name)));
@@ -385,7 +456,7 @@ impl Checkpoint {
             Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, reason)),
             _ => {}
         }
-        match super::hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone())) {
+        match super::hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
             super::hooks::Before::Abort { hook } => return Err(fail(code::HOOK_DENIED, format!("stopped by hook {hook:?}"))),
             super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, format!("hook {hook:?} asks for an owner"))),
             super::hooks::Before::Proceed { args: Value::Object(changed_args), changed: true } => {
@@ -427,8 +498,12 @@ impl Checkpoint {
                         }
                     }
                     let mut output = self.bound_size(spec, output, &ctx.correlation_id).await?;
-                    super::hooks::after(&catalog.hooks, &spec.name, &mut output);
+                    super::hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
+                }
+                Err(e) if e.refused => {
+                    self.breakers.release(&spec.name);
+                    return Err(fail(&e.code, e.message));
                 }
                 Err(e) => {
                     self.breakers.record_failure(&spec.name, Instant::now());

@@ -6,6 +6,11 @@
 //!   `redact` replaces matches inside string arguments (the changed arguments are validated
 //!   against the schema again).
 //! - `after_tool_call`: `redact` replaces matches inside string values of the result.
+//! - `on_error`, when a call is denied or fails: matched against `CODE: message`.
+//!
+//! `notify_owner` works at every point: when its pattern matches (the arguments, the result or
+//! the error), owners get a notice naming the hook, the tool and the outcome (never the
+//! arguments), and the call goes on unchanged.
 //!
 //! A hook that aborts gives a reason code that reaches the audit.
 
@@ -13,19 +18,21 @@ use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HookPoint {
     BeforeToolCall,
     AfterToolCall,
+    OnError,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HookKind {
     DenyPattern,
     RequireApprovalIf,
     Redact,
+    NotifyOwner,
 }
 
 /// A hook as written in the config file.
@@ -44,6 +51,20 @@ pub struct HookSpec {
     /// For `redact`: the replacement text.
     #[serde(default = "default_replacement")]
     pub replacement: String,
+    /// For `notify_owner`: what the owner is told, before the tool and outcome.
+    #[serde(default)]
+    pub message: String,
+}
+
+impl HookSpec {
+    /// Why this hook cannot work as written, if it cannot.
+    pub fn problem(&self) -> Option<&'static str> {
+        match (self.point, self.kind) {
+            (HookPoint::OnError, HookKind::NotifyOwner) | (HookPoint::BeforeToolCall, _) | (HookPoint::AfterToolCall, HookKind::Redact | HookKind::NotifyOwner) => None,
+            (HookPoint::OnError, _) => Some("on_error hooks can only be notify_owner"),
+            (HookPoint::AfterToolCall, _) => Some("after_tool_call hooks can only be redact or notify_owner"),
+        }
+    }
 }
 
 fn default_replacement() -> String {
@@ -80,14 +101,16 @@ fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
             }
             false
         }
-        Value::Array(items) => items.iter_mut().fold(false, |acc, v| redact_strings(v, regex, replacement) || acc),
-        Value::Object(map) => map.values_mut().fold(false, |acc, v| redact_strings(v, regex, replacement) || acc),
+        // Every element is visited (no short circuit): all matches are replaced.
+        Value::Array(items) => items.iter_mut().map(|v| redact_strings(v, regex, replacement)).fold(false, |a, b| a | b),
+        Value::Object(map) => map.values_mut().map(|v| redact_strings(v, regex, replacement)).fold(false, |a, b| a | b),
         _ => false,
     }
 }
 
-/// Runs the before-call hooks for `tool` on `args`, in priority order.
-pub fn before(hooks: &[Hook], tool: &str, args: &Value) -> Before {
+/// Runs the before-call hooks for `tool` on `args`, in priority order. `notify_owner` hooks
+/// that matched are added to `notify`.
+pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<&'h Hook>) -> Before {
     let mut args = args.clone();
     let mut changed = false;
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
@@ -96,6 +119,7 @@ pub fn before(hooks: &[Hook], tool: &str, args: &Value) -> Before {
             HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
             HookKind::RequireApprovalIf if hook.regex.is_match(&text) => return Before::NeedsApproval { hook: hook.spec.name.clone() },
             HookKind::Redact => changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement),
+            HookKind::NotifyOwner if hook.regex.is_match(&text) => notify.push(hook),
             _ => {}
         }
     }
@@ -103,12 +127,22 @@ pub fn before(hooks: &[Hook], tool: &str, args: &Value) -> Before {
 }
 
 /// Runs the after-call hooks for `tool` on its output.
-pub fn after(hooks: &[Hook], tool: &str, output: &mut Value) {
+pub fn after<'h>(hooks: &'h [Hook], tool: &str, output: &mut Value, notify: &mut Vec<&'h Hook>) {
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::AfterToolCall && h.applies_to(tool)) {
-        if hook.spec.kind == HookKind::Redact {
-            redact_strings(output, &hook.regex, &hook.spec.replacement);
+        match hook.spec.kind {
+            HookKind::Redact => {
+                redact_strings(output, &hook.regex, &hook.spec.replacement);
+            }
+            HookKind::NotifyOwner if hook.regex.is_match(&output.to_string()) => notify.push(hook),
+            _ => {}
         }
     }
+}
+
+/// The `on_error` hooks for `tool` whose pattern matches `CODE: message`.
+pub fn on_error<'h>(hooks: &'h [Hook], tool: &str, code: &str, message: &str, notify: &mut Vec<&'h Hook>) {
+    let text = format!("{code}: {message}");
+    notify.extend(hooks.iter().filter(|h| h.spec.point == HookPoint::OnError && h.applies_to(tool) && h.regex.is_match(&text)));
 }
 
 #[cfg(test)]
@@ -119,7 +153,7 @@ mod tests {
 
     fn hook(name: &str, point: HookPoint, kind: HookKind, priority: i64, pattern: &str) -> Hook {
         Hook {
-            spec: HookSpec { name: name.into(), point, kind, priority, tools: vec!["*".into()], pattern: pattern.into(), replacement: "[CARD]".into() },
+            spec: HookSpec { name: name.into(), point, kind, priority, tools: vec!["*".into()], pattern: pattern.into(), replacement: "[CARD]".into(), message: String::new() },
             regex: Regex::new(pattern).expect("regex"),
         }
     }
@@ -129,18 +163,28 @@ mod tests {
         let redact = hook("cards", HookPoint::BeforeToolCall, HookKind::Redact, 1, r"\b\d{4}(?: ?\d{4}){3}\b");
         let deny = hook("no-intranet", HookPoint::BeforeToolCall, HookKind::DenyPattern, 2, r"(?i)intranet");
         let approval = hook("big-refund", HookPoint::BeforeToolCall, HookKind::RequireApprovalIf, 3, r#""amount":\s*\d{4,}"#);
-        let hooks = vec![redact, deny, approval];
-        assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"})), Before::Abort { hook: "no-intranet".into() });
-        assert_eq!(before(&hooks, "t", &json!({"amount": 12000})), Before::NeedsApproval { hook: "big-refund".into() });
-        match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"})) {
+        let notify = hook("tell", HookPoint::BeforeToolCall, HookKind::NotifyOwner, 0, "please");
+        let hooks = vec![notify, redact, deny, approval];
+        let mut told = Vec::new();
+        assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"}), &mut told), Before::Abort { hook: "no-intranet".into() });
+        assert_eq!(before(&hooks, "t", &json!({"amount": 12000}), &mut told), Before::NeedsApproval { hook: "big-refund".into() });
+        assert!(told.is_empty(), "nothing matched the notify pattern yet");
+        match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"}), &mut told) {
             Before::Proceed { args, changed } => {
                 assert!(changed);
                 assert_eq!(args, json!({"note": "card [CARD] please"}));
             }
             other => panic!("{other:?}"),
         }
+        assert_eq!(told.iter().map(|h| h.spec.name.as_str()).collect::<Vec<_>>(), ["tell"]);
         let mut out = json!({"text": "call 4111111111111111"});
-        after(&[hook("out", HookPoint::AfterToolCall, HookKind::Redact, 0, r"\d{16}")], "t", &mut out);
+        after(&[hook("out", HookPoint::AfterToolCall, HookKind::Redact, 0, r"\d{16}")], "t", &mut out, &mut told);
         assert_eq!(out, json!({"text": "call [CARD]"}));
+        let mut errors = Vec::new();
+        let on_timeout = [hook("timeouts", HookPoint::OnError, HookKind::NotifyOwner, 0, "^TOOL_TIMEOUT")];
+        on_error(&on_timeout, "t", "TOOL_SCHEMA_INVALID", "bad", &mut errors);
+        assert!(errors.is_empty());
+        on_error(&on_timeout, "t", "TOOL_TIMEOUT", "no answer", &mut errors);
+        assert_eq!(errors.len(), 1);
     }
 }

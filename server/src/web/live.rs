@@ -55,3 +55,45 @@ pub async fn jobs_stream(State(state): State<AppState>) -> Sse<impl Stream<Item 
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
+
+/// MCP server changes for the MCP servers page: each second the servers' status (health, last
+/// error, tool and pending counts, enabled) is compared with the last one sent.
+pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    struct McpWatch {
+        state: AppState,
+        last: Option<u64>,
+        shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+    }
+    let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested() };
+    let stream = futures_util::stream::unfold(start, |mut w| async move {
+        loop {
+            let stopping = async {
+                match w.shutdown.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let pause = if w.last.is_none() { Duration::ZERO } else { Duration::from_secs(1) };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stopping => return None,
+            }
+            let Ok(servers) = w.state.mcp.servers().await else { continue };
+            let shape: Vec<_> = servers.iter().map(|s| (&s.id, s.enabled, &s.health, &s.last_error, s.tool_count, s.pending)).collect();
+            let fingerprint = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                format!("{shape:?}").hash(&mut h);
+                h.finish()
+            };
+            if w.last == Some(fingerprint) {
+                continue;
+            }
+            w.last = Some(fingerprint);
+            return Some((Ok(Event::default().event("message").data(fingerprint.to_string())), w));
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

@@ -73,7 +73,10 @@ pub fn router(state: AppState) -> Router {
             move || shell(shell_options.clone()),
         );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
-    let owner_api = Router::new().route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream)).with_state(state.clone());
+    let owner_api = Router::new()
+        .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
+        .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
+        .with_state(state.clone());
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)
@@ -88,9 +91,14 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .with_state(state.clone());
 
+    // Authenticated by its signature, not a session: outside the console guard, and exempt
+    // from the origin check (see middleware::check_origin).
+    let webhooks = crate::channel::whatsapp::webhook::routes(state.clone());
+
     Router::new()
         .merge(console)
         .merge(ops)
+        .merge(webhooks)
         .fallback(not_found)
         .route_layer(from_fn(middleware::track_metrics))
         .layer(

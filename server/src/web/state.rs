@@ -37,6 +37,8 @@ pub struct App {
     pub tools: Arc<Checkpoint>,
     /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
     pub mcp: crate::tools::mcp::McpManager,
+    /// WhatsApp webhook intake (group commit on SQLite).
+    pub whatsapp_intake: crate::channel::whatsapp::intake::Intake,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
@@ -79,6 +81,7 @@ impl AppState {
             jobs: JobQueue::new(db.clone()),
             tools,
             mcp,
+            whatsapp_intake: Default::default(),
             setup_done: AtomicBool::new(false),
         })))
     }
@@ -103,8 +106,6 @@ impl AppState {
 
     /// The provider key variable to set, when the configured provider has no key.
     pub fn degraded(&self) -> Option<(&'static str, &'static str)> {
-        let provider = self.config.settings.llm.provider;
-        let var = provider.key_var();
-        self.config.secrets.by_name(var).is_none().then_some((provider.as_str(), var))
+        crate::llm::degraded(&self.config.settings, &self.config.secrets).map(|d| (d.provider, d.variable))
     }
 }

@@ -133,7 +133,8 @@ fn tools_list_and_call_go_through_the_checkpoint() {
     // Loopback is refused before any connection is made.
     let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://127.0.0.1:9/admin"}"#, "--as", "customer"], &[], None);
     assert_eq!(out.code, 1, "{}", out.all());
-    assert!(out.stdout.contains("TOOL_PROVIDER_ERROR") && out.stdout.contains("FETCH_ADDRESS_FORBIDDEN"), "{}", out.stdout);
+    // A refusal is the checkpoint's answer, with the guard's own code (not a provider failure).
+    assert!(out.stdout.contains("FETCH_ADDRESS_FORBIDDEN") && !out.stdout.contains("TOOL_PROVIDER_ERROR"), "{}", out.stdout);
     let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://example.com","extra":1}"#], &[], None);
     assert!(out.stdout.contains("TOOL_SCHEMA_INVALID"), "{}", out.stdout);
 }

@@ -356,9 +356,11 @@ async fn several_workers_never_double_claim(db: TestDb) {
         w.await.expect("worker");
     }
     assert_eq!(counts.get(&JobState::Completed).copied(), Some(total as i64), "{counts:?}");
-    let runs = probe.runs.lock().expect("lock");
-    assert_eq!(runs.len(), total);
-    assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+    {
+        let runs = probe.runs.lock().expect("lock");
+        assert_eq!(runs.len(), total);
+        assert!(runs.values().all(|n| *n == 1), "a job ran twice");
+    }
     // No claim leaked: every job ran on its first attempt and none needed rescuing.
     let mut conn = pool.pool.acquire().await.expect("conn");
     let (max_attempt,): (i64,) = sqlx::query_as("SELECT MAX(attempt) FROM jobs").fetch_one(&mut *conn).await.expect("max");

@@ -4,13 +4,18 @@ mod support;
 
 mod auth;
 mod cli;
+mod connectors;
+mod conversation;
 mod jobs;
 mod jobs_process;
+mod llm;
 mod mcp;
 mod migrations;
 mod ops;
 mod server_fns;
 mod setup;
 mod tools;
+mod tools_console;
 mod web_fetch;
 mod web_search;
+mod whatsapp;

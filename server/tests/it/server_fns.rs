@@ -61,6 +61,14 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/update_phones" => "phones=%2B15550009999",
             "/api/list_jobs" => "state=&tool=&chat=&since_minutes=0&before=0",
             "/api/get_job" | "/api/retry_job" | "/api/cancel_job" => "id=1",
+            "/api/list_tools" => "provider=&audience=&risk=",
+            "/api/get_tool" => "name=web_fetch",
+            "/api/try_tool" => "name=web_fetch&args=%7B%7D&chat_type=direct",
+            "/api/mcp_set_enabled" => "server=x&enabled=true",
+            "/api/mcp_refresh" => "server=x",
+            "/api/list_traces" => "chat=&route=&outcome=&error_code=&since_minutes=0&before=0",
+            "/api/get_trace" => "id=1",
+            "/api/mcp_decide" => "tool=x__y&decision=approve",
             _ => "",
         };
         let mut req = axum::http::Request::builder()

@@ -150,20 +150,32 @@ impl TestApp {
     }
 
     pub async fn with(db: TestDb, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::with_secrets(db, Secrets::default(), tweak).await
+    }
+
+    /// An app whose secrets (webhook and Graph API credentials) are `secrets`.
+    pub async fn with_secrets(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::build(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), secrets, tweak).await
+    }
+
+    /// An app whose config files (gatehouse.toml, tools.toml, ...) are in `dir`, so tests can
+    /// edit them and reload.
+    pub async fn in_config_dir(db: TestDb, dir: &std::path::Path) -> Self {
+        Self::build(db, dir, Secrets::default(), |_| {}).await
+    }
+
+    async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         let config = LoadedConfig {
             settings,
-            secrets: Secrets::default(),
-            path: "config/gatehouse.toml".into(),
-            dir: "config".into(),
-            // The shipped catalog: it needs no secrets.
-            catalog: Arc::new(
-                server::tools::Catalog::load(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")), &|_| false)
-                    .expect("shipped tools.toml loads"),
-            ),
+            secrets,
+            path: dir.join("gatehouse.toml"),
+            dir: dir.to_path_buf(),
+            // The shipped catalog needs no secrets.
+            catalog: Arc::new(server::tools::Catalog::load(&dir.join("tools.toml"), &|_| false).expect("tools.toml loads")),
             mcp: Arc::default(),
         };
         let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle()).expect("state");

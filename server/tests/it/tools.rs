@@ -123,7 +123,8 @@ output_schema = { type = "object", required = ["count"], properties = { count = 
 name = "shop"
 title = "Shop"
 description = "Needs a secret and the chat."
-provider = "connector"
+provider = "builtin"
+handler = "test.shop"
 operation = "read"
 audience = "public"
 risk = "low"
@@ -212,7 +213,7 @@ async fn rig(db: TestDb) -> Rig {
     checkpoint.register_builtin("test.flaky", Arc::new(Flaky(AtomicUsize::new(0))));
     checkpoint.register_builtin("test.broken", broken.clone());
     checkpoint.register_builtin("test.slow", Arc::new(Slow));
-    checkpoint.register_provider(server::tools::catalog::Provider::Connector, Arc::new(Shop));
+    checkpoint.register_builtin("test.shop", Arc::new(Shop));
     Rig { checkpoint, db: pool, broken, _test_db: db }
 }
 
@@ -437,3 +438,67 @@ input_schema = { type = "object" }
     assert!(cp.fetch_result("res_missing").await.expect("fetch").is_none());
 }
 both_backends!(checkpoint_large_results, large_results_are_stored_and_fetched);
+
+const NOTICES: &str = r#"
+[[tool]]
+name = "contact"
+title = "Contact"
+description = "Takes a message and an email address."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", properties = { text = { type = "string" }, email = { type = "string" }, people = { type = "array" } } }
+
+[[hook]]
+name = "vip"
+point = "before_tool_call"
+kind = "notify_owner"
+tools = ["contact"]
+pattern = "(?i)vip"
+message = "A VIP wrote"
+
+[[hook]]
+name = "slow-alert"
+point = "on_error"
+kind = "notify_owner"
+tools = ["*"]
+pattern = "^TOOL_TIMEOUT"
+
+[audit]
+pii_fields = ["email"]
+"#;
+
+async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
+    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{NOTICES}")), AuditWriter::spawn(pool.clone()), secrets);
+    cp.register_builtin("test.echo", Arc::new(Echo));
+    cp.register_builtin("test.slow", Arc::new(Slow));
+    let customer = ctx(Actor::Customer, ChatType::Direct);
+
+    let args = json!({"text": "VIP order", "email": "ann@example.org", "people": [{"EMAIL": "bob@example.org"}]});
+    cp.execute(call("contact", args), &customer).await.expect("a notice does not stop the call");
+    cp.execute(call("contact", json!({"text": "plain"})), &customer).await.expect("no notice");
+    assert_eq!(cp.execute(call("slow", json!({})), &customer).await.expect_err("timeout").code, code::TIMEOUT);
+    assert_eq!(cp.execute(call("nope", json!({})), &customer).await.expect_err("unknown").code, code::UNKNOWN, "other errors do not match");
+    cp.audit().flush().await;
+
+    let notices = server::db::owner_notifications::recent(&mut pool.pool.acquire().await.expect("conn"), 10).await.expect("notices");
+    let shown: Vec<(String, String, String)> = notices.iter().rev().map(|n| (n.hook.clone(), n.reason_code.clone(), n.message.clone())).collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("vip".into(), "OK".into(), "A VIP wrote: contact succeeded.".into()),
+            ("slow-alert".into(), code::TIMEOUT.into(), format!("Hook slow-alert: slow ended with {}.", code::TIMEOUT)),
+        ]
+    );
+    assert!(notices.iter().all(|n| n.correlation_id == "corr-9"));
+
+    let audited: Vec<String> = sqlx::query("SELECT args FROM tool_audit WHERE tool = 'contact' ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
+    assert!(audited[0].contains("[PII]") && !audited[0].contains("ann@example.org") && !audited[0].contains("bob@example.org"), "{}", audited[0]);
+    assert!(audited[0].contains("VIP order"), "other fields stay: {}", audited[0]);
+}
+both_backends!(checkpoint_notices_and_pii, owners_are_notified_and_personal_data_stays_out_of_the_audit);

@@ -60,13 +60,13 @@ fn listed(list: &[String], url: &url::Url) -> bool {
 /// Checks a URL before any connection: scheme, denied hosts, and literal IP hosts.
 fn check_url(url: &url::Url, limits: &FetchLimits) -> Result<(), ToolError> {
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(ToolError::new(code::URL_INVALID, format!("only http and https URLs can be fetched, not {}:", url.scheme()), false));
+        return Err(ToolError::refused(code::URL_INVALID, format!("only http and https URLs can be fetched, not {}:", url.scheme())));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(ToolError::new(code::URL_INVALID, "URLs with credentials are refused", false));
+        return Err(ToolError::refused(code::URL_INVALID, "URLs with credentials are refused"));
     }
     if listed(&limits.denied_hosts, url) {
-        return Err(ToolError::new(code::HOST_DENIED, "this host is on the deny list", false));
+        return Err(ToolError::refused(code::HOST_DENIED, "this host is on the deny list"));
     }
     if listed(&limits.allowed_hosts, url) {
         return Ok(());
@@ -75,10 +75,10 @@ fn check_url(url: &url::Url, limits: &FetchLimits) -> Result<(), ToolError> {
         Some(url::Host::Ipv4(v4)) => Some(std::net::IpAddr::V4(v4)),
         Some(url::Host::Ipv6(v6)) => Some(std::net::IpAddr::V6(v6)),
         Some(url::Host::Domain(_)) => None,
-        None => return Err(ToolError::new(code::URL_INVALID, "the URL has no host", false)),
+        None => return Err(ToolError::refused(code::URL_INVALID, "the URL has no host")),
     };
     if let Some(why) = ip.and_then(net_guard::forbidden) {
-        return Err(ToolError::new(code::ADDRESS_FORBIDDEN, format!("the address is {why}"), false));
+        return Err(ToolError::refused(code::ADDRESS_FORBIDDEN, format!("the address is {why}")));
     }
     Ok(())
 }
@@ -135,7 +135,7 @@ impl WebFetch {
     }
 
     pub async fn fetch(&self, raw: &str) -> Result<Value, ToolError> {
-        let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::new(code::URL_INVALID, format!("not a URL: {e}"), false))?;
+        let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::refused(code::URL_INVALID, format!("not a URL: {e}")))?;
         check_url(&url, &self.limits)?;
         let mut res = self.client.get(url.clone()).send().await.map_err(classify)?;
         let final_url = res.url().to_string();
@@ -185,7 +185,7 @@ fn classify(e: reqwest::Error) -> ToolError {
     }
     for refused in [code::ADDRESS_FORBIDDEN, code::HOST_DENIED, code::URL_INVALID] {
         if chain.contains(refused) {
-            return ToolError::new(refused, chain.trim().to_string(), false);
+            return ToolError::refused(refused, chain.trim().to_string());
         }
     }
     ToolError::new(code::NETWORK, text, e.is_timeout() || e.is_connect())
@@ -194,7 +194,7 @@ fn classify(e: reqwest::Error) -> ToolError {
 #[async_trait::async_trait]
 impl ToolExecutor for WebFetch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::new(code::URL_INVALID, "the url argument is missing", false))?;
+        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::refused(code::URL_INVALID, "the url argument is missing"))?;
         self.fetch(url).await
     }
 }

@@ -1,0 +1,151 @@
+//! The MCP servers page: each server's status, transport and trust, its tools with their
+//! quarantine state and definition diffs, last errors, live; and the owner actions enable,
+//! disable, refresh now, approve and reject, each audited.
+//!
+//! Tool names and definitions come from MCP servers and are untrusted text: they are shown as
+//! text, never as markup.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+
+use crate::{
+    api::{McpDecide, McpRefresh, McpSetEnabled, mcp_servers},
+    dto::{McpServerView, McpToolView},
+    live::{fmt_time, use_live},
+};
+
+/// The SSE endpoint that announces MCP status changes.
+pub const MCP_STREAM: &str = "/api/mcp/stream";
+
+#[component]
+pub fn McpPage() -> impl IntoView {
+    let live = use_live(MCP_STREAM);
+    let toggle = ServerAction::<McpSetEnabled>::new();
+    let refresh = ServerAction::<McpRefresh>::new();
+    let decide = ServerAction::<McpDecide>::new();
+    let page = Resource::new(
+        move || (live.get(), toggle.version().get(), refresh.version().get(), decide.version().get()),
+        |_| mcp_servers(),
+    );
+    view! {
+        <Title text="MCP servers · Gatehouse" />
+        <p><a href="/tools">"\u{2190} Tools"</a></p>
+        <h1>"MCP servers"</h1>
+        {move || toggle.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+        {move || decide.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+        {move || refresh.value().get().map(|r| match r {
+            Ok(report) => view! { <p class="notice" role="status" data-testid="refresh-result">{report}</p> }.into_any(),
+            Err(e) => super::error_view(&e),
+        })}
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || page.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(p) if p.servers.is_empty() => view! {
+                    <div class="empty" data-testid="mcp-empty">
+                        <p><strong>"No MCP servers are configured."</strong></p>
+                        <p>"Declare servers in " <code>{p.config_path.clone()}</code>
+                           " (stdio commands or Streamable HTTP URLs; the file explains every key), then restart Gatehouse. "
+                           "Their tools wait here for your approval before the assistant can use them."</p>
+                    </div>
+                }.into_any(),
+                Ok(p) => p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any(),
+            })}
+        </Transition>
+    }
+}
+
+fn server_card(
+    s: McpServerView,
+    toggle: ServerAction<McpSetEnabled>,
+    refresh: ServerAction<McpRefresh>,
+    decide: ServerAction<McpDecide>,
+) -> impl IntoView {
+    let id = s.id.clone();
+    let refresh_id = s.id.clone();
+    let health = if s.enabled { s.health.clone() } else { "disabled".to_string() };
+    view! {
+        <section class="card mcp-server" data-server=s.id.clone() data-health=health.clone()>
+            <h2>{s.id.clone()}" "<span class=format!("badge health-{health}")>{health.clone()}</span>
+                " "<span class="badge">{s.trust.clone()}</span></h2>
+            <table class="kv"><tbody>
+                <tr><th>"Transport"</th><td>{s.transport.clone()}" "<code>{s.target.clone()}</code></td></tr>
+                <tr><th>"Tools"</th><td data-testid="tool-count">{format!("{} listed, {} waiting for approval", s.tool_count, s.pending)}</td></tr>
+                <tr><th>"Last seen"</th><td>{s.last_seen_at.map(fmt_time).unwrap_or_else(|| "never".into())}</td></tr>
+                {s.last_error.clone().map(|e| view! { <tr><th>"Last error"</th><td class="error" data-testid="last-error">{e}</td></tr> })}
+            </tbody></table>
+            <div class="actions">
+                <ActionForm action=toggle>
+                    <input type="hidden" name="server" value=id.clone() />
+                    <input type="hidden" name="enabled" value=if s.enabled { "false" } else { "true" } />
+                    <button type="submit" class=if s.enabled { "danger" } else { "" } data-testid="toggle-server">
+                        {if s.enabled { "Disable" } else { "Enable" }}
+                    </button>
+                </ActionForm>
+                {s.enabled.then(|| view! {
+                    <ActionForm action=refresh>
+                        <input type="hidden" name="server" value=refresh_id.clone() />
+                        <button type="submit" data-testid="refresh-server">"Refresh now"</button>
+                    </ActionForm>
+                })}
+            </div>
+            {if s.tools.is_empty() {
+                view! { <p class="empty">"No tools known yet. They appear after the first successful discovery."</p> }.into_any()
+            } else {
+                view! {
+                    <div class="table-wrap">
+                        <table class="list" data-testid="mcp-tools">
+                            <thead><tr><th>"Tool"</th><th>"State"</th><th>"Definition"</th><th></th></tr></thead>
+                            <tbody>{s.tools.into_iter().map(|t| tool_row(t, decide)).collect_view()}</tbody>
+                        </table>
+                    </div>
+                }.into_any()
+            }}
+        </section>
+    }
+}
+
+fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
+    let state = if t.usable { "approved".to_string() } else { t.state.clone() };
+    let waiting = t.state != "approved";
+    let name = t.catalog_name.clone();
+    let reject_name = t.catalog_name.clone();
+    view! {
+        <tr data-tool=t.catalog_name.clone() data-state=t.state.clone()>
+            <td><code>{t.catalog_name.clone()}</code>{(!t.present).then(|| view! { <br/><small>"no longer listed by the server"</small> })}</td>
+            <td><span class=format!("badge quarantine-{state}")>{state.clone()}</span></td>
+            <td>
+                <details>
+                    <summary>{if t.diff.is_empty() { "definition".to_string() } else { "changed definition (diff)".to_string() }}" "<small>{t.definition_hash.chars().take(19).collect::<String>()}</small></summary>
+                    {if t.diff.is_empty() {
+                        view! { <pre class="json">{t.definition.clone()}</pre> }.into_any()
+                    } else {
+                        view! {
+                            <pre class="diff" data-testid="definition-diff">
+                                {t.diff.into_iter().map(|line| {
+                                    let class = if line.starts_with("+ ") { "add" } else if line.starts_with("- ") { "del" } else { "same" };
+                                    view! { <span class=class>{line}"\n"</span> }
+                                }).collect_view()}
+                            </pre>
+                        }.into_any()
+                    }}
+                </details>
+            </td>
+            <td class="actions">
+                {(waiting && t.present).then(|| view! {
+                    <ActionForm action=decide>
+                        <input type="hidden" name="tool" value=name.clone() />
+                        <input type="hidden" name="decision" value="approve" />
+                        <button type="submit" data-testid="approve-tool">"Approve"</button>
+                    </ActionForm>
+                })}
+                {(t.state != "rejected").then(|| view! {
+                    <ActionForm action=decide>
+                        <input type="hidden" name="tool" value=reject_name.clone() />
+                        <input type="hidden" name="decision" value="reject" />
+                        <button type="submit" class="danger" data-testid="reject-tool">"Reject"</button>
+                    </ActionForm>
+                })}
+            </td>
+        </tr>
+    }
+}

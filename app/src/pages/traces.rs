@@ -1,0 +1,186 @@
+//! The Traces page: every processed message with its route and outcome, filterable by chat,
+//! route, outcome, error code and time; one trace as a timeline of its steps.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::{use_params_map, use_query_map};
+
+use crate::{
+    api::{get_trace, list_traces},
+    dto::{TraceQuery, TraceSummary},
+    live::fmt_time,
+};
+
+const ROUTES: [&str; 8] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "degraded", "ignored", "duplicate"];
+const OUTCOMES: [&str; 3] = ["replied", "ignored", "failed"];
+
+fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
+    let mut parts = Vec::new();
+    for (k, v) in [("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)] {
+        if !v.is_empty() {
+            parts.push(format!("{k}={}", url_encode(v)));
+        }
+    }
+    if q.since_minutes > 0 {
+        parts.push(format!("since_minutes={}", q.since_minutes));
+    }
+    if let Some(b) = before {
+        parts.push(format!("before={b}"));
+    }
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn ms(us: i64) -> String {
+    format!("{:.1} ms", us as f64 / 1000.0)
+}
+
+#[component]
+pub fn TracesPage() -> impl IntoView {
+    let params = use_query_map();
+    let query = Memo::new(move |_| {
+        params.with(|p| TraceQuery {
+            chat: p.get("chat").unwrap_or_default(),
+            route: p.get("route").unwrap_or_default(),
+            outcome: p.get("outcome").unwrap_or_default(),
+            error_code: p.get("error_code").unwrap_or_default(),
+            since_minutes: p.get("since_minutes").and_then(|v| v.parse().ok()).unwrap_or(0),
+            before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
+        })
+    });
+    let page = Resource::new(move || query.get(), |q| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
+    view! {
+        <Title text="Traces · Gatehouse" />
+        <h1>"Traces"</h1>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || page.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(p) => {
+                    let q = query.get();
+                    view! {
+                        {filter_form(&q)}
+                        {trace_table(p.traces, &q)}
+                        {p.next_before.map(|b| view! {
+                            <p><a class="button" href=format!("/traces{}", query_string(&q, Some(b)))>"Older traces \u{2192}"</a></p>
+                        })}
+                    }.into_any()
+                }
+            })}
+        </Transition>
+    }
+}
+
+fn options(name: &'static str, values: &'static [&'static str], current: &str) -> impl IntoView + use<> {
+    let current = current.to_string();
+    view! {
+        <select name=name>
+            <option value="">"any"</option>
+            {values.iter().map(|v| view! { <option value=*v selected=current == *v>{*v}</option> }).collect_view()}
+        </select>
+    }
+}
+
+fn filter_form(q: &TraceQuery) -> impl IntoView + use<> {
+    let since = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+    let current_since = q.since_minutes;
+    view! {
+        <form method="get" action="/traces" class="filters" data-testid="trace-filters">
+            <label>"Chat" <input type="text" name="chat" value=q.chat.clone() /></label>
+            <label>"Route" {options("route", &ROUTES, &q.route)}</label>
+            <label>"Outcome" {options("outcome", &OUTCOMES, &q.outcome)}</label>
+            <label>"Error code" <input type="text" name="error_code" value=q.error_code.clone() /></label>
+            <label>"When"
+                <select name="since_minutes">
+                    {since.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current_since == m>{label}</option> }).collect_view()}
+                </select>
+            </label>
+            <button type="submit">"Filter"</button>
+        </form>
+    }
+}
+
+fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
+    if traces.is_empty() {
+        let filtered = *q != TraceQuery::default();
+        return view! {
+            <div class="empty" data-testid="traces-empty">
+                <p><strong>{if filtered { "No traces match these filters." } else { "No traces yet." }}</strong></p>
+                <p>"Every message Gatehouse handles, from WhatsApp or the simulator, records a trace of each step here. "
+                   "Send one from the Conversations page's simulator to see the first."</p>
+            </div>
+        }
+        .into_any();
+    }
+    view! {
+        <div class="table-wrap">
+            <table class="list" data-testid="traces-table">
+                <thead><tr><th>"Trace"</th><th>"When (UTC)"</th><th>"Chat"</th><th>"Actor"</th><th>"Route"</th><th>"Outcome"</th><th>"Time"</th></tr></thead>
+                <tbody>
+                    {traces.into_iter().map(|t| view! {
+                        <tr data-trace-id=t.id data-route=t.route.clone()>
+                            <td><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
+                            <td>{fmt_time(t.started_at)}</td>
+                            <td><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
+                            <td>{t.actor.clone()}</td>
+                            <td>{t.route.clone()}</td>
+                            <td><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
+                                {t.error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
+                            <td>{ms(t.duration_us)}</td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+    .into_any()
+}
+
+#[component]
+pub fn TraceDetailPage() -> impl IntoView {
+    let params = use_params_map();
+    let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
+    let detail = Resource::new(move || id.get(), get_trace);
+    view! {
+        <Title text="Trace · Gatehouse" />
+        <p><a href="/traces">"\u{2190} All traces"</a></p>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || detail.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(d) => {
+                    let t = d.summary.clone();
+                    view! {
+                        <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
+                        <table class="kv"><tbody>
+                            <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
+                            <tr><th>"Message"</th><td><code>{t.message_id.clone()}</code></td></tr>
+                            <tr><th>"Actor"</th><td>{t.actor.clone()}</td></tr>
+                            <tr><th>"Route"</th><td data-testid="trace-route">{t.route.clone()}</td></tr>
+                            <tr><th>"Error"</th><td>{t.error_code.clone().unwrap_or_else(|| "\u{2014}".into())}</td></tr>
+                            <tr><th>"Started"</th><td>{fmt_time(t.started_at)}</td></tr>
+                            <tr><th>"Took"</th><td>{ms(t.duration_us)}</td></tr>
+                            <tr><th>"Correlation id"</th><td><code>{t.correlation_id.clone()}</code></td></tr>
+                        </tbody></table>
+                        <h2>"Timeline"</h2>
+                        <ol class="timeline" data-testid="trace-timeline">
+                            {d.steps.into_iter().map(|s| view! {
+                                <li data-step=s.step.clone()>
+                                    <strong>{s.step.clone()}</strong>" \u{2192} "{s.decision.clone()}" "<code>{s.reason_code.clone()}</code>
+                                    {format!(" ({})", ms(s.duration_us))}
+                                    {(s.detail != "{}").then(|| view! { <pre class="json">{s.detail.clone()}</pre> })}
+                                </li>
+                            }).collect_view()}
+                        </ol>
+                    }.into_any()
+                }
+            })}
+        </Transition>
+    }
+}

@@ -1,0 +1,13 @@
+-- Notices for owners raised by notify_owner tool hooks: shown in the console, and delivered on
+-- WhatsApp by the channel once it is configured (delivered_at marks that).
+CREATE TABLE owner_notifications (
+    id              BIGSERIAL PRIMARY KEY,
+    at              BIGINT NOT NULL,
+    hook            TEXT    NOT NULL,
+    tool            TEXT    NOT NULL,
+    reason_code     TEXT    NOT NULL,
+    message         TEXT    NOT NULL,
+    correlation_id  TEXT    NOT NULL,
+    delivered_at    BIGINT
+);
+CREATE INDEX owner_notifications_at ON owner_notifications(at);

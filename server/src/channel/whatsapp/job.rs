@@ -1,0 +1,144 @@
+//! The `whatsapp.inbound` job: one per stored inbound message. Readable messages go to the
+//! [`InboundHandler`] (the conversation runtime) and its reply goes out through the sender;
+//! other types get the configured note, at most once per chat per period.
+
+use std::sync::Arc;
+
+use crate::{
+    channel::{InboundHandler, InboundMessage, InboundOutcome, MessageKind, Presence},
+    db::{self, Db, DbError, whatsapp as store},
+    jobs::{JobContext, JobError, JobHandler, JobOutput},
+};
+
+use super::{
+    intake::InboundArgs,
+    sender::{Recipient, SendError, SendOutcome, WhatsAppSender},
+};
+
+/// The notice kind recorded for the unknown-type note.
+const UNKNOWN_TYPE_NOTICE: &str = "unknown_type";
+
+pub struct InboundJob {
+    db: Db,
+    sender: Arc<WhatsAppSender>,
+    handler: Arc<dyn InboundHandler>,
+}
+
+impl InboundJob {
+    pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
+        Self { db, sender, handler }
+    }
+}
+
+fn db_error(e: DbError) -> JobError {
+    JobError::retryable("DATABASE_ERROR", e.to_string())
+}
+
+fn send_error(e: SendError) -> JobError {
+    match e {
+        SendError::Retry { code, message } => JobError::retryable(&code, message),
+        SendError::Permanent { code, message } => JobError::permanent(&code, message),
+        SendError::Db(e) => db_error(e),
+    }
+}
+
+/// The typing indicator for handlers, sent with the read receipt when configured.
+struct Typing<'a> {
+    sender: &'a WhatsAppSender,
+    wamid: &'a str,
+}
+
+#[async_trait::async_trait]
+impl Presence for Typing<'_> {
+    async fn typing(&self) {
+        if self.sender.settings().typing_indicator {
+            self.sender.mark_read(self.wamid, true).await;
+        }
+    }
+}
+
+fn describe(outcome: &SendOutcome) -> String {
+    match outcome {
+        SendOutcome::Sent { parts, already_sent } => format!("replied ({parts} part(s), {already_sent} sent earlier)"),
+        SendOutcome::OutsideWindow { template_sent: true } => "outside the 24-hour window; template sent".into(),
+        SendOutcome::OutsideWindow { template_sent: false } => "outside the 24-hour window; no template configured".into(),
+        SendOutcome::Failed { code } => format!("reply failed ({code})"),
+    }
+}
+
+#[async_trait::async_trait]
+impl JobHandler for InboundJob {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let args: InboundArgs = ctx.args()?;
+        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+        let row = store::get_inbound(&mut conn, args.inbound_id)
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| JobError::permanent("WHATSAPP_INBOUND_MISSING", format!("inbound message {} is not stored", args.inbound_id)))?;
+        drop(conn);
+        if let Some(outcome) = &row.outcome {
+            return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });
+        }
+        let message = InboundMessage {
+            id: row.id,
+            message_id: row.wamid.clone(),
+            chat_id: row.chat_id.clone(),
+            sender: row.sender.clone(),
+            is_group: row.is_group,
+            kind: MessageKind::from_stored(&row.msg_type),
+            text: row.text.clone(),
+            reply_id: row.reply_id.clone(),
+            quoted_id: row.context_id.clone(),
+            sent_at: row.sent_at,
+            received_at: row.received_at,
+            correlation_id: ctx.job.correlation_id.clone(),
+        };
+        let to = Recipient { id: message.chat_id.clone(), group: message.is_group };
+        let job_id = ctx.job.id;
+        let outcome = if message.kind.is_readable() {
+            if self.sender.settings().mark_read {
+                self.sender.mark_read(&message.message_id, false).await;
+            }
+            let presence = Typing { sender: &self.sender, wamid: &message.message_id };
+            match self.handler.handle(&message, &presence).await {
+                Ok(InboundOutcome::Reply { text, quote }) => {
+                    let quote = quote.then_some(message.message_id.as_str());
+                    describe(&self.sender.send_text(job_id, &to, &text, quote).await.map_err(send_error)?)
+                }
+                Ok(InboundOutcome::NoReply { reason }) => format!("no reply: {reason}"),
+                Err(e) if e.retryable => return Err(JobError::retryable(&e.code, e.message)),
+                Err(e) => return Err(JobError::permanent(&e.code, e.message)),
+            }
+        } else {
+            self.note_unknown_type(job_id, &message, &to).await?
+        };
+        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+        store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+        Ok(JobOutput { preview: Some(outcome), snooze: None })
+    }
+}
+
+impl InboundJob {
+    async fn note_unknown_type(&self, job_id: i64, message: &InboundMessage, to: &Recipient) -> Result<String, JobError> {
+        let settings = self.sender.settings();
+        let note = settings.unknown_type_reply.trim();
+        if note.is_empty() {
+            return Ok(format!("{} not read; no note configured", message.kind.as_str()));
+        }
+        let now = db::now_ms();
+        let every = i64::try_from(settings.unknown_type_reply_every.as_millis()).unwrap_or(i64::MAX);
+        let mut tx = self.db.begin_write().await.map_err(|e| db_error(e.into()))?;
+        let claimed = store::claim_notice(&mut tx, &message.chat_id, UNKNOWN_TYPE_NOTICE, job_id, now.saturating_sub(every), now)
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(|e| db_error(e.into()))?;
+        if !claimed {
+            return Ok(format!("{} not read; note already sent in this period", message.kind.as_str()));
+        }
+        if settings.mark_read {
+            self.sender.mark_read(&message.message_id, settings.typing_indicator).await;
+        }
+        let sent = self.sender.send_text(job_id, to, note, None).await.map_err(send_error)?;
+        Ok(format!("{} not read; note: {}", message.kind.as_str(), describe(&sent)))
+    }
+}

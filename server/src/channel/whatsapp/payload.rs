@@ -1,0 +1,304 @@
+//! The webhook's JSON: the envelope Meta posts (entries, changes, messages, statuses) and its
+//! translation into rows to store. Parsing is lenient about fields we do not use, strict about
+//! the ones we need (a message without an id or sender is skipped and counted).
+
+use serde::Deserialize;
+
+use crate::{
+    channel::MessageKind,
+    db::whatsapp::{DeliveryState, NewInbound},
+};
+
+#[derive(Debug, Deserialize)]
+pub struct Envelope {
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub entry: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Entry {
+    #[serde(default)]
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Change {
+    #[serde(default)]
+    pub field: String,
+    #[serde(default)]
+    pub value: serde_json::Value,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Value {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    messages: Vec<serde_json::Value>,
+    #[serde(default)]
+    statuses: Vec<Status>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    phone_number_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    from: String,
+    id: String,
+    #[serde(default)]
+    timestamp: String,
+    #[serde(rename = "type", default)]
+    kind: String,
+    text: Option<Text>,
+    interactive: Option<Interactive>,
+    button: Option<Button>,
+    context: Option<Context>,
+    group_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Text {
+    #[serde(default)]
+    body: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Interactive {
+    #[serde(rename = "type", default)]
+    kind: String,
+    button_reply: Option<Choice>,
+    list_reply: Option<Choice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    title: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Button {
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    payload: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Context {
+    id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Status {
+    id: String,
+    status: String,
+    #[serde(default)]
+    timestamp: String,
+    biz_opaque_callback_data: Option<String>,
+    #[serde(default)]
+    errors: Vec<StatusError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusError {
+    code: Option<i64>,
+    #[serde(default)]
+    title: String,
+}
+
+/// A status callback, ready for the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedStatus {
+    pub wamid: String,
+    pub state: DeliveryState,
+    pub at: i64,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub opaque: Option<String>,
+}
+
+/// Everything one POST carried.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Batch {
+    pub messages: Vec<NewInbound>,
+    pub statuses: Vec<ParsedStatus>,
+    /// Messages or statuses without the fields we need, and changes of other fields.
+    pub skipped: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the webhook body is not a WhatsApp notification: {0}")]
+pub struct PayloadError(String);
+
+/// Seconds as a string (Meta's format) to unix milliseconds; `fallback` when absent or bad.
+fn seconds_to_ms(text: &str, fallback: i64) -> i64 {
+    text.trim().parse::<i64>().ok().and_then(|s| s.checked_mul(1000)).unwrap_or(fallback)
+}
+
+/// Parses a webhook body (after its signature was checked). `raw_max_bytes` bounds the verbatim
+/// copy of each message object kept for audits.
+pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, PayloadError> {
+    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| PayloadError(format!("invalid JSON at line {} column {}", e.line(), e.column())))?;
+    if envelope.object != "whatsapp_business_account" {
+        return Err(PayloadError(format!("unexpected object {:?}", envelope.object.chars().take(60).collect::<String>())));
+    }
+    let mut batch = Batch::default();
+    for change in envelope.entry.into_iter().flat_map(|e| e.changes) {
+        if change.field != "messages" {
+            batch.skipped += 1;
+            continue;
+        }
+        let Ok(value) = serde_json::from_value::<Value>(change.value) else {
+            batch.skipped += 1;
+            continue;
+        };
+        for raw in value.messages {
+            match inbound(&raw, &value.metadata.phone_number_id, raw_max_bytes, now) {
+                Some(m) => batch.messages.push(m),
+                None => batch.skipped += 1,
+            }
+        }
+        for s in value.statuses {
+            match status(s, now) {
+                Some(s) => batch.statuses.push(s),
+                None => batch.skipped += 1,
+            }
+        }
+    }
+    Ok(batch)
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn inbound(raw: &serde_json::Value, phone_number_id: &str, raw_max_bytes: usize, now: i64) -> Option<NewInbound> {
+    let m: Message = serde_json::from_value(raw.clone()).ok()?;
+    if m.id.is_empty() || m.from.is_empty() {
+        return None;
+    }
+    let (kind, text, reply_id) = match m.kind.as_str() {
+        "text" => (MessageKind::Text, m.text.map(|t| t.body), None),
+        "interactive" => match m.interactive {
+            Some(Interactive { kind, button_reply: Some(c), .. }) if kind == "button_reply" => (MessageKind::ButtonReply, Some(c.title), non_empty(c.id)),
+            Some(Interactive { kind, list_reply: Some(c), .. }) if kind == "list_reply" => (MessageKind::ListReply, Some(c.title), non_empty(c.id)),
+            Some(Interactive { kind, .. }) => (MessageKind::Unknown(format!("interactive.{}", clip(&kind, 40))), None, None),
+            None => (MessageKind::Unknown("interactive".into()), None, None),
+        },
+        "button" => match m.button {
+            Some(b) => (MessageKind::TemplateButton, Some(b.text), non_empty(b.payload)),
+            None => (MessageKind::Unknown("button".into()), None, None),
+        },
+        other => (MessageKind::Unknown(if other.is_empty() { "unknown".into() } else { clip(other, 40) }), None, None),
+    };
+    let raw_text = raw.to_string();
+    let raw_truncated = raw_text.len() > raw_max_bytes;
+    let group = m.group_id.filter(|g| !g.is_empty());
+    Some(NewInbound {
+        chat_id: group.clone().unwrap_or_else(|| m.from.clone()),
+        is_group: group.is_some(),
+        sender: m.from,
+        wamid: m.id,
+        phone_number_id: phone_number_id.to_string(),
+        msg_type: kind.as_str().to_string(),
+        text,
+        reply_id,
+        context_id: m.context.and_then(|c| c.id).filter(|id| !id.is_empty()),
+        raw: (!raw_truncated).then_some(raw_text),
+        raw_truncated,
+        sent_at: seconds_to_ms(&m.timestamp, now),
+    })
+}
+
+fn clip(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+fn status(s: Status, now: i64) -> Option<ParsedStatus> {
+    let state = match s.status.as_str() {
+        "sent" => DeliveryState::Sent,
+        "delivered" => DeliveryState::Delivered,
+        "read" | "played" => DeliveryState::Read,
+        "failed" => DeliveryState::Failed,
+        _ => return None,
+    };
+    if s.id.is_empty() {
+        return None;
+    }
+    let first_error = s.errors.into_iter().next();
+    Some(ParsedStatus {
+        wamid: s.id,
+        state,
+        at: seconds_to_ms(&s.timestamp, now),
+        error_code: first_error.as_ref().and_then(|e| e.code).map(|c| c.to_string()),
+        error_message: first_error.map(|e| clip(&e.title, 200)).filter(|t| !t.is_empty()),
+        opaque: s.biz_opaque_callback_data.filter(|o| !o.is_empty()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_change_message_and_status_is_read() {
+        let body = serde_json::json!({
+            "object": "whatsapp_business_account",
+            "entry": [
+                { "id": "1", "changes": [
+                    { "field": "messages", "value": { "metadata": { "phone_number_id": "42" }, "messages": [
+                        { "from": "111", "id": "wamid.A", "timestamp": "1739321024", "type": "text", "text": { "body": "hi" },
+                          "context": { "from": "42", "id": "wamid.Q" } },
+                        { "from": "111", "id": "wamid.B", "timestamp": "1739321025", "type": "interactive",
+                          "interactive": { "type": "list_reply", "list_reply": { "id": "row-2", "title": "Tuesday", "description": "x" } } }
+                    ] } },
+                    { "field": "account_update", "value": {} }
+                ] },
+                { "id": "2", "changes": [
+                    { "field": "messages", "value": { "metadata": { "phone_number_id": "42" }, "messages": [
+                        { "from": "222", "id": "wamid.C", "timestamp": "1739321026", "type": "sticker", "sticker": { "id": "m1" }, "group_id": "g-1" },
+                        { "from": "222", "type": "text", "text": { "body": "no id" } }
+                    ], "statuses": [
+                        { "id": "wamid.S", "status": "failed", "timestamp": "1739321030", "recipient_id": "333",
+                          "errors": [{ "code": 131047, "title": "Re-engagement message" }] }
+                    ] } }
+                ] }
+            ]
+        });
+        let batch = parse(body.to_string().as_bytes(), 10_000, 5).expect("parse");
+        assert_eq!(batch.messages.len(), 3);
+        assert_eq!(batch.skipped, 2, "the other field and the message without an id");
+        let a = &batch.messages[0];
+        assert_eq!((a.msg_type.as_str(), a.text.as_deref(), a.context_id.as_deref(), a.sent_at), ("text", Some("hi"), Some("wamid.Q"), 1_739_321_024_000));
+        assert_eq!(a.phone_number_id, "42");
+        let b = &batch.messages[1];
+        assert_eq!((b.msg_type.as_str(), b.text.as_deref(), b.reply_id.as_deref()), ("interactive.list_reply", Some("Tuesday"), Some("row-2")));
+        let c = &batch.messages[2];
+        assert_eq!((c.msg_type.as_str(), c.chat_id.as_str(), c.sender.as_str(), c.is_group), ("sticker", "g-1", "222", true));
+        assert!(c.raw.as_deref().is_some_and(|r| r.contains("\"sticker\"")));
+        assert_eq!(batch.statuses.len(), 1);
+        assert_eq!(batch.statuses[0].state, DeliveryState::Failed);
+        assert_eq!(batch.statuses[0].error_code.as_deref(), Some("131047"));
+    }
+
+    #[test]
+    fn large_raw_objects_are_not_kept_verbatim_and_other_objects_are_refused() {
+        let long = "x".repeat(500);
+        let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": {
+            "messages": [{ "from": "1", "id": "wamid.L", "timestamp": "1", "type": "text", "text": { "body": long } }] } }] }] });
+        let batch = parse(body.to_string().as_bytes(), 100, 0).expect("parse");
+        assert!(batch.messages[0].raw_truncated && batch.messages[0].raw.is_none());
+        assert_eq!(batch.messages[0].text.as_deref().map(str::len), Some(500), "the parsed text is kept whole");
+        assert!(parse(br#"{"object":"page","entry":[]}"#, 100, 0).is_err());
+        assert!(parse(b"not json", 100, 0).is_err());
+    }
+}

@@ -1,0 +1,263 @@
+//! Sending replies through the delivery ledger.
+//!
+//! Each part of a reply has an idempotency key (`job:{id}:part:{n}`) reserved in the ledger
+//! before anything goes out. The row is marked "sending" just before the POST and "sent" with
+//! Meta's wamid just after, so a retried job skips every part already sent.
+//!
+//! # The at-least-once edge
+//!
+//! If the process dies after Meta accepted a part but before "sent" was recorded, the retry
+//! finds the row still marked as sending and cannot know whether the part went out. Every send
+//! carries its key as `biz_opaque_callback_data`, and Meta's "sent" status callback brings it
+//! back: when that callback arrived in the meantime, the row has its wamid and the part is not
+//! sent again. Otherwise the part is sent again (logged as a warning): a customer may then see
+//! that one part twice, which we prefer to a reply that silently never arrives.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::{
+    config::WhatsAppSettings,
+    db::{
+        self, Db, DbError,
+        whatsapp::{self as store, DeliveryState, NewOutbound, OutboundRow},
+    },
+};
+
+use super::{
+    graph::{GraphClient, GraphError},
+    pacing::{Pacer, PacingLimits},
+    split,
+};
+
+/// Who gets the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    /// A WhatsApp id (phone number digits) or a group id.
+    pub id: String,
+    pub group: bool,
+}
+
+/// How a reply went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Every part is out; `resent_skipped` of them were already sent by an earlier attempt.
+    Sent { parts: usize, already_sent: usize },
+    /// Meta refused with 131047 (outside the 24-hour window). The part is marked failed; the
+    /// configured template went instead when `template_sent`.
+    OutsideWindow { template_sent: bool },
+    /// A part was marked failed earlier (by a send or a status callback); nothing more is sent.
+    Failed { code: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Try the whole job again later; the ledger keeps what already went out.
+    #[error("{code}: {message}")]
+    Retry { code: String, message: String },
+    /// Retrying cannot help (bad token, unknown recipient, not configured).
+    #[error("{code}: {message}")]
+    Permanent { code: String, message: String },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+enum Delivery {
+    Sent,
+    AlreadySent,
+    OutsideWindow,
+    Failed(String),
+}
+
+#[derive(Debug)]
+pub struct WhatsAppSender {
+    db: Db,
+    graph: GraphClient,
+    pacer: Arc<Pacer>,
+    settings: WhatsAppSettings,
+}
+
+impl WhatsAppSender {
+    pub fn new(db: Db, graph: GraphClient, settings: WhatsAppSettings) -> Self {
+        let pacer = Arc::new(Pacer::new(PacingLimits {
+            pair_burst: settings.pair_burst,
+            pair_interval: settings.pair_interval,
+            global_per_second: settings.global_rate_per_second,
+        }));
+        Self { db, graph, pacer, settings }
+    }
+
+    pub fn settings(&self) -> &WhatsAppSettings {
+        &self.settings
+    }
+
+    /// Sends `text` for job `job_id`, split at 4,096 characters; the first part quotes `quote`.
+    /// Safe to call again for the same job: parts already sent are skipped.
+    pub async fn send_text(&self, job_id: i64, to: &Recipient, text: &str, quote: Option<&str>) -> Result<SendOutcome, SendError> {
+        let parts = split::split(text, split::MAX_CHARS);
+        let mut already_sent = 0;
+        for (n, part) in parts.iter().enumerate() {
+            let key = format!("job:{job_id}:part:{n}");
+            let quote = if n == 0 { quote } else { None };
+            let mut body = serde_json::json!({
+                "messaging_product": "whatsapp",
+                "recipient_type": if to.group { "group" } else { "individual" },
+                "to": to.id,
+                "type": "text",
+                "text": { "body": part, "preview_url": false },
+                "biz_opaque_callback_data": key,
+            });
+            if let Some(q) = quote {
+                body["context"] = serde_json::json!({ "message_id": q });
+            }
+            let new = NewOutbound {
+                idempotency_key: &key,
+                job_id: Some(job_id),
+                part: i64::try_from(n).unwrap_or(i64::MAX),
+                recipient: &to.id,
+                is_group: to.group,
+                kind: "text",
+                body: part,
+                quoted_id: quote,
+            };
+            match self.deliver(&new, body).await? {
+                Delivery::Sent => {}
+                Delivery::AlreadySent => already_sent += 1,
+                Delivery::Failed(code) => return Ok(SendOutcome::Failed { code }),
+                Delivery::OutsideWindow => {
+                    let template_sent = self.send_window_template(job_id, to).await?;
+                    return Ok(SendOutcome::OutsideWindow { template_sent });
+                }
+            }
+        }
+        Ok(SendOutcome::Sent { parts: parts.len(), already_sent })
+    }
+
+    /// The configured template, once per job, when a free-form reply was refused.
+    async fn send_window_template(&self, job_id: i64, to: &Recipient) -> Result<bool, SendError> {
+        let name = self.settings.window_template.trim();
+        if name.is_empty() {
+            return Ok(false);
+        }
+        let key = format!("job:{job_id}:template");
+        let body = serde_json::json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": if to.group { "group" } else { "individual" },
+            "to": to.id,
+            "type": "template",
+            "template": { "name": name, "language": { "code": self.settings.window_template_language } },
+            "biz_opaque_callback_data": key,
+        });
+        let new = NewOutbound {
+            idempotency_key: &key,
+            job_id: Some(job_id),
+            part: 0,
+            recipient: &to.id,
+            is_group: to.group,
+            kind: "template",
+            body: name,
+            quoted_id: None,
+        };
+        Ok(matches!(self.deliver(&new, body).await?, Delivery::Sent | Delivery::AlreadySent))
+    }
+
+    /// Marks `wamid` read, with the typing indicator when `typing`. Failures are logged only:
+    /// they must not stop the reply.
+    pub async fn mark_read(&self, wamid: &str, typing: bool) {
+        if !self.graph.is_configured() {
+            tracing::debug!("WhatsApp sending is not configured; not marking read");
+            return;
+        }
+        let mut body = serde_json::json!({ "messaging_product": "whatsapp", "status": "read", "message_id": wamid });
+        if typing {
+            body["typing_indicator"] = serde_json::json!({ "type": "text" });
+        }
+        if let Err(e) = self.graph.post(&body).await {
+            tracing::warn!(code = %e.code(), error = %e, "cannot mark a WhatsApp message read");
+        }
+    }
+
+    async fn deliver(&self, new: &NewOutbound<'_>, body: serde_json::Value) -> Result<Delivery, SendError> {
+        let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
+        let mut row = store::reserve_outbound(&mut conn, new, db::now_ms()).await?;
+        drop(conn);
+        let attempts = self.settings.send_attempts.max(1);
+        for attempt in 1..=attempts {
+            if let Some(done) = finished(&row) {
+                return Ok(done);
+            }
+            if row.send_started_at.is_some() {
+                tracing::warn!(key = %row.idempotency_key, "an earlier send of this part ended without a result; sending it again (at-least-once)");
+            }
+            match self.pacer.reserve(&row.recipient, self.settings.max_pacing_wait) {
+                Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+                Ok(_) => {}
+                Err(needed) => {
+                    return Err(SendError::Retry {
+                        code: "WHATSAPP_PACED".into(),
+                        message: format!("the recipient's pacing needs {} ms more than whatsapp.max_pacing_wait", needed.as_millis()),
+                    });
+                }
+            }
+            let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
+            store::mark_sending(&mut conn, row.id, db::now_ms()).await?;
+            drop(conn);
+            let result = self.graph.post(&body).await;
+            let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
+            let now = db::now_ms();
+            match result {
+                Ok(wamid) => {
+                    store::mark_sent(&mut conn, row.id, &wamid, now).await?;
+                    metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string()).increment(1);
+                    return Ok(Delivery::Sent);
+                }
+                Err(e) if e.is_outside_window() => {
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), "outside the 24-hour customer service window (131047)", true, now).await?;
+                    tracing::warn!(key = %row.idempotency_key, "reply refused: outside the 24-hour window");
+                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
+                    return Ok(Delivery::OutsideWindow);
+                }
+                Err(e) if e.is_retryable() => {
+                    if matches!(e, GraphError::Transport(_)) {
+                        // Meta may have accepted it: leave send_started_at so the next try
+                        // sees the uncertainty (and a status callback can settle it).
+                        tracing::warn!(key = %row.idempotency_key, error = %e, "Graph API request failed; outcome unknown");
+                    } else {
+                        store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
+                    }
+                    if matches!(&e, GraphError::Api { code: super::graph::code::PAIR_RATE_LIMIT, .. }) {
+                        self.pacer.penalize(&row.recipient);
+                    }
+                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
+                    if attempt == attempts {
+                        return Err(SendError::Retry { code: e.code(), message: e.to_string() });
+                    }
+                    tokio::time::sleep(backoff(self.settings.send_retry_base, attempt)).await;
+                    row = store::outbound_by_key(&mut conn, &row.idempotency_key).await?.unwrap_or(row);
+                }
+                Err(e) => {
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), true, now).await?;
+                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
+                    return Err(SendError::Permanent { code: e.code(), message: e.to_string() });
+                }
+            }
+        }
+        Err(SendError::Retry { code: "WHATSAPP_RETRY".into(), message: "send attempts used up".into() })
+    }
+}
+
+/// What an existing ledger row says about its part, when it needs no send.
+fn finished(row: &OutboundRow) -> Option<Delivery> {
+    match row.state {
+        DeliveryState::Sent | DeliveryState::Delivered | DeliveryState::Read => Some(Delivery::AlreadySent),
+        DeliveryState::Failed if row.error_code.as_deref() == Some("131047") => Some(Delivery::OutsideWindow),
+        DeliveryState::Failed => Some(Delivery::Failed(row.error_code.clone().unwrap_or_else(|| "WHATSAPP_FAILED".into()))),
+        // A status callback recorded the wamid of a send whose result we never stored.
+        DeliveryState::Queued if row.wamid.is_some() => Some(Delivery::AlreadySent),
+        DeliveryState::Queued => None,
+    }
+}
+
+/// `base`, then 4 times as long per further try (Meta suggests 4^n for the pair limit).
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    base.saturating_mul(4u32.saturating_pow(attempt.saturating_sub(1)))
+}

@@ -1,0 +1,104 @@
+//! `/webhooks/whatsapp`: Meta's GET handshake and its signed POSTs. Outside the console's
+//! session guard and CSRF check: the signature is the authentication.
+
+use std::collections::HashMap;
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, Query, State},
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use secrecy::ExposeSecret;
+
+use crate::{db, web::AppState};
+
+use super::{payload, signature};
+
+pub const PATH: &str = "/webhooks/whatsapp";
+
+/// Meta's payloads are at most 3 MB; anything over 4 MiB is refused with 413 before reading on.
+pub const BODY_LIMIT: usize = 4 << 20;
+
+pub fn routes(state: AppState) -> Router {
+    Router::new().route(PATH, get(verify).post(receive)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(state)
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+}
+
+/// The subscription handshake: echo `hub.challenge` when the mode is `subscribe` and the token
+/// is ours.
+async fn verify(State(state): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Response {
+    let expected = state.config.secrets.whatsapp_verify_token.as_ref().map(|t| t.expose_secret().to_string()).unwrap_or_default();
+    let mode_ok = query.get("hub.mode").is_some_and(|m| m == "subscribe");
+    let token_ok = signature::token_matches(&expected, query.get("hub.verify_token").map_or("", String::as_str));
+    match query.get("hub.challenge") {
+        Some(challenge) if mode_ok && token_ok && !challenge.is_empty() => {
+            tracing::info!("WhatsApp webhook verified");
+            (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], challenge.clone()).into_response()
+        }
+        _ => {
+            if expected.is_empty() {
+                tracing::warn!("WhatsApp webhook verification refused: WHATSAPP_VERIFY_TOKEN is not set");
+            } else {
+                tracing::warn!(mode_ok, token_ok, "WhatsApp webhook verification refused");
+            }
+            plain(StatusCode::FORBIDDEN, "forbidden")
+        }
+    }
+}
+
+/// A notification: signature first, then parse, store with its jobs, and only then 200.
+async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(secret) = state.config.secrets.whatsapp_app_secret.as_ref() else {
+        tracing::error!("WhatsApp webhook post refused: WHATSAPP_APP_SECRET is not set");
+        metrics::counter!("whatsapp_webhook_total", "outcome" => "not_configured").increment(1);
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "not configured");
+    };
+    let given = headers.get(signature::SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+    if let Err(e) = signature::verify(secret.expose_secret().as_bytes(), given, &body) {
+        // Never the body: it is unauthenticated and may be anyone's text.
+        tracing::warn!(reason = %e, bytes = body.len(), "WhatsApp webhook post with a bad signature refused");
+        metrics::counter!("whatsapp_webhook_total", "outcome" => "bad_signature").increment(1);
+        return match e {
+            signature::SignatureError::Missing => plain(StatusCode::UNAUTHORIZED, "signature required"),
+            _ => plain(StatusCode::FORBIDDEN, "bad signature"),
+        };
+    }
+    let settings = &state.config.settings;
+    let raw_max = usize::try_from(settings.whatsapp.raw_max_bytes).unwrap_or(usize::MAX);
+    let batch = match payload::parse(&body, raw_max, db::now_ms()) {
+        Ok(batch) => batch,
+        Err(e) => {
+            tracing::warn!(error = %e, bytes = body.len(), "signed WhatsApp webhook post is not a notification");
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "bad_payload").increment(1);
+            return plain(StatusCode::BAD_REQUEST, "not a WhatsApp notification");
+        }
+    };
+    let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
+    match state.whatsapp_intake.store(&state.db, &state.jobs, settings, batch).await {
+        Ok(report) => {
+            tracing::debug!(
+                stored = report.stored,
+                duplicates = report.duplicates,
+                statuses = report.statuses_applied,
+                statuses_ignored = report.statuses_ignored,
+                skipped,
+                "WhatsApp webhook stored"
+            );
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "stored").increment(1);
+            metrics::counter!("whatsapp_inbound_duplicates_total").increment(report.duplicates as u64);
+            plain(StatusCode::OK, "ok")
+        }
+        Err(e) => {
+            // 500 so that Meta delivers again: nothing of this batch was committed.
+            tracing::error!(error = %e, messages, statuses, "cannot store WhatsApp webhook; answering 500 so Meta retries");
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "store_failed").increment(1);
+            plain(StatusCode::INTERNAL_SERVER_ERROR, "not stored")
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `[conversation]` and `[private_data]`: how the runtime treats messages before the model sees
+//! them. The words and replies customers see live in config/gatehouse.toml, not in code.
+
+use serde::{Deserialize, Serialize};
+
+/// When the bot answers in a group chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupReply {
+    /// Only when the bot is mentioned or a message replies to one of its messages.
+    #[default]
+    MentionedOrReplied,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConversationSettings {
+    pub group_reply: GroupReply,
+    /// Words that count as a mention of the bot in a group (case-insensitive), besides
+    /// WhatsApp's own mention of the business number.
+    pub mention_names: Vec<String>,
+    /// Tokens of history (summary and turns) sent with each chat call; there is no fixed cap
+    /// on the number of messages. Roughly four characters make a token.
+    pub history_token_budget: u32,
+    /// Turns kept word for word when older ones are compacted into the chat's summary.
+    pub keep_recent_turns: u32,
+    /// The system prompt of normal chat.
+    pub system_prompt: String,
+    /// What a customer gets for a message that looks like a command.
+    pub customer_command_reply: String,
+    /// The owner's /help text.
+    pub owner_help: String,
+    /// The answer to /approve and /reject until owner approvals exist.
+    pub approvals_unavailable_reply: String,
+    /// Keep message and reply text in traces (otherwise only lengths and decisions).
+    pub trace_text: bool,
+}
+
+impl Default for ConversationSettings {
+    fn default() -> Self {
+        Self {
+            group_reply: GroupReply::default(),
+            mention_names: Vec::new(),
+            history_token_budget: 6_000,
+            keep_recent_turns: 8,
+            system_prompt: String::new(),
+            customer_command_reply: String::new(),
+            owner_help: String::new(),
+            approvals_unavailable_reply: String::new(),
+            trace_text: false,
+        }
+    }
+}
+
+/// A kind of private account data customers may ask about (fees, balances, payments, due
+/// dates). A customer message matching any pattern gets the safe reply, never an answer from
+/// memory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrivateCategory {
+    pub name: String,
+    pub description: String,
+    /// Sample questions, for owners reading the config and for tests.
+    #[serde(default)]
+    pub examples: Vec<String>,
+    /// Regular expressions, matched case-insensitively against the message.
+    pub patterns: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivateDataSettings {
+    /// What a customer gets instead of private data (a handoff to a person).
+    pub safe_reply: String,
+    pub categories: Vec<PrivateCategory>,
+}

@@ -1,0 +1,100 @@
+//! Conversation memory: chat turns and per-chat summaries.
+
+use sqlx::{AnyConnection, Row};
+
+use super::DbError;
+
+pub mod role {
+    pub const USER: &str = "user";
+    pub const ASSISTANT: &str = "assistant";
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    pub id: i64,
+    pub role: String,
+    pub text: String,
+    pub message_id: String,
+    pub at: i64,
+    pub tokens: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTurn<'a> {
+    pub chat_id: &'a str,
+    pub channel: &'a str,
+    pub role: &'a str,
+    pub text: &'a str,
+    pub message_id: &'a str,
+    pub at: i64,
+    pub tokens: i64,
+}
+
+/// Inserts a turn once: a second insert for the same message and role changes nothing.
+/// Returns whether it was new.
+pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (message_id, role) DO NOTHING",
+    )
+    .bind(t.chat_id)
+    .bind(t.channel)
+    .bind(t.role)
+    .bind(t.text)
+    .bind(t.message_id)
+    .bind(t.at)
+    .bind(t.tokens)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Whether the message already has an answer (it was handled before).
+pub async fn answered(conn: &mut AnyConnection, message_id: &str) -> Result<bool, DbError> {
+    let row = sqlx::query("SELECT COUNT(*) FROM chat_turns WHERE message_id = $1 AND role = $2").bind(message_id).bind(role::ASSISTANT).fetch_one(conn).await?;
+    Ok(row.try_get::<i64, _>(0)? > 0)
+}
+
+/// The chat's turns after `after_id`, oldest first.
+pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
+    let rows = sqlx::query("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
+        .bind(chat_id)
+        .bind(after_id)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|r| Ok(Turn { id: r.try_get(0)?, role: r.try_get(1)?, text: r.try_get(2)?, message_id: r.try_get(3)?, at: r.try_get(4)?, tokens: r.try_get(5)? }))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(DbError::from)
+}
+
+/// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.
+pub async fn text_of(conn: &mut AnyConnection, message_id: &str) -> Result<Option<String>, DbError> {
+    let row = sqlx::query("SELECT text FROM chat_turns WHERE message_id = $1 ORDER BY id LIMIT 1").bind(message_id).fetch_optional(conn).await?;
+    Ok(row.map(|r| r.try_get(0)).transpose()?)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub text: String,
+    pub covers_through: i64,
+}
+
+pub async fn summary(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<Summary>, DbError> {
+    let row = sqlx::query("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1").bind(chat_id).fetch_optional(conn).await?;
+    Ok(row.map(|r| Ok::<_, sqlx::Error>(Summary { text: r.try_get(0)?, covers_through: r.try_get(1)? })).transpose()?)
+}
+
+pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, now: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO chat_memory (chat_id, summary, covers_through, updated_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (chat_id) DO UPDATE SET summary = excluded.summary, covers_through = excluded.covers_through, updated_at = excluded.updated_at",
+    )
+    .bind(chat_id)
+    .bind(&s.text)
+    .bind(s.covers_through)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

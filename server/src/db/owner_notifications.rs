@@ -1,0 +1,49 @@
+//! Notices for owners raised by `notify_owner` tool hooks.
+
+use sqlx::{AnyConnection, Row};
+
+use super::DbError;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Notification {
+    pub at: i64,
+    pub hook: String,
+    pub tool: String,
+    pub reason_code: String,
+    /// Written by Gatehouse from the hook and the outcome; never the call's arguments.
+    pub message: String,
+    pub correlation_id: String,
+}
+
+pub async fn insert(conn: &mut AnyConnection, n: &Notification) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO owner_notifications (at, hook, tool, reason_code, message, correlation_id) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(n.at)
+        .bind(&n.hook)
+        .bind(&n.tool)
+        .bind(&n.reason_code)
+        .bind(&n.message)
+        .bind(&n.correlation_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The newest `limit` notices, newest first.
+pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Notification>, DbError> {
+    let rows = sqlx::query("SELECT at, hook, tool, reason_code, message, correlation_id FROM owner_notifications ORDER BY id DESC LIMIT $1")
+        .bind(limit)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Notification {
+                at: r.try_get("at")?,
+                hook: r.try_get("hook")?,
+                tool: r.try_get("tool")?,
+                reason_code: r.try_get("reason_code")?,
+                message: r.try_get("message")?,
+                correlation_id: r.try_get("correlation_id")?,
+            })
+        })
+        .collect()
+}

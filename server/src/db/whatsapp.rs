@@ -1,0 +1,414 @@
+//! The WhatsApp channel's SQL: inbound messages (unique on wamid), the delivery ledger of
+//! outbound messages, and once-per-period notices.
+
+use sqlx::{AnyConnection, Row, any::AnyRow};
+
+use super::DbError;
+
+/// An inbound message as the webhook stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewInbound {
+    pub wamid: String,
+    pub phone_number_id: String,
+    pub chat_id: String,
+    pub sender: String,
+    pub is_group: bool,
+    pub msg_type: String,
+    pub text: Option<String>,
+    pub reply_id: Option<String>,
+    pub context_id: Option<String>,
+    pub raw: Option<String>,
+    pub raw_truncated: bool,
+    pub sent_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct InboundRow {
+    pub id: i64,
+    pub wamid: String,
+    pub phone_number_id: String,
+    pub chat_id: String,
+    pub sender: String,
+    pub is_group: bool,
+    pub msg_type: String,
+    pub text: Option<String>,
+    pub reply_id: Option<String>,
+    pub context_id: Option<String>,
+    pub raw: Option<String>,
+    pub raw_truncated: bool,
+    pub sent_at: i64,
+    pub received_at: i64,
+    pub processed_at: Option<i64>,
+    pub outcome: Option<String>,
+}
+
+const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
+    raw_truncated, sent_at, received_at, processed_at, outcome";
+
+fn inbound_from_row(r: &AnyRow) -> Result<InboundRow, sqlx::Error> {
+    Ok(InboundRow {
+        id: r.try_get(0)?,
+        wamid: r.try_get(1)?,
+        phone_number_id: r.try_get(2)?,
+        chat_id: r.try_get(3)?,
+        sender: r.try_get(4)?,
+        is_group: r.try_get::<i64, _>(5)? != 0,
+        msg_type: r.try_get(6)?,
+        text: r.try_get(7)?,
+        reply_id: r.try_get(8)?,
+        context_id: r.try_get(9)?,
+        raw: r.try_get(10)?,
+        raw_truncated: r.try_get::<i64, _>(11)? != 0,
+        sent_at: r.try_get(12)?,
+        received_at: r.try_get(13)?,
+        processed_at: r.try_get(14)?,
+        outcome: r.try_get(15)?,
+    })
+}
+
+/// Text for a TEXT column: PostgreSQL refuses NUL.
+fn clean(text: &str) -> String {
+    text.replace('\0', "")
+}
+
+/// Stores an inbound message. `None` when its wamid is already stored (a redelivery).
+pub async fn insert_inbound(conn: &mut AnyConnection, m: &NewInbound, now: i64) -> Result<Option<i64>, DbError> {
+    let row = sqlx::query(
+        "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
+         raw_truncated, sent_at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (wamid) DO NOTHING RETURNING id",
+    )
+    .bind(clean(&m.wamid))
+    .bind(clean(&m.phone_number_id))
+    .bind(clean(&m.chat_id))
+    .bind(clean(&m.sender))
+    .bind(i64::from(m.is_group))
+    .bind(clean(&m.msg_type))
+    .bind(m.text.as_deref().map(clean))
+    .bind(m.reply_id.as_deref().map(clean))
+    .bind(m.context_id.as_deref().map(clean))
+    .bind(m.raw.as_deref().map(clean))
+    .bind(i64::from(m.raw_truncated))
+    .bind(m.sent_at)
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+}
+
+pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(inbound_from_row).transpose()?)
+}
+
+pub async fn inbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<InboundRow>, DbError> {
+    let row =
+        sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE wamid = $1")).bind(wamid).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(inbound_from_row).transpose()?)
+}
+
+/// The most recent inbound messages, newest first.
+pub async fn recent_inbound(conn: &mut AnyConnection, limit: i64) -> Result<Vec<InboundRow>, DbError> {
+    let rows = sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound ORDER BY id DESC LIMIT $1"))
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.iter().map(inbound_from_row).collect::<Result<_, _>>()?)
+}
+
+pub async fn mark_inbound_processed(conn: &mut AnyConnection, id: i64, outcome: &str, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE whatsapp_inbound SET processed_at = $1, outcome = $2 WHERE id = $3")
+        .bind(now)
+        .bind(outcome)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// A delivery state. The rank orders them: a late "delivered" never overwrites "read".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryState {
+    Queued,
+    Sent,
+    Delivered,
+    Read,
+    Failed,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Sent => "sent",
+            Self::Delivered => "delivered",
+            Self::Read => "read",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Queued, Self::Sent, Self::Delivered, Self::Read, Self::Failed].into_iter().find(|st| st.as_str() == s)
+    }
+
+    fn rank(self) -> i64 {
+        match self {
+            Self::Queued => 0,
+            Self::Sent => 1,
+            Self::Delivered => 2,
+            Self::Read => 3,
+            Self::Failed => 4,
+        }
+    }
+
+    /// The timestamp column this state sets (a fixed name, never caller text).
+    fn at_column(self) -> &'static str {
+        match self {
+            Self::Queued => "created_at",
+            Self::Sent => "sent_at",
+            Self::Delivered => "delivered_at",
+            Self::Read => "read_at",
+            Self::Failed => "failed_at",
+        }
+    }
+}
+
+/// One outbound message to reserve in the ledger.
+#[derive(Debug, Clone)]
+pub struct NewOutbound<'a> {
+    pub idempotency_key: &'a str,
+    pub job_id: Option<i64>,
+    pub part: i64,
+    pub recipient: &'a str,
+    pub is_group: bool,
+    pub kind: &'a str,
+    pub body: &'a str,
+    pub quoted_id: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OutboundRow {
+    pub id: i64,
+    pub idempotency_key: String,
+    pub job_id: Option<i64>,
+    pub part: i64,
+    pub recipient: String,
+    pub is_group: bool,
+    pub kind: String,
+    pub body: String,
+    pub quoted_id: Option<String>,
+    pub wamid: Option<String>,
+    pub state: DeliveryState,
+    pub attempts: i64,
+    pub send_started_at: Option<i64>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub sent_at: Option<i64>,
+    pub delivered_at: Option<i64>,
+    pub read_at: Option<i64>,
+    pub failed_at: Option<i64>,
+}
+
+const OUTBOUND_COLUMNS: &str = "id, idempotency_key, job_id, part, recipient, is_group, kind, body, quoted_id, wamid, state, attempts, \
+    send_started_at, error_code, error_message, created_at, updated_at, sent_at, delivered_at, read_at, failed_at";
+
+fn outbound_from_row(r: &AnyRow) -> Result<OutboundRow, sqlx::Error> {
+    let state: String = r.try_get(10)?;
+    Ok(OutboundRow {
+        id: r.try_get(0)?,
+        idempotency_key: r.try_get(1)?,
+        job_id: r.try_get(2)?,
+        part: r.try_get(3)?,
+        recipient: r.try_get(4)?,
+        is_group: r.try_get::<i64, _>(5)? != 0,
+        kind: r.try_get(6)?,
+        body: r.try_get(7)?,
+        quoted_id: r.try_get(8)?,
+        wamid: r.try_get(9)?,
+        state: DeliveryState::parse(&state).ok_or_else(|| sqlx::Error::Decode(format!("unknown delivery state {state:?}").into()))?,
+        attempts: r.try_get(11)?,
+        send_started_at: r.try_get(12)?,
+        error_code: r.try_get(13)?,
+        error_message: r.try_get(14)?,
+        created_at: r.try_get(15)?,
+        updated_at: r.try_get(16)?,
+        sent_at: r.try_get(17)?,
+        delivered_at: r.try_get(18)?,
+        read_at: r.try_get(19)?,
+        failed_at: r.try_get(20)?,
+    })
+}
+
+/// Reserves a ledger row for `m` (or finds the one an earlier attempt reserved) and returns it.
+pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now: i64) -> Result<OutboundRow, DbError> {
+    sqlx::query(
+        "INSERT INTO whatsapp_outbound (idempotency_key, job_id, part, recipient, is_group, kind, body, quoted_id, state, state_rank, \
+         created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9) ON CONFLICT (idempotency_key) DO NOTHING",
+    )
+    .bind(m.idempotency_key)
+    .bind(m.job_id)
+    .bind(m.part)
+    .bind(clean(m.recipient))
+    .bind(i64::from(m.is_group))
+    .bind(m.kind)
+    .bind(clean(m.body))
+    .bind(m.quoted_id.map(clean))
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    outbound_by_key(conn, m.idempotency_key)
+        .await?
+        .ok_or_else(|| DbError::Sql(sqlx::Error::RowNotFound))
+}
+
+pub async fn outbound_by_key(conn: &mut AnyConnection, key: &str) -> Result<Option<OutboundRow>, DbError> {
+    let row = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1"))
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(row.as_ref().map(outbound_from_row).transpose()?)
+}
+
+pub async fn outbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<OutboundRow>, DbError> {
+    let row =
+        sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE wamid = $1")).bind(wamid).fetch_optional(&mut *conn).await?;
+    Ok(row.as_ref().map(outbound_from_row).transpose()?)
+}
+
+/// Ledger rows of one job, in part order.
+pub async fn outbound_for_job(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<OutboundRow>, DbError> {
+    let rows = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id"))
+        .bind(job_id)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.iter().map(outbound_from_row).collect::<Result<_, _>>()?)
+}
+
+/// Ledger rows for one recipient, oldest first.
+pub async fn outbound_for_recipient(conn: &mut AnyConnection, recipient: &str) -> Result<Vec<OutboundRow>, DbError> {
+    let rows = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE recipient = $1 ORDER BY id"))
+        .bind(recipient)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.iter().map(outbound_from_row).collect::<Result<_, _>>()?)
+}
+
+/// Records that a send is about to go out: if the process dies before [`mark_sent`] or
+/// [`mark_send_failed`], the next attempt sees `send_started_at` still set.
+pub async fn mark_sending(conn: &mut AnyConnection, id: i64, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE whatsapp_outbound SET send_started_at = $1, attempts = attempts + 1, updated_at = $1 WHERE id = $2 AND state = 'queued'")
+        .bind(now)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Meta accepted the message. A status callback that arrived first may already have moved it on.
+pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, error_code = NULL, error_message = NULL, updated_at = $2, \
+         state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
+         sent_at = COALESCE(sent_at, $2), state_rank = CASE WHEN state_rank < 1 THEN 1 ELSE state_rank END WHERE id = $3",
+    )
+    .bind(clean(wamid))
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A send that Meta answered with an error: it did not go out. `failed` ends the row; otherwise
+/// it stays queued for the next attempt.
+pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, message: &str, failed: bool, now: i64) -> Result<(), DbError> {
+    let message: String = clean(message).chars().take(500).collect();
+    let sql = if failed {
+        "UPDATE whatsapp_outbound SET send_started_at = NULL, error_code = $1, error_message = $2, updated_at = $3, \
+         state = 'failed', state_rank = 4, failed_at = $3 WHERE id = $4"
+    } else {
+        "UPDATE whatsapp_outbound SET send_started_at = NULL, error_code = $1, error_message = $2, updated_at = $3 WHERE id = $4"
+    };
+    sqlx::query(sql).bind(code).bind(message).bind(now).bind(id).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// A status callback from Meta.
+#[derive(Debug, Clone)]
+pub struct StatusUpdate<'a> {
+    pub wamid: &'a str,
+    pub state: DeliveryState,
+    pub at: i64,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    /// `biz_opaque_callback_data`: the idempotency key the send carried.
+    pub opaque: Option<&'a str>,
+}
+
+/// Applies a status callback. Returns whether a ledger row changed; callbacks for messages not in
+/// the ledger and ones that would move a message backwards change nothing.
+pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i64) -> Result<bool, DbError> {
+    if let Some(key) = s.opaque {
+        // The send went out but the sender died before recording it: the callback tells us.
+        sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, updated_at = $2 WHERE idempotency_key = $3 AND wamid IS NULL")
+            .bind(clean(s.wamid))
+            .bind(now)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let at_column = s.state.at_column();
+    let sql = format!(
+        "UPDATE whatsapp_outbound SET state = $1, state_rank = $2, updated_at = $3, {at_column} = COALESCE({at_column}, $4), \
+         error_code = COALESCE($5, error_code), error_message = COALESCE($6, error_message), send_started_at = NULL \
+         WHERE wamid = $7 AND state_rank < $2"
+    );
+    let done = sqlx::query(&sql)
+        .bind(s.state.as_str())
+        .bind(s.state.rank())
+        .bind(now)
+        .bind(s.at)
+        .bind(s.error_code.as_deref().map(clean))
+        .bind(s.error_message.as_deref().map(|m| clean(m).chars().take(500).collect::<String>()))
+        .bind(clean(s.wamid))
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Claims the notice `kind` for `chat_id` for job `job_id`: true when it was last sent before
+/// `not_since` (or never), or when this same job claimed it before (a retry of the same job).
+pub async fn claim_notice(conn: &mut AnyConnection, chat_id: &str, kind: &str, job_id: i64, not_since: i64, now: i64) -> Result<bool, DbError> {
+    let existing: Option<(i64, i64)> = sqlx::query_as("SELECT job_id, sent_at FROM whatsapp_notices WHERE chat_id = $1 AND kind = $2")
+        .bind(chat_id)
+        .bind(kind)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match existing {
+        Some((owner, _)) if owner == job_id => Ok(true),
+        Some((_, sent_at)) if sent_at >= not_since => Ok(false),
+        Some(_) => {
+            sqlx::query("UPDATE whatsapp_notices SET job_id = $1, sent_at = $2 WHERE chat_id = $3 AND kind = $4")
+                .bind(job_id)
+                .bind(now)
+                .bind(chat_id)
+                .bind(kind)
+                .execute(&mut *conn)
+                .await?;
+            Ok(true)
+        }
+        None => {
+            let inserted = sqlx::query("INSERT INTO whatsapp_notices (chat_id, kind, job_id, sent_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
+                .bind(chat_id)
+                .bind(kind)
+                .bind(job_id)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+            Ok(inserted.rows_affected() > 0)
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! Connector tools against a local HTTP server: URL templates, allowed patterns, header secrets,
+//! body mapping, kept fields, retries and the checks made when the files load.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, Uri},
+    response::{IntoResponse, Redirect},
+    routing::{any, get, post},
+};
+use serde_json::{Value, json};
+use server::tools::{
+    CallContext, Catalog, Checkpoint, ToolCall,
+    catalog::{ChatType, Provider},
+    checkpoint::{AuditWriter, SecretSource, code},
+    connectors::{self, ConnectorExecutor},
+    policy::Actor,
+};
+use sqlx::Row;
+
+use crate::{both_backends, support::TestDb};
+
+const KEY: &str = "shop-key-never-shown-9f2";
+
+/// What the shop saw: every request's method, path and query, and the bodies it was sent.
+#[derive(Default)]
+struct Seen {
+    requests: Vec<String>,
+    auth: Vec<String>,
+    bodies: Vec<Value>,
+    flaky_calls: usize,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn record(seen: &Shared, method: &str, uri: &Uri, headers: &HeaderMap) {
+    let mut s = seen.lock().expect("lock");
+    s.requests.push(format!("{method} {uri}"));
+    s.auth.push(headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string());
+}
+
+async fn shop() -> (SocketAddr, Shared) {
+    let seen: Shared = Arc::default();
+    let app = Router::new()
+        .route(
+            "/api/orders/{id}",
+            get(|State(seen): State<Shared>, Path(id): Path<String>, uri: Uri, headers: HeaderMap| async move {
+                record(&seen, "GET", &uri, &headers);
+                Json(json!({ "id": id, "status": "shipped", "internal_margin": 0.31, "items": [{"name": "Lamp", "cost": 9}, {"name": "Bulb", "cost": 1}] }))
+            }),
+        )
+        .route(
+            "/api/refunds",
+            post(|State(seen): State<Shared>, uri: Uri, headers: HeaderMap, Json(body): Json<Value>| async move {
+                record(&seen, "POST", &uri, &headers);
+                seen.lock().expect("lock").bodies.push(body);
+                (StatusCode::CREATED, Json(json!({ "refund_id": "R-1", "state": "queued" })))
+            }),
+        )
+        .route(
+            "/api/flaky",
+            get(|State(seen): State<Shared>, uri: Uri, headers: HeaderMap| async move {
+                record(&seen, "GET", &uri, &headers);
+                let n = {
+                    let mut s = seen.lock().expect("lock");
+                    s.flaky_calls += 1;
+                    s.flaky_calls
+                };
+                if n == 1 { StatusCode::SERVICE_UNAVAILABLE.into_response() } else { Json(json!({"ok": true})).into_response() }
+            }),
+        )
+        .route(
+            "/api/moved",
+            get(|State(seen): State<Shared>, uri: Uri, headers: HeaderMap| async move {
+                record(&seen, "GET", &uri, &headers);
+                Redirect::temporary("/api/admin/secrets")
+            }),
+        )
+        .fallback(any(|State(seen): State<Shared>, method: axum::http::Method, uri: Uri, headers: HeaderMap| async move {
+            record(&seen, method.as_str(), &uri, &headers);
+            StatusCode::NOT_FOUND
+        }))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (addr, seen)
+}
+
+const TOOLS: &str = r#"
+[audit]
+pii_fields = ["customer_email"]
+
+[[tool]]
+name = "lookup_order"
+title = "Look up an order"
+description = "Finds an order by number."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 }, expand = { type = "string" } } }
+
+[[tool]]
+name = "refund"
+title = "Refund"
+description = "Asks the shop to refund an order."
+provider = "connector"
+operation = "write"
+audience = "owner_only"
+risk = "low"
+managed_fields = ["chat_id"]
+input_schema = { type = "object", additionalProperties = false, required = ["order_id", "amount"], properties = { order_id = { type = "string" }, amount = { type = "number" }, note = { type = "string" }, customer_email = { type = "string" }, chat_id = { type = "string" } } }
+
+[[tool]]
+name = "order_subpage"
+title = "Order subpage"
+description = "Reaches past the allowed pattern (for the test)."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", properties = { order_id = { type = "string" }, page = { type = "string" } } }
+
+[[tool]]
+name = "flaky"
+title = "Flaky"
+description = "Fails once."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+retry = { max_attempts = 2, backoff = "10ms" }
+input_schema = { type = "object" }
+
+[[tool]]
+name = "moved"
+title = "Moved"
+description = "Answers with a redirect."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object" }
+
+[[tool]]
+name = "missing"
+title = "Missing"
+description = "Answers 404."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+retry = { max_attempts = 3, backoff = "10ms" }
+input_schema = { type = "object" }
+"#;
+
+fn connectors_toml(addr: SocketAddr) -> String {
+    format!(
+        r#"
+[[connector]]
+id = "shop"
+title = "Test shop"
+base_url = "http://{addr}/api"
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds", "http://{addr}/api/flaky", "http://{addr}/api/moved", "http://{addr}/api/missing"]
+headers = {{ Authorization = "Bearer ${{TEST_CONNECTOR_KEY}}", Accept = "application/json" }}
+
+[[connector.action]]
+tool = "lookup_order"
+method = "GET"
+path = "orders/{{order_id}}"
+query = {{ expand = "{{expand}}" }}
+keep = ["id", "status", "items.name"]
+
+[[connector.action]]
+tool = "refund"
+method = "POST"
+path = "refunds"
+body = {{ order = "{{order_id}}", amount = "{{amount}}", reason = "chat {{chat_id}}: {{note}}", source = "gatehouse" }}
+
+[[connector.action]]
+tool = "order_subpage"
+method = "GET"
+path = "orders/{{order_id}}/{{page}}"
+
+[[connector.action]]
+tool = "flaky"
+method = "GET"
+path = "flaky"
+
+[[connector.action]]
+tool = "moved"
+method = "GET"
+path = "moved"
+
+[[connector.action]]
+tool = "missing"
+method = "GET"
+path = "missing"
+"#
+    )
+}
+
+fn load(tools: &str, connectors: &str, set: &'static [&'static str]) -> Result<Catalog, Vec<server::config::Problem>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("tools.toml"), tools).expect("write");
+    std::fs::write(dir.path().join("connectors.toml"), connectors).expect("write");
+    Catalog::load(&dir.path().join("tools.toml"), &|v| set.contains(&v))
+}
+
+fn secrets() -> SecretSource {
+    Arc::new(|v: &str| (v == "TEST_CONNECTOR_KEY").then(|| KEY.to_string()))
+}
+
+fn ctx(actor: Actor) -> CallContext {
+    CallContext { actor, chat_type: ChatType::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: false }
+}
+
+fn call(name: &str, args: Value) -> ToolCall {
+    ToolCall { name: name.into(), args }
+}
+
+async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let (addr, seen) = shop().await;
+    let catalog = load(TOOLS, &connectors_toml(addr), &["TEST_CONNECTOR_KEY"]).expect("valid");
+    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone()), secrets());
+    cp.register_provider(Provider::Connector, Arc::new(ConnectorExecutor::new(secrets()).expect("client")));
+    let customer = ctx(Actor::Customer);
+    let owner = ctx(Actor::Owner);
+
+    // GET with a path parameter and an optional query; only the kept fields come back.
+    let order = cp.execute(call("lookup_order", json!({"order_id": "A 17", "expand": "items&admin=1"})), &customer).await.expect("lookup");
+    assert_eq!(order.output, json!({"status": 200, "data": {"id": "A 17", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}}));
+    // The argument could not add a query parameter: it arrived encoded as one value.
+    assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/A%2017?expand=items%26admin%3D1"));
+    let without = cp.execute(call("lookup_order", json!({"order_id": "B2"})), &customer).await.expect("no expand");
+    assert_eq!(without.output["data"]["id"], "B2");
+    assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/B2"), "an absent argument leaves its query parameter out");
+
+    // Arguments cannot climb out of their segment or change the host.
+    for hostile in ["../refunds", "..", "%2e%2e", "x/../../admin", "@evil.example", "a#frag", "a?b=c"] {
+        let before = seen.lock().expect("lock").requests.len();
+        match cp.execute(call("lookup_order", json!({"order_id": hostile})), &customer).await {
+            Ok(res) => {
+                let s = seen.lock().expect("lock");
+                let last = s.requests.last().expect("request");
+                assert!(last.starts_with("GET /api/orders/") && last["GET /api/orders/".len()..].split('?').next().is_some_and(|seg| !seg.contains('/')), "{hostile} -> {last}");
+                assert_eq!(res.output["status"], 200);
+            }
+            Err(e) => {
+                assert_eq!(e.code, connectors::code::UNSUPPORTED_URL, "{hostile}: {e}");
+                assert_eq!(seen.lock().expect("lock").requests.len(), before, "{hostile}: refused before any request");
+            }
+        }
+    }
+
+    // A URL outside the allowed patterns is refused before any request is made.
+    let before = seen.lock().expect("lock").requests.len();
+    let outside = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
+    assert_eq!(outside.code, connectors::code::UNSUPPORTED_URL);
+    assert_eq!(seen.lock().expect("lock").requests.len(), before, "nothing reached the shop");
+    // Refusals say nothing about the shop's health: they never open the tool's breaker.
+    for _ in 0..4 {
+        let again = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
+        assert_eq!(again.code, connectors::code::UNSUPPORTED_URL);
+    }
+    assert_eq!(cp.breakers().state("order_subpage", std::time::Instant::now()), server::tools::breaker::BreakerState::Closed);
+
+    // POST with a typed body mapping and the managed chat id; customers cannot call it.
+    assert_eq!(cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5})), &customer).await.expect_err("owner only").code, code::NOT_ALLOWED_FOR_ACTOR);
+    let refund = cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5, "note": "broken", "customer_email": "c@example.org"})), &owner).await.expect("refund");
+    assert_eq!(refund.output, json!({"status": 201, "data": {"refund_id": "R-1", "state": "queued"}}));
+    assert_eq!(seen.lock().expect("lock").bodies.last(), Some(&json!({"order": "A1", "amount": 12.5, "reason": "chat chat-3: broken", "source": "gatehouse"})));
+
+    // Retryable 503 then success; 404 is not retried; redirects are not followed.
+    let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried");
+    assert_eq!(flaky.attempts, 2);
+    let missing = cp.execute(call("missing", json!({})), &customer).await.expect_err("404");
+    assert_eq!(missing.code, code::PROVIDER_ERROR);
+    assert!(missing.message.contains(connectors::code::HTTP_STATUS) && missing.message.contains("404"), "{missing}");
+    let moved = cp.execute(call("moved", json!({})), &customer).await.expect_err("redirect");
+    assert!(moved.message.contains("307"), "{moved}");
+
+    {
+        let s = seen.lock().expect("lock");
+        assert_eq!(s.requests.iter().filter(|r| r.contains("/missing")).count(), 1, "a 404 is not retried");
+        assert!(!s.requests.iter().any(|r| r.contains("/admin") || r.contains("/refunds?")), "{:?}", s.requests);
+        assert!(s.auth.iter().all(|a| a == &format!("Bearer {KEY}")), "the header secret reached the shop on every request");
+    }
+
+    cp.audit().flush().await;
+    let rows = sqlx::query("SELECT tool, decision, reason_code, args FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit");
+    let outside_row = rows.iter().find(|r| r.get::<String, _>(0) == "order_subpage").expect("row");
+    assert_eq!((outside_row.get::<String, _>(1), outside_row.get::<String, _>(2)), ("deny".to_string(), connectors::code::UNSUPPORTED_URL.to_string()));
+    for row in &rows {
+        let args: String = row.get(3);
+        assert!(!args.contains(KEY) && !args.contains("c@example.org"), "secret or personal data in the audit: {args}");
+    }
+}
+both_backends!(connector_calls, connector_actions_stay_inside_their_patterns);
+
+#[test]
+fn connector_files_report_every_problem() {
+    let addr: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let bad = format!(
+        "{}\n{}",
+        connectors_toml(addr),
+        r#"
+[[connector]]
+id = "crm"
+base_url = "https://crm.example.com/v1"
+allowed_urls = ["https://other.example.com/v1/*"]
+headers = { "X-Key" = "${CRM_KEY}" }
+
+[[connector.action]]
+tool = "no_such_tool"
+method = "GET"
+path = "people"
+
+[[connector.action]]
+tool = "lookup_order"
+method = "GET"
+path = "people/{person}"
+body = { a = "b" }
+"#
+    );
+    // `flaky` loses its action, so the catalog must say nothing runs it.
+    let bad = bad.replace("tool = \"flaky\"", "tool = \"flaky_renamed\"");
+    let problems = load(TOOLS, &bad, &[]).expect_err("invalid");
+    let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
+    assert!(has("connector[0] (shop).headers.Authorization: needs the environment variable TEST_CONNECTOR_KEY"), "{shown:#?}");
+    assert!(has("connector[1] (crm).allowed_urls: \"https://other.example.com/v1/*\" must start with"), "{shown:#?}");
+    assert!(has("connector[1] (crm).headers.X-Key: needs the environment variable CRM_KEY"), "{shown:#?}");
+    assert!(has("action[0] (no_such_tool).tool: there is no tool named"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).tool: \"lookup_order\" is already run by another action"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).path: {person} is not a property"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).body: a GET request has no body"), "{shown:#?}");
+    assert!(has("action[3] (flaky_renamed).tool: there is no tool named"), "{shown:#?}");
+    assert!(has("tool (flaky).provider: no enabled action"), "{shown:#?}");
+    assert!(problems.iter().any(|p| p.source.ends_with("connectors.toml")) && problems.iter().any(|p| p.source.ends_with("tools.toml")));
+
+    // Any edit to an action is a new tool version.
+    let good = load(TOOLS, &connectors_toml(addr), &["TEST_CONNECTOR_KEY"]).expect("valid");
+    let edited = load(TOOLS, &connectors_toml(addr).replace("keep = [\"id\", ", "keep = ["), &["TEST_CONNECTOR_KEY"]).expect("valid");
+    assert_ne!(good.get("lookup_order").expect("tool").version, edited.get("lookup_order").expect("tool").version);
+    assert_eq!(good.get("refund").expect("tool").version, edited.get("refund").expect("tool").version);
+}

@@ -1,0 +1,250 @@
+//! The conversation runtime end to end against a fake Anthropic Messages API on loopback: every
+//! step in order with its trace, owner and customer boundaries, private data, groups, memory
+//! with the current message once and quoted context, compaction, and degraded mode.
+
+use std::sync::{Arc, Mutex};
+
+use axum::{Json, Router, extract::State, routing::post};
+use serde_json::{Value, json};
+use server::{
+    config::{Secrets, Settings},
+    conversation::{ChatKind, Inbound, NoToolLane, Route, Runtime},
+    db::Db,
+    llm,
+};
+use sqlx::Row;
+
+use crate::{both_backends, support::TestDb};
+
+const OWNER_PHONE: &str = "+15550001111";
+const CHAT_MODEL: &str = "test-chat-model";
+const SUMMARY_MODEL: &str = "test-summary-model";
+
+#[derive(Default)]
+struct Fake {
+    requests: Vec<Value>,
+    fail_summaries: bool,
+}
+
+type Shared = Arc<Mutex<Fake>>;
+
+async fn fake_anthropic() -> (String, Shared) {
+    let fake: Shared = Arc::default();
+    async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let (n, fail) = {
+            let mut f = fake.lock().expect("lock");
+            f.requests.push(body.clone());
+            (f.requests.len(), f.fail_summaries)
+        };
+        let model = body["model"].as_str().unwrap_or_default().to_string();
+        if model == SUMMARY_MODEL && fail {
+            return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();
+        }
+        let text = if model == SUMMARY_MODEL { "They run a bakery and their friend is Ana.".to_string() } else { format!("reply {n}") };
+        Json(json!({
+            "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 12, "output_tokens": 3}
+        }))
+        .into_response()
+    }
+    let app = Router::new().route("/v1/messages", post(answer)).with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (format!("http://{addr}"), fake)
+}
+
+fn settings(base_url: &str, budget: u32) -> Settings {
+    let shipped: Settings = {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        server::config::load(path).expect("shipped config").settings
+    };
+    let mut s = shipped;
+    s.llm.provider = server::config::LlmProvider::Anthropic;
+    s.llm.anthropic.base_url = base_url.into();
+    s.llm.max_retries = 0;
+    s.models.chat = CHAT_MODEL.into();
+    s.models.summarizer = SUMMARY_MODEL.into();
+    s.conversation.history_token_budget = budget;
+    s.conversation.keep_recent_turns = 2;
+    s.conversation.trace_text = false;
+    s
+}
+
+struct Rig {
+    runtime: Runtime,
+    db: Db,
+    fake: Shared,
+    _test_db: TestDb,
+}
+
+async fn rig(test_db: TestDb, budget: u32, with_key: bool) -> Rig {
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    {
+        let mut tx = db.begin_write().await.expect("tx");
+        sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)")
+            .execute(&mut *tx)
+            .await
+            .expect("owner");
+        sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, (SELECT MAX(id) FROM owners), 0)").bind(OWNER_PHONE).execute(&mut *tx).await.expect("phone");
+        tx.commit().await.expect("commit");
+    }
+    let (url, fake) = fake_anthropic().await;
+    let settings = Arc::new(settings(&url, budget));
+    let secrets = Secrets::from_lookup(move |name| (with_key && name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
+    let model = llm::from_settings(&settings, &secrets).expect("model");
+    let runtime = Runtime::new(db.clone(), settings, secrets, model, Arc::new(NoToolLane));
+    Rig { runtime, db, fake, _test_db: test_db }
+}
+
+fn msg(id: &str, sender: &str, text: &str) -> Inbound {
+    Inbound {
+        channel: "simulator".into(),
+        message_id: id.into(),
+        chat_id: format!("chat-{sender}"),
+        chat_kind: ChatKind::Direct,
+        sender: sender.into(),
+        text: text.into(),
+        correlation_id: format!("corr-{id}"),
+        ..Inbound::default()
+    }
+}
+
+async fn steps_of(db: &Db, trace_id: i64) -> Vec<(String, String, String)> {
+    sqlx::query("SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+        .bind(trace_id)
+        .fetch_all(&db.pool)
+        .await
+        .expect("steps")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The user-role texts of the last chat request (what the model saw from the person).
+fn last_chat_texts(fake: &Shared) -> Vec<String> {
+    let f = fake.lock().expect("lock");
+    let req = f.requests.iter().rev().find(|r| r["model"] == CHAT_MODEL).expect("a chat request");
+    req["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .flat_map(|m| match &m["content"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str().map(String::from)).collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+async fn every_step_in_order_with_memory(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let customer = "15557770000";
+
+    // Normal chat: the seed's memory questions reach chat with everything said before.
+    let first = r.runtime.handle(&msg("w1", customer, "My friend is called Ana.")).await.expect("handle");
+    assert_eq!((first.route, first.reply.as_deref()), (Route::Chat, Some("reply 1")));
+    let steps = steps_of(&r.db, first.trace_id.expect("trace")).await;
+    let order: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
+    assert_eq!(order, ["dedupe", "actor", "group", "slash", "private_data", "tool_lane", "memory", "llm", "reply"], "{steps:?}");
+    assert_eq!(steps[1], ("actor".into(), "customer".into(), "NOT_AN_OWNER_NUMBER".into()));
+
+    let seed_examples = ["Do you remember my friend?", "What did I tell you earlier?", "Can you rewrite this?", "Explain this.", "Thanks.", "Okay.", "How are you?", "What did I say before?", "Continue."];
+    for (i, text) in seed_examples.iter().enumerate() {
+        let out = r.runtime.handle(&msg(&format!("w{}", i + 2), customer, text)).await.expect("handle");
+        assert_eq!(out.route, Route::Chat, "{text}");
+        let seen = last_chat_texts(&r.fake);
+        assert!(seen.iter().any(|t| t.contains("My friend is called Ana.")), "{text}: full memory reached the model: {seen:?}");
+        assert_eq!(seen.iter().filter(|t| t.contains(text)).count(), 1, "{text}: the current message appears once");
+    }
+
+    // A duplicate delivery is not handled again.
+    let again = r.runtime.handle(&msg("w1", customer, "My friend is called Ana.")).await.expect("handle");
+    assert_eq!((again.route, again.reply), (Route::Duplicate, None));
+
+    // A quoted message is included.
+    let mut quoting = msg("w20", customer, "Is this still true?");
+    quoting.quoted_id = Some("w1".into());
+    r.runtime.handle(&quoting).await.expect("handle");
+    assert!(last_chat_texts(&r.fake).iter().any(|t| t.contains("(Replying to: \"My friend is called Ana.\")")));
+
+    // Customers never reach owner commands; private data gets the safe reply, not the model.
+    let requests_before = r.fake.lock().expect("lock").requests.len();
+    let cmd = r.runtime.handle(&msg("w21", customer, "/approve 7")).await.expect("handle");
+    assert_eq!(cmd.route, Route::CustomerCommand);
+    assert!(cmd.reply.as_deref().is_some_and(|t| t.contains("Commands are for the business owner")), "{cmd:?}");
+    let private = r.runtime.handle(&msg("w22", customer, "What's my balance please?")).await.expect("handle");
+    assert_eq!(private.route, Route::PrivateData);
+    assert!(private.reply.as_deref().is_some_and(|t| t.contains("can't share account details")), "{private:?}");
+    let steps = steps_of(&r.db, private.trace_id.expect("trace")).await;
+    assert_eq!(steps.last(), Some(&("reply".into(), "send".into(), "private_data".into())));
+    assert!(steps.contains(&("private_data".into(), "guard".into(), "PRIVATE_DATA_REQUEST".into())));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), requests_before, "neither reached the model");
+
+    // Owners: commands work; /approve is honest that approvals do not exist yet.
+    let help = r.runtime.handle(&msg("o1", "15550001111", "/help")).await.expect("handle");
+    assert_eq!((help.route, help.actor), (Route::OwnerCommand, server::tools::policy::Actor::Owner));
+    assert!(help.reply.as_deref().is_some_and(|t| t.contains("/status")));
+    let approve = r.runtime.handle(&msg("o2", "15550001111", "/approve 7")).await.expect("handle");
+    assert!(approve.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{approve:?}");
+    let status = r.runtime.handle(&msg("o3", "15550001111", "/status")).await.expect("handle");
+    assert!(status.reply.as_deref().is_some_and(|t| t.contains("is running")), "{status:?}");
+    let owner_private = r.runtime.handle(&msg("o4", "15550001111", "what's my balance")).await.expect("handle");
+    assert_eq!(owner_private.route, Route::Chat, "owners are not guarded");
+
+    // Groups: only when mentioned or replied to.
+    let mut group = msg("g1", customer, "hello everyone");
+    group.chat_kind = ChatKind::Group;
+    group.chat_id = "group-1".into();
+    assert_eq!(r.runtime.handle(&group).await.expect("handle").route, Route::Ignored);
+    let mut mentioned = group.clone();
+    mentioned.message_id = "g2".into();
+    mentioned.text = "@assistant when do you open?".into();
+    assert_eq!(r.runtime.handle(&mentioned).await.expect("handle").route, Route::Chat);
+
+    // Traces keep no message text by default.
+    let details: Vec<String> = sqlx::query("SELECT detail FROM trace_steps").fetch_all(&r.db.pool).await.expect("details").iter().map(|row| row.get(0)).collect();
+    assert!(details.iter().all(|d| !d.contains("Ana") && !d.contains("balance please") && !d.contains("reply 1")), "no message or reply text in traces: {details:?}");
+    let chat_tokens: i64 = sqlx::query("SELECT COUNT(*) FROM llm_calls").fetch_one(&r.db.pool).await.map(|row| row.get(0)).unwrap_or(0);
+    assert_eq!(chat_tokens, 0, "this rig's model is not wrapped in the recorder (the server wires that)");
+}
+both_backends!(conversation_runtime, every_step_in_order_with_memory);
+
+async fn history_over_budget_is_compacted(db: TestDb) {
+    let r = rig(db, 200, true).await;
+    let customer = "15558880000";
+    r.runtime.handle(&msg("c1", customer, "I run a bakery. My friend is called Ana.")).await.expect("handle");
+    for i in 2..=8 {
+        r.runtime.handle(&msg(&format!("c{i}"), customer, &format!("message {i} {}", "words ".repeat(40)))).await.expect("handle");
+    }
+    let summary: String = sqlx::query("SELECT summary FROM chat_memory WHERE chat_id = $1").bind(format!("chat-{customer}")).fetch_one(&r.db.pool).await.expect("summary").get(0);
+    assert!(summary.contains("bakery"), "{summary}");
+    let seen = last_chat_texts(&r.fake);
+    assert!(seen.iter().any(|t| t.contains("Summary of our earlier conversation") && t.contains("Ana")), "the summary reached the model: {seen:?}");
+    assert!(!seen.iter().any(|t| t.contains("I run a bakery.")), "compacted turns are not sent word for word");
+    let traces: Vec<String> = sqlx::query("SELECT decision FROM trace_steps WHERE step = 'memory'").fetch_all(&r.db.pool).await.expect("steps").iter().map(|row| row.get(0)).collect();
+    assert!(traces.contains(&"compacted".to_string()), "{traces:?}");
+
+    // A failing summarizer falls back to leaving out the oldest turns, and says so.
+    r.fake.lock().expect("lock").fail_summaries = true;
+    let out = r.runtime.handle(&msg("c9", customer, &format!("still here {}", "words ".repeat(40)))).await.expect("handle");
+    assert_eq!(out.route, Route::Chat);
+    let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+    assert!(steps.iter().any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_BAD_REQUEST"), "{steps:?}");
+}
+both_backends!(conversation_compaction, history_over_budget_is_compacted);
+
+async fn degraded_mode_answers_without_a_model(db: TestDb) {
+    let r = rig(db, 6000, false).await;
+    let customer = r.runtime.handle(&msg("d1", "15559990000", "Hello?")).await.expect("handle");
+    assert_eq!(customer.route, Route::Degraded);
+    assert_eq!(customer.error_code.as_deref(), Some("LLM_NOT_CONFIGURED"));
+    let owner = r.runtime.handle(&msg("d2", "15550001111", "Hello?")).await.expect("handle");
+    assert!(owner.reply.as_deref().is_some_and(|t| t.contains("ANTHROPIC_API_KEY")), "the owner gets the instruction: {owner:?}");
+    assert_ne!(customer.reply, owner.reply);
+    assert!(r.fake.lock().expect("lock").requests.is_empty(), "nothing was sent");
+}
+both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);

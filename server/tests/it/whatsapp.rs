@@ -1,0 +1,718 @@
+//! The WhatsApp channel end to end: the webhook on the real router, the job worker, and a fake
+//! Graph API on a local port that answers in Meta's wire format.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{Path, State},
+    http::{HeaderMap, Request, StatusCode, header},
+    response::IntoResponse,
+    routing::post,
+};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use server::{
+    channel::{
+        HandlerError, InboundHandler, InboundMessage, InboundOutcome, Presence, RecordOnly,
+        whatsapp::{self, Recipient, SendOutcome, signature},
+    },
+    config::{Secrets, Settings},
+    db::{
+        self,
+        whatsapp::{self as store, DeliveryState, NewOutbound},
+    },
+    jobs::{Registry, Worker, WorkerSettings},
+};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use crate::{
+    both_backends,
+    support::{Resp, TestApp, TestDb},
+};
+
+const APP_SECRET: &str = "test-app-secret";
+const VERIFY_TOKEN: &str = "test-verify-token";
+const ACCESS_TOKEN: &str = "test-access-token";
+const PHONE_NUMBER_ID: &str = "106540352242922";
+const VERSION: &str = "v25.0";
+
+fn secrets() -> Secrets {
+    Secrets::from_lookup(|name| match name {
+        "WHATSAPP_APP_SECRET" => Some(APP_SECRET.into()),
+        "WHATSAPP_VERIFY_TOKEN" => Some(VERIFY_TOKEN.into()),
+        "WHATSAPP_ACCESS_TOKEN" => Some(ACCESS_TOKEN.into()),
+        _ => None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fake Graph API.
+
+/// Answers a request instead of the default success: (HTTP status, JSON body).
+type Rule = Box<dyn Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync>;
+
+#[derive(Debug, Clone)]
+struct Seen {
+    at: Instant,
+    path: String,
+    body: Value,
+}
+
+#[derive(Clone, Default)]
+struct FakeGraph {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    rule: Arc<Mutex<Option<Rule>>>,
+    base_url: String,
+}
+
+impl FakeGraph {
+    async fn start() -> Self {
+        let mut graph = FakeGraph::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake graph");
+        graph.base_url = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = Router::new().route("/{version}/{phone}/messages", post(graph_messages)).with_state(graph.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        graph
+    }
+
+    fn set_rule(&self, rule: impl Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync + 'static) {
+        *self.rule.lock().expect("rule") = Some(Box::new(rule));
+    }
+
+    fn all(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen").clone()
+    }
+
+    /// Message sends (text and template), not read receipts.
+    fn sends(&self) -> Vec<Value> {
+        self.all().into_iter().map(|s| s.body).filter(|b| b.get("type").is_some()).collect()
+    }
+
+    fn texts(&self) -> Vec<String> {
+        self.sends().iter().filter_map(|b| b["text"]["body"].as_str().map(str::to_string)).collect()
+    }
+}
+
+fn graph_error(status: u16, code: i64, message: &str) -> (u16, Value) {
+    (status, json!({ "error": { "message": message, "type": "OAuthException", "code": code,
+        "error_data": { "messaging_product": "whatsapp", "details": message }, "fbtrace_id": "AtestTrace" } }))
+}
+
+async fn graph_messages(State(graph): State<FakeGraph>, Path((version, phone)): Path<(String, String)>, headers: HeaderMap, Json(body): Json<Value>) -> impl IntoResponse {
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    if auth != format!("Bearer {ACCESS_TOKEN}") {
+        let (s, b) = graph_error(401, 190, "Invalid OAuth access token");
+        return (StatusCode::from_u16(s).expect("status"), Json(b));
+    }
+    let index = {
+        let mut seen = graph.seen.lock().expect("seen");
+        seen.push(Seen { at: Instant::now(), path: format!("/{version}/{phone}/messages"), body: body.clone() });
+        seen.len() - 1
+    };
+    if let Some((status, answer)) = graph.rule.lock().expect("rule").as_ref().and_then(|r| r(&body, index)) {
+        return (StatusCode::from_u16(status).expect("status"), Json(answer));
+    }
+    if body["status"] == "read" {
+        return (StatusCode::OK, Json(json!({ "success": true })));
+    }
+    let to = body["to"].as_str().unwrap_or_default();
+    (StatusCode::OK, Json(json!({ "messaging_product": "whatsapp", "contacts": [{ "input": to, "wa_id": to }],
+        "messages": [{ "id": format!("wamid.out.{index}") }] })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payloads in Meta's format.
+
+fn text_message(from: &str, wamid: &str, text: &str) -> Value {
+    json!({ "from": from, "id": wamid, "timestamp": "1739321024", "type": "text", "text": { "body": text } })
+}
+
+fn image_message(from: &str, wamid: &str) -> Value {
+    json!({ "from": from, "id": wamid, "timestamp": "1739321024", "type": "image",
+        "image": { "id": "media-1", "mime_type": "image/jpeg", "sha256": "abc", "caption": "look" } })
+}
+
+fn change(messages: Vec<Value>) -> Value {
+    json!({ "field": "messages", "value": {
+        "messaging_product": "whatsapp",
+        "metadata": { "display_phone_number": "15550783881", "phone_number_id": PHONE_NUMBER_ID },
+        "contacts": [{ "profile": { "name": "Test Customer" }, "wa_id": "16505551234" }],
+        "messages": messages } })
+}
+
+/// One entry per group of messages.
+fn envelope(entries: Vec<Vec<Value>>) -> String {
+    let entry: Vec<Value> = entries.into_iter().map(|m| json!({ "id": "102290129340398", "changes": [change(m)] })).collect();
+    json!({ "object": "whatsapp_business_account", "entry": entry }).to_string()
+}
+
+fn status_envelope(statuses: Vec<Value>) -> String {
+    json!({ "object": "whatsapp_business_account", "entry": [{ "id": "102290129340398", "changes": [{ "field": "messages", "value": {
+        "messaging_product": "whatsapp",
+        "metadata": { "display_phone_number": "15550783881", "phone_number_id": PHONE_NUMBER_ID },
+        "statuses": statuses } }] }] })
+    .to_string()
+}
+
+fn status(wamid: &str, state: &str, recipient: &str) -> Value {
+    json!({ "id": wamid, "status": state, "timestamp": "1739321030", "recipient_id": recipient,
+        "pricing": { "billable": true, "pricing_model": "PMP", "type": "regular", "category": "service" } })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The app, the worker and a conversation runtime stand-in.
+
+async fn app(db: TestDb, graph: Option<&FakeGraph>, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let base = graph.map(|g| g.base_url.clone());
+    TestApp::with_secrets(db, secrets(), move |s| {
+        if let Some(base) = base {
+            s.whatsapp.graph_base_url = base;
+        }
+        s.whatsapp.graph_version = VERSION.into();
+        s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
+        s.whatsapp.send_retry_base = Duration::from_millis(10);
+        s.whatsapp.pair_burst = 50;
+        s.whatsapp.pair_interval = Duration::from_millis(10);
+        s.whatsapp.global_rate_per_second = 1000;
+        s.whatsapp.typing_indicator = false;
+        s.whatsapp.mark_read = false;
+        tweak(s);
+    })
+    .await
+}
+
+async fn post_webhook(app: &TestApp, body: &str, signature: Option<String>) -> Resp {
+    let mut req = Request::builder().method("POST").uri("/webhooks/whatsapp").header(header::CONTENT_TYPE, "application/json");
+    if let Some(sig) = signature {
+        req = req.header("X-Hub-Signature-256", sig);
+    }
+    let req = req.body(Body::from(body.to_string())).expect("request");
+    let res = app.router.clone().oneshot(req).await.expect("infallible");
+    let status = res.status();
+    let headers = res.headers().clone();
+    let bytes = res.into_body().collect().await.expect("body").to_bytes();
+    Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+}
+
+async fn post_signed(app: &TestApp, body: &str) -> Resp {
+    post_webhook(app, body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await
+}
+
+/// Replies "echo: <text>" (quoting), or `fixed` when set; counts its calls.
+#[derive(Default)]
+struct Echo {
+    calls: AtomicUsize,
+    fixed: Option<String>,
+}
+
+#[async_trait::async_trait]
+impl InboundHandler for Echo {
+    async fn handle(&self, message: &InboundMessage, presence: &dyn Presence) -> Result<InboundOutcome, HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        presence.typing().await;
+        let text = self.fixed.clone().unwrap_or_else(|| format!("echo: {}", message.text.clone().unwrap_or_default()));
+        Ok(InboundOutcome::Reply { text, quote: true })
+    }
+}
+
+async fn count(app: &TestApp, sql: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&app.state.db.pool).await.expect("count");
+    n
+}
+
+async fn inbound_jobs(app: &TestApp) -> i64 {
+    count(app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'").await
+}
+
+/// Runs the worker until every `whatsapp.inbound` job has finished.
+async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
+    let mut registry = Registry::new();
+    whatsapp::register(&mut registry, &app.state.config, &app.state.db, handler).expect("register");
+    let settings = WorkerSettings {
+        concurrency: 4,
+        poll_interval: Duration::from_millis(20),
+        retry_base: Duration::from_millis(20),
+        retry_max: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open = count(app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} WhatsApp job(s) still open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verification and signatures.
+
+#[tokio::test]
+async fn verification_handshake_accepts_only_our_token() {
+    let app = app(TestDb::sqlite(), None, |_| {}).await;
+    let mut client = app.client();
+    let ok = client.get(&format!("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=1158201444")).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.body, "1158201444");
+    for query in [
+        "hub.mode=subscribe&hub.verify_token=wrong-token&hub.challenge=1",
+        &format!("hub.mode=unsubscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=1"),
+        &format!("hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}"),
+        "hub.mode=subscribe&hub.challenge=1",
+        "",
+    ] {
+        let res = client.get(&format!("/webhooks/whatsapp?{query}")).await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "{query}");
+        assert!(!res.body.contains('1'), "no challenge echoed: {query}");
+    }
+
+    // Without a configured token nothing verifies, not even an empty one.
+    let bare = TestApp::new(TestDb::sqlite()).await;
+    let res = bare.client().get("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token=&hub.challenge=5").await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+}
+
+async fn signatures_are_required(db: TestDb) {
+    let app = app(db, None, |_| {}).await;
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.SIG1", "hello")]]);
+
+    let missing = post_webhook(&app, &body, None).await;
+    assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    let wrong = post_webhook(&app, &body, Some(signature::sign(b"not-the-secret", body.as_bytes()))).await;
+    assert_eq!(wrong.status, StatusCode::FORBIDDEN);
+    let garbage = post_webhook(&app, &body, Some("sha256=nothex".into())).await;
+    assert_eq!(garbage.status, StatusCode::FORBIDDEN);
+    let modified = body.replace("hello", "HELLO");
+    let tampered = post_webhook(&app, &modified, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
+    assert_eq!(tampered.status, StatusCode::FORBIDDEN, "signature over the original, body modified");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 0, "nothing stored from unsigned posts");
+    assert_eq!(inbound_jobs(&app).await, 0);
+
+    let ok = post_signed(&app, &body).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
+    assert_eq!(inbound_jobs(&app).await, 1);
+
+    // No CSRF origin or session is needed, but the app secret is.
+    let bare = TestApp::new(TestDb::sqlite()).await;
+    let res = post_webhook(&bare, &body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "without WHATSAPP_APP_SECRET nothing is accepted");
+}
+both_backends!(whatsapp_signatures, signatures_are_required);
+
+#[tokio::test]
+async fn bodies_over_four_mebibytes_are_refused() {
+    let app = app(TestDb::sqlite(), None, |_| {}).await;
+    let big = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(4 << 20));
+    let res = post_signed(&app, &big).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let near = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(3 << 20));
+    assert_eq!(post_signed(&app, &near).await.status, StatusCode::OK, "Meta's 3 MB payloads fit");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Intake: batches, duplicates, statuses, storage failure.
+
+async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.mark_read = true).await;
+    let button = json!({ "context": { "from": "15550783881", "id": "wamid.BUTTONS" }, "from": "16505551234", "id": "wamid.B2",
+        "timestamp": "1739321025", "type": "interactive",
+        "interactive": { "type": "button_reply", "button_reply": { "id": "confirm-yes", "title": "Yes, book it" } } });
+    let template_button = json!({ "from": "16505550000", "id": "wamid.B4", "timestamp": "1739321027", "type": "button",
+        "button": { "text": "Stop promotions", "payload": "STOP" } });
+    let body = envelope(vec![
+        vec![text_message("16505551234", "wamid.B1", "Do you open on Sunday?"), button],
+        vec![image_message("16505559999", "wamid.B3"), template_button],
+    ]);
+    let res = post_signed(&app, &body).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(inbound_jobs(&app).await, 4);
+
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let b2 = store::inbound_by_wamid(&mut conn, "wamid.B2").await.expect("get").expect("stored");
+    assert_eq!(b2.msg_type, "interactive.button_reply");
+    assert_eq!(b2.text.as_deref(), Some("Yes, book it"));
+    assert_eq!(b2.reply_id.as_deref(), Some("confirm-yes"));
+    assert_eq!(b2.context_id.as_deref(), Some("wamid.BUTTONS"));
+    assert_eq!(b2.sent_at, 1_739_321_025_000);
+    assert!(b2.raw.as_deref().is_some_and(|r| r.contains("button_reply")));
+    let b4 = store::inbound_by_wamid(&mut conn, "wamid.B4").await.expect("get").expect("stored");
+    assert_eq!((b4.msg_type.as_str(), b4.text.as_deref(), b4.reply_id.as_deref()), ("button", Some("Stop promotions"), Some("STOP")));
+    let b3 = store::inbound_by_wamid(&mut conn, "wamid.B3").await.expect("get").expect("stored");
+    assert_eq!((b3.msg_type.as_str(), b3.text.as_deref()), ("image", None), "unknown types are stored as such");
+    drop(conn);
+
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 3, "text and both buttons reach the runtime; the image does not");
+    let mut texts = graph.texts();
+    texts.sort();
+    let note = app.state.config.settings.whatsapp.unknown_type_reply.clone();
+    assert_eq!(texts, {
+        let mut want = vec!["echo: Do you open on Sunday?".to_string(), "echo: Yes, book it".into(), "echo: Stop promotions".into(), note];
+        want.sort();
+        want
+    });
+    let sends = graph.sends();
+    let to_b1 = sends.iter().find(|b| b["text"]["body"] == "echo: Do you open on Sunday?").expect("reply");
+    assert_eq!(to_b1["context"]["message_id"], "wamid.B1", "the reply quotes the message");
+    assert_eq!(to_b1["to"], "16505551234");
+    assert_eq!(to_b1["recipient_type"], "individual");
+    assert!(graph.all().iter().all(|s| s.path == format!("/{VERSION}/{PHONE_NUMBER_ID}/messages")));
+    let reads: Vec<Value> = graph.all().into_iter().map(|s| s.body).filter(|b| b["status"] == "read").collect();
+    assert_eq!(reads.len(), 4, "each handled message is marked read: {reads:?}");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent' AND wamid IS NOT NULL").await, 4);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound WHERE processed_at IS NOT NULL").await, 4);
+}
+both_backends!(whatsapp_batch, a_batch_is_stored_and_answered_message_by_message);
+
+async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = Arc::new(app(db, Some(&graph), |_| {}).await);
+    let body = Arc::new(envelope(vec![vec![text_message("16505551234", "wamid.DUP", "Are you there?")]]));
+    let posts: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, body) = (app.clone(), body.clone());
+            tokio::spawn(async move { post_signed(&app, &body).await.status })
+        })
+        .collect();
+    for p in posts {
+        assert_eq!(p.await.expect("join"), StatusCode::OK, "every delivery is acknowledged");
+    }
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
+    assert_eq!(inbound_jobs(&app).await, 1);
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    // A redelivery after processing is still recognised.
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    assert_eq!(inbound_jobs(&app).await, 1);
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(graph.texts(), vec!["echo: Are you there?".to_string()]);
+}
+both_backends!(whatsapp_concurrent_duplicates, twenty_concurrent_deliveries_give_one_reply);
+
+async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.ST1", "hi")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger").pop().expect("one row");
+    let wamid = row.wamid.clone().expect("wamid recorded");
+    assert_eq!(row.state, DeliveryState::Sent);
+    drop(conn);
+
+    let jobs_before = inbound_jobs(&app).await;
+    let sends_before = graph.all().len();
+    for state in ["delivered", "read", "delivered", "sent"] {
+        let res = post_signed(&app, &status_envelope(vec![status(&wamid, state, "16505551234")])).await;
+        assert_eq!(res.status, StatusCode::OK);
+    }
+    // A status for a message we never sent is acknowledged and ignored.
+    assert_eq!(post_signed(&app, &status_envelope(vec![status("wamid.SOMEONE-ELSE", "read", "1")])).await.status, StatusCode::OK);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_wamid(&mut conn, &wamid).await.expect("get").expect("row");
+    assert_eq!(row.state, DeliveryState::Read, "late 'delivered' and 'sent' never move it back");
+    assert!(row.delivered_at.is_some() && row.read_at.is_some());
+
+    let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505551234",
+        "errors": [{ "code": 131026, "title": "Message undeliverable", "message": "Message undeliverable",
+                     "error_data": { "details": "Message Undeliverable." } }] });
+    assert_eq!(post_signed(&app, &status_envelope(vec![failed])).await.status, StatusCode::OK);
+    let row = store::outbound_by_wamid(&mut conn, &wamid).await.expect("get").expect("row");
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("131026")));
+    drop(conn);
+
+    assert_eq!(inbound_jobs(&app).await, jobs_before, "statuses enqueue nothing");
+    assert_eq!(graph.all().len(), sends_before, "statuses send nothing");
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+}
+both_backends!(whatsapp_statuses, statuses_update_the_ledger_and_never_wake_the_bot);
+
+async fn storage_failure_answers_500(db: TestDb) {
+    let app = app(db, None, |_| {}).await;
+    sqlx::query("DROP TABLE whatsapp_inbound").execute(&app.state.db.pool).await.expect("drop table");
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LOST", "hello?")]])).await;
+    assert_eq!(res.status, StatusCode::INTERNAL_SERVER_ERROR, "never 200 for what was not stored");
+    assert_eq!(inbound_jobs(&app).await, 0, "no job without its message");
+
+    // A closed pool too.
+    app.state.db.close().await;
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LOST2", "hello?")]])).await;
+    assert_eq!(res.status, StatusCode::INTERNAL_SERVER_ERROR);
+}
+both_backends!(whatsapp_storage_failure, storage_failure_answers_500);
+
+async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let echo = Arc::new(Echo::default());
+    let first = envelope(vec![vec![image_message("16505551234", "wamid.U1"), json!({ "from": "16505551234", "id": "wamid.U2",
+        "timestamp": "1739321024", "type": "audio", "audio": { "id": "a1", "mime_type": "audio/ogg" } })]]);
+    assert_eq!(post_signed(&app, &first).await.status, StatusCode::OK);
+    run_jobs(&app, echo.clone()).await;
+    // Later, another unknown type in the same chat, and one from another chat.
+    let second = envelope(vec![vec![
+        json!({ "from": "16505551234", "id": "wamid.U3", "timestamp": "1739321099", "type": "sticker", "sticker": { "id": "s" } }),
+        image_message("16505550000", "wamid.U4"),
+    ]]);
+    assert_eq!(post_signed(&app, &second).await.status, StatusCode::OK);
+    run_jobs(&app, echo.clone()).await;
+
+    let note = app.state.config.settings.whatsapp.unknown_type_reply.clone();
+    let to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
+    let mut to_sorted = to.clone();
+    to_sorted.sort();
+    assert_eq!(to_sorted, vec!["16505550000".to_string(), "16505551234".into()], "one note per chat: {to:?}");
+    assert!(graph.texts().iter().all(|t| *t == note));
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "unknown types never reach the runtime");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let mut already = 0;
+    for wamid in ["wamid.U1", "wamid.U2", "wamid.U3"] {
+        let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
+        already += usize::from(row.outcome.as_deref().is_some_and(|o| o.contains("already sent")));
+    }
+    assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
+    let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
+    assert_eq!(audio.msg_type, "audio");
+}
+both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
+
+async fn without_a_runtime_messages_are_recorded_and_not_answered(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.R1", "hello")]])).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(RecordOnly)).await;
+    assert!(graph.sends().is_empty());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::inbound_by_wamid(&mut conn, "wamid.R1").await.expect("get").expect("stored");
+    assert_eq!(row.outcome.as_deref(), Some("no reply: recorded_only"));
+}
+both_backends!(whatsapp_record_only, without_a_runtime_messages_are_recorded_and_not_answered);
+
+// ---------------------------------------------------------------------------------------------
+// The sender: splitting, the ledger across retries, the 24-hour window, pacing and retries.
+
+async fn long_replies_are_split_and_only_the_first_part_quotes(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let paragraph = "This is a sentence about opening hours. ".repeat(50);
+    let long = [paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim()].join("\n\n");
+    assert!(long.chars().count() > 8192);
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LONG", "tell me everything")]])).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(Echo { fixed: Some(long.clone()), ..Default::default() })).await;
+    let sends = graph.sends();
+    assert_eq!(sends.len(), 3, "{} characters in parts of at most 4,096", long.chars().count());
+    for (i, s) in sends.iter().enumerate() {
+        let body = s["text"]["body"].as_str().expect("body");
+        assert!(body.chars().count() <= 4096);
+        assert!(body.ends_with("hours."), "parts end on a paragraph: part {i}");
+        assert_eq!(s.get("context").is_some(), i == 0, "only the first part quotes");
+    }
+    let joined: String = graph.texts().join("\n\n");
+    assert_eq!(joined, long);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent'").await, 3);
+}
+both_backends!(whatsapp_split, long_replies_are_split_and_only_the_first_part_quotes);
+
+async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
+    // The second send (part 1 of the first attempt) meets a Meta server error once.
+    graph.set_rule(|_, index| (index == 1).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    let first = "The first part, long enough to split. ".repeat(60);
+    let second = "The second part follows it here. ".repeat(60);
+    let long = format!("{}\n\n{}", first.trim(), second.trim());
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.RETRY", "go")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo { fixed: Some(long), ..Default::default() });
+    run_jobs(&app, echo.clone()).await;
+
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 2, "the job ran twice");
+    let bodies = graph.texts();
+    assert_eq!(bodies.len(), 3, "part 0, part 1 refused, part 1 again");
+    assert_eq!(bodies.iter().filter(|b| **b == bodies[0]).count(), 1, "part 0 went out once");
+    assert_eq!(bodies[1], bodies[2], "part 1 was retried");
+    let (attempt,): (i64,) = sqlx::query_as("SELECT attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!(attempt, 2);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.state == DeliveryState::Sent && r.wamid.is_some() && r.send_started_at.is_none()));
+    assert_eq!(rows[1].attempts, 2);
+    assert!(rows.iter().all(|r| r.idempotency_key.starts_with("job:") && r.idempotency_key.contains(":part:")));
+}
+both_backends!(whatsapp_ledger_retry, a_retried_job_never_sends_a_part_twice);
+
+/// The crash edge: a send that went out but was never recorded is recognised from Meta's status
+/// callback (which carries the idempotency key back) and not sent again.
+async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let key = "job:777:part:0";
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::reserve_outbound(&mut conn, &NewOutbound {
+        idempotency_key: key, job_id: Some(777), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Your table is booked.", quoted_id: None,
+    }, db::now_ms()).await.expect("reserve");
+    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    drop(conn);
+    // ... the process died here; Meta had accepted the message and reports it:
+    let cb = json!({ "id": "wamid.CRASHED", "status": "sent", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
+    assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
+
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let outcome = sender.send_text(777, &to, "Your table is booked.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 1 });
+    assert!(graph.sends().is_empty(), "not sent a second time");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert_eq!((row.state, row.wamid.as_deref()), (DeliveryState::Sent, Some("wamid.CRASHED")));
+
+    // Without a callback the outcome stays unknown and the part is sent again (at least once).
+    let key2 = "job:778:part:0";
+    let row = store::reserve_outbound(&mut conn, &NewOutbound {
+        idempotency_key: key2, job_id: Some(778), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Again.", quoted_id: None,
+    }, db::now_ms()).await.expect("reserve");
+    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    drop(conn);
+    let outcome = sender.send_text(778, &to, "Again.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
+    assert_eq!(graph.texts(), vec!["Again.".to_string()]);
+}
+both_backends!(whatsapp_crash_edge, a_send_lost_in_a_crash_is_settled_by_its_status_callback);
+
+async fn outside_the_window(db: TestDb, template: &'static str) {
+    {
+        let graph = FakeGraph::start().await;
+        let app = app(db, Some(&graph), |s| {
+            s.whatsapp.window_template = template.into();
+            s.whatsapp.window_template_language = "en_GB".into();
+        })
+        .await;
+        graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message")));
+        assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.OLD", "hello after two days")]])).await.status, StatusCode::OK);
+        let echo = Arc::new(Echo { fixed: Some(format!("{}\n\n{}", "a. ".repeat(1500), "b. ".repeat(1500))), ..Default::default() });
+        run_jobs(&app, echo.clone()).await;
+
+        let mut conn = app.state.db.pool.acquire().await.expect("conn");
+        let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+        let text_rows: Vec<_> = rows.iter().filter(|r| r.kind == "text").collect();
+        assert_eq!(text_rows.len(), 1, "the first refused part stops the reply");
+        assert_eq!((text_rows[0].state, text_rows[0].error_code.as_deref()), (DeliveryState::Failed, Some("131047")));
+        assert!(text_rows[0].error_message.as_deref().is_some_and(|m| m.contains("24-hour")));
+        let templates: Vec<Value> = graph.sends().into_iter().filter(|b| b["type"] == "template").collect();
+        if template.is_empty() {
+            assert!(templates.is_empty());
+            assert!(rows.iter().all(|r| r.kind == "text"));
+        } else {
+            assert_eq!(templates.len(), 1);
+            assert_eq!(templates[0]["template"]["name"], template);
+            assert_eq!(templates[0]["template"]["language"]["code"], "en_GB");
+            let t = rows.iter().find(|r| r.kind == "template").expect("template in the ledger");
+            assert_eq!(t.state, DeliveryState::Sent);
+        }
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+        assert_eq!(state, "completed", "a closed window is an outcome, not a retry");
+    }
+}
+
+async fn outside_the_window_without_a_template(db: TestDb) {
+    outside_the_window(db, "").await;
+}
+both_backends!(whatsapp_window_no_template, outside_the_window_without_a_template);
+
+async fn outside_the_window_with_a_template(db: TestDb) {
+    outside_the_window(db, "reopen_conversation").await;
+}
+both_backends!(whatsapp_window_template, outside_the_window_with_a_template);
+
+
+async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 3).await;
+    graph.set_rule(|_, index| match index {
+        0 => Some(graph_error(400, 131056, "(#131056) (Business Account, Consumer Account) pair rate limit hit")),
+        1 => Some(graph_error(429, 130429, "Rate limit hit")),
+        _ => None,
+    });
+    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let outcome = sender.send_text(900, &to, "Thanks for waiting.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
+    let seen = graph.all();
+    assert_eq!(seen.len(), 3);
+    assert!(seen[1].at.duration_since(seen[0].at) >= Duration::from_millis(10), "backoff before the second try");
+    assert!(seen[2].at.duration_since(seen[1].at) >= Duration::from_millis(40), "four times longer before the third");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, "job:900:part:0").await.expect("get").expect("row");
+    assert_eq!((row.state, row.attempts), (DeliveryState::Sent, 3));
+
+    // A token problem is permanent: no retry.
+    graph.set_rule(|_, _| Some(graph_error(401, 190, "Error validating access token")));
+    let err = sender.send_text(901, &to, "Hello.", None).await.expect_err("refused");
+    assert!(err.to_string().contains("190") && !err.to_string().contains(ACCESS_TOKEN), "{err}");
+    let row = store::outbound_by_key(&mut conn, "job:901:part:0").await.expect("get").expect("row");
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("190")));
+}
+both_backends!(whatsapp_rate_limit_retries, rate_limit_answers_are_retried_with_backoff);
+
+async fn sends_to_one_recipient_are_paced(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.pair_burst = 1;
+        s.whatsapp.pair_interval = Duration::from_millis(300);
+    })
+    .await;
+    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let other = Recipient { id: "16505550000".into(), group: false };
+    let t0 = Instant::now();
+    let (a, b, c) = tokio::join!(
+        sender.send_text(1, &to, "one", None),
+        sender.send_text(2, &to, "two", None),
+        sender.send_text(3, &other, "elsewhere", None),
+    );
+    a.expect("a");
+    b.expect("b");
+    c.expect("c");
+    let seen = graph.all();
+    let at = |text: &str| seen.iter().find(|s| s.body["text"]["body"] == text).map(|s| s.at.duration_since(t0)).expect("sent");
+    let (one, two) = (at("one").min(at("two")), at("one").max(at("two")));
+    assert!(two - one >= Duration::from_millis(250), "one message per pair interval: {one:?} then {two:?}");
+    assert!(at("elsewhere") < Duration::from_millis(250), "another recipient is not held up: {:?}", at("elsewhere"));
+
+    // A wait beyond max_pacing_wait is left to a later retry of the job, without sending.
+    let impatient = app_sender_with(&app, |s| {
+        s.pair_burst = 1;
+        s.pair_interval = Duration::from_secs(60);
+        s.max_pacing_wait = Duration::from_millis(100);
+    });
+    impatient.send_text(4, &to, "first", None).await.expect("first goes");
+    let err = impatient.send_text(5, &to, "second", None).await.expect_err("paced");
+    assert!(err.to_string().contains("WHATSAPP_PACED"), "{err}");
+    assert!(!graph.texts().contains(&"second".to_string()));
+}
+both_backends!(whatsapp_pacing, sends_to_one_recipient_are_paced);
+
+fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<whatsapp::WhatsAppSender> {
+    let mut config = app.state.config.clone();
+    tweak(&mut config.settings.whatsapp);
+    whatsapp::sender(&config, &app.state.db).expect("sender")
+}
