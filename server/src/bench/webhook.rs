@@ -106,7 +106,7 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     // A secret for this run only.
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let secrets = Secrets { whatsapp_app_secret: Some(SecretString::from(secret.clone())), ..Default::default() };
-    let config = LoadedConfig { settings, secrets, path: "bench.toml".into(), dir: ".".into(), catalog: Arc::default() };
+    let config = LoadedConfig { settings, secrets, path: "bench.toml".into(), dir: ".".into(), catalog: Arc::default(), mcp: Arc::default() };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
     let state = AppState::new(config, db.clone(), addr, web::ops::metrics_handle())?;
