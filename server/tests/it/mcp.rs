@@ -335,7 +335,7 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
     assert_eq!(echo.state, "pending");
     assert_eq!(echo.previous_definition.as_ref().and_then(|d| d["description"].as_str()), Some("Echoes its text."), "the old definition is kept for the diff");
     assert!(echo.definition["description"].as_str().unwrap_or_default().contains("changed"));
-    assert_eq!(recorded(&Path::new(&fx.record).to_path_buf()).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
 
     rig.approve("fx__echo").await;
     let after = rig.call("fx__echo", json!({"text": "c"})).await.expect("approved again");
@@ -507,3 +507,63 @@ fn the_command_line_lists_approves_and_calls_mcp_tools() {
     assert_eq!(code, 2);
     assert!(stderr.contains("MCP_UNKNOWN_SERVER"), "{stderr}");
 }
+
+fn found(name: &str, version: &str) -> server::db::mcp::Found {
+    found_on("srv", name, version)
+}
+
+fn found_on(server: &str, name: &str, version: &str) -> server::db::mcp::Found {
+    let definition = json!({ "name": name, "description": version, "inputSchema": { "type": "object" } });
+    server::db::mcp::Found {
+        name: name.into(),
+        catalog_name: format!("{server}__{name}"),
+        definition_hash: mcp::normalize::definition_hash(&definition),
+        definition: definition.to_string(),
+    }
+}
+
+/// The quarantine rules of the discovery cache, on both backends.
+async fn quarantine_rules_in_the_cache(test_db: TestDb) {
+    use server::db::mcp::{self as store, state};
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    let mut conn = db.pool.acquire().await.expect("conn");
+    store::ensure_server(&mut conn, "srv").await.expect("server");
+    let by_name = |rows: &[store::ToolRow], name: &str| rows.iter().find(|t| t.name == name).cloned().expect("row");
+
+    // A trusted server's first discovery is approved; what comes later waits.
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("b", "v1")]).await.expect("first");
+    let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
+    assert!(rows.iter().all(store::ToolRow::usable), "{rows:?}");
+    let changes = store::apply_discovery(&mut conn, "srv", true, &[found("a", "v2"), found("b", "v1"), found("c", "v1")]).await.expect("second");
+    assert_eq!((changes.added, changes.changed), (vec!["c".to_string()], vec!["a".to_string()]));
+    let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
+    let a = by_name(&rows, "a");
+    assert_eq!(a.state, state::PENDING);
+    assert!(!a.usable() && a.previous_definition.as_deref().is_some_and(|d| d.contains("v1")), "{a:?}");
+    assert!(!by_name(&rows, "c").usable(), "a new tool on a known server waits, trusted or not");
+    assert!(by_name(&rows, "b").usable(), "an unchanged tool stays approved");
+
+    // Back to the approved definition: approved again. Gone from the list: not present.
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v1")]).await.expect("third");
+    let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
+    assert!(by_name(&rows, "a").usable(), "the approved hash is approved");
+    assert!(!by_name(&rows, "b").present && !by_name(&rows, "b").usable());
+
+    // A rejection holds while the definition stays; a changed definition waits for a new
+    // decision. An approval records the hash approved.
+    store::decide(&mut conn, "srv__c", false, None).await.expect("reject").expect("row");
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v1")]).await.expect("fourth");
+    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::REJECTED);
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v2")]).await.expect("fifth");
+    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::PENDING);
+    let c = store::decide(&mut conn, "srv__c", true, Some(7)).await.expect("approve").expect("row");
+    assert!(c.usable() && c.decided_by == Some(7));
+    assert!(store::decide(&mut conn, "srv__missing", true, None).await.expect("decide").is_none());
+
+    // An untrusted server's first discovery waits.
+    store::ensure_server(&mut conn, "other").await.expect("server");
+    store::apply_discovery(&mut conn, "other", false, &[found_on("other", "x", "v1")]).await.expect("untrusted");
+    assert_eq!(store::tools(&mut conn, Some("other")).await.expect("rows")[0].state, state::PENDING);
+}
+both_backends!(mcp_quarantine_rules, quarantine_rules_in_the_cache);

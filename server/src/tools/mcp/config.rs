@@ -298,10 +298,10 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
                     bad("transport.headers", format!("{name:?} is not a valid HTTP header name"));
                 }
                 for (name, value) in headers {
-                    if let ValueOrSecret::Plain(v) = value {
-                        if http::HeaderValue::from_str(v).is_err() {
-                            bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
-                        }
+                    if let ValueOrSecret::Plain(v) = value
+                        && http::HeaderValue::from_str(v).is_err()
+                    {
+                        bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
                     }
                 }
             }
@@ -418,6 +418,25 @@ headers = { Authorization = { secret = "REMOTE_TOKEN", prefix = "Bearer " } }
     fn disabled_servers_need_no_secrets() {
         let cfg = load_text(&GOOD.replace("id = \"remote\"", "id = \"remote\"\nenabled = false"), &["EVERYTHING_TOKEN"]).expect("valid");
         assert!(!cfg.get("remote").expect("server").enabled);
+    }
+
+    #[test]
+    fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/mcp.toml"));
+        let shipped = load(path, &|_| false).expect("shipped mcp.toml loads");
+        assert!(shipped.servers.is_empty(), "no server is enabled by default");
+        // The commented examples, uncommented, are a valid file.
+        let text = std::fs::read_to_string(path).expect("read");
+        let examples: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# Examples"))
+            .skip(1)
+            .map(|l| l.strip_prefix("# ").or_else(|| l.strip_prefix('#')).unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = load_text(&examples, &["NOTES_MCP_TOKEN"]).expect("examples are valid");
+        assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes"]);
+        assert!(cfg.servers.iter().all(|s| !s.enabled));
     }
 
     #[test]

@@ -245,10 +245,10 @@ impl McpManager {
             let mut conn = self.inner.db.pool.acquire().await?;
             for id in self.inner.servers.keys() {
                 db::mcp::ensure_server(&mut conn, id).await?;
-                if let Some(row) = db::mcp::server(&mut conn, id).await? {
-                    if let (Some(enabled), Some(server)) = (row.enabled_override, self.inner.servers.get(id)) {
-                        server.enabled.send_replace(enabled);
-                    }
+                if let Some(row) = db::mcp::server(&mut conn, id).await?
+                    && let (Some(enabled), Some(server)) = (row.enabled_override, self.inner.servers.get(id))
+                {
+                    server.enabled.send_replace(enabled);
                 }
             }
         }
@@ -347,6 +347,9 @@ impl McpManager {
 
     /// Every configured server with its health and tool counts.
     pub async fn servers(&self) -> Result<Vec<ServerStatus>, McpError> {
+        // While this process supervises the servers, its live state is the truth; otherwise
+        // (the CLI beside a running server) the health the server process recorded.
+        let supervised = self.inner.tasks.lock().is_ok_and(|t| !t.is_empty());
         let mut conn = self.inner.db.pool.acquire().await?;
         let rows = db::mcp::servers(&mut conn).await?;
         let tools = db::mcp::tools(&mut conn, None).await?;
@@ -357,17 +360,17 @@ impl McpManager {
             .map(|s| {
                 let row = rows.iter().find(|r| r.id == s.config.id);
                 let live = s.live.borrow().clone();
-                // A session this process holds is the truth for this process; the stored health
-                // may have been written by another process (the CLI, a worker) since.
-                let running = live.peer.is_some();
                 ServerStatus {
                     id: s.config.id.clone(),
                     transport: s.config.transport.kind(),
                     target: s.config.transport.target(),
                     trust: s.config.trust,
                     enabled: *s.enabled.borrow(),
-                    health: if running { live.health.to_string() } else { row.map_or_else(|| live.health.to_string(), |r| r.health.clone()) },
-                    last_error: if running { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },
+                    health: match row {
+                        Some(r) if !supervised => r.health.clone(),
+                        _ => live.health.to_string(),
+                    },
+                    last_error: if supervised { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },
                     last_seen_at: row.and_then(|r| r.last_seen_at),
                     tool_count: row.map_or(0, |r| r.tool_count),
                     pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::state::REJECTED).count(),

@@ -64,10 +64,10 @@ pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> Strin
     };
     let mut out = text.to_string();
     for v in values {
-        if let ValueOrSecret::Secret { secret, .. } = v {
-            if let Some(value) = secrets(&secret).filter(|v| v.len() >= 4) {
-                out = out.replace(&value, "[REDACTED]");
-            }
+        if let ValueOrSecret::Secret { secret, .. } = v
+            && let Some(value) = secrets(&secret).filter(|v| v.len() >= 4)
+        {
+            out = out.replace(&value, "[REDACTED]");
         }
     }
     normalize::bound_text(&out, 500)

@@ -65,7 +65,7 @@ async fn store(inner: &Inner, manager: &McpManager, server: &Server, found: &[db
     .await
     .map_err(|e| format!("storing the discovered tools failed: {e}"))?;
     if !(changes_empty(&stored)) {
-        tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed; new and changed tools wait for an owner");
+        tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed (new and changed tools wait for an owner unless first seen on a trusted server)");
     }
     server.live.send_modify(|l| l.last_discovery = Some(report.clone()));
     manager.rebuild().await.map_err(|e| format!("publishing the catalog failed: {e}"))
@@ -112,11 +112,13 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 if let Err(e) = store(&inner, &manager, &server, &found, &report).await {
                     tracing::error!(mcp.server = %cfg.id, error = %e, "MCP discovery not stored");
                 }
+                // Recorded before the session is offered, so whoever sees it connected also
+                // finds it so in the database.
+                record_health(&inner, &server, health::CONNECTED, None, true).await;
                 server.live.send_modify(|l| {
                     l.peer = Some(session.peer().clone());
                     l.connections += 1;
                 });
-                record_health(&inner, &server, health::CONNECTED, None, true).await;
                 inner.breakers.record_success(&cfg.id);
                 inner.reset_tool_breakers(&cfg.id);
                 answer(&mut waiters, &Ok(report));
