@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
+    dto::{ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -297,6 +297,47 @@ pub async fn get_trace(id: i64) -> Result<TraceDetail, AppError> {
         async {
             require_owner().await?;
             backend()?.trace_detail(id).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_chats")]
+pub async fn list_chats() -> Result<ConversationsPage, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            backend()?.conversations_page(me.owner_id).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "get_chat")]
+pub async fn get_chat(channel: String, chat_id: String) -> Result<ChatDetail, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.chat_detail(&channel, &chat_id).await
+        }
+        .await,
+    )
+}
+
+/// The console's simulator form: one message through the same runtime as WhatsApp.
+#[server(endpoint = "simulate_message")]
+pub async fn simulate_message(from: String, text: String, chat_id: String, group: String) -> Result<SimulateOutcome, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let request = crate::dto::SimulateRequest {
+                from,
+                text,
+                chat_id: Some(chat_id).filter(|c| !c.trim().is_empty()),
+                group: group == "true",
+                mention: group == "true",
+            };
+            backend()?.simulate(me.owner_id, request).await
         }
         .await,
     )

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
+    dto::{ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -50,6 +50,11 @@ pub trait AdminBackend: Send + Sync {
     /// Re-reads the tool catalog (tools.toml, connectors.toml); a file with problems is refused
     /// with every problem listed, and the current catalog stays.
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError>;
+    async fn conversations_page(&self, owner_id: i64) -> Result<ConversationsPage, AppError>;
+    async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError>;
+    /// Runs one simulated message through the conversation runtime; only the transport differs
+    /// from WhatsApp.
+    async fn simulate(&self, owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError>;
     async fn traces_page(&self, query: &TraceQuery) -> Result<TracesPage, AppError>;
     async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError>;
     async fn mcp_page(&self) -> Result<McpPage, AppError>;

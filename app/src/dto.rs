@@ -360,3 +360,66 @@ pub struct TraceDetail {
     pub summary: TraceSummary,
     pub steps: Vec<TraceStepView>,
 }
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatView {
+    /// `whatsapp` or `simulator`.
+    pub channel: String,
+    pub chat_id: String,
+    pub messages: i64,
+    pub last_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationsPage {
+    pub chats: Vec<ChatView>,
+    /// The signed-in owner's WhatsApp numbers, to simulate a chat as an owner.
+    pub owner_numbers: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessageView {
+    /// `in` (to the bot) or `out` (from the bot).
+    pub direction: String,
+    pub sender: String,
+    pub text: String,
+    /// received, queued, sent, delivered, read or failed.
+    pub state: String,
+    pub error_code: Option<String>,
+    pub trace_id: Option<i64>,
+    pub at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatDetail {
+    pub channel: String,
+    pub chat_id: String,
+    pub messages: Vec<ChatMessageView>,
+}
+
+/// One simulated message, as the console form or the JSON API sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimulateRequest {
+    /// The sender's number; an owner's number makes the sender an owner.
+    pub from: String,
+    pub text: String,
+    /// Defaults to a chat of its own per sender (or per group).
+    #[serde(default)]
+    pub chat_id: Option<String>,
+    #[serde(default)]
+    pub group: bool,
+    /// In a group: the message mentions the bot.
+    #[serde(default)]
+    pub mention: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimulateOutcome {
+    pub chat_id: String,
+    pub message_id: String,
+    pub actor: String,
+    pub route: String,
+    pub reply: Option<String>,
+    pub trace_id: Option<i64>,
+    pub error_code: Option<String>,
+}

@@ -62,7 +62,8 @@ pub fn App() -> impl IntoView {
                 <ParentRoute path=StaticSegment("") view=layout::ConsoleLayout>
                     <Route path=StaticSegment("") view=pages::dashboard::DashboardPage />
                     <Route path=StaticSegment("settings") view=pages::settings::SettingsPage />
-                    <Route path=StaticSegment("conversations") view=pages::pending::Conversations />
+                    <Route path=StaticSegment("conversations") view=pages::conversations::ConversationsPage />
+                    <Route path=(StaticSegment("conversations"), ParamSegment("channel"), ParamSegment("chat")) view=pages::conversations::ChatPage />
                     <Route path=StaticSegment("traces") view=pages::traces::TracesPage />
                     <Route path=(StaticSegment("traces"), ParamSegment("id")) view=pages::traces::TraceDetailPage />
                     <Route path=StaticSegment("approvals") view=pages::pending::Approvals />

@@ -347,7 +347,7 @@ async fn serve(cfg: LoadedConfig) -> Result<(), Failure> {
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
-    let registry = registry_for(&state.config, &db)?;
+    let registry = registry_for(&state.config, &db, state.runtime.clone())?;
     let worker = state.config.settings.jobs.worker_in_serve.then(|| {
         tokio::spawn(Worker::new(db.clone(), registry, state.config.settings.jobs.worker(), state.jobs.waker()).run(shutdown.clone()))
     });
@@ -380,16 +380,12 @@ fn spawn_catalog_reload(state: AppState) {
 /// Every job kind this build runs, with the channels' handlers wired to their dependencies.
 /// The conversation runtime over the configured model (every call recorded in `llm_calls`).
 fn conversation_runtime(cfg: &LoadedConfig, db: &Db) -> Result<std::sync::Arc<crate::conversation::Runtime>, Failure> {
-    let settings = std::sync::Arc::new(cfg.settings.clone());
-    let model = crate::llm::from_settings(&settings, &cfg.secrets).map_err(Failure::runtime)?;
-    let model = crate::llm::recorded(model, db.clone(), &settings);
-    let lane = std::sync::Arc::new(crate::conversation::NoToolLane);
-    Ok(std::sync::Arc::new(crate::conversation::Runtime::new(db.clone(), settings, cfg.secrets.clone(), model, lane)))
+    Ok(std::sync::Arc::new(crate::conversation::Runtime::from_config(cfg, db).map_err(Failure::runtime)?))
 }
 
-fn registry_for(cfg: &LoadedConfig, db: &Db) -> Result<jobs::Registry, Failure> {
+fn registry_for(cfg: &LoadedConfig, db: &Db, runtime: std::sync::Arc<crate::conversation::Runtime>) -> Result<jobs::Registry, Failure> {
     let mut registry = jobs::registry();
-    crate::channel::whatsapp::register(&mut registry, cfg, db, conversation_runtime(cfg, db)?).map_err(Failure::runtime)?;
+    crate::channel::whatsapp::register(&mut registry, cfg, db, runtime).map_err(Failure::runtime)?;
     Ok(registry)
 }
 
@@ -398,7 +394,7 @@ async fn worker(cfg: LoadedConfig) -> Result<(), Failure> {
     let queue = JobQueue::new(db.clone());
     let settings = cfg.settings.jobs.worker();
     tracing::info!(database = db.backend.as_str(), queue = %settings.queue, "worker process starting");
-    let registry = registry_for(&cfg, &db)?;
+    let registry = registry_for(&cfg, &db, conversation_runtime(&cfg, &db)?)?;
     Worker::new(db.clone(), registry, settings, queue.waker()).run(web::serve::shutdown_watch()).await;
     db.close().await;
     Ok(())

@@ -1,3 +1,4 @@
+pub mod conversations;
 pub mod dashboard;
 pub mod jobs;
 pub mod login;

@@ -15,15 +15,6 @@ fn pending(title: &'static str, capability: &'static str, what: &'static str) ->
 }
 
 #[component]
-pub fn Conversations() -> impl IntoView {
-    pending(
-        "Conversations",
-        "WhatsApp channel and conversation runtime",
-        "Once it lands, every chat (WhatsApp and simulated) appears here with its messages, delivery states and links to traces, and you can talk to the bot through a simulator.",
-    )
-}
-
-#[component]
 pub fn Approvals() -> impl IntoView {
     pending(
         "Approvals",

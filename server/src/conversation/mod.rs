@@ -179,6 +179,14 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
+    /// The runtime over the configured model, every call recorded in `llm_calls`, with this
+    /// build's tool lane.
+    pub fn from_config(cfg: &crate::config::LoadedConfig, db: &Db) -> Result<Self, llm::LlmError> {
+        let settings = Arc::new(cfg.settings.clone());
+        let model = llm::recorded(llm::from_settings(&settings, &cfg.secrets)?, db.clone(), &settings);
+        Ok(Self::new(db.clone(), settings, cfg.secrets.clone(), model, Arc::new(NoToolLane)))
+    }
+
     pub fn new(db: Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn ChatModel>, lane: Arc<dyn ToolLane>) -> Self {
         let guard = steps::PrivateGuard::new(&settings.private_data);
         Self { db, settings, secrets, model, lane, guard }

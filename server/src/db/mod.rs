@@ -10,6 +10,7 @@ pub mod owner_notifications;
 pub mod mcp;
 pub mod owners;
 pub mod sessions;
+pub mod simulator;
 pub mod tool_audit;
 pub mod tool_results;
 pub mod traces;

@@ -3,9 +3,9 @@
 use app::{
     backend::{AdminBackend, LoginOutcome, OwnerIdentity},
     dto::{
-        DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, McpPage, McpServerView, McpToolView, MigrationInfo,
+        ChatDetail, ChatMessageView, ChatView, ConversationsPage, DashboardInfo, DegradedNotice, JobDetail, JobEventView, JobQuery, JobSummary, JobsPage, McpPage, McpServerView, McpToolView, MigrationInfo,
         NewOwner, OwnerNotice,
-        ReloadOutcome, SecretEntry, SecretFieldView, SettingEntry, SettingsInfo, ShellInfo, StateCount, ToolCallView, ToolDetail, ToolSummary,
+        ReloadOutcome, SecretEntry, SecretFieldView, SettingEntry, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, StateCount, ToolCallView, ToolDetail, ToolSummary,
         ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TraceStepView, TraceSummary, TracesPage, TryOutcome,
     },
     error::{AppError, code},
@@ -356,6 +356,99 @@ impl AdminBackend for ConsoleBackend {
             )),
             Err(crate::tools::ReloadError::Mcp(e)) => Err(internal(e)),
         }
+    }
+
+    async fn conversations_page(&self, owner_id: i64) -> Result<ConversationsPage, AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let chats = db::simulator::chats(&mut conn, 200)
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .map(|c| ChatView { channel: c.channel, chat_id: c.chat_id, messages: c.messages, last_at: c.last_at })
+            .collect();
+        let owner_numbers = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
+        Ok(ConversationsPage { chats, owner_numbers })
+    }
+
+    async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError> {
+        if !matches!(channel, "whatsapp" | "simulator") {
+            return Err(AppError::invalid("The channel is whatsapp or simulator."));
+        }
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let messages: Vec<ChatMessageView> = db::simulator::messages(&mut conn, channel, chat_id, 500)
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .map(|m| ChatMessageView { direction: m.direction, sender: m.sender, text: m.text, state: m.state, error_code: m.error_code, trace_id: m.trace_id, at: m.at })
+            .collect();
+        if messages.is_empty() {
+            return Err(AppError::new(code::NOT_FOUND, format!("There is no {channel} chat {chat_id:?}.")));
+        }
+        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), messages })
+    }
+
+    async fn simulate(&self, _owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
+        use crate::conversation::{ChatKind, Inbound};
+        let text = request.text.trim();
+        if text.is_empty() || text.chars().count() > 4096 {
+            return Err(AppError::invalid("Write a message of 1 to 4,096 characters."));
+        }
+        let digits: String = request.from.chars().filter(char::is_ascii_digit).collect();
+        let plausible = request.from.trim().trim_start_matches('+').chars().all(|c| c.is_ascii_digit() || c == ' ' || c == '-');
+        if !plausible || !(6..=15).contains(&digits.len()) {
+            return Err(AppError::invalid("The sender must be a phone number (6 to 15 digits, + allowed)."));
+        }
+        let chat_id = match request.chat_id.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+            Some(c) if c.len() > 100 => return Err(AppError::invalid("The chat id is too long.")),
+            Some(c) => c.to_string(),
+            None if request.group => "sim-group".to_string(),
+            None => format!("sim-{digits}"),
+        };
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let inbound = Inbound {
+            channel: "simulator".into(),
+            message_id: format!("sim_{id}"),
+            chat_id: chat_id.clone(),
+            chat_kind: if request.group { ChatKind::Group } else { ChatKind::Direct },
+            sender: digits.clone(),
+            text: text.to_string(),
+            mentions_bot: request.group && request.mention,
+            correlation_id: format!("sim-{id}"),
+            ..Inbound::default()
+        };
+        let outcome = self.state.runtime.handle(&inbound).await.map_err(internal)?;
+        let now = db::now_ms();
+        let mut tx = self.state.db.begin_write().await.map_err(internal)?;
+        let incoming = db::simulator::NewSimMessage {
+            chat_id: &chat_id,
+            direction: "in",
+            sender: &digits,
+            text,
+            message_id: &inbound.message_id,
+            state: "received",
+            trace_id: outcome.trace_id,
+            at: now,
+        };
+        db::simulator::insert(&mut tx, &incoming).await.map_err(internal)?;
+        if let Some(reply) = &outcome.reply {
+            let reply_id = format!("{}_reply", inbound.message_id);
+            let out = db::simulator::NewSimMessage { direction: "out", sender: "bot", text: reply, message_id: &reply_id, state: "delivered", at: now + 1, ..incoming };
+            db::simulator::insert(&mut tx, &out).await.map_err(internal)?;
+            if let Some(trace_id) = outcome.trace_id {
+                let step = db::traces::Step { step: "delivery".into(), decision: "delivered".into(), reason_code: "SIMULATOR".into(), duration_us: 0, detail: "{}".into() };
+                db::traces::append_step(&mut tx, trace_id, &step).await.map_err(internal)?;
+            }
+        }
+        tx.commit().await.map_err(internal)?;
+        Ok(SimulateOutcome {
+            chat_id,
+            message_id: inbound.message_id,
+            actor: outcome.actor.as_str().into(),
+            route: outcome.route.as_str().into(),
+            reply: outcome.reply,
+            trace_id: outcome.trace_id,
+            error_code: outcome.error_code,
+        })
     }
 
     async fn traces_page(&self, q: &TraceQuery) -> Result<TracesPage, AppError> {

@@ -7,6 +7,7 @@ pub mod middleware;
 pub mod ops;
 pub mod serve;
 pub mod session_store;
+pub mod simulator;
 pub mod state;
 
 use std::sync::Arc;
@@ -76,7 +77,8 @@ pub fn router(state: AppState) -> Router {
     let owner_api = Router::new()
         .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
         .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
-        .with_state(state.clone());
+        .with_state(state.clone())
+        .merge(simulator::routes(state.clone()));
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)

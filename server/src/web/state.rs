@@ -37,6 +37,8 @@ pub struct App {
     pub tools: Arc<Checkpoint>,
     /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
     pub mcp: crate::tools::mcp::McpManager,
+    /// The conversation runtime (the simulator uses it directly; WhatsApp through its job).
+    pub runtime: Arc<crate::conversation::Runtime>,
     /// WhatsApp webhook intake (group commit on SQLite).
     pub whatsapp_intake: crate::channel::whatsapp::intake::Intake,
     /// Once setup is done it stays done, so a true value is cached.
@@ -46,6 +48,14 @@ pub struct App {
 #[derive(Debug, Clone)]
 pub struct AppState(pub Arc<App>);
 
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("setting up an HTTP client failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("the language model cannot be set up: {0}")]
+    Llm(#[from] crate::llm::LlmError),
+}
+
 impl Deref for AppState {
     type Target = App;
     fn deref(&self) -> &App {
@@ -54,9 +64,11 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// Fails only when the HTTP client for built-in tools cannot be set up (TLS initialisation).
-    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Result<Self, reqwest::Error> {
+    /// Fails when an HTTP client cannot be set up (TLS initialisation) or the model's key
+    /// cannot be used at all.
+    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Result<Self, StateError> {
         let (tools, mcp) = crate::tools::checkpoint_with_mcp(&config, &db)?;
+        let runtime = Arc::new(crate::conversation::Runtime::from_config(&config, &db)?);
         let public_url = if config.settings.server.public_url.is_empty() {
             format!("http://{listen_addr}")
         } else {
@@ -81,6 +93,7 @@ impl AppState {
             jobs: JobQueue::new(db.clone()),
             tools,
             mcp,
+            runtime,
             whatsapp_intake: Default::default(),
             setup_done: AtomicBool::new(false),
         })))

@@ -248,3 +248,43 @@ async fn degraded_mode_answers_without_a_model(db: TestDb) {
     assert!(r.fake.lock().expect("lock").requests.is_empty(), "nothing was sent");
 }
 both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);
+
+async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
+    let (url, fake) = fake_anthropic().await;
+    let secrets = Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
+    let app = crate::support::TestApp::with_secrets(db, secrets, |s| {
+        s.llm.anthropic.base_url = url.clone();
+        s.llm.max_retries = 0;
+        s.models.chat = CHAT_MODEL.into();
+    })
+    .await;
+    let mut anonymous = app.client();
+    let refused = anonymous.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "hi"})).await;
+    assert_eq!(refused.status, axum::http::StatusCode::UNAUTHORIZED, "owners only");
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+
+    let sent = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "Hello, are you open today?"})).await;
+    assert_eq!(sent.status, axum::http::StatusCode::OK, "{}", sent.body);
+    let sent = sent.json();
+    assert_eq!((sent["route"].as_str(), sent["actor"].as_str(), sent["reply"].as_str()), (Some("chat"), Some("customer"), Some("reply 1")));
+    let chat_id = sent["chat_id"].as_str().expect("chat").to_string();
+    assert_eq!(fake.lock().expect("lock").requests.len(), 1, "the model answered through the runtime");
+
+    // The owner's own number makes the sender an owner.
+    let as_owner = owner.post_json("/api/simulator/messages", &json!({"from": "+15550001111", "text": "/help"})).await.json();
+    assert_eq!((as_owner["route"].as_str(), as_owner["actor"].as_str()), (Some("owner_command"), Some("owner")));
+    let bad = owner.post_json("/api/simulator/messages", &json!({"from": "not a number", "text": "hi"})).await;
+    assert_eq!(bad.status, axum::http::StatusCode::BAD_REQUEST);
+
+    let chat = owner.get(&format!("/api/simulator/chats/{chat_id}")).await;
+    assert_eq!(chat.status, axum::http::StatusCode::OK, "{}", chat.body);
+    let messages = chat.json()["messages"].as_array().cloned().expect("messages");
+    let shown: Vec<(String, String, String)> = messages.iter().map(|m| (m["direction"].as_str().unwrap_or_default().into(), m["state"].as_str().unwrap_or_default().into(), m["text"].as_str().unwrap_or_default().into())).collect();
+    assert_eq!(shown, vec![("in".into(), "received".into(), "Hello, are you open today?".into()), ("out".into(), "delivered".into(), "reply 1".into())]);
+    let trace_id = messages[0]["trace_id"].as_i64().expect("trace link");
+    let steps = steps_of(&app.state.db, trace_id).await;
+    assert_eq!(steps.last(), Some(&("delivery".to_string(), "delivered".to_string(), "SIMULATOR".to_string())), "{steps:?}");
+    let chats = owner.post_form("/api/list_chats", &[]).await.json();
+    assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")), "{chats}");
+}
+both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);

@@ -267,6 +267,23 @@ impl Client {
         self.request(Method::GET, path, None).await
     }
 
+    pub async fn post_json(&mut self, path: &str, body: &serde_json::Value) -> Resp {
+        let mut req = Request::builder().method(Method::POST).uri(path).header(header::CONTENT_TYPE, "application/json");
+        if let Some(origin) = &self.origin {
+            req = req.header(header::ORIGIN, origin);
+        }
+        if let Some(cookie) = &self.cookie {
+            req = req.header(header::COOKIE, format!("{}={cookie}", web::SESSION_COOKIE));
+        }
+        let mut req = req.body(Body::from(body.to_string())).expect("request");
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let res = self.router.clone().oneshot(req).await.expect("infallible");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.into_body().collect().await.expect("body").to_bytes();
+        Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
     pub async fn post_form(&mut self, path: &str, fields: &[(&str, &str)]) -> Resp {
         let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
         self.request(Method::POST, path, Some(body)).await

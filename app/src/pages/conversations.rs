@@ -1,0 +1,139 @@
+//! The Conversations page: every chat, WhatsApp and simulated, with its messages, delivery
+//! states and links to traces; and the simulator, which talks to the bot through the same
+//! runtime as WhatsApp (only the transport differs), as any number: an owner's number makes
+//! the sender an owner.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_params_map;
+
+use crate::{
+    api::{SimulateMessage, get_chat, list_chats},
+    dto::ChatView,
+    live::fmt_time,
+};
+
+/// A customer number for the simulator's first use (a reserved fictional range).
+const SAMPLE_CUSTOMER: &str = "+15550100000";
+
+fn chat_href(c: &ChatView) -> String {
+    format!("/conversations/{}/{}", c.channel, url_encode(&c.chat_id))
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[component]
+pub fn ConversationsPage() -> impl IntoView {
+    let send = ServerAction::<SimulateMessage>::new();
+    let page = Resource::new(move || send.version().get(), |_| list_chats());
+    view! {
+        <Title text="Conversations · Gatehouse" />
+        <h1>"Conversations"</h1>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || page.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(p) => {
+                    let owner_hint = if p.owner_numbers.is_empty() {
+                        "Add your WhatsApp number in Settings to talk as the owner.".to_string()
+                    } else {
+                        format!("Send from {} to talk as the owner; any other number is a customer.", p.owner_numbers.join(" or "))
+                    };
+                    view! {
+                        <section class="card" data-testid="simulator">
+                            <h2>"Simulator"</h2>
+                            <p>{owner_hint}</p>
+                            <ActionForm action=send attr:class="try-it">
+                                <label>"From" <input type="tel" name="from" value=SAMPLE_CUSTOMER required=true data-testid="sim-from" /></label>
+                                <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
+                                <input type="hidden" name="chat_id" value="" />
+                                <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                                <button type="submit" data-testid="sim-send">"Send"</button>
+                            </ActionForm>
+                        </section>
+                        {chat_list(p.chats)}
+                    }.into_any()
+                }
+            })}
+        </Transition>
+        {move || send.value().get().map(|res| match res {
+            Ok(o) => view! {
+                <div class="try-result ok" data-testid="sim-result" data-route=o.route.clone()>
+                    <p><strong>{format!("Route: {} (as {})", o.route, o.actor)}</strong>
+                        {o.trace_id.map(|id| view! { " · "<a href=format!("/traces/{id}") data-testid="sim-trace">"trace"</a> })}
+                        " · "<a href=format!("/conversations/simulator/{}", url_encode(&o.chat_id))>"open the chat"</a></p>
+                    <p data-testid="sim-reply">{o.reply.clone().unwrap_or_else(|| "(no reply)".into())}</p>
+                </div>
+            }.into_any(),
+            Err(e) => super::error_view(&e),
+        })}
+    }
+}
+
+fn chat_list(chats: Vec<ChatView>) -> AnyView {
+    if chats.is_empty() {
+        return view! {
+            <div class="empty" data-testid="chats-empty">
+                <p><strong>"No conversations yet."</strong></p>
+                <p>"WhatsApp chats appear here once Meta delivers messages to /webhooks/whatsapp. Use the simulator above to talk to the bot now."</p>
+            </div>
+        }
+        .into_any();
+    }
+    view! {
+        <div class="table-wrap">
+            <table class="list" data-testid="chats-table">
+                <thead><tr><th>"Chat"</th><th>"Channel"</th><th>"Messages"</th><th>"Last (UTC)"</th></tr></thead>
+                <tbody>
+                    {chats.into_iter().map(|c| view! {
+                        <tr data-chat=c.chat_id.clone()>
+                            <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
+                            <td>{c.channel.clone()}</td>
+                            <td>{c.messages}</td>
+                            <td>{fmt_time(c.last_at)}</td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+    .into_any()
+}
+
+#[component]
+pub fn ChatPage() -> impl IntoView {
+    let params = use_params_map();
+    let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
+    let chat = Resource::new(move || key.get(), |(channel, chat)| get_chat(channel, chat));
+    view! {
+        <Title text="Chat · Gatehouse" />
+        <p><a href="/conversations">"\u{2190} All conversations"</a></p>
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || chat.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(c) => view! {
+                    <h1>{c.chat_id.clone()}" "<span class="badge">{c.channel.clone()}</span></h1>
+                    <ol class="chat" data-testid="chat-messages">
+                        {c.messages.into_iter().map(|m| view! {
+                            <li class=format!("msg {}", m.direction) data-direction=m.direction.clone() data-state=m.state.clone()>
+                                <div class="meta">
+                                    <small>{format!("{} · {}", m.sender, fmt_time(m.at))}</small>" "
+                                    <span class=format!("badge delivery-{}", m.state)>{m.state.clone()}</span>
+                                    {m.error_code.clone().map(|code| view! { " "<code>{code}</code> })}
+                                    {m.trace_id.map(|id| view! { " "<a href=format!("/traces/{id}")>"trace"</a> })}
+                                </div>
+                                <p>{m.text.clone()}</p>
+                            </li>
+                        }).collect_view()}
+                    </ol>
+                }.into_any(),
+            })}
+        </Transition>
+    }
+}

@@ -1,0 +1,100 @@
+//! Messages of simulated chats, and the chat list of the Conversations page (simulated and
+//! WhatsApp chats).
+
+use sqlx::{AnyConnection, Row};
+
+use super::DbError;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `in` (to the bot) or `out` (from the bot).
+    pub direction: String,
+    pub sender: String,
+    pub text: String,
+    pub message_id: String,
+    /// received, queued, sent, delivered, read or failed.
+    pub state: String,
+    pub error_code: Option<String>,
+    pub trace_id: Option<i64>,
+    pub at: i64,
+}
+
+pub struct NewSimMessage<'a> {
+    pub chat_id: &'a str,
+    pub direction: &'a str,
+    pub sender: &'a str,
+    pub text: &'a str,
+    pub message_id: &'a str,
+    pub state: &'a str,
+    pub trace_id: Option<i64>,
+    pub at: i64,
+}
+
+pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(m.chat_id)
+        .bind(m.direction)
+        .bind(m.sender)
+        .bind(m.text)
+        .bind(m.message_id)
+        .bind(m.state)
+        .bind(m.trace_id)
+        .bind(m.at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChatSummary {
+    pub channel: String,
+    pub chat_id: String,
+    pub messages: i64,
+    pub last_at: i64,
+}
+
+/// Every chat, simulated and WhatsApp, most recent first.
+pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSummary>, DbError> {
+    let sql = "SELECT channel, chat_id, CAST(SUM(n) AS BIGINT) AS messages, MAX(last_at) AS last_at FROM ( \
+                 SELECT 'simulator' AS channel, chat_id, COUNT(*) AS n, MAX(at) AS last_at FROM simulator_messages GROUP BY chat_id \
+                 UNION ALL SELECT 'whatsapp', chat_id, COUNT(*), MAX(received_at) FROM whatsapp_inbound GROUP BY chat_id \
+                 UNION ALL SELECT 'whatsapp', recipient, COUNT(*), MAX(created_at) FROM whatsapp_outbound GROUP BY recipient \
+               ) AS c GROUP BY channel, chat_id ORDER BY last_at DESC LIMIT $1";
+    let rows = sqlx::query(sql).bind(limit).fetch_all(conn).await?;
+    rows.iter()
+        .map(|r| Ok(ChatSummary { channel: r.try_get(0)?, chat_id: r.try_get(1)?, messages: r.try_get(2)?, last_at: r.try_get(3)? }))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(DbError::from)
+}
+
+/// One chat's messages, oldest first, with delivery states and trace links.
+pub async fn messages(conn: &mut AnyConnection, channel: &str, chat_id: &str, limit: i64) -> Result<Vec<ChatMessage>, DbError> {
+    let sql = if channel == "simulator" {
+        "SELECT direction, sender, text, message_id, state, NULL AS error_code, trace_id, at FROM simulator_messages WHERE chat_id = $1 ORDER BY id DESC LIMIT $2"
+    } else {
+        "SELECT * FROM ( \
+           SELECT 'in' AS direction, i.sender AS sender, COALESCE(i.text, '[' || i.msg_type || ']') AS text, i.wamid AS message_id, 'received' AS state, NULL AS error_code, \
+                  (SELECT MAX(t.id) FROM traces t WHERE t.message_id = i.wamid) AS trace_id, i.received_at AS at FROM whatsapp_inbound i WHERE i.chat_id = $1 \
+           UNION ALL \
+           SELECT 'out', 'bot', o.body, o.idempotency_key, o.state, o.error_code, NULL, o.created_at FROM whatsapp_outbound o WHERE o.recipient = $1 \
+         ) AS m ORDER BY at DESC LIMIT $2"
+    };
+    let rows = sqlx::query(sql).bind(chat_id).bind(limit).fetch_all(conn).await?;
+    let mut out = rows
+        .iter()
+        .map(|r| {
+            Ok(ChatMessage {
+                direction: r.try_get(0)?,
+                sender: r.try_get(1)?,
+                text: r.try_get(2)?,
+                message_id: r.try_get(3)?,
+                state: r.try_get(4)?,
+                error_code: r.try_get(5)?,
+                trace_id: r.try_get(6)?,
+                at: r.try_get(7)?,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    out.reverse();
+    Ok(out)
+}
