@@ -324,9 +324,10 @@ pub async fn get_chat(channel: String, chat_id: String) -> Result<ChatDetail, Ap
     )
 }
 
-/// The console's simulator form: one message through the same runtime as WhatsApp.
+/// The console's simulator form: one message through the same runtime as WhatsApp. `group` is a
+/// checkbox: absent when unchecked.
 #[server(endpoint = "simulate_message")]
-pub async fn simulate_message(from: String, text: String, chat_id: String, group: String) -> Result<SimulateOutcome, AppError> {
+pub async fn simulate_message(from: String, text: String, chat_id: String, group: Option<String>) -> Result<SimulateOutcome, AppError> {
     answer(
         async {
             let me = require_owner().await?;
@@ -334,8 +335,8 @@ pub async fn simulate_message(from: String, text: String, chat_id: String, group
                 from,
                 text,
                 chat_id: Some(chat_id).filter(|c| !c.trim().is_empty()),
-                group: group == "true",
-                mention: group == "true",
+                group: group.as_deref() == Some("true"),
+                mention: group.as_deref() == Some("true"),
             };
             backend()?.simulate(me.owner_id, request).await
         }

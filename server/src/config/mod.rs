@@ -138,7 +138,7 @@ pub struct LogSettings {
 
 impl Default for LogSettings {
     fn default() -> Self {
-        Self { format: LogFormat::Text, filter: "info".into() }
+        Self { format: LogFormat::Text, filter: "info,rmcp=warn".into() }
     }
 }
 

@@ -69,7 +69,7 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/list_traces" => "chat=&route=&outcome=&error_code=&since_minutes=0&before=0",
             "/api/get_trace" => "id=1",
             "/api/get_chat" => "channel=simulator&chat_id=x",
-            "/api/simulate_message" => "from=%2B15550100000&text=hi&chat_id=&group=",
+            "/api/simulate_message" => "from=%2B15550100000&text=hi&chat_id=",
             "/api/mcp_decide" => "tool=x__y&decision=approve",
             _ => "",
         };

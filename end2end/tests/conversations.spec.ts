@@ -1,0 +1,58 @@
+import { test, expect, type Page } from "@playwright/test";
+
+import { failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { owner } from "./support";
+
+// The simulator talks to the bot through the same runtime as WhatsApp. This server runs without
+// an LLM key (degraded mode), so a customer gets the configured fallback reply and an owner the
+// one-line instruction; each reply shows its delivery state and links to its trace.
+test.describe.configure({ mode: "serial" });
+
+failOnConsoleErrors();
+
+async function open(page: Page, path: string) {
+  await page.goto(`/login?next=${encodeURIComponent(path)}`);
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await hydrated(page);
+}
+
+test("a simulated conversation shows the reply, its delivery state and its trace", async ({ page }) => {
+  await open(page, "/conversations");
+  await expect(page.getByTestId("chats-empty")).toContainText("No conversations yet");
+
+  await page.getByTestId("sim-from").fill("+15550100042");
+  await page.getByTestId("sim-text").fill("Hello! Are you open on Sunday?");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toHaveAttribute("data-route", "degraded");
+  await expect(page.getByTestId("sim-reply")).not.toHaveText("(no reply)");
+
+  // The chat: the message and the bot's reply, delivered, with the trace.
+  await expect(page.getByTestId("chats-table").locator('tr[data-chat="sim-15550100042"]')).toBeVisible();
+  await page.getByTestId("chats-table").getByRole("link", { name: "sim-15550100042" }).click();
+  const messages = page.getByTestId("chat-messages");
+  await expect(messages.locator('li[data-direction="in"]')).toContainText("Are you open on Sunday?");
+  await expect(messages.locator('li[data-direction="out"]')).toHaveAttribute("data-state", "delivered");
+  await messages.locator('li[data-direction="in"]').getByRole("link", { name: "trace" }).click();
+  await expect(page.getByTestId("trace-route")).toHaveText("degraded");
+  const steps = page.getByTestId("trace-timeline").locator("li");
+  await expect(steps.first()).toHaveAttribute("data-step", "dedupe");
+  await expect(page.getByTestId("trace-timeline").locator('li[data-step="delivery"]')).toContainText("delivered");
+});
+
+test("the owner's own number talks as the owner; customers cannot reach owner commands", async ({ page }) => {
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill(owner.phone);
+  await page.getByTestId("sim-text").fill("/status");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toHaveAttribute("data-route", "owner_command");
+  await expect(page.getByTestId("sim-reply")).toContainText("is running");
+
+  await page.getByTestId("sim-from").fill("+15550100042");
+  await page.getByTestId("sim-text").fill("/status");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toHaveAttribute("data-route", "customer_command");
+
+  await page.goto("/traces?route=customer_command");
+  await expect(page.getByTestId("traces-table").locator("tr[data-route=customer_command]")).toHaveCount(1);
+});
