@@ -51,3 +51,14 @@ CREATE TABLE trace_steps (
     detail       TEXT    NOT NULL
 );
 CREATE INDEX trace_steps_trace ON trace_steps(trace_id, seq);
+
+-- The runtime's answer to each message, kept so a retried job (say, the send failed) sends the
+-- same reply again instead of asking the model twice; the delivery ledger then skips parts
+-- already out.
+CREATE TABLE message_replies (
+    message_id  TEXT    PRIMARY KEY,
+    route       TEXT    NOT NULL,
+    reply       TEXT,
+    trace_id    INTEGER NOT NULL,
+    at          INTEGER NOT NULL
+);

@@ -201,9 +201,11 @@ impl Runtime {
         let mut trace = Trace::new();
         let mut conn = self.db.pool.acquire().await?;
 
-        // 1. Dedupe: a message handled to the end is not handled again.
-        if traces::handled(&mut conn, &inbound.message_id).await? {
-            return Ok(Outcome { route: Route::Duplicate, actor: Actor::Customer, reply: None, trace_id: None, error_code: None });
+        // 1. Dedupe: a message handled to the end is not handled again. Its earlier reply is
+        // given back, so a retried delivery sends the same answer (the ledger skips parts
+        // already out) instead of asking the model twice.
+        if let Some(earlier) = store::earlier_reply(&mut conn, &inbound.message_id).await? {
+            return Ok(Outcome { route: Route::Duplicate, actor: Actor::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
         }
         trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
 
@@ -285,6 +287,7 @@ impl Runtime {
         };
         let mut tx = self.db.begin_write().await?;
         let trace_id = traces::insert(&mut tx, &row, &trace.steps).await?;
+        store::record_reply(&mut tx, &inbound.message_id, route.as_str(), reply.as_deref(), trace_id, db::now_ms()).await?;
         tx.commit().await?;
         Ok(Outcome { route, actor, reply, trace_id: Some(trace_id), error_code })
     }

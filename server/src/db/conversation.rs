@@ -98,3 +98,29 @@ pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, 
     .await?;
     Ok(())
 }
+
+/// The runtime's earlier answer to a message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlierReply {
+    pub route: String,
+    pub reply: Option<String>,
+    pub trace_id: i64,
+}
+
+pub async fn earlier_reply(conn: &mut AnyConnection, message_id: &str) -> Result<Option<EarlierReply>, DbError> {
+    let row = sqlx::query("SELECT route, reply, trace_id FROM message_replies WHERE message_id = $1").bind(message_id).fetch_optional(conn).await?;
+    Ok(row.map(|r| Ok::<_, sqlx::Error>(EarlierReply { route: r.try_get(0)?, reply: r.try_get(1)?, trace_id: r.try_get(2)? })).transpose()?)
+}
+
+/// Records the answer once; a second record for the same message changes nothing.
+pub async fn record_reply(conn: &mut AnyConnection, message_id: &str, route: &str, reply: Option<&str>, trace_id: i64, now: i64) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO message_replies (message_id, route, reply, trace_id, at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING")
+        .bind(message_id)
+        .bind(route)
+        .bind(reply)
+        .bind(trace_id)
+        .bind(now)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -140,9 +140,3 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
     .await?;
     Ok(())
 }
-
-/// Whether a message was already handled to the end (its trace exists).
-pub async fn handled(conn: &mut AnyConnection, message_id: &str) -> Result<bool, DbError> {
-    let row = sqlx::query("SELECT COUNT(*) FROM traces WHERE message_id = $1 AND outcome <> 'duplicate'").bind(message_id).fetch_one(conn).await?;
-    Ok(row.try_get::<i64, _>(0)? > 0)
-}

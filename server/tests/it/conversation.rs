@@ -17,18 +17,18 @@ use sqlx::Row;
 use crate::{both_backends, support::TestDb};
 
 const OWNER_PHONE: &str = "+15550001111";
-const CHAT_MODEL: &str = "test-chat-model";
+pub(crate) const CHAT_MODEL: &str = "test-chat-model";
 const SUMMARY_MODEL: &str = "test-summary-model";
 
 #[derive(Default)]
-struct Fake {
-    requests: Vec<Value>,
+pub(crate) struct Fake {
+    pub(crate) requests: Vec<Value>,
     fail_summaries: bool,
 }
 
-type Shared = Arc<Mutex<Fake>>;
+pub(crate) type Shared = Arc<Mutex<Fake>>;
 
-async fn fake_anthropic() -> (String, Shared) {
+pub(crate) async fn fake_anthropic() -> (String, Shared) {
     let fake: Shared = Arc::default();
     async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
@@ -161,9 +161,12 @@ async fn every_step_in_order_with_memory(db: TestDb) {
         assert_eq!(seen.iter().filter(|t| t.contains(text)).count(), 1, "{text}: the current message appears once");
     }
 
-    // A duplicate delivery is not handled again.
+    // A duplicate (a retried job) is not handled again: the model is not asked twice, and the
+    // earlier reply comes back so the channel can finish delivering it.
+    let asked = r.fake.lock().expect("lock").requests.len();
     let again = r.runtime.handle(&msg("w1", customer, "My friend is called Ana.")).await.expect("handle");
-    assert_eq!((again.route, again.reply), (Route::Duplicate, None));
+    assert_eq!((again.route, again.reply.as_deref(), again.trace_id), (Route::Duplicate, Some("reply 1"), first.trace_id));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), asked);
 
     // A quoted message is included.
     let mut quoting = msg("w20", customer, "Is this still true?");

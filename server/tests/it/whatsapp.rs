@@ -716,3 +716,44 @@ fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsA
     tweak(&mut config.settings.whatsapp);
     whatsapp::sender(&config, &app.state.db).expect("sender")
 }
+
+/// A WhatsApp message through the real conversation runtime and a fake Anthropic API: the reply
+/// goes out through the Graph API, and the trace ends with its delivery. A send that fails once
+/// makes the job run again; the runtime gives back its earlier reply (the model is asked once)
+/// and the ledger sends it once.
+async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let (llm_url, llm) = crate::conversation::fake_anthropic().await;
+    let secrets = Secrets::from_lookup(|name| match name {
+        "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
+        other => secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+    });
+    let base = graph.base_url.clone();
+    let app = TestApp::with_secrets(db, secrets, move |s| {
+        s.whatsapp.graph_base_url = base;
+        s.whatsapp.graph_version = VERSION.into();
+        s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
+        s.whatsapp.send_retry_base = Duration::from_millis(10);
+        s.whatsapp.send_attempts = 1;
+        s.whatsapp.typing_indicator = false;
+        s.whatsapp.mark_read = false;
+        s.llm.anthropic.base_url = llm_url;
+        s.llm.max_retries = 0;
+        s.models.chat = crate::conversation::CHAT_MODEL.into();
+    })
+    .await;
+    graph.set_rule(|_, index| (index == 0).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.RUNTIME", "Do you deliver on Sundays?")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    run_jobs(&app, app.state.runtime.clone()).await;
+
+    assert_eq!(graph.texts(), vec!["reply 1".to_string(), "reply 1".to_string()], "refused once, then sent; never two replies");
+    assert_eq!(llm.lock().expect("lock").requests.len(), 1, "the model was asked once");
+    let (trace_id, route): (i64, String) = sqlx::query_as("SELECT id, route FROM traces WHERE message_id = 'wamid.RUNTIME'").fetch_one(&app.state.db.pool).await.expect("trace");
+    assert_eq!(route, "chat");
+    let steps: Vec<(String, String)> = sqlx::query_as("SELECT step, decision FROM trace_steps WHERE trace_id = $1 ORDER BY seq").bind(trace_id).fetch_all(&app.state.db.pool).await.expect("steps");
+    assert_eq!(steps.last(), Some(&("delivery".to_string(), "sent".to_string())), "{steps:?}");
+    let calls: i64 = count(&app, "SELECT COUNT(*) FROM llm_calls WHERE purpose = 'chat'").await;
+    assert_eq!(calls, 1, "the call's usage was recorded");
+}
+both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);

@@ -25,6 +25,29 @@ pub struct InboundJob {
 }
 
 impl InboundJob {
+    /// Adds the delivery to the message's trace (the runtime recorded which trace it is).
+    async fn trace_delivery(&self, wamid: &str, sent: &SendOutcome) {
+        let (decision, reason) = match sent {
+            SendOutcome::Sent { .. } => ("sent", "WHATSAPP_SENT".to_string()),
+            SendOutcome::OutsideWindow { template_sent: true } => ("template_sent", "WHATSAPP_131047".to_string()),
+            SendOutcome::OutsideWindow { template_sent: false } => ("failed", "WHATSAPP_131047".to_string()),
+            SendOutcome::Failed { code } => ("failed", code.clone()),
+        };
+        let result = async {
+            let mut conn = self.db.pool.acquire().await?;
+            if let Some(earlier) = db::conversation::earlier_reply(&mut conn, wamid).await? {
+                let detail = serde_json::json!({ "outcome": describe(sent) }).to_string();
+                let step = db::traces::Step { step: "delivery".into(), decision: decision.into(), reason_code: reason, duration_us: 0, detail };
+                db::traces::append_step(&mut conn, earlier.trace_id, &step).await?;
+            }
+            Ok::<_, db::DbError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "recording the delivery in the trace failed");
+        }
+    }
+
     pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
         Self { db, sender, handler }
     }
@@ -103,7 +126,9 @@ impl JobHandler for InboundJob {
             match self.handler.handle(&message, &presence).await {
                 Ok(InboundOutcome::Reply { text, quote }) => {
                     let quote = quote.then_some(message.message_id.as_str());
-                    describe(&self.sender.send_text(job_id, &to, &text, quote).await.map_err(send_error)?)
+                    let sent = self.sender.send_text(job_id, &to, &text, quote).await.map_err(send_error)?;
+                    self.trace_delivery(&message.message_id, &sent).await;
+                    describe(&sent)
                 }
                 Ok(InboundOutcome::NoReply { reason }) => format!("no reply: {reason}"),
                 Err(e) if e.retryable => return Err(JobError::retryable(&e.code, e.message)),
