@@ -17,16 +17,7 @@ use crate::{
 const SAMPLE_CUSTOMER: &str = "+15550100000";
 
 fn chat_href(c: &ChatView) -> String {
-    format!("/conversations/{}/{}", c.channel, url_encode(&c.chat_id))
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    format!("/conversations/{}/{}", c.channel, super::url_encode(&c.chat_id))
 }
 
 #[component]
@@ -67,7 +58,7 @@ pub fn ConversationsPage() -> impl IntoView {
                 <div class="try-result ok" data-testid="sim-result" data-route=o.route.clone()>
                     <p><strong>{format!("Route: {} (as {})", o.route, o.actor)}</strong>
                         {o.trace_id.map(|id| view! { " · "<a href=format!("/traces/{id}") data-testid="sim-trace">"trace"</a> })}
-                        " · "<a href=format!("/conversations/simulator/{}", url_encode(&o.chat_id))>"open the chat"</a></p>
+                        " · "<a href=format!("/conversations/simulator/{}", super::url_encode(&o.chat_id))>"open the chat"</a></p>
                     <p data-testid="sim-reply">{o.reply.clone().unwrap_or_else(|| "(no reply)".into())}</p>
                 </div>
             }.into_any(),

@@ -20,7 +20,7 @@ fn query_string(q: &JobQuery, before: Option<i64>) -> String {
     let mut parts = Vec::new();
     for (k, v) in [("state", &q.state), ("tool", &q.tool), ("chat", &q.chat)] {
         if !v.is_empty() {
-            parts.push(format!("{k}={}", urlencode(v)));
+            parts.push(format!("{k}={}", super::url_encode(v)));
         }
     }
     if q.since_minutes > 0 {
@@ -30,15 +30,6 @@ fn query_string(q: &JobQuery, before: Option<i64>) -> String {
         parts.push(format!("before={b}"));
     }
     if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn state_badge(state: &str) -> impl IntoView + use<> {

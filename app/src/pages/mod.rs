@@ -32,3 +32,13 @@ pub fn error_view(err: &AppError) -> AnyView {
     crate::layout::redirect_if_unauthorized(err);
     view! { <p class="error" role="alert" data-code=err.code.clone()>{err.message.clone()}</p> }.into_any()
 }
+
+/// Percent-encodes a value for a URL path segment or query value.
+pub(crate) fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

@@ -18,7 +18,7 @@ fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
     let mut parts = Vec::new();
     for (k, v) in [("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)] {
         if !v.is_empty() {
-            parts.push(format!("{k}={}", url_encode(v)));
+            parts.push(format!("{k}={}", super::url_encode(v)));
         }
     }
     if q.since_minutes > 0 {
@@ -28,15 +28,6 @@ fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
         parts.push(format!("before={b}"));
     }
     if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn ms(us: i64) -> String {
@@ -159,7 +150,7 @@ pub fn TraceDetailPage() -> impl IntoView {
                     view! {
                         <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
                         <table class="kv"><tbody>
-                            <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
+                            <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
                             <tr><th>"Message"</th><td><code>{t.message_id.clone()}</code></td></tr>
                             <tr><th>"Actor"</th><td>{t.actor.clone()}</td></tr>
                             <tr><th>"Route"</th><td data-testid="trace-route">{t.route.clone()}</td></tr>
