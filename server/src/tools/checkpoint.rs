@@ -120,7 +120,14 @@ enum AuditMsg {
 }
 
 impl AuditWriter {
+    /// Owner notices' WhatsApp deliveries go to the default job queue.
     pub fn spawn(db: Db) -> Self {
+        Self::spawn_for(db, String::new())
+    }
+
+    /// As [`AuditWriter::spawn`], with deliveries of owner notices enqueued on `queue` (the
+    /// queue this deployment's workers take).
+    pub fn spawn_for(db: Db, queue: String) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<AuditMsg>();
         tokio::spawn(async move {
             let mut msgs = Vec::new();
@@ -142,6 +149,7 @@ impl AuditWriter {
                         db::tool_audit::insert_many(&mut tx, &rows).await?;
                         for n in &notices {
                             db::owner_notifications::insert(&mut tx, n).await?;
+                            db::owner_notifications::enqueue_deliveries(&mut tx, n, &queue, 5).await?;
                         }
                         tx.commit().await?;
                         Ok::<_, db::DbError>(())

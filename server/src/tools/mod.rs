@@ -33,7 +33,7 @@ pub fn checkpoint_with_mcp(cfg: &LoadedConfig, db: &Db) -> Result<(Arc<Checkpoin
 pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest::Error> {
     let secrets = env_secrets();
     let secrets_for_connectors = secrets.clone();
-    let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone()), secrets);
+    let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn_for(db.clone(), cfg.settings.jobs.queue.clone()), secrets);
     checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
     let search = &cfg.settings.web_search;
     let brave_key = std::env::var(builtins::web_search::BRAVE_KEY_VAR).ok().filter(|v| !v.trim().is_empty());

@@ -478,6 +478,12 @@ async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb
     cp.register_builtin("test.echo", Arc::new(Echo));
     cp.register_builtin("test.slow", Arc::new(Slow));
     let customer = ctx(Actor::Customer, ChatType::Direct);
+    {
+        let mut tx = pool.begin_write().await.expect("tx");
+        sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
+        sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+15550001111', (SELECT MAX(id) FROM owners), 0)").execute(&mut *tx).await.expect("phone");
+        tx.commit().await.expect("commit");
+    }
 
     let args = json!({"text": "VIP order", "email": "ann@example.org", "people": [{"EMAIL": "bob@example.org"}]});
     cp.execute(call("contact", args), &customer).await.expect("a notice does not stop the call");
@@ -496,6 +502,11 @@ async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb
         ]
     );
     assert!(notices.iter().all(|n| n.correlation_id == "corr-9"));
+    // Each notice is also on its way to every owner number on WhatsApp, as a durable job.
+    let deliveries: Vec<String> = sqlx::query("SELECT args FROM jobs WHERE kind = 'owner.notify' ORDER BY id").fetch_all(&pool.pool).await.expect("jobs").iter().map(|r| r.get(0)).collect();
+    assert_eq!(deliveries.len(), 2, "{deliveries:?}");
+    let first: Value = serde_json::from_str(&deliveries[0]).expect("json");
+    assert_eq!(first, json!({"to": "15550001111", "message": "A VIP wrote: contact succeeded."}));
 
     let audited: Vec<String> = sqlx::query("SELECT args FROM tool_audit WHERE tool = 'contact' ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
     assert!(audited[0].contains("[PII]") && !audited[0].contains("ann@example.org") && !audited[0].contains("bob@example.org"), "{}", audited[0]);

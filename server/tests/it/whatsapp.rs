@@ -757,3 +757,41 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     assert_eq!(calls, 1, "the call's usage was recorded");
 }
 both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
+
+/// An owner notice's delivery job sends it to the owner's number through the Graph API.
+async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let notice = server::db::owner_notifications::Notification {
+        at: server::db::now_ms(),
+        hook: "timeouts".into(),
+        tool: "web_fetch".into(),
+        reason_code: "TOOL_TIMEOUT".into(),
+        message: "A tool is slow or down: web_fetch ended with TOOL_TIMEOUT.".into(),
+        correlation_id: "corr-n".into(),
+    };
+    {
+        let mut tx = app.state.db.begin_write().await.expect("tx");
+        sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
+        sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+16505550001', (SELECT MAX(id) FROM owners), 0)").execute(&mut *tx).await.expect("phone");
+        assert_eq!(server::db::owner_notifications::enqueue_deliveries(&mut tx, &notice, "", 5).await.expect("enqueue"), 1);
+        tx.commit().await.expect("commit");
+    }
+    let mut registry = Registry::new();
+    whatsapp::register(&mut registry, &app.state.config, &app.state.db, Arc::new(Echo::default())).expect("register");
+    let settings = WorkerSettings { concurrency: 1, poll_interval: Duration::from_millis(20), ..Default::default() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify' AND state = 'completed'").await == 0 {
+        assert!(Instant::now() < deadline, "the delivery job did not complete");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+    assert_eq!(graph.texts(), vec![notice.message.clone()]);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let sent = store::outbound_for_recipient(&mut conn, "16505550001").await.expect("ledger");
+    assert_eq!(sent.len(), 1, "recorded in the delivery ledger like any reply");
+}
+both_backends!(whatsapp_owner_notices, owner_notices_are_delivered_on_whatsapp);

@@ -9,6 +9,7 @@
 pub mod graph;
 pub mod intake;
 pub mod job;
+pub mod notify;
 pub mod pacing;
 pub mod payload;
 pub mod sender;
@@ -38,5 +39,6 @@ pub fn sender(config: &LoadedConfig, db: &Db) -> Result<Arc<WhatsAppSender>, req
 pub fn register(registry: &mut Registry, config: &LoadedConfig, db: &Db, handler: Arc<dyn InboundHandler>) -> Result<Arc<WhatsAppSender>, reqwest::Error> {
     let sender = sender(config, db)?;
     registry.register(INBOUND_KIND, Arc::new(job::InboundJob::new(db.clone(), sender.clone(), handler)));
+    registry.register(crate::db::owner_notifications::DELIVERY_KIND, Arc::new(notify::OwnerNotify::new(sender.clone())));
     Ok(sender)
 }
