@@ -79,7 +79,7 @@ pub fn JobsPage() -> impl IntoView {
 }
 
 fn filter_form(q: &JobQuery) -> impl IntoView + use<> {
-    let since = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+    let since = super::SINCE_OPTIONS;
     let current_state = q.state.clone();
     let current_since = q.since_minutes;
     view! {

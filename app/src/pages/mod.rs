@@ -42,3 +42,6 @@ pub(crate) fn url_encode(s: &str) -> String {
         })
         .collect()
 }
+
+/// The "created / when" filter of list pages: (minutes back, label); 0 means any time.
+pub(crate) const SINCE_OPTIONS: [(i64, &str); 5] = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];

@@ -80,7 +80,7 @@ fn options(name: &'static str, values: &'static [&'static str], current: &str) -
 }
 
 fn filter_form(q: &TraceQuery) -> impl IntoView + use<> {
-    let since = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+    let since = super::SINCE_OPTIONS;
     let current_since = q.since_minutes;
     view! {
         <form method="get" action="/traces" class="filters" data-testid="trace-filters">

@@ -21,22 +21,29 @@ struct Watch {
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
+/// Waits a second between polls (not before the first); false when the server is shutting down.
+async fn wait_or_stop(first: bool, shutdown: &mut Option<tokio::sync::watch::Receiver<bool>>) -> bool {
+    let stopping = async {
+        match shutdown.as_mut() {
+            Some(rx) => {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let pause = if first { Duration::ZERO } else { Duration::from_secs(1) };
+    tokio::select! {
+        () = tokio::time::sleep(pause) => true,
+        () = stopping => false,
+    }
+}
+
 pub async fn jobs_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let start = Watch { state, last: None, echo_at: None, shutdown: super::serve::shutdown_requested() };
     let stream = futures_util::stream::unfold(start, |mut w| async move {
         loop {
-            let stopping = async {
-                match w.shutdown.as_mut() {
-                    Some(rx) => {
-                        let _ = rx.wait_for(|stop| *stop).await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let pause = if w.last.is_none() { Duration::ZERO } else { Duration::from_secs(1) };
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stopping => return None,
+            if !wait_or_stop(w.last.is_none(), &mut w.shutdown).await {
+                return None;
             }
             let latest = sqlx::query_as::<_, (Option<i64>,)>("SELECT MAX(id) FROM job_events").fetch_one(&w.state.db.pool).await;
             let Ok((latest,)) = latest else { continue };
@@ -67,18 +74,8 @@ pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item =
     let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested() };
     let stream = futures_util::stream::unfold(start, |mut w| async move {
         loop {
-            let stopping = async {
-                match w.shutdown.as_mut() {
-                    Some(rx) => {
-                        let _ = rx.wait_for(|stop| *stop).await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let pause = if w.last.is_none() { Duration::ZERO } else { Duration::from_secs(1) };
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stopping => return None,
+            if !wait_or_stop(w.last.is_none(), &mut w.shutdown).await {
+                return None;
             }
             let Ok(servers) = w.state.mcp.servers().await else { continue };
             let shape: Vec<_> = servers.iter().map(|s| (&s.id, s.enabled, &s.health, &s.last_error, s.tool_count, s.pending)).collect();
