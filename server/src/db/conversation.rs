@@ -49,12 +49,6 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
     Ok(done.rows_affected() == 1)
 }
 
-/// Whether the message already has an answer (it was handled before).
-pub async fn answered(conn: &mut AnyConnection, message_id: &str) -> Result<bool, DbError> {
-    let row = sqlx::query("SELECT COUNT(*) FROM chat_turns WHERE message_id = $1 AND role = $2").bind(message_id).bind(role::ASSISTANT).fetch_one(conn).await?;
-    Ok(row.try_get::<i64, _>(0)? > 0)
-}
-
 /// The chat's turns after `after_id`, oldest first.
 pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
     let rows = sqlx::query("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
