@@ -3,18 +3,29 @@
 //! allow; phase 2 sends at a steady `--rate` and measures latency from each request's scheduled
 //! time, so a stall is not hidden by requests that were never sent (coordinated omission).
 //! No worker runs: the jobs stay queued and only intake is measured.
+//!
+//! The load generator is deliberately lean so that it measures the server, not itself: it runs
+//! on one thread of its own (like `wrk -t1`), keeps its connections alive, and writes
+//! pre-rendered HTTP/1.1 requests, reading back only the status line and `Content-Length`.
 
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use secrecy::SecretString;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
 
 use crate::{
-    channel::whatsapp::signature,
+    channel::whatsapp::{signature, webhook},
     config::{LoadedConfig, Secrets, Settings},
     db::Db,
     web::{self, AppState},
@@ -39,8 +50,8 @@ pub struct WebhookBench {
     pub seconds: u64,
 }
 
-/// A signed notification carrying one new text message.
-fn signed_body(secret: &[u8], n: usize) -> (String, String) {
+/// A signed notification carrying one new text message, as the bytes of a whole HTTP/1.1 request.
+fn signed_request(secret: &[u8], host: &str, n: usize) -> Vec<u8> {
     let body = serde_json::json!({
         "object": "whatsapp_business_account",
         "entry": [{ "id": "bench", "changes": [{ "field": "messages", "value": {
@@ -53,7 +64,62 @@ fn signed_body(secret: &[u8], n: usize) -> (String, String) {
     })
     .to_string();
     let sig = signature::sign(secret, body.as_bytes());
-    (body, sig)
+    let mut request = format!(
+        "POST {} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{}: {sig}\r\nContent-Length: {}\r\n\r\n",
+        webhook::PATH,
+        signature::SIGNATURE_HEADER,
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
+    request
+}
+
+/// One keep-alive HTTP/1.1 connection sending one request at a time.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self { stream, buf: Vec::with_capacity(1024) })
+    }
+
+    /// Sends `request` and reads the whole response; returns its status code.
+    async fn send(&mut self, request: &[u8]) -> std::io::Result<u16> {
+        self.stream.write_all(request).await?;
+        loop {
+            if let Some((status, len)) = parse_response(&self.buf)? {
+                self.buf.drain(..len);
+                return Ok(status);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The status and total length of the response at the start of `buf`, once it is complete.
+fn parse_response(buf: &[u8]) -> std::io::Result<Option<(u16, usize)>> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { return Ok(None) };
+    let head = std::str::from_utf8(&buf[..end]).map_err(|_| bad("response head is not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status line"))?;
+    let length: usize = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .ok_or_else(|| bad("response without Content-Length"))?;
+    let total = end + 4 + length;
+    Ok((buf.len() >= total).then_some((status, total)))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -82,15 +148,93 @@ impl Phase {
     }
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: String, sig: String) -> bool {
-    client
-        .post(url)
-        .header("content-type", "application/json")
-        .header(signature::SIGNATURE_HEADER, sig)
-        .body(body)
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
+/// Phase 1: `concurrency` connections each send their next request as soon as the last is answered.
+async fn max_throughput(addr: SocketAddr, requests: Arc<Vec<Vec<u8>>>, concurrency: usize) -> anyhow::Result<Phase> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..concurrency.max(1))
+        .map(|_| {
+            let (requests, next) = (requests.clone(), next.clone());
+            tokio::spawn(async move {
+                let (mut lat, mut failed) = (Vec::new(), 0usize);
+                let mut conn = Conn::open(addr).await?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(request) = requests.get(i) else { break };
+                    let t0 = Instant::now();
+                    if conn.send(request).await? != 200 {
+                        failed += 1;
+                    }
+                    lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                }
+                Ok::<_, std::io::Error>((lat, failed))
+            })
+        })
+        .collect();
+    let mut phase = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::new() };
+    for task in tasks {
+        let (lat, failed) = task.await??;
+        phase.sent += lat.len();
+        phase.failed += failed;
+        phase.latencies_ms.extend(lat);
+    }
+    phase.secs = t.elapsed().as_secs_f64();
+    phase.latencies_ms.sort_by(f64::total_cmp);
+    Ok(phase)
+}
+
+/// Phase 2: requests at fixed times, open loop. Each takes an idle connection or opens one, so
+/// a slow answer delays no later request; latency counts from the scheduled time, so a stall is
+/// not hidden by requests that were never sent (coordinated omission).
+/// Also returns how late each request started (the generator's timer lag, included in its latency).
+async fn steady(addr: SocketAddr, requests: Vec<Vec<u8>>, rate: u32) -> anyhow::Result<(Phase, Vec<f64>)> {
+    let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::default();
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let start = Instant::now() + Duration::from_millis(50);
+    let t = Instant::now();
+    let mut handles = Vec::with_capacity(requests.len());
+    for (i, request) in requests.into_iter().enumerate() {
+        let scheduled = start + interval.mul_f64(i as f64);
+        tokio::time::sleep_until(scheduled.into()).await;
+        let idle = idle.clone();
+        handles.push(tokio::spawn(async move {
+            let lag = scheduled.elapsed().as_secs_f64() * 1000.0;
+            let pooled = idle.lock().ok().and_then(|mut idle| idle.pop());
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => Conn::open(addr).await?,
+            };
+            let status = conn.send(&request).await?;
+            let ms = scheduled.elapsed().as_secs_f64() * 1000.0;
+            if let Ok(mut idle) = idle.lock() {
+                idle.push(conn);
+            }
+            Ok::<_, std::io::Error>((status == 200, ms, lag))
+        }));
+    }
+    let mut phase = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::with_capacity(handles.len()) };
+    let mut lags = Vec::with_capacity(handles.len());
+    for h in handles {
+        let (ok, ms, lag) = h.await??;
+        phase.sent += 1;
+        phase.failed += usize::from(!ok);
+        phase.latencies_ms.push(ms);
+        lags.push(lag);
+    }
+    phase.secs = t.elapsed().as_secs_f64();
+    phase.latencies_ms.sort_by(f64::total_cmp);
+    lags.sort_by(f64::total_cmp);
+    Ok((phase, lags))
+}
+
+/// Runs `work` on a thread of its own with a single-threaded runtime: the load generator.
+async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("bench-load".into()).spawn(move || {
+        let outcome = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(work));
+        let _ = done.send(outcome);
+    })?;
+    result.await?
 }
 
 pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
@@ -112,67 +256,14 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     let state = AppState::new(config, db.clone(), addr, web::ops::metrics_handle())?;
     let router = web::router(state);
     let server = tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).await });
-    let endpoint = format!("http://{addr}/webhooks/whatsapp");
-    let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency.max(64)).build()?;
+    let host = addr.to_string();
 
-    // Phase 1: maximum throughput.
-    let bodies: Vec<(String, String)> = (0..args.requests).map(|n| signed_body(secret.as_bytes(), n)).collect();
-    let bodies = Arc::new(std::sync::Mutex::new(bodies));
-    let t = Instant::now();
-    let tasks: Vec<_> = (0..args.concurrency.max(1))
-        .map(|_| {
-            let (client, endpoint, bodies) = (client.clone(), endpoint.clone(), bodies.clone());
-            tokio::spawn(async move {
-                let (mut lat, mut failed) = (Vec::new(), 0usize);
-                loop {
-                    let next = bodies.lock().ok().and_then(|mut b| b.pop());
-                    let Some((body, sig)) = next else { break };
-                    let t0 = Instant::now();
-                    if !post(&client, &endpoint, body, sig).await {
-                        failed += 1;
-                    }
-                    lat.push(t0.elapsed().as_secs_f64() * 1000.0);
-                }
-                (lat, failed)
-            })
-        })
-        .collect();
-    let mut max = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::new() };
-    for task in tasks {
-        let (lat, failed) = task.await?;
-        max.sent += lat.len();
-        max.failed += failed;
-        max.latencies_ms.extend(lat);
-    }
-    max.secs = t.elapsed().as_secs_f64();
-    max.latencies_ms.sort_by(f64::total_cmp);
+    let requests: Vec<Vec<u8>> = (0..args.requests).map(|n| signed_request(secret.as_bytes(), &host, n)).collect();
+    let max = on_load_thread(max_throughput(addr, Arc::new(requests), args.concurrency)).await?;
 
-    // Phase 2: a steady rate, open loop.
     let total = usize::try_from(u64::from(args.rate) * args.seconds).unwrap_or(usize::MAX);
-    let offset = args.requests;
-    let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
-    let start = Instant::now() + Duration::from_millis(50);
-    let t = Instant::now();
-    let mut handles = Vec::with_capacity(total);
-    for i in 0..total {
-        let scheduled = start + interval.mul_f64(i as f64);
-        let (body, sig) = signed_body(secret.as_bytes(), offset + i);
-        tokio::time::sleep_until(scheduled.into()).await;
-        let (client, endpoint) = (client.clone(), endpoint.clone());
-        handles.push(tokio::spawn(async move {
-            let ok = post(&client, &endpoint, body, sig).await;
-            (ok, scheduled.elapsed().as_secs_f64() * 1000.0)
-        }));
-    }
-    let mut steady = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::with_capacity(total) };
-    for h in handles {
-        let (ok, ms) = h.await?;
-        steady.sent += 1;
-        steady.failed += usize::from(!ok);
-        steady.latencies_ms.push(ms);
-    }
-    steady.secs = t.elapsed().as_secs_f64();
-    steady.latencies_ms.sort_by(f64::total_cmp);
+    let requests: Vec<Vec<u8>> = (0..total).map(|i| signed_request(secret.as_bytes(), &host, args.requests + i)).collect();
+    let (steady, lags) = on_load_thread(steady(addr, requests, args.rate)).await?;
 
     let (stored,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM whatsapp_inbound").fetch_one(&db.pool).await?;
     let (queued,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&db.pool).await?;
@@ -184,6 +275,11 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     println!("what                   signed POST /webhooks/whatsapp, one new text message each: verify, dedupe, store, enqueue, 200");
     max.print(&format!("max ({} connections)", args.concurrency));
     steady.print(&format!("steady {} req/s", args.rate));
+    println!(
+        "generator lag          p50 {:.2} ms  p99 {:.2} ms  (how late steady requests started; counted in their latency)",
+        percentile(&lags, 0.50),
+        percentile(&lags, 0.99)
+    );
     println!("stored                 {stored} messages, {queued} jobs queued");
     Ok(())
 }

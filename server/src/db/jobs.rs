@@ -278,6 +278,114 @@ async fn enqueue_attempt(conn: &mut AnyConnection, job: &NewJob, now: i64, attem
     }
 }
 
+/// Rows per multi-row `INSERT` in [`enqueue_many`]: 16 binds each stays far inside SQLite's
+/// 32,766 and PostgreSQL's 65,535 bind limits.
+const ENQUEUE_CHUNK: usize = 256;
+
+/// Inserts many jobs with one `INSERT` and one event `INSERT` per chunk instead of four
+/// statements each: the webhook's group commit enqueues a burst this way. Same outcome as
+/// calling [`enqueue`] for each in order: the result is aligned with `jobs`, and a job whose
+/// dedupe key is taken by an unfinished job (an earlier one in `jobs` included) gets that job
+/// back with `deduplicated` set.
+pub async fn enqueue_many(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for chunk in jobs.chunks(ENQUEUE_CHUNK) {
+        out.extend(enqueue_chunk(conn, chunk, now).await?);
+    }
+    Ok(out)
+}
+
+fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
+    let scheduled_at = job.scheduled_at.unwrap_or(now);
+    let state = if job.pending {
+        JobState::Pending
+    } else if scheduled_at > now {
+        JobState::Scheduled
+    } else {
+        JobState::Available
+    };
+    (state, scheduled_at)
+}
+
+async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
+    const BINDS: usize = 16;
+    let values: Vec<String> = (0..jobs.len())
+        .map(|i| {
+            let b = i * BINDS;
+            let p = |k: usize| format!("${}", b + k);
+            format!(
+                "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0, {}, {}, {}, {}, {}, {})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(14), p(15), p(16), p(13)
+            )
+        })
+        .collect();
+    // Column order matches the VALUES tuple above: created_at is bound once and reused for updated_at.
+    let sql = format!(
+        "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+         args, attempt, max_attempts, created_at, scheduled_at, expires_at, correlation_id, updated_at) VALUES {} \
+         ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
+        values.join(", ")
+    );
+    let mut q = sqlx::query(&sql);
+    for job in jobs {
+        let (state, scheduled_at) = initial_state(job, now);
+        q = q
+            .bind(job.kind.clone())
+            .bind(if job.queue.is_empty() { "default".to_string() } else { job.queue.clone() })
+            .bind(state.as_str())
+            .bind(job.priority)
+            .bind(job.dedupe_key.clone())
+            .bind(job.chat_id.clone())
+            .bind(job.sender_id.clone())
+            .bind(job.message_id.clone())
+            .bind(job.original_text.clone())
+            .bind(job.tool_name.clone())
+            .bind(job.args.to_string())
+            .bind(job.max_attempts.max(1))
+            .bind(now)
+            .bind(scheduled_at)
+            .bind(job.expires_at)
+            .bind(job.correlation_id.clone());
+    }
+    let mut inserted = rows(&q.fetch_all(&mut *conn).await?)?;
+    inserted.sort_by_key(|j| j.id);
+    if !inserted.is_empty() {
+        let values: Vec<String> = (0..inserted.len()).map(|i| format!("(${}, $1, ${}, 0)", 2 * i + 2, 2 * i + 3)).collect();
+        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", values.join(", "));
+        let mut q = sqlx::query(&sql).bind(now);
+        for j in &inserted {
+            q = q.bind(j.id).bind(j.state.as_str());
+        }
+        q.execute(&mut *conn).await?;
+    }
+    // Match rows to inputs: a keyed job by its key (the first input with that key won it);
+    // keyless jobs cannot conflict, and their rows were numbered in input order.
+    let mut by_key: std::collections::HashMap<String, JobRow> = std::collections::HashMap::new();
+    let mut keyless = std::collections::VecDeque::new();
+    for j in inserted {
+        match j.dedupe_key.clone() {
+            Some(key) => {
+                by_key.insert(key, j);
+            }
+            None => keyless.push_back(j),
+        }
+    }
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let won = match &job.dedupe_key {
+            Some(key) => by_key.remove(key),
+            None => keyless.pop_front(),
+        };
+        out.push(match won {
+            Some(row) => Enqueued { job: row, deduplicated: false },
+            // Taken before this chunk or by an earlier input in it: the one-at-a-time path finds
+            // the holder (or retries if it finished in between).
+            None => enqueue(conn, job, now).await?,
+        });
+    }
+    Ok(out)
+}
+
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
     let row = sqlx::query(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
     Ok(row.as_ref().map(job_from_row).transpose()?)

@@ -110,6 +110,9 @@ impl Db {
         let pool = AnyPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
+            // A ping before each use catches a dropped network connection; a SQLite file
+            // cannot drop, and the ping would cost a round trip to its worker thread.
+            .test_before_acquire(backend != Backend::Sqlite)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {

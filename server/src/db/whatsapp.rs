@@ -96,6 +96,50 @@ pub async fn insert_inbound(conn: &mut AnyConnection, m: &NewInbound, now: i64) 
     Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
 }
 
+/// Rows per multi-row `INSERT` in [`insert_inbound_many`] (13 binds each).
+const INBOUND_CHUNK: usize = 256;
+
+/// [`insert_inbound`] for many messages, one statement per chunk. The result is aligned with
+/// `messages`: the id for each one stored now, `None` for a wamid stored before (by an earlier
+/// delivery, or by an earlier entry of `messages`).
+pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for chunk in messages.chunks(INBOUND_CHUNK) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| format!("({})", (1..=13).map(|k| format!("${}", i * 13 + k)).collect::<Vec<_>>().join(", ")))
+            .collect();
+        let sql = format!(
+            "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
+             raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
+            values.join(", ")
+        );
+        let mut q = sqlx::query(&sql);
+        for m in chunk {
+            q = q
+                .bind(clean(&m.wamid))
+                .bind(clean(&m.phone_number_id))
+                .bind(clean(&m.chat_id))
+                .bind(clean(&m.sender))
+                .bind(i64::from(m.is_group))
+                .bind(clean(&m.msg_type))
+                .bind(m.text.as_deref().map(clean))
+                .bind(m.reply_id.as_deref().map(clean))
+                .bind(m.context_id.as_deref().map(clean))
+                .bind(m.raw.as_deref().map(clean))
+                .bind(i64::from(m.raw_truncated))
+                .bind(m.sent_at)
+                .bind(now);
+        }
+        let mut stored: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+        for row in q.fetch_all(&mut *conn).await? {
+            stored.insert(row.try_get(1)?, row.try_get(0)?);
+        }
+        // The first entry with a wamid took the row; `remove` leaves later ones `None`.
+        out.extend(chunk.iter().map(|m| stored.remove(&clean(&m.wamid))));
+    }
+    Ok(out)
+}
+
 pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {
     let row = sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
     Ok(row.as_ref().map(inbound_from_row).transpose()?)

@@ -90,6 +90,60 @@ async fn dedupe_while_unfinished(db: TestDb) {
 }
 both_backends!(jobs_dedupe, dedupe_while_unfinished);
 
+/// `enqueue_many` gives what `enqueue` one at a time would: results in input order, one job per
+/// unfinished key (against stored jobs and within the list), keyless jobs always, an event each.
+async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let held = queue.enqueue(&NewJob { dedupe_key: Some("held".into()), ..job("noop") }).await.expect("held").job.id;
+    let keyed = |key: &str, chat: &str| NewJob { dedupe_key: Some(key.into()), chat_id: Some(chat.into()), ..job("noop") };
+    let keyless = |chat: &str| NewJob { chat_id: Some(chat.into()), ..job("noop") };
+    let later = db::now_ms() + 3_600_000;
+    let list = vec![
+        keyless("a"),
+        keyed("k1", "b"),
+        keyed("held", "c"),
+        keyed("k1", "d"),
+        keyless("e"),
+        NewJob { scheduled_at: Some(later), ..keyed("k2", "f") },
+        NewJob { pending: true, ..keyless("g") },
+    ];
+    let mut tx = pool.begin_write().await.expect("begin");
+    let got = queue.enqueue_many_in(&mut tx, &list).await.expect("enqueue_many");
+    tx.commit().await.expect("commit");
+
+    assert_eq!(got.len(), list.len());
+    let dedup: Vec<bool> = got.iter().map(|e| e.deduplicated).collect();
+    assert_eq!(dedup, vec![false, false, true, true, false, false, false]);
+    assert_eq!(got[2].job.id, held, "an unfinished stored job keeps its key");
+    assert_eq!(got[3].job.id, got[1].job.id, "the first entry with a key wins it");
+    let chats: Vec<_> = got.iter().map(|e| e.job.chat_id.clone().unwrap_or_default()).collect();
+    // A deduplicated entry gets the job that holds its key, with that job's own fields.
+    assert_eq!(chats, vec!["a", "b", "", "b", "e", "f", "g"], "each result belongs to its input");
+    let states: Vec<_> = got.iter().map(|e| e.job.state).collect();
+    assert_eq!(
+        states,
+        vec![JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Scheduled, JobState::Pending]
+    );
+
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let (jobs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs").fetch_one(&mut *conn).await.expect("count");
+    assert_eq!(jobs, 6, "held + five new");
+    for e in got.iter().filter(|e| !e.deduplicated) {
+        let events = store::events(&mut conn, e.job.id).await.expect("events");
+        assert_eq!(events.iter().map(|ev| ev.state).collect::<Vec<_>>(), vec![e.job.state], "job {}", e.job.id);
+    }
+    // Past one statement's worth of rows.
+    drop(conn);
+    let many: Vec<NewJob> = (0..600).map(|i| keyed(&format!("bulk-{}", i % 550), "bulk")).collect();
+    let mut tx = pool.begin_write().await.expect("begin");
+    let got = queue.enqueue_many_in(&mut tx, &many).await.expect("bulk");
+    tx.commit().await.expect("commit");
+    assert_eq!(got.iter().filter(|e| !e.deduplicated).count(), 550);
+    assert!(got.iter().zip(&many).all(|(e, j)| e.job.dedupe_key == j.dedupe_key));
+}
+both_backends!(jobs_enqueue_many, enqueue_many_matches_one_at_a_time);
+
 async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());

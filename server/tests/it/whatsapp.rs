@@ -407,6 +407,41 @@ async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
 }
 both_backends!(whatsapp_concurrent_duplicates, twenty_concurrent_deliveries_give_one_reply);
 
+/// On SQLite, posts that arrive while the writer is busy are stored together in one
+/// transaction, and each is still answered only after it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_arriving_during_a_commit_share_the_next_one() {
+    let app = Arc::new(app(TestDb::sqlite(), None, |_| {}).await);
+    // Another connection holds SQLite's write lock, so the writer blocks on its first group.
+    let mut blocker = app.state.db.pool.acquire().await.expect("conn");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut *blocker).await.expect("lock");
+    let posts: Vec<_> = (0..10)
+        .map(|i| {
+            let app = app.clone();
+            let body = envelope(vec![vec![text_message("16505551234", &format!("wamid.G{i}"), "hello")]]);
+            tokio::spawn(async move { post_signed(&app, &body).await.status })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.state.whatsapp_intake.counts().queued < 10 {
+        assert!(Instant::now() < deadline, "posts never reached the writer");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 0, "nothing is stored while the lock is held");
+    assert!(posts.iter().all(|p| !p.is_finished()), "no post is answered before its batch commits");
+    sqlx::query("ROLLBACK").execute(&mut *blocker).await.expect("unlock");
+    drop(blocker);
+    for p in posts {
+        assert_eq!(p.await.expect("join"), StatusCode::OK);
+    }
+    let counts = app.state.whatsapp_intake.counts();
+    assert_eq!(counts.batches, 10);
+    assert!(counts.groups <= 2, "the first group may hold one batch, the rest share one: {counts:?}");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 10);
+    assert_eq!(inbound_jobs(&app).await, 10);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE j.kind = 'whatsapp.inbound'").await, 10);
+}
+
 async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;

@@ -2,8 +2,13 @@
 //! transaction, and status callbacks update the ledger in the same one. Nothing is answered 200
 //! before this commits.
 
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
 use sqlx::AnyConnection;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     config::Settings,
@@ -47,7 +52,7 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: 
         return Ok(IntakeReport::default());
     }
     let mut tx = db.begin_write().await?;
-    let report = store_in(&mut tx, queue, settings, batch, db::now_ms()).await?;
+    let report = store_in(&mut tx, queue, settings, &[batch], db::now_ms()).await?.pop().unwrap_or_default();
     tx.commit().await?;
     if report.stored > 0 {
         queue.notify();
@@ -55,14 +60,21 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: 
     Ok(report)
 }
 
-async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Settings, batch: &Batch, now: i64) -> Result<IntakeReport, DbError> {
-    let mut report = IntakeReport::default();
-    for m in &batch.messages {
-        let Some(id) = store::insert_inbound(conn, m, now).await? else {
-            report.duplicates += 1;
+/// Stores batches in the caller's transaction with a few statements for all of them: one
+/// multi-row insert of the messages (the wamid's unique index is the dedupe), one of their jobs
+/// and one of the jobs' events. Returns one report per batch; a wamid repeated across the
+/// batches is stored for the first and counted as a duplicate for the rest.
+async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Settings, batches: &[&Batch], now: i64) -> Result<Vec<IntakeReport>, DbError> {
+    let mut reports = vec![IntakeReport::default(); batches.len()];
+    let messages: Vec<(usize, &store::NewInbound)> = batches.iter().enumerate().flat_map(|(b, batch)| batch.messages.iter().map(move |m| (b, m))).collect();
+    let ids = store::insert_inbound_many(conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), now).await?;
+    let mut jobs = Vec::new();
+    for ((b, m), id) in messages.iter().zip(ids) {
+        let Some(id) = id else {
+            reports[*b].duplicates += 1;
             continue;
         };
-        let job = NewJob {
+        jobs.push(NewJob {
             kind: INBOUND_KIND.into(),
             queue: settings.jobs.queue.clone(),
             dedupe_key: Some(dedupe_key(&m.wamid)),
@@ -73,26 +85,30 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Setting
             max_attempts: i64::from(settings.jobs.default_max_attempts),
             correlation_id: uuid::Uuid::now_v7().to_string(),
             ..Default::default()
-        };
-        queue.enqueue_in(conn, &job).await?;
-        report.stored += 1;
+        });
+        reports[*b].stored += 1;
     }
-    for s in &batch.statuses {
-        let update = StatusUpdate {
-            wamid: &s.wamid,
-            state: s.state,
-            at: s.at,
-            error_code: s.error_code.clone(),
-            error_message: s.error_message.clone(),
-            opaque: s.opaque.as_deref(),
-        };
-        if store::apply_status(conn, &update, now).await? {
-            report.statuses_applied += 1;
-        } else {
-            report.statuses_ignored += 1;
+    if !jobs.is_empty() {
+        queue.enqueue_many_in(conn, &jobs).await?;
+    }
+    for (b, batch) in batches.iter().enumerate() {
+        for s in &batch.statuses {
+            let update = StatusUpdate {
+                wamid: &s.wamid,
+                state: s.state,
+                at: s.at,
+                error_code: s.error_code.clone(),
+                error_message: s.error_message.clone(),
+                opaque: s.opaque.as_deref(),
+            };
+            if store::apply_status(conn, &update, now).await? {
+                reports[b].statuses_applied += 1;
+            } else {
+                reports[b].statuses_ignored += 1;
+            }
         }
     }
-    Ok(report)
+    Ok(reports)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,17 +124,39 @@ struct Waiting {
     done: oneshot::Sender<Result<IntakeReport, DbError>>,
 }
 
-/// Group commit for SQLite's single writer. Concurrent posts queue their batches; whoever holds
-/// the writer lock stores every queued batch in one transaction and hands each its result, so
-/// a burst costs one commit instead of one each, and no connection sleeps in SQLite's busy
-/// handler (1, 2, 5, 10 ms, ...) waiting for another. Each post is still answered only after the
-/// transaction holding its batch committed. If the group fails, each batch is retried alone, so
-/// one bad batch cannot fail the others. PostgreSQL takes concurrent writers as they come.
+/// Group commit for SQLite's single writer. Posts hand their batches to one writer task, which
+/// stores everything that queued up while it was busy in one transaction and hands each post
+/// its result: a burst costs one commit instead of one each, and no connection sleeps in
+/// SQLite's busy handler (1, 2, 5, 10 ms, ...) waiting for another. Each post is still answered
+/// only after the transaction holding its batch committed, and a client hanging up cannot roll
+/// back anyone's batch. If a group fails, each batch is retried alone, so one bad batch cannot
+/// fail the others. PostgreSQL takes concurrent writers as they come.
 #[derive(Default)]
 pub struct Intake {
-    queue: std::sync::Mutex<Vec<Waiting>>,
-    writer: tokio::sync::Mutex<()>,
+    writer: std::sync::OnceLock<mpsc::UnboundedSender<Waiting>>,
+    counts: Arc<Counts>,
 }
+
+#[derive(Debug, Default)]
+struct Counts {
+    queued: AtomicU64,
+    groups: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// How the group commit has gone so far (also exported as metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntakeCounts {
+    /// Batches handed to the writer.
+    pub queued: u64,
+    /// Transactions the writer ran.
+    pub groups: u64,
+    /// Batches those transactions held.
+    pub batches: u64,
+}
+
+/// Batches stored together at most: bounds one transaction's size after a long stall.
+const MAX_GROUP: usize = 512;
 
 impl std::fmt::Debug for Intake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,34 +169,50 @@ impl Intake {
         if db.backend == Backend::Postgres || (batch.messages.is_empty() && batch.statuses.is_empty()) {
             return Ok(store_batch(db, queue, settings, &batch).await?);
         }
+        let writer = self.writer.get_or_init(|| spawn_writer(db.clone(), queue.clone(), settings.clone(), self.counts.clone()));
         let (done, result) = oneshot::channel();
-        self.lock_queue().push(Waiting { batch, done });
-        {
-            let _writer = self.writer.lock().await;
-            let group = std::mem::take(&mut *self.lock_queue());
-            if !group.is_empty() {
-                // In a task of its own: a client hanging up on this request must not roll back
-                // the other posts' batches.
-                let (db, queue, settings) = (db.clone(), queue.clone(), settings.clone());
-                let _ = tokio::spawn(async move { commit_group(&db, &queue, &settings, group).await }).await;
-            }
-        }
+        writer.send(Waiting { batch, done }).map_err(|_| IntakeError::Abandoned)?;
+        self.counts.queued.fetch_add(1, Ordering::Relaxed);
         Ok(result.await.map_err(|_| IntakeError::Abandoned)??)
     }
 
-    fn lock_queue(&self) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
-        self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub fn counts(&self) -> IntakeCounts {
+        IntakeCounts {
+            queued: self.counts.queued.load(Ordering::Relaxed),
+            groups: self.counts.groups.load(Ordering::Relaxed),
+            batches: self.counts.batches.load(Ordering::Relaxed),
+        }
     }
+}
+
+/// The writer task; it ends when the [`Intake`] holding its sender is dropped.
+fn spawn_writer(db: Db, queue: JobQueue, settings: Settings, counts: Arc<Counts>) -> mpsc::UnboundedSender<Waiting> {
+    let (writer, mut waiting) = mpsc::unbounded_channel();
+    let settings = Arc::new(settings);
+    tokio::spawn(async move {
+        let mut group = Vec::with_capacity(MAX_GROUP);
+        while waiting.recv_many(&mut group, MAX_GROUP).await > 0 {
+            counts.groups.fetch_add(1, Ordering::Relaxed);
+            counts.batches.fetch_add(group.len() as u64, Ordering::Relaxed);
+            metrics::counter!("whatsapp_intake_transactions_total").increment(1);
+            metrics::counter!("whatsapp_intake_batches_total").increment(group.len() as u64);
+            // A task per group: should one panic, its posts get 500 (their senders drop) and
+            // this loop goes on serving the rest.
+            let (db, queue, settings, group) = (db.clone(), queue.clone(), settings.clone(), std::mem::take(&mut group));
+            if let Err(e) = tokio::spawn(async move { commit_group(&db, &queue, &settings, group).await }).await {
+                tracing::error!(error = %e, "storing a group of webhook batches panicked; its posts were answered 500");
+            }
+        }
+    });
+    writer
 }
 
 async fn commit_group(db: &Db, queue: &JobQueue, settings: &Settings, group: Vec<Waiting>) {
     let together = async {
         let mut tx = db.begin_write().await?;
         let now = db::now_ms();
-        let mut reports = Vec::with_capacity(group.len());
-        for w in &group {
-            reports.push(store_in(&mut tx, queue, settings, &w.batch, now).await?);
-        }
+        let batches: Vec<&Batch> = group.iter().map(|w| &w.batch).collect();
+        let reports = store_in(&mut tx, queue, settings, &batches, now).await?;
         tx.commit().await?;
         Ok::<_, DbError>(reports)
     };
