@@ -407,14 +407,18 @@ async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
 }
 both_backends!(whatsapp_concurrent_duplicates, twenty_concurrent_deliveries_give_one_reply);
 
-/// On SQLite, posts that arrive while the writer is busy are stored together in one
-/// transaction, and each is still answered only after it committed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn posts_arriving_during_a_commit_share_the_next_one() {
-    let app = Arc::new(app(TestDb::sqlite(), None, |_| {}).await);
-    // Another connection holds SQLite's write lock, so the writer blocks on its first group.
+/// Posts that arrive while the writer is busy are stored together in one transaction, and
+/// each is still answered only after it committed.
+async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {
+    let app = Arc::new(app(db, None, |_| {}).await);
+    // Another connection holds the write lock (SQLite) or a lock on the table (PostgreSQL), so
+    // the writer blocks on its first group.
     let mut blocker = app.state.db.pool.acquire().await.expect("conn");
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut *blocker).await.expect("lock");
+    let lock = match app.state.db.backend {
+        db::Backend::Sqlite => "BEGIN IMMEDIATE",
+        db::Backend::Postgres => "BEGIN; LOCK TABLE whatsapp_inbound IN EXCLUSIVE MODE",
+    };
+    sqlx::raw_sql(lock).execute(&mut *blocker).await.expect("lock");
     let posts: Vec<_> = (0..10)
         .map(|i| {
             let app = app.clone();
@@ -441,6 +445,7 @@ async fn posts_arriving_during_a_commit_share_the_next_one() {
     assert_eq!(inbound_jobs(&app).await, 10);
     assert_eq!(count(&app, "SELECT COUNT(*) FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE j.kind = 'whatsapp.inbound'").await, 10);
 }
+both_backends!(whatsapp_group_commit, posts_arriving_during_a_commit_share_the_next_one);
 
 async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
     let graph = FakeGraph::start().await;

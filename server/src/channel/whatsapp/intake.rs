@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{
     config::Settings,
     db::{
-        self, Backend, Db, DbError,
+        self, Db, DbError,
         jobs::NewJob,
         whatsapp::{self as store, StatusUpdate},
     },
@@ -124,13 +124,14 @@ struct Waiting {
     done: oneshot::Sender<Result<IntakeReport, DbError>>,
 }
 
-/// Group commit for SQLite's single writer. Posts hand their batches to one writer task, which
-/// stores everything that queued up while it was busy in one transaction and hands each post
-/// its result: a burst costs one commit instead of one each, and no connection sleeps in
-/// SQLite's busy handler (1, 2, 5, 10 ms, ...) waiting for another. Each post is still answered
-/// only after the transaction holding its batch committed, and a client hanging up cannot roll
-/// back anyone's batch. If a group fails, each batch is retried alone, so one bad batch cannot
-/// fail the others. PostgreSQL takes concurrent writers as they come.
+/// Group commit. Posts hand their batches to one writer task, which stores everything that
+/// queued up while it was busy in one transaction and hands each post its result: a burst costs
+/// one commit (one WAL flush) instead of one each, and on SQLite no connection sleeps in the
+/// busy handler (1, 2, 5, 10 ms, ...) waiting for another. Each post is still answered only
+/// after the transaction holding its batch committed, and a client hanging up cannot roll back
+/// anyone's batch. If a group fails, each batch is retried alone, so one bad batch cannot fail
+/// the others. Several processes on one PostgreSQL database each run their own writer; the
+/// wamid's unique index keeps them from storing a message twice.
 #[derive(Default)]
 pub struct Intake {
     writer: std::sync::OnceLock<mpsc::UnboundedSender<Waiting>>,
@@ -166,8 +167,8 @@ impl std::fmt::Debug for Intake {
 
 impl Intake {
     pub async fn store(&self, db: &Db, queue: &JobQueue, settings: &Settings, batch: Batch) -> Result<IntakeReport, IntakeError> {
-        if db.backend == Backend::Postgres || (batch.messages.is_empty() && batch.statuses.is_empty()) {
-            return Ok(store_batch(db, queue, settings, &batch).await?);
+        if batch.messages.is_empty() && batch.statuses.is_empty() {
+            return Ok(IntakeReport::default());
         }
         let writer = self.writer.get_or_init(|| spawn_writer(db.clone(), queue.clone(), settings.clone(), self.counts.clone()));
         let (done, result) = oneshot::channel();
