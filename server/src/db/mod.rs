@@ -174,11 +174,22 @@ impl Db {
     /// Starts a transaction that will write. On SQLite it takes the write lock up front
     /// (`BEGIN IMMEDIATE`): a deferred transaction that reads first and writes later cannot wait
     /// for the lock and fails with "database is locked" when another writer got in between.
+    ///
+    /// The `BEGIN` runs in a task of its own, so it always finishes. A caller dropped while it is
+    /// in flight (a worker told to stop, an aborted task, a client hanging up) would otherwise
+    /// hand the connection back to the pool inside an open transaction: on SQLite holding the
+    /// write lock for good, so that every later writer fails with "database is locked". Now the
+    /// finished transaction nobody awaits any more is dropped, which rolls it back.
     pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-        match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
-            Backend::Postgres => self.pool.begin().await,
-        }
+        let (pool, backend) = (self.pool.clone(), self.backend);
+        tokio::spawn(async move {
+            match backend {
+                Backend::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
+                Backend::Postgres => pool.begin().await,
+            }
+        })
+        .await
+        .map_err(|e| sqlx::Error::Io(std::io::Error::other(format!("beginning a transaction failed: {e}"))))?
     }
 
     /// A round trip to the database.

@@ -28,3 +28,41 @@ async fn sqlite_file_is_created_with_pragmas(db: TestDb) {
     pool.close().await;
 }
 both_backends!(sqlite_pragmas, sqlite_file_is_created_with_pragmas);
+
+/// A write transaction whose caller is dropped partway through `begin_write` (a worker told to
+/// stop, an aborted task) must not come back from the pool still open: on SQLite it would hold
+/// the write lock for good and every later writer would fail with "database is locked". The
+/// caller is dropped after 1, 2, ... polls, so every await inside the begin gets its turn.
+async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
+    let settings = server::config::DatabaseSettings {
+        url: db.url.clone(),
+        max_connections: 2,
+        busy_timeout: std::time::Duration::from_millis(1000),
+        ..Default::default()
+    };
+    let pool = server::db::Db::connect(&settings).await.expect("connect");
+    pool.migrate().await.expect("migrate");
+    for polls in 1..=8 {
+        let mut begin = Box::pin(pool.begin_write());
+        for _ in 0..polls {
+            let step = std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
+            if step.is_ready() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        }
+        drop(begin);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    for i in 0..6 {
+        let mut tx = pool.begin_write().await.unwrap_or_else(|e| panic!("write {i}: {e}"));
+        sqlx::query("INSERT INTO owner_audit (at, event) VALUES ($1, 'probe')")
+            .bind(i64::from(i))
+            .execute(&mut *tx)
+            .await
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        tx.commit().await.unwrap_or_else(|e| panic!("write {i}: {e}"));
+    }
+    pool.close().await;
+}
+both_backends!(db_dropped_begin, a_dropped_begin_leaves_no_transaction_open);

@@ -165,6 +165,7 @@ impl TestApp {
     }
 
     async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        init_test_logs();
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
@@ -288,4 +289,11 @@ impl Client {
         let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
         self.request(Method::POST, path, Some(body)).await
     }
+}
+
+/// Warnings and errors go to the test's captured output, so a failing test shows why the app
+/// answered as it did (`RUST_LOG` overrides the level).
+pub fn init_test_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }
