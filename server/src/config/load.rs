@@ -8,9 +8,9 @@ use std::{
 };
 
 use figment::{
-    Figment, Metadata, Source,
+    Figment, Metadata, Profile, Provider, Source,
     providers::{Env, Format, Serialized, Toml},
-    value::{Dict, Value},
+    value::{Dict, Map, Value},
 };
 
 use super::{Settings, secrets::Secrets};
@@ -69,7 +69,7 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
             message: "config file not found; pass --config PATH or run from the repository root".into(),
         }]));
     }
-    let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(env);
+    let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(EnvOverrides(env));
     let (settings, mut problems) = check(&figment);
     problems.extend(check_values(&figment, &settings));
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
@@ -222,13 +222,51 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     problems
 }
 
+/// `GATEHOUSE__SECTION__KEY` overrides. Figment's `Env` turns `106540352242922` into a number
+/// and `true` into a bool, which a text setting (a phone number id, a model name) then refuses.
+/// Here such values stay text; settings are extracted lossily, so a number or bool setting
+/// still reads them. Arrays and tables in a variable are parsed as `Env` parses them.
+struct EnvOverrides(Env);
+
+impl Provider for EnvOverrides {
+    fn metadata(&self) -> Metadata {
+        self.0.metadata()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut dict = Dict::new();
+        for (key, raw) in self.0.iter() {
+            let value = match raw.parse::<Value>() {
+                Ok(Value::Num(..) | Value::Bool(..)) | Err(_) => Value::from(raw),
+                Ok(parsed) => parsed,
+            };
+            if let Some(nested) = figment::util::nest(key.as_str(), value).into_dict() {
+                merge_into(&mut dict, nested);
+            }
+        }
+        Ok(Profile::Default.collect(dict))
+    }
+}
+
+/// Adds `from` to `into`, table by table; a later value for the same key wins.
+fn merge_into(into: &mut Dict, from: Dict) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => merge_into(existing, nested),
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
 /// Finds unknown keys and every key whose value does not deserialize. Returns the settings
 /// built from the defaults plus every key that was fine, so later checks still run.
 fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     let mut problems = Vec::new();
     let base = || Figment::from(Serialized::defaults(Settings::default()));
     let (Ok(defaults), Ok(merged)) = (base().find_value(""), figment.find_value("")) else {
-        return match figment.extract() {
+        return match figment.extract_lossy() {
             Ok(settings) => (settings, problems),
             Err(e) => (Settings::default(), from_figment(figment, e)),
         };
@@ -249,7 +287,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     for key in known.intersection(&present) {
         let Ok(value) = figment.find_value(key) else { continue };
         let probe = base().merge(Serialized::default(key, value.clone()));
-        match probe.extract::<Settings>() {
+        match probe.extract_lossy::<Settings>() {
             Ok(_) => good = good.merge(Serialized::default(key, value)),
             Err(e) => {
                 let shown = match &value {
@@ -262,7 +300,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
             }
         }
     }
-    match good.extract() {
+    match good.extract_lossy() {
         Ok(settings) => (settings, problems),
         Err(e) => {
             problems.extend(from_figment(figment, e));

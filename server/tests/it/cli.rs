@@ -102,6 +102,47 @@ fn every_config_problem_is_reported_at_once() {
     assert!(!err.contains(SECRET));
 }
 
+/// The keys operators and tests set from the environment. A phone number id is all digits and a
+/// model name may be: they stay text, while number and bool settings still read digits and
+/// `true` from a variable.
+#[test]
+fn environment_overrides_reach_every_documented_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let vars = [
+        ("GATEHOUSE__WHATSAPP__GRAPH_BASE_URL", "http://127.0.0.1:9/graph"),
+        ("GATEHOUSE__WHATSAPP__GRAPH_VERSION", "v99.0"),
+        ("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", "106540352242922"),
+        ("GATEHOUSE__LLM__PROVIDER", "openai"),
+        ("GATEHOUSE__LLM__ANTHROPIC__BASE_URL", "http://127.0.0.1:8/anthropic"),
+        ("GATEHOUSE__LLM__OPENAI__BASE_URL", "http://127.0.0.1:7/v1"),
+        ("GATEHOUSE__MODELS__CHAT", "chat-model-a"),
+        ("GATEHOUSE__MODELS__PLANNER", "planner-model-b"),
+        ("GATEHOUSE__MODELS__SUMMARIZER", "summarizer-model-c"),
+        ("GATEHOUSE__MODELS__COMPACTION", "2025"),
+        ("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "3"),
+        ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
+    ];
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &vars, None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    for line in [
+        "whatsapp.graph_base_url = http://127.0.0.1:9/graph",
+        "whatsapp.graph_version = v99.0",
+        "whatsapp.phone_number_id = 106540352242922",
+        "llm.provider = openai",
+        "llm.anthropic.base_url = http://127.0.0.1:8/anthropic",
+        "llm.openai.base_url = http://127.0.0.1:7/v1",
+        "models.chat = chat-model-a",
+        "models.planner = planner-model-b",
+        "models.summarizer = summarizer-model-c",
+        "models.compaction = 2025",
+        "database.max_connections = 3",
+        "server.strict_port = true",
+    ] {
+        assert!(out.stdout.contains(line), "missing {line:?} in:\n{}", out.stdout);
+    }
+}
+
 #[test]
 fn tool_catalog_problems_are_reported_with_the_rest() {
     let dir = tempfile::tempdir().expect("tempdir");
