@@ -28,6 +28,9 @@ pub struct ConversationSettings {
     pub keep_recent_turns: u32,
     /// The system prompt of normal chat.
     pub system_prompt: String,
+    /// The system prompt of compaction (`models.compaction`), which folds older turns into the
+    /// chat's summary.
+    pub compaction_prompt: String,
     /// What a customer gets for a message that looks like a command.
     pub customer_command_reply: String,
     /// The owner's /help text.
@@ -46,6 +49,7 @@ impl Default for ConversationSettings {
             history_token_budget: 6_000,
             keep_recent_turns: 8,
             system_prompt: String::new(),
+            compaction_prompt: String::new(),
             customer_command_reply: String::new(),
             owner_help: String::new(),
             approvals_unavailable_reply: String::new(),
@@ -62,7 +66,7 @@ impl Default for ConversationSettings {
 pub struct PrivateCategory {
     pub name: String,
     pub description: String,
-    /// Sample questions, for owners reading the config and for tests.
+    /// Sample questions; each must match one of `patterns` (checked when the config loads).
     #[serde(default)]
     pub examples: Vec<String>,
     /// Regular expressions, matched case-insensitively against the message.
@@ -74,5 +78,9 @@ pub struct PrivateCategory {
 pub struct PrivateDataSettings {
     /// What a customer gets instead of private data (a handoff to a person).
     pub safe_reply: String,
+    /// Tell the owners (WhatsApp and the console) so that a person answers.
+    pub handoff: bool,
+    /// The owners' notice: `{chat}`, `{category}`, `{description}` and `{text}` are filled in.
+    pub owner_notice: String,
     pub categories: Vec<PrivateCategory>,
 }

@@ -204,8 +204,19 @@ fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
     for (i, c) in settings.private_data.categories.iter().enumerate() {
         need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
+        let compiled: Vec<regex::Regex> = c.patterns.iter().filter_map(|p| regex::RegexBuilder::new(p).case_insensitive(true).build().ok()).collect();
         for p in &c.patterns {
             need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
+        }
+        // The examples are the category's own test cases: each must be caught.
+        if compiled.len() == c.patterns.len() {
+            for example in &c.examples {
+                need(
+                    compiled.iter().any(|r| r.is_match(example)),
+                    "private_data.categories",
+                    format!("example {example:?} of {:?} matches none of its patterns, so the guard would let it through", c.name),
+                );
+            }
         }
     }
     let graph = &settings.whatsapp.graph_base_url;
@@ -452,6 +463,18 @@ mod tests {
         let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
         assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
+    }
+
+    #[test]
+    fn a_private_data_example_the_patterns_miss_is_a_problem() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let category = "[[private_data.categories]]\nname = \"fees\"\ndescription = \"d\"\n\
+                        examples = [\"What are my fees?\", \"What is on my last invoice?\"]\npatterns = ['\\bmy fees\\b']\n";
+        let path = write(dir.path(), category);
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let text = err.to_string();
+        assert!(text.contains("\"What is on my last invoice?\" of \"fees\" matches none of its patterns"), "{text}");
+        assert!(!text.contains("What are my fees?"), "a caught example is fine: {text}");
     }
 
     #[test]

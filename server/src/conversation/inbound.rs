@@ -24,7 +24,7 @@ impl InboundHandler for Runtime {
             }
         }
         let inbound = Inbound {
-            channel: "whatsapp".into(),
+            channel: super::WHATSAPP_CHANNEL.into(),
             message_id: message.message_id.clone(),
             chat_id: message.chat_id.clone(),
             chat_kind: if message.is_group { ChatKind::Group } else { ChatKind::Direct },

@@ -13,6 +13,9 @@ mod inbound;
 pub mod memory;
 pub mod steps;
 
+/// `Inbound::channel` of messages that came through the WhatsApp webhook.
+pub const WHATSAPP_CHANNEL: &str = "whatsapp";
+
 use std::{sync::Arc, time::Instant};
 
 use serde_json::json;
@@ -207,7 +210,7 @@ impl Runtime {
         if let Some(earlier) = store::earlier_reply(&mut conn, &inbound.message_id).await? {
             return Ok(Outcome { route: Route::Duplicate, actor: Actor::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
         }
-        trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
+        trace.step("dedupe", "new", "FIRST_DELIVERY", self.text_detail(&inbound.text));
 
         // 2. Actor role: a number registered on an owner account is an owner.
         let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
@@ -216,6 +219,7 @@ impl Runtime {
         drop(conn);
 
         let conv = &self.settings.conversation;
+        let mut owner_notice = None;
         let (route, reply, error_code) = 'decide: {
             // 3. Group rules.
             match steps::group_allows(inbound, conv.group_reply, &conv.mention_names) {
@@ -240,7 +244,11 @@ impl Runtime {
             }
             // 5. Private-data guard.
             if let Some(category) = self.guard.check(actor, &inbound.text) {
-                trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category }));
+                let handoff = self.settings.private_data.handoff;
+                trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category, "handoff": handoff }));
+                if handoff {
+                    owner_notice = Some(self.private_data_notice(inbound, category));
+                }
                 break 'decide (Route::PrivateData, Some(self.settings.private_data.safe_reply.clone()), None);
             }
             trace.step("private_data", "pass", if actor == Actor::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
@@ -288,8 +296,38 @@ impl Runtime {
         let mut tx = self.db.begin_write().await?;
         let trace_id = traces::insert(&mut tx, &row, &trace.steps).await?;
         store::record_reply(&mut tx, &inbound.message_id, route.as_str(), reply.as_deref(), trace_id, db::now_ms()).await?;
+        if let Some(notice) = &owner_notice {
+            // With the trace and the reply: a retried job finds the reply recorded and does not
+            // notify twice. Simulated chats notify the console only, never a real phone.
+            db::owner_notifications::insert(&mut tx, notice).await?;
+            if inbound.channel == WHATSAPP_CHANNEL {
+                let jobs = &self.settings.jobs;
+                db::owner_notifications::enqueue_deliveries(&mut tx, notice, &jobs.queue, i64::from(jobs.default_max_attempts)).await?;
+            }
+        }
         tx.commit().await?;
         Ok(Outcome { route, actor, reply, trace_id: Some(trace_id), error_code })
+    }
+
+    /// The owners' notice for a customer's private-data question (`private_data.owner_notice`).
+    fn private_data_notice(&self, inbound: &Inbound, category: &str) -> db::owner_notifications::Notification {
+        let settings = &self.settings.private_data;
+        let description = settings.categories.iter().find(|c| c.name == category).map_or("", |c| c.description.as_str());
+        let text: String = inbound.text.chars().take(300).collect();
+        let message = settings
+            .owner_notice
+            .replace("{chat}", &inbound.chat_id)
+            .replace("{category}", category)
+            .replace("{description}", description)
+            .replace("{text}", &text);
+        db::owner_notifications::Notification {
+            at: db::now_ms(),
+            hook: "private_data".into(),
+            tool: category.into(),
+            reason_code: "PRIVATE_DATA_REQUEST".into(),
+            message,
+            correlation_id: inbound.correlation_id.clone(),
+        }
     }
 
     async fn owner_command(&self, command: &steps::Command) -> Result<(&'static str, String), RuntimeError> {
@@ -344,13 +382,24 @@ impl Runtime {
                 (summary, history)
             }
             memory::Plan::Compact { older, keep } => {
-                match memory::summarize(self.model.as_ref(), &self.settings.models, summary.as_ref(), &older, &inbound.correlation_id).await {
-                    Ok(text) if !text.is_empty() => {
+                let compacted = memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id).await;
+                let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
+                match compacted {
+                    Ok(res) if !text.is_empty() => {
                         let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
                         let mut tx = self.db.begin_write().await?;
                         store::save_summary(&mut tx, &inbound.chat_id, &new, now).await?;
                         tx.commit().await?;
-                        trace.step("memory", "compacted", "OVER_BUDGET", json!({ "summarized_turns": older.len(), "kept_turns": keep.len(), "model": self.settings.models.summarizer }));
+                        trace.step(
+                            "memory",
+                            "compacted",
+                            "OVER_BUDGET",
+                            json!({
+                                "summarized_turns": older.len(), "kept_turns": keep.len(), "purpose": "compaction", "model": res.model,
+                                "input_tokens": res.usage.input_tokens, "output_tokens": res.usage.output_tokens,
+                                "latency_ms": u64::try_from(res.latency.as_millis()).unwrap_or(u64::MAX),
+                            }),
+                        );
                         (Some(new), keep)
                     }
                     other => {

@@ -143,6 +143,7 @@ mod tests {
         let settings = PrivateDataSettings {
             safe_reply: "no".into(),
             categories: vec![PrivateCategory { name: "balances".into(), description: "d".into(), examples: vec![], patterns: vec![r"\bmy balance\b".into()] }],
+            ..Default::default()
         };
         let guard = PrivateGuard::new(&settings);
         assert_eq!(guard.check(Actor::Customer, "What's MY BALANCE?"), Some("balances"));

@@ -18,7 +18,8 @@ use crate::{both_backends, support::TestDb};
 
 const OWNER_PHONE: &str = "+15550001111";
 pub(crate) const CHAT_MODEL: &str = "test-chat-model";
-const SUMMARY_MODEL: &str = "test-summary-model";
+/// `models.compaction`: compaction must ask this one, never `models.summarizer`.
+const SUMMARY_MODEL: &str = "test-compaction-model";
 
 #[derive(Default)]
 pub(crate) struct Fake {
@@ -66,7 +67,8 @@ fn settings(base_url: &str, budget: u32) -> Settings {
     s.llm.anthropic.base_url = base_url.into();
     s.llm.max_retries = 0;
     s.models.chat = CHAT_MODEL.into();
-    s.models.summarizer = SUMMARY_MODEL.into();
+    s.models.compaction = SUMMARY_MODEL.into();
+    s.models.summarizer = "test-tool-result-summarizer".into();
     s.conversation.history_token_budget = budget;
     s.conversation.keep_recent_turns = 2;
     s.conversation.trace_text = false;
@@ -77,6 +79,7 @@ struct Rig {
     runtime: Runtime,
     db: Db,
     fake: Shared,
+    base_url: String,
     _test_db: TestDb,
 }
 
@@ -97,7 +100,17 @@ async fn rig(test_db: TestDb, budget: u32, with_key: bool) -> Rig {
     let secrets = Secrets::from_lookup(move |name| (with_key && name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
     let model = llm::from_settings(&settings, &secrets).expect("model");
     let runtime = Runtime::new(db.clone(), settings, secrets, model, Arc::new(NoToolLane));
-    Rig { runtime, db, fake, _test_db: test_db }
+    Rig { runtime, db, fake, base_url: url, _test_db: test_db }
+}
+
+impl Rig {
+    fn runtime_base_url(&self) -> String {
+        self.base_url.clone()
+    }
+
+    fn secrets(&self) -> Secrets {
+        Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()))
+    }
 }
 
 fn msg(id: &str, sender: &str, text: &str) -> Inbound {
@@ -230,6 +243,22 @@ async fn history_over_budget_is_compacted(db: TestDb) {
     assert!(!seen.iter().any(|t| t.contains("I run a bakery.")), "compacted turns are not sent word for word");
     let traces: Vec<String> = sqlx::query("SELECT decision FROM trace_steps WHERE step = 'memory'").fetch_all(&r.db.pool).await.expect("steps").iter().map(|row| row.get(0)).collect();
     assert!(traces.contains(&"compacted".to_string()), "{traces:?}");
+    {
+        let f = r.fake.lock().expect("lock");
+        let compaction = f.requests.iter().find(|req| req["model"] == SUMMARY_MODEL).expect("a compaction request");
+        assert!(compaction["system"].as_str().is_some_and(|p| p.contains("Summarize this chat")), "conversation.compaction_prompt is its system prompt: {compaction}");
+        assert!(!f.requests.iter().any(|req| req["model"] == "test-tool-result-summarizer"), "compaction never asks models.summarizer");
+    }
+    let detail: String = sqlx::query("SELECT detail FROM trace_steps WHERE step = 'memory' AND decision = 'compacted'").fetch_one(&r.db.pool).await.expect("step").get(0);
+    let detail: serde_json::Value = serde_json::from_str(&detail).expect("json");
+    assert_eq!(detail["model"], SUMMARY_MODEL);
+    assert_eq!(detail["purpose"], "compaction");
+    assert!(detail["input_tokens"].as_u64().is_some_and(|n| n > 0) && detail["latency_ms"].is_u64(), "{detail}");
+    // The chat call's step names its model, tokens and latency too.
+    let detail: String = sqlx::query("SELECT detail FROM trace_steps WHERE step = 'llm' ORDER BY id DESC LIMIT 1").fetch_one(&r.db.pool).await.expect("step").get(0);
+    let detail: serde_json::Value = serde_json::from_str(&detail).expect("json");
+    assert_eq!((detail["model"].as_str(), detail["input_tokens"].as_u64(), detail["output_tokens"].as_u64()), (Some(CHAT_MODEL), Some(12), Some(3)), "{detail}");
+    assert!(detail["latency_ms"].is_u64(), "{detail}");
 
     // A failing summarizer falls back to leaving out the oldest turns, and says so.
     r.fake.lock().expect("lock").fail_summaries = true;
@@ -239,6 +268,80 @@ async fn history_over_budget_is_compacted(db: TestDb) {
     assert!(steps.iter().any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_BAD_REQUEST"), "{steps:?}");
 }
 both_backends!(conversation_compaction, history_over_budget_is_compacted);
+
+/// Every example and extra phrasing in the shipped categories gets the safe reply without
+/// reaching the model, and the owners hear about it: a notice in the console for every chat, a
+/// WhatsApp delivery job per owner number only for WhatsApp chats.
+async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let shipped = settings("http://unused", 6000);
+    assert!(shipped.private_data.handoff, "the shipped config hands off");
+    let mut questions: Vec<String> = shipped.private_data.categories.iter().flat_map(|c| c.examples.clone()).collect();
+    assert!(questions.len() >= 8, "{questions:?}");
+    questions.extend(["Hi! Could you tell me my current balance?", "do i still owe you anything?", "Have you received my money yet?"].map(String::from));
+    let customer = "15553330000";
+    for (i, q) in questions.iter().enumerate() {
+        let mut m = msg(&format!("p{i}"), customer, q);
+        m.channel = "whatsapp".into();
+        let out = r.runtime.handle(&m).await.expect("handle");
+        assert_eq!(out.route, Route::PrivateData, "{q:?} must be guarded");
+    }
+    assert!(r.fake.lock().expect("lock").requests.is_empty(), "no private question reached the model");
+    let notices: Vec<(String, String, String)> = sqlx::query("SELECT hook, tool, message FROM owner_notifications ORDER BY id")
+        .fetch_all(&r.db.pool)
+        .await
+        .expect("notices")
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert_eq!(notices.len(), questions.len());
+    let (hook, category, message) = &notices[0];
+    assert_eq!((hook.as_str(), category.as_str()), ("private_data", "fees"));
+    assert!(message.contains(&format!("chat-{customer}")) && message.contains(&questions[0]) && message.contains("please reply yourself"), "{message}");
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!(deliveries, i64::try_from(questions.len()).expect("len"), "one delivery per question to the one owner number");
+
+    // A simulated chat notifies the console, never a real phone.
+    let out = r.runtime.handle(&msg("sim1", customer, "What's my balance?")).await.expect("handle");
+    assert_eq!(out.route, Route::PrivateData);
+    let deliveries_after: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!(deliveries_after, deliveries);
+    let notices_after: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications").fetch_one(&r.db.pool).await.expect("count").get(0);
+    assert_eq!(notices_after, i64::try_from(questions.len() + 1).expect("len"));
+}
+both_backends!(conversation_private_data_handoff, private_data_questions_are_handed_to_the_owner);
+
+/// `conversation.trace_text` decides whether the message and the reply are kept in the trace.
+async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let mut with_text = settings("http://unused", 6000);
+    with_text.conversation.trace_text = true;
+    with_text.llm.anthropic.base_url = r.runtime_base_url();
+    let model = llm::from_settings(&with_text, &r.secrets()).expect("model");
+    let verbose = Runtime::new(r.db.clone(), Arc::new(with_text), r.secrets(), model, Arc::new(NoToolLane));
+    let details = |trace_id: i64| {
+        let pool = r.db.pool.clone();
+        async move {
+            sqlx::query("SELECT detail FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+                .bind(trace_id)
+                .fetch_all(&pool)
+                .await
+                .expect("steps")
+                .iter()
+                .map(|row| row.get::<String, _>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let quiet = r.runtime.handle(&msg("t1", "15554440000", "My secret recipe uses cardamom.")).await.expect("handle");
+    let quiet = details(quiet.trace_id.expect("trace")).await;
+    assert!(!quiet.contains("cardamom") && !quiet.contains("reply 1"), "off: no text in the trace: {quiet}");
+    assert!(quiet.contains("\"chars\":31"), "lengths are kept: {quiet}");
+    let loud = verbose.handle(&msg("t2", "15554440001", "My secret recipe uses cardamom.")).await.expect("handle");
+    let loud = details(loud.trace_id.expect("trace")).await;
+    assert!(loud.contains("My secret recipe uses cardamom.") && loud.contains("\"text\":\"reply"), "on: the message and the reply: {loud}");
+}
+both_backends!(conversation_trace_text, trace_text_keeps_message_and_reply_only_when_on);
 
 async fn degraded_mode_answers_without_a_model(db: TestDb) {
     let r = rig(db, 6000, false).await;
