@@ -140,3 +140,10 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
     .await?;
     Ok(())
 }
+
+/// Sets a finished trace's outcome and error code after the fact: a reply the runtime gave
+/// that WhatsApp then refused, so the Traces page's outcome and error-code filters find it.
+pub async fn set_outcome(conn: &mut AnyConnection, trace_id: i64, outcome: &str, error_code: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE traces SET outcome = $1, error_code = $2 WHERE id = $3").bind(outcome).bind(error_code).bind(trace_id).execute(conn).await?;
+    Ok(())
+}

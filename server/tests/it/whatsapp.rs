@@ -793,8 +793,49 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     assert_eq!(route, "chat");
     let steps: Vec<(String, String)> = sqlx::query_as("SELECT step, decision FROM trace_steps WHERE trace_id = $1 ORDER BY seq").bind(trace_id).fetch_all(&app.state.db.pool).await.expect("steps");
     assert_eq!(steps.last(), Some(&("delivery".to_string(), "sent".to_string())), "{steps:?}");
+    assert!(steps.contains(&("delivery".to_string(), "retry".to_string())), "the refused first try is in the trace: {steps:?}");
     let calls: i64 = count(&app, "SELECT COUNT(*) FROM llm_calls WHERE purpose = 'chat'").await;
     assert_eq!(calls, 1, "the call's usage was recorded");
+    let outcome = |wamid: &'static str| {
+        let pool = app.state.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, Option<String>, String)>(
+                "SELECT t.outcome, t.error_code, s.decision FROM traces t JOIN trace_steps s ON s.trace_id = t.id \
+                 WHERE t.message_id = $1 ORDER BY s.seq DESC LIMIT 1",
+            )
+            .bind(wamid)
+            .fetch_one(&pool)
+            .await
+            .expect("trace")
+        }
+    };
+    assert_eq!(outcome("wamid.RUNTIME").await, ("replied".into(), None, "sent".into()));
+
+    // A reply WhatsApp refuses marks the trace failed with the reason, so the Traces page's
+    // outcome and error-code filters find it: outside the 24-hour window, and a permanent error.
+    graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.WINDOW", "Are you open?")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    run_jobs(&app, app.state.runtime.clone()).await;
+    assert_eq!(outcome("wamid.WINDOW").await, ("failed".into(), Some("WHATSAPP_131047".into()), "failed".into()));
+    graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131026, "Message undeliverable")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.UNDELIVERABLE", "Hello?")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    run_jobs(&app, app.state.runtime.clone()).await;
+    assert_eq!(outcome("wamid.UNDELIVERABLE").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let filter = db::traces::TraceFilter { outcome: "failed".into(), ..Default::default() };
+    let failed: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    let filter = db::traces::TraceFilter { error_code: "WHATSAPP_131047".into(), ..Default::default() };
+    let window: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
+    assert_eq!(window, vec!["wamid.WINDOW".to_string()]);
+    let filter = db::traces::TraceFilter { chat_id: "16505550000".into(), route: "chat".into(), ..Default::default() };
+    assert_eq!(db::traces::list(&mut conn, &filter, 50).await.expect("list").len(), 3);
+    let filter = db::traces::TraceFilter { chat_id: "someone-else".into(), ..Default::default() };
+    assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty());
+    let filter = db::traces::TraceFilter { since_ms: db::now_ms() + 60_000, ..Default::default() };
+    assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty(), "the time filter");
 }
 both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
 

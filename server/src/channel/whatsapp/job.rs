@@ -27,19 +27,42 @@ pub struct InboundJob {
 impl InboundJob {
     /// Adds the delivery to the message's trace (the runtime recorded which trace it is).
     async fn trace_delivery(&self, wamid: &str, sent: &SendOutcome) {
-        let (decision, reason) = match sent {
-            SendOutcome::Sent { .. } => ("sent", "WHATSAPP_SENT".to_string()),
-            SendOutcome::OutsideWindow { template_sent: true } => ("template_sent", "WHATSAPP_131047".to_string()),
-            SendOutcome::OutsideWindow { template_sent: false } => ("failed", "WHATSAPP_131047".to_string()),
-            SendOutcome::Failed { code } => ("failed", code.clone()),
+        let (decision, reason, failed) = match sent {
+            SendOutcome::Sent { .. } => ("sent", "WHATSAPP_SENT".to_string(), false),
+            SendOutcome::OutsideWindow { template_sent: true } => ("template_sent", "WHATSAPP_131047".to_string(), false),
+            SendOutcome::OutsideWindow { template_sent: false } => ("failed", "WHATSAPP_131047".to_string(), true),
+            SendOutcome::Failed { code } => ("failed", trace_code(code), true),
         };
+        self.record_delivery(wamid, decision, &reason, &describe(sent), failed).await;
+    }
+
+    /// A send that ended in an error: retried by the job, or given up for good (`last`).
+    async fn trace_send_error(&self, wamid: &str, error: &SendError, last: bool) {
+        let (code, permanent) = match error {
+            SendError::Retry { code, .. } => (code.as_str(), false),
+            SendError::Permanent { code, .. } => (code.as_str(), true),
+            SendError::Db(_) => return,
+        };
+        let given_up = permanent || last;
+        let decision = if given_up { "failed" } else { "retry" };
+        let what = if given_up { format!("reply failed ({code})") } else { format!("reply not sent yet ({code}); the job retries") };
+        self.record_delivery(wamid, decision, &trace_code(code), &what, given_up).await;
+    }
+
+    /// Appends a `delivery` step to the message's trace and, when the reply did not reach the
+    /// customer, marks the whole trace failed with `reason`.
+    async fn record_delivery(&self, wamid: &str, decision: &str, reason: &str, what: &str, failed: bool) {
         let result = async {
-            let mut conn = self.db.pool.acquire().await?;
-            if let Some(earlier) = db::conversation::earlier_reply(&mut conn, wamid).await? {
-                let detail = serde_json::json!({ "outcome": describe(sent) }).to_string();
-                let step = db::traces::Step { step: "delivery".into(), decision: decision.into(), reason_code: reason, duration_us: 0, detail };
-                db::traces::append_step(&mut conn, earlier.trace_id, &step).await?;
+            let mut tx = self.db.begin_write().await?;
+            if let Some(earlier) = db::conversation::earlier_reply(&mut tx, wamid).await? {
+                let detail = serde_json::json!({ "outcome": what }).to_string();
+                let step = db::traces::Step { step: "delivery".into(), decision: decision.into(), reason_code: reason.into(), duration_us: 0, detail };
+                db::traces::append_step(&mut tx, earlier.trace_id, &step).await?;
+                if failed {
+                    db::traces::set_outcome(&mut tx, earlier.trace_id, "failed", reason).await?;
+                }
             }
+            tx.commit().await?;
             Ok::<_, db::DbError>(())
         }
         .await;
@@ -51,6 +74,12 @@ impl InboundJob {
     pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
         Self { db, sender, handler }
     }
+}
+
+/// A Graph API error number as a trace's reason code (`131026` becomes `WHATSAPP_131026`);
+/// Gatehouse's own codes are already named.
+fn trace_code(code: &str) -> String {
+    if !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()) { format!("WHATSAPP_{code}") } else { code.to_string() }
 }
 
 fn db_error(e: DbError) -> JobError {
@@ -126,7 +155,13 @@ impl JobHandler for InboundJob {
             match self.handler.handle(&message, &presence).await {
                 Ok(InboundOutcome::Reply { text, quote }) => {
                     let quote = quote.then_some(message.message_id.as_str());
-                    let sent = self.sender.send_text(job_id, &to, &text, quote).await.map_err(send_error)?;
+                    let sent = match self.sender.send_text(job_id, &to, &text, quote).await {
+                        Ok(sent) => sent,
+                        Err(e) => {
+                            self.trace_send_error(&message.message_id, &e, ctx.job.attempt >= ctx.job.max_attempts).await;
+                            return Err(send_error(e));
+                        }
+                    };
                     self.trace_delivery(&message.message_id, &sent).await;
                     describe(&sent)
                 }
