@@ -147,3 +147,16 @@ pub async fn set_outcome(conn: &mut AnyConnection, trace_id: i64, outcome: &str,
     sqlx::query("UPDATE traces SET outcome = $1, error_code = $2 WHERE id = $3").bind(outcome).bind(error_code).bind(trace_id).execute(conn).await?;
     Ok(())
 }
+
+/// The trace of the message whose reply went out as `outbound_wamid` (through the delivery
+/// ledger's job), if the runtime traced it.
+pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -> Result<Option<i64>, DbError> {
+    let row: Option<(i64,)> = sqlx::query_as(
+        "SELECT r.trace_id FROM whatsapp_outbound o JOIN jobs j ON j.id = o.job_id JOIN message_replies r ON r.message_id = j.message_id \
+         WHERE o.wamid = $1",
+    )
+    .bind(outbound_wamid)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|(id,)| id))
+}

@@ -836,6 +836,15 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty());
     let filter = db::traces::TraceFilter { since_ms: db::now_ms() + 60_000, ..Default::default() };
     assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty(), "the time filter");
+
+    // Meta accepts a reply and later reports it undelivered: the trace learns it from the status.
+    let sent = store::outbound_for_recipient(&mut conn, "16505550000").await.expect("ledger");
+    let wamid = sent.iter().find(|r| r.state == DeliveryState::Sent).and_then(|r| r.wamid.clone()).expect("a sent reply");
+    drop(conn);
+    let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505550000",
+        "errors": [{ "code": 131026, "title": "Message undeliverable", "message": "Message undeliverable" }] });
+    assert_eq!(post_signed(&app, &status_envelope(vec![failed])).await.status, StatusCode::OK);
+    assert_eq!(outcome("wamid.RUNTIME").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
 }
 both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
 

@@ -15,7 +15,7 @@ use crate::{
     db::{
         self, Db, DbError,
         jobs::NewJob,
-        whatsapp::{self as store, StatusUpdate},
+        whatsapp::{self as store, DeliveryState, StatusUpdate},
     },
     jobs::JobQueue,
 };
@@ -103,12 +103,26 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Setting
             };
             if store::apply_status(conn, &update, now).await? {
                 reports[b].statuses_applied += 1;
+                if s.state == DeliveryState::Failed {
+                    trace_failed_delivery(conn, &update).await?;
+                }
             } else {
                 reports[b].statuses_ignored += 1;
             }
         }
     }
     Ok(reports)
+}
+
+/// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
+/// the Traces page shows it under outcome "failed" and its WhatsApp error code.
+async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate<'_>) -> Result<(), DbError> {
+    let Some(trace_id) = db::traces::trace_of_outbound(conn, s.wamid).await? else { return Ok(()) };
+    let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), |c| format!("WHATSAPP_{c}"));
+    let detail = serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }).to_string();
+    let step = db::traces::Step { step: "delivery_status".into(), decision: "failed".into(), reason_code: code.clone(), duration_us: 0, detail };
+    db::traces::append_step(conn, trace_id, &step).await?;
+    db::traces::set_outcome(conn, trace_id, "failed", &code).await
 }
 
 #[derive(Debug, thiserror::Error)]
