@@ -532,6 +532,30 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
     let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
     assert_eq!(audio.msg_type, "audio");
+    drop(conn);
+
+    // Each one is traced: the type, and whether the note went out and was delivered.
+    let traces: Vec<(String, String, String)> = sqlx::query_as("SELECT message_id, route, outcome FROM traces ORDER BY message_id")
+        .fetch_all(&app.state.db.pool)
+        .await
+        .expect("traces");
+    assert_eq!(traces.len(), 4, "{traces:?}");
+    assert!(traces.iter().all(|(_, route, _)| route == "unknown_type"), "{traces:?}");
+    assert_eq!(traces.iter().filter(|(_, _, outcome)| outcome == "replied").count(), 2, "{traces:?}");
+    let (noted,): (i64,) = sqlx::query_as("SELECT id FROM traces WHERE message_id = 'wamid.U4'").fetch_one(&app.state.db.pool).await.expect("trace");
+    let steps: Vec<(String, String, String)> = sqlx::query_as("SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+        .bind(noted)
+        .fetch_all(&app.state.db.pool)
+        .await
+        .expect("steps");
+    assert_eq!(
+        steps,
+        vec![
+            ("message_type".into(), "not_read".into(), "UNSUPPORTED_TYPE".into()),
+            ("reply".into(), "send".into(), "UNKNOWN_TYPE_NOTE".into()),
+            ("delivery".into(), "sent".into(), "WHATSAPP_SENT".into()),
+        ]
+    );
 }
 both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 

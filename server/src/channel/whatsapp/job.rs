@@ -179,10 +179,49 @@ impl JobHandler for InboundJob {
 }
 
 impl InboundJob {
+    /// Unknown types skip the runtime, so their trace is written here: the type, and whether
+    /// the note goes out. A retry of the job finds the trace and adds nothing.
+    async fn trace_unknown_type(&self, message: &InboundMessage, decision: &str, reason: &str, note: Option<&str>) -> Result<(), DbError> {
+        let mut tx = self.db.begin_write().await?;
+        if db::conversation::earlier_reply(&mut tx, &message.message_id).await?.is_some() {
+            return Ok(());
+        }
+        let owner = db::owners::owner_by_phone(&mut tx, &message.sender).await?;
+        let now = db::now_ms();
+        let row = db::traces::TraceRow {
+            id: 0,
+            correlation_id: message.correlation_id.clone(),
+            channel: crate::conversation::WHATSAPP_CHANNEL.into(),
+            chat_id: message.chat_id.clone(),
+            message_id: message.message_id.clone(),
+            actor: if owner.is_some() { "owner" } else { "customer" }.into(),
+            route: UNKNOWN_TYPE_NOTICE.into(),
+            outcome: if note.is_some() { "replied" } else { "ignored" }.into(),
+            error_code: None,
+            started_at: now,
+            duration_us: 0,
+        };
+        let steps = [
+            db::traces::Step {
+                step: "message_type".into(),
+                decision: "not_read".into(),
+                reason_code: "UNSUPPORTED_TYPE".into(),
+                duration_us: 0,
+                detail: serde_json::json!({ "type": message.kind.as_str() }).to_string(),
+            },
+            db::traces::Step { step: "reply".into(), decision: decision.into(), reason_code: reason.into(), duration_us: 0, detail: "{}".into() },
+        ];
+        let trace_id = db::traces::insert(&mut tx, &row, &steps).await?;
+        db::conversation::record_reply(&mut tx, &message.message_id, UNKNOWN_TYPE_NOTICE, note, trace_id, now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn note_unknown_type(&self, job_id: i64, message: &InboundMessage, to: &Recipient) -> Result<String, JobError> {
         let settings = self.sender.settings();
         let note = settings.unknown_type_reply.trim();
         if note.is_empty() {
+            self.trace_unknown_type(message, "none", "NO_NOTE_CONFIGURED", None).await.map_err(db_error)?;
             return Ok(format!("{} not read; no note configured", message.kind.as_str()));
         }
         let now = db::now_ms();
@@ -193,12 +232,21 @@ impl InboundJob {
             .map_err(db_error)?;
         tx.commit().await.map_err(|e| db_error(e.into()))?;
         if !claimed {
+            self.trace_unknown_type(message, "none", "NOTE_ALREADY_SENT", None).await.map_err(db_error)?;
             return Ok(format!("{} not read; note already sent in this period", message.kind.as_str()));
         }
+        self.trace_unknown_type(message, "send", "UNKNOWN_TYPE_NOTE", Some(note)).await.map_err(db_error)?;
         if settings.mark_read {
             self.sender.mark_read(&message.message_id, settings.typing_indicator).await;
         }
-        let sent = self.sender.send_text(job_id, to, note, None).await.map_err(send_error)?;
+        let sent = match self.sender.send_text(job_id, to, note, None).await {
+            Ok(sent) => sent,
+            Err(e) => {
+                self.trace_send_error(&message.message_id, &e, false).await;
+                return Err(send_error(e));
+            }
+        };
+        self.trace_delivery(&message.message_id, &sent).await;
         Ok(format!("{} not read; note: {}", message.kind.as_str(), describe(&sent)))
     }
 }
