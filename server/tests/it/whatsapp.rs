@@ -559,6 +559,33 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
 }
 both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 
+/// A message for another number on the same business account is stored and not answered from
+/// ours; ours gets the read receipt with the typing indicator while the handler works.
+async fn only_our_number_is_answered_and_typing_is_shown(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.typing_indicator = true;
+        s.whatsapp.mark_read = true;
+    })
+    .await;
+    let mut other = change(vec![text_message("16505551234", "wamid.OTHER", "hello other number")]);
+    other["value"]["metadata"]["phone_number_id"] = json!("999999999999999");
+    let body = json!({ "object": "whatsapp_business_account", "entry": [{ "id": "WABA", "changes": [other] }] }).to_string();
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.OURS", "hello")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1, "only our number's message reached the handler");
+    assert_eq!(graph.texts(), vec!["echo: hello".to_string()]);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let other = store::inbound_by_wamid(&mut conn, "wamid.OTHER").await.expect("get").expect("stored");
+    assert!(other.outcome.as_deref().is_some_and(|o| o.contains("not ours")), "{other:?}");
+    let receipts: Vec<Value> = graph.all().into_iter().map(|s| s.body).filter(|b| b["status"] == "read").collect();
+    assert!(receipts.iter().all(|b| b["message_id"] == "wamid.OURS"), "no receipt for another number's message: {receipts:?}");
+    assert!(receipts.iter().any(|b| b["typing_indicator"]["type"] == "text"), "the typing indicator was shown: {receipts:?}");
+}
+both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_is_shown);
+
 async fn without_a_runtime_messages_are_recorded_and_not_answered(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;

@@ -131,6 +131,15 @@ impl JobHandler for InboundJob {
         if let Some(outcome) = &row.outcome {
             return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });
         }
+        // One business account can hold several numbers, and Meta sends every number's messages
+        // to the app's webhook: only those addressed to ours are answered from it.
+        let ours = &self.sender.settings().phone_number_id;
+        if !ours.is_empty() && row.phone_number_id != *ours {
+            let outcome = format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id);
+            let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+            return Ok(JobOutput { preview: Some(outcome), snooze: None });
+        }
         let message = InboundMessage {
             id: row.id,
             message_id: row.wamid.clone(),
