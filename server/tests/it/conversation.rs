@@ -208,6 +208,26 @@ async fn every_step_in_order_with_memory(db: TestDb) {
     assert!(approve.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{approve:?}");
     let status = r.runtime.handle(&msg("o3", "15550001111", "/status")).await.expect("handle");
     assert!(status.reply.as_deref().is_some_and(|t| t.contains("is running")), "{status:?}");
+    let reject = r.runtime.handle(&msg("o5", "15550001111", "/reject 7")).await.expect("handle");
+    assert!(reject.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{reject:?}");
+    sqlx::query("INSERT INTO jobs (kind, queue, state, args, attempt, max_attempts, created_at, updated_at, scheduled_at, correlation_id) \
+                 VALUES ('system.echo', 'default', 'available', '{}', 0, 3, 0, 0, 0, 'c')")
+        .execute(&r.db.pool)
+        .await
+        .expect("job");
+    let jobs = r.runtime.handle(&msg("o6", "15550001111", "/jobs")).await.expect("handle");
+    assert!(jobs.reply.as_deref().is_some_and(|t| t.contains("Latest jobs") && t.contains("system.echo available")), "{jobs:?}");
+    let steps = steps_of(&r.db, jobs.trace_id.expect("trace")).await;
+    assert!(steps.contains(&("slash".into(), "owner_command".into(), "COMMAND_JOBS".into())), "{steps:?}");
+
+    // In a group, a reply to the bot's message addresses it; other chatter is left alone.
+    let group = |id: &str, text: &str, replies_to_bot: bool| Inbound { chat_kind: ChatKind::Group, chat_id: "group-1".into(), replies_to_bot, ..msg(id, customer, text) };
+    let chatter = r.runtime.handle(&group("grp-a", "see you all tomorrow", false)).await.expect("handle");
+    assert_eq!((chatter.route, chatter.reply.as_deref()), (Route::Ignored, None));
+    let replied = r.runtime.handle(&group("grp-b", "and on Sundays?", true)).await.expect("handle");
+    assert_eq!(replied.route, Route::Chat);
+    let steps = steps_of(&r.db, replied.trace_id.expect("trace")).await;
+    assert!(steps.contains(&("group".into(), "answer".into(), "GROUP_REPLIED_TO".into())), "{steps:?}");
     let owner_private = r.runtime.handle(&msg("o4", "15550001111", "what's my balance")).await.expect("handle");
     assert_eq!(owner_private.route, Route::Chat, "owners are not guarded");
 
@@ -342,6 +362,28 @@ async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
     assert!(loud.contains("My secret recipe uses cardamom.") && loud.contains("\"text\":\"reply"), "on: the message and the reply: {loud}");
 }
 both_backends!(conversation_trace_text, trace_text_keeps_message_and_reply_only_when_on);
+
+/// A model that cannot be reached (the key is set): the customer gets the configured fallback
+/// reply, and the trace says why.
+async fn an_unreachable_model_gets_the_fallback_reply(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let mut broken = settings("http://127.0.0.1:9", 6000);
+    broken.llm.anthropic.timeout = std::time::Duration::from_secs(2);
+    let fallback = broken.llm.fallback_reply.clone();
+    assert!(!fallback.trim().is_empty());
+    let model = llm::from_settings(&broken, &r.secrets()).expect("model");
+    let runtime = Runtime::new(r.db.clone(), Arc::new(broken), r.secrets(), model, Arc::new(NoToolLane));
+    let out = runtime.handle(&msg("f1", "15556660000", "How are you?")).await.expect("handle");
+    assert_eq!((out.route, out.reply.as_deref()), (Route::Chat, Some(fallback.as_str())));
+    let code = out.error_code.clone().expect("an error code");
+    assert!(code.starts_with("LLM_"), "{code}");
+    let (outcome, error_code): (String, Option<String>) =
+        sqlx::query_as("SELECT outcome, error_code FROM traces WHERE id = $1").bind(out.trace_id.expect("trace")).fetch_one(&r.db.pool).await.expect("trace");
+    assert_eq!((outcome.as_str(), error_code.as_deref()), ("failed", Some(code.as_str())));
+    let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+    assert!(steps.iter().any(|(s, d, c)| s == "llm" && d == "failed" && *c == code), "{steps:?}");
+}
+both_backends!(conversation_model_unreachable, an_unreachable_model_gets_the_fallback_reply);
 
 async fn degraded_mode_answers_without_a_model(db: TestDb) {
     let r = rig(db, 6000, false).await;

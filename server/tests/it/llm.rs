@@ -275,6 +275,17 @@ async fn retries_on_429_529_and_500_then_succeed() {
     assert_eq!((res.attempts, fake.hits()), (4, 4));
     assert!(res.latency >= Duration::from_millis(30), "retry-after-ms was waited: {:?}", res.latency);
 
+    // 408 (request timeout) and 409 (conflict) are retried too, as the official SDKs do.
+    let (fake, base) = start_fake(vec![
+        Reply::status(408, anthropic_error("timeout_error", "Request timed out")),
+        Reply::status(409, anthropic_error("conflict_error", "Conflict")),
+        ok.clone(),
+    ])
+    .await;
+    let s = settings(LlmProvider::Anthropic, &base);
+    let res = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect("succeeds on the 3rd attempt");
+    assert_eq!((res.attempts, fake.hits()), (3, 3));
+
     // retry-after in seconds is honoured over the (much shorter) configured backoff.
     let (fake, base) = start_fake(vec![Reply::status(429, anthropic_error("rate_limit_error", "slow down")).header("retry-after", "1"), ok.clone()]).await;
     let s = settings(LlmProvider::Anthropic, &base);
