@@ -315,6 +315,39 @@ async fn signatures_are_required(db: TestDb) {
 }
 both_backends!(whatsapp_signatures, signatures_are_required);
 
+/// Log output, for checking what a log line holds.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A refused post is logged with its reason and size, never its body: the body is
+/// unauthenticated and may be anyone's text.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_post_is_logged_without_its_body() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_max_level(tracing::Level::TRACE).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let app = app(TestDb::sqlite(), None, |_| {}).await;
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.LOGGED", "my card is 4111 1111 1111 1111")]]);
+    let forged = signature::sign(b"not-the-app-secret", body.as_bytes());
+    assert_eq!(post_webhook(&app, &body, Some(forged)).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(post_webhook(&app, &body, None).await.status, StatusCode::UNAUTHORIZED);
+    let logs = String::from_utf8(captured.0.lock().expect("log buffer").clone()).expect("utf8");
+    assert!(logs.contains("bad signature refused") && logs.contains(&format!("bytes={}", body.len())), "{logs}");
+    assert!(!logs.contains("4111") && !logs.contains("wamid.LOGGED"), "the body never reaches the log: {logs}");
+}
+
 #[tokio::test]
 async fn bodies_over_four_mebibytes_are_refused() {
     let app = app(TestDb::sqlite(), None, |_| {}).await;
@@ -896,6 +929,18 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
         "errors": [{ "code": 131026, "title": "Message undeliverable", "message": "Message undeliverable" }] });
     assert_eq!(post_signed(&app, &status_envelope(vec![failed])).await.status, StatusCode::OK);
     assert_eq!(outcome("wamid.RUNTIME").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
+
+    // The console's Conversations page lists the WhatsApp chat, and its messages show the
+    // failed replies with their codes and link to their traces.
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let chats = owner.post_form("/api/list_chats", &[]).await.json();
+    assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == "16505550000" && c["channel"] == "whatsapp")), "{chats}");
+    let chat = owner.post_form("/api/get_chat", &[("channel", "whatsapp"), ("chat_id", "16505550000")]).await;
+    assert_eq!(chat.status, StatusCode::OK, "{}", chat.body);
+    let messages = chat.json()["messages"].as_array().cloned().expect("messages");
+    let failed: Vec<Option<&str>> = messages.iter().filter(|m| m["direction"] == "out" && m["state"] == "failed").map(|m| m["error_code"].as_str()).collect();
+    assert!(failed.contains(&Some("131047")) && failed.contains(&Some("131026")), "{messages:?}");
+    assert!(messages.iter().filter(|m| m["direction"] == "in").all(|m| m["trace_id"].is_i64()), "every message links its trace: {messages:?}");
 }
 both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
 
