@@ -33,7 +33,16 @@ test("a simulated conversation shows the reply, its delivery state and its trace
   const messages = page.getByTestId("chat-messages");
   await expect(messages.locator('li[data-direction="in"]')).toContainText("Are you open on Sunday?");
   await expect(messages.locator('li[data-direction="out"]')).toHaveAttribute("data-state", "delivered");
-  await messages.locator('li[data-direction="in"]').getByRole("link", { name: "trace" }).click();
+
+  // The chat goes on from its own page, as the same number.
+  await expect(page.getByTestId("compose-from")).toHaveValue("+15550100042");
+  await page.getByTestId("compose-text").fill("And on Monday?");
+  await page.getByTestId("compose-send").click();
+  await expect(messages.locator('li[data-direction="in"]')).toHaveCount(2);
+  await expect(messages.locator('li[data-direction="in"]').last()).toContainText("And on Monday?");
+  await expect(messages.locator('li[data-direction="out"]')).toHaveCount(2);
+
+  await messages.locator('li[data-direction="in"]').first().getByRole("link", { name: "trace" }).click();
   await expect(page.getByTestId("trace-route")).toHaveText("degraded");
   const steps = page.getByTestId("trace-timeline").locator("li");
   await expect(steps.first()).toHaveAttribute("data-step", "dedupe");

@@ -101,14 +101,18 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
 pub fn ChatPage() -> impl IntoView {
     let params = use_params_map();
     let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
-    let chat = Resource::new(move || key.get(), |(channel, chat)| get_chat(channel, chat));
+    let send = ServerAction::<SimulateMessage>::new();
+    let chat = Resource::new(move || (key.get(), send.version().get()), |((channel, chat), _)| get_chat(channel, chat));
     view! {
         <Title text="Chat · Gatehouse" />
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>
         <Transition fallback=|| view! { <p>"Loading…"</p> }>
             {move || chat.get().map(|res| match res {
                 Err(e) => super::error_view(&e),
-                Ok(c) => view! {
+                Ok(c) => {
+                    // Carry on as the chat's last sender (an owner's number talks as the owner).
+                    let from = c.messages.iter().rev().find(|m| m.direction == "in").map_or_else(|| SAMPLE_CUSTOMER.to_string(), |m| format!("+{}", m.sender));
+                    view! {
                     <h1>{c.chat_id.clone()}" "<span class="badge">{c.channel.clone()}</span></h1>
                     <ol class="chat" data-testid="chat-messages">
                         {c.messages.into_iter().map(|m| view! {
@@ -123,8 +127,24 @@ pub fn ChatPage() -> impl IntoView {
                             </li>
                         }).collect_view()}
                     </ol>
-                }.into_any(),
+                    {(c.channel == "simulator").then(|| {
+                        view! {
+                            <section class="card" data-testid="chat-compose">
+                                <h2>"Continue this chat"</h2>
+                                <ActionForm action=send attr:class="try-it">
+                                    <label>"From" <input type="tel" name="from" value=from required=true data-testid="compose-from" /></label>
+                                    <label>"Message" <textarea name="text" rows="2" required=true data-testid="compose-text"></textarea></label>
+                                    <input type="hidden" name="chat_id" value=c.chat_id.clone() />
+                                    <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                                    <button type="submit" data-testid="compose-send">"Send"</button>
+                                </ActionForm>
+                            </section>
+                        }
+                    })}
+                }.into_any()
+                }
             })}
         </Transition>
+        {move || send.value().get().and_then(Result::err).map(|e| super::error_view(&e))}
     }
 }
