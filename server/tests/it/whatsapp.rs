@@ -619,6 +619,21 @@ async fn only_our_number_is_answered_and_typing_is_shown(db: TestDb) {
 }
 both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_is_shown);
 
+/// Without whatsapp.phone_number_id nothing can be sent, so the model is not asked at all.
+async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.phone_number_id = String::new()).await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.NOID", "hello")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+    assert!(graph.all().is_empty());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::inbound_by_wamid(&mut conn, "wamid.NOID").await.expect("get").expect("stored");
+    assert!(row.outcome.as_deref().is_some_and(|o| o.contains("phone_number_id is not set")), "{row:?}");
+}
+both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
+
 async fn without_a_runtime_messages_are_recorded_and_not_answered(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;

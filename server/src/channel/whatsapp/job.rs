@@ -134,8 +134,16 @@ impl JobHandler for InboundJob {
         // One business account can hold several numbers, and Meta sends every number's messages
         // to the app's webhook: only those addressed to ours are answered from it.
         let ours = &self.sender.settings().phone_number_id;
-        if !ours.is_empty() && row.phone_number_id != *ours {
-            let outcome = format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id);
+        let unanswerable = if ours.is_empty() {
+            // Nothing can be sent: do not ask the model for a reply that cannot go out.
+            Some("not answered: whatsapp.phone_number_id is not set, so nothing can be sent".to_string())
+        } else if row.phone_number_id != *ours {
+            Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
+        } else {
+            None
+        };
+        if let Some(outcome) = unanswerable {
+            tracing::warn!(wamid = %row.wamid, "{outcome}");
             let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
             store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
             return Ok(JobOutput { preview: Some(outcome), snooze: None });
