@@ -97,10 +97,10 @@ pub fn answer<T>(result: Result<T, AppError>) -> Result<T, AppError> {
         if is_plain_form_post() {
             return result;
         }
-        if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
-            if let Ok(status) = http::StatusCode::from_u16(err.status()) {
-                res.set_status(status);
-            }
+        if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
+            && let Ok(status) = http::StatusCode::from_u16(err.status())
+        {
+            res.set_status(status);
         }
     }
     result
@@ -108,9 +108,9 @@ pub fn answer<T>(result: Result<T, AppError>) -> Result<T, AppError> {
 
 /// Adds `Retry-After` to the response.
 pub fn retry_after(secs: u64) {
-    if let Some(res) = use_context::<leptos_axum::ResponseOptions>() {
-        if let Ok(v) = http::HeaderValue::from_str(&secs.to_string()) {
-            res.insert_header(http::header::RETRY_AFTER, v);
-        }
+    if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
+        && let Ok(v) = http::HeaderValue::from_str(&secs.to_string())
+    {
+        res.insert_header(http::header::RETRY_AFTER, v);
     }
 }

@@ -51,10 +51,10 @@ impl JobHandler for Noop {
         self.runs.fetch_add(1, Ordering::Relaxed);
         if let Ok(serde_json::Value::Number(n)) = serde_json::from_str::<serde_json::Value>(&ctx.job.args).map(|v| v["sample"].clone()) {
             let now = Instant::now();
-            if let (Some(i), Ok(mut started)) = (n.as_u64(), self.started.lock()) {
-                if let Some(slot) = started.get_mut(i as usize) {
-                    *slot = Some(now);
-                }
+            if let (Some(i), Ok(mut started)) = (n.as_u64(), self.started.lock())
+                && let Some(slot) = started.get_mut(i as usize)
+            {
+                *slot = Some(now);
             }
         }
         Ok(JobOutput::default())

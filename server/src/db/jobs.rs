@@ -221,10 +221,10 @@ pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result
 }
 
 async fn enqueue_attempt(conn: &mut AnyConnection, job: &NewJob, now: i64, attempts_left: u8) -> Result<Enqueued, DbError> {
-    if let Some(key) = &job.dedupe_key {
-        if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
-            return Ok(Enqueued { job: existing, deduplicated: true });
-        }
+    if let Some(key) = &job.dedupe_key
+        && let Some(existing) = find_unfinished_by_dedupe(conn, key).await?
+    {
+        return Ok(Enqueued { job: existing, deduplicated: true });
     }
     let scheduled_at = job.scheduled_at.unwrap_or(now);
     let state = if job.pending {

@@ -244,11 +244,11 @@ fn describe_migration_error(migrator: &Migrator, err: MigrateError) -> DbError {
 fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
     let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
     let (path, query) = rest.split_once('?').map_or((rest, ""), |(p, q)| (p, q));
-    if path != ":memory:" && !path.is_empty() {
-        if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
-        }
+    if path != ":memory:" && !path.is_empty()
+        && let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)
+            .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
     }
     let mut params: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
     if !params.iter().any(|p| p.starts_with("mode=")) {

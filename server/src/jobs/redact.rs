@@ -27,11 +27,11 @@ pub fn redact(value: &mut Value) {
         Value::Array(items) => items.iter_mut().for_each(redact),
         Value::String(s) => {
             // Credentials inside URLs: https://user:pass@host/...
-            if let Ok(mut url) = url::Url::parse(s) {
-                if url.password().is_some() {
-                    let _ = url.set_password(Some(REDACTED));
-                    *s = url.to_string();
-                }
+            if let Ok(mut url) = url::Url::parse(s)
+                && url.password().is_some()
+            {
+                let _ = url.set_password(Some(REDACTED));
+                *s = url.to_string();
             }
         }
         _ => {}

@@ -68,20 +68,20 @@ impl Breakers {
     }
 
     pub fn record_success(&self, tool: &str) {
-        if let Ok(mut map) = self.inner.lock() {
-            if let Some(b) = map.get_mut(tool) {
-                *b = Breaker::default();
-            }
+        if let Ok(mut map) = self.inner.lock()
+            && let Some(b) = map.get_mut(tool)
+        {
+            *b = Breaker::default();
         }
     }
 
     /// The call ended without telling anything about the provider (it was refused before
     /// reaching it): a half-open trial slot is given back, nothing else changes.
     pub fn release(&self, tool: &str) {
-        if let Ok(mut map) = self.inner.lock() {
-            if let Some(b) = map.get_mut(tool) {
-                b.trial_in_flight = false;
-            }
+        if let Ok(mut map) = self.inner.lock()
+            && let Some(b) = map.get_mut(tool)
+        {
+            b.trial_in_flight = false;
         }
     }
 

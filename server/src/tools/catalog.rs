@@ -358,11 +358,11 @@ impl Catalog {
                     bad("secret_fields", format!("{field:?} needs the environment variable {var}, which is not set"));
                 }
             }
-            if problems.len() == before {
-                if let Some(input_validator) = input {
-                    let version = version_hash(&spec);
-                    tools.insert(spec.name.clone(), ToolDef { spec, version, input_validator, output_validator: output, connector: None });
-                }
+            if problems.len() == before
+                && let Some(input_validator) = input
+            {
+                let version = version_hash(&spec);
+                tools.insert(spec.name.clone(), ToolDef { spec, version, input_validator, output_validator: output, connector: None });
             }
         }
         // Connector actions, from connectors.toml beside this file.

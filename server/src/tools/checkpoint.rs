@@ -500,10 +500,10 @@ impl Checkpoint {
             match result {
                 Ok(output) => {
                     self.breakers.record_success(&spec.name);
-                    if let Some(validator) = &tool.output_validator {
-                        if let Some(err) = validator.iter_errors(&output).next() {
-                            return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
-                        }
+                    if let Some(validator) = &tool.output_validator
+                        && let Some(err) = validator.iter_errors(&output).next()
+                    {
+                        return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                     }
                     let mut output = self.bound_size(spec, output, &ctx.correlation_id).await?;
                     super::hooks::after(&catalog.hooks, &spec.name, &mut output, notify);

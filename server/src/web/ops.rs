@@ -61,12 +61,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!("mcp_server_health", "server" => server.clone()).set(health);
         metrics::gauge!("mcp_server_tools", "server" => server).set(tools as f64);
     }
-    if let Ok(mut conn) = state.db.pool.acquire().await {
-        if let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await {
-            for s in crate::db::jobs::JobState::ALL {
-                let n = counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n);
-                metrics::gauge!("jobs", "state" => s.as_str()).set(n as f64);
-            }
+    if let Ok(mut conn) = state.db.pool.acquire().await
+        && let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await
+    {
+        for s in crate::db::jobs::JobState::ALL {
+            let n = counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n);
+            metrics::gauge!("jobs", "state" => s.as_str()).set(n as f64);
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
@@ -82,8 +82,7 @@ pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Suffix("duration_seconds".into()),
                     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
-                )
-                .and_then(|b| Ok(b.build_recorder()));
+                ).map(|b| b.build_recorder());
             let recorder = match recorder {
                 Ok(r) => r,
                 Err(_) => metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),

@@ -27,10 +27,10 @@ impl DbSessionStore {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                if let Ok(mut conn) = db.pool.acquire().await {
-                    if let Err(e) = sessions::delete_expired(&mut conn).await {
-                        tracing::warn!(error = %e, "expired session cleanup failed");
-                    }
+                if let Ok(mut conn) = db.pool.acquire().await
+                    && let Err(e) = sessions::delete_expired(&mut conn).await
+                {
+                    tracing::warn!(error = %e, "expired session cleanup failed");
                 }
             }
         });

@@ -95,10 +95,10 @@ impl Resolve for GuardedResolver {
         let allowed = self.allowed.iter().any(|h| h.split(':').next() == Some(host.as_str()));
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if !allowed {
-                if let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip())) {
-                    return Err(format!("{}: {host} resolves to a {why} address", code::ADDRESS_FORBIDDEN).into());
-                }
+            if !allowed
+                && let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip()))
+            {
+                return Err(format!("{}: {host} resolves to a {why} address", code::ADDRESS_FORBIDDEN).into());
             }
             let iter: Box<dyn Iterator<Item = SocketAddr> + Send> = Box::new(addrs.into_iter());
             Ok(iter)
