@@ -6,7 +6,7 @@ use std::fmt;
 
 use sqlx::{AnyConnection, Row, any::AnyRow};
 
-use super::{Backend, DbError};
+use super::{Backend, DbError, placeholders, value_rows};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -171,11 +171,6 @@ const MAX_PREVIEW_CHARS: usize = 4000;
 /// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
 const MAINTENANCE_BATCH: i64 = 500;
 
-/// `$first, $first+1, ...` for `n` values.
-fn placeholders(first: usize, n: usize) -> String {
-    (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
-}
-
 async fn event(conn: &mut AnyConnection, job_id: i64, at: i64, state: JobState, attempt: i64, code: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
     sqlx::query("INSERT INTO job_events (job_id, at, state, attempt, error_code, message) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(job_id)
@@ -217,68 +212,10 @@ pub struct Enqueued {
 /// Inserts a job. Run it in the caller's transaction so the state change that causes the job
 /// and the job itself commit together.
 pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enqueued, DbError> {
-    enqueue_attempt(conn, job, now, 3).await
+    enqueue_many(conn, std::slice::from_ref(job), now).await?.pop().ok_or(DbError::Sql(sqlx::Error::RowNotFound))
 }
 
-async fn enqueue_attempt(conn: &mut AnyConnection, job: &NewJob, now: i64, attempts_left: u8) -> Result<Enqueued, DbError> {
-    if let Some(key) = &job.dedupe_key
-        && let Some(existing) = find_unfinished_by_dedupe(conn, key).await?
-    {
-        return Ok(Enqueued { job: existing, deduplicated: true });
-    }
-    let scheduled_at = job.scheduled_at.unwrap_or(now);
-    let state = if job.pending {
-        JobState::Pending
-    } else if scheduled_at > now {
-        JobState::Scheduled
-    } else {
-        JobState::Available
-    };
-    let sql = format!(
-        "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
-         args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0, $12, $13, $13, $14, $15, $16) \
-         ON CONFLICT DO NOTHING RETURNING {COLUMNS}"
-    );
-    let row = sqlx::query(&sql)
-        .bind(&job.kind)
-        .bind(if job.queue.is_empty() { "default" } else { job.queue.as_str() })
-        .bind(state.as_str())
-        .bind(job.priority)
-        .bind(&job.dedupe_key)
-        .bind(&job.chat_id)
-        .bind(&job.sender_id)
-        .bind(&job.message_id)
-        .bind(&job.original_text)
-        .bind(&job.tool_name)
-        .bind(job.args.to_string())
-        .bind(job.max_attempts.max(1))
-        .bind(now)
-        .bind(scheduled_at)
-        .bind(job.expires_at)
-        .bind(&job.correlation_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    match row {
-        Some(row) => {
-            let inserted = job_from_row(&row)?;
-            event(conn, inserted.id, now, state, 0, None, None).await?;
-            Ok(Enqueued { job: inserted, deduplicated: false })
-        }
-        // Lost a race with another enqueue of the same key.
-        None => {
-            let key = job.dedupe_key.as_deref().unwrap_or_default();
-            match find_unfinished_by_dedupe(conn, key).await? {
-                Some(existing) => Ok(Enqueued { job: existing, deduplicated: true }),
-                // The winner finished in between: the key is free again.
-                None if attempts_left > 0 => Box::pin(enqueue_attempt(conn, job, now, attempts_left - 1)).await,
-                None => Err(DbError::Sql(sqlx::Error::RowNotFound)),
-            }
-        }
-    }
-}
-
-/// Rows per multi-row `INSERT` in [`enqueue_many`]: 16 binds each stays far inside SQLite's
+/// Rows per multi-row `INSERT` in [`enqueue_many`]: 18 binds each stays far inside SQLite's
 /// 32,766 and PostgreSQL's 65,535 bind limits.
 const ENQUEUE_CHUNK: usize = 256;
 
@@ -307,24 +244,14 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
     (state, scheduled_at)
 }
 
-async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
-    const BINDS: usize = 16;
-    let values: Vec<String> = (0..jobs.len())
-        .map(|i| {
-            let b = i * BINDS;
-            let p = |k: usize| format!("${}", b + k);
-            format!(
-                "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0, {}, {}, {}, {}, {}, {})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(14), p(15), p(16), p(13)
-            )
-        })
-        .collect();
-    // Column order matches the VALUES tuple above: created_at is bound once and reused for updated_at.
+/// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
+/// inserted rows in id order (input order).
+async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
     let sql = format!(
         "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
-         args, attempt, max_attempts, created_at, scheduled_at, expires_at, correlation_id, updated_at) VALUES {} \
+         args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) VALUES {} \
          ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
-        values.join(", ")
+        value_rows(jobs.len(), 18)
     );
     let mut q = sqlx::query(&sql);
     for job in jobs {
@@ -341,7 +268,9 @@ async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> R
             .bind(job.original_text.clone())
             .bind(job.tool_name.clone())
             .bind(job.args.to_string())
+            .bind(0_i64)
             .bind(job.max_attempts.max(1))
+            .bind(now)
             .bind(now)
             .bind(scheduled_at)
             .bind(job.expires_at)
@@ -350,14 +279,18 @@ async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> R
     let mut inserted = rows(&q.fetch_all(&mut *conn).await?)?;
     inserted.sort_by_key(|j| j.id);
     if !inserted.is_empty() {
-        let values: Vec<String> = (0..inserted.len()).map(|i| format!("(${}, $1, ${}, 0)", 2 * i + 2, 2 * i + 3)).collect();
-        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", values.join(", "));
-        let mut q = sqlx::query(&sql).bind(now);
+        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(inserted.len(), 4));
+        let mut q = sqlx::query(&sql);
         for j in &inserted {
-            q = q.bind(j.id).bind(j.state.as_str());
+            q = q.bind(j.id).bind(now).bind(j.state.as_str()).bind(0_i64);
         }
         q.execute(&mut *conn).await?;
     }
+    Ok(inserted)
+}
+
+async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
+    let inserted = insert_rows(conn, jobs, now).await?;
     // Match rows to inputs: a keyed job by its key (the first input with that key won it);
     // keyless jobs cannot conflict, and their rows were numbered in input order.
     let mut by_key: std::collections::HashMap<String, JobRow> = std::collections::HashMap::new();
@@ -378,12 +311,26 @@ async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> R
         };
         out.push(match won {
             Some(row) => Enqueued { job: row, deduplicated: false },
-            // Taken before this chunk or by an earlier input in it: the one-at-a-time path finds
-            // the holder (or retries if it finished in between).
-            None => enqueue(conn, job, now).await?,
+            // Taken before this chunk or by an earlier input in it.
+            None => taken(conn, job, now).await?,
         });
     }
     Ok(out)
+}
+
+/// A job whose dedupe key was taken: the unfinished job holding it, or, if that one finished in
+/// between and freed the key, this job inserted after all (a few tries).
+async fn taken(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enqueued, DbError> {
+    let key = job.dedupe_key.as_deref().unwrap_or_default();
+    for _ in 0..3 {
+        if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
+            return Ok(Enqueued { job: existing, deduplicated: true });
+        }
+        if let Some(row) = insert_rows(conn, std::slice::from_ref(job), now).await?.pop() {
+            return Ok(Enqueued { job: row, deduplicated: false });
+        }
+    }
+    Err(DbError::Sql(sqlx::Error::RowNotFound))
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {

@@ -92,6 +92,16 @@ pub struct AppliedMigration {
     pub description: String,
 }
 
+/// `$first, $first+1, ...` for `n` values.
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The `VALUES` rows of a multi-row insert: `($1, .., $columns), ($columns+1, ..), ...`.
+pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
+    (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
+}
+
 pub fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)

@@ -141,10 +141,12 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
     Ok(())
 }
 
-/// Sets a finished trace's outcome and error code after the fact: a reply the runtime gave
-/// that WhatsApp then refused, so the Traces page's outcome and error-code filters find it.
-pub async fn set_outcome(conn: &mut AnyConnection, trace_id: i64, outcome: &str, error_code: &str) -> Result<(), DbError> {
-    sqlx::query("UPDATE traces SET outcome = $1, error_code = $2 WHERE id = $3").bind(outcome).bind(error_code).bind(trace_id).execute(conn).await?;
+/// Appends `step` to a finished trace and marks the whole trace failed with the step's reason
+/// code: a reply the runtime gave that WhatsApp then refused or could not deliver, so the
+/// Traces page's outcome and error-code filters find it.
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
+    append_step(&mut *conn, trace_id, step).await?;
+    sqlx::query("UPDATE traces SET outcome = 'failed', error_code = $1 WHERE id = $2").bind(&step.reason_code).bind(trace_id).execute(conn).await?;
     Ok(())
 }
 

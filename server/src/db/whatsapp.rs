@@ -105,13 +105,10 @@ const INBOUND_CHUNK: usize = 256;
 pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| format!("({})", (1..=13).map(|k| format!("${}", i * 13 + k)).collect::<Vec<_>>().join(", ")))
-            .collect();
         let sql = format!(
             "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
              raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-            values.join(", ")
+            super::value_rows(chunk.len(), 13)
         );
         let mut q = sqlx::query(&sql);
         for m in chunk {

@@ -118,11 +118,10 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Setting
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
 async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate<'_>) -> Result<(), DbError> {
     let Some(trace_id) = db::traces::trace_of_outbound(conn, s.wamid).await? else { return Ok(()) };
-    let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), |c| format!("WHATSAPP_{c}"));
+    let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
     let detail = serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }).to_string();
-    let step = db::traces::Step { step: "delivery_status".into(), decision: "failed".into(), reason_code: code.clone(), duration_us: 0, detail };
-    db::traces::append_step(conn, trace_id, &step).await?;
-    db::traces::set_outcome(conn, trace_id, "failed", &code).await
+    let step = db::traces::Step { step: "delivery_status".into(), decision: "failed".into(), reason_code: code, duration_us: 0, detail };
+    db::traces::append_failure(conn, trace_id, &step).await
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -31,7 +31,7 @@ impl InboundJob {
             SendOutcome::Sent { .. } => ("sent", "WHATSAPP_SENT".to_string(), false),
             SendOutcome::OutsideWindow { template_sent: true } => ("template_sent", "WHATSAPP_131047".to_string(), false),
             SendOutcome::OutsideWindow { template_sent: false } => ("failed", "WHATSAPP_131047".to_string(), true),
-            SendOutcome::Failed { code } => ("failed", trace_code(code), true),
+            SendOutcome::Failed { code } => ("failed", super::trace_code(code), true),
         };
         self.record_delivery(wamid, decision, &reason, &describe(sent), failed).await;
     }
@@ -46,7 +46,7 @@ impl InboundJob {
         let given_up = permanent || last;
         let decision = if given_up { "failed" } else { "retry" };
         let what = if given_up { format!("reply failed ({code})") } else { format!("reply not sent yet ({code}); the job retries") };
-        self.record_delivery(wamid, decision, &trace_code(code), &what, given_up).await;
+        self.record_delivery(wamid, decision, &super::trace_code(code), &what, given_up).await;
     }
 
     /// Appends a `delivery` step to the message's trace and, when the reply did not reach the
@@ -57,9 +57,10 @@ impl InboundJob {
             if let Some(earlier) = db::conversation::earlier_reply(&mut tx, wamid).await? {
                 let detail = serde_json::json!({ "outcome": what }).to_string();
                 let step = db::traces::Step { step: "delivery".into(), decision: decision.into(), reason_code: reason.into(), duration_us: 0, detail };
-                db::traces::append_step(&mut tx, earlier.trace_id, &step).await?;
                 if failed {
-                    db::traces::set_outcome(&mut tx, earlier.trace_id, "failed", reason).await?;
+                    db::traces::append_failure(&mut tx, earlier.trace_id, &step).await?;
+                } else {
+                    db::traces::append_step(&mut tx, earlier.trace_id, &step).await?;
                 }
             }
             tx.commit().await?;
@@ -74,12 +75,6 @@ impl InboundJob {
     pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
         Self { db, sender, handler }
     }
-}
-
-/// A Graph API error number as a trace's reason code (`131026` becomes `WHATSAPP_131026`);
-/// Gatehouse's own codes are already named.
-fn trace_code(code: &str) -> String {
-    if !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()) { format!("WHATSAPP_{code}") } else { code.to_string() }
 }
 
 fn db_error(e: DbError) -> JobError {

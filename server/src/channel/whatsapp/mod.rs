@@ -42,3 +42,9 @@ pub fn register(registry: &mut Registry, config: &LoadedConfig, db: &Db, handler
     registry.register(crate::db::owner_notifications::DELIVERY_KIND, Arc::new(notify::OwnerNotify::new(sender.clone())));
     Ok(sender)
 }
+
+/// A Graph API error number as a trace's reason code (`131026` becomes `WHATSAPP_131026`);
+/// Gatehouse's own codes are already named.
+pub(crate) fn trace_code(code: &str) -> String {
+    if !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()) { format!("WHATSAPP_{code}") } else { code.to_string() }
+}
