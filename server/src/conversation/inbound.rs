@@ -30,6 +30,7 @@ impl InboundHandler for Runtime {
             chat_kind: if message.is_group { ChatKind::Group } else { ChatKind::Direct },
             sender: message.sender.clone(),
             text: message.text.clone().unwrap_or_default(),
+            reply_id: message.reply_id.clone(),
             quoted_id: message.quoted_id.clone(),
             quoted_text,
             mentions_bot: false,

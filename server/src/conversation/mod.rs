@@ -47,7 +47,10 @@ pub struct Inbound {
     pub chat_kind: ChatKind,
     /// The sender's number, digits with or without '+'.
     pub sender: String,
+    /// The text; for a button or list reply, the title the person chose.
     pub text: String,
+    /// For a button or list reply, the id of the choice (the business's own payload).
+    pub reply_id: Option<String>,
     /// The id of the message this one replies to (WhatsApp's context.id).
     pub quoted_id: Option<String>,
     /// The quoted message's text when the channel has it (a bot message it sent); otherwise the
@@ -210,7 +213,11 @@ impl Runtime {
         if let Some(earlier) = store::earlier_reply(&mut conn, &inbound.message_id).await? {
             return Ok(Outcome { route: Route::Duplicate, actor: Actor::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
         }
-        trace.step("dedupe", "new", "FIRST_DELIVERY", self.text_detail(&inbound.text));
+        let mut first = self.text_detail(&inbound.text);
+        if let Some(id) = &inbound.reply_id {
+            first["reply_id"] = json!(id);
+        }
+        trace.step("dedupe", "new", "FIRST_DELIVERY", first);
 
         // 2. Actor role: a number registered on an owner account is an owner.
         let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;

@@ -910,6 +910,19 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     };
     assert_eq!(outcome("wamid.RUNTIME").await, ("replied".into(), None, "sent".into()));
 
+    // A list reply reaches the runtime with its title as text and its id kept in the trace.
+    let choice = json!({ "from": "16505550000", "id": "wamid.CHOICE", "timestamp": "1739321025", "type": "interactive",
+        "interactive": { "type": "list_reply", "list_reply": { "id": "slot-tuesday", "title": "Tuesday" } } });
+    assert_eq!(post_signed(&app, &envelope(vec![vec![choice]])).await.status, StatusCode::OK);
+    run_jobs(&app, app.state.runtime.clone()).await;
+    let (first,): (String,) = sqlx::query_as("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = 'wamid.CHOICE' ORDER BY s.seq LIMIT 1")
+        .fetch_one(&app.state.db.pool)
+        .await
+        .expect("first step");
+    let first: Value = serde_json::from_str(&first).expect("json");
+    assert_eq!((first["reply_id"].as_str(), first["chars"].as_u64()), (Some("slot-tuesday"), Some(7)), "{first}");
+    assert!(llm.lock().expect("lock").requests.iter().any(|r| r.to_string().contains("Tuesday")), "the title reached the model as the message");
+
     // A reply WhatsApp refuses marks the trace failed with the reason, so the Traces page's
     // outcome and error-code filters find it: outside the 24-hour window, and a permanent error.
     graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message")));
@@ -930,7 +943,7 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     let window: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
     assert_eq!(window, vec!["wamid.WINDOW".to_string()]);
     let filter = db::traces::TraceFilter { chat_id: "16505550000".into(), route: "chat".into(), ..Default::default() };
-    assert_eq!(db::traces::list(&mut conn, &filter, 50).await.expect("list").len(), 3);
+    assert_eq!(db::traces::list(&mut conn, &filter, 50).await.expect("list").len(), 4, "four messages went through the runtime");
     let filter = db::traces::TraceFilter { chat_id: "someone-else".into(), ..Default::default() };
     assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty());
     let filter = db::traces::TraceFilter { since_ms: db::now_ms() + 60_000, ..Default::default() };
