@@ -79,24 +79,12 @@ pub fn JobsPage() -> impl IntoView {
 }
 
 fn filter_form(q: &JobQuery) -> impl IntoView + use<> {
-    let since = super::SINCE_OPTIONS;
-    let current_state = q.state.clone();
-    let current_since = q.since_minutes;
     view! {
         <form method="get" action="/jobs" class="filters" data-testid="job-filters">
-            <label>"State"
-                <select name="state">
-                    <option value="">"any"</option>
-                    {STATES.iter().map(|s| view! { <option value=*s selected=current_state == *s>{*s}</option> }).collect_view()}
-                </select>
-            </label>
+            <label>"State" {super::any_select("state", &STATES, &q.state)}</label>
             <label>"Tool" <input type="text" name="tool" value=q.tool.clone() /></label>
             <label>"Chat" <input type="text" name="chat" value=q.chat.clone() /></label>
-            <label>"Created"
-                <select name="since_minutes">
-                    {since.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current_since == m>{label}</option> }).collect_view()}
-                </select>
-            </label>
+            <label>"Created" {super::since_select(q.since_minutes)}</label>
             <button type="submit">"Filter"</button>
         </form>
     }

@@ -44,4 +44,24 @@ pub(crate) fn url_encode(s: &str) -> String {
 }
 
 /// The "created / when" filter of list pages: (minutes back, label); 0 means any time.
-pub(crate) const SINCE_OPTIONS: [(i64, &str); 5] = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+const SINCE_OPTIONS: [(i64, &str); 5] = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
+
+/// A filter `<select>`: "any" (the empty value) and then `values`, with `current` selected.
+pub(crate) fn any_select(name: &'static str, values: &'static [&'static str], current: &str) -> impl IntoView + use<> {
+    let current = current.to_string();
+    view! {
+        <select name=name>
+            <option value="">"any"</option>
+            {values.iter().map(|v| view! { <option value=*v selected=current == *v>{*v}</option> }).collect_view()}
+        </select>
+    }
+}
+
+/// The `since_minutes` filter `<select>` of the list pages.
+pub(crate) fn since_select(current: i64) -> impl IntoView + use<> {
+    view! {
+        <select name="since_minutes">
+            {SINCE_OPTIONS.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current == m>{label}</option> }).collect_view()}
+        </select>
+    }
+}

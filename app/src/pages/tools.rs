@@ -94,22 +94,12 @@ pub fn ToolsPage() -> impl IntoView {
     }
 }
 
-fn select(name: &'static str, options: &'static [&'static str], current: &str) -> impl IntoView + use<> {
-    let current = current.to_string();
-    view! {
-        <select name=name>
-            <option value="">"any"</option>
-            {options.iter().map(|o| view! { <option value=*o selected=current == *o>{*o}</option> }).collect_view()}
-        </select>
-    }
-}
-
 fn filter_form(q: &ToolsQuery) -> impl IntoView + use<> {
     view! {
         <form method="get" action="/tools" class="filters" data-testid="tool-filters">
-            <label>"Provider" {select("provider", &PROVIDERS, &q.provider)}</label>
-            <label>"Audience" {select("audience", &AUDIENCES, &q.audience)}</label>
-            <label>"Risk" {select("risk", &RISKS, &q.risk)}</label>
+            <label>"Provider" {super::any_select("provider", &PROVIDERS, &q.provider)}</label>
+            <label>"Audience" {super::any_select("audience", &AUDIENCES, &q.audience)}</label>
+            <label>"Risk" {super::any_select("risk", &RISKS, &q.risk)}</label>
             <button type="submit">"Filter"</button>
         </form>
     }

@@ -69,30 +69,14 @@ pub fn TracesPage() -> impl IntoView {
     }
 }
 
-fn options(name: &'static str, values: &'static [&'static str], current: &str) -> impl IntoView + use<> {
-    let current = current.to_string();
-    view! {
-        <select name=name>
-            <option value="">"any"</option>
-            {values.iter().map(|v| view! { <option value=*v selected=current == *v>{*v}</option> }).collect_view()}
-        </select>
-    }
-}
-
 fn filter_form(q: &TraceQuery) -> impl IntoView + use<> {
-    let since = super::SINCE_OPTIONS;
-    let current_since = q.since_minutes;
     view! {
         <form method="get" action="/traces" class="filters" data-testid="trace-filters">
             <label>"Chat" <input type="text" name="chat" value=q.chat.clone() /></label>
-            <label>"Route" {options("route", &ROUTES, &q.route)}</label>
-            <label>"Outcome" {options("outcome", &OUTCOMES, &q.outcome)}</label>
+            <label>"Route" {super::any_select("route", &ROUTES, &q.route)}</label>
+            <label>"Outcome" {super::any_select("outcome", &OUTCOMES, &q.outcome)}</label>
             <label>"Error code" <input type="text" name="error_code" value=q.error_code.clone() /></label>
-            <label>"When"
-                <select name="since_minutes">
-                    {since.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current_since == m>{label}</option> }).collect_view()}
-                </select>
-            </label>
+            <label>"When" {super::since_select(q.since_minutes)}</label>
             <button type="submit">"Filter"</button>
         </form>
     }

@@ -71,37 +71,12 @@ fn clean(text: &str) -> String {
     text.replace('\0', "")
 }
 
-/// Stores an inbound message. `None` when its wamid is already stored (a redelivery).
-pub async fn insert_inbound(conn: &mut AnyConnection, m: &NewInbound, now: i64) -> Result<Option<i64>, DbError> {
-    let row = sqlx::query(
-        "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
-         raw_truncated, sent_at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-         ON CONFLICT (wamid) DO NOTHING RETURNING id",
-    )
-    .bind(clean(&m.wamid))
-    .bind(clean(&m.phone_number_id))
-    .bind(clean(&m.chat_id))
-    .bind(clean(&m.sender))
-    .bind(i64::from(m.is_group))
-    .bind(clean(&m.msg_type))
-    .bind(m.text.as_deref().map(clean))
-    .bind(m.reply_id.as_deref().map(clean))
-    .bind(m.context_id.as_deref().map(clean))
-    .bind(m.raw.as_deref().map(clean))
-    .bind(i64::from(m.raw_truncated))
-    .bind(m.sent_at)
-    .bind(now)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
-}
-
 /// Rows per multi-row `INSERT` in [`insert_inbound_many`] (13 binds each).
 const INBOUND_CHUNK: usize = 256;
 
-/// [`insert_inbound`] for many messages, one statement per chunk. The result is aligned with
-/// `messages`: the id for each one stored now, `None` for a wamid stored before (by an earlier
-/// delivery, or by an earlier entry of `messages`).
+/// Stores inbound messages, one statement per chunk; the wamid's unique index is the dedupe.
+/// The result is aligned with `messages`: the id for each one stored now, `None` for a wamid
+/// stored before (by an earlier delivery, or by an earlier entry of `messages`).
 pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
