@@ -21,7 +21,7 @@ use axum::{
     routing::get,
 };
 use leptos::prelude::*;
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::{
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
@@ -38,6 +38,17 @@ const STYLESHEET: &str = include_str!("../../../style/gatehouse.css");
 /// Name of the session cookie.
 pub const SESSION_COOKIE: &str = "gatehouse_session";
 
+/// The console's routes, generated once per process.
+///
+/// Generating runs the app with resource loading switched off, and leptos_server keeps that switch
+/// in one process-wide flag (`SuppressResourceLoad`). A page whose data starts loading while any
+/// thread generates routes waits for that data forever. Generating once, before the first router
+/// exists, means no page can be rendering at that moment, however many routers are built.
+fn console_routes() -> Vec<AxumRouteListing> {
+    static ROUTES: std::sync::OnceLock<Vec<AxumRouteListing>> = std::sync::OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(App)).clone()
+}
+
 /// Builds the whole router. Tests call this and drive it with `oneshot`.
 pub fn router(state: AppState) -> Router {
     let backend: SharedBackend = Arc::new(backend::ConsoleBackend::new(state.clone()));
@@ -47,7 +58,7 @@ pub fn router(state: AppState) -> Router {
         .site_pkg_dir("pkg")
         .site_addr(state.listen_addr)
         .build();
-    let routes = generate_route_list(App);
+    let routes = console_routes();
 
     let store = session_store::DbSessionStore::new(state.db.clone());
     let idle = state.config.settings.auth.session_idle_timeout;

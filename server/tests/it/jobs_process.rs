@@ -28,9 +28,14 @@ fn probe_bin() -> std::path::PathBuf {
     exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples").join("job_probe")
 }
 
-fn spawn_probe(url: &str, sleep_ms: u64, concurrency: u32) -> Child {
+/// A lease this short lets the crash test rescue quickly; the scale-out test uses a long one, so
+/// that only a real double claim (not a stall on a loaded machine) can run a job twice.
+const SHORT_LEASE: Duration = Duration::from_secs(2);
+const LONG_LEASE: Duration = Duration::from_secs(30);
+
+fn spawn_probe(url: &str, sleep_ms: u64, lease: Duration, concurrency: u32) -> Child {
     Command::new(probe_bin())
-        .args([url, &sleep_ms.to_string(), "2000", &concurrency.to_string()])
+        .args([url, &sleep_ms.to_string(), &lease.as_millis().to_string(), &concurrency.to_string()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -76,7 +81,7 @@ fn stop(mut child: Child) {
 async fn kill_9_mid_run_then_restart(db: TestDb) {
     let total = 300;
     let pool = prepare(&db, total).await;
-    let mut first = spawn_probe(&db.url, 40, 16);
+    let mut first = spawn_probe(&db.url, 40, SHORT_LEASE, 16);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await < 40 {
         assert!(tokio::time::Instant::now() < deadline, "probe never started");
@@ -87,7 +92,7 @@ async fn kill_9_mid_run_then_restart(db: TestDb) {
     let running = scalar(&pool, "SELECT COUNT(*) FROM jobs WHERE state = 'running'").await;
     assert!(running > 0, "jobs were mid-run when the process died");
 
-    let second = spawn_probe(&db.url, 40, 16);
+    let second = spawn_probe(&db.url, 40, SHORT_LEASE, 16);
     let done = wait_completed(&pool, total as i64, Duration::from_secs(90)).await;
     stop(second);
     assert_eq!(done, total as i64, "every job completes after the restart");
@@ -105,13 +110,14 @@ async fn two_processes_share_postgres_without_double_runs() {
     let Some(db) = TestDb::postgres().await else { return };
     let total = 10_000;
     let pool = prepare(&db, total).await;
-    let a = spawn_probe(&db.url, 0, 32);
-    let b = spawn_probe(&db.url, 0, 32);
+    let a = spawn_probe(&db.url, 0, LONG_LEASE, 32);
+    let b = spawn_probe(&db.url, 0, LONG_LEASE, 32);
     let done = wait_completed(&pool, total as i64, Duration::from_secs(180)).await;
     stop(a);
     stop(b);
     assert_eq!(done, total as i64);
-    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await, total as i64, "no job ran twice");
+    let rescued = scalar(&pool, "SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").await;
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await, total as i64, "no job ran twice ({rescued} leases expired)");
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM (SELECT job_id FROM probe_runs GROUP BY job_id HAVING COUNT(*) > 1) dup").await, 0);
     let per_process = sqlx::query("SELECT pid, COUNT(*) FROM probe_runs GROUP BY pid").fetch_all(&pool.pool).await.expect("per pid");
     assert_eq!(per_process.len(), 2, "both processes did work");

@@ -107,3 +107,37 @@ async fn every_console_page_needs_session(db: TestDb) {
     }
 }
 both_backends!(console_pages_need_session, every_console_page_needs_session);
+
+/// A page renders while routers are being built. Route generation switches resource loading off
+/// process-wide (leptos_server's `SuppressResourceLoad`), so a page whose data started loading at
+/// that moment used to wait forever: tests that built their apps beside a rendering test hung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_render_while_routers_are_built() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    let app = TestApp::new(TestDb::sqlite()).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let builder = {
+        let (stop, state, runtime) = (stop.clone(), app.state.clone(), tokio::runtime::Handle::current());
+        std::thread::spawn(move || {
+            let _runtime = runtime.enter();
+            let mut built = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                drop(server::web::router(state.clone()));
+                built += 1;
+            }
+            built
+        })
+    };
+    for render in 0..30 {
+        let page = tokio::time::timeout(std::time::Duration::from_secs(10), owner.get("/")).await;
+        let page = page.unwrap_or_else(|_| panic!("render {render} never finished while routers were being built"));
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(page.body.contains("dashboard-facts"), "the dashboard's data loaded");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(builder.join().expect("builder thread") > 0, "routers were built meanwhile");
+}

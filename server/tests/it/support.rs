@@ -64,9 +64,17 @@ impl TestDb {
                 return None;
             }
         };
+        static SWEPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SWEPT.swap(true, Ordering::Relaxed) {
+            sweep_abandoned(&mut conn).await;
+        }
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let name = format!("gh_test_{}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed), rand_suffix());
-        conn.execute(format!("CREATE DATABASE {name}").as_str()).await.expect("create test database");
+        let create = format!("CREATE DATABASE {name}");
+        match tokio::time::timeout(PG_ADMIN_LIMIT, conn.execute(create.as_str())).await {
+            Ok(done) => done.expect("create test database"),
+            Err(_) => panic!("CREATE DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
+        };
         let _ = conn.close().await;
         let mut url = url::Url::parse(&admin).expect("postgres url");
         url.set_path(&format!("/{name}"));
@@ -86,14 +94,70 @@ impl TestDb {
     }
 }
 
+/// Drops the test databases of test processes that no longer run (killed before their own
+/// cleanup), so that an interrupted run does not leave databases behind for good.
+async fn sweep_abandoned(conn: &mut sqlx::AnyConnection) {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'gh\\_test\\_%'").fetch_all(&mut *conn).await.unwrap_or_default();
+    for name in names {
+        let pid = name.strip_prefix("gh_test_").and_then(|rest| rest.split('_').next()).and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+        }
+    }
+}
+
 fn rand_suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
 }
 
+/// Bounds each administrative step (connecting, creating and dropping a test database), so a
+/// stuck PostgreSQL fails one test with its activity printed instead of stalling the run.
+const PG_ADMIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long one test body may take before it fails, printing PostgreSQL's activity. A hang must
+/// fail its own test, not stall the whole run until CI gives up.
+pub const TEST_LIMIT: Duration = Duration::from_secs(300);
+
 async fn drop_pg(name: &str) {
-    if let Ok(mut conn) = sqlx::AnyConnection::connect(&postgres_admin_url()).await {
-        let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+    let drop = async {
+        let mut conn = sqlx::AnyConnection::connect(&postgres_admin_url()).await?;
+        conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await?;
+        conn.close().await
+    };
+    match tokio::time::timeout(PG_ADMIN_LIMIT, drop).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("test database {name} was not dropped: {e}"),
+        Err(_) => eprintln!("DROP DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
+    }
+}
+
+/// Every other PostgreSQL backend: its database, state, what it waits for, for how long, and
+/// the start of its query. For diagnosing a test that hangs.
+pub async fn postgres_activity() -> String {
+    let query = "SELECT coalesce(string_agg(format('pid %s db %s %s wait %s/%s for %s: %s', pid, datname, state, \
+                 wait_event_type, wait_event, now() - query_start, left(query, 160)), E'\\n'), '(none)') \
+                 FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'";
+    let activity = async {
+        let mut conn = sqlx::AnyConnection::connect(&postgres_admin_url()).await?;
+        let text: String = sqlx::query_scalar(query).fetch_one(&mut conn).await?;
         let _ = conn.close().await;
+        Ok::<_, sqlx::Error>(text)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), activity).await {
+        Ok(Ok(text)) => text,
+        Ok(Err(e)) => format!("(unavailable: {e})"),
+        Err(_) => "(unavailable: timed out)".into(),
+    }
+}
+
+/// Runs one test body within [`TEST_LIMIT`].
+pub async fn within_limit<F: std::future::Future>(test: &str, body: F) -> F::Output {
+    match tokio::time::timeout(TEST_LIMIT, body).await {
+        Ok(out) => out,
+        Err(_) => panic!("{test} did not finish within {TEST_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
     }
 }
 
@@ -118,12 +182,13 @@ macro_rules! both_backends {
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqlite() {
-                super::$body($crate::support::TestDb::sqlite()).await;
+                let test = concat!(module_path!(), "::sqlite");
+                $crate::support::within_limit(test, super::$body($crate::support::TestDb::sqlite())).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
                 if let Some(db) = $crate::support::TestDb::postgres().await {
-                    super::$body(db).await;
+                    $crate::support::within_limit(concat!(module_path!(), "::postgres"), super::$body(db)).await;
                 }
             }
         }
