@@ -100,13 +100,21 @@ async fn sweep_abandoned(conn: &mut sqlx::AnyConnection) {
     if !std::path::Path::new("/proc/self").exists() {
         return;
     }
-    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'gh\\_test\\_%'").fetch_all(&mut *conn).await.unwrap_or_default();
+    let names: Vec<String> = match sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'gh\\_test\\_%'").fetch_all(&mut *conn).await {
+        Ok(names) => names,
+        Err(e) => return eprintln!("cannot list abandoned test databases: {e}"),
+    };
     for name in names {
         let pid = name.strip_prefix("gh_test_").and_then(|rest| rest.split('_').next()).and_then(|pid| pid.parse::<u32>().ok());
         if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
-            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await;
+            let _ = conn.execute(drop_database_sql(&name).as_str()).await;
         }
     }
+}
+
+/// Drops the database even while connections to it are open.
+fn drop_database_sql(name: &str) -> String {
+    format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 }
 
 fn rand_suffix() -> String {
@@ -124,7 +132,7 @@ pub const TEST_LIMIT: Duration = Duration::from_secs(300);
 async fn drop_pg(name: &str) {
     let drop = async {
         let mut conn = sqlx::AnyConnection::connect(&postgres_admin_url()).await?;
-        conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await?;
+        conn.execute(drop_database_sql(name).as_str()).await?;
         conn.close().await
     };
     match tokio::time::timeout(PG_ADMIN_LIMIT, drop).await {
