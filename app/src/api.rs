@@ -1,4 +1,4 @@
-//! Server functions. Each is a thin shell over [`crate::backend::AdminBackend`]; every one but
+//! Server functions. Each is a thin shell over one of [`crate::backend`]'s traits; every one but
 //! those in [`PUBLIC_SERVER_FNS`] starts with `require_owner()`, and the server also refuses
 //! requests to the others without a session before they run.
 

@@ -1,5 +1,7 @@
-//! What the console needs from the engine. The server implements it and injects it as context,
-//! so the UI never depends on the engine's crates.
+//! What the console needs from the engine, split by role as the pages use it (owners and their
+//! sessions, jobs, tools, chats, traces, MCP servers). The server implements each and injects
+//! one [`SharedBackend`] as context, so the UI never depends on the engine's crates; a test can
+//! implement only what its page needs.
 
 use std::sync::Arc;
 
@@ -23,8 +25,9 @@ pub enum LoginOutcome {
     Throttled { retry_after_secs: u64 },
 }
 
+/// First-run setup, login, sessions, the owner's own settings and the dashboard.
 #[async_trait::async_trait]
-pub trait AdminBackend: Send + Sync {
+pub trait OwnersBackend: Send + Sync {
     /// Whether `/setup` is still open (no owner was ever created).
     async fn setup_open(&self) -> Result<bool, AppError>;
     /// Creates the first owner; fails with `SETUP_CLOSED` when one already exists, also when two
@@ -37,11 +40,23 @@ pub trait AdminBackend: Send + Sync {
     async fn dashboard(&self) -> Result<DashboardInfo, AppError>;
     async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError>;
     async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError>;
+    /// Sessions older than this since login are void, however active.
+    fn session_absolute_timeout_ms(&self) -> i64;
+}
+
+/// The durable job queue.
+#[async_trait::async_trait]
+pub trait JobsBackend: Send + Sync {
     async fn jobs_page(&self, query: &JobQuery) -> Result<JobsPage, AppError>;
     async fn job_detail(&self, id: i64) -> Result<JobDetail, AppError>;
     /// Owner actions, audited with the owner and address.
     async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
     async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
+}
+
+/// The tool catalog and the checkpoint.
+#[async_trait::async_trait]
+pub trait ToolsBackend: Send + Sync {
     async fn tools_page(&self, query: &ToolsQuery) -> Result<ToolsPage, AppError>;
     async fn tool_detail(&self, name: &str) -> Result<ToolDetail, AppError>;
     /// Runs one call through the checkpoint as this owner; audited like any other call, plus
@@ -50,20 +65,38 @@ pub trait AdminBackend: Send + Sync {
     /// Re-reads the tool catalog (tools.toml, connectors.toml); a file with problems is refused
     /// with every problem listed, and the current catalog stays.
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError>;
+}
+
+/// Conversations on every channel, and the simulator.
+#[async_trait::async_trait]
+pub trait ChatsBackend: Send + Sync {
     async fn conversations_page(&self, owner_id: i64) -> Result<ConversationsPage, AppError>;
     async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError>;
     /// Runs one simulated message through the conversation runtime; only the transport differs
     /// from WhatsApp.
     async fn simulate(&self, owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError>;
+}
+
+/// What happened to each message.
+#[async_trait::async_trait]
+pub trait TracesBackend: Send + Sync {
     async fn traces_page(&self, query: &TraceQuery) -> Result<TracesPage, AppError>;
     async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError>;
+}
+
+/// MCP servers and the quarantine of their tools.
+#[async_trait::async_trait]
+pub trait McpBackend: Send + Sync {
     async fn mcp_page(&self) -> Result<McpPage, AppError>;
     /// Owner actions on MCP servers and their tools, each audited with the owner and address.
     async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError>;
     async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError>;
     async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, ip: &str) -> Result<(), AppError>;
-    /// Sessions older than this since login are void, however active.
-    fn session_absolute_timeout_ms(&self) -> i64;
 }
+
+/// Everything the console uses: one value implementing every role.
+pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend {}
+
+impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend> AdminBackend for T {}
 
 pub type SharedBackend = Arc<dyn AdminBackend>;

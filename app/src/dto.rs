@@ -359,6 +359,8 @@ pub struct TraceStepView {
 pub struct TraceDetail {
     pub summary: TraceSummary,
     pub steps: Vec<TraceStepView>,
+    /// The tool calls made while the message was handled, from the checkpoint's audit.
+    pub tool_calls: Vec<ToolCallView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,15 +1,17 @@
 //! Gatehouse: a WhatsApp assistant that business owners can trust. This crate holds the axum
 //! server, the bot engine and the `gatehouse` command line.
 
-pub mod bench;
+pub mod bootstrap;
 pub mod channel;
-pub mod cli;
 pub mod config;
 pub mod conversation;
 pub mod db;
+pub mod domain;
 pub mod jobs;
 pub mod llm;
 pub mod owners;
+pub mod redact;
 pub mod telemetry;
 pub mod tools;
+pub mod traces;
 pub mod web;

@@ -153,6 +153,19 @@ pub fn TraceDetailPage() -> impl IntoView {
                                 </li>
                             }).collect_view()}
                         </ol>
+                        <h2>"Tool calls"</h2>
+                        {if d.tool_calls.is_empty() {
+                            view! { <p class="muted">"No tool was called for this message."</p> }.into_any()
+                        } else {
+                            view! {
+                                <table data-testid="trace-tool-calls">
+                                    <thead><tr><th>"Tool"</th><th>"Decision"</th><th>"Code"</th><th>"Attempts"</th><th>"Time"</th></tr></thead>
+                                    <tbody>{d.tool_calls.into_iter().map(|c| view! {
+                                        <tr><td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td><td>{c.decision.clone()}</td><td><code>{c.reason_code.clone()}</code></td><td>{c.attempts}</td><td>{ms(c.latency_us)}</td></tr>
+                                    }).collect_view()}</tbody>
+                                </table>
+                            }.into_any()
+                        }}
                     }.into_any()
                 }
             })}

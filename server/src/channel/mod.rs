@@ -1,12 +1,17 @@
-//! Channels carry messages in and out: WhatsApp now, the console's simulator later. Each one
-//! turns what it receives into an [`InboundMessage`] and hands it to an [`InboundHandler`], which
-//! the conversation runtime implements. Only the transport differs between channels.
+//! Channels carry messages in and out: WhatsApp and the console's simulator. Each one turns what
+//! it receives into an [`Inbound`] and hands it to an [`InboundHandler`] (the conversation
+//! runtime implements it), then delivers the reply and adds the delivery to the message's trace.
+//! Only the transport differs between channels; the channel never decides what to answer.
 
+pub mod simulator;
 pub mod whatsapp;
 
+use crate::domain::{ChatKind, Role};
+
 /// What a message is, as far as the channel could tell.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MessageKind {
+    #[default]
     Text,
     /// A reply button of an interactive message was tapped.
     ButtonReply,
@@ -47,37 +52,54 @@ impl MessageKind {
     }
 }
 
-/// An inbound message after it was stored: the runtime's input, whatever the channel.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InboundMessage {
-    /// The stored row's id.
-    pub id: i64,
-    /// The channel's own message id (WhatsApp: the wamid).
+/// `Inbound::channel` of messages that came through the WhatsApp webhook.
+pub const WHATSAPP: &str = "whatsapp";
+/// `Inbound::channel` of messages an owner sent from the console's simulator.
+pub const SIMULATOR: &str = "simulator";
+
+/// One message on its way from a channel to the runtime, whatever the channel.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Inbound {
+    /// [`WHATSAPP`] or [`SIMULATOR`].
+    pub channel: String,
+    /// Unique per message (the WhatsApp wamid, or the simulator's id).
     pub message_id: String,
     /// The group for group messages, else the sender.
     pub chat_id: String,
+    pub chat_kind: ChatKind,
+    /// The sender's number, digits with or without '+'.
     pub sender: String,
-    pub is_group: bool,
     pub kind: MessageKind,
-    /// The text, button title or list row title.
-    pub text: Option<String>,
-    /// The id or payload of the button or list row chosen.
+    /// The text; for a button or list reply, the title the person chose. Empty for types the
+    /// bot cannot read.
+    pub text: String,
+    /// For a button or list reply, the id of the choice (the business's own payload).
     pub reply_id: Option<String>,
-    /// The message this one quotes or answers.
+    /// The id of the message this one replies to (WhatsApp's context.id).
     pub quoted_id: Option<String>,
-    /// When the sender sent it (unix ms).
-    pub sent_at: i64,
-    pub received_at: i64,
+    /// The quoted message's text when the channel has it (a bot message it sent); otherwise the
+    /// runtime looks the id up in the chat's memory.
+    pub quoted_text: Option<String>,
+    /// WhatsApp's own mention of the business number.
+    pub mentions_bot: bool,
+    /// It replies to one of the bot's messages.
+    pub replies_to_bot: bool,
     pub correlation_id: String,
 }
 
-/// What the runtime decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InboundOutcome {
-    /// Answer in the same chat; `quote` shows the answer as a reply to the inbound message.
-    Reply { text: String, quote: bool },
-    /// No answer, with a short stable reason for the record (`group_not_mentioned`, ...).
-    NoReply { reason: String },
+/// What the runtime made of a message, with the trace the channel adds its delivery to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handled {
+    /// The message's trace (for a duplicate, the first delivery's).
+    pub trace_id: Option<i64>,
+    pub role: Role,
+    /// Where the message went (`chat`, `tool_lane`, `duplicate`, ...).
+    pub route: String,
+    /// What to send back, if anything.
+    pub reply: Option<String>,
+    /// Show the reply as an answer to the inbound message (in groups).
+    pub quote: bool,
+    pub error_code: Option<String>,
 }
 
 /// A failure of the runtime, with a stable code. Retryable failures run the message again later.
@@ -97,30 +119,17 @@ pub trait Presence: Send + Sync {
     async fn typing(&self);
 }
 
-/// Where stored inbound messages go. The conversation runtime implements this; until it is
-/// plugged in, [`RecordOnly`] keeps the message on record and answers nothing.
+/// A channel without a typing indicator.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoPresence;
+
 #[async_trait::async_trait]
-pub trait InboundHandler: Send + Sync {
-    async fn handle(&self, message: &InboundMessage, presence: &dyn Presence) -> Result<InboundOutcome, HandlerError>;
+impl Presence for NoPresence {
+    async fn typing(&self) {}
 }
 
-/// The handler used before a runtime is plugged in: the message stays stored (and is marked
-/// processed by the channel), nothing is answered.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RecordOnly;
-
-/// The reason [`RecordOnly`] gives.
-pub const RECORDED_ONLY: &str = "recorded_only";
-
+/// Where inbound messages go: the conversation runtime.
 #[async_trait::async_trait]
-impl InboundHandler for RecordOnly {
-    async fn handle(&self, message: &InboundMessage, _presence: &dyn Presence) -> Result<InboundOutcome, HandlerError> {
-        tracing::info!(
-            message.id = message.id,
-            kind = message.kind.as_str(),
-            correlation_id = %message.correlation_id,
-            "inbound message recorded; no conversation runtime is plugged in"
-        );
-        Ok(InboundOutcome::NoReply { reason: RECORDED_ONLY.into() })
-    }
+pub trait InboundHandler: Send + Sync {
+    async fn handle(&self, inbound: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError>;
 }

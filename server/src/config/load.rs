@@ -48,12 +48,17 @@ pub struct LoadedConfig {
     pub secrets: Secrets,
     /// The main config file that was read.
     pub path: PathBuf,
-    /// The folder holding the other config files (tools, connectors, MCP servers).
+    /// The folder holding the other config files (tools, connectors, MCP servers), which the
+    /// `tools` module reads.
     pub dir: PathBuf,
-    /// The tool catalog from `tools.toml` beside the main file (empty when there is none).
-    pub catalog: std::sync::Arc<crate::tools::Catalog>,
-    /// The MCP servers from `mcp.toml` beside the main file (none when there is no file).
-    pub mcp: std::sync::Arc<crate::tools::mcp::McpConfig>,
+}
+
+impl LoadedConfig {
+    /// Settings and secrets as given, for tests and benchmarks that build one in code.
+    pub fn new(settings: Settings, secrets: Secrets, path: PathBuf) -> Self {
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        Self { settings, secrets, path, dir }
+    }
 }
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
@@ -71,166 +76,11 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
     }
     let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(EnvOverrides(env));
     let (settings, mut problems) = check(&figment);
-    problems.extend(check_values(&figment, &settings));
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    let tools_path = dir.join("tools.toml");
-    let catalog = if tools_path.is_file() {
-        let is_set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
-        crate::tools::Catalog::load(&tools_path, &is_set).unwrap_or_else(|tool_problems| {
-            problems.extend(tool_problems);
-            crate::tools::Catalog::default()
-        })
-    } else {
-        crate::tools::Catalog::default()
-    };
-    let mcp_path = dir.join("mcp.toml");
-    let mcp = if mcp_path.is_file() {
-        let is_set = |var: &str| std::env::var(var).is_ok_and(|v| !v.trim().is_empty());
-        crate::tools::mcp::config::load(&mcp_path, &is_set).unwrap_or_else(|mcp_problems| {
-            problems.extend(mcp_problems);
-            crate::tools::mcp::McpConfig::default()
-        })
-    } else {
-        crate::tools::mcp::McpConfig::default()
-    };
+    problems.extend(super::check::values(&figment, &settings));
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }
-    Ok(LoadedConfig { settings, secrets, path: path.to_path_buf(), dir, catalog: std::sync::Arc::new(catalog), mcp: std::sync::Arc::new(mcp) })
-}
-
-/// Checks that need more than a type: ranges, URLs, combinations.
-fn check_values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
-    let mut problems = Vec::new();
-    let mut need = |ok: bool, key: &str, message: String| {
-        if !ok {
-            problems.push(problem_at(figment, key, message));
-        }
-    };
-    let auth = &settings.auth;
-    need(auth.min_password_length >= 12, "auth.min_password_length", "must be at least 12".into());
-    need(auth.login_max_failures >= 1, "auth.login_max_failures", "must be at least 1".into());
-    need(settings.database.max_connections >= 1, "database.max_connections", "must be at least 1".into());
-    let jobs = &settings.jobs;
-    need(jobs.concurrency >= 1, "jobs.concurrency", "must be at least 1".into());
-    need(jobs.default_max_attempts >= 1, "jobs.default_max_attempts", "must be at least 1".into());
-    need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
-    need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
-    need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
-    let llm = &settings.llm;
-    need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
-    need(llm.retry_initial_delay <= llm.retry_max_delay, "llm.retry_initial_delay", "must not exceed llm.retry_max_delay".into());
-    need(!llm.fallback_reply.trim().is_empty(), "llm.fallback_reply", "must not be empty".into());
-    need(!llm.owner_instruction.trim().is_empty(), "llm.owner_instruction", "must not be empty".into());
-    for (key, endpoint) in [("llm.anthropic.max_tokens", &llm.anthropic), ("llm.openai.max_tokens", &llm.openai)] {
-        need(endpoint.max_tokens >= 1, key, "must be at least 1".into());
-    }
-    let mut priced = BTreeSet::new();
-    for price in &settings.models.prices {
-        need(!price.model.trim().is_empty(), "models.prices", "every price needs a model name".into());
-        need(priced.insert(price.model.as_str()), "models.prices", format!("model {:?} is priced twice", price.model));
-        let amounts = [Some(price.input), Some(price.output), price.cache_read, price.cache_write];
-        need(
-            amounts.iter().flatten().all(|p| p.is_finite() && *p >= 0.0),
-            "models.prices",
-            format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
-        );
-    }
-    let wa = &settings.whatsapp;
-    need(wa.pair_burst >= 1, "whatsapp.pair_burst", "must be at least 1".into());
-    need(wa.global_rate_per_second >= 1, "whatsapp.global_rate_per_second", "must be at least 1".into());
-    need(wa.send_attempts >= 1, "whatsapp.send_attempts", "must be at least 1".into());
-    need(!wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'), "whatsapp.graph_version", "must be a version such as \"v25.0\"".into());
-    need(
-        wa.phone_number_id.chars().all(|c| c.is_ascii_digit()),
-        "whatsapp.phone_number_id",
-        "must be the numeric phone number id from the WhatsApp Manager".into(),
-    );
-    need(
-        wa.window_template.is_empty() || !wa.window_template_language.trim().is_empty(),
-        "whatsapp.window_template_language",
-        "must be set when whatsapp.window_template is".into(),
-    );
-    need(
-        wa.unknown_type_reply.chars().count() <= 4096,
-        "whatsapp.unknown_type_reply",
-        "must fit one WhatsApp message (4,096 characters)".into(),
-    );
-    for (key, value) in [
-        ("auth.session_idle_timeout", auth.session_idle_timeout),
-        ("auth.session_absolute_timeout", auth.session_absolute_timeout),
-        ("auth.login_failure_window", auth.login_failure_window),
-        ("database.acquire_timeout", settings.database.acquire_timeout),
-        ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
-        ("llm.openai.timeout", settings.llm.openai.timeout),
-        ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
-        ("jobs.poll_interval", jobs.poll_interval),
-        ("jobs.lease", jobs.lease),
-        ("jobs.job_timeout", jobs.job_timeout),
-        ("jobs.maintenance_interval", jobs.maintenance_interval),
-        ("web_fetch.timeout", settings.web_fetch.timeout),
-        ("web_search.timeout", settings.web_search.timeout),
-        ("whatsapp.request_timeout", settings.whatsapp.request_timeout),
-        ("whatsapp.pair_interval", settings.whatsapp.pair_interval),
-    ] {
-        need(!value.is_zero(), key, "must be longer than zero".into());
-    }
-    let db = &settings.database.url;
-    need(
-        crate::db::Backend::from_url(db).is_some(),
-        "database.url",
-        format!("unsupported database URL {:?}; use sqlite://... or postgres://...", display_url(db)),
-    );
-    let public = &settings.server.public_url;
-    if public.is_empty() {
-        need(
-            !settings.server.addr.ip().is_unspecified(),
-            "server.public_url",
-            format!("must be set when server.addr ({}) listens on all interfaces: it is the address owners' browsers use", settings.server.addr),
-        );
-    } else {
-        let ok = url::Url::parse(public).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-        need(ok, "server.public_url", format!("{public:?} is not an http(s) URL"));
-    }
-    for (key, value) in [
-        ("llm.anthropic.base_url", &settings.llm.anthropic.base_url),
-        ("llm.openai.base_url", &settings.llm.openai.base_url),
-        ("web_search.base_url", &settings.web_search.base_url),
-    ] {
-        need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
-    }
-    let conv = &settings.conversation;
-    need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
-    need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
-    for (i, c) in settings.private_data.categories.iter().enumerate() {
-        need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
-        let compiled: Vec<regex::Regex> = c.patterns.iter().filter_map(|p| regex::RegexBuilder::new(p).case_insensitive(true).build().ok()).collect();
-        for p in &c.patterns {
-            need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
-        }
-        // The examples are the category's own test cases: each must be caught.
-        if compiled.len() == c.patterns.len() {
-            for example in &c.examples {
-                need(
-                    compiled.iter().any(|r| r.is_match(example)),
-                    "private_data.categories",
-                    format!("example {example:?} of {:?} matches none of its patterns, so the guard would let it through", c.name),
-                );
-            }
-        }
-    }
-    let graph = &settings.whatsapp.graph_base_url;
-    need(
-        url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
-        "whatsapp.graph_base_url",
-        format!("{:?} is not an http(s) URL", display_url(graph)),
-    );
-    need(
-        tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
-        "log.filter",
-        format!("{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"", settings.log.filter),
-    );
-    problems
+    Ok(LoadedConfig::new(settings, secrets, path.to_path_buf()))
 }
 
 /// `GATEHOUSE__SECTION__KEY` overrides. Figment's `Env` turns `106540352242922` into a number
@@ -287,7 +137,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     let mut present = BTreeSet::new();
     collect_leaves(&merged, "", &mut present);
     for key in present.difference(&known) {
-        let near = known.iter().filter(|k| edit_distance(k, key) <= 2).min_by_key(|k| edit_distance(k, key));
+        let near = known.iter().filter(|k| strsim::levenshtein(k, key) <= 2).min_by_key(|k| strsim::levenshtein(k, key));
         let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
         problems.push(problem_at(figment, key, format!("unknown key{hint}")));
     }
@@ -337,21 +187,7 @@ fn collect_dict(dict: &Dict, prefix: &str, out: &mut BTreeSet<String>) {
     }
 }
 
-/// Levenshtein distance, for "did you mean" hints on misspelt keys.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
-fn problem_at(figment: &Figment, key: &str, message: String) -> Problem {
+pub(super) fn problem_at(figment: &Figment, key: &str, message: String) -> Problem {
     Problem { key: key.to_string(), source: describe_source(figment.find_metadata(key), key), message }
 }
 

@@ -1,6 +1,8 @@
 //! Secrets come only from these environment variables. They are held as [`SecretString`], whose
 //! `Debug` prints `[REDACTED]`, and are reported only as "set" or "unset".
 
+use std::sync::Arc;
+
 use secrecy::SecretString;
 
 pub const ANTHROPIC_API_KEY: &str = "ANTHROPIC_API_KEY";
@@ -13,6 +15,49 @@ pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
 pub const ALL: [&str; 5] =
     [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN];
 
+/// Where secret values are read from: the process environment in production, a map in tests.
+/// Built once at start and handed to every part that needs a secret by name (tool secret
+/// fields, connector headers, MCP server environments), so no code reads the environment itself.
+#[derive(Clone)]
+pub struct SecretSource(Arc<dyn Fn(&str) -> Option<String> + Send + Sync>);
+
+impl SecretSource {
+    /// The process environment.
+    pub fn from_env() -> Self {
+        Self(Arc::new(|name: &str| std::env::var(name).ok()))
+    }
+
+    pub fn from_fn(lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(lookup))
+    }
+
+    /// A source that knows no secret.
+    pub fn empty() -> Self {
+        Self::from_fn(|_| None)
+    }
+
+    /// The value of `name`; an empty or blank value counts as unset.
+    pub fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    pub fn is_set(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+}
+
+impl Default for SecretSource {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretSource([REDACTED])")
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
     pub anthropic_api_key: Option<SecretString>,
@@ -20,22 +65,29 @@ pub struct Secrets {
     pub whatsapp_access_token: Option<SecretString>,
     pub whatsapp_app_secret: Option<SecretString>,
     pub whatsapp_verify_token: Option<SecretString>,
+    /// Every other secret, by variable name.
+    pub source: SecretSource,
 }
 
 impl Secrets {
     /// Reads every secret from the process environment. An empty value counts as unset.
     pub fn from_env() -> Self {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_source(SecretSource::from_env())
     }
 
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty()).map(SecretString::from);
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        Self::from_source(SecretSource::from_fn(lookup))
+    }
+
+    pub fn from_source(source: SecretSource) -> Self {
+        let get = |name: &str| source.get(name).map(SecretString::from);
         Self {
             anthropic_api_key: get(ANTHROPIC_API_KEY),
             openai_api_key: get(OPENAI_API_KEY),
             whatsapp_access_token: get(WHATSAPP_ACCESS_TOKEN),
             whatsapp_app_secret: get(WHATSAPP_APP_SECRET),
             whatsapp_verify_token: get(WHATSAPP_VERIFY_TOKEN),
+            source: source.clone(),
         }
     }
 

@@ -2,79 +2,42 @@
 //! same steps in this order, each recorded in the message's trace with its decision, reason
 //! code and timing:
 //!
-//! dedupe -> actor role -> group rules -> owner commands and the customer slash boundary ->
-//! private-data guard -> tool lane -> (degraded mode) -> normal chat with memory.
+//! dedupe -> message type -> actor role -> group rules -> owner commands and the customer slash
+//! boundary -> private-data guard -> tool lane -> (degraded mode) -> normal chat with memory.
 //!
-//! The channel delivers the reply the runtime returns; only the transport differs between
-//! channels. Tool prompts and results never enter chat memory: only the person's messages and
-//! the chat replies do.
+//! The channel delivers the reply the runtime returns and appends the delivery to the trace;
+//! only the transport differs between channels. Tool prompts and results never enter chat
+//! memory: only the person's messages and the chat replies do.
 
-mod inbound;
+mod chat;
+mod commands;
 pub mod memory;
 pub mod steps;
 
-/// `Inbound::channel` of messages that came through the WhatsApp webhook.
-pub const WHATSAPP_CHANNEL: &str = "whatsapp";
-
-use std::{sync::Arc, time::Instant};
+use std::sync::Arc;
 
 use serde_json::json;
 
+pub use crate::channel::Inbound;
 use crate::{
+    channel::{self, Handled, HandlerError, InboundHandler, Presence},
     config::{Secrets, Settings},
-    db::{self, Db, DbError, conversation as store, traces},
-    llm::{self, ChatModel, ChatRequest, Purpose},
-    tools::policy::Actor,
+    db::{self, Db, DbError, conversation as store},
+    domain::{ChatKind, Role},
+    jobs::JobQueue,
+    llm::{self, ChatModel},
+    owners::notices,
+    traces::{self, Ending, Recorder, Subject},
 };
 
-/// Direct (one person) or group chat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChatKind {
-    #[default]
-    Direct,
-    Group,
-}
-
-/// A message as the runtime sees it, whatever channel it came from.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Inbound {
-    /// `whatsapp` or `simulator`.
-    pub channel: String,
-    /// Unique per message (the WhatsApp wamid, or the simulator's id).
-    pub message_id: String,
-    pub chat_id: String,
-    pub chat_kind: ChatKind,
-    /// The sender's number, digits with or without '+'.
-    pub sender: String,
-    /// The text; for a button or list reply, the title the person chose.
-    pub text: String,
-    /// For a button or list reply, the id of the choice (the business's own payload).
-    pub reply_id: Option<String>,
-    /// The id of the message this one replies to (WhatsApp's context.id).
-    pub quoted_id: Option<String>,
-    /// The quoted message's text when the channel has it (a bot message it sent); otherwise the
-    /// runtime looks the id up in chat memory.
-    pub quoted_text: Option<String>,
-    /// WhatsApp's own mention of the business number.
-    pub mentions_bot: bool,
-    /// It replies to one of the bot's messages.
-    pub replies_to_bot: bool,
-    pub correlation_id: String,
-}
-
-#[cfg(test)]
-impl Inbound {
-    pub(crate) fn test_default() -> Self {
-        Self { channel: "simulator".into(), message_id: "m1".into(), chat_id: "c1".into(), sender: "15550001111".into(), correlation_id: "corr".into(), ..Self::default() }
-    }
-}
-
 /// Where a message went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Route {
     Duplicate,
+    /// A type the bot cannot read (an image, a voice note, ...).
+    UnknownType,
     Ignored,
     OwnerCommand,
     CustomerCommand,
@@ -86,16 +49,7 @@ pub enum Route {
 
 impl Route {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Duplicate => "duplicate",
-            Self::Ignored => "ignored",
-            Self::OwnerCommand => "owner_command",
-            Self::CustomerCommand => "customer_command",
-            Self::PrivateData => "private_data",
-            Self::ToolLane => "tool_lane",
-            Self::Degraded => "degraded",
-            Self::Chat => "chat",
-        }
+        self.into()
     }
 }
 
@@ -103,10 +57,10 @@ impl Route {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub route: Route,
-    pub actor: Actor,
+    pub actor: Role,
     /// What to send back, if anything.
     pub reply: Option<String>,
-    /// The trace of this message (`None` for a duplicate, which keeps the first one's).
+    /// The trace of this message (for a duplicate, the first delivery's).
     pub trace_id: Option<i64>,
     pub error_code: Option<String>,
 }
@@ -118,19 +72,20 @@ pub enum LaneOutcome {
     Handled { reply: String },
 }
 
-/// Where the tool lane plugs in: the runtime asks it before normal chat.
+/// Where the tool lane plugs in: the runtime asks it before normal chat. It records its own
+/// steps in the message's trace, whose id its tool calls carry.
 #[async_trait::async_trait]
 pub trait ToolLane: Send + Sync {
-    async fn try_handle(&self, inbound: &Inbound, actor: Actor) -> LaneOutcome;
+    async fn try_handle(&self, inbound: &Inbound, actor: Role, trace: &mut Recorder) -> LaneOutcome;
 }
 
-/// The lane of this build: no message is a tool request yet.
+/// A lane that hands every message on to normal chat.
 #[derive(Debug, Default)]
 pub struct NoToolLane;
 
 #[async_trait::async_trait]
 impl ToolLane for NoToolLane {
-    async fn try_handle(&self, _inbound: &Inbound, _actor: Actor) -> LaneOutcome {
+    async fn try_handle(&self, _inbound: &Inbound, _actor: Role, _trace: &mut Recorder) -> LaneOutcome {
         LaneOutcome::NotHandled
     }
 }
@@ -147,30 +102,22 @@ impl From<sqlx::Error> for RuntimeError {
     }
 }
 
-/// Collects a message's steps and times each one.
-struct Trace {
-    started: Instant,
-    started_at: i64,
-    last: Instant,
-    steps: Vec<traces::Step>,
-}
+/// The notice kind recorded for the unknown-type note.
+const UNKNOWN_TYPE_NOTICE: &str = "unknown_type";
 
-impl Trace {
-    fn new() -> Self {
-        let now = Instant::now();
-        Self { started: now, started_at: db::now_ms(), last: now, steps: Vec::new() }
-    }
-
-    fn step(&mut self, step: &str, decision: &str, reason: &str, detail: serde_json::Value) {
-        let now = Instant::now();
-        let duration_us = i64::try_from(now.duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
-        self.last = now;
-        self.steps.push(traces::Step { step: step.into(), decision: decision.into(), reason_code: reason.into(), duration_us, detail: detail.to_string() });
-    }
+/// What the runtime needs, built once by the composition root.
+pub struct RuntimeParts {
+    pub db: Db,
+    pub queue: JobQueue,
+    pub settings: Arc<Settings>,
+    pub secrets: Secrets,
+    pub model: Arc<dyn ChatModel>,
+    pub lane: Arc<dyn ToolLane>,
 }
 
 pub struct Runtime {
     db: Db,
+    queue: JobQueue,
     settings: Arc<Settings>,
     secrets: Secrets,
     model: Arc<dyn ChatModel>,
@@ -184,18 +131,31 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-impl Runtime {
-    /// The runtime over the configured model, every call recorded in `llm_calls`, with this
-    /// build's tool lane.
-    pub fn from_config(cfg: &crate::config::LoadedConfig, db: &Db) -> Result<Self, llm::LlmError> {
-        let settings = Arc::new(cfg.settings.clone());
-        let model = llm::recorded(llm::from_settings(&settings, &cfg.secrets)?, db.clone(), &settings);
-        Ok(Self::new(db.clone(), settings, cfg.secrets.clone(), model, Arc::new(NoToolLane)))
+/// The decision of the steps before the reply is recorded.
+struct Decision {
+    route: Route,
+    reply: Option<String>,
+    error_code: Option<String>,
+    /// Raise this notice for the owners with the reply.
+    notice: Option<db::owner_notifications::Notification>,
+    /// The reply is the unknown-type note, sent at most once per chat per period.
+    note_once: bool,
+}
+
+impl Decision {
+    fn reply(route: Route, reply: String) -> Self {
+        Self { route, reply: Some(reply), error_code: None, notice: None, note_once: false }
     }
 
-    pub fn new(db: Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn ChatModel>, lane: Arc<dyn ToolLane>) -> Self {
-        let guard = steps::PrivateGuard::new(&settings.private_data);
-        Self { db, settings, secrets, model, lane, guard }
+    fn silent(route: Route) -> Self {
+        Self { route, reply: None, error_code: None, notice: None, note_once: false }
+    }
+}
+
+impl Runtime {
+    pub fn new(parts: RuntimeParts) -> Self {
+        let guard = steps::PrivateGuard::new(&parts.settings.private_data);
+        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, guard }
     }
 
     fn text_detail(&self, text: &str) -> serde_json::Value {
@@ -204,267 +164,159 @@ impl Runtime {
 
     /// Runs every step for `inbound` and records its trace.
     pub async fn handle(&self, inbound: &Inbound) -> Result<Outcome, RuntimeError> {
-        let mut trace = Trace::new();
         let mut conn = self.db.pool.acquire().await?;
-
         // 1. Dedupe: a message handled to the end is not handled again. Its earlier reply is
         // given back, so a retried delivery sends the same answer (the ledger skips parts
         // already out) instead of asking the model twice.
         if let Some(earlier) = store::earlier_reply(&mut conn, &inbound.message_id).await? {
-            return Ok(Outcome { route: Route::Duplicate, actor: Actor::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
+            return Ok(Outcome { route: Route::Duplicate, actor: Role::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
         }
-        let mut first = self.text_detail(&inbound.text);
-        if let Some(id) = &inbound.reply_id {
-            first["reply_id"] = json!(id);
-        }
-        trace.step("dedupe", "new", "FIRST_DELIVERY", first);
-
-        // 2. Actor role: a number registered on an owner account is an owner.
-        let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
-        let actor = if owner.is_some() { Actor::Owner } else { Actor::Customer };
-        trace.step("actor", actor.as_str(), if owner.is_some() { "OWNER_NUMBER" } else { "NOT_AN_OWNER_NUMBER" }, json!({}));
         drop(conn);
-
-        let conv = &self.settings.conversation;
-        let mut owner_notice = None;
-        let (route, reply, error_code) = 'decide: {
-            // 3. Group rules.
-            match steps::group_allows(inbound, conv.group_reply, &conv.mention_names) {
-                Ok(reason) => trace.step("group", "answer", reason, json!({})),
-                Err(reason) => {
-                    trace.step("group", "ignore", reason, json!({}));
-                    break 'decide (Route::Ignored, None, None);
-                }
-            }
-            // 4. Owner commands and the customer slash boundary.
-            match steps::slash(actor, &inbound.text) {
-                steps::Slash::NotACommand => trace.step("slash", "pass", "NOT_A_COMMAND", json!({})),
-                steps::Slash::CustomerRefused => {
-                    trace.step("slash", "refuse", "CUSTOMER_COMMAND", json!({}));
-                    break 'decide (Route::CustomerCommand, Some(conv.customer_command_reply.clone()), None);
-                }
-                steps::Slash::Owner(command) => {
-                    let (reason, reply) = self.owner_command(&command).await?;
-                    trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
-                    break 'decide (Route::OwnerCommand, Some(reply), None);
-                }
-            }
-            // 5. Private-data guard.
-            if let Some(category) = self.guard.check(actor, &inbound.text) {
-                let handoff = self.settings.private_data.handoff;
-                trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category, "handoff": handoff }));
-                if handoff {
-                    owner_notice = Some(self.private_data_notice(inbound, category));
-                }
-                break 'decide (Route::PrivateData, Some(self.settings.private_data.safe_reply.clone()), None);
-            }
-            trace.step("private_data", "pass", if actor == Actor::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
-            // 6. The tool lane.
-            match self.lane.try_handle(inbound, actor).await {
-                LaneOutcome::Handled { reply } => {
-                    trace.step("tool_lane", "handled", "TOOL_LANE", json!({}));
-                    break 'decide (Route::ToolLane, Some(reply), None);
-                }
-                LaneOutcome::NotHandled => trace.step("tool_lane", "pass", "NOT_HANDLED", json!({})),
-            }
-            // Degraded mode: no key for the model.
-            if let Some(d) = llm::degraded(&self.settings, &self.secrets) {
-                let reply = if actor == Actor::Owner { d.owner_instruction } else { d.customer_reply };
-                trace.step("chat", "degraded", llm::ErrorCode::NotConfigured.as_str(), json!({ "provider": d.provider }));
-                break 'decide (Route::Degraded, Some(reply), Some(llm::ErrorCode::NotConfigured.as_str().to_string()));
-            }
-            // 7. Normal chat with memory.
-            match self.chat(inbound, &mut trace).await? {
-                Ok(reply) => (Route::Chat, Some(reply), None),
-                Err(code) => (Route::Chat, Some(self.settings.llm.fallback_reply.clone()), Some(code)),
-            }
-        };
-        if let Some(r) = &reply {
-            trace.step("reply", "send", route.as_str(), self.text_detail(r));
-        }
-        let outcome = match (&reply, &error_code) {
-            (_, Some(_)) => "failed",
-            (Some(_), None) => "replied",
-            (None, None) => "ignored",
-        };
-        let row = traces::TraceRow {
-            id: 0,
+        let subject = Subject {
             correlation_id: inbound.correlation_id.clone(),
             channel: inbound.channel.clone(),
             chat_id: inbound.chat_id.clone(),
             message_id: inbound.message_id.clone(),
-            actor: actor.as_str().into(),
-            route: route.as_str().into(),
-            outcome: outcome.into(),
-            error_code: error_code.clone(),
-            started_at: trace.started_at,
-            duration_us: i64::try_from(trace.started.elapsed().as_micros()).unwrap_or(i64::MAX),
         };
-        let mut tx = self.db.begin_write().await?;
-        let trace_id = traces::insert(&mut tx, &row, &trace.steps).await?;
-        store::record_reply(&mut tx, &inbound.message_id, route.as_str(), reply.as_deref(), trace_id, db::now_ms()).await?;
-        if let Some(notice) = &owner_notice {
-            // With the trace and the reply: a retried job finds the reply recorded and does not
-            // notify twice. Simulated chats notify the console only, never a real phone.
-            db::owner_notifications::insert(&mut tx, notice).await?;
-            if inbound.channel == WHATSAPP_CHANNEL {
-                let jobs = &self.settings.jobs;
-                db::owner_notifications::enqueue_deliveries(&mut tx, notice, &jobs.queue, i64::from(jobs.default_max_attempts)).await?;
+        let mut trace = {
+            let mut tx = self.db.begin_write().await?;
+            let trace = traces::begin(&mut tx, subject).await?;
+            tx.commit().await?;
+            trace
+        };
+        if inbound.kind.is_readable() {
+            let mut first = self.text_detail(&inbound.text);
+            if let Some(id) = &inbound.reply_id {
+                first["reply_id"] = json!(id);
             }
+            trace.step("dedupe", "new", "FIRST_DELIVERY", first);
         }
-        tx.commit().await?;
-        Ok(Outcome { route, actor, reply, trace_id: Some(trace_id), error_code })
+
+        let mut conn = self.db.pool.acquire().await?;
+        let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
+        drop(conn);
+        let actor = if owner.is_some() { Role::Owner } else { Role::Customer };
+        let decision = self.decide(inbound, actor, owner.is_some(), &mut trace).await?;
+        self.record(inbound, actor, decision, trace).await
     }
 
-    /// The owners' notice for a customer's private-data question (`private_data.owner_notice`).
-    fn private_data_notice(&self, inbound: &Inbound, category: &str) -> db::owner_notifications::Notification {
-        let settings = &self.settings.private_data;
-        let description = settings.categories.iter().find(|c| c.name == category).map_or("", |c| c.description.as_str());
-        let text: String = inbound.text.chars().take(300).collect();
-        let message = settings
-            .owner_notice
-            .replace("{chat}", &inbound.chat_id)
-            .replace("{category}", category)
-            .replace("{description}", description)
-            .replace("{text}", &text);
-        db::owner_notifications::Notification {
-            at: db::now_ms(),
-            hook: "private_data".into(),
-            tool: category.into(),
-            reason_code: "PRIVATE_DATA_REQUEST".into(),
-            message,
-            correlation_id: inbound.correlation_id.clone(),
+    /// The steps from the message type to normal chat.
+    async fn decide(&self, inbound: &Inbound, actor: Role, owner: bool, trace: &mut Recorder) -> Result<Decision, RuntimeError> {
+        // 2. Message type: what the bot cannot read gets the configured note (the trace's first
+        // step: there is no text to dedupe or guard).
+        if !inbound.kind.is_readable() {
+            trace.step("message_type", "not_read", "UNSUPPORTED_TYPE", json!({ "type": inbound.kind.as_str() }));
+            let note = self.settings.whatsapp.unknown_type_reply.trim();
+            if note.is_empty() {
+                trace.step("reply", "none", "NO_NOTE_CONFIGURED", json!({}));
+                return Ok(Decision::silent(Route::UnknownType));
+            }
+            return Ok(Decision { note_once: true, ..Decision::reply(Route::UnknownType, note.to_string()) });
         }
-    }
-
-    async fn owner_command(&self, command: &steps::Command) -> Result<(&'static str, String), RuntimeError> {
-        use steps::Command;
+        // 3. Actor role: a number registered on an owner account is an owner.
+        trace.step("actor", actor.as_str(), if owner { "OWNER_NUMBER" } else { "NOT_AN_OWNER_NUMBER" }, json!({}));
         let conv = &self.settings.conversation;
-        Ok(match command {
-            Command::Help => ("COMMAND_HELP", conv.owner_help.trim().to_string()),
-            Command::Approve(_) | Command::Reject(_) => ("APPROVALS_NOT_AVAILABLE", conv.approvals_unavailable_reply.clone()),
-            Command::Status => {
-                let mut conn = self.db.pool.acquire().await?;
-                let counts = db::jobs::counts_by_state(&mut conn).await?;
-                let shown: Vec<String> = counts.iter().filter(|(_, n)| *n > 0).map(|(s, n)| format!("{} {n}", s.as_str())).collect();
-                let degraded = llm::degraded(&self.settings, &self.secrets).map(|d| format!(" {}", d.owner_instruction)).unwrap_or_default();
-                let jobs = if shown.is_empty() { "no jobs".to_string() } else { shown.join(", ") };
-                ("COMMAND_STATUS", format!("Gatehouse {} is running. Jobs: {jobs}.{degraded}", env!("CARGO_PKG_VERSION")))
+        // 4. Group rules.
+        match steps::group_allows(inbound, conv.group_reply, &conv.mention_names) {
+            Ok(reason) => trace.step("group", "answer", reason, json!({})),
+            Err(reason) => {
+                trace.step("group", "ignore", reason, json!({}));
+                return Ok(Decision::silent(Route::Ignored));
             }
-            Command::Jobs => {
-                let mut conn = self.db.pool.acquire().await?;
-                let page = db::jobs::list(&mut conn, &db::jobs::JobFilter::default(), 5).await?;
-                let lines: Vec<String> = page.iter().map(|j| format!("#{} {} {}", j.id, j.kind, j.state.as_str())).collect();
-                ("COMMAND_JOBS", if lines.is_empty() { "No jobs yet.".to_string() } else { format!("Latest jobs:\n{}", lines.join("\n")) })
+        }
+        // 5. Owner commands and the customer slash boundary.
+        match steps::slash(actor, &inbound.text) {
+            steps::Slash::NotACommand => trace.step("slash", "pass", "NOT_A_COMMAND", json!({})),
+            steps::Slash::CustomerRefused => {
+                trace.step("slash", "refuse", "CUSTOMER_COMMAND", json!({}));
+                return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
-            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("There is no /{name} command.\n{}", conv.owner_help.trim())),
+            steps::Slash::Owner(command) => {
+                let (reason, reply) = self.owner_command(&command).await?;
+                trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
+                return Ok(Decision::reply(Route::OwnerCommand, reply));
+            }
+        }
+        // 6. Private-data guard.
+        if let Some(category) = self.guard.check(actor, &inbound.text) {
+            let handoff = self.settings.private_data.handoff;
+            trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category, "handoff": handoff }));
+            let notice = handoff.then(|| self.private_data_notice(inbound, category));
+            return Ok(Decision { notice, ..Decision::reply(Route::PrivateData, self.settings.private_data.safe_reply.clone()) });
+        }
+        trace.step("private_data", "pass", if actor == Role::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
+        // 7. The tool lane.
+        match self.lane.try_handle(inbound, actor, trace).await {
+            LaneOutcome::Handled { reply } => {
+                trace.step("tool_lane", "handled", "TOOL_LANE", json!({}));
+                return Ok(Decision::reply(Route::ToolLane, reply));
+            }
+            LaneOutcome::NotHandled => trace.step("tool_lane", "pass", "NOT_HANDLED", json!({})),
+        }
+        // Degraded mode: no key for the model.
+        if let Some(d) = llm::degraded(&self.settings, &self.secrets) {
+            let reply = if actor == Role::Owner { d.owner_instruction } else { d.customer_reply };
+            let code = llm::ErrorCode::NotConfigured.as_str();
+            trace.step("chat", "degraded", code, json!({ "provider": d.provider }));
+            return Ok(Decision { error_code: Some(code.to_string()), ..Decision::reply(Route::Degraded, reply) });
+        }
+        // 8. Normal chat with memory.
+        Ok(match self.chat(inbound, trace).await? {
+            Ok(reply) => Decision::reply(Route::Chat, reply),
+            Err(code) => Decision { error_code: Some(code), ..Decision::reply(Route::Chat, self.settings.llm.fallback_reply.clone()) },
         })
     }
 
-    /// Normal chat: the person's turn is stored, history is assembled within the budget
-    /// (compacting older turns when needed), the chat model answers, the answer is stored.
-    /// The inner error is the LLM error code (the caller sends the fallback reply).
-    async fn chat(&self, inbound: &Inbound, trace: &mut Trace) -> Result<Result<String, String>, RuntimeError> {
-        let conv = &self.settings.conversation;
-        let now = db::now_ms();
-        let mut conn = self.db.pool.acquire().await?;
-        let quoted = match (&inbound.quoted_text, &inbound.quoted_id) {
-            (Some(text), _) => Some(text.clone()),
-            (None, Some(id)) => store::text_of(&mut conn, id).await?,
-            (None, None) => None,
-        };
-        let summary = store::summary(&mut conn, &inbound.chat_id).await?;
-        let history: Vec<store::Turn> = store::turns_after(&mut conn, &inbound.chat_id, summary.as_ref().map_or(0, |s| s.covers_through))
-            .await?
-            .into_iter()
-            .filter(|t| t.message_id != inbound.message_id)
-            .collect();
-        drop(conn);
-        let current_tokens = memory::estimate_tokens(&inbound.text) + quoted.as_deref().map_or(0, memory::estimate_tokens);
-        let budget = i64::from(conv.history_token_budget);
-        let keep = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
-        let (summary, turns) = match memory::plan(summary.as_ref(), &history, current_tokens, budget, keep) {
-            memory::Plan::Fits => {
-                trace.step("memory", "fits", "WITHIN_BUDGET", json!({ "turns": history.len(), "summary": summary.is_some() }));
-                (summary, history)
-            }
-            memory::Plan::Compact { older, keep } => {
-                let compacted = memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id).await;
-                let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
-                match compacted {
-                    Ok(res) if !text.is_empty() => {
-                        let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
-                        let mut tx = self.db.begin_write().await?;
-                        store::save_summary(&mut tx, &inbound.chat_id, &new, now).await?;
-                        tx.commit().await?;
-                        trace.step(
-                            "memory",
-                            "compacted",
-                            "OVER_BUDGET",
-                            json!({
-                                "summarized_turns": older.len(), "kept_turns": keep.len(), "purpose": "compaction", "model": res.model,
-                                "input_tokens": res.usage.input_tokens, "output_tokens": res.usage.output_tokens,
-                                "latency_ms": u64::try_from(res.latency.as_millis()).unwrap_or(u64::MAX),
-                            }),
-                        );
-                        (Some(new), keep)
-                    }
-                    other => {
-                        let code = other.err().map_or_else(|| "LLM_EMPTY_SUMMARY".to_string(), |e| e.code.as_str().to_string());
-                        tracing::warn!(chat = %inbound.chat_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
-                        let mut all = older;
-                        all.extend(keep);
-                        let kept = memory::truncate(summary.as_ref(), all, current_tokens, budget);
-                        trace.step("memory", "truncated", &code, json!({ "kept_turns": kept.len() }));
-                        (summary, kept)
-                    }
-                }
-            }
-        };
-        let messages = memory::messages(summary.as_ref(), &turns, &inbound.text, quoted.as_deref());
-        let mut req = ChatRequest::new(&self.settings.models, Purpose::Chat, inbound.correlation_id.clone(), messages);
-        if !conv.system_prompt.trim().is_empty() {
-            req = req.with_system(conv.system_prompt.trim());
-        }
-        // The person's turn is stored before the call, so it stays in memory even if the call fails.
+    /// Records the trace, the reply and any owner notice in one transaction: a retried message
+    /// finds its reply recorded, so it neither asks the model again nor notifies twice.
+    async fn record(&self, inbound: &Inbound, actor: Role, mut d: Decision, mut trace: Recorder) -> Result<Outcome, RuntimeError> {
         let mut tx = self.db.begin_write().await?;
-        let user_turn = store::NewTurn {
-            chat_id: &inbound.chat_id,
-            channel: &inbound.channel,
-            role: store::role::USER,
-            text: &inbound.text,
-            message_id: &inbound.message_id,
-            at: now,
-            tokens: memory::estimate_tokens(&inbound.text),
-        };
-        store::insert_turn(&mut tx, &user_turn).await?;
-        tx.commit().await?;
-        let started = Instant::now();
-        match self.model.chat(&req).await {
-            Ok(res) => {
-                let reply = res.text().trim().to_string();
-                trace.step(
-                    "llm",
-                    "answered",
-                    res.stop_reason.as_str(),
-                    json!({
-                        "purpose": "chat", "model": res.model, "input_tokens": res.usage.input_tokens, "output_tokens": res.usage.output_tokens,
-                        "latency_ms": started.elapsed().as_millis() as u64, "attempts": res.attempts,
-                    }),
-                );
-                if reply.is_empty() {
-                    return Ok(Err("LLM_EMPTY_REPLY".into()));
-                }
-                let mut tx = self.db.begin_write().await?;
-                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), ..user_turn };
-                store::insert_turn(&mut tx, &turn).await?;
-                tx.commit().await?;
-                Ok(Ok(reply))
+        if d.note_once {
+            let now = db::now_ms();
+            let every = i64::try_from(self.settings.whatsapp.unknown_type_reply_every.as_millis()).unwrap_or(i64::MAX);
+            if !db::whatsapp::claim_notice(&mut tx, &inbound.chat_id, UNKNOWN_TYPE_NOTICE, now.saturating_sub(every), now).await? {
+                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({}));
+                d.reply = None;
+            } else {
+                trace.step("reply", "send", "UNKNOWN_TYPE_NOTE", json!({}));
             }
-            Err(e) => {
-                trace.step("llm", "failed", e.code.as_str(), json!({ "purpose": "chat", "model": req.model, "attempts": e.attempts }));
-                Ok(Err(e.code.as_str().to_string()))
-            }
+        } else if let Some(r) = &d.reply {
+            trace.step("reply", "send", d.route.as_str(), self.text_detail(r));
         }
+        let outcome = match (&d.reply, &d.error_code) {
+            (_, Some(_)) => "failed",
+            (Some(_), None) => "replied",
+            (None, None) => "ignored",
+        };
+        let ending = Ending { actor: actor.as_str().into(), route: d.route.as_str().into(), outcome: outcome.into(), error_code: d.error_code.clone() };
+        let trace_id = trace.finish(&mut tx, ending).await?;
+        store::record_reply(&mut tx, &inbound.message_id, d.route.as_str(), d.reply.as_deref(), trace_id, db::now_ms()).await?;
+        if let Some(notice) = &d.notice {
+            // Simulated chats notify the console only, never a real phone.
+            notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
+        }
+        self.queue.commit(tx).await?;
+        Ok(Outcome { route: d.route, actor, reply: d.reply, trace_id: Some(trace_id), error_code: d.error_code })
+    }
+}
+
+/// The runtime as the channels' handler.
+#[async_trait::async_trait]
+impl InboundHandler for Runtime {
+    async fn handle(&self, inbound: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError> {
+        if inbound.kind.is_readable() {
+            presence.typing().await;
+        }
+        let outcome = Runtime::handle(self, inbound)
+            .await
+            .map_err(|e| HandlerError { code: "CONVERSATION_STORAGE".into(), message: e.to_string(), retryable: true })?;
+        Ok(Handled {
+            trace_id: outcome.trace_id,
+            role: outcome.actor,
+            route: outcome.route.as_str().into(),
+            reply: outcome.reply.filter(|r| !r.trim().is_empty()),
+            quote: inbound.chat_kind == ChatKind::Group,
+            error_code: outcome.error_code,
+        })
     }
 }

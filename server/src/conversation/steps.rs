@@ -3,9 +3,11 @@
 
 use regex::{Regex, RegexBuilder};
 
-use super::{ChatKind, Inbound};
-use crate::config::conversation::{GroupReply, PrivateDataSettings};
-use crate::tools::policy::Actor;
+use super::Inbound;
+use crate::{
+    config::conversation::{GroupReply, PrivateDataSettings},
+    domain::{ChatKind, Role},
+};
 
 /// Group rules: in groups the bot answers only when the config allows it.
 pub fn group_allows(inbound: &Inbound, mode: GroupReply, mention_names: &[String]) -> Result<&'static str, &'static str> {
@@ -67,11 +69,11 @@ pub enum Slash {
     CustomerRefused,
 }
 
-pub fn slash(actor: Actor, text: &str) -> Slash {
+pub fn slash(actor: Role, text: &str) -> Slash {
     match (command(text), actor) {
         (None, _) => Slash::NotACommand,
-        (Some(c), Actor::Owner) => Slash::Owner(c),
-        (Some(_), Actor::Customer) => Slash::CustomerRefused,
+        (Some(c), Role::Owner) => Slash::Owner(c),
+        (Some(_), Role::Customer) => Slash::CustomerRefused,
     }
 }
 
@@ -93,8 +95,8 @@ impl PrivateGuard {
     }
 
     /// The category a customer's message asks about, if any. Owners are not guarded.
-    pub fn check(&self, actor: Actor, text: &str) -> Option<&str> {
-        if actor == Actor::Owner {
+    pub fn check(&self, actor: Role, text: &str) -> Option<&str> {
+        if actor == Role::Owner {
             return None;
         }
         self.categories.iter().find(|(_, patterns)| patterns.iter().any(|r| r.is_match(text))).map(|(name, _)| name.as_str())
@@ -107,7 +109,7 @@ mod tests {
     use crate::config::conversation::PrivateCategory;
 
     fn inbound(text: &str, kind: ChatKind) -> Inbound {
-        Inbound { text: text.into(), chat_kind: kind, ..Inbound::test_default() }
+        Inbound { text: text.into(), chat_kind: kind, message_id: "m1".into(), chat_id: "c1".into(), sender: "15550001111".into(), ..Inbound::default() }
     }
 
     #[test]
@@ -132,10 +134,10 @@ mod tests {
         assert_eq!(command("and/or"), None);
         assert_eq!(command("/ "), None);
         assert_eq!(command("/path/to"), None);
-        assert_eq!(slash(Actor::Owner, "/help"), Slash::Owner(Command::Help));
-        assert_eq!(slash(Actor::Customer, "/approve 1"), Slash::CustomerRefused);
-        assert_eq!(slash(Actor::Customer, "/jobs"), Slash::CustomerRefused);
-        assert_eq!(slash(Actor::Customer, "hello"), Slash::NotACommand);
+        assert_eq!(slash(Role::Owner, "/help"), Slash::Owner(Command::Help));
+        assert_eq!(slash(Role::Customer, "/approve 1"), Slash::CustomerRefused);
+        assert_eq!(slash(Role::Customer, "/jobs"), Slash::CustomerRefused);
+        assert_eq!(slash(Role::Customer, "hello"), Slash::NotACommand);
     }
 
     #[test]
@@ -146,8 +148,8 @@ mod tests {
             ..Default::default()
         };
         let guard = PrivateGuard::new(&settings);
-        assert_eq!(guard.check(Actor::Customer, "What's MY BALANCE?"), Some("balances"));
-        assert_eq!(guard.check(Actor::Customer, "What are your opening hours?"), None);
-        assert_eq!(guard.check(Actor::Owner, "what's my balance"), None);
+        assert_eq!(guard.check(Role::Customer, "What's MY BALANCE?"), Some("balances"));
+        assert_eq!(guard.check(Role::Customer, "What are your opening hours?"), None);
+        assert_eq!(guard.check(Role::Owner, "what's my balance"), None);
     }
 }

@@ -63,8 +63,14 @@ pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64)
 }
 
 /// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.
-pub async fn text_of(conn: &mut AnyConnection, message_id: &str) -> Result<Option<String>, DbError> {
-    let row = sqlx::query("SELECT text FROM chat_turns WHERE message_id = $1 ORDER BY id LIMIT 1").bind(message_id).fetch_optional(conn).await?;
+/// The text of message `message_id` in chat `chat_id` only: a quoted id from another chat (a
+/// forged context id) finds nothing.
+pub async fn text_of(conn: &mut AnyConnection, chat_id: &str, message_id: &str) -> Result<Option<String>, DbError> {
+    let row = sqlx::query("SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 ORDER BY id LIMIT 1")
+        .bind(chat_id)
+        .bind(message_id)
+        .fetch_optional(conn)
+        .await?;
     Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 

@@ -2,14 +2,13 @@
 //! runs: PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, SQLite with one `UPDATE ... RETURNING`
 //! (its single writer makes that atomic). Every state change also writes a `job_events` row.
 
-use std::fmt;
-
-use sqlx::{AnyConnection, Row, any::AnyRow};
+use sqlx::{AnyConnection, FromRow, Row, any::AnyRow};
 
 use super::{Backend, DbError, placeholders, value_rows};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum JobState {
     Available,
     Scheduled,
@@ -35,30 +34,15 @@ impl JobState {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Available => "available",
-            Self::Scheduled => "scheduled",
-            Self::Running => "running",
-            Self::Retryable => "retryable",
-            Self::Completed => "completed",
-            Self::Cancelled => "cancelled",
-            Self::Discarded => "discarded",
-            Self::Pending => "pending",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s)
+        s.parse().ok()
     }
 
     pub fn is_finished(self) -> bool {
         matches!(self, Self::Completed | Self::Cancelled | Self::Discarded)
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -91,11 +75,12 @@ pub struct NewJob {
     pub correlation_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct JobRow {
     pub id: i64,
     pub kind: String,
     pub queue: String,
+    #[sqlx(try_from = "String")]
     pub state: JobState,
     pub priority: i64,
     pub dedupe_key: Option<String>,
@@ -125,36 +110,15 @@ const COLUMNS: &str = "id, kind, queue, state, priority, dedupe_key, chat_id, se
     tool_name, args, attempt, max_attempts, created_at, updated_at, scheduled_at, started_at, completed_at, expires_at, \
     lease_owner, lease_expires_at, last_error_code, last_error_message, result_preview, correlation_id";
 
+impl TryFrom<String> for JobState {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s).ok_or_else(|| format!("unknown job state {s:?}"))
+    }
+}
+
 fn job_from_row(r: &AnyRow) -> Result<JobRow, sqlx::Error> {
-    let state: String = r.try_get(3)?;
-    Ok(JobRow {
-        id: r.try_get(0)?,
-        kind: r.try_get(1)?,
-        queue: r.try_get(2)?,
-        state: JobState::parse(&state).ok_or_else(|| sqlx::Error::Decode(format!("unknown job state {state:?}").into()))?,
-        priority: r.try_get(4)?,
-        dedupe_key: r.try_get(5)?,
-        chat_id: r.try_get(6)?,
-        sender_id: r.try_get(7)?,
-        message_id: r.try_get(8)?,
-        original_text: r.try_get(9)?,
-        tool_name: r.try_get(10)?,
-        args: r.try_get(11)?,
-        attempt: r.try_get(12)?,
-        max_attempts: r.try_get(13)?,
-        created_at: r.try_get(14)?,
-        updated_at: r.try_get(15)?,
-        scheduled_at: r.try_get(16)?,
-        started_at: r.try_get(17)?,
-        completed_at: r.try_get(18)?,
-        expires_at: r.try_get(19)?,
-        lease_owner: r.try_get(20)?,
-        lease_expires_at: r.try_get(21)?,
-        last_error_code: r.try_get(22)?,
-        last_error_message: r.try_get(23)?,
-        result_preview: r.try_get(24)?,
-        correlation_id: r.try_get(25)?,
-    })
+    JobRow::from_row(r)
 }
 
 fn rows(rows: &[AnyRow]) -> Result<Vec<JobRow>, DbError> {
@@ -718,4 +682,10 @@ pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> 
     .collect::<Result<_, _>>()?;
     events_for(conn, &ids, now, JobState::Available, Some("JOB_RELEASED")).await?;
     Ok(ids)
+}
+
+/// Removes every job of `queue` with its events (a benchmark's own queue).
+pub async fn delete_queue(conn: &mut AnyConnection, queue: &str) -> Result<u64, DbError> {
+    sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)").bind(queue).execute(&mut *conn).await?;
+    Ok(sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(queue).execute(conn).await?.rows_affected())
 }

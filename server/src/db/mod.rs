@@ -29,36 +29,13 @@ use crate::config::DatabaseSettings;
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
+/// Which database a pool talks to.
+pub use crate::config::DatabaseKind as Backend;
 
-impl Backend {
-    pub fn from_url(url: &str) -> Option<Self> {
-        if url.starts_with("sqlite:") {
-            Some(Self::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Self::Postgres)
-        } else {
-            None
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-        }
-    }
-
-    fn migrator(self) -> &'static Migrator {
-        match self {
-            Self::Sqlite => &SQLITE_MIGRATIONS,
-            Self::Postgres => &POSTGRES_MIGRATIONS,
-        }
+fn migrator(backend: Backend) -> &'static Migrator {
+    match backend {
+        Backend::Sqlite => &SQLITE_MIGRATIONS,
+        Backend::Postgres => &POSTGRES_MIGRATIONS,
     }
 }
 
@@ -144,7 +121,7 @@ impl Db {
 
     /// Applies pending migrations. A failure names the migration and the reason.
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, DbError> {
-        let migrator = self.backend.migrator();
+        let migrator = migrator(self.backend);
         let before = self.applied_versions().await.unwrap_or_default();
         migrator.run(&self.pool).await.map_err(|e| describe_migration_error(migrator, e))?;
         let after = self.applied_migrations().await?;
@@ -167,9 +144,7 @@ impl Db {
     /// Versions shipped in this binary that the database has not applied.
     pub async fn pending_migrations(&self) -> Result<Vec<i64>, DbError> {
         let applied = self.applied_versions().await?;
-        Ok(self
-            .backend
-            .migrator()
+        Ok(migrator(self.backend)
             .iter()
             .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version))
             .map(|m| m.version)
@@ -178,7 +153,7 @@ impl Db {
 
     /// Number of migrations shipped in this binary.
     pub fn known_migrations(&self) -> usize {
-        self.backend.migrator().iter().filter(|m| m.migration_type.is_up_migration()).count()
+        migrator(self.backend).iter().filter(|m| m.migration_type.is_up_migration()).count()
     }
 
     /// Starts a transaction that will write. On SQLite it takes the write lock up front

@@ -47,29 +47,3 @@ pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Notifica
         })
         .collect()
 }
-
-/// The job kind that delivers a notice to one owner number on WhatsApp.
-pub const DELIVERY_KIND: &str = "owner.notify";
-
-/// Enqueues one delivery job per owner WhatsApp number, in the caller's transaction (so a notice
-/// and its deliveries are stored together). Returns how many were enqueued.
-pub async fn enqueue_deliveries(conn: &mut AnyConnection, n: &Notification, queue: &str, max_attempts: i64) -> Result<usize, DbError> {
-    let phones: Vec<String> = sqlx::query("SELECT phone FROM owner_phones ORDER BY phone")
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<_, sqlx::Error>>()?;
-    for phone in &phones {
-        let job = super::jobs::NewJob {
-            kind: DELIVERY_KIND.into(),
-            queue: queue.into(),
-            args: serde_json::json!({ "to": phone.trim_start_matches('+'), "message": n.message }),
-            max_attempts,
-            correlation_id: n.correlation_id.clone(),
-            ..Default::default()
-        };
-        super::jobs::enqueue(conn, &job, n.at).await?;
-    }
-    Ok(phones.len())
-}

@@ -152,6 +152,12 @@ pub async fn phones_of(conn: &mut AnyConnection, owner_id: i64) -> Result<Vec<St
     Ok(rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<_, _>>()?)
 }
 
+/// Every owner's WhatsApp number (E.164), for notices that go to all of them.
+pub async fn all_phones(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> {
+    let rows = sqlx::query("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?;
+    Ok(rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<_, _>>()?)
+}
+
 /// Sets a new password hash and voids every session of the owner.
 pub async fn set_password(conn: &mut AnyConnection, owner_id: i64, password_hash: &str) -> Result<bool, DbError> {
     let done = sqlx::query(

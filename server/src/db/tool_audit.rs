@@ -1,10 +1,10 @@
 //! Tool-call audit rows, written in batches.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
-use super::DbError;
+use super::{DbError, value_rows};
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct AuditRow {
     pub at: i64,
     pub tool: String,
@@ -19,23 +19,16 @@ pub struct AuditRow {
     pub correlation_id: String,
     /// Arguments with secret and configured private fields redacted.
     pub args: String,
+    /// The trace of the message the call was made for (none from the console or the CLI).
+    pub trace_id: Option<i64>,
 }
+
+const COLUMNS: &str = "at, tool, version, actor, chat_id, chat_type, decision, reason_code, latency_us, attempts, correlation_id, args, trace_id";
 
 /// Inserts rows with multi-row statements (bounded so binds stay within limits).
 pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<(), DbError> {
     for chunk in rows.chunks(200) {
-        let mut sql = String::from(
-            "INSERT INTO tool_audit (at, tool, version, actor, chat_id, chat_type, decision, reason_code, latency_us, attempts, correlation_id, args) VALUES ",
-        );
-        for (i, _) in chunk.iter().enumerate() {
-            let b = i * 12;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push('(');
-            sql.push_str(&(1..=12).map(|k| format!("${}", b + k)).collect::<Vec<_>>().join(", "));
-            sql.push(')');
-        }
+        let sql = format!("INSERT INTO tool_audit ({COLUMNS}) VALUES {}", value_rows(chunk.len(), 13));
         let mut q = sqlx::query(&sql);
         for r in chunk {
             q = q
@@ -50,7 +43,8 @@ pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<
                 .bind(r.latency_us)
                 .bind(r.attempts)
                 .bind(&r.correlation_id)
-                .bind(&r.args);
+                .bind(&r.args)
+                .bind(r.trace_id);
         }
         q.execute(&mut *conn).await?;
     }
@@ -59,26 +53,17 @@ pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<
 
 /// Newest first.
 pub async fn recent(conn: &mut AnyConnection, tool: Option<&str>, limit: i64) -> Result<Vec<AuditRow>, DbError> {
-    let sql = "SELECT at, tool, version, actor, chat_id, chat_type, decision, reason_code, latency_us, attempts, correlation_id, args \
-               FROM tool_audit WHERE ($1 = '' OR tool = $1) ORDER BY id DESC LIMIT $2";
-    let rows = sqlx::query(sql).bind(tool.unwrap_or_default()).bind(limit).fetch_all(&mut *conn).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(AuditRow {
-                at: r.try_get(0)?,
-                tool: r.try_get(1)?,
-                version: r.try_get(2)?,
-                actor: r.try_get(3)?,
-                chat_id: r.try_get(4)?,
-                chat_type: r.try_get(5)?,
-                decision: r.try_get(6)?,
-                reason_code: r.try_get(7)?,
-                latency_us: r.try_get(8)?,
-                attempts: r.try_get(9)?,
-                correlation_id: r.try_get(10)?,
-                args: r.try_get(11)?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(DbError::from)
+    let sql = format!("SELECT {COLUMNS} FROM tool_audit WHERE ($1 = '' OR tool = $1) ORDER BY id DESC LIMIT $2");
+    Ok(sqlx::query_as(&sql).bind(tool.unwrap_or_default()).bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// The tool calls made while a message was handled, in order.
+pub async fn of_trace(conn: &mut AnyConnection, trace_id: i64) -> Result<Vec<AuditRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM tool_audit WHERE trace_id = $1 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(trace_id).fetch_all(&mut *conn).await?)
+}
+
+/// Removes the audit rows of one correlation id (a benchmark's own calls); returns how many.
+pub async fn delete_correlation(conn: &mut AnyConnection, correlation_id: &str) -> Result<u64, DbError> {
+    Ok(sqlx::query("DELETE FROM tool_audit WHERE correlation_id = $1").bind(correlation_id).execute(conn).await?.rows_affected())
 }

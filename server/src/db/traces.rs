@@ -1,10 +1,10 @@
 //! Traces of processed messages and their steps.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::{AnyConnection, FromRow};
 
 use super::DbError;
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct Step {
     pub step: String,
     pub decision: String,
@@ -14,7 +14,7 @@ pub struct Step {
     pub detail: String,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct TraceRow {
     pub id: i64,
     pub correlation_id: String,
@@ -29,9 +29,25 @@ pub struct TraceRow {
     pub duration_us: i64,
 }
 
-/// Writes a trace with its steps; returns its id.
-pub async fn insert(conn: &mut AnyConnection, t: &TraceRow, steps: &[Step]) -> Result<i64, DbError> {
-    let row = sqlx::query(
+/// The outcome of a trace whose message is still being handled.
+pub const RUNNING: &str = "running";
+
+/// Starts a trace for a message, or returns the one an earlier, interrupted attempt left
+/// running (so a retried job continues its trace instead of leaving a second one behind).
+/// Returns its id and how many steps it already has.
+pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64), DbError> {
+    let earlier: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM traces WHERE channel = $1 AND message_id = $2 AND outcome = $3 ORDER BY id DESC LIMIT 1")
+            .bind(&t.channel)
+            .bind(&t.message_id)
+            .bind(RUNNING)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some((id,)) = earlier {
+        let (steps,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM trace_steps WHERE trace_id = $1").bind(id).fetch_one(&mut *conn).await?;
+        return Ok((id, steps));
+    }
+    let (id,): (i64,) = sqlx::query_as(
         "INSERT INTO traces (correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
     )
@@ -47,36 +63,35 @@ pub async fn insert(conn: &mut AnyConnection, t: &TraceRow, steps: &[Step]) -> R
     .bind(t.duration_us)
     .fetch_one(&mut *conn)
     .await?;
-    let id: i64 = row.try_get(0)?;
-    for (seq, s) in steps.iter().enumerate() {
-        sqlx::query("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-            .bind(id)
-            .bind(seq as i64)
-            .bind(&s.step)
-            .bind(&s.decision)
-            .bind(&s.reason_code)
-            .bind(s.duration_us)
-            .bind(&s.detail)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(id)
+    Ok((id, 0))
 }
 
-fn row_of(r: &sqlx::any::AnyRow) -> Result<TraceRow, sqlx::Error> {
-    Ok(TraceRow {
-        id: r.try_get(0)?,
-        correlation_id: r.try_get(1)?,
-        channel: r.try_get(2)?,
-        chat_id: r.try_get(3)?,
-        message_id: r.try_get(4)?,
-        actor: r.try_get(5)?,
-        route: r.try_get(6)?,
-        outcome: r.try_get(7)?,
-        error_code: r.try_get(8)?,
-        started_at: r.try_get(9)?,
-        duration_us: r.try_get(10)?,
-    })
+/// Writes a trace's steps from `first_seq` on and its final actor, route, outcome and duration.
+pub async fn finish(conn: &mut AnyConnection, t: &TraceRow, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
+    insert_steps(&mut *conn, t.id, first_seq, steps).await?;
+    sqlx::query("UPDATE traces SET actor = $1, route = $2, outcome = $3, error_code = $4, duration_us = $5 WHERE id = $6")
+        .bind(&t.actor)
+        .bind(&t.route)
+        .bind(&t.outcome)
+        .bind(&t.error_code)
+        .bind(t.duration_us)
+        .bind(t.id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
+    if steps.is_empty() {
+        return Ok(());
+    }
+    let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(steps.len(), 7));
+    let mut q = sqlx::query(&sql);
+    for (i, s) in steps.iter().enumerate() {
+        q = q.bind(trace_id).bind(first_seq + i as i64).bind(&s.step).bind(&s.decision).bind(&s.reason_code).bind(s.duration_us).bind(&s.detail);
+    }
+    q.execute(conn).await?;
+    Ok(())
 }
 
 const COLUMNS: &str = "id, correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us";
@@ -108,19 +123,16 @@ pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Resu
         .bind(limit)
         .fetch_all(conn)
         .await?;
-    rows.iter().map(row_of).collect::<Result<_, _>>().map_err(DbError::from)
+    rows.iter().map(|r| TraceRow::from_row(r)).collect::<Result<_, _>>().map_err(DbError::from)
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, Vec<Step>)>, DbError> {
     let Some(row) = sqlx::query(&format!("SELECT {COLUMNS} FROM traces WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await? else { return Ok(None) };
-    let trace = row_of(&row)?;
-    let steps = sqlx::query("SELECT step, decision, reason_code, duration_us, detail FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+    let trace = TraceRow::from_row(&row)?;
+    let steps: Vec<Step> = sqlx::query_as("SELECT step, decision, reason_code, duration_us, detail FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
         .bind(id)
         .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|r| Ok(Step { step: r.try_get(0)?, decision: r.try_get(1)?, reason_code: r.try_get(2)?, duration_us: r.try_get(3)?, detail: r.try_get(4)? }))
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        .await?;
     Ok(Some((trace, steps)))
 }
 

@@ -143,8 +143,9 @@ pub async fn mark_inbound_processed(conn: &mut AnyConnection, id: i64, outcome: 
 }
 
 /// A delivery state. The rank orders them: a late "delivered" never overwrites "read".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum DeliveryState {
     Queued,
     Sent,
@@ -155,17 +156,11 @@ pub enum DeliveryState {
 
 impl DeliveryState {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Sent => "sent",
-            Self::Delivered => "delivered",
-            Self::Read => "read",
-            Self::Failed => "failed",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Queued, Self::Sent, Self::Delivered, Self::Read, Self::Failed].into_iter().find(|st| st.as_str() == s)
+        s.parse().ok()
     }
 
     fn rank(self) -> i64 {
@@ -395,36 +390,25 @@ pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i
     Ok(done.rows_affected() > 0)
 }
 
-/// Claims the notice `kind` for `chat_id` for job `job_id`: true when it was last sent before
-/// `not_since` (or never), or when this same job claimed it before (a retry of the same job).
-pub async fn claim_notice(conn: &mut AnyConnection, chat_id: &str, kind: &str, job_id: i64, not_since: i64, now: i64) -> Result<bool, DbError> {
-    let existing: Option<(i64, i64)> = sqlx::query_as("SELECT job_id, sent_at FROM whatsapp_notices WHERE chat_id = $1 AND kind = $2")
+/// Claims the notice `kind` for `chat_id`: true when it was last sent before `not_since` (or
+/// never). Run it in the transaction that records the message's reply, so a retried message
+/// finds its reply recorded and does not claim again.
+pub async fn claim_notice(conn: &mut AnyConnection, chat_id: &str, kind: &str, not_since: i64, now: i64) -> Result<bool, DbError> {
+    let updated = sqlx::query("UPDATE whatsapp_notices SET job_id = 0, sent_at = $1 WHERE chat_id = $2 AND kind = $3 AND sent_at < $4")
+        .bind(now)
         .bind(chat_id)
         .bind(kind)
-        .fetch_optional(&mut *conn)
+        .bind(not_since)
+        .execute(&mut *conn)
         .await?;
-    match existing {
-        Some((owner, _)) if owner == job_id => Ok(true),
-        Some((_, sent_at)) if sent_at >= not_since => Ok(false),
-        Some(_) => {
-            sqlx::query("UPDATE whatsapp_notices SET job_id = $1, sent_at = $2 WHERE chat_id = $3 AND kind = $4")
-                .bind(job_id)
-                .bind(now)
-                .bind(chat_id)
-                .bind(kind)
-                .execute(&mut *conn)
-                .await?;
-            Ok(true)
-        }
-        None => {
-            let inserted = sqlx::query("INSERT INTO whatsapp_notices (chat_id, kind, job_id, sent_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
-                .bind(chat_id)
-                .bind(kind)
-                .bind(job_id)
-                .bind(now)
-                .execute(&mut *conn)
-                .await?;
-            Ok(inserted.rows_affected() > 0)
-        }
+    if updated.rows_affected() > 0 {
+        return Ok(true);
     }
+    let inserted = sqlx::query("INSERT INTO whatsapp_notices (chat_id, kind, job_id, sent_at) VALUES ($1, $2, 0, $3) ON CONFLICT DO NOTHING")
+        .bind(chat_id)
+        .bind(kind)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(inserted.rows_affected() > 0)
 }

@@ -2,25 +2,26 @@
 //! (`gatehouse jobs enqueue system.echo --args '{"message":"hi"}'`). It completes with its
 //! message as the result, or fails permanently when asked to with `fail_with`.
 
-use super::{JobContext, JobError, JobHandler, JobOutput};
+use super::{Handler, JobContext, JobError, JobKind, JobOutput};
 
-pub const KIND: &str = "system.echo";
-
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Args {
+pub struct Echo {
     #[serde(default)]
-    message: String,
+    pub message: String,
     /// When set, the job fails permanently with this message.
-    fail_with: Option<String>,
+    pub fail_with: Option<String>,
 }
 
-pub struct Echo;
+impl JobKind for Echo {
+    const KIND: &'static str = "system.echo";
+}
+
+pub struct EchoHandler;
 
 #[async_trait::async_trait]
-impl JobHandler for Echo {
-    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let args: Args = ctx.args()?;
+impl Handler<Echo> for EchoHandler {
+    async fn run(&self, args: Echo, _ctx: &JobContext) -> Result<JobOutput, JobError> {
         if let Some(reason) = args.fail_with {
             return Err(JobError::permanent("JOB_ECHO_FAILED", reason.chars().take(200).collect::<String>()));
         }

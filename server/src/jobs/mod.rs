@@ -11,27 +11,47 @@
 //! the effect in the same transaction as a marker, or to dedupe at the remote side, and check
 //! it before acting again.
 
+pub mod actions;
 pub mod echo;
 pub mod queue;
-pub mod redact;
 pub mod retry;
 pub mod worker;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use serde::de::DeserializeOwned;
+use serde::{Serialize, de::DeserializeOwned};
 
 use crate::db::jobs::JobRow;
 
 pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 
-/// Stable error codes for job failures.
-pub mod code {
-    pub const KIND_UNKNOWN: &str = "JOB_KIND_UNKNOWN";
-    pub const ARGS_INVALID: &str = "JOB_ARGS_INVALID";
-    pub const TIMEOUT: &str = "JOB_TIMEOUT";
-    pub const PANICKED: &str = "JOB_PANICKED";
+/// Stable error codes, each with one string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum JobCode {
+    #[strum(serialize = "JOB_KIND_UNKNOWN")]
+    KindUnknown,
+    #[strum(serialize = "JOB_ARGS_INVALID")]
+    ArgsInvalid,
+    #[strum(serialize = "JOB_TIMEOUT")]
+    Timeout,
+    #[strum(serialize = "JOB_PANICKED")]
+    Panicked,
+    /// The handler's own database work failed; retried.
+    #[strum(serialize = "DATABASE_ERROR")]
+    Database,
+}
+
+impl JobCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::fmt::Display for JobCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What a handler sees.
@@ -49,7 +69,7 @@ impl JobContext {
     /// Decodes the job's args; undecodable args are a permanent failure.
     pub fn args<T: DeserializeOwned>(&self) -> Result<T, JobError> {
         serde_json::from_str(&self.job.args)
-            .map_err(|e| JobError::permanent(code::ARGS_INVALID, format!("args do not decode: {e}")))
+            .map_err(|e| JobError::permanent(JobCode::ArgsInvalid.as_str(), format!("args do not decode: {e}")))
     }
 }
 
@@ -82,9 +102,40 @@ impl JobError {
     }
 }
 
+/// A job kind: its name and its arguments, declared once and shared by the code that enqueues
+/// it ([`JobQueue::job`]) and the handler that runs it ([`Registry::handle`]).
+pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
+    const KIND: &'static str;
+}
+
+/// Runs jobs of one kind with their decoded arguments.
+#[async_trait::async_trait]
+pub trait Handler<K: JobKind>: Send + Sync {
+    async fn run(&self, args: K, ctx: &JobContext) -> Result<JobOutput, JobError>;
+}
+
+/// A handler as the worker sees it: any kind, arguments still encoded.
+/// A handler's own database failure: transient, so retried.
+impl From<crate::db::DbError> for JobError {
+    fn from(e: crate::db::DbError) -> Self {
+        Self::retryable(JobCode::Database.as_str(), e.to_string())
+    }
+}
+
 #[async_trait::async_trait]
 pub trait JobHandler: Send + Sync {
     async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError>;
+}
+
+/// Decodes the arguments for a typed handler; undecodable ones are a permanent failure.
+struct Typed<K: JobKind>(Arc<dyn Handler<K>>);
+
+#[async_trait::async_trait]
+impl<K: JobKind> JobHandler for Typed<K> {
+    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let args: K = ctx.args()?;
+        self.0.run(args, ctx).await
+    }
 }
 
 /// Called after a job's outcome is recorded. Hooks must not fail the job; they log.
@@ -99,7 +150,7 @@ pub trait JobHook: Send + Sync {
 /// kind nobody registered is discarded with `JOB_KIND_UNKNOWN`, never retried.
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
-    registry.register(echo::KIND, Arc::new(echo::Echo));
+    registry.handle::<echo::Echo>(Arc::new(echo::EchoHandler));
     registry
 }
 
@@ -124,6 +175,11 @@ impl Registry {
     pub fn register(&mut self, kind: &str, handler: Arc<dyn JobHandler>) -> &mut Self {
         self.handlers.insert(kind.to_string(), handler);
         self
+    }
+
+    /// Registers `handler` for jobs of kind `K`.
+    pub fn handle<K: JobKind>(&mut self, handler: Arc<dyn Handler<K>>) -> &mut Self {
+        self.register(K::KIND, Arc::new(Typed(handler)))
     }
 
     pub fn hook(&mut self, hook: Arc<dyn JobHook>) -> &mut Self {

@@ -3,26 +3,65 @@
 
 use std::sync::Arc;
 
-use sqlx::AnyConnection;
+use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::Notify;
 
-use crate::db::{
-    self, Backend, Db, DbError,
-    jobs::{self as store, Enqueued, NewJob},
+use super::JobKind;
+use crate::{
+    config::JobSettings,
+    db::{
+        self, Backend, Db, DbError,
+        jobs::{self as store, Enqueued, NewJob},
+    },
 };
 
 /// The PostgreSQL channel workers listen on.
 pub const NOTIFY_CHANNEL: &str = "gatehouse_jobs";
 
+/// Every enqueue goes through here, so workers are always woken (in this process after the
+/// commit, in others by PostgreSQL's NOTIFY) and a job without its own queue or attempt count
+/// gets this deployment's (`[jobs] queue`, `default_max_attempts`).
 #[derive(Debug, Clone)]
 pub struct JobQueue {
     db: Db,
     wake: Arc<Notify>,
+    queue: String,
+    max_attempts: i64,
 }
 
 impl JobQueue {
+    /// A queue with the default settings.
     pub fn new(db: Db) -> Self {
-        Self { db, wake: Arc::new(Notify::new()) }
+        Self::with_settings(db, &JobSettings::default())
+    }
+
+    pub fn with_settings(db: Db, settings: &JobSettings) -> Self {
+        Self { db, wake: Arc::new(Notify::new()), queue: settings.queue.clone(), max_attempts: i64::from(settings.default_max_attempts.max(1)) }
+    }
+
+    /// A job of kind `K` with these args, on this deployment's queue with its attempt count and
+    /// a fresh correlation id; the caller adds chat, dedupe key and the like.
+    pub fn job<K: JobKind>(&self, args: &K) -> NewJob {
+        NewJob {
+            kind: K::KIND.into(),
+            queue: self.queue.clone(),
+            args: serde_json::to_value(args).unwrap_or_default(),
+            max_attempts: self.max_attempts,
+            correlation_id: uuid::Uuid::now_v7().to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// Fills what the producer left to the deployment.
+    fn defaults(&self, job: &NewJob) -> NewJob {
+        let mut job = job.clone();
+        if job.queue.is_empty() {
+            job.queue.clone_from(&self.queue);
+        }
+        if job.max_attempts < 1 {
+            job.max_attempts = self.max_attempts;
+        }
+        job
     }
 
     pub fn db(&self) -> &Db {
@@ -34,9 +73,10 @@ impl JobQueue {
         self.wake.clone()
     }
 
-    /// Enqueues inside the caller's transaction. Call [`JobQueue::notify`] after committing.
+    /// Enqueues inside the caller's transaction; finish it with [`JobQueue::commit`], which
+    /// wakes this process's workers once the job is visible.
     pub async fn enqueue_in(&self, conn: &mut AnyConnection, job: &NewJob) -> Result<Enqueued, DbError> {
-        let enqueued = store::enqueue(conn, job, db::now_ms()).await?;
+        let enqueued = store::enqueue(conn, &self.defaults(job), db::now_ms()).await?;
         if !enqueued.deduplicated && self.db.backend == Backend::Postgres {
             sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(&enqueued.job.queue).execute(&mut *conn).await?;
         }
@@ -46,7 +86,8 @@ impl JobQueue {
     /// [`JobQueue::enqueue_in`] for many jobs at once, with a few statements instead of several
     /// per job. The result is aligned with `jobs`.
     pub async fn enqueue_many_in(&self, conn: &mut AnyConnection, jobs: &[NewJob]) -> Result<Vec<Enqueued>, DbError> {
-        let enqueued = store::enqueue_many(conn, jobs, db::now_ms()).await?;
+        let jobs: Vec<NewJob> = jobs.iter().map(|j| self.defaults(j)).collect();
+        let enqueued = store::enqueue_many(conn, &jobs, db::now_ms()).await?;
         if self.db.backend == Backend::Postgres {
             let mut queues: Vec<&str> = enqueued.iter().filter(|e| !e.deduplicated).map(|e| e.job.queue.as_str()).collect();
             queues.sort_unstable();
@@ -62,9 +103,15 @@ impl JobQueue {
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued, DbError> {
         let mut tx = self.db.begin_write().await?;
         let enqueued = self.enqueue_in(&mut tx, job).await?;
+        self.commit(tx).await?;
+        Ok(enqueued)
+    }
+
+    /// Commits a transaction that enqueued jobs, then wakes this process's workers.
+    pub async fn commit(&self, tx: Transaction<'static, Any>) -> Result<(), DbError> {
         tx.commit().await?;
         self.notify();
-        Ok(enqueued)
+        Ok(())
     }
 
     /// Wakes this process's workers (other processes are woken by PostgreSQL).

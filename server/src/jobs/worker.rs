@@ -15,10 +15,13 @@ use tokio::{
     task::{AbortHandle, JoinSet},
 };
 
-use super::{JobContext, JobError, JobOutput, Registry, code, queue::NOTIFY_CHANNEL, retry};
-use crate::db::{
-    self, Backend, Db, DbError,
-    jobs::{self as store, FailOutcome, Finished, JobRow},
+use super::{JobCode, JobContext, JobError, JobOutput, Registry, queue::NOTIFY_CHANNEL, retry};
+use crate::{
+    config::JobSettings,
+    db::{
+        self, Backend, Db, DbError,
+        jobs::{self as store, FailOutcome, Finished, JobRow},
+    },
 };
 
 #[derive(Debug, Clone)]
@@ -40,16 +43,22 @@ pub struct WorkerSettings {
 
 impl Default for WorkerSettings {
     fn default() -> Self {
+        Self::from(&JobSettings::default())
+    }
+}
+
+impl From<&JobSettings> for WorkerSettings {
+    fn from(s: &JobSettings) -> Self {
         Self {
-            queue: "default".into(),
-            concurrency: 8,
-            poll_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(60),
-            job_timeout: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(10),
-            retry_base: Duration::from_secs(1),
-            retry_max: Duration::from_secs(3600),
-            maintenance_interval: Duration::from_secs(5),
+            queue: s.queue.clone(),
+            concurrency: usize::try_from(s.concurrency).unwrap_or(8).max(1),
+            poll_interval: s.poll_interval,
+            lease: s.lease,
+            job_timeout: s.job_timeout,
+            shutdown_grace: s.shutdown_grace,
+            retry_base: s.retry_base,
+            retry_max: s.retry_max,
+            maintenance_interval: s.maintenance_interval,
         }
     }
 }
@@ -217,15 +226,15 @@ impl Worker {
 
     async fn execute(&self, job: &JobRow) -> Result<JobOutput, JobError> {
         let Some(handler) = self.registry.handler(&job.kind) else {
-            return Err(JobError::permanent(code::KIND_UNKNOWN, format!("no handler for job kind {:?}", job.kind)));
+            return Err(JobError::permanent(JobCode::KindUnknown.as_str(), format!("no handler for job kind {:?}", job.kind)));
         };
         let ctx = JobContext { job: job.clone() };
         let started = Instant::now();
         let run = std::panic::AssertUnwindSafe(handler.run(&ctx)).catch_unwind();
         let result = match tokio::time::timeout(self.settings.job_timeout, run).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(JobError::retryable(code::PANICKED, "the handler panicked")),
-            Err(_) => Err(JobError::retryable(code::TIMEOUT, format!("no result within {:?}", self.settings.job_timeout))),
+            Ok(Err(_)) => Err(JobError::retryable(JobCode::Panicked.as_str(), "the handler panicked")),
+            Err(_) => Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {:?}", self.settings.job_timeout))),
         };
         metrics::histogram!("job_run_duration_seconds", "kind" => job.kind.clone()).record(started.elapsed().as_secs_f64());
         result

@@ -1,6 +1,7 @@
 //! Owner accounts: creation (first-run setup and CLI), password checks with throttling, and
 //! WhatsApp numbers. Passwords are hashed with argon2id and never stored or logged in clear.
 
+pub mod notices;
 mod password;
 
 use std::time::Duration;

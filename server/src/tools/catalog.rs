@@ -67,12 +67,7 @@ pub enum ApprovalMode {
     Ask,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChatType {
-    Direct,
-    Group,
-}
+pub use crate::domain::ChatKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -98,8 +93,8 @@ impl Default for RetryPolicy {
     }
 }
 
-fn default_chat_types() -> Vec<ChatType> {
-    vec![ChatType::Direct, ChatType::Group]
+fn default_chat_types() -> Vec<ChatKind> {
+    vec![ChatKind::Direct, ChatKind::Group]
 }
 fn default_timeout() -> Duration {
     Duration::from_secs(15)
@@ -139,7 +134,7 @@ pub struct ToolSpec {
     #[serde(default)]
     pub approval: Approval,
     #[serde(default = "default_chat_types")]
-    pub chat_types: Vec<ChatType>,
+    pub chat_types: Vec<ChatKind>,
     pub input_schema: serde_json::Value,
     #[serde(default)]
     pub output_schema: Option<serde_json::Value>,
@@ -510,7 +505,7 @@ type = "string"
         let tool = catalog.get("lookup_order").expect("tool");
         assert!(tool.version.starts_with("sha256:") && tool.version.len() == 71, "{}", tool.version);
         assert_eq!(tool.spec.retry.max_attempts, 3);
-        assert_eq!(tool.spec.chat_types, vec![ChatType::Direct, ChatType::Group]);
+        assert_eq!(tool.spec.chat_types, vec![ChatKind::Direct, ChatKind::Group]);
         assert!(tool.input_validator.is_valid(&serde_json::json!({"order_id": "42"})));
         assert!(!tool.input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})));
         let edited = load(&GOOD.replace("Finds an order", "Finds any order"), &["SHOP_API_KEY"]).expect("valid");

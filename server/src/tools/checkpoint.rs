@@ -19,35 +19,67 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     breaker::Breakers,
-    catalog::{Catalog, ChatType, Provider, ToolDef},
-    policy::{self, Actor, Decision},
+    catalog::{Catalog, ChatKind, Provider, ToolDef},
+    policy::{self, Decision},
 };
 use crate::{
     db::{self, Db, tool_audit::AuditRow},
-    jobs::redact,
+    domain::Role,
+    jobs::JobQueue,
+    redact,
 };
 
-/// Stable error codes of the checkpoint.
-pub mod code {
-    pub const UNKNOWN: &str = "TOOL_UNKNOWN";
-    pub const DISABLED: &str = "TOOL_DISABLED";
-    pub const NOT_ALLOWED_FOR_ACTOR: &str = "TOOL_NOT_ALLOWED_FOR_ACTOR";
-    pub const CHAT_TYPE_NOT_ALLOWED: &str = "TOOL_CHAT_TYPE_NOT_ALLOWED";
-    pub const MANAGED_FIELD_SUPPLIED: &str = "TOOL_MANAGED_FIELD_SUPPLIED";
-    pub const SCHEMA_INVALID: &str = "TOOL_SCHEMA_INVALID";
-    pub const POLICY_DENIED: &str = "TOOL_POLICY_DENIED";
-    pub const NEEDS_APPROVAL: &str = "TOOL_NEEDS_APPROVAL";
-    pub const CIRCUIT_OPEN: &str = "TOOL_CIRCUIT_OPEN";
-    pub const TIMEOUT: &str = "TOOL_TIMEOUT";
-    pub const PROVIDER_ERROR: &str = "TOOL_PROVIDER_ERROR";
-    pub const RESULT_INVALID: &str = "TOOL_RESULT_INVALID";
-    pub const SECRET_MISSING: &str = "TOOL_SECRET_MISSING";
-    pub const NO_EXECUTOR: &str = "TOOL_NO_EXECUTOR";
-    pub const HOOK_DENIED: &str = "TOOL_HOOK_DENIED";
+/// Stable error codes, each with one string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum ToolCode {
+    #[strum(serialize = "TOOL_UNKNOWN")]
+    Unknown,
+    #[strum(serialize = "TOOL_DISABLED")]
+    Disabled,
+    #[strum(serialize = "TOOL_NOT_ALLOWED_FOR_ACTOR")]
+    NotAllowedForActor,
+    #[strum(serialize = "TOOL_CHAT_TYPE_NOT_ALLOWED")]
+    ChatTypeNotAllowed,
+    #[strum(serialize = "TOOL_MANAGED_FIELD_SUPPLIED")]
+    ManagedFieldSupplied,
+    #[strum(serialize = "TOOL_SCHEMA_INVALID")]
+    SchemaInvalid,
+    #[strum(serialize = "TOOL_POLICY_DENIED")]
+    PolicyDenied,
+    #[strum(serialize = "TOOL_NEEDS_APPROVAL")]
+    NeedsApproval,
+    #[strum(serialize = "TOOL_CIRCUIT_OPEN")]
+    CircuitOpen,
+    #[strum(serialize = "TOOL_TIMEOUT")]
+    Timeout,
+    #[strum(serialize = "TOOL_PROVIDER_ERROR")]
+    ProviderError,
+    #[strum(serialize = "TOOL_RESULT_INVALID")]
+    ResultInvalid,
+    #[strum(serialize = "TOOL_SECRET_MISSING")]
+    SecretMissing,
+    #[strum(serialize = "TOOL_NO_EXECUTOR")]
+    NoExecutor,
+    #[strum(serialize = "TOOL_HOOK_DENIED")]
+    HookDenied,
     /// A tool that is new or changed and waits for an owner's approval.
-    pub const QUARANTINED: &str = "TOOL_QUARANTINED";
+    #[strum(serialize = "TOOL_QUARANTINED")]
+    Quarantined,
     /// A tool an owner rejected.
-    pub const REJECTED: &str = "TOOL_REJECTED";
+    #[strum(serialize = "TOOL_REJECTED")]
+    Rejected,
+}
+
+impl ToolCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::fmt::Display for ToolCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A call as the planner (or an owner) proposes it.
@@ -60,13 +92,15 @@ pub struct ToolCall {
 /// Who is calling, from where. Filled by the runtime, never by the model.
 #[derive(Debug, Clone)]
 pub struct CallContext {
-    pub actor: Actor,
-    pub chat_type: ChatType,
+    pub actor: Role,
+    pub chat_type: ChatKind,
     pub chat_id: Option<String>,
     pub sender_id: Option<String>,
     pub correlation_id: String,
     /// An owner approved exactly this call.
     pub approved: bool,
+    /// The trace of the message this call is for; its audit row names it.
+    pub trace_id: Option<i64>,
 }
 
 /// An execution failure reported by a provider.
@@ -120,14 +154,8 @@ enum AuditMsg {
 }
 
 impl AuditWriter {
-    /// Owner notices' WhatsApp deliveries go to the default job queue.
-    pub fn spawn(db: Db) -> Self {
-        Self::spawn_for(db, String::new())
-    }
-
-    /// As [`AuditWriter::spawn`], with deliveries of owner notices enqueued on `queue` (the
-    /// queue this deployment's workers take).
-    pub fn spawn_for(db: Db, queue: String) -> Self {
+    /// Owner notices raised by hooks are delivered on WhatsApp through `queue`'s jobs.
+    pub fn spawn(db: Db, queue: JobQueue) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<AuditMsg>();
         tokio::spawn(async move {
             let mut msgs = Vec::new();
@@ -148,11 +176,9 @@ impl AuditWriter {
                         let mut tx = db.begin_write().await?;
                         db::tool_audit::insert_many(&mut tx, &rows).await?;
                         for n in &notices {
-                            db::owner_notifications::insert(&mut tx, n).await?;
-                            db::owner_notifications::enqueue_deliveries(&mut tx, n, &queue, 5).await?;
+                            crate::owners::notices::raise(&mut tx, &queue, n, true).await?;
                         }
-                        tx.commit().await?;
-                        Ok::<_, db::DbError>(())
+                        queue.commit(tx).await
                     }
                     .await;
                     match written {
@@ -193,8 +219,7 @@ impl AuditWriter {
     }
 }
 
-/// Reads a secret's value from where secrets live (the environment).
-pub type SecretSource = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub use crate::config::SecretSource;
 
 /// Results above a tool's `max_result_bytes` are stored whole; above this they are also cut.
 pub const HARD_RESULT_LIMIT: usize = 5_000_000;
@@ -250,29 +275,6 @@ fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<String> {
     let err = tool.input_validator.iter_errors(&checked).next()?;
     let at = err.instance_path().to_string();
     Some(format!("at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword()))
-}
-
-/// Marks personal data in audited arguments.
-pub const PII_REDACTED: &str = "[PII]";
-
-/// Replaces the values of fields named in `names` (case-insensitive), at any depth.
-fn redact_named(value: &mut Value, names: &[String]) {
-    if names.is_empty() {
-        return;
-    }
-    match value {
-        Value::Object(map) => {
-            for (k, v) in map.iter_mut() {
-                if names.iter().any(|n| n.eq_ignore_ascii_case(k)) {
-                    *v = Value::String(PII_REDACTED.into());
-                } else {
-                    redact_named(v, names);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(|v| redact_named(v, names)),
-        _ => {}
-    }
 }
 
 impl Checkpoint {
@@ -334,7 +336,7 @@ impl Checkpoint {
         .await;
         if let Err(e) = stored {
             tracing::error!(error = %e, tool = %spec.name, "storing a large tool result failed");
-            return Err(fail(code::PROVIDER_ERROR, "the result was too large to pass on and could not be stored"));
+            return Err(fail(ToolCode::ProviderError.as_str(), "the result was too large to pass on and could not be stored"));
         }
         let summary: String = text.chars().take(SUMMARY_CHARS.min(inline_limit)).collect();
         Ok(serde_json::json!({
@@ -362,7 +364,7 @@ impl Checkpoint {
         let result = match &tool {
             None => Err(match catalog.withheld(&call.name) {
                 Some(w) => fail(w.code, w.reason.clone()),
-                None => fail(code::UNKNOWN, format!("there is no tool named {:?}", call.name)),
+                None => fail(ToolCode::Unknown.as_str(), format!("there is no tool named {:?}", call.name)),
             }),
             Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts, &mut notify).await,
         };
@@ -386,7 +388,7 @@ impl Checkpoint {
         }
         let (decision, reason) = match &result {
             Ok(_) => ("allow", "OK".to_string()),
-            Err(f) if f.code == code::NEEDS_APPROVAL => ("needs_approval", f.code.clone()),
+            Err(f) if f.code == ToolCode::NeedsApproval.as_str() => ("needs_approval", f.code.clone()),
             Err(f) => ("deny", f.code.clone()),
         };
         let mut args = call.args.clone();
@@ -398,23 +400,21 @@ impl Checkpoint {
             }
         }
         redact::redact(&mut args);
-        redact_named(&mut args, &catalog.audit.pii_fields);
+        redact::redact_named(&mut args, &catalog.audit.pii_fields, redact::PII_REDACTED);
         self.audit.write(AuditRow {
             at: db::now_ms(),
             tool: call.name.clone(),
             version: tool.as_ref().map(|t| t.version.clone()),
             actor: ctx.actor.as_str().into(),
             chat_id: ctx.chat_id.clone(),
-            chat_type: match ctx.chat_type {
-                ChatType::Direct => "direct".into(),
-                ChatType::Group => "group".into(),
-            },
+            chat_type: ctx.chat_type.as_str().into(),
             decision: decision.into(),
             reason_code: reason,
             latency_us: i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
             attempts: i64::from(attempts),
             correlation_id: ctx.correlation_id.clone(),
             args: args.to_string(),
+            trace_id: ctx.trace_id,
         });
         result
     }
@@ -432,17 +432,17 @@ impl Checkpoint {
     ) -> Result<ToolSuccess, ToolFailure> {
         let spec = &tool.spec;
         if !spec.enabled {
-            return Err(fail(code::DISABLED, format!("{} is disabled", spec.name)));
+            return Err(fail(ToolCode::Disabled.as_str(), format!("{} is disabled", spec.name)));
         }
-        if ctx.actor == Actor::Customer && spec.audience == super::catalog::Audience::OwnerOnly {
-            return Err(fail(code::NOT_ALLOWED_FOR_ACTOR, format!("{} is for owners only", spec.name)));
+        if ctx.actor == Role::Customer && spec.audience == super::catalog::Audience::OwnerOnly {
+            return Err(fail(ToolCode::NotAllowedForActor.as_str(), format!("{} is for owners only", spec.name)));
         }
         if !spec.chat_types.contains(&ctx.chat_type) {
-            return Err(fail(code::CHAT_TYPE_NOT_ALLOWED, format!("{} is not available in this kind of chat", spec.name)));
+            return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is not available in this kind of chat", spec.name)));
         }
-        let Value::Object(supplied) = args else { return Err(fail(code::SCHEMA_INVALID, "arguments must be a JSON object")) };
+        let Value::Object(supplied) = args else { return Err(fail(ToolCode::SchemaInvalid.as_str(), "arguments must be a JSON object")) };
         if let Some(field) = supplied.keys().find(|k| spec.managed_fields.contains(k) || spec.secret_fields.contains_key(*k)) {
-            return Err(fail(code::MANAGED_FIELD_SUPPLIED, format!("{field:?} is filled by Gatehouse, not by the caller")));
+            return Err(fail(ToolCode::ManagedFieldSupplied.as_str(), format!("{field:?} is filled by Gatehouse, not by the caller")));
         }
         let mut input: Map<String, Value> = supplied.clone();
         for field in &spec.managed_fields {
@@ -457,27 +457,27 @@ impl Checkpoint {
             }
         }
         if let Some(problem) = schema_problem(tool, &input) {
-            return Err(fail(code::SCHEMA_INVALID, format!("arguments do not match the schema {problem}")));
+            return Err(fail(ToolCode::SchemaInvalid.as_str(), format!("arguments do not match the schema {problem}")));
         }
         match policy::decide(spec, catalog.approval_mode, ctx.actor) {
-            Decision::Deny { reason } => return Err(fail(code::POLICY_DENIED, reason)),
-            Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, reason)),
+            Decision::Deny { reason } => return Err(fail(ToolCode::PolicyDenied.as_str(), reason)),
+            Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
             _ => {}
         }
         match super::hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
-            super::hooks::Before::Abort { hook } => return Err(fail(code::HOOK_DENIED, format!("stopped by hook {hook:?}"))),
-            super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(code::NEEDS_APPROVAL, format!("hook {hook:?} asks for an owner"))),
+            super::hooks::Before::Abort { hook } => return Err(fail(ToolCode::HookDenied.as_str(), format!("stopped by hook {hook:?}"))),
+            super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(ToolCode::NeedsApproval.as_str(), format!("hook {hook:?} asks for an owner"))),
             super::hooks::Before::Proceed { args: Value::Object(changed_args), changed: true } => {
                 // Changed arguments are checked against the schema again.
                 if let Some(problem) = schema_problem(tool, &changed_args) {
-                    return Err(fail(code::SCHEMA_INVALID, format!("arguments changed by a hook no longer match the schema {problem}")));
+                    return Err(fail(ToolCode::SchemaInvalid.as_str(), format!("arguments changed by a hook no longer match the schema {problem}")));
                 }
                 input = changed_args;
             }
             _ => {}
         }
         for (field, var) in &spec.secret_fields {
-            let Some(value) = (self.secrets)(var) else { return Err(fail(code::SECRET_MISSING, format!("the secret for {field:?} is not set"))) };
+            let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
             input.insert(field.clone(), Value::String(value));
         }
         let input = Value::Object(input);
@@ -485,17 +485,17 @@ impl Checkpoint {
             Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
             other => self.providers.get(provider_key(other)),
         }
-        .ok_or_else(|| fail(code::NO_EXECUTOR, format!("nothing in this build runs {}", spec.name)))?;
+        .ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
 
         let mut delay = spec.retry.backoff;
         loop {
             if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
-                return Err(fail(code::CIRCUIT_OPEN, format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
+                return Err(fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
             }
             *attempts += 1;
             let result = match tokio::time::timeout(spec.timeout, executor.call(tool, &input)).await {
                 Ok(result) => result,
-                Err(_) => Err(ToolError::new(code::TIMEOUT, format!("no answer within {:?}", spec.timeout), true)),
+                Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
             };
             match result {
                 Ok(output) => {
@@ -503,7 +503,7 @@ impl Checkpoint {
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {
-                        return Err(fail(code::RESULT_INVALID, format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
+                        return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                     }
                     let mut output = self.bound_size(spec, output, &ctx.correlation_id).await?;
                     super::hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
@@ -516,11 +516,11 @@ impl Checkpoint {
                 Err(e) => {
                     self.breakers.record_failure(&spec.name, Instant::now());
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
-                        if e.code == code::TIMEOUT {
-                            return Err(fail(code::TIMEOUT, e.message));
+                        if e.code == ToolCode::Timeout.as_str() {
+                            return Err(fail(ToolCode::Timeout.as_str(), e.message));
                         }
                         // The provider's own code stays visible inside the message.
-                        return Err(fail(code::PROVIDER_ERROR, format!("{}: {}", e.code, e.message)));
+                        return Err(fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)));
                     }
                     tokio::time::sleep(delay).await;
                     delay = delay.saturating_mul(2);

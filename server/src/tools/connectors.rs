@@ -23,19 +23,39 @@ use super::{
 };
 use crate::config::Problem;
 
-pub mod code {
+/// Stable error codes, each with one string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum ConnectorCode {
     /// The request URL left the connector's base or matches no allowed pattern.
-    pub const UNSUPPORTED_URL: &str = "CONNECTOR_UNSUPPORTED_URL";
+    #[strum(serialize = "CONNECTOR_UNSUPPORTED_URL")]
+    UnsupportedUrl,
     /// A template names an argument the call did not supply, or one that cannot be placed there.
-    pub const PARAM_INVALID: &str = "CONNECTOR_PARAM_INVALID";
+    #[strum(serialize = "CONNECTOR_PARAM_INVALID")]
+    ParamInvalid,
     /// A header secret named by an environment variable is not set.
-    pub const SECRET_MISSING: &str = "CONNECTOR_SECRET_MISSING";
+    #[strum(serialize = "CONNECTOR_SECRET_MISSING")]
+    SecretMissing,
     /// The system answered with an error status.
-    pub const HTTP_STATUS: &str = "CONNECTOR_HTTP_STATUS";
+    #[strum(serialize = "CONNECTOR_HTTP_STATUS")]
+    HttpStatus,
     /// The system could not be reached, or did not answer in time.
-    pub const NETWORK: &str = "CONNECTOR_NETWORK_ERROR";
+    #[strum(serialize = "CONNECTOR_NETWORK_ERROR")]
+    Network,
     /// The answer was larger than Gatehouse accepts.
-    pub const TOO_LARGE: &str = "CONNECTOR_RESPONSE_TOO_LARGE";
+    #[strum(serialize = "CONNECTOR_RESPONSE_TOO_LARGE")]
+    TooLarge,
+}
+
+impl ConnectorCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::fmt::Display for ConnectorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,9 +137,28 @@ pub struct ConnectorAction {
     pub connector: String,
     pub base_url: String,
     pub allowed_urls: Vec<String>,
+    /// `allowed_urls` compiled: `**` matches anything, `*` anything but '/'.
+    #[serde(skip)]
+    allowed: globset::GlobSet,
     /// Connector headers, then the action's own (which win).
     pub headers: BTreeMap<String, String>,
     pub action: ActionSpec,
+}
+
+/// `allowed_urls` as one matcher; a pattern that is not a glob is named in the error.
+fn compile_allowed(patterns: &[String]) -> Result<globset::GlobSet, String> {
+    let mut set = globset::GlobSetBuilder::new();
+    for p in patterns {
+        set.add(globset::GlobBuilder::new(p).literal_separator(true).build().map_err(|e| format!("{p:?} is not a URL pattern: {e}"))?);
+    }
+    set.build().map_err(|e| e.to_string())
+}
+
+impl ConnectorAction {
+    pub fn new(connector: String, base_url: String, allowed_urls: Vec<String>, headers: BTreeMap<String, String>, action: ActionSpec) -> Result<Self, String> {
+        let allowed = compile_allowed(&allowed_urls)?;
+        Ok(Self { connector, base_url, allowed_urls, allowed, headers, action })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -233,6 +272,9 @@ pub fn load(
                 bad("allowed_urls", format!("{pattern:?} must start with the base URL's scheme and host ({})", origin_of(&spec.base_url)));
             }
         }
+        if let Err(e) = compile_allowed(&spec.allowed_urls) {
+            bad("allowed_urls", e);
+        }
         for (name, template) in &spec.headers {
             match secrets_in(template) {
                 Ok(vars) => {
@@ -302,10 +344,10 @@ pub fn load(
             if spec.enabled {
                 let mut headers = spec.headers.clone();
                 headers.extend(action.headers.clone());
-                actions.insert(
-                    action.tool.clone(),
-                    Arc::new(ConnectorAction { connector: spec.id.clone(), base_url: spec.base_url.clone(), allowed_urls: spec.allowed_urls.clone(), headers, action: action.clone() }),
-                );
+                // A pattern that does not compile was reported above with the connector's key.
+                if let Ok(built) = ConnectorAction::new(spec.id.clone(), spec.base_url.clone(), spec.allowed_urls.clone(), headers, action.clone()) {
+                    actions.insert(action.tool.clone(), Arc::new(built));
+                }
             }
         }
     }
@@ -321,23 +363,6 @@ fn same_origin_prefix(pattern: &str, base: &str) -> bool {
     !origin.is_empty() && (pattern == origin || pattern.starts_with(&format!("{origin}/")))
 }
 
-/// Glob match: `**` matches anything, `*` anything but '/'.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t) = (pattern.as_bytes(), text.as_bytes());
-    fn go(p: &[u8], t: &[u8]) -> bool {
-        match p {
-            [] => t.is_empty(),
-            [b'*', b'*', rest @ ..] => (0..=t.len()).any(|i| go(rest, &t[i..])),
-            [b'*', rest @ ..] => {
-                let limit = t.iter().position(|&c| c == b'/').unwrap_or(t.len());
-                (0..=limit).any(|i| go(rest, &t[i..]))
-            }
-            [c, rest @ ..] => t.first() == Some(c) && go(rest, &t[1..]),
-        }
-    }
-    go(p, t)
-}
-
 /// An argument as text for a URL or header; objects, arrays and null cannot be placed there.
 fn scalar(args: &Map<String, Value>, name: &str) -> Result<Option<String>, ToolError> {
     match args.get(name) {
@@ -345,13 +370,13 @@ fn scalar(args: &Map<String, Value>, name: &str) -> Result<Option<String>, ToolE
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
         Some(Value::Bool(b)) => Ok(Some(b.to_string())),
-        Some(_) => Err(ToolError::refused(code::PARAM_INVALID, format!("{name:?} is a list or object and cannot be placed in a URL or header"))),
+        Some(_) => Err(ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("{name:?} is a list or object and cannot be placed in a URL or header"))),
     }
 }
 
 /// Fills a template. `Ok(None)` when it names an argument that is absent.
 fn fill(template: &str, args: &Map<String, Value>, secrets: &SecretSource) -> Result<Option<String>, ToolError> {
-    let parsed = pieces(template).map_err(|e| ToolError::refused(code::PARAM_INVALID, e))?;
+    let parsed = pieces(template).map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?;
     let mut out = String::new();
     for piece in parsed {
         match piece {
@@ -360,7 +385,7 @@ fn fill(template: &str, args: &Map<String, Value>, secrets: &SecretSource) -> Re
                 Some(v) => out.push_str(&v),
                 None => return Ok(None),
             },
-            Piece::Secret(var) => out.push_str(&secrets(var).ok_or_else(|| ToolError::refused(code::SECRET_MISSING, format!("the environment variable {var} is not set")))?),
+            Piece::Secret(var) => out.push_str(&secrets.get(var).ok_or_else(|| ToolError::refused(ConnectorCode::SecretMissing.as_str(), format!("the environment variable {var} is not set")))?),
         }
     }
     Ok(Some(out))
@@ -368,7 +393,7 @@ fn fill(template: &str, args: &Map<String, Value>, secrets: &SecretSource) -> Re
 
 fn fill_body(template: &Value, args: &Map<String, Value>, secrets: &SecretSource) -> Result<Option<Value>, ToolError> {
     Ok(match template {
-        Value::String(s) => match pieces(s).map_err(|e| ToolError::refused(code::PARAM_INVALID, e))?.as_slice() {
+        Value::String(s) => match pieces(s).map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?.as_slice() {
             [Piece::Arg(name)] => args.get(*name).filter(|v| !v.is_null()).cloned(),
             _ => fill(s, args, secrets)?.map(Value::String),
         },
@@ -397,14 +422,14 @@ fn fill_body(template: &Value, args: &Map<String, Value>, secrets: &SecretSource
 /// The request URL for `action` with `args`, checked against the connector's origin and
 /// allowed patterns.
 pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &SecretSource) -> Result<url::Url, ToolError> {
-    let unsupported = |why: String| ToolError::refused(code::UNSUPPORTED_URL, why);
+    let unsupported = |why: String| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), why);
     let base = url::Url::parse(&action.base_url).map_err(|e| unsupported(format!("the connector's base_url is not a URL: {e}")))?;
     let mut url = base.clone();
     {
         let mut segments = url.path_segments_mut().map_err(|()| unsupported("the connector's base_url cannot take a path".into()))?;
         segments.pop_if_empty();
         for template in action.action.path.split('/').filter(|s| !s.is_empty()) {
-            let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(code::PARAM_INVALID, format!("the path {:?} needs an argument that is missing", action.action.path)))?;
+            let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("the path {:?} needs an argument that is missing", action.action.path)))?;
             let decoded = percent_decoded(&segment);
             if segment.is_empty() || decoded == "." || decoded == ".." {
                 return Err(unsupported(format!("{segment:?} cannot be a path segment")));
@@ -429,32 +454,15 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
     without_query.set_query(None);
     without_query.set_fragment(None);
     let plain = without_query.as_str();
-    if !action.allowed_urls.iter().any(|p| glob(p, plain)) {
+    if !action.allowed.is_match(plain) {
         return Err(unsupported(format!("{plain} matches none of the connector's allowed_urls")));
     }
     Ok(url)
 }
 
+/// `%2e%2e` is `..`: a segment is judged by what a server would decode it to.
 fn percent_decoded(s: &str) -> String {
-    percent_encoding_decode(s).to_ascii_lowercase()
-}
-
-/// Minimal percent-decoding, enough to see `%2e%2e` for what it is.
-fn percent_encoding_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if let (b'%', Some(hi), Some(lo)) = (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-            out.push(hi * 16 + lo);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().to_ascii_lowercase()
 }
 
 /// Keeps only the dotted paths in `keep` (all of `value` when `keep` is empty).
@@ -516,14 +524,14 @@ impl ConnectorExecutor {
 #[async_trait::async_trait]
 impl ToolExecutor for ConnectorExecutor {
     async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let action = tool.connector.as_deref().ok_or_else(|| ToolError::refused(code::UNSUPPORTED_URL, format!("no connector action runs {}", tool.spec.name)))?;
+        let action = tool.connector.as_deref().ok_or_else(|| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), format!("no connector action runs {}", tool.spec.name)))?;
         let empty = Map::new();
         let args = args.as_object().unwrap_or(&empty);
         let url = build_url(action, args, &self.secrets)?;
         let mut request = self.client.request(action.action.method.as_reqwest(), url).timeout(tool.spec.timeout);
         for (name, template) in &action.headers {
             if let Some(value) = fill(template, args, &self.secrets)? {
-                let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| ToolError::refused(code::PARAM_INVALID, format!("header {name} would not be a valid header value")))?;
+                let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("header {name} would not be a valid header value")))?;
                 value.set_sensitive(true);
                 request = request.header(name.as_str(), value);
             }
@@ -533,19 +541,19 @@ impl ToolExecutor for ConnectorExecutor {
         }
         let mut response = request.send().await.map_err(|e| {
             let retryable = e.is_timeout() || e.is_connect();
-            ToolError::new(code::NETWORK, format!("{} did not answer: {}", action.connector, e.without_url()), retryable)
+            ToolError::new(ConnectorCode::Network.as_str(), format!("{} did not answer: {}", action.connector, e.without_url()), retryable)
         })?;
         let status = response.status();
         let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::new(code::NETWORK, format!("reading {}'s answer failed: {}", action.connector, e.without_url()), true))? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::new(ConnectorCode::Network.as_str(), format!("reading {}'s answer failed: {}", action.connector, e.without_url()), true))? {
             if body.len() + chunk.len() > HARD_RESULT_LIMIT {
-                return Err(ToolError::new(code::TOO_LARGE, format!("{}'s answer is over {HARD_RESULT_LIMIT} bytes", action.connector), false));
+                return Err(ToolError::new(ConnectorCode::TooLarge.as_str(), format!("{}'s answer is over {HARD_RESULT_LIMIT} bytes", action.connector), false));
             }
             body.extend_from_slice(&chunk);
         }
         if !status.is_success() {
             let retryable = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
-            return Err(ToolError::new(code::HTTP_STATUS, format!("{} answered {status}", action.connector), retryable));
+            return Err(ToolError::new(ConnectorCode::HttpStatus.as_str(), format!("{} answered {status}", action.connector), retryable));
         }
         let data = match serde_json::from_slice::<Value>(&body) {
             Ok(json) => keep_fields(&json, &action.action.keep),
@@ -561,13 +569,14 @@ mod tests {
     use super::*;
 
     fn action(path: &str, allowed: &[&str]) -> ConnectorAction {
-        ConnectorAction {
-            connector: "shop".into(),
-            base_url: "https://shop.example.com/api/".into(),
-            allowed_urls: allowed.iter().map(|s| s.to_string()).collect(),
-            headers: BTreeMap::new(),
-            action: ActionSpec { tool: "t".into(), method: Method::Get, path: path.into(), query: BTreeMap::from([("q".into(), "{q}".into())]), headers: BTreeMap::new(), body: None, keep: vec![] },
-        }
+        ConnectorAction::new(
+            "shop".into(),
+            "https://shop.example.com/api/".into(),
+            allowed.iter().map(|s| s.to_string()).collect(),
+            BTreeMap::new(),
+            ActionSpec { tool: "t".into(), method: Method::Get, path: path.into(), query: BTreeMap::from([("q".into(), "{q}".into())]), headers: BTreeMap::new(), body: None, keep: vec![] },
+        )
+        .expect("valid patterns")
     }
 
     fn args(v: Value) -> Map<String, Value> {
@@ -575,7 +584,7 @@ mod tests {
     }
 
     fn no_secrets() -> SecretSource {
-        Arc::new(|_| None)
+        SecretSource::empty()
     }
 
     #[test]
@@ -589,14 +598,14 @@ mod tests {
                     assert_eq!(url.host_str(), Some("shop.example.com"), "{hostile}");
                     assert!(url.path().starts_with("/api/orders/") && url.path().matches('/').count() == 3, "{hostile} -> {url}");
                 }
-                Err(e) => assert_eq!(e.code, code::UNSUPPORTED_URL, "{hostile}: {e}"),
+                Err(e) => assert_eq!(e.code, ConnectorCode::UnsupportedUrl.as_str(), "{hostile}: {e}"),
             }
         }
         let narrow = action("orders/{id}/{sub}", &["https://shop.example.com/api/orders/*"]);
         let err = build_url(&narrow, &args(serde_json::json!({"id": "1", "sub": "refund"})), &no_secrets()).expect_err("not allowed");
-        assert_eq!(err.code, code::UNSUPPORTED_URL);
+        assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
         let missing = build_url(&a, &args(serde_json::json!({})), &no_secrets()).expect_err("missing");
-        assert_eq!(missing.code, code::PARAM_INVALID);
+        assert_eq!(missing.code, ConnectorCode::ParamInvalid.as_str());
     }
 
     #[test]
@@ -620,6 +629,10 @@ mod tests {
         let template = serde_json::json!({"qty": "{qty}", "note": "order {id}", "gift": "{gift}", "fixed": true});
         let body = fill_body(&template, &args(serde_json::json!({"qty": 3, "id": "A1"})), &no_secrets()).expect("ok");
         assert_eq!(body, Some(serde_json::json!({"qty": 3, "note": "order A1", "fixed": true})));
+    }
+
+    fn glob(pattern: &str, text: &str) -> bool {
+        compile_allowed(&[pattern.to_string()]).expect("pattern").is_match(text)
     }
 
     #[test]

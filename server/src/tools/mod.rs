@@ -10,37 +10,81 @@ pub mod hooks;
 pub mod mcp;
 pub mod policy;
 
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
 pub use catalog::{Catalog, ToolDef};
 pub use checkpoint::{CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
 
-use crate::{config::LoadedConfig, db::Db};
+use crate::{
+    config::{Problem, SecretSource, Settings},
+    db::Db,
+    jobs::JobQueue,
+};
 
-fn env_secrets() -> checkpoint::SecretSource {
-    Arc::new(|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+/// The tool files beside `gatehouse.toml`: `tools.toml` (with the connectors it names from
+/// `connectors.toml`) and `mcp.toml`. A missing file means none of its kind.
+#[derive(Debug, Clone, Default)]
+pub struct ToolFiles {
+    pub catalog: Arc<Catalog>,
+    pub mcp: Arc<mcp::McpConfig>,
 }
 
-/// The checkpoint with the MCP servers of `mcp.toml` as a tool source. Their cached tools join
-/// the catalog on `McpManager::start` (or `load_cached`).
-pub fn checkpoint_with_mcp(cfg: &LoadedConfig, db: &Db) -> Result<(Arc<Checkpoint>, mcp::McpManager), reqwest::Error> {
-    let manager = mcp::McpManager::new(db.clone(), &cfg.mcp, env_secrets());
-    let checkpoint = manager.install(checkpoint_for(cfg, db)?, cfg.catalog.clone());
-    Ok((checkpoint, manager))
+impl ToolFiles {
+    /// Reads and checks every tool file in `dir`; on failure every problem of every file is
+    /// returned, so `check-config` can list them with the settings' own.
+    pub fn load(dir: &Path, secrets: &SecretSource) -> Result<Self, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let catalog = load_catalog(dir, secrets).unwrap_or_else(|p| {
+            problems.extend(p);
+            Catalog::default()
+        });
+        let mcp_path = dir.join("mcp.toml");
+        let is_set = |var: &str| secrets.is_set(var);
+        let mcp = if mcp_path.is_file() {
+            mcp::config::load(&mcp_path, &is_set).unwrap_or_else(|p| {
+                problems.extend(p);
+                mcp::McpConfig::default()
+            })
+        } else {
+            mcp::McpConfig::default()
+        };
+        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp) }) } else { Err(problems) }
+    }
 }
 
-/// The checkpoint with this build's built-in implementations, over the loaded catalog.
-pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest::Error> {
-    let secrets = env_secrets();
-    let secrets_for_connectors = secrets.clone();
-    let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn_for(db.clone(), cfg.settings.jobs.queue.clone()), secrets);
-    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
-    let search = &cfg.settings.web_search;
-    let brave_key = std::env::var(builtins::web_search::BRAVE_KEY_VAR).ok().filter(|v| !v.trim().is_empty());
+/// `tools.toml` in `dir` (and the connectors it names), or an empty catalog without one.
+fn load_catalog(dir: &Path, secrets: &SecretSource) -> Result<Catalog, Vec<Problem>> {
+    let path = dir.join("tools.toml");
+    if !path.is_file() {
+        return Ok(Catalog::default());
+    }
+    Catalog::load(&path, &|var: &str| secrets.is_set(var))
+}
+
+/// The checkpoint with this build's built-in and connector implementations over `files`'
+/// catalog, and the MCP servers of `files` as a tool source (their cached tools join the
+/// catalog on `McpManager::start` or `load_cached`). Fails only when an HTTP client cannot be
+/// set up.
+pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db: &Db, queue: &JobQueue) -> Result<(Arc<Checkpoint>, mcp::McpManager), reqwest::Error> {
+    let mut checkpoint = Checkpoint::new(db.clone(), files.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone(), queue.clone()), secrets.clone());
+    let fetch = &settings.web_fetch;
+    let limits = builtins::web_fetch::FetchLimits {
+        max_bytes: usize::try_from(fetch.max_bytes).unwrap_or(usize::MAX),
+        max_redirects: fetch.max_redirects as usize,
+        timeout: fetch.timeout,
+        allowed_hosts: fetch.allowed_hosts.clone(),
+        denied_hosts: fetch.denied_hosts.clone(),
+        user_agent: fetch.user_agent.clone(),
+    };
+    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(limits)?));
+    let search = &settings.web_search;
+    let brave_key = secrets.get(builtins::web_search::BRAVE_KEY_VAR);
     let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;
     checkpoint.register_builtin(builtins::web_search::HANDLER, Arc::new(web_search));
-    checkpoint.register_provider(catalog::Provider::Connector, Arc::new(connectors::ConnectorExecutor::new(secrets_for_connectors)?));
-    Ok(checkpoint)
+    checkpoint.register_provider(catalog::Provider::Connector, Arc::new(connectors::ConnectorExecutor::new(secrets.clone())?));
+    let manager = mcp::McpManager::new(db.clone(), &files.mcp, secrets.clone());
+    let checkpoint = manager.install(checkpoint, files.catalog.clone());
+    Ok((checkpoint, manager))
 }
 
 /// What a catalog reload changed.
@@ -54,25 +98,26 @@ pub struct ReloadReport {
 /// Why a reload was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
+    #[error("{} problem(s) in the tool files:\n{}", .0.len(), .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Files(Vec<Problem>),
     #[error("{0}")]
     Mcp(#[from] mcp::McpError),
 }
 
-/// Re-reads the configuration at `config_path` (tools.toml, connectors.toml) and gives the new
-/// base catalog to `mcp`, which joins the MCP tools and swaps the checkpoint's catalog. A file with
-/// problems is refused with all of them, and the current catalog stays. Calls in flight keep the
-/// version they started with. `changed` names the file-declared tools added, removed or edited.
-pub async fn reload_catalog(config_path: &std::path::Path, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
-    let fresh = crate::config::load(config_path)?;
+/// Re-reads the tool files in `dir` (tools.toml, connectors.toml; never gatehouse.toml, so a
+/// broken main file does not block a catalog fix) and gives the new base catalog to `mcp`,
+/// which joins the MCP tools and swaps the checkpoint's catalog. A file with problems is refused
+/// with all of them, and the current catalog stays. Calls in flight keep the version they
+/// started with. `changed` names the file-declared tools added, removed or edited.
+pub async fn reload_catalog(dir: &Path, secrets: &SecretSource, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
+    let fresh = Arc::new(load_catalog(dir, secrets).map_err(ReloadError::Files)?);
     let old = checkpoint.catalog();
     let declared = |t: &&Arc<ToolDef>| t.spec.provider != catalog::Provider::Mcp;
-    let mut changed: Vec<String> = fresh.catalog.all().filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version)).map(|t| t.spec.name.clone()).collect();
-    changed.extend(old.all().filter(declared).filter(|t| fresh.catalog.get(&t.spec.name).is_none()).map(|t| t.spec.name.clone()));
+    let mut changed: Vec<String> = fresh.all().filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version)).map(|t| t.spec.name.clone()).collect();
+    changed.extend(old.all().filter(declared).filter(|t| fresh.get(&t.spec.name).is_none()).map(|t| t.spec.name.clone()));
     changed.sort();
-    let report = ReloadReport { tools: fresh.catalog.len(), changed };
-    mcp.set_base_catalog(fresh.catalog).await?;
+    let report = ReloadReport { tools: fresh.len(), changed };
+    mcp.set_base_catalog(fresh).await?;
     tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded");
     Ok(report)
 }

@@ -1,22 +1,7 @@
 //! The policy decision: allow, needs approval, or deny, each with a reason code.
 
 use super::catalog::{Approval, ApprovalMode, Audience, Operation, Risk, ToolSpec};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Actor {
-    Customer,
-    Owner,
-}
-
-impl Actor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Customer => "customer",
-            Self::Owner => "owner",
-        }
-    }
-}
+use crate::domain::Role;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -35,17 +20,17 @@ pub enum Decision {
 ///
 /// Independently of the mode, customers never run admin operations, and high-risk writes by
 /// customers always need an owner.
-pub fn decide(spec: &ToolSpec, mode: ApprovalMode, actor: Actor) -> Decision {
-    if actor == Actor::Customer && spec.operation == Operation::Admin {
+pub fn decide(spec: &ToolSpec, mode: ApprovalMode, actor: Role) -> Decision {
+    if actor == Role::Customer && spec.operation == Operation::Admin {
         return Decision::Deny { reason: "POLICY_ADMIN_OWNER_ONLY" };
     }
-    if actor == Actor::Customer && spec.audience == Audience::OwnerOnly {
+    if actor == Role::Customer && spec.audience == Audience::OwnerOnly {
         return Decision::Deny { reason: "POLICY_OWNER_ONLY" };
     }
     if spec.approval == Approval::Always {
         return Decision::NeedsApproval { reason: "APPROVAL_ALWAYS" };
     }
-    if actor == Actor::Customer && spec.operation == Operation::Write && spec.risk == Risk::High {
+    if actor == Role::Customer && spec.operation == Operation::Write && spec.risk == Risk::High {
         return Decision::NeedsApproval { reason: "APPROVAL_CUSTOMER_HIGH_RISK_WRITE" };
     }
     match (spec.approval, mode) {

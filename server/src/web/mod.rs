@@ -1,7 +1,7 @@
 //! The HTTP face: console pages and server functions (Leptos), operations endpoints and
 //! static assets. Web code only exposes; the engine lives elsewhere.
 
-pub mod backend;
+pub mod console;
 pub mod live;
 pub mod middleware;
 pub mod ops;
@@ -51,7 +51,7 @@ fn console_routes() -> Vec<AxumRouteListing> {
 
 /// Builds the whole router. Tests call this and drive it with `oneshot`.
 pub fn router(state: AppState) -> Router {
-    let backend: SharedBackend = Arc::new(backend::ConsoleBackend::new(state.clone()));
+    let backend: SharedBackend = Arc::new(console::ConsoleBackend::new(state.clone()));
     let leptos_options = LeptosOptions::builder()
         .output_name("gatehouse")
         .site_root(state.config.settings.server.site_root.display().to_string())
@@ -106,7 +106,7 @@ pub fn router(state: AppState) -> Router {
 
     // Authenticated by its signature, not a session: outside the console guard, and exempt
     // from the origin check (see middleware::check_origin).
-    let webhooks = crate::channel::whatsapp::webhook::routes(state.clone());
+    let webhooks = crate::channel::whatsapp::webhook::routes::<AppState>().with_state(state.clone());
 
     Router::new()
         .merge(console)

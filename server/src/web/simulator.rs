@@ -15,7 +15,7 @@ use axum::{
 };
 use tower_sessions::Session;
 
-use super::{backend::ConsoleBackend, state::AppState};
+use super::{console::ConsoleBackend, state::AppState};
 
 pub fn routes(state: AppState) -> Router {
     Router::new().route("/api/simulator/messages", post(send)).route("/api/simulator/chats/{chat_id}", get(chat)).with_state(state)

@@ -1,4 +1,5 @@
-//! Shared state: one `AppState(Arc<App>)` handed to every handler.
+//! Shared state: one `AppState(Arc<App>)` handed to every handler, made from the parts the
+//! composition root built. Handlers that need less take a narrow state through `FromRef`.
 
 use std::{
     net::SocketAddr,
@@ -10,18 +11,22 @@ use std::{
     time::Instant,
 };
 
+use axum::extract::FromRef;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::{
+    bootstrap::Gatehouse,
+    channel::{simulator::Simulator, whatsapp::webhook::WebhookState},
     config::LoadedConfig,
-    jobs::JobQueue,
-    tools::Checkpoint,
+    conversation::Runtime,
     db::{self, Db, DbError},
+    jobs::JobQueue,
+    tools::{Checkpoint, mcp::McpManager},
 };
 
 #[derive(Debug)]
 pub struct App {
-    pub config: LoadedConfig,
+    pub config: Arc<LoadedConfig>,
     pub db: Db,
     pub started: Instant,
     pub started_at_ms: i64,
@@ -31,30 +36,18 @@ pub struct App {
     pub allowed_origins: Vec<String>,
     pub public_url: String,
     pub metrics: PrometheusHandle,
-    /// Enqueues jobs and wakes this process's workers.
     pub jobs: JobQueue,
-    /// The one checkpoint every tool call passes.
     pub tools: Arc<Checkpoint>,
-    /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
-    pub mcp: crate::tools::mcp::McpManager,
-    /// The conversation runtime (the simulator uses it directly; WhatsApp through its job).
-    pub runtime: Arc<crate::conversation::Runtime>,
-    /// WhatsApp webhook intake (group commit on SQLite).
-    pub whatsapp_intake: crate::channel::whatsapp::intake::Intake,
+    pub mcp: McpManager,
+    pub runtime: Arc<Runtime>,
+    pub simulator: Arc<Simulator>,
+    pub webhook: WebhookState,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
 pub struct AppState(pub Arc<App>);
-
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("setting up an HTTP client failed: {0}")]
-    Http(#[from] reqwest::Error),
-    #[error("the language model cannot be set up: {0}")]
-    Llm(#[from] crate::llm::LlmError),
-}
 
 impl Deref for AppState {
     type Target = App;
@@ -63,12 +56,15 @@ impl Deref for AppState {
     }
 }
 
+impl FromRef<AppState> for WebhookState {
+    fn from_ref(state: &AppState) -> Self {
+        state.webhook.clone()
+    }
+}
+
 impl AppState {
-    /// Fails when an HTTP client cannot be set up (TLS initialisation) or the model's key
-    /// cannot be used at all.
-    pub fn new(config: LoadedConfig, db: Db, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Result<Self, StateError> {
-        let (tools, mcp) = crate::tools::checkpoint_with_mcp(&config, &db)?;
-        let runtime = Arc::new(crate::conversation::Runtime::from_config(&config, &db)?);
+    pub fn new(gatehouse: &Gatehouse, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Self {
+        let config = gatehouse.config.clone();
         let public_url = if config.settings.server.public_url.is_empty() {
             format!("http://{listen_addr}")
         } else {
@@ -81,22 +77,23 @@ impl AppState {
         if config.settings.server.public_url.is_empty() && listen_addr.ip().is_loopback() {
             allowed_origins.push(format!("http://localhost:{}", listen_addr.port()));
         }
-        Ok(Self(Arc::new(App {
+        Self(Arc::new(App {
             config,
-            db: db.clone(),
+            db: gatehouse.db.clone(),
             started: Instant::now(),
             started_at_ms: db::now_ms(),
             listen_addr,
             allowed_origins,
             public_url,
             metrics,
-            jobs: JobQueue::new(db.clone()),
-            tools,
-            mcp,
-            runtime,
-            whatsapp_intake: Default::default(),
+            jobs: gatehouse.jobs.clone(),
+            tools: gatehouse.tools.clone(),
+            mcp: gatehouse.mcp.clone(),
+            runtime: gatehouse.runtime.clone(),
+            simulator: gatehouse.simulator.clone(),
+            webhook: gatehouse.whatsapp.webhook.clone(),
             setup_done: AtomicBool::new(false),
-        })))
+        }))
     }
 
     /// Whether the first owner exists.

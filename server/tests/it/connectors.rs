@@ -14,12 +14,12 @@ use axum::{
     routing::{any, get, post},
 };
 use serde_json::{Value, json};
+use server::domain::Role;
 use server::tools::{
     CallContext, Catalog, Checkpoint, ToolCall,
-    catalog::{ChatType, Provider},
-    checkpoint::{AuditWriter, SecretSource, code},
+    catalog::{ChatKind, Provider},
+    checkpoint::{AuditWriter, SecretSource, ToolCode},
     connectors::{self, ConnectorExecutor},
-    policy::Actor,
 };
 use sqlx::Row;
 
@@ -214,11 +214,11 @@ fn load(tools: &str, connectors: &str, set: &'static [&'static str]) -> Result<C
 }
 
 fn secrets() -> SecretSource {
-    Arc::new(|v: &str| (v == "TEST_CONNECTOR_KEY").then(|| KEY.to_string()))
+    SecretSource::from_fn(|v: &str| (v == "TEST_CONNECTOR_KEY").then(|| KEY.to_string()))
 }
 
-fn ctx(actor: Actor) -> CallContext {
-    CallContext { actor, chat_type: ChatType::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: false }
+fn ctx(actor: Role) -> CallContext {
+    CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: false, trace_id: None }
 }
 
 fn call(name: &str, args: Value) -> ToolCall {
@@ -230,10 +230,10 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     pool.migrate().await.expect("migrate");
     let (addr, seen) = shop().await;
     let catalog = load(TOOLS, &connectors_toml(addr), &["TEST_CONNECTOR_KEY"]).expect("valid");
-    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone()), secrets());
+    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets());
     cp.register_provider(Provider::Connector, Arc::new(ConnectorExecutor::new(secrets()).expect("client")));
-    let customer = ctx(Actor::Customer);
-    let owner = ctx(Actor::Owner);
+    let customer = ctx(Role::Customer);
+    let owner = ctx(Role::Owner);
 
     // GET with a path parameter and an optional query; only the kept fields come back.
     let order = cp.execute(call("lookup_order", json!({"order_id": "A 17", "expand": "items&admin=1"})), &customer).await.expect("lookup");
@@ -255,7 +255,7 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
                 assert_eq!(res.output["status"], 200);
             }
             Err(e) => {
-                assert_eq!(e.code, connectors::code::UNSUPPORTED_URL, "{hostile}: {e}");
+                assert_eq!(e.code, connectors::ConnectorCode::UnsupportedUrl.as_str(), "{hostile}: {e}");
                 assert_eq!(seen.lock().expect("lock").requests.len(), before, "{hostile}: refused before any request");
             }
         }
@@ -264,17 +264,17 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     // A URL outside the allowed patterns is refused before any request is made.
     let before = seen.lock().expect("lock").requests.len();
     let outside = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
-    assert_eq!(outside.code, connectors::code::UNSUPPORTED_URL);
+    assert_eq!(outside.code, connectors::ConnectorCode::UnsupportedUrl.as_str());
     assert_eq!(seen.lock().expect("lock").requests.len(), before, "nothing reached the shop");
     // Refusals say nothing about the shop's health: they never open the tool's breaker.
     for _ in 0..4 {
         let again = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
-        assert_eq!(again.code, connectors::code::UNSUPPORTED_URL);
+        assert_eq!(again.code, connectors::ConnectorCode::UnsupportedUrl.as_str());
     }
     assert_eq!(cp.breakers().state("order_subpage", std::time::Instant::now()), server::tools::breaker::BreakerState::Closed);
 
     // POST with a typed body mapping and the managed chat id; customers cannot call it.
-    assert_eq!(cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5})), &customer).await.expect_err("owner only").code, code::NOT_ALLOWED_FOR_ACTOR);
+    assert_eq!(cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5})), &customer).await.expect_err("owner only").code, ToolCode::NotAllowedForActor.as_str());
     let refund = cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5, "note": "broken", "customer_email": "c@example.org"})), &owner).await.expect("refund");
     assert_eq!(refund.output, json!({"status": 201, "data": {"refund_id": "R-1", "state": "queued"}}));
     assert_eq!(seen.lock().expect("lock").bodies.last(), Some(&json!({"order": "A1", "amount": 12.5, "reason": "chat chat-3: broken", "source": "gatehouse"})));
@@ -283,8 +283,8 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried");
     assert_eq!(flaky.attempts, 2);
     let missing = cp.execute(call("missing", json!({})), &customer).await.expect_err("404");
-    assert_eq!(missing.code, code::PROVIDER_ERROR);
-    assert!(missing.message.contains(connectors::code::HTTP_STATUS) && missing.message.contains("404"), "{missing}");
+    assert_eq!(missing.code, ToolCode::ProviderError.as_str());
+    assert!(missing.message.contains(connectors::ConnectorCode::HttpStatus.as_str()) && missing.message.contains("404"), "{missing}");
     let moved = cp.execute(call("moved", json!({})), &customer).await.expect_err("redirect");
     assert!(moved.message.contains("307"), "{moved}");
 
@@ -298,7 +298,7 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit");
     let outside_row = rows.iter().find(|r| r.get::<String, _>(0) == "order_subpage").expect("row");
-    assert_eq!((outside_row.get::<String, _>(1), outside_row.get::<String, _>(2)), ("deny".to_string(), connectors::code::UNSUPPORTED_URL.to_string()));
+    assert_eq!((outside_row.get::<String, _>(1), outside_row.get::<String, _>(2)), ("deny".to_string(), connectors::ConnectorCode::UnsupportedUrl.as_str().to_string()));
     for row in &rows {
         let args: String = row.get(3);
         assert!(!args.contains(KEY) && !args.contains("c@example.org"), "secret or personal data in the audit: {args}");

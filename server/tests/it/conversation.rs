@@ -8,8 +8,10 @@ use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 use server::{
     config::{Secrets, Settings},
-    conversation::{ChatKind, Inbound, NoToolLane, Route, Runtime},
+    conversation::{Inbound, NoToolLane, Route, Runtime, RuntimeParts},
     db::Db,
+    domain::ChatKind,
+    jobs::JobQueue,
     llm,
 };
 use sqlx::Row;
@@ -75,6 +77,11 @@ fn settings(base_url: &str, budget: u32) -> Settings {
     s
 }
 
+/// The runtime over `model`, with the lane that hands everything to normal chat.
+fn runtime(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>) -> Runtime {
+    Runtime::new(RuntimeParts { db: db.clone(), queue: JobQueue::with_settings(db.clone(), &settings.jobs), settings, secrets, model, lane: Arc::new(NoToolLane) })
+}
+
 struct Rig {
     runtime: Runtime,
     db: Db,
@@ -99,7 +106,7 @@ async fn rig(test_db: TestDb, budget: u32, with_key: bool) -> Rig {
     let settings = Arc::new(settings(&url, budget));
     let secrets = Secrets::from_lookup(move |name| (with_key && name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
     let model = llm::from_settings(&settings, &secrets).expect("model");
-    let runtime = Runtime::new(db.clone(), settings, secrets, model, Arc::new(NoToolLane));
+    let runtime = runtime(&db, settings, secrets, model);
     Rig { runtime, db, fake, base_url: url, _test_db: test_db }
 }
 
@@ -202,7 +209,7 @@ async fn every_step_in_order_with_memory(db: TestDb) {
 
     // Owners: commands work; /approve is honest that approvals do not exist yet.
     let help = r.runtime.handle(&msg("o1", "15550001111", "/help")).await.expect("handle");
-    assert_eq!((help.route, help.actor), (Route::OwnerCommand, server::tools::policy::Actor::Owner));
+    assert_eq!((help.route, help.actor), (Route::OwnerCommand, server::domain::Role::Owner));
     assert!(help.reply.as_deref().is_some_and(|t| t.contains("/status")));
     let approve = r.runtime.handle(&msg("o2", "15550001111", "/approve 7")).await.expect("handle");
     assert!(approve.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{approve:?}");
@@ -338,7 +345,7 @@ async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
     with_text.conversation.trace_text = true;
     with_text.llm.anthropic.base_url = r.runtime_base_url();
     let model = llm::from_settings(&with_text, &r.secrets()).expect("model");
-    let verbose = Runtime::new(r.db.clone(), Arc::new(with_text), r.secrets(), model, Arc::new(NoToolLane));
+    let verbose = runtime(&r.db, Arc::new(with_text), r.secrets(), model);
     let details = |trace_id: i64| {
         let pool = r.db.pool.clone();
         async move {
@@ -372,7 +379,7 @@ async fn an_unreachable_model_gets_the_fallback_reply(db: TestDb) {
     let fallback = broken.llm.fallback_reply.clone();
     assert!(!fallback.trim().is_empty());
     let model = llm::from_settings(&broken, &r.secrets()).expect("model");
-    let runtime = Runtime::new(r.db.clone(), Arc::new(broken), r.secrets(), model, Arc::new(NoToolLane));
+    let runtime = runtime(&r.db, Arc::new(broken), r.secrets(), model);
     let out = runtime.handle(&msg("f1", "15556660000", "How are you?")).await.expect("handle");
     assert_eq!((out.route, out.reply.as_deref()), (Route::Chat, Some(fallback.as_str())));
     let code = out.error_code.clone().expect("an error code");

@@ -10,13 +10,13 @@ use std::{
 
 use serde_json::{Value, json};
 use server::{
+    domain::Role,
     db::Db,
     tools::{
         CallContext, Catalog, Checkpoint, ToolCall,
-        catalog::{Approval, ChatType, Operation, Provider, Risk},
-        checkpoint::{AuditWriter, SecretSource, ToolFailure, ToolSuccess, code},
-        mcp::{self, Actor, McpManager},
-        policy::Actor as CallActor,
+        catalog::{Approval, ChatKind, Operation, Provider, Risk},
+        checkpoint::{AuditWriter, SecretSource, ToolCode, ToolFailure, ToolSuccess},
+        mcp::{self, AuditActor, McpManager},
     },
 };
 use sqlx::Row;
@@ -44,7 +44,7 @@ fn time_server() -> String {
 }
 
 fn no_secrets() -> SecretSource {
-    Arc::new(|_: &str| None)
+    SecretSource::empty()
 }
 
 struct Rig {
@@ -67,7 +67,7 @@ impl Rig {
         std::fs::write(&path, servers).expect("write mcp.toml");
         let config = mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
         let manager = McpManager::new(db.clone(), &config, no_secrets());
-        let checkpoint = Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone()), no_secrets());
+        let checkpoint = Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone())), no_secrets());
         let checkpoint = manager.install(checkpoint, Arc::new(Catalog::default()));
         manager.start().await.expect("start");
         Self { checkpoint, manager, db, _test_db: test_db }
@@ -78,25 +78,25 @@ impl Rig {
     }
 
     async fn call(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
-        self.call_as(CallActor::Owner, name, args).await
+        self.call_as(Role::Owner, name, args).await
     }
 
-    async fn call_as(&self, actor: CallActor, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+    async fn call_as(&self, actor: Role, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
         self.call_with(actor, false, name, args).await
     }
 
     /// A call an owner approved (for tools whose policy asks).
     async fn call_approved(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
-        self.call_with(CallActor::Owner, true, name, args).await
+        self.call_with(Role::Owner, true, name, args).await
     }
 
-    async fn call_with(&self, actor: CallActor, approved: bool, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
-        let ctx = CallContext { actor, chat_type: ChatType::Direct, chat_id: Some("chat-1".into()), sender_id: None, correlation_id: "mcp-test".into(), approved };
+    async fn call_with(&self, actor: Role, approved: bool, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        let ctx = CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-1".into()), sender_id: None, correlation_id: "mcp-test".into(), approved, trace_id: None };
         self.checkpoint.execute(ToolCall { name: name.into(), args }, &ctx).await
     }
 
     async fn approve(&self, tool: &str) {
-        self.manager.approve(tool, &Actor { owner_id: None, login: Some("test-owner".into()), ip: None }).await.expect("approve");
+        self.manager.approve(tool, &AuditActor { owner_id: None, login: Some("test-owner".into()), ip: None }).await.expect("approve");
     }
 }
 
@@ -139,7 +139,7 @@ async fn everything_over_stdio(db: TestDb) {
     let structured = rig.call("everything__get-structured-content", json!({"location": "Chicago"})).await.expect("structured").output;
     assert!(structured["structured"].is_object(), "structuredContent passed on and valid against its outputSchema: {structured}");
     let bad = code_of(rig.call("everything__get-sum", json!({"a": "two", "b": 40})).await);
-    assert_eq!(bad.code, code::SCHEMA_INVALID, "the checkpoint checks the server's inputSchema");
+    assert_eq!(bad.code, ToolCode::SchemaInvalid.as_str(), "the checkpoint checks the server's inputSchema");
 
     let servers = rig.manager.servers().await.expect("servers");
     assert_eq!(servers[0].health, "connected");
@@ -199,7 +199,7 @@ async fn everything_over_streamable_http_survives_a_server_restart() {
                 break;
             }
             Err(e) => {
-                assert!(e.message.contains("MCP_SERVER_UNAVAILABLE") || e.code == code::TIMEOUT || e.code == code::CIRCUIT_OPEN || e.code == code::PROVIDER_ERROR, "{e}");
+                assert!(e.message.contains("MCP_SERVER_UNAVAILABLE") || e.code == ToolCode::Timeout.as_str() || e.code == ToolCode::CircuitOpen.as_str() || e.code == ToolCode::ProviderError.as_str(), "{e}");
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
@@ -218,7 +218,7 @@ async fn memory_server_starts_quarantined(db: TestDb) {
     rig.connected("memory").await;
     assert!(rig.checkpoint.catalog().get("memory__read_graph").is_none(), "an untrusted server's tools are not offered");
     let held = code_of(rig.call("memory__create_entities", json!({"entities": []})).await);
-    assert_eq!(held.code, code::QUARANTINED, "{held}");
+    assert_eq!(held.code, ToolCode::Quarantined.as_str(), "{held}");
     let tools = rig.manager.tools("memory").await.expect("tools");
     assert!(tools.len() >= 9 && tools.iter().all(|t| t.state == "pending" && !t.usable), "{tools:?}");
 
@@ -232,7 +232,7 @@ async fn memory_server_starts_quarantined(db: TestDb) {
     rig.call("memory__create_entities", entities).await.expect("create");
     let graph = rig.call("memory__read_graph", json!({})).await.expect("read").output;
     assert_eq!(graph["structured"]["entities"][0]["name"], "Gatehouse", "{graph}");
-    assert_eq!(code_of(rig.call("memory__delete_entities", json!({"entityNames": ["Gatehouse"]})).await).code, code::QUARANTINED, "still pending");
+    assert_eq!(code_of(rig.call("memory__delete_entities", json!({"entityNames": ["Gatehouse"]})).await).code, ToolCode::Quarantined.as_str(), "still pending");
 
     let rows = sqlx::query("SELECT event, login, detail FROM owner_audit ORDER BY id").fetch_all(&rig.db.pool).await.expect("audit");
     assert_eq!(rows.len(), 2, "one owner audit row per decision");
@@ -290,15 +290,15 @@ async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
     let rig = Rig::new(db, &fx.server("fx", "deny_tools = [\"fails\"]\ncall_timeout = \"2s\"\napproval = \"ask\"\ndefault_risk = \"medium\"", 0)).await;
     rig.connected("fx").await;
 
-    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::QUARANTINED);
-    assert_eq!(code_of(rig.call("fx__fails", json!({})).await).code, code::UNKNOWN, "a denied tool is not in the catalog at all");
-    rig.manager.reject("fx__inject", &Actor::default()).await.expect("reject");
-    assert_eq!(code_of(rig.call("fx__inject", json!({})).await).code, code::REJECTED);
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, ToolCode::Quarantined.as_str());
+    assert_eq!(code_of(rig.call("fx__fails", json!({})).await).code, ToolCode::Unknown.as_str(), "a denied tool is not in the catalog at all");
+    rig.manager.reject("fx__inject", &AuditActor::default()).await.expect("reject");
+    assert_eq!(code_of(rig.call("fx__inject", json!({})).await).code, ToolCode::Rejected.as_str());
     rig.approve("fx__echo").await;
     // Owner-only by default: a customer is refused by the checkpoint.
-    assert_eq!(code_of(rig.call_as(CallActor::Customer, "fx__echo", json!({"text": "x"})).await).code, code::NOT_ALLOWED_FOR_ACTOR);
-    assert_eq!(code_of(rig.call("fx__echo", json!({"text": 7})).await).code, code::SCHEMA_INVALID);
-    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::NEEDS_APPROVAL, "medium risk under \"ask\"");
+    assert_eq!(code_of(rig.call_as(Role::Customer, "fx__echo", json!({"text": "x"})).await).code, ToolCode::NotAllowedForActor.as_str());
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": 7})).await).code, ToolCode::SchemaInvalid.as_str());
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, ToolCode::NeedsApproval.as_str(), "medium risk under \"ask\"");
     assert_eq!(recorded(&fx.record), Vec::<String>::new(), "nothing denied, quarantined or waiting reached the server");
 
     let ok = rig.call_approved("fx__echo", json!({"text": "through"})).await.expect("approved echo").output;
@@ -307,7 +307,7 @@ async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
 
     rig.checkpoint.audit().flush().await;
     let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&rig.db.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
-    assert_eq!(reasons, vec![code::QUARANTINED, code::UNKNOWN, code::REJECTED, code::NOT_ALLOWED_FOR_ACTOR, code::SCHEMA_INVALID, code::NEEDS_APPROVAL, "OK"]);
+    assert_eq!(reasons, vec![ToolCode::Quarantined.as_str(), ToolCode::Unknown.as_str(), ToolCode::Rejected.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::NeedsApproval.as_str(), "OK"]);
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_never_reaches_server, denied_and_quarantined_tools_never_reach_the_server);
@@ -328,8 +328,8 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
         assert!(Instant::now() < deadline, "list_changed did not lead to a refresh that quarantined the changed tool");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, code::QUARANTINED);
-    assert_eq!(code_of(rig.call("fx__added_later", json!({})).await).code, code::QUARANTINED, "a new tool waits too");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, ToolCode::Quarantined.as_str());
+    assert_eq!(code_of(rig.call("fx__added_later", json!({})).await).code, ToolCode::Quarantined.as_str(), "a new tool waits too");
     let tools = rig.manager.tools("fx").await.expect("tools");
     let echo = tools.iter().find(|t| t.name == "echo").expect("echo");
     assert_eq!(echo.state, "pending");
@@ -362,7 +362,7 @@ async fn misbehaving_servers_get_clear_errors_and_block_nobody() {
         let r = rig.call("other__echo", json!({"text": "quick"})).await;
         (r, started.elapsed())
     });
-    assert_eq!(code_of(hung).code, code::TIMEOUT);
+    assert_eq!(code_of(hung).code, ToolCode::Timeout.as_str());
     let (quick, took) = quick;
     quick.expect("the other server answers");
     assert!(took < Duration::from_millis(900), "a hung server blocked another: {took:?}");
@@ -370,11 +370,11 @@ async fn misbehaving_servers_get_clear_errors_and_block_nobody() {
 
     // isError: the server's message, as a provider error.
     let failed = code_of(rig.call("fx__fails", json!({})).await);
-    assert_eq!(failed.code, code::PROVIDER_ERROR);
+    assert_eq!(failed.code, ToolCode::ProviderError.as_str());
     assert!(failed.message.contains("MCP_TOOL_ERROR") && failed.message.contains("the upstream said no"), "{failed}");
 
     // Structured content that breaks the declared outputSchema.
-    assert_eq!(code_of(rig.call("fx__liar", json!({})).await).code, code::RESULT_INVALID);
+    assert_eq!(code_of(rig.call("fx__liar", json!({})).await).code, ToolCode::ResultInvalid.as_str());
 
     // Prompt injection: the description is cut and changes no policy; the result is data.
     let inject = rig.checkpoint.catalog().get("fx__inject").expect("inject");
@@ -385,7 +385,7 @@ async fn misbehaving_servers_get_clear_errors_and_block_nobody() {
     assert_eq!(out["untrusted"], true);
     assert_eq!(out["source"], "mcp:fx");
     assert!(text_of(&out).contains("IGNORE ALL PREVIOUS INSTRUCTIONS"), "kept as data inside the untrusted wrapper");
-    assert_eq!(code_of(rig.call_as(CallActor::Customer, "fx__inject", json!({})).await).code, code::NOT_ALLOWED_FOR_ACTOR, "policy unchanged");
+    assert_eq!(code_of(rig.call_as(Role::Customer, "fx__inject", json!({})).await).code, ToolCode::NotAllowedForActor.as_str(), "policy unchanged");
 
     // A crash mid-call: a clear error, a restart, and the next call works.
     let connections = rig.manager.live("fx").expect("live").connections;
@@ -452,8 +452,8 @@ async fn starts_with_the_last_known_tools_when_a_server_is_down() {
     let status = rig.manager.servers().await.expect("servers");
     assert_eq!(status[0].health, "down");
     assert!(status[0].last_error.as_deref().unwrap_or_default().contains("/nonexistent/mcp-server"), "{status:?}");
-    rig.manager.set_enabled("fx", false, &Actor::default()).await.expect("disable");
-    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, code::DISABLED, "a disabled server's tools are withheld");
+    rig.manager.set_enabled("fx", false, &AuditActor::default()).await.expect("disable");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, ToolCode::Disabled.as_str(), "a disabled server's tools are withheld");
     rig.manager.shutdown().await;
 }
 

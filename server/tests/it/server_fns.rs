@@ -49,7 +49,7 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
 
     let app = TestApp::new(db).await;
     app.with_owner("ada", "correct horse battery").await;
-    let backend: SharedBackend = Arc::new(server::web::backend::ConsoleBackend::new(app.state.clone()));
+    let backend: SharedBackend = Arc::new(server::web::console::ConsoleBackend::new(app.state.clone()));
     let store = Arc::new(server::web::session_store::DbSessionStore::new(app.state.db.clone()));
     for (path, method) in registered() {
         if app::api::PUBLIC_SERVER_FNS.contains(&path.as_str()) {

@@ -17,8 +17,10 @@ use axum::{
 };
 use http_body_util::BodyExt;
 use server::{
+    bootstrap::{Gatehouse, Overrides},
     config::{LoadedConfig, Secrets, Settings},
     db::Db,
+    tools::ToolFiles,
     web::{self, AppState},
 };
 use sqlx::{Connection, Executor};
@@ -212,6 +214,7 @@ pub fn settings_for(db: &TestDb) -> Settings {
 }
 
 pub struct TestApp {
+    pub gatehouse: Gatehouse,
     pub state: AppState,
     pub router: Router,
     pub db: TestDb,
@@ -238,23 +241,29 @@ impl TestApp {
     }
 
     async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::build_with(db, dir, secrets, tweak, Overrides::default()).await
+    }
+
+    /// An app whose model (or lane) is `overrides`'; the rest is built as `gatehouse serve`
+    /// builds it.
+    pub async fn with_overrides(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
+        Self::build_with(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), secrets, tweak, overrides).await
+    }
+
+    async fn build_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
         init_test_logs();
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
-        let config = LoadedConfig {
-            settings,
-            secrets,
-            path: dir.join("gatehouse.toml"),
-            dir: dir.to_path_buf(),
-            // The shipped catalog needs no secrets.
-            catalog: Arc::new(server::tools::Catalog::load(&dir.join("tools.toml"), &|_| false).expect("tools.toml loads")),
-            mcp: Arc::default(),
-        };
-        let state = AppState::new(config, pool, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle()).expect("state");
+        // The shipped tool files need no secrets; MCP servers are the MCP tests' own.
+        let catalog = ToolFiles::load(dir, &secrets.source).expect("tool files load").catalog;
+        let files = ToolFiles { catalog, mcp: Arc::default() };
+        let config = LoadedConfig::new(settings, secrets, dir.join("gatehouse.toml"));
+        let gatehouse = Gatehouse::build_with(config, files, pool, overrides).expect("build");
+        let state = AppState::new(&gatehouse, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
         let router = web::router(state.clone());
-        Self { state, router, db }
+        Self { gatehouse, state, router, db }
     }
 
     pub fn client(&self) -> Client {

@@ -9,11 +9,12 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use server::tools::{
-    CallContext, Catalog, Checkpoint, ToolCall, ToolDef, ToolError, ToolExecutor,
-    catalog::ChatType,
-    checkpoint::{AuditWriter, code},
-    policy::Actor,
+use server::{
+    domain::{ChatKind, Role},
+    tools::{
+        CallContext, Catalog, Checkpoint, ToolCall, ToolDef, ToolError, ToolExecutor,
+        checkpoint::{AuditWriter, ToolCode},
+    },
 };
 use sqlx::Row;
 
@@ -206,8 +207,8 @@ struct Rig {
 async fn rig(db: TestDb) -> Rig {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
-    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|var: &str| (var == "TEST_SHOP_KEY").then(|| SECRET.to_string()));
-    let mut checkpoint = Checkpoint::new(pool.clone(), catalog(TOOLS), AuditWriter::spawn(pool.clone()), secrets);
+    let secrets = server::config::SecretSource::from_fn(|var: &str| (var == "TEST_SHOP_KEY").then(|| SECRET.to_string()));
+    let mut checkpoint = Checkpoint::new(pool.clone(), catalog(TOOLS), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets);
     let broken = Arc::new(Broken(AtomicUsize::new(0)));
     checkpoint.register_builtin("test.echo", Arc::new(Echo));
     checkpoint.register_builtin("test.flaky", Arc::new(Flaky(AtomicUsize::new(0))));
@@ -217,8 +218,8 @@ async fn rig(db: TestDb) -> Rig {
     Rig { checkpoint, db: pool, broken, _test_db: db }
 }
 
-fn ctx(actor: Actor, chat_type: ChatType) -> CallContext {
-    CallContext { actor, chat_type, chat_id: Some("chat-7".into()), sender_id: Some("+15550001111".into()), correlation_id: "corr-9".into(), approved: false }
+fn ctx(actor: Role, chat_type: ChatKind) -> CallContext {
+    CallContext { actor, chat_type, chat_id: Some("chat-7".into()), sender_id: Some("+15550001111".into()), correlation_id: "corr-9".into(), approved: false, trace_id: None }
 }
 
 fn call(name: &str, args: Value) -> ToolCall {
@@ -227,40 +228,40 @@ fn call(name: &str, args: Value) -> ToolCall {
 
 async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     let r = rig(db).await;
-    let customer = ctx(Actor::Customer, ChatType::Direct);
-    let owner = ctx(Actor::Owner, ChatType::Direct);
+    let customer = ctx(Role::Customer, ChatKind::Direct);
+    let owner = ctx(Role::Owner, ChatKind::Direct);
     let code_of = |res: Result<server::tools::checkpoint::ToolSuccess, server::tools::checkpoint::ToolFailure>| res.err().map(|f| f.code);
     let cp = &r.checkpoint;
 
     let ok = cp.execute(call("echo", json!({"text": "hi"})), &customer).await.expect("allowed");
     assert_eq!(ok.output, json!({"echo": "hi"}));
     assert!(ok.version.starts_with("sha256:"));
-    assert_eq!(code_of(cp.execute(call("nope", json!({})), &customer).await).as_deref(), Some(code::UNKNOWN));
-    assert_eq!(code_of(cp.execute(call("off", json!({})), &owner).await).as_deref(), Some(code::DISABLED));
-    assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &customer).await).as_deref(), Some(code::NOT_ALLOWED_FOR_ACTOR));
+    assert_eq!(code_of(cp.execute(call("nope", json!({})), &customer).await).as_deref(), Some(ToolCode::Unknown.as_str()));
+    assert_eq!(code_of(cp.execute(call("off", json!({})), &owner).await).as_deref(), Some(ToolCode::Disabled.as_str()));
+    assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &customer).await).as_deref(), Some(ToolCode::NotAllowedForActor.as_str()));
     assert!(cp.execute(call("owner_report", json!({})), &owner).await.is_ok());
-    assert_eq!(code_of(cp.execute(call("direct_only", json!({})), &ctx(Actor::Owner, ChatType::Group)).await).as_deref(), Some(code::CHAT_TYPE_NOT_ALLOWED));
-    assert_eq!(code_of(cp.execute(call("echo", json!({"text": 5})), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
-    assert_eq!(code_of(cp.execute(call("echo", json!({"text": "a", "extra": 1})), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
-    assert_eq!(code_of(cp.execute(call("echo", json!("not an object")), &customer).await).as_deref(), Some(code::SCHEMA_INVALID));
-    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "chat_id": "other-chat"})), &customer).await).as_deref(), Some(code::MANAGED_FIELD_SUPPLIED));
-    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "api_key": "guess"})), &customer).await).as_deref(), Some(code::MANAGED_FIELD_SUPPLIED));
+    assert_eq!(code_of(cp.execute(call("direct_only", json!({})), &ctx(Role::Owner, ChatKind::Group)).await).as_deref(), Some(ToolCode::ChatTypeNotAllowed.as_str()));
+    assert_eq!(code_of(cp.execute(call("echo", json!({"text": 5})), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
+    assert_eq!(code_of(cp.execute(call("echo", json!({"text": "a", "extra": 1})), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
+    assert_eq!(code_of(cp.execute(call("echo", json!("not an object")), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
+    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "chat_id": "other-chat"})), &customer).await).as_deref(), Some(ToolCode::ManagedFieldSupplied.as_str()));
+    assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "api_key": "guess"})), &customer).await).as_deref(), Some(ToolCode::ManagedFieldSupplied.as_str()));
     let shop = cp.execute(call("shop", json!({"order": "42"})), &customer).await.expect("shop");
     assert_eq!(shop.output, json!({"order": "42", "chat": "chat-7"}), "the runtime filled chat_id");
-    assert_eq!(code_of(cp.execute(call("refund", json!({})), &owner).await).as_deref(), Some(code::NEEDS_APPROVAL));
+    assert_eq!(code_of(cp.execute(call("refund", json!({})), &owner).await).as_deref(), Some(ToolCode::NeedsApproval.as_str()));
     assert!(cp.execute(call("refund", json!({})), &CallContext { approved: true, ..owner.clone() }).await.is_ok(), "an approved call runs");
     let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried until it worked");
     assert_eq!(flaky.attempts, 3);
-    assert_eq!(code_of(cp.execute(call("broken", json!({})), &customer).await).as_deref(), Some(code::PROVIDER_ERROR), "retries exhausted");
+    assert_eq!(code_of(cp.execute(call("broken", json!({})), &customer).await).as_deref(), Some(ToolCode::ProviderError.as_str()), "retries exhausted");
     assert_eq!(r.broken.0.load(Ordering::SeqCst), 2, "max_attempts honoured");
-    assert_eq!(code_of(cp.execute(call("slow", json!({})), &customer).await).as_deref(), Some(code::TIMEOUT));
-    assert_eq!(code_of(cp.execute(call("liar", json!({"text": "x"})), &customer).await).as_deref(), Some(code::RESULT_INVALID));
+    assert_eq!(code_of(cp.execute(call("slow", json!({})), &customer).await).as_deref(), Some(ToolCode::Timeout.as_str()));
+    assert_eq!(code_of(cp.execute(call("liar", json!({"text": "x"})), &customer).await).as_deref(), Some(ToolCode::ResultInvalid.as_str()));
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
     assert_eq!(rows.len(), 18, "one row per call (18 above), allowed or denied");
     let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
-    for expected in [code::UNKNOWN, code::DISABLED, code::NOT_ALLOWED_FOR_ACTOR, code::CHAT_TYPE_NOT_ALLOWED, code::SCHEMA_INVALID, code::MANAGED_FIELD_SUPPLIED, code::NEEDS_APPROVAL, code::PROVIDER_ERROR, code::TIMEOUT, code::RESULT_INVALID, "OK"] {
+    for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
         assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");
     }
     for row in &rows {
@@ -331,38 +332,38 @@ replacement = "[removed]"
 async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
-    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
-    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{HOOKS}")), AuditWriter::spawn(pool.clone()), secrets);
+    let secrets = server::config::SecretSource::empty();
+    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{HOOKS}")), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets);
     cp.register_builtin("test.echo", Arc::new(Echo));
-    let customer = ctx(Actor::Customer, ChatType::Direct);
+    let customer = ctx(Role::Customer, ChatKind::Direct);
 
     let denied = cp.execute(call("echo", json!({"text": "open the INTRANET page"})), &customer).await.expect_err("aborted");
-    assert_eq!(denied.code, code::HOOK_DENIED);
+    assert_eq!(denied.code, ToolCode::HookDenied.as_str());
     assert!(denied.message.contains("no-intranet"), "{denied}");
     let ask = cp.execute(call("echo", json!({"text": "order 1234567"})), &customer).await.expect_err("needs an owner");
-    assert_eq!(ask.code, code::NEEDS_APPROVAL);
+    assert_eq!(ask.code, ToolCode::NeedsApproval.as_str());
     let masked = cp.execute(call("echo", json!({"text": "pin 42 is secret"})), &customer).await.expect("modified, still valid");
     assert_eq!(masked.output, json!({"echo": "pin ## is [hidden]"}), "args redacted before the call, result after");
     // The second redaction makes the argument too long for the schema: validated again, refused.
     let grown = cp.execute(call("code_lookup", json!({"text": "A1"})), &customer).await.expect_err("revalidated");
-    assert_eq!(grown.code, code::SCHEMA_INVALID);
+    assert_eq!(grown.code, ToolCode::SchemaInvalid.as_str());
     assert!(grown.message.contains("hook"), "{grown}");
 
     cp.audit().flush().await;
     let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
-    assert_eq!(reasons, vec![code::HOOK_DENIED, code::NEEDS_APPROVAL, "OK", code::SCHEMA_INVALID], "the hook's outcome reaches the audit");
+    assert_eq!(reasons, vec![ToolCode::HookDenied.as_str(), ToolCode::NeedsApproval.as_str(), "OK", ToolCode::SchemaInvalid.as_str()], "the hook's outcome reaches the audit");
 }
 both_backends!(checkpoint_hooks, hooks_abort_ask_and_modify_with_revalidation);
 
 async fn the_breaker_opens_after_three_failures(db: TestDb) {
     let r = rig(db).await;
-    let customer = ctx(Actor::Customer, ChatType::Direct);
+    let customer = ctx(Role::Customer, ChatKind::Direct);
     // Two calls of two attempts each: four failures, so the third call finds the breaker open.
     for _ in 0..2 {
         let _ = r.checkpoint.execute(call("broken", json!({})), &customer).await;
     }
     let third = r.checkpoint.execute(call("broken", json!({})), &customer).await.expect_err("open");
-    assert_eq!(third.code, code::CIRCUIT_OPEN);
+    assert_eq!(third.code, ToolCode::CircuitOpen.as_str());
     let tried = r.broken.0.load(Ordering::SeqCst);
     assert!(tried <= 4, "the open breaker kept calls away from the provider: {tried}");
     assert_eq!(r.checkpoint.breakers().state("broken", std::time::Instant::now()), server::tools::breaker::BreakerState::Open);
@@ -375,7 +376,7 @@ async fn reload_keeps_calls_in_flight_on_their_version(db: TestDb) {
     let in_flight = r.checkpoint.catalog();
     r.checkpoint.reload(catalog(&TOOLS.replace("Returns its text.", "Returns its text, reloaded.")));
     assert_eq!(in_flight.get("echo").expect("echo").version, before, "a call that started keeps its definition");
-    let after = r.checkpoint.execute(call("echo", json!({"text": "x"})), &ctx(Actor::Owner, ChatType::Direct)).await.expect("ok");
+    let after = r.checkpoint.execute(call("echo", json!({"text": "x"})), &ctx(Role::Owner, ChatKind::Direct)).await.expect("ok");
     assert_ne!(after.version, before, "new calls use the reloaded definition");
 }
 both_backends!(checkpoint_reload, reload_keeps_calls_in_flight_on_their_version);
@@ -416,11 +417,11 @@ risk = "low"
 max_result_bytes = 1000
 input_schema = { type = "object" }
 "#;
-    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
-    let mut cp = Checkpoint::new(pool.clone(), catalog(tools), AuditWriter::spawn(pool.clone()), secrets);
+    let secrets = server::config::SecretSource::empty();
+    let mut cp = Checkpoint::new(pool.clone(), catalog(tools), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets);
     cp.register_builtin("test.big", Arc::new(Big(50_000)));
     cp.register_builtin("test.huge", Arc::new(Big(server::tools::checkpoint::HARD_RESULT_LIMIT)));
-    let owner = ctx(Actor::Owner, ChatType::Direct);
+    let owner = ctx(Role::Owner, ChatKind::Direct);
 
     let big = cp.execute(call("big", json!({})), &owner).await.expect("big");
     let out = &big.output;
@@ -473,11 +474,11 @@ pii_fields = ["email"]
 async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb) {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
-    let secrets: server::tools::checkpoint::SecretSource = Arc::new(|_: &str| None);
-    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{NOTICES}")), AuditWriter::spawn(pool.clone()), secrets);
+    let secrets = server::config::SecretSource::empty();
+    let mut cp = Checkpoint::new(pool.clone(), catalog(&format!("{TOOLS}\n{NOTICES}")), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets);
     cp.register_builtin("test.echo", Arc::new(Echo));
     cp.register_builtin("test.slow", Arc::new(Slow));
-    let customer = ctx(Actor::Customer, ChatType::Direct);
+    let customer = ctx(Role::Customer, ChatKind::Direct);
     {
         let mut tx = pool.begin_write().await.expect("tx");
         sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
@@ -488,8 +489,8 @@ async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb
     let args = json!({"text": "VIP order", "email": "ann@example.org", "people": [{"EMAIL": "bob@example.org"}]});
     cp.execute(call("contact", args), &customer).await.expect("a notice does not stop the call");
     cp.execute(call("contact", json!({"text": "plain"})), &customer).await.expect("no notice");
-    assert_eq!(cp.execute(call("slow", json!({})), &customer).await.expect_err("timeout").code, code::TIMEOUT);
-    assert_eq!(cp.execute(call("nope", json!({})), &customer).await.expect_err("unknown").code, code::UNKNOWN, "other errors do not match");
+    assert_eq!(cp.execute(call("slow", json!({})), &customer).await.expect_err("timeout").code, ToolCode::Timeout.as_str());
+    assert_eq!(cp.execute(call("nope", json!({})), &customer).await.expect_err("unknown").code, ToolCode::Unknown.as_str(), "other errors do not match");
     cp.audit().flush().await;
 
     let notices = server::db::owner_notifications::recent(&mut pool.pool.acquire().await.expect("conn"), 10).await.expect("notices");
@@ -498,7 +499,7 @@ async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb
         shown,
         vec![
             ("vip".into(), "OK".into(), "A VIP wrote: contact succeeded.".into()),
-            ("slow-alert".into(), code::TIMEOUT.into(), format!("Hook slow-alert: slow ended with {}.", code::TIMEOUT)),
+            ("slow-alert".into(), ToolCode::Timeout.as_str().into(), format!("Hook slow-alert: slow ended with {}.", ToolCode::Timeout.as_str())),
         ]
     );
     assert!(notices.iter().all(|n| n.correlation_id == "corr-9"));

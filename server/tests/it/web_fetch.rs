@@ -10,7 +10,7 @@ use axum::{
     response::{IntoResponse, Redirect},
     routing::get,
 };
-use server::tools::builtins::web_fetch::{FetchLimits, WebFetch, code};
+use server::tools::builtins::web_fetch::{FetchCode, FetchLimits, WebFetch};
 
 async fn serve(router: Router) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -44,7 +44,7 @@ async fn loopback_is_refused_unless_allowed() {
     let strict = fetcher(&[]);
     for url in [format!("http://127.0.0.1:{port}/page"), format!("http://localhost:{port}/page"), format!("http://[::1]:{port}/page"), format!("http://2130706433:{port}/page"), format!("http://0x7f.0.0.1:{port}/page")] {
         let err = strict.fetch(&url).await.expect_err(&url);
-        assert_eq!(err.code, code::ADDRESS_FORBIDDEN, "{url}: {err}");
+        assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{url}: {err}");
     }
     let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
     let page = allowed.fetch(&format!("http://127.0.0.1:{port}/page")).await.expect("allowed host");
@@ -59,7 +59,7 @@ async fn every_redirect_hop_is_checked() {
     let other = site(0).await;
     let port = site(other).await;
     let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
-    for (path, expected) in [("/to-localhost", code::ADDRESS_FORBIDDEN), ("/to-loopback-ip", code::ADDRESS_FORBIDDEN), ("/to-metadata", code::ADDRESS_FORBIDDEN), ("/loop", code::URL_INVALID)] {
+    for (path, expected) in [("/to-localhost", FetchCode::AddressForbidden.as_str()), ("/to-loopback-ip", FetchCode::AddressForbidden.as_str()), ("/to-metadata", FetchCode::AddressForbidden.as_str()), ("/loop", FetchCode::UrlInvalid.as_str())] {
         let err = allowed.fetch(&format!("http://127.0.0.1:{port}{path}")).await.expect_err(path);
         assert_eq!(err.code, expected, "{path}: {err}");
     }
@@ -70,14 +70,14 @@ async fn limits_on_type_size_status_scheme_and_hosts() {
     let port = site(0).await;
     let host = format!("127.0.0.1:{port}");
     let f = fetcher(std::slice::from_ref(&host));
-    assert_eq!(f.fetch(&format!("http://{host}/img")).await.expect_err("image").code, code::CONTENT_TYPE);
+    assert_eq!(f.fetch(&format!("http://{host}/img")).await.expect_err("image").code, FetchCode::ContentType.as_str());
     let big = f.fetch(&format!("http://{host}/big")).await.expect("big");
     assert_eq!(big["truncated"], true);
     assert_eq!(big["text"].as_str().map(str::len), Some(100_000));
     let err = f.fetch(&format!("http://{host}/error")).await.expect_err("502");
-    assert!(err.code == code::HTTP_STATUS && err.retryable, "{err}");
-    assert_eq!(f.fetch("file:///etc/passwd").await.expect_err("file").code, code::URL_INVALID);
-    assert_eq!(f.fetch(&format!("http://user:pw@{host}/page")).await.expect_err("creds").code, code::URL_INVALID);
+    assert!(err.code == FetchCode::HttpStatus.as_str() && err.retryable, "{err}");
+    assert_eq!(f.fetch("file:///etc/passwd").await.expect_err("file").code, FetchCode::UrlInvalid.as_str());
+    assert_eq!(f.fetch(&format!("http://user:pw@{host}/page")).await.expect_err("creds").code, FetchCode::UrlInvalid.as_str());
     let denied = WebFetch::new(FetchLimits { allowed_hosts: vec![host.clone()], denied_hosts: vec!["127.0.0.1".into()], ..Default::default() }).expect("client");
-    assert_eq!(denied.fetch(&format!("http://{host}/page")).await.expect_err("denied").code, code::HOST_DENIED);
+    assert_eq!(denied.fetch(&format!("http://{host}/page")).await.expect_err("denied").code, FetchCode::HostDenied.as_str());
 }

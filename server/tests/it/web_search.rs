@@ -5,7 +5,7 @@ use std::{collections::HashMap, time::Duration};
 
 use axum::{Json, Router, extract::Query, http::HeaderMap, response::IntoResponse, routing::get};
 use serde_json::json;
-use server::tools::builtins::web_search::{SearchProvider, WebSearch, code};
+use server::{config::SearchProvider, tools::builtins::web_search::{SearchCode, WebSearch}};
 
 async fn serve(router: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -51,15 +51,15 @@ async fn searxng_and_brave_results_with_sources() {
     assert_eq!(out["source"], "brave");
     assert_eq!(out["results"][0]["snippet"], "Today");
     let without = WebSearch::new(SearchProvider::Brave, &endpoint, 5, Duration::from_secs(5), None).expect("client");
-    assert_eq!(without.search("news").await.expect_err("no key").code, code::NOT_CONFIGURED);
+    assert_eq!(without.search("news").await.expect_err("no key").code, SearchCode::NotConfigured.as_str());
 }
 
 #[tokio::test]
 async fn unconfigured_invalid_and_failing_providers() {
     let none = WebSearch::new(SearchProvider::Searxng, "", 5, Duration::from_secs(5), None).expect("client");
-    assert_eq!(none.search("x").await.expect_err("unconfigured").code, code::NOT_CONFIGURED);
-    assert_eq!(none.search("   ").await.expect_err("empty").code, code::QUERY_INVALID);
+    assert_eq!(none.search("x").await.expect_err("unconfigured").code, SearchCode::NotConfigured.as_str());
+    assert_eq!(none.search("   ").await.expect_err("empty").code, SearchCode::QueryInvalid.as_str());
     let failing = serve(Router::new().route("/search", get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }))).await;
     let err = WebSearch::new(SearchProvider::Searxng, &failing, 5, Duration::from_secs(5), None).expect("client").search("x").await.expect_err("503");
-    assert!(err.code == code::PROVIDER && err.retryable, "{err}");
+    assert!(err.code == SearchCode::Provider.as_str() && err.retryable, "{err}");
 }

@@ -21,9 +21,10 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use server::{
     channel::{
-        HandlerError, InboundHandler, InboundMessage, InboundOutcome, Presence, RecordOnly,
-        whatsapp::{self, Recipient, SendOutcome, signature},
+        Handled, HandlerError, Inbound, InboundHandler, MessageKind, Presence,
+        whatsapp::{Recipient, SendOutcome, WhatsApp, WhatsAppSender, signature},
     },
+    domain::Role,
     config::{Secrets, Settings},
     db::{
         self,
@@ -216,11 +217,15 @@ struct Echo {
 
 #[async_trait::async_trait]
 impl InboundHandler for Echo {
-    async fn handle(&self, message: &InboundMessage, presence: &dyn Presence) -> Result<InboundOutcome, HandlerError> {
+    async fn handle(&self, message: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         presence.typing().await;
-        let text = self.fixed.clone().unwrap_or_else(|| format!("echo: {}", message.text.clone().unwrap_or_default()));
-        Ok(InboundOutcome::Reply { text, quote: true })
+        // Like the runtime, a type the bot cannot read gets a note instead.
+        let text = match &message.kind {
+            MessageKind::Unknown(kind) => format!("note: cannot read {kind}"),
+            _ => self.fixed.clone().unwrap_or_else(|| format!("echo: {}", message.text)),
+        };
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "echo".into(), reply: Some(text), quote: true, error_code: None })
     }
 }
 
@@ -236,7 +241,7 @@ async fn inbound_jobs(app: &TestApp) -> i64 {
 /// Runs the worker until every `whatsapp.inbound` job has finished.
 async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
     let mut registry = Registry::new();
-    whatsapp::register(&mut registry, &app.state.config, &app.state.db, handler).expect("register");
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, handler);
     let settings = WorkerSettings {
         concurrency: 4,
         poll_interval: Duration::from_millis(20),
@@ -393,12 +398,11 @@ async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
 
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
-    assert_eq!(echo.calls.load(Ordering::SeqCst), 3, "text and both buttons reach the runtime; the image does not");
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 4, "text, both buttons and the image reach the runtime, which decides what each gets");
     let mut texts = graph.texts();
     texts.sort();
-    let note = app.state.config.settings.whatsapp.unknown_type_reply.clone();
     assert_eq!(texts, {
-        let mut want = vec!["echo: Do you open on Sunday?".to_string(), "echo: Yes, book it".into(), "echo: Stop promotions".into(), note];
+        let mut want = vec!["echo: Do you open on Sunday?".to_string(), "echo: Yes, book it".into(), "echo: Stop promotions".into(), "note: cannot read image".into()];
         want.sort();
         want
     });
@@ -460,7 +464,7 @@ async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.state.whatsapp_intake.counts().queued < 10 {
+    while app.state.webhook.intake.counts().queued < 10 {
         assert!(Instant::now() < deadline, "posts never reached the writer");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -471,7 +475,7 @@ async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {
     for p in posts {
         assert_eq!(p.await.expect("join"), StatusCode::OK);
     }
-    let counts = app.state.whatsapp_intake.counts();
+    let counts = app.state.webhook.intake.counts();
     assert_eq!(counts.batches, 10);
     assert!(counts.groups <= 2, "the first group may hold one batch, the rest share one: {counts:?}");
     assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 10);
@@ -536,18 +540,19 @@ both_backends!(whatsapp_storage_failure, storage_failure_answers_500);
 async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
-    let echo = Arc::new(Echo::default());
+    // The runtime itself: the type is its first step, before any model.
+    let runtime: Arc<dyn InboundHandler> = app.gatehouse.runtime.clone();
     let first = envelope(vec![vec![image_message("16505551234", "wamid.U1"), json!({ "from": "16505551234", "id": "wamid.U2",
         "timestamp": "1739321024", "type": "audio", "audio": { "id": "a1", "mime_type": "audio/ogg" } })]]);
     assert_eq!(post_signed(&app, &first).await.status, StatusCode::OK);
-    run_jobs(&app, echo.clone()).await;
+    run_jobs(&app, runtime.clone()).await;
     // Later, another unknown type in the same chat, and one from another chat.
     let second = envelope(vec![vec![
         json!({ "from": "16505551234", "id": "wamid.U3", "timestamp": "1739321099", "type": "sticker", "sticker": { "id": "s" } }),
         image_message("16505550000", "wamid.U4"),
     ]]);
     assert_eq!(post_signed(&app, &second).await.status, StatusCode::OK);
-    run_jobs(&app, echo.clone()).await;
+    run_jobs(&app, runtime).await;
 
     let note = app.state.config.settings.whatsapp.unknown_type_reply.clone();
     let to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
@@ -555,14 +560,10 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     to_sorted.sort();
     assert_eq!(to_sorted, vec!["16505550000".to_string(), "16505551234".into()], "one note per chat: {to:?}");
     assert!(graph.texts().iter().all(|t| *t == note));
-    assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "unknown types never reach the runtime");
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let mut already = 0;
-    for wamid in ["wamid.U1", "wamid.U2", "wamid.U3"] {
-        let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
-        already += usize::from(row.outcome.as_deref().is_some_and(|o| o.contains("already sent")));
-    }
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM llm_calls").await, 0, "unknown types never reach a model");
+    let already = count(&app, "SELECT COUNT(*) FROM trace_steps WHERE reason_code = 'NOTE_ALREADY_SENT'").await;
     assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
     assert_eq!(audio.msg_type, "audio");
     drop(conn);
@@ -634,17 +635,27 @@ async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
 }
 both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
 
-async fn without_a_runtime_messages_are_recorded_and_not_answered(db: TestDb) {
+/// Decides every message needs no answer.
+struct Silent;
+
+#[async_trait::async_trait]
+impl InboundHandler for Silent {
+    async fn handle(&self, _message: &Inbound, _presence: &dyn Presence) -> Result<Handled, HandlerError> {
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "silent".into(), reply: None, quote: false, error_code: None })
+    }
+}
+
+async fn a_message_without_an_answer_is_recorded_and_nothing_sent(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
     assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.R1", "hello")]])).await.status, StatusCode::OK);
-    run_jobs(&app, Arc::new(RecordOnly)).await;
+    run_jobs(&app, Arc::new(Silent)).await;
     assert!(graph.sends().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::inbound_by_wamid(&mut conn, "wamid.R1").await.expect("get").expect("stored");
-    assert_eq!(row.outcome.as_deref(), Some("no reply: recorded_only"));
+    assert_eq!(row.outcome.as_deref(), Some("no reply: silent"));
 }
-both_backends!(whatsapp_record_only, without_a_runtime_messages_are_recorded_and_not_answered);
+both_backends!(whatsapp_no_answer, a_message_without_an_answer_is_recorded_and_nothing_sent);
 
 // ---------------------------------------------------------------------------------------------
 // The sender: splitting, the ledger across retries, the 24-hour window, pacing and retries.
@@ -704,7 +715,7 @@ both_backends!(whatsapp_ledger_retry, a_retried_job_never_sends_a_part_twice);
 async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
-    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let sender = app.gatehouse.whatsapp.sender.clone();
     let key = "job:777:part:0";
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::reserve_outbound(&mut conn, &NewOutbound {
@@ -791,7 +802,7 @@ async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
         1 => Some(graph_error(429, 130429, "Rate limit hit")),
         _ => None,
     });
-    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let sender = app.gatehouse.whatsapp.sender.clone();
     let to = Recipient { id: "16505551234".into(), group: false };
     let outcome = sender.send_text(900, &to, "Thanks for waiting.", None).await.expect("send");
     assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
@@ -819,7 +830,7 @@ async fn sends_to_one_recipient_are_paced(db: TestDb) {
         s.whatsapp.pair_interval = Duration::from_millis(300);
     })
     .await;
-    let sender = whatsapp::sender(&app.state.config, &app.state.db).expect("sender");
+    let sender = app.gatehouse.whatsapp.sender.clone();
     let to = Recipient { id: "16505551234".into(), group: false };
     let other = Recipient { id: "16505550000".into(), group: false };
     let t0 = Instant::now();
@@ -850,10 +861,10 @@ async fn sends_to_one_recipient_are_paced(db: TestDb) {
 }
 both_backends!(whatsapp_pacing, sends_to_one_recipient_are_paced);
 
-fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<whatsapp::WhatsAppSender> {
-    let mut config = app.state.config.clone();
-    tweak(&mut config.settings.whatsapp);
-    whatsapp::sender(&config, &app.state.db).expect("sender")
+fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<WhatsAppSender> {
+    let mut settings = app.state.config.settings.whatsapp.clone();
+    tweak(&mut settings);
+    WhatsApp::new(&settings, &app.state.config.secrets, &app.state.db, &app.state.jobs).expect("sender").sender
 }
 
 /// A WhatsApp message through the real conversation runtime and a fake Anthropic API: the reply
@@ -988,11 +999,11 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
         let mut tx = app.state.db.begin_write().await.expect("tx");
         sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
         sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+16505550001', (SELECT MAX(id) FROM owners), 0)").execute(&mut *tx).await.expect("phone");
-        assert_eq!(server::db::owner_notifications::enqueue_deliveries(&mut tx, &notice, "", 5).await.expect("enqueue"), 1);
-        tx.commit().await.expect("commit");
+        assert_eq!(server::owners::notices::raise(&mut tx, &app.state.jobs, &notice, true).await.expect("enqueue"), 1);
+        app.state.jobs.commit(tx).await.expect("commit");
     }
     let mut registry = Registry::new();
-    whatsapp::register(&mut registry, &app.state.config, &app.state.db, Arc::new(Echo::default())).expect("register");
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, Arc::new(Echo::default()));
     let settings = WorkerSettings { concurrency: 1, poll_interval: Duration::from_millis(20), ..Default::default() };
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));

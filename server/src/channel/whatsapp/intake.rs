@@ -11,16 +11,16 @@ use sqlx::AnyConnection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    config::Settings,
     db::{
         self, Db, DbError,
         jobs::NewJob,
         whatsapp::{self as store, DeliveryState, StatusUpdate},
     },
-    jobs::JobQueue,
+    jobs::{JobKind, JobQueue},
+    traces,
 };
 
-use super::{INBOUND_KIND, payload::Batch};
+use super::payload::Batch;
 
 /// What a batch changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -35,28 +35,29 @@ pub struct IntakeReport {
     pub statuses_ignored: usize,
 }
 
-/// The job's args.
+/// The `whatsapp.inbound` job: processes one stored inbound message ([`super::job`] runs it).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct InboundArgs {
+pub struct ProcessInbound {
     pub inbound_id: i64,
+}
+
+impl JobKind for ProcessInbound {
+    const KIND: &'static str = "whatsapp.inbound";
 }
 
 /// The dedupe key of the job for one wamid.
 pub fn dedupe_key(wamid: &str) -> String {
-    format!("{INBOUND_KIND}:{wamid}")
+    format!("{}:{wamid}", ProcessInbound::KIND)
 }
 
 /// Stores one batch in its own transaction (committed before this returns) and wakes workers.
-pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: &Batch) -> Result<IntakeReport, DbError> {
+pub async fn store_batch(db: &Db, queue: &JobQueue, batch: &Batch) -> Result<IntakeReport, DbError> {
     if batch.messages.is_empty() && batch.statuses.is_empty() {
         return Ok(IntakeReport::default());
     }
     let mut tx = db.begin_write().await?;
-    let report = store_in(&mut tx, queue, settings, &[batch], db::now_ms()).await?.pop().unwrap_or_default();
-    tx.commit().await?;
-    if report.stored > 0 {
-        queue.notify();
-    }
+    let report = store_in(&mut tx, queue, &[batch], db::now_ms()).await?.pop().unwrap_or_default();
+    queue.commit(tx).await?;
     Ok(report)
 }
 
@@ -64,7 +65,7 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, settings: &Settings, batch: 
 /// multi-row insert of the messages (the wamid's unique index is the dedupe), one of their jobs
 /// and one of the jobs' events. Returns one report per batch; a wamid repeated across the
 /// batches is stored for the first and counted as a duplicate for the rest.
-async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Settings, batches: &[&Batch], now: i64) -> Result<Vec<IntakeReport>, DbError> {
+async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch], now: i64) -> Result<Vec<IntakeReport>, DbError> {
     let mut reports = vec![IntakeReport::default(); batches.len()];
     let messages: Vec<(usize, &store::NewInbound)> = batches.iter().enumerate().flat_map(|(b, batch)| batch.messages.iter().map(move |m| (b, m))).collect();
     let ids = store::insert_inbound_many(conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), now).await?;
@@ -75,16 +76,11 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Setting
             continue;
         };
         jobs.push(NewJob {
-            kind: INBOUND_KIND.into(),
-            queue: settings.jobs.queue.clone(),
             dedupe_key: Some(dedupe_key(&m.wamid)),
             chat_id: Some(m.chat_id.clone()),
             sender_id: Some(m.sender.clone()),
             message_id: Some(m.wamid.clone()),
-            args: serde_json::to_value(InboundArgs { inbound_id: id }).unwrap_or_default(),
-            max_attempts: i64::from(settings.jobs.default_max_attempts),
-            correlation_id: uuid::Uuid::now_v7().to_string(),
-            ..Default::default()
+            ..queue.job(&ProcessInbound { inbound_id: id })
         });
         reports[*b].stored += 1;
     }
@@ -117,11 +113,9 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, settings: &Setting
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
 async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate<'_>) -> Result<(), DbError> {
-    let Some(trace_id) = db::traces::trace_of_outbound(conn, s.wamid).await? else { return Ok(()) };
     let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
-    let detail = serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }).to_string();
-    let step = db::traces::Step { step: "delivery_status".into(), decision: "failed".into(), reason_code: code, duration_us: 0, detail };
-    db::traces::append_failure(conn, trace_id, &step).await
+    let step = traces::Step::new("delivery_status", "failed", &code, serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }));
+    traces::fail_outbound(conn, s.wamid, &step).await.map(|_| ())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,8 +139,9 @@ struct Waiting {
 /// anyone's batch. If a group fails, each batch is retried alone, so one bad batch cannot fail
 /// the others. Several processes on one PostgreSQL database each run their own writer; the
 /// wamid's unique index keeps them from storing a message twice.
-#[derive(Default)]
 pub struct Intake {
+    db: Db,
+    queue: JobQueue,
     writer: std::sync::OnceLock<mpsc::UnboundedSender<Waiting>>,
     counts: Arc<Counts>,
 }
@@ -179,11 +174,16 @@ impl std::fmt::Debug for Intake {
 }
 
 impl Intake {
-    pub async fn store(&self, db: &Db, queue: &JobQueue, settings: &Settings, batch: Batch) -> Result<IntakeReport, IntakeError> {
+    /// The writer task starts with the first batch.
+    pub fn new(db: Db, queue: JobQueue) -> Self {
+        Self { db, queue, writer: std::sync::OnceLock::new(), counts: Arc::default() }
+    }
+
+    pub async fn store(&self, batch: Batch) -> Result<IntakeReport, IntakeError> {
         if batch.messages.is_empty() && batch.statuses.is_empty() {
             return Ok(IntakeReport::default());
         }
-        let writer = self.writer.get_or_init(|| spawn_writer(db.clone(), queue.clone(), settings.clone(), self.counts.clone()));
+        let writer = self.writer.get_or_init(|| spawn_writer(self.db.clone(), self.queue.clone(), self.counts.clone()));
         let (done, result) = oneshot::channel();
         writer.send(Waiting { batch, done }).map_err(|_| IntakeError::Abandoned)?;
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
@@ -200,9 +200,8 @@ impl Intake {
 }
 
 /// The writer task; it ends when the [`Intake`] holding its sender is dropped.
-fn spawn_writer(db: Db, queue: JobQueue, settings: Settings, counts: Arc<Counts>) -> mpsc::UnboundedSender<Waiting> {
+fn spawn_writer(db: Db, queue: JobQueue, counts: Arc<Counts>) -> mpsc::UnboundedSender<Waiting> {
     let (writer, mut waiting) = mpsc::unbounded_channel();
-    let settings = Arc::new(settings);
     tokio::spawn(async move {
         let mut group = Vec::with_capacity(MAX_GROUP);
         while waiting.recv_many(&mut group, MAX_GROUP).await > 0 {
@@ -212,8 +211,8 @@ fn spawn_writer(db: Db, queue: JobQueue, settings: Settings, counts: Arc<Counts>
             metrics::counter!("whatsapp_intake_batches_total").increment(group.len() as u64);
             // A task per group: should one panic, its posts get 500 (their senders drop) and
             // this loop goes on serving the rest.
-            let (db, queue, settings, group) = (db.clone(), queue.clone(), settings.clone(), std::mem::take(&mut group));
-            if let Err(e) = tokio::spawn(async move { commit_group(&db, &queue, &settings, group).await }).await {
+            let (db, queue, group) = (db.clone(), queue.clone(), std::mem::take(&mut group));
+            if let Err(e) = tokio::spawn(async move { commit_group(&db, &queue, group).await }).await {
                 tracing::error!(error = %e, "storing a group of webhook batches panicked; its posts were answered 500");
             }
         }
@@ -221,20 +220,17 @@ fn spawn_writer(db: Db, queue: JobQueue, settings: Settings, counts: Arc<Counts>
     writer
 }
 
-async fn commit_group(db: &Db, queue: &JobQueue, settings: &Settings, group: Vec<Waiting>) {
+async fn commit_group(db: &Db, queue: &JobQueue, group: Vec<Waiting>) {
     let together = async {
         let mut tx = db.begin_write().await?;
         let now = db::now_ms();
         let batches: Vec<&Batch> = group.iter().map(|w| &w.batch).collect();
-        let reports = store_in(&mut tx, queue, settings, &batches, now).await?;
-        tx.commit().await?;
+        let reports = store_in(&mut tx, queue, &batches, now).await?;
+        queue.commit(tx).await?;
         Ok::<_, DbError>(reports)
     };
     match together.await {
         Ok(reports) => {
-            if reports.iter().any(|r| r.stored > 0) {
-                queue.notify();
-            }
             for (w, report) in group.into_iter().zip(reports) {
                 let _ = w.done.send(Ok(report));
             }
@@ -247,7 +243,7 @@ async fn commit_group(db: &Db, queue: &JobQueue, settings: &Settings, group: Vec
         Err(e) => {
             tracing::warn!(error = %e, batches = group.len(), "group commit of webhook batches failed; storing each alone");
             for w in group {
-                let result = store_batch(db, queue, settings, &w.batch).await;
+                let result = store_batch(db, queue, &w.batch).await;
                 let _ = w.done.send(result);
             }
         }

@@ -3,7 +3,8 @@
 //! - [`webhook`]: `/webhooks/whatsapp`, the GET handshake and signed POSTs.
 //! - [`intake`]: each message stored with its processing job in one transaction (unique wamid,
 //!   so redeliveries are recognised); status callbacks update the delivery ledger.
-//! - [`job`]: the `whatsapp.inbound` job hands messages to the [`InboundHandler`].
+//! - [`job`]: the `whatsapp.inbound` job hands messages to the [`InboundHandler`] and delivers
+//!   its reply.
 //! - [`sender`]: replies through the Graph API and the delivery ledger, split, paced, retried.
 
 pub mod graph;
@@ -19,28 +20,45 @@ pub mod webhook;
 
 use std::sync::Arc;
 
-use crate::{config::LoadedConfig, db::Db, jobs::Registry};
+use crate::{
+    config::{Secrets, WhatsAppSettings},
+    db::Db,
+    jobs::{JobQueue, Registry},
+};
 
 use super::InboundHandler;
 
+pub use intake::{Intake, ProcessInbound};
 pub use sender::{Recipient, SendOutcome, WhatsAppSender};
 
-/// The job kind that processes one stored inbound message.
-pub const INBOUND_KIND: &str = "whatsapp.inbound";
-
-/// Builds the sender from config and secrets. Fails only when the HTTP client cannot be set up.
-pub fn sender(config: &LoadedConfig, db: &Db) -> Result<Arc<WhatsAppSender>, reqwest::Error> {
-    let settings = config.settings.whatsapp.clone();
-    let graph = graph::GraphClient::new(&settings, config.secrets.whatsapp_access_token.clone())?;
-    Ok(Arc::new(WhatsAppSender::new(db.clone(), graph, settings)))
+/// The channel's parts: the webhook's intake and the sender, each built once.
+#[derive(Debug, Clone)]
+pub struct WhatsApp {
+    pub intake: Arc<Intake>,
+    pub sender: Arc<WhatsAppSender>,
+    pub webhook: webhook::WebhookState,
 }
 
-/// Registers the `whatsapp.inbound` job with `handler` behind it.
-pub fn register(registry: &mut Registry, config: &LoadedConfig, db: &Db, handler: Arc<dyn InboundHandler>) -> Result<Arc<WhatsAppSender>, reqwest::Error> {
-    let sender = sender(config, db)?;
-    registry.register(INBOUND_KIND, Arc::new(job::InboundJob::new(db.clone(), sender.clone(), handler)));
-    registry.register(crate::db::owner_notifications::DELIVERY_KIND, Arc::new(notify::OwnerNotify::new(sender.clone())));
-    Ok(sender)
+impl WhatsApp {
+    /// Fails only when the Graph API's HTTP client cannot be set up.
+    pub fn new(settings: &WhatsAppSettings, secrets: &Secrets, db: &Db, queue: &JobQueue) -> Result<Self, reqwest::Error> {
+        let graph = graph::GraphClient::new(settings, secrets.whatsapp_access_token.clone())?;
+        let sender = Arc::new(WhatsAppSender::new(db.clone(), graph, settings.clone()));
+        let intake = Arc::new(Intake::new(db.clone(), queue.clone()));
+        let webhook = webhook::WebhookState {
+            verify_token: secrets.whatsapp_verify_token.clone(),
+            app_secret: secrets.whatsapp_app_secret.clone(),
+            raw_max_bytes: usize::try_from(settings.raw_max_bytes).unwrap_or(usize::MAX),
+            intake: intake.clone(),
+        };
+        Ok(Self { intake, sender, webhook })
+    }
+
+    /// The channel's jobs: each stored message goes to `handler`; owner notices go out.
+    pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>) {
+        registry.handle::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)));
+        registry.handle::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(self.sender.clone())));
+    }
 }
 
 /// A Graph API error number as a trace's reason code (`131026` becomes `WHATSAPP_131026`);

@@ -1,20 +1,14 @@
-//! Delivers owner notices (raised by `notify_owner` tool hooks) to an owner's WhatsApp number.
-//! The notice is also in the console; without a configured WhatsApp number the job ends saying
-//! so instead of failing.
+//! Delivers owner notices ([`DeliverNotice`] jobs, raised by `notify_owner` tool hooks and
+//! customers' private-data questions) to an owner's WhatsApp number. The notice is also in the
+//! console; without a configured WhatsApp number the job ends saying so instead of failing.
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 use super::sender::{Recipient, SendError, SendOutcome, WhatsAppSender};
-use crate::jobs::{JobContext, JobError, JobHandler, JobOutput};
-
-#[derive(Debug, Deserialize)]
-struct Args {
-    /// The owner's number, digits only.
-    to: String,
-    message: String,
-}
+use crate::{
+    jobs::{Handler, JobContext, JobError, JobOutput},
+    owners::notices::DeliverNotice,
+};
 
 pub struct OwnerNotify {
     sender: Arc<WhatsAppSender>,
@@ -27,9 +21,8 @@ impl OwnerNotify {
 }
 
 #[async_trait::async_trait]
-impl JobHandler for OwnerNotify {
-    async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let args: Args = ctx.args()?;
+impl Handler<DeliverNotice> for OwnerNotify {
+    async fn run(&self, args: DeliverNotice, ctx: &JobContext) -> Result<JobOutput, JobError> {
         let to = Recipient { id: args.to, group: false };
         let preview = match self.sender.send_text(ctx.job.id, &to, &args.message, None).await {
             Ok(SendOutcome::Sent { parts, .. }) => format!("sent to the owner ({parts} part(s))"),
@@ -38,9 +31,7 @@ impl JobHandler for OwnerNotify {
             }
             Ok(SendOutcome::Failed { code }) => format!("not delivered ({code}); the notice is in the console"),
             Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => "WhatsApp is not configured; the notice is in the console".into(),
-            Err(SendError::Retry { code, message }) => return Err(JobError::retryable(&code, message)),
-            Err(SendError::Permanent { code, message }) => return Err(JobError::permanent(&code, message)),
-            Err(SendError::Db(e)) => return Err(JobError::retryable("DB_ERROR", e.to_string())),
+            Err(e) => return Err(e.into()),
         };
         Ok(JobOutput { preview: Some(preview), snooze: None })
     }

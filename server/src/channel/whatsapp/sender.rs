@@ -21,6 +21,7 @@ use crate::{
         self, Db, DbError,
         whatsapp::{self as store, DeliveryState, NewOutbound, OutboundRow},
     },
+    jobs::JobError,
 };
 
 use super::{
@@ -59,6 +60,26 @@ pub enum SendError {
     Permanent { code: String, message: String },
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+impl SendError {
+    /// The stable code of a refused or failed send; `None` for a database failure of our own.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Retry { code, .. } | Self::Permanent { code, .. } => Some(code),
+            Self::Db(_) => None,
+        }
+    }
+}
+
+impl From<SendError> for JobError {
+    fn from(e: SendError) -> Self {
+        match e {
+            SendError::Retry { code, message } => JobError::retryable(&code, message),
+            SendError::Permanent { code, message } => JobError::permanent(&code, message),
+            SendError::Db(e) => e.into(),
+        }
+    }
 }
 
 enum Delivery {

@@ -1,29 +1,45 @@
 //! `/webhooks/whatsapp`: Meta's GET handshake and its signed POSTs. Outside the console's
 //! session guard and CSRF check: the signature is the authentication.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use axum::{
     Router,
     body::Bytes,
-    extract::{DefaultBodyLimit, Query, State},
+    extract::{DefaultBodyLimit, FromRef, Query, State},
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
 };
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 
-use crate::{db, web::AppState};
+use crate::db;
 
-use super::{payload, signature};
+use super::{intake::Intake, payload, signature};
 
 pub const PATH: &str = "/webhooks/whatsapp";
 
 /// Meta's payloads are at most 3 MB; anything over 4 MiB is refused with 413 before reading on.
 pub const BODY_LIMIT: usize = 4 << 20;
 
-pub fn routes(state: AppState) -> Router {
-    Router::new().route(PATH, get(verify).post(receive)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(state)
+/// What the webhook needs, and nothing else: its two secrets, the inbound size bound and the
+/// intake. The web layer hands it over through axum's `FromRef`.
+#[derive(Debug, Clone)]
+pub struct WebhookState {
+    pub verify_token: Option<SecretString>,
+    pub app_secret: Option<SecretString>,
+    /// `whatsapp.raw_max_bytes`.
+    pub raw_max_bytes: usize,
+    pub intake: Arc<Intake>,
+}
+
+/// The webhook's routes, for any router state the webhook's own can be taken from.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    WebhookState: FromRef<S>,
+{
+    Router::new().route(PATH, get(verify).post(receive)).layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response {
@@ -32,8 +48,8 @@ fn plain(status: StatusCode, text: &'static str) -> Response {
 
 /// The subscription handshake: echo `hub.challenge` when the mode is `subscribe` and the token
 /// is ours.
-async fn verify(State(state): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Response {
-    let expected = state.config.secrets.whatsapp_verify_token.as_ref().map(|t| t.expose_secret().to_string()).unwrap_or_default();
+async fn verify(State(state): State<WebhookState>, Query(query): Query<HashMap<String, String>>) -> Response {
+    let expected = state.verify_token.as_ref().map(|t| t.expose_secret().to_string()).unwrap_or_default();
     let mode_ok = query.get("hub.mode").is_some_and(|m| m == "subscribe");
     let token_ok = signature::token_matches(&expected, query.get("hub.verify_token").map_or("", String::as_str));
     match query.get("hub.challenge") {
@@ -53,8 +69,8 @@ async fn verify(State(state): State<AppState>, Query(query): Query<HashMap<Strin
 }
 
 /// A notification: signature first, then parse, store with its jobs, and only then 200.
-async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let Some(secret) = state.config.secrets.whatsapp_app_secret.as_ref() else {
+async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(secret) = state.app_secret.as_ref() else {
         tracing::error!("WhatsApp webhook post refused: WHATSAPP_APP_SECRET is not set");
         metrics::counter!("whatsapp_webhook_total", "outcome" => "not_configured").increment(1);
         return plain(StatusCode::SERVICE_UNAVAILABLE, "not configured");
@@ -69,9 +85,7 @@ async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
             _ => plain(StatusCode::FORBIDDEN, "bad signature"),
         };
     }
-    let settings = &state.config.settings;
-    let raw_max = usize::try_from(settings.whatsapp.raw_max_bytes).unwrap_or(usize::MAX);
-    let batch = match payload::parse(&body, raw_max, db::now_ms()) {
+    let batch = match payload::parse(&body, state.raw_max_bytes, db::now_ms()) {
         Ok(batch) => batch,
         Err(e) => {
             tracing::warn!(error = %e, bytes = body.len(), "signed WhatsApp webhook post is not a notification");
@@ -80,7 +94,7 @@ async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
         }
     };
     let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
-    match state.whatsapp_intake.store(&state.db, &state.jobs, settings, batch).await {
+    match state.intake.store(batch).await {
         Ok(report) => {
             tracing::debug!(
                 stored = report.stored,

@@ -12,13 +12,33 @@ use crate::tools::{ToolDef, ToolError, ToolExecutor};
 
 pub const HANDLER: &str = "web_fetch";
 
-pub mod code {
-    pub const URL_INVALID: &str = "FETCH_URL_INVALID";
-    pub const ADDRESS_FORBIDDEN: &str = "FETCH_ADDRESS_FORBIDDEN";
-    pub const HOST_DENIED: &str = "FETCH_HOST_DENIED";
-    pub const CONTENT_TYPE: &str = "FETCH_CONTENT_TYPE_REFUSED";
-    pub const HTTP_STATUS: &str = "FETCH_HTTP_STATUS";
-    pub const NETWORK: &str = "FETCH_NETWORK_ERROR";
+/// Stable error codes, each with one string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum FetchCode {
+    #[strum(serialize = "FETCH_URL_INVALID")]
+    UrlInvalid,
+    #[strum(serialize = "FETCH_ADDRESS_FORBIDDEN")]
+    AddressForbidden,
+    #[strum(serialize = "FETCH_HOST_DENIED")]
+    HostDenied,
+    #[strum(serialize = "FETCH_CONTENT_TYPE_REFUSED")]
+    ContentType,
+    #[strum(serialize = "FETCH_HTTP_STATUS")]
+    HttpStatus,
+    #[strum(serialize = "FETCH_NETWORK_ERROR")]
+    Network,
+}
+
+impl FetchCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::fmt::Display for FetchCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -60,13 +80,13 @@ fn listed(list: &[String], url: &url::Url) -> bool {
 /// Checks a URL before any connection: scheme, denied hosts, and literal IP hosts.
 fn check_url(url: &url::Url, limits: &FetchLimits) -> Result<(), ToolError> {
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(ToolError::refused(code::URL_INVALID, format!("only http and https URLs can be fetched, not {}:", url.scheme())));
+        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("only http and https URLs can be fetched, not {}:", url.scheme())));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(ToolError::refused(code::URL_INVALID, "URLs with credentials are refused"));
+        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "URLs with credentials are refused"));
     }
     if listed(&limits.denied_hosts, url) {
-        return Err(ToolError::refused(code::HOST_DENIED, "this host is on the deny list"));
+        return Err(ToolError::refused(FetchCode::HostDenied.as_str(), "this host is on the deny list"));
     }
     if listed(&limits.allowed_hosts, url) {
         return Ok(());
@@ -75,10 +95,10 @@ fn check_url(url: &url::Url, limits: &FetchLimits) -> Result<(), ToolError> {
         Some(url::Host::Ipv4(v4)) => Some(std::net::IpAddr::V4(v4)),
         Some(url::Host::Ipv6(v6)) => Some(std::net::IpAddr::V6(v6)),
         Some(url::Host::Domain(_)) => None,
-        None => return Err(ToolError::refused(code::URL_INVALID, "the URL has no host")),
+        None => return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host")),
     };
     if let Some(why) = ip.and_then(net_guard::forbidden) {
-        return Err(ToolError::refused(code::ADDRESS_FORBIDDEN, format!("the address is {why}")));
+        return Err(ToolError::refused(FetchCode::AddressForbidden.as_str(), format!("the address is {why}")));
     }
     Ok(())
 }
@@ -98,7 +118,7 @@ impl Resolve for GuardedResolver {
             if !allowed
                 && let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip()))
             {
-                return Err(format!("{}: {host} resolves to a {why} address", code::ADDRESS_FORBIDDEN).into());
+                return Err(format!("{}: {host} resolves to a {why} address", FetchCode::AddressForbidden.as_str()).into());
             }
             let iter: Box<dyn Iterator<Item = SocketAddr> + Send> = Box::new(addrs.into_iter());
             Ok(iter)
@@ -117,7 +137,7 @@ impl WebFetch {
         let policy_limits = limits.clone();
         let policy = redirect::Policy::custom(move |attempt| {
             if attempt.previous().len() >= policy_limits.max_redirects {
-                return attempt.error(format!("{}: more than {} redirects", code::URL_INVALID, policy_limits.max_redirects));
+                return attempt.error(format!("{}: more than {} redirects", FetchCode::UrlInvalid.as_str(), policy_limits.max_redirects));
             }
             match check_url(attempt.url(), &policy_limits) {
                 Ok(()) => attempt.follow(),
@@ -135,20 +155,20 @@ impl WebFetch {
     }
 
     pub async fn fetch(&self, raw: &str) -> Result<Value, ToolError> {
-        let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::refused(code::URL_INVALID, format!("not a URL: {e}")))?;
+        let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("not a URL: {e}")))?;
         check_url(&url, &self.limits)?;
         let mut res = self.client.get(url.clone()).send().await.map_err(classify)?;
         let final_url = res.url().to_string();
         let status = res.status();
         if !status.is_success() {
             let retryable = status.is_server_error() || status.as_u16() == 429;
-            return Err(ToolError::new(code::HTTP_STATUS, format!("the server answered {status}"), retryable));
+            return Err(ToolError::new(FetchCode::HttpStatus.as_str(), format!("the server answered {status}"), retryable));
         }
         let content_type = res.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
         let kind = content_type.split(';').next().unwrap_or("").trim().to_string();
         let readable = kind.starts_with("text/") || kind.ends_with("json") || kind.ends_with("+xml") || kind == "application/xml" || kind.is_empty();
         if !readable {
-            return Err(ToolError::new(code::CONTENT_TYPE, format!("{kind} is not readable text"), false));
+            return Err(ToolError::new(FetchCode::ContentType.as_str(), format!("{kind} is not readable text"), false));
         }
         let mut body = Vec::new();
         let mut truncated = false;
@@ -183,18 +203,18 @@ fn classify(e: reqwest::Error) -> ToolError {
         chain.push(' ');
         source = err.source();
     }
-    for refused in [code::ADDRESS_FORBIDDEN, code::HOST_DENIED, code::URL_INVALID] {
+    for refused in [FetchCode::AddressForbidden.as_str(), FetchCode::HostDenied.as_str(), FetchCode::UrlInvalid.as_str()] {
         if chain.contains(refused) {
             return ToolError::refused(refused, chain.trim().to_string());
         }
     }
-    ToolError::new(code::NETWORK, text, e.is_timeout() || e.is_connect())
+    ToolError::new(FetchCode::Network.as_str(), text, e.is_timeout() || e.is_connect())
 }
 
 #[async_trait::async_trait]
 impl ToolExecutor for WebFetch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::refused(code::URL_INVALID, "the url argument is missing"))?;
+        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the url argument is missing"))?;
         self.fetch(url).await
     }
 }

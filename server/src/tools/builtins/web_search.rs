@@ -6,25 +6,36 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+pub use crate::config::SearchProvider;
 use crate::tools::{ToolDef, ToolError, ToolExecutor};
 
 pub const HANDLER: &str = "web_search";
 /// Environment variable holding the Brave Search API key.
 pub const BRAVE_KEY_VAR: &str = "BRAVE_SEARCH_API_KEY";
 
-pub mod code {
-    pub const NOT_CONFIGURED: &str = "SEARCH_NOT_CONFIGURED";
-    pub const PROVIDER: &str = "SEARCH_PROVIDER_ERROR";
-    pub const QUERY_INVALID: &str = "SEARCH_QUERY_INVALID";
+/// Stable error codes, each with one string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum SearchCode {
+    #[strum(serialize = "SEARCH_NOT_CONFIGURED")]
+    NotConfigured,
+    #[strum(serialize = "SEARCH_PROVIDER_ERROR")]
+    Provider,
+    #[strum(serialize = "SEARCH_QUERY_INVALID")]
+    QueryInvalid,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SearchProvider {
-    #[default]
-    Searxng,
-    Brave,
+impl SearchCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
+
+impl std::fmt::Display for SearchCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 
 pub struct WebSearch {
     client: reqwest::Client,
@@ -43,33 +54,33 @@ impl WebSearch {
     pub async fn search(&self, query: &str) -> Result<Value, ToolError> {
         let query = query.trim();
         if query.is_empty() || query.len() > 400 {
-            return Err(ToolError::new(code::QUERY_INVALID, "the query must be 1 to 400 characters", false));
+            return Err(ToolError::new(SearchCode::QueryInvalid.as_str(), "the query must be 1 to 400 characters", false));
         }
         if self.base_url.is_empty() {
-            return Err(ToolError::new(code::NOT_CONFIGURED, "no search provider is configured ([web_search] base_url)", false));
+            return Err(ToolError::new(SearchCode::NotConfigured.as_str(), "no search provider is configured ([web_search] base_url)", false));
         }
-        let mut url = url::Url::parse(&self.base_url).map_err(|e| ToolError::new(code::NOT_CONFIGURED, format!("web_search.base_url is not a URL: {e}"), false))?;
+        let mut url = url::Url::parse(&self.base_url).map_err(|e| ToolError::new(SearchCode::NotConfigured.as_str(), format!("web_search.base_url is not a URL: {e}"), false))?;
         let request = match self.provider {
             SearchProvider::Searxng => {
-                url.path_segments_mut().map_err(|()| ToolError::new(code::NOT_CONFIGURED, "web_search.base_url cannot take a path", false))?.pop_if_empty().push("search");
+                url.path_segments_mut().map_err(|()| ToolError::new(SearchCode::NotConfigured.as_str(), "web_search.base_url cannot take a path", false))?.pop_if_empty().push("search");
                 url.query_pairs_mut().append_pair("q", query).append_pair("format", "json");
                 self.client.get(url)
             }
             SearchProvider::Brave => {
-                let key = self.brave_key.as_deref().ok_or_else(|| ToolError::new(code::NOT_CONFIGURED, format!("{BRAVE_KEY_VAR} is not set"), false))?;
+                let key = self.brave_key.as_deref().ok_or_else(|| ToolError::new(SearchCode::NotConfigured.as_str(), format!("{BRAVE_KEY_VAR} is not set"), false))?;
                 url.query_pairs_mut().append_pair("q", query).append_pair("count", &self.max_results.to_string());
                 self.client.get(url).header("X-Subscription-Token", key).header("Accept", "application/json")
             }
         };
         let res = request.send().await.map_err(|e| {
             let retryable = e.is_timeout() || e.is_connect();
-            ToolError::new(code::PROVIDER, format!("the search provider did not answer: {}", e.without_url()), retryable)
+            ToolError::new(SearchCode::Provider.as_str(), format!("the search provider did not answer: {}", e.without_url()), retryable)
         })?;
         let status = res.status();
         if !status.is_success() {
-            return Err(ToolError::new(code::PROVIDER, format!("the search provider answered {status}"), status.is_server_error() || status.as_u16() == 429));
+            return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider answered {status}"), status.is_server_error() || status.as_u16() == 429));
         }
-        let body: Value = res.json().await.map_err(|e| ToolError::new(code::PROVIDER, format!("the search provider's answer is not JSON: {}", e.without_url()), false))?;
+        let body: Value = res.json().await.map_err(|e| ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is not JSON: {}", e.without_url()), false))?;
         let items = match self.provider {
             SearchProvider::Searxng => body.get("results"),
             SearchProvider::Brave => body.get("web").and_then(|w| w.get("results")),
@@ -102,7 +113,7 @@ fn clip(s: &str, max: usize) -> String {
 #[async_trait::async_trait]
 impl ToolExecutor for WebSearch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| ToolError::new(code::QUERY_INVALID, "the query argument is missing", false))?;
+        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| ToolError::new(SearchCode::QueryInvalid.as_str(), "the query argument is missing", false))?;
         self.search(query).await
     }
 }

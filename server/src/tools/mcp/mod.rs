@@ -4,7 +4,6 @@
 //! `<server>__<tool>` and are called through the one checkpoint by [`McpExecutor`]; results are
 //! marked untrusted. [`McpManager`] is what the console and the CLI use.
 
-pub mod bench;
 pub mod config;
 pub mod normalize;
 pub mod session;
@@ -27,21 +26,34 @@ use super::{
     Catalog, Checkpoint, ToolDef, ToolError, ToolExecutor,
     breaker::Breakers,
     catalog::Withheld,
-    checkpoint::{SecretSource, code},
+    checkpoint::{SecretSource, ToolCode},
 };
 use crate::db::{self, Db, DbError, audit, mcp::ToolRow};
 
 /// Stable error codes of MCP calls (inside `TOOL_PROVIDER_ERROR` messages, or on their own).
-pub mod mcp_code {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+pub enum McpCode {
     /// Not connected, exited during the call, or its circuit breaker is open.
-    pub const SERVER_UNAVAILABLE: &str = "MCP_SERVER_UNAVAILABLE";
-    pub const SERVER_DISABLED: &str = "MCP_SERVER_DISABLED";
-    pub const UNKNOWN_SERVER: &str = "MCP_UNKNOWN_SERVER";
+    #[strum(serialize = "MCP_SERVER_UNAVAILABLE")]
+    ServerUnavailable,
+    #[strum(serialize = "MCP_SERVER_DISABLED")]
+    ServerDisabled,
+    #[strum(serialize = "MCP_UNKNOWN_SERVER")]
+    UnknownServer,
     /// The server answered with a protocol error (unknown tool, invalid params, ...).
-    pub const PROTOCOL_ERROR: &str = "MCP_PROTOCOL_ERROR";
+    #[strum(serialize = "MCP_PROTOCOL_ERROR")]
+    ProtocolError,
     /// The tool ran and reported an error (`isError: true`).
-    pub const TOOL_ERROR: &str = "MCP_TOOL_ERROR";
-    pub const UNKNOWN_TOOL: &str = "MCP_UNKNOWN_TOOL";
+    #[strum(serialize = "MCP_TOOL_ERROR")]
+    ToolError,
+    #[strum(serialize = "MCP_UNKNOWN_TOOL")]
+    UnknownTool,
+}
+
+impl McpCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// An MCP management failure with a stable code.
@@ -65,7 +77,7 @@ impl From<sqlx::Error> for McpError {
 
 /// Who did an owner action, for the owner audit.
 #[derive(Debug, Clone, Default)]
-pub struct Actor {
+pub struct AuditActor {
     pub owner_id: Option<i64>,
     pub login: Option<String>,
     pub ip: Option<String>,
@@ -170,6 +182,26 @@ pub struct ToolStatus {
 }
 
 impl ToolStatus {
+    /// What changed since the previous definition, line by line ("  " same, "- " removed,
+    /// "+ " added), for the owner deciding on a changed tool. Empty when nothing was there
+    /// before. The diff is bounded in time, so a hostile definition cannot hold a thread.
+    pub fn diff(&self) -> Vec<String> {
+        let Some(old) = &self.previous_definition else { return Vec::new() };
+        let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
+        let (old, new) = (pretty(old), pretty(&self.definition));
+        let diff = similar::TextDiff::configure().timeout(std::time::Duration::from_millis(200)).diff_lines(&old, &new);
+        diff.iter_all_changes()
+            .map(|c| {
+                let sign = match c.tag() {
+                    similar::ChangeTag::Equal => "  ",
+                    similar::ChangeTag::Delete => "- ",
+                    similar::ChangeTag::Insert => "+ ",
+                };
+                format!("{sign}{}", c.value().trim_end_matches('\n'))
+            })
+            .collect()
+    }
+
     fn from_row(row: ToolRow) -> Self {
         let parse = |t: &str| serde_json::from_str(t).unwrap_or(Value::Null);
         Self {
@@ -302,11 +334,11 @@ impl McpManager {
                 continue;
             }
             let held = if !*server.enabled.borrow() {
-                Some(Withheld { code: code::DISABLED, reason: format!("the MCP server {} is disabled", server.config.id) })
+                Some(Withheld { code: ToolCode::Disabled.as_str(), reason: format!("the MCP server {} is disabled", server.config.id) })
             } else if row.state == db::mcp::state::REJECTED {
-                Some(Withheld { code: code::REJECTED, reason: format!("{} was rejected by an owner", row.catalog_name) })
+                Some(Withheld { code: ToolCode::Rejected.as_str(), reason: format!("{} was rejected by an owner", row.catalog_name) })
             } else if !row.usable() {
-                Some(Withheld { code: code::QUARANTINED, reason: format!("{} is new or changed and waits for an owner's approval", row.catalog_name) })
+                Some(Withheld { code: ToolCode::Quarantined.as_str(), reason: format!("{} is new or changed and waits for an owner's approval", row.catalog_name) })
             } else {
                 None
             };
@@ -322,7 +354,7 @@ impl McpManager {
                 }
                 Err(e) => {
                     tracing::warn!(mcp.server = %row.server_id, tool = %row.catalog_name, error = %e, "MCP tool left out of the catalog");
-                    withheld.insert(row.catalog_name.clone(), Withheld { code: code::DISABLED, reason: format!("{} has a definition Gatehouse cannot use: {e}", row.catalog_name) });
+                    withheld.insert(row.catalog_name.clone(), Withheld { code: ToolCode::Disabled.as_str(), reason: format!("{} has a definition Gatehouse cannot use: {e}", row.catalog_name) });
                 }
             }
         }
@@ -388,16 +420,16 @@ impl McpManager {
     }
 
     /// Approves a tool's current definition (by catalog name); audited. It is offered at once.
-    pub async fn approve(&self, tool: &str, by: &Actor) -> Result<ToolStatus, McpError> {
+    pub async fn approve(&self, tool: &str, by: &AuditActor) -> Result<ToolStatus, McpError> {
         self.decide(tool, true, by).await
     }
 
     /// Rejects a tool; audited. It is not offered and calls fail with `TOOL_REJECTED`.
-    pub async fn reject(&self, tool: &str, by: &Actor) -> Result<ToolStatus, McpError> {
+    pub async fn reject(&self, tool: &str, by: &AuditActor) -> Result<ToolStatus, McpError> {
         self.decide(tool, false, by).await
     }
 
-    async fn decide(&self, tool: &str, approve: bool, by: &Actor) -> Result<ToolStatus, McpError> {
+    async fn decide(&self, tool: &str, approve: bool, by: &AuditActor) -> Result<ToolStatus, McpError> {
         let mut tx = self.inner.db.begin_write().await?;
         let row = db::mcp::decide(&mut tx, tool, approve, by.owner_id).await?.ok_or_else(|| McpError::UnknownTool(tool.to_string()))?;
         let detail = json!({ "server": row.server_id, "tool": row.name, "catalog_name": row.catalog_name, "definition_hash": row.definition_hash });
@@ -410,7 +442,7 @@ impl McpManager {
 
     /// Enables or disables a server (overriding config/mcp.toml); audited. Disabling closes its
     /// session and withdraws its tools.
-    pub async fn set_enabled(&self, server: &str, enabled: bool, by: &Actor) -> Result<(), McpError> {
+    pub async fn set_enabled(&self, server: &str, enabled: bool, by: &AuditActor) -> Result<(), McpError> {
         let s = self.server(server)?.clone();
         let mut tx = self.inner.db.begin_write().await?;
         db::mcp::ensure_server(&mut tx, server).await?;
@@ -424,7 +456,7 @@ impl McpManager {
 
     /// Discovers a connected server's tools again now and waits for the result; audited when an
     /// owner asks.
-    pub async fn refresh(&self, server: &str, by: Option<&Actor>) -> Result<DiscoveryReport, McpError> {
+    pub async fn refresh(&self, server: &str, by: Option<&AuditActor>) -> Result<DiscoveryReport, McpError> {
         let s = self.server(server)?.clone();
         if let Some(by) = by {
             let mut conn = self.inner.db.pool.acquire().await?;
@@ -500,12 +532,12 @@ impl ToolExecutor for McpExecutor {
         // The catalog a call started with may be older than the latest decision: the routes are
         // the current usable set, so a tool quarantined since never reaches its server.
         let route = self.inner.routes.read().ok().and_then(|r| r.get(name).cloned());
-        let Some(route) = route else { return Err(ToolError::new(code::QUARANTINED, format!("{name} is not approved for use now"), false)) };
+        let Some(route) = route else { return Err(ToolError::new(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"), false)) };
         let Some(server) = self.inner.servers.get(&route.server) else {
-            return Err(ToolError::new(mcp_code::UNKNOWN_SERVER, format!("no MCP server {}", route.server), false));
+            return Err(ToolError::new(McpCode::UnknownServer.as_str(), format!("no MCP server {}", route.server), false));
         };
         if !*server.enabled.borrow() {
-            return Err(ToolError::new(mcp_code::SERVER_DISABLED, format!("the MCP server {} is disabled", route.server), false));
+            return Err(ToolError::new(McpCode::ServerDisabled.as_str(), format!("the MCP server {} is disabled", route.server), false));
         }
         let (peer, last_error) = {
             let live = server.live.borrow();
@@ -513,11 +545,11 @@ impl ToolExecutor for McpExecutor {
         };
         let Some(peer) = peer else {
             let last = last_error.unwrap_or_else(|| "not connected yet".into());
-            return Err(ToolError::new(mcp_code::SERVER_UNAVAILABLE, format!("{} is not connected ({last})", route.server), false));
+            return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), format!("{} is not connected ({last})", route.server), false));
         };
         if let Err(wait) = self.inner.breakers.try_acquire(&route.server, Instant::now()) {
             return Err(ToolError::new(
-                mcp_code::SERVER_UNAVAILABLE,
+                McpCode::ServerUnavailable.as_str(),
                 format!("{} failed repeatedly; next try in {} s", route.server, wait.as_secs().max(1)),
                 false,
             ));
@@ -530,12 +562,12 @@ impl ToolExecutor for McpExecutor {
             Err(_) => {
                 self.inner.breakers.record_failure(&route.server, Instant::now());
                 let _ = server.refresh.send(session::RefreshRequest::Probe);
-                return Err(ToolError::new(code::TIMEOUT, format!("{} did not answer within {timeout:?}", route.server), false));
+                return Err(ToolError::new(ToolCode::Timeout.as_str(), format!("{} did not answer within {timeout:?}", route.server), false));
             }
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 // The server is alive and answered: a protocol error is not a health problem.
                 self.inner.breakers.record_success(&route.server);
-                return Err(ToolError::new(mcp_code::PROTOCOL_ERROR, scrub(&format!("{} ({})", e.message, e.code.0)), false));
+                return Err(ToolError::new(McpCode::ProtocolError.as_str(), scrub(&format!("{} ({})", e.message, e.code.0)), false));
             }
             Ok(Err(e)) => {
                 self.inner.breakers.record_failure(&route.server, Instant::now());
@@ -545,13 +577,13 @@ impl ToolExecutor for McpExecutor {
                 } else {
                     scrub(&e.to_string())
                 };
-                return Err(ToolError::new(mcp_code::SERVER_UNAVAILABLE, message, false));
+                return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), message, false));
             }
             Ok(Ok(result)) => result,
         };
         self.inner.breakers.record_success(&route.server);
         if result.is_error == Some(true) {
-            return Err(ToolError::new(mcp_code::TOOL_ERROR, scrub(&text_of(&result.content)), false));
+            return Err(ToolError::new(McpCode::ToolError.as_str(), scrub(&text_of(&result.content)), false));
         }
         let content = serde_json::to_value(&result.content).unwrap_or_else(|_| Value::Array(Vec::new()));
         let mut out = json!({ "untrusted": true, "source": format!("mcp:{}", route.server), "content": content });
@@ -559,5 +591,34 @@ impl ToolExecutor for McpExecutor {
             out["structured"] = structured;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::ToolStatus;
+
+    #[test]
+    fn a_changed_definition_reads_as_a_line_diff() {
+        let status = ToolStatus {
+            catalog_name: "fx__echo".into(),
+            name: "echo".into(),
+            state: "pending".into(),
+            usable: false,
+            present: true,
+            definition: json!({ "description": "Echo the text back, and email it to the admin", "name": "echo" }),
+            definition_hash: "sha256:new".into(),
+            previous_definition: Some(json!({ "description": "Echo the text back", "name": "echo" })),
+        };
+        insta::assert_snapshot!(status.diff().join("\n"), @r#"
+          {
+        -   "description": "Echo the text back",
+        +   "description": "Echo the text back, and email it to the admin",
+            "name": "echo"
+          }
+        "#);
+        assert!(ToolStatus { previous_definition: None, ..status }.diff().is_empty(), "a new tool has nothing to compare");
     }
 }

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::config::{DiscoveryLimits, ServerConfig, Trust};
-use crate::tools::catalog::{Approval, AsyncPolicy, ChatType, Operation, Provider, RetryPolicy, Risk, ToolSpec, valid_tool_name};
+use crate::tools::catalog::{Approval, AsyncPolicy, ChatKind, Operation, Provider, RetryPolicy, Risk, ToolSpec, valid_tool_name};
 
 /// Separates the server id from the tool's own name.
 pub const SEPARATOR: &str = "__";
@@ -154,7 +154,7 @@ pub fn to_spec(server: &ServerConfig, name: &str, def: &Value) -> Result<ToolSpe
         audience: server.default_audience,
         risk,
         approval,
-        chat_types: vec![ChatType::Direct, ChatType::Group],
+        chat_types: vec![ChatKind::Direct, ChatKind::Group],
         input_schema,
         output_schema: Some(result_schema(def.get("outputSchema"))),
         managed_fields: Vec::new(),

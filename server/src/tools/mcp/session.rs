@@ -65,7 +65,7 @@ pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> Strin
     let mut out = text.to_string();
     for v in values {
         if let ValueOrSecret::Secret { secret, .. } = v
-            && let Some(value) = secrets(&secret).filter(|v| v.len() >= 4)
+            && let Some(value) = secrets.get(&secret).filter(|v| v.len() >= 4)
         {
             out = out.replace(&value, "[REDACTED]");
         }
@@ -74,7 +74,7 @@ pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> Strin
 }
 
 fn resolve(server: &ServerConfig, secrets: &SecretSource, value: &ValueOrSecret) -> Result<String, ConnectError> {
-    value.resolve(&|var| secrets(var)).ok_or_else(|| match value {
+    value.resolve(&|var| secrets.get(var)).ok_or_else(|| match value {
         ValueOrSecret::Secret { secret, .. } => ConnectError(format!("the environment variable {secret} is not set (server {})", server.id)),
         ValueOrSecret::Plain(_) => ConnectError("unreachable".into()),
     })

@@ -1,5 +1,6 @@
 //! `gatehouse bench jobs`: throughput and latency of the job queue on a given database.
 
+pub mod mcp;
 pub mod webhook;
 
 use std::{
@@ -12,9 +13,9 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::{
+use server::{
     config::DatabaseSettings,
-    db::{Db, jobs::NewJob},
+    db::{self, Db, jobs::NewJob},
     jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
 
@@ -155,8 +156,9 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     for w in workers {
         let _ = w.await;
     }
-    sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)").bind(&queue_name).execute(&db.pool).await?;
-    sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(&queue_name).execute(&db.pool).await?;
+    let mut conn = db.pool.acquire().await?;
+    db::jobs::delete_queue(&mut conn, &queue_name).await?;
+    drop(conn);
     db.close().await;
 
     let n = args.jobs as f64;
@@ -187,8 +189,8 @@ pub struct CheckpointBench {
 struct NoopTool;
 
 #[async_trait::async_trait]
-impl crate::tools::ToolExecutor for NoopTool {
-    async fn call(&self, _tool: &crate::tools::ToolDef, _args: &serde_json::Value) -> Result<serde_json::Value, crate::tools::ToolError> {
+impl server::tools::ToolExecutor for NoopTool {
+    async fn call(&self, _tool: &server::tools::ToolDef, _args: &serde_json::Value) -> Result<serde_json::Value, server::tools::ToolError> {
         Ok(serde_json::json!({ "ok": true }))
     }
 }
@@ -210,11 +212,10 @@ output_schema = { type = "object", properties = { ok = { type = "boolean" } } }
 /// `gatehouse bench checkpoint`: the checkpoint's own cost on a no-op tool (validation, policy,
 /// breaker, output check) per call, and calls/s including the batched audit writes.
 pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
-    use crate::tools::{
-        CallContext, Catalog, Checkpoint, ToolCall,
-        catalog::ChatType,
-        checkpoint::{AuditWriter, SecretSource},
-        policy::Actor,
+    use server::{
+        config::SecretSource,
+        domain::{ChatKind, Role},
+        tools::{CallContext, Catalog, Checkpoint, ToolCall, checkpoint::AuditWriter},
     };
     let db = Db::connect(&DatabaseSettings { url: args.database.clone(), ..Default::default() }).await?;
     db.migrate().await?;
@@ -224,10 +225,9 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
     std::fs::write(&path, NOOP_TOOL)?;
     let catalog = Catalog::load(&path, &|_| false).map_err(|p| anyhow::anyhow!("{p:?}"))?;
     let _ = std::fs::remove_dir_all(&dir);
-    let secrets: SecretSource = Arc::new(|_| None);
-    let mut cp = Checkpoint::new(db.clone(), Arc::new(catalog), AuditWriter::spawn(db.clone()), secrets);
+    let mut cp = Checkpoint::new(db.clone(), Arc::new(catalog), AuditWriter::spawn(db.clone(), JobQueue::new(db.clone())), SecretSource::empty());
     cp.register_builtin("bench.noop", Arc::new(NoopTool));
-    let ctx = CallContext { actor: Actor::Customer, chat_type: ChatType::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false };
+    let ctx = CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false, trace_id: None };
 
     let mut per_call = Vec::with_capacity(args.calls);
     let t = Instant::now();
@@ -240,8 +240,9 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
     cp.audit().flush().await;
     let total = t.elapsed().as_secs_f64();
     per_call.sort_by(f64::total_cmp);
-    let (audited,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM tool_audit WHERE correlation_id = 'bench'").fetch_one(&db.pool).await?;
-    sqlx::query("DELETE FROM tool_audit WHERE correlation_id = 'bench'").execute(&db.pool).await?;
+    let mut conn = db.pool.acquire().await?;
+    let audited = db::tool_audit::delete_correlation(&mut conn, "bench").await?;
+    drop(conn);
     println!("backend                  {}", db.backend.as_str());
     println!("calls                    {} ({} audit rows written)", args.calls, audited);
     println!(

@@ -1,5 +1,7 @@
-//! Redaction of job arguments before anyone sees them: fields whose names look secret are
-//! replaced, at any depth. (The tool catalog's declared secret fields extend this later.)
+//! Redaction: what is shown or stored of arguments (job arguments on the console, tool-call
+//! arguments in the audit) has its secrets and personal data replaced, at any depth. Fields
+//! whose names look secret are always replaced; a tool's declared secret fields and the
+//! catalog's personal-data fields are replaced by name.
 
 use serde_json::Value;
 
@@ -34,6 +36,30 @@ pub fn redact(value: &mut Value) {
                 *s = url.to_string();
             }
         }
+        _ => {}
+    }
+}
+
+/// Marks personal data (the catalog's `[audit] pii_fields`) in stored arguments.
+pub const PII_REDACTED: &str = "[PII]";
+
+/// Replaces the values of fields named in `names` (case-insensitive), at any depth, with
+/// `marker`.
+pub fn redact_named(value: &mut Value, names: &[String], marker: &str) {
+    if names.is_empty() {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if names.iter().any(|n| n.eq_ignore_ascii_case(k)) {
+                    *v = Value::String(marker.into());
+                } else {
+                    redact_named(v, names, marker);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_named(v, names, marker)),
         _ => {}
     }
 }

@@ -12,15 +12,14 @@ use std::{
 use anyhow::Context;
 use serde_json::json;
 
-use super::{McpManager, config, session};
-use crate::{
-    config::DatabaseSettings,
+use server::{
+    config::{DatabaseSettings, SecretSource},
     db::Db,
+    domain::{ChatKind, Role},
     tools::{
         CallContext, Catalog, Checkpoint, ToolCall,
-        catalog::ChatType,
-        checkpoint::{AuditWriter, SecretSource},
-        policy::Actor,
+        checkpoint::AuditWriter,
+        mcp::{McpManager, config, session},
     },
 };
 
@@ -85,7 +84,7 @@ async fn measure(label: &str, servers: &str, args: &McpBench) -> anyhow::Result<
     std::fs::write(&path, servers)?;
     let cfg = config::load(&path, &|_| true).map_err(|p| anyhow::anyhow!("{p:?}"))?;
     let server = cfg.servers.first().context("one server")?.clone();
-    let secrets: SecretSource = Arc::new(|_| None);
+    let secrets = SecretSource::empty();
 
     let mut discovery = Vec::new();
     for _ in 0..args.discoveries {
@@ -102,11 +101,11 @@ async fn measure(label: &str, servers: &str, args: &McpBench) -> anyhow::Result<
     let db = Db::connect(&DatabaseSettings { url: format!("sqlite://{}", dir.join("bench.db").display()), ..Default::default() }).await?;
     db.migrate().await?;
     let manager = McpManager::new(db.clone(), &cfg, secrets.clone());
-    let checkpoint = manager.install(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone()), secrets), Arc::new(Catalog::default()));
+    let checkpoint = manager.install(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone())), secrets), Arc::new(Catalog::default()));
     manager.start().await?;
     manager.wait_connected(&server.id, Duration::from_secs(30)).await?;
     let peer = manager.live(&server.id)?.peer.context("connected")?;
-    let ctx = CallContext { actor: Actor::Owner, chat_type: ChatType::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false };
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false, trace_id: None };
     let tool = format!("{}__echo", server.id);
     let (mut raw, mut gated) = (Vec::with_capacity(args.calls), Vec::with_capacity(args.calls));
     for i in 0..args.calls {

@@ -24,10 +24,12 @@ use tokio::{
     net::TcpStream,
 };
 
-use crate::{
+use server::{
+    bootstrap::Gatehouse,
     channel::whatsapp::{signature, webhook},
     config::{LoadedConfig, Secrets, Settings},
     db::Db,
+    tools::ToolFiles,
     web::{self, AppState},
 };
 
@@ -250,10 +252,11 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     // A secret for this run only.
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let secrets = Secrets { whatsapp_app_secret: Some(SecretString::from(secret.clone())), ..Default::default() };
-    let config = LoadedConfig { settings, secrets, path: "bench.toml".into(), dir: ".".into(), catalog: Arc::default(), mcp: Arc::default() };
+    let config = LoadedConfig::new(settings, secrets, "bench.toml".into());
+    let gatehouse = Gatehouse::build(config, ToolFiles::default(), db.clone())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
-    let state = AppState::new(config, db.clone(), addr, web::ops::metrics_handle())?;
+    let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
     let router = web::router(state);
     let server = tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).await });
     let host = addr.to_string();

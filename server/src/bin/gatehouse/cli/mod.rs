@@ -1,0 +1,269 @@
+//! The `gatehouse` command line. Exit codes: 0 success, 2 bad usage or bad config, 1 runtime
+//! failure.
+
+mod admin;
+mod serve;
+mod tools;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use server::{
+    bootstrap::{self, Gatehouse},
+    config::{DEFAULT_CONFIG_PATH, LoadedConfig, LogFormat},
+    db::Db,
+    telemetry,
+    tools::ToolFiles,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "gatehouse", version, about = "Gatehouse: a WhatsApp assistant with an owner console")]
+pub struct Cli {
+    /// Main config file; the other config files are read from the same folder.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Log format; overrides `log.format`.
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server and console (the default).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Check every config file and report every problem at once, without starting.
+    CheckConfig,
+    /// Manage owner accounts.
+    #[command(subcommand)]
+    Owner(OwnerCommand),
+    /// Run a job worker alone (scale-out: several processes share one PostgreSQL database).
+    Worker,
+    /// Inspect and enqueue jobs.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// List tools, or call one through the checkpoint.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
+    /// MCP servers: status, tools and quarantine decisions.
+    #[command(subcommand)]
+    Mcp(McpCommand),
+    /// Measure performance.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsCommand {
+    /// The catalog: name, provider, audience, risk, approval, version.
+    List,
+    /// Call a tool through the same checkpoint the assistant uses (audited).
+    Call(ToolsCall),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Servers with transport, trust, health, tool counts and tools waiting for approval.
+    List,
+    /// A server's tools (as last discovered) with their quarantine state.
+    Tools { server: String },
+    /// Connect to a server now, discover its tools and store them (new ones wait for approval).
+    Refresh { server: String },
+    /// Approve a tool's current definition (by its catalog name, `<server>__<tool>`).
+    Approve { tool: String },
+    /// Reject a tool (by its catalog name); calls to it fail with TOOL_REJECTED.
+    Reject { tool: String },
+    /// Enable a server (overrides config/mcp.toml).
+    Enable { server: String },
+    /// Disable a server (overrides config/mcp.toml).
+    Disable { server: String },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ActorArg {
+    Owner,
+    Customer,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ChatTypeArg {
+    Direct,
+    Group,
+}
+
+#[derive(Debug, Args)]
+pub struct ToolsCall {
+    pub name: String,
+    /// Arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    /// Call as an owner or as a customer.
+    #[arg(long = "as", value_enum, default_value = "owner")]
+    pub actor: ActorArg,
+    #[arg(long, value_enum, default_value = "direct")]
+    pub chat_type: ChatTypeArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Enqueue a job (e.g. `system.echo` to check the queue end to end).
+    Enqueue(JobsEnqueue),
+    /// List recent jobs, newest first.
+    List(JobsList),
+}
+
+#[derive(Debug, Args)]
+pub struct JobsEnqueue {
+    /// Job kind, such as system.echo.
+    pub kind: String,
+    /// Arguments as a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Run no earlier than this from now, e.g. 10m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub delay: Option<std::time::Duration>,
+    #[arg(long)]
+    pub dedupe_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsList {
+    /// Only jobs in this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    pub limit: i64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Enqueue and run no-op jobs; print enqueue/s, completed/s and enqueue-to-start latency.
+    Jobs(crate::bench::JobsBench),
+    /// Call a no-op tool through the checkpoint; print its overhead and calls/s with audit.
+    Checkpoint(crate::bench::CheckpointBench),
+    /// MCP discovery time and per-call overhead with server-everything over stdio and HTTP.
+    Mcp(crate::bench::mcp::McpBench),
+    /// Post signed WhatsApp webhooks over loopback; print requests/s and latency percentiles.
+    Webhook(crate::bench::webhook::WebhookBench),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OwnerCommand {
+    /// Add an owner.
+    Add(OwnerAdd),
+    /// Set a new password for an owner; their sessions end.
+    ResetPassword(ResetPassword),
+    /// List owners and their WhatsApp numbers.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct OwnerAdd {
+    /// Login name for the console.
+    #[arg(long)]
+    pub login: String,
+    /// Display name.
+    #[arg(long)]
+    pub name: String,
+    /// WhatsApp number in E.164 form; repeat or comma-separate for several.
+    #[arg(long = "whatsapp", value_name = "E164")]
+    pub whatsapp: Vec<String>,
+    /// Read the password from standard input instead of prompting.
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetPassword {
+    #[arg(long)]
+    pub login: String,
+    /// Read the password from standard input instead of prompting.
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Self {
+        Self { code: 2, message: message.into() }
+    }
+    fn runtime(message: impl std::fmt::Display) -> Self {
+        Self { code: 1, message: message.to_string() }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("gatehouse: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let command = cli.command.as_ref().map_or(&Command::Serve, |c| c);
+    if let Command::CheckConfig = command {
+        return admin::check_config(&cli.config);
+    }
+    let (cfg, files) = bootstrap::load_config(&cli.config).map_err(|e| Failure::usage(e.to_string()))?;
+    let format = match cli.log_format {
+        Some(LogFormatArg::Json) => LogFormat::Json,
+        Some(LogFormatArg::Text) => LogFormat::Text,
+        None => cfg.settings.log.format,
+    };
+    telemetry::init(format, &cfg.settings.log.filter);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Failure::runtime)?;
+    rt.block_on(async move {
+        match command {
+            Command::Serve => serve::serve(cfg, files).await,
+            Command::Migrate => admin::migrate(&cfg).await,
+            Command::CheckConfig => Ok(()),
+            Command::Owner(cmd) => admin::owner(&cfg, cmd).await,
+            Command::Worker => serve::worker(cfg, files).await,
+            Command::Jobs(cmd) => admin::jobs(cfg, files, cmd).await,
+            Command::Tools(cmd) => tools::tools(cfg, files, cmd).await,
+            Command::Mcp(cmd) => tools::mcp(cfg, files, cmd).await,
+            Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
+        }
+    })
+}
+
+/// The database, migrated; every failure is logged where it happened.
+async fn connect(cfg: &LoadedConfig) -> Result<Db, Failure> {
+    bootstrap::connect(cfg).await.map_err(Failure::runtime)
+}
+
+/// Every part of Gatehouse over the migrated database.
+async fn build(cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Failure> {
+    let db = connect(&cfg).await?;
+    Gatehouse::build(cfg, files, db).map_err(Failure::runtime)
+}

@@ -1,0 +1,70 @@
+//! `gatehouse serve` and `gatehouse worker`.
+
+use server::{
+    config::LoadedConfig,
+    tools::ToolFiles,
+    web::{self, AppState},
+};
+
+use super::{Failure, build};
+
+pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
+    let server = cfg.settings.server.clone();
+    let gatehouse = build(cfg, files).await?;
+    let listener = web::serve::bind_with_fallback(server.addr, server.strict_port).await.map_err(|e| {
+        tracing::error!(addr = %server.addr, error = %e, "cannot listen");
+        Failure::runtime(format!("cannot listen on {}: {e}", server.addr))
+    })?;
+    let addr = listener.local_addr().map_err(Failure::runtime)?;
+    let grace = server.shutdown_grace;
+    let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
+    spawn_catalog_reload(state.clone());
+    if let Err(e) = state.mcp.start().await {
+        tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
+    }
+    if let Some((provider, var)) = state.degraded() {
+        tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
+    }
+    web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
+    let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
+    tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
+    if !setup_done {
+        tracing::info!("first run: open {}/setup to create the first owner", state.public_url);
+    }
+    let router = web::router(state.clone());
+    let shutdown = web::serve::shutdown_watch();
+    let worker = gatehouse.config.settings.jobs.worker_in_serve.then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
+    web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
+    let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
+    if let Some(worker) = worker {
+        let _ = worker.await;
+    }
+    if tokio::time::timeout(grace, gatehouse.db.close()).await.is_err() {
+        tracing::warn!("database connections still busy after the grace period; exiting anyway");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGHUP reloads the tool catalog (tools.toml, connectors.toml) without a restart. Calls in
+/// flight keep the version they started with; a file with problems is refused and the current
+/// catalog kept.
+fn spawn_catalog_reload(state: AppState) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hangups.recv().await.is_some() {
+            if let Err(e) = server::tools::reload_catalog(&state.config.dir, &state.config.secrets.source, &state.mcp, &state.tools).await {
+                tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog");
+            }
+        }
+    });
+}
+
+pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
+    let gatehouse = build(cfg, files).await?;
+    tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
+    gatehouse.worker().run(web::serve::shutdown_watch()).await;
+    gatehouse.db.close().await;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! `gatehouse tools` and `gatehouse mcp`: the catalog, calls through the checkpoint, MCP
+//! servers and their quarantine.
+
+use server::{
+    config::LoadedConfig,
+    domain::{ChatKind, Role},
+    tools::{
+        CallContext, ToolCall, ToolFiles,
+        mcp::{AuditActor, McpError},
+    },
+};
+
+use super::{ActorArg, ChatTypeArg, Failure, McpCommand, ToolsCommand, build};
+
+pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> Result<(), Failure> {
+    match cmd {
+        ToolsCommand::List => {
+            let tools_path = cfg.dir.join("tools.toml");
+            let gatehouse = build(cfg, files).await?;
+            let (checkpoint, mcp) = (&gatehouse.tools, &gatehouse.mcp);
+            mcp.load_cached().await.map_err(Failure::runtime)?;
+            let catalog = checkpoint.catalog();
+            if catalog.is_empty() {
+                println!("no tools in {} or from MCP servers", tools_path.display());
+            }
+            for t in catalog.all() {
+                let s = &t.spec;
+                println!(
+                    "{}\t{:?}\t{:?}\t{:?}\t{:?}\t{}\t{}",
+                    s.name, s.provider, s.audience, s.risk, s.approval, if s.enabled { "enabled" } else { "disabled" }, &t.version[..19]
+                );
+            }
+            gatehouse.db.close().await;
+            Ok(())
+        }
+        ToolsCommand::Call(c) => {
+            let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
+            let gatehouse = build(cfg, files).await?;
+            let (checkpoint, mcp) = (&gatehouse.tools, &gatehouse.mcp);
+            // Only a call of an MCP tool connects to the MCP servers; any other call leaves them
+            // (and the health a running server recorded) alone.
+            let server = mcp.server_of(&c.name);
+            if server.is_some() {
+                mcp.start().await.map_err(Failure::runtime)?;
+            } else {
+                mcp.load_cached().await.map_err(Failure::runtime)?;
+            }
+            // An MCP tool needs its server: wait for it to connect (bounded), then call.
+            if let Some(server) = server {
+                let bound = gatehouse.tool_files.mcp.get(&server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
+                if let Err(e) = mcp.wait_connected(&server, bound).await {
+                    tracing::warn!(mcp.server = %server, error = %e, "MCP server not connected; the call will say so");
+                }
+            }
+            let ctx = CallContext {
+                actor: match c.actor {
+                    ActorArg::Owner => Role::Owner,
+                    ActorArg::Customer => Role::Customer,
+                },
+                chat_type: match c.chat_type {
+                    ChatTypeArg::Direct => ChatKind::Direct,
+                    ChatTypeArg::Group => ChatKind::Group,
+                },
+                trace_id: None,
+                chat_id: Some("cli".into()),
+                sender_id: None,
+                correlation_id: uuid::Uuid::new_v4().to_string(),
+                approved: false,
+            };
+            let result = checkpoint.execute(ToolCall { name: c.name.clone(), args }, &ctx).await;
+            checkpoint.audit().flush().await;
+            mcp.shutdown().await;
+            gatehouse.db.close().await;
+            match result {
+                Ok(ok) => {
+                    let out = serde_json::json!({ "tool": ok.tool, "version": ok.version, "attempts": ok.attempts, "output": ok.output });
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                    Ok(())
+                }
+                Err(f) => {
+                    println!("{}", serde_json::json!({ "error": { "code": f.code, "message": f.message } }));
+                    Err(Failure { code: 1, message: format!("{}: {}", f.code, f.message) })
+                }
+            }
+        }
+    }
+}
+
+pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Result<(), Failure> {
+    let mcp_path = cfg.dir.join("mcp.toml");
+    let gatehouse = build(cfg, files).await?;
+    let (mcp, servers) = (&gatehouse.mcp, &gatehouse.tool_files.mcp);
+    let fail = |e: McpError| match e {
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) => Failure::usage(e.to_string()),
+        other => Failure::runtime(other),
+    };
+    let cli_owner = AuditActor { owner_id: None, login: Some("cli".into()), ip: None };
+    let when = |ms: Option<i64>| ms.map_or_else(|| "never".to_string(), |ms| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64)).to_string());
+    let result = async {
+        match cmd {
+            McpCommand::List => {
+                mcp.load_cached().await.map_err(fail)?;
+                if servers.servers.is_empty() {
+                    println!("no MCP servers in {}", mcp_path.display());
+                }
+                for s in mcp.servers().await.map_err(fail)? {
+                    println!(
+                        "{}	{}	{:?}	{}	{}	tools={}	pending={}	last_seen={}	{}	{}",
+                        s.id,
+                        s.transport,
+                        s.trust,
+                        if s.enabled { "enabled" } else { "disabled" },
+                        s.health,
+                        s.tool_count,
+                        s.pending,
+                        when(s.last_seen_at),
+                        s.target,
+                        s.last_error.unwrap_or_default()
+                    );
+                }
+            }
+            McpCommand::Tools { server } => {
+                for t in mcp.tools(server).await.map_err(fail)? {
+                    let listed = if t.present { "" } else { "	(no longer listed)" };
+                    println!("{}	{}	{}	{}{listed}", t.catalog_name, t.state, if t.usable { "offered" } else { "not offered" }, &t.definition_hash[..19.min(t.definition_hash.len())]);
+                }
+            }
+            McpCommand::Refresh { server } => {
+                mcp.start().await.map_err(fail)?;
+                let bound = servers.get(server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
+                let outcome = match mcp.wait_connected(server, bound).await {
+                    Ok(()) => mcp.live(server).map_err(fail)?.last_discovery.ok_or_else(|| Failure::runtime("no discovery result")),
+                    Err(e) => Err(fail(e)),
+                };
+                mcp.shutdown().await;
+                let report = outcome?;
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            }
+            McpCommand::Approve { tool } => {
+                let t = mcp.approve(tool, &cli_owner).await.map_err(fail)?;
+                println!("{} approved ({})", t.catalog_name, t.definition_hash);
+            }
+            McpCommand::Reject { tool } => {
+                let t = mcp.reject(tool, &cli_owner).await.map_err(fail)?;
+                println!("{} rejected", t.catalog_name);
+            }
+            McpCommand::Enable { server } | McpCommand::Disable { server } => {
+                let enable = matches!(cmd, McpCommand::Enable { .. });
+                mcp.set_enabled(server, enable, &cli_owner).await.map_err(fail)?;
+                println!("{server} {}", if enable { "enabled" } else { "disabled" });
+            }
+        }
+        Ok(())
+    }
+    .await;
+    gatehouse.db.close().await;
+    result
+}

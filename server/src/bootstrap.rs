@@ -1,0 +1,142 @@
+//! The composition root: every part of Gatehouse is built here, once, in this order:
+//!
+//! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
+//! model -> conversation runtime -> channels (WhatsApp, simulator) -> job registry.
+//!
+//! `serve`, `worker`, every CLI command, the benchmarks and the test support all start from
+//! [`Gatehouse::build`]; the web layer's state is made from the result. Reading this file shows
+//! every part and how the parts are connected.
+
+use std::{path::Path, sync::Arc};
+
+use crate::{
+    channel::{InboundHandler, simulator::Simulator, whatsapp::WhatsApp},
+    config::{self, ConfigError, LoadedConfig},
+    conversation::{NoToolLane, Runtime, RuntimeParts, ToolLane},
+    db::{Db, DbError},
+    jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
+    llm::{self, ChatModel},
+    tools::{self, Checkpoint, ToolFiles, mcp::McpManager},
+};
+
+/// Everything Gatehouse is made of, built once.
+pub struct Gatehouse {
+    pub config: Arc<LoadedConfig>,
+    pub tool_files: ToolFiles,
+    pub db: Db,
+    /// Enqueues jobs and wakes this process's workers.
+    pub jobs: JobQueue,
+    /// The one checkpoint every tool call passes.
+    pub tools: Arc<Checkpoint>,
+    /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
+    pub mcp: McpManager,
+    /// The configured model, every call recorded in `llm_calls`.
+    pub model: Arc<dyn ChatModel>,
+    pub runtime: Arc<Runtime>,
+    pub whatsapp: WhatsApp,
+    pub simulator: Arc<Simulator>,
+    /// Every job kind this build runs, with its handler.
+    pub registry: Registry,
+}
+
+impl std::fmt::Debug for Gatehouse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gatehouse").field("database", &self.db.backend).finish_non_exhaustive()
+    }
+}
+
+/// Parts a test or a benchmark puts in place of the configured ones.
+#[derive(Default)]
+pub struct Overrides {
+    /// Instead of the configured provider (still recorded in `llm_calls`).
+    pub model: Option<Arc<dyn ChatModel>>,
+    pub lane: Option<Arc<dyn ToolLane>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("setting up an HTTP client failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("the language model cannot be set up: {0}")]
+    Llm(#[from] llm::LlmError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Loads `gatehouse.toml` and the tool files beside it, reporting every problem of every file
+/// at once.
+pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError> {
+    let loaded = config::load(path);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let secrets = match &loaded {
+        Ok(cfg) => cfg.secrets.source.clone(),
+        Err(_) => config::SecretSource::from_env(),
+    };
+    // A missing main file is reported alone; otherwise the tool files are checked too.
+    let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
+    match (loaded, files) {
+        (Ok(cfg), Ok(files)) => Ok((cfg, files)),
+        (Err(ConfigError(mut problems)), files) => {
+            problems.extend(files.err().unwrap_or_default());
+            Err(ConfigError(problems))
+        }
+        (Ok(_), Err(problems)) => Err(ConfigError(problems)),
+    }
+}
+
+/// Connects to the configured database and applies pending migrations; a failure is logged
+/// with what failed, and nothing starts on a half-migrated database.
+pub async fn connect(cfg: &LoadedConfig) -> Result<Db, DbError> {
+    let db = Db::connect(&cfg.settings.database).await.inspect_err(|e| {
+        tracing::error!(error = %e, database = %config::load::display_url(&cfg.settings.database.url), "database connection failed");
+    })?;
+    match db.migrate().await {
+        Ok(applied) => {
+            for m in &applied {
+                tracing::info!(version = m.version, description = %m.description, "migration applied");
+            }
+            Ok(db)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "migration failed; Gatehouse will not start on a half-migrated database");
+            Err(e)
+        }
+    }
+}
+
+impl Gatehouse {
+    pub fn build(config: LoadedConfig, tool_files: ToolFiles, db: Db) -> Result<Self, BuildError> {
+        Self::build_with(config, tool_files, db, Overrides::default())
+    }
+
+    pub fn build_with(config: LoadedConfig, tool_files: ToolFiles, db: Db, overrides: Overrides) -> Result<Self, BuildError> {
+        let settings = Arc::new(config.settings.clone());
+        let jobs = JobQueue::with_settings(db.clone(), &settings.jobs);
+        let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
+        let model = match overrides.model {
+            Some(model) => model,
+            None => llm::from_settings(&settings, &config.secrets)?,
+        };
+        let model = llm::recorded(model, db.clone(), &settings);
+        let lane = overrides.lane.unwrap_or_else(|| Arc::new(NoToolLane));
+        let runtime = Arc::new(Runtime::new(RuntimeParts {
+            db: db.clone(),
+            queue: jobs.clone(),
+            settings: settings.clone(),
+            secrets: config.secrets.clone(),
+            model: model.clone(),
+            lane,
+        }));
+        let handler: Arc<dyn InboundHandler> = runtime.clone();
+        let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
+        let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
+        let mut registry = jobs::registry();
+        whatsapp.register(&mut registry, &db, handler);
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, whatsapp, simulator, registry })
+    }
+
+    /// A worker over this build's job kinds, with the configured settings.
+    pub fn worker(&self) -> Worker {
+        Worker::new(self.db.clone(), self.registry.clone(), WorkerSettings::from(&self.config.settings.jobs), self.jobs.waker())
+    }
+}

@@ -1,0 +1,50 @@
+//! The durable job queue's settings.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+/// The durable job queue's worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobSettings {
+    /// Run a worker inside `gatehouse serve`; `gatehouse worker` runs one alone.
+    pub worker_in_serve: bool,
+    pub queue: String,
+    pub concurrency: u32,
+    #[serde(with = "duration_str")]
+    pub poll_interval: Duration,
+    #[serde(with = "duration_str")]
+    pub lease: Duration,
+    #[serde(with = "duration_str")]
+    pub job_timeout: Duration,
+    #[serde(with = "duration_str")]
+    pub shutdown_grace: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_base: Duration,
+    #[serde(with = "duration_str")]
+    pub retry_max: Duration,
+    pub default_max_attempts: u32,
+    #[serde(with = "duration_str")]
+    pub maintenance_interval: Duration,
+}
+
+impl Default for JobSettings {
+    fn default() -> Self {
+        Self {
+            worker_in_serve: true,
+            queue: "default".into(),
+            concurrency: 8,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(60),
+            job_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(3600),
+            default_max_attempts: 5,
+            maintenance_interval: Duration::from_secs(5),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Where the server listens, its database, owner login and logs.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// The URL owners use to reach the console. Empty: derived from the bound address.
+    pub public_url: String,
+    /// When false and the port is taken, the next two ports are tried.
+    pub strict_port: bool,
+    /// Folder holding the compiled console assets (`pkg/gatehouse.js`, `pkg/gatehouse.wasm`).
+    pub site_root: PathBuf,
+    /// How long graceful shutdown waits for open requests.
+    #[serde(with = "duration_str")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            public_url: String::new(),
+            strict_port: false,
+            site_root: PathBuf::from("target/site"),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatabaseKind {
+    Sqlite,
+    Postgres,
+}
+
+impl DatabaseKind {
+    /// `sqlite:...` or `postgres://` / `postgresql://`; anything else is unsupported.
+    pub fn from_url(url: &str) -> Option<Self> {
+        if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Self::Postgres)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// `sqlite://path/to/file.db` or `postgres://user@host:port/db`.
+    pub url: String,
+    pub max_connections: u32,
+    #[serde(with = "duration_str")]
+    pub busy_timeout: Duration,
+    #[serde(with = "duration_str")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/gatehouse.db".into(),
+            max_connections: 8,
+            busy_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    /// A session unused for this long ends.
+    #[serde(with = "duration_str")]
+    pub session_idle_timeout: Duration,
+    /// A session ends this long after login, however active.
+    #[serde(with = "duration_str")]
+    pub session_absolute_timeout: Duration,
+    /// Failed logins per account or per IP address before further attempts get 429.
+    pub login_max_failures: u32,
+    #[serde(with = "duration_str")]
+    pub login_failure_window: Duration,
+    /// At least 12.
+    pub min_password_length: u32,
+}
+
+impl AuthSettings {
+    pub fn min_password(&self) -> usize {
+        usize::try_from(self.min_password_length).unwrap_or(12).max(12)
+    }
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            session_idle_timeout: Duration::from_secs(12 * 3600),
+            session_absolute_timeout: Duration::from_secs(7 * 24 * 3600),
+            login_max_failures: 5,
+            login_failure_window: Duration::from_secs(15 * 60),
+            min_password_length: 12,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `server=debug,info`. `RUST_LOG` wins when set.
+    pub filter: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { format: LogFormat::Text, filter: "info,rmcp=warn".into() }
+    }
+}
+

@@ -1,0 +1,77 @@
+//! The WhatsApp Cloud API channel's settings.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+/// The WhatsApp Cloud API channel: where the Graph API is, how replies are paced, and what
+/// the bot says on its own (notes and templates). Tokens are secrets, never settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WhatsAppSettings {
+    /// Graph API base URL without the version (tests point it at a local fake).
+    pub graph_base_url: String,
+    /// Graph API version path segment, such as "v25.0".
+    pub graph_version: String,
+    /// The business phone number's id (not the number itself). Empty: nothing is sent.
+    pub phone_number_id: String,
+    /// Deadline of one Graph API request.
+    #[serde(with = "duration_str")]
+    pub request_timeout: Duration,
+    /// Mark each handled inbound message as read.
+    pub mark_read: bool,
+    /// Show the typing indicator while a reply is prepared.
+    pub typing_indicator: bool,
+    /// Said to a chat that sends a message type the bot cannot read yet. Empty: say nothing.
+    pub unknown_type_reply: String,
+    /// The note above goes to one chat at most once per this period.
+    #[serde(with = "duration_str")]
+    pub unknown_type_reply_every: Duration,
+    /// Approved template sent when a reply falls outside the 24-hour window (error 131047).
+    /// Empty: the reply is only marked failed.
+    pub window_template: String,
+    pub window_template_language: String,
+    /// Messages to one recipient: a burst of this many, then one per `pair_interval`.
+    pub pair_burst: u32,
+    #[serde(with = "duration_str")]
+    pub pair_interval: Duration,
+    /// Messages per second across all recipients (the business number's throughput).
+    pub global_rate_per_second: u32,
+    /// Longest a send waits for pacing before the job is retried later instead.
+    #[serde(with = "duration_str")]
+    pub max_pacing_wait: Duration,
+    /// Tries per message on rate limits (130429, 131056) and 5xx before the job is retried later.
+    pub send_attempts: u32,
+    /// Backoff between those tries: this, times 4 per further try.
+    #[serde(with = "duration_str")]
+    pub send_retry_base: Duration,
+    /// Largest inbound message object kept verbatim, in bytes; larger ones keep only the parsed fields.
+    pub raw_max_bytes: u64,
+}
+
+impl Default for WhatsAppSettings {
+    fn default() -> Self {
+        Self {
+            graph_base_url: "https://graph.facebook.com".into(),
+            graph_version: "v25.0".into(),
+            phone_number_id: String::new(),
+            request_timeout: Duration::from_secs(15),
+            mark_read: true,
+            typing_indicator: true,
+            unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
+            unknown_type_reply_every: Duration::from_secs(24 * 3600),
+            window_template: String::new(),
+            window_template_language: "en_US".into(),
+            pair_burst: 5,
+            pair_interval: Duration::from_secs(6),
+            global_rate_per_second: 80,
+            max_pacing_wait: Duration::from_secs(20),
+            send_attempts: 3,
+            send_retry_base: Duration::from_secs(2),
+            raw_max_bytes: 65_536,
+        }
+    }
+}
+

@@ -1,5 +1,0 @@
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    server::cli::main()
-}

@@ -1,0 +1,133 @@
+//! Traces: what happened to each message, step by step, with decisions, reason codes and
+//! timings. This module is the only writer of traces and their steps; the runtime, the channels
+//! and the webhook intake hand it facts. Reads for the console are in `db::traces`.
+//!
+//! A trace begins when a message passes dedupe (so a tool call made while the message is handled
+//! can name it in its audit row), collects its steps in memory, and is written whole when the
+//! runtime finishes, in the same transaction as the runtime's reply. The channel then appends its
+//! delivery.
+
+use std::time::Instant;
+
+use serde_json::Value;
+use sqlx::AnyConnection;
+
+pub use crate::db::traces::{RUNNING, Step, TraceRow};
+use crate::db::{self, DbError, traces as store};
+
+impl Step {
+    /// A step that took no measurable time (a delivery, a channel's note).
+    pub fn new(step: &str, decision: &str, reason_code: &str, detail: Value) -> Self {
+        Self { step: step.into(), decision: decision.into(), reason_code: reason_code.into(), duration_us: 0, detail: detail.to_string() }
+    }
+}
+
+/// Whose message a trace is about.
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    pub correlation_id: String,
+    pub channel: String,
+    pub chat_id: String,
+    pub message_id: String,
+}
+
+/// A trace being recorded.
+#[derive(Debug)]
+pub struct Recorder {
+    id: i64,
+    subject: Subject,
+    started: Instant,
+    started_at: i64,
+    last: Instant,
+    first_seq: i64,
+    steps: Vec<Step>,
+}
+
+/// How a traced message ended.
+#[derive(Debug, Clone, Default)]
+pub struct Ending {
+    pub actor: String,
+    pub route: String,
+    /// `replied`, `ignored` or `failed`.
+    pub outcome: String,
+    pub error_code: Option<String>,
+}
+
+/// Begins the trace of a message (or continues the one an interrupted attempt left running).
+pub async fn begin(conn: &mut AnyConnection, subject: Subject) -> Result<Recorder, DbError> {
+    let started_at = db::now_ms();
+    let head = TraceRow {
+        id: 0,
+        correlation_id: subject.correlation_id.clone(),
+        channel: subject.channel.clone(),
+        chat_id: subject.chat_id.clone(),
+        message_id: subject.message_id.clone(),
+        actor: String::new(),
+        route: RUNNING.into(),
+        outcome: RUNNING.into(),
+        error_code: None,
+        started_at,
+        duration_us: 0,
+    };
+    let (id, first_seq) = store::begin(conn, &head).await?;
+    let now = Instant::now();
+    Ok(Recorder { id, subject, started: now, started_at, last: now, first_seq, steps: Vec::new() })
+}
+
+impl Recorder {
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Records a step, timed from the previous one.
+    pub fn step(&mut self, step: &str, decision: &str, reason: &str, detail: Value) {
+        let now = Instant::now();
+        let duration_us = i64::try_from(now.duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
+        self.last = now;
+        self.steps.push(Step { step: step.into(), decision: decision.into(), reason_code: reason.into(), duration_us, detail: detail.to_string() });
+    }
+
+    /// The steps so far (the runtime reads its own decisions back, e.g. in tests).
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Writes the steps and the ending in the caller's transaction.
+    pub async fn finish(self, conn: &mut AnyConnection, ending: Ending) -> Result<i64, DbError> {
+        let row = TraceRow {
+            id: self.id,
+            correlation_id: self.subject.correlation_id,
+            channel: self.subject.channel,
+            chat_id: self.subject.chat_id,
+            message_id: self.subject.message_id,
+            actor: ending.actor,
+            route: ending.route,
+            outcome: ending.outcome,
+            error_code: ending.error_code,
+            started_at: self.started_at,
+            duration_us: i64::try_from(self.started.elapsed().as_micros()).unwrap_or(i64::MAX),
+        };
+        store::finish(conn, &row, self.first_seq, &self.steps).await?;
+        Ok(self.id)
+    }
+}
+
+/// Appends a step to a finished trace (the channel's delivery).
+pub async fn append(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
+    store::append_step(conn, trace_id, step).await
+}
+
+/// Appends `step` and marks the whole trace failed with its reason code: a reply the runtime
+/// gave that the channel then could not deliver, so the Traces page's outcome and error-code
+/// filters find it.
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
+    store::append_failure(conn, trace_id, step).await
+}
+
+/// A WhatsApp reply that Meta accepted and then could not deliver: the trace of the message it
+/// answered gets the failure.
+pub async fn fail_outbound(conn: &mut AnyConnection, outbound_wamid: &str, step: &Step) -> Result<bool, DbError> {
+    let Some(trace_id) = store::trace_of_outbound(conn, outbound_wamid).await? else { return Ok(false) };
+    store::append_failure(conn, trace_id, step).await?;
+    Ok(true)
+}

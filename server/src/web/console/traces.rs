@@ -1,0 +1,60 @@
+//! Traces of messages, with their steps and the tool calls made for them.
+
+use app::{
+    backend::TracesBackend,
+    dto::{TraceDetail, TraceQuery, TraceStepView, TraceSummary, TracesPage},
+    error::{AppError, code},
+};
+
+use super::{ConsoleBackend, call_view, internal};
+use crate::db;
+
+#[async_trait::async_trait]
+impl TracesBackend for ConsoleBackend {
+    async fn traces_page(&self, q: &TraceQuery) -> Result<TracesPage, AppError> {
+        const PAGE: i64 = 50;
+        let filter = db::traces::TraceFilter {
+            chat_id: q.chat.trim().to_string(),
+            route: q.route.clone(),
+            outcome: q.outcome.clone(),
+            error_code: q.error_code.trim().to_string(),
+            since_ms: if q.since_minutes > 0 { db::now_ms() - q.since_minutes * 60_000 } else { 0 },
+            before_id: q.before.max(0),
+        };
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let mut rows = db::traces::list(&mut conn, &filter, PAGE + 1).await.map_err(internal)?;
+        let next_before = (rows.len() as i64 > PAGE).then(|| rows[PAGE as usize - 1].id);
+        rows.truncate(PAGE as usize);
+        Ok(TracesPage { traces: rows.into_iter().map(trace_summary).collect(), next_before })
+    }
+
+    async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let (trace, steps) = db::traces::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no trace #{id}.")))?;
+        let steps = steps
+            .into_iter()
+            .map(|s| {
+                let detail = serde_json::from_str::<serde_json::Value>(&s.detail).map(|v| serde_json::to_string_pretty(&v).unwrap_or_default()).unwrap_or(s.detail);
+                TraceStepView { step: s.step, decision: s.decision, reason_code: s.reason_code, duration_us: s.duration_us, detail: if detail == "{}" { "{}".into() } else { detail } }
+            })
+            .collect();
+        let tool_calls = db::tool_audit::of_trace(&mut conn, id).await.map_err(internal)?.iter().map(call_view).collect();
+        Ok(TraceDetail { summary: trace_summary(trace), steps, tool_calls })
+    }
+}
+
+fn trace_summary(t: db::traces::TraceRow) -> TraceSummary {
+    TraceSummary {
+        id: t.id,
+        correlation_id: t.correlation_id,
+        channel: t.channel,
+        chat_id: t.chat_id,
+        message_id: t.message_id,
+        actor: t.actor,
+        route: t.route,
+        outcome: t.outcome,
+        error_code: t.error_code,
+        started_at: t.started_at,
+        duration_us: t.duration_us,
+    }
+}
