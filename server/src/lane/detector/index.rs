@@ -38,7 +38,7 @@ pub(super) struct Entry {
     pub name_terms: Vec<u32>,
 }
 
-/// Per message term, what it matched in one tool.
+/// What a message matched in one tool.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Hit {
     pub score: f32,
@@ -101,8 +101,15 @@ impl Inverted {
         };
         let w = &settings.weights;
         let weights = [
-            w.name, w.title, w.aliases, w.triggers, w.tags, w.description, w.when_to_use,
-            w.param_names, w.param_descriptions,
+            w.name,
+            w.title,
+            w.aliases,
+            w.triggers,
+            w.tags,
+            w.description,
+            w.when_to_use,
+            w.param_names,
+            w.param_descriptions,
         ];
 
         // Terms of every field of every doc.
@@ -114,8 +121,20 @@ impl Inverted {
         for (doc_id, doc) in docs.into_iter().enumerate() {
             let mut fields: [Vec<u32>; FIELDS] = Default::default();
             let mut add = |field: Field, text: &str, vocab: &mut HashMap<String, u32>| {
-                let ids: Vec<u32> = analyzer.terms(text).into_iter().map(|t| intern(t, vocab)).collect();
-                if matches!(field, Field::Name | Field::Title | Field::Aliases | Field::Triggers | Field::Description | Field::WhenToUse) {
+                let ids: Vec<u32> = analyzer
+                    .terms(text)
+                    .into_iter()
+                    .map(|t| intern(t, vocab))
+                    .collect();
+                if matches!(
+                    field,
+                    Field::Name
+                        | Field::Title
+                        | Field::Aliases
+                        | Field::Triggers
+                        | Field::Description
+                        | Field::WhenToUse
+                ) {
                     for pair in ids.windows(2) {
                         let docs = bigrams.entry((pair[0], pair[1])).or_default();
                         if docs.last() != Some(&(doc_id as u32)) {
@@ -142,12 +161,22 @@ impl Inverted {
                 add(Field::ParamNames, &param.name, &mut vocab);
                 add(Field::ParamDescriptions, &param.description, &mut vocab);
             }
-            negatives.push(analyzer.terms(&doc.when_not_to_use).into_iter().map(|t| intern(t, &mut vocab)).collect());
+            negatives.push(
+                analyzer
+                    .terms(&doc.when_not_to_use)
+                    .into_iter()
+                    .map(|t| intern(t, &mut vocab))
+                    .collect(),
+            );
 
             for phrase in doc.triggers.iter().chain(&doc.aliases) {
-                let stems: Vec<String> = analyzer.words(phrase).into_iter().map(|w| w.stem).collect();
+                let stems: Vec<String> =
+                    analyzer.words(phrase).into_iter().map(|w| w.stem).collect();
                 if let Some(first) = stems.first() {
-                    phrases.entry(first.clone()).or_default().push((doc_id as u32, stems));
+                    phrases
+                        .entry(first.clone())
+                        .or_default()
+                        .push((doc_id as u32, stems));
                 }
             }
             let mut name_terms = fields[Field::Name as usize].clone();
@@ -223,7 +252,11 @@ impl Inverted {
                 negative[t as usize].push((doc_id as u32, freq / (settings.k1 + freq)));
             }
         }
-        for list in postings.iter_mut().chain(negative.iter_mut()).chain(prefix_postings.iter_mut()) {
+        for list in postings
+            .iter_mut()
+            .chain(negative.iter_mut())
+            .chain(prefix_postings.iter_mut())
+        {
             list.sort_unstable_by_key(|&(d, _)| d);
         }
 
@@ -261,31 +294,49 @@ impl Inverted {
         let mut terms: Vec<QueryTerm> = Vec::new();
         let mut stems: Vec<&str> = Vec::new();
         for word in words.iter().filter(|w| is_content(w)) {
-            let factor = if word.value { settings.value_weight } else { 1.0 };
+            let factor = if word.value {
+                settings.value_weight
+            } else {
+                1.0
+            };
             if let Some(i) = stems.iter().position(|s| *s == word.stem) {
                 // A repeated word counts once, at its strongest.
                 let t = &mut terms[i];
                 let idf = t.term.map_or(self.max_idf, |t| self.idf[t as usize]);
                 if factor == 1.0 && t.weight < idf {
-                    t.prefix_weight = t.prefix.map_or(0.0, |p| self.prefix_idf[p as usize]) * settings.prefix_weight;
+                    t.prefix_weight = t.prefix.map_or(0.0, |p| self.prefix_idf[p as usize])
+                        * settings.prefix_weight;
                     t.weight = idf;
                 }
                 continue;
             }
             stems.push(&word.stem);
             let term = self.vocab.get(&word.stem).copied();
-            let prefix = prefix(&word.stem, settings.prefix_len).and_then(|p| self.prefixes.get(p).copied());
+            let prefix =
+                prefix(&word.stem, settings.prefix_len).and_then(|p| self.prefixes.get(p).copied());
             let idf = term.map_or(self.max_idf, |t| self.idf[t as usize]);
             let weight = idf * factor;
-            let prefix_weight = prefix.map_or(0.0, |p| self.prefix_idf[p as usize]) * settings.prefix_weight * factor;
-            terms.push(QueryTerm { term, prefix, weight, prefix_weight });
+            let prefix_weight = prefix.map_or(0.0, |p| self.prefix_idf[p as usize])
+                * settings.prefix_weight
+                * factor;
+            terms.push(QueryTerm {
+                term,
+                prefix,
+                weight,
+                prefix_weight,
+            });
         }
         // Two words a tool writes as one ("look up" and `lookup`, "sign in" and `signin`).
         for pair in words.windows(2) {
             let joined = analyzer_join(&pair[0].raw, &pair[1].raw);
             if let Some(&t) = self.vocab.get(&joined) {
                 if !terms.iter().any(|q| q.term == Some(t)) {
-                    terms.push(QueryTerm { term: Some(t), prefix: None, weight: self.idf[t as usize], prefix_weight: 0.0 });
+                    terms.push(QueryTerm {
+                        term: Some(t),
+                        prefix: None,
+                        weight: self.idf[t as usize],
+                        prefix_weight: 0.0,
+                    });
                 }
             }
         }
@@ -309,7 +360,11 @@ impl Inverted {
                     }
                     exact[d as usize] = i as u32;
                     hit.score += q.weight * sat;
-                    if self.entries[d as usize].name_terms.binary_search(&t).is_ok() {
+                    if self.entries[d as usize]
+                        .name_terms
+                        .binary_search(&t)
+                        .is_ok()
+                    {
                         hit.name_matched += self.idf[t as usize];
                     }
                 }
@@ -349,10 +404,13 @@ impl Inverted {
         // the ranking (the decision weighs them apart, see `Hit::phrase`).
         let stems: Vec<&str> = words.iter().map(|w| w.stem.as_str()).collect();
         for start in 0..stems.len() {
-            let Some(candidates) = self.phrases.get(stems[start]) else { continue };
+            let Some(candidates) = self.phrases.get(stems[start]) else {
+                continue;
+            };
             for (d, phrase) in candidates {
                 let end = start + phrase.len();
-                if end <= stems.len() && stems[start..end].iter().zip(phrase).all(|(a, b)| *a == b) {
+                if end <= stems.len() && stems[start..end].iter().zip(phrase).all(|(a, b)| *a == b)
+                {
                     let d = *d as usize;
                     if !seen[d] {
                         seen[d] = true;
@@ -365,8 +423,13 @@ impl Inverted {
                 }
             }
         }
-        let mut scored: Vec<Scored> =
-            touched.into_iter().map(|d| Scored { doc: d, hit: hits[d as usize] }).collect();
+        let mut scored: Vec<Scored> = touched
+            .into_iter()
+            .map(|d| Scored {
+                doc: d,
+                hit: hits[d as usize],
+            })
+            .collect();
         scored.sort_by(|a, b| b.hit.score.total_cmp(&a.hit.score).then(a.doc.cmp(&b.doc)));
         scored
     }

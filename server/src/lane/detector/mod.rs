@@ -9,184 +9,19 @@
 //! chat. Vague follow-ups ("what about it?") count only when a recent tool context exists.
 
 pub mod bench;
+mod detection;
+mod doc;
 mod index;
 mod settings;
 mod text;
 
-use serde::{Deserialize, Serialize};
-
-pub use settings::{DetectorSettings, FieldWeights};
+pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
+pub use doc::{Actor, ChatKind, ParamDoc, RecentContext, ToolDoc};
+pub use settings::{DetectorSettings, FieldWeights, SHIPPED_DEFAULTS};
 pub use text::Language;
 
 use index::Inverted;
 use text::{Analyzer, Word};
-
-/// A tool as the detector sees it. The caller fills it from the catalog; only tools that are
-/// enabled (not disabled, quarantined or rejected) should be passed, and [`ToolDoc::enabled`] false
-/// keeps one out all the same.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct ToolDoc {
-    pub name: String,
-    pub title: String,
-    pub description: String,
-    pub when_to_use: String,
-    pub when_not_to_use: String,
-    pub aliases: Vec<String>,
-    pub triggers: Vec<String>,
-    pub tags: Vec<String>,
-    pub params: Vec<ParamDoc>,
-    /// Owner-only tools are never candidates for customers.
-    pub owner_only: bool,
-    /// Chats where the tool may be used; empty means every kind.
-    pub chat_types: Vec<ChatKind>,
-    pub enabled: bool,
-}
-
-/// One input parameter of a tool.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-pub struct ParamDoc {
-    pub name: String,
-    pub description: String,
-}
-
-impl ParamDoc {
-    /// The parameters of a JSON schema: every property, nested objects and array items included
-    /// (as `parent.child`), with its description (or title).
-    pub fn from_schema(schema: &serde_json::Value) -> Vec<ParamDoc> {
-        let mut params = Vec::new();
-        collect_params(schema, "", &mut params, 0);
-        params
-    }
-}
-
-fn collect_params(schema: &serde_json::Value, prefix: &str, out: &mut Vec<ParamDoc>, depth: usize) {
-    if depth > 4 {
-        return;
-    }
-    if let Some(items) = schema.get("items") {
-        collect_params(items, prefix, out, depth + 1);
-    }
-    let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
-        return;
-    };
-    for (name, property) in properties {
-        let text = |key: &str| property.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-        let description = if text("description").is_empty() { text("title") } else { text("description") };
-        let mut description = description.to_owned();
-        if let Some(values) = property.get("enum").and_then(|v| v.as_array()) {
-            for value in values.iter().filter_map(|v| v.as_str()) {
-                description.push(' ');
-                description.push_str(value);
-            }
-        }
-        let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
-        out.push(ParamDoc { name: full.clone(), description });
-        collect_params(property, &full, out, depth + 1);
-    }
-}
-
-/// Who is asking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Actor {
-    Owner,
-    Customer,
-}
-
-/// Where the message was written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChatKind {
-    Direct,
-    Group,
-}
-
-/// A recent tool result of this chat, newest first, as the tool context store keeps it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RecentContext {
-    pub id: Option<String>,
-    pub tool: String,
-    pub args: serde_json::Value,
-    pub summary: String,
-    /// Names, places, links and titles in the result that a follow-up may refer to.
-    pub entities: Vec<String>,
-    pub age_secs: u64,
-}
-
-/// Why the detector decided as it did; stable strings for traces and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ReasonCode {
-    /// Nothing to score: empty, or only stop words.
-    EmptyMessage,
-    /// Greetings, thanks, acknowledgements, small talk or a request about the conversation itself.
-    Conversational,
-    /// A question about what was said before: normal chat memory answers it.
-    MemoryQuestion,
-    /// No tool the caller may use shares anything with the message.
-    NoCandidate,
-    /// Candidates exist but the confidence is below the threshold.
-    BelowThreshold,
-    /// A vague follow-up without any recent tool context.
-    FollowupWithoutContext,
-    /// A follow-up of a recent tool context.
-    FollowupContext,
-    /// Candidates above the threshold.
-    CandidatesFound,
-}
-
-impl ReasonCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EmptyMessage => "EMPTY_MESSAGE",
-            Self::Conversational => "CONVERSATIONAL",
-            Self::MemoryQuestion => "MEMORY_QUESTION",
-            Self::NoCandidate => "NO_CANDIDATE",
-            Self::BelowThreshold => "BELOW_THRESHOLD",
-            Self::FollowupWithoutContext => "FOLLOWUP_WITHOUT_CONTEXT",
-            Self::FollowupContext => "FOLLOWUP_CONTEXT",
-            Self::CandidatesFound => "CANDIDATES_FOUND",
-        }
-    }
-}
-
-/// What a follow-up most likely asks for (seed 000 §12).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FollowupKind {
-    AnswerFromContext,
-    SameTool,
-    NewTool,
-    Clarify,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FollowupHint {
-    pub possible: bool,
-    /// Index into the `recent` slice given to [`Index::detect`]; none when it is unclear which.
-    pub context_index: Option<usize>,
-    pub context_id: Option<String>,
-    pub kind: FollowupKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Candidate {
-    pub name: String,
-    pub score: f32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Detection {
-    pub should_plan: bool,
-    /// Best first; at most `max_candidates`. Also filled below the threshold, for traces.
-    pub candidates: Vec<Candidate>,
-    pub reason: ReasonCode,
-    /// 0..1; the message is planned from `plan_threshold` on.
-    pub confidence: f32,
-    pub followup: Option<FollowupHint>,
-}
 
 /// The tools an actor may be offered, indexed. Build a new one when the catalog changes (reload,
 /// MCP discovery) and swap it in; detection only reads.
@@ -210,7 +45,15 @@ impl Index {
         let memory = Phrases::new(&settings.memory_phrases);
         let followup = Phrases::new(&settings.followup_phrases);
         let followup_answer = Phrases::new(&settings.followup_answer_phrases);
-        Self { settings, analyzer, inverted, chat, memory, followup, followup_answer }
+        Self {
+            settings,
+            analyzer,
+            inverted,
+            chat,
+            memory,
+            followup,
+            followup_answer,
+        }
     }
 
     /// How many tools are indexed.
@@ -233,7 +76,13 @@ impl Index {
     /// "summarize that") or a named entity of a recent context makes a follow-up of it; a message
     /// of greetings, thanks or requests about the conversation stays in chat; otherwise the index
     /// decides, and a vague follow-up with no recent context stays in chat.
-    pub fn detect(&self, message: &str, actor: Actor, chat: ChatKind, recent: &[RecentContext]) -> Detection {
+    pub fn detect(
+        &self,
+        message: &str,
+        actor: Actor,
+        chat: ChatKind,
+        recent: &[RecentContext],
+    ) -> Detection {
         let words = self.analyzer.words(message);
         if words.is_empty() {
             return Detection::stay(ReasonCode::EmptyMessage);
@@ -242,17 +91,27 @@ impl Index {
         if self.memory.any_in(&raw) {
             return Detection::stay(ReasonCode::MemoryQuestion);
         }
-        let chat_words = (0..words.len()).filter(|&i| self.chat.covers(&raw, i)).count();
-        let conversational =
-            chat_words > 0 && words.iter().enumerate().all(|(i, w)| w.stop || self.chat.covers(&raw, i));
+        let chat_words = (0..words.len())
+            .filter(|&i| self.chat.covers(&raw, i))
+            .count();
+        let conversational = chat_words > 0
+            && words
+                .iter()
+                .enumerate()
+                .all(|(i, w)| w.stop || self.chat.covers(&raw, i));
         let cue = self.followup.any_in(&raw);
         let answer_cue = self.followup_answer.any_in(&raw);
         let lexical = self.lexical(&words, actor, chat);
 
-        let fresh: Vec<usize> =
-            (0..recent.len()).filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs).collect();
+        let fresh: Vec<usize> = (0..recent.len())
+            .filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs)
+            .collect();
         if !fresh.is_empty() {
-            let named: Vec<usize> = fresh.iter().copied().filter(|&i| names_entity(&raw, &recent[i])).collect();
+            let named: Vec<usize> = fresh
+                .iter()
+                .copied()
+                .filter(|&i| names_entity(&raw, &recent[i]))
+                .collect();
             if answer_cue || (cue && !conversational) || !named.is_empty() {
                 return self.followup(recent, &fresh, &named, answer_cue, lexical, actor, chat);
             }
@@ -261,7 +120,10 @@ impl Index {
             return Detection::stay(ReasonCode::Conversational);
         }
         if !lexical.should_plan && cue && fresh.is_empty() {
-            return Detection { reason: ReasonCode::FollowupWithoutContext, ..lexical };
+            return Detection {
+                reason: ReasonCode::FollowupWithoutContext,
+                ..lexical
+            };
         }
         lexical
     }
@@ -273,7 +135,11 @@ impl Index {
     }
 
     fn visible_name(&self, name: &str, actor: Actor, chat: ChatKind) -> bool {
-        self.inverted.entries.iter().position(|e| e.name == name).is_some_and(|d| self.visible(d, actor, chat))
+        self.inverted
+            .entries
+            .iter()
+            .position(|e| e.name == name)
+            .is_some_and(|d| self.visible(d, actor, chat))
     }
 
     /// The lexical decision: candidates and confidence from the index alone.
@@ -295,12 +161,19 @@ impl Index {
             .iter()
             .take(self.settings.max_candidates)
             .filter(|s| s.hit.score >= floor)
-            .map(|s| Candidate { name: self.inverted.entries[s.doc as usize].name.clone(), score: s.hit.score })
+            .map(|s| Candidate {
+                name: self.inverted.entries[s.doc as usize].name.clone(),
+                score: s.hit.score,
+            })
             .collect();
         Detection {
             should_plan,
             candidates,
-            reason: if should_plan { ReasonCode::CandidatesFound } else { ReasonCode::BelowThreshold },
+            reason: if should_plan {
+                ReasonCode::CandidatesFound
+            } else {
+                ReasonCode::BelowThreshold
+            },
             confidence,
             followup: None,
         }
@@ -313,14 +186,21 @@ impl Index {
         let entry = &self.inverted.entries[best.doc as usize];
         let max_idf = self.inverted.max_idf;
         let terms = (best.hit.score / max_idf - best.hit.phrase).max(0.0);
-        let name = if entry.name_mass > 0.0 { (best.hit.name_matched / entry.name_mass).min(1.0) } else { 0.0 };
+        let name = if entry.name_mass > 0.0 {
+            (best.hit.name_matched / entry.name_mass).min(1.0)
+        } else {
+            0.0
+        };
         let evidence = terms * (0.5 + 0.5 * name) + best.hit.phrase * self.settings.phrase_evidence;
         evidence / (evidence + self.settings.evidence_half.max(f32::EPSILON))
     }
 
     /// A follow-up of one of the `fresh` recent contexts: the one whose entities the message
     /// names, else the newest when all are of one tool; when unclear, the planner should ask.
-    #[expect(clippy::too_many_arguments, reason = "the follow-up rule reads every signal of the message")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the follow-up rule reads every signal of the message"
+    )]
     fn followup(
         &self,
         recent: &[RecentContext],
@@ -333,21 +213,38 @@ impl Index {
     ) -> Detection {
         let context = match named {
             [one] => Some(*one),
-            [] if fresh.iter().all(|&i| recent[i].tool == recent[fresh[0]].tool) => Some(fresh[0]),
+            [] if fresh
+                .iter()
+                .all(|&i| recent[i].tool == recent[fresh[0]].tool) =>
+            {
+                Some(fresh[0])
+            }
             _ => None,
         };
         let kind = match context {
             None => FollowupKind::Clarify,
             Some(_) if answer_cue => FollowupKind::AnswerFromContext,
-            Some(i) if lexical.candidates.first().is_some_and(|c| c.name != recent[i].tool) => FollowupKind::NewTool,
+            Some(i)
+                if lexical
+                    .candidates
+                    .first()
+                    .is_some_and(|c| c.name != recent[i].tool) =>
+            {
+                FollowupKind::NewTool
+            }
             Some(_) => FollowupKind::SameTool,
         };
         let mut candidates = Vec::new();
         let context_tools = context.map_or_else(|| fresh.to_vec(), |i| vec![i]);
         for i in context_tools {
             let tool = &recent[i].tool;
-            if self.visible_name(tool, actor, chat) && !candidates.iter().any(|c: &Candidate| &c.name == tool) {
-                candidates.push(Candidate { name: tool.clone(), score: 0.0 });
+            if self.visible_name(tool, actor, chat)
+                && !candidates.iter().any(|c: &Candidate| &c.name == tool)
+            {
+                candidates.push(Candidate {
+                    name: tool.clone(),
+                    score: 0.0,
+                });
             }
         }
         for c in lexical.candidates {
@@ -375,14 +272,11 @@ impl Index {
 fn names_entity(raw: &[&str], context: &RecentContext) -> bool {
     context.entities.iter().any(|entity| {
         let entity = text::split_words(entity);
-        !entity.is_empty() && raw.windows(entity.len()).any(|w| w.iter().zip(&entity).all(|(a, b)| a == b))
+        !entity.is_empty()
+            && raw
+                .windows(entity.len())
+                .any(|w| w.iter().zip(&entity).all(|(a, b)| a == b))
     })
-}
-
-impl Detection {
-    fn stay(reason: ReasonCode) -> Self {
-        Self { should_plan: false, candidates: Vec::new(), reason, confidence: 0.0, followup: None }
-    }
 }
 
 /// A list of configured phrases, folded to words, matched on whole words.
@@ -391,11 +285,21 @@ struct Phrases(Vec<Vec<String>>);
 
 impl Phrases {
     fn new(phrases: &[String]) -> Self {
-        Self(phrases.iter().map(|p| text::split_words(p)).filter(|p| !p.is_empty()).collect())
+        Self(
+            phrases
+                .iter()
+                .map(|p| text::split_words(p))
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
     }
 
     fn any_in(&self, words: &[&str]) -> bool {
-        self.0.iter().any(|p| words.windows(p.len()).any(|w| w.iter().zip(p).all(|(a, b)| a == b)))
+        self.0.iter().any(|p| {
+            words
+                .windows(p.len())
+                .any(|w| w.iter().zip(p).all(|(a, b)| a == b))
+        })
     }
 
     /// Whether word `i` is part of one of the phrases.

@@ -1,6 +1,8 @@
 //! `[lane.detector]` settings. The numbers tune the scoring; the word and phrase lists are
 //! language data, so they live in config and only their defaults are here.
 
+use std::sync::LazyLock;
+
 use serde::Deserialize;
 
 use super::text::Language;
@@ -90,9 +92,24 @@ impl Default for FieldWeights {
     }
 }
 
-fn list(words: &[&str]) -> Vec<String> {
-    words.iter().map(|w| (*w).to_owned()).collect()
+/// The shipped defaults. The word and phrase lists are read from them (they are language data,
+/// not code); the numbers are repeated in [`DetectorSettings::default`] and a test keeps both
+/// equal.
+pub const SHIPPED_DEFAULTS: &str = include_str!("defaults.toml");
+
+#[derive(Deserialize)]
+struct Lists {
+    stopwords: Vec<String>,
+    chat_phrases: Vec<String>,
+    memory_phrases: Vec<String>,
+    followup_phrases: Vec<String>,
+    followup_answer_phrases: Vec<String>,
 }
+
+static LISTS: LazyLock<Lists> = LazyLock::new(|| {
+    // Compiled in, and parsed by a test: this cannot fail at run time.
+    toml::from_str(SHIPPED_DEFAULTS).expect("defaults.toml holds the detector's lists")
+});
 
 impl Default for DetectorSettings {
     fn default() -> Self {
@@ -111,70 +128,12 @@ impl Default for DetectorSettings {
             prefix_len: 5,
             prefix_weight: 0.5,
             language: Language::English,
-            stopwords: list(DEFAULT_STOPWORDS),
-            chat_phrases: list(DEFAULT_CHAT_PHRASES),
-            memory_phrases: list(DEFAULT_MEMORY_PHRASES),
-            followup_phrases: list(DEFAULT_FOLLOWUP_PHRASES),
-            followup_answer_phrases: list(DEFAULT_FOLLOWUP_ANSWER_PHRASES),
+            stopwords: LISTS.stopwords.clone(),
+            chat_phrases: LISTS.chat_phrases.clone(),
+            memory_phrases: LISTS.memory_phrases.clone(),
+            followup_phrases: LISTS.followup_phrases.clone(),
+            followup_answer_phrases: LISTS.followup_answer_phrases.clone(),
             followup_max_age_secs: 1800,
         }
     }
 }
-
-const DEFAULT_STOPWORDS: &[&str] = &[
-    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as",
-    "at", "be", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
-    "did", "do", "does", "doing", "done", "down", "during", "each", "else", "etc", "even", "ever",
-    "every", "few", "for", "from", "further", "get", "gets", "getting", "give", "given", "gives",
-    "go", "going", "got", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his",
-    "how", "i", "id", "if", "im", "in", "into", "is", "it", "its", "ive", "just", "kindly", "let",
-    "lets", "like", "ll", "may", "me", "might", "mine", "more", "most", "much", "must", "my",
-    "myself", "need", "needs", "no", "nor", "not", "now", "of", "off", "on", "once", "one", "only",
-    "or", "other", "our", "ours", "out", "over", "own", "please", "pls", "quite", "rather", "really",
-    "same", "shall", "she", "should", "so", "some", "such", "tell", "than", "that", "thats", "the",
-    "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to",
-    "too", "under", "until", "up", "upon", "us", "use", "used", "using", "ve", "very", "via", "want",
-    "wanna", "was", "we", "were", "what", "whats", "when", "where", "which", "while", "who", "whom",
-    "whose", "why", "will", "with", "within", "would", "yes", "yet", "you", "your", "yours",
-    "yourself", "hi", "hello", "hey", "thanks", "thank", "ok", "okay",
-];
-
-const DEFAULT_CHAT_PHRASES: &[&str] = &[
-    "hi", "hello", "hey", "hiya", "yo", "good morning", "good afternoon", "good evening",
-    "good night", "morning", "evening", "greetings", "thanks", "thank you", "thank u", "thx", "ty",
-    "cheers", "much appreciated", "appreciate it", "ok", "okay", "okey", "k", "kk", "alright",
-    "all right", "sure", "fine", "cool", "great", "nice", "perfect", "awesome", "got it",
-    "understood", "noted", "sounds good", "yes", "yeah", "yep", "no", "nope", "nah", "lol", "haha",
-    "bye", "goodbye", "see you", "see ya", "take care", "how are you", "how are you doing",
-    "hows it going", "how is it going", "whats up", "sup", "how have you been", "nice to meet you",
-    "who are you", "what are you", "what can you do", "continue", "go on", "keep going", "carry on",
-    "more", "tell me more", "rewrite", "rephrase", "reword", "paraphrase", "shorten", "make it shorter",
-    "make it longer", "explain", "clarify", "elaborate", "simplify", "summarize", "summarise",
-    "translate", "proofread", "correct", "fix", "improve", "polish", "expand", "again", "repeat",
-    "sorry", "my bad", "never mind", "nevermind", "wait", "hmm", "hm", "oh", "ah", "wow", "please",
-];
-
-const DEFAULT_MEMORY_PHRASES: &[&str] = &[
-    "do you remember", "you remember", "remember when", "remember what", "remember my",
-    "what did i tell you", "what did i say", "what did i just say", "did i tell you",
-    "did i mention", "what did i ask", "what was i saying", "what were we talking about",
-    "what did we talk about", "what did we discuss", "as i said", "as i told you", "i told you",
-    "you told me", "you said", "what did you say", "earlier in this chat", "earlier in our chat",
-    "in our conversation", "our last conversation", "last time we talked", "do you recall",
-    "can you recall", "what do you know about me", "my name",
-];
-
-const DEFAULT_FOLLOWUP_PHRASES: &[&str] = &[
-    "what about", "how about", "and what about", "and for", "and in", "and on", "same for",
-    "same thing for", "the same for", "instead", "it", "that", "this", "those", "these", "them",
-    "that one", "this one", "the first one", "the second one", "the third one", "the last one",
-    "the other one", "the first", "the second", "the third", "the last", "the link", "that link",
-    "that page", "the page", "that result", "the results", "open it", "compare", "compare them",
-    "compare those", "is that still true", "there", "again", "more details", "more about",
-];
-
-const DEFAULT_FOLLOWUP_ANSWER_PHRASES: &[&str] = &[
-    "summarize", "summarise", "summary", "explain", "compare", "tell me more", "more details",
-    "is that still true", "which one", "which is", "what does it say", "what did it say",
-];
-

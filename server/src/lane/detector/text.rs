@@ -43,7 +43,9 @@ pub struct Analyzer {
 
 impl std::fmt::Debug for Analyzer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Analyzer").field("stopwords", &self.stopwords.len()).finish_non_exhaustive()
+        f.debug_struct("Analyzer")
+            .field("stopwords", &self.stopwords.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -59,10 +61,12 @@ impl Analyzer {
             Language::Italian => Some(Algorithm::Italian),
             Language::Dutch => Some(Algorithm::Dutch),
         };
-        let mut analyzer = Self { stemmer: algorithm.map(Stemmer::create), stopwords: HashSet::new() };
+        let mut analyzer = Self {
+            stemmer: algorithm.map(Stemmer::create),
+            stopwords: HashSet::new(),
+        };
         // Stop words are compared after folding, so "Whats" and "what's" agree with the list.
-        let folded: HashSet<String> =
-            stopwords.iter().flat_map(|s| split_words(s)).collect();
+        let folded: HashSet<String> = stopwords.iter().flat_map(|s| split_words(s)).collect();
         analyzer.stopwords = folded;
         analyzer
     }
@@ -74,14 +78,23 @@ impl Analyzer {
             .map(|Token { text: raw, value }| {
                 let stop = self.stopwords.contains(&raw) || raw.chars().all(|c| c.is_ascii_digit());
                 let stem = self.stem(&raw);
-                Word { raw, stem, stop, value }
+                Word {
+                    raw,
+                    stem,
+                    stop,
+                    value,
+                }
             })
             .collect()
     }
 
     /// The stems of the content words of `text` (stop words, lone letters and numbers left out).
     pub fn terms(&self, text: &str) -> Vec<String> {
-        self.words(text).into_iter().filter(|w| is_content(w)).map(|w| w.stem).collect()
+        self.words(text)
+            .into_iter()
+            .filter(|w| is_content(w))
+            .map(|w| w.stem)
+            .collect()
     }
 
     pub fn stem(&self, word: &str) -> String {
@@ -125,15 +138,22 @@ pub fn tokens(text: &str) -> Vec<Token> {
     let mut capitalised = false;
     let flush = |current: &mut String, value: bool, out: &mut Vec<Token>| {
         if !current.is_empty() {
-            out.push(Token { text: current.to_lowercase(), value });
+            out.push(Token {
+                text: current.to_lowercase(),
+                value,
+            });
             current.clear();
         }
     };
     for (i, &c) in folded.iter().enumerate() {
         let prev = i.checked_sub(1).map(|j| folded[j]);
         let next = folded.get(i + 1).copied();
-        if matches!(c, '"' | '`' | '\u{201c}' | '\u{201d}' | '\u{2018}' | '\u{2019}' | '\'') {
-            let inside_word = prev.is_some_and(char::is_alphanumeric) && next.is_some_and(char::is_alphanumeric);
+        if matches!(
+            c,
+            '"' | '`' | '\u{201c}' | '\u{201d}' | '\u{2018}' | '\u{2019}' | '\''
+        ) {
+            let inside_word =
+                prev.is_some_and(char::is_alphanumeric) && next.is_some_and(char::is_alphanumeric);
             if inside_word {
                 // "what's" -> "whats"
                 continue;
@@ -150,13 +170,17 @@ pub fn tokens(text: &str) -> Vec<Token> {
         if !c.is_alphanumeric() {
             flush(&mut current, quoted || capitalised, &mut out);
             sentence_start |= matches!(c, '.' | '!' | '?' | ':' | ';' | '\n')
-                && !(prev.is_some_and(|p| p.is_ascii_digit()) && next.is_some_and(|n| n.is_ascii_digit()));
+                && !(prev.is_some_and(|p| p.is_ascii_digit())
+                    && next.is_some_and(|n| n.is_ascii_digit()));
             piece_start = true;
             continue;
         }
         if piece_start {
             // A new word: capitalised inside a sentence ("in Paris", not "Paris is").
-            let word_end = folded[i..].iter().position(|c| !c.is_alphanumeric()).map_or(folded.len(), |p| i + p);
+            let word_end = folded[i..]
+                .iter()
+                .position(|c| !c.is_alphanumeric())
+                .map_or(folded.len(), |p| i + p);
             let word = &folded[i..word_end];
             let title_case = word.len() > 1 && word[1..].iter().all(|c| !c.is_uppercase());
             capitalised = c.is_uppercase() && title_case && !sentence_start;
@@ -167,7 +191,9 @@ pub fn tokens(text: &str) -> Vec<Token> {
             let boundary = (prev.is_lowercase() && c.is_uppercase())
                 || (prev.is_alphabetic() && c.is_numeric())
                 || (prev.is_numeric() && c.is_alphabetic())
-                || (prev.is_uppercase() && c.is_uppercase() && next.is_some_and(char::is_lowercase));
+                || (prev.is_uppercase()
+                    && c.is_uppercase()
+                    && next.is_some_and(char::is_lowercase));
             if boundary {
                 flush(&mut current, quoted || capitalised, &mut out);
             }
@@ -194,16 +220,34 @@ mod tests {
 
     #[test]
     fn quoted_and_capitalised_words_are_values() {
-        let values = |text: &str| -> Vec<String> { tokens(text).into_iter().filter(|t| t.value).map(|t| t.text).collect() };
-        assert_eq!(values("Find books by 'Jane Austen' in London. Paris is nice"), ["jane", "austen", "london"]);
-        assert_eq!(values("Search \"rust async\" docs, it's NASA time"), ["rust", "async"]);
+        let values = |text: &str| -> Vec<String> {
+            tokens(text)
+                .into_iter()
+                .filter(|t| t.value)
+                .map(|t| t.text)
+                .collect()
+        };
+        assert_eq!(
+            values("Find books by 'Jane Austen' in London. Paris is nice"),
+            ["jane", "austen", "london"]
+        );
+        assert_eq!(
+            values("Search \"rust async\" docs, it's NASA time"),
+            ["rust", "async"]
+        );
     }
 
     #[test]
     fn stems_and_stop_words() {
         let analyzer = Analyzer::new(Language::English, &["the".into(), "for".into()]);
-        assert_eq!(analyzer.terms("Searching the forecasts for 3 days"), ["search", "forecast", "day"]);
+        assert_eq!(
+            analyzer.terms("Searching the forecasts for 3 days"),
+            ["search", "forecast", "day"]
+        );
         let none = Analyzer::new(Language::None, &[]);
-        assert_eq!(none.terms("Searching forecasts"), ["searching", "forecasts"]);
+        assert_eq!(
+            none.terms("Searching forecasts"),
+            ["searching", "forecasts"]
+        );
     }
 }
