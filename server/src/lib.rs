@@ -8,6 +8,7 @@ pub mod config;
 pub mod conversation;
 pub mod db;
 pub mod jobs;
+pub mod lane;
 pub mod llm;
 pub mod owners;
 pub mod telemetry;
