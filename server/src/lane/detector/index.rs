@@ -328,16 +328,16 @@ impl Inverted {
         }
         // Two words a tool writes as one ("look up" and `lookup`, "sign in" and `signin`).
         for pair in words.windows(2) {
-            let joined = analyzer_join(&pair[0].raw, &pair[1].raw);
-            if let Some(&t) = self.vocab.get(&joined) {
-                if !terms.iter().any(|q| q.term == Some(t)) {
-                    terms.push(QueryTerm {
-                        term: Some(t),
-                        prefix: None,
-                        weight: self.idf[t as usize],
-                        prefix_weight: 0.0,
-                    });
-                }
+            let joined = format!("{}{}", pair[0].raw, pair[1].raw);
+            if let Some(&t) = self.vocab.get(&joined)
+                && !terms.iter().any(|q| q.term == Some(t))
+            {
+                terms.push(QueryTerm {
+                    term: Some(t),
+                    prefix: None,
+                    weight: self.idf[t as usize],
+                    prefix_weight: 0.0,
+                });
             }
         }
         Query { terms }
@@ -433,12 +433,6 @@ impl Inverted {
         scored.sort_by(|a, b| b.hit.score.total_cmp(&a.hit.score).then(a.doc.cmp(&b.doc)));
         scored
     }
-}
-
-/// Two message words as one index term. Joined words are not stemmed (`lookup` stays `lookup`),
-/// which is how the index holds them as long as the stemmer leaves such compounds alone.
-fn analyzer_join(first: &str, second: &str) -> String {
-    format!("{first}{second}")
 }
 
 /// The first `len` characters of a longer stem.

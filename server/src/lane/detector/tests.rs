@@ -516,8 +516,7 @@ fn parameters_come_from_the_schema() {
 
 #[test]
 fn shipped_defaults_match_the_code_and_unknown_keys_fail() {
-    let shipped: DetectorSettings =
-        toml::from_str(SHIPPED_DEFAULTS).expect("defaults.toml parses");
+    let shipped: DetectorSettings = toml::from_str(SHIPPED_DEFAULTS).expect("defaults.toml parses");
     assert_eq!(shipped, DetectorSettings::default());
     let unknown = toml::from_str::<DetectorSettings>("max_candidate = 3");
     assert!(unknown.is_err());

@@ -92,7 +92,7 @@ impl Analyzer {
     pub fn terms(&self, text: &str) -> Vec<String> {
         self.words(text)
             .into_iter()
-            .filter(|w| is_content(w))
+            .filter(is_content)
             .map(|w| w.stem)
             .collect()
     }
