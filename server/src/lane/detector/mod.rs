@@ -1,0 +1,317 @@
+//! The lane's candidate detector (seed 000 §5.1): a cheap, local check, with no model call,
+//! of whether a message is worth tool planning, and which tools the planner should see.
+//!
+//! It knows no tool by name. It indexes whatever tools it is given ([`ToolDoc`]: built-in,
+//! connector or MCP, built from the live catalog by the caller and rebuilt on reload) and scores a
+//! message against their names, titles, descriptions, guidance, aliases, triggers, tags and
+//! parameters. It is conservative: conversation about the conversation (greetings, thanks, memory
+//! questions, rewrites) never plans, and below the configured confidence a message stays in normal
+//! chat. Vague follow-ups ("what about it?") count only when a recent tool context exists.
+
+pub mod bench;
+mod detection;
+mod doc;
+mod index;
+mod settings;
+mod text;
+
+pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
+pub use doc::{Actor, ChatKind, ParamDoc, RecentContext, ToolDoc};
+pub use settings::{DetectorSettings, FieldWeights, SHIPPED_DEFAULTS};
+pub use text::Language;
+
+use index::Inverted;
+use text::{Analyzer, Word};
+
+/// The tools an actor may be offered, indexed. Build a new one when the catalog changes (reload,
+/// MCP discovery) and swap it in; detection only reads.
+#[derive(Debug)]
+pub struct Index {
+    settings: DetectorSettings,
+    analyzer: Analyzer,
+    inverted: Inverted,
+    chat: Phrases,
+    memory: Phrases,
+    followup: Phrases,
+    followup_answer: Phrases,
+}
+
+impl Index {
+    pub fn build(docs: Vec<ToolDoc>, settings: DetectorSettings) -> Self {
+        let analyzer = Analyzer::new(settings.language, &settings.stopwords);
+        let docs: Vec<ToolDoc> = docs.into_iter().filter(|d| d.enabled).collect();
+        let inverted = Inverted::build(docs, &analyzer, &settings);
+        let chat = Phrases::new(&settings.chat_phrases);
+        let memory = Phrases::new(&settings.memory_phrases);
+        let followup = Phrases::new(&settings.followup_phrases);
+        let followup_answer = Phrases::new(&settings.followup_answer_phrases);
+        Self {
+            settings,
+            analyzer,
+            inverted,
+            chat,
+            memory,
+            followup,
+            followup_answer,
+        }
+    }
+
+    /// How many tools are indexed.
+    pub fn len(&self) -> usize {
+        self.inverted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn settings(&self) -> &DetectorSettings {
+        &self.settings
+    }
+
+    /// Decides whether `message` is worth planning, for `actor` in a `chat`, given the chat's
+    /// recent tool contexts (newest first).
+    ///
+    /// In order: a memory question stays in chat; a follow-up cue ("what about", "open it",
+    /// "summarize that") or a named entity of a recent context makes a follow-up of it; a message
+    /// of greetings, thanks or requests about the conversation stays in chat; otherwise the index
+    /// decides, and a vague follow-up with no recent context stays in chat.
+    pub fn detect(
+        &self,
+        message: &str,
+        actor: Actor,
+        chat: ChatKind,
+        recent: &[RecentContext],
+    ) -> Detection {
+        let words = self.analyzer.words(message);
+        if words.is_empty() {
+            return Detection::stay(ReasonCode::EmptyMessage);
+        }
+        let raw: Vec<&str> = words.iter().map(|w| w.raw.as_str()).collect();
+        if self.memory.any_in(&raw) {
+            return Detection::stay(ReasonCode::MemoryQuestion);
+        }
+        let chat_words = (0..words.len())
+            .filter(|&i| self.chat.covers(&raw, i))
+            .count();
+        let conversational = chat_words > 0
+            && words
+                .iter()
+                .enumerate()
+                .all(|(i, w)| w.stop || self.chat.covers(&raw, i));
+        let cue = self.followup.any_in(&raw);
+        let answer_cue = self.followup_answer.any_in(&raw);
+        let lexical = self.lexical(&words, actor, chat);
+
+        let fresh: Vec<usize> = (0..recent.len())
+            .filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs)
+            .collect();
+        if !fresh.is_empty() {
+            let named: Vec<usize> = fresh
+                .iter()
+                .copied()
+                .filter(|&i| names_entity(&raw, &recent[i]))
+                .collect();
+            if answer_cue || (cue && !conversational) || !named.is_empty() {
+                return self.followup(recent, &fresh, &named, answer_cue, lexical, actor, chat);
+            }
+        }
+        if conversational {
+            return Detection::stay(ReasonCode::Conversational);
+        }
+        if !lexical.should_plan && cue && fresh.is_empty() {
+            return Detection {
+                reason: ReasonCode::FollowupWithoutContext,
+                ..lexical
+            };
+        }
+        lexical
+    }
+
+    fn visible(&self, doc: usize, actor: Actor, chat: ChatKind) -> bool {
+        let entry = &self.inverted.entries[doc];
+        (actor == Actor::Owner || !entry.owner_only)
+            && (entry.chat_types.is_empty() || entry.chat_types.contains(&chat))
+    }
+
+    fn visible_name(&self, name: &str, actor: Actor, chat: ChatKind) -> bool {
+        self.inverted
+            .entries
+            .iter()
+            .position(|e| e.name == name)
+            .is_some_and(|d| self.visible(d, actor, chat))
+    }
+
+    /// The lexical decision: candidates and confidence from the index alone.
+    fn lexical(&self, words: &[Word], actor: Actor, chat: ChatKind) -> Detection {
+        let query = self.inverted.query(words, &self.settings);
+        let scored: Vec<index::Scored> = self
+            .inverted
+            .score(&query, words, &self.settings)
+            .into_iter()
+            .filter(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat))
+            .collect();
+        let Some(best) = scored.first() else {
+            return Detection::stay(ReasonCode::NoCandidate);
+        };
+        let confidence = self.confidence(best);
+        let should_plan = confidence >= self.settings.plan_threshold;
+        let floor = best.hit.score * self.settings.candidate_ratio;
+        let candidates: Vec<Candidate> = scored
+            .iter()
+            .take(self.settings.max_candidates)
+            .filter(|s| s.hit.score >= floor)
+            .map(|s| Candidate {
+                name: self.inverted.entries[s.doc as usize].name.clone(),
+                score: s.hit.score,
+            })
+            .collect();
+        Detection {
+            should_plan,
+            candidates,
+            reason: if should_plan {
+                ReasonCode::CandidatesFound
+            } else {
+                ReasonCode::BelowThreshold
+            },
+            confidence,
+            followup: None,
+        }
+    }
+
+    /// 0..1 from the evidence for the best tool: its score in units of the rarest word's weight
+    /// (a trigger phrase or alias counts `phrase_evidence` whole), weighed by how much of the
+    /// tool's name the message names. `evidence_half` evidence gives 0.5.
+    fn confidence(&self, best: &index::Scored) -> f32 {
+        let entry = &self.inverted.entries[best.doc as usize];
+        let max_idf = self.inverted.max_idf;
+        let terms = (best.hit.score / max_idf - best.hit.phrase).max(0.0);
+        let name = if entry.name_mass > 0.0 {
+            (best.hit.name_matched / entry.name_mass).min(1.0)
+        } else {
+            0.0
+        };
+        let evidence = terms * (0.5 + 0.5 * name) + best.hit.phrase * self.settings.phrase_evidence;
+        evidence / (evidence + self.settings.evidence_half.max(f32::EPSILON))
+    }
+
+    /// A follow-up of one of the `fresh` recent contexts: the one whose entities the message
+    /// names, else the newest when all are of one tool; when unclear, the planner should ask.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the follow-up rule reads every signal of the message"
+    )]
+    fn followup(
+        &self,
+        recent: &[RecentContext],
+        fresh: &[usize],
+        named: &[usize],
+        answer_cue: bool,
+        lexical: Detection,
+        actor: Actor,
+        chat: ChatKind,
+    ) -> Detection {
+        let context = match named {
+            [one] => Some(*one),
+            [] if fresh
+                .iter()
+                .all(|&i| recent[i].tool == recent[fresh[0]].tool) =>
+            {
+                Some(fresh[0])
+            }
+            _ => None,
+        };
+        let kind = match context {
+            None => FollowupKind::Clarify,
+            Some(_) if answer_cue => FollowupKind::AnswerFromContext,
+            Some(i)
+                if lexical
+                    .candidates
+                    .first()
+                    .is_some_and(|c| c.name != recent[i].tool) =>
+            {
+                FollowupKind::NewTool
+            }
+            Some(_) => FollowupKind::SameTool,
+        };
+        let mut candidates = Vec::new();
+        let context_tools = context.map_or_else(|| fresh.to_vec(), |i| vec![i]);
+        for i in context_tools {
+            let tool = &recent[i].tool;
+            if self.visible_name(tool, actor, chat)
+                && !candidates.iter().any(|c: &Candidate| &c.name == tool)
+            {
+                candidates.push(Candidate {
+                    name: tool.clone(),
+                    score: 0.0,
+                });
+            }
+        }
+        for c in lexical.candidates {
+            if !candidates.iter().any(|x| x.name == c.name) {
+                candidates.push(c);
+            }
+        }
+        candidates.truncate(self.settings.max_candidates);
+        Detection {
+            should_plan: true,
+            candidates,
+            reason: ReasonCode::FollowupContext,
+            confidence: lexical.confidence.max(self.settings.plan_threshold),
+            followup: Some(FollowupHint {
+                possible: true,
+                context_index: context,
+                context_id: context.and_then(|i| recent[i].id.clone()),
+                kind,
+            }),
+        }
+    }
+}
+
+/// Whether the message names one of the context's entities (whole words, any case).
+fn names_entity(raw: &[&str], context: &RecentContext) -> bool {
+    context.entities.iter().any(|entity| {
+        let entity = text::split_words(entity);
+        !entity.is_empty()
+            && raw
+                .windows(entity.len())
+                .any(|w| w.iter().zip(&entity).all(|(a, b)| a == b))
+    })
+}
+
+/// A list of configured phrases, folded to words, matched on whole words.
+#[derive(Debug)]
+struct Phrases(Vec<Vec<String>>);
+
+impl Phrases {
+    fn new(phrases: &[String]) -> Self {
+        Self(
+            phrases
+                .iter()
+                .map(|p| text::split_words(p))
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
+    }
+
+    fn any_in(&self, words: &[&str]) -> bool {
+        self.0.iter().any(|p| {
+            words
+                .windows(p.len())
+                .any(|w| w.iter().zip(p).all(|(a, b)| a == b))
+        })
+    }
+
+    /// Whether word `i` is part of one of the phrases.
+    fn covers(&self, words: &[&str], i: usize) -> bool {
+        self.0.iter().any(|p| {
+            let n = p.len();
+            (i.saturating_sub(n - 1)..=i)
+                .filter(|&start| start + n <= words.len())
+                .any(|start| words[start..start + n].iter().zip(p).all(|(a, b)| a == b))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

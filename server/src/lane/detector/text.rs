@@ -1,0 +1,253 @@
+//! Text normalisation shared by the index and the messages it scores: Unicode folding, splitting of
+//! identifiers (snake_case, camelCase, dotted paths, letters against digits), stop words and
+//! stemming. Tools and messages go through the same functions, so a tool named
+//! `getWeatherForecast` and a person asking for "the weather forecasts" meet on `weather` and
+//! `forecast`.
+
+use std::collections::HashSet;
+
+use rust_stemmers::{Algorithm, Stemmer};
+use serde::Deserialize;
+use unicode_normalization::{UnicodeNormalization, char::is_combining_mark};
+
+/// Stemming language; `none` only folds case and accents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    None,
+    English,
+    French,
+    German,
+    Spanish,
+    Portuguese,
+    Italian,
+    Dutch,
+}
+
+/// One word of a text after folding: `raw` is the lower-cased word, `stem` what it is indexed by,
+/// `stop` whether it is a stop word (kept for phrase matching, ignored for scoring).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Word {
+    pub raw: String,
+    pub stem: String,
+    pub stop: bool,
+    /// Looks like a value (quoted, or a capitalised name inside a sentence).
+    pub value: bool,
+}
+
+/// Folds and stems text; built once per index from the settings.
+pub struct Analyzer {
+    stemmer: Option<Stemmer>,
+    stopwords: HashSet<String>,
+}
+
+impl std::fmt::Debug for Analyzer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analyzer")
+            .field("stopwords", &self.stopwords.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Analyzer {
+    pub fn new(language: Language, stopwords: &[String]) -> Self {
+        let algorithm = match language {
+            Language::None => None,
+            Language::English => Some(Algorithm::English),
+            Language::French => Some(Algorithm::French),
+            Language::German => Some(Algorithm::German),
+            Language::Spanish => Some(Algorithm::Spanish),
+            Language::Portuguese => Some(Algorithm::Portuguese),
+            Language::Italian => Some(Algorithm::Italian),
+            Language::Dutch => Some(Algorithm::Dutch),
+        };
+        let mut analyzer = Self {
+            stemmer: algorithm.map(Stemmer::create),
+            stopwords: HashSet::new(),
+        };
+        // Stop words are compared after folding, so "Whats" and "what's" agree with the list.
+        let folded: HashSet<String> = stopwords.iter().flat_map(|s| split_words(s)).collect();
+        analyzer.stopwords = folded;
+        analyzer
+    }
+
+    /// Every word of `text`, stop words included, in order.
+    pub fn words(&self, text: &str) -> Vec<Word> {
+        tokens(text)
+            .into_iter()
+            .map(|Token { text: raw, value }| {
+                let stop = self.stopwords.contains(&raw) || raw.chars().all(|c| c.is_ascii_digit());
+                let stem = self.stem(&raw);
+                Word {
+                    raw,
+                    stem,
+                    stop,
+                    value,
+                }
+            })
+            .collect()
+    }
+
+    /// The stems of the content words of `text` (stop words, lone letters and numbers left out).
+    pub fn terms(&self, text: &str) -> Vec<String> {
+        self.words(text)
+            .into_iter()
+            .filter(is_content)
+            .map(|w| w.stem)
+            .collect()
+    }
+
+    pub fn stem(&self, word: &str) -> String {
+        match &self.stemmer {
+            Some(stemmer) => stemmer.stem(word).into_owned(),
+            None => word.to_owned(),
+        }
+    }
+}
+
+/// Whether a word carries meaning for scoring.
+pub fn is_content(word: &Word) -> bool {
+    !word.stop && word.raw.chars().count() > 1
+}
+
+/// Splits text into lower-cased, accent-free words. Identifiers are split too: `get_user_id`,
+/// `getUserID`, `HTTPServer2` and `math.factorial` give `get user id`, `get user id`,
+/// `http server 2` and `math factorial`. An apostrophe joins a word ("what's" is one word).
+pub fn split_words(text: &str) -> Vec<String> {
+    tokens(text).into_iter().map(|t| t.text).collect()
+}
+
+/// A word of a message with a hint of its role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub text: String,
+    /// Quoted, or capitalised inside a sentence: likely a value (a name, a title, a place) rather
+    /// than what is asked for.
+    pub value: bool,
+}
+
+/// [`split_words`], keeping which words look like values.
+pub fn tokens(text: &str) -> Vec<Token> {
+    let folded: Vec<char> = text.nfkd().filter(|c| !is_combining_mark(*c)).collect();
+    let mut out = Vec::new();
+    let mut current = String::new();
+    // Inside quotes; whether the current piece starts a new word of the sentence, is capitalised.
+    let mut quoted = false;
+    let mut sentence_start = true;
+    let mut piece_start = true;
+    let mut capitalised = false;
+    let flush = |current: &mut String, value: bool, out: &mut Vec<Token>| {
+        if !current.is_empty() {
+            out.push(Token {
+                text: current.to_lowercase(),
+                value,
+            });
+            current.clear();
+        }
+    };
+    for (i, &c) in folded.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|j| folded[j]);
+        let next = folded.get(i + 1).copied();
+        if matches!(
+            c,
+            '"' | '`' | '\u{201c}' | '\u{201d}' | '\u{2018}' | '\u{2019}' | '\''
+        ) {
+            let inside_word =
+                prev.is_some_and(char::is_alphanumeric) && next.is_some_and(char::is_alphanumeric);
+            if inside_word {
+                // "what's" -> "whats"
+                continue;
+            }
+            flush(&mut current, quoted || capitalised, &mut out);
+            piece_start = true;
+            if !quoted && next.is_some_and(|n| n.is_alphanumeric()) {
+                quoted = true;
+            } else if quoted && !next.is_some_and(char::is_alphanumeric) {
+                quoted = false;
+            }
+            continue;
+        }
+        if !c.is_alphanumeric() {
+            flush(&mut current, quoted || capitalised, &mut out);
+            sentence_start |= matches!(c, '.' | '!' | '?' | ':' | ';' | '\n')
+                && !(prev.is_some_and(|p| p.is_ascii_digit())
+                    && next.is_some_and(|n| n.is_ascii_digit()));
+            piece_start = true;
+            continue;
+        }
+        if piece_start {
+            // A new word: capitalised inside a sentence ("in Paris", not "Paris is").
+            let word_end = folded[i..]
+                .iter()
+                .position(|c| !c.is_alphanumeric())
+                .map_or(folded.len(), |p| i + p);
+            let word = &folded[i..word_end];
+            let title_case = word.len() > 1 && word[1..].iter().all(|c| !c.is_uppercase());
+            capitalised = c.is_uppercase() && title_case && !sentence_start;
+            sentence_start = false;
+            piece_start = false;
+        }
+        if let Some(prev) = current.chars().last() {
+            let boundary = (prev.is_lowercase() && c.is_uppercase())
+                || (prev.is_alphabetic() && c.is_numeric())
+                || (prev.is_numeric() && c.is_alphabetic())
+                || (prev.is_uppercase()
+                    && c.is_uppercase()
+                    && next.is_some_and(char::is_lowercase));
+            if boundary {
+                flush(&mut current, quoted || capitalised, &mut out);
+            }
+        }
+        current.push(c);
+    }
+    flush(&mut current, quoted || capitalised, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_split_into_words() {
+        assert_eq!(split_words("get_user_id"), ["get", "user", "id"]);
+        assert_eq!(split_words("getUserID"), ["get", "user", "id"]);
+        assert_eq!(split_words("HTTPServer2"), ["http", "server", "2"]);
+        assert_eq!(split_words("math.factorial"), ["math", "factorial"]);
+        assert_eq!(split_words("sha256sum"), ["sha", "256", "sum"]);
+        assert_eq!(split_words("What's the Café?"), ["whats", "the", "cafe"]);
+    }
+
+    #[test]
+    fn quoted_and_capitalised_words_are_values() {
+        let values = |text: &str| -> Vec<String> {
+            tokens(text)
+                .into_iter()
+                .filter(|t| t.value)
+                .map(|t| t.text)
+                .collect()
+        };
+        assert_eq!(
+            values("Find books by 'Jane Austen' in London. Paris is nice"),
+            ["jane", "austen", "london"]
+        );
+        assert_eq!(
+            values("Search \"rust async\" docs, it's NASA time"),
+            ["rust", "async"]
+        );
+    }
+
+    #[test]
+    fn stems_and_stop_words() {
+        let analyzer = Analyzer::new(Language::English, &["the".into(), "for".into()]);
+        assert_eq!(
+            analyzer.terms("Searching the forecasts for 3 days"),
+            ["search", "forecast", "day"]
+        );
+        let none = Analyzer::new(Language::None, &[]);
+        assert_eq!(
+            none.terms("Searching forecasts"),
+            ["searching", "forecasts"]
+        );
+    }
+}
