@@ -104,21 +104,7 @@ fn collect_params(schema: &serde_json::Value, prefix: &str, out: &mut Vec<ParamD
     }
 }
 
-/// Who is asking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Actor {
-    Owner,
-    Customer,
-}
-
-/// Where the message was written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChatKind {
-    Direct,
-    Group,
-}
+pub use crate::domain::{ChatKind, Role};
 
 /// A recent tool result of this chat, newest first, as the tool context store keeps it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -8,7 +8,6 @@
 //! questions, rewrites) never plans, and below the configured confidence a message stays in normal
 //! chat. Vague follow-ups ("what about it?") count only when a recent tool context exists.
 
-pub mod bench;
 mod detection;
 mod doc;
 mod index;
@@ -16,7 +15,7 @@ mod settings;
 mod text;
 
 pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
-pub use doc::{Actor, ChatKind, ParamDoc, RecentContext, ToolDoc};
+pub use doc::{Role, ChatKind, ParamDoc, RecentContext, ToolDoc};
 pub use settings::{DetectorSettings, FieldWeights, SHIPPED_DEFAULTS};
 pub use text::Language;
 
@@ -79,7 +78,7 @@ impl Index {
     pub fn detect(
         &self,
         message: &str,
-        actor: Actor,
+        actor: Role,
         chat: ChatKind,
         recent: &[RecentContext],
     ) -> Detection {
@@ -128,13 +127,13 @@ impl Index {
         lexical
     }
 
-    fn visible(&self, doc: usize, actor: Actor, chat: ChatKind) -> bool {
+    fn visible(&self, doc: usize, actor: Role, chat: ChatKind) -> bool {
         let entry = &self.inverted.entries[doc];
-        (actor == Actor::Owner || !entry.owner_only)
+        (actor == Role::Owner || !entry.owner_only)
             && (entry.chat_types.is_empty() || entry.chat_types.contains(&chat))
     }
 
-    fn visible_name(&self, name: &str, actor: Actor, chat: ChatKind) -> bool {
+    fn visible_name(&self, name: &str, actor: Role, chat: ChatKind) -> bool {
         self.inverted
             .entries
             .iter()
@@ -143,7 +142,7 @@ impl Index {
     }
 
     /// The lexical decision: candidates and confidence from the index alone.
-    fn lexical(&self, words: &[Word], actor: Actor, chat: ChatKind) -> Detection {
+    fn lexical(&self, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
         let query = self.inverted.query(words, &self.settings);
         let scored: Vec<index::Scored> = self
             .inverted
@@ -208,7 +207,7 @@ impl Index {
         named: &[usize],
         answer_cue: bool,
         lexical: Detection,
-        actor: Actor,
+        actor: Role,
         chat: ChatKind,
     ) -> Detection {
         let context = match named {

@@ -121,7 +121,7 @@ fn build(docs: Vec<ToolDoc>) -> Index {
 }
 
 fn detect(index: &Index, message: &str) -> Detection {
-    index.detect(message, Actor::Owner, ChatKind::Direct, &[])
+    index.detect(message, Role::Owner, ChatKind::Direct, &[])
 }
 
 fn names(detection: &Detection) -> Vec<&str> {
@@ -178,7 +178,7 @@ fn conversation_stays_in_chat_even_after_a_tool_result() {
         "Do you remember it?",
         "How are you?",
     ] {
-        let detection = index.detect(message, Actor::Customer, ChatKind::Direct, &recent);
+        let detection = index.detect(message, Role::Customer, ChatKind::Direct, &recent);
         assert!(!detection.should_plan, "{message:?} planned: {detection:?}");
     }
 }
@@ -278,16 +278,16 @@ fn owner_only_tools_are_never_candidates_for_customers() {
     docs.push(lookup_order());
     let index = build(docs);
     let message = "Please refund my order 4821";
-    let owner = index.detect(message, Actor::Owner, ChatKind::Direct, &[]);
+    let owner = index.detect(message, Role::Owner, ChatKind::Direct, &[]);
     assert_eq!(names(&owner).first(), Some(&"issue_refund"), "{owner:?}");
-    let customer = index.detect(message, Actor::Customer, ChatKind::Direct, &[]);
+    let customer = index.detect(message, Role::Customer, ChatKind::Direct, &[]);
     assert!(!names(&customer).contains(&"issue_refund"), "{customer:?}");
     // Nor through a follow-up of a context that names it.
     let recent = [RecentContext {
         tool: "issue_refund".into(),
         ..Default::default()
     }];
-    let followup = index.detect("what about it?", Actor::Customer, ChatKind::Direct, &recent);
+    let followup = index.detect("what about it?", Role::Customer, ChatKind::Direct, &recent);
     assert!(!names(&followup).contains(&"issue_refund"), "{followup:?}");
 }
 
@@ -301,13 +301,13 @@ fn tools_limited_to_direct_chats_are_not_offered_in_groups() {
     let message = "Can you look up the status of order number 4821 in the shop?";
     assert!(
         !index
-            .detect(message, Actor::Owner, ChatKind::Direct, &[])
+            .detect(message, Role::Owner, ChatKind::Direct, &[])
             .candidates
             .is_empty()
     );
     assert!(
         index
-            .detect(message, Actor::Owner, ChatKind::Group, &[])
+            .detect(message, Role::Owner, ChatKind::Group, &[])
             .candidates
             .is_empty()
     );
@@ -386,7 +386,7 @@ fn a_vague_followup_with_recent_context_gives_a_hint() {
     let recent = [search_context()];
     let detection = index.detect(
         "What about Saturday?",
-        Actor::Customer,
+        Role::Customer,
         ChatKind::Direct,
         &recent,
     );
@@ -399,13 +399,13 @@ fn a_vague_followup_with_recent_context_gives_a_hint() {
     assert_eq!(hint.kind, FollowupKind::SameTool);
     assert_eq!(names(&detection).first(), Some(&"web_search"));
 
-    let summarize = index.detect("Summarize that", Actor::Customer, ChatKind::Direct, &recent);
+    let summarize = index.detect("Summarize that", Role::Customer, ChatKind::Direct, &recent);
     assert_eq!(
         summarize.followup.map(|h| h.kind),
         Some(FollowupKind::AnswerFromContext)
     );
 
-    let open = index.detect("Open the link", Actor::Customer, ChatKind::Direct, &recent);
+    let open = index.detect("Open the link", Role::Customer, ChatKind::Direct, &recent);
     assert_eq!(
         open.followup.as_ref().map(|h| h.kind),
         Some(FollowupKind::NewTool),
@@ -425,13 +425,13 @@ fn followups_pick_the_named_context_ask_when_unclear_and_ignore_old_ones() {
         ..Default::default()
     };
     let recent = [fetch, search_context()];
-    let named = index.detect("and in Lisbon?", Actor::Owner, ChatKind::Direct, &recent);
+    let named = index.detect("and in Lisbon?", Role::Owner, ChatKind::Direct, &recent);
     assert_eq!(
         named.followup.as_ref().and_then(|h| h.context_index),
         Some(1),
         "{named:?}"
     );
-    let unclear = index.detect("what about it?", Actor::Owner, ChatKind::Direct, &recent);
+    let unclear = index.detect("what about it?", Role::Owner, ChatKind::Direct, &recent);
     assert_eq!(
         unclear.followup.map(|h| h.kind),
         Some(FollowupKind::Clarify)
@@ -440,7 +440,7 @@ fn followups_pick_the_named_context_ask_when_unclear_and_ignore_old_ones() {
         age_secs: 10 * 24 * 3600,
         ..search_context()
     }];
-    let stale = index.detect("what about it?", Actor::Owner, ChatKind::Direct, &old);
+    let stale = index.detect("what about it?", Role::Owner, ChatKind::Direct, &old);
     assert!(!stale.should_plan, "{stale:?}");
     assert_eq!(stale.reason, ReasonCode::FollowupWithoutContext);
 }
@@ -472,7 +472,6 @@ fn the_detector_names_no_configured_tool() {
         include_str!("index.rs"),
         include_str!("text.rs"),
         include_str!("settings.rs"),
-        include_str!("bench.rs"),
     ];
     let configured: Vec<String> = shipped(true)
         .into_iter()
@@ -544,7 +543,7 @@ fn detection_serialises_with_stable_codes() {
             .expect("recent contexts parse");
     let value = serde_json::to_value(index.detect(
         "what about it",
-        Actor::Owner,
+        Role::Owner,
         ChatKind::Direct,
         &recent,
     ))
@@ -552,72 +551,4 @@ fn detection_serialises_with_stable_codes() {
     assert_eq!(value["reason"], "FOLLOWUP_CONTEXT");
     assert_eq!(value["followup"]["kind"], "same_tool");
     assert_eq!(ReasonCode::BelowThreshold.as_str(), "BELOW_THRESHOLD");
-}
-
-#[test]
-fn the_bench_reads_json_lines_and_prints_six_figures() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let catalog = dir.path().join("catalog.jsonl");
-    let queries = dir.path().join("queries.jsonl");
-    let irrelevant = dir.path().join("irrelevant.jsonl");
-    let tool = |name: &str, description: &str, param: &str| {
-        json!({ "name": name, "description": description, "input_schema": { "type": "object", "properties": { param: { "type": "string" } } } }).to_string()
-    };
-    let lines = [
-        tool(
-            "get_weather_forecast",
-            "Weather forecast for a city for the next days.",
-            "city",
-        ),
-        tool(
-            "convert_currency",
-            "Converts an amount of money from one currency to another.",
-            "amount",
-        ),
-        tool(
-            "calculate_triangle_area",
-            "Area of a triangle from its base and height.",
-            "base",
-        ),
-    ];
-    std::fs::write(&catalog, lines.join("\n")).expect("write catalog");
-    std::fs::write(
-        &queries,
-        [
-            json!({ "id": "q1", "message": "What is the weather forecast for Paris?", "expect": ["get_weather_forecast"] }),
-            json!({ "id": "q2", "message": "Convert 10 euros to another currency", "expect": ["convert_currency"] }),
-        ]
-        .map(|v| v.to_string())
-        .join("\n"),
-    )
-    .expect("write queries");
-    std::fs::write(
-        &irrelevant,
-        json!({ "id": "i1", "message": "Thanks!" }).to_string(),
-    )
-    .expect("write irrelevant");
-    let report = bench::run(
-        &catalog,
-        &queries,
-        Some(&irrelevant),
-        DetectorSettings::default(),
-    )
-    .expect("bench runs");
-    assert_eq!(report.tools, 3);
-    assert_eq!(report.recall_at_1, 100.0);
-    assert_eq!(report.irrelevant_planned, 0.0);
-    let printed = report.to_string();
-    let lines: Vec<&str> = printed.lines().collect();
-    assert_eq!(lines.len(), 6, "{printed}");
-    for (line, prefix) in lines.iter().zip([
-        "recall@1 ",
-        "recall@5 ",
-        "recall@10 ",
-        "irrelevant planned ",
-        "p50 ",
-        "p99 ",
-    ]) {
-        assert!(line.starts_with(prefix), "{line}");
-    }
-    assert!(lines[0].ends_with('%') && lines[5].ends_with(" ms"));
 }

@@ -1,5 +1,6 @@
 //! `gatehouse bench jobs`: throughput and latency of the job queue on a given database.
 
+pub mod detector;
 pub mod mcp;
 pub mod webhook;
 

@@ -156,6 +156,9 @@ pub enum BenchCommand {
     Mcp(crate::bench::mcp::McpBench),
     /// Post signed WhatsApp webhooks over loopback; print requests/s and latency percentiles.
     Webhook(crate::bench::webhook::WebhookBench),
+    /// The lane's candidate detector on a JSON-lines catalog and labelled messages: recall@k,
+    /// irrelevant messages planned, detection latency.
+    Detector(crate::bench::detector::DetectorBench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -253,6 +256,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Detector(args)) => crate::bench::detector::command(args).map_err(Failure::runtime),
         }
     })
 }

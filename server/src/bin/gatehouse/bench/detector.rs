@@ -16,7 +16,36 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{Actor, ChatKind, DetectorSettings, Index, ParamDoc, ToolDoc};
+use server::lane::detector::{ChatKind, DetectorSettings, Index, ParamDoc, Role, ToolDoc};
+
+#[derive(Debug, clap::Args)]
+pub struct DetectorBench {
+    /// Tools, one JSON object a line: {"name", "description", "input_schema"}.
+    #[arg(long)]
+    pub catalog: PathBuf,
+    /// Labelled messages: {"id", "message", "expect": [tool names]}.
+    #[arg(long)]
+    pub queries: PathBuf,
+    /// Messages no tool should answer: {"id", "message"}.
+    #[arg(long)]
+    pub irrelevant: Option<PathBuf>,
+}
+
+/// `gatehouse bench detector`, with the shipped detector settings.
+pub fn command(args: &DetectorBench) -> Result<(), BenchError> {
+    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), DetectorSettings::default())?;
+    print!("{report}");
+    // The context of the six figures, apart from them so the figures stay one a line.
+    eprintln!(
+        "{} tools indexed in {:.1} ms; {} queries ({:.1}% would be planned); {} irrelevant messages",
+        report.tools,
+        report.build.as_secs_f64() * 1000.0,
+        report.queries,
+        report.queries_planned,
+        report.irrelevant
+    );
+    Ok(())
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -146,14 +175,14 @@ pub fn run(
 
     // One untimed pass first, so that the timings do not count first-touch page faults.
     for message in queries.iter().chain(&irrelevant) {
-        std::hint::black_box(index.detect(&message.message, Actor::Owner, ChatKind::Direct, &[]));
+        std::hint::black_box(index.detect(&message.message, Role::Owner, ChatKind::Direct, &[]));
     }
     let mut times = Vec::with_capacity(queries.len() + irrelevant.len());
     let mut found = [0usize; 3];
     let mut planned = 0usize;
     for query in &queries {
         let started = Instant::now();
-        let detection = index.detect(&query.message, Actor::Owner, ChatKind::Direct, &[]);
+        let detection = index.detect(&query.message, Role::Owner, ChatKind::Direct, &[]);
         times.push(started.elapsed());
         planned += usize::from(detection.should_plan);
         for (slot, k) in [1, 5, 10].into_iter().enumerate() {
@@ -171,7 +200,7 @@ pub fn run(
     let mut irrelevant_planned = 0usize;
     for message in &irrelevant {
         let started = Instant::now();
-        let detection = index.detect(&message.message, Actor::Owner, ChatKind::Direct, &[]);
+        let detection = index.detect(&message.message, Role::Owner, ChatKind::Direct, &[]);
         times.push(started.elapsed());
         irrelevant_planned += usize::from(detection.should_plan);
     }
@@ -202,4 +231,79 @@ pub fn run(
         p99: quantile(0.99),
         build,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_bench_reads_json_lines_and_prints_six_figures() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let catalog = dir.path().join("catalog.jsonl");
+        let queries = dir.path().join("queries.jsonl");
+        let irrelevant = dir.path().join("irrelevant.jsonl");
+        let tool = |name: &str, description: &str, param: &str| {
+            json!({ "name": name, "description": description, "input_schema": { "type": "object", "properties": { param: { "type": "string" } } } }).to_string()
+        };
+        let lines = [
+            tool(
+                "get_weather_forecast",
+                "Weather forecast for a city for the next days.",
+                "city",
+            ),
+            tool(
+                "convert_currency",
+                "Converts an amount of money from one currency to another.",
+                "amount",
+            ),
+            tool(
+                "calculate_triangle_area",
+                "Area of a triangle from its base and height.",
+                "base",
+            ),
+        ];
+        std::fs::write(&catalog, lines.join("\n")).expect("write catalog");
+        std::fs::write(
+            &queries,
+            [
+                json!({ "id": "q1", "message": "What is the weather forecast for Paris?", "expect": ["get_weather_forecast"] }),
+                json!({ "id": "q2", "message": "Convert 10 euros to another currency", "expect": ["convert_currency"] }),
+            ]
+            .map(|v| v.to_string())
+            .join("\n"),
+        )
+        .expect("write queries");
+        std::fs::write(
+            &irrelevant,
+            json!({ "id": "i1", "message": "Thanks!" }).to_string(),
+        )
+        .expect("write irrelevant");
+        let report = run(
+            &catalog,
+            &queries,
+            Some(&irrelevant),
+            DetectorSettings::default(),
+        )
+        .expect("bench runs");
+        assert_eq!(report.tools, 3);
+        assert_eq!(report.recall_at_1, 100.0);
+        assert_eq!(report.irrelevant_planned, 0.0);
+        let printed = report.to_string();
+        let lines: Vec<&str> = printed.lines().collect();
+        assert_eq!(lines.len(), 6, "{printed}");
+        for (line, prefix) in lines.iter().zip([
+            "recall@1 ",
+            "recall@5 ",
+            "recall@10 ",
+            "irrelevant planned ",
+            "p50 ",
+            "p99 ",
+        ]) {
+            assert!(line.starts_with(prefix), "{line}");
+        }
+        assert!(lines[0].ends_with('%') && lines[5].ends_with(" ms"));
+    }
 }
