@@ -94,7 +94,8 @@ impl Runtime {
         let started = Instant::now();
         match self.model.chat(&req).await {
             Ok(res) => {
-                let reply = res.text().trim().to_string();
+                // A NUL would fail the PostgreSQL insert after the model was paid for: removed here.
+                let reply = db::clean_text(res.text().trim());
                 trace.step(
                     "llm",
                     "answered",

@@ -79,6 +79,12 @@ pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
     (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
 }
 
+/// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
+/// (a tool name, a model reply or an error message with one is stored without it, not lost).
+pub fn clean_text(text: &str) -> String {
+    if text.contains('\0') { text.replace('\0', "") } else { text.to_string() }
+}
+
 pub fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)

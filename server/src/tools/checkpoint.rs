@@ -15,7 +15,6 @@ use std::{
 };
 
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
 
 use super::{
     breaker::Breakers,
@@ -140,84 +139,7 @@ pub struct ToolSuccess {
     pub attempts: u32,
 }
 
-/// Writes audit rows in batches on a background task.
-#[derive(Debug, Clone)]
-pub struct AuditWriter {
-    tx: mpsc::UnboundedSender<AuditMsg>,
-}
-
-#[derive(Debug)]
-enum AuditMsg {
-    Row(AuditRow),
-    Notify(db::owner_notifications::Notification),
-    Flush(oneshot::Sender<()>),
-}
-
-impl AuditWriter {
-    /// Owner notices raised by hooks are delivered on WhatsApp through `queue`'s jobs.
-    pub fn spawn(db: Db, queue: JobQueue) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<AuditMsg>();
-        tokio::spawn(async move {
-            let mut msgs = Vec::new();
-            while rx.recv_many(&mut msgs, 2000).await > 0 {
-                let mut rows = Vec::new();
-                let mut notices = Vec::new();
-                let mut flushes = Vec::new();
-                for m in msgs.drain(..) {
-                    match m {
-                        AuditMsg::Row(r) => rows.push(r),
-                        AuditMsg::Notify(n) => notices.push(n),
-                        AuditMsg::Flush(done) => flushes.push(done),
-                    }
-                }
-                let mut delay = Duration::from_millis(50);
-                for attempt in 1..=10 {
-                    let written = async {
-                        let mut tx = db.begin_write().await?;
-                        db::tool_audit::insert_many(&mut tx, &rows).await?;
-                        for n in &notices {
-                            crate::owners::notices::raise(&mut tx, &queue, n, true).await?;
-                        }
-                        queue.commit(tx).await
-                    }
-                    .await;
-                    match written {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, rows = rows.len(), attempt, "writing tool audit rows failed; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(5));
-                        }
-                    }
-                }
-                for done in flushes {
-                    let _ = done.send(());
-                }
-            }
-        });
-        Self { tx }
-    }
-
-    fn write(&self, row: AuditRow) {
-        if self.tx.send(AuditMsg::Row(row)).is_err() {
-            tracing::error!("tool audit writer stopped; an audit row was lost");
-        }
-    }
-
-    fn notify(&self, notice: db::owner_notifications::Notification) {
-        if self.tx.send(AuditMsg::Notify(notice)).is_err() {
-            tracing::error!("tool audit writer stopped; an owner notice was lost");
-        }
-    }
-
-    /// Waits until every row sent so far is written.
-    pub async fn flush(&self) {
-        let (done, wait) = oneshot::channel();
-        if self.tx.send(AuditMsg::Flush(done)).is_ok() {
-            let _ = wait.await;
-        }
-    }
-}
+pub use super::audit::AuditWriter;
 
 pub use crate::config::SecretSource;
 

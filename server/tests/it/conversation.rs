@@ -27,24 +27,34 @@ const SUMMARY_MODEL: &str = "test-compaction-model";
 pub(crate) struct Fake {
     pub(crate) requests: Vec<Value>,
     fail_summaries: bool,
+    /// Every chat answer is this text instead of "reply N".
+    fixed: Option<String>,
 }
 
 pub(crate) type Shared = Arc<Mutex<Fake>>;
 
 pub(crate) async fn fake_anthropic() -> (String, Shared) {
-    let fake: Shared = Arc::default();
+    serve_fake(Arc::default()).await
+}
+
+/// A fake whose every chat answer is `text`.
+pub(crate) async fn fake_anthropic_saying(text: &str) -> (String, Shared) {
+    serve_fake(Arc::new(Mutex::new(Fake { fixed: Some(text.to_string()), ..Fake::default() }))).await
+}
+
+async fn serve_fake(fake: Shared) -> (String, Shared) {
     async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
-        let (n, fail) = {
+        let (n, fail, fixed) = {
             let mut f = fake.lock().expect("lock");
             f.requests.push(body.clone());
-            (f.requests.len(), f.fail_summaries)
+            (f.requests.len(), f.fail_summaries, f.fixed.clone())
         };
         let model = body["model"].as_str().unwrap_or_default().to_string();
         if model == SUMMARY_MODEL && fail {
             return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();
         }
-        let text = if model == SUMMARY_MODEL { "They run a bakery and their friend is Ana.".to_string() } else { format!("reply {n}") };
+        let text = if model == SUMMARY_MODEL { "They run a bakery and their friend is Ana.".to_string() } else { fixed.unwrap_or_else(|| format!("reply {n}")) };
         Json(json!({
             "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,

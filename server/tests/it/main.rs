@@ -5,6 +5,7 @@ mod support;
 mod auth;
 mod cli;
 mod connectors;
+mod hardening;
 mod conversation;
 mod jobs;
 mod jobs_process;
