@@ -263,9 +263,10 @@ pub async fn mcp_refresh(server: String) -> Result<String, AppError> {
     )
 }
 
-/// Approves ("approve") or rejects ("reject") a quarantined MCP tool, by catalog name.
+/// Approves ("approve") or rejects ("reject") a quarantined MCP tool, by catalog name, bound to
+/// the definition hash the page showed: a definition that changed since is not decided.
 #[server(endpoint = "mcp_decide")]
-pub async fn mcp_decide(tool: String, decision: String) -> Result<(), AppError> {
+pub async fn mcp_decide(tool: String, decision: String, hash: String) -> Result<(), AppError> {
     answer(
         async {
             let me = require_owner().await?;
@@ -274,7 +275,7 @@ pub async fn mcp_decide(tool: String, decision: String) -> Result<(), AppError> 
                 "reject" => false,
                 _ => return Err(AppError::invalid("decision must be approve or reject")),
             };
-            backend()?.mcp_decide(me.owner_id, &tool, approve, &client_ip().await).await
+            backend()?.mcp_decide(me.owner_id, &tool, approve, &hash, &client_ip().await).await
         }
         .await,
     )

@@ -91,7 +91,8 @@ pub trait McpBackend: Send + Sync {
     /// Owner actions on MCP servers and their tools, each audited with the owner and address.
     async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError>;
     async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError>;
-    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, ip: &str) -> Result<(), AppError>;
+    /// `reviewed_hash` is the definition hash the owner saw; a changed definition is refused.
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError>;
 }
 
 /// Everything the console uses: one value implementing every role.

@@ -109,6 +109,7 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
     let waiting = t.state != "approved";
     let name = t.catalog_name.clone();
     let reject_name = t.catalog_name.clone();
+    let (hash, reject_hash) = (t.definition_hash.clone(), t.definition_hash.clone());
     view! {
         <tr data-tool=t.catalog_name.clone() data-state=t.state.clone()>
             <td><code>{t.catalog_name.clone()}</code>{(!t.present).then(|| view! { <br/><small>"no longer listed by the server"</small> })}</td>
@@ -135,6 +136,7 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
                     <ActionForm action=decide>
                         <input type="hidden" name="tool" value=name.clone() />
                         <input type="hidden" name="decision" value="approve" />
+                        <input type="hidden" name="hash" value=hash.clone() />
                         <button type="submit" data-testid="approve-tool">"Approve"</button>
                     </ActionForm>
                 })}
@@ -142,6 +144,7 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
                     <ActionForm action=decide>
                         <input type="hidden" name="tool" value=reject_name.clone() />
                         <input type="hidden" name="decision" value="reject" />
+                        <input type="hidden" name="hash" value=reject_hash.clone() />
                         <button type="submit" class="danger" data-testid="reject-tool">"Reject"</button>
                     </ActionForm>
                 })}

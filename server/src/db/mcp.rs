@@ -248,19 +248,37 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
 
 /// An owner's decision on a tool's current definition. `None` when there is no such tool.
 /// Approving records the hash approved, so a later change quarantines it again.
-pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool, owner_id: Option<i64>) -> Result<Option<ToolRow>, DbError> {
+/// What a decision on a tool found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    Done(ToolRow),
+    /// The definition is no longer the one the owner reviewed: nothing changed.
+    Changed(ToolRow),
+    Missing,
+}
+
+/// Approves or rejects a tool. With `reviewed_hash`, only while the stored definition is still
+/// the one the owner looked at, in one conditional statement: a server that swaps a definition
+/// between the owner's look and the click gets nothing approved.
+pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool, owner_id: Option<i64>, reviewed_hash: Option<&str>) -> Result<Decided, DbError> {
     let now = now_ms();
     let sql = if approve {
-        "UPDATE mcp_tools SET state = $1, approved_hash = definition_hash, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4"
+        "UPDATE mcp_tools SET state = $1, approved_hash = definition_hash, decided_at = $2, decided_by = $3, updated_at = $2 \
+         WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     } else {
-        "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4"
+        "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     };
-    sqlx::query(sql)
+    let done = sqlx::query(sql)
         .bind(if approve { state::APPROVED } else { state::REJECTED })
         .bind(now)
         .bind(owner_id)
         .bind(catalog_name)
+        .bind(reviewed_hash.unwrap_or_default())
         .execute(&mut *conn)
         .await?;
-    tool_by_catalog_name(conn, catalog_name).await
+    Ok(match tool_by_catalog_name(conn, catalog_name).await? {
+        None => Decided::Missing,
+        Some(row) if done.rows_affected() == 0 => Decided::Changed(row),
+        Some(row) => Decided::Done(row),
+    })
 }

@@ -11,7 +11,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, RwLock},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use serde_json::{Map, Value};
@@ -24,7 +24,6 @@ use super::{
 use crate::{
     db::{self, Db, tool_audit::AuditRow},
     domain::Role,
-    jobs::JobQueue,
     redact,
 };
 

@@ -78,7 +78,16 @@ pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item =
                 return None;
             }
             let Ok(servers) = w.state.mcp.servers().await else { continue };
+            // A pending tool whose definition changes must show the new one before anyone
+            // decides on it, so its hash is part of what the page follows.
+            let mut pending = Vec::new();
+            for s in servers.iter().filter(|s| s.pending > 0) {
+                if let Ok(tools) = w.state.mcp.tools(&s.id).await {
+                    pending.extend(tools.into_iter().filter(|t| t.state != "approved").map(|t| (t.catalog_name, t.definition_hash)));
+                }
+            }
             let shape: Vec<_> = servers.iter().map(|s| (&s.id, s.enabled, &s.health, &s.last_error, s.tool_count, s.pending)).collect();
+            let shape = (shape, pending);
             let fingerprint = {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -96,7 +96,7 @@ impl Rig {
     }
 
     async fn approve(&self, tool: &str) {
-        self.manager.approve(tool, &AuditActor { owner_id: None, login: Some("test-owner".into()), ip: None }).await.expect("approve");
+        self.manager.approve(tool, mcp::Reviewed::Current, &AuditActor { owner_id: None, login: Some("test-owner".into()), ip: None }).await.expect("approve");
     }
 }
 
@@ -292,7 +292,7 @@ async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
 
     assert_eq!(code_of(rig.call("fx__echo", json!({"text": "x"})).await).code, ToolCode::Quarantined.as_str());
     assert_eq!(code_of(rig.call("fx__fails", json!({})).await).code, ToolCode::Unknown.as_str(), "a denied tool is not in the catalog at all");
-    rig.manager.reject("fx__inject", &AuditActor::default()).await.expect("reject");
+    rig.manager.reject("fx__inject", mcp::Reviewed::Current, &AuditActor::default()).await.expect("reject");
     assert_eq!(code_of(rig.call("fx__inject", json!({})).await).code, ToolCode::Rejected.as_str());
     rig.approve("fx__echo").await;
     // Owner-only by default: a customer is refused by the checkpoint.
@@ -319,6 +319,7 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
     rig.approve("fx__echo").await;
     rig.approve("fx__mutate").await;
     let before = rig.checkpoint.catalog().get("fx__echo").expect("echo").version.clone();
+    let reviewed = rig.manager.tools("fx").await.expect("tools").into_iter().find(|t| t.name == "echo").expect("echo").definition_hash;
     assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
 
     // The server changes echo's description, adds a tool, and sends tools/list_changed.
@@ -337,7 +338,14 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
     assert!(echo.definition["description"].as_str().unwrap_or_default().contains("changed"));
     assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the quarantined echo never reached the server");
 
-    rig.approve("fx__echo").await;
+    // An owner who reviewed the old definition cannot approve the new one by accident: the
+    // decision is bound to the hash they saw.
+    let by = AuditActor { owner_id: None, login: Some("test-owner".into()), ip: None };
+    let stale = rig.manager.approve("fx__echo", mcp::Reviewed::Definition(&reviewed), &by).await;
+    assert!(matches!(stale, Err(mcp::McpError::DefinitionChanged(_))), "{stale:?}");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, ToolCode::Quarantined.as_str(), "still waiting");
+    assert_ne!(echo.definition_hash, reviewed);
+    rig.manager.approve("fx__echo", mcp::Reviewed::Definition(&echo.definition_hash), &by).await.expect("the shown definition");
     let after = rig.call("fx__echo", json!({"text": "c"})).await.expect("approved again");
     assert_ne!(after.version, before, "the approved definition is the new one");
     rig.manager.shutdown().await;
@@ -552,14 +560,14 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
 
     // A rejection holds while the definition stays; a changed definition waits for a new
     // decision. An approval records the hash approved.
-    store::decide(&mut conn, "srv__c", false, None).await.expect("reject").expect("row");
+    assert!(matches!(store::decide(&mut conn, "srv__c", false, None, None).await.expect("reject"), store::Decided::Done(_)));
     store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v1")]).await.expect("fourth");
     assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::REJECTED);
     store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v2")]).await.expect("fifth");
     assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::PENDING);
-    let c = store::decide(&mut conn, "srv__c", true, Some(7)).await.expect("approve").expect("row");
+    let store::Decided::Done(c) = store::decide(&mut conn, "srv__c", true, Some(7), None).await.expect("approve") else { panic!("decided") };
     assert!(c.usable() && c.decided_by == Some(7));
-    assert!(store::decide(&mut conn, "srv__missing", true, None).await.expect("decide").is_none());
+    assert_eq!(store::decide(&mut conn, "srv__missing", true, None, None).await.expect("decide"), store::Decided::Missing);
 
     // An untrusted server's first discovery waits.
     store::ensure_server(&mut conn, "other").await.expect("server");

@@ -70,7 +70,7 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/get_trace" => "id=1",
             "/api/get_chat" => "channel=simulator&chat_id=x",
             "/api/simulate_message" => "from=%2B15550100000&text=hi&chat_id=",
-            "/api/mcp_decide" => "tool=x__y&decision=approve",
+            "/api/mcp_decide" => "tool=x__y&decision=approve&hash=sha256%3A0",
             _ => "",
         };
         let mut req = axum::http::Request::builder()

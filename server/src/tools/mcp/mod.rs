@@ -65,6 +65,9 @@ pub enum McpError {
     UnknownTool(String),
     #[error("MCP_SERVER_UNAVAILABLE: {0}")]
     Unavailable(String),
+    /// The definition changed after the owner reviewed it; nothing was decided.
+    #[error("MCP_DEFINITION_CHANGED: the definition of {0} changed since it was reviewed; look at it again")]
+    DefinitionChanged(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -73,6 +76,15 @@ impl From<sqlx::Error> for McpError {
     fn from(e: sqlx::Error) -> Self {
         Self::Db(DbError::Sql(e))
     }
+}
+
+/// What the owner looked at when deciding on a tool.
+#[derive(Debug, Clone, Copy)]
+pub enum Reviewed<'a> {
+    /// The definition with this hash (the console sends the one it showed).
+    Definition(&'a str),
+    /// Whatever is current: the CLI, which prints the hash it decided on.
+    Current,
 }
 
 /// Who did an owner action, for the owner audit.
@@ -420,18 +432,26 @@ impl McpManager {
     }
 
     /// Approves a tool's current definition (by catalog name); audited. It is offered at once.
-    pub async fn approve(&self, tool: &str, by: &AuditActor) -> Result<ToolStatus, McpError> {
-        self.decide(tool, true, by).await
+    pub async fn approve(&self, tool: &str, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
+        self.decide(tool, true, reviewed, by).await
     }
 
     /// Rejects a tool; audited. It is not offered and calls fail with `TOOL_REJECTED`.
-    pub async fn reject(&self, tool: &str, by: &AuditActor) -> Result<ToolStatus, McpError> {
-        self.decide(tool, false, by).await
+    pub async fn reject(&self, tool: &str, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
+        self.decide(tool, false, reviewed, by).await
     }
 
-    async fn decide(&self, tool: &str, approve: bool, by: &AuditActor) -> Result<ToolStatus, McpError> {
+    async fn decide(&self, tool: &str, approve: bool, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
         let mut tx = self.inner.db.begin_write().await?;
-        let row = db::mcp::decide(&mut tx, tool, approve, by.owner_id).await?.ok_or_else(|| McpError::UnknownTool(tool.to_string()))?;
+        let hash = match reviewed {
+            Reviewed::Definition(hash) => Some(hash),
+            Reviewed::Current => None,
+        };
+        let row = match db::mcp::decide(&mut tx, tool, approve, by.owner_id, hash).await? {
+            db::mcp::Decided::Done(row) => row,
+            db::mcp::Decided::Changed(_) => return Err(McpError::DefinitionChanged(tool.to_string())),
+            db::mcp::Decided::Missing => return Err(McpError::UnknownTool(tool.to_string())),
+        };
         let detail = json!({ "server": row.server_id, "tool": row.name, "catalog_name": row.catalog_name, "definition_hash": row.definition_hash });
         let event = if approve { audit::event::MCP_TOOL_APPROVED } else { audit::event::MCP_TOOL_REJECTED };
         audit::record(&mut tx, audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event, detail: Some(detail) }).await?;

@@ -7,7 +7,7 @@ use app::{
 };
 
 use super::{ConsoleBackend, internal, label};
-use crate::tools::mcp::AuditActor;
+use crate::tools::mcp::{AuditActor, McpError, Reviewed};
 
 #[async_trait::async_trait]
 impl McpBackend for ConsoleBackend {
@@ -60,9 +60,10 @@ impl McpBackend for ConsoleBackend {
         Ok(text)
     }
 
-    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, ip: &str) -> Result<(), AppError> {
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError> {
         let by = self.mcp_actor(owner_id, ip);
-        let done = if approve { self.state.mcp.approve(tool, &by).await } else { self.state.mcp.reject(tool, &by).await };
+        let reviewed = Reviewed::Definition(reviewed_hash);
+        let done = if approve { self.state.mcp.approve(tool, reviewed, &by).await } else { self.state.mcp.reject(tool, reviewed, &by).await };
         done.map(|_| ()).map_err(mcp_error)
     }
 
@@ -74,11 +75,10 @@ impl ConsoleBackend {
     }
 }
 
-fn mcp_error(e: crate::tools::mcp::McpError) -> AppError {
-    use crate::tools::mcp::McpError;
+fn mcp_error(e: McpError) -> AppError {
     match e {
         McpError::UnknownServer(_) | McpError::UnknownTool(_) => AppError::new(code::NOT_FOUND, e.to_string()),
-        McpError::Unavailable(_) => AppError::new(code::CONFLICT, e.to_string()),
+        McpError::Unavailable(_) | McpError::DefinitionChanged(_) => AppError::new(code::CONFLICT, e.to_string()),
         McpError::Db(_) => internal(e),
     }
 }

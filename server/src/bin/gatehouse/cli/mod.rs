@@ -78,10 +78,19 @@ pub enum McpCommand {
     Tools { server: String },
     /// Connect to a server now, discover its tools and store them (new ones wait for approval).
     Refresh { server: String },
-    /// Approve a tool's current definition (by its catalog name, `<server>__<tool>`).
-    Approve { tool: String },
+    /// Approve a tool's definition (by its catalog name, `<server>__<tool>`).
+    Approve {
+        tool: String,
+        /// The definition hash you reviewed (`mcp tools` shows it); a changed definition is refused.
+        #[arg(long)]
+        hash: Option<String>,
+    },
     /// Reject a tool (by its catalog name); calls to it fail with TOOL_REJECTED.
-    Reject { tool: String },
+    Reject {
+        tool: String,
+        #[arg(long)]
+        hash: Option<String>,
+    },
     /// Enable a server (overrides config/mcp.toml).
     Enable { server: String },
     /// Disable a server (overrides config/mcp.toml).

@@ -6,7 +6,7 @@ use server::{
     domain::{ChatKind, Role},
     tools::{
         CallContext, ToolCall, ToolFiles,
-        mcp::{AuditActor, McpError},
+        mcp::{AuditActor, McpError, Reviewed},
     },
 };
 
@@ -91,7 +91,7 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
     let gatehouse = build(cfg, files).await?;
     let (mcp, servers) = (&gatehouse.mcp, &gatehouse.tool_files.mcp);
     let fail = |e: McpError| match e {
-        McpError::UnknownServer(_) | McpError::UnknownTool(_) => Failure::usage(e.to_string()),
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) | McpError::DefinitionChanged(_) => Failure::usage(e.to_string()),
         other => Failure::runtime(other),
     };
     let cli_owner = AuditActor { owner_id: None, login: Some("cli".into()), ip: None };
@@ -136,12 +136,12 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
                 let report = outcome?;
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             }
-            McpCommand::Approve { tool } => {
-                let t = mcp.approve(tool, &cli_owner).await.map_err(fail)?;
+            McpCommand::Approve { tool, hash } => {
+                let t = mcp.approve(tool, reviewed(hash), &cli_owner).await.map_err(fail)?;
                 println!("{} approved ({})", t.catalog_name, t.definition_hash);
             }
-            McpCommand::Reject { tool } => {
-                let t = mcp.reject(tool, &cli_owner).await.map_err(fail)?;
+            McpCommand::Reject { tool, hash } => {
+                let t = mcp.reject(tool, reviewed(hash), &cli_owner).await.map_err(fail)?;
                 println!("{} rejected", t.catalog_name);
             }
             McpCommand::Enable { server } | McpCommand::Disable { server } => {
@@ -155,4 +155,10 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
     .await;
     gatehouse.db.close().await;
     result
+}
+
+/// `--hash` binds the decision to the definition the owner looked at (`mcp tools` shows it);
+/// without it, the current definition is decided on and its hash printed.
+fn reviewed(hash: &Option<String>) -> Reviewed<'_> {
+    hash.as_deref().map_or(Reviewed::Current, Reviewed::Definition)
 }
