@@ -10,6 +10,8 @@ pub struct ShellInfo {
     pub login: String,
     /// Set when no LLM provider key is configured: the variable to set.
     pub degraded: Option<DegradedNotice>,
+    /// Set when the database would not survive a restart (in memory, or a temporary file).
+    pub storage_warning: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -57,6 +57,11 @@ pub fn ConsoleLayout() -> impl IntoView {
                         " in Gatehouse's environment and restart."
                     </div>
                 })}
+                {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.storage_warning).map(|w| view! {
+                    <div class="banner warn" role="status" data-testid="storage-banner">
+                        "Ephemeral storage: " {w} ". Set " <code>"database.url"</code> " to a lasting file or PostgreSQL."
+                    </div>
+                })}
             </Suspense>
             <nav class="sidenav" aria-label="Console">
                 {NAV.iter().map(|(href, label)| view! { <A href=*href exact=true>{*label}</A> }).collect_view()}

@@ -16,6 +16,8 @@ use figment::{
 use super::{Settings, secrets::Secrets};
 
 const ENV_PREFIX: &str = "GATEHOUSE__";
+/// Sets `server.strict`.
+pub const STRICT_VAR: &str = "GATEHOUSE_STRICT";
 
 /// One thing wrong with the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,8 +77,15 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
         }]));
     }
     let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(EnvOverrides(env));
-    let (settings, mut problems) = check(&figment);
+    let (mut settings, mut problems) = check(&figment);
     problems.extend(super::check::values(&figment, &settings));
+    // The seed's name for strict mode, beside `server.strict` (GATEHOUSE__SERVER__STRICT).
+    match std::env::var(STRICT_VAR).map(|v| v.trim().to_ascii_lowercase()) {
+        Ok(v) if v == "true" || v == "1" => settings.server.strict = true,
+        Ok(v) if v == "false" || v == "0" || v.is_empty() => {}
+        Ok(v) => problems.push(Problem { key: "server.strict".into(), source: format!("environment variable {STRICT_VAR}"), message: format!("must be true or false (got {v:?})") }),
+        Err(_) => {}
+    }
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }

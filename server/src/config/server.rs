@@ -20,6 +20,9 @@ pub struct ServerSettings {
     /// How long graceful shutdown waits for open requests.
     #[serde(with = "duration_str")]
     pub shutdown_grace: Duration,
+    /// Refuse to start (exit code 1) without a key for the configured model provider, instead
+    /// of running in degraded mode. `GATEHOUSE_STRICT=true` sets it too.
+    pub strict: bool,
 }
 
 impl Default for ServerSettings {
@@ -30,6 +33,7 @@ impl Default for ServerSettings {
             strict_port: false,
             site_root: PathBuf::from("target/site"),
             shutdown_grace: Duration::from_secs(10),
+            strict: false,
         }
     }
 }
@@ -59,6 +63,23 @@ impl DatabaseKind {
             Self::Sqlite => "sqlite",
             Self::Postgres => "postgres",
         }
+    }
+}
+
+impl DatabaseSettings {
+    /// Why everything stored would be lost on restart, when it would: an in-memory SQLite
+    /// database, or SQLite's temporary database (an empty file name, deleted when closed).
+    pub fn storage_warning(&self) -> Option<&'static str> {
+        let url = &self.url;
+        if DatabaseKind::from_url(url) != Some(DatabaseKind::Sqlite) {
+            return None;
+        }
+        let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+        let path = path.split('?').next().unwrap_or_default();
+        if path == ":memory:" || url.contains("mode=memory") {
+            return Some("the database is in memory: everything is lost when Gatehouse stops");
+        }
+        path.is_empty().then_some("the database is SQLite's temporary database: everything is lost when Gatehouse stops")
     }
 }
 

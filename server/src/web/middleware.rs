@@ -140,6 +140,14 @@ pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
 }
 
 /// HTML and API answers are private and must not be cached or framed.
+/// Says on every response that the database will not survive a restart (seed 003 WS-1.4), so
+/// a test or a load balancer can see it as well as an owner.
+pub async fn storage_header(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    res.headers_mut().insert("x-gatehouse-storage", header::HeaderValue::from_static("ephemeral"));
+    res
+}
+
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let is_static = req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
     let mut res = next.run(req).await;

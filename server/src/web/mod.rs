@@ -108,11 +108,10 @@ pub fn router(state: AppState) -> Router {
     // from the origin check (see middleware::check_origin).
     let webhooks = crate::channel::whatsapp::webhook::routes::<AppState>().with_state(state.clone());
 
-    Router::new()
-        .merge(console)
-        .merge(ops)
-        .merge(webhooks)
-        .fallback(not_found)
+    let ephemeral = state.config.settings.database.storage_warning().is_some();
+    let router = Router::new().merge(console).merge(ops).merge(webhooks).fallback(not_found);
+    let router = if ephemeral { router.layer(from_fn(middleware::storage_header)) } else { router };
+    router
         .route_layer(from_fn(middleware::track_metrics))
         .layer(
             ServiceBuilder::new()

@@ -326,3 +326,22 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     assert!(logs.contains("tool catalog reload failed; keeping the current catalog"), "bad file refused: {logs}");
     assert!(!logs.contains(SECRET), "secret in logs");
 }
+
+/// Strict mode (seed 003 WS-1.2): without the provider's key Gatehouse refuses to start with
+/// exit code 1 instead of running degraded, from `GATEHOUSE_STRICT` or `server.strict`.
+#[test]
+fn strict_mode_refuses_to_start_without_a_provider_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE_STRICT", "true")];
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &env, None);
+    assert_eq!(out.code, 1, "{}", out.all());
+    assert!(out.stderr.contains("strict mode") && out.stderr.contains("ANTHROPIC_API_KEY"), "{}", out.stderr);
+    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE__SERVER__STRICT", "true")];
+    let out = run(&["--config", path.to_str().expect("utf8"), "worker"], &env, None);
+    assert_eq!(out.code, 1, "the worker too: {}", out.all());
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE_STRICT", "maybe")], None);
+    assert_eq!(out.code, 2, "a bad value is a config problem: {}", out.all());
+    assert!(out.stderr.contains("server.strict") && out.stderr.contains("GATEHOUSE_STRICT"), "{}", out.stderr);
+}

@@ -117,3 +117,19 @@ async fn port_fallback_and_strict_port() {
     let strict = server::web::serve::bind_with_fallback(addr, true).await;
     assert_eq!(strict.err().map(|e| e.kind()), Some(std::io::ErrorKind::AddrInUse));
 }
+
+/// A database that does not survive a restart is said on every response and on every console
+/// page (seed 003 WS-1.4); a lasting one says nothing.
+async fn ephemeral_storage_is_said_everywhere(db: TestDb) {
+    let lasting = TestApp::new(TestDb::sqlite()).await;
+    let res = lasting.client().get("/healthz").await;
+    assert!(res.headers.get("x-gatehouse-storage").is_none());
+
+    let app = TestApp::with(db, |s| s.database.url = "sqlite::memory:".into()).await;
+    let res = app.client().get("/healthz").await;
+    assert_eq!(res.headers.get("x-gatehouse-storage").and_then(|v| v.to_str().ok()), Some("ephemeral"));
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("storage-banner") && page.body.contains("in memory"), "{}", page.body);
+}
+both_backends!(ops_ephemeral_storage, ephemeral_storage_is_said_everywhere);

@@ -87,6 +87,7 @@ impl OwnersBackend for ConsoleBackend {
             display_name: owner.display_name,
             login: owner.login,
             degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
+            storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
         }))
     }
 

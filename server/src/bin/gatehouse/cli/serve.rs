@@ -8,7 +8,31 @@ use server::{
 
 use super::{Failure, build};
 
+/// Strict mode refuses what degraded mode would run with.
+fn refuse_if_strict(cfg: &LoadedConfig) -> Result<(), Failure> {
+    if cfg.settings.server.strict
+        && let Some(d) = server::llm::degraded(&cfg.settings, &cfg.secrets)
+    {
+        tracing::error!(provider = d.provider, variable = d.variable, "strict mode: no key for the LLM provider; not starting");
+        return Err(Failure::runtime(format!("strict mode (server.strict or GATEHOUSE_STRICT): {} is not set for the {} provider", d.variable, d.provider)));
+    }
+    Ok(())
+}
+
+/// A database that will not survive a restart is said once a minute, for as long as it runs.
+fn warn_about_storage(database: &server::config::DatabaseSettings) {
+    let Some(warning) = database.storage_warning() else { return };
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            tracing::warn!("ephemeral storage: {warning}; set database.url to a lasting file or PostgreSQL");
+        }
+    });
+}
+
 pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
+    refuse_if_strict(&cfg)?;
     let server = cfg.settings.server.clone();
     let gatehouse = build(cfg, files).await?;
     let listener = web::serve::bind_with_fallback(server.addr, server.strict_port).await.map_err(|e| {
@@ -25,6 +49,7 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     if let Some((provider, var)) = state.degraded() {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
+    warn_about_storage(&gatehouse.config.settings.database);
     web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
     tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
@@ -62,7 +87,9 @@ fn spawn_catalog_reload(state: AppState) {
 }
 
 pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
+    refuse_if_strict(&cfg)?;
     let gatehouse = build(cfg, files).await?;
+    warn_about_storage(&gatehouse.config.settings.database);
     tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
     gatehouse.db.close().await;
