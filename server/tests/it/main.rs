@@ -8,6 +8,7 @@ mod connectors;
 mod conversation;
 mod jobs;
 mod jobs_process;
+mod jobs_race;
 mod llm;
 mod mcp;
 mod migrations;

@@ -710,7 +710,8 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let row = store::reserve_outbound(&mut conn, &NewOutbound {
         idempotency_key: key, job_id: Some(777), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Your table is booked.", quoted_id: None,
     }, db::now_ms()).await.expect("reserve");
-    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    // A sender that died mid-request: its send lease has run out by the time the job reruns.
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
     // ... the process died here; Meta had accepted the message and reports it:
     let cb = json!({ "id": "wamid.CRASHED", "status": "sent", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
@@ -729,7 +730,7 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let row = store::reserve_outbound(&mut conn, &NewOutbound {
         idempotency_key: key2, job_id: Some(778), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Again.", quoted_id: None,
     }, db::now_ms()).await.expect("reserve");
-    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
     let outcome = sender.send_text(778, &to, "Again.", None).await.expect("send");
     assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
@@ -1009,3 +1010,4 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
     assert_eq!(sent.len(), 1, "recorded in the delivery ledger like any reply");
 }
 both_backends!(whatsapp_owner_notices, owner_notices_are_delivered_on_whatsapp);
+
