@@ -34,7 +34,8 @@ pub fn checkpoint_for(cfg: &LoadedConfig, db: &Db) -> Result<Checkpoint, reqwest
     let secrets = env_secrets();
     let secrets_for_connectors = secrets.clone();
     let mut checkpoint = Checkpoint::new(db.clone(), cfg.catalog.clone(), checkpoint::AuditWriter::spawn_for(db.clone(), cfg.settings.jobs.queue.clone()), secrets);
-    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(cfg.settings.web_fetch.limits())?));
+    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(cfg.settings.web_fetch.limits(), &connectors::hosts(&cfg.catalog))?;
+    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(web_fetch));
     let search = &cfg.settings.web_search;
     let brave_key = std::env::var(builtins::web_search::BRAVE_KEY_VAR).ok().filter(|v| !v.trim().is_empty());
     let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;
