@@ -59,6 +59,9 @@ pub fn router(state: AppState) -> Router {
         .site_addr(state.listen_addr)
         .build();
     let routes = console_routes();
+    for (key, problem) in state.config.settings.server.proxy_problems() {
+        tracing::warn!(key, problem = %problem, "client address configuration");
+    }
 
     let store = session_store::DbSessionStore::new(state.db.clone());
     let idle = state.config.settings.auth.session_idle_timeout;
@@ -127,8 +130,8 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis)))
                 .layer(PropagateRequestIdLayer::x_request_id())
                 .layer(from_fn(middleware::security_headers))
-                .layer(from_fn_with_state(state, middleware::check_origin))
-                .layer(from_fn(middleware::client_ip)),
+                .layer(from_fn_with_state(state.clone(), middleware::check_origin))
+                .layer(from_fn_with_state(state, middleware::client_ip)),
         )
 }
 
