@@ -24,12 +24,15 @@ pub struct Secrets {
 
 impl Secrets {
     /// Reads every secret from the process environment. An empty value counts as unset.
+    /// Surrounding whitespace is dropped: a value pasted or written by `echo` into an env file
+    /// often ends with a newline, which would silently break every webhook signature check
+    /// (or every API call), and no token or key has whitespace at its ends.
     pub fn from_env() -> Self {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty()).map(SecretString::from);
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).map(SecretString::from);
         Self {
             anthropic_api_key: get(ANTHROPIC_API_KEY),
             openai_api_key: get(OPENAI_API_KEY),
@@ -67,5 +70,14 @@ mod tests {
         assert!(!shown.contains("sk-very-secret-value"), "{shown}");
         assert_eq!(secrets.presence().iter().filter(|(_, set)| *set).count(), 2);
         assert!(Secrets::from_lookup(|_| Some("  ".into())).presence().iter().all(|(_, set)| !set), "blank counts as unset");
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_not_part_of_a_secret() {
+        use secrecy::ExposeSecret;
+        let secrets = Secrets::from_lookup(|name| Some(format!(" \t{name}-value\r\n")));
+        for name in ALL {
+            assert_eq!(secrets.by_name(name).map(|s| s.expose_secret().to_string()), Some(format!("{name}-value")), "{name}");
+        }
     }
 }

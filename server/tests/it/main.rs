@@ -11,6 +11,7 @@ mod jobs_process;
 mod jobs_race;
 mod llm;
 mod mcp;
+mod mcp_hardening;
 mod migrations;
 mod ops;
 mod server_fns;

@@ -1011,3 +1011,19 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
 }
 both_backends!(whatsapp_owner_notices, owner_notices_are_delivered_on_whatsapp);
 
+/// A secret written to an env file with `echo` ends with a newline. It is the same secret: the
+/// webhook's signatures still verify.
+async fn a_secret_with_a_trailing_newline_still_verifies(db: TestDb) {
+    let padded = Secrets::from_lookup(|name| match name {
+        "WHATSAPP_APP_SECRET" => Some(format!("{APP_SECRET}\n")),
+        "WHATSAPP_VERIFY_TOKEN" => Some(format!(" {VERIFY_TOKEN}\r\n")),
+        _ => None,
+    });
+    let app = TestApp::with_secrets(db, padded, |_| {}).await;
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.NEWLINE", "hello")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK, "signed with the secret itself");
+    let verify = format!("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=42");
+    let res = app.client().get(&verify).await;
+    assert_eq!((res.status, res.body.as_str()), (StatusCode::OK, "42"));
+}
+both_backends!(whatsapp_secret_newline, a_secret_with_a_trailing_newline_still_verifies);
