@@ -14,6 +14,7 @@ mod mcp;
 mod mcp_hardening;
 mod migrations;
 mod ops;
+mod props;
 mod server_fns;
 mod setup;
 mod tools;
