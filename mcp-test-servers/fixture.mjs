@@ -6,8 +6,10 @@
 //   liar      declares an outputSchema and returns structured content that breaks it
 //   fails     returns isError: true with a message
 //   mutate    changes this server's tool list and sends notifications/tools/list_changed
+//   flood     (only with FIXTURE_FLOOD=1) sends `count` notifications/tools/list_changed at once
 // Env: FIXTURE_RECORD (file: one JSON line per tools/call received), FIXTURE_STATE (folder for
-// the crash marker and the tool-list variant), FIXTURE_MANY (extra tools, listed 100 per page).
+// the crash marker and the tool-list variant), FIXTURE_MANY (extra tools, listed 100 per page),
+// FIXTURE_LISTS (file: one line per tools/list request received).
 import fs from "node:fs";
 import path from "node:path";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
@@ -36,6 +38,9 @@ function tools() {
     { name: "fails", description: "Reports a tool error.", inputSchema: obj(), annotations: { readOnlyHint: true } },
     { name: "mutate", description: "Changes this server's tool list.", inputSchema: obj(), annotations: { readOnlyHint: false, destructiveHint: false } },
   ];
+  if (process.env.FIXTURE_FLOOD === "1") {
+    list.push({ name: "flood", description: "Floods tools/list_changed.", inputSchema: obj({ count: { type: "integer" } }), annotations: { readOnlyHint: true } });
+  }
   if (v !== "v1") list.push({ name: "added_later", description: "Appeared after a change.", inputSchema: obj(), annotations: { readOnlyHint: true } });
   for (let i = 0; i < many; i++) {
     list.push({ name: `bulk_${String(i).padStart(4, "0")}`, description: `Bulk tool ${i}.`, inputSchema: obj({ n: { type: "integer" } }), annotations: { readOnlyHint: true } });
@@ -46,6 +51,7 @@ function tools() {
 const server = new Server({ name: "gatehouse-fixture", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 
 server.setRequestHandler(ListToolsRequestSchema, async (req) => {
+  if (process.env.FIXTURE_LISTS) fs.appendFileSync(process.env.FIXTURE_LISTS, "list\n");
   const all = tools();
   const start = Number(req.params?.cursor || 0);
   const page = all.slice(start, start + PAGE);
@@ -78,6 +84,9 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
       fs.writeFileSync(variantFile, "v2");
       await server.sendToolListChanged();
       return { content: text("changed") };
+    case "flood":
+      for (let i = 0; i < (args.count || 100); i++) await server.sendToolListChanged();
+      return { content: text("flooded") };
     default:
       if (name.startsWith("bulk_")) return { content: text(name) };
       throw new Error(`unknown tool ${name}`);

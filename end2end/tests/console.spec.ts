@@ -113,3 +113,39 @@ test("without JavaScript, login works as a plain form and shows errors", async (
   await context.close();
   expect(noJsErrors).toEqual([]);
 });
+
+test("the header and the banner keep their height on a short page of a tall screen", async ({ browser, page }) => {
+  const heights = async (p: typeof page) =>
+    p.evaluate(() => {
+      const height = (selector: string) => document.querySelector(selector)?.getBoundingClientRect().height ?? -1;
+      return { header: height("header.topbar"), banner: height("[data-testid=degraded-banner]") };
+    });
+  // As the server renders it (before hydration, or without JavaScript): the spare height of
+  // the screen belongs to the page's content, not to the header and the banner (the header
+  // was 180 px tall here).
+  const context = await browser.newContext({ javaScriptEnabled: false, viewport: { width: 1280, height: 900 } });
+  const plain = await context.newPage();
+  await plain.goto("/login?next=%2Fapprovals");
+  await login(plain, owner.login, owner.password);
+  await expect(plain.getByRole("heading", { level: 1, name: "Approvals", exact: true })).toBeVisible();
+  const short = await heights(plain);
+  expect(short.header, "header height on Approvals").toBeGreaterThan(20);
+  expect(short.header, "header height on Approvals").toBeLessThan(80);
+  expect(short.banner, "banner height on Approvals").toBeLessThan(120);
+  for (const path of ["/repairs", "/conversations"]) {
+    await plain.goto(path);
+    expect((await heights(plain)).header, `header height on ${path}`).toBeLessThan(80);
+  }
+  await plain.setViewportSize({ width: 390, height: 1400 });
+  await plain.goto("/approvals");
+  expect((await heights(plain)).header, "header height on a tall phone screen").toBeLessThan(80);
+  await context.close();
+
+  // And once hydrated.
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await page.goto("/login?next=%2Fapprovals");
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { level: 1, name: "Approvals", exact: true })).toBeVisible();
+  expect((await heights(page)).header, "hydrated header height on Approvals").toBeLessThan(80);
+});

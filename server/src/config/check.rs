@@ -18,6 +18,9 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
             problems.push(problem_at(figment, key, message));
         }
     };
+    for (key, message) in settings.server.proxy_problems() {
+        need(false, key, message);
+    }
     let auth = &settings.auth;
     need(auth.min_password_length >= 12, "auth.min_password_length", "must be at least 12".into());
     need(auth.login_max_failures >= 1, "auth.login_max_failures", "must be at least 1".into());

@@ -8,6 +8,7 @@ pub mod conversation;
 mod jobs;
 mod llm;
 pub mod load;
+pub mod net;
 pub mod secrets;
 mod server;
 mod whatsapp;

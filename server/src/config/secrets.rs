@@ -36,9 +36,11 @@ impl SecretSource {
         Self::from_fn(|_| None)
     }
 
-    /// The value of `name`; an empty or blank value counts as unset.
+    /// The value of `name`, without surrounding whitespace (a value pasted from a file often
+    /// ends with a newline, and no token or key has whitespace at its ends); an empty or blank
+    /// value counts as unset.
     pub fn get(&self, name: &str) -> Option<String> {
-        (self.0)(name).filter(|v| !v.trim().is_empty())
+        (self.0)(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
     }
 
     pub fn is_set(&self, name: &str) -> bool {
@@ -71,6 +73,9 @@ pub struct Secrets {
 
 impl Secrets {
     /// Reads every secret from the process environment. An empty value counts as unset.
+    /// Surrounding whitespace is dropped: a value pasted or written by `echo` into an env file
+    /// often ends with a newline, which would silently break every webhook signature check
+    /// (or every API call), and no token or key has whitespace at its ends.
     pub fn from_env() -> Self {
         Self::from_source(SecretSource::from_env())
     }
@@ -119,5 +124,14 @@ mod tests {
         assert!(!shown.contains("sk-very-secret-value"), "{shown}");
         assert_eq!(secrets.presence().iter().filter(|(_, set)| *set).count(), 2);
         assert!(Secrets::from_lookup(|_| Some("  ".into())).presence().iter().all(|(_, set)| !set), "blank counts as unset");
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_not_part_of_a_secret() {
+        use secrecy::ExposeSecret;
+        let secrets = Secrets::from_lookup(|name| Some(format!(" \t{name}-value\r\n")));
+        for name in ALL {
+            assert_eq!(secrets.by_name(name).map(|s| s.expose_secret().to_string()), Some(format!("{name}-value")), "{name}");
+        }
     }
 }

@@ -23,6 +23,27 @@ pub struct ServerSettings {
     /// Refuse to start (exit code 1) without a key for the configured model provider, instead
     /// of running in degraded mode. `GATEHOUSE_STRICT=true` sets it too.
     pub strict: bool,
+    /// Reverse proxies whose `client_ip_header` is believed (addresses or networks). Empty: no
+    /// proxy is trusted and the client address is the connection's peer.
+    pub trusted_proxies: Vec<super::net::IpNet>,
+    /// The header a trusted proxy puts the client's address in (`x-forwarded-for`,
+    /// `x-real-ip`, ...). Empty: none.
+    #[serde(deserialize_with = "super::net::header_name::deserialize")]
+    pub client_ip_header: String,
+}
+
+impl ServerSettings {
+    /// Combinations of the proxy keys that cannot work, as (key, message).
+    pub fn proxy_problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.client_ip_header.is_empty() && !self.trusted_proxies.is_empty() {
+            out.push(("server.client_ip_header", "must be set when server.trusted_proxies is: it names the header the proxies fill".into()));
+        }
+        if !self.client_ip_header.is_empty() && self.trusted_proxies.is_empty() {
+            out.push(("server.trusted_proxies", format!("is empty, so server.client_ip_header ({}) is never read", self.client_ip_header)));
+        }
+        out
+    }
 }
 
 impl Default for ServerSettings {
@@ -34,6 +55,8 @@ impl Default for ServerSettings {
             site_root: PathBuf::from("target/site"),
             shutdown_grace: Duration::from_secs(10),
             strict: false,
+            trusted_proxies: Vec::new(),
+            client_ip_header: String::new(),
         }
     }
 }

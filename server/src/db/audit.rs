@@ -38,23 +38,30 @@ pub async fn record(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<(
     record_returning_id(conn, entry).await.map(|_| ())
 }
 
-/// Failed logins since `since_ms`: (for this login name, from this address), and the oldest
-/// failure time of each, so the caller can say when the window frees up.
+/// Failed logins since `since_ms`: for this login name (from anywhere), from this address (for
+/// any name), and for this name from this address, with the times the caller needs to say when
+/// a limit frees up.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FailureCounts {
     pub by_login: i64,
     pub by_ip: i64,
-    pub oldest_login_at: Option<i64>,
+    pub by_pair: i64,
     pub oldest_ip_at: Option<i64>,
+    pub newest_login_at: Option<i64>,
+    pub newest_pair_at: Option<i64>,
 }
 
 pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, since_ms: i64) -> Result<FailureCounts, DbError> {
-    let by_login = sqlx::query("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND login = $2 AND at > $3")
-        .bind(event::LOGIN_FAILED)
-        .bind(login)
-        .bind(since_ms)
-        .fetch_one(&mut *conn)
-        .await?;
+    let by_login = sqlx::query(
+        "SELECT COUNT(*), MAX(at), COALESCE(SUM(CASE WHEN ip = $4 THEN 1 ELSE 0 END), 0), MAX(CASE WHEN ip = $4 THEN at END) \
+         FROM owner_audit WHERE event = $1 AND login = $2 AND at > $3",
+    )
+    .bind(event::LOGIN_FAILED)
+    .bind(login)
+    .bind(since_ms)
+    .bind(ip)
+    .fetch_one(&mut *conn)
+    .await?;
     let by_ip = sqlx::query("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3")
         .bind(event::LOGIN_FAILED)
         .bind(ip)
@@ -63,7 +70,9 @@ pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, si
         .await?;
     Ok(FailureCounts {
         by_login: by_login.try_get(0)?,
-        oldest_login_at: by_login.try_get(1)?,
+        newest_login_at: by_login.try_get(1)?,
+        by_pair: by_login.try_get(2)?,
+        newest_pair_at: by_login.try_get(3)?,
         by_ip: by_ip.try_get(0)?,
         oldest_ip_at: by_ip.try_get(1)?,
     })

@@ -631,28 +631,50 @@ pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, 
     Ok(n == 1)
 }
 
-/// Cancels queued jobs whose TTL passed. Returns their ids.
-pub async fn expire(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbError> {
-    let sql = "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
-               last_error_message = 'still queued when its time to live ran out' \
-               WHERE id IN (SELECT id FROM jobs WHERE state IN ('available', 'scheduled', 'retryable', 'pending') \
-               AND expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2) RETURNING id";
+/// Rows a maintenance statement may change: at most `MAINTENANCE_BATCH` ids matching `filter`.
+///
+/// Under PostgreSQL's READ COMMITTED, `UPDATE ... WHERE id IN (SELECT ...)` chooses its rows from
+/// the statement's snapshot: an update that waited for another transaction's lock on a row then
+/// applies to the row as that transaction left it, even if it no longer matches (a job completed
+/// or claimed meanwhile). So the ids are picked with `FOR UPDATE SKIP LOCKED` (a row being
+/// changed right now is left for the next round) and the outer UPDATE repeats `filter`, which
+/// PostgreSQL re-checks against the newest row version. SQLite has one writer at a time.
+/// `filter` qualifies its columns with `jobs.`, which reads the same in the pick and the UPDATE.
+fn maintenance_update(backend: Backend, set: &str, filter: &str, returning: &[&str]) -> String {
+    let pick = format!("SELECT id FROM jobs WHERE {filter} ORDER BY id LIMIT $2");
+    match backend {
+        Backend::Postgres => {
+            let returning = returning.iter().map(|c| format!("jobs.{c}")).collect::<Vec<_>>().join(", ");
+            format!("WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id AND {filter} RETURNING {returning}")
+        }
+        Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({pick}) AND {filter} RETURNING {}", returning.join(", ")),
+    }
+}
+
+/// Cancels queued jobs whose TTL passed. Returns their ids. A job claimed meanwhile is left
+/// alone: it is no longer queued.
+pub async fn expire(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<Vec<i64>, DbError> {
+    let set = "state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
+               last_error_message = 'still queued when its time to live ran out'";
+    let filter = "jobs.state IN ('available', 'scheduled', 'retryable', 'pending') AND jobs.expires_at IS NOT NULL AND jobs.expires_at <= $1";
+    let sql = maintenance_update(backend, set, filter, &["id"]);
     let ids: Vec<i64> =
-        sqlx::query(sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+        sqlx::query(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
     events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
     Ok(ids)
 }
 
 /// Frees running jobs whose lease expired (their worker died or hung): back to `retryable`
-/// when attempts remain, else `discarded`. Returns their ids.
-pub async fn rescue(conn: &mut AnyConnection, now: i64) -> Result<Vec<i64>, DbError> {
-    let sql = "UPDATE jobs SET \
-                 state = CASE WHEN attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
-                 completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
-                 scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
-                 last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL \
-               WHERE id IN (SELECT id FROM jobs WHERE state = 'running' AND lease_expires_at < $1 LIMIT $2) RETURNING id, state";
-    let found = sqlx::query(sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
+/// when attempts remain, else `discarded`. Returns their ids. A job its worker completed, or
+/// another worker claimed again, while this ran is left alone (see [`maintenance_update`]).
+pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<Vec<i64>, DbError> {
+    let set = "state = CASE WHEN attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
+               completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
+               scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
+               last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL";
+    let filter = "jobs.state = 'running' AND jobs.lease_expires_at < $1";
+    let sql = maintenance_update(backend, set, filter, &["id", "state"]);
+    let found = sqlx::query(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
     let mut retry = Vec::new();
     let mut discarded = Vec::new();
     for r in &found {

@@ -307,12 +307,36 @@ pub async fn outbound_for_recipient(conn: &mut AnyConnection, recipient: &str) -
     Ok(rows.iter().map(outbound_from_row).collect::<Result<_, _>>()?)
 }
 
-/// Records that a send is about to go out: if the process dies before [`mark_sent`] or
-/// [`mark_send_failed`], the next attempt sees `send_started_at` still set.
-pub async fn mark_sending(conn: &mut AnyConnection, id: i64, now: i64) -> Result<(), DbError> {
-    sqlx::query("UPDATE whatsapp_outbound SET send_started_at = $1, attempts = attempts + 1, updated_at = $1 WHERE id = $2 AND state = 'queued'")
+/// Takes the send lease of a part and records that its send is about to go out: if the process
+/// dies before [`mark_sent`] or [`mark_send_failed`], the next attempt sees `send_started_at`
+/// still set.
+///
+/// A compare-and-set: it succeeds only while the part is unsent and nobody else holds an
+/// unexpired lease on it (`token` may take its own lease again). Two runs of one job (a rescued
+/// lease, a second process) therefore never have the same part in flight; the loser gets
+/// `false` and must not send. A crashed sender's lease runs out at `lease_until`.
+pub async fn mark_sending(conn: &mut AnyConnection, id: i64, token: &str, now: i64, lease_until: i64) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE whatsapp_outbound SET send_started_at = $1, send_token = $2, send_lease_until = $3, attempts = attempts + 1, updated_at = $1 \
+         WHERE id = $4 AND state = 'queued' AND wamid IS NULL \
+         AND (send_lease_until IS NULL OR send_lease_until < $1 OR send_token = $2)",
+    )
+    .bind(now)
+    .bind(token)
+    .bind(lease_until)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Ends `token`'s send lease without a result (the request failed in transit): the part may or
+/// may not have gone out, so `send_started_at` stays, but the next attempt need not wait.
+pub async fn release_send(conn: &mut AnyConnection, id: i64, token: &str, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE whatsapp_outbound SET send_lease_until = NULL, updated_at = $1 WHERE id = $2 AND send_token = $3")
         .bind(now)
         .bind(id)
+        .bind(token)
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -321,8 +345,8 @@ pub async fn mark_sending(conn: &mut AnyConnection, id: i64, now: i64) -> Result
 /// Meta accepted the message. A status callback that arrived first may already have moved it on.
 pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64) -> Result<(), DbError> {
     sqlx::query(
-        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, error_code = NULL, error_message = NULL, updated_at = $2, \
-         state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
+        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, error_code = NULL, error_message = NULL, \
+         updated_at = $2, state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
          sent_at = COALESCE(sent_at, $2), state_rank = CASE WHEN state_rank < 1 THEN 1 ELSE state_rank END WHERE id = $3",
     )
     .bind(clean(wamid))
@@ -338,10 +362,10 @@ pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64)
 pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, message: &str, failed: bool, now: i64) -> Result<(), DbError> {
     let message: String = clean(message).chars().take(500).collect();
     let sql = if failed {
-        "UPDATE whatsapp_outbound SET send_started_at = NULL, error_code = $1, error_message = $2, updated_at = $3, \
+        "UPDATE whatsapp_outbound SET send_started_at = NULL, send_lease_until = NULL, error_code = $1, error_message = $2, updated_at = $3, \
          state = 'failed', state_rank = 4, failed_at = $3 WHERE id = $4"
     } else {
-        "UPDATE whatsapp_outbound SET send_started_at = NULL, error_code = $1, error_message = $2, updated_at = $3 WHERE id = $4"
+        "UPDATE whatsapp_outbound SET send_started_at = NULL, send_lease_until = NULL, error_code = $1, error_message = $2, updated_at = $3 WHERE id = $4"
     };
     sqlx::query(sql).bind(code).bind(message).bind(now).bind(id).execute(&mut *conn).await?;
     Ok(())
@@ -364,7 +388,8 @@ pub struct StatusUpdate<'a> {
 pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i64) -> Result<bool, DbError> {
     if let Some(key) = s.opaque {
         // The send went out but the sender died before recording it: the callback tells us.
-        sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, updated_at = $2 WHERE idempotency_key = $3 AND wamid IS NULL")
+        sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, updated_at = $2 \
+             WHERE idempotency_key = $3 AND wamid IS NULL")
             .bind(clean(s.wamid))
             .bind(now)
             .bind(key)

@@ -386,8 +386,8 @@ impl Worker {
             let result = async {
                 let mut tx = self.db.begin_write().await?;
                 let now = db::now_ms();
-                let rescued = store::rescue(&mut tx, now).await?;
-                let expired = store::expire(&mut tx, now).await?;
+                let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
+                let expired = store::expire(&mut tx, self.db.backend, now).await?;
                 tx.commit().await?;
                 Ok::<_, DbError>((rescued, expired))
             }

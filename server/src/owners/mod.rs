@@ -159,40 +159,74 @@ pub enum Login {
     Throttled { retry_after: Duration },
 }
 
-/// Throttling rule: `max_failures` failed logins for one login name, or from one address,
-/// within `window` lock further attempts out until the oldest failure leaves the window.
+/// Throttling rule. Within `window`:
+///
+/// - an address with `max_failures` failed logins (for any names) is locked until the oldest
+///   leaves the window;
+/// - once a login name has `max_failures` failures (from anywhere), an address that failed for
+///   that name is locked until its own last failure for it leaves the window, while an address
+///   that never failed for it is only slowed: it may try once the progressive delay since the
+///   name's latest failure has passed (see [`progressive_delay`]).
+///
+/// So a guesser spread over many addresses gets one try per delay, and the owner, whose address
+/// has not failed, is never locked out for longer than that delay, however long the guessing
+/// goes on.
 #[derive(Debug, Clone, Copy)]
 pub struct Throttle {
     pub max_failures: u32,
     pub window: Duration,
 }
 
+/// The wait between tries on a login name over its limit, from an address that has not failed
+/// for it: a sixteenth of the window (at least a second), doubled for each failure past the
+/// limit, at most the window.
+pub fn progressive_delay(throttle: Throttle, failures: i64) -> Duration {
+    let base = (throttle.window / 16).max(Duration::from_secs(1));
+    let excess = u32::try_from(failures.saturating_sub(i64::from(throttle.max_failures))).unwrap_or(u32::MAX).min(16);
+    base.saturating_mul(1 << excess).min(throttle.window.max(base))
+}
+
 /// Serialises "count failures, then reserve an attempt" so parallel requests cannot all slip
 /// under the limit. (Across processes the slack is at most one attempt per process.)
 static RESERVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// When the next attempt may be made under `throttle`, or `None` to go ahead now.
+fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Option<i64> {
+    let (max, window) = (i64::from(throttle.max_failures), ms(throttle.window));
+    let mut until = None;
+    if c.by_ip >= max {
+        until = c.oldest_ip_at.map(|t| t + window);
+    }
+    if c.by_login >= max {
+        let login_until = if c.by_pair > 0 {
+            c.newest_pair_at.map(|t| t + window)
+        } else {
+            c.newest_login_at.map(|t| t + ms(progressive_delay(throttle, c.by_login)))
+        };
+        until = until.max(login_until);
+    }
+    until.filter(|t| *t > now)
+}
+
 /// Checks a password. Each attempt is first recorded as a failure (never with the password),
-/// then turned into a success if the password matches; past the limit, for the login name or
-/// the address, the password is not checked at all.
+/// then turned into a success if the password matches; an attempt the [`Throttle`] holds back
+/// is not checked at all.
 pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throttle: Throttle) -> Result<Login, OwnerError> {
     // Audit rows hold a valid login name or a fixed marker, never arbitrary input (which could
     // be a password typed into the wrong field).
     let name = LoginName::parse(login).ok();
     let audit_login = name.as_ref().map_or("<invalid>", LoginName::as_str);
-    let window_ms = i64::try_from(throttle.window.as_millis()).unwrap_or(i64::MAX);
-    let max = i64::from(throttle.max_failures);
     let attempt_id = {
         let _serial = RESERVE.lock().await;
         let now = db::now_ms();
         let mut conn = db.pool.acquire().await?;
-        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - window_ms).await?;
-        if counts.by_login >= max || counts.by_ip >= max {
-            let oldest = [(counts.by_login >= max).then_some(counts.oldest_login_at).flatten(), (counts.by_ip >= max).then_some(counts.oldest_ip_at).flatten()]
-                .into_iter()
-                .flatten()
-                .max()
-                .unwrap_or(now);
-            let wait_ms = u64::try_from(oldest + window_ms - now).unwrap_or(0).max(1000);
+        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - ms(throttle.window)).await?;
+        if let Some(until) = next_attempt(&counts, throttle, now) {
+            let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
             return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
         }
         audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }).await?
@@ -212,5 +246,36 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throt
             Ok(Login::Ok(owner))
         }
         _ => Ok(Login::Rejected),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900) };
+
+    fn counts(by_login: i64, by_ip: i64, by_pair: i64) -> audit::FailureCounts {
+        audit::FailureCounts { by_login, by_ip, by_pair, oldest_ip_at: Some(1_000), newest_login_at: Some(2_000), newest_pair_at: Some(1_500) }
+    }
+
+    #[test]
+    fn a_name_over_its_limit_slows_clean_addresses_and_locks_failed_ones() {
+        let now = 2_000;
+        assert_eq!(next_attempt(&counts(4, 4, 4), T, now), None, "under every limit");
+        assert_eq!(next_attempt(&counts(3, 5, 3), T, now), Some(1_000 + 900_000), "the address is locked");
+        assert_eq!(next_attempt(&counts(5, 1, 1), T, now), Some(1_500 + 900_000), "an address that failed for the name is locked");
+        let clean = next_attempt(&counts(5, 0, 0), T, now).expect("slowed");
+        assert_eq!(clean, 2_000 + 56_250, "a clean address waits the first delay only");
+        assert_eq!(next_attempt(&counts(5, 0, 0), T, 2_000 + 56_250), None, "and may try once it has passed");
+    }
+
+    #[test]
+    fn the_delay_grows_with_each_failure_up_to_the_window() {
+        let delays: Vec<u64> = (5..12).map(|n| progressive_delay(T, n).as_secs()).collect();
+        assert_eq!(delays, vec![56, 112, 225, 450, 900, 900, 900]);
+        let tiny = Throttle { max_failures: 1, window: Duration::from_secs(2) };
+        assert_eq!(progressive_delay(tiny, 1), Duration::from_secs(1));
+        assert_eq!(progressive_delay(tiny, 40), Duration::from_secs(2));
     }
 }

@@ -362,11 +362,12 @@ impl Catalog {
         }
         // Connector actions, from connectors.toml beside this file.
         let connectors_path = path.with_file_name("connectors.toml");
-        let declared: BTreeMap<String, (bool, BTreeSet<String>)> = tools
+        let declared: BTreeMap<String, super::connectors::DeclaredTool> = tools
             .values()
             .map(|t| {
-                let props = t.spec.input_schema.get("properties").and_then(|p| p.as_object()).map(|p| p.keys().cloned().collect()).unwrap_or_default();
-                (t.spec.name.clone(), (t.spec.provider == Provider::Connector, props))
+                let properties = t.spec.input_schema.get("properties").and_then(|p| p.as_object()).map(|p| p.keys().cloned().collect()).unwrap_or_default();
+                let secret_fields = t.spec.secret_fields.keys().cloned().collect();
+                (t.spec.name.clone(), super::connectors::DeclaredTool { is_connector: t.spec.provider == Provider::Connector, properties, secret_fields })
             })
             .collect();
         let mut actions = BTreeMap::new();

@@ -44,6 +44,10 @@ pub enum ConnectorCode {
     /// The answer was larger than Gatehouse accepts.
     #[strum(serialize = "CONNECTOR_RESPONSE_TOO_LARGE")]
     TooLarge,
+    /// A tool's secret field is templated into an action's URL (refused when the files load):
+    /// URLs reach logs, errors and the other side's access logs.
+    #[strum(serialize = "CONNECTOR_SECRET_IN_URL")]
+    SecretInUrl,
 }
 
 impl ConnectorCode {
@@ -56,6 +60,16 @@ impl std::fmt::Display for ConnectorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// What the connectors file needs to know of a tools.toml tool.
+#[derive(Debug, Clone, Default)]
+pub struct DeclaredTool {
+    pub is_connector: bool,
+    /// Properties of its input schema.
+    pub properties: BTreeSet<String>,
+    /// Fields Gatehouse fills from a secret (`secret_fields`).
+    pub secret_fields: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,11 +243,10 @@ fn body_strings(body: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Loads `path` and binds each action to its tool in `tools` (name -> declared properties of
-/// its input schema, and whether it is a connector tool). Returns the actions by tool name.
+/// Loads `path` and binds each action to its tool in `tools`. Returns the actions by tool name.
 pub fn load(
     path: &Path,
-    tools: &BTreeMap<String, (bool, BTreeSet<String>)>,
+    tools: &BTreeMap<String, DeclaredTool>,
     secret_is_set: &dyn Fn(&str) -> bool,
 ) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
     let source = path.display().to_string();
@@ -293,7 +306,7 @@ pub fn load(
         for (j, action) in spec.action.iter().enumerate() {
             let at = format!("action[{j}] ({})", action.tool);
             let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{at}.{field}"), message));
-            let Some((is_connector, props)) = tools.get(&action.tool) else {
+            let Some(DeclaredTool { is_connector, properties: props, secret_fields }) = tools.get(&action.tool) else {
                 bad("tool", format!("there is no tool named {:?} in tools.toml", action.tool));
                 continue;
             };
@@ -323,8 +336,17 @@ pub fn load(
             for (field, template) in &templates {
                 match args_in(template) {
                     Ok(args) => {
-                        for arg in args.into_iter().filter(|a| !props.contains(*a)) {
-                            bad(field, format!("{{{arg}}} is not a property of {}'s input_schema", action.tool));
+                        for arg in &args {
+                            if !props.contains(*arg) {
+                                bad(field, format!("{{{arg}}} is not a property of {}'s input_schema", action.tool));
+                            }
+                            let in_url = field == "path" || field.starts_with("query.");
+                            if in_url && secret_fields.contains(*arg) {
+                                bad(
+                                    field,
+                                    format!("{{{arg}}} is a secret field of {} and cannot be placed in the URL ({}); send it in a header", action.tool, ConnectorCode::SecretInUrl.as_str()),
+                                );
+                            }
                         }
                     }
                     Err(e) => bad(field, e),
@@ -362,6 +384,7 @@ fn same_origin_prefix(pattern: &str, base: &str) -> bool {
     let origin = origin_of(base);
     !origin.is_empty() && (pattern == origin || pattern.starts_with(&format!("{origin}/")))
 }
+
 
 /// An argument as text for a URL or header; objects, arrays and null cannot be placed there.
 fn scalar(args: &Map<String, Value>, name: &str) -> Result<Option<String>, ToolError> {
@@ -425,19 +448,21 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
     let unsupported = |why: String| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), why);
     let base = url::Url::parse(&action.base_url).map_err(|e| unsupported(format!("the connector's base_url is not a URL: {e}")))?;
     let mut url = base.clone();
-    {
-        let mut segments = url.path_segments_mut().map_err(|()| unsupported("the connector's base_url cannot take a path".into()))?;
-        segments.pop_if_empty();
-        for template in action.action.path.split('/').filter(|s| !s.is_empty()) {
-            let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("the path {:?} needs an argument that is missing", action.action.path)))?;
-            let decoded = percent_decoded(&segment);
-            if segment.is_empty() || decoded == "." || decoded == ".." {
-                return Err(unsupported(format!("{segment:?} cannot be a path segment")));
-            }
-            // `push` percent-encodes '/', '?', '#' and '%', so a value stays one segment.
-            segments.push(&segment);
+    let mut path = base.path().trim_end_matches('/').to_string();
+    for template in action.action.path.split('/').filter(|s| !s.is_empty()) {
+        let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("the path {:?} needs an argument that is missing", action.action.path)))?;
+        // Errors name the template, never the value: arguments can be personal data, and the
+        // value reaches the connector unchanged or not at all.
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(unsupported(format!("an argument of the path {:?} is empty, '.' or '..', which cannot be a path segment", action.action.path)));
         }
+        path.push('/');
+        path.push_str(&encode_segment(&segment));
     }
+    if url.cannot_be_a_base() {
+        return Err(unsupported("the connector's base_url cannot take a path".into()));
+    }
+    url.set_path(&path);
     let mut pairs = Vec::new();
     for (name, template) in &action.action.query {
         if let Some(value) = fill(template, args, secrets)? {
@@ -455,14 +480,30 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
     without_query.set_fragment(None);
     let plain = without_query.as_str();
     if !action.allowed.is_match(plain) {
-        return Err(unsupported(format!("{plain} matches none of the connector's allowed_urls")));
+        return Err(unsupported(format!("the path {:?} with these arguments matches none of the connector's allowed_urls", action.action.path)));
     }
     Ok(url)
 }
 
-/// `%2e%2e` is `..`: a segment is judged by what a server would decode it to.
-fn percent_decoded(s: &str) -> String {
-    percent_encoding::percent_decode_str(s).decode_utf8_lossy().to_ascii_lowercase()
+/// A value as one path segment: every byte outside RFC 3986's `pchar` set (unreserved,
+/// sub-delimiters, ':' and '@') is percent-encoded, '%' included. So the value stays one segment,
+/// decodes back to exactly itself (the URL parser would drop a tab or newline, and `url`'s own
+/// segment encoding leaves those to it), and a value like "%2e%2e" is sent as "%252e%252e".
+fn encode_segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Percent-decoding, for tests that check a value arrives as itself.
+pub fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// Keeps only the dotted paths in `keep` (all of `value` when `keep` is empty).
@@ -504,6 +545,19 @@ fn merge_path(out: &mut Value, value: &Value, parts: &[&str]) {
     }
 }
 
+/// The hosts (`host[:port]`) of the enabled connectors in `catalog`, for `web_fetch` to refuse.
+pub fn hosts(catalog: &super::Catalog) -> Vec<String> {
+    let mut out: Vec<String> = catalog
+        .all()
+        .filter_map(|t| t.connector.as_ref())
+        .filter_map(|c| url::Url::parse(&c.base_url).ok())
+        .filter_map(|u| u.host_str().map(|h| u.port().map_or_else(|| h.to_string(), |p| format!("{h}:{p}"))))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Runs connector tools. Redirects are not followed: a connector's answer comes from the URL
 /// that was checked.
 pub struct ConnectorExecutor {
@@ -531,6 +585,11 @@ impl ToolExecutor for ConnectorExecutor {
         let mut request = self.client.request(action.action.method.as_reqwest(), url).timeout(tool.spec.timeout);
         for (name, template) in &action.headers {
             if let Some(value) = fill(template, args, &self.secrets)? {
+                // HTTP drops a header value's surrounding whitespace: refuse rather than send an
+                // argument (a file reference, say) other than exactly as given.
+                if value.starts_with([' ', '\t']) || value.ends_with([' ', '\t']) {
+                    return Err(ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("header {name} would begin or end with whitespace, which HTTP would strip")));
+                }
                 let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("header {name} would not be a valid header value")))?;
                 value.set_sensitive(true);
                 request = request.header(name.as_str(), value);
@@ -606,6 +665,19 @@ mod tests {
         assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
         let missing = build_url(&a, &args(serde_json::json!({})), &no_secrets()).expect_err("missing");
         assert_eq!(missing.code, ConnectorCode::ParamInvalid.as_str());
+    }
+
+    /// The checkpoint adds a tool's secret fields to the arguments before the connector runs.
+    /// A refused URL's error must not carry such a value (or any argument) back to the caller.
+    #[test]
+    fn refused_urls_do_not_echo_their_arguments() {
+        let secret = "sk_live_never_in_errors_77";
+        let a = action("orders/{id}/{key}", &["https://shop.example.com/api/orders/*"]);
+        let err = build_url(&a, &args(serde_json::json!({"id": "A1", "key": secret})), &no_secrets()).expect_err("outside the patterns");
+        assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
+        assert!(!err.message.contains(secret) && !err.message.contains("A1"), "{err}");
+        let dots = build_url(&a, &args(serde_json::json!({"id": "..", "key": secret})), &no_secrets()).expect_err("dot segment");
+        assert!(!dots.message.contains(secret), "{dots}");
     }
 
     #[test]

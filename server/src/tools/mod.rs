@@ -77,7 +77,8 @@ pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db:
         denied_hosts: fetch.denied_hosts.clone(),
         user_agent: fetch.user_agent.clone(),
     };
-    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(builtins::web_fetch::WebFetch::new(limits)?));
+    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(limits, &connectors::hosts(&files.catalog))?;
+    checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(web_fetch));
     let search = &settings.web_search;
     let brave_key = secrets.get(builtins::web_search::BRAVE_KEY_VAR);
     let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;

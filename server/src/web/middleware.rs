@@ -1,7 +1,10 @@
 //! Request middleware: metrics, CSRF origin check, client address, and the console guard that
 //! sends visitors to /setup or /login and refuses protected server functions without a session.
 
-use std::{net::SocketAddr, time::Instant};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Instant,
+};
 
 use app::{api::PUBLIC_SERVER_FNS, auth::ClientIp, backend::SharedBackend, error::AppError};
 use axum::{
@@ -14,6 +17,7 @@ use axum::{
 use tower_sessions::Session;
 
 use super::state::AppState;
+use crate::config::net::{IpNet, canonical};
 
 /// Paths that are not console pages: they do their own checks (or need none).
 fn is_page(path: &str) -> bool {
@@ -69,11 +73,43 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
     }
 }
 
-/// Puts the peer address into request extensions for the login throttle and the audit.
-pub async fn client_ip(mut req: Request, next: Next) -> Response {
-    let ip = req.extensions().get::<ConnectInfo<SocketAddr>>().map_or_else(|| "unknown".to_string(), |c| c.0.ip().to_string());
+/// Puts the client's address into request extensions for the login throttle and the audit: the
+/// connection's peer, or, when the peer is one of `server.trusted_proxies`, the address that
+/// proxy gives in `server.client_ip_header` (see [`client_addr`]).
+pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let server = &state.config.settings.server;
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let ip = client_addr(peer, req.headers(), &server.trusted_proxies, &server.client_ip_header);
     req.extensions_mut().insert(ClientIp(ip));
     next.run(req).await
+}
+
+/// The client address of a request from `peer`. A proxy header is read only when `peer` is a
+/// trusted proxy; in a comma-separated list (X-Forwarded-For) the rightmost address that is not
+/// a trusted proxy is the client, since anything left of it came from the client itself. A
+/// header that is absent or unreadable leaves the peer.
+pub fn client_addr(peer: Option<IpAddr>, headers: &HeaderMap, proxies: &[IpNet], header: &str) -> String {
+    let Some(peer) = peer.map(canonical) else { return "unknown".into() };
+    let trusted = |ip: IpAddr| proxies.iter().any(|p| p.contains(ip));
+    if header.is_empty() || !trusted(peer) {
+        return peer.to_string();
+    }
+    let listed: Vec<&str> = headers.get_all(header).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim).collect();
+    let mut client = None;
+    for entry in listed.iter().rev() {
+        let Some(ip) = parse_forwarded(entry) else { break };
+        client = Some(ip);
+        if !trusted(ip) {
+            break;
+        }
+    }
+    client.unwrap_or(peer).to_string()
+}
+
+/// An address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `::1` or `[::1]:5678`.
+fn parse_forwarded(entry: &str) -> Option<IpAddr> {
+    let ip = entry.parse::<IpAddr>().ok().or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))?;
+    Some(canonical(ip))
 }
 
 #[derive(Clone)]
@@ -159,4 +195,45 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
         h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().expect("net")).collect()
+    }
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", v.parse().expect("value"));
+        }
+        h
+    }
+
+    #[test]
+    fn the_header_counts_only_from_a_trusted_proxy() {
+        let peer = Some("10.0.0.2".parse().expect("ip"));
+        let forwarded = headers(&["203.0.113.9"]);
+        assert_eq!(client_addr(peer, &forwarded, &[], "x-forwarded-for"), "10.0.0.2", "no proxy trusted by default");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), ""), "10.0.0.2", "no header configured");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.9.0.1"]), "x-forwarded-for"), "10.0.0.2", "another proxy is trusted");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(Some("::ffff:10.0.0.2".parse().expect("ip")), &forwarded, &nets(&["10.0.0.2"]), "x-forwarded-for"), "203.0.113.9");
+    }
+
+    #[test]
+    fn the_rightmost_untrusted_address_is_the_client() {
+        let peer = Some("10.0.0.2".parse().expect("ip"));
+        let proxies = nets(&["10.0.0.0/24"]);
+        // A client can prepend anything; only what the proxies appended counts.
+        assert_eq!(client_addr(peer, &headers(&["1.1.1.1, 203.0.113.9, 10.0.0.3"]), &proxies, "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(peer, &headers(&["1.1.1.1", "203.0.113.9:4711"]), &proxies, "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(peer, &headers(&["[2001:db8::5]:443"]), &proxies, "x-forwarded-for"), "2001:db8::5");
+        assert_eq!(client_addr(peer, &headers(&["not an address"]), &proxies, "x-forwarded-for"), "10.0.0.2", "unreadable: the peer");
+        assert_eq!(client_addr(peer, &HeaderMap::new(), &proxies, "x-forwarded-for"), "10.0.0.2", "absent: the peer");
+        assert_eq!(client_addr(None, &HeaderMap::new(), &proxies, "x-forwarded-for"), "unknown");
+    }
 }

@@ -194,3 +194,113 @@ async fn owners_edit_their_numbers(db: TestDb) {
     assert_eq!(settings.json()["my_phones"], serde_json::json!(["+15550001111", "+447700900123"]));
 }
 both_backends!(phone_numbers, owners_edit_their_numbers);
+
+async fn login(c: &mut crate::support::Client, who: &str, password: &str) -> crate::support::Resp {
+    c.post_form("/api/login", &[("login", who), ("password", password), ("next", "/")]).await
+}
+
+fn retry_after(res: &crate::support::Resp) -> u64 {
+    res.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After")
+}
+
+/// Moves every recorded login attempt `secs` into the past: the throttle's clock, without a sleep.
+async fn age_attempts(app: &TestApp, secs: u64) {
+    sqlx::query("UPDATE owner_audit SET at = at - $1").bind(i64::try_from(secs * 1000).expect("ms")).execute(&app.state.db.pool).await.expect("age");
+}
+
+/// Guessing an owner's password, from one address or many, does not lock the owner out: an
+/// address that never failed for the account waits a short, growing delay, not the window.
+async fn guessing_cannot_lock_the_owner_out(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let mut attacker = app.client_from("10.6.0.1:1000");
+    for _ in 0..5 {
+        assert_eq!(login(&mut attacker, "ada", "guess").await.status, StatusCode::UNAUTHORIZED);
+    }
+    let locked = login(&mut attacker, "ada", PASSWORD).await;
+    assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS, "the guessing address is locked");
+    assert!(retry_after(&locked) > 14 * 60, "for the rest of the window: {}", retry_after(&locked));
+
+    // The owner's own address never failed: a short delay, not the window.
+    let mut owner = app.client_from("10.7.0.1:1000");
+    let slowed = login(&mut owner, "ada", PASSWORD).await;
+    assert_eq!(slowed.status, StatusCode::TOO_MANY_REQUESTS);
+    let first_delay = retry_after(&slowed);
+    assert!(first_delay <= 60, "a delay of about a minute, not the 15-minute window: {first_delay}");
+    age_attempts(&app, first_delay + 1).await;
+    let ok = login(&mut owner, "ada", PASSWORD).await;
+    assert_eq!(ok.status, StatusCode::OK, "the owner gets in once the delay has passed: {}", ok.body);
+
+    // More guesses from fresh addresses: one per delay, and each delay longer than the last.
+    let mut second = app.client_from("10.6.0.2:1000");
+    assert_eq!(login(&mut second, "ada", "guess").await.status, StatusCode::UNAUTHORIZED);
+    let mut third = app.client_from("10.6.0.3:1000");
+    let held = login(&mut third, "ada", "guess").await;
+    assert_eq!(held.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(retry_after(&held) > first_delay, "progressive: {} after {first_delay}", retry_after(&held));
+    // An address that failed for the account is locked for it, not slowed.
+    let again = login(&mut second, "ada", "guess").await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(retry_after(&again) > 14 * 60, "{}", retry_after(&again));
+    // Other accounts are not affected from a clean address.
+    assert_eq!(login(&mut app.client_from("10.7.0.9:1000"), "bob", "not set up").await.status, StatusCode::UNAUTHORIZED);
+}
+both_backends!(login_no_owner_lockout, guessing_cannot_lock_the_owner_out);
+
+/// Behind a reverse proxy every request comes from the proxy. Its X-Forwarded-For is believed
+/// only when configured, and only from the proxy: clients then get buckets of their own, and a
+/// client cannot pick its bucket by sending the header itself.
+async fn clients_behind_a_trusted_proxy_are_told_apart(db: TestDb) {
+    let app = TestApp::with(db, |s| {
+        s.server.trusted_proxies = vec!["10.0.0.1".parse().expect("proxy")];
+        s.server.client_ip_header = "x-forwarded-for".into();
+    })
+    .await;
+    app.with_owner("ada", PASSWORD).await;
+    let via_proxy = |client: &str| {
+        let mut c = app.client_from("10.0.0.1:4000");
+        c.headers.push(("x-forwarded-for".into(), format!("198.51.100.77, {client}")));
+        c
+    };
+    let mut guesser = via_proxy("203.0.113.5");
+    for i in 0..5 {
+        assert_eq!(login(&mut guesser, &format!("guess{i}"), "wrong").await.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(login(&mut guesser, "ada", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS, "the guesser's own address is locked");
+    // Another client behind the same proxy has its own bucket.
+    assert_eq!(login(&mut via_proxy("203.0.113.6"), "ada", PASSWORD).await.status, StatusCode::OK);
+    // The audit records the client, not the proxy.
+    let ips: Vec<String> = sqlx::query("SELECT DISTINCT ip FROM owner_audit WHERE event IN ('login_failed', 'login_ok')")
+        .fetch_all(&app.state.db.pool)
+        .await
+        .expect("audit")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(ips.iter().all(|ip| ip.starts_with("203.0.113.")), "{ips:?}");
+
+    // A client connecting directly cannot choose its address with the header.
+    let mut direct = app.client_from("10.9.9.9:5000");
+    direct.headers.push(("x-forwarded-for".into(), "203.0.113.200".into()));
+    for _ in 0..5 {
+        login(&mut direct, "nobody", "wrong").await;
+        direct.headers[0].1 = format!("203.0.113.{}", 201 + direct.headers.len());
+    }
+    assert_eq!(login(&mut direct, "ada", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS, "counted by its real address");
+}
+both_backends!(login_behind_proxy, clients_behind_a_trusted_proxy_are_told_apart);
+
+/// Without configuration no proxy header is read: the default trusts nobody.
+async fn no_proxy_is_trusted_by_default(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    for i in 0..5 {
+        let mut c = app.client_from("10.0.0.1:4000");
+        c.headers.push(("x-forwarded-for".into(), format!("203.0.113.{i}")));
+        login(&mut c, &format!("guess{i}"), "wrong").await;
+    }
+    let mut next = app.client_from("10.0.0.1:4000");
+    next.headers.push(("x-forwarded-for".into(), "203.0.113.99".into()));
+    assert_eq!(login(&mut next, "someone", "wrong").await.status, StatusCode::TOO_MANY_REQUESTS, "one address, whatever the header says");
+}
+both_backends!(login_proxy_default, no_proxy_is_trusted_by_default);

@@ -353,3 +353,148 @@ body = { a = "b" }
     assert_ne!(good.get("lookup_order").expect("tool").version, edited.get("lookup_order").expect("tool").version);
     assert_eq!(good.get("refund").expect("tool").version, edited.get("refund").expect("tool").version);
 }
+
+/// A tool's secret field is filled from the environment by the checkpoint; templated into a URL
+/// it would reach access logs and error messages, so the files do not load.
+#[test]
+fn secret_fields_cannot_be_templated_into_urls() {
+    let tools = r#"
+[[tool]]
+name = "fetch_doc"
+title = "Fetch a document"
+description = "Reads a document."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+secret_fields = { api_key = "DOCS_KEY" }
+input_schema = { type = "object", properties = { doc = { type = "string" }, api_key = { type = "string" } } }
+"#;
+    let connector = |action: &str| format!("[[connector]]\nid = \"docs\"\nbase_url = \"https://docs.example.com/v1\"\nallowed_urls = [\"https://docs.example.com/v1/**\"]\n\n[[connector.action]]\ntool = \"fetch_doc\"\nmethod = \"GET\"\n{action}\n");
+    for (action, field) in [("path = \"docs/{doc}/{api_key}\"", "path"), ("path = \"docs/{doc}\"\nquery = { key = \"{api_key}\" }", "query.key")] {
+        let problems = load(tools, &connector(action), &["DOCS_KEY"]).expect_err("refused");
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert!(
+            shown.iter().any(|p| p.contains(&format!("action[0] (fetch_doc).{field}: {{api_key}} is a secret field")) && p.contains(connectors::ConnectorCode::SecretInUrl.as_str())),
+            "{shown:#?}"
+        );
+    }
+    // In a header it is fine: headers are sent marked sensitive and never logged.
+    load(tools, &connector("path = \"docs/{doc}\"\nheaders = { \"X-Key\" = \"{api_key}\" }"), &["DOCS_KEY"]).expect("a header may carry it");
+}
+
+/// File references a connector returned reach it again exactly as returned when given back as
+/// arguments, in a path segment, a query value or the body: no trimming, normalisation or
+/// re-encoding on the way. A value HTTP itself would change (surrounding spaces in a header) is
+/// refused, never altered.
+async fn file_references_pass_through_byte_for_byte(db: TestDb) {
+    const REFS: [&str; 10] = [
+        "files/2024/report final.pdf",
+        "  padded reference  ",
+        "%2e%2e",
+        "a%2Fb%20c",
+        "x+y=z&w?q#frag",
+        "ünïcødé ✓.txt",
+        "back\\slash;semi,comma",
+        "tab\there",
+        ".hidden",
+        "trailing.",
+    ];
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let received: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+    let seen = received.clone();
+    let app = Router::new()
+        .route("/api/files", get(|| async { Json(json!({ "files": REFS })) }))
+        .route(
+            "/api/files/{reference}",
+            post(move |Path(reference): Path<String>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>, Json(body): Json<Value>| {
+                let seen = seen.clone();
+                async move {
+                    let from_body = body["ref"].as_str().unwrap_or_default().to_string();
+                    seen.lock().expect("lock").push((reference, q.get("ref").cloned().unwrap_or_default(), from_body));
+                    Json(json!({ "ok": true }))
+                }
+            }),
+        )
+        .route("/api/by-header", get(|headers: HeaderMap| async move { Json(json!({ "ref": headers.get("x-file").and_then(|v| v.to_str().ok()) })) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+
+    let tools = r#"
+[[tool]]
+name = "list_files"
+title = "List files"
+description = "Lists file references."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object" }
+
+[[tool]]
+name = "open_file"
+title = "Open a file"
+description = "Opens a file by reference."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", required = ["file"], properties = { file = { type = "string" } } }
+
+[[tool]]
+name = "file_by_header"
+title = "File by header"
+description = "Sends the reference in a header."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", required = ["file"], properties = { file = { type = "string" } } }
+"#;
+    let connectors = format!(
+        r#"
+[[connector]]
+id = "files"
+base_url = "http://{addr}/api"
+allowed_urls = ["http://{addr}/api/files", "http://{addr}/api/files/*", "http://{addr}/api/by-header"]
+
+[[connector.action]]
+tool = "list_files"
+method = "GET"
+path = "files"
+
+[[connector.action]]
+tool = "open_file"
+method = "POST"
+path = "files/{{file}}"
+query = {{ ref = "{{file}}" }}
+body = {{ ref = "{{file}}" }}
+
+[[connector.action]]
+tool = "file_by_header"
+method = "GET"
+path = "by-header"
+headers = {{ "X-File" = "{{file}}" }}
+"#
+    );
+    let catalog = load(tools, &connectors, &[]).expect("valid");
+    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets());
+    cp.register_provider(Provider::Connector, Arc::new(ConnectorExecutor::new(secrets()).expect("client")));
+    let customer = ctx(Role::Customer);
+
+    let listed = cp.execute(call("list_files", json!({})), &customer).await.expect("list");
+    let returned: Vec<String> = listed.output["data"]["files"].as_array().expect("files").iter().map(|v| v.as_str().expect("text").to_string()).collect();
+    assert_eq!(returned, REFS, "returned as the connector sent them");
+    for reference in &returned {
+        cp.execute(call("open_file", json!({ "file": reference })), &customer).await.unwrap_or_else(|e| panic!("{reference:?}: {e}"));
+        let (path, query, body) = received.lock().expect("lock").pop().expect("the connector was reached");
+        assert_eq!((path.as_str(), query.as_str(), body.as_str()), (reference.as_str(), reference.as_str(), reference.as_str()), "{reference:?}");
+    }
+    let plain = cp.execute(call("file_by_header", json!({ "file": REFS[0] })), &customer).await.expect("header");
+    assert_eq!(plain.output["data"]["ref"], REFS[0]);
+    let padded = cp.execute(call("file_by_header", json!({ "file": REFS[1] })), &customer).await.expect_err("HTTP would trim it");
+    assert_eq!(padded.code, connectors::ConnectorCode::ParamInvalid.as_str(), "{padded}");
+}
+both_backends!(connector_file_references, file_references_pass_through_byte_for_byte);

@@ -209,7 +209,7 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     assert!(store::cancel(&mut conn, cancelled, "owner cancelled", t0).await.expect("cancel"));
     assert!(!store::cancel(&mut conn, cancelled, "again", t0).await.expect("cancel"), "finished jobs stay finished");
 
-    assert_eq!(store::expire(&mut conn, t0 + 100).await.expect("expire"), vec![expiring]);
+    assert_eq!(store::expire(&mut conn, pool.backend, t0 + 100).await.expect("expire"), vec![expiring]);
     assert_eq!(store::get(&mut conn, expiring).await.expect("g").and_then(|j| j.last_error_code), Some("JOB_EXPIRED".into()));
 
     // Pending jobs are never claimed until released.
@@ -222,8 +222,8 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![pending]);
 
     // The worker died: its lease runs out and the job is rescued for a retry.
-    assert_eq!(store::rescue(&mut conn, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
-    assert_eq!(store::rescue(&mut conn, t0 + 400).await.expect("rescue"), vec![pending]);
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 400).await.expect("rescue"), vec![pending]);
     let j = store::get(&mut conn, pending).await.expect("g").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.

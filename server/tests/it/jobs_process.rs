@@ -34,8 +34,13 @@ const SHORT_LEASE: Duration = Duration::from_secs(2);
 const LONG_LEASE: Duration = Duration::from_secs(30);
 
 fn spawn_probe(url: &str, sleep_ms: u64, lease: Duration, concurrency: u32) -> Child {
+    spawn_probe_with(url, sleep_ms, lease, concurrency, &[])
+}
+
+fn spawn_probe_with(url: &str, sleep_ms: u64, lease: Duration, concurrency: u32, env: &[(&str, &str)]) -> Child {
     Command::new(probe_bin())
         .args([url, &sleep_ms.to_string(), &lease.as_millis().to_string(), &concurrency.to_string()])
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -121,6 +126,61 @@ async fn two_processes_share_postgres_without_double_runs() {
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM (SELECT job_id FROM probe_runs GROUP BY job_id HAVING COUNT(*) > 1) dup").await, 0);
     let per_process = sqlx::query("SELECT pid, COUNT(*) FROM probe_runs GROUP BY pid").fetch_all(&pool.pool).await.expect("per pid");
     assert_eq!(per_process.len(), 2, "both processes did work");
+}
+
+/// Two worker processes, one reply: the process sending it loses its job lease mid-send (the
+/// rescuer is run with a clock past the lease), the other process claims the job and runs it
+/// while the first send is still in flight at Meta. Each part goes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_send_each_reply_part_once() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = prepare(&db, 0).await;
+    let graph = crate::jobs_race::GatedGraph::start(true).await;
+    let held = graph.held().expect("gate");
+    let text = ["First part of a long answer. ".repeat(100), "Second part, still going. ".repeat(100), "Third and last part. ".repeat(100)].join("\n\n");
+    let job = NewJob { kind: "probe_send".into(), max_attempts: 20, correlation_id: "t".into(), args: serde_json::json!({ "text": text }), ..Default::default() };
+    let id = JobQueue::new(pool.clone()).enqueue(&job).await.expect("enqueue").job.id;
+    // A lease this long never lapses on its own, and its heartbeat does not notice the rescue
+    // before the held send is released.
+    let env = [("PROBE_GRAPH_URL", graph.base_url.as_str())];
+    let a = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
+    tokio::time::timeout(Duration::from_secs(60), graph.first_arrived()).await.expect("the first process starts sending");
+    let b = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
+
+    // Forced lease expiry, and the rescuer's round, in one transaction (the first process's
+    // heartbeat cannot extend the lease in between).
+    let mut tx = pool.begin_write().await.expect("begin");
+    sqlx::query("UPDATE jobs SET lease_expires_at = 0 WHERE id = $1").bind(id).execute(&mut *tx).await.expect("expire the lease");
+    assert_eq!(store::rescue(&mut tx, pool.backend, server::db::now_ms()).await.expect("rescue"), vec![id]);
+    tx.commit().await.expect("commit");
+    // Another run starts while part 0 is still in flight: it backs off, or (the bug) sends.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let fenced = scalar(&pool, "SELECT COUNT(*) FROM job_events WHERE error_code = 'WHATSAPP_SEND_IN_PROGRESS'").await;
+        if fenced > 0 || graph.sends().get(&format!("job:{id}:part:0")).is_some_and(|n| *n > 1) || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    graph.release(&held);
+    let done = wait_completed(&pool, 1, Duration::from_secs(60)).await;
+    stop(a);
+    stop(b);
+    let events: Vec<String> = sqlx::query(&format!("SELECT state || ' ' || COALESCE(error_code, '') || ' ' || COALESCE(message, '') FROM job_events WHERE job_id = {id} ORDER BY id"))
+        .fetch_all(&pool.pool)
+        .await
+        .expect("events")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(done, 1, "the reply job completes: {events:#?}, sends {:?}", graph.sends());
+    let runs = scalar(&pool, &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {id} AND state = 'running'")).await;
+    assert!(runs >= 2, "the job ran more than once ({runs} runs)");
+    let sends = graph.sends();
+    let parts = server::channel::whatsapp::split::split(&text, server::channel::whatsapp::split::MAX_CHARS).len();
+    assert!(parts > 1, "a reply of several parts");
+    let expected: std::collections::HashMap<String, usize> = (0..parts).map(|n| (format!("job:{id}:part:{n}"), 1)).collect();
+    assert_eq!(sends, expected, "one send per part");
 }
 
 /// Forwards TCP to PostgreSQL and can cut every connection for a while.

@@ -272,7 +272,7 @@ impl TestApp {
 
     /// A client whose requests appear to come from `peer` (for per-address throttling).
     pub fn client_from(&self, peer: &str) -> Client {
-        Client { router: self.router.clone(), cookie: None, peer: peer.parse().expect("peer addr"), origin: Some(PUBLIC_URL.into()) }
+        Client { router: self.router.clone(), cookie: None, peer: peer.parse().expect("peer addr"), origin: Some(PUBLIC_URL.into()), headers: Vec::new() }
     }
 
     /// Creates the first owner through the setup server function and returns a logged-in client.
@@ -315,6 +315,8 @@ pub struct Client {
     pub cookie: Option<String>,
     peer: SocketAddr,
     pub origin: Option<String>,
+    /// Extra request headers (a proxy's X-Forwarded-For, say).
+    pub headers: Vec<(String, String)>,
 }
 
 impl Client {
@@ -328,6 +330,9 @@ impl Client {
         }
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        for (name, value) in &self.headers {
+            req = req.header(name.as_str(), value.as_str());
         }
         let mut req = req.body(Body::from(body.unwrap_or_default())).expect("request");
         req.extensions_mut().insert(ConnectInfo(self.peer));

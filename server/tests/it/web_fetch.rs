@@ -81,3 +81,56 @@ async fn limits_on_type_size_status_scheme_and_hosts() {
     let denied = WebFetch::new(FetchLimits { allowed_hosts: vec![host.clone()], denied_hosts: vec!["127.0.0.1".into()], ..Default::default() }).expect("client");
     assert_eq!(denied.fetch(&format!("http://{host}/page")).await.expect_err("denied").code, FetchCode::HostDenied.as_str());
 }
+
+/// An `allowed_hosts` entry with a port exempts that port only: the same host's other ports get
+/// the public-address check like any host.
+#[tokio::test]
+async fn an_allowed_port_allows_that_port_only() {
+    let other = site(0).await;
+    let port = site(other).await;
+    let f = fetcher(&[format!("localhost:{port}")]);
+    let page = f.fetch(&format!("http://localhost:{port}/page")).await.expect("the allowed port");
+    assert_eq!(page["title"], "Menu");
+    let err = f.fetch(&format!("http://localhost:{other}/page")).await.expect_err("another port of the allowed host");
+    assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{err}");
+    // Nor through a redirect from the allowed port.
+    let err = f.fetch(&format!("http://localhost:{port}/to-localhost")).await.expect_err("redirect to another port");
+    assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{err}");
+    // An entry without a port covers every port.
+    let any = fetcher(&["localhost".to_string()]);
+    assert!(any.fetch(&format!("http://localhost:{other}/page")).await.is_ok());
+}
+
+/// A denied host stays denied spelled with a trailing dot, as a subdomain, or by its address.
+#[tokio::test]
+async fn denied_hosts_cover_spellings_subdomains_and_addresses() {
+    let port = site(0).await;
+    let limits = |denied: &[&str]| FetchLimits {
+        allowed_hosts: vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("sub.localhost:{port}")],
+        denied_hosts: denied.iter().map(|d| d.to_string()).collect(),
+        ..Default::default()
+    };
+    let by_name = WebFetch::new(limits(&["LocalHost"])).expect("client");
+    for url in [format!("http://localhost:{port}/page"), format!("http://localhost.:{port}/page"), format!("http://sub.localhost:{port}/page"), format!("http://127.0.0.1:{port}/page")] {
+        let err = by_name.fetch(&url).await.expect_err(&url);
+        assert_eq!(err.code, FetchCode::HostDenied.as_str(), "{url}: {err}");
+    }
+    let by_net = WebFetch::new(limits(&["127.0.0.0/8"])).expect("client");
+    for url in [format!("http://127.0.0.1:{port}/page"), format!("http://[::ffff:127.0.0.1]:{port}/page"), format!("http://localhost:{port}/page")] {
+        let err = by_net.fetch(&url).await.expect_err(&url);
+        assert_eq!(err.code, FetchCode::HostDenied.as_str(), "{url}: {err}");
+    }
+}
+
+/// A connector's host is reached through the connector only, never through web_fetch, even
+/// when allowed_hosts lists it.
+#[tokio::test]
+async fn connector_hosts_are_refused() {
+    let port = site(0).await;
+    let limits = FetchLimits { allowed_hosts: vec![format!("127.0.0.1:{port}"), format!("localhost:{port}")], ..Default::default() };
+    let f = WebFetch::with_connector_hosts(limits, &[format!("localhost:{port}")]).expect("client");
+    for url in [format!("http://localhost:{port}/page"), format!("http://LOCALHOST.:{}/page", port + 1), format!("http://127.0.0.1:{port}/page")] {
+        let err = f.fetch(&url).await.expect_err(&url);
+        assert_eq!(err.code, FetchCode::ConnectorHost.as_str(), "{url}: {err}");
+    }
+}

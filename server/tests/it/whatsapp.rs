@@ -721,7 +721,8 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let row = store::reserve_outbound(&mut conn, &NewOutbound {
         idempotency_key: key, job_id: Some(777), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Your table is booked.", quoted_id: None,
     }, db::now_ms()).await.expect("reserve");
-    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    // A sender that died mid-request: its send lease has run out by the time the job reruns.
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
     // ... the process died here; Meta had accepted the message and reports it:
     let cb = json!({ "id": "wamid.CRASHED", "status": "sent", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
@@ -740,7 +741,7 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let row = store::reserve_outbound(&mut conn, &NewOutbound {
         idempotency_key: key2, job_id: Some(778), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Again.", quoted_id: None,
     }, db::now_ms()).await.expect("reserve");
-    store::mark_sending(&mut conn, row.id, db::now_ms()).await.expect("sending");
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
     let outcome = sender.send_text(778, &to, "Again.", None).await.expect("send");
     assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
@@ -1020,3 +1021,20 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
     assert_eq!(sent.len(), 1, "recorded in the delivery ledger like any reply");
 }
 both_backends!(whatsapp_owner_notices, owner_notices_are_delivered_on_whatsapp);
+
+/// A secret written to an env file with `echo` ends with a newline. It is the same secret: the
+/// webhook's signatures still verify.
+async fn a_secret_with_a_trailing_newline_still_verifies(db: TestDb) {
+    let padded = Secrets::from_lookup(|name| match name {
+        "WHATSAPP_APP_SECRET" => Some(format!("{APP_SECRET}\n")),
+        "WHATSAPP_VERIFY_TOKEN" => Some(format!(" {VERIFY_TOKEN}\r\n")),
+        _ => None,
+    });
+    let app = TestApp::with_secrets(db, padded, |_| {}).await;
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.NEWLINE", "hello")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK, "signed with the secret itself");
+    let verify = format!("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=42");
+    let res = app.client().get(&verify).await;
+    assert_eq!((res.status, res.body.as_str()), (StatusCode::OK, "42"));
+}
+both_backends!(whatsapp_secret_newline, a_secret_with_a_trailing_newline_still_verifies);

@@ -12,6 +12,15 @@
 //! back: when that callback arrived in the meantime, the row has its wamid and the part is not
 //! sent again. Otherwise the part is sent again (logged as a warning): a customer may then see
 //! that one part twice, which we prefer to a reply that silently never arrives.
+//!
+//! # Two runs at once
+//!
+//! A job can run twice at the same time: its lease was rescued while the first run still sends,
+//! or two processes share the database. Marking a part "sending" takes a lease on that part
+//! (a compare-and-set in the ledger, see [`store::mark_sending`]); the run that does not get it
+//! sends nothing and retries the job later (`WHATSAPP_SEND_IN_PROGRESS`), by when the part is
+//! recorded as sent. The lease outlives one Graph API request, so only a sender that died
+//! mid-request leaves it to run out.
 
 use std::{sync::Arc, time::Duration};
 
@@ -81,6 +90,13 @@ impl From<SendError> for JobError {
         }
     }
 }
+
+/// Another run of the same job holds this part's send lease.
+pub const SEND_IN_PROGRESS: &str = "WHATSAPP_SEND_IN_PROGRESS";
+
+/// How long a part's send lease lasts past the request's own deadline: the ledger write after
+/// the answer, on a busy database.
+const SEND_LEASE_MARGIN: Duration = Duration::from_secs(30);
 
 enum Delivery {
     Sent,
@@ -201,6 +217,9 @@ impl WhatsAppSender {
         let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
         let mut row = store::reserve_outbound(&mut conn, new, db::now_ms()).await?;
         drop(conn);
+        // This call's claim on the part: its retries below may take the lease again.
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let lease = self.settings.request_timeout.saturating_add(SEND_LEASE_MARGIN);
         let attempts = self.settings.send_attempts.max(1);
         for attempt in 1..=attempts {
             if let Some(done) = finished(&row) {
@@ -220,7 +239,17 @@ impl WhatsAppSender {
                 }
             }
             let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
-            store::mark_sending(&mut conn, row.id, db::now_ms()).await?;
+            let now = db::now_ms();
+            let lease_until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+            if !store::mark_sending(&mut conn, row.id, &token, now, lease_until).await? {
+                // Sent or settled meanwhile, or another run is sending it right now.
+                let current = store::outbound_by_key(&mut conn, &row.idempotency_key).await?.unwrap_or(row);
+                if let Some(done) = finished(&current) {
+                    return Ok(done);
+                }
+                tracing::info!(key = %current.idempotency_key, "another run is sending this part; this run sends nothing");
+                return Err(SendError::Retry { code: SEND_IN_PROGRESS.into(), message: "another run of this job is sending the same part".into() });
+            }
             drop(conn);
             let result = self.graph.post(&body).await;
             let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
@@ -242,6 +271,7 @@ impl WhatsAppSender {
                         // Meta may have accepted it: leave send_started_at so the next try
                         // sees the uncertainty (and a status callback can settle it).
                         tracing::warn!(key = %row.idempotency_key, error = %e, "Graph API request failed; outcome unknown");
+                        store::release_send(&mut conn, row.id, &token, now).await?;
                     } else {
                         store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
                     }

@@ -1,6 +1,7 @@
 //! Built-in tool implementations, registered with the checkpoint by handler id. Which tools use
 //! them (names, descriptions, policies) is configuration, in config/tools.toml.
 
+pub mod host_rules;
 pub mod html;
 pub mod net_guard;
 pub mod web_fetch;

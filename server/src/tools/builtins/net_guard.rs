@@ -1,7 +1,7 @@
 //! Which network addresses a fetch may reach. Everything that is not plainly public is refused:
 //! loopback, private, link-local (and so cloud metadata at 169.254.169.254), CGNAT, multicast,
-//! unspecified, reserved and documentation ranges, in IPv4, IPv6 and IPv4-mapped/compatible and
-//! NAT64 forms. Decimal, octal and hex IPv4 spellings are normalised by the URL parser before
+//! unspecified, reserved and documentation ranges, in IPv4, IPv6 and IPv4-mapped/compatible,
+//! SIIT-translated, NAT64 (well-known and local-use) and Teredo forms. Decimal, octal and hex IPv4 spellings are normalised by the URL parser before
 //! this check sees them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -60,6 +60,22 @@ fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
     if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         return forbidden_v4(embedded);
     }
+    // SIIT's IPv4-translated ::ffff:0:a.b.c.d reaches an IPv4 host through a translator.
+    if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return Some("IPv4-translated (SIIT)");
+    }
+    // RFC 8215 local-use NAT64 64:ff9b:1::/48: the operator's own translator, which places the
+    // IPv4 address where its prefix length says; none of it is a public destination.
+    if seg[..3] == [0x64, 0xff9b, 1] {
+        return Some("local-use NAT64");
+    }
+    // Teredo 2001::/32 tunnels to an (obscured) IPv4 address; 100::/64 discards.
+    if seg[..2] == [0x2001, 0] {
+        return Some("Teredo tunnel");
+    }
+    if seg[..4] == [0x100, 0, 0, 0] {
+        return Some("discard-only");
+    }
     let first = seg[0];
     if first & 0xffc0 == 0xfe80 {
         return Some("link-local");
@@ -103,6 +119,9 @@ mod tests {
             "172.31.255.255", "192.168.1.1", "192.0.0.8", "198.18.0.1", "224.0.0.1", "239.255.255.250", "240.0.0.1", "255.255.255.255",
             "::", "::1", "fe80::1", "fc00::1", "fd00:ec2::254", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:169.254.169.254",
             "::127.0.0.1", "64:ff9b::10.0.0.1", "2002:7f00:1::", "2001:db8::1", "fec0::1",
+            // Local-use NAT64 (any embedding), SIIT-translated (even of a public address), Teredo, discard.
+            "64:ff9b:1::a00:1", "64:ff9b:1:a00:1::", "64:ff9b:1:ffff::808:808", "::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:808:808",
+            "2001::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "100::1",
         ] {
             let parsed: IpAddr = ip.parse().expect("ip");
             assert!(forbidden(parsed).is_some(), "{ip} must be refused");

@@ -1,13 +1,20 @@
 //! `web_fetch`: GET an http(s) URL and return readable text, with title and final URL. Limits on
-//! size, time, redirects and content type. Every address is checked after DNS resolution and on
-//! every redirect (see [`super::net_guard`]); allowed and denied hosts come from config.
+//! size, time, redirects and content type. Redirects are followed here, one request per hop, and
+//! every hop is checked before it is requested: denied hosts (with their subdomains and their
+//! addresses), the connectors' hosts (reached only through their connector), and every address
+//! after DNS resolution (see [`super::net_guard`]). `allowed_hosts` entries exempt a host from the
+//! address check, on the listed port only when the entry names one.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::HashSet, net::IpAddr, net::SocketAddr, sync::Arc, time::Duration};
 
 use reqwest::{dns::Resolve, redirect};
 use serde_json::{Value, json};
 
-use super::{html::html_to_text, net_guard};
+use super::{
+    host_rules::{HostRules, Target, normal_name, target},
+    html::html_to_text,
+    net_guard,
+};
 use crate::tools::{ToolDef, ToolError, ToolExecutor};
 
 pub const HANDLER: &str = "web_fetch";
@@ -21,6 +28,10 @@ pub enum FetchCode {
     AddressForbidden,
     #[strum(serialize = "FETCH_HOST_DENIED")]
     HostDenied,
+    /// The host belongs to a configured connector: its data is reached through the connector's
+    /// own tools (with their checks and credentials), never through the public web tools.
+    #[strum(serialize = "FETCH_CONNECTOR_HOST")]
+    ConnectorHost,
     #[strum(serialize = "FETCH_CONTENT_TYPE_REFUSED")]
     ContentType,
     #[strum(serialize = "FETCH_HTTP_STATUS")]
@@ -48,7 +59,7 @@ pub struct FetchLimits {
     pub timeout: Duration,
     /// Hosts (`host` or `host:port`) fetched even if their address is not public.
     pub allowed_hosts: Vec<String>,
-    /// Hosts never fetched.
+    /// Hosts never fetched: a name with its subdomains, an address or a network (CIDR).
     pub denied_hosts: Vec<String>,
     pub user_agent: String,
 }
@@ -66,55 +77,98 @@ impl Default for FetchLimits {
     }
 }
 
-fn host_key(url: &url::Url) -> (String, String) {
-    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
-    let with_port = url.port_or_known_default().map_or(host.clone(), |p| format!("{host}:{p}"));
-    (host, with_port)
+/// Which client a checked hop goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Names resolve only to public addresses, unless allowed on every port.
+    Strict,
+    /// The hop's host is allowed on exactly this port: its name may resolve anywhere.
+    AllowedPort,
 }
 
-fn listed(list: &[String], url: &url::Url) -> bool {
-    let (host, with_port) = host_key(url);
-    list.iter().any(|h| h.eq_ignore_ascii_case(&host) || h.eq_ignore_ascii_case(&with_port))
+/// The lists a hop is checked against, parsed once.
+#[derive(Debug)]
+struct Rules {
+    allowed: HostRules,
+    denied: HostRules,
+    connectors: HostRules,
 }
 
-/// Checks a URL before any connection: scheme, denied hosts, and literal IP hosts.
-fn check_url(url: &url::Url, limits: &FetchLimits) -> Result<(), ToolError> {
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("only http and https URLs can be fetched, not {}:", url.scheme())));
+impl Rules {
+    /// Checks a URL before it is requested. Names of denied and connector hosts are resolved
+    /// when the URL names an address, so the address of a refused host is refused too.
+    async fn check(&self, url: &url::Url) -> Result<Route, ToolError> {
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("only http and https URLs can be fetched, not {}:", url.scheme())));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "URLs with credentials are refused"));
+        }
+        let (host, port) = target(url).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host"))?;
+        if self.connectors.find(&host, port, false).is_some() {
+            return Err(connector_host());
+        }
+        if self.denied.find(&host, port, true).is_some() {
+            return Err(denied());
+        }
+        if let Target::Addr(ip) = host {
+            if lookup_all(self.connectors.names()).await.contains(&ip) {
+                return Err(connector_host());
+            }
+            if lookup_all(self.denied.names()).await.contains(&ip) {
+                return Err(denied());
+            }
+        }
+        match (self.allowed.find(&host, port, false), &host) {
+            (Some(super::host_rules::HostEntry::Name { port: Some(_), .. }), _) => Ok(Route::AllowedPort),
+            (Some(_), _) => Ok(Route::Strict),
+            (None, Target::Addr(ip)) => match net_guard::forbidden(*ip) {
+                Some(why) => Err(ToolError::refused(FetchCode::AddressForbidden.as_str(), format!("the address is {why}"))),
+                None => Ok(Route::Strict),
+            },
+            (None, Target::Name(_)) => Ok(Route::Strict),
+        }
     }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "URLs with credentials are refused"));
-    }
-    if listed(&limits.denied_hosts, url) {
-        return Err(ToolError::refused(FetchCode::HostDenied.as_str(), "this host is on the deny list"));
-    }
-    if listed(&limits.allowed_hosts, url) {
-        return Ok(());
-    }
-    let ip = match url.host() {
-        Some(url::Host::Ipv4(v4)) => Some(std::net::IpAddr::V4(v4)),
-        Some(url::Host::Ipv6(v6)) => Some(std::net::IpAddr::V6(v6)),
-        Some(url::Host::Domain(_)) => None,
-        None => return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host")),
-    };
-    if let Some(why) = ip.and_then(net_guard::forbidden) {
-        return Err(ToolError::refused(FetchCode::AddressForbidden.as_str(), format!("the address is {why}")));
-    }
-    Ok(())
 }
 
-/// Resolves names, then refuses the answer if any address is not public (unless the host is
-/// explicitly allowed). Checking every address defeats DNS answers that mix public and private.
+fn denied() -> ToolError {
+    ToolError::refused(FetchCode::HostDenied.as_str(), "this host is on the deny list")
+}
+
+fn connector_host() -> ToolError {
+    ToolError::refused(FetchCode::ConnectorHost.as_str(), "this host belongs to a connector; use that connector's tools")
+}
+
+/// Every address the names resolve to; a name that does not resolve adds nothing.
+async fn lookup_all<'a>(names: impl Iterator<Item = &'a str>) -> HashSet<IpAddr> {
+    let mut out = HashSet::new();
+    for name in names {
+        if let Ok(addrs) = tokio::net::lookup_host((name, 0)).await {
+            out.extend(addrs.map(|a| super::host_rules::canonical(a.ip())));
+        }
+    }
+    out
+}
+
+/// Resolves names, then refuses the answer if any address is denied, or is not public and the
+/// name is not in `allowed`. Checking every address defeats DNS answers that mix public and
+/// private ones. reqwest asks without the port, which is why a client holds the names allowed
+/// on the ports its hops use.
 struct GuardedResolver {
     allowed: Vec<String>,
+    denied: Arc<Rules>,
 }
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_ascii_lowercase();
-        let allowed = self.allowed.iter().any(|h| h.split(':').next() == Some(host.as_str()));
+        let allowed = self.allowed.contains(&normal_name(&host));
+        let rules = self.denied.clone();
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if addrs.iter().any(|a| rules.denied.has_addr(a.ip()) || rules.connectors.has_addr(a.ip())) {
+                return Err(format!("{}: {host} resolves to a denied address", FetchCode::HostDenied.as_str()).into());
+            }
             if !allowed
                 && let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip()))
             {
@@ -127,37 +181,66 @@ impl Resolve for GuardedResolver {
 }
 
 pub struct WebFetch {
-    client: reqwest::Client,
+    strict: reqwest::Client,
+    allowed_port: reqwest::Client,
+    rules: Arc<Rules>,
     limits: Arc<FetchLimits>,
 }
 
 impl WebFetch {
     pub fn new(limits: FetchLimits) -> Result<Self, reqwest::Error> {
-        let limits = Arc::new(limits);
-        let policy_limits = limits.clone();
-        let policy = redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() >= policy_limits.max_redirects {
-                return attempt.error(format!("{}: more than {} redirects", FetchCode::UrlInvalid.as_str(), policy_limits.max_redirects));
-            }
-            match check_url(attempt.url(), &policy_limits) {
-                Ok(()) => attempt.follow(),
-                Err(e) => attempt.error(format!("{}: redirect to a refused URL: {}", e.code, e.message)),
-            }
+        Self::with_connector_hosts(limits, &[])
+    }
+
+    /// Like [`WebFetch::new`], refusing `connector_hosts` (each a connector's `host[:port]`) with
+    /// `FETCH_CONNECTOR_HOST`: a connector's data is reached through the connector only.
+    pub fn with_connector_hosts(limits: FetchLimits, connector_hosts: &[String]) -> Result<Self, reqwest::Error> {
+        // A connector's host is refused on every port.
+        let connector_names: Vec<String> = connector_hosts.iter().map(|h| h.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map_or(h.clone(), |(n, _)| n.to_string())).collect();
+        let rules = Arc::new(Rules {
+            allowed: HostRules::new(&limits.allowed_hosts),
+            denied: HostRules::new(&limits.denied_hosts),
+            connectors: HostRules::new(&connector_names),
         });
-        let client = reqwest::Client::builder()
-            .redirect(policy)
-            .dns_resolver(Arc::new(GuardedResolver { allowed: limits.allowed_hosts.clone() }))
-            .no_proxy()
-            .timeout(limits.timeout)
-            .user_agent(limits.user_agent.clone())
-            .build()?;
-        Ok(Self { client, limits })
+        let any_port = rules.allowed.any_port_names();
+        let mut with_ports: Vec<String> = rules.allowed.names().map(str::to_string).collect();
+        with_ports.extend(any_port.iter().cloned());
+        let client = |allowed: Vec<String>| {
+            reqwest::Client::builder()
+                .redirect(redirect::Policy::none())
+                .dns_resolver(Arc::new(GuardedResolver { allowed, denied: rules.clone() }))
+                .no_proxy()
+                .timeout(limits.timeout)
+                .user_agent(limits.user_agent.clone())
+                .build()
+        };
+        Ok(Self { strict: client(any_port)?, allowed_port: client(with_ports)?, rules: rules.clone(), limits: Arc::new(limits) })
     }
 
     pub async fn fetch(&self, raw: &str) -> Result<Value, ToolError> {
         let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("not a URL: {e}")))?;
-        check_url(&url, &self.limits)?;
-        let mut res = self.client.get(url.clone()).send().await.map_err(classify)?;
+        let mut hop = url.clone();
+        let mut redirects = 0;
+        let mut res = loop {
+            let client = match self.rules.check(&hop).await {
+                Ok(Route::Strict) => &self.strict,
+                Ok(Route::AllowedPort) => &self.allowed_port,
+                Err(e) if redirects > 0 => return Err(ToolError::refused(&e.code, format!("redirect to a refused URL: {}", e.message))),
+                Err(e) => return Err(e),
+            };
+            let res = client.get(hop.clone()).send().await.map_err(classify)?;
+            let location = res.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok());
+            match location {
+                Some(next) if matches!(res.status().as_u16(), 301 | 302 | 303 | 307 | 308) => {
+                    if redirects >= self.limits.max_redirects {
+                        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("more than {} redirects", self.limits.max_redirects)));
+                    }
+                    hop = hop.join(next).map_err(|e| ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("redirect to something that is not a URL: {e}")))?;
+                    redirects += 1;
+                }
+                _ => break res,
+            }
+        };
         let final_url = res.url().to_string();
         let status = res.status();
         if !status.is_success() {
@@ -194,7 +277,9 @@ impl WebFetch {
     }
 }
 
+/// A request error as a tool error; the URL is left out (its query may hold a token).
 fn classify(e: reqwest::Error) -> ToolError {
+    let e = e.without_url();
     let text = format!("{e:#}");
     let mut source: Option<&dyn std::error::Error> = Some(&e);
     let mut chain = String::new();
@@ -203,7 +288,7 @@ fn classify(e: reqwest::Error) -> ToolError {
         chain.push(' ');
         source = err.source();
     }
-    for refused in [FetchCode::AddressForbidden.as_str(), FetchCode::HostDenied.as_str(), FetchCode::UrlInvalid.as_str()] {
+    for refused in [FetchCode::AddressForbidden.as_str(), FetchCode::HostDenied.as_str(), FetchCode::ConnectorHost.as_str(), FetchCode::UrlInvalid.as_str()] {
         if chain.contains(refused) {
             return ToolError::refused(refused, chain.trim().to_string());
         }

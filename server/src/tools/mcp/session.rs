@@ -1,7 +1,15 @@
 //! One connection to one MCP server: start the transport, initialize, and list tools within the
 //! discovery bounds. `tools/list_changed` from the server asks its supervisor for a refresh.
 
-use std::{collections::HashMap, process::Stdio, time::Instant};
+use std::{
+    collections::HashMap,
+    process::Stdio,
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
 
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
@@ -36,12 +44,28 @@ pub enum RefreshRequest {
 /// Our side of the protocol: announces Gatehouse and turns `tools/list_changed` into a refresh.
 #[derive(Debug, Clone)]
 pub struct Handler {
-    pub refresh: mpsc::UnboundedSender<RefreshRequest>,
+    refresh: mpsc::UnboundedSender<RefreshRequest>,
+    /// Set while a `ListChanged` waits for the supervisor: a server that floods notifications
+    /// queues one refresh, not one per notification.
+    pending: Arc<AtomicBool>,
+}
+
+impl Handler {
+    pub fn new(refresh: mpsc::UnboundedSender<RefreshRequest>) -> Self {
+        Self { refresh, pending: Arc::default() }
+    }
+
+    /// The flag the supervisor clears when it takes the waiting `ListChanged` up.
+    pub fn pending(&self) -> Arc<AtomicBool> {
+        self.pending.clone()
+    }
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.refresh.send(RefreshRequest::ListChanged);
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            let _ = self.refresh.send(RefreshRequest::ListChanged);
+        }
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -56,21 +80,69 @@ pub type Session = RunningService<RoleClient, Handler>;
 #[error("{0}")]
 pub struct ConnectError(pub String);
 
-/// Replaces every secret value of the server's config in `text`, and bounds it.
-pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> String {
-    let values: Vec<ValueOrSecret> = match &server.transport {
-        Transport::Stdio { env, .. } => env.values().cloned().collect(),
-        Transport::Http { headers, .. } => headers.values().cloned().collect(),
+/// The values of the secrets in the server's config (env for stdio, headers for HTTP).
+fn secret_values(server: &ServerConfig, secrets: &SecretSource) -> Vec<String> {
+    let values: Vec<&ValueOrSecret> = match &server.transport {
+        Transport::Stdio { env, .. } => env.values().collect(),
+        Transport::Http { headers, .. } => headers.values().collect(),
     };
+    let mut out: Vec<String> = values
+        .into_iter()
+        .filter_map(|v| if let ValueOrSecret::Secret { secret, .. } = v { secrets.get(secret) } else { None })
+        .filter(|v| v.len() >= 4)
+        .collect();
+    // Longest first, so a secret containing another is replaced whole.
+    out.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    out
+}
+
+/// Token-like text: credentials after `Bearer`/`Basic`, values of password/secret/token/key
+/// assignments, well-known key formats, JWTs, and long random-looking strings.
+static TOKEN_LIKE: LazyLock<Vec<(regex::Regex, &'static str)>> = LazyLock::new(|| {
+    [
+        (r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{6,}", "${1}${2}[REDACTED]"),
+        (
+            r#"(?i)\b([a-z0-9_-]*(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|credential|auth)[a-z0-9_-]*)(["']?\s*[:=]\s*["']?)[^\s"',;&]+"#,
+            "${1}${2}[REDACTED]",
+        ),
+        (r"\b(?:sk|pk|rk)[-_](?:live[-_]|test[-_]|proj[-_]|ant[-_])?[A-Za-z0-9_-]{12,}", "[REDACTED]"),
+        (r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{30,})", "[REDACTED]"),
+        (r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", "[REDACTED]"),
+        (r"[A-Za-z0-9+_=-]{32,}", ""),
+    ]
+    .into_iter()
+    .filter_map(|(pattern, with)| regex::Regex::new(pattern).ok().map(|r| (r, with)))
+    .collect()
+});
+
+/// Replaces `values` and anything token-like in `text`.
+pub fn scrub_text(text: &str, values: &[String]) -> String {
     let mut out = text.to_string();
-    for v in values {
-        if let ValueOrSecret::Secret { secret, .. } = v
-            && let Some(value) = secrets.get(&secret).filter(|v| v.len() >= 4)
-        {
-            out = out.replace(&value, "[REDACTED]");
-        }
+    for value in values {
+        out = out.replace(value.as_str(), "[REDACTED]");
     }
-    normalize::bound_text(&out, 500)
+    for (pattern, with) in TOKEN_LIKE.iter() {
+        out = if with.is_empty() {
+            // Long random-looking words (32+ characters mixing letters and digits) are keys more
+            // often than not; shorter ones (ids, versions) stay readable.
+            pattern
+                .replace_all(&out, |c: &regex::Captures<'_>| {
+                    let word = &c[0];
+                    let random = word.bytes().any(|b| b.is_ascii_digit()) && word.bytes().any(|b| b.is_ascii_alphabetic());
+                    if random { "[REDACTED]".to_string() } else { word.to_string() }
+                })
+                .into_owned()
+        } else {
+            pattern.replace_all(&out, *with).into_owned()
+        };
+    }
+    out
+}
+
+/// Replaces every secret value of the server's config, and anything token-like, in `text`, and
+/// bounds it.
+pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> String {
+    normalize::bound_text(&scrub_text(text, &secret_values(server, secrets)), 500)
 }
 
 fn resolve(server: &ServerConfig, secrets: &SecretSource, value: &ValueOrSecret) -> Result<String, ConnectError> {
@@ -101,12 +173,16 @@ pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Han
             let (transport, stderr) =
                 TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().map_err(|e| failed(&format!("cannot start {command}"), &e))?;
             if let Some(stderr) = stderr {
-                // A server's stderr is its log, not an error; kept at debug level, bounded per line.
+                // A server's stderr is its log, not an error; kept at debug level, bounded per
+                // line, without the secrets it was given or anything else that looks like one
+                // (servers print their config and request headers when they fail).
                 let id = server.id.clone();
+                let values = secret_values(server, secrets);
                 tokio::spawn(async move {
                     let mut lines = tokio::io::BufReader::new(stderr).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
-                        tracing::debug!(mcp.server = %id, line = %normalize::bound_text(&line, 300), "mcp server stderr");
+                        let line = normalize::bound_text(&scrub_text(&line, &values), 300);
+                        tracing::debug!(mcp.server = %id, line = %line, "mcp server stderr");
                     }
                 });
             }
@@ -195,4 +271,31 @@ pub async fn discover(server: &ServerConfig, peer: &Peer<RoleClient>) -> Result<
     report.taken = found.len();
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     Ok((found, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scrub_text;
+
+    #[test]
+    fn secrets_and_token_like_text_are_scrubbed() {
+        let key = "s3cr3t-value-of-the-env".to_string();
+        let lines = [
+            ("starting with API key s3cr3t-value-of-the-env", "s3cr3t"),
+            ("Authorization: Bearer abc.DEF-123_xyz", "abc.DEF"),
+            ("password=hunter2 user=ada", "hunter2"),
+            ("{\"api_key\": \"k-9f8e7d6c\"}", "k-9f8e7d6c"),
+            ("GITHUB_TOKEN ghp_0123456789abcdefghijABCDEFGHIJ", "ghp_0123"),
+            ("using sk-ant-api03-abcdefghijklmnopqrstu", "sk-ant"),
+            ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlLXRleHQ", "eyJhbGci"),
+            ("key Zx8fQ2mN7pL4vR9sT1wY6bC3dH5jK0aE", "Zx8fQ2mN"),
+            ("AWS AKIAIOSFODNN7EXAMPLE rest", "AKIAIOSFODNN7"),
+        ];
+        for (line, leaked) in lines {
+            let out = scrub_text(line, std::slice::from_ref(&key));
+            assert!(!out.contains(leaked) && out.contains("[REDACTED]"), "{line:?} -> {out:?}");
+        }
+        let plain = "listening on port 8080, version 1.2.3, request id 42";
+        assert_eq!(scrub_text(plain, &[]), plain, "ordinary log text stays readable");
+    }
 }

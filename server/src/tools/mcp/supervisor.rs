@@ -4,7 +4,10 @@
 //! server only ever holds up its own task.
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -20,6 +23,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A session that lived this long resets the backoff.
 const STABLE: Duration = Duration::from_secs(60);
+/// At most one refresh per this period comes from a server's `tools/list_changed`: a server
+/// that sends them without end costs one discovery per period, not one per notification.
+/// Owner refreshes are never held back.
+pub const LIST_CHANGED_MIN_INTERVAL: Duration = Duration::from_secs(2);
 
 type Waiters = Vec<oneshot::Sender<Result<DiscoveryReport, String>>>;
 
@@ -99,7 +106,8 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 }
             }
         }
-        let handler = Handler { refresh: server.refresh.clone() };
+        let handler = Handler::new(server.refresh.clone());
+        let pending = handler.pending();
         let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
             let session = session::connect(cfg, &inner.secrets, handler).await.map_err(|e| e.0)?;
             let (found, report) = session::discover(cfg, session.peer()).await?;
@@ -123,7 +131,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 inner.reset_tool_breakers(&cfg.id);
                 answer(&mut waiters, &Ok(report));
                 let since = Instant::now();
-                let ended = serve(&inner, &manager, &server, session, &mut refresh, &mut shutdown, &mut enabled).await;
+                let ended = serve(&inner, &manager, &server, session, &pending, &mut refresh, &mut shutdown, &mut enabled).await;
                 server.live.send_modify(|l| l.peer = None);
                 record_health(&inner, &server, health::DOWN, Some(ended), false).await;
                 if since.elapsed() >= STABLE {
@@ -159,12 +167,16 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
     });
 }
 
-/// Serves one session until it ends; returns why it ended.
+/// Serves one session until it ends; returns why it ended. A `ListChanged` within
+/// [`LIST_CHANGED_MIN_INTERVAL`] of the last one it acted on waits for that period to end, and
+/// any number of them meanwhile is one refresh.
+#[expect(clippy::too_many_arguments, reason = "the session's channels and flags; a struct would only rename them")]
 async fn serve(
     inner: &Inner,
     manager: &McpManager,
     server: &Server,
     session: Session,
+    pending: &AtomicBool,
     refresh: &mut mpsc::UnboundedReceiver<RefreshRequest>,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
     enabled: &mut tokio::sync::watch::Receiver<bool>,
@@ -177,8 +189,10 @@ async fn serve(
         "stdio" => "the server process exited or closed its output".to_string(),
         _ => "the server closed the session".to_string(),
     };
+    let mut last_list_changed: Option<tokio::time::Instant> = None;
+    let mut deferred: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
+        let req = tokio::select! {
             _ = &mut ended => return closed_by_server(),
             _ = shutdown.changed() => {
                 if let Some(c) = cancel.take() { c.cancel(); }
@@ -191,29 +205,47 @@ async fn serve(
                     let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
                     return "disabled".into();
                 }
+                continue;
             }
+            () = tokio::time::sleep_until(deferred.unwrap_or_else(tokio::time::Instant::now)), if deferred.is_some() => RefreshRequest::ListChanged,
             Some(req) = refresh.recv() => {
-                let listed = tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
-                let result = match listed {
-                    Ok(Ok((found, report))) => store(inner, manager, server, &found, &report).await.map(|()| report),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(format!("listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)),
-                };
-                let probe = matches!(req, RefreshRequest::Probe);
-                match &result {
-                    Ok(_) => record_health(inner, server, health::CONNECTED, None, true).await,
-                    // A session that does not answer after a timed-out call is replaced.
-                    Err(e) if probe => {
-                        if let Some(c) = cancel.take() { c.cancel(); }
-                        let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
-                        return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
+                if matches!(req, RefreshRequest::ListChanged) {
+                    let now = tokio::time::Instant::now();
+                    let due = last_list_changed.map_or(now, |t| t + LIST_CHANGED_MIN_INTERVAL);
+                    if due > now || deferred.is_some() {
+                        // Held back; the flag stays set, so further notifications are dropped.
+                        deferred.get_or_insert(due);
+                        continue;
                     }
-                    Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
                 }
-                if let RefreshRequest::Refresh(w) = req {
-                    let _ = w.send(result);
-                }
+                req
             }
+        };
+        // Whatever asked, this refresh covers every change announced so far.
+        deferred = None;
+        pending.store(false, Ordering::Release);
+        if matches!(req, RefreshRequest::ListChanged) {
+            last_list_changed = Some(tokio::time::Instant::now());
+        }
+        let listed = tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
+        let result = match listed {
+            Ok(Ok((found, report))) => store(inner, manager, server, &found, &report).await.map(|()| report),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)),
+        };
+        let probe = matches!(req, RefreshRequest::Probe);
+        match &result {
+            Ok(_) => record_health(inner, server, health::CONNECTED, None, true).await,
+            // A session that does not answer after a timed-out call is replaced.
+            Err(e) if probe => {
+                if let Some(c) = cancel.take() { c.cancel(); }
+                let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
+            }
+            Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
+        }
+        if let RefreshRequest::Refresh(w) = req {
+            let _ = w.send(result);
         }
     }
 }
