@@ -131,7 +131,7 @@ impl Gatehouse {
         let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
         let mut registry = jobs::registry();
-        whatsapp.register(&mut registry, &db, handler);
+        whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
         Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, whatsapp, simulator, registry })
     }
 

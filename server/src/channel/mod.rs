@@ -85,6 +85,9 @@ pub struct Inbound {
     /// It replies to one of the bot's messages.
     pub replies_to_bot: bool,
     pub correlation_id: String,
+    /// When the answer must be ready, so the channel can still deliver it (and the runtime can
+    /// still give its fallback reply instead of being cut off). `None`: no limit of the channel's.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// What the runtime made of a message, with the trace the channel adds its delivery to.

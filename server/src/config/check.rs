@@ -89,6 +89,21 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
+    // Each job kind's budget must fit the work inside it, or a slow run is cut in the middle.
+    let t = &jobs.timeouts;
+    let sends = wa.send_reserve();
+    let inbound_needs = settings.llm.endpoint().timeout.saturating_add(sends);
+    need(
+        t.whatsapp_inbound >= inbound_needs,
+        "jobs.timeouts.whatsapp_inbound",
+        format!(
+            "must be at least {} (the model's timeout {} plus the reply's sends {}), or a slow reply is cut before it is sent",
+            humantime::format_duration(inbound_needs),
+            humantime::format_duration(settings.llm.endpoint().timeout),
+            humantime::format_duration(sends)
+        ),
+    );
+    need(t.owner_notify >= sends, "jobs.timeouts.owner_notify", format!("must be at least {} (the notice's sends)", humantime::format_duration(sends)));
     let db = &settings.database.url;
     need(
         super::DatabaseKind::from_url(db).is_some(),

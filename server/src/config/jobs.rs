@@ -29,6 +29,31 @@ pub struct JobSettings {
     pub default_max_attempts: u32,
     #[serde(with = "duration_str")]
     pub maintenance_interval: Duration,
+    /// Budgets of the job kinds whose work is longer than `job_timeout` allows.
+    pub timeouts: JobTimeouts,
+}
+
+/// How long one run of a job kind may take before it is stopped and retried. Work inside a run
+/// takes its deadlines from what is left, so a run ends on its own terms (a fallback reply
+/// sent, a send finished) before its budget does.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobTimeouts {
+    /// `whatsapp.inbound`: the model calls for one message (compaction and chat), then the
+    /// reply's sends with their retries and pacing. Must fit one model call (the provider's
+    /// `timeout`) plus the sends (`whatsapp.request_timeout` × `send_attempts` +
+    /// `max_pacing_wait`).
+    #[serde(with = "duration_str")]
+    pub whatsapp_inbound: Duration,
+    /// `owner.notify`: one notice's sends. Must fit the sends as above.
+    #[serde(with = "duration_str")]
+    pub owner_notify: Duration,
+}
+
+impl Default for JobTimeouts {
+    fn default() -> Self {
+        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120) }
+    }
 }
 
 impl Default for JobSettings {
@@ -45,6 +70,7 @@ impl Default for JobSettings {
             retry_max: Duration::from_secs(3600),
             default_max_attempts: 5,
             maintenance_interval: Duration::from_secs(5),
+            timeouts: JobTimeouts::default(),
         }
     }
 }

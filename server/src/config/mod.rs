@@ -16,7 +16,7 @@ mod whatsapp;
 use serde::{Deserialize, Serialize};
 
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
-pub use jobs::JobSettings;
+pub use jobs::{JobSettings, JobTimeouts};
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};

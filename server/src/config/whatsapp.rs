@@ -75,3 +75,10 @@ impl Default for WhatsAppSettings {
     }
 }
 
+impl WhatsAppSettings {
+    /// The longest one reply's sends can take: every try of a part at the request deadline,
+    /// plus the longest pacing wait. A job that sends must keep this much of its budget.
+    pub fn send_reserve(&self) -> Duration {
+        self.request_timeout.saturating_mul(self.send_attempts.max(1)).saturating_add(self.max_pacing_wait)
+    }
+}

@@ -8,7 +8,7 @@ use serde_json::json;
 use super::{Inbound, Runtime, RuntimeError, memory};
 use crate::{
     db::{self, conversation as store},
-    llm::{ChatRequest, Purpose},
+    llm::{ChatRequest, ErrorCode, LlmError, Purpose},
     traces::Recorder,
 };
 
@@ -41,7 +41,7 @@ impl Runtime {
                 (summary, history)
             }
             memory::Plan::Compact { older, keep } => {
-                let compacted = memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id).await;
+                let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id)).await;
                 let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
                 match compacted {
                     Ok(res) if !text.is_empty() => {
@@ -92,7 +92,7 @@ impl Runtime {
         store::insert_turn(&mut tx, &user_turn).await?;
         tx.commit().await?;
         let started = Instant::now();
-        match self.model.chat(&req).await {
+        match within(inbound.deadline, self.model.chat(&req)).await {
             Ok(res) => {
                 // A NUL would fail the PostgreSQL insert after the model was paid for: removed here.
                 let reply = db::clean_text(res.text().trim());
@@ -119,5 +119,15 @@ impl Runtime {
                 Ok(Err(e.code.as_str().to_string()))
             }
         }
+    }
+}
+
+/// A model call within the channel's deadline: past it the call is given up as `LLM_TIMEOUT`,
+/// so the fallback reply can still be sent in time.
+async fn within<T>(deadline: Option<tokio::time::Instant>, call: impl std::future::Future<Output = Result<T, LlmError>>) -> Result<T, LlmError> {
+    let Some(deadline) = deadline else { return call.await };
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(result) => result,
+        Err(_) => Err(LlmError::new(ErrorCode::Timeout, "no answer before the message's deadline", false)),
     }
 }

@@ -58,9 +58,17 @@ impl std::fmt::Display for JobCode {
 #[derive(Debug, Clone)]
 pub struct JobContext {
     pub job: JobRow,
+    /// When this run is stopped. Work inside takes its own deadlines from what is left, so it
+    /// ends on its own terms first.
+    pub deadline: tokio::time::Instant,
 }
 
 impl JobContext {
+    /// What is left of this run's budget, less `reserve` kept for what comes after.
+    pub fn deadline_before(&self, reserve: Duration) -> tokio::time::Instant {
+        self.deadline.checked_sub(reserve).unwrap_or_else(tokio::time::Instant::now).max(tokio::time::Instant::now())
+    }
+
     /// The same for every attempt of this job: the key for making effects happen once.
     pub fn idempotency_key(&self) -> String {
         format!("job:{}", self.job.id)
@@ -158,6 +166,8 @@ pub fn registry() -> Registry {
 #[derive(Default, Clone)]
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn JobHandler>>,
+    /// Kinds whose runs may take longer (or must take less) than the worker's `job_timeout`.
+    budgets: HashMap<String, Duration>,
     hooks: Vec<Arc<dyn JobHook>>,
 }
 
@@ -180,6 +190,17 @@ impl Registry {
     /// Registers `handler` for jobs of kind `K`.
     pub fn handle<K: JobKind>(&mut self, handler: Arc<dyn Handler<K>>) -> &mut Self {
         self.register(K::KIND, Arc::new(Typed(handler)))
+    }
+
+    /// Registers `handler` for jobs of kind `K`, each run stopped after `budget`.
+    pub fn handle_within<K: JobKind>(&mut self, handler: Arc<dyn Handler<K>>, budget: Duration) -> &mut Self {
+        self.budgets.insert(K::KIND.to_string(), budget);
+        self.handle(handler)
+    }
+
+    /// The budget of one run of `kind`, when it has its own.
+    pub fn budget(&self, kind: &str) -> Option<Duration> {
+        self.budgets.get(kind).copied()
     }
 
     pub fn hook(&mut self, hook: Arc<dyn JobHook>) -> &mut Self {

@@ -228,13 +228,15 @@ impl Worker {
         let Some(handler) = self.registry.handler(&job.kind) else {
             return Err(JobError::permanent(JobCode::KindUnknown.as_str(), format!("no handler for job kind {:?}", job.kind)));
         };
-        let ctx = JobContext { job: job.clone() };
+        let budget = self.registry.budget(&job.kind).unwrap_or(self.settings.job_timeout);
+        let deadline = tokio::time::Instant::now() + budget;
+        let ctx = JobContext { job: job.clone(), deadline };
         let started = Instant::now();
         let run = std::panic::AssertUnwindSafe(handler.run(&ctx)).catch_unwind();
-        let result = match tokio::time::timeout(self.settings.job_timeout, run).await {
+        let result = match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(JobError::retryable(JobCode::Panicked.as_str(), "the handler panicked")),
-            Err(_) => Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {:?}", self.settings.job_timeout))),
+            Err(_) => Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}"))),
         };
         metrics::histogram!("job_run_duration_seconds", "kind" => job.kind.clone()).record(started.elapsed().as_secs_f64());
         result

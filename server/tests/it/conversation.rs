@@ -29,12 +29,19 @@ pub(crate) struct Fake {
     fail_summaries: bool,
     /// Every chat answer is this text instead of "reply N".
     fixed: Option<String>,
+    /// Every answer waits this long.
+    delay: std::time::Duration,
 }
 
 pub(crate) type Shared = Arc<Mutex<Fake>>;
 
 pub(crate) async fn fake_anthropic() -> (String, Shared) {
     serve_fake(Arc::default()).await
+}
+
+/// A fake that answers after `delay`.
+pub(crate) async fn fake_anthropic_after(delay: std::time::Duration) -> (String, Shared) {
+    serve_fake(Arc::new(Mutex::new(Fake { delay, ..Fake::default() }))).await
 }
 
 /// A fake whose every chat answer is `text`.
@@ -45,11 +52,12 @@ pub(crate) async fn fake_anthropic_saying(text: &str) -> (String, Shared) {
 async fn serve_fake(fake: Shared) -> (String, Shared) {
     async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
-        let (n, fail, fixed) = {
+        let (n, fail, fixed, delay) = {
             let mut f = fake.lock().expect("lock");
             f.requests.push(body.clone());
-            (f.requests.len(), f.fail_summaries, f.fixed.clone())
+            (f.requests.len(), f.fail_summaries, f.fixed.clone(), f.delay)
         };
+        tokio::time::sleep(delay).await;
         let model = body["model"].as_str().unwrap_or_default().to_string();
         if model == SUMMARY_MODEL && fail {
             return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();

@@ -72,6 +72,9 @@ struct Seen {
 struct FakeGraph {
     seen: Arc<Mutex<Vec<Seen>>>,
     rule: Arc<Mutex<Option<Rule>>>,
+    /// How long a message send waits (after it is recorded, so it was accepted) before it
+    /// is answered.
+    delay: Arc<Mutex<Duration>>,
     base_url: String,
 }
 
@@ -125,6 +128,8 @@ async fn graph_messages(State(graph): State<FakeGraph>, Path((version, phone)): 
     if body["status"] == "read" {
         return (StatusCode::OK, Json(json!({ "success": true })));
     }
+    let delay = *graph.delay.lock().expect("delay");
+    tokio::time::sleep(delay).await;
     let to = body["to"].as_str().unwrap_or_default();
     (StatusCode::OK, Json(json!({ "messaging_product": "whatsapp", "contacts": [{ "input": to, "wa_id": to }],
         "messages": [{ "id": format!("wamid.out.{index}") }] })))
@@ -241,7 +246,7 @@ async fn inbound_jobs(app: &TestApp) -> i64 {
 /// Runs the worker until every `whatsapp.inbound` job has finished.
 async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
     let mut registry = Registry::new();
-    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, handler);
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, handler, &Default::default());
     let settings = WorkerSettings {
         concurrency: 4,
         poll_interval: Duration::from_millis(20),
@@ -984,6 +989,50 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
 }
 both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
 
+/// A slow model (40 s, past the default 30 s job timeout) and a Graph API that accepts a send and
+/// answers late: the run's budget fits the work, so each message is answered exactly once and
+/// the model asked once per message (a run cut in the middle used to lose the reply after the
+/// paid call, or send it twice).
+async fn slow_work_is_answered_once_within_its_budget(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    *graph.delay.lock().expect("delay") = Duration::from_secs(10);
+    let (llm_url, llm) = crate::conversation::fake_anthropic_after(Duration::from_secs(40)).await;
+    let secrets = Secrets::from_lookup(|name| match name {
+        "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
+        other => secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+    });
+    let base = graph.base_url.clone();
+    let app = TestApp::with_secrets(db, secrets, move |s| {
+        s.whatsapp.graph_base_url = base;
+        s.whatsapp.graph_version = VERSION.into();
+        s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
+        s.whatsapp.typing_indicator = false;
+        s.whatsapp.mark_read = false;
+        s.llm.anthropic.base_url = llm_url;
+        s.llm.max_retries = 0;
+        s.models.chat = crate::conversation::CHAT_MODEL.into();
+    })
+    .await;
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.SLOW1", "Anyone there?"), text_message("16505550001", "wamid.SLOW2", "Hello?")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    // The worker as `gatehouse serve` runs it: the configured settings and budgets.
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(app.gatehouse.worker().run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(200);
+    while count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'completed'").await < 2 {
+        assert!(Instant::now() < deadline, "the slow messages were not answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+    let mut to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
+    to.sort();
+    assert_eq!(to, vec!["16505550000".to_string(), "16505550001".into()], "one reply each: {:?}", graph.texts());
+    assert!(graph.texts().iter().all(|t| t.starts_with("reply ")), "the model's answers, not the fallback: {:?}", graph.texts());
+    assert_eq!(llm.lock().expect("lock").requests.len(), 2, "the model was asked once per message");
+}
+both_backends!(whatsapp_slow_work, slow_work_is_answered_once_within_its_budget);
+
 /// An owner notice's delivery job sends it to the owner's number through the Graph API.
 async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
     let graph = FakeGraph::start().await;
@@ -1004,7 +1053,7 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
         app.state.jobs.commit(tx).await.expect("commit");
     }
     let mut registry = Registry::new();
-    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, Arc::new(Echo::default()));
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, Arc::new(Echo::default()), &Default::default());
     let settings = WorkerSettings { concurrency: 1, poll_interval: Duration::from_millis(20), ..Default::default() };
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));

@@ -89,6 +89,7 @@ impl InboundJob {
             quoted_text,
             mentions_bot: false,
             correlation_id: correlation_id.to_string(),
+            deadline: None,
         })
     }
 }
@@ -152,7 +153,9 @@ impl Handler<ProcessInbound> for InboundJob {
             store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
             return Ok(JobOutput { preview: Some(outcome), snooze: None });
         }
-        let inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(db_error)?;
+        let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(db_error)?;
+        // The reply's sends keep their share of the run's budget.
+        inbound.deadline = Some(ctx.deadline_before(self.sender.settings().send_reserve()));
         if self.sender.settings().mark_read && inbound.kind.is_readable() {
             self.sender.mark_read(&inbound.message_id, false).await;
         }

@@ -21,7 +21,7 @@ pub mod webhook;
 use std::sync::Arc;
 
 use crate::{
-    config::{Secrets, WhatsAppSettings},
+    config::{JobTimeouts, Secrets, WhatsAppSettings},
     db::Db,
     jobs::{JobQueue, Registry},
 };
@@ -54,10 +54,11 @@ impl WhatsApp {
         Ok(Self { intake, sender, webhook })
     }
 
-    /// The channel's jobs: each stored message goes to `handler`; owner notices go out.
-    pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>) {
-        registry.handle::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)));
-        registry.handle::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(self.sender.clone())));
+    /// The channel's jobs, each within its budget: each stored message goes to `handler`;
+    /// owner notices go out.
+    pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>, budgets: &JobTimeouts) {
+        registry.handle_within::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)), budgets.whatsapp_inbound);
+        registry.handle_within::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(self.sender.clone())), budgets.owner_notify);
     }
 }
 
