@@ -6,6 +6,7 @@ pub mod builtins;
 pub mod catalog;
 pub mod checkpoint;
 pub mod connectors;
+mod gates;
 pub mod hooks;
 pub mod mcp;
 pub mod policy;
