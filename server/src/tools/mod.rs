@@ -10,6 +10,7 @@ mod gates;
 pub mod hooks;
 pub mod mcp;
 pub mod policy;
+pub mod schema;
 
 use std::{path::Path, sync::Arc};
 
