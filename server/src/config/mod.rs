@@ -6,6 +6,7 @@ mod builtins;
 mod check;
 pub mod conversation;
 mod jobs;
+pub mod lane;
 mod llm;
 pub mod load;
 pub mod secrets;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use jobs::JobSettings;
+pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
@@ -40,6 +42,7 @@ pub struct Settings {
     pub web_search: WebSearchSettings,
     pub conversation: conversation::ConversationSettings,
     pub private_data: conversation::PrivateDataSettings,
+    pub lane: LaneSettings,
     pub whatsapp: WhatsAppSettings,
 }
 
