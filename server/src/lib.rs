@@ -8,6 +8,7 @@ pub mod conversation;
 pub mod db;
 pub mod domain;
 pub mod jobs;
+pub mod lane;
 pub mod llm;
 pub mod owners;
 pub mod redact;
