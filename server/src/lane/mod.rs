@@ -16,6 +16,7 @@
 
 pub mod canonical;
 pub mod data;
+pub mod planner;
 
 use serde::Serialize;
 
