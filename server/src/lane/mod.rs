@@ -17,6 +17,7 @@
 pub mod canonical;
 pub mod data;
 pub mod planner;
+pub mod validator;
 
 use serde::Serialize;
 
