@@ -14,6 +14,7 @@
 //! Log events follow seed §17 (`AgentToolPlannerStart`, `AgentToolPlanRejected`, ...): one
 //! `event` field, the correlation id, codes and counts, never message text or arguments.
 
+pub mod adapter;
 pub mod canonical;
 pub mod data;
 pub mod planner;
