@@ -18,6 +18,7 @@ pub mod adapter;
 pub mod canonical;
 pub mod data;
 pub mod planner;
+pub mod summarizer;
 pub mod validator;
 
 use serde::Serialize;
