@@ -8,6 +8,7 @@ mod connectors;
 mod conversation;
 mod jobs;
 mod jobs_process;
+mod lane;
 mod llm;
 mod mcp;
 mod migrations;
