@@ -5,7 +5,8 @@
 //! fields whose names look secret, and values that identify the chat are removed, and the rest
 //! goes in as untrusted data ([`super::data`]); the call's arguments are never sent. What comes
 //! back is made plain text and bounded; a partial result always gets `lane.partial_note`, and
-//! sources (URLs in the result) the model left out are added under `lane.sources_label`. A
+//! when the summary keeps none of the result's sources (its URLs), the first few are added under
+//! `lane.sources_label`. A
 //! failed or timed-out call never reaches a model: its reply is the configured one, so nothing
 //! is claimed that did not happen.
 

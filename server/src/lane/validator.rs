@@ -215,9 +215,13 @@ impl Validator<'_> {
         let over_budget = calls.len() > scope.max_steps;
         let chain = calls.len() > 1;
         for call in calls {
-            let tool = catalog.get(&call.name);
-            let withheld = catalog.withheld(&call.name).is_some();
             let checked = self.checkpoint.check(&ToolCall { name: call.name.clone(), args: call.args.clone() }, scope.ctx);
+            // The definition the gates judged, so every check sees one version of the tool.
+            let tool = match &checked {
+                Ok(c) => Some(c.tool.clone()),
+                Err(_) => catalog.get(&call.name),
+            };
+            let withheld = tool.is_none() && catalog.withheld(&call.name).is_some();
             let mut faults: Vec<Fault> = Vec::new();
             let mut needs_approval = None;
             match &checked {
