@@ -148,6 +148,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
             }
         }
     }
+    lane(settings, &mut need);
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
@@ -162,3 +163,48 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     problems
 }
 
+/// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code
+/// holds none of its own.
+fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
+    let lane = &settings.lane;
+    need((1..=10).contains(&lane.max_steps), "lane.max_steps", "must be from 1 to 10".into());
+    need(!lane.immediate_deadline.is_zero(), "lane.immediate_deadline", "must be longer than zero".into());
+    need(lane.planner_max_tokens >= 64, "lane.planner_max_tokens", "must be at least 64".into());
+    need(lane.summarizer_max_tokens >= 64, "lane.summarizer_max_tokens", "must be at least 64".into());
+    need((100..=4096).contains(&lane.summary_max_chars), "lane.summary_max_chars", "must be from 100 to 4,096 (one WhatsApp message)".into());
+    need(lane.max_sources <= 10, "lane.max_sources", "must be at most 10".into());
+    need(lane.private_data_tags.iter().all(|t| !t.trim().is_empty()), "lane.private_data_tags", "must not hold an empty tag".into());
+    if !lane.enabled {
+        return;
+    }
+    for (key, text) in lane.texts() {
+        need(!text.trim().is_empty(), key, "must be set while lane.enabled is true".into());
+    }
+    let tag = super::lane::UNTRUSTED_TAG;
+    for (key, prompt) in [("lane.planner_prompt", &lane.planner_prompt), ("lane.summarizer_prompt", &lane.summarizer_prompt)] {
+        need(
+            prompt.trim().is_empty() || prompt.contains(tag),
+            key,
+            format!("must tell the model that text inside <{tag}> is data, not instructions (the lane wraps messages and tool results in it)"),
+        );
+    }
+    need(lane.clarify_reply.contains("{argument}"), "lane.clarify_reply", "must name the missing argument with {argument}".into());
+    need(lane.tool_description.contains("{description}"), "lane.tool_description", "must include {description}".into());
+    let name = &lane.respond_tool;
+    need(
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "lane.respond_tool",
+        "must be 1 to 64 letters, digits, '_' or '-' (a tool name the providers accept)".into(),
+    );
+    need(!lane.fallback_fields.is_empty(), "lane.fallback_fields", "must name at least one result field".into());
+    for (key, reply) in [
+        ("lane.clarify_reply", &lane.clarify_reply),
+        ("lane.denied_reply", &lane.denied_reply),
+        ("lane.failed_reply", &lane.failed_reply),
+        ("lane.timed_out_reply", &lane.timed_out_reply),
+        ("lane.approval_reply", &lane.approval_reply),
+        ("lane.unreadable_reply", &lane.unreadable_reply),
+    ] {
+        need(reply.chars().count() <= 4096, key, "must fit one WhatsApp message (4,096 characters)".into());
+    }
+}

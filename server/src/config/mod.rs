@@ -6,6 +6,7 @@ mod builtins;
 mod check;
 pub mod conversation;
 mod jobs;
+pub mod lane;
 mod llm;
 pub mod load;
 pub mod net;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use jobs::{JobSettings, JobTimeouts};
+pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
@@ -41,6 +43,7 @@ pub struct Settings {
     pub web_search: WebSearchSettings,
     pub conversation: conversation::ConversationSettings,
     pub private_data: conversation::PrivateDataSettings,
+    pub lane: LaneSettings,
     pub whatsapp: WhatsAppSettings,
 }
 

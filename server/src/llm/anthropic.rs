@@ -29,6 +29,12 @@ impl ChatModel for AnthropicClient {
         "anthropic"
     }
 
+    /// The Messages API constrains a `strict` tool's input to its schema (within the subset of
+    /// JSON Schema structured outputs support).
+    fn supports_strict_tools(&self) -> bool {
+        true
+    }
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let body = request_body(req, req.max_tokens.unwrap_or(self.endpoint.max_tokens));
         let url = format!("{}/v1/messages", self.endpoint.base_url);

@@ -32,6 +32,13 @@ pub trait ChatModel: Send + Sync {
     /// `"anthropic"` or `"openai"`, for records and logs.
     fn provider(&self) -> &'static str;
 
+    /// Whether the provider honours `strict` tool definitions (arguments constrained to the
+    /// schema). Callers set [`ToolSpec::strict`] only where this is true; the arguments are
+    /// validated either way.
+    fn supports_strict_tools(&self) -> bool {
+        false
+    }
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
 }
 

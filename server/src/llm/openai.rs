@@ -32,6 +32,12 @@ impl ChatModel for OpenAiClient {
         "openai"
     }
 
+    // `supports_strict_tools` stays false. OpenAI's strict mode wants every property listed in
+    // `required` (optional ones as nullable unions), which catalog schemas with optional
+    // arguments do not meet, so the request would be refused or the model made to invent
+    // values; and the other servers this client talks to (Ollama, vLLM, OpenRouter's upstreams)
+    // ignore `strict` or reject it. Arguments are validated by the checkpoint either way.
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let body = request_body(req, req.max_tokens.unwrap_or(self.endpoint.max_tokens));
         let url = format!("{}/chat/completions", self.endpoint.base_url);

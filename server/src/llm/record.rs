@@ -83,6 +83,10 @@ impl ChatModel for Recorded {
         self.inner.provider()
     }
 
+    fn supports_strict_tools(&self) -> bool {
+        self.inner.supports_strict_tools()
+    }
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let result = self.inner.chat(req).await;
         let row = call_row(self.inner.provider(), req, &result, &self.prices);

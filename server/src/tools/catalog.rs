@@ -13,6 +13,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::schema::closed_schema;
 use crate::config::{Problem, duration_str};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +164,11 @@ pub struct ToolDef {
     pub spec: ToolSpec,
     /// `sha256:` of the definition's canonical JSON.
     pub version: String,
+    /// The input schema as the checkpoint validates it (see [`closed_schema`]): objects that do
+    /// not say whether they take other properties take none. `spec.input_schema` stays as
+    /// written, for owners and the version hash; the planner is shown this one, since it is
+    /// what a call must satisfy.
+    pub closed_input_schema: serde_json::Value,
     pub input_validator: jsonschema::Validator,
     pub output_validator: Option<jsonschema::Validator>,
     /// For connector tools: the HTTP action from `connectors.toml` that runs it.
@@ -179,10 +185,11 @@ impl ToolDef {
         if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
             return Err("the input schema must have \"type\": \"object\"".into());
         }
-        let input_validator = compile(&spec.input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
+        let closed_input_schema = closed_schema(&spec.input_schema);
+        let input_validator = compile(&closed_input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
         let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
         let version = version_hash(&spec);
-        Ok(Self { spec, version, input_validator, output_validator, connector: None })
+        Ok(Self { spec, version, closed_input_schema, input_validator, output_validator, connector: None })
     }
 }
 
@@ -315,11 +322,12 @@ impl Catalog {
             if spec.max_result_bytes == 0 {
                 bad("max_result_bytes", "must be at least 1".into());
             }
+            let closed_input_schema = closed_schema(&spec.input_schema);
             let input = if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
                 bad("input_schema", "must be a JSON Schema with \"type\": \"object\"".into());
                 None
             } else {
-                match compile(&spec.input_schema) {
+                match compile(&closed_input_schema) {
                     Ok(v) => Some(v),
                     Err(e) => {
                         bad("input_schema", format!("does not compile: {e}"));
@@ -357,7 +365,7 @@ impl Catalog {
                 && let Some(input_validator) = input
             {
                 let version = version_hash(&spec);
-                tools.insert(spec.name.clone(), ToolDef { spec, version, input_validator, output_validator: output, connector: None });
+                tools.insert(spec.name.clone(), ToolDef { spec, version, closed_input_schema, input_validator, output_validator: output, connector: None });
             }
         }
         // Connector actions, from connectors.toml beside this file.
@@ -532,6 +540,23 @@ type = "string"
         assert!(has("tool[2] (has space).handler: a builtin tool must name its implementation"), "{shown:#?}");
         assert!(has("tool[3] (typo)") && (has("everyone") || has("retries")), "{shown:#?}");
         assert!(problems.iter().all(|p| p.source.ends_with("tools.toml")));
+    }
+
+    #[test]
+    fn extra_arguments_are_refused_unless_the_schema_allows_them() {
+        let open = GOOD.replace("additionalProperties = false\n", "");
+        let catalog = load(&open, &["SHOP_API_KEY"]).expect("valid");
+        let tool = catalog.get("lookup_order").expect("tool");
+        assert!(tool.spec.input_schema.get("additionalProperties").is_none(), "the schema as written is kept");
+        assert!(tool.input_validator.is_valid(&serde_json::json!({"order_id": "42"})));
+        assert!(!tool.input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})), "a missing additionalProperties means none");
+
+        let allowed = load(&GOOD.replace("additionalProperties = false", "additionalProperties = true"), &["SHOP_API_KEY"]).expect("valid");
+        assert!(allowed.get("lookup_order").expect("tool").input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})), "an explicit true is kept");
+
+        let mcp = ToolDef::from_spec(ToolSpec { input_schema: serde_json::json!({"type": "object", "properties": {"a": {"type": "number"}}}), ..tool.spec.clone() }).expect("spec");
+        assert!(!mcp.input_validator.is_valid(&serde_json::json!({"a": 1, "b": 2})), "definitions made at run time (MCP) are closed too");
+        assert!(mcp.spec.input_schema.get("additionalProperties").is_none());
     }
 
     #[test]

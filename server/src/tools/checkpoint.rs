@@ -1,12 +1,18 @@
-//! The one checkpoint every tool call passes, whatever its provider:
+//! The one checkpoint every tool call passes, whatever its provider, in two phases.
 //!
-//! tool exists and is enabled -> actor and chat type allowed -> no model-supplied managed or
-//! secret field -> managed fields injected -> input valid against the schema -> policy
-//! decision -> before-call hooks (changed arguments validated again) -> circuit breaker ->
+//! The gates ([`Checkpoint::check`]): tool exists (or is withheld) and is enabled -> actor and
+//! chat type allowed -> no caller-supplied managed or secret field -> managed fields injected ->
+//! input valid against the schema -> policy decision -> before-call hooks (changed arguments
+//! validated again). A call that needs an owner passes the gates with the reason noted, unless
+//! it is approved.
+//!
+//! The execution ([`Checkpoint::execute`], which runs the same gates first): circuit breaker ->
 //! secrets injected -> execution with timeout -> retries with backoff for retryable errors ->
 //! output valid against the output schema -> after-call hooks -> audit.
 //!
-//! Every call, allowed or denied, writes one audit row (batched) with secrets redacted.
+//! The lane's plan validator, the approvals path and execution share the gates, so a call is
+//! judged by one set of rules and codes wherever it is looked at. `check` writes nothing;
+//! every executed call, allowed or denied, writes one audit row (batched) with secrets redacted.
 
 use std::{
     collections::HashMap,
@@ -14,12 +20,13 @@ use std::{
     time::Instant,
 };
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+pub use super::gates::{Checked, FailureDetail, SchemaIssues};
 use super::{
     breaker::Breakers,
     catalog::{Catalog, ChatKind, Provider, ToolDef},
-    policy::{self, Decision},
+    gates::{fail, gates},
 };
 use crate::{
     db::{self, Db, tool_audit::AuditRow},
@@ -171,10 +178,9 @@ impl std::fmt::Debug for Checkpoint {
 pub struct ToolFailure {
     pub code: String,
     pub message: String,
-}
-
-fn fail(code: &str, message: impl Into<String>) -> ToolFailure {
-    ToolFailure { code: code.into(), message: message.into() }
+    /// What exactly broke the gate, where a caller answers differently depending on it (the
+    /// lane asks the person for a missing argument instead of refusing).
+    pub detail: Option<FailureDetail>,
 }
 
 fn provider_key(p: Provider) -> &'static str {
@@ -183,19 +189,6 @@ fn provider_key(p: Provider) -> &'static str {
         Provider::Connector => "connector",
         Provider::Mcp => "mcp",
     }
-}
-
-/// Where `args` break the tool's input schema, if they do. Secret fields are validated as
-/// placeholders, so no secret value can appear in an error message.
-fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<String> {
-    let mut checked = args.clone();
-    for field in tool.spec.secret_fields.keys() {
-        checked.insert(field.clone(), Value::String("[secret]".into()));
-    }
-    let checked = Value::Object(checked);
-    let err = tool.input_validator.iter_errors(&checked).next()?;
-    let at = err.instance_path().to_string();
-    Some(format!("at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword()))
 }
 
 impl Checkpoint {
@@ -275,6 +268,14 @@ impl Checkpoint {
         db::tool_results::get(&mut conn, id).await
     }
 
+    /// Runs the gates on `call` without executing it and without writing an audit row: the
+    /// lane's plan validator and the approvals path ask this, so a call is judged exactly as
+    /// [`Checkpoint::execute`] would judge it.
+    pub fn check(&self, call: &ToolCall, ctx: &CallContext) -> Result<Checked, ToolFailure> {
+        let catalog = self.catalog();
+        gates(&catalog, call, ctx, &mut Vec::new())
+    }
+
     /// The one path for every tool call.
     pub async fn execute(&self, call: ToolCall, ctx: &CallContext) -> Result<ToolSuccess, ToolFailure> {
         let started = Instant::now();
@@ -282,12 +283,10 @@ impl Checkpoint {
         let tool = catalog.get(&call.name);
         let mut attempts = 0;
         let mut notify = Vec::new();
-        let result = match &tool {
-            None => Err(match catalog.withheld(&call.name) {
-                Some(w) => fail(w.code, w.reason.clone()),
-                None => fail(ToolCode::Unknown.as_str(), format!("there is no tool named {:?}", call.name)),
-            }),
-            Some(tool) => self.run(&catalog, tool, &call.args, ctx, &mut attempts, &mut notify).await,
+        let result = match gates(&catalog, &call, ctx, &mut notify) {
+            Ok(Checked { needs_approval: Some(reason), .. }) => Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
+            Ok(checked) => self.run(&catalog, checked, ctx, &mut attempts, &mut notify).await,
+            Err(f) => Err(f),
         };
         if let Err(f) = &result {
             super::hooks::on_error(&catalog.hooks, &call.name, &f.code, &f.message, &mut notify);
@@ -340,63 +339,18 @@ impl Checkpoint {
         result
     }
 
-    /// `catalog` is the version the call started with: its approval mode and hooks apply, even
-    /// if a reload happens meanwhile.
+    /// Executes a call that passed the gates. `catalog` is the version the call started with:
+    /// its hooks apply, even if a reload happens meanwhile.
     async fn run<'c>(
         &self,
         catalog: &'c Catalog,
-        tool: &Arc<ToolDef>,
-        args: &Value,
+        checked: Checked,
         ctx: &CallContext,
         attempts: &mut u32,
         notify: &mut Vec<&'c super::hooks::Hook>,
     ) -> Result<ToolSuccess, ToolFailure> {
+        let Checked { tool, mut input, .. } = checked;
         let spec = &tool.spec;
-        if !spec.enabled {
-            return Err(fail(ToolCode::Disabled.as_str(), format!("{} is disabled", spec.name)));
-        }
-        if ctx.actor == Role::Customer && spec.audience == super::catalog::Audience::OwnerOnly {
-            return Err(fail(ToolCode::NotAllowedForActor.as_str(), format!("{} is for owners only", spec.name)));
-        }
-        if !spec.chat_types.contains(&ctx.chat_type) {
-            return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is not available in this kind of chat", spec.name)));
-        }
-        let Value::Object(supplied) = args else { return Err(fail(ToolCode::SchemaInvalid.as_str(), "arguments must be a JSON object")) };
-        if let Some(field) = supplied.keys().find(|k| spec.managed_fields.contains(k) || spec.secret_fields.contains_key(*k)) {
-            return Err(fail(ToolCode::ManagedFieldSupplied.as_str(), format!("{field:?} is filled by Gatehouse, not by the caller")));
-        }
-        let mut input: Map<String, Value> = supplied.clone();
-        for field in &spec.managed_fields {
-            let value = match field.as_str() {
-                "chat_id" => ctx.chat_id.clone(),
-                "sender_id" | "sender" => ctx.sender_id.clone(),
-                "correlation_id" => Some(ctx.correlation_id.clone()),
-                _ => None,
-            };
-            if let Some(v) = value {
-                input.insert(field.clone(), Value::String(v));
-            }
-        }
-        if let Some(problem) = schema_problem(tool, &input) {
-            return Err(fail(ToolCode::SchemaInvalid.as_str(), format!("arguments do not match the schema {problem}")));
-        }
-        match policy::decide(spec, catalog.approval_mode, ctx.actor) {
-            Decision::Deny { reason } => return Err(fail(ToolCode::PolicyDenied.as_str(), reason)),
-            Decision::NeedsApproval { reason } if !ctx.approved => return Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
-            _ => {}
-        }
-        match super::hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
-            super::hooks::Before::Abort { hook } => return Err(fail(ToolCode::HookDenied.as_str(), format!("stopped by hook {hook:?}"))),
-            super::hooks::Before::NeedsApproval { hook } if !ctx.approved => return Err(fail(ToolCode::NeedsApproval.as_str(), format!("hook {hook:?} asks for an owner"))),
-            super::hooks::Before::Proceed { args: Value::Object(changed_args), changed: true } => {
-                // Changed arguments are checked against the schema again.
-                if let Some(problem) = schema_problem(tool, &changed_args) {
-                    return Err(fail(ToolCode::SchemaInvalid.as_str(), format!("arguments changed by a hook no longer match the schema {problem}")));
-                }
-                input = changed_args;
-            }
-            _ => {}
-        }
         for (field, var) in &spec.secret_fields {
             let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
             input.insert(field.clone(), Value::String(value));
@@ -414,7 +368,7 @@ impl Checkpoint {
                 return Err(fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
             }
             *attempts += 1;
-            let result = match tokio::time::timeout(spec.timeout, executor.call(tool, &input)).await {
+            let result = match tokio::time::timeout(spec.timeout, executor.call(&tool, &input)).await {
                 Ok(result) => result,
                 Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
             };

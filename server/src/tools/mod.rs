@@ -7,9 +7,11 @@ pub mod builtins;
 pub mod catalog;
 pub mod checkpoint;
 pub mod connectors;
+mod gates;
 pub mod hooks;
 pub mod mcp;
 pub mod policy;
+pub mod schema;
 
 use std::{path::Path, sync::Arc};
 

@@ -10,6 +10,7 @@ mod conversation;
 mod jobs;
 mod jobs_process;
 mod jobs_race;
+mod lane;
 mod llm;
 mod mcp;
 mod mcp_hardening;

@@ -274,6 +274,34 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
 }
 both_backends!(checkpoint_gates, every_gate_with_its_code_and_an_audit_row_each);
 
+async fn check_runs_the_same_gates_and_writes_nothing(db: TestDb) {
+    let r = rig(db).await;
+    let cp = &r.checkpoint;
+    let customer = ctx(Role::Customer, ChatKind::Direct);
+    let owner = ctx(Role::Owner, ChatKind::Direct);
+
+    let shop = cp.check(&call("shop", json!({"order": "42"})), &customer).expect("passes");
+    assert_eq!(Value::Object(shop.input.clone()), json!({"order": "42", "chat_id": "chat-7"}), "managed fields in, secrets never");
+    assert_eq!((shop.version.as_str(), shop.needs_approval.as_deref()), (shop.tool.version.as_str(), None));
+    let refund = cp.check(&call("refund", json!({})), &owner).expect("passes, waiting for an owner");
+    assert_eq!(refund.needs_approval.as_deref(), Some("APPROVAL_ALWAYS"));
+    assert_eq!(cp.check(&call("refund", json!({})), &CallContext { approved: true, ..owner.clone() }).expect("approved").needs_approval, None);
+    for (name, args, actor) in [("nope", json!({}), &customer), ("off", json!({}), &owner), ("owner_report", json!({}), &customer), ("echo", json!({"text": 5}), &customer), ("shop", json!({"order": "1", "api_key": "guess"}), &customer)] {
+        let checked = cp.check(&call(name, args.clone()), actor).expect_err("refused");
+        let executed = cp.execute(call(name, args), actor).await.expect_err("refused");
+        assert_eq!((checked.code.as_str(), checked.message.as_str()), (executed.code.as_str(), executed.message.as_str()), "one set of gates and codes for {name}");
+    }
+    let missing = cp.check(&call("echo", json!({"extra": 1})), &customer).expect_err("invalid");
+    assert_eq!(
+        missing.detail,
+        Some(server::tools::checkpoint::FailureDetail::Schema(server::tools::checkpoint::SchemaIssues { missing: vec!["text".into()], unexpected: vec!["extra".into()], other: false }))
+    );
+    cp.audit().flush().await;
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit").fetch_one(&r.db.pool).await.expect("count");
+    assert_eq!(rows, 5, "one row per executed call, none for a check");
+}
+both_backends!(checkpoint_check, check_runs_the_same_gates_and_writes_nothing);
+
 const HOOKS: &str = r##"
 [[tool]]
 name = "code_lookup"

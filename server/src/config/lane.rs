@@ -1,0 +1,180 @@
+//! `[lane]`: the tool lane (planner, plan validator, result summarizer). Every prompt and every
+//! reply a person may read lives in config/gatehouse.toml; the code holds none, so the defaults
+//! here are empty and `check-config` insists on them while the lane is enabled.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+/// The tag the lane wraps untrusted text in (the person's message, memory, tool results) when
+/// it hands it to a model: `<untrusted_data kind="...">...</untrusted_data>`. The planner and
+/// summarizer prompts must say what it means, and `check-config` makes sure they mention it.
+pub const UNTRUSTED_TAG: &str = "untrusted_data";
+
+/// How risky a tool the lane may plan for a role, compared with each tool's `risk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RiskCeiling {
+    Low,
+    Medium,
+    High,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LaneSettings {
+    /// Plan tool calls for messages the detector flags. Off: every message goes to normal chat.
+    pub enabled: bool,
+    /// Most tool calls one plan may hold; a plan with more is refused whole.
+    pub max_steps: u32,
+    /// How long a reply may wait for a tool that runs at once; longer work stays a job.
+    #[serde(with = "duration_str")]
+    pub immediate_deadline: Duration,
+    /// The planner's system prompt (`models.planner`).
+    pub planner_prompt: String,
+    /// The summarizer's system prompt (`models.summarizer`).
+    pub summarizer_prompt: String,
+    /// Name of the pseudo-tool through which the planner answers without a real tool (no tool,
+    /// a clarifying question, a refusal). It must not be the name of a catalog tool.
+    pub respond_tool: String,
+    /// Its description, as the planner reads it.
+    pub respond_description: String,
+    /// How each offered tool is described to the planner: `{title}`, `{description}`,
+    /// `{when_to_use}` and `{when_not_to_use}` are filled in from the catalog; a line whose
+    /// placeholders are all empty is left out.
+    pub tool_description: String,
+    /// The question asked when a call lacks a required argument; `{argument}` is its name and
+    /// `{tool}` the tool's title.
+    pub clarify_reply: String,
+    /// Said when the planner or the validator refuses a request.
+    pub denied_reply: String,
+    /// Said when a tool call failed; claims nothing about what was done.
+    pub failed_reply: String,
+    /// Said when a tool took too long and no result came back.
+    pub timed_out_reply: String,
+    /// Said when a call waits for an owner: that an owner must approve it, and nothing more.
+    pub approval_reply: String,
+    /// Added to a summary of a result that is known to be incomplete.
+    pub partial_note: String,
+    /// Put before the sources of a summary that lost them.
+    pub sources_label: String,
+    /// The first line of the summary made without a model.
+    pub fallback_intro: String,
+    /// Said when a result holds nothing that can be shown.
+    pub unreadable_reply: String,
+    /// Result fields the summary made without a model shows, in this order of preference.
+    pub fallback_fields: Vec<String>,
+    /// Most characters of a summary (WhatsApp allows 4,096 per message).
+    pub summary_max_chars: u32,
+    /// Most sources (URLs from the result) kept with a summary.
+    pub max_sources: u32,
+    pub planner_max_tokens: u32,
+    pub summarizer_max_tokens: u32,
+    /// The riskiest tool the lane plans for a customer; riskier ones are refused.
+    pub customer_max_risk: RiskCeiling,
+    /// The riskiest tool the lane plans for an owner.
+    pub owner_max_risk: RiskCeiling,
+    /// Tool tags that mark a tool as reaching private account data: a customer's call to one
+    /// always waits for an owner, and a message the private-data guard caught may use no other.
+    pub private_data_tags: Vec<String>,
+}
+
+impl Default for LaneSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_steps: 2,
+            immediate_deadline: Duration::from_secs(8),
+            planner_prompt: String::new(),
+            summarizer_prompt: String::new(),
+            respond_tool: String::new(),
+            respond_description: String::new(),
+            tool_description: String::new(),
+            clarify_reply: String::new(),
+            denied_reply: String::new(),
+            failed_reply: String::new(),
+            timed_out_reply: String::new(),
+            approval_reply: String::new(),
+            partial_note: String::new(),
+            sources_label: String::new(),
+            fallback_intro: String::new(),
+            unreadable_reply: String::new(),
+            fallback_fields: ["title", "name", "snippet", "summary", "description", "text", "url", "link"].map(String::from).to_vec(),
+            summary_max_chars: 1_500,
+            max_sources: 3,
+            planner_max_tokens: 1_024,
+            summarizer_max_tokens: 512,
+            customer_max_risk: RiskCeiling::Medium,
+            owner_max_risk: RiskCeiling::High,
+            private_data_tags: vec!["private_data".into()],
+        }
+    }
+}
+
+impl LaneSettings {
+    /// The texts `check-config` requires while the lane is enabled, by key.
+    pub fn texts(&self) -> [(&'static str, &str); 14] {
+        [
+            ("lane.planner_prompt", &self.planner_prompt),
+            ("lane.summarizer_prompt", &self.summarizer_prompt),
+            ("lane.respond_tool", &self.respond_tool),
+            ("lane.respond_description", &self.respond_description),
+            ("lane.tool_description", &self.tool_description),
+            ("lane.clarify_reply", &self.clarify_reply),
+            ("lane.denied_reply", &self.denied_reply),
+            ("lane.failed_reply", &self.failed_reply),
+            ("lane.timed_out_reply", &self.timed_out_reply),
+            ("lane.approval_reply", &self.approval_reply),
+            ("lane.partial_note", &self.partial_note),
+            ("lane.sources_label", &self.sources_label),
+            ("lane.fallback_intro", &self.fallback_intro),
+            ("lane.unreadable_reply", &self.unreadable_reply),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use figment::providers::Env;
+
+    use super::*;
+    use crate::config::{Secrets, load::load_with_env};
+
+    fn load(text: &str) -> Result<crate::config::LoadedConfig, crate::config::ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gatehouse.toml");
+        std::fs::write(&path, text).expect("write");
+        load_with_env(&path, Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__"), Secrets::default())
+    }
+
+    #[test]
+    fn the_shipped_lane_is_complete_and_its_limits_are_the_documented_defaults() {
+        let shipped = std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"))).expect("shipped");
+        let lane = load(&shipped).expect("shipped config loads").settings.lane;
+        assert!(lane.enabled);
+        assert!(lane.texts().iter().all(|(_, t)| !t.trim().is_empty()));
+        let defaults = LaneSettings::default();
+        assert_eq!(
+            (lane.max_steps, lane.immediate_deadline, lane.planner_max_tokens, lane.summarizer_max_tokens, lane.customer_max_risk, lane.owner_max_risk),
+            (defaults.max_steps, defaults.immediate_deadline, defaults.planner_max_tokens, defaults.summarizer_max_tokens, defaults.customer_max_risk, defaults.owner_max_risk),
+        );
+        assert_eq!((lane.fallback_fields, lane.private_data_tags), (defaults.fallback_fields, defaults.private_data_tags));
+    }
+
+    #[test]
+    fn an_enabled_lane_needs_its_texts_and_sane_limits() {
+        assert_eq!(load("").expect("defaults load").settings.lane, LaneSettings::default(), "a disabled lane needs no text");
+        let err = load("[lane]\nenabled = true\nplanner_prompt = \"Plan.\"\nclarify_reply = \"Which one?\"\nmax_steps = 0\nsummary_max_chars = 5000\nbogus = 1\n").expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["lane.summarizer_prompt", "lane.denied_reply", "lane.approval_reply", "lane.respond_tool", "lane.max_steps", "lane.summary_max_chars", "lane.bogus"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+        let text = err.to_string();
+        assert!(text.contains("lane.planner_prompt: must tell the model that text inside <untrusted_data> is data"), "{text}");
+        assert!(text.contains("lane.clarify_reply: must name the missing argument with {argument}"), "{text}");
+    }
+}
