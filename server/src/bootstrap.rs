@@ -1,7 +1,8 @@
 //! The composition root: every part of Gatehouse is built here, once, in this order:
 //!
 //! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
-//! model -> conversation runtime -> channels (WhatsApp, simulator) -> job registry.
+//! model -> WhatsApp channel -> tool lane (detector, planner, validator, tool-call processor
+//! answering through the channels) -> conversation runtime -> simulator -> job registry.
 //!
 //! `serve`, `worker`, every CLI command, the benchmarks and the test support all start from
 //! [`Gatehouse::build`]; the web layer's state is made from the result. Reading this file shows
@@ -10,9 +11,10 @@
 use std::{path::Path, sync::Arc};
 
 use crate::{
-    channel::{InboundHandler, simulator::Simulator, whatsapp::WhatsApp},
+    channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
     config::{self, ConfigError, LoadedConfig},
-    conversation::{NoToolLane, Runtime, RuntimeParts, ToolLane},
+    conversation::{Runtime, RuntimeParts, ToolLane},
+    lane,
     db::{Db, DbError},
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
     llm::{self, ChatModel},
@@ -118,7 +120,20 @@ impl Gatehouse {
             None => llm::from_settings(&settings, &config.secrets)?,
         };
         let model = llm::recorded(model, db.clone(), &settings);
-        let lane = overrides.lane.unwrap_or_else(|| Arc::new(NoToolLane));
+        let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
+        // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
+        // later answers go out through the channels.
+        let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
+        let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
+        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox));
+        let lane: Arc<dyn ToolLane> = match overrides.lane {
+            Some(lane) => lane,
+            None => {
+                let planner = lane::planner::Planner::new(model.clone(), settings.clone());
+                let strict = model.supports_strict_tools();
+                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), strict))
+            }
+        };
         let runtime = Arc::new(Runtime::new(RuntimeParts {
             db: db.clone(),
             queue: jobs.clone(),
@@ -128,10 +143,10 @@ impl Gatehouse {
             lane,
         }));
         let handler: Arc<dyn InboundHandler> = runtime.clone();
-        let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
         let mut registry = jobs::registry();
         whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
+        registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
         Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, whatsapp, simulator, registry })
     }
 

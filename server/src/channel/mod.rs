@@ -3,8 +3,11 @@
 //! runtime implements it), then delivers the reply and adds the delivery to the message's trace.
 //! Only the transport differs between channels; the channel never decides what to answer.
 
+mod outbox;
 pub mod simulator;
 pub mod whatsapp;
+
+pub use outbox::Outbox;
 
 use crate::domain::{ChatKind, Role};
 
@@ -129,6 +132,42 @@ pub struct NoPresence;
 #[async_trait::async_trait]
 impl Presence for NoPresence {
     async fn typing(&self) {}
+}
+
+/// The chat a later message goes to: a tool's answer that came after the reply, an owner's
+/// decision. Kept with the job that will send it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplyTo {
+    /// [`WHATSAPP`] or [`SIMULATOR`].
+    pub channel: String,
+    pub chat_id: String,
+    pub chat_kind: ChatKind,
+    /// The message it answers (quoted in groups).
+    pub message_id: String,
+}
+
+impl ReplyTo {
+    pub fn of(inbound: &Inbound) -> Self {
+        Self { channel: inbound.channel.clone(), chat_id: inbound.chat_id.clone(), chat_kind: inbound.chat_kind, message_id: inbound.message_id.clone() }
+    }
+}
+
+/// Why a later message was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    /// Try again later (the ledger keeps what already went out).
+    #[error("{code}: {message}")]
+    Retry { code: String, message: String },
+    /// Retrying cannot help.
+    #[error("{code}: {message}")]
+    Permanent { code: String, message: String },
+}
+
+/// Sends a message that is not the direct answer to an inbound one, once per `job_id` (a
+/// retried job sends nothing twice), and appends its delivery to `trace_id`'s trace.
+#[async_trait::async_trait]
+pub trait Outbound: Send + Sync {
+    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError>;
 }
 
 /// Where inbound messages go: the conversation runtime.

@@ -104,6 +104,11 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ),
     );
     need(t.owner_notify >= sends, "jobs.timeouts.owner_notify", format!("must be at least {} (the notice's sends)", humantime::format_duration(sends)));
+    need(
+        t.tool_call >= inbound_needs,
+        "jobs.timeouts.tool_call",
+        format!("must be at least {} (the summary's model call plus the answer's sends), besides the tool's own time", humantime::format_duration(inbound_needs)),
+    );
     let db = &settings.database.url;
     need(
         super::DatabaseKind::from_url(db).is_some(),

@@ -48,11 +48,15 @@ pub struct JobTimeouts {
     /// `owner.notify`: one notice's sends. Must fit the sends as above.
     #[serde(with = "duration_str")]
     pub owner_notify: Duration,
+    /// `tool.call`: one tool call through the checkpoint (its timeout and retries), the
+    /// summary (one model call) and the answer's sends.
+    #[serde(with = "duration_str")]
+    pub tool_call: Duration,
 }
 
 impl Default for JobTimeouts {
     fn default() -> Self {
-        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120) }
+        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120), tool_call: Duration::from_secs(240) }
     }
 }
 

@@ -79,6 +79,15 @@ pub struct LaneSettings {
     /// Tool tags that mark a tool as reaching private account data: a customer's call to one
     /// always waits for an owner, and a message the private-data guard caught may use no other.
     pub private_data_tags: Vec<String>,
+    /// The candidate detector: which messages are planned, and which tools the planner sees.
+    pub detector: super::DetectorSettings,
+    /// Tool-call jobs: a duplicate request while one is unfinished is told it is being checked;
+    /// the later answer of a slow call comes through the channel.
+    pub already_checking_reply: String,
+    /// Said when a call is underway and its answer will follow (only after its job is stored).
+    pub pending_reply: String,
+    /// Said when a call's job could not be stored: nothing was started and nothing is promised.
+    pub not_started_reply: String,
 }
 
 impl Default for LaneSettings {
@@ -109,13 +118,17 @@ impl Default for LaneSettings {
             customer_max_risk: RiskCeiling::Medium,
             owner_max_risk: RiskCeiling::High,
             private_data_tags: vec!["private_data".into()],
+            detector: super::DetectorSettings::default(),
+            already_checking_reply: String::new(),
+            pending_reply: String::new(),
+            not_started_reply: String::new(),
         }
     }
 }
 
 impl LaneSettings {
     /// The texts `check-config` requires while the lane is enabled, by key.
-    pub fn texts(&self) -> [(&'static str, &str); 14] {
+    pub fn texts(&self) -> [(&'static str, &str); 17] {
         [
             ("lane.planner_prompt", &self.planner_prompt),
             ("lane.summarizer_prompt", &self.summarizer_prompt),
@@ -131,6 +144,9 @@ impl LaneSettings {
             ("lane.sources_label", &self.sources_label),
             ("lane.fallback_intro", &self.fallback_intro),
             ("lane.unreadable_reply", &self.unreadable_reply),
+            ("lane.pending_reply", &self.pending_reply),
+            ("lane.already_checking_reply", &self.already_checking_reply),
+            ("lane.not_started_reply", &self.not_started_reply),
         ]
     }
 }

@@ -4,6 +4,7 @@
 
 mod builtins;
 mod check;
+pub mod detector;
 pub mod conversation;
 mod jobs;
 pub mod lane;
@@ -17,6 +18,7 @@ mod whatsapp;
 use serde::{Deserialize, Serialize};
 
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
+pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use jobs::{JobSettings, JobTimeouts};
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};

@@ -711,3 +711,17 @@ pub async fn delete_queue(conn: &mut AnyConnection, queue: &str) -> Result<u64, 
     sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)").bind(queue).execute(&mut *conn).await?;
     Ok(sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(queue).execute(conn).await?.rows_affected())
 }
+
+/// Claims one job by id for `owner`, when it is due: the caller runs it itself instead of
+/// waiting for a worker (the tool lane's immediate run). `None` when a worker got it first, or
+/// it is not due. Run it in a write transaction.
+pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64, lease_until: i64) -> Result<Option<JobRow>, DbError> {
+    let sql = format!(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3 \
+         WHERE id = $4 AND state IN {DUE_STATES} AND scheduled_at <= $1 RETURNING {COLUMNS}"
+    );
+    let row = sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
+    let Some(job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
+    events_for(conn, &[job.id], now, JobState::Running, None).await?;
+    Ok(Some(job))
+}

@@ -30,6 +30,25 @@ pub struct NewSimMessage<'a> {
     pub at: i64,
 }
 
+/// Inserts a message unless one with its `message_id` is stored; returns whether it was new.
+pub async fn insert_once(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (message_id) DO NOTHING",
+    )
+    .bind(m.chat_id)
+    .bind(m.direction)
+    .bind(m.sender)
+    .bind(super::clean_text(m.text))
+    .bind(m.message_id)
+    .bind(m.state)
+    .bind(m.trace_id)
+    .bind(m.at)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
     sqlx::query("INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
         .bind(m.chat_id)

@@ -81,7 +81,8 @@ pub async fn finish(conn: &mut AnyConnection, t: &TraceRow, first_seq: i64, step
     Ok(())
 }
 
-async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
+/// Writes `steps` of a running trace from `first_seq` on.
+pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
     if steps.is_empty() {
         return Ok(());
     }

@@ -13,6 +13,7 @@
 
 pub mod actions;
 pub mod echo;
+pub mod inline;
 pub mod queue;
 pub mod retry;
 pub mod worker;

@@ -18,9 +18,14 @@ pub mod adapter;
 pub mod canonical;
 pub mod data;
 pub mod detector;
+pub mod job;
 pub mod planner;
+pub mod processor;
+mod run;
 pub mod summarizer;
 pub mod validator;
+
+pub use run::Lane;
 
 use serde::Serialize;
 

@@ -86,6 +86,13 @@ impl Summarizer {
         Self { model, settings }
     }
 
+    /// The reply for a call that failed or timed out, which needs neither the tool nor a model.
+    pub fn without_tool(&self, result: &ToolResult) -> String {
+        let lane = &self.settings.lane;
+        let text = if matches!(result, ToolResult::TimedOut) { &lane.timed_out_reply } else { &lane.failed_reply };
+        data::plain_text(text, lane.summary_max_chars as usize)
+    }
+
     /// Never fails: without a usable model answer the reply is made from the result itself.
     pub async fn summarize(&self, input: &SummaryInput) -> Summary {
         let lane = &self.settings.lane;

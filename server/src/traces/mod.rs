@@ -92,6 +92,16 @@ impl Recorder {
         &self.steps
     }
 
+    /// Writes the steps so far in the caller's transaction, so a fact that must be on record
+    /// with something else (a job stored with the step that says so) commits together with it.
+    /// Later steps continue after them.
+    pub async fn flush(&mut self, conn: &mut AnyConnection) -> Result<(), DbError> {
+        store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
+        self.first_seq += self.steps.len() as i64;
+        self.steps.clear();
+        Ok(())
+    }
+
     /// Writes the steps and the ending in the caller's transaction.
     pub async fn finish(self, conn: &mut AnyConnection, ending: Ending) -> Result<i64, DbError> {
         let row = TraceRow {

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 
+use crate::config::DetectorSettings;
+
 use super::{
     ToolDoc,
-    settings::DetectorSettings,
     text::{Analyzer, Word, is_content},
 };
 

@@ -11,12 +11,11 @@
 mod detection;
 mod doc;
 mod index;
-mod settings;
 mod text;
 
 pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
 pub use doc::{Role, ChatKind, ParamDoc, RecentContext, ToolDoc};
-pub use settings::{DetectorSettings, FieldWeights, SHIPPED_DEFAULTS};
+pub use crate::config::{DetectorSettings, FieldWeights, detector::SHIPPED_DEFAULTS};
 pub use text::Language;
 
 use index::Inverted;

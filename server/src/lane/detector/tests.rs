@@ -471,7 +471,6 @@ fn the_detector_names_no_configured_tool() {
         include_str!("detection.rs"),
         include_str!("index.rs"),
         include_str!("text.rs"),
-        include_str!("settings.rs"),
     ];
     let configured: Vec<String> = shipped(true)
         .into_iter()

@@ -7,22 +7,10 @@
 use std::collections::HashSet;
 
 use rust_stemmers::{Algorithm, Stemmer};
-use serde::Deserialize;
+
 use unicode_normalization::{UnicodeNormalization, char::is_combining_mark};
 
-/// Stemming language; `none` only folds case and accents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Language {
-    None,
-    English,
-    French,
-    German,
-    Spanish,
-    Portuguese,
-    Italian,
-    Dutch,
-}
+pub use crate::config::Language;
 
 /// One word of a text after folding: `raw` is the lower-cased word, `stem` what it is indexed by,
 /// `stop` whether it is a stop word (kept for phrase matching, ignored for scoring).

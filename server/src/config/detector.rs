@@ -1,14 +1,26 @@
-//! `[lane.detector]` settings. The numbers tune the scoring; the word and phrase lists are
+//! `[lane.detector]`: the tool lane's candidate detector. The numbers tune the scoring; the word and phrase lists are
 //! language data, so they live in config and only their defaults are here.
 
 use std::sync::LazyLock;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::text::Language;
+/// Stemming language; `none` only folds case and accents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    None,
+    English,
+    French,
+    German,
+    Spanish,
+    Portuguese,
+    Italian,
+    Dutch,
+}
 
 /// How the detector scores and decides. Every key is optional; unknown keys are an error.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DetectorSettings {
     /// Most candidate tools handed to the planner.
@@ -60,7 +72,7 @@ pub struct DetectorSettings {
 }
 
 /// Weight of each tool field in the score; `when_not_to_use` subtracts.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FieldWeights {
     pub name: f32,
@@ -95,7 +107,7 @@ impl Default for FieldWeights {
 /// The shipped defaults. The word and phrase lists are read from them (they are language data,
 /// not code); the numbers are repeated in [`DetectorSettings::default`] and a test keeps both
 /// equal.
-pub const SHIPPED_DEFAULTS: &str = include_str!("defaults.toml");
+pub const SHIPPED_DEFAULTS: &str = include_str!("detector_defaults.toml");
 
 #[derive(Deserialize)]
 struct Lists {

@@ -1,0 +1,118 @@
+//! The tool-call processor (seed §9): a stored `tool.call` job runs through the one checkpoint,
+//! its result is summarized (seed §10), and the answer goes to the chat. Failures keep their
+//! codes: parse, schema, policy and unknown tools are permanent; timeouts and provider errors
+//! are retried while attempts remain, and only the last failure is said to the person.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{
+    job::ToolCallJob,
+    summarizer::{Summarizer, SummaryInput, ToolResult},
+};
+use crate::{
+    channel::{DeliverError, Outbound},
+    jobs::{Handler, JobContext, JobError, JobOutput},
+    tools::{CallContext, Checkpoint, ToolCall, checkpoint::ToolCode},
+};
+
+/// What a run of a call came to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// What the person is told: the summary, or the configured failure text.
+    pub text: String,
+    /// `None` when the call succeeded; else its code.
+    pub failure: Option<String>,
+    /// A failure another attempt may fix.
+    pub retryable: bool,
+    /// How the summary was made, for the trace.
+    pub used_model: bool,
+}
+
+pub struct Processor {
+    checkpoint: Arc<Checkpoint>,
+    summarizer: Summarizer,
+    outbound: Arc<dyn Outbound>,
+}
+
+impl std::fmt::Debug for Processor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor").finish_non_exhaustive()
+    }
+}
+
+/// Codes a later attempt may clear.
+fn retryable(code: &str) -> bool {
+    [ToolCode::Timeout.as_str(), ToolCode::ProviderError.as_str(), ToolCode::CircuitOpen.as_str()].contains(&code)
+}
+
+impl Processor {
+    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>) -> Self {
+        Self { checkpoint, summarizer, outbound }
+    }
+
+    /// Runs the call through the checkpoint and summarizes what came back.
+    pub async fn run(&self, job: &ToolCallJob, correlation_id: &str) -> Answer {
+        let ctx = CallContext {
+            actor: job.actor,
+            chat_type: job.chat_kind,
+            chat_id: Some(job.reply_to.chat_id.clone()),
+            sender_id: Some(job.sender.clone()),
+            correlation_id: correlation_id.to_string(),
+            approved: false,
+            trace_id: job.trace_id,
+        };
+        let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
+        let (result, failure) = match outcome {
+            Ok(ok) => {
+                let truncated = ok.output.get("truncated").and_then(Value::as_bool).unwrap_or(false);
+                (if truncated { ToolResult::Partial(ok.output) } else { ToolResult::Complete(ok.output) }, None)
+            }
+            Err(f) if f.code == ToolCode::Timeout.as_str() => (ToolResult::TimedOut, Some(f.code)),
+            Err(f) => (ToolResult::Failed { code: f.code.clone() }, Some(f.code)),
+        };
+        let retryable = failure.as_deref().is_some_and(retryable);
+        let Some(tool) = self.checkpoint.catalog().get(&job.tool) else {
+            // Gone from the catalog since: nothing to summarize with; say it failed.
+            let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
+            let text = self.summarizer.without_tool(&failed);
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false };
+        };
+        let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
+        input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
+        let summary = self.summarizer.summarize(&input).await;
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model }
+    }
+}
+
+impl Processor {
+    /// Sends `answer` to the chat the call came from, once per job.
+    pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<(), JobError> {
+        match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
+            Ok(()) => Ok(()),
+            Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
+            Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler<ToolCallJob> for Processor {
+    async fn run(&self, args: ToolCallJob, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let answer = Processor::run(self, &args, &ctx.job.correlation_id).await;
+        let last = ctx.job.attempt >= ctx.job.max_attempts;
+        if let Some(code) = &answer.failure
+            && answer.retryable
+            && !last
+        {
+            // Nothing is said yet: another attempt may still answer.
+            return Err(JobError::retryable(code, "the tool call failed; retrying"));
+        }
+        self.deliver(&args, ctx.job.id, &answer).await?;
+        match answer.failure {
+            None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
+            Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),
+        }
+    }
+}

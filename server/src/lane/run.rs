@@ -1,0 +1,319 @@
+//! The tool lane as the runtime's [`ToolLane`] (seed §15, §16): detection, planning and
+//! validation, then the bridge (§8) that stores each accepted call as a `tool.call` job with its
+//! trace step before anything is said, runs it at once within `lane.immediate_deadline`, and
+//! otherwise answers that the work is underway while the job finishes and sends the answer
+//! later. Every stage leaves a trace step named after its seed §17 event.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU8, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::{
+    PrivateData,
+    adapter::{self, OfferTo},
+    detector::Index,
+    job::ToolCallJob,
+    planner::{PlanInput, PlanOutcome, Planner},
+    processor::{Answer, Processor},
+    tool_docs,
+    validator::{Advisory, PlanScope, ValidatedCall, Validator},
+};
+use crate::{
+    channel::{Inbound, ReplyTo},
+    config::Settings,
+    conversation::{LaneOutcome, ToolLane},
+    db::{self, Db, jobs::NewJob},
+    domain::Role,
+    jobs::{JobError, JobOutput, JobQueue, inline},
+    tools::{CallContext, Catalog, Checkpoint},
+    traces::Recorder,
+};
+
+pub struct Lane {
+    settings: Arc<Settings>,
+    db: Db,
+    queue: JobQueue,
+    checkpoint: Arc<Checkpoint>,
+    planner: Planner,
+    processor: Arc<Processor>,
+    strict_supported: bool,
+    /// The detector's index over the catalog it was built from; rebuilt when the catalog is
+    /// swapped (a reload, MCP discovery).
+    index: Mutex<Option<(Arc<Catalog>, Arc<Index>)>>,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane").finish_non_exhaustive()
+    }
+}
+
+/// What the person is waiting for, between the lane and the run it started.
+const WAITING: u8 = 0;
+/// The run answered in time: the lane replies with its answer.
+const ANSWERED: u8 = 1;
+/// The lane stopped waiting and said the work is underway: the run sends its answer itself.
+const ABANDONED: u8 = 2;
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Lane {
+    pub fn new(settings: Arc<Settings>, db: Db, queue: JobQueue, checkpoint: Arc<Checkpoint>, planner: Planner, processor: Arc<Processor>, strict_supported: bool) -> Self {
+        Self { settings, db, queue, checkpoint, planner, processor, strict_supported, index: Mutex::new(None) }
+    }
+
+    /// The index over the current catalog.
+    pub fn index(&self) -> Arc<Index> {
+        let catalog = self.checkpoint.catalog();
+        let mut cached = self.index.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((built_from, index)) = cached.as_ref()
+            && Arc::ptr_eq(built_from, &catalog)
+        {
+            return index.clone();
+        }
+        let index = Arc::new(Index::build(tool_docs(&catalog), self.settings.lane.detector.clone()));
+        *cached = Some((catalog, index.clone()));
+        index
+    }
+
+    async fn memory_summary(&self, chat_id: &str) -> Option<String> {
+        let mut conn = self.db.pool.acquire().await.ok()?;
+        db::conversation::summary(&mut conn, chat_id).await.ok().flatten().map(|s| s.text)
+    }
+
+    /// Validates the planner's calls and runs the plan, or says why not.
+    async fn run_plan(&self, inbound: &Inbound, actor: Role, plan: PlanOutcome, candidates: &[String], trace: &mut Recorder) -> LaneOutcome {
+        let lane = &self.settings.lane;
+        let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = plan else { return LaneOutcome::NotHandled };
+        let ctx = CallContext {
+            actor,
+            chat_type: inbound.chat_kind,
+            chat_id: Some(inbound.chat_id.clone()),
+            sender_id: Some(inbound.sender.clone()),
+            correlation_id: inbound.correlation_id.clone(),
+            approved: false,
+            trace_id: Some(trace.id()),
+        };
+        let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
+        let scope = PlanScope { candidates, ctx: &ctx, private_data: &private, max_steps: lane.max_steps as usize };
+        let validation = Validator { checkpoint: &self.checkpoint, settings: lane }.validate(&calls, Advisory { requires_async, requires_owner_approval }, &scope);
+        let codes: Vec<_> = validation.rejected.iter().map(|r| json!({ "tool": r.tool, "code": r.code.as_str(), "reason": r.reason })).collect();
+        if let Some(question) = validation.clarify.clone() {
+            trace.step("AgentToolPlanRejected", "clarify", "MISSING_ARGUMENT", json!({ "rejected": codes }));
+            return LaneOutcome::Handled { reply: question };
+        }
+        if !validation.rejected.is_empty() {
+            let first = validation.rejected.first().map_or("LANE_REJECTED", |r| r.code.as_str());
+            trace.step("AgentToolPlanRejected", "deny", first, json!({ "rejected": codes }));
+            return LaneOutcome::Handled { reply: lane.denied_reply.clone() };
+        }
+        let accepted: Vec<_> = validation.accepted.iter().map(|c| json!({ "tool": c.tool, "version": c.version, "needs_approval": c.needs_approval, "run_async": c.run_async })).collect();
+        if validation.requires_owner_approval {
+            let why = validation.accepted.iter().find_map(|c| c.needs_approval.clone()).unwrap_or_default();
+            trace.step("AgentToolPolicyDenied", "needs_approval", "TOOL_NEEDS_APPROVAL", json!({ "calls": accepted, "reason": why }));
+            return LaneOutcome::Handled { reply: lane.approval_reply.clone() };
+        }
+        trace.step("AgentToolPlanAccepted", "accepted", "OK", json!({ "calls": accepted }));
+        let mut replies = Vec::new();
+        for call in &validation.accepted {
+            replies.push(self.bridge(inbound, actor, call, trace).await);
+        }
+        LaneOutcome::Handled { reply: replies.join("\n\n") }
+    }
+
+    /// Stores the call as a job with its trace step, then runs it at once within the deadline.
+    async fn bridge(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, trace: &mut Recorder) -> String {
+        let lane = &self.settings.lane;
+        let job = ToolCallJob {
+            tool: call.tool.clone(),
+            version: call.version.clone(),
+            args: call.args.clone(),
+            actor,
+            chat_kind: inbound.chat_kind,
+            sender: inbound.sender.clone(),
+            request: inbound.text.clone(),
+            reply_to: ReplyTo::of(inbound),
+            trace_id: Some(trace.id()),
+        };
+        let new = NewJob {
+            dedupe_key: Some(job.dedupe_key(&call.canonical_args)),
+            chat_id: Some(inbound.chat_id.clone()),
+            sender_id: Some(inbound.sender.clone()),
+            message_id: Some(inbound.message_id.clone()),
+            original_text: Some(inbound.text.chars().take(2000).collect()),
+            tool_name: Some(call.tool.clone()),
+            correlation_id: inbound.correlation_id.clone(),
+            ..self.queue.job(&job)
+        };
+        // The job and the step that records it commit together; only then may anything say the
+        // work is underway.
+        let stored = async {
+            let mut tx = self.db.begin_write().await?;
+            let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
+            let (event, decision) = if enqueued.deduplicated { ("AgentToolJobDedupe", "already_queued") } else { ("AgentToolJobEnqueued", "stored") };
+            trace.step(event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool }));
+            trace.flush(&mut tx).await?;
+            self.queue.commit(tx).await?;
+            Ok::<_, db::DbError>(enqueued)
+        }
+        .await;
+        let enqueued = match stored {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(event = "AgentToolJobEnqueued", correlation_id = %inbound.correlation_id, error = %e, "storing a tool call failed; nothing was started");
+                trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({ "tool": call.tool }));
+                return lane.not_started_reply.clone();
+            }
+        };
+        if enqueued.deduplicated {
+            return lane.already_checking_reply.clone();
+        }
+        let job_id = enqueued.job.id;
+        if call.run_async {
+            trace.step("AgentToolImmediateStart", "skip", "ASYNC_REQUIRED", json!({ "job_id": job_id }));
+            return lane.pending_reply.clone();
+        }
+        self.run_now(job, job_id, &inbound.correlation_id, trace).await
+    }
+
+    /// Runs the stored job in this process while the person waits, up to the deadline.
+    async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> String {
+        let lane = &self.settings.lane;
+        let lease = self.settings.jobs.lease;
+        let claimed = match inline::claim(&self.db, job_id, lease).await {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                trace.step("AgentToolImmediateStart", "skip", "WORKER_HAS_IT", json!({ "job_id": job_id }));
+                return lane.pending_reply.clone();
+            }
+            Err(e) => {
+                tracing::warn!(job.id = job_id, error = %e, "claiming a tool call to run it at once failed; a worker runs it");
+                trace.step("AgentToolImmediateStart", "skip", "DATABASE_ERROR", json!({ "job_id": job_id }));
+                return lane.pending_reply.clone();
+            }
+        };
+        trace.step("AgentToolImmediateStart", "run", "OK", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let (answered, answer) = oneshot::channel::<Answer>();
+        let (db, processor, outbound_state) = (self.db.clone(), self.processor.clone(), state.clone());
+        let correlation = correlation_id.to_string();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            let heartbeat = inline::keep_alive(db.clone(), &claimed, lease);
+            let answer = processor.run(&job, &correlation).await;
+            let last = claimed.job.attempt >= claimed.job.max_attempts;
+            let retry = answer.failure.is_some() && answer.retryable && !last;
+            let result = if retry {
+                // Nothing is said yet: a worker tries again and sends the answer.
+                Err(JobError::retryable(answer.failure.as_deref().unwrap_or_default(), "the tool call failed; retrying"))
+            } else if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                let result = outcome(&answer);
+                let _ = answered.send(answer);
+                result
+            } else {
+                // The person was told the work is underway: the answer goes out on its own.
+                processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+            };
+            heartbeat.abort();
+            if let Err(e) = inline::finish(&db, &claimed, &result).await {
+                tracing::warn!(job.id = job_id, error = %e, "recording a tool call run failed; its lease runs out and it is run again");
+            }
+        });
+        match tokio::time::timeout(lane.immediate_deadline, answer).await {
+            Ok(Ok(answer)) => {
+                let (event, code) = match &answer.failure {
+                    None => ("AgentToolExecutionSucceeded", "OK"),
+                    Some(code) => ("AgentToolExecutionFailed", code.as_str()),
+                };
+                trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
+                answer.text
+            }
+            // The run decided to retry (nothing to say yet), or gave up waiting on us.
+            Ok(Err(_)) => {
+                trace.step("AgentToolImmediateTimeout", "pending", "RETRYING", json!({ "job_id": job_id }));
+                lane.pending_reply.clone()
+            }
+            Err(_) => {
+                if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
+                    lane.pending_reply.clone()
+                } else {
+                    // It answered just as the deadline passed.
+                    trace.step("AgentToolExecutionSucceeded", "answered", "OK", json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }));
+                    lane.pending_reply.clone()
+                }
+            }
+        }
+    }
+}
+
+/// How a run of a call is recorded on its job.
+fn outcome(answer: &Answer) -> Result<JobOutput, JobError> {
+    match &answer.failure {
+        None => Ok(JobOutput { preview: Some(format!("answered ({} chars)", answer.text.chars().count())), snooze: None }),
+        Some(code) => Err(JobError::permanent(code, "the tool call failed; the person was told")),
+    }
+}
+
+#[async_trait::async_trait]
+impl ToolLane for Lane {
+    async fn try_handle(&self, inbound: &Inbound, actor: Role, trace: &mut Recorder) -> LaneOutcome {
+        let lane = &self.settings.lane;
+        if !lane.enabled {
+            trace.step("AgentToolCandidate", "normal_chat", "LANE_DISABLED", json!({}));
+            return LaneOutcome::NotHandled;
+        }
+        let started = Instant::now();
+        let detection = self.index().detect(&inbound.text, actor, inbound.chat_kind, &[]);
+        let candidates: Vec<String> = detection.candidates.iter().map(|c| c.name.clone()).collect();
+        trace.step(
+            "AgentToolCandidate",
+            if detection.should_plan { "plan" } else { "normal_chat" },
+            detection.reason.as_str(),
+            json!({ "candidates": detection.candidates, "candidate_count": candidates.len(), "confidence": detection.confidence, "latency_us": started.elapsed().as_micros() as u64 }),
+        );
+        tracing::info!(event = "AgentToolCandidate", correlation_id = %inbound.correlation_id, actor = actor.as_str(), candidates = candidates.len(), reason = detection.reason.as_str(), "detected");
+        if !detection.should_plan {
+            return LaneOutcome::NotHandled;
+        }
+        let catalog = self.checkpoint.catalog();
+        let tools = adapter::resolve(&catalog, &candidates);
+        let specs = adapter::tool_specs(&tools, OfferTo { actor, chat: inbound.chat_kind, strict_supported: self.strict_supported }, lane);
+        let input = PlanInput {
+            correlation_id: inbound.correlation_id.clone(),
+            message: inbound.text.clone(),
+            actor,
+            chat_kind: inbound.chat_kind,
+            memory_summary: self.memory_summary(&inbound.chat_id).await,
+            private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
+            tools: specs,
+            recent: Vec::new(),
+            followup: None,
+            max_steps: lane.max_steps as usize,
+        };
+        let started = Instant::now();
+        let plan = self.planner.plan(&input).await;
+        let (code, calls): (&str, Vec<String>) = match &plan {
+            PlanOutcome::Failed { code, .. } => (code, Vec::new()),
+            PlanOutcome::ToolUse { calls, .. } => ("OK", calls.iter().map(|c| c.name.clone()).collect()),
+            PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
+            PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
+            PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
+        };
+        trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "latency_ms": ms(started.elapsed()) }));
+        match plan {
+            PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } => LaneOutcome::NotHandled,
+            PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
+            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &candidates, trace).await,
+        }
+    }
+}
