@@ -712,13 +712,14 @@ pub async fn delete_queue(conn: &mut AnyConnection, queue: &str) -> Result<u64, 
     Ok(sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(queue).execute(conn).await?.rows_affected())
 }
 
-/// Claims one job by id for `owner`, when it is due: the caller runs it itself instead of
-/// waiting for a worker (the tool lane's immediate run). `None` when a worker got it first, or
-/// it is not due. Run it in a write transaction.
+/// Claims one job by id for `owner`, even before its scheduled time: the caller runs it itself
+/// instead of waiting for a worker (the tool lane schedules a call a little later and runs it
+/// at once; a worker takes it only if the lane did not). `None` when a worker got it first.
+/// Run it in a write transaction.
 pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64, lease_until: i64) -> Result<Option<JobRow>, DbError> {
     let sql = format!(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3 \
-         WHERE id = $4 AND state IN {DUE_STATES} AND scheduled_at <= $1 RETURNING {COLUMNS}"
+         WHERE id = $4 AND state IN {DUE_STATES} RETURNING {COLUMNS}"
     );
     let row = sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
     let Some(job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };

@@ -152,6 +152,9 @@ impl Lane {
             original_text: Some(inbound.text.chars().take(2000).collect()),
             tool_name: Some(call.tool.clone()),
             correlation_id: inbound.correlation_id.clone(),
+            // A call run at once is the lane's: workers take it only once the lane's deadline
+            // has passed (should this process die before it claims it).
+            scheduled_at: (!call.run_async).then(|| db::now_ms().saturating_add(i64::try_from(lane.immediate_deadline.as_millis()).unwrap_or(i64::MAX))),
             ..self.queue.job(&job)
         };
         // The job and the step that records it commit together; only then may anything say the

@@ -11,6 +11,7 @@ mod jobs;
 mod jobs_process;
 mod jobs_race;
 mod lane;
+mod lane_e2e;
 mod llm;
 mod mcp;
 mod mcp_hardening;

@@ -240,6 +240,11 @@ impl TestApp {
         Self::build(db, dir, Secrets::default(), |_| {}).await
     }
 
+    /// An app over the tool files in `dir` (tools.toml, connectors.toml), with `secrets`.
+    pub async fn in_dir_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::build(db, dir, secrets, tweak).await
+    }
+
     async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         Self::build_with(db, dir, secrets, tweak, Overrides::default()).await
     }

@@ -40,13 +40,13 @@ use crate::{
     support::{Resp, TestApp, TestDb},
 };
 
-const APP_SECRET: &str = "test-app-secret";
-const VERIFY_TOKEN: &str = "test-verify-token";
-const ACCESS_TOKEN: &str = "test-access-token";
-const PHONE_NUMBER_ID: &str = "106540352242922";
-const VERSION: &str = "v25.0";
+pub(crate) const APP_SECRET: &str = "test-app-secret";
+pub(crate) const VERIFY_TOKEN: &str = "test-verify-token";
+pub(crate) const ACCESS_TOKEN: &str = "test-access-token";
+pub(crate) const PHONE_NUMBER_ID: &str = "106540352242922";
+pub(crate) const VERSION: &str = "v25.0";
 
-fn secrets() -> Secrets {
+pub(crate) fn secrets() -> Secrets {
     Secrets::from_lookup(|name| match name {
         "WHATSAPP_APP_SECRET" => Some(APP_SECRET.into()),
         "WHATSAPP_VERIFY_TOKEN" => Some(VERIFY_TOKEN.into()),
@@ -69,17 +69,17 @@ struct Seen {
 }
 
 #[derive(Clone, Default)]
-struct FakeGraph {
+pub(crate) struct FakeGraph {
     seen: Arc<Mutex<Vec<Seen>>>,
     rule: Arc<Mutex<Option<Rule>>>,
     /// How long a message send waits (after it is recorded, so it was accepted) before it
     /// is answered.
-    delay: Arc<Mutex<Duration>>,
-    base_url: String,
+    pub(crate) delay: Arc<Mutex<Duration>>,
+    pub(crate) base_url: String,
 }
 
 impl FakeGraph {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let mut graph = FakeGraph::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake graph");
         graph.base_url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -97,11 +97,11 @@ impl FakeGraph {
     }
 
     /// Message sends (text and template), not read receipts.
-    fn sends(&self) -> Vec<Value> {
+    pub(crate) fn sends(&self) -> Vec<Value> {
         self.all().into_iter().map(|s| s.body).filter(|b| b.get("type").is_some()).collect()
     }
 
-    fn texts(&self) -> Vec<String> {
+    pub(crate) fn texts(&self) -> Vec<String> {
         self.sends().iter().filter_map(|b| b["text"]["body"].as_str().map(str::to_string)).collect()
     }
 }
@@ -138,7 +138,7 @@ async fn graph_messages(State(graph): State<FakeGraph>, Path((version, phone)): 
 // ---------------------------------------------------------------------------------------------
 // Payloads in Meta's format.
 
-fn text_message(from: &str, wamid: &str, text: &str) -> Value {
+pub(crate) fn text_message(from: &str, wamid: &str, text: &str) -> Value {
     json!({ "from": from, "id": wamid, "timestamp": "1739321024", "type": "text", "text": { "body": text } })
 }
 
@@ -156,7 +156,7 @@ fn change(messages: Vec<Value>) -> Value {
 }
 
 /// One entry per group of messages.
-fn envelope(entries: Vec<Vec<Value>>) -> String {
+pub(crate) fn envelope(entries: Vec<Vec<Value>>) -> String {
     let entry: Vec<Value> = entries.into_iter().map(|m| json!({ "id": "102290129340398", "changes": [change(m)] })).collect();
     json!({ "object": "whatsapp_business_account", "entry": entry }).to_string()
 }
@@ -209,7 +209,7 @@ async fn post_webhook(app: &TestApp, body: &str, signature: Option<String>) -> R
     Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
-async fn post_signed(app: &TestApp, body: &str) -> Resp {
+pub(crate) async fn post_signed(app: &TestApp, body: &str) -> Resp {
     post_webhook(app, body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await
 }
 
@@ -234,7 +234,7 @@ impl InboundHandler for Echo {
     }
 }
 
-async fn count(app: &TestApp, sql: &str) -> i64 {
+pub(crate) async fn count(app: &TestApp, sql: &str) -> i64 {
     let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&app.state.db.pool).await.expect("count");
     n
 }

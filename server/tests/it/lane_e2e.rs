@@ -1,0 +1,261 @@
+//! The tool lane end to end through the WhatsApp webhook: a fake planner (the Anthropic
+//! Messages API on loopback) proposes a call, a local fake connector answers, and the customer
+//! gets exactly one summarised reply through the fake Graph API; a slow tool gives one
+//! acknowledgement and one later answer; an owner-only tool never reaches its system.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::StatusCode,
+    routing::get,
+};
+use serde_json::{Value, json};
+use server::config::{Secrets, Settings};
+use tokio::sync::watch;
+
+use crate::{
+    both_backends,
+    lane::{Fake, PLANNER_MODEL, SUMMARIZER_MODEL, anthropic, tool_use},
+    support::{TestApp, TestDb},
+    whatsapp::{FakeGraph, PHONE_NUMBER_ID, VERSION, count, envelope, post_signed, text_message},
+};
+
+const CUSTOMER: &str = "16505550100";
+
+/// The shop a connector reaches: orders (slow ones sleep), and a sales report owners may see.
+#[derive(Clone, Default)]
+struct Shop {
+    requests: Arc<Mutex<Vec<String>>>,
+    slow: Arc<Mutex<Duration>>,
+}
+
+async fn shop() -> (SocketAddr, Shop) {
+    let shop = Shop::default();
+    let app = Router::new()
+        .route(
+            "/api/orders/{id}",
+            get(|State(shop): State<Shop>, Path(id): Path<String>| async move {
+                shop.requests.lock().expect("lock").push(format!("orders/{id}"));
+                if id.starts_with("slow") {
+                    let wait = *shop.slow.lock().expect("lock");
+                    tokio::time::sleep(wait).await;
+                }
+                Json(json!({ "id": id, "status": "shipped", "carrier": "Parcel Co", "tracking_url": "https://track.example/42" }))
+            }),
+        )
+        .route(
+            "/api/sales",
+            get(|State(shop): State<Shop>| async move {
+                shop.requests.lock().expect("lock").push("sales".into());
+                (StatusCode::OK, Json(json!({ "total": 1234 })))
+            }),
+        )
+        .with_state(shop.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (addr, shop)
+}
+
+const TOOLS: &str = r#"
+approval_mode = "auto"
+
+[[tool]]
+name = "order_status"
+title = "Order status"
+description = "Looks up where an order is: its status, carrier and tracking link."
+when_to_use = "The person asks where their order is and gives its number."
+triggers = ["where is my order", "order status", "track my order"]
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+timeout = "20s"
+input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 } } }
+
+[[tool]]
+name = "sales_report"
+title = "Sales report"
+description = "The shop's sales figures for the owner."
+triggers = ["sales report", "sales figures"]
+provider = "connector"
+operation = "read"
+audience = "owner_only"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, properties = {} }
+"#;
+
+fn connectors(addr: SocketAddr) -> String {
+    format!(
+        r#"
+[[connector]]
+id = "shop"
+title = "Test shop"
+base_url = "http://{addr}/api"
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/sales"]
+
+[[connector.action]]
+tool = "order_status"
+method = "GET"
+path = "orders/{{order_id}}"
+
+[[connector.action]]
+tool = "sales_report"
+method = "GET"
+path = "sales"
+"#
+    )
+}
+
+/// The shipped `[lane]` (texts and detector) as `gatehouse.toml` ships it.
+fn shipped_lane() -> server::config::LaneSettings {
+    let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+    server::config::load(path).expect("shipped config").settings.lane
+}
+
+struct Rig {
+    app: TestApp,
+    graph: FakeGraph,
+    llm: Fake,
+    shop: Shop,
+    _dir: tempfile::TempDir,
+}
+
+/// The planner proposes `order_status` for the order number in the message, or `sales_report`
+/// when asked for sales; the summarizer answers with a fixed summary.
+async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
+    let (addr, shop) = shop().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("tools.toml"), TOOLS).expect("tools");
+    std::fs::write(dir.path().join("connectors.toml"), connectors(addr)).expect("connectors");
+    let graph = FakeGraph::start().await;
+    let (llm, llm_url) = Fake::start().await;
+    llm.always(|body| {
+        let model = body["model"].as_str().unwrap_or_default();
+        let text = body["messages"].to_string();
+        if model == PLANNER_MODEL {
+            if text.contains("sales") {
+                return anthropic(json!([tool_use("t1", "sales_report", json!({}))]), "tool_use");
+            }
+            let id = if text.contains("slow-7") { "slow-7" } else { "4821" };
+            anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": id }))]), "tool_use")
+        } else if model == SUMMARIZER_MODEL {
+            anthropic(json!([{ "type": "text", "text": "Your order has shipped with Parcel Co: https://track.example/42" }]), "end_turn")
+        } else {
+            anthropic(json!([{ "type": "text", "text": "a chat reply" }]), "end_turn")
+        }
+    });
+    let secrets = Secrets::from_lookup(|name| match name {
+        "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
+        other => crate::whatsapp::secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+    });
+    let base = graph.base_url.clone();
+    let app = TestApp::in_dir_with(db, dir.path(), secrets, move |s| {
+        s.whatsapp.graph_base_url = base;
+        s.whatsapp.graph_version = VERSION.into();
+        s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
+        s.whatsapp.typing_indicator = false;
+        s.whatsapp.mark_read = false;
+        s.llm.anthropic.base_url = llm_url;
+        s.llm.max_retries = 0;
+        s.models.chat = "test-chat-model".into();
+        s.models.planner = PLANNER_MODEL.into();
+        s.models.summarizer = SUMMARIZER_MODEL.into();
+        s.lane = shipped_lane();
+        tweak(s);
+    })
+    .await;
+    Rig { app, graph, llm, shop, _dir: dir }
+}
+
+impl Rig {
+    /// Posts the messages and runs the worker until every job (messages and tool calls) has
+    /// finished and `sends` messages went out.
+    async fn exchange(&self, messages: &[(&str, &str)], sends: usize) {
+        let items: Vec<Value> = messages.iter().map(|(wamid, text)| text_message(CUSTOMER, wamid, text)).collect();
+        assert_eq!(post_signed(&self.app, &envelope(vec![items])).await.status, axum::http::StatusCode::OK);
+        let (stop, stopped) = watch::channel(false);
+        let worker = tokio::spawn(self.app.gatehouse.worker().run(stopped));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let open = count(&self.app, "SELECT COUNT(*) FROM jobs WHERE state NOT IN ('completed', 'discarded', 'cancelled')").await;
+            if open == 0 && self.graph.texts().len() >= sends {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{open} job(s) open; sent so far: {:?}", self.graph.texts());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = stop.send(true);
+        let _ = worker.await;
+    }
+
+    async fn steps(&self, wamid: &str) -> Vec<(String, String, String)> {
+        sqlx::query_as("SELECT s.step, s.decision, s.reason_code FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = $1 ORDER BY s.seq")
+            .bind(wamid)
+            .fetch_all(&self.app.state.db.pool)
+            .await
+            .expect("steps")
+    }
+}
+
+async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.LANE1", "Where is my order 4821?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()], "exactly one reply, the summary");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/4821".to_string()], "the tool ran once");
+    let steps = r.steps("wamid.LANE1").await;
+    let names: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
+    for expected in ["AgentToolCandidate", "AgentToolPlannerResult", "AgentToolPlanAccepted", "AgentToolJobEnqueued", "AgentToolImmediateStart", "AgentToolExecutionSucceeded", "tool_lane", "reply", "delivery"] {
+        assert!(names.contains(&expected), "{expected} missing from {steps:?}");
+    }
+    let (route, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'wamid.LANE1'").fetch_one(&r.app.state.db.pool).await.expect("trace");
+    assert_eq!(route, "tool_lane");
+    let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE trace_id = $1 AND tool = 'order_status' AND decision = 'allow'")
+        .bind(trace_id)
+        .fetch_one(&r.app.state.db.pool)
+        .await
+        .expect("audit");
+    assert_eq!(audited, 1, "the call's audit row names the message's trace");
+    let (state, kind): (String, String) = sqlx::query_as("SELECT state, kind FROM jobs WHERE tool_name = 'order_status'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!((state.as_str(), kind.as_str()), ("completed", "tool.call"));
+    let turns: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chat_turns").fetch_one(&r.app.state.db.pool).await.expect("turns");
+    assert_eq!(turns, 0, "tool prompts and results never enter chat memory");
+}
+both_backends!(lane_e2e_summary, a_tool_request_gets_one_summarised_reply);
+
+async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(500)).await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    r.exchange(&[("wamid.SLOW", "Where is my order slow-7?")], 2).await;
+    assert_eq!(
+        r.graph.texts(),
+        vec![pending, "Your order has shipped with Parcel Co: https://track.example/42".to_string()],
+        "one acknowledgement, then one answer"
+    );
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the tool ran once");
+    let steps = r.steps("wamid.SLOW").await;
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolImmediateTimeout" && c == "IMMEDIATE_DEADLINE"), "{steps:?}");
+    assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the later answer is in the trace: {steps:?}");
+}
+both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
+
+async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.SALES", "Send me the sales report")], 1).await;
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "the owner-only tool never reached its system");
+    let steps = r.steps("wamid.SALES").await;
+    let planned = steps.iter().any(|(s, _, _)| s == "AgentToolPlanRejected");
+    let detected_none = steps.iter().any(|(s, d, _)| s == "AgentToolCandidate" && d == "normal_chat");
+    assert!(planned || detected_none, "refused by the validator, or never a candidate: {steps:?}");
+    let offered = r.llm.seen.lock().expect("lock").iter().any(|b| b["model"] == PLANNER_MODEL && b["tools"].to_string().contains("sales_report"));
+    assert!(!offered, "the planner never saw the owner-only tool for a customer");
+    assert_eq!(r.graph.texts().len(), 1);
+}
+both_backends!(lane_e2e_owner_only, a_customer_never_reaches_an_owner_only_tool);
