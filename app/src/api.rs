@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -276,6 +276,34 @@ pub async fn mcp_decide(tool: String, decision: String, hash: String) -> Result<
                 _ => return Err(AppError::invalid("decision must be approve or reject")),
             };
             backend()?.mcp_decide(me.owner_id, &tool, approve, &hash, &client_ip().await).await
+        }
+        .await,
+    )
+}
+
+#[server(endpoint = "list_approvals")]
+pub async fn list_approvals() -> Result<ApprovalsPage, AppError> {
+    answer(
+        async {
+            require_owner().await?;
+            backend()?.approvals_page().await
+        }
+        .await,
+    )
+}
+
+/// Approves ("approve") or rejects ("reject", with an optional reason) a waiting tool call.
+#[server(endpoint = "decide_approval")]
+pub async fn decide_approval(id: i64, decision: String, reason: Option<String>) -> Result<String, AppError> {
+    answer(
+        async {
+            let me = require_owner().await?;
+            let approve = match decision.as_str() {
+                "approve" => true,
+                "reject" => false,
+                _ => return Err(AppError::invalid("decision must be approve or reject")),
+            };
+            backend()?.decide_approval(me.owner_id, id, approve, reason.as_deref().unwrap_or_default(), &client_ip().await).await
         }
         .await,
     )

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -95,9 +95,19 @@ pub trait McpBackend: Send + Sync {
     async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError>;
 }
 
-/// Everything the console uses: one value implementing every role.
-pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend {}
+/// Tool calls waiting for an owner.
+#[async_trait::async_trait]
+pub trait ApprovalsBackend: Send + Sync {
+    async fn approvals_page(&self) -> Result<ApprovalsPage, AppError>;
+    /// Decides once: an approval enqueues the call's one run; a rejection tells the person who
+    /// asked. Fails with APPROVAL_ALREADY_DECIDED (naming who decided), APPROVAL_EXPIRED or
+    /// APPROVAL_NOT_FOUND. Audited with the owner and address. Returns what happened, in words.
+    async fn decide_approval(&self, owner_id: i64, id: i64, approve: bool, reason: &str, ip: &str) -> Result<String, AppError>;
+}
 
-impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend> AdminBackend for T {}
+/// Everything the console uses: one value implementing every role.
+pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend {}
+
+impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend> AdminBackend for T {}
 
 pub type SharedBackend = Arc<dyn AdminBackend>;

@@ -263,6 +263,9 @@ pub struct TryOutcome {
     pub attempts: u32,
     pub correlation_id: String,
     pub latency_ms: u64,
+    /// The call needs an owner's approval: the request waiting on the Approvals page.
+    #[serde(default)]
+    pub approval_id: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -355,6 +358,16 @@ pub struct TraceStepView {
     pub duration_us: i64,
     /// Pretty JSON facts (model, tokens, lengths; text only when the config keeps it).
     pub detail: String,
+    /// The tool-call job a lane step stored or ran.
+    pub job_id: Option<i64>,
+    /// The detector's candidates with their scores, best first (lane steps).
+    pub candidates: Vec<CandidateView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateView {
+    pub name: String,
+    pub score: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -426,4 +439,44 @@ pub struct SimulateOutcome {
     pub reply: Option<String>,
     pub trace_id: Option<i64>,
     pub error_code: Option<String>,
+}
+
+/// One approval request, as the Approvals page shows it. `args` is the call's arguments with
+/// secrets and personal data replaced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalView {
+    pub id: i64,
+    /// pending, approved, rejected or expired.
+    pub state: String,
+    pub tool: String,
+    /// The definition version the request is bound to (shortened).
+    pub version: String,
+    pub args: String,
+    pub risk: String,
+    pub reason_code: String,
+    pub reason: String,
+    /// "customer +1555…" or "owner +1555…", or "console" for a try-it call.
+    pub requester: String,
+    pub channel: String,
+    pub trace_id: Option<i64>,
+    pub requested_at: i64,
+    pub expires_at: i64,
+    pub decided_at: Option<i64>,
+    pub decided_by: Option<String>,
+    pub decided_via: Option<String>,
+    pub decision_note: Option<String>,
+    pub job_id: Option<i64>,
+    /// How the approved call's run ended: OK or its code.
+    pub outcome: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalsPage {
+    /// Waiting for a decision, oldest first.
+    pub pending: Vec<ApprovalView>,
+    /// The latest decided, expired or run, newest first.
+    pub decided: Vec<ApprovalView>,
+    /// The server's clock (unix ms), for the age of each request.
+    pub now: i64,
+    pub approval_mode: String,
 }

@@ -66,7 +66,7 @@ pub fn App() -> impl IntoView {
                     <Route path=(StaticSegment("conversations"), ParamSegment("channel"), ParamSegment("chat")) view=pages::conversations::ChatPage />
                     <Route path=StaticSegment("traces") view=pages::traces::TracesPage />
                     <Route path=(StaticSegment("traces"), ParamSegment("id")) view=pages::traces::TraceDetailPage />
-                    <Route path=StaticSegment("approvals") view=pages::pending::Approvals />
+                    <Route path=StaticSegment("approvals") view=pages::approvals::ApprovalsPage />
                     <Route path=StaticSegment("jobs") view=pages::jobs::JobsPage />
                     <Route path=(StaticSegment("jobs"), ParamSegment("id")) view=pages::jobs::JobDetailPage />
                     <Route path=StaticSegment("tools") view=pages::tools::ToolsPage />

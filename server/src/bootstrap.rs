@@ -1,8 +1,9 @@
 //! The composition root: every part of Gatehouse is built here, once, in this order:
 //!
 //! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
-//! model -> WhatsApp channel -> tool lane (detector, planner, validator, tool-call processor
-//! answering through the channels) -> conversation runtime -> simulator -> job registry.
+//! model -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
+//! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
+//! job registry.
 //!
 //! `serve`, `worker`, every CLI command, the benchmarks and the test support all start from
 //! [`Gatehouse::build`]; the web layer's state is made from the result. Reading this file shows
@@ -11,6 +12,10 @@
 use std::{path::Path, sync::Arc};
 
 use crate::{
+    approvals::{
+        Approvals,
+        jobs::{AskOwnerHandler, SettleHandler},
+    },
     channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
     config::{self, ConfigError, LoadedConfig},
     conversation::{Runtime, RuntimeParts, ToolLane},
@@ -35,6 +40,9 @@ pub struct Gatehouse {
     /// The configured model, every call recorded in `llm_calls`.
     pub model: Arc<dyn ChatModel>,
     pub runtime: Arc<Runtime>,
+    /// Owner approvals of tool calls: requested by the lane, the console and the CLI, decided
+    /// on WhatsApp, in the console and with the CLI.
+    pub approvals: Arc<Approvals>,
     pub whatsapp: WhatsApp,
     pub simulator: Arc<Simulator>,
     /// Every job kind this build runs, with its handler.
@@ -124,14 +132,15 @@ impl Gatehouse {
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
         let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
+        let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
-        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox));
+        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {
                 let planner = lane::planner::Planner::new(model.clone(), settings.clone());
                 let strict = model.supports_strict_tools();
-                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), strict))
+                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), approvals.clone(), strict))
             }
         };
         let runtime = Arc::new(Runtime::new(RuntimeParts {
@@ -141,13 +150,16 @@ impl Gatehouse {
             secrets: config.secrets.clone(),
             model: model.clone(),
             lane,
+            approvals: approvals.clone(),
         }));
         let handler: Arc<dyn InboundHandler> = runtime.clone();
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
         let mut registry = jobs::registry();
         whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
         registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, whatsapp, simulator, registry })
+        registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
+        registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, whatsapp, simulator, registry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

@@ -1,6 +1,7 @@
 //! Gatehouse: a WhatsApp assistant that business owners can trust. This crate holds the axum
 //! server, the bot engine and the `gatehouse` command line.
 
+pub mod approvals;
 pub mod bootstrap;
 pub mod channel;
 pub mod config;

@@ -1,3 +1,4 @@
+pub mod approvals;
 pub mod conversations;
 pub mod dashboard;
 pub mod jobs;

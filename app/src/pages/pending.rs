@@ -15,15 +15,6 @@ fn pending(title: &'static str, capability: &'static str, what: &'static str) ->
 }
 
 #[component]
-pub fn Approvals() -> impl IntoView {
-    pending(
-        "Approvals",
-        "owner approvals",
-        "High-risk tool calls will wait here for you to approve or reject them, bound to the exact call.",
-    )
-}
-
-#[component]
 pub fn Repairs() -> impl IntoView {
     pending(
         "Repairs",

@@ -246,9 +246,14 @@ pub fn ToolDetailPage() -> impl IntoView {
                         {move || try_it.value().get().map(|res| match res {
                             Ok(o) => view! {
                                 <div class=if o.ok { "try-result ok" } else { "try-result failed" } data-testid="try-result" data-code=o.code.clone()>
-                                    <p><strong>{if o.ok { "Allowed and run".to_string() } else { format!("Stopped: {}", o.code) }}</strong>
+                                    <p><strong>{match (o.ok, o.approval_id) {
+                                        (true, _) => "Allowed and run".to_string(),
+                                        (false, Some(id)) => format!("Waiting for an owner's approval: request #{id}"),
+                                        (false, None) => format!("Stopped: {}", o.code),
+                                    }}</strong>
                                        {format!(" · {} attempt(s) · {} ms · ", o.attempts, o.latency_ms)}<small>{o.correlation_id.clone()}</small></p>
                                     {(!o.ok).then(|| view! { <p>{o.message.clone()}</p> })}
+                                    {o.approval_id.map(|_| view! { <p><a href="/approvals" data-testid="try-approval">"Decide it on the Approvals page"</a></p> })}
                                     {o.output.clone().map(|out| view! { <pre class="json">{out}</pre> })}
                                 </div>
                             }.into_any(),

@@ -149,6 +149,12 @@ pub fn TraceDetailPage() -> impl IntoView {
                                 <li data-step=s.step.clone()>
                                     <strong>{s.step.clone()}</strong>" \u{2192} "{s.decision.clone()}" "<code>{s.reason_code.clone()}</code>
                                     {format!(" ({})", ms(s.duration_us))}
+                                    {s.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}") data-testid="step-job">{format!("job #{id}")}</a> })}
+                                    {(!s.candidates.is_empty()).then(|| view! {
+                                        <ol class="candidates" data-testid="step-candidates">
+                                            {s.candidates.iter().map(|c| view! { <li><code>{c.name.clone()}</code>{format!(" {:.2}", c.score)}</li> }).collect_view()}
+                                        </ol>
+                                    })}
                                     {(s.detail != "{}").then(|| view! { <pre class="json">{s.detail.clone()}</pre> })}
                                 </li>
                             }).collect_view()}

@@ -154,6 +154,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         }
     }
     lane(settings, &mut need);
+    approvals(settings, &mut need);
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
@@ -166,6 +167,21 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         format!("{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"", settings.log.filter),
     );
     problems
+}
+
+/// `[approvals]`: every text, and what WhatsApp allows for the buttons.
+fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
+    let a = &settings.approvals;
+    need(a.ttl >= std::time::Duration::from_secs(60), "approvals.ttl", "must be at least one minute".into());
+    for (key, text) in a.texts() {
+        need(!text.trim().is_empty(), key, "must not be empty".into());
+    }
+    for (key, title) in [("approvals.approve_button", &a.approve_button), ("approvals.reject_button", &a.reject_button)] {
+        let n = title.trim().chars().count();
+        need(n <= super::approvals::BUTTON_TITLE_MAX, key, format!("is {n} characters; WhatsApp allows at most {}", super::approvals::BUTTON_TITLE_MAX));
+    }
+    need(a.approve_button.trim() != a.reject_button.trim(), "approvals.reject_button", "must differ from approvals.approve_button".into());
+    need(a.owner_prompt.contains("{id}") && a.owner_prompt.contains("{tool}") && a.owner_prompt.contains("{args}"), "approvals.owner_prompt", "must show {id}, {tool} and {args}, the exact call".into());
 }
 
 /// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code

@@ -35,8 +35,6 @@ pub struct ConversationSettings {
     pub customer_command_reply: String,
     /// The owner's /help text.
     pub owner_help: String,
-    /// The answer to /approve and /reject until owner approvals exist.
-    pub approvals_unavailable_reply: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
     pub trace_text: bool,
 }
@@ -52,7 +50,6 @@ impl Default for ConversationSettings {
             compaction_prompt: String::new(),
             customer_command_reply: String::new(),
             owner_help: String::new(),
-            approvals_unavailable_reply: String::new(),
             trace_text: false,
         }
     }

@@ -7,6 +7,7 @@ mod check;
 pub mod detector;
 pub mod conversation;
 mod jobs;
+pub mod approvals;
 pub mod lane;
 mod llm;
 pub mod load;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use jobs::{JobSettings, JobTimeouts};
+pub use approvals::ApprovalSettings;
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
@@ -46,6 +48,7 @@ pub struct Settings {
     pub conversation: conversation::ConversationSettings,
     pub private_data: conversation::PrivateDataSettings,
     pub lane: LaneSettings,
+    pub approvals: ApprovalSettings,
     pub whatsapp: WhatsAppSettings,
 }
 

@@ -2,7 +2,23 @@
 //! private-data question.
 
 use super::{Inbound, Runtime, RuntimeError, steps};
-use crate::{db, llm};
+use crate::{
+    approvals::{ApprovalCode, ApprovalError, Verdict},
+    db::{self, approvals::Decider},
+    llm,
+};
+
+/// The static code of an approval error, for the trace.
+fn approval_code(e: &ApprovalError) -> &'static str {
+    match e {
+        ApprovalError::NotFound(_) => ApprovalCode::NotFound.as_str(),
+        ApprovalError::AlreadyDecided { .. } => ApprovalCode::AlreadyDecided.as_str(),
+        ApprovalError::Expired(_) => ApprovalCode::Expired.as_str(),
+        ApprovalError::InvalidButton(_) => ApprovalCode::InvalidButton.as_str(),
+        ApprovalError::NotNeeded(_) => ApprovalCode::NotNeeded.as_str(),
+        ApprovalError::Refused(_) | ApprovalError::Db(_) => "APPROVAL_FAILED",
+    }
+}
 
 impl Runtime {
     /// The owners' notice for a customer's private-data question (`private_data.owner_notice`).
@@ -26,12 +42,35 @@ impl Runtime {
         }
     }
 
-    pub(super) async fn owner_command(&self, command: &steps::Command) -> Result<(&'static str, String), RuntimeError> {
+    /// An owner's decision on an approval, from a button or a command: the reason code for
+    /// the trace and the words for the owner.
+    pub(super) async fn decide_approval(&self, id: i64, verdict: Verdict, owner_id: i64, inbound: &Inbound, nonce: Option<&str>) -> Result<(&'static str, String), RuntimeError> {
+        let mut conn = self.db.pool.acquire().await?;
+        let name = db::owners::find_by_id(&mut conn, owner_id).await?.map(|o| o.display_name).unwrap_or_else(|| "an owner".into());
+        drop(conn);
+        let digits: String = inbound.sender.chars().filter(char::is_ascii_digit).collect();
+        let by = Decider { name, owner_id: Some(owner_id), phone: Some(digits), via: "whatsapp" };
+        Ok(match self.approvals.decide(id, verdict, &by, nonce, None).await {
+            Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),
+            Err(ApprovalError::Db(e)) => return Err(e.into()),
+            Err(e) => (approval_code(&e), self.approvals.error_reply(&e)),
+        })
+    }
+
+    pub(super) async fn owner_command(&self, command: &steps::Command, owner_id: i64, inbound: &Inbound) -> Result<(&'static str, String), RuntimeError> {
         use steps::Command;
         let conv = &self.settings.conversation;
         Ok(match command {
             Command::Help => ("COMMAND_HELP", conv.owner_help.trim().to_string()),
-            Command::Approve(_) | Command::Reject(_) => ("APPROVALS_NOT_AVAILABLE", conv.approvals_unavailable_reply.clone()),
+            Command::Approve(arg) | Command::Reject(arg) => {
+                let mut words = arg.split_whitespace();
+                let Some(id) = words.next().and_then(|w| w.trim_start_matches('#').parse::<i64>().ok()) else {
+                    return Ok(("APPROVAL_USAGE", self.approvals.settings().usage_reply.clone()));
+                };
+                let rest: Vec<&str> = words.collect();
+                let verdict = if matches!(command, Command::Approve(_)) { Verdict::Approve } else { Verdict::Reject { reason: (!rest.is_empty()).then(|| rest.join(" ")) } };
+                return self.decide_approval(id, verdict, owner_id, inbound, None).await;
+            }
             Command::Status => {
                 let mut conn = self.db.pool.acquire().await?;
                 let counts = db::jobs::counts_by_state(&mut conn).await?;

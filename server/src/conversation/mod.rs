@@ -20,6 +20,7 @@ use serde_json::json;
 
 pub use crate::channel::Inbound;
 use crate::{
+    approvals::{ApprovalCode, Approvals, Button, Verdict},
     channel::{self, Handled, HandlerError, InboundHandler, Presence},
     config::{Secrets, Settings},
     db::{self, Db, DbError, conversation as store},
@@ -113,6 +114,8 @@ pub struct RuntimeParts {
     pub secrets: Secrets,
     pub model: Arc<dyn ChatModel>,
     pub lane: Arc<dyn ToolLane>,
+    /// Owners decide approvals with buttons and /approve, /reject.
+    pub approvals: Arc<Approvals>,
 }
 
 pub struct Runtime {
@@ -122,6 +125,7 @@ pub struct Runtime {
     secrets: Secrets,
     model: Arc<dyn ChatModel>,
     lane: Arc<dyn ToolLane>,
+    approvals: Arc<Approvals>,
     guard: steps::PrivateGuard,
 }
 
@@ -155,7 +159,7 @@ impl Decision {
 impl Runtime {
     pub fn new(parts: RuntimeParts) -> Self {
         let guard = steps::PrivateGuard::new(&parts.settings.private_data);
-        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, guard }
+        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, guard }
     }
 
     fn text_detail(&self, text: &str) -> serde_json::Value {
@@ -196,12 +200,13 @@ impl Runtime {
         let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
         drop(conn);
         let actor = if owner.is_some() { Role::Owner } else { Role::Customer };
-        let decision = self.decide(inbound, actor, owner.is_some(), &mut trace).await?;
+        let decision = self.decide(inbound, actor, owner, &mut trace).await?;
         self.record(inbound, actor, decision, trace).await
     }
 
     /// The steps from the message type to normal chat.
-    async fn decide(&self, inbound: &Inbound, actor: Role, owner: bool, trace: &mut Recorder) -> Result<Decision, RuntimeError> {
+    async fn decide(&self, inbound: &Inbound, actor: Role, owner_id: Option<i64>, trace: &mut Recorder) -> Result<Decision, RuntimeError> {
+        let owner = owner_id.is_some();
         // 2. Message type: what the bot cannot read gets the configured note (the trace's first
         // step: there is no text to dedupe or guard).
         if !inbound.kind.is_readable() {
@@ -224,7 +229,17 @@ impl Runtime {
                 return Ok(Decision::silent(Route::Ignored));
             }
         }
-        // 5. Owner commands and the customer slash boundary.
+        // 5. Approval buttons, owner commands and the customer slash boundary.
+        if let Some(button) = inbound.reply_id.as_deref().and_then(Button::parse) {
+            let Some(owner_id) = owner_id else {
+                trace.step("approval", "refuse", ApprovalCode::NotAnOwner.as_str(), json!({ "approval_id": button.id }));
+                return Ok(Decision::reply(Route::CustomerCommand, self.approvals.settings().not_an_owner_reply.clone()));
+            };
+            let verdict = if button.approve { Verdict::Approve } else { Verdict::Reject { reason: None } };
+            let (code, reply) = self.decide_approval(button.id, verdict, owner_id, inbound, Some(&button.nonce)).await?;
+            trace.step("approval", if button.approve { "approve" } else { "reject" }, code, json!({ "approval_id": button.id, "via": "button" }));
+            return Ok(Decision::reply(Route::OwnerCommand, reply));
+        }
         match steps::slash(actor, &inbound.text) {
             steps::Slash::NotACommand => trace.step("slash", "pass", "NOT_A_COMMAND", json!({})),
             steps::Slash::CustomerRefused => {
@@ -232,7 +247,7 @@ impl Runtime {
                 return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
             steps::Slash::Owner(command) => {
-                let (reason, reply) = self.owner_command(&command).await?;
+                let (reason, reply) = self.owner_command(&command, owner_id.unwrap_or_default(), inbound).await?;
                 trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
                 return Ok(Decision::reply(Route::OwnerCommand, reply));
             }

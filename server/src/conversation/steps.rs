@@ -49,7 +49,8 @@ pub fn command(text: &str) -> Option<Command> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return None;
     }
-    let arg = words.next().unwrap_or_default().to_string();
+    // Everything after the name: `/reject 12 too expensive` keeps its reason.
+    let arg = words.collect::<Vec<_>>().join(" ");
     Some(match name.as_str() {
         "help" => Command::Help,
         "status" => Command::Status,
@@ -128,6 +129,7 @@ mod tests {
     #[test]
     fn commands_and_the_customer_boundary() {
         assert_eq!(command("/approve 42"), Some(Command::Approve("42".into())));
+        assert_eq!(command("/reject 7  not   today"), Some(Command::Reject("7 not today".into())));
         assert_eq!(command("  /STATUS "), Some(Command::Status));
         assert_eq!(command("/jobs"), Some(Command::Jobs));
         assert_eq!(command("/what"), Some(Command::Unknown("what".into())));

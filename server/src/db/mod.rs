@@ -2,6 +2,7 @@
 //! JSON is TEXT, so the same statements run on SQLite and PostgreSQL through sqlx's `Any`
 //! driver; only the migrations differ per backend.
 
+pub mod approvals;
 pub mod audit;
 pub mod conversation;
 pub mod jobs;

@@ -15,10 +15,9 @@
 //! `event` field, the correlation id, codes and counts, never message text or arguments.
 
 pub mod adapter;
-pub mod canonical;
 pub mod data;
 pub mod detector;
-pub mod job;
+pub use crate::tools::job;
 pub mod planner;
 pub mod processor;
 mod run;
@@ -29,7 +28,7 @@ pub use run::Lane;
 
 use serde::Serialize;
 
-pub use canonical::canonical_json;
+pub use crate::tools::canonical::canonical_json;
 use detector::{ParamDoc, ToolDoc};
 
 use crate::tools::{Catalog, catalog::Audience};

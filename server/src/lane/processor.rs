@@ -12,6 +12,7 @@ use super::{
     summarizer::{Summarizer, SummaryInput, ToolResult},
 };
 use crate::{
+    approvals::{self, Approvals},
     channel::{DeliverError, Outbound},
     jobs::{Handler, JobContext, JobError, JobOutput},
     tools::{CallContext, Checkpoint, ToolCall, checkpoint::ToolCode},
@@ -34,6 +35,8 @@ pub struct Processor {
     checkpoint: Arc<Checkpoint>,
     summarizer: Summarizer,
     outbound: Arc<dyn Outbound>,
+    /// Where an approved call's outcome is recorded and told to the owner who decided.
+    approvals: Arc<Approvals>,
 }
 
 impl std::fmt::Debug for Processor {
@@ -48,8 +51,8 @@ fn retryable(code: &str) -> bool {
 }
 
 impl Processor {
-    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>) -> Self {
-        Self { checkpoint, summarizer, outbound }
+    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>) -> Self {
+        Self { checkpoint, summarizer, outbound, approvals }
     }
 
     /// Runs the call through the checkpoint and summarizes what came back.
@@ -60,7 +63,7 @@ impl Processor {
             chat_id: Some(job.reply_to.chat_id.clone()),
             sender_id: Some(job.sender.clone()),
             correlation_id: correlation_id.to_string(),
-            approved: false,
+            approved: job.approval.clone(),
             trace_id: job.trace_id,
         };
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
@@ -87,8 +90,12 @@ impl Processor {
 }
 
 impl Processor {
-    /// Sends `answer` to the chat the call came from, once per job.
+    /// Sends `answer` to the chat the call came from, once per job. A call asked for in the
+    /// console has no chat: its answer stays with its approval and job.
     pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<(), JobError> {
+        if !approvals::is_chat(&job.reply_to.channel) {
+            return Ok(());
+        }
         match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
             Ok(()) => Ok(()),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
@@ -110,6 +117,10 @@ impl Handler<ToolCallJob> for Processor {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
         self.deliver(&args, ctx.job.id, &answer).await?;
+        if let Some(approved) = &args.approval {
+            let code = answer.failure.as_deref().unwrap_or("OK");
+            self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
+        }
         match answer.failure {
             None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
             Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),

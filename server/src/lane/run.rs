@@ -26,13 +26,14 @@ use super::{
     validator::{Advisory, PlanScope, ValidatedCall, Validator},
 };
 use crate::{
+    approvals::{ApprovalError, Approvals, Requester},
     channel::{Inbound, ReplyTo},
     config::Settings,
     conversation::{LaneOutcome, ToolLane},
     db::{self, Db, jobs::NewJob},
     domain::Role,
     jobs::{JobError, JobOutput, JobQueue, inline},
-    tools::{CallContext, Catalog, Checkpoint},
+    tools::{CallContext, Catalog, Checkpoint, ToolCall},
     traces::Recorder,
 };
 
@@ -43,6 +44,7 @@ pub struct Lane {
     checkpoint: Arc<Checkpoint>,
     planner: Planner,
     processor: Arc<Processor>,
+    approvals: Arc<Approvals>,
     strict_supported: bool,
     /// The detector's index over the catalog it was built from; rebuilt when the catalog is
     /// swapped (a reload, MCP discovery).
@@ -67,8 +69,9 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Lane {
-    pub fn new(settings: Arc<Settings>, db: Db, queue: JobQueue, checkpoint: Arc<Checkpoint>, planner: Planner, processor: Arc<Processor>, strict_supported: bool) -> Self {
-        Self { settings, db, queue, checkpoint, planner, processor, strict_supported, index: Mutex::new(None) }
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(settings: Arc<Settings>, db: Db, queue: JobQueue, checkpoint: Arc<Checkpoint>, planner: Planner, processor: Arc<Processor>, approvals: Arc<Approvals>, strict_supported: bool) -> Self {
+        Self { settings, db, queue, checkpoint, planner, processor, approvals, strict_supported, index: Mutex::new(None) }
     }
 
     /// The index over the current catalog.
@@ -100,7 +103,7 @@ impl Lane {
             chat_id: Some(inbound.chat_id.clone()),
             sender_id: Some(inbound.sender.clone()),
             correlation_id: inbound.correlation_id.clone(),
-            approved: false,
+            approved: None,
             trace_id: Some(trace.id()),
         };
         let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
@@ -120,14 +123,49 @@ impl Lane {
         if validation.requires_owner_approval {
             let why = validation.accepted.iter().find_map(|c| c.needs_approval.clone()).unwrap_or_default();
             trace.step("AgentToolPolicyDenied", "needs_approval", "TOOL_NEEDS_APPROVAL", json!({ "calls": accepted, "reason": why }));
-            return LaneOutcome::Handled { reply: lane.approval_reply.clone() };
+        } else {
+            trace.step("AgentToolPlanAccepted", "accepted", "OK", json!({ "calls": accepted }));
         }
-        trace.step("AgentToolPlanAccepted", "accepted", "OK", json!({ "calls": accepted }));
         let mut replies = Vec::new();
         for call in &validation.accepted {
-            replies.push(self.bridge(inbound, actor, call, trace).await);
+            let reply = match &call.needs_approval {
+                Some(reason) => self.ask_owner(inbound, actor, call, reason, trace).await,
+                None => self.bridge(inbound, actor, call, trace).await,
+            };
+            if !replies.contains(&reply) {
+                replies.push(reply);
+            }
         }
         LaneOutcome::Handled { reply: replies.join("\n\n") }
+    }
+
+    /// Stores the call as an approval request (with its trace step) before the person is told
+    /// that an owner must approve it; nothing else is promised.
+    async fn ask_owner(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, reason: &str, trace: &mut Recorder) -> String {
+        let lane = &self.settings.lane;
+        let who = Requester {
+            actor,
+            channel: inbound.channel.clone(),
+            chat_kind: inbound.chat_kind,
+            chat_id: inbound.chat_id.clone(),
+            sender: inbound.sender.clone(),
+            message_id: inbound.message_id.clone(),
+            request: inbound.text.clone(),
+            correlation_id: inbound.correlation_id.clone(),
+        };
+        let tool_call = ToolCall { name: call.tool.clone(), args: call.args.clone() };
+        match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
+            Ok(_) => lane.approval_reply.clone(),
+            Err(ApprovalError::Refused(f)) => {
+                trace.step("ApprovalRequested", "refused", &f.code, json!({ "tool": call.tool }));
+                lane.denied_reply.clone()
+            }
+            Err(e) => {
+                tracing::error!(event = "ApprovalRequested", correlation_id = %inbound.correlation_id, error = %e, "storing an approval request failed; nothing was promised");
+                trace.step("ApprovalRequested", "failed", e.code(), json!({ "tool": call.tool }));
+                lane.not_started_reply.clone()
+            }
+        }
     }
 
     /// Stores the call as a job with its trace step, then runs it at once within the deadline.
@@ -143,6 +181,7 @@ impl Lane {
             request: inbound.text.clone(),
             reply_to: ReplyTo::of(inbound),
             trace_id: Some(trace.id()),
+            approval: None,
         };
         let new = NewJob {
             dedupe_key: Some(job.dedupe_key(&call.canonical_args)),

@@ -119,7 +119,7 @@ pub struct Advisory {
 pub struct PlanScope<'a> {
     /// The detector's candidates: the only tools the planner was offered.
     pub candidates: &'a [String],
-    /// Actor, chat and correlation, as the calls will run (`approved: false`).
+    /// Actor, chat and correlation, as the calls will run (`approved: None`).
     pub ctx: &'a CallContext,
     pub private_data: &'a PrivateData,
     pub max_steps: usize,
@@ -241,7 +241,7 @@ impl Validator<'_> {
                 if matches!(scope.private_data, PrivateData::Matched { .. }) && !private {
                     faults.push(fault(10, PlanCode::PrivateData, "the message asks for private account data, which only a private-data tool may serve"));
                 }
-                if private && scope.ctx.actor == Role::Customer && !scope.ctx.approved {
+                if private && scope.ctx.actor == Role::Customer && scope.ctx.approved.is_none() {
                     needs_approval.get_or_insert_with(|| APPROVAL_PRIVATE_DATA.to_string());
                 }
                 if !risk_allowed(spec.risk, scope.ctx.actor, self.settings) {
@@ -259,7 +259,7 @@ impl Validator<'_> {
                 if chain && !spec.chainable {
                     faults.push(fault(14, PlanCode::NotChainable, format!("{} may not be one step of several", spec.name)));
                 }
-                if chain && spec.operation != Operation::Read && !scope.ctx.approved {
+                if chain && spec.operation != Operation::Read && scope.ctx.approved.is_none() {
                     needs_approval.get_or_insert_with(|| APPROVAL_CHAIN_WRITE.to_string());
                 }
             }

@@ -47,13 +47,17 @@ pub enum Risk {
     High,
 }
 
-/// Per-tool approval rule, applied under the global [`ApprovalMode`].
+/// Per-tool approval rule, applied under the global [`ApprovalMode`] (the table is
+/// [`super::policy::decide`]'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Approval {
-    #[default]
+    /// Exempt from ASK mode's blanket question; medium and high risk still ask.
     Never,
+    /// Follows the approval mode.
+    #[default]
     Ask,
+    /// Asks in every mode, YOLO included.
     Always,
 }
 

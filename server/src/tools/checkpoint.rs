@@ -73,6 +73,10 @@ pub enum ToolCode {
     /// A tool an owner rejected.
     #[strum(serialize = "TOOL_REJECTED")]
     Rejected,
+    /// The call carries an approval that no longer applies: the tool's definition changed
+    /// since, or the arguments differ from the ones approved.
+    #[strum(serialize = "APPROVAL_STALE")]
+    ApprovalStale,
 }
 
 impl ToolCode {
@@ -102,10 +106,27 @@ pub struct CallContext {
     pub chat_id: Option<String>,
     pub sender_id: Option<String>,
     pub correlation_id: String,
-    /// An owner approved exactly this call.
-    pub approved: bool,
+    /// An owner approved exactly this call: it runs only if the tool's definition and the
+    /// arguments are still the ones approved, byte for byte.
+    pub approved: Option<ApprovedCall>,
     /// The trace of the message this call is for; its audit row names it.
     pub trace_id: Option<i64>,
+}
+
+/// What an owner approved: the definition version and the hash of the canonical arguments
+/// ([`super::canonical::args_hash`]) of the call as it was asked for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ApprovedCall {
+    pub approval_id: i64,
+    pub version: String,
+    pub args_hash: String,
+}
+
+impl ApprovedCall {
+    /// Binds approval `approval_id` to `version` and exactly these arguments.
+    pub fn bind(approval_id: i64, version: &str, args: &Value) -> Self {
+        Self { approval_id, version: version.to_string(), args_hash: super::canonical::args_hash(args) }
+    }
 }
 
 /// An execution failure reported by a provider.

@@ -106,6 +106,14 @@ pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext
     if !spec.chat_types.contains(&ctx.chat_type) {
         return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is not available in this kind of chat", spec.name)));
     }
+    if let Some(approved) = &ctx.approved {
+        if approved.version != tool.version {
+            return Err(fail(ToolCode::ApprovalStale.as_str(), format!("{} changed since approval {} was given", spec.name, approved.approval_id)));
+        }
+        if approved.args_hash != super::canonical::args_hash(&call.args) {
+            return Err(fail(ToolCode::ApprovalStale.as_str(), format!("the arguments differ from the ones approval {} was given for", approved.approval_id)));
+        }
+    }
     let Value::Object(supplied) = &call.args else {
         return Err(fail_with(ToolCode::SchemaInvalid.as_str(), "arguments must be a JSON object", FailureDetail::Schema(SchemaIssues { other: true, ..SchemaIssues::default() })));
     };
@@ -132,12 +140,12 @@ pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext
     // call a hook would refuse.
     let mut needs_approval = match policy::decide(spec, catalog.approval_mode, ctx.actor) {
         Decision::Deny { reason } => return Err(fail(ToolCode::PolicyDenied.as_str(), reason)),
-        Decision::NeedsApproval { reason } if !ctx.approved => Some(reason.to_string()),
+        Decision::NeedsApproval { reason } if ctx.approved.is_none() => Some(reason.to_string()),
         _ => None,
     };
     match hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
         Before::Abort { hook } => return Err(fail(ToolCode::HookDenied.as_str(), format!("stopped by hook {hook:?}"))),
-        Before::NeedsApproval { hook } if !ctx.approved => {
+        Before::NeedsApproval { hook } if ctx.approved.is_none() => {
             needs_approval.get_or_insert_with(|| format!("hook {hook:?} asks for an owner"));
         }
         Before::Proceed { args: Value::Object(changed_args), changed: true } => {

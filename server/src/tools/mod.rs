@@ -4,11 +4,13 @@
 pub mod audit;
 pub mod breaker;
 pub mod builtins;
+pub mod canonical;
 pub mod catalog;
 pub mod checkpoint;
 pub mod connectors;
 mod gates;
 pub mod hooks;
+pub mod job;
 pub mod mcp;
 pub mod policy;
 pub mod schema;
@@ -16,7 +18,7 @@ pub mod schema;
 use std::{path::Path, sync::Arc};
 
 pub use catalog::{Catalog, ToolDef};
-pub use checkpoint::{CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
+pub use checkpoint::{ApprovedCall, CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
 
 use crate::{
     config::{Problem, SecretSource, Settings},

@@ -10,16 +10,18 @@ pub enum Decision {
     Deny { reason: &'static str },
 }
 
-/// Decides on a call that passed the audience and chat-type checks.
+/// Decides on a call that passed the audience and chat-type checks (seed 001's approval modes:
+/// YOLO approves everything, AUTO asks for medium and high risk, ASK asks for everything).
 ///
-/// | tool approval | yolo  | auto                      | ask   |
-/// |---------------|-------|---------------------------|-------|
-/// | never         | allow | allow                     | ask   |
-/// | ask           | allow | ask if risk is medium+    | ask   |
-/// | always        | ask   | ask                       | ask   |
+/// | tool approval   | yolo  | auto                   | ask                    |
+/// |-----------------|-------|------------------------|------------------------|
+/// | never           | allow | ask if risk is medium+ | ask if risk is medium+ |
+/// | ask (default)   | allow | ask if risk is medium+ | ask                    |
+/// | always          | ask   | ask                    | ask                    |
 ///
-/// Independently of the mode, customers never run admin operations, and high-risk writes by
-/// customers always need an owner.
+/// `never` only exempts a tool from ASK mode's blanket question; it cannot lower the risk rule.
+/// Independently of the mode, customers never run admin operations or owner-only tools, and
+/// customers' high-risk writes always need an owner, YOLO included.
 pub fn decide(spec: &ToolSpec, mode: ApprovalMode, actor: Role) -> Decision {
     if actor == Role::Customer && spec.operation == Operation::Admin {
         return Decision::Deny { reason: "POLICY_ADMIN_OWNER_ONLY" };
@@ -33,9 +35,82 @@ pub fn decide(spec: &ToolSpec, mode: ApprovalMode, actor: Role) -> Decision {
     if actor == Role::Customer && spec.operation == Operation::Write && spec.risk == Risk::High {
         return Decision::NeedsApproval { reason: "APPROVAL_CUSTOMER_HIGH_RISK_WRITE" };
     }
-    match (spec.approval, mode) {
-        (_, ApprovalMode::Ask) => Decision::NeedsApproval { reason: "APPROVAL_MODE_ASK" },
-        (Approval::Ask, ApprovalMode::Auto) if spec.risk >= Risk::Medium => Decision::NeedsApproval { reason: "APPROVAL_RISK" },
+    match (mode, spec.approval) {
+        (ApprovalMode::Yolo, _) => Decision::Allow,
+        (ApprovalMode::Ask, Approval::Ask) => Decision::NeedsApproval { reason: "APPROVAL_MODE_ASK" },
+        (ApprovalMode::Auto | ApprovalMode::Ask, _) if spec.risk >= Risk::Medium => Decision::NeedsApproval { reason: "APPROVAL_RISK" },
         _ => Decision::Allow,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(approval: Approval, risk: Risk, operation: Operation, audience: Audience) -> ToolSpec {
+        let mut spec: ToolSpec = toml::from_str(
+            r#"
+name = "t"
+title = "T"
+description = "d"
+provider = "builtin"
+handler = "h"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object" }
+"#,
+        )
+        .expect("spec");
+        (spec.approval, spec.risk, spec.operation, spec.audience) = (approval, risk, operation, audience);
+        spec
+    }
+
+    /// The whole table, mode × tool approval × risk × actor (× operation and audience for the
+    /// customer rules), written out independently of `decide`'s structure.
+    #[test]
+    fn the_approval_table() {
+        use Approval as A;
+        use ApprovalMode as M;
+        use Risk as R;
+        let mut rows = 0;
+        for mode in [M::Yolo, M::Auto, M::Ask] {
+            for approval in [A::Never, A::Ask, A::Always] {
+                for risk in [R::Low, R::Medium, R::High] {
+                    for operation in [Operation::Read, Operation::Write, Operation::Admin] {
+                        for audience in [Audience::Public, Audience::OwnerOnly] {
+                            for actor in [Role::Owner, Role::Customer] {
+                                rows += 1;
+                                let got = decide(&spec(approval, risk, operation, audience), mode, actor);
+                                let customer = actor == Role::Customer;
+                                let expected = if customer && operation == Operation::Admin {
+                                    "deny"
+                                } else if customer && audience == Audience::OwnerOnly {
+                                    "deny"
+                                } else if approval == A::Always || (customer && operation == Operation::Write && risk == R::High) {
+                                    "ask"
+                                } else {
+                                    match mode {
+                                        M::Yolo => "allow",
+                                        M::Auto => if risk == R::Low { "allow" } else { "ask" },
+                                        M::Ask => if approval == A::Never && risk == R::Low { "allow" } else { "ask" },
+                                    }
+                                };
+                                let got_kind = match got {
+                                    Decision::Allow => "allow",
+                                    Decision::NeedsApproval { .. } => "ask",
+                                    Decision::Deny { .. } => "deny",
+                                };
+                                assert_eq!(got_kind, expected, "{mode:?} {approval:?} {risk:?} {operation:?} {audience:?} {actor:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(rows, 3 * 3 * 3 * 3 * 2 * 2);
+        // The seed's AUTO row, named: medium and high risk ask even for a tool marked "never".
+        assert!(matches!(decide(&spec(A::Never, R::Medium, Operation::Read, Audience::Public), M::Auto, Role::Owner), Decision::NeedsApproval { reason: "APPROVAL_RISK" }));
+        assert_eq!(decide(&spec(A::Ask, R::Low, Operation::Read, Audience::Public), M::Auto, Role::Customer), Decision::Allow);
     }
 }

@@ -15,6 +15,7 @@ use axum::extract::FromRef;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::{
+    approvals::Approvals,
     bootstrap::Gatehouse,
     channel::{simulator::Simulator, whatsapp::webhook::WebhookState},
     config::LoadedConfig,
@@ -40,6 +41,7 @@ pub struct App {
     pub tools: Arc<Checkpoint>,
     pub mcp: McpManager,
     pub runtime: Arc<Runtime>,
+    pub approvals: Arc<Approvals>,
     pub simulator: Arc<Simulator>,
     pub webhook: WebhookState,
     /// Once setup is done it stays done, so a true value is cached.
@@ -90,6 +92,7 @@ impl AppState {
             tools: gatehouse.tools.clone(),
             mcp: gatehouse.mcp.clone(),
             runtime: gatehouse.runtime.clone(),
+            approvals: gatehouse.approvals.clone(),
             simulator: gatehouse.simulator.clone(),
             webhook: gatehouse.whatsapp.webhook.clone(),
             setup_done: AtomicBool::new(false),

@@ -345,3 +345,34 @@ fn strict_mode_refuses_to_start_without_a_provider_key() {
     assert_eq!(out.code, 2, "a bad value is a config problem: {}", out.all());
     assert!(out.stderr.contains("server.strict") && out.stderr.contains("GATEHOUSE_STRICT"), "{}", out.stderr);
 }
+
+/// `gatehouse lane detect` prints the detection as JSON over the live catalog, and replays a
+/// follow-up with recorded contexts.
+#[test]
+fn lane_detect_prints_the_detection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    for name in ["tools.toml", "connectors.toml"] {
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.path().join(name)).expect("copy tool files");
+    }
+    let config = path.to_str().expect("utf8");
+    let detect = |args: &[&str]| {
+        let mut all = vec!["--config", config, "lane", "detect"];
+        all.extend_from_slice(args);
+        let out = run(&all, &[], None);
+        assert_eq!(out.code, 0, "{}", out.all());
+        serde_json::from_str::<serde_json::Value>(&out.stdout).expect("JSON")
+    };
+    let thanks = detect(&["--text", "Thanks!"]);
+    assert_eq!(thanks["should_plan"], false, "{thanks}");
+    assert_eq!(thanks["reason"], "CONVERSATIONAL", "{thanks}");
+    let link = detect(&["--text", "What does this page say? https://example.com/menu", "--as", "owner"]);
+    assert_eq!(link["should_plan"], true, "{link}");
+    assert!(link["candidates"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "web_fetch")), "{link}");
+    let contexts = dir.path().join("contexts.json");
+    std::fs::write(&contexts, r#"[{"tool": "web_fetch", "args": {"url": "https://example.com/menu"}, "summary": "The lunch menu.", "entities": ["Soup", "Bread"], "age_secs": 60}]"#).expect("contexts");
+    let followup = detect(&["--text", "what about the second one?", "--context", contexts.to_str().expect("utf8")]);
+    assert!(followup["followup"]["possible"] == true, "{followup}");
+    let none = detect(&["--text", "what about the second one?"]);
+    assert_eq!(none["should_plan"], false, "a vague follow-up without context stays in chat: {none}");
+}

@@ -218,7 +218,7 @@ fn secrets() -> SecretSource {
 }
 
 fn ctx(actor: Role) -> CallContext {
-    CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: false, trace_id: None }
+    CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: None, trace_id: None }
 }
 
 fn call(name: &str, args: Value) -> ToolCall {

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 use server::{
-    config::{Secrets, Settings},
+    approvals::Approvals,
+    config::{SecretSource, Secrets, Settings},
+    tools::{Catalog, Checkpoint, checkpoint::AuditWriter},
     conversation::{Inbound, NoToolLane, Route, Runtime, RuntimeParts},
     db::Db,
     domain::ChatKind,
@@ -97,7 +99,11 @@ fn settings(base_url: &str, budget: u32) -> Settings {
 
 /// The runtime over `model`, with the lane that hands everything to normal chat.
 fn runtime(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>) -> Runtime {
-    Runtime::new(RuntimeParts { db: db.clone(), queue: JobQueue::with_settings(db.clone(), &settings.jobs), settings, secrets, model, lane: Arc::new(NoToolLane) })
+    let queue = JobQueue::with_settings(db.clone(), &settings.jobs);
+    let audit = AuditWriter::spawn(db.clone(), queue.clone());
+    let checkpoint = Arc::new(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), audit, SecretSource::empty()));
+    let approvals = Arc::new(Approvals::new(db.clone(), queue.clone(), settings.clone(), checkpoint));
+    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals })
 }
 
 struct Rig {
@@ -225,16 +231,18 @@ async fn every_step_in_order_with_memory(db: TestDb) {
     assert!(steps.contains(&("private_data".into(), "guard".into(), "PRIVATE_DATA_REQUEST".into())));
     assert_eq!(r.fake.lock().expect("lock").requests.len(), requests_before, "neither reached the model");
 
-    // Owners: commands work; /approve is honest that approvals do not exist yet.
+    // Owners: commands work; /approve and /reject name an approval that does not exist.
     let help = r.runtime.handle(&msg("o1", "15550001111", "/help")).await.expect("handle");
     assert_eq!((help.route, help.actor), (Route::OwnerCommand, server::domain::Role::Owner));
     assert!(help.reply.as_deref().is_some_and(|t| t.contains("/status")));
     let approve = r.runtime.handle(&msg("o2", "15550001111", "/approve 7")).await.expect("handle");
-    assert!(approve.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{approve:?}");
+    assert_eq!(approve.reply.as_deref(), Some("There is no approval #7."), "{approve:?}");
     let status = r.runtime.handle(&msg("o3", "15550001111", "/status")).await.expect("handle");
     assert!(status.reply.as_deref().is_some_and(|t| t.contains("is running")), "{status:?}");
     let reject = r.runtime.handle(&msg("o5", "15550001111", "/reject 7")).await.expect("handle");
-    assert!(reject.reply.as_deref().is_some_and(|t| t.contains("not available yet")), "{reject:?}");
+    assert_eq!(reject.reply.as_deref(), Some("There is no approval #7."), "{reject:?}");
+    let usage = r.runtime.handle(&msg("o5b", "15550001111", "/approve soon")).await.expect("handle");
+    assert!(usage.reply.as_deref().is_some_and(|t| t.contains("/approve ID")), "{usage:?}");
     sqlx::query("INSERT INTO jobs (kind, queue, state, args, attempt, max_attempts, created_at, updated_at, scheduled_at, correlation_id) \
                  VALUES ('system.echo', 'default', 'available', '{}', 0, 3, 0, 0, 0, 'c')")
         .execute(&r.db.pool)

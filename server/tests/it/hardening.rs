@@ -25,7 +25,7 @@ async fn a_nul_in_one_call_loses_no_audit_row(db: TestDb) {
         chat_id: Some("chat-nul".into()),
         sender_id: None,
         correlation_id: "corr-nul".into(),
-        approved: false,
+        approved: None,
         trace_id: None,
     };
     for name in ["first", "with\0nul", "third", "fourth"] {

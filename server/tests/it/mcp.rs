@@ -13,7 +13,7 @@ use server::{
     domain::Role,
     db::Db,
     tools::{
-        CallContext, Catalog, Checkpoint, ToolCall,
+        ApprovedCall, CallContext, Catalog, Checkpoint, ToolCall,
         catalog::{Approval, ChatKind, Operation, Provider, Risk},
         checkpoint::{AuditWriter, SecretSource, ToolCode, ToolFailure, ToolSuccess},
         mcp::{self, AuditActor, McpManager},
@@ -91,6 +91,10 @@ impl Rig {
     }
 
     async fn call_with(&self, actor: Role, approved: bool, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+        let approved = approved.then(|| {
+            let version = self.checkpoint.catalog().get(name).map(|t| t.version.clone()).unwrap_or_default();
+            ApprovedCall::bind(1, &version, &args)
+        });
         let ctx = CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-1".into()), sender_id: None, correlation_id: "mcp-test".into(), approved, trace_id: None };
         self.checkpoint.execute(ToolCall { name: name.into(), args }, &ctx).await
     }

@@ -116,7 +116,7 @@ async fn a_list_changed_flood_is_debounced(db: TestDb) {
     manager.wait_connected("noisy", Duration::from_secs(30)).await.expect("server connects");
     let count = || std::fs::read_to_string(&lists).unwrap_or_default().lines().count();
     let before = count();
-    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "flood".into(), approved: false, trace_id: None };
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "flood".into(), approved: None, trace_id: None };
     checkpoint.execute(ToolCall { name: "noisy__flood".into(), args: json!({ "count": 500 }) }, &ctx).await.expect("flood ran");
     // An owner's refresh queues behind whatever the flood asked for, and is answered after it.
     manager.refresh("noisy", None).await.expect("refresh");

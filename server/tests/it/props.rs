@@ -250,7 +250,7 @@ fn schema_violating_calls_never_reach_the_executor() {
         cp.register_builtin("recorder", recorder.clone());
         cp
     });
-    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "props".into(), approved: false, trace_id: None };
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "props".into(), approved: None, trace_id: None };
     let (valid, invalid) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     proptest!(config(512), |(args in near_schema_args())| {
         let before = recorder.0.lock().expect("calls").len();

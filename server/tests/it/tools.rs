@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use server::{
     domain::{ChatKind, Role},
     tools::{
-        CallContext, Catalog, Checkpoint, ToolCall, ToolDef, ToolError, ToolExecutor,
+        ApprovedCall, CallContext, Catalog, Checkpoint, ToolCall, ToolDef, ToolError, ToolExecutor,
         checkpoint::{AuditWriter, ToolCode},
     },
 };
@@ -219,7 +219,7 @@ async fn rig(db: TestDb) -> Rig {
 }
 
 fn ctx(actor: Role, chat_type: ChatKind) -> CallContext {
-    CallContext { actor, chat_type, chat_id: Some("chat-7".into()), sender_id: Some("+15550001111".into()), correlation_id: "corr-9".into(), approved: false, trace_id: None }
+    CallContext { actor, chat_type, chat_id: Some("chat-7".into()), sender_id: Some("+15550001111".into()), correlation_id: "corr-9".into(), approved: None, trace_id: None }
 }
 
 fn call(name: &str, args: Value) -> ToolCall {
@@ -249,7 +249,8 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     let shop = cp.execute(call("shop", json!({"order": "42"})), &customer).await.expect("shop");
     assert_eq!(shop.output, json!({"order": "42", "chat": "chat-7"}), "the runtime filled chat_id");
     assert_eq!(code_of(cp.execute(call("refund", json!({})), &owner).await).as_deref(), Some(ToolCode::NeedsApproval.as_str()));
-    assert!(cp.execute(call("refund", json!({})), &CallContext { approved: true, ..owner.clone() }).await.is_ok(), "an approved call runs");
+    let refund_version = cp.catalog().get("refund").expect("refund").version.clone();
+    assert!(cp.execute(call("refund", json!({})), &CallContext { approved: Some(ApprovedCall::bind(1, &refund_version, &json!({}))), ..owner.clone() }).await.is_ok(), "an approved call runs");
     let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried until it worked");
     assert_eq!(flaky.attempts, 3);
     assert_eq!(code_of(cp.execute(call("broken", json!({})), &customer).await).as_deref(), Some(ToolCode::ProviderError.as_str()), "retries exhausted");
@@ -285,7 +286,14 @@ async fn check_runs_the_same_gates_and_writes_nothing(db: TestDb) {
     assert_eq!((shop.version.as_str(), shop.needs_approval.as_deref()), (shop.tool.version.as_str(), None));
     let refund = cp.check(&call("refund", json!({})), &owner).expect("passes, waiting for an owner");
     assert_eq!(refund.needs_approval.as_deref(), Some("APPROVAL_ALWAYS"));
-    assert_eq!(cp.check(&call("refund", json!({})), &CallContext { approved: true, ..owner.clone() }).expect("approved").needs_approval, None);
+    let refund_version = cp.catalog().get("refund").expect("refund").version.clone();
+    let approved = CallContext { approved: Some(ApprovedCall::bind(1, &refund_version, &json!({}))), ..owner.clone() };
+    assert_eq!(cp.check(&call("refund", json!({})), &approved).expect("approved").needs_approval, None);
+    // The approval binds the exact call: other arguments or another definition do not pass.
+    let other_args = CallContext { approved: Some(ApprovedCall::bind(1, &refund_version, &json!({"x": 1}))), ..owner.clone() };
+    assert_eq!(cp.check(&call("refund", json!({})), &other_args).expect_err("stale").code, ToolCode::ApprovalStale.as_str());
+    let other_version = CallContext { approved: Some(ApprovedCall::bind(1, "sha256:other", &json!({}))), ..owner.clone() };
+    assert_eq!(cp.check(&call("refund", json!({})), &other_version).expect_err("stale").code, ToolCode::ApprovalStale.as_str());
     for (name, args, actor) in [("nope", json!({}), &customer), ("off", json!({}), &owner), ("owner_report", json!({}), &customer), ("echo", json!({"text": 5}), &customer), ("shop", json!({"order": "1", "api_key": "guess"}), &customer)] {
         let checked = cp.check(&call(name, args.clone()), actor).expect_err("refused");
         let executed = cp.execute(call(name, args), actor).await.expect_err("refused");

@@ -169,6 +169,42 @@ impl WhatsAppSender {
         Ok(SendOutcome::Sent { parts: parts.len(), already_sent })
     }
 
+    /// Sends `body` with up to three reply buttons (`(id, title)`) for job `job_id`, once per
+    /// job like a text. The body is cut to WhatsApp's 1,024 characters.
+    pub async fn send_buttons(&self, job_id: i64, to: &Recipient, body: &str, buttons: &[(String, String)]) -> Result<SendOutcome, SendError> {
+        let body: String = body.chars().take(crate::config::approvals::BUTTON_BODY_MAX).collect();
+        let key = format!("job:{job_id}:part:0");
+        let buttons: Vec<_> = buttons
+            .iter()
+            .take(3)
+            .map(|(id, title)| serde_json::json!({ "type": "reply", "reply": { "id": id, "title": title } }))
+            .collect();
+        let message = serde_json::json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": if to.group { "group" } else { "individual" },
+            "to": to.id,
+            "type": "interactive",
+            "interactive": { "type": "button", "body": { "text": body }, "action": { "buttons": buttons } },
+            "biz_opaque_callback_data": key,
+        });
+        let new = NewOutbound {
+            idempotency_key: &key,
+            job_id: Some(job_id),
+            part: 0,
+            recipient: &to.id,
+            is_group: to.group,
+            kind: "interactive",
+            body: &body,
+            quoted_id: None,
+        };
+        Ok(match self.deliver(&new, message).await? {
+            Delivery::Sent => SendOutcome::Sent { parts: 1, already_sent: 0 },
+            Delivery::AlreadySent => SendOutcome::Sent { parts: 1, already_sent: 1 },
+            Delivery::Failed(code) => SendOutcome::Failed { code },
+            Delivery::OutsideWindow => SendOutcome::OutsideWindow { template_sent: self.send_window_template(job_id, to).await? },
+        })
+    }
+
     /// The configured template, once per job, when a free-form reply was refused.
     async fn send_window_template(&self, job_id: i64, to: &Recipient) -> Result<bool, SendError> {
         let name = self.settings.window_template.trim();

@@ -2,6 +2,7 @@
 //! each. The web layer only exposes: decisions (job actions, phone numbers, policy, diffs) live
 //! in their domain modules.
 
+mod approvals;
 mod chats;
 mod jobs;
 mod mcp;

@@ -114,11 +114,38 @@ impl ToolsBackend for ConsoleBackend {
             chat_id: Some("console".into()),
             sender_id: Some(format!("owner:{owner_id}")),
             correlation_id: correlation_id.clone(),
-            approved: false,
+            approved: None,
             trace_id: None,
         };
         let started = std::time::Instant::now();
-        let result = self.state.tools.execute(ToolCall { name: name.to_string(), args }, &ctx).await;
+        let call = ToolCall { name: name.to_string(), args };
+        // A call that needs an owner becomes a request on the Approvals page instead of failing.
+        if let Ok(crate::tools::checkpoint::Checked { needs_approval: Some(_), .. }) = self.state.tools.check(&call, &ctx) {
+            let who = crate::approvals::Requester {
+                actor: Role::Owner,
+                channel: crate::approvals::CONSOLE.into(),
+                chat_kind: chat_type,
+                chat_id: "console".into(),
+                sender: format!("owner:{owner_id}"),
+                message_id: correlation_id.clone(),
+                request: format!("Try it: {name}"),
+                correlation_id: correlation_id.clone(),
+            };
+            let requested = self.state.approvals.request(&call, &who, None, None).await.map_err(internal)?;
+            let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return Ok(TryOutcome {
+                tool: name.to_string(),
+                ok: false,
+                code: crate::tools::checkpoint::ToolCode::NeedsApproval.as_str().into(),
+                message: format!("Nothing ran. The call waits as approval request #{} until an owner decides.", requested.id),
+                output: None,
+                attempts: 0,
+                correlation_id,
+                latency_ms,
+                approval_id: Some(requested.id),
+            });
+        }
+        let result = self.state.tools.execute(call, &ctx).await;
         // The page shows the call in "recent calls" right away.
         self.state.tools.audit().flush().await;
         let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -132,8 +159,9 @@ impl ToolsBackend for ConsoleBackend {
                 attempts: ok.attempts,
                 correlation_id,
                 latency_ms,
+                approval_id: None,
             },
-            Err(f) => TryOutcome { tool: name.to_string(), ok: false, code: f.code, message: f.message, output: None, attempts: 0, correlation_id, latency_ms },
+            Err(f) => TryOutcome { tool: name.to_string(), ok: false, code: f.code, message: f.message, output: None, attempts: 0, correlation_id, latency_ms, approval_id: None },
         })
     }
 

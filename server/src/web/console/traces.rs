@@ -2,7 +2,7 @@
 
 use app::{
     backend::TracesBackend,
-    dto::{TraceDetail, TraceQuery, TraceStepView, TraceSummary, TracesPage},
+    dto::{CandidateView, TraceDetail, TraceQuery, TraceStepView, TraceSummary, TracesPage},
     error::{AppError, code},
 };
 
@@ -34,8 +34,16 @@ impl TracesBackend for ConsoleBackend {
         let steps = steps
             .into_iter()
             .map(|s| {
-                let detail = serde_json::from_str::<serde_json::Value>(&s.detail).map(|v| serde_json::to_string_pretty(&v).unwrap_or_default()).unwrap_or(s.detail);
-                TraceStepView { step: s.step, decision: s.decision, reason_code: s.reason_code, duration_us: s.duration_us, detail: if detail == "{}" { "{}".into() } else { detail } }
+                let value = serde_json::from_str::<serde_json::Value>(&s.detail).ok();
+                let job_id = value.as_ref().and_then(|v| v.get("job_id")).and_then(serde_json::Value::as_i64);
+                let candidates = value
+                    .as_ref()
+                    .and_then(|v| v.get("candidates"))
+                    .and_then(serde_json::Value::as_array)
+                    .map(|c| c.iter().filter_map(|c| Some(CandidateView { name: c.get("name")?.as_str()?.to_string(), score: c.get("score")?.as_f64()? })).collect())
+                    .unwrap_or_default();
+                let detail = value.map(|v| serde_json::to_string_pretty(&v).unwrap_or_default()).unwrap_or(s.detail);
+                TraceStepView { step: s.step, decision: s.decision, reason_code: s.reason_code, duration_us: s.duration_us, detail: if detail == "{}" { "{}".into() } else { detail }, job_id, candidates }
             })
             .collect();
         let tool_calls = db::tool_audit::of_trace(&mut conn, id).await.map_err(internal)?.iter().map(call_view).collect();

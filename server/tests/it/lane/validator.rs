@@ -52,7 +52,7 @@ async fn rig(db: TestDb) -> Rig {
 }
 
 fn customer() -> CallContext {
-    CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("chat-7".into()), sender_id: Some("+15550002222".into()), correlation_id: "corr-v".into(), approved: false, trace_id: None }
+    CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("chat-7".into()), sender_id: Some("+15550002222".into()), correlation_id: "corr-v".into(), approved: None, trace_id: None }
 }
 
 impl Rig {

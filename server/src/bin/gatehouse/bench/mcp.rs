@@ -105,7 +105,7 @@ async fn measure(label: &str, servers: &str, args: &McpBench) -> anyhow::Result<
     manager.start().await?;
     manager.wait_connected(&server.id, Duration::from_secs(30)).await?;
     let peer = manager.live(&server.id)?.peer.context("connected")?;
-    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false, trace_id: None };
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: None, trace_id: None };
     let tool = format!("{}__echo", server.id);
     let (mut raw, mut gated) = (Vec::with_capacity(args.calls), Vec::with_capacity(args.calls));
     for i in 0..args.calls {

@@ -228,7 +228,7 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut cp = Checkpoint::new(db.clone(), Arc::new(catalog), AuditWriter::spawn(db.clone(), JobQueue::new(db.clone())), SecretSource::empty());
     cp.register_builtin("bench.noop", Arc::new(NoopTool));
-    let ctx = CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: false, trace_id: None };
+    let ctx = CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: None, trace_id: None };
 
     let mut per_call = Vec::with_capacity(args.calls);
     let t = Instant::now();

@@ -2,6 +2,7 @@
 //! failure.
 
 mod admin;
+mod approvals;
 mod serve;
 mod tools;
 
@@ -57,9 +58,62 @@ pub enum Command {
     /// MCP servers: status, tools and quarantine decisions.
     #[command(subcommand)]
     Mcp(McpCommand),
+    /// Tool calls waiting for an owner: list, approve, reject.
+    #[command(subcommand)]
+    Approvals(ApprovalsCommand),
+    /// The tool lane: replay what it decides for a message.
+    #[command(subcommand)]
+    Lane(LaneCommand),
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// Approvals, newest first: id, state, tool, risk, requester, requested and expiry times.
+    List {
+        /// Only this state: pending, approved, rejected or expired.
+        #[arg(long)]
+        state: Option<String>,
+        /// One JSON object a line (id, state, tool, risk, requested_at, ...).
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Approve a waiting call: it runs once, if it is still exactly the call approved. Exits
+    /// 0 only when this command decided it.
+    Approve { id: i64 },
+    /// Reject a waiting call: it never runs, and the person who asked is told.
+    Reject {
+        id: i64,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LaneCommand {
+    /// What the candidate detector makes of a message, over the live catalog, as JSON: should
+    /// it be planned, the candidates with their scores, the reason, the confidence and the
+    /// follow-up hint.
+    Detect(LaneDetect),
+}
+
+#[derive(Debug, Args)]
+pub struct LaneDetect {
+    /// The message.
+    #[arg(long)]
+    pub text: String,
+    #[arg(long = "as", value_enum, default_value = "customer")]
+    pub actor: ActorArg,
+    #[arg(long, value_enum, default_value = "direct")]
+    pub chat_type: ChatTypeArg,
+    /// A JSON array of the chat's recent tool contexts, newest first:
+    /// [{"tool", "args", "summary", "entities", "age_secs"}].
+    #[arg(long, value_name = "FILE")]
+    pub context: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +315,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Jobs(cmd) => admin::jobs(cfg, files, cmd).await,
             Command::Tools(cmd) => tools::tools(cfg, files, cmd).await,
             Command::Mcp(cmd) => tools::mcp(cfg, files, cmd).await,
+            Command::Approvals(cmd) => approvals::run(cfg, files, cmd).await,
+            Command::Lane(LaneCommand::Detect(args)) => tools::lane_detect(cfg, files, args).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),

@@ -2,15 +2,17 @@
 //! servers and their quarantine.
 
 use server::{
+    approvals::{CONSOLE, Requester},
     config::LoadedConfig,
     domain::{ChatKind, Role},
     tools::{
         CallContext, ToolCall, ToolFiles,
+        checkpoint::Checked,
         mcp::{AuditActor, McpError, Reviewed},
     },
 };
 
-use super::{ActorArg, ChatTypeArg, Failure, McpCommand, ToolsCommand, build};
+use super::{ActorArg, ChatTypeArg, Failure, LaneDetect, McpCommand, ToolsCommand, build};
 
 pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> Result<(), Failure> {
     match cmd {
@@ -65,9 +67,30 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 chat_id: Some("cli".into()),
                 sender_id: None,
                 correlation_id: uuid::Uuid::new_v4().to_string(),
-                approved: false,
+                approved: None,
             };
-            let result = checkpoint.execute(ToolCall { name: c.name.clone(), args }, &ctx).await;
+            let call = ToolCall { name: c.name.clone(), args };
+            // A call that needs an owner becomes an approval request instead of failing.
+            if let Ok(Checked { needs_approval: Some(_), .. }) = checkpoint.check(&call, &ctx) {
+                let who = Requester {
+                    actor: ctx.actor,
+                    channel: CONSOLE.into(),
+                    chat_kind: ctx.chat_type,
+                    chat_id: "cli".into(),
+                    sender: "cli".into(),
+                    message_id: format!("cli-{}", ctx.correlation_id),
+                    request: format!("gatehouse tools call {}", c.name),
+                    correlation_id: ctx.correlation_id.clone(),
+                };
+                let requested = gatehouse.approvals.request(&call, &who, None, None).await;
+                mcp.shutdown().await;
+                gatehouse.db.close().await;
+                let r = requested.map_err(|e| Failure::runtime(e))?;
+                println!("{}", serde_json::json!({ "approval": { "id": r.id, "state": "pending", "reused": r.reused, "expires_at": r.expires_at } }));
+                eprintln!("{} needs an owner's approval: run `gatehouse approvals approve {}` (or use the console's Approvals page)", c.name, r.id);
+                return Ok(());
+            }
+            let result = checkpoint.execute(call, &ctx).await;
             checkpoint.audit().flush().await;
             mcp.shutdown().await;
             gatehouse.db.close().await;
@@ -161,4 +184,36 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
 /// without it, the current definition is decided on and its hash printed.
 fn reviewed(hash: &Option<String>) -> Reviewed<'_> {
     hash.as_deref().map_or(Reviewed::Current, Reviewed::Definition)
+}
+
+/// `gatehouse lane detect`: the detection the server would make, over the catalog it would use
+/// (the tool files and the MCP tools last discovered), replayable with recorded contexts.
+pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect) -> Result<(), Failure> {
+    use server::lane::{
+        detector::{Index, RecentContext},
+        tool_docs,
+    };
+    let recent: Vec<RecentContext> = match &args.context {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
+            serde_json::from_str(&text).map_err(|e| Failure::usage(format!("{} is not a JSON array of tool contexts: {e}", path.display())))?
+        }
+        None => Vec::new(),
+    };
+    let settings = cfg.settings.lane.detector.clone();
+    let gatehouse = build(cfg, files).await?;
+    gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
+    let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
+    let actor = match args.actor {
+        ActorArg::Owner => Role::Owner,
+        ActorArg::Customer => Role::Customer,
+    };
+    let chat = match args.chat_type {
+        ChatTypeArg::Direct => ChatKind::Direct,
+        ChatTypeArg::Group => ChatKind::Group,
+    };
+    let detection = index.detect(&args.text, actor, chat, &recent);
+    gatehouse.db.close().await;
+    println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
+    Ok(())
 }

@@ -5,6 +5,12 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// `sha256:` and the hex digest of `value`'s canonical text: what an approval binds to.
+pub fn args_hash(value: &Value) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(canonical_json(value).as_bytes())))
+}
 
 /// `value` as compact JSON with the keys of every object sorted (by their UTF-8 bytes) at every
 /// depth. Strings and numbers are written as `serde_json` writes them. The sorting is done

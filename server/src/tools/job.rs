@@ -1,11 +1,12 @@
 //! The `tool.call` job: one validated tool call, stored before anything says the work is
-//! underway (seed §8), run by the lane at once or by a worker later, its answer summarized and
-//! sent to the chat it came from.
+//! underway (seed §8), run by the lane at once or by a worker later (or enqueued once by an
+//! owner's approval), its answer summarized and sent to the chat it came from.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::checkpoint::ApprovedCall;
 use crate::{
     channel::ReplyTo,
     domain::{ChatKind, Role},
@@ -27,6 +28,10 @@ pub struct ToolCallJob {
     pub reply_to: ReplyTo,
     /// The trace of the message that asked for it.
     pub trace_id: Option<i64>,
+    /// The owner's approval this run carries: it runs only if the call is still exactly the
+    /// one approved. `None` for a call that needs no approval.
+    #[serde(default)]
+    pub approval: Option<ApprovedCall>,
 }
 
 impl JobKind for ToolCallJob {

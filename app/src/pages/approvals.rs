@@ -1,0 +1,153 @@
+//! The Approvals page: tool calls waiting for an owner, each bound to the exact call (tool
+//! version and arguments, shown with secrets and personal data replaced), with its risk, who
+//! asked, why it waits, its age and trace; Approve and Reject (with an optional reason); and the
+//! latest decisions with how the approved calls ran. Live: it refreshes when the job queue
+//! moves, which every request, decision, expiry and run does.
+//!
+//! Arguments come from people and models: untrusted text, shown as text, never as markup.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+
+use crate::{
+    api::{DecideApproval, list_approvals},
+    dto::ApprovalView,
+    live::{fmt_time, use_live},
+    pages::jobs::JOBS_STREAM,
+};
+
+/// "42 s", "5 min", "3 h", "2 d".
+fn age(ms: i64) -> String {
+    let s = (ms / 1000).max(0);
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min", s / 60),
+        3600..=86_399 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+fn trace_link(trace_id: Option<i64>) -> impl IntoView + use<> {
+    trace_id.map(|t| view! { <a href=format!("/traces/{t}") data-testid="approval-trace">{format!("trace #{t}")}</a> })
+}
+
+#[component]
+pub fn ApprovalsPage() -> impl IntoView {
+    let live = use_live(JOBS_STREAM);
+    let decide = ServerAction::<DecideApproval>::new();
+    let page = Resource::new(move || (live.get(), decide.version().get()), |_| list_approvals());
+    view! {
+        <Title text="Approvals · Gatehouse" />
+        <h1>"Approvals"</h1>
+        {move || decide.value().get().map(|r| match r {
+            Ok(said) => view! { <p class="notice" role="status" data-testid="decision-result">{said}</p> }.into_any(),
+            Err(e) => super::error_view(&e),
+        })}
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || page.get().map(|res| match res {
+                Err(e) => super::error_view(&e),
+                Ok(p) => {
+                    let now = p.now;
+                    view! {
+                        <h2>"Waiting for you"</h2>
+                        {if p.pending.is_empty() {
+                            view! {
+                                <div class="empty" data-testid="approvals-empty">
+                                    <p><strong>"No tool call is waiting for an owner."</strong></p>
+                                    <p>"Calls wait here when a tool's policy asks for an owner (approval mode "
+                                       <code>{p.approval_mode.clone()}</code>" in config/tools.toml: medium- and high-risk calls in auto mode, and tools with "
+                                       <code>"approval = \"always\""</code>"). Try one from the "<a href="/tools">"Tools"</a>" page, or with "
+                                       <code>"gatehouse tools call NAME --args '{...}'"</code>"."</p>
+                                </div>
+                            }.into_any()
+                        } else {
+                            view! {
+                                <div class="table-wrap">
+                                    <table class="list" data-testid="approvals-pending">
+                                        <thead><tr><th>"#"</th><th>"Call"</th><th>"Risk"</th><th>"Asked by"</th><th>"Why"</th><th>"Age"</th><th></th></tr></thead>
+                                        <tbody>{p.pending.into_iter().map(|a| pending_row(a, now, decide)).collect_view()}</tbody>
+                                    </table>
+                                </div>
+                            }.into_any()
+                        }}
+                        <h2>"Decided"</h2>
+                        {if p.decided.is_empty() {
+                            view! { <p class="empty" data-testid="approvals-decided-empty">"No decisions yet. Approved, rejected and expired requests are listed here with how each approved call ran."</p> }.into_any()
+                        } else {
+                            view! {
+                                <div class="table-wrap">
+                                    <table class="list" data-testid="approvals-decided">
+                                        <thead><tr><th>"#"</th><th>"Call"</th><th>"State"</th><th>"Decided"</th><th>"Run"</th></tr></thead>
+                                        <tbody>{p.decided.into_iter().map(decided_row).collect_view()}</tbody>
+                                    </table>
+                                </div>
+                            }.into_any()
+                        }}
+                    }.into_any()
+                }
+            })}
+        </Transition>
+    }
+}
+
+fn call_cell(a: &ApprovalView) -> impl IntoView + use<> {
+    view! {
+        <td>
+            <code>{a.tool.clone()}</code>" "<small title="definition version">{a.version.clone()}</small>
+            <pre class="json" data-testid="approval-args">{a.args.clone()}</pre>
+        </td>
+    }
+}
+
+fn pending_row(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>) -> impl IntoView {
+    let id = a.id.to_string();
+    let reject_id = id.clone();
+    view! {
+        <tr data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
+            <td>{format!("#{}", a.id)}</td>
+            {call_cell(&a)}
+            <td><span class=format!("badge risk-{}", a.risk)>{a.risk.clone()}</span></td>
+            <td>{a.requester.clone()}<br/><small>{a.channel.clone()}</small></td>
+            <td><code>{a.reason_code.clone()}</code>{(a.reason != a.reason_code).then(|| view! { <br/><small>{a.reason.clone()}</small> })}<br/>{trace_link(a.trace_id)}</td>
+            <td data-testid="approval-age" title=fmt_time(a.requested_at)>{age(now - a.requested_at)}<br/><small>{format!("expires {}", fmt_time(a.expires_at))}</small></td>
+            <td class="actions">
+                <ActionForm action=decide>
+                    <input type="hidden" name="id" value=id />
+                    <input type="hidden" name="decision" value="approve" />
+                    <button type="submit" data-testid="approve-approval">"Approve"</button>
+                </ActionForm>
+                <ActionForm action=decide>
+                    <input type="hidden" name="id" value=reject_id />
+                    <input type="hidden" name="decision" value="reject" />
+                    <label>"Reason (optional) "<input type="text" name="reason" maxlength="300" data-testid="reject-reason" /></label>
+                    <button type="submit" class="danger" data-testid="reject-approval">"Reject"</button>
+                </ActionForm>
+            </td>
+        </tr>
+    }
+}
+
+fn decided_row(a: ApprovalView) -> impl IntoView {
+    let who = match (&a.decided_by, &a.decided_via) {
+        (Some(by), Some(via)) => format!("by {by} ({via})"),
+        _ => String::new(),
+    };
+    let run = match (&a.job_id, &a.outcome) {
+        (Some(job), Some(outcome)) => view! { <a href=format!("/jobs/{job}")>{format!("job #{job}")}</a>" "<code data-testid="approval-outcome">{outcome.clone()}</code> }.into_any(),
+        (Some(job), None) => view! { <a href=format!("/jobs/{job}")>{format!("job #{job}")}</a>" running" }.into_any(),
+        _ => view! { <span>"not run"</span> }.into_any(),
+    };
+    view! {
+        <tr data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
+            <td>{format!("#{}", a.id)}</td>
+            {call_cell(&a)}
+            <td><span class=format!("badge approval-{}", a.state)>{a.state.clone()}</span></td>
+            <td>
+                {a.decided_at.map(fmt_time)}" "{who}
+                {a.decision_note.clone().map(|n| view! { <br/><small data-testid="approval-note">{format!("Reason: {n}")}</small> })}
+                <br/>{trace_link(a.trace_id)}
+            </td>
+            <td>{run}</td>
+        </tr>
+    }
+}

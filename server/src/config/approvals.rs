@@ -1,0 +1,137 @@
+//! `[approvals]`: how long a tool call waits for an owner, and every word the approval path
+//! says (to the owners on WhatsApp, to the person who asked). The defaults are
+//! `approvals_defaults.toml` beside this file, repeated in the shipped config/gatehouse.toml so
+//! owners see and can change every word; `check-config` insists on each.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+/// WhatsApp's limit on a reply button's title.
+pub const BUTTON_TITLE_MAX: usize = 20;
+/// WhatsApp's limit on an interactive message's body.
+pub const BUTTON_BODY_MAX: usize = 1024;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalSettings {
+    /// How long a request waits for a decision; then it expires, nothing runs, and the person
+    /// who asked is told.
+    #[serde(with = "duration_str")]
+    pub ttl: Duration,
+    /// The message every owner number gets with Approve and Reject buttons. `{id}`, `{tool}`,
+    /// `{risk}`, `{args}` (secrets and personal data replaced), `{requester}`, `{reason}` and
+    /// `{expires}` are filled in. Cut to WhatsApp's 1,024 characters.
+    pub owner_prompt: String,
+    /// The two button titles (at most 20 characters each).
+    pub approve_button: String,
+    pub reject_button: String,
+    /// Told to the owner who approved; `{id}`, `{tool}`.
+    pub approved_reply: String,
+    /// Told to the owner who rejected; `{id}`, `{tool}`.
+    pub rejected_reply: String,
+    /// Told when another decision came first: `{id}`, `{state}`, `{by}` (who decided).
+    pub already_decided_reply: String,
+    /// Told when the request ran out of time before the decision: `{id}`.
+    pub expired_reply: String,
+    /// Told for an id that does not exist: `{id}`.
+    pub not_found_reply: String,
+    /// Told to a number that is not an owner's when it presses an approval button.
+    pub not_an_owner_reply: String,
+    /// Told for a button whose secret does not match (forged, or from an older message).
+    pub invalid_button_reply: String,
+    /// The /approve and /reject usage, for a command without a valid id.
+    pub usage_reply: String,
+    /// Told to the owner who decided, once the approved call ran: `{id}`, `{tool}`, `{outcome}`.
+    pub outcome_notice: String,
+    /// Told to the person who asked when an owner rejected the call. Promises nothing.
+    pub requester_rejected: String,
+    /// Told to the person who asked when no owner decided in time. Promises nothing.
+    pub requester_expired: String,
+}
+
+/// The defaults, as text: every word the approval path says unless gatehouse.toml changes it.
+pub const SHIPPED_DEFAULTS: &str = include_str!("approvals_defaults.toml");
+
+/// The fields as written, for reading the embedded defaults.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Written {
+    #[serde(with = "duration_str")]
+    ttl: Duration,
+    owner_prompt: String,
+    approve_button: String,
+    reject_button: String,
+    approved_reply: String,
+    rejected_reply: String,
+    already_decided_reply: String,
+    expired_reply: String,
+    not_found_reply: String,
+    not_an_owner_reply: String,
+    invalid_button_reply: String,
+    usage_reply: String,
+    outcome_notice: String,
+    requester_rejected: String,
+    requester_expired: String,
+}
+
+impl Default for ApprovalSettings {
+    fn default() -> Self {
+        // Checked by a test; a broken file fails every build's tests, never a deployment.
+        let w: Written = toml::from_str(SHIPPED_DEFAULTS).expect("approvals_defaults.toml is valid");
+        Self {
+            ttl: w.ttl,
+            owner_prompt: w.owner_prompt,
+            approve_button: w.approve_button,
+            reject_button: w.reject_button,
+            approved_reply: w.approved_reply,
+            rejected_reply: w.rejected_reply,
+            already_decided_reply: w.already_decided_reply,
+            expired_reply: w.expired_reply,
+            not_found_reply: w.not_found_reply,
+            not_an_owner_reply: w.not_an_owner_reply,
+            invalid_button_reply: w.invalid_button_reply,
+            usage_reply: w.usage_reply,
+            outcome_notice: w.outcome_notice,
+            requester_rejected: w.requester_rejected,
+            requester_expired: w.requester_expired,
+        }
+    }
+}
+
+impl ApprovalSettings {
+    /// Every text, by its key, for `check-config`.
+    pub fn texts(&self) -> [(&'static str, &str); 14] {
+        [
+            ("approvals.owner_prompt", &self.owner_prompt),
+            ("approvals.approve_button", &self.approve_button),
+            ("approvals.reject_button", &self.reject_button),
+            ("approvals.approved_reply", &self.approved_reply),
+            ("approvals.rejected_reply", &self.rejected_reply),
+            ("approvals.already_decided_reply", &self.already_decided_reply),
+            ("approvals.expired_reply", &self.expired_reply),
+            ("approvals.not_found_reply", &self.not_found_reply),
+            ("approvals.not_an_owner_reply", &self.not_an_owner_reply),
+            ("approvals.invalid_button_reply", &self.invalid_button_reply),
+            ("approvals.usage_reply", &self.usage_reply),
+            ("approvals.outcome_notice", &self.outcome_notice),
+            ("approvals.requester_rejected", &self.requester_rejected),
+            ("approvals.requester_expired", &self.requester_expired),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_repeats_the_defaults() {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let shipped = crate::config::load(path).expect("shipped config").settings.approvals;
+        assert_eq!(shipped, ApprovalSettings::default(), "config/gatehouse.toml [approvals] and approvals_defaults.toml differ");
+        assert!(shipped.texts().iter().all(|(_, t)| !t.trim().is_empty()));
+    }
+}
