@@ -58,7 +58,9 @@ test("every console page renders from the navigation, also on a phone-sized scre
   for (const [link, heading] of NAV) {
     await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name: link, exact: true }).click();
     await expect(page.getByRole("heading", { level: 1, name: heading, exact: true })).toBeVisible();
-    if (!["Dashboard", "Settings", "Jobs", "Conversations", "Traces", "Tools & MCP", "MCP servers"].includes(link)) {
+    if (link === "Approvals") {
+      await expect(page.getByTestId("approvals-empty")).toContainText("No tool call is waiting for an owner");
+    } else if (!["Dashboard", "Settings", "Jobs", "Conversations", "Traces", "Tools & MCP", "MCP servers"].includes(link)) {
       await expect(page.getByTestId("pending-capability")).toContainText("Nothing to show yet");
     }
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
