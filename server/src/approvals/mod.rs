@@ -94,15 +94,15 @@ impl From<sqlx::Error> for ApprovalError {
 }
 
 impl ApprovalError {
-    /// The stable code.
-    pub fn code(&self) -> &str {
+    /// The stable code. A refusal by the gates carries the tool's own code in its message.
+    pub fn code(&self) -> &'static str {
         match self {
             Self::NotFound(_) => ApprovalCode::NotFound.as_str(),
             Self::AlreadyDecided { .. } => ApprovalCode::AlreadyDecided.as_str(),
             Self::Expired(_) => ApprovalCode::Expired.as_str(),
             Self::InvalidButton(_) => ApprovalCode::InvalidButton.as_str(),
             Self::NotNeeded(_) => ApprovalCode::NotNeeded.as_str(),
-            Self::Refused(f) => &f.code,
+            Self::Refused(_) => "APPROVAL_REFUSED",
             Self::Db(_) => "DATABASE_ERROR",
         }
     }

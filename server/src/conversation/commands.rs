@@ -3,22 +3,10 @@
 
 use super::{Inbound, Runtime, RuntimeError, steps};
 use crate::{
-    approvals::{ApprovalCode, ApprovalError, Verdict},
+    approvals::{ApprovalError, Verdict},
     db::{self, approvals::Decider},
     llm,
 };
-
-/// The static code of an approval error, for the trace.
-fn approval_code(e: &ApprovalError) -> &'static str {
-    match e {
-        ApprovalError::NotFound(_) => ApprovalCode::NotFound.as_str(),
-        ApprovalError::AlreadyDecided { .. } => ApprovalCode::AlreadyDecided.as_str(),
-        ApprovalError::Expired(_) => ApprovalCode::Expired.as_str(),
-        ApprovalError::InvalidButton(_) => ApprovalCode::InvalidButton.as_str(),
-        ApprovalError::NotNeeded(_) => ApprovalCode::NotNeeded.as_str(),
-        ApprovalError::Refused(_) | ApprovalError::Db(_) => "APPROVAL_FAILED",
-    }
-}
 
 impl Runtime {
     /// The owners' notice for a customer's private-data question (`private_data.owner_notice`).
@@ -53,7 +41,7 @@ impl Runtime {
         Ok(match self.approvals.decide(id, verdict, &by, nonce, None).await {
             Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),
             Err(ApprovalError::Db(e)) => return Err(e.into()),
-            Err(e) => (approval_code(&e), self.approvals.error_reply(&e)),
+            Err(e) => (e.code(), self.approvals.error_reply(&e)),
         })
     }
 
