@@ -398,13 +398,14 @@ impl Approvals {
                 store::set_job(&mut tx, id, enqueued.job.id).await?;
                 job_id = Some(enqueued.job.id);
             }
-            Verdict::Reject { .. } if is_chat(&row.channel) => {
+            // The settle job tells a chat's requester; for the console it is the rejection's
+            // event, which every open Approvals page follows.
+            Verdict::Reject { .. } => {
                 let mut tell = self.queue.job(&Settle { approval_id: id, reason: SettleReason::Rejected });
                 tell.dedupe_key = Some(format!("approval:{id}:rejected"));
                 tell.correlation_id.clone_from(&row.correlation_id);
                 self.queue.enqueue_in(&mut tx, &tell).await?;
             }
-            Verdict::Reject { .. } => {}
         }
         let detail = json!({ "approval_id": id, "tool": row.tool, "via": by.via, "decided_by": by.name, "reason": note, "job_id": job_id });
         audit::record(&mut tx, AuditEntry { owner_id: by.owner_id, login: Some(&by.name), ip, event, detail: Some(detail.clone()) }).await?;

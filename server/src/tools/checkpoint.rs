@@ -156,6 +156,27 @@ impl ToolError {
 #[async_trait::async_trait]
 pub trait ToolExecutor: Send + Sync {
     async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError>;
+
+    /// Runs a call whose every attempt (a retry after a timeout, a re-run after a crash or a
+    /// restart) carries the same `key` ([`idempotency_key`]). Executors whose systems
+    /// deduplicate writes by key send it; the others run [`Self::call`].
+    async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
+        let _ = key;
+        self.call(tool, args).await
+    }
+}
+
+/// The idempotency key of a call: the same for every attempt of the same call for the same
+/// request (its correlation id, or the approval that bound it), different for any other.
+pub fn idempotency_key(tool: &str, args: &Value, ctx: &CallContext) -> String {
+    use sha2::{Digest, Sha256};
+    let origin = ctx.approved.as_ref().map_or_else(|| format!("request:{}", ctx.correlation_id), |a| format!("approval:{}", a.approval_id));
+    let mut h = Sha256::new();
+    for part in [origin.as_str(), tool, super::canonical::args_hash(args).as_str()] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!("gatehouse-{}", &hex::encode(h.finalize())[..32])
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -372,6 +393,8 @@ impl Checkpoint {
     ) -> Result<ToolSuccess, ToolFailure> {
         let Checked { tool, mut input, .. } = checked;
         let spec = &tool.spec;
+        // The key is of the call as checked, before secrets are filled in: it derives from none.
+        let key = idempotency_key(&spec.name, &Value::Object(input.clone()), ctx);
         for (field, var) in &spec.secret_fields {
             let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
             input.insert(field.clone(), Value::String(value));
@@ -389,7 +412,7 @@ impl Checkpoint {
                 return Err(fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
             }
             *attempts += 1;
-            let result = match tokio::time::timeout(spec.timeout, executor.call(&tool, &input)).await {
+            let result = match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key)).await {
                 Ok(result) => result,
                 Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
             };

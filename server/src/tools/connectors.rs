@@ -558,6 +558,10 @@ pub fn hosts(catalog: &super::Catalog) -> Vec<String> {
     out
 }
 
+/// The header a connector write carries its idempotency key in (the IETF draft's name, which
+/// Stripe, Adyen and PayPal-style APIs read).
+pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
+
 /// Runs connector tools. Redirects are not followed: a connector's answer comes from the URL
 /// that was checked.
 pub struct ConnectorExecutor {
@@ -578,6 +582,19 @@ impl ConnectorExecutor {
 #[async_trait::async_trait]
 impl ToolExecutor for ConnectorExecutor {
     async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
+        self.send(tool, args, None).await
+    }
+
+    /// A write (any method but GET) carries `Idempotency-Key: key`, the same on every attempt
+    /// of the call, so a system that deduplicates by key applies it once even when a crash or
+    /// a timeout made Gatehouse send it again. An action's own `Idempotency-Key` header wins.
+    async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
+        self.send(tool, args, Some(key)).await
+    }
+}
+
+impl ConnectorExecutor {
+    async fn send(&self, tool: &ToolDef, args: &Value, key: Option<&str>) -> Result<Value, ToolError> {
         let action = tool.connector.as_deref().ok_or_else(|| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), format!("no connector action runs {}", tool.spec.name)))?;
         let empty = Map::new();
         let args = args.as_object().unwrap_or(&empty);
@@ -594,6 +611,12 @@ impl ToolExecutor for ConnectorExecutor {
                 value.set_sensitive(true);
                 request = request.header(name.as_str(), value);
             }
+        }
+        if let Some(key) = key
+            && action.action.method != Method::Get
+            && !action.headers.keys().any(|h| h.eq_ignore_ascii_case(IDEMPOTENCY_HEADER))
+        {
+            request = request.header(IDEMPOTENCY_HEADER, key);
         }
         if let Some(template) = &action.action.body {
             request = request.json(&fill_body(template, args, &self.secrets)?.unwrap_or(Value::Null));

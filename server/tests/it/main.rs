@@ -2,6 +2,7 @@
 
 mod support;
 
+mod approvals;
 mod auth;
 mod cli;
 mod connectors;
