@@ -70,7 +70,15 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         "whatsapp.unknown_type_reply",
         "must fit one WhatsApp message (4,096 characters)".into(),
     );
+    let conv = &settings.conversation;
+    need(
+        conv.rate_limit == 0 || (!conv.rate_limited_reply.trim().is_empty() && conv.rate_limited_reply.chars().count() <= 4096),
+        "conversation.rate_limited_reply",
+        "must be set (and fit one WhatsApp message) when conversation.rate_limit is above 0".into(),
+    );
     for (key, value) in [
+        ("conversation.rate_window", conv.rate_window),
+        ("private_data.notice_every", settings.private_data.notice_every),
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
         ("auth.login_failure_window", auth.login_failure_window),

@@ -1,7 +1,11 @@
 //! `[conversation]` and `[private_data]`: how the runtime treats messages before the model sees
 //! them. The words and replies customers see live in config/gatehouse.toml, not in code.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+
+use super::duration_str;
 
 /// When the bot answers in a group chat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -37,6 +41,14 @@ pub struct ConversationSettings {
     pub owner_help: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
     pub trace_text: bool,
+    /// Messages one customer chat may send per `rate_window` before the bot stops answering
+    /// (no model call, no tool) until the window has room again. 0: no limit. Owners are never
+    /// limited.
+    pub rate_limit: u32,
+    #[serde(with = "duration_str")]
+    pub rate_window: Duration,
+    /// What a limited chat is told, once per `rate_window`.
+    pub rate_limited_reply: String,
 }
 
 impl Default for ConversationSettings {
@@ -51,6 +63,9 @@ impl Default for ConversationSettings {
             customer_command_reply: String::new(),
             owner_help: String::new(),
             trace_text: false,
+            rate_limit: 20,
+            rate_window: Duration::from_secs(600),
+            rate_limited_reply: "You're sending messages faster than I can answer. Please wait a few minutes, then write again.".into(),
         }
     }
 }
@@ -70,7 +85,7 @@ pub struct PrivateCategory {
     pub patterns: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrivateDataSettings {
     /// What a customer gets instead of private data (a handoff to a person).
@@ -79,5 +94,15 @@ pub struct PrivateDataSettings {
     pub handoff: bool,
     /// The owners' notice: `{chat}`, `{category}`, `{description}` and `{text}` are filled in.
     pub owner_notice: String,
+    /// One chat raises the owners' notice at most once per this period (its later questions
+    /// still get `safe_reply` and are in the traces).
+    #[serde(with = "duration_str")]
+    pub notice_every: Duration,
     pub categories: Vec<PrivateCategory>,
+}
+
+impl Default for PrivateDataSettings {
+    fn default() -> Self {
+        Self { safe_reply: String::new(), handoff: false, owner_notice: String::new(), notice_every: Duration::from_secs(3600), categories: Vec::new() }
+    }
 }

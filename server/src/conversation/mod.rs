@@ -43,6 +43,8 @@ pub enum Route {
     OwnerCommand,
     CustomerCommand,
     PrivateData,
+    /// A customer chat over `conversation.rate_limit` within its window.
+    RateLimited,
     ToolLane,
     Degraded,
     Chat,
@@ -103,8 +105,11 @@ impl From<sqlx::Error> for RuntimeError {
     }
 }
 
-/// The notice kind recorded for the unknown-type note.
+/// The notice kinds recorded per chat: the unknown-type note, the rate-limit reply and the
+/// owners' private-data notice go to (or for) one chat at most once per period.
 const UNKNOWN_TYPE_NOTICE: &str = "unknown_type";
+const RATE_LIMIT_NOTICE: &str = "rate_limited";
+const PRIVATE_DATA_NOTICE: &str = "private_data";
 
 /// What the runtime needs, built once by the composition root.
 pub struct RuntimeParts {
@@ -142,17 +147,17 @@ struct Decision {
     error_code: Option<String>,
     /// Raise this notice for the owners with the reply.
     notice: Option<db::owner_notifications::Notification>,
-    /// The reply is the unknown-type note, sent at most once per chat per period.
-    note_once: bool,
+    /// The reply is a note (its notice kind and period) sent at most once per chat per period.
+    note_once: Option<(&'static str, std::time::Duration)>,
 }
 
 impl Decision {
     fn reply(route: Route, reply: String) -> Self {
-        Self { route, reply: Some(reply), error_code: None, notice: None, note_once: false }
+        Self { route, reply: Some(reply), error_code: None, notice: None, note_once: None }
     }
 
     fn silent(route: Route) -> Self {
-        Self { route, reply: None, error_code: None, notice: None, note_once: false }
+        Self { route, reply: None, error_code: None, notice: None, note_once: None }
     }
 }
 
@@ -216,7 +221,8 @@ impl Runtime {
                 trace.step("reply", "none", "NO_NOTE_CONFIGURED", json!({}));
                 return Ok(Decision::silent(Route::UnknownType));
             }
-            return Ok(Decision { note_once: true, ..Decision::reply(Route::UnknownType, note.to_string()) });
+            let once = Some((UNKNOWN_TYPE_NOTICE, self.settings.whatsapp.unknown_type_reply_every));
+            return Ok(Decision { note_once: once, ..Decision::reply(Route::UnknownType, note.to_string()) });
         }
         // 3. Actor role: a number registered on an owner account is an owner.
         trace.step("actor", actor.as_str(), if owner { "OWNER_NUMBER" } else { "NOT_AN_OWNER_NUMBER" }, json!({}));
@@ -228,6 +234,20 @@ impl Runtime {
                 trace.step("group", "ignore", reason, json!({}));
                 return Ok(Decision::silent(Route::Ignored));
             }
+        }
+        // 4b. Per-chat rate limit: every message costs a model call. Owners are not limited.
+        if !owner && conv.rate_limit > 0 {
+            let since = db::now_ms().saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
+            let mut conn = self.db.pool.acquire().await?;
+            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since).await?;
+            drop(conn);
+            let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
+            if recent > i64::from(conv.rate_limit) {
+                trace.step("rate_limit", "limited", "RATE_LIMITED", detail);
+                let once = Some((RATE_LIMIT_NOTICE, conv.rate_window));
+                return Ok(Decision { note_once: once, ..Decision::reply(Route::RateLimited, conv.rate_limited_reply.clone()) });
+            }
+            trace.step("rate_limit", "pass", "WITHIN_LIMIT", detail);
         }
         // 5. Approval buttons, owner commands and the customer slash boundary.
         if let Some(button) = inbound.reply_id.as_deref().and_then(Button::parse) {
@@ -286,14 +306,12 @@ impl Runtime {
     /// finds its reply recorded, so it neither asks the model again nor notifies twice.
     async fn record(&self, inbound: &Inbound, actor: Role, mut d: Decision, mut trace: Recorder) -> Result<Outcome, RuntimeError> {
         let mut tx = self.db.begin_write().await?;
-        if d.note_once {
-            let now = db::now_ms();
-            let every = i64::try_from(self.settings.whatsapp.unknown_type_reply_every.as_millis()).unwrap_or(i64::MAX);
-            if !db::whatsapp::claim_notice(&mut tx, &inbound.chat_id, UNKNOWN_TYPE_NOTICE, now.saturating_sub(every), now).await? {
-                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({}));
+        if let Some((kind, every)) = d.note_once {
+            if !claim_once(&mut tx, &inbound.chat_id, kind, every).await? {
+                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({ "note": kind }));
                 d.reply = None;
             } else {
-                trace.step("reply", "send", "UNKNOWN_TYPE_NOTE", json!({}));
+                trace.step("reply", "send", if kind == UNKNOWN_TYPE_NOTICE { "UNKNOWN_TYPE_NOTE" } else { "RATE_LIMITED_NOTE" }, json!({}));
             }
         } else if let Some(r) = &d.reply {
             trace.step("reply", "send", d.route.as_str(), self.text_detail(r));
@@ -307,12 +325,24 @@ impl Runtime {
         let trace_id = trace.finish(&mut tx, ending).await?;
         store::record_reply(&mut tx, &inbound.message_id, d.route.as_str(), d.reply.as_deref(), trace_id, db::now_ms()).await?;
         if let Some(notice) = &d.notice {
-            // Simulated chats notify the console only, never a real phone.
-            notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
+            // One notice per chat per period: a chat asking again and again does not page the
+            // owners again and again. Simulated chats notify the console only, never a phone.
+            if claim_once(&mut tx, &inbound.chat_id, PRIVATE_DATA_NOTICE, self.settings.private_data.notice_every).await? {
+                notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
+            } else {
+                traces::append(&mut tx, trace_id, &traces::Step::new("owner_notice", "none", "NOTICE_ALREADY_RAISED", json!({}))).await?;
+            }
         }
         self.queue.commit(tx).await?;
         Ok(Outcome { route: d.route, actor, reply: d.reply, trace_id: Some(trace_id), error_code: d.error_code })
     }
+}
+
+/// Claims `kind` for `chat_id` if it was not claimed within `every`.
+async fn claim_once(conn: &mut sqlx::AnyConnection, chat_id: &str, kind: &str, every: std::time::Duration) -> Result<bool, RuntimeError> {
+    let now = db::now_ms();
+    let every = i64::try_from(every.as_millis()).unwrap_or(i64::MAX);
+    Ok(db::whatsapp::claim_notice(conn, chat_id, kind, now.saturating_sub(every), now).await?)
 }
 
 /// The runtime as the channels' handler.

@@ -175,3 +175,14 @@ pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -
     .await?;
     Ok(row.map(|(id,)| id))
 }
+
+/// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit).
+pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64) -> Result<i64, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3")
+        .bind(chat_id)
+        .bind(channel)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(n)
+}

@@ -193,7 +193,7 @@ async fn every_step_in_order_with_memory(db: TestDb) {
     assert_eq!((first.route, first.reply.as_deref()), (Route::Chat, Some("reply 1")));
     let steps = steps_of(&r.db, first.trace_id.expect("trace")).await;
     let order: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
-    assert_eq!(order, ["dedupe", "actor", "group", "slash", "private_data", "tool_lane", "memory", "llm", "reply"], "{steps:?}");
+    assert_eq!(order, ["dedupe", "actor", "group", "rate_limit", "slash", "private_data", "tool_lane", "memory", "llm", "reply"], "{steps:?}");
     assert_eq!(steps[1], ("actor".into(), "customer".into(), "NOT_AN_OWNER_NUMBER".into()));
 
     let seed_examples = ["Do you remember my friend?", "What did I tell you earlier?", "Can you rewrite this?", "Explain this.", "Thanks.", "Okay.", "How are you?", "What did I say before?", "Continue."];
@@ -332,9 +332,10 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     let mut questions: Vec<String> = shipped.private_data.categories.iter().flat_map(|c| c.examples.clone()).collect();
     assert!(questions.len() >= 8, "{questions:?}");
     questions.extend(["Hi! Could you tell me my current balance?", "do i still owe you anything?", "Have you received my money yet?"].map(String::from));
-    let customer = "15553330000";
+    // One chat each: a chat raises one notice per period (see the next test).
+    let customer = |i: usize| format!("1555333{i:04}");
     for (i, q) in questions.iter().enumerate() {
-        let mut m = msg(&format!("p{i}"), customer, q);
+        let mut m = msg(&format!("p{i}"), &customer(i), q);
         m.channel = "whatsapp".into();
         let out = r.runtime.handle(&m).await.expect("handle");
         assert_eq!(out.route, Route::PrivateData, "{q:?} must be guarded");
@@ -350,12 +351,12 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     assert_eq!(notices.len(), questions.len());
     let (hook, category, message) = &notices[0];
     assert_eq!((hook.as_str(), category.as_str()), ("private_data", "fees"));
-    assert!(message.contains(&format!("chat-{customer}")) && message.contains(&questions[0]) && message.contains("please reply yourself"), "{message}");
+    assert!(message.contains(&format!("chat-{}", customer(0))) && message.contains(&questions[0]) && message.contains("please reply yourself"), "{message}");
     let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
     assert_eq!(deliveries, i64::try_from(questions.len()).expect("len"), "one delivery per question to the one owner number");
 
     // A simulated chat notifies the console, never a real phone.
-    let out = r.runtime.handle(&msg("sim1", customer, "What's my balance?")).await.expect("handle");
+    let out = r.runtime.handle(&msg("sim1", "15554440000", "What's my balance?")).await.expect("handle");
     assert_eq!(out.route, Route::PrivateData);
     let deliveries_after: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
     assert_eq!(deliveries_after, deliveries);
@@ -363,6 +364,66 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     assert_eq!(notices_after, i64::try_from(questions.len() + 1).expect("len"));
 }
 both_backends!(conversation_private_data_handoff, private_data_questions_are_handed_to_the_owner);
+
+/// A chat asking private questions again and again gets the safe reply every time but pages
+/// the owners once per `private_data.notice_every`; another chat still raises its own.
+async fn one_private_data_notice_per_chat_per_period(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    for (i, q) in ["What's my balance?", "what is my balance??", "Have you received my money yet?"].iter().enumerate() {
+        let mut m = msg(&format!("n{i}"), "15556660000", q);
+        m.channel = "whatsapp".into();
+        let out = r.runtime.handle(&m).await.expect("handle");
+        assert_eq!(out.route, Route::PrivateData);
+        assert!(out.reply.is_some(), "the safe reply every time");
+        if i > 0 {
+            let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+            assert!(steps.iter().any(|(s, d, c)| s == "owner_notice" && d == "none" && c == "NOTICE_ALREADY_RAISED"), "{steps:?}");
+        }
+    }
+    let mut other = msg("n9", "15556660001", "What's my balance?");
+    other.channel = "whatsapp".into();
+    r.runtime.handle(&other).await.expect("handle");
+    let notices: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications").fetch_one(&r.db.pool).await.expect("count").get(0);
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!((notices, deliveries), (2, 2), "one notice for each of the two chats");
+}
+both_backends!(conversation_private_data_notice_once, one_private_data_notice_per_chat_per_period);
+
+/// A customer chat over `conversation.rate_limit` within the window gets the polite reply once
+/// and no model call until the window has room; an owner and another chat are not limited.
+async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
+    let test_db = db;
+    let r = rig(test_db, 6000, true).await;
+    let mut settings = settings(&r.runtime_base_url(), 6000);
+    settings.conversation.rate_limit = 3;
+    let limited_reply = settings.conversation.rate_limited_reply.clone();
+    let model = llm::from_settings(&settings, &r.secrets()).expect("model");
+    let runtime = runtime(&r.db, Arc::new(settings), r.secrets(), model);
+    let mut routes = Vec::new();
+    for i in 0..6 {
+        let out = runtime.handle(&msg(&format!("rl{i}"), "15557770000", &format!("hello number {i}"))).await.expect("handle");
+        routes.push((out.route, out.reply));
+    }
+    for (route, _) in &routes[..3] {
+        assert_eq!(*route, Route::Chat);
+    }
+    assert_eq!(routes[3], (Route::RateLimited, Some(limited_reply)), "the fourth message is told once");
+    assert_eq!(routes[4], (Route::RateLimited, None), "and then nothing is sent");
+    assert_eq!(routes[5], (Route::RateLimited, None));
+    let chat_calls = r.fake.lock().expect("lock").requests.iter().filter(|b| b["model"] == CHAT_MODEL).count();
+    assert_eq!(chat_calls, 3, "a limited message costs no model call");
+    // Another chat and an owner are answered.
+    assert_eq!(runtime.handle(&msg("rl-other", "15557770001", "hello")).await.expect("handle").route, Route::Chat);
+    for i in 0..5 {
+        let out = runtime.handle(&msg(&format!("rl-owner{i}"), OWNER_PHONE, &format!("owner note {i}"))).await.expect("handle");
+        assert_eq!(out.route, Route::Chat, "owners are never limited");
+    }
+    let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'rl4'").fetch_one(&r.db.pool).await.expect("trace");
+    let steps = steps_of(&r.db, trace_id).await;
+    assert!(steps.iter().any(|(s, d, c)| s == "rate_limit" && d == "limited" && c == "RATE_LIMITED"), "{steps:?}");
+    assert!(steps.iter().any(|(s, _, c)| s == "reply" && c == "NOTE_ALREADY_SENT"), "{steps:?}");
+}
+both_backends!(conversation_rate_limit, a_chat_over_its_rate_limit_costs_no_model_calls);
 
 /// `conversation.trace_text` decides whether the message and the reply are kept in the trace.
 async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
