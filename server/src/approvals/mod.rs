@@ -513,9 +513,10 @@ fn tool_call_job(row: &ApprovalRow) -> ToolCallJob {
     }
 }
 
-/// Compares secrets without stopping at the first difference.
+/// Compares secrets in constant time.
 fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    bool::from(a.ct_eq(b))
 }
 
 /// A unix-ms time as "2026-11-30T14:05:00Z".

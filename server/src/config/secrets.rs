@@ -10,10 +10,12 @@ pub const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
 pub const WHATSAPP_ACCESS_TOKEN: &str = "WHATSAPP_ACCESS_TOKEN";
 pub const WHATSAPP_APP_SECRET: &str = "WHATSAPP_APP_SECRET";
 pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
+/// When set, `/metrics` answers only requests with `Authorization: Bearer <token>`.
+pub const GATEHOUSE_METRICS_TOKEN: &str = "GATEHOUSE_METRICS_TOKEN";
 
 /// Every secret variable Gatehouse reads, in display order.
-pub const ALL: [&str; 5] =
-    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN];
+pub const ALL: [&str; 6] =
+    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN, GATEHOUSE_METRICS_TOKEN];
 
 /// Where secret values are read from: the process environment in production, a map in tests.
 /// Built once at start and handed to every part that needs a secret by name (tool secret
@@ -67,6 +69,7 @@ pub struct Secrets {
     pub whatsapp_access_token: Option<SecretString>,
     pub whatsapp_app_secret: Option<SecretString>,
     pub whatsapp_verify_token: Option<SecretString>,
+    pub metrics_token: Option<SecretString>,
     /// Every other secret, by variable name.
     pub source: SecretSource,
 }
@@ -92,6 +95,7 @@ impl Secrets {
             whatsapp_access_token: get(WHATSAPP_ACCESS_TOKEN),
             whatsapp_app_secret: get(WHATSAPP_APP_SECRET),
             whatsapp_verify_token: get(WHATSAPP_VERIFY_TOKEN),
+            metrics_token: get(GATEHOUSE_METRICS_TOKEN),
             source: source.clone(),
         }
     }
@@ -103,6 +107,7 @@ impl Secrets {
             WHATSAPP_ACCESS_TOKEN => self.whatsapp_access_token.as_ref(),
             WHATSAPP_APP_SECRET => self.whatsapp_app_secret.as_ref(),
             WHATSAPP_VERIFY_TOKEN => self.whatsapp_verify_token.as_ref(),
+            GATEHOUSE_METRICS_TOKEN => self.metrics_token.as_ref(),
             _ => None,
         }
     }

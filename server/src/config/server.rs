@@ -30,6 +30,9 @@ pub struct ServerSettings {
     /// `x-real-ip`, ...). Empty: none.
     #[serde(deserialize_with = "super::net::header_name::deserialize")]
     pub client_ip_header: String,
+    /// Serve `/metrics` on this address only (not on `addr`), e.g. a private interface the
+    /// Prometheus server reaches. None: on `addr`, beside the console.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl ServerSettings {
@@ -57,6 +60,7 @@ impl Default for ServerSettings {
             strict: false,
             trusted_proxies: Vec::new(),
             client_ip_header: String::new(),
+            metrics_addr: None,
         }
     }
 }

@@ -50,6 +50,11 @@ fn console_routes() -> Vec<AxumRouteListing> {
 }
 
 /// Builds the whole router. Tests call this and drive it with `oneshot`.
+/// `/metrics` alone, for `server.metrics_addr`.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new().route("/metrics", get(ops::metrics)).with_state(state)
+}
+
 pub fn router(state: AppState) -> Router {
     let backend: SharedBackend = Arc::new(console::ConsoleBackend::new(state.clone()));
     let leptos_options = LeptosOptions::builder()
@@ -99,10 +104,11 @@ pub fn router(state: AppState) -> Router {
     let ops = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
         .route("/assets/gatehouse.css", get(stylesheet))
-        .nest_service("/pkg", ServeDir::new(pkg_dir))
-        .with_state(state.clone());
+        .nest_service("/pkg", ServeDir::new(pkg_dir));
+    // With server.metrics_addr set, /metrics is served there only (see `metrics_router`).
+    let ops = if state.config.settings.server.metrics_addr.is_none() { ops.route("/metrics", get(ops::metrics)) } else { ops };
+    let ops = ops.with_state(state.clone());
 
     // Authenticated by its signature, not a session: outside the console guard, and exempt
     // from the origin check (see middleware::check_origin).

@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::{
     Json,
     extract::State,
-    http::{StatusCode, header},
+    http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use serde_json::json;
@@ -45,7 +45,18 @@ fn unavailable(reason: &str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Response {
+/// Prometheus metrics. With `GATEHOUSE_METRICS_TOKEN` set, only a request with that bearer
+/// token gets them (401 `METRICS_UNAUTHORIZED` otherwise).
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(token) = &state.config.secrets.metrics_token {
+        use secrecy::ExposeSecret;
+        use subtle::ConstantTimeEq;
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
+        if !bool::from(given.as_bytes().ct_eq(token.expose_secret().as_bytes())) {
+            let body = Json(json!({ "code": "METRICS_UNAUTHORIZED", "message": "send Authorization: Bearer <GATEHOUSE_METRICS_TOKEN>" }));
+            return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+        }
+    }
     metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
     let now = std::time::Instant::now();
     for tool in state.tools.catalog().all() {
@@ -61,14 +72,21 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!("mcp_server_health", "server" => server.clone()).set(health);
         metrics::gauge!("mcp_server_tools", "server" => server).set(tools as f64);
     }
-    if let Ok(mut conn) = state.db.pool.acquire().await
+    // Counting jobs reads the whole table: at most once per maintenance interval, however
+    // often (or however many) scrapers ask; between reads the gauges keep the last counts.
+    let mut last = state.job_counts_read.lock().await;
+    let every = state.config.settings.jobs.maintenance_interval;
+    if last.is_none_or(|at| at.elapsed() >= every)
+        && let Ok(mut conn) = state.db.pool.acquire().await
         && let Ok(counts) = crate::db::jobs::counts_by_state(&mut conn).await
     {
+        *last = Some(std::time::Instant::now());
         for s in crate::db::jobs::JobState::ALL {
             let n = counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n);
             metrics::gauge!("jobs", "state" => s.as_str()).set(n as f64);
         }
     }
+    drop(last);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

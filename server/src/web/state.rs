@@ -46,6 +46,9 @@ pub struct App {
     pub webhook: WebhookState,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
+    /// When the job counts on `/metrics` were last read: a scrape reads the jobs table at most
+    /// once per `jobs.maintenance_interval`.
+    pub job_counts_read: tokio::sync::Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +99,7 @@ impl AppState {
             simulator: gatehouse.simulator.clone(),
             webhook: gatehouse.whatsapp.webhook.clone(),
             setup_done: AtomicBool::new(false),
+            job_counts_read: tokio::sync::Mutex::new(None),
         }))
     }
 

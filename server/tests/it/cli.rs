@@ -273,9 +273,11 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     let path = config(dir.path(), "");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(BIN)
         .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "serve"])
         .env("GATEHOUSE__SERVER__ADDR", &addr)
+        .env("GATEHOUSE__SERVER__METRICS_ADDR", &metrics_addr)
         .env("GATEHOUSE__SERVER__STRICT_PORT", "true")
         // Read at start-up (the provider is anthropic, so Gatehouse still runs degraded).
         .env("OPENAI_API_KEY", SECRET)
@@ -299,6 +301,17 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     let answer = answered.expect("server answered");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let request_id = answer.lines().find_map(|l| l.strip_prefix("x-request-id: ")).expect("x-request-id header").trim().to_string();
+    // server.metrics_addr: the metrics are there, and not beside the console.
+    let get = |at: &str, path: &str| {
+        let mut stream = std::net::TcpStream::connect(at).expect("connect");
+        let _ = stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text
+    };
+    let scraped = get(&metrics_addr, "/metrics");
+    assert!(scraped.starts_with("HTTP/1.1 200") && scraped.contains("gatehouse_uptime_seconds"), "{scraped}");
+    assert!(get(&addr, "/metrics").starts_with("HTTP/1.1 404"), "/metrics is not on the console's address");
 
     // SIGHUP reloads the tool catalog; a broken file is refused and the old catalog kept.
     let tools = dir.path().join("tools.toml");

@@ -133,3 +133,48 @@ async fn ephemeral_storage_is_said_everywhere(db: TestDb) {
     assert!(page.body.contains("storage-banner") && page.body.contains("in memory"), "{}", page.body);
 }
 both_backends!(ops_ephemeral_storage, ephemeral_storage_is_said_everywhere);
+
+/// With GATEHOUSE_METRICS_TOKEN set, /metrics answers only the bearer of the token; with
+/// server.metrics_addr set, it is not on the console's address at all; and a scrape counts the
+/// jobs table at most once per maintenance interval, however often it is scraped.
+async fn metrics_behind_a_token_an_address_and_a_refresh_interval(db: TestDb) {
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_METRICS_TOKEN").then(|| "metrics-token-7f3a".to_string()));
+    let app = TestApp::with_secrets(db, secrets, |s| {
+        s.jobs.maintenance_interval = std::time::Duration::from_secs(3600);
+        s.server.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
+    let mut c = app.client();
+    assert_eq!(c.get("/metrics").await.status, StatusCode::NOT_FOUND, "not on the console's address");
+
+    let scrape = |auth: Option<&str>| {
+        let router = server::web::metrics_router(app.state.clone());
+        let auth = auth.map(str::to_string);
+        async move {
+            let mut req = axum::http::Request::builder().uri("/metrics");
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let res = tower::ServiceExt::oneshot(router, req.body(axum::body::Body::empty()).expect("request")).await.expect("infallible");
+            let status = res.status();
+            let www = res.headers().get("www-authenticate").map(|v| v.to_str().unwrap_or_default().to_string());
+            let body = http_body_util::BodyExt::collect(res.into_body()).await.expect("body").to_bytes();
+            (status, www, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, www, body) = scrape(None).await;
+    assert_eq!((status, www.as_deref()), (StatusCode::UNAUTHORIZED, Some("Bearer")));
+    assert!(body.contains("METRICS_UNAUTHORIZED") && !body.contains("metrics-token-7f3a"), "{body}");
+    assert_eq!(scrape(Some("Bearer wrong-token")).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(scrape(Some("metrics-token-7f3a")).await.0, StatusCode::UNAUTHORIZED, "the Bearer scheme is required");
+    let (status, _, body) = scrape(Some("Bearer metrics-token-7f3a")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("jobs{state=\"available\"}"), "{body}");
+    let first = *app.state.job_counts_read.lock().await;
+    assert!(first.is_some(), "the first scrape counted the jobs");
+    for _ in 0..5 {
+        assert_eq!(scrape(Some("Bearer metrics-token-7f3a")).await.0, StatusCode::OK);
+    }
+    assert_eq!(*app.state.job_counts_read.lock().await, first, "later scrapes within the interval did not count again");
+}
+both_backends!(metrics_access, metrics_behind_a_token_an_address_and_a_refresh_interval);

@@ -58,11 +58,27 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
+    // Metrics on an address of their own: bound before anything is served, so a taken port
+    // stops the start instead of silently losing the metrics.
+    let metrics = match server.metrics_addr {
+        Some(at) => {
+            let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+                tracing::error!(addr = %at, error = %e, "cannot listen for metrics");
+                Failure::runtime(format!("cannot listen for metrics on {at} (server.metrics_addr): {e}"))
+            })?;
+            tracing::info!(addr = %at, "metrics listening");
+            Some(tokio::spawn(web::serve::serve(listener, web::metrics_router(state.clone()), grace, shutdown.clone())))
+        }
+        None => None,
+    };
     let worker = gatehouse.config.settings.jobs.worker_in_serve.then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
     if let Some(worker) = worker {
         let _ = worker.await;
+    }
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
     }
     if tokio::time::timeout(grace, gatehouse.db.close()).await.is_err() {
         tracing::warn!("database connections still busy after the grace period; exiting anyway");
