@@ -7,13 +7,11 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    path::Path,
-    process::Stdio,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use axum::{Json, Router, extract::State, http::HeaderMap};
@@ -22,6 +20,7 @@ use serde_json::{Value, json};
 use crate::{
     both_backends,
     lane_e2e::{CUSTOMER, Rig, TOOLS, connectors, rig},
+    procs::{Gatehouse, kill_nine, wait_for},
     support::TestDb,
     whatsapp::{envelope, post_signed},
 };
@@ -227,8 +226,6 @@ fn console_requester(correlation: &str) -> server::approvals::Requester {
 
 // ---- real processes: `gatehouse serve` killed with SIGKILL, decisions from `gatehouse approvals`
 
-const BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
-
 /// A payment-style API that deduplicates refunds by `Idempotency-Key`: a key it has seen gets
 /// the stored answer and refunds nothing again. When `hang_next` is set, the next refund is
 /// applied and then never answered (its caller is killed meanwhile).
@@ -261,78 +258,12 @@ async fn keyed_shop() -> (SocketAddr, KeyedShop) {
     (addr, shop)
 }
 
-struct Cli {
-    config: std::path::PathBuf,
-    env: Vec<(String, String)>,
-}
-
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Cli {
-    fn new(dir: &Path, db: &TestDb, shop: SocketAddr) -> Self {
-        let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
-        let config = dir.join("gatehouse.toml");
-        std::fs::write(&config, shipped).expect("config");
-        std::fs::write(dir.join("tools.toml"), TOOLS).expect("tools");
-        std::fs::write(dir.join("connectors.toml"), connectors(shop)).expect("connectors");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-        let env = [
-            ("GATEHOUSE__DATABASE__URL", db.url.as_str()),
-            ("GATEHOUSE__SERVER__ADDR", &format!("127.0.0.1:{port}")),
-            ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
-            // A killed worker's job is rescued two seconds later.
-            ("GATEHOUSE__JOBS__LEASE", "2s"),
-            ("GATEHOUSE__JOBS__MAINTENANCE_INTERVAL", "500ms"),
-            ("GATEHOUSE__JOBS__POLL_INTERVAL", "200ms"),
-            ("ANTHROPIC_API_KEY", ""),
-            ("RUST_LOG", "warn"),
-        ];
-        Self { config, env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
-    }
-
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.arg("--config").arg(&self.config).args(args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).kill_on_drop(true);
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Ran {
-        let out = self.command(args).output().await.expect("run gatehouse");
-        Ran { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
-    }
-
-    /// `gatehouse serve`, its logs in `log`.
-    fn serve(&self, log: &Path) -> tokio::process::Child {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
-        let err = file.try_clone().expect("log");
-        self.command(&["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve")
-    }
-
-    async fn request(&self, order: &str) -> i64 {
-        let out = self.run(&["tools", "call", "refund_order", "--args", &json!({ "order_id": order }).to_string(), "--as", "owner"]).await;
-        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-        let printed: Value = serde_json::from_str(out.stdout.trim()).expect("one JSON object");
-        assert_eq!(printed["approval"]["state"], "pending", "{printed}");
-        printed["approval"]["id"].as_i64().expect("id")
-    }
-}
-
-async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// SIGKILL, as a crash: no shutdown, no lease released.
-async fn kill_nine(child: &mut tokio::process::Child) {
-    child.start_kill().expect("SIGKILL");
-    child.wait().await.expect("reaped");
+async fn request(gh: &Gatehouse, order: &str) -> i64 {
+    let out = gh.run(&["tools", "call", "refund_order", "--args", &json!({ "order_id": order }).to_string(), "--as", "owner"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let printed: Value = serde_json::from_str(out.stdout.trim()).expect("one JSON object");
+    assert_eq!(printed["approval"]["state"], "pending", "{printed}");
+    printed["approval"]["id"].as_i64().expect("id")
 }
 
 /// The commands decide by the console's rules (exit 0 only for the call that decided; the
@@ -342,21 +273,21 @@ async fn kill_nine(child: &mut tokio::process::Child) {
 async fn approvals_survive_kill_nine_and_run_once(db: TestDb) {
     let (addr, shop) = keyed_shop().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let cli = Cli::new(dir.path(), &db, addr);
+    let cli = Gatehouse::new(dir.path(), &db, TOOLS, &connectors(addr), &[]);
     let log = dir.path().join("serve.log");
     let logs = || std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
     let out = cli.run(&["migrate"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let pool = db.connect().await;
-    let mut server = cli.serve(&log);
+    let mut server = cli.serve(&log).await;
 
     // Between request and decision.
-    let id = cli.request("4821").await;
+    let id = request(&cli, "4821").await;
     let again = cli.run(&["tools", "call", "refund_order", "--args", r#"{"order_id":"4821"}"#, "--as", "owner"]).await;
     let again: Value = serde_json::from_str(again.stdout.trim()).expect("JSON");
     assert_eq!((again["approval"]["id"].as_i64(), again["approval"]["reused"].as_bool()), (Some(id), Some(true)), "the same call while pending reuses the request");
     kill_nine(&mut server).await;
-    let mut server = cli.serve(&log);
+    let mut server = cli.serve(&log).await;
     let listed = cli.run(&["approvals", "list", "--json"]).await;
     assert_eq!(listed.code, 0, "{}", listed.stderr);
     let rows: Vec<Value> = listed.stdout.lines().map(|l| serde_json::from_str(l).expect("one JSON object a line")).collect();
@@ -381,7 +312,7 @@ async fn approvals_survive_kill_nine_and_run_once(db: TestDb) {
     kill_nine(&mut server).await;
     let twice = cli.run(&["approvals", "approve", &id.to_string()]).await;
     assert!(twice.code != 0 && twice.stderr.contains("APPROVAL_ALREADY_DECIDED"), "{} {}", twice.code, twice.stderr);
-    let mut server = cli.serve(&log);
+    let mut server = cli.serve(&log).await;
     let pool_ref = &pool;
     wait_for("the rescued call to finish", Duration::from_secs(60), async || {
         sqlx::query_scalar::<_, Option<String>>("SELECT outcome_code FROM approvals WHERE id = $1").bind(id).fetch_one(&pool_ref.pool).await.ok().flatten().is_some()
@@ -397,12 +328,12 @@ async fn approvals_survive_kill_nine_and_run_once(db: TestDb) {
     assert_eq!((jobs, state.as_str()), (1, "completed"), "one job for the approval");
 
     // A rejection, once; a decision after expiry.
-    let rejected = cli.request("9000").await;
+    let rejected = request(&cli, "9000").await;
     let out = cli.run(&["approvals", "reject", &rejected.to_string(), "--reason", "not this one"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let out = cli.run(&["approvals", "reject", &rejected.to_string()]).await;
     assert!(out.code != 0 && out.stderr.contains("APPROVAL_ALREADY_DECIDED") && out.stderr.contains("by cli"), "{}", out.stderr);
-    let expired = cli.request("9001").await;
+    let expired = request(&cli, "9001").await;
     sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1").bind(expired).execute(&pool.pool).await.expect("age it");
     let out = cli.run(&["approvals", "approve", &expired.to_string()]).await;
     assert!(out.code != 0 && out.stderr.contains("APPROVAL_EXPIRED"), "{}", out.stderr);

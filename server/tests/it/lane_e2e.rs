@@ -146,23 +146,9 @@ fn shipped_lane() -> server::config::LaneSettings {
     server::config::load(path).expect("shipped config").settings.lane
 }
 
-pub(crate) struct Rig {
-    pub(crate) app: TestApp,
-    pub(crate) graph: FakeGraph,
-    pub(crate) llm: Fake,
-    pub(crate) shop: Shop,
-    pub(crate) dir: tempfile::TempDir,
-}
-
-/// The planner proposes `order_status` for the order number in the message, or `sales_report`
-/// when asked for sales; the summarizer answers with a fixed summary.
-pub(crate) async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
-    let (addr, shop) = shop().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("tools.toml"), TOOLS).expect("tools");
-    std::fs::write(dir.path().join("connectors.toml"), connectors(addr)).expect("connectors");
-    let graph = FakeGraph::start().await;
-    let (llm, llm_url) = Fake::start().await;
+/// The planner proposes `refund_order`, `sales_report` or `order_status` for the order number in
+/// the message; the summarizer answers with a fixed summary; chat gets a chat reply.
+fn plan_for_the_shop(llm: &Fake) {
     llm.always(|body| {
         let model = body["model"].as_str().unwrap_or_default();
         let text = body["messages"].to_string();
@@ -181,6 +167,25 @@ pub(crate) async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + '
             anthropic(json!([{ "type": "text", "text": "a chat reply" }]), "end_turn")
         }
     });
+}
+
+pub(crate) struct Rig {
+    pub(crate) app: TestApp,
+    pub(crate) graph: FakeGraph,
+    pub(crate) llm: Fake,
+    pub(crate) shop: Shop,
+    pub(crate) dir: tempfile::TempDir,
+}
+
+/// The app over the shop, with the fake planner of [`plan_for_the_shop`].
+pub(crate) async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
+    let (addr, shop) = shop().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("tools.toml"), TOOLS).expect("tools");
+    std::fs::write(dir.path().join("connectors.toml"), connectors(addr)).expect("connectors");
+    let graph = FakeGraph::start().await;
+    let (llm, llm_url) = Fake::start().await;
+    plan_for_the_shop(&llm);
     let secrets = Secrets::from_lookup(|name| match name {
         "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
         other => crate::whatsapp::secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
@@ -291,3 +296,70 @@ async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
     assert_eq!(r.graph.texts().len(), 1);
 }
 both_backends!(lane_e2e_owner_only, a_customer_never_reaches_an_owner_only_tool);
+
+
+/// A slow tool's acknowledgement and its later answer across a crash: `gatehouse serve` is
+/// killed with SIGKILL while the call is in flight, after the customer was told it is underway;
+/// the restarted server rescues the call and the customer gets exactly one acknowledgement and
+/// exactly one answer.
+async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
+    use crate::procs::{Gatehouse, kill_nine, wait_for};
+    let (addr, shop) = shop().await;
+    *shop.slow.lock().expect("lock") = Duration::from_secs(3);
+    let graph = FakeGraph::start().await;
+    let (llm, llm_url) = Fake::start().await;
+    plan_for_the_shop(&llm);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [
+        ("GATEHOUSE__WHATSAPP__GRAPH_BASE_URL", graph.base_url.as_str()),
+        ("GATEHOUSE__WHATSAPP__GRAPH_VERSION", VERSION),
+        ("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", PHONE_NUMBER_ID),
+        ("GATEHOUSE__WHATSAPP__TYPING_INDICATOR", "false"),
+        ("GATEHOUSE__WHATSAPP__MARK_READ", "false"),
+        ("GATEHOUSE__LLM__ANTHROPIC__BASE_URL", llm_url.as_str()),
+        ("GATEHOUSE__LLM__MAX_RETRIES", "0"),
+        ("GATEHOUSE__MODELS__PLANNER", PLANNER_MODEL),
+        ("GATEHOUSE__MODELS__SUMMARIZER", SUMMARIZER_MODEL),
+        ("GATEHOUSE__LANE__IMMEDIATE_DEADLINE", "500ms"),
+        ("ANTHROPIC_API_KEY", "test-llm-key"),
+        ("WHATSAPP_APP_SECRET", crate::whatsapp::APP_SECRET),
+        ("WHATSAPP_ACCESS_TOKEN", crate::whatsapp::ACCESS_TOKEN),
+        ("WHATSAPP_VERIFY_TOKEN", crate::whatsapp::VERIFY_TOKEN),
+    ];
+    let gh = Gatehouse::new(dir.path(), &db, TOOLS, &connectors(addr), &env);
+    let log = dir.path().join("serve.log");
+    let logs = || std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+    assert_eq!(gh.run(&["migrate"]).await.code, 0);
+    let mut server = gh.serve(&log).await;
+
+    let body = envelope(vec![vec![text_message(CUSTOMER, "wamid.K9", "Where is my order slow-7?")]]);
+    let signature = server::channel::whatsapp::signature::sign(crate::whatsapp::APP_SECRET.as_bytes(), body.as_bytes());
+    let posted = reqwest::Client::new()
+        .post(format!("http://{}/webhooks/whatsapp", gh.addr))
+        .header("content-type", "application/json")
+        .header("X-Hub-Signature-256", signature)
+        .body(body)
+        .send()
+        .await
+        .expect("post webhook");
+    assert_eq!(posted.status().as_u16(), 200);
+    let pending = shipped_lane().pending_reply;
+    let (graph_ref, shop_ref) = (&graph, &shop);
+    wait_for("the acknowledgement, with the call in flight", Duration::from_secs(30), async || {
+        graph_ref.texts().contains(&pending) && !shop_ref.requests.lock().expect("lock").is_empty()
+    })
+    .await;
+    kill_nine(&mut server).await;
+    assert_eq!(graph.texts(), vec![pending.clone()], "nothing but the acknowledgement before the crash");
+
+    let mut server = gh.serve(&log).await;
+    let summary = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
+    wait_for("the answer after the restart", Duration::from_secs(60), async || graph_ref.texts().contains(&summary)).await;
+    // Time for a second answer, were one on its way.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(graph.texts(), vec![pending, summary], "one acknowledgement and one answer: {}", logs());
+    let requests = shop.requests.lock().expect("lock").clone();
+    assert_eq!(requests, vec!["orders/slow-7".to_string(); 2], "the killed run and the rescued one");
+    kill_nine(&mut server).await;
+}
+both_backends!(lane_e2e_slow_kill_nine, a_slow_answer_survives_kill_nine_of_the_server);

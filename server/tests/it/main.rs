@@ -18,6 +18,7 @@ mod mcp;
 mod mcp_hardening;
 mod migrations;
 mod ops;
+mod procs;
 mod props;
 mod server_fns;
 mod setup;

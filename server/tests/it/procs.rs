@@ -1,0 +1,88 @@
+//! `gatehouse` as real processes for crash tests: `serve` started and killed with SIGKILL, and
+//! the command line run against the same database and config directory.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use crate::support::TestDb;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
+
+/// A config directory (the shipped gatehouse.toml plus the given tool files) and the
+/// environment every process of one test runs with.
+pub(crate) struct Gatehouse {
+    config: PathBuf,
+    env: Vec<(String, String)>,
+    /// Where `serve` listens.
+    pub(crate) addr: String,
+}
+
+pub(crate) struct Ran {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+impl Gatehouse {
+    /// `env` comes after the defaults: a short lease (a killed worker's job is rescued two
+    /// seconds later), quick polling, no model key.
+    pub(crate) fn new(dir: &Path, db: &TestDb, tools: &str, connectors: &str, env: &[(&str, &str)]) -> Self {
+        let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
+        let config = dir.join("gatehouse.toml");
+        std::fs::write(&config, shipped).expect("config");
+        std::fs::write(dir.join("tools.toml"), tools).expect("tools");
+        std::fs::write(dir.join("connectors.toml"), connectors).expect("connectors");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let addr = format!("127.0.0.1:{port}");
+        let defaults = [
+            ("GATEHOUSE__DATABASE__URL", db.url.as_str()),
+            ("GATEHOUSE__SERVER__ADDR", addr.as_str()),
+            ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
+            ("GATEHOUSE__JOBS__LEASE", "2s"),
+            ("GATEHOUSE__JOBS__MAINTENANCE_INTERVAL", "500ms"),
+            ("GATEHOUSE__JOBS__POLL_INTERVAL", "200ms"),
+            ("ANTHROPIC_API_KEY", ""),
+            ("RUST_LOG", "info"),
+        ];
+        let env = defaults.iter().chain(env).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self { config, env, addr }
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.arg("--config").arg(&self.config).args(args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).kill_on_drop(true);
+        cmd
+    }
+
+    pub(crate) async fn run(&self, args: &[&str]) -> Ran {
+        let out = self.command(args).env("RUST_LOG", "warn").output().await.expect("run gatehouse");
+        Ran { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
+    }
+
+    /// `gatehouse serve`, its logs appended to `log`; returns once it answers `/healthz`.
+    pub(crate) async fn serve(&self, log: &Path) -> tokio::process::Child {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+        let err = file.try_clone().expect("log");
+        let child = self.command(&["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
+        let addr = self.addr.clone();
+        wait_for("serve to answer /healthz", Duration::from_secs(60), async || tokio::net::TcpStream::connect(&addr).await.is_ok()).await;
+        child
+    }
+}
+
+pub(crate) async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// SIGKILL, as a crash: no shutdown, no lease released.
+pub(crate) async fn kill_nine(child: &mut tokio::process::Child) {
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
+}
