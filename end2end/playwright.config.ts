@@ -15,14 +15,16 @@ if (process.env.TEST_WORKER_INDEX === undefined) {
 export default defineConfig({
   testDir: "./tests",
   // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
-  // throttling test locks logins from this address last.
+  // throttling test locks logins from this address last. The lane test runs a Gatehouse of its
+  // own (with fake model, Graph and shop APIs) on the next port.
   projects: [
     { name: "console", testMatch: "console.spec.ts" },
     { name: "jobs", testMatch: "jobs.spec.ts", dependencies: ["console"] },
     { name: "tools", testMatch: "tools.spec.ts", dependencies: ["jobs"] },
     { name: "mcp", testMatch: "mcp.spec.ts", dependencies: ["tools"] },
     { name: "conversations", testMatch: "conversations.spec.ts", dependencies: ["mcp"] },
-    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["conversations"] },
+    { name: "lane", testMatch: "lane.spec.ts", dependencies: ["conversations"] },
+    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["lane"] },
   ],
   fullyParallel: false,
   workers: 1,
