@@ -211,6 +211,28 @@ async fn a_changed_tool_definition_makes_the_approval_stale(db: TestDb) {
 }
 both_backends!(approvals_stale_version, a_changed_tool_definition_makes_the_approval_stale);
 
+/// The owners see the call with secrets and personal data replaced; the stored call (what an
+/// approval binds and runs) keeps them exactly, and the trace only their hash.
+async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.add_owner().await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-pii") };
+    let args = json!({ "order_id": "7001", "email": "ana@example.com", "card_token": "tok_live_5f2a" });
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: args.clone() };
+    let requested = r.app.gatehouse.approvals.request(&call, &who, None, None).await.expect("request");
+    r.exchange(&[], 1).await;
+    let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
+    let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(shown.contains("7001") && shown.contains("[PII]") && shown.contains("[REDACTED]"), "{shown}");
+    assert!(!shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a"), "{shown}");
+    let (stored, display): (String, String) = sqlx::query_as("SELECT args, display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!(serde_json::from_str::<Value>(&stored).expect("json"), args, "the exact call is kept to run");
+    assert!(!display.contains("ana@example.com") && !display.contains("tok_live_5f2a"), "{display}");
+    let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1").bind(requested.trace_id.expect("trace")).fetch_all(&r.app.state.db.pool).await.expect("steps");
+    assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
+}
+both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
+
 fn console_requester(correlation: &str) -> server::approvals::Requester {
     server::approvals::Requester {
         actor: server::domain::Role::Owner,

@@ -530,3 +530,18 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")), "{chats}");
 }
 both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
+
+/// `/help` says only what the build does: every command it names is one the runtime knows.
+async fn every_command_help_names_exists(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let help = settings("http://unused", 6000).conversation.owner_help;
+    let named: Vec<String> = help.lines().filter_map(|l| l.trim().strip_prefix('/')).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
+    assert!(named.len() >= 4 && named.contains(&"approve".to_string()) && named.contains(&"reject".to_string()), "{named:?}");
+    for (i, name) in named.iter().enumerate() {
+        let out = r.runtime.handle(&msg(&format!("help{i}"), OWNER_PHONE, &format!("/{name} 999"))).await.expect("handle");
+        assert_eq!(out.route, Route::OwnerCommand, "/{name}");
+        let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+        assert!(!steps.iter().any(|(_, _, c)| c == "COMMAND_UNKNOWN"), "/{name} is named by /help but unknown: {steps:?}");
+    }
+}
+both_backends!(conversation_help_is_honest, every_command_help_names_exists);

@@ -77,6 +77,9 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
 pub(crate) const TOOLS: &str = r#"
 approval_mode = "auto"
 
+[audit]
+pii_fields = ["email"]
+
 [[tool]]
 name = "order_status"
 title = "Order status"
@@ -99,7 +102,7 @@ provider = "connector"
 operation = "write"
 audience = "public"
 risk = "high"
-input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 } } }
+input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 }, email = { type = "string" }, card_token = { type = "string" } } }
 
 [[tool]]
 name = "sales_report"

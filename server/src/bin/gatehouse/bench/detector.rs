@@ -29,11 +29,15 @@ pub struct DetectorBench {
     /// Messages no tool should answer: {"id", "message"}.
     #[arg(long)]
     pub irrelevant: Option<PathBuf>,
+    /// Also print each labelled message whose expected tools are not all in its top ten, with
+    /// the ten it got, to stderr (for tuning the detector).
+    #[arg(long)]
+    pub misses: bool,
 }
 
 /// `gatehouse bench detector`, with the shipped detector settings.
 pub fn command(args: &DetectorBench) -> Result<(), BenchError> {
-    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), DetectorSettings::default())?;
+    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), DetectorSettings::default(), args.misses)?;
     print!("{report}");
     // The context of the six figures, apart from them so the figures stay one a line.
     eprintln!(
@@ -156,6 +160,7 @@ pub fn run(
     queries: &Path,
     irrelevant: Option<&Path>,
     settings: DetectorSettings,
+    show_misses: bool,
 ) -> Result<Report, BenchError> {
     let docs = load_catalog(catalog)?;
     let queries: Vec<QueryLine> = read_lines(queries)?;
@@ -194,6 +199,8 @@ pub fn run(
                 .collect();
             if !query.expect.is_empty() && query.expect.iter().all(|e| top.contains(&e.as_str())) {
                 found[slot] += 1;
+            } else if k == 10 && show_misses {
+                eprintln!("miss\t{}\texpected {:?}\tgot {:?}", query.message.chars().take(160).collect::<String>(), query.expect, top);
             }
         }
     }
