@@ -134,13 +134,14 @@ impl Gatehouse {
         let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
-        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone()));
+        let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), settings.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {
                 let planner = lane::planner::Planner::new(model.clone(), settings.clone());
                 let strict = model.supports_strict_tools();
-                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), approvals.clone(), strict))
+                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), approvals.clone(), contexts, strict))
             }
         };
         let runtime = Arc::new(Runtime::new(RuntimeParts {
@@ -159,6 +160,7 @@ impl Gatehouse {
         registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
         registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
+        registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
         Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, whatsapp, simulator, registry })
     }
 

@@ -203,6 +203,11 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need((100..=4096).contains(&lane.summary_max_chars), "lane.summary_max_chars", "must be from 100 to 4,096 (one WhatsApp message)".into());
     need(lane.max_sources <= 10, "lane.max_sources", "must be at most 10".into());
     need(lane.private_data_tags.iter().all(|t| !t.trim().is_empty()), "lane.private_data_tags", "must not hold an empty tag".into());
+    need(!lane.context_ttl.is_zero(), "lane.context_ttl", "must be longer than zero".into());
+    need(!lane.context_sweep_every.is_zero(), "lane.context_sweep_every", "must be longer than zero".into());
+    need((1..=50).contains(&lane.contexts_per_chat), "lane.contexts_per_chat", "must be from 1 to 50".into());
+    need((50..=10_000).contains(&lane.context_preview_chars), "lane.context_preview_chars", "must be from 50 to 10,000".into());
+    need(lane.context_max_entities <= 100, "lane.context_max_entities", "must be at most 100".into());
     if !lane.enabled {
         return;
     }

@@ -88,6 +88,21 @@ pub struct LaneSettings {
     pub pending_reply: String,
     /// Said when a call's job could not be stored: nothing was started and nothing is promised.
     pub not_started_reply: String,
+    /// How long a chat's summarised tool result stays available to its follow-ups.
+    #[serde(with = "duration_str")]
+    pub context_ttl: Duration,
+    /// Most tool contexts kept per chat (the newest).
+    pub contexts_per_chat: u32,
+    /// Most characters of a result kept as a context's preview.
+    pub context_preview_chars: u32,
+    /// Result fields whose values are a context's entities ("the second one" is the second),
+    /// in result order; links are always kept as sources.
+    pub context_entity_fields: Vec<String>,
+    /// Most entities kept per context.
+    pub context_max_entities: u32,
+    /// How often expired contexts are swept.
+    #[serde(with = "duration_str")]
+    pub context_sweep_every: Duration,
 }
 
 impl Default for LaneSettings {
@@ -122,6 +137,12 @@ impl Default for LaneSettings {
             already_checking_reply: String::new(),
             pending_reply: String::new(),
             not_started_reply: String::new(),
+            context_ttl: Duration::from_secs(24 * 3600),
+            contexts_per_chat: 5,
+            context_preview_chars: 600,
+            context_entity_fields: ["title", "name", "url", "link", "date", "place", "location", "city"].map(String::from).to_vec(),
+            context_max_entities: 10,
+            context_sweep_every: Duration::from_secs(600),
         }
     }
 }

@@ -15,6 +15,7 @@
 //! `event` field, the correlation id, codes and counts, never message text or arguments.
 
 pub mod adapter;
+pub mod context;
 pub mod data;
 pub mod detector;
 pub use crate::tools::job;

@@ -17,7 +17,10 @@ use std::{sync::Arc, time::Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{PrivateData, data};
+use super::{
+    PrivateData, data,
+    detector::{FollowupHint, RecentContext},
+};
 use crate::{
     config::Settings,
     domain::{ChatKind, Role},
@@ -47,35 +50,6 @@ impl PlannerCode {
     }
 }
 
-/// A recent tool result of this chat, as the planner reads it. Build with
-/// `..Default::default()`: the follow-up work (issue 13) adds fields.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct ContextSummary {
-    pub id: Option<String>,
-    pub tool: String,
-    pub summary: String,
-    pub age_secs: u64,
-}
-
-/// What a follow-up most likely asks for (seed §12).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FollowupKind {
-    AnswerFromContext,
-    SameTool,
-    NewTool,
-    #[default]
-    Clarify,
-}
-
-/// The detector's guess that the message follows up a recent tool result. Build with
-/// `..Default::default()`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct FollowupHint {
-    pub context_id: Option<String>,
-    pub kind: FollowupKind,
-}
-
 /// Everything the planner is given for one message.
 #[derive(Debug, Clone)]
 pub struct PlanInput {
@@ -90,7 +64,8 @@ pub struct PlanInput {
     /// The candidate tools, already adapted ([`super::adapter::tool_specs`]).
     pub tools: Vec<llm::ToolSpec>,
     /// The chat's recent tool results, newest first: untrusted data.
-    pub recent: Vec<ContextSummary>,
+    pub recent: Vec<RecentContext>,
+    /// The detector's guess that the message follows up one of them.
     pub followup: Option<FollowupHint>,
     pub max_steps: usize,
 }
@@ -116,6 +91,9 @@ pub enum PlanOutcome {
     Clarify { reply: String, reason: String },
     /// Refuse; `reply` is `lane.denied_reply`, never the model's words.
     Deny { reply: String, reason: String },
+    /// A follow-up the chat's recent tool results already answer; `reply` is the model's
+    /// answer from them, cleaned and bounded. The lane takes it only when there were results.
+    FromContext { reply: String, reason: String },
     /// The two flags are the model's advice only; policy and configuration decide.
     ToolUse { calls: Vec<ProposedCall>, reason: String, requires_async: bool, requires_owner_approval: bool },
     /// An `LLM_*` code or a [`PlannerCode`]: record it and fall through to normal chat.
@@ -129,6 +107,7 @@ impl PlanOutcome {
             Self::NoTool { .. } => "no_tool",
             Self::Clarify { .. } => "clarify",
             Self::Deny { .. } => "deny",
+            Self::FromContext { .. } => "answer_from_context",
             Self::ToolUse { .. } => "tool_use",
             Self::Failed { .. } => "failed",
         }
@@ -266,6 +245,10 @@ impl Planner {
                 let reply = data::plain_text(&respond.reply, lane.summary_max_chars as usize);
                 if reply.is_empty() { PlanOutcome::invalid("clarify without a question") } else { PlanOutcome::Clarify { reply, reason: respond.reason } }
             }
+            "answer_from_context" => {
+                let reply = data::plain_text(&respond.reply, lane.summary_max_chars as usize);
+                if reply.is_empty() { PlanOutcome::invalid("answer_from_context without an answer") } else { PlanOutcome::FromContext { reply, reason: respond.reason } }
+            }
             other => PlanOutcome::invalid(format!("unknown decision {:?}", data::cut(other, 40))),
         }
     }
@@ -279,7 +262,7 @@ fn respond_schema() -> Value {
         "additionalProperties": false,
         "required": ["decision", "reply", "reason", "requires_async", "requires_owner_approval"],
         "properties": {
-            "decision": { "type": "string", "enum": ["no_tool", "clarify", "deny", "use_tools"] },
+            "decision": { "type": "string", "enum": ["no_tool", "clarify", "deny", "use_tools", "answer_from_context"] },
             "reply": { "type": "string" },
             "reason": { "type": "string" },
             "requires_async": { "type": "boolean" },

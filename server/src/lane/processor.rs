@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
+    context::ContextStore,
     job::ToolCallJob,
     summarizer::{Summarizer, SummaryInput, ToolResult},
 };
@@ -37,6 +38,8 @@ pub struct Processor {
     outbound: Arc<dyn Outbound>,
     /// Where an approved call's outcome is recorded and told to the owner who decided.
     approvals: Arc<Approvals>,
+    /// Where each chat's summarised results are kept for its follow-ups.
+    contexts: Arc<ContextStore>,
 }
 
 impl std::fmt::Debug for Processor {
@@ -51,11 +54,12 @@ fn retryable(code: &str) -> bool {
 }
 
 impl Processor {
-    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>) -> Self {
-        Self { checkpoint, summarizer, outbound, approvals }
+    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
+        Self { checkpoint, summarizer, outbound, approvals, contexts }
     }
 
-    /// Runs the call through the checkpoint and summarizes what came back.
+    /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
+    /// result is kept as a tool context for its follow-ups.
     pub async fn run(&self, job: &ToolCallJob, correlation_id: &str) -> Answer {
         let ctx = CallContext {
             actor: job.actor,
@@ -67,6 +71,7 @@ impl Processor {
             trace_id: job.trace_id,
         };
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
+        let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
         let (result, failure) = match outcome {
             Ok(ok) => {
                 let truncated = ok.output.get("truncated").and_then(Value::as_bool).unwrap_or(false);
@@ -85,6 +90,13 @@ impl Processor {
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
         let summary = self.summarizer.summarize(&input).await;
+        if let Some(output) = &output {
+            let pii = self.checkpoint.catalog().audit.pii_fields.clone();
+            if let Err(e) = self.contexts.keep(job, correlation_id, &tool, output, &summary.text, &pii).await {
+                // The answer stands; only a follow-up of it will lack its context.
+                tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed");
+            }
+        }
         Answer { text: summary.text, failure, retryable, used_model: summary.used_model }
     }
 }

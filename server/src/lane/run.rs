@@ -18,7 +18,8 @@ use tokio::sync::oneshot;
 use super::{
     PrivateData,
     adapter::{self, OfferTo},
-    detector::Index,
+    context::{ContextStore, Recent},
+    detector::{FollowupKind, Index, ReasonCode},
     job::ToolCallJob,
     planner::{PlanInput, PlanOutcome, Planner},
     processor::{Answer, Processor},
@@ -45,6 +46,8 @@ pub struct Lane {
     planner: Planner,
     processor: Arc<Processor>,
     approvals: Arc<Approvals>,
+    /// The chat's recent tool results, for follow-ups.
+    contexts: Arc<ContextStore>,
     strict_supported: bool,
     /// The detector's index over the catalog it was built from; rebuilt when the catalog is
     /// swapped (a reload, MCP discovery).
@@ -70,8 +73,18 @@ fn ms(d: Duration) -> u64 {
 
 impl Lane {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(settings: Arc<Settings>, db: Db, queue: JobQueue, checkpoint: Arc<Checkpoint>, planner: Planner, processor: Arc<Processor>, approvals: Arc<Approvals>, strict_supported: bool) -> Self {
-        Self { settings, db, queue, checkpoint, planner, processor, approvals, strict_supported, index: Mutex::new(None) }
+    pub fn new(
+        settings: Arc<Settings>,
+        db: Db,
+        queue: JobQueue,
+        checkpoint: Arc<Checkpoint>,
+        planner: Planner,
+        processor: Arc<Processor>,
+        approvals: Arc<Approvals>,
+        contexts: Arc<ContextStore>,
+        strict_supported: bool,
+    ) -> Self {
+        Self { settings, db, queue, checkpoint, planner, processor, approvals, contexts, strict_supported, index: Mutex::new(None) }
     }
 
     /// The index over the current catalog.
@@ -314,8 +327,13 @@ impl ToolLane for Lane {
             trace.step("AgentToolCandidate", "normal_chat", "LANE_DISABLED", json!({}));
             return LaneOutcome::NotHandled;
         }
+        // The chat's own contexts only: the key is its channel and chat id.
+        let recent = self.contexts.recent(&inbound.channel, &inbound.chat_id).await.unwrap_or_else(|e| {
+            tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's tool contexts failed; planning without them");
+            Recent::default()
+        });
         let started = Instant::now();
-        let detection = self.index().detect(&inbound.text, actor, inbound.chat_kind, &[]);
+        let detection = self.index().detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts);
         let candidates: Vec<String> = detection.candidates.iter().map(|c| c.name.clone()).collect();
         trace.step(
             "AgentToolCandidate",
@@ -324,7 +342,21 @@ impl ToolLane for Lane {
             json!({ "candidates": detection.candidates, "candidate_count": candidates.len(), "confidence": detection.confidence, "latency_us": started.elapsed().as_micros() as u64 }),
         );
         tracing::info!(event = "AgentToolCandidate", correlation_id = %inbound.correlation_id, actor = actor.as_str(), candidates = candidates.len(), reason = detection.reason.as_str(), "detected");
+        if let Some(hint) = &detection.followup {
+            let (decision, code) = match hint.kind {
+                FollowupKind::Clarify => ("clarify", "FOLLOWUP_AMBIGUOUS"),
+                FollowupKind::AnswerFromContext => ("answer_from_context", "FOLLOWUP_CONTEXT"),
+                FollowupKind::SameTool => ("call_same_tool", "FOLLOWUP_CONTEXT"),
+                FollowupKind::NewTool => ("call_new_tool", "FOLLOWUP_CONTEXT"),
+            };
+            let tool = hint.context_index.and_then(|i| recent.contexts.get(i)).map(|c| c.tool.clone());
+            trace.step("AgentToolFollowup", decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.contexts.len() }));
+        }
         if !detection.should_plan {
+            if detection.reason == ReasonCode::FollowupWithoutContext && recent.expired {
+                // A follow-up of a result that has expired: normal chat, never the old result.
+                trace.step("AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
+            }
             return LaneOutcome::NotHandled;
         }
         let catalog = self.checkpoint.catalog();
@@ -338,8 +370,8 @@ impl ToolLane for Lane {
             memory_summary: self.memory_summary(&inbound.chat_id).await,
             private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
             tools: specs,
-            recent: Vec::new(),
-            followup: None,
+            recent: recent.contexts.clone(),
+            followup: detection.followup.clone(),
             max_steps: lane.max_steps as usize,
         };
         let started = Instant::now();
@@ -350,11 +382,18 @@ impl ToolLane for Lane {
             PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
             PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
             PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
+            PlanOutcome::FromContext { .. } => ("FROM_CONTEXT", Vec::new()),
         };
         trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "latency_ms": ms(started.elapsed()) }));
         match plan {
             PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } => LaneOutcome::NotHandled,
             PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
+            // An answer from results this chat was given; without any, it would be made up.
+            PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
+                trace.step("AgentToolFollowup", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));
+                LaneOutcome::NotHandled
+            }
+            PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },
             tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &candidates, trace).await,
         }
     }

@@ -61,6 +61,15 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             }),
         )
         .route(
+            "/api/forecast/{place}",
+            get(|State(shop): State<Shop>, Path(place): Path<String>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| async move {
+                let date = q.get("date").cloned().unwrap_or_default();
+                shop.requests.lock().expect("lock").push(format!("forecast/{place}/{date}"));
+                let sky = if date == "tomorrow" { "rain" } else { "sunny" };
+                Json(json!({ "place": place, "date": date, "sky": sky, "high_c": 24 }))
+            }),
+        )
+        .route(
             "/api/sales",
             get(|State(shop): State<Shop>| async move {
                 shop.requests.lock().expect("lock").push("sales".into());
@@ -105,6 +114,17 @@ risk = "high"
 input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 }, email = { type = "string" }, card_token = { type = "string" } } }
 
 [[tool]]
+name = "forecast"
+title = "Weather forecast"
+description = "The weather forecast for a place on a day."
+triggers = ["the weather in", "weather forecast"]
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["place", "date"], properties = { place = { type = "string", maxLength = 80 }, date = { type = "string", maxLength = 40 } } }
+
+[[tool]]
 name = "sales_report"
 title = "Sales report"
 description = "The shop's sales figures for the owner."
@@ -123,7 +143,7 @@ pub(crate) fn connectors(addr: SocketAddr) -> String {
 id = "shop"
 title = "Test shop"
 base_url = "http://{addr}/api"
-allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/sales"]
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/sales"]
 
 [[connector.action]]
 tool = "refund_order"
@@ -134,6 +154,12 @@ path = "refunds/{{order_id}}"
 tool = "order_status"
 method = "GET"
 path = "orders/{{order_id}}"
+
+[[connector.action]]
+tool = "forecast"
+method = "GET"
+path = "forecast/{{place}}"
+query = {{ date = "{{date}}" }}
 
 [[connector.action]]
 tool = "sales_report"
@@ -156,6 +182,17 @@ fn plan_for_the_shop(llm: &Fake) {
         let model = body["model"].as_str().unwrap_or_default();
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
+            // A follow-up: the context the lane passed says which place; the fake changes the date.
+            if text.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
+                return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "tomorrow" }))]), "tool_use");
+            }
+            if text.contains("will it be sunny") && text.contains("recent_tool_results") {
+                let respond = json!({ "decision": "answer_from_context", "reply": "Yes: the forecast said sunny in Lisbon today.", "reason": "the result answers it", "requires_async": false, "requires_owner_approval": false });
+                return anthropic(json!([tool_use("t1", "respond_without_tool", respond)]), "tool_use");
+            }
+            if text.contains("weather in Lisbon") {
+                return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "today" }))]), "tool_use");
+            }
             if text.contains("refund") {
                 return anthropic(json!([tool_use("t1", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
             }
@@ -165,7 +202,14 @@ fn plan_for_the_shop(llm: &Fake) {
             let id = if text.contains("slow-7") { "slow-7" } else { "4821" };
             anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": id }))]), "tool_use")
         } else if model == SUMMARIZER_MODEL {
-            anthropic(json!([{ "type": "text", "text": "Your order has shipped with Parcel Co: https://track.example/42" }]), "end_turn")
+            let summary = if text.contains("rain") {
+                "Tomorrow: rain in Lisbon."
+            } else if text.contains("sunny") {
+                "Today: sunny in Lisbon, 24°C."
+            } else {
+                "Your order has shipped with Parcel Co: https://track.example/42"
+            };
+            anthropic(json!([{ "type": "text", "text": summary }]), "end_turn")
         } else {
             anthropic(json!([{ "type": "text", "text": "a chat reply" }]), "end_turn")
         }

@@ -6,6 +6,7 @@ mod approvals;
 mod auth;
 mod cli;
 mod connectors;
+mod followups;
 mod hardening;
 mod conversation;
 mod jobs;

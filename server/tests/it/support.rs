@@ -249,12 +249,6 @@ impl TestApp {
         Self::build_with(db, dir, secrets, tweak, Overrides::default()).await
     }
 
-    /// An app whose model (or lane) is `overrides`'; the rest is built as `gatehouse serve`
-    /// builds it.
-    pub async fn with_overrides(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
-        Self::build_with(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), secrets, tweak, overrides).await
-    }
-
     async fn build_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
         init_test_logs();
         let mut settings = settings_for(&db);

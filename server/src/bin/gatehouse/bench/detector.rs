@@ -293,6 +293,7 @@ mod tests {
             &queries,
             Some(&irrelevant),
             DetectorSettings::default(),
+            false,
         )
         .expect("bench runs");
         assert_eq!(report.tools, 3);

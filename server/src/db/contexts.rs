@@ -1,0 +1,86 @@
+//! The tool context store (`tool_contexts`): a chat's recent summarised tool results, read back
+//! for follow-ups. Bounded per chat on every write; expired rows are swept by a periodic job.
+
+use sqlx::AnyConnection;
+
+use super::DbError;
+
+const COLUMNS: &str = "id, channel, chat_id, tool, args, summary, preview, sources, entities, source_key, trace_id, created_at, expires_at";
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ContextRow {
+    pub id: i64,
+    pub channel: String,
+    pub chat_id: String,
+    pub tool: String,
+    /// Canonical JSON, without managed or secret fields.
+    pub args: String,
+    pub summary: String,
+    pub preview: String,
+    /// JSON array of links.
+    pub sources: String,
+    /// JSON array of names, titles and links, in result order.
+    pub entities: String,
+    pub source_key: String,
+    pub trace_id: Option<i64>,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+/// Stores `row` (its id is ignored) unless a row with its `source_key` exists, then keeps only
+/// the chat's `keep` newest rows. True when the row is new.
+pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<bool, DbError> {
+    let inserted = sqlx::query(
+        "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, entities, source_key, trace_id, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (source_key) DO NOTHING",
+    )
+    .bind(&row.channel)
+    .bind(&row.chat_id)
+    .bind(&row.tool)
+    .bind(&row.args)
+    .bind(&row.summary)
+    .bind(&row.preview)
+    .bind(&row.sources)
+    .bind(&row.entities)
+    .bind(&row.source_key)
+    .bind(row.trace_id)
+    .bind(row.created_at)
+    .bind(row.expires_at)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        > 0;
+    sqlx::query(
+        "DELETE FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND id NOT IN \
+         (SELECT id FROM tool_contexts WHERE channel = $1 AND chat_id = $2 ORDER BY id DESC LIMIT $3)",
+    )
+    .bind(&row.channel)
+    .bind(&row.chat_id)
+    .bind(keep)
+    .execute(&mut *conn)
+    .await?;
+    Ok(inserted)
+}
+
+/// The chat's contexts that have not expired at `now`, newest first.
+pub async fn recent(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64, limit: i64) -> Result<Vec<ContextRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at > $3 ORDER BY id DESC LIMIT $4");
+    Ok(sqlx::query_as(&sql).bind(channel).bind(chat_id).bind(now).bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// Whether the chat has a context that expired (and is not swept yet).
+pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64) -> Result<bool, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at <= $3")
+        .bind(channel)
+        .bind(chat_id)
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(n > 0)
+}
+
+/// Deletes the contexts expired more than `grace_ms` before `now`; how many. The grace keeps an
+/// expired context long enough to say that it expired.
+pub async fn sweep(conn: &mut AnyConnection, now: i64, grace_ms: i64) -> Result<u64, DbError> {
+    Ok(sqlx::query("DELETE FROM tool_contexts WHERE expires_at <= $1").bind(now.saturating_sub(grace_ms)).execute(&mut *conn).await?.rows_affected())
+}

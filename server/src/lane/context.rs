@@ -1,0 +1,246 @@
+//! The tool context store (seed 000 §11): every summarised result of a chat is kept as a
+//! context (the tool, its arguments without managed or secret fields, the summary, a bounded
+//! redacted preview, the result's links and its entities in result order), so that a follow-up
+//! ("what about Saturday?", "open the second one") has a referent. A chat reads only its own
+//! contexts; contexts expire after `lane.context_ttl`, are bounded per chat by
+//! `lane.contexts_per_chat`, and are swept by the periodic [`SweepContexts`] job. Results of
+//! tools tagged with one of `lane.private_data_tags` are never kept.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{detector::RecentContext, job::ToolCallJob};
+use crate::{
+    approvals,
+    config::Settings,
+    db::{
+        self, Db, DbError,
+        contexts::{self as store, ContextRow},
+    },
+    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
+    redact,
+    tools::{ToolDef, canonical::canonical_json},
+};
+
+/// Most characters of one entity.
+const ENTITY_MAX_CHARS: usize = 200;
+
+/// The chat's contexts as the detector and the planner read them.
+#[derive(Debug, Clone, Default)]
+pub struct Recent {
+    /// Newest first; none expired.
+    pub contexts: Vec<RecentContext>,
+    /// The chat had a context that has expired since: a follow-up of it is not answered from it.
+    pub expired: bool,
+}
+
+pub struct ContextStore {
+    db: Db,
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for ContextStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextStore").finish_non_exhaustive()
+    }
+}
+
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl ContextStore {
+    pub fn new(db: Db, settings: Arc<Settings>) -> Self {
+        Self { db, settings }
+    }
+
+    /// Keeps the summarised result of `job`'s call for its chat; true when a new context was
+    /// stored. Calls asked for in the console (no chat) and private-data tools keep nothing;
+    /// `pii_fields` (the audit's) and secret-named fields are replaced in the preview.
+    pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<bool, DbError> {
+        let lane = &self.settings.lane;
+        if !approvals::is_chat(&job.reply_to.channel) || tool.spec.tags.iter().any(|t| lane.private_data_tags.contains(t)) {
+            return Ok(false);
+        }
+        let mut args = job.args.clone();
+        if let Value::Object(map) = &mut args {
+            map.retain(|k, _| !tool.spec.managed_fields.contains(k) && !tool.spec.secret_fields.contains_key(k));
+        }
+        redact::redact(&mut args);
+        let args = canonical_json(&args);
+        let mut shown = output.clone();
+        redact::redact(&mut shown);
+        redact::redact_named(&mut shown, pii_fields, redact::PII_REDACTED);
+        let preview: String = canonical_json(&shown).chars().take(lane.context_preview_chars as usize).collect();
+        let found = Found::of(&shown, &lane.context_entity_fields, lane.context_max_entities as usize, lane.max_sources as usize);
+        let source_key = {
+            let mut h = Sha256::new();
+            for part in [job.reply_to.channel.as_str(), job.reply_to.chat_id.as_str(), tool.spec.name.as_str(), args.as_str(), correlation_id] {
+                h.update(part.as_bytes());
+                h.update([0]);
+            }
+            hex::encode(h.finalize())
+        };
+        let now = db::now_ms();
+        let row = ContextRow {
+            id: 0,
+            channel: job.reply_to.channel.clone(),
+            chat_id: job.reply_to.chat_id.clone(),
+            tool: tool.spec.name.clone(),
+            args,
+            summary: summary.chars().take(lane.summary_max_chars as usize).collect(),
+            preview,
+            sources: serde_json::to_string(&found.sources).unwrap_or_else(|_| "[]".into()),
+            entities: serde_json::to_string(&found.entities).unwrap_or_else(|_| "[]".into()),
+            source_key,
+            trace_id: job.trace_id,
+            created_at: now,
+            expires_at: now.saturating_add(ms(lane.context_ttl)),
+        };
+        let mut tx = self.db.begin_write().await?;
+        let stored = store::insert(&mut tx, &row, i64::from(lane.contexts_per_chat)).await?;
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    /// The chat's live contexts, newest first, and whether one has expired.
+    pub async fn recent(&self, channel: &str, chat_id: &str) -> Result<Recent, DbError> {
+        let now = db::now_ms();
+        let mut conn = self.db.pool.acquire().await?;
+        let rows = store::recent(&mut conn, channel, chat_id, now, i64::from(self.settings.lane.contexts_per_chat)).await?;
+        let expired = store::has_expired(&mut conn, channel, chat_id, now).await?;
+        let contexts = rows
+            .into_iter()
+            .map(|r| RecentContext {
+                id: Some(r.id.to_string()),
+                tool: r.tool,
+                args: serde_json::from_str(&r.args).unwrap_or(Value::Null),
+                summary: r.summary,
+                entities: serde_json::from_str(&r.entities).unwrap_or_default(),
+                age_secs: u64::try_from(now.saturating_sub(r.created_at) / 1000).unwrap_or(0),
+            })
+            .collect();
+        Ok(Recent { contexts, expired })
+    }
+}
+
+/// What a result names, in result order.
+#[derive(Debug, Default, PartialEq)]
+pub struct Found {
+    pub entities: Vec<String>,
+    pub sources: Vec<String>,
+}
+
+impl Found {
+    /// The values of `fields` (any depth, case-insensitive) as entities and every http(s) link
+    /// as a source, in the order the result lists them, without repeats.
+    pub fn of(output: &Value, fields: &[String], max_entities: usize, max_sources: usize) -> Self {
+        let mut found = Self::default();
+        found.walk(output, None, fields, max_entities, max_sources);
+        found
+    }
+
+    fn walk(&mut self, value: &Value, key: Option<&str>, fields: &[String], max_entities: usize, max_sources: usize) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    self.walk(v, Some(k), fields, max_entities, max_sources);
+                }
+            }
+            Value::Array(items) => {
+                for v in items {
+                    self.walk(v, key, fields, max_entities, max_sources);
+                }
+            }
+            Value::String(_) | Value::Number(_) => {
+                let text = match value {
+                    Value::String(s) => s.trim().to_string(),
+                    other => other.to_string(),
+                };
+                if text.is_empty() {
+                    return;
+                }
+                if (text.starts_with("https://") || text.starts_with("http://")) && self.sources.len() < max_sources && !self.sources.contains(&text) {
+                    self.sources.push(text.clone());
+                }
+                let wanted = key.is_some_and(|k| fields.iter().any(|f| f.eq_ignore_ascii_case(k)));
+                if wanted && self.entities.len() < max_entities {
+                    let text: String = text.chars().take(ENTITY_MAX_CHARS).collect();
+                    if !self.entities.contains(&text) {
+                        self.entities.push(text);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Deletes expired contexts, then runs again after `lane.context_sweep_every`. One such job
+/// lives per database (its dedupe key); `serve` and `worker` make sure it exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepContexts {}
+
+impl JobKind for SweepContexts {
+    const KIND: &'static str = "lane.context_sweep";
+}
+
+impl SweepContexts {
+    pub const DEDUPE_KEY: &'static str = "lane:context_sweep";
+
+    /// Enqueues the sweep unless it is already queued.
+    pub async fn ensure(queue: &JobQueue) -> Result<(), DbError> {
+        let mut job = queue.job(&SweepContexts {});
+        job.dedupe_key = Some(Self::DEDUPE_KEY.into());
+        job.correlation_id = Self::DEDUPE_KEY.into();
+        queue.enqueue(&job).await.map(|_| ())
+    }
+}
+
+pub struct SweepHandler {
+    db: Db,
+    settings: Arc<Settings>,
+}
+
+impl SweepHandler {
+    pub fn new(db: Db, settings: Arc<Settings>) -> Self {
+        Self { db, settings }
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler<SweepContexts> for SweepHandler {
+    async fn run(&self, _args: SweepContexts, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let lane = &self.settings.lane;
+        let mut tx = self.db.begin_write().await.map_err(DbError::from)?;
+        // An expired context is kept one more ttl, so a late follow-up is told it expired.
+        let swept = store::sweep(&mut tx, db::now_ms(), ms(lane.context_ttl)).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        Ok(JobOutput { preview: Some(format!("swept {swept} expired tool context(s)")), snooze: Some(lane.context_sweep_every) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn entities_and_sources_in_result_order() {
+        let fields: Vec<String> = ["title", "url", "city"].map(String::from).to_vec();
+        let output = json!({ "status": 200, "data": { "results": [
+            { "title": "Opening hours", "url": "https://shop.example/hours", "snippet": "9 to 5" },
+            { "title": "Directions", "url": "https://shop.example/map" },
+            { "title": "Opening hours", "url": "https://shop.example/hours" },
+        ], "city": "Lisbon" } });
+        let found = Found::of(&output, &fields, 10, 3);
+        assert_eq!(found.sources, vec!["https://shop.example/hours", "https://shop.example/map"]);
+        assert_eq!(found.entities, vec!["Lisbon", "Opening hours", "https://shop.example/hours", "Directions", "https://shop.example/map"]);
+        let few = Found::of(&output, &fields, 2, 1);
+        assert_eq!((few.entities.len(), few.sources.len()), (2, 1), "bounded");
+    }
+}

@@ -1,0 +1,105 @@
+//! Follow-ups of tool results (seed 000 §11, §12) through the webhook: every summarised result
+//! is kept as its chat's tool context; "what about tomorrow?" calls the same tool with the
+//! changed date, a question the result answers is answered from it, a memory question stays in
+//! normal chat; another chat never sees the context, contexts are bounded per chat, and an
+//! expired one is never used (FOLLOWUP_CONTEXT_EXPIRED) and is swept.
+
+use serde_json::Value;
+
+use crate::{
+    both_backends,
+    lane::PLANNER_MODEL,
+    lane_e2e::{CUSTOMER, rig},
+    support::TestDb,
+    whatsapp::{envelope, post_signed, text_message},
+};
+
+const OTHER: &str = "16505550199";
+
+async fn contexts_of(r: &crate::lane_e2e::Rig, chat: &str) -> Vec<(String, String, String, String)> {
+    sqlx::query_as("SELECT tool, args, summary, entities FROM tool_contexts WHERE channel = 'whatsapp' AND chat_id = $1 ORDER BY id")
+        .bind(chat)
+        .fetch_all(&r.app.state.db.pool)
+        .await
+        .expect("contexts")
+}
+
+fn has_step(steps: &[(String, String, String)], step: &str, decision: &str, code: &str) -> bool {
+    steps.iter().any(|(s, d, c)| s == step && d == decision && c == code)
+}
+
+async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.F1", "What's the weather in Lisbon today?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Today: sunny in Lisbon, 24°C.".to_string()], "{:?}", r.steps("wamid.F1").await);
+    let kept = contexts_of(&r, CUSTOMER).await;
+    assert_eq!(kept.len(), 1, "the summarised result is the chat's context");
+    let (tool, args, summary, entities) = &kept[0];
+    assert_eq!((tool.as_str(), summary.as_str()), ("forecast", "Today: sunny in Lisbon, 24°C."));
+    assert_eq!(serde_json::from_str::<Value>(args).expect("json"), serde_json::json!({ "date": "today", "place": "Lisbon" }));
+    assert!(entities.contains("Lisbon"), "{entities}");
+
+    // "What about tomorrow?": the same tool, the same place, the changed date.
+    r.exchange(&[("wamid.F2", "And what about tomorrow?")], 2).await;
+    assert_eq!(r.graph.texts()[1], "Tomorrow: rain in Lisbon.");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string(), "forecast/Lisbon/tomorrow".to_string()]);
+    let steps = r.steps("wamid.F2").await;
+    assert!(has_step(&steps, "AgentToolFollowup", "call_same_tool", "FOLLOWUP_CONTEXT"), "{steps:?}");
+    let planned = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).last().cloned().expect("planner request");
+    let said = planned.to_string();
+    assert!(said.contains("recent_tool_results") && said.contains("same_tool"), "the planner got the context and the hint: {said}");
+
+    // A question the result answers is answered from it, without a call.
+    r.exchange(&[("wamid.F3", "So will it be sunny then?")], 3).await;
+    assert_eq!(r.graph.texts()[2], "Yes: the forecast said sunny in Lisbon today.");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 2, "no tool call for an answer from context");
+    let steps = r.steps("wamid.F3").await;
+    assert!(has_step(&steps, "AgentToolPlannerResult", "answer_from_context", "FROM_CONTEXT"), "{steps:?}");
+
+    // A memory question stays in normal chat, even right after a tool result.
+    r.exchange(&[("wamid.F4", "Do you remember my name?")], 4).await;
+    assert_eq!(r.graph.texts()[3], "a chat reply");
+    let steps = r.steps("wamid.F4").await;
+    assert!(has_step(&steps, "AgentToolCandidate", "normal_chat", "MEMORY_QUESTION"), "{steps:?}");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 2);
+}
+both_backends!(followup_same_tool, a_follow_up_reuses_the_tool_context);
+
+async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
+    let r = rig(db, |s| s.lane.contexts_per_chat = 2).await;
+    r.exchange(&[("wamid.E1", "What's the weather in Lisbon today?")], 1).await;
+
+    // Another chat's follow-up finds no context of its own: normal chat, nothing called.
+    let other = envelope(vec![vec![text_message(OTHER, "wamid.O1", "And what about tomorrow?")]]);
+    assert_eq!(post_signed(&r.app, &other).await.status, axum::http::StatusCode::OK);
+    r.exchange(&[], 2).await;
+    assert_eq!(r.graph.texts()[1], "a chat reply");
+    let steps = r.steps("wamid.O1").await;
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolCandidate" && c == "FOLLOWUP_WITHOUT_CONTEXT"), "{steps:?}");
+    assert!(!steps.iter().any(|(_, _, c)| c == "FOLLOWUP_CONTEXT_EXPIRED"), "that chat never had one: {steps:?}");
+    assert!(contexts_of(&r, OTHER).await.is_empty());
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "one chat's context never served another");
+
+    // Bounded: the chat keeps its two newest.
+    r.exchange(&[("wamid.E2", "What's the weather in Lisbon today, again?")], 3).await;
+    r.exchange(&[("wamid.E3", "One more time: the weather in Lisbon today?")], 4).await;
+    assert_eq!(contexts_of(&r, CUSTOMER).await.len(), 2);
+
+    // Expired: the follow-up is not answered from the old result.
+    sqlx::query("UPDATE tool_contexts SET expires_at = 1").execute(&r.app.state.db.pool).await.expect("age");
+    let before = r.shop.requests.lock().expect("lock").len();
+    r.exchange(&[("wamid.E4", "And what about tomorrow?")], 5).await;
+    assert_eq!(r.graph.texts()[4], "a chat reply");
+    let steps = r.steps("wamid.E4").await;
+    assert!(has_step(&steps, "AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED"), "{steps:?}");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), before, "nothing called from an expired context");
+
+    // The sweep deletes them (and runs again later).
+    server::lane::context::SweepContexts::ensure(&r.app.gatehouse.jobs).await.expect("sweep queued");
+    server::lane::context::SweepContexts::ensure(&r.app.gatehouse.jobs).await.expect("once");
+    r.exchange(&[], 5).await;
+    assert!(contexts_of(&r, CUSTOMER).await.is_empty(), "swept");
+    let (sweeps, state): (i64, String) = sqlx::query_as("SELECT COUNT(*), MAX(state) FROM jobs WHERE kind = 'lane.context_sweep'").fetch_one(&r.app.state.db.pool).await.expect("sweep job");
+    assert_eq!((sweeps, state.as_str()), (1, "scheduled"), "one sweep job, waiting for its next run");
+}
+both_backends!(followup_contexts_scoped, contexts_belong_to_their_chat_are_bounded_and_expire);
