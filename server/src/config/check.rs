@@ -208,6 +208,10 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need((1..=50).contains(&lane.contexts_per_chat), "lane.contexts_per_chat", "must be from 1 to 50".into());
     need((50..=10_000).contains(&lane.context_preview_chars), "lane.context_preview_chars", "must be from 50 to 10,000".into());
     need(lane.context_max_entities <= 100, "lane.context_max_entities", "must be at most 100".into());
+    need(lane.max_search_calls <= 5, "lane.max_search_calls", "must be at most 5".into());
+    need((1..=20).contains(&lane.search_results), "lane.search_results", "must be from 1 to 20".into());
+    need(lane.search_tool.is_empty() || lane.search_tool != lane.respond_tool, "lane.search_tool", "must differ from lane.respond_tool".into());
+    need(lane.search_tool.is_empty() || !lane.search_description.trim().is_empty(), "lane.search_description", "must be set when lane.search_tool is".into());
     if !lane.enabled {
         return;
     }

@@ -103,6 +103,18 @@ pub struct LaneSettings {
     /// How often expired contexts are swept.
     #[serde(with = "duration_str")]
     pub context_sweep_every: Duration,
+    /// Name of the pseudo-tool through which the planner searches the catalog for tools beyond
+    /// the detector's candidates. Empty: no search. Must not be the name of a catalog tool.
+    pub search_tool: String,
+    /// Its description, as the planner reads it.
+    pub search_description: String,
+    /// Most searches one message's planning may make.
+    pub max_search_calls: u32,
+    /// Most tools one search adds.
+    pub search_results: u32,
+    /// Tools offered to the planner for every planned message, besides the candidates (each
+    /// only where the actor may use it).
+    pub always_offered: Vec<String>,
 }
 
 impl Default for LaneSettings {
@@ -143,6 +155,11 @@ impl Default for LaneSettings {
             context_entity_fields: ["title", "name", "url", "link", "date", "place", "location", "city"].map(String::from).to_vec(),
             context_max_entities: 10,
             context_sweep_every: Duration::from_secs(600),
+            search_tool: String::new(),
+            search_description: String::new(),
+            max_search_calls: 2,
+            search_results: 5,
+            always_offered: Vec::new(),
         }
     }
 }

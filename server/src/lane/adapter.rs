@@ -47,6 +47,7 @@ pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSet
         && spec.chat_types.contains(&chat)
         && super::validator::risk_allowed(spec.risk, actor, settings)
         && spec.name != settings.respond_tool
+        && spec.name != settings.search_tool
 }
 
 /// The planner's view of `tools` for `to`: each offerable tool once, described by

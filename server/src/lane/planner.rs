@@ -68,6 +68,17 @@ pub struct PlanInput {
     /// The detector's guess that the message follows up one of them.
     pub followup: Option<FollowupHint>,
     pub max_steps: usize,
+    /// Searches the planner may still make (`lane.search_tool`); 0 offers no search.
+    pub searches_left: usize,
+    /// Earlier turns of this planning: the planner's searches and their results.
+    pub transcript: Vec<Message>,
+}
+
+/// One search the planner asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SearchCall {
+    pub id: String,
+    pub query: String,
 }
 
 /// One tool call as the model proposed it. Not validated: `name` may be unknown and `args` may
@@ -91,6 +102,13 @@ pub enum PlanOutcome {
     Clarify { reply: String, reason: String },
     /// Refuse; `reply` is `lane.denied_reply`, never the model's words.
     Deny { reply: String, reason: String },
+    /// The planner searched the catalog for more tools (and made no other call); `content` is
+    /// its turn, to be answered with the search results.
+    Search {
+        searches: Vec<SearchCall>,
+        #[serde(skip)]
+        content: Vec<ContentBlock>,
+    },
     /// A follow-up the chat's recent tool results already answer; `reply` is the model's
     /// answer from them, cleaned and bounded. The lane takes it only when there were results.
     FromContext { reply: String, reason: String },
@@ -108,6 +126,7 @@ impl PlanOutcome {
             Self::Clarify { .. } => "clarify",
             Self::Deny { .. } => "deny",
             Self::FromContext { .. } => "answer_from_context",
+            Self::Search { .. } => "search",
             Self::ToolUse { .. } => "tool_use",
             Self::Failed { .. } => "failed",
         }
@@ -182,10 +201,15 @@ impl Planner {
             user.push(data::untrusted("recent_tool_results", &recent.join("\n")));
         }
         let strict = self.model.supports_strict_tools();
-        let mut tools: Vec<llm::ToolSpec> = input.tools.iter().filter(|t| t.name != lane.respond_tool).cloned().collect();
+        let mut tools: Vec<llm::ToolSpec> = input.tools.iter().filter(|t| t.name != lane.respond_tool && t.name != lane.search_tool).cloned().collect();
         tools.push(llm::ToolSpec { name: lane.respond_tool.clone(), description: lane.respond_description.trim().to_string(), input_schema: respond_schema(), strict });
+        if input.searches_left > 0 && !lane.search_tool.is_empty() {
+            tools.push(llm::ToolSpec { name: lane.search_tool.clone(), description: lane.search_description.trim().to_string(), input_schema: search_schema(), strict });
+        }
         let system = lane.planner_prompt.replace("{respond_tool}", &lane.respond_tool);
-        let mut req = ChatRequest::new(&self.settings.models, Purpose::Planner, input.correlation_id.clone(), vec![Message::user(user.join("\n\n"))])
+        let mut messages = vec![Message::user(user.join("\n\n"))];
+        messages.extend(input.transcript.iter().cloned());
+        let mut req = ChatRequest::new(&self.settings.models, Purpose::Planner, input.correlation_id.clone(), messages)
             .with_system(data::with_facts(&system, &facts))
             .with_tools(tools, ToolChoice::Any);
         req.disable_parallel_tool_use = input.max_steps <= 1;
@@ -204,11 +228,16 @@ impl Planner {
         }
         let mut calls = Vec::new();
         let mut responds = Vec::new();
+        let mut searches = Vec::new();
         let mut said = String::new();
         for block in &response.content {
             match block {
                 ContentBlock::Text { text } => said.push_str(text),
                 ContentBlock::ToolUse { name, input, .. } if *name == lane.respond_tool => responds.push(input),
+                ContentBlock::ToolUse { id, name, input } if !lane.search_tool.is_empty() && *name == lane.search_tool => {
+                    let query = input.get("query").and_then(Value::as_str).map(|q| data::cut(q.trim(), 200)).unwrap_or_default();
+                    searches.push(SearchCall { id: id.clone(), query });
+                }
                 ContentBlock::ToolUse { id, name, input } => {
                     let reason = data::cut(said.trim(), MAX_REASON_CHARS);
                     said.clear();
@@ -216,6 +245,10 @@ impl Planner {
                 }
                 _ => {}
             }
+        }
+        // Searches count only alone: beside a real call or an answer they are dropped.
+        if !searches.is_empty() && calls.is_empty() && responds.is_empty() {
+            return PlanOutcome::Search { searches, content: response.content.clone() };
         }
         let respond = match responds.as_slice() {
             [] if calls.is_empty() => return PlanOutcome::invalid("no tool call in the answer"),
@@ -268,6 +301,16 @@ fn respond_schema() -> Value {
             "requires_async": { "type": "boolean" },
             "requires_owner_approval": { "type": "boolean" },
         },
+    })
+}
+
+/// The search tool's input schema.
+fn search_schema() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["query"],
+        "properties": { "query": { "type": "string", "maxLength": 200 } },
     })
 }
 

@@ -34,6 +34,7 @@ use crate::{
     db::{self, Db, jobs::NewJob},
     domain::Role,
     jobs::{JobError, JobOutput, JobQueue, inline},
+    llm,
     tools::{CallContext, Catalog, Checkpoint, ToolCall},
     traces::Recorder,
 };
@@ -360,33 +361,76 @@ impl ToolLane for Lane {
             return LaneOutcome::NotHandled;
         }
         let catalog = self.checkpoint.catalog();
-        let tools = adapter::resolve(&catalog, &candidates);
-        let specs = adapter::tool_specs(&tools, OfferTo { actor, chat: inbound.chat_kind, strict_supported: self.strict_supported }, lane);
-        let input = PlanInput {
+        let to = OfferTo { actor, chat: inbound.chat_kind, strict_supported: self.strict_supported };
+        // What the planner is offered: the candidates and the always-offered tools, plus what
+        // its searches find. The validator accepts calls of exactly these.
+        let mut offered = candidates.clone();
+        for name in &lane.always_offered {
+            if !offered.contains(name) {
+                offered.push(name.clone());
+            }
+        }
+        let mut input = PlanInput {
             correlation_id: inbound.correlation_id.clone(),
             message: inbound.text.clone(),
             actor,
             chat_kind: inbound.chat_kind,
             memory_summary: self.memory_summary(&inbound.chat_id).await,
             private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
-            tools: specs,
+            tools: Vec::new(),
             recent: recent.contexts.clone(),
             followup: detection.followup.clone(),
             max_steps: lane.max_steps as usize,
+            searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
+            transcript: Vec::new(),
         };
-        let started = Instant::now();
-        let plan = self.planner.plan(&input).await;
-        let (code, calls): (&str, Vec<String>) = match &plan {
-            PlanOutcome::Failed { code, .. } => (code, Vec::new()),
-            PlanOutcome::ToolUse { calls, .. } => ("OK", calls.iter().map(|c| c.name.clone()).collect()),
-            PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
-            PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
-            PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
-            PlanOutcome::FromContext { .. } => ("FROM_CONTEXT", Vec::new()),
+        let plan = loop {
+            input.tools = adapter::tool_specs(&adapter::resolve(&catalog, &offered), to, lane);
+            let started = Instant::now();
+            let plan = self.planner.plan(&input).await;
+            let (code, calls): (&str, Vec<String>) = match &plan {
+                PlanOutcome::Failed { code, .. } => (code, Vec::new()),
+                PlanOutcome::ToolUse { calls, .. } => ("OK", calls.iter().map(|c| c.name.clone()).collect()),
+                PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
+                PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
+                PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
+                PlanOutcome::FromContext { .. } => ("FROM_CONTEXT", Vec::new()),
+                PlanOutcome::Search { .. } => ("SEARCH", Vec::new()),
+            };
+            trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "offered": input.tools.len(), "latency_ms": ms(started.elapsed()) }));
+            let PlanOutcome::Search { searches, content } = plan else { break plan };
+            if input.searches_left == 0 {
+                // Offered no search, or its last one was spent: nothing more to plan with.
+                trace.step("AgentToolSearch", "refused", "SEARCH_LIMIT", json!({ "max_search_calls": lane.max_search_calls }));
+                return LaneOutcome::NotHandled;
+            }
+            input.searches_left -= 1;
+            let index = self.index();
+            let mut results = Vec::new();
+            for search in &searches {
+                let found: Vec<String> = index
+                    .search(&search.query, actor, inbound.chat_kind, lane.search_results as usize + offered.len())
+                    .into_iter()
+                    .map(|c| c.name)
+                    .filter(|n| !offered.contains(n))
+                    .take(lane.search_results as usize)
+                    .collect();
+                let lines: Vec<String> = adapter::resolve(&catalog, &found)
+                    .iter()
+                    .filter(|t| adapter::offerable(t, actor, inbound.chat_kind, lane))
+                    .map(|t| format!("{}: {}", t.spec.name, adapter::description(t, &lane.tool_description).lines().next().unwrap_or_default()))
+                    .collect();
+                trace.step("AgentToolSearch", "searched", "OK", json!({ "found": found, "offered": lines.len() }));
+                offered.extend(found);
+                let text = if lines.is_empty() { "No other tool matches.".to_string() } else { lines.join("\n") };
+                // Tool descriptions are catalog data: untrusted, like every text the model reads.
+                results.push(llm::ContentBlock::ToolResult { tool_use_id: search.id.clone(), content: super::data::untrusted("tool_search_results", &text), is_error: false });
+            }
+            input.transcript.push(llm::Message { role: llm::Role::Assistant, content });
+            input.transcript.push(llm::Message { role: llm::Role::User, content: results });
         };
-        trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "latency_ms": ms(started.elapsed()) }));
         match plan {
-            PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } => LaneOutcome::NotHandled,
+            PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
             PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
             // An answer from results this chat was given; without any, it would be made up.
             PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
@@ -394,7 +438,7 @@ impl ToolLane for Lane {
                 LaneOutcome::NotHandled
             }
             PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },
-            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &candidates, trace).await,
+            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &offered, trace).await,
         }
     }
 }

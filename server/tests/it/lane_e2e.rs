@@ -182,6 +182,14 @@ fn plan_for_the_shop(llm: &Fake) {
         let model = body["model"].as_str().unwrap_or_default();
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
+            let offered = body["tools"].to_string();
+            // Tool search: the forecast tool is not among the candidates; search until it is.
+            if text.contains("umbrella") || text.contains("endless") {
+                if text.contains("umbrella") && offered.contains("\"forecast\"") {
+                    return anthropic(json!([tool_use("t2", "forecast", json!({ "place": "Lisbon", "date": "today" }))]), "tool_use");
+                }
+                return anthropic(json!([tool_use("s1", "search_tools", json!({ "query": "weather forecast" }))]), "tool_use");
+            }
             // A follow-up: the context the lane passed says which place; the fake changes the date.
             if text.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
                 return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "tomorrow" }))]), "tool_use");
@@ -410,3 +418,33 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     kill_nine(&mut server).await;
 }
 both_backends!(lane_e2e_slow_kill_nine, a_slow_answer_survives_kill_nine_of_the_server);
+
+
+/// The planner sees the candidates only; through the search tool it finds another tool of the
+/// catalog, which is then offered and called. Searches are bounded.
+async fn the_planner_finds_a_tool_through_search(db: TestDb) {
+    let r = rig(db, |s| s.lane.detector.max_candidates = 1).await;
+    r.exchange(&[("wamid.S1", "Track my order 4821: do I need an umbrella in Lisbon today?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Today: sunny in Lisbon, 24°C.".to_string()], "{:?}", r.steps("wamid.S1").await);
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string()]);
+    let plans: Vec<Value> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).cloned().collect();
+    let names = |b: &Value| -> Vec<String> { b["tools"].as_array().map(|t| t.iter().filter_map(|t| t["name"].as_str().map(String::from)).collect()).unwrap_or_default() };
+    assert_eq!(plans.len(), 2, "one search, then the call");
+    assert!(!names(&plans[0]).contains(&"forecast".to_string()) && names(&plans[0]).contains(&"search_tools".to_string()), "{:?}", names(&plans[0]));
+    assert!(names(&plans[0]).len() <= 3, "the candidate, respond and search only: {:?}", names(&plans[0]));
+    assert!(names(&plans[1]).contains(&"forecast".to_string()), "the found tool is offered: {:?}", names(&plans[1]));
+    let second = plans[1]["messages"].to_string();
+    assert!(second.contains("tool_result") && second.contains("tool_search_results") && second.contains("forecast"), "{second}");
+    let steps = r.steps("wamid.S1").await;
+    let order: Vec<(&str, &str)> = steps.iter().filter(|(s, _, _)| s.starts_with("AgentToolPlanner") || s == "AgentToolSearch").map(|(s, d, _)| (s.as_str(), d.as_str())).collect();
+    assert_eq!(order, vec![("AgentToolPlannerResult", "search"), ("AgentToolSearch", "searched"), ("AgentToolPlannerResult", "tool_use")], "{steps:?}");
+
+    // A planner that keeps searching is stopped at lane.max_search_calls; the message goes to chat.
+    r.exchange(&[("wamid.S2", "Track my order 4821, endless please")], 2).await;
+    assert_eq!(r.graph.texts()[1], "a chat reply");
+    let steps = r.steps("wamid.S2").await;
+    let searched = steps.iter().filter(|(s, d, _)| s == "AgentToolSearch" && d == "searched").count();
+    assert_eq!(searched, 2, "{steps:?}");
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolSearch" && c == "SEARCH_LIMIT"), "{steps:?}");
+}
+both_backends!(lane_e2e_tool_search, the_planner_finds_a_tool_through_search);

@@ -126,6 +126,23 @@ impl Index {
         lexical
     }
 
+    /// The tools that best match `query` for `actor` in a `chat`, best first, at most `limit`,
+    /// whatever the confidence: the planner's tool search (seed 003 WS-5).
+    pub fn search(&self, query: &str, actor: Role, chat: ChatKind, limit: usize) -> Vec<Candidate> {
+        let words = self.analyzer.words(query);
+        if words.is_empty() {
+            return Vec::new();
+        }
+        let query = self.inverted.query(&words, &self.settings);
+        self.inverted
+            .score(&query, &words, &self.settings)
+            .into_iter()
+            .filter(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat))
+            .take(limit)
+            .map(|s| Candidate { name: self.inverted.entries[s.doc as usize].name.clone(), score: s.hit.score })
+            .collect()
+    }
+
     fn visible(&self, doc: usize, actor: Role, chat: ChatKind) -> bool {
         let entry = &self.inverted.entries[doc];
         (actor == Role::Owner || !entry.owner_only)

@@ -29,6 +29,8 @@ pub fn input(s: &Settings, strict: bool, actor: Role, candidates: &[&str], messa
         recent: vec![],
         followup: None,
         max_steps: s.lane.max_steps as usize,
+        searches_left: 0,
+        transcript: vec![],
     }
 }
 
