@@ -134,7 +134,7 @@ impl Gatehouse {
         let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
-        let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), settings.clone()));
+        let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
         let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,

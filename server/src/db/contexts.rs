@@ -79,6 +79,11 @@ pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str,
     Ok(n > 0)
 }
 
+/// How many contexts are stored.
+pub async fn count(conn: &mut AnyConnection) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts").fetch_one(&mut *conn).await?)
+}
+
 /// Deletes the contexts expired more than `grace_ms` before `now`; how many. The grace keeps an
 /// expired context long enough to say that it expired.
 pub async fn sweep(conn: &mut AnyConnection, now: i64, grace_ms: i64) -> Result<u64, DbError> {

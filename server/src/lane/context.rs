@@ -3,8 +3,9 @@
 //! redacted preview, the result's links and its entities in result order), so that a follow-up
 //! ("what about Saturday?", "open the second one") has a referent. A chat reads only its own
 //! contexts; contexts expire after `lane.context_ttl`, are bounded per chat by
-//! `lane.contexts_per_chat`, and are swept by the periodic [`SweepContexts`] job. Results of
-//! tools tagged with one of `lane.private_data_tags` are never kept.
+//! `lane.contexts_per_chat`, and are swept by the [`SweepContexts`] job, which storing a context
+//! queues and which runs every `lane.context_sweep_every` for as long as contexts remain.
+//! Results of tools tagged with one of `lane.private_data_tags` are never kept.
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ pub struct Recent {
 
 pub struct ContextStore {
     db: Db,
+    queue: JobQueue,
     settings: Arc<Settings>,
 }
 
@@ -53,8 +55,8 @@ fn ms(d: std::time::Duration) -> i64 {
 }
 
 impl ContextStore {
-    pub fn new(db: Db, settings: Arc<Settings>) -> Self {
-        Self { db, settings }
+    pub fn new(db: Db, queue: JobQueue, settings: Arc<Settings>) -> Self {
+        Self { db, queue, settings }
     }
 
     /// Keeps the summarised result of `job`'s call for its chat; true when a new context was
@@ -102,7 +104,13 @@ impl ContextStore {
         };
         let mut tx = self.db.begin_write().await?;
         let stored = store::insert(&mut tx, &row, i64::from(lane.contexts_per_chat)).await?;
-        tx.commit().await?;
+        // The sweep, unless one is queued already (its dedupe key).
+        let mut sweep = self.queue.job(&SweepContexts {});
+        sweep.dedupe_key = Some(SweepContexts::DEDUPE_KEY.into());
+        sweep.correlation_id = SweepContexts::DEDUPE_KEY.into();
+        sweep.scheduled_at = Some(now.saturating_add(ms(lane.context_sweep_every)));
+        self.queue.enqueue_in(&mut tx, &sweep).await?;
+        self.queue.commit(tx).await?;
         Ok(stored)
     }
 
@@ -179,8 +187,8 @@ impl Found {
     }
 }
 
-/// Deletes expired contexts, then runs again after `lane.context_sweep_every`. One such job
-/// lives per database (its dedupe key); `serve` and `worker` make sure it exists.
+/// Deletes expired contexts, and runs again after `lane.context_sweep_every` while any context
+/// remains. At most one is queued per database (its dedupe key); storing a context queues it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweepContexts {}
 
@@ -190,14 +198,6 @@ impl JobKind for SweepContexts {
 
 impl SweepContexts {
     pub const DEDUPE_KEY: &'static str = "lane:context_sweep";
-
-    /// Enqueues the sweep unless it is already queued.
-    pub async fn ensure(queue: &JobQueue) -> Result<(), DbError> {
-        let mut job = queue.job(&SweepContexts {});
-        job.dedupe_key = Some(Self::DEDUPE_KEY.into());
-        job.correlation_id = Self::DEDUPE_KEY.into();
-        queue.enqueue(&job).await.map(|_| ())
-    }
 }
 
 pub struct SweepHandler {
@@ -218,8 +218,10 @@ impl Handler<SweepContexts> for SweepHandler {
         let mut tx = self.db.begin_write().await.map_err(DbError::from)?;
         // An expired context is kept one more ttl, so a late follow-up is told it expired.
         let swept = store::sweep(&mut tx, db::now_ms(), ms(lane.context_ttl)).await?;
+        let left = store::count(&mut tx).await?;
         tx.commit().await.map_err(DbError::from)?;
-        Ok(JobOutput { preview: Some(format!("swept {swept} expired tool context(s)")), snooze: Some(lane.context_sweep_every) })
+        let preview = Some(format!("swept {swept} expired tool context(s); {left} left"));
+        Ok(JobOutput { preview, snooze: (left > 0).then_some(lane.context_sweep_every) })
     }
 }
 

@@ -94,12 +94,14 @@ async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
     assert!(has_step(&steps, "AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED"), "{steps:?}");
     assert_eq!(r.shop.requests.lock().expect("lock").len(), before, "nothing called from an expired context");
 
-    // The sweep deletes them (and runs again later).
-    server::lane::context::SweepContexts::ensure(&r.app.gatehouse.jobs).await.expect("sweep queued");
-    server::lane::context::SweepContexts::ensure(&r.app.gatehouse.jobs).await.expect("once");
+    // Storing contexts queued one sweep; when it runs it deletes them, and with none left it
+    // does not run again.
+    let (sweeps, state): (i64, String) = sqlx::query_as("SELECT COUNT(*), MAX(state) FROM jobs WHERE kind = 'lane.context_sweep'").fetch_one(&r.app.state.db.pool).await.expect("sweep job");
+    assert_eq!((sweeps, state.as_str()), (1, "scheduled"), "one sweep queued for three stored contexts");
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'lane.context_sweep'").execute(&r.app.state.db.pool).await.expect("due now");
     r.exchange(&[], 5).await;
     assert!(contexts_of(&r, CUSTOMER).await.is_empty(), "swept");
     let (sweeps, state): (i64, String) = sqlx::query_as("SELECT COUNT(*), MAX(state) FROM jobs WHERE kind = 'lane.context_sweep'").fetch_one(&r.app.state.db.pool).await.expect("sweep job");
-    assert_eq!((sweeps, state.as_str()), (1, "scheduled"), "one sweep job, waiting for its next run");
+    assert_eq!((sweeps, state.as_str()), (1, "completed"), "nothing left to sweep: it stops");
 }
 both_backends!(followup_contexts_scoped, contexts_belong_to_their_chat_are_bounded_and_expire);

@@ -71,7 +71,6 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
         }
         None => None,
     };
-    ensure_periodic(&gatehouse).await;
     let worker = gatehouse.config.settings.jobs.worker_in_serve.then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
@@ -103,19 +102,11 @@ fn spawn_catalog_reload(state: AppState) {
     });
 }
 
-/// The periodic jobs (one each per database, by their dedupe keys).
-async fn ensure_periodic(gatehouse: &server::bootstrap::Gatehouse) {
-    if let Err(e) = server::lane::context::SweepContexts::ensure(&gatehouse.jobs).await {
-        tracing::warn!(error = %e, "could not queue the tool context sweep; expired contexts are still never read");
-    }
-}
-
 pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     refuse_if_strict(&cfg)?;
     let gatehouse = build(cfg, files).await?;
     warn_about_storage(&gatehouse.config.settings.database);
     tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
-    ensure_periodic(&gatehouse).await;
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
     gatehouse.db.close().await;
     Ok(())
