@@ -22,7 +22,7 @@ use crate::{
     lane_e2e::{CUSTOMER, Rig, TOOLS, connectors, rig},
     procs::{Gatehouse, kill_nine, wait_for},
     support::TestDb,
-    whatsapp::{envelope, post_signed},
+    whatsapp::{envelope, post_signed, text_message},
 };
 
 const OWNER: &str = "16505550001";
@@ -232,6 +232,32 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
+
+/// `/reject ID reason` and `/approve ID` as text from an owner's number decide like the
+/// buttons: the rejection keeps its reason and tells the customer; the approval runs the call.
+async fn owners_decide_with_text_commands(db: TestDb) {
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
+    r.add_owner().await;
+    let settings = r.app.state.config.settings.approvals.clone();
+    r.exchange(&[("wamid.T1", "Please refund my order 4821")], 2).await;
+    let first: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
+    let reject = text_message(OWNER, "wamid.T2", &format!("/reject {first} The order was a gift"));
+    r.press(vec![reject], 4).await;
+    let (state, note, by): (String, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT state, decision_note, decided_by FROM approvals WHERE id = $1").bind(first).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!((state.as_str(), note.as_deref(), by.as_deref()), ("rejected", Some("The order was a gift"), Some("Olga Owner")));
+    let texts = r.graph.texts();
+    assert!(texts.contains(&settings.requester_rejected), "the customer is told: {texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with(&format!("Rejected #{first}"))), "{texts:?}");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
+
+    r.exchange(&[("wamid.T3", "Please refund my order 4821 after all")], 6).await;
+    let second: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
+    assert_ne!(first, second);
+    r.press(vec![text_message(OWNER, "wamid.T4", &format!("/approve {second}"))], 9).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "the approved call ran once");
+}
+both_backends!(approvals_text_commands, owners_decide_with_text_commands);
 
 fn console_requester(correlation: &str) -> server::approvals::Requester {
     server::approvals::Requester {
