@@ -187,3 +187,63 @@ async fn more_calls_than_max_steps_stop_the_whole_plan(db: TestDb) {
     assert!(!v.runnable());
 }
 both_backends!(lane_max_steps, more_calls_than_max_steps_stop_the_whole_plan);
+
+/// Property: whatever the model proposes (known, unknown or owner-only tools, any arguments, any
+/// number of calls), a customer's plan is validated without panicking and without running
+/// anything, and a plan is runnable only when every call is a candidate the customer may use,
+/// within `max_steps`, without a managed or secret field, and passes the checkpoint's gates.
+#[test]
+fn any_proposal_is_validated_without_running_anything() {
+    use proptest::{prelude::*, test_runner::Config};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let db = TestDb::sqlite();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let checkpoint = rt.block_on(async {
+        let pool = db.connect().await;
+        pool.migrate().await.expect("migrate");
+        let audit = AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone()));
+        let mut cp = Checkpoint::new(pool, catalog(TOOLS), audit, server::config::SecretSource::from_fn(|_| Some("secret".into())));
+        cp.register_builtin("test.echo", Arc::new(Counting(ran.clone())));
+        cp
+    });
+    let s = settings(LlmProvider::Anthropic, "http://127.0.0.1:9");
+    let candidates: Vec<String> = ["lookup_order", "page_search", "owner_report", "refund"].map(String::from).to_vec();
+    let ctx = customer();
+    let leaf = prop_oneof![Just(Value::Null), any::<bool>().prop_map(Value::from), (-5i64..50).prop_map(Value::from), "[a-z0-9 ]{0,12}".prop_map(Value::from)];
+    let value = leaf.prop_recursive(2, 12, 4, |inner| {
+        prop_oneof![prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from), prop::collection::btree_map("[a-z_]{1,8}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect()))]
+    });
+    let key = prop_oneof![Just("order_id"), Just("query"), Just("limit"), Just("period"), Just("chat_id"), Just("api_key"), Just("extra")];
+    let args = prop_oneof![
+        1 => value.clone(),
+        4 => prop::collection::btree_map(key.prop_map(String::from), value, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+    ];
+    let name = prop_oneof![Just("lookup_order"), Just("page_search"), Just("owner_report"), Just("refund"), Just("no_such_tool"), Just("respond_without_tool")];
+    let valid = prop_oneof![
+        "[0-9]{1,6}".prop_map(|id| ("lookup_order", serde_json::json!({ "order_id": id }))),
+        ("[a-z ]{1,10}", proptest::option::of(1i64..20)).prop_map(|(q, l)| ("page_search", match l { Some(l) => serde_json::json!({ "query": q, "limit": l }), None => serde_json::json!({ "query": q }) })),
+        "[0-9]{1,6}".prop_map(|id| ("refund", serde_json::json!({ "order_id": id }))),
+    ];
+    let calls = prop::collection::vec(prop_oneof![3 => valid, 2 => (name, args)], 0..4);
+    let (runnable, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    proptest!(Config { cases: 400, failure_persistence: None, ..Config::default() }, |(proposed in calls, advice in any::<(bool, bool)>())| {
+        let calls: Vec<ProposedCall> = proposed.iter().enumerate().map(|(i, (n, a))| ProposedCall { id: format!("t{i}"), name: n.to_string(), args: a.clone(), reason: String::new() }).collect();
+        let scope = PlanScope { candidates: &candidates, ctx: &ctx, private_data: &PrivateData::Clear, max_steps: 2 };
+        let advisory = Advisory { requires_async: advice.0, requires_owner_approval: advice.1 };
+        let v = Validator { checkpoint: &checkpoint, settings: &s.lane }.validate(&calls, advisory, &scope);
+        prop_assert_eq!(ran.load(Ordering::SeqCst), 0, "the validator ran a tool");
+        if v.runnable() {
+            runnable.set(runnable.get() + 1);
+            prop_assert!(calls.len() <= 2 && v.accepted.len() == calls.len());
+            for call in &v.accepted {
+                prop_assert!(candidates.contains(&call.tool) && call.tool != "owner_report", "{} accepted for a customer", call.tool);
+                prop_assert!(call.args.get("chat_id").is_none() && call.args.get("api_key").is_none(), "a managed or secret field passed: {}", call.args);
+                let checked = checkpoint.check(&server::tools::ToolCall { name: call.tool.clone(), args: call.args.clone() }, &ctx);
+                prop_assert!(checked.is_ok(), "accepted but the checkpoint refuses {}: {:?}", call.args, checked.err());
+            }
+        } else {
+            refused.set(refused.get() + 1);
+        }
+    });
+    assert!(runnable.get() > 10 && refused.get() > 10, "both kinds were generated: {} runnable, {} refused", runnable.get(), refused.get());
+}
