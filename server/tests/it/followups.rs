@@ -65,6 +65,26 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
 }
 both_backends!(followup_same_tool, a_follow_up_reuses_the_tool_context);
 
+/// "Open the second one" after a search: the context keeps the listed links in order, and the
+/// follow-up opens the second with another tool.
+async fn the_second_one_opens_the_second_listed_link(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.N1", "Please search the shop for returns")], 1).await;
+    let first = r.graph.texts();
+    assert!(first.len() == 1 && first[0].starts_with("I found two pages") && first[0].contains("https://shop.example/pages/returns"), "the sources are kept: {first:?}");
+    let kept = contexts_of(&r, CUSTOMER).await;
+    let entities: Vec<String> = serde_json::from_str(&kept[0].3).expect("entities");
+    let hours = entities.iter().position(|e| e.ends_with("/hours")).expect("first link kept");
+    let returns = entities.iter().position(|e| e.ends_with("/returns")).expect("second link kept");
+    assert!(hours < returns, "in result order: {entities:?}");
+    r.exchange(&[("wamid.N2", "Open the second one")], 2).await;
+    assert!(r.graph.texts()[1].starts_with("Returns are free within 30 days"), "{:?}", r.graph.texts());
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()]);
+    let steps = r.steps("wamid.N2").await;
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolFollowup" && c == "FOLLOWUP_CONTEXT"), "{steps:?}");
+}
+both_backends!(followup_second_one, the_second_one_opens_the_second_listed_link);
+
 async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
     let r = rig(db, |s| s.lane.contexts_per_chat = 2).await;
     r.exchange(&[("wamid.E1", "What's the weather in Lisbon today?")], 1).await;

@@ -70,6 +70,23 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             }),
         )
         .route(
+            "/api/search",
+            get(|State(shop): State<Shop>| async move {
+                shop.requests.lock().expect("lock").push("search".into());
+                Json(json!({ "results": [
+                    { "title": "Opening hours", "url": "https://shop.example/pages/hours" },
+                    { "title": "Returns policy", "url": "https://shop.example/pages/returns" },
+                ] }))
+            }),
+        )
+        .route(
+            "/api/pages/{page}",
+            get(|State(shop): State<Shop>, Path(page): Path<String>| async move {
+                shop.requests.lock().expect("lock").push(format!("pages/{page}"));
+                Json(json!({ "title": page, "text": "Returns are free within 30 days." }))
+            }),
+        )
+        .route(
             "/api/sales",
             get(|State(shop): State<Shop>| async move {
                 shop.requests.lock().expect("lock").push("sales".into());
@@ -125,6 +142,28 @@ risk = "low"
 input_schema = { type = "object", additionalProperties = false, required = ["place", "date"], properties = { place = { type = "string", maxLength = 80 }, date = { type = "string", maxLength = 40 } } }
 
 [[tool]]
+name = "page_search"
+title = "Shop page search"
+description = "Searches the shop's help pages and lists the matching pages with their links."
+triggers = ["search the shop"]
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["query"], properties = { query = { type = "string", maxLength = 80 } } }
+
+[[tool]]
+name = "open_page"
+title = "Open a shop page"
+description = "Opens one of the shop's help pages by its name and returns its text."
+triggers = ["open the page"]
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["page"], properties = { page = { type = "string", maxLength = 40, pattern = "^[a-z-]+$" } } }
+
+[[tool]]
 name = "sales_report"
 title = "Sales report"
 description = "The shop's sales figures for the owner."
@@ -143,7 +182,7 @@ pub(crate) fn connectors(addr: SocketAddr) -> String {
 id = "shop"
 title = "Test shop"
 base_url = "http://{addr}/api"
-allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/sales"]
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/search", "http://{addr}/api/pages/*", "http://{addr}/api/sales"]
 
 [[connector.action]]
 tool = "refund_order"
@@ -160,6 +199,17 @@ tool = "forecast"
 method = "GET"
 path = "forecast/{{place}}"
 query = {{ date = "{{date}}" }}
+
+[[connector.action]]
+tool = "page_search"
+method = "GET"
+path = "search"
+query = {{ q = "{{query}}" }}
+
+[[connector.action]]
+tool = "open_page"
+method = "GET"
+path = "pages/{{page}}"
 
 [[connector.action]]
 tool = "sales_report"
@@ -190,6 +240,22 @@ fn plan_for_the_shop(llm: &Fake) {
                 }
                 return anthropic(json!([tool_use("s1", "search_tools", json!({ "query": "weather forecast" }))]), "tool_use");
             }
+            // "The second one": the second link the context listed, opened with the page tool.
+            if text.contains("the second one") && text.contains("recent_tool_results") {
+                let links: Vec<&str> = text.match_indices("https://shop.example/pages/").map(|(i, _)| &text[i + 27..]).map(|rest| rest.split(|c: char| !c.is_ascii_lowercase() && c != '-').next().unwrap_or_default()).collect();
+                let mut distinct: Vec<&str> = Vec::new();
+                for l in links {
+                    if !distinct.contains(&l) {
+                        distinct.push(l);
+                    }
+                }
+                if let Some(page) = distinct.get(1) {
+                    return anthropic(json!([tool_use("t1", "open_page", json!({ "page": page }))]), "tool_use");
+                }
+            }
+            if text.contains("search the shop") {
+                return anthropic(json!([tool_use("t1", "page_search", json!({ "query": "returns" }))]), "tool_use");
+            }
             // A follow-up: the context the lane passed says which place; the fake changes the date.
             if text.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
                 return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "tomorrow" }))]), "tool_use");
@@ -210,7 +276,11 @@ fn plan_for_the_shop(llm: &Fake) {
             let id = if text.contains("slow-7") { "slow-7" } else { "4821" };
             anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": id }))]), "tool_use")
         } else if model == SUMMARIZER_MODEL {
-            let summary = if text.contains("rain") {
+            let summary = if text.contains("Returns are free") {
+                "Returns are free within 30 days: https://shop.example/pages/returns"
+            } else if text.contains("Returns policy") {
+                "I found two pages: Opening hours and Returns policy."
+            } else if text.contains("rain") {
                 "Tomorrow: rain in Lisbon."
             } else if text.contains("sunny") {
                 "Today: sunny in Lisbon, 24°C."
