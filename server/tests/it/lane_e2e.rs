@@ -304,10 +304,15 @@ pub(crate) struct Rig {
 
 /// The app over the shop, with the fake planner of [`plan_for_the_shop`].
 pub(crate) async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
+    rig_with(db, TOOLS, "", tweak).await
+}
+
+/// [`rig`] with other tools (and connector actions appended to the shop's).
+pub(crate) async fn rig_with(db: TestDb, tools: &str, actions: &str, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
     let (addr, shop) = shop().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("tools.toml"), TOOLS).expect("tools");
-    std::fs::write(dir.path().join("connectors.toml"), connectors(addr)).expect("connectors");
+    std::fs::write(dir.path().join("tools.toml"), tools).expect("tools");
+    std::fs::write(dir.path().join("connectors.toml"), connectors(addr) + actions).expect("connectors");
     let graph = FakeGraph::start().await;
     let (llm, llm_url) = Fake::start().await;
     plan_for_the_shop(&llm);
@@ -518,3 +523,28 @@ async fn the_planner_finds_a_tool_through_search(db: TestDb) {
     assert!(steps.iter().any(|(s, _, c)| s == "AgentToolSearch" && c == "SEARCH_LIMIT"), "{steps:?}");
 }
 both_backends!(lane_e2e_tool_search, the_planner_finds_a_tool_through_search);
+
+
+/// A catalog of a thousand tools never reaches the model whole: the planner is offered the
+/// detector's candidates (and, after a search, a few more), never the catalog.
+async fn a_large_catalog_never_reaches_the_planner_whole(db: TestDb) {
+    let mut tools = TOOLS.to_string();
+    let mut actions = String::new();
+    for i in 0..1000 {
+        tools.push_str(&format!(
+            "\n[[tool]]\nname = \"gadget_{i:04}\"\ntitle = \"Gadget {i}\"\ndescription = \"Shows the stock level of gadget model {i} in warehouse {w}.\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = {{ type = \"object\", additionalProperties = false, properties = {{}} }}\n",
+            w = i % 7
+        ));
+        actions.push_str(&format!("\n[[connector.action]]\ntool = \"gadget_{i:04}\"\nmethod = \"GET\"\npath = \"orders/gadget-{i}\"\n"));
+    }
+    let r = rig_with(db, &tools, &actions, |_| {}).await;
+    assert!(r.app.state.tools.catalog().len() > 1000);
+    r.exchange(&[("wamid.BIG", "Track my order 4821: do I need an umbrella in Lisbon today?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Today: sunny in Lisbon, 24°C.".to_string()], "{:?}", r.steps("wamid.BIG").await);
+    let max = r.app.state.config.settings.lane.detector.max_candidates + 2 + r.app.state.config.settings.lane.search_results as usize;
+    for body in r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL) {
+        let offered = body["tools"].as_array().map_or(0, Vec::len);
+        assert!(offered <= max, "{offered} tools offered; at most {max}");
+    }
+}
+both_backends!(lane_e2e_large_catalog, a_large_catalog_never_reaches_the_planner_whole);
