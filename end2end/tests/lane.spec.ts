@@ -14,6 +14,7 @@ import { binary, dataDir, port, repo } from "./support";
 // API and the business system a fake shop, all served by this test on loopback.
 // - A simulated chat asks where an order is: the answer comes from the shop's tool, and the
 //   trace shows the lane's steps.
+// - A follow-up ("and what about order 4822?") is planned with the chat's tool context.
 // - A customer asks on WhatsApp (a signed webhook) for a refund, which needs an owner; the owner
 //   approves in the console, the row updates live, the call reaches the shop once and the fake
 //   Graph API receives the answer for the customer. A second request is rejected with a reason,
@@ -65,7 +66,10 @@ class Edge {
         const tool = text.includes("refund") ? "refund_order" : "order_status";
         return message([{ type: "tool_use", id: "t1", name: tool, input: { order_id: order } }], "tool_use");
       }
-      if (request.model === "e2e-summarizer") return message([{ type: "text", text: text.includes("refunded") ? SUMMARY : STATUS }], "end_turn");
+      if (request.model === "e2e-summarizer") {
+        const id = text.includes("4822") ? "4822" : "4821";
+        return message([{ type: "text", text: text.includes("refunded") ? SUMMARY : STATUS.replace("4821", id) }], "end_turn");
+      }
       return message([{ type: "text", text: "a chat reply" }], "end_turn");
     }
     if (url.endsWith(`/${PHONE_NUMBER_ID}/messages`)) {
@@ -219,6 +223,21 @@ test("a simulated chat gets a tool's answer, and its trace shows the lane", asyn
   await expect(timeline.locator('li[data-step="AgentToolPlanAccepted"]')).toBeVisible();
   await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
   await expect(timeline.getByTestId("step-job").first()).toBeVisible();
+});
+
+test("a follow-up in the simulator reuses the chat's tool context", async ({ page }) => {
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill("+15550100078");
+  await page.getByTestId("sim-text").fill("Where is my order 4821?");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-reply")).toHaveText(STATUS);
+  await page.getByTestId("sim-text").fill("And what about order 4822?");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-reply")).toHaveText(STATUS.replace("4821", "4822"));
+  await page.getByTestId("sim-trace").click();
+  const timeline = page.getByTestId("trace-timeline");
+  await expect(timeline.locator('li[data-step="AgentToolFollowup"]')).toContainText("FOLLOWUP_CONTEXT");
+  await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
 });
 
 test("an owner approves a customer's refund in the browser; the customer gets the answer once", async ({ page }) => {
