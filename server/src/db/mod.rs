@@ -14,6 +14,7 @@ pub mod owners;
 pub mod sessions;
 pub mod simulator;
 pub mod tool_audit;
+pub mod tool_sessions;
 pub mod tool_results;
 pub mod traces;
 pub mod whatsapp;

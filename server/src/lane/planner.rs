@@ -212,7 +212,8 @@ impl Planner {
         let mut req = ChatRequest::new(&self.settings.models, Purpose::Planner, input.correlation_id.clone(), messages)
             .with_system(data::with_facts(&system, &facts))
             .with_tools(tools, ToolChoice::Any);
-        req.disable_parallel_tool_use = input.max_steps <= 1;
+        // No parallel calls (seed §13): more steps come one at a time, as a chain.
+        req.disable_parallel_tool_use = true;
         req.max_tokens = Some(lane.planner_max_tokens);
         req
     }

@@ -30,6 +30,8 @@ pub struct Answer {
     pub retryable: bool,
     /// How the summary was made, for the trace.
     pub used_model: bool,
+    /// The call's result, when it succeeded: the next step of a chain is planned from it.
+    pub output: Option<Value>,
 }
 
 pub struct Processor {
@@ -85,7 +87,7 @@ impl Processor {
             // Gone from the catalog since: nothing to summarize with; say it failed.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false };
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None };
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
@@ -97,7 +99,7 @@ impl Processor {
                 tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed");
             }
         }
-        Answer { text: summary.text, failure, retryable, used_model: summary.used_model }
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output }
     }
 }
 

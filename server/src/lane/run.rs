@@ -21,7 +21,7 @@ use super::{
     context::{ContextStore, Recent},
     detector::{FollowupKind, Index, ReasonCode},
     job::ToolCallJob,
-    planner::{PlanInput, PlanOutcome, Planner},
+    planner::{PlanInput, PlanOutcome, Planner, ProposedCall},
     processor::{Answer, Processor},
     tool_docs,
     validator::{Advisory, PlanScope, ValidatedCall, Validator},
@@ -35,7 +35,7 @@ use crate::{
     domain::Role,
     jobs::{JobError, JobOutput, JobQueue, inline},
     llm,
-    tools::{CallContext, Catalog, Checkpoint, ToolCall},
+    tools::{CallContext, Catalog, Checkpoint, ToolCall, catalog::Operation},
     traces::Recorder,
 };
 
@@ -58,6 +58,23 @@ pub struct Lane {
 impl std::fmt::Debug for Lane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lane").finish_non_exhaustive()
+    }
+}
+
+/// What running one accepted call came to.
+enum Ran {
+    /// It answered in time: its summary, and its result for a chain's next step.
+    Answered(Answer),
+    /// What the person is told instead: underway, already being checked, or not started.
+    Said(String),
+}
+
+impl Ran {
+    fn reply(self) -> String {
+        match self {
+            Self::Answered(answer) => answer.text,
+            Self::Said(text) => text,
+        }
     }
 }
 
@@ -107,10 +124,12 @@ impl Lane {
         db::conversation::summary(&mut conn, chat_id).await.ok().flatten().map(|s| s.text)
     }
 
-    /// Validates the planner's calls and runs the plan, or says why not.
-    async fn run_plan(&self, inbound: &Inbound, actor: Role, plan: PlanOutcome, candidates: &[String], trace: &mut Recorder) -> LaneOutcome {
+    /// Validates the planner's calls and runs the plan, or says why not. A single call of a
+    /// chainable read-only tool may be the first step of a chain (seed §13).
+    async fn run_plan(&self, inbound: &Inbound, actor: Role, plan: PlanOutcome, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> LaneOutcome {
         let lane = &self.settings.lane;
         let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = plan else { return LaneOutcome::NotHandled };
+        let proposed = calls.clone();
         let ctx = CallContext {
             actor,
             chat_type: inbound.chat_kind,
@@ -140,17 +159,179 @@ impl Lane {
         } else {
             trace.step("AgentToolPlanAccepted", "accepted", "OK", json!({ "calls": accepted }));
         }
+        if let [call] = validation.accepted.as_slice()
+            && call.needs_approval.is_none()
+            && !call.run_async
+            && lane.max_steps > 1
+            && self.chainable(&call.tool)
+        {
+            let reply = self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await;
+            return LaneOutcome::Handled { reply };
+        }
         let mut replies = Vec::new();
         for call in &validation.accepted {
             let reply = match &call.needs_approval {
                 Some(reason) => self.ask_owner(inbound, actor, call, reason, trace).await,
-                None => self.bridge(inbound, actor, call, trace).await,
+                None => self.bridge(inbound, actor, call, trace).await.reply(),
             };
             if !replies.contains(&reply) {
                 replies.push(reply);
             }
         }
         LaneOutcome::Handled { reply: replies.join("\n\n") }
+    }
+
+    /// Whether `tool` may be a step of a chain: declared chainable, and read-only.
+    fn chainable(&self, tool: &str) -> bool {
+        self.checkpoint.catalog().get(tool).is_some_and(|t| t.spec.chainable && t.spec.operation == Operation::Read)
+    }
+
+    /// Runs a chain (seed §13): the step runs like any call; if it answered and steps remain,
+    /// the planner sees its result and may propose one next call, which is validated, checked
+    /// and run the same way (a write or admin call takes the approval path). A failed, pending or
+    /// refused step ends the chain; the person gets one reply, the last step's summary. The
+    /// session and its steps are stored.
+    #[allow(clippy::too_many_arguments)]
+    async fn chain(&self, inbound: &Inbound, actor: Role, first: ValidatedCall, proposed: &ProposedCall, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> String {
+        let lane = &self.settings.lane;
+        let max = lane.max_steps as usize;
+        let session = self.sessions_start(inbound, trace.id()).await;
+        let (mut call, mut proposed) = (first, proposed.clone());
+        let mut step = 1usize;
+        loop {
+            trace.step("AgentToolChainStep", "run", "OK", json!({ "step": step, "tool": call.tool, "session_id": session }));
+            let answer = match self.bridge(inbound, actor, &call, trace).await {
+                Ran::Answered(answer) => answer,
+                Ran::Said(text) => {
+                    // Underway in the background, or not started: its own answer follows, or none.
+                    self.sessions_step(session, step, &call.tool, "pending", "CHAIN_STEP_PENDING", Some("stopped")).await;
+                    return text;
+                }
+            };
+            if let Some(code) = &answer.failure {
+                self.sessions_step(session, step, &call.tool, "failed", code, Some("stopped")).await;
+                trace.step("AgentToolChainStopped", "stopped", "CHAIN_STEP_FAILED", json!({ "step": step, "code": code }));
+                return answer.text;
+            }
+            if step >= max {
+                self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
+                return answer.text;
+            }
+            self.sessions_step(session, step, &call.tool, "answered", "OK", None).await;
+            // The planner sees the step's result (untrusted) and may propose the next call.
+            let result = answer.output.as_ref().map_or_else(String::new, |o| {
+                let mut shown = o.clone();
+                crate::redact::redact(&mut shown);
+                super::canonical_json(&shown).chars().take(lane.context_preview_chars as usize * 4).collect()
+            });
+            input.transcript.push(llm::Message { role: llm::Role::Assistant, content: vec![llm::ContentBlock::ToolUse { id: proposed.id.clone(), name: proposed.name.clone(), input: proposed.args.clone() }] });
+            input.transcript.push(llm::Message {
+                role: llm::Role::User,
+                content: vec![llm::ContentBlock::ToolResult { tool_use_id: proposed.id.clone(), content: super::data::untrusted("tool_result", &result), is_error: false }],
+            });
+            input.max_steps = max - step;
+            input.searches_left = 0;
+            let started = Instant::now();
+            let next = self.planner.plan(input).await;
+            let calls: Vec<String> = match &next {
+                PlanOutcome::ToolUse { calls, .. } => calls.iter().map(|c| c.name.clone()).collect(),
+                _ => Vec::new(),
+            };
+            trace.step("AgentToolPlannerResult", next.decision(), "CHAIN_NEXT", json!({ "step": step + 1, "calls": calls, "latency_ms": ms(started.elapsed()) }));
+            let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = next else {
+                // No further step: the chain's answer is this step's.
+                self.sessions_finish(session, "answered").await;
+                return answer.text;
+            };
+            let ctx = self.call_context(inbound, actor, trace.id());
+            let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
+            let scope = PlanScope { candidates, ctx: &ctx, private_data: &private, max_steps: max - step };
+            let validation = Validator { checkpoint: &self.checkpoint, settings: lane }.validate(&calls, Advisory { requires_async, requires_owner_approval }, &scope);
+            if let Some(question) = validation.clarify.clone() {
+                trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
+                self.sessions_finish(session, "stopped").await;
+                return question;
+            }
+            let refused = validation.rejected.first().map(|r| r.code.as_str());
+            let [next_call] = validation.accepted.as_slice() else {
+                // More calls than steps left, or a refusal: stop safely with what the chain has.
+                trace.step("AgentToolChainStopped", "stopped", refused.unwrap_or("CHAIN_LIMIT"), json!({ "step": step + 1, "proposed": calls.len() }));
+                self.sessions_finish(session, "stopped").await;
+                return answer.text;
+            };
+            if let Some(code) = refused {
+                trace.step("AgentToolChainStopped", "stopped", code, json!({ "step": step + 1 }));
+                self.sessions_finish(session, "stopped").await;
+                return answer.text;
+            }
+            // A write or admin call never runs inside a chain without an owner.
+            let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| "CHAIN_WRITE".to_string()));
+            if let Some(reason) = needs_owner {
+                self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
+                let asked = self.ask_owner(inbound, actor, next_call, &reason, trace).await;
+                return format!("{}\n\n{asked}", answer.text);
+            }
+            proposed = calls.into_iter().next().unwrap_or(proposed);
+            call = next_call.clone();
+            step += 1;
+        }
+    }
+
+    fn read_only(&self, tool: &str) -> bool {
+        self.checkpoint.catalog().get(tool).is_some_and(|t| t.spec.operation == Operation::Read)
+    }
+
+    fn call_context(&self, inbound: &Inbound, actor: Role, trace_id: i64) -> CallContext {
+        CallContext {
+            actor,
+            chat_type: inbound.chat_kind,
+            chat_id: Some(inbound.chat_id.clone()),
+            sender_id: Some(inbound.sender.clone()),
+            correlation_id: inbound.correlation_id.clone(),
+            approved: None,
+            trace_id: Some(trace_id),
+        }
+    }
+
+    /// Starts the chain's session row; `None` (and the chain still runs) when it cannot be stored.
+    async fn sessions_start(&self, inbound: &Inbound, trace_id: i64) -> Option<i64> {
+        let new = db::tool_sessions::NewSession { channel: &inbound.channel, chat_id: &inbound.chat_id, message_id: &inbound.message_id, correlation_id: &inbound.correlation_id, trace_id: Some(trace_id), now: db::now_ms() };
+        let stored = async {
+            let mut tx = self.db.begin_write().await?;
+            let id = db::tool_sessions::start(&mut tx, &new).await?;
+            tx.commit().await?;
+            Ok::<_, db::DbError>(id)
+        };
+        stored.await.map_err(|e| tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "storing the tool session failed")).ok()
+    }
+
+    async fn sessions_step(&self, session: Option<i64>, index: usize, tool: &str, status: &str, code: &str, finish: Option<&str>) {
+        let Some(id) = session else { return };
+        let stored = async {
+            let mut tx = self.db.begin_write().await?;
+            db::tool_sessions::step(&mut tx, id, index as i64, tool, status, code, db::now_ms()).await?;
+            if let Some(end) = finish {
+                db::tool_sessions::finish(&mut tx, id, end, db::now_ms()).await?;
+            }
+            tx.commit().await?;
+            Ok::<_, db::DbError>(())
+        };
+        if let Err(e) = stored.await {
+            tracing::warn!(session = id, error = %e, "storing a tool session step failed");
+        }
+    }
+
+    async fn sessions_finish(&self, session: Option<i64>, status: &str) {
+        let Some(id) = session else { return };
+        let stored = async {
+            let mut tx = self.db.begin_write().await?;
+            db::tool_sessions::finish(&mut tx, id, status, db::now_ms()).await?;
+            tx.commit().await?;
+            Ok::<_, db::DbError>(())
+        };
+        if let Err(e) = stored.await {
+            tracing::warn!(session = id, error = %e, "storing a tool session's end failed");
+        }
     }
 
     /// Stores the call as an approval request (with its trace step) before the person is told
@@ -183,7 +364,7 @@ impl Lane {
     }
 
     /// Stores the call as a job with its trace step, then runs it at once within the deadline.
-    async fn bridge(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, trace: &mut Recorder) -> String {
+    async fn bridge(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
         let job = ToolCallJob {
             tool: call.tool.clone(),
@@ -227,34 +408,34 @@ impl Lane {
             Err(e) => {
                 tracing::error!(event = "AgentToolJobEnqueued", correlation_id = %inbound.correlation_id, error = %e, "storing a tool call failed; nothing was started");
                 trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({ "tool": call.tool }));
-                return lane.not_started_reply.clone();
+                return Ran::Said(lane.not_started_reply.clone());
             }
         };
         if enqueued.deduplicated {
-            return lane.already_checking_reply.clone();
+            return Ran::Said(lane.already_checking_reply.clone());
         }
         let job_id = enqueued.job.id;
         if call.run_async {
             trace.step("AgentToolImmediateStart", "skip", "ASYNC_REQUIRED", json!({ "job_id": job_id }));
-            return lane.pending_reply.clone();
+            return Ran::Said(lane.pending_reply.clone());
         }
         self.run_now(job, job_id, &inbound.correlation_id, trace).await
     }
 
     /// Runs the stored job in this process while the person waits, up to the deadline.
-    async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> String {
+    async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
         let lease = self.settings.jobs.lease;
         let claimed = match inline::claim(&self.db, job_id, lease).await {
             Ok(Some(c)) => c,
             Ok(None) => {
                 trace.step("AgentToolImmediateStart", "skip", "WORKER_HAS_IT", json!({ "job_id": job_id }));
-                return lane.pending_reply.clone();
+                return Ran::Said(lane.pending_reply.clone());
             }
             Err(e) => {
                 tracing::warn!(job.id = job_id, error = %e, "claiming a tool call to run it at once failed; a worker runs it");
                 trace.step("AgentToolImmediateStart", "skip", "DATABASE_ERROR", json!({ "job_id": job_id }));
-                return lane.pending_reply.clone();
+                return Ran::Said(lane.pending_reply.clone());
             }
         };
         trace.step("AgentToolImmediateStart", "run", "OK", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
@@ -291,21 +472,21 @@ impl Lane {
                     Some(code) => ("AgentToolExecutionFailed", code.as_str()),
                 };
                 trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
-                answer.text
+                Ran::Answered(answer)
             }
             // The run decided to retry (nothing to say yet), or gave up waiting on us.
             Ok(Err(_)) => {
                 trace.step("AgentToolImmediateTimeout", "pending", "RETRYING", json!({ "job_id": job_id }));
-                lane.pending_reply.clone()
+                Ran::Said(lane.pending_reply.clone())
             }
             Err(_) => {
                 if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                     trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
-                    lane.pending_reply.clone()
+                    Ran::Said(lane.pending_reply.clone())
                 } else {
                     // It answered just as the deadline passed.
                     trace.step("AgentToolExecutionSucceeded", "answered", "OK", json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }));
-                    lane.pending_reply.clone()
+                    Ran::Said(lane.pending_reply.clone())
                 }
             }
         }
@@ -438,7 +619,7 @@ impl ToolLane for Lane {
                 LaneOutcome::NotHandled
             }
             PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },
-            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &offered, trace).await,
+            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &offered, &mut input, trace).await,
         }
     }
 }

@@ -71,12 +71,15 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
         )
         .route(
             "/api/search",
-            get(|State(shop): State<Shop>| async move {
+            get(|State(shop): State<Shop>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| async move {
                 shop.requests.lock().expect("lock").push("search".into());
-                Json(json!({ "results": [
+                if q.get("q").is_some_and(|q| q == "fail") {
+                    return (StatusCode::BAD_REQUEST, Json(json!({ "error": "broken" })));
+                }
+                (StatusCode::OK, Json(json!({ "results": [
                     { "title": "Opening hours", "url": "https://shop.example/pages/hours" },
                     { "title": "Returns policy", "url": "https://shop.example/pages/returns" },
-                ] }))
+                ] })))
             }),
         )
         .route(
@@ -145,11 +148,12 @@ input_schema = { type = "object", additionalProperties = false, required = ["pla
 name = "page_search"
 title = "Shop page search"
 description = "Searches the shop's help pages and lists the matching pages with their links."
-triggers = ["search the shop"]
+triggers = ["search the shop", "find the returns page"]
 provider = "connector"
 operation = "read"
 audience = "public"
 risk = "low"
+chainable = true
 input_schema = { type = "object", additionalProperties = false, required = ["query"], properties = { query = { type = "string", maxLength = 80 } } }
 
 [[tool]]
@@ -161,6 +165,7 @@ provider = "connector"
 operation = "read"
 audience = "public"
 risk = "low"
+chainable = true
 input_schema = { type = "object", additionalProperties = false, required = ["page"], properties = { page = { type = "string", maxLength = 40, pattern = "^[a-z-]+$" } } }
 
 [[tool]]
@@ -233,6 +238,30 @@ fn plan_for_the_shop(llm: &Fake) {
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
             let offered = body["tools"].to_string();
+            let later_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
+            // After a step's result, no further step unless the message asks for a chain.
+            if later_round && !text.contains("Find the returns page") && !text.contains("tool_search_results") {
+                let respond = json!({ "decision": "no_tool", "reply": "", "reason": "the result answers it", "requires_async": false, "requires_owner_approval": false });
+                return anthropic(json!([tool_use("r1", "respond_without_tool", respond)]), "tool_use");
+            }
+            // A chain: search first; once a result came back, the step the message asks for.
+            if text.contains("Find the returns page") {
+                let second_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
+                if !second_round {
+                    let query = if text.contains("break it") { "fail" } else { "returns" };
+                    return anthropic(json!([tool_use("c1", "page_search", json!({ "query": query }))]), "tool_use");
+                }
+                if text.contains("open both") {
+                    return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "hours" })), tool_use("c3", "open_page", json!({ "page": "returns" }))]), "tool_use");
+                }
+                if text.contains("refund it") {
+                    return anthropic(json!([tool_use("c2", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
+                }
+                if text.contains("show sales") {
+                    return anthropic(json!([tool_use("c2", "sales_report", json!({}))]), "tool_use");
+                }
+                return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "returns" }))]), "tool_use");
+            }
             // Tool search: the forecast tool is not among the candidates; search until it is.
             if text.contains("umbrella") || text.contains("endless") {
                 if text.contains("umbrella") && offered.contains("\"forecast\"") {

@@ -5,6 +5,7 @@ mod support;
 mod approvals;
 mod auth;
 mod cli;
+mod chains;
 mod connectors;
 mod followups;
 mod hardening;

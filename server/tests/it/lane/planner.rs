@@ -59,7 +59,7 @@ async fn the_planner_gets_only_candidate_tools_and_the_message_as_data() {
     let body = fake.body(0);
     assert_eq!(body["model"], PLANNER_MODEL, "models.planner answers");
     assert_eq!(tool_names(&body), ["lookup_order".to_string(), s.lane.respond_tool.clone()], "the candidate and the respond tool, nothing else");
-    assert_eq!(body["tool_choice"], json!({"type": "any"}));
+    assert_eq!(body["tool_choice"], json!({"type": "any", "disable_parallel_tool_use": true}), "no parallel calls: more steps come as a chain");
     assert_eq!(body["max_tokens"], s.lane.planner_max_tokens);
     let order = &body["tools"][0];
     assert_eq!(order["input_schema"]["properties"].as_object().map(|p| p.keys().cloned().collect::<Vec<_>>()), Some(vec!["order_id".to_string()]), "managed and secret fields are not shown");
