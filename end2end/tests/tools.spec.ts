@@ -30,7 +30,7 @@ test("the catalog lists the shipped tools with policy and breaker, and filters",
   await page.getByTestId("tool-filters").getByLabel("Provider").selectOption("connector");
   await page.getByTestId("tool-filters").getByRole("button", { name: "Filter" }).click();
   await expect(page).toHaveURL(/provider=connector/);
-  await expect(page.getByTestId("tools-empty")).toContainText("No tool matches these filters (2 in the catalog)");
+  await expect(page.getByTestId("tools-empty")).toContainText("No tool matches these filters (3 in the catalog)");
 
   await page.goto("/tools?risk=low&audience=public");
   await expect(toolRow(page, "web_fetch")).toBeVisible();

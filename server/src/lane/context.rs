@@ -218,7 +218,9 @@ impl Handler<SweepContexts> for SweepHandler {
         let mut tx = self.db.begin_write().await.map_err(DbError::from)?;
         // An expired context is kept one more ttl, so a late follow-up is told it expired.
         let swept = store::sweep(&mut tx, db::now_ms(), ms(lane.context_ttl)).await?;
-        let left = store::count(&mut tx).await?;
+        // Large results expire with the contexts that name them.
+        db::tool_results::delete_before(&mut tx, db::now_ms().saturating_sub(ms(lane.context_ttl).saturating_mul(2))).await?;
+        let left = store::count(&mut tx).await? + db::tool_results::count(&mut tx).await?;
         tx.commit().await.map_err(DbError::from)?;
         let preview = Some(format!("swept {swept} expired tool context(s); {left} left"));
         Ok(JobOutput { preview, snooze: (left > 0).then_some(lane.context_sweep_every) })

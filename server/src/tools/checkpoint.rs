@@ -267,7 +267,8 @@ impl Checkpoint {
 
     /// A result over the tool's inline limit is stored whole (cut at [`HARD_RESULT_LIMIT`], and
     /// said so); the caller gets a bounded summary and a reference to fetch the rest.
-    async fn bound_size(&self, spec: &super::catalog::ToolSpec, output: Value, correlation_id: &str) -> Result<Value, ToolFailure> {
+    async fn bound_size(&self, spec: &super::catalog::ToolSpec, output: Value, ctx: &CallContext) -> Result<Value, ToolFailure> {
+        let correlation_id = ctx.correlation_id.as_str();
         let text = output.to_string();
         let inline_limit = usize::try_from(spec.max_result_bytes).unwrap_or(usize::MAX);
         if text.len() <= inline_limit {
@@ -285,7 +286,7 @@ impl Checkpoint {
             let mut conn = self.db.pool.acquire().await?;
             db::tool_results::insert(
                 &mut conn,
-                &db::tool_results::StoredResult { id: &id, tool: &spec.name, correlation_id, size_bytes: size as i64, truncated, body },
+                &db::tool_results::StoredResult { id: &id, tool: &spec.name, correlation_id, size_bytes: size as i64, truncated, body, chat_id: ctx.chat_id.as_deref() },
             )
             .await
         }
@@ -424,7 +425,7 @@ impl Checkpoint {
                     {
                         return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                     }
-                    let mut output = self.bound_size(spec, output, &ctx.correlation_id).await?;
+                    let mut output = self.bound_size(spec, output, ctx).await?;
                     super::hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }

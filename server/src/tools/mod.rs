@@ -87,6 +87,7 @@ pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db:
     let brave_key = secrets.get(builtins::web_search::BRAVE_KEY_VAR);
     let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;
     checkpoint.register_builtin(builtins::web_search::HANDLER, Arc::new(web_search));
+    checkpoint.register_builtin(builtins::read_result::HANDLER, Arc::new(builtins::read_result::ReadResult::new(db.clone())));
     checkpoint.register_provider(catalog::Provider::Connector, Arc::new(connectors::ConnectorExecutor::new(secrets.clone())?));
     let manager = mcp::McpManager::new(db.clone(), &files.mcp, secrets.clone());
     let checkpoint = manager.install(checkpoint, files.catalog.clone());

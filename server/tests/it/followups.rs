@@ -125,3 +125,53 @@ async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
     assert_eq!((sweeps, state.as_str()), (1, "completed"), "nothing left to sweep: it stops");
 }
 both_backends!(followup_contexts_scoped, contexts_belong_to_their_chat_are_bounded_and_expire);
+
+/// A result too long to pass inline is stored for its chat and read back page by page with
+/// `read_result` (the shipped definition): never from another chat, never with a chat id the
+/// caller names, and not after it expired.
+async fn a_long_result_is_read_back_in_pages_by_its_own_chat(db: TestDb) {
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")).expect("shipped tools");
+    let start = shipped.find("name = \"read_result\"").expect("read_result is shipped");
+    let from = shipped[..start].rfind("[[tool]]").expect("its table");
+    let to = shipped[start..].find("\n\n").map_or(shipped.len(), |i| start + i);
+    let tools = format!(
+        "{}\n{}\n\n[[tool]]\nname = \"big_report\"\ntitle = \"Yearly report\"\ndescription = \"The yearly report.\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\nmax_result_bytes = 500\ninput_schema = {{ type = \"object\", additionalProperties = false, properties = {{}} }}\n",
+        crate::lane_e2e::TOOLS,
+        &shipped[from..to]
+    );
+    let actions = "\n[[connector.action]]\ntool = \"big_report\"\nmethod = \"GET\"\npath = \"report\"\n";
+    let r = crate::lane_e2e::rig_with(db, &tools, actions, |_| {}).await;
+    let checkpoint = &r.app.state.tools;
+    let ctx = |chat: &str| server::tools::CallContext {
+        actor: server::domain::Role::Customer,
+        chat_type: server::domain::ChatKind::Direct,
+        chat_id: Some(chat.into()),
+        sender_id: Some(chat.into()),
+        correlation_id: "corr-big".into(),
+        approved: None,
+        trace_id: None,
+    };
+    let call = |name: &str, args: Value| server::tools::ToolCall { name: name.into(), args };
+    let big = checkpoint.execute(call("big_report", serde_json::json!({})), &ctx("chat-a")).await.expect("big report");
+    let reference = big.output["result_ref"].as_str().expect("stored under a reference").to_string();
+    let first = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference })), &ctx("chat-a")).await.expect("page 1");
+    let pages = first.output["pages"].as_u64().expect("pages");
+    assert!(pages >= 3 && first.output["text"].as_str().is_some_and(|t| t.contains("line 001")), "{}", first.output);
+    let last = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference, "page": pages })), &ctx("chat-a")).await.expect("last page");
+    assert!(last.output["text"].as_str().is_some_and(|t| t.contains("line 400")), "{}", last.output);
+
+    let other = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference })), &ctx("chat-b")).await.expect_err("another chat's result");
+    assert_eq!(other.code, "RESULT_NOT_FOUND");
+    let forged = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference, "chat_id": "chat-a" })), &ctx("chat-b")).await.expect_err("a named chat");
+    assert_eq!(forged.code, "TOOL_MANAGED_FIELD_SUPPLIED");
+
+    // Expired with the contexts: the sweep deletes it.
+    sqlx::query("UPDATE tool_results SET created_at = 0").execute(&r.app.state.db.pool).await.expect("age");
+    let mut sweep = r.app.gatehouse.jobs.job(&server::lane::context::SweepContexts {});
+    sweep.dedupe_key = Some(server::lane::context::SweepContexts::DEDUPE_KEY.into());
+    r.app.gatehouse.jobs.enqueue(&sweep).await.expect("sweep");
+    r.exchange(&[], 0).await;
+    let gone = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference })), &ctx("chat-a")).await.expect_err("expired");
+    assert_eq!(gone.code, "RESULT_NOT_FOUND");
+}
+both_backends!(followup_read_result, a_long_result_is_read_back_in_pages_by_its_own_chat);

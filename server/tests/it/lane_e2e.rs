@@ -90,6 +90,13 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             }),
         )
         .route(
+            "/api/report",
+            get(|| async move {
+                let lines: Vec<String> = (1..=400).map(|n| format!("line {n:03} of the yearly report")).collect();
+                Json(json!({ "title": "Yearly report", "text": lines.join("\n") }))
+            }),
+        )
+        .route(
             "/api/sales",
             get(|State(shop): State<Shop>| async move {
                 shop.requests.lock().expect("lock").push("sales".into());
@@ -187,7 +194,7 @@ pub(crate) fn connectors(addr: SocketAddr) -> String {
 id = "shop"
 title = "Test shop"
 base_url = "http://{addr}/api"
-allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/search", "http://{addr}/api/pages/*", "http://{addr}/api/sales"]
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/search", "http://{addr}/api/pages/*", "http://{addr}/api/report", "http://{addr}/api/sales"]
 
 [[connector.action]]
 tool = "refund_order"

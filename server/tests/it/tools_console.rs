@@ -23,11 +23,11 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let page = page.json();
     let names: Vec<&str> = page["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["web_fetch", "web_search"]);
-    assert_eq!(page["tools"][0]["breaker"], "closed");
+    assert_eq!(names, ["read_result", "web_fetch", "web_search"]);
+    assert_eq!(page["tools"][1]["breaker"], "closed");
     assert_eq!(page["approval_mode"], "auto");
     let filtered = owner.post_form("/api/list_tools", &[("provider", "connector"), ("audience", ""), ("risk", "")]).await.json();
-    assert_eq!((filtered["tools"].as_array().map(Vec::len), filtered["total"].as_u64()), (Some(0), Some(2)));
+    assert_eq!((filtered["tools"].as_array().map(Vec::len), filtered["total"].as_u64()), (Some(0), Some(3)));
 
     let detail = owner.post_form("/api/get_tool", &[("name", "web_fetch")]).await.json();
     assert_eq!(detail["owner_policy"], "allowed");
@@ -55,7 +55,7 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
     let reloaded = owner.post_form("/api/reload_tools", &[]).await;
     assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
-    assert_eq!(reloaded.json(), serde_json::json!({"tools": 2, "changed": ["web_fetch"]}));
+    assert_eq!(reloaded.json(), serde_json::json!({"tools": 3, "changed": ["web_fetch"]}));
     let after = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
     assert_ne!(before, after);
 
@@ -65,7 +65,7 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.body);
     let err = refused.json();
     assert_eq!(err["code"], "CONFIG_INVALID");
-    assert!(err["message"].as_str().is_some_and(|m| m.contains("surprise") && m.contains("tool[2]")), "{err}");
+    assert!(err["message"].as_str().is_some_and(|m| m.contains("surprise") && m.contains("tool[3]")), "{err}");
     assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, after, "the current catalog stays");
     let reloads: i64 = sqlx::query("SELECT COUNT(*) FROM owner_audit WHERE event = 'tools_reload'").fetch_one(&app.state.db.pool).await.expect("count").get(0);
     assert_eq!(reloads, 2, "both reloads are audited");

@@ -4,5 +4,6 @@
 pub mod host_rules;
 pub mod html;
 pub mod net_guard;
+pub mod read_result;
 pub mod web_fetch;
 pub mod web_search;
