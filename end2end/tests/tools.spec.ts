@@ -72,7 +72,7 @@ test("try it runs a call through the checkpoint as the owner, and the audit show
 test("reloading the catalog from the console", async ({ page }) => {
   await open(page, "/tools");
   await page.getByTestId("reload-tools").click();
-  await expect(page.getByTestId("reload-result")).toHaveText("Catalog reloaded: 2 tools.");
+  await expect(page.getByTestId("reload-result")).toHaveText("Catalog reloaded: 3 tools.");
 });
 
 test("an unknown tool page says so", async ({ page }) => {
