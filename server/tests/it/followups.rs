@@ -175,3 +175,68 @@ async fn a_long_result_is_read_back_in_pages_by_its_own_chat(db: TestDb) {
     assert_eq!(gone.code, "RESULT_NOT_FOUND");
 }
 both_backends!(followup_read_result, a_long_result_is_read_back_in_pages_by_its_own_chat);
+
+/// What a context keeps: the arguments without managed fields and with secret-named ones
+/// replaced, a preview without personal data or secrets; and nothing at all for a tool tagged
+/// as reaching private data, or for a call asked in the console.
+async fn contexts_keep_no_secrets_managed_fields_or_private_data(db: TestDb) {
+    let extra = r#"
+[[tool]]
+name = "account_lookup"
+title = "Account lookup"
+description = "Looks up an account."
+provider = "builtin"
+handler = "read_result"
+operation = "read"
+audience = "public"
+risk = "low"
+managed_fields = ["chat_id"]
+input_schema = { type = "object", properties = { account = { type = "string" }, chat_id = { type = "string" }, api_token = { type = "string" } } }
+
+[[tool]]
+name = "account_balance"
+title = "Account balance"
+description = "The balance of an account."
+provider = "builtin"
+handler = "read_result"
+operation = "read"
+audience = "public"
+risk = "low"
+tags = ["private_data"]
+input_schema = { type = "object", properties = { account = { type = "string" } } }
+"#;
+    let r = crate::lane_e2e::rig_with(db, &format!("{}{extra}", crate::lane_e2e::TOOLS), "", |_| {}).await;
+    let state = &r.app.state;
+    let store = server::lane::context::ContextStore::new(state.db.clone(), r.app.gatehouse.jobs.clone(), std::sync::Arc::new(state.config.settings.clone()));
+    let catalog = state.tools.catalog();
+    let job = |tool: &str, channel: &str| server::lane::job::ToolCallJob {
+        tool: tool.into(),
+        version: String::new(),
+        args: serde_json::json!({ "account": "A-1", "chat_id": "chat-x", "api_token": "tok_live_9f" }),
+        actor: server::domain::Role::Customer,
+        chat_kind: server::domain::ChatKind::Direct,
+        sender: CUSTOMER.into(),
+        request: "my account".into(),
+        reply_to: server::channel::ReplyTo { channel: channel.into(), chat_id: CUSTOMER.into(), chat_kind: server::domain::ChatKind::Direct, message_id: "wamid.P".into() },
+        trace_id: None,
+        approval: None,
+    };
+    let output = serde_json::json!({ "owner": "Ana", "email": "ana@example.com", "session_token": "sess_77", "url": "https://bank.example/a-1" });
+    let pii = vec!["email".to_string()];
+    let lookup = catalog.get("account_lookup").expect("tool");
+    assert!(store.keep(&job("account_lookup", "whatsapp"), "corr-p1", &lookup, &output, "Account A-1 belongs to Ana.", &pii).await.expect("keep"));
+    let kept: (String, String, String) = sqlx::query_as("SELECT args, preview, entities FROM tool_contexts WHERE tool = 'account_lookup'").fetch_one(&state.db.pool).await.expect("row");
+    let args: Value = serde_json::from_str(&kept.0).expect("json");
+    assert_eq!(args, serde_json::json!({ "account": "A-1", "api_token": "[REDACTED]" }), "no managed field, no secret");
+    for hidden in ["ana@example.com", "sess_77", "tok_live_9f", "chat-x"] {
+        assert!(!kept.1.contains(hidden) && !kept.2.contains(hidden), "{hidden} kept: {kept:?}");
+    }
+    assert!(kept.1.contains("https://bank.example/a-1"), "the rest of the preview stays: {}", kept.1);
+
+    let balance = catalog.get("account_balance").expect("tool");
+    assert!(!store.keep(&job("account_balance", "whatsapp"), "corr-p2", &balance, &output, "Balance: 12.", &pii).await.expect("keep"), "a private-data result is never kept");
+    assert!(!store.keep(&job("account_lookup", "console"), "corr-p3", &lookup, &output, "From the console.", &pii).await.expect("keep"), "a console call has no chat");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts").fetch_one(&state.db.pool).await.expect("count");
+    assert_eq!(rows, 1);
+}
+both_backends!(followup_context_privacy, contexts_keep_no_secrets_managed_fields_or_private_data);
