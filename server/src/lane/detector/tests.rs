@@ -551,3 +551,28 @@ fn detection_serialises_with_stable_codes() {
     assert_eq!(value["followup"]["kind"], "same_tool");
     assert_eq!(ReasonCode::BelowThreshold.as_str(), "BELOW_THRESHOLD");
 }
+
+#[test]
+fn a_followup_never_offers_a_tool_the_person_may_not_use() {
+    let mut docs = shipped(true);
+    docs.push(ToolDoc {
+        name: "sales_report".into(),
+        title: "Sales report".into(),
+        description: "The shop's sales figures for a month.".into(),
+        owner_only: true,
+        enabled: true,
+        ..ToolDoc::default()
+    });
+    let index = build(docs);
+    let recent = [RecentContext {
+        id: Some("ctx-9".into()),
+        tool: "sales_report".into(),
+        entities: vec!["March".into()],
+        age_secs: 30,
+        ..Default::default()
+    }];
+    let customer = index.detect("and what about March?", Role::Customer, ChatKind::Direct, &recent);
+    assert!(!names(&customer).contains(&"sales_report"), "{customer:?}");
+    let owner = index.detect("and what about March?", Role::Owner, ChatKind::Direct, &recent);
+    assert!(names(&owner).contains(&"sales_report"), "{owner:?}");
+}
