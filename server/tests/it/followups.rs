@@ -240,3 +240,18 @@ input_schema = { type = "object", properties = { account = { type = "string" } }
     assert_eq!(rows, 1);
 }
 both_backends!(followup_context_privacy, contexts_keep_no_secrets_managed_fields_or_private_data);
+
+/// Two recent results of different tools and a vague follow-up: the trace says it is ambiguous
+/// and the person is asked which one, nothing is called.
+async fn an_ambiguous_follow_up_is_asked_about(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.A1", "What's the weather in Lisbon today?")], 1).await;
+    r.exchange(&[("wamid.A2", "Where is my order 4821?")], 2).await;
+    let calls = r.shop.requests.lock().expect("lock").len();
+    r.exchange(&[("wamid.A3", "What about it?")], 3).await;
+    assert_eq!(r.graph.texts()[2], "Do you mean the weather or your order?");
+    let steps = r.steps("wamid.A3").await;
+    assert!(has_step(&steps, "AgentToolFollowup", "clarify", "FOLLOWUP_AMBIGUOUS"), "{steps:?}");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), calls, "nothing called");
+}
+both_backends!(followup_ambiguous, an_ambiguous_follow_up_is_asked_about);

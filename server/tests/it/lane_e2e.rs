@@ -245,6 +245,12 @@ fn plan_for_the_shop(llm: &Fake) {
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
             let offered = body["tools"].to_string();
+            // The detector could not tell which result a follow-up means: ask.
+            // (The facts sit in the system prompt, which JSON-escapes them here.)
+            if body["system"].to_string().contains(r#"\"kind\":\"clarify\""#) {
+                let respond = json!({ "decision": "clarify", "reply": "Do you mean the weather or your order?", "reason": "two results fit", "requires_async": false, "requires_owner_approval": false });
+                return anthropic(json!([tool_use("r1", "respond_without_tool", respond)]), "tool_use");
+            }
             let later_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
             // After a step's result, no further step unless the message asks for a chain.
             if later_round && !text.contains("Find the returns page") && !text.contains("tool_search_results") {
