@@ -206,6 +206,8 @@ async fn a_changed_tool_definition_makes_the_approval_stale(db: TestDb) {
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "the changed tool never ran on an approval given for the old one");
     let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&state.db.pool).await.expect("outcome");
     assert_eq!(outcome.as_deref(), Some("APPROVAL_STALE"));
+    // The audit writer batches its rows: flush before reading them.
+    state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE tool = 'refund_order' AND reason_code = 'APPROVAL_STALE'").fetch_one(&state.db.pool).await.expect("audit");
     assert_eq!(audited, 1, "the refusal is in the tool audit");
 }

@@ -35,6 +35,7 @@ async fn search_then_open_is_one_request_with_one_reply(db: TestDb) {
     let (status, count, steps) = session(&r).await;
     assert_eq!((status.as_str(), count), ("answered", 2));
     assert_eq!(steps, vec![("page_search".to_string(), "answered".to_string()), ("open_page".to_string(), "answered".to_string())]);
+    r.app.state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE tool IN ('page_search', 'open_page') AND decision = 'allow'").fetch_one(&r.app.state.db.pool).await.expect("audit");
     assert_eq!(audited, 2, "each step audited");
     let steps = r.steps("wamid.C1").await;

@@ -425,6 +425,7 @@ async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
     }
     let (route, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'wamid.LANE1'").fetch_one(&r.app.state.db.pool).await.expect("trace");
     assert_eq!(route, "tool_lane");
+    r.app.state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE trace_id = $1 AND tool = 'order_status' AND decision = 'allow'")
         .bind(trace_id)
         .fetch_one(&r.app.state.db.pool)
