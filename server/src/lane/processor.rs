@@ -1,7 +1,8 @@
 //! The tool-call processor (seed §9): a stored `tool.call` job runs through the one checkpoint,
 //! its result is summarized (seed §10), and the answer goes to the chat. Failures keep their
-//! codes: parse, schema, policy and unknown tools are permanent; timeouts and provider errors
-//! are retried while attempts remain, and only the last failure is said to the person.
+//! codes: parse, schema, policy and unknown tools are permanent, and so is a provider's definite
+//! answer (a connector's 4xx); timeouts, open circuits and transient provider errors are retried
+//! while attempts remain, and only the last failure is said to the person.
 
 use std::sync::Arc;
 
@@ -50,11 +51,6 @@ impl std::fmt::Debug for Processor {
     }
 }
 
-/// Codes a later attempt may clear.
-fn retryable(code: &str) -> bool {
-    [ToolCode::Timeout.as_str(), ToolCode::ProviderError.as_str(), ToolCode::CircuitOpen.as_str()].contains(&code)
-}
-
 impl Processor {
     pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
         Self { checkpoint, summarizer, outbound, approvals, contexts }
@@ -74,6 +70,9 @@ impl Processor {
         };
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
         let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
+        // Only what a later attempt may clear is retried: a timeout, an open circuit, a
+        // provider's transient error; never a refusal or a provider's definite answer (a 4xx).
+        let retryable = outcome.as_ref().err().is_some_and(|f| f.retryable);
         let (result, failure) = match outcome {
             Ok(ok) => {
                 let truncated = ok.output.get("truncated").and_then(Value::as_bool).unwrap_or(false);
@@ -82,7 +81,6 @@ impl Processor {
             Err(f) if f.code == ToolCode::Timeout.as_str() => (ToolResult::TimedOut, Some(f.code)),
             Err(f) => (ToolResult::Failed { code: f.code.clone() }, Some(f.code)),
         };
-        let retryable = failure.as_deref().is_some_and(retryable);
         let Some(tool) = self.checkpoint.catalog().get(&job.tool) else {
             // Gone from the catalog since: nothing to summarize with; say it failed.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };

@@ -223,6 +223,9 @@ pub struct ToolFailure {
     /// What exactly broke the gate, where a caller answers differently depending on it (the
     /// lane asks the person for a missing argument instead of refusing).
     pub detail: Option<FailureDetail>,
+    /// A later attempt may succeed (a timeout, an open circuit, a provider's transient error);
+    /// false for every refusal and for a provider's definite answer (a 4xx, say).
+    pub retryable: bool,
 }
 
 fn provider_key(p: Provider) -> &'static str {
@@ -410,7 +413,7 @@ impl Checkpoint {
         let mut delay = spec.retry.backoff;
         loop {
             if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
-                return Err(fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))));
+                return Err(ToolFailure { retryable: true, ..fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))) });
             }
             *attempts += 1;
             let result = match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key)).await {
@@ -437,10 +440,10 @@ impl Checkpoint {
                     self.breakers.record_failure(&spec.name, Instant::now());
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
                         if e.code == ToolCode::Timeout.as_str() {
-                            return Err(fail(ToolCode::Timeout.as_str(), e.message));
+                            return Err(ToolFailure { retryable: true, ..fail(ToolCode::Timeout.as_str(), e.message) });
                         }
                         // The provider's own code stays visible inside the message.
-                        return Err(fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)));
+                        return Err(ToolFailure { retryable: e.retryable, ..fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)) });
                     }
                     tokio::time::sleep(delay).await;
                     delay = delay.saturating_mul(2);

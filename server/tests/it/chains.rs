@@ -74,12 +74,14 @@ async fn a_failed_or_overlong_or_forbidden_step_stops_the_chain(db: TestDb) {
     assert_eq!(pending, 1);
     assert!(!r.shop.requests.lock().expect("lock").iter().any(|q| q.starts_with("refunds/")));
 
-    // Last (its failures open the search tool's circuit): step 1 fails (a provider error,
-    // retried in the background, then said) and step 2 is never planned or run.
+    // Step 1 fails (the shop answers 400: a definite answer, said at once and not retried) and
+    // step 2 is never planned or run.
     let lane = r.app.state.config.settings.lane.clone();
     let planned = planner_calls(&r);
-    r.exchange(&[("wamid.C2", "Find the returns page and break it")], 5).await;
-    assert_eq!(r.graph.texts()[3..].to_vec(), vec![lane.pending_reply.clone(), lane.failed_reply.clone()]);
+    r.exchange(&[("wamid.C2", "Find the returns page and break it")], 4).await;
+    assert_eq!(r.graph.texts()[3..].to_vec(), vec![lane.failed_reply.clone()], "no 'looking it up' first");
+    let runs: i64 = sqlx::query_scalar("SELECT MAX(attempt) FROM jobs WHERE kind = 'tool.call' AND tool_name = 'page_search' AND state = 'discarded'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!(runs, 1, "a 400 is not retried");
     assert_eq!(planner_calls(&r), planned + 1, "only the first step was planned");
     assert_eq!(session(&r).await.0, "stopped");
 }
