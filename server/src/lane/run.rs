@@ -90,7 +90,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Lane {
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "the composition root hands the lane each of its parts")]
     pub fn new(
         settings: Arc<Settings>,
         db: Db,
@@ -130,15 +130,7 @@ impl Lane {
         let lane = &self.settings.lane;
         let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = plan else { return LaneOutcome::NotHandled };
         let proposed = calls.clone();
-        let ctx = CallContext {
-            actor,
-            chat_type: inbound.chat_kind,
-            chat_id: Some(inbound.chat_id.clone()),
-            sender_id: Some(inbound.sender.clone()),
-            correlation_id: inbound.correlation_id.clone(),
-            approved: None,
-            trace_id: Some(trace.id()),
-        };
+        let ctx = self.call_context(inbound, actor, trace.id());
         let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
         let scope = PlanScope { candidates, ctx: &ctx, private_data: &private, max_steps: lane.max_steps as usize };
         let validation = Validator { checkpoint: &self.checkpoint, settings: lane }.validate(&calls, Advisory { requires_async, requires_owner_approval }, &scope);
@@ -191,7 +183,7 @@ impl Lane {
     /// and run the same way (a write or admin call takes the approval path). A failed, pending or
     /// refused step ends the chain; the person gets one reply, the last step's summary. The
     /// session and its steps are stored.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments, reason = "a chain step needs the message, the actor, the step and the planning state")]
     async fn chain(&self, inbound: &Inbound, actor: Role, first: ValidatedCall, proposed: &ProposedCall, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> String {
         let lane = &self.settings.lane;
         let max = lane.max_steps as usize;

@@ -187,16 +187,7 @@ impl WhatsAppSender {
             "interactive": { "type": "button", "body": { "text": body }, "action": { "buttons": buttons } },
             "biz_opaque_callback_data": key,
         });
-        let new = NewOutbound {
-            idempotency_key: &key,
-            job_id: Some(job_id),
-            part: 0,
-            recipient: &to.id,
-            is_group: to.group,
-            kind: "interactive",
-            body: &body,
-            quoted_id: None,
-        };
+        let new = single_part(&key, job_id, to, "interactive", &body);
         Ok(match self.deliver(&new, message).await? {
             Delivery::Sent => SendOutcome::Sent { parts: 1, already_sent: 0 },
             Delivery::AlreadySent => SendOutcome::Sent { parts: 1, already_sent: 1 },
@@ -220,16 +211,7 @@ impl WhatsAppSender {
             "template": { "name": name, "language": { "code": self.settings.window_template_language } },
             "biz_opaque_callback_data": key,
         });
-        let new = NewOutbound {
-            idempotency_key: &key,
-            job_id: Some(job_id),
-            part: 0,
-            recipient: &to.id,
-            is_group: to.group,
-            kind: "template",
-            body: name,
-            quoted_id: None,
-        };
+        let new = single_part(&key, job_id, to, "template", name);
         Ok(matches!(self.deliver(&new, body).await?, Delivery::Sent | Delivery::AlreadySent))
     }
 
@@ -347,4 +329,9 @@ fn finished(row: &OutboundRow) -> Option<Delivery> {
 /// `base`, then 4 times as long per further try (Meta suggests 4^n for the pair limit).
 fn backoff(base: Duration, attempt: u32) -> Duration {
     base.saturating_mul(4u32.saturating_pow(attempt.saturating_sub(1)))
+}
+
+/// The ledger row of a message sent as one part (buttons, a template), under `key`.
+fn single_part<'a>(key: &'a str, job_id: i64, to: &'a Recipient, kind: &'a str, body: &'a str) -> NewOutbound<'a> {
+    NewOutbound { idempotency_key: key, job_id: Some(job_id), part: 0, recipient: &to.id, is_group: to.group, kind, body, quoted_id: None }
 }
