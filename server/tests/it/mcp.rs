@@ -439,6 +439,51 @@ async fn a_thousand_tools_are_bounded() {
     rig.manager.shutdown().await;
 }
 
+/// A thousand tools of one MCP server never reach the planner whole: a planning request
+/// carries the detector's candidates, the respond tool and the search tool, nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_mcp_tools_never_reach_the_planner_whole() {
+    use server::lane::{
+        PrivateData,
+        adapter::{self, OfferTo},
+        detector::Index,
+        planner::{PlanInput, Planner},
+    };
+    let fx = Fixture::new();
+    let rig = Rig::new(TestDb::sqlite(), &fx.server("big", "trust = \"trusted\"\nmax_tools = 1000\ndiscovery = { max_pages = 10 }", 1_000)).await;
+    rig.connected("big").await;
+    let catalog = rig.checkpoint.catalog();
+    assert_eq!(catalog.all().filter(|t| t.spec.name.starts_with("big__")).count(), 1000, "max_tools of the server's tools (most of them bulk_NNNN)");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/gatehouse.toml");
+    let settings = server::config::load(&path).expect("shipped config").settings;
+    let lane = &settings.lane;
+    let index = Index::build(server::lane::tool_docs(&catalog), lane.detector.clone());
+    let detection = index.detect("Please run bulk tool 0123 with n set to 1", Role::Owner, ChatKind::Direct, &[]);
+    let names: Vec<String> = detection.candidates.iter().map(|c| c.name.clone()).collect();
+    assert!(!names.is_empty() && names.len() <= lane.detector.max_candidates, "{names:?}");
+    let secrets = server::config::Secrets::from_lookup(|n| (n == "ANTHROPIC_API_KEY").then(|| "unused".to_string()));
+    let model = server::llm::from_settings(&settings, &secrets).expect("model");
+    let planner = Planner::new(model, Arc::new(settings.clone()));
+    let input = PlanInput {
+        correlation_id: "corr-big".into(),
+        message: "Please run bulk tool 0123 with n set to 1".into(),
+        actor: Role::Owner,
+        chat_kind: ChatKind::Direct,
+        memory_summary: None,
+        private_data: PrivateData::Unguarded,
+        tools: adapter::tool_specs(&adapter::resolve(&catalog, &names), OfferTo { actor: Role::Owner, chat: ChatKind::Direct, strict_supported: false }, lane),
+        recent: vec![],
+        followup: None,
+        max_steps: lane.max_steps as usize,
+        searches_left: lane.max_search_calls as usize,
+        transcript: vec![],
+    };
+    let request = planner.request(&input);
+    assert!(request.tools.len() <= lane.detector.max_candidates + 2, "{} tools in one planning request", request.tools.len());
+    assert!(request.tools.iter().any(|t| t.name == lane.search_tool), "the planner can still look up the rest");
+    rig.manager.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_with_the_last_known_tools_when_a_server_is_down() {
     let fx = Fixture::new();
