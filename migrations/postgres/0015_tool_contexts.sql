@@ -12,8 +12,10 @@ CREATE TABLE tool_contexts (
     summary     TEXT    NOT NULL,
     -- A bounded, redacted preview of the result.
     preview     TEXT    NOT NULL,
-    -- JSON arrays: the result's links, and its entities (titles, names, links) in result order.
+    -- JSON arrays: the result's links; its citations ({title, url} of each listed item that
+    -- has both); and its entities (titles, names, links) in result order.
     sources     TEXT    NOT NULL,
+    citations   TEXT    NOT NULL,
     entities    TEXT    NOT NULL,
     -- The same result stored twice (a retried run) is one row.
     source_key  TEXT    NOT NULL UNIQUE,

@@ -5,7 +5,7 @@ use sqlx::AnyConnection;
 
 use super::DbError;
 
-const COLUMNS: &str = "id, channel, chat_id, tool, args, summary, preview, sources, entities, source_key, trace_id, created_at, expires_at";
+const COLUMNS: &str = "id, channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at";
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ContextRow {
@@ -19,6 +19,8 @@ pub struct ContextRow {
     pub preview: String,
     /// JSON array of links.
     pub sources: String,
+    /// JSON array of `{title, url}`: the listed items that have both.
+    pub citations: String,
     /// JSON array of names, titles and links, in result order.
     pub entities: String,
     pub source_key: String,
@@ -31,8 +33,8 @@ pub struct ContextRow {
 /// the chat's `keep` newest rows. True when the row is new.
 pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<bool, DbError> {
     let inserted = sqlx::query(
-        "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, entities, source_key, trace_id, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (source_key) DO NOTHING",
+        "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (source_key) DO NOTHING",
     )
     .bind(&row.channel)
     .bind(&row.chat_id)
@@ -41,6 +43,7 @@ pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Re
     .bind(&row.summary)
     .bind(&row.preview)
     .bind(&row.sources)
+    .bind(&row.citations)
     .bind(&row.entities)
     .bind(&row.source_key)
     .bind(row.trace_id)

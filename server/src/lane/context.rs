@@ -96,6 +96,7 @@ impl ContextStore {
             summary: summary.chars().take(lane.summary_max_chars as usize).collect(),
             preview,
             sources: serde_json::to_string(&found.sources).unwrap_or_else(|_| "[]".into()),
+            citations: serde_json::to_string(&found.citations).unwrap_or_else(|_| "[]".into()),
             entities: serde_json::to_string(&found.entities).unwrap_or_else(|_| "[]".into()),
             source_key,
             trace_id: job.trace_id,
@@ -140,7 +141,19 @@ impl ContextStore {
 pub struct Found {
     pub entities: Vec<String>,
     pub sources: Vec<String>,
+    /// Each listed item with both a title (or name) and a link.
+    pub citations: Vec<Citation>,
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Citation {
+    pub title: String,
+    pub url: String,
+}
+
+/// Fields that hold an item's title, and its link, for citations.
+const TITLE_FIELDS: [&str; 2] = ["title", "name"];
+const LINK_FIELDS: [&str; 2] = ["url", "link"];
 
 impl Found {
     /// The values of `fields` (any depth, case-insensitive) as entities and every http(s) link
@@ -154,6 +167,14 @@ impl Found {
     fn walk(&mut self, value: &Value, key: Option<&str>, fields: &[String], max_entities: usize, max_sources: usize) {
         match value {
             Value::Object(map) => {
+                let text = |names: &[&str]| names.iter().find_map(|n| map.get(*n).and_then(Value::as_str)).map(str::trim).filter(|t| !t.is_empty());
+                if let (Some(title), Some(url)) = (text(&TITLE_FIELDS), text(&LINK_FIELDS))
+                    && (url.starts_with("https://") || url.starts_with("http://"))
+                    && self.citations.len() < max_entities
+                    && !self.citations.iter().any(|c| c.url == url && c.title == title)
+                {
+                    self.citations.push(Citation { title: title.chars().take(ENTITY_MAX_CHARS).collect(), url: url.to_string() });
+                }
                 for (k, v) in map {
                     self.walk(v, Some(k), fields, max_entities, max_sources);
                 }
@@ -244,6 +265,14 @@ mod tests {
         let found = Found::of(&output, &fields, 10, 3);
         assert_eq!(found.sources, vec!["https://shop.example/hours", "https://shop.example/map"]);
         assert_eq!(found.entities, vec!["Lisbon", "Opening hours", "https://shop.example/hours", "Directions", "https://shop.example/map"]);
+        assert_eq!(
+            found.citations,
+            vec![
+                Citation { title: "Opening hours".into(), url: "https://shop.example/hours".into() },
+                Citation { title: "Directions".into(), url: "https://shop.example/map".into() },
+            ],
+            "every listed item with a title and a link, in order, once"
+        );
         let few = Found::of(&output, &fields, 2, 1);
         assert_eq!((few.entities.len(), few.sources.len()), (2, 1), "bounded");
     }

@@ -77,6 +77,16 @@ async fn the_second_one_opens_the_second_listed_link(db: TestDb) {
     let hours = entities.iter().position(|e| e.ends_with("/hours")).expect("first link kept");
     let returns = entities.iter().position(|e| e.ends_with("/returns")).expect("second link kept");
     assert!(hours < returns, "in result order: {entities:?}");
+    let citations: String = sqlx::query_scalar("SELECT citations FROM tool_contexts WHERE tool = 'page_search'").fetch_one(&r.app.state.db.pool).await.expect("citations");
+    let citations: Value = serde_json::from_str(&citations).expect("json");
+    assert_eq!(
+        citations,
+        serde_json::json!([
+            { "title": "Opening hours", "url": "https://shop.example/pages/hours" },
+            { "title": "Returns policy", "url": "https://shop.example/pages/returns" },
+        ]),
+        "each listed page is a citation"
+    );
     r.exchange(&[("wamid.N2", "Open the second one")], 2).await;
     assert!(r.graph.texts()[1].starts_with("Returns are free within 30 days"), "{:?}", r.graph.texts());
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()]);
