@@ -160,12 +160,23 @@ impl Lane {
             let reply = self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await;
             return LaneOutcome::Handled { reply };
         }
+        // Several calls in one plan (a model may ignore the no-parallel request) run one after
+        // the other, and are a tool session like a chain.
+        let count = validation.accepted.len();
+        let session = if count > 1 { self.sessions_start(inbound, trace.id()).await } else { None };
         let mut replies = Vec::new();
-        for call in &validation.accepted {
-            let reply = match &call.needs_approval {
-                Some(reason) => self.ask_owner(inbound, actor, call, reason, trace).await,
-                None => self.bridge(inbound, actor, call, trace).await.reply(),
+        for (i, call) in validation.accepted.iter().enumerate() {
+            let (reply, status, code) = match &call.needs_approval {
+                Some(reason) => (self.ask_owner(inbound, actor, call, reason, trace).await, "approval", "TOOL_NEEDS_APPROVAL".to_string()),
+                None => match self.bridge(inbound, actor, call, trace).await {
+                    Ran::Answered(answer) => {
+                        let failed = answer.failure.clone();
+                        (answer.text, if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
+                    }
+                    Ran::Said(text) => (text, "pending", "CHAIN_STEP_PENDING".into()),
+                },
             };
+            self.sessions_step(session, i + 1, &call.tool, status, &code, (i + 1 == count).then_some("answered")).await;
             if !replies.contains(&reply) {
                 replies.push(reply);
             }

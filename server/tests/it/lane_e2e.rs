@@ -245,6 +245,10 @@ fn plan_for_the_shop(llm: &Fake) {
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
             let offered = body["tools"].to_string();
+            // A model that ignores the no-parallel request: two calls in one answer.
+            if text.contains("both at once") {
+                return anthropic(json!([tool_use("p1", "page_search", json!({ "query": "returns" })), tool_use("p2", "open_page", json!({ "page": "returns" }))]), "tool_use");
+            }
             // The detector could not tell which result a follow-up means: ask.
             // (The facts sit in the system prompt, which JSON-escapes them here.)
             if body["system"].to_string().contains(r#"\"kind\":\"clarify\""#) {
