@@ -24,7 +24,7 @@ use super::{
     planner::{PlanInput, PlanOutcome, Planner, ProposedCall},
     processor::{Answer, Processor},
     tool_docs,
-    validator::{Advisory, PlanScope, ValidatedCall, Validator},
+    validator::{Advisory, PlanScope, ValidatedCall, Validation, Validator},
 };
 use crate::{
     approvals::{ApprovalError, Approvals, Requester},
@@ -67,15 +67,6 @@ enum Ran {
     Answered(Answer),
     /// What the person is told instead: underway, already being checked, or not started.
     Said(String),
-}
-
-impl Ran {
-    fn reply(self) -> String {
-        match self {
-            Self::Answered(answer) => answer.text,
-            Self::Said(text) => text,
-        }
-    }
 }
 
 /// What the person is waiting for, between the lane and the run it started.
@@ -130,10 +121,8 @@ impl Lane {
         let lane = &self.settings.lane;
         let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = plan else { return LaneOutcome::NotHandled };
         let proposed = calls.clone();
-        let ctx = self.call_context(inbound, actor, trace.id());
-        let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
-        let scope = PlanScope { candidates, ctx: &ctx, private_data: &private, max_steps: lane.max_steps as usize };
-        let validation = Validator { checkpoint: &self.checkpoint, settings: lane }.validate(&calls, Advisory { requires_async, requires_owner_approval }, &scope);
+        let advisory = Advisory { requires_async, requires_owner_approval };
+        let validation = self.validate(inbound, actor, trace.id(), &calls, advisory, candidates, &input.private_data, lane.max_steps as usize);
         let codes: Vec<_> = validation.rejected.iter().map(|r| json!({ "tool": r.tool, "code": r.code.as_str(), "reason": r.reason })).collect();
         if let Some(question) = validation.clarify.clone() {
             trace.step("AgentToolPlanRejected", "clarify", "MISSING_ARGUMENT", json!({ "rejected": codes }));
@@ -246,10 +235,8 @@ impl Lane {
                 self.sessions_finish(session, "answered").await;
                 return answer.text;
             };
-            let ctx = self.call_context(inbound, actor, trace.id());
-            let private = if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
-            let scope = PlanScope { candidates, ctx: &ctx, private_data: &private, max_steps: max - step };
-            let validation = Validator { checkpoint: &self.checkpoint, settings: lane }.validate(&calls, Advisory { requires_async, requires_owner_approval }, &scope);
+            let advisory = Advisory { requires_async, requires_owner_approval };
+            let validation = self.validate(inbound, actor, trace.id(), &calls, advisory, candidates, &input.private_data, max - step);
             if let Some(question) = validation.clarify.clone() {
                 trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
@@ -278,6 +265,14 @@ impl Lane {
             call = next_call.clone();
             step += 1;
         }
+    }
+
+    /// Judges proposed calls for this message: a plan and each later step of a chain alike.
+    #[expect(clippy::too_many_arguments, reason = "the message, its actor and trace, and the plan's scope")]
+    fn validate(&self, inbound: &Inbound, actor: Role, trace_id: i64, calls: &[ProposedCall], advisory: Advisory, candidates: &[String], private: &PrivateData, max_steps: usize) -> Validation {
+        let ctx = self.call_context(inbound, actor, trace_id);
+        let scope = PlanScope { candidates, ctx: &ctx, private_data: private, max_steps };
+        Validator { checkpoint: &self.checkpoint, settings: &self.settings.lane }.validate(calls, advisory, &scope)
     }
 
     fn read_only(&self, tool: &str) -> bool {
