@@ -33,11 +33,22 @@ pub struct DetectorBench {
     /// the ten it got, to stderr (for tuning the detector).
     #[arg(long)]
     pub misses: bool,
+    /// Detector settings to measure instead of the shipped ones: a TOML file of
+    /// `[lane.detector]` keys (at its top level), for tuning before changing gatehouse.toml.
+    #[arg(long)]
+    pub settings: Option<PathBuf>,
 }
 
 /// `gatehouse bench detector`, with the shipped detector settings.
 pub fn command(args: &DetectorBench) -> Result<(), BenchError> {
-    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), DetectorSettings::default(), args.misses)?;
+    let settings = match &args.settings {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| BenchError::Read { path: path.clone(), source })?;
+            toml::from_str(&text).map_err(|e| BenchError::Settings { path: path.clone(), message: e.to_string() })?
+        }
+        None => DetectorSettings::default(),
+    };
+    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), settings, args.misses)?;
     print!("{report}");
     // The context of the six figures, apart from them so the figures stay one a line.
     eprintln!(
@@ -58,6 +69,8 @@ pub enum BenchError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is not valid detector settings: {message}")]
+    Settings { path: PathBuf, message: String },
     #[error("{path} line {line}: {source}")]
     Parse {
         path: PathBuf,
