@@ -2,7 +2,7 @@
 //! runs: PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, SQLite with one `UPDATE ... RETURNING`
 //! (its single writer makes that atomic). Every state change also writes a `job_events` row.
 
-use sqlx::{AnyConnection, FromRow, Row, any::AnyRow};
+use sqlx::AnyConnection;
 
 use super::{Backend, DbError, placeholders, value_rows};
 
@@ -113,16 +113,8 @@ const COLUMNS: &str = "id, kind, queue, state, priority, dedupe_key, chat_id, se
 impl TryFrom<String> for JobState {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        Self::parse(&s).ok_or_else(|| format!("unknown job state {s:?}"))
+        super::parse_stored(s, "job state")
     }
-}
-
-fn job_from_row(r: &AnyRow) -> Result<JobRow, sqlx::Error> {
-    JobRow::from_row(r)
-}
-
-fn rows(rows: &[AnyRow]) -> Result<Vec<JobRow>, DbError> {
-    rows.iter().map(job_from_row).collect::<Result<_, _>>().map_err(DbError::from)
 }
 
 /// Text stored from handlers: no NUL (PostgreSQL rejects it in TEXT) and bounded in length.
@@ -217,7 +209,7 @@ async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Res
          ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
         value_rows(jobs.len(), 18)
     );
-    let mut q = sqlx::query(&sql);
+    let mut q = sqlx::query_as(&sql);
     for job in jobs {
         let (state, scheduled_at) = initial_state(job, now);
         q = q
@@ -240,7 +232,7 @@ async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Res
             .bind(job.expires_at)
             .bind(job.correlation_id.clone());
     }
-    let mut inserted = rows(&q.fetch_all(&mut *conn).await?)?;
+    let mut inserted: Vec<JobRow> = q.fetch_all(&mut *conn).await?;
     inserted.sort_by_key(|j| j.id);
     if !inserted.is_empty() {
         let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(inserted.len(), 4));
@@ -298,23 +290,18 @@ async fn taken(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enque
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(job_from_row).transpose()?)
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 async fn find_unfinished_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 AND state IN {UNFINISHED} ORDER BY id DESC LIMIT 1");
-    let row = sqlx::query(&sql).bind(key).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(job_from_row).transpose()?)
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
 /// The most recent job with this dedupe key, finished or not.
 pub async fn find_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 ORDER BY id DESC LIMIT 1"))
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(job_from_row).transpose()?)
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 ORDER BY id DESC LIMIT 1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
 /// Filters for listing; `None` means any.
@@ -332,58 +319,35 @@ pub struct JobFilter {
 
 /// Newest first, at most `limit`.
 pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
+    // Each filter that is set adds its condition, with its value bound in the same order.
+    let texts = [
+        ("state =", filter.state.map(JobState::as_str)),
+        ("kind =", filter.kind.as_deref()),
+        ("tool_name =", filter.tool_name.as_deref()),
+        ("chat_id =", filter.chat_id.as_deref()),
+    ];
+    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
+    let texts: Vec<_> = texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
+    let numbers: Vec<_> = numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
     let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
-    let mut n = 0;
-    let mut next = || {
-        n += 1;
-        format!("${n}")
-    };
-    if filter.state.is_some() {
-        sql += &format!(" AND state = {}", next());
+    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
+        sql += &format!(" AND {condition} ${}", i + 1);
     }
-    if filter.kind.is_some() {
-        sql += &format!(" AND kind = {}", next());
-    }
-    if filter.tool_name.is_some() {
-        sql += &format!(" AND tool_name = {}", next());
-    }
-    if filter.chat_id.is_some() {
-        sql += &format!(" AND chat_id = {}", next());
-    }
-    if filter.created_from.is_some() {
-        sql += &format!(" AND created_at >= {}", next());
-    }
-    if filter.created_to.is_some() {
-        sql += &format!(" AND created_at < {}", next());
-    }
-    if filter.before_id.is_some() {
-        sql += &format!(" AND id < {}", next());
-    }
-    sql += &format!(" ORDER BY id DESC LIMIT {}", next());
-    let mut q = sqlx::query(&sql);
-    if let Some(s) = filter.state {
-        q = q.bind(s.as_str());
-    }
-    for v in [&filter.kind, &filter.tool_name, &filter.chat_id].into_iter().flatten() {
-        q = q.bind(v.as_str());
-    }
-    for v in [filter.created_from, filter.created_to, filter.before_id].into_iter().flatten() {
+    sql += &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1);
+    let mut q = sqlx::query_as(&sql);
+    for (_, v) in texts {
         q = q.bind(v);
     }
-    rows(&q.bind(limit).fetch_all(&mut *conn).await?)
+    for (_, v) in numbers {
+        q = q.bind(v);
+    }
+    Ok(q.bind(limit).fetch_all(&mut *conn).await?)
 }
 
 /// Number of jobs in each state (states with none are absent).
 pub async fn counts_by_state(conn: &mut AnyConnection) -> Result<Vec<(JobState, i64)>, DbError> {
-    let found = sqlx::query("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetch_all(&mut *conn).await?;
-    let mut out = Vec::new();
-    for r in found {
-        let state: String = r.try_get(0)?;
-        if let Some(s) = JobState::parse(&state) {
-            out.push((s, r.try_get(1)?));
-        }
-    }
-    Ok(out)
+    let found: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetch_all(&mut *conn).await?;
+    Ok(found.into_iter().filter_map(|(state, n)| Some((JobState::parse(&state)?, n))).collect())
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -396,24 +360,21 @@ pub struct JobEvent {
 }
 
 pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEvent>, DbError> {
-    let found = sqlx::query("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")
-        .bind(job_id)
-        .fetch_all(&mut *conn)
-        .await?;
-    found
-        .iter()
-        .map(|r| {
-            let state: String = r.try_get(1)?;
-            Ok(JobEvent {
-                at: r.try_get(0)?,
-                state: JobState::parse(&state).unwrap_or(JobState::Discarded),
-                attempt: r.try_get(2)?,
-                error_code: r.try_get(3)?,
-                message: r.try_get(4)?,
-            })
+    let found: Vec<(i64, String, i64, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")
+            .bind(job_id)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(found
+        .into_iter()
+        .map(|(at, state, attempt, error_code, message)| JobEvent {
+            at,
+            state: JobState::parse(&state).unwrap_or(JobState::Discarded),
+            attempt,
+            error_code,
+            message,
         })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(DbError::from)
+        .collect())
 }
 
 /// Leases up to `limit` due jobs of `queue` to `owner` until `lease_until`, counting an attempt.
@@ -443,7 +404,7 @@ pub async fn claim(
         // SQLite has one writer at a time, so one UPDATE is atomic.
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
-    let claimed = rows(&sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?)?;
+    let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
     let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
     events_for(conn, &ids, now, JobState::Running, None).await?;
     Ok(claimed)
@@ -458,13 +419,11 @@ pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease
             "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
             placeholders(3, chunk.len())
         );
-        let mut q = sqlx::query(&sql).bind(lease_until).bind(owner);
+        let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(lease_until).bind(owner);
         for id in chunk {
             q = q.bind(*id);
         }
-        for r in q.fetch_all(&mut *conn).await? {
-            held.push(r.try_get(0)?);
-        }
+        held.extend(q.fetch_all(&mut *conn).await?);
     }
     Ok(held)
 }
@@ -526,7 +485,7 @@ pub async fn fail(
     retry_at: i64,
     now: i64,
 ) -> Result<FailOutcome, DbError> {
-    let row = sqlx::query(
+    let row: Option<(String, i64)> = sqlx::query_as(
         "UPDATE jobs SET \
            state = CASE WHEN $1 = 1 AND attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
            scheduled_at = CASE WHEN $1 = 1 AND attempt < max_attempts THEN $2 ELSE scheduled_at END, \
@@ -544,9 +503,7 @@ pub async fn fail(
     .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(row) = row else { return Ok(FailOutcome::NotHeld) };
-    let state: String = row.try_get(0)?;
-    let attempt: i64 = row.try_get(1)?;
+    let Some((state, attempt)) = row else { return Ok(FailOutcome::NotHeld) };
     let state = JobState::parse(&state).unwrap_or(JobState::Discarded);
     event(conn, id, now, state, attempt, Some(&clean(code, 100)), Some(&clean(message, MAX_ERROR_CHARS))).await?;
     Ok(if state == JobState::Retryable { FailOutcome::Retry { at: retry_at } } else { FailOutcome::Discarded })
@@ -658,8 +615,7 @@ pub async fn expire(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
                last_error_message = 'still queued when its time to live ran out'";
     let filter = "jobs.state IN ('available', 'scheduled', 'retryable', 'pending') AND jobs.expires_at IS NOT NULL AND jobs.expires_at <= $1";
     let sql = maintenance_update(backend, set, filter, &["id"]);
-    let ids: Vec<i64> =
-        sqlx::query(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+    let ids: Vec<i64> = sqlx::query_scalar(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
     events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
     Ok(ids)
 }
@@ -674,14 +630,10 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
                last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL";
     let filter = "jobs.state = 'running' AND jobs.lease_expires_at < $1";
     let sql = maintenance_update(backend, set, filter, &["id", "state"]);
-    let found = sqlx::query(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
-    let mut retry = Vec::new();
-    let mut discarded = Vec::new();
-    for r in &found {
-        let id: i64 = r.try_get(0)?;
-        let state: String = r.try_get(1)?;
-        if state == "retryable" { retry.push(id) } else { discarded.push(id) }
-    }
+    let found: Vec<(i64, String)> = sqlx::query_as(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
+    let (retry, discarded): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, state)| state == "retryable");
+    let mut retry: Vec<i64> = retry.into_iter().map(|(id, _)| id).collect();
+    let discarded: Vec<i64> = discarded.into_iter().map(|(id, _)| id).collect();
     events_for(conn, &retry, now, JobState::Retryable, Some("JOB_LEASE_EXPIRED")).await?;
     events_for(conn, &discarded, now, JobState::Discarded, Some("JOB_LEASE_EXPIRED")).await?;
     retry.extend(discarded);
@@ -691,17 +643,14 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
 /// On graceful shutdown: jobs this owner still holds go back to `available` without counting
 /// the interrupted attempt.
 pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
-    let ids: Vec<i64> = sqlx::query(
+    let ids: Vec<i64> = sqlx::query_scalar(
         "UPDATE jobs SET state = 'available', attempt = attempt - 1, scheduled_at = $1, updated_at = $1, \
          lease_owner = NULL, lease_expires_at = NULL WHERE state = 'running' AND lease_owner = $2 RETURNING id",
     )
     .bind(now)
     .bind(owner)
     .fetch_all(&mut *conn)
-    .await?
-    .iter()
-    .map(|r| r.try_get(0))
-    .collect::<Result<_, _>>()?;
+    .await?;
     events_for(conn, &ids, now, JobState::Available, Some("JOB_RELEASED")).await?;
     Ok(ids)
 }
@@ -721,8 +670,8 @@ pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64,
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3 \
          WHERE id = $4 AND state IN {DUE_STATES} RETURNING {COLUMNS}"
     );
-    let row = sqlx::query(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
-    let Some(job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
+    let row = sqlx::query_as::<_, JobRow>(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
+    let Some(job) = row else { return Ok(None) };
     events_for(conn, &[job.id], now, JobState::Running, None).await?;
     Ok(Some(job))
 }

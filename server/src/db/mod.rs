@@ -82,6 +82,45 @@ pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
     (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
 }
 
+/// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
+/// only from a native boolean. Read one with `#[sqlx(try_from = "IntBool")]`, a nullable one
+/// with `#[sqlx(try_from = "IntBool<Option<i64>>")]`.
+pub(crate) struct IntBool<T = i64>(T);
+
+impl<T: sqlx::Type<sqlx::Any>> sqlx::Type<sqlx::Any> for IntBool<T> {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        T::type_info()
+    }
+
+    fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+        T::compatible(ty)
+    }
+}
+
+impl<'r, T: sqlx::Decode<'r, sqlx::Any>> sqlx::Decode<'r, sqlx::Any> for IntBool<T> {
+    fn decode(value: sqlx::any::AnyValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        T::decode(value).map(Self)
+    }
+}
+
+impl From<IntBool> for bool {
+    fn from(v: IntBool) -> Self {
+        v.0 != 0
+    }
+}
+
+impl From<IntBool<Option<i64>>> for Option<bool> {
+    fn from(v: IntBool<Option<i64>>) -> Self {
+        v.0.map(|v| v != 0)
+    }
+}
+
+/// Reads a stored state name back into its enum (for `#[sqlx(try_from = "String")]`);
+/// the error names `what` and the text found.
+pub(crate) fn parse_stored<T: std::str::FromStr>(text: String, what: &str) -> Result<T, String> {
+    text.parse().map_err(|_| format!("unknown {what} {text:?}"))
+}
+
 /// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
 /// (a tool name, a model reply or an error message with one is stored without it, not lost).
 pub fn clean_text(text: &str) -> String {
