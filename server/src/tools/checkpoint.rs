@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum ToolCode {
     #[strum(serialize = "TOOL_UNKNOWN")]
     Unknown,
@@ -82,12 +82,6 @@ pub enum ToolCode {
 impl ToolCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for ToolCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -24,7 +24,7 @@ use super::{
 use crate::config::Problem;
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum ConnectorCode {
     /// The request URL left the connector's base or matches no allowed pattern.
     #[strum(serialize = "CONNECTOR_UNSUPPORTED_URL")]
@@ -53,12 +53,6 @@ pub enum ConnectorCode {
 impl ConnectorCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for ConnectorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

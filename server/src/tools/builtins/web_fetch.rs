@@ -20,7 +20,7 @@ use crate::tools::{ToolDef, ToolError, ToolExecutor};
 pub const HANDLER: &str = "web_fetch";
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum FetchCode {
     #[strum(serialize = "FETCH_URL_INVALID")]
     UrlInvalid,
@@ -43,12 +43,6 @@ pub enum FetchCode {
 impl FetchCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for FetchCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
