@@ -87,11 +87,7 @@ pub enum ApprovalError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for ApprovalError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(DbError::from(e))
-    }
-}
+crate::db::from_sqlx_as_db!(ApprovalError);
 
 impl ApprovalError {
     /// The stable code. A refusal by the gates carries the tool's own code in its message.

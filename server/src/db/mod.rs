@@ -56,6 +56,19 @@ pub enum DbError {
     Sql(#[from] sqlx::Error),
 }
 
+/// `impl From<sqlx::Error>` for an error enum whose `Db` variant holds a [`DbError`]: `?` on a
+/// transaction's begin and commit then converts as it does on the `db::` functions.
+macro_rules! from_sqlx_as_db {
+    ($error:ty) => {
+        impl From<sqlx::Error> for $error {
+            fn from(e: sqlx::Error) -> Self {
+                Self::Db($crate::db::DbError::Sql(e))
+            }
+        }
+    };
+}
+pub(crate) use from_sqlx_as_db;
+
 /// A pool on one of the two backends.
 #[derive(Debug, Clone)]
 pub struct Db {

@@ -33,11 +33,7 @@ pub enum OwnerError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for OwnerError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(e.into())
-    }
-}
+crate::db::from_sqlx_as_db!(OwnerError);
 
 impl From<InsertOwnerError> for OwnerError {
     fn from(e: InsertOwnerError) -> Self {

@@ -76,11 +76,7 @@ pub enum McpError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for McpError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(DbError::Sql(e))
-    }
-}
+crate::db::from_sqlx_as_db!(McpError);
 
 /// A server's live state, published by its supervisor.
 #[derive(Debug, Clone)]
