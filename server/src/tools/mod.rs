@@ -14,6 +14,7 @@ pub mod job;
 pub mod mcp;
 pub mod policy;
 pub mod schema;
+mod toml_file;
 
 use std::{path::Path, sync::Arc};
 

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{ApprovalMode, AuditSettings, Catalog, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
 use crate::{
     config::Problem,
-    tools::{connectors, hooks, schema::closed_schema},
+    tools::{connectors, hooks, schema::closed_schema, toml_file},
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -32,9 +32,8 @@ impl Catalog {
     /// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a
     /// value. On failure, every problem is returned.
     pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Self, Vec<Problem>> {
-        let source = path.display().to_string();
-        let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
-        let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the tools file: {e}"))])?;
+        let problem = toml_file::problem_at(path);
+        let text = toml_file::read(path, "the tools file", &problem)?;
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}"))])?;
         let mut problems = Vec::new();
         // Unknown top-level keys are reported with everything else, not instead of it.
@@ -53,15 +52,8 @@ impl Catalog {
 
         let mut tools = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        for (i, raw) in file.tool.into_iter().enumerate() {
-            let label = raw.get("name").and_then(|n| n.as_str()).map_or_else(|| format!("tool[{i}]"), |n| format!("tool[{i}] ({n})"));
-            let spec: ToolSpec = match raw.try_into() {
-                Ok(spec) => spec,
-                Err(e) => {
-                    problems.push(problem(label, e.to_string().trim().to_string()));
-                    continue;
-                }
-            };
+        for entry in toml_file::entries::<ToolSpec>(file.tool, "tool", "name", &problem) {
+            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
             let before = problems.len();
             let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
             if !valid_tool_name(&spec.name) {
@@ -170,15 +162,8 @@ impl Catalog {
         }
         let tools: BTreeMap<String, Arc<ToolDef>> = tools.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let mut hooks = Vec::new();
-        for (i, raw) in file.hook.into_iter().enumerate() {
-            let label = raw.get("name").and_then(|n| n.as_str()).map_or_else(|| format!("hook[{i}]"), |n| format!("hook[{i}] ({n})"));
-            let spec: hooks::HookSpec = match raw.try_into() {
-                Ok(spec) => spec,
-                Err(e) => {
-                    problems.push(problem(label, e.to_string().trim().to_string()));
-                    continue;
-                }
-            };
+        for entry in toml_file::entries::<hooks::HookSpec>(file.hook, "hook", "name", &problem) {
+            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
             for t in spec.tools.iter().filter(|t| *t != "*" && !tools.contains_key(*t) && !seen.contains(*t)) {
                 problems.push(problem(format!("{label}.tools"), format!("there is no tool named {t:?}")));
             }

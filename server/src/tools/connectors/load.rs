@@ -13,7 +13,7 @@ use super::{
     ConnectorAction, ConnectorCode, ConnectorSpec, DeclaredTool, Method, compile_allowed,
     template::{args_in, body_strings, secrets_in},
 };
-use crate::config::Problem;
+use crate::{config::Problem, tools::toml_file};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,22 +28,14 @@ pub fn load(
     tools: &BTreeMap<String, DeclaredTool>,
     secret_is_set: &dyn Fn(&str) -> bool,
 ) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
-    let source = path.display().to_string();
-    let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the connectors file: {e}"))])?;
+    let problem = toml_file::problem_at(path);
+    let text = toml_file::read(path, "the connectors file", &problem)?;
     let file: ConnectorsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for a connectors file: {e}"))])?;
     let mut problems = Vec::new();
     let mut actions = BTreeMap::new();
     let mut ids = BTreeSet::new();
-    for (i, raw) in file.connector.into_iter().enumerate() {
-        let label = raw.get("id").and_then(|n| n.as_str()).map_or_else(|| format!("connector[{i}]"), |n| format!("connector[{i}] ({n})"));
-        let spec: ConnectorSpec = match raw.try_into() {
-            Ok(spec) => spec,
-            Err(e) => {
-                problems.push(problem(label, e.to_string().trim().to_string()));
-                continue;
-            }
-        };
+    for entry in toml_file::entries::<ConnectorSpec>(file.connector, "connector", "id", &problem) {
+        let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
         let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
         if !ids.insert(spec.id.clone()) {
             bad("id", format!("{:?} is defined more than once", spec.id));

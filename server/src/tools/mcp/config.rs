@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{Problem, duration_str},
-    tools::catalog::{Approval, Audience, Risk},
+    tools::{
+        catalog::{Approval, Audience, Risk},
+        toml_file,
+    },
 };
 
 /// How far a server's own claims are believed.
@@ -225,23 +228,15 @@ fn valid_env_name(name: &str) -> bool {
 
 /// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a value.
 pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConfig, Vec<Problem>> {
-    let source = path.display().to_string();
-    let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the MCP servers file: {e}"))])?;
+    let problem = toml_file::problem_at(path);
+    let text = toml_file::read(path, "the MCP servers file", &problem)?;
     let file: McpFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for an MCP servers file: {e}"))])?;
 
     let mut problems = Vec::new();
     let mut servers = Vec::new();
     let mut seen = BTreeSet::new();
-    for (i, raw) in file.server.into_iter().enumerate() {
-        let label = raw.get("id").and_then(|n| n.as_str()).map_or_else(|| format!("server[{i}]"), |n| format!("server[{i}] ({n})"));
-        let server: ServerConfig = match raw.try_into() {
-            Ok(s) => s,
-            Err(e) => {
-                problems.push(problem(label, e.to_string().trim().to_string()));
-                continue;
-            }
-        };
+    for entry in toml_file::entries::<ServerConfig>(file.server, "server", "id", &problem) {
+        let Ok((label, server)) = entry.map_err(|p| problems.push(p)) else { continue };
         let before = problems.len();
         let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
         if !valid_server_id(&server.id) {
