@@ -311,26 +311,26 @@ pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, mes
     Ok(())
 }
 
-/// A status callback from Meta.
-#[derive(Debug, Clone)]
-pub struct StatusUpdate<'a> {
-    pub wamid: &'a str,
+/// A status callback from Meta, as the webhook parses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusUpdate {
+    pub wamid: String,
     pub state: DeliveryState,
     pub at: i64,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     /// `biz_opaque_callback_data`: the idempotency key the send carried.
-    pub opaque: Option<&'a str>,
+    pub opaque: Option<String>,
 }
 
 /// Applies a status callback. Returns whether a ledger row changed; callbacks for messages not in
 /// the ledger and ones that would move a message backwards change nothing.
-pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i64) -> Result<bool, DbError> {
-    if let Some(key) = s.opaque {
+pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate, now: i64) -> Result<bool, DbError> {
+    if let Some(key) = &s.opaque {
         // The send went out but the sender died before recording it: the callback tells us.
         sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, updated_at = $2 \
              WHERE idempotency_key = $3 AND wamid IS NULL")
-            .bind(clean_text(s.wamid))
+            .bind(clean_text(&s.wamid))
             .bind(now)
             .bind(key)
             .execute(&mut *conn)
@@ -349,7 +349,7 @@ pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i
         .bind(s.at)
         .bind(s.error_code.as_deref().map(clean_text))
         .bind(s.error_message.as_deref().map(|m| clean_text(m).chars().take(500).collect::<String>()))
-        .bind(clean_text(s.wamid))
+        .bind(clean_text(&s.wamid))
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() > 0)
