@@ -157,9 +157,6 @@ impl std::fmt::Debug for Approvals {
     }
 }
 
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// A chat a message can be sent to later (not the console or the command line).
 pub fn is_chat(channel: &str) -> bool {
@@ -253,7 +250,7 @@ impl Approvals {
             trace_id: Some(trace_id),
             nonce: &nonce,
             created_at: now,
-            expires_at: now.saturating_add(ms(self.settings.approvals.ttl)),
+            expires_at: now.saturating_add(db::duration_ms(self.settings.approvals.ttl)),
         };
         let (row, reused) = store::insert_or_reuse(&mut tx, &new).await?;
         if !reused {

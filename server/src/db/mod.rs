@@ -145,6 +145,11 @@ pub fn now_ms() -> i64 {
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A duration in the unit of stored timestamps (milliseconds), saturating.
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 impl Db {
     /// Connects, creating the SQLite file (and its folder) when missing.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbError> {

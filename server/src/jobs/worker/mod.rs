@@ -95,9 +95,6 @@ pub struct Worker {
     id: String,
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 impl Worker {
     pub fn new(db: Db, registry: Registry, settings: WorkerSettings, wake: Arc<Notify>) -> Self {
@@ -214,7 +211,7 @@ impl Worker {
     async fn claim(&self, n: usize) -> Result<Vec<JobRow>, DbError> {
         let now = db::now_ms();
         let mut tx = self.db.begin_write().await?;
-        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + ms(self.settings.lease)).await?;
+        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + db::duration_ms(self.settings.lease)).await?;
         tx.commit().await?;
         if !jobs.is_empty() {
             metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
@@ -254,7 +251,7 @@ impl Worker {
             if ids.is_empty() {
                 continue;
             }
-            let until = db::now_ms() + ms(self.settings.lease);
+            let until = db::now_ms() + db::duration_ms(self.settings.lease);
             let result = async {
                 let mut conn = self.db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &ids, &self.id, until).await

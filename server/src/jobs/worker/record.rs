@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-use super::{Applied, InFlight, Outcome, Worker, ms};
+use super::{Applied, InFlight, Outcome, Worker};
 use crate::{
     db::{
         self, DbError,
@@ -77,12 +77,12 @@ impl Worker {
         for o in batch {
             applied.push(match &o.result {
                 Ok(JobOutput { snooze: Some(after), .. }) => {
-                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
+                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
                 Ok(_) => Applied::Stale,
                 Err(err) => {
-                    let at = now + ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
+                    let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
                     match store::fail(&mut tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
                         FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
                         FailOutcome::Discarded => Applied::Failed { discarded: true },
