@@ -183,24 +183,14 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 changes.changed.push(f.name.clone());
             }
             Some(old) if !old.present => {
-                sqlx::query("UPDATE mcp_tools SET present = 1, updated_at = $1 WHERE server_id = $2 AND name = $3")
-                    .bind(now)
-                    .bind(server_id)
-                    .bind(&f.name)
-                    .execute(&mut *conn)
-                    .await?;
+                set_present(conn, server_id, &f.name, true, now).await?;
                 changes.added.push(f.name.clone());
             }
             Some(_) => {}
         }
     }
     for old in known.values().filter(|t| t.present && !found.iter().any(|f| f.name == t.name)) {
-        sqlx::query("UPDATE mcp_tools SET present = 0, updated_at = $1 WHERE server_id = $2 AND name = $3")
-            .bind(now)
-            .bind(server_id)
-            .bind(&old.name)
-            .execute(&mut *conn)
-            .await?;
+        set_present(conn, server_id, &old.name, false, now).await?;
         changes.removed.push(old.name.clone());
     }
     sqlx::query("UPDATE mcp_servers SET discovered_at = COALESCE(discovered_at, $1), tool_count = $2, updated_at = $1 WHERE id = $3")
@@ -210,6 +200,18 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
         .execute(&mut *conn)
         .await?;
     Ok(changes)
+}
+
+/// Marks a cached tool as listed by its server again, or no longer listed.
+async fn set_present(conn: &mut AnyConnection, server_id: &str, name: &str, present: bool, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_tools SET present = $1, updated_at = $2 WHERE server_id = $3 AND name = $4")
+        .bind(i64::from(present))
+        .bind(now)
+        .bind(server_id)
+        .bind(name)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// An owner's decision on a tool's current definition. `None` when there is no such tool.
