@@ -6,39 +6,31 @@ use sqlx::AnyConnection;
 use super::{DbError, IntBool, clean_text};
 
 /// An inbound message as the webhook stores it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct NewInbound {
     pub wamid: String,
     pub phone_number_id: String,
     pub chat_id: String,
     pub sender: String,
+    #[sqlx(try_from = "IntBool")]
     pub is_group: bool,
     pub msg_type: String,
     pub text: Option<String>,
     pub reply_id: Option<String>,
     pub context_id: Option<String>,
     pub raw: Option<String>,
+    #[sqlx(try_from = "IntBool")]
     pub raw_truncated: bool,
     pub sent_at: i64,
 }
 
+/// A stored inbound message: the message as received, and what storing and handling it added.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct InboundRow {
     pub id: i64,
-    pub wamid: String,
-    pub phone_number_id: String,
-    pub chat_id: String,
-    pub sender: String,
-    #[sqlx(try_from = "IntBool")]
-    pub is_group: bool,
-    pub msg_type: String,
-    pub text: Option<String>,
-    pub reply_id: Option<String>,
-    pub context_id: Option<String>,
-    pub raw: Option<String>,
-    #[sqlx(try_from = "IntBool")]
-    pub raw_truncated: bool,
-    pub sent_at: i64,
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub message: NewInbound,
     pub received_at: i64,
     pub processed_at: Option<i64>,
     pub outcome: Option<String>,
