@@ -6,8 +6,25 @@ use sqlx::AnyConnection;
 use super::{DbError, IntBool, clean_text};
 
 /// An inbound message as the webhook stores it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewInbound {
+    pub wamid: String,
+    pub phone_number_id: String,
+    pub chat_id: String,
+    pub sender: String,
+    pub is_group: bool,
+    pub msg_type: String,
+    pub text: Option<String>,
+    pub reply_id: Option<String>,
+    pub context_id: Option<String>,
+    pub raw: Option<String>,
+    pub raw_truncated: bool,
+    pub sent_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct InboundRow {
+    pub id: i64,
     pub wamid: String,
     pub phone_number_id: String,
     pub chat_id: String,
@@ -22,15 +39,6 @@ pub struct NewInbound {
     #[sqlx(try_from = "IntBool")]
     pub raw_truncated: bool,
     pub sent_at: i64,
-}
-
-/// A stored inbound message: the message as received, and what storing and handling it added.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
-pub struct InboundRow {
-    pub id: i64,
-    #[sqlx(flatten)]
-    #[serde(flatten)]
-    pub message: NewInbound,
     pub received_at: i64,
     pub processed_at: Option<i64>,
     pub outcome: Option<String>,

@@ -389,16 +389,16 @@ async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
 
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let b2 = store::inbound_by_wamid(&mut conn, "wamid.B2").await.expect("get").expect("stored");
-    assert_eq!(b2.message.msg_type, "interactive.button_reply");
-    assert_eq!(b2.message.text.as_deref(), Some("Yes, book it"));
-    assert_eq!(b2.message.reply_id.as_deref(), Some("confirm-yes"));
-    assert_eq!(b2.message.context_id.as_deref(), Some("wamid.BUTTONS"));
-    assert_eq!(b2.message.sent_at, 1_739_321_025_000);
-    assert!(b2.message.raw.as_deref().is_some_and(|r| r.contains("button_reply")));
+    assert_eq!(b2.msg_type, "interactive.button_reply");
+    assert_eq!(b2.text.as_deref(), Some("Yes, book it"));
+    assert_eq!(b2.reply_id.as_deref(), Some("confirm-yes"));
+    assert_eq!(b2.context_id.as_deref(), Some("wamid.BUTTONS"));
+    assert_eq!(b2.sent_at, 1_739_321_025_000);
+    assert!(b2.raw.as_deref().is_some_and(|r| r.contains("button_reply")));
     let b4 = store::inbound_by_wamid(&mut conn, "wamid.B4").await.expect("get").expect("stored");
-    assert_eq!((b4.message.msg_type.as_str(), b4.message.text.as_deref(), b4.message.reply_id.as_deref()), ("button", Some("Stop promotions"), Some("STOP")));
+    assert_eq!((b4.msg_type.as_str(), b4.text.as_deref(), b4.reply_id.as_deref()), ("button", Some("Stop promotions"), Some("STOP")));
     let b3 = store::inbound_by_wamid(&mut conn, "wamid.B3").await.expect("get").expect("stored");
-    assert_eq!((b3.message.msg_type.as_str(), b3.message.text.as_deref()), ("image", None), "unknown types are stored as such");
+    assert_eq!((b3.msg_type.as_str(), b3.text.as_deref()), ("image", None), "unknown types are stored as such");
     drop(conn);
 
     let echo = Arc::new(Echo::default());
@@ -570,7 +570,7 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
-    assert_eq!(audio.message.msg_type, "audio");
+    assert_eq!(audio.msg_type, "audio");
     drop(conn);
 
     // Each one is traced: the type, and whether the note went out and was delivered.

@@ -60,7 +60,7 @@ impl InboundJob {
 
     /// The stored message as the runtime's input. A reply to one of the bot's own messages in
     /// the same chat addresses the bot (group rules) and quotes what it said.
-    async fn inbound(&self, row: &store::NewInbound, correlation_id: &str) -> Result<Inbound, DbError> {
+    async fn inbound(&self, row: &store::InboundRow, correlation_id: &str) -> Result<Inbound, DbError> {
         let mut quoted_text = None;
         if let Some(quoted) = &row.context_id {
             let mut conn = self.db.pool.acquire().await?;
@@ -135,18 +135,18 @@ impl Handler<ProcessInbound> for InboundJob {
         let unanswerable = if ours.is_empty() {
             // Nothing can be sent: do not ask the model for a reply that cannot go out.
             Some("not answered: whatsapp.phone_number_id is not set, so nothing can be sent".to_string())
-        } else if row.message.phone_number_id != *ours {
-            Some(format!("not answered: addressed to phone number id {}, not ours", row.message.phone_number_id))
+        } else if row.phone_number_id != *ours {
+            Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
         } else {
             None
         };
         if let Some(outcome) = unanswerable {
-            tracing::warn!(wamid = %row.message.wamid, "{outcome}");
+            tracing::warn!(wamid = %row.wamid, "{outcome}");
             let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
             store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
             return Ok(JobOutput { preview: Some(outcome), snooze: None });
         }
-        let mut inbound = self.inbound(&row.message, &ctx.job.correlation_id).await.map_err(db_error)?;
+        let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(db_error)?;
         // The reply's sends keep their share of the run's budget.
         inbound.deadline = Some(ctx.deadline_before(self.sender.settings().send_reserve()));
         if self.sender.settings().mark_read && inbound.kind.is_readable() {
