@@ -83,6 +83,22 @@ pub async fn require_owner() -> Result<ShellInfo, AppError> {
     owner_of(&session, &backend).await?.ok_or_else(AppError::unauthorized)
 }
 
+/// The body of a protected server function: `work` gets the signed-in owner (or the call is
+/// refused with `UNAUTHORIZED`) and the backend, and its result is answered as [`answer`] does.
+pub async fn for_owner<T, F, Fut>(work: F) -> Result<T, AppError>
+where
+    F: FnOnce(ShellInfo, SharedBackend) -> Fut,
+    Fut: Future<Output = Result<T, AppError>>,
+{
+    answer(
+        async {
+            let me = require_owner().await?;
+            work(me, backend()?).await
+        }
+        .await,
+    )
+}
+
 /// True for a plain HTML form post (no wasm): the answer must be a redirect back to the form,
 /// which carries the error in its URL, not an error status the browser would show as JSON.
 fn is_plain_form_post() -> bool {

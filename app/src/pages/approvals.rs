@@ -39,54 +39,34 @@ pub fn ApprovalsPage() -> impl IntoView {
     view! {
         <Title text="Approvals · Gatehouse" />
         <h1>"Approvals"</h1>
-        {move || decide.value().get().map(|r| match r {
-            Ok(said) => view! { <p class="notice" role="status" data-testid="decision-result">{said}</p> }.into_any(),
-            Err(e) => super::error_view(&e),
-        })}
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) => {
-                    let now = p.now;
+        {super::action_notice(decide.value(), "decision-result")}
+        {super::loaded(page, move |p| {
+            let now = p.now;
+            view! {
+                <h2>"Waiting for you"</h2>
+                {if p.pending.is_empty() {
                     view! {
-                        <h2>"Waiting for you"</h2>
-                        {if p.pending.is_empty() {
-                            view! {
-                                <div class="empty" data-testid="approvals-empty">
-                                    <p><strong>"No tool call is waiting for an owner."</strong></p>
-                                    <p>"Calls wait here when a tool's policy asks for an owner (approval mode "
-                                       <code>{p.approval_mode.clone()}</code>" in config/tools.toml: medium- and high-risk calls in auto mode, and tools with "
-                                       <code>"approval = \"always\""</code>"). Try one from the "<a href="/tools">"Tools"</a>" page, or with "
-                                       <code>"gatehouse tools call NAME --args '{...}'"</code>"."</p>
-                                </div>
-                            }.into_any()
-                        } else {
-                            view! {
-                                <div class="table-wrap">
-                                    <table class="list" data-testid="approvals-pending">
-                                        <thead><tr><th>"#"</th><th>"Call"</th><th>"Risk"</th><th>"Asked by"</th><th>"Why"</th><th>"Age"</th><th></th></tr></thead>
-                                        <tbody>{p.pending.into_iter().map(|a| pending_row(a, now, decide)).collect_view()}</tbody>
-                                    </table>
-                                </div>
-                            }.into_any()
-                        }}
-                        <h2>"Decided"</h2>
-                        {if p.decided.is_empty() {
-                            view! { <p class="empty" data-testid="approvals-decided-empty">"No decisions yet. Approved, rejected and expired requests are listed here with how each approved call ran."</p> }.into_any()
-                        } else {
-                            view! {
-                                <div class="table-wrap">
-                                    <table class="list" data-testid="approvals-decided">
-                                        <thead><tr><th>"#"</th><th>"Call"</th><th>"State"</th><th>"Decided"</th><th>"Run"</th></tr></thead>
-                                        <tbody>{p.decided.into_iter().map(decided_row).collect_view()}</tbody>
-                                    </table>
-                                </div>
-                            }.into_any()
-                        }}
+                        <div class="empty" data-testid="approvals-empty">
+                            <p><strong>"No tool call is waiting for an owner."</strong></p>
+                            <p>"Calls wait here when a tool's policy asks for an owner (approval mode "
+                               <code>{p.approval_mode.clone()}</code>" in config/tools.toml: medium- and high-risk calls in auto mode, and tools with "
+                               <code>"approval = \"always\""</code>"). Try one from the "<a href="/tools">"Tools"</a>" page, or with "
+                               <code>"gatehouse tools call NAME --args '{...}'"</code>"."</p>
+                        </div>
                     }.into_any()
-                }
-            })}
-        </Transition>
+                } else {
+                    let rows = p.pending.into_iter().map(|a| pending_row(a, now, decide)).collect_view();
+                    super::list_table("approvals-pending", &["#", "Call", "Risk", "Asked by", "Why", "Age", ""], rows)
+                }}
+                <h2>"Decided"</h2>
+                {if p.decided.is_empty() {
+                    view! { <p class="empty" data-testid="approvals-decided-empty">"No decisions yet. Approved, rejected and expired requests are listed here with how each approved call ran."</p> }.into_any()
+                } else {
+                    let rows = p.decided.into_iter().map(decided_row).collect_view();
+                    super::list_table("approvals-decided", &["#", "Call", "State", "Decided", "Run"], rows)
+                }}
+            }
+        })}
     }
 }
 

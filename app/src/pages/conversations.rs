@@ -27,32 +27,27 @@ pub fn ConversationsPage() -> impl IntoView {
     view! {
         <Title text="Conversations · Gatehouse" />
         <h1>"Conversations"</h1>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) => {
-                    let owner_hint = if p.owner_numbers.is_empty() {
-                        "Add your WhatsApp number in Settings to talk as the owner.".to_string()
-                    } else {
-                        format!("Send from {} to talk as the owner; any other number is a customer.", p.owner_numbers.join(" or "))
-                    };
-                    view! {
-                        <section class="card" data-testid="simulator">
-                            <h2>"Simulator"</h2>
-                            <p>{owner_hint}</p>
-                            <ActionForm action=send attr:class="try-it">
-                                <label>"From" <input type="tel" name="from" value=SAMPLE_CUSTOMER required=true data-testid="sim-from" /></label>
-                                <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
-                                <input type="hidden" name="chat_id" value="" />
-                                <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
-                                <button type="submit" data-testid="sim-send">"Send"</button>
-                            </ActionForm>
-                        </section>
-                        {chat_list(p.chats)}
-                    }.into_any()
-                }
-            })}
-        </Transition>
+        {super::loaded(page, move |p| {
+            let owner_hint = if p.owner_numbers.is_empty() {
+                "Add your WhatsApp number in Settings to talk as the owner.".to_string()
+            } else {
+                format!("Send from {} to talk as the owner; any other number is a customer.", p.owner_numbers.join(" or "))
+            };
+            view! {
+                <section class="card" data-testid="simulator">
+                    <h2>"Simulator"</h2>
+                    <p>{owner_hint}</p>
+                    <ActionForm action=send attr:class="try-it">
+                        <label>"From" <input type="tel" name="from" value=SAMPLE_CUSTOMER required=true data-testid="sim-from" /></label>
+                        <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
+                        <input type="hidden" name="chat_id" value="" />
+                        <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                        <button type="submit" data-testid="sim-send">"Send"</button>
+                    </ActionForm>
+                </section>
+                {chat_list(p.chats)}
+            }
+        })}
         {move || send.value().get().map(|res| match res {
             Ok(o) => view! {
                 <div class="try-result ok" data-testid="sim-result" data-route=o.route.clone()>
@@ -77,24 +72,15 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
         }
         .into_any();
     }
-    view! {
-        <div class="table-wrap">
-            <table class="list" data-testid="chats-table">
-                <thead><tr><th>"Chat"</th><th>"Channel"</th><th>"Messages"</th><th>"Last (UTC)"</th></tr></thead>
-                <tbody>
-                    {chats.into_iter().map(|c| view! {
-                        <tr data-chat=c.chat_id.clone()>
-                            <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
-                            <td>{c.channel.clone()}</td>
-                            <td>{c.messages}</td>
-                            <td>{fmt_time(c.last_at)}</td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
+    let rows = chats.into_iter().map(|c| view! {
+        <tr data-chat=c.chat_id.clone()>
+            <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
+            <td>{c.channel.clone()}</td>
+            <td>{c.messages}</td>
+            <td>{fmt_time(c.last_at)}</td>
+        </tr>
+    }).collect_view();
+    super::list_table("chats-table", &["Chat", "Channel", "Messages", "Last (UTC)"], rows)
 }
 
 #[component]
@@ -106,45 +92,40 @@ pub fn ChatPage() -> impl IntoView {
     view! {
         <Title text="Chat · Gatehouse" />
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || chat.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(c) => {
-                    // Carry on as the chat's last sender (an owner's number talks as the owner).
-                    let from = c.messages.iter().rev().find(|m| m.direction == "in").map_or_else(|| SAMPLE_CUSTOMER.to_string(), |m| format!("+{}", m.sender));
+        {super::loaded(chat, move |c| {
+            // Carry on as the chat's last sender (an owner's number talks as the owner).
+            let from = c.messages.iter().rev().find(|m| m.direction == "in").map_or_else(|| SAMPLE_CUSTOMER.to_string(), |m| format!("+{}", m.sender));
+            view! {
+                <h1>{c.chat_id.clone()}" "<span class="badge">{c.channel.clone()}</span></h1>
+                <ol class="chat" data-testid="chat-messages">
+                    {c.messages.into_iter().map(|m| view! {
+                        <li class=format!("msg {}", m.direction) data-direction=m.direction.clone() data-state=m.state.clone()>
+                            <div class="meta">
+                                <small>{format!("{} · {}", m.sender, fmt_time(m.at))}</small>" "
+                                <span class=format!("badge delivery-{}", m.state)>{m.state.clone()}</span>
+                                {m.error_code.clone().map(|code| view! { " "<code>{code}</code> })}
+                                {m.trace_id.map(|id| view! { " "<a href=format!("/traces/{id}")>"trace"</a> })}
+                            </div>
+                            <p>{m.text.clone()}</p>
+                        </li>
+                    }).collect_view()}
+                </ol>
+                {(c.channel == "simulator").then(|| {
                     view! {
-                    <h1>{c.chat_id.clone()}" "<span class="badge">{c.channel.clone()}</span></h1>
-                    <ol class="chat" data-testid="chat-messages">
-                        {c.messages.into_iter().map(|m| view! {
-                            <li class=format!("msg {}", m.direction) data-direction=m.direction.clone() data-state=m.state.clone()>
-                                <div class="meta">
-                                    <small>{format!("{} · {}", m.sender, fmt_time(m.at))}</small>" "
-                                    <span class=format!("badge delivery-{}", m.state)>{m.state.clone()}</span>
-                                    {m.error_code.clone().map(|code| view! { " "<code>{code}</code> })}
-                                    {m.trace_id.map(|id| view! { " "<a href=format!("/traces/{id}")>"trace"</a> })}
-                                </div>
-                                <p>{m.text.clone()}</p>
-                            </li>
-                        }).collect_view()}
-                    </ol>
-                    {(c.channel == "simulator").then(|| {
-                        view! {
-                            <section class="card" data-testid="chat-compose">
-                                <h2>"Continue this chat"</h2>
-                                <ActionForm action=send attr:class="try-it">
-                                    <label>"From" <input type="tel" name="from" value=from required=true data-testid="compose-from" /></label>
-                                    <label>"Message" <textarea name="text" rows="2" required=true data-testid="compose-text"></textarea></label>
-                                    <input type="hidden" name="chat_id" value=c.chat_id.clone() />
-                                    <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
-                                    <button type="submit" data-testid="compose-send">"Send"</button>
-                                </ActionForm>
-                            </section>
-                        }
-                    })}
-                }.into_any()
-                }
-            })}
-        </Transition>
+                        <section class="card" data-testid="chat-compose">
+                            <h2>"Continue this chat"</h2>
+                            <ActionForm action=send attr:class="try-it">
+                                <label>"From" <input type="tel" name="from" value=from required=true data-testid="compose-from" /></label>
+                                <label>"Message" <textarea name="text" rows="2" required=true data-testid="compose-text"></textarea></label>
+                                <input type="hidden" name="chat_id" value=c.chat_id.clone() />
+                                <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                                <button type="submit" data-testid="compose-send">"Send"</button>
+                            </ActionForm>
+                        </section>
+                    }
+                })}
+            }
+        })}
         {move || send.value().get().and_then(Result::err).map(|e| super::error_view(&e))}
     }
 }

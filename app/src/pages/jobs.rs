@@ -53,28 +53,23 @@ pub fn JobsPage() -> impl IntoView {
     view! {
         <Title text="Jobs · Gatehouse" />
         <h1>"Jobs"</h1>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) => {
-                    let q = query.get();
-                    view! {
-                        <ul class="counts" data-testid="job-counts">
-                            {STATES.iter().map(|s| {
-                                let n = p.counts.iter().find(|c| c.state == *s).map_or(0, |c| c.count);
-                                let href = query_string(&JobQuery { state: s.to_string(), ..Default::default() }, None);
-                                view! { <li><a href=format!("/jobs{href}") data-state=*s>{state_badge(s)}" "<strong>{n}</strong></a></li> }
-                            }).collect_view()}
-                        </ul>
-                        {filter_form(&q)}
-                        {job_table(p.jobs, &q)}
-                        {p.next_before.map(|b| view! {
-                            <p><a class="button" href=format!("/jobs{}", query_string(&q, Some(b)))>"Older jobs \u{2192}"</a></p>
-                        })}
-                    }.into_any()
-                }
-            })}
-        </Transition>
+        {super::loaded(page, move |p| {
+            let q = query.get();
+            view! {
+                <ul class="counts" data-testid="job-counts">
+                    {STATES.iter().map(|s| {
+                        let n = p.counts.iter().find(|c| c.state == *s).map_or(0, |c| c.count);
+                        let href = query_string(&JobQuery { state: s.to_string(), ..Default::default() }, None);
+                        view! { <li><a href=format!("/jobs{href}") data-state=*s>{state_badge(s)}" "<strong>{n}</strong></a></li> }
+                    }).collect_view()}
+                </ul>
+                {filter_form(&q)}
+                {job_table(p.jobs, &q)}
+                {p.next_before.map(|b| view! {
+                    <p><a class="button" href=format!("/jobs{}", query_string(&q, Some(b)))>"Older jobs \u{2192}"</a></p>
+                })}
+            }
+        })}
     }
 }
 
@@ -102,26 +97,17 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
         }
         .into_any();
     }
-    view! {
-        <div class="table-wrap">
-            <table class="list" data-testid="jobs-table">
-                <thead><tr><th>"Job"</th><th>"Kind / tool"</th><th>"State"</th><th>"Attempts"</th><th>"Chat"</th><th>"Updated (UTC)"</th></tr></thead>
-                <tbody>
-                    {jobs.into_iter().map(|j| view! {
-                        <tr data-job-id=j.id>
-                            <td><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
-                            <td>{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
-                            <td>{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
-                            <td>{format!("{} / {}", j.attempt, j.max_attempts)}</td>
-                            <td>{j.chat_id.clone().unwrap_or_default()}</td>
-                            <td>{fmt_time(j.updated_at)}</td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
+    let rows = jobs.into_iter().map(|j| view! {
+        <tr data-job-id=j.id>
+            <td><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
+            <td>{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
+            <td>{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
+            <td>{format!("{} / {}", j.attempt, j.max_attempts)}</td>
+            <td>{j.chat_id.clone().unwrap_or_default()}</td>
+            <td>{fmt_time(j.updated_at)}</td>
+        </tr>
+    }).collect_view();
+    super::list_table("jobs-table", &["Job", "Kind / tool", "State", "Attempts", "Chat", "Updated (UTC)"], rows)
 }
 
 #[component]
@@ -138,70 +124,65 @@ pub fn JobDetailPage() -> impl IntoView {
     view! {
         <Title text="Job · Gatehouse" />
         <p><a href="/jobs">"\u{2190} All jobs"</a></p>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || detail.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(d) => {
-                    let s = d.summary.clone();
-                    let id = s.id;
-                    let rows: Vec<(&str, String)> = vec![
-                        ("Kind", s.kind.clone()),
-                        ("Tool", s.tool_name.clone().unwrap_or_else(|| "\u{2014}".into())),
-                        ("Attempts", format!("{} of {}", s.attempt, s.max_attempts)),
-                        ("Queue / priority", format!("{} / {}", d.queue, d.priority)),
-                        ("Chat", s.chat_id.clone().unwrap_or_else(|| "\u{2014}".into())),
-                        ("Sender", d.sender_id.clone().unwrap_or_else(|| "\u{2014}".into())),
-                        ("Message", d.message_id.clone().unwrap_or_else(|| "\u{2014}".into())),
-                        ("Dedupe key", d.dedupe_key.clone().unwrap_or_else(|| "\u{2014}".into())),
-                        ("Correlation id", d.correlation_id.clone()),
-                        ("Created", fmt_time(s.created_at)),
-                        ("Scheduled", fmt_time(d.scheduled_at)),
-                        ("Started", d.started_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
-                        ("Finished", d.completed_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
-                        ("Lease", d.lease_owner.clone().map(|o| format!("{o} until {}", d.lease_expires_at.map(fmt_time).unwrap_or_default())).unwrap_or_else(|| "\u{2014}".into())),
-                    ];
-                    view! {
-                        <h1>{format!("Job #{id}")}" "{state_badge(&s.state)}</h1>
-                        <div class="actions">
-                            {d.can_retry.then(|| view! {
-                                <ActionForm action=retry>
-                                    <input type="hidden" name="id" value=id />
-                                    <button type="submit" data-testid="retry-job">"Retry now"</button>
-                                </ActionForm>
-                            })}
-                            {d.can_cancel.then(|| view! {
-                                <ActionForm action=cancel>
-                                    <input type="hidden" name="id" value=id />
-                                    <button type="submit" class="danger" data-testid="cancel-job">"Cancel"</button>
-                                </ActionForm>
-                            })}
-                        </div>
-                        {move || retry.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
-                        {move || cancel.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
-                        {s.last_error_code.clone().map(|code| {
-                            let message = d.last_error_message.clone().unwrap_or_default();
-                            view! { <p class="error" data-testid="job-error"><code>{code}</code>" "{message}</p> }
-                        })}
-                        <table class="kv"><tbody>
-                            {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
-                        </tbody></table>
-                        <h2>"Arguments"</h2>
-                        <pre class="json" data-testid="job-args">{d.args.clone()}</pre>
-                        {d.result_preview.clone().map(|p| view! { <h2>"Result"</h2><pre class="json">{p}</pre> })}
-                        <h2>"Timeline"</h2>
-                        <ol class="timeline" data-testid="job-timeline">
-                            {d.events.clone().into_iter().map(|e| view! {
-                                <li>
-                                    <time>{fmt_time(e.at)}</time>" "{state_badge(&e.state)}
-                                    {format!(" attempt {}", e.attempt)}
-                                    {e.error_code.map(|c| view! { " "<code>{c}</code> })}
-                                    {e.message.map(|m| view! { " "<span>{m}</span> })}
-                                </li>
-                            }).collect_view()}
-                        </ol>
-                    }.into_any()
-                }
-            })}
-        </Transition>
+        {super::loaded(detail, move |d| {
+            let s = d.summary.clone();
+            let id = s.id;
+            let rows: Vec<(&str, String)> = vec![
+                ("Kind", s.kind.clone()),
+                ("Tool", s.tool_name.clone().unwrap_or_else(|| "\u{2014}".into())),
+                ("Attempts", format!("{} of {}", s.attempt, s.max_attempts)),
+                ("Queue / priority", format!("{} / {}", d.queue, d.priority)),
+                ("Chat", s.chat_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                ("Sender", d.sender_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                ("Message", d.message_id.clone().unwrap_or_else(|| "\u{2014}".into())),
+                ("Dedupe key", d.dedupe_key.clone().unwrap_or_else(|| "\u{2014}".into())),
+                ("Correlation id", d.correlation_id.clone()),
+                ("Created", fmt_time(s.created_at)),
+                ("Scheduled", fmt_time(d.scheduled_at)),
+                ("Started", d.started_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
+                ("Finished", d.completed_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
+                ("Lease", d.lease_owner.clone().map(|o| format!("{o} until {}", d.lease_expires_at.map(fmt_time).unwrap_or_default())).unwrap_or_else(|| "\u{2014}".into())),
+            ];
+            view! {
+                <h1>{format!("Job #{id}")}" "{state_badge(&s.state)}</h1>
+                <div class="actions">
+                    {d.can_retry.then(|| view! {
+                        <ActionForm action=retry>
+                            <input type="hidden" name="id" value=id />
+                            <button type="submit" data-testid="retry-job">"Retry now"</button>
+                        </ActionForm>
+                    })}
+                    {d.can_cancel.then(|| view! {
+                        <ActionForm action=cancel>
+                            <input type="hidden" name="id" value=id />
+                            <button type="submit" class="danger" data-testid="cancel-job">"Cancel"</button>
+                        </ActionForm>
+                    })}
+                </div>
+                {move || retry.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+                {move || cancel.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+                {s.last_error_code.clone().map(|code| {
+                    let message = d.last_error_message.clone().unwrap_or_default();
+                    view! { <p class="error" data-testid="job-error"><code>{code}</code>" "{message}</p> }
+                })}
+                <table class="kv"><tbody>
+                    {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
+                </tbody></table>
+                <h2>"Arguments"</h2>
+                <pre class="json" data-testid="job-args">{d.args.clone()}</pre>
+                {d.result_preview.clone().map(|p| view! { <h2>"Result"</h2><pre class="json">{p}</pre> })}
+                <h2>"Timeline"</h2>
+                <ol class="timeline" data-testid="job-timeline">
+                    {d.events.clone().into_iter().map(|e| view! {
+                        <li>
+                            <time>{fmt_time(e.at)}</time>" "{state_badge(&e.state)}
+                            {format!(" attempt {}", e.attempt)}
+                            {e.error_code.map(|c| view! { " "<code>{c}</code> })}
+                            {e.message.map(|m| view! { " "<span>{m}</span> })}
+                        </li>
+                    }).collect_view()}
+                </ol>
+            }
+        })}
     }
 }

@@ -33,24 +33,21 @@ pub fn McpPage() -> impl IntoView {
         <h1>"MCP servers"</h1>
         {move || toggle.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {move || decide.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
-        {move || refresh.value().get().map(|r| match r {
-            Ok(report) => view! { <p class="notice" role="status" data-testid="refresh-result">{report}</p> }.into_any(),
-            Err(e) => super::error_view(&e),
-        })}
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) if p.servers.is_empty() => view! {
+        {super::action_notice(refresh.value(), "refresh-result")}
+        {super::loaded(page, move |p| {
+            if p.servers.is_empty() {
+                return view! {
                     <div class="empty" data-testid="mcp-empty">
                         <p><strong>"No MCP servers are configured."</strong></p>
                         <p>"Declare servers in " <code>{p.config_path.clone()}</code>
                            " (stdio commands or Streamable HTTP URLs; the file explains every key), then restart Gatehouse. "
                            "Their tools wait here for your approval before the assistant can use them."</p>
                     </div>
-                }.into_any(),
-                Ok(p) => p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any(),
-            })}
-        </Transition>
+                }
+                .into_any();
+            }
+            p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any()
+        })}
     }
 }
 

@@ -28,6 +28,46 @@ pub fn NotFound() -> impl IntoView {
     }
 }
 
+/// `data` as `body` shows it once loaded, or its error inline; the last page stays on screen
+/// while it reloads.
+pub(crate) fn loaded<T, V>(data: Resource<Result<T, AppError>>, body: impl Fn(T) -> V + Send + Sync + 'static) -> impl IntoView
+where
+    T: Clone + Send + Sync + 'static,
+    V: IntoView + 'static,
+{
+    view! {
+        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+            {move || data.get().map(|res| match res {
+                Err(e) => error_view(&e),
+                Ok(p) => body(p).into_any(),
+            })}
+        </Transition>
+    }
+}
+
+/// A list page's table: the header cells, then `rows` (one `<tr>` each).
+pub(crate) fn list_table(testid: &'static str, headers: &[&'static str], rows: impl IntoView + 'static) -> AnyView {
+    view! {
+        <div class="table-wrap">
+            <table class="list" data-testid=testid>
+                <thead><tr>{headers.iter().map(|h| view! { <th>{*h}</th> }).collect_view()}</tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </div>
+    }
+    .into_any()
+}
+
+/// An action's answer: its text as a status notice, or its error.
+pub(crate) fn action_notice(answer: impl Get<Value = Option<Result<String, AppError>>> + Send + Sync + 'static, testid: &'static str) -> impl IntoView {
+    move || {
+        answer.get().map(|r| match r {
+            Ok(text) => view! { <p class="notice" role="status" data-testid=testid>{text}</p> }.into_any(),
+            Err(e) => error_view(&e),
+        })
+    }
+}
+
 /// Shows a server function error inline.
 pub fn error_view(err: &AppError) -> AnyView {
     crate::layout::redirect_if_unauthorized(err);

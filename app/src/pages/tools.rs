@@ -63,34 +63,29 @@ pub fn ToolsPage() -> impl IntoView {
             }.into_any(),
             Err(e) => view! { <pre class="error" role="alert" data-testid="reload-error" data-code=e.code.clone()>{e.message.clone()}</pre> }.into_any(),
         })}
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) => {
-                    let q = query.get();
+        {super::loaded(page, move |p| {
+            let q = query.get();
+            view! {
+                <p>"Approval mode: " <strong data-testid="approval-mode">{p.approval_mode.clone()}</strong>
+                   " · catalog " <code>{p.catalog_path.clone()}</code></p>
+                {filter_form(&q)}
+                {tool_table(p.tools, p.total, &q, &p.catalog_path)}
+                <h2>"Recent calls"</h2>
+                {calls_table(p.recent_calls, "Calls appear here as the assistant, the CLI (gatehouse tools call) or the try-it form on a tool's page use tools.")}
+                <h2>"Owner notices"</h2>
+                {if p.notices.is_empty() {
+                    view! { <p class="empty" data-testid="notices-empty">"No notices. A notify_owner hook in tools.toml raises one when its pattern matches a call or an error."</p> }.into_any()
+                } else {
                     view! {
-                        <p>"Approval mode: " <strong data-testid="approval-mode">{p.approval_mode.clone()}</strong>
-                           " · catalog " <code>{p.catalog_path.clone()}</code></p>
-                        {filter_form(&q)}
-                        {tool_table(p.tools, p.total, &q, &p.catalog_path)}
-                        <h2>"Recent calls"</h2>
-                        {calls_table(p.recent_calls, "Calls appear here as the assistant, the CLI (gatehouse tools call) or the try-it form on a tool's page use tools.")}
-                        <h2>"Owner notices"</h2>
-                        {if p.notices.is_empty() {
-                            view! { <p class="empty" data-testid="notices-empty">"No notices. A notify_owner hook in tools.toml raises one when its pattern matches a call or an error."</p> }.into_any()
-                        } else {
-                            view! {
-                                <ul class="notices" data-testid="notices">
-                                    {p.notices.into_iter().map(|n| view! {
-                                        <li><time>{fmt_time(n.at)}</time>" "<code>{n.reason_code}</code>" "{n.message}</li>
-                                    }).collect_view()}
-                                </ul>
-                            }.into_any()
-                        }}
+                        <ul class="notices" data-testid="notices">
+                            {p.notices.into_iter().map(|n| view! {
+                                <li><time>{fmt_time(n.at)}</time>" "<code>{n.reason_code}</code>" "{n.message}</li>
+                            }).collect_view()}
+                        </ul>
                     }.into_any()
-                }
-            })}
-        </Transition>
+                }}
+            }
+        })}
     }
 }
 
@@ -121,59 +116,41 @@ fn tool_table(tools: Vec<ToolSummary>, total: usize, q: &ToolsQuery, catalog_pat
         }
         .into_any();
     }
-    view! {
-        <div class="table-wrap">
-            <table class="list" data-testid="tools-table">
-                <thead><tr><th>"Tool"</th><th>"Provider"</th><th>"Audience"</th><th>"Risk"</th><th>"Approval"</th><th>"Breaker"</th><th>"Version"</th></tr></thead>
-                <tbody>
-                    {tools.into_iter().map(|t| view! {
-                        <tr data-tool=t.name.clone()>
-                            <td>
-                                <a href=format!("/tools/{}", t.name)>{t.name.clone()}</a>
-                                {(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}
-                                <br/><small>{t.title.clone()}</small>
-                            </td>
-                            <td>{t.provider.clone()}</td>
-                            <td>{t.audience.clone()}</td>
-                            <td>{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
-                            <td>{t.approval.clone()}</td>
-                            <td>{breaker_badge(&t.breaker)}</td>
-                            <td><code title=t.version.clone()>{short_version(&t.version)}</code></td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
+    let rows = tools.into_iter().map(|t| view! {
+        <tr data-tool=t.name.clone()>
+            <td>
+                <a href=format!("/tools/{}", t.name)>{t.name.clone()}</a>
+                {(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}
+                <br/><small>{t.title.clone()}</small>
+            </td>
+            <td>{t.provider.clone()}</td>
+            <td>{t.audience.clone()}</td>
+            <td>{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
+            <td>{t.approval.clone()}</td>
+            <td>{breaker_badge(&t.breaker)}</td>
+            <td><code title=t.version.clone()>{short_version(&t.version)}</code></td>
+        </tr>
+    }).collect_view();
+    super::list_table("tools-table", &["Tool", "Provider", "Audience", "Risk", "Approval", "Breaker", "Version"], rows)
 }
 
 fn calls_table(calls: Vec<ToolCallView>, empty: &'static str) -> AnyView {
     if calls.is_empty() {
         return view! { <p class="empty" data-testid="calls-empty">"No calls yet. " {empty}</p> }.into_any();
     }
-    view! {
-        <div class="table-wrap">
-            <table class="list" data-testid="calls-table">
-                <thead><tr><th>"When (UTC)"</th><th>"Tool"</th><th>"Actor"</th><th>"Decision"</th><th>"Reason"</th><th>"Latency"</th><th>"Attempts"</th><th>"Correlation"</th></tr></thead>
-                <tbody>
-                    {calls.into_iter().map(|c| view! {
-                        <tr data-decision=c.decision.clone()>
-                            <td>{fmt_time(c.at)}</td>
-                            <td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
-                            <td>{format!("{} · {}", c.actor, c.chat_type)}</td>
-                            <td>{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
-                            <td><code>{c.reason_code.clone()}</code></td>
-                            <td>{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
-                            <td>{c.attempts}</td>
-                            <td><small>{c.correlation_id.clone()}</small></td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
+    let rows = calls.into_iter().map(|c| view! {
+        <tr data-decision=c.decision.clone()>
+            <td>{fmt_time(c.at)}</td>
+            <td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
+            <td>{format!("{} · {}", c.actor, c.chat_type)}</td>
+            <td>{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
+            <td><code>{c.reason_code.clone()}</code></td>
+            <td>{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
+            <td>{c.attempts}</td>
+            <td><small>{c.correlation_id.clone()}</small></td>
+        </tr>
+    }).collect_view();
+    super::list_table("calls-table", &["When (UTC)", "Tool", "Actor", "Decision", "Reason", "Latency", "Attempts", "Correlation"], rows)
 }
 
 #[component]
@@ -185,85 +162,80 @@ pub fn ToolDetailPage() -> impl IntoView {
     view! {
         <Title text="Tool · Gatehouse" />
         <p><a href="/tools">"\u{2190} All tools"</a></p>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || detail.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(d) => {
-                    let t = d.summary.clone();
-                    let rows: Vec<(&str, String)> = vec![
-                        ("Title", t.title.clone()),
-                        ("Provider", t.provider.clone()),
-                        ("Operation", t.operation.clone()),
-                        ("Audience", t.audience.clone()),
-                        ("Risk", t.risk.clone()),
-                        ("Approval", t.approval.clone()),
-                        ("Chat types", d.chat_types.join(", ")),
-                        ("Timeout", format!("{} ms per attempt", d.timeout_ms)),
-                        ("Retries", d.retry.clone()),
-                        ("Background", d.async_policy.clone()),
-                        ("Chainable", if d.chainable { "yes".into() } else { "no".into() }),
-                        ("Inline result limit", format!("{} bytes", d.max_result_bytes)),
-                        ("Managed fields", if d.managed_fields.is_empty() { "\u{2014}".into() } else { d.managed_fields.join(", ") }),
-                        ("Version", t.version.clone()),
-                    ];
-                    view! {
-                        <h1>{t.name.clone()}" "{breaker_badge(&t.breaker)}{(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}</h1>
-                        <p>{t.description.clone()}</p>
-                        <table class="kv" data-testid="tool-facts"><tbody>
-                            {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
-                            {d.connector.clone().map(|c| view! { <tr><th>"Connector"</th><td><code>{c}</code></td></tr> })}
-                            <tr><th>"Policy for owners"</th><td data-testid="owner-policy">{d.owner_policy.clone()}</td></tr>
-                            <tr><th>"Policy for customers"</th><td data-testid="customer-policy">{d.customer_policy.clone()}</td></tr>
-                            <tr><th>"Hooks"</th><td>{if d.hooks.is_empty() { "\u{2014}".to_string() } else { d.hooks.join(", ") }}</td></tr>
-                            <tr><th>"Secret fields"</th><td>
-                                {if d.secret_fields.is_empty() { view! { "\u{2014}" }.into_any() } else {
-                                    d.secret_fields.clone().into_iter().map(|s| view! {
-                                        <span>{s.field}" \u{2190} "<code>{s.variable}</code>{if s.set { " (set)" } else { " (not set)" }}" "</span>
-                                    }).collect_view().into_any()
-                                }}
-                            </td></tr>
-                        </tbody></table>
-                        {(!d.when_to_use.is_empty()).then(|| view! { <p><strong>"When to use: "</strong>{d.when_to_use.clone()}</p> })}
-                        {(!d.when_not_to_use.is_empty()).then(|| view! { <p><strong>"When not to use: "</strong>{d.when_not_to_use.clone()}</p> })}
-                        <h2>"Input schema"</h2>
-                        <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
-                        {d.output_schema.clone().map(|s| view! { <h2>"Output schema"</h2><pre class="json">{s}</pre> })}
-                        <h2>"Try it"</h2>
-                        <p>"Runs one call through the checkpoint as you (an owner), with every check, hook and the audit. Calls that need approval are not run."</p>
-                        <ActionForm action=try_it attr:class="try-it" attr:data-testid="try-form">
-                            <input type="hidden" name="name" value=t.name.clone() />
-                            <label>"Arguments (JSON)"
-                                <textarea name="args" rows="5" data-testid="try-args">{d.example_args.clone()}</textarea>
-                            </label>
-                            <label>"Chat type"
-                                <select name="chat_type">
-                                    <option value="direct" selected=true>"direct"</option>
-                                    <option value="group">"group"</option>
-                                </select>
-                            </label>
-                            <button type="submit" data-testid="try-run">"Run through the checkpoint"</button>
-                        </ActionForm>
-                        {move || try_it.value().get().map(|res| match res {
-                            Ok(o) => view! {
-                                <div class=if o.ok { "try-result ok" } else { "try-result failed" } data-testid="try-result" data-code=o.code.clone()>
-                                    <p><strong>{match (o.ok, o.approval_id) {
-                                        (true, _) => "Allowed and run".to_string(),
-                                        (false, Some(id)) => format!("Waiting for an owner's approval: request #{id}"),
-                                        (false, None) => format!("Stopped: {}", o.code),
-                                    }}</strong>
-                                       {format!(" · {} attempt(s) · {} ms · ", o.attempts, o.latency_ms)}<small>{o.correlation_id.clone()}</small></p>
-                                    {(!o.ok).then(|| view! { <p>{o.message.clone()}</p> })}
-                                    {o.approval_id.map(|_| view! { <p><a href="/approvals" data-testid="try-approval">"Decide it on the Approvals page"</a></p> })}
-                                    {o.output.clone().map(|out| view! { <pre class="json">{out}</pre> })}
-                                </div>
-                            }.into_any(),
-                            Err(e) => super::error_view(&e),
-                        })}
-                        <h2>"Recent calls"</h2>
-                        {calls_table(d.recent_calls.clone(), "Use the form above to make one.")}
-                    }.into_any()
-                }
-            })}
-        </Transition>
+        {super::loaded(detail, move |d| {
+            let t = d.summary.clone();
+            let rows: Vec<(&str, String)> = vec![
+                ("Title", t.title.clone()),
+                ("Provider", t.provider.clone()),
+                ("Operation", t.operation.clone()),
+                ("Audience", t.audience.clone()),
+                ("Risk", t.risk.clone()),
+                ("Approval", t.approval.clone()),
+                ("Chat types", d.chat_types.join(", ")),
+                ("Timeout", format!("{} ms per attempt", d.timeout_ms)),
+                ("Retries", d.retry.clone()),
+                ("Background", d.async_policy.clone()),
+                ("Chainable", if d.chainable { "yes".into() } else { "no".into() }),
+                ("Inline result limit", format!("{} bytes", d.max_result_bytes)),
+                ("Managed fields", if d.managed_fields.is_empty() { "\u{2014}".into() } else { d.managed_fields.join(", ") }),
+                ("Version", t.version.clone()),
+            ];
+            view! {
+                <h1>{t.name.clone()}" "{breaker_badge(&t.breaker)}{(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}</h1>
+                <p>{t.description.clone()}</p>
+                <table class="kv" data-testid="tool-facts"><tbody>
+                    {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
+                    {d.connector.clone().map(|c| view! { <tr><th>"Connector"</th><td><code>{c}</code></td></tr> })}
+                    <tr><th>"Policy for owners"</th><td data-testid="owner-policy">{d.owner_policy.clone()}</td></tr>
+                    <tr><th>"Policy for customers"</th><td data-testid="customer-policy">{d.customer_policy.clone()}</td></tr>
+                    <tr><th>"Hooks"</th><td>{if d.hooks.is_empty() { "\u{2014}".to_string() } else { d.hooks.join(", ") }}</td></tr>
+                    <tr><th>"Secret fields"</th><td>
+                        {if d.secret_fields.is_empty() { view! { "\u{2014}" }.into_any() } else {
+                            d.secret_fields.clone().into_iter().map(|s| view! {
+                                <span>{s.field}" \u{2190} "<code>{s.variable}</code>{if s.set { " (set)" } else { " (not set)" }}" "</span>
+                            }).collect_view().into_any()
+                        }}
+                    </td></tr>
+                </tbody></table>
+                {(!d.when_to_use.is_empty()).then(|| view! { <p><strong>"When to use: "</strong>{d.when_to_use.clone()}</p> })}
+                {(!d.when_not_to_use.is_empty()).then(|| view! { <p><strong>"When not to use: "</strong>{d.when_not_to_use.clone()}</p> })}
+                <h2>"Input schema"</h2>
+                <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
+                {d.output_schema.clone().map(|s| view! { <h2>"Output schema"</h2><pre class="json">{s}</pre> })}
+                <h2>"Try it"</h2>
+                <p>"Runs one call through the checkpoint as you (an owner), with every check, hook and the audit. Calls that need approval are not run."</p>
+                <ActionForm action=try_it attr:class="try-it" attr:data-testid="try-form">
+                    <input type="hidden" name="name" value=t.name.clone() />
+                    <label>"Arguments (JSON)"
+                        <textarea name="args" rows="5" data-testid="try-args">{d.example_args.clone()}</textarea>
+                    </label>
+                    <label>"Chat type"
+                        <select name="chat_type">
+                            <option value="direct" selected=true>"direct"</option>
+                            <option value="group">"group"</option>
+                        </select>
+                    </label>
+                    <button type="submit" data-testid="try-run">"Run through the checkpoint"</button>
+                </ActionForm>
+                {move || try_it.value().get().map(|res| match res {
+                    Ok(o) => view! {
+                        <div class=if o.ok { "try-result ok" } else { "try-result failed" } data-testid="try-result" data-code=o.code.clone()>
+                            <p><strong>{match (o.ok, o.approval_id) {
+                                (true, _) => "Allowed and run".to_string(),
+                                (false, Some(id)) => format!("Waiting for an owner's approval: request #{id}"),
+                                (false, None) => format!("Stopped: {}", o.code),
+                            }}</strong>
+                               {format!(" · {} attempt(s) · {} ms · ", o.attempts, o.latency_ms)}<small>{o.correlation_id.clone()}</small></p>
+                            {(!o.ok).then(|| view! { <p>{o.message.clone()}</p> })}
+                            {o.approval_id.map(|_| view! { <p><a href="/approvals" data-testid="try-approval">"Decide it on the Approvals page"</a></p> })}
+                            {o.output.clone().map(|out| view! { <pre class="json">{out}</pre> })}
+                        </div>
+                    }.into_any(),
+                    Err(e) => super::error_view(&e),
+                })}
+                <h2>"Recent calls"</h2>
+                {calls_table(d.recent_calls.clone(), "Use the form above to make one.")}
+            }
+        })}
     }
 }

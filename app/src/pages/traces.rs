@@ -51,21 +51,16 @@ pub fn TracesPage() -> impl IntoView {
     view! {
         <Title text="Traces · Gatehouse" />
         <h1>"Traces"</h1>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || page.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(p) => {
-                    let q = query.get();
-                    view! {
-                        {filter_form(&q)}
-                        {trace_table(p.traces, &q)}
-                        {p.next_before.map(|b| view! {
-                            <p><a class="button" href=format!("/traces{}", query_string(&q, Some(b)))>"Older traces \u{2192}"</a></p>
-                        })}
-                    }.into_any()
-                }
-            })}
-        </Transition>
+        {super::loaded(page, move |p| {
+            let q = query.get();
+            view! {
+                {filter_form(&q)}
+                {trace_table(p.traces, &q)}
+                {p.next_before.map(|b| view! {
+                    <p><a class="button" href=format!("/traces{}", query_string(&q, Some(b)))>"Older traces \u{2192}"</a></p>
+                })}
+            }
+        })}
     }
 }
 
@@ -94,28 +89,19 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
         }
         .into_any();
     }
-    view! {
-        <div class="table-wrap">
-            <table class="list" data-testid="traces-table">
-                <thead><tr><th>"Trace"</th><th>"When (UTC)"</th><th>"Chat"</th><th>"Actor"</th><th>"Route"</th><th>"Outcome"</th><th>"Time"</th></tr></thead>
-                <tbody>
-                    {traces.into_iter().map(|t| view! {
-                        <tr data-trace-id=t.id data-route=t.route.clone()>
-                            <td><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
-                            <td>{fmt_time(t.started_at)}</td>
-                            <td><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
-                            <td>{t.actor.clone()}</td>
-                            <td>{t.route.clone()}</td>
-                            <td><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
-                                {t.error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
-                            <td>{ms(t.duration_us)}</td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
+    let rows = traces.into_iter().map(|t| view! {
+        <tr data-trace-id=t.id data-route=t.route.clone()>
+            <td><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
+            <td>{fmt_time(t.started_at)}</td>
+            <td><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
+            <td>{t.actor.clone()}</td>
+            <td>{t.route.clone()}</td>
+            <td><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
+                {t.error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
+            <td>{ms(t.duration_us)}</td>
+        </tr>
+    }).collect_view();
+    super::list_table("traces-table", &["Trace", "When (UTC)", "Chat", "Actor", "Route", "Outcome", "Time"], rows)
 }
 
 #[component]
@@ -126,55 +112,50 @@ pub fn TraceDetailPage() -> impl IntoView {
     view! {
         <Title text="Trace · Gatehouse" />
         <p><a href="/traces">"\u{2190} All traces"</a></p>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
-            {move || detail.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(d) => {
-                    let t = d.summary.clone();
+        {super::loaded(detail, move |d| {
+            let t = d.summary.clone();
+            view! {
+                <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
+                <table class="kv"><tbody>
+                    <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
+                    <tr><th>"Message"</th><td><code>{t.message_id.clone()}</code></td></tr>
+                    <tr><th>"Actor"</th><td>{t.actor.clone()}</td></tr>
+                    <tr><th>"Route"</th><td data-testid="trace-route">{t.route.clone()}</td></tr>
+                    <tr><th>"Error"</th><td>{t.error_code.clone().unwrap_or_else(|| "\u{2014}".into())}</td></tr>
+                    <tr><th>"Started"</th><td>{fmt_time(t.started_at)}</td></tr>
+                    <tr><th>"Took"</th><td>{ms(t.duration_us)}</td></tr>
+                    <tr><th>"Correlation id"</th><td><code>{t.correlation_id.clone()}</code></td></tr>
+                </tbody></table>
+                <h2>"Timeline"</h2>
+                <ol class="timeline" data-testid="trace-timeline">
+                    {d.steps.into_iter().map(|s| view! {
+                        <li data-step=s.step.clone()>
+                            <strong>{s.step.clone()}</strong>" \u{2192} "{s.decision.clone()}" "<code>{s.reason_code.clone()}</code>
+                            {format!(" ({})", ms(s.duration_us))}
+                            {s.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}") data-testid="step-job">{format!("job #{id}")}</a> })}
+                            {(!s.candidates.is_empty()).then(|| view! {
+                                <ol class="candidates" data-testid="step-candidates">
+                                    {s.candidates.iter().map(|c| view! { <li><code>{c.name.clone()}</code>{format!(" {:.2}", c.score)}</li> }).collect_view()}
+                                </ol>
+                            })}
+                            {(s.detail != "{}").then(|| view! { <pre class="json">{s.detail.clone()}</pre> })}
+                        </li>
+                    }).collect_view()}
+                </ol>
+                <h2>"Tool calls"</h2>
+                {if d.tool_calls.is_empty() {
+                    view! { <p class="muted">"No tool was called for this message."</p> }.into_any()
+                } else {
                     view! {
-                        <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
-                        <table class="kv"><tbody>
-                            <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
-                            <tr><th>"Message"</th><td><code>{t.message_id.clone()}</code></td></tr>
-                            <tr><th>"Actor"</th><td>{t.actor.clone()}</td></tr>
-                            <tr><th>"Route"</th><td data-testid="trace-route">{t.route.clone()}</td></tr>
-                            <tr><th>"Error"</th><td>{t.error_code.clone().unwrap_or_else(|| "\u{2014}".into())}</td></tr>
-                            <tr><th>"Started"</th><td>{fmt_time(t.started_at)}</td></tr>
-                            <tr><th>"Took"</th><td>{ms(t.duration_us)}</td></tr>
-                            <tr><th>"Correlation id"</th><td><code>{t.correlation_id.clone()}</code></td></tr>
-                        </tbody></table>
-                        <h2>"Timeline"</h2>
-                        <ol class="timeline" data-testid="trace-timeline">
-                            {d.steps.into_iter().map(|s| view! {
-                                <li data-step=s.step.clone()>
-                                    <strong>{s.step.clone()}</strong>" \u{2192} "{s.decision.clone()}" "<code>{s.reason_code.clone()}</code>
-                                    {format!(" ({})", ms(s.duration_us))}
-                                    {s.job_id.map(|id| view! { " " <a href=format!("/jobs/{id}") data-testid="step-job">{format!("job #{id}")}</a> })}
-                                    {(!s.candidates.is_empty()).then(|| view! {
-                                        <ol class="candidates" data-testid="step-candidates">
-                                            {s.candidates.iter().map(|c| view! { <li><code>{c.name.clone()}</code>{format!(" {:.2}", c.score)}</li> }).collect_view()}
-                                        </ol>
-                                    })}
-                                    {(s.detail != "{}").then(|| view! { <pre class="json">{s.detail.clone()}</pre> })}
-                                </li>
-                            }).collect_view()}
-                        </ol>
-                        <h2>"Tool calls"</h2>
-                        {if d.tool_calls.is_empty() {
-                            view! { <p class="muted">"No tool was called for this message."</p> }.into_any()
-                        } else {
-                            view! {
-                                <table data-testid="trace-tool-calls">
-                                    <thead><tr><th>"Tool"</th><th>"Decision"</th><th>"Code"</th><th>"Attempts"</th><th>"Time"</th></tr></thead>
-                                    <tbody>{d.tool_calls.into_iter().map(|c| view! {
-                                        <tr><td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td><td>{c.decision.clone()}</td><td><code>{c.reason_code.clone()}</code></td><td>{c.attempts}</td><td>{ms(c.latency_us)}</td></tr>
-                                    }).collect_view()}</tbody>
-                                </table>
-                            }.into_any()
-                        }}
+                        <table data-testid="trace-tool-calls">
+                            <thead><tr><th>"Tool"</th><th>"Decision"</th><th>"Code"</th><th>"Attempts"</th><th>"Time"</th></tr></thead>
+                            <tbody>{d.tool_calls.into_iter().map(|c| view! {
+                                <tr><td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td><td>{c.decision.clone()}</td><td><code>{c.reason_code.clone()}</code></td><td>{c.attempts}</td><td>{ms(c.latency_us)}</td></tr>
+                            }).collect_view()}</tbody>
+                        </table>
                     }.into_any()
-                }
-            })}
-        </Transition>
+                }}
+            }
+        })}
     }
 }

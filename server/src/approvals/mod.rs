@@ -8,7 +8,9 @@
 //! tool and the arguments are still exactly the ones approved (`APPROVAL_STALE` otherwise).
 //! Expiry is a job too: the requester is told and nothing runs.
 
+mod decide;
 pub mod jobs;
+mod messages;
 
 use std::sync::Arc;
 
@@ -16,33 +18,31 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::{
-    channel::{ReplyTo, SIMULATOR, WHATSAPP},
+    channel::{SIMULATOR, WHATSAPP},
     config::Settings,
     db::{
         self, Db, DbError,
-        approvals::{self as store, ApprovalRow, Decider, NewApproval, State},
-        audit::{self, AuditEntry},
+        approvals::{self as store, ApprovalRow, NewApproval, State},
     },
     domain::{ChatKind, Role},
     jobs::JobQueue,
-    owners::notices::DeliverNotice,
     redact,
     tools::{
-        ApprovedCall, CallContext, Checkpoint, ToolCall,
+        CallContext, Checkpoint, ToolCall,
         canonical::{args_hash, canonical_json},
         checkpoint::ToolFailure,
-        job::ToolCallJob,
     },
-    traces::{self, Ending, Recorder, Step, Subject},
+    traces::{self, Ending, Recorder, Subject},
 };
 
-pub use jobs::{AskOwner, Settle, SettleReason};
+pub use self::{
+    decide::{Decided, Verdict},
+    jobs::{AskOwner, Settle, SettleReason},
+    messages::Button,
+};
 
 /// The channel of requests made in the console or on the command line: no chat to answer.
 pub const CONSOLE: &str = "console";
-
-/// The prefix of an approval button's id: `gh-approval:{id}:{approve|reject}:{nonce}`.
-const BUTTON_PREFIX: &str = "gh-approval:";
 
 /// Stable codes of the approval path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
@@ -87,11 +87,7 @@ pub enum ApprovalError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for ApprovalError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(DbError::from(e))
-    }
-}
+crate::db::from_sqlx_as_db!(ApprovalError);
 
 impl ApprovalError {
     /// The stable code. A refusal by the gates carries the tool's own code in its message.
@@ -147,49 +143,6 @@ pub struct Requested {
     pub trace_id: Option<i64>,
 }
 
-/// Approve or reject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    Approve,
-    Reject { reason: Option<String> },
-}
-
-/// A decision that was made by this call.
-#[derive(Debug, Clone)]
-pub struct Decided {
-    pub approval: ApprovalRow,
-    /// The `tool.call` job of an approved call.
-    pub job_id: Option<i64>,
-}
-
-/// A pressed approval button, as parsed from its id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Button {
-    pub id: i64,
-    pub approve: bool,
-    pub nonce: String,
-}
-
-impl Button {
-    pub fn id_for(approval_id: i64, approve: bool, nonce: &str) -> String {
-        format!("{BUTTON_PREFIX}{approval_id}:{}:{nonce}", if approve { "approve" } else { "reject" })
-    }
-
-    /// `Some` for an id that has the shape of an approval button (which says nothing about
-    /// whether it is genuine).
-    pub fn parse(reply_id: &str) -> Option<Self> {
-        let rest = reply_id.strip_prefix(BUTTON_PREFIX)?;
-        let mut parts = rest.splitn(3, ':');
-        let id = parts.next()?.parse().ok()?;
-        let approve = match parts.next()? {
-            "approve" => true,
-            "reject" => false,
-            _ => return None,
-        };
-        Some(Self { id, approve, nonce: parts.next()?.to_string() })
-    }
-}
-
 /// The approval path, built once by the composition root.
 pub struct Approvals {
     db: Db,
@@ -204,9 +157,6 @@ impl std::fmt::Debug for Approvals {
     }
 }
 
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// A chat a message can be sent to later (not the console or the command line).
 pub fn is_chat(channel: &str) -> bool {
@@ -300,7 +250,7 @@ impl Approvals {
             trace_id: Some(trace_id),
             nonce: &nonce,
             created_at: now,
-            expires_at: now.saturating_add(ms(self.settings.approvals.ttl)),
+            expires_at: now.saturating_add(db::duration_ms(self.settings.approvals.ttl)),
         };
         let (row, reused) = store::insert_or_reuse(&mut tx, &new).await?;
         if !reused {
@@ -353,181 +303,11 @@ impl Approvals {
         let mut conn = self.db.pool.acquire().await?;
         store::list(&mut conn, state, limit).await
     }
-
-    /// Decides approval `id`, once. `nonce` is a WhatsApp button's secret (None for the console,
-    /// the CLI and the text commands, whose owner is known otherwise). On approval one
-    /// `tool.call` job is enqueued, keyed by the approval; on rejection the requester is told.
-    /// Every decision is in the owner audit and the request's trace.
-    pub async fn decide(&self, id: i64, verdict: Verdict, by: &Decider, nonce: Option<&str>, ip: Option<&str>) -> Result<Decided, ApprovalError> {
-        let mut conn = self.db.pool.acquire().await?;
-        let Some(row) = store::get(&mut conn, id).await? else { return Err(ApprovalError::NotFound(id)) };
-        drop(conn);
-        if let Some(nonce) = nonce
-            && !constant_eq(nonce.as_bytes(), row.nonce.as_bytes())
-        {
-            return Err(ApprovalError::InvalidButton(id));
-        }
-        let now = db::now_ms();
-        let (to, event, note) = match &verdict {
-            Verdict::Approve => (State::Approved, audit::event::APPROVAL_APPROVED, None),
-            Verdict::Reject { reason } => (State::Rejected, audit::event::APPROVAL_REJECTED, reason.as_deref().map(str::trim).filter(|r| !r.is_empty())),
-        };
-        let mut tx = self.db.begin_write().await?;
-        if !store::decide(&mut tx, id, to, by, note, now).await? {
-            drop(tx);
-            let mut conn = self.db.pool.acquire().await?;
-            let current = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
-            return Err(match current.state() {
-                State::Pending | State::Expired => ApprovalError::Expired(id),
-                state => ApprovalError::AlreadyDecided { id, state, by: current.decided_by.unwrap_or_default() },
-            });
-        }
-        let mut job_id = None;
-        match &verdict {
-            Verdict::Approve => {
-                let job = tool_call_job(&row);
-                let mut new = self.queue.job(&job);
-                new.dedupe_key = Some(format!("approval:{id}:run"));
-                new.chat_id = Some(row.chat_id.clone());
-                new.sender_id = Some(row.sender.clone());
-                new.message_id = Some(row.message_id.clone());
-                new.tool_name = Some(row.tool.clone());
-                new.original_text = Some(row.request.clone());
-                new.correlation_id.clone_from(&row.correlation_id);
-                let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
-                store::set_job(&mut tx, id, enqueued.job.id).await?;
-                job_id = Some(enqueued.job.id);
-            }
-            // The settle job tells a chat's requester; for the console it is the rejection's
-            // event, which every open Approvals page follows.
-            Verdict::Reject { .. } => {
-                let mut tell = self.queue.job(&Settle { approval_id: id, reason: SettleReason::Rejected });
-                tell.dedupe_key = Some(format!("approval:{id}:rejected"));
-                tell.correlation_id.clone_from(&row.correlation_id);
-                self.queue.enqueue_in(&mut tx, &tell).await?;
-            }
-        }
-        let detail = json!({ "approval_id": id, "tool": row.tool, "via": by.via, "decided_by": by.name, "reason": note, "job_id": job_id });
-        audit::record(&mut tx, AuditEntry { owner_id: by.owner_id, login: Some(&by.name), ip, event, detail: Some(detail.clone()) }).await?;
-        if let Some(trace_id) = row.trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?;
-        }
-        self.queue.commit(tx).await?;
-        tracing::info!(event = "ApprovalDecided", approval.id = id, state = to.as_str(), via = by.via, "decided");
-        let mut conn = self.db.pool.acquire().await?;
-        let approval = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
-        Ok(Decided { approval, job_id })
-    }
-
-    /// Settles an approval whose time ran out; true when this call did (the requester is then
-    /// told by the caller). False when a decision came first, or it is not due yet.
-    pub async fn expire(&self, id: i64) -> Result<bool, DbError> {
-        let mut tx = self.db.begin_write().await?;
-        let expired = store::expire(&mut tx, id, db::now_ms()).await?;
-        if expired && let Some(row) = store::get(&mut tx, id).await? && let Some(trace_id) = row.trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?;
-        }
-        tx.commit().await?;
-        Ok(expired)
-    }
-
-    /// Records how an approved call's run ended and, the first time, tells the owner who
-    /// decided (on WhatsApp when they decided there or have a number; always in the console).
-    pub async fn record_outcome(&self, approval_id: i64, code: &str, answer: &str) -> Result<(), DbError> {
-        let mut tx = self.db.begin_write().await?;
-        if !store::set_outcome(&mut tx, approval_id, code, db::now_ms()).await? {
-            return Ok(());
-        }
-        let Some(row) = store::get(&mut tx, approval_id).await? else { return Ok(()) };
-        let outcome = if code == "OK" { answer.chars().take(600).collect::<String>() } else { format!("did not complete ({code}).") };
-        let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);
-        if let Some(trace_id) = row.trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalExecuted", if code == "OK" { "succeeded" } else { "failed" }, code, json!({ "approval_id": approval_id, "job_id": row.job_id }))).await?;
-        }
-        if let Some(phone) = row.decider_phone.as_deref().filter(|p| !p.is_empty()) {
-            let mut job = self.queue.job(&DeliverNotice { to: phone.trim_start_matches('+').to_string(), message });
-            job.dedupe_key = Some(format!("approval:{approval_id}:outcome"));
-            job.correlation_id.clone_from(&row.correlation_id);
-            self.queue.enqueue_in(&mut tx, &job).await?;
-        }
-        self.queue.commit(tx).await?;
-        Ok(())
-    }
-
-    /// The owner's WhatsApp message for approval `row`, with its buttons.
-    pub fn prompt(&self, row: &ApprovalRow) -> (String, Vec<(String, String)>) {
-        let a = &self.settings.approvals;
-        let requester = if row.actor == Role::Owner.as_str() { format!("An owner (+{})", row.sender.trim_start_matches('+')) } else { format!("A customer (+{})", row.sender.trim_start_matches('+')) };
-        let expires = chrono_like(row.expires_at);
-        let text = a
-            .owner_prompt
-            .trim()
-            .replace("{id}", &row.id.to_string())
-            .replace("{tool}", &row.tool)
-            .replace("{risk}", &row.risk)
-            .replace("{args}", &row.display)
-            .replace("{requester}", &requester)
-            .replace("{reason}", &row.reason)
-            .replace("{expires}", &expires);
-        let buttons = vec![
-            (Button::id_for(row.id, true, &row.nonce), a.approve_button.trim().to_string()),
-            (Button::id_for(row.id, false, &row.nonce), a.reject_button.trim().to_string()),
-        ];
-        (text, buttons)
-    }
-
-    /// The words for an approval error, for the owner who tried.
-    pub fn error_reply(&self, e: &ApprovalError) -> String {
-        let a = &self.settings.approvals;
-        match e {
-            ApprovalError::NotFound(id) => a.not_found_reply.replace("{id}", &id.to_string()),
-            ApprovalError::AlreadyDecided { id, state, by } => a.already_decided_reply.replace("{id}", &id.to_string()).replace("{state}", state.as_str()).replace("{by}", by),
-            ApprovalError::Expired(id) => a.expired_reply.replace("{id}", &id.to_string()),
-            ApprovalError::InvalidButton(_) => a.invalid_button_reply.clone(),
-            other => format!("{other}"),
-        }
-    }
-
-    /// The words for a decision this owner made.
-    pub fn decided_reply(&self, d: &Decided) -> String {
-        let a = &self.settings.approvals;
-        let text = if d.approval.state() == State::Approved { &a.approved_reply } else { &a.rejected_reply };
-        text.replace("{id}", &d.approval.id.to_string()).replace("{tool}", &d.approval.tool)
-    }
-}
-
-/// The `tool.call` job of an approved request: the stored call, bound to the approval.
-fn tool_call_job(row: &ApprovalRow) -> ToolCallJob {
-    let args: Value = serde_json::from_str(&row.args).unwrap_or(Value::Null);
-    ToolCallJob {
-        tool: row.tool.clone(),
-        version: row.tool_version.clone(),
-        approval: Some(ApprovedCall { approval_id: row.id, version: row.tool_version.clone(), args_hash: row.args_hash.clone() }),
-        args,
-        actor: row.actor.parse().unwrap_or(Role::Customer),
-        chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct),
-        sender: row.sender.clone(),
-        request: row.request.clone(),
-        reply_to: ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() },
-        trace_id: row.trace_id,
-    }
-}
-
-/// Compares secrets in constant time.
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    use subtle::ConstantTimeEq;
-    bool::from(a.ct_eq(b))
-}
-
-/// A unix-ms time as "2026-11-30T14:05:00Z".
-fn chrono_like(at_ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{decide::constant_eq, *};
 
     #[test]
     fn button_ids_round_trip_and_refuse_other_shapes() {

@@ -24,14 +24,8 @@ impl Outbox {
     }
 
     async fn trace(&self, trace_id: Option<i64>, step: Step, failed: bool) {
-        let Some(trace_id) = trace_id else { return };
-        let written = async {
-            let mut conn = self.db.pool.acquire().await?;
-            if failed { traces::append_failure(&mut conn, trace_id, &step).await } else { traces::append(&mut conn, trace_id, &step).await }
-        }
-        .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, trace.id = trace_id, "recording a later delivery in the trace failed");
+        if let Some(trace_id) = trace_id {
+            traces::record_delivery(&self.db, trace_id, &step, failed).await;
         }
     }
 

@@ -50,11 +50,7 @@ pub enum SimError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for SimError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(e.into())
-    }
-}
+crate::db::from_sqlx_as_db!(SimError);
 
 pub struct Simulator {
     db: Db,

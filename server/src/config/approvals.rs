@@ -104,22 +104,13 @@ impl Default for ApprovalSettings {
 impl ApprovalSettings {
     /// Every text, by its key, for `check-config`.
     pub fn texts(&self) -> [(&'static str, &str); 14] {
-        [
-            ("approvals.owner_prompt", &self.owner_prompt),
-            ("approvals.approve_button", &self.approve_button),
-            ("approvals.reject_button", &self.reject_button),
-            ("approvals.approved_reply", &self.approved_reply),
-            ("approvals.rejected_reply", &self.rejected_reply),
-            ("approvals.already_decided_reply", &self.already_decided_reply),
-            ("approvals.expired_reply", &self.expired_reply),
-            ("approvals.not_found_reply", &self.not_found_reply),
-            ("approvals.not_an_owner_reply", &self.not_an_owner_reply),
-            ("approvals.invalid_button_reply", &self.invalid_button_reply),
-            ("approvals.usage_reply", &self.usage_reply),
-            ("approvals.outcome_notice", &self.outcome_notice),
-            ("approvals.requester_rejected", &self.requester_rejected),
-            ("approvals.requester_expired", &self.requester_expired),
-        ]
+        super::texts_by_key!(
+            self, "approvals":
+            owner_prompt, approve_button, reject_button, approved_reply, rejected_reply,
+            already_decided_reply, expired_reply, not_found_reply, not_an_owner_reply,
+            invalid_button_reply, usage_reply, outcome_notice, requester_rejected,
+            requester_expired
+        )
     }
 }
 

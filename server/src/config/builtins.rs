@@ -43,6 +43,7 @@ pub struct WebFetchSettings {
     pub timeout: Duration,
     /// Hosts (`host` or `host:port`) fetched even when their address is not public.
     pub allowed_hosts: Vec<String>,
+    /// Hosts never fetched: a name with its subdomains, an address or a network (CIDR).
     pub denied_hosts: Vec<String>,
     pub user_agent: String,
 }

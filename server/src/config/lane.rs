@@ -167,25 +167,13 @@ impl Default for LaneSettings {
 impl LaneSettings {
     /// The texts `check-config` requires while the lane is enabled, by key.
     pub fn texts(&self) -> [(&'static str, &str); 17] {
-        [
-            ("lane.planner_prompt", &self.planner_prompt),
-            ("lane.summarizer_prompt", &self.summarizer_prompt),
-            ("lane.respond_tool", &self.respond_tool),
-            ("lane.respond_description", &self.respond_description),
-            ("lane.tool_description", &self.tool_description),
-            ("lane.clarify_reply", &self.clarify_reply),
-            ("lane.denied_reply", &self.denied_reply),
-            ("lane.failed_reply", &self.failed_reply),
-            ("lane.timed_out_reply", &self.timed_out_reply),
-            ("lane.approval_reply", &self.approval_reply),
-            ("lane.partial_note", &self.partial_note),
-            ("lane.sources_label", &self.sources_label),
-            ("lane.fallback_intro", &self.fallback_intro),
-            ("lane.unreadable_reply", &self.unreadable_reply),
-            ("lane.pending_reply", &self.pending_reply),
-            ("lane.already_checking_reply", &self.already_checking_reply),
-            ("lane.not_started_reply", &self.not_started_reply),
-        ]
+        super::texts_by_key!(
+            self, "lane":
+            planner_prompt, summarizer_prompt, respond_tool, respond_description, tool_description,
+            clarify_reply, denied_reply, failed_reply, timed_out_reply, approval_reply,
+            partial_note, sources_label, fallback_intro, unreadable_reply, pending_reply,
+            already_checking_reply, not_started_reply
+        )
     }
 }
 

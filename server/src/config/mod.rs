@@ -2,6 +2,15 @@
 //! environment variables. Secrets never live here; they come from named environment variables
 //! only (see [`secrets`]).
 
+/// The texts of a settings section by their keys, for `check-config`: each key is
+/// `section.field`, made from the field's own name.
+macro_rules! texts_by_key {
+    ($settings:expr, $section:literal: $($field:ident),+ $(,)?) => {
+        [$((concat!($section, ".", stringify!($field)), $settings.$field.as_str())),+]
+    };
+}
+pub(crate) use texts_by_key;
+
 mod builtins;
 mod check;
 pub mod detector;

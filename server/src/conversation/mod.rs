@@ -99,11 +99,7 @@ pub enum RuntimeError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for RuntimeError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(DbError::from(e))
-    }
-}
+crate::db::from_sqlx_as_db!(RuntimeError);
 
 /// The notice kinds recorded per chat: the unknown-type note, the rate-limit reply and the
 /// owners' private-data notice go to (or for) one chat at most once per period.

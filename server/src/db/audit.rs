@@ -1,6 +1,6 @@
 //! The owner audit trail: logins, failures, setup and account changes. Never holds a password.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
@@ -54,7 +54,7 @@ pub struct FailureCounts {
 }
 
 pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, since_ms: i64) -> Result<FailureCounts, DbError> {
-    let by_login = sqlx::query(
+    let (by_login, newest_login_at, by_pair, newest_pair_at): (i64, Option<i64>, i64, Option<i64>) = sqlx::query_as(
         "SELECT COUNT(*), MAX(at), COALESCE(SUM(CASE WHEN ip = $4 THEN 1 ELSE 0 END), 0), MAX(CASE WHEN ip = $4 THEN at END) \
          FROM owner_audit WHERE event = $1 AND login = $2 AND at > $3",
     )
@@ -64,26 +64,19 @@ pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, si
     .bind(ip)
     .fetch_one(&mut *conn)
     .await?;
-    let by_ip = sqlx::query("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3")
+    let (by_ip, oldest_ip_at): (i64, Option<i64>) = sqlx::query_as("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3")
         .bind(event::LOGIN_FAILED)
         .bind(ip)
         .bind(since_ms)
         .fetch_one(&mut *conn)
         .await?;
-    Ok(FailureCounts {
-        by_login: by_login.try_get(0)?,
-        newest_login_at: by_login.try_get(1)?,
-        by_pair: by_login.try_get(2)?,
-        newest_pair_at: by_login.try_get(3)?,
-        by_ip: by_ip.try_get(0)?,
-        oldest_ip_at: by_ip.try_get(1)?,
-    })
+    Ok(FailureCounts { by_login, by_ip, by_pair, oldest_ip_at, newest_login_at, newest_pair_at })
 }
 
 /// Like [`record`], returning the new row's id.
 pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<i64, DbError> {
     let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
-    let row = sqlx::query("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+    let id = sqlx::query_scalar("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
         .bind(now_ms())
         .bind(entry.owner_id)
         .bind(entry.login)
@@ -92,7 +85,7 @@ pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>
         .bind(detail)
         .fetch_one(&mut *conn)
         .await?;
-    Ok(row.try_get(0)?)
+    Ok(id)
 }
 
 /// Turns a provisional failure row into a success for `owner_id`.

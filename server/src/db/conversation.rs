@@ -1,6 +1,6 @@
 //! Conversation memory: chat turns and per-chat summaries.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::DbError;
 
@@ -9,7 +9,7 @@ pub mod role {
     pub const ASSISTANT: &str = "assistant";
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Turn {
     pub id: i64,
     pub role: String,
@@ -51,38 +51,33 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
 
 /// The chat's turns after `after_id`, oldest first.
 pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
-    let rows = sqlx::query("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
+    Ok(sqlx::query_as("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
         .bind(chat_id)
         .bind(after_id)
         .fetch_all(conn)
-        .await?;
-    rows.iter()
-        .map(|r| Ok(Turn { id: r.try_get(0)?, role: r.try_get(1)?, text: r.try_get(2)?, message_id: r.try_get(3)?, at: r.try_get(4)?, tokens: r.try_get(5)? }))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(DbError::from)
+        .await?)
 }
 
 /// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.
 /// The text of message `message_id` in chat `chat_id` only: a quoted id from another chat (a
 /// forged context id) finds nothing.
 pub async fn text_of(conn: &mut AnyConnection, chat_id: &str, message_id: &str) -> Result<Option<String>, DbError> {
-    let row = sqlx::query("SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 ORDER BY id LIMIT 1")
+    Ok(sqlx::query_scalar("SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 ORDER BY id LIMIT 1")
         .bind(chat_id)
         .bind(message_id)
         .fetch_optional(conn)
-        .await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+        .await?)
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Summary {
+    #[sqlx(rename = "summary")]
     pub text: String,
     pub covers_through: i64,
 }
 
 pub async fn summary(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<Summary>, DbError> {
-    let row = sqlx::query("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1").bind(chat_id).fetch_optional(conn).await?;
-    Ok(row.map(|r| Ok::<_, sqlx::Error>(Summary { text: r.try_get(0)?, covers_through: r.try_get(1)? })).transpose()?)
+    Ok(sqlx::query_as("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1").bind(chat_id).fetch_optional(conn).await?)
 }
 
 pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, now: i64) -> Result<(), DbError> {
@@ -100,7 +95,7 @@ pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, 
 }
 
 /// The runtime's earlier answer to a message.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct EarlierReply {
     pub route: String,
     pub reply: Option<String>,
@@ -108,8 +103,8 @@ pub struct EarlierReply {
 }
 
 pub async fn earlier_reply(conn: &mut AnyConnection, message_id: &str) -> Result<Option<EarlierReply>, DbError> {
-    let row = sqlx::query("SELECT route, reply, trace_id FROM message_replies WHERE message_id = $1").bind(message_id).fetch_optional(conn).await?;
-    Ok(row.map(|r| Ok::<_, sqlx::Error>(EarlierReply { route: r.try_get(0)?, reply: r.try_get(1)?, trace_id: r.try_get(2)? })).transpose()?)
+    let sql = "SELECT route, reply, trace_id FROM message_replies WHERE message_id = $1";
+    Ok(sqlx::query_as(sql).bind(message_id).fetch_optional(conn).await?)
 }
 
 /// Records the answer once; a second record for the same message changes nothing.

@@ -1,10 +1,10 @@
 //! Model calls with their tokens, cost and outcome. No message text and no keys are stored.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::DbError;
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct LlmCallRow {
     pub at: i64,
     pub provider: String,
@@ -59,43 +59,19 @@ pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<(), DbEr
 /// The calls made for one correlation id (one processed message), oldest first.
 pub async fn for_correlation(conn: &mut AnyConnection, correlation_id: &str) -> Result<Vec<LlmCallRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM llm_calls WHERE correlation_id = $1 ORDER BY id");
-    let rows = sqlx::query(&sql).bind(correlation_id).fetch_all(&mut *conn).await?;
-    rows.iter().map(from_row).collect::<Result<_, sqlx::Error>>().map_err(DbError::from)
+    Ok(sqlx::query_as(&sql).bind(correlation_id).fetch_all(&mut *conn).await?)
 }
 
 /// The newest calls first.
 pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<LlmCallRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM llm_calls ORDER BY id DESC LIMIT $1");
-    let rows = sqlx::query(&sql).bind(limit).fetch_all(&mut *conn).await?;
-    rows.iter().map(from_row).collect::<Result<_, sqlx::Error>>().map_err(DbError::from)
+    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(&mut *conn).await?)
 }
 
 /// Total cost in micro-dollars and number of calls since `since_ms` (unpriced calls count as 0).
 pub async fn cost_since(conn: &mut AnyConnection, since_ms: i64) -> Result<(i64, i64), DbError> {
-    let row = sqlx::query("SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT), COUNT(*) FROM llm_calls WHERE at >= $1")
+    Ok(sqlx::query_as("SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT), COUNT(*) FROM llm_calls WHERE at >= $1")
         .bind(since_ms)
         .fetch_one(&mut *conn)
-        .await?;
-    Ok((row.try_get(0)?, row.try_get(1)?))
-}
-
-fn from_row(r: &sqlx::any::AnyRow) -> Result<LlmCallRow, sqlx::Error> {
-    Ok(LlmCallRow {
-        at: r.try_get(0)?,
-        provider: r.try_get(1)?,
-        model: r.try_get(2)?,
-        purpose: r.try_get(3)?,
-        correlation_id: r.try_get(4)?,
-        input_tokens: r.try_get(5)?,
-        output_tokens: r.try_get(6)?,
-        cache_read_tokens: r.try_get(7)?,
-        cache_write_tokens: r.try_get(8)?,
-        cost_micro_usd: r.try_get(9)?,
-        latency_ms: r.try_get(10)?,
-        outcome: r.try_get(11)?,
-        stop_reason: r.try_get(12)?,
-        http_status: r.try_get(13)?,
-        attempts: r.try_get(14)?,
-        request_id: r.try_get(15)?,
-    })
+        .await?)
 }

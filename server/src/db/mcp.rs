@@ -1,8 +1,8 @@
 //! MCP servers and their tools: the discovery cache, quarantine and health.
 
-use sqlx::{AnyConnection, Row, any::AnyRow};
+use sqlx::AnyConnection;
 
-use super::{DbError, now_ms};
+use super::{DbError, IntBool, now_ms};
 
 /// Quarantine states of a discovered tool.
 pub mod state {
@@ -20,9 +20,10 @@ pub mod health {
     pub const DOWN: &str = "down";
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct ServerRow {
     pub id: String,
+    #[sqlx(try_from = "IntBool<Option<i64>>")]
     pub enabled_override: Option<bool>,
     pub health: String,
     pub last_error: Option<String>,
@@ -32,7 +33,7 @@ pub struct ServerRow {
     pub updated_at: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct ToolRow {
     pub server_id: String,
     pub name: String,
@@ -43,6 +44,7 @@ pub struct ToolRow {
     pub state: String,
     pub approved_hash: Option<String>,
     pub previous_definition: Option<String>,
+    #[sqlx(try_from = "IntBool")]
     pub present: bool,
     pub first_seen_at: i64,
     pub updated_at: i64,
@@ -60,37 +62,6 @@ impl ToolRow {
 const SERVER_COLUMNS: &str = "id, enabled_override, health, last_error, last_seen_at, tool_count, discovered_at, updated_at";
 const TOOL_COLUMNS: &str = "server_id, name, catalog_name, definition, definition_hash, state, approved_hash, previous_definition, present, first_seen_at, updated_at, decided_at, decided_by";
 
-fn server_row(r: &AnyRow) -> Result<ServerRow, sqlx::Error> {
-    Ok(ServerRow {
-        id: r.try_get(0)?,
-        enabled_override: r.try_get::<Option<i64>, _>(1)?.map(|v| v != 0),
-        health: r.try_get(2)?,
-        last_error: r.try_get(3)?,
-        last_seen_at: r.try_get(4)?,
-        tool_count: r.try_get(5)?,
-        discovered_at: r.try_get(6)?,
-        updated_at: r.try_get(7)?,
-    })
-}
-
-fn tool_row(r: &AnyRow) -> Result<ToolRow, sqlx::Error> {
-    Ok(ToolRow {
-        server_id: r.try_get(0)?,
-        name: r.try_get(1)?,
-        catalog_name: r.try_get(2)?,
-        definition: r.try_get(3)?,
-        definition_hash: r.try_get(4)?,
-        state: r.try_get(5)?,
-        approved_hash: r.try_get(6)?,
-        previous_definition: r.try_get(7)?,
-        present: r.try_get::<i64, _>(8)? != 0,
-        first_seen_at: r.try_get(9)?,
-        updated_at: r.try_get(10)?,
-        decided_at: r.try_get(11)?,
-        decided_by: r.try_get(12)?,
-    })
-}
-
 /// Makes sure a row exists for each configured server (health `down` until it connects).
 pub async fn ensure_server(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
     sqlx::query("INSERT INTO mcp_servers (id, health, tool_count, updated_at) VALUES ($1, $2, 0, $3) ON CONFLICT (id) DO NOTHING")
@@ -103,13 +74,11 @@ pub async fn ensure_server(conn: &mut AnyConnection, id: &str) -> Result<(), DbE
 }
 
 pub async fn servers(conn: &mut AnyConnection) -> Result<Vec<ServerRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers ORDER BY id")).fetch_all(&mut *conn).await?;
-    Ok(rows.iter().map(server_row).collect::<Result<_, _>>()?)
+    Ok(sqlx::query_as(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers ORDER BY id")).fetch_all(&mut *conn).await?)
 }
 
 pub async fn server(conn: &mut AnyConnection, id: &str) -> Result<Option<ServerRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(server_row).transpose()?)
+    Ok(sqlx::query_as(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 /// Records health. `seen` also sets `last_seen_at` (the server answered).
@@ -141,16 +110,13 @@ pub async fn set_enabled_override(conn: &mut AnyConnection, id: &str, enabled: O
 
 /// Every cached tool of every server (or of one), by server and name.
 pub async fn tools(conn: &mut AnyConnection, server_id: Option<&str>) -> Result<Vec<ToolRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE ($1 = '' OR server_id = $1) ORDER BY server_id, name"))
-        .bind(server_id.unwrap_or_default())
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.iter().map(tool_row).collect::<Result<_, _>>()?)
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE ($1 = '' OR server_id = $1) ORDER BY server_id, name");
+    Ok(sqlx::query_as(&sql).bind(server_id.unwrap_or_default()).fetch_all(&mut *conn).await?)
 }
 
 pub async fn tool_by_catalog_name(conn: &mut AnyConnection, catalog_name: &str) -> Result<Option<ToolRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE catalog_name = $1")).bind(catalog_name).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(tool_row).transpose()?)
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE catalog_name = $1");
+    Ok(sqlx::query_as(&sql).bind(catalog_name).fetch_optional(&mut *conn).await?)
 }
 
 /// One tool as a discovery found it.
@@ -217,24 +183,14 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 changes.changed.push(f.name.clone());
             }
             Some(old) if !old.present => {
-                sqlx::query("UPDATE mcp_tools SET present = 1, updated_at = $1 WHERE server_id = $2 AND name = $3")
-                    .bind(now)
-                    .bind(server_id)
-                    .bind(&f.name)
-                    .execute(&mut *conn)
-                    .await?;
+                set_present(conn, server_id, &f.name, true, now).await?;
                 changes.added.push(f.name.clone());
             }
             Some(_) => {}
         }
     }
     for old in known.values().filter(|t| t.present && !found.iter().any(|f| f.name == t.name)) {
-        sqlx::query("UPDATE mcp_tools SET present = 0, updated_at = $1 WHERE server_id = $2 AND name = $3")
-            .bind(now)
-            .bind(server_id)
-            .bind(&old.name)
-            .execute(&mut *conn)
-            .await?;
+        set_present(conn, server_id, &old.name, false, now).await?;
         changes.removed.push(old.name.clone());
     }
     sqlx::query("UPDATE mcp_servers SET discovered_at = COALESCE(discovered_at, $1), tool_count = $2, updated_at = $1 WHERE id = $3")
@@ -244,6 +200,18 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
         .execute(&mut *conn)
         .await?;
     Ok(changes)
+}
+
+/// Marks a cached tool as listed by its server again, or no longer listed.
+async fn set_present(conn: &mut AnyConnection, server_id: &str, name: &str, present: bool, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_tools SET present = $1, updated_at = $2 WHERE server_id = $3 AND name = $4")
+        .bind(i64::from(present))
+        .bind(now)
+        .bind(server_id)
+        .bind(name)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// An owner's decision on a tool's current definition. `None` when there is no such tool.

@@ -56,6 +56,19 @@ pub enum DbError {
     Sql(#[from] sqlx::Error),
 }
 
+/// `impl From<sqlx::Error>` for an error enum whose `Db` variant holds a [`DbError`]: `?` on a
+/// transaction's begin and commit then converts as it does on the `db::` functions.
+macro_rules! from_sqlx_as_db {
+    ($error:ty) => {
+        impl From<sqlx::Error> for $error {
+            fn from(e: sqlx::Error) -> Self {
+                Self::Db($crate::db::DbError::Sql(e))
+            }
+        }
+    };
+}
+pub(crate) use from_sqlx_as_db;
+
 /// A pool on one of the two backends.
 #[derive(Debug, Clone)]
 pub struct Db {
@@ -82,6 +95,45 @@ pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
     (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
 }
 
+/// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
+/// only from a native boolean. Read one with `#[sqlx(try_from = "IntBool")]`, a nullable one
+/// with `#[sqlx(try_from = "IntBool<Option<i64>>")]`.
+pub(crate) struct IntBool<T = i64>(T);
+
+impl<T: sqlx::Type<sqlx::Any>> sqlx::Type<sqlx::Any> for IntBool<T> {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        T::type_info()
+    }
+
+    fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+        T::compatible(ty)
+    }
+}
+
+impl<'r, T: sqlx::Decode<'r, sqlx::Any>> sqlx::Decode<'r, sqlx::Any> for IntBool<T> {
+    fn decode(value: sqlx::any::AnyValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        T::decode(value).map(Self)
+    }
+}
+
+impl From<IntBool> for bool {
+    fn from(v: IntBool) -> Self {
+        v.0 != 0
+    }
+}
+
+impl From<IntBool<Option<i64>>> for Option<bool> {
+    fn from(v: IntBool<Option<i64>>) -> Self {
+        v.0.map(|v| v != 0)
+    }
+}
+
+/// Reads a stored state name back into its enum (for `#[sqlx(try_from = "String")]`);
+/// the error names `what` and the text found.
+pub(crate) fn parse_stored<T: std::str::FromStr>(text: String, what: &str) -> Result<T, String> {
+    text.parse().map_err(|_| format!("unknown {what} {text:?}"))
+}
+
 /// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
 /// (a tool name, a model reply or an error message with one is stored without it, not lost).
 pub fn clean_text(text: &str) -> String {
@@ -91,6 +143,11 @@ pub fn clean_text(text: &str) -> String {
 pub fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A duration in the unit of stored timestamps (milliseconds), saturating.
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Db {

@@ -1,10 +1,10 @@
 //! Notices for owners raised by `notify_owner` tool hooks.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::DbError;
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct Notification {
     pub at: i64,
     pub hook: String,
@@ -30,20 +30,8 @@ pub async fn insert(conn: &mut AnyConnection, n: &Notification) -> Result<(), Db
 
 /// The newest `limit` notices, newest first.
 pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Notification>, DbError> {
-    let rows = sqlx::query("SELECT at, hook, tool, reason_code, message, correlation_id FROM owner_notifications ORDER BY id DESC LIMIT $1")
+    Ok(sqlx::query_as("SELECT at, hook, tool, reason_code, message, correlation_id FROM owner_notifications ORDER BY id DESC LIMIT $1")
         .bind(limit)
         .fetch_all(conn)
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Notification {
-                at: r.try_get("at")?,
-                hook: r.try_get("hook")?,
-                tool: r.try_get("tool")?,
-                reason_code: r.try_get("reason_code")?,
-                message: r.try_get("message")?,
-                correlation_id: r.try_get("correlation_id")?,
-            })
-        })
-        .collect()
+        .await?)
 }

@@ -1,10 +1,10 @@
 //! Owners, their WhatsApp numbers and the one-time setup marker.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OwnerRow {
     pub id: i64,
     pub login: String,
@@ -16,21 +16,10 @@ pub struct OwnerRow {
 
 const OWNER_COLUMNS: &str = "id, login, display_name, password_hash, session_epoch, created_at";
 
-fn owner_from_row(row: &sqlx::any::AnyRow) -> Result<OwnerRow, sqlx::Error> {
-    Ok(OwnerRow {
-        id: row.try_get(0)?,
-        login: row.try_get(1)?,
-        display_name: row.try_get(2)?,
-        password_hash: row.try_get(3)?,
-        session_epoch: row.try_get(4)?,
-        created_at: row.try_get(5)?,
-    })
-}
-
 /// True once the first owner has been created. Stays true for good.
 pub async fn setup_completed(conn: &mut AnyConnection) -> Result<bool, DbError> {
-    let row = sqlx::query("SELECT COUNT(*) FROM setup_state").fetch_one(&mut *conn).await?;
-    Ok(row.try_get::<i64, _>(0)? > 0)
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM setup_state").fetch_one(&mut *conn).await?;
+    Ok(n > 0)
 }
 
 /// Claims the setup marker. Returns false when another request already did, in which case the
@@ -67,7 +56,7 @@ pub async fn insert_owner(
     phones: &[String],
 ) -> Result<i64, InsertOwnerError> {
     let now = now_ms();
-    let row = sqlx::query(
+    let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO owners (login, display_name, password_hash, session_epoch, created_at, updated_at) \
          VALUES ($1, $2, $3, 0, $4, $4) ON CONFLICT (login) DO NOTHING RETURNING id",
     )
@@ -78,8 +67,7 @@ pub async fn insert_owner(
     .fetch_optional(&mut *conn)
     .await
     .map_err(DbError::from)?;
-    let Some(row) = row else { return Err(InsertOwnerError::LoginTaken) };
-    let id: i64 = row.try_get(0).map_err(DbError::from)?;
+    let Some(id) = id else { return Err(InsertOwnerError::LoginTaken) };
     add_phones(conn, id, phones).await?;
     Ok(id)
 }
@@ -119,43 +107,28 @@ pub async fn replace_phones(conn: &mut AnyConnection, owner_id: i64, phones: &[S
 }
 
 pub async fn find_by_login(conn: &mut AnyConnection, login: &str) -> Result<Option<OwnerRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE login = $1"))
-        .bind(login)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(owner_from_row).transpose()?)
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE login = $1")).bind(login).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn find_by_id(conn: &mut AnyConnection, id: i64) -> Result<Option<OwnerRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(owner_from_row).transpose()?)
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn list(conn: &mut AnyConnection) -> Result<Vec<OwnerRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {OWNER_COLUMNS} FROM owners ORDER BY id")).fetch_all(&mut *conn).await?;
-    Ok(rows.iter().map(owner_from_row).collect::<Result<_, _>>()?)
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners ORDER BY id")).fetch_all(&mut *conn).await?)
 }
 
 pub async fn count(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    let row = sqlx::query("SELECT COUNT(*) FROM owners").fetch_one(&mut *conn).await?;
-    Ok(row.try_get(0)?)
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM owners").fetch_one(&mut *conn).await?)
 }
 
 pub async fn phones_of(conn: &mut AnyConnection, owner_id: i64) -> Result<Vec<String>, DbError> {
-    let rows = sqlx::query("SELECT phone FROM owner_phones WHERE owner_id = $1 ORDER BY phone")
-        .bind(owner_id)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<_, _>>()?)
+    Ok(sqlx::query_scalar("SELECT phone FROM owner_phones WHERE owner_id = $1 ORDER BY phone").bind(owner_id).fetch_all(&mut *conn).await?)
 }
 
 /// Every owner's WhatsApp number (E.164), for notices that go to all of them.
 pub async fn all_phones(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> {
-    let rows = sqlx::query("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?;
-    Ok(rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<_, _>>()?)
+    Ok(sqlx::query_scalar("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?)
 }
 
 /// Sets a new password hash and voids every session of the owner.
@@ -178,6 +151,6 @@ pub async fn owner_by_phone(conn: &mut AnyConnection, phone: &str) -> Result<Opt
     if digits.is_empty() {
         return Ok(None);
     }
-    let row = sqlx::query("SELECT owner_id FROM owner_phones WHERE phone = $1").bind(format!("+{digits}")).fetch_optional(&mut *conn).await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+    let sql = "SELECT owner_id FROM owner_phones WHERE phone = $1";
+    Ok(sqlx::query_scalar(sql).bind(format!("+{digits}")).fetch_optional(&mut *conn).await?)
 }

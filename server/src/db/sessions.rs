@@ -1,6 +1,6 @@
 //! Console sessions, stored as JSON records for tower-sessions.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
@@ -29,12 +29,7 @@ pub async fn insert_new(conn: &mut AnyConnection, id: &str, data: &str, expires_
 
 /// The record's JSON, if it exists and has not expired.
 pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, DbError> {
-    let row = sqlx::query("SELECT data FROM sessions WHERE id = $1 AND expires_at > $2")
-        .bind(id)
-        .bind(now_ms())
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+    Ok(sqlx::query_scalar("SELECT data FROM sessions WHERE id = $1 AND expires_at > $2").bind(id).bind(now_ms()).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn delete(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {

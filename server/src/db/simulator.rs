@@ -1,11 +1,11 @@
 //! Messages of simulated chats, and the chat list of the Conversations page (simulated and
 //! WhatsApp chats).
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::DbError;
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct ChatMessage {
     /// `in` (to the bot) or `out` (from the bot).
     pub direction: String,
@@ -19,6 +19,7 @@ pub struct ChatMessage {
     pub at: i64,
 }
 
+#[derive(Clone, Copy)]
 pub struct NewSimMessage<'a> {
     pub chat_id: &'a str,
     pub direction: &'a str,
@@ -32,25 +33,21 @@ pub struct NewSimMessage<'a> {
 
 /// Inserts a message unless one with its `message_id` is stored; returns whether it was new.
 pub async fn insert_once(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<bool, DbError> {
-    let done = sqlx::query(
-        "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-         ON CONFLICT (message_id) DO NOTHING",
-    )
-    .bind(m.chat_id)
-    .bind(m.direction)
-    .bind(m.sender)
-    .bind(super::clean_text(m.text))
-    .bind(m.message_id)
-    .bind(m.state)
-    .bind(m.trace_id)
-    .bind(m.at)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    let text = super::clean_text(m.text);
+    Ok(insert_with(conn, &NewSimMessage { text: &text, ..*m }, "ON CONFLICT (message_id) DO NOTHING").await? == 1)
 }
 
 pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+    insert_with(conn, m, "").await.map(|_| ())
+}
+
+/// Inserts `m`, the statement ending with `on_conflict`; returns the rows inserted.
+async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflict: &str) -> Result<u64, DbError> {
+    let sql = format!(
+        "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) {on_conflict}"
+    );
+    let done = sqlx::query(&sql)
         .bind(m.chat_id)
         .bind(m.direction)
         .bind(m.sender)
@@ -61,10 +58,10 @@ pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(
         .bind(m.at)
         .execute(conn)
         .await?;
-    Ok(())
+    Ok(done.rows_affected())
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct ChatSummary {
     pub channel: String,
     pub chat_id: String,
@@ -79,11 +76,7 @@ pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSumma
                  UNION ALL SELECT 'whatsapp', chat_id, COUNT(*), MAX(received_at) FROM whatsapp_inbound GROUP BY chat_id \
                  UNION ALL SELECT 'whatsapp', recipient, COUNT(*), MAX(created_at) FROM whatsapp_outbound GROUP BY recipient \
                ) AS c GROUP BY channel, chat_id ORDER BY last_at DESC LIMIT $1";
-    let rows = sqlx::query(sql).bind(limit).fetch_all(conn).await?;
-    rows.iter()
-        .map(|r| Ok(ChatSummary { channel: r.try_get(0)?, chat_id: r.try_get(1)?, messages: r.try_get(2)?, last_at: r.try_get(3)? }))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(DbError::from)
+    Ok(sqlx::query_as(sql).bind(limit).fetch_all(conn).await?)
 }
 
 /// One chat's messages, oldest first, with delivery states and trace links.
@@ -98,22 +91,7 @@ pub async fn messages(conn: &mut AnyConnection, channel: &str, chat_id: &str, li
            SELECT 'out', 'bot', o.body, o.idempotency_key, o.state, o.error_code, NULL, o.created_at FROM whatsapp_outbound o WHERE o.recipient = $1 \
          ) AS m ORDER BY at DESC LIMIT $2"
     };
-    let rows = sqlx::query(sql).bind(chat_id).bind(limit).fetch_all(conn).await?;
-    let mut out = rows
-        .iter()
-        .map(|r| {
-            Ok(ChatMessage {
-                direction: r.try_get(0)?,
-                sender: r.try_get(1)?,
-                text: r.try_get(2)?,
-                message_id: r.try_get(3)?,
-                state: r.try_get(4)?,
-                error_code: r.try_get(5)?,
-                trace_id: r.try_get(6)?,
-                at: r.try_get(7)?,
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let mut out: Vec<ChatMessage> = sqlx::query_as(sql).bind(chat_id).bind(limit).fetch_all(conn).await?;
     out.reverse();
     Ok(out)
 }

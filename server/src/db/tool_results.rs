@@ -1,6 +1,6 @@
 //! Whole tool results that were too large to pass inline.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
@@ -32,14 +32,13 @@ pub async fn insert(conn: &mut AnyConnection, r: &StoredResult<'_>) -> Result<()
 
 /// The stored body, if the reference exists.
 pub async fn get(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, DbError> {
-    let row = sqlx::query("SELECT body FROM tool_results WHERE id = $1").bind(id).fetch_optional(&mut *conn).await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+    Ok(sqlx::query_scalar("SELECT body FROM tool_results WHERE id = $1").bind(id).fetch_optional(&mut *conn).await?)
 }
 
 /// The stored body, if the reference exists and belongs to `chat_id`.
 pub async fn get_for_chat(conn: &mut AnyConnection, id: &str, chat_id: &str) -> Result<Option<String>, DbError> {
-    let row = sqlx::query("SELECT body FROM tool_results WHERE id = $1 AND chat_id = $2").bind(id).bind(chat_id).fetch_optional(&mut *conn).await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+    let sql = "SELECT body FROM tool_results WHERE id = $1 AND chat_id = $2";
+    Ok(sqlx::query_scalar(sql).bind(id).bind(chat_id).fetch_optional(&mut *conn).await?)
 }
 
 /// Deletes the results stored before `before_ms`; how many.

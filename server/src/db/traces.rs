@@ -1,6 +1,6 @@
 //! Traces of processed messages and their steps.
 
-use sqlx::{AnyConnection, FromRow};
+use sqlx::AnyConnection;
 
 use super::DbError;
 
@@ -114,7 +114,7 @@ pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Resu
         "SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
          AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7"
     );
-    let rows = sqlx::query(&sql)
+    Ok(sqlx::query_as(&sql)
         .bind(&f.chat_id)
         .bind(&f.route)
         .bind(&f.outcome)
@@ -123,13 +123,12 @@ pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Resu
         .bind(f.before_id)
         .bind(limit)
         .fetch_all(conn)
-        .await?;
-    rows.iter().map(|r| TraceRow::from_row(r)).collect::<Result<_, _>>().map_err(DbError::from)
+        .await?)
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, Vec<Step>)>, DbError> {
-    let Some(row) = sqlx::query(&format!("SELECT {COLUMNS} FROM traces WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await? else { return Ok(None) };
-    let trace = TraceRow::from_row(&row)?;
+    let sql = format!("SELECT {COLUMNS} FROM traces WHERE id = $1");
+    let Some(trace) = sqlx::query_as(&sql).bind(id).fetch_optional(&mut *conn).await? else { return Ok(None) };
     let steps: Vec<Step> = sqlx::query_as("SELECT step, decision, reason_code, duration_us, detail FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
         .bind(id)
         .fetch_all(&mut *conn)

@@ -1,9 +1,9 @@
 //! The WhatsApp channel's SQL: inbound messages (unique on wamid), the delivery ledger of
 //! outbound messages, and once-per-period notices.
 
-use sqlx::{AnyConnection, Row, any::AnyRow};
+use sqlx::AnyConnection;
 
-use super::DbError;
+use super::{DbError, IntBool, clean_text};
 
 /// An inbound message as the webhook stores it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,19 +22,21 @@ pub struct NewInbound {
     pub sent_at: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct InboundRow {
     pub id: i64,
     pub wamid: String,
     pub phone_number_id: String,
     pub chat_id: String,
     pub sender: String,
+    #[sqlx(try_from = "IntBool")]
     pub is_group: bool,
     pub msg_type: String,
     pub text: Option<String>,
     pub reply_id: Option<String>,
     pub context_id: Option<String>,
     pub raw: Option<String>,
+    #[sqlx(try_from = "IntBool")]
     pub raw_truncated: bool,
     pub sent_at: i64,
     pub received_at: i64,
@@ -44,32 +46,6 @@ pub struct InboundRow {
 
 const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
     raw_truncated, sent_at, received_at, processed_at, outcome";
-
-fn inbound_from_row(r: &AnyRow) -> Result<InboundRow, sqlx::Error> {
-    Ok(InboundRow {
-        id: r.try_get(0)?,
-        wamid: r.try_get(1)?,
-        phone_number_id: r.try_get(2)?,
-        chat_id: r.try_get(3)?,
-        sender: r.try_get(4)?,
-        is_group: r.try_get::<i64, _>(5)? != 0,
-        msg_type: r.try_get(6)?,
-        text: r.try_get(7)?,
-        reply_id: r.try_get(8)?,
-        context_id: r.try_get(9)?,
-        raw: r.try_get(10)?,
-        raw_truncated: r.try_get::<i64, _>(11)? != 0,
-        sent_at: r.try_get(12)?,
-        received_at: r.try_get(13)?,
-        processed_at: r.try_get(14)?,
-        outcome: r.try_get(15)?,
-    })
-}
-
-/// Text for a TEXT column: PostgreSQL refuses NUL.
-fn clean(text: &str) -> String {
-    text.replace('\0', "")
-}
 
 /// Rows per multi-row `INSERT` in [`insert_inbound_many`] (13 binds each).
 const INBOUND_CHUNK: usize = 256;
@@ -85,51 +61,43 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
              raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
             super::value_rows(chunk.len(), 13)
         );
-        let mut q = sqlx::query(&sql);
+        let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
             q = q
-                .bind(clean(&m.wamid))
-                .bind(clean(&m.phone_number_id))
-                .bind(clean(&m.chat_id))
-                .bind(clean(&m.sender))
+                .bind(clean_text(&m.wamid))
+                .bind(clean_text(&m.phone_number_id))
+                .bind(clean_text(&m.chat_id))
+                .bind(clean_text(&m.sender))
                 .bind(i64::from(m.is_group))
-                .bind(clean(&m.msg_type))
-                .bind(m.text.as_deref().map(clean))
-                .bind(m.reply_id.as_deref().map(clean))
-                .bind(m.context_id.as_deref().map(clean))
-                .bind(m.raw.as_deref().map(clean))
+                .bind(clean_text(&m.msg_type))
+                .bind(m.text.as_deref().map(clean_text))
+                .bind(m.reply_id.as_deref().map(clean_text))
+                .bind(m.context_id.as_deref().map(clean_text))
+                .bind(m.raw.as_deref().map(clean_text))
                 .bind(i64::from(m.raw_truncated))
                 .bind(m.sent_at)
                 .bind(now);
         }
-        let mut stored: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-        for row in q.fetch_all(&mut *conn).await? {
-            stored.insert(row.try_get(1)?, row.try_get(0)?);
-        }
+        let mut stored: std::collections::HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().map(|(id, wamid)| (wamid, id)).collect();
         // The first entry with a wamid took the row; `remove` leaves later ones `None`.
-        out.extend(chunk.iter().map(|m| stored.remove(&clean(&m.wamid))));
+        out.extend(chunk.iter().map(|m| stored.remove(&clean_text(&m.wamid))));
     }
     Ok(out)
 }
 
 pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(inbound_from_row).transpose()?)
+    Ok(sqlx::query_as(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn inbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<InboundRow>, DbError> {
-    let row =
-        sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE wamid = $1")).bind(wamid).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(inbound_from_row).transpose()?)
+    let sql = format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE wamid = $1");
+    Ok(sqlx::query_as(&sql).bind(wamid).fetch_optional(&mut *conn).await?)
 }
 
 /// The most recent inbound messages, newest first.
 pub async fn recent_inbound(conn: &mut AnyConnection, limit: i64) -> Result<Vec<InboundRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound ORDER BY id DESC LIMIT $1"))
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.iter().map(inbound_from_row).collect::<Result<_, _>>()?)
+    let sql = format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound ORDER BY id DESC LIMIT $1");
+    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(&mut *conn).await?)
 }
 
 pub async fn mark_inbound_processed(conn: &mut AnyConnection, id: i64, outcome: &str, now: i64) -> Result<(), DbError> {
@@ -185,6 +153,13 @@ impl DeliveryState {
     }
 }
 
+impl TryFrom<String> for DeliveryState {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        super::parse_stored(s, "delivery state")
+    }
+}
+
 /// One outbound message to reserve in the ledger.
 #[derive(Debug, Clone)]
 pub struct NewOutbound<'a> {
@@ -198,18 +173,20 @@ pub struct NewOutbound<'a> {
     pub quoted_id: Option<&'a str>,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct OutboundRow {
     pub id: i64,
     pub idempotency_key: String,
     pub job_id: Option<i64>,
     pub part: i64,
     pub recipient: String,
+    #[sqlx(try_from = "IntBool")]
     pub is_group: bool,
     pub kind: String,
     pub body: String,
     pub quoted_id: Option<String>,
     pub wamid: Option<String>,
+    #[sqlx(try_from = "String")]
     pub state: DeliveryState,
     pub attempts: i64,
     pub send_started_at: Option<i64>,
@@ -226,33 +203,6 @@ pub struct OutboundRow {
 const OUTBOUND_COLUMNS: &str = "id, idempotency_key, job_id, part, recipient, is_group, kind, body, quoted_id, wamid, state, attempts, \
     send_started_at, error_code, error_message, created_at, updated_at, sent_at, delivered_at, read_at, failed_at";
 
-fn outbound_from_row(r: &AnyRow) -> Result<OutboundRow, sqlx::Error> {
-    let state: String = r.try_get(10)?;
-    Ok(OutboundRow {
-        id: r.try_get(0)?,
-        idempotency_key: r.try_get(1)?,
-        job_id: r.try_get(2)?,
-        part: r.try_get(3)?,
-        recipient: r.try_get(4)?,
-        is_group: r.try_get::<i64, _>(5)? != 0,
-        kind: r.try_get(6)?,
-        body: r.try_get(7)?,
-        quoted_id: r.try_get(8)?,
-        wamid: r.try_get(9)?,
-        state: DeliveryState::parse(&state).ok_or_else(|| sqlx::Error::Decode(format!("unknown delivery state {state:?}").into()))?,
-        attempts: r.try_get(11)?,
-        send_started_at: r.try_get(12)?,
-        error_code: r.try_get(13)?,
-        error_message: r.try_get(14)?,
-        created_at: r.try_get(15)?,
-        updated_at: r.try_get(16)?,
-        sent_at: r.try_get(17)?,
-        delivered_at: r.try_get(18)?,
-        read_at: r.try_get(19)?,
-        failed_at: r.try_get(20)?,
-    })
-}
-
 /// Reserves a ledger row for `m` (or finds the one an earlier attempt reserved) and returns it.
 pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now: i64) -> Result<OutboundRow, DbError> {
     sqlx::query(
@@ -262,11 +212,11 @@ pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now
     .bind(m.idempotency_key)
     .bind(m.job_id)
     .bind(m.part)
-    .bind(clean(m.recipient))
+    .bind(clean_text(m.recipient))
     .bind(i64::from(m.is_group))
     .bind(m.kind)
-    .bind(clean(m.body))
-    .bind(m.quoted_id.map(clean))
+    .bind(clean_text(m.body))
+    .bind(m.quoted_id.map(clean_text))
     .bind(now)
     .execute(&mut *conn)
     .await?;
@@ -276,35 +226,25 @@ pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now
 }
 
 pub async fn outbound_by_key(conn: &mut AnyConnection, key: &str) -> Result<Option<OutboundRow>, DbError> {
-    let row = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1"))
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(outbound_from_row).transpose()?)
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn outbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<OutboundRow>, DbError> {
-    let row =
-        sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE wamid = $1")).bind(wamid).fetch_optional(&mut *conn).await?;
-    Ok(row.as_ref().map(outbound_from_row).transpose()?)
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE wamid = $1");
+    Ok(sqlx::query_as(&sql).bind(wamid).fetch_optional(&mut *conn).await?)
 }
 
 /// Ledger rows of one job, in part order.
 pub async fn outbound_for_job(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<OutboundRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id"))
-        .bind(job_id)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.iter().map(outbound_from_row).collect::<Result<_, _>>()?)
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(job_id).fetch_all(&mut *conn).await?)
 }
 
 /// Ledger rows for one recipient, oldest first.
 pub async fn outbound_for_recipient(conn: &mut AnyConnection, recipient: &str) -> Result<Vec<OutboundRow>, DbError> {
-    let rows = sqlx::query(&format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE recipient = $1 ORDER BY id"))
-        .bind(recipient)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.iter().map(outbound_from_row).collect::<Result<_, _>>()?)
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE recipient = $1 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(recipient).fetch_all(&mut *conn).await?)
 }
 
 /// Takes the send lease of a part and records that its send is about to go out: if the process
@@ -349,7 +289,7 @@ pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64)
          updated_at = $2, state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
          sent_at = COALESCE(sent_at, $2), state_rank = CASE WHEN state_rank < 1 THEN 1 ELSE state_rank END WHERE id = $3",
     )
-    .bind(clean(wamid))
+    .bind(clean_text(wamid))
     .bind(now)
     .bind(id)
     .execute(&mut *conn)
@@ -360,7 +300,7 @@ pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64)
 /// A send that Meta answered with an error: it did not go out. `failed` ends the row; otherwise
 /// it stays queued for the next attempt.
 pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, message: &str, failed: bool, now: i64) -> Result<(), DbError> {
-    let message: String = clean(message).chars().take(500).collect();
+    let message: String = clean_text(message).chars().take(500).collect();
     let sql = if failed {
         "UPDATE whatsapp_outbound SET send_started_at = NULL, send_lease_until = NULL, error_code = $1, error_message = $2, updated_at = $3, \
          state = 'failed', state_rank = 4, failed_at = $3 WHERE id = $4"
@@ -371,26 +311,26 @@ pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, mes
     Ok(())
 }
 
-/// A status callback from Meta.
-#[derive(Debug, Clone)]
-pub struct StatusUpdate<'a> {
-    pub wamid: &'a str,
+/// A status callback from Meta, as the webhook parses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusUpdate {
+    pub wamid: String,
     pub state: DeliveryState,
     pub at: i64,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     /// `biz_opaque_callback_data`: the idempotency key the send carried.
-    pub opaque: Option<&'a str>,
+    pub opaque: Option<String>,
 }
 
 /// Applies a status callback. Returns whether a ledger row changed; callbacks for messages not in
 /// the ledger and ones that would move a message backwards change nothing.
-pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i64) -> Result<bool, DbError> {
-    if let Some(key) = s.opaque {
+pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate, now: i64) -> Result<bool, DbError> {
+    if let Some(key) = &s.opaque {
         // The send went out but the sender died before recording it: the callback tells us.
         sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, updated_at = $2 \
              WHERE idempotency_key = $3 AND wamid IS NULL")
-            .bind(clean(s.wamid))
+            .bind(clean_text(&s.wamid))
             .bind(now)
             .bind(key)
             .execute(&mut *conn)
@@ -407,9 +347,9 @@ pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate<'_>, now: i
         .bind(s.state.rank())
         .bind(now)
         .bind(s.at)
-        .bind(s.error_code.as_deref().map(clean))
-        .bind(s.error_message.as_deref().map(|m| clean(m).chars().take(500).collect::<String>()))
-        .bind(clean(s.wamid))
+        .bind(s.error_code.as_deref().map(clean_text))
+        .bind(s.error_message.as_deref().map(|m| clean_text(m).chars().take(500).collect::<String>()))
+        .bind(clean_text(&s.wamid))
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() > 0)

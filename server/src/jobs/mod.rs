@@ -28,7 +28,7 @@ pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum JobCode {
     #[strum(serialize = "JOB_KIND_UNKNOWN")]
     KindUnknown,
@@ -46,12 +46,6 @@ pub enum JobCode {
 impl JobCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for JobCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

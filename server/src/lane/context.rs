@@ -50,9 +50,6 @@ impl std::fmt::Debug for ContextStore {
     }
 }
 
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 impl ContextStore {
     pub fn new(db: Db, queue: JobQueue, settings: Arc<Settings>) -> Self {
@@ -101,7 +98,7 @@ impl ContextStore {
             source_key,
             trace_id: job.trace_id,
             created_at: now,
-            expires_at: now.saturating_add(ms(lane.context_ttl)),
+            expires_at: now.saturating_add(db::duration_ms(lane.context_ttl)),
         };
         let mut tx = self.db.begin_write().await?;
         let stored = store::insert(&mut tx, &row, i64::from(lane.contexts_per_chat)).await?;
@@ -109,7 +106,7 @@ impl ContextStore {
         let mut sweep = self.queue.job(&SweepContexts {});
         sweep.dedupe_key = Some(SweepContexts::DEDUPE_KEY.into());
         sweep.correlation_id = SweepContexts::DEDUPE_KEY.into();
-        sweep.scheduled_at = Some(now.saturating_add(ms(lane.context_sweep_every)));
+        sweep.scheduled_at = Some(now.saturating_add(db::duration_ms(lane.context_sweep_every)));
         self.queue.enqueue_in(&mut tx, &sweep).await?;
         self.queue.commit(tx).await?;
         Ok(stored)
@@ -238,9 +235,9 @@ impl Handler<SweepContexts> for SweepHandler {
         let lane = &self.settings.lane;
         let mut tx = self.db.begin_write().await.map_err(DbError::from)?;
         // An expired context is kept one more ttl, so a late follow-up is told it expired.
-        let swept = store::sweep(&mut tx, db::now_ms(), ms(lane.context_ttl)).await?;
+        let swept = store::sweep(&mut tx, db::now_ms(), db::duration_ms(lane.context_ttl)).await?;
         // Large results expire with the contexts that name them.
-        db::tool_results::delete_before(&mut tx, db::now_ms().saturating_sub(ms(lane.context_ttl).saturating_mul(2))).await?;
+        db::tool_results::delete_before(&mut tx, db::now_ms().saturating_sub(db::duration_ms(lane.context_ttl).saturating_mul(2))).await?;
         let left = store::count(&mut tx).await? + db::tool_results::count(&mut tx).await?;
         tx.commit().await.map_err(DbError::from)?;
         let preview = Some(format!("swept {swept} expired tool context(s); {left} left"));

@@ -44,7 +44,7 @@ use crate::{
 
 /// Why a proposed call was not accepted. Gates the checkpoint shares keep its codes; the lane's
 /// own checks, and the finer cases of shared gates, have `LANE_*` and `TOOL_*` codes of their own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum PlanCode {
     #[strum(serialize = "TOOL_UNKNOWN")]
     Unknown,
@@ -94,12 +94,6 @@ pub enum PlanCode {
 impl PlanCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for PlanCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -6,7 +6,8 @@ use std::{fmt, sync::LazyLock, time::Duration};
 use regex::Regex;
 
 /// Stable codes, shown to owners and recorded with each call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE", prefix = "LLM_")]
 pub enum ErrorCode {
     /// No key for the provider, no base URL, or no model for the purpose.
     NotConfigured,
@@ -41,17 +42,7 @@ impl ErrorCode {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotConfigured => "LLM_NOT_CONFIGURED",
-            Self::Auth => "LLM_AUTH",
-            Self::RateLimited => "LLM_RATE_LIMITED",
-            Self::Overloaded => "LLM_OVERLOADED",
-            Self::Timeout => "LLM_TIMEOUT",
-            Self::BadRequest => "LLM_BAD_REQUEST",
-            Self::SpendLimit => "LLM_SPEND_LIMIT",
-            Self::ProviderError => "LLM_PROVIDER_ERROR",
-            Self::InvalidResponse => "LLM_INVALID_RESPONSE",
-        }
+        self.into()
     }
 
     /// The code for an HTTP error status, before the body is looked at.
@@ -68,11 +59,6 @@ impl ErrorCode {
     }
 }
 
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{code}: {message}")]

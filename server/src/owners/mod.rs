@@ -33,11 +33,7 @@ pub enum OwnerError {
     Db(#[from] DbError),
 }
 
-impl From<sqlx::Error> for OwnerError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(e.into())
-    }
-}
+crate::db::from_sqlx_as_db!(OwnerError);
 
 impl From<InsertOwnerError> for OwnerError {
     fn from(e: InsertOwnerError) -> Self {
@@ -190,13 +186,10 @@ pub fn progressive_delay(throttle: Throttle, failures: i64) -> Duration {
 /// under the limit. (Across processes the slack is at most one attempt per process.)
 static RESERVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// When the next attempt may be made under `throttle`, or `None` to go ahead now.
 fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Option<i64> {
-    let (max, window) = (i64::from(throttle.max_failures), ms(throttle.window));
+    let (max, window) = (i64::from(throttle.max_failures), db::duration_ms(throttle.window));
     let mut until = None;
     if c.by_ip >= max {
         until = c.oldest_ip_at.map(|t| t + window);
@@ -205,7 +198,7 @@ fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Optio
         let login_until = if c.by_pair > 0 {
             c.newest_pair_at.map(|t| t + window)
         } else {
-            c.newest_login_at.map(|t| t + ms(progressive_delay(throttle, c.by_login)))
+            c.newest_login_at.map(|t| t + db::duration_ms(progressive_delay(throttle, c.by_login)))
         };
         until = until.max(login_until);
     }
@@ -224,7 +217,7 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throt
         let _serial = RESERVE.lock().await;
         let now = db::now_ms();
         let mut conn = db.pool.acquire().await?;
-        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - ms(throttle.window)).await?;
+        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - db::duration_ms(throttle.window)).await?;
         if let Some(until) = next_attempt(&counts, throttle, now) {
             let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
             return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });

@@ -14,6 +14,7 @@ pub mod job;
 pub mod mcp;
 pub mod policy;
 pub mod schema;
+mod toml_file;
 
 use std::{path::Path, sync::Arc};
 
@@ -72,16 +73,7 @@ fn load_catalog(dir: &Path, secrets: &SecretSource) -> Result<Catalog, Vec<Probl
 /// set up.
 pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db: &Db, queue: &JobQueue) -> Result<(Arc<Checkpoint>, mcp::McpManager), reqwest::Error> {
     let mut checkpoint = Checkpoint::new(db.clone(), files.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone(), queue.clone()), secrets.clone());
-    let fetch = &settings.web_fetch;
-    let limits = builtins::web_fetch::FetchLimits {
-        max_bytes: usize::try_from(fetch.max_bytes).unwrap_or(usize::MAX),
-        max_redirects: fetch.max_redirects as usize,
-        timeout: fetch.timeout,
-        allowed_hosts: fetch.allowed_hosts.clone(),
-        denied_hosts: fetch.denied_hosts.clone(),
-        user_agent: fetch.user_agent.clone(),
-    };
-    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(limits, &connectors::hosts(&files.catalog))?;
+    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(settings.web_fetch.clone(), &connectors::hosts(&files.catalog))?;
     checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(web_fetch));
     let search = &settings.web_search;
     let brave_key = secrets.get(builtins::web_search::BRAVE_KEY_VAR);

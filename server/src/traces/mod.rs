@@ -134,6 +134,20 @@ pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step
     store::append_failure(conn, trace_id, step).await
 }
 
+/// Appends a delivery `step` to a finished trace on a connection of its own, marking the trace
+/// failed when `failed` (see [`append_failure`]). The trace records the delivery; it is not the
+/// delivery, so a failure to write it is logged here and not returned.
+pub async fn record_delivery(db: &db::Db, trace_id: i64, step: &Step, failed: bool) {
+    let written = async {
+        let mut conn = db.pool.acquire().await?;
+        if failed { append_failure(&mut conn, trace_id, step).await } else { append(&mut conn, trace_id, step).await }
+    }
+    .await;
+    if let Err(e) = written {
+        tracing::warn!(error = %e, trace.id = trace_id, step = %step.step, "recording a delivery in the trace failed");
+    }
+}
+
 /// A WhatsApp reply that Meta accepted and then could not deliver: the trace of the message it
 /// answered gets the failure.
 pub async fn fail_outbound(conn: &mut AnyConnection, outbound_wamid: &str, step: &Step) -> Result<bool, DbError> {

@@ -89,18 +89,10 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
     }
     for (b, batch) in batches.iter().enumerate() {
         for s in &batch.statuses {
-            let update = StatusUpdate {
-                wamid: &s.wamid,
-                state: s.state,
-                at: s.at,
-                error_code: s.error_code.clone(),
-                error_message: s.error_message.clone(),
-                opaque: s.opaque.as_deref(),
-            };
-            if store::apply_status(conn, &update, now).await? {
+            if store::apply_status(conn, s, now).await? {
                 reports[b].statuses_applied += 1;
                 if s.state == DeliveryState::Failed {
-                    trace_failed_delivery(conn, &update).await?;
+                    trace_failed_delivery(conn, s).await?;
                 }
             } else {
                 reports[b].statuses_ignored += 1;
@@ -112,10 +104,10 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
 
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
-async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate<'_>) -> Result<(), DbError> {
+async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Result<(), DbError> {
     let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
     let step = traces::Step::new("delivery_status", "failed", &code, serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }));
-    traces::fail_outbound(conn, s.wamid, &step).await.map(|_| ())
+    traces::fail_outbound(conn, &s.wamid, &step).await.map(|_| ())
 }
 
 #[derive(Debug, thiserror::Error)]

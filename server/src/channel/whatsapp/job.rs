@@ -36,14 +36,7 @@ impl InboundJob {
     async fn trace_delivery(&self, trace_id: Option<i64>, decision: &str, reason: &str, what: &str, failed: bool) {
         let Some(trace_id) = trace_id else { return };
         let step = Step::new("delivery", decision, reason, json!({ "outcome": what }));
-        let result = async {
-            let mut conn = self.db.pool.acquire().await?;
-            if failed { traces::append_failure(&mut conn, trace_id, &step).await } else { traces::append(&mut conn, trace_id, &step).await }
-        }
-        .await;
-        if let Err(e) = result {
-            tracing::warn!(error = %e, trace.id = trace_id, "recording the delivery in the trace failed");
-        }
+        traces::record_delivery(&self.db, trace_id, &step, failed).await;
     }
 
     async fn trace_sent(&self, trace_id: Option<i64>, sent: &SendOutcome) {

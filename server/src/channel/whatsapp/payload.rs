@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::{
     channel::MessageKind,
-    db::whatsapp::{DeliveryState, NewInbound},
+    db::whatsapp::{DeliveryState, NewInbound, StatusUpdate},
 };
 
 #[derive(Debug, Deserialize)]
@@ -115,22 +115,11 @@ struct StatusError {
     title: String,
 }
 
-/// A status callback, ready for the ledger.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedStatus {
-    pub wamid: String,
-    pub state: DeliveryState,
-    pub at: i64,
-    pub error_code: Option<String>,
-    pub error_message: Option<String>,
-    pub opaque: Option<String>,
-}
-
 /// Everything one POST carried.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Batch {
     pub messages: Vec<NewInbound>,
-    pub statuses: Vec<ParsedStatus>,
+    pub statuses: Vec<StatusUpdate>,
     /// Messages or statuses without the fields we need, and changes of other fields.
     pub skipped: usize,
 }
@@ -223,7 +212,7 @@ fn clip(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
-fn status(s: Status, now: i64) -> Option<ParsedStatus> {
+fn status(s: Status, now: i64) -> Option<StatusUpdate> {
     let state = match s.status.as_str() {
         "sent" => DeliveryState::Sent,
         "delivered" => DeliveryState::Delivered,
@@ -235,7 +224,7 @@ fn status(s: Status, now: i64) -> Option<ParsedStatus> {
         return None;
     }
     let first_error = s.errors.into_iter().next();
-    Some(ParsedStatus {
+    Some(StatusUpdate {
         wamid: s.id,
         state,
         at: seconds_to_ms(&s.timestamp, now),

@@ -5,7 +5,7 @@
 //! after DNS resolution (see [`super::net_guard`]). `allowed_hosts` entries exempt a host from the
 //! address check, on the listed port only when the entry names one.
 
-use std::{collections::HashSet, net::IpAddr, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::HashSet, net::IpAddr, net::SocketAddr, sync::Arc};
 
 use reqwest::{dns::Resolve, redirect};
 use serde_json::{Value, json};
@@ -20,7 +20,7 @@ use crate::tools::{ToolDef, ToolError, ToolExecutor};
 pub const HANDLER: &str = "web_fetch";
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum FetchCode {
     #[strum(serialize = "FETCH_URL_INVALID")]
     UrlInvalid,
@@ -46,36 +46,8 @@ impl FetchCode {
     }
 }
 
-impl std::fmt::Display for FetchCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct FetchLimits {
-    pub max_bytes: usize,
-    pub max_redirects: usize,
-    pub timeout: Duration,
-    /// Hosts (`host` or `host:port`) fetched even if their address is not public.
-    pub allowed_hosts: Vec<String>,
-    /// Hosts never fetched: a name with its subdomains, an address or a network (CIDR).
-    pub denied_hosts: Vec<String>,
-    pub user_agent: String,
-}
-
-impl Default for FetchLimits {
-    fn default() -> Self {
-        Self {
-            max_bytes: 2_000_000,
-            max_redirects: 5,
-            timeout: Duration::from_secs(10),
-            allowed_hosts: Vec::new(),
-            denied_hosts: Vec::new(),
-            user_agent: concat!("Gatehouse/", env!("CARGO_PKG_VERSION"), " (web_fetch)").into(),
-        }
-    }
-}
+/// The fetcher's limits are the `[web_fetch]` settings themselves.
+pub use crate::config::WebFetchSettings as FetchLimits;
 
 /// Which client a checked hop goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +228,7 @@ impl WebFetch {
         let mut body = Vec::new();
         let mut truncated = false;
         while let Some(chunk) = res.chunk().await.map_err(classify)? {
-            let room = self.limits.max_bytes.saturating_sub(body.len());
+            let room = usize::try_from(self.limits.max_bytes).unwrap_or(usize::MAX).saturating_sub(body.len());
             body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             if chunk.len() > room {
                 truncated = true;

@@ -14,7 +14,7 @@ pub const HANDLER: &str = "web_search";
 pub const BRAVE_KEY_VAR: &str = "BRAVE_SEARCH_API_KEY";
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum SearchCode {
     #[strum(serialize = "SEARCH_NOT_CONFIGURED")]
     NotConfigured,
@@ -27,12 +27,6 @@ pub enum SearchCode {
 impl SearchCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for SearchCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{Problem, duration_str},
-    tools::catalog::{Approval, Audience, Risk},
+    tools::{
+        catalog::{Approval, Audience, Risk},
+        toml_file,
+    },
 };
 
 /// How far a server's own claims are believed.
@@ -225,23 +228,15 @@ fn valid_env_name(name: &str) -> bool {
 
 /// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a value.
 pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConfig, Vec<Problem>> {
-    let source = path.display().to_string();
-    let problem = |key: String, message: String| Problem { key, source: source.clone(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read the MCP servers file: {e}"))])?;
+    let problem = toml_file::problem_at(path);
+    let text = toml_file::read(path, "the MCP servers file", &problem)?;
     let file: McpFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for an MCP servers file: {e}"))])?;
 
     let mut problems = Vec::new();
     let mut servers = Vec::new();
     let mut seen = BTreeSet::new();
-    for (i, raw) in file.server.into_iter().enumerate() {
-        let label = raw.get("id").and_then(|n| n.as_str()).map_or_else(|| format!("server[{i}]"), |n| format!("server[{i}] ({n})"));
-        let server: ServerConfig = match raw.try_into() {
-            Ok(s) => s,
-            Err(e) => {
-                problems.push(problem(label, e.to_string().trim().to_string()));
-                continue;
-            }
-        };
+    for entry in toml_file::entries::<ServerConfig>(file.server, "server", "id", &problem) {
+        let Ok((label, server)) = entry.map_err(|p| problems.push(p)) else { continue };
         let before = problems.len();
         let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
         if !valid_server_id(&server.id) {
@@ -321,130 +316,4 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn load_text(text: &str, secrets: &[&str]) -> Result<McpConfig, Vec<Problem>> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("mcp.toml");
-        std::fs::write(&path, text).expect("write");
-        let set: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
-        load(&path, &move |v| set.iter().any(|s| s == v))
-    }
-
-    const GOOD: &str = r#"
-[[server]]
-id = "everything"
-trust = "trusted"
-allow_tools = ["get-*", "echo"]
-deny_tools = ["get-env"]
-max_tools = 20
-call_timeout = "5s"
-default_audience = "public"
-default_risk = "low"
-approval = "never"
-destructive_needs_approval = false
-discovery = { timeout = "3s", max_pages = 4 }
-[server.transport]
-type = "stdio"
-command = "node"
-args = ["index.js", "stdio"]
-env = { MODE = "test", TOKEN = { secret = "EVERYTHING_TOKEN" } }
-
-[[server]]
-id = "remote"
-[server.transport]
-type = "http"
-url = "https://mcp.example/mcp"
-headers = { Authorization = { secret = "REMOTE_TOKEN", prefix = "Bearer " } }
-"#;
-
-    #[test]
-    fn loads_both_transports_with_defaults() {
-        let cfg = load_text(GOOD, &["EVERYTHING_TOKEN", "REMOTE_TOKEN"]).expect("valid");
-        let everything = cfg.get("everything").expect("server");
-        assert_eq!(everything.trust, Trust::Trusted);
-        assert_eq!(everything.discovery.max_pages, 4);
-        assert_eq!(everything.discovery.max_description_chars, 1_000, "unset limits keep their defaults");
-        assert!(everything.takes("get-sum") && everything.takes("echo"));
-        assert!(!everything.takes("get-env"), "deny wins over allow");
-        assert!(!everything.takes("toggle-simulated-logging"), "not allowed");
-        let remote = cfg.get("remote").expect("server");
-        assert_eq!(remote.trust, Trust::Untrusted, "untrusted unless said otherwise");
-        assert_eq!(remote.default_audience, Audience::OwnerOnly);
-        assert_eq!(remote.approval, Approval::Ask);
-        assert_eq!(remote.transport.kind(), "http");
-        let Transport::Http { headers, .. } = &remote.transport else { panic!("http") };
-        let resolved = headers["Authorization"].resolve(&|v| (v == "REMOTE_TOKEN").then(|| "t0ken".into()));
-        assert_eq!(resolved.as_deref(), Some("Bearer t0ken"));
-    }
-
-    #[test]
-    fn reports_every_problem_with_file_and_key() {
-        let text = format!(
-            "{GOOD}\n{}\n{}\n{}",
-            "[[server]]\nid = \"Bad_Id\"\nmax_tools = 0\ncall_timeout = \"0s\"\ndestructive_needs_approval = false\n[server.transport]\ntype = \"http\"\nurl = \"ftp://x\"\nheaders = { \"bad header\" = \"v\" }\n",
-            "[[server]]\nid = \"remote\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"\"\nenv = { \"1X\" = \"v\" }\n",
-            "[[server]]\nid = \"typo\"\ntrust = \"sure\"\nretries = 3\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n",
-        );
-        let problems = load_text(&text, &[]).expect_err("invalid");
-        let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-        assert!(has("server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN"), "{shown:#?}");
-        assert!(has("server[1] (remote).transport: needs the environment variable REMOTE_TOKEN"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).id: must be 1 to 24"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).max_tools"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).call_timeout"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).destructive_needs_approval: only a trusted server"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).transport.url"), "{shown:#?}");
-        assert!(has("server[2] (Bad_Id).transport.headers"), "{shown:#?}");
-        assert!(has("server[3] (remote).id: \"remote\" is used by more than one server"), "{shown:#?}");
-        assert!(has("server[3] (remote).transport.command"), "{shown:#?}");
-        assert!(has("server[3] (remote).transport.env"), "{shown:#?}");
-        assert!(has("server[4] (typo)") && (has("sure") || has("retries")), "{shown:#?}");
-        assert!(problems.iter().all(|p| p.source.ends_with("mcp.toml")));
-    }
-
-    #[test]
-    fn unknown_transport_keys_are_refused() {
-        let text = "[[server]]\nid = \"x\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\nurl = \"http://a\"\n";
-        let problems = load_text(text, &[]).expect_err("invalid");
-        assert!(problems[0].to_string().contains("url"), "{problems:?}");
-        let text = "[[server]]\nid = \"x\"\n[server.transport]\ntype = \"sse\"\nurl = \"http://a\"\n";
-        assert!(load_text(text, &[]).is_err(), "the legacy SSE transport is not offered");
-    }
-
-    #[test]
-    fn disabled_servers_need_no_secrets() {
-        let cfg = load_text(&GOOD.replace("id = \"remote\"", "id = \"remote\"\nenabled = false"), &["EVERYTHING_TOKEN"]).expect("valid");
-        assert!(!cfg.get("remote").expect("server").enabled);
-    }
-
-    #[test]
-    fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/mcp.toml"));
-        let shipped = load(path, &|_| false).expect("shipped mcp.toml loads");
-        assert!(shipped.servers.is_empty(), "no server is enabled by default");
-        // The commented examples, uncommented, are a valid file.
-        let text = std::fs::read_to_string(path).expect("read");
-        let examples: String = text
-            .lines()
-            .skip_while(|l| !l.starts_with("# Examples"))
-            .skip(1)
-            .map(|l| l.strip_prefix("# ").or_else(|| l.strip_prefix('#')).unwrap_or(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let cfg = load_text(&examples, &["NOTES_MCP_TOKEN"]).expect("examples are valid");
-        assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes"]);
-        assert!(cfg.servers.iter().all(|s| !s.enabled));
-    }
-
-    #[test]
-    fn server_ids_are_plain() {
-        assert!(valid_server_id("everything"));
-        assert!(valid_server_id("time-2"));
-        assert!(!valid_server_id("-x"));
-        assert!(!valid_server_id("a_b"), "'_' would blur the '__' separator");
-        assert!(!valid_server_id(&"x".repeat(25)));
-    }
-}
+mod tests;

@@ -14,6 +14,9 @@
 //! judged by one set of rules and codes wherever it is looked at. `check` writes nothing;
 //! every executed call, allowed or denied, writes one audit row (batched) with secrets redacted.
 
+mod results;
+mod run;
+
 use std::{
     collections::HashMap,
     sync::{Arc, RwLock},
@@ -35,7 +38,7 @@ use crate::{
 };
 
 /// Stable error codes, each with one string form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum ToolCode {
     #[strum(serialize = "TOOL_UNKNOWN")]
     Unknown,
@@ -82,12 +85,6 @@ pub enum ToolCode {
 impl ToolCode {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl std::fmt::Display for ToolCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -194,7 +191,6 @@ pub use crate::config::SecretSource;
 /// Results above a tool's `max_result_bytes` are stored whole; above this they are also cut.
 pub const HARD_RESULT_LIMIT: usize = 5_000_000;
 /// How much of a stored result the caller sees inline.
-const SUMMARY_CHARS: usize = 2_000;
 
 pub struct Checkpoint {
     db: Db,
@@ -268,52 +264,6 @@ impl Checkpoint {
         &self.audit
     }
 
-    /// A result over the tool's inline limit is stored whole (cut at [`HARD_RESULT_LIMIT`], and
-    /// said so); the caller gets a bounded summary and a reference to fetch the rest.
-    async fn bound_size(&self, spec: &super::catalog::ToolSpec, output: Value, ctx: &CallContext) -> Result<Value, ToolFailure> {
-        let correlation_id = ctx.correlation_id.as_str();
-        let text = output.to_string();
-        let inline_limit = usize::try_from(spec.max_result_bytes).unwrap_or(usize::MAX);
-        if text.len() <= inline_limit {
-            return Ok(output);
-        }
-        let size = text.len();
-        let truncated = size > HARD_RESULT_LIMIT;
-        let mut cut = HARD_RESULT_LIMIT.min(size);
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let body = &text[..cut];
-        let id = format!("res_{}", uuid::Uuid::new_v4().simple());
-        let stored = async {
-            let mut conn = self.db.pool.acquire().await?;
-            db::tool_results::insert(
-                &mut conn,
-                &db::tool_results::StoredResult { id: &id, tool: &spec.name, correlation_id, size_bytes: size as i64, truncated, body, chat_id: ctx.chat_id.as_deref() },
-            )
-            .await
-        }
-        .await;
-        if let Err(e) = stored {
-            tracing::error!(error = %e, tool = %spec.name, "storing a large tool result failed");
-            return Err(fail(ToolCode::ProviderError.as_str(), "the result was too large to pass on and could not be stored"));
-        }
-        let summary: String = text.chars().take(SUMMARY_CHARS.min(inline_limit)).collect();
-        Ok(serde_json::json!({
-            "summary": summary,
-            "result_ref": id,
-            "size_bytes": size,
-            "truncated": truncated,
-            "note": if truncated { format!("The result was {size} bytes; only the first {HARD_RESULT_LIMIT} were kept.") } else { format!("The whole result ({size} bytes) is stored under result_ref.") },
-        }))
-    }
-
-    /// The stored text of a large result, by its reference.
-    pub async fn fetch_result(&self, id: &str) -> Result<Option<String>, db::DbError> {
-        let mut conn = self.db.pool.acquire().await?;
-        db::tool_results::get(&mut conn, id).await
-    }
-
     /// Runs the gates on `call` without executing it and without writing an audit row: the
     /// lane's plan validator and the approvals path ask this, so a call is judged exactly as
     /// [`Checkpoint::execute`] would judge it.
@@ -383,72 +333,5 @@ impl Checkpoint {
             trace_id: ctx.trace_id,
         });
         result
-    }
-
-    /// Executes a call that passed the gates. `catalog` is the version the call started with:
-    /// its hooks apply, even if a reload happens meanwhile.
-    async fn run<'c>(
-        &self,
-        catalog: &'c Catalog,
-        checked: Checked,
-        ctx: &CallContext,
-        attempts: &mut u32,
-        notify: &mut Vec<&'c super::hooks::Hook>,
-    ) -> Result<ToolSuccess, ToolFailure> {
-        let Checked { tool, mut input, .. } = checked;
-        let spec = &tool.spec;
-        // The key is of the call as checked, before secrets are filled in: it derives from none.
-        let key = idempotency_key(&spec.name, &Value::Object(input.clone()), ctx);
-        for (field, var) in &spec.secret_fields {
-            let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
-            input.insert(field.clone(), Value::String(value));
-        }
-        let input = Value::Object(input);
-        let executor = match spec.provider {
-            Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
-            other => self.providers.get(provider_key(other)),
-        }
-        .ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
-
-        let mut delay = spec.retry.backoff;
-        loop {
-            if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
-                return Err(ToolFailure { retryable: true, ..fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))) });
-            }
-            *attempts += 1;
-            let result = match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key)).await {
-                Ok(result) => result,
-                Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
-            };
-            match result {
-                Ok(output) => {
-                    self.breakers.record_success(&spec.name);
-                    if let Some(validator) = &tool.output_validator
-                        && let Some(err) = validator.iter_errors(&output).next()
-                    {
-                        return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
-                    }
-                    let mut output = self.bound_size(spec, output, ctx).await?;
-                    super::hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
-                    return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
-                }
-                Err(e) if e.refused => {
-                    self.breakers.release(&spec.name);
-                    return Err(fail(&e.code, e.message));
-                }
-                Err(e) => {
-                    self.breakers.record_failure(&spec.name, Instant::now());
-                    if !e.retryable || *attempts >= spec.retry.max_attempts {
-                        if e.code == ToolCode::Timeout.as_str() {
-                            return Err(ToolFailure { retryable: true, ..fail(ToolCode::Timeout.as_str(), e.message) });
-                        }
-                        // The provider's own code stays visible inside the message.
-                        return Err(ToolFailure { retryable: e.retryable, ..fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)) });
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = delay.saturating_mul(2);
-                }
-            }
-        }
     }
 }

@@ -3,6 +3,8 @@
 //! expired ones, and on shutdown stops claiming, lets running jobs finish within a grace
 //! period, then releases their leases.
 
+mod record;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -15,12 +17,12 @@ use tokio::{
     task::{AbortHandle, JoinSet},
 };
 
-use super::{JobCode, JobContext, JobError, JobOutput, Registry, queue::NOTIFY_CHANNEL, retry};
+use super::{JobCode, JobContext, JobError, JobOutput, Registry, queue::NOTIFY_CHANNEL};
 use crate::{
     config::JobSettings,
     db::{
         self, Backend, Db, DbError,
-        jobs::{self as store, FailOutcome, Finished, JobRow},
+        jobs::{self as store, JobRow},
     },
 };
 
@@ -93,9 +95,6 @@ pub struct Worker {
     id: String,
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 impl Worker {
     pub fn new(db: Db, registry: Registry, settings: WorkerSettings, wake: Arc<Notify>) -> Self {
@@ -212,7 +211,7 @@ impl Worker {
     async fn claim(&self, n: usize) -> Result<Vec<JobRow>, DbError> {
         let now = db::now_ms();
         let mut tx = self.db.begin_write().await?;
-        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + ms(self.settings.lease)).await?;
+        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + db::duration_ms(self.settings.lease)).await?;
         tx.commit().await?;
         if !jobs.is_empty() {
             metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
@@ -242,116 +241,6 @@ impl Worker {
         result
     }
 
-    /// Records outcomes in batches: whatever has arrived is written in one transaction. A batch
-    /// that keeps failing is split, so one unwritable outcome cannot hold up the others.
-    async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
-        let mut batch = Vec::new();
-        while rx.recv_many(&mut batch, 512).await > 0 {
-            let applied = match self.record_with_retry(&batch, 3).await {
-                Some(applied) => applied,
-                None => {
-                    let mut each = Vec::with_capacity(batch.len());
-                    for o in &batch {
-                        // Retried until the database is back; given up only for this one outcome
-                        // if the database keeps refusing it (its lease then expires and it reruns).
-                        let one = self.record_with_retry(std::slice::from_ref(o), 20).await;
-                        each.push(one.and_then(|mut v| v.pop()).unwrap_or(Applied::Stale));
-                    }
-                    each
-                }
-            };
-            if let Ok(mut map) = in_flight.lock() {
-                for o in &batch {
-                    if map.get(&o.job.id).is_some_and(|(attempt, _)| *attempt == o.job.attempt) {
-                        map.remove(&o.job.id);
-                    }
-                }
-            }
-            for (outcome, applied) in batch.drain(..).zip(applied) {
-                self.run_hooks(outcome, applied).await;
-            }
-        }
-    }
-
-    async fn record_with_retry(&self, batch: &[Outcome], tries: u32) -> Option<Vec<Applied>> {
-        let mut delay = Duration::from_millis(50);
-        for attempt in 1..=tries {
-            match self.record(batch).await {
-                Ok(applied) => return Some(applied),
-                Err(e) => {
-                    tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), attempt, "recording job outcomes failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-        None
-    }
-
-    async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
-        let now = db::now_ms();
-        let mut tx = self.db.begin_write().await?;
-        let done: Vec<Finished> = batch
-            .iter()
-            .filter_map(|o| match &o.result {
-                Ok(out) if out.snooze.is_none() => Some(Finished { id: o.job.id, attempt: o.job.attempt, preview: out.preview.clone() }),
-                _ => None,
-            })
-            .collect();
-        let completed = store::complete(&mut tx, &done, &self.id, now).await?;
-        let mut applied = Vec::with_capacity(batch.len());
-        for o in batch {
-            applied.push(match &o.result {
-                Ok(JobOutput { snooze: Some(after), .. }) => {
-                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
-                }
-                Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
-                Ok(_) => Applied::Stale,
-                Err(err) => {
-                    let at = now + ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
-                    match store::fail(&mut tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
-                        FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
-                        FailOutcome::Discarded => Applied::Failed { discarded: true },
-                        FailOutcome::NotHeld => Applied::Stale,
-                    }
-                }
-            });
-        }
-        tx.commit().await?;
-        let queue = self.settings.queue.clone();
-        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(completed.len() as u64);
-        let failed = applied.iter().filter(|a| matches!(a, Applied::Failed { .. })).count();
-        metrics::counter!("jobs_failed_total", "queue" => queue).increment(failed as u64);
-        Ok(applied)
-    }
-
-    /// Hooks run only for outcomes the store accepted; a panicking or slow hook is contained.
-    async fn run_hooks(&self, outcome: Outcome, applied: Applied) {
-        let job = &outcome.job;
-        match (&outcome.result, &applied) {
-            (Err(err), Applied::Failed { discarded: true }) => {
-                tracing::warn!(job.id = job.id, kind = %job.kind, code = %err.code, "job discarded");
-            }
-            (_, Applied::Stale) => {
-                tracing::info!(job.id = job.id, kind = %job.kind, "result ignored: the job was cancelled or taken over meanwhile");
-            }
-            _ => {}
-        }
-        for hook in self.registry.hooks() {
-            let call = match (&outcome.result, &applied) {
-                (Ok(_), Applied::Completed) => hook.on_success(job).boxed(),
-                (Err(err), Applied::Failed { discarded }) => hook.on_failure(job, err, *discarded).boxed(),
-                _ => continue,
-            };
-            let guarded = tokio::time::timeout(Duration::from_secs(10), std::panic::AssertUnwindSafe(call).catch_unwind()).await;
-            match guarded {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => tracing::error!(job.id = job.id, "a job hook panicked"),
-                Err(_) => tracing::error!(job.id = job.id, "a job hook took longer than 10 s"),
-            }
-        }
-    }
-
     /// Extends leases of running jobs, and stops runs whose lease is gone (cancelled by an owner
     /// or rescued elsewhere).
     async fn heartbeat(self, in_flight: InFlight) {
@@ -362,7 +251,7 @@ impl Worker {
             if ids.is_empty() {
                 continue;
             }
-            let until = db::now_ms() + ms(self.settings.lease);
+            let until = db::now_ms() + db::duration_ms(self.settings.lease);
             let result = async {
                 let mut conn = self.db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &ids, &self.id, until).await

@@ -1,0 +1,252 @@
+//! The durable job queue's SQL. Claims are leases, never transactions held open while a job
+//! runs: PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, SQLite with one `UPDATE ... RETURNING`
+//! (its single writer makes that atomic). Every state change also writes a `job_events` row.
+
+mod enqueue;
+mod lease;
+mod maintenance;
+mod owner;
+
+use sqlx::AnyConnection;
+
+pub use self::{
+    enqueue::{Enqueued, enqueue, enqueue_many},
+    lease::{FailOutcome, Finished, claim, claim_one, complete, fail, heartbeat, snooze},
+    maintenance::{delete_queue, expire, release_leases, rescue},
+    owner::{cancel, release_pending, retry_now},
+};
+use super::{DbError, placeholders};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum JobState {
+    Available,
+    Scheduled,
+    Running,
+    Retryable,
+    Completed,
+    Cancelled,
+    Discarded,
+    /// Waiting for an owner: approval releases it to available, rejection cancels it.
+    Pending,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        Self::Available,
+        Self::Scheduled,
+        Self::Running,
+        Self::Retryable,
+        Self::Completed,
+        Self::Cancelled,
+        Self::Discarded,
+        Self::Pending,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        s.parse().ok()
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Completed | Self::Cancelled | Self::Discarded)
+    }
+}
+
+/// SQL list of the states a job can be claimed from.
+const DUE_STATES: &str = "('available', 'scheduled', 'retryable')";
+/// SQL list of unfinished states (a dedupe key is unique among these).
+const UNFINISHED: &str = "('available', 'scheduled', 'running', 'retryable', 'pending')";
+
+/// A job to enqueue.
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    pub kind: String,
+    pub queue: String,
+    pub priority: i64,
+    pub dedupe_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub sender_id: Option<String>,
+    pub message_id: Option<String>,
+    /// Bounded by the caller's policy; stored as given.
+    pub original_text: Option<String>,
+    pub tool_name: Option<String>,
+    pub args: serde_json::Value,
+    pub max_attempts: i64,
+    /// Run no earlier than this (unix ms); `None` means now.
+    pub scheduled_at: Option<i64>,
+    /// Cancel if still queued at this time (unix ms).
+    pub expires_at: Option<i64>,
+    /// Start in `pending`, waiting for an owner.
+    pub pending: bool,
+    pub correlation_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct JobRow {
+    pub id: i64,
+    pub kind: String,
+    pub queue: String,
+    #[sqlx(try_from = "String")]
+    pub state: JobState,
+    pub priority: i64,
+    pub dedupe_key: Option<String>,
+    pub chat_id: Option<String>,
+    pub sender_id: Option<String>,
+    pub message_id: Option<String>,
+    pub original_text: Option<String>,
+    pub tool_name: Option<String>,
+    pub args: String,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub scheduled_at: i64,
+    pub started_at: Option<i64>,
+    pub completed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub last_error_code: Option<String>,
+    pub last_error_message: Option<String>,
+    pub result_preview: Option<String>,
+    pub correlation_id: String,
+}
+
+const COLUMNS: &str = "id, kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, \
+    tool_name, args, attempt, max_attempts, created_at, updated_at, scheduled_at, started_at, completed_at, expires_at, \
+    lease_owner, lease_expires_at, last_error_code, last_error_message, result_preview, correlation_id";
+
+impl TryFrom<String> for JobState {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        super::parse_stored(s, "job state")
+    }
+}
+
+/// Text stored from handlers: no NUL (PostgreSQL rejects it in TEXT) and bounded in length.
+fn clean(text: &str, max_chars: usize) -> String {
+    text.chars().filter(|c| *c != '\0').take(max_chars).collect()
+}
+
+async fn event(conn: &mut AnyConnection, job_id: i64, at: i64, state: JobState, attempt: i64, code: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO job_events (job_id, at, state, attempt, error_code, message) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(job_id)
+        .bind(at)
+        .bind(state.as_str())
+        .bind(attempt)
+        .bind(code)
+        .bind(message)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records the same state for many jobs in one statement.
+async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobState, code: Option<&str>) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO job_events (job_id, at, state, attempt, error_code) SELECT id, $1, $2, attempt, $3 FROM jobs WHERE id IN ({})",
+        placeholders(4, ids.len())
+    );
+    let mut q = sqlx::query(&sql).bind(at).bind(state.as_str()).bind(code);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.execute(&mut *conn).await?;
+    Ok(())
+}
+
+pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
+}
+
+async fn find_unfinished_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 AND state IN {UNFINISHED} ORDER BY id DESC LIMIT 1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
+}
+
+/// The most recent job with this dedupe key, finished or not.
+pub async fn find_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 ORDER BY id DESC LIMIT 1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
+}
+
+/// Filters for listing; `None` means any.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub kind: Option<String>,
+    pub tool_name: Option<String>,
+    pub chat_id: Option<String>,
+    pub created_from: Option<i64>,
+    pub created_to: Option<i64>,
+    /// Keyset paging: only jobs with a smaller id (newest first).
+    pub before_id: Option<i64>,
+}
+
+/// Newest first, at most `limit`.
+pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
+    // Each filter that is set adds its condition, with its value bound in the same order.
+    let texts = [
+        ("state =", filter.state.map(JobState::as_str)),
+        ("kind =", filter.kind.as_deref()),
+        ("tool_name =", filter.tool_name.as_deref()),
+        ("chat_id =", filter.chat_id.as_deref()),
+    ];
+    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
+    let texts: Vec<_> = texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
+    let numbers: Vec<_> = numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
+    let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
+    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
+        sql += &format!(" AND {condition} ${}", i + 1);
+    }
+    sql += &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1);
+    let mut q = sqlx::query_as(&sql);
+    for (_, v) in texts {
+        q = q.bind(v);
+    }
+    for (_, v) in numbers {
+        q = q.bind(v);
+    }
+    Ok(q.bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// Number of jobs in each state (states with none are absent).
+pub async fn counts_by_state(conn: &mut AnyConnection) -> Result<Vec<(JobState, i64)>, DbError> {
+    let found: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetch_all(&mut *conn).await?;
+    Ok(found.into_iter().filter_map(|(state, n)| Some((JobState::parse(&state)?, n))).collect())
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobEvent {
+    pub at: i64,
+    pub state: JobState,
+    pub attempt: i64,
+    pub error_code: Option<String>,
+    pub message: Option<String>,
+}
+
+pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEvent>, DbError> {
+    let found: Vec<(i64, String, i64, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")
+            .bind(job_id)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(found
+        .into_iter()
+        .map(|(at, state, attempt, error_code, message)| JobEvent {
+            at,
+            state: JobState::parse(&state).unwrap_or(JobState::Discarded),
+            attempt,
+            error_code,
+            message,
+        })
+        .collect())
+}

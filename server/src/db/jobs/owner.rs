@@ -1,0 +1,63 @@
+//! What an owner does to a job: cancel it, run it now, release a pending one.
+
+use sqlx::AnyConnection;
+
+use super::{DbError, JobState, UNFINISHED, events_for};
+
+/// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
+/// then ignored because the lease no longer matches.
+pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -> Result<bool, DbError> {
+    // A running job keeps its lease fields: its worker sees the lease gone at the next heartbeat
+    // and stops it, and `retry_now` waits until that lease has run out.
+    let sql = format!(
+        "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_CANCELLED', \
+         last_error_message = $2, lease_owner = CASE WHEN state = 'running' THEN lease_owner ELSE NULL END, \
+         lease_expires_at = CASE WHEN state = 'running' THEN lease_expires_at ELSE NULL END \
+         WHERE id = $3 AND state IN {UNFINISHED}"
+    );
+    let n = sqlx::query(&sql).bind(now).bind(reason).bind(id).execute(&mut *conn).await?.rows_affected();
+    if n == 1 {
+        events_for(conn, &[id], now, JobState::Cancelled, Some("JOB_CANCELLED")).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
+/// one more attempt. Refused while a cancelled run may still be stopping (its lease has not run
+/// out) and while another unfinished job holds the same dedupe key.
+pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
+    let sql = format!(
+        "UPDATE jobs SET state = 'available', scheduled_at = $1, updated_at = $1, completed_at = NULL, \
+         lease_owner = NULL, lease_expires_at = NULL, \
+         max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
+         WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled') \
+         AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
+         AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})"
+    );
+    let n = sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await?.rows_affected();
+    if n == 1 {
+        events_for(conn, &[id], now, JobState::Available, None).await?;
+    }
+    Ok(n == 1)
+}
+
+/// Releases a pending job: approved to available, rejected to cancelled.
+pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, now: i64) -> Result<bool, DbError> {
+    let (state, code) = if approved { (JobState::Available, None) } else { (JobState::Cancelled, Some("JOB_REJECTED")) };
+    let n = sqlx::query(
+        "UPDATE jobs SET state = $1, scheduled_at = CASE WHEN scheduled_at > $2 THEN scheduled_at ELSE $2 END, \
+         updated_at = $2, last_error_code = $3, \
+         completed_at = CASE WHEN $1 = 'cancelled' THEN $2 ELSE NULL END WHERE id = $4 AND state = 'pending'",
+    )
+    .bind(state.as_str())
+    .bind(now)
+    .bind(code)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 1 {
+        events_for(conn, &[id], now, state, code).await?;
+    }
+    Ok(n == 1)
+}

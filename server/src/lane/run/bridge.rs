@@ -1,0 +1,209 @@
+//! The bridge (seed §8): each accepted call is stored as a `tool.call` job with its trace step
+//! before anything is said, run at once within `lane.immediate_deadline`, and otherwise left to
+//! finish and send its answer later. A call that needs an owner becomes an approval request.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    },
+    time::Instant,
+};
+
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::{Lane, ms};
+use crate::{
+    approvals::{ApprovalError, Requester},
+    channel::{Inbound, ReplyTo},
+    db::{self, jobs::NewJob},
+    domain::Role,
+    jobs::{JobError, JobOutput, inline},
+    lane::{job::ToolCallJob, processor::Answer, validator::ValidatedCall},
+    tools::ToolCall,
+    traces::Recorder,
+};
+
+/// What running one accepted call came to.
+pub(super) enum Ran {
+    /// It answered in time: its summary, and its result for a chain's next step.
+    Answered(Answer),
+    /// What the person is told instead: underway, already being checked, or not started.
+    Said(String),
+}
+
+/// What the person is waiting for, between the lane and the run it started.
+const WAITING: u8 = 0;
+/// The run answered in time: the lane replies with its answer.
+const ANSWERED: u8 = 1;
+/// The lane stopped waiting and said the work is underway: the run sends its answer itself.
+const ABANDONED: u8 = 2;
+
+impl Lane {
+    /// Stores the call as an approval request (with its trace step) before the person is told
+    /// that an owner must approve it; nothing else is promised.
+    pub(super) async fn ask_owner(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, reason: &str, trace: &mut Recorder) -> String {
+        let lane = &self.settings.lane;
+        let who = Requester {
+            actor,
+            channel: inbound.channel.clone(),
+            chat_kind: inbound.chat_kind,
+            chat_id: inbound.chat_id.clone(),
+            sender: inbound.sender.clone(),
+            message_id: inbound.message_id.clone(),
+            request: inbound.text.clone(),
+            correlation_id: inbound.correlation_id.clone(),
+        };
+        let tool_call = ToolCall { name: call.tool.clone(), args: call.args.clone() };
+        match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
+            Ok(_) => lane.approval_reply.clone(),
+            Err(ApprovalError::Refused(f)) => {
+                trace.step("ApprovalRequested", "refused", &f.code, json!({ "tool": call.tool }));
+                lane.denied_reply.clone()
+            }
+            Err(e) => {
+                tracing::error!(event = "ApprovalRequested", correlation_id = %inbound.correlation_id, error = %e, "storing an approval request failed; nothing was promised");
+                trace.step("ApprovalRequested", "failed", e.code(), json!({ "tool": call.tool }));
+                lane.not_started_reply.clone()
+            }
+        }
+    }
+
+    /// Stores the call as a job with its trace step, then runs it at once within the deadline.
+    pub(super) async fn bridge(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, trace: &mut Recorder) -> Ran {
+        let lane = &self.settings.lane;
+        let job = ToolCallJob {
+            tool: call.tool.clone(),
+            version: call.version.clone(),
+            args: call.args.clone(),
+            actor,
+            chat_kind: inbound.chat_kind,
+            sender: inbound.sender.clone(),
+            request: inbound.text.clone(),
+            reply_to: ReplyTo::of(inbound),
+            trace_id: Some(trace.id()),
+            approval: None,
+        };
+        let new = NewJob {
+            dedupe_key: Some(job.dedupe_key(&call.canonical_args)),
+            chat_id: Some(inbound.chat_id.clone()),
+            sender_id: Some(inbound.sender.clone()),
+            message_id: Some(inbound.message_id.clone()),
+            original_text: Some(inbound.text.chars().take(2000).collect()),
+            tool_name: Some(call.tool.clone()),
+            correlation_id: inbound.correlation_id.clone(),
+            // A call run at once is the lane's: workers take it only once the lane's deadline
+            // has passed (should this process die before it claims it).
+            scheduled_at: (!call.run_async).then(|| db::now_ms().saturating_add(i64::try_from(lane.immediate_deadline.as_millis()).unwrap_or(i64::MAX))),
+            ..self.queue.job(&job)
+        };
+        // The job and the step that records it commit together; only then may anything say the
+        // work is underway.
+        let stored = async {
+            let mut tx = self.db.begin_write().await?;
+            let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
+            let (event, decision) = if enqueued.deduplicated { ("AgentToolJobDedupe", "already_queued") } else { ("AgentToolJobEnqueued", "stored") };
+            trace.step(event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool }));
+            trace.flush(&mut tx).await?;
+            self.queue.commit(tx).await?;
+            Ok::<_, db::DbError>(enqueued)
+        }
+        .await;
+        let enqueued = match stored {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(event = "AgentToolJobEnqueued", correlation_id = %inbound.correlation_id, error = %e, "storing a tool call failed; nothing was started");
+                trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({ "tool": call.tool }));
+                return Ran::Said(lane.not_started_reply.clone());
+            }
+        };
+        if enqueued.deduplicated {
+            return Ran::Said(lane.already_checking_reply.clone());
+        }
+        let job_id = enqueued.job.id;
+        if call.run_async {
+            trace.step("AgentToolImmediateStart", "skip", "ASYNC_REQUIRED", json!({ "job_id": job_id }));
+            return Ran::Said(lane.pending_reply.clone());
+        }
+        self.run_now(job, job_id, &inbound.correlation_id, trace).await
+    }
+
+    /// Runs the stored job in this process while the person waits, up to the deadline.
+    pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> Ran {
+        let lane = &self.settings.lane;
+        let lease = self.settings.jobs.lease;
+        let claimed = match inline::claim(&self.db, job_id, lease).await {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                trace.step("AgentToolImmediateStart", "skip", "WORKER_HAS_IT", json!({ "job_id": job_id }));
+                return Ran::Said(lane.pending_reply.clone());
+            }
+            Err(e) => {
+                tracing::warn!(job.id = job_id, error = %e, "claiming a tool call to run it at once failed; a worker runs it");
+                trace.step("AgentToolImmediateStart", "skip", "DATABASE_ERROR", json!({ "job_id": job_id }));
+                return Ran::Said(lane.pending_reply.clone());
+            }
+        };
+        trace.step("AgentToolImmediateStart", "run", "OK", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let (answered, answer) = oneshot::channel::<Answer>();
+        let (db, processor, outbound_state) = (self.db.clone(), self.processor.clone(), state.clone());
+        let correlation = correlation_id.to_string();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            let heartbeat = inline::keep_alive(db.clone(), &claimed, lease);
+            let answer = processor.run(&job, &correlation).await;
+            let last = claimed.job.attempt >= claimed.job.max_attempts;
+            let retry = answer.failure.is_some() && answer.retryable && !last;
+            let result = if retry {
+                // Nothing is said yet: a worker tries again and sends the answer.
+                Err(JobError::retryable(answer.failure.as_deref().unwrap_or_default(), "the tool call failed; retrying"))
+            } else if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                let result = outcome(&answer);
+                let _ = answered.send(answer);
+                result
+            } else {
+                // The person was told the work is underway: the answer goes out on its own.
+                processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+            };
+            heartbeat.abort();
+            if let Err(e) = inline::finish(&db, &claimed, &result).await {
+                tracing::warn!(job.id = job_id, error = %e, "recording a tool call run failed; its lease runs out and it is run again");
+            }
+        });
+        match tokio::time::timeout(lane.immediate_deadline, answer).await {
+            Ok(Ok(answer)) => {
+                let (event, code) = match &answer.failure {
+                    None => ("AgentToolExecutionSucceeded", "OK"),
+                    Some(code) => ("AgentToolExecutionFailed", code.as_str()),
+                };
+                trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
+                Ran::Answered(answer)
+            }
+            // The run decided to retry (nothing to say yet), or gave up waiting on us.
+            Ok(Err(_)) => {
+                trace.step("AgentToolImmediateTimeout", "pending", "RETRYING", json!({ "job_id": job_id }));
+                Ran::Said(lane.pending_reply.clone())
+            }
+            Err(_) => {
+                if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
+                    Ran::Said(lane.pending_reply.clone())
+                } else {
+                    // It answered just as the deadline passed.
+                    trace.step("AgentToolExecutionSucceeded", "answered", "OK", json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }));
+                    Ran::Said(lane.pending_reply.clone())
+                }
+            }
+        }
+    }
+}
+
+/// How a run of a call is recorded on its job.
+fn outcome(answer: &Answer) -> Result<JobOutput, JobError> {
+    match &answer.failure {
+        None => Ok(JobOutput { preview: Some(format!("answered ({} chars)", answer.text.chars().count())), snooze: None }),
+        Some(code) => Err(JobError::permanent(code, "the tool call failed; the person was told")),
+    }
+}
