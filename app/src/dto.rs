@@ -41,6 +41,25 @@ pub struct DashboardInfo {
     pub llm_key_variable: String,
     pub llm_configured: bool,
     pub owner_count: i64,
+    /// Model spend today and this month (UTC), with the budget where one is set.
+    pub spend: Vec<SpendInfo>,
+    /// `warn_only` or `degraded`: what happens at 100% of a budget.
+    pub budget_action: String,
+}
+
+/// Model spend in one period, in US dollars with two decimals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpendInfo {
+    /// "today" or "this month".
+    pub period: String,
+    pub spent_usd: String,
+    /// None: no budget for this period.
+    pub budget_usd: Option<String>,
+    pub percent: Option<u32>,
+    /// At or past the budget.
+    pub exhausted: bool,
+    /// Past the lowest warning share.
+    pub warned: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -42,6 +42,9 @@ test("fresh start redirects to setup, which creates the owner and opens the dash
   // Every shipped migration is applied: "N of N".
   await expect(facts).toContainText(/Migrations applied(\d+) of \1 /);
   await expect(page.getByTestId("degraded-banner")).toContainText("ANTHROPIC_API_KEY");
+  // The shipped config sets no spend budget: the spend is shown, and how to set one.
+  await expect(page.getByTestId("dashboard-spend")).toContainText("Model spend today$0.00 (no budget)");
+  await expect(page.getByTestId("budget-empty")).toContainText("[budget]");
 });
 
 test("setup is closed once an owner exists", async ({ page }) => {

@@ -1,7 +1,7 @@
 //! The composition root: every part of Gatehouse is built here, once, in this order:
 //!
 //! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
-//! model -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
+//! spend budget -> model (every call recorded and counted against the budget) -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
 //! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
 //! job registry.
 //!
@@ -16,6 +16,7 @@ use crate::{
         Approvals,
         jobs::{AskOwnerHandler, SettleHandler},
     },
+    budget::Budget,
     channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
     config::{self, ConfigError, LoadedConfig},
     conversation::{Runtime, RuntimeParts, ToolLane},
@@ -43,6 +44,8 @@ pub struct Gatehouse {
     /// Owner approvals of tool calls: requested by the lane, the console and the CLI, decided
     /// on WhatsApp, in the console and with the CLI.
     pub approvals: Arc<Approvals>,
+    /// The model spend budget: warnings to owners, and the customers' limit.
+    pub budget: Arc<Budget>,
     pub whatsapp: WhatsApp,
     pub simulator: Arc<Simulator>,
     /// Every job kind this build runs, with its handler.
@@ -127,7 +130,8 @@ impl Gatehouse {
             Some(model) => model,
             None => llm::from_settings(&settings, &config.secrets)?,
         };
-        let model = llm::recorded(model, db.clone(), &settings);
+        let budget = Arc::new(Budget::new(settings.clone(), db.clone(), jobs.clone()));
+        let model = llm::recorded(model, db.clone(), &settings, Some(budget.clone()));
         let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
@@ -152,6 +156,7 @@ impl Gatehouse {
             model: model.clone(),
             lane,
             approvals: approvals.clone(),
+            budget: budget.clone(),
         }));
         let handler: Arc<dyn InboundHandler> = runtime.clone();
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
@@ -161,7 +166,7 @@ impl Gatehouse {
         registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, whatsapp, simulator, registry })
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, registry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

@@ -3,6 +3,7 @@
 
 pub mod approvals;
 pub mod bootstrap;
+pub mod budget;
 pub mod channel;
 pub mod config;
 pub mod conversation;

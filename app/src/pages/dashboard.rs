@@ -20,7 +20,7 @@ pub fn DashboardPage() -> impl IntoView {
         <h1>"Dashboard"</h1>
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || info.get().map(|res| match res {
-                Ok(info) => facts(&info).into_any(),
+                Ok(info) => view! { {facts(&info)} {spend(&info)} }.into_any(),
                 Err(e) => super::error_view(&e),
             })}
         </Suspense>
@@ -49,5 +49,43 @@ fn facts(i: &DashboardInfo) -> impl IntoView + use<> {
         <dl class="facts" data-testid="dashboard-facts">
             {rows.into_iter().map(|(k, v)| view! { <div><dt>{k}</dt><dd>{v}</dd></div> }).collect_view()}
         </dl>
+    }
+}
+
+/// Model spend today and this month against the budgets, with a warning once a share is
+/// reached.
+fn spend(i: &DashboardInfo) -> impl IntoView + use<> {
+    let any_budget = i.spend.iter().any(|s| s.budget_usd.is_some());
+    let action = if i.budget_action == "degraded" { "customers get the limit reply until the period ends" } else { "owners are warned; everyone is still answered" };
+    let alerts: Vec<String> = i
+        .spend
+        .iter()
+        .filter(|s| s.warned || s.exhausted)
+        .map(|s| match (s.exhausted, &s.budget_usd) {
+            (true, Some(b)) => format!("Model spend {} reached its budget: ${} of ${b}; {action}.", s.period, s.spent_usd),
+            (_, Some(b)) => format!("Model spend {} is at {}% of its budget: ${} of ${b}.", s.period, s.percent.unwrap_or_default(), s.spent_usd),
+            (_, None) => String::new(),
+        })
+        .collect();
+    let rows: Vec<(String, String)> = i
+        .spend
+        .iter()
+        .map(|s| {
+            let value = match (&s.budget_usd, s.percent) {
+                (Some(b), Some(p)) => format!("${} of ${b} ({p}%)", s.spent_usd),
+                _ => format!("${} (no budget)", s.spent_usd),
+            };
+            (format!("Model spend {}", s.period), value)
+        })
+        .collect();
+    view! {
+        <h2>"Model spend"</h2>
+        {alerts.into_iter().map(|a| view! { <p class="error" role="alert" data-testid="budget-alert">{a}</p> }).collect_view()}
+        <dl class="facts" data-testid="dashboard-spend">
+            {rows.into_iter().map(|(k, v)| view! { <div><dt>{k}</dt><dd>{v}</dd></div> }).collect_view()}
+        </dl>
+        {(!any_budget).then(|| view! {
+            <p class="empty" data-testid="budget-empty">"No spend budget is set. Set daily_usd or monthly_usd under [budget] in config/gatehouse.toml to be warned at 50%, 80% and 100% of it. Spend counts models priced under [[models.prices]]."</p>
+        })}
     }
 }

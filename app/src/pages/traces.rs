@@ -11,7 +11,7 @@ use crate::{
     live::fmt_time,
 };
 
-const ROUTES: [&str; 10] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "unknown_type", "degraded", "ignored", "duplicate"];
+const ROUTES: [&str; 11] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "over_budget", "unknown_type", "degraded", "ignored", "duplicate"];
 const OUTCOMES: [&str; 3] = ["replied", "ignored", "failed"];
 
 fn query_string(q: &TraceQuery, before: Option<i64>) -> String {

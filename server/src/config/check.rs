@@ -163,6 +163,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     }
     lane(settings, &mut need);
     approvals(settings, &mut need);
+    budget(settings, &mut need);
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
@@ -175,6 +176,21 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         format!("{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"", settings.log.filter),
     );
     problems
+}
+
+/// `[budget]`: amounts, thresholds and the texts owners and customers get.
+fn budget(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
+    let b = &settings.budget;
+    for (key, usd) in [("budget.daily_usd", b.daily_usd), ("budget.monthly_usd", b.monthly_usd)] {
+        need(usd.is_finite() && usd >= 0.0, key, format!("{usd} is not an amount in US dollars (0 for no budget)"));
+    }
+    need(b.warn_at.iter().all(|p| (1..=100).contains(p)), "budget.warn_at", "each share must be a percentage from 1 to 100".into());
+    need(b.warn_at.windows(2).all(|w| w[0] < w[1]), "budget.warn_at", "must be ascending, each share once".into());
+    need(!b.refresh.is_zero(), "budget.refresh", "must be longer than zero".into());
+    for (key, text) in b.texts() {
+        need(!text.trim().is_empty(), key, "must not be empty".into());
+    }
+    need(b.warning.contains("{percent}"), "budget.warning", "must show {percent}, how much of the budget is spent".into());
 }
 
 /// `[approvals]`: every text, and what WhatsApp allows for the buttons.

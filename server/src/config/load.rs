@@ -311,6 +311,20 @@ mod tests {
     }
 
     #[test]
+    fn bad_budget_settings_are_reported_together() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write(dir.path(), "[budget]\ndaily_usd = -1.0\nwarn_at = [80, 50, 120]\nwarning = \"over budget\"\nlimit_reply = \"\"\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
+        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in ["budget.daily_usd", "budget.warn_at", "budget.warning", "budget.limit_reply"] {
+            assert!(keys.contains(&key), "{key} missing from {err}");
+        }
+        let path = write(dir.path(), "[budget]\nat_limit = \"stop\"\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown action");
+        assert!(err.0.iter().any(|p| p.key.starts_with("budget")), "{err}");
+    }
+
+    #[test]
     fn a_private_data_example_the_patterns_miss_is_a_problem() {
         let dir = tempfile::tempdir().expect("tempdir");
         let category = "[[private_data.categories]]\nname = \"fees\"\ndescription = \"d\"\n\

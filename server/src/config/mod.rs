@@ -17,6 +17,7 @@ pub mod detector;
 pub mod conversation;
 mod jobs;
 pub mod approvals;
+pub mod budget;
 pub mod lane;
 mod llm;
 pub mod load;
@@ -31,6 +32,7 @@ pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use jobs::{JobSettings, JobTimeouts};
 pub use approvals::ApprovalSettings;
+pub use budget::{AtLimit, BudgetSettings};
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
@@ -58,6 +60,7 @@ pub struct Settings {
     pub private_data: conversation::PrivateDataSettings,
     pub lane: LaneSettings,
     pub approvals: ApprovalSettings,
+    pub budget: BudgetSettings,
     pub whatsapp: WhatsAppSettings,
 }
 

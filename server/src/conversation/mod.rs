@@ -21,6 +21,7 @@ use serde_json::json;
 pub use crate::channel::Inbound;
 use crate::{
     approvals::{ApprovalCode, Approvals, Button, Verdict},
+    budget::Budget,
     channel::{self, Handled, HandlerError, InboundHandler, Presence},
     config::{Secrets, Settings},
     db::{self, Db, DbError, conversation as store},
@@ -45,6 +46,8 @@ pub enum Route {
     PrivateData,
     /// A customer chat over `conversation.rate_limit` within its window.
     RateLimited,
+    /// A customer while a spend budget is exhausted with `at_limit = "degraded"`.
+    OverBudget,
     ToolLane,
     Degraded,
     Chat,
@@ -117,6 +120,8 @@ pub struct RuntimeParts {
     pub lane: Arc<dyn ToolLane>,
     /// Owners decide approvals with buttons and /approve, /reject.
     pub approvals: Arc<Approvals>,
+    /// At 100% of a budget with `at_limit = "degraded"`, customers get its limit reply.
+    pub budget: Arc<Budget>,
 }
 
 pub struct Runtime {
@@ -127,6 +132,7 @@ pub struct Runtime {
     model: Arc<dyn ChatModel>,
     lane: Arc<dyn ToolLane>,
     approvals: Arc<Approvals>,
+    budget: Arc<Budget>,
     guard: steps::PrivateGuard,
 }
 
@@ -160,7 +166,7 @@ impl Decision {
 impl Runtime {
     pub fn new(parts: RuntimeParts) -> Self {
         let guard = steps::PrivateGuard::new(&parts.settings.private_data);
-        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, guard }
+        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, budget: parts.budget, guard }
     }
 
     fn text_detail(&self, text: &str) -> serde_json::Value {
@@ -276,6 +282,12 @@ impl Runtime {
             return Ok(Decision { notice, ..Decision::reply(Route::PrivateData, self.settings.private_data.safe_reply.clone()) });
         }
         trace.step("private_data", "pass", if actor == Role::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
+        // 6b. Spend budget: past 100% with at_limit = "degraded", customers get no model call.
+        if let Some(period) = self.budget.limit_for(actor).await? {
+            let detail = json!({ "period": period.key, "spent_usd": crate::budget::usd(period.spent_micro_usd), "budget_usd": crate::budget::usd(period.budget_micro_usd) });
+            trace.step("budget", "limit", "BUDGET_EXHAUSTED", detail);
+            return Ok(Decision::reply(Route::OverBudget, self.budget.limit_reply().to_string()));
+        }
         // 7. The tool lane.
         match self.lane.try_handle(inbound, actor, trace).await {
             LaneOutcome::Handled { reply } => {

@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod audit;
+pub mod budget;
 pub mod contexts;
 pub mod conversation;
 pub mod jobs;

@@ -16,7 +16,7 @@ mod types;
 use std::sync::Arc;
 
 pub use error::{ErrorCode, LlmError};
-pub use record::{Recorded, call_row, cost_micro_usd};
+pub use record::{CallObserver, Recorded, call_row, cost_micro_usd};
 pub use retry::RetryPolicy;
 pub use types::{ChatRequest, ChatResponse, ContentBlock, Message, Purpose, Role, StopReason, ToolChoice, ToolSpec, Usage};
 
@@ -56,9 +56,10 @@ pub fn from_settings(settings: &Settings, secrets: &Secrets) -> Result<Arc<dyn C
     })
 }
 
-/// `model` with every call recorded in `llm_calls`, priced from `[models]`.
-pub fn recorded(model: Arc<dyn ChatModel>, db: Db, settings: &Settings) -> Arc<dyn ChatModel> {
-    Arc::new(Recorded::new(model, db, settings.models.prices.clone()))
+/// `model` with every call recorded in `llm_calls`, priced from `[models]`, and then told to
+/// `observer`.
+pub fn recorded(model: Arc<dyn ChatModel>, db: Db, settings: &Settings, observer: Option<Arc<dyn CallObserver>>) -> Arc<dyn ChatModel> {
+    Arc::new(Recorded::new(model, db, settings.models.prices.clone(), observer))
 }
 
 /// Degraded mode: the configured provider has no key, so no model can answer. Customers get

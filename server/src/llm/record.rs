@@ -63,17 +63,24 @@ pub fn call_row(provider: &str, req: &ChatRequest, result: &Result<ChatResponse,
     }
 }
 
+/// Told of every recorded call after its row is written (the spend budget counts them).
+#[async_trait::async_trait]
+pub trait CallObserver: Send + Sync {
+    async fn recorded(&self, row: &LlmCallRow);
+}
+
 /// A [`ChatModel`] that records every call it passes on. A failed write is logged and does not
 /// fail the call: the reply matters more than its bookkeeping.
 pub struct Recorded {
     inner: Arc<dyn ChatModel>,
     db: Db,
     prices: Vec<ModelPrice>,
+    observer: Option<Arc<dyn CallObserver>>,
 }
 
 impl Recorded {
-    pub fn new(inner: Arc<dyn ChatModel>, db: Db, prices: Vec<ModelPrice>) -> Self {
-        Self { inner, db, prices }
+    pub fn new(inner: Arc<dyn ChatModel>, db: Db, prices: Vec<ModelPrice>, observer: Option<Arc<dyn CallObserver>>) -> Self {
+        Self { inner, db, prices, observer }
     }
 }
 
@@ -101,8 +108,13 @@ impl ChatModel for Recorded {
             crate::db::llm_calls::insert(&mut conn, &row).await
         }
         .await;
-        if let Err(e) = written {
-            tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded");
+        match written {
+            Ok(()) => {
+                if let Some(observer) = &self.observer {
+                    observer.recorded(&row).await;
+                }
+            }
+            Err(e) => tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded"),
         }
         result
     }

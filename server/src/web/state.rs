@@ -16,6 +16,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::{
     approvals::Approvals,
+    budget::Budget,
     bootstrap::Gatehouse,
     channel::{simulator::Simulator, whatsapp::webhook::WebhookState},
     config::LoadedConfig,
@@ -42,6 +43,7 @@ pub struct App {
     pub mcp: McpManager,
     pub runtime: Arc<Runtime>,
     pub approvals: Arc<Approvals>,
+    pub budget: Arc<Budget>,
     pub simulator: Arc<Simulator>,
     pub webhook: WebhookState,
     /// Once setup is done it stays done, so a true value is cached.
@@ -96,6 +98,7 @@ impl AppState {
             mcp: gatehouse.mcp.clone(),
             runtime: gatehouse.runtime.clone(),
             approvals: gatehouse.approvals.clone(),
+            budget: gatehouse.budget.clone(),
             simulator: gatehouse.simulator.clone(),
             webhook: gatehouse.whatsapp.webhook.clone(),
             setup_done: AtomicBool::new(false),

@@ -100,10 +100,17 @@ fn settings(base_url: &str, budget: u32) -> Settings {
 /// The runtime over `model`, with the lane that hands everything to normal chat.
 fn runtime(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>) -> Runtime {
     let queue = JobQueue::with_settings(db.clone(), &settings.jobs);
+    let budget = Arc::new(server::budget::Budget::new(settings.clone(), db.clone(), queue.clone()));
+    runtime_with_budget(db, settings, secrets, model, budget)
+}
+
+/// The same, with the spend budget the model's calls are counted against.
+fn runtime_with_budget(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>, budget: Arc<server::budget::Budget>) -> Runtime {
+    let queue = JobQueue::with_settings(db.clone(), &settings.jobs);
     let audit = AuditWriter::spawn(db.clone(), queue.clone());
     let checkpoint = Arc::new(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), audit, SecretSource::empty()));
     let approvals = Arc::new(Approvals::new(db.clone(), queue.clone(), settings.clone(), checkpoint));
-    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals })
+    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals, budget })
 }
 
 struct Rig {
@@ -424,6 +431,68 @@ async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
     assert!(steps.iter().any(|(s, _, c)| s == "reply" && c == "NOTE_ALREADY_SENT"), "{steps:?}");
 }
 both_backends!(conversation_rate_limit, a_chat_over_its_rate_limit_costs_no_model_calls);
+
+/// The spend budget: owners are warned at 50%, 80% and 100% of the day's budget, each once
+/// (a second process over the same database does not warn again); past 100% with
+/// `at_limit = "degraded"` a customer gets the limit reply and costs no model call, while an
+/// owner is still answered.
+async fn budget_warns_each_share_once_and_limits_customers(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let mut settings = settings(&r.runtime_base_url(), 6000);
+    // The fake reports 12 input and 3 output tokens a call: $0.015 at these prices.
+    settings.models.prices = vec![server::config::ModelPrice { model: CHAT_MODEL.into(), input: 1000.0, output: 1000.0, cache_read: None, cache_write: None }];
+    settings.budget.daily_usd = 0.05;
+    settings.budget.at_limit = server::config::AtLimit::Degraded;
+    let limit_reply = settings.budget.limit_reply.clone();
+    let settings = Arc::new(settings);
+    let counted = |settings: &Arc<Settings>| {
+        let queue = JobQueue::with_settings(r.db.clone(), &settings.jobs);
+        let budget = Arc::new(server::budget::Budget::new(settings.clone(), r.db.clone(), queue));
+        let model = llm::recorded(llm::from_settings(settings, &r.secrets()).expect("model"), r.db.clone(), settings, Some(budget.clone()));
+        (budget, model)
+    };
+    let (budget, model) = counted(&settings);
+    let runtime = runtime_with_budget(&r.db, settings.clone(), r.secrets(), model, budget);
+    let notices = || {
+        let pool = r.db.pool.clone();
+        async move {
+            let rows = sqlx::query("SELECT reason_code, message FROM owner_notifications WHERE hook = 'budget' ORDER BY id").fetch_all(&pool).await.expect("notices");
+            rows.iter().map(|row| (row.get::<String, _>(0), row.get::<String, _>(1))).collect::<Vec<_>>()
+        }
+    };
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let out = runtime.handle(&msg(&format!("b{i}"), "15558880000", &format!("question {i}"))).await.expect("handle");
+        assert_eq!(out.route, Route::Chat, "answered while under the budget");
+        seen.push(notices().await.len());
+    }
+    // 30%, 60% (the 50% warning), 90% (80%), 120% (100%).
+    assert_eq!(seen, [0, 1, 2, 3], "one warning at each share, when it is crossed");
+    let given = notices().await;
+    assert_eq!(given.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["BUDGET_WARNING", "BUDGET_WARNING", "BUDGET_EXHAUSTED"]);
+    assert!(given[0].1.contains("today is at 60% of its budget ($0.03 of $0.05)"), "the spend as it is when the share is crossed: {given:?}");
+    assert!(given[2].1.contains("Customers now get"), "the 100% warning says what happens: {given:?}");
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!(deliveries, 3, "each warning goes to the owner's number on WhatsApp");
+
+    // Past the budget: a customer gets the limit reply, and no model is asked.
+    let calls_before = r.fake.lock().expect("lock").requests.len();
+    let out = runtime.handle(&msg("b-over", "15558880000", "one more question")).await.expect("handle");
+    assert_eq!((out.route, out.reply), (Route::OverBudget, Some(limit_reply)));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), calls_before, "a customer past the budget costs no model call");
+    let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+    assert!(steps.iter().any(|(s, d, c)| s == "budget" && d == "limit" && c == "BUDGET_EXHAUSTED"), "{steps:?}");
+    // An owner is still answered, and spending more warns nobody again.
+    let out = runtime.handle(&msg("b-owner", OWNER_PHONE, "how are we doing?")).await.expect("handle");
+    assert_eq!(out.route, Route::Chat, "owners are answered past the budget");
+    // A second process (or a restart) reads what was spent and warned from the database.
+    let (budget2, model2) = counted(&settings);
+    let other = runtime_with_budget(&r.db, settings.clone(), r.secrets(), model2, budget2);
+    assert_eq!(other.handle(&msg("b-other", "15558880001", "hello")).await.expect("handle").route, Route::OverBudget);
+    assert_eq!(other.handle(&msg("b-owner2", OWNER_PHONE, "and now?")).await.expect("handle").route, Route::Chat);
+    assert_eq!(notices().await.len(), 3, "each share is warned about once per period");
+}
+both_backends!(conversation_budget, budget_warns_each_share_once_and_limits_customers);
 
 /// `conversation.trace_text` decides whether the message and the reply are kept in the trace.
 async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {

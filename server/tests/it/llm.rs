@@ -514,7 +514,7 @@ async fn usage_and_cost_are_recorded(db: TestDb) {
     ])
     .await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let model = llm::recorded(llm::from_settings(&s, &keys()).expect("client"), pool.clone(), &s);
+    let model = llm::recorded(llm::from_settings(&s, &keys()).expect("client"), pool.clone(), &s, None);
     let req = ChatRequest::new(&s.models, Purpose::Chat, "corr-rec", vec![Message::user(secret_text)]).with_system("secret system prompt");
     model.chat(&req).await.expect("ok");
     let err = model.chat(&req).await.expect_err("auth");

@@ -2,7 +2,7 @@
 
 use app::{
     backend::{LoginOutcome, OwnerIdentity, OwnersBackend},
-    dto::{DashboardInfo, DegradedNotice, MigrationInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, DegradedNotice, SpendInfo, MigrationInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -97,6 +97,24 @@ impl OwnersBackend for ConsoleBackend {
         let mut conn = s.db.pool.acquire().await.map_err(internal)?;
         let owner_count = db::owners::count(&mut conn).await.map_err(internal)?;
         let provider = s.config.settings.llm.provider;
+        let budgets = s.budget.status().await.map_err(internal)?;
+        let mut spend = Vec::new();
+        for (period, _key, starts_at) in crate::budget::periods_at(db::now_ms()) {
+            let spoken = if period == crate::budget::Period::Day { "today" } else { "this month" };
+            let budget = budgets.iter().find(|b| b.period == period);
+            let spent = match budget {
+                Some(b) => b.spent_micro_usd,
+                None => db::budget::spent_since(&mut conn, starts_at).await.map_err(internal)?,
+            };
+            spend.push(SpendInfo {
+                period: spoken.into(),
+                spent_usd: crate::budget::usd(spent),
+                budget_usd: budget.map(|b| crate::budget::usd(b.budget_micro_usd)),
+                percent: budget.map(crate::budget::PeriodSpend::percent),
+                exhausted: budget.is_some_and(crate::budget::PeriodSpend::exhausted),
+                warned: budget.is_some_and(|b| !b.warned.is_empty()),
+            });
+        }
         Ok(DashboardInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             started_at_ms: s.started_at_ms,
@@ -111,6 +129,8 @@ impl OwnersBackend for ConsoleBackend {
             llm_key_variable: provider.key_var().into(),
             llm_configured: s.degraded().is_none(),
             owner_count,
+            spend,
+            budget_action: <&str>::from(s.config.settings.budget.at_limit).into(),
         })
     }
 
