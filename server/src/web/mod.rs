@@ -1,6 +1,7 @@
 //! The HTTP face: console pages and server functions (Leptos), operations endpoints and
 //! static assets. Web code only exposes; the engine lives elsewhere.
 
+pub mod assets;
 pub mod console;
 pub mod live;
 pub mod middleware;
@@ -25,7 +26,6 @@ use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::{
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
-    services::ServeDir,
     LatencyUnit,
     trace::{DefaultOnResponse, TraceLayer},
 };
@@ -57,9 +57,10 @@ pub fn metrics_router(state: AppState) -> Router {
 
 pub fn router(state: AppState) -> Router {
     let backend: SharedBackend = Arc::new(console::ConsoleBackend::new(state.clone()));
+    let site_root = state.config.settings.server.site_root.clone();
     let leptos_options = LeptosOptions::builder()
-        .output_name("gatehouse")
-        .site_root(state.config.settings.server.site_root.display().to_string())
+        .output_name(assets::output_name(&site_root.join("pkg")))
+        .site_root(site_root.display().to_string())
         .site_pkg_dir("pkg")
         .site_addr(state.listen_addr)
         .build();
@@ -80,7 +81,7 @@ pub fn router(state: AppState) -> Router {
     let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
     let context_backend = backend.clone();
     let shell_options = leptos_options.clone();
-    let pkg_dir = state.config.settings.server.site_root.join("pkg");
+    let pkg_dir = site_root.join("pkg");
 
     let console: Router<LeptosOptions> = Router::new()
         .leptos_routes_with_context(
@@ -105,7 +106,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/assets/gatehouse.css", get(stylesheet))
-        .nest_service("/pkg", ServeDir::new(pkg_dir));
+        .merge(assets::pkg_routes(pkg_dir));
     // With server.metrics_addr set, /metrics is served there only (see `metrics_router`).
     let ops = if state.config.settings.server.metrics_addr.is_none() { ops.route("/metrics", get(ops::metrics)) } else { ops };
     let ops = ops.with_state(state.clone());

@@ -178,3 +178,44 @@ async fn metrics_behind_a_token_an_address_and_a_refresh_interval(db: TestDb) {
     assert_eq!(*app.state.job_counts_read.lock().await, first, "later scrapes within the interval did not count again");
 }
 both_backends!(metrics_access, metrics_behind_a_token_an_address_and_a_refresh_interval);
+
+/// The console's assets as scripts/build leaves them: content-hashed names linked from the
+/// pages, served brotli- or gzip-compressed as the browser accepts, and cached as immutable, so a
+/// repeat visit fetches no wasm; anything unhashed is revalidated.
+async fn console_assets_are_hashed_precompressed_and_immutable(db: TestDb) {
+    let site = tempfile::tempdir().expect("site");
+    let pkg = site.path().join("pkg");
+    std::fs::create_dir_all(&pkg).expect("pkg");
+    let hash = "0123456789abcdef";
+    for (name, body) in [
+        (format!("gatehouse.{hash}.wasm"), "WASM".to_string()),
+        (format!("gatehouse.{hash}.wasm.br"), "BROTLI".to_string()),
+        (format!("gatehouse.{hash}.wasm.gz"), "GZIP".to_string()),
+        (format!("gatehouse.{hash}.js"), "export default 1;".to_string()),
+        ("hash.txt".to_string(), format!("{hash}\n")),
+        ("notes.txt".to_string(), "unhashed".to_string()),
+    ] {
+        std::fs::write(pkg.join(name), body).expect("write");
+    }
+    let root = site.path().to_path_buf();
+    let app = TestApp::with(db, move |s| s.server.site_root = root).await;
+    let mut owner = app.with_owner("assets", "a long enough password").await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains(&format!("/pkg/gatehouse.{hash}.wasm")) && page.body.contains(&format!("/pkg/gatehouse.{hash}.js")), "pages link the hashed names: {}", page.body);
+
+    let mut client = app.client();
+    let wasm = format!("/pkg/gatehouse.{hash}.wasm");
+    for (accept, encoding, body) in [("br, gzip", Some("br"), "BROTLI"), ("gzip", Some("gzip"), "GZIP"), ("identity", None, "WASM")] {
+        client.headers = vec![("accept-encoding".into(), accept.into())];
+        let res = client.get(&wasm).await;
+        assert_eq!(res.status, 200);
+        assert_eq!(res.headers.get("content-encoding").and_then(|v| v.to_str().ok()), encoding, "accept-encoding {accept}");
+        assert_eq!(res.body, body);
+        assert_eq!(res.headers.get("cache-control").and_then(|v| v.to_str().ok()), Some("public, max-age=31536000, immutable"));
+        assert_eq!(res.headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/wasm"));
+    }
+    client.headers.clear();
+    let other = client.get("/pkg/notes.txt").await;
+    assert_eq!(other.headers.get("cache-control").and_then(|v| v.to_str().ok()), Some("no-cache"), "an unhashed file is revalidated");
+}
+both_backends!(console_assets, console_assets_are_hashed_precompressed_and_immutable);
