@@ -45,6 +45,37 @@ pub struct DashboardInfo {
     pub spend: Vec<SpendInfo>,
     /// `warn_only` or `degraded`: what happens at 100% of a budget.
     pub budget_action: String,
+    pub charts: Vec<Chart>,
+}
+
+/// A stacked bar chart of the dashboard, drawn by the page as SVG. `bars[i].values[j]` is
+/// series `j` in bar `i`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chart {
+    /// Stable, for tests and anchors: `messages`, `tool_calls`, `model_cost`, `jobs`.
+    pub id: String,
+    pub title: String,
+    /// The list behind the chart, if the console has one.
+    pub link: Option<String>,
+    /// How a value reads: `count` or `usd_micro` (micro-dollars).
+    pub unit: String,
+    pub series: Vec<ChartSeries>,
+    pub bars: Vec<ChartBar>,
+    /// Said instead of the chart when every value is zero.
+    pub empty: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChartSeries {
+    pub name: String,
+    /// The filtered list of this series.
+    pub link: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChartBar {
+    pub label: String,
+    pub values: Vec<i64>,
 }
 
 /// Model spend in one period, in US dollars with two decimals.

@@ -65,3 +65,19 @@ test("the owner's own number talks as the owner; customers cannot reach owner co
   await page.goto("/traces?route=customer_command");
   await expect(page.getByTestId("traces-table").locator("tr[data-route=customer_command]")).toHaveCount(1);
 });
+
+test("the dashboard charts the simulated messages by route, each route linked to its traces", async ({ page }) => {
+  await open(page, "/");
+  const chart = page.getByTestId("chart-messages");
+  // The conversations above: customers in degraded mode, the owner's commands.
+  await expect(chart.locator('rect[data-series="degraded"]').first()).toBeVisible();
+  await expect(chart.locator('rect[data-series="owner_command"]').first()).toBeVisible();
+  const degraded = chart.getByRole("link", { name: /^degraded \(\d+\)$/ });
+  await expect(degraded).toHaveAttribute("href", "/traces?route=degraded&since_minutes=1440");
+  await expect(page.getByTestId("chart-jobs").locator("rect").first()).toBeVisible();
+  await degraded.click();
+  await expect(page).toHaveURL(/\/traces\?route=degraded/);
+  const rows = page.locator("tr[data-trace-id]");
+  await expect(rows.first()).toHaveAttribute("data-route", "degraded");
+  expect(await rows.evaluateAll((trs) => trs.every((tr) => tr.getAttribute("data-route") === "degraded"))).toBe(true);
+});

@@ -1,7 +1,10 @@
 use leptos::prelude::*;
 use leptos_meta::Title;
 
-use crate::{api::dashboard_facts, dto::DashboardInfo};
+use crate::{
+    api::dashboard_facts,
+    dto::{Chart, DashboardInfo},
+};
 
 fn uptime(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
@@ -20,7 +23,7 @@ pub fn DashboardPage() -> impl IntoView {
         <h1>"Dashboard"</h1>
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || info.get().map(|res| match res {
-                Ok(info) => view! { {facts(&info)} {spend(&info)} }.into_any(),
+                Ok(info) => view! { {facts(&info)} {spend(&info)} {charts(&info)} }.into_any(),
                 Err(e) => super::error_view(&e),
             })}
         </Suspense>
@@ -87,5 +90,74 @@ fn spend(i: &DashboardInfo) -> impl IntoView + use<> {
         {(!any_budget).then(|| view! {
             <p class="empty" data-testid="budget-empty">"No spend budget is set. Set daily_usd or monthly_usd under [budget] in config/gatehouse.toml to be warned at 50%, 80% and 100% of it. Spend counts models priced under [[models.prices]]."</p>
         })}
+    }
+}
+
+/// How a chart's value reads.
+fn value_text(unit: &str, value: i64) -> String {
+    if unit == "usd_micro" { format!("${:.2}", value as f64 / 1_000_000.0) } else { value.to_string() }
+}
+
+/// The charts, drawn as SVG on the server: they show without wasm and scale to a phone.
+fn charts(i: &DashboardInfo) -> impl IntoView + use<> {
+    view! {
+        <h2>"Activity"</h2>
+        <div class="charts">{i.charts.iter().map(chart).collect_view()}</div>
+    }
+}
+
+/// One stacked bar chart: a bar a bucket, a colour a series, the legend linking each series'
+/// list.
+fn chart(c: &Chart) -> impl IntoView + use<> {
+    const BAR: f64 = 10.0;
+    const HEIGHT: f64 = 60.0;
+    let totals: Vec<i64> = c.bars.iter().map(|b| b.values.iter().sum()).collect();
+    let max = totals.iter().copied().max().unwrap_or(0);
+    let title = match &c.link {
+        Some(link) => view! { <a href=link.clone()>{c.title.clone()}</a> }.into_any(),
+        None => view! { <span>{c.title.clone()}</span> }.into_any(),
+    };
+    let body = if max == 0 {
+        view! { <p class="empty" data-testid="chart-empty">{c.empty.clone()}</p> }.into_any()
+    } else {
+        let width = BAR * c.bars.len().max(1) as f64;
+        let mut rects = Vec::new();
+        for (i, bar) in c.bars.iter().enumerate() {
+            let mut y = HEIGHT;
+            for (j, &value) in bar.values.iter().enumerate().filter(|(_, v)| **v > 0) {
+                let h = HEIGHT * value as f64 / max as f64;
+                y -= h;
+                let series = c.series.get(j).map(|s| s.name.clone()).unwrap_or_default();
+                let label = format!("{} {}: {}", bar.label, series, value_text(&c.unit, value));
+                rects.push(view! {
+                    <rect x=format!("{:.1}", i as f64 * BAR + 1.0) y=format!("{y:.2}") width=format!("{:.1}", BAR - 2.0) height=format!("{h:.2}")
+                        class=format!("s{}", j % 8) data-series=series aria-label=label />
+                });
+            }
+        }
+        let first = c.bars.first().map(|b| b.label.clone()).unwrap_or_default();
+        let last = c.bars.last().map(|b| b.label.clone()).unwrap_or_default();
+        let legend = c.series.iter().enumerate().map(|(j, s)| {
+            let total: i64 = c.bars.iter().map(|b| b.values.get(j).copied().unwrap_or(0)).sum();
+            let name = format!("{} ({})", s.name, value_text(&c.unit, total));
+            let entry = match &s.link {
+                Some(link) => view! { <a href=link.clone()>{name}</a> }.into_any(),
+                None => view! { <span>{name}</span> }.into_any(),
+            };
+            view! { <li><span class=format!("swatch s{}", j % 8)></span>{entry}</li> }
+        }).collect_view();
+        view! {
+            <svg class="chart-plot" viewBox=format!("0 0 {width} {HEIGHT}") preserveAspectRatio="none" role="img" aria-label=c.title.clone()>
+                {rects}
+            </svg>
+            <div class="chart-axis"><span>{first}</span><span>{format!("max {}", value_text(&c.unit, max))}</span><span>{last}</span></div>
+            <ul class="legend">{legend}</ul>
+        }.into_any()
+    };
+    view! {
+        <figure class="chart" data-testid=format!("chart-{}", c.id)>
+            <figcaption>{title}</figcaption>
+            {body}
+        </figure>
     }
 }

@@ -14,6 +14,7 @@ pub mod mcp;
 pub mod owners;
 pub mod sessions;
 pub mod simulator;
+pub mod stats;
 pub mod tool_audit;
 pub mod tool_sessions;
 pub mod tool_results;

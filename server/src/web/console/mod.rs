@@ -3,6 +3,7 @@
 //! in their domain modules.
 
 mod approvals;
+mod charts;
 mod chats;
 mod jobs;
 mod mcp;

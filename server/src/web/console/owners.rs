@@ -129,6 +129,7 @@ impl OwnersBackend for ConsoleBackend {
             llm_key_variable: provider.key_var().into(),
             llm_configured: s.degraded().is_none(),
             owner_count,
+            charts: super::charts::all(&mut conn, db::now_ms()).await.map_err(internal)?,
             spend,
             budget_action: <&str>::from(s.config.settings.budget.at_limit).into(),
         })
