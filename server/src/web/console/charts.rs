@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use app::dto::{Chart, ChartBar, ChartSeries};
 use sqlx::AnyConnection;
 
-use crate::db::{self, DbError, stats::Group};
+use crate::db::{
+    self, DbError,
+    stats::{Group, Measure},
+};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 86_400_000;
@@ -15,9 +18,9 @@ const DAY_MS: i64 = 86_400_000;
 pub async fn all(conn: &mut AnyConnection, now_ms: i64) -> Result<Vec<Chart>, DbError> {
     let hours = Buckets { last: now_ms / HOUR_MS, count: 24, len_ms: HOUR_MS };
     let days = Buckets { last: now_ms / DAY_MS, count: 14, len_ms: DAY_MS };
-    let messages = db::stats::messages_by_route(conn, hours.since_ms(), HOUR_MS).await?;
-    let tool_calls = db::stats::tool_calls_by_decision(conn, hours.since_ms(), HOUR_MS).await?;
-    let cost = db::stats::model_cost_by_purpose(conn, days.since_ms(), DAY_MS).await?;
+    let messages = db::stats::grouped(conn, Measure::MessagesByRoute, hours.since_ms(), HOUR_MS).await?;
+    let tool_calls = db::stats::grouped(conn, Measure::ToolCallsByDecision, hours.since_ms(), HOUR_MS).await?;
+    let cost = db::stats::grouped(conn, Measure::ModelCostByPurpose, days.since_ms(), DAY_MS).await?;
     let jobs = db::jobs::counts_by_state(conn).await?;
     Ok(vec![
         stacked(
