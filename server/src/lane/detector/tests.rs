@@ -469,7 +469,8 @@ fn the_detector_names_no_configured_tool() {
         include_str!("mod.rs"),
         include_str!("doc.rs"),
         include_str!("detection.rs"),
-        include_str!("index.rs"),
+        include_str!("index/mod.rs"),
+        include_str!("index/build.rs"),
         include_str!("text.rs"),
     ];
     let configured: Vec<String> = shipped(true)
