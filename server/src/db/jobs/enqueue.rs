@@ -51,6 +51,9 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
 /// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
 /// inserted rows in id order (input order).
 async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
+    if conn.backend_name() == "PostgreSQL" {
+        return insert_rows_postgres(conn, jobs, now).await;
+    }
     let sql = format!(
         "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
          args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) VALUES {} \
@@ -91,6 +94,50 @@ async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Res
         q.execute(&mut *conn).await?;
     }
     Ok(inserted)
+}
+
+/// [`insert_rows`] on PostgreSQL in one round trip with one bind: the batch goes as a JSON array
+/// that `json_to_recordset` unpacks (in input order, so ids follow it), and the jobs' first
+/// events are written by the same statement.
+async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
+    let batch: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|job| {
+            let (state, scheduled_at) = initial_state(job, now);
+            serde_json::json!({
+                "kind": job.kind,
+                "queue": if job.queue.is_empty() { "default" } else { job.queue.as_str() },
+                "state": state.as_str(),
+                "priority": job.priority,
+                "dedupe_key": job.dedupe_key,
+                "chat_id": job.chat_id,
+                "sender_id": job.sender_id,
+                "message_id": job.message_id,
+                "original_text": job.original_text.as_deref().map(crate::db::clean_text),
+                "tool_name": job.tool_name,
+                "args": job.args.to_string(),
+                "max_attempts": job.max_attempts.max(1),
+                "scheduled_at": scheduled_at,
+                "expires_at": job.expires_at,
+                "correlation_id": job.correlation_id,
+            })
+        })
+        .collect();
+    let sql = format!(
+        "WITH ins AS ( \
+           INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+             args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) \
+           SELECT kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+             args, 0, max_attempts, $2, $2, scheduled_at, expires_at, correlation_id \
+           FROM ROWS FROM (json_to_recordset($1::json) AS (kind TEXT, queue TEXT, state TEXT, priority BIGINT, \
+             dedupe_key TEXT, chat_id TEXT, sender_id TEXT, message_id TEXT, original_text TEXT, tool_name TEXT, args TEXT, \
+             max_attempts BIGINT, scheduled_at BIGINT, expires_at BIGINT, correlation_id TEXT)) WITH ORDINALITY AS x \
+           ORDER BY x.ordinality \
+           ON CONFLICT DO NOTHING RETURNING {COLUMNS}), \
+         events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $2, state, 0 FROM ins) \
+         SELECT {COLUMNS} FROM ins ORDER BY id"
+    );
+    Ok(sqlx::query_as(&sql).bind(serde_json::Value::Array(batch).to_string()).bind(now).fetch_all(&mut *conn).await?)
 }
 
 async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
