@@ -154,3 +154,26 @@ test("the header and the banner keep their height on a short page of a tall scre
   await expect(page.getByRole("heading", { level: 1, name: "Approvals", exact: true })).toBeVisible();
   expect((await heights(page)).header, "hydrated header height on Approvals").toBeLessThan(80);
 });
+
+test("the console's wasm comes compressed once and from the browser's cache on a repeat visit", async ({ page, context }) => {
+  const cdp = await context.newCDPSession(page);
+  await cdp.send("Network.enable");
+  const wasm: { url: string; fromCache: boolean; encoding: string }[] = [];
+  cdp.on("Network.responseReceived", (e) => {
+    if (e.response.url.endsWith(".wasm")) {
+      const encoding = Object.entries(e.response.headers).find(([k]) => k.toLowerCase() === "content-encoding")?.[1] ?? "";
+      wasm.push({ url: e.response.url, fromCache: Boolean(e.response.fromDiskCache || e.response.fromPrefetchCache), encoding });
+    }
+  });
+  await page.goto("/login");
+  await hydrated(page);
+  await page.goto("/login");
+  await hydrated(page);
+  expect(wasm.length, JSON.stringify(wasm)).toBeGreaterThanOrEqual(2);
+  // A content-hashed name, sent brotli-compressed the first time...
+  expect(wasm[0].url).toMatch(/\/pkg\/gatehouse\.[0-9a-f]{16}\.wasm$/);
+  expect(wasm[0].fromCache).toBe(false);
+  expect(wasm[0].encoding).toBe("br");
+  // ...and never fetched again while the build is the same.
+  expect(wasm.slice(1).every((w) => w.fromCache && w.url === wasm[0].url), JSON.stringify(wasm)).toBe(true);
+});
