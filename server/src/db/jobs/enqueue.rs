@@ -36,6 +36,15 @@ pub async fn enqueue_many(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -
     Ok(out)
 }
 
+/// The columns an enqueue writes, in the order both backends' statements give them.
+const INSERT_COLUMNS: &str = "kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+    args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id";
+
+/// The queue a job goes to: its own, or `default`.
+fn queue_of(job: &NewJob) -> &str {
+    if job.queue.is_empty() { "default" } else { &job.queue }
+}
+
 fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
     let scheduled_at = job.scheduled_at.unwrap_or(now);
     let state = if job.pending {
@@ -55,9 +64,7 @@ async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Res
         return insert_rows_postgres(conn, jobs, now).await;
     }
     let sql = format!(
-        "INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
-         args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) VALUES {} \
-         ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
+        "INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
         value_rows(jobs.len(), 18)
     );
     let mut q = sqlx::query_as(&sql);
@@ -65,7 +72,7 @@ async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Res
         let (state, scheduled_at) = initial_state(job, now);
         q = q
             .bind(job.kind.clone())
-            .bind(if job.queue.is_empty() { "default".to_string() } else { job.queue.clone() })
+            .bind(queue_of(job).to_string())
             .bind(state.as_str())
             .bind(job.priority)
             .bind(job.dedupe_key.clone())
@@ -106,7 +113,7 @@ async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i6
             let (state, scheduled_at) = initial_state(job, now);
             serde_json::json!({
                 "kind": job.kind,
-                "queue": if job.queue.is_empty() { "default" } else { job.queue.as_str() },
+                "queue": queue_of(job),
                 "state": state.as_str(),
                 "priority": job.priority,
                 "dedupe_key": job.dedupe_key,
@@ -125,8 +132,7 @@ async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i6
         .collect();
     let sql = format!(
         "WITH ins AS ( \
-           INSERT INTO jobs (kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
-             args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id) \
+           INSERT INTO jobs ({INSERT_COLUMNS}) \
            SELECT kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
              args, 0, max_attempts, $2, $2, scheduled_at, expires_at, correlation_id \
            FROM ROWS FROM (json_to_recordset($1::json) AS (kind TEXT, queue TEXT, state TEXT, priority BIGINT, \
