@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -216,6 +216,71 @@ pub async fn decide_approval(id: i64, decision: String, reason: Option<String>) 
     for_owner(|me, backend| async move {
         let approve = approves(&decision)?;
         backend.decide_approval(me.owner_id, id, approve, reason.as_deref().unwrap_or_default(), &client_ip().await).await
+    })
+    .await
+}
+
+#[server(endpoint = "list_repairs")]
+pub async fn list_repairs() -> Result<RepairsPage, AppError> {
+    for_owner(|_, backend| async move { backend.repairs_page().await }).await
+}
+
+/// Scans new traces, makes eval cases and proposes repairs now.
+#[server(endpoint = "run_repair_cycle")]
+pub async fn run_repair_cycle() -> Result<String, AppError> {
+    for_owner(|me, backend| async move { backend.run_cycle(me.owner_id, &client_ip().await).await })
+        .await
+}
+
+/// "approve" (with `confirm` = "yes" for a proposal that breaks a passing case), "reject"
+/// (with a reason) or "rollback" a repair.
+#[server(endpoint = "decide_repair")]
+pub async fn decide_repair(
+    id: i64,
+    action: String,
+    confirm: Option<String>,
+    reason: Option<String>,
+) -> Result<String, AppError> {
+    for_owner(|me, backend| async move {
+        if !matches!(action.as_str(), "approve" | "reject" | "rollback") {
+            return Err(AppError::invalid(
+                "action must be approve, reject or rollback",
+            ));
+        }
+        let confirm = confirm.as_deref() == Some("yes");
+        backend
+            .decide_repair(
+                me.owner_id,
+                id,
+                &action,
+                confirm,
+                reason.as_deref().unwrap_or_default(),
+                &client_ip().await,
+            )
+            .await
+    })
+    .await
+}
+
+/// Marks a trace wrong: `expect` is what should have happened (normal_chat, guard, clarify or
+/// tool:NAME[,NAME]); `pattern` a failure pattern's code or empty.
+#[server(endpoint = "mark_trace")]
+pub async fn mark_trace(
+    trace_id: i64,
+    expect: String,
+    pattern: Option<String>,
+    note: Option<String>,
+) -> Result<String, AppError> {
+    let mark = crate::dto::TraceMark {
+        trace_id,
+        expect,
+        pattern: pattern.unwrap_or_default(),
+        note: note.unwrap_or_default(),
+    };
+    for_owner(|me, backend| async move {
+        backend
+            .mark_trace(me.owner_id, mark, &client_ip().await)
+            .await
     })
     .await
 }

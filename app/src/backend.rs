@@ -1,12 +1,12 @@
 //! What the console needs from the engine, split by role as the pages use it (owners and their
-//! sessions, jobs, tools, chats, traces, MCP servers). The server implements each and injects
+//! sessions, jobs, tools, chats, traces, MCP servers, approvals, repairs). The server implements each and injects
 //! one [`SharedBackend`] as context, so the UI never depends on the engine's crates; a test can
 //! implement only what its page needs.
 
 use std::sync::Arc;
 
 use crate::{
-    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceMark, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -105,9 +105,36 @@ pub trait ApprovalsBackend: Send + Sync {
     async fn decide_approval(&self, owner_id: i64, id: i64, approve: bool, reason: &str, ip: &str) -> Result<String, AppError>;
 }
 
-/// Everything the console uses: one value implementing every role.
-pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend {}
+/// Self-improvement: findings, eval cases and repair proposals. Nothing is applied without an
+/// owner's decision here (or with the CLI).
+#[async_trait::async_trait]
+pub trait RepairsBackend: Send + Sync {
+    async fn repairs_page(&self) -> Result<RepairsPage, AppError>;
+    /// Scans new traces, makes cases and proposes repairs now; says what it did, in words.
+    async fn run_cycle(&self, owner_id: i64, ip: &str) -> Result<String, AppError>;
+    /// `approve` (with `confirm` for one that breaks a passing case), `reject` (with a reason)
+    /// or `rollback`. Audited with the owner and address. Returns what happened, in words.
+    async fn decide_repair(
+        &self,
+        owner_id: i64,
+        id: i64,
+        action: &str,
+        confirm: bool,
+        reason: &str,
+        ip: &str,
+    ) -> Result<String, AppError>;
+    /// Marks a trace wrong with what should have happened: a finding and its eval case.
+    async fn mark_trace(
+        &self,
+        owner_id: i64,
+        mark: TraceMark,
+        ip: &str,
+    ) -> Result<String, AppError>;
+}
 
-impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend> AdminBackend for T {}
+/// Everything the console uses: one value implementing every role.
+pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend + RepairsBackend {}
+
+impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend + RepairsBackend> AdminBackend for T {}
 
 pub type SharedBackend = Arc<dyn AdminBackend>;

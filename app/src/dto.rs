@@ -426,6 +426,12 @@ pub struct TraceDetail {
     pub steps: Vec<TraceStepView>,
     /// The tool calls made while the message was handled, from the checkpoint's audit.
     pub tool_calls: Vec<ToolCallView>,
+    /// What owners have said or the scan has found about it.
+    pub findings: Vec<FindingView>,
+    /// The failure patterns an owner may name when marking it wrong (stable codes).
+    pub patterns: Vec<String>,
+    /// The tools an owner may name as what should have been called.
+    pub tools: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -529,4 +535,86 @@ pub struct ApprovalsPage {
     /// The server's clock (unix ms), for the age of each request.
     pub now: i64,
     pub approval_mode: String,
+}
+
+/// One line of a repair's diff, side by side: the old file's line on the left, the new one's on
+/// the right (a changed line has both; an added or removed line one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiffRow {
+    /// `same`, `removed`, `added`, `changed`, or `gap` (lines left out between hunks).
+    pub kind: String,
+    pub old_no: Option<u32>,
+    pub old: Option<String>,
+    pub new_no: Option<u32>,
+    pub new: Option<String>,
+}
+
+/// A case's line in a repair's before/after replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayRow {
+    pub case: String,
+    pub expect: String,
+    pub before: String,
+    pub before_pass: bool,
+    pub after: String,
+    pub after_pass: bool,
+}
+
+/// A trace that showed a failure pattern (the scan's or an owner's mark).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FindingView {
+    pub id: i64,
+    pub trace_id: i64,
+    pub pattern: String,
+    /// `scan` or `owner`.
+    pub source: String,
+    pub note: String,
+    /// The case's expectation, or empty when nobody has said what should have happened.
+    pub expect: String,
+    pub has_case: bool,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepairView {
+    pub id: i64,
+    /// proposed, applied, rejected or rolled_back.
+    pub state: String,
+    pub strategy: String,
+    pub summary: String,
+    /// Per changed file: its path and its rows.
+    pub files: Vec<(String, Vec<DiffRow>)>,
+    /// The unified diff, as `gatehouse repair show` prints it.
+    pub diff: String,
+    pub table: Vec<ReplayRow>,
+    pub fixes: i64,
+    pub regressions: i64,
+    /// The findings behind the cases it was proposed for.
+    pub findings: Vec<FindingView>,
+    pub created_at: i64,
+    pub decided_at: Option<i64>,
+    pub decided_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepairsPage {
+    /// Newest first.
+    pub repairs: Vec<RepairView>,
+    /// The latest findings, newest first.
+    pub findings: Vec<FindingView>,
+    pub cases: usize,
+    /// `evals.scan_every`, e.g. "10m" ("0s": the periodic scan is off).
+    pub scan_every: String,
+}
+
+/// What an owner says about a trace that went wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceMark {
+    pub trace_id: i64,
+    /// normal_chat, guard, clarify, or tool:NAME[,NAME].
+    pub expect: String,
+    /// A failure pattern's code, or empty to let the expectation imply it.
+    pub pattern: String,
+    pub note: String,
 }

@@ -72,7 +72,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("tools") view=pages::tools::ToolsPage />
                     <Route path=StaticSegment("mcp") view=pages::mcp::McpPage />
                     <Route path=(StaticSegment("tools"), ParamSegment("name")) view=pages::tools::ToolDetailPage />
-                    <Route path=StaticSegment("repairs") view=pages::pending::Repairs />
+                    <Route path=StaticSegment("repairs") view=pages::repairs::RepairsPage />
                 </ParentRoute>
             </Routes>
         </Router>

@@ -3,7 +3,7 @@
 //! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
 //! spend budget -> model (every call recorded and counted against the budget) -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
 //! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
-//! job registry.
+//! self-improvement cycle -> job registry.
 //!
 //! `serve`, `worker`, every CLI command, the benchmarks and the test support all start from
 //! [`Gatehouse::build`]; the web layer's state is made from the result. Reading this file shows
@@ -19,11 +19,15 @@ use crate::{
     budget::Budget,
     channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
     config::{self, ConfigError, LoadedConfig},
-    conversation::{Runtime, RuntimeParts, ToolLane},
+    conversation::{self, Runtime, RuntimeParts, ToolLane},
     lane,
     db::{Db, DbError},
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
     llm::{self, ChatModel},
+    repairs::{
+        Workspace,
+        cycle::{Cycle, CycleJob},
+    },
     tools::{self, Checkpoint, ToolFiles, mcp::McpManager},
 };
 
@@ -48,6 +52,9 @@ pub struct Gatehouse {
     pub budget: Arc<Budget>,
     pub whatsapp: WhatsApp,
     pub simulator: Arc<Simulator>,
+    /// Self-improvement: the scan of traces, eval cases and repair proposals (the periodic
+    /// `evals.cycle` job, the console and the CLI run it).
+    pub cycle: Cycle,
     /// Every job kind this build runs, with its handler.
     pub registry: Registry,
 }
@@ -166,7 +173,11 @@ impl Gatehouse {
         registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, registry })
+        let workspace = Workspace { config_dir: config.dir.clone(), secrets: config.secrets.source.clone(), settings: settings.clone(), live: tools.catalog() };
+        let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone() };
+        registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
+        registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

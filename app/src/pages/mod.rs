@@ -4,7 +4,7 @@ pub mod dashboard;
 pub mod jobs;
 pub mod login;
 pub mod mcp;
-pub mod pending;
+pub mod repairs;
 pub mod settings;
 pub mod setup;
 pub mod tools;

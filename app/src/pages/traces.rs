@@ -6,8 +6,8 @@ use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::{
-    api::{get_trace, list_traces},
-    dto::{TraceQuery, TraceSummary},
+    api::{MarkTrace, get_trace, list_traces},
+    dto::{TraceDetail, TraceQuery, TraceSummary},
     live::fmt_time,
 };
 
@@ -108,12 +108,14 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
 pub fn TraceDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
-    let detail = Resource::new(move || id.get(), get_trace);
+    let mark = ServerAction::<MarkTrace>::new();
+    let detail = Resource::new(move || (id.get(), mark.version().get()), |(id, _)| get_trace(id));
     view! {
         <Title text="Trace · Gatehouse" />
         <p><a href="/traces">"\u{2190} All traces"</a></p>
         {super::loaded(detail, move |d| {
             let t = d.summary.clone();
+            let marking = mark_form(&d, mark);
             view! {
                 <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
                 <table class="kv"><tbody>
@@ -155,7 +157,46 @@ pub fn TraceDetailPage() -> impl IntoView {
                         </table>
                     }.into_any()
                 }}
+                {marking}
             }
         })}
+    }
+}
+
+/// "Was this wrong?": what should have happened becomes a finding and an eval case, which the
+/// Repairs page replays and proposes a fix for.
+fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>) -> impl IntoView + use<> {
+    let findings = d.findings.clone();
+    let patterns = d.patterns.clone();
+    let expectations: Vec<String> = ["normal_chat", "guard", "clarify"]
+        .into_iter()
+        .map(String::from)
+        .chain(d.tools.iter().map(|t| format!("tool:{t}")))
+        .collect();
+    let trace_id = d.summary.id.to_string();
+    view! {
+        <h2 id="mark">"Was this wrong?"</h2>
+        {(!findings.is_empty()).then(|| view! {
+            <ul data-testid="trace-findings">{findings.into_iter().map(|f| view! {
+                <li><code>{f.pattern.clone()}</code>{format!(" ({}) ", f.source)}{f.note.clone()}
+                    {(!f.expect.is_empty()).then(|| view! { " \u{2192} should have been "<code>{f.expect.clone()}</code> })}</li>
+            }).collect_view()}</ul>
+        })}
+        {super::action_notice(mark.value(), "mark-result")}
+        <ActionForm action=mark attr:class="filters" attr:data-testid="mark-form">
+            <input type="hidden" name="trace_id" value=trace_id />
+            <label>"Should have been "
+                <input type="text" name="expect" list="mark-expectations" required placeholder="tool:NAME, normal_chat, guard or clarify" data-testid="mark-expect" />
+            </label>
+            <datalist id="mark-expectations">{expectations.into_iter().map(|e| view! { <option value=e></option> }).collect_view()}</datalist>
+            <label>"Pattern "
+                <select name="pattern" data-testid="mark-pattern">
+                    <option value="">"as the expectation implies"</option>
+                    {patterns.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
+                </select>
+            </label>
+            <label>"What should have happened " <input type="text" name="note" maxlength="500" data-testid="mark-note" /></label>
+            <button type="submit" data-testid="mark-wrong">"Mark wrong"</button>
+        </ActionForm>
     }
 }

@@ -45,7 +45,7 @@ impl Runtime {
         })
     }
 
-    pub(super) async fn owner_command(&self, command: &steps::Command, owner_id: i64, inbound: &Inbound) -> Result<(&'static str, String), RuntimeError> {
+    pub(super) async fn owner_command(&self, command: &steps::Command, owner_id: i64, inbound: &Inbound, trace_id: i64) -> Result<(&'static str, String), RuntimeError> {
         use steps::Command;
         let conv = &self.settings.conversation;
         Ok(match command {
@@ -73,8 +73,51 @@ impl Runtime {
                 let lines: Vec<String> = page.iter().map(|j| format!("#{} {} {}", j.id, j.kind, j.state.as_str())).collect();
                 ("COMMAND_JOBS", if lines.is_empty() { "No jobs yet.".to_string() } else { format!("Latest jobs:\n{}", lines.join("\n")) })
             }
+            Command::Wrong(arg) => return self.mark_wrong(arg, owner_id, inbound, trace_id).await,
             Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("There is no /{name} command.\n{}", conv.owner_help.trim())),
         })
     }
 
+    /// `/wrong EXPECTED [note]`: the answer the owner replies to (or else the chat's last answer
+    /// that was not a command) is marked wrong through a durable `evals.mark` job, which stores
+    /// the finding and its eval case.
+    async fn mark_wrong(&self, arg: &str, owner_id: i64, inbound: &Inbound, trace_id: i64) -> Result<(&'static str, String), RuntimeError> {
+        let mut words = arg.trim().splitn(2, char::is_whitespace);
+        let expect = words.next().unwrap_or_default().trim().to_string();
+        let note = words.next().unwrap_or_default().trim().to_string();
+        let known = matches!(expect.as_str(), "normal_chat" | "guard" | "clarify") || expect.strip_prefix("tool:").is_some_and(|t| !t.trim().is_empty());
+        if !known {
+            return Ok(("WRONG_USAGE", "Say what it should have been: /wrong tool:NAME [what should have happened], /wrong normal_chat, /wrong guard or /wrong clarify.".into()));
+        }
+        let mut conn = self.db.pool.acquire().await?;
+        let quoted = match &inbound.quoted_id {
+            Some(id) => db::traces::trace_of_outbound(&mut conn, id).await?,
+            None => None,
+        };
+        let target = match quoted {
+            Some(t) => Some(t),
+            None => db::traces::previous_in_chat(&mut conn, &inbound.channel, &inbound.chat_id, trace_id).await?,
+        };
+        drop(conn);
+        let Some(target) = target else { return Ok(("WRONG_NO_TRACE", "There is no earlier answer in this chat to mark.".into())) };
+        let mut job = self.queue.job(&MarkTraceJob { trace_id: target, expect: expect.clone(), note: note.chars().take(500).collect(), owner_id });
+        job.correlation_id.clone_from(&inbound.correlation_id);
+        self.queue.enqueue(&job).await?;
+        Ok(("TRACE_MARKED", format!("Noted: trace #{target} should have been {expect}. It becomes an eval case, and a proposed fix appears on the console's Repairs page.")))
+    }
+
+}
+
+/// An owner's `/wrong`, handled by the self-improvement cycle (the repairs module).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MarkTraceJob {
+    pub trace_id: i64,
+    /// normal_chat, guard, clarify or tool:NAME[,NAME].
+    pub expect: String,
+    pub note: String,
+    pub owner_id: i64,
+}
+
+impl crate::jobs::JobKind for MarkTraceJob {
+    const KIND: &'static str = "evals.mark";
 }

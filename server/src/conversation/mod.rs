@@ -11,6 +11,7 @@
 
 mod chat;
 mod commands;
+pub use commands::MarkTraceJob;
 pub mod memory;
 pub mod steps;
 
@@ -269,7 +270,7 @@ impl Runtime {
                 return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
             steps::Slash::Owner(command) => {
-                let (reason, reply) = self.owner_command(&command, owner_id.unwrap_or_default(), inbound).await?;
+                let (reason, reply) = self.owner_command(&command, owner_id.unwrap_or_default(), inbound, trace.id()).await?;
                 trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
                 return Ok(Decision::reply(Route::OwnerCommand, reply));
             }

@@ -38,6 +38,9 @@ pub enum Command {
     Jobs,
     Approve(String),
     Reject(String),
+    /// `/wrong EXPECTATION [what should have happened]`: the answer replied to (or else the
+    /// chat's previous one) was wrong.
+    Wrong(String),
     Unknown(String),
 }
 
@@ -57,6 +60,7 @@ pub fn command(text: &str) -> Option<Command> {
         "jobs" => Command::Jobs,
         "approve" => Command::Approve(arg),
         "reject" => Command::Reject(arg),
+        "wrong" => Command::Wrong(arg),
         other => Command::Unknown(other.to_string()),
     })
 }

@@ -24,6 +24,11 @@ pub mod event {
     pub const MCP_SERVER_REFRESHED: &str = "mcp_server_refreshed";
     pub const APPROVAL_APPROVED: &str = "approval_approved";
     pub const APPROVAL_REJECTED: &str = "approval_rejected";
+    pub const TRACE_MARKED: &str = "trace_marked";
+    pub const REPAIR_CYCLE: &str = "repair_cycle";
+    pub const REPAIR_APPROVED: &str = "repair_approved";
+    pub const REPAIR_REJECTED: &str = "repair_rejected";
+    pub const REPAIR_ROLLED_BACK: &str = "repair_rolled_back";
 }
 
 #[derive(Debug, Clone, Default)]

@@ -71,6 +71,17 @@ pub async fn recent(conn: &mut AnyConnection, channel: &str, chat_id: &str, now:
     Ok(sqlx::query_as(&sql).bind(channel).bind(chat_id).bind(now).bind(limit).fetch_all(&mut *conn).await?)
 }
 
+/// One context by id, expired or not (an eval case made from a trace takes the contexts the
+/// detector saw).
+pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ContextRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM tool_contexts WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
 /// Whether the chat has a context that expired (and is not swept yet).
 pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64) -> Result<bool, DbError> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at <= $3")

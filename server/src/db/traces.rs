@@ -126,6 +126,38 @@ pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Resu
         .await?)
 }
 
+/// Traces after `after_id`, oldest first (the evals scan, which stops at one still running).
+pub async fn after(conn: &mut AnyConnection, after_id: i64, limit: i64) -> Result<Vec<TraceRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM traces WHERE id > $1 ORDER BY id LIMIT $2");
+    Ok(sqlx::query_as(&sql).bind(after_id).bind(limit).fetch_all(conn).await?)
+}
+
+/// The text of an inbound message as its channel stored it (WhatsApp or the simulator).
+pub async fn inbound_text(conn: &mut AnyConnection, message_id: &str) -> Result<Option<String>, DbError> {
+    let row: Option<(String,)> = sqlx::query_as(
+        "SELECT text FROM whatsapp_inbound WHERE wamid = $1 AND text IS NOT NULL \
+         UNION ALL SELECT text FROM simulator_messages WHERE message_id = $1 AND direction = 'in' LIMIT 1",
+    )
+    .bind(message_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|(t,)| t))
+}
+
+/// The newest trace of a chat before `before_id` that was not an owner command or a duplicate
+/// (an owner's `/wrong` marks the answer before it).
+pub async fn previous_in_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, before_id: i64) -> Result<Option<i64>, DbError> {
+    let row: Option<(i64,)> = sqlx::query_as(
+        "SELECT id FROM traces WHERE channel = $1 AND chat_id = $2 AND id < $3 AND route NOT IN ('owner_command', 'duplicate') ORDER BY id DESC LIMIT 1",
+    )
+    .bind(channel)
+    .bind(chat_id)
+    .bind(before_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|(id,)| id))
+}
+
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, Vec<Step>)>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM traces WHERE id = $1");
     let Some(trace) = sqlx::query_as(&sql).bind(id).fetch_optional(&mut *conn).await? else { return Ok(None) };

@@ -17,6 +17,7 @@
 pub mod adapter;
 pub mod context;
 pub mod data;
+pub mod decide;
 pub mod detector;
 pub use crate::tools::job;
 pub mod planner;

@@ -158,16 +158,22 @@ impl Planner {
 
     /// Asks `models.planner` once. Never fails: errors become [`PlanOutcome::Failed`].
     pub async fn plan(&self, input: &PlanInput) -> PlanOutcome {
+        self.plan_recorded(input).await.0
+    }
+
+    /// [`Planner::plan`], with the model's answer as it came (none when the model was not
+    /// asked or failed), for the trace to record.
+    pub async fn plan_recorded(&self, input: &PlanInput) -> (PlanOutcome, Option<ChatResponse>) {
         let lane = &self.settings.lane;
         let started = Instant::now();
         let offered = input.tools.iter().filter(|t| t.name != lane.respond_tool).count();
         tracing::info!(event = "AgentToolPlannerStart", correlation_id = %input.correlation_id, actor = input.actor.as_str(), candidates = offered, "planning");
-        let outcome = if offered == 0 {
-            PlanOutcome::NoTool { reason: PlannerCode::NoCandidates.as_str().into() }
+        let (outcome, response) = if offered == 0 {
+            (PlanOutcome::NoTool { reason: PlannerCode::NoCandidates.as_str().into() }, None)
         } else {
             match self.model.chat(&self.request(input)).await {
-                Ok(response) => self.parse(&response),
-                Err(e) => PlanOutcome::Failed { code: e.code.as_str(), detail: e.message },
+                Ok(response) => (self.parse(&response), Some(response)),
+                Err(e) => (PlanOutcome::Failed { code: e.code.as_str(), detail: e.message }, None),
             }
         };
         let (code, calls) = match &outcome {
@@ -177,7 +183,7 @@ impl Planner {
         };
         let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(event = "AgentToolPlannerResult", correlation_id = %input.correlation_id, decision = outcome.decision(), code, calls, latency_ms, "planned");
-        outcome
+        (outcome, response)
     }
 
     /// The request [`Planner::plan`] sends: the configured prompt with the runtime's facts as

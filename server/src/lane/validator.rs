@@ -20,7 +20,7 @@
 //! 14. the step limit, and several steps only of chainable tools
 //! 15. an MCP tool's source is trusted and enabled (not withheld)
 //!
-//! Checks 1, 2, 4-9, 12 and 15 are the checkpoint's own gates ([`Checkpoint::check`]), so a call
+//! Checks 1, 2, 4-9, 12 and 15 are the checkpoint's own gates ([`crate::tools::Checkpoint::check`]), so a call
 //! is judged here exactly as it will be judged when it runs; among themselves they keep the
 //! checkpoint's order (managed fields are refused before the schema is checked, because the
 //! schema is checked with them filled in). A call that lacks only required arguments is not
@@ -36,9 +36,9 @@ use crate::{
     config::{LaneSettings, lane::RiskCeiling},
     domain::Role,
     tools::{
-        CallContext, Checkpoint, ToolCall, ToolDef,
+        CallContext, Catalog, ToolCall, ToolDef,
         catalog::{AsyncPolicy, Operation, Risk},
-        checkpoint::{FailureDetail, ToolCode, ToolFailure},
+        checkpoint::{FailureDetail, ToolCode, ToolFailure, check_against},
     },
 };
 
@@ -198,18 +198,19 @@ fn fault(check: u8, code: PlanCode, reason: impl Into<String>) -> Fault {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Validator<'a> {
-    pub checkpoint: &'a Checkpoint,
+    /// The catalog calls are judged against: the checkpoint's live one, or a replay's.
+    pub catalog: &'a Catalog,
     pub settings: &'a LaneSettings,
 }
 
 impl Validator<'_> {
     pub fn validate(&self, calls: &[ProposedCall], advisory: Advisory, scope: &PlanScope<'_>) -> Validation {
-        let catalog = self.checkpoint.catalog();
+        let catalog = self.catalog;
         let mut out = Validation { advisory, ..Validation::default() };
         let over_budget = calls.len() > scope.max_steps;
         let chain = calls.len() > 1;
         for call in calls {
-            let checked = self.checkpoint.check(&ToolCall { name: call.name.clone(), args: call.args.clone() }, scope.ctx);
+            let checked = check_against(catalog, &ToolCall { name: call.name.clone(), args: call.args.clone() }, scope.ctx);
             // The definition the gates judged, so every check sees one version of the tool.
             let tool = match &checked {
                 Ok(c) => Some(c.tool.clone()),

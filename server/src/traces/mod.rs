@@ -75,6 +75,21 @@ pub async fn begin(conn: &mut AnyConnection, subject: Subject) -> Result<Recorde
 }
 
 impl Recorder {
+    /// A recorder that is never written: an eval's replay collects its steps in memory and
+    /// reads them back; there is no trace row (its id is 0).
+    pub fn detached() -> Self {
+        let now = Instant::now();
+        Self {
+            id: 0,
+            subject: Subject::default(),
+            started: now,
+            started_at: db::now_ms(),
+            last: now,
+            first_seq: 0,
+            steps: Vec::new(),
+        }
+    }
+
     pub fn id(&self) -> i64 {
         self.id
     }

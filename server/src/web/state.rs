@@ -23,6 +23,7 @@ use crate::{
     conversation::Runtime,
     db::{self, Db, DbError},
     jobs::JobQueue,
+    repairs::cycle::Cycle,
     tools::{Checkpoint, mcp::McpManager},
 };
 
@@ -45,6 +46,8 @@ pub struct App {
     pub approvals: Arc<Approvals>,
     pub budget: Arc<Budget>,
     pub simulator: Arc<Simulator>,
+    /// Self-improvement: findings, eval cases, repair proposals.
+    pub cycle: Cycle,
     pub webhook: WebhookState,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
@@ -100,6 +103,7 @@ impl AppState {
             approvals: gatehouse.approvals.clone(),
             budget: gatehouse.budget.clone(),
             simulator: gatehouse.simulator.clone(),
+            cycle: gatehouse.cycle.clone(),
             webhook: gatehouse.whatsapp.webhook.clone(),
             setup_done: AtomicBool::new(false),
             job_counts_read: tokio::sync::Mutex::new(None),

@@ -10,6 +10,7 @@ mod connectors;
 mod followups;
 mod hardening;
 mod conversation;
+mod evals;
 mod jobs;
 mod jobs_process;
 mod jobs_race;

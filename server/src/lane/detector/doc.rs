@@ -107,7 +107,7 @@ fn collect_params(schema: &serde_json::Value, prefix: &str, out: &mut Vec<ParamD
 pub use crate::domain::{ChatKind, Role};
 
 /// A recent tool result of this chat, newest first, as the tool context store keeps it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RecentContext {
     pub id: Option<String>,

@@ -9,7 +9,7 @@ mod chain;
 
 use std::{
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::json;
@@ -17,9 +17,9 @@ use serde_json::json;
 use self::bridge::Ran;
 use super::{
     PrivateData,
-    adapter::{self, OfferTo},
     context::{ContextStore, Recent},
-    detector::{FollowupKind, Index, ReasonCode},
+    decide::Decider,
+    detector::{Index, ReasonCode},
     planner::{PlanInput, PlanOutcome, Planner, ProposedCall},
     processor::Processor,
     tool_docs,
@@ -33,7 +33,6 @@ use crate::{
     db::{self, Db},
     domain::Role,
     jobs::JobQueue,
-    llm,
     tools::{CallContext, Catalog, Checkpoint, catalog::Operation},
     traces::Recorder,
 };
@@ -162,7 +161,11 @@ impl Lane {
     fn validate(&self, inbound: &Inbound, actor: Role, trace_id: i64, calls: &[ProposedCall], advisory: Advisory, candidates: &[String], private: &PrivateData, max_steps: usize) -> Validation {
         let ctx = self.call_context(inbound, actor, trace_id);
         let scope = PlanScope { candidates, ctx: &ctx, private_data: private, max_steps };
-        Validator { checkpoint: &self.checkpoint, settings: &self.settings.lane }.validate(calls, advisory, &scope)
+        Validator { catalog: &self.checkpoint.catalog(), settings: &self.settings.lane }.validate(calls, advisory, &scope)
+    }
+
+    fn decider<'a>(&'a self, index: &'a Index, catalog: &'a Catalog) -> Decider<'a> {
+        Decider { settings: &self.settings.lane, index, catalog, planner: &self.planner, strict_supported: self.strict_supported, keep_text: self.settings.conversation.trace_text }
     }
 
     fn read_only(&self, tool: &str) -> bool {
@@ -195,26 +198,11 @@ impl ToolLane for Lane {
             tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's tool contexts failed; planning without them");
             Recent::default()
         });
-        let started = Instant::now();
-        let detection = self.index().detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts);
-        let candidates: Vec<String> = detection.candidates.iter().map(|c| c.name.clone()).collect();
-        trace.step(
-            "AgentToolCandidate",
-            if detection.should_plan { "plan" } else { "normal_chat" },
-            detection.reason.as_str(),
-            json!({ "candidates": detection.candidates, "candidate_count": candidates.len(), "confidence": detection.confidence, "latency_us": started.elapsed().as_micros() as u64 }),
-        );
-        tracing::info!(event = "AgentToolCandidate", correlation_id = %inbound.correlation_id, actor = actor.as_str(), candidates = candidates.len(), reason = detection.reason.as_str(), "detected");
-        if let Some(hint) = &detection.followup {
-            let (decision, code) = match hint.kind {
-                FollowupKind::Clarify => ("clarify", "FOLLOWUP_AMBIGUOUS"),
-                FollowupKind::AnswerFromContext => ("answer_from_context", "FOLLOWUP_CONTEXT"),
-                FollowupKind::SameTool => ("call_same_tool", "FOLLOWUP_CONTEXT"),
-                FollowupKind::NewTool => ("call_new_tool", "FOLLOWUP_CONTEXT"),
-            };
-            let tool = hint.context_index.and_then(|i| recent.contexts.get(i)).map(|c| c.tool.clone());
-            trace.step("AgentToolFollowup", decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.contexts.len() }));
-        }
+        let index = self.index();
+        let catalog = self.checkpoint.catalog();
+        let decider = self.decider(&index, &catalog);
+        let detection = decider.detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts, trace);
+        tracing::info!(event = "AgentToolCandidate", correlation_id = %inbound.correlation_id, actor = actor.as_str(), candidates = detection.candidates.len(), reason = detection.reason.as_str(), "detected");
         if !detection.should_plan {
             if detection.reason == ReasonCode::FollowupWithoutContext && recent.expired {
                 // A follow-up of a result that has expired: normal chat, never the old result.
@@ -222,16 +210,9 @@ impl ToolLane for Lane {
             }
             return LaneOutcome::NotHandled;
         }
-        let catalog = self.checkpoint.catalog();
-        let to = OfferTo { actor, chat: inbound.chat_kind, strict_supported: self.strict_supported };
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.
-        let mut offered = candidates.clone();
-        for name in &lane.always_offered {
-            if !offered.contains(name) {
-                offered.push(name.clone());
-            }
-        }
+        let mut offered = decider.offered(&detection);
         let mut input = PlanInput {
             correlation_id: inbound.correlation_id.clone(),
             message: inbound.text.clone(),
@@ -246,51 +227,7 @@ impl ToolLane for Lane {
             searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
             transcript: Vec::new(),
         };
-        let plan = loop {
-            input.tools = adapter::tool_specs(&adapter::resolve(&catalog, &offered), to, lane);
-            let started = Instant::now();
-            let plan = self.planner.plan(&input).await;
-            let (code, calls): (&str, Vec<String>) = match &plan {
-                PlanOutcome::Failed { code, .. } => (code, Vec::new()),
-                PlanOutcome::ToolUse { calls, .. } => ("OK", calls.iter().map(|c| c.name.clone()).collect()),
-                PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
-                PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
-                PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
-                PlanOutcome::FromContext { .. } => ("FROM_CONTEXT", Vec::new()),
-                PlanOutcome::Search { .. } => ("SEARCH", Vec::new()),
-            };
-            trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "offered": input.tools.len(), "latency_ms": ms(started.elapsed()) }));
-            let PlanOutcome::Search { searches, content } = plan else { break plan };
-            if input.searches_left == 0 {
-                // Offered no search, or its last one was spent: nothing more to plan with.
-                trace.step("AgentToolSearch", "refused", "SEARCH_LIMIT", json!({ "max_search_calls": lane.max_search_calls }));
-                return LaneOutcome::NotHandled;
-            }
-            input.searches_left -= 1;
-            let index = self.index();
-            let mut results = Vec::new();
-            for search in &searches {
-                let found: Vec<String> = index
-                    .search(&search.query, actor, inbound.chat_kind, lane.search_results as usize + offered.len())
-                    .into_iter()
-                    .map(|c| c.name)
-                    .filter(|n| !offered.contains(n))
-                    .take(lane.search_results as usize)
-                    .collect();
-                let lines: Vec<String> = adapter::resolve(&catalog, &found)
-                    .iter()
-                    .filter(|t| adapter::offerable(t, actor, inbound.chat_kind, lane))
-                    .map(|t| format!("{}: {}", t.spec.name, adapter::description(t, &lane.tool_description).lines().next().unwrap_or_default()))
-                    .collect();
-                trace.step("AgentToolSearch", "searched", "OK", json!({ "found": found, "offered": lines.len() }));
-                offered.extend(found);
-                let text = if lines.is_empty() { "No other tool matches.".to_string() } else { lines.join("\n") };
-                // Tool descriptions are catalog data: untrusted, like every text the model reads.
-                results.push(llm::ContentBlock::ToolResult { tool_use_id: search.id.clone(), content: super::data::untrusted("tool_search_results", &text), is_error: false });
-            }
-            input.transcript.push(llm::Message { role: llm::Role::Assistant, content });
-            input.transcript.push(llm::Message { role: llm::Role::User, content: results });
-        };
+        let Some(plan) = decider.plan(&mut input, &mut offered, trace).await else { return LaneOutcome::NotHandled };
         match plan {
             PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
             PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },

@@ -224,6 +224,16 @@ pub struct ToolFailure {
     pub retryable: bool,
 }
 
+/// The gates over `catalog` without executing or auditing: [`Checkpoint::check`] over the live
+/// catalog, or a replay over a proposed configuration's catalog (a repair's before/after).
+pub fn check_against(
+    catalog: &Catalog,
+    call: &ToolCall,
+    ctx: &CallContext,
+) -> Result<Checked, ToolFailure> {
+    gates(catalog, call, ctx, &mut Vec::new())
+}
+
 fn provider_key(p: Provider) -> &'static str {
     match p {
         Provider::Builtin => "builtin",
@@ -268,8 +278,7 @@ impl Checkpoint {
     /// lane's plan validator and the approvals path ask this, so a call is judged exactly as
     /// [`Checkpoint::execute`] would judge it.
     pub fn check(&self, call: &ToolCall, ctx: &CallContext) -> Result<Checked, ToolFailure> {
-        let catalog = self.catalog();
-        gates(&catalog, call, ctx, &mut Vec::new())
+        check_against(&self.catalog(), call, ctx)
     }
 
     /// The one path for every tool call.

@@ -8,6 +8,7 @@ mod chats;
 mod jobs;
 mod mcp;
 mod owners;
+mod repairs;
 mod tools;
 mod traces;
 

@@ -47,7 +47,10 @@ impl TracesBackend for ConsoleBackend {
             })
             .collect();
         let tool_calls = db::tool_audit::of_trace(&mut conn, id).await.map_err(internal)?.iter().map(call_view).collect();
-        Ok(TraceDetail { summary: trace_summary(trace), steps, tool_calls })
+        let findings = db::evals::findings_of_trace(&mut conn, id).await.map_err(internal)?.iter().map(super::repairs::finding_view).collect();
+        let patterns = <crate::evals::Pattern as strum::IntoEnumIterator>::iter().map(|p| p.as_str().to_string()).collect();
+        let tools = self.state.tools.catalog().all().map(|t| t.spec.name.clone()).collect();
+        Ok(TraceDetail { summary: trace_summary(trace), steps, tool_calls, findings, patterns, tools })
     }
 }
 

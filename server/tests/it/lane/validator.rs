@@ -68,7 +68,7 @@ impl Rig {
         let candidates: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
         let ctx = customer();
         let scope = PlanScope { candidates: &candidates, ctx: &ctx, private_data: &PrivateData::Clear, max_steps };
-        Validator { checkpoint: &self.checkpoint, settings: &self.settings.lane }.validate(calls, advisory, &scope)
+        Validator { catalog: &self.checkpoint.catalog(), settings: &self.settings.lane }.validate(calls, advisory, &scope)
     }
 
     async fn audit_rows(&self) -> i64 {
@@ -230,7 +230,7 @@ fn any_proposal_is_validated_without_running_anything() {
         let calls: Vec<ProposedCall> = proposed.iter().enumerate().map(|(i, (n, a))| ProposedCall { id: format!("t{i}"), name: n.to_string(), args: a.clone(), reason: String::new() }).collect();
         let scope = PlanScope { candidates: &candidates, ctx: &ctx, private_data: &PrivateData::Clear, max_steps: 2 };
         let advisory = Advisory { requires_async: advice.0, requires_owner_approval: advice.1 };
-        let v = Validator { checkpoint: &checkpoint, settings: &s.lane }.validate(&calls, advisory, &scope);
+        let v = Validator { catalog: &checkpoint.catalog(), settings: &s.lane }.validate(&calls, advisory, &scope);
         prop_assert_eq!(ran.load(Ordering::SeqCst), 0, "the validator ran a tool");
         if v.runnable() {
             runnable.set(runnable.get() + 1);

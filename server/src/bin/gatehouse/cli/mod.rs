@@ -3,6 +3,7 @@
 
 mod admin;
 mod approvals;
+mod evals;
 mod serve;
 mod tools;
 
@@ -64,6 +65,12 @@ pub enum Command {
     /// The tool lane: replay what it decides for a message.
     #[command(subcommand)]
     Lane(LaneCommand),
+    /// Regression cases made from traces or by hand, replayed deterministically.
+    #[command(subcommand)]
+    Eval(evals::EvalCommand),
+    /// Configuration repairs proposed for failing cases; applied only when an owner approves.
+    #[command(subcommand)]
+    Repair(evals::RepairCommand),
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -161,6 +168,24 @@ pub enum ActorArg {
 pub enum ChatTypeArg {
     Direct,
     Group,
+}
+
+impl ActorArg {
+    pub fn role(self) -> server::domain::Role {
+        match self {
+            Self::Owner => server::domain::Role::Owner,
+            Self::Customer => server::domain::Role::Customer,
+        }
+    }
+}
+
+impl ChatTypeArg {
+    pub fn kind(self) -> server::domain::ChatKind {
+        match self {
+            Self::Direct => server::domain::ChatKind::Direct,
+            Self::Group => server::domain::ChatKind::Group,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -317,6 +342,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Mcp(cmd) => tools::mcp(cfg, files, cmd).await,
             Command::Approvals(cmd) => approvals::run(cfg, files, cmd).await,
             Command::Lane(LaneCommand::Detect(args)) => tools::lane_detect(cfg, files, args).await,
+            Command::Eval(cmd) => evals::eval(cfg, files, cmd).await,
+            Command::Repair(cmd) => evals::repair(cfg, files, cmd).await,
             Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),

@@ -43,6 +43,9 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     let grace = server.shutdown_grace;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
     spawn_catalog_reload(state.clone());
+    if let Err(e) = gatehouse.cycle.schedule().await {
+        tracing::error!(error = %e, "the self-improvement cycle could not be scheduled");
+    }
     if let Err(e) = state.mcp.start().await {
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }

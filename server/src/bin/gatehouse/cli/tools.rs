@@ -4,7 +4,6 @@
 use server::{
     approvals::{CONSOLE, Requester},
     config::LoadedConfig,
-    domain::{ChatKind, Role},
     tools::{
         CallContext, ToolCall, ToolFiles,
         checkpoint::Checked,
@@ -12,7 +11,7 @@ use server::{
     },
 };
 
-use super::{ActorArg, ChatTypeArg, Failure, LaneDetect, McpCommand, ToolsCommand, build};
+use super::{Failure, LaneDetect, McpCommand, ToolsCommand, build};
 
 pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> Result<(), Failure> {
     match cmd {
@@ -55,14 +54,8 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 }
             }
             let ctx = CallContext {
-                actor: match c.actor {
-                    ActorArg::Owner => Role::Owner,
-                    ActorArg::Customer => Role::Customer,
-                },
-                chat_type: match c.chat_type {
-                    ChatTypeArg::Direct => ChatKind::Direct,
-                    ChatTypeArg::Group => ChatKind::Group,
-                },
+                actor: c.actor.role(),
+                chat_type: c.chat_type.kind(),
                 trace_id: None,
                 chat_id: Some("cli".into()),
                 sender_id: None,
@@ -204,15 +197,12 @@ pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect)
     let gatehouse = build(cfg, files).await?;
     gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
     let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
-    let actor = match args.actor {
-        ActorArg::Owner => Role::Owner,
-        ActorArg::Customer => Role::Customer,
-    };
-    let chat = match args.chat_type {
-        ChatTypeArg::Direct => ChatKind::Direct,
-        ChatTypeArg::Group => ChatKind::Group,
-    };
-    let detection = index.detect(&args.text, actor, chat, &recent);
+    let detection = index.detect(
+        &args.text,
+        args.actor.role(),
+        args.chat_type.kind(),
+        &recent,
+    );
     gatehouse.db.close().await;
     println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
     Ok(())

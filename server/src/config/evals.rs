@@ -1,0 +1,41 @@
+//! `[evals]`: self-improvement. The periodic scan of traces for failure patterns, the phrases
+//! that count as a promise of work, where eval cases are exported, and what a repair may add.
+//! Nothing here changes the bot by itself: every repair waits for an owner.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration_str;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSettings {
+    /// How often the `evals.scan` job looks at new traces for failure patterns; "0s": never
+    /// (owners' marks still make cases).
+    #[serde(with = "duration_str")]
+    pub scan_every: Duration,
+    /// Words in a reply that say work is underway (case-insensitive). A reply with one whose
+    /// trace has no job is a `PROMISE_WITHOUT_JOB` finding.
+    pub promise_phrases: Vec<String>,
+    /// The JSON-lines file `gatehouse eval export` and `import` use when given no path,
+    /// relative to the config directory.
+    pub cases_file: String,
+    /// The longest phrase, in words, a repair adds as a trigger or a when_not_to_use example.
+    pub max_phrase_words: u32,
+    /// The owners' WhatsApp notice for a new proposal: `{id}`, `{summary}` and `{link}` are
+    /// filled in.
+    pub proposal_notice: String,
+}
+
+impl Default for EvalSettings {
+    fn default() -> Self {
+        Self {
+            scan_every: Duration::from_secs(600),
+            promise_phrases: ["i'll check", "i will check", "i'm checking", "let me check", "i'll get back to you", "i'll look into"].map(String::from).to_vec(),
+            cases_file: "evals/cases.jsonl".into(),
+            max_phrase_words: 6,
+            proposal_notice: "Gatehouse proposes a repair (#{id}): {summary}. Nothing changes until you approve it: {link}".into(),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Self-improvement records: findings (`findings`), eval cases (`eval_cases`) and repair
+//! proposals (`repairs`). A repair's state changes are conditional updates from the state it
+//! must be in, so two owners deciding at once change it once.
+
+use sqlx::AnyConnection;
+
+use super::DbError;
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+pub struct FindingRow {
+    pub id: i64,
+    pub trace_id: i64,
+    pub pattern: String,
+    pub source: String,
+    pub note: String,
+    pub expect: String,
+    pub owner_id: Option<i64>,
+    pub case_id: Option<i64>,
+    pub created_at: i64,
+}
+
+const FINDING_COLUMNS: &str = "id, trace_id, pattern, source, note, expect, owner_id, case_id, created_at";
+
+/// A new finding.
+#[derive(Debug, Clone)]
+pub struct NewFinding<'a> {
+    pub trace_id: i64,
+    pub pattern: &'a str,
+    pub source: &'a str,
+    pub note: &'a str,
+    pub expect: &'a str,
+    pub owner_id: Option<i64>,
+    pub created_at: i64,
+}
+
+/// Stores a finding; a trace already found with the same pattern is not stored twice (the
+/// existing row is returned with `false`). An owner's mark of a trace the scan found replaces
+/// the scan's note and expectation: the owner's word wins.
+pub async fn insert_finding(conn: &mut AnyConnection, f: &NewFinding<'_>) -> Result<(FindingRow, bool), DbError> {
+    let inserted = sqlx::query_as::<_, FindingRow>(&format!(
+        "INSERT INTO findings (trace_id, pattern, source, note, expect, owner_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT DO NOTHING RETURNING {FINDING_COLUMNS}"
+    ))
+    .bind(f.trace_id)
+    .bind(f.pattern)
+    .bind(f.source)
+    .bind(f.note)
+    .bind(f.expect)
+    .bind(f.owner_id)
+    .bind(f.created_at)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(row) = inserted {
+        return Ok((row, true));
+    }
+    if f.source == "owner" {
+        sqlx::query("UPDATE findings SET source = $1, note = $2, expect = $3, owner_id = $4 WHERE trace_id = $5 AND pattern = $6")
+            .bind(f.source)
+            .bind(f.note)
+            .bind(f.expect)
+            .bind(f.owner_id)
+            .bind(f.trace_id)
+            .bind(f.pattern)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let row = sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE trace_id = $1 AND pattern = $2")).bind(f.trace_id).bind(f.pattern).fetch_one(&mut *conn).await?;
+    Ok((row, false))
+}
+
+pub async fn set_finding_case(conn: &mut AnyConnection, finding_id: i64, case_id: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE findings SET case_id = $1 WHERE id = $2").bind(case_id).bind(finding_id).execute(&mut *conn).await?;
+    Ok(())
+}
+
+pub async fn list_findings(conn: &mut AnyConnection, limit: i64) -> Result<Vec<FindingRow>, DbError> {
+    Ok(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings ORDER BY id DESC LIMIT $1")).bind(limit).fetch_all(&mut *conn).await?)
+}
+
+pub async fn findings_of_trace(conn: &mut AnyConnection, trace_id: i64) -> Result<Vec<FindingRow>, DbError> {
+    Ok(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE trace_id = $1 ORDER BY id")).bind(trace_id).fetch_all(&mut *conn).await?)
+}
+
+pub async fn findings_of_cases(conn: &mut AnyConnection, case_ids: &[i64]) -> Result<Vec<FindingRow>, DbError> {
+    let mut rows = Vec::new();
+    for id in case_ids {
+        rows.extend(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE case_id = $1")).bind(id).fetch_all(&mut *conn).await?);
+    }
+    Ok(rows)
+}
+
+/// The newest trace id the scan has looked at.
+pub async fn scan_cursor(conn: &mut AnyConnection) -> Result<i64, DbError> {
+    let at: Option<(i64,)> = sqlx::query_as("SELECT after_trace FROM eval_scan WHERE id = 1").fetch_optional(&mut *conn).await?;
+    Ok(at.map_or(0, |(a,)| a))
+}
+
+/// Moves the scan's cursor forward (never back: two scans at once keep the larger).
+pub async fn set_scan_cursor(conn: &mut AnyConnection, after_trace: i64) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO eval_scan (id, after_trace) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET after_trace = $1 WHERE eval_scan.after_trace < $1")
+        .bind(after_trace)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Owners' findings (and scan findings an owner gave an expectation) that have no case yet.
+pub async fn findings_without_case(conn: &mut AnyConnection) -> Result<Vec<FindingRow>, DbError> {
+    Ok(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE case_id IS NULL AND expect <> '' ORDER BY id")).fetch_all(&mut *conn).await?)
+}
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct CaseRow {
+    pub id: i64,
+    pub name: String,
+    pub message: String,
+    pub actor: String,
+    pub chat_type: String,
+    pub contexts: String,
+    pub memory_summary: Option<String>,
+    pub expect: String,
+    pub origin: String,
+    pub recorded: String,
+    pub created_at: i64,
+}
+
+const CASE_COLUMNS: &str = "id, name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at";
+
+/// Stores a case, or replaces the one with the same name (an import of an edited file).
+/// Returns its id.
+pub async fn upsert_case(conn: &mut AnyConnection, c: &CaseRow) -> Result<i64, DbError> {
+    let existing: Option<(i64,)> = sqlx::query_as("SELECT id FROM eval_cases WHERE name = $1").bind(&c.name).fetch_optional(&mut *conn).await?;
+    if let Some((id,)) = existing {
+        sqlx::query("UPDATE eval_cases SET message = $1, actor = $2, chat_type = $3, contexts = $4, memory_summary = $5, expect = $6, origin = $7, recorded = $8 WHERE id = $9")
+            .bind(&c.message)
+            .bind(&c.actor)
+            .bind(&c.chat_type)
+            .bind(&c.contexts)
+            .bind(&c.memory_summary)
+            .bind(&c.expect)
+            .bind(&c.origin)
+            .bind(&c.recorded)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(id);
+    }
+    let (id,): (i64,) = sqlx::query_as(
+        "INSERT INTO eval_cases (name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+    )
+    .bind(&c.name)
+    .bind(&c.message)
+    .bind(&c.actor)
+    .bind(&c.chat_type)
+    .bind(&c.contexts)
+    .bind(&c.memory_summary)
+    .bind(&c.expect)
+    .bind(&c.origin)
+    .bind(&c.recorded)
+    .bind(c.created_at)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(id)
+}
+
+pub async fn list_cases(conn: &mut AnyConnection) -> Result<Vec<CaseRow>, DbError> {
+    Ok(sqlx::query_as::<_, CaseRow>(&format!("SELECT {CASE_COLUMNS} FROM eval_cases ORDER BY id")).fetch_all(&mut *conn).await?)
+}
+
+pub async fn delete_case(conn: &mut AnyConnection, name: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query("DELETE FROM eval_cases WHERE name = $1").bind(name).execute(&mut *conn).await?.rows_affected() > 0)
+}
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RepairRow {
+    pub id: i64,
+    pub state: String,
+    pub strategy: String,
+    pub summary: String,
+    pub diff: String,
+    pub files: String,
+    pub results: String,
+    pub fixes: i64,
+    pub regressions: i64,
+    pub case_ids: String,
+    pub created_at: i64,
+    pub decided_at: Option<i64>,
+    pub decided_by: Option<String>,
+    pub reason: Option<String>,
+    pub rolled_back_at: Option<i64>,
+}
+
+const REPAIR_COLUMNS: &str = "id, state, strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at, decided_at, decided_by, reason, rolled_back_at";
+
+/// A proposal as it is stored.
+#[derive(Debug, Clone)]
+pub struct NewRepair<'a> {
+    pub strategy: &'a str,
+    pub summary: &'a str,
+    pub diff: &'a str,
+    pub files: &'a str,
+    pub results: &'a str,
+    pub fixes: i64,
+    pub regressions: i64,
+    pub case_ids: &'a str,
+    pub created_at: i64,
+}
+
+/// Stores a proposal unless an open one (proposed) has the same diff; returns it with whether
+/// it is new.
+pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Result<(RepairRow, bool), DbError> {
+    if let Some(row) = sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state = 'proposed' AND diff = $1")).bind(r.diff).fetch_optional(&mut *conn).await? {
+        return Ok((row, false));
+    }
+    let row = sqlx::query_as::<_, RepairRow>(&format!(
+        "INSERT INTO repairs (strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {REPAIR_COLUMNS}"
+    ))
+    .bind(r.strategy)
+    .bind(r.summary)
+    .bind(r.diff)
+    .bind(r.files)
+    .bind(r.results)
+    .bind(r.fixes)
+    .bind(r.regressions)
+    .bind(r.case_ids)
+    .bind(r.created_at)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((row, true))
+}
+
+pub async fn get_repair(conn: &mut AnyConnection, id: i64) -> Result<Option<RepairRow>, DbError> {
+    Ok(sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
+}
+
+pub async fn list_repairs(conn: &mut AnyConnection, limit: i64) -> Result<Vec<RepairRow>, DbError> {
+    Ok(sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs ORDER BY id DESC LIMIT $1")).bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// Moves a repair from `from` to `to` with who decided and why; false when it was not in
+/// `from` (decided already, or by someone else just now).
+pub async fn transition(conn: &mut AnyConnection, id: i64, from: &str, to: &str, by: &str, reason: Option<&str>, at: i64) -> Result<bool, DbError> {
+    let sql = if to == "rolled_back" {
+        "UPDATE repairs SET state = $1, rolled_back_at = $2 WHERE id = $3 AND state = $4"
+    } else {
+        "UPDATE repairs SET state = $1, decided_at = $2, decided_by = $5, reason = $6 WHERE id = $3 AND state = $4"
+    };
+    let mut q = sqlx::query(sql).bind(to).bind(at).bind(id).bind(from);
+    if to != "rolled_back" {
+        q = q.bind(by).bind(reason);
+    }
+    Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
+}

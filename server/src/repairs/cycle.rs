@@ -1,0 +1,160 @@
+//! The self-improvement cycle, as the periodic `evals.cycle` job and the console's "Scan now":
+//! scan new traces for failure patterns, make the cases of findings that have an expectation,
+//! replay every case, and store a proposal for each failing case some edit fixes. Each new
+//! proposal is one owner notice (console and WhatsApp) with its console link. Nothing is
+//! applied: proposals wait for an owner.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Proposal, RepairError, Workspace};
+use crate::{
+    config::Settings,
+    conversation::MarkTraceJob,
+    db::{self, Db, owner_notifications::Notification},
+    evals::{Expect, MarkError, findings},
+    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
+    owners::notices,
+    tools::Checkpoint,
+};
+
+/// How many traces one cycle looks at, at most (the next cycle goes on from there).
+const SCAN_BATCH: i64 = 500;
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CycleReport {
+    pub traces: usize,
+    pub findings: usize,
+    pub cases_made: usize,
+    pub cases: usize,
+    pub failing: usize,
+    pub new_proposals: Vec<i64>,
+}
+
+/// Everything a cycle reads: the database, the queue (notices), the settings, the config
+/// folder and the checkpoint's live catalog.
+#[derive(Clone)]
+pub struct Cycle {
+    pub db: Db,
+    pub queue: JobQueue,
+    pub settings: Arc<Settings>,
+    pub workspace: Workspace,
+    pub checkpoint: Arc<Checkpoint>,
+}
+
+impl std::fmt::Debug for Cycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cycle").finish_non_exhaustive()
+    }
+}
+
+impl Cycle {
+    fn workspace(&self) -> Workspace {
+        Workspace { live: self.checkpoint.catalog(), ..self.workspace.clone() }
+    }
+
+    /// Scans, makes cases and proposes; see the module docs.
+    pub async fn run(&self) -> Result<CycleReport, RepairError> {
+        let mut conn = self.db.pool.acquire().await.map_err(db::DbError::from)?;
+        let scanned = findings::scan(&mut conn, &self.checkpoint.catalog(), &self.settings.evals, SCAN_BATCH).await?;
+        let cases_made = findings::make_cases(&mut conn).await?;
+        let cases = findings::cases(&mut conn).await?;
+        drop(conn);
+        let ws = self.workspace();
+        let failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
+        let proposals = if failing > 0 { super::propose(&ws, &cases, self.settings.evals.max_phrase_words as usize).await? } else { Vec::new() };
+        let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), failing, new_proposals: Vec::new() };
+        for p in &proposals {
+            if let Some(id) = self.store_and_notify(p).await? {
+                report.new_proposals.push(id);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Stores a proposal; a new one is announced to the owners in the same transaction.
+    pub async fn store_and_notify(&self, p: &Proposal) -> Result<Option<i64>, RepairError> {
+        let mut tx = self.db.begin_write().await.map_err(db::DbError::from)?;
+        let (row, new) = super::store(&mut tx, p).await?;
+        if new {
+            let link = format!("{}/repairs#repair-{}", self.settings.server.public_url.trim_end_matches('/'), row.id);
+            let message = self.settings.evals.proposal_notice.replace("{id}", &row.id.to_string()).replace("{summary}", &row.summary).replace("{link}", &link);
+            let notice = Notification { at: db::now_ms(), hook: "repairs".into(), tool: String::new(), reason_code: "REPAIR_PROPOSED".into(), message, correlation_id: format!("repair-{}", row.id) };
+            notices::raise(&mut tx, &self.queue, &notice, true).await?;
+        }
+        self.queue.commit(tx).await?;
+        Ok(new.then_some(row.id))
+    }
+
+    /// Queues the periodic cycle unless one is queued (its dedupe key) or `evals.scan_every`
+    /// is 0.
+    pub async fn schedule(&self) -> Result<(), db::DbError> {
+        let every = self.settings.evals.scan_every;
+        if every.is_zero() {
+            return Ok(());
+        }
+        let mut job = self.queue.job(&CycleJob {});
+        job.dedupe_key = Some(CycleJob::DEDUPE_KEY.into());
+        job.correlation_id = CycleJob::DEDUPE_KEY.into();
+        job.scheduled_at = Some(db::now_ms().saturating_add(db::duration_ms(every)));
+        self.queue.enqueue(&job).await?;
+        Ok(())
+    }
+}
+
+/// Runs the cycle, then again every `evals.scan_every`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CycleJob {}
+
+impl JobKind for CycleJob {
+    const KIND: &'static str = "evals.cycle";
+}
+
+impl CycleJob {
+    pub const DEDUPE_KEY: &'static str = "evals:cycle";
+}
+
+#[async_trait::async_trait]
+impl Handler<CycleJob> for Cycle {
+    async fn run(&self, _args: CycleJob, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let report = match Cycle::run(self).await {
+            Ok(report) => report,
+            Err(RepairError::Db(e)) => return Err(e.into()),
+            Err(e) => {
+                // A tool file that does not load or a corrupt case: said in the job's preview, and
+                // the cycle goes on at its next turn.
+                tracing::warn!(code = e.code(), error = %e, "the self-improvement cycle stopped");
+                return Ok(JobOutput { preview: Some(format!("{}: {e}", e.code())), snooze: Some(self.settings.evals.scan_every) });
+            }
+        };
+        let preview = format!(
+            "scanned {} trace(s): {} finding(s), {} new case(s); {} of {} case(s) failing; {} new proposal(s)",
+            report.traces,
+            report.findings,
+            report.cases_made,
+            report.failing,
+            report.cases,
+            report.new_proposals.len()
+        );
+        let snooze = (!self.settings.evals.scan_every.is_zero()).then_some(self.settings.evals.scan_every);
+        Ok(JobOutput { preview: Some(preview), snooze })
+    }
+}
+
+/// An owner's `/wrong` from WhatsApp: the finding and its case, as the console's mark makes
+/// them. An expectation that does not parse, or a trace that cannot be replayed, is a permanent
+/// failure with its code (retrying would not help).
+#[async_trait::async_trait]
+impl Handler<MarkTraceJob> for Cycle {
+    async fn run(&self, args: MarkTraceJob, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let expect: Expect = args.expect.parse().map_err(|e: crate::evals::case::ExpectError| JobError::permanent("EVAL_EXPECT_INVALID", e.to_string()))?;
+        let mut conn = self.db.pool.acquire().await.map_err(db::DbError::from)?;
+        match findings::mark(&mut conn, args.trace_id, expect, None, &args.note, Some(args.owner_id)).await {
+            Ok((finding, case_id)) => Ok(JobOutput { preview: Some(format!("trace #{} marked {}; eval case #{case_id}", args.trace_id, finding.pattern)), snooze: None }),
+            Err(MarkError::Db(e)) => Err(e.into()),
+            Err(e) => Err(JobError::permanent(e.code(), e.to_string())),
+        }
+    }
+}

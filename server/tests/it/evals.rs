@@ -1,0 +1,267 @@
+//! Self-improvement (seed 000 §18, milestone 8): traces become findings and eval cases, cases
+//! replay deterministically, repairs are proposed as config diffs with a before/after table,
+//! and nothing changes until an owner approves.
+
+use std::{path::Path, sync::Arc};
+
+use serde_json::{Value, json};
+use server::{
+    db::evals as store,
+    domain::{ChatKind, Role},
+    evals::{Case, Expect, Origin, findings},
+    repairs::{self, Decider, RepairError, Workspace},
+};
+
+use crate::{
+    both_backends,
+    lane::{anthropic, tool_use},
+    lane_e2e::{CUSTOMER, rig},
+    support::{TestApp, TestDb},
+    whatsapp::count,
+};
+
+/// A message the shipped configuration leaves to normal chat although it asks what a page says.
+const MISROUTED: &str = "what does the menu on bistro-example.com say";
+
+/// A copy of the shipped config folder, so a test may let a repair write to it.
+fn shipped_config_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config"));
+    for name in ["gatehouse.toml", "tools.toml", "connectors.toml", "mcp.toml"] {
+        std::fs::copy(shipped.join(name), dir.path().join(name)).expect("copy config");
+    }
+    dir
+}
+
+fn shipped_lane() -> server::config::LaneSettings {
+    server::config::load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"))).expect("shipped").settings.lane
+}
+
+fn case(name: &str, message: &str, expect: &str) -> Case {
+    Case {
+        name: name.into(),
+        message: message.into(),
+        actor: Role::Customer,
+        chat_type: ChatKind::Direct,
+        contexts: Vec::new(),
+        memory_summary: None,
+        expect: expect.parse().expect("expectation"),
+        origin: Origin { kind: "manual".into(), ..Origin::default() },
+        recorded: Vec::new(),
+    }
+}
+
+fn server_fn_json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The loop on the shipped configuration, through the console: a misrouted message is marked
+/// wrong, becomes a case, a proposal fixes it with no regression, nothing changes until the
+/// owner approves, and then the same message routes to the tool; a rollback restores the file.
+async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let mut owner = app.with_owner("owner", "correct horse battery staple").await;
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("tools.toml");
+
+    let sent = owner.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", MISROUTED), ("chat_id", "")]).await;
+    let trace = server_fn_json(&sent.body)["trace_id"].as_i64().unwrap_or_else(|| panic!("a trace: {}", sent.body));
+    let first: String = sqlx::query_scalar("SELECT decision FROM trace_steps WHERE trace_id = $1 AND step = 'AgentToolCandidate'").bind(trace).fetch_one(&app.state.db.pool).await.expect("step");
+    assert_eq!(first, "normal_chat", "the shipped config misroutes it");
+
+    // A case that passes today, so the table has something a careless repair could break.
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &case("thanks", "thanks, see you tomorrow", "normal_chat").to_row()).await.expect("case");
+    drop(conn);
+
+    let marked = owner.post_form("/api/mark_trace", &[("trace_id", &trace.to_string()), ("expect", "tool:web_fetch"), ("pattern", ""), ("note", "it asks what a page says")]).await;
+    assert!(marked.body.contains("TOOL_NOT_CALLED"), "the pattern follows from the expectation: {}", marked.body);
+    let bad = owner.post_form("/api/mark_trace", &[("trace_id", &trace.to_string()), ("expect", "tool"), ("pattern", ""), ("note", "")]).await;
+    assert!(bad.body.contains("EVAL_EXPECT_INVALID"), "{}", bad.body);
+
+    let cycle = owner.post_form("/api/run_repair_cycle", &[]).await;
+    assert!(cycle.body.contains("1 of 2 case(s) failing; 1 new proposal(s)"), "{}", cycle.body);
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a proposal changes no file");
+    // A second cycle finds the same proposal open and proposes nothing new.
+    let again = owner.post_form("/api/run_repair_cycle", &[]).await;
+    assert!(again.body.contains("0 new proposal(s)"), "{}", again.body);
+
+    let page = server_fn_json(&owner.post_form("/api/list_repairs", &[]).await.body);
+    let repair = &page["repairs"][0];
+    assert_eq!((repair["state"].as_str(), repair["fixes"].as_i64(), repair["regressions"].as_i64()), (Some("proposed"), Some(1), Some(0)), "{repair}");
+    assert!(repair["diff"].as_str().expect("diff").contains("+triggers = ["), "{repair}");
+    let rows = repair["table"].as_array().expect("table");
+    assert!(rows.iter().any(|r| r["case"] == format!("trace-{trace}") && r["before_pass"] == false && r["after_pass"] == true), "{rows:?}");
+    assert!(rows.iter().any(|r| r["case"] == "thanks" && r["before_pass"] == true && r["after_pass"] == true), "{rows:?}");
+    assert_eq!(repair["findings"][0]["trace_id"].as_i64(), Some(trace), "the finding behind it");
+    let notices = count(&app, "SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'REPAIR_PROPOSED'").await;
+    assert_eq!(notices, 1, "one notice per new proposal");
+    let id = repair["id"].as_i64().expect("id").to_string();
+
+    let approved = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
+    assert!(approved.body.contains("applied") && approved.body.contains("reloaded"), "{}", approved.body);
+    let applied = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    assert_ne!(applied, original);
+    let twice = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
+    assert!(twice.body.contains("REPAIR_ALREADY_DECIDED"), "decided once: {}", twice.body);
+
+    let resent = owner.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", MISROUTED), ("chat_id", "")]).await;
+    let retrace = server_fn_json(&resent.body)["trace_id"].as_i64().expect("trace");
+    let (decision, detail): (String, String) =
+        sqlx::query_as("SELECT decision, detail FROM trace_steps WHERE trace_id = $1 AND step = 'AgentToolCandidate'").bind(retrace).fetch_one(&app.state.db.pool).await.expect("step");
+    assert_eq!(decision, "plan", "the same message now reaches the tool lane: {detail}");
+    assert!(detail.contains("\"web_fetch\""), "{detail}");
+    let audited = count(&app, "SELECT COUNT(*) FROM owner_audit WHERE event = 'repair_approved'").await;
+    assert_eq!(audited, 1);
+
+    let rolled = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "rollback")]).await;
+    assert!(rolled.body.contains("rolled back"), "{}", rolled.body);
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "the file as it was");
+}
+both_backends!(evals_repair_loop, a_marked_trace_becomes_a_repair_the_owner_approves);
+
+/// A proposal that breaks a passing case cannot be approved without a second, explicit
+/// confirmation; a rejection needs a reason and touches nothing; a file edited since the
+/// proposal is not overwritten.
+async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    // The same words, two expectations: whatever routes one to the tool routes the other too.
+    let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch"), case("just-chat", &format!("{MISROUTED}!"), "normal_chat")];
+    let proposals = repairs::propose(&ws, &cases, 6).await.expect("propose");
+    let p = proposals.iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal for the failing case");
+    assert_eq!((p.fixes(), p.regressions()), (1, 1), "{:?}", p.table);
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let (row, _) = repairs::store(&mut conn, p).await.expect("store");
+    let owner = Decider { name: "Ada".into(), login: "ada".into() };
+
+    let refused = repairs::approve(&mut conn, dir.path(), row.id, &owner, false).await;
+    assert!(matches!(refused, Err(RepairError::NeedsConfirmation(_))), "{refused:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "asked, not applied");
+    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state, "proposed");
+
+    // Another proposal for the same failing case, rejected: a reason is required.
+    let (other, _) =
+        repairs::store(&mut conn, &repairs::Proposal { summary: "another".into(), change: repairs::FileChange { after: format!("{original}\n# another\n"), ..p.change.clone() }, ..p.clone() })
+            .await
+            .expect("store");
+    assert!(matches!(repairs::reject(&mut conn, other.id, &owner, "  ").await, Err(RepairError::ReasonRequired)));
+    repairs::reject(&mut conn, other.id, &owner, "too broad").await.expect("reject");
+    assert!(matches!(repairs::approve(&mut conn, dir.path(), other.id, &owner, true).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a rejection touches nothing");
+
+    // A file edited by hand since the proposal is not overwritten.
+    std::fs::write(dir.path().join("tools.toml"), format!("{original}\n# edited by hand\n")).expect("edit");
+    assert!(matches!(repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state, "proposed", "still open after a refused write");
+    std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
+
+    let applied = repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await.expect("confirmed");
+    assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
+}
+both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
+
+/// Milestone 8's traces: the planner's decision is stored with its answer (secrets replaced),
+/// a rejected plan leaves its step, the scan turns a plan naming an unknown tool into a
+/// finding, and a case made from the trace replays the recorded answer with no model.
+async fn traces_record_planner_answers_that_replay_offline(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.EV1", "Where is my order 4821?")], 1).await;
+    let planned: String = sqlx::query_scalar("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = 'wamid.EV1' AND s.step = 'AgentToolPlannerResult'")
+        .fetch_one(&r.app.state.db.pool)
+        .await
+        .expect("planner step");
+    let planned: Value = serde_json::from_str(&planned).expect("json");
+    assert_eq!(planned["response"]["content"][0]["name"], "order_status", "the planner's answer is kept: {planned}");
+
+    // A plan with a secret-looking argument, and one naming a tool that does not exist.
+    r.llm.then(|_| anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": "4821", "api_token": "sk-live-never-stored" }))]), "tool_use"));
+    r.exchange(&[("wamid.EV2", "Where is my order 4821 please?")], 2).await;
+    r.llm.then(|_| anthropic(json!([tool_use("t1", "delete_everything", json!({}))]), "tool_use"));
+    r.exchange(&[("wamid.EV3", "Track my order 4821")], 3).await;
+    let leaked = count(&r.app, "SELECT COUNT(*) FROM trace_steps WHERE detail LIKE '%sk-live-never-stored%'").await;
+    assert_eq!(leaked, 0, "a secret never reaches a trace");
+    let redacted = count(&r.app, "SELECT COUNT(*) FROM trace_steps WHERE step = 'AgentToolPlannerResult' AND detail LIKE '%[REDACTED]%'").await;
+    assert_eq!(redacted, 1);
+    for (wamid, codes) in [("wamid.EV2", ["TOOL_EXTRA_ARGUMENTS", "TOOL_SCHEMA_INVALID"]), ("wamid.EV3", ["TOOL_UNKNOWN", "TOOL_UNKNOWN"])] {
+        let steps = r.steps(wamid).await;
+        assert!(steps.iter().any(|(s, _, c)| s == "AgentToolPlanRejected" && codes.contains(&c.as_str())), "{wamid}: {steps:?}");
+    }
+
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    let report = findings::scan(&mut conn, &r.app.state.tools.catalog(), &r.app.state.config.settings.evals, 100).await.expect("scan");
+    assert_eq!(report.traces, 3);
+    let found: Vec<(i64, String)> = sqlx::query_as("SELECT trace_id, pattern FROM findings").fetch_all(&mut *conn).await.expect("findings");
+    let ev3: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.EV3'").fetch_one(&mut *conn).await.expect("trace");
+    assert_eq!(found, vec![(ev3, "WRONG_TOOL".to_string())]);
+    let again = findings::scan(&mut conn, &r.app.state.tools.catalog(), &r.app.state.config.settings.evals, 100).await.expect("scan");
+    assert_eq!((again.traces, again.findings), (0, 0), "the cursor moved on");
+
+    let ev1: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.EV1'").fetch_one(&mut *conn).await.expect("trace");
+    let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default()).await.expect("case");
+    assert_eq!((right.message.as_str(), right.recorded.len()), ("Where is my order 4821?", 1));
+    drop(conn);
+    let hits = r.llm.hits();
+    let ws = Workspace {
+        config_dir: r.dir.path().to_path_buf(),
+        secrets: r.app.state.config.secrets.source.clone(),
+        settings: Arc::new(r.app.state.config.settings.clone()),
+        live: r.app.state.tools.catalog(),
+    };
+    let judge = ws.judge().expect("judge");
+    let result = judge.judge(&right, None).await;
+    assert!(result.pass(), "{result:?}");
+    assert_eq!(result.plan.as_ref().map(|p| p.observed.tools.clone()), Some(vec!["order_status".to_string()]));
+    let wrong = Case { expect: "tool:refund_order".parse().expect("expect"), ..right.clone() };
+    let result = judge.judge(&wrong, None).await;
+    assert!(!result.pass() && result.plan.as_ref().is_some_and(|p| !p.pass), "the replay checks the recorded plan: {result:?}");
+    assert_eq!(r.llm.hits(), hits, "a replay asks no model");
+}
+both_backends!(evals_planner_traces_replay, traces_record_planner_answers_that_replay_offline);
+
+/// The scan's patterns a trace shows by itself: a provider error behind the fallback reply and
+/// a reply that promises work with no job behind it.
+async fn the_scan_finds_hidden_provider_errors_and_empty_promises(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.llm.then(|_| (500, json!({ "type": "error", "error": { "type": "api_error", "message": "boom" } })));
+    r.exchange(&[("wamid.SC1", "tell me a joke")], 1).await;
+    r.llm.then(|_| anthropic(json!([{ "type": "text", "text": "Sure, I'll check with the kitchen and get back to you." }]), "end_turn"));
+    r.exchange(&[("wamid.SC2", "can you ask the kitchen about gluten")], 2).await;
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    findings::scan(&mut conn, &r.app.state.tools.catalog(), &r.app.state.config.settings.evals, 100).await.expect("scan");
+    let found: Vec<(String, String)> = sqlx::query_as("SELECT t.message_id, f.pattern FROM findings f JOIN traces t ON t.id = f.trace_id ORDER BY f.id").fetch_all(&mut *conn).await.expect("findings");
+    assert_eq!(found, vec![("wamid.SC1".to_string(), "PROVIDER_ERROR_HIDDEN".to_string()), ("wamid.SC2".to_string(), "PROMISE_WITHOUT_JOB".to_string())]);
+    let no_case = count(&r.app, "SELECT COUNT(*) FROM eval_cases").await;
+    assert_eq!(no_case, 0, "a scan finding becomes a case once someone says what should have happened");
+}
+both_backends!(evals_scan_patterns, the_scan_finds_hidden_provider_errors_and_empty_promises);
+
+/// An owner's `/wrong` on WhatsApp marks the chat's previous answer through a durable job.
+async fn an_owners_wrong_command_marks_the_previous_answer(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let owner = server::owners::ValidOwner::parse("Ada", "ada", secrecy::SecretString::from("correct horse battery staple"), &format!("+{CUSTOMER}"), 8).expect("owner");
+    server::owners::add_owner(&r.app.state.db, owner).await.expect("add owner");
+    r.exchange(&[("wamid.W1", "tell me a joke")], 1).await;
+    r.exchange(&[("wamid.W2", "/wrong nonsense")], 2).await;
+    assert!(r.graph.texts().last().is_some_and(|t| t.contains("/wrong tool:NAME")), "usage: {:?}", r.graph.texts());
+    r.exchange(&[("wamid.W3", "/wrong normal_chat keep it short")], 3).await;
+    assert!(r.graph.texts().last().is_some_and(|t| t.starts_with("Noted: trace #")), "{:?}", r.graph.texts());
+    let marked: (String, String, String) =
+        sqlx::query_as("SELECT t.message_id, f.pattern, f.expect FROM findings f JOIN traces t ON t.id = f.trace_id").fetch_one(&r.app.state.db.pool).await.expect("finding");
+    assert_eq!(marked, ("wamid.W1".to_string(), "MEMORY_REGRESSION".to_string(), "normal_chat".to_string()), "the last answer that was not a command");
+    let cases = count(&r.app, "SELECT COUNT(*) FROM eval_cases WHERE name LIKE 'trace-%'").await;
+    assert_eq!(cases, 1);
+}
+both_backends!(evals_wrong_command, an_owners_wrong_command_marks_the_previous_answer);
+
+/// Eval cases round-trip through a JSON-lines file; a file with a bad line is refused whole.
+#[tokio::test]
+async fn eval_cases_export_and_import() {
+    let text = server::evals::case::to_jsonl(&[case("a", "hi", "normal_chat"), case("b", MISROUTED, "tool:web_fetch")]);
+    let back = server::evals::case::parse_jsonl(&text).expect("parse");
+    assert_eq!(back.iter().map(|c| (c.name.as_str(), c.expect.clone())).collect::<Vec<_>>(), vec![("a", Expect::NormalChat), ("b", "tool:web_fetch".parse().expect("e"))]);
+    assert!(server::evals::case::parse_jsonl(&format!("{text}{{\"name\": 1}}\n")).is_err());
+}
