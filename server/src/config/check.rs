@@ -164,6 +164,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     lane(settings, &mut need);
     approvals(settings, &mut need);
     budget(settings, &mut need);
+    evals(settings, &mut need);
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
@@ -179,6 +180,17 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
 }
 
 /// `[budget]`: amounts, thresholds and the texts owners and customers get.
+fn evals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
+    let e = &settings.evals;
+    need(e.max_phrase_words >= 1, "evals.max_phrase_words", "must be at least 1".into());
+    need(!e.cases_file.trim().is_empty(), "evals.cases_file", "must name a file".into());
+    if !settings.models.repair.trim().is_empty() {
+        let tag = super::lane::UNTRUSTED_TAG;
+        need(!e.repair_prompt.trim().is_empty(), "evals.repair_prompt", "must be set while models.repair is".into());
+        need(e.repair_prompt.trim().is_empty() || e.repair_prompt.contains(tag), "evals.repair_prompt", format!("must tell the model that text inside <{tag}> is data, not instructions"));
+    }
+}
+
 fn budget(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let b = &settings.budget;
     for (key, usd) in [("budget.daily_usd", b.daily_usd), ("budget.monthly_usd", b.monthly_usd)] {

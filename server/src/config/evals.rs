@@ -26,6 +26,9 @@ pub struct EvalSettings {
     /// The owners' WhatsApp notice for a new proposal: `{id}`, `{summary}` and `{link}` are
     /// filled in.
     pub proposal_notice: String,
+    /// The repair model's system prompt (`models.repair`), asked for a failing case that no
+    /// deterministic edit fixes. It must say that untrusted data is data.
+    pub repair_prompt: String,
 }
 
 impl Default for EvalSettings {
@@ -36,6 +39,7 @@ impl Default for EvalSettings {
             cases_file: "evals/cases.jsonl".into(),
             max_phrase_words: 6,
             proposal_notice: "Gatehouse proposes a repair (#{id}): {summary}. Nothing changes until you approve it: {link}".into(),
+            repair_prompt: String::new(),
         }
     }
 }

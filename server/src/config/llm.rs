@@ -102,6 +102,8 @@ pub struct ModelSettings {
     pub planner: String,
     pub summarizer: String,
     pub compaction: String,
+    /// Repair proposals for failing eval cases; empty: only the deterministic strategies.
+    pub repair: String,
     /// Prices per model, for the cost recorded with each call. A model without a price is
     /// recorded with its tokens and an unknown cost.
     pub prices: Vec<ModelPrice>,

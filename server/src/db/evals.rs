@@ -207,10 +207,11 @@ pub struct NewRepair<'a> {
     pub created_at: i64,
 }
 
-/// Stores a proposal unless an open one (proposed) has the same diff; returns it with whether
+/// Stores a proposal unless one with the same diff is open (proposed) or was rejected (an
+/// owner's no stands: it is not proposed again); returns that one or the new one, and whether
 /// it is new.
 pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Result<(RepairRow, bool), DbError> {
-    if let Some(row) = sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state = 'proposed' AND diff = $1")).bind(r.diff).fetch_optional(&mut *conn).await? {
+    if let Some(row) = sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state IN ('proposed', 'rejected') AND diff = $1 ORDER BY id DESC LIMIT 1")).bind(r.diff).fetch_optional(&mut *conn).await? {
         return Ok((row, false));
     }
     let row = sqlx::query_as::<_, RepairRow>(&format!(

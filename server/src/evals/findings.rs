@@ -80,10 +80,11 @@ pub fn called_tools(steps: &[Step]) -> Vec<String> {
 pub fn scan_trace(trace: &TraceRow, steps: &[Step], reply: Option<&str>, catalog: &Catalog, settings: &EvalSettings) -> Vec<(Pattern, String)> {
     let mut found = Vec::new();
     // A model failure is recorded as the trace's error; the person still got the fallback reply.
-    let llm_error = trace.error_code.as_deref().filter(|c| c.starts_with("LLM_"));
+    // No key at all (degraded mode) is a setting the console already shows, not a hidden error.
+    let llm_error = trace.error_code.as_deref().filter(|c| c.starts_with("LLM_") && *c != "LLM_NOT_CONFIGURED");
     if let Some(code) = llm_error.filter(|_| reply.is_some()) {
         found.push((Pattern::ProviderErrorHidden, format!("the model failed with {code} and the person got the fallback reply")));
-    } else if let Some(step) = steps.iter().find(|s| s.step == "AgentToolPlannerResult" && s.reason_code.starts_with("LLM_")) {
+    } else if let Some(step) = steps.iter().find(|s| s.step == "AgentToolPlannerResult" && s.reason_code.starts_with("LLM_") && s.reason_code != "LLM_NOT_CONFIGURED") {
         found.push((Pattern::ProviderErrorHidden, format!("the planner failed with {} and the message went on to normal chat", step.reason_code)));
     }
     if trace.actor == Role::Customer.as_str() {

@@ -17,10 +17,12 @@ pub enum Purpose {
     Planner,
     Summarizer,
     Compaction,
+    /// Repair proposals for failing eval cases (self-improvement).
+    Repair,
 }
 
 impl Purpose {
-    pub const ALL: [Self; 4] = [Self::Chat, Self::Planner, Self::Summarizer, Self::Compaction];
+    pub const ALL: [Self; 5] = [Self::Chat, Self::Planner, Self::Summarizer, Self::Compaction, Self::Repair];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -28,6 +30,7 @@ impl Purpose {
             Self::Planner => "planner",
             Self::Summarizer => "summarizer",
             Self::Compaction => "compaction",
+            Self::Repair => "repair",
         }
     }
 
@@ -38,6 +41,7 @@ impl Purpose {
             Self::Planner => &models.planner,
             Self::Summarizer => &models.summarizer,
             Self::Compaction => &models.compaction,
+            Self::Repair => &models.repair,
         }
     }
 }

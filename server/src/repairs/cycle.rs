@@ -15,6 +15,7 @@ use crate::{
     db::{self, Db, owner_notifications::Notification},
     evals::{Expect, MarkError, findings},
     jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
+    llm::ChatModel,
     owners::notices,
     tools::Checkpoint,
 };
@@ -42,6 +43,8 @@ pub struct Cycle {
     pub settings: Arc<Settings>,
     pub workspace: Workspace,
     pub checkpoint: Arc<Checkpoint>,
+    /// The configured model; asked as `models.repair` when that is set.
+    pub model: Arc<dyn ChatModel>,
 }
 
 impl std::fmt::Debug for Cycle {
@@ -64,7 +67,8 @@ impl Cycle {
         drop(conn);
         let ws = self.workspace();
         let failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
-        let proposals = if failing > 0 { super::propose(&ws, &cases, self.settings.evals.max_phrase_words as usize).await? } else { Vec::new() };
+        let model = (!self.settings.models.repair.trim().is_empty()).then_some(self.model.as_ref());
+        let proposals = if failing > 0 { super::propose(&ws, &cases, self.settings.evals.max_phrase_words as usize, model).await? } else { Vec::new() };
         let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), failing, new_proposals: Vec::new() };
         for p in &proposals {
             if let Some(id) = self.store_and_notify(p).await? {

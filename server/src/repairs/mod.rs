@@ -14,6 +14,7 @@
 //! change is committed with the owner as its author.
 
 pub mod cycle;
+pub mod model;
 pub mod strategies;
 
 use std::{
@@ -28,6 +29,7 @@ use crate::{
     config::{Problem, SecretSource, Settings},
     db::{self, DbError, evals as store, evals::RepairRow},
     evals::{Case, CaseResult, Judge},
+    llm::ChatModel,
     tools::{Catalog, ToolFiles, catalog::Provider},
 };
 
@@ -204,50 +206,54 @@ pub fn unified_diff(change: &FileChange) -> String {
     similar::TextDiff::from_lines(&change.before, &change.after).unified_diff().context_radius(3).header(&format!("a/{}", change.path), &format!("b/{}", change.path)).to_string()
 }
 
-/// The proposals for the failing cases among `cases`: one per failing case that some edit
-/// fixes, the best edit for it.
-pub async fn propose(ws: &Workspace, cases: &[Case], max_words: usize) -> Result<Vec<Proposal>, RepairError> {
-    let before = run_all(&ws.judge()?, cases).await;
-    let Some(tools_toml) = read(&ws.config_dir, EDITED)? else {
-        return Ok(Vec::new());
+/// `edit` written to a scratch copy of the tool files and every case replayed over it: the
+/// proposal it makes, if it fixes `case` (an edit the files refuse is not proposed).
+async fn try_edit(ws: &Workspace, tools_toml: &str, edit: &strategies::Edit, cases: &[Case], before: &[CaseResult], case: &Case) -> Option<Proposal> {
+    let after_text = strategies::apply(tools_toml, edit).ok()?;
+    let change = FileChange { path: EDITED.into(), before: tools_toml.to_string(), after: after_text };
+    let judge = match ws.judge_with(&change) {
+        Ok(judge) => judge,
+        Err(e) => {
+            tracing::debug!(case = %case.name, edit = %edit.summary(), code = e.code(), error = %e, "edit refused");
+            return None;
+        }
     };
+    let after = run_all(&judge, cases).await;
+    if !after.iter().zip(cases).any(|(r, c)| c.name == case.name && r.pass()) {
+        return None;
+    }
+    Some(Proposal { strategy: edit.strategy.into(), summary: edit.summary(), change, table: table(before, &after), case_ids: vec![case.name.clone()] })
+}
+
+/// The proposals for the failing cases among `cases`: one per failing case that some edit
+/// fixes, the best edit for it. The deterministic strategies go first (shortest phrase first,
+/// stopping at one with no regression); the repair model, when given, is asked only for a case
+/// none of them fixes.
+pub async fn propose(ws: &Workspace, cases: &[Case], max_words: usize, model: Option<&dyn ChatModel>) -> Result<Vec<Proposal>, RepairError> {
+    let before = run_all(&ws.judge()?, cases).await;
+    let Some(tools_toml) = read(&ws.config_dir, EDITED)? else { return Ok(Vec::new()) };
     let declared = strategies::declared_tools(&tools_toml);
     let mut proposals: Vec<Proposal> = Vec::new();
     for (case, result) in cases.iter().zip(&before).filter(|(_, r)| !r.pass()) {
-        let mut best: Option<(Proposal, usize)> = None;
-        for (rank, edit) in strategies::edits_for(case, result, &declared, max_words).into_iter().enumerate() {
-            let Ok(after_text) = strategies::apply(&tools_toml, &edit) else {
-                continue;
-            };
-            let change = FileChange { path: EDITED.into(), before: tools_toml.clone(), after: after_text };
-            // An edit the files refuse (check-config) is not proposed.
-            let judge = match ws.judge_with(&change) {
-                Ok(judge) => judge,
-                Err(e) => {
-                    tracing::debug!(case = %case.name, edit = %edit.summary(), code = e.code(), error = %e, "edit refused");
-                    continue;
-                }
-            };
-            let after = run_all(&judge, cases).await;
-            let table = table(&before, &after);
-            let fixes_this = after.iter().zip(cases).any(|(r, c)| c.name == case.name && r.pass());
-            if !fixes_this {
-                continue;
-            }
-            let candidate = Proposal { strategy: edit.strategy.into(), summary: edit.summary(), change, table, case_ids: vec![case.name.clone()] };
-            let better = match &best {
-                None => true,
-                Some((b, _)) => (candidate.regressions(), std::cmp::Reverse(candidate.fixes())) < (b.regressions(), std::cmp::Reverse(b.fixes())),
-            };
+        let mut best: Option<Proposal> = None;
+        for edit in strategies::edits_for(case, result, &declared, max_words) {
+            let Some(candidate) = try_edit(ws, &tools_toml, &edit, cases, &before, case).await else { continue };
+            let better = best.as_ref().is_none_or(|b| (candidate.regressions(), std::cmp::Reverse(candidate.fixes())) < (b.regressions(), std::cmp::Reverse(b.fixes())));
             if better {
-                best = Some((candidate, rank));
+                best = Some(candidate);
             }
             // The shortest phrase without a regression is good enough.
-            if best.as_ref().is_some_and(|(b, _)| b.regressions() == 0) {
+            if best.as_ref().is_some_and(|b| b.regressions() == 0) {
                 break;
             }
         }
-        if let Some((p, _)) = best
+        if best.is_none()
+            && let Some(model) = model
+            && let Some(edit) = model::suggest(model, &ws.settings, case, result, &tools_toml, &declared).await
+        {
+            best = try_edit(ws, &tools_toml, &edit, cases, &before, case).await;
+        }
+        if let Some(p) = best
             && !proposals.iter().any(|q| q.change.after == p.change.after)
         {
             proposals.push(p);

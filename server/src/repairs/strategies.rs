@@ -15,16 +15,27 @@ use crate::evals::{Case, CaseResult, Expect};
 /// One edit of one tool's entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
+    /// `add_trigger`, `add_when_not_to_use` or `model`.
     pub strategy: &'static str,
     pub tool: String,
+    /// One of [`KEYS`]: triggers and aliases get the phrase added; when_to_use and
+    /// when_not_to_use get an example sentence appended (deterministic) or the text replaced
+    /// (the repair model).
+    pub key: &'static str,
     pub phrase: String,
 }
 
+/// The keys of a tool's entry a repair may touch; nothing else of a tool (its handler, risk,
+/// audience, schema) ever changes through a repair.
+pub const KEYS: [&str; 4] = ["triggers", "aliases", "when_to_use", "when_not_to_use"];
+
 impl Edit {
     pub fn summary(&self) -> String {
-        match self.strategy {
-            "add_trigger" => format!("add the trigger {:?} to {}", self.phrase, self.tool),
-            _ => format!("tell {} it is not for messages like {:?}", self.tool, self.phrase),
+        match (self.strategy, self.key) {
+            ("add_trigger", _) => format!("add the trigger {:?} to {}", self.phrase, self.tool),
+            ("add_when_not_to_use", _) => format!("tell {} it is not for messages like {:?}", self.tool, self.phrase),
+            (_, "triggers" | "aliases") => format!("add {:?} to the {} of {} (the repair model)", self.phrase, self.key, self.tool),
+            _ => format!("set the {} of {} to {:?} (the repair model)", self.key, self.tool, self.phrase),
         }
     }
 }
@@ -77,7 +88,8 @@ pub fn edits_for(case: &Case, result: &CaseResult, declared: &[String], max_word
     let mut edits = Vec::new();
     let mut add = |strategy: &'static str, tool: &str| {
         if declared.iter().any(|d| d == tool) {
-            edits.extend(phrases.iter().map(|p| Edit { strategy, tool: tool.to_string(), phrase: p.clone() }));
+            let key = if strategy == "add_trigger" { "triggers" } else { "when_not_to_use" };
+            edits.extend(phrases.iter().map(|p| Edit { strategy, tool: tool.to_string(), key, phrase: p.clone() }));
         }
     };
     match &case.expect {
@@ -114,6 +126,8 @@ pub enum EditError {
     NoTool(String),
     #[error("REPAIR_NOTHING_TO_CHANGE: {0}")]
     Unchanged(String),
+    #[error("REPAIR_KEY_NOT_ALLOWED: a repair may change only triggers, aliases, when_to_use and when_not_to_use, not {0:?}")]
+    KeyNotAllowed(String),
 }
 
 /// The tools `tools.toml` declares, by name.
@@ -129,18 +143,24 @@ pub fn apply(text: &str, edit: &Edit) -> Result<String, EditError> {
     let mut doc = text.parse::<DocumentMut>().map_err(|e| EditError::Parse(e.to_string()))?;
     let tools = doc.get_mut("tool").and_then(Item::as_array_of_tables_mut).ok_or_else(|| EditError::NoTool(edit.tool.clone()))?;
     let table = tools.iter_mut().find(|t| t.get("name").and_then(Item::as_str) == Some(edit.tool.as_str())).ok_or_else(|| EditError::NoTool(edit.tool.clone()))?;
-    match edit.strategy {
-        "add_trigger" => {
-            if table.get("triggers").and_then(Item::as_array).is_none() {
-                table.insert("triggers", value(Array::new()));
+    match (edit.strategy, edit.key) {
+        (_, key @ ("triggers" | "aliases")) => {
+            if table.get(key).and_then(Item::as_array).is_none() {
+                table.insert(key, value(Array::new()));
             }
-            let triggers = table.get_mut("triggers").and_then(Item::as_array_mut).ok_or_else(|| EditError::Parse("triggers is not an array".into()))?;
-            if triggers.iter().any(|t| t.as_str().is_some_and(|t| t.eq_ignore_ascii_case(&edit.phrase))) {
-                return Err(EditError::Unchanged(format!("{} already has the trigger {:?}", edit.tool, edit.phrase)));
+            let list = table.get_mut(key).and_then(Item::as_array_mut).ok_or_else(|| EditError::Parse(format!("{key} is not an array")))?;
+            if list.iter().any(|t| t.as_str().is_some_and(|t| t.eq_ignore_ascii_case(&edit.phrase))) {
+                return Err(EditError::Unchanged(format!("{} already has {:?} among its {key}", edit.tool, edit.phrase)));
             }
-            triggers.push(edit.phrase.as_str());
+            list.push(edit.phrase.as_str());
         }
-        _ => {
+        ("model", key @ ("when_to_use" | "when_not_to_use")) => {
+            if table.get(key).and_then(Item::as_str) == Some(edit.phrase.as_str()) {
+                return Err(EditError::Unchanged(format!("{key} of {} already says that", edit.tool)));
+            }
+            table.insert(key, value(edit.phrase.as_str()));
+        }
+        (_, "when_not_to_use") => {
             let current = table.get("when_not_to_use").and_then(Item::as_str).unwrap_or_default().trim().to_string();
             let example = format!("Not for messages like \"{}\".", edit.phrase);
             if current.contains(&example) {
@@ -149,6 +169,7 @@ pub fn apply(text: &str, edit: &Edit) -> Result<String, EditError> {
             let text = if current.is_empty() { example } else { format!("{current} {example}") };
             table.insert("when_not_to_use", value(text));
         }
+        (_, key) => return Err(EditError::KeyNotAllowed(key.to_string())),
     }
     Ok(doc.to_string())
 }
@@ -168,15 +189,18 @@ mod tests {
 
     #[test]
     fn an_edit_keeps_comments_and_changes_one_tool() {
-        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), phrase: "tide times".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), key: "triggers", phrase: "tide times".into() }).unwrap();
         assert!(out.contains("# the search") && out.contains("# tools"));
         assert!(out.contains("triggers = [\"look up\", \"tide times\"]"), "{out}");
-        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "fetch".into(), phrase: "open it".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "fetch".into(), key: "triggers", phrase: "open it".into() }).unwrap();
         assert!(out.contains("name = \"fetch\"\ntriggers = [\"open it\"]"), "{out}");
-        let out = apply(FILE, &Edit { strategy: "add_when_not_to_use", tool: "fetch".into(), phrase: "hello there".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_when_not_to_use", tool: "fetch".into(), key: "when_not_to_use", phrase: "hello there".into() }).unwrap();
         assert!(out.contains(r#"when_not_to_use = 'Not for messages like "hello there".'"#), "{out}");
-        assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), phrase: "Look Up".into() }), Err(EditError::Unchanged(_))));
-        assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "nope".into(), phrase: "x".into() }), Err(EditError::NoTool(_))));
+        assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), key: "triggers", phrase: "Look Up".into() }), Err(EditError::Unchanged(_))));
+        assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "nope".into(), key: "triggers", phrase: "x".into() }), Err(EditError::NoTool(_))));
         assert_eq!(declared_tools(FILE), vec!["search", "fetch"]);
+        let out = apply(FILE, &Edit { strategy: "model", tool: "fetch".into(), key: "when_to_use", phrase: "A link to open.".into() }).unwrap();
+        assert!(out.contains("when_to_use = \"A link to open.\""), "{out}");
+        assert!(matches!(apply(FILE, &Edit { strategy: "model", tool: "fetch".into(), key: "handler", phrase: "x".into() }), Err(EditError::KeyNotAllowed(_))));
     }
 }

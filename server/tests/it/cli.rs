@@ -389,3 +389,62 @@ fn lane_detect_prints_the_detection() {
     let none = detect(&["--text", "what about the second one?"]);
     assert_eq!(none["should_plan"], false, "a vague follow-up without context stays in chat: {none}");
 }
+
+/// `gatehouse eval` and `gatehouse repair`: cases replay with a pass/fail table and an exit
+/// code; a proposal changes no file until it is approved; a rejection needs a reason; a
+/// rollback restores the file; bad input is refused with a stable code.
+#[test]
+fn eval_and_repair_commands_replay_propose_and_decide() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    for name in ["tools.toml", "connectors.toml"] {
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.path().join(name)).expect("copy tool files");
+    }
+    let config = path.to_str().expect("utf8");
+    let gh = |args: &[&str]| {
+        let mut all = vec!["--config", config];
+        all.extend_from_slice(args);
+        run(&all, &[], None)
+    };
+    let misrouted = "what does the menu on bistro-example.com say";
+    assert_eq!(gh(&["eval", "add", "--message", misrouted, "--expect", "tool:web_fetch"]).code, 0);
+    assert_eq!(gh(&["eval", "add", "--message", "thanks, see you tomorrow", "--expect", "normal_chat"]).code, 0);
+    let bad = gh(&["eval", "add", "--message", "hi", "--expect", "tool"]);
+    assert_eq!(bad.code, 2, "{}", bad.all());
+    assert!(bad.stderr.contains("EVAL_EXPECT_INVALID"), "{}", bad.all());
+
+    let failing = gh(&["eval", "run"]);
+    assert_eq!(failing.code, 1, "a failing case fails the run: {}", failing.all());
+    assert!(failing.stdout.contains("FAIL") && failing.stdout.contains("1 of 2 case(s) pass"), "{}", failing.stdout);
+    let listed = gh(&["eval", "list", "--json"]);
+    assert_eq!(listed.stdout.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()).count(), 2, "{}", listed.all());
+
+    let file = dir.path().join("cases.jsonl");
+    assert_eq!(gh(&["eval", "export", file.to_str().expect("utf8")]).code, 0);
+    assert_eq!(std::fs::read_to_string(&file).expect("export").lines().count(), 2);
+    let broken = dir.path().join("broken.jsonl");
+    std::fs::write(&broken, format!("{}not a case\n", std::fs::read_to_string(&file).expect("read"))).expect("write");
+    let refused = gh(&["eval", "import", broken.to_str().expect("utf8")]);
+    assert!(refused.code == 2 && refused.stderr.contains("EVAL_FILE_INVALID: line 3"), "{}", refused.all());
+    assert_eq!(gh(&["eval", "import", file.to_str().expect("utf8")]).code, 0);
+    assert_eq!(gh(&["eval", "list", "--json"]).stdout.lines().count(), 2, "an import replaces cases by name");
+
+    let tools = dir.path().join("tools.toml");
+    let original = std::fs::read_to_string(&tools).expect("tools.toml");
+    let proposed = gh(&["repair", "propose"]);
+    assert!(proposed.code == 0 && proposed.stdout.contains("1 new proposal(s): #1"), "{}", proposed.all());
+    assert_eq!(std::fs::read_to_string(&tools).expect("read"), original, "proposing changes no file");
+    let shown = gh(&["repair", "show", "1"]);
+    assert!(shown.stdout.contains("+triggers = [") && shown.stdout.contains("fixed"), "{}", shown.stdout);
+    let no_reason = gh(&["repair", "reject", "1", "--reason", " "]);
+    assert!(no_reason.code == 2 && no_reason.stderr.contains("REPAIR_REASON_REQUIRED"), "{}", no_reason.all());
+
+    assert_eq!(gh(&["repair", "approve", "1"]).code, 0);
+    assert_ne!(std::fs::read_to_string(&tools).expect("read"), original);
+    let again = gh(&["repair", "approve", "1"]);
+    assert!(again.code == 2 && again.stderr.contains("REPAIR_ALREADY_DECIDED"), "{}", again.all());
+    let passing = gh(&["eval", "run"]);
+    assert!(passing.code == 0 && passing.stdout.contains("2 of 2 case(s) pass"), "{}", passing.all());
+    assert_eq!(gh(&["repair", "rollback", "1"]).code, 0);
+    assert_eq!(std::fs::read_to_string(&tools).expect("read"), original, "rolled back");
+}

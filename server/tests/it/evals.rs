@@ -129,7 +129,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
     // The same words, two expectations: whatever routes one to the tool routes the other too.
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch"), case("just-chat", &format!("{MISROUTED}!"), "normal_chat")];
-    let proposals = repairs::propose(&ws, &cases, 6).await.expect("propose");
+    let proposals = repairs::propose(&ws, &cases, 6, None).await.expect("propose");
     let p = proposals.iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal for the failing case");
     assert_eq!((p.fixes(), p.regressions()), (1, 1), "{:?}", p.table);
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
@@ -264,4 +264,36 @@ async fn eval_cases_export_and_import() {
     let back = server::evals::case::parse_jsonl(&text).expect("parse");
     assert_eq!(back.iter().map(|c| (c.name.as_str(), c.expect.clone())).collect::<Vec<_>>(), vec![("a", Expect::NormalChat), ("b", "tool:web_fetch".parse().expect("e"))]);
     assert!(server::evals::case::parse_jsonl(&format!("{text}{{\"name\": 1}}\n")).is_err());
+}
+
+/// The repair model (`models.repair`) is asked only for a case no deterministic edit fixes; its
+/// edit is checked (a key a repair may not touch is ignored) and replayed like any other, and
+/// the person's message reaches it as untrusted data.
+#[tokio::test]
+async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
+    let dir = shipped_config_copy();
+    let (fake, base) = crate::lane::Fake::start().await;
+    let mut settings = crate::lane::settings(server::config::LlmProvider::Anthropic, &base);
+    settings.models.repair = "test-repair-model".into();
+    let model = crate::lane::model(&settings);
+    let live = server::tools::ToolFiles::load(dir.path(), &server::config::SecretSource::empty()).expect("tool files").catalog;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(settings), live };
+    // Only short filler words: no phrase for a deterministic trigger.
+    let cases = vec![case("is-it-up", "is it up?", "tool:web_fetch")];
+
+    fake.then(|_| anthropic(json!([tool_use("r1", "propose_edit", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use"));
+    assert!(repairs::propose(&ws, &cases, 6, Some(model.as_ref())).await.expect("propose").is_empty(), "a key a repair may not touch is ignored");
+
+    fake.then(|_| anthropic(json!([tool_use("r2", "propose_edit", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
+    let proposals = repairs::propose(&ws, &cases, 6, Some(model.as_ref())).await.expect("propose");
+    let [p] = proposals.as_slice() else { panic!("one proposal: {proposals:?}") };
+    assert_eq!((p.strategy.as_str(), p.fixes(), p.regressions()), ("model", 1, 0));
+    assert!(p.diff().contains("\"is it up\""), "{}", p.diff());
+    let asked = fake.body(1);
+    assert_eq!(asked["model"], "test-repair-model");
+    assert_eq!(asked["tool_choice"]["name"], "propose_edit");
+    assert!(asked["messages"].to_string().contains("<untrusted_data kind=\\\"message\\\">"), "{asked}");
+    assert_eq!(fake.hits(), 2, "asked once per propose, only for the case nothing else fixes");
+    assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], 6, Some(model.as_ref())).await.expect("propose").len(), 1);
+    assert_eq!(fake.hits(), 2, "a deterministic fix needs no model");
 }
