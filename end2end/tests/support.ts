@@ -23,6 +23,9 @@ export const serverEnv: Record<string, string> = {
   GATEHOUSE__DATABASE__URL: databaseUrl,
   // Quick pickup of jobs enqueued by another process (the CLI) on SQLite.
   GATEHOUSE__JOBS__POLL_INTERVAL: "200ms",
+  // The periodic self-improvement cycle is a job; the jobs journey starts from an empty queue,
+  // and the repairs journey runs the cycle from its page.
+  GATEHOUSE__EVALS__SCAN_EVERY: "0s",
   // No LLM key: the console must show the degraded-mode banner.
   ANTHROPIC_API_KEY: "",
   OPENAI_API_KEY: "",

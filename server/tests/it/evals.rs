@@ -297,3 +297,44 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], 6, Some(model.as_ref())).await.expect("propose").len(), 1);
     assert_eq!(fake.hits(), 2, "a deterministic fix needs no model");
 }
+
+/// The periodic cycle runs as one durable job (its dedupe key), proposes for a failing case and
+/// applies nothing; `evals.scan_every = "0s"` schedules nothing.
+async fn the_periodic_cycle_proposes_through_the_queue(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| {
+        s.lane = shipped_lane();
+        s.evals.scan_every = std::time::Duration::from_millis(50);
+    })
+    .await;
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &case("page", MISROUTED, "tool:web_fetch").to_row()).await.expect("case");
+    drop(conn);
+    app.gatehouse.cycle.schedule().await.expect("schedule");
+    app.gatehouse.cycle.schedule().await.expect("schedule again");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'evals.cycle'").await, 1, "one cycle job, whoever schedules it");
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(app.gatehouse.worker().run(stopped));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while count(&app, "SELECT COUNT(*) FROM repairs").await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the cycle job proposed nothing");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM repairs WHERE state = 'proposed'").await, 1);
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a job never applies a repair");
+    let (state, attempts): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'evals.cycle'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert!(state == "scheduled" || state == "running", "it comes back every scan_every: {state}");
+    assert!(attempts <= 1, "a snooze is not a failed attempt: {attempts}");
+
+    let mut off = app.state.config.settings.clone();
+    off.evals.scan_every = std::time::Duration::ZERO;
+    let cycle = server::repairs::cycle::Cycle { settings: Arc::new(off), ..app.gatehouse.cycle.clone() };
+    sqlx::query("DELETE FROM jobs WHERE kind = 'evals.cycle'").execute(&app.state.db.pool).await.expect("delete");
+    cycle.schedule().await.expect("schedule");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'evals.cycle'").await, 0);
+}
+both_backends!(evals_periodic_cycle, the_periodic_cycle_proposes_through_the_queue);
