@@ -158,9 +158,17 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state, "proposed", "still open after a refused write");
     std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
 
+    // The config folder is a git working tree: the applied change is committed, the owner its author.
+    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qm", "shipped config"]);
     let applied = repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await.expect("confirmed");
     assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
+    let log = String::from_utf8_lossy(&git(&["log", "-1", "--format=%an <%ae>|%s"]).stdout).into_owned();
+    assert!(log.starts_with("Ada <ada@gatehouse.invalid>|Repair #"), "{log}");
+    assert!(git(&["status", "--porcelain"]).stdout.is_empty(), "committed whole");
 }
 both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
 
