@@ -117,13 +117,12 @@ impl RepairsBackend for ConsoleBackend {
     async fn repairs_page(&self) -> Result<RepairsPage, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         let rows = store::list_repairs(&mut conn, SHOWN).await.map_err(internal)?;
+        let cases = store::list_cases(&mut conn).await.map_err(internal)?;
         let mut repairs_out = Vec::with_capacity(rows.len());
         for row in rows {
-            let case_ids: Vec<String> = serde_json::from_str(&row.case_ids).unwrap_or_default();
-            let mut behind = Vec::new();
-            for case in store::list_cases(&mut conn).await.map_err(internal)?.iter().filter(|c| case_ids.contains(&c.name)) {
-                behind.extend(store::findings_of_cases(&mut conn, &[case.id]).await.map_err(internal)?.iter().map(finding_view));
-            }
+            let names: Vec<String> = serde_json::from_str(&row.case_ids).unwrap_or_default();
+            let ids: Vec<i64> = cases.iter().filter(|c| names.contains(&c.name)).map(|c| c.id).collect();
+            let behind = store::findings_of_cases(&mut conn, &ids).await.map_err(internal)?.iter().map(finding_view).collect();
             let files = repairs::files_of(&row);
             repairs_out.push(RepairView {
                 id: row.id,
@@ -146,8 +145,7 @@ impl RepairsBackend for ConsoleBackend {
             });
         }
         let findings = store::list_findings(&mut conn, SHOWN).await.map_err(internal)?.iter().map(finding_view).collect();
-        let cases = store::list_cases(&mut conn).await.map_err(internal)?.len();
-        Ok(RepairsPage { repairs: repairs_out, findings, cases, scan_every: humantime::format_duration(self.state.config.settings.evals.scan_every).to_string() })
+        Ok(RepairsPage { repairs: repairs_out, findings, cases: cases.len(), scan_every: humantime::format_duration(self.state.config.settings.evals.scan_every).to_string() })
     }
 
     async fn run_cycle(&self, owner_id: i64, ip: &str) -> Result<String, AppError> {
