@@ -9,6 +9,7 @@ pub mod config;
 pub mod conversation;
 pub mod db;
 pub mod domain;
+pub mod events;
 pub mod jobs;
 pub mod lane;
 pub mod llm;

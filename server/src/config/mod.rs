@@ -18,6 +18,7 @@ pub mod conversation;
 mod jobs;
 pub mod approvals;
 pub mod budget;
+pub mod events;
 pub mod lane;
 mod llm;
 pub mod load;
@@ -30,6 +31,7 @@ use serde::{Deserialize, Serialize};
 
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
+pub use events::EventSettings;
 pub use jobs::{JobSettings, JobTimeouts};
 pub use approvals::ApprovalSettings;
 pub use budget::{AtLimit, BudgetSettings};
@@ -61,6 +63,7 @@ pub struct Settings {
     pub lane: LaneSettings,
     pub approvals: ApprovalSettings,
     pub budget: BudgetSettings,
+    pub events: EventSettings,
     pub whatsapp: WhatsAppSettings,
 }
 

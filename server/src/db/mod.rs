@@ -7,6 +7,7 @@ pub mod audit;
 pub mod budget;
 pub mod contexts;
 pub mod conversation;
+pub mod events;
 pub mod jobs;
 pub mod llm_calls;
 pub mod owner_notifications;

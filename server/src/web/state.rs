@@ -22,6 +22,7 @@ use crate::{
     config::LoadedConfig,
     conversation::Runtime,
     db::{self, Db, DbError},
+    events::Events,
     jobs::JobQueue,
     tools::{Checkpoint, mcp::McpManager},
 };
@@ -39,6 +40,9 @@ pub struct App {
     pub public_url: String,
     pub metrics: PrometheusHandle,
     pub jobs: JobQueue,
+    pub events: Events,
+    /// Live streams open per owner session (`events.max_streams_per_session`).
+    pub streams: super::live::StreamSlots,
     pub tools: Arc<Checkpoint>,
     pub mcp: McpManager,
     pub runtime: Arc<Runtime>,
@@ -94,6 +98,8 @@ impl AppState {
             public_url,
             metrics,
             jobs: gatehouse.jobs.clone(),
+            events: gatehouse.events.clone(),
+            streams: super::live::StreamSlots::default(),
             tools: gatehouse.tools.clone(),
             mcp: gatehouse.mcp.clone(),
             runtime: gatehouse.runtime.clone(),

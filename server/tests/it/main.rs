@@ -10,6 +10,7 @@ mod connectors;
 mod followups;
 mod hardening;
 mod conversation;
+mod events;
 mod jobs;
 mod jobs_process;
 mod jobs_race;
