@@ -80,6 +80,40 @@ pub async fn job_events_after(conn: &mut AnyConnection, after: i64, limit: i64) 
     .await?)
 }
 
+/// Trace steps with these ids (ones committed after later ids were read), in id order.
+pub async fn steps_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<StepRow>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT s.id, s.trace_id, s.seq, s.step, s.decision, s.reason_code, t.channel, t.chat_id \
+         FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE s.id IN ({}) ORDER BY s.id",
+        super::placeholders(1, ids.len())
+    );
+    let mut q = sqlx::query_as(&sql);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.fetch_all(conn).await?)
+}
+
+/// Job events with these ids, in id order.
+pub async fn job_events_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<JobEventRow>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT e.id, e.job_id, e.state, e.attempt, e.error_code, j.kind, j.tool_name, j.chat_id \
+         FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE e.id IN ({}) ORDER BY e.id",
+        super::placeholders(1, ids.len())
+    );
+    let mut q = sqlx::query_as(&sql);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.fetch_all(conn).await?)
+}
+
 /// The newest trace step and job event ids (0 when there are none).
 pub async fn newest(conn: &mut AnyConnection) -> Result<(i64, i64), DbError> {
     let (steps, jobs): (i64, i64) =

@@ -118,25 +118,33 @@ impl Events {
     pub async fn replay(&self, after: EventId) -> Result<Replay, DbError> {
         let limit = self.0.settings.resume_limit;
         let mut conn = self.0.db.pool.acquire().await?;
-        let (events, _) = read_after(&mut conn, after, limit + 1).await?;
-        Ok(if events.len() as i64 > limit { Replay::TooFarBehind } else { Replay::Events(events) })
+        let read = read_after(&mut conn, after, limit + 1).await?;
+        Ok(if read.events.len() as i64 > limit { Replay::TooFarBehind } else { Replay::Events(read.events) })
     }
 }
 
-/// Trace steps, then job events, after `after` (at most `limit` of each), as events in order;
-/// and the position after the last.
-pub(super) async fn read_after(conn: &mut sqlx::AnyConnection, after: EventId, limit: i64) -> Result<(Vec<Envelope>, EventId), DbError> {
+/// Rows read after a position, as events in order.
+pub(super) struct Read {
+    pub(super) events: Vec<Envelope>,
+    /// The position after the last.
+    pub(super) next: EventId,
+    pub(super) step_ids: Vec<i64>,
+    pub(super) job_ids: Vec<i64>,
+}
+
+/// Trace steps, then job events, after `after` (at most `limit` of each).
+pub(super) async fn read_after(conn: &mut sqlx::AnyConnection, after: EventId, limit: i64) -> Result<Read, DbError> {
     let steps = store::steps_after(conn, after.step, limit).await?;
     let jobs = store::job_events_after(conn, after.job, limit).await?;
     let mut id = after;
-    let mut out = Vec::with_capacity(steps.len() + jobs.len());
+    let mut events = Vec::with_capacity(steps.len() + jobs.len());
     for row in &steps {
         id.step = row.id;
-        out.push(classify::from_step(row, id));
+        events.push(classify::from_step(row, id));
     }
     for row in &jobs {
         id.job = row.id;
-        out.push(classify::from_job_event(row, id));
+        events.push(classify::from_job_event(row, id));
     }
-    Ok((out, id))
+    Ok(Read { events, next: id, step_ids: steps.iter().map(|r| r.id).collect(), job_ids: jobs.iter().map(|r| r.id).collect() })
 }

@@ -12,6 +12,7 @@
 
 mod bus;
 mod classify;
+mod late;
 mod tail;
 
 use serde::{Deserialize, Serialize};

@@ -17,7 +17,7 @@ use std::{
 use sqlx::AnyConnection;
 use tokio::sync::watch;
 
-use super::{Envelope, Event, EventId, Events, bus::Inner};
+use super::{Envelope, Event, EventId, Events, bus::Inner, late::Late};
 use crate::db::{self, Backend, DbError, events as store};
 
 /// Rows of each record read per round; a longer backlog takes several.
@@ -26,6 +26,8 @@ const BATCH: i64 = 500;
 struct Reader {
     position: EventId,
     health: Option<BTreeMap<String, String>>,
+    /// PostgreSQL only: ids passed over while their transactions were still open.
+    late: Late,
 }
 
 pub(super) fn start(events: &Events) {
@@ -88,22 +90,29 @@ async fn read(inner: &Arc<Inner>, conn: &mut AnyConnection, reader: Option<Reade
         Some(r) => r,
         // The first round starts at the newest rows: earlier ones are the database's to show.
         None => match store::newest(conn).await {
-            Ok((step, job)) => Reader { position: EventId { step, job }, health: None },
+            Ok((step, job)) => Reader { position: EventId { step, job }, health: None, late: Late::default() },
             Err(e) => return Err((None, e)),
         },
     };
+    let postgres = inner.db.backend == Backend::Postgres;
+    if postgres {
+        match reader.late.found(conn).await {
+            Ok(found) => found.into_iter().for_each(|e| send(inner, e)),
+            Err(e) => return Err((Some(reader), e)),
+        }
+    }
     loop {
-        let (events, next) = match super::bus::read_after(conn, reader.position, BATCH).await {
+        let read = match super::bus::read_after(conn, reader.position, BATCH).await {
             Ok(read) => read,
             Err(e) => return Err((Some(reader), e)),
         };
-        let more = next.step - reader.position.step >= BATCH || next.job - reader.position.job >= BATCH;
-        let full = events.len() as i64 >= BATCH;
-        reader.position = next;
-        for envelope in events {
-            let _ = inner.sender.send(Arc::new(envelope));
+        let full = read.step_ids.len() as i64 >= BATCH || read.job_ids.len() as i64 >= BATCH;
+        if postgres {
+            reader.late.skipped(reader.position, &read.step_ids, &read.job_ids);
         }
-        if !(more || full) {
+        reader.position = read.next;
+        read.events.into_iter().for_each(|e| send(inner, e));
+        if !full {
             break;
         }
     }
@@ -113,7 +122,7 @@ async fn read(inner: &Arc<Inner>, conn: &mut AnyConnection, reader: Option<Reade
             if let Some(before) = &reader.health {
                 for (server, health) in now.iter().filter(|(s, h)| before.get(*s) != Some(*h)) {
                     let event = Event::McpHealth { server: server.clone(), health: health.clone() };
-                    let _ = inner.sender.send(Arc::new(Envelope { id: None, channel: None, chat_id: None, event }));
+                    send(inner, Envelope { id: None, channel: None, chat_id: None, event });
                 }
             }
             reader.health = Some(now);
@@ -121,6 +130,10 @@ async fn read(inner: &Arc<Inner>, conn: &mut AnyConnection, reader: Option<Reade
         Err(e) => return Err((Some(reader), e)),
     }
     Ok(reader)
+}
+
+fn send(inner: &Inner, envelope: Envelope) {
+    let _ = inner.sender.send(Arc::new(envelope));
 }
 
 /// On PostgreSQL: wakes the reader when any process commits rows it follows, and publishes

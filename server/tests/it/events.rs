@@ -239,7 +239,7 @@ async fn a_reconnecting_page_gets_what_it_missed(db: TestDb) {
     let second = simulate(&app, "resume-chat", "two").await;
     let mut again = open(&app, &cookie, Some(&last_id)).await.expect("reconnect");
     let (steps, _) = read_trace(&mut again, second).await;
-    let Some((_, stored)) = server::db::traces::get(&mut *app.state.db.pool.acquire().await.expect("conn"), second).await.expect("read") else {
+    let Some((_, stored)) = server::db::traces::get(&mut app.state.db.pool.acquire().await.expect("conn"), second).await.expect("read") else {
         panic!("trace stored")
     };
     let expected: Vec<(i64, i64)> = (0..stored.len() as i64).map(|seq| (second, seq)).collect();
@@ -266,3 +266,55 @@ async fn an_owner_session_holds_a_limited_number_of_streams(db: TestDb) {
     open(&app, &other.cookie.clone().expect("second session"), None).await.expect("another session's stream");
 }
 both_backends!(events_stream_limit, an_owner_session_holds_a_limited_number_of_streams);
+
+async fn the_dashboard_charts_replies_job_waits_approvals_and_mcp_health(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    simulate(&app, "chart-chat", "hello").await;
+    let job = app.state.jobs.enqueue(&app.state.jobs.job(&server::jobs::echo::Echo { message: "x".into(), fail_with: None })).await.expect("enqueue");
+    sqlx::query("UPDATE jobs SET started_at = scheduled_at + 1500 WHERE id = $1").bind(job.job.id).execute(&app.state.db.pool).await.expect("start");
+
+    let facts = owner.post_form("/api/dashboard_facts", &[]).await;
+    assert_eq!(facts.status, StatusCode::OK, "{}", facts.body);
+    let charts = facts.json()["charts"].as_array().cloned().expect("charts");
+    let chart = |id: &str| charts.iter().find(|c| c["id"] == id).cloned().unwrap_or_else(|| panic!("chart {id}"));
+    let total = |c: &Value, series: &str| -> i64 {
+        let Some(j) = c["series"].as_array().expect("series").iter().position(|s| s["name"] == series) else { return 0 };
+        c["bars"].as_array().expect("bars").iter().map(|b| b["values"][j].as_i64().unwrap_or(0)).sum()
+    };
+    let replies = chart("replies");
+    assert_eq!(total(&replies, "delivered"), 1, "the simulated reply: {replies}");
+    assert_eq!(replies["series"][0]["link"], "/conversations");
+    assert_eq!(total(&chart("job_wait"), "average wait"), 1500);
+    let approvals = chart("approvals_waiting");
+    assert_eq!(approvals["bars"].as_array().map(Vec::len), Some(4), "four age buckets");
+    assert_eq!(approvals["link"], "/approvals");
+    assert_eq!(chart("mcp_health")["link"], "/mcp");
+    assert_eq!(chart("tool_outcomes")["link"], "/tools");
+}
+both_backends!(dashboard_new_charts, the_dashboard_charts_replies_job_waits_approvals_and_mcp_health);
+
+/// PostgreSQL takes ids at insert, not at commit: a step whose transaction commits after a
+/// later step's is still published once it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_committed_after_a_later_one_is_still_published() {
+    let Some(db) = TestDb::postgres().await else { return };
+    crate::support::within_limit("events::late_commit", async move {
+        let app = TestApp::new(db).await;
+        let mut sub = app.state.events.subscribe().await;
+        let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
+        let mut first = app.state.db.begin_write().await.expect("begin");
+        let mut early = server::traces::begin(&mut first, subject("late-a")).await.expect("trace");
+        early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        early.flush(&mut first).await.expect("steps");
+        let mut second = app.state.db.begin_write().await.expect("begin");
+        let mut later = server::traces::begin(&mut second, subject("late-b")).await.expect("trace");
+        later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        later.flush(&mut second).await.expect("steps");
+        second.commit().await.expect("commit");
+        while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-b") {}
+        first.commit().await.expect("commit");
+        while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-a") {}
+    })
+    .await;
+}
