@@ -95,6 +95,7 @@ pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_e
     .bind(id)
     .execute(&mut *conn)
     .await?;
+    super::events::ring();
     Ok(())
 }
 

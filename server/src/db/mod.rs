@@ -8,6 +8,7 @@ pub mod budget;
 pub mod contexts;
 pub mod conversation;
 pub mod evals;
+pub mod events;
 pub mod jobs;
 pub mod llm_calls;
 pub mod owner_notifications;

@@ -287,9 +287,9 @@ mod tests {
 
     #[test]
     fn each_purpose_takes_its_configured_model() {
-        let models = ModelSettings { chat: "a".into(), planner: "b".into(), summarizer: "c".into(), compaction: "d".into(), prices: vec![] };
+        let models = ModelSettings { chat: "a".into(), planner: "b".into(), summarizer: "c".into(), compaction: "d".into(), repair: "e".into(), prices: vec![] };
         let picked: Vec<&str> = Purpose::ALL.iter().map(|p| p.model(&models)).collect();
-        assert_eq!(picked, ["a", "b", "c", "d"]);
+        assert_eq!(picked, ["a", "b", "c", "d", "e"]);
         let req = ChatRequest::new(&models, Purpose::Summarizer, "c1", vec![Message::user("x")]);
         assert_eq!((req.model.as_str(), req.purpose.as_str()), ("c", "summarizer"));
     }

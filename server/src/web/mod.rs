@@ -92,7 +92,7 @@ pub fn router(state: AppState) -> Router {
         );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
     let owner_api = Router::new()
-        .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
+        .route(app::live::EVENTS_STREAM, get(live::events_stream))
         .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
         .with_state(state.clone())
         .merge(simulator::routes(state.clone()));

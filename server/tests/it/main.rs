@@ -11,6 +11,7 @@ mod followups;
 mod hardening;
 mod conversation;
 mod evals;
+mod events;
 mod jobs;
 mod jobs_process;
 mod jobs_race;
