@@ -11,6 +11,8 @@ mod owners;
 mod tools;
 mod traces;
 
+pub use mcp::oauth_routes;
+
 use app::{dto::ToolCallView, error::AppError};
 
 pub use owners::effective_entries;

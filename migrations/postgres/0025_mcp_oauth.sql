@@ -1,0 +1,43 @@
+-- OAuth for MCP servers (auth = "oauth" in config/mcp.toml). Per server: what discovery found and
+-- the client Gatehouse uses, the tokens, and whether an owner must log in again. Token responses,
+-- client secrets and PKCE verifiers are stored only encrypted (XChaCha20-Poly1305 with the key in
+-- GATEHOUSE_MCP_TOKEN_KEY; hex of nonce and ciphertext).
+CREATE TABLE mcp_oauth (
+    server_id      TEXT    PRIMARY KEY,
+    -- The MCP server URL the tokens were issued for: a changed URL needs a new login.
+    resource       TEXT    NOT NULL,
+    -- Authorization server metadata as discovered (JSON).
+    metadata       TEXT    NOT NULL,
+    client_id      TEXT    NOT NULL,
+    -- Encrypted: a client secret from dynamic registration.
+    client_secret  TEXT,
+    -- Encrypted: the token response with its scopes and time (JSON).
+    credentials    TEXT,
+    -- connected or needs_login.
+    state          TEXT    NOT NULL,
+    -- Why it needs a login (no secret in it), and the scope the server last asked for.
+    reason         TEXT,
+    required_scope TEXT,
+    -- One process refreshes at a time: a compare-and-set lease.
+    lease_token    TEXT,
+    lease_until    BIGINT,
+    -- Refreshes done (observability, and the tests' proof of one refresh).
+    refreshes      BIGINT  NOT NULL DEFAULT 0,
+    updated_at     BIGINT  NOT NULL
+);
+
+-- Logins in flight: the OAuth `state` (CSRF) value, hashed, bound to the owner who started it.
+CREATE TABLE mcp_oauth_logins (
+    state_hash  TEXT    PRIMARY KEY,
+    server_id   TEXT    NOT NULL,
+    -- The owner who started it; NULL when `gatehouse mcp login` did.
+    owner_id    BIGINT,
+    -- Encrypted: the PKCE verifier and what the callback checks.
+    secret      TEXT    NOT NULL,
+    -- Discovery and client of this login (JSON; the client secret encrypted), stored for the
+    -- callback, which may come to another process.
+    pending     TEXT    NOT NULL,
+    created_at  BIGINT  NOT NULL,
+    expires_at  BIGINT  NOT NULL
+);
+CREATE INDEX mcp_oauth_logins_expires ON mcp_oauth_logins(expires_at);
