@@ -1,7 +1,8 @@
 -- OAuth for MCP servers (auth = "oauth" in config/mcp.toml). Per server: what discovery found and
--- the client Gatehouse uses, the tokens, and whether an owner must log in again. Token responses,
--- client secrets and PKCE verifiers are stored only encrypted (XChaCha20-Poly1305 with the key in
--- GATEHOUSE_MCP_TOKEN_KEY; hex of nonce and ciphertext).
+-- the client Gatehouse uses, the tokens, and whether an owner must log in again. Token responses
+-- and client secrets are stored only encrypted (XChaCha20-Poly1305 with the key in
+-- GATEHOUSE_MCP_TOKEN_KEY; hex of nonce and ciphertext). Logins in flight (the PKCE verifier)
+-- stay in the memory of the process that started them.
 CREATE TABLE mcp_oauth (
     server_id      TEXT    PRIMARY KEY,
     -- The MCP server URL the tokens were issued for: a changed URL needs a new login.
@@ -26,18 +27,3 @@ CREATE TABLE mcp_oauth (
     updated_at     INTEGER NOT NULL
 );
 
--- Logins in flight: the OAuth `state` (CSRF) value, hashed, bound to the owner who started it.
-CREATE TABLE mcp_oauth_logins (
-    state_hash  TEXT    PRIMARY KEY,
-    server_id   TEXT    NOT NULL,
-    -- The owner who started it; NULL when `gatehouse mcp login` did.
-    owner_id    INTEGER,
-    -- Encrypted: the PKCE verifier and what the callback checks.
-    secret      TEXT    NOT NULL,
-    -- Discovery and client of this login (JSON; the client secret encrypted), stored for the
-    -- callback, which may come to another process.
-    pending     TEXT    NOT NULL,
-    created_at  INTEGER NOT NULL,
-    expires_at  INTEGER NOT NULL
-);
-CREATE INDEX mcp_oauth_logins_expires ON mcp_oauth_logins(expires_at);

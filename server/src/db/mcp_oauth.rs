@@ -1,5 +1,5 @@
-//! OAuth of MCP servers: the client and tokens of each server (sealed by the caller), logins in
-//! flight, and the refresh lease that lets one process at a time refresh a shared token.
+//! OAuth of MCP servers: the client and tokens of each server (sealed by the caller), and the
+//! refresh lease that lets one process at a time refresh a shared token.
 
 use sqlx::AnyConnection;
 
@@ -115,38 +115,4 @@ pub async fn release_lease(conn: &mut AnyConnection, server: &str, token: &str) 
         .execute(&mut *conn)
         .await?;
     Ok(())
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct LoginRow {
-    pub server_id: String,
-    pub owner_id: Option<i64>,
-    pub secret: String,
-    pub pending: String,
-    pub expires_at: i64,
-}
-
-pub async fn insert_login(conn: &mut AnyConnection, state_hash: &str, login: &LoginRow) -> Result<(), DbError> {
-    sqlx::query("DELETE FROM mcp_oauth_logins WHERE expires_at < $1").bind(now_ms()).execute(&mut *conn).await?;
-    sqlx::query("INSERT INTO mcp_oauth_logins (state_hash, server_id, owner_id, secret, pending, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-        .bind(state_hash)
-        .bind(&login.server_id)
-        .bind(login.owner_id)
-        .bind(&login.secret)
-        .bind(&login.pending)
-        .bind(now_ms())
-        .bind(login.expires_at)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
-/// Takes a login in flight (once: it is deleted), if it has not expired.
-pub async fn take_login(conn: &mut AnyConnection, state_hash: &str) -> Result<Option<LoginRow>, DbError> {
-    let row: Option<LoginRow> = sqlx::query_as("SELECT server_id, owner_id, secret, pending, expires_at FROM mcp_oauth_logins WHERE state_hash = $1")
-        .bind(state_hash)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let deleted = sqlx::query("DELETE FROM mcp_oauth_logins WHERE state_hash = $1").bind(state_hash).execute(&mut *conn).await?;
-    Ok(row.filter(|r| deleted.rows_affected() > 0 && r.expires_at >= now_ms()))
 }
