@@ -123,15 +123,14 @@ pub struct OAuthClient {
     pub scopes: Vec<String>,
 }
 
-/// What a server's `elicitation/create` during a call gets.
+/// What a server's `elicitation/create` during a call gets. Only declining is built: the
+/// capability is not announced, and a request that comes anyway is declined (rmcp's default
+/// answer). Forwarding to the owner is a later policy; a customer is never asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ElicitationPolicy {
-    /// Declined at once; the server is not told Gatehouse could ask anyone.
     #[default]
     Decline,
-    /// Shown to the owners in the console as a form; declined when none answers in time.
-    Owner,
 }
 
 /// Bounds on what discovery accepts from a server.
