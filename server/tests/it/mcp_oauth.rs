@@ -326,11 +326,14 @@ async fn tokens_never_reach_logs_the_database_or_results() {
     let dir = config_dir(&db_url, &fake);
 
     // `gatehouse mcp login crm`: the address to open, then the address the browser landed on.
+    // The debug log goes to a file: a full stderr pipe would block the child before it prints.
+    let log_path = dir.path().join("login.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
     let mut child = gatehouse(&dir)
         .args(["mcp", "login", "crm"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::from(log))
         .spawn()
         .expect("spawn");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
@@ -346,7 +349,7 @@ async fn tokens_never_reach_logs_the_database_or_results() {
     let out = child.wait_with_output().expect("login");
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).expect("rest");
-    let login_text = format!("{url}{rest}{}", String::from_utf8_lossy(&out.stderr));
+    let login_text = format!("{url}{rest}{}", std::fs::read_to_string(&log_path).expect("login log"));
     assert!(out.status.success(), "{login_text}");
 
     // A call (the token is refreshed first), with debug logs.
