@@ -349,7 +349,10 @@ async fn tokens_never_reach_logs_the_database_or_results() {
     let out = child.wait_with_output().expect("login");
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).expect("rest");
-    let login_text = format!("{url}{rest}{}", std::fs::read_to_string(&log_path).expect("login log"));
+    let login_text = format!(
+        "{url}{rest}{}",
+        std::fs::read_to_string(&log_path).expect("login log")
+    );
     assert!(out.status.success(), "{login_text}");
 
     // A call (the token is refreshed first), with debug logs.
@@ -368,11 +371,10 @@ async fn tokens_never_reach_logs_the_database_or_results() {
         issued.len() >= 4 && fake.with(|s| s.refresh_grants) == 1,
         "a login and a refresh happened: {issued:?}"
     );
-    // Every text of every table but the sealed credentials themselves.
-    let db = Db::connect(&{
-        let mut s = server::config::DatabaseSettings::default();
-        s.url = db_url;
-        s
+    // Every text of every table (the sealed credentials too: sealed, no token shows).
+    let db = Db::connect(&server::config::DatabaseSettings {
+        url: db_url,
+        ..Default::default()
     })
     .await
     .expect("db");
