@@ -4,22 +4,16 @@
 
 use leptos::prelude::*;
 
+use crate::{
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
+    error::AppError,
+};
 #[cfg(feature = "ssr")]
 use crate::{
-    auth::{
-        answer, backend, begin_session, client_ip, for_owner, require_owner, retry_after, session,
-    },
+    auth::{answer, backend, begin_session, client_ip, for_owner, require_owner, retry_after, session},
     backend::LoginOutcome,
     dto::NewOwner,
     error::code,
-};
-use crate::{
-    dto::{
-        ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage,
-        ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage,
-        TraceDetail, TracesPage, TryOutcome,
-    },
-    error::AppError,
 };
 
 /// Server functions reachable without a session. Everything else answers 401 without one.
@@ -32,9 +26,7 @@ pub fn safe_next(next: &str) -> &str {
     let plain = next.starts_with('/')
         && !next.starts_with("//")
         && next.len() <= 512
-        && next
-            .bytes()
-            .all(|b| (0x21..=0x7e).contains(&b) && b != b'\\');
+        && next.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'\\');
     if plain { next } else { "/" }
 }
 
@@ -64,15 +56,7 @@ pub async fn setup_owner(
             let backend = backend()?;
             let ip = client_ip().await;
             let who = backend
-                .create_first_owner(
-                    NewOwner {
-                        display_name,
-                        login,
-                        password,
-                        phones: whatsapp,
-                    },
-                    &ip,
-                )
+                .create_first_owner(NewOwner { display_name, login, password, phones: whatsapp }, &ip)
                 .await?;
             begin_session(&session().await?, &who).await?;
             leptos_axum::redirect("/");
@@ -94,16 +78,10 @@ pub async fn login(login: String, password: String, next: String) -> Result<(), 
                     leptos_axum::redirect(safe_next(&next));
                     Ok(())
                 }
-                LoginOutcome::Rejected => Err(AppError::new(
-                    code::LOGIN_FAILED,
-                    "Wrong login name or password.",
-                )),
+                LoginOutcome::Rejected => Err(AppError::new(code::LOGIN_FAILED, "Wrong login name or password.")),
                 LoginOutcome::Throttled { retry_after_secs } => {
                     retry_after(retry_after_secs);
-                    Err(AppError::new(
-                        code::LOGIN_THROTTLED,
-                        "Too many failed attempts. Wait a few minutes and try again.",
-                    ))
+                    Err(AppError::new(code::LOGIN_THROTTLED, "Too many failed attempts. Wait a few minutes and try again."))
                 }
             }
         }
@@ -121,9 +99,7 @@ pub async fn logout() -> Result<(), AppError> {
                 tracing::error!(error = %e, "logout could not delete the session");
                 AppError::internal()
             })?;
-            backend()?
-                .record_logout(me.owner_id, &client_ip().await)
-                .await?;
+            backend()?.record_logout(me.owner_id, &client_ip().await).await?;
             leptos_axum::redirect("/login");
             Ok(())
         }
@@ -148,29 +124,12 @@ pub async fn console_settings() -> Result<SettingsInfo, AppError> {
 
 #[server(endpoint = "update_phones")]
 pub async fn update_phones(phones: String) -> Result<Vec<String>, AppError> {
-    for_owner(|me, backend| async move {
-        backend
-            .update_phones(me.owner_id, &phones, &client_ip().await)
-            .await
-    })
-    .await
+    for_owner(|me, backend| async move { backend.update_phones(me.owner_id, &phones, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "list_jobs")]
-pub async fn list_jobs(
-    state: String,
-    tool: String,
-    chat: String,
-    since_minutes: i64,
-    before: i64,
-) -> Result<JobsPage, AppError> {
-    let query = crate::dto::JobQuery {
-        state,
-        tool,
-        chat,
-        since_minutes,
-        before,
-    };
+pub async fn list_jobs(state: String, tool: String, chat: String, since_minutes: i64, before: i64) -> Result<JobsPage, AppError> {
+    let query = crate::dto::JobQuery { state, tool, chat, since_minutes, before };
     for_owner(|_, backend| async move { backend.jobs_page(&query).await }).await
 }
 
@@ -181,33 +140,17 @@ pub async fn get_job(id: i64) -> Result<JobDetail, AppError> {
 
 #[server(endpoint = "retry_job")]
 pub async fn retry_job(id: i64) -> Result<(), AppError> {
-    for_owner(
-        |me, backend| async move { backend.retry_job(me.owner_id, id, &client_ip().await).await },
-    )
-    .await
+    for_owner(|me, backend| async move { backend.retry_job(me.owner_id, id, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "cancel_job")]
 pub async fn cancel_job(id: i64) -> Result<(), AppError> {
-    for_owner(|me, backend| async move {
-        backend
-            .cancel_job(me.owner_id, id, &client_ip().await)
-            .await
-    })
-    .await
+    for_owner(|me, backend| async move { backend.cancel_job(me.owner_id, id, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "list_tools")]
-pub async fn list_tools(
-    provider: String,
-    audience: String,
-    risk: String,
-) -> Result<ToolsPage, AppError> {
-    let query = crate::dto::ToolsQuery {
-        provider,
-        audience,
-        risk,
-    };
+pub async fn list_tools(provider: String, audience: String, risk: String) -> Result<ToolsPage, AppError> {
+    let query = crate::dto::ToolsQuery { provider, audience, risk };
     for_owner(|_, backend| async move { backend.tools_page(&query).await }).await
 }
 
@@ -218,25 +161,13 @@ pub async fn get_tool(name: String) -> Result<ToolDetail, AppError> {
 
 /// Runs a call through the checkpoint as the signed-in owner.
 #[server(endpoint = "try_tool")]
-pub async fn try_tool(
-    name: String,
-    args: String,
-    chat_type: String,
-) -> Result<TryOutcome, AppError> {
-    for_owner(|me, backend| async move {
-        backend
-            .try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await)
-            .await
-    })
-    .await
+pub async fn try_tool(name: String, args: String, chat_type: String) -> Result<TryOutcome, AppError> {
+    for_owner(|me, backend| async move { backend.try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "reload_tools")]
 pub async fn reload_tools() -> Result<ReloadOutcome, AppError> {
-    for_owner(
-        |me, backend| async move { backend.reload_tools(me.owner_id, &client_ip().await).await },
-    )
-    .await
+    for_owner(|me, backend| async move { backend.reload_tools(me.owner_id, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "mcp_servers")]
@@ -253,21 +184,14 @@ pub async fn mcp_set_enabled(server: String, enabled: String) -> Result<(), AppE
             "false" => false,
             _ => return Err(AppError::invalid("enabled must be true or false")),
         };
-        backend
-            .mcp_set_enabled(me.owner_id, &server, enabled, &client_ip().await)
-            .await
+        backend.mcp_set_enabled(me.owner_id, &server, enabled, &client_ip().await).await
     })
     .await
 }
 
 #[server(endpoint = "mcp_refresh")]
 pub async fn mcp_refresh(server: String) -> Result<String, AppError> {
-    for_owner(|me, backend| async move {
-        backend
-            .mcp_refresh(me.owner_id, &server, &client_ip().await)
-            .await
-    })
-    .await
+    for_owner(|me, backend| async move { backend.mcp_refresh(me.owner_id, &server, &client_ip().await).await }).await
 }
 
 /// Approves ("approve") or rejects ("reject") a quarantined MCP tool, by catalog name, bound to
@@ -276,9 +200,7 @@ pub async fn mcp_refresh(server: String) -> Result<String, AppError> {
 pub async fn mcp_decide(tool: String, decision: String, hash: String) -> Result<(), AppError> {
     for_owner(|me, backend| async move {
         let approve = approves(&decision)?;
-        backend
-            .mcp_decide(me.owner_id, &tool, approve, &hash, &client_ip().await)
-            .await
+        backend.mcp_decide(me.owner_id, &tool, approve, &hash, &client_ip().await).await
     })
     .await
 }
@@ -290,43 +212,17 @@ pub async fn list_approvals() -> Result<ApprovalsPage, AppError> {
 
 /// Approves ("approve") or rejects ("reject", with an optional reason) a waiting tool call.
 #[server(endpoint = "decide_approval")]
-pub async fn decide_approval(
-    id: i64,
-    decision: String,
-    reason: Option<String>,
-) -> Result<String, AppError> {
+pub async fn decide_approval(id: i64, decision: String, reason: Option<String>) -> Result<String, AppError> {
     for_owner(|me, backend| async move {
         let approve = approves(&decision)?;
-        backend
-            .decide_approval(
-                me.owner_id,
-                id,
-                approve,
-                reason.as_deref().unwrap_or_default(),
-                &client_ip().await,
-            )
-            .await
+        backend.decide_approval(me.owner_id, id, approve, reason.as_deref().unwrap_or_default(), &client_ip().await).await
     })
     .await
 }
 
 #[server(endpoint = "list_traces")]
-pub async fn list_traces(
-    chat: String,
-    route: String,
-    outcome: String,
-    error_code: String,
-    since_minutes: i64,
-    before: i64,
-) -> Result<TracesPage, AppError> {
-    let query = crate::dto::TraceQuery {
-        chat,
-        route,
-        outcome,
-        error_code,
-        since_minutes,
-        before,
-    };
+pub async fn list_traces(chat: String, route: String, outcome: String, error_code: String, since_minutes: i64, before: i64) -> Result<TracesPage, AppError> {
+    let query = crate::dto::TraceQuery { chat, route, outcome, error_code, since_minutes, before };
     for_owner(|_, backend| async move { backend.traces_page(&query).await }).await
 }
 
@@ -348,12 +244,7 @@ pub async fn get_chat(channel: String, chat_id: String) -> Result<ChatDetail, Ap
 /// The console's simulator form: one message through the same runtime as WhatsApp. `group` is a
 /// checkbox: absent when unchecked.
 #[server(endpoint = "simulate_message")]
-pub async fn simulate_message(
-    from: String,
-    text: String,
-    chat_id: String,
-    group: Option<String>,
-) -> Result<SimulateOutcome, AppError> {
+pub async fn simulate_message(from: String, text: String, chat_id: String, group: Option<String>) -> Result<SimulateOutcome, AppError> {
     for_owner(|me, backend| async move {
         let request = crate::dto::SimulateRequest {
             from,

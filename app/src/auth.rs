@@ -25,37 +25,20 @@ struct SessionOwner {
 pub struct ClientIp(pub String);
 
 fn now_ms() -> i64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The owner behind `session`, or `None` for no session, an expired one, or one whose owner was
 /// removed or had the password reset. Invalid sessions are flushed.
-pub async fn owner_of(
-    session: &Session,
-    backend: &SharedBackend,
-) -> Result<Option<ShellInfo>, AppError> {
+pub async fn owner_of(session: &Session, backend: &SharedBackend) -> Result<Option<ShellInfo>, AppError> {
     let stored: Option<SessionOwner> = session.get(SESSION_KEY).await.map_err(|e| {
         tracing::error!(error = %e, "session load failed");
         AppError::internal()
     })?;
-    let Some(stored) = stored else {
-        return Ok(None);
-    };
-    let expired =
-        now_ms().saturating_sub(stored.login_at_ms) > backend.session_absolute_timeout_ms();
-    let info = if expired {
-        None
-    } else {
-        backend
-            .shell_info(&OwnerIdentity {
-                id: stored.id,
-                epoch: stored.epoch,
-            })
-            .await?
-    };
+    let Some(stored) = stored else { return Ok(None) };
+    let expired = now_ms().saturating_sub(stored.login_at_ms) > backend.session_absolute_timeout_ms();
+    let info = if expired { None } else { backend.shell_info(&OwnerIdentity { id: stored.id, epoch: stored.epoch }).await? };
     if info.is_none() {
         let _ = session.flush().await;
     }
@@ -64,16 +47,9 @@ pub async fn owner_of(
 
 /// Starts a fresh session for `who`, with a new id so a planted id is useless.
 pub async fn begin_session(session: &Session, who: &OwnerIdentity) -> Result<(), AppError> {
-    let record = SessionOwner {
-        id: who.id,
-        epoch: who.epoch,
-        login_at_ms: now_ms(),
-    };
+    let record = SessionOwner { id: who.id, epoch: who.epoch, login_at_ms: now_ms() };
     session.cycle_id().await.map_err(session_error)?;
-    session
-        .insert(SESSION_KEY, record)
-        .await
-        .map_err(session_error)?;
+    session.insert(SESSION_KEY, record).await.map_err(session_error)?;
     Ok(())
 }
 
@@ -97,19 +73,14 @@ pub(crate) async fn session() -> Result<Session, AppError> {
 }
 
 pub(crate) async fn client_ip() -> String {
-    leptos_axum::extract::<axum::Extension<ClientIp>>()
-        .await
-        .map(|ip| ip.0.0)
-        .unwrap_or_else(|_| "unknown".into())
+    leptos_axum::extract::<axum::Extension<ClientIp>>().await.map(|ip| ip.0.0).unwrap_or_else(|_| "unknown".into())
 }
 
 /// The signed-in owner, or `UNAUTHORIZED`. Every protected server function starts here.
 pub async fn require_owner() -> Result<ShellInfo, AppError> {
     let backend = backend()?;
     let session = session().await?;
-    owner_of(&session, &backend)
-        .await?
-        .ok_or_else(AppError::unauthorized)
+    owner_of(&session, &backend).await?.ok_or_else(AppError::unauthorized)
 }
 
 /// The body of a protected server function: `work` gets the signed-in owner (or the call is
@@ -132,12 +103,7 @@ where
 /// which carries the error in its URL, not an error status the browser would show as JSON.
 fn is_plain_form_post() -> bool {
     use_context::<http::request::Parts>()
-        .and_then(|p| {
-            p.headers
-                .get(http::header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.contains("text/html"))
-        })
+        .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|v| v.to_str().ok()).map(|v| v.contains("text/html")))
         .unwrap_or(false)
 }
 

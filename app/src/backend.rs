@@ -6,12 +6,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{
-        ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage,
-        McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome,
-        SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage,
-        TryOutcome,
-    },
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceQuery, TracesPage, TryOutcome},
     error::AppError,
 };
 
@@ -27,9 +22,7 @@ pub enum LoginOutcome {
     Ok(OwnerIdentity),
     /// Unknown login or wrong password; the caller cannot tell which.
     Rejected,
-    Throttled {
-        retry_after_secs: u64,
-    },
+    Throttled { retry_after_secs: u64 },
 }
 
 /// First-run setup, login, sessions, the owner's own settings and the dashboard.
@@ -39,23 +32,14 @@ pub trait OwnersBackend: Send + Sync {
     async fn setup_open(&self) -> Result<bool, AppError>;
     /// Creates the first owner; fails with `SETUP_CLOSED` when one already exists, also when two
     /// requests race.
-    async fn create_first_owner(
-        &self,
-        owner: NewOwner,
-        ip: &str,
-    ) -> Result<OwnerIdentity, AppError>;
+    async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError>;
     async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError>;
     async fn record_logout(&self, owner_id: i64, ip: &str) -> Result<(), AppError>;
     /// `None` when the owner is gone or the session epoch is stale (password was reset).
     async fn shell_info(&self, who: &OwnerIdentity) -> Result<Option<ShellInfo>, AppError>;
     async fn dashboard(&self) -> Result<DashboardInfo, AppError>;
     async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError>;
-    async fn update_phones(
-        &self,
-        owner_id: i64,
-        phones: &str,
-        ip: &str,
-    ) -> Result<Vec<String>, AppError>;
+    async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError>;
     /// Sessions older than this since login are void, however active.
     fn session_absolute_timeout_ms(&self) -> i64;
 }
@@ -77,14 +61,7 @@ pub trait ToolsBackend: Send + Sync {
     async fn tool_detail(&self, name: &str) -> Result<ToolDetail, AppError>;
     /// Runs one call through the checkpoint as this owner; audited like any other call, plus
     /// an owner audit row.
-    async fn try_tool(
-        &self,
-        owner_id: i64,
-        name: &str,
-        args_json: &str,
-        chat_type: &str,
-        ip: &str,
-    ) -> Result<TryOutcome, AppError>;
+    async fn try_tool(&self, owner_id: i64, name: &str, args_json: &str, chat_type: &str, ip: &str) -> Result<TryOutcome, AppError>;
     /// Re-reads the tool catalog (tools.toml, connectors.toml); a file with problems is refused
     /// with every problem listed, and the current catalog stays.
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError>;
@@ -97,11 +74,7 @@ pub trait ChatsBackend: Send + Sync {
     async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError>;
     /// Runs one simulated message through the conversation runtime; only the transport differs
     /// from WhatsApp.
-    async fn simulate(
-        &self,
-        owner_id: i64,
-        request: SimulateRequest,
-    ) -> Result<SimulateOutcome, AppError>;
+    async fn simulate(&self, owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError>;
 }
 
 /// What happened to each message.
@@ -116,23 +89,10 @@ pub trait TracesBackend: Send + Sync {
 pub trait McpBackend: Send + Sync {
     async fn mcp_page(&self) -> Result<McpPage, AppError>;
     /// Owner actions on MCP servers and their tools, each audited with the owner and address.
-    async fn mcp_set_enabled(
-        &self,
-        owner_id: i64,
-        server: &str,
-        enabled: bool,
-        ip: &str,
-    ) -> Result<(), AppError>;
+    async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError>;
     async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError>;
     /// `reviewed_hash` is the definition hash the owner saw; a changed definition is refused.
-    async fn mcp_decide(
-        &self,
-        owner_id: i64,
-        tool: &str,
-        approve: bool,
-        reviewed_hash: &str,
-        ip: &str,
-    ) -> Result<(), AppError>;
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError>;
 }
 
 /// Tool calls waiting for an owner.
@@ -142,38 +102,12 @@ pub trait ApprovalsBackend: Send + Sync {
     /// Decides once: an approval enqueues the call's one run; a rejection tells the person who
     /// asked. Fails with APPROVAL_ALREADY_DECIDED (naming who decided), APPROVAL_EXPIRED or
     /// APPROVAL_NOT_FOUND. Audited with the owner and address. Returns what happened, in words.
-    async fn decide_approval(
-        &self,
-        owner_id: i64,
-        id: i64,
-        approve: bool,
-        reason: &str,
-        ip: &str,
-    ) -> Result<String, AppError>;
+    async fn decide_approval(&self, owner_id: i64, id: i64, approve: bool, reason: &str, ip: &str) -> Result<String, AppError>;
 }
 
 /// Everything the console uses: one value implementing every role.
-pub trait AdminBackend:
-    OwnersBackend
-    + JobsBackend
-    + ToolsBackend
-    + ChatsBackend
-    + TracesBackend
-    + McpBackend
-    + ApprovalsBackend
-{
-}
+pub trait AdminBackend: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend {}
 
-impl<
-    T: OwnersBackend
-        + JobsBackend
-        + ToolsBackend
-        + ChatsBackend
-        + TracesBackend
-        + McpBackend
-        + ApprovalsBackend,
-> AdminBackend for T
-{
-}
+impl<T: OwnersBackend + JobsBackend + ToolsBackend + ChatsBackend + TracesBackend + McpBackend + ApprovalsBackend> AdminBackend for T {}
 
 pub type SharedBackend = Arc<dyn AdminBackend>;

@@ -11,32 +11,19 @@ pub struct PhoneNumber(String);
 
 impl PhoneNumber {
     pub fn parse(input: &str) -> Result<Self, String> {
-        let compact: String = input
-            .chars()
-            .filter(|c| !matches!(c, ' ' | '-' | '(' | ')' | '.'))
-            .collect();
+        let compact: String = input.chars().filter(|c| !matches!(c, ' ' | '-' | '(' | ')' | '.')).collect();
         let digits = compact.strip_prefix('+').ok_or_else(|| format!("{input:?} must start with + and the country code (E.164 form, such as +15550001111)"))?;
         let valid = (7..=15).contains(&digits.len())
             && digits.chars().all(|c| c.is_ascii_digit())
             && !digits.starts_with('0');
-        if valid {
-            Ok(Self(compact))
-        } else {
-            Err(format!(
-                "{input:?} is not a phone number in E.164 form, such as +15550001111"
-            ))
-        }
+        if valid { Ok(Self(compact)) } else { Err(format!("{input:?} is not a phone number in E.164 form, such as +15550001111")) }
     }
 
     /// Parses a list separated by commas, semicolons or new lines; blank entries are skipped
     /// and duplicates removed.
     pub fn parse_list(input: &str) -> Result<Vec<Self>, String> {
         let mut out: Vec<Self> = Vec::new();
-        for part in input
-            .split([',', ';', '\n'])
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-        {
+        for part in input.split([',', ';', '\n']).map(str::trim).filter(|p| !p.is_empty()) {
             let phone = Self::parse(part)?;
             if !out.contains(&phone) {
                 out.push(phone);
@@ -78,18 +65,9 @@ impl LoginName {
     pub fn parse(input: &str) -> Result<Self, String> {
         let name = input.trim().to_lowercase();
         let ok = (2..=32).contains(&name.len())
-            && name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphanumeric())
-            && name.chars().all(|c| {
-                c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
-            });
-        if ok {
-            Ok(Self(name))
-        } else {
-            Err("Login name: 2 to 32 letters, digits, '.', '_' or '-'.".into())
-        }
+            && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+        if ok { Ok(Self(name)) } else { Err("Login name: 2 to 32 letters, digits, '.', '_' or '-'.".into()) }
     }
 
     pub fn as_str(&self) -> &str {
@@ -112,25 +90,18 @@ mod tests {
 
     #[test]
     fn phone_numbers() {
-        assert_eq!(
-            PhoneNumber::parse("+1 555 000 1111").map(String::from),
-            Ok("+15550001111".to_string())
-        );
+        assert_eq!(PhoneNumber::parse("+1 555 000 1111").map(String::from), Ok("+15550001111".to_string()));
         assert!(PhoneNumber::parse("15550001111").is_err());
         assert!(PhoneNumber::parse("+0123456789").is_err());
         assert!(PhoneNumber::parse("+12").is_err());
         assert!(PhoneNumber::parse("+1555abc1111").is_err());
-        let list =
-            PhoneNumber::parse_list("+15550001111, +447700900123\n+15550001111").expect("list");
+        let list = PhoneNumber::parse_list("+15550001111, +447700900123\n+15550001111").expect("list");
         assert_eq!(list.len(), 2);
     }
 
     #[test]
     fn login_names() {
-        assert_eq!(
-            LoginName::parse(" Alice ").map(|l| l.as_str().to_string()),
-            Ok("alice".into())
-        );
+        assert_eq!(LoginName::parse(" Alice ").map(|l| l.as_str().to_string()), Ok("alice".into()));
         assert!(LoginName::parse("a").is_err());
         assert!(LoginName::parse("-bad").is_err());
         assert!(LoginName::parse("has space").is_err());

@@ -124,10 +124,7 @@ pub struct NewOwner {
 
 impl std::fmt::Debug for NewOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewOwner")
-            .field("login", &self.login)
-            .field("password", &"[REDACTED]")
-            .finish_non_exhaustive()
+        f.debug_struct("NewOwner").field("login", &self.login).field("password", &"[REDACTED]").finish_non_exhaustive()
     }
 }
 

@@ -30,10 +30,7 @@ pub mod code {
 
 impl AppError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.to_string(),
-            message: message.into(),
-        }
+        Self { code: code.to_string(), message: message.into() }
     }
 
     pub fn unauthorized() -> Self {
@@ -46,10 +43,7 @@ impl AppError {
 
     /// Hides the cause from the owner; the caller logs it.
     pub fn internal() -> Self {
-        Self::new(
-            code::INTERNAL,
-            "Something went wrong on the server. The log has the details.",
-        )
+        Self::new(code::INTERNAL, "Something went wrong on the server. The log has the details.")
     }
 
     pub fn is_unauthorized(&self) -> bool {

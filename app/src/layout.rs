@@ -1,15 +1,9 @@
 //! The console frame: navigation, the signed-in owner, the degraded-mode banner and logout.
 
 use leptos::prelude::*;
-use leptos_router::{
-    components::{A, Outlet},
-    hooks::use_navigate,
-};
+use leptos_router::{components::{A, Outlet}, hooks::use_navigate};
 
-use crate::{
-    api::{Logout, current_owner},
-    error::AppError,
-};
+use crate::{api::{Logout, current_owner}, error::AppError};
 
 /// The console's sections, in navigation order: (path, label).
 pub const NAV: &[(&str, &str)] = &[

@@ -11,14 +11,10 @@ pub fn use_live(url: &'static str) -> ReadSignal<u64> {
     {
         use wasm_bindgen::{JsCast, closure::Closure};
         Effect::new(move |_| {
-            let Ok(source) = web_sys::EventSource::new(url) else {
-                return;
-            };
-            let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(
-                move |_: web_sys::MessageEvent| {
-                    set_version.update(|v| *v += 1);
-                },
-            );
+            let Ok(source) = web_sys::EventSource::new(url) else { return };
+            let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_: web_sys::MessageEvent| {
+                set_version.update(|v| *v += 1);
+            });
             source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
             on_message.forget();
             let source = send_wrapper::SendWrapper::new(source);
@@ -44,12 +40,7 @@ pub fn fmt_time(ms: i64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 #[cfg(test)]

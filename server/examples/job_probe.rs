@@ -12,9 +12,7 @@ use server::{
     channel::whatsapp::{Recipient, WhatsAppSender, graph::GraphClient, sender::SendError},
     config::{DatabaseSettings, WhatsAppSettings},
     db::Db,
-    jobs::{
-        JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings,
-    },
+    jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
 
 struct Probe {
@@ -27,12 +25,7 @@ struct Probe {
 impl JobHandler for Probe {
     async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
         let err = |e: sqlx::Error| JobError::retryable("PROBE_DB", e.to_string());
-        sqlx::query("INSERT INTO probe_runs (job_id, pid) VALUES ($1, $2)")
-            .bind(ctx.job.id)
-            .bind(self.pid)
-            .execute(&self.db.pool)
-            .await
-            .map_err(err)?;
+        sqlx::query("INSERT INTO probe_runs (job_id, pid) VALUES ($1, $2)").bind(ctx.job.id).bind(self.pid).execute(&self.db.pool).await.map_err(err)?;
         tokio::time::sleep(self.sleep).await;
         // The effect happens once per idempotency key, however often the job runs.
         sqlx::query("INSERT INTO probe_effects (idempotency_key, pid) VALUES ($1, $2) ON CONFLICT (idempotency_key) DO NOTHING")
@@ -54,22 +47,9 @@ struct ProbeSend {
 impl JobHandler for ProbeSend {
     async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
         let text = ctx.job.args.clone();
-        let text: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| JobError::permanent("PROBE_ARGS", e.to_string()))?;
-        let to = Recipient {
-            id: "16505551234".into(),
-            group: false,
-        };
-        match self
-            .sender
-            .send_text(
-                ctx.job.id,
-                &to,
-                text["text"].as_str().unwrap_or_default(),
-                None,
-            )
-            .await
-        {
+        let text: serde_json::Value = serde_json::from_str(&text).map_err(|e| JobError::permanent("PROBE_ARGS", e.to_string()))?;
+        let to = Recipient { id: "16505551234".into(), group: false };
+        match self.sender.send_text(ctx.job.id, &to, text["text"].as_str().unwrap_or_default(), None).await {
             Ok(_) => Ok(JobOutput::default()),
             Err(SendError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(SendError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
@@ -97,37 +77,18 @@ fn probe_sender(db: &Db, graph_url: String) -> anyhow::Result<WhatsAppSender> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let url = args.next().ok_or_else(|| {
-        anyhow::anyhow!("usage: job_probe DATABASE_URL [SLEEP_MS] [LEASE_MS] [CONCURRENCY]")
-    })?;
+    let url = args.next().ok_or_else(|| anyhow::anyhow!("usage: job_probe DATABASE_URL [SLEEP_MS] [LEASE_MS] [CONCURRENCY]"))?;
     let num = |v: Option<String>, d: u64| v.and_then(|s| s.parse().ok()).unwrap_or(d);
     let sleep = Duration::from_millis(num(args.next(), 20));
     let lease = Duration::from_millis(num(args.next(), 2000));
     let concurrency = num(args.next(), 16) as usize;
 
-    let db = Db::connect(&DatabaseSettings {
-        url,
-        max_connections: 24,
-        ..Default::default()
-    })
-    .await?;
+    let db = Db::connect(&DatabaseSettings { url, max_connections: 24, ..Default::default() }).await?;
     db.migrate().await?;
     let mut registry = Registry::new();
-    registry.register(
-        "probe",
-        Arc::new(Probe {
-            db: db.clone(),
-            sleep,
-            pid: i64::from(std::process::id()),
-        }),
-    );
+    registry.register("probe", Arc::new(Probe { db: db.clone(), sleep, pid: i64::from(std::process::id()) }));
     if let Ok(graph_url) = std::env::var("PROBE_GRAPH_URL") {
-        registry.register(
-            "probe_send",
-            Arc::new(ProbeSend {
-                sender: probe_sender(&db, graph_url)?,
-            }),
-        );
+        registry.register("probe_send", Arc::new(ProbeSend { sender: probe_sender(&db, graph_url)? }));
     }
     let settings = WorkerSettings {
         concurrency,
@@ -142,8 +103,6 @@ async fn main() -> anyhow::Result<()> {
     let queue = JobQueue::new(db.clone());
     println!("ready");
     let shutdown = server::web::serve::shutdown_watch();
-    Worker::new(db.clone(), registry, settings, queue.waker())
-        .run(shutdown)
-        .await;
+    Worker::new(db.clone(), registry, settings, queue.waker()).run(shutdown).await;
     Ok(())
 }

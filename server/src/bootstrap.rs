@@ -20,9 +20,9 @@ use crate::{
     channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
     config::{self, ConfigError, LoadedConfig},
     conversation::{Runtime, RuntimeParts, ToolLane},
+    lane,
     db::{Db, DbError},
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
-    lane,
     llm::{self, ChatModel},
     tools::{self, Checkpoint, ToolFiles, mcp::McpManager},
 };
@@ -54,9 +54,7 @@ pub struct Gatehouse {
 
 impl std::fmt::Debug for Gatehouse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gatehouse")
-            .field("database", &self.db.backend)
-            .finish_non_exhaustive()
+        f.debug_struct("Gatehouse").field("database", &self.db.backend).finish_non_exhaustive()
     }
 }
 
@@ -88,11 +86,7 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
         Err(_) => config::SecretSource::from_env(),
     };
     // A missing main file is reported alone; otherwise the tool files are checked too.
-    let files = if path.is_file() {
-        ToolFiles::load(dir, &secrets)
-    } else {
-        Ok(ToolFiles::default())
-    };
+    let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
     match (loaded, files) {
         (Ok(cfg), Ok(files)) => Ok((cfg, files)),
         (Err(ConfigError(mut problems)), files) => {
@@ -128,16 +122,10 @@ impl Gatehouse {
         Self::build_with(config, tool_files, db, Overrides::default())
     }
 
-    pub fn build_with(
-        config: LoadedConfig,
-        tool_files: ToolFiles,
-        db: Db,
-        overrides: Overrides,
-    ) -> Result<Self, BuildError> {
+    pub fn build_with(config: LoadedConfig, tool_files: ToolFiles, db: Db, overrides: Overrides) -> Result<Self, BuildError> {
         let settings = Arc::new(config.settings.clone());
         let jobs = JobQueue::with_settings(db.clone(), &settings.jobs);
-        let (tools, mcp) =
-            tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
+        let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
         let model = match overrides.model {
             Some(model) => model,
             None => llm::from_settings(&settings, &config.secrets)?,
@@ -148,41 +136,16 @@ impl Gatehouse {
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
         let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
-        let approvals = Arc::new(Approvals::new(
-            db.clone(),
-            jobs.clone(),
-            settings.clone(),
-            tools.clone(),
-        ));
+        let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
-        let contexts = Arc::new(lane::context::ContextStore::new(
-            db.clone(),
-            jobs.clone(),
-            settings.clone(),
-        ));
-        let processor = Arc::new(lane::processor::Processor::new(
-            tools.clone(),
-            summarizer,
-            outbox.clone(),
-            approvals.clone(),
-            contexts.clone(),
-        ));
+        let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {
                 let planner = lane::planner::Planner::new(model.clone(), settings.clone());
                 let strict = model.supports_strict_tools();
-                Arc::new(lane::Lane::new(
-                    settings.clone(),
-                    db.clone(),
-                    jobs.clone(),
-                    tools.clone(),
-                    planner,
-                    processor.clone(),
-                    approvals.clone(),
-                    contexts,
-                    strict,
-                ))
+                Arc::new(lane::Lane::new(settings.clone(), db.clone(), jobs.clone(), tools.clone(), planner, processor.clone(), approvals.clone(), contexts, strict))
             }
         };
         let runtime = Arc::new(Runtime::new(RuntimeParts {
@@ -199,50 +162,15 @@ impl Gatehouse {
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
         let mut registry = jobs::registry();
         whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
-        registry
-            .handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
-        registry.handle_within(
-            Arc::new(AskOwnerHandler::new(
-                approvals.clone(),
-                whatsapp.sender.clone(),
-            )),
-            settings.jobs.timeouts.owner_notify,
-        );
-        registry.handle_within(
-            Arc::new(SettleHandler::new(approvals.clone(), outbox)),
-            settings.jobs.timeouts.owner_notify,
-        );
-        registry.handle_within(
-            Arc::new(lane::context::SweepHandler::new(
-                db.clone(),
-                settings.clone(),
-            )),
-            settings.jobs.job_timeout,
-        );
-        Ok(Self {
-            config: Arc::new(config),
-            tool_files,
-            db,
-            jobs,
-            tools,
-            mcp,
-            model,
-            runtime,
-            approvals,
-            budget,
-            whatsapp,
-            simulator,
-            registry,
-        })
+        registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
+        registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
+        registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
+        registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, registry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.
     pub fn worker(&self) -> Worker {
-        Worker::new(
-            self.db.clone(),
-            self.registry.clone(),
-            WorkerSettings::from(&self.config.settings.jobs),
-            self.jobs.waker(),
-        )
+        Worker::new(self.db.clone(), self.registry.clone(), WorkerSettings::from(&self.config.settings.jobs), self.jobs.waker())
     }
 }

@@ -5,20 +5,8 @@
 
 use serde_json::Value;
 
-const SECRET_WORDS: [&str; 12] = [
-    "password",
-    "passwd",
-    "pwd",
-    "secret",
-    "token",
-    "api_key",
-    "apikey",
-    "private_key",
-    "auth",
-    "cookie",
-    "credential",
-    "signature",
-];
+const SECRET_WORDS: [&str; 12] =
+    ["password", "passwd", "pwd", "secret", "token", "api_key", "apikey", "private_key", "auth", "cookie", "credential", "signature"];
 
 pub const REDACTED: &str = "[REDACTED]";
 
@@ -71,9 +59,7 @@ pub fn redact_named(value: &mut Value, names: &[String], marker: &str) {
                 }
             }
         }
-        Value::Array(items) => items
-            .iter_mut()
-            .for_each(|v| redact_named(v, names, marker)),
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_named(v, names, marker)),
         _ => {}
     }
 }
@@ -97,14 +83,7 @@ mod tests {
     fn nested_secrets_are_replaced() {
         let text = r#"{"url":"https://x","headers":{"Authorization":"Bearer abc","X-Api-Key":"k2"},"items":[{"api_key":"k1","q":"ok"}],"Password":"p","db":"postgres://u:hunter2@h/d"}"#;
         let out = redacted_pretty(text);
-        assert!(
-            !out.contains("Bearer abc")
-                && !out.contains("k1")
-                && !out.contains("k2")
-                && !out.contains("\"p\"")
-                && !out.contains("hunter2"),
-            "{out}"
-        );
+        assert!(!out.contains("Bearer abc") && !out.contains("k1") && !out.contains("k2") && !out.contains("\"p\"") && !out.contains("hunter2"), "{out}");
         assert!(out.contains("https://x") && out.contains("\"ok\""), "{out}");
     }
 }

@@ -7,19 +7,10 @@ use crate::config::LogFormat;
 
 /// Installs the global subscriber. `RUST_LOG` wins over the configured filter.
 pub fn init(format: LogFormat, filter: &str) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(filter))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
+    let filter = EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(filter)).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     let _ = match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

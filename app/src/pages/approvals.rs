@@ -35,10 +35,7 @@ fn trace_link(trace_id: Option<i64>) -> impl IntoView + use<> {
 pub fn ApprovalsPage() -> impl IntoView {
     let live = use_live(JOBS_STREAM);
     let decide = ServerAction::<DecideApproval>::new();
-    let page = Resource::new(
-        move || (live.get(), decide.version().get()),
-        |_| list_approvals(),
-    );
+    let page = Resource::new(move || (live.get(), decide.version().get()), |_| list_approvals());
     view! {
         <Title text="Approvals · Gatehouse" />
         <h1>"Approvals"</h1>

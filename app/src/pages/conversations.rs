@@ -17,11 +17,7 @@ use crate::{
 const SAMPLE_CUSTOMER: &str = "+15550100000";
 
 fn chat_href(c: &ChatView) -> String {
-    format!(
-        "/conversations/{}/{}",
-        c.channel,
-        super::url_encode(&c.chat_id)
-    )
+    format!("/conversations/{}/{}", c.channel, super::url_encode(&c.chat_id))
 }
 
 #[component]
@@ -76,42 +72,23 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
         }
         .into_any();
     }
-    let rows = chats
-        .into_iter()
-        .map(|c| {
-            view! {
-                <tr data-chat=c.chat_id.clone()>
-                    <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
-                    <td>{c.channel.clone()}</td>
-                    <td>{c.messages}</td>
-                    <td>{fmt_time(c.last_at)}</td>
-                </tr>
-            }
-        })
-        .collect_view();
-    super::list_table(
-        "chats-table",
-        &["Chat", "Channel", "Messages", "Last (UTC)"],
-        rows,
-    )
+    let rows = chats.into_iter().map(|c| view! {
+        <tr data-chat=c.chat_id.clone()>
+            <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
+            <td>{c.channel.clone()}</td>
+            <td>{c.messages}</td>
+            <td>{fmt_time(c.last_at)}</td>
+        </tr>
+    }).collect_view();
+    super::list_table("chats-table", &["Chat", "Channel", "Messages", "Last (UTC)"], rows)
 }
 
 #[component]
 pub fn ChatPage() -> impl IntoView {
     let params = use_params_map();
-    let key = Memo::new(move |_| {
-        params.with(|p| {
-            (
-                p.get("channel").unwrap_or_default(),
-                p.get("chat").unwrap_or_default(),
-            )
-        })
-    });
+    let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
     let send = ServerAction::<SimulateMessage>::new();
-    let chat = Resource::new(
-        move || (key.get(), send.version().get()),
-        |((channel, chat), _)| get_chat(channel, chat),
-    );
+    let chat = Resource::new(move || (key.get(), send.version().get()), |((channel, chat), _)| get_chat(channel, chat));
     view! {
         <Title text="Chat · Gatehouse" />
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>

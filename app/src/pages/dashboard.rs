@@ -36,11 +36,7 @@ fn facts(i: &DashboardInfo) -> impl IntoView + use<> {
     } else {
         format!("{}: degraded, set {}", i.llm_provider, i.llm_key_variable)
     };
-    let latest = i
-        .migrations_applied
-        .last()
-        .map(|m| format!("{:04} {}", m.version, m.description))
-        .unwrap_or_else(|| "none".into());
+    let latest = i.migrations_applied.last().map(|m| format!("{:04} {}", m.version, m.description)).unwrap_or_else(|| "none".into());
     let rows = vec![
         ("Version", i.version.clone()),
         ("Uptime", uptime(i.uptime_secs)),
@@ -48,14 +44,7 @@ fn facts(i: &DashboardInfo) -> impl IntoView + use<> {
         ("Config file", i.config_path.clone()),
         ("Listening on", i.listen_addr.clone()),
         ("Public URL", i.public_url.clone()),
-        (
-            "Migrations applied",
-            format!(
-                "{} of {} (latest: {latest})",
-                i.migrations_applied.len(),
-                i.migrations_known
-            ),
-        ),
+        ("Migrations applied", format!("{} of {} (latest: {latest})", i.migrations_applied.len(), i.migrations_known)),
         ("LLM provider", llm),
         ("Owners", i.owner_count.to_string()),
     ];
@@ -70,26 +59,14 @@ fn facts(i: &DashboardInfo) -> impl IntoView + use<> {
 /// reached.
 fn spend(i: &DashboardInfo) -> impl IntoView + use<> {
     let any_budget = i.spend.iter().any(|s| s.budget_usd.is_some());
-    let action = if i.budget_action == "degraded" {
-        "customers get the limit reply until the period ends"
-    } else {
-        "owners are warned; everyone is still answered"
-    };
+    let action = if i.budget_action == "degraded" { "customers get the limit reply until the period ends" } else { "owners are warned; everyone is still answered" };
     let alerts: Vec<String> = i
         .spend
         .iter()
         .filter(|s| s.warned || s.exhausted)
         .map(|s| match (s.exhausted, &s.budget_usd) {
-            (true, Some(b)) => format!(
-                "Model spend {} reached its budget: ${} of ${b}; {action}.",
-                s.period, s.spent_usd
-            ),
-            (_, Some(b)) => format!(
-                "Model spend {} is at {}% of its budget: ${} of ${b}.",
-                s.period,
-                s.percent.unwrap_or_default(),
-                s.spent_usd
-            ),
+            (true, Some(b)) => format!("Model spend {} reached its budget: ${} of ${b}; {action}.", s.period, s.spent_usd),
+            (_, Some(b)) => format!("Model spend {} is at {}% of its budget: ${} of ${b}.", s.period, s.percent.unwrap_or_default(), s.spent_usd),
             (_, None) => String::new(),
         })
         .collect();
@@ -118,11 +95,7 @@ fn spend(i: &DashboardInfo) -> impl IntoView + use<> {
 
 /// How a chart's value reads.
 fn value_text(unit: &str, value: i64) -> String {
-    if unit == "usd_micro" {
-        format!("${:.2}", value as f64 / 1_000_000.0)
-    } else {
-        value.to_string()
-    }
+    if unit == "usd_micro" { format!("${:.2}", value as f64 / 1_000_000.0) } else { value.to_string() }
 }
 
 /// The charts, drawn as SVG on the server: they show without wasm and scale to a phone.
@@ -164,24 +137,15 @@ fn chart(c: &Chart) -> impl IntoView + use<> {
         }
         let first = c.bars.first().map(|b| b.label.clone()).unwrap_or_default();
         let last = c.bars.last().map(|b| b.label.clone()).unwrap_or_default();
-        let legend = c
-            .series
-            .iter()
-            .enumerate()
-            .map(|(j, s)| {
-                let total: i64 = c
-                    .bars
-                    .iter()
-                    .map(|b| b.values.get(j).copied().unwrap_or(0))
-                    .sum();
-                let name = format!("{} ({})", s.name, value_text(&c.unit, total));
-                let entry = match &s.link {
-                    Some(link) => view! { <a href=link.clone()>{name}</a> }.into_any(),
-                    None => view! { <span>{name}</span> }.into_any(),
-                };
-                view! { <li><span class=format!("swatch s{}", j % 8)></span>{entry}</li> }
-            })
-            .collect_view();
+        let legend = c.series.iter().enumerate().map(|(j, s)| {
+            let total: i64 = c.bars.iter().map(|b| b.values.get(j).copied().unwrap_or(0)).sum();
+            let name = format!("{} ({})", s.name, value_text(&c.unit, total));
+            let entry = match &s.link {
+                Some(link) => view! { <a href=link.clone()>{name}</a> }.into_any(),
+                None => view! { <span>{name}</span> }.into_any(),
+            };
+            view! { <li><span class=format!("swatch s{}", j % 8)></span>{entry}</li> }
+        }).collect_view();
         view! {
             <svg class="chart-plot" viewBox=format!("0 0 {width} {HEIGHT}") preserveAspectRatio="none" role="img" aria-label=c.title.clone()>
                 {rects}

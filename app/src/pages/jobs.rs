@@ -14,16 +14,7 @@ use crate::{
 /// The SSE endpoint that announces job changes.
 pub const JOBS_STREAM: &str = "/api/jobs/stream";
 
-const STATES: [&str; 8] = [
-    "available",
-    "scheduled",
-    "running",
-    "retryable",
-    "completed",
-    "cancelled",
-    "discarded",
-    "pending",
-];
+const STATES: [&str; 8] = ["available", "scheduled", "running", "retryable", "completed", "cancelled", "discarded", "pending"];
 
 fn query_string(q: &JobQuery, before: Option<i64>) -> String {
     let mut parts = Vec::new();
@@ -38,11 +29,7 @@ fn query_string(q: &JobQuery, before: Option<i64>) -> String {
     if let Some(b) = before {
         parts.push(format!("before={b}"));
     }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    }
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
 }
 
 fn state_badge(state: &str) -> impl IntoView + use<> {
@@ -57,18 +44,12 @@ pub fn JobsPage() -> impl IntoView {
             state: p.get("state").unwrap_or_default(),
             tool: p.get("tool").unwrap_or_default(),
             chat: p.get("chat").unwrap_or_default(),
-            since_minutes: p
-                .get("since_minutes")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            since_minutes: p.get("since_minutes").and_then(|v| v.parse().ok()).unwrap_or(0),
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
     let live = use_live(JOBS_STREAM);
-    let page = Resource::new(
-        move || (query.get(), live.get()),
-        |(q, _)| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before),
-    );
+    let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before));
     view! {
         <Title text="Jobs · Gatehouse" />
         <h1>"Jobs"</h1>
@@ -126,38 +107,18 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
             <td>{fmt_time(j.updated_at)}</td>
         </tr>
     }).collect_view();
-    super::list_table(
-        "jobs-table",
-        &[
-            "Job",
-            "Kind / tool",
-            "State",
-            "Attempts",
-            "Chat",
-            "Updated (UTC)",
-        ],
-        rows,
-    )
+    super::list_table("jobs-table", &["Job", "Kind / tool", "State", "Attempts", "Chat", "Updated (UTC)"], rows)
 }
 
 #[component]
 pub fn JobDetailPage() -> impl IntoView {
     let params = use_params_map();
-    let id = Memo::new(move |_| {
-        params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0))
-    });
+    let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
     let live = use_live(JOBS_STREAM);
     let retry = ServerAction::<RetryJob>::new();
     let cancel = ServerAction::<CancelJob>::new();
     let detail = Resource::new(
-        move || {
-            (
-                id.get(),
-                live.get(),
-                retry.version().get(),
-                cancel.version().get(),
-            )
-        },
+        move || (id.get(), live.get(), retry.version().get(), cancel.version().get()),
         |(id, ..)| get_job(id),
     );
     view! {

@@ -9,11 +9,7 @@ pub fn LoginPage() -> impl IntoView {
     let action = ServerAction::<Login>::new();
     let value = action.value();
     let query = use_query_map();
-    let next = move || {
-        query
-            .with(|q| q.get("next"))
-            .unwrap_or_else(|| "/".to_string())
-    };
+    let next = move || query.with(|q| q.get("next")).unwrap_or_else(|| "/".to_string());
     view! {
         <Title text="Log in · Gatehouse" />
         <main class="narrow">

@@ -29,14 +29,7 @@ pub fn McpPage() -> impl IntoView {
     let refresh = ServerAction::<McpRefresh>::new();
     let decide = ServerAction::<McpDecide>::new();
     let page = Resource::new(
-        move || {
-            (
-                live.get(),
-                toggle.version().get(),
-                refresh.version().get(),
-                decide.version().get(),
-            )
-        },
+        move || (live.get(), toggle.version().get(), refresh.version().get(), decide.version().get()),
         |_| mcp_servers(),
     );
     view! {
@@ -77,11 +70,7 @@ fn server_card(
 ) -> impl IntoView {
     let id = s.id.clone();
     let refresh_id = s.id.clone();
-    let health = if s.enabled {
-        s.health.clone()
-    } else {
-        "disabled".to_string()
-    };
+    let health = if s.enabled { s.health.clone() } else { "disabled".to_string() };
     view! {
         <section class="card mcp-server" data-server=s.id.clone() data-health=health.clone()>
             <h2>{s.id.clone()}" "<span class=format!("badge health-{health}")>{health.clone()}</span>
@@ -138,11 +127,7 @@ fn server_card(
 }
 
 fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
-    let state = if t.usable {
-        "approved".to_string()
-    } else {
-        t.state.clone()
-    };
+    let state = if t.usable { "approved".to_string() } else { t.state.clone() };
     let waiting = t.state != "approved";
     let name = t.catalog_name.clone();
     let reject_name = t.catalog_name.clone();

@@ -30,10 +30,7 @@ pub fn NotFound() -> impl IntoView {
 
 /// `data` as `body` shows it once loaded, or its error inline; the last page stays on screen
 /// while it reloads.
-pub(crate) fn loaded<T, V>(
-    data: Resource<Result<T, AppError>>,
-    body: impl Fn(T) -> V + Send + Sync + 'static,
-) -> impl IntoView
+pub(crate) fn loaded<T, V>(data: Resource<Result<T, AppError>>, body: impl Fn(T) -> V + Send + Sync + 'static) -> impl IntoView
 where
     T: Clone + Send + Sync + 'static,
     V: IntoView + 'static,
@@ -49,11 +46,7 @@ where
 }
 
 /// A list page's table: the header cells, then `rows` (one `<tr>` each).
-pub(crate) fn list_table(
-    testid: &'static str,
-    headers: &[&'static str],
-    rows: impl IntoView + 'static,
-) -> AnyView {
+pub(crate) fn list_table(testid: &'static str, headers: &[&'static str], rows: impl IntoView + 'static) -> AnyView {
     view! {
         <div class="table-wrap">
             <table class="list" data-testid=testid>
@@ -66,15 +59,10 @@ pub(crate) fn list_table(
 }
 
 /// An action's answer: its text as a status notice, or its error.
-pub(crate) fn action_notice(
-    answer: impl Get<Value = Option<Result<String, AppError>>> + Send + Sync + 'static,
-    testid: &'static str,
-) -> impl IntoView {
+pub(crate) fn action_notice(answer: impl Get<Value = Option<Result<String, AppError>>> + Send + Sync + 'static, testid: &'static str) -> impl IntoView {
     move || {
         answer.get().map(|r| match r {
-            Ok(text) => {
-                view! { <p class="notice" role="status" data-testid=testid>{text}</p> }.into_any()
-            }
+            Ok(text) => view! { <p class="notice" role="status" data-testid=testid>{text}</p> }.into_any(),
             Err(e) => error_view(&e),
         })
     }
@@ -83,37 +71,24 @@ pub(crate) fn action_notice(
 /// Shows a server function error inline.
 pub fn error_view(err: &AppError) -> AnyView {
     crate::layout::redirect_if_unauthorized(err);
-    view! { <p class="error" role="alert" data-code=err.code.clone()>{err.message.clone()}</p> }
-        .into_any()
+    view! { <p class="error" role="alert" data-code=err.code.clone()>{err.message.clone()}</p> }.into_any()
 }
 
 /// Percent-encodes a value for a URL path segment or query value.
 pub(crate) fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
 }
 
 /// The "created / when" filter of list pages: (minutes back, label); 0 means any time.
-const SINCE_OPTIONS: [(i64, &str); 5] = [
-    (0, "any time"),
-    (15, "last 15 minutes"),
-    (60, "last hour"),
-    (1440, "last 24 hours"),
-    (10_080, "last 7 days"),
-];
+const SINCE_OPTIONS: [(i64, &str); 5] = [(0, "any time"), (15, "last 15 minutes"), (60, "last hour"), (1440, "last 24 hours"), (10_080, "last 7 days")];
 
 /// A filter `<select>`: "any" (the empty value) and then `values`, with `current` selected.
-pub(crate) fn any_select(
-    name: &'static str,
-    values: &'static [&'static str],
-    current: &str,
-) -> impl IntoView + use<> {
+pub(crate) fn any_select(name: &'static str, values: &'static [&'static str], current: &str) -> impl IntoView + use<> {
     let current = current.to_string();
     view! {
         <select name=name>

@@ -44,10 +44,7 @@ pub fn ToolsPage() -> impl IntoView {
         })
     });
     let reload = ServerAction::<ReloadTools>::new();
-    let page = Resource::new(
-        move || (query.get(), reload.version().get()),
-        |(q, _)| list_tools(q.provider, q.audience, q.risk),
-    );
+    let page = Resource::new(move || (query.get(), reload.version().get()), |(q, _)| list_tools(q.provider, q.audience, q.risk));
     view! {
         <Title text="Tools & MCP · Gatehouse" />
         <h1>"Tools & MCP"</h1>
@@ -103,17 +100,10 @@ fn filter_form(q: &ToolsQuery) -> impl IntoView + use<> {
     }
 }
 
-fn tool_table(
-    tools: Vec<ToolSummary>,
-    total: usize,
-    q: &ToolsQuery,
-    catalog_path: &str,
-) -> AnyView {
+fn tool_table(tools: Vec<ToolSummary>, total: usize, q: &ToolsQuery, catalog_path: &str) -> AnyView {
     if tools.is_empty() {
         let message = if total == 0 {
-            format!(
-                "No tools yet. Declare tools in {catalog_path} (connector actions in connectors.toml beside it), then press Reload catalog or send Gatehouse SIGHUP."
-            )
+            format!("No tools yet. Declare tools in {catalog_path} (connector actions in connectors.toml beside it), then press Reload catalog or send Gatehouse SIGHUP.")
         } else {
             format!("No tool matches these filters ({total} in the catalog).")
         };
@@ -126,71 +116,41 @@ fn tool_table(
         }
         .into_any();
     }
-    let rows = tools
-        .into_iter()
-        .map(|t| {
-            view! {
-                <tr data-tool=t.name.clone()>
-                    <td>
-                        <a href=format!("/tools/{}", t.name)>{t.name.clone()}</a>
-                        {(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}
-                        <br/><small>{t.title.clone()}</small>
-                    </td>
-                    <td>{t.provider.clone()}</td>
-                    <td>{t.audience.clone()}</td>
-                    <td>{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
-                    <td>{t.approval.clone()}</td>
-                    <td>{breaker_badge(&t.breaker)}</td>
-                    <td><code title=t.version.clone()>{short_version(&t.version)}</code></td>
-                </tr>
-            }
-        })
-        .collect_view();
-    super::list_table(
-        "tools-table",
-        &[
-            "Tool", "Provider", "Audience", "Risk", "Approval", "Breaker", "Version",
-        ],
-        rows,
-    )
+    let rows = tools.into_iter().map(|t| view! {
+        <tr data-tool=t.name.clone()>
+            <td>
+                <a href=format!("/tools/{}", t.name)>{t.name.clone()}</a>
+                {(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}
+                <br/><small>{t.title.clone()}</small>
+            </td>
+            <td>{t.provider.clone()}</td>
+            <td>{t.audience.clone()}</td>
+            <td>{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
+            <td>{t.approval.clone()}</td>
+            <td>{breaker_badge(&t.breaker)}</td>
+            <td><code title=t.version.clone()>{short_version(&t.version)}</code></td>
+        </tr>
+    }).collect_view();
+    super::list_table("tools-table", &["Tool", "Provider", "Audience", "Risk", "Approval", "Breaker", "Version"], rows)
 }
 
 fn calls_table(calls: Vec<ToolCallView>, empty: &'static str) -> AnyView {
     if calls.is_empty() {
-        return view! { <p class="empty" data-testid="calls-empty">"No calls yet. " {empty}</p> }
-            .into_any();
+        return view! { <p class="empty" data-testid="calls-empty">"No calls yet. " {empty}</p> }.into_any();
     }
-    let rows = calls
-        .into_iter()
-        .map(|c| {
-            view! {
-                <tr data-decision=c.decision.clone()>
-                    <td>{fmt_time(c.at)}</td>
-                    <td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
-                    <td>{format!("{} · {}", c.actor, c.chat_type)}</td>
-                    <td>{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
-                    <td><code>{c.reason_code.clone()}</code></td>
-                    <td>{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
-                    <td>{c.attempts}</td>
-                    <td><small>{c.correlation_id.clone()}</small></td>
-                </tr>
-            }
-        })
-        .collect_view();
-    super::list_table(
-        "calls-table",
-        &[
-            "When (UTC)",
-            "Tool",
-            "Actor",
-            "Decision",
-            "Reason",
-            "Latency",
-            "Attempts",
-            "Correlation",
-        ],
-        rows,
-    )
+    let rows = calls.into_iter().map(|c| view! {
+        <tr data-decision=c.decision.clone()>
+            <td>{fmt_time(c.at)}</td>
+            <td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
+            <td>{format!("{} · {}", c.actor, c.chat_type)}</td>
+            <td>{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
+            <td><code>{c.reason_code.clone()}</code></td>
+            <td>{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
+            <td>{c.attempts}</td>
+            <td><small>{c.correlation_id.clone()}</small></td>
+        </tr>
+    }).collect_view();
+    super::list_table("calls-table", &["When (UTC)", "Tool", "Actor", "Decision", "Reason", "Latency", "Attempts", "Correlation"], rows)
 }
 
 #[component]
@@ -198,10 +158,7 @@ pub fn ToolDetailPage() -> impl IntoView {
     let params = use_params_map();
     let name = Memo::new(move |_| params.with(|p| p.get("name").unwrap_or_default()));
     let try_it = ServerAction::<TryTool>::new();
-    let detail = Resource::new(
-        move || (name.get(), try_it.version().get()),
-        |(name, _)| get_tool(name),
-    );
+    let detail = Resource::new(move || (name.get(), try_it.version().get()), |(name, _)| get_tool(name));
     view! {
         <Title text="Tool · Gatehouse" />
         <p><a href="/tools">"\u{2190} All tools"</a></p>

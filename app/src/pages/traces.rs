@@ -11,29 +11,12 @@ use crate::{
     live::fmt_time,
 };
 
-const ROUTES: [&str; 11] = [
-    "chat",
-    "tool_lane",
-    "owner_command",
-    "customer_command",
-    "private_data",
-    "rate_limited",
-    "over_budget",
-    "unknown_type",
-    "degraded",
-    "ignored",
-    "duplicate",
-];
+const ROUTES: [&str; 11] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "over_budget", "unknown_type", "degraded", "ignored", "duplicate"];
 const OUTCOMES: [&str; 3] = ["replied", "ignored", "failed"];
 
 fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
     let mut parts = Vec::new();
-    for (k, v) in [
-        ("chat", &q.chat),
-        ("route", &q.route),
-        ("outcome", &q.outcome),
-        ("error_code", &q.error_code),
-    ] {
+    for (k, v) in [("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)] {
         if !v.is_empty() {
             parts.push(format!("{k}={}", super::url_encode(v)));
         }
@@ -44,11 +27,7 @@ fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
     if let Some(b) = before {
         parts.push(format!("before={b}"));
     }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    }
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
 }
 
 fn ms(us: i64) -> String {
@@ -64,26 +43,11 @@ pub fn TracesPage() -> impl IntoView {
             route: p.get("route").unwrap_or_default(),
             outcome: p.get("outcome").unwrap_or_default(),
             error_code: p.get("error_code").unwrap_or_default(),
-            since_minutes: p
-                .get("since_minutes")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            since_minutes: p.get("since_minutes").and_then(|v| v.parse().ok()).unwrap_or(0),
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
-    let page = Resource::new(
-        move || query.get(),
-        |q| {
-            list_traces(
-                q.chat,
-                q.route,
-                q.outcome,
-                q.error_code,
-                q.since_minutes,
-                q.before,
-            )
-        },
-    );
+    let page = Resource::new(move || query.get(), |q| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
     view! {
         <Title text="Traces · Gatehouse" />
         <h1>"Traces"</h1>
@@ -137,27 +101,13 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
             <td>{ms(t.duration_us)}</td>
         </tr>
     }).collect_view();
-    super::list_table(
-        "traces-table",
-        &[
-            "Trace",
-            "When (UTC)",
-            "Chat",
-            "Actor",
-            "Route",
-            "Outcome",
-            "Time",
-        ],
-        rows,
-    )
+    super::list_table("traces-table", &["Trace", "When (UTC)", "Chat", "Actor", "Route", "Outcome", "Time"], rows)
 }
 
 #[component]
 pub fn TraceDetailPage() -> impl IntoView {
     let params = use_params_map();
-    let id = Memo::new(move |_| {
-        params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0))
-    });
+    let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
     let detail = Resource::new(move || id.get(), get_trace);
     view! {
         <Title text="Trace · Gatehouse" />

@@ -37,18 +37,9 @@ impl Approvals {
     /// the CLI and the text commands, whose owner is known otherwise). On approval one
     /// `tool.call` job is enqueued, keyed by the approval; on rejection the requester is told.
     /// Every decision is in the owner audit and the request's trace.
-    pub async fn decide(
-        &self,
-        id: i64,
-        verdict: Verdict,
-        by: &Decider,
-        nonce: Option<&str>,
-        ip: Option<&str>,
-    ) -> Result<Decided, ApprovalError> {
+    pub async fn decide(&self, id: i64, verdict: Verdict, by: &Decider, nonce: Option<&str>, ip: Option<&str>) -> Result<Decided, ApprovalError> {
         let mut conn = self.db.pool.acquire().await?;
-        let Some(row) = store::get(&mut conn, id).await? else {
-            return Err(ApprovalError::NotFound(id));
-        };
+        let Some(row) = store::get(&mut conn, id).await? else { return Err(ApprovalError::NotFound(id)) };
         drop(conn);
         if let Some(nonce) = nonce
             && !constant_eq(nonce.as_bytes(), row.nonce.as_bytes())
@@ -58,26 +49,16 @@ impl Approvals {
         let now = db::now_ms();
         let (to, event, note) = match &verdict {
             Verdict::Approve => (State::Approved, audit::event::APPROVAL_APPROVED, None),
-            Verdict::Reject { reason } => (
-                State::Rejected,
-                audit::event::APPROVAL_REJECTED,
-                reason.as_deref().map(str::trim).filter(|r| !r.is_empty()),
-            ),
+            Verdict::Reject { reason } => (State::Rejected, audit::event::APPROVAL_REJECTED, reason.as_deref().map(str::trim).filter(|r| !r.is_empty())),
         };
         let mut tx = self.db.begin_write().await?;
         if !store::decide(&mut tx, id, to, by, note, now).await? {
             drop(tx);
             let mut conn = self.db.pool.acquire().await?;
-            let current = store::get(&mut conn, id)
-                .await?
-                .ok_or(ApprovalError::NotFound(id))?;
+            let current = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
             return Err(match current.state() {
                 State::Pending | State::Expired => ApprovalError::Expired(id),
-                state => ApprovalError::AlreadyDecided {
-                    id,
-                    state,
-                    by: current.decided_by.unwrap_or_default(),
-                },
+                state => ApprovalError::AlreadyDecided { id, state, by: current.decided_by.unwrap_or_default() },
             });
         }
         let mut job_id = None;
@@ -99,47 +80,21 @@ impl Approvals {
             // The settle job tells a chat's requester; for the console it is the rejection's
             // event, which every open Approvals page follows.
             Verdict::Reject { .. } => {
-                let mut tell = self.queue.job(&Settle {
-                    approval_id: id,
-                    reason: SettleReason::Rejected,
-                });
+                let mut tell = self.queue.job(&Settle { approval_id: id, reason: SettleReason::Rejected });
                 tell.dedupe_key = Some(format!("approval:{id}:rejected"));
                 tell.correlation_id.clone_from(&row.correlation_id);
                 self.queue.enqueue_in(&mut tx, &tell).await?;
             }
         }
         let detail = json!({ "approval_id": id, "tool": row.tool, "via": by.via, "decided_by": by.name, "reason": note, "job_id": job_id });
-        audit::record(
-            &mut tx,
-            AuditEntry {
-                owner_id: by.owner_id,
-                login: Some(&by.name),
-                ip,
-                event,
-                detail: Some(detail.clone()),
-            },
-        )
-        .await?;
+        audit::record(&mut tx, AuditEntry { owner_id: by.owner_id, login: Some(&by.name), ip, event, detail: Some(detail.clone()) }).await?;
         if let Some(trace_id) = row.trace_id {
-            traces::append(
-                &mut tx,
-                trace_id,
-                &Step::new("ApprovalDecided", to.as_str(), "OK", detail),
-            )
-            .await?;
+            traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?;
         }
         self.queue.commit(tx).await?;
-        tracing::info!(
-            event = "ApprovalDecided",
-            approval.id = id,
-            state = to.as_str(),
-            via = by.via,
-            "decided"
-        );
+        tracing::info!(event = "ApprovalDecided", approval.id = id, state = to.as_str(), via = by.via, "decided");
         let mut conn = self.db.pool.acquire().await?;
-        let approval = store::get(&mut conn, id)
-            .await?
-            .ok_or(ApprovalError::NotFound(id))?;
+        let approval = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
         Ok(Decided { approval, job_id })
     }
 
@@ -148,21 +103,8 @@ impl Approvals {
     pub async fn expire(&self, id: i64) -> Result<bool, DbError> {
         let mut tx = self.db.begin_write().await?;
         let expired = store::expire(&mut tx, id, db::now_ms()).await?;
-        if expired
-            && let Some(row) = store::get(&mut tx, id).await?
-            && let Some(trace_id) = row.trace_id
-        {
-            traces::append(
-                &mut tx,
-                trace_id,
-                &Step::new(
-                    "ApprovalExpired",
-                    "expired",
-                    ApprovalCode::Expired.as_str(),
-                    json!({ "approval_id": id }),
-                ),
-            )
-            .await?;
+        if expired && let Some(row) = store::get(&mut tx, id).await? && let Some(trace_id) = row.trace_id {
+            traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?;
         }
         tx.commit().await?;
         Ok(expired)
@@ -170,49 +112,19 @@ impl Approvals {
 
     /// Records how an approved call's run ended and, the first time, tells the owner who
     /// decided (on WhatsApp when they decided there or have a number; always in the console).
-    pub async fn record_outcome(
-        &self,
-        approval_id: i64,
-        code: &str,
-        answer: &str,
-    ) -> Result<(), DbError> {
+    pub async fn record_outcome(&self, approval_id: i64, code: &str, answer: &str) -> Result<(), DbError> {
         let mut tx = self.db.begin_write().await?;
         if !store::set_outcome(&mut tx, approval_id, code, db::now_ms()).await? {
             return Ok(());
         }
-        let Some(row) = store::get(&mut tx, approval_id).await? else {
-            return Ok(());
-        };
-        let outcome = if code == "OK" {
-            answer.chars().take(600).collect::<String>()
-        } else {
-            format!("did not complete ({code}).")
-        };
-        let message = self
-            .settings
-            .approvals
-            .outcome_notice
-            .replace("{id}", &approval_id.to_string())
-            .replace("{tool}", &row.tool)
-            .replace("{outcome}", &outcome);
+        let Some(row) = store::get(&mut tx, approval_id).await? else { return Ok(()) };
+        let outcome = if code == "OK" { answer.chars().take(600).collect::<String>() } else { format!("did not complete ({code}).") };
+        let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);
         if let Some(trace_id) = row.trace_id {
-            traces::append(
-                &mut tx,
-                trace_id,
-                &Step::new(
-                    "ApprovalExecuted",
-                    if code == "OK" { "succeeded" } else { "failed" },
-                    code,
-                    json!({ "approval_id": approval_id, "job_id": row.job_id }),
-                ),
-            )
-            .await?;
+            traces::append(&mut tx, trace_id, &Step::new("ApprovalExecuted", if code == "OK" { "succeeded" } else { "failed" }, code, json!({ "approval_id": approval_id, "job_id": row.job_id }))).await?;
         }
         if let Some(phone) = row.decider_phone.as_deref().filter(|p| !p.is_empty()) {
-            let mut job = self.queue.job(&DeliverNotice {
-                to: phone.trim_start_matches('+').to_string(),
-                message,
-            });
+            let mut job = self.queue.job(&DeliverNotice { to: phone.trim_start_matches('+').to_string(), message });
             job.dedupe_key = Some(format!("approval:{approval_id}:outcome"));
             job.correlation_id.clone_from(&row.correlation_id);
             self.queue.enqueue_in(&mut tx, &job).await?;
@@ -228,22 +140,13 @@ fn tool_call_job(row: &ApprovalRow) -> ToolCallJob {
     ToolCallJob {
         tool: row.tool.clone(),
         version: row.tool_version.clone(),
-        approval: Some(ApprovedCall {
-            approval_id: row.id,
-            version: row.tool_version.clone(),
-            args_hash: row.args_hash.clone(),
-        }),
+        approval: Some(ApprovedCall { approval_id: row.id, version: row.tool_version.clone(), args_hash: row.args_hash.clone() }),
         args,
         actor: row.actor.parse().unwrap_or(Role::Customer),
         chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct),
         sender: row.sender.clone(),
         request: row.request.clone(),
-        reply_to: ReplyTo {
-            channel: row.channel.clone(),
-            chat_id: row.chat_id.clone(),
-            chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct),
-            message_id: row.message_id.clone(),
-        },
+        reply_to: ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() },
         trace_id: row.trace_id,
     }
 }

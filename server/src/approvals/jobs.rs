@@ -61,48 +61,25 @@ impl AskOwnerHandler {
 }
 
 fn output(preview: impl Into<String>) -> JobOutput {
-    JobOutput {
-        preview: Some(preview.into()),
-        snooze: None,
-    }
+    JobOutput { preview: Some(preview.into()), snooze: None }
 }
 
 #[async_trait::async_trait]
 impl Handler<AskOwner> for AskOwnerHandler {
     async fn run(&self, args: AskOwner, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let Some(row) = self.approvals.get(args.approval_id).await? else {
-            return Ok(output("the approval no longer exists"));
-        };
+        let Some(row) = self.approvals.get(args.approval_id).await? else { return Ok(output("the approval no longer exists")) };
         if row.state() != State::Pending {
             return Ok(output(format!("already {}; not asked", row.state)));
         }
         let (text, buttons) = self.approvals.prompt(&row);
-        let to = Recipient {
-            id: args.to,
-            group: false,
-        };
-        let preview = match self
-            .sender
-            .send_buttons(ctx.job.id, &to, &text, &buttons)
-            .await
-        {
+        let to = Recipient { id: args.to, group: false };
+        let preview = match self.sender.send_buttons(ctx.job.id, &to, &text, &buttons).await {
             Ok(SendOutcome::Sent { .. }) => "asked the owner on WhatsApp".to_string(),
             Ok(SendOutcome::OutsideWindow { template_sent }) => {
-                format!(
-                    "outside the owner's 24-hour window; template {}; the request is in the console",
-                    if template_sent {
-                        "sent"
-                    } else {
-                        "not configured"
-                    }
-                )
+                format!("outside the owner's 24-hour window; template {}; the request is in the console", if template_sent { "sent" } else { "not configured" })
             }
-            Ok(SendOutcome::Failed { code }) => {
-                format!("not delivered ({code}); the request is in the console")
-            }
-            Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => {
-                "WhatsApp is not configured; the request is in the console".into()
-            }
+            Ok(SendOutcome::Failed { code }) => format!("not delivered ({code}); the request is in the console"),
+            Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => "WhatsApp is not configured; the request is in the console".into(),
             Err(e) => return Err(e.into()),
         };
         Ok(output(preview))
@@ -116,40 +93,24 @@ pub struct SettleHandler {
 
 impl SettleHandler {
     pub fn new(approvals: Arc<Approvals>, outbound: Arc<dyn Outbound>) -> Self {
-        Self {
-            approvals,
-            outbound,
-        }
+        Self { approvals, outbound }
     }
 }
 
 #[async_trait::async_trait]
 impl Handler<Settle> for SettleHandler {
     async fn run(&self, args: Settle, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let Some(row) = self.approvals.get(args.approval_id).await? else {
-            return Ok(output("the approval no longer exists"));
-        };
+        let Some(row) = self.approvals.get(args.approval_id).await? else { return Ok(output("the approval no longer exists")) };
         let text = match args.reason {
             SettleReason::Expired => {
                 // A retried run finds it expired by its first attempt: say it (the ledger sends
                 // once per job).
                 if row.state() == State::Pending && !self.approvals.expire(row.id).await? {
-                    return Err(JobError::retryable(
-                        "APPROVAL_NOT_DUE",
-                        "the approval is not due to expire yet",
-                    ));
+                    return Err(JobError::retryable("APPROVAL_NOT_DUE", "the approval is not due to expire yet"));
                 }
-                let now = self
-                    .approvals
-                    .get(row.id)
-                    .await?
-                    .map(|r| r.state())
-                    .unwrap_or(State::Expired);
+                let now = self.approvals.get(row.id).await?.map(|r| r.state()).unwrap_or(State::Expired);
                 if now != State::Expired {
-                    return Ok(output(format!(
-                        "{} before it expired; nothing to say",
-                        now.as_str()
-                    )));
+                    return Ok(output(format!("{} before it expired; nothing to say", now.as_str())));
                 }
                 &self.approvals.settings().requester_expired
             }
@@ -158,22 +119,11 @@ impl Handler<Settle> for SettleHandler {
         if !is_chat(&row.channel) {
             return Ok(output("asked from the console; nothing to send"));
         }
-        let to = ReplyTo {
-            channel: row.channel.clone(),
-            chat_id: row.chat_id.clone(),
-            chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct),
-            message_id: row.message_id.clone(),
-        };
-        match self
-            .outbound
-            .deliver(&to, text, ctx.job.id, row.trace_id)
-            .await
-        {
+        let to = ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() };
+        match self.outbound.deliver(&to, text, ctx.job.id, row.trace_id).await {
             Ok(()) => Ok(output("told the person who asked")),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
-            Err(DeliverError::Permanent { code, message }) => {
-                Err(JobError::permanent(&code, message))
-            }
+            Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }
     }
 }

@@ -20,10 +20,7 @@ pub struct Button {
 
 impl Button {
     pub fn id_for(approval_id: i64, approve: bool, nonce: &str) -> String {
-        format!(
-            "{BUTTON_PREFIX}{approval_id}:{}:{nonce}",
-            if approve { "approve" } else { "reject" }
-        )
+        format!("{BUTTON_PREFIX}{approval_id}:{}:{nonce}", if approve { "approve" } else { "reject" })
     }
 
     /// `Some` for an id that has the shape of an approval button (which says nothing about
@@ -37,11 +34,7 @@ impl Button {
             "reject" => false,
             _ => return None,
         };
-        Some(Self {
-            id,
-            approve,
-            nonce: parts.next()?.to_string(),
-        })
+        Some(Self { id, approve, nonce: parts.next()?.to_string() })
     }
 }
 
@@ -49,11 +42,7 @@ impl Approvals {
     /// The owner's WhatsApp message for approval `row`, with its buttons.
     pub fn prompt(&self, row: &ApprovalRow) -> (String, Vec<(String, String)>) {
         let a = &self.settings.approvals;
-        let requester = if row.actor == Role::Owner.as_str() {
-            format!("An owner (+{})", row.sender.trim_start_matches('+'))
-        } else {
-            format!("A customer (+{})", row.sender.trim_start_matches('+'))
-        };
+        let requester = if row.actor == Role::Owner.as_str() { format!("An owner (+{})", row.sender.trim_start_matches('+')) } else { format!("A customer (+{})", row.sender.trim_start_matches('+')) };
         let expires = chrono_like(row.expires_at);
         let text = a
             .owner_prompt
@@ -66,14 +55,8 @@ impl Approvals {
             .replace("{reason}", &row.reason)
             .replace("{expires}", &expires);
         let buttons = vec![
-            (
-                Button::id_for(row.id, true, &row.nonce),
-                a.approve_button.trim().to_string(),
-            ),
-            (
-                Button::id_for(row.id, false, &row.nonce),
-                a.reject_button.trim().to_string(),
-            ),
+            (Button::id_for(row.id, true, &row.nonce), a.approve_button.trim().to_string()),
+            (Button::id_for(row.id, false, &row.nonce), a.reject_button.trim().to_string()),
         ];
         (text, buttons)
     }
@@ -83,11 +66,7 @@ impl Approvals {
         let a = &self.settings.approvals;
         match e {
             ApprovalError::NotFound(id) => a.not_found_reply.replace("{id}", &id.to_string()),
-            ApprovalError::AlreadyDecided { id, state, by } => a
-                .already_decided_reply
-                .replace("{id}", &id.to_string())
-                .replace("{state}", state.as_str())
-                .replace("{by}", by),
+            ApprovalError::AlreadyDecided { id, state, by } => a.already_decided_reply.replace("{id}", &id.to_string()).replace("{state}", state.as_str()).replace("{by}", by),
             ApprovalError::Expired(id) => a.expired_reply.replace("{id}", &id.to_string()),
             ApprovalError::InvalidButton(_) => a.invalid_button_reply.clone(),
             other => format!("{other}"),
@@ -97,19 +76,13 @@ impl Approvals {
     /// The words for a decision this owner made.
     pub fn decided_reply(&self, d: &Decided) -> String {
         let a = &self.settings.approvals;
-        let text = if d.approval.state() == State::Approved {
-            &a.approved_reply
-        } else {
-            &a.rejected_reply
-        };
-        text.replace("{id}", &d.approval.id.to_string())
-            .replace("{tool}", &d.approval.tool)
+        let text = if d.approval.state() == State::Approved { &a.approved_reply } else { &a.rejected_reply };
+        text.replace("{id}", &d.approval.id.to_string()).replace("{tool}", &d.approval.tool)
     }
 }
 
 /// A unix-ms time as "2026-11-30T14:05:00Z".
 fn chrono_like(at_ms: i64) -> String {
-    let at =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(at).to_string()
 }

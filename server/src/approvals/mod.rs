@@ -157,6 +157,7 @@ impl std::fmt::Debug for Approvals {
     }
 }
 
+
 /// A chat a message can be sent to later (not the console or the command line).
 pub fn is_chat(channel: &str) -> bool {
     channel == WHATSAPP || channel == SIMULATOR
@@ -165,26 +166,12 @@ pub fn is_chat(channel: &str) -> bool {
 /// The reason code of a policy or hook reason (`APPROVAL_RISK`, or `APPROVAL_HOOK` for a hook's
 /// words).
 fn reason_code(reason: &str) -> &str {
-    if !reason.is_empty() && reason.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
-        reason
-    } else {
-        "APPROVAL_HOOK"
-    }
+    if !reason.is_empty() && reason.chars().all(|c| c.is_ascii_uppercase() || c == '_') { reason } else { "APPROVAL_HOOK" }
 }
 
 impl Approvals {
-    pub fn new(
-        db: Db,
-        queue: JobQueue,
-        settings: Arc<Settings>,
-        checkpoint: Arc<Checkpoint>,
-    ) -> Self {
-        Self {
-            db,
-            queue,
-            settings,
-            checkpoint,
-        }
+    pub fn new(db: Db, queue: JobQueue, settings: Arc<Settings>, checkpoint: Arc<Checkpoint>) -> Self {
+        Self { db, queue, settings, checkpoint }
     }
 
     pub fn settings(&self) -> &crate::config::ApprovalSettings {
@@ -195,11 +182,7 @@ impl Approvals {
     fn display(&self, args: &Value) -> String {
         let mut shown = args.clone();
         redact::redact(&mut shown);
-        redact::redact_named(
-            &mut shown,
-            &self.checkpoint.catalog().audit.pii_fields,
-            redact::PII_REDACTED,
-        );
+        redact::redact_named(&mut shown, &self.checkpoint.catalog().audit.pii_fields, redact::PII_REDACTED);
         canonical_json(&shown)
     }
 
@@ -210,40 +193,17 @@ impl Approvals {
     ///
     /// `also` is a reason of the caller's own (the lane's plan validator asks an owner for some
     /// calls the checkpoint alone would run); the checkpoint's reason comes first.
-    pub async fn request(
-        &self,
-        call: &ToolCall,
-        who: &Requester,
-        also: Option<&str>,
-        trace: Option<&mut Recorder>,
-    ) -> Result<Requested, ApprovalError> {
+    pub async fn request(&self, call: &ToolCall, who: &Requester, also: Option<&str>, trace: Option<&mut Recorder>) -> Result<Requested, ApprovalError> {
         let mut ctx = who.call_context();
         ctx.trace_id = trace.as_ref().map(|t| t.id());
-        let checked = self
-            .checkpoint
-            .check(call, &ctx)
-            .map_err(ApprovalError::Refused)?;
-        let Some(reason) = checked
-            .needs_approval
-            .clone()
-            .or_else(|| also.map(str::to_string))
-        else {
-            return Err(ApprovalError::NotNeeded(call.name.clone()));
-        };
+        let checked = self.checkpoint.check(call, &ctx).map_err(ApprovalError::Refused)?;
+        let Some(reason) = checked.needs_approval.clone().or_else(|| also.map(str::to_string)) else { return Err(ApprovalError::NotNeeded(call.name.clone())) };
         let spec = &checked.tool.spec;
         let args_text = canonical_json(&call.args);
         let hash = args_hash(&call.args);
         let call_key = {
             let mut h = Sha256::new();
-            for part in [
-                spec.name.as_str(),
-                checked.version.as_str(),
-                hash.as_str(),
-                who.channel.as_str(),
-                who.chat_id.as_str(),
-                who.sender.as_str(),
-                who.actor.as_str(),
-            ] {
+            for part in [spec.name.as_str(), checked.version.as_str(), hash.as_str(), who.channel.as_str(), who.chat_id.as_str(), who.sender.as_str(), who.actor.as_str()] {
                 h.update(part.as_bytes());
                 h.update([0]);
             }
@@ -251,22 +211,14 @@ impl Approvals {
         };
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let now = db::now_ms();
-        let risk = serde_json::to_value(spec.risk)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let risk = serde_json::to_value(spec.risk).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let managed = serde_json::to_string(&spec.managed_fields).unwrap_or_else(|_| "[]".into());
         let display = self.display(&call.args);
         let mut tx = self.db.begin_write().await?;
         let (mut own, mut trace) = match trace {
             Some(t) => (None, Some(t)),
             None => {
-                let subject = Subject {
-                    correlation_id: who.correlation_id.clone(),
-                    channel: who.channel.clone(),
-                    chat_id: who.chat_id.clone(),
-                    message_id: who.message_id.clone(),
-                };
+                let subject = Subject { correlation_id: who.correlation_id.clone(), channel: who.channel.clone(), chat_id: who.chat_id.clone(), message_id: who.message_id.clone() };
                 (Some(traces::begin(&mut tx, subject).await?), None)
             }
         };
@@ -312,48 +264,28 @@ impl Approvals {
         );
         recorder.flush(&mut tx).await?;
         if let Some(own) = own {
-            let ending = Ending {
-                actor: who.actor.as_str().into(),
-                route: "approval".into(),
-                outcome: "pending".into(),
-                error_code: None,
-            };
+            let ending = Ending { actor: who.actor.as_str().into(), route: "approval".into(), outcome: "pending".into(), error_code: None };
             own.finish(&mut tx, ending).await?;
         }
         self.queue.commit(tx).await?;
         tracing::info!(event = "ApprovalRequested", approval.id = row.id, tool = %row.tool, reused, correlation_id = %who.correlation_id, "an owner must approve");
-        Ok(Requested {
-            id: row.id,
-            reused,
-            expires_at: row.expires_at,
-            trace_id: row.trace_id,
-        })
+        Ok(Requested { id: row.id, reused, expires_at: row.expires_at, trace_id: row.trace_id })
     }
 
     /// Enqueues the question to every owner number (requests from WhatsApp chats only: simulated
     /// chats and the console ask in the console) and the expiry, in the caller's transaction.
-    async fn ask_owners(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        row: &ApprovalRow,
-    ) -> Result<(), DbError> {
+    async fn ask_owners(&self, conn: &mut sqlx::AnyConnection, row: &ApprovalRow) -> Result<(), DbError> {
         let mut jobs = Vec::new();
         if row.channel == WHATSAPP {
             for phone in db::owners::all_phones(conn).await? {
                 let to = phone.trim_start_matches('+').to_string();
-                let mut job = self.queue.job(&AskOwner {
-                    approval_id: row.id,
-                    to: to.clone(),
-                });
+                let mut job = self.queue.job(&AskOwner { approval_id: row.id, to: to.clone() });
                 job.dedupe_key = Some(format!("approval:{}:ask:{to}", row.id));
                 job.correlation_id.clone_from(&row.correlation_id);
                 jobs.push(job);
             }
         }
-        let mut expire = self.queue.job(&Settle {
-            approval_id: row.id,
-            reason: SettleReason::Expired,
-        });
+        let mut expire = self.queue.job(&Settle { approval_id: row.id, reason: SettleReason::Expired });
         expire.dedupe_key = Some(format!("approval:{}:expire", row.id));
         expire.scheduled_at = Some(row.expires_at);
         expire.correlation_id.clone_from(&row.correlation_id);
@@ -367,11 +299,7 @@ impl Approvals {
         store::get(&mut conn, id).await
     }
 
-    pub async fn list(
-        &self,
-        state: Option<State>,
-        limit: i64,
-    ) -> Result<Vec<ApprovalRow>, DbError> {
+    pub async fn list(&self, state: Option<State>, limit: i64) -> Result<Vec<ApprovalRow>, DbError> {
         let mut conn = self.db.pool.acquire().await?;
         store::list(&mut conn, state, limit).await
     }
@@ -385,30 +313,11 @@ mod tests {
     fn button_ids_round_trip_and_refuse_other_shapes() {
         let id = Button::id_for(42, true, "abc123");
         assert_eq!(id, "gh-approval:42:approve:abc123");
-        assert_eq!(
-            Button::parse(&id),
-            Some(Button {
-                id: 42,
-                approve: true,
-                nonce: "abc123".into()
-            })
-        );
-        assert_eq!(
-            Button::parse("gh-approval:42:reject:n").map(|b| b.approve),
-            Some(false)
-        );
-        for bad in [
-            "row-2",
-            "gh-approval:x:approve:n",
-            "gh-approval:1:maybe:n",
-            "gh-approval:1:approve",
-        ] {
+        assert_eq!(Button::parse(&id), Some(Button { id: 42, approve: true, nonce: "abc123".into() }));
+        assert_eq!(Button::parse("gh-approval:42:reject:n").map(|b| b.approve), Some(false));
+        for bad in ["row-2", "gh-approval:x:approve:n", "gh-approval:1:maybe:n", "gh-approval:1:approve"] {
             assert_eq!(Button::parse(bad), None, "{bad}");
         }
-        assert!(
-            constant_eq(b"same", b"same")
-                && !constant_eq(b"same", b"sane")
-                && !constant_eq(b"a", b"ab")
-        );
+        assert!(constant_eq(b"same", b"same") && !constant_eq(b"same", b"sane") && !constant_eq(b"a", b"ab"));
     }
 }

@@ -64,10 +64,7 @@ impl PeriodSpend {
         if self.budget_micro_usd <= 0 {
             return 0;
         }
-        u32::try_from(
-            i128::from(self.spent_micro_usd.max(0)) * 100 / i128::from(self.budget_micro_usd),
-        )
-        .unwrap_or(u32::MAX)
+        u32::try_from(i128::from(self.spent_micro_usd.max(0)) * 100 / i128::from(self.budget_micro_usd)).unwrap_or(u32::MAX)
     }
 
     pub fn exhausted(&self) -> bool {
@@ -82,27 +79,13 @@ pub fn usd(micro: i64) -> String {
 
 /// The periods that hold `now_ms`: (key, start in ms) of the UTC day and the UTC month.
 pub fn periods_at(now_ms: i64) -> [(Period, String, i64); 2] {
-    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(now_ms) * 1_000_000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(now_ms) * 1_000_000).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let date = at.date();
     let month_start = date.replace_day(1).unwrap_or(date);
     let ms = |d: time::Date| d.midnight().assume_utc().unix_timestamp() * 1000;
     [
-        (
-            Period::Day,
-            format!(
-                "day:{:04}-{:02}-{:02}",
-                date.year(),
-                u8::from(date.month()),
-                date.day()
-            ),
-            ms(date),
-        ),
-        (
-            Period::Month,
-            format!("month:{:04}-{:02}", date.year(), u8::from(date.month())),
-            ms(month_start),
-        ),
+        (Period::Day, format!("day:{:04}-{:02}-{:02}", date.year(), u8::from(date.month()), date.day()), ms(date)),
+        (Period::Month, format!("month:{:04}-{:02}", date.year(), u8::from(date.month())), ms(month_start)),
     ]
 }
 
@@ -127,21 +110,13 @@ pub struct Budget {
 
 impl std::fmt::Debug for Budget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Budget")
-            .field("daily_usd", &self.settings.budget.daily_usd)
-            .field("monthly_usd", &self.settings.budget.monthly_usd)
-            .finish_non_exhaustive()
+        f.debug_struct("Budget").field("daily_usd", &self.settings.budget.daily_usd).field("monthly_usd", &self.settings.budget.monthly_usd).finish_non_exhaustive()
     }
 }
 
 impl Budget {
     pub fn new(settings: Arc<Settings>, db: Db, queue: JobQueue) -> Self {
-        Self {
-            settings,
-            db,
-            queue,
-            cache: Mutex::new(Cache::default()),
-        }
+        Self { settings, db, queue, cache: Mutex::new(Cache::default()) }
     }
 
     pub fn enabled(&self) -> bool {
@@ -158,13 +133,8 @@ impl Budget {
         let current = periods_at(now);
         {
             let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            let fresh = cache
-                .read_at
-                .is_some_and(|at| at.elapsed() < self.settings.budget.refresh);
-            let same = cache
-                .periods
-                .iter()
-                .all(|p| current.iter().any(|(_, key, _)| *key == p.key));
+            let fresh = cache.read_at.is_some_and(|at| at.elapsed() < self.settings.budget.refresh);
+            let same = cache.periods.iter().all(|p| current.iter().any(|(_, key, _)| *key == p.key));
             if fresh && same {
                 return Ok(cache.periods.clone());
             }
@@ -182,37 +152,20 @@ impl Budget {
             }
             let spent = db::budget::spent_since(&mut conn, starts_at).await?;
             let warned = db::budget::warned(&mut conn, &key).await?;
-            periods.push(PeriodSpend {
-                period,
-                key,
-                starts_at,
-                spent_micro_usd: spent,
-                budget_micro_usd: budget,
-                warned,
-            });
+            periods.push(PeriodSpend { period, key, starts_at, spent_micro_usd: spent, budget_micro_usd: budget, warned });
         }
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        *cache = Cache {
-            read_at: Some(Instant::now()),
-            periods: periods.clone(),
-        };
+        *cache = Cache { read_at: Some(Instant::now()), periods: periods.clone() };
         Ok(periods)
     }
 
     /// The exhausted period that keeps `actor` from a model call, if the budget says so: only
     /// customers, only with `at_limit = "degraded"`.
     pub async fn limit_for(&self, actor: Role) -> Result<Option<PeriodSpend>, DbError> {
-        if actor == Role::Owner
-            || self.settings.budget.at_limit != AtLimit::Degraded
-            || !self.enabled()
-        {
+        if actor == Role::Owner || self.settings.budget.at_limit != AtLimit::Degraded || !self.enabled() {
             return Ok(None);
         }
-        Ok(self
-            .status()
-            .await?
-            .into_iter()
-            .find(PeriodSpend::exhausted))
+        Ok(self.status().await?.into_iter().find(PeriodSpend::exhausted))
     }
 
     /// What a customer is told while the limit applies.
@@ -238,12 +191,7 @@ impl Budget {
     async fn warn(&self, period: &PeriodSpend, correlation_id: &str) -> Result<(), DbError> {
         let b = &self.settings.budget;
         let percent = period.percent();
-        let due: Vec<u32> = b
-            .warn_at
-            .iter()
-            .copied()
-            .filter(|&share| share <= percent && !period.warned.contains(&share))
-            .collect();
+        let due: Vec<u32> = b.warn_at.iter().copied().filter(|&share| share <= percent && !period.warned.contains(&share)).collect();
         // Only the highest share crossed is said; the lower ones are recorded as given, so a
         // jump from 40% to 90% sends one warning, not two.
         let Some(&top) = due.last() else {
@@ -253,15 +201,7 @@ impl Budget {
         let now = db::now_ms();
         let mut claimed_top = false;
         for &share in &due {
-            let claimed = db::budget::claim_warning(
-                &mut tx,
-                &period.key,
-                share,
-                now,
-                period.spent_micro_usd,
-                period.budget_micro_usd,
-            )
-            .await?;
+            let claimed = db::budget::claim_warning(&mut tx, &period.key, share, now, period.spent_micro_usd, period.budget_micro_usd).await?;
             claimed_top |= claimed && share == top;
         }
         if claimed_top {
@@ -275,19 +215,8 @@ impl Budget {
                 message.push(' ');
                 message.push_str(&b.degraded_notice);
             }
-            let code = if period.exhausted() {
-                "BUDGET_EXHAUSTED"
-            } else {
-                "BUDGET_WARNING"
-            };
-            let notice = Notification {
-                at: now,
-                hook: "budget".into(),
-                tool: String::new(),
-                reason_code: code.into(),
-                message,
-                correlation_id: correlation_id.to_string(),
-            };
+            let code = if period.exhausted() { "BUDGET_EXHAUSTED" } else { "BUDGET_WARNING" };
+            let notice = Notification { at: now, hook: "budget".into(), tool: String::new(), reason_code: code.into(), message, correlation_id: correlation_id.to_string() };
             notices::raise(&mut tx, &self.queue, &notice, true).await?;
             tracing::warn!(period = %period.key, percent, code, "model spend budget warning raised");
         }
@@ -335,22 +264,12 @@ mod tests {
         assert_eq!(day_start, 1_796_083_200_000);
         assert_eq!(month_start, day_start);
         let [(_, next_day, _), (_, same_month, _)] = periods_at(now + 86_400_000);
-        assert_eq!(
-            (next_day.as_str(), same_month.as_str()),
-            ("day:2026-12-02", "month:2026-12")
-        );
+        assert_eq!((next_day.as_str(), same_month.as_str()), ("day:2026-12-02", "month:2026-12"));
     }
 
     #[test]
     fn percent_rounds_down_and_exhaustion_is_at_the_budget() {
-        let spend = |spent, budget| PeriodSpend {
-            period: Period::Day,
-            key: String::new(),
-            starts_at: 0,
-            spent_micro_usd: spent,
-            budget_micro_usd: budget,
-            warned: vec![],
-        };
+        let spend = |spent, budget| PeriodSpend { period: Period::Day, key: String::new(), starts_at: 0, spent_micro_usd: spent, budget_micro_usd: budget, warned: vec![] };
         assert_eq!(spend(499_999, 1_000_000).percent(), 49);
         assert!(!spend(999_999, 1_000_000).exhausted());
         assert!(spend(1_000_000, 1_000_000).exhausted());

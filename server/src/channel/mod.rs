@@ -148,12 +148,7 @@ pub struct ReplyTo {
 
 impl ReplyTo {
     pub fn of(inbound: &Inbound) -> Self {
-        Self {
-            channel: inbound.channel.clone(),
-            chat_id: inbound.chat_id.clone(),
-            chat_kind: inbound.chat_kind,
-            message_id: inbound.message_id.clone(),
-        }
+        Self { channel: inbound.channel.clone(), chat_id: inbound.chat_id.clone(), chat_kind: inbound.chat_kind, message_id: inbound.message_id.clone() }
     }
 }
 
@@ -172,21 +167,11 @@ pub enum DeliverError {
 /// retried job sends nothing twice), and appends its delivery to `trace_id`'s trace.
 #[async_trait::async_trait]
 pub trait Outbound: Send + Sync {
-    async fn deliver(
-        &self,
-        to: &ReplyTo,
-        text: &str,
-        job_id: i64,
-        trace_id: Option<i64>,
-    ) -> Result<(), DeliverError>;
+    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError>;
 }
 
 /// Where inbound messages go: the conversation runtime.
 #[async_trait::async_trait]
 pub trait InboundHandler: Send + Sync {
-    async fn handle(
-        &self,
-        inbound: &Inbound,
-        presence: &dyn Presence,
-    ) -> Result<Handled, HandlerError>;
+    async fn handle(&self, inbound: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError>;
 }

@@ -30,38 +30,13 @@ impl Outbox {
     }
 
     /// A simulated chat's later message, stored once per job.
-    async fn simulate(
-        &self,
-        to: &ReplyTo,
-        text: &str,
-        job_id: i64,
-        trace_id: Option<i64>,
-    ) -> Result<(), DbError> {
+    async fn simulate(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
         let message_id = format!("job_{job_id}");
         let mut tx = self.db.begin_write().await?;
-        let out = sim::NewSimMessage {
-            chat_id: &to.chat_id,
-            direction: "out",
-            sender: "bot",
-            text,
-            message_id: &message_id,
-            state: "delivered",
-            trace_id,
-            at: db::now_ms(),
-        };
+        let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms() };
         let new = sim::insert_once(&mut tx, &out).await?;
         if new && let Some(trace_id) = trace_id {
-            traces::append(
-                &mut tx,
-                trace_id,
-                &Step::new(
-                    "later_delivery",
-                    "delivered",
-                    "SIMULATOR",
-                    json!({ "job_id": job_id }),
-                ),
-            )
-            .await?;
+            traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -69,51 +44,22 @@ impl Outbox {
 }
 
 fn retry(code: &str, e: impl std::fmt::Display) -> DeliverError {
-    DeliverError::Retry {
-        code: code.into(),
-        message: e.to_string(),
-    }
+    DeliverError::Retry { code: code.into(), message: e.to_string() }
 }
 
 #[async_trait::async_trait]
 impl Outbound for Outbox {
-    async fn deliver(
-        &self,
-        to: &ReplyTo,
-        text: &str,
-        job_id: i64,
-        trace_id: Option<i64>,
-    ) -> Result<(), DeliverError> {
+    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError> {
         match to.channel.as_str() {
-            SIMULATOR => self
-                .simulate(to, text, job_id, trace_id)
-                .await
-                .map_err(|e| retry("DATABASE_ERROR", e)),
+            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map_err(|e| retry("DATABASE_ERROR", e)),
             WHATSAPP => {
                 use super::whatsapp::{Recipient, SendOutcome, sender::SendError};
                 let group = to.chat_kind == ChatKind::Group;
-                let recipient = Recipient {
-                    id: to.chat_id.clone(),
-                    group,
-                };
+                let recipient = Recipient { id: to.chat_id.clone(), group };
                 let quote = group.then_some(to.message_id.as_str());
-                match self
-                    .whatsapp
-                    .send_text(job_id, &recipient, text, quote)
-                    .await
-                {
+                match self.whatsapp.send_text(job_id, &recipient, text, quote).await {
                     Ok(SendOutcome::Sent { parts, .. }) => {
-                        self.trace(
-                            trace_id,
-                            Step::new(
-                                "later_delivery",
-                                "sent",
-                                "WHATSAPP_SENT",
-                                json!({ "job_id": job_id, "parts": parts }),
-                            ),
-                            false,
-                        )
-                        .await;
+                        self.trace(trace_id, Step::new("later_delivery", "sent", "WHATSAPP_SENT", json!({ "job_id": job_id, "parts": parts })), false).await;
                         Ok(())
                     }
                     Ok(other) => {
@@ -121,43 +67,18 @@ impl Outbound for Outbox {
                             SendOutcome::Failed { code } => super::whatsapp::trace_code(code),
                             _ => "WHATSAPP_131047".into(),
                         };
-                        self.trace(
-                            trace_id,
-                            Step::new(
-                                "later_delivery",
-                                "failed",
-                                &code,
-                                json!({ "job_id": job_id }),
-                            ),
-                            true,
-                        )
-                        .await;
+                        self.trace(trace_id, Step::new("later_delivery", "failed", &code, json!({ "job_id": job_id })), true).await;
                         Ok(())
                     }
-                    Err(SendError::Retry { code, message }) => {
-                        Err(DeliverError::Retry { code, message })
-                    }
+                    Err(SendError::Retry { code, message }) => Err(DeliverError::Retry { code, message }),
                     Err(SendError::Permanent { code, message }) => {
-                        self.trace(
-                            trace_id,
-                            Step::new(
-                                "later_delivery",
-                                "failed",
-                                &super::whatsapp::trace_code(&code),
-                                json!({ "job_id": job_id }),
-                            ),
-                            true,
-                        )
-                        .await;
+                        self.trace(trace_id, Step::new("later_delivery", "failed", &super::whatsapp::trace_code(&code), json!({ "job_id": job_id })), true).await;
                         Err(DeliverError::Permanent { code, message })
                     }
                     Err(SendError::Db(e)) => Err(retry("DATABASE_ERROR", e)),
                 }
             }
-            other => Err(DeliverError::Permanent {
-                code: "CHANNEL_UNKNOWN".into(),
-                message: format!("no channel {other:?}"),
-            }),
+            other => Err(DeliverError::Permanent { code: "CHANNEL_UNKNOWN".into(), message: format!("no channel {other:?}") }),
         }
     }
 }

@@ -72,29 +72,14 @@ impl Simulator {
     pub async fn send(&self, message: SimMessage) -> Result<SimOutcome, SimError> {
         let text = message.text.trim();
         if text.is_empty() || text.chars().count() > 4096 {
-            return Err(SimError::Invalid(
-                "Write a message of 1 to 4,096 characters.".into(),
-            ));
+            return Err(SimError::Invalid("Write a message of 1 to 4,096 characters.".into()));
         }
         let from = message.from.trim();
-        let e164 = if from.starts_with('+') {
-            from.to_string()
-        } else {
-            format!("+{from}")
-        };
-        let phone = PhoneNumber::parse(&e164).map_err(|_| {
-            SimError::Invalid("The sender must be a phone number such as +15550001111.".into())
-        })?;
+        let e164 = if from.starts_with('+') { from.to_string() } else { format!("+{from}") };
+        let phone = PhoneNumber::parse(&e164).map_err(|_| SimError::Invalid("The sender must be a phone number such as +15550001111.".into()))?;
         let digits = phone.as_str().trim_start_matches('+').to_string();
-        let chat_id = match message
-            .chat_id
-            .as_deref()
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-        {
-            Some(c) if c.len() > 100 => {
-                return Err(SimError::Invalid("The chat id is too long.".into()));
-            }
+        let chat_id = match message.chat_id.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+            Some(c) if c.len() > 100 => return Err(SimError::Invalid("The chat id is too long.".into())),
             Some(c) if c.starts_with(CHAT_PREFIX) => c.to_string(),
             Some(c) => format!("{CHAT_PREFIX}{c}"),
             None if message.group => format!("{CHAT_PREFIX}group"),
@@ -105,11 +90,7 @@ impl Simulator {
             channel: super::SIMULATOR.into(),
             message_id: format!("sim_{id}"),
             chat_id: chat_id.clone(),
-            chat_kind: if message.group {
-                ChatKind::Group
-            } else {
-                ChatKind::Direct
-            },
+            chat_kind: if message.group { ChatKind::Group } else { ChatKind::Direct },
             sender: digits.clone(),
             text: text.to_string(),
             mentions_bot: message.group && message.mention,
@@ -132,30 +113,13 @@ impl Simulator {
         store::insert(&mut tx, &incoming).await?;
         if let Some(reply) = &handled.reply {
             let reply_id = format!("{}_reply", inbound.message_id);
-            let out = store::NewSimMessage {
-                direction: "out",
-                sender: "bot",
-                text: reply,
-                message_id: &reply_id,
-                state: "delivered",
-                at: now + 1,
-                ..incoming
-            };
+            let out = store::NewSimMessage { direction: "out", sender: "bot", text: reply, message_id: &reply_id, state: "delivered", at: now + 1, ..incoming };
             store::insert(&mut tx, &out).await?;
             if let Some(trace_id) = handled.trace_id {
-                traces::append(
-                    &mut tx,
-                    trace_id,
-                    &Step::new("delivery", "delivered", "SIMULATOR", json!({})),
-                )
-                .await?;
+                traces::append(&mut tx, trace_id, &Step::new("delivery", "delivered", "SIMULATOR", json!({}))).await?;
             }
         }
         tx.commit().await?;
-        Ok(SimOutcome {
-            chat_id,
-            message_id: inbound.message_id,
-            handled,
-        })
+        Ok(SimOutcome { chat_id, message_id: inbound.message_id, handled })
     }
 }

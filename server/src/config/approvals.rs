@@ -80,8 +80,7 @@ struct Written {
 impl Default for ApprovalSettings {
     fn default() -> Self {
         // Checked by a test; a broken file fails every build's tests, never a deployment.
-        let w: Written =
-            toml::from_str(SHIPPED_DEFAULTS).expect("approvals_defaults.toml is valid");
+        let w: Written = toml::from_str(SHIPPED_DEFAULTS).expect("approvals_defaults.toml is valid");
         Self {
             ttl: w.ttl,
             owner_prompt: w.owner_prompt,
@@ -121,19 +120,9 @@ mod tests {
 
     #[test]
     fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        ));
-        let shipped = crate::config::load(path)
-            .expect("shipped config")
-            .settings
-            .approvals;
-        assert_eq!(
-            shipped,
-            ApprovalSettings::default(),
-            "config/gatehouse.toml [approvals] and approvals_defaults.toml differ"
-        );
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let shipped = crate::config::load(path).expect("shipped config").settings.approvals;
+        assert_eq!(shipped, ApprovalSettings::default(), "config/gatehouse.toml [approvals] and approvals_defaults.toml differ");
         assert!(shipped.texts().iter().all(|(_, t)| !t.trim().is_empty()));
     }
 }

@@ -78,18 +78,8 @@ mod tests {
 
     #[test]
     fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        ));
-        let shipped = crate::config::load(path)
-            .expect("shipped config")
-            .settings
-            .budget;
-        assert_eq!(
-            shipped,
-            BudgetSettings::default(),
-            "config/gatehouse.toml [budget] and BudgetSettings::default differ"
-        );
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+        let shipped = crate::config::load(path).expect("shipped config").settings.budget;
+        assert_eq!(shipped, BudgetSettings::default(), "config/gatehouse.toml [budget] and BudgetSettings::default differ");
     }
 }

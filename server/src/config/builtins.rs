@@ -29,12 +29,7 @@ pub struct WebSearchSettings {
 
 impl Default for WebSearchSettings {
     fn default() -> Self {
-        Self {
-            provider: Default::default(),
-            base_url: String::new(),
-            max_results: 5,
-            timeout: Duration::from_secs(10),
-        }
+        Self { provider: Default::default(), base_url: String::new(), max_results: 5, timeout: Duration::from_secs(10) }
     }
 }
 

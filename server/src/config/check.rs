@@ -22,122 +22,39 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         need(false, key, message);
     }
     let auth = &settings.auth;
-    need(
-        auth.min_password_length >= 12,
-        "auth.min_password_length",
-        "must be at least 12".into(),
-    );
-    need(
-        auth.login_max_failures >= 1,
-        "auth.login_max_failures",
-        "must be at least 1".into(),
-    );
-    need(
-        settings.database.max_connections >= 1,
-        "database.max_connections",
-        "must be at least 1".into(),
-    );
+    need(auth.min_password_length >= 12, "auth.min_password_length", "must be at least 12".into());
+    need(auth.login_max_failures >= 1, "auth.login_max_failures", "must be at least 1".into());
+    need(settings.database.max_connections >= 1, "database.max_connections", "must be at least 1".into());
     let jobs = &settings.jobs;
-    need(
-        jobs.concurrency >= 1,
-        "jobs.concurrency",
-        "must be at least 1".into(),
-    );
-    need(
-        jobs.default_max_attempts >= 1,
-        "jobs.default_max_attempts",
-        "must be at least 1".into(),
-    );
-    need(
-        !jobs.queue.trim().is_empty(),
-        "jobs.queue",
-        "must not be empty".into(),
-    );
-    need(
-        jobs.retry_base <= jobs.retry_max,
-        "jobs.retry_base",
-        "must not exceed jobs.retry_max".into(),
-    );
-    need(
-        settings.web_fetch.max_bytes >= 1,
-        "web_fetch.max_bytes",
-        "must be at least 1".into(),
-    );
+    need(jobs.concurrency >= 1, "jobs.concurrency", "must be at least 1".into());
+    need(jobs.default_max_attempts >= 1, "jobs.default_max_attempts", "must be at least 1".into());
+    need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
+    need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
+    need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
     let llm = &settings.llm;
-    need(
-        llm.max_retries <= 10,
-        "llm.max_retries",
-        "must be at most 10".into(),
-    );
-    need(
-        llm.retry_initial_delay <= llm.retry_max_delay,
-        "llm.retry_initial_delay",
-        "must not exceed llm.retry_max_delay".into(),
-    );
-    need(
-        !llm.fallback_reply.trim().is_empty(),
-        "llm.fallback_reply",
-        "must not be empty".into(),
-    );
-    need(
-        !llm.owner_instruction.trim().is_empty(),
-        "llm.owner_instruction",
-        "must not be empty".into(),
-    );
-    for (key, endpoint) in [
-        ("llm.anthropic.max_tokens", &llm.anthropic),
-        ("llm.openai.max_tokens", &llm.openai),
-    ] {
+    need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
+    need(llm.retry_initial_delay <= llm.retry_max_delay, "llm.retry_initial_delay", "must not exceed llm.retry_max_delay".into());
+    need(!llm.fallback_reply.trim().is_empty(), "llm.fallback_reply", "must not be empty".into());
+    need(!llm.owner_instruction.trim().is_empty(), "llm.owner_instruction", "must not be empty".into());
+    for (key, endpoint) in [("llm.anthropic.max_tokens", &llm.anthropic), ("llm.openai.max_tokens", &llm.openai)] {
         need(endpoint.max_tokens >= 1, key, "must be at least 1".into());
     }
     let mut priced = BTreeSet::new();
     for price in &settings.models.prices {
-        need(
-            !price.model.trim().is_empty(),
-            "models.prices",
-            "every price needs a model name".into(),
-        );
-        need(
-            priced.insert(price.model.as_str()),
-            "models.prices",
-            format!("model {:?} is priced twice", price.model),
-        );
-        let amounts = [
-            Some(price.input),
-            Some(price.output),
-            price.cache_read,
-            price.cache_write,
-        ];
+        need(!price.model.trim().is_empty(), "models.prices", "every price needs a model name".into());
+        need(priced.insert(price.model.as_str()), "models.prices", format!("model {:?} is priced twice", price.model));
+        let amounts = [Some(price.input), Some(price.output), price.cache_read, price.cache_write];
         need(
             amounts.iter().flatten().all(|p| p.is_finite() && *p >= 0.0),
             "models.prices",
-            format!(
-                "prices of {:?} must be zero or more (US dollars per million tokens)",
-                price.model
-            ),
+            format!("prices of {:?} must be zero or more (US dollars per million tokens)", price.model),
         );
     }
     let wa = &settings.whatsapp;
-    need(
-        wa.pair_burst >= 1,
-        "whatsapp.pair_burst",
-        "must be at least 1".into(),
-    );
-    need(
-        wa.global_rate_per_second >= 1,
-        "whatsapp.global_rate_per_second",
-        "must be at least 1".into(),
-    );
-    need(
-        wa.send_attempts >= 1,
-        "whatsapp.send_attempts",
-        "must be at least 1".into(),
-    );
-    need(
-        !wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'),
-        "whatsapp.graph_version",
-        "must be a version such as \"v25.0\"".into(),
-    );
+    need(wa.pair_burst >= 1, "whatsapp.pair_burst", "must be at least 1".into());
+    need(wa.global_rate_per_second >= 1, "whatsapp.global_rate_per_second", "must be at least 1".into());
+    need(wa.send_attempts >= 1, "whatsapp.send_attempts", "must be at least 1".into());
+    need(!wa.graph_version.trim().is_empty() && !wa.graph_version.contains('/'), "whatsapp.graph_version", "must be a version such as \"v25.0\"".into());
     need(
         wa.phone_number_id.chars().all(|c| c.is_ascii_digit()),
         "whatsapp.phone_number_id",
@@ -155,28 +72,17 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     );
     let conv = &settings.conversation;
     need(
-        conv.rate_limit == 0
-            || (!conv.rate_limited_reply.trim().is_empty()
-                && conv.rate_limited_reply.chars().count() <= 4096),
+        conv.rate_limit == 0 || (!conv.rate_limited_reply.trim().is_empty() && conv.rate_limited_reply.chars().count() <= 4096),
         "conversation.rate_limited_reply",
         "must be set (and fit one WhatsApp message) when conversation.rate_limit is above 0".into(),
     );
     for (key, value) in [
         ("conversation.rate_window", conv.rate_window),
-        (
-            "private_data.notice_every",
-            settings.private_data.notice_every,
-        ),
+        ("private_data.notice_every", settings.private_data.notice_every),
         ("auth.session_idle_timeout", auth.session_idle_timeout),
-        (
-            "auth.session_absolute_timeout",
-            auth.session_absolute_timeout,
-        ),
+        ("auth.session_absolute_timeout", auth.session_absolute_timeout),
         ("auth.login_failure_window", auth.login_failure_window),
-        (
-            "database.acquire_timeout",
-            settings.database.acquire_timeout,
-        ),
+        ("database.acquire_timeout", settings.database.acquire_timeout),
         ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
         ("llm.openai.timeout", settings.llm.openai.timeout),
         ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
@@ -186,10 +92,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),
         ("web_search.timeout", settings.web_search.timeout),
-        (
-            "whatsapp.request_timeout",
-            settings.whatsapp.request_timeout,
-        ),
+        ("whatsapp.request_timeout", settings.whatsapp.request_timeout),
         ("whatsapp.pair_interval", settings.whatsapp.pair_interval),
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
@@ -208,97 +111,44 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
             humantime::format_duration(sends)
         ),
     );
-    need(
-        t.owner_notify >= sends,
-        "jobs.timeouts.owner_notify",
-        format!(
-            "must be at least {} (the notice's sends)",
-            humantime::format_duration(sends)
-        ),
-    );
+    need(t.owner_notify >= sends, "jobs.timeouts.owner_notify", format!("must be at least {} (the notice's sends)", humantime::format_duration(sends)));
     need(
         t.tool_call >= inbound_needs,
         "jobs.timeouts.tool_call",
-        format!(
-            "must be at least {} (the summary's model call plus the answer's sends), besides the tool's own time",
-            humantime::format_duration(inbound_needs)
-        ),
+        format!("must be at least {} (the summary's model call plus the answer's sends), besides the tool's own time", humantime::format_duration(inbound_needs)),
     );
     let db = &settings.database.url;
     need(
         super::DatabaseKind::from_url(db).is_some(),
         "database.url",
-        format!(
-            "unsupported database URL {:?}; use sqlite://... or postgres://...",
-            display_url(db)
-        ),
+        format!("unsupported database URL {:?}; use sqlite://... or postgres://...", display_url(db)),
     );
     let public = &settings.server.public_url;
     if public.is_empty() {
         need(
             !settings.server.addr.ip().is_unspecified(),
             "server.public_url",
-            format!(
-                "must be set when server.addr ({}) listens on all interfaces: it is the address owners' browsers use",
-                settings.server.addr
-            ),
+            format!("must be set when server.addr ({}) listens on all interfaces: it is the address owners' browsers use", settings.server.addr),
         );
     } else {
-        let ok = url::Url::parse(public)
-            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-        need(
-            ok,
-            "server.public_url",
-            format!("{public:?} is not an http(s) URL"),
-        );
+        let ok = url::Url::parse(public).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        need(ok, "server.public_url", format!("{public:?} is not an http(s) URL"));
     }
     for (key, value) in [
         ("llm.anthropic.base_url", &settings.llm.anthropic.base_url),
         ("llm.openai.base_url", &settings.llm.openai.base_url),
         ("web_search.base_url", &settings.web_search.base_url),
     ] {
-        need(
-            value.is_empty() || url::Url::parse(value).is_ok(),
-            key,
-            format!("{:?} is not a URL", display_url(value)),
-        );
+        need(value.is_empty() || url::Url::parse(value).is_ok(), key, format!("{:?} is not a URL", display_url(value)));
     }
     let conv = &settings.conversation;
-    need(
-        conv.history_token_budget >= 200,
-        "conversation.history_token_budget",
-        "must be at least 200".into(),
-    );
-    need(
-        conv.keep_recent_turns >= 1,
-        "conversation.keep_recent_turns",
-        "must be at least 1".into(),
-    );
+    need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
+    need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
     for (i, c) in settings.private_data.categories.iter().enumerate() {
-        need(
-            !c.patterns.is_empty(),
-            "private_data.categories",
-            format!("category {i} ({:?}) needs at least one pattern", c.name),
-        );
-        let compiled: Vec<regex::Regex> = c
-            .patterns
-            .iter()
-            .filter_map(|p| {
-                regex::RegexBuilder::new(p)
-                    .case_insensitive(true)
-                    .build()
-                    .ok()
-            })
-            .collect();
+        need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
+        let compiled: Vec<regex::Regex> = c.patterns.iter().filter_map(|p| regex::RegexBuilder::new(p).case_insensitive(true).build().ok()).collect();
         for p in &c.patterns {
-            need(
-                regex::RegexBuilder::new(p)
-                    .case_insensitive(true)
-                    .build()
-                    .is_ok(),
-                "private_data.categories",
-                format!("{p:?} in {:?} is not a regular expression", c.name),
-            );
+            need(regex::RegexBuilder::new(p).case_insensitive(true).build().is_ok(), "private_data.categories", format!("{p:?} in {:?} is not a regular expression", c.name));
         }
         // The examples are the category's own test cases: each must be caught.
         if compiled.len() == c.patterns.len() {
@@ -306,10 +156,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
                 need(
                     compiled.iter().any(|r| r.is_match(example)),
                     "private_data.categories",
-                    format!(
-                        "example {example:?} of {:?} matches none of its patterns, so the guard would let it through",
-                        c.name
-                    ),
+                    format!("example {example:?} of {:?} matches none of its patterns, so the guard would let it through", c.name),
                 );
             }
         }
@@ -319,18 +166,14 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     budget(settings, &mut need);
     let graph = &settings.whatsapp.graph_base_url;
     need(
-        url::Url::parse(graph)
-            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
         "whatsapp.graph_base_url",
         format!("{:?} is not an http(s) URL", display_url(graph)),
     );
     need(
         tracing_subscriber::EnvFilter::try_new(&settings.log.filter).is_ok(),
         "log.filter",
-        format!(
-            "{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"",
-            settings.log.filter
-        ),
+        format!("{:?} is not a tracing filter such as \"info\" or \"server=debug,info\"", settings.log.filter),
     );
     problems
 }
@@ -338,211 +181,76 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
 /// `[budget]`: amounts, thresholds and the texts owners and customers get.
 fn budget(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let b = &settings.budget;
-    for (key, usd) in [
-        ("budget.daily_usd", b.daily_usd),
-        ("budget.monthly_usd", b.monthly_usd),
-    ] {
-        need(
-            usd.is_finite() && usd >= 0.0,
-            key,
-            format!("{usd} is not an amount in US dollars (0 for no budget)"),
-        );
+    for (key, usd) in [("budget.daily_usd", b.daily_usd), ("budget.monthly_usd", b.monthly_usd)] {
+        need(usd.is_finite() && usd >= 0.0, key, format!("{usd} is not an amount in US dollars (0 for no budget)"));
     }
-    need(
-        b.warn_at.iter().all(|p| (1..=100).contains(p)),
-        "budget.warn_at",
-        "each share must be a percentage from 1 to 100".into(),
-    );
-    need(
-        b.warn_at.windows(2).all(|w| w[0] < w[1]),
-        "budget.warn_at",
-        "must be ascending, each share once".into(),
-    );
-    need(
-        !b.refresh.is_zero(),
-        "budget.refresh",
-        "must be longer than zero".into(),
-    );
+    need(b.warn_at.iter().all(|p| (1..=100).contains(p)), "budget.warn_at", "each share must be a percentage from 1 to 100".into());
+    need(b.warn_at.windows(2).all(|w| w[0] < w[1]), "budget.warn_at", "must be ascending, each share once".into());
+    need(!b.refresh.is_zero(), "budget.refresh", "must be longer than zero".into());
     for (key, text) in b.texts() {
         need(!text.trim().is_empty(), key, "must not be empty".into());
     }
-    need(
-        b.warning.contains("{percent}"),
-        "budget.warning",
-        "must show {percent}, how much of the budget is spent".into(),
-    );
+    need(b.warning.contains("{percent}"), "budget.warning", "must show {percent}, how much of the budget is spent".into());
 }
 
 /// `[approvals]`: every text, and what WhatsApp allows for the buttons.
 fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let a = &settings.approvals;
-    need(
-        a.ttl >= std::time::Duration::from_secs(60),
-        "approvals.ttl",
-        "must be at least one minute".into(),
-    );
+    need(a.ttl >= std::time::Duration::from_secs(60), "approvals.ttl", "must be at least one minute".into());
     for (key, text) in a.texts() {
         need(!text.trim().is_empty(), key, "must not be empty".into());
     }
-    for (key, title) in [
-        ("approvals.approve_button", &a.approve_button),
-        ("approvals.reject_button", &a.reject_button),
-    ] {
+    for (key, title) in [("approvals.approve_button", &a.approve_button), ("approvals.reject_button", &a.reject_button)] {
         let n = title.trim().chars().count();
-        need(
-            n <= super::approvals::BUTTON_TITLE_MAX,
-            key,
-            format!(
-                "is {n} characters; WhatsApp allows at most {}",
-                super::approvals::BUTTON_TITLE_MAX
-            ),
-        );
+        need(n <= super::approvals::BUTTON_TITLE_MAX, key, format!("is {n} characters; WhatsApp allows at most {}", super::approvals::BUTTON_TITLE_MAX));
     }
-    need(
-        a.approve_button.trim() != a.reject_button.trim(),
-        "approvals.reject_button",
-        "must differ from approvals.approve_button".into(),
-    );
-    need(
-        a.owner_prompt.contains("{id}")
-            && a.owner_prompt.contains("{tool}")
-            && a.owner_prompt.contains("{args}"),
-        "approvals.owner_prompt",
-        "must show {id}, {tool} and {args}, the exact call".into(),
-    );
+    need(a.approve_button.trim() != a.reject_button.trim(), "approvals.reject_button", "must differ from approvals.approve_button".into());
+    need(a.owner_prompt.contains("{id}") && a.owner_prompt.contains("{tool}") && a.owner_prompt.contains("{args}"), "approvals.owner_prompt", "must show {id}, {tool} and {args}, the exact call".into());
 }
 
 /// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code
 /// holds none of its own.
 fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let lane = &settings.lane;
-    need(
-        (1..=10).contains(&lane.max_steps),
-        "lane.max_steps",
-        "must be from 1 to 10".into(),
-    );
-    need(
-        !lane.immediate_deadline.is_zero(),
-        "lane.immediate_deadline",
-        "must be longer than zero".into(),
-    );
-    need(
-        lane.planner_max_tokens >= 64,
-        "lane.planner_max_tokens",
-        "must be at least 64".into(),
-    );
-    need(
-        lane.summarizer_max_tokens >= 64,
-        "lane.summarizer_max_tokens",
-        "must be at least 64".into(),
-    );
-    need(
-        (100..=4096).contains(&lane.summary_max_chars),
-        "lane.summary_max_chars",
-        "must be from 100 to 4,096 (one WhatsApp message)".into(),
-    );
-    need(
-        lane.max_sources <= 10,
-        "lane.max_sources",
-        "must be at most 10".into(),
-    );
-    need(
-        lane.private_data_tags.iter().all(|t| !t.trim().is_empty()),
-        "lane.private_data_tags",
-        "must not hold an empty tag".into(),
-    );
-    need(
-        !lane.context_ttl.is_zero(),
-        "lane.context_ttl",
-        "must be longer than zero".into(),
-    );
-    need(
-        !lane.context_sweep_every.is_zero(),
-        "lane.context_sweep_every",
-        "must be longer than zero".into(),
-    );
-    need(
-        (1..=50).contains(&lane.contexts_per_chat),
-        "lane.contexts_per_chat",
-        "must be from 1 to 50".into(),
-    );
-    need(
-        (50..=10_000).contains(&lane.context_preview_chars),
-        "lane.context_preview_chars",
-        "must be from 50 to 10,000".into(),
-    );
-    need(
-        lane.context_max_entities <= 100,
-        "lane.context_max_entities",
-        "must be at most 100".into(),
-    );
-    need(
-        lane.max_search_calls <= 5,
-        "lane.max_search_calls",
-        "must be at most 5".into(),
-    );
-    need(
-        (1..=20).contains(&lane.search_results),
-        "lane.search_results",
-        "must be from 1 to 20".into(),
-    );
-    need(
-        lane.search_tool.is_empty() || lane.search_tool != lane.respond_tool,
-        "lane.search_tool",
-        "must differ from lane.respond_tool".into(),
-    );
-    need(
-        lane.search_tool.is_empty() || !lane.search_description.trim().is_empty(),
-        "lane.search_description",
-        "must be set when lane.search_tool is".into(),
-    );
+    need((1..=10).contains(&lane.max_steps), "lane.max_steps", "must be from 1 to 10".into());
+    need(!lane.immediate_deadline.is_zero(), "lane.immediate_deadline", "must be longer than zero".into());
+    need(lane.planner_max_tokens >= 64, "lane.planner_max_tokens", "must be at least 64".into());
+    need(lane.summarizer_max_tokens >= 64, "lane.summarizer_max_tokens", "must be at least 64".into());
+    need((100..=4096).contains(&lane.summary_max_chars), "lane.summary_max_chars", "must be from 100 to 4,096 (one WhatsApp message)".into());
+    need(lane.max_sources <= 10, "lane.max_sources", "must be at most 10".into());
+    need(lane.private_data_tags.iter().all(|t| !t.trim().is_empty()), "lane.private_data_tags", "must not hold an empty tag".into());
+    need(!lane.context_ttl.is_zero(), "lane.context_ttl", "must be longer than zero".into());
+    need(!lane.context_sweep_every.is_zero(), "lane.context_sweep_every", "must be longer than zero".into());
+    need((1..=50).contains(&lane.contexts_per_chat), "lane.contexts_per_chat", "must be from 1 to 50".into());
+    need((50..=10_000).contains(&lane.context_preview_chars), "lane.context_preview_chars", "must be from 50 to 10,000".into());
+    need(lane.context_max_entities <= 100, "lane.context_max_entities", "must be at most 100".into());
+    need(lane.max_search_calls <= 5, "lane.max_search_calls", "must be at most 5".into());
+    need((1..=20).contains(&lane.search_results), "lane.search_results", "must be from 1 to 20".into());
+    need(lane.search_tool.is_empty() || lane.search_tool != lane.respond_tool, "lane.search_tool", "must differ from lane.respond_tool".into());
+    need(lane.search_tool.is_empty() || !lane.search_description.trim().is_empty(), "lane.search_description", "must be set when lane.search_tool is".into());
     if !lane.enabled {
         return;
     }
     for (key, text) in lane.texts() {
-        need(
-            !text.trim().is_empty(),
-            key,
-            "must be set while lane.enabled is true".into(),
-        );
+        need(!text.trim().is_empty(), key, "must be set while lane.enabled is true".into());
     }
     let tag = super::lane::UNTRUSTED_TAG;
-    for (key, prompt) in [
-        ("lane.planner_prompt", &lane.planner_prompt),
-        ("lane.summarizer_prompt", &lane.summarizer_prompt),
-    ] {
+    for (key, prompt) in [("lane.planner_prompt", &lane.planner_prompt), ("lane.summarizer_prompt", &lane.summarizer_prompt)] {
         need(
             prompt.trim().is_empty() || prompt.contains(tag),
             key,
-            format!(
-                "must tell the model that text inside <{tag}> is data, not instructions (the lane wraps messages and tool results in it)"
-            ),
+            format!("must tell the model that text inside <{tag}> is data, not instructions (the lane wraps messages and tool results in it)"),
         );
     }
-    need(
-        lane.clarify_reply.contains("{argument}"),
-        "lane.clarify_reply",
-        "must name the missing argument with {argument}".into(),
-    );
-    need(
-        lane.tool_description.contains("{description}"),
-        "lane.tool_description",
-        "must include {description}".into(),
-    );
+    need(lane.clarify_reply.contains("{argument}"), "lane.clarify_reply", "must name the missing argument with {argument}".into());
+    need(lane.tool_description.contains("{description}"), "lane.tool_description", "must include {description}".into());
     let name = &lane.respond_tool;
     need(
-        (1..=64).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
         "lane.respond_tool",
         "must be 1 to 64 letters, digits, '_' or '-' (a tool name the providers accept)".into(),
     );
-    need(
-        !lane.fallback_fields.is_empty(),
-        "lane.fallback_fields",
-        "must name at least one result field".into(),
-    );
+    need(!lane.fallback_fields.is_empty(), "lane.fallback_fields", "must name at least one result field".into());
     for (key, reply) in [
         ("lane.clarify_reply", &lane.clarify_reply),
         ("lane.denied_reply", &lane.denied_reply),
@@ -551,10 +259,6 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
         ("lane.approval_reply", &lane.approval_reply),
         ("lane.unreadable_reply", &lane.unreadable_reply),
     ] {
-        need(
-            reply.chars().count() <= 4096,
-            key,
-            "must fit one WhatsApp message (4,096 characters)".into(),
-        );
+        need(reply.chars().count() <= 4096, key, "must fit one WhatsApp message (4,096 characters)".into());
     }
 }

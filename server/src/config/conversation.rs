@@ -103,12 +103,6 @@ pub struct PrivateDataSettings {
 
 impl Default for PrivateDataSettings {
     fn default() -> Self {
-        Self {
-            safe_reply: String::new(),
-            handoff: false,
-            owner_notice: String::new(),
-            notice_every: Duration::from_secs(3600),
-            categories: Vec::new(),
-        }
+        Self { safe_reply: String::new(), handoff: false, owner_notice: String::new(), notice_every: Duration::from_secs(3600), categories: Vec::new() }
     }
 }

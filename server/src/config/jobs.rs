@@ -56,11 +56,7 @@ pub struct JobTimeouts {
 
 impl Default for JobTimeouts {
     fn default() -> Self {
-        Self {
-            whatsapp_inbound: Duration::from_secs(240),
-            owner_notify: Duration::from_secs(120),
-            tool_call: Duration::from_secs(240),
-        }
+        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120), tool_call: Duration::from_secs(240) }
     }
 }
 

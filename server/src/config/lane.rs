@@ -137,18 +137,7 @@ impl Default for LaneSettings {
             sources_label: String::new(),
             fallback_intro: String::new(),
             unreadable_reply: String::new(),
-            fallback_fields: [
-                "title",
-                "name",
-                "snippet",
-                "summary",
-                "description",
-                "text",
-                "url",
-                "link",
-            ]
-            .map(String::from)
-            .to_vec(),
+            fallback_fields: ["title", "name", "snippet", "summary", "description", "text", "url", "link"].map(String::from).to_vec(),
             summary_max_chars: 1_500,
             max_sources: 3,
             planner_max_tokens: 1_024,
@@ -163,11 +152,7 @@ impl Default for LaneSettings {
             context_ttl: Duration::from_secs(24 * 3600),
             contexts_per_chat: 5,
             context_preview_chars: 600,
-            context_entity_fields: [
-                "title", "name", "url", "link", "date", "place", "location", "city",
-            ]
-            .map(String::from)
-            .to_vec(),
+            context_entity_fields: ["title", "name", "url", "link", "date", "place", "location", "city"].map(String::from).to_vec(),
             context_max_entities: 10,
             context_sweep_every: Duration::from_secs(600),
             search_tool: String::new(),
@@ -205,78 +190,33 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("gatehouse.toml");
         std::fs::write(&path, text).expect("write");
-        load_with_env(
-            &path,
-            Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__"),
-            Secrets::default(),
-        )
+        load_with_env(&path, Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__"), Secrets::default())
     }
 
     #[test]
     fn the_shipped_lane_is_complete_and_its_limits_are_the_documented_defaults() {
-        let shipped = std::fs::read_to_string(Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        )))
-        .expect("shipped");
+        let shipped = std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"))).expect("shipped");
         let lane = load(&shipped).expect("shipped config loads").settings.lane;
         assert!(lane.enabled);
         assert!(lane.texts().iter().all(|(_, t)| !t.trim().is_empty()));
         let defaults = LaneSettings::default();
         assert_eq!(
-            (
-                lane.max_steps,
-                lane.immediate_deadline,
-                lane.planner_max_tokens,
-                lane.summarizer_max_tokens,
-                lane.customer_max_risk,
-                lane.owner_max_risk
-            ),
-            (
-                defaults.max_steps,
-                defaults.immediate_deadline,
-                defaults.planner_max_tokens,
-                defaults.summarizer_max_tokens,
-                defaults.customer_max_risk,
-                defaults.owner_max_risk
-            ),
+            (lane.max_steps, lane.immediate_deadline, lane.planner_max_tokens, lane.summarizer_max_tokens, lane.customer_max_risk, lane.owner_max_risk),
+            (defaults.max_steps, defaults.immediate_deadline, defaults.planner_max_tokens, defaults.summarizer_max_tokens, defaults.customer_max_risk, defaults.owner_max_risk),
         );
-        assert_eq!(
-            (lane.fallback_fields, lane.private_data_tags),
-            (defaults.fallback_fields, defaults.private_data_tags)
-        );
+        assert_eq!((lane.fallback_fields, lane.private_data_tags), (defaults.fallback_fields, defaults.private_data_tags));
     }
 
     #[test]
     fn an_enabled_lane_needs_its_texts_and_sane_limits() {
-        assert_eq!(
-            load("").expect("defaults load").settings.lane,
-            LaneSettings::default(),
-            "a disabled lane needs no text"
-        );
+        assert_eq!(load("").expect("defaults load").settings.lane, LaneSettings::default(), "a disabled lane needs no text");
         let err = load("[lane]\nenabled = true\nplanner_prompt = \"Plan.\"\nclarify_reply = \"Which one?\"\nmax_steps = 0\nsummary_max_chars = 5000\nbogus = 1\n").expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in [
-            "lane.summarizer_prompt",
-            "lane.denied_reply",
-            "lane.approval_reply",
-            "lane.respond_tool",
-            "lane.max_steps",
-            "lane.summary_max_chars",
-            "lane.bogus",
-        ] {
+        for key in ["lane.summarizer_prompt", "lane.denied_reply", "lane.approval_reply", "lane.respond_tool", "lane.max_steps", "lane.summary_max_chars", "lane.bogus"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
         let text = err.to_string();
-        assert!(
-            text.contains(
-                "lane.planner_prompt: must tell the model that text inside <untrusted_data> is data"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("lane.clarify_reply: must name the missing argument with {argument}"),
-            "{text}"
-        );
+        assert!(text.contains("lane.planner_prompt: must tell the model that text inside <untrusted_data> is data"), "{text}");
+        assert!(text.contains("lane.clarify_reply: must name the missing argument with {argument}"), "{text}");
     }
 }

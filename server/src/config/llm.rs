@@ -90,11 +90,7 @@ pub struct EndpointSettings {
 
 impl Default for EndpointSettings {
     fn default() -> Self {
-        Self {
-            base_url: String::new(),
-            timeout: Duration::from_secs(60),
-            max_tokens: 1024,
-        }
+        Self { base_url: String::new(), timeout: Duration::from_secs(60), max_tokens: 1024 }
     }
 }
 
@@ -130,3 +126,4 @@ pub struct ModelPrice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
 }
+

@@ -58,55 +58,32 @@ pub struct LoadedConfig {
 impl LoadedConfig {
     /// Settings and secrets as given, for tests and benchmarks that build one in code.
     pub fn new(settings: Settings, secrets: Secrets, path: PathBuf) -> Self {
-        let dir = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        Self {
-            settings,
-            secrets,
-            path,
-            dir,
-        }
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        Self { settings, secrets, path, dir }
     }
 }
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    load_with_env(
-        path,
-        Env::prefixed(ENV_PREFIX).split("__"),
-        Secrets::from_env(),
-    )
+    load_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env())
 }
 
-pub(crate) fn load_with_env(
-    path: &Path,
-    env: Env,
-    secrets: Secrets,
-) -> Result<LoadedConfig, ConfigError> {
+pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<LoadedConfig, ConfigError> {
     if !path.is_file() {
         return Err(ConfigError(vec![Problem {
             key: String::new(),
             source: path.display().to_string(),
-            message: "config file not found; pass --config PATH or run from the repository root"
-                .into(),
+            message: "config file not found; pass --config PATH or run from the repository root".into(),
         }]));
     }
-    let figment = Figment::from(Serialized::defaults(Settings::default()))
-        .merge(Toml::file_exact(path))
-        .merge(EnvOverrides(env));
+    let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(EnvOverrides(env));
     let (mut settings, mut problems) = check(&figment);
     problems.extend(super::check::values(&figment, &settings));
     // The seed's name for strict mode, beside `server.strict` (GATEHOUSE__SERVER__STRICT).
     match std::env::var(STRICT_VAR).map(|v| v.trim().to_ascii_lowercase()) {
         Ok(v) if v == "true" || v == "1" => settings.server.strict = true,
         Ok(v) if v == "false" || v == "0" || v.is_empty() => {}
-        Ok(v) => problems.push(Problem {
-            key: "server.strict".into(),
-            source: format!("environment variable {STRICT_VAR}"),
-            message: format!("must be true or false (got {v:?})"),
-        }),
+        Ok(v) => problems.push(Problem { key: "server.strict".into(), source: format!("environment variable {STRICT_VAR}"), message: format!("must be true or false (got {v:?})") }),
         Err(_) => {}
     }
     if !problems.is_empty() {
@@ -145,9 +122,7 @@ impl Provider for EnvOverrides {
 fn merge_into(into: &mut Dict, from: Dict) {
     for (key, value) in from {
         match (into.get_mut(&key), value) {
-            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => {
-                merge_into(existing, nested)
-            }
+            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => merge_into(existing, nested),
             (_, value) => {
                 into.insert(key, value);
             }
@@ -171,13 +146,8 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     let mut present = BTreeSet::new();
     collect_leaves(&merged, "", &mut present);
     for key in present.difference(&known) {
-        let near = known
-            .iter()
-            .filter(|k| strsim::levenshtein(k, key) <= 2)
-            .min_by_key(|k| strsim::levenshtein(k, key));
-        let hint = near
-            .map(|k| format!("; did you mean `{k}`?"))
-            .unwrap_or_default();
+        let near = known.iter().filter(|k| strsim::levenshtein(k, key) <= 2).min_by_key(|k| strsim::levenshtein(k, key));
+        let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
         problems.push(problem_at(figment, key, format!("unknown key{hint}")));
     }
 
@@ -185,9 +155,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     // and keep the good ones.
     let mut good = base();
     for key in known.intersection(&present) {
-        let Ok(value) = figment.find_value(key) else {
-            continue;
-        };
+        let Ok(value) = figment.find_value(key) else { continue };
         let probe = base().merge(Serialized::default(key, value.clone()));
         match probe.extract_lossy::<Settings>() {
             Ok(_) => good = good.merge(Serialized::default(key, value)),
@@ -198,11 +166,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
                     Value::Bool(_, b) => b.to_string(),
                     _ => "the given value".into(),
                 };
-                problems.push(problem_at(
-                    figment,
-                    key,
-                    format!("{} (got {shown})", e.kind),
-                ));
+                problems.push(problem_at(figment, key, format!("{} (got {shown})", e.kind)));
             }
         }
     }
@@ -227,35 +191,22 @@ fn collect_leaves(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
 
 fn collect_dict(dict: &Dict, prefix: &str, out: &mut BTreeSet<String>) {
     for (k, v) in dict {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
         collect_leaves(v, &key, out);
     }
 }
 
 pub(super) fn problem_at(figment: &Figment, key: &str, message: String) -> Problem {
-    Problem {
-        key: key.to_string(),
-        source: describe_source(figment.find_metadata(key), key),
-        message,
-    }
+    Problem { key: key.to_string(), source: describe_source(figment.find_metadata(key), key), message }
 }
 
 fn describe_source(meta: Option<&Metadata>, key: &str) -> String {
-    let Some(meta) = meta else {
-        return "built-in default".into();
-    };
+    let Some(meta) = meta else { return "built-in default".into() };
     match &meta.source {
         Some(Source::File(path)) => path.display().to_string(),
         Some(Source::Code(_)) => "built-in default".into(),
         _ if meta.name.contains("environment") => {
-            format!(
-                "environment variable {ENV_PREFIX}{}",
-                key.split('.').collect::<Vec<_>>().join("__").to_uppercase()
-            )
+            format!("environment variable {ENV_PREFIX}{}", key.split('.').collect::<Vec<_>>().join("__").to_uppercase())
         }
         _ => meta.name.to_string(),
     }
@@ -265,15 +216,8 @@ fn from_figment(figment: &Figment, err: figment::Error) -> Vec<Problem> {
     err.into_iter()
         .map(|e| {
             let key = e.path.join(".");
-            let source = describe_source(
-                e.metadata.as_ref().or_else(|| figment.find_metadata(&key)),
-                &key,
-            );
-            Problem {
-                key,
-                source,
-                message: e.kind.to_string(),
-            }
+            let source = describe_source(e.metadata.as_ref().or_else(|| figment.find_metadata(&key)), &key);
+            Problem { key, source, message: e.kind.to_string() }
         })
         .collect()
 }
@@ -322,10 +266,7 @@ mod tests {
         assert!(keys.contains(&"server.addr"), "{err}");
         assert!(keys.contains(&"auth.session_idle_timeout"), "{err}");
         assert!(keys.contains(&"auth.login_max_failures"), "{err}");
-        assert!(
-            err.0.iter().all(|p| p.source.ends_with("gatehouse.toml")),
-            "{err}"
-        );
+        assert!(err.0.iter().all(|p| p.source.ends_with("gatehouse.toml")), "{err}");
     }
 
     #[test]
@@ -338,37 +279,15 @@ mod tests {
 
     #[test]
     fn shipped_config_prices_models_and_llm_keys_load() {
-        let shipped = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        ));
+        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
-            &std::fs::read_to_string(shipped).expect("shipped config"),
-        );
+        let path = write(dir.path(), &std::fs::read_to_string(shipped).expect("shipped config"));
         let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("shipped config loads");
         let s = &cfg.settings;
-        assert_eq!(
-            s.llm,
-            super::super::LlmSettings {
-                anthropic: s.llm.anthropic.clone(),
-                openai: s.llm.openai.clone(),
-                ..Default::default()
-            },
-            "documented defaults match the code's"
-        );
+        assert_eq!(s.llm, super::super::LlmSettings { anthropic: s.llm.anthropic.clone(), openai: s.llm.openai.clone(), ..Default::default() }, "documented defaults match the code's");
         assert!(!s.models.chat.is_empty() && !s.models.compaction.is_empty());
-        for model in [
-            &s.models.chat,
-            &s.models.planner,
-            &s.models.summarizer,
-            &s.models.compaction,
-        ] {
-            assert!(
-                s.models.price(model).is_some(),
-                "shipped model {model} has a price"
-            );
+        for model in [&s.models.chat, &s.models.planner, &s.models.summarizer, &s.models.compaction] {
+            assert!(s.models.price(model).is_some(), "shipped model {model} has a price");
         }
     }
 
@@ -382,42 +301,22 @@ mod tests {
         );
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in [
-            "llm.max_retries",
-            "llm.retry_initial_delay",
-            "llm.fallback_reply",
-            "models.prices",
-        ] {
+        for key in ["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
-        assert!(
-            err.to_string().contains("priced twice") && err.to_string().contains("zero or more"),
-            "{err}"
-        );
-        let path = write(
-            dir.path(),
-            "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n",
-        );
-        let err =
-            load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
+        assert!(err.to_string().contains("priced twice") && err.to_string().contains("zero or more"), "{err}");
+        let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
+        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
         assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
     }
 
     #[test]
     fn bad_budget_settings_are_reported_together() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
-            "[budget]\ndaily_usd = -1.0\nwarn_at = [80, 50, 120]\nwarning = \"over budget\"\nlimit_reply = \"\"\n",
-        );
+        let path = write(dir.path(), "[budget]\ndaily_usd = -1.0\nwarn_at = [80, 50, 120]\nwarning = \"over budget\"\nlimit_reply = \"\"\n");
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in [
-            "budget.daily_usd",
-            "budget.warn_at",
-            "budget.warning",
-            "budget.limit_reply",
-        ] {
+        for key in ["budget.daily_usd", "budget.warn_at", "budget.warning", "budget.limit_reply"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
         let path = write(dir.path(), "[budget]\nat_limit = \"stop\"\n");
@@ -433,53 +332,25 @@ mod tests {
         let path = write(dir.path(), category);
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let text = err.to_string();
-        assert!(
-            text.contains(
-                "\"What is on my last invoice?\" of \"fees\" matches none of its patterns"
-            ),
-            "{text}"
-        );
-        assert!(
-            !text.contains("What are my fees?"),
-            "a caught example is fine: {text}"
-        );
+        assert!(text.contains("\"What is on my last invoice?\" of \"fees\" matches none of its patterns"), "{text}");
+        assert!(!text.contains("What are my fees?"), "a caught example is fine: {text}");
     }
 
     #[test]
     fn shown_urls_hold_no_credentials() {
-        assert_eq!(
-            display_url("postgres://u:secret@h:5432/db"),
-            "postgres://h:5432/db"
-        );
-        assert_eq!(
-            display_url("postgres://u@h/db?password=secret&sslmode=require"),
-            "postgres://h/db"
-        );
-        assert_eq!(
-            display_url("https://user:key@llm.example/v1"),
-            "https://llm.example/v1"
-        );
-        assert_eq!(
-            display_url("sqlite://data/gatehouse.db"),
-            "sqlite://data/gatehouse.db"
-        );
+        assert_eq!(display_url("postgres://u:secret@h:5432/db"), "postgres://h:5432/db");
+        assert_eq!(display_url("postgres://u@h/db?password=secret&sslmode=require"), "postgres://h/db");
+        assert_eq!(display_url("https://user:key@llm.example/v1"), "https://llm.example/v1");
+        assert_eq!(display_url("sqlite://data/gatehouse.db"), "sqlite://data/gatehouse.db");
     }
 
     #[test]
     fn value_checks_run_even_when_keys_are_unknown() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
-            "[auth]\nmin_password_length = 4\n[nope]\nx = 1\n[log]\nfilter = \"[[[\"\n[server]\naddr = \"0.0.0.0:3000\"\n",
-        );
+        let path = write(dir.path(), "[auth]\nmin_password_length = 4\n[nope]\nx = 1\n[log]\nfilter = \"[[[\"\n[server]\naddr = \"0.0.0.0:3000\"\n");
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in [
-            "nope.x",
-            "auth.min_password_length",
-            "log.filter",
-            "server.public_url",
-        ] {
+        for key in ["nope.x", "auth.min_password_length", "log.filter", "server.public_url"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
     }
@@ -493,19 +364,9 @@ mod tests {
         );
         let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
         let wa = &cfg.settings.whatsapp;
-        assert_eq!(
-            (
-                wa.graph_base_url.as_str(),
-                wa.graph_version.as_str(),
-                wa.phone_number_id.as_str()
-            ),
-            ("http://127.0.0.1:9", "v24.0", "1065403522")
-        );
+        assert_eq!((wa.graph_base_url.as_str(), wa.graph_version.as_str(), wa.phone_number_id.as_str()), ("http://127.0.0.1:9", "v24.0", "1065403522"));
         assert_eq!(wa.pair_interval, std::time::Duration::from_secs(3));
-        assert_eq!(
-            Settings::default().whatsapp.graph_base_url,
-            "https://graph.facebook.com"
-        );
+        assert_eq!(Settings::default().whatsapp.graph_base_url, "https://graph.facebook.com");
 
         let path = write(
             dir.path(),
@@ -513,13 +374,7 @@ mod tests {
         );
         let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in [
-            "whatsapp.graph_base_url",
-            "whatsapp.graph_version",
-            "whatsapp.phone_number_id",
-            "whatsapp.send_attempts",
-            "whatsapp.window_template_language",
-        ] {
+        for key in ["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"] {
             assert!(keys.contains(&key), "{key} missing from {err}");
         }
     }

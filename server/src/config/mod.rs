@@ -11,13 +11,13 @@ macro_rules! texts_by_key {
 }
 pub(crate) use texts_by_key;
 
-pub mod approvals;
-pub mod budget;
 mod builtins;
 mod check;
-pub mod conversation;
 pub mod detector;
+pub mod conversation;
 mod jobs;
+pub mod approvals;
+pub mod budget;
 pub mod lane;
 mod llm;
 pub mod load;
@@ -28,18 +28,16 @@ mod whatsapp;
 
 use serde::{Deserialize, Serialize};
 
-pub use approvals::ApprovalSettings;
-pub use budget::{AtLimit, BudgetSettings};
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use jobs::{JobSettings, JobTimeouts};
+pub use approvals::ApprovalSettings;
+pub use budget::{AtLimit, BudgetSettings};
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
-pub use server::{
-    AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings,
-};
+pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
 pub use whatsapp::WhatsAppSettings;
 
 /// Default path of the main config file, relative to the working directory.
@@ -78,10 +76,7 @@ pub mod duration_str {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
-        humantime::parse_duration(text.trim()).map_err(|e| {
-            D::Error::custom(format!(
-                "invalid duration {text:?} ({e}); use forms like \"30s\", \"15m\", \"12h\""
-            ))
-        })
+        humantime::parse_duration(text.trim())
+            .map_err(|e| D::Error::custom(format!("invalid duration {text:?} ({e}); use forms like \"30s\", \"15m\", \"12h\"")))
     }
 }

@@ -14,14 +14,8 @@ pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
 pub const GATEHOUSE_METRICS_TOKEN: &str = "GATEHOUSE_METRICS_TOKEN";
 
 /// Every secret variable Gatehouse reads, in display order.
-pub const ALL: [&str; 6] = [
-    ANTHROPIC_API_KEY,
-    OPENAI_API_KEY,
-    WHATSAPP_ACCESS_TOKEN,
-    WHATSAPP_APP_SECRET,
-    WHATSAPP_VERIFY_TOKEN,
-    GATEHOUSE_METRICS_TOKEN,
-];
+pub const ALL: [&str; 6] =
+    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN, GATEHOUSE_METRICS_TOKEN];
 
 /// Where secret values are read from: the process environment in production, a map in tests.
 /// Built once at start and handed to every part that needs a secret by name (tool secret
@@ -48,9 +42,7 @@ impl SecretSource {
     /// ends with a newline, and no token or key has whitespace at its ends); an empty or blank
     /// value counts as unset.
     pub fn get(&self, name: &str) -> Option<String> {
-        (self.0)(name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
+        (self.0)(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
     }
 
     pub fn is_set(&self, name: &str) -> bool {
@@ -122,9 +114,7 @@ impl Secrets {
 
     /// `(variable, is_set)` for every secret, for `check-config` and the Settings page.
     pub fn presence(&self) -> Vec<(&'static str, bool)> {
-        ALL.iter()
-            .map(|name| (*name, self.by_name(name).is_some()))
-            .collect()
+        ALL.iter().map(|name| (*name, self.by_name(name).is_some())).collect()
     }
 }
 
@@ -134,20 +124,11 @@ mod tests {
 
     #[test]
     fn debug_output_never_shows_a_secret() {
-        let secrets = Secrets::from_lookup(|name| {
-            (name == ANTHROPIC_API_KEY || name == WHATSAPP_APP_SECRET)
-                .then(|| "sk-very-secret-value".to_string())
-        });
+        let secrets = Secrets::from_lookup(|name| (name == ANTHROPIC_API_KEY || name == WHATSAPP_APP_SECRET).then(|| "sk-very-secret-value".to_string()));
         let shown = format!("{secrets:?} {:#?}", secrets);
         assert!(!shown.contains("sk-very-secret-value"), "{shown}");
         assert_eq!(secrets.presence().iter().filter(|(_, set)| *set).count(), 2);
-        assert!(
-            Secrets::from_lookup(|_| Some("  ".into()))
-                .presence()
-                .iter()
-                .all(|(_, set)| !set),
-            "blank counts as unset"
-        );
+        assert!(Secrets::from_lookup(|_| Some("  ".into())).presence().iter().all(|(_, set)| !set), "blank counts as unset");
     }
 
     #[test]
@@ -155,11 +136,7 @@ mod tests {
         use secrecy::ExposeSecret;
         let secrets = Secrets::from_lookup(|name| Some(format!(" \t{name}-value\r\n")));
         for name in ALL {
-            assert_eq!(
-                secrets.by_name(name).map(|s| s.expose_secret().to_string()),
-                Some(format!("{name}-value")),
-                "{name}"
-            );
+            assert_eq!(secrets.by_name(name).map(|s| s.expose_secret().to_string()), Some(format!("{name}-value")), "{name}");
         }
     }
 }

@@ -40,20 +40,10 @@ impl ServerSettings {
     pub fn proxy_problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if self.client_ip_header.is_empty() && !self.trusted_proxies.is_empty() {
-            out.push((
-                "server.client_ip_header",
-                "must be set when server.trusted_proxies is: it names the header the proxies fill"
-                    .into(),
-            ));
+            out.push(("server.client_ip_header", "must be set when server.trusted_proxies is: it names the header the proxies fill".into()));
         }
         if !self.client_ip_header.is_empty() && self.trusted_proxies.is_empty() {
-            out.push((
-                "server.trusted_proxies",
-                format!(
-                    "is empty, so server.client_ip_header ({}) is never read",
-                    self.client_ip_header
-                ),
-            ));
+            out.push(("server.trusted_proxies", format!("is empty, so server.client_ip_header ({}) is never read", self.client_ip_header)));
         }
         out
     }
@@ -116,9 +106,7 @@ impl DatabaseSettings {
         if path == ":memory:" || url.contains("mode=memory") {
             return Some("the database is in memory: everything is lost when Gatehouse stops");
         }
-        path.is_empty().then_some(
-            "the database is SQLite's temporary database: everything is lost when Gatehouse stops",
-        )
+        path.is_empty().then_some("the database is SQLite's temporary database: everything is lost when Gatehouse stops")
     }
 }
 
@@ -164,9 +152,7 @@ pub struct AuthSettings {
 
 impl AuthSettings {
     pub fn min_password(&self) -> usize {
-        usize::try_from(self.min_password_length)
-            .unwrap_or(12)
-            .max(12)
+        usize::try_from(self.min_password_length).unwrap_or(12).max(12)
     }
 }
 
@@ -200,9 +186,7 @@ pub struct LogSettings {
 
 impl Default for LogSettings {
     fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            filter: "info,rmcp=warn".into(),
-        }
+        Self { format: LogFormat::Text, filter: "info,rmcp=warn".into() }
     }
 }
+

@@ -60,9 +60,7 @@ impl Default for WhatsAppSettings {
             request_timeout: Duration::from_secs(15),
             mark_read: true,
             typing_indicator: true,
-            unknown_type_reply:
-                "Sorry, I can only read text messages for now. Please send your question as text."
-                    .into(),
+            unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
             window_template: String::new(),
             window_template_language: "en_US".into(),
@@ -81,8 +79,6 @@ impl WhatsAppSettings {
     /// The longest one reply's sends can take: every try of a part at the request deadline,
     /// plus the longest pacing wait. A job that sends must keep this much of its budget.
     pub fn send_reserve(&self) -> Duration {
-        self.request_timeout
-            .saturating_mul(self.send_attempts.max(1))
-            .saturating_add(self.max_pacing_wait)
+        self.request_timeout.saturating_mul(self.send_attempts.max(1)).saturating_add(self.max_pacing_wait)
     }
 }

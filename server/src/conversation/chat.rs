@@ -16,11 +16,7 @@ impl Runtime {
     /// Normal chat: the person's turn is stored, history is assembled within the budget
     /// (compacting older turns when needed), the chat model answers, the answer is stored.
     /// The inner error is the LLM error code (the caller sends the fallback reply).
-    pub(super) async fn chat(
-        &self,
-        inbound: &Inbound,
-        trace: &mut Recorder,
-    ) -> Result<Result<String, String>, RuntimeError> {
+    pub(super) async fn chat(&self, inbound: &Inbound, trace: &mut Recorder) -> Result<Result<String, String>, RuntimeError> {
         let conv = &self.settings.conversation;
         let now = db::now_ms();
         let mut conn = self.db.pool.acquire().await?;
@@ -30,59 +26,26 @@ impl Runtime {
             (None, None) => None,
         };
         let summary = store::summary(&mut conn, &inbound.chat_id).await?;
-        let history: Vec<store::Turn> = store::turns_after(
-            &mut conn,
-            &inbound.chat_id,
-            summary.as_ref().map_or(0, |s| s.covers_through),
-        )
-        .await?
-        .into_iter()
-        .filter(|t| t.message_id != inbound.message_id)
-        .collect();
+        let history: Vec<store::Turn> = store::turns_after(&mut conn, &inbound.chat_id, summary.as_ref().map_or(0, |s| s.covers_through))
+            .await?
+            .into_iter()
+            .filter(|t| t.message_id != inbound.message_id)
+            .collect();
         drop(conn);
-        let current_tokens = memory::estimate_tokens(&inbound.text)
-            + quoted.as_deref().map_or(0, memory::estimate_tokens);
+        let current_tokens = memory::estimate_tokens(&inbound.text) + quoted.as_deref().map_or(0, memory::estimate_tokens);
         let budget = i64::from(conv.history_token_budget);
         let keep = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
-        let (summary, turns) = match memory::plan(
-            summary.as_ref(),
-            &history,
-            current_tokens,
-            budget,
-            keep,
-        ) {
+        let (summary, turns) = match memory::plan(summary.as_ref(), &history, current_tokens, budget, keep) {
             memory::Plan::Fits => {
-                trace.step(
-                    "memory",
-                    "fits",
-                    "WITHIN_BUDGET",
-                    json!({ "turns": history.len(), "summary": summary.is_some() }),
-                );
+                trace.step("memory", "fits", "WITHIN_BUDGET", json!({ "turns": history.len(), "summary": summary.is_some() }));
                 (summary, history)
             }
             memory::Plan::Compact { older, keep } => {
-                let compacted = within(
-                    inbound.deadline,
-                    memory::summarize(
-                        self.model.as_ref(),
-                        &self.settings.models,
-                        &conv.compaction_prompt,
-                        summary.as_ref(),
-                        &older,
-                        &inbound.correlation_id,
-                    ),
-                )
-                .await;
-                let text = compacted
-                    .as_ref()
-                    .map(|res| res.text().trim().to_string())
-                    .unwrap_or_default();
+                let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id)).await;
+                let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
                 match compacted {
                     Ok(res) if !text.is_empty() => {
-                        let new = store::Summary {
-                            text,
-                            covers_through: older.last().map_or(0, |t| t.id),
-                        };
+                        let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
                         let mut tx = self.db.begin_write().await?;
                         store::save_summary(&mut tx, &inbound.chat_id, &new, now).await?;
                         tx.commit().await?;
@@ -99,32 +62,19 @@ impl Runtime {
                         (Some(new), keep)
                     }
                     other => {
-                        let code = other.err().map_or_else(
-                            || "LLM_EMPTY_SUMMARY".to_string(),
-                            |e| e.code.as_str().to_string(),
-                        );
+                        let code = other.err().map_or_else(|| "LLM_EMPTY_SUMMARY".to_string(), |e| e.code.as_str().to_string());
                         tracing::warn!(chat = %inbound.chat_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
                         let mut all = older;
                         all.extend(keep);
                         let kept = memory::truncate(summary.as_ref(), all, current_tokens, budget);
-                        trace.step(
-                            "memory",
-                            "truncated",
-                            &code,
-                            json!({ "kept_turns": kept.len() }),
-                        );
+                        trace.step("memory", "truncated", &code, json!({ "kept_turns": kept.len() }));
                         (summary, kept)
                     }
                 }
             }
         };
         let messages = memory::messages(summary.as_ref(), &turns, &inbound.text, quoted.as_deref());
-        let mut req = ChatRequest::new(
-            &self.settings.models,
-            Purpose::Chat,
-            inbound.correlation_id.clone(),
-            messages,
-        );
+        let mut req = ChatRequest::new(&self.settings.models, Purpose::Chat, inbound.correlation_id.clone(), messages);
         if !conv.system_prompt.trim().is_empty() {
             req = req.with_system(conv.system_prompt.trim());
         }
@@ -159,24 +109,13 @@ impl Runtime {
                     return Ok(Err("LLM_EMPTY_REPLY".into()));
                 }
                 let mut tx = self.db.begin_write().await?;
-                let turn = store::NewTurn {
-                    role: store::role::ASSISTANT,
-                    text: &reply,
-                    tokens: memory::estimate_tokens(&reply),
-                    at: db::now_ms(),
-                    ..user_turn
-                };
+                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), ..user_turn };
                 store::insert_turn(&mut tx, &turn).await?;
                 tx.commit().await?;
                 Ok(Ok(reply))
             }
             Err(e) => {
-                trace.step(
-                    "llm",
-                    "failed",
-                    e.code.as_str(),
-                    json!({ "purpose": "chat", "model": req.model, "attempts": e.attempts }),
-                );
+                trace.step("llm", "failed", e.code.as_str(), json!({ "purpose": "chat", "model": req.model, "attempts": e.attempts }));
                 Ok(Err(e.code.as_str().to_string()))
             }
         }
@@ -185,19 +124,10 @@ impl Runtime {
 
 /// A model call within the channel's deadline: past it the call is given up as `LLM_TIMEOUT`,
 /// so the fallback reply can still be sent in time.
-async fn within<T>(
-    deadline: Option<tokio::time::Instant>,
-    call: impl std::future::Future<Output = Result<T, LlmError>>,
-) -> Result<T, LlmError> {
-    let Some(deadline) = deadline else {
-        return call.await;
-    };
+async fn within<T>(deadline: Option<tokio::time::Instant>, call: impl std::future::Future<Output = Result<T, LlmError>>) -> Result<T, LlmError> {
+    let Some(deadline) = deadline else { return call.await };
     match tokio::time::timeout_at(deadline, call).await {
         Ok(result) => result,
-        Err(_) => Err(LlmError::new(
-            ErrorCode::Timeout,
-            "no answer before the message's deadline",
-            false,
-        )),
+        Err(_) => Err(LlmError::new(ErrorCode::Timeout, "no answer before the message's deadline", false)),
     }
 }

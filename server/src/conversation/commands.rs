@@ -10,17 +10,9 @@ use crate::{
 
 impl Runtime {
     /// The owners' notice for a customer's private-data question (`private_data.owner_notice`).
-    pub(super) fn private_data_notice(
-        &self,
-        inbound: &Inbound,
-        category: &str,
-    ) -> db::owner_notifications::Notification {
+    pub(super) fn private_data_notice(&self, inbound: &Inbound, category: &str) -> db::owner_notifications::Notification {
         let settings = &self.settings.private_data;
-        let description = settings
-            .categories
-            .iter()
-            .find(|c| c.name == category)
-            .map_or("", |c| c.description.as_str());
+        let description = settings.categories.iter().find(|c| c.name == category).map_or("", |c| c.description.as_str());
         let text: String = inbound.text.chars().take(300).collect();
         let message = settings
             .owner_notice
@@ -40,117 +32,49 @@ impl Runtime {
 
     /// An owner's decision on an approval, from a button or a command: the reason code for
     /// the trace and the words for the owner.
-    pub(super) async fn decide_approval(
-        &self,
-        id: i64,
-        verdict: Verdict,
-        owner_id: i64,
-        inbound: &Inbound,
-        nonce: Option<&str>,
-    ) -> Result<(&'static str, String), RuntimeError> {
+    pub(super) async fn decide_approval(&self, id: i64, verdict: Verdict, owner_id: i64, inbound: &Inbound, nonce: Option<&str>) -> Result<(&'static str, String), RuntimeError> {
         let mut conn = self.db.pool.acquire().await?;
-        let name = db::owners::find_by_id(&mut conn, owner_id)
-            .await?
-            .map(|o| o.display_name)
-            .unwrap_or_else(|| "an owner".into());
+        let name = db::owners::find_by_id(&mut conn, owner_id).await?.map(|o| o.display_name).unwrap_or_else(|| "an owner".into());
         drop(conn);
-        let digits: String = inbound
-            .sender
-            .chars()
-            .filter(char::is_ascii_digit)
-            .collect();
-        let by = Decider {
-            name,
-            owner_id: Some(owner_id),
-            phone: Some(digits),
-            via: "whatsapp",
-        };
-        Ok(
-            match self.approvals.decide(id, verdict, &by, nonce, None).await {
-                Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),
-                Err(ApprovalError::Db(e)) => return Err(e.into()),
-                Err(e) => (e.code(), self.approvals.error_reply(&e)),
-            },
-        )
+        let digits: String = inbound.sender.chars().filter(char::is_ascii_digit).collect();
+        let by = Decider { name, owner_id: Some(owner_id), phone: Some(digits), via: "whatsapp" };
+        Ok(match self.approvals.decide(id, verdict, &by, nonce, None).await {
+            Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),
+            Err(ApprovalError::Db(e)) => return Err(e.into()),
+            Err(e) => (e.code(), self.approvals.error_reply(&e)),
+        })
     }
 
-    pub(super) async fn owner_command(
-        &self,
-        command: &steps::Command,
-        owner_id: i64,
-        inbound: &Inbound,
-    ) -> Result<(&'static str, String), RuntimeError> {
+    pub(super) async fn owner_command(&self, command: &steps::Command, owner_id: i64, inbound: &Inbound) -> Result<(&'static str, String), RuntimeError> {
         use steps::Command;
         let conv = &self.settings.conversation;
         Ok(match command {
             Command::Help => ("COMMAND_HELP", conv.owner_help.trim().to_string()),
             Command::Approve(arg) | Command::Reject(arg) => {
                 let mut words = arg.split_whitespace();
-                let Some(id) = words
-                    .next()
-                    .and_then(|w| w.trim_start_matches('#').parse::<i64>().ok())
-                else {
-                    return Ok((
-                        "APPROVAL_USAGE",
-                        self.approvals.settings().usage_reply.clone(),
-                    ));
+                let Some(id) = words.next().and_then(|w| w.trim_start_matches('#').parse::<i64>().ok()) else {
+                    return Ok(("APPROVAL_USAGE", self.approvals.settings().usage_reply.clone()));
                 };
                 let rest: Vec<&str> = words.collect();
-                let verdict = if matches!(command, Command::Approve(_)) {
-                    Verdict::Approve
-                } else {
-                    Verdict::Reject {
-                        reason: (!rest.is_empty()).then(|| rest.join(" ")),
-                    }
-                };
-                return self
-                    .decide_approval(id, verdict, owner_id, inbound, None)
-                    .await;
+                let verdict = if matches!(command, Command::Approve(_)) { Verdict::Approve } else { Verdict::Reject { reason: (!rest.is_empty()).then(|| rest.join(" ")) } };
+                return self.decide_approval(id, verdict, owner_id, inbound, None).await;
             }
             Command::Status => {
                 let mut conn = self.db.pool.acquire().await?;
                 let counts = db::jobs::counts_by_state(&mut conn).await?;
-                let shown: Vec<String> = counts
-                    .iter()
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(s, n)| format!("{} {n}", s.as_str()))
-                    .collect();
-                let degraded = llm::degraded(&self.settings, &self.secrets)
-                    .map(|d| format!(" {}", d.owner_instruction))
-                    .unwrap_or_default();
-                let jobs = if shown.is_empty() {
-                    "no jobs".to_string()
-                } else {
-                    shown.join(", ")
-                };
-                (
-                    "COMMAND_STATUS",
-                    format!(
-                        "Gatehouse {} is running. Jobs: {jobs}.{degraded}",
-                        env!("CARGO_PKG_VERSION")
-                    ),
-                )
+                let shown: Vec<String> = counts.iter().filter(|(_, n)| *n > 0).map(|(s, n)| format!("{} {n}", s.as_str())).collect();
+                let degraded = llm::degraded(&self.settings, &self.secrets).map(|d| format!(" {}", d.owner_instruction)).unwrap_or_default();
+                let jobs = if shown.is_empty() { "no jobs".to_string() } else { shown.join(", ") };
+                ("COMMAND_STATUS", format!("Gatehouse {} is running. Jobs: {jobs}.{degraded}", env!("CARGO_PKG_VERSION")))
             }
             Command::Jobs => {
                 let mut conn = self.db.pool.acquire().await?;
                 let page = db::jobs::list(&mut conn, &db::jobs::JobFilter::default(), 5).await?;
-                let lines: Vec<String> = page
-                    .iter()
-                    .map(|j| format!("#{} {} {}", j.id, j.kind, j.state.as_str()))
-                    .collect();
-                (
-                    "COMMAND_JOBS",
-                    if lines.is_empty() {
-                        "No jobs yet.".to_string()
-                    } else {
-                        format!("Latest jobs:\n{}", lines.join("\n"))
-                    },
-                )
+                let lines: Vec<String> = page.iter().map(|j| format!("#{} {} {}", j.id, j.kind, j.state.as_str())).collect();
+                ("COMMAND_JOBS", if lines.is_empty() { "No jobs yet.".to_string() } else { format!("Latest jobs:\n{}", lines.join("\n")) })
             }
-            Command::Unknown(name) => (
-                "COMMAND_UNKNOWN",
-                format!("There is no /{name} command.\n{}", conv.owner_help.trim()),
-            ),
+            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("There is no /{name} command.\n{}", conv.owner_help.trim())),
         })
     }
+
 }

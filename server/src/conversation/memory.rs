@@ -11,9 +11,7 @@ use crate::{
 
 /// Roughly four characters make a token; a few more per message for its framing.
 pub fn estimate_tokens(text: &str) -> i64 {
-    i64::try_from(text.chars().count() / 4)
-        .unwrap_or(i64::MAX)
-        .saturating_add(4)
+    i64::try_from(text.chars().count() / 4).unwrap_or(i64::MAX).saturating_add(4)
 }
 
 /// What [`plan`] decided.
@@ -26,33 +24,17 @@ pub enum Plan {
 }
 
 /// Whether `summary` plus `turns` plus the current message fit `budget`.
-pub fn plan(
-    summary: Option<&Summary>,
-    turns: &[Turn],
-    current_tokens: i64,
-    budget: i64,
-    keep_recent: usize,
-) -> Plan {
-    let total = summary.map_or(0, |s| estimate_tokens(&s.text))
-        + turns.iter().map(|t| t.tokens).sum::<i64>()
-        + current_tokens;
+pub fn plan(summary: Option<&Summary>, turns: &[Turn], current_tokens: i64, budget: i64, keep_recent: usize) -> Plan {
+    let total = summary.map_or(0, |s| estimate_tokens(&s.text)) + turns.iter().map(|t| t.tokens).sum::<i64>() + current_tokens;
     if total <= budget || turns.len() <= keep_recent {
         return Plan::Fits;
     }
     let split = turns.len() - keep_recent;
-    Plan::Compact {
-        older: turns[..split].to_vec(),
-        keep: turns[split..].to_vec(),
-    }
+    Plan::Compact { older: turns[..split].to_vec(), keep: turns[split..].to_vec() }
 }
 
 /// Drops the oldest turns until the rest fit `budget` (the fallback when compaction fails).
-pub fn truncate(
-    summary: Option<&Summary>,
-    turns: Vec<Turn>,
-    current_tokens: i64,
-    budget: i64,
-) -> Vec<Turn> {
+pub fn truncate(summary: Option<&Summary>, turns: Vec<Turn>, current_tokens: i64, budget: i64) -> Vec<Turn> {
     let fixed = summary.map_or(0, |s| estimate_tokens(&s.text)) + current_tokens;
     let mut total: i64 = fixed + turns.iter().map(|t| t.tokens).sum::<i64>();
     let mut turns = std::collections::VecDeque::from(turns);
@@ -81,45 +63,23 @@ pub async fn summarize(
         transcript.push_str("\n\nLater messages:\n");
     }
     for t in older {
-        let who = if t.role == role::USER {
-            "Customer"
-        } else {
-            "Assistant"
-        };
+        let who = if t.role == role::USER { "Customer" } else { "Assistant" };
         transcript.push_str(&format!("{who}: {}\n", t.text));
     }
-    let req = ChatRequest::new(
-        models,
-        Purpose::Compaction,
-        correlation_id,
-        vec![Message::user(transcript)],
-    )
-    .with_system(instructions);
+    let req = ChatRequest::new(models, Purpose::Compaction, correlation_id, vec![Message::user(transcript)]).with_system(instructions);
     model.chat(&req).await
 }
 
 /// The messages for the chat call: the summary (as context), the turns, and the current message
 /// once, with the quoted message when there is one.
-pub fn messages(
-    summary: Option<&Summary>,
-    turns: &[Turn],
-    current: &str,
-    quoted: Option<&str>,
-) -> Vec<Message> {
+pub fn messages(summary: Option<&Summary>, turns: &[Turn], current: &str, quoted: Option<&str>) -> Vec<Message> {
     let mut out: Vec<Message> = Vec::new();
     if let Some(s) = summary {
-        out.push(Message::user(format!(
-            "(Summary of our earlier conversation: {})",
-            s.text
-        )));
+        out.push(Message::user(format!("(Summary of our earlier conversation: {})", s.text)));
         out.push(Message::assistant("Understood."));
     }
     for t in turns {
-        let msg = if t.role == role::USER {
-            Message::user(t.text.clone())
-        } else {
-            Message::assistant(t.text.clone())
-        };
+        let msg = if t.role == role::USER { Message::user(t.text.clone()) } else { Message::assistant(t.text.clone()) };
         // Providers want alternating roles: consecutive turns of one role are joined.
         match out.last_mut() {
             Some(last) if last.role == msg.role => last.content.extend(msg.content),
@@ -131,9 +91,7 @@ pub fn messages(
         None => current.to_string(),
     };
     match out.last_mut() {
-        Some(last) if last.role == crate::llm::Role::User => {
-            last.content.push(crate::llm::ContentBlock::text(text))
-        }
+        Some(last) if last.role == crate::llm::Role::User => last.content.push(crate::llm::ContentBlock::text(text)),
         _ => out.push(Message::user(text)),
     }
     out
@@ -144,95 +102,34 @@ mod tests {
     use super::*;
 
     fn turn(id: i64, role: &str, text: &str) -> Turn {
-        Turn {
-            id,
-            role: role.into(),
-            text: text.into(),
-            message_id: format!("m{id}"),
-            at: id,
-            tokens: estimate_tokens(text),
-        }
+        Turn { id, role: role.into(), text: text.into(), message_id: format!("m{id}"), at: id, tokens: estimate_tokens(text) }
     }
 
     #[test]
     fn compacts_only_past_the_budget_and_keeps_recent_turns() {
-        let turns: Vec<Turn> = (1..=10)
-            .map(|i| {
-                turn(
-                    i,
-                    if i % 2 == 1 {
-                        role::USER
-                    } else {
-                        role::ASSISTANT
-                    },
-                    &"x".repeat(400),
-                )
-            })
-            .collect();
+        let turns: Vec<Turn> = (1..=10).map(|i| turn(i, if i % 2 == 1 { role::USER } else { role::ASSISTANT }, &"x".repeat(400))).collect();
         assert_eq!(plan(None, &turns, 10, 10_000, 4), Plan::Fits);
         match plan(None, &turns, 10, 500, 4) {
             Plan::Compact { older, keep } => {
-                assert_eq!(
-                    older.iter().map(|t| t.id).collect::<Vec<_>>(),
-                    (1..=6).collect::<Vec<_>>()
-                );
-                assert_eq!(
-                    keep.iter().map(|t| t.id).collect::<Vec<_>>(),
-                    vec![7, 8, 9, 10]
-                );
+                assert_eq!(older.iter().map(|t| t.id).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+                assert_eq!(keep.iter().map(|t| t.id).collect::<Vec<_>>(), vec![7, 8, 9, 10]);
             }
             Plan::Fits => panic!("over budget"),
         }
         let kept = truncate(None, turns, 10, 500);
-        assert!(
-            kept.iter().map(|t| t.tokens).sum::<i64>() + 10 <= 500
-                && kept.last().map(|t| t.id) == Some(10),
-            "{kept:?}"
-        );
+        assert!(kept.iter().map(|t| t.tokens).sum::<i64>() + 10 <= 500 && kept.last().map(|t| t.id) == Some(10), "{kept:?}");
     }
 
     #[test]
     fn the_current_message_appears_once_with_its_quote() {
-        let turns = vec![
-            turn(1, role::USER, "My friend is Ana."),
-            turn(2, role::ASSISTANT, "Nice to hear about Ana!"),
-        ];
-        let summary = Summary {
-            text: "They run a bakery.".into(),
-            covers_through: 0,
-        };
-        let msgs = messages(
-            Some(&summary),
-            &turns,
-            "Do you remember my friend?",
-            Some("My friend is Ana."),
-        );
-        let all: Vec<String> = msgs
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .filter_map(|b| {
-                if let crate::llm::ContentBlock::Text { text } = b {
-                    Some(text.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
-        assert_eq!(
-            all.iter()
-                .filter(|t| t.contains("Do you remember my friend?"))
-                .count(),
-            1
-        );
+        let turns = vec![turn(1, role::USER, "My friend is Ana."), turn(2, role::ASSISTANT, "Nice to hear about Ana!")];
+        let summary = Summary { text: "They run a bakery.".into(), covers_through: 0 };
+        let msgs = messages(Some(&summary), &turns, "Do you remember my friend?", Some("My friend is Ana."));
+        let all: Vec<String> = msgs.iter().flat_map(|m| m.content.iter()).filter_map(|b| if let crate::llm::ContentBlock::Text { text } = b { Some(text.clone()) } else { None }).collect();
+        assert_eq!(all.iter().filter(|t| t.contains("Do you remember my friend?")).count(), 1);
         assert!(all[0].contains("They run a bakery."));
-        assert!(
-            all.last()
-                .is_some_and(|t| t.starts_with("(Replying to: \"My friend is Ana.\")"))
-        );
+        assert!(all.last().is_some_and(|t| t.starts_with("(Replying to: \"My friend is Ana.\")")));
         assert_eq!(msgs.last().map(|m| m.role), Some(crate::llm::Role::User));
-        assert!(
-            msgs.windows(2).all(|w| w[0].role != w[1].role),
-            "roles alternate"
-        );
+        assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
     }
 }

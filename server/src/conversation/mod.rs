@@ -82,8 +82,7 @@ pub enum LaneOutcome {
 /// steps in the message's trace, whose id its tool calls carry.
 #[async_trait::async_trait]
 pub trait ToolLane: Send + Sync {
-    async fn try_handle(&self, inbound: &Inbound, actor: Role, trace: &mut Recorder)
-    -> LaneOutcome;
+    async fn try_handle(&self, inbound: &Inbound, actor: Role, trace: &mut Recorder) -> LaneOutcome;
 }
 
 /// A lane that hands every message on to normal chat.
@@ -92,12 +91,7 @@ pub struct NoToolLane;
 
 #[async_trait::async_trait]
 impl ToolLane for NoToolLane {
-    async fn try_handle(
-        &self,
-        _inbound: &Inbound,
-        _actor: Role,
-        _trace: &mut Recorder,
-    ) -> LaneOutcome {
+    async fn try_handle(&self, _inbound: &Inbound, _actor: Role, _trace: &mut Recorder) -> LaneOutcome {
         LaneOutcome::NotHandled
     }
 }
@@ -144,9 +138,7 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime")
-            .field("provider", &self.model.provider())
-            .finish_non_exhaustive()
+        f.debug_struct("Runtime").field("provider", &self.model.provider()).finish_non_exhaustive()
     }
 }
 
@@ -163,48 +155,22 @@ struct Decision {
 
 impl Decision {
     fn reply(route: Route, reply: String) -> Self {
-        Self {
-            route,
-            reply: Some(reply),
-            error_code: None,
-            notice: None,
-            note_once: None,
-        }
+        Self { route, reply: Some(reply), error_code: None, notice: None, note_once: None }
     }
 
     fn silent(route: Route) -> Self {
-        Self {
-            route,
-            reply: None,
-            error_code: None,
-            notice: None,
-            note_once: None,
-        }
+        Self { route, reply: None, error_code: None, notice: None, note_once: None }
     }
 }
 
 impl Runtime {
     pub fn new(parts: RuntimeParts) -> Self {
         let guard = steps::PrivateGuard::new(&parts.settings.private_data);
-        Self {
-            db: parts.db,
-            queue: parts.queue,
-            settings: parts.settings,
-            secrets: parts.secrets,
-            model: parts.model,
-            lane: parts.lane,
-            approvals: parts.approvals,
-            budget: parts.budget,
-            guard,
-        }
+        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, budget: parts.budget, guard }
     }
 
     fn text_detail(&self, text: &str) -> serde_json::Value {
-        if self.settings.conversation.trace_text {
-            json!({ "chars": text.chars().count(), "text": text })
-        } else {
-            json!({ "chars": text.chars().count() })
-        }
+        if self.settings.conversation.trace_text { json!({ "chars": text.chars().count(), "text": text }) } else { json!({ "chars": text.chars().count() }) }
     }
 
     /// Runs every step for `inbound` and records its trace.
@@ -214,13 +180,7 @@ impl Runtime {
         // given back, so a retried delivery sends the same answer (the ledger skips parts
         // already out) instead of asking the model twice.
         if let Some(earlier) = store::earlier_reply(&mut conn, &inbound.message_id).await? {
-            return Ok(Outcome {
-                route: Route::Duplicate,
-                actor: Role::Customer,
-                reply: earlier.reply,
-                trace_id: Some(earlier.trace_id),
-                error_code: None,
-            });
+            return Ok(Outcome { route: Route::Duplicate, actor: Role::Customer, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
         }
         drop(conn);
         let subject = Subject {
@@ -246,58 +206,28 @@ impl Runtime {
         let mut conn = self.db.pool.acquire().await?;
         let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
         drop(conn);
-        let actor = if owner.is_some() {
-            Role::Owner
-        } else {
-            Role::Customer
-        };
+        let actor = if owner.is_some() { Role::Owner } else { Role::Customer };
         let decision = self.decide(inbound, actor, owner, &mut trace).await?;
         self.record(inbound, actor, decision, trace).await
     }
 
     /// The steps from the message type to normal chat.
-    async fn decide(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        owner_id: Option<i64>,
-        trace: &mut Recorder,
-    ) -> Result<Decision, RuntimeError> {
+    async fn decide(&self, inbound: &Inbound, actor: Role, owner_id: Option<i64>, trace: &mut Recorder) -> Result<Decision, RuntimeError> {
         let owner = owner_id.is_some();
         // 2. Message type: what the bot cannot read gets the configured note (the trace's first
         // step: there is no text to dedupe or guard).
         if !inbound.kind.is_readable() {
-            trace.step(
-                "message_type",
-                "not_read",
-                "UNSUPPORTED_TYPE",
-                json!({ "type": inbound.kind.as_str() }),
-            );
+            trace.step("message_type", "not_read", "UNSUPPORTED_TYPE", json!({ "type": inbound.kind.as_str() }));
             let note = self.settings.whatsapp.unknown_type_reply.trim();
             if note.is_empty() {
                 trace.step("reply", "none", "NO_NOTE_CONFIGURED", json!({}));
                 return Ok(Decision::silent(Route::UnknownType));
             }
-            let once = Some((
-                UNKNOWN_TYPE_NOTICE,
-                self.settings.whatsapp.unknown_type_reply_every,
-            ));
-            return Ok(Decision {
-                note_once: once,
-                ..Decision::reply(Route::UnknownType, note.to_string())
-            });
+            let once = Some((UNKNOWN_TYPE_NOTICE, self.settings.whatsapp.unknown_type_reply_every));
+            return Ok(Decision { note_once: once, ..Decision::reply(Route::UnknownType, note.to_string()) });
         }
         // 3. Actor role: a number registered on an owner account is an owner.
-        trace.step(
-            "actor",
-            actor.as_str(),
-            if owner {
-                "OWNER_NUMBER"
-            } else {
-                "NOT_AN_OWNER_NUMBER"
-            },
-            json!({}),
-        );
+        trace.step("actor", actor.as_str(), if owner { "OWNER_NUMBER" } else { "NOT_AN_OWNER_NUMBER" }, json!({}));
         let conv = &self.settings.conversation;
         // 4. Group rules.
         match steps::group_allows(inbound, conv.group_reply, &conv.mention_names) {
@@ -309,112 +239,54 @@ impl Runtime {
         }
         // 4b. Per-chat rate limit: every message costs a model call. Owners are not limited.
         if !owner && conv.rate_limit > 0 {
-            let since = db::now_ms()
-                .saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
+            let since = db::now_ms().saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
             let mut conn = self.db.pool.acquire().await?;
-            let recent =
-                db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since)
-                    .await?;
+            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since).await?;
             drop(conn);
             let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
             if recent > i64::from(conv.rate_limit) {
                 trace.step("rate_limit", "limited", "RATE_LIMITED", detail);
                 let once = Some((RATE_LIMIT_NOTICE, conv.rate_window));
-                return Ok(Decision {
-                    note_once: once,
-                    ..Decision::reply(Route::RateLimited, conv.rate_limited_reply.clone())
-                });
+                return Ok(Decision { note_once: once, ..Decision::reply(Route::RateLimited, conv.rate_limited_reply.clone()) });
             }
             trace.step("rate_limit", "pass", "WITHIN_LIMIT", detail);
         }
         // 5. Approval buttons, owner commands and the customer slash boundary.
         if let Some(button) = inbound.reply_id.as_deref().and_then(Button::parse) {
             let Some(owner_id) = owner_id else {
-                trace.step(
-                    "approval",
-                    "refuse",
-                    ApprovalCode::NotAnOwner.as_str(),
-                    json!({ "approval_id": button.id }),
-                );
-                return Ok(Decision::reply(
-                    Route::CustomerCommand,
-                    self.approvals.settings().not_an_owner_reply.clone(),
-                ));
+                trace.step("approval", "refuse", ApprovalCode::NotAnOwner.as_str(), json!({ "approval_id": button.id }));
+                return Ok(Decision::reply(Route::CustomerCommand, self.approvals.settings().not_an_owner_reply.clone()));
             };
-            let verdict = if button.approve {
-                Verdict::Approve
-            } else {
-                Verdict::Reject { reason: None }
-            };
-            let (code, reply) = self
-                .decide_approval(button.id, verdict, owner_id, inbound, Some(&button.nonce))
-                .await?;
-            trace.step(
-                "approval",
-                if button.approve { "approve" } else { "reject" },
-                code,
-                json!({ "approval_id": button.id, "via": "button" }),
-            );
+            let verdict = if button.approve { Verdict::Approve } else { Verdict::Reject { reason: None } };
+            let (code, reply) = self.decide_approval(button.id, verdict, owner_id, inbound, Some(&button.nonce)).await?;
+            trace.step("approval", if button.approve { "approve" } else { "reject" }, code, json!({ "approval_id": button.id, "via": "button" }));
             return Ok(Decision::reply(Route::OwnerCommand, reply));
         }
         match steps::slash(actor, &inbound.text) {
             steps::Slash::NotACommand => trace.step("slash", "pass", "NOT_A_COMMAND", json!({})),
             steps::Slash::CustomerRefused => {
                 trace.step("slash", "refuse", "CUSTOMER_COMMAND", json!({}));
-                return Ok(Decision::reply(
-                    Route::CustomerCommand,
-                    conv.customer_command_reply.clone(),
-                ));
+                return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
             steps::Slash::Owner(command) => {
-                let (reason, reply) = self
-                    .owner_command(&command, owner_id.unwrap_or_default(), inbound)
-                    .await?;
-                trace.step(
-                    "slash",
-                    "owner_command",
-                    reason,
-                    json!({ "command": format!("{command:?}") }),
-                );
+                let (reason, reply) = self.owner_command(&command, owner_id.unwrap_or_default(), inbound).await?;
+                trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
                 return Ok(Decision::reply(Route::OwnerCommand, reply));
             }
         }
         // 6. Private-data guard.
         if let Some(category) = self.guard.check(actor, &inbound.text) {
             let handoff = self.settings.private_data.handoff;
-            trace.step(
-                "private_data",
-                "guard",
-                "PRIVATE_DATA_REQUEST",
-                json!({ "category": category, "handoff": handoff }),
-            );
+            trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category, "handoff": handoff }));
             let notice = handoff.then(|| self.private_data_notice(inbound, category));
-            return Ok(Decision {
-                notice,
-                ..Decision::reply(
-                    Route::PrivateData,
-                    self.settings.private_data.safe_reply.clone(),
-                )
-            });
+            return Ok(Decision { notice, ..Decision::reply(Route::PrivateData, self.settings.private_data.safe_reply.clone()) });
         }
-        trace.step(
-            "private_data",
-            "pass",
-            if actor == Role::Owner {
-                "OWNER_NOT_GUARDED"
-            } else {
-                "NO_CATEGORY_MATCHED"
-            },
-            json!({}),
-        );
+        trace.step("private_data", "pass", if actor == Role::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
         // 6b. Spend budget: past 100% with at_limit = "degraded", customers get no model call.
         if let Some(period) = self.budget.limit_for(actor).await? {
             let detail = json!({ "period": period.key, "spent_usd": crate::budget::usd(period.spent_micro_usd), "budget_usd": crate::budget::usd(period.budget_micro_usd) });
             trace.step("budget", "limit", "BUDGET_EXHAUSTED", detail);
-            return Ok(Decision::reply(
-                Route::OverBudget,
-                self.budget.limit_reply().to_string(),
-            ));
+            return Ok(Decision::reply(Route::OverBudget, self.budget.limit_reply().to_string()));
         }
         // 7. The tool lane.
         match self.lane.try_handle(inbound, actor, trace).await {
@@ -426,58 +298,28 @@ impl Runtime {
         }
         // Degraded mode: no key for the model.
         if let Some(d) = llm::degraded(&self.settings, &self.secrets) {
-            let reply = if actor == Role::Owner {
-                d.owner_instruction
-            } else {
-                d.customer_reply
-            };
+            let reply = if actor == Role::Owner { d.owner_instruction } else { d.customer_reply };
             let code = llm::ErrorCode::NotConfigured.as_str();
             trace.step("chat", "degraded", code, json!({ "provider": d.provider }));
-            return Ok(Decision {
-                error_code: Some(code.to_string()),
-                ..Decision::reply(Route::Degraded, reply)
-            });
+            return Ok(Decision { error_code: Some(code.to_string()), ..Decision::reply(Route::Degraded, reply) });
         }
         // 8. Normal chat with memory.
         Ok(match self.chat(inbound, trace).await? {
             Ok(reply) => Decision::reply(Route::Chat, reply),
-            Err(code) => Decision {
-                error_code: Some(code),
-                ..Decision::reply(Route::Chat, self.settings.llm.fallback_reply.clone())
-            },
+            Err(code) => Decision { error_code: Some(code), ..Decision::reply(Route::Chat, self.settings.llm.fallback_reply.clone()) },
         })
     }
 
     /// Records the trace, the reply and any owner notice in one transaction: a retried message
     /// finds its reply recorded, so it neither asks the model again nor notifies twice.
-    async fn record(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        mut d: Decision,
-        mut trace: Recorder,
-    ) -> Result<Outcome, RuntimeError> {
+    async fn record(&self, inbound: &Inbound, actor: Role, mut d: Decision, mut trace: Recorder) -> Result<Outcome, RuntimeError> {
         let mut tx = self.db.begin_write().await?;
         if let Some((kind, every)) = d.note_once {
             if !claim_once(&mut tx, &inbound.chat_id, kind, every).await? {
-                trace.step(
-                    "reply",
-                    "none",
-                    "NOTE_ALREADY_SENT",
-                    json!({ "note": kind }),
-                );
+                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({ "note": kind }));
                 d.reply = None;
             } else {
-                trace.step(
-                    "reply",
-                    "send",
-                    if kind == UNKNOWN_TYPE_NOTICE {
-                        "UNKNOWN_TYPE_NOTE"
-                    } else {
-                        "RATE_LIMITED_NOTE"
-                    },
-                    json!({}),
-                );
+                trace.step("reply", "send", if kind == UNKNOWN_TYPE_NOTICE { "UNKNOWN_TYPE_NOTE" } else { "RATE_LIMITED_NOTE" }, json!({}));
             }
         } else if let Some(r) = &d.reply {
             trace.step("reply", "send", d.route.as_str(), self.text_detail(r));
@@ -487,67 +329,25 @@ impl Runtime {
             (Some(_), None) => "replied",
             (None, None) => "ignored",
         };
-        let ending = Ending {
-            actor: actor.as_str().into(),
-            route: d.route.as_str().into(),
-            outcome: outcome.into(),
-            error_code: d.error_code.clone(),
-        };
+        let ending = Ending { actor: actor.as_str().into(), route: d.route.as_str().into(), outcome: outcome.into(), error_code: d.error_code.clone() };
         let trace_id = trace.finish(&mut tx, ending).await?;
-        store::record_reply(
-            &mut tx,
-            &inbound.message_id,
-            d.route.as_str(),
-            d.reply.as_deref(),
-            trace_id,
-            db::now_ms(),
-        )
-        .await?;
+        store::record_reply(&mut tx, &inbound.message_id, d.route.as_str(), d.reply.as_deref(), trace_id, db::now_ms()).await?;
         if let Some(notice) = &d.notice {
             // One notice per chat per period: a chat asking again and again does not page the
             // owners again and again. Simulated chats notify the console only, never a phone.
-            if claim_once(
-                &mut tx,
-                &inbound.chat_id,
-                PRIVATE_DATA_NOTICE,
-                self.settings.private_data.notice_every,
-            )
-            .await?
-            {
-                notices::raise(
-                    &mut tx,
-                    &self.queue,
-                    notice,
-                    inbound.channel == channel::WHATSAPP,
-                )
-                .await?;
+            if claim_once(&mut tx, &inbound.chat_id, PRIVATE_DATA_NOTICE, self.settings.private_data.notice_every).await? {
+                notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
             } else {
-                traces::append(
-                    &mut tx,
-                    trace_id,
-                    &traces::Step::new("owner_notice", "none", "NOTICE_ALREADY_RAISED", json!({})),
-                )
-                .await?;
+                traces::append(&mut tx, trace_id, &traces::Step::new("owner_notice", "none", "NOTICE_ALREADY_RAISED", json!({}))).await?;
             }
         }
         self.queue.commit(tx).await?;
-        Ok(Outcome {
-            route: d.route,
-            actor,
-            reply: d.reply,
-            trace_id: Some(trace_id),
-            error_code: d.error_code,
-        })
+        Ok(Outcome { route: d.route, actor, reply: d.reply, trace_id: Some(trace_id), error_code: d.error_code })
     }
 }
 
 /// Claims `kind` for `chat_id` if it was not claimed within `every`.
-async fn claim_once(
-    conn: &mut sqlx::AnyConnection,
-    chat_id: &str,
-    kind: &str,
-    every: std::time::Duration,
-) -> Result<bool, RuntimeError> {
+async fn claim_once(conn: &mut sqlx::AnyConnection, chat_id: &str, kind: &str, every: std::time::Duration) -> Result<bool, RuntimeError> {
     let now = db::now_ms();
     let every = i64::try_from(every.as_millis()).unwrap_or(i64::MAX);
     Ok(db::whatsapp::claim_notice(conn, chat_id, kind, now.saturating_sub(every), now).await?)
@@ -556,21 +356,13 @@ async fn claim_once(
 /// The runtime as the channels' handler.
 #[async_trait::async_trait]
 impl InboundHandler for Runtime {
-    async fn handle(
-        &self,
-        inbound: &Inbound,
-        presence: &dyn Presence,
-    ) -> Result<Handled, HandlerError> {
+    async fn handle(&self, inbound: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError> {
         if inbound.kind.is_readable() {
             presence.typing().await;
         }
         let outcome = Runtime::handle(self, inbound)
             .await
-            .map_err(|e| HandlerError {
-                code: "CONVERSATION_STORAGE".into(),
-                message: e.to_string(),
-                retryable: true,
-            })?;
+            .map_err(|e| HandlerError { code: "CONVERSATION_STORAGE".into(), message: e.to_string(), retryable: true })?;
         Ok(Handled {
             trace_id: outcome.trace_id,
             role: outcome.actor,

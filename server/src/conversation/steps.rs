@@ -10,11 +10,7 @@ use crate::{
 };
 
 /// Group rules: in groups the bot answers only when the config allows it.
-pub fn group_allows(
-    inbound: &Inbound,
-    mode: GroupReply,
-    mention_names: &[String],
-) -> Result<&'static str, &'static str> {
+pub fn group_allows(inbound: &Inbound, mode: GroupReply, mention_names: &[String]) -> Result<&'static str, &'static str> {
     if inbound.chat_kind == ChatKind::Direct {
         return Ok("DIRECT_CHAT");
     }
@@ -23,11 +19,7 @@ pub fn group_allows(
         GroupReply::Never => Err("GROUP_NEVER"),
         GroupReply::MentionedOrReplied => {
             let lower = inbound.text.to_lowercase();
-            if inbound.mentions_bot
-                || mention_names
-                    .iter()
-                    .any(|n| !n.is_empty() && lower.contains(&n.to_lowercase()))
-            {
+            if inbound.mentions_bot || mention_names.iter().any(|n| !n.is_empty() && lower.contains(&n.to_lowercase())) {
                 Ok("GROUP_MENTIONED")
             } else if inbound.replies_to_bot {
                 Ok("GROUP_REPLIED_TO")
@@ -98,15 +90,7 @@ impl PrivateGuard {
         let categories = settings
             .categories
             .iter()
-            .map(|c| {
-                (
-                    c.name.clone(),
-                    c.patterns
-                        .iter()
-                        .filter_map(|p| RegexBuilder::new(p).case_insensitive(true).build().ok())
-                        .collect(),
-                )
-            })
+            .map(|c| (c.name.clone(), c.patterns.iter().filter_map(|p| RegexBuilder::new(p).case_insensitive(true).build().ok()).collect()))
             .collect();
         Self { categories }
     }
@@ -116,10 +100,7 @@ impl PrivateGuard {
         if actor == Role::Owner {
             return None;
         }
-        self.categories
-            .iter()
-            .find(|(_, patterns)| patterns.iter().any(|r| r.is_match(text)))
-            .map(|(name, _)| name.as_str())
+        self.categories.iter().find(|(_, patterns)| patterns.iter().any(|r| r.is_match(text))).map(|(name, _)| name.as_str())
     }
 }
 
@@ -129,58 +110,26 @@ mod tests {
     use crate::config::conversation::PrivateCategory;
 
     fn inbound(text: &str, kind: ChatKind) -> Inbound {
-        Inbound {
-            text: text.into(),
-            chat_kind: kind,
-            message_id: "m1".into(),
-            chat_id: "c1".into(),
-            sender: "15550001111".into(),
-            ..Inbound::default()
-        }
+        Inbound { text: text.into(), chat_kind: kind, message_id: "m1".into(), chat_id: "c1".into(), sender: "15550001111".into(), ..Inbound::default() }
     }
 
     #[test]
     fn groups_answer_only_when_addressed() {
         let names = vec!["@assistant".to_string()];
         let m = GroupReply::MentionedOrReplied;
-        assert_eq!(
-            group_allows(&inbound("hi", ChatKind::Direct), m, &names),
-            Ok("DIRECT_CHAT")
-        );
-        assert_eq!(
-            group_allows(&inbound("hi all", ChatKind::Group), m, &names),
-            Err("GROUP_NOT_ADDRESSED")
-        );
-        assert_eq!(
-            group_allows(
-                &inbound("@Assistant what time?", ChatKind::Group),
-                m,
-                &names
-            ),
-            Ok("GROUP_MENTIONED")
-        );
-        let replied = Inbound {
-            replies_to_bot: true,
-            ..inbound("thanks", ChatKind::Group)
-        };
+        assert_eq!(group_allows(&inbound("hi", ChatKind::Direct), m, &names), Ok("DIRECT_CHAT"));
+        assert_eq!(group_allows(&inbound("hi all", ChatKind::Group), m, &names), Err("GROUP_NOT_ADDRESSED"));
+        assert_eq!(group_allows(&inbound("@Assistant what time?", ChatKind::Group), m, &names), Ok("GROUP_MENTIONED"));
+        let replied = Inbound { replies_to_bot: true, ..inbound("thanks", ChatKind::Group) };
         assert_eq!(group_allows(&replied, m, &names), Ok("GROUP_REPLIED_TO"));
-        assert_eq!(
-            group_allows(&inbound("x", ChatKind::Group), GroupReply::Never, &names),
-            Err("GROUP_NEVER")
-        );
-        assert_eq!(
-            group_allows(&inbound("x", ChatKind::Group), GroupReply::Always, &names),
-            Ok("GROUP_ALWAYS")
-        );
+        assert_eq!(group_allows(&inbound("x", ChatKind::Group), GroupReply::Never, &names), Err("GROUP_NEVER"));
+        assert_eq!(group_allows(&inbound("x", ChatKind::Group), GroupReply::Always, &names), Ok("GROUP_ALWAYS"));
     }
 
     #[test]
     fn commands_and_the_customer_boundary() {
         assert_eq!(command("/approve 42"), Some(Command::Approve("42".into())));
-        assert_eq!(
-            command("/reject 7  not   today"),
-            Some(Command::Reject("7 not today".into()))
-        );
+        assert_eq!(command("/reject 7  not   today"), Some(Command::Reject("7 not today".into())));
         assert_eq!(command("  /STATUS "), Some(Command::Status));
         assert_eq!(command("/jobs"), Some(Command::Jobs));
         assert_eq!(command("/what"), Some(Command::Unknown("what".into())));
@@ -197,23 +146,12 @@ mod tests {
     fn private_data_is_guarded_for_customers_only() {
         let settings = PrivateDataSettings {
             safe_reply: "no".into(),
-            categories: vec![PrivateCategory {
-                name: "balances".into(),
-                description: "d".into(),
-                examples: vec![],
-                patterns: vec![r"\bmy balance\b".into()],
-            }],
+            categories: vec![PrivateCategory { name: "balances".into(), description: "d".into(), examples: vec![], patterns: vec![r"\bmy balance\b".into()] }],
             ..Default::default()
         };
         let guard = PrivateGuard::new(&settings);
-        assert_eq!(
-            guard.check(Role::Customer, "What's MY BALANCE?"),
-            Some("balances")
-        );
-        assert_eq!(
-            guard.check(Role::Customer, "What are your opening hours?"),
-            None
-        );
+        assert_eq!(guard.check(Role::Customer, "What's MY BALANCE?"), Some("balances"));
+        assert_eq!(guard.check(Role::Customer, "What are your opening hours?"), None);
         assert_eq!(guard.check(Role::Owner, "what's my balance"), None);
     }
 }

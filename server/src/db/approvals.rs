@@ -7,18 +7,7 @@ use sqlx::AnyConnection;
 use super::DbError;
 
 /// The states of an approval, as stored.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum State {
@@ -114,10 +103,7 @@ pub struct NewApproval<'a> {
 /// Stores `new`, or finds the pending approval of the same call (`call_key`) and returns it
 /// with `true`. A pending row past its expiry is settled as expired first, so it never blocks a
 /// fresh request.
-pub async fn insert_or_reuse(
-    conn: &mut AnyConnection,
-    new: &NewApproval<'_>,
-) -> Result<(ApprovalRow, bool), DbError> {
+pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<(ApprovalRow, bool), DbError> {
     sqlx::query("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1")
         .bind(new.created_at)
         .bind(new.call_key)
@@ -156,56 +142,34 @@ pub async fn insert_or_reuse(
     if let Some(row) = inserted {
         return Ok((row, false));
     }
-    let existing = sqlx::query_as::<_, ApprovalRow>(&format!(
-        "SELECT {COLUMNS} FROM approvals WHERE call_key = $1 AND state = 'pending'"
-    ))
-    .bind(new.call_key)
-    .fetch_one(&mut *conn)
-    .await?;
+    let existing = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE call_key = $1 AND state = 'pending'"))
+        .bind(new.call_key)
+        .fetch_one(&mut *conn)
+        .await?;
     Ok((existing, true))
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ApprovalRow>, DbError> {
-    Ok(
-        sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(conn)
-            .await?,
-    )
+    Ok(sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE id = $1")).bind(id).fetch_optional(conn).await?)
 }
 
 /// The newest `limit` approvals, in `state` if given, newest first; pending ones by age.
-pub async fn list(
-    conn: &mut AnyConnection,
-    state: Option<State>,
-    limit: i64,
-) -> Result<Vec<ApprovalRow>, DbError> {
+pub async fn list(conn: &mut AnyConnection, state: Option<State>, limit: i64) -> Result<Vec<ApprovalRow>, DbError> {
     let rows = match state {
         Some(s) => {
-            sqlx::query_as::<_, ApprovalRow>(&format!(
-                "SELECT {COLUMNS} FROM approvals WHERE state = $1 ORDER BY id DESC LIMIT $2"
-            ))
-            .bind(s.as_str())
-            .bind(limit)
-            .fetch_all(conn)
-            .await?
+            sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE state = $1 ORDER BY id DESC LIMIT $2"))
+                .bind(s.as_str())
+                .bind(limit)
+                .fetch_all(conn)
+                .await?
         }
-        None => {
-            sqlx::query_as::<_, ApprovalRow>(&format!(
-                "SELECT {COLUMNS} FROM approvals ORDER BY id DESC LIMIT $1"
-            ))
-            .bind(limit)
-            .fetch_all(conn)
-            .await?
-        }
+        None => sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals ORDER BY id DESC LIMIT $1")).bind(limit).fetch_all(conn).await?,
     };
     Ok(rows)
 }
 
 pub async fn count_pending(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM approvals WHERE state = 'pending'")
-        .fetch_one(conn)
-        .await?;
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM approvals WHERE state = 'pending'").fetch_one(conn).await?;
     Ok(n)
 }
 
@@ -222,14 +186,7 @@ pub struct Decider {
 
 /// The one decision: `pending` -> `to` while unexpired. False when another decision, or the
 /// expiry, came first.
-pub async fn decide(
-    conn: &mut AnyConnection,
-    id: i64,
-    to: State,
-    by: &Decider,
-    note: Option<&str>,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn decide(conn: &mut AnyConnection, id: i64, to: State, by: &Decider, note: Option<&str>, now: i64) -> Result<bool, DbError> {
     let done = sqlx::query(
         "UPDATE approvals SET state = $1, decided_at = $2, decided_by = $3, decider_owner_id = $4, decider_phone = $5, decided_via = $6, decision_note = $7 \
          WHERE id = $8 AND state = 'pending' AND expires_at > $2",
@@ -258,21 +215,12 @@ pub async fn expire(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool,
 }
 
 pub async fn set_job(conn: &mut AnyConnection, id: i64, job_id: i64) -> Result<(), DbError> {
-    sqlx::query("UPDATE approvals SET job_id = $1 WHERE id = $2")
-        .bind(job_id)
-        .bind(id)
-        .execute(conn)
-        .await?;
+    sqlx::query("UPDATE approvals SET job_id = $1 WHERE id = $2").bind(job_id).bind(id).execute(conn).await?;
     Ok(())
 }
 
 /// Records how the approved call's run ended (`OK` or its code); the first record stays.
-pub async fn set_outcome(
-    conn: &mut AnyConnection,
-    id: i64,
-    code: &str,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn set_outcome(conn: &mut AnyConnection, id: i64, code: &str, now: i64) -> Result<bool, DbError> {
     let done = sqlx::query("UPDATE approvals SET outcome_code = $1, outcome_at = $2 WHERE id = $3 AND outcome_code IS NULL")
         .bind(code)
         .bind(now)

@@ -55,12 +55,7 @@ pub struct FailureCounts {
     pub newest_pair_at: Option<i64>,
 }
 
-pub async fn recent_failures(
-    conn: &mut AnyConnection,
-    login: &str,
-    ip: &str,
-    since_ms: i64,
-) -> Result<FailureCounts, DbError> {
+pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, since_ms: i64) -> Result<FailureCounts, DbError> {
     let (by_login, newest_login_at, by_pair, newest_pair_at): (i64, Option<i64>, i64, Option<i64>) = sqlx::query_as(
         "SELECT COUNT(*), MAX(at), COALESCE(SUM(CASE WHEN ip = $4 THEN 1 ELSE 0 END), 0), MAX(CASE WHEN ip = $4 THEN at END) \
          FROM owner_audit WHERE event = $1 AND login = $2 AND at > $3",
@@ -71,33 +66,18 @@ pub async fn recent_failures(
     .bind(ip)
     .fetch_one(&mut *conn)
     .await?;
-    let (by_ip, oldest_ip_at): (i64, Option<i64>) = sqlx::query_as(
-        "SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3",
-    )
-    .bind(event::LOGIN_FAILED)
-    .bind(ip)
-    .bind(since_ms)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(FailureCounts {
-        by_login,
-        by_ip,
-        by_pair,
-        oldest_ip_at,
-        newest_login_at,
-        newest_pair_at,
-    })
+    let (by_ip, oldest_ip_at): (i64, Option<i64>) = sqlx::query_as("SELECT COUNT(*), MIN(at) FROM owner_audit WHERE event = $1 AND ip = $2 AND at > $3")
+        .bind(event::LOGIN_FAILED)
+        .bind(ip)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(FailureCounts { by_login, by_ip, by_pair, oldest_ip_at, newest_login_at, newest_pair_at })
 }
 
 /// Like [`record`], returning the new row's id.
-pub async fn record_returning_id(
-    conn: &mut AnyConnection,
-    entry: AuditEntry<'_>,
-) -> Result<i64, DbError> {
-    let detail = entry
-        .detail
-        .unwrap_or_else(|| serde_json::json!({}))
-        .to_string();
+pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<i64, DbError> {
+    let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
     let id = sqlx::query_scalar("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
         .bind(now_ms())
         .bind(entry.owner_id)
@@ -111,17 +91,7 @@ pub async fn record_returning_id(
 }
 
 /// Turns a provisional failure row into a success for `owner_id`.
-pub async fn mark_success(
-    conn: &mut AnyConnection,
-    id: i64,
-    owner_id: i64,
-    event: &str,
-) -> Result<(), DbError> {
-    sqlx::query("UPDATE owner_audit SET event = $1, owner_id = $2 WHERE id = $3")
-        .bind(event)
-        .bind(owner_id)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+pub async fn mark_success(conn: &mut AnyConnection, id: i64, owner_id: i64, event: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE owner_audit SET event = $1, owner_id = $2 WHERE id = $3").bind(event).bind(owner_id).bind(id).execute(&mut *conn).await?;
     Ok(())
 }

@@ -6,23 +6,14 @@ use super::DbError;
 
 /// Micro-dollars spent on model calls from `since_ms` on (calls without a price count nothing).
 pub async fn spent_since(conn: &mut AnyConnection, since_ms: i64) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar(
-        "SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT) FROM llm_calls WHERE at >= $1",
-    )
-    .bind(since_ms)
-    .fetch_one(conn)
-    .await?)
+    Ok(sqlx::query_scalar("SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT) FROM llm_calls WHERE at >= $1")
+        .bind(since_ms)
+        .fetch_one(conn)
+        .await?)
 }
 
 /// Claims the warning at `percent` of `period`: true for the one caller that records it first.
-pub async fn claim_warning(
-    conn: &mut AnyConnection,
-    period: &str,
-    percent: u32,
-    at: i64,
-    spent: i64,
-    budget: i64,
-) -> Result<bool, DbError> {
+pub async fn claim_warning(conn: &mut AnyConnection, period: &str, percent: u32, at: i64, spent: i64, budget: i64) -> Result<bool, DbError> {
     let done = sqlx::query(
         "INSERT INTO budget_warnings (period, percent, at, spent_micro_usd, budget_micro_usd) VALUES ($1, $2, $3, $4, $5) \
          ON CONFLICT DO NOTHING",
@@ -39,14 +30,9 @@ pub async fn claim_warning(
 
 /// The shares of `period`'s budget already warned about, ascending.
 pub async fn warned(conn: &mut AnyConnection, period: &str) -> Result<Vec<u32>, DbError> {
-    let rows: Vec<i64> = sqlx::query_scalar(
-        "SELECT CAST(percent AS BIGINT) FROM budget_warnings WHERE period = $1 ORDER BY percent",
-    )
-    .bind(period)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|p| u32::try_from(p).ok())
-        .collect())
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT CAST(percent AS BIGINT) FROM budget_warnings WHERE period = $1 ORDER BY percent")
+        .bind(period)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().filter_map(|p| u32::try_from(p).ok()).collect())
 }

@@ -31,11 +31,7 @@ pub struct ContextRow {
 
 /// Stores `row` (its id is ignored) unless a row with its `source_key` exists, then keeps only
 /// the chat's `keep` newest rows. True when the row is new.
-pub async fn insert(
-    conn: &mut AnyConnection,
-    row: &ContextRow,
-    keep: i64,
-) -> Result<bool, DbError> {
+pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<bool, DbError> {
     let inserted = sqlx::query(
         "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (source_key) DO NOTHING",
@@ -70,32 +66,13 @@ pub async fn insert(
 }
 
 /// The chat's contexts that have not expired at `now`, newest first.
-pub async fn recent(
-    conn: &mut AnyConnection,
-    channel: &str,
-    chat_id: &str,
-    now: i64,
-    limit: i64,
-) -> Result<Vec<ContextRow>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at > $3 ORDER BY id DESC LIMIT $4"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(channel)
-        .bind(chat_id)
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?)
+pub async fn recent(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64, limit: i64) -> Result<Vec<ContextRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at > $3 ORDER BY id DESC LIMIT $4");
+    Ok(sqlx::query_as(&sql).bind(channel).bind(chat_id).bind(now).bind(limit).fetch_all(&mut *conn).await?)
 }
 
 /// Whether the chat has a context that expired (and is not swept yet).
-pub async fn has_expired(
-    conn: &mut AnyConnection,
-    channel: &str,
-    chat_id: &str,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64) -> Result<bool, DbError> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at <= $3")
         .bind(channel)
         .bind(chat_id)
@@ -107,19 +84,11 @@ pub async fn has_expired(
 
 /// How many contexts are stored.
 pub async fn count(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts")
-        .fetch_one(&mut *conn)
-        .await?)
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts").fetch_one(&mut *conn).await?)
 }
 
 /// Deletes the contexts expired more than `grace_ms` before `now`; how many. The grace keeps an
 /// expired context long enough to say that it expired.
 pub async fn sweep(conn: &mut AnyConnection, now: i64, grace_ms: i64) -> Result<u64, DbError> {
-    Ok(
-        sqlx::query("DELETE FROM tool_contexts WHERE expires_at <= $1")
-            .bind(now.saturating_sub(grace_ms))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected(),
-    )
+    Ok(sqlx::query("DELETE FROM tool_contexts WHERE expires_at <= $1").bind(now.saturating_sub(grace_ms)).execute(&mut *conn).await?.rows_affected())
 }

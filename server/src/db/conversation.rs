@@ -50,11 +50,7 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
 }
 
 /// The chat's turns after `after_id`, oldest first.
-pub async fn turns_after(
-    conn: &mut AnyConnection,
-    chat_id: &str,
-    after_id: i64,
-) -> Result<Vec<Turn>, DbError> {
+pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
     Ok(sqlx::query_as("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
         .bind(chat_id)
         .bind(after_id)
@@ -65,18 +61,12 @@ pub async fn turns_after(
 /// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.
 /// The text of message `message_id` in chat `chat_id` only: a quoted id from another chat (a
 /// forged context id) finds nothing.
-pub async fn text_of(
-    conn: &mut AnyConnection,
-    chat_id: &str,
-    message_id: &str,
-) -> Result<Option<String>, DbError> {
-    Ok(sqlx::query_scalar(
-        "SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 ORDER BY id LIMIT 1",
-    )
-    .bind(chat_id)
-    .bind(message_id)
-    .fetch_optional(conn)
-    .await?)
+pub async fn text_of(conn: &mut AnyConnection, chat_id: &str, message_id: &str) -> Result<Option<String>, DbError> {
+    Ok(sqlx::query_scalar("SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 ORDER BY id LIMIT 1")
+        .bind(chat_id)
+        .bind(message_id)
+        .fetch_optional(conn)
+        .await?)
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -87,20 +77,10 @@ pub struct Summary {
 }
 
 pub async fn summary(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<Summary>, DbError> {
-    Ok(
-        sqlx::query_as("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1")
-            .bind(chat_id)
-            .fetch_optional(conn)
-            .await?,
-    )
+    Ok(sqlx::query_as("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1").bind(chat_id).fetch_optional(conn).await?)
 }
 
-pub async fn save_summary(
-    conn: &mut AnyConnection,
-    chat_id: &str,
-    s: &Summary,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, now: i64) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO chat_memory (chat_id, summary, covers_through, updated_at) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (chat_id) DO UPDATE SET summary = excluded.summary, covers_through = excluded.covers_through, updated_at = excluded.updated_at",
@@ -122,26 +102,13 @@ pub struct EarlierReply {
     pub trace_id: i64,
 }
 
-pub async fn earlier_reply(
-    conn: &mut AnyConnection,
-    message_id: &str,
-) -> Result<Option<EarlierReply>, DbError> {
+pub async fn earlier_reply(conn: &mut AnyConnection, message_id: &str) -> Result<Option<EarlierReply>, DbError> {
     let sql = "SELECT route, reply, trace_id FROM message_replies WHERE message_id = $1";
-    Ok(sqlx::query_as(sql)
-        .bind(message_id)
-        .fetch_optional(conn)
-        .await?)
+    Ok(sqlx::query_as(sql).bind(message_id).fetch_optional(conn).await?)
 }
 
 /// Records the answer once; a second record for the same message changes nothing.
-pub async fn record_reply(
-    conn: &mut AnyConnection,
-    message_id: &str,
-    route: &str,
-    reply: Option<&str>,
-    trace_id: i64,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn record_reply(conn: &mut AnyConnection, message_id: &str, route: &str, reply: Option<&str>, trace_id: i64, now: i64) -> Result<(), DbError> {
     sqlx::query("INSERT INTO message_replies (message_id, route, reply, trace_id, at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING")
         .bind(message_id)
         .bind(route)

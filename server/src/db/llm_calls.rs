@@ -33,9 +33,7 @@ const COLUMNS: &str = "at, provider, model, purpose, correlation_id, input_token
 
 /// Records one call.
 pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<(), DbError> {
-    let sql = format!(
-        "INSERT INTO llm_calls ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
-    );
+    let sql = format!("INSERT INTO llm_calls ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)");
     sqlx::query(&sql)
         .bind(r.at)
         .bind(&r.provider)
@@ -59,24 +57,15 @@ pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<(), DbEr
 }
 
 /// The calls made for one correlation id (one processed message), oldest first.
-pub async fn for_correlation(
-    conn: &mut AnyConnection,
-    correlation_id: &str,
-) -> Result<Vec<LlmCallRow>, DbError> {
+pub async fn for_correlation(conn: &mut AnyConnection, correlation_id: &str) -> Result<Vec<LlmCallRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM llm_calls WHERE correlation_id = $1 ORDER BY id");
-    Ok(sqlx::query_as(&sql)
-        .bind(correlation_id)
-        .fetch_all(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(correlation_id).fetch_all(&mut *conn).await?)
 }
 
 /// The newest calls first.
 pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<LlmCallRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM llm_calls ORDER BY id DESC LIMIT $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(&mut *conn).await?)
 }
 
 /// Total cost in micro-dollars and number of calls since `since_ms` (unpriced calls count as 0).

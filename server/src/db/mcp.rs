@@ -57,14 +57,11 @@ pub struct ToolRow {
 impl ToolRow {
     /// Offered and callable: approved, its current definition the approved one, still listed.
     pub fn usable(&self) -> bool {
-        self.present
-            && self.state == state::APPROVED
-            && self.approved_hash.as_deref() == Some(self.definition_hash.as_str())
+        self.present && self.state == state::APPROVED && self.approved_hash.as_deref() == Some(self.definition_hash.as_str())
     }
 }
 
-const SERVER_COLUMNS: &str =
-    "id, enabled_override, health, last_error, last_seen_at, tool_count, discovered_at, updated_at";
+const SERVER_COLUMNS: &str = "id, enabled_override, health, last_error, last_seen_at, tool_count, discovered_at, updated_at";
 const TOOL_COLUMNS: &str = "server_id, name, catalog_name, definition, definition_hash, state, approved_hash, previous_definition, present, first_seen_at, updated_at, decided_at, decided_by";
 
 /// Makes sure a row exists for each configured server (health `down` until it connects).
@@ -79,30 +76,15 @@ pub async fn ensure_server(conn: &mut AnyConnection, id: &str) -> Result<(), DbE
 }
 
 pub async fn servers(conn: &mut AnyConnection) -> Result<Vec<ServerRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {SERVER_COLUMNS} FROM mcp_servers ORDER BY id"
-    ))
-    .fetch_all(&mut *conn)
-    .await?)
+    Ok(sqlx::query_as(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers ORDER BY id")).fetch_all(&mut *conn).await?)
 }
 
 pub async fn server(conn: &mut AnyConnection, id: &str) -> Result<Option<ServerRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?)
+    Ok(sqlx::query_as(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 /// Records health. `seen` also sets `last_seen_at` (the server answered).
-pub async fn set_health(
-    conn: &mut AnyConnection,
-    id: &str,
-    health: &str,
-    last_error: Option<&str>,
-    seen: bool,
-) -> Result<(), DbError> {
+pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_error: Option<&str>, seen: bool) -> Result<(), DbError> {
     let now = now_ms();
     sqlx::query(
         "UPDATE mcp_servers SET health = $1, last_error = COALESCE($2, last_error), \
@@ -118,44 +100,25 @@ pub async fn set_health(
     Ok(())
 }
 
-pub async fn set_enabled_override(
-    conn: &mut AnyConnection,
-    id: &str,
-    enabled: Option<bool>,
-) -> Result<bool, DbError> {
-    let done =
-        sqlx::query("UPDATE mcp_servers SET enabled_override = $1, updated_at = $2 WHERE id = $3")
-            .bind(enabled.map(i64::from))
-            .bind(now_ms())
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
+pub async fn set_enabled_override(conn: &mut AnyConnection, id: &str, enabled: Option<bool>) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE mcp_servers SET enabled_override = $1, updated_at = $2 WHERE id = $3")
+        .bind(enabled.map(i64::from))
+        .bind(now_ms())
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() > 0)
 }
 
 /// Every cached tool of every server (or of one), by server and name.
-pub async fn tools(
-    conn: &mut AnyConnection,
-    server_id: Option<&str>,
-) -> Result<Vec<ToolRow>, DbError> {
-    let sql = format!(
-        "SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE ($1 = '' OR server_id = $1) ORDER BY server_id, name"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(server_id.unwrap_or_default())
-        .fetch_all(&mut *conn)
-        .await?)
+pub async fn tools(conn: &mut AnyConnection, server_id: Option<&str>) -> Result<Vec<ToolRow>, DbError> {
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE ($1 = '' OR server_id = $1) ORDER BY server_id, name");
+    Ok(sqlx::query_as(&sql).bind(server_id.unwrap_or_default()).fetch_all(&mut *conn).await?)
 }
 
-pub async fn tool_by_catalog_name(
-    conn: &mut AnyConnection,
-    catalog_name: &str,
-) -> Result<Option<ToolRow>, DbError> {
+pub async fn tool_by_catalog_name(conn: &mut AnyConnection, catalog_name: &str) -> Result<Option<ToolRow>, DbError> {
     let sql = format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE catalog_name = $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(catalog_name)
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(catalog_name).fetch_optional(&mut *conn).await?)
 }
 
 /// One tool as a discovery found it.
@@ -179,21 +142,10 @@ pub struct Changes {
 /// changed, is `pending` with its previous definition kept; a definition that returns to the
 /// approved hash is approved again. On a trusted server's first discovery its tools are
 /// approved without an owner. Run it in a write transaction.
-pub async fn apply_discovery(
-    conn: &mut AnyConnection,
-    server_id: &str,
-    trusted: bool,
-    found: &[Found],
-) -> Result<Changes, DbError> {
+pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted: bool, found: &[Found]) -> Result<Changes, DbError> {
     let now = now_ms();
-    let first = server(&mut *conn, server_id)
-        .await?
-        .is_none_or(|s| s.discovered_at.is_none());
-    let known: std::collections::HashMap<String, ToolRow> = tools(&mut *conn, Some(server_id))
-        .await?
-        .into_iter()
-        .map(|t| (t.name.clone(), t))
-        .collect();
+    let first = server(&mut *conn, server_id).await?.is_none_or(|s| s.discovered_at.is_none());
+    let known: std::collections::HashMap<String, ToolRow> = tools(&mut *conn, Some(server_id)).await?.into_iter().map(|t| (t.name.clone(), t)).collect();
     let mut changes = Changes::default();
     for f in found {
         match known.get(&f.name) {
@@ -215,9 +167,7 @@ pub async fn apply_discovery(
                 changes.added.push(f.name.clone());
             }
             Some(old) if old.definition_hash != f.definition_hash => {
-                let back_to_approved = old.approved_hash.as_deref()
-                    == Some(f.definition_hash.as_str())
-                    && old.state != state::REJECTED;
+                let back_to_approved = old.approved_hash.as_deref() == Some(f.definition_hash.as_str()) && old.state != state::REJECTED;
                 sqlx::query(
                     "UPDATE mcp_tools SET catalog_name = $1, definition = $2, definition_hash = $3, state = $4, previous_definition = $5, \
                      present = 1, updated_at = $6 WHERE server_id = $7 AND name = $8",
@@ -241,10 +191,7 @@ pub async fn apply_discovery(
             Some(_) => {}
         }
     }
-    for old in known
-        .values()
-        .filter(|t| t.present && !found.iter().any(|f| f.name == t.name))
-    {
+    for old in known.values().filter(|t| t.present && !found.iter().any(|f| f.name == t.name)) {
         set_present(conn, server_id, &old.name, false, now).await?;
         changes.removed.push(old.name.clone());
     }
@@ -258,22 +205,14 @@ pub async fn apply_discovery(
 }
 
 /// Marks a cached tool as listed by its server again, or no longer listed.
-async fn set_present(
-    conn: &mut AnyConnection,
-    server_id: &str,
-    name: &str,
-    present: bool,
-    now: i64,
-) -> Result<(), DbError> {
-    sqlx::query(
-        "UPDATE mcp_tools SET present = $1, updated_at = $2 WHERE server_id = $3 AND name = $4",
-    )
-    .bind(i64::from(present))
-    .bind(now)
-    .bind(server_id)
-    .bind(name)
-    .execute(&mut *conn)
-    .await?;
+async fn set_present(conn: &mut AnyConnection, server_id: &str, name: &str, present: bool, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_tools SET present = $1, updated_at = $2 WHERE server_id = $3 AND name = $4")
+        .bind(i64::from(present))
+        .bind(now)
+        .bind(server_id)
+        .bind(name)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -291,13 +230,7 @@ pub enum Decided {
 /// Approves or rejects a tool. With `reviewed_hash`, only while the stored definition is still
 /// the one the owner looked at, in one conditional statement: a server that swaps a definition
 /// between the owner's look and the click gets nothing approved.
-pub async fn decide(
-    conn: &mut AnyConnection,
-    catalog_name: &str,
-    approve: bool,
-    owner_id: Option<i64>,
-    reviewed_hash: Option<&str>,
-) -> Result<Decided, DbError> {
+pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool, owner_id: Option<i64>, reviewed_hash: Option<&str>) -> Result<Decided, DbError> {
     let now = now_ms();
     let sql = if approve {
         "UPDATE mcp_tools SET state = $1, approved_hash = definition_hash, decided_at = $2, decided_by = $3, updated_at = $2 \
@@ -306,11 +239,7 @@ pub async fn decide(
         "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     };
     let done = sqlx::query(sql)
-        .bind(if approve {
-            state::APPROVED
-        } else {
-            state::REJECTED
-        })
+        .bind(if approve { state::APPROVED } else { state::REJECTED })
         .bind(now)
         .bind(owner_id)
         .bind(catalog_name)

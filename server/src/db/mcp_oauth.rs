@@ -32,12 +32,7 @@ pub struct OAuthRow {
 const COLUMNS: &str = "server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, updated_at";
 
 pub async fn get(conn: &mut AnyConnection, server: &str) -> Result<Option<OAuthRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM mcp_oauth WHERE server_id = $1"
-    ))
-    .bind(server)
-    .fetch_optional(&mut *conn)
-    .await?)
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_oauth WHERE server_id = $1")).bind(server).fetch_optional(&mut *conn).await?)
 }
 
 /// A completed login: the client and the first tokens, replacing whatever was there.
@@ -71,12 +66,7 @@ pub async fn connect(conn: &mut AnyConnection, c: &Connected<'_>) -> Result<(), 
 }
 
 /// New tokens from a refresh (the client stays).
-pub async fn save_credentials(
-    conn: &mut AnyConnection,
-    server: &str,
-    credentials: &str,
-    refreshed: bool,
-) -> Result<(), DbError> {
+pub async fn save_credentials(conn: &mut AnyConnection, server: &str, credentials: &str, refreshed: bool) -> Result<(), DbError> {
     sqlx::query("UPDATE mcp_oauth SET credentials = $2, state = $3, reason = NULL, refreshes = refreshes + $4, updated_at = $5 WHERE server_id = $1")
         .bind(server)
         .bind(credentials)
@@ -90,12 +80,7 @@ pub async fn save_credentials(
 
 /// Marks a server as needing a login; the tokens are dropped. Returns whether it changed (so the
 /// owner is told once, not on every failed try).
-pub async fn needs_login(
-    conn: &mut AnyConnection,
-    server: &str,
-    reason: &str,
-    required_scope: Option<&str>,
-) -> Result<bool, DbError> {
+pub async fn needs_login(conn: &mut AnyConnection, server: &str, reason: &str, required_scope: Option<&str>) -> Result<bool, DbError> {
     let done = sqlx::query(
         "UPDATE mcp_oauth SET state = $2, reason = $3, required_scope = COALESCE($4, required_scope), credentials = NULL, updated_at = $5
          WHERE server_id = $1 AND state <> $2",
@@ -111,12 +96,7 @@ pub async fn needs_login(
 }
 
 /// Takes the refresh lease when it is free or expired. Only the holder refreshes.
-pub async fn take_lease(
-    conn: &mut AnyConnection,
-    server: &str,
-    token: &str,
-    until: i64,
-) -> Result<bool, DbError> {
+pub async fn take_lease(conn: &mut AnyConnection, server: &str, token: &str, until: i64) -> Result<bool, DbError> {
     let now = now_ms();
     let done = sqlx::query("UPDATE mcp_oauth SET lease_token = $2, lease_until = $3 WHERE server_id = $1 AND (lease_token IS NULL OR lease_until < $4)")
         .bind(server)
@@ -128,11 +108,7 @@ pub async fn take_lease(
     Ok(done.rows_affected() > 0)
 }
 
-pub async fn release_lease(
-    conn: &mut AnyConnection,
-    server: &str,
-    token: &str,
-) -> Result<(), DbError> {
+pub async fn release_lease(conn: &mut AnyConnection, server: &str, token: &str) -> Result<(), DbError> {
     sqlx::query("UPDATE mcp_oauth SET lease_token = NULL, lease_until = NULL WHERE server_id = $1 AND lease_token = $2")
         .bind(server)
         .bind(token)

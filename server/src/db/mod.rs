@@ -9,16 +9,16 @@ pub mod contexts;
 pub mod conversation;
 pub mod jobs;
 pub mod llm_calls;
+pub mod owner_notifications;
 pub mod mcp;
 pub mod mcp_oauth;
-pub mod owner_notifications;
 pub mod owners;
 pub mod sessions;
 pub mod simulator;
 pub mod stats;
 pub mod tool_audit;
-pub mod tool_results;
 pub mod tool_sessions;
+pub mod tool_results;
 pub mod traces;
 pub mod whatsapp;
 
@@ -50,20 +50,11 @@ pub enum DbError {
     #[error("unsupported database URL; use sqlite://... or postgres://...")]
     UnsupportedUrl,
     #[error("cannot create the folder for the SQLite file {path}: {source}")]
-    CreateDir {
-        path: String,
-        source: std::io::Error,
-    },
+    CreateDir { path: String, source: std::io::Error },
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] sqlx::Error),
-    #[error(
-        "migration {version} ({description}) failed: {reason}. Hint: fix the cause, then run `gatehouse migrate`"
-    )]
-    Migration {
-        version: i64,
-        description: String,
-        reason: String,
-    },
+    #[error("migration {version} ({description}) failed: {reason}. Hint: fix the cause, then run `gatehouse migrate`")]
+    Migration { version: i64, description: String, reason: String },
     #[error(transparent)]
     Sql(#[from] sqlx::Error),
 }
@@ -99,18 +90,12 @@ pub struct AppliedMigration {
 
 /// `$first, $first+1, ...` for `n` values.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
-    (first..first + n)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
 /// The `VALUES` rows of a multi-row insert: `($1, .., $columns), ($columns+1, ..), ...`.
 pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
-    (0..rows)
-        .map(|r| format!("({})", placeholders(r * columns + 1, columns)))
-        .collect::<Vec<_>>()
-        .join(", ")
+    (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
 }
 
 /// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
@@ -155,17 +140,11 @@ pub(crate) fn parse_stored<T: std::str::FromStr>(text: String, what: &str) -> Re
 /// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
 /// (a tool name, a model reply or an error message with one is stored without it, not lost).
 pub fn clean_text(text: &str) -> String {
-    if text.contains('\0') {
-        text.replace('\0', "")
-    } else {
-        text.to_string()
-    }
+    if text.contains('\0') { text.replace('\0', "") } else { text.to_string() }
 }
 
 pub fn now_ms() -> i64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -195,18 +174,10 @@ impl Db {
                     if backend == Backend::Sqlite {
                         // WAL lets readers run beside the one writer; the busy timeout makes a
                         // writer wait for the lock instead of failing at once.
-                        sqlx::query("PRAGMA journal_mode = WAL")
-                            .execute(&mut *conn)
-                            .await?;
-                        sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}"))
-                            .execute(&mut *conn)
-                            .await?;
-                        sqlx::query("PRAGMA foreign_keys = ON")
-                            .execute(&mut *conn)
-                            .await?;
-                        sqlx::query("PRAGMA synchronous = NORMAL")
-                            .execute(&mut *conn)
-                            .await?;
+                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                        sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
                     }
                     Ok(())
                 })
@@ -214,26 +185,16 @@ impl Db {
             .connect(&url)
             .await
             .map_err(DbError::Connect)?;
-        Ok(Self {
-            pool,
-            backend,
-            url: secrecy::SecretString::from(settings.url.clone()),
-        })
+        Ok(Self { pool, backend, url: secrecy::SecretString::from(settings.url.clone()) })
     }
 
     /// Applies pending migrations. A failure names the migration and the reason.
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, DbError> {
         let migrator = migrator(self.backend);
         let before = self.applied_versions().await.unwrap_or_default();
-        migrator
-            .run(&self.pool)
-            .await
-            .map_err(|e| describe_migration_error(migrator, e))?;
+        migrator.run(&self.pool).await.map_err(|e| describe_migration_error(migrator, e))?;
         let after = self.applied_migrations().await?;
-        Ok(after
-            .into_iter()
-            .filter(|m| !before.contains(&m.version))
-            .collect())
+        Ok(after.into_iter().filter(|m| !before.contains(&m.version)).collect())
     }
 
     /// Migrations recorded as applied, oldest first.
@@ -242,22 +203,11 @@ impl Db {
             sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success = TRUE ORDER BY version")
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(version, description)| AppliedMigration {
-                version,
-                description,
-            })
-            .collect())
+        Ok(rows.into_iter().map(|(version, description)| AppliedMigration { version, description }).collect())
     }
 
     async fn applied_versions(&self) -> Result<Vec<i64>, DbError> {
-        Ok(self
-            .applied_migrations()
-            .await?
-            .into_iter()
-            .map(|m| m.version)
-            .collect())
+        Ok(self.applied_migrations().await?.into_iter().map(|m| m.version).collect())
     }
 
     /// Versions shipped in this binary that the database has not applied.
@@ -272,10 +222,7 @@ impl Db {
 
     /// Number of migrations shipped in this binary.
     pub fn known_migrations(&self) -> usize {
-        migrator(self.backend)
-            .iter()
-            .filter(|m| m.migration_type.is_up_migration())
-            .count()
+        migrator(self.backend).iter().filter(|m| m.migration_type.is_up_migration()).count()
     }
 
     /// Starts a transaction that will write. On SQLite it takes the write lock up front
@@ -296,11 +243,7 @@ impl Db {
             }
         })
         .await
-        .map_err(|e| {
-            sqlx::Error::Io(std::io::Error::other(format!(
-                "beginning a transaction failed: {e}"
-            )))
-        })?
+        .map_err(|e| sqlx::Error::Io(std::io::Error::other(format!("beginning a transaction failed: {e}"))))?
     }
 
     /// A round trip to the database.
@@ -329,17 +272,13 @@ fn describe_migration_error(migrator: &Migrator, err: MigrateError) -> DbError {
             .unwrap_or_else(|| "not in this build".into())
     };
     match err {
-        MigrateError::ExecuteMigration(e, version) => DbError::Migration {
-            version,
-            description: describe(version),
-            reason: e.to_string(),
-        },
+        MigrateError::ExecuteMigration(e, version) => {
+            DbError::Migration { version, description: describe(version), reason: e.to_string() }
+        }
         MigrateError::VersionMismatch(version) => DbError::Migration {
             version,
             description: describe(version),
-            reason:
-                "it was applied from a different file than this build ships (checksum mismatch)"
-                    .into(),
+            reason: "it was applied from a different file than this build ships (checksum mismatch)".into(),
         },
         MigrateError::Dirty(version) => DbError::Migration {
             version,
@@ -349,40 +288,23 @@ fn describe_migration_error(migrator: &Migrator, err: MigrateError) -> DbError {
         MigrateError::VersionMissing(version) => DbError::Migration {
             version,
             description: "unknown".into(),
-            reason:
-                "the database has a migration this build does not know; is it a newer Gatehouse?"
-                    .into(),
+            reason: "the database has a migration this build does not know; is it a newer Gatehouse?".into(),
         },
-        other => DbError::Migration {
-            version: 0,
-            description: "migrator".into(),
-            reason: other.to_string(),
-        },
+        other => DbError::Migration { version: 0, description: "migrator".into(), reason: other.to_string() },
     }
 }
 
 /// Adds `mode=rwc` so a missing file is created, and creates its folder.
 fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
-    let rest = url
-        .trim_start_matches("sqlite://")
-        .trim_start_matches("sqlite:");
+    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
     let (path, query) = rest.split_once('?').map_or((rest, ""), |(p, q)| (p, q));
-    if path != ":memory:"
-        && !path.is_empty()
-        && let Some(parent) = Path::new(path)
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
+    if path != ":memory:" && !path.is_empty()
+        && let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty())
     {
-        std::fs::create_dir_all(parent).map_err(|source| DbError::CreateDir {
-            path: parent.display().to_string(),
-            source,
-        })?;
+        std::fs::create_dir_all(parent)
+            .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
     }
-    let mut params: Vec<String> = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect();
+    let mut params: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
     if !params.iter().any(|p| p.starts_with("mode=")) {
         params.push("mode=rwc".into());
     }

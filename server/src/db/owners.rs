@@ -18,9 +18,7 @@ const OWNER_COLUMNS: &str = "id, login, display_name, password_hash, session_epo
 
 /// True once the first owner has been created. Stays true for good.
 pub async fn setup_completed(conn: &mut AnyConnection) -> Result<bool, DbError> {
-    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM setup_state")
-        .fetch_one(&mut *conn)
-        .await?;
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM setup_state").fetch_one(&mut *conn).await?;
     Ok(n > 0)
 }
 
@@ -69,32 +67,22 @@ pub async fn insert_owner(
     .fetch_optional(&mut *conn)
     .await
     .map_err(DbError::from)?;
-    let Some(id) = id else {
-        return Err(InsertOwnerError::LoginTaken);
-    };
+    let Some(id) = id else { return Err(InsertOwnerError::LoginTaken) };
     add_phones(conn, id, phones).await?;
     Ok(id)
 }
 
-async fn add_phones(
-    conn: &mut AnyConnection,
-    owner_id: i64,
-    phones: &[String],
-) -> Result<(), InsertOwnerError> {
+async fn add_phones(conn: &mut AnyConnection, owner_id: i64, phones: &[String]) -> Result<(), InsertOwnerError> {
     for phone in phones {
-        let res = sqlx::query(
-            "INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, $2, $3)",
-        )
-        .bind(phone)
-        .bind(owner_id)
-        .bind(now_ms())
-        .execute(&mut *conn)
-        .await;
+        let res = sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, $2, $3)")
+            .bind(phone)
+            .bind(owner_id)
+            .bind(now_ms())
+            .execute(&mut *conn)
+            .await;
         match res {
             Ok(_) => {}
-            Err(e) if is_unique_violation(&e) => {
-                return Err(InsertOwnerError::PhoneTaken(phone.clone()));
-            }
+            Err(e) if is_unique_violation(&e) => return Err(InsertOwnerError::PhoneTaken(phone.clone())),
             Err(e) => return Err(InsertOwnerError::Db(e.into())),
         }
     }
@@ -102,11 +90,7 @@ async fn add_phones(
 }
 
 /// Replaces an owner's numbers. Run inside a transaction.
-pub async fn replace_phones(
-    conn: &mut AnyConnection,
-    owner_id: i64,
-    phones: &[String],
-) -> Result<(), InsertOwnerError> {
+pub async fn replace_phones(conn: &mut AnyConnection, owner_id: i64, phones: &[String]) -> Result<(), InsertOwnerError> {
     sqlx::query("DELETE FROM owner_phones WHERE owner_id = $1")
         .bind(owner_id)
         .execute(&mut *conn)
@@ -122,65 +106,33 @@ pub async fn replace_phones(
     Ok(())
 }
 
-pub async fn find_by_login(
-    conn: &mut AnyConnection,
-    login: &str,
-) -> Result<Option<OwnerRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {OWNER_COLUMNS} FROM owners WHERE login = $1"
-    ))
-    .bind(login)
-    .fetch_optional(&mut *conn)
-    .await?)
+pub async fn find_by_login(conn: &mut AnyConnection, login: &str) -> Result<Option<OwnerRow>, DbError> {
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE login = $1")).bind(login).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn find_by_id(conn: &mut AnyConnection, id: i64) -> Result<Option<OwnerRow>, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
 pub async fn list(conn: &mut AnyConnection) -> Result<Vec<OwnerRow>, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners ORDER BY id"))
-            .fetch_all(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_as(&format!("SELECT {OWNER_COLUMNS} FROM owners ORDER BY id")).fetch_all(&mut *conn).await?)
 }
 
 pub async fn count(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM owners")
-        .fetch_one(&mut *conn)
-        .await?)
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM owners").fetch_one(&mut *conn).await?)
 }
 
 pub async fn phones_of(conn: &mut AnyConnection, owner_id: i64) -> Result<Vec<String>, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT phone FROM owner_phones WHERE owner_id = $1 ORDER BY phone")
-            .bind(owner_id)
-            .fetch_all(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_scalar("SELECT phone FROM owner_phones WHERE owner_id = $1 ORDER BY phone").bind(owner_id).fetch_all(&mut *conn).await?)
 }
 
 /// Every owner's WhatsApp number (E.164), for notices that go to all of them.
 pub async fn all_phones(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT phone FROM owner_phones ORDER BY phone")
-            .fetch_all(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_scalar("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?)
 }
 
 /// Sets a new password hash and voids every session of the owner.
-pub async fn set_password(
-    conn: &mut AnyConnection,
-    owner_id: i64,
-    password_hash: &str,
-) -> Result<bool, DbError> {
+pub async fn set_password(conn: &mut AnyConnection, owner_id: i64, password_hash: &str) -> Result<bool, DbError> {
     let done = sqlx::query(
         "UPDATE owners SET password_hash = $1, session_epoch = session_epoch + 1, updated_at = $2 WHERE id = $3",
     )
@@ -200,8 +152,5 @@ pub async fn owner_by_phone(conn: &mut AnyConnection, phone: &str) -> Result<Opt
         return Ok(None);
     }
     let sql = "SELECT owner_id FROM owner_phones WHERE phone = $1";
-    Ok(sqlx::query_scalar(sql)
-        .bind(format!("+{digits}"))
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_scalar(sql).bind(format!("+{digits}")).fetch_optional(&mut *conn).await?)
 }

@@ -34,13 +34,7 @@ pub struct NewSimMessage<'a> {
 /// Inserts a message unless one with its `message_id` is stored; returns whether it was new.
 pub async fn insert_once(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<bool, DbError> {
     let text = super::clean_text(m.text);
-    Ok(insert_with(
-        conn,
-        &NewSimMessage { text: &text, ..*m },
-        "ON CONFLICT (message_id) DO NOTHING",
-    )
-    .await?
-        == 1)
+    Ok(insert_with(conn, &NewSimMessage { text: &text, ..*m }, "ON CONFLICT (message_id) DO NOTHING").await? == 1)
 }
 
 pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
@@ -48,11 +42,7 @@ pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(
 }
 
 /// Inserts `m`, the statement ending with `on_conflict`; returns the rows inserted.
-async fn insert_with(
-    conn: &mut AnyConnection,
-    m: &NewSimMessage<'_>,
-    on_conflict: &str,
-) -> Result<u64, DbError> {
+async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflict: &str) -> Result<u64, DbError> {
     let sql = format!(
         "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) {on_conflict}"
@@ -90,12 +80,7 @@ pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSumma
 }
 
 /// One chat's messages, oldest first, with delivery states and trace links.
-pub async fn messages(
-    conn: &mut AnyConnection,
-    channel: &str,
-    chat_id: &str,
-    limit: i64,
-) -> Result<Vec<ChatMessage>, DbError> {
+pub async fn messages(conn: &mut AnyConnection, channel: &str, chat_id: &str, limit: i64) -> Result<Vec<ChatMessage>, DbError> {
     let sql = if channel == "simulator" {
         "SELECT direction, sender, text, message_id, state, NULL AS error_code, trace_id, at FROM simulator_messages WHERE chat_id = $1 ORDER BY id DESC LIMIT $2"
     } else {
@@ -106,11 +91,7 @@ pub async fn messages(
            SELECT 'out', 'bot', o.body, o.idempotency_key, o.state, o.error_code, NULL, o.created_at FROM whatsapp_outbound o WHERE o.recipient = $1 \
          ) AS m ORDER BY at DESC LIMIT $2"
     };
-    let mut out: Vec<ChatMessage> = sqlx::query_as(sql)
-        .bind(chat_id)
-        .bind(limit)
-        .fetch_all(conn)
-        .await?;
+    let mut out: Vec<ChatMessage> = sqlx::query_as(sql).bind(chat_id).bind(limit).fetch_all(conn).await?;
     out.reverse();
     Ok(out)
 }

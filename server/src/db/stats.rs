@@ -44,15 +44,6 @@ impl Measure {
 }
 
 /// `measure` per `bucket_ms` from `since_ms` on.
-pub async fn grouped(
-    conn: &mut AnyConnection,
-    measure: Measure,
-    since_ms: i64,
-    bucket_ms: i64,
-) -> Result<Vec<Group>, DbError> {
-    Ok(sqlx::query_as(measure.sql())
-        .bind(since_ms)
-        .bind(bucket_ms)
-        .fetch_all(conn)
-        .await?)
+pub async fn grouped(conn: &mut AnyConnection, measure: Measure, since_ms: i64, bucket_ms: i64) -> Result<Vec<Group>, DbError> {
+    Ok(sqlx::query_as(measure.sql()).bind(since_ms).bind(bucket_ms).fetch_all(conn).await?)
 }

@@ -28,10 +28,7 @@ const COLUMNS: &str = "at, tool, version, actor, chat_id, chat_type, decision, r
 /// Inserts rows with multi-row statements (bounded so binds stay within limits).
 pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<(), DbError> {
     for chunk in rows.chunks(200) {
-        let sql = format!(
-            "INSERT INTO tool_audit ({COLUMNS}) VALUES {}",
-            value_rows(chunk.len(), 13)
-        );
+        let sql = format!("INSERT INTO tool_audit ({COLUMNS}) VALUES {}", value_rows(chunk.len(), 13));
         let mut q = sqlx::query(&sql);
         for r in chunk {
             q = q
@@ -55,40 +52,18 @@ pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<
 }
 
 /// Newest first.
-pub async fn recent(
-    conn: &mut AnyConnection,
-    tool: Option<&str>,
-    limit: i64,
-) -> Result<Vec<AuditRow>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM tool_audit WHERE ($1 = '' OR tool = $1) ORDER BY id DESC LIMIT $2"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(tool.unwrap_or_default())
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?)
+pub async fn recent(conn: &mut AnyConnection, tool: Option<&str>, limit: i64) -> Result<Vec<AuditRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM tool_audit WHERE ($1 = '' OR tool = $1) ORDER BY id DESC LIMIT $2");
+    Ok(sqlx::query_as(&sql).bind(tool.unwrap_or_default()).bind(limit).fetch_all(&mut *conn).await?)
 }
 
 /// The tool calls made while a message was handled, in order.
 pub async fn of_trace(conn: &mut AnyConnection, trace_id: i64) -> Result<Vec<AuditRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM tool_audit WHERE trace_id = $1 ORDER BY id");
-    Ok(sqlx::query_as(&sql)
-        .bind(trace_id)
-        .fetch_all(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(trace_id).fetch_all(&mut *conn).await?)
 }
 
 /// Removes the audit rows of one correlation id (a benchmark's own calls); returns how many.
-pub async fn delete_correlation(
-    conn: &mut AnyConnection,
-    correlation_id: &str,
-) -> Result<u64, DbError> {
-    Ok(
-        sqlx::query("DELETE FROM tool_audit WHERE correlation_id = $1")
-            .bind(correlation_id)
-            .execute(conn)
-            .await?
-            .rows_affected(),
-    )
+pub async fn delete_correlation(conn: &mut AnyConnection, correlation_id: &str) -> Result<u64, DbError> {
+    Ok(sqlx::query("DELETE FROM tool_audit WHERE correlation_id = $1").bind(correlation_id).execute(conn).await?.rows_affected())
 }

@@ -32,42 +32,21 @@ pub async fn insert(conn: &mut AnyConnection, r: &StoredResult<'_>) -> Result<()
 
 /// The stored body, if the reference exists.
 pub async fn get(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT body FROM tool_results WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_scalar("SELECT body FROM tool_results WHERE id = $1").bind(id).fetch_optional(&mut *conn).await?)
 }
 
 /// The stored body, if the reference exists and belongs to `chat_id`.
-pub async fn get_for_chat(
-    conn: &mut AnyConnection,
-    id: &str,
-    chat_id: &str,
-) -> Result<Option<String>, DbError> {
+pub async fn get_for_chat(conn: &mut AnyConnection, id: &str, chat_id: &str) -> Result<Option<String>, DbError> {
     let sql = "SELECT body FROM tool_results WHERE id = $1 AND chat_id = $2";
-    Ok(sqlx::query_scalar(sql)
-        .bind(id)
-        .bind(chat_id)
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_scalar(sql).bind(id).bind(chat_id).fetch_optional(&mut *conn).await?)
 }
 
 /// Deletes the results stored before `before_ms`; how many.
 pub async fn delete_before(conn: &mut AnyConnection, before_ms: i64) -> Result<u64, DbError> {
-    Ok(
-        sqlx::query("DELETE FROM tool_results WHERE created_at < $1")
-            .bind(before_ms)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected(),
-    )
+    Ok(sqlx::query("DELETE FROM tool_results WHERE created_at < $1").bind(before_ms).execute(&mut *conn).await?.rows_affected())
 }
 
 /// How many results are stored.
 pub async fn count(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_results")
-        .fetch_one(&mut *conn)
-        .await?)
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_results").fetch_one(&mut *conn).await?)
 }

@@ -32,15 +32,7 @@ pub async fn start(conn: &mut AnyConnection, s: &NewSession<'_>) -> Result<i64, 
 
 /// Records step `index` (from 1) of session `id`; `depends_on` is the step whose result it was
 /// planned from.
-pub async fn step(
-    conn: &mut AnyConnection,
-    id: i64,
-    index: i64,
-    tool: &str,
-    status: &str,
-    reason_code: &str,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn step(conn: &mut AnyConnection, id: i64, index: i64, tool: &str, status: &str, reason_code: &str, now: i64) -> Result<(), DbError> {
     let depends_on = (index > 1).then_some(index - 1);
     sqlx::query("INSERT INTO tool_session_steps (session_id, step_index, tool, status, reason_code, depends_on, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
         .bind(id)
@@ -52,26 +44,11 @@ pub async fn step(
         .bind(now)
         .execute(&mut *conn)
         .await?;
-    sqlx::query("UPDATE tool_sessions SET step_count = $2, updated_at = $3 WHERE id = $1")
-        .bind(id)
-        .bind(index)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query("UPDATE tool_sessions SET step_count = $2, updated_at = $3 WHERE id = $1").bind(id).bind(index).bind(now).execute(&mut *conn).await?;
     Ok(())
 }
 
-pub async fn finish(
-    conn: &mut AnyConnection,
-    id: i64,
-    status: &str,
-    now: i64,
-) -> Result<(), DbError> {
-    sqlx::query("UPDATE tool_sessions SET status = $2, updated_at = $3 WHERE id = $1")
-        .bind(id)
-        .bind(status)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
+pub async fn finish(conn: &mut AnyConnection, id: i64, status: &str, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE tool_sessions SET status = $2, updated_at = $3 WHERE id = $1").bind(id).bind(status).bind(now).execute(&mut *conn).await?;
     Ok(())
 }

@@ -44,11 +44,7 @@ pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64),
             .fetch_optional(&mut *conn)
             .await?;
     if let Some((id,)) = earlier {
-        let (steps,): (i64,) =
-            sqlx::query_as("SELECT COUNT(*) FROM trace_steps WHERE trace_id = $1")
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?;
+        let (steps,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM trace_steps WHERE trace_id = $1").bind(id).fetch_one(&mut *conn).await?;
         return Ok((id, steps));
     }
     let (id,): (i64,) = sqlx::query_as(
@@ -71,12 +67,7 @@ pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64),
 }
 
 /// Writes a trace's steps from `first_seq` on and its final actor, route, outcome and duration.
-pub async fn finish(
-    conn: &mut AnyConnection,
-    t: &TraceRow,
-    first_seq: i64,
-    steps: &[Step],
-) -> Result<(), DbError> {
+pub async fn finish(conn: &mut AnyConnection, t: &TraceRow, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
     insert_steps(&mut *conn, t.id, first_seq, steps).await?;
     sqlx::query("UPDATE traces SET actor = $1, route = $2, outcome = $3, error_code = $4, duration_us = $5 WHERE id = $6")
         .bind(&t.actor)
@@ -91,29 +82,14 @@ pub async fn finish(
 }
 
 /// Writes `steps` of a running trace from `first_seq` on.
-pub async fn insert_steps(
-    conn: &mut AnyConnection,
-    trace_id: i64,
-    first_seq: i64,
-    steps: &[Step],
-) -> Result<(), DbError> {
+pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
     if steps.is_empty() {
         return Ok(());
     }
-    let sql = format!(
-        "INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}",
-        super::value_rows(steps.len(), 7)
-    );
+    let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(steps.len(), 7));
     let mut q = sqlx::query(&sql);
     for (i, s) in steps.iter().enumerate() {
-        q = q
-            .bind(trace_id)
-            .bind(first_seq + i as i64)
-            .bind(&s.step)
-            .bind(&s.decision)
-            .bind(&s.reason_code)
-            .bind(s.duration_us)
-            .bind(&s.detail);
+        q = q.bind(trace_id).bind(first_seq + i as i64).bind(&s.step).bind(&s.decision).bind(&s.reason_code).bind(s.duration_us).bind(&s.detail);
     }
     q.execute(conn).await?;
     Ok(())
@@ -133,11 +109,7 @@ pub struct TraceFilter {
 }
 
 /// Newest first.
-pub async fn list(
-    conn: &mut AnyConnection,
-    f: &TraceFilter,
-    limit: i64,
-) -> Result<Vec<TraceRow>, DbError> {
+pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<TraceRow>, DbError> {
     let sql = format!(
         "SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
          AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7"
@@ -154,18 +126,9 @@ pub async fn list(
         .await?)
 }
 
-pub async fn get(
-    conn: &mut AnyConnection,
-    id: i64,
-) -> Result<Option<(TraceRow, Vec<Step>)>, DbError> {
+pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, Vec<Step>)>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM traces WHERE id = $1");
-    let Some(trace) = sqlx::query_as(&sql)
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?
-    else {
-        return Ok(None);
-    };
+    let Some(trace) = sqlx::query_as(&sql).bind(id).fetch_optional(&mut *conn).await? else { return Ok(None) };
     let steps: Vec<Step> = sqlx::query_as("SELECT step, decision, reason_code, duration_us, detail FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
         .bind(id)
         .fetch_all(&mut *conn)
@@ -193,26 +156,15 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
 /// Appends `step` to a finished trace and marks the whole trace failed with the step's reason
 /// code: a reply the runtime gave that WhatsApp then refused or could not deliver, so the
 /// Traces page's outcome and error-code filters find it.
-pub async fn append_failure(
-    conn: &mut AnyConnection,
-    trace_id: i64,
-    step: &Step,
-) -> Result<(), DbError> {
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
     append_step(&mut *conn, trace_id, step).await?;
-    sqlx::query("UPDATE traces SET outcome = 'failed', error_code = $1 WHERE id = $2")
-        .bind(&step.reason_code)
-        .bind(trace_id)
-        .execute(conn)
-        .await?;
+    sqlx::query("UPDATE traces SET outcome = 'failed', error_code = $1 WHERE id = $2").bind(&step.reason_code).bind(trace_id).execute(conn).await?;
     Ok(())
 }
 
 /// The trace of the message whose reply went out as `outbound_wamid` (through the delivery
 /// ledger's job), if the runtime traced it.
-pub async fn trace_of_outbound(
-    conn: &mut AnyConnection,
-    outbound_wamid: &str,
-) -> Result<Option<i64>, DbError> {
+pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -> Result<Option<i64>, DbError> {
     let row: Option<(i64,)> = sqlx::query_as(
         "SELECT r.trace_id FROM whatsapp_outbound o JOIN jobs j ON j.id = o.job_id JOIN message_replies r ON r.message_id = j.message_id \
          WHERE o.wamid = $1",
@@ -224,19 +176,12 @@ pub async fn trace_of_outbound(
 }
 
 /// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit).
-pub async fn count_for_chat(
-    conn: &mut AnyConnection,
-    channel: &str,
-    chat_id: &str,
-    since_ms: i64,
-) -> Result<i64, DbError> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3",
-    )
-    .bind(chat_id)
-    .bind(channel)
-    .bind(since_ms)
-    .fetch_one(&mut *conn)
-    .await?;
+pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64) -> Result<i64, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3")
+        .bind(chat_id)
+        .bind(channel)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(n)
 }

@@ -53,11 +53,7 @@ const INBOUND_CHUNK: usize = 256;
 /// Stores inbound messages, one statement per chunk; the wamid's unique index is the dedupe.
 /// The result is aligned with `messages`: the id for each one stored now, `None` for a wamid
 /// stored before (by an earlier delivery, or by an earlier entry of `messages`).
-pub async fn insert_inbound_many(
-    conn: &mut AnyConnection,
-    messages: &[&NewInbound],
-    now: i64,
-) -> Result<Vec<Option<i64>>, DbError> {
+pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
         let sql = format!(
@@ -82,12 +78,7 @@ pub async fn insert_inbound_many(
                 .bind(m.sent_at)
                 .bind(now);
         }
-        let mut stored: std::collections::HashMap<String, i64> = q
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .map(|(id, wamid)| (wamid, id))
-            .collect();
+        let mut stored: std::collections::HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().map(|(id, wamid)| (wamid, id)).collect();
         // The first entry with a wamid took the row; `remove` leaves later ones `None`.
         out.extend(chunk.iter().map(|m| stored.remove(&clean_text(&m.wamid))));
     }
@@ -95,43 +86,21 @@ pub async fn insert_inbound_many(
 }
 
 pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?)
+    Ok(sqlx::query_as(&format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
-pub async fn inbound_by_wamid(
-    conn: &mut AnyConnection,
-    wamid: &str,
-) -> Result<Option<InboundRow>, DbError> {
+pub async fn inbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<InboundRow>, DbError> {
     let sql = format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound WHERE wamid = $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(wamid)
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(wamid).fetch_optional(&mut *conn).await?)
 }
 
 /// The most recent inbound messages, newest first.
-pub async fn recent_inbound(
-    conn: &mut AnyConnection,
-    limit: i64,
-) -> Result<Vec<InboundRow>, DbError> {
+pub async fn recent_inbound(conn: &mut AnyConnection, limit: i64) -> Result<Vec<InboundRow>, DbError> {
     let sql = format!("SELECT {INBOUND_COLUMNS} FROM whatsapp_inbound ORDER BY id DESC LIMIT $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(&mut *conn).await?)
 }
 
-pub async fn mark_inbound_processed(
-    conn: &mut AnyConnection,
-    id: i64,
-    outcome: &str,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn mark_inbound_processed(conn: &mut AnyConnection, id: i64, outcome: &str, now: i64) -> Result<(), DbError> {
     sqlx::query("UPDATE whatsapp_inbound SET processed_at = $1, outcome = $2 WHERE id = $3")
         .bind(now)
         .bind(outcome)
@@ -142,9 +111,7 @@ pub async fn mark_inbound_processed(
 }
 
 /// A delivery state. The rank orders them: a late "delivered" never overwrites "read".
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum DeliveryState {
@@ -237,11 +204,7 @@ const OUTBOUND_COLUMNS: &str = "id, idempotency_key, job_id, part, recipient, is
     send_started_at, error_code, error_message, created_at, updated_at, sent_at, delivered_at, read_at, failed_at";
 
 /// Reserves a ledger row for `m` (or finds the one an earlier attempt reserved) and returns it.
-pub async fn reserve_outbound(
-    conn: &mut AnyConnection,
-    m: &NewOutbound<'_>,
-    now: i64,
-) -> Result<OutboundRow, DbError> {
+pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now: i64) -> Result<OutboundRow, DbError> {
     sqlx::query(
         "INSERT INTO whatsapp_outbound (idempotency_key, job_id, part, recipient, is_group, kind, body, quoted_id, state, state_rank, \
          created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9) ON CONFLICT (idempotency_key) DO NOTHING",
@@ -262,54 +225,26 @@ pub async fn reserve_outbound(
         .ok_or_else(|| DbError::Sql(sqlx::Error::RowNotFound))
 }
 
-pub async fn outbound_by_key(
-    conn: &mut AnyConnection,
-    key: &str,
-) -> Result<Option<OutboundRow>, DbError> {
-    let sql =
-        format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?)
+pub async fn outbound_by_key(conn: &mut AnyConnection, key: &str) -> Result<Option<OutboundRow>, DbError> {
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
-pub async fn outbound_by_wamid(
-    conn: &mut AnyConnection,
-    wamid: &str,
-) -> Result<Option<OutboundRow>, DbError> {
+pub async fn outbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<Option<OutboundRow>, DbError> {
     let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE wamid = $1");
-    Ok(sqlx::query_as(&sql)
-        .bind(wamid)
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(wamid).fetch_optional(&mut *conn).await?)
 }
 
 /// Ledger rows of one job, in part order.
-pub async fn outbound_for_job(
-    conn: &mut AnyConnection,
-    job_id: i64,
-) -> Result<Vec<OutboundRow>, DbError> {
-    let sql =
-        format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id");
-    Ok(sqlx::query_as(&sql)
-        .bind(job_id)
-        .fetch_all(&mut *conn)
-        .await?)
+pub async fn outbound_for_job(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<OutboundRow>, DbError> {
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(job_id).fetch_all(&mut *conn).await?)
 }
 
 /// Ledger rows for one recipient, oldest first.
-pub async fn outbound_for_recipient(
-    conn: &mut AnyConnection,
-    recipient: &str,
-) -> Result<Vec<OutboundRow>, DbError> {
-    let sql = format!(
-        "SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE recipient = $1 ORDER BY id"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(recipient)
-        .fetch_all(&mut *conn)
-        .await?)
+pub async fn outbound_for_recipient(conn: &mut AnyConnection, recipient: &str) -> Result<Vec<OutboundRow>, DbError> {
+    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE recipient = $1 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(recipient).fetch_all(&mut *conn).await?)
 }
 
 /// Takes the send lease of a part and records that its send is about to go out: if the process
@@ -320,13 +255,7 @@ pub async fn outbound_for_recipient(
 /// unexpired lease on it (`token` may take its own lease again). Two runs of one job (a rescued
 /// lease, a second process) therefore never have the same part in flight; the loser gets
 /// `false` and must not send. A crashed sender's lease runs out at `lease_until`.
-pub async fn mark_sending(
-    conn: &mut AnyConnection,
-    id: i64,
-    token: &str,
-    now: i64,
-    lease_until: i64,
-) -> Result<bool, DbError> {
+pub async fn mark_sending(conn: &mut AnyConnection, id: i64, token: &str, now: i64, lease_until: i64) -> Result<bool, DbError> {
     let done = sqlx::query(
         "UPDATE whatsapp_outbound SET send_started_at = $1, send_token = $2, send_lease_until = $3, attempts = attempts + 1, updated_at = $1 \
          WHERE id = $4 AND state = 'queued' AND wamid IS NULL \
@@ -343,12 +272,7 @@ pub async fn mark_sending(
 
 /// Ends `token`'s send lease without a result (the request failed in transit): the part may or
 /// may not have gone out, so `send_started_at` stays, but the next attempt need not wait.
-pub async fn release_send(
-    conn: &mut AnyConnection,
-    id: i64,
-    token: &str,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn release_send(conn: &mut AnyConnection, id: i64, token: &str, now: i64) -> Result<(), DbError> {
     sqlx::query("UPDATE whatsapp_outbound SET send_lease_until = NULL, updated_at = $1 WHERE id = $2 AND send_token = $3")
         .bind(now)
         .bind(id)
@@ -359,12 +283,7 @@ pub async fn release_send(
 }
 
 /// Meta accepted the message. A status callback that arrived first may already have moved it on.
-pub async fn mark_sent(
-    conn: &mut AnyConnection,
-    id: i64,
-    wamid: &str,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, error_code = NULL, error_message = NULL, \
          updated_at = $2, state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
@@ -380,14 +299,7 @@ pub async fn mark_sent(
 
 /// A send that Meta answered with an error: it did not go out. `failed` ends the row; otherwise
 /// it stays queued for the next attempt.
-pub async fn mark_send_failed(
-    conn: &mut AnyConnection,
-    id: i64,
-    code: &str,
-    message: &str,
-    failed: bool,
-    now: i64,
-) -> Result<(), DbError> {
+pub async fn mark_send_failed(conn: &mut AnyConnection, id: i64, code: &str, message: &str, failed: bool, now: i64) -> Result<(), DbError> {
     let message: String = clean_text(message).chars().take(500).collect();
     let sql = if failed {
         "UPDATE whatsapp_outbound SET send_started_at = NULL, send_lease_until = NULL, error_code = $1, error_message = $2, updated_at = $3, \
@@ -395,13 +307,7 @@ pub async fn mark_send_failed(
     } else {
         "UPDATE whatsapp_outbound SET send_started_at = NULL, send_lease_until = NULL, error_code = $1, error_message = $2, updated_at = $3 WHERE id = $4"
     };
-    sqlx::query(sql)
-        .bind(code)
-        .bind(message)
-        .bind(now)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(sql).bind(code).bind(message).bind(now).bind(id).execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -419,11 +325,7 @@ pub struct StatusUpdate {
 
 /// Applies a status callback. Returns whether a ledger row changed; callbacks for messages not in
 /// the ledger and ones that would move a message backwards change nothing.
-pub async fn apply_status(
-    conn: &mut AnyConnection,
-    s: &StatusUpdate,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate, now: i64) -> Result<bool, DbError> {
     if let Some(key) = &s.opaque {
         // The send went out but the sender died before recording it: the callback tells us.
         sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, updated_at = $2 \
@@ -446,11 +348,7 @@ pub async fn apply_status(
         .bind(now)
         .bind(s.at)
         .bind(s.error_code.as_deref().map(clean_text))
-        .bind(
-            s.error_message
-                .as_deref()
-                .map(|m| clean_text(m).chars().take(500).collect::<String>()),
-        )
+        .bind(s.error_message.as_deref().map(|m| clean_text(m).chars().take(500).collect::<String>()))
         .bind(clean_text(&s.wamid))
         .execute(&mut *conn)
         .await?;
@@ -460,13 +358,7 @@ pub async fn apply_status(
 /// Claims the notice `kind` for `chat_id`: true when it was last sent before `not_since` (or
 /// never). Run it in the transaction that records the message's reply, so a retried message
 /// finds its reply recorded and does not claim again.
-pub async fn claim_notice(
-    conn: &mut AnyConnection,
-    chat_id: &str,
-    kind: &str,
-    not_since: i64,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn claim_notice(conn: &mut AnyConnection, chat_id: &str, kind: &str, not_since: i64, now: i64) -> Result<bool, DbError> {
     let updated = sqlx::query("UPDATE whatsapp_notices SET job_id = 0, sent_at = $1 WHERE chat_id = $2 AND kind = $3 AND sent_at < $4")
         .bind(now)
         .bind(chat_id)

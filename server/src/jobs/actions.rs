@@ -26,45 +26,19 @@ pub struct ByOwner<'a> {
 
 /// Applies `action` to job `id`. `Ok(false)` when the job's state does not allow it (or there is
 /// no such job): nothing changed.
-pub async fn apply(
-    queue: &JobQueue,
-    action: JobAction,
-    id: i64,
-    by: ByOwner<'_>,
-) -> Result<bool, DbError> {
+pub async fn apply(queue: &JobQueue, action: JobAction, id: i64, by: ByOwner<'_>) -> Result<bool, DbError> {
     let now = db::now_ms();
     let mut tx = queue.db().begin_write().await?;
     let (changed, event) = match action {
-        JobAction::Retry => (
-            store::retry_now(&mut tx, id, now).await?,
-            audit::event::JOB_RETRY,
-        ),
-        JobAction::Cancel => (
-            store::cancel(&mut tx, id, "cancelled by an owner", now).await?,
-            audit::event::JOB_CANCEL,
-        ),
+        JobAction::Retry => (store::retry_now(&mut tx, id, now).await?, audit::event::JOB_RETRY),
+        JobAction::Cancel => (store::cancel(&mut tx, id, "cancelled by an owner", now).await?, audit::event::JOB_CANCEL),
     };
     if !changed {
         return Ok(false);
     }
     let detail = serde_json::json!({ "job_id": id });
-    audit::record(
-        &mut tx,
-        AuditEntry {
-            owner_id: Some(by.owner_id),
-            ip: Some(by.ip),
-            event,
-            detail: Some(detail),
-            ..Default::default()
-        },
-    )
-    .await?;
+    audit::record(&mut tx, AuditEntry { owner_id: Some(by.owner_id), ip: Some(by.ip), event, detail: Some(detail), ..Default::default() }).await?;
     queue.commit(tx).await?;
-    tracing::info!(
-        owner.id = by.owner_id,
-        job.id = id,
-        action = event,
-        "owner changed a job"
-    );
+    tracing::info!(owner.id = by.owner_id, job.id = id, action = event, "owner changed a job");
     Ok(true)
 }

@@ -23,14 +23,8 @@ pub struct EchoHandler;
 impl Handler<Echo> for EchoHandler {
     async fn run(&self, args: Echo, _ctx: &JobContext) -> Result<JobOutput, JobError> {
         if let Some(reason) = args.fail_with {
-            return Err(JobError::permanent(
-                "JOB_ECHO_FAILED",
-                reason.chars().take(200).collect::<String>(),
-            ));
+            return Err(JobError::permanent("JOB_ECHO_FAILED", reason.chars().take(200).collect::<String>()));
         }
-        Ok(JobOutput {
-            preview: Some(args.message.chars().take(200).collect()),
-            snooze: None,
-        })
+        Ok(JobOutput { preview: Some(args.message.chars().take(200).collect()), snooze: None })
     }
 }

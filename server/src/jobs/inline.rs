@@ -31,44 +31,19 @@ pub async fn claim(db: &Db, id: i64, lease: Duration) -> Result<Option<Claimed>,
 
 /// Records how the run ended: completed, retried with backoff, or discarded. A lease lost
 /// meanwhile (rescued after a stall) leaves the job to its new holder.
-pub async fn finish(
-    db: &Db,
-    claimed: &Claimed,
-    result: &Result<JobOutput, JobError>,
-) -> Result<(), DbError> {
+pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobError>) -> Result<(), DbError> {
     let now = db::now_ms();
     let job = &claimed.job;
     let mut tx = db.begin_write().await?;
     match result {
         Ok(out) => {
-            store::complete(
-                &mut tx,
-                &[Finished {
-                    id: job.id,
-                    attempt: job.attempt,
-                    preview: out.preview.clone(),
-                }],
-                &claimed.owner,
-                now,
-            )
-            .await?;
+            store::complete(&mut tx, &[Finished { id: job.id, attempt: job.attempt, preview: out.preview.clone() }], &claimed.owner, now).await?;
         }
         Err(e) => {
             let defaults = crate::config::JobSettings::default();
             let wait = retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max);
             let at = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
-            store::fail(
-                &mut tx,
-                job.id,
-                job.attempt,
-                &claimed.owner,
-                &e.code,
-                &e.message,
-                e.retryable,
-                at,
-                now,
-            )
-            .await?;
+            store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
         }
     }
     tx.commit().await?;
@@ -83,8 +58,7 @@ pub fn keep_alive(db: Db, claimed: &Claimed, lease: Duration) -> tokio::task::Jo
         let every = (lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
-            let until =
-                db::now_ms().saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+            let until = db::now_ms().saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
             let renewed = async {
                 let mut conn = db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &[id], &owner, until).await

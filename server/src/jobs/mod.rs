@@ -28,9 +28,7 @@ pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 
 /// Stable error codes, each with one string form.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum JobCode {
     #[strum(serialize = "JOB_KIND_UNKNOWN")]
     KindUnknown,
@@ -63,10 +61,7 @@ pub struct JobContext {
 impl JobContext {
     /// What is left of this run's budget, less `reserve` kept for what comes after.
     pub fn deadline_before(&self, reserve: Duration) -> tokio::time::Instant {
-        self.deadline
-            .checked_sub(reserve)
-            .unwrap_or_else(tokio::time::Instant::now)
-            .max(tokio::time::Instant::now())
+        self.deadline.checked_sub(reserve).unwrap_or_else(tokio::time::Instant::now).max(tokio::time::Instant::now())
     }
 
     /// The same for every attempt of this job: the key for making effects happen once.
@@ -76,12 +71,8 @@ impl JobContext {
 
     /// Decodes the job's args; undecodable args are a permanent failure.
     pub fn args<T: DeserializeOwned>(&self) -> Result<T, JobError> {
-        serde_json::from_str(&self.job.args).map_err(|e| {
-            JobError::permanent(
-                JobCode::ArgsInvalid.as_str(),
-                format!("args do not decode: {e}"),
-            )
-        })
+        serde_json::from_str(&self.job.args)
+            .map_err(|e| JobError::permanent(JobCode::ArgsInvalid.as_str(), format!("args do not decode: {e}")))
     }
 }
 
@@ -106,19 +97,11 @@ pub struct JobError {
 
 impl JobError {
     pub fn retryable(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-            retryable: true,
-        }
+        Self { code: code.into(), message: message.into(), retryable: true }
     }
 
     pub fn permanent(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-            retryable: false,
-        }
+        Self { code: code.into(), message: message.into(), retryable: false }
     }
 }
 
@@ -185,9 +168,7 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry")
-            .field("kinds", &self.handlers.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("Registry").field("kinds", &self.handlers.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -207,11 +188,7 @@ impl Registry {
     }
 
     /// Registers `handler` for jobs of kind `K`, each run stopped after `budget`.
-    pub fn handle_within<K: JobKind>(
-        &mut self,
-        handler: Arc<dyn Handler<K>>,
-        budget: Duration,
-    ) -> &mut Self {
+    pub fn handle_within<K: JobKind>(&mut self, handler: Arc<dyn Handler<K>>, budget: Duration) -> &mut Self {
         self.budgets.insert(K::KIND.to_string(), budget);
         self.handle(handler)
     }

@@ -36,12 +36,7 @@ impl JobQueue {
     }
 
     pub fn with_settings(db: Db, settings: &JobSettings) -> Self {
-        Self {
-            db,
-            wake: Arc::new(Notify::new()),
-            queue: settings.queue.clone(),
-            max_attempts: i64::from(settings.default_max_attempts.max(1)),
-        }
+        Self { db, wake: Arc::new(Notify::new()), queue: settings.queue.clone(), max_attempts: i64::from(settings.default_max_attempts.max(1)) }
     }
 
     /// A job of kind `K` with these args, on this deployment's queue with its attempt count and
@@ -80,45 +75,25 @@ impl JobQueue {
 
     /// Enqueues inside the caller's transaction; finish it with [`JobQueue::commit`], which
     /// wakes this process's workers once the job is visible.
-    pub async fn enqueue_in(
-        &self,
-        conn: &mut AnyConnection,
-        job: &NewJob,
-    ) -> Result<Enqueued, DbError> {
+    pub async fn enqueue_in(&self, conn: &mut AnyConnection, job: &NewJob) -> Result<Enqueued, DbError> {
         let enqueued = store::enqueue(conn, &self.defaults(job), db::now_ms()).await?;
         if !enqueued.deduplicated && self.db.backend == Backend::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(NOTIFY_CHANNEL)
-                .bind(&enqueued.job.queue)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(&enqueued.job.queue).execute(&mut *conn).await?;
         }
         Ok(enqueued)
     }
 
     /// [`JobQueue::enqueue_in`] for many jobs at once, with a few statements instead of several
     /// per job. The result is aligned with `jobs`.
-    pub async fn enqueue_many_in(
-        &self,
-        conn: &mut AnyConnection,
-        jobs: &[NewJob],
-    ) -> Result<Vec<Enqueued>, DbError> {
+    pub async fn enqueue_many_in(&self, conn: &mut AnyConnection, jobs: &[NewJob]) -> Result<Vec<Enqueued>, DbError> {
         let jobs: Vec<NewJob> = jobs.iter().map(|j| self.defaults(j)).collect();
         let enqueued = store::enqueue_many(conn, &jobs, db::now_ms()).await?;
         if self.db.backend == Backend::Postgres {
-            let mut queues: Vec<&str> = enqueued
-                .iter()
-                .filter(|e| !e.deduplicated)
-                .map(|e| e.job.queue.as_str())
-                .collect();
+            let mut queues: Vec<&str> = enqueued.iter().filter(|e| !e.deduplicated).map(|e| e.job.queue.as_str()).collect();
             queues.sort_unstable();
             queues.dedup();
             for queue in queues {
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(NOTIFY_CHANNEL)
-                    .bind(queue)
-                    .execute(&mut *conn)
-                    .await?;
+                sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(queue).execute(&mut *conn).await?;
             }
         }
         Ok(enqueued)

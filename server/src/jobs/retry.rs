@@ -22,15 +22,9 @@ mod tests {
         let max = Duration::from_secs(60);
         for _ in 0..100 {
             let first = backoff(1, base, max);
-            assert!(
-                first >= Duration::from_millis(800) && first <= Duration::from_millis(1200),
-                "{first:?}"
-            );
+            assert!(first >= Duration::from_millis(800) && first <= Duration::from_millis(1200), "{first:?}");
             let third = backoff(3, base, max);
-            assert!(
-                third >= Duration::from_millis(3200) && third <= Duration::from_millis(4800),
-                "{third:?}"
-            );
+            assert!(third >= Duration::from_millis(3200) && third <= Duration::from_millis(4800), "{third:?}");
             assert!(backoff(30, base, max) <= max);
         }
     }

@@ -33,11 +33,7 @@ pub struct OfferTo {
 /// offer and are left out.
 pub fn resolve<S: AsRef<str>>(catalog: &Catalog, names: &[S]) -> Vec<Arc<ToolDef>> {
     let mut seen = std::collections::BTreeSet::new();
-    names
-        .iter()
-        .filter(|n| seen.insert(n.as_ref().to_string()))
-        .filter_map(|n| catalog.get(n.as_ref()))
-        .collect()
+    names.iter().filter(|n| seen.insert(n.as_ref().to_string())).filter_map(|n| catalog.get(n.as_ref())).collect()
 }
 
 /// Whether `tool` may be offered to `actor` in `chat` at all: enabled, not owner-only (nor an
@@ -47,8 +43,7 @@ pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSet
     let spec = &tool.spec;
     let customer = actor == Role::Customer;
     spec.enabled
-        && !(customer
-            && (spec.audience == Audience::OwnerOnly || spec.operation == Operation::Admin))
+        && !(customer && (spec.audience == Audience::OwnerOnly || spec.operation == Operation::Admin))
         && spec.chat_types.contains(&chat)
         && super::validator::risk_allowed(spec.risk, actor, settings)
         && spec.name != settings.respond_tool
@@ -58,16 +53,8 @@ pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSet
 /// The planner's view of `tools` for `to`: each offerable tool once, described by
 /// `settings.tool_description`, with the schema a call must satisfy minus managed and secret
 /// fields.
-pub fn tool_specs(
-    tools: &[Arc<ToolDef>],
-    to: OfferTo,
-    settings: &LaneSettings,
-) -> Vec<llm::ToolSpec> {
-    let skipped: Vec<&str> = tools
-        .iter()
-        .filter(|t| !offerable(t, to.actor, to.chat, settings))
-        .map(|t| t.spec.name.as_str())
-        .collect();
+pub fn tool_specs(tools: &[Arc<ToolDef>], to: OfferTo, settings: &LaneSettings) -> Vec<llm::ToolSpec> {
+    let skipped: Vec<&str> = tools.iter().filter(|t| !offerable(t, to.actor, to.chat, settings)).map(|t| t.spec.name.as_str()).collect();
     if !skipped.is_empty() {
         tracing::debug!(event = "AgentToolAdapterSkipped", skipped = ?skipped, actor = to.actor.as_str(), "candidates not offered to this actor");
     }
@@ -81,15 +68,8 @@ pub fn tool_specs(
             let input_schema = model_schema(t);
             // Anthropic only (see `ChatModel::supports_strict_tools`), and only for schemas our
             // own configuration wrote inside the strict subset: MCP schemas are the servers'.
-            let strict = to.strict_supported
-                && t.spec.provider != Provider::Mcp
-                && strict_compatible(&input_schema);
-            llm::ToolSpec {
-                name: t.spec.name.clone(),
-                description: description(t, &settings.tool_description),
-                input_schema,
-                strict,
-            }
+            let strict = to.strict_supported && t.spec.provider != Provider::Mcp && strict_compatible(&input_schema);
+            llm::ToolSpec { name: t.spec.name.clone(), description: description(t, &settings.tool_description), input_schema, strict }
         })
         .collect()
 }
@@ -98,28 +78,15 @@ pub fn tool_specs(
 /// `{when_not_to_use}` filled in; a line whose placeholders are all empty is dropped.
 pub fn description(tool: &ToolDef, template: &str) -> String {
     let spec = &tool.spec;
-    let fields = [
-        ("{title}", spec.title.trim()),
-        ("{description}", spec.description.trim()),
-        ("{when_to_use}", spec.when_to_use.trim()),
-        ("{when_not_to_use}", spec.when_not_to_use.trim()),
-    ];
+    let fields = [("{title}", spec.title.trim()), ("{description}", spec.description.trim()), ("{when_to_use}", spec.when_to_use.trim()), ("{when_not_to_use}", spec.when_not_to_use.trim())];
     template
         .trim()
         .lines()
         .filter(|line| {
-            let used: Vec<&str> = fields
-                .iter()
-                .filter(|(k, _)| line.contains(k))
-                .map(|(_, v)| *v)
-                .collect();
+            let used: Vec<&str> = fields.iter().filter(|(k, _)| line.contains(k)).map(|(_, v)| *v).collect();
             used.is_empty() || used.iter().any(|v| !v.is_empty())
         })
-        .map(|line| {
-            fields
-                .iter()
-                .fold(line.to_string(), |acc, (k, v)| acc.replace(k, v))
-        })
+        .map(|line| fields.iter().fold(line.to_string(), |acc, (k, v)| acc.replace(k, v)))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -128,9 +95,7 @@ pub fn description(tool: &ToolDef, template: &str) -> String {
 /// secret fields, which Gatehouse fills and the model must never see or supply.
 pub fn model_schema(tool: &ToolDef) -> Value {
     let spec = &tool.spec;
-    let hidden = |name: &str| {
-        spec.managed_fields.iter().any(|f| f == name) || spec.secret_fields.contains_key(name)
-    };
+    let hidden = |name: &str| spec.managed_fields.iter().any(|f| f == name) || spec.secret_fields.contains_key(name);
     let mut schema = tool.closed_input_schema.clone();
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         props.retain(|name, _| !hidden(name));
@@ -148,40 +113,12 @@ pub fn model_schema(tool: &ToolDef) -> Value {
 /// cannot vouch for); a schema using any of them is sent without `strict`. Conservative on
 /// purpose: leaving `strict` off costs nothing, since the checkpoint validates every call.
 const NOT_STRICT: [&str; 19] = [
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "multipleOf",
-    "minLength",
-    "maxLength",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "pattern",
-    "patternProperties",
-    "allOf",
-    "oneOf",
-    "not",
-    "if",
-    "$ref",
-    "$dynamicRef",
-    "dependentSchemas",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "maxItems", "minProperties", "maxProperties",
+    "pattern", "patternProperties", "allOf", "oneOf", "not", "if", "$ref", "$dynamicRef", "dependentSchemas",
 ];
 
 /// Formats strict tool use accepts.
-const STRICT_FORMATS: [&str; 10] = [
-    "date-time",
-    "time",
-    "date",
-    "duration",
-    "email",
-    "hostname",
-    "uri",
-    "ipv4",
-    "ipv6",
-    "uuid",
-];
+const STRICT_FORMATS: [&str; 10] = ["date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"];
 
 /// Whether `schema` stays inside the strict subset: every object closed
 /// (`additionalProperties: false`), no unsupported keyword, `minItems` at most 1, only common
@@ -192,30 +129,16 @@ pub fn strict_compatible(schema: &Value) -> bool {
             return false;
         }
         match value {
-            Value::Object(map) => {
-                object_ok(map)
-                    && map.iter().all(|(k, v)| {
-                        k == "enum"
-                            || k == "const"
-                            || k == "default"
-                            || k == "examples"
-                            || walk(v, depth + 1)
-                    })
-            }
+            Value::Object(map) => object_ok(map) && map.iter().all(|(k, v)| k == "enum" || k == "const" || k == "default" || k == "examples" || walk(v, depth + 1)),
             Value::Array(items) => items.iter().all(|v| walk(v, depth + 1)),
             _ => true,
         }
     }
     fn object_ok(map: &Map<String, Value>) -> bool {
-        let is_object =
-            map.get("type").is_some_and(|t| t == "object") || map.contains_key("properties");
+        let is_object = map.get("type").is_some_and(|t| t == "object") || map.contains_key("properties");
         !NOT_STRICT.iter().any(|k| map.contains_key(*k))
-            && map
-                .get("minItems")
-                .is_none_or(|n| n.as_u64().is_some_and(|n| n <= 1))
-            && map
-                .get("format")
-                .is_none_or(|f| f.as_str().is_some_and(|f| STRICT_FORMATS.contains(&f)))
+            && map.get("minItems").is_none_or(|n| n.as_u64().is_some_and(|n| n <= 1))
+            && map.get("format").is_none_or(|f| f.as_str().is_some_and(|f| STRICT_FORMATS.contains(&f)))
             && (!is_object || map.get("additionalProperties") == Some(&Value::Bool(false)))
     }
     walk(schema, 0)
@@ -307,95 +230,31 @@ input_schema = { type = "object" }
     #[test]
     fn customers_get_public_enabled_tools_within_their_ceiling_only() {
         let catalog = catalog();
-        let all = resolve(
-            &catalog,
-            &[
-                "lookup_order",
-                "owner_stats",
-                "wipe",
-                "off",
-                "risky",
-                "nope",
-                "lookup_order",
-            ],
-        );
+        let all = resolve(&catalog, &["lookup_order", "owner_stats", "wipe", "off", "risky", "nope", "lookup_order"]);
         assert_eq!(all.len(), 5, "unknown left out, duplicates once");
-        let customer = OfferTo {
-            actor: Role::Customer,
-            chat: ChatKind::Direct,
-            strict_supported: true,
-        };
-        assert_eq!(
-            names(&tool_specs(&all, customer, &settings())),
-            ["lookup_order"],
-            "no owner-only, admin, disabled or above-ceiling tool"
-        );
-        let owner = OfferTo {
-            actor: Role::Owner,
-            ..customer
-        };
-        assert_eq!(
-            names(&tool_specs(&all, owner, &settings())),
-            ["lookup_order", "owner_stats", "wipe", "risky"]
-        );
-        let group = OfferTo {
-            chat: ChatKind::Group,
-            ..owner
-        };
-        assert!(
-            !names(&tool_specs(&all, group, &settings())).contains(&"risky"),
-            "chat types apply"
-        );
-        let clash = LaneSettings {
-            respond_tool: "lookup_order".into(),
-            ..settings()
-        };
-        assert!(
-            tool_specs(&all, customer, &clash).is_empty(),
-            "a tool named like the respond tool is never offered"
-        );
+        let customer = OfferTo { actor: Role::Customer, chat: ChatKind::Direct, strict_supported: true };
+        assert_eq!(names(&tool_specs(&all, customer, &settings())), ["lookup_order"], "no owner-only, admin, disabled or above-ceiling tool");
+        let owner = OfferTo { actor: Role::Owner, ..customer };
+        assert_eq!(names(&tool_specs(&all, owner, &settings())), ["lookup_order", "owner_stats", "wipe", "risky"]);
+        let group = OfferTo { chat: ChatKind::Group, ..owner };
+        assert!(!names(&tool_specs(&all, group, &settings())).contains(&"risky"), "chat types apply");
+        let clash = LaneSettings { respond_tool: "lookup_order".into(), ..settings() };
+        assert!(tool_specs(&all, customer, &clash).is_empty(), "a tool named like the respond tool is never offered");
     }
 
     #[test]
     fn schema_without_managed_or_secret_fields_and_description_from_config() {
         let catalog = catalog();
         let tools = resolve(&catalog, &["lookup_order", "owner_stats"]);
-        let owner = OfferTo {
-            actor: Role::Owner,
-            chat: ChatKind::Direct,
-            strict_supported: true,
-        };
+        let owner = OfferTo { actor: Role::Owner, chat: ChatKind::Direct, strict_supported: true };
         let specs = tool_specs(&tools, owner, &settings());
         let order = &specs[0];
-        assert_eq!(
-            order.input_schema,
-            json!({"type": "object", "additionalProperties": false, "required": ["order_id"], "properties": {"order_id": {"type": "string"}}})
-        );
-        assert_eq!(
-            order.description,
-            "Order lookup: Finds an order by its number.\nUse when: The person gives an order number.",
-            "the empty line is left out"
-        );
-        assert!(
-            order.strict,
-            "a built-in schema in the strict subset, for a provider that supports it"
-        );
+        assert_eq!(order.input_schema, json!({"type": "object", "additionalProperties": false, "required": ["order_id"], "properties": {"order_id": {"type": "string"}}}));
+        assert_eq!(order.description, "Order lookup: Finds an order by its number.\nUse when: The person gives an order number.", "the empty line is left out");
+        assert!(order.strict, "a built-in schema in the strict subset, for a provider that supports it");
         assert!(!specs[1].strict, "maxLength is outside the strict subset");
-        let openai = OfferTo {
-            strict_supported: false,
-            ..owner
-        };
-        assert!(
-            tool_specs(&tools, openai, &settings())
-                .iter()
-                .all(|s| !s.strict),
-            "never strict where the provider does not support it"
-        );
-        assert!(
-            !strict_compatible(
-                &json!({"type": "object", "properties": {"a": {"type": "object"}}, "additionalProperties": false})
-            ),
-            "every object must be closed"
-        );
+        let openai = OfferTo { strict_supported: false, ..owner };
+        assert!(tool_specs(&tools, openai, &settings()).iter().all(|s| !s.strict), "never strict where the provider does not support it");
+        assert!(!strict_compatible(&json!({"type": "object", "properties": {"a": {"type": "object"}}, "additionalProperties": false})), "every object must be closed");
     }
 }

@@ -50,67 +50,34 @@ impl std::fmt::Debug for ContextStore {
     }
 }
 
+
 impl ContextStore {
     pub fn new(db: Db, queue: JobQueue, settings: Arc<Settings>) -> Self {
-        Self {
-            db,
-            queue,
-            settings,
-        }
+        Self { db, queue, settings }
     }
 
     /// Keeps the summarised result of `job`'s call for its chat; true when a new context was
     /// stored. Calls asked for in the console (no chat) and private-data tools keep nothing;
     /// `pii_fields` (the audit's) and secret-named fields are replaced in the preview.
-    pub async fn keep(
-        &self,
-        job: &ToolCallJob,
-        correlation_id: &str,
-        tool: &ToolDef,
-        output: &Value,
-        summary: &str,
-        pii_fields: &[String],
-    ) -> Result<bool, DbError> {
+    pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<bool, DbError> {
         let lane = &self.settings.lane;
-        if !approvals::is_chat(&job.reply_to.channel)
-            || tool
-                .spec
-                .tags
-                .iter()
-                .any(|t| lane.private_data_tags.contains(t))
-        {
+        if !approvals::is_chat(&job.reply_to.channel) || tool.spec.tags.iter().any(|t| lane.private_data_tags.contains(t)) {
             return Ok(false);
         }
         let mut args = job.args.clone();
         if let Value::Object(map) = &mut args {
-            map.retain(|k, _| {
-                !tool.spec.managed_fields.contains(k) && !tool.spec.secret_fields.contains_key(k)
-            });
+            map.retain(|k, _| !tool.spec.managed_fields.contains(k) && !tool.spec.secret_fields.contains_key(k));
         }
         redact::redact(&mut args);
         let args = canonical_json(&args);
         let mut shown = output.clone();
         redact::redact(&mut shown);
         redact::redact_named(&mut shown, pii_fields, redact::PII_REDACTED);
-        let preview: String = canonical_json(&shown)
-            .chars()
-            .take(lane.context_preview_chars as usize)
-            .collect();
-        let found = Found::of(
-            &shown,
-            &lane.context_entity_fields,
-            lane.context_max_entities as usize,
-            lane.max_sources as usize,
-        );
+        let preview: String = canonical_json(&shown).chars().take(lane.context_preview_chars as usize).collect();
+        let found = Found::of(&shown, &lane.context_entity_fields, lane.context_max_entities as usize, lane.max_sources as usize);
         let source_key = {
             let mut h = Sha256::new();
-            for part in [
-                job.reply_to.channel.as_str(),
-                job.reply_to.chat_id.as_str(),
-                tool.spec.name.as_str(),
-                args.as_str(),
-                correlation_id,
-            ] {
+            for part in [job.reply_to.channel.as_str(), job.reply_to.chat_id.as_str(), tool.spec.name.as_str(), args.as_str(), correlation_id] {
                 h.update(part.as_bytes());
                 h.update([0]);
             }
@@ -123,10 +90,7 @@ impl ContextStore {
             chat_id: job.reply_to.chat_id.clone(),
             tool: tool.spec.name.clone(),
             args,
-            summary: summary
-                .chars()
-                .take(lane.summary_max_chars as usize)
-                .collect(),
+            summary: summary.chars().take(lane.summary_max_chars as usize).collect(),
             preview,
             sources: serde_json::to_string(&found.sources).unwrap_or_else(|_| "[]".into()),
             citations: serde_json::to_string(&found.citations).unwrap_or_else(|_| "[]".into()),
@@ -152,14 +116,7 @@ impl ContextStore {
     pub async fn recent(&self, channel: &str, chat_id: &str) -> Result<Recent, DbError> {
         let now = db::now_ms();
         let mut conn = self.db.pool.acquire().await?;
-        let rows = store::recent(
-            &mut conn,
-            channel,
-            chat_id,
-            now,
-            i64::from(self.settings.lane.contexts_per_chat),
-        )
-        .await?;
+        let rows = store::recent(&mut conn, channel, chat_id, now, i64::from(self.settings.lane.contexts_per_chat)).await?;
         let expired = store::has_expired(&mut conn, channel, chat_id, now).await?;
         let contexts = rows
             .into_iter()
@@ -204,35 +161,16 @@ impl Found {
         found
     }
 
-    fn walk(
-        &mut self,
-        value: &Value,
-        key: Option<&str>,
-        fields: &[String],
-        max_entities: usize,
-        max_sources: usize,
-    ) {
+    fn walk(&mut self, value: &Value, key: Option<&str>, fields: &[String], max_entities: usize, max_sources: usize) {
         match value {
             Value::Object(map) => {
-                let text = |names: &[&str]| {
-                    names
-                        .iter()
-                        .find_map(|n| map.get(*n).and_then(Value::as_str))
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                };
+                let text = |names: &[&str]| names.iter().find_map(|n| map.get(*n).and_then(Value::as_str)).map(str::trim).filter(|t| !t.is_empty());
                 if let (Some(title), Some(url)) = (text(&TITLE_FIELDS), text(&LINK_FIELDS))
                     && (url.starts_with("https://") || url.starts_with("http://"))
                     && self.citations.len() < max_entities
-                    && !self
-                        .citations
-                        .iter()
-                        .any(|c| c.url == url && c.title == title)
+                    && !self.citations.iter().any(|c| c.url == url && c.title == title)
                 {
-                    self.citations.push(Citation {
-                        title: title.chars().take(ENTITY_MAX_CHARS).collect(),
-                        url: url.to_string(),
-                    });
+                    self.citations.push(Citation { title: title.chars().take(ENTITY_MAX_CHARS).collect(), url: url.to_string() });
                 }
                 for (k, v) in map {
                     self.walk(v, Some(k), fields, max_entities, max_sources);
@@ -251,10 +189,7 @@ impl Found {
                 if text.is_empty() {
                     return;
                 }
-                if (text.starts_with("https://") || text.starts_with("http://"))
-                    && self.sources.len() < max_sources
-                    && !self.sources.contains(&text)
-                {
+                if (text.starts_with("https://") || text.starts_with("http://")) && self.sources.len() < max_sources && !self.sources.contains(&text) {
                     self.sources.push(text.clone());
                 }
                 let wanted = key.is_some_and(|k| fields.iter().any(|f| f.eq_ignore_ascii_case(k)));
@@ -302,20 +237,11 @@ impl Handler<SweepContexts> for SweepHandler {
         // An expired context is kept one more ttl, so a late follow-up is told it expired.
         let swept = store::sweep(&mut tx, db::now_ms(), db::duration_ms(lane.context_ttl)).await?;
         // Large results expire with the contexts that name them.
-        db::tool_results::delete_before(
-            &mut tx,
-            db::now_ms().saturating_sub(db::duration_ms(lane.context_ttl).saturating_mul(2)),
-        )
-        .await?;
+        db::tool_results::delete_before(&mut tx, db::now_ms().saturating_sub(db::duration_ms(lane.context_ttl).saturating_mul(2))).await?;
         let left = store::count(&mut tx).await? + db::tool_results::count(&mut tx).await?;
         tx.commit().await.map_err(DbError::from)?;
-        let preview = Some(format!(
-            "swept {swept} expired tool context(s); {left} left"
-        ));
-        Ok(JobOutput {
-            preview,
-            snooze: (left > 0).then_some(lane.context_sweep_every),
-        })
+        let preview = Some(format!("swept {swept} expired tool context(s); {left} left"));
+        Ok(JobOutput { preview, snooze: (left > 0).then_some(lane.context_sweep_every) })
     }
 }
 
@@ -334,31 +260,13 @@ mod tests {
             { "title": "Opening hours", "url": "https://shop.example/hours" },
         ], "city": "Lisbon" } });
         let found = Found::of(&output, &fields, 10, 3);
-        assert_eq!(
-            found.sources,
-            vec!["https://shop.example/hours", "https://shop.example/map"]
-        );
-        assert_eq!(
-            found.entities,
-            vec![
-                "Lisbon",
-                "Opening hours",
-                "https://shop.example/hours",
-                "Directions",
-                "https://shop.example/map"
-            ]
-        );
+        assert_eq!(found.sources, vec!["https://shop.example/hours", "https://shop.example/map"]);
+        assert_eq!(found.entities, vec!["Lisbon", "Opening hours", "https://shop.example/hours", "Directions", "https://shop.example/map"]);
         assert_eq!(
             found.citations,
             vec![
-                Citation {
-                    title: "Opening hours".into(),
-                    url: "https://shop.example/hours".into()
-                },
-                Citation {
-                    title: "Directions".into(),
-                    url: "https://shop.example/map".into()
-                },
+                Citation { title: "Opening hours".into(), url: "https://shop.example/hours".into() },
+                Citation { title: "Directions".into(), url: "https://shop.example/map".into() },
             ],
             "every listed item with a title and a link, in order, once"
         );

@@ -62,8 +62,7 @@ pub fn tool_docs(catalog: &Catalog) -> Vec<ToolDoc> {
                 .into_iter()
                 .filter(|p| {
                     let root = p.name.split('.').next().unwrap_or_default();
-                    !s.managed_fields.iter().any(|f| f == root)
-                        && !s.secret_fields.contains_key(root)
+                    !s.managed_fields.iter().any(|f| f == root) && !s.secret_fields.contains_key(root)
                 })
                 .collect();
             ToolDoc {

@@ -113,12 +113,7 @@ pub enum PlanOutcome {
     /// answer from them, cleaned and bounded. The lane takes it only when there were results.
     FromContext { reply: String, reason: String },
     /// The two flags are the model's advice only; policy and configuration decide.
-    ToolUse {
-        calls: Vec<ProposedCall>,
-        reason: String,
-        requires_async: bool,
-        requires_owner_approval: bool,
-    },
+    ToolUse { calls: Vec<ProposedCall>, reason: String, requires_async: bool, requires_owner_approval: bool },
     /// An `LLM_*` code or a [`PlannerCode`]: record it and fall through to normal chat.
     Failed { code: &'static str, detail: String },
 }
@@ -138,10 +133,7 @@ impl PlanOutcome {
     }
 
     fn invalid(detail: impl Into<String>) -> Self {
-        Self::Failed {
-            code: PlannerCode::OutputInvalid.as_str(),
-            detail: detail.into(),
-        }
+        Self::Failed { code: PlannerCode::OutputInvalid.as_str(), detail: detail.into() }
     }
 }
 
@@ -152,9 +144,7 @@ pub struct Planner {
 
 impl std::fmt::Debug for Planner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Planner")
-            .field("provider", &self.model.provider())
-            .finish_non_exhaustive()
+        f.debug_struct("Planner").field("provider", &self.model.provider()).finish_non_exhaustive()
     }
 }
 
@@ -170,23 +160,14 @@ impl Planner {
     pub async fn plan(&self, input: &PlanInput) -> PlanOutcome {
         let lane = &self.settings.lane;
         let started = Instant::now();
-        let offered = input
-            .tools
-            .iter()
-            .filter(|t| t.name != lane.respond_tool)
-            .count();
+        let offered = input.tools.iter().filter(|t| t.name != lane.respond_tool).count();
         tracing::info!(event = "AgentToolPlannerStart", correlation_id = %input.correlation_id, actor = input.actor.as_str(), candidates = offered, "planning");
         let outcome = if offered == 0 {
-            PlanOutcome::NoTool {
-                reason: PlannerCode::NoCandidates.as_str().into(),
-            }
+            PlanOutcome::NoTool { reason: PlannerCode::NoCandidates.as_str().into() }
         } else {
             match self.model.chat(&self.request(input)).await {
                 Ok(response) => self.parse(&response),
-                Err(e) => PlanOutcome::Failed {
-                    code: e.code.as_str(),
-                    detail: e.message,
-                },
+                Err(e) => PlanOutcome::Failed { code: e.code.as_str(), detail: e.message },
             }
         };
         let (code, calls) = match &outcome {
@@ -212,11 +193,7 @@ impl Planner {
             "followup": input.followup,
         });
         let mut user = vec![data::untrusted("message", &input.message)];
-        if let Some(memory) = input
-            .memory_summary
-            .as_deref()
-            .filter(|m| !m.trim().is_empty())
-        {
+        if let Some(memory) = input.memory_summary.as_deref().filter(|m| !m.trim().is_empty()) {
             user.push(data::untrusted("chat_summary", memory));
         }
         if !input.recent.is_empty() {
@@ -224,39 +201,17 @@ impl Planner {
             user.push(data::untrusted("recent_tool_results", &recent.join("\n")));
         }
         let strict = self.model.supports_strict_tools();
-        let mut tools: Vec<llm::ToolSpec> = input
-            .tools
-            .iter()
-            .filter(|t| t.name != lane.respond_tool && t.name != lane.search_tool)
-            .cloned()
-            .collect();
-        tools.push(llm::ToolSpec {
-            name: lane.respond_tool.clone(),
-            description: lane.respond_description.trim().to_string(),
-            input_schema: respond_schema(),
-            strict,
-        });
+        let mut tools: Vec<llm::ToolSpec> = input.tools.iter().filter(|t| t.name != lane.respond_tool && t.name != lane.search_tool).cloned().collect();
+        tools.push(llm::ToolSpec { name: lane.respond_tool.clone(), description: lane.respond_description.trim().to_string(), input_schema: respond_schema(), strict });
         if input.searches_left > 0 && !lane.search_tool.is_empty() {
-            tools.push(llm::ToolSpec {
-                name: lane.search_tool.clone(),
-                description: lane.search_description.trim().to_string(),
-                input_schema: search_schema(),
-                strict,
-            });
+            tools.push(llm::ToolSpec { name: lane.search_tool.clone(), description: lane.search_description.trim().to_string(), input_schema: search_schema(), strict });
         }
-        let system = lane
-            .planner_prompt
-            .replace("{respond_tool}", &lane.respond_tool);
+        let system = lane.planner_prompt.replace("{respond_tool}", &lane.respond_tool);
         let mut messages = vec![Message::user(user.join("\n\n"))];
         messages.extend(input.transcript.iter().cloned());
-        let mut req = ChatRequest::new(
-            &self.settings.models,
-            Purpose::Planner,
-            input.correlation_id.clone(),
-            messages,
-        )
-        .with_system(data::with_facts(&system, &facts))
-        .with_tools(tools, ToolChoice::Any);
+        let mut req = ChatRequest::new(&self.settings.models, Purpose::Planner, input.correlation_id.clone(), messages)
+            .with_system(data::with_facts(&system, &facts))
+            .with_tools(tools, ToolChoice::Any);
         // No parallel calls (seed §13): more steps come one at a time, as a chain.
         req.disable_parallel_tool_use = true;
         req.max_tokens = Some(lane.planner_max_tokens);
@@ -267,16 +222,10 @@ impl Planner {
     pub fn parse(&self, response: &ChatResponse) -> PlanOutcome {
         let lane = &self.settings.lane;
         if response.stop_reason.is_truncated() {
-            return PlanOutcome::Failed {
-                code: PlannerCode::OutputTruncated.as_str(),
-                detail: format!("stop reason {}", response.stop_reason.as_str()),
-            };
+            return PlanOutcome::Failed { code: PlannerCode::OutputTruncated.as_str(), detail: format!("stop reason {}", response.stop_reason.as_str()) };
         }
         if response.stop_reason == llm::StopReason::Refusal {
-            return PlanOutcome::Failed {
-                code: PlannerCode::Refused.as_str(),
-                detail: "the model declined".into(),
-            };
+            return PlanOutcome::Failed { code: PlannerCode::Refused.as_str(), detail: "the model declined".into() };
         }
         let mut calls = Vec::new();
         let mut responds = Vec::new();
@@ -285,41 +234,22 @@ impl Planner {
         for block in &response.content {
             match block {
                 ContentBlock::Text { text } => said.push_str(text),
-                ContentBlock::ToolUse { name, input, .. } if *name == lane.respond_tool => {
-                    responds.push(input)
-                }
-                ContentBlock::ToolUse { id, name, input }
-                    if !lane.search_tool.is_empty() && *name == lane.search_tool =>
-                {
-                    let query = input
-                        .get("query")
-                        .and_then(Value::as_str)
-                        .map(|q| data::cut(q.trim(), 200))
-                        .unwrap_or_default();
-                    searches.push(SearchCall {
-                        id: id.clone(),
-                        query,
-                    });
+                ContentBlock::ToolUse { name, input, .. } if *name == lane.respond_tool => responds.push(input),
+                ContentBlock::ToolUse { id, name, input } if !lane.search_tool.is_empty() && *name == lane.search_tool => {
+                    let query = input.get("query").and_then(Value::as_str).map(|q| data::cut(q.trim(), 200)).unwrap_or_default();
+                    searches.push(SearchCall { id: id.clone(), query });
                 }
                 ContentBlock::ToolUse { id, name, input } => {
                     let reason = data::cut(said.trim(), MAX_REASON_CHARS);
                     said.clear();
-                    calls.push(ProposedCall {
-                        id: id.clone(),
-                        name: name.clone(),
-                        args: input.clone(),
-                        reason,
-                    });
+                    calls.push(ProposedCall { id: id.clone(), name: name.clone(), args: input.clone(), reason });
                 }
                 _ => {}
             }
         }
         // Searches count only alone: beside a real call or an answer they are dropped.
         if !searches.is_empty() && calls.is_empty() && responds.is_empty() {
-            return PlanOutcome::Search {
-                searches,
-                content: response.content.clone(),
-            };
+            return PlanOutcome::Search { searches, content: response.content.clone() };
         }
         let respond = match responds.as_slice() {
             [] if calls.is_empty() => return PlanOutcome::invalid("no tool call in the answer"),
@@ -331,12 +261,7 @@ impl Planner {
             _ => return PlanOutcome::invalid("more than one respond call"),
         };
         let Some(respond) = respond else {
-            return PlanOutcome::ToolUse {
-                calls,
-                reason: String::new(),
-                requires_async: false,
-                requires_owner_approval: false,
-            };
+            return PlanOutcome::ToolUse { calls, reason: String::new(), requires_async: false, requires_owner_approval: false };
         };
         let with_calls = !calls.is_empty();
         match respond.decision.as_str() {
@@ -344,45 +269,19 @@ impl Planner {
                 for call in calls.iter_mut().filter(|c| c.reason.is_empty()) {
                     call.reason = data::cut(&respond.reason, MAX_REASON_CHARS);
                 }
-                PlanOutcome::ToolUse {
-                    calls,
-                    reason: respond.reason,
-                    requires_async: respond.requires_async,
-                    requires_owner_approval: respond.requires_owner_approval,
-                }
+                PlanOutcome::ToolUse { calls, reason: respond.reason, requires_async: respond.requires_async, requires_owner_approval: respond.requires_owner_approval }
             }
             "use_tools" => PlanOutcome::invalid("use_tools without a tool call"),
-            _ if with_calls => {
-                PlanOutcome::invalid(format!("decision {:?} beside tool calls", respond.decision))
-            }
-            "no_tool" => PlanOutcome::NoTool {
-                reason: respond.reason,
-            },
-            "deny" => PlanOutcome::Deny {
-                reply: lane.denied_reply.trim().to_string(),
-                reason: respond.reason,
-            },
+            _ if with_calls => PlanOutcome::invalid(format!("decision {:?} beside tool calls", respond.decision)),
+            "no_tool" => PlanOutcome::NoTool { reason: respond.reason },
+            "deny" => PlanOutcome::Deny { reply: lane.denied_reply.trim().to_string(), reason: respond.reason },
             "clarify" => {
                 let reply = data::plain_text(&respond.reply, lane.summary_max_chars as usize);
-                if reply.is_empty() {
-                    PlanOutcome::invalid("clarify without a question")
-                } else {
-                    PlanOutcome::Clarify {
-                        reply,
-                        reason: respond.reason,
-                    }
-                }
+                if reply.is_empty() { PlanOutcome::invalid("clarify without a question") } else { PlanOutcome::Clarify { reply, reason: respond.reason } }
             }
             "answer_from_context" => {
                 let reply = data::plain_text(&respond.reply, lane.summary_max_chars as usize);
-                if reply.is_empty() {
-                    PlanOutcome::invalid("answer_from_context without an answer")
-                } else {
-                    PlanOutcome::FromContext {
-                        reply,
-                        reason: respond.reason,
-                    }
-                }
+                if reply.is_empty() { PlanOutcome::invalid("answer_from_context without an answer") } else { PlanOutcome::FromContext { reply, reason: respond.reason } }
             }
             other => PlanOutcome::invalid(format!("unknown decision {:?}", data::cut(other, 40))),
         }
@@ -428,9 +327,7 @@ struct Respond {
 
 impl Respond {
     fn read(input: &Value) -> Result<Self, String> {
-        let Value::Object(map) = input else {
-            return Err("respond arguments are not an object".into());
-        };
+        let Value::Object(map) = input else { return Err("respond arguments are not an object".into()) };
         let text = |key: &str| match map.get(key) {
             None | Some(Value::Null) => Ok(String::new()),
             Some(Value::String(s)) => Ok(s.trim().to_string()),

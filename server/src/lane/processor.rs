@@ -52,20 +52,8 @@ impl std::fmt::Debug for Processor {
 }
 
 impl Processor {
-    pub fn new(
-        checkpoint: Arc<Checkpoint>,
-        summarizer: Summarizer,
-        outbound: Arc<dyn Outbound>,
-        approvals: Arc<Approvals>,
-        contexts: Arc<ContextStore>,
-    ) -> Self {
-        Self {
-            checkpoint,
-            summarizer,
-            outbound,
-            approvals,
-            contexts,
-        }
+    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
+        Self { checkpoint, summarizer, outbound, approvals, contexts }
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
@@ -80,104 +68,50 @@ impl Processor {
             approved: job.approval.clone(),
             trace_id: job.trace_id,
         };
-        let outcome = self
-            .checkpoint
-            .execute(
-                ToolCall {
-                    name: job.tool.clone(),
-                    args: job.args.clone(),
-                },
-                &ctx,
-            )
-            .await;
+        let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
         let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
         // Only what a later attempt may clear is retried: a timeout, an open circuit, a
         // provider's transient error; never a refusal or a provider's definite answer (a 4xx).
         let retryable = outcome.as_ref().err().is_some_and(|f| f.retryable);
         let (result, failure) = match outcome {
             Ok(ok) => {
-                let truncated = ok
-                    .output
-                    .get("truncated")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                (
-                    if truncated {
-                        ToolResult::Partial(ok.output)
-                    } else {
-                        ToolResult::Complete(ok.output)
-                    },
-                    None,
-                )
+                let truncated = ok.output.get("truncated").and_then(Value::as_bool).unwrap_or(false);
+                (if truncated { ToolResult::Partial(ok.output) } else { ToolResult::Complete(ok.output) }, None)
             }
             Err(f) if f.code == ToolCode::Timeout.as_str() => (ToolResult::TimedOut, Some(f.code)),
-            Err(f) => (
-                ToolResult::Failed {
-                    code: f.code.clone(),
-                },
-                Some(f.code),
-            ),
+            Err(f) => (ToolResult::Failed { code: f.code.clone() }, Some(f.code)),
         };
         let Some(tool) = self.checkpoint.catalog().get(&job.tool) else {
             // Gone from the catalog since: nothing to summarize with; say it failed.
-            let failed = ToolResult::Failed {
-                code: ToolCode::Unknown.as_str().into(),
-            };
+            let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer {
-                text,
-                failure: Some(ToolCode::Unknown.as_str().into()),
-                retryable: false,
-                used_model: false,
-                output: None,
-            };
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None };
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
         let summary = self.summarizer.summarize(&input).await;
         if let Some(output) = &output {
             let pii = self.checkpoint.catalog().audit.pii_fields.clone();
-            if let Err(e) = self
-                .contexts
-                .keep(job, correlation_id, &tool, output, &summary.text, &pii)
-                .await
-            {
+            if let Err(e) = self.contexts.keep(job, correlation_id, &tool, output, &summary.text, &pii).await {
                 // The answer stands; only a follow-up of it will lack its context.
                 tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed");
             }
         }
-        Answer {
-            text: summary.text,
-            failure,
-            retryable,
-            used_model: summary.used_model,
-            output,
-        }
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output }
     }
 }
 
 impl Processor {
     /// Sends `answer` to the chat the call came from, once per job. A call asked for in the
     /// console has no chat: its answer stays with its approval and job.
-    pub async fn deliver(
-        &self,
-        job: &ToolCallJob,
-        job_id: i64,
-        answer: &Answer,
-    ) -> Result<(), JobError> {
+    pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<(), JobError> {
         if !approvals::is_chat(&job.reply_to.channel) {
             return Ok(());
         }
-        match self
-            .outbound
-            .deliver(&job.reply_to, &answer.text, job_id, job.trace_id)
-            .await
-        {
+        match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
             Ok(()) => Ok(()),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
-            Err(DeliverError::Permanent { code, message }) => {
-                Err(JobError::permanent(&code, message))
-            }
+            Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }
     }
 }
@@ -197,27 +131,11 @@ impl Handler<ToolCallJob> for Processor {
         self.deliver(&args, ctx.job.id, &answer).await?;
         if let Some(approved) = &args.approval {
             let code = answer.failure.as_deref().unwrap_or("OK");
-            self.approvals
-                .record_outcome(approved.approval_id, code, &answer.text)
-                .await?;
+            self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
         }
         match answer.failure {
-            None => Ok(JobOutput {
-                preview: Some(format!(
-                    "answered ({} chars{})",
-                    answer.text.chars().count(),
-                    if answer.used_model {
-                        ""
-                    } else {
-                        ", without the summarizer"
-                    }
-                )),
-                snooze: None,
-            }),
-            Some(code) => Err(JobError::permanent(
-                &code,
-                "the tool call failed; the person was told",
-            )),
+            None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
+            Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),
         }
     }
 }

@@ -31,9 +31,7 @@ pub enum ToolResult {
     /// says `"truncated": true` counts as partial even when given as complete.
     Partial(Value),
     TimedOut,
-    Failed {
-        code: String,
-    },
+    Failed { code: String },
 }
 
 #[derive(Debug, Clone)]
@@ -54,20 +52,8 @@ impl SummaryInput {
     /// An input for `tool`'s result, hiding its managed and secret fields.
     pub fn new(correlation_id: &str, request: &str, tool: &ToolDef, result: ToolResult) -> Self {
         let spec = &tool.spec;
-        let hidden_fields = spec
-            .managed_fields
-            .iter()
-            .chain(spec.secret_fields.keys())
-            .cloned()
-            .collect();
-        Self {
-            correlation_id: correlation_id.into(),
-            request: request.into(),
-            tool: spec.name.clone(),
-            result,
-            hidden_fields,
-            hidden_values: Vec::new(),
-        }
+        let hidden_fields = spec.managed_fields.iter().chain(spec.secret_fields.keys()).cloned().collect();
+        Self { correlation_id: correlation_id.into(), request: request.into(), tool: spec.name.clone(), result, hidden_fields, hidden_values: Vec::new() }
     }
 }
 
@@ -91,9 +77,7 @@ pub struct Summarizer {
 
 impl std::fmt::Debug for Summarizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Summarizer")
-            .field("provider", &self.model.provider())
-            .finish_non_exhaustive()
+        f.debug_struct("Summarizer").field("provider", &self.model.provider()).finish_non_exhaustive()
     }
 }
 
@@ -105,11 +89,7 @@ impl Summarizer {
     /// The reply for a call that failed or timed out, which needs neither the tool nor a model.
     pub fn without_tool(&self, result: &ToolResult) -> String {
         let lane = &self.settings.lane;
-        let text = if matches!(result, ToolResult::TimedOut) {
-            &lane.timed_out_reply
-        } else {
-            &lane.failed_reply
-        };
+        let text = if matches!(result, ToolResult::TimedOut) { &lane.timed_out_reply } else { &lane.failed_reply };
         data::plain_text(text, lane.summary_max_chars as usize)
     }
 
@@ -118,20 +98,8 @@ impl Summarizer {
         let lane = &self.settings.lane;
         let max = lane.summary_max_chars as usize;
         let (value, partial) = match &input.result {
-            ToolResult::Failed { .. } => {
-                return Summary {
-                    text: data::plain_text(&lane.failed_reply, max),
-                    used_model: false,
-                    fallback_code: None,
-                };
-            }
-            ToolResult::TimedOut => {
-                return Summary {
-                    text: data::plain_text(&lane.timed_out_reply, max),
-                    used_model: false,
-                    fallback_code: None,
-                };
-            }
+            ToolResult::Failed { .. } => return Summary { text: data::plain_text(&lane.failed_reply, max), used_model: false, fallback_code: None },
+            ToolResult::TimedOut => return Summary { text: data::plain_text(&lane.timed_out_reply, max), used_model: false, fallback_code: None },
             ToolResult::Complete(v) => (v, v.get("truncated") == Some(&Value::Bool(true))),
             ToolResult::Partial(v) => (v, true),
         };
@@ -144,24 +112,13 @@ impl Summarizer {
             Err(e) => Err(e.code.as_str().to_string()),
         };
         let summary = match answer {
-            Ok(text) => Summary {
-                text: finish(lane, &text, partial, &sources),
-                used_model: true,
-                fallback_code: None,
-            },
+            Ok(text) => Summary { text: finish(lane, &text, partial, &sources), used_model: true, fallback_code: None },
             Err(code) => {
                 tracing::warn!(event = "AgentToolSummaryFallback", correlation_id = %input.correlation_id, tool = %input.tool, code = %code, "summarized without a model");
-                Summary {
-                    text: fallback(lane, &cleaned, partial),
-                    used_model: false,
-                    fallback_code: Some(code),
-                }
+                Summary { text: fallback(lane, &cleaned, partial), used_model: false, fallback_code: Some(code) }
             }
         };
-        Summary {
-            text: scrub(&summary.text, &input.hidden_values),
-            ..summary
-        }
+        Summary { text: scrub(&summary.text, &input.hidden_values), ..summary }
     }
 
     /// The request [`Summarizer::summarize`] sends: the prompt with the result's status as
@@ -169,18 +126,9 @@ impl Summarizer {
     pub fn request(&self, input: &SummaryInput, cleaned: &Value, partial: bool) -> ChatRequest {
         let lane = &self.settings.lane;
         let facts = json!({ "status": if partial { "partial" } else { "complete" } });
-        let user = format!(
-            "{}\n\n{}",
-            data::untrusted("request", &input.request),
-            data::untrusted("tool_result", &cleaned.to_string())
-        );
-        let mut req = ChatRequest::new(
-            &self.settings.models,
-            Purpose::Summarizer,
-            input.correlation_id.clone(),
-            vec![Message::user(user)],
-        )
-        .with_system(data::with_facts(&lane.summarizer_prompt, &facts));
+        let user = format!("{}\n\n{}", data::untrusted("request", &input.request), data::untrusted("tool_result", &cleaned.to_string()));
+        let mut req = ChatRequest::new(&self.settings.models, Purpose::Summarizer, input.correlation_id.clone(), vec![Message::user(user)])
+            .with_system(data::with_facts(&lane.summarizer_prompt, &facts));
         req.max_tokens = Some(lane.summarizer_max_tokens);
         req
     }
@@ -191,20 +139,11 @@ pub fn clean(value: &Value, input: &SummaryInput) -> Value {
     fn strip(value: &mut Value, input: &SummaryInput) {
         match value {
             Value::Object(map) => {
-                map.retain(|k, _| {
-                    !redact::is_secret_name(k)
-                        && !input
-                            .hidden_fields
-                            .iter()
-                            .any(|h| h.eq_ignore_ascii_case(k))
-                });
+                map.retain(|k, _| !redact::is_secret_name(k) && !input.hidden_fields.iter().any(|h| h.eq_ignore_ascii_case(k)));
                 map.values_mut().for_each(|v| strip(v, input));
             }
             Value::Array(items) => {
-                items.retain(|v| {
-                    !v.as_str()
-                        .is_some_and(|s| input.hidden_values.iter().any(|h| h == s))
-                });
+                items.retain(|v| !v.as_str().is_some_and(|s| input.hidden_values.iter().any(|h| h == s)));
                 items.iter_mut().for_each(|v| strip(v, input));
             }
             Value::String(s) => *s = scrub(s, &input.hidden_values),
@@ -219,17 +158,13 @@ pub fn clean(value: &Value, input: &SummaryInput) -> Value {
 
 /// `text` with every hidden value removed.
 fn scrub(text: &str, hidden: &[String]) -> String {
-    hidden
-        .iter()
-        .filter(|h| !h.is_empty())
-        .fold(text.to_string(), |acc, h| acc.replace(h.as_str(), ""))
+    hidden.iter().filter(|h| !h.is_empty()).fold(text.to_string(), |acc, h| acc.replace(h.as_str(), ""))
 }
 
 /// The model's text, if a person may read it: not empty, and not raw JSON.
 fn usable(text: &str) -> Option<String> {
     let trimmed = text.trim();
-    let json = (trimmed.starts_with('{') || trimmed.starts_with('['))
-        && serde_json::from_str::<Value>(trimmed).is_ok();
+    let json = (trimmed.starts_with('{') || trimmed.starts_with('[')) && serde_json::from_str::<Value>(trimmed).is_ok();
     (!trimmed.is_empty() && !json).then(|| trimmed.to_string())
 }
 
@@ -240,10 +175,7 @@ fn finish(lane: &LaneSettings, text: &str, partial: bool, sources: &[String]) ->
         tail.push_str("\n\n");
         tail.push_str(lane.partial_note.trim());
     }
-    let missing: Vec<&String> = sources
-        .iter()
-        .filter(|u| !text.contains(u.as_str()))
-        .collect();
+    let missing: Vec<&String> = sources.iter().filter(|u| !text.contains(u.as_str())).collect();
     if !sources.is_empty() && missing.len() == sources.len() {
         tail.push_str(&format!("\n\n{}", lane.sources_label.trim()));
         for url in missing {
@@ -262,13 +194,7 @@ pub fn urls(value: &Value, max: usize) -> Vec<String> {
             return;
         }
         match value {
-            Value::String(s)
-                if (s.starts_with("http://") || s.starts_with("https://"))
-                    && url::Url::parse(s).is_ok()
-                    && seen.insert(s.clone()) =>
-            {
-                out.push(s.clone())
-            }
+            Value::String(s) if (s.starts_with("http://") || s.starts_with("https://")) && url::Url::parse(s).is_ok() && seen.insert(s.clone()) => out.push(s.clone()),
             Value::Array(items) => items.iter().for_each(|v| walk(v, out, seen, max)),
             Value::Object(map) => map.values().for_each(|v| walk(v, out, seen, max)),
             _ => {}
@@ -294,10 +220,7 @@ pub fn fallback(lane: &LaneSettings, cleaned: &Value, partial: bool) -> String {
                 .iter()
                 .filter_map(|field| item.get(field))
                 .filter_map(|v| match v {
-                    Value::String(s) => Some(data::plain_text(
-                        &s.replace('\n', " "),
-                        MAX_FALLBACK_VALUE_CHARS,
-                    )),
+                    Value::String(s) => Some(data::plain_text(&s.replace('\n', " "), MAX_FALLBACK_VALUE_CHARS)),
                     Value::Number(n) => Some(n.to_string()),
                     Value::Bool(b) => Some(b.to_string()),
                     _ => None,
@@ -307,11 +230,7 @@ pub fn fallback(lane: &LaneSettings, cleaned: &Value, partial: bool) -> String {
             (!shown.is_empty()).then(|| format!("- {}", shown.join(" — ")))
         })
         .collect();
-    let mut text = if lines.is_empty() {
-        lane.unreadable_reply.trim().to_string()
-    } else {
-        format!("{}\n{}", lane.fallback_intro.trim(), lines.join("\n"))
-    };
+    let mut text = if lines.is_empty() { lane.unreadable_reply.trim().to_string() } else { format!("{}\n{}", lane.fallback_intro.trim(), lines.join("\n")) };
     if partial && !lane.partial_note.trim().is_empty() {
         text.push_str("\n\n");
         text.push_str(lane.partial_note.trim());
@@ -332,7 +251,5 @@ fn items(value: &Value) -> Vec<&serde_json::Map<String, Value>> {
             _ => None,
         }
     }
-    find(value, 0)
-        .or_else(|| value.as_object().map(|m| vec![m]))
-        .unwrap_or_default()
+    find(value, 0).or_else(|| value.as_object().map(|m| vec![m])).unwrap_or_default()
 }

@@ -44,18 +44,7 @@ use crate::{
 
 /// Why a proposed call was not accepted. Gates the checkpoint shares keep its codes; the lane's
 /// own checks, and the finer cases of shared gates, have `LANE_*` and `TOOL_*` codes of their own.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    strum::IntoStaticStr,
-    strum::Display,
-    strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum PlanCode {
     #[strum(serialize = "TOOL_UNKNOWN")]
     Unknown,
@@ -190,12 +179,8 @@ pub fn risk_allowed(risk: Risk, actor: Role, settings: &LaneSettings) -> bool {
 fn worst_case(tool: &ToolDef) -> Duration {
     let spec = &tool.spec;
     let attempts = spec.retry.max_attempts.max(1);
-    let backoff: Duration = (0..attempts - 1)
-        .map(|i| spec.retry.backoff.saturating_mul(1 << i.min(16)))
-        .sum();
-    spec.timeout
-        .saturating_mul(attempts)
-        .saturating_add(backoff)
+    let backoff: Duration = (0..attempts - 1).map(|i| spec.retry.backoff.saturating_mul(1 << i.min(16))).sum();
+    spec.timeout.saturating_mul(attempts).saturating_add(backoff)
 }
 
 /// One check's verdict on one call: refused, or a question for the person.
@@ -208,12 +193,7 @@ struct Fault {
 }
 
 fn fault(check: u8, code: PlanCode, reason: impl Into<String>) -> Fault {
-    Fault {
-        check,
-        code,
-        reason: reason.into(),
-        question: None,
-    }
+    Fault { check, code, reason: reason.into(), question: None }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -223,27 +203,13 @@ pub struct Validator<'a> {
 }
 
 impl Validator<'_> {
-    pub fn validate(
-        &self,
-        calls: &[ProposedCall],
-        advisory: Advisory,
-        scope: &PlanScope<'_>,
-    ) -> Validation {
+    pub fn validate(&self, calls: &[ProposedCall], advisory: Advisory, scope: &PlanScope<'_>) -> Validation {
         let catalog = self.checkpoint.catalog();
-        let mut out = Validation {
-            advisory,
-            ..Validation::default()
-        };
+        let mut out = Validation { advisory, ..Validation::default() };
         let over_budget = calls.len() > scope.max_steps;
         let chain = calls.len() > 1;
         for call in calls {
-            let checked = self.checkpoint.check(
-                &ToolCall {
-                    name: call.name.clone(),
-                    args: call.args.clone(),
-                },
-                scope.ctx,
-            );
+            let checked = self.checkpoint.check(&ToolCall { name: call.name.clone(), args: call.args.clone() }, scope.ctx);
             // The definition the gates judged, so every check sees one version of the tool.
             let tool = match &checked {
                 Ok(c) => Some(c.tool.clone()),
@@ -257,30 +223,15 @@ impl Validator<'_> {
                 Err(f) => faults.push(self.gate_fault(f, withheld, tool.as_deref())),
             }
             if !scope.candidates.contains(&call.name) {
-                faults.push(fault(
-                    3,
-                    PlanCode::NotCandidate,
-                    format!("{} was not among the tools offered", call.name),
-                ));
+                faults.push(fault(3, PlanCode::NotCandidate, format!("{} was not among the tools offered", call.name)));
             }
             if over_budget {
-                faults.push(fault(
-                    14,
-                    PlanCode::TooManySteps,
-                    format!(
-                        "the plan has {} calls; at most {} are allowed",
-                        calls.len(),
-                        scope.max_steps
-                    ),
-                ));
+                faults.push(fault(14, PlanCode::TooManySteps, format!("the plan has {} calls; at most {} are allowed", calls.len(), scope.max_steps)));
             }
             let mut run_async = false;
             if let Some(tool) = &tool {
                 let spec = &tool.spec;
-                let private = spec
-                    .tags
-                    .iter()
-                    .any(|t| self.settings.private_data_tags.contains(t));
+                let private = spec.tags.iter().any(|t| self.settings.private_data_tags.contains(t));
                 if matches!(scope.private_data, PrivateData::Matched { .. }) && !private {
                     faults.push(fault(10, PlanCode::PrivateData, "the message asks for private account data, which only a private-data tool may serve"));
                 }
@@ -288,16 +239,7 @@ impl Validator<'_> {
                     needs_approval.get_or_insert_with(|| APPROVAL_PRIVATE_DATA.to_string());
                 }
                 if !risk_allowed(spec.risk, scope.ctx.actor, self.settings) {
-                    faults.push(fault(
-                        11,
-                        PlanCode::RiskNotAllowed,
-                        format!(
-                            "{} is {:?} risk, above the lane's ceiling for a {}",
-                            spec.name,
-                            spec.risk,
-                            scope.ctx.actor.as_str()
-                        ),
-                    ));
+                    faults.push(fault(11, PlanCode::RiskNotAllowed, format!("{} is {:?} risk, above the lane's ceiling for a {}", spec.name, spec.risk, scope.ctx.actor.as_str())));
                 }
                 match spec.async_policy {
                     AsyncPolicy::Required => run_async = true,
@@ -309,11 +251,7 @@ impl Validator<'_> {
                     _ => {}
                 }
                 if chain && !spec.chainable {
-                    faults.push(fault(
-                        14,
-                        PlanCode::NotChainable,
-                        format!("{} may not be one step of several", spec.name),
-                    ));
+                    faults.push(fault(14, PlanCode::NotChainable, format!("{} may not be one step of several", spec.name)));
                 }
                 if chain && spec.operation != Operation::Read && scope.ctx.approved.is_none() {
                     needs_approval.get_or_insert_with(|| APPROVAL_CHAIN_WRITE.to_string());
@@ -324,23 +262,12 @@ impl Validator<'_> {
                 if let Some(question) = first.question {
                     out.clarify.get_or_insert(question);
                 }
-                out.rejected.push(Rejection {
-                    tool: call.name.clone(),
-                    code: first.code,
-                    reason: first.reason,
-                });
+                out.rejected.push(Rejection { tool: call.name.clone(), code: first.code, reason: first.reason });
                 continue;
             }
             let Ok(checked) = checked else { continue };
             tracing::info!(event = "AgentToolPlanAccepted", correlation_id = %scope.ctx.correlation_id, tool = %call.name, needs_approval = ?needs_approval, run_async, "call accepted");
-            out.accepted.push(ValidatedCall {
-                tool: call.name.clone(),
-                version: checked.version,
-                args: call.args.clone(),
-                canonical_args: canonical_json(&call.args),
-                needs_approval,
-                run_async,
-            });
+            out.accepted.push(ValidatedCall { tool: call.name.clone(), version: checked.version, args: call.args.clone(), canonical_args: canonical_json(&call.args), needs_approval, run_async });
         }
         out.requires_owner_approval = out.accepted.iter().any(|c| c.needs_approval.is_some());
         out.requires_async = out.accepted.iter().any(|c| c.run_async);
@@ -358,94 +285,44 @@ impl Validator<'_> {
             };
             return fault(15, plan, f.message.clone());
         }
-        let Some(code) = code else {
-            return fault(
-                12,
-                PlanCode::CheckFailed,
-                format!("{}: {}", f.code, f.message),
-            );
-        };
+        let Some(code) = code else { return fault(12, PlanCode::CheckFailed, format!("{}: {}", f.code, f.message)) };
         match (code, &f.detail) {
             (ToolCode::Unknown, _) => fault(1, PlanCode::Unknown, f.message.clone()),
             (ToolCode::Disabled, _) => fault(2, PlanCode::Disabled, f.message.clone()),
-            (ToolCode::NotAllowedForActor, _) => {
-                fault(4, PlanCode::NotAllowedForActor, f.message.clone())
-            }
+            (ToolCode::NotAllowedForActor, _) => fault(4, PlanCode::NotAllowedForActor, f.message.clone()),
             (ToolCode::PolicyDenied, _) => fault(4, PlanCode::PolicyDenied, f.message.clone()),
-            (ToolCode::ChatTypeNotAllowed, _) => {
-                fault(5, PlanCode::ChatTypeNotAllowed, f.message.clone())
-            }
-            (
-                ToolCode::ManagedFieldSupplied,
-                Some(FailureDetail::FieldSupplied { secret: true, .. }),
-            ) => fault(8, PlanCode::SecretFieldSupplied, f.message.clone()),
-            (ToolCode::ManagedFieldSupplied, _) => {
-                fault(9, PlanCode::ManagedFieldSupplied, f.message.clone())
-            }
+            (ToolCode::ChatTypeNotAllowed, _) => fault(5, PlanCode::ChatTypeNotAllowed, f.message.clone()),
+            (ToolCode::ManagedFieldSupplied, Some(FailureDetail::FieldSupplied { secret: true, .. })) => fault(8, PlanCode::SecretFieldSupplied, f.message.clone()),
+            (ToolCode::ManagedFieldSupplied, _) => fault(9, PlanCode::ManagedFieldSupplied, f.message.clone()),
             (ToolCode::SchemaInvalid, Some(FailureDetail::Schema(issues))) => {
-                let filled = |name: &str| {
-                    tool.is_some_and(|t| {
-                        t.spec.managed_fields.iter().any(|m| m == name)
-                            || t.spec.secret_fields.contains_key(name)
-                    })
-                };
+                let filled = |name: &str| tool.is_some_and(|t| t.spec.managed_fields.iter().any(|m| m == name) || t.spec.secret_fields.contains_key(name));
                 if issues.other || issues.missing.iter().any(|m| filled(m)) {
                     fault(6, PlanCode::SchemaInvalid, f.message.clone())
                 } else if !issues.unexpected.is_empty() {
-                    fault(
-                        7,
-                        PlanCode::ExtraArguments,
-                        format!(
-                            "arguments the tool does not take: {}",
-                            issues.unexpected.join(", ")
-                        ),
-                    )
+                    fault(7, PlanCode::ExtraArguments, format!("arguments the tool does not take: {}", issues.unexpected.join(", ")))
                 } else if let (Some(missing), Some(tool)) = (issues.missing.first(), tool) {
-                    Fault {
-                        check: 7,
-                        code: PlanCode::ArgumentMissing,
-                        reason: format!("the required argument {missing:?} is missing"),
-                        question: Some(self.question(tool, missing)),
-                    }
+                    Fault { check: 7, code: PlanCode::ArgumentMissing, reason: format!("the required argument {missing:?} is missing"), question: Some(self.question(tool, missing)) }
                 } else {
                     fault(6, PlanCode::SchemaInvalid, f.message.clone())
                 }
             }
             (ToolCode::SchemaInvalid, _) => fault(6, PlanCode::SchemaInvalid, f.message.clone()),
             (ToolCode::HookDenied, _) => fault(12, PlanCode::HookDenied, f.message.clone()),
-            _ => fault(
-                12,
-                PlanCode::CheckFailed,
-                format!("{}: {}", f.code, f.message),
-            ),
+            _ => fault(12, PlanCode::CheckFailed, format!("{}: {}", f.code, f.message)),
         }
     }
 
     /// `lane.clarify_reply` for `argument` of `tool`: the argument's schema title when it has
     /// one, else its name in words.
     fn question(&self, tool: &ToolDef, argument: &str) -> String {
-        let title = tool
-            .spec
-            .input_schema
-            .pointer(&format!(
-                "/properties/{}/title",
-                argument.replace('~', "~0").replace('/', "~1")
-            ))
-            .and_then(Value::as_str);
+        let title = tool.spec.input_schema.pointer(&format!("/properties/{}/title", argument.replace('~', "~0").replace('/', "~1"))).and_then(Value::as_str);
         let words = title.map_or_else(|| argument.replace(['_', '-'], " "), str::to_string);
-        self.settings
-            .clarify_reply
-            .replace("{argument}", words.trim())
-            .replace("{tool}", tool.spec.title.trim())
+        self.settings.clarify_reply.replace("{argument}", words.trim()).replace("{tool}", tool.spec.title.trim())
     }
 
     fn log_rejected(&self, scope: &PlanScope<'_>, tool: &str, code: PlanCode) {
         let event = match code {
-            PlanCode::PolicyDenied
-            | PlanCode::HookDenied
-            | PlanCode::NotAllowedForActor
-            | PlanCode::PrivateData
-            | PlanCode::RiskNotAllowed => "AgentToolPolicyDenied",
+            PlanCode::PolicyDenied | PlanCode::HookDenied | PlanCode::NotAllowedForActor | PlanCode::PrivateData | PlanCode::RiskNotAllowed => "AgentToolPolicyDenied",
             PlanCode::ArgumentMissing => "AgentToolPlanClarify",
             _ => "AgentToolPlanRejected",
         };

@@ -4,8 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice,
-    Usage,
+    ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice, Usage,
     error::{ErrorCode, LlmError, Redactor},
     http::{Endpoint, Parsed},
 };
@@ -45,12 +44,7 @@ impl ChatModel for AnthropicClient {
                 req,
                 &url,
                 "request-id",
-                &|builder, key| {
-                    builder
-                        .header("x-api-key", key.clone())
-                        .header("anthropic-version", API_VERSION)
-                        .json(&body)
-                },
+                &|builder, key| builder.header("x-api-key", key.clone()).header("anthropic-version", API_VERSION).json(&body),
                 &|status, raw| classify(redactor, status, raw),
                 &parse_response,
             )
@@ -66,10 +60,7 @@ pub fn request_body(req: &ChatRequest, max_tokens: u32) -> Value {
     if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
         body.insert("system".into(), json!(system));
     }
-    body.insert(
-        "messages".into(),
-        Value::Array(req.messages.iter().map(message).collect()),
-    );
+    body.insert("messages".into(), Value::Array(req.messages.iter().map(message).collect()));
     if !req.tools.is_empty() {
         let tools = req
             .tools
@@ -124,41 +115,21 @@ fn message(m: &Message) -> Value {
 }
 
 fn parse_response(body: &Value) -> Result<Parsed, String> {
-    let blocks = body
-        .get("content")
-        .and_then(Value::as_array)
-        .ok_or("no content array")?;
+    let blocks = body.get("content").and_then(Value::as_array).ok_or("no content array")?;
     let content = blocks
         .iter()
         .map(|b| match b.get("type").and_then(Value::as_str) {
-            Some("text") => b
-                .get("text")
-                .and_then(Value::as_str)
-                .map(ContentBlock::text)
-                .ok_or("a text block without text"),
+            Some("text") => b.get("text").and_then(Value::as_str).map(ContentBlock::text).ok_or("a text block without text"),
             Some("tool_use") => {
-                let id = b
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .ok_or("a tool_use block without id")?;
-                let name = b
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or("a tool_use block without name")?;
+                let id = b.get("id").and_then(Value::as_str).ok_or("a tool_use block without id")?;
+                let name = b.get("name").and_then(Value::as_str).ok_or("a tool_use block without name")?;
                 let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                Ok(ContentBlock::ToolUse {
-                    id: id.into(),
-                    name: name.into(),
-                    input,
-                })
+                Ok(ContentBlock::ToolUse { id: id.into(), name: name.into(), input })
             }
             _ => Ok(ContentBlock::Other(b.clone())),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let stop = body
-        .get("stop_reason")
-        .and_then(Value::as_str)
-        .ok_or("no stop_reason")?;
+    let stop = body.get("stop_reason").and_then(Value::as_str).ok_or("no stop_reason")?;
     let stop_details = body.get("stop_details").filter(|v| !v.is_null()).cloned();
     let usage = body.get("usage").ok_or("no usage")?;
     let count = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -168,18 +139,8 @@ fn parse_response(body: &Value) -> Result<Parsed, String> {
         cache_read_tokens: count("cache_read_input_tokens"),
         cache_write_tokens: count("cache_creation_input_tokens"),
     };
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    Ok((
-        content,
-        StopReason::from_anthropic(stop),
-        stop_details,
-        usage,
-        model,
-    ))
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
+    Ok((content, StopReason::from_anthropic(stop), stop_details, usage, model))
 }
 
 /// Reads `{"type":"error","error":{"type","message","details"}}`. The error type decides the
@@ -187,14 +148,8 @@ fn parse_response(body: &Value) -> Result<Parsed, String> {
 fn classify(redactor: &Redactor, status: u16, raw: &[u8]) -> (ErrorCode, String) {
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     let error = body.get("error").cloned().unwrap_or(Value::Null);
-    let kind = error
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let text = error
-        .get("message")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    let kind = error.get("type").and_then(Value::as_str).unwrap_or_default();
+    let text = error.get("message").and_then(Value::as_str).map(str::to_string);
     let mut code = match kind {
         "authentication_error" | "permission_error" => ErrorCode::Auth,
         "billing_error" => ErrorCode::SpendLimit,
@@ -211,10 +166,7 @@ fn classify(redactor: &Redactor, status: u16, raw: &[u8]) -> (ErrorCode, String)
     let message = match text {
         Some(text) if !kind.is_empty() => format!("HTTP {status} {kind}: {text}"),
         Some(text) => format!("HTTP {status}: {text}"),
-        None => format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&raw[..raw.len().min(200)])
-        ),
+        None => format!("HTTP {status}: {}", String::from_utf8_lossy(&raw[..raw.len().min(200)])),
     };
     (code, redactor.clean(&message))
 }

@@ -59,6 +59,7 @@ impl ErrorCode {
     }
 }
 
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct LlmError {
@@ -78,15 +79,7 @@ pub struct LlmError {
 
 impl LlmError {
     pub fn new(code: ErrorCode, message: impl Into<String>, retryable: bool) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            retryable,
-            status: None,
-            request_id: None,
-            attempts: 0,
-            latency: Duration::ZERO,
-        }
+        Self { code, message: message.into(), retryable, status: None, request_id: None, attempts: 0, latency: Duration::ZERO }
     }
 
     pub fn not_configured(message: impl Into<String>) -> Self {
@@ -118,9 +111,7 @@ static KEY_LIKE: LazyLock<Regex> = LazyLock::new(|| {
 
 impl Redactor {
     pub(crate) fn new(key: Option<&str>) -> Self {
-        Self {
-            key: key.filter(|k| !k.is_empty()).map(str::to_string),
-        }
+        Self { key: key.filter(|k| !k.is_empty()).map(str::to_string) }
     }
 
     pub(crate) fn clean(&self, text: &str) -> String {
@@ -128,10 +119,7 @@ impl Redactor {
         if let Some(key) = &self.key {
             out = out.replace(key.as_str(), "[REDACTED]");
             // A quoted prefix or suffix of the key (masked keys keep a few characters each side).
-            for part in [key.get(..8), key.get(key.len().saturating_sub(8)..)]
-                .into_iter()
-                .flatten()
-            {
+            for part in [key.get(..8), key.get(key.len().saturating_sub(8)..)].into_iter().flatten() {
                 if part.len() == 8 {
                     out = out.replace(part, "[REDACTED]");
                 }
@@ -160,26 +148,15 @@ mod tests {
             "suffix -tail1234 only",
         ] {
             let cleaned = r.clean(text);
-            assert!(
-                !cleaned.contains("SECRET")
-                    && !cleaned.contains("sk-ant-a")
-                    && !cleaned.contains("tail1234"),
-                "{cleaned}"
-            );
+            assert!(!cleaned.contains("SECRET") && !cleaned.contains("sk-ant-a") && !cleaned.contains("tail1234"), "{cleaned}");
         }
-        assert_eq!(
-            Redactor::new(None).clean("invalid x-api-key"),
-            "invalid x-api-key"
-        );
-        assert!(
-            Redactor::new(None).clean(&"x".repeat(2000)).chars().count() <= MAX_MESSAGE_CHARS + 1
-        );
+        assert_eq!(Redactor::new(None).clean("invalid x-api-key"), "invalid x-api-key");
+        assert!(Redactor::new(None).clean(&"x".repeat(2000)).chars().count() <= MAX_MESSAGE_CHARS + 1);
     }
 
     #[test]
     fn codes_are_stable_and_distinct() {
-        let codes: std::collections::BTreeSet<&str> =
-            ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        let codes: std::collections::BTreeSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(codes.len(), ErrorCode::ALL.len());
         assert!(codes.iter().all(|c| c.starts_with("LLM_")));
         assert_eq!(ErrorCode::for_status(529), ErrorCode::Overloaded);

@@ -44,23 +44,12 @@ impl Endpoint {
             .no_proxy()
             .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
             .build()
-            .map_err(|e| {
-                LlmError::not_configured(format!(
-                    "cannot build the HTTP client: {}",
-                    e.without_url()
-                ))
-            })?;
-        let raw = key
-            .map(|k| k.expose_secret().trim().to_string())
-            .filter(|k| !k.is_empty());
+            .map_err(|e| LlmError::not_configured(format!("cannot build the HTTP client: {}", e.without_url())))?;
+        let raw = key.map(|k| k.expose_secret().trim().to_string()).filter(|k| !k.is_empty());
         let key = match &raw {
             Some(k) => {
-                let mut value =
-                    HeaderValue::from_str(&format!("{key_prefix}{k}")).map_err(|_| {
-                        LlmError::not_configured(format!(
-                            "{key_var} holds characters not allowed in an HTTP header"
-                        ))
-                    })?;
+                let mut value = HeaderValue::from_str(&format!("{key_prefix}{k}"))
+                    .map_err(|_| LlmError::not_configured(format!("{key_var} holds characters not allowed in an HTTP header")))?;
                 value.set_sensitive(true);
                 Some(value)
             }
@@ -93,57 +82,33 @@ impl Endpoint {
         parse: &(dyn Fn(&Value) -> Result<Parsed, String> + Send + Sync),
     ) -> Result<ChatResponse, LlmError> {
         let Some(key) = &self.key else {
-            return Err(LlmError::not_configured(format!(
-                "{} is not set",
-                self.key_var
-            )));
+            return Err(LlmError::not_configured(format!("{} is not set", self.key_var)));
         };
         if req.model.trim().is_empty() {
-            return Err(LlmError::not_configured(format!(
-                "no model is configured for {0} (models.{0})",
-                req.purpose.as_str()
-            )));
+            return Err(LlmError::not_configured(format!("no model is configured for {0} (models.{0})", req.purpose.as_str())));
         }
         if self.base_url.is_empty() {
             return Err(LlmError::not_configured("the provider's base_url is empty"));
         }
         let started = Instant::now();
         let build = || authorize(self.client.post(url), key);
-        let ok = retry::send(
-            &self.policy,
-            self.timeout,
-            request_id_header,
-            &self.redactor,
-            &build,
-            classify,
-        )
-        .await?;
+        let ok = retry::send(&self.policy, self.timeout, request_id_header, &self.redactor, &build, classify).await?;
         let invalid = |why: String| {
-            let mut e = LlmError::new(
-                ErrorCode::InvalidResponse,
-                self.redactor
-                    .clean(&format!("the provider's answer is not usable: {why}")),
-                false,
-            );
+            let mut e = LlmError::new(ErrorCode::InvalidResponse, self.redactor.clean(&format!("the provider's answer is not usable: {why}")), false);
             e.status = Some(200);
             e.request_id.clone_from(&ok.request_id);
             e.attempts = ok.attempts;
             e.latency = started.elapsed();
             e
         };
-        let body: Value =
-            serde_json::from_slice(&ok.body).map_err(|e| invalid(format!("not JSON ({e})")))?;
+        let body: Value = serde_json::from_slice(&ok.body).map_err(|e| invalid(format!("not JSON ({e})")))?;
         let (content, stop_reason, stop_details, usage, model) = parse(&body).map_err(invalid)?;
         Ok(ChatResponse {
             content,
             stop_reason,
             stop_details,
             usage,
-            model: if model.is_empty() {
-                req.model.clone()
-            } else {
-                model
-            },
+            model: if model.is_empty() { req.model.clone() } else { model },
             request_id: ok.request_id,
             latency: started.elapsed(),
             attempts: ok.attempts,
@@ -161,13 +126,7 @@ pub(crate) fn is_spend_limit(error: &Value, message: Option<&str>) -> bool {
         error.get("code"),
         error.get("type"),
     ];
-    let coded = codes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.as_str())
-        .any(|c| matches!(c, "enforced_spend_limit_reached" | "insufficient_quota"));
+    let coded = codes.iter().flatten().filter_map(|v| v.as_str()).any(|c| matches!(c, "enforced_spend_limit_reached" | "insufficient_quota"));
     let lower = message.unwrap_or_default().to_ascii_lowercase();
-    coded
-        || lower.contains("credit balance is too low")
-        || lower.contains("reached your specified api usage limits")
+    coded || lower.contains("credit balance is too low") || lower.contains("reached your specified api usage limits")
 }

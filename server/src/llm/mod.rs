@@ -18,10 +18,7 @@ use std::sync::Arc;
 pub use error::{ErrorCode, LlmError};
 pub use record::{CallObserver, Recorded, call_row, cost_micro_usd};
 pub use retry::RetryPolicy;
-pub use types::{
-    ChatRequest, ChatResponse, ContentBlock, Message, Purpose, Role, StopReason, ToolChoice,
-    ToolSpec, Usage,
-};
+pub use types::{ChatRequest, ChatResponse, ContentBlock, Message, Purpose, Role, StopReason, ToolChoice, ToolSpec, Usage};
 
 use crate::{
     config::{LlmProvider, Settings, secrets::Secrets},
@@ -48,46 +45,21 @@ pub trait ChatModel: Send + Sync {
 /// The client for the configured provider. Without its key the client still exists and answers
 /// every call with `LLM_NOT_CONFIGURED` at once (see [`degraded`]); an error here means the key
 /// cannot be used at all (e.g. it holds a line break).
-pub fn from_settings(
-    settings: &Settings,
-    secrets: &Secrets,
-) -> Result<Arc<dyn ChatModel>, LlmError> {
+pub fn from_settings(settings: &Settings, secrets: &Secrets) -> Result<Arc<dyn ChatModel>, LlmError> {
     let llm = &settings.llm;
     let policy = RetryPolicy::from_settings(llm);
     let var = llm.provider.key_var();
     let key = secrets.by_name(var);
     Ok(match llm.provider {
-        LlmProvider::Anthropic => Arc::new(anthropic::AnthropicClient::new(http::Endpoint::new(
-            &llm.anthropic,
-            policy,
-            key,
-            var,
-            "",
-        )?)),
-        LlmProvider::Openai => Arc::new(openai::OpenAiClient::new(http::Endpoint::new(
-            &llm.openai,
-            policy,
-            key,
-            var,
-            "Bearer ",
-        )?)),
+        LlmProvider::Anthropic => Arc::new(anthropic::AnthropicClient::new(http::Endpoint::new(&llm.anthropic, policy, key, var, "")?)),
+        LlmProvider::Openai => Arc::new(openai::OpenAiClient::new(http::Endpoint::new(&llm.openai, policy, key, var, "Bearer ")?)),
     })
 }
 
 /// `model` with every call recorded in `llm_calls`, priced from `[models]`, and then told to
 /// `observer`.
-pub fn recorded(
-    model: Arc<dyn ChatModel>,
-    db: Db,
-    settings: &Settings,
-    observer: Option<Arc<dyn CallObserver>>,
-) -> Arc<dyn ChatModel> {
-    Arc::new(Recorded::new(
-        model,
-        db,
-        settings.models.prices.clone(),
-        observer,
-    ))
+pub fn recorded(model: Arc<dyn ChatModel>, db: Db, settings: &Settings, observer: Option<Arc<dyn CallObserver>>) -> Arc<dyn ChatModel> {
+    Arc::new(Recorded::new(model, db, settings.models.prices.clone(), observer))
 }
 
 /// Degraded mode: the configured provider has no key, so no model can answer. Customers get
@@ -110,9 +82,6 @@ pub fn degraded(settings: &Settings, secrets: &Secrets) -> Option<Degraded> {
         provider,
         variable,
         customer_reply: llm.fallback_reply.clone(),
-        owner_instruction: llm
-            .owner_instruction
-            .replace("{provider}", provider)
-            .replace("{variable}", variable),
+        owner_instruction: llm.owner_instruction.replace("{provider}", provider).replace("{variable}", variable),
     })
 }

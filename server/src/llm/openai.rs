@@ -11,8 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice,
-    Usage,
+    ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice, Usage,
     error::{ErrorCode, LlmError, Redactor},
     http::{Endpoint, Parsed},
 };
@@ -48,11 +47,7 @@ impl ChatModel for OpenAiClient {
                 req,
                 &url,
                 "x-request-id",
-                &|builder, key| {
-                    builder
-                        .header(reqwest::header::AUTHORIZATION, key.clone())
-                        .json(&body)
-                },
+                &|builder, key| builder.header(reqwest::header::AUTHORIZATION, key.clone()).json(&body),
                 &|status, raw| classify(redactor, status, raw),
                 &parse_response,
             )
@@ -113,20 +108,9 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
     match m.role {
         Role::User => {
             for b in &m.content {
-                if let ContentBlock::ToolResult {
-                    tool_use_id,
-                    content,
-                    is_error,
-                } = b
-                {
-                    let content = if *is_error {
-                        format!("Error: {content}")
-                    } else {
-                        content.clone()
-                    };
-                    out.push(
-                        json!({ "role": "tool", "tool_call_id": tool_use_id, "content": content }),
-                    );
+                if let ContentBlock::ToolResult { tool_use_id, content, is_error } = b {
+                    let content = if *is_error { format!("Error: {content}") } else { content.clone() };
+                    out.push(json!({ "role": "tool", "tool_call_id": tool_use_id, "content": content }));
                 }
             }
             if !text.is_empty() {
@@ -155,57 +139,28 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
 
 fn parse_response(body: &Value) -> Result<Parsed, String> {
     let choice = body.pointer("/choices/0").ok_or("no choices")?;
-    let message = choice
-        .get("message")
-        .ok_or("no message in the first choice")?;
+    let message = choice.get("message").ok_or("no message in the first choice")?;
     let mut content = Vec::new();
     match message.get("content") {
-        Some(Value::String(text)) if !text.is_empty() => {
-            content.push(ContentBlock::text(text.as_str()))
-        }
+        Some(Value::String(text)) if !text.is_empty() => content.push(ContentBlock::text(text.as_str())),
         Some(Value::Array(parts)) => {
-            content.extend(
-                parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .map(ContentBlock::text),
-            );
+            content.extend(parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).map(ContentBlock::text));
         }
         _ => {}
     }
-    for call in message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let id = call
-            .get("id")
-            .and_then(Value::as_str)
-            .ok_or("a tool call without id")?;
+    for call in message.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
+        let id = call.get("id").and_then(Value::as_str).ok_or("a tool call without id")?;
         let function = call.get("function").ok_or("a tool call without function")?;
-        let name = function
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or("a tool call without a function name")?;
+        let name = function.get("name").and_then(Value::as_str).ok_or("a tool call without a function name")?;
         let input = match function.get("arguments") {
             Some(Value::String(args)) if args.trim().is_empty() => json!({}),
-            Some(Value::String(args)) => {
-                serde_json::from_str(args).unwrap_or_else(|_| Value::String(args.clone()))
-            }
+            Some(Value::String(args)) => serde_json::from_str(args).unwrap_or_else(|_| Value::String(args.clone())),
             Some(other) => other.clone(),
             None => json!({}),
         };
-        content.push(ContentBlock::ToolUse {
-            id: id.into(),
-            name: name.into(),
-            input,
-        });
+        content.push(ContentBlock::ToolUse { id: id.into(), name: name.into(), input });
     }
-    let finish = choice
-        .get("finish_reason")
-        .and_then(Value::as_str)
-        .ok_or("no finish_reason")?;
+    let finish = choice.get("finish_reason").and_then(Value::as_str).ok_or("no finish_reason")?;
     let usage = body.get("usage").cloned().unwrap_or(Value::Null);
     let count = |p: &str| usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     let cached = count("/prompt_tokens_details/cached_tokens");
@@ -215,20 +170,9 @@ fn parse_response(body: &Value) -> Result<Parsed, String> {
         cache_read_tokens: cached,
         cache_write_tokens: 0,
     };
-    let refusal = message
-        .get("refusal")
-        .filter(|v| v.is_string())
-        .map(|r| json!({ "type": "refusal", "explanation": r }));
-    let stop = if refusal.is_some() {
-        StopReason::Refusal
-    } else {
-        StopReason::from_openai(finish)
-    };
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let refusal = message.get("refusal").filter(|v| v.is_string()).map(|r| json!({ "type": "refusal", "explanation": r }));
+    let stop = if refusal.is_some() { StopReason::Refusal } else { StopReason::from_openai(finish) };
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
     Ok((content, stop, refusal, usage, model))
 }
 
@@ -247,10 +191,7 @@ fn classify(redactor: &Redactor, status: u16, raw: &[u8]) -> (ErrorCode, String)
     }
     let message = match text {
         Some(text) => format!("HTTP {status}: {text}"),
-        None => format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&raw[..raw.len().min(200)])
-        ),
+        None => format!("HTTP {status}: {}", String::from_utf8_lossy(&raw[..raw.len().min(200)])),
     };
     (code, redactor.clean(&message))
 }

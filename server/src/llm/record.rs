@@ -28,12 +28,7 @@ fn tokens(n: u64) -> i64 {
 
 /// The row for one finished call. The price is looked up by the requested model first, then by
 /// the model the provider says answered.
-pub fn call_row(
-    provider: &str,
-    req: &ChatRequest,
-    result: &Result<ChatResponse, LlmError>,
-    prices: &[ModelPrice],
-) -> LlmCallRow {
+pub fn call_row(provider: &str, req: &ChatRequest, result: &Result<ChatResponse, LlmError>, prices: &[ModelPrice]) -> LlmCallRow {
     let price_of = |model: &str| prices.iter().find(|p| p.model == model);
     let (usage, outcome, stop_reason, status, attempts, latency, request_id, price) = match result {
         Ok(r) => (
@@ -46,16 +41,7 @@ pub fn call_row(
             r.request_id.clone(),
             price_of(&req.model).or_else(|| price_of(&r.model)),
         ),
-        Err(e) => (
-            Usage::default(),
-            e.code.as_str().to_string(),
-            None,
-            e.status,
-            e.attempts,
-            e.latency,
-            e.request_id.clone(),
-            price_of(&req.model),
-        ),
+        Err(e) => (Usage::default(), e.code.as_str().to_string(), None, e.status, e.attempts, e.latency, e.request_id.clone(), price_of(&req.model)),
     };
     LlmCallRow {
         at: now_ms(),
@@ -93,18 +79,8 @@ pub struct Recorded {
 }
 
 impl Recorded {
-    pub fn new(
-        inner: Arc<dyn ChatModel>,
-        db: Db,
-        prices: Vec<ModelPrice>,
-        observer: Option<Arc<dyn CallObserver>>,
-    ) -> Self {
-        Self {
-            inner,
-            db,
-            prices,
-            observer,
-        }
+    pub fn new(inner: Arc<dyn ChatModel>, db: Db, prices: Vec<ModelPrice>, observer: Option<Arc<dyn CallObserver>>) -> Self {
+        Self { inner, db, prices, observer }
     }
 }
 
@@ -121,19 +97,10 @@ impl ChatModel for Recorded {
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let result = self.inner.chat(req).await;
         let row = call_row(self.inner.provider(), req, &result, &self.prices);
-        let labels = [
-            ("provider", row.provider.clone()),
-            ("purpose", row.purpose.clone()),
-        ];
+        let labels = [("provider", row.provider.clone()), ("purpose", row.purpose.clone())];
         metrics::counter!("llm_calls_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "outcome" => row.outcome.clone()).increment(1);
-        metrics::histogram!("llm_call_duration_seconds", &labels)
-            .record(row.latency_ms as f64 / 1000.0);
-        for (kind, n) in [
-            ("input", row.input_tokens),
-            ("output", row.output_tokens),
-            ("cache_read", row.cache_read_tokens),
-            ("cache_write", row.cache_write_tokens),
-        ] {
+        metrics::histogram!("llm_call_duration_seconds", &labels).record(row.latency_ms as f64 / 1000.0);
+        for (kind, n) in [("input", row.input_tokens), ("output", row.output_tokens), ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens)] {
             metrics::counter!("llm_tokens_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "kind" => kind).increment(u64::try_from(n).unwrap_or(0));
         }
         let written = async {
@@ -147,9 +114,7 @@ impl ChatModel for Recorded {
                     observer.recorded(&row).await;
                 }
             }
-            Err(e) => {
-                tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded")
-            }
+            Err(e) => tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded"),
         }
         result
     }

@@ -27,19 +27,12 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     pub fn from_settings(llm: &LlmSettings) -> Self {
-        Self {
-            max_retries: llm.max_retries,
-            initial_delay: llm.retry_initial_delay,
-            max_delay: llm.retry_max_delay,
-        }
+        Self { max_retries: llm.max_retries, initial_delay: llm.retry_initial_delay, max_delay: llm.retry_max_delay }
     }
 
     /// The wait before retry number `retries_taken + 1`, without a `retry-after`.
     pub fn backoff(&self, retries_taken: u32) -> Duration {
-        let base = self
-            .initial_delay
-            .saturating_mul(2u32.saturating_pow(retries_taken.min(20)))
-            .min(self.max_delay);
+        let base = self.initial_delay.saturating_mul(2u32.saturating_pow(retries_taken.min(20))).min(self.max_delay);
         let jitter = 1.0 - 0.25 * rand::random::<f64>();
         base.mul_f64(jitter)
     }
@@ -88,45 +81,20 @@ pub(crate) async fn send(
         .await;
         let failure = match sent {
             Err(_elapsed) => {
-                let mut error = LlmError::new(
-                    ErrorCode::Timeout,
-                    format!(
-                        "no answer within the {} deadline",
-                        humantime::format_duration(timeout)
-                    ),
-                    true,
-                );
+                let mut error = LlmError::new(ErrorCode::Timeout, format!("no answer within the {} deadline", humantime::format_duration(timeout)), true);
                 error.attempts = attempts;
                 error.latency = started.elapsed();
                 return Err(error);
             }
             Ok(Err(e)) => {
-                let code = if e.is_timeout() {
-                    ErrorCode::Timeout
-                } else {
-                    ErrorCode::ProviderError
-                };
-                let message = redactor.clean(&format!(
-                    "could not reach the provider: {}",
-                    e.without_url()
-                ));
-                Failure {
-                    error: LlmError::new(code, message, true),
-                    retry: true,
-                    retry_after: None,
-                }
+                let code = if e.is_timeout() { ErrorCode::Timeout } else { ErrorCode::ProviderError };
+                let message = redactor.clean(&format!("could not reach the provider: {}", e.without_url()));
+                Failure { error: LlmError::new(code, message, true), retry: true, retry_after: None }
             }
             Ok(Ok((status, headers, body))) => {
-                let request_id = headers
-                    .get(request_id_header)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
+                let request_id = headers.get(request_id_header).and_then(|v| v.to_str().ok()).map(str::to_string);
                 if (200..300).contains(&status) {
-                    return Ok(HttpOk {
-                        body: body.to_vec(),
-                        request_id,
-                        attempts,
-                    });
+                    return Ok(HttpOk { body: body.to_vec(), request_id, attempts });
                 }
                 let (code, message) = classify(status, &body);
                 let retry = code != ErrorCode::SpendLimit
@@ -138,26 +106,16 @@ pub(crate) async fn send(
                 let mut error = LlmError::new(code, message, retry);
                 error.status = Some(status);
                 error.request_id = request_id;
-                Failure {
-                    error,
-                    retry,
-                    retry_after: retry_after(&headers),
-                }
+                Failure { error, retry, retry_after: retry_after(&headers) }
             }
         };
-        let Failure {
-            mut error,
-            retry,
-            retry_after,
-        } = failure;
+        let Failure { mut error, retry, retry_after } = failure;
         error.attempts = attempts;
         if !retry || attempts > policy.max_retries {
             error.latency = started.elapsed();
             return Err(error);
         }
-        let wait = retry_after
-            .filter(|d| !d.is_zero() && *d <= MAX_RETRY_AFTER)
-            .unwrap_or_else(|| policy.backoff(attempts - 1));
+        let wait = retry_after.filter(|d| !d.is_zero() && *d <= MAX_RETRY_AFTER).unwrap_or_else(|| policy.backoff(attempts - 1));
         if Instant::now() + wait >= deadline {
             error.latency = started.elapsed();
             return Err(error);
@@ -169,12 +127,7 @@ pub(crate) async fn send(
 
 /// `retry-after-ms` (milliseconds), else `retry-after` (seconds or an HTTP date).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         return Duration::try_from_secs_f64(ms / 1000.0).ok();
     }
@@ -194,19 +147,8 @@ mod tests {
 
     #[test]
     fn backoff_doubles_with_jitter_and_caps() {
-        let p = RetryPolicy {
-            max_retries: 5,
-            initial_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(8),
-        };
-        for (taken, full) in [
-            (0, 500),
-            (1, 1000),
-            (2, 2000),
-            (3, 4000),
-            (4, 8000),
-            (9, 8000),
-        ] {
+        let p = RetryPolicy { max_retries: 5, initial_delay: Duration::from_millis(500), max_delay: Duration::from_secs(8) };
+        for (taken, full) in [(0, 500), (1, 1000), (2, 2000), (3, 4000), (4, 8000), (9, 8000)] {
             let d = p.backoff(taken).as_millis();
             assert!(d <= full && d >= full * 3 / 4, "retry {taken}: {d} ms");
         }
@@ -219,21 +161,11 @@ mod tests {
         h.insert("retry-after", HeaderValue::from_static("2"));
         assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
         h.insert("retry-after-ms", HeaderValue::from_static("150"));
-        assert_eq!(
-            retry_after(&h),
-            Some(Duration::from_millis(150)),
-            "the ms header wins"
-        );
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(150)), "the ms header wins");
         let mut h = HeaderMap::new();
         let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(30));
-        h.insert(
-            "retry-after",
-            HeaderValue::from_str(&later).expect("header"),
-        );
+        h.insert("retry-after", HeaderValue::from_str(&later).expect("header"));
         let d = retry_after(&h).expect("date");
-        assert!(
-            d > Duration::from_secs(25) && d <= Duration::from_secs(30),
-            "{d:?}"
-        );
+        assert!(d > Duration::from_secs(25) && d <= Duration::from_secs(30), "{d:?}");
     }
 }

@@ -20,12 +20,7 @@ pub enum Purpose {
 }
 
 impl Purpose {
-    pub const ALL: [Self; 4] = [
-        Self::Chat,
-        Self::Planner,
-        Self::Summarizer,
-        Self::Compaction,
-    ];
+    pub const ALL: [Self; 4] = [Self::Chat, Self::Planner, Self::Summarizer, Self::Compaction];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -58,19 +53,9 @@ pub enum Role {
 /// are kept verbatim in `Other`, because the Anthropic API wants them passed back unchanged.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContentBlock {
-    Text {
-        text: String,
-    },
-    ToolUse {
-        id: String,
-        name: String,
-        input: Value,
-    },
-    ToolResult {
-        tool_use_id: String,
-        content: String,
-        is_error: bool,
-    },
+    Text { text: String },
+    ToolUse { id: String, name: String, input: Value },
+    ToolResult { tool_use_id: String, content: String, is_error: bool },
     Other(Value),
 }
 
@@ -88,17 +73,11 @@ pub struct Message {
 
 impl Message {
     pub fn user(text: impl Into<String>) -> Self {
-        Self {
-            role: Role::User,
-            content: vec![ContentBlock::text(text)],
-        }
+        Self { role: Role::User, content: vec![ContentBlock::text(text)] }
     }
 
     pub fn assistant(text: impl Into<String>) -> Self {
-        Self {
-            role: Role::Assistant,
-            content: vec![ContentBlock::text(text)],
-        }
+        Self { role: Role::Assistant, content: vec![ContentBlock::text(text)] }
     }
 }
 
@@ -146,12 +125,7 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     /// A request for `purpose`, with the model configured for it.
-    pub fn new(
-        models: &ModelSettings,
-        purpose: Purpose,
-        correlation_id: impl Into<String>,
-        messages: Vec<Message>,
-    ) -> Self {
+    pub fn new(models: &ModelSettings, purpose: Purpose, correlation_id: impl Into<String>, messages: Vec<Message>) -> Self {
         Self {
             purpose,
             model: purpose.model(models).to_string(),
@@ -288,10 +262,7 @@ impl ChatResponse {
     /// The assistant message to append to the history before sending tool results (or, after
     /// `pause_turn`, before calling again).
     pub fn to_message(&self) -> Message {
-        Message {
-            role: Role::Assistant,
-            content: self.content.clone(),
-        }
+        Message { role: Role::Assistant, content: self.content.clone() }
     }
 }
 
@@ -301,16 +272,7 @@ mod tests {
 
     #[test]
     fn stop_reasons_round_trip_and_unknown_ones_are_kept() {
-        for name in [
-            "end_turn",
-            "max_tokens",
-            "stop_sequence",
-            "tool_use",
-            "pause_turn",
-            "refusal",
-            "model_context_window_exceeded",
-            "something_new",
-        ] {
+        for name in ["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded", "something_new"] {
             assert_eq!(StopReason::from_anthropic(name).as_str(), name);
         }
         assert_eq!(StopReason::from_openai("tool_calls"), StopReason::ToolUse);
@@ -321,19 +283,10 @@ mod tests {
 
     #[test]
     fn each_purpose_takes_its_configured_model() {
-        let models = ModelSettings {
-            chat: "a".into(),
-            planner: "b".into(),
-            summarizer: "c".into(),
-            compaction: "d".into(),
-            prices: vec![],
-        };
+        let models = ModelSettings { chat: "a".into(), planner: "b".into(), summarizer: "c".into(), compaction: "d".into(), prices: vec![] };
         let picked: Vec<&str> = Purpose::ALL.iter().map(|p| p.model(&models)).collect();
         assert_eq!(picked, ["a", "b", "c", "d"]);
         let req = ChatRequest::new(&models, Purpose::Summarizer, "c1", vec![Message::user("x")]);
-        assert_eq!(
-            (req.model.as_str(), req.purpose.as_str()),
-            ("c", "summarizer")
-        );
+        assert_eq!((req.model.as_str(), req.purpose.as_str()), ("c", "summarizer"));
     }
 }

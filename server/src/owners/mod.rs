@@ -39,9 +39,7 @@ impl From<InsertOwnerError> for OwnerError {
     fn from(e: InsertOwnerError) -> Self {
         match e {
             InsertOwnerError::LoginTaken => Self::Invalid("That login name is taken.".into()),
-            InsertOwnerError::PhoneTaken(p) => {
-                Self::Invalid(format!("{p} already belongs to another owner."))
-            }
+            InsertOwnerError::PhoneTaken(p) => Self::Invalid(format!("{p} already belongs to another owner.")),
             InsertOwnerError::Db(e) => Self::Db(e),
         }
     }
@@ -57,31 +55,18 @@ pub struct ValidOwner {
 }
 
 impl ValidOwner {
-    pub fn parse(
-        display_name: &str,
-        login: &str,
-        password: SecretString,
-        phones: &str,
-        min_password: usize,
-    ) -> Result<Self, OwnerError> {
+    pub fn parse(display_name: &str, login: &str, password: SecretString, phones: &str, min_password: usize) -> Result<Self, OwnerError> {
         let display_name = parse_display_name(display_name).map_err(OwnerError::Invalid)?;
         let login = LoginName::parse(login).map_err(OwnerError::Invalid)?;
         check_password(&password, min_password)?;
         let phones = PhoneNumber::parse_list(phones).map_err(OwnerError::Invalid)?;
-        Ok(Self {
-            display_name,
-            login,
-            password,
-            phones,
-        })
+        Ok(Self { display_name, login, password, phones })
     }
 }
 
 pub fn check_password(password: &SecretString, min: usize) -> Result<(), OwnerError> {
     if password.expose_secret().chars().count() < min {
-        return Err(OwnerError::Invalid(format!(
-            "The password must have at least {min} characters."
-        )));
+        return Err(OwnerError::Invalid(format!("The password must have at least {min} characters.")));
     }
     Ok(())
 }
@@ -92,31 +77,15 @@ fn phone_strings(phones: &[PhoneNumber]) -> Vec<String> {
 
 /// Creates the first owner and closes setup, atomically. A racing second request gets
 /// [`OwnerError::SetupClosed`] and leaves nothing behind.
-pub async fn create_first_owner(
-    db: &Db,
-    owner: ValidOwner,
-    ip: &str,
-) -> Result<OwnerRow, OwnerError> {
+pub async fn create_first_owner(db: &Db, owner: ValidOwner, ip: &str) -> Result<OwnerRow, OwnerError> {
     if setup_completed(db).await? {
         return Err(OwnerError::SetupClosed);
     }
-    let hash = hash_password(owner.password.clone())
-        .await
-        .map_err(OwnerError::Hash)?;
+    let hash = hash_password(owner.password.clone()).await.map_err(OwnerError::Hash)?;
     let mut tx = db.begin_write().await?;
-    let inserted = q::insert_owner(
-        &mut tx,
-        owner.login.as_str(),
-        &owner.display_name,
-        &hash,
-        &phone_strings(&owner.phones),
-    )
-    .await;
+    let inserted = q::insert_owner(&mut tx, owner.login.as_str(), &owner.display_name, &hash, &phone_strings(&owner.phones)).await;
     let claimed = match inserted {
-        Ok(id) => q::claim_setup(&mut tx, id)
-            .await
-            .map(|won| won.then_some(id))
-            .map_err(OwnerError::from),
+        Ok(id) => q::claim_setup(&mut tx, id).await.map(|won| won.then_some(id)).map_err(OwnerError::from),
         Err(e) => Err(e.into()),
     };
     let id = match claimed {
@@ -131,20 +100,8 @@ pub async fn create_first_owner(
             return Err(other.err().unwrap_or(OwnerError::SetupClosed));
         }
     };
-    audit::record(
-        &mut tx,
-        AuditEntry {
-            owner_id: Some(id),
-            login: Some(owner.login.as_str()),
-            ip: Some(ip),
-            event: event::SETUP_COMPLETED,
-            detail: None,
-        },
-    )
-    .await?;
-    let row = q::find_by_id(&mut tx, id)
-        .await?
-        .ok_or_else(|| OwnerError::NotFound(owner.login.as_str().into()))?;
+    audit::record(&mut tx, AuditEntry { owner_id: Some(id), login: Some(owner.login.as_str()), ip: Some(ip), event: event::SETUP_COMPLETED, detail: None }).await?;
+    let row = q::find_by_id(&mut tx, id).await?.ok_or_else(|| OwnerError::NotFound(owner.login.as_str().into()))?;
     tx.commit().await?;
     Ok(row)
 }
@@ -156,93 +113,37 @@ pub async fn setup_completed(db: &Db) -> Result<bool, OwnerError> {
 
 /// Adds another owner from the CLI. Also closes setup if it was still open.
 pub async fn add_owner(db: &Db, owner: ValidOwner) -> Result<OwnerRow, OwnerError> {
-    let hash = hash_password(owner.password.clone())
-        .await
-        .map_err(OwnerError::Hash)?;
+    let hash = hash_password(owner.password.clone()).await.map_err(OwnerError::Hash)?;
     let mut tx = db.begin_write().await?;
-    let id = match q::insert_owner(
-        &mut tx,
-        owner.login.as_str(),
-        &owner.display_name,
-        &hash,
-        &phone_strings(&owner.phones),
-    )
-    .await
-    {
-        Err(InsertOwnerError::LoginTaken) => {
-            return Err(OwnerError::LoginTaken(owner.login.as_str().into()));
-        }
+    let id = match q::insert_owner(&mut tx, owner.login.as_str(), &owner.display_name, &hash, &phone_strings(&owner.phones)).await {
+        Err(InsertOwnerError::LoginTaken) => return Err(OwnerError::LoginTaken(owner.login.as_str().into())),
         other => other?,
     };
     q::claim_setup(&mut tx, id).await?;
-    audit::record(
-        &mut tx,
-        AuditEntry {
-            owner_id: Some(id),
-            login: Some(owner.login.as_str()),
-            ip: Some("cli"),
-            event: event::OWNER_ADDED,
-            detail: None,
-        },
-    )
-    .await?;
-    let row = q::find_by_id(&mut tx, id)
-        .await?
-        .ok_or_else(|| OwnerError::NotFound(owner.login.as_str().into()))?;
+    audit::record(&mut tx, AuditEntry { owner_id: Some(id), login: Some(owner.login.as_str()), ip: Some("cli"), event: event::OWNER_ADDED, detail: None }).await?;
+    let row = q::find_by_id(&mut tx, id).await?.ok_or_else(|| OwnerError::NotFound(owner.login.as_str().into()))?;
     tx.commit().await?;
     Ok(row)
 }
 
 /// Sets a new password and ends every session of that owner.
-pub async fn reset_password(
-    db: &Db,
-    login: &str,
-    password: SecretString,
-    min_password: usize,
-) -> Result<(), OwnerError> {
+pub async fn reset_password(db: &Db, login: &str, password: SecretString, min_password: usize) -> Result<(), OwnerError> {
     check_password(&password, min_password)?;
     let login = LoginName::parse(login).map_err(OwnerError::Invalid)?;
     let hash = hash_password(password).await.map_err(OwnerError::Hash)?;
     let mut tx = db.begin_write().await?;
-    let owner = q::find_by_login(&mut tx, login.as_str())
-        .await?
-        .ok_or_else(|| OwnerError::NotFound(login.as_str().into()))?;
+    let owner = q::find_by_login(&mut tx, login.as_str()).await?.ok_or_else(|| OwnerError::NotFound(login.as_str().into()))?;
     q::set_password(&mut tx, owner.id, &hash).await?;
-    audit::record(
-        &mut tx,
-        AuditEntry {
-            owner_id: Some(owner.id),
-            login: Some(login.as_str()),
-            ip: Some("cli"),
-            event: event::PASSWORD_RESET,
-            detail: None,
-        },
-    )
-    .await?;
+    audit::record(&mut tx, AuditEntry { owner_id: Some(owner.id), login: Some(login.as_str()), ip: Some("cli"), event: event::PASSWORD_RESET, detail: None }).await?;
     tx.commit().await?;
     Ok(())
 }
 
-pub async fn update_phones(
-    db: &Db,
-    owner_id: i64,
-    phones: &str,
-    ip: &str,
-) -> Result<Vec<String>, OwnerError> {
+pub async fn update_phones(db: &Db, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, OwnerError> {
     let phones = phone_strings(&PhoneNumber::parse_list(phones).map_err(OwnerError::Invalid)?);
     let mut tx = db.begin_write().await?;
     q::replace_phones(&mut tx, owner_id, &phones).await?;
-    audit::record(
-        &mut tx,
-        AuditEntry {
-            owner_id: Some(owner_id),
-            ip: Some(ip),
-            event: event::PHONES_UPDATED,
-            detail: Some(serde_json::json!({ "count": phones.len() })),
-            ..Default::default()
-        },
-    )
-    .await?;
+    audit::record(&mut tx, AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: event::PHONES_UPDATED, detail: Some(serde_json::json!({ "count": phones.len() })), ..Default::default() }).await?;
     tx.commit().await?;
     Ok(phones)
 }
@@ -277,23 +178,18 @@ pub struct Throttle {
 /// limit, at most the window.
 pub fn progressive_delay(throttle: Throttle, failures: i64) -> Duration {
     let base = (throttle.window / 16).max(Duration::from_secs(1));
-    let excess = u32::try_from(failures.saturating_sub(i64::from(throttle.max_failures)))
-        .unwrap_or(u32::MAX)
-        .min(16);
-    base.saturating_mul(1 << excess)
-        .min(throttle.window.max(base))
+    let excess = u32::try_from(failures.saturating_sub(i64::from(throttle.max_failures))).unwrap_or(u32::MAX).min(16);
+    base.saturating_mul(1 << excess).min(throttle.window.max(base))
 }
 
 /// Serialises "count failures, then reserve an attempt" so parallel requests cannot all slip
 /// under the limit. (Across processes the slack is at most one attempt per process.)
 static RESERVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+
 /// When the next attempt may be made under `throttle`, or `None` to go ahead now.
 fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Option<i64> {
-    let (max, window) = (
-        i64::from(throttle.max_failures),
-        db::duration_ms(throttle.window),
-    );
+    let (max, window) = (i64::from(throttle.max_failures), db::duration_ms(throttle.window));
     let mut until = None;
     if c.by_ip >= max {
         until = c.oldest_ip_at.map(|t| t + window);
@@ -302,8 +198,7 @@ fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Optio
         let login_until = if c.by_pair > 0 {
             c.newest_pair_at.map(|t| t + window)
         } else {
-            c.newest_login_at
-                .map(|t| t + db::duration_ms(progressive_delay(throttle, c.by_login)))
+            c.newest_login_at.map(|t| t + db::duration_ms(progressive_delay(throttle, c.by_login)))
         };
         until = until.max(login_until);
     }
@@ -313,13 +208,7 @@ fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Optio
 /// Checks a password. Each attempt is first recorded as a failure (never with the password),
 /// then turned into a success if the password matches; an attempt the [`Throttle`] holds back
 /// is not checked at all.
-pub async fn login(
-    db: &Db,
-    login: &str,
-    password: SecretString,
-    ip: &str,
-    throttle: Throttle,
-) -> Result<Login, OwnerError> {
+pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throttle: Throttle) -> Result<Login, OwnerError> {
     // Audit rows hold a valid login name or a fixed marker, never arbitrary input (which could
     // be a password typed into the wrong field).
     let name = LoginName::parse(login).ok();
@@ -328,29 +217,12 @@ pub async fn login(
         let _serial = RESERVE.lock().await;
         let now = db::now_ms();
         let mut conn = db.pool.acquire().await?;
-        let counts = audit::recent_failures(
-            &mut conn,
-            audit_login,
-            ip,
-            now - db::duration_ms(throttle.window),
-        )
-        .await?;
+        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - db::duration_ms(throttle.window)).await?;
         if let Some(until) = next_attempt(&counts, throttle, now) {
             let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
-            return Ok(Login::Throttled {
-                retry_after: Duration::from_millis(wait_ms),
-            });
+            return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
         }
-        audit::record_returning_id(
-            &mut conn,
-            AuditEntry {
-                login: Some(audit_login),
-                ip: Some(ip),
-                event: event::LOGIN_FAILED,
-                ..Default::default()
-            },
-        )
-        .await?
+        audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }).await?
     };
     let owner = match &name {
         Some(name) => {
@@ -374,61 +246,28 @@ pub async fn login(
 mod tests {
     use super::*;
 
-    const T: Throttle = Throttle {
-        max_failures: 5,
-        window: Duration::from_secs(900),
-    };
+    const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900) };
 
     fn counts(by_login: i64, by_ip: i64, by_pair: i64) -> audit::FailureCounts {
-        audit::FailureCounts {
-            by_login,
-            by_ip,
-            by_pair,
-            oldest_ip_at: Some(1_000),
-            newest_login_at: Some(2_000),
-            newest_pair_at: Some(1_500),
-        }
+        audit::FailureCounts { by_login, by_ip, by_pair, oldest_ip_at: Some(1_000), newest_login_at: Some(2_000), newest_pair_at: Some(1_500) }
     }
 
     #[test]
     fn a_name_over_its_limit_slows_clean_addresses_and_locks_failed_ones() {
         let now = 2_000;
-        assert_eq!(
-            next_attempt(&counts(4, 4, 4), T, now),
-            None,
-            "under every limit"
-        );
-        assert_eq!(
-            next_attempt(&counts(3, 5, 3), T, now),
-            Some(1_000 + 900_000),
-            "the address is locked"
-        );
-        assert_eq!(
-            next_attempt(&counts(5, 1, 1), T, now),
-            Some(1_500 + 900_000),
-            "an address that failed for the name is locked"
-        );
+        assert_eq!(next_attempt(&counts(4, 4, 4), T, now), None, "under every limit");
+        assert_eq!(next_attempt(&counts(3, 5, 3), T, now), Some(1_000 + 900_000), "the address is locked");
+        assert_eq!(next_attempt(&counts(5, 1, 1), T, now), Some(1_500 + 900_000), "an address that failed for the name is locked");
         let clean = next_attempt(&counts(5, 0, 0), T, now).expect("slowed");
-        assert_eq!(
-            clean,
-            2_000 + 56_250,
-            "a clean address waits the first delay only"
-        );
-        assert_eq!(
-            next_attempt(&counts(5, 0, 0), T, 2_000 + 56_250),
-            None,
-            "and may try once it has passed"
-        );
+        assert_eq!(clean, 2_000 + 56_250, "a clean address waits the first delay only");
+        assert_eq!(next_attempt(&counts(5, 0, 0), T, 2_000 + 56_250), None, "and may try once it has passed");
     }
 
     #[test]
     fn the_delay_grows_with_each_failure_up_to_the_window() {
         let delays: Vec<u64> = (5..12).map(|n| progressive_delay(T, n).as_secs()).collect();
         assert_eq!(delays, vec![56, 112, 225, 450, 900, 900, 900]);
-        let tiny = Throttle {
-            max_failures: 1,
-            window: Duration::from_secs(2),
-        };
+        let tiny = Throttle { max_failures: 1, window: Duration::from_secs(2) };
         assert_eq!(progressive_delay(tiny, 1), Duration::from_secs(1));
         assert_eq!(progressive_delay(tiny, 40), Duration::from_secs(2));
     }

@@ -24,12 +24,7 @@ impl JobKind for DeliverNotice {
 /// Stores `notice` and, with `on_whatsapp`, enqueues its delivery to every owner number, all in
 /// the caller's transaction (commit it with [`JobQueue::commit`]). Returns the deliveries
 /// enqueued.
-pub async fn raise(
-    conn: &mut AnyConnection,
-    queue: &JobQueue,
-    notice: &Notification,
-    on_whatsapp: bool,
-) -> Result<usize, DbError> {
+pub async fn raise(conn: &mut AnyConnection, queue: &JobQueue, notice: &Notification, on_whatsapp: bool) -> Result<usize, DbError> {
     db::owner_notifications::insert(conn, notice).await?;
     if !on_whatsapp {
         return Ok(0);
@@ -38,10 +33,7 @@ pub async fn raise(
     let jobs: Vec<_> = phones
         .iter()
         .map(|phone| {
-            let mut job = queue.job(&DeliverNotice {
-                to: phone.trim_start_matches('+').to_string(),
-                message: notice.message.clone(),
-            });
+            let mut job = queue.job(&DeliverNotice { to: phone.trim_start_matches('+').to_string(), message: notice.message.clone() });
             job.correlation_id.clone_from(&notice.correlation_id);
             job
         })

@@ -45,22 +45,10 @@ impl Batch {
         let mut notices = self.notices;
         if rows.len() >= 2 || notices.is_empty() {
             let rest = rows.split_off(rows.len() / 2);
-            (
-                Batch { rows, notices },
-                Batch {
-                    rows: rest,
-                    notices: Vec::new(),
-                },
-            )
+            (Batch { rows, notices }, Batch { rows: rest, notices: Vec::new() })
         } else {
             let rest = notices.split_off(notices.len() / 2);
-            (
-                Batch { rows, notices },
-                Batch {
-                    rows: Vec::new(),
-                    notices: rest,
-                },
-            )
+            (Batch { rows, notices }, Batch { rows: Vec::new(), notices: rest })
         }
     }
 }
@@ -134,10 +122,7 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch) {
         if batch.len() == 0 {
             continue;
         }
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_secs(2))
-            .with_max_times(ATTEMPTS - 1);
+        let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(50)).with_max_delay(Duration::from_secs(2)).with_max_times(ATTEMPTS - 1);
         let written = (|| write(db, queue, &batch))
             .retry(backoff)
             .notify(|e, wait| tracing::warn!(error = %e, rows = batch.len(), retry_in_ms = wait.as_millis() as u64, "writing tool audit rows failed; retrying"))
@@ -163,15 +148,7 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch) {
 }
 
 fn clean_row(mut r: AuditRow) -> AuditRow {
-    for text in [
-        &mut r.tool,
-        &mut r.actor,
-        &mut r.chat_type,
-        &mut r.decision,
-        &mut r.reason_code,
-        &mut r.correlation_id,
-        &mut r.args,
-    ] {
+    for text in [&mut r.tool, &mut r.actor, &mut r.chat_type, &mut r.decision, &mut r.reason_code, &mut r.correlation_id, &mut r.args] {
         *text = db::clean_text(text);
     }
     for text in [&mut r.version, &mut r.chat_id].into_iter().flatten() {
@@ -181,13 +158,7 @@ fn clean_row(mut r: AuditRow) -> AuditRow {
 }
 
 fn clean_notice(mut n: Notification) -> Notification {
-    for text in [
-        &mut n.hook,
-        &mut n.tool,
-        &mut n.reason_code,
-        &mut n.message,
-        &mut n.correlation_id,
-    ] {
+    for text in [&mut n.hook, &mut n.tool, &mut n.reason_code, &mut n.message, &mut n.correlation_id] {
         *text = db::clean_text(text);
     }
     n

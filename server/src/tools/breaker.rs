@@ -31,12 +31,7 @@ struct Breaker {
 
 impl Default for Breaker {
     fn default() -> Self {
-        Self {
-            failures: VecDeque::new(),
-            opened_at: None,
-            cooldown: FIRST_COOLDOWN,
-            trial_in_flight: false,
-        }
+        Self { failures: VecDeque::new(), opened_at: None, cooldown: FIRST_COOLDOWN, trial_in_flight: false }
     }
 }
 
@@ -59,9 +54,7 @@ pub struct Breakers {
 impl Breakers {
     /// May a call go ahead? In half-open state only one trial call at a time.
     pub fn try_acquire(&self, tool: &str, now: Instant) -> Result<(), Duration> {
-        let Ok(mut map) = self.inner.lock() else {
-            return Ok(());
-        };
+        let Ok(mut map) = self.inner.lock() else { return Ok(()) };
         let b = map.entry(tool.to_string()).or_default();
         match b.state(now) {
             BreakerState::Closed => Ok(()),
@@ -70,9 +63,7 @@ impl Breakers {
                 Ok(())
             }
             BreakerState::HalfOpen => Err(Duration::from_secs(1)),
-            BreakerState::Open => Err(b
-                .cooldown
-                .saturating_sub(now.duration_since(b.opened_at.unwrap_or(now)))),
+            BreakerState::Open => Err(b.cooldown.saturating_sub(now.duration_since(b.opened_at.unwrap_or(now)))),
         }
     }
 
@@ -95,9 +86,7 @@ impl Breakers {
     }
 
     pub fn record_failure(&self, tool: &str, now: Instant) {
-        let Ok(mut map) = self.inner.lock() else {
-            return;
-        };
+        let Ok(mut map) = self.inner.lock() else { return };
         let b = map.entry(tool.to_string()).or_default();
         if b.trial_in_flight || b.state(now) == BreakerState::HalfOpen {
             // The trial failed: open again for twice as long.
@@ -107,11 +96,7 @@ impl Breakers {
             return;
         }
         b.failures.push_back(now);
-        while b
-            .failures
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > FAILURE_WINDOW)
-        {
+        while b.failures.front().is_some_and(|t| now.duration_since(*t) > FAILURE_WINDOW) {
             b.failures.pop_front();
         }
         if b.failures.len() >= FAILURES_TO_OPEN && b.opened_at.is_none() {
@@ -121,11 +106,7 @@ impl Breakers {
     }
 
     pub fn state(&self, tool: &str, now: Instant) -> BreakerState {
-        self.inner
-            .lock()
-            .ok()
-            .and_then(|m| m.get(tool).map(|b| b.state(now)))
-            .unwrap_or(BreakerState::Closed)
+        self.inner.lock().ok().and_then(|m| m.get(tool).map(|b| b.state(now))).unwrap_or(BreakerState::Closed)
     }
 }
 
@@ -140,43 +121,20 @@ mod tests {
         for i in 0..2 {
             breakers.record_failure("t", t0 + Duration::from_secs(i));
         }
-        assert_eq!(
-            breakers.state("t", t0 + Duration::from_secs(2)),
-            BreakerState::Closed,
-            "two failures keep it closed"
-        );
+        assert_eq!(breakers.state("t", t0 + Duration::from_secs(2)), BreakerState::Closed, "two failures keep it closed");
         breakers.record_failure("t", t0 + Duration::from_secs(3));
-        assert_eq!(
-            breakers.state("t", t0 + Duration::from_secs(3)),
-            BreakerState::Open
-        );
-        assert!(
-            breakers
-                .try_acquire("t", t0 + Duration::from_secs(4))
-                .is_err(),
-            "open refuses"
-        );
+        assert_eq!(breakers.state("t", t0 + Duration::from_secs(3)), BreakerState::Open);
+        assert!(breakers.try_acquire("t", t0 + Duration::from_secs(4)).is_err(), "open refuses");
         let later = t0 + Duration::from_secs(3) + FIRST_COOLDOWN;
         assert_eq!(breakers.state("t", later), BreakerState::HalfOpen);
         assert!(breakers.try_acquire("t", later).is_ok(), "one trial");
-        assert!(
-            breakers.try_acquire("t", later).is_err(),
-            "only one trial at a time"
-        );
+        assert!(breakers.try_acquire("t", later).is_err(), "only one trial at a time");
         breakers.record_failure("t", later);
-        assert_eq!(
-            breakers.state("t", later + FIRST_COOLDOWN),
-            BreakerState::Open,
-            "cooldown doubled after a failed trial"
-        );
+        assert_eq!(breakers.state("t", later + FIRST_COOLDOWN), BreakerState::Open, "cooldown doubled after a failed trial");
         let again = later + FIRST_COOLDOWN * 2;
         assert!(breakers.try_acquire("t", again).is_ok());
         breakers.record_success("t");
-        assert_eq!(
-            breakers.state("t", again),
-            BreakerState::Closed,
-            "one success closes it"
-        );
+        assert_eq!(breakers.state("t", again), BreakerState::Closed, "one success closes it");
     }
 
     #[test]
@@ -186,9 +144,6 @@ mod tests {
         breakers.record_failure("t", t0);
         breakers.record_failure("t", t0 + Duration::from_secs(1));
         breakers.record_failure("t", t0 + FAILURE_WINDOW + Duration::from_secs(2));
-        assert_eq!(
-            breakers.state("t", t0 + FAILURE_WINDOW + Duration::from_secs(2)),
-            BreakerState::Closed
-        );
+        assert_eq!(breakers.state("t", t0 + FAILURE_WINDOW + Duration::from_secs(2)), BreakerState::Closed);
     }
 }

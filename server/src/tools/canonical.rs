@@ -9,10 +9,7 @@ use sha2::{Digest, Sha256};
 
 /// `sha256:` and the hex digest of `value`'s canonical text: what an approval binds to.
 pub fn args_hash(value: &Value) -> String {
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(canonical_json(value).as_bytes()))
-    )
+    format!("sha256:{}", hex::encode(Sha256::digest(canonical_json(value).as_bytes())))
 }
 
 /// `value` as compact JSON with the keys of every object sorted (by their UTF-8 bytes) at every
@@ -65,34 +62,13 @@ mod tests {
 
     #[test]
     fn keys_sorted_at_every_depth_and_compact() {
-        let a: Value = serde_json::from_str(
-            r#"{"b": 1, "a": {"z": [3, {"y": "é\"", "x": null}], "c": true}, "A": 1.5}"#,
-        )
-        .expect("json");
-        let b: Value = serde_json::from_str(
-            r#"{"A": 1.5, "a": {"c": true, "z": [3, {"x": null, "y": "é\""}]}, "b": 1}"#,
-        )
-        .expect("json");
+        let a: Value = serde_json::from_str(r#"{"b": 1, "a": {"z": [3, {"y": "é\"", "x": null}], "c": true}, "A": 1.5}"#).expect("json");
+        let b: Value = serde_json::from_str(r#"{"A": 1.5, "a": {"c": true, "z": [3, {"x": null, "y": "é\""}]}, "b": 1}"#).expect("json");
         let text = canonical_json(&a);
-        assert_eq!(
-            text,
-            r#"{"A":1.5,"a":{"c":true,"z":[3,{"x":null,"y":"é\""}]},"b":1}"#
-        );
-        assert_eq!(
-            text,
-            canonical_json(&b),
-            "the same value gives the same text"
-        );
-        assert_eq!(
-            serde_json::from_str::<Value>(&text).expect("valid JSON"),
-            a,
-            "and it reads back as the value"
-        );
-        assert_ne!(
-            canonical_json(&json!({"a": [1, 2]})),
-            canonical_json(&json!({"a": [2, 1]})),
-            "array order is meaning, kept"
-        );
+        assert_eq!(text, r#"{"A":1.5,"a":{"c":true,"z":[3,{"x":null,"y":"é\""}]},"b":1}"#);
+        assert_eq!(text, canonical_json(&b), "the same value gives the same text");
+        assert_eq!(serde_json::from_str::<Value>(&text).expect("valid JSON"), a, "and it reads back as the value");
+        assert_ne!(canonical_json(&json!({"a": [1, 2]})), canonical_json(&json!({"a": [2, 1]})), "array order is meaning, kept");
         assert_eq!(canonical_json(&json!("x")), "\"x\"");
     }
 }

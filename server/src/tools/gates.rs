@@ -34,10 +34,7 @@ pub struct Checked {
 pub enum FailureDetail {
     /// The caller supplied a field Gatehouse fills; `secret` when it is one of the tool's
     /// secret fields rather than a managed one.
-    FieldSupplied {
-        field: String,
-        secret: bool,
-    },
+    FieldSupplied { field: String, secret: bool },
     Schema(SchemaIssues),
 }
 
@@ -54,21 +51,11 @@ pub struct SchemaIssues {
 }
 
 pub(super) fn fail(code: &str, message: impl Into<String>) -> ToolFailure {
-    ToolFailure {
-        code: code.into(),
-        message: message.into(),
-        detail: None,
-        retryable: false,
-    }
+    ToolFailure { code: code.into(), message: message.into(), detail: None, retryable: false }
 }
 
 fn fail_with(code: &str, message: impl Into<String>, detail: FailureDetail) -> ToolFailure {
-    ToolFailure {
-        code: code.into(),
-        message: message.into(),
-        detail: Some(detail),
-        retryable: false,
-    }
+    ToolFailure { code: code.into(), message: message.into(), detail: Some(detail), retryable: false }
 }
 
 /// Most schema errors looked at for one call; the first is the one named in the message.
@@ -86,26 +73,14 @@ fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<(String, 
     let checked = Value::Object(checked);
     let mut first = None;
     let mut issues = SchemaIssues::default();
-    for err in tool
-        .input_validator
-        .iter_errors(&checked)
-        .take(MAX_SCHEMA_ERRORS)
-    {
+    for err in tool.input_validator.iter_errors(&checked).take(MAX_SCHEMA_ERRORS) {
         let at = err.instance_path().to_string();
         if first.is_none() {
-            first = Some(format!(
-                "at {:?}: {}",
-                if at.is_empty() { "/" } else { at.as_str() },
-                err.kind().keyword()
-            ));
+            first = Some(format!("at {:?}: {}", if at.is_empty() { "/" } else { at.as_str() }, err.kind().keyword()));
         }
         match err.kind() {
-            Kind::Required {
-                property: Value::String(name),
-            } if at.is_empty() => issues.missing.push(name.clone()),
-            Kind::AdditionalProperties { unexpected } => {
-                issues.unexpected.extend(unexpected.iter().cloned())
-            }
+            Kind::Required { property: Value::String(name) } if at.is_empty() => issues.missing.push(name.clone()),
+            Kind::AdditionalProperties { unexpected } => issues.unexpected.extend(unexpected.iter().cloned()),
             _ => issues.other = true,
         }
     }
@@ -114,83 +89,37 @@ fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<(String, 
 
 /// The gates, in order, against `catalog` (the version the call started with: its approval
 /// mode and hooks apply). `notify_owner` hooks that matched are added to `notify`.
-pub(super) fn gates<'c>(
-    catalog: &'c Catalog,
-    call: &ToolCall,
-    ctx: &CallContext,
-    notify: &mut Vec<&'c Hook>,
-) -> Result<Checked, ToolFailure> {
+pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext, notify: &mut Vec<&'c Hook>) -> Result<Checked, ToolFailure> {
     let Some(tool) = catalog.get(&call.name) else {
         return Err(match catalog.withheld(&call.name) {
             Some(w) => fail(w.code, w.reason.clone()),
-            None => fail(
-                ToolCode::Unknown.as_str(),
-                format!("there is no tool named {:?}", call.name),
-            ),
+            None => fail(ToolCode::Unknown.as_str(), format!("there is no tool named {:?}", call.name)),
         });
     };
     let spec = &tool.spec;
     if !spec.enabled {
-        return Err(fail(
-            ToolCode::Disabled.as_str(),
-            format!("{} is disabled", spec.name),
-        ));
+        return Err(fail(ToolCode::Disabled.as_str(), format!("{} is disabled", spec.name)));
     }
     if ctx.actor == Role::Customer && spec.audience == Audience::OwnerOnly {
-        return Err(fail(
-            ToolCode::NotAllowedForActor.as_str(),
-            format!("{} is for owners only", spec.name),
-        ));
+        return Err(fail(ToolCode::NotAllowedForActor.as_str(), format!("{} is for owners only", spec.name)));
     }
     if !spec.chat_types.contains(&ctx.chat_type) {
-        return Err(fail(
-            ToolCode::ChatTypeNotAllowed.as_str(),
-            format!("{} is not available in this kind of chat", spec.name),
-        ));
+        return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is not available in this kind of chat", spec.name)));
     }
     if let Some(approved) = &ctx.approved {
         if approved.version != tool.version {
-            return Err(fail(
-                ToolCode::ApprovalStale.as_str(),
-                format!(
-                    "{} changed since approval {} was given",
-                    spec.name, approved.approval_id
-                ),
-            ));
+            return Err(fail(ToolCode::ApprovalStale.as_str(), format!("{} changed since approval {} was given", spec.name, approved.approval_id)));
         }
         if approved.args_hash != super::canonical::args_hash(&call.args) {
-            return Err(fail(
-                ToolCode::ApprovalStale.as_str(),
-                format!(
-                    "the arguments differ from the ones approval {} was given for",
-                    approved.approval_id
-                ),
-            ));
+            return Err(fail(ToolCode::ApprovalStale.as_str(), format!("the arguments differ from the ones approval {} was given for", approved.approval_id)));
         }
     }
     let Value::Object(supplied) = &call.args else {
-        return Err(fail_with(
-            ToolCode::SchemaInvalid.as_str(),
-            "arguments must be a JSON object",
-            FailureDetail::Schema(SchemaIssues {
-                other: true,
-                ..SchemaIssues::default()
-            }),
-        ));
+        return Err(fail_with(ToolCode::SchemaInvalid.as_str(), "arguments must be a JSON object", FailureDetail::Schema(SchemaIssues { other: true, ..SchemaIssues::default() })));
     };
-    if let Some(field) = supplied
-        .keys()
-        .find(|k| spec.managed_fields.contains(k) || spec.secret_fields.contains_key(*k))
-    {
-        let detail = FailureDetail::FieldSupplied {
-            field: field.clone(),
-            secret: spec.secret_fields.contains_key(field),
-        };
-        return Err(fail_with(
-            ToolCode::ManagedFieldSupplied.as_str(),
-            format!("{field:?} is filled by Gatehouse, not by the caller"),
-            detail,
-        ));
+    if let Some(field) = supplied.keys().find(|k| spec.managed_fields.contains(k) || spec.secret_fields.contains_key(*k)) {
+        let detail = FailureDetail::FieldSupplied { field: field.clone(), secret: spec.secret_fields.contains_key(field) };
+        return Err(fail_with(ToolCode::ManagedFieldSupplied.as_str(), format!("{field:?} is filled by Gatehouse, not by the caller"), detail));
     }
     let mut input: Map<String, Value> = supplied.clone();
     for field in &spec.managed_fields {
@@ -205,11 +134,7 @@ pub(super) fn gates<'c>(
         }
     }
     if let Some((problem, issues)) = schema_problem(&tool, &input) {
-        return Err(fail_with(
-            ToolCode::SchemaInvalid.as_str(),
-            format!("arguments do not match the schema {problem}"),
-            FailureDetail::Schema(issues),
-        ));
+        return Err(fail_with(ToolCode::SchemaInvalid.as_str(), format!("arguments do not match the schema {problem}"), FailureDetail::Schema(issues)));
     }
     // A call that needs an owner still passes the hooks: an owner is never asked to approve a
     // call a hook would refuse.
@@ -218,25 +143,12 @@ pub(super) fn gates<'c>(
         Decision::NeedsApproval { reason } if ctx.approved.is_none() => Some(reason.to_string()),
         _ => None,
     };
-    match hooks::before(
-        &catalog.hooks,
-        &spec.name,
-        &Value::Object(input.clone()),
-        notify,
-    ) {
-        Before::Abort { hook } => {
-            return Err(fail(
-                ToolCode::HookDenied.as_str(),
-                format!("stopped by hook {hook:?}"),
-            ));
-        }
+    match hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
+        Before::Abort { hook } => return Err(fail(ToolCode::HookDenied.as_str(), format!("stopped by hook {hook:?}"))),
         Before::NeedsApproval { hook } if ctx.approved.is_none() => {
             needs_approval.get_or_insert_with(|| format!("hook {hook:?} asks for an owner"));
         }
-        Before::Proceed {
-            args: Value::Object(changed_args),
-            changed: true,
-        } => {
+        Before::Proceed { args: Value::Object(changed_args), changed: true } => {
             // Changed arguments are checked against the schema again.
             if let Some((problem, issues)) = schema_problem(&tool, &changed_args) {
                 return Err(fail_with(
@@ -250,10 +162,5 @@ pub(super) fn gates<'c>(
         _ => {}
     }
     let version = tool.version.clone();
-    Ok(Checked {
-        tool,
-        version,
-        input,
-        needs_approval,
-    })
+    Ok(Checked { tool, version, input, needs_approval })
 }

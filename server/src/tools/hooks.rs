@@ -60,13 +60,9 @@ impl HookSpec {
     /// Why this hook cannot work as written, if it cannot.
     pub fn problem(&self) -> Option<&'static str> {
         match (self.point, self.kind) {
-            (HookPoint::OnError, HookKind::NotifyOwner)
-            | (HookPoint::BeforeToolCall, _)
-            | (HookPoint::AfterToolCall, HookKind::Redact | HookKind::NotifyOwner) => None,
+            (HookPoint::OnError, HookKind::NotifyOwner) | (HookPoint::BeforeToolCall, _) | (HookPoint::AfterToolCall, HookKind::Redact | HookKind::NotifyOwner) => None,
             (HookPoint::OnError, _) => Some("on_error hooks can only be notify_owner"),
-            (HookPoint::AfterToolCall, _) => {
-                Some("after_tool_call hooks can only be redact or notify_owner")
-            }
+            (HookPoint::AfterToolCall, _) => Some("after_tool_call hooks can only be redact or notify_owner"),
         }
     }
 }
@@ -106,47 +102,23 @@ fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
             false
         }
         // Every element is visited (no short circuit): all matches are replaced.
-        Value::Array(items) => items
-            .iter_mut()
-            .map(|v| redact_strings(v, regex, replacement))
-            .fold(false, |a, b| a | b),
-        Value::Object(map) => map
-            .values_mut()
-            .map(|v| redact_strings(v, regex, replacement))
-            .fold(false, |a, b| a | b),
+        Value::Array(items) => items.iter_mut().map(|v| redact_strings(v, regex, replacement)).fold(false, |a, b| a | b),
+        Value::Object(map) => map.values_mut().map(|v| redact_strings(v, regex, replacement)).fold(false, |a, b| a | b),
         _ => false,
     }
 }
 
 /// Runs the before-call hooks for `tool` on `args`, in priority order. `notify_owner` hooks
 /// that matched are added to `notify`.
-pub fn before<'h>(
-    hooks: &'h [Hook],
-    tool: &str,
-    args: &Value,
-    notify: &mut Vec<&'h Hook>,
-) -> Before {
+pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<&'h Hook>) -> Before {
     let mut args = args.clone();
     let mut changed = false;
-    for hook in hooks
-        .iter()
-        .filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool))
-    {
+    for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
         let text = args.to_string();
         match hook.spec.kind {
-            HookKind::DenyPattern if hook.regex.is_match(&text) => {
-                return Before::Abort {
-                    hook: hook.spec.name.clone(),
-                };
-            }
-            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => {
-                return Before::NeedsApproval {
-                    hook: hook.spec.name.clone(),
-                };
-            }
-            HookKind::Redact => {
-                changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement)
-            }
+            HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
+            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => return Before::NeedsApproval { hook: hook.spec.name.clone() },
+            HookKind::Redact => changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement),
             HookKind::NotifyOwner if hook.regex.is_match(&text) => notify.push(hook),
             _ => {}
         }
@@ -156,10 +128,7 @@ pub fn before<'h>(
 
 /// Runs the after-call hooks for `tool` on its output.
 pub fn after<'h>(hooks: &'h [Hook], tool: &str, output: &mut Value, notify: &mut Vec<&'h Hook>) {
-    for hook in hooks
-        .iter()
-        .filter(|h| h.spec.point == HookPoint::AfterToolCall && h.applies_to(tool))
-    {
+    for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::AfterToolCall && h.applies_to(tool)) {
         match hook.spec.kind {
             HookKind::Redact => {
                 redact_strings(output, &hook.regex, &hook.spec.replacement);
@@ -171,17 +140,9 @@ pub fn after<'h>(hooks: &'h [Hook], tool: &str, output: &mut Value, notify: &mut
 }
 
 /// The `on_error` hooks for `tool` whose pattern matches `CODE: message`.
-pub fn on_error<'h>(
-    hooks: &'h [Hook],
-    tool: &str,
-    code: &str,
-    message: &str,
-    notify: &mut Vec<&'h Hook>,
-) {
+pub fn on_error<'h>(hooks: &'h [Hook], tool: &str, code: &str, message: &str, notify: &mut Vec<&'h Hook>) {
     let text = format!("{code}: {message}");
-    notify.extend(hooks.iter().filter(|h| {
-        h.spec.point == HookPoint::OnError && h.applies_to(tool) && h.regex.is_match(&text)
-    }));
+    notify.extend(hooks.iter().filter(|h| h.spec.point == HookPoint::OnError && h.applies_to(tool) && h.regex.is_match(&text)));
 }
 
 #[cfg(test)]
@@ -192,110 +153,35 @@ mod tests {
 
     fn hook(name: &str, point: HookPoint, kind: HookKind, priority: i64, pattern: &str) -> Hook {
         Hook {
-            spec: HookSpec {
-                name: name.into(),
-                point,
-                kind,
-                priority,
-                tools: vec!["*".into()],
-                pattern: pattern.into(),
-                replacement: "[CARD]".into(),
-                message: String::new(),
-            },
+            spec: HookSpec { name: name.into(), point, kind, priority, tools: vec!["*".into()], pattern: pattern.into(), replacement: "[CARD]".into(), message: String::new() },
             regex: Regex::new(pattern).expect("regex"),
         }
     }
 
     #[test]
     fn order_abort_approval_and_redaction() {
-        let redact = hook(
-            "cards",
-            HookPoint::BeforeToolCall,
-            HookKind::Redact,
-            1,
-            r"\b\d{4}(?: ?\d{4}){3}\b",
-        );
-        let deny = hook(
-            "no-intranet",
-            HookPoint::BeforeToolCall,
-            HookKind::DenyPattern,
-            2,
-            r"(?i)intranet",
-        );
-        let approval = hook(
-            "big-refund",
-            HookPoint::BeforeToolCall,
-            HookKind::RequireApprovalIf,
-            3,
-            r#""amount":\s*\d{4,}"#,
-        );
-        let notify = hook(
-            "tell",
-            HookPoint::BeforeToolCall,
-            HookKind::NotifyOwner,
-            0,
-            "please",
-        );
+        let redact = hook("cards", HookPoint::BeforeToolCall, HookKind::Redact, 1, r"\b\d{4}(?: ?\d{4}){3}\b");
+        let deny = hook("no-intranet", HookPoint::BeforeToolCall, HookKind::DenyPattern, 2, r"(?i)intranet");
+        let approval = hook("big-refund", HookPoint::BeforeToolCall, HookKind::RequireApprovalIf, 3, r#""amount":\s*\d{4,}"#);
+        let notify = hook("tell", HookPoint::BeforeToolCall, HookKind::NotifyOwner, 0, "please");
         let hooks = vec![notify, redact, deny, approval];
         let mut told = Vec::new();
-        assert_eq!(
-            before(
-                &hooks,
-                "t",
-                &json!({"url": "http://intranet.local"}),
-                &mut told
-            ),
-            Before::Abort {
-                hook: "no-intranet".into()
-            }
-        );
-        assert_eq!(
-            before(&hooks, "t", &json!({"amount": 12000}), &mut told),
-            Before::NeedsApproval {
-                hook: "big-refund".into()
-            }
-        );
+        assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"}), &mut told), Before::Abort { hook: "no-intranet".into() });
+        assert_eq!(before(&hooks, "t", &json!({"amount": 12000}), &mut told), Before::NeedsApproval { hook: "big-refund".into() });
         assert!(told.is_empty(), "nothing matched the notify pattern yet");
-        match before(
-            &hooks,
-            "t",
-            &json!({"note": "card 4111 1111 1111 1111 please"}),
-            &mut told,
-        ) {
+        match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"}), &mut told) {
             Before::Proceed { args, changed } => {
                 assert!(changed);
                 assert_eq!(args, json!({"note": "card [CARD] please"}));
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(
-            told.iter()
-                .map(|h| h.spec.name.as_str())
-                .collect::<Vec<_>>(),
-            ["tell"]
-        );
+        assert_eq!(told.iter().map(|h| h.spec.name.as_str()).collect::<Vec<_>>(), ["tell"]);
         let mut out = json!({"text": "call 4111111111111111"});
-        after(
-            &[hook(
-                "out",
-                HookPoint::AfterToolCall,
-                HookKind::Redact,
-                0,
-                r"\d{16}",
-            )],
-            "t",
-            &mut out,
-            &mut told,
-        );
+        after(&[hook("out", HookPoint::AfterToolCall, HookKind::Redact, 0, r"\d{16}")], "t", &mut out, &mut told);
         assert_eq!(out, json!({"text": "call [CARD]"}));
         let mut errors = Vec::new();
-        let on_timeout = [hook(
-            "timeouts",
-            HookPoint::OnError,
-            HookKind::NotifyOwner,
-            0,
-            "^TOOL_TIMEOUT",
-        )];
+        let on_timeout = [hook("timeouts", HookPoint::OnError, HookKind::NotifyOwner, 0, "^TOOL_TIMEOUT")];
         on_error(&on_timeout, "t", "TOOL_SCHEMA_INVALID", "bad", &mut errors);
         assert!(errors.is_empty());
         on_error(&on_timeout, "t", "TOOL_TIMEOUT", "no answer", &mut errors);

@@ -43,12 +43,7 @@ impl ToolCallJob {
     /// finds the unfinished job instead of starting another.
     pub fn dedupe_key(&self, canonical_args: &str) -> String {
         let mut h = Sha256::new();
-        for part in [
-            self.reply_to.chat_id.as_str(),
-            self.tool.as_str(),
-            canonical_args,
-            self.reply_to.message_id.as_str(),
-        ] {
+        for part in [self.reply_to.chat_id.as_str(), self.tool.as_str(), canonical_args, self.reply_to.message_id.as_str()] {
             h.update(part.as_bytes());
             h.update([0]);
         }

@@ -54,14 +54,7 @@ impl ToolFiles {
         } else {
             mcp::McpConfig::default()
         };
-        if problems.is_empty() {
-            Ok(Self {
-                catalog: Arc::new(catalog),
-                mcp: Arc::new(mcp),
-            })
-        } else {
-            Err(problems)
-        }
+        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp) }) } else { Err(problems) }
     }
 }
 
@@ -78,50 +71,20 @@ fn load_catalog(dir: &Path, secrets: &SecretSource) -> Result<Catalog, Vec<Probl
 /// catalog, and the MCP servers of `files` as a tool source (their cached tools join the
 /// catalog on `McpManager::start` or `load_cached`). Fails only when an HTTP client cannot be
 /// set up.
-pub fn build(
-    settings: &Settings,
-    files: &ToolFiles,
-    secrets: &SecretSource,
-    db: &Db,
-    queue: &JobQueue,
-) -> Result<(Arc<Checkpoint>, mcp::McpManager), reqwest::Error> {
-    let mut checkpoint = Checkpoint::new(
-        db.clone(),
-        files.catalog.clone(),
-        checkpoint::AuditWriter::spawn(db.clone(), queue.clone()),
-        secrets.clone(),
-    );
-    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(
-        settings.web_fetch.clone(),
-        &connectors::hosts(&files.catalog),
-    )?;
+pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db: &Db, queue: &JobQueue) -> Result<(Arc<Checkpoint>, mcp::McpManager), reqwest::Error> {
+    let mut checkpoint = Checkpoint::new(db.clone(), files.catalog.clone(), checkpoint::AuditWriter::spawn(db.clone(), queue.clone()), secrets.clone());
+    let web_fetch = builtins::web_fetch::WebFetch::with_connector_hosts(settings.web_fetch.clone(), &connectors::hosts(&files.catalog))?;
     checkpoint.register_builtin(builtins::web_fetch::HANDLER, Arc::new(web_fetch));
     let search = &settings.web_search;
     let brave_key = secrets.get(builtins::web_search::BRAVE_KEY_VAR);
-    let web_search = builtins::web_search::WebSearch::new(
-        search.provider,
-        &search.base_url,
-        search.max_results as usize,
-        search.timeout,
-        brave_key,
-    )?;
+    let web_search = builtins::web_search::WebSearch::new(search.provider, &search.base_url, search.max_results as usize, search.timeout, brave_key)?;
     checkpoint.register_builtin(builtins::web_search::HANDLER, Arc::new(web_search));
-    checkpoint.register_builtin(
-        builtins::read_result::HANDLER,
-        Arc::new(builtins::read_result::ReadResult::new(db.clone())),
-    );
-    checkpoint.register_provider(
-        catalog::Provider::Connector,
-        Arc::new(connectors::ConnectorExecutor::new(secrets.clone())?),
-    );
+    checkpoint.register_builtin(builtins::read_result::HANDLER, Arc::new(builtins::read_result::ReadResult::new(db.clone())));
+    checkpoint.register_provider(catalog::Provider::Connector, Arc::new(connectors::ConnectorExecutor::new(secrets.clone())?));
     let manager = mcp::McpManager::new(db.clone(), &files.mcp, secrets.clone());
     // The console's address, where an OAuth server sends the owner back after a login.
     let public = &settings.server.public_url;
-    manager.set_public_url(&if public.is_empty() {
-        format!("http://{}", settings.server.addr)
-    } else {
-        public.clone()
-    });
+    manager.set_public_url(&if public.is_empty() { format!("http://{}", settings.server.addr) } else { public.clone() });
     let checkpoint = manager.install(checkpoint, files.catalog.clone());
     Ok((checkpoint, manager))
 }
@@ -148,31 +111,14 @@ pub enum ReloadError {
 /// which joins the MCP tools and swaps the checkpoint's catalog. A file with problems is refused
 /// with all of them, and the current catalog stays. Calls in flight keep the version they
 /// started with. `changed` names the file-declared tools added, removed or edited.
-pub async fn reload_catalog(
-    dir: &Path,
-    secrets: &SecretSource,
-    mcp: &mcp::McpManager,
-    checkpoint: &Checkpoint,
-) -> Result<ReloadReport, ReloadError> {
+pub async fn reload_catalog(dir: &Path, secrets: &SecretSource, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
     let fresh = Arc::new(load_catalog(dir, secrets).map_err(ReloadError::Files)?);
     let old = checkpoint.catalog();
     let declared = |t: &&Arc<ToolDef>| t.spec.provider != catalog::Provider::Mcp;
-    let mut changed: Vec<String> = fresh
-        .all()
-        .filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version))
-        .map(|t| t.spec.name.clone())
-        .collect();
-    changed.extend(
-        old.all()
-            .filter(declared)
-            .filter(|t| fresh.get(&t.spec.name).is_none())
-            .map(|t| t.spec.name.clone()),
-    );
+    let mut changed: Vec<String> = fresh.all().filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version)).map(|t| t.spec.name.clone()).collect();
+    changed.extend(old.all().filter(declared).filter(|t| fresh.get(&t.spec.name).is_none()).map(|t| t.spec.name.clone()));
     changed.sort();
-    let report = ReloadReport {
-        tools: fresh.len(),
-        changed,
-    };
+    let report = ReloadReport { tools: fresh.len(), changed };
     mcp.set_base_catalog(fresh).await?;
     tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded");
     Ok(report)

@@ -24,35 +24,21 @@ pub enum Decision {
 /// customers' high-risk writes always need an owner, YOLO included.
 pub fn decide(spec: &ToolSpec, mode: ApprovalMode, actor: Role) -> Decision {
     if actor == Role::Customer && spec.operation == Operation::Admin {
-        return Decision::Deny {
-            reason: "POLICY_ADMIN_OWNER_ONLY",
-        };
+        return Decision::Deny { reason: "POLICY_ADMIN_OWNER_ONLY" };
     }
     if actor == Role::Customer && spec.audience == Audience::OwnerOnly {
-        return Decision::Deny {
-            reason: "POLICY_OWNER_ONLY",
-        };
+        return Decision::Deny { reason: "POLICY_OWNER_ONLY" };
     }
     if spec.approval == Approval::Always {
-        return Decision::NeedsApproval {
-            reason: "APPROVAL_ALWAYS",
-        };
+        return Decision::NeedsApproval { reason: "APPROVAL_ALWAYS" };
     }
     if actor == Role::Customer && spec.operation == Operation::Write && spec.risk == Risk::High {
-        return Decision::NeedsApproval {
-            reason: "APPROVAL_CUSTOMER_HIGH_RISK_WRITE",
-        };
+        return Decision::NeedsApproval { reason: "APPROVAL_CUSTOMER_HIGH_RISK_WRITE" };
     }
     match (mode, spec.approval) {
         (ApprovalMode::Yolo, _) => Decision::Allow,
-        (ApprovalMode::Ask, Approval::Ask) => Decision::NeedsApproval {
-            reason: "APPROVAL_MODE_ASK",
-        },
-        (ApprovalMode::Auto | ApprovalMode::Ask, _) if spec.risk >= Risk::Medium => {
-            Decision::NeedsApproval {
-                reason: "APPROVAL_RISK",
-            }
-        }
+        (ApprovalMode::Ask, Approval::Ask) => Decision::NeedsApproval { reason: "APPROVAL_MODE_ASK" },
+        (ApprovalMode::Auto | ApprovalMode::Ask, _) if spec.risk >= Risk::Medium => Decision::NeedsApproval { reason: "APPROVAL_RISK" },
         _ => Decision::Allow,
     }
 }
@@ -76,8 +62,7 @@ input_schema = { type = "object" }
 "#,
         )
         .expect("spec");
-        (spec.approval, spec.risk, spec.operation, spec.audience) =
-            (approval, risk, operation, audience);
+        (spec.approval, spec.risk, spec.operation, spec.audience) = (approval, risk, operation, audience);
         spec
     }
 
@@ -96,36 +81,19 @@ input_schema = { type = "object" }
                         for audience in [Audience::Public, Audience::OwnerOnly] {
                             for actor in [Role::Owner, Role::Customer] {
                                 rows += 1;
-                                let got =
-                                    decide(&spec(approval, risk, operation, audience), mode, actor);
+                                let got = decide(&spec(approval, risk, operation, audience), mode, actor);
                                 let customer = actor == Role::Customer;
                                 let expected = if customer && operation == Operation::Admin {
                                     "deny"
                                 } else if customer && audience == Audience::OwnerOnly {
                                     "deny"
-                                } else if approval == A::Always
-                                    || (customer
-                                        && operation == Operation::Write
-                                        && risk == R::High)
-                                {
+                                } else if approval == A::Always || (customer && operation == Operation::Write && risk == R::High) {
                                     "ask"
                                 } else {
                                     match mode {
                                         M::Yolo => "allow",
-                                        M::Auto => {
-                                            if risk == R::Low {
-                                                "allow"
-                                            } else {
-                                                "ask"
-                                            }
-                                        }
-                                        M::Ask => {
-                                            if approval == A::Never && risk == R::Low {
-                                                "allow"
-                                            } else {
-                                                "ask"
-                                            }
-                                        }
+                                        M::Auto => if risk == R::Low { "allow" } else { "ask" },
+                                        M::Ask => if approval == A::Never && risk == R::Low { "allow" } else { "ask" },
                                     }
                                 };
                                 let got_kind = match got {
@@ -133,10 +101,7 @@ input_schema = { type = "object" }
                                     Decision::NeedsApproval { .. } => "ask",
                                     Decision::Deny { .. } => "deny",
                                 };
-                                assert_eq!(
-                                    got_kind, expected,
-                                    "{mode:?} {approval:?} {risk:?} {operation:?} {audience:?} {actor:?}"
-                                );
+                                assert_eq!(got_kind, expected, "{mode:?} {approval:?} {risk:?} {operation:?} {audience:?} {actor:?}");
                             }
                         }
                     }
@@ -145,23 +110,7 @@ input_schema = { type = "object" }
         }
         assert_eq!(rows, 3 * 3 * 3 * 3 * 2 * 2);
         // The seed's AUTO row, named: medium and high risk ask even for a tool marked "never".
-        assert!(matches!(
-            decide(
-                &spec(A::Never, R::Medium, Operation::Read, Audience::Public),
-                M::Auto,
-                Role::Owner
-            ),
-            Decision::NeedsApproval {
-                reason: "APPROVAL_RISK"
-            }
-        ));
-        assert_eq!(
-            decide(
-                &spec(A::Ask, R::Low, Operation::Read, Audience::Public),
-                M::Auto,
-                Role::Customer
-            ),
-            Decision::Allow
-        );
+        assert!(matches!(decide(&spec(A::Never, R::Medium, Operation::Read, Audience::Public), M::Auto, Role::Owner), Decision::NeedsApproval { reason: "APPROVAL_RISK" }));
+        assert_eq!(decide(&spec(A::Ask, R::Low, Operation::Read, Audience::Public), M::Auto, Role::Customer), Decision::Allow);
     }
 }

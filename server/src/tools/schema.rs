@@ -4,17 +4,7 @@ use serde_json::Value;
 
 /// Keywords beside which an object schema's properties may come from elsewhere, so closing it
 /// could refuse what the schema means to allow.
-const OPEN_BY_COMPOSITION: [&str; 9] = [
-    "allOf",
-    "anyOf",
-    "oneOf",
-    "not",
-    "$ref",
-    "$dynamicRef",
-    "if",
-    "dependentSchemas",
-    "unevaluatedProperties",
-];
+const OPEN_BY_COMPOSITION: [&str; 9] = ["allOf", "anyOf", "oneOf", "not", "$ref", "$dynamicRef", "if", "dependentSchemas", "unevaluatedProperties"];
 
 /// `schema` with every object schema that does not say whether it takes other properties
 /// (`additionalProperties` absent) closed with `"additionalProperties": false`, at the top and
@@ -40,17 +30,12 @@ fn close(schema: &mut Value, depth: usize) {
         Some(Value::Array(types)) => types.iter().any(|t| t == "object"),
         _ => map.contains_key("properties"),
     };
-    if is_object
-        && !map.contains_key("additionalProperties")
-        && !OPEN_BY_COMPOSITION.iter().any(|k| map.contains_key(*k))
-    {
+    if is_object && !map.contains_key("additionalProperties") && !OPEN_BY_COMPOSITION.iter().any(|k| map.contains_key(*k)) {
         map.insert("additionalProperties".into(), Value::Bool(false));
     }
     for key in ["properties", "$defs", "definitions"] {
         if let Some(Value::Object(children)) = map.get_mut(key) {
-            children
-                .values_mut()
-                .for_each(|child| close(child, depth + 1));
+            children.values_mut().for_each(|child| close(child, depth + 1));
         }
     }
     match map.get_mut("items") {
@@ -85,28 +70,10 @@ mod tests {
         });
         let closed = closed_schema(&nested);
         assert_eq!(closed["additionalProperties"], false);
-        assert_eq!(
-            closed["properties"]["filter"]["additionalProperties"],
-            false
-        );
-        assert_eq!(
-            closed["properties"]["rows"]["items"]["additionalProperties"],
-            false
-        );
-        assert!(
-            closed["properties"]["mixed"]
-                .get("additionalProperties")
-                .is_none(),
-            "composed schemas stay open"
-        );
-        assert_eq!(
-            closed["properties"]["mixed"]["allOf"][0].get("additionalProperties"),
-            None,
-            "allOf members are not closed"
-        );
-        assert_eq!(
-            closed["properties"]["free"]["additionalProperties"]["additionalProperties"], false,
-            "a schema for extra values is itself closed"
-        );
+        assert_eq!(closed["properties"]["filter"]["additionalProperties"], false);
+        assert_eq!(closed["properties"]["rows"]["items"]["additionalProperties"], false);
+        assert!(closed["properties"]["mixed"].get("additionalProperties").is_none(), "composed schemas stay open");
+        assert_eq!(closed["properties"]["mixed"]["allOf"][0].get("additionalProperties"), None, "allOf members are not closed");
+        assert_eq!(closed["properties"]["free"]["additionalProperties"]["additionalProperties"], false, "a schema for extra values is itself closed");
     }
 }

@@ -11,21 +11,12 @@ use crate::config::Problem;
 /// Names a problem in the file at `path`: the file, then the key.
 pub(crate) fn problem_at(path: &Path) -> impl Fn(String, String) -> Problem + use<> {
     let source = path.display().to_string();
-    move |key, message| Problem {
-        key,
-        source: source.clone(),
-        message,
-    }
+    move |key, message| Problem { key, source: source.clone(), message }
 }
 
 /// The text of the file at `path`; `what` names it in the problem when it cannot be read.
-pub(crate) fn read(
-    path: &Path,
-    what: &str,
-    problem: &impl Fn(String, String) -> Problem,
-) -> Result<String, Vec<Problem>> {
-    std::fs::read_to_string(path)
-        .map_err(|e| vec![problem(String::new(), format!("cannot read {what}: {e}"))])
+pub(crate) fn read(path: &Path, what: &str, problem: &impl Fn(String, String) -> Problem) -> Result<String, Vec<Problem>> {
+    std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read {what}: {e}"))])
 }
 
 /// The entries of a `[[section]]` array as `T`, each with its label for problems: `tool[3]`, or
@@ -38,10 +29,7 @@ pub(crate) fn entries<'a, T: DeserializeOwned>(
     problem: &'a impl Fn(String, String) -> Problem,
 ) -> impl Iterator<Item = Result<(String, T), Problem>> + 'a {
     raw.into_iter().enumerate().map(move |(i, raw)| {
-        let label = raw.get(name_key).and_then(|n| n.as_str()).map_or_else(
-            || format!("{section}[{i}]"),
-            |n| format!("{section}[{i}] ({n})"),
-        );
+        let label = raw.get(name_key).and_then(|n| n.as_str()).map_or_else(|| format!("{section}[{i}]"), |n| format!("{section}[{i}] ({n})"));
         match raw.try_into() {
             Ok(entry) => Ok((label, entry)),
             Err(e) => Err(problem(label, e.to_string().trim().to_string())),

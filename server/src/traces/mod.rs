@@ -18,13 +18,7 @@ use crate::db::{self, DbError, traces as store};
 impl Step {
     /// A step that took no measurable time (a delivery, a channel's note).
     pub fn new(step: &str, decision: &str, reason_code: &str, detail: Value) -> Self {
-        Self {
-            step: step.into(),
-            decision: decision.into(),
-            reason_code: reason_code.into(),
-            duration_us: 0,
-            detail: detail.to_string(),
-        }
+        Self { step: step.into(), decision: decision.into(), reason_code: reason_code.into(), duration_us: 0, detail: detail.to_string() }
     }
 }
 
@@ -77,15 +71,7 @@ pub async fn begin(conn: &mut AnyConnection, subject: Subject) -> Result<Recorde
     };
     let (id, first_seq) = store::begin(conn, &head).await?;
     let now = Instant::now();
-    Ok(Recorder {
-        id,
-        subject,
-        started: now,
-        started_at,
-        last: now,
-        first_seq,
-        steps: Vec::new(),
-    })
+    Ok(Recorder { id, subject, started: now, started_at, last: now, first_seq, steps: Vec::new() })
 }
 
 impl Recorder {
@@ -96,16 +82,9 @@ impl Recorder {
     /// Records a step, timed from the previous one.
     pub fn step(&mut self, step: &str, decision: &str, reason: &str, detail: Value) {
         let now = Instant::now();
-        let duration_us =
-            i64::try_from(now.duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
+        let duration_us = i64::try_from(now.duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
         self.last = now;
-        self.steps.push(Step {
-            step: step.into(),
-            decision: decision.into(),
-            reason_code: reason.into(),
-            duration_us,
-            detail: detail.to_string(),
-        });
+        self.steps.push(Step { step: step.into(), decision: decision.into(), reason_code: reason.into(), duration_us, detail: detail.to_string() });
     }
 
     /// The steps so far (the runtime reads its own decisions back, e.g. in tests).
@@ -151,11 +130,7 @@ pub async fn append(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Res
 /// Appends `step` and marks the whole trace failed with its reason code: a reply the runtime
 /// gave that the channel then could not deliver, so the Traces page's outcome and error-code
 /// filters find it.
-pub async fn append_failure(
-    conn: &mut AnyConnection,
-    trace_id: i64,
-    step: &Step,
-) -> Result<(), DbError> {
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
     store::append_failure(conn, trace_id, step).await
 }
 
@@ -165,11 +140,7 @@ pub async fn append_failure(
 pub async fn record_delivery(db: &db::Db, trace_id: i64, step: &Step, failed: bool) {
     let written = async {
         let mut conn = db.pool.acquire().await?;
-        if failed {
-            append_failure(&mut conn, trace_id, step).await
-        } else {
-            append(&mut conn, trace_id, step).await
-        }
+        if failed { append_failure(&mut conn, trace_id, step).await } else { append(&mut conn, trace_id, step).await }
     }
     .await;
     if let Err(e) = written {
@@ -179,14 +150,8 @@ pub async fn record_delivery(db: &db::Db, trace_id: i64, step: &Step, failed: bo
 
 /// A WhatsApp reply that Meta accepted and then could not deliver: the trace of the message it
 /// answered gets the failure.
-pub async fn fail_outbound(
-    conn: &mut AnyConnection,
-    outbound_wamid: &str,
-    step: &Step,
-) -> Result<bool, DbError> {
-    let Some(trace_id) = store::trace_of_outbound(conn, outbound_wamid).await? else {
-        return Ok(false);
-    };
+pub async fn fail_outbound(conn: &mut AnyConnection, outbound_wamid: &str, step: &Step) -> Result<bool, DbError> {
+    let Some(trace_id) = store::trace_of_outbound(conn, outbound_wamid).await? else { return Ok(false) };
     store::append_failure(conn, trace_id, step).await?;
     Ok(true)
 }

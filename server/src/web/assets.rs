@@ -37,27 +37,15 @@ fn is_hash(text: &str) -> bool {
 /// Whether a request path names a content-hashed asset (`…/gatehouse.<hash>.js|wasm`).
 fn is_hashed(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or_default();
-    let Some(stem) = name
-        .strip_suffix(".js")
-        .or_else(|| name.strip_suffix(".wasm"))
-    else {
+    let Some(stem) = name.strip_suffix(".js").or_else(|| name.strip_suffix(".wasm")) else {
         return false;
     };
-    stem.strip_prefix(BASE)
-        .and_then(|s| s.strip_prefix('.'))
-        .is_some_and(is_hash)
+    stem.strip_prefix(BASE).and_then(|s| s.strip_prefix('.')).is_some_and(is_hash)
 }
 
 /// `/pkg`, precompressed, with its caching headers.
 pub fn pkg_routes<S: Clone + Send + Sync + 'static>(pkg_dir: PathBuf) -> Router<S> {
-    Router::new()
-        .nest_service(
-            "/pkg",
-            ServeDir::new(pkg_dir)
-                .precompressed_br()
-                .precompressed_gzip(),
-        )
-        .layer(from_fn(cache_control))
+    Router::new().nest_service("/pkg", ServeDir::new(pkg_dir).precompressed_br().precompressed_gzip()).layer(from_fn(cache_control))
 }
 
 /// A year and immutable for hashed names; revalidate everything else on each use.
@@ -65,13 +53,8 @@ async fn cache_control(req: Request, next: Next) -> Response {
     let hashed = is_hashed(req.uri().path());
     let mut res = next.run(req).await;
     if res.status().is_success() || res.status() == axum::http::StatusCode::NOT_MODIFIED {
-        let value = if hashed {
-            "public, max-age=31536000, immutable"
-        } else {
-            "no-cache"
-        };
-        res.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static(value));
+        let value = if hashed { "public, max-age=31536000, immutable" } else { "no-cache" };
+        res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(value));
     }
     res
 }

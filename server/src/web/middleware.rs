@@ -21,29 +21,20 @@ use crate::config::net::{IpNet, canonical};
 
 /// Paths that are not console pages: they do their own checks (or need none).
 fn is_page(path: &str) -> bool {
-    !["/api/", "/pkg/", "/assets/", "/webhooks/"]
-        .iter()
-        .any(|p| path.starts_with(p))
-        && !matches!(
-            path,
-            "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | crate::tools::mcp::CALLBACK_PATH
-        )
+    !["/api/", "/pkg/", "/assets/", "/webhooks/"].iter().any(|p| path.starts_with(p))
+        && !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | crate::tools::mcp::CALLBACK_PATH)
 }
 
 /// Counts requests and observes latency by matched route, method and status.
 pub async fn track_metrics(req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     let method = req.method().to_string();
     let res = next.run(req).await;
     let status = res.status().as_u16().to_string();
     let labels = [("route", route), ("method", method), ("status", status)];
     metrics::counter!("http_requests_total", &labels).increment(1);
-    metrics::histogram!("http_request_duration_seconds", &labels)
-        .record(start.elapsed().as_secs_f64());
+    metrics::histogram!("http_request_duration_seconds", &labels).record(start.elapsed().as_secs_f64());
     res
 }
 
@@ -63,9 +54,7 @@ fn request_origin(headers: &HeaderMap) -> Option<String> {
         return Some(origin.trim_end_matches('/').to_string());
     }
     let referer = headers.get(header::REFERER).and_then(|v| v.to_str().ok())?;
-    url::Url::parse(referer)
-        .ok()
-        .map(|u| u.origin().ascii_serialization())
+    url::Url::parse(referer).ok().map(|u| u.origin().ascii_serialization())
 }
 
 /// Rejects state-changing requests whose Origin (or Referer) is not the console's own.
@@ -76,21 +65,10 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
         return next.run(req).await;
     }
     match request_origin(req.headers()) {
-        Some(origin)
-            if state
-                .allowed_origins
-                .iter()
-                .any(|o| o.eq_ignore_ascii_case(&origin)) =>
-        {
-            next.run(req).await
-        }
+        Some(origin) if state.allowed_origins.iter().any(|o| o.eq_ignore_ascii_case(&origin)) => next.run(req).await,
         other => {
             tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_url, path = req.uri().path(), "cross-origin request refused");
-            json_error(
-                StatusCode::FORBIDDEN,
-                "CSRF_ORIGIN_MISMATCH",
-                "This request did not come from the Gatehouse console.",
-            )
+            json_error(StatusCode::FORBIDDEN, "CSRF_ORIGIN_MISMATCH", "This request did not come from the Gatehouse console.")
         }
     }
 }
@@ -100,16 +78,8 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
 /// proxy gives in `server.client_ip_header` (see [`client_addr`]).
 pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let server = &state.config.settings.server;
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    let ip = client_addr(
-        peer,
-        req.headers(),
-        &server.trusted_proxies,
-        &server.client_ip_header,
-    );
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let ip = client_addr(peer, req.headers(), &server.trusted_proxies, &server.client_ip_header);
     req.extensions_mut().insert(ClientIp(ip));
     next.run(req).await
 }
@@ -118,31 +88,16 @@ pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Ne
 /// trusted proxy; in a comma-separated list (X-Forwarded-For) the rightmost address that is not
 /// a trusted proxy is the client, since anything left of it came from the client itself. A
 /// header that is absent or unreadable leaves the peer.
-pub fn client_addr(
-    peer: Option<IpAddr>,
-    headers: &HeaderMap,
-    proxies: &[IpNet],
-    header: &str,
-) -> String {
-    let Some(peer) = peer.map(canonical) else {
-        return "unknown".into();
-    };
+pub fn client_addr(peer: Option<IpAddr>, headers: &HeaderMap, proxies: &[IpNet], header: &str) -> String {
+    let Some(peer) = peer.map(canonical) else { return "unknown".into() };
     let trusted = |ip: IpAddr| proxies.iter().any(|p| p.contains(ip));
     if header.is_empty() || !trusted(peer) {
         return peer.to_string();
     }
-    let listed: Vec<&str> = headers
-        .get_all(header)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .collect();
+    let listed: Vec<&str> = headers.get_all(header).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim).collect();
     let mut client = None;
     for entry in listed.iter().rev() {
-        let Some(ip) = parse_forwarded(entry) else {
-            break;
-        };
+        let Some(ip) = parse_forwarded(entry) else { break };
         client = Some(ip);
         if !trusted(ip) {
             break;
@@ -153,10 +108,7 @@ pub fn client_addr(
 
 /// An address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `::1` or `[::1]:5678`.
 fn parse_forwarded(entry: &str) -> Option<IpAddr> {
-    let ip = entry
-        .parse::<IpAddr>()
-        .ok()
-        .or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))?;
+    let ip = entry.parse::<IpAddr>().ok().or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))?;
     Some(canonical(ip))
 }
 
@@ -167,12 +119,7 @@ pub struct GuardState {
 }
 
 /// First-run redirect, login redirect, and the server-function session check.
-pub async fn console_guard(
-    State(guard): State<GuardState>,
-    session: Session,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn console_guard(State(guard): State<GuardState>, session: Session, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let is_api = path.starts_with("/api/");
     if !is_api && !is_page(&path) {
@@ -185,20 +132,12 @@ pub async fn console_guard(
         Ok(done) => done,
         Err(e) => {
             tracing::error!(error = %e, "cannot read setup state");
-            return json_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "DATABASE_UNAVAILABLE",
-                "The database is not reachable.",
-            );
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, "DATABASE_UNAVAILABLE", "The database is not reachable.");
         }
     };
     if !is_api {
         if !setup_done {
-            return if path == "/setup" {
-                next.run(req).await
-            } else {
-                Redirect::to("/setup").into_response()
-            };
+            return if path == "/setup" { next.run(req).await } else { Redirect::to("/setup").into_response() };
         }
         if path == "/setup" {
             return Redirect::to("/login").into_response();
@@ -217,12 +156,8 @@ pub async fn console_guard(
             json_error(StatusCode::UNAUTHORIZED, &err.code, &err.message)
         }
         (false, false, _) => {
-            let target = req
-                .uri()
-                .path_and_query()
-                .map_or(path.clone(), |pq| pq.as_str().to_string());
-            let next_param: String =
-                url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
+            let target = req.uri().path_and_query().map_or(path.clone(), |pq| pq.as_str().to_string());
+            let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
             Redirect::to(&format!("/login?next={next_param}")).into_response()
         }
     }
@@ -231,15 +166,9 @@ pub async fn console_guard(
 /// A caller may pass its own `X-Request-Id` (e.g. a proxy's) when it is a plain token; anything
 /// else is dropped and replaced, so logs never carry caller-chosen text.
 pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
-    let keep = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            (1..=64).contains(&v.len())
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        });
+    let keep = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
     if !keep {
         req.headers_mut().remove("x-request-id");
     }
@@ -251,35 +180,19 @@ pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
 /// a test or a load balancer can see it as well as an owner.
 pub async fn storage_header(req: Request, next: Next) -> Response {
     let mut res = next.run(req).await;
-    res.headers_mut().insert(
-        "x-gatehouse-storage",
-        header::HeaderValue::from_static("ephemeral"),
-    );
+    res.headers_mut().insert("x-gatehouse-storage", header::HeaderValue::from_static("ephemeral"));
     res
 }
 
 pub async fn security_headers(req: Request, next: Next) -> Response {
-    let is_static =
-        req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
+    let is_static = req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
     let mut res = next.run(req).await;
     let h = res.headers_mut();
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        header::HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::X_FRAME_OPTIONS,
-        header::HeaderValue::from_static("DENY"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        header::HeaderValue::from_static("same-origin"),
-    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));
     if !is_static {
-        h.insert(
-            header::CACHE_CONTROL,
-            header::HeaderValue::from_static("no-store"),
-        );
+        h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
     }
     res
 }
@@ -304,34 +217,11 @@ mod tests {
     fn the_header_counts_only_from_a_trusted_proxy() {
         let peer = Some("10.0.0.2".parse().expect("ip"));
         let forwarded = headers(&["203.0.113.9"]);
-        assert_eq!(
-            client_addr(peer, &forwarded, &[], "x-forwarded-for"),
-            "10.0.0.2",
-            "no proxy trusted by default"
-        );
-        assert_eq!(
-            client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), ""),
-            "10.0.0.2",
-            "no header configured"
-        );
-        assert_eq!(
-            client_addr(peer, &forwarded, &nets(&["10.9.0.1"]), "x-forwarded-for"),
-            "10.0.0.2",
-            "another proxy is trusted"
-        );
-        assert_eq!(
-            client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), "x-forwarded-for"),
-            "203.0.113.9"
-        );
-        assert_eq!(
-            client_addr(
-                Some("::ffff:10.0.0.2".parse().expect("ip")),
-                &forwarded,
-                &nets(&["10.0.0.2"]),
-                "x-forwarded-for"
-            ),
-            "203.0.113.9"
-        );
+        assert_eq!(client_addr(peer, &forwarded, &[], "x-forwarded-for"), "10.0.0.2", "no proxy trusted by default");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), ""), "10.0.0.2", "no header configured");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.9.0.1"]), "x-forwarded-for"), "10.0.0.2", "another proxy is trusted");
+        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(Some("::ffff:10.0.0.2".parse().expect("ip")), &forwarded, &nets(&["10.0.0.2"]), "x-forwarded-for"), "203.0.113.9");
     }
 
     #[test]
@@ -339,51 +229,11 @@ mod tests {
         let peer = Some("10.0.0.2".parse().expect("ip"));
         let proxies = nets(&["10.0.0.0/24"]);
         // A client can prepend anything; only what the proxies appended counts.
-        assert_eq!(
-            client_addr(
-                peer,
-                &headers(&["1.1.1.1, 203.0.113.9, 10.0.0.3"]),
-                &proxies,
-                "x-forwarded-for"
-            ),
-            "203.0.113.9"
-        );
-        assert_eq!(
-            client_addr(
-                peer,
-                &headers(&["1.1.1.1", "203.0.113.9:4711"]),
-                &proxies,
-                "x-forwarded-for"
-            ),
-            "203.0.113.9"
-        );
-        assert_eq!(
-            client_addr(
-                peer,
-                &headers(&["[2001:db8::5]:443"]),
-                &proxies,
-                "x-forwarded-for"
-            ),
-            "2001:db8::5"
-        );
-        assert_eq!(
-            client_addr(
-                peer,
-                &headers(&["not an address"]),
-                &proxies,
-                "x-forwarded-for"
-            ),
-            "10.0.0.2",
-            "unreadable: the peer"
-        );
-        assert_eq!(
-            client_addr(peer, &HeaderMap::new(), &proxies, "x-forwarded-for"),
-            "10.0.0.2",
-            "absent: the peer"
-        );
-        assert_eq!(
-            client_addr(None, &HeaderMap::new(), &proxies, "x-forwarded-for"),
-            "unknown"
-        );
+        assert_eq!(client_addr(peer, &headers(&["1.1.1.1, 203.0.113.9, 10.0.0.3"]), &proxies, "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(peer, &headers(&["1.1.1.1", "203.0.113.9:4711"]), &proxies, "x-forwarded-for"), "203.0.113.9");
+        assert_eq!(client_addr(peer, &headers(&["[2001:db8::5]:443"]), &proxies, "x-forwarded-for"), "2001:db8::5");
+        assert_eq!(client_addr(peer, &headers(&["not an address"]), &proxies, "x-forwarded-for"), "10.0.0.2", "unreadable: the peer");
+        assert_eq!(client_addr(peer, &HeaderMap::new(), &proxies, "x-forwarded-for"), "10.0.0.2", "absent: the peer");
+        assert_eq!(client_addr(None, &HeaderMap::new(), &proxies, "x-forwarded-for"), "unknown");
     }
 }

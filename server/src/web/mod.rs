@@ -25,8 +25,8 @@ use leptos::prelude::*;
 use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower::ServiceBuilder;
 use tower_http::{
-    LatencyUnit,
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    LatencyUnit,
     trace::{DefaultOnResponse, TraceLayer},
 };
 use tower_sessions::{Expiry, SessionManagerLayer, cookie::SameSite};
@@ -52,9 +52,7 @@ fn console_routes() -> Vec<AxumRouteListing> {
 /// Builds the whole router. Tests call this and drive it with `oneshot`.
 /// `/metrics` alone, for `server.metrics_addr`.
 pub fn metrics_router(state: AppState) -> Router {
-    Router::new()
-        .route("/metrics", get(ops::metrics))
-        .with_state(state)
+    Router::new().route("/metrics", get(ops::metrics)).with_state(state)
 }
 
 pub fn router(state: AppState) -> Router {
@@ -80,20 +78,18 @@ pub fn router(state: AppState) -> Router {
         // Saving on every request slides the idle expiry forward.
         .with_always_save(true);
 
-    let guard = middleware::GuardState {
-        state: state.clone(),
-        backend: backend.clone(),
-    };
+    let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
     let context_backend = backend.clone();
     let shell_options = leptos_options.clone();
     let pkg_dir = site_root.join("pkg");
 
-    let console: Router<LeptosOptions> = Router::new().leptos_routes_with_context(
-        &leptos_options,
-        routes,
-        move || provide_context(context_backend.clone()),
-        move || shell(shell_options.clone()),
-    );
+    let console: Router<LeptosOptions> = Router::new()
+        .leptos_routes_with_context(
+            &leptos_options,
+            routes,
+            move || provide_context(context_backend.clone()),
+            move || shell(shell_options.clone()),
+        );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
     let owner_api = Router::new()
         .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
@@ -113,30 +109,16 @@ pub fn router(state: AppState) -> Router {
         .route("/assets/gatehouse.css", get(stylesheet))
         .merge(assets::pkg_routes(pkg_dir));
     // With server.metrics_addr set, /metrics is served there only (see `metrics_router`).
-    let ops = if state.config.settings.server.metrics_addr.is_none() {
-        ops.route("/metrics", get(ops::metrics))
-    } else {
-        ops
-    };
+    let ops = if state.config.settings.server.metrics_addr.is_none() { ops.route("/metrics", get(ops::metrics)) } else { ops };
     let ops = ops.with_state(state.clone());
 
     // Authenticated by its signature, not a session: outside the console guard, and exempt
     // from the origin check (see middleware::check_origin).
-    let webhooks =
-        crate::channel::whatsapp::webhook::routes::<AppState>().with_state(state.clone());
+    let webhooks = crate::channel::whatsapp::webhook::routes::<AppState>().with_state(state.clone());
 
     let ephemeral = state.config.settings.database.storage_warning().is_some();
-    let router = Router::new()
-        .merge(console)
-        .merge(ops)
-        .merge(webhooks)
-        .merge(console::oauth_routes::callback_route())
-        .fallback(not_found);
-    let router = if ephemeral {
-        router.layer(from_fn(middleware::storage_header))
-    } else {
-        router
-    };
+    let router = Router::new().merge(console).merge(ops).merge(webhooks).merge(console::oauth_routes::callback_route()).fallback(not_found);
+    let router = if ephemeral { router.layer(from_fn(middleware::storage_header)) } else { router };
     router
         .route_layer(from_fn(middleware::track_metrics))
         .layer(
@@ -158,22 +140,10 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn stylesheet() -> impl IntoResponse {
-    (
-        [
-            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
-            (header::CACHE_CONTROL, "public, max-age=300"),
-        ],
-        STYLESHEET,
-    )
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "public, max-age=300")], STYLESHEET)
 }
 
 async fn not_found() -> impl IntoResponse {
-    metrics::counter!("http_requests_total", "route" => "unmatched", "status" => "404")
-        .increment(1);
-    (
-        StatusCode::NOT_FOUND,
-        Html(
-            "<!DOCTYPE html><title>Not found</title><p>Not found. <a href=\"/\">Gatehouse console</a></p>",
-        ),
-    )
+    metrics::counter!("http_requests_total", "route" => "unmatched", "status" => "404").increment(1);
+    (StatusCode::NOT_FOUND, Html("<!DOCTYPE html><title>Not found</title><p>Not found. <a href=\"/\">Gatehouse console</a></p>"))
 }

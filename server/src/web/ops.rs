@@ -30,9 +30,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             "cannot read the database's migrations".to_string()
         })?;
         if !pending.is_empty() {
-            return Err(format!(
-                "migrations pending: {pending:?}; run `gatehouse migrate`"
-            ));
+            return Err(format!("migrations pending: {pending:?}; run `gatehouse migrate`"));
         }
         Ok::<(), String>(())
     };
@@ -44,11 +42,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 fn unavailable(reason: &str) -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "status": "unavailable", "reason": reason })),
-    )
-        .into_response()
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
 }
 
 /// Prometheus metrics. With `GATEHOUSE_METRICS_TOKEN` set, only a request with that bearer
@@ -57,21 +51,10 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     if let Some(token) = &state.config.secrets.metrics_token {
         use secrecy::ExposeSecret;
         use subtle::ConstantTimeEq;
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
         if !bool::from(given.as_bytes().ct_eq(token.expose_secret().as_bytes())) {
-            let body = Json(
-                json!({ "code": "METRICS_UNAUTHORIZED", "message": "send Authorization: Bearer <GATEHOUSE_METRICS_TOKEN>" }),
-            );
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                body,
-            )
-                .into_response();
+            let body = Json(json!({ "code": "METRICS_UNAUTHORIZED", "message": "send Authorization: Bearer <GATEHOUSE_METRICS_TOKEN>" }));
+            return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
         }
     }
     metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
@@ -99,19 +82,12 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     {
         *last = Some(std::time::Instant::now());
         for s in crate::db::jobs::JobState::ALL {
-            let n = counts
-                .iter()
-                .find(|(st, _)| *st == s)
-                .map_or(0, |(_, n)| *n);
+            let n = counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n);
             metrics::gauge!("jobs", "state" => s.as_str()).set(n as f64);
         }
     }
     drop(last);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 
 /// Installs the process-wide Prometheus recorder once and returns its handle.
@@ -123,12 +99,8 @@ pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
             let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Suffix("duration_seconds".into()),
-                    &[
-                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                        10.0,
-                    ],
-                )
-                .map(|b| b.build_recorder());
+                    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+                ).map(|b| b.build_recorder());
             let recorder = match recorder {
                 Ok(r) => r,
                 Err(_) => metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
@@ -136,16 +108,13 @@ pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
             let handle = recorder.handle();
             // Fails only if another recorder was installed first, which this process never does.
             let _ = metrics::set_global_recorder(recorder);
-            metrics::gauge!("gatehouse_build_info", "version" => env!("CARGO_PKG_VERSION"))
-                .set(1.0);
+            metrics::gauge!("gatehouse_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             let upkeep = handle.clone();
             std::thread::Builder::new()
                 .name("metrics-upkeep".into())
-                .spawn(move || {
-                    loop {
-                        std::thread::sleep(Duration::from_secs(5));
-                        upkeep.run_upkeep();
-                    }
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_secs(5));
+                    upkeep.run_upkeep();
                 })
                 .ok();
             handle

@@ -51,8 +51,7 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received; finishing open requests");
 }
 
-static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> =
-    std::sync::OnceLock::new();
+static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> = std::sync::OnceLock::new();
 
 /// A watch that turns true on SIGINT or SIGTERM, for everything that must stop together.
 pub fn shutdown_watch() -> tokio::sync::watch::Receiver<bool> {
@@ -75,21 +74,13 @@ pub fn shutdown_requested() -> Option<tokio::sync::watch::Receiver<bool>> {
 
 /// Serves `router` on `listener` until `shutdown` turns true, then waits up to `grace` for
 /// open requests.
-pub async fn serve(
-    listener: TcpListener,
-    router: axum::Router,
-    grace: Duration,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) -> io::Result<()> {
+pub async fn serve(listener: TcpListener, router: axum::Router, grace: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) -> io::Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        let _ = shutdown.wait_for(|stop| *stop).await;
-        let _ = tx.send(());
-    });
+    let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+            let _ = tx.send(());
+        });
     let mut server = std::pin::pin!(server.into_future());
     tokio::select! {
         res = &mut server => res,

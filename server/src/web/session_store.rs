@@ -43,8 +43,7 @@ fn backend_err(e: impl std::fmt::Display) -> Error {
 
 fn encode(record: &Record) -> Result<(String, i64)> {
     let data = serde_json::to_string(record).map_err(|e| Error::Encode(e.to_string()))?;
-    let expires =
-        i64::try_from(record.expiry_date.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
+    let expires = i64::try_from(record.expiry_date.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
     Ok((data, expires))
 }
 
@@ -54,10 +53,7 @@ impl SessionStore for DbSessionStore {
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
         loop {
             let (data, expires) = encode(record)?;
-            if sessions::insert_new(&mut conn, &record.id.to_string(), &data, expires)
-                .await
-                .map_err(backend_err)?
-            {
+            if sessions::insert_new(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)? {
                 return Ok(());
             }
             record.id = Id::default();
@@ -67,28 +63,17 @@ impl SessionStore for DbSessionStore {
     async fn save(&self, record: &Record) -> Result<()> {
         let (data, expires) = encode(record)?;
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
-        sessions::update(&mut conn, &record.id.to_string(), &data, expires)
-            .await
-            .map_err(backend_err)
+        sessions::update(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)
     }
 
     async fn load(&self, id: &Id) -> Result<Option<Record>> {
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
-        let Some(data) = sessions::load(&mut conn, &id.to_string())
-            .await
-            .map_err(backend_err)?
-        else {
-            return Ok(None);
-        };
-        serde_json::from_str(&data)
-            .map(Some)
-            .map_err(|e| Error::Decode(e.to_string()))
+        let Some(data) = sessions::load(&mut conn, &id.to_string()).await.map_err(backend_err)? else { return Ok(None) };
+        serde_json::from_str(&data).map(Some).map_err(|e| Error::Decode(e.to_string()))
     }
 
     async fn delete(&self, id: &Id) -> Result<()> {
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
-        sessions::delete(&mut conn, &id.to_string())
-            .await
-            .map_err(backend_err)
+        sessions::delete(&mut conn, &id.to_string()).await.map_err(backend_err)
     }
 }

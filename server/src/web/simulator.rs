@@ -18,19 +18,12 @@ use tower_sessions::Session;
 use super::{console::ConsoleBackend, state::AppState};
 
 pub fn routes(state: AppState) -> Router {
-    Router::new()
-        .route("/api/simulator/messages", post(send))
-        .route("/api/simulator/chats/{chat_id}", get(chat))
-        .with_state(state)
+    Router::new().route("/api/simulator/messages", post(send)).route("/api/simulator/chats/{chat_id}", get(chat)).with_state(state)
 }
 
 fn error(e: &AppError) -> Response {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        Json(serde_json::json!({ "code": e.code, "message": e.message })),
-    )
-        .into_response()
+    (status, Json(serde_json::json!({ "code": e.code, "message": e.message }))).into_response()
 }
 
 async fn owner(state: &AppState, session: &Session) -> Result<(SharedBackend, i64), Response> {
@@ -42,11 +35,7 @@ async fn owner(state: &AppState, session: &Session) -> Result<(SharedBackend, i6
     }
 }
 
-async fn send(
-    State(state): State<AppState>,
-    session: Session,
-    Json(request): Json<SimulateRequest>,
-) -> Response {
+async fn send(State(state): State<AppState>, session: Session, Json(request): Json<SimulateRequest>) -> Response {
     let (backend, owner_id) = match owner(&state, &session).await {
         Ok(me) => me,
         Err(denied) => return denied,
@@ -57,11 +46,7 @@ async fn send(
     }
 }
 
-async fn chat(
-    State(state): State<AppState>,
-    session: Session,
-    Path(chat_id): Path<String>,
-) -> Response {
+async fn chat(State(state): State<AppState>, session: Session, Path(chat_id): Path<String>) -> Response {
     let (backend, _) = match owner(&state, &session).await {
         Ok(me) => me,
         Err(denied) => return denied,

@@ -16,8 +16,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::{
     approvals::Approvals,
-    bootstrap::Gatehouse,
     budget::Budget,
+    bootstrap::Gatehouse,
     channel::{simulator::Simulator, whatsapp::webhook::WebhookState},
     config::LoadedConfig,
     conversation::Runtime,
@@ -75,17 +75,10 @@ impl AppState {
         let public_url = if config.settings.server.public_url.is_empty() {
             format!("http://{listen_addr}")
         } else {
-            config
-                .settings
-                .server
-                .public_url
-                .trim_end_matches('/')
-                .to_string()
+            config.settings.server.public_url.trim_end_matches('/').to_string()
         };
         let mut allowed_origins = vec![
-            url::Url::parse(&public_url)
-                .map(|u| u.origin().ascii_serialization())
-                .unwrap_or_else(|_| public_url.clone()),
+            url::Url::parse(&public_url).map(|u| u.origin().ascii_serialization()).unwrap_or_else(|_| public_url.clone()),
         ];
         // Without a configured URL on loopback, both names for this machine reach the console.
         if config.settings.server.public_url.is_empty() && listen_addr.ip().is_loopback() {
@@ -133,7 +126,6 @@ impl AppState {
 
     /// The provider key variable to set, when the configured provider has no key.
     pub fn degraded(&self) -> Option<(&'static str, &'static str)> {
-        crate::llm::degraded(&self.config.settings, &self.config.secrets)
-            .map(|d| (d.provider, d.variable))
+        crate::llm::degraded(&self.config.settings, &self.config.secrets).map(|d| (d.provider, d.variable))
     }
 }

@@ -41,10 +41,7 @@ impl Rig {
     }
 
     async fn press(&self, items: Vec<Value>, sends: usize) {
-        assert_eq!(
-            post_signed(&self.app, &envelope(vec![items])).await.status,
-            axum::http::StatusCode::OK
-        );
+        assert_eq!(post_signed(&self.app, &envelope(vec![items])).await.status, axum::http::StatusCode::OK);
         self.exchange(&[], sends).await;
     }
 }
@@ -54,81 +51,28 @@ impl Rig {
 /// press decide once, the call runs once, the customer gets the answer and the owner the
 /// outcome. A customer pressing the button, or a forged nonce, changes nothing.
 async fn an_approved_call_runs_once_after_the_owners_button(db: TestDb) {
-    let r = rig(db, |s| {
-        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High
-    })
-    .await;
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
     r.add_owner().await;
     let approval_reply = r.app.state.config.settings.lane.approval_reply.clone();
-    r.exchange(&[("wamid.REFUND", "Please refund my order 4821")], 2)
-        .await;
-    assert_eq!(
-        r.graph.texts(),
-        vec![approval_reply.clone()],
-        "the customer is told an owner must approve, nothing more"
-    );
-    assert!(
-        r.shop.requests.lock().expect("lock").is_empty(),
-        "nothing ran before the decision"
-    );
-    let (id, state, args, nonce): (i64, String, String, String) =
-        sqlx::query_as("SELECT id, state, args, nonce FROM approvals")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("approval");
-    assert_eq!(
-        (state.as_str(), args.as_str()),
-        ("pending", r#"{"order_id":"4821"}"#)
-    );
+    r.exchange(&[("wamid.REFUND", "Please refund my order 4821")], 2).await;
+    assert_eq!(r.graph.texts(), vec![approval_reply.clone()], "the customer is told an owner must approve, nothing more");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran before the decision");
+    let (id, state, args, nonce): (i64, String, String, String) = sqlx::query_as("SELECT id, state, args, nonce FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    assert_eq!((state.as_str(), args.as_str()), ("pending", r#"{"order_id":"4821"}"#));
     let steps = r.steps("wamid.REFUND").await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, _)| s == "ApprovalRequested" && d == "pending"),
-        "{steps:?}"
-    );
-    let asks: Vec<Value> = r
-        .graph
-        .sends()
-        .into_iter()
-        .filter(|b| b["type"] == "interactive")
-        .collect();
+    assert!(steps.iter().any(|(s, d, _)| s == "ApprovalRequested" && d == "pending"), "{steps:?}");
+    let asks: Vec<Value> = r.graph.sends().into_iter().filter(|b| b["type"] == "interactive").collect();
     assert_eq!(asks.len(), 1, "one question to the one owner number");
     assert_eq!(asks[0]["to"], OWNER);
-    let buttons = asks[0]["interactive"]["action"]["buttons"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let approve_id = buttons[0]["reply"]["id"]
-        .as_str()
-        .expect("button id")
-        .to_string();
-    assert!(
-        approve_id.ends_with(&nonce) && approve_id.contains(&format!(":{id}:approve:")),
-        "{approve_id}"
-    );
-    assert!(
-        asks[0]["interactive"]["body"]["text"]
-            .as_str()
-            .is_some_and(|t| t.contains("refund_order") && t.contains("4821"))
-    );
+    let buttons = asks[0]["interactive"]["action"]["buttons"].as_array().cloned().unwrap_or_default();
+    let approve_id = buttons[0]["reply"]["id"].as_str().expect("button id").to_string();
+    assert!(approve_id.ends_with(&nonce) && approve_id.contains(&format!(":{id}:approve:")), "{approve_id}");
+    assert!(asks[0]["interactive"]["body"]["text"].as_str().is_some_and(|t| t.contains("refund_order") && t.contains("4821")));
 
     // A customer pressing the owner's button, and a forged nonce: nothing changes.
-    r.press(vec![button_press(CUSTOMER, "wamid.FORGE1", &approve_id)], 3)
-        .await;
-    r.press(
-        vec![button_press(
-            OWNER,
-            "wamid.FORGE2",
-            &format!("gh-approval:{id}:approve:0000"),
-        )],
-        4,
-    )
-    .await;
-    let state: String = sqlx::query_scalar("SELECT state FROM approvals")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("state");
+    r.press(vec![button_press(CUSTOMER, "wamid.FORGE1", &approve_id)], 3).await;
+    r.press(vec![button_press(OWNER, "wamid.FORGE2", &format!("gh-approval:{id}:approve:0000"))], 4).await;
+    let state: String = sqlx::query_scalar("SELECT state FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("state");
     assert_eq!(state, "pending");
     let settings = &r.app.state.config.settings.approvals;
     let texts = r.graph.texts();
@@ -138,68 +82,24 @@ async fn an_approved_call_runs_once_after_the_owners_button(db: TestDb) {
     // The press delivered twice in one webhook, and once more: one decision, one run.
     let press = button_press(OWNER, "wamid.PRESS", &approve_id);
     r.press(vec![press.clone(), press], 7).await;
-    r.press(vec![button_press(OWNER, "wamid.PRESS2", &approve_id)], 8)
-        .await;
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["refunds/4821".to_string()],
-        "the approved call ran exactly once"
-    );
+    r.press(vec![button_press(OWNER, "wamid.PRESS2", &approve_id)], 8).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "the approved call ran exactly once");
     let keys = r.shop.refund_keys.lock().expect("lock").clone();
-    assert!(
-        keys.len() == 1 && keys[0].starts_with("gatehouse-") && keys[0].len() > 20,
-        "the write carries an idempotency key: {keys:?}"
-    );
-    let (state, outcome, by): (String, Option<String>, Option<String>) =
-        sqlx::query_as("SELECT state, outcome_code, decided_by FROM approvals")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("approval");
-    assert_eq!(
-        (state.as_str(), outcome.as_deref(), by.as_deref()),
-        ("approved", Some("OK"), Some("Olga Owner"))
-    );
+    assert!(keys.len() == 1 && keys[0].starts_with("gatehouse-") && keys[0].len() > 20, "the write carries an idempotency key: {keys:?}");
+    let (state, outcome, by): (String, Option<String>, Option<String>) = sqlx::query_as("SELECT state, outcome_code, decided_by FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    assert_eq!((state.as_str(), outcome.as_deref(), by.as_deref()), ("approved", Some("OK"), Some("Olga Owner")));
     let texts = r.graph.texts();
     let summary = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
-    assert_eq!(
-        texts.iter().filter(|t| **t == summary).count(),
-        1,
-        "the customer got the answer once: {texts:?}"
-    );
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.starts_with(&format!("Approved #{id}"))),
-        "{texts:?}"
-    );
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.contains("already approved by Olga Owner")),
-        "the later press is told who decided: {texts:?}"
-    );
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.starts_with(&format!("Approval #{id} (refund_order):"))),
-        "the owner is told the outcome: {texts:?}"
-    );
-    let audited: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM owner_audit WHERE event = 'approval_approved'")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("audit");
+    assert_eq!(texts.iter().filter(|t| **t == summary).count(), 1, "the customer got the answer once: {texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with(&format!("Approved #{id}"))), "{texts:?}");
+    assert!(texts.iter().any(|t| t.contains("already approved by Olga Owner")), "the later press is told who decided: {texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with(&format!("Approval #{id} (refund_order):"))), "the owner is told the outcome: {texts:?}");
+    let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM owner_audit WHERE event = 'approval_approved'").fetch_one(&r.app.state.db.pool).await.expect("audit");
     assert_eq!(audited, 1);
-    let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call'")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("jobs");
+    let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("jobs");
     assert_eq!(runs, 1);
 }
-both_backends!(
-    approvals_button_runs_once,
-    an_approved_call_runs_once_after_the_owners_button
-);
+both_backends!(approvals_button_runs_once, an_approved_call_runs_once_after_the_owners_button);
 
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
@@ -214,42 +114,16 @@ async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
         request: "refund".into(),
         correlation_id: "corr-20".into(),
     };
-    let call = server::tools::ToolCall {
-        name: "refund_order".into(),
-        args: json!({ "order_id": "4821" }),
-    };
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "4821" }) };
     let approvals = r.app.gatehouse.approvals.clone();
-    let requested = approvals
-        .request(&call, &who, None, None)
-        .await
-        .expect("request");
-    assert!(
-        approvals
-            .request(&call, &who, None, None)
-            .await
-            .expect("again")
-            .reused,
-        "the same call while pending reuses the request"
-    );
+    let requested = approvals.request(&call, &who, None, None).await.expect("request");
+    assert!(approvals.request(&call, &who, None, None).await.expect("again").reused, "the same call while pending reuses the request");
     let mut tasks = Vec::new();
     for n in 0..20 {
         let approvals = approvals.clone();
         tasks.push(tokio::spawn(async move {
-            let by = server::db::approvals::Decider {
-                name: format!("owner-{n}"),
-                owner_id: None,
-                phone: None,
-                via: "console",
-            };
-            approvals
-                .decide(
-                    requested.id,
-                    server::approvals::Verdict::Approve,
-                    &by,
-                    None,
-                    None,
-                )
-                .await
+            let by = server::db::approvals::Decider { name: format!("owner-{n}"), owner_id: None, phone: None, via: "console" };
+            approvals.decide(requested.id, server::approvals::Verdict::Approve, &by, None, None).await
         }));
     }
     let mut won = 0;
@@ -261,82 +135,25 @@ async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     }
     assert_eq!(won, 1, "one decision");
     r.exchange(&[], 0).await;
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["refunds/4821".to_string()],
-        "one run"
-    );
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "one run");
     // A rejected call never reaches the tool; a tampered argument makes an approval stale.
-    let other = server::tools::ToolCall {
-        name: "refund_order".into(),
-        args: json!({ "order_id": "9000" }),
-    };
-    let rejected = approvals
-        .request(&other, &who, None, None)
-        .await
-        .expect("request");
-    let by = server::db::approvals::Decider {
-        name: "o".into(),
-        owner_id: None,
-        phone: None,
-        via: "cli",
-    };
-    approvals
-        .decide(
-            rejected.id,
-            server::approvals::Verdict::Reject {
-                reason: Some("no".into()),
-            },
-            &by,
-            None,
-            None,
-        )
-        .await
-        .expect("reject");
-    let stale = approvals
-        .request(&json_call("9001"), &who, None, None)
-        .await
-        .expect("request");
-    let decided = approvals
-        .decide(
-            stale.id,
-            server::approvals::Verdict::Approve,
-            &by,
-            None,
-            None,
-        )
-        .await
-        .expect("approve");
+    let other = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "9000" }) };
+    let rejected = approvals.request(&other, &who, None, None).await.expect("request");
+    let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "cli" };
+    approvals.decide(rejected.id, server::approvals::Verdict::Reject { reason: Some("no".into()) }, &by, None, None).await.expect("reject");
+    let stale = approvals.request(&json_call("9001"), &who, None, None).await.expect("request");
+    let decided = approvals.decide(stale.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve");
     let job = decided.job_id.expect("job");
-    sqlx::query("UPDATE jobs SET args = REPLACE(args, '9001', '9002') WHERE id = $1")
-        .bind(job)
-        .execute(&r.app.state.db.pool)
-        .await
-        .expect("tamper");
+    sqlx::query("UPDATE jobs SET args = REPLACE(args, '9001', '9002') WHERE id = $1").bind(job).execute(&r.app.state.db.pool).await.expect("tamper");
     r.exchange(&[], 0).await;
-    assert_eq!(
-        r.shop.requests.lock().expect("lock").len(),
-        1,
-        "neither the rejected nor the tampered call reached the shop"
-    );
-    let outcome: Option<String> =
-        sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1")
-            .bind(stale.id)
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("outcome");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "neither the rejected nor the tampered call reached the shop");
+    let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1").bind(stale.id).fetch_one(&r.app.state.db.pool).await.expect("outcome");
     assert_eq!(outcome.as_deref(), Some("APPROVAL_STALE"));
 }
-both_backends!(
-    approvals_concurrent_once,
-    twenty_concurrent_approvals_give_one_run
-);
+both_backends!(approvals_concurrent_once, twenty_concurrent_approvals_give_one_run);
 
 fn json_call(order: &str) -> server::tools::ToolCall {
-    server::tools::ToolCall {
-        name: "refund_order".into(),
-        args: json!({ "order_id": order }),
-    }
+    server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": order }) }
 }
 
 /// A request nobody decides expires: the customer is told, nothing runs, and a decision after
@@ -350,77 +167,25 @@ async fn an_expired_request_tells_the_requester_and_runs_nothing(db: TestDb) {
     r.add_owner().await;
     let settings = r.app.state.config.settings.approvals.clone();
     // The request's reply, the owner's question, then (a second later) the expiry notice.
-    r.exchange(&[("wamid.EXP", "Please refund my order 4821")], 3)
-        .await;
-    let (id, state, nonce): (i64, String, String) =
-        sqlx::query_as("SELECT id, state, nonce FROM approvals")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("approval");
+    r.exchange(&[("wamid.EXP", "Please refund my order 4821")], 3).await;
+    let (id, state, nonce): (i64, String, String) = sqlx::query_as("SELECT id, state, nonce FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
     assert_eq!(state, "expired");
     let texts = r.graph.texts();
-    assert_eq!(
-        texts.last(),
-        Some(&settings.requester_expired),
-        "the customer is told: {texts:?}"
-    );
-    assert_eq!(
-        texts
-            .iter()
-            .filter(|t| **t == settings.requester_expired)
-            .count(),
-        1
-    );
+    assert_eq!(texts.last(), Some(&settings.requester_expired), "the customer is told: {texts:?}");
+    assert_eq!(texts.iter().filter(|t| **t == settings.requester_expired).count(), 1);
     let steps = r.steps("wamid.EXP").await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, c)| s == "ApprovalExpired" && d == "expired" && c == "APPROVAL_EXPIRED"),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, d, c)| s == "ApprovalExpired" && d == "expired" && c == "APPROVAL_EXPIRED"), "{steps:?}");
 
-    let by = server::db::approvals::Decider {
-        name: "late".into(),
-        owner_id: None,
-        phone: None,
-        via: "console",
-    };
-    let late = r
-        .app
-        .gatehouse
-        .approvals
-        .decide(id, server::approvals::Verdict::Approve, &by, None, None)
-        .await
-        .expect_err("expired");
+    let by = server::db::approvals::Decider { name: "late".into(), owner_id: None, phone: None, via: "console" };
+    let late = r.app.gatehouse.approvals.decide(id, server::approvals::Verdict::Approve, &by, None, None).await.expect_err("expired");
     assert_eq!(late.code(), "APPROVAL_EXPIRED");
-    r.press(
-        vec![button_press(
-            OWNER,
-            "wamid.LATE",
-            &format!("gh-approval:{id}:approve:{nonce}"),
-        )],
-        4,
-    )
-    .await;
-    assert_eq!(
-        r.graph.texts().last(),
-        Some(&settings.expired_reply.replace("{id}", &id.to_string())),
-        "the owner is told why"
-    );
-    assert!(
-        r.shop.requests.lock().expect("lock").is_empty(),
-        "nothing ran"
-    );
-    let jobs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call'")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("jobs");
+    r.press(vec![button_press(OWNER, "wamid.LATE", &format!("gh-approval:{id}:approve:{nonce}"))], 4).await;
+    assert_eq!(r.graph.texts().last(), Some(&settings.expired_reply.replace("{id}", &id.to_string())), "the owner is told why");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran");
+    let jobs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("jobs");
     assert_eq!(jobs, 0);
 }
-both_backends!(
-    approvals_expiry,
-    an_expired_request_tells_the_requester_and_runs_nothing
-);
+both_backends!(approvals_expiry, an_expired_request_tells_the_requester_and_runs_nothing);
 
 /// The tool's definition changed (a catalog reload) between the request and the decision: the
 /// approval does not apply to the new definition, so the call never reaches the shop.
@@ -428,213 +193,71 @@ async fn a_changed_tool_definition_makes_the_approval_stale(db: TestDb) {
     let r = rig(db, |_| {}).await;
     let who = console_requester("corr-stale");
     let approvals = r.app.gatehouse.approvals.clone();
-    let requested = approvals
-        .request(&json_call("4821"), &who, None, None)
-        .await
-        .expect("request");
+    let requested = approvals.request(&json_call("4821"), &who, None, None).await.expect("request");
     let tools = r.dir.path().join("tools.toml");
-    let changed = TOOLS.replace(
-        "Refunds an order in full.",
-        "Refunds an order in full, and cancels its delivery.",
-    );
+    let changed = TOOLS.replace("Refunds an order in full.", "Refunds an order in full, and cancels its delivery.");
     std::fs::write(&tools, changed).expect("tools");
     let state = &r.app.state;
-    let report = server::tools::reload_catalog(
-        &state.config.dir,
-        &state.config.secrets.source,
-        &state.mcp,
-        &state.tools,
-    )
-    .await
-    .expect("reload");
-    assert_eq!(
-        report.changed,
-        vec!["refund_order".to_string()],
-        "the reload changed the tool's version"
-    );
-    let by = server::db::approvals::Decider {
-        name: "o".into(),
-        owner_id: None,
-        phone: None,
-        via: "console",
-    };
-    approvals
-        .decide(
-            requested.id,
-            server::approvals::Verdict::Approve,
-            &by,
-            None,
-            None,
-        )
-        .await
-        .expect("approve");
+    let report = server::tools::reload_catalog(&state.config.dir, &state.config.secrets.source, &state.mcp, &state.tools).await.expect("reload");
+    assert_eq!(report.changed, vec!["refund_order".to_string()], "the reload changed the tool's version");
+    let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "console" };
+    approvals.decide(requested.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve");
     r.exchange(&[], 0).await;
-    assert!(
-        r.shop.requests.lock().expect("lock").is_empty(),
-        "the changed tool never ran on an approval given for the old one"
-    );
-    let outcome: Option<String> =
-        sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1")
-            .bind(requested.id)
-            .fetch_one(&state.db.pool)
-            .await
-            .expect("outcome");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "the changed tool never ran on an approval given for the old one");
+    let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&state.db.pool).await.expect("outcome");
     assert_eq!(outcome.as_deref(), Some("APPROVAL_STALE"));
     // The audit writer batches its rows: flush before reading them.
     state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE tool = 'refund_order' AND reason_code = 'APPROVAL_STALE'").fetch_one(&state.db.pool).await.expect("audit");
     assert_eq!(audited, 1, "the refusal is in the tool audit");
 }
-both_backends!(
-    approvals_stale_version,
-    a_changed_tool_definition_makes_the_approval_stale
-);
+both_backends!(approvals_stale_version, a_changed_tool_definition_makes_the_approval_stale);
 
 /// The owners see the call with secrets and personal data replaced; the stored call (what an
 /// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.add_owner().await;
-    let who = server::approvals::Requester {
-        channel: "whatsapp".into(),
-        chat_id: CUSTOMER.into(),
-        sender: CUSTOMER.into(),
-        actor: server::domain::Role::Customer,
-        ..console_requester("corr-pii")
-    };
-    let args =
-        json!({ "order_id": "7001", "email": "ana@example.com", "card_token": "tok_live_5f2a" });
-    let call = server::tools::ToolCall {
-        name: "refund_order".into(),
-        args: args.clone(),
-    };
-    let requested = r
-        .app
-        .gatehouse
-        .approvals
-        .request(&call, &who, None, None)
-        .await
-        .expect("request");
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-pii") };
+    let args = json!({ "order_id": "7001", "email": "ana@example.com", "card_token": "tok_live_5f2a" });
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: args.clone() };
+    let requested = r.app.gatehouse.approvals.request(&call, &who, None, None).await.expect("request");
     r.exchange(&[], 1).await;
-    let asked = r
-        .graph
-        .sends()
-        .into_iter()
-        .find(|b| b["type"] == "interactive")
-        .expect("the owner was asked");
-    let shown = asked["interactive"]["body"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        shown.contains("7001") && shown.contains("[PII]") && shown.contains("[REDACTED]"),
-        "{shown}"
-    );
-    assert!(
-        !shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a"),
-        "{shown}"
-    );
-    let (stored, display): (String, String) =
-        sqlx::query_as("SELECT args, display FROM approvals WHERE id = $1")
-            .bind(requested.id)
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("row");
-    assert_eq!(
-        serde_json::from_str::<Value>(&stored).expect("json"),
-        args,
-        "the exact call is kept to run"
-    );
-    assert!(
-        !display.contains("ana@example.com") && !display.contains("tok_live_5f2a"),
-        "{display}"
-    );
-    let details: Vec<String> =
-        sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1")
-            .bind(requested.trace_id.expect("trace"))
-            .fetch_all(&r.app.state.db.pool)
-            .await
-            .expect("steps");
-    assert!(
-        details
-            .iter()
-            .all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")),
-        "{details:?}"
-    );
+    let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
+    let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(shown.contains("7001") && shown.contains("[PII]") && shown.contains("[REDACTED]"), "{shown}");
+    assert!(!shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a"), "{shown}");
+    let (stored, display): (String, String) = sqlx::query_as("SELECT args, display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!(serde_json::from_str::<Value>(&stored).expect("json"), args, "the exact call is kept to run");
+    assert!(!display.contains("ana@example.com") && !display.contains("tok_live_5f2a"), "{display}");
+    let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1").bind(requested.trace_id.expect("trace")).fetch_all(&r.app.state.db.pool).await.expect("steps");
+    assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
 }
-both_backends!(
-    approvals_redacted_display,
-    owners_see_the_call_without_secrets_or_personal_data
-);
+both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
 
 /// `/reject ID reason` and `/approve ID` as text from an owner's number decide like the
 /// buttons: the rejection keeps its reason and tells the customer; the approval runs the call.
 async fn owners_decide_with_text_commands(db: TestDb) {
-    let r = rig(db, |s| {
-        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High
-    })
-    .await;
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
     r.add_owner().await;
     let settings = r.app.state.config.settings.approvals.clone();
-    r.exchange(&[("wamid.T1", "Please refund my order 4821")], 2)
-        .await;
-    let first: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("id");
-    let reject = text_message(
-        OWNER,
-        "wamid.T2",
-        &format!("/reject {first} The order was a gift"),
-    );
+    r.exchange(&[("wamid.T1", "Please refund my order 4821")], 2).await;
+    let first: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
+    let reject = text_message(OWNER, "wamid.T2", &format!("/reject {first} The order was a gift"));
     r.press(vec![reject], 4).await;
     let (state, note, by): (String, Option<String>, Option<String>) =
-        sqlx::query_as("SELECT state, decision_note, decided_by FROM approvals WHERE id = $1")
-            .bind(first)
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("row");
-    assert_eq!(
-        (state.as_str(), note.as_deref(), by.as_deref()),
-        ("rejected", Some("The order was a gift"), Some("Olga Owner"))
-    );
+        sqlx::query_as("SELECT state, decision_note, decided_by FROM approvals WHERE id = $1").bind(first).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!((state.as_str(), note.as_deref(), by.as_deref()), ("rejected", Some("The order was a gift"), Some("Olga Owner")));
     let texts = r.graph.texts();
-    assert!(
-        texts.contains(&settings.requester_rejected),
-        "the customer is told: {texts:?}"
-    );
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.starts_with(&format!("Rejected #{first}"))),
-        "{texts:?}"
-    );
-    assert!(
-        r.shop.requests.lock().expect("lock").is_empty(),
-        "a rejected call never runs"
-    );
+    assert!(texts.contains(&settings.requester_rejected), "the customer is told: {texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with(&format!("Rejected #{first}"))), "{texts:?}");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
 
-    r.exchange(&[("wamid.T3", "Please refund my order 4821 after all")], 6)
-        .await;
-    let second: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("id");
+    r.exchange(&[("wamid.T3", "Please refund my order 4821 after all")], 6).await;
+    let second: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
     assert_ne!(first, second);
-    r.press(
-        vec![text_message(
-            OWNER,
-            "wamid.T4",
-            &format!("/approve {second}"),
-        )],
-        9,
-    )
-    .await;
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["refunds/4821".to_string()],
-        "the approved call ran once"
-    );
+    r.press(vec![text_message(OWNER, "wamid.T4", &format!("/approve {second}"))], 9).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "the approved call ran once");
 }
 both_backends!(approvals_text_commands, owners_decide_with_text_commands);
 
@@ -668,53 +291,25 @@ async fn keyed_shop() -> (SocketAddr, KeyedShop) {
     let app = Router::new()
         .route(
             "/api/refunds/{id}",
-            axum::routing::post(
-                |State(shop): State<KeyedShop>,
-                 axum::extract::Path(id): axum::extract::Path<String>,
-                 headers: HeaderMap| async move {
-                    let key = headers
-                        .get("idempotency-key")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string();
-                    shop.attempts
-                        .lock()
-                        .expect("lock")
-                        .push((id.clone(), key.clone()));
-                    let first = shop
-                        .applied
-                        .lock()
-                        .expect("lock")
-                        .insert(key, id.clone())
-                        .is_none();
-                    if first && shop.hang_next.swap(false, Ordering::SeqCst) {
-                        std::future::pending::<()>().await;
-                    }
-                    Json(json!({ "id": id, "refunded": true }))
-                },
-            ),
+            axum::routing::post(|State(shop): State<KeyedShop>, axum::extract::Path(id): axum::extract::Path<String>, headers: HeaderMap| async move {
+                let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                shop.attempts.lock().expect("lock").push((id.clone(), key.clone()));
+                let first = shop.applied.lock().expect("lock").insert(key, id.clone()).is_none();
+                if first && shop.hang_next.swap(false, Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                Json(json!({ "id": id, "refunded": true }))
+            }),
         )
         .with_state(shop.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     (addr, shop)
 }
 
 async fn request(gh: &Gatehouse, order: &str) -> i64 {
-    let out = gh
-        .run(&[
-            "tools",
-            "call",
-            "refund_order",
-            "--args",
-            &json!({ "order_id": order }).to_string(),
-            "--as",
-            "owner",
-        ])
-        .await;
+    let out = gh.run(&["tools", "call", "refund_order", "--args", &json!({ "order_id": order }).to_string(), "--as", "owner"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let printed: Value = serde_json::from_str(out.stdout.trim()).expect("one JSON object");
     assert_eq!(printed["approval"]["state"], "pending", "{printed}");
@@ -738,193 +333,67 @@ async fn approvals_survive_kill_nine_and_run_once(db: TestDb) {
 
     // Between request and decision.
     let id = request(&cli, "4821").await;
-    let again = cli
-        .run(&[
-            "tools",
-            "call",
-            "refund_order",
-            "--args",
-            r#"{"order_id":"4821"}"#,
-            "--as",
-            "owner",
-        ])
-        .await;
+    let again = cli.run(&["tools", "call", "refund_order", "--args", r#"{"order_id":"4821"}"#, "--as", "owner"]).await;
     let again: Value = serde_json::from_str(again.stdout.trim()).expect("JSON");
-    assert_eq!(
-        (
-            again["approval"]["id"].as_i64(),
-            again["approval"]["reused"].as_bool()
-        ),
-        (Some(id), Some(true)),
-        "the same call while pending reuses the request"
-    );
+    assert_eq!((again["approval"]["id"].as_i64(), again["approval"]["reused"].as_bool()), (Some(id), Some(true)), "the same call while pending reuses the request");
     kill_nine(&mut server).await;
     let mut server = cli.serve(&log).await;
     let listed = cli.run(&["approvals", "list", "--json"]).await;
     assert_eq!(listed.code, 0, "{}", listed.stderr);
-    let rows: Vec<Value> = listed
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object a line"))
-        .collect();
-    let row = rows
-        .iter()
-        .find(|r| r["id"] == id)
-        .expect("the request survived the crash");
+    let rows: Vec<Value> = listed.stdout.lines().map(|l| serde_json::from_str(l).expect("one JSON object a line")).collect();
+    let row = rows.iter().find(|r| r["id"] == id).expect("the request survived the crash");
     for field in ["id", "state", "tool", "risk", "requested_at"] {
         assert!(!row[field].is_null(), "{field} in {row}");
     }
-    assert_eq!(
-        (
-            row["state"].as_str(),
-            row["tool"].as_str(),
-            row["risk"].as_str()
-        ),
-        (Some("pending"), Some("refund_order"), Some("high"))
-    );
-    assert!(
-        shop.attempts.lock().expect("lock").is_empty(),
-        "nothing ran without a decision"
-    );
+    assert_eq!((row["state"].as_str(), row["tool"].as_str(), row["risk"].as_str()), (Some("pending"), Some("refund_order"), Some("high")));
+    assert!(shop.attempts.lock().expect("lock").is_empty(), "nothing ran without a decision");
 
     // Codes for what cannot be decided.
     let missing = cli.run(&["approvals", "approve", "999999"]).await;
-    assert!(
-        missing.code != 0 && missing.stderr.contains("APPROVAL_NOT_FOUND"),
-        "{} {}",
-        missing.code,
-        missing.stderr
-    );
+    assert!(missing.code != 0 && missing.stderr.contains("APPROVAL_NOT_FOUND"), "{} {}", missing.code, missing.stderr);
 
     // In the middle of the approved call: the shop applies the refund but never answers, and
     // the server dies.
     shop.hang_next.store(true, Ordering::SeqCst);
     let approved = cli.run(&["approvals", "approve", &id.to_string()]).await;
     assert_eq!(approved.code, 0, "{}{}", approved.stdout, approved.stderr);
-    assert!(
-        approved
-            .stdout
-            .contains(&format!("approval #{id} approved")),
-        "{}",
-        approved.stdout
-    );
-    wait_for(
-        "the call to reach the shop",
-        Duration::from_secs(30),
-        async || !shop.attempts.lock().expect("lock").is_empty(),
-    )
-    .await;
+    assert!(approved.stdout.contains(&format!("approval #{id} approved")), "{}", approved.stdout);
+    wait_for("the call to reach the shop", Duration::from_secs(30), async || !shop.attempts.lock().expect("lock").is_empty()).await;
     kill_nine(&mut server).await;
     let twice = cli.run(&["approvals", "approve", &id.to_string()]).await;
-    assert!(
-        twice.code != 0 && twice.stderr.contains("APPROVAL_ALREADY_DECIDED"),
-        "{} {}",
-        twice.code,
-        twice.stderr
-    );
+    assert!(twice.code != 0 && twice.stderr.contains("APPROVAL_ALREADY_DECIDED"), "{} {}", twice.code, twice.stderr);
     let mut server = cli.serve(&log).await;
     let pool_ref = &pool;
-    wait_for(
-        "the rescued call to finish",
-        Duration::from_secs(60),
-        async || {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT outcome_code FROM approvals WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_one(&pool_ref.pool)
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-        },
-    )
+    wait_for("the rescued call to finish", Duration::from_secs(60), async || {
+        sqlx::query_scalar::<_, Option<String>>("SELECT outcome_code FROM approvals WHERE id = $1").bind(id).fetch_one(&pool_ref.pool).await.ok().flatten().is_some()
+    })
     .await;
-    let outcome: Option<String> =
-        sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1")
-            .bind(id)
-            .fetch_one(&pool.pool)
-            .await
-            .expect("outcome");
+    let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1").bind(id).fetch_one(&pool.pool).await.expect("outcome");
     assert_eq!(outcome.as_deref(), Some("OK"), "{}", logs());
     let attempts = shop.attempts.lock().expect("lock").clone();
-    assert_eq!(
-        attempts.len(),
-        2,
-        "the killed run and the rescued one: {attempts:?}"
-    );
-    assert_eq!(
-        attempts[0], attempts[1],
-        "the same call with the same idempotency key"
-    );
+    assert_eq!(attempts.len(), 2, "the killed run and the rescued one: {attempts:?}");
+    assert_eq!(attempts[0], attempts[1], "the same call with the same idempotency key");
     assert_eq!(shop.applied.lock().expect("lock").len(), 1, "refunded once");
-    let (jobs, state): (i64, String) =
-        sqlx::query_as("SELECT COUNT(*), MAX(state) FROM jobs WHERE kind = 'tool.call'")
-            .fetch_one(&pool.pool)
-            .await
-            .expect("jobs");
-    assert_eq!(
-        (jobs, state.as_str()),
-        (1, "completed"),
-        "one job for the approval"
-    );
+    let (jobs, state): (i64, String) = sqlx::query_as("SELECT COUNT(*), MAX(state) FROM jobs WHERE kind = 'tool.call'").fetch_one(&pool.pool).await.expect("jobs");
+    assert_eq!((jobs, state.as_str()), (1, "completed"), "one job for the approval");
 
     // A rejection, once; a decision after expiry.
     let rejected = request(&cli, "9000").await;
-    let out = cli
-        .run(&[
-            "approvals",
-            "reject",
-            &rejected.to_string(),
-            "--reason",
-            "not this one",
-        ])
-        .await;
+    let out = cli.run(&["approvals", "reject", &rejected.to_string(), "--reason", "not this one"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let out = cli
-        .run(&["approvals", "reject", &rejected.to_string()])
-        .await;
-    assert!(
-        out.code != 0
-            && out.stderr.contains("APPROVAL_ALREADY_DECIDED")
-            && out.stderr.contains("by cli"),
-        "{}",
-        out.stderr
-    );
+    let out = cli.run(&["approvals", "reject", &rejected.to_string()]).await;
+    assert!(out.code != 0 && out.stderr.contains("APPROVAL_ALREADY_DECIDED") && out.stderr.contains("by cli"), "{}", out.stderr);
     let expired = request(&cli, "9001").await;
-    sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1")
-        .bind(expired)
-        .execute(&pool.pool)
-        .await
-        .expect("age it");
-    let out = cli
-        .run(&["approvals", "approve", &expired.to_string()])
-        .await;
-    assert!(
-        out.code != 0 && out.stderr.contains("APPROVAL_EXPIRED"),
-        "{}",
-        out.stderr
-    );
-    let listed = cli
-        .run(&["approvals", "list", "--state", "rejected", "--json"])
-        .await;
-    let rows: Vec<Value> = listed
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON"))
-        .collect();
+    sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1").bind(expired).execute(&pool.pool).await.expect("age it");
+    let out = cli.run(&["approvals", "approve", &expired.to_string()]).await;
+    assert!(out.code != 0 && out.stderr.contains("APPROVAL_EXPIRED"), "{}", out.stderr);
+    let listed = cli.run(&["approvals", "list", "--state", "rejected", "--json"]).await;
+    let rows: Vec<Value> = listed.stdout.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
     assert_eq!(rows.len(), 1, "{}", listed.stdout);
     assert_eq!(rows[0]["id"], rejected);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        shop.applied.lock().expect("lock").len(),
-        1,
-        "neither the rejected nor the expired call ran"
-    );
+    assert_eq!(shop.applied.lock().expect("lock").len(), 1, "neither the rejected nor the expired call ran");
     kill_nine(&mut server).await;
     pool.close().await;
 }
-both_backends!(
-    approvals_kill_nine,
-    approvals_survive_kill_nine_and_run_once
-);
+both_backends!(approvals_kill_nine, approvals_survive_kill_nine_and_run_once);

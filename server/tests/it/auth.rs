@@ -15,53 +15,17 @@ async fn login_success_failure_and_logout(db: TestDb) {
     app.with_owner("ada", PASSWORD).await;
 
     let mut c = app.client();
-    let wrong = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "ada"),
-                ("password", "not the password"),
-                ("next", "/"),
-            ],
-        )
-        .await;
+    let wrong = c.post_form("/api/login", &[("login", "ada"), ("password", "not the password"), ("next", "/")]).await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert_eq!(wrong.json()["code"], "LOGIN_FAILED");
-    let unknown = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "nobody"),
-                ("password", "not the password"),
-                ("next", "/"),
-            ],
-        )
-        .await;
-    assert_eq!(
-        unknown.json()["message"],
-        wrong.json()["message"],
-        "unknown login and wrong password look alike"
-    );
+    let unknown = c.post_form("/api/login", &[("login", "nobody"), ("password", "not the password"), ("next", "/")]).await;
+    assert_eq!(unknown.json()["message"], wrong.json()["message"], "unknown login and wrong password look alike");
     assert!(c.cookie.is_none(), "no session after failures");
 
-    let ok = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "ADA"),
-                ("password", PASSWORD),
-                ("next", "/settings"),
-            ],
-        )
-        .await;
+    let ok = c.post_form("/api/login", &[("login", "ADA"), ("password", PASSWORD), ("next", "/settings")]).await;
     assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
     assert_eq!(ok.location(), Some("/settings"), "next is honoured");
-    let cookie = ok
-        .headers
-        .get(header::SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let cookie = ok.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     assert!(cookie.contains("HttpOnly"), "{cookie}");
     assert!(cookie.contains("SameSite=Strict"), "{cookie}");
     assert!(!cookie.contains("Secure"), "plain http console: {cookie}");
@@ -69,15 +33,7 @@ async fn login_success_failure_and_logout(db: TestDb) {
     assert_eq!(c.get("/").await.status, StatusCode::OK);
 
     // Logging in again cycles the session id (no fixation).
-    c.post_form(
-        "/api/login",
-        &[
-            ("login", "ada"),
-            ("password", PASSWORD),
-            ("next", "//evil.example/"),
-        ],
-    )
-    .await;
+    c.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", "//evil.example/")]).await;
     let second_id = c.cookie.clone().expect("session cookie");
     assert_ne!(first_id, second_id);
 
@@ -91,21 +47,14 @@ async fn login_success_failure_and_logout(db: TestDb) {
     assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"));
 
     // The audit has the events and never the password.
-    let rows =
-        sqlx::query("SELECT event, COALESCE(login, ''), detail FROM owner_audit ORDER BY id")
-            .fetch_all(&app.state.db.pool)
-            .await
-            .expect("audit");
+    let rows = sqlx::query("SELECT event, COALESCE(login, ''), detail FROM owner_audit ORDER BY id").fetch_all(&app.state.db.pool).await.expect("audit");
     let events: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
     for e in ["setup_completed", "login_failed", "login_ok", "logout"] {
         assert!(events.iter().any(|x| x == e), "{e} in {events:?}");
     }
     for r in &rows {
         let text = format!("{} {}", r.get::<String, _>(1), r.get::<String, _>(2));
-        assert!(
-            !text.contains("not the password") && !text.contains(PASSWORD),
-            "password leaked into the audit"
-        );
+        assert!(!text.contains("not the password") && !text.contains(PASSWORD), "password leaked into the audit");
     }
 }
 both_backends!(login_flow, login_success_failure_and_logout);
@@ -114,21 +63,8 @@ async fn unsafe_next_is_ignored(db: TestDb) {
     let app = TestApp::new(db).await;
     app.with_owner("ada", PASSWORD).await;
     let mut c = app.client();
-    for next in [
-        "//evil.example/",
-        "https://evil.example/",
-        "/\\evil.example",
-        "/\t/evil.example",
-        "/\n/x",
-        "/a b",
-        "/\u{7f}",
-    ] {
-        let res = c
-            .post_form(
-                "/api/login",
-                &[("login", "ada"), ("password", PASSWORD), ("next", next)],
-            )
-            .await;
+    for next in ["//evil.example/", "https://evil.example/", "/\\evil.example", "/\t/evil.example", "/\n/x", "/a b", "/\u{7f}"] {
+        let res = c.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", next)]).await;
         assert_eq!(res.location(), Some("/"), "{next}");
     }
 }
@@ -140,18 +76,7 @@ async fn parallel_guesses_cannot_pass_the_limit(db: TestDb) {
     let attempts: Vec<_> = (0..20)
         .map(|i| {
             let mut c = app.client_from(&format!("10.9.0.{i}:1000"));
-            tokio::spawn(async move {
-                c.post_form(
-                    "/api/login",
-                    &[
-                        ("login", "ada"),
-                        ("password", "wrong password"),
-                        ("next", "/"),
-                    ],
-                )
-                .await
-                .status
-            })
+            tokio::spawn(async move { c.post_form("/api/login", &[("login", "ada"), ("password", "wrong password"), ("next", "/")]).await.status })
         })
         .collect();
     let mut checked = 0;
@@ -162,37 +87,21 @@ async fn parallel_guesses_cannot_pass_the_limit(db: TestDb) {
             other => panic!("unexpected {other}"),
         }
     }
-    assert_eq!(
-        checked, 5,
-        "exactly the limit of password checks, however parallel"
-    );
+    assert_eq!(checked, 5, "exactly the limit of password checks, however parallel");
 }
-both_backends!(
-    login_throttle_parallel,
-    parallel_guesses_cannot_pass_the_limit
-);
+both_backends!(login_throttle_parallel, parallel_guesses_cannot_pass_the_limit);
 
 async fn logout_is_not_undone_by_a_request_in_flight(db: TestDb) {
-    use tower_sessions::{
-        SessionStore,
-        session::{Id, Record},
-    };
+    use tower_sessions::{SessionStore, session::{Id, Record}};
     let app = TestApp::new(db).await;
     let store = server::web::session_store::DbSessionStore::new(app.state.db.clone());
-    let mut record = Record {
-        id: Id::default(),
-        data: Default::default(),
-        expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1),
-    };
+    let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
     store.create(&mut record).await.expect("create");
     assert!(store.load(&record.id).await.expect("load").is_some());
     // Logout deletes the session; a request that loaded it earlier then saves it.
     store.delete(&record.id).await.expect("delete");
     store.save(&record).await.expect("save");
-    assert!(
-        store.load(&record.id).await.expect("load").is_none(),
-        "the deleted session stays deleted"
-    );
+    assert!(store.load(&record.id).await.expect("load").is_none(), "the deleted session stays deleted");
 }
 both_backends!(logout_race, logout_is_not_undone_by_a_request_in_flight);
 
@@ -203,71 +112,27 @@ async fn throttles_by_account_and_by_address(db: TestDb) {
     // Five failures for one account from five addresses lock that account.
     for i in 0..5 {
         let mut c = app.client_from(&format!("10.1.0.{i}:1000"));
-        let res = c
-            .post_form(
-                "/api/login",
-                &[
-                    ("login", "ada"),
-                    ("password", "wrong password"),
-                    ("next", "/"),
-                ],
-            )
-            .await;
+        let res = c.post_form("/api/login", &[("login", "ada"), ("password", "wrong password"), ("next", "/")]).await;
         assert_eq!(res.status, StatusCode::UNAUTHORIZED, "attempt {i}");
     }
     let mut fresh = app.client_from("10.1.1.1:1000");
-    let locked = fresh
-        .post_form(
-            "/api/login",
-            &[("login", "ada"), ("password", PASSWORD), ("next", "/")],
-        )
-        .await;
+    let locked = fresh.post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", "/")]).await;
     assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS);
-    let retry: u64 = locked
-        .headers
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("Retry-After");
+    let retry: u64 = locked.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After");
     assert!((1..=15 * 60).contains(&retry), "{retry}");
     assert_eq!(locked.json()["code"], "LOGIN_THROTTLED");
-    assert!(
-        fresh.cookie.is_none(),
-        "the right password does not get in while throttled"
-    );
+    assert!(fresh.cookie.is_none(), "the right password does not get in while throttled");
 
     // Five failures from one address, for different names, lock that address for everyone.
     let mut spray = app.client_from("10.2.0.1:1000");
     for i in 0..5 {
         let login = format!("guess{i}");
-        spray
-            .post_form(
-                "/api/login",
-                &[
-                    ("login", login.as_str()),
-                    ("password", "wrong password"),
-                    ("next", "/"),
-                ],
-            )
-            .await;
+        spray.post_form("/api/login", &[("login", login.as_str()), ("password", "wrong password"), ("next", "/")]).await;
     }
-    let res = spray
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "someone"),
-                ("password", "whatever it is"),
-                ("next", "/"),
-            ],
-        )
-        .await;
+    let res = spray.post_form("/api/login", &[("login", "someone"), ("password", "whatever it is"), ("next", "/")]).await;
     assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS);
     let same_message = res.json()["message"].clone();
-    assert_eq!(
-        same_message,
-        locked.json()["message"],
-        "one generic message"
-    );
+    assert_eq!(same_message, locked.json()["message"], "one generic message");
 }
 both_backends!(login_throttle, throttles_by_account_and_by_address);
 
@@ -276,19 +141,12 @@ async fn idle_expiry(db: TestDb) {
     let mut c = app.with_owner("ada", PASSWORD).await;
     assert_eq!(c.get("/").await.status, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    assert_eq!(
-        c.get("/").await.location(),
-        Some("/login?next=%2F"),
-        "idle session expired"
-    );
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"), "idle session expired");
 }
 both_backends!(session_idle_expiry, idle_expiry);
 
 async fn absolute_expiry(db: TestDb) {
-    let app = TestApp::with(db, |s| {
-        s.auth.session_absolute_timeout = Duration::from_secs(2)
-    })
-    .await;
+    let app = TestApp::with(db, |s| s.auth.session_absolute_timeout = Duration::from_secs(2)).await;
     let mut c = app.with_owner("ada", PASSWORD).await;
     // Staying active does not extend the absolute limit.
     for _ in 0..4 {
@@ -296,11 +154,7 @@ async fn absolute_expiry(db: TestDb) {
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(
-        c.get("/").await.location(),
-        Some("/login?next=%2F"),
-        "absolute limit reached"
-    );
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"), "absolute limit reached");
 }
 both_backends!(session_absolute_expiry, absolute_expiry);
 
@@ -308,54 +162,22 @@ async fn password_reset_ends_sessions(db: TestDb) {
     let app = TestApp::new(db).await;
     let mut c = app.with_owner("ada", PASSWORD).await;
     assert_eq!(c.get("/").await.status, StatusCode::OK);
-    server::owners::reset_password(
-        &app.state.db,
-        "ada",
-        secrecy::SecretString::from("a brand new password"),
-        12,
-    )
-    .await
-    .expect("reset");
+    server::owners::reset_password(&app.state.db, "ada", secrecy::SecretString::from("a brand new password"), 12).await.expect("reset");
     assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"));
-    let res = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "ada"),
-                ("password", "a brand new password"),
-                ("next", "/"),
-            ],
-        )
-        .await;
+    let res = c.post_form("/api/login", &[("login", "ada"), ("password", "a brand new password"), ("next", "/")]).await;
     assert_eq!(res.status, StatusCode::OK);
 }
 both_backends!(reset_voids_sessions, password_reset_ends_sessions);
 
 async fn secure_cookie_on_https(db: TestDb) {
-    let app = TestApp::with(db, |s| {
-        s.server.public_url = "https://console.example.com".into()
-    })
-    .await;
+    let app = TestApp::with(db, |s| s.server.public_url = "https://console.example.com".into()).await;
     let mut c = app.client();
     c.origin = Some("https://console.example.com".into());
     let res = c
-        .post_form(
-            "/api/setup_owner",
-            &[
-                ("display_name", "Ada"),
-                ("login", "ada"),
-                ("password", PASSWORD),
-                ("password_confirm", PASSWORD),
-                ("whatsapp", "+15550001111"),
-            ],
-        )
+        .post_form("/api/setup_owner", &[("display_name", "Ada"), ("login", "ada"), ("password", PASSWORD), ("password_confirm", PASSWORD), ("whatsapp", "+15550001111")])
         .await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-    let cookie = res
-        .headers
-        .get(header::SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let cookie = res.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     assert!(cookie.contains("Secure"), "{cookie}");
 }
 both_backends!(https_cookie, secure_cookie_on_https);
@@ -363,52 +185,27 @@ both_backends!(https_cookie, secure_cookie_on_https);
 async fn owners_edit_their_numbers(db: TestDb) {
     let app = TestApp::new(db).await;
     let mut c = app.with_owner("ada", PASSWORD).await;
-    let res = c
-        .post_form(
-            "/api/update_phones",
-            &[("phones", "+15550001111\n+447700900123")],
-        )
-        .await;
+    let res = c.post_form("/api/update_phones", &[("phones", "+15550001111\n+447700900123")]).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-    assert_eq!(
-        res.json(),
-        serde_json::json!(["+15550001111", "+447700900123"])
-    );
-    let bad = c
-        .post_form("/api/update_phones", &[("phones", "12345")])
-        .await;
+    assert_eq!(res.json(), serde_json::json!(["+15550001111", "+447700900123"]));
+    let bad = c.post_form("/api/update_phones", &[("phones", "12345")]).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     let settings = c.post_form("/api/console_settings", &[]).await;
-    assert_eq!(
-        settings.json()["my_phones"],
-        serde_json::json!(["+15550001111", "+447700900123"])
-    );
+    assert_eq!(settings.json()["my_phones"], serde_json::json!(["+15550001111", "+447700900123"]));
 }
 both_backends!(phone_numbers, owners_edit_their_numbers);
 
 async fn login(c: &mut crate::support::Client, who: &str, password: &str) -> crate::support::Resp {
-    c.post_form(
-        "/api/login",
-        &[("login", who), ("password", password), ("next", "/")],
-    )
-    .await
+    c.post_form("/api/login", &[("login", who), ("password", password), ("next", "/")]).await
 }
 
 fn retry_after(res: &crate::support::Resp) -> u64 {
-    res.headers
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("Retry-After")
+    res.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After")
 }
 
 /// Moves every recorded login attempt `secs` into the past: the throttle's clock, without a sleep.
 async fn age_attempts(app: &TestApp, secs: u64) {
-    sqlx::query("UPDATE owner_audit SET at = at - $1")
-        .bind(i64::try_from(secs * 1000).expect("ms"))
-        .execute(&app.state.db.pool)
-        .await
-        .expect("age");
+    sqlx::query("UPDATE owner_audit SET at = at - $1").bind(i64::try_from(secs * 1000).expect("ms")).execute(&app.state.db.pool).await.expect("age");
 }
 
 /// Guessing an owner's password, from one address or many, does not lock the owner out: an
@@ -418,66 +215,35 @@ async fn guessing_cannot_lock_the_owner_out(db: TestDb) {
     app.with_owner("ada", PASSWORD).await;
     let mut attacker = app.client_from("10.6.0.1:1000");
     for _ in 0..5 {
-        assert_eq!(
-            login(&mut attacker, "ada", "guess").await.status,
-            StatusCode::UNAUTHORIZED
-        );
+        assert_eq!(login(&mut attacker, "ada", "guess").await.status, StatusCode::UNAUTHORIZED);
     }
     let locked = login(&mut attacker, "ada", PASSWORD).await;
-    assert_eq!(
-        locked.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the guessing address is locked"
-    );
-    assert!(
-        retry_after(&locked) > 14 * 60,
-        "for the rest of the window: {}",
-        retry_after(&locked)
-    );
+    assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS, "the guessing address is locked");
+    assert!(retry_after(&locked) > 14 * 60, "for the rest of the window: {}", retry_after(&locked));
 
     // The owner's own address never failed: a short delay, not the window.
     let mut owner = app.client_from("10.7.0.1:1000");
     let slowed = login(&mut owner, "ada", PASSWORD).await;
     assert_eq!(slowed.status, StatusCode::TOO_MANY_REQUESTS);
     let first_delay = retry_after(&slowed);
-    assert!(
-        first_delay <= 60,
-        "a delay of about a minute, not the 15-minute window: {first_delay}"
-    );
+    assert!(first_delay <= 60, "a delay of about a minute, not the 15-minute window: {first_delay}");
     age_attempts(&app, first_delay + 1).await;
     let ok = login(&mut owner, "ada", PASSWORD).await;
-    assert_eq!(
-        ok.status,
-        StatusCode::OK,
-        "the owner gets in once the delay has passed: {}",
-        ok.body
-    );
+    assert_eq!(ok.status, StatusCode::OK, "the owner gets in once the delay has passed: {}", ok.body);
 
     // More guesses from fresh addresses: one per delay, and each delay longer than the last.
     let mut second = app.client_from("10.6.0.2:1000");
-    assert_eq!(
-        login(&mut second, "ada", "guess").await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(login(&mut second, "ada", "guess").await.status, StatusCode::UNAUTHORIZED);
     let mut third = app.client_from("10.6.0.3:1000");
     let held = login(&mut third, "ada", "guess").await;
     assert_eq!(held.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(
-        retry_after(&held) > first_delay,
-        "progressive: {} after {first_delay}",
-        retry_after(&held)
-    );
+    assert!(retry_after(&held) > first_delay, "progressive: {} after {first_delay}", retry_after(&held));
     // An address that failed for the account is locked for it, not slowed.
     let again = login(&mut second, "ada", "guess").await;
     assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(retry_after(&again) > 14 * 60, "{}", retry_after(&again));
     // Other accounts are not affected from a clean address.
-    assert_eq!(
-        login(&mut app.client_from("10.7.0.9:1000"), "bob", "not set up")
-            .await
-            .status,
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(login(&mut app.client_from("10.7.0.9:1000"), "bob", "not set up").await.status, StatusCode::UNAUTHORIZED);
 }
 both_backends!(login_no_owner_lockout, guessing_cannot_lock_the_owner_out);
 
@@ -493,62 +259,36 @@ async fn clients_behind_a_trusted_proxy_are_told_apart(db: TestDb) {
     app.with_owner("ada", PASSWORD).await;
     let via_proxy = |client: &str| {
         let mut c = app.client_from("10.0.0.1:4000");
-        c.headers
-            .push(("x-forwarded-for".into(), format!("198.51.100.77, {client}")));
+        c.headers.push(("x-forwarded-for".into(), format!("198.51.100.77, {client}")));
         c
     };
     let mut guesser = via_proxy("203.0.113.5");
     for i in 0..5 {
-        assert_eq!(
-            login(&mut guesser, &format!("guess{i}"), "wrong")
-                .await
-                .status,
-            StatusCode::UNAUTHORIZED
-        );
+        assert_eq!(login(&mut guesser, &format!("guess{i}"), "wrong").await.status, StatusCode::UNAUTHORIZED);
     }
-    assert_eq!(
-        login(&mut guesser, "ada", PASSWORD).await.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the guesser's own address is locked"
-    );
+    assert_eq!(login(&mut guesser, "ada", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS, "the guesser's own address is locked");
     // Another client behind the same proxy has its own bucket.
-    assert_eq!(
-        login(&mut via_proxy("203.0.113.6"), "ada", PASSWORD)
-            .await
-            .status,
-        StatusCode::OK
-    );
+    assert_eq!(login(&mut via_proxy("203.0.113.6"), "ada", PASSWORD).await.status, StatusCode::OK);
     // The audit records the client, not the proxy.
-    let ips: Vec<String> = sqlx::query(
-        "SELECT DISTINCT ip FROM owner_audit WHERE event IN ('login_failed', 'login_ok')",
-    )
-    .fetch_all(&app.state.db.pool)
-    .await
-    .expect("audit")
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
+    let ips: Vec<String> = sqlx::query("SELECT DISTINCT ip FROM owner_audit WHERE event IN ('login_failed', 'login_ok')")
+        .fetch_all(&app.state.db.pool)
+        .await
+        .expect("audit")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert!(ips.iter().all(|ip| ip.starts_with("203.0.113.")), "{ips:?}");
 
     // A client connecting directly cannot choose its address with the header.
     let mut direct = app.client_from("10.9.9.9:5000");
-    direct
-        .headers
-        .push(("x-forwarded-for".into(), "203.0.113.200".into()));
+    direct.headers.push(("x-forwarded-for".into(), "203.0.113.200".into()));
     for _ in 0..5 {
         login(&mut direct, "nobody", "wrong").await;
         direct.headers[0].1 = format!("203.0.113.{}", 201 + direct.headers.len());
     }
-    assert_eq!(
-        login(&mut direct, "ada", PASSWORD).await.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "counted by its real address"
-    );
+    assert_eq!(login(&mut direct, "ada", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS, "counted by its real address");
 }
-both_backends!(
-    login_behind_proxy,
-    clients_behind_a_trusted_proxy_are_told_apart
-);
+both_backends!(login_behind_proxy, clients_behind_a_trusted_proxy_are_told_apart);
 
 /// Without configuration no proxy header is read: the default trusts nobody.
 async fn no_proxy_is_trusted_by_default(db: TestDb) {
@@ -556,17 +296,11 @@ async fn no_proxy_is_trusted_by_default(db: TestDb) {
     app.with_owner("ada", PASSWORD).await;
     for i in 0..5 {
         let mut c = app.client_from("10.0.0.1:4000");
-        c.headers
-            .push(("x-forwarded-for".into(), format!("203.0.113.{i}")));
+        c.headers.push(("x-forwarded-for".into(), format!("203.0.113.{i}")));
         login(&mut c, &format!("guess{i}"), "wrong").await;
     }
     let mut next = app.client_from("10.0.0.1:4000");
-    next.headers
-        .push(("x-forwarded-for".into(), "203.0.113.99".into()));
-    assert_eq!(
-        login(&mut next, "someone", "wrong").await.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "one address, whatever the header says"
-    );
+    next.headers.push(("x-forwarded-for".into(), "203.0.113.99".into()));
+    assert_eq!(login(&mut next, "someone", "wrong").await.status, StatusCode::TOO_MANY_REQUESTS, "one address, whatever the header says");
 }
 both_backends!(login_proxy_default, no_proxy_is_trusted_by_default);

@@ -12,97 +12,36 @@ use crate::{
 
 async fn session(r: &Rig) -> (String, i64, Vec<(String, String)>) {
     let pool = &r.app.state.db.pool;
-    let (id, status, count): (i64, String, i64) =
-        sqlx::query_as("SELECT id, status, step_count FROM tool_sessions ORDER BY id DESC LIMIT 1")
-            .fetch_one(pool)
-            .await
-            .expect("session");
-    let steps: Vec<(String, String)> = sqlx::query_as(
-        "SELECT tool, status FROM tool_session_steps WHERE session_id = $1 ORDER BY step_index",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await
-    .expect("steps");
+    let (id, status, count): (i64, String, i64) = sqlx::query_as("SELECT id, status, step_count FROM tool_sessions ORDER BY id DESC LIMIT 1").fetch_one(pool).await.expect("session");
+    let steps: Vec<(String, String)> = sqlx::query_as("SELECT tool, status FROM tool_session_steps WHERE session_id = $1 ORDER BY step_index").bind(id).fetch_all(pool).await.expect("steps");
     (status, count, steps)
 }
 
 fn planner_calls(r: &Rig) -> usize {
-    r.llm
-        .seen
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter(|b| b["model"] == PLANNER_MODEL)
-        .count()
+    r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).count()
 }
 
 async fn search_then_open_is_one_request_with_one_reply(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    r.exchange(
-        &[("wamid.C1", "Find the returns page and open it, please")],
-        1,
-    )
-    .await;
+    r.exchange(&[("wamid.C1", "Find the returns page and open it, please")], 1).await;
     let texts = r.graph.texts();
     assert_eq!(texts.len(), 1, "one reply for the chain: {texts:?}");
-    assert!(
-        texts[0].starts_with("Returns are free within 30 days"),
-        "the final summary: {texts:?}"
-    );
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["search".to_string(), "pages/returns".to_string()]
-    );
-    assert_eq!(
-        planner_calls(&r),
-        2,
-        "the second step was planned from the first's result"
-    );
-    let second = r
-        .llm
-        .seen
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter(|b| b["model"] == PLANNER_MODEL)
-        .nth(1)
-        .cloned()
-        .expect("second plan");
-    assert!(
-        second["messages"].to_string().contains("Returns policy"),
-        "the planner saw step 1's result"
-    );
-    assert_eq!(
-        second["tool_choice"]["disable_parallel_tool_use"], true,
-        "no parallel calls"
-    );
+    assert!(texts[0].starts_with("Returns are free within 30 days"), "the final summary: {texts:?}");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()]);
+    assert_eq!(planner_calls(&r), 2, "the second step was planned from the first's result");
+    let second = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).nth(1).cloned().expect("second plan");
+    assert!(second["messages"].to_string().contains("Returns policy"), "the planner saw step 1's result");
+    assert_eq!(second["tool_choice"]["disable_parallel_tool_use"], true, "no parallel calls");
     let (status, count, steps) = session(&r).await;
     assert_eq!((status.as_str(), count), ("answered", 2));
-    assert_eq!(
-        steps,
-        vec![
-            ("page_search".to_string(), "answered".to_string()),
-            ("open_page".to_string(), "answered".to_string())
-        ]
-    );
+    assert_eq!(steps, vec![("page_search".to_string(), "answered".to_string()), ("open_page".to_string(), "answered".to_string())]);
     r.app.state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE tool IN ('page_search', 'open_page') AND decision = 'allow'").fetch_one(&r.app.state.db.pool).await.expect("audit");
     assert_eq!(audited, 2, "each step audited");
     let steps = r.steps("wamid.C1").await;
-    assert_eq!(
-        steps
-            .iter()
-            .filter(|(s, _, _)| s == "AgentToolChainStep")
-            .count(),
-        2,
-        "{steps:?}"
-    );
+    assert_eq!(steps.iter().filter(|(s, _, _)| s == "AgentToolChainStep").count(), 2, "{steps:?}");
 }
-both_backends!(
-    chain_search_open,
-    search_then_open_is_one_request_with_one_reply
-);
+both_backends!(chain_search_open, search_then_open_is_one_request_with_one_reply);
 
 async fn a_failed_or_overlong_or_forbidden_step_stops_the_chain(db: TestDb) {
     let r = rig(db, |s| {
@@ -112,127 +51,51 @@ async fn a_failed_or_overlong_or_forbidden_step_stops_the_chain(db: TestDb) {
     })
     .await;
     // Two calls where one step is left: stopped safely with step 1's answer.
-    r.exchange(&[("wamid.C3", "Find the returns page and open both")], 1)
-        .await;
-    assert!(
-        r.graph.texts()[0].starts_with("I found two pages"),
-        "{:?}",
-        r.graph.texts()
-    );
+    r.exchange(&[("wamid.C3", "Find the returns page and open both")], 1).await;
+    assert!(r.graph.texts()[0].starts_with("I found two pages"), "{:?}", r.graph.texts());
     let steps = r.steps("wamid.C3").await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, _)| s == "AgentToolChainStopped" && d == "stopped"),
-        "{steps:?}"
-    );
-    assert!(
-        !r.shop
-            .requests
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|q| q.starts_with("pages/")),
-        "no page opened"
-    );
+    assert!(steps.iter().any(|(s, d, _)| s == "AgentToolChainStopped" && d == "stopped"), "{steps:?}");
+    assert!(!r.shop.requests.lock().expect("lock").iter().any(|q| q.starts_with("pages/")), "no page opened");
 
     // A customer cannot chain into an owner-only tool.
-    r.exchange(&[("wamid.C4", "Find the returns page and show sales")], 2)
-        .await;
-    assert!(
-        !r.shop
-            .requests
-            .lock()
-            .expect("lock")
-            .contains(&"sales".to_string())
-    );
+    r.exchange(&[("wamid.C4", "Find the returns page and show sales")], 2).await;
+    assert!(!r.shop.requests.lock().expect("lock").contains(&"sales".to_string()));
     assert_eq!(session(&r).await.0, "stopped");
 
     // A write in a chain waits for an owner; nothing is refunded. (Not offered, it would be
     // refused as LANE_TOOL_NOT_CANDIDATE.)
-    r.exchange(&[("wamid.C5", "Find the returns page and refund it")], 3)
-        .await;
+    r.exchange(&[("wamid.C5", "Find the returns page and refund it")], 3).await;
     let last = r.graph.texts()[2].clone();
-    assert!(
-        last.starts_with("I found two pages")
-            && last.ends_with(&r.app.state.config.settings.lane.approval_reply),
-        "{last} {:?}",
-        r.steps("wamid.C5").await
-    );
+    assert!(last.starts_with("I found two pages") && last.ends_with(&r.app.state.config.settings.lane.approval_reply), "{last} {:?}", r.steps("wamid.C5").await);
     let (status, _, steps) = session(&r).await;
     assert_eq!(status, "stopped");
-    assert_eq!(
-        steps.last().map(|(t, s)| (t.as_str(), s.as_str())),
-        Some(("refund_order", "approval"))
-    );
-    let pending: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM approvals WHERE tool = 'refund_order' AND state = 'pending'",
-    )
-    .fetch_one(&r.app.state.db.pool)
-    .await
-    .expect("approval");
+    assert_eq!(steps.last().map(|(t, s)| (t.as_str(), s.as_str())), Some(("refund_order", "approval")));
+    let pending: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals WHERE tool = 'refund_order' AND state = 'pending'").fetch_one(&r.app.state.db.pool).await.expect("approval");
     assert_eq!(pending, 1);
-    assert!(
-        !r.shop
-            .requests
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|q| q.starts_with("refunds/"))
-    );
+    assert!(!r.shop.requests.lock().expect("lock").iter().any(|q| q.starts_with("refunds/")));
 
     // Step 1 fails (the shop answers 400: a definite answer, said at once and not retried) and
     // step 2 is never planned or run.
     let lane = r.app.state.config.settings.lane.clone();
     let planned = planner_calls(&r);
-    r.exchange(&[("wamid.C2", "Find the returns page and break it")], 4)
-        .await;
-    assert_eq!(
-        r.graph.texts()[3..].to_vec(),
-        vec![lane.failed_reply.clone()],
-        "no 'looking it up' first"
-    );
+    r.exchange(&[("wamid.C2", "Find the returns page and break it")], 4).await;
+    assert_eq!(r.graph.texts()[3..].to_vec(), vec![lane.failed_reply.clone()], "no 'looking it up' first");
     let runs: i64 = sqlx::query_scalar("SELECT MAX(attempt) FROM jobs WHERE kind = 'tool.call' AND tool_name = 'page_search' AND state = 'discarded'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!(runs, 1, "a 400 is not retried");
-    assert_eq!(
-        planner_calls(&r),
-        planned + 1,
-        "only the first step was planned"
-    );
+    assert_eq!(planner_calls(&r), planned + 1, "only the first step was planned");
     assert_eq!(session(&r).await.0, "stopped");
 }
-both_backends!(
-    chain_stops,
-    a_failed_or_overlong_or_forbidden_step_stops_the_chain
-);
+both_backends!(chain_stops, a_failed_or_overlong_or_forbidden_step_stops_the_chain);
 
 /// Two calls in one plan (a model that ignores the no-parallel request; the validator accepts
 /// it only for chainable tools) run one after the other within max_steps and are stored as a
 /// tool session with two steps.
 async fn two_calls_in_one_plan_are_a_session(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    r.exchange(
-        &[(
-            "wamid.C6",
-            "Search the shop for returns and open that page, both at once",
-        )],
-        1,
-    )
-    .await;
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["search".to_string(), "pages/returns".to_string()],
-        "in order, one after the other: {:?}",
-        r.steps("wamid.C6").await
-    );
+    r.exchange(&[("wamid.C6", "Search the shop for returns and open that page, both at once")], 1).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "in order, one after the other: {:?}", r.steps("wamid.C6").await);
     let (status, count, steps) = session(&r).await;
     assert_eq!((status.as_str(), count), ("answered", 2));
-    assert_eq!(
-        steps,
-        vec![
-            ("page_search".to_string(), "answered".to_string()),
-            ("open_page".to_string(), "answered".to_string())
-        ]
-    );
+    assert_eq!(steps, vec![("page_search".to_string(), "answered".to_string()), ("open_page".to_string(), "answered".to_string())]);
 }
 both_backends!(chain_two_calls_session, two_calls_in_one_plan_are_a_session);

@@ -25,21 +25,13 @@ impl Out {
 
 fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Out {
     let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().expect("spawn gatehouse");
     if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write stdin");
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("wait");
@@ -52,16 +44,9 @@ fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Out {
 
 /// A config file (the shipped one plus `extra`) pointing at a fresh SQLite file.
 fn config(dir: &Path, extra: &str) -> PathBuf {
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../config/gatehouse.toml"
-    ))
-    .expect("shipped config");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
     let db = dir.join("data/gatehouse.db");
-    let text = shipped.replace(
-        "url = \"sqlite://data/gatehouse.db\"",
-        &format!("url = \"sqlite://{}\"", db.display()),
-    ) + extra;
+    let text = shipped.replace("url = \"sqlite://data/gatehouse.db\"", &format!("url = \"sqlite://{}\"", db.display())) + extra;
     let path = dir.join("gatehouse.toml");
     std::fs::write(&path, text).expect("write config");
     path
@@ -93,25 +78,10 @@ fn help_for_every_command_and_bad_usage() {
 fn shipped_config_is_valid_and_secrets_are_never_printed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "check-config"],
-        &[
-            ("ANTHROPIC_API_KEY", SECRET),
-            ("WHATSAPP_APP_SECRET", SECRET),
-        ],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("ANTHROPIC_API_KEY", SECRET), ("WHATSAPP_APP_SECRET", SECRET)], None);
     assert_eq!(out.code, 0, "{}", out.all());
-    assert!(
-        out.stdout.contains("ANTHROPIC_API_KEY: set"),
-        "{}",
-        out.stdout
-    );
-    assert!(
-        out.stdout.contains("OPENAI_API_KEY: unset"),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains("ANTHROPIC_API_KEY: set"), "{}", out.stdout);
+    assert!(out.stdout.contains("OPENAI_API_KEY: unset"), "{}", out.stdout);
     assert!(!out.all().contains(SECRET), "secret printed");
 }
 
@@ -119,43 +89,16 @@ fn shipped_config_is_valid_and_secrets_are_never_printed() {
 fn every_config_problem_is_reported_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "\n[surprise]\nkey = 1\n");
-    let text = std::fs::read_to_string(&path)
-        .expect("read")
-        .replace("strict_port = false", "strict_port = \"sometimes\"")
-        .replace(
-            "login_max_failures = 5",
-            "login_max_failures = 5\nlogin_max_failure = 3",
-        );
+    let text = std::fs::read_to_string(&path).expect("read").replace("strict_port = false", "strict_port = \"sometimes\"").replace("login_max_failures = 5", "login_max_failures = 5\nlogin_max_failure = 3");
     std::fs::write(&path, text).expect("write");
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "check-config"],
-        &[
-            ("GATEHOUSE__SERVER__ADDR", "not-an-address"),
-            ("ANTHROPIC_API_KEY", SECRET),
-        ],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE__SERVER__ADDR", "not-an-address"), ("ANTHROPIC_API_KEY", SECRET)], None);
     assert_eq!(out.code, 2, "{}", out.all());
     let err = out.stderr;
     let file = path.display().to_string();
-    assert!(
-        err.contains(&format!("surprise.key: unknown key (from {file})")),
-        "{err}"
-    );
-    assert!(
-        err.contains(
-            "auth.login_max_failure: unknown key; did you mean `auth.login_max_failures`?"
-        ),
-        "{err}"
-    );
-    assert!(
-        err.contains("server.strict_port: invalid type") && err.contains(&file),
-        "{err}"
-    );
-    assert!(
-        err.contains("server.addr") && err.contains("environment variable GATEHOUSE__SERVER__ADDR"),
-        "{err}"
-    );
+    assert!(err.contains(&format!("surprise.key: unknown key (from {file})")), "{err}");
+    assert!(err.contains("auth.login_max_failure: unknown key; did you mean `auth.login_max_failures`?"), "{err}");
+    assert!(err.contains("server.strict_port: invalid type") && err.contains(&file), "{err}");
+    assert!(err.contains("server.addr") && err.contains("environment variable GATEHOUSE__SERVER__ADDR"), "{err}");
     assert!(!err.contains(SECRET));
 }
 
@@ -167,17 +110,11 @@ fn environment_overrides_reach_every_documented_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
     let vars = [
-        (
-            "GATEHOUSE__WHATSAPP__GRAPH_BASE_URL",
-            "http://127.0.0.1:9/graph",
-        ),
+        ("GATEHOUSE__WHATSAPP__GRAPH_BASE_URL", "http://127.0.0.1:9/graph"),
         ("GATEHOUSE__WHATSAPP__GRAPH_VERSION", "v99.0"),
         ("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", "106540352242922"),
         ("GATEHOUSE__LLM__PROVIDER", "openai"),
-        (
-            "GATEHOUSE__LLM__ANTHROPIC__BASE_URL",
-            "http://127.0.0.1:8/anthropic",
-        ),
+        ("GATEHOUSE__LLM__ANTHROPIC__BASE_URL", "http://127.0.0.1:8/anthropic"),
         ("GATEHOUSE__LLM__OPENAI__BASE_URL", "http://127.0.0.1:7/v1"),
         ("GATEHOUSE__MODELS__CHAT", "chat-model-a"),
         ("GATEHOUSE__MODELS__PLANNER", "planner-model-b"),
@@ -186,11 +123,7 @@ fn environment_overrides_reach_every_documented_key() {
         ("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "3"),
         ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
     ];
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "check-config"],
-        &vars,
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &vars, None);
     assert_eq!(out.code, 0, "{}", out.all());
     for line in [
         "whatsapp.graph_base_url = http://127.0.0.1:9/graph",
@@ -206,11 +139,7 @@ fn environment_overrides_reach_every_documented_key() {
         "database.max_connections = 3",
         "server.strict_port = true",
     ] {
-        assert!(
-            out.stdout.contains(line),
-            "missing {line:?} in:\n{}",
-            out.stdout
-        );
+        assert!(out.stdout.contains(line), "missing {line:?} in:\n{}", out.stdout);
     }
 }
 
@@ -223,82 +152,31 @@ fn tool_catalog_problems_are_reported_with_the_rest() {
         "[[tool]]\nname = \"bad name\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\n",
     )
     .expect("write tools");
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "check-config"],
-        &[],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[], None);
     assert_eq!(out.code, 2, "{}", out.all());
     assert!(out.stderr.contains("nope.x: unknown key"), "{}", out.stderr);
-    assert!(
-        out.stderr.contains("tool[0] (bad name).name") && out.stderr.contains("tools.toml"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("tool[0] (bad name).name") && out.stderr.contains("tools.toml"), "{}", out.stderr);
 }
 
 #[test]
 fn tools_list_and_call_go_through_the_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
-    std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml"),
-        dir.path().join("tools.toml"),
-    )
-    .expect("copy tools");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml"), dir.path().join("tools.toml")).expect("copy tools");
     let cfg = path.to_str().expect("utf8");
     let out = run(&["--config", cfg, "tools", "list"], &[], None);
     assert_eq!(out.code, 0, "{}", out.all());
-    assert!(
-        out.stdout.contains("web_fetch\tBuiltin\tPublic\tLow"),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains("web_fetch\tBuiltin\tPublic\tLow"), "{}", out.stdout);
 
-    let out = run(
-        &["--config", cfg, "tools", "call", "no_such_tool"],
-        &[],
-        None,
-    );
+    let out = run(&["--config", cfg, "tools", "call", "no_such_tool"], &[], None);
     assert_eq!(out.code, 1, "{}", out.all());
     assert!(out.stdout.contains("TOOL_UNKNOWN"), "{}", out.stdout);
     // Loopback is refused before any connection is made.
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "tools",
-            "call",
-            "web_fetch",
-            "--args",
-            r#"{"url":"http://127.0.0.1:9/admin"}"#,
-            "--as",
-            "customer",
-        ],
-        &[],
-        None,
-    );
+    let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://127.0.0.1:9/admin"}"#, "--as", "customer"], &[], None);
     assert_eq!(out.code, 1, "{}", out.all());
     // A refusal is the checkpoint's answer, with the guard's own code (not a provider failure).
-    assert!(
-        out.stdout.contains("FETCH_ADDRESS_FORBIDDEN")
-            && !out.stdout.contains("TOOL_PROVIDER_ERROR"),
-        "{}",
-        out.stdout
-    );
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "tools",
-            "call",
-            "web_fetch",
-            "--args",
-            r#"{"url":"http://example.com","extra":1}"#,
-        ],
-        &[],
-        None,
-    );
+    assert!(out.stdout.contains("FETCH_ADDRESS_FORBIDDEN") && !out.stdout.contains("TOOL_PROVIDER_ERROR"), "{}", out.stdout);
+    let out = run(&["--config", cfg, "tools", "call", "web_fetch", "--args", r#"{"url":"http://example.com","extra":1}"#], &[], None);
     assert!(out.stdout.contains("TOOL_SCHEMA_INVALID"), "{}", out.stdout);
 }
 
@@ -306,29 +184,12 @@ fn tools_list_and_call_go_through_the_checkpoint() {
 fn bad_config_stops_serve_with_exit_code_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "serve"],
-        &[("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "many")],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "many")], None);
     assert_eq!(out.code, 2, "{}", out.all());
-    assert!(
-        out.stderr.contains("database.max_connections")
-            && out.stderr.contains("GATEHOUSE__DATABASE__MAX_CONNECTIONS"),
-        "{}",
-        out.stderr
-    );
-    let missing = run(
-        &["--config", "/nonexistent/gatehouse.toml", "serve"],
-        &[],
-        None,
-    );
+    assert!(out.stderr.contains("database.max_connections") && out.stderr.contains("GATEHOUSE__DATABASE__MAX_CONNECTIONS"), "{}", out.stderr);
+    let missing = run(&["--config", "/nonexistent/gatehouse.toml", "serve"], &[], None);
     assert_eq!(missing.code, 2);
-    assert!(
-        missing.stderr.contains("config file not found"),
-        "{}",
-        missing.stderr
-    );
+    assert!(missing.stderr.contains("config file not found"), "{}", missing.stderr);
 }
 
 #[test]
@@ -340,108 +201,27 @@ fn owner_commands_from_scripts() {
     assert_eq!(out.code, 0, "{}", out.all());
     assert!(out.stdout.contains("no owners yet"));
 
-    let add = [
-        "--config",
-        cfg,
-        "owner",
-        "add",
-        "--login",
-        "ada",
-        "--name",
-        "Ada Lovelace",
-        "--whatsapp",
-        "+15550001111",
-        "--password-stdin",
-    ];
+    let add = ["--config", cfg, "owner", "add", "--login", "ada", "--name", "Ada Lovelace", "--whatsapp", "+15550001111", "--password-stdin"];
     let out = run(&add, &[], Some("a very long password\n"));
     assert_eq!(out.code, 0, "{}", out.all());
     assert!(!out.all().contains("a very long password"));
     let out = run(&add, &[], Some("a very long password\n"));
     assert_eq!(out.code, 2, "duplicate login: {}", out.all());
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "owner",
-            "add",
-            "--login",
-            "bob",
-            "--name",
-            "Bob",
-            "--whatsapp",
-            "+15550002222",
-            "--password-stdin",
-        ],
-        &[],
-        Some("short\n"),
-    );
+    let out = run(&["--config", cfg, "owner", "add", "--login", "bob", "--name", "Bob", "--whatsapp", "+15550002222", "--password-stdin"], &[], Some("short\n"));
     assert_eq!(out.code, 2, "short password: {}", out.all());
     assert!(out.stderr.contains("at least 12"), "{}", out.stderr);
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "owner",
-            "add",
-            "--login",
-            "bob",
-            "--name",
-            "Bob",
-            "--whatsapp",
-            "555",
-            "--password-stdin",
-        ],
-        &[],
-        Some("a very long password\n"),
-    );
+    let out = run(&["--config", cfg, "owner", "add", "--login", "bob", "--name", "Bob", "--whatsapp", "555", "--password-stdin"], &[], Some("a very long password\n"));
     assert_eq!(out.code, 2, "bad number: {}", out.all());
 
     let out = run(&["--config", cfg, "owner", "list"], &[], None);
-    assert!(
-        out.stdout.contains("ada\tAda Lovelace\t+15550001111"),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains("ada\tAda Lovelace\t+15550001111"), "{}", out.stdout);
 
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "owner",
-            "reset-password",
-            "--login",
-            "ada",
-            "--password-stdin",
-        ],
-        &[],
-        Some("another long password\n"),
-    );
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "ada", "--password-stdin"], &[], Some("another long password\n"));
     assert_eq!(out.code, 0, "{}", out.all());
-    let out = run(
-        &[
-            "--config",
-            cfg,
-            "owner",
-            "reset-password",
-            "--login",
-            "nobody",
-            "--password-stdin",
-        ],
-        &[],
-        Some("another long password\n"),
-    );
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "nobody", "--password-stdin"], &[], Some("another long password\n"));
     assert_eq!(out.code, 2, "{}", out.all());
-    let out = run(
-        &["--config", cfg, "owner", "reset-password", "--login", "ada"],
-        &[],
-        None,
-    );
-    assert_eq!(
-        out.code,
-        2,
-        "no terminal and no --password-stdin: {}",
-        out.all()
-    );
+    let out = run(&["--config", cfg, "owner", "reset-password", "--login", "ada"], &[], None);
+    assert_eq!(out.code, 2, "no terminal and no --password-stdin: {}", out.all());
 }
 
 #[test]
@@ -454,11 +234,7 @@ fn migrate_is_idempotent_and_a_failing_migration_is_named() {
     assert!(out.stdout.contains("0001 foundation"), "{}", out.stdout);
     let again = run(&["--config", cfg, "migrate"], &[], None);
     assert_eq!(again.code, 0);
-    assert!(
-        !again.stderr.contains("migration applied"),
-        "second run applies nothing: {}",
-        again.stderr
-    );
+    assert!(!again.stderr.contains("migration applied"), "second run applies nothing: {}", again.stderr);
 
     // A database where the first migration cannot run: a table of the same name exists.
     let broken = tempfile::tempdir().expect("tempdir");
@@ -470,29 +246,14 @@ fn migrate_is_idempotent_and_a_failing_migration_is_named() {
         .status()
         .expect("python3 creates the conflicting table");
     assert!(status.success());
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "serve"],
-        &[],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[], None);
     assert_eq!(out.code, 1, "{}", out.all());
-    assert!(
-        out.stderr.contains("migration 1 (foundation) failed"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("gatehouse migrate"),
-        "hint: {}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("migration 1 (foundation) failed"), "{}", out.stderr);
+    assert!(out.stderr.contains("gatehouse migrate"), "hint: {}", out.stderr);
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 #[test]
@@ -501,14 +262,7 @@ fn strict_port_taken_is_a_runtime_failure() {
     let path = config(dir.path(), "");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr").to_string();
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "serve"],
-        &[
-            ("GATEHOUSE__SERVER__ADDR", &addr),
-            ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
-        ],
-        None,
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &[("GATEHOUSE__SERVER__ADDR", &addr), ("GATEHOUSE__SERVER__STRICT_PORT", "true")], None);
     assert_eq!(out.code, 1, "{}", out.all());
     assert!(out.stderr.contains("cannot listen"), "{}", out.stderr);
 }
@@ -521,13 +275,7 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     let addr = format!("127.0.0.1:{port}");
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(BIN)
-        .args([
-            "--config",
-            path.to_str().expect("utf8"),
-            "--log-format",
-            "json",
-            "serve",
-        ])
+        .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "serve"])
         .env("GATEHOUSE__SERVER__ADDR", &addr)
         .env("GATEHOUSE__SERVER__METRICS_ADDR", &metrics_addr)
         .env("GATEHOUSE__SERVER__STRICT_PORT", "true")
@@ -542,8 +290,7 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     let mut answered = None;
     while Instant::now() < deadline {
         if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
-            let _ =
-                stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
             let mut text = String::new();
             let _ = stream.read_to_string(&mut text);
             answered = Some(text);
@@ -553,87 +300,43 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     }
     let answer = answered.expect("server answered");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let request_id = answer
-        .lines()
-        .find_map(|l| l.strip_prefix("x-request-id: "))
-        .expect("x-request-id header")
-        .trim()
-        .to_string();
+    let request_id = answer.lines().find_map(|l| l.strip_prefix("x-request-id: ")).expect("x-request-id header").trim().to_string();
     // server.metrics_addr: the metrics are there, and not beside the console.
     let get = |at: &str, path: &str| {
         let mut stream = std::net::TcpStream::connect(at).expect("connect");
-        let _ = stream.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        );
+        let _ = stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
         let mut text = String::new();
         let _ = stream.read_to_string(&mut text);
         text
     };
     let scraped = get(&metrics_addr, "/metrics");
-    assert!(
-        scraped.starts_with("HTTP/1.1 200") && scraped.contains("gatehouse_uptime_seconds"),
-        "{scraped}"
-    );
-    assert!(
-        get(&addr, "/metrics").starts_with("HTTP/1.1 404"),
-        "/metrics is not on the console's address"
-    );
+    assert!(scraped.starts_with("HTTP/1.1 200") && scraped.contains("gatehouse_uptime_seconds"), "{scraped}");
+    assert!(get(&addr, "/metrics").starts_with("HTTP/1.1 404"), "/metrics is not on the console's address");
 
     // SIGHUP reloads the tool catalog; a broken file is refused and the old catalog kept.
     let tools = dir.path().join("tools.toml");
     std::fs::write(&tools, "approval_mode = \"ask\"\n").expect("write tools");
-    let _ = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status();
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
     std::thread::sleep(Duration::from_millis(500));
     std::fs::write(&tools, "approval_mode = \"nonsense\"\n").expect("write tools");
-    let _ = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status();
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
     std::thread::sleep(Duration::from_millis(500));
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
     assert!(killed.success());
     let status = child.wait().expect("wait");
     assert_eq!(status.code(), Some(0), "graceful shutdown exits 0");
     let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut logs)
-        .expect("read logs");
-    let lines: Vec<serde_json::Value> = logs
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    child.stderr.take().expect("stderr").read_to_string(&mut logs).expect("read logs");
+    let lines: Vec<serde_json::Value> = logs.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert!(!lines.is_empty(), "JSON logs: {logs}");
-    assert_eq!(
-        lines.len(),
-        logs.lines().count(),
-        "every line is JSON: {logs}"
-    );
-    assert!(
-        logs.contains(&request_id),
-        "request id {request_id} in the logs"
-    );
-    assert!(
-        logs.contains("degraded mode") && logs.contains("ANTHROPIC_API_KEY"),
-        "one degraded-mode warning naming the variable"
-    );
+    assert_eq!(lines.len(), logs.lines().count(), "every line is JSON: {logs}");
+    assert!(logs.contains(&request_id), "request id {request_id} in the logs");
+    assert!(logs.contains("degraded mode") && logs.contains("ANTHROPIC_API_KEY"), "one degraded-mode warning naming the variable");
     assert_eq!(logs.matches("degraded mode").count(), 1);
     assert!(logs.contains("shutdown signal received"));
-    assert!(
-        logs.contains("tool catalog reloaded"),
-        "SIGHUP reload: {logs}"
-    );
-    assert!(
-        logs.contains("tool catalog reload failed; keeping the current catalog"),
-        "bad file refused: {logs}"
-    );
+    assert!(logs.contains("tool catalog reloaded"), "SIGHUP reload: {logs}");
+    assert!(logs.contains("tool catalog reload failed; keeping the current catalog"), "bad file refused: {logs}");
     assert!(!logs.contains(SECRET), "secret in logs");
 }
 
@@ -644,49 +347,16 @@ fn strict_mode_refuses_to_start_without_a_provider_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
     let addr = format!("127.0.0.1:{}", free_port());
-    let env = [
-        ("GATEHOUSE__SERVER__ADDR", addr.as_str()),
-        ("ANTHROPIC_API_KEY", ""),
-        ("GATEHOUSE_STRICT", "true"),
-    ];
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "serve"],
-        &env,
-        None,
-    );
+    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE_STRICT", "true")];
+    let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &env, None);
     assert_eq!(out.code, 1, "{}", out.all());
-    assert!(
-        out.stderr.contains("strict mode") && out.stderr.contains("ANTHROPIC_API_KEY"),
-        "{}",
-        out.stderr
-    );
-    let env = [
-        ("GATEHOUSE__SERVER__ADDR", addr.as_str()),
-        ("ANTHROPIC_API_KEY", ""),
-        ("GATEHOUSE__SERVER__STRICT", "true"),
-    ];
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "worker"],
-        &env,
-        None,
-    );
+    assert!(out.stderr.contains("strict mode") && out.stderr.contains("ANTHROPIC_API_KEY"), "{}", out.stderr);
+    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE__SERVER__STRICT", "true")];
+    let out = run(&["--config", path.to_str().expect("utf8"), "worker"], &env, None);
     assert_eq!(out.code, 1, "the worker too: {}", out.all());
-    let out = run(
-        &["--config", path.to_str().expect("utf8"), "check-config"],
-        &[("GATEHOUSE_STRICT", "maybe")],
-        None,
-    );
-    assert_eq!(
-        out.code,
-        2,
-        "a bad value is a config problem: {}",
-        out.all()
-    );
-    assert!(
-        out.stderr.contains("server.strict") && out.stderr.contains("GATEHOUSE_STRICT"),
-        "{}",
-        out.stderr
-    );
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE_STRICT", "maybe")], None);
+    assert_eq!(out.code, 2, "a bad value is a config problem: {}", out.all());
+    assert!(out.stderr.contains("server.strict") && out.stderr.contains("GATEHOUSE_STRICT"), "{}", out.stderr);
 }
 
 /// `gatehouse lane detect` prints the detection as JSON over the live catalog, and replays a
@@ -696,11 +366,7 @@ fn lane_detect_prints_the_detection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
     for name in ["tools.toml", "connectors.toml"] {
-        std::fs::copy(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name,
-            dir.path().join(name),
-        )
-        .expect("copy tool files");
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.path().join(name)).expect("copy tool files");
     }
     let config = path.to_str().expect("utf8");
     let detect = |args: &[&str]| {
@@ -713,31 +379,13 @@ fn lane_detect_prints_the_detection() {
     let thanks = detect(&["--text", "Thanks!"]);
     assert_eq!(thanks["should_plan"], false, "{thanks}");
     assert_eq!(thanks["reason"], "CONVERSATIONAL", "{thanks}");
-    let link = detect(&[
-        "--text",
-        "What does this page say? https://example.com/menu",
-        "--as",
-        "owner",
-    ]);
+    let link = detect(&["--text", "What does this page say? https://example.com/menu", "--as", "owner"]);
     assert_eq!(link["should_plan"], true, "{link}");
-    assert!(
-        link["candidates"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["name"] == "web_fetch")),
-        "{link}"
-    );
+    assert!(link["candidates"].as_array().is_some_and(|c| c.iter().any(|c| c["name"] == "web_fetch")), "{link}");
     let contexts = dir.path().join("contexts.json");
     std::fs::write(&contexts, r#"[{"tool": "web_fetch", "args": {"url": "https://example.com/menu"}, "summary": "The lunch menu.", "entities": ["Soup", "Bread"], "age_secs": 60}]"#).expect("contexts");
-    let followup = detect(&[
-        "--text",
-        "what about the second one?",
-        "--context",
-        contexts.to_str().expect("utf8"),
-    ]);
+    let followup = detect(&["--text", "what about the second one?", "--context", contexts.to_str().expect("utf8")]);
     assert!(followup["followup"]["possible"] == true, "{followup}");
     let none = detect(&["--text", "what about the second one?"]);
-    assert_eq!(
-        none["should_plan"], false,
-        "a vague follow-up without context stays in chat: {none}"
-    );
+    assert_eq!(none["should_plan"], false, "a vague follow-up without context stays in chat: {none}");
 }

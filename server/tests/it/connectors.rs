@@ -41,13 +41,7 @@ type Shared = Arc<Mutex<Seen>>;
 fn record(seen: &Shared, method: &str, uri: &Uri, headers: &HeaderMap) {
     let mut s = seen.lock().expect("lock");
     s.requests.push(format!("{method} {uri}"));
-    s.auth.push(
-        headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string(),
-    );
+    s.auth.push(headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string());
 }
 
 async fn shop() -> (SocketAddr, Shared) {
@@ -92,9 +86,7 @@ async fn shop() -> (SocketAddr, Shared) {
             StatusCode::NOT_FOUND
         }))
         .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     (addr, seen)
@@ -214,11 +206,7 @@ path = "missing"
     )
 }
 
-fn load(
-    tools: &str,
-    connectors: &str,
-    set: &'static [&'static str],
-) -> Result<Catalog, Vec<server::config::Problem>> {
+fn load(tools: &str, connectors: &str, set: &'static [&'static str]) -> Result<Catalog, Vec<server::config::Problem>> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("tools.toml"), tools).expect("write");
     std::fs::write(dir.path().join("connectors.toml"), connectors).expect("write");
@@ -230,22 +218,11 @@ fn secrets() -> SecretSource {
 }
 
 fn ctx(actor: Role) -> CallContext {
-    CallContext {
-        actor,
-        chat_type: ChatKind::Direct,
-        chat_id: Some("chat-3".into()),
-        sender_id: None,
-        correlation_id: "corr-c".into(),
-        approved: None,
-        trace_id: None,
-    }
+    CallContext { actor, chat_type: ChatKind::Direct, chat_id: Some("chat-3".into()), sender_id: None, correlation_id: "corr-c".into(), approved: None, trace_id: None }
 }
 
 fn call(name: &str, args: Value) -> ToolCall {
-    ToolCall {
-        name: name.into(),
-        args,
-    }
+    ToolCall { name: name.into(), args }
 }
 
 async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
@@ -253,248 +230,81 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     pool.migrate().await.expect("migrate");
     let (addr, seen) = shop().await;
     let catalog = load(TOOLS, &connectors_toml(addr), &["TEST_CONNECTOR_KEY"]).expect("valid");
-    let mut cp = Checkpoint::new(
-        pool.clone(),
-        Arc::new(catalog),
-        AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())),
-        secrets(),
-    );
-    cp.register_provider(
-        Provider::Connector,
-        Arc::new(ConnectorExecutor::new(secrets()).expect("client")),
-    );
+    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets());
+    cp.register_provider(Provider::Connector, Arc::new(ConnectorExecutor::new(secrets()).expect("client")));
     let customer = ctx(Role::Customer);
     let owner = ctx(Role::Owner);
 
     // GET with a path parameter and an optional query; only the kept fields come back.
-    let order = cp
-        .execute(
-            call(
-                "lookup_order",
-                json!({"order_id": "A 17", "expand": "items&admin=1"}),
-            ),
-            &customer,
-        )
-        .await
-        .expect("lookup");
-    assert_eq!(
-        order.output,
-        json!({"status": 200, "data": {"id": "A 17", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}})
-    );
+    let order = cp.execute(call("lookup_order", json!({"order_id": "A 17", "expand": "items&admin=1"})), &customer).await.expect("lookup");
+    assert_eq!(order.output, json!({"status": 200, "data": {"id": "A 17", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}}));
     // The argument could not add a query parameter: it arrived encoded as one value.
-    assert_eq!(
-        seen.lock()
-            .expect("lock")
-            .requests
-            .last()
-            .map(String::as_str),
-        Some("GET /api/orders/A%2017?expand=items%26admin%3D1")
-    );
-    let without = cp
-        .execute(call("lookup_order", json!({"order_id": "B2"})), &customer)
-        .await
-        .expect("no expand");
+    assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/A%2017?expand=items%26admin%3D1"));
+    let without = cp.execute(call("lookup_order", json!({"order_id": "B2"})), &customer).await.expect("no expand");
     assert_eq!(without.output["data"]["id"], "B2");
-    assert_eq!(
-        seen.lock()
-            .expect("lock")
-            .requests
-            .last()
-            .map(String::as_str),
-        Some("GET /api/orders/B2"),
-        "an absent argument leaves its query parameter out"
-    );
+    assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/B2"), "an absent argument leaves its query parameter out");
 
     // Arguments cannot climb out of their segment or change the host.
-    for hostile in [
-        "../refunds",
-        "..",
-        "%2e%2e",
-        "x/../../admin",
-        "@evil.example",
-        "a#frag",
-        "a?b=c",
-    ] {
+    for hostile in ["../refunds", "..", "%2e%2e", "x/../../admin", "@evil.example", "a#frag", "a?b=c"] {
         let before = seen.lock().expect("lock").requests.len();
-        match cp
-            .execute(
-                call("lookup_order", json!({"order_id": hostile})),
-                &customer,
-            )
-            .await
-        {
+        match cp.execute(call("lookup_order", json!({"order_id": hostile})), &customer).await {
             Ok(res) => {
                 let s = seen.lock().expect("lock");
                 let last = s.requests.last().expect("request");
-                assert!(
-                    last.starts_with("GET /api/orders/")
-                        && last["GET /api/orders/".len()..]
-                            .split('?')
-                            .next()
-                            .is_some_and(|seg| !seg.contains('/')),
-                    "{hostile} -> {last}"
-                );
+                assert!(last.starts_with("GET /api/orders/") && last["GET /api/orders/".len()..].split('?').next().is_some_and(|seg| !seg.contains('/')), "{hostile} -> {last}");
                 assert_eq!(res.output["status"], 200);
             }
             Err(e) => {
-                assert_eq!(
-                    e.code,
-                    connectors::ConnectorCode::UnsupportedUrl.as_str(),
-                    "{hostile}: {e}"
-                );
-                assert_eq!(
-                    seen.lock().expect("lock").requests.len(),
-                    before,
-                    "{hostile}: refused before any request"
-                );
+                assert_eq!(e.code, connectors::ConnectorCode::UnsupportedUrl.as_str(), "{hostile}: {e}");
+                assert_eq!(seen.lock().expect("lock").requests.len(), before, "{hostile}: refused before any request");
             }
         }
     }
 
     // A URL outside the allowed patterns is refused before any request is made.
     let before = seen.lock().expect("lock").requests.len();
-    let outside = cp
-        .execute(
-            call(
-                "order_subpage",
-                json!({"order_id": "A1", "page": "invoice"}),
-            ),
-            &customer,
-        )
-        .await
-        .expect_err("outside");
-    assert_eq!(
-        outside.code,
-        connectors::ConnectorCode::UnsupportedUrl.as_str()
-    );
-    assert_eq!(
-        seen.lock().expect("lock").requests.len(),
-        before,
-        "nothing reached the shop"
-    );
+    let outside = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
+    assert_eq!(outside.code, connectors::ConnectorCode::UnsupportedUrl.as_str());
+    assert_eq!(seen.lock().expect("lock").requests.len(), before, "nothing reached the shop");
     // Refusals say nothing about the shop's health: they never open the tool's breaker.
     for _ in 0..4 {
-        let again = cp
-            .execute(
-                call(
-                    "order_subpage",
-                    json!({"order_id": "A1", "page": "invoice"}),
-                ),
-                &customer,
-            )
-            .await
-            .expect_err("outside");
-        assert_eq!(
-            again.code,
-            connectors::ConnectorCode::UnsupportedUrl.as_str()
-        );
+        let again = cp.execute(call("order_subpage", json!({"order_id": "A1", "page": "invoice"})), &customer).await.expect_err("outside");
+        assert_eq!(again.code, connectors::ConnectorCode::UnsupportedUrl.as_str());
     }
-    assert_eq!(
-        cp.breakers()
-            .state("order_subpage", std::time::Instant::now()),
-        server::tools::breaker::BreakerState::Closed
-    );
+    assert_eq!(cp.breakers().state("order_subpage", std::time::Instant::now()), server::tools::breaker::BreakerState::Closed);
 
     // POST with a typed body mapping and the managed chat id; customers cannot call it.
-    assert_eq!(
-        cp.execute(
-            call("refund", json!({"order_id": "A1", "amount": 12.5})),
-            &customer
-        )
-        .await
-        .expect_err("owner only")
-        .code,
-        ToolCode::NotAllowedForActor.as_str()
-    );
+    assert_eq!(cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5})), &customer).await.expect_err("owner only").code, ToolCode::NotAllowedForActor.as_str());
     let refund = cp.execute(call("refund", json!({"order_id": "A1", "amount": 12.5, "note": "broken", "customer_email": "c@example.org"})), &owner).await.expect("refund");
-    assert_eq!(
-        refund.output,
-        json!({"status": 201, "data": {"refund_id": "R-1", "state": "queued"}})
-    );
-    assert_eq!(
-        seen.lock().expect("lock").bodies.last(),
-        Some(
-            &json!({"order": "A1", "amount": 12.5, "reason": "chat chat-3: broken", "source": "gatehouse"})
-        )
-    );
+    assert_eq!(refund.output, json!({"status": 201, "data": {"refund_id": "R-1", "state": "queued"}}));
+    assert_eq!(seen.lock().expect("lock").bodies.last(), Some(&json!({"order": "A1", "amount": 12.5, "reason": "chat chat-3: broken", "source": "gatehouse"})));
 
     // Retryable 503 then success; 404 is not retried; redirects are not followed.
-    let flaky = cp
-        .execute(call("flaky", json!({})), &customer)
-        .await
-        .expect("retried");
+    let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried");
     assert_eq!(flaky.attempts, 2);
-    let missing = cp
-        .execute(call("missing", json!({})), &customer)
-        .await
-        .expect_err("404");
+    let missing = cp.execute(call("missing", json!({})), &customer).await.expect_err("404");
     assert_eq!(missing.code, ToolCode::ProviderError.as_str());
-    assert!(
-        missing
-            .message
-            .contains(connectors::ConnectorCode::HttpStatus.as_str())
-            && missing.message.contains("404"),
-        "{missing}"
-    );
-    let moved = cp
-        .execute(call("moved", json!({})), &customer)
-        .await
-        .expect_err("redirect");
+    assert!(missing.message.contains(connectors::ConnectorCode::HttpStatus.as_str()) && missing.message.contains("404"), "{missing}");
+    let moved = cp.execute(call("moved", json!({})), &customer).await.expect_err("redirect");
     assert!(moved.message.contains("307"), "{moved}");
 
     {
         let s = seen.lock().expect("lock");
-        assert_eq!(
-            s.requests.iter().filter(|r| r.contains("/missing")).count(),
-            1,
-            "a 404 is not retried"
-        );
-        assert!(
-            !s.requests
-                .iter()
-                .any(|r| r.contains("/admin") || r.contains("/refunds?")),
-            "{:?}",
-            s.requests
-        );
-        assert!(
-            s.auth.iter().all(|a| a == &format!("Bearer {KEY}")),
-            "the header secret reached the shop on every request"
-        );
+        assert_eq!(s.requests.iter().filter(|r| r.contains("/missing")).count(), 1, "a 404 is not retried");
+        assert!(!s.requests.iter().any(|r| r.contains("/admin") || r.contains("/refunds?")), "{:?}", s.requests);
+        assert!(s.auth.iter().all(|a| a == &format!("Bearer {KEY}")), "the header secret reached the shop on every request");
     }
 
     cp.audit().flush().await;
-    let rows = sqlx::query("SELECT tool, decision, reason_code, args FROM tool_audit ORDER BY id")
-        .fetch_all(&pool.pool)
-        .await
-        .expect("audit");
-    let outside_row = rows
-        .iter()
-        .find(|r| r.get::<String, _>(0) == "order_subpage")
-        .expect("row");
-    assert_eq!(
-        (
-            outside_row.get::<String, _>(1),
-            outside_row.get::<String, _>(2)
-        ),
-        (
-            "deny".to_string(),
-            connectors::ConnectorCode::UnsupportedUrl
-                .as_str()
-                .to_string()
-        )
-    );
+    let rows = sqlx::query("SELECT tool, decision, reason_code, args FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit");
+    let outside_row = rows.iter().find(|r| r.get::<String, _>(0) == "order_subpage").expect("row");
+    assert_eq!((outside_row.get::<String, _>(1), outside_row.get::<String, _>(2)), ("deny".to_string(), connectors::ConnectorCode::UnsupportedUrl.as_str().to_string()));
     for row in &rows {
         let args: String = row.get(3);
-        assert!(
-            !args.contains(KEY) && !args.contains("c@example.org"),
-            "secret or personal data in the audit: {args}"
-        );
+        assert!(!args.contains(KEY) && !args.contains("c@example.org"), "secret or personal data in the audit: {args}");
     }
 }
-both_backends!(
-    connector_calls,
-    connector_actions_stay_inside_their_patterns
-);
+both_backends!(connector_calls, connector_actions_stay_inside_their_patterns);
 
 #[test]
 fn connector_files_report_every_problem() {
@@ -526,67 +336,22 @@ body = { a = "b" }
     let problems = load(TOOLS, &bad, &[]).expect_err("invalid");
     let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
     let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-    assert!(
-        has(
-            "connector[0] (shop).headers.Authorization: needs the environment variable TEST_CONNECTOR_KEY"
-        ),
-        "{shown:#?}"
-    );
-    assert!(
-        has("connector[1] (crm).allowed_urls: \"https://other.example.com/v1/*\" must start with"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("connector[1] (crm).headers.X-Key: needs the environment variable CRM_KEY"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("action[0] (no_such_tool).tool: there is no tool named"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("action[1] (lookup_order).tool: \"lookup_order\" is already run by another action"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("action[1] (lookup_order).path: {person} is not a property"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("action[1] (lookup_order).body: a GET request has no body"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("action[3] (flaky_renamed).tool: there is no tool named"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool (flaky).provider: no enabled action"),
-        "{shown:#?}"
-    );
-    assert!(
-        problems
-            .iter()
-            .any(|p| p.source.ends_with("connectors.toml"))
-            && problems.iter().any(|p| p.source.ends_with("tools.toml"))
-    );
+    assert!(has("connector[0] (shop).headers.Authorization: needs the environment variable TEST_CONNECTOR_KEY"), "{shown:#?}");
+    assert!(has("connector[1] (crm).allowed_urls: \"https://other.example.com/v1/*\" must start with"), "{shown:#?}");
+    assert!(has("connector[1] (crm).headers.X-Key: needs the environment variable CRM_KEY"), "{shown:#?}");
+    assert!(has("action[0] (no_such_tool).tool: there is no tool named"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).tool: \"lookup_order\" is already run by another action"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).path: {person} is not a property"), "{shown:#?}");
+    assert!(has("action[1] (lookup_order).body: a GET request has no body"), "{shown:#?}");
+    assert!(has("action[3] (flaky_renamed).tool: there is no tool named"), "{shown:#?}");
+    assert!(has("tool (flaky).provider: no enabled action"), "{shown:#?}");
+    assert!(problems.iter().any(|p| p.source.ends_with("connectors.toml")) && problems.iter().any(|p| p.source.ends_with("tools.toml")));
 
     // Any edit to an action is a new tool version.
     let good = load(TOOLS, &connectors_toml(addr), &["TEST_CONNECTOR_KEY"]).expect("valid");
-    let edited = load(
-        TOOLS,
-        &connectors_toml(addr).replace("keep = [\"id\", ", "keep = ["),
-        &["TEST_CONNECTOR_KEY"],
-    )
-    .expect("valid");
-    assert_ne!(
-        good.get("lookup_order").expect("tool").version,
-        edited.get("lookup_order").expect("tool").version
-    );
-    assert_eq!(
-        good.get("refund").expect("tool").version,
-        edited.get("refund").expect("tool").version
-    );
+    let edited = load(TOOLS, &connectors_toml(addr).replace("keep = [\"id\", ", "keep = ["), &["TEST_CONNECTOR_KEY"]).expect("valid");
+    assert_ne!(good.get("lookup_order").expect("tool").version, edited.get("lookup_order").expect("tool").version);
+    assert_eq!(good.get("refund").expect("tool").version, edited.get("refund").expect("tool").version);
 }
 
 /// A tool's secret field is filled from the environment by the checkpoint; templated into a URL
@@ -605,34 +370,17 @@ risk = "low"
 secret_fields = { api_key = "DOCS_KEY" }
 input_schema = { type = "object", properties = { doc = { type = "string" }, api_key = { type = "string" } } }
 "#;
-    let connector = |action: &str| {
-        format!(
-            "[[connector]]\nid = \"docs\"\nbase_url = \"https://docs.example.com/v1\"\nallowed_urls = [\"https://docs.example.com/v1/**\"]\n\n[[connector.action]]\ntool = \"fetch_doc\"\nmethod = \"GET\"\n{action}\n"
-        )
-    };
-    for (action, field) in [
-        ("path = \"docs/{doc}/{api_key}\"", "path"),
-        (
-            "path = \"docs/{doc}\"\nquery = { key = \"{api_key}\" }",
-            "query.key",
-        ),
-    ] {
+    let connector = |action: &str| format!("[[connector]]\nid = \"docs\"\nbase_url = \"https://docs.example.com/v1\"\nallowed_urls = [\"https://docs.example.com/v1/**\"]\n\n[[connector.action]]\ntool = \"fetch_doc\"\nmethod = \"GET\"\n{action}\n");
+    for (action, field) in [("path = \"docs/{doc}/{api_key}\"", "path"), ("path = \"docs/{doc}\"\nquery = { key = \"{api_key}\" }", "query.key")] {
         let problems = load(tools, &connector(action), &["DOCS_KEY"]).expect_err("refused");
         let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert!(
-            shown.iter().any(|p| p.contains(&format!(
-                "action[0] (fetch_doc).{field}: {{api_key}} is a secret field"
-            )) && p.contains(connectors::ConnectorCode::SecretInUrl.as_str())),
+            shown.iter().any(|p| p.contains(&format!("action[0] (fetch_doc).{field}: {{api_key}} is a secret field")) && p.contains(connectors::ConnectorCode::SecretInUrl.as_str())),
             "{shown:#?}"
         );
     }
     // In a header it is fine: headers are sent marked sensitive and never logged.
-    load(
-        tools,
-        &connector("path = \"docs/{doc}\"\nheaders = { \"X-Key\" = \"{api_key}\" }"),
-        &["DOCS_KEY"],
-    )
-    .expect("a header may carry it");
+    load(tools, &connector("path = \"docs/{doc}\"\nheaders = { \"X-Key\" = \"{api_key}\" }"), &["DOCS_KEY"]).expect("a header may carry it");
 }
 
 /// File references a connector returned reach it again exactly as returned when given back as
@@ -657,40 +405,20 @@ async fn file_references_pass_through_byte_for_byte(db: TestDb) {
     let received: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
     let seen = received.clone();
     let app = Router::new()
-        .route(
-            "/api/files",
-            get(|| async { Json(json!({ "files": REFS })) }),
-        )
+        .route("/api/files", get(|| async { Json(json!({ "files": REFS })) }))
         .route(
             "/api/files/{reference}",
-            post(
-                move |Path(reference): Path<String>,
-                      axum::extract::Query(q): axum::extract::Query<
-                    std::collections::HashMap<String, String>,
-                >,
-                      Json(body): Json<Value>| {
-                    let seen = seen.clone();
-                    async move {
-                        let from_body = body["ref"].as_str().unwrap_or_default().to_string();
-                        seen.lock().expect("lock").push((
-                            reference,
-                            q.get("ref").cloned().unwrap_or_default(),
-                            from_body,
-                        ));
-                        Json(json!({ "ok": true }))
-                    }
-                },
-            ),
-        )
-        .route(
-            "/api/by-header",
-            get(|headers: HeaderMap| async move {
-                Json(json!({ "ref": headers.get("x-file").and_then(|v| v.to_str().ok()) }))
+            post(move |Path(reference): Path<String>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>, Json(body): Json<Value>| {
+                let seen = seen.clone();
+                async move {
+                    let from_body = body["ref"].as_str().unwrap_or_default().to_string();
+                    seen.lock().expect("lock").push((reference, q.get("ref").cloned().unwrap_or_default(), from_body));
+                    Json(json!({ "ok": true }))
+                }
             }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+        )
+        .route("/api/by-header", get(|headers: HeaderMap| async move { Json(json!({ "ref": headers.get("x-file").and_then(|v| v.to_str().ok()) })) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
 
@@ -752,66 +480,21 @@ headers = {{ "X-File" = "{{file}}" }}
 "#
     );
     let catalog = load(tools, &connectors, &[]).expect("valid");
-    let mut cp = Checkpoint::new(
-        pool.clone(),
-        Arc::new(catalog),
-        AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())),
-        secrets(),
-    );
-    cp.register_provider(
-        Provider::Connector,
-        Arc::new(ConnectorExecutor::new(secrets()).expect("client")),
-    );
+    let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets());
+    cp.register_provider(Provider::Connector, Arc::new(ConnectorExecutor::new(secrets()).expect("client")));
     let customer = ctx(Role::Customer);
 
-    let listed = cp
-        .execute(call("list_files", json!({})), &customer)
-        .await
-        .expect("list");
-    let returned: Vec<String> = listed.output["data"]["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .map(|v| v.as_str().expect("text").to_string())
-        .collect();
+    let listed = cp.execute(call("list_files", json!({})), &customer).await.expect("list");
+    let returned: Vec<String> = listed.output["data"]["files"].as_array().expect("files").iter().map(|v| v.as_str().expect("text").to_string()).collect();
     assert_eq!(returned, REFS, "returned as the connector sent them");
     for reference in &returned {
-        cp.execute(call("open_file", json!({ "file": reference })), &customer)
-            .await
-            .unwrap_or_else(|e| panic!("{reference:?}: {e}"));
-        let (path, query, body) = received
-            .lock()
-            .expect("lock")
-            .pop()
-            .expect("the connector was reached");
-        assert_eq!(
-            (path.as_str(), query.as_str(), body.as_str()),
-            (reference.as_str(), reference.as_str(), reference.as_str()),
-            "{reference:?}"
-        );
+        cp.execute(call("open_file", json!({ "file": reference })), &customer).await.unwrap_or_else(|e| panic!("{reference:?}: {e}"));
+        let (path, query, body) = received.lock().expect("lock").pop().expect("the connector was reached");
+        assert_eq!((path.as_str(), query.as_str(), body.as_str()), (reference.as_str(), reference.as_str(), reference.as_str()), "{reference:?}");
     }
-    let plain = cp
-        .execute(
-            call("file_by_header", json!({ "file": REFS[0] })),
-            &customer,
-        )
-        .await
-        .expect("header");
+    let plain = cp.execute(call("file_by_header", json!({ "file": REFS[0] })), &customer).await.expect("header");
     assert_eq!(plain.output["data"]["ref"], REFS[0]);
-    let padded = cp
-        .execute(
-            call("file_by_header", json!({ "file": REFS[1] })),
-            &customer,
-        )
-        .await
-        .expect_err("HTTP would trim it");
-    assert_eq!(
-        padded.code,
-        connectors::ConnectorCode::ParamInvalid.as_str(),
-        "{padded}"
-    );
+    let padded = cp.execute(call("file_by_header", json!({ "file": REFS[1] })), &customer).await.expect_err("HTTP would trim it");
+    assert_eq!(padded.code, connectors::ConnectorCode::ParamInvalid.as_str(), "{padded}");
 }
-both_backends!(
-    connector_file_references,
-    file_references_pass_through_byte_for_byte
-);
+both_backends!(connector_file_references, file_references_pass_through_byte_for_byte);

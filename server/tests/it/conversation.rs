@@ -9,12 +9,12 @@ use serde_json::{Value, json};
 use server::{
     approvals::Approvals,
     config::{SecretSource, Secrets, Settings},
+    tools::{Catalog, Checkpoint, checkpoint::AuditWriter},
     conversation::{Inbound, NoToolLane, Route, Runtime, RuntimeParts},
     db::Db,
     domain::ChatKind,
     jobs::JobQueue,
     llm,
-    tools::{Catalog, Checkpoint, checkpoint::AuditWriter},
 };
 use sqlx::Row;
 
@@ -43,27 +43,16 @@ pub(crate) async fn fake_anthropic() -> (String, Shared) {
 
 /// A fake that answers after `delay`.
 pub(crate) async fn fake_anthropic_after(delay: std::time::Duration) -> (String, Shared) {
-    serve_fake(Arc::new(Mutex::new(Fake {
-        delay,
-        ..Fake::default()
-    })))
-    .await
+    serve_fake(Arc::new(Mutex::new(Fake { delay, ..Fake::default() }))).await
 }
 
 /// A fake whose every chat answer is `text`.
 pub(crate) async fn fake_anthropic_saying(text: &str) -> (String, Shared) {
-    serve_fake(Arc::new(Mutex::new(Fake {
-        fixed: Some(text.to_string()),
-        ..Fake::default()
-    })))
-    .await
+    serve_fake(Arc::new(Mutex::new(Fake { fixed: Some(text.to_string()), ..Fake::default() }))).await
 }
 
 async fn serve_fake(fake: Shared) -> (String, Shared) {
-    async fn answer(
-        State(fake): State<Shared>,
-        Json(body): Json<Value>,
-    ) -> axum::response::Response {
+    async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
         let (n, fail, fixed, delay) = {
             let mut f = fake.lock().expect("lock");
@@ -75,11 +64,7 @@ async fn serve_fake(fake: Shared) -> (String, Shared) {
         if model == SUMMARY_MODEL && fail {
             return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();
         }
-        let text = if model == SUMMARY_MODEL {
-            "They run a bakery and their friend is Ana.".to_string()
-        } else {
-            fixed.unwrap_or_else(|| format!("reply {n}"))
-        };
+        let text = if model == SUMMARY_MODEL { "They run a bakery and their friend is Ana.".to_string() } else { fixed.unwrap_or_else(|| format!("reply {n}")) };
         Json(json!({
             "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
@@ -87,12 +72,8 @@ async fn serve_fake(fake: Shared) -> (String, Shared) {
         }))
         .into_response()
     }
-    let app = Router::new()
-        .route("/v1/messages", post(answer))
-        .with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let app = Router::new().route("/v1/messages", post(answer)).with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     (format!("http://{addr}"), fake)
@@ -100,10 +81,7 @@ async fn serve_fake(fake: Shared) -> (String, Shared) {
 
 fn settings(base_url: &str, budget: u32) -> Settings {
     let shipped: Settings = {
-        let path = std::path::Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        ));
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
         server::config::load(path).expect("shipped config").settings
     };
     let mut s = shipped;
@@ -120,53 +98,19 @@ fn settings(base_url: &str, budget: u32) -> Settings {
 }
 
 /// The runtime over `model`, with the lane that hands everything to normal chat.
-fn runtime(
-    db: &Db,
-    settings: Arc<Settings>,
-    secrets: Secrets,
-    model: Arc<dyn llm::ChatModel>,
-) -> Runtime {
+fn runtime(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>) -> Runtime {
     let queue = JobQueue::with_settings(db.clone(), &settings.jobs);
-    let budget = Arc::new(server::budget::Budget::new(
-        settings.clone(),
-        db.clone(),
-        queue.clone(),
-    ));
+    let budget = Arc::new(server::budget::Budget::new(settings.clone(), db.clone(), queue.clone()));
     runtime_with_budget(db, settings, secrets, model, budget)
 }
 
 /// The same, with the spend budget the model's calls are counted against.
-fn runtime_with_budget(
-    db: &Db,
-    settings: Arc<Settings>,
-    secrets: Secrets,
-    model: Arc<dyn llm::ChatModel>,
-    budget: Arc<server::budget::Budget>,
-) -> Runtime {
+fn runtime_with_budget(db: &Db, settings: Arc<Settings>, secrets: Secrets, model: Arc<dyn llm::ChatModel>, budget: Arc<server::budget::Budget>) -> Runtime {
     let queue = JobQueue::with_settings(db.clone(), &settings.jobs);
     let audit = AuditWriter::spawn(db.clone(), queue.clone());
-    let checkpoint = Arc::new(Checkpoint::new(
-        db.clone(),
-        Arc::new(Catalog::default()),
-        audit,
-        SecretSource::empty(),
-    ));
-    let approvals = Arc::new(Approvals::new(
-        db.clone(),
-        queue.clone(),
-        settings.clone(),
-        checkpoint,
-    ));
-    Runtime::new(RuntimeParts {
-        db: db.clone(),
-        queue,
-        settings,
-        secrets,
-        model,
-        lane: Arc::new(NoToolLane),
-        approvals,
-        budget,
-    })
+    let checkpoint = Arc::new(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), audit, SecretSource::empty()));
+    let approvals = Arc::new(Approvals::new(db.clone(), queue.clone(), settings.clone(), checkpoint));
+    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals, budget })
 }
 
 struct Rig {
@@ -191,18 +135,10 @@ async fn rig(test_db: TestDb, budget: u32, with_key: bool) -> Rig {
     }
     let (url, fake) = fake_anthropic().await;
     let settings = Arc::new(settings(&url, budget));
-    let secrets = Secrets::from_lookup(move |name| {
-        (with_key && name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string())
-    });
+    let secrets = Secrets::from_lookup(move |name| (with_key && name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
     let model = llm::from_settings(&settings, &secrets).expect("model");
     let runtime = runtime(&db, settings, secrets, model);
-    Rig {
-        runtime,
-        db,
-        fake,
-        base_url: url,
-        _test_db: test_db,
-    }
+    Rig { runtime, db, fake, base_url: url, _test_db: test_db }
 }
 
 impl Rig {
@@ -229,37 +165,27 @@ fn msg(id: &str, sender: &str, text: &str) -> Inbound {
 }
 
 async fn steps_of(db: &Db, trace_id: i64) -> Vec<(String, String, String)> {
-    sqlx::query(
-        "SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq",
-    )
-    .bind(trace_id)
-    .fetch_all(&db.pool)
-    .await
-    .expect("steps")
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
+    sqlx::query("SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+        .bind(trace_id)
+        .fetch_all(&db.pool)
+        .await
+        .expect("steps")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
 }
 
 /// The user-role texts of the last chat request (what the model saw from the person).
 fn last_chat_texts(fake: &Shared) -> Vec<String> {
     let f = fake.lock().expect("lock");
-    let req = f
-        .requests
-        .iter()
-        .rev()
-        .find(|r| r["model"] == CHAT_MODEL)
-        .expect("a chat request");
+    let req = f.requests.iter().rev().find(|r| r["model"] == CHAT_MODEL).expect("a chat request");
     req["messages"]
         .as_array()
         .expect("messages")
         .iter()
         .flat_map(|m| match &m["content"] {
             Value::String(s) => vec![s.clone()],
-            Value::Array(blocks) => blocks
-                .iter()
-                .filter_map(|b| b["text"].as_str().map(String::from))
-                .collect(),
+            Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str().map(String::from)).collect(),
             _ => vec![],
         })
         .collect()
@@ -270,414 +196,136 @@ async fn every_step_in_order_with_memory(db: TestDb) {
     let customer = "15557770000";
 
     // Normal chat: the seed's memory questions reach chat with everything said before.
-    let first = r
-        .runtime
-        .handle(&msg("w1", customer, "My friend is called Ana."))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (first.route, first.reply.as_deref()),
-        (Route::Chat, Some("reply 1"))
-    );
+    let first = r.runtime.handle(&msg("w1", customer, "My friend is called Ana.")).await.expect("handle");
+    assert_eq!((first.route, first.reply.as_deref()), (Route::Chat, Some("reply 1")));
     let steps = steps_of(&r.db, first.trace_id.expect("trace")).await;
     let order: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
-    assert_eq!(
-        order,
-        [
-            "dedupe",
-            "actor",
-            "group",
-            "rate_limit",
-            "slash",
-            "private_data",
-            "tool_lane",
-            "memory",
-            "llm",
-            "reply"
-        ],
-        "{steps:?}"
-    );
-    assert_eq!(
-        steps[1],
-        (
-            "actor".into(),
-            "customer".into(),
-            "NOT_AN_OWNER_NUMBER".into()
-        )
-    );
+    assert_eq!(order, ["dedupe", "actor", "group", "rate_limit", "slash", "private_data", "tool_lane", "memory", "llm", "reply"], "{steps:?}");
+    assert_eq!(steps[1], ("actor".into(), "customer".into(), "NOT_AN_OWNER_NUMBER".into()));
 
-    let seed_examples = [
-        "Do you remember my friend?",
-        "What did I tell you earlier?",
-        "Can you rewrite this?",
-        "Explain this.",
-        "Thanks.",
-        "Okay.",
-        "How are you?",
-        "What did I say before?",
-        "Continue.",
-    ];
+    let seed_examples = ["Do you remember my friend?", "What did I tell you earlier?", "Can you rewrite this?", "Explain this.", "Thanks.", "Okay.", "How are you?", "What did I say before?", "Continue."];
     for (i, text) in seed_examples.iter().enumerate() {
-        let out = r
-            .runtime
-            .handle(&msg(&format!("w{}", i + 2), customer, text))
-            .await
-            .expect("handle");
+        let out = r.runtime.handle(&msg(&format!("w{}", i + 2), customer, text)).await.expect("handle");
         assert_eq!(out.route, Route::Chat, "{text}");
         let seen = last_chat_texts(&r.fake);
-        assert!(
-            seen.iter().any(|t| t.contains("My friend is called Ana.")),
-            "{text}: full memory reached the model: {seen:?}"
-        );
-        assert_eq!(
-            seen.iter().filter(|t| t.contains(text)).count(),
-            1,
-            "{text}: the current message appears once"
-        );
+        assert!(seen.iter().any(|t| t.contains("My friend is called Ana.")), "{text}: full memory reached the model: {seen:?}");
+        assert_eq!(seen.iter().filter(|t| t.contains(text)).count(), 1, "{text}: the current message appears once");
     }
 
     // A duplicate (a retried job) is not handled again: the model is not asked twice, and the
     // earlier reply comes back so the channel can finish delivering it.
     let asked = r.fake.lock().expect("lock").requests.len();
-    let again = r
-        .runtime
-        .handle(&msg("w1", customer, "My friend is called Ana."))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (again.route, again.reply.as_deref(), again.trace_id),
-        (Route::Duplicate, Some("reply 1"), first.trace_id)
-    );
+    let again = r.runtime.handle(&msg("w1", customer, "My friend is called Ana.")).await.expect("handle");
+    assert_eq!((again.route, again.reply.as_deref(), again.trace_id), (Route::Duplicate, Some("reply 1"), first.trace_id));
     assert_eq!(r.fake.lock().expect("lock").requests.len(), asked);
 
     // A quoted message is included.
     let mut quoting = msg("w20", customer, "Is this still true?");
     quoting.quoted_id = Some("w1".into());
     r.runtime.handle(&quoting).await.expect("handle");
-    assert!(
-        last_chat_texts(&r.fake)
-            .iter()
-            .any(|t| t.contains("(Replying to: \"My friend is called Ana.\")"))
-    );
+    assert!(last_chat_texts(&r.fake).iter().any(|t| t.contains("(Replying to: \"My friend is called Ana.\")")));
 
     // Customers never reach owner commands; private data gets the safe reply, not the model.
     let requests_before = r.fake.lock().expect("lock").requests.len();
-    let cmd = r
-        .runtime
-        .handle(&msg("w21", customer, "/approve 7"))
-        .await
-        .expect("handle");
+    let cmd = r.runtime.handle(&msg("w21", customer, "/approve 7")).await.expect("handle");
     assert_eq!(cmd.route, Route::CustomerCommand);
-    assert!(
-        cmd.reply
-            .as_deref()
-            .is_some_and(|t| t.contains("Commands are for the business owner")),
-        "{cmd:?}"
-    );
-    let private = r
-        .runtime
-        .handle(&msg("w22", customer, "What's my balance please?"))
-        .await
-        .expect("handle");
+    assert!(cmd.reply.as_deref().is_some_and(|t| t.contains("Commands are for the business owner")), "{cmd:?}");
+    let private = r.runtime.handle(&msg("w22", customer, "What's my balance please?")).await.expect("handle");
     assert_eq!(private.route, Route::PrivateData);
-    assert!(
-        private
-            .reply
-            .as_deref()
-            .is_some_and(|t| t.contains("can't share account details")),
-        "{private:?}"
-    );
+    assert!(private.reply.as_deref().is_some_and(|t| t.contains("can't share account details")), "{private:?}");
     let steps = steps_of(&r.db, private.trace_id.expect("trace")).await;
-    assert_eq!(
-        steps.last(),
-        Some(&("reply".into(), "send".into(), "private_data".into()))
-    );
-    assert!(steps.contains(&(
-        "private_data".into(),
-        "guard".into(),
-        "PRIVATE_DATA_REQUEST".into()
-    )));
-    assert_eq!(
-        r.fake.lock().expect("lock").requests.len(),
-        requests_before,
-        "neither reached the model"
-    );
+    assert_eq!(steps.last(), Some(&("reply".into(), "send".into(), "private_data".into())));
+    assert!(steps.contains(&("private_data".into(), "guard".into(), "PRIVATE_DATA_REQUEST".into())));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), requests_before, "neither reached the model");
 
     // Owners: commands work; /approve and /reject name an approval that does not exist.
-    let help = r
-        .runtime
-        .handle(&msg("o1", "15550001111", "/help"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (help.route, help.actor),
-        (Route::OwnerCommand, server::domain::Role::Owner)
-    );
+    let help = r.runtime.handle(&msg("o1", "15550001111", "/help")).await.expect("handle");
+    assert_eq!((help.route, help.actor), (Route::OwnerCommand, server::domain::Role::Owner));
     assert!(help.reply.as_deref().is_some_and(|t| t.contains("/status")));
-    let approve = r
-        .runtime
-        .handle(&msg("o2", "15550001111", "/approve 7"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        approve.reply.as_deref(),
-        Some("There is no approval #7."),
-        "{approve:?}"
-    );
-    let status = r
-        .runtime
-        .handle(&msg("o3", "15550001111", "/status"))
-        .await
-        .expect("handle");
-    assert!(
-        status
-            .reply
-            .as_deref()
-            .is_some_and(|t| t.contains("is running")),
-        "{status:?}"
-    );
-    let reject = r
-        .runtime
-        .handle(&msg("o5", "15550001111", "/reject 7"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        reject.reply.as_deref(),
-        Some("There is no approval #7."),
-        "{reject:?}"
-    );
-    let usage = r
-        .runtime
-        .handle(&msg("o5b", "15550001111", "/approve soon"))
-        .await
-        .expect("handle");
-    assert!(
-        usage
-            .reply
-            .as_deref()
-            .is_some_and(|t| t.contains("/approve ID")),
-        "{usage:?}"
-    );
+    let approve = r.runtime.handle(&msg("o2", "15550001111", "/approve 7")).await.expect("handle");
+    assert_eq!(approve.reply.as_deref(), Some("There is no approval #7."), "{approve:?}");
+    let status = r.runtime.handle(&msg("o3", "15550001111", "/status")).await.expect("handle");
+    assert!(status.reply.as_deref().is_some_and(|t| t.contains("is running")), "{status:?}");
+    let reject = r.runtime.handle(&msg("o5", "15550001111", "/reject 7")).await.expect("handle");
+    assert_eq!(reject.reply.as_deref(), Some("There is no approval #7."), "{reject:?}");
+    let usage = r.runtime.handle(&msg("o5b", "15550001111", "/approve soon")).await.expect("handle");
+    assert!(usage.reply.as_deref().is_some_and(|t| t.contains("/approve ID")), "{usage:?}");
     sqlx::query("INSERT INTO jobs (kind, queue, state, args, attempt, max_attempts, created_at, updated_at, scheduled_at, correlation_id) \
                  VALUES ('system.echo', 'default', 'available', '{}', 0, 3, 0, 0, 0, 'c')")
         .execute(&r.db.pool)
         .await
         .expect("job");
-    let jobs = r
-        .runtime
-        .handle(&msg("o6", "15550001111", "/jobs"))
-        .await
-        .expect("handle");
-    assert!(
-        jobs.reply
-            .as_deref()
-            .is_some_and(|t| t.contains("Latest jobs") && t.contains("system.echo available")),
-        "{jobs:?}"
-    );
+    let jobs = r.runtime.handle(&msg("o6", "15550001111", "/jobs")).await.expect("handle");
+    assert!(jobs.reply.as_deref().is_some_and(|t| t.contains("Latest jobs") && t.contains("system.echo available")), "{jobs:?}");
     let steps = steps_of(&r.db, jobs.trace_id.expect("trace")).await;
-    assert!(
-        steps.contains(&(
-            "slash".into(),
-            "owner_command".into(),
-            "COMMAND_JOBS".into()
-        )),
-        "{steps:?}"
-    );
+    assert!(steps.contains(&("slash".into(), "owner_command".into(), "COMMAND_JOBS".into())), "{steps:?}");
 
     // In a group, a reply to the bot's message addresses it; other chatter is left alone.
-    let group = |id: &str, text: &str, replies_to_bot: bool| Inbound {
-        chat_kind: ChatKind::Group,
-        chat_id: "group-1".into(),
-        replies_to_bot,
-        ..msg(id, customer, text)
-    };
-    let chatter = r
-        .runtime
-        .handle(&group("grp-a", "see you all tomorrow", false))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (chatter.route, chatter.reply.as_deref()),
-        (Route::Ignored, None)
-    );
-    let replied = r
-        .runtime
-        .handle(&group("grp-b", "and on Sundays?", true))
-        .await
-        .expect("handle");
+    let group = |id: &str, text: &str, replies_to_bot: bool| Inbound { chat_kind: ChatKind::Group, chat_id: "group-1".into(), replies_to_bot, ..msg(id, customer, text) };
+    let chatter = r.runtime.handle(&group("grp-a", "see you all tomorrow", false)).await.expect("handle");
+    assert_eq!((chatter.route, chatter.reply.as_deref()), (Route::Ignored, None));
+    let replied = r.runtime.handle(&group("grp-b", "and on Sundays?", true)).await.expect("handle");
     assert_eq!(replied.route, Route::Chat);
     let steps = steps_of(&r.db, replied.trace_id.expect("trace")).await;
-    assert!(
-        steps.contains(&("group".into(), "answer".into(), "GROUP_REPLIED_TO".into())),
-        "{steps:?}"
-    );
-    let owner_private = r
-        .runtime
-        .handle(&msg("o4", "15550001111", "what's my balance"))
-        .await
-        .expect("handle");
+    assert!(steps.contains(&("group".into(), "answer".into(), "GROUP_REPLIED_TO".into())), "{steps:?}");
+    let owner_private = r.runtime.handle(&msg("o4", "15550001111", "what's my balance")).await.expect("handle");
     assert_eq!(owner_private.route, Route::Chat, "owners are not guarded");
 
     // Groups: only when mentioned or replied to.
     let mut group = msg("g1", customer, "hello everyone");
     group.chat_kind = ChatKind::Group;
     group.chat_id = "group-1".into();
-    assert_eq!(
-        r.runtime.handle(&group).await.expect("handle").route,
-        Route::Ignored
-    );
+    assert_eq!(r.runtime.handle(&group).await.expect("handle").route, Route::Ignored);
     let mut mentioned = group.clone();
     mentioned.message_id = "g2".into();
     mentioned.text = "@assistant when do you open?".into();
-    assert_eq!(
-        r.runtime.handle(&mentioned).await.expect("handle").route,
-        Route::Chat
-    );
+    assert_eq!(r.runtime.handle(&mentioned).await.expect("handle").route, Route::Chat);
 
     // Traces keep no message text by default.
-    let details: Vec<String> = sqlx::query("SELECT detail FROM trace_steps")
-        .fetch_all(&r.db.pool)
-        .await
-        .expect("details")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert!(
-        details
-            .iter()
-            .all(|d| !d.contains("Ana") && !d.contains("balance please") && !d.contains("reply 1")),
-        "no message or reply text in traces: {details:?}"
-    );
-    let chat_tokens: i64 = sqlx::query("SELECT COUNT(*) FROM llm_calls")
-        .fetch_one(&r.db.pool)
-        .await
-        .map(|row| row.get(0))
-        .unwrap_or(0);
-    assert_eq!(
-        chat_tokens, 0,
-        "this rig's model is not wrapped in the recorder (the server wires that)"
-    );
+    let details: Vec<String> = sqlx::query("SELECT detail FROM trace_steps").fetch_all(&r.db.pool).await.expect("details").iter().map(|row| row.get(0)).collect();
+    assert!(details.iter().all(|d| !d.contains("Ana") && !d.contains("balance please") && !d.contains("reply 1")), "no message or reply text in traces: {details:?}");
+    let chat_tokens: i64 = sqlx::query("SELECT COUNT(*) FROM llm_calls").fetch_one(&r.db.pool).await.map(|row| row.get(0)).unwrap_or(0);
+    assert_eq!(chat_tokens, 0, "this rig's model is not wrapped in the recorder (the server wires that)");
 }
 both_backends!(conversation_runtime, every_step_in_order_with_memory);
 
 async fn history_over_budget_is_compacted(db: TestDb) {
     let r = rig(db, 200, true).await;
     let customer = "15558880000";
-    r.runtime
-        .handle(&msg(
-            "c1",
-            customer,
-            "I run a bakery. My friend is called Ana.",
-        ))
-        .await
-        .expect("handle");
+    r.runtime.handle(&msg("c1", customer, "I run a bakery. My friend is called Ana.")).await.expect("handle");
     for i in 2..=8 {
-        r.runtime
-            .handle(&msg(
-                &format!("c{i}"),
-                customer,
-                &format!("message {i} {}", "words ".repeat(40)),
-            ))
-            .await
-            .expect("handle");
+        r.runtime.handle(&msg(&format!("c{i}"), customer, &format!("message {i} {}", "words ".repeat(40)))).await.expect("handle");
     }
-    let summary: String = sqlx::query("SELECT summary FROM chat_memory WHERE chat_id = $1")
-        .bind(format!("chat-{customer}"))
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("summary")
-        .get(0);
+    let summary: String = sqlx::query("SELECT summary FROM chat_memory WHERE chat_id = $1").bind(format!("chat-{customer}")).fetch_one(&r.db.pool).await.expect("summary").get(0);
     assert!(summary.contains("bakery"), "{summary}");
     let seen = last_chat_texts(&r.fake);
-    assert!(
-        seen.iter()
-            .any(|t| t.contains("Summary of our earlier conversation") && t.contains("Ana")),
-        "the summary reached the model: {seen:?}"
-    );
-    assert!(
-        !seen.iter().any(|t| t.contains("I run a bakery.")),
-        "compacted turns are not sent word for word"
-    );
-    let traces: Vec<String> = sqlx::query("SELECT decision FROM trace_steps WHERE step = 'memory'")
-        .fetch_all(&r.db.pool)
-        .await
-        .expect("steps")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    assert!(seen.iter().any(|t| t.contains("Summary of our earlier conversation") && t.contains("Ana")), "the summary reached the model: {seen:?}");
+    assert!(!seen.iter().any(|t| t.contains("I run a bakery.")), "compacted turns are not sent word for word");
+    let traces: Vec<String> = sqlx::query("SELECT decision FROM trace_steps WHERE step = 'memory'").fetch_all(&r.db.pool).await.expect("steps").iter().map(|row| row.get(0)).collect();
     assert!(traces.contains(&"compacted".to_string()), "{traces:?}");
     {
         let f = r.fake.lock().expect("lock");
-        let compaction = f
-            .requests
-            .iter()
-            .find(|req| req["model"] == SUMMARY_MODEL)
-            .expect("a compaction request");
-        assert!(
-            compaction["system"]
-                .as_str()
-                .is_some_and(|p| p.contains("Summarize this chat")),
-            "conversation.compaction_prompt is its system prompt: {compaction}"
-        );
-        assert!(
-            !f.requests
-                .iter()
-                .any(|req| req["model"] == "test-tool-result-summarizer"),
-            "compaction never asks models.summarizer"
-        );
+        let compaction = f.requests.iter().find(|req| req["model"] == SUMMARY_MODEL).expect("a compaction request");
+        assert!(compaction["system"].as_str().is_some_and(|p| p.contains("Summarize this chat")), "conversation.compaction_prompt is its system prompt: {compaction}");
+        assert!(!f.requests.iter().any(|req| req["model"] == "test-tool-result-summarizer"), "compaction never asks models.summarizer");
     }
-    let detail: String = sqlx::query(
-        "SELECT detail FROM trace_steps WHERE step = 'memory' AND decision = 'compacted'",
-    )
-    .fetch_one(&r.db.pool)
-    .await
-    .expect("step")
-    .get(0);
+    let detail: String = sqlx::query("SELECT detail FROM trace_steps WHERE step = 'memory' AND decision = 'compacted'").fetch_one(&r.db.pool).await.expect("step").get(0);
     let detail: serde_json::Value = serde_json::from_str(&detail).expect("json");
     assert_eq!(detail["model"], SUMMARY_MODEL);
     assert_eq!(detail["purpose"], "compaction");
-    assert!(
-        detail["input_tokens"].as_u64().is_some_and(|n| n > 0) && detail["latency_ms"].is_u64(),
-        "{detail}"
-    );
+    assert!(detail["input_tokens"].as_u64().is_some_and(|n| n > 0) && detail["latency_ms"].is_u64(), "{detail}");
     // The chat call's step names its model, tokens and latency too.
-    let detail: String =
-        sqlx::query("SELECT detail FROM trace_steps WHERE step = 'llm' ORDER BY id DESC LIMIT 1")
-            .fetch_one(&r.db.pool)
-            .await
-            .expect("step")
-            .get(0);
+    let detail: String = sqlx::query("SELECT detail FROM trace_steps WHERE step = 'llm' ORDER BY id DESC LIMIT 1").fetch_one(&r.db.pool).await.expect("step").get(0);
     let detail: serde_json::Value = serde_json::from_str(&detail).expect("json");
-    assert_eq!(
-        (
-            detail["model"].as_str(),
-            detail["input_tokens"].as_u64(),
-            detail["output_tokens"].as_u64()
-        ),
-        (Some(CHAT_MODEL), Some(12), Some(3)),
-        "{detail}"
-    );
+    assert_eq!((detail["model"].as_str(), detail["input_tokens"].as_u64(), detail["output_tokens"].as_u64()), (Some(CHAT_MODEL), Some(12), Some(3)), "{detail}");
     assert!(detail["latency_ms"].is_u64(), "{detail}");
 
     // A failing summarizer falls back to leaving out the oldest turns, and says so.
     r.fake.lock().expect("lock").fail_summaries = true;
-    let out = r
-        .runtime
-        .handle(&msg(
-            "c9",
-            customer,
-            &format!("still here {}", "words ".repeat(40)),
-        ))
-        .await
-        .expect("handle");
+    let out = r.runtime.handle(&msg("c9", customer, &format!("still here {}", "words ".repeat(40)))).await.expect("handle");
     assert_eq!(out.route, Route::Chat);
     let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_BAD_REQUEST"),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_BAD_REQUEST"), "{steps:?}");
 }
 both_backends!(conversation_compaction, history_over_budget_is_compacted);
 
@@ -688,21 +336,9 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     let r = rig(db, 6000, true).await;
     let shipped = settings("http://unused", 6000);
     assert!(shipped.private_data.handoff, "the shipped config hands off");
-    let mut questions: Vec<String> = shipped
-        .private_data
-        .categories
-        .iter()
-        .flat_map(|c| c.examples.clone())
-        .collect();
+    let mut questions: Vec<String> = shipped.private_data.categories.iter().flat_map(|c| c.examples.clone()).collect();
     assert!(questions.len() >= 8, "{questions:?}");
-    questions.extend(
-        [
-            "Hi! Could you tell me my current balance?",
-            "do i still owe you anything?",
-            "Have you received my money yet?",
-        ]
-        .map(String::from),
-    );
+    questions.extend(["Hi! Could you tell me my current balance?", "do i still owe you anything?", "Have you received my money yet?"].map(String::from));
     // One chat each: a chat raises one notice per period (see the next test).
     let customer = |i: usize| format!("1555333{i:04}");
     for (i, q) in questions.iter().enumerate() {
@@ -711,79 +347,36 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
         let out = r.runtime.handle(&m).await.expect("handle");
         assert_eq!(out.route, Route::PrivateData, "{q:?} must be guarded");
     }
-    assert!(
-        r.fake.lock().expect("lock").requests.is_empty(),
-        "no private question reached the model"
-    );
-    let notices: Vec<(String, String, String)> =
-        sqlx::query("SELECT hook, tool, message FROM owner_notifications ORDER BY id")
-            .fetch_all(&r.db.pool)
-            .await
-            .expect("notices")
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect();
+    assert!(r.fake.lock().expect("lock").requests.is_empty(), "no private question reached the model");
+    let notices: Vec<(String, String, String)> = sqlx::query("SELECT hook, tool, message FROM owner_notifications ORDER BY id")
+        .fetch_all(&r.db.pool)
+        .await
+        .expect("notices")
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
     assert_eq!(notices.len(), questions.len());
     let (hook, category, message) = &notices[0];
     assert_eq!((hook.as_str(), category.as_str()), ("private_data", "fees"));
-    assert!(
-        message.contains(&format!("chat-{}", customer(0)))
-            && message.contains(&questions[0])
-            && message.contains("please reply yourself"),
-        "{message}"
-    );
-    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'")
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("jobs")
-        .get(0);
-    assert_eq!(
-        deliveries,
-        i64::try_from(questions.len()).expect("len"),
-        "one delivery per question to the one owner number"
-    );
+    assert!(message.contains(&format!("chat-{}", customer(0))) && message.contains(&questions[0]) && message.contains("please reply yourself"), "{message}");
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!(deliveries, i64::try_from(questions.len()).expect("len"), "one delivery per question to the one owner number");
 
     // A simulated chat notifies the console, never a real phone.
-    let out = r
-        .runtime
-        .handle(&msg("sim1", "15554440000", "What's my balance?"))
-        .await
-        .expect("handle");
+    let out = r.runtime.handle(&msg("sim1", "15554440000", "What's my balance?")).await.expect("handle");
     assert_eq!(out.route, Route::PrivateData);
-    let deliveries_after: i64 =
-        sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'")
-            .fetch_one(&r.db.pool)
-            .await
-            .expect("jobs")
-            .get(0);
+    let deliveries_after: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
     assert_eq!(deliveries_after, deliveries);
-    let notices_after: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications")
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("count")
-        .get(0);
-    assert_eq!(
-        notices_after,
-        i64::try_from(questions.len() + 1).expect("len")
-    );
+    let notices_after: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications").fetch_one(&r.db.pool).await.expect("count").get(0);
+    assert_eq!(notices_after, i64::try_from(questions.len() + 1).expect("len"));
 }
-both_backends!(
-    conversation_private_data_handoff,
-    private_data_questions_are_handed_to_the_owner
-);
+both_backends!(conversation_private_data_handoff, private_data_questions_are_handed_to_the_owner);
 
 /// A chat asking private questions again and again gets the safe reply every time but pages
 /// the owners once per `private_data.notice_every`; another chat still raises its own.
 async fn one_private_data_notice_per_chat_per_period(db: TestDb) {
     let r = rig(db, 6000, true).await;
-    for (i, q) in [
-        "What's my balance?",
-        "what is my balance??",
-        "Have you received my money yet?",
-    ]
-    .iter()
-    .enumerate()
-    {
+    for (i, q) in ["What's my balance?", "what is my balance??", "Have you received my money yet?"].iter().enumerate() {
         let mut m = msg(&format!("n{i}"), "15556660000", q);
         m.channel = "whatsapp".into();
         let out = r.runtime.handle(&m).await.expect("handle");
@@ -791,37 +384,17 @@ async fn one_private_data_notice_per_chat_per_period(db: TestDb) {
         assert!(out.reply.is_some(), "the safe reply every time");
         if i > 0 {
             let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
-            assert!(
-                steps.iter().any(|(s, d, c)| s == "owner_notice"
-                    && d == "none"
-                    && c == "NOTICE_ALREADY_RAISED"),
-                "{steps:?}"
-            );
+            assert!(steps.iter().any(|(s, d, c)| s == "owner_notice" && d == "none" && c == "NOTICE_ALREADY_RAISED"), "{steps:?}");
         }
     }
     let mut other = msg("n9", "15556660001", "What's my balance?");
     other.channel = "whatsapp".into();
     r.runtime.handle(&other).await.expect("handle");
-    let notices: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications")
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("count")
-        .get(0);
-    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'")
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("jobs")
-        .get(0);
-    assert_eq!(
-        (notices, deliveries),
-        (2, 2),
-        "one notice for each of the two chats"
-    );
+    let notices: i64 = sqlx::query("SELECT COUNT(*) FROM owner_notifications").fetch_one(&r.db.pool).await.expect("count").get(0);
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!((notices, deliveries), (2, 2), "one notice for each of the two chats");
 }
-both_backends!(
-    conversation_private_data_notice_once,
-    one_private_data_notice_per_chat_per_period
-);
+both_backends!(conversation_private_data_notice_once, one_private_data_notice_per_chat_per_period);
 
 /// A customer chat over `conversation.rate_limit` within the window gets the polite reply once
 /// and no model call until the window has room; an owner and another chat are not limited.
@@ -835,82 +408,29 @@ async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
     let runtime = runtime(&r.db, Arc::new(settings), r.secrets(), model);
     let mut routes = Vec::new();
     for i in 0..6 {
-        let out = runtime
-            .handle(&msg(
-                &format!("rl{i}"),
-                "15557770000",
-                &format!("hello number {i}"),
-            ))
-            .await
-            .expect("handle");
+        let out = runtime.handle(&msg(&format!("rl{i}"), "15557770000", &format!("hello number {i}"))).await.expect("handle");
         routes.push((out.route, out.reply));
     }
     for (route, _) in &routes[..3] {
         assert_eq!(*route, Route::Chat);
     }
-    assert_eq!(
-        routes[3],
-        (Route::RateLimited, Some(limited_reply)),
-        "the fourth message is told once"
-    );
-    assert_eq!(
-        routes[4],
-        (Route::RateLimited, None),
-        "and then nothing is sent"
-    );
+    assert_eq!(routes[3], (Route::RateLimited, Some(limited_reply)), "the fourth message is told once");
+    assert_eq!(routes[4], (Route::RateLimited, None), "and then nothing is sent");
     assert_eq!(routes[5], (Route::RateLimited, None));
-    let chat_calls = r
-        .fake
-        .lock()
-        .expect("lock")
-        .requests
-        .iter()
-        .filter(|b| b["model"] == CHAT_MODEL)
-        .count();
+    let chat_calls = r.fake.lock().expect("lock").requests.iter().filter(|b| b["model"] == CHAT_MODEL).count();
     assert_eq!(chat_calls, 3, "a limited message costs no model call");
     // Another chat and an owner are answered.
-    assert_eq!(
-        runtime
-            .handle(&msg("rl-other", "15557770001", "hello"))
-            .await
-            .expect("handle")
-            .route,
-        Route::Chat
-    );
+    assert_eq!(runtime.handle(&msg("rl-other", "15557770001", "hello")).await.expect("handle").route, Route::Chat);
     for i in 0..5 {
-        let out = runtime
-            .handle(&msg(
-                &format!("rl-owner{i}"),
-                OWNER_PHONE,
-                &format!("owner note {i}"),
-            ))
-            .await
-            .expect("handle");
+        let out = runtime.handle(&msg(&format!("rl-owner{i}"), OWNER_PHONE, &format!("owner note {i}"))).await.expect("handle");
         assert_eq!(out.route, Route::Chat, "owners are never limited");
     }
-    let (_, trace_id): (String, i64) =
-        sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'rl4'")
-            .fetch_one(&r.db.pool)
-            .await
-            .expect("trace");
+    let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'rl4'").fetch_one(&r.db.pool).await.expect("trace");
     let steps = steps_of(&r.db, trace_id).await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, c)| s == "rate_limit" && d == "limited" && c == "RATE_LIMITED"),
-        "{steps:?}"
-    );
-    assert!(
-        steps
-            .iter()
-            .any(|(s, _, c)| s == "reply" && c == "NOTE_ALREADY_SENT"),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, d, c)| s == "rate_limit" && d == "limited" && c == "RATE_LIMITED"), "{steps:?}");
+    assert!(steps.iter().any(|(s, _, c)| s == "reply" && c == "NOTE_ALREADY_SENT"), "{steps:?}");
 }
-both_backends!(
-    conversation_rate_limit,
-    a_chat_over_its_rate_limit_costs_no_model_calls
-);
+both_backends!(conversation_rate_limit, a_chat_over_its_rate_limit_costs_no_model_calls);
 
 /// The spend budget: owners are warned at 50%, 80% and 100% of the day's budget, each once
 /// (a second process over the same database does not warn again); past 100% with
@@ -920,30 +440,15 @@ async fn budget_warns_each_share_once_and_limits_customers(db: TestDb) {
     let r = rig(db, 6000, true).await;
     let mut settings = settings(&r.runtime_base_url(), 6000);
     // The fake reports 12 input and 3 output tokens a call: $0.015 at these prices.
-    settings.models.prices = vec![server::config::ModelPrice {
-        model: CHAT_MODEL.into(),
-        input: 1000.0,
-        output: 1000.0,
-        cache_read: None,
-        cache_write: None,
-    }];
+    settings.models.prices = vec![server::config::ModelPrice { model: CHAT_MODEL.into(), input: 1000.0, output: 1000.0, cache_read: None, cache_write: None }];
     settings.budget.daily_usd = 0.05;
     settings.budget.at_limit = server::config::AtLimit::Degraded;
     let limit_reply = settings.budget.limit_reply.clone();
     let settings = Arc::new(settings);
     let counted = |settings: &Arc<Settings>| {
         let queue = JobQueue::with_settings(r.db.clone(), &settings.jobs);
-        let budget = Arc::new(server::budget::Budget::new(
-            settings.clone(),
-            r.db.clone(),
-            queue,
-        ));
-        let model = llm::recorded(
-            llm::from_settings(settings, &r.secrets()).expect("model"),
-            r.db.clone(),
-            settings,
-            Some(budget.clone()),
-        );
+        let budget = Arc::new(server::budget::Budget::new(settings.clone(), r.db.clone(), queue));
+        let model = llm::recorded(llm::from_settings(settings, &r.secrets()).expect("model"), r.db.clone(), settings, Some(budget.clone()));
         (budget, model)
     };
     let (budget, model) = counted(&settings);
@@ -952,116 +457,42 @@ async fn budget_warns_each_share_once_and_limits_customers(db: TestDb) {
         let pool = r.db.pool.clone();
         async move {
             let rows = sqlx::query("SELECT reason_code, message FROM owner_notifications WHERE hook = 'budget' ORDER BY id").fetch_all(&pool).await.expect("notices");
-            rows.iter()
-                .map(|row| (row.get::<String, _>(0), row.get::<String, _>(1)))
-                .collect::<Vec<_>>()
+            rows.iter().map(|row| (row.get::<String, _>(0), row.get::<String, _>(1))).collect::<Vec<_>>()
         }
     };
     let mut seen = Vec::new();
     for i in 0..4 {
-        let out = runtime
-            .handle(&msg(
-                &format!("b{i}"),
-                "15558880000",
-                &format!("question {i}"),
-            ))
-            .await
-            .expect("handle");
+        let out = runtime.handle(&msg(&format!("b{i}"), "15558880000", &format!("question {i}"))).await.expect("handle");
         assert_eq!(out.route, Route::Chat, "answered while under the budget");
         seen.push(notices().await.len());
     }
     // 30%, 60% (the 50% warning), 90% (80%), 120% (100%).
-    assert_eq!(
-        seen,
-        [0, 1, 2, 3],
-        "one warning at each share, when it is crossed"
-    );
+    assert_eq!(seen, [0, 1, 2, 3], "one warning at each share, when it is crossed");
     let given = notices().await;
-    assert_eq!(
-        given.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(),
-        ["BUDGET_WARNING", "BUDGET_WARNING", "BUDGET_EXHAUSTED"]
-    );
-    assert!(
-        given[0]
-            .1
-            .contains("today is at 60% of its budget ($0.03 of $0.05)"),
-        "the spend as it is when the share is crossed: {given:?}"
-    );
-    assert!(
-        given[2].1.contains("Customers now get"),
-        "the 100% warning says what happens: {given:?}"
-    );
-    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'")
-        .fetch_one(&r.db.pool)
-        .await
-        .expect("jobs")
-        .get(0);
-    assert_eq!(
-        deliveries, 3,
-        "each warning goes to the owner's number on WhatsApp"
-    );
+    assert_eq!(given.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["BUDGET_WARNING", "BUDGET_WARNING", "BUDGET_EXHAUSTED"]);
+    assert!(given[0].1.contains("today is at 60% of its budget ($0.03 of $0.05)"), "the spend as it is when the share is crossed: {given:?}");
+    assert!(given[2].1.contains("Customers now get"), "the 100% warning says what happens: {given:?}");
+    let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
+    assert_eq!(deliveries, 3, "each warning goes to the owner's number on WhatsApp");
 
     // Past the budget: a customer gets the limit reply, and no model is asked.
     let calls_before = r.fake.lock().expect("lock").requests.len();
-    let out = runtime
-        .handle(&msg("b-over", "15558880000", "one more question"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (out.route, out.reply),
-        (Route::OverBudget, Some(limit_reply))
-    );
-    assert_eq!(
-        r.fake.lock().expect("lock").requests.len(),
-        calls_before,
-        "a customer past the budget costs no model call"
-    );
+    let out = runtime.handle(&msg("b-over", "15558880000", "one more question")).await.expect("handle");
+    assert_eq!((out.route, out.reply), (Route::OverBudget, Some(limit_reply)));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), calls_before, "a customer past the budget costs no model call");
     let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, c)| s == "budget" && d == "limit" && c == "BUDGET_EXHAUSTED"),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, d, c)| s == "budget" && d == "limit" && c == "BUDGET_EXHAUSTED"), "{steps:?}");
     // An owner is still answered, and spending more warns nobody again.
-    let out = runtime
-        .handle(&msg("b-owner", OWNER_PHONE, "how are we doing?"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        out.route,
-        Route::Chat,
-        "owners are answered past the budget"
-    );
+    let out = runtime.handle(&msg("b-owner", OWNER_PHONE, "how are we doing?")).await.expect("handle");
+    assert_eq!(out.route, Route::Chat, "owners are answered past the budget");
     // A second process (or a restart) reads what was spent and warned from the database.
     let (budget2, model2) = counted(&settings);
     let other = runtime_with_budget(&r.db, settings.clone(), r.secrets(), model2, budget2);
-    assert_eq!(
-        other
-            .handle(&msg("b-other", "15558880001", "hello"))
-            .await
-            .expect("handle")
-            .route,
-        Route::OverBudget
-    );
-    assert_eq!(
-        other
-            .handle(&msg("b-owner2", OWNER_PHONE, "and now?"))
-            .await
-            .expect("handle")
-            .route,
-        Route::Chat
-    );
-    assert_eq!(
-        notices().await.len(),
-        3,
-        "each share is warned about once per period"
-    );
+    assert_eq!(other.handle(&msg("b-other", "15558880001", "hello")).await.expect("handle").route, Route::OverBudget);
+    assert_eq!(other.handle(&msg("b-owner2", OWNER_PHONE, "and now?")).await.expect("handle").route, Route::Chat);
+    assert_eq!(notices().await.len(), 3, "each share is warned about once per period");
 }
-both_backends!(
-    conversation_budget,
-    budget_warns_each_share_once_and_limits_customers
-);
+both_backends!(conversation_budget, budget_warns_each_share_once_and_limits_customers);
 
 /// `conversation.trace_text` decides whether the message and the reply are kept in the trace.
 async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
@@ -1085,31 +516,15 @@ async fn trace_text_keeps_message_and_reply_only_when_on(db: TestDb) {
                 .join("\n")
         }
     };
-    let quiet = r
-        .runtime
-        .handle(&msg("t1", "15554440000", "My secret recipe uses cardamom."))
-        .await
-        .expect("handle");
+    let quiet = r.runtime.handle(&msg("t1", "15554440000", "My secret recipe uses cardamom.")).await.expect("handle");
     let quiet = details(quiet.trace_id.expect("trace")).await;
-    assert!(
-        !quiet.contains("cardamom") && !quiet.contains("reply 1"),
-        "off: no text in the trace: {quiet}"
-    );
+    assert!(!quiet.contains("cardamom") && !quiet.contains("reply 1"), "off: no text in the trace: {quiet}");
     assert!(quiet.contains("\"chars\":31"), "lengths are kept: {quiet}");
-    let loud = verbose
-        .handle(&msg("t2", "15554440001", "My secret recipe uses cardamom."))
-        .await
-        .expect("handle");
+    let loud = verbose.handle(&msg("t2", "15554440001", "My secret recipe uses cardamom.")).await.expect("handle");
     let loud = details(loud.trace_id.expect("trace")).await;
-    assert!(
-        loud.contains("My secret recipe uses cardamom.") && loud.contains("\"text\":\"reply"),
-        "on: the message and the reply: {loud}"
-    );
+    assert!(loud.contains("My secret recipe uses cardamom.") && loud.contains("\"text\":\"reply"), "on: the message and the reply: {loud}");
 }
-both_backends!(
-    conversation_trace_text,
-    trace_text_keeps_message_and_reply_only_when_on
-);
+both_backends!(conversation_trace_text, trace_text_keeps_message_and_reply_only_when_on);
 
 /// A model that cannot be reached (the key is set): the customer gets the configured fallback
 /// reply, and the trace says why.
@@ -1121,72 +536,33 @@ async fn an_unreachable_model_gets_the_fallback_reply(db: TestDb) {
     assert!(!fallback.trim().is_empty());
     let model = llm::from_settings(&broken, &r.secrets()).expect("model");
     let runtime = runtime(&r.db, Arc::new(broken), r.secrets(), model);
-    let out = runtime
-        .handle(&msg("f1", "15556660000", "How are you?"))
-        .await
-        .expect("handle");
-    assert_eq!(
-        (out.route, out.reply.as_deref()),
-        (Route::Chat, Some(fallback.as_str()))
-    );
+    let out = runtime.handle(&msg("f1", "15556660000", "How are you?")).await.expect("handle");
+    assert_eq!((out.route, out.reply.as_deref()), (Route::Chat, Some(fallback.as_str())));
     let code = out.error_code.clone().expect("an error code");
     assert!(code.starts_with("LLM_"), "{code}");
     let (outcome, error_code): (String, Option<String>) =
-        sqlx::query_as("SELECT outcome, error_code FROM traces WHERE id = $1")
-            .bind(out.trace_id.expect("trace"))
-            .fetch_one(&r.db.pool)
-            .await
-            .expect("trace");
-    assert_eq!(
-        (outcome.as_str(), error_code.as_deref()),
-        ("failed", Some(code.as_str()))
-    );
+        sqlx::query_as("SELECT outcome, error_code FROM traces WHERE id = $1").bind(out.trace_id.expect("trace")).fetch_one(&r.db.pool).await.expect("trace");
+    assert_eq!((outcome.as_str(), error_code.as_deref()), ("failed", Some(code.as_str())));
     let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, c)| s == "llm" && d == "failed" && *c == code),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, d, c)| s == "llm" && d == "failed" && *c == code), "{steps:?}");
 }
-both_backends!(
-    conversation_model_unreachable,
-    an_unreachable_model_gets_the_fallback_reply
-);
+both_backends!(conversation_model_unreachable, an_unreachable_model_gets_the_fallback_reply);
 
 async fn degraded_mode_answers_without_a_model(db: TestDb) {
     let r = rig(db, 6000, false).await;
-    let customer = r
-        .runtime
-        .handle(&msg("d1", "15559990000", "Hello?"))
-        .await
-        .expect("handle");
+    let customer = r.runtime.handle(&msg("d1", "15559990000", "Hello?")).await.expect("handle");
     assert_eq!(customer.route, Route::Degraded);
     assert_eq!(customer.error_code.as_deref(), Some("LLM_NOT_CONFIGURED"));
-    let owner = r
-        .runtime
-        .handle(&msg("d2", "15550001111", "Hello?"))
-        .await
-        .expect("handle");
-    assert!(
-        owner
-            .reply
-            .as_deref()
-            .is_some_and(|t| t.contains("ANTHROPIC_API_KEY")),
-        "the owner gets the instruction: {owner:?}"
-    );
+    let owner = r.runtime.handle(&msg("d2", "15550001111", "Hello?")).await.expect("handle");
+    assert!(owner.reply.as_deref().is_some_and(|t| t.contains("ANTHROPIC_API_KEY")), "the owner gets the instruction: {owner:?}");
     assert_ne!(customer.reply, owner.reply);
-    assert!(
-        r.fake.lock().expect("lock").requests.is_empty(),
-        "nothing was sent"
-    );
+    assert!(r.fake.lock().expect("lock").requests.is_empty(), "nothing was sent");
 }
 both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);
 
 async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     let (url, fake) = fake_anthropic().await;
-    let secrets =
-        Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
+    let secrets = Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
     let app = crate::support::TestApp::with_secrets(db, secrets, |s| {
         s.llm.anthropic.base_url = url.clone();
         s.llm.max_retries = 0;
@@ -1194,107 +570,33 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     })
     .await;
     let mut anonymous = app.client();
-    let refused = anonymous
-        .post_json(
-            "/api/simulator/messages",
-            &json!({"from": "+15550100000", "text": "hi"}),
-        )
-        .await;
-    assert_eq!(
-        refused.status,
-        axum::http::StatusCode::UNAUTHORIZED,
-        "owners only"
-    );
+    let refused = anonymous.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "hi"})).await;
+    assert_eq!(refused.status, axum::http::StatusCode::UNAUTHORIZED, "owners only");
     let mut owner = app.with_owner("ada", "correct horse battery").await;
 
-    let sent = owner
-        .post_json(
-            "/api/simulator/messages",
-            &json!({"from": "+15550100000", "text": "Hello, are you open today?"}),
-        )
-        .await;
+    let sent = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "Hello, are you open today?"})).await;
     assert_eq!(sent.status, axum::http::StatusCode::OK, "{}", sent.body);
     let sent = sent.json();
-    assert_eq!(
-        (
-            sent["route"].as_str(),
-            sent["actor"].as_str(),
-            sent["reply"].as_str()
-        ),
-        (Some("chat"), Some("customer"), Some("reply 1"))
-    );
+    assert_eq!((sent["route"].as_str(), sent["actor"].as_str(), sent["reply"].as_str()), (Some("chat"), Some("customer"), Some("reply 1")));
     let chat_id = sent["chat_id"].as_str().expect("chat").to_string();
-    assert_eq!(
-        fake.lock().expect("lock").requests.len(),
-        1,
-        "the model answered through the runtime"
-    );
+    assert_eq!(fake.lock().expect("lock").requests.len(), 1, "the model answered through the runtime");
 
     // The owner's own number makes the sender an owner.
-    let as_owner = owner
-        .post_json(
-            "/api/simulator/messages",
-            &json!({"from": "+15550001111", "text": "/help"}),
-        )
-        .await
-        .json();
-    assert_eq!(
-        (as_owner["route"].as_str(), as_owner["actor"].as_str()),
-        (Some("owner_command"), Some("owner"))
-    );
-    let bad = owner
-        .post_json(
-            "/api/simulator/messages",
-            &json!({"from": "not a number", "text": "hi"}),
-        )
-        .await;
+    let as_owner = owner.post_json("/api/simulator/messages", &json!({"from": "+15550001111", "text": "/help"})).await.json();
+    assert_eq!((as_owner["route"].as_str(), as_owner["actor"].as_str()), (Some("owner_command"), Some("owner")));
+    let bad = owner.post_json("/api/simulator/messages", &json!({"from": "not a number", "text": "hi"})).await;
     assert_eq!(bad.status, axum::http::StatusCode::BAD_REQUEST);
 
     let chat = owner.get(&format!("/api/simulator/chats/{chat_id}")).await;
     assert_eq!(chat.status, axum::http::StatusCode::OK, "{}", chat.body);
-    let messages = chat.json()["messages"]
-        .as_array()
-        .cloned()
-        .expect("messages");
-    let shown: Vec<(String, String, String)> = messages
-        .iter()
-        .map(|m| {
-            (
-                m["direction"].as_str().unwrap_or_default().into(),
-                m["state"].as_str().unwrap_or_default().into(),
-                m["text"].as_str().unwrap_or_default().into(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        shown,
-        vec![
-            (
-                "in".into(),
-                "received".into(),
-                "Hello, are you open today?".into()
-            ),
-            ("out".into(), "delivered".into(), "reply 1".into())
-        ]
-    );
+    let messages = chat.json()["messages"].as_array().cloned().expect("messages");
+    let shown: Vec<(String, String, String)> = messages.iter().map(|m| (m["direction"].as_str().unwrap_or_default().into(), m["state"].as_str().unwrap_or_default().into(), m["text"].as_str().unwrap_or_default().into())).collect();
+    assert_eq!(shown, vec![("in".into(), "received".into(), "Hello, are you open today?".into()), ("out".into(), "delivered".into(), "reply 1".into())]);
     let trace_id = messages[0]["trace_id"].as_i64().expect("trace link");
     let steps = steps_of(&app.state.db, trace_id).await;
-    assert_eq!(
-        steps.last(),
-        Some(&(
-            "delivery".to_string(),
-            "delivered".to_string(),
-            "SIMULATOR".to_string()
-        )),
-        "{steps:?}"
-    );
+    assert_eq!(steps.last(), Some(&("delivery".to_string(), "delivered".to_string(), "SIMULATOR".to_string())), "{steps:?}");
     let chats = owner.post_form("/api/list_chats", &[]).await.json();
-    assert!(
-        chats["chats"].as_array().is_some_and(|c| c
-            .iter()
-            .any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")),
-        "{chats}"
-    );
+    assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")), "{chats}");
 }
 both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
 
@@ -1302,34 +604,13 @@ both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
 async fn every_command_help_names_exists(db: TestDb) {
     let r = rig(db, 6000, true).await;
     let help = settings("http://unused", 6000).conversation.owner_help;
-    let named: Vec<String> = help
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix('/'))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect();
-    assert!(
-        named.len() >= 4
-            && named.contains(&"approve".to_string())
-            && named.contains(&"reject".to_string()),
-        "{named:?}"
-    );
+    let named: Vec<String> = help.lines().filter_map(|l| l.trim().strip_prefix('/')).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
+    assert!(named.len() >= 4 && named.contains(&"approve".to_string()) && named.contains(&"reject".to_string()), "{named:?}");
     for (i, name) in named.iter().enumerate() {
-        let out = r
-            .runtime
-            .handle(&msg(
-                &format!("help{i}"),
-                OWNER_PHONE,
-                &format!("/{name} 999"),
-            ))
-            .await
-            .expect("handle");
+        let out = r.runtime.handle(&msg(&format!("help{i}"), OWNER_PHONE, &format!("/{name} 999"))).await.expect("handle");
         assert_eq!(out.route, Route::OwnerCommand, "/{name}");
         let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
-        assert!(
-            !steps.iter().any(|(_, _, c)| c == "COMMAND_UNKNOWN"),
-            "/{name} is named by /help but unknown: {steps:?}"
-        );
+        assert!(!steps.iter().any(|(_, _, c)| c == "COMMAND_UNKNOWN"), "/{name} is named by /help but unknown: {steps:?}");
     }
 }
 both_backends!(conversation_help_is_honest, every_command_help_names_exists);

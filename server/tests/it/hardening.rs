@@ -18,12 +18,7 @@ use crate::{both_backends, support::TestDb};
 async fn a_nul_in_one_call_loses_no_audit_row(db: TestDb) {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
-    let cp = Checkpoint::new(
-        pool.clone(),
-        Arc::new(Catalog::default()),
-        AuditWriter::spawn(pool.clone(), JobQueue::new(pool.clone())),
-        SecretSource::empty(),
-    );
+    let cp = Checkpoint::new(pool.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(pool.clone(), JobQueue::new(pool.clone())), SecretSource::empty());
     let ctx = CallContext {
         actor: Role::Customer,
         chat_type: ChatKind::Direct,
@@ -34,31 +29,12 @@ async fn a_nul_in_one_call_loses_no_audit_row(db: TestDb) {
         trace_id: None,
     };
     for name in ["first", "with\0nul", "third", "fourth"] {
-        assert!(
-            cp.execute(
-                ToolCall {
-                    name: name.into(),
-                    args: json!({"q": "a\0b"})
-                },
-                &ctx
-            )
-            .await
-            .is_err(),
-            "unknown tools are refused"
-        );
+        assert!(cp.execute(ToolCall { name: name.into(), args: json!({"q": "a\0b"}) }, &ctx).await.is_err(), "unknown tools are refused");
     }
     cp.audit().flush().await;
-    let tools: Vec<(String,)> =
-        sqlx::query_as("SELECT tool FROM tool_audit WHERE correlation_id = 'corr-nul' ORDER BY id")
-            .fetch_all(&pool.pool)
-            .await
-            .expect("rows");
+    let tools: Vec<(String,)> = sqlx::query_as("SELECT tool FROM tool_audit WHERE correlation_id = 'corr-nul' ORDER BY id").fetch_all(&pool.pool).await.expect("rows");
     let tools: Vec<String> = tools.into_iter().map(|(t,)| t).collect();
-    assert_eq!(
-        tools,
-        vec!["first", "withnul", "third", "fourth"],
-        "every row written, the NUL removed"
-    );
+    assert_eq!(tools, vec!["first", "withnul", "third", "fourth"], "every row written, the NUL removed");
 }
 both_backends!(hardening_audit_nul, a_nul_in_one_call_loses_no_audit_row);
 
@@ -67,9 +43,7 @@ both_backends!(hardening_audit_nul, a_nul_in_one_call_loses_no_audit_row);
 /// retry gets it back from the record.
 async fn a_nul_in_a_model_reply_keeps_the_reply(db: TestDb) {
     let (url, fake) = crate::conversation::fake_anthropic_saying("Open until\u{0} six").await;
-    let secrets = server::config::Secrets::from_lookup(|name| {
-        (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string())
-    });
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
     let app = crate::support::TestApp::with_secrets(db, secrets, |s| {
         s.llm.anthropic.base_url = url.clone();
         s.llm.max_retries = 0;
@@ -87,21 +61,8 @@ async fn a_nul_in_a_model_reply_keeps_the_reply(db: TestDb) {
     };
     let first = app.state.runtime.handle(&inbound).await.expect("handled");
     assert_eq!(first.reply.as_deref(), Some("Open until six"));
-    let again = app
-        .state
-        .runtime
-        .handle(&inbound)
-        .await
-        .expect("handled again");
-    assert_eq!(
-        again.reply.as_deref(),
-        Some("Open until six"),
-        "a retry gets the recorded reply"
-    );
-    assert_eq!(
-        fake.lock().expect("lock").requests.len(),
-        1,
-        "the model was asked once"
-    );
+    let again = app.state.runtime.handle(&inbound).await.expect("handled again");
+    assert_eq!(again.reply.as_deref(), Some("Open until six"), "a retry gets the recorded reply");
+    assert_eq!(fake.lock().expect("lock").requests.len(), 1, "the model was asked once");
 }
 both_backends!(hardening_reply_nul, a_nul_in_a_model_reply_keeps_the_reply);

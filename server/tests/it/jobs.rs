@@ -14,24 +14,14 @@ use server::{
         self, Db,
         jobs::{self as store, FailOutcome, Finished, JobFilter, JobState, NewJob},
     },
-    jobs::{
-        JobContext, JobError, JobHandler, JobHook, JobOutput, JobQueue, Registry, Worker,
-        WorkerSettings,
-    },
+    jobs::{JobContext, JobError, JobHandler, JobHook, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
 use tokio::sync::watch;
 
 use crate::{both_backends, support::TestDb};
 
 fn job(kind: &str) -> NewJob {
-    NewJob {
-        kind: kind.into(),
-        queue: "default".into(),
-        max_attempts: 3,
-        correlation_id: "corr-1".into(),
-        args: serde_json::json!({}),
-        ..Default::default()
-    }
+    NewJob { kind: kind.into(), queue: "default".into(), max_attempts: 3, correlation_id: "corr-1".into(), args: serde_json::json!({}), ..Default::default() }
 }
 
 async fn fresh(db: &TestDb) -> Db {
@@ -44,61 +34,28 @@ async fn enqueue_commits_with_the_callers_transaction(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
     let mut tx = pool.begin_write().await.expect("begin");
-    let rolled_back = queue
-        .enqueue_in(&mut tx, &job("noop"))
-        .await
-        .expect("enqueue")
-        .job
-        .id;
+    let rolled_back = queue.enqueue_in(&mut tx, &job("noop")).await.expect("enqueue").job.id;
     tx.rollback().await.expect("rollback");
     let mut conn = pool.pool.acquire().await.expect("conn");
-    assert!(
-        store::get(&mut conn, rolled_back)
-            .await
-            .expect("get")
-            .is_none(),
-        "rolled back with the caller"
-    );
+    assert!(store::get(&mut conn, rolled_back).await.expect("get").is_none(), "rolled back with the caller");
     drop(conn);
 
     let mut tx = pool.begin_write().await.expect("begin");
-    let kept = queue
-        .enqueue_in(
-            &mut tx,
-            &NewJob {
-                chat_id: Some("chat-1".into()),
-                tool_name: Some("web_fetch".into()),
-                ..job("noop")
-            },
-        )
-        .await
-        .expect("enqueue");
+    let kept = queue.enqueue_in(&mut tx, &NewJob { chat_id: Some("chat-1".into()), tool_name: Some("web_fetch".into()), ..job("noop") }).await.expect("enqueue");
     tx.commit().await.expect("commit");
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let got = store::get(&mut conn, kept.job.id)
-        .await
-        .expect("get")
-        .expect("present");
+    let got = store::get(&mut conn, kept.job.id).await.expect("get").expect("present");
     assert_eq!(got.state, JobState::Available);
     assert_eq!(got.correlation_id, "corr-1");
     let events = store::events(&mut conn, got.id).await.expect("events");
-    assert_eq!(
-        events.iter().map(|e| e.state).collect::<Vec<_>>(),
-        vec![JobState::Available]
-    );
+    assert_eq!(events.iter().map(|e| e.state).collect::<Vec<_>>(), vec![JobState::Available]);
 }
-both_backends!(
-    jobs_enqueue_in_transaction,
-    enqueue_commits_with_the_callers_transaction
-);
+both_backends!(jobs_enqueue_in_transaction, enqueue_commits_with_the_callers_transaction);
 
 async fn dedupe_while_unfinished(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let keyed = NewJob {
-        dedupe_key: Some("msg-1:web_fetch".into()),
-        ..job("noop")
-    };
+    let keyed = NewJob { dedupe_key: Some("msg-1:web_fetch".into()), ..job("noop") };
     let first = queue.enqueue(&keyed).await.expect("first");
     assert!(!first.deduplicated);
     let second = queue.enqueue(&keyed).await.expect("second");
@@ -109,10 +66,7 @@ async fn dedupe_while_unfinished(db: TestDb) {
     let racers: Vec<_> = (0..8)
         .map(|_| {
             let q = queue.clone();
-            let j = NewJob {
-                dedupe_key: Some("race".into()),
-                ..job("noop")
-            };
+            let j = NewJob { dedupe_key: Some("race".into()), ..job("noop") };
             tokio::spawn(async move { q.enqueue(&j).await.expect("enqueue") })
         })
         .collect();
@@ -125,39 +79,14 @@ async fn dedupe_while_unfinished(db: TestDb) {
 
     let mut conn = pool.pool.acquire().await.expect("conn");
     let now = db::now_ms();
-    let claimed = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        10,
-        now,
-        now + 60_000,
-    )
-    .await
-    .expect("claim");
-    let done: Vec<Finished> = claimed
-        .iter()
-        .map(|j| Finished {
-            id: j.id,
-            attempt: j.attempt,
-            preview: Some("ok".into()),
-        })
-        .collect();
-    store::complete(&mut conn, &done, "w1", now)
-        .await
-        .expect("complete");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, now, now + 60_000).await.expect("claim");
+    let done: Vec<Finished> = claimed.iter().map(|j| Finished { id: j.id, attempt: j.attempt, preview: Some("ok".into()) }).collect();
+    store::complete(&mut conn, &done, "w1", now).await.expect("complete");
     drop(conn);
     let third = queue.enqueue(&keyed).await.expect("third");
     assert!(!third.deduplicated, "a finished job frees its key");
     let mut conn = pool.pool.acquire().await.expect("conn");
-    assert_eq!(
-        store::find_by_dedupe(&mut conn, "msg-1:web_fetch")
-            .await
-            .expect("find")
-            .map(|j| j.id),
-        Some(third.job.id)
-    );
+    assert_eq!(store::find_by_dedupe(&mut conn, "msg-1:web_fetch").await.expect("find").map(|j| j.id), Some(third.job.id));
 }
 both_backends!(jobs_dedupe, dedupe_while_unfinished);
 
@@ -166,24 +95,9 @@ both_backends!(jobs_dedupe, dedupe_while_unfinished);
 async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let held = queue
-        .enqueue(&NewJob {
-            dedupe_key: Some("held".into()),
-            ..job("noop")
-        })
-        .await
-        .expect("held")
-        .job
-        .id;
-    let keyed = |key: &str, chat: &str| NewJob {
-        dedupe_key: Some(key.into()),
-        chat_id: Some(chat.into()),
-        ..job("noop")
-    };
-    let keyless = |chat: &str| NewJob {
-        chat_id: Some(chat.into()),
-        ..job("noop")
-    };
+    let held = queue.enqueue(&NewJob { dedupe_key: Some("held".into()), ..job("noop") }).await.expect("held").job.id;
+    let keyed = |key: &str, chat: &str| NewJob { dedupe_key: Some(key.into()), chat_id: Some(chat.into()), ..job("noop") };
+    let keyless = |chat: &str| NewJob { chat_id: Some(chat.into()), ..job("noop") };
     let later = db::now_ms() + 3_600_000;
     let list = vec![
         keyless("a"),
@@ -191,86 +105,42 @@ async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
         keyed("held", "c"),
         keyed("k1", "d"),
         keyless("e"),
-        NewJob {
-            scheduled_at: Some(later),
-            ..keyed("k2", "f")
-        },
-        NewJob {
-            pending: true,
-            ..keyless("g")
-        },
+        NewJob { scheduled_at: Some(later), ..keyed("k2", "f") },
+        NewJob { pending: true, ..keyless("g") },
     ];
     let mut tx = pool.begin_write().await.expect("begin");
-    let got = queue
-        .enqueue_many_in(&mut tx, &list)
-        .await
-        .expect("enqueue_many");
+    let got = queue.enqueue_many_in(&mut tx, &list).await.expect("enqueue_many");
     tx.commit().await.expect("commit");
 
     assert_eq!(got.len(), list.len());
     let dedup: Vec<bool> = got.iter().map(|e| e.deduplicated).collect();
     assert_eq!(dedup, vec![false, false, true, true, false, false, false]);
-    assert_eq!(
-        got[2].job.id, held,
-        "an unfinished stored job keeps its key"
-    );
-    assert_eq!(
-        got[3].job.id, got[1].job.id,
-        "the first entry with a key wins it"
-    );
-    let chats: Vec<_> = got
-        .iter()
-        .map(|e| e.job.chat_id.clone().unwrap_or_default())
-        .collect();
+    assert_eq!(got[2].job.id, held, "an unfinished stored job keeps its key");
+    assert_eq!(got[3].job.id, got[1].job.id, "the first entry with a key wins it");
+    let chats: Vec<_> = got.iter().map(|e| e.job.chat_id.clone().unwrap_or_default()).collect();
     // A deduplicated entry gets the job that holds its key, with that job's own fields.
-    assert_eq!(
-        chats,
-        vec!["a", "b", "", "b", "e", "f", "g"],
-        "each result belongs to its input"
-    );
+    assert_eq!(chats, vec!["a", "b", "", "b", "e", "f", "g"], "each result belongs to its input");
     let states: Vec<_> = got.iter().map(|e| e.job.state).collect();
     assert_eq!(
         states,
-        vec![
-            JobState::Available,
-            JobState::Available,
-            JobState::Available,
-            JobState::Available,
-            JobState::Available,
-            JobState::Scheduled,
-            JobState::Pending
-        ]
+        vec![JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Scheduled, JobState::Pending]
     );
 
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let (jobs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("count");
+    let (jobs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs").fetch_one(&mut *conn).await.expect("count");
     assert_eq!(jobs, 6, "held + five new");
     for e in got.iter().filter(|e| !e.deduplicated) {
         let events = store::events(&mut conn, e.job.id).await.expect("events");
-        assert_eq!(
-            events.iter().map(|ev| ev.state).collect::<Vec<_>>(),
-            vec![e.job.state],
-            "job {}",
-            e.job.id
-        );
+        assert_eq!(events.iter().map(|ev| ev.state).collect::<Vec<_>>(), vec![e.job.state], "job {}", e.job.id);
     }
     // Past one statement's worth of rows.
     drop(conn);
-    let many: Vec<NewJob> = (0..600)
-        .map(|i| keyed(&format!("bulk-{}", i % 550), "bulk"))
-        .collect();
+    let many: Vec<NewJob> = (0..600).map(|i| keyed(&format!("bulk-{}", i % 550), "bulk")).collect();
     let mut tx = pool.begin_write().await.expect("begin");
     let got = queue.enqueue_many_in(&mut tx, &many).await.expect("bulk");
     tx.commit().await.expect("commit");
     assert_eq!(got.iter().filter(|e| !e.deduplicated).count(), 550);
-    assert!(
-        got.iter()
-            .zip(&many)
-            .all(|(e, j)| e.job.dedupe_key == j.dedupe_key)
-    );
+    assert!(got.iter().zip(&many).all(|(e, j)| e.job.dedupe_key == j.dedupe_key));
 }
 both_backends!(jobs_enqueue_many, enqueue_many_matches_one_at_a_time);
 
@@ -281,196 +151,46 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     let mut conn = pool.pool.acquire().await.expect("conn");
     let t0 = db::now_ms();
 
-    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0, t0 + 1000)
-        .await
-        .expect("claim");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0, t0 + 1000).await.expect("claim");
     assert_eq!(claimed.len(), 1);
-    assert_eq!(
-        (claimed[0].state, claimed[0].attempt),
-        (JobState::Running, 1)
-    );
-    assert!(
-        store::claim(&mut conn, pool.backend, "default", "w2", 5, t0, t0 + 1000)
-            .await
-            .expect("claim")
-            .is_empty(),
-        "leased jobs are not claimed twice"
-    );
-    assert_eq!(
-        store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000)
-            .await
-            .expect("hb"),
-        vec![id]
-    );
-    assert!(
-        store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000)
-            .await
-            .expect("hb")
-            .is_empty(),
-        "only the holder extends"
-    );
+    assert_eq!((claimed[0].state, claimed[0].attempt), (JobState::Running, 1));
+    assert!(store::claim(&mut conn, pool.backend, "default", "w2", 5, t0, t0 + 1000).await.expect("claim").is_empty(), "leased jobs are not claimed twice");
+    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000).await.expect("hb"), vec![id]);
+    assert!(store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000).await.expect("hb").is_empty(), "only the holder extends");
 
     // Retryable failure with attempts left: scheduled again.
-    let outcome = store::fail(
-        &mut conn,
-        id,
-        1,
-        "w1",
-        "TOOL_TIMEOUT",
-        "slow",
-        true,
-        t0 + 5000,
-        t0,
-    )
-    .await
-    .expect("fail");
+    let outcome = store::fail(&mut conn, id, 1, "w1", "TOOL_TIMEOUT", "slow", true, t0 + 5000, t0).await.expect("fail");
     assert_eq!(outcome, FailOutcome::Retry { at: t0 + 5000 });
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
-    assert_eq!(
-        (j.state, j.last_error_code.as_deref()),
-        (JobState::Retryable, Some("TOOL_TIMEOUT"))
-    );
-    assert!(
-        store::claim(
-            &mut conn,
-            pool.backend,
-            "default",
-            "w1",
-            5,
-            t0 + 100,
-            t0 + 1000
-        )
-        .await
-        .expect("claim")
-        .is_empty(),
-        "not due yet"
-    );
+    assert_eq!((j.state, j.last_error_code.as_deref()), (JobState::Retryable, Some("TOOL_TIMEOUT")));
+    assert!(store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 100, t0 + 1000).await.expect("claim").is_empty(), "not due yet");
 
     // Snooze does not count an attempt.
-    let again = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        5,
-        t0 + 6000,
-        t0 + 9000,
-    )
-    .await
-    .expect("claim");
+    let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 6000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert!(
-        !store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000)
-            .await
-            .expect("snooze"),
-        "a stale attempt cannot snooze"
-    );
-    assert!(
-        store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000)
-            .await
-            .expect("snooze")
-    );
+    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"), "a stale attempt cannot snooze");
+    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"));
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.attempt), (JobState::Scheduled, 1));
 
-    let again = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        5,
-        t0 + 7000,
-        t0 + 9000,
-    )
-    .await
-    .expect("claim");
+    let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 7000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert_eq!(
-        store::fail(&mut conn, id, 2, "w1", "E", "m", true, t0 + 8000, t0 + 7000)
-            .await
-            .expect("fail"),
-        FailOutcome::Retry { at: t0 + 8000 }
-    );
-    let last = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        5,
-        t0 + 8000,
-        t0 + 9000,
-    )
-    .await
-    .expect("claim");
+    assert_eq!(store::fail(&mut conn, id, 2, "w1", "E", "m", true, t0 + 8000, t0 + 7000).await.expect("fail"), FailOutcome::Retry { at: t0 + 8000 });
+    let last = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 8000, t0 + 9000).await.expect("claim");
     assert_eq!(last[0].attempt, 3);
     // Out of attempts: discarded even though retryable.
-    assert_eq!(
-        store::fail(
-            &mut conn,
-            id,
-            3,
-            "w1",
-            "E\0\0",
-            "m",
-            true,
-            t0 + 9000,
-            t0 + 8000
-        )
-        .await
-        .expect("fail"),
-        FailOutcome::Discarded
-    );
+    assert_eq!(store::fail(&mut conn, id, 3, "w1", "E\0\0", "m", true, t0 + 9000, t0 + 8000).await.expect("fail"), FailOutcome::Discarded);
     // A permanent failure is discarded at once.
     let other = queue.enqueue(&job("noop")).await.expect("enqueue").job.id;
-    store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        5,
-        t0 + 9000,
-        t0 + 20_000,
-    )
-    .await
-    .expect("claim");
-    assert_eq!(
-        store::fail(
-            &mut conn,
-            other,
-            1,
-            "w1",
-            "TOOL_SCHEMA_INVALID",
-            "bad\0 with a NUL",
-            false,
-            0,
-            t0 + 9000
-        )
-        .await
-        .expect("fail"),
-        FailOutcome::Discarded
-    );
+    store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 9000, t0 + 20_000).await.expect("claim");
+    assert_eq!(store::fail(&mut conn, other, 1, "w1", "TOOL_SCHEMA_INVALID", "bad\0 with a NUL", false, 0, t0 + 9000).await.expect("fail"), FailOutcome::Discarded);
 
-    let timeline: Vec<JobState> = store::events(&mut conn, id)
-        .await
-        .expect("events")
-        .into_iter()
-        .map(|e| e.state)
-        .collect();
+    let timeline: Vec<JobState> = store::events(&mut conn, id).await.expect("events").into_iter().map(|e| e.state).collect();
     use JobState::*;
-    assert_eq!(
-        timeline,
-        vec![
-            Available, Running, Retryable, Running, Scheduled, Running, Retryable, Running,
-            Discarded
-        ]
-    );
+    assert_eq!(timeline, vec![Available, Running, Retryable, Running, Scheduled, Running, Retryable, Running, Discarded]);
 
     // Owner retry gives a discarded job one more attempt.
-    assert!(
-        store::retry_now(&mut conn, id, t0 + 10_000)
-            .await
-            .expect("retry")
-    );
+    assert!(store::retry_now(&mut conn, id, t0 + 10_000).await.expect("retry"));
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.max_attempts), (Available, 4));
 }
@@ -481,152 +201,33 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     let queue = JobQueue::new(pool.clone());
     let t0 = db::now_ms();
     let cancelled = queue.enqueue(&job("noop")).await.expect("e").job.id;
-    let expiring = queue
-        .enqueue(&NewJob {
-            expires_at: Some(t0 + 50),
-            scheduled_at: Some(t0 + 1_000_000),
-            ..job("noop")
-        })
-        .await
-        .expect("e")
-        .job
-        .id;
-    let pending = queue
-        .enqueue(&NewJob {
-            pending: true,
-            ..job("noop")
-        })
-        .await
-        .expect("e")
-        .job
-        .id;
-    let rejected = queue
-        .enqueue(&NewJob {
-            pending: true,
-            ..job("noop")
-        })
-        .await
-        .expect("e")
-        .job
-        .id;
+    let expiring = queue.enqueue(&NewJob { expires_at: Some(t0 + 50), scheduled_at: Some(t0 + 1_000_000), ..job("noop") }).await.expect("e").job.id;
+    let pending = queue.enqueue(&NewJob { pending: true, ..job("noop") }).await.expect("e").job.id;
+    let rejected = queue.enqueue(&NewJob { pending: true, ..job("noop") }).await.expect("e").job.id;
     let mut conn = pool.pool.acquire().await.expect("conn");
-    assert_eq!(
-        store::get(&mut conn, expiring)
-            .await
-            .expect("g")
-            .map(|j| j.state),
-        Some(JobState::Scheduled)
-    );
-    assert!(
-        store::cancel(&mut conn, cancelled, "owner cancelled", t0)
-            .await
-            .expect("cancel")
-    );
-    assert!(
-        !store::cancel(&mut conn, cancelled, "again", t0)
-            .await
-            .expect("cancel"),
-        "finished jobs stay finished"
-    );
+    assert_eq!(store::get(&mut conn, expiring).await.expect("g").map(|j| j.state), Some(JobState::Scheduled));
+    assert!(store::cancel(&mut conn, cancelled, "owner cancelled", t0).await.expect("cancel"));
+    assert!(!store::cancel(&mut conn, cancelled, "again", t0).await.expect("cancel"), "finished jobs stay finished");
 
-    assert_eq!(
-        store::expire(&mut conn, pool.backend, t0 + 100)
-            .await
-            .expect("expire"),
-        vec![expiring]
-    );
-    assert_eq!(
-        store::get(&mut conn, expiring)
-            .await
-            .expect("g")
-            .and_then(|j| j.last_error_code),
-        Some("JOB_EXPIRED".into())
-    );
+    assert_eq!(store::expire(&mut conn, pool.backend, t0 + 100).await.expect("expire"), vec![expiring]);
+    assert_eq!(store::get(&mut conn, expiring).await.expect("g").and_then(|j| j.last_error_code), Some("JOB_EXPIRED".into()));
 
     // Pending jobs are never claimed until released.
-    let claimed = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        10,
-        t0 + 200,
-        t0 + 300,
-    )
-    .await
-    .expect("claim");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 300).await.expect("claim");
     assert!(claimed.is_empty(), "{claimed:?}");
-    assert!(
-        store::release_pending(&mut conn, pending, true, t0 + 200)
-            .await
-            .expect("approve")
-    );
-    assert!(
-        store::release_pending(&mut conn, rejected, false, t0 + 200)
-            .await
-            .expect("reject")
-    );
-    assert_eq!(
-        store::get(&mut conn, rejected)
-            .await
-            .expect("g")
-            .map(|j| j.state),
-        Some(JobState::Cancelled)
-    );
-    let claimed = store::claim(
-        &mut conn,
-        pool.backend,
-        "default",
-        "w1",
-        10,
-        t0 + 200,
-        t0 + 300,
-    )
-    .await
-    .expect("claim");
-    assert_eq!(
-        claimed.iter().map(|j| j.id).collect::<Vec<_>>(),
-        vec![pending]
-    );
+    assert!(store::release_pending(&mut conn, pending, true, t0 + 200).await.expect("approve"));
+    assert!(store::release_pending(&mut conn, rejected, false, t0 + 200).await.expect("reject"));
+    assert_eq!(store::get(&mut conn, rejected).await.expect("g").map(|j| j.state), Some(JobState::Cancelled));
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 300).await.expect("claim");
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![pending]);
 
     // The worker died: its lease runs out and the job is rescued for a retry.
-    assert_eq!(
-        store::rescue(&mut conn, pool.backend, t0 + 250)
-            .await
-            .expect("rescue"),
-        Vec::<i64>::new(),
-        "lease still valid"
-    );
-    assert_eq!(
-        store::rescue(&mut conn, pool.backend, t0 + 400)
-            .await
-            .expect("rescue"),
-        vec![pending]
-    );
-    let j = store::get(&mut conn, pending)
-        .await
-        .expect("g")
-        .expect("job");
-    assert_eq!(
-        (j.state, j.last_error_code.as_deref(), j.lease_owner),
-        (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None)
-    );
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 400).await.expect("rescue"), vec![pending]);
+    let j = store::get(&mut conn, pending).await.expect("g").expect("job");
+    assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.
-    assert_eq!(
-        store::complete(
-            &mut conn,
-            &[Finished {
-                id: pending,
-                attempt: 1,
-                preview: None
-            }],
-            "w1",
-            t0 + 500
-        )
-        .await
-        .expect("complete"),
-        Vec::<i64>::new()
-    );
+    assert_eq!(store::complete(&mut conn, &[Finished { id: pending, attempt: 1, preview: None }], "w1", t0 + 500).await.expect("complete"), Vec::<i64>::new());
 }
 both_backends!(jobs_cancel_expire_rescue, cancel_expire_rescue_pending);
 
@@ -635,93 +236,28 @@ async fn listing_filters_paging_counts(db: TestDb) {
     let queue = JobQueue::new(pool.clone());
     for i in 0..25 {
         let chat = if i % 2 == 0 { "even" } else { "odd" };
-        queue
-            .enqueue(&NewJob {
-                chat_id: Some(chat.into()),
-                tool_name: Some(format!("tool{}", i % 3)),
-                ..job("noop")
-            })
-            .await
-            .expect("e");
+        queue.enqueue(&NewJob { chat_id: Some(chat.into()), tool_name: Some(format!("tool{}", i % 3)), ..job("noop") }).await.expect("e");
     }
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let page1 = store::list(&mut conn, &JobFilter::default(), 10)
-        .await
-        .expect("list");
+    let page1 = store::list(&mut conn, &JobFilter::default(), 10).await.expect("list");
     assert_eq!(page1.len(), 10);
     assert!(page1.windows(2).all(|w| w[0].id > w[1].id), "newest first");
-    let page2 = store::list(
-        &mut conn,
-        &JobFilter {
-            before_id: page1.last().map(|j| j.id),
-            ..Default::default()
-        },
-        10,
-    )
-    .await
-    .expect("list");
+    let page2 = store::list(&mut conn, &JobFilter { before_id: page1.last().map(|j| j.id), ..Default::default() }, 10).await.expect("list");
     assert_eq!(page2.len(), 10);
     assert!(page2[0].id < page1[9].id);
-    let even = store::list(
-        &mut conn,
-        &JobFilter {
-            chat_id: Some("even".into()),
-            ..Default::default()
-        },
-        100,
-    )
-    .await
-    .expect("list");
+    let even = store::list(&mut conn, &JobFilter { chat_id: Some("even".into()), ..Default::default() }, 100).await.expect("list");
     assert_eq!(even.len(), 13);
-    let tool0_even = store::list(
-        &mut conn,
-        &JobFilter {
-            chat_id: Some("even".into()),
-            tool_name: Some("tool0".into()),
-            ..Default::default()
-        },
-        100,
-    )
-    .await
-    .expect("list");
-    assert!(
-        tool0_even.iter().all(
-            |j| j.tool_name.as_deref() == Some("tool0") && j.chat_id.as_deref() == Some("even")
-        )
-    );
+    let tool0_even = store::list(&mut conn, &JobFilter { chat_id: Some("even".into()), tool_name: Some("tool0".into()), ..Default::default() }, 100).await.expect("list");
+    assert!(tool0_even.iter().all(|j| j.tool_name.as_deref() == Some("tool0") && j.chat_id.as_deref() == Some("even")));
     assert_eq!(tool0_even.len(), 5);
     let now = db::now_ms();
-    store::claim(&mut conn, pool.backend, "default", "w", 4, now, now + 1000)
-        .await
-        .expect("claim");
-    let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn)
-        .await
-        .expect("counts")
-        .into_iter()
-        .collect();
+    store::claim(&mut conn, pool.backend, "default", "w", 4, now, now + 1000).await.expect("claim");
+    let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn).await.expect("counts").into_iter().collect();
     assert_eq!(counts.get(&JobState::Running), Some(&4));
     assert_eq!(counts.get(&JobState::Available), Some(&21));
-    let running = store::list(
-        &mut conn,
-        &JobFilter {
-            state: Some(JobState::Running),
-            ..Default::default()
-        },
-        100,
-    )
-    .await
-    .expect("list");
+    let running = store::list(&mut conn, &JobFilter { state: Some(JobState::Running), ..Default::default() }, 100).await.expect("list");
     assert_eq!(running.len(), 4);
-    let future = store::list(
-        &mut conn,
-        &JobFilter {
-            created_from: Some(now + 60_000),
-            ..Default::default()
-        },
-        100,
-    )
-    .await
-    .expect("list");
+    let future = store::list(&mut conn, &JobFilter { created_from: Some(now + 60_000), ..Default::default() }, 100).await.expect("list");
     assert!(future.is_empty());
 }
 both_backends!(jobs_listing, listing_filters_paging_counts);
@@ -749,10 +285,7 @@ impl JobHandler for Probe {
         if n <= self.fail_first {
             return Err(JobError::retryable("TOOL_PROVIDER_ERROR", "flaky"));
         }
-        Ok(JobOutput {
-            preview: Some(format!("done by {}", ctx.idempotency_key())),
-            snooze: None,
-        })
+        Ok(JobOutput { preview: Some(format!("done by {}", ctx.idempotency_key())), snooze: None })
     }
 }
 
@@ -808,16 +341,8 @@ async fn wait_until_finished(pool: &Db, total: usize, within: Duration) -> HashM
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let mut conn = pool.pool.acquire().await.expect("conn");
-        let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn)
-            .await
-            .expect("counts")
-            .into_iter()
-            .collect();
-        let finished: i64 = counts
-            .iter()
-            .filter(|(s, _)| s.is_finished())
-            .map(|(_, n)| n)
-            .sum();
+        let counts: HashMap<JobState, i64> = store::counts_by_state(&mut conn).await.expect("counts").into_iter().collect();
+        let finished: i64 = counts.iter().filter(|(s, _)| s.is_finished()).map(|(_, n)| n).sum();
         if finished as usize >= total || tokio::time::Instant::now() > deadline {
             return counts;
         }
@@ -829,84 +354,32 @@ async fn wait_until_finished(pool: &Db, total: usize, within: Duration) -> HashM
 async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let flaky = Arc::new(Probe {
-        fail_first: 2,
-        ..Default::default()
-    });
-    let slow = Arc::new(Probe {
-        sleep: Duration::from_secs(5),
-        ..Default::default()
-    });
+    let flaky = Arc::new(Probe { fail_first: 2, ..Default::default() });
+    let slow = Arc::new(Probe { sleep: Duration::from_secs(5), ..Default::default() });
     let hook = Arc::new(Counting::default());
     let mut registry = Registry::new();
-    registry
-        .register("flaky", flaky.clone())
-        .register("slow", slow.clone())
-        .register("typed", Arc::new(Typed))
-        .hook(hook.clone());
+    registry.register("flaky", flaky.clone()).register("slow", slow.clone()).register("typed", Arc::new(Typed)).hook(hook.clone());
     let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(
-        Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped),
-    );
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped));
 
     let retried = queue.enqueue(&job("flaky")).await.expect("e").job.id;
     let unknown = queue.enqueue(&job("no.such.kind")).await.expect("e").job.id;
-    let bad_args = queue
-        .enqueue(&NewJob {
-            args: serde_json::json!({"n": "not a number"}),
-            ..job("typed")
-        })
-        .await
-        .expect("e")
-        .job
-        .id;
-    let timed_out = queue
-        .enqueue(&NewJob {
-            max_attempts: 1,
-            ..job("slow")
-        })
-        .await
-        .expect("e")
-        .job
-        .id;
+    let bad_args = queue.enqueue(&NewJob { args: serde_json::json!({"n": "not a number"}), ..job("typed") }).await.expect("e").job.id;
+    let timed_out = queue.enqueue(&NewJob { max_attempts: 1, ..job("slow") }).await.expect("e").job.id;
     let counts = wait_until_finished(&pool, 4, Duration::from_secs(20)).await;
     stop.send(true).expect("stop");
     worker.await.expect("worker");
 
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let r = store::get(&mut conn, retried)
-        .await
-        .expect("g")
-        .expect("job");
+    let r = store::get(&mut conn, retried).await.expect("g").expect("job");
     assert_eq!((r.state, r.attempt), (JobState::Completed, 3), "{counts:?}");
-    assert_eq!(
-        r.result_preview.as_deref(),
-        Some(format!("done by job:{retried}").as_str())
-    );
-    let u = store::get(&mut conn, unknown)
-        .await
-        .expect("g")
-        .expect("job");
-    assert_eq!(
-        (u.state, u.attempt, u.last_error_code.as_deref()),
-        (JobState::Discarded, 1, Some("JOB_KIND_UNKNOWN"))
-    );
-    let b = store::get(&mut conn, bad_args)
-        .await
-        .expect("g")
-        .expect("job");
-    assert_eq!(
-        (b.state, b.attempt, b.last_error_code.as_deref()),
-        (JobState::Discarded, 1, Some("JOB_ARGS_INVALID"))
-    );
-    let t = store::get(&mut conn, timed_out)
-        .await
-        .expect("g")
-        .expect("job");
-    assert_eq!(
-        (t.state, t.last_error_code.as_deref()),
-        (JobState::Discarded, Some("JOB_TIMEOUT"))
-    );
+    assert_eq!(r.result_preview.as_deref(), Some(format!("done by job:{retried}").as_str()));
+    let u = store::get(&mut conn, unknown).await.expect("g").expect("job");
+    assert_eq!((u.state, u.attempt, u.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_KIND_UNKNOWN")));
+    let b = store::get(&mut conn, bad_args).await.expect("g").expect("job");
+    assert_eq!((b.state, b.attempt, b.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_ARGS_INVALID")));
+    let t = store::get(&mut conn, timed_out).await.expect("g").expect("job");
+    assert_eq!((t.state, t.last_error_code.as_deref()), (JobState::Discarded, Some("JOB_TIMEOUT")));
     assert_eq!(hook.ok.load(Ordering::SeqCst), 1);
     assert_eq!(hook.failed_final.load(Ordering::SeqCst), 3);
 }
@@ -927,10 +400,7 @@ async fn several_workers_never_double_claim(db: TestDb) {
         .map(|_| {
             let mut registry = Registry::new();
             registry.register("probe", probe.clone());
-            tokio::spawn(
-                Worker::new(pool.clone(), registry, fast_settings(), queue.waker())
-                    .run(stopped.clone()),
-            )
+            tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped.clone()))
         })
         .collect();
     queue.notify();
@@ -939,11 +409,7 @@ async fn several_workers_never_double_claim(db: TestDb) {
     for w in workers {
         w.await.expect("worker");
     }
-    assert_eq!(
-        counts.get(&JobState::Completed).copied(),
-        Some(total as i64),
-        "{counts:?}"
-    );
+    assert_eq!(counts.get(&JobState::Completed).copied(), Some(total as i64), "{counts:?}");
     {
         let runs = probe.runs.lock().expect("lock");
         assert_eq!(runs.len(), total);
@@ -951,16 +417,9 @@ async fn several_workers_never_double_claim(db: TestDb) {
     }
     // No claim leaked: every job ran on its first attempt and none needed rescuing.
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let (max_attempt,): (i64,) = sqlx::query_as("SELECT MAX(attempt) FROM jobs")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("max");
+    let (max_attempt,): (i64,) = sqlx::query_as("SELECT MAX(attempt) FROM jobs").fetch_one(&mut *conn).await.expect("max");
     assert_eq!(max_attempt, 1);
-    let (rescued,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'")
-            .fetch_one(&mut *conn)
-            .await
-            .expect("count");
+    let (rescued,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").fetch_one(&mut *conn).await.expect("count");
     assert_eq!(rescued, 0);
 }
 both_backends!(workers_no_double_claims, several_workers_never_double_claim);
@@ -969,178 +428,81 @@ async fn graceful_shutdown_releases_unfinished_leases(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
     let mut registry = Registry::new();
-    registry.register(
-        "slow",
-        Arc::new(Probe {
-            sleep: Duration::from_secs(30),
-            ..Default::default()
-        }),
-    );
-    let settings = WorkerSettings {
-        job_timeout: Duration::from_secs(60),
-        shutdown_grace: Duration::from_millis(300),
-        ..fast_settings()
-    };
+    registry.register("slow", Arc::new(Probe { sleep: Duration::from_secs(30), ..Default::default() }));
+    let settings = WorkerSettings { job_timeout: Duration::from_secs(60), shutdown_grace: Duration::from_millis(300), ..fast_settings() };
     let (stop, stopped) = watch::channel(false);
-    let worker =
-        tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
     let id = queue.enqueue(&job("slow")).await.expect("e").job.id;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let mut conn = pool.pool.acquire().await.expect("conn");
-        if store::get(&mut conn, id)
-            .await
-            .expect("g")
-            .is_some_and(|j| j.state == JobState::Running)
-        {
+        if store::get(&mut conn, id).await.expect("g").is_some_and(|j| j.state == JobState::Running) {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "job never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.send(true).expect("stop");
-    tokio::time::timeout(Duration::from_secs(5), worker)
-        .await
-        .expect("stops within the grace period")
-        .expect("worker");
+    tokio::time::timeout(Duration::from_secs(5), worker).await.expect("stops within the grace period").expect("worker");
     let mut conn = pool.pool.acquire().await.expect("conn");
     let j = store::get(&mut conn, id).await.expect("g").expect("job");
-    assert_eq!(
-        (j.state, j.attempt, j.lease_owner),
-        (JobState::Available, 0, None),
-        "released without counting the attempt"
-    );
+    assert_eq!((j.state, j.attempt, j.lease_owner), (JobState::Available, 0, None), "released without counting the attempt");
 }
-both_backends!(
-    worker_graceful_shutdown,
-    graceful_shutdown_releases_unfinished_leases
-);
+both_backends!(worker_graceful_shutdown, graceful_shutdown_releases_unfinished_leases);
 
 async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: TestDb) {
     let app = crate::support::TestApp::new(db).await;
     let mut anonymous = app.client();
     let stream = anonymous.get("/api/jobs/stream").await;
-    assert_eq!(
-        stream.status,
-        axum::http::StatusCode::UNAUTHORIZED,
-        "the live stream is owner-only"
-    );
+    assert_eq!(stream.status, axum::http::StatusCode::UNAUTHORIZED, "the live stream is owner-only");
 
     let mut owner = app.with_owner("ada", "correct horse battery").await;
-    let queued = app
-        .state
-        .jobs
-        .enqueue(&NewJob {
-            scheduled_at: Some(db::now_ms() + 3_600_000),
-            ..job("system.echo")
-        })
-        .await
-        .expect("enqueue");
+    let queued = app.state.jobs.enqueue(&NewJob { scheduled_at: Some(db::now_ms() + 3_600_000), ..job("system.echo") }).await.expect("enqueue");
     let id = queued.job.id.to_string();
-    let res = owner
-        .post_form("/api/cancel_job", &[("id", id.as_str())])
-        .await;
+    let res = owner.post_form("/api/cancel_job", &[("id", id.as_str())]).await;
     assert_eq!(res.status, axum::http::StatusCode::OK, "{}", res.body);
-    let again = owner
-        .post_form("/api/cancel_job", &[("id", id.as_str())])
-        .await;
-    assert_eq!(
-        again.status,
-        axum::http::StatusCode::CONFLICT,
-        "a cancelled job cannot be cancelled again"
-    );
-    let retried = owner
-        .post_form("/api/retry_job", &[("id", id.as_str())])
-        .await;
-    assert_eq!(
-        retried.status,
-        axum::http::StatusCode::OK,
-        "{}",
-        retried.body
-    );
+    let again = owner.post_form("/api/cancel_job", &[("id", id.as_str())]).await;
+    assert_eq!(again.status, axum::http::StatusCode::CONFLICT, "a cancelled job cannot be cancelled again");
+    let retried = owner.post_form("/api/retry_job", &[("id", id.as_str())]).await;
+    assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
 
-    let detail = owner
-        .post_form("/api/get_job", &[("id", id.as_str())])
-        .await
-        .json();
+    let detail = owner.post_form("/api/get_job", &[("id", id.as_str())]).await.json();
     assert_eq!(detail["summary"]["state"], "available");
-    let page = owner
-        .post_form(
-            "/api/list_jobs",
-            &[
-                ("state", "available"),
-                ("tool", ""),
-                ("chat", ""),
-                ("since_minutes", "0"),
-                ("before", "0"),
-            ],
-        )
-        .await
-        .json();
+    let page = owner.post_form("/api/list_jobs", &[("state", "available"), ("tool", ""), ("chat", ""), ("since_minutes", "0"), ("before", "0")]).await.json();
     assert_eq!(page["jobs"][0]["id"], queued.job.id);
 
     let rows = sqlx::query("SELECT event, detail FROM owner_audit WHERE event IN ('job_cancel', 'job_retry') ORDER BY id").fetch_all(&app.state.db.pool).await.expect("audit");
-    let events: Vec<(String, String)> = rows
-        .iter()
-        .map(|r| (sqlx::Row::get(r, 0), sqlx::Row::get(r, 1)))
-        .collect();
+    let events: Vec<(String, String)> = rows.iter().map(|r| (sqlx::Row::get(r, 0), sqlx::Row::get(r, 1))).collect();
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].0, "job_cancel");
-    assert!(
-        events[0].1.contains(&format!("\"job_id\":{id}")),
-        "{events:?}"
-    );
+    assert!(events[0].1.contains(&format!("\"job_id\":{id}")), "{events:?}");
     assert_eq!(events[1].0, "job_retry");
 
     let metrics = owner.get("/metrics").await.body;
     assert!(metrics.contains("jobs{state=\"available\"} 1"), "{metrics}");
 }
-both_backends!(
-    jobs_console_actions,
-    console_job_actions_are_audited_and_live_stream_needs_a_session
-);
+both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);
 
 /// A job enqueued by another process wakes an idle worker at once through LISTEN/NOTIFY, long
 /// before its poll interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notify_wakes_workers_in_other_processes() {
-    let Some(db) = TestDb::postgres().await else {
-        return;
-    };
+    let Some(db) = TestDb::postgres().await else { return };
     let worker_pool = fresh(&db).await;
     let probe = Arc::new(Probe::default());
     let mut registry = Registry::new();
     registry.register("probe", probe.clone());
-    let settings = WorkerSettings {
-        poll_interval: Duration::from_secs(120),
-        ..fast_settings()
-    };
+    let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
     let (stop, stopped) = watch::channel(false);
     // The worker's in-process waker is its own; the enqueuer below shares nothing with it.
-    let worker = tokio::spawn(
-        Worker::new(
-            worker_pool.clone(),
-            registry,
-            settings,
-            Arc::new(tokio::sync::Notify::new()),
-        )
-        .run(stopped),
-    );
+    let worker = tokio::spawn(Worker::new(worker_pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
     tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
 
     let other_process = JobQueue::new(db.connect().await);
-    let id = other_process
-        .enqueue(&job("probe"))
-        .await
-        .expect("enqueue")
-        .job
-        .id;
+    let id = other_process.enqueue(&job("probe")).await.expect("enqueue").job.id;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !probe.runs.lock().expect("lock").contains_key(&id) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the idle worker was not woken"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "the idle worker was not woken");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop.send(true).expect("stop");
@@ -1150,22 +512,13 @@ async fn postgres_notify_wakes_workers_in_other_processes() {
 async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let long = Arc::new(Probe {
-        sleep: Duration::from_millis(1500),
-        ..Default::default()
-    });
+    let long = Arc::new(Probe { sleep: Duration::from_millis(1500), ..Default::default() });
     let mut registry = Registry::new();
     registry.register("long", long.clone());
     // The lease is far shorter than the job: only heartbeats keep it.
-    let settings = WorkerSettings {
-        lease: Duration::from_millis(300),
-        job_timeout: Duration::from_secs(10),
-        maintenance_interval: Duration::from_millis(100),
-        ..fast_settings()
-    };
+    let settings = WorkerSettings { lease: Duration::from_millis(300), job_timeout: Duration::from_secs(10), maintenance_interval: Duration::from_millis(100), ..fast_settings() };
     let (stop, stopped) = watch::channel(false);
-    let worker =
-        tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
     let kept = queue.enqueue(&job("long")).await.expect("e").job.id;
     let cancelled = queue.enqueue(&job("long")).await.expect("e").job.id;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -1174,17 +527,8 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut conn = pool.pool.acquire().await.expect("conn");
-    assert!(
-        store::cancel(&mut conn, cancelled, "owner cancelled", db::now_ms())
-            .await
-            .expect("cancel")
-    );
-    assert!(
-        !store::retry_now(&mut conn, cancelled, db::now_ms())
-            .await
-            .expect("retry"),
-        "not while the cancelled run may still be stopping"
-    );
+    assert!(store::cancel(&mut conn, cancelled, "owner cancelled", db::now_ms()).await.expect("cancel"));
+    assert!(!store::retry_now(&mut conn, cancelled, db::now_ms()).await.expect("retry"), "not while the cancelled run may still be stopping");
     drop(conn);
     wait_until_finished(&pool, 2, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -1192,33 +536,10 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     worker.await.expect("worker");
     let mut conn = pool.pool.acquire().await.expect("conn");
     let k = store::get(&mut conn, kept).await.expect("g").expect("job");
-    assert_eq!(
-        (k.state, k.attempt),
-        (JobState::Completed, 1),
-        "heartbeats kept the lease: no rescue, no second attempt"
-    );
-    let c = store::get(&mut conn, cancelled)
-        .await
-        .expect("g")
-        .expect("job");
-    assert_eq!(
-        c.state,
-        JobState::Cancelled,
-        "the stopped run did not complete the cancelled job"
-    );
-    assert_eq!(
-        long.runs.lock().expect("lock").values().sum::<usize>(),
-        2,
-        "each ran once"
-    );
-    assert!(
-        store::retry_now(&mut conn, cancelled, db::now_ms() + 1000)
-            .await
-            .expect("retry"),
-        "once its lease ran out, it can be retried"
-    );
+    assert_eq!((k.state, k.attempt), (JobState::Completed, 1), "heartbeats kept the lease: no rescue, no second attempt");
+    let c = store::get(&mut conn, cancelled).await.expect("g").expect("job");
+    assert_eq!(c.state, JobState::Cancelled, "the stopped run did not complete the cancelled job");
+    assert_eq!(long.runs.lock().expect("lock").values().sum::<usize>(), 2, "each ran once");
+    assert!(store::retry_now(&mut conn, cancelled, db::now_ms() + 1000).await.expect("retry"), "once its lease ran out, it can be retried");
 }
-both_backends!(
-    worker_heartbeat_and_cancel,
-    heartbeats_keep_long_jobs_and_cancel_stops_a_run
-);
+both_backends!(worker_heartbeat_and_cancel, heartbeats_keep_long_jobs_and_cancel_stops_a_run);

@@ -15,9 +15,7 @@ use server::{
         Db,
         jobs::{self as store, JobState, NewJob},
     },
-    jobs::{
-        JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings,
-    },
+    jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
 use sqlx::Row;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
@@ -27,11 +25,7 @@ use crate::{both_backends, support::TestDb};
 fn probe_bin() -> std::path::PathBuf {
     // target/<profile>/deps/it-<hash> -> target/<profile>/examples/job_probe
     let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .join("examples")
-        .join("job_probe")
+    exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples").join("job_probe")
 }
 
 /// A lease this short lets the crash test rescue quickly; the scale-out test uses a long one, so
@@ -43,20 +37,9 @@ fn spawn_probe(url: &str, sleep_ms: u64, lease: Duration, concurrency: u32) -> C
     spawn_probe_with(url, sleep_ms, lease, concurrency, &[])
 }
 
-fn spawn_probe_with(
-    url: &str,
-    sleep_ms: u64,
-    lease: Duration,
-    concurrency: u32,
-    env: &[(&str, &str)],
-) -> Child {
+fn spawn_probe_with(url: &str, sleep_ms: u64, lease: Duration, concurrency: u32, env: &[(&str, &str)]) -> Child {
     Command::new(probe_bin())
-        .args([
-            url,
-            &sleep_ms.to_string(),
-            &lease.as_millis().to_string(),
-            &concurrency.to_string(),
-        ])
+        .args([url, &sleep_ms.to_string(), &lease.as_millis().to_string(), &concurrency.to_string()])
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -68,26 +51,12 @@ fn spawn_probe_with(
 async fn prepare(db: &TestDb, jobs: usize) -> Db {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
-    sqlx::query("CREATE TABLE probe_runs (job_id BIGINT NOT NULL, pid BIGINT NOT NULL)")
-        .execute(&pool.pool)
-        .await
-        .expect("table");
-    sqlx::query(
-        "CREATE TABLE probe_effects (idempotency_key TEXT PRIMARY KEY, pid BIGINT NOT NULL)",
-    )
-    .execute(&pool.pool)
-    .await
-    .expect("table");
+    sqlx::query("CREATE TABLE probe_runs (job_id BIGINT NOT NULL, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
+    sqlx::query("CREATE TABLE probe_effects (idempotency_key TEXT PRIMARY KEY, pid BIGINT NOT NULL)").execute(&pool.pool).await.expect("table");
     let queue = JobQueue::new(pool.clone());
     let mut tx = pool.begin_write().await.expect("begin");
     for _ in 0..jobs {
-        let job = NewJob {
-            kind: "probe".into(),
-            max_attempts: 5,
-            correlation_id: "t".into(),
-            args: serde_json::json!({}),
-            ..Default::default()
-        };
+        let job = NewJob { kind: "probe".into(), max_attempts: 5, correlation_id: "t".into(), args: serde_json::json!({}), ..Default::default() };
         queue.enqueue_in(&mut tx, &job).await.expect("enqueue");
     }
     tx.commit().await.expect("commit");
@@ -95,11 +64,7 @@ async fn prepare(db: &TestDb, jobs: usize) -> Db {
 }
 
 async fn scalar(pool: &Db, sql: &str) -> i64 {
-    sqlx::query(sql)
-        .fetch_one(&pool.pool)
-        .await
-        .expect(sql)
-        .get::<i64, _>(0)
+    sqlx::query(sql).fetch_one(&pool.pool).await.expect(sql).get::<i64, _>(0)
 }
 
 async fn wait_completed(pool: &Db, total: i64, within: Duration) -> i64 {
@@ -114,9 +79,7 @@ async fn wait_completed(pool: &Db, total: i64, within: Duration) -> i64 {
 }
 
 fn stop(mut child: Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
 }
 
@@ -126,10 +89,7 @@ async fn kill_9_mid_run_then_restart(db: TestDb) {
     let mut first = spawn_probe(&db.url, 40, SHORT_LEASE, 16);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await < 40 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "probe never started"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "probe never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     first.kill().expect("SIGKILL");
@@ -142,32 +102,17 @@ async fn kill_9_mid_run_then_restart(db: TestDb) {
     stop(second);
     assert_eq!(done, total as i64, "every job completes after the restart");
     let effects = scalar(&pool, "SELECT COUNT(*) FROM probe_effects").await;
-    assert_eq!(
-        effects, total as i64,
-        "each job's effect happened exactly once"
-    );
+    assert_eq!(effects, total as i64, "each job's effect happened exactly once");
     let runs = scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await;
-    assert!(
-        runs > total as i64,
-        "interrupted jobs ran again (at least once): {runs} runs"
-    );
-    let rescued = scalar(
-        &pool,
-        "SELECT COUNT(DISTINCT job_id) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'",
-    )
-    .await;
-    assert!(
-        rescued >= running,
-        "the jobs the dead process held were rescued: {rescued} < {running}"
-    );
+    assert!(runs > total as i64, "interrupted jobs ran again (at least once): {runs} runs");
+    let rescued = scalar(&pool, "SELECT COUNT(DISTINCT job_id) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").await;
+    assert!(rescued >= running, "the jobs the dead process held were rescued: {rescued} < {running}");
 }
 both_backends!(jobs_survive_kill_9, kill_9_mid_run_then_restart);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_postgres_without_double_runs() {
-    let Some(db) = TestDb::postgres().await else {
-        return;
-    };
+    let Some(db) = TestDb::postgres().await else { return };
     let total = 10_000;
     let pool = prepare(&db, total).await;
     let a = spawn_probe(&db.url, 0, LONG_LEASE, 32);
@@ -176,21 +121,10 @@ async fn two_processes_share_postgres_without_double_runs() {
     stop(a);
     stop(b);
     assert_eq!(done, total as i64);
-    let rescued = scalar(
-        &pool,
-        "SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'",
-    )
-    .await;
-    assert_eq!(
-        scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await,
-        total as i64,
-        "no job ran twice ({rescued} leases expired)"
-    );
+    let rescued = scalar(&pool, "SELECT COUNT(*) FROM job_events WHERE error_code = 'JOB_LEASE_EXPIRED'").await;
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM probe_runs").await, total as i64, "no job ran twice ({rescued} leases expired)");
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM (SELECT job_id FROM probe_runs GROUP BY job_id HAVING COUNT(*) > 1) dup").await, 0);
-    let per_process = sqlx::query("SELECT pid, COUNT(*) FROM probe_runs GROUP BY pid")
-        .fetch_all(&pool.pool)
-        .await
-        .expect("per pid");
+    let per_process = sqlx::query("SELECT pid, COUNT(*) FROM probe_runs GROUP BY pid").fetch_all(&pool.pool).await.expect("per pid");
     assert_eq!(per_process.len(), 2, "both processes did work");
 }
 
@@ -199,70 +133,31 @@ async fn two_processes_share_postgres_without_double_runs() {
 /// while the first send is still in flight at Meta. Each part goes out once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_send_each_reply_part_once() {
-    let Some(db) = TestDb::postgres().await else {
-        return;
-    };
+    let Some(db) = TestDb::postgres().await else { return };
     let pool = prepare(&db, 0).await;
     let graph = crate::jobs_race::GatedGraph::start(true).await;
     let held = graph.held().expect("gate");
-    let text = [
-        "First part of a long answer. ".repeat(100),
-        "Second part, still going. ".repeat(100),
-        "Third and last part. ".repeat(100),
-    ]
-    .join("\n\n");
-    let job = NewJob {
-        kind: "probe_send".into(),
-        max_attempts: 20,
-        correlation_id: "t".into(),
-        args: serde_json::json!({ "text": text }),
-        ..Default::default()
-    };
-    let id = JobQueue::new(pool.clone())
-        .enqueue(&job)
-        .await
-        .expect("enqueue")
-        .job
-        .id;
+    let text = ["First part of a long answer. ".repeat(100), "Second part, still going. ".repeat(100), "Third and last part. ".repeat(100)].join("\n\n");
+    let job = NewJob { kind: "probe_send".into(), max_attempts: 20, correlation_id: "t".into(), args: serde_json::json!({ "text": text }), ..Default::default() };
+    let id = JobQueue::new(pool.clone()).enqueue(&job).await.expect("enqueue").job.id;
     // A lease this long never lapses on its own, and its heartbeat does not notice the rescue
     // before the held send is released.
     let env = [("PROBE_GRAPH_URL", graph.base_url.as_str())];
     let a = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
-    tokio::time::timeout(Duration::from_secs(60), graph.first_arrived())
-        .await
-        .expect("the first process starts sending");
+    tokio::time::timeout(Duration::from_secs(60), graph.first_arrived()).await.expect("the first process starts sending");
     let b = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
 
     // Forced lease expiry, and the rescuer's round, in one transaction (the first process's
     // heartbeat cannot extend the lease in between).
     let mut tx = pool.begin_write().await.expect("begin");
-    sqlx::query("UPDATE jobs SET lease_expires_at = 0 WHERE id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .expect("expire the lease");
-    assert_eq!(
-        store::rescue(&mut tx, pool.backend, server::db::now_ms())
-            .await
-            .expect("rescue"),
-        vec![id]
-    );
+    sqlx::query("UPDATE jobs SET lease_expires_at = 0 WHERE id = $1").bind(id).execute(&mut *tx).await.expect("expire the lease");
+    assert_eq!(store::rescue(&mut tx, pool.backend, server::db::now_ms()).await.expect("rescue"), vec![id]);
     tx.commit().await.expect("commit");
     // Another run starts while part 0 is still in flight: it backs off, or (the bug) sends.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let fenced = scalar(
-            &pool,
-            "SELECT COUNT(*) FROM job_events WHERE error_code = 'WHATSAPP_SEND_IN_PROGRESS'",
-        )
-        .await;
-        if fenced > 0
-            || graph
-                .sends()
-                .get(&format!("job:{id}:part:0"))
-                .is_some_and(|n| *n > 1)
-            || tokio::time::Instant::now() > deadline
-        {
+        let fenced = scalar(&pool, "SELECT COUNT(*) FROM job_events WHERE error_code = 'WHATSAPP_SEND_IN_PROGRESS'").await;
+        if fenced > 0 || graph.sends().get(&format!("job:{id}:part:0")).is_some_and(|n| *n > 1) || tokio::time::Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -278,26 +173,13 @@ async fn two_processes_send_each_reply_part_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(
-        done,
-        1,
-        "the reply job completes: {events:#?}, sends {:?}",
-        graph.sends()
-    );
-    let runs = scalar(
-        &pool,
-        &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {id} AND state = 'running'"),
-    )
-    .await;
+    assert_eq!(done, 1, "the reply job completes: {events:#?}, sends {:?}", graph.sends());
+    let runs = scalar(&pool, &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {id} AND state = 'running'")).await;
     assert!(runs >= 2, "the job ran more than once ({runs} runs)");
     let sends = graph.sends();
-    let parts =
-        server::channel::whatsapp::split::split(&text, server::channel::whatsapp::split::MAX_CHARS)
-            .len();
+    let parts = server::channel::whatsapp::split::split(&text, server::channel::whatsapp::split::MAX_CHARS).len();
     assert!(parts > 1, "a reply of several parts");
-    let expected: std::collections::HashMap<String, usize> = (0..parts)
-        .map(|n| (format!("job:{id}:part:{n}"), 1))
-        .collect();
+    let expected: std::collections::HashMap<String, usize> = (0..parts).map(|n| (format!("job:{id}:part:{n}"), 1)).collect();
     assert_eq!(sends, expected, "one send per part");
 }
 
@@ -362,45 +244,22 @@ async fn outage_backs_off_and_resumes(db: TestDb) {
     let mut proxy = None;
     let worker_db = if is_pg {
         let url = url::Url::parse(&db.url).expect("url");
-        let target = format!(
-            "{}:{}",
-            url.host_str().unwrap_or("127.0.0.1"),
-            url.port().unwrap_or(5432)
-        );
+        let target = format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(5432));
         let p = FlakyProxy::start(target).await;
         let mut via = url.clone();
         via.set_port(Some(p.port)).expect("port");
         proxy = Some(p);
-        Db::connect(&server::config::DatabaseSettings {
-            url: via.to_string(),
-            acquire_timeout: Duration::from_millis(500),
-            ..Default::default()
-        })
-        .await
-        .expect("connect")
+        Db::connect(&server::config::DatabaseSettings { url: via.to_string(), acquire_timeout: Duration::from_millis(500), ..Default::default() }).await.expect("connect")
     } else {
-        Db::connect(&server::config::DatabaseSettings {
-            url: db.url.clone(),
-            busy_timeout: Duration::from_millis(20),
-            ..Default::default()
-        })
-        .await
-        .expect("connect")
+        Db::connect(&server::config::DatabaseSettings { url: db.url.clone(), busy_timeout: Duration::from_millis(20), ..Default::default() }).await.expect("connect")
     };
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut registry = Registry::new();
     registry.register("probe", Arc::new(Counter(runs.clone())));
-    let settings = WorkerSettings {
-        concurrency: 4,
-        poll_interval: Duration::from_millis(50),
-        lease: Duration::from_secs(30),
-        ..Default::default()
-    };
+    let settings = WorkerSettings { concurrency: 4, poll_interval: Duration::from_millis(50), lease: Duration::from_secs(30), ..Default::default() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let queue = JobQueue::new(worker_db.clone());
-    let worker = tokio::spawn(
-        Worker::new(worker_db.clone(), registry, settings, queue.waker()).run(stop_rx),
-    );
+    let worker = tokio::spawn(Worker::new(worker_db.clone(), registry, settings, queue.waker()).run(stop_rx));
 
     while runs.load(Ordering::SeqCst) < 50 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -411,46 +270,27 @@ async fn outage_backs_off_and_resumes(db: TestDb) {
         None
     } else {
         let mut conn = pool.pool.acquire().await.expect("conn").detach();
-        sqlx::query("BEGIN EXCLUSIVE")
-            .execute(&mut conn)
-            .await
-            .expect("lock");
+        sqlx::query("BEGIN EXCLUSIVE").execute(&mut conn).await.expect("lock");
         Some(conn)
     };
     let during = runs.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let completed_during =
-        scalar(&pool, "SELECT COUNT(*) FROM jobs WHERE state = 'completed'").await;
+    let completed_during = scalar(&pool, "SELECT COUNT(*) FROM jobs WHERE state = 'completed'").await;
     if let Some(p) = &proxy {
         p.restore();
     }
     if let Some(mut conn) = lock_holder {
-        sqlx::query("COMMIT")
-            .execute(&mut conn)
-            .await
-            .expect("unlock");
+        sqlx::query("COMMIT").execute(&mut conn).await.expect("unlock");
     }
-    assert!(
-        completed_during < total as i64,
-        "the outage happened mid-run"
-    );
+    assert!(completed_during < total as i64, "the outage happened mid-run");
     let done = wait_completed(&pool, total as i64, Duration::from_secs(60)).await;
     stop_tx.send(true).expect("stop");
     worker.await.expect("worker");
-    assert_eq!(
-        done, total as i64,
-        "nothing lost: every job completed after the outage"
-    );
+    assert_eq!(done, total as i64, "nothing lost: every job completed after the outage");
     assert!(runs.load(Ordering::SeqCst) >= total, "every job ran");
-    assert!(
-        runs.load(Ordering::SeqCst) > during,
-        "work resumed after the outage"
-    );
+    assert!(runs.load(Ordering::SeqCst) > during, "work resumed after the outage");
     let mut conn = pool.pool.acquire().await.expect("conn");
     let counts = store::counts_by_state(&mut conn).await.expect("counts");
-    assert!(
-        counts.iter().all(|(s, _)| *s == JobState::Completed),
-        "{counts:?}"
-    );
+    assert!(counts.iter().all(|(s, _)| *s == JobState::Completed), "{counts:?}");
 }
 both_backends!(jobs_survive_db_outage, outage_backs_off_and_resumes);

@@ -14,9 +14,7 @@ use std::{
 use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 use server::{
-    channel::whatsapp::{
-        Recipient, SendOutcome, WhatsAppSender, graph::GraphClient, sender::SEND_IN_PROGRESS,
-    },
+    channel::whatsapp::{Recipient, SendOutcome, WhatsAppSender, graph::GraphClient, sender::SEND_IN_PROGRESS},
     config::WhatsAppSettings,
     db::{
         self, Backend, Db,
@@ -30,13 +28,7 @@ use tokio::{sync::Notify, task::JoinHandle};
 use crate::{both_backends, support::TestDb};
 
 fn job() -> NewJob {
-    NewJob {
-        kind: "noop".into(),
-        max_attempts: 3,
-        correlation_id: "race".into(),
-        args: json!({}),
-        ..Default::default()
-    }
+    NewJob { kind: "noop".into(), max_attempts: 3, correlation_id: "race".into(), args: json!({}), ..Default::default() }
 }
 
 async fn fresh(db: &TestDb) -> Db {
@@ -69,42 +61,22 @@ async fn blocked_or_done<T>(pool: &Db, task: &JoinHandle<T>) {
 /// completed job back into `retryable` (it would run again and repeat its effects).
 async fn rescue_racing_a_completion(db: TestDb) {
     let pool = fresh(&db).await;
-    let id = JobQueue::new(pool.clone())
-        .enqueue(&job())
-        .await
-        .expect("enqueue")
-        .job
-        .id;
+    let id = JobQueue::new(pool.clone()).enqueue(&job()).await.expect("enqueue").job.id;
     // After the enqueue, so the job is due.
     let t0 = db::now_ms();
     let mut conn = pool.pool.acquire().await.expect("conn");
     // Claimed with a lease that has already run out: the worker is late, but alive.
-    store::claim(&mut conn, pool.backend, "default", "w1", 1, t0, t0 + 10)
-        .await
-        .expect("claim");
+    store::claim(&mut conn, pool.backend, "default", "w1", 1, t0, t0 + 10).await.expect("claim");
     drop(conn);
 
     let mut worker = pool.begin_write().await.expect("begin");
-    let done = store::complete(
-        &mut worker,
-        &[Finished {
-            id,
-            attempt: 1,
-            preview: None,
-        }],
-        "w1",
-        t0 + 20,
-    )
-    .await
-    .expect("complete");
+    let done = store::complete(&mut worker, &[Finished { id, attempt: 1, preview: None }], "w1", t0 + 20).await.expect("complete");
     assert_eq!(done, vec![id]);
 
     let rescuer_pool = pool.clone();
     let rescuer = tokio::spawn(async move {
         let mut tx = rescuer_pool.begin_write().await.expect("begin");
-        let rescued = store::rescue(&mut tx, rescuer_pool.backend, t0 + 1000)
-            .await
-            .expect("rescue");
+        let rescued = store::rescue(&mut tx, rescuer_pool.backend, t0 + 1000).await.expect("rescue");
         tx.commit().await.expect("commit");
         rescued
     });
@@ -114,12 +86,7 @@ async fn rescue_racing_a_completion(db: TestDb) {
 
     let mut conn = pool.pool.acquire().await.expect("conn");
     let job = store::get(&mut conn, id).await.expect("get").expect("job");
-    assert_eq!(
-        job.state,
-        JobState::Completed,
-        "the completion stands (rescued: {rescued:?}, error: {:?})",
-        job.last_error_code
-    );
+    assert_eq!(job.state, JobState::Completed, "the completion stands (rescued: {rescued:?}, error: {:?})", job.last_error_code);
     assert!(rescued.is_empty(), "{rescued:?}");
 }
 both_backends!(jobs_rescue_races_completion, rescue_racing_a_completion);
@@ -128,37 +95,17 @@ both_backends!(jobs_rescue_races_completion, rescue_racing_a_completion);
 async fn expire_racing_a_claim(db: TestDb) {
     let pool = fresh(&db).await;
     let ttl_end = db::now_ms() + 60_000;
-    let id = JobQueue::new(pool.clone())
-        .enqueue(&NewJob {
-            expires_at: Some(ttl_end),
-            ..job()
-        })
-        .await
-        .expect("enqueue")
-        .job
-        .id;
+    let id = JobQueue::new(pool.clone()).enqueue(&NewJob { expires_at: Some(ttl_end), ..job() }).await.expect("enqueue").job.id;
     let t0 = db::now_ms();
 
     let mut worker = pool.begin_write().await.expect("begin");
-    let claimed = store::claim(
-        &mut worker,
-        pool.backend,
-        "default",
-        "w1",
-        1,
-        t0,
-        t0 + 60_000,
-    )
-    .await
-    .expect("claim");
+    let claimed = store::claim(&mut worker, pool.backend, "default", "w1", 1, t0, t0 + 60_000).await.expect("claim");
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
 
     let expirer_pool = pool.clone();
     let expirer = tokio::spawn(async move {
         let mut tx = expirer_pool.begin_write().await.expect("begin");
-        let expired = store::expire(&mut tx, expirer_pool.backend, ttl_end + 1)
-            .await
-            .expect("expire");
+        let expired = store::expire(&mut tx, expirer_pool.backend, ttl_end + 1).await.expect("expire");
         tx.commit().await.expect("commit");
         expired
     });
@@ -168,28 +115,10 @@ async fn expire_racing_a_claim(db: TestDb) {
 
     let mut conn = pool.pool.acquire().await.expect("conn");
     let job = store::get(&mut conn, id).await.expect("get").expect("job");
-    assert_eq!(
-        (job.state, job.lease_owner.as_deref()),
-        (JobState::Running, Some("w1")),
-        "the claim stands (expired: {expired:?})"
-    );
+    assert_eq!((job.state, job.lease_owner.as_deref()), (JobState::Running, Some("w1")), "the claim stands (expired: {expired:?})");
     assert!(expired.is_empty(), "{expired:?}");
     // Its worker's result still counts.
-    assert_eq!(
-        store::complete(
-            &mut conn,
-            &[Finished {
-                id,
-                attempt: 1,
-                preview: None
-            }],
-            "w1",
-            ttl_end + 2
-        )
-        .await
-        .expect("complete"),
-        vec![id]
-    );
+    assert_eq!(store::complete(&mut conn, &[Finished { id, attempt: 1, preview: None }], "w1", ttl_end + 2).await.expect("complete"), vec![id]);
 }
 both_backends!(jobs_expire_races_claim, expire_racing_a_claim);
 
@@ -209,22 +138,15 @@ impl GatedGraph {
         if hold_first {
             *graph.gate.lock().expect("gate") = Some(Arc::new(Notify::new()));
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         graph.base_url = format!("http://{}", listener.local_addr().expect("addr"));
-        let app = Router::new()
-            .route("/{version}/{phone}/messages", post(Self::answer))
-            .with_state(graph.clone());
+        let app = Router::new().route("/{version}/{phone}/messages", post(Self::answer)).with_state(graph.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         graph
     }
 
     async fn answer(State(graph): State<GatedGraph>, Json(body): Json<Value>) -> Json<Value> {
-        let key = body["biz_opaque_callback_data"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let key = body["biz_opaque_callback_data"].as_str().unwrap_or_default().to_string();
         let n = {
             let mut sends = graph.sends.lock().expect("sends");
             let n = sends.entry(key.clone()).or_default();
@@ -236,9 +158,7 @@ impl GatedGraph {
             graph.arrived.notify_one();
             gate.notified().await;
         }
-        Json(
-            json!({ "messaging_product": "whatsapp", "messages": [{ "id": format!("wamid.{key}.{n}") }] }),
-        )
+        Json(json!({ "messaging_product": "whatsapp", "messages": [{ "id": format!("wamid.{key}.{n}") }] }))
     }
 
     /// Waits until the held first send has arrived.
@@ -275,8 +195,7 @@ pub fn sender_settings(graph: &GatedGraph) -> WhatsAppSettings {
 
 fn sender(pool: &Db, graph: &GatedGraph) -> WhatsAppSender {
     let settings = sender_settings(graph);
-    let client =
-        GraphClient::new(&settings, Some("test-access-token".to_string().into())).expect("client");
+    let client = GraphClient::new(&settings, Some("test-access-token".to_string().into())).expect("client");
     WhatsAppSender::new(pool.clone(), client, settings)
 }
 
@@ -287,57 +206,24 @@ async fn two_runs_send_each_part_once(db: TestDb) {
     let graph = GatedGraph::start(true).await;
     let held = graph.held().expect("gate");
     let (first, second) = (Arc::new(sender(&pool, &graph)), sender(&pool, &graph));
-    let to = Recipient {
-        id: "16505551234".into(),
-        group: false,
-    };
+    let to = Recipient { id: "16505551234".into(), group: false };
 
     let first_run = {
         let (first, to) = (first.clone(), to.clone());
-        tokio::spawn(async move {
-            first
-                .send_text(900, &to, "Your order has shipped.", None)
-                .await
-        })
+        tokio::spawn(async move { first.send_text(900, &to, "Your order has shipped.", None).await })
     };
     graph.first_arrived().await;
     // The first run's part is in flight at Meta. The second run must not send it too.
-    let overlapping = second
-        .send_text(900, &to, "Your order has shipped.", None)
-        .await;
+    let overlapping = second.send_text(900, &to, "Your order has shipped.", None).await;
     graph.release(&held);
     let first_outcome = first_run.await.expect("join").expect("first run sends");
-    assert_eq!(
-        first_outcome,
-        SendOutcome::Sent {
-            parts: 1,
-            already_sent: 0
-        }
-    );
+    assert_eq!(first_outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
     match overlapping {
-        Err(server::channel::whatsapp::sender::SendError::Retry { code, .. }) => {
-            assert_eq!(code, SEND_IN_PROGRESS)
-        }
-        other => panic!(
-            "the overlapping run must back off, not send: {other:?} (sends: {:?})",
-            graph.sends()
-        ),
+        Err(server::channel::whatsapp::sender::SendError::Retry { code, .. }) => assert_eq!(code, SEND_IN_PROGRESS),
+        other => panic!("the overlapping run must back off, not send: {other:?} (sends: {:?})", graph.sends()),
     }
     // Its retry finds the part sent.
-    assert_eq!(
-        second
-            .send_text(900, &to, "Your order has shipped.", None)
-            .await
-            .expect("retry"),
-        SendOutcome::Sent {
-            parts: 1,
-            already_sent: 1
-        }
-    );
-    assert_eq!(
-        graph.sends(),
-        HashMap::from([("job:900:part:0".to_string(), 1)]),
-        "one send per part"
-    );
+    assert_eq!(second.send_text(900, &to, "Your order has shipped.", None).await.expect("retry"), SendOutcome::Sent { parts: 1, already_sent: 1 });
+    assert_eq!(graph.sends(), HashMap::from([("job:900:part:0".to_string(), 1)]), "one send per part");
 }
 both_backends!(whatsapp_two_runs_one_send, two_runs_send_each_part_once);

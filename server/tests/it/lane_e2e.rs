@@ -104,9 +104,7 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             }),
         )
         .with_state(shop.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     (addr, shop)
@@ -235,14 +233,8 @@ path = "sales"
 
 /// The shipped `[lane]` (texts and detector) as `gatehouse.toml` ships it.
 fn shipped_lane() -> server::config::LaneSettings {
-    let path = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../config/gatehouse.toml"
-    ));
-    server::config::load(path)
-        .expect("shipped config")
-        .settings
-        .lane
+    let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
+    server::config::load(path).expect("shipped config").settings.lane
 }
 
 /// The planner proposes `refund_order`, `sales_report` or `order_status` for the order number in
@@ -362,28 +354,17 @@ pub(crate) async fn rig(db: TestDb, tweak: impl FnOnce(&mut Settings) + Send + '
 }
 
 /// [`rig`] with other tools (and connector actions appended to the shop's).
-pub(crate) async fn rig_with(
-    db: TestDb,
-    tools: &str,
-    actions: &str,
-    tweak: impl FnOnce(&mut Settings) + Send + 'static,
-) -> Rig {
+pub(crate) async fn rig_with(db: TestDb, tools: &str, actions: &str, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
     let (addr, shop) = shop().await;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("tools.toml"), tools).expect("tools");
-    std::fs::write(
-        dir.path().join("connectors.toml"),
-        connectors(addr) + actions,
-    )
-    .expect("connectors");
+    std::fs::write(dir.path().join("connectors.toml"), connectors(addr) + actions).expect("connectors");
     let graph = FakeGraph::start().await;
     let (llm, llm_url) = Fake::start().await;
     plan_for_the_shop(&llm);
     let secrets = Secrets::from_lookup(|name| match name {
         "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
-        other => crate::whatsapp::secrets()
-            .by_name(other)
-            .map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+        other => crate::whatsapp::secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
     });
     let base = graph.base_url.clone();
     let app = TestApp::in_dir_with(db, dir.path(), secrets, move |s| {
@@ -401,27 +382,15 @@ pub(crate) async fn rig_with(
         tweak(s);
     })
     .await;
-    Rig {
-        app,
-        graph,
-        llm,
-        shop,
-        dir,
-    }
+    Rig { app, graph, llm, shop, dir }
 }
 
 impl Rig {
     /// Posts the messages and runs the worker until every job (messages and tool calls) has
     /// finished and `sends` messages went out.
     pub(crate) async fn exchange(&self, messages: &[(&str, &str)], sends: usize) {
-        let items: Vec<Value> = messages
-            .iter()
-            .map(|(wamid, text)| text_message(CUSTOMER, wamid, text))
-            .collect();
-        assert_eq!(
-            post_signed(&self.app, &envelope(vec![items])).await.status,
-            axum::http::StatusCode::OK
-        );
+        let items: Vec<Value> = messages.iter().map(|(wamid, text)| text_message(CUSTOMER, wamid, text)).collect();
+        assert_eq!(post_signed(&self.app, &envelope(vec![items])).await.status, axum::http::StatusCode::OK);
         let (stop, stopped) = watch::channel(false);
         let worker = tokio::spawn(self.app.gatehouse.worker().run(stopped));
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -432,11 +401,7 @@ impl Rig {
             if open == 0 && self.graph.sends().len() >= sends {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{open} job(s) open; sent so far: {:?}",
-                self.graph.texts()
-            );
+            assert!(Instant::now() < deadline, "{open} job(s) open; sent so far: {:?}", self.graph.texts());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let _ = stop.send(true);
@@ -454,41 +419,15 @@ impl Rig {
 
 async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    r.exchange(&[("wamid.LANE1", "Where is my order 4821?")], 1)
-        .await;
-    assert_eq!(
-        r.graph.texts(),
-        vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()],
-        "exactly one reply, the summary"
-    );
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["orders/4821".to_string()],
-        "the tool ran once"
-    );
+    r.exchange(&[("wamid.LANE1", "Where is my order 4821?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()], "exactly one reply, the summary");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/4821".to_string()], "the tool ran once");
     let steps = r.steps("wamid.LANE1").await;
     let names: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
-    for expected in [
-        "AgentToolCandidate",
-        "AgentToolPlannerResult",
-        "AgentToolPlanAccepted",
-        "AgentToolJobEnqueued",
-        "AgentToolImmediateStart",
-        "AgentToolExecutionSucceeded",
-        "tool_lane",
-        "reply",
-        "delivery",
-    ] {
-        assert!(
-            names.contains(&expected),
-            "{expected} missing from {steps:?}"
-        );
+    for expected in ["AgentToolCandidate", "AgentToolPlannerResult", "AgentToolPlanAccepted", "AgentToolJobEnqueued", "AgentToolImmediateStart", "AgentToolExecutionSucceeded", "tool_lane", "reply", "delivery"] {
+        assert!(names.contains(&expected), "{expected} missing from {steps:?}");
     }
-    let (route, trace_id): (String, i64) =
-        sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'wamid.LANE1'")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("trace");
+    let (route, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'wamid.LANE1'").fetch_one(&r.app.state.db.pool).await.expect("trace");
     assert_eq!(route, "tool_lane");
     r.app.state.tools.audit().flush().await;
     let audited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit WHERE trace_id = $1 AND tool = 'order_status' AND decision = 'allow'")
@@ -497,92 +436,44 @@ async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
         .await
         .expect("audit");
     assert_eq!(audited, 1, "the call's audit row names the message's trace");
-    let (state, kind): (String, String) =
-        sqlx::query_as("SELECT state, kind FROM jobs WHERE tool_name = 'order_status'")
-            .fetch_one(&r.app.state.db.pool)
-            .await
-            .expect("job");
+    let (state, kind): (String, String) = sqlx::query_as("SELECT state, kind FROM jobs WHERE tool_name = 'order_status'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!((state.as_str(), kind.as_str()), ("completed", "tool.call"));
-    let turns: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chat_turns")
-        .fetch_one(&r.app.state.db.pool)
-        .await
-        .expect("turns");
+    let turns: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chat_turns").fetch_one(&r.app.state.db.pool).await.expect("turns");
     assert_eq!(turns, 0, "tool prompts and results never enter chat memory");
 }
 both_backends!(lane_e2e_summary, a_tool_request_gets_one_summarised_reply);
 
 async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
-    let r = rig(db, |s| {
-        s.lane.immediate_deadline = Duration::from_millis(500)
-    })
-    .await;
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(500)).await;
     *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
     let pending = r.app.state.config.settings.lane.pending_reply.clone();
-    r.exchange(&[("wamid.SLOW", "Where is my order slow-7?")], 2)
-        .await;
+    r.exchange(&[("wamid.SLOW", "Where is my order slow-7?")], 2).await;
     assert_eq!(
         r.graph.texts(),
-        vec![
-            pending,
-            "Your order has shipped with Parcel Co: https://track.example/42".to_string()
-        ],
+        vec![pending, "Your order has shipped with Parcel Co: https://track.example/42".to_string()],
         "one acknowledgement, then one answer"
     );
-    assert_eq!(
-        r.shop.requests.lock().expect("lock").len(),
-        1,
-        "the tool ran once"
-    );
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the tool ran once");
     let steps = r.steps("wamid.SLOW").await;
-    assert!(
-        steps
-            .iter()
-            .any(|(s, _, c)| s == "AgentToolImmediateTimeout" && c == "IMMEDIATE_DEADLINE"),
-        "{steps:?}"
-    );
-    assert!(
-        steps
-            .iter()
-            .any(|(s, d, _)| s == "later_delivery" && d == "sent"),
-        "the later answer is in the trace: {steps:?}"
-    );
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolImmediateTimeout" && c == "IMMEDIATE_DEADLINE"), "{steps:?}");
+    assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the later answer is in the trace: {steps:?}");
 }
-both_backends!(
-    lane_e2e_slow,
-    a_slow_tool_gets_one_acknowledgement_and_one_later_answer
-);
+both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
 
 async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    r.exchange(&[("wamid.SALES", "Send me the sales report")], 1)
-        .await;
-    assert!(
-        r.shop.requests.lock().expect("lock").is_empty(),
-        "the owner-only tool never reached its system"
-    );
+    r.exchange(&[("wamid.SALES", "Send me the sales report")], 1).await;
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "the owner-only tool never reached its system");
     let steps = r.steps("wamid.SALES").await;
     let planned = steps.iter().any(|(s, _, _)| s == "AgentToolPlanRejected");
-    let detected_none = steps
-        .iter()
-        .any(|(s, d, _)| s == "AgentToolCandidate" && d == "normal_chat");
-    assert!(
-        planned || detected_none,
-        "refused by the validator, or never a candidate: {steps:?}"
-    );
-    let offered =
-        r.llm.seen.lock().expect("lock").iter().any(|b| {
-            b["model"] == PLANNER_MODEL && b["tools"].to_string().contains("sales_report")
-        });
-    assert!(
-        !offered,
-        "the planner never saw the owner-only tool for a customer"
-    );
+    let detected_none = steps.iter().any(|(s, d, _)| s == "AgentToolCandidate" && d == "normal_chat");
+    assert!(planned || detected_none, "refused by the validator, or never a candidate: {steps:?}");
+    let offered = r.llm.seen.lock().expect("lock").iter().any(|b| b["model"] == PLANNER_MODEL && b["tools"].to_string().contains("sales_report"));
+    assert!(!offered, "the planner never saw the owner-only tool for a customer");
     assert_eq!(r.graph.texts().len(), 1);
 }
-both_backends!(
-    lane_e2e_owner_only,
-    a_customer_never_reaches_an_owner_only_tool
-);
+both_backends!(lane_e2e_owner_only, a_customer_never_reaches_an_owner_only_tool);
+
 
 /// A slow tool's acknowledgement and its later answer across a crash: `gatehouse serve` is
 /// killed with SIGKILL while the call is in flight, after the customer was told it is underway;
@@ -597,10 +488,7 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     plan_for_the_shop(&llm);
     let dir = tempfile::tempdir().expect("tempdir");
     let env = [
-        (
-            "GATEHOUSE__WHATSAPP__GRAPH_BASE_URL",
-            graph.base_url.as_str(),
-        ),
+        ("GATEHOUSE__WHATSAPP__GRAPH_BASE_URL", graph.base_url.as_str()),
         ("GATEHOUSE__WHATSAPP__GRAPH_VERSION", VERSION),
         ("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", PHONE_NUMBER_ID),
         ("GATEHOUSE__WHATSAPP__TYPING_INDICATOR", "false"),
@@ -621,15 +509,8 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     assert_eq!(gh.run(&["migrate"]).await.code, 0);
     let mut server = gh.serve(&log).await;
 
-    let body = envelope(vec![vec![text_message(
-        CUSTOMER,
-        "wamid.K9",
-        "Where is my order slow-7?",
-    )]]);
-    let signature = server::channel::whatsapp::signature::sign(
-        crate::whatsapp::APP_SECRET.as_bytes(),
-        body.as_bytes(),
-    );
+    let body = envelope(vec![vec![text_message(CUSTOMER, "wamid.K9", "Where is my order slow-7?")]]);
+    let signature = server::channel::whatsapp::signature::sign(crate::whatsapp::APP_SECRET.as_bytes(), body.as_bytes());
     let posted = reqwest::Client::new()
         .post(format!("http://{}/webhooks/whatsapp", gh.addr))
         .header("content-type", "application/json")
@@ -641,153 +522,55 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     assert_eq!(posted.status().as_u16(), 200);
     let pending = shipped_lane().pending_reply;
     let (graph_ref, shop_ref) = (&graph, &shop);
-    wait_for(
-        "the acknowledgement, with the call in flight",
-        Duration::from_secs(30),
-        async || {
-            graph_ref.texts().contains(&pending)
-                && !shop_ref.requests.lock().expect("lock").is_empty()
-        },
-    )
+    wait_for("the acknowledgement, with the call in flight", Duration::from_secs(30), async || {
+        graph_ref.texts().contains(&pending) && !shop_ref.requests.lock().expect("lock").is_empty()
+    })
     .await;
     kill_nine(&mut server).await;
-    assert_eq!(
-        graph.texts(),
-        vec![pending.clone()],
-        "nothing but the acknowledgement before the crash"
-    );
+    assert_eq!(graph.texts(), vec![pending.clone()], "nothing but the acknowledgement before the crash");
 
     let mut server = gh.serve(&log).await;
     let summary = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
-    wait_for(
-        "the answer after the restart",
-        Duration::from_secs(60),
-        async || graph_ref.texts().contains(&summary),
-    )
-    .await;
+    wait_for("the answer after the restart", Duration::from_secs(60), async || graph_ref.texts().contains(&summary)).await;
     // Time for a second answer, were one on its way.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        graph.texts(),
-        vec![pending, summary],
-        "one acknowledgement and one answer: {}",
-        logs()
-    );
+    assert_eq!(graph.texts(), vec![pending, summary], "one acknowledgement and one answer: {}", logs());
     let requests = shop.requests.lock().expect("lock").clone();
-    assert_eq!(
-        requests,
-        vec!["orders/slow-7".to_string(); 2],
-        "the killed run and the rescued one"
-    );
+    assert_eq!(requests, vec!["orders/slow-7".to_string(); 2], "the killed run and the rescued one");
     kill_nine(&mut server).await;
 }
-both_backends!(
-    lane_e2e_slow_kill_nine,
-    a_slow_answer_survives_kill_nine_of_the_server
-);
+both_backends!(lane_e2e_slow_kill_nine, a_slow_answer_survives_kill_nine_of_the_server);
+
 
 /// The planner sees the candidates only; through the search tool it finds another tool of the
 /// catalog, which is then offered and called. Searches are bounded.
 async fn the_planner_finds_a_tool_through_search(db: TestDb) {
     let r = rig(db, |s| s.lane.detector.max_candidates = 1).await;
-    r.exchange(
-        &[(
-            "wamid.S1",
-            "Track my order 4821: do I need an umbrella in Lisbon today?",
-        )],
-        1,
-    )
-    .await;
-    assert_eq!(
-        r.graph.texts(),
-        vec!["Today: sunny in Lisbon, 24°C.".to_string()],
-        "{:?}",
-        r.steps("wamid.S1").await
-    );
-    assert_eq!(
-        *r.shop.requests.lock().expect("lock"),
-        vec!["forecast/Lisbon/today".to_string()]
-    );
-    let plans: Vec<Value> = r
-        .llm
-        .seen
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter(|b| b["model"] == PLANNER_MODEL)
-        .cloned()
-        .collect();
-    let names = |b: &Value| -> Vec<String> {
-        b["tools"]
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| t["name"].as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    r.exchange(&[("wamid.S1", "Track my order 4821: do I need an umbrella in Lisbon today?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Today: sunny in Lisbon, 24°C.".to_string()], "{:?}", r.steps("wamid.S1").await);
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string()]);
+    let plans: Vec<Value> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).cloned().collect();
+    let names = |b: &Value| -> Vec<String> { b["tools"].as_array().map(|t| t.iter().filter_map(|t| t["name"].as_str().map(String::from)).collect()).unwrap_or_default() };
     assert_eq!(plans.len(), 2, "one search, then the call");
-    assert!(
-        !names(&plans[0]).contains(&"forecast".to_string())
-            && names(&plans[0]).contains(&"search_tools".to_string()),
-        "{:?}",
-        names(&plans[0])
-    );
-    assert!(
-        names(&plans[0]).len() <= 3,
-        "the candidate, respond and search only: {:?}",
-        names(&plans[0])
-    );
-    assert!(
-        names(&plans[1]).contains(&"forecast".to_string()),
-        "the found tool is offered: {:?}",
-        names(&plans[1])
-    );
+    assert!(!names(&plans[0]).contains(&"forecast".to_string()) && names(&plans[0]).contains(&"search_tools".to_string()), "{:?}", names(&plans[0]));
+    assert!(names(&plans[0]).len() <= 3, "the candidate, respond and search only: {:?}", names(&plans[0]));
+    assert!(names(&plans[1]).contains(&"forecast".to_string()), "the found tool is offered: {:?}", names(&plans[1]));
     let second = plans[1]["messages"].to_string();
-    assert!(
-        second.contains("tool_result")
-            && second.contains("tool_search_results")
-            && second.contains("forecast"),
-        "{second}"
-    );
+    assert!(second.contains("tool_result") && second.contains("tool_search_results") && second.contains("forecast"), "{second}");
     let steps = r.steps("wamid.S1").await;
-    let order: Vec<(&str, &str)> = steps
-        .iter()
-        .filter(|(s, _, _)| s.starts_with("AgentToolPlanner") || s == "AgentToolSearch")
-        .map(|(s, d, _)| (s.as_str(), d.as_str()))
-        .collect();
-    assert_eq!(
-        order,
-        vec![
-            ("AgentToolPlannerResult", "search"),
-            ("AgentToolSearch", "searched"),
-            ("AgentToolPlannerResult", "tool_use")
-        ],
-        "{steps:?}"
-    );
+    let order: Vec<(&str, &str)> = steps.iter().filter(|(s, _, _)| s.starts_with("AgentToolPlanner") || s == "AgentToolSearch").map(|(s, d, _)| (s.as_str(), d.as_str())).collect();
+    assert_eq!(order, vec![("AgentToolPlannerResult", "search"), ("AgentToolSearch", "searched"), ("AgentToolPlannerResult", "tool_use")], "{steps:?}");
 
     // A planner that keeps searching is stopped at lane.max_search_calls; the message goes to chat.
-    r.exchange(&[("wamid.S2", "Track my order 4821, endless please")], 2)
-        .await;
+    r.exchange(&[("wamid.S2", "Track my order 4821, endless please")], 2).await;
     assert_eq!(r.graph.texts()[1], "a chat reply");
     let steps = r.steps("wamid.S2").await;
-    let searched = steps
-        .iter()
-        .filter(|(s, d, _)| s == "AgentToolSearch" && d == "searched")
-        .count();
+    let searched = steps.iter().filter(|(s, d, _)| s == "AgentToolSearch" && d == "searched").count();
     assert_eq!(searched, 2, "{steps:?}");
-    assert!(
-        steps
-            .iter()
-            .any(|(s, _, c)| s == "AgentToolSearch" && c == "SEARCH_LIMIT"),
-        "{steps:?}"
-    );
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolSearch" && c == "SEARCH_LIMIT"), "{steps:?}");
 }
-both_backends!(
-    lane_e2e_tool_search,
-    the_planner_finds_a_tool_through_search
-);
+both_backends!(lane_e2e_tool_search, the_planner_finds_a_tool_through_search);
+
 
 /// A catalog of a thousand tools never reaches the model whole: the planner is offered the
 /// detector's candidates (and, after a search, a few more), never the catalog.
@@ -803,36 +586,12 @@ async fn a_large_catalog_never_reaches_the_planner_whole(db: TestDb) {
     }
     let r = rig_with(db, &tools, &actions, |_| {}).await;
     assert!(r.app.state.tools.catalog().len() > 1000);
-    r.exchange(
-        &[(
-            "wamid.BIG",
-            "Track my order 4821: do I need an umbrella in Lisbon today?",
-        )],
-        1,
-    )
-    .await;
-    assert_eq!(
-        r.graph.texts(),
-        vec!["Today: sunny in Lisbon, 24°C.".to_string()],
-        "{:?}",
-        r.steps("wamid.BIG").await
-    );
-    let max = r.app.state.config.settings.lane.detector.max_candidates
-        + 2
-        + r.app.state.config.settings.lane.search_results as usize;
-    for body in r
-        .llm
-        .seen
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter(|b| b["model"] == PLANNER_MODEL)
-    {
+    r.exchange(&[("wamid.BIG", "Track my order 4821: do I need an umbrella in Lisbon today?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Today: sunny in Lisbon, 24°C.".to_string()], "{:?}", r.steps("wamid.BIG").await);
+    let max = r.app.state.config.settings.lane.detector.max_candidates + 2 + r.app.state.config.settings.lane.search_results as usize;
+    for body in r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL) {
         let offered = body["tools"].as_array().map_or(0, Vec::len);
         assert!(offered <= max, "{offered} tools offered; at most {max}");
     }
 }
-both_backends!(
-    lane_e2e_large_catalog,
-    a_large_catalog_never_reaches_the_planner_whole
-);
+both_backends!(lane_e2e_large_catalog, a_large_catalog_never_reaches_the_planner_whole);

@@ -19,10 +19,7 @@ use axum::{
 use serde_json::{Value, json};
 use server::{
     config::{LlmProvider, ModelPrice, Secrets, Settings},
-    llm::{
-        self, ChatRequest, ContentBlock, ErrorCode, Message, Purpose, Role, StopReason, ToolChoice,
-        ToolSpec,
-    },
+    llm::{self, ChatRequest, ContentBlock, ErrorCode, Message, Purpose, Role, StopReason, ToolChoice, ToolSpec},
 };
 
 use crate::{both_backends, support::TestDb};
@@ -42,21 +39,11 @@ struct Reply {
 
 impl Reply {
     fn ok(body: Value) -> Self {
-        Self {
-            status: 200,
-            headers: vec![],
-            body,
-            delay: Duration::ZERO,
-        }
+        Self { status: 200, headers: vec![], body, delay: Duration::ZERO }
     }
 
     fn status(status: u16, body: Value) -> Self {
-        Self {
-            status,
-            headers: vec![],
-            body,
-            delay: Duration::ZERO,
-        }
+        Self { status, headers: vec![], body, delay: Duration::ZERO }
     }
 
     fn header(mut self, name: &'static str, value: &str) -> Self {
@@ -91,11 +78,7 @@ impl Fake {
     }
 
     fn header(&self, i: usize, name: &str) -> Option<String> {
-        self.seen.lock().expect("lock")[i]
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+        self.seen.lock().expect("lock")[i].headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
     }
 }
 
@@ -104,38 +87,21 @@ async fn answer(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Re
     fake.seen.lock().expect("lock").push(Seen { headers, body });
     let next = fake.script.lock().expect("lock").pop_front();
     let Some(reply) = next else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the fake's script ran out",
-        )
-            .into_response();
+        return (StatusCode::INTERNAL_SERVER_ERROR, "the fake's script ran out").into_response();
     };
     tokio::time::sleep(reply.delay).await;
-    let mut res = (
-        StatusCode::from_u16(reply.status).expect("status"),
-        axum::Json(reply.body),
-    )
-        .into_response();
+    let mut res = (StatusCode::from_u16(reply.status).expect("status"), axum::Json(reply.body)).into_response();
     for (name, value) in reply.headers {
-        res.headers_mut()
-            .insert(name, value.parse().expect("header value"));
+        res.headers_mut().insert(name, value.parse().expect("header value"));
     }
     res
 }
 
 /// Starts a fake answering `replies` in order; returns it and its base URL.
 async fn start_fake(replies: Vec<Reply>) -> (Fake, String) {
-    let fake = Fake {
-        script: Arc::new(Mutex::new(replies.into())),
-        ..Default::default()
-    };
-    let router = Router::new()
-        .route("/v1/messages", post(answer))
-        .route("/v1/chat/completions", post(answer))
-        .with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let fake = Fake { script: Arc::new(Mutex::new(replies.into())), ..Default::default() };
+    let router = Router::new().route("/v1/messages", post(answer)).route("/v1/chat/completions", post(answer)).with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     (fake, format!("http://{addr}"))
@@ -155,13 +121,7 @@ fn settings(provider: LlmProvider, base: &str) -> Settings {
     s.llm.retry_max_delay = Duration::from_millis(40);
     s.models.chat = CHAT_MODEL.into();
     s.models.summarizer = "test-summary-model".into();
-    s.models.prices = vec![ModelPrice {
-        model: CHAT_MODEL.into(),
-        input: 3.0,
-        output: 15.0,
-        cache_read: Some(0.3),
-        cache_write: Some(3.75),
-    }];
+    s.models.prices = vec![ModelPrice { model: CHAT_MODEL.into(), input: 3.0, output: 15.0, cache_read: Some(0.3), cache_write: Some(3.75) }];
     s
 }
 
@@ -174,12 +134,7 @@ fn keys() -> Secrets {
 }
 
 fn chat(s: &Settings, text: &str) -> ChatRequest {
-    ChatRequest::new(
-        &s.models,
-        Purpose::Chat,
-        "corr-1",
-        vec![Message::user(text)],
-    )
+    ChatRequest::new(&s.models, Purpose::Chat, "corr-1", vec![Message::user(text)])
 }
 
 fn anthropic_message(content: Value, stop: &str) -> Value {
@@ -205,40 +160,19 @@ fn order_tool(strict: bool) -> ToolSpec {
 
 #[tokio::test]
 async fn anthropic_text_reply_with_usage_and_headers() {
-    let (fake, base) = start_fake(vec![
-        Reply::ok(anthropic_message(
-            json!([{ "type": "text", "text": "Hello there." }]),
-            "end_turn",
-        ))
-        .header("request-id", "req_123"),
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![Reply::ok(anthropic_message(json!([{ "type": "text", "text": "Hello there." }]), "end_turn")).header("request-id", "req_123")]).await;
     let s = settings(LlmProvider::Anthropic, &base);
     let model = llm::from_settings(&s, &keys()).expect("client");
     assert_eq!(model.provider(), "anthropic");
-    let res = model
-        .chat(&chat(&s, "Hi").with_system("Be brief."))
-        .await
-        .expect("reply");
+    let res = model.chat(&chat(&s, "Hi").with_system("Be brief.")).await.expect("reply");
     assert_eq!(res.text(), "Hello there.");
     assert_eq!(res.stop_reason, StopReason::EndTurn);
-    assert_eq!(
-        (
-            res.usage.input_tokens,
-            res.usage.output_tokens,
-            res.usage.cache_read_tokens,
-            res.usage.cache_write_tokens
-        ),
-        (1000, 500, 2000, 100)
-    );
+    assert_eq!((res.usage.input_tokens, res.usage.output_tokens, res.usage.cache_read_tokens, res.usage.cache_write_tokens), (1000, 500, 2000, 100));
     assert_eq!(res.model, "test-chat-model-20260101");
     assert_eq!(res.request_id.as_deref(), Some("req_123"));
     assert_eq!(res.attempts, 1);
     assert_eq!(fake.header(0, "x-api-key").as_deref(), Some(ANTHROPIC_KEY));
-    assert_eq!(
-        fake.header(0, "anthropic-version").as_deref(),
-        Some("2023-06-01")
-    );
+    assert_eq!(fake.header(0, "anthropic-version").as_deref(), Some("2023-06-01"));
     assert_eq!(
         fake.body(0),
         json!({ "model": CHAT_MODEL, "max_tokens": 321, "system": "Be brief.",
@@ -258,66 +192,33 @@ async fn anthropic_tool_use_and_request_serialization() {
     let model = llm::from_settings(&s, &keys()).expect("client");
     let history = vec![
         Message::user("Where is order 41?"),
-        Message {
-            role: Role::Assistant,
-            content: vec![ContentBlock::ToolUse {
-                id: "toolu_00".into(),
-                name: "lookup_order".into(),
-                input: json!({ "order_id": "41" }),
-            }],
-        },
+        Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "toolu_00".into(), name: "lookup_order".into(), input: json!({ "order_id": "41" }) }] },
         Message {
             role: Role::User,
             content: vec![
                 ContentBlock::text("And order 42?"),
-                ContentBlock::ToolResult {
-                    tool_use_id: "toolu_00".into(),
-                    content: "{\"status\":\"lost\"}".into(),
-                    is_error: true,
-                },
+                ContentBlock::ToolResult { tool_use_id: "toolu_00".into(), content: "{\"status\":\"lost\"}".into(), is_error: true },
             ],
         },
     ];
     let mut plain = order_tool(false);
     plain.name = "other_tool".into();
-    let mut req = ChatRequest::new(&s.models, Purpose::Chat, "corr-2", history).with_tools(
-        vec![order_tool(true), plain],
-        ToolChoice::Tool("lookup_order".into()),
-    );
+    let mut req = ChatRequest::new(&s.models, Purpose::Chat, "corr-2", history).with_tools(vec![order_tool(true), plain], ToolChoice::Tool("lookup_order".into()));
     req.disable_parallel_tool_use = true;
     req.max_tokens = Some(50);
     let res = model.chat(&req).await.expect("reply");
     assert_eq!(res.stop_reason, StopReason::ToolUse);
     let calls: Vec<_> = res.tool_calls().collect();
-    assert_eq!(
-        calls,
-        vec![("toolu_01A", "lookup_order", &json!({ "order_id": "42" }))]
-    );
+    assert_eq!(calls, vec![("toolu_01A", "lookup_order", &json!({ "order_id": "42" }))]);
     assert_eq!(res.text(), "Let me check.");
 
     let sent = fake.body(0);
-    assert_eq!(
-        sent["max_tokens"], 50,
-        "the caller's limit wins over the configured one"
-    );
+    assert_eq!(sent["max_tokens"], 50, "the caller's limit wins over the configured one");
     assert_eq!(sent["tools"][0]["strict"], true);
-    assert_eq!(
-        sent["tools"][0]["input_schema"]["additionalProperties"],
-        false
-    );
-    assert!(
-        sent["tools"][1].get("strict").is_none(),
-        "strict only where asked: {}",
-        sent["tools"][1]
-    );
-    assert_eq!(
-        sent["tool_choice"],
-        json!({ "type": "tool", "name": "lookup_order", "disable_parallel_tool_use": true })
-    );
-    assert_eq!(
-        sent["messages"][1]["content"][0],
-        json!({ "type": "tool_use", "id": "toolu_00", "name": "lookup_order", "input": { "order_id": "41" } })
-    );
+    assert_eq!(sent["tools"][0]["input_schema"]["additionalProperties"], false);
+    assert!(sent["tools"][1].get("strict").is_none(), "strict only where asked: {}", sent["tools"][1]);
+    assert_eq!(sent["tool_choice"], json!({ "type": "tool", "name": "lookup_order", "disable_parallel_tool_use": true }));
+    assert_eq!(sent["messages"][1]["content"][0], json!({ "type": "tool_use", "id": "toolu_00", "name": "lookup_order", "input": { "order_id": "41" } }));
     assert_eq!(
         sent["messages"][2]["content"],
         json!([{ "type": "tool_result", "tool_use_id": "toolu_00", "content": "{\"status\":\"lost\"}", "is_error": true }, { "type": "text", "text": "And order 42?" }]),
@@ -330,10 +231,7 @@ async fn anthropic_tool_use_and_request_serialization() {
         (ToolChoice::None, json!({ "type": "none" })),
     ] {
         let req = chat(&s, "x").with_tools(vec![order_tool(false)], choice);
-        assert_eq!(
-            llm::anthropic::request_body(&req, 10)["tool_choice"],
-            expected
-        );
+        assert_eq!(llm::anthropic::request_body(&req, 10)["tool_choice"], expected);
     }
 }
 
@@ -341,14 +239,10 @@ async fn anthropic_tool_use_and_request_serialization() {
 async fn anthropic_pause_turn_and_refusal() {
     let server_block = json!({ "type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": { "query": "tea" } });
     let (fake, base) = start_fake(vec![
-        Reply::ok(anthropic_message(
-            json!([server_block.clone()]),
-            "pause_turn",
-        )),
+        Reply::ok(anthropic_message(json!([server_block.clone()]), "pause_turn")),
         Reply::ok({
             let mut m = anthropic_message(json!([]), "refusal");
-            m["stop_details"] =
-                json!({ "type": "refusal", "category": "cyber", "explanation": "declined" });
+            m["stop_details"] = json!({ "type": "refusal", "category": "cyber", "explanation": "declined" });
             m
         }),
     ])
@@ -358,57 +252,28 @@ async fn anthropic_pause_turn_and_refusal() {
     let mut req = chat(&s, "Search for tea");
     let paused = model.chat(&req).await.expect("paused");
     assert_eq!(paused.stop_reason, StopReason::PauseTurn);
-    assert_eq!(
-        paused.content,
-        vec![ContentBlock::Other(server_block.clone())],
-        "unknown blocks are kept verbatim"
-    );
+    assert_eq!(paused.content, vec![ContentBlock::Other(server_block.clone())], "unknown blocks are kept verbatim");
     req.messages.push(paused.to_message());
-    let refused = model
-        .chat(&req)
-        .await
-        .expect("refusal is an answer, not an error");
+    let refused = model.chat(&req).await.expect("refusal is an answer, not an error");
     assert_eq!(refused.stop_reason, StopReason::Refusal);
-    assert_eq!(
-        refused
-            .stop_details
-            .as_ref()
-            .and_then(|d| d.get("category")),
-        Some(&json!("cyber"))
-    );
-    assert_eq!(
-        fake.body(1)["messages"][1],
-        json!({ "role": "assistant", "content": [server_block] }),
-        "paused content is sent back unchanged"
-    );
+    assert_eq!(refused.stop_details.as_ref().and_then(|d| d.get("category")), Some(&json!("cyber")));
+    assert_eq!(fake.body(1)["messages"][1], json!({ "role": "assistant", "content": [server_block] }), "paused content is sent back unchanged");
 }
 
 #[tokio::test]
 async fn retries_on_429_529_and_500_then_succeed() {
-    let ok = Reply::ok(anthropic_message(
-        json!([{ "type": "text", "text": "fine" }]),
-        "end_turn",
-    ));
+    let ok = Reply::ok(anthropic_message(json!([{ "type": "text", "text": "fine" }]), "end_turn"));
     let (fake, base) = start_fake(vec![
-        Reply::status(429, anthropic_error("rate_limit_error", "slow down"))
-            .header("retry-after-ms", "30"),
+        Reply::status(429, anthropic_error("rate_limit_error", "slow down")).header("retry-after-ms", "30"),
         Reply::status(529, anthropic_error("overloaded_error", "Overloaded")),
         Reply::status(500, anthropic_error("api_error", "Internal server error")),
         ok.clone(),
     ])
     .await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let res = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect("succeeds on the 4th attempt");
+    let res = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect("succeeds on the 4th attempt");
     assert_eq!((res.attempts, fake.hits()), (4, 4));
-    assert!(
-        res.latency >= Duration::from_millis(30),
-        "retry-after-ms was waited: {:?}",
-        res.latency
-    );
+    assert!(res.latency >= Duration::from_millis(30), "retry-after-ms was waited: {:?}", res.latency);
 
     // 408 (request timeout) and 409 (conflict) are retried too, as the official SDKs do.
     let (fake, base) = start_fake(vec![
@@ -418,135 +283,58 @@ async fn retries_on_429_529_and_500_then_succeed() {
     ])
     .await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let res = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect("succeeds on the 3rd attempt");
+    let res = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect("succeeds on the 3rd attempt");
     assert_eq!((res.attempts, fake.hits()), (3, 3));
 
     // retry-after in seconds is honoured over the (much shorter) configured backoff.
-    let (fake, base) = start_fake(vec![
-        Reply::status(429, anthropic_error("rate_limit_error", "slow down"))
-            .header("retry-after", "1"),
-        ok.clone(),
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![Reply::status(429, anthropic_error("rate_limit_error", "slow down")).header("retry-after", "1"), ok.clone()]).await;
     let s = settings(LlmProvider::Anthropic, &base);
     let started = Instant::now();
-    let res = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect("second attempt");
+    let res = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect("second attempt");
     assert_eq!((res.attempts, fake.hits()), (2, 2));
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
 
     // Retries run out: the last error is returned with every attempt counted.
     let busy = Reply::status(529, anthropic_error("overloaded_error", "Overloaded"));
-    let (fake, base) = start_fake(vec![
-        busy.clone(),
-        busy.clone(),
-        busy.clone(),
-        busy.clone(),
-        ok,
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![busy.clone(), busy.clone(), busy.clone(), busy.clone(), ok]).await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("out of retries");
-    assert_eq!(
-        (err.code, err.attempts, err.status, fake.hits()),
-        (ErrorCode::Overloaded, 4, Some(529), 4)
-    );
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("out of retries");
+    assert_eq!((err.code, err.attempts, err.status, fake.hits()), (ErrorCode::Overloaded, 4, Some(529), 4));
     assert!(err.retryable);
 }
 
 #[tokio::test]
 async fn x_should_retry_header_decides() {
-    let ok = Reply::ok(anthropic_message(
-        json!([{ "type": "text", "text": "fine" }]),
-        "end_turn",
-    ));
-    let (fake, base) = start_fake(vec![
-        Reply::status(500, anthropic_error("api_error", "boom")).header("x-should-retry", "false"),
-        ok.clone(),
-    ])
-    .await;
+    let ok = Reply::ok(anthropic_message(json!([{ "type": "text", "text": "fine" }]), "end_turn"));
+    let (fake, base) = start_fake(vec![Reply::status(500, anthropic_error("api_error", "boom")).header("x-should-retry", "false"), ok.clone()]).await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("not retried");
-    assert_eq!(
-        (err.code, err.attempts, fake.hits()),
-        (ErrorCode::ProviderError, 1, 1)
-    );
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("not retried");
+    assert_eq!((err.code, err.attempts, fake.hits()), (ErrorCode::ProviderError, 1, 1));
     assert!(!err.retryable);
 
-    let (fake, base) = start_fake(vec![
-        Reply::status(400, anthropic_error("invalid_request_error", "try again"))
-            .header("x-should-retry", "true"),
-        ok,
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![Reply::status(400, anthropic_error("invalid_request_error", "try again")).header("x-should-retry", "true"), ok]).await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let res = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect("retried because the header said so");
+    let res = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect("retried because the header said so");
     assert_eq!((res.attempts, fake.hits()), (2, 2));
 }
 
 #[tokio::test]
 async fn spend_limit_is_never_retried() {
-    let ok = Reply::ok(anthropic_message(
-        json!([{ "type": "text", "text": "fine" }]),
-        "end_turn",
-    ));
+    let ok = Reply::ok(anthropic_message(json!([{ "type": "text", "text": "fine" }]), "end_turn"));
     let body = json!({ "type": "error", "error": { "type": "rate_limit_error", "message": "Spend limit reached",
                        "details": { "error_code": "enforced_spend_limit_reached" } } });
-    let (fake, base) = start_fake(vec![
-        Reply::status(429, body)
-            .header("retry-after", "1")
-            .header("x-should-retry", "true"),
-        ok,
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![Reply::status(429, body).header("retry-after", "1").header("x-should-retry", "true"), ok]).await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("spend limit");
-    assert_eq!(
-        (err.code, err.attempts, fake.hits()),
-        (ErrorCode::SpendLimit, 1, 1)
-    );
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("spend limit");
+    assert_eq!((err.code, err.attempts, fake.hits()), (ErrorCode::SpendLimit, 1, 1));
     assert!(!err.retryable);
     assert_eq!(err.code.as_str(), "LLM_SPEND_LIMIT");
 
     let quota = json!({ "error": { "message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota" } });
     let (fake, base) = start_fake(vec![Reply::status(429, quota)]).await;
     let s = settings(LlmProvider::Openai, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("quota");
-    assert_eq!(
-        (err.code, err.attempts, fake.hits()),
-        (ErrorCode::SpendLimit, 1, 1)
-    );
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("quota");
+    assert_eq!((err.code, err.attempts, fake.hits()), (ErrorCode::SpendLimit, 1, 1));
 }
 
 #[tokio::test]
@@ -557,87 +345,42 @@ async fn client_errors_map_to_codes_without_retry() {
         (403, "permission_error", ErrorCode::Auth),
         (404, "not_found_error", ErrorCode::BadRequest),
     ] {
-        let (fake, base) = start_fake(vec![
-            Reply::status(status, anthropic_error(kind, "provider says no"))
-                .header("request-id", "req_e"),
-        ])
-        .await;
+        let (fake, base) = start_fake(vec![Reply::status(status, anthropic_error(kind, "provider says no")).header("request-id", "req_e")]).await;
         let s = settings(LlmProvider::Anthropic, &base);
-        let err = llm::from_settings(&s, &keys())
-            .expect("client")
-            .chat(&chat(&s, "Hi"))
-            .await
-            .expect_err("error");
-        assert_eq!(
-            (err.code, err.status, err.attempts, fake.hits()),
-            (code, Some(status), 1, 1),
-            "{status}"
-        );
+        let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("error");
+        assert_eq!((err.code, err.status, err.attempts, fake.hits()), (code, Some(status), 1, 1), "{status}");
         assert!(!err.retryable, "{status}");
-        assert!(
-            err.message.contains("provider says no"),
-            "the provider's message is kept: {err}"
-        );
+        assert!(err.message.contains("provider says no"), "the provider's message is kept: {err}");
         assert_eq!(err.request_id.as_deref(), Some("req_e"));
         assert!(err.to_string().starts_with(code.as_str()), "{err}");
     }
     // A 2xx that is not a message.
     let (_fake, base) = start_fake(vec![Reply::ok(json!({ "hello": "world" }))]).await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("invalid");
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("invalid");
     assert_eq!(err.code, ErrorCode::InvalidResponse);
 }
 
 #[tokio::test]
 async fn the_deadline_covers_attempts_and_backoff() {
-    let ok = Reply::ok(anthropic_message(
-        json!([{ "type": "text", "text": "late" }]),
-        "end_turn",
-    ));
+    let ok = Reply::ok(anthropic_message(json!([{ "type": "text", "text": "late" }]), "end_turn"));
     let (_fake, base) = start_fake(vec![ok.clone().after(Duration::from_secs(5))]).await;
     let mut s = settings(LlmProvider::Anthropic, &base);
     s.llm.anthropic.timeout = Duration::from_millis(300);
     let started = Instant::now();
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("too slow");
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("too slow");
     assert_eq!(err.code, ErrorCode::Timeout);
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "gave up at the deadline: {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "gave up at the deadline: {:?}", started.elapsed());
 
     // A retry-after that would pass the deadline is not waited for.
-    let (fake, base) = start_fake(vec![
-        Reply::status(429, anthropic_error("rate_limit_error", "later")).header("retry-after", "5"),
-        ok,
-    ])
-    .await;
+    let (fake, base) = start_fake(vec![Reply::status(429, anthropic_error("rate_limit_error", "later")).header("retry-after", "5"), ok]).await;
     let mut s = settings(LlmProvider::Anthropic, &base);
     s.llm.anthropic.timeout = Duration::from_secs(1);
     let started = Instant::now();
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("no time to retry");
-    assert_eq!(
-        (err.code, err.attempts, fake.hits()),
-        (ErrorCode::RateLimited, 1, 1)
-    );
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("no time to retry");
+    assert_eq!((err.code, err.attempts, fake.hits()), (ErrorCode::RateLimited, 1, 1));
     assert!(err.retryable, "the caller may try again later");
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
 }
 
 fn openai_completion(message: Value, finish: &str) -> Value {
@@ -667,31 +410,10 @@ async fn openai_text_and_tool_calls_both_ways() {
     let model = llm::from_settings(&s, &keys()).expect("client");
     assert_eq!(model.provider(), "openai");
 
-    let res = model
-        .chat(&chat(&s, "Hello").with_system("Be kind."))
-        .await
-        .expect("text");
-    assert_eq!(
-        (
-            res.text().as_str(),
-            res.stop_reason.clone(),
-            res.request_id.as_deref()
-        ),
-        ("Hi!", StopReason::EndTurn, Some("oa_req_1"))
-    );
-    assert_eq!(
-        (
-            res.usage.input_tokens,
-            res.usage.cache_read_tokens,
-            res.usage.output_tokens
-        ),
-        (1000, 200, 80),
-        "cached tokens are not counted twice"
-    );
-    assert_eq!(
-        fake.header(0, "authorization"),
-        Some(format!("Bearer {OPENAI_KEY}"))
-    );
+    let res = model.chat(&chat(&s, "Hello").with_system("Be kind.")).await.expect("text");
+    assert_eq!((res.text().as_str(), res.stop_reason.clone(), res.request_id.as_deref()), ("Hi!", StopReason::EndTurn, Some("oa_req_1")));
+    assert_eq!((res.usage.input_tokens, res.usage.cache_read_tokens, res.usage.output_tokens), (1000, 200, 80), "cached tokens are not counted twice");
+    assert_eq!(fake.header(0, "authorization"), Some(format!("Bearer {OPENAI_KEY}")));
     assert_eq!(
         fake.body(0),
         json!({ "model": CHAT_MODEL, "max_tokens": 321, "messages": [{ "role": "system", "content": "Be kind." }, { "role": "user", "content": "Hello" }] })
@@ -699,54 +421,23 @@ async fn openai_text_and_tool_calls_both_ways() {
 
     let history = vec![
         Message::user("Where is order 41?"),
-        Message {
-            role: Role::Assistant,
-            content: vec![
-                ContentBlock::text("Checking."),
-                ContentBlock::ToolUse {
-                    id: "call_0".into(),
-                    name: "lookup_order".into(),
-                    input: json!({ "order_id": "41" }),
-                },
-            ],
-        },
-        Message {
-            role: Role::User,
-            content: vec![
-                ContentBlock::ToolResult {
-                    tool_use_id: "call_0".into(),
-                    content: "shipped".into(),
-                    is_error: false,
-                },
-                ContentBlock::text("And 42?"),
-            ],
-        },
+        Message { role: Role::Assistant, content: vec![ContentBlock::text("Checking."), ContentBlock::ToolUse { id: "call_0".into(), name: "lookup_order".into(), input: json!({ "order_id": "41" }) }] },
+        Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "call_0".into(), content: "shipped".into(), is_error: false }, ContentBlock::text("And 42?")] },
     ];
-    let mut req = ChatRequest::new(&s.models, Purpose::Chat, "corr-3", history)
-        .with_tools(vec![order_tool(true)], ToolChoice::Any);
+    let mut req = ChatRequest::new(&s.models, Purpose::Chat, "corr-3", history).with_tools(vec![order_tool(true)], ToolChoice::Any);
     req.disable_parallel_tool_use = true;
     let res = model.chat(&req).await.expect("tool calls");
     assert_eq!(res.stop_reason, StopReason::ToolUse);
     let calls: Vec<_> = res.tool_calls().collect();
-    assert_eq!(
-        calls[0],
-        ("call_1", "lookup_order", &json!({ "order_id": "42" }))
-    );
-    assert_eq!(
-        calls[1],
-        ("call_2", "lookup_order", &json!("{not json")),
-        "bad arguments are kept for the validator to reject"
-    );
+    assert_eq!(calls[0], ("call_1", "lookup_order", &json!({ "order_id": "42" })));
+    assert_eq!(calls[1], ("call_2", "lookup_order", &json!("{not json")), "bad arguments are kept for the validator to reject");
     let sent = fake.body(1);
     assert_eq!(sent["tool_choice"], "required");
     assert_eq!(sent["parallel_tool_calls"], false);
     assert_eq!(sent["tools"][0]["type"], "function");
     assert_eq!(sent["tools"][0]["function"]["name"], "lookup_order");
     assert_eq!(sent["tools"][0]["function"]["strict"], true);
-    assert_eq!(
-        sent["tools"][0]["function"]["parameters"]["required"],
-        json!(["order_id"])
-    );
+    assert_eq!(sent["tools"][0]["function"]["parameters"]["required"], json!(["order_id"]));
     assert_eq!(
         sent["messages"],
         json!([
@@ -756,75 +447,30 @@ async fn openai_text_and_tool_calls_both_ways() {
             { "role": "user", "content": "And 42?" }
         ])
     );
-    let named = chat(&s, "x").with_tools(
-        vec![order_tool(false)],
-        ToolChoice::Tool("lookup_order".into()),
-    );
-    assert_eq!(
-        llm::openai::request_body(&named, 5)["tool_choice"],
-        json!({ "type": "function", "function": { "name": "lookup_order" } })
-    );
+    let named = chat(&s, "x").with_tools(vec![order_tool(false)], ToolChoice::Tool("lookup_order".into()));
+    assert_eq!(llm::openai::request_body(&named, 5)["tool_choice"], json!({ "type": "function", "function": { "name": "lookup_order" } }));
     let none = chat(&s, "x").with_tools(vec![order_tool(false)], ToolChoice::None);
     assert_eq!(llm::openai::request_body(&none, 5)["tool_choice"], "none");
 
-    assert_eq!(
-        model
-            .chat(&chat(&s, "long"))
-            .await
-            .expect("length")
-            .stop_reason,
-        StopReason::MaxTokens
-    );
-    assert_eq!(
-        model
-            .chat(&chat(&s, "bad"))
-            .await
-            .expect("filtered")
-            .stop_reason,
-        StopReason::Refusal
-    );
+    assert_eq!(model.chat(&chat(&s, "long")).await.expect("length").stop_reason, StopReason::MaxTokens);
+    assert_eq!(model.chat(&chat(&s, "bad")).await.expect("filtered").stop_reason, StopReason::Refusal);
 }
 
 #[tokio::test]
 async fn openai_errors_map_and_retry() {
-    let ok = Reply::ok(openai_completion(
-        json!({ "role": "assistant", "content": "ok" }),
-        "stop",
-    ));
-    let (fake, base) = start_fake(vec![
-        Reply::status(503, json!({ "error": "model is loading" })),
-        Reply::status(
-            429,
-            json!({ "error": { "message": "rate limited", "type": "requests" } }),
-        ),
-        ok,
-    ])
-    .await;
+    let ok = Reply::ok(openai_completion(json!({ "role": "assistant", "content": "ok" }), "stop"));
+    let (fake, base) = start_fake(vec![Reply::status(503, json!({ "error": "model is loading" })), Reply::status(429, json!({ "error": { "message": "rate limited", "type": "requests" } })), ok]).await;
     let s = settings(LlmProvider::Openai, &base);
     let model = llm::from_settings(&s, &keys()).expect("client");
-    assert_eq!(
-        model
-            .chat(&chat(&s, "Hi"))
-            .await
-            .expect("third attempt")
-            .attempts,
-        3
-    );
+    assert_eq!(model.chat(&chat(&s, "Hi")).await.expect("third attempt").attempts, 3);
     assert_eq!(fake.hits(), 3);
 
     let (_fake, base) = start_fake(vec![Reply::status(401, json!({ "error": { "message": format!("Incorrect API key provided: {}", &OPENAI_KEY[..12]), "type": "invalid_request_error", "code": "invalid_api_key" } }))]).await;
     let s = settings(LlmProvider::Openai, &base);
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("auth");
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("auth");
     assert_eq!((err.code, err.attempts), (ErrorCode::Auth, 1));
     assert!(err.message.contains("Incorrect API key provided"), "{err}");
-    assert!(
-        !format!("{err} {err:?}").contains(&OPENAI_KEY[..12]),
-        "{err:?}"
-    );
+    assert!(!format!("{err} {err:?}").contains(&OPENAI_KEY[..12]), "{err:?}");
 }
 
 #[tokio::test]
@@ -835,47 +481,23 @@ async fn degraded_without_a_key() {
     let d = llm::degraded(&s, &none).expect("degraded without ANTHROPIC_API_KEY");
     assert_eq!((d.provider, d.variable), ("anthropic", "ANTHROPIC_API_KEY"));
     assert_eq!(d.customer_reply, s.llm.fallback_reply);
-    assert!(
-        d.owner_instruction.contains("ANTHROPIC_API_KEY") && !d.owner_instruction.contains('{'),
-        "{}",
-        d.owner_instruction
-    );
+    assert!(d.owner_instruction.contains("ANTHROPIC_API_KEY") && !d.owner_instruction.contains('{'), "{}", d.owner_instruction);
     assert!(!d.owner_instruction.contains('\n'), "one line");
     assert_eq!(llm::degraded(&s, &keys()), None);
 
-    let err = llm::from_settings(&s, &none)
-        .expect("a client exists")
-        .chat(&chat(&s, "Hi"))
-        .await
-        .expect_err("no key");
-    assert_eq!(
-        (err.code, err.attempts, err.retryable),
-        (ErrorCode::NotConfigured, 0, false)
-    );
+    let err = llm::from_settings(&s, &none).expect("a client exists").chat(&chat(&s, "Hi")).await.expect_err("no key");
+    assert_eq!((err.code, err.attempts, err.retryable), (ErrorCode::NotConfigured, 0, false));
     assert!(err.message.contains("ANTHROPIC_API_KEY"), "{err}");
     assert_eq!(fake.hits(), 0, "nothing was sent");
 
     let mut o = settings(LlmProvider::Openai, &base);
     o.llm.owner_instruction = "Set {variable} for {provider}.".into();
-    let only_anthropic =
-        Secrets::from_lookup(|n| (n == "ANTHROPIC_API_KEY").then(|| ANTHROPIC_KEY.to_string()));
-    assert_eq!(
-        llm::degraded(&o, &only_anthropic).map(|d| d.owner_instruction),
-        Some("Set OPENAI_API_KEY for openai.".into())
-    );
+    let only_anthropic = Secrets::from_lookup(|n| (n == "ANTHROPIC_API_KEY").then(|| ANTHROPIC_KEY.to_string()));
+    assert_eq!(llm::degraded(&o, &only_anthropic).map(|d| d.owner_instruction), Some("Set OPENAI_API_KEY for openai.".into()));
 
     // A purpose without a model is not configured either.
-    let summary = ChatRequest::new(
-        &s.models,
-        Purpose::Compaction,
-        "corr",
-        vec![Message::user("x")],
-    );
-    let err = llm::from_settings(&s, &keys())
-        .expect("client")
-        .chat(&summary)
-        .await
-        .expect_err("no compaction model");
+    let summary = ChatRequest::new(&s.models, Purpose::Compaction, "corr", vec![Message::user("x")]);
+    let err = llm::from_settings(&s, &keys()).expect("client").chat(&summary).await.expect_err("no compaction model");
     assert_eq!(err.code, ErrorCode::NotConfigured);
     assert!(err.message.contains("models.compaction"), "{err}");
     assert_eq!(fake.hits(), 0);
@@ -886,136 +508,42 @@ async fn usage_and_cost_are_recorded(db: TestDb) {
     pool.migrate().await.expect("migrate");
     let secret_text = "Where is order 42? My card ends 4242.";
     let (_fake, base) = start_fake(vec![
-        Reply::ok(anthropic_message(
-            json!([{ "type": "text", "text": "It shipped." }]),
-            "end_turn",
-        ))
-        .header("request-id", "req_ok"),
-        Reply::status(
-            401,
-            anthropic_error(
-                "authentication_error",
-                &format!("invalid x-api-key {ANTHROPIC_KEY}"),
-            ),
-        ),
-        Reply::ok(anthropic_message(
-            json!([{ "type": "text", "text": "Summary." }]),
-            "end_turn",
-        )),
+        Reply::ok(anthropic_message(json!([{ "type": "text", "text": "It shipped." }]), "end_turn")).header("request-id", "req_ok"),
+        Reply::status(401, anthropic_error("authentication_error", &format!("invalid x-api-key {ANTHROPIC_KEY}"))),
+        Reply::ok(anthropic_message(json!([{ "type": "text", "text": "Summary." }]), "end_turn")),
     ])
     .await;
     let s = settings(LlmProvider::Anthropic, &base);
-    let model = llm::recorded(
-        llm::from_settings(&s, &keys()).expect("client"),
-        pool.clone(),
-        &s,
-        None,
-    );
-    let req = ChatRequest::new(
-        &s.models,
-        Purpose::Chat,
-        "corr-rec",
-        vec![Message::user(secret_text)],
-    )
-    .with_system("secret system prompt");
+    let model = llm::recorded(llm::from_settings(&s, &keys()).expect("client"), pool.clone(), &s, None);
+    let req = ChatRequest::new(&s.models, Purpose::Chat, "corr-rec", vec![Message::user(secret_text)]).with_system("secret system prompt");
     model.chat(&req).await.expect("ok");
     let err = model.chat(&req).await.expect_err("auth");
     assert!(!format!("{err} {err:?}").contains(ANTHROPIC_KEY), "{err:?}");
-    let summary = ChatRequest::new(
-        &s.models,
-        Purpose::Summarizer,
-        "corr-rec",
-        vec![Message::user(secret_text)],
-    );
-    model
-        .chat(&summary)
-        .await
-        .expect("unpriced model still answers");
+    let summary = ChatRequest::new(&s.models, Purpose::Summarizer, "corr-rec", vec![Message::user(secret_text)]);
+    model.chat(&summary).await.expect("unpriced model still answers");
 
     let mut conn = pool.pool.acquire().await.expect("conn");
-    let rows = server::db::llm_calls::for_correlation(&mut conn, "corr-rec")
-        .await
-        .expect("rows");
+    let rows = server::db::llm_calls::for_correlation(&mut conn, "corr-rec").await.expect("rows");
     assert_eq!(rows.len(), 3);
     let ok = &rows[0];
-    assert_eq!(
-        (
-            ok.provider.as_str(),
-            ok.model.as_str(),
-            ok.purpose.as_str(),
-            ok.outcome.as_str()
-        ),
-        ("anthropic", CHAT_MODEL, "chat", "ok")
-    );
-    assert_eq!(
-        (
-            ok.input_tokens,
-            ok.output_tokens,
-            ok.cache_read_tokens,
-            ok.cache_write_tokens
-        ),
-        (1000, 500, 2000, 100)
-    );
+    assert_eq!((ok.provider.as_str(), ok.model.as_str(), ok.purpose.as_str(), ok.outcome.as_str()), ("anthropic", CHAT_MODEL, "chat", "ok"));
+    assert_eq!((ok.input_tokens, ok.output_tokens, ok.cache_read_tokens, ok.cache_write_tokens), (1000, 500, 2000, 100));
     // 1000 × 3.0 + 500 × 15.0 + 2000 × 0.3 + 100 × 3.75 micro-dollars.
     assert_eq!(ok.cost_micro_usd, Some(3000 + 7500 + 600 + 375));
-    assert_eq!(
-        (
-            ok.stop_reason.as_deref(),
-            ok.http_status,
-            ok.attempts,
-            ok.request_id.as_deref()
-        ),
-        (Some("end_turn"), Some(200), 1, Some("req_ok"))
-    );
+    assert_eq!((ok.stop_reason.as_deref(), ok.http_status, ok.attempts, ok.request_id.as_deref()), (Some("end_turn"), Some(200), 1, Some("req_ok")));
     let failed = &rows[1];
-    assert_eq!(
-        (
-            failed.outcome.as_str(),
-            failed.http_status,
-            failed.attempts,
-            failed.input_tokens
-        ),
-        ("LLM_AUTH", Some(401), 1, 0)
-    );
+    assert_eq!((failed.outcome.as_str(), failed.http_status, failed.attempts, failed.input_tokens), ("LLM_AUTH", Some(401), 1, 0));
     assert_eq!(failed.cost_micro_usd, Some(0));
     let unpriced = &rows[2];
-    assert_eq!(
-        (
-            unpriced.purpose.as_str(),
-            unpriced.model.as_str(),
-            unpriced.cost_micro_usd
-        ),
-        ("summarizer", "test-summary-model", None)
-    );
-    assert_eq!(
-        unpriced.output_tokens, 500,
-        "tokens are kept even without a price"
-    );
+    assert_eq!((unpriced.purpose.as_str(), unpriced.model.as_str(), unpriced.cost_micro_usd), ("summarizer", "test-summary-model", None));
+    assert_eq!(unpriced.output_tokens, 500, "tokens are kept even without a price");
 
     let all = format!("{rows:?}");
-    for forbidden in [
-        ANTHROPIC_KEY,
-        &ANTHROPIC_KEY[..12],
-        "order 42",
-        "4242",
-        "secret system prompt",
-        "It shipped.",
-    ] {
-        assert!(
-            !all.contains(forbidden),
-            "{forbidden:?} must not be recorded: {all}"
-        );
+    for forbidden in [ANTHROPIC_KEY, &ANTHROPIC_KEY[..12], "order 42", "4242", "secret system prompt", "It shipped."] {
+        assert!(!all.contains(forbidden), "{forbidden:?} must not be recorded: {all}");
     }
-    let (cost, calls) = server::db::llm_calls::cost_since(&mut conn, 0)
-        .await
-        .expect("cost");
+    let (cost, calls) = server::db::llm_calls::cost_since(&mut conn, 0).await.expect("cost");
     assert_eq!((cost, calls), (11_475, 3));
-    assert_eq!(
-        server::db::llm_calls::recent(&mut conn, 1)
-            .await
-            .expect("recent")[0]
-            .purpose,
-        "summarizer"
-    );
+    assert_eq!(server::db::llm_calls::recent(&mut conn, 1).await.expect("recent")[0].purpose, "summarizer");
 }
 both_backends!(usage_and_cost_recorded, usage_and_cost_are_recorded);

@@ -4,12 +4,12 @@ mod support;
 
 mod approvals;
 mod auth;
-mod chains;
 mod cli;
+mod chains;
 mod connectors;
-mod conversation;
 mod followups;
 mod hardening;
+mod conversation;
 mod jobs;
 mod jobs_process;
 mod jobs_race;

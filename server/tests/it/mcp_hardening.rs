@@ -18,18 +18,13 @@ use server::tools::{
 use crate::{both_backends, support::TestDb};
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../mcp-test-servers/fixture.mjs")
-        .canonicalize()
-        .expect("mcp-test-servers installed (scripts/test)")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp-test-servers/fixture.mjs").canonicalize().expect("mcp-test-servers installed (scripts/test)")
 }
 
 const STDERR_SECRET: &str = "env-secret-Q7v9-never-logged";
 
 fn secrets() -> SecretSource {
-    SecretSource::from_fn(|var: &str| {
-        (var == "TEST_MCP_STDERR_SECRET").then(|| STDERR_SECRET.to_string())
-    })
+    SecretSource::from_fn(|var: &str| (var == "TEST_MCP_STDERR_SECRET").then(|| STDERR_SECRET.to_string()))
 }
 
 async fn manager(db: &TestDb, toml: &str) -> (McpManager, Arc<Checkpoint>) {
@@ -40,12 +35,7 @@ async fn manager(db: &TestDb, toml: &str) -> (McpManager, Arc<Checkpoint>) {
     std::fs::write(&path, toml).expect("write mcp.toml");
     let config = mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
     let manager = McpManager::new(pool.clone(), &config, secrets());
-    let checkpoint = Checkpoint::new(
-        pool.clone(),
-        Arc::new(Catalog::default()),
-        AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())),
-        secrets(),
-    );
+    let checkpoint = Checkpoint::new(pool.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets());
     let checkpoint = manager.install(checkpoint, Arc::new(Catalog::default()));
     manager.start().await.expect("start");
     (manager, checkpoint)
@@ -78,11 +68,7 @@ impl Captured {
 async fn stderr_of_a_stdio_server_is_scrubbed() {
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .finish();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_max_level(tracing::Level::TRACE).with_ansi(false).finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let leaks = [
         "echo \"config: FIXTURE_KEY=$FIXTURE_KEY\" >&2",
@@ -99,34 +85,19 @@ async fn stderr_of_a_stdio_server_is_scrubbed() {
     );
     let db = TestDb::sqlite();
     let (manager, _checkpoint) = manager(&db, &toml).await;
-    manager
-        .wait_connected("leaky", Duration::from_secs(30))
-        .await
-        .expect("server connects");
+    manager.wait_connected("leaky", Duration::from_secs(30)).await.expect("server connects");
     // Every line the server printed before it answered has been read by now or shortly after.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while captured.text().matches("mcp server stderr").count() < 6 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stderr lines were not logged:\n{}",
-            captured.text()
-        );
+        assert!(tokio::time::Instant::now() < deadline, "stderr lines were not logged:\n{}", captured.text());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     manager.shutdown().await;
     let logs = captured.text();
-    for leaked in [
-        STDERR_SECRET,
-        "abcDEF0123456789ghiJKL",
-        "ghp_0123456789",
-        "hunter2hunter2",
-    ] {
+    for leaked in [STDERR_SECRET, "abcDEF0123456789ghiJKL", "ghp_0123456789", "hunter2hunter2"] {
         assert!(!logs.contains(leaked), "{leaked} reached the log:\n{logs}");
     }
-    assert!(
-        logs.contains("ready on stdio") && logs.contains("[REDACTED]"),
-        "ordinary lines stay readable:\n{logs}"
-    );
+    assert!(logs.contains("ready on stdio") && logs.contains("[REDACTED]"), "ordinary lines stay readable:\n{logs}");
 }
 
 /// A server that sends `tools/list_changed` in a burst gets a bounded number of rediscoveries,
@@ -142,44 +113,15 @@ async fn a_list_changed_flood_is_debounced(db: TestDb) {
         dir.path().display().to_string(),
     );
     let (manager, checkpoint) = manager(&db, &toml).await;
-    manager
-        .wait_connected("noisy", Duration::from_secs(30))
-        .await
-        .expect("server connects");
-    let count = || {
-        std::fs::read_to_string(&lists)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    manager.wait_connected("noisy", Duration::from_secs(30)).await.expect("server connects");
+    let count = || std::fs::read_to_string(&lists).unwrap_or_default().lines().count();
     let before = count();
-    let ctx = CallContext {
-        actor: Role::Owner,
-        chat_type: ChatKind::Direct,
-        chat_id: None,
-        sender_id: None,
-        correlation_id: "flood".into(),
-        approved: None,
-        trace_id: None,
-    };
-    checkpoint
-        .execute(
-            ToolCall {
-                name: "noisy__flood".into(),
-                args: json!({ "count": 500 }),
-            },
-            &ctx,
-        )
-        .await
-        .expect("flood ran");
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "flood".into(), approved: None, trace_id: None };
+    checkpoint.execute(ToolCall { name: "noisy__flood".into(), args: json!({ "count": 500 }) }, &ctx).await.expect("flood ran");
     // An owner's refresh queues behind whatever the flood asked for, and is answered after it.
     manager.refresh("noisy", None).await.expect("refresh");
     let after = count();
-    assert!(
-        after - before <= 3,
-        "500 notifications caused {} tool listings",
-        after - before
-    );
+    assert!(after - before <= 3, "500 notifications caused {} tool listings", after - before);
     manager.refresh("noisy", None).await.expect("refresh");
     assert!(count() - before <= 4, "{} tool listings", count() - before);
     manager.shutdown().await;

@@ -48,26 +48,11 @@ pub struct Fake {
 
 impl Fake {
     pub async fn start(login_expires_in: u64) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!(
-            "http://127.0.0.1:{}",
-            listener.local_addr().expect("addr").port()
-        );
-        let fake = Self {
-            base,
-            state: Arc::new(Mutex::new(Inner {
-                login_expires_in,
-                ..Inner::default()
-            })),
-            second_refresh: Arc::default(),
-        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+        let fake = Self { base, state: Arc::new(Mutex::new(Inner { login_expires_in, ..Inner::default() })), second_refresh: Arc::default() };
         let app = Router::new()
-            .route(
-                "/mcp",
-                post(mcp).get(|| async { StatusCode::METHOD_NOT_ALLOWED }),
-            )
+            .route("/mcp", post(mcp).get(|| async { StatusCode::METHOD_NOT_ALLOWED }))
             .route("/.well-known/oauth-protected-resource/mcp", get(prm))
             .route("/.well-known/oauth-authorization-server", get(as_metadata))
             .route("/register", post(register))
@@ -88,17 +73,11 @@ impl Fake {
 }
 
 fn new_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
 
 async fn prm(State(f): State<Fake>) -> Json<Value> {
-    Json(
-        json!({ "resource": f.url(), "authorization_servers": [f.base], "scopes_supported": ["crm.read"] }),
-    )
+    Json(json!({ "resource": f.url(), "authorization_servers": [f.base], "scopes_supported": ["crm.read"] }))
 }
 
 async fn as_metadata(State(f): State<Fake>) -> Json<Value> {
@@ -121,21 +100,10 @@ async fn register(Json(body): Json<Value>) -> Response {
 
 async fn authorize(State(f): State<Fake>, Query(q): Query<HashMap<String, String>>) -> Response {
     let code = format!("code-{}", uuid::Uuid::new_v4().simple());
-    assert_eq!(
-        q.get("code_challenge_method").map(String::as_str),
-        Some("S256"),
-        "PKCE S256"
-    );
-    f.with(|s| {
-        s.challenges.insert(
-            code.clone(),
-            q.get("code_challenge").cloned().unwrap_or_default(),
-        )
-    });
+    assert_eq!(q.get("code_challenge_method").map(String::as_str), Some("S256"), "PKCE S256");
+    f.with(|s| s.challenges.insert(code.clone(), q.get("code_challenge").cloned().unwrap_or_default()));
     let mut to = url::Url::parse(&q["redirect_uri"]).expect("redirect_uri");
-    to.query_pairs_mut()
-        .append_pair("code", &code)
-        .append_pair("state", &q["state"]);
+    to.query_pairs_mut().append_pair("code", &code).append_pair("state", &q["state"]);
     Redirect::to(to.as_str()).into_response()
 }
 
@@ -148,20 +116,13 @@ fn issue(s: &mut Inner, expires_in: u64) -> Value {
 }
 
 fn invalid_grant() -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(json!({ "error": "invalid_grant", "error_description": "refresh token not valid" })),
-    )
-        .into_response()
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": "invalid_grant", "error_description": "refresh token not valid" }))).into_response()
 }
 
 async fn token(State(f): State<Fake>, Form(form): Form<HashMap<String, String>>) -> Response {
     match form.get("grant_type").map(String::as_str) {
         Some("authorization_code") => {
-            let challenge = f.with(|s| {
-                s.challenges
-                    .remove(form.get("code").map_or("", String::as_str))
-            });
+            let challenge = f.with(|s| s.challenges.remove(form.get("code").map_or("", String::as_str)));
             let verifier = form.get("code_verifier").cloned().unwrap_or_default();
             let computed = base64_url(&sha2::Sha256::digest(verifier.as_bytes()));
             if challenge.as_deref() != Some(computed.as_str()) {
@@ -193,11 +154,7 @@ async fn token(State(f): State<Fake>, Form(form): Form<HashMap<String, String>>)
                 Json(issue(s, 3600)).into_response()
             })
         }
-        _ => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "unsupported_grant_type" })),
-        )
-            .into_response(),
+        _ => (StatusCode::BAD_REQUEST, Json(json!({ "error": "unsupported_grant_type" }))).into_response(),
     }
 }
 
@@ -205,10 +162,7 @@ fn base64_url(bytes: &[u8]) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
         for i in 0..=chunk.len() {
             out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
         }
@@ -217,35 +171,19 @@ fn base64_url(bytes: &[u8]) -> String {
 }
 
 async fn mcp(State(f): State<Fake>, headers: HeaderMap, Json(msg): Json<Value>) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
     let allowed = f.with(|s| {
         s.last_bearer.clone_from(&bearer);
         !s.revoked && bearer.as_ref().is_some_and(|b| s.valid_access.contains(b))
     });
     if !allowed {
-        let challenge = format!(
-            "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\", scope=\"crm.read\"",
-            f.base
-        );
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, challenge)],
-            Json(json!({ "error": "invalid_token" })),
-        )
-            .into_response();
+        let challenge = format!("Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\", scope=\"crm.read\"", f.base);
+        return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, challenge)], Json(json!({ "error": "invalid_token" }))).into_response();
     }
     let id = msg.get("id").cloned();
     let result = match msg["method"].as_str().unwrap_or("") {
-        "initialize" => {
-            json!({ "protocolVersion": "2025-11-25", "capabilities": { "tools": {} }, "serverInfo": { "name": "fake-crm", "version": "1.0.0" } })
-        }
-        "tools/list" => {
-            json!({ "tools": [{ "name": "whoami", "description": "Who the token belongs to", "inputSchema": { "type": "object" }, "annotations": { "readOnlyHint": true } }] })
-        }
+        "initialize" => json!({ "protocolVersion": "2025-11-25", "capabilities": { "tools": {} }, "serverInfo": { "name": "fake-crm", "version": "1.0.0" } }),
+        "tools/list" => json!({ "tools": [{ "name": "whoami", "description": "Who the token belongs to", "inputSchema": { "type": "object" }, "annotations": { "readOnlyHint": true } }] }),
         "tools/call" => {
             f.with(|s| s.tool_calls += 1);
             json!({ "content": [{ "type": "text", "text": "you are the CRM owner" }] })

@@ -3,23 +3,12 @@ use crate::{both_backends, support::TestDb};
 async fn apply_then_noop(db: TestDb) {
     let pool = db.connect().await;
     let first = pool.migrate().await.expect("first run");
-    assert_eq!(
-        first.len(),
-        pool.known_migrations(),
-        "a fresh database gets every migration"
-    );
-    assert!(
-        first
-            .iter()
-            .any(|m| m.version == 1 && m.description == "foundation")
-    );
+    assert_eq!(first.len(), pool.known_migrations(), "a fresh database gets every migration");
+    assert!(first.iter().any(|m| m.version == 1 && m.description == "foundation"));
     let second = pool.migrate().await.expect("second run");
     assert!(second.is_empty(), "second run applies nothing: {second:?}");
     assert!(pool.pending_migrations().await.expect("pending").is_empty());
-    assert_eq!(
-        pool.applied_migrations().await.expect("applied").len(),
-        pool.known_migrations()
-    );
+    assert_eq!(pool.applied_migrations().await.expect("applied").len(), pool.known_migrations());
     pool.close().await;
 }
 both_backends!(migrations_apply_once, apply_then_noop);
@@ -28,24 +17,12 @@ async fn sqlite_file_is_created_with_pragmas(db: TestDb) {
     let pool = db.connect().await;
     if pool.backend == server::db::Backend::Sqlite {
         let path = db.url.trim_start_matches("sqlite://");
-        assert!(
-            std::path::Path::new(path).exists(),
-            "file and folder created"
-        );
-        let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
-            .fetch_one(&pool.pool)
-            .await
-            .expect("pragma");
+        assert!(std::path::Path::new(path).exists(), "file and folder created");
+        let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode").fetch_one(&pool.pool).await.expect("pragma");
         assert_eq!(mode.to_lowercase(), "wal");
-        let (fk,): (i64,) = sqlx::query_as("PRAGMA foreign_keys")
-            .fetch_one(&pool.pool)
-            .await
-            .expect("pragma");
+        let (fk,): (i64,) = sqlx::query_as("PRAGMA foreign_keys").fetch_one(&pool.pool).await.expect("pragma");
         assert_eq!(fk, 1);
-        let (busy,): (i64,) = sqlx::query_as("PRAGMA busy_timeout")
-            .fetch_one(&pool.pool)
-            .await
-            .expect("pragma");
+        let (busy,): (i64,) = sqlx::query_as("PRAGMA busy_timeout").fetch_one(&pool.pool).await.expect("pragma");
         assert_eq!(busy, 5000);
     }
     pool.close().await;
@@ -68,8 +45,7 @@ async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
     for polls in 1..=8 {
         let mut begin = Box::pin(pool.begin_write());
         for _ in 0..polls {
-            let step =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
+            let step = std::future::poll_fn(|cx| std::task::Poll::Ready(begin.as_mut().poll(cx))).await;
             if step.is_ready() {
                 break;
             }
@@ -79,18 +55,13 @@ async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     for i in 0..6 {
-        let mut tx = pool
-            .begin_write()
-            .await
-            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        let mut tx = pool.begin_write().await.unwrap_or_else(|e| panic!("write {i}: {e}"));
         sqlx::query("INSERT INTO owner_audit (at, event) VALUES ($1, 'probe')")
             .bind(i64::from(i))
             .execute(&mut *tx)
             .await
             .unwrap_or_else(|e| panic!("write {i}: {e}"));
-        tx.commit()
-            .await
-            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        tx.commit().await.unwrap_or_else(|e| panic!("write {i}: {e}"));
     }
     pool.close().await;
 }

@@ -10,42 +10,17 @@ async fn health_ready_metrics(db: TestDb) {
     let mut c = app.client();
     let health = c.get("/healthz").await;
     assert_eq!(health.status, StatusCode::OK);
-    assert!(
-        health.headers.get("x-request-id").is_some(),
-        "every response carries a request id"
-    );
+    assert!(health.headers.get("x-request-id").is_some(), "every response carries a request id");
     let ready = c.get("/readyz").await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
     assert_eq!(ready.json()["status"], "ready");
     c.get("/login").await;
     let metrics = c.get("/metrics").await;
     assert_eq!(metrics.status, StatusCode::OK);
-    assert!(
-        metrics.body.contains("gatehouse_build_info"),
-        "{}",
-        metrics.body
-    );
-    assert!(
-        metrics
-            .body
-            .contains("http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\"}"),
-        "{}",
-        metrics.body
-    );
-    assert!(
-        metrics
-            .body
-            .contains("http_request_duration_seconds_bucket"),
-        "{}",
-        metrics.body
-    );
-    assert!(
-        metrics
-            .body
-            .contains("tool_breaker_state{tool=\"web_fetch\"} 0"),
-        "breaker state per tool: {}",
-        metrics.body
-    );
+    assert!(metrics.body.contains("gatehouse_build_info"), "{}", metrics.body);
+    assert!(metrics.body.contains("http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\"}"), "{}", metrics.body);
+    assert!(metrics.body.contains("http_request_duration_seconds_bucket"), "{}", metrics.body);
+    assert!(metrics.body.contains("tool_breaker_state{tool=\"web_fetch\"} 0"), "breaker state per tool: {}", metrics.body);
 }
 both_backends!(operations, health_ready_metrics);
 
@@ -62,49 +37,24 @@ async fn readyz_fails_when_database_goes_away(mut_db: TestDb) {
     let res = c.get("/readyz").await;
     assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "{}", res.body);
     assert_eq!(res.json()["status"], "unavailable");
-    assert!(
-        res.json()["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("database"),
-        "{}",
-        res.body
-    );
-    assert_eq!(
-        c.get("/healthz").await.status,
-        StatusCode::OK,
-        "still alive"
-    );
+    assert!(res.json()["reason"].as_str().unwrap_or_default().contains("database"), "{}", res.body);
+    assert_eq!(c.get("/healthz").await.status, StatusCode::OK, "still alive");
 }
 both_backends!(readyz_outage, readyz_fails_when_database_goes_away);
 
 async fn readyz_reports_pending_migrations(db: TestDb) {
     let app = TestApp::new(db).await;
-    sqlx::query("DELETE FROM _sqlx_migrations")
-        .execute(&app.state.db.pool)
-        .await
-        .expect("forget migrations");
+    sqlx::query("DELETE FROM _sqlx_migrations").execute(&app.state.db.pool).await.expect("forget migrations");
     let res = app.client().get("/readyz").await;
     assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(
-        res.json()["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("gatehouse migrate"),
-        "{}",
-        res.body
-    );
+    assert!(res.json()["reason"].as_str().unwrap_or_default().contains("gatehouse migrate"), "{}", res.body);
 }
 both_backends!(readyz_pending, readyz_reports_pending_migrations);
 
 async fn state_changes_need_same_origin(db: TestDb) {
     let app = TestApp::new(db).await;
     app.with_owner("ada", "correct horse battery").await;
-    let login = [
-        ("login", "ada"),
-        ("password", "correct horse battery"),
-        ("next", "/"),
-    ];
+    let login = [("login", "ada"), ("password", "correct horse battery"), ("next", "/")];
 
     let mut evil = app.client();
     evil.origin = Some("https://evil.example".into());
@@ -115,27 +65,17 @@ async fn state_changes_need_same_origin(db: TestDb) {
 
     let mut bare = app.client();
     bare.origin = None;
-    assert_eq!(
-        bare.post_form("/api/login", &login).await.status,
-        StatusCode::FORBIDDEN,
-        "no Origin and no Referer"
-    );
+    assert_eq!(bare.post_form("/api/login", &login).await.status, StatusCode::FORBIDDEN, "no Origin and no Referer");
 
     // A logged-in owner's session does not make a cross-origin change acceptable.
     let mut owner = app.client();
     owner.post_form("/api/login", &login).await;
     owner.origin = Some("http://127.0.0.1:3001".into());
-    let res = owner
-        .post_form("/api/update_phones", &[("phones", "+15550009999")])
-        .await;
+    let res = owner.post_form("/api/update_phones", &[("phones", "+15550009999")]).await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
     owner.origin = Some(crate::support::PUBLIC_URL.into());
     let res = owner.post_form("/api/console_settings", &[]).await;
-    assert_eq!(
-        res.json()["my_phones"],
-        serde_json::json!(["+15550001111"]),
-        "refused change did not happen"
-    );
+    assert_eq!(res.json()["my_phones"], serde_json::json!(["+15550001111"]), "refused change did not happen");
 }
 both_backends!(csrf, state_changes_need_same_origin);
 
@@ -144,29 +84,14 @@ async fn request_ids_are_ours_unless_plain(db: TestDb) {
     let send = |id: &'static str| {
         let router = app.router.clone();
         async move {
-            let req = axum::http::Request::get("/healthz")
-                .header("x-request-id", id)
-                .body(axum::body::Body::empty())
-                .expect("request");
-            let res = tower::ServiceExt::oneshot(router, req)
-                .await
-                .expect("infallible");
-            res.headers()
-                .get("x-request-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
+            let req = axum::http::Request::get("/healthz").header("x-request-id", id).body(axum::body::Body::empty()).expect("request");
+            let res = tower::ServiceExt::oneshot(router, req).await.expect("infallible");
+            res.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string)
         }
     };
-    assert_eq!(
-        send("proxy-7f3a_01").await.as_deref(),
-        Some("proxy-7f3a_01"),
-        "a plain token is kept"
-    );
+    assert_eq!(send("proxy-7f3a_01").await.as_deref(), Some("proxy-7f3a_01"), "a plain token is kept");
     let replaced = send("evil\" injected=\"1").await.expect("an id");
-    assert!(
-        uuid::Uuid::parse_str(&replaced).is_ok(),
-        "replaced with our own: {replaced}"
-    );
+    assert!(uuid::Uuid::parse_str(&replaced).is_ok(), "replaced with our own: {replaced}");
 }
 both_backends!(request_ids, request_ids_are_ours_unless_plain);
 
@@ -174,57 +99,23 @@ async fn loopback_console_accepts_both_names(db: TestDb) {
     let app = TestApp::with(db, |s| s.server.public_url = String::new()).await;
     let mut c = app.client();
     c.origin = Some("http://localhost:3000".into());
-    let res = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "nobody"),
-                ("password", "whatever it is"),
-                ("next", "/"),
-            ],
-        )
-        .await;
-    assert_eq!(
-        res.status,
-        StatusCode::UNAUTHORIZED,
-        "reached the login check: {}",
-        res.body
-    );
+    let res = c.post_form("/api/login", &[("login", "nobody"), ("password", "whatever it is"), ("next", "/")]).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "reached the login check: {}", res.body);
     c.origin = Some("http://localhost:3001".into());
-    let res = c
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "nobody"),
-                ("password", "whatever it is"),
-                ("next", "/"),
-            ],
-        )
-        .await;
+    let res = c.post_form("/api/login", &[("login", "nobody"), ("password", "whatever it is"), ("next", "/")]).await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
 }
 both_backends!(loopback_origins, loopback_console_accepts_both_names);
 
 #[tokio::test]
 async fn port_fallback_and_strict_port() {
-    let taken = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = taken.local_addr().expect("addr");
-    let fallback = server::web::serve::bind_with_fallback(addr, false)
-        .await
-        .expect("falls back");
+    let fallback = server::web::serve::bind_with_fallback(addr, false).await.expect("falls back");
     let got = fallback.local_addr().expect("addr").port();
-    assert!(
-        got == addr.port() + 1 || got == addr.port() + 2,
-        "{got} after {}",
-        addr.port()
-    );
+    assert!(got == addr.port() + 1 || got == addr.port() + 2, "{got} after {}", addr.port());
     let strict = server::web::serve::bind_with_fallback(addr, true).await;
-    assert_eq!(
-        strict.err().map(|e| e.kind()),
-        Some(std::io::ErrorKind::AddrInUse)
-    );
+    assert_eq!(strict.err().map(|e| e.kind()), Some(std::io::ErrorKind::AddrInUse));
 }
 
 /// A database that does not survive a restart is said on every response and on every console
@@ -236,19 +127,10 @@ async fn ephemeral_storage_is_said_everywhere(db: TestDb) {
 
     let app = TestApp::with(db, |s| s.database.url = "sqlite::memory:".into()).await;
     let res = app.client().get("/healthz").await;
-    assert_eq!(
-        res.headers
-            .get("x-gatehouse-storage")
-            .and_then(|v| v.to_str().ok()),
-        Some("ephemeral")
-    );
+    assert_eq!(res.headers.get("x-gatehouse-storage").and_then(|v| v.to_str().ok()), Some("ephemeral"));
     let mut owner = app.with_owner("ada", "correct horse battery").await;
     let page = owner.get("/").await;
-    assert!(
-        page.body.contains("storage-banner") && page.body.contains("in memory"),
-        "{}",
-        page.body
-    );
+    assert!(page.body.contains("storage-banner") && page.body.contains("in memory"), "{}", page.body);
 }
 both_backends!(ops_ephemeral_storage, ephemeral_storage_is_said_everywhere);
 
@@ -256,20 +138,14 @@ both_backends!(ops_ephemeral_storage, ephemeral_storage_is_said_everywhere);
 /// server.metrics_addr set, it is not on the console's address at all; and a scrape counts the
 /// jobs table at most once per maintenance interval, however often it is scraped.
 async fn metrics_behind_a_token_an_address_and_a_refresh_interval(db: TestDb) {
-    let secrets = server::config::Secrets::from_lookup(|name| {
-        (name == "GATEHOUSE_METRICS_TOKEN").then(|| "metrics-token-7f3a".to_string())
-    });
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_METRICS_TOKEN").then(|| "metrics-token-7f3a".to_string()));
     let app = TestApp::with_secrets(db, secrets, |s| {
         s.jobs.maintenance_interval = std::time::Duration::from_secs(3600);
         s.server.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
     })
     .await;
     let mut c = app.client();
-    assert_eq!(
-        c.get("/metrics").await.status,
-        StatusCode::NOT_FOUND,
-        "not on the console's address"
-    );
+    assert_eq!(c.get("/metrics").await.status, StatusCode::NOT_FOUND, "not on the console's address");
 
     let scrape = |auth: Option<&str>| {
         let router = server::web::metrics_router(app.state.clone());
@@ -279,63 +155,29 @@ async fn metrics_behind_a_token_an_address_and_a_refresh_interval(db: TestDb) {
             if let Some(a) = auth {
                 req = req.header("authorization", a);
             }
-            let res = tower::ServiceExt::oneshot(
-                router,
-                req.body(axum::body::Body::empty()).expect("request"),
-            )
-            .await
-            .expect("infallible");
+            let res = tower::ServiceExt::oneshot(router, req.body(axum::body::Body::empty()).expect("request")).await.expect("infallible");
             let status = res.status();
-            let www = res
-                .headers()
-                .get("www-authenticate")
-                .map(|v| v.to_str().unwrap_or_default().to_string());
-            let body = http_body_util::BodyExt::collect(res.into_body())
-                .await
-                .expect("body")
-                .to_bytes();
+            let www = res.headers().get("www-authenticate").map(|v| v.to_str().unwrap_or_default().to_string());
+            let body = http_body_util::BodyExt::collect(res.into_body()).await.expect("body").to_bytes();
             (status, www, String::from_utf8_lossy(&body).into_owned())
         }
     };
     let (status, www, body) = scrape(None).await;
-    assert_eq!(
-        (status, www.as_deref()),
-        (StatusCode::UNAUTHORIZED, Some("Bearer"))
-    );
-    assert!(
-        body.contains("METRICS_UNAUTHORIZED") && !body.contains("metrics-token-7f3a"),
-        "{body}"
-    );
-    assert_eq!(
-        scrape(Some("Bearer wrong-token")).await.0,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        scrape(Some("metrics-token-7f3a")).await.0,
-        StatusCode::UNAUTHORIZED,
-        "the Bearer scheme is required"
-    );
+    assert_eq!((status, www.as_deref()), (StatusCode::UNAUTHORIZED, Some("Bearer")));
+    assert!(body.contains("METRICS_UNAUTHORIZED") && !body.contains("metrics-token-7f3a"), "{body}");
+    assert_eq!(scrape(Some("Bearer wrong-token")).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(scrape(Some("metrics-token-7f3a")).await.0, StatusCode::UNAUTHORIZED, "the Bearer scheme is required");
     let (status, _, body) = scrape(Some("Bearer metrics-token-7f3a")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("jobs{state=\"available\"}"), "{body}");
     let first = *app.state.job_counts_read.lock().await;
     assert!(first.is_some(), "the first scrape counted the jobs");
     for _ in 0..5 {
-        assert_eq!(
-            scrape(Some("Bearer metrics-token-7f3a")).await.0,
-            StatusCode::OK
-        );
+        assert_eq!(scrape(Some("Bearer metrics-token-7f3a")).await.0, StatusCode::OK);
     }
-    assert_eq!(
-        *app.state.job_counts_read.lock().await,
-        first,
-        "later scrapes within the interval did not count again"
-    );
+    assert_eq!(*app.state.job_counts_read.lock().await, first, "later scrapes within the interval did not count again");
 }
-both_backends!(
-    metrics_access,
-    metrics_behind_a_token_an_address_and_a_refresh_interval
-);
+both_backends!(metrics_access, metrics_behind_a_token_an_address_and_a_refresh_interval);
 
 /// The console's assets as scripts/build leaves them: content-hashed names linked from the
 /// pages, served brotli- or gzip-compressed as the browser accepts, and cached as immutable, so a
@@ -349,10 +191,7 @@ async fn console_assets_are_hashed_precompressed_and_immutable(db: TestDb) {
         (format!("gatehouse.{hash}.wasm"), "WASM".to_string()),
         (format!("gatehouse.{hash}.wasm.br"), "BROTLI".to_string()),
         (format!("gatehouse.{hash}.wasm.gz"), "GZIP".to_string()),
-        (
-            format!("gatehouse.{hash}.js"),
-            "export default 1;".to_string(),
-        ),
+        (format!("gatehouse.{hash}.js"), "export default 1;".to_string()),
         ("hash.txt".to_string(), format!("{hash}\n")),
         ("notes.txt".to_string(), "unhashed".to_string()),
     ] {
@@ -362,56 +201,21 @@ async fn console_assets_are_hashed_precompressed_and_immutable(db: TestDb) {
     let app = TestApp::with(db, move |s| s.server.site_root = root).await;
     let mut owner = app.with_owner("assets", "a long enough password").await;
     let page = owner.get("/").await;
-    assert!(
-        page.body.contains(&format!("/pkg/gatehouse.{hash}.wasm"))
-            && page.body.contains(&format!("/pkg/gatehouse.{hash}.js")),
-        "pages link the hashed names: {}",
-        page.body
-    );
+    assert!(page.body.contains(&format!("/pkg/gatehouse.{hash}.wasm")) && page.body.contains(&format!("/pkg/gatehouse.{hash}.js")), "pages link the hashed names: {}", page.body);
 
     let mut client = app.client();
     let wasm = format!("/pkg/gatehouse.{hash}.wasm");
-    for (accept, encoding, body) in [
-        ("br, gzip", Some("br"), "BROTLI"),
-        ("gzip", Some("gzip"), "GZIP"),
-        ("identity", None, "WASM"),
-    ] {
+    for (accept, encoding, body) in [("br, gzip", Some("br"), "BROTLI"), ("gzip", Some("gzip"), "GZIP"), ("identity", None, "WASM")] {
         client.headers = vec![("accept-encoding".into(), accept.into())];
         let res = client.get(&wasm).await;
         assert_eq!(res.status, 200);
-        assert_eq!(
-            res.headers
-                .get("content-encoding")
-                .and_then(|v| v.to_str().ok()),
-            encoding,
-            "accept-encoding {accept}"
-        );
+        assert_eq!(res.headers.get("content-encoding").and_then(|v| v.to_str().ok()), encoding, "accept-encoding {accept}");
         assert_eq!(res.body, body);
-        assert_eq!(
-            res.headers
-                .get("cache-control")
-                .and_then(|v| v.to_str().ok()),
-            Some("public, max-age=31536000, immutable")
-        );
-        assert_eq!(
-            res.headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok()),
-            Some("application/wasm")
-        );
+        assert_eq!(res.headers.get("cache-control").and_then(|v| v.to_str().ok()), Some("public, max-age=31536000, immutable"));
+        assert_eq!(res.headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/wasm"));
     }
     client.headers.clear();
     let other = client.get("/pkg/notes.txt").await;
-    assert_eq!(
-        other
-            .headers
-            .get("cache-control")
-            .and_then(|v| v.to_str().ok()),
-        Some("no-cache"),
-        "an unhashed file is revalidated"
-    );
+    assert_eq!(other.headers.get("cache-control").and_then(|v| v.to_str().ok()), Some("no-cache"), "an unhashed file is revalidated");
 }
-both_backends!(
-    console_assets,
-    console_assets_are_hashed_precompressed_and_immutable
-);
+both_backends!(console_assets, console_assets_are_hashed_precompressed_and_immutable);

@@ -29,26 +29,13 @@ pub(crate) struct Ran {
 impl Gatehouse {
     /// `env` comes after the defaults: a short lease (a killed worker's job is rescued two
     /// seconds later), quick polling, no model key.
-    pub(crate) fn new(
-        dir: &Path,
-        db: &TestDb,
-        tools: &str,
-        connectors: &str,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let shipped = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/gatehouse.toml"
-        ))
-        .expect("shipped config");
+    pub(crate) fn new(dir: &Path, db: &TestDb, tools: &str, connectors: &str, env: &[(&str, &str)]) -> Self {
+        let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
         let config = dir.join("gatehouse.toml");
         std::fs::write(&config, shipped).expect("config");
         std::fs::write(dir.join("tools.toml"), tools).expect("tools");
         std::fs::write(dir.join("connectors.toml"), connectors).expect("connectors");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
         let addr = format!("127.0.0.1:{port}");
         let defaults = [
             ("GATEHOUSE__DATABASE__URL", db.url.as_str()),
@@ -60,60 +47,28 @@ impl Gatehouse {
             ("ANTHROPIC_API_KEY", ""),
             ("RUST_LOG", "info"),
         ];
-        let env = defaults
-            .iter()
-            .chain(env)
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env = defaults.iter().chain(env).map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Self { config, env, addr }
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(BIN);
-        cmd.arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+        cmd.arg("--config").arg(&self.config).args(args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).kill_on_drop(true);
         cmd
     }
 
     pub(crate) async fn run(&self, args: &[&str]) -> Ran {
-        let out = self
-            .command(args)
-            .env("RUST_LOG", "warn")
-            .output()
-            .await
-            .expect("run gatehouse");
-        Ran {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        let out = self.command(args).env("RUST_LOG", "warn").output().await.expect("run gatehouse");
+        Ran { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
     }
 
     /// `gatehouse serve`, its logs appended to `log`; returns once it answers `/healthz`.
     pub(crate) async fn serve(&self, log: &Path) -> tokio::process::Child {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("log");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
         let err = file.try_clone().expect("log");
-        let child = self
-            .command(&["serve"])
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .expect("spawn serve");
+        let child = self.command(&["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
         let addr = self.addr.clone();
-        wait_for(
-            "serve to answer /healthz",
-            Duration::from_secs(60),
-            async || tokio::net::TcpStream::connect(&addr).await.is_ok(),
-        )
-        .await;
+        wait_for("serve to answer /healthz", Duration::from_secs(60), async || tokio::net::TcpStream::connect(&addr).await.is_ok()).await;
         child
     }
 }

@@ -10,7 +10,6 @@ use std::{
 
 use proptest::{prelude::*, test_runner::Config};
 use serde_json::{Map, Value, json};
-use server::domain::{ChatKind, Role};
 use server::{
     channel::whatsapp::payload,
     tools::{
@@ -19,15 +18,12 @@ use server::{
         connectors::{self, ActionSpec, ConnectorAction, Method},
     },
 };
+use server::domain::{ChatKind, Role};
 
 use crate::support::TestDb;
 
 fn config(cases: u32) -> Config {
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
+    Config { cases, failure_persistence: None, ..Config::default() }
 }
 
 /// Any JSON value, a few levels deep.
@@ -36,17 +32,14 @@ fn any_json() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(Value::from),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
         any::<String>().prop_map(Value::String),
         "[a-z_]{0,8}".prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map("[a-z_]{0,10}", inner, 0..6)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::btree_map("[a-z_]{0,10}", inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
@@ -54,17 +47,7 @@ fn any_json() -> impl Strategy<Value = Value> {
 /// JSON shaped like a webhook, with arbitrary values where Meta's fields go.
 fn webhook_like() -> impl Strategy<Value = Value> {
     let message = prop::collection::btree_map(
-        prop_oneof![
-            Just("from".to_string()),
-            Just("id".into()),
-            Just("timestamp".into()),
-            Just("type".into()),
-            Just("text".into()),
-            Just("interactive".into()),
-            Just("button".into()),
-            Just("context".into()),
-            Just("group_id".into())
-        ],
+        prop_oneof![Just("from".to_string()), Just("id".into()), Just("timestamp".into()), Just("type".into()), Just("text".into()), Just("interactive".into()), Just("button".into()), Just("context".into()), Just("group_id".into())],
         any_json(),
         0..8,
     );
@@ -108,23 +91,8 @@ struct Sent {
 }
 
 fn sent_message() -> impl Strategy<Value = Sent> {
-    let kind = prop_oneof![
-        Just("text"),
-        Just("button_reply"),
-        Just("list_reply"),
-        Just("button"),
-        Just("sticker")
-    ];
-    (
-        "[0-9]{6,15}",
-        "wamid\\.[A-Za-z0-9=_-]{4,40}",
-        0i64..4_000_000_000,
-        kind,
-        any::<String>(),
-        "[a-z0-9-]{1,20}",
-        proptest::option::of("[0-9]{5,20}-?[0-9]{0,5}"),
-        proptest::option::of("wamid\\.[A-Za-z0-9]{4,20}"),
-    )
+    let kind = prop_oneof![Just("text"), Just("button_reply"), Just("list_reply"), Just("button"), Just("sticker")];
+    ("[0-9]{6,15}", "wamid\\.[A-Za-z0-9=_-]{4,40}", 0i64..4_000_000_000, kind, any::<String>(), "[a-z0-9-]{1,20}", proptest::option::of("[0-9]{5,20}-?[0-9]{0,5}"), proptest::option::of("wamid\\.[A-Za-z0-9]{4,20}"))
         .prop_map(|(from, wamid, ts, kind, text, choice, group, context)| {
             let mut json = json!({ "from": from, "id": wamid, "timestamp": ts.to_string() });
             let (msg_type, body, reply_id) = match kind {
@@ -139,15 +107,7 @@ fn sent_message() -> impl Strategy<Value = Sent> {
                     interactive.insert("type".into(), json!(kind));
                     interactive.insert(kind.into(), json!({ "id": choice, "title": text }));
                     json["interactive"] = Value::Object(interactive);
-                    (
-                        if kind == "button_reply" {
-                            "interactive.button_reply"
-                        } else {
-                            "interactive.list_reply"
-                        },
-                        Some(text),
-                        Some(choice),
-                    )
+                    (if kind == "button_reply" { "interactive.button_reply" } else { "interactive.list_reply" }, Some(text), Some(choice))
                 }
                 "button" => {
                     json["type"] = json!("button");
@@ -166,17 +126,7 @@ fn sent_message() -> impl Strategy<Value = Sent> {
             if let Some(c) = &context {
                 json["context"] = json!({ "from": "1", "id": c });
             }
-            Sent {
-                json,
-                wamid,
-                from,
-                msg_type,
-                text: body,
-                reply_id,
-                group,
-                context,
-                sent_at: ts * 1000,
-            }
+            Sent { json, wamid, from, msg_type, text: body, reply_id, group, context, sent_at: ts * 1000 }
         })
 }
 
@@ -245,13 +195,7 @@ contact = { type = "object", required = ["phone"], properties = { phone = { type
 /// Valid arguments for `book_table`, then 0 to 2 edits (a field removed, or set to a value of
 /// any type, including fields the schema does not have): about half the cases stay valid.
 fn near_schema_args() -> impl Strategy<Value = Value> {
-    let valid = (
-        "[a-z]{1,12}",
-        1i64..=8,
-        proptest::option::of(prop_oneof![Just("lunch"), Just("dinner")]),
-        proptest::option::of(prop::collection::vec("[a-z]{0,3}", 0..=2)),
-        proptest::option::of("[0-9]{6,12}"),
-    )
+    let valid = ("[a-z]{1,12}", 1i64..=8, proptest::option::of(prop_oneof![Just("lunch"), Just("dinner")]), proptest::option::of(prop::collection::vec("[a-z]{0,3}", 0..=2)), proptest::option::of("[0-9]{6,12}"))
         .prop_map(|(name, guests, time, notes, phone)| {
             let mut m = Map::new();
             m.insert("name".into(), json!(name));
@@ -267,24 +211,12 @@ fn near_schema_args() -> impl Strategy<Value = Value> {
             }
             m
         });
-    let key = prop_oneof![
-        Just("name"),
-        Just("guests"),
-        Just("time"),
-        Just("notes"),
-        Just("contact"),
-        Just("extra"),
-        Just("")
-    ];
+    let key = prop_oneof![Just("name"), Just("guests"), Just("time"), Just("notes"), Just("contact"), Just("extra"), Just("")];
     let value = prop_oneof![
         any_json(),
         "[a-z]{0,14}".prop_map(Value::String),
         (-2i64..12).prop_map(Value::from),
-        prop_oneof![
-            Just(json!("lunch")),
-            Just(json!("dinner")),
-            Just(json!("brunch"))
-        ],
+        prop_oneof![Just(json!("lunch")), Just(json!("dinner")), Just(json!("brunch"))],
         prop::collection::vec("[a-z]{0,3}".prop_map(Value::String), 0..4).prop_map(Value::Array),
         "[0-9]{4,14}".prop_map(|p| json!({ "phone": p })),
     ];
@@ -303,44 +235,22 @@ fn near_schema_args() -> impl Strategy<Value = Value> {
 
 #[test]
 fn schema_violating_calls_never_reach_the_executor() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let db = TestDb::sqlite();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("tools.toml"), SCHEMA_TOOL).expect("write");
     let catalog = Catalog::load(&dir.path().join("tools.toml"), &|_| false).expect("valid catalog");
-    let schema = catalog
-        .get("book_table")
-        .expect("tool")
-        .spec
-        .input_schema
-        .clone();
+    let schema = catalog.get("book_table").expect("tool").spec.input_schema.clone();
     let independent = jsonschema::validator_for(&schema).expect("schema compiles");
     let recorder = Arc::new(Recorder::default());
     let checkpoint = rt.block_on(async {
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
-        let mut cp = Checkpoint::new(
-            pool.clone(),
-            Arc::new(catalog),
-            AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool)),
-            server::config::SecretSource::empty(),
-        );
+        let mut cp = Checkpoint::new(pool.clone(), Arc::new(catalog), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool)), server::config::SecretSource::empty());
         cp.register_builtin("recorder", recorder.clone());
         cp
     });
-    let ctx = CallContext {
-        actor: Role::Owner,
-        chat_type: ChatKind::Direct,
-        chat_id: None,
-        sender_id: None,
-        correlation_id: "props".into(),
-        approved: None,
-        trace_id: None,
-    };
+    let ctx = CallContext { actor: Role::Owner, chat_type: ChatKind::Direct, chat_id: None, sender_id: None, correlation_id: "props".into(), approved: None, trace_id: None };
     let (valid, invalid) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     proptest!(config(512), |(args in near_schema_args())| {
         let before = recorder.0.lock().expect("calls").len();
@@ -356,10 +266,7 @@ fn schema_violating_calls_never_reach_the_executor() {
         }
     });
     let (valid, invalid) = (valid.get(), invalid.get());
-    assert!(
-        valid > 10 && invalid > 10,
-        "both kinds were generated: {valid} valid, {invalid} invalid"
-    );
+    assert!(valid > 10 && invalid > 10, "both kinds were generated: {valid} valid, {invalid} invalid");
 }
 
 fn shop_action() -> ConnectorAction {
@@ -372,10 +279,7 @@ fn shop_action() -> ConnectorAction {
             tool: "t".into(),
             method: Method::Get,
             path: "orders/{id}/items/{item}".into(),
-            query: BTreeMap::from([
-                ("q".into(), "{q}".into()),
-                ("page".into(), "p{page}".into()),
-            ]),
+            query: BTreeMap::from([("q".into(), "{q}".into()), ("page".into(), "p{page}".into())]),
             headers: BTreeMap::new(),
             body: None,
             keep: vec![],
@@ -389,23 +293,7 @@ fn hostile_text() -> impl Strategy<Value = String> {
     prop_oneof![
         any::<String>(),
         "[./?#%@:\\\\ +&=;a-z0-9]{0,12}",
-        prop::collection::vec(
-            prop_oneof![
-                Just("..".to_string()),
-                Just(".".into()),
-                Just("%2e".into()),
-                Just("%2F".into()),
-                Just("//evil.example".into()),
-                Just("@evil.example".into()),
-                Just("http://x".into()),
-                Just("\\".into()),
-                Just("?".into()),
-                Just("#".into()),
-                Just(" ".into())
-            ],
-            0..5
-        )
-        .prop_map(|parts| parts.concat()),
+        prop::collection::vec(prop_oneof![Just("..".to_string()), Just(".".into()), Just("%2e".into()), Just("%2F".into()), Just("//evil.example".into()), Just("@evil.example".into()), Just("http://x".into()), Just("\\".into()), Just("?".into()), Just("#".into()), Just(" ".into())], 0..5).prop_map(|parts| parts.concat()),
     ]
 }
 

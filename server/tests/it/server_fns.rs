@@ -7,27 +7,14 @@ use crate::{
 
 /// Every registered server function, found at run time, so a new one cannot be forgotten.
 fn registered() -> Vec<(String, Method)> {
-    leptos::server_fn::axum::server_fn_paths()
-        .map(|(path, method)| (path.to_string(), method))
-        .collect()
+    leptos::server_fn::axum::server_fn_paths().map(|(path, method)| (path.to_string(), method)).collect()
 }
 
 #[test]
 fn registry_is_enumerable() {
     let paths: Vec<String> = registered().into_iter().map(|(p, _)| p).collect();
-    for known in [
-        "/api/login",
-        "/api/setup_owner",
-        "/api/logout",
-        "/api/current_owner",
-        "/api/dashboard_facts",
-        "/api/console_settings",
-        "/api/update_phones",
-    ] {
-        assert!(
-            paths.iter().any(|p| p == known),
-            "{known} missing from {paths:?}"
-        );
+    for known in ["/api/login", "/api/setup_owner", "/api/logout", "/api/current_owner", "/api/dashboard_facts", "/api/console_settings", "/api/update_phones"] {
+        assert!(paths.iter().any(|p| p == known), "{known} missing from {paths:?}");
     }
 }
 
@@ -41,31 +28,16 @@ async fn every_server_fn_refuses_without_session(db: TestDb) {
         if public.contains(&path.as_str()) {
             continue;
         }
-        let res = anonymous
-            .request(method.clone(), &path, Some(String::new()))
-            .await;
-        assert_eq!(
-            res.status,
-            StatusCode::UNAUTHORIZED,
-            "{method} {path}: {}",
-            res.body
-        );
+        let res = anonymous.request(method.clone(), &path, Some(String::new())).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{method} {path}: {}", res.body);
         let body = res.json();
         assert_eq!(body["code"], "UNAUTHORIZED", "{path}");
-        assert_eq!(
-            body.as_object().map(|o| o.len()),
-            Some(2),
-            "{path} returns no data: {}",
-            res.body
-        );
+        assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{path} returns no data: {}", res.body);
         checked += 1;
     }
     assert!(checked >= 5, "checked {checked} protected server functions");
 }
-both_backends!(
-    server_fns_need_session,
-    every_server_fn_refuses_without_session
-);
+both_backends!(server_fns_need_session, every_server_fn_refuses_without_session);
 
 /// Defence in depth: each protected function refuses on its own, even if the guard in front of
 /// it were gone. The functions are called directly, with an empty session.
@@ -77,11 +49,8 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
 
     let app = TestApp::new(db).await;
     app.with_owner("ada", "correct horse battery").await;
-    let backend: SharedBackend =
-        Arc::new(server::web::console::ConsoleBackend::new(app.state.clone()));
-    let store = Arc::new(server::web::session_store::DbSessionStore::new(
-        app.state.db.clone(),
-    ));
+    let backend: SharedBackend = Arc::new(server::web::console::ConsoleBackend::new(app.state.clone()));
+    let store = Arc::new(server::web::session_store::DbSessionStore::new(app.state.db.clone()));
     for (path, method) in registered() {
         if app::api::PUBLIC_SERVER_FNS.contains(&path.as_str()) {
             continue;
@@ -111,26 +80,14 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             .header("content-type", "application/x-www-form-urlencoded")
             .body(axum::body::Body::from(body))
             .expect("request");
-        req.extensions_mut()
-            .insert(tower_sessions::Session::new(None, store.clone(), None));
+        req.extensions_mut().insert(tower_sessions::Session::new(None, store.clone(), None));
         let backend = backend.clone();
-        let res = leptos_axum::handle_server_fns_with_context(
-            move || provide_context(backend.clone()),
-            req,
-        )
-        .await;
+        let res = leptos_axum::handle_server_fns_with_context(move || provide_context(backend.clone()), req).await;
         let res = axum::response::IntoResponse::into_response(res);
-        assert_eq!(
-            res.status(),
-            StatusCode::UNAUTHORIZED,
-            "{path} without the guard"
-        );
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path} without the guard");
     }
 }
-both_backends!(
-    server_fns_check_session_themselves,
-    every_server_fn_checks_the_session_itself
-);
+both_backends!(server_fns_check_session_themselves, every_server_fn_checks_the_session_itself);
 
 async fn every_console_page_needs_session(db: TestDb) {
     let app = TestApp::new(db).await;
@@ -139,34 +96,15 @@ async fn every_console_page_needs_session(db: TestDb) {
     for (path, _) in app::NAV {
         let res = anonymous.get(path).await;
         let encoded: String = url::form_urlencoded::byte_serialize(path.as_bytes()).collect();
-        assert_eq!(
-            res.location(),
-            Some(format!("/login?next={encoded}").as_str()),
-            "{path}"
-        );
-        assert!(
-            !res.body.contains("Dashboard"),
-            "{path} leaks no page content"
-        );
+        assert_eq!(res.location(), Some(format!("/login?next={encoded}").as_str()), "{path}");
+        assert!(!res.body.contains("Dashboard"), "{path} leaks no page content");
     }
     let mut owner = app.client();
-    owner
-        .post_form(
-            "/api/login",
-            &[
-                ("login", "ada"),
-                ("password", "correct horse battery"),
-                ("next", "/"),
-            ],
-        )
-        .await;
+    owner.post_form("/api/login", &[("login", "ada"), ("password", "correct horse battery"), ("next", "/")]).await;
     for (path, label) in app::NAV {
         let res = owner.get(path).await;
         assert_eq!(res.status, StatusCode::OK, "{path}");
-        assert!(
-            res.body.contains(label.replace('&', "&amp;").as_str()),
-            "{path} renders {label}"
-        );
+        assert!(res.body.contains(label.replace('&', "&amp;").as_str()), "{path} renders {label}");
     }
 }
 both_backends!(console_pages_need_session, every_console_page_needs_session);
@@ -184,11 +122,7 @@ async fn pages_render_while_routers_are_built() {
     let mut owner = app.with_owner("ada", "correct horse battery").await;
     let stop = Arc::new(AtomicBool::new(false));
     let builder = {
-        let (stop, state, runtime) = (
-            stop.clone(),
-            app.state.clone(),
-            tokio::runtime::Handle::current(),
-        );
+        let (stop, state, runtime) = (stop.clone(), app.state.clone(), tokio::runtime::Handle::current());
         std::thread::spawn(move || {
             let _runtime = runtime.enter();
             let mut built = 0u32;
@@ -201,18 +135,10 @@ async fn pages_render_while_routers_are_built() {
     };
     for render in 0..30 {
         let page = tokio::time::timeout(std::time::Duration::from_secs(10), owner.get("/")).await;
-        let page = page.unwrap_or_else(|_| {
-            panic!("render {render} never finished while routers were being built")
-        });
+        let page = page.unwrap_or_else(|_| panic!("render {render} never finished while routers were being built"));
         assert_eq!(page.status, StatusCode::OK);
-        assert!(
-            page.body.contains("dashboard-facts"),
-            "the dashboard's data loaded"
-        );
+        assert!(page.body.contains("dashboard-facts"), "the dashboard's data loaded");
     }
     stop.store(true, Ordering::Relaxed);
-    assert!(
-        builder.join().expect("builder thread") > 0,
-        "routers were built meanwhile"
-    );
+    assert!(builder.join().expect("builder thread") > 0, "routers were built meanwhile");
 }

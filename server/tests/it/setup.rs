@@ -8,14 +8,8 @@ use crate::{
 };
 
 fn owner(n: usize) -> ValidOwner {
-    ValidOwner::parse(
-        &format!("Owner {n}"),
-        &format!("owner{n}"),
-        SecretString::from("a long enough password"),
-        &format!("+1555000{n:04}"),
-        12,
-    )
-    .expect("valid owner")
+    ValidOwner::parse(&format!("Owner {n}"), &format!("owner{n}"), SecretString::from("a long enough password"), &format!("+1555000{n:04}"), 12)
+        .expect("valid owner")
 }
 
 async fn concurrent_setups_create_one_owner(db: TestDb) {
@@ -23,9 +17,7 @@ async fn concurrent_setups_create_one_owner(db: TestDb) {
     let tasks: Vec<_> = (0..4)
         .map(|n| {
             let db = app.state.db.clone();
-            tokio::spawn(
-                async move { owners::create_first_owner(&db, owner(n), "127.0.0.1").await },
-            )
+            tokio::spawn(async move { owners::create_first_owner(&db, owner(n), "127.0.0.1").await })
         })
         .collect();
     let mut won = 0;
@@ -38,15 +30,8 @@ async fn concurrent_setups_create_one_owner(db: TestDb) {
     }
     assert_eq!(won, 1, "exactly one setup wins");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    assert_eq!(
-        server::db::owners::count(&mut conn).await.expect("count"),
-        1
-    );
-    assert!(
-        server::db::owners::setup_completed(&mut conn)
-            .await
-            .expect("state")
-    );
+    assert_eq!(server::db::owners::count(&mut conn).await.expect("count"), 1);
+    assert!(server::db::owners::setup_completed(&mut conn).await.expect("state"));
 }
 both_backends!(setup_race, concurrent_setups_create_one_owner);
 
@@ -58,38 +43,24 @@ async fn concurrent_setups_over_http(db: TestDb) {
             let login = format!("racer{n}");
             let phone = format!("+1555111{n:04}");
             client
-                .post_form(
-                    "/api/setup_owner",
-                    &[
-                        ("display_name", "Racer"),
-                        ("login", login.as_str()),
-                        ("password", "a long enough password"),
-                        ("password_confirm", "a long enough password"),
-                        ("whatsapp", phone.as_str()),
-                    ],
-                )
+                .post_form("/api/setup_owner", &[
+                    ("display_name", "Racer"),
+                    ("login", login.as_str()),
+                    ("password", "a long enough password"),
+                    ("password_confirm", "a long enough password"),
+                    ("whatsapp", phone.as_str()),
+                ])
                 .await
                 .status
         }
     });
     let statuses = futures_join(calls).await;
-    assert_eq!(
-        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert!(
-        statuses
-            .iter()
-            .all(|s| *s == StatusCode::OK || *s == StatusCode::GONE),
-        "{statuses:?}"
-    );
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::GONE), "{statuses:?}");
 }
 both_backends!(setup_race_http, concurrent_setups_over_http);
 
-async fn futures_join<F: std::future::Future<Output = StatusCode> + Send + 'static>(
-    calls: impl Iterator<Item = F>,
-) -> Vec<StatusCode> {
+async fn futures_join<F: std::future::Future<Output = StatusCode> + Send + 'static>(calls: impl Iterator<Item = F>) -> Vec<StatusCode> {
     let handles: Vec<_> = calls.map(tokio::spawn).collect();
     let mut out = Vec::new();
     for h in handles {
@@ -105,37 +76,22 @@ async fn racing_setups_with_the_same_number_get_setup_closed(db: TestDb) {
         async move {
             let login = format!("twin{n}");
             client
-                .post_form(
-                    "/api/setup_owner",
-                    &[
-                        ("display_name", "Twin"),
-                        ("login", login.as_str()),
-                        ("password", "a long enough password"),
-                        ("password_confirm", "a long enough password"),
-                        ("whatsapp", "+15550007777"),
-                    ],
-                )
+                .post_form("/api/setup_owner", &[
+                    ("display_name", "Twin"),
+                    ("login", login.as_str()),
+                    ("password", "a long enough password"),
+                    ("password_confirm", "a long enough password"),
+                    ("whatsapp", "+15550007777"),
+                ])
                 .await
                 .status
         }
     });
     let statuses = futures_join(calls).await;
-    assert_eq!(
-        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert!(
-        statuses
-            .iter()
-            .all(|s| *s == StatusCode::OK || *s == StatusCode::GONE),
-        "losers are told setup is closed: {statuses:?}"
-    );
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::GONE), "losers are told setup is closed: {statuses:?}");
 }
-both_backends!(
-    setup_race_same_phone,
-    racing_setups_with_the_same_number_get_setup_closed
-);
+both_backends!(setup_race_same_phone, racing_setups_with_the_same_number_get_setup_closed);
 
 async fn first_run_redirects_and_setup_closes(db: TestDb) {
     let app = TestApp::new(db).await;
@@ -149,36 +105,13 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
 
     // Validation: short password, mismatch, bad number. Nothing is created.
     let short = visitor
-        .post_form(
-            "/api/setup_owner",
-            &[
-                ("display_name", "A"),
-                ("login", "ab"),
-                ("password", "short"),
-                ("password_confirm", "short"),
-                ("whatsapp", "+15550001111"),
-            ],
-        )
+        .post_form("/api/setup_owner", &[("display_name", "A"), ("login", "ab"), ("password", "short"), ("password_confirm", "short"), ("whatsapp", "+15550001111")])
         .await;
     assert_eq!(short.status, StatusCode::BAD_REQUEST);
     assert_eq!(short.json()["code"], "INVALID_INPUT");
-    assert!(
-        short.json()["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("12")
-    );
+    assert!(short.json()["message"].as_str().unwrap_or_default().contains("12"));
     let bad_phone = visitor
-        .post_form(
-            "/api/setup_owner",
-            &[
-                ("display_name", "A"),
-                ("login", "ab"),
-                ("password", "long enough pass"),
-                ("password_confirm", "long enough pass"),
-                ("whatsapp", "5550001111"),
-            ],
-        )
+        .post_form("/api/setup_owner", &[("display_name", "A"), ("login", "ab"), ("password", "long enough pass"), ("password_confirm", "long enough pass"), ("whatsapp", "5550001111")])
         .await;
     assert_eq!(bad_phone.status, StatusCode::BAD_REQUEST);
     assert!(app.state.setup_done().await.is_ok_and(|done| !done));
@@ -189,24 +122,11 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
 
     let mut other = app.client();
     let again = other
-        .post_form(
-            "/api/setup_owner",
-            &[
-                ("display_name", "Eve"),
-                ("login", "eve"),
-                ("password", "long enough pass"),
-                ("password_confirm", "long enough pass"),
-                ("whatsapp", "+15550002222"),
-            ],
-        )
+        .post_form("/api/setup_owner", &[("display_name", "Eve"), ("login", "eve"), ("password", "long enough pass"), ("password_confirm", "long enough pass"), ("whatsapp", "+15550002222")])
         .await;
     assert_eq!(again.status, StatusCode::GONE);
     assert_eq!(again.json()["code"], "SETUP_CLOSED");
     let page = other.get("/setup").await;
-    assert_eq!(
-        page.location(),
-        Some("/login"),
-        "setup page closed for good"
-    );
+    assert_eq!(page.location(), Some("/login"), "setup page closed for good");
 }
 both_backends!(first_run, first_run_redirects_and_setup_closes);

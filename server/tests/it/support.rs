@@ -3,8 +3,8 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     sync::Arc,
+    path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
@@ -29,8 +29,7 @@ use tower::ServiceExt;
 pub const PUBLIC_URL: &str = "http://127.0.0.1:3000";
 
 fn postgres_admin_url() -> String {
-    std::env::var("GATEHOUSE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("GATEHOUSE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// A database that exists for one test and is removed afterwards.
@@ -43,15 +42,8 @@ pub struct TestDb {
 impl TestDb {
     pub fn sqlite() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!(
-            "sqlite://{}",
-            dir.path().join("nested/gatehouse.db").display()
-        );
-        Self {
-            url,
-            _dir: Some(dir),
-            pg_name: None,
-        }
+        let url = format!("sqlite://{}", dir.path().join("nested/gatehouse.db").display());
+        Self { url, _dir: Some(dir), pg_name: None }
     }
 
     /// A fresh PostgreSQL database, or `None` when PostgreSQL is unreachable outside CI. With
@@ -59,9 +51,7 @@ impl TestDb {
     pub async fn postgres() -> Option<Self> {
         sqlx::any::install_default_drivers();
         let admin = postgres_admin_url();
-        let conn =
-            tokio::time::timeout(Duration::from_secs(5), sqlx::AnyConnection::connect(&admin))
-                .await;
+        let conn = tokio::time::timeout(Duration::from_secs(5), sqlx::AnyConnection::connect(&admin)).await;
         let mut conn = match conn {
             Ok(Ok(conn)) => conn,
             other => {
@@ -72,9 +62,7 @@ impl TestDb {
                 if std::env::var("CI").is_ok_and(|v| v == "true") {
                     panic!("PostgreSQL at {admin} is unreachable and CI=true: {why}");
                 }
-                eprintln!(
-                    "\n!!!!!!!! PostgreSQL SKIPPED: {admin} is unreachable ({why}). Set GATEHOUSE_TEST_POSTGRES_URL or start PostgreSQL. !!!!!!!!\n"
-                );
+                eprintln!("\n!!!!!!!! PostgreSQL SKIPPED: {admin} is unreachable ({why}). Set GATEHOUSE_TEST_POSTGRES_URL or start PostgreSQL. !!!!!!!!\n");
                 return None;
             }
         };
@@ -83,35 +71,20 @@ impl TestDb {
             sweep_abandoned(&mut conn).await;
         }
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "gh_test_{}_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed),
-            rand_suffix()
-        );
+        let name = format!("gh_test_{}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed), rand_suffix());
         let create = format!("CREATE DATABASE {name}");
         match tokio::time::timeout(PG_ADMIN_LIMIT, conn.execute(create.as_str())).await {
             Ok(done) => done.expect("create test database"),
-            Err(_) => panic!(
-                "CREATE DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}",
-                postgres_activity().await
-            ),
+            Err(_) => panic!("CREATE DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
         };
         let _ = conn.close().await;
         let mut url = url::Url::parse(&admin).expect("postgres url");
         url.set_path(&format!("/{name}"));
-        Some(Self {
-            url: url.to_string(),
-            _dir: None,
-            pg_name: Some(name),
-        })
+        Some(Self { url: url.to_string(), _dir: None, pg_name: Some(name) })
     }
 
     pub async fn connect(&self) -> Db {
-        let settings = server::config::DatabaseSettings {
-            url: self.url.clone(),
-            ..Default::default()
-        };
+        let settings = server::config::DatabaseSettings { url: self.url.clone(), ..Default::default() };
         Db::connect(&settings).await.expect("connect test database")
     }
 
@@ -129,20 +102,12 @@ async fn sweep_abandoned(conn: &mut sqlx::AnyConnection) {
     if !std::path::Path::new("/proc/self").exists() {
         return;
     }
-    let names: Vec<String> = match sqlx::query_scalar(
-        "SELECT datname::text FROM pg_database WHERE datname LIKE 'gh\\_test\\_%'",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    {
+    let names: Vec<String> = match sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'gh\\_test\\_%'").fetch_all(&mut *conn).await {
         Ok(names) => names,
         Err(e) => return eprintln!("cannot list abandoned test databases: {e}"),
     };
     for name in names {
-        let pid = name
-            .strip_prefix("gh_test_")
-            .and_then(|rest| rest.split('_').next())
-            .and_then(|pid| pid.parse::<u32>().ok());
+        let pid = name.strip_prefix("gh_test_").and_then(|rest| rest.split('_').next()).and_then(|pid| pid.parse::<u32>().ok());
         if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
             let _ = conn.execute(drop_database_sql(&name).as_str()).await;
         }
@@ -175,10 +140,7 @@ async fn drop_pg(name: &str) {
     match tokio::time::timeout(PG_ADMIN_LIMIT, drop).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => eprintln!("test database {name} was not dropped: {e}"),
-        Err(_) => eprintln!(
-            "DROP DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}",
-            postgres_activity().await
-        ),
+        Err(_) => eprintln!("DROP DATABASE {name} did not finish within {PG_ADMIN_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
     }
 }
 
@@ -205,10 +167,7 @@ pub async fn postgres_activity() -> String {
 pub async fn within_limit<F: std::future::Future>(test: &str, body: F) -> F::Output {
     match tokio::time::timeout(TEST_LIMIT, body).await {
         Ok(out) => out,
-        Err(_) => panic!(
-            "{test} did not finish within {TEST_LIMIT:?}; PostgreSQL activity:\n{}",
-            postgres_activity().await
-        ),
+        Err(_) => panic!("{test} did not finish within {TEST_LIMIT:?}; PostgreSQL activity:\n{}", postgres_activity().await),
     }
 }
 
@@ -217,10 +176,7 @@ impl Drop for TestDb {
         if let Some(name) = self.pg_name.take() {
             // Drop runs outside async context; a short-lived runtime on its own thread does it.
             let _ = std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     rt.block_on(drop_pg(&name));
                 }
             })
@@ -237,20 +193,12 @@ macro_rules! both_backends {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqlite() {
                 let test = concat!(module_path!(), "::sqlite");
-                $crate::support::within_limit(
-                    test,
-                    super::$body($crate::support::TestDb::sqlite()),
-                )
-                .await;
+                $crate::support::within_limit(test, super::$body($crate::support::TestDb::sqlite())).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
                 if let Some(db) = $crate::support::TestDb::postgres().await {
-                    $crate::support::within_limit(
-                        concat!(module_path!(), "::postgres"),
-                        super::$body(db),
-                    )
-                    .await;
+                    $crate::support::within_limit(concat!(module_path!(), "::postgres"), super::$body(db)).await;
                 }
             }
         }
@@ -282,18 +230,8 @@ impl TestApp {
     }
 
     /// An app whose secrets (webhook and Graph API credentials) are `secrets`.
-    pub async fn with_secrets(
-        db: TestDb,
-        secrets: Secrets,
-        tweak: impl FnOnce(&mut Settings),
-    ) -> Self {
-        Self::build(
-            db,
-            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")),
-            secrets,
-            tweak,
-        )
-        .await
+    pub async fn with_secrets(db: TestDb, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::build(db, std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config")), secrets, tweak).await
     }
 
     /// An app whose config files (gatehouse.toml, tools.toml, ...) are in `dir`, so tests can
@@ -303,58 +241,28 @@ impl TestApp {
     }
 
     /// An app over the tool files in `dir` (tools.toml, connectors.toml), with `secrets`.
-    pub async fn in_dir_with(
-        db: TestDb,
-        dir: &std::path::Path,
-        secrets: Secrets,
-        tweak: impl FnOnce(&mut Settings),
-    ) -> Self {
+    pub async fn in_dir_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         Self::build(db, dir, secrets, tweak).await
     }
 
-    async fn build(
-        db: TestDb,
-        dir: &std::path::Path,
-        secrets: Secrets,
-        tweak: impl FnOnce(&mut Settings),
-    ) -> Self {
+    async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
         Self::build_with(db, dir, secrets, tweak, Overrides::default()).await
     }
 
-    async fn build_with(
-        db: TestDb,
-        dir: &std::path::Path,
-        secrets: Secrets,
-        tweak: impl FnOnce(&mut Settings),
-        overrides: Overrides,
-    ) -> Self {
+    async fn build_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
         init_test_logs();
         let mut settings = settings_for(&db);
         tweak(&mut settings);
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         // The shipped tool files need no secrets; MCP servers are the MCP tests' own.
-        let catalog = ToolFiles::load(dir, &secrets.source)
-            .expect("tool files load")
-            .catalog;
-        let files = ToolFiles {
-            catalog,
-            mcp: Arc::default(),
-        };
+        let catalog = ToolFiles::load(dir, &secrets.source).expect("tool files load").catalog;
+        let files = ToolFiles { catalog, mcp: Arc::default() };
         let config = LoadedConfig::new(settings, secrets, dir.join("gatehouse.toml"));
         let gatehouse = Gatehouse::build_with(config, files, pool, overrides).expect("build");
-        let state = AppState::new(
-            &gatehouse,
-            "127.0.0.1:3000".parse().expect("addr"),
-            web::ops::metrics_handle(),
-        );
+        let state = AppState::new(&gatehouse, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
         let router = web::router(state.clone());
-        Self {
-            gatehouse,
-            state,
-            router,
-            db,
-        }
+        Self { gatehouse, state, router, db }
     }
 
     pub fn client(&self) -> Client {
@@ -363,29 +271,20 @@ impl TestApp {
 
     /// A client whose requests appear to come from `peer` (for per-address throttling).
     pub fn client_from(&self, peer: &str) -> Client {
-        Client {
-            router: self.router.clone(),
-            cookie: None,
-            peer: peer.parse().expect("peer addr"),
-            origin: Some(PUBLIC_URL.into()),
-            headers: Vec::new(),
-        }
+        Client { router: self.router.clone(), cookie: None, peer: peer.parse().expect("peer addr"), origin: Some(PUBLIC_URL.into()), headers: Vec::new() }
     }
 
     /// Creates the first owner through the setup server function and returns a logged-in client.
     pub async fn with_owner(&self, login: &str, password: &str) -> Client {
         let mut client = self.client();
         let res = client
-            .post_form(
-                "/api/setup_owner",
-                &[
-                    ("display_name", "Test Owner"),
-                    ("login", login),
-                    ("password", password),
-                    ("password_confirm", password),
-                    ("whatsapp", "+15550001111"),
-                ],
-            )
+            .post_form("/api/setup_owner", &[
+                ("display_name", "Test Owner"),
+                ("login", login),
+                ("password", password),
+                ("password_confirm", password),
+                ("whatsapp", "+15550001111"),
+            ])
             .await;
         assert_eq!(res.status, StatusCode::OK, "setup: {}", res.body);
         client
@@ -401,9 +300,7 @@ pub struct Resp {
 
 impl Resp {
     pub fn location(&self) -> Option<&str> {
-        self.headers
-            .get(header::LOCATION)
-            .and_then(|v| v.to_str().ok())
+        self.headers.get(header::LOCATION).and_then(|v| v.to_str().ok())
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -436,9 +333,7 @@ impl Client {
         for (name, value) in &self.headers {
             req = req.header(name.as_str(), value.as_str());
         }
-        let mut req = req
-            .body(Body::from(body.unwrap_or_default()))
-            .expect("request");
+        let mut req = req.body(Body::from(body.unwrap_or_default())).expect("request");
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let res = self.router.clone().oneshot(req).await.expect("infallible");
         let status = res.status();
@@ -448,19 +343,11 @@ impl Client {
             if let Some(rest) = text.strip_prefix(&format!("{}=", web::SESSION_COOKIE)) {
                 let value = rest.split(';').next().unwrap_or_default();
                 let removed = text.contains("Max-Age=0") || value.is_empty();
-                self.cookie = if removed {
-                    None
-                } else {
-                    Some(value.to_string())
-                };
+                self.cookie = if removed { None } else { Some(value.to_string()) };
             }
         }
         let bytes = res.into_body().collect().await.expect("body").to_bytes();
-        Resp {
-            status,
-            headers,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        }
+        Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
     }
 
     pub async fn get(&mut self, path: &str) -> Resp {
@@ -468,10 +355,7 @@ impl Client {
     }
 
     pub async fn post_json(&mut self, path: &str, body: &serde_json::Value) -> Resp {
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(path)
-            .header(header::CONTENT_TYPE, "application/json");
+        let mut req = Request::builder().method(Method::POST).uri(path).header(header::CONTENT_TYPE, "application/json");
         if let Some(origin) = &self.origin {
             req = req.header(header::ORIGIN, origin);
         }
@@ -484,17 +368,11 @@ impl Client {
         let status = res.status();
         let headers = res.headers().clone();
         let bytes = res.into_body().collect().await.expect("body").to_bytes();
-        Resp {
-            status,
-            headers,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        }
+        Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
     }
 
     pub async fn post_form(&mut self, path: &str, fields: &[(&str, &str)]) -> Resp {
-        let body = url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(fields)
-            .finish();
+        let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish();
         self.request(Method::POST, path, Some(body)).await
     }
 }
@@ -502,10 +380,6 @@ impl Client {
 /// Warnings and errors go to the test's captured output, so a failing test shows why the app
 /// answered as it did (`RUST_LOG` overrides the level).
 pub fn init_test_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }

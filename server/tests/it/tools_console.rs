@@ -19,174 +19,55 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     let app = TestApp::in_config_dir(db, dir.path()).await;
     let mut owner = app.with_owner("ada", PASSWORD).await;
 
-    let page = owner
-        .post_form(
-            "/api/list_tools",
-            &[("provider", ""), ("audience", ""), ("risk", "")],
-        )
-        .await;
+    let page = owner.post_form("/api/list_tools", &[("provider", ""), ("audience", ""), ("risk", "")]).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let page = page.json();
-    let names: Vec<&str> = page["tools"]
-        .as_array()
-        .expect("tools")
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
+    let names: Vec<&str> = page["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["read_result", "web_fetch", "web_search"]);
     assert_eq!(page["tools"][1]["breaker"], "closed");
     assert_eq!(page["approval_mode"], "auto");
-    let filtered = owner
-        .post_form(
-            "/api/list_tools",
-            &[("provider", "connector"), ("audience", ""), ("risk", "")],
-        )
-        .await
-        .json();
-    assert_eq!(
-        (
-            filtered["tools"].as_array().map(Vec::len),
-            filtered["total"].as_u64()
-        ),
-        (Some(0), Some(3))
-    );
+    let filtered = owner.post_form("/api/list_tools", &[("provider", "connector"), ("audience", ""), ("risk", "")]).await.json();
+    assert_eq!((filtered["tools"].as_array().map(Vec::len), filtered["total"].as_u64()), (Some(0), Some(3)));
 
-    let detail = owner
-        .post_form("/api/get_tool", &[("name", "web_fetch")])
-        .await
-        .json();
+    let detail = owner.post_form("/api/get_tool", &[("name", "web_fetch")]).await.json();
     assert_eq!(detail["owner_policy"], "allowed");
-    assert!(
-        detail["example_args"]
-            .as_str()
-            .is_some_and(|a| a.contains("\"url\"")),
-        "{detail}"
-    );
+    assert!(detail["example_args"].as_str().is_some_and(|a| a.contains("\"url\"")), "{detail}");
     let missing = owner.post_form("/api/get_tool", &[("name", "nope")]).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 
     // "Try it" runs through the checkpoint as the owner, and lands in the audit.
-    let tried = owner
-        .post_form(
-            "/api/try_tool",
-            &[
-                ("name", "web_fetch"),
-                ("args", r#"{"url":"http://127.0.0.1:9/"}"#),
-                ("chat_type", "direct"),
-            ],
-        )
-        .await;
+    let tried = owner.post_form("/api/try_tool", &[("name", "web_fetch"), ("args", r#"{"url":"http://127.0.0.1:9/"}"#), ("chat_type", "direct")]).await;
     assert_eq!(tried.status, StatusCode::OK, "{}", tried.body);
     let tried = tried.json();
-    assert_eq!(
-        (tried["ok"].as_bool(), tried["code"].as_str()),
-        (Some(false), Some("FETCH_ADDRESS_FORBIDDEN"))
-    );
-    let correlation = tried["correlation_id"]
-        .as_str()
-        .expect("correlation")
-        .to_string();
-    let bad_json = owner
-        .post_form(
-            "/api/try_tool",
-            &[
-                ("name", "web_fetch"),
-                ("args", "{url"),
-                ("chat_type", "direct"),
-            ],
-        )
-        .await;
+    assert_eq!((tried["ok"].as_bool(), tried["code"].as_str()), (Some(false), Some("FETCH_ADDRESS_FORBIDDEN")));
+    let correlation = tried["correlation_id"].as_str().expect("correlation").to_string();
+    let bad_json = owner.post_form("/api/try_tool", &[("name", "web_fetch"), ("args", "{url"), ("chat_type", "direct")]).await;
     assert_eq!(bad_json.status, StatusCode::BAD_REQUEST);
-    let page = owner
-        .post_form(
-            "/api/list_tools",
-            &[("provider", ""), ("audience", ""), ("risk", "")],
-        )
-        .await
-        .json();
+    let page = owner.post_form("/api/list_tools", &[("provider", ""), ("audience", ""), ("risk", "")]).await.json();
     let call = &page["recent_calls"][0];
-    assert_eq!(
-        (
-            call["actor"].as_str(),
-            call["decision"].as_str(),
-            call["correlation_id"].as_str()
-        ),
-        (Some("owner"), Some("deny"), Some(correlation.as_str()))
-    );
-    let events: Vec<String> = sqlx::query("SELECT event FROM owner_audit ORDER BY id")
-        .fetch_all(&app.state.db.pool)
-        .await
-        .expect("audit")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    assert_eq!((call["actor"].as_str(), call["decision"].as_str(), call["correlation_id"].as_str()), (Some("owner"), Some("deny"), Some(correlation.as_str())));
+    let events: Vec<String> = sqlx::query("SELECT event FROM owner_audit ORDER BY id").fetch_all(&app.state.db.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
     assert!(events.contains(&"tool_try".to_string()), "{events:?}");
 
     // Reload picks up an edit, and names what changed.
-    let before = app
-        .state
-        .tools
-        .catalog()
-        .get("web_fetch")
-        .expect("tool")
-        .version
-        .clone();
-    let text = std::fs::read_to_string(shipped)
-        .expect("read")
-        .replace("Fetches one public web page", "Reads one public web page");
+    let before = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
+    let text = std::fs::read_to_string(shipped).expect("read").replace("Fetches one public web page", "Reads one public web page");
     std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
     let reloaded = owner.post_form("/api/reload_tools", &[]).await;
     assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
-    assert_eq!(
-        reloaded.json(),
-        serde_json::json!({"tools": 3, "changed": ["web_fetch"]})
-    );
-    let after = app
-        .state
-        .tools
-        .catalog()
-        .get("web_fetch")
-        .expect("tool")
-        .version
-        .clone();
+    assert_eq!(reloaded.json(), serde_json::json!({"tools": 3, "changed": ["web_fetch"]}));
+    let after = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
     assert_ne!(before, after);
 
     // A broken file is refused with every problem, and the current catalog stays.
-    std::fs::write(
-        dir.path().join("tools.toml"),
-        format!("surprise = 1\n{text}\n[[tool]]\nname = \"x y\"\n"),
-    )
-    .expect("break");
+    std::fs::write(dir.path().join("tools.toml"), format!("surprise = 1\n{text}\n[[tool]]\nname = \"x y\"\n")).expect("break");
     let refused = owner.post_form("/api/reload_tools", &[]).await;
-    assert_eq!(
-        refused.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{}",
-        refused.body
-    );
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.body);
     let err = refused.json();
     assert_eq!(err["code"], "CONFIG_INVALID");
-    assert!(
-        err["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("surprise") && m.contains("tool[3]")),
-        "{err}"
-    );
-    assert_eq!(
-        app.state
-            .tools
-            .catalog()
-            .get("web_fetch")
-            .expect("tool")
-            .version,
-        after,
-        "the current catalog stays"
-    );
-    let reloads: i64 = sqlx::query("SELECT COUNT(*) FROM owner_audit WHERE event = 'tools_reload'")
-        .fetch_one(&app.state.db.pool)
-        .await
-        .expect("count")
-        .get(0);
+    assert!(err["message"].as_str().is_some_and(|m| m.contains("surprise") && m.contains("tool[3]")), "{err}");
+    assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, after, "the current catalog stays");
+    let reloads: i64 = sqlx::query("SELECT COUNT(*) FROM owner_audit WHERE event = 'tools_reload'").fetch_one(&app.state.db.pool).await.expect("count").get(0);
     assert_eq!(reloads, 2, "both reloads are audited");
 }
 both_backends!(tools_console, tools_page_try_it_and_reload);

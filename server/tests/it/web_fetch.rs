@@ -13,9 +13,7 @@ use axum::{
 use server::tools::builtins::web_fetch::{FetchCode, FetchLimits, WebFetch};
 
 async fn serve(router: Router) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     port
@@ -36,13 +34,7 @@ async fn site(other_port: u16) -> u16 {
 }
 
 fn fetcher(allowed: &[String]) -> WebFetch {
-    WebFetch::new(FetchLimits {
-        allowed_hosts: allowed.to_vec(),
-        max_bytes: 100_000,
-        timeout: Duration::from_secs(5),
-        ..Default::default()
-    })
-    .expect("client")
+    WebFetch::new(FetchLimits { allowed_hosts: allowed.to_vec(), max_bytes: 100_000, timeout: Duration::from_secs(5), ..Default::default() }).expect("client")
 }
 
 #[tokio::test]
@@ -50,31 +42,15 @@ async fn loopback_is_refused_unless_allowed() {
     let other = site(0).await;
     let port = site(other).await;
     let strict = fetcher(&[]);
-    for url in [
-        format!("http://127.0.0.1:{port}/page"),
-        format!("http://localhost:{port}/page"),
-        format!("http://[::1]:{port}/page"),
-        format!("http://2130706433:{port}/page"),
-        format!("http://0x7f.0.0.1:{port}/page"),
-    ] {
+    for url in [format!("http://127.0.0.1:{port}/page"), format!("http://localhost:{port}/page"), format!("http://[::1]:{port}/page"), format!("http://2130706433:{port}/page"), format!("http://0x7f.0.0.1:{port}/page")] {
         let err = strict.fetch(&url).await.expect_err(&url);
-        assert_eq!(
-            err.code,
-            FetchCode::AddressForbidden.as_str(),
-            "{url}: {err}"
-        );
+        assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{url}: {err}");
     }
     let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
-    let page = allowed
-        .fetch(&format!("http://127.0.0.1:{port}/page"))
-        .await
-        .expect("allowed host");
+    let page = allowed.fetch(&format!("http://127.0.0.1:{port}/page")).await.expect("allowed host");
     assert_eq!(page["title"], "Menu");
     assert_eq!(page["text"], "Lunch\nSoup & bread");
-    let same = allowed
-        .fetch(&format!("http://127.0.0.1:{port}/same-host"))
-        .await
-        .expect("same-host redirect");
+    let same = allowed.fetch(&format!("http://127.0.0.1:{port}/same-host")).await.expect("same-host redirect");
     assert_eq!(same["final_url"], format!("http://127.0.0.1:{port}/page"));
 }
 
@@ -83,16 +59,8 @@ async fn every_redirect_hop_is_checked() {
     let other = site(0).await;
     let port = site(other).await;
     let allowed = fetcher(&[format!("127.0.0.1:{port}")]);
-    for (path, expected) in [
-        ("/to-localhost", FetchCode::AddressForbidden.as_str()),
-        ("/to-loopback-ip", FetchCode::AddressForbidden.as_str()),
-        ("/to-metadata", FetchCode::AddressForbidden.as_str()),
-        ("/loop", FetchCode::UrlInvalid.as_str()),
-    ] {
-        let err = allowed
-            .fetch(&format!("http://127.0.0.1:{port}{path}"))
-            .await
-            .expect_err(path);
+    for (path, expected) in [("/to-localhost", FetchCode::AddressForbidden.as_str()), ("/to-loopback-ip", FetchCode::AddressForbidden.as_str()), ("/to-metadata", FetchCode::AddressForbidden.as_str()), ("/loop", FetchCode::UrlInvalid.as_str())] {
+        let err = allowed.fetch(&format!("http://127.0.0.1:{port}{path}")).await.expect_err(path);
         assert_eq!(err.code, expected, "{path}: {err}");
     }
 }
@@ -102,49 +70,16 @@ async fn limits_on_type_size_status_scheme_and_hosts() {
     let port = site(0).await;
     let host = format!("127.0.0.1:{port}");
     let f = fetcher(std::slice::from_ref(&host));
-    assert_eq!(
-        f.fetch(&format!("http://{host}/img"))
-            .await
-            .expect_err("image")
-            .code,
-        FetchCode::ContentType.as_str()
-    );
+    assert_eq!(f.fetch(&format!("http://{host}/img")).await.expect_err("image").code, FetchCode::ContentType.as_str());
     let big = f.fetch(&format!("http://{host}/big")).await.expect("big");
     assert_eq!(big["truncated"], true);
     assert_eq!(big["text"].as_str().map(str::len), Some(100_000));
-    let err = f
-        .fetch(&format!("http://{host}/error"))
-        .await
-        .expect_err("502");
-    assert!(
-        err.code == FetchCode::HttpStatus.as_str() && err.retryable,
-        "{err}"
-    );
-    assert_eq!(
-        f.fetch("file:///etc/passwd").await.expect_err("file").code,
-        FetchCode::UrlInvalid.as_str()
-    );
-    assert_eq!(
-        f.fetch(&format!("http://user:pw@{host}/page"))
-            .await
-            .expect_err("creds")
-            .code,
-        FetchCode::UrlInvalid.as_str()
-    );
-    let denied = WebFetch::new(FetchLimits {
-        allowed_hosts: vec![host.clone()],
-        denied_hosts: vec!["127.0.0.1".into()],
-        ..Default::default()
-    })
-    .expect("client");
-    assert_eq!(
-        denied
-            .fetch(&format!("http://{host}/page"))
-            .await
-            .expect_err("denied")
-            .code,
-        FetchCode::HostDenied.as_str()
-    );
+    let err = f.fetch(&format!("http://{host}/error")).await.expect_err("502");
+    assert!(err.code == FetchCode::HttpStatus.as_str() && err.retryable, "{err}");
+    assert_eq!(f.fetch("file:///etc/passwd").await.expect_err("file").code, FetchCode::UrlInvalid.as_str());
+    assert_eq!(f.fetch(&format!("http://user:pw@{host}/page")).await.expect_err("creds").code, FetchCode::UrlInvalid.as_str());
+    let denied = WebFetch::new(FetchLimits { allowed_hosts: vec![host.clone()], denied_hosts: vec!["127.0.0.1".into()], ..Default::default() }).expect("client");
+    assert_eq!(denied.fetch(&format!("http://{host}/page")).await.expect_err("denied").code, FetchCode::HostDenied.as_str());
 }
 
 /// An `allowed_hosts` entry with a port exempts that port only: the same host's other ports get
@@ -154,29 +89,16 @@ async fn an_allowed_port_allows_that_port_only() {
     let other = site(0).await;
     let port = site(other).await;
     let f = fetcher(&[format!("localhost:{port}")]);
-    let page = f
-        .fetch(&format!("http://localhost:{port}/page"))
-        .await
-        .expect("the allowed port");
+    let page = f.fetch(&format!("http://localhost:{port}/page")).await.expect("the allowed port");
     assert_eq!(page["title"], "Menu");
-    let err = f
-        .fetch(&format!("http://localhost:{other}/page"))
-        .await
-        .expect_err("another port of the allowed host");
+    let err = f.fetch(&format!("http://localhost:{other}/page")).await.expect_err("another port of the allowed host");
     assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{err}");
     // Nor through a redirect from the allowed port.
-    let err = f
-        .fetch(&format!("http://localhost:{port}/to-localhost"))
-        .await
-        .expect_err("redirect to another port");
+    let err = f.fetch(&format!("http://localhost:{port}/to-localhost")).await.expect_err("redirect to another port");
     assert_eq!(err.code, FetchCode::AddressForbidden.as_str(), "{err}");
     // An entry without a port covers every port.
     let any = fetcher(&["localhost".to_string()]);
-    assert!(
-        any.fetch(&format!("http://localhost:{other}/page"))
-            .await
-            .is_ok()
-    );
+    assert!(any.fetch(&format!("http://localhost:{other}/page")).await.is_ok());
 }
 
 /// A denied host stays denied spelled with a trailing dot, as a subdomain, or by its address.
@@ -184,30 +106,17 @@ async fn an_allowed_port_allows_that_port_only() {
 async fn denied_hosts_cover_spellings_subdomains_and_addresses() {
     let port = site(0).await;
     let limits = |denied: &[&str]| FetchLimits {
-        allowed_hosts: vec![
-            format!("127.0.0.1:{port}"),
-            format!("localhost:{port}"),
-            format!("sub.localhost:{port}"),
-        ],
+        allowed_hosts: vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("sub.localhost:{port}")],
         denied_hosts: denied.iter().map(|d| d.to_string()).collect(),
         ..Default::default()
     };
     let by_name = WebFetch::new(limits(&["LocalHost"])).expect("client");
-    for url in [
-        format!("http://localhost:{port}/page"),
-        format!("http://localhost.:{port}/page"),
-        format!("http://sub.localhost:{port}/page"),
-        format!("http://127.0.0.1:{port}/page"),
-    ] {
+    for url in [format!("http://localhost:{port}/page"), format!("http://localhost.:{port}/page"), format!("http://sub.localhost:{port}/page"), format!("http://127.0.0.1:{port}/page")] {
         let err = by_name.fetch(&url).await.expect_err(&url);
         assert_eq!(err.code, FetchCode::HostDenied.as_str(), "{url}: {err}");
     }
     let by_net = WebFetch::new(limits(&["127.0.0.0/8"])).expect("client");
-    for url in [
-        format!("http://127.0.0.1:{port}/page"),
-        format!("http://[::ffff:127.0.0.1]:{port}/page"),
-        format!("http://localhost:{port}/page"),
-    ] {
+    for url in [format!("http://127.0.0.1:{port}/page"), format!("http://[::ffff:127.0.0.1]:{port}/page"), format!("http://localhost:{port}/page")] {
         let err = by_net.fetch(&url).await.expect_err(&url);
         assert_eq!(err.code, FetchCode::HostDenied.as_str(), "{url}: {err}");
     }
@@ -218,16 +127,9 @@ async fn denied_hosts_cover_spellings_subdomains_and_addresses() {
 #[tokio::test]
 async fn connector_hosts_are_refused() {
     let port = site(0).await;
-    let limits = FetchLimits {
-        allowed_hosts: vec![format!("127.0.0.1:{port}"), format!("localhost:{port}")],
-        ..Default::default()
-    };
+    let limits = FetchLimits { allowed_hosts: vec![format!("127.0.0.1:{port}"), format!("localhost:{port}")], ..Default::default() };
     let f = WebFetch::with_connector_hosts(limits, &[format!("localhost:{port}")]).expect("client");
-    for url in [
-        format!("http://localhost:{port}/page"),
-        format!("http://LOCALHOST.:{}/page", port + 1),
-        format!("http://127.0.0.1:{port}/page"),
-    ] {
+    for url in [format!("http://localhost:{port}/page"), format!("http://LOCALHOST.:{}/page", port + 1), format!("http://127.0.0.1:{port}/page")] {
         let err = f.fetch(&url).await.expect_err(&url);
         assert_eq!(err.code, FetchCode::ConnectorHost.as_str(), "{url}: {err}");
     }

@@ -5,15 +5,10 @@ use std::{collections::HashMap, time::Duration};
 
 use axum::{Json, Router, extract::Query, http::HeaderMap, response::IntoResponse, routing::get};
 use serde_json::json;
-use server::{
-    config::SearchProvider,
-    tools::builtins::web_search::{SearchCode, WebSearch},
-};
+use server::{config::SearchProvider, tools::builtins::web_search::{SearchCode, WebSearch}};
 
 async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     format!("http://{addr}")
@@ -34,28 +29,11 @@ async fn searxng_and_brave_results_with_sources() {
         }),
     ))
     .await;
-    let search = WebSearch::new(
-        SearchProvider::Searxng,
-        &searxng,
-        2,
-        Duration::from_secs(5),
-        None,
-    )
-    .expect("client");
-    let out = search
-        .search("tea shop opening hours")
-        .await
-        .expect("results");
+    let search = WebSearch::new(SearchProvider::Searxng, &searxng, 2, Duration::from_secs(5), None).expect("client");
+    let out = search.search("tea shop opening hours").await.expect("results");
     assert_eq!(out["source"], "searxng");
-    assert_eq!(
-        out["results"].as_array().map(Vec::len),
-        Some(2),
-        "max_results honoured"
-    );
-    assert_eq!(
-        out["results"][0],
-        json!({ "title": "Tea shop hours", "url": "https://tea.example/hours", "snippet": "Open 9 to 5" })
-    );
+    assert_eq!(out["results"].as_array().map(Vec::len), Some(2), "max_results honoured");
+    assert_eq!(out["results"][0], json!({ "title": "Tea shop hours", "url": "https://tea.example/hours", "snippet": "Open 9 to 5" }));
 
     let brave = serve(Router::new().route(
         "/res/v1/web/search",
@@ -68,61 +46,20 @@ async fn searxng_and_brave_results_with_sources() {
     ))
     .await;
     let endpoint = format!("{brave}/res/v1/web/search");
-    let with_key = WebSearch::new(
-        SearchProvider::Brave,
-        &endpoint,
-        5,
-        Duration::from_secs(5),
-        Some("brave-key".into()),
-    )
-    .expect("client");
+    let with_key = WebSearch::new(SearchProvider::Brave, &endpoint, 5, Duration::from_secs(5), Some("brave-key".into())).expect("client");
     let out = with_key.search("news").await.expect("results");
     assert_eq!(out["source"], "brave");
     assert_eq!(out["results"][0]["snippet"], "Today");
-    let without = WebSearch::new(
-        SearchProvider::Brave,
-        &endpoint,
-        5,
-        Duration::from_secs(5),
-        None,
-    )
-    .expect("client");
-    assert_eq!(
-        without.search("news").await.expect_err("no key").code,
-        SearchCode::NotConfigured.as_str()
-    );
+    let without = WebSearch::new(SearchProvider::Brave, &endpoint, 5, Duration::from_secs(5), None).expect("client");
+    assert_eq!(without.search("news").await.expect_err("no key").code, SearchCode::NotConfigured.as_str());
 }
 
 #[tokio::test]
 async fn unconfigured_invalid_and_failing_providers() {
-    let none = WebSearch::new(SearchProvider::Searxng, "", 5, Duration::from_secs(5), None)
-        .expect("client");
-    assert_eq!(
-        none.search("x").await.expect_err("unconfigured").code,
-        SearchCode::NotConfigured.as_str()
-    );
-    assert_eq!(
-        none.search("   ").await.expect_err("empty").code,
-        SearchCode::QueryInvalid.as_str()
-    );
-    let failing = serve(Router::new().route(
-        "/search",
-        get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
-    ))
-    .await;
-    let err = WebSearch::new(
-        SearchProvider::Searxng,
-        &failing,
-        5,
-        Duration::from_secs(5),
-        None,
-    )
-    .expect("client")
-    .search("x")
-    .await
-    .expect_err("503");
-    assert!(
-        err.code == SearchCode::Provider.as_str() && err.retryable,
-        "{err}"
-    );
+    let none = WebSearch::new(SearchProvider::Searxng, "", 5, Duration::from_secs(5), None).expect("client");
+    assert_eq!(none.search("x").await.expect_err("unconfigured").code, SearchCode::NotConfigured.as_str());
+    assert_eq!(none.search("   ").await.expect_err("empty").code, SearchCode::QueryInvalid.as_str());
+    let failing = serve(Router::new().route("/search", get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }))).await;
+    let err = WebSearch::new(SearchProvider::Searxng, &failing, 5, Duration::from_secs(5), None).expect("client").search("x").await.expect_err("503");
+    assert!(err.code == SearchCode::Provider.as_str() && err.retryable, "{err}");
 }

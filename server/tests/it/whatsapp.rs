@@ -24,12 +24,12 @@ use server::{
         Handled, HandlerError, Inbound, InboundHandler, MessageKind, Presence,
         whatsapp::{Recipient, SendOutcome, WhatsApp, WhatsAppSender, signature},
     },
+    domain::Role,
     config::{Secrets, Settings},
     db::{
         self,
         whatsapp::{self as store, DeliveryState, NewOutbound},
     },
-    domain::Role,
     jobs::{Registry, Worker, WorkerSettings},
 };
 use tokio::sync::watch;
@@ -81,21 +81,14 @@ pub(crate) struct FakeGraph {
 impl FakeGraph {
     pub(crate) async fn start() -> Self {
         let mut graph = FakeGraph::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake graph");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake graph");
         graph.base_url = format!("http://{}", listener.local_addr().expect("addr"));
-        let app = Router::new()
-            .route("/{version}/{phone}/messages", post(graph_messages))
-            .with_state(graph.clone());
+        let app = Router::new().route("/{version}/{phone}/messages", post(graph_messages)).with_state(graph.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         graph
     }
 
-    fn set_rule(
-        &self,
-        rule: impl Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync + 'static,
-    ) {
+    fn set_rule(&self, rule: impl Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync + 'static) {
         *self.rule.lock().expect("rule") = Some(Box::new(rule));
     }
 
@@ -105,60 +98,31 @@ impl FakeGraph {
 
     /// Message sends (text and template), not read receipts.
     pub(crate) fn sends(&self) -> Vec<Value> {
-        self.all()
-            .into_iter()
-            .map(|s| s.body)
-            .filter(|b| b.get("type").is_some())
-            .collect()
+        self.all().into_iter().map(|s| s.body).filter(|b| b.get("type").is_some()).collect()
     }
 
     pub(crate) fn texts(&self) -> Vec<String> {
-        self.sends()
-            .iter()
-            .filter_map(|b| b["text"]["body"].as_str().map(str::to_string))
-            .collect()
+        self.sends().iter().filter_map(|b| b["text"]["body"].as_str().map(str::to_string)).collect()
     }
 }
 
 fn graph_error(status: u16, code: i64, message: &str) -> (u16, Value) {
-    (
-        status,
-        json!({ "error": { "message": message, "type": "OAuthException", "code": code,
-        "error_data": { "messaging_product": "whatsapp", "details": message }, "fbtrace_id": "AtestTrace" } }),
-    )
+    (status, json!({ "error": { "message": message, "type": "OAuthException", "code": code,
+        "error_data": { "messaging_product": "whatsapp", "details": message }, "fbtrace_id": "AtestTrace" } }))
 }
 
-async fn graph_messages(
-    State(graph): State<FakeGraph>,
-    Path((version, phone)): Path<(String, String)>,
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> impl IntoResponse {
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+async fn graph_messages(State(graph): State<FakeGraph>, Path((version, phone)): Path<(String, String)>, headers: HeaderMap, Json(body): Json<Value>) -> impl IntoResponse {
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     if auth != format!("Bearer {ACCESS_TOKEN}") {
         let (s, b) = graph_error(401, 190, "Invalid OAuth access token");
         return (StatusCode::from_u16(s).expect("status"), Json(b));
     }
     let index = {
         let mut seen = graph.seen.lock().expect("seen");
-        seen.push(Seen {
-            at: Instant::now(),
-            path: format!("/{version}/{phone}/messages"),
-            body: body.clone(),
-        });
+        seen.push(Seen { at: Instant::now(), path: format!("/{version}/{phone}/messages"), body: body.clone() });
         seen.len() - 1
     };
-    if let Some((status, answer)) = graph
-        .rule
-        .lock()
-        .expect("rule")
-        .as_ref()
-        .and_then(|r| r(&body, index))
-    {
+    if let Some((status, answer)) = graph.rule.lock().expect("rule").as_ref().and_then(|r| r(&body, index)) {
         return (StatusCode::from_u16(status).expect("status"), Json(answer));
     }
     if body["status"] == "read" {
@@ -167,13 +131,8 @@ async fn graph_messages(
     let delay = *graph.delay.lock().expect("delay");
     tokio::time::sleep(delay).await;
     let to = body["to"].as_str().unwrap_or_default();
-    (
-        StatusCode::OK,
-        Json(
-            json!({ "messaging_product": "whatsapp", "contacts": [{ "input": to, "wa_id": to }],
-        "messages": [{ "id": format!("wamid.out.{index}") }] }),
-        ),
-    )
+    (StatusCode::OK, Json(json!({ "messaging_product": "whatsapp", "contacts": [{ "input": to, "wa_id": to }],
+        "messages": [{ "id": format!("wamid.out.{index}") }] })))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,10 +157,7 @@ fn change(messages: Vec<Value>) -> Value {
 
 /// One entry per group of messages.
 pub(crate) fn envelope(entries: Vec<Vec<Value>>) -> String {
-    let entry: Vec<Value> = entries
-        .into_iter()
-        .map(|m| json!({ "id": "102290129340398", "changes": [change(m)] }))
-        .collect();
+    let entry: Vec<Value> = entries.into_iter().map(|m| json!({ "id": "102290129340398", "changes": [change(m)] })).collect();
     json!({ "object": "whatsapp_business_account", "entry": entry }).to_string()
 }
 
@@ -241,10 +197,7 @@ async fn app(db: TestDb, graph: Option<&FakeGraph>, tweak: impl FnOnce(&mut Sett
 }
 
 async fn post_webhook(app: &TestApp, body: &str, signature: Option<String>) -> Resp {
-    let mut req = Request::builder()
-        .method("POST")
-        .uri("/webhooks/whatsapp")
-        .header(header::CONTENT_TYPE, "application/json");
+    let mut req = Request::builder().method("POST").uri("/webhooks/whatsapp").header(header::CONTENT_TYPE, "application/json");
     if let Some(sig) = signature {
         req = req.header("X-Hub-Signature-256", sig);
     }
@@ -253,20 +206,11 @@ async fn post_webhook(app: &TestApp, body: &str, signature: Option<String>) -> R
     let status = res.status();
     let headers = res.headers().clone();
     let bytes = res.into_body().collect().await.expect("body").to_bytes();
-    Resp {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
+    Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
 pub(crate) async fn post_signed(app: &TestApp, body: &str) -> Resp {
-    post_webhook(
-        app,
-        body,
-        Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes())),
-    )
-    .await
+    post_webhook(app, body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await
 }
 
 /// Replies "echo: <text>" (quoting), or `fixed` when set; counts its calls.
@@ -278,54 +222,31 @@ struct Echo {
 
 #[async_trait::async_trait]
 impl InboundHandler for Echo {
-    async fn handle(
-        &self,
-        message: &Inbound,
-        presence: &dyn Presence,
-    ) -> Result<Handled, HandlerError> {
+    async fn handle(&self, message: &Inbound, presence: &dyn Presence) -> Result<Handled, HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         presence.typing().await;
         // Like the runtime, a type the bot cannot read gets a note instead.
         let text = match &message.kind {
             MessageKind::Unknown(kind) => format!("note: cannot read {kind}"),
-            _ => self
-                .fixed
-                .clone()
-                .unwrap_or_else(|| format!("echo: {}", message.text)),
+            _ => self.fixed.clone().unwrap_or_else(|| format!("echo: {}", message.text)),
         };
-        Ok(Handled {
-            trace_id: None,
-            role: Role::Customer,
-            route: "echo".into(),
-            reply: Some(text),
-            quote: true,
-            error_code: None,
-        })
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "echo".into(), reply: Some(text), quote: true, error_code: None })
     }
 }
 
 pub(crate) async fn count(app: &TestApp, sql: &str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(sql)
-        .fetch_one(&app.state.db.pool)
-        .await
-        .expect("count");
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&app.state.db.pool).await.expect("count");
     n
 }
 
 async fn inbound_jobs(app: &TestApp) -> i64 {
-    count(
-        app,
-        "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'",
-    )
-    .await
+    count(app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'").await
 }
 
 /// Runs the worker until every `whatsapp.inbound` job has finished.
 async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
     let mut registry = Registry::new();
-    app.gatehouse
-        .whatsapp
-        .register(&mut registry, &app.state.db, handler, &Default::default());
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, handler, &Default::default());
     let settings = WorkerSettings {
         concurrency: 4,
         poll_interval: Duration::from_millis(20),
@@ -334,25 +255,14 @@ async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
         ..Default::default()
     };
     let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(
-        Worker::new(
-            app.state.db.clone(),
-            registry,
-            settings,
-            app.state.jobs.waker(),
-        )
-        .run(stopped),
-    );
+    let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let open = count(app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
         if open == 0 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{open} WhatsApp job(s) still open"
-        );
+        assert!(Instant::now() < deadline, "{open} WhatsApp job(s) still open");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = stop.send(true);
@@ -383,72 +293,35 @@ async fn verification_handshake_accepts_only_our_token() {
 
     // Without a configured token nothing verifies, not even an empty one.
     let bare = TestApp::new(TestDb::sqlite()).await;
-    let res = bare
-        .client()
-        .get("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token=&hub.challenge=5")
-        .await;
+    let res = bare.client().get("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token=&hub.challenge=5").await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
 }
 
 async fn signatures_are_required(db: TestDb) {
     let app = app(db, None, |_| {}).await;
-    let body = envelope(vec![vec![text_message(
-        "16505551234",
-        "wamid.SIG1",
-        "hello",
-    )]]);
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.SIG1", "hello")]]);
 
     let missing = post_webhook(&app, &body, None).await;
     assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
-    let wrong = post_webhook(
-        &app,
-        &body,
-        Some(signature::sign(b"not-the-secret", body.as_bytes())),
-    )
-    .await;
+    let wrong = post_webhook(&app, &body, Some(signature::sign(b"not-the-secret", body.as_bytes()))).await;
     assert_eq!(wrong.status, StatusCode::FORBIDDEN);
     let garbage = post_webhook(&app, &body, Some("sha256=nothex".into())).await;
     assert_eq!(garbage.status, StatusCode::FORBIDDEN);
     let modified = body.replace("hello", "HELLO");
-    let tampered = post_webhook(
-        &app,
-        &modified,
-        Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes())),
-    )
-    .await;
-    assert_eq!(
-        tampered.status,
-        StatusCode::FORBIDDEN,
-        "signature over the original, body modified"
-    );
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await,
-        0,
-        "nothing stored from unsigned posts"
-    );
+    let tampered = post_webhook(&app, &modified, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
+    assert_eq!(tampered.status, StatusCode::FORBIDDEN, "signature over the original, body modified");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 0, "nothing stored from unsigned posts");
     assert_eq!(inbound_jobs(&app).await, 0);
 
     let ok = post_signed(&app, &body).await;
     assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await,
-        1
-    );
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
     assert_eq!(inbound_jobs(&app).await, 1);
 
     // No CSRF origin or session is needed, but the app secret is.
     let bare = TestApp::new(TestDb::sqlite()).await;
-    let res = post_webhook(
-        &bare,
-        &body,
-        Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes())),
-    )
-    .await;
-    assert_eq!(
-        res.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "without WHATSAPP_APP_SECRET nothing is accepted"
-    );
+    let res = post_webhook(&bare, &body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "without WHATSAPP_APP_SECRET nothing is accepted");
 }
 both_backends!(whatsapp_signatures, signatures_are_required);
 
@@ -473,56 +346,26 @@ impl std::io::Write for Captured {
 async fn a_refused_post_is_logged_without_its_body() {
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .finish();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_max_level(tracing::Level::TRACE).with_ansi(false).finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let app = app(TestDb::sqlite(), None, |_| {}).await;
-    let body = envelope(vec![vec![text_message(
-        "16505551234",
-        "wamid.LOGGED",
-        "my card is 4111 1111 1111 1111",
-    )]]);
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.LOGGED", "my card is 4111 1111 1111 1111")]]);
     let forged = signature::sign(b"not-the-app-secret", body.as_bytes());
-    assert_eq!(
-        post_webhook(&app, &body, Some(forged)).await.status,
-        StatusCode::FORBIDDEN
-    );
-    assert_eq!(
-        post_webhook(&app, &body, None).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(post_webhook(&app, &body, Some(forged)).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(post_webhook(&app, &body, None).await.status, StatusCode::UNAUTHORIZED);
     let logs = String::from_utf8(captured.0.lock().expect("log buffer").clone()).expect("utf8");
-    assert!(
-        logs.contains("bad signature refused") && logs.contains(&format!("bytes={}", body.len())),
-        "{logs}"
-    );
-    assert!(
-        !logs.contains("4111") && !logs.contains("wamid.LOGGED"),
-        "the body never reaches the log: {logs}"
-    );
+    assert!(logs.contains("bad signature refused") && logs.contains(&format!("bytes={}", body.len())), "{logs}");
+    assert!(!logs.contains("4111") && !logs.contains("wamid.LOGGED"), "the body never reaches the log: {logs}");
 }
 
 #[tokio::test]
 async fn bodies_over_four_mebibytes_are_refused() {
     let app = app(TestDb::sqlite(), None, |_| {}).await;
-    let big = format!(
-        "{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}",
-        "x".repeat(4 << 20)
-    );
+    let big = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(4 << 20));
     let res = post_signed(&app, &big).await;
     assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
-    let near = format!(
-        "{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}",
-        "x".repeat(3 << 20)
-    );
-    assert_eq!(
-        post_signed(&app, &near).await.status,
-        StatusCode::OK,
-        "Meta's 3 MB payloads fit"
-    );
+    let near = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(3 << 20));
+    assert_eq!(post_signed(&app, &near).await.status, StatusCode::OK, "Meta's 3 MB payloads fit");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,10 +380,7 @@ async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
     let template_button = json!({ "from": "16505550000", "id": "wamid.B4", "timestamp": "1739321027", "type": "button",
         "button": { "text": "Stop promotions", "payload": "STOP" } });
     let body = envelope(vec![
-        vec![
-            text_message("16505551234", "wamid.B1", "Do you open on Sunday?"),
-            button,
-        ],
+        vec![text_message("16505551234", "wamid.B1", "Do you open on Sunday?"), button],
         vec![image_message("16505559999", "wamid.B3"), template_button],
     ]);
     let res = post_signed(&app, &body).await;
@@ -548,120 +388,46 @@ async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
     assert_eq!(inbound_jobs(&app).await, 4);
 
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let b2 = store::inbound_by_wamid(&mut conn, "wamid.B2")
-        .await
-        .expect("get")
-        .expect("stored");
+    let b2 = store::inbound_by_wamid(&mut conn, "wamid.B2").await.expect("get").expect("stored");
     assert_eq!(b2.msg_type, "interactive.button_reply");
     assert_eq!(b2.text.as_deref(), Some("Yes, book it"));
     assert_eq!(b2.reply_id.as_deref(), Some("confirm-yes"));
     assert_eq!(b2.context_id.as_deref(), Some("wamid.BUTTONS"));
     assert_eq!(b2.sent_at, 1_739_321_025_000);
-    assert!(
-        b2.raw
-            .as_deref()
-            .is_some_and(|r| r.contains("button_reply"))
-    );
-    let b4 = store::inbound_by_wamid(&mut conn, "wamid.B4")
-        .await
-        .expect("get")
-        .expect("stored");
-    assert_eq!(
-        (
-            b4.msg_type.as_str(),
-            b4.text.as_deref(),
-            b4.reply_id.as_deref()
-        ),
-        ("button", Some("Stop promotions"), Some("STOP"))
-    );
-    let b3 = store::inbound_by_wamid(&mut conn, "wamid.B3")
-        .await
-        .expect("get")
-        .expect("stored");
-    assert_eq!(
-        (b3.msg_type.as_str(), b3.text.as_deref()),
-        ("image", None),
-        "unknown types are stored as such"
-    );
+    assert!(b2.raw.as_deref().is_some_and(|r| r.contains("button_reply")));
+    let b4 = store::inbound_by_wamid(&mut conn, "wamid.B4").await.expect("get").expect("stored");
+    assert_eq!((b4.msg_type.as_str(), b4.text.as_deref(), b4.reply_id.as_deref()), ("button", Some("Stop promotions"), Some("STOP")));
+    let b3 = store::inbound_by_wamid(&mut conn, "wamid.B3").await.expect("get").expect("stored");
+    assert_eq!((b3.msg_type.as_str(), b3.text.as_deref()), ("image", None), "unknown types are stored as such");
     drop(conn);
 
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
-    assert_eq!(
-        echo.calls.load(Ordering::SeqCst),
-        4,
-        "text, both buttons and the image reach the runtime, which decides what each gets"
-    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 4, "text, both buttons and the image reach the runtime, which decides what each gets");
     let mut texts = graph.texts();
     texts.sort();
     assert_eq!(texts, {
-        let mut want = vec![
-            "echo: Do you open on Sunday?".to_string(),
-            "echo: Yes, book it".into(),
-            "echo: Stop promotions".into(),
-            "note: cannot read image".into(),
-        ];
+        let mut want = vec!["echo: Do you open on Sunday?".to_string(), "echo: Yes, book it".into(), "echo: Stop promotions".into(), "note: cannot read image".into()];
         want.sort();
         want
     });
     let sends = graph.sends();
-    let to_b1 = sends
-        .iter()
-        .find(|b| b["text"]["body"] == "echo: Do you open on Sunday?")
-        .expect("reply");
-    assert_eq!(
-        to_b1["context"]["message_id"], "wamid.B1",
-        "the reply quotes the message"
-    );
+    let to_b1 = sends.iter().find(|b| b["text"]["body"] == "echo: Do you open on Sunday?").expect("reply");
+    assert_eq!(to_b1["context"]["message_id"], "wamid.B1", "the reply quotes the message");
     assert_eq!(to_b1["to"], "16505551234");
     assert_eq!(to_b1["recipient_type"], "individual");
-    assert!(
-        graph
-            .all()
-            .iter()
-            .all(|s| s.path == format!("/{VERSION}/{PHONE_NUMBER_ID}/messages"))
-    );
-    let reads: Vec<Value> = graph
-        .all()
-        .into_iter()
-        .map(|s| s.body)
-        .filter(|b| b["status"] == "read")
-        .collect();
-    assert_eq!(
-        reads.len(),
-        4,
-        "each handled message is marked read: {reads:?}"
-    );
-    assert_eq!(
-        count(
-            &app,
-            "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent' AND wamid IS NOT NULL"
-        )
-        .await,
-        4
-    );
-    assert_eq!(
-        count(
-            &app,
-            "SELECT COUNT(*) FROM whatsapp_inbound WHERE processed_at IS NOT NULL"
-        )
-        .await,
-        4
-    );
+    assert!(graph.all().iter().all(|s| s.path == format!("/{VERSION}/{PHONE_NUMBER_ID}/messages")));
+    let reads: Vec<Value> = graph.all().into_iter().map(|s| s.body).filter(|b| b["status"] == "read").collect();
+    assert_eq!(reads.len(), 4, "each handled message is marked read: {reads:?}");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent' AND wamid IS NOT NULL").await, 4);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound WHERE processed_at IS NOT NULL").await, 4);
 }
-both_backends!(
-    whatsapp_batch,
-    a_batch_is_stored_and_answered_message_by_message
-);
+both_backends!(whatsapp_batch, a_batch_is_stored_and_answered_message_by_message);
 
 async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = Arc::new(app(db, Some(&graph), |_| {}).await);
-    let body = Arc::new(envelope(vec![vec![text_message(
-        "16505551234",
-        "wamid.DUP",
-        "Are you there?",
-    )]]));
+    let body = Arc::new(envelope(vec![vec![text_message("16505551234", "wamid.DUP", "Are you there?")]]));
     let posts: Vec<_> = (0..20)
         .map(|_| {
             let (app, body) = (app.clone(), body.clone());
@@ -669,16 +435,9 @@ async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
         })
         .collect();
     for p in posts {
-        assert_eq!(
-            p.await.expect("join"),
-            StatusCode::OK,
-            "every delivery is acknowledged"
-        );
+        assert_eq!(p.await.expect("join"), StatusCode::OK, "every delivery is acknowledged");
     }
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await,
-        1
-    );
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
     assert_eq!(inbound_jobs(&app).await, 1);
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
@@ -688,10 +447,7 @@ async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
     assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
     assert_eq!(graph.texts(), vec!["echo: Are you there?".to_string()]);
 }
-both_backends!(
-    whatsapp_concurrent_duplicates,
-    twenty_concurrent_deliveries_give_one_reply
-);
+both_backends!(whatsapp_concurrent_duplicates, twenty_concurrent_deliveries_give_one_reply);
 
 /// Posts that arrive while the writer is busy are stored together in one transaction, and
 /// each is still answered only after it committed.
@@ -704,18 +460,11 @@ async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {
         db::Backend::Sqlite => "BEGIN IMMEDIATE",
         db::Backend::Postgres => "BEGIN; LOCK TABLE whatsapp_inbound IN EXCLUSIVE MODE",
     };
-    sqlx::raw_sql(lock)
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    sqlx::raw_sql(lock).execute(&mut *blocker).await.expect("lock");
     let posts: Vec<_> = (0..10)
         .map(|i| {
             let app = app.clone();
-            let body = envelope(vec![vec![text_message(
-                "16505551234",
-                &format!("wamid.G{i}"),
-                "hello",
-            )]]);
+            let body = envelope(vec![vec![text_message("16505551234", &format!("wamid.G{i}"), "hello")]]);
             tokio::spawn(async move { post_signed(&app, &body).await.status })
         })
         .collect();
@@ -724,61 +473,30 @@ async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {
         assert!(Instant::now() < deadline, "posts never reached the writer");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await,
-        0,
-        "nothing is stored while the lock is held"
-    );
-    assert!(
-        posts.iter().all(|p| !p.is_finished()),
-        "no post is answered before its batch commits"
-    );
-    sqlx::query("ROLLBACK")
-        .execute(&mut *blocker)
-        .await
-        .expect("unlock");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 0, "nothing is stored while the lock is held");
+    assert!(posts.iter().all(|p| !p.is_finished()), "no post is answered before its batch commits");
+    sqlx::query("ROLLBACK").execute(&mut *blocker).await.expect("unlock");
     drop(blocker);
     for p in posts {
         assert_eq!(p.await.expect("join"), StatusCode::OK);
     }
     let counts = app.state.webhook.intake.counts();
     assert_eq!(counts.batches, 10);
-    assert!(
-        counts.groups <= 2,
-        "the first group may hold one batch, the rest share one: {counts:?}"
-    );
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await,
-        10
-    );
+    assert!(counts.groups <= 2, "the first group may hold one batch, the rest share one: {counts:?}");
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 10);
     assert_eq!(inbound_jobs(&app).await, 10);
     assert_eq!(count(&app, "SELECT COUNT(*) FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE j.kind = 'whatsapp.inbound'").await, 10);
 }
-both_backends!(
-    whatsapp_group_commit,
-    posts_arriving_during_a_commit_share_the_next_one
-);
+both_backends!(whatsapp_group_commit, posts_arriving_during_a_commit_share_the_next_one);
 
 async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message("16505551234", "wamid.ST1", "hi")]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.ST1", "hi")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::outbound_for_recipient(&mut conn, "16505551234")
-        .await
-        .expect("ledger")
-        .pop()
-        .expect("one row");
+    let row = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger").pop().expect("one row");
     let wamid = row.wamid.clone().expect("wamid recorded");
     assert_eq!(row.state, DeliveryState::Sent);
     drop(conn);
@@ -786,100 +504,40 @@ async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
     let jobs_before = inbound_jobs(&app).await;
     let sends_before = graph.all().len();
     for state in ["delivered", "read", "delivered", "sent"] {
-        let res = post_signed(
-            &app,
-            &status_envelope(vec![status(&wamid, state, "16505551234")]),
-        )
-        .await;
+        let res = post_signed(&app, &status_envelope(vec![status(&wamid, state, "16505551234")])).await;
         assert_eq!(res.status, StatusCode::OK);
     }
     // A status for a message we never sent is acknowledged and ignored.
-    assert_eq!(
-        post_signed(
-            &app,
-            &status_envelope(vec![status("wamid.SOMEONE-ELSE", "read", "1")])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &status_envelope(vec![status("wamid.SOMEONE-ELSE", "read", "1")])).await.status, StatusCode::OK);
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::outbound_by_wamid(&mut conn, &wamid)
-        .await
-        .expect("get")
-        .expect("row");
-    assert_eq!(
-        row.state,
-        DeliveryState::Read,
-        "late 'delivered' and 'sent' never move it back"
-    );
+    let row = store::outbound_by_wamid(&mut conn, &wamid).await.expect("get").expect("row");
+    assert_eq!(row.state, DeliveryState::Read, "late 'delivered' and 'sent' never move it back");
     assert!(row.delivered_at.is_some() && row.read_at.is_some());
 
     let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505551234",
         "errors": [{ "code": 131026, "title": "Message undeliverable", "message": "Message undeliverable",
                      "error_data": { "details": "Message Undeliverable." } }] });
-    assert_eq!(
-        post_signed(&app, &status_envelope(vec![failed]))
-            .await
-            .status,
-        StatusCode::OK
-    );
-    let row = store::outbound_by_wamid(&mut conn, &wamid)
-        .await
-        .expect("get")
-        .expect("row");
-    assert_eq!(
-        (row.state, row.error_code.as_deref()),
-        (DeliveryState::Failed, Some("131026"))
-    );
+    assert_eq!(post_signed(&app, &status_envelope(vec![failed])).await.status, StatusCode::OK);
+    let row = store::outbound_by_wamid(&mut conn, &wamid).await.expect("get").expect("row");
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("131026")));
     drop(conn);
 
-    assert_eq!(
-        inbound_jobs(&app).await,
-        jobs_before,
-        "statuses enqueue nothing"
-    );
+    assert_eq!(inbound_jobs(&app).await, jobs_before, "statuses enqueue nothing");
     assert_eq!(graph.all().len(), sends_before, "statuses send nothing");
     assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
 }
-both_backends!(
-    whatsapp_statuses,
-    statuses_update_the_ledger_and_never_wake_the_bot
-);
+both_backends!(whatsapp_statuses, statuses_update_the_ledger_and_never_wake_the_bot);
 
 async fn storage_failure_answers_500(db: TestDb) {
     let app = app(db, None, |_| {}).await;
-    sqlx::query("DROP TABLE whatsapp_inbound")
-        .execute(&app.state.db.pool)
-        .await
-        .expect("drop table");
-    let res = post_signed(
-        &app,
-        &envelope(vec![vec![text_message(
-            "16505551234",
-            "wamid.LOST",
-            "hello?",
-        )]]),
-    )
-    .await;
-    assert_eq!(
-        res.status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "never 200 for what was not stored"
-    );
+    sqlx::query("DROP TABLE whatsapp_inbound").execute(&app.state.db.pool).await.expect("drop table");
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LOST", "hello?")]])).await;
+    assert_eq!(res.status, StatusCode::INTERNAL_SERVER_ERROR, "never 200 for what was not stored");
     assert_eq!(inbound_jobs(&app).await, 0, "no job without its message");
 
     // A closed pool too.
     app.state.db.close().await;
-    let res = post_signed(
-        &app,
-        &envelope(vec![vec![text_message(
-            "16505551234",
-            "wamid.LOST2",
-            "hello?",
-        )]]),
-    )
-    .await;
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LOST2", "hello?")]])).await;
     assert_eq!(res.status, StatusCode::INTERNAL_SERVER_ERROR);
 }
 both_backends!(whatsapp_storage_failure, storage_failure_answers_500);
@@ -889,11 +547,8 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     let app = app(db, Some(&graph), |_| {}).await;
     // The runtime itself: the type is its first step, before any model.
     let runtime: Arc<dyn InboundHandler> = app.gatehouse.runtime.clone();
-    let first = envelope(vec![vec![
-        image_message("16505551234", "wamid.U1"),
-        json!({ "from": "16505551234", "id": "wamid.U2",
-        "timestamp": "1739321024", "type": "audio", "audio": { "id": "a1", "mime_type": "audio/ogg" } }),
-    ]]);
+    let first = envelope(vec![vec![image_message("16505551234", "wamid.U1"), json!({ "from": "16505551234", "id": "wamid.U2",
+        "timestamp": "1739321024", "type": "audio", "audio": { "id": "a1", "mime_type": "audio/ogg" } })]]);
     assert_eq!(post_signed(&app, &first).await.status, StatusCode::OK);
     run_jobs(&app, runtime.clone()).await;
     // Later, another unknown type in the same chat, and one from another chat.
@@ -904,95 +559,44 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     assert_eq!(post_signed(&app, &second).await.status, StatusCode::OK);
     run_jobs(&app, runtime).await;
 
-    let note = app
-        .state
-        .config
-        .settings
-        .whatsapp
-        .unknown_type_reply
-        .clone();
-    let to: Vec<String> = graph
-        .sends()
-        .iter()
-        .map(|b| b["to"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let note = app.state.config.settings.whatsapp.unknown_type_reply.clone();
+    let to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
     let mut to_sorted = to.clone();
     to_sorted.sort();
-    assert_eq!(
-        to_sorted,
-        vec!["16505550000".to_string(), "16505551234".into()],
-        "one note per chat: {to:?}"
-    );
+    assert_eq!(to_sorted, vec!["16505550000".to_string(), "16505551234".into()], "one note per chat: {to:?}");
     assert!(graph.texts().iter().all(|t| *t == note));
-    assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM llm_calls").await,
-        0,
-        "unknown types never reach a model"
-    );
-    let already = count(
-        &app,
-        "SELECT COUNT(*) FROM trace_steps WHERE reason_code = 'NOTE_ALREADY_SENT'",
-    )
-    .await;
-    assert_eq!(
-        already, 2,
-        "of three unknown messages in one chat, one got the note"
-    );
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM llm_calls").await, 0, "unknown types never reach a model");
+    let already = count(&app, "SELECT COUNT(*) FROM trace_steps WHERE reason_code = 'NOTE_ALREADY_SENT'").await;
+    assert_eq!(already, 2, "of three unknown messages in one chat, one got the note");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let audio = store::inbound_by_wamid(&mut conn, "wamid.U2")
-        .await
-        .expect("get")
-        .expect("stored");
+    let audio = store::inbound_by_wamid(&mut conn, "wamid.U2").await.expect("get").expect("stored");
     assert_eq!(audio.msg_type, "audio");
     drop(conn);
 
     // Each one is traced: the type, and whether the note went out and was delivered.
-    let traces: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT message_id, route, outcome FROM traces ORDER BY message_id")
-            .fetch_all(&app.state.db.pool)
-            .await
-            .expect("traces");
-    assert_eq!(traces.len(), 4, "{traces:?}");
-    assert!(
-        traces.iter().all(|(_, route, _)| route == "unknown_type"),
-        "{traces:?}"
-    );
-    assert_eq!(
-        traces
-            .iter()
-            .filter(|(_, _, outcome)| outcome == "replied")
-            .count(),
-        2,
-        "{traces:?}"
-    );
-    let (noted,): (i64,) = sqlx::query_as("SELECT id FROM traces WHERE message_id = 'wamid.U4'")
-        .fetch_one(&app.state.db.pool)
+    let traces: Vec<(String, String, String)> = sqlx::query_as("SELECT message_id, route, outcome FROM traces ORDER BY message_id")
+        .fetch_all(&app.state.db.pool)
         .await
-        .expect("trace");
-    let steps: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq",
-    )
-    .bind(noted)
-    .fetch_all(&app.state.db.pool)
-    .await
-    .expect("steps");
+        .expect("traces");
+    assert_eq!(traces.len(), 4, "{traces:?}");
+    assert!(traces.iter().all(|(_, route, _)| route == "unknown_type"), "{traces:?}");
+    assert_eq!(traces.iter().filter(|(_, _, outcome)| outcome == "replied").count(), 2, "{traces:?}");
+    let (noted,): (i64,) = sqlx::query_as("SELECT id FROM traces WHERE message_id = 'wamid.U4'").fetch_one(&app.state.db.pool).await.expect("trace");
+    let steps: Vec<(String, String, String)> = sqlx::query_as("SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+        .bind(noted)
+        .fetch_all(&app.state.db.pool)
+        .await
+        .expect("steps");
     assert_eq!(
         steps,
         vec![
-            (
-                "message_type".into(),
-                "not_read".into(),
-                "UNSUPPORTED_TYPE".into()
-            ),
+            ("message_type".into(), "not_read".into(), "UNSUPPORTED_TYPE".into()),
             ("reply".into(), "send".into(), "UNKNOWN_TYPE_NOTE".into()),
             ("delivery".into(), "sent".into(), "WHATSAPP_SENT".into()),
         ]
     );
 }
-both_backends!(
-    whatsapp_unknown_types,
-    unknown_types_get_the_note_once_per_period
-);
+both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 
 /// A message for another number on the same business account is stored and not answered from
 /// ours; ours gets the read receipt with the typing indicator while the handler works.
@@ -1003,156 +607,60 @@ async fn only_our_number_is_answered_and_typing_is_shown(db: TestDb) {
         s.whatsapp.mark_read = true;
     })
     .await;
-    let mut other = change(vec![text_message(
-        "16505551234",
-        "wamid.OTHER",
-        "hello other number",
-    )]);
+    let mut other = change(vec![text_message("16505551234", "wamid.OTHER", "hello other number")]);
     other["value"]["metadata"]["phone_number_id"] = json!("999999999999999");
     let body = json!({ "object": "whatsapp_business_account", "entry": [{ "id": "WABA", "changes": [other] }] }).to_string();
     assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message(
-                "16505551234",
-                "wamid.OURS",
-                "hello"
-            )]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.OURS", "hello")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
-    assert_eq!(
-        echo.calls.load(Ordering::SeqCst),
-        1,
-        "only our number's message reached the handler"
-    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1, "only our number's message reached the handler");
     assert_eq!(graph.texts(), vec!["echo: hello".to_string()]);
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let other = store::inbound_by_wamid(&mut conn, "wamid.OTHER")
-        .await
-        .expect("get")
-        .expect("stored");
-    assert!(
-        other
-            .outcome
-            .as_deref()
-            .is_some_and(|o| o.contains("not ours")),
-        "{other:?}"
-    );
-    let receipts: Vec<Value> = graph
-        .all()
-        .into_iter()
-        .map(|s| s.body)
-        .filter(|b| b["status"] == "read")
-        .collect();
-    assert!(
-        receipts.iter().all(|b| b["message_id"] == "wamid.OURS"),
-        "no receipt for another number's message: {receipts:?}"
-    );
-    assert!(
-        receipts
-            .iter()
-            .any(|b| b["typing_indicator"]["type"] == "text"),
-        "the typing indicator was shown: {receipts:?}"
-    );
+    let other = store::inbound_by_wamid(&mut conn, "wamid.OTHER").await.expect("get").expect("stored");
+    assert!(other.outcome.as_deref().is_some_and(|o| o.contains("not ours")), "{other:?}");
+    let receipts: Vec<Value> = graph.all().into_iter().map(|s| s.body).filter(|b| b["status"] == "read").collect();
+    assert!(receipts.iter().all(|b| b["message_id"] == "wamid.OURS"), "no receipt for another number's message: {receipts:?}");
+    assert!(receipts.iter().any(|b| b["typing_indicator"]["type"] == "text"), "the typing indicator was shown: {receipts:?}");
 }
-both_backends!(
-    whatsapp_our_number_only,
-    only_our_number_is_answered_and_typing_is_shown
-);
+both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_is_shown);
 
 /// Without whatsapp.phone_number_id nothing can be sent, so the model is not asked at all.
 async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
     let graph = FakeGraph::start().await;
-    let app = app(db, Some(&graph), |s| {
-        s.whatsapp.phone_number_id = String::new()
-    })
-    .await;
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message(
-                "16505551234",
-                "wamid.NOID",
-                "hello"
-            )]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    let app = app(db, Some(&graph), |s| s.whatsapp.phone_number_id = String::new()).await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.NOID", "hello")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
     run_jobs(&app, echo.clone()).await;
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
     assert!(graph.all().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, "wamid.NOID")
-        .await
-        .expect("get")
-        .expect("stored");
-    assert!(
-        row.outcome
-            .as_deref()
-            .is_some_and(|o| o.contains("phone_number_id is not set")),
-        "{row:?}"
-    );
+    let row = store::inbound_by_wamid(&mut conn, "wamid.NOID").await.expect("get").expect("stored");
+    assert!(row.outcome.as_deref().is_some_and(|o| o.contains("phone_number_id is not set")), "{row:?}");
 }
-both_backends!(
-    whatsapp_no_phone_number_id,
-    without_a_phone_number_id_nothing_is_asked
-);
+both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
 
 /// Decides every message needs no answer.
 struct Silent;
 
 #[async_trait::async_trait]
 impl InboundHandler for Silent {
-    async fn handle(
-        &self,
-        _message: &Inbound,
-        _presence: &dyn Presence,
-    ) -> Result<Handled, HandlerError> {
-        Ok(Handled {
-            trace_id: None,
-            role: Role::Customer,
-            route: "silent".into(),
-            reply: None,
-            quote: false,
-            error_code: None,
-        })
+    async fn handle(&self, _message: &Inbound, _presence: &dyn Presence) -> Result<Handled, HandlerError> {
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "silent".into(), reply: None, quote: false, error_code: None })
     }
 }
 
 async fn a_message_without_an_answer_is_recorded_and_nothing_sent(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message("16505551234", "wamid.R1", "hello")]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.R1", "hello")]])).await.status, StatusCode::OK);
     run_jobs(&app, Arc::new(Silent)).await;
     assert!(graph.sends().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, "wamid.R1")
-        .await
-        .expect("get")
-        .expect("stored");
+    let row = store::inbound_by_wamid(&mut conn, "wamid.R1").await.expect("get").expect("stored");
     assert_eq!(row.outcome.as_deref(), Some("no reply: silent"));
 }
-both_backends!(
-    whatsapp_no_answer,
-    a_message_without_an_answer_is_recorded_and_nothing_sent
-);
+both_backends!(whatsapp_no_answer, a_message_without_an_answer_is_recorded_and_nothing_sent);
 
 // ---------------------------------------------------------------------------------------------
 // The sender: splitting, the ledger across retries, the 24-hour window, pacing and retries.
@@ -1161,130 +669,51 @@ async fn long_replies_are_split_and_only_the_first_part_quotes(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
     let paragraph = "This is a sentence about opening hours. ".repeat(50);
-    let long = [
-        paragraph.trim(),
-        paragraph.trim(),
-        paragraph.trim(),
-        paragraph.trim(),
-        paragraph.trim(),
-    ]
-    .join("\n\n");
+    let long = [paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim(), paragraph.trim()].join("\n\n");
     assert!(long.chars().count() > 8192);
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message(
-                "16505551234",
-                "wamid.LONG",
-                "tell me everything"
-            )]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
-    run_jobs(
-        &app,
-        Arc::new(Echo {
-            fixed: Some(long.clone()),
-            ..Default::default()
-        }),
-    )
-    .await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.LONG", "tell me everything")]])).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(Echo { fixed: Some(long.clone()), ..Default::default() })).await;
     let sends = graph.sends();
-    assert_eq!(
-        sends.len(),
-        3,
-        "{} characters in parts of at most 4,096",
-        long.chars().count()
-    );
+    assert_eq!(sends.len(), 3, "{} characters in parts of at most 4,096", long.chars().count());
     for (i, s) in sends.iter().enumerate() {
         let body = s["text"]["body"].as_str().expect("body");
         assert!(body.chars().count() <= 4096);
-        assert!(
-            body.ends_with("hours."),
-            "parts end on a paragraph: part {i}"
-        );
-        assert_eq!(
-            s.get("context").is_some(),
-            i == 0,
-            "only the first part quotes"
-        );
+        assert!(body.ends_with("hours."), "parts end on a paragraph: part {i}");
+        assert_eq!(s.get("context").is_some(), i == 0, "only the first part quotes");
     }
     let joined: String = graph.texts().join("\n\n");
     assert_eq!(joined, long);
-    assert_eq!(
-        count(
-            &app,
-            "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent'"
-        )
-        .await,
-        3
-    );
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_outbound WHERE state = 'sent'").await, 3);
 }
-both_backends!(
-    whatsapp_split,
-    long_replies_are_split_and_only_the_first_part_quotes
-);
+both_backends!(whatsapp_split, long_replies_are_split_and_only_the_first_part_quotes);
 
 async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
     // The second send (part 1 of the first attempt) meets a Meta server error once.
-    graph.set_rule(|_, index| {
-        (index == 1).then(|| graph_error(503, 2, "Service temporarily unavailable"))
-    });
+    graph.set_rule(|_, index| (index == 1).then(|| graph_error(503, 2, "Service temporarily unavailable")));
     let first = "The first part, long enough to split. ".repeat(60);
     let second = "The second part follows it here. ".repeat(60);
     let long = format!("{}\n\n{}", first.trim(), second.trim());
-    assert_eq!(
-        post_signed(
-            &app,
-            &envelope(vec![vec![text_message("16505551234", "wamid.RETRY", "go")]])
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
-    let echo = Arc::new(Echo {
-        fixed: Some(long),
-        ..Default::default()
-    });
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.RETRY", "go")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo { fixed: Some(long), ..Default::default() });
     run_jobs(&app, echo.clone()).await;
 
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2, "the job ran twice");
     let bodies = graph.texts();
     assert_eq!(bodies.len(), 3, "part 0, part 1 refused, part 1 again");
-    assert_eq!(
-        bodies.iter().filter(|b| **b == bodies[0]).count(),
-        1,
-        "part 0 went out once"
-    );
+    assert_eq!(bodies.iter().filter(|b| **b == bodies[0]).count(), 1, "part 0 went out once");
     assert_eq!(bodies[1], bodies[2], "part 1 was retried");
-    let (attempt,): (i64,) =
-        sqlx::query_as("SELECT attempt FROM jobs WHERE kind = 'whatsapp.inbound'")
-            .fetch_one(&app.state.db.pool)
-            .await
-            .expect("job");
+    let (attempt,): (i64,) = sqlx::query_as("SELECT attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
     assert_eq!(attempt, 2);
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let rows = store::outbound_for_recipient(&mut conn, "16505551234")
-        .await
-        .expect("ledger");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
     assert_eq!(rows.len(), 2);
-    assert!(rows.iter().all(|r| r.state == DeliveryState::Sent
-        && r.wamid.is_some()
-        && r.send_started_at.is_none()));
+    assert!(rows.iter().all(|r| r.state == DeliveryState::Sent && r.wamid.is_some() && r.send_started_at.is_none()));
     assert_eq!(rows[1].attempts, 2);
-    assert!(
-        rows.iter()
-            .all(|r| r.idempotency_key.starts_with("job:") && r.idempotency_key.contains(":part:"))
-    );
+    assert!(rows.iter().all(|r| r.idempotency_key.starts_with("job:") && r.idempotency_key.contains(":part:")));
 }
-both_backends!(
-    whatsapp_ledger_retry,
-    a_retried_job_never_sends_a_part_twice
-);
+both_backends!(whatsapp_ledger_retry, a_retried_job_never_sends_a_part_twice);
 
 /// The crash edge: a send that went out but was never recorded is recognised from Meta's status
 /// callback (which carries the idempotency key back) and not sent again.
@@ -1294,115 +723,36 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let sender = app.gatehouse.whatsapp.sender.clone();
     let key = "job:777:part:0";
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::reserve_outbound(
-        &mut conn,
-        &NewOutbound {
-            idempotency_key: key,
-            job_id: Some(777),
-            part: 0,
-            recipient: "16505551234",
-            is_group: false,
-            kind: "text",
-            body: "Your table is booked.",
-            quoted_id: None,
-        },
-        db::now_ms(),
-    )
-    .await
-    .expect("reserve");
+    let row = store::reserve_outbound(&mut conn, &NewOutbound {
+        idempotency_key: key, job_id: Some(777), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Your table is booked.", quoted_id: None,
+    }, db::now_ms()).await.expect("reserve");
     // A sender that died mid-request: its send lease has run out by the time the job reruns.
-    assert!(
-        store::mark_sending(
-            &mut conn,
-            row.id,
-            "crashed-run",
-            db::now_ms(),
-            db::now_ms() - 1
-        )
-        .await
-        .expect("sending")
-    );
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
     // ... the process died here; Meta had accepted the message and reports it:
     let cb = json!({ "id": "wamid.CRASHED", "status": "sent", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
-    assert_eq!(
-        post_signed(&app, &status_envelope(vec![cb])).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
 
-    let to = Recipient {
-        id: "16505551234".into(),
-        group: false,
-    };
-    let outcome = sender
-        .send_text(777, &to, "Your table is booked.", None)
-        .await
-        .expect("send");
-    assert_eq!(
-        outcome,
-        SendOutcome::Sent {
-            parts: 1,
-            already_sent: 1
-        }
-    );
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let outcome = sender.send_text(777, &to, "Your table is booked.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 1 });
     assert!(graph.sends().is_empty(), "not sent a second time");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::outbound_by_key(&mut conn, key)
-        .await
-        .expect("get")
-        .expect("row");
-    assert_eq!(
-        (row.state, row.wamid.as_deref()),
-        (DeliveryState::Sent, Some("wamid.CRASHED"))
-    );
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert_eq!((row.state, row.wamid.as_deref()), (DeliveryState::Sent, Some("wamid.CRASHED")));
 
     // Without a callback the outcome stays unknown and the part is sent again (at least once).
     let key2 = "job:778:part:0";
-    let row = store::reserve_outbound(
-        &mut conn,
-        &NewOutbound {
-            idempotency_key: key2,
-            job_id: Some(778),
-            part: 0,
-            recipient: "16505551234",
-            is_group: false,
-            kind: "text",
-            body: "Again.",
-            quoted_id: None,
-        },
-        db::now_ms(),
-    )
-    .await
-    .expect("reserve");
-    assert!(
-        store::mark_sending(
-            &mut conn,
-            row.id,
-            "crashed-run",
-            db::now_ms(),
-            db::now_ms() - 1
-        )
-        .await
-        .expect("sending")
-    );
+    let row = store::reserve_outbound(&mut conn, &NewOutbound {
+        idempotency_key: key2, job_id: Some(778), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Again.", quoted_id: None,
+    }, db::now_ms()).await.expect("reserve");
+    assert!(store::mark_sending(&mut conn, row.id, "crashed-run", db::now_ms(), db::now_ms() - 1).await.expect("sending"));
     drop(conn);
-    let outcome = sender
-        .send_text(778, &to, "Again.", None)
-        .await
-        .expect("send");
-    assert_eq!(
-        outcome,
-        SendOutcome::Sent {
-            parts: 1,
-            already_sent: 0
-        }
-    );
+    let outcome = sender.send_text(778, &to, "Again.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
     assert_eq!(graph.texts(), vec!["Again.".to_string()]);
 }
-both_backends!(
-    whatsapp_crash_edge,
-    a_send_lost_in_a_crash_is_settled_by_its_status_callback
-);
+both_backends!(whatsapp_crash_edge, a_send_lost_in_a_crash_is_settled_by_its_status_callback);
 
 async fn outside_the_window(db: TestDb, template: &'static str) {
     {
@@ -1412,49 +762,18 @@ async fn outside_the_window(db: TestDb, template: &'static str) {
             s.whatsapp.window_template_language = "en_GB".into();
         })
         .await;
-        graph.set_rule(|body, _| {
-            (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message"))
-        });
-        assert_eq!(
-            post_signed(
-                &app,
-                &envelope(vec![vec![text_message(
-                    "16505551234",
-                    "wamid.OLD",
-                    "hello after two days"
-                )]])
-            )
-            .await
-            .status,
-            StatusCode::OK
-        );
-        let echo = Arc::new(Echo {
-            fixed: Some(format!("{}\n\n{}", "a. ".repeat(1500), "b. ".repeat(1500))),
-            ..Default::default()
-        });
+        graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message")));
+        assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.OLD", "hello after two days")]])).await.status, StatusCode::OK);
+        let echo = Arc::new(Echo { fixed: Some(format!("{}\n\n{}", "a. ".repeat(1500), "b. ".repeat(1500))), ..Default::default() });
         run_jobs(&app, echo.clone()).await;
 
         let mut conn = app.state.db.pool.acquire().await.expect("conn");
-        let rows = store::outbound_for_recipient(&mut conn, "16505551234")
-            .await
-            .expect("ledger");
+        let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
         let text_rows: Vec<_> = rows.iter().filter(|r| r.kind == "text").collect();
         assert_eq!(text_rows.len(), 1, "the first refused part stops the reply");
-        assert_eq!(
-            (text_rows[0].state, text_rows[0].error_code.as_deref()),
-            (DeliveryState::Failed, Some("131047"))
-        );
-        assert!(
-            text_rows[0]
-                .error_message
-                .as_deref()
-                .is_some_and(|m| m.contains("24-hour"))
-        );
-        let templates: Vec<Value> = graph
-            .sends()
-            .into_iter()
-            .filter(|b| b["type"] == "template")
-            .collect();
+        assert_eq!((text_rows[0].state, text_rows[0].error_code.as_deref()), (DeliveryState::Failed, Some("131047")));
+        assert!(text_rows[0].error_message.as_deref().is_some_and(|m| m.contains("24-hour")));
+        let templates: Vec<Value> = graph.sends().into_iter().filter(|b| b["type"] == "template").collect();
         if template.is_empty() {
             assert!(templates.is_empty());
             assert!(rows.iter().all(|r| r.kind == "text"));
@@ -1462,105 +781,53 @@ async fn outside_the_window(db: TestDb, template: &'static str) {
             assert_eq!(templates.len(), 1);
             assert_eq!(templates[0]["template"]["name"], template);
             assert_eq!(templates[0]["template"]["language"]["code"], "en_GB");
-            let t = rows
-                .iter()
-                .find(|r| r.kind == "template")
-                .expect("template in the ledger");
+            let t = rows.iter().find(|r| r.kind == "template").expect("template in the ledger");
             assert_eq!(t.state, DeliveryState::Sent);
         }
-        let (state,): (String,) =
-            sqlx::query_as("SELECT state FROM jobs WHERE kind = 'whatsapp.inbound'")
-                .fetch_one(&app.state.db.pool)
-                .await
-                .expect("job");
-        assert_eq!(
-            state, "completed",
-            "a closed window is an outcome, not a retry"
-        );
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+        assert_eq!(state, "completed", "a closed window is an outcome, not a retry");
     }
 }
 
 async fn outside_the_window_without_a_template(db: TestDb) {
     outside_the_window(db, "").await;
 }
-both_backends!(
-    whatsapp_window_no_template,
-    outside_the_window_without_a_template
-);
+both_backends!(whatsapp_window_no_template, outside_the_window_without_a_template);
 
 async fn outside_the_window_with_a_template(db: TestDb) {
     outside_the_window(db, "reopen_conversation").await;
 }
 both_backends!(whatsapp_window_template, outside_the_window_with_a_template);
 
+
 async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 3).await;
     graph.set_rule(|_, index| match index {
-        0 => Some(graph_error(
-            400,
-            131056,
-            "(#131056) (Business Account, Consumer Account) pair rate limit hit",
-        )),
+        0 => Some(graph_error(400, 131056, "(#131056) (Business Account, Consumer Account) pair rate limit hit")),
         1 => Some(graph_error(429, 130429, "Rate limit hit")),
         _ => None,
     });
     let sender = app.gatehouse.whatsapp.sender.clone();
-    let to = Recipient {
-        id: "16505551234".into(),
-        group: false,
-    };
-    let outcome = sender
-        .send_text(900, &to, "Thanks for waiting.", None)
-        .await
-        .expect("send");
-    assert_eq!(
-        outcome,
-        SendOutcome::Sent {
-            parts: 1,
-            already_sent: 0
-        }
-    );
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let outcome = sender.send_text(900, &to, "Thanks for waiting.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
     let seen = graph.all();
     assert_eq!(seen.len(), 3);
-    assert!(
-        seen[1].at.duration_since(seen[0].at) >= Duration::from_millis(10),
-        "backoff before the second try"
-    );
-    assert!(
-        seen[2].at.duration_since(seen[1].at) >= Duration::from_millis(40),
-        "four times longer before the third"
-    );
+    assert!(seen[1].at.duration_since(seen[0].at) >= Duration::from_millis(10), "backoff before the second try");
+    assert!(seen[2].at.duration_since(seen[1].at) >= Duration::from_millis(40), "four times longer before the third");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::outbound_by_key(&mut conn, "job:900:part:0")
-        .await
-        .expect("get")
-        .expect("row");
+    let row = store::outbound_by_key(&mut conn, "job:900:part:0").await.expect("get").expect("row");
     assert_eq!((row.state, row.attempts), (DeliveryState::Sent, 3));
 
     // A token problem is permanent: no retry.
     graph.set_rule(|_, _| Some(graph_error(401, 190, "Error validating access token")));
-    let err = sender
-        .send_text(901, &to, "Hello.", None)
-        .await
-        .expect_err("refused");
-    assert!(
-        err.to_string().contains("190") && !err.to_string().contains(ACCESS_TOKEN),
-        "{err}"
-    );
-    let row = store::outbound_by_key(&mut conn, "job:901:part:0")
-        .await
-        .expect("get")
-        .expect("row");
-    assert_eq!(
-        (row.state, row.error_code.as_deref()),
-        (DeliveryState::Failed, Some("190"))
-    );
+    let err = sender.send_text(901, &to, "Hello.", None).await.expect_err("refused");
+    assert!(err.to_string().contains("190") && !err.to_string().contains(ACCESS_TOKEN), "{err}");
+    let row = store::outbound_by_key(&mut conn, "job:901:part:0").await.expect("get").expect("row");
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("190")));
 }
-both_backends!(
-    whatsapp_rate_limit_retries,
-    rate_limit_answers_are_retried_with_backoff
-);
+both_backends!(whatsapp_rate_limit_retries, rate_limit_answers_are_retried_with_backoff);
 
 async fn sends_to_one_recipient_are_paced(db: TestDb) {
     let graph = FakeGraph::start().await;
@@ -1570,14 +837,8 @@ async fn sends_to_one_recipient_are_paced(db: TestDb) {
     })
     .await;
     let sender = app.gatehouse.whatsapp.sender.clone();
-    let to = Recipient {
-        id: "16505551234".into(),
-        group: false,
-    };
-    let other = Recipient {
-        id: "16505550000".into(),
-        group: false,
-    };
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let other = Recipient { id: "16505550000".into(), group: false };
     let t0 = Instant::now();
     let (a, b, c) = tokio::join!(
         sender.send_text(1, &to, "one", None),
@@ -1588,22 +849,10 @@ async fn sends_to_one_recipient_are_paced(db: TestDb) {
     b.expect("b");
     c.expect("c");
     let seen = graph.all();
-    let at = |text: &str| {
-        seen.iter()
-            .find(|s| s.body["text"]["body"] == text)
-            .map(|s| s.at.duration_since(t0))
-            .expect("sent")
-    };
+    let at = |text: &str| seen.iter().find(|s| s.body["text"]["body"] == text).map(|s| s.at.duration_since(t0)).expect("sent");
     let (one, two) = (at("one").min(at("two")), at("one").max(at("two")));
-    assert!(
-        two - one >= Duration::from_millis(250),
-        "one message per pair interval: {one:?} then {two:?}"
-    );
-    assert!(
-        at("elsewhere") < Duration::from_millis(250),
-        "another recipient is not held up: {:?}",
-        at("elsewhere")
-    );
+    assert!(two - one >= Duration::from_millis(250), "one message per pair interval: {one:?} then {two:?}");
+    assert!(at("elsewhere") < Duration::from_millis(250), "another recipient is not held up: {:?}", at("elsewhere"));
 
     // A wait beyond max_pacing_wait is left to a later retry of the job, without sending.
     let impatient = app_sender_with(&app, |s| {
@@ -1611,33 +860,17 @@ async fn sends_to_one_recipient_are_paced(db: TestDb) {
         s.pair_interval = Duration::from_secs(60);
         s.max_pacing_wait = Duration::from_millis(100);
     });
-    impatient
-        .send_text(4, &to, "first", None)
-        .await
-        .expect("first goes");
-    let err = impatient
-        .send_text(5, &to, "second", None)
-        .await
-        .expect_err("paced");
+    impatient.send_text(4, &to, "first", None).await.expect("first goes");
+    let err = impatient.send_text(5, &to, "second", None).await.expect_err("paced");
     assert!(err.to_string().contains("WHATSAPP_PACED"), "{err}");
     assert!(!graph.texts().contains(&"second".to_string()));
 }
 both_backends!(whatsapp_pacing, sends_to_one_recipient_are_paced);
 
-fn app_sender_with(
-    app: &TestApp,
-    tweak: impl FnOnce(&mut server::config::WhatsAppSettings),
-) -> Arc<WhatsAppSender> {
+fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<WhatsAppSender> {
     let mut settings = app.state.config.settings.whatsapp.clone();
     tweak(&mut settings);
-    WhatsApp::new(
-        &settings,
-        &app.state.config.secrets,
-        &app.state.db,
-        &app.state.jobs,
-    )
-    .expect("sender")
-    .sender
+    WhatsApp::new(&settings, &app.state.config.secrets, &app.state.db, &app.state.jobs).expect("sender").sender
 }
 
 /// A WhatsApp message through the real conversation runtime and a fake Anthropic API: the reply
@@ -1649,9 +882,7 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     let (llm_url, llm) = crate::conversation::fake_anthropic().await;
     let secrets = Secrets::from_lookup(|name| match name {
         "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
-        other => secrets()
-            .by_name(other)
-            .map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+        other => secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
     });
     let base = graph.base_url.clone();
     let app = TestApp::with_secrets(db, secrets, move |s| {
@@ -1667,53 +898,19 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
         s.models.chat = crate::conversation::CHAT_MODEL.into();
     })
     .await;
-    graph.set_rule(|_, index| {
-        (index == 0).then(|| graph_error(503, 2, "Service temporarily unavailable"))
-    });
-    let body = envelope(vec![vec![text_message(
-        "16505550000",
-        "wamid.RUNTIME",
-        "Do you deliver on Sundays?",
-    )]]);
+    graph.set_rule(|_, index| (index == 0).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.RUNTIME", "Do you deliver on Sundays?")]]);
     assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
     run_jobs(&app, app.state.runtime.clone()).await;
 
-    assert_eq!(
-        graph.texts(),
-        vec!["reply 1".to_string(), "reply 1".to_string()],
-        "refused once, then sent; never two replies"
-    );
-    assert_eq!(
-        llm.lock().expect("lock").requests.len(),
-        1,
-        "the model was asked once"
-    );
-    let (trace_id, route): (i64, String) =
-        sqlx::query_as("SELECT id, route FROM traces WHERE message_id = 'wamid.RUNTIME'")
-            .fetch_one(&app.state.db.pool)
-            .await
-            .expect("trace");
+    assert_eq!(graph.texts(), vec!["reply 1".to_string(), "reply 1".to_string()], "refused once, then sent; never two replies");
+    assert_eq!(llm.lock().expect("lock").requests.len(), 1, "the model was asked once");
+    let (trace_id, route): (i64, String) = sqlx::query_as("SELECT id, route FROM traces WHERE message_id = 'wamid.RUNTIME'").fetch_one(&app.state.db.pool).await.expect("trace");
     assert_eq!(route, "chat");
-    let steps: Vec<(String, String)> =
-        sqlx::query_as("SELECT step, decision FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
-            .bind(trace_id)
-            .fetch_all(&app.state.db.pool)
-            .await
-            .expect("steps");
-    assert_eq!(
-        steps.last(),
-        Some(&("delivery".to_string(), "sent".to_string())),
-        "{steps:?}"
-    );
-    assert!(
-        steps.contains(&("delivery".to_string(), "retry".to_string())),
-        "the refused first try is in the trace: {steps:?}"
-    );
-    let calls: i64 = count(
-        &app,
-        "SELECT COUNT(*) FROM llm_calls WHERE purpose = 'chat'",
-    )
-    .await;
+    let steps: Vec<(String, String)> = sqlx::query_as("SELECT step, decision FROM trace_steps WHERE trace_id = $1 ORDER BY seq").bind(trace_id).fetch_all(&app.state.db.pool).await.expect("steps");
+    assert_eq!(steps.last(), Some(&("delivery".to_string(), "sent".to_string())), "{steps:?}");
+    assert!(steps.contains(&("delivery".to_string(), "retry".to_string())), "the refused first try is in the trace: {steps:?}");
+    let calls: i64 = count(&app, "SELECT COUNT(*) FROM llm_calls WHERE purpose = 'chat'").await;
     assert_eq!(calls, 1, "the call's usage was recorded");
     let outcome = |wamid: &'static str| {
         let pool = app.state.db.pool.clone();
@@ -1728,205 +925,69 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
             .expect("trace")
         }
     };
-    assert_eq!(
-        outcome("wamid.RUNTIME").await,
-        ("replied".into(), None, "sent".into())
-    );
+    assert_eq!(outcome("wamid.RUNTIME").await, ("replied".into(), None, "sent".into()));
 
     // A list reply reaches the runtime with its title as text and its id kept in the trace.
     let choice = json!({ "from": "16505550000", "id": "wamid.CHOICE", "timestamp": "1739321025", "type": "interactive",
         "interactive": { "type": "list_reply", "list_reply": { "id": "slot-tuesday", "title": "Tuesday" } } });
-    assert_eq!(
-        post_signed(&app, &envelope(vec![vec![choice]]))
-            .await
-            .status,
-        StatusCode::OK
-    );
+    assert_eq!(post_signed(&app, &envelope(vec![vec![choice]])).await.status, StatusCode::OK);
     run_jobs(&app, app.state.runtime.clone()).await;
     let (first,): (String,) = sqlx::query_as("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = 'wamid.CHOICE' ORDER BY s.seq LIMIT 1")
         .fetch_one(&app.state.db.pool)
         .await
         .expect("first step");
     let first: Value = serde_json::from_str(&first).expect("json");
-    assert_eq!(
-        (first["reply_id"].as_str(), first["chars"].as_u64()),
-        (Some("slot-tuesday"), Some(7)),
-        "{first}"
-    );
-    assert!(
-        llm.lock()
-            .expect("lock")
-            .requests
-            .iter()
-            .any(|r| r.to_string().contains("Tuesday")),
-        "the title reached the model as the message"
-    );
+    assert_eq!((first["reply_id"].as_str(), first["chars"].as_u64()), (Some("slot-tuesday"), Some(7)), "{first}");
+    assert!(llm.lock().expect("lock").requests.iter().any(|r| r.to_string().contains("Tuesday")), "the title reached the model as the message");
 
     // A reply WhatsApp refuses marks the trace failed with the reason, so the Traces page's
     // outcome and error-code filters find it: outside the 24-hour window, and a permanent error.
-    graph.set_rule(|body, _| {
-        (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message"))
-    });
-    let body = envelope(vec![vec![text_message(
-        "16505550000",
-        "wamid.WINDOW",
-        "Are you open?",
-    )]]);
+    graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131047, "Re-engagement message")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.WINDOW", "Are you open?")]]);
     assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
     run_jobs(&app, app.state.runtime.clone()).await;
-    assert_eq!(
-        outcome("wamid.WINDOW").await,
-        (
-            "failed".into(),
-            Some("WHATSAPP_131047".into()),
-            "failed".into()
-        )
-    );
-    graph.set_rule(|body, _| {
-        (body["type"] == "text").then(|| graph_error(400, 131026, "Message undeliverable"))
-    });
-    let body = envelope(vec![vec![text_message(
-        "16505550000",
-        "wamid.UNDELIVERABLE",
-        "Hello?",
-    )]]);
+    assert_eq!(outcome("wamid.WINDOW").await, ("failed".into(), Some("WHATSAPP_131047".into()), "failed".into()));
+    graph.set_rule(|body, _| (body["type"] == "text").then(|| graph_error(400, 131026, "Message undeliverable")));
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.UNDELIVERABLE", "Hello?")]]);
     assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
     run_jobs(&app, app.state.runtime.clone()).await;
-    assert_eq!(
-        outcome("wamid.UNDELIVERABLE").await,
-        (
-            "failed".into(),
-            Some("WHATSAPP_131026".into()),
-            "failed".into()
-        )
-    );
+    assert_eq!(outcome("wamid.UNDELIVERABLE").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let filter = db::traces::TraceFilter {
-        outcome: "failed".into(),
-        ..Default::default()
-    };
-    let failed: Vec<String> = db::traces::list(&mut conn, &filter, 50)
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|t| t.message_id)
-        .collect();
+    let filter = db::traces::TraceFilter { outcome: "failed".into(), ..Default::default() };
+    let failed: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
     assert_eq!(failed.len(), 2, "{failed:?}");
-    let filter = db::traces::TraceFilter {
-        error_code: "WHATSAPP_131047".into(),
-        ..Default::default()
-    };
-    let window: Vec<String> = db::traces::list(&mut conn, &filter, 50)
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|t| t.message_id)
-        .collect();
+    let filter = db::traces::TraceFilter { error_code: "WHATSAPP_131047".into(), ..Default::default() };
+    let window: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
     assert_eq!(window, vec!["wamid.WINDOW".to_string()]);
-    let filter = db::traces::TraceFilter {
-        chat_id: "16505550000".into(),
-        route: "chat".into(),
-        ..Default::default()
-    };
-    assert_eq!(
-        db::traces::list(&mut conn, &filter, 50)
-            .await
-            .expect("list")
-            .len(),
-        4,
-        "four messages went through the runtime"
-    );
-    let filter = db::traces::TraceFilter {
-        chat_id: "someone-else".into(),
-        ..Default::default()
-    };
-    assert!(
-        db::traces::list(&mut conn, &filter, 50)
-            .await
-            .expect("list")
-            .is_empty()
-    );
-    let filter = db::traces::TraceFilter {
-        since_ms: db::now_ms() + 60_000,
-        ..Default::default()
-    };
-    assert!(
-        db::traces::list(&mut conn, &filter, 50)
-            .await
-            .expect("list")
-            .is_empty(),
-        "the time filter"
-    );
+    let filter = db::traces::TraceFilter { chat_id: "16505550000".into(), route: "chat".into(), ..Default::default() };
+    assert_eq!(db::traces::list(&mut conn, &filter, 50).await.expect("list").len(), 4, "four messages went through the runtime");
+    let filter = db::traces::TraceFilter { chat_id: "someone-else".into(), ..Default::default() };
+    assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty());
+    let filter = db::traces::TraceFilter { since_ms: db::now_ms() + 60_000, ..Default::default() };
+    assert!(db::traces::list(&mut conn, &filter, 50).await.expect("list").is_empty(), "the time filter");
 
     // Meta accepts a reply and later reports it undelivered: the trace learns it from the status.
-    let sent = store::outbound_for_recipient(&mut conn, "16505550000")
-        .await
-        .expect("ledger");
-    let wamid = sent
-        .iter()
-        .find(|r| r.state == DeliveryState::Sent)
-        .and_then(|r| r.wamid.clone())
-        .expect("a sent reply");
+    let sent = store::outbound_for_recipient(&mut conn, "16505550000").await.expect("ledger");
+    let wamid = sent.iter().find(|r| r.state == DeliveryState::Sent).and_then(|r| r.wamid.clone()).expect("a sent reply");
     drop(conn);
     let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505550000",
         "errors": [{ "code": 131026, "title": "Message undeliverable", "message": "Message undeliverable" }] });
-    assert_eq!(
-        post_signed(&app, &status_envelope(vec![failed]))
-            .await
-            .status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        outcome("wamid.RUNTIME").await,
-        (
-            "failed".into(),
-            Some("WHATSAPP_131026".into()),
-            "failed".into()
-        )
-    );
+    assert_eq!(post_signed(&app, &status_envelope(vec![failed])).await.status, StatusCode::OK);
+    assert_eq!(outcome("wamid.RUNTIME").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
 
     // The console's Conversations page lists the WhatsApp chat, and its messages show the
     // failed replies with their codes and link to their traces.
     let mut owner = app.with_owner("ada", "correct horse battery").await;
     let chats = owner.post_form("/api/list_chats", &[]).await.json();
-    assert!(
-        chats["chats"].as_array().is_some_and(|c| c
-            .iter()
-            .any(|c| c["chat_id"] == "16505550000" && c["channel"] == "whatsapp")),
-        "{chats}"
-    );
-    let chat = owner
-        .post_form(
-            "/api/get_chat",
-            &[("channel", "whatsapp"), ("chat_id", "16505550000")],
-        )
-        .await;
+    assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == "16505550000" && c["channel"] == "whatsapp")), "{chats}");
+    let chat = owner.post_form("/api/get_chat", &[("channel", "whatsapp"), ("chat_id", "16505550000")]).await;
     assert_eq!(chat.status, StatusCode::OK, "{}", chat.body);
-    let messages = chat.json()["messages"]
-        .as_array()
-        .cloned()
-        .expect("messages");
-    let failed: Vec<Option<&str>> = messages
-        .iter()
-        .filter(|m| m["direction"] == "out" && m["state"] == "failed")
-        .map(|m| m["error_code"].as_str())
-        .collect();
-    assert!(
-        failed.contains(&Some("131047")) && failed.contains(&Some("131026")),
-        "{messages:?}"
-    );
-    assert!(
-        messages
-            .iter()
-            .filter(|m| m["direction"] == "in")
-            .all(|m| m["trace_id"].is_i64()),
-        "every message links its trace: {messages:?}"
-    );
+    let messages = chat.json()["messages"].as_array().cloned().expect("messages");
+    let failed: Vec<Option<&str>> = messages.iter().filter(|m| m["direction"] == "out" && m["state"] == "failed").map(|m| m["error_code"].as_str()).collect();
+    assert!(failed.contains(&Some("131047")) && failed.contains(&Some("131026")), "{messages:?}");
+    assert!(messages.iter().filter(|m| m["direction"] == "in").all(|m| m["trace_id"].is_i64()), "every message links its trace: {messages:?}");
 }
-both_backends!(
-    whatsapp_through_the_runtime,
-    messages_go_through_the_runtime_and_their_trace_shows_the_delivery
-);
+both_backends!(whatsapp_through_the_runtime, messages_go_through_the_runtime_and_their_trace_shows_the_delivery);
 
 /// A slow model (40 s, past the default 30 s job timeout) and a Graph API that accepts a send and
 /// answers late: the run's budget fits the work, so each message is answered exactly once and
@@ -1938,9 +999,7 @@ async fn slow_work_is_answered_once_within_its_budget(db: TestDb) {
     let (llm_url, llm) = crate::conversation::fake_anthropic_after(Duration::from_secs(40)).await;
     let secrets = Secrets::from_lookup(|name| match name {
         "ANTHROPIC_API_KEY" => Some("test-llm-key".into()),
-        other => secrets()
-            .by_name(other)
-            .map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
+        other => secrets().by_name(other).map(|s| secrecy::ExposeSecret::expose_secret(s).to_string()),
     });
     let base = graph.base_url.clone();
     let app = TestApp::with_secrets(db, secrets, move |s| {
@@ -1954,57 +1013,25 @@ async fn slow_work_is_answered_once_within_its_budget(db: TestDb) {
         s.models.chat = crate::conversation::CHAT_MODEL.into();
     })
     .await;
-    let body = envelope(vec![vec![
-        text_message("16505550000", "wamid.SLOW1", "Anyone there?"),
-        text_message("16505550001", "wamid.SLOW2", "Hello?"),
-    ]]);
+    let body = envelope(vec![vec![text_message("16505550000", "wamid.SLOW1", "Anyone there?"), text_message("16505550001", "wamid.SLOW2", "Hello?")]]);
     assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
     // The worker as `gatehouse serve` runs it: the configured settings and budgets.
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(app.gatehouse.worker().run(stopped));
     let deadline = Instant::now() + Duration::from_secs(200);
-    while count(
-        &app,
-        "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'completed'",
-    )
-    .await
-        < 2
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the slow messages were not answered"
-        );
+    while count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'completed'").await < 2 {
+        assert!(Instant::now() < deadline, "the slow messages were not answered");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let _ = stop.send(true);
     let _ = worker.await;
-    let mut to: Vec<String> = graph
-        .sends()
-        .iter()
-        .map(|b| b["to"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let mut to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
     to.sort();
-    assert_eq!(
-        to,
-        vec!["16505550000".to_string(), "16505550001".into()],
-        "one reply each: {:?}",
-        graph.texts()
-    );
-    assert!(
-        graph.texts().iter().all(|t| t.starts_with("reply ")),
-        "the model's answers, not the fallback: {:?}",
-        graph.texts()
-    );
-    assert_eq!(
-        llm.lock().expect("lock").requests.len(),
-        2,
-        "the model was asked once per message"
-    );
+    assert_eq!(to, vec!["16505550000".to_string(), "16505550001".into()], "one reply each: {:?}", graph.texts());
+    assert!(graph.texts().iter().all(|t| t.starts_with("reply ")), "the model's answers, not the fallback: {:?}", graph.texts());
+    assert_eq!(llm.lock().expect("lock").requests.len(), 2, "the model was asked once per message");
 }
-both_backends!(
-    whatsapp_slow_work,
-    slow_work_is_answered_once_within_its_budget
-);
+both_backends!(whatsapp_slow_work, slow_work_is_answered_once_within_its_budget);
 
 /// An owner notice's delivery job sends it to the owner's number through the Graph API.
 async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
@@ -2022,67 +1049,27 @@ async fn owner_notices_are_delivered_on_whatsapp(db: TestDb) {
         let mut tx = app.state.db.begin_write().await.expect("tx");
         sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
         sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+16505550001', (SELECT MAX(id) FROM owners), 0)").execute(&mut *tx).await.expect("phone");
-        assert_eq!(
-            server::owners::notices::raise(&mut tx, &app.state.jobs, &notice, true)
-                .await
-                .expect("enqueue"),
-            1
-        );
+        assert_eq!(server::owners::notices::raise(&mut tx, &app.state.jobs, &notice, true).await.expect("enqueue"), 1);
         app.state.jobs.commit(tx).await.expect("commit");
     }
     let mut registry = Registry::new();
-    app.gatehouse.whatsapp.register(
-        &mut registry,
-        &app.state.db,
-        Arc::new(Echo::default()),
-        &Default::default(),
-    );
-    let settings = WorkerSettings {
-        concurrency: 1,
-        poll_interval: Duration::from_millis(20),
-        ..Default::default()
-    };
+    app.gatehouse.whatsapp.register(&mut registry, &app.state.db, Arc::new(Echo::default()), &Default::default());
+    let settings = WorkerSettings { concurrency: 1, poll_interval: Duration::from_millis(20), ..Default::default() };
     let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(
-        Worker::new(
-            app.state.db.clone(),
-            registry,
-            settings,
-            app.state.jobs.waker(),
-        )
-        .run(stopped),
-    );
+    let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
     let deadline = Instant::now() + Duration::from_secs(20);
-    while count(
-        &app,
-        "SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify' AND state = 'completed'",
-    )
-    .await
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the delivery job did not complete"
-        );
+    while count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify' AND state = 'completed'").await == 0 {
+        assert!(Instant::now() < deadline, "the delivery job did not complete");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = stop.send(true);
     let _ = worker.await;
     assert_eq!(graph.texts(), vec![notice.message.clone()]);
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let sent = store::outbound_for_recipient(&mut conn, "16505550001")
-        .await
-        .expect("ledger");
-    assert_eq!(
-        sent.len(),
-        1,
-        "recorded in the delivery ledger like any reply"
-    );
+    let sent = store::outbound_for_recipient(&mut conn, "16505550001").await.expect("ledger");
+    assert_eq!(sent.len(), 1, "recorded in the delivery ledger like any reply");
 }
-both_backends!(
-    whatsapp_owner_notices,
-    owner_notices_are_delivered_on_whatsapp
-);
+both_backends!(whatsapp_owner_notices, owner_notices_are_delivered_on_whatsapp);
 
 /// A secret written to an env file with `echo` ends with a newline. It is the same secret: the
 /// webhook's signatures still verify.
@@ -2093,23 +1080,10 @@ async fn a_secret_with_a_trailing_newline_still_verifies(db: TestDb) {
         _ => None,
     });
     let app = TestApp::with_secrets(db, padded, |_| {}).await;
-    let body = envelope(vec![vec![text_message(
-        "16505551234",
-        "wamid.NEWLINE",
-        "hello",
-    )]]);
-    assert_eq!(
-        post_signed(&app, &body).await.status,
-        StatusCode::OK,
-        "signed with the secret itself"
-    );
-    let verify = format!(
-        "/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=42"
-    );
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.NEWLINE", "hello")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK, "signed with the secret itself");
+    let verify = format!("/webhooks/whatsapp?hub.mode=subscribe&hub.verify_token={VERIFY_TOKEN}&hub.challenge=42");
     let res = app.client().get(&verify).await;
     assert_eq!((res.status, res.body.as_str()), (StatusCode::OK, "42"));
 }
-both_backends!(
-    whatsapp_secret_newline,
-    a_secret_with_a_trailing_newline_still_verifies
-);
+both_backends!(whatsapp_secret_newline, a_secret_with_a_trailing_newline_still_verifies);

@@ -23,11 +23,7 @@ pub enum GraphError {
     #[error("WhatsApp sending is not configured: {0}")]
     NotConfigured(&'static str),
     #[error("Graph API error {code} (HTTP {status}): {message}")]
-    Api {
-        status: u16,
-        code: i64,
-        message: String,
-    },
+    Api { status: u16, code: i64, message: String },
     #[error("Graph API unreachable: {0}")]
     Transport(String),
     #[error("Graph API answer not understood (HTTP {0})")]
@@ -48,9 +44,7 @@ impl GraphError {
     /// Worth trying again later: rate limits, Meta's server errors and network trouble.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Api { status, code, .. } => {
-                *status >= 500 || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT)
-            }
+            Self::Api { status, code, .. } => *status >= 500 || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT),
             Self::Transport(_) => true,
             Self::Malformed(status) => *status >= 500,
             Self::NotConfigured(_) => false,
@@ -58,13 +52,7 @@ impl GraphError {
     }
 
     pub fn is_outside_window(&self) -> bool {
-        matches!(
-            self,
-            Self::Api {
-                code: code::OUTSIDE_WINDOW,
-                ..
-            }
-        )
+        matches!(self, Self::Api { code: code::OUTSIDE_WINDOW, .. })
     }
 }
 
@@ -77,27 +65,15 @@ pub struct GraphClient {
 }
 
 impl GraphClient {
-    pub fn new(
-        settings: &WhatsAppSettings,
-        token: Option<SecretString>,
-    ) -> Result<Self, reqwest::Error> {
+    pub fn new(settings: &WhatsAppSettings, token: Option<SecretString>) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .timeout(settings.request_timeout.max(Duration::from_millis(100)))
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let messages_url = (!settings.phone_number_id.is_empty()).then(|| {
-            format!(
-                "{}/{}/{}/messages",
-                settings.graph_base_url.trim_end_matches('/'),
-                settings.graph_version.trim_matches('/'),
-                settings.phone_number_id
-            )
+            format!("{}/{}/{}/messages", settings.graph_base_url.trim_end_matches('/'), settings.graph_version.trim_matches('/'), settings.phone_number_id)
         });
-        Ok(Self {
-            http,
-            messages_url,
-            token,
-        })
+        Ok(Self { http, messages_url, token })
     }
 
     /// Whether a phone number id and an access token are set.
@@ -107,15 +83,8 @@ impl GraphClient {
 
     /// POSTs one message object; returns the wamid Meta assigned (empty for mark-as-read).
     pub async fn post(&self, body: &serde_json::Value) -> Result<String, GraphError> {
-        let url = self
-            .messages_url
-            .as_deref()
-            .ok_or(GraphError::NotConfigured(
-                "whatsapp.phone_number_id is empty",
-            ))?;
-        let token = self.token.as_ref().ok_or(GraphError::NotConfigured(
-            "WHATSAPP_ACCESS_TOKEN is not set",
-        ))?;
+        let url = self.messages_url.as_deref().ok_or(GraphError::NotConfigured("whatsapp.phone_number_id is empty"))?;
+        let token = self.token.as_ref().ok_or(GraphError::NotConfigured("WHATSAPP_ACCESS_TOKEN is not set"))?;
         let res = self
             .http
             .post(url)
@@ -125,36 +94,18 @@ impl GraphClient {
             .await
             .map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
         let status = res.status().as_u16();
-        let bytes = res
-            .bytes()
-            .await
-            .map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
-        let answer: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|_| GraphError::Malformed(status))?;
+        let bytes = res.bytes().await.map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| GraphError::Malformed(status))?;
         if (200..300).contains(&status) {
-            let wamid = answer["messages"][0]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+            let wamid = answer["messages"][0]["id"].as_str().unwrap_or_default().to_string();
             if wamid.is_empty() && answer["success"] != serde_json::Value::Bool(true) {
                 return Err(GraphError::Malformed(status));
             }
             return Ok(wamid);
         }
         let error = &answer["error"];
-        let code = error["code"]
-            .as_i64()
-            .ok_or(GraphError::Malformed(status))?;
-        let message = error["message"]
-            .as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(300)
-            .collect();
-        Err(GraphError::Api {
-            status,
-            code,
-            message,
-        })
+        let code = error["code"].as_i64().ok_or(GraphError::Malformed(status))?;
+        let message = error["message"].as_str().unwrap_or_default().chars().take(300).collect();
+        Err(GraphError::Api { status, code, message })
     }
 }

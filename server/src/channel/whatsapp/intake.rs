@@ -51,19 +51,12 @@ pub fn dedupe_key(wamid: &str) -> String {
 }
 
 /// Stores one batch in its own transaction (committed before this returns) and wakes workers.
-pub async fn store_batch(
-    db: &Db,
-    queue: &JobQueue,
-    batch: &Batch,
-) -> Result<IntakeReport, DbError> {
+pub async fn store_batch(db: &Db, queue: &JobQueue, batch: &Batch) -> Result<IntakeReport, DbError> {
     if batch.messages.is_empty() && batch.statuses.is_empty() {
         return Ok(IntakeReport::default());
     }
     let mut tx = db.begin_write().await?;
-    let report = store_in(&mut tx, queue, &[batch], db::now_ms())
-        .await?
-        .pop()
-        .unwrap_or_default();
+    let report = store_in(&mut tx, queue, &[batch], db::now_ms()).await?.pop().unwrap_or_default();
     queue.commit(tx).await?;
     Ok(report)
 }
@@ -72,24 +65,10 @@ pub async fn store_batch(
 /// multi-row insert of the messages (the wamid's unique index is the dedupe), one of their jobs
 /// and one of the jobs' events. Returns one report per batch; a wamid repeated across the
 /// batches is stored for the first and counted as a duplicate for the rest.
-async fn store_in(
-    conn: &mut AnyConnection,
-    queue: &JobQueue,
-    batches: &[&Batch],
-    now: i64,
-) -> Result<Vec<IntakeReport>, DbError> {
+async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch], now: i64) -> Result<Vec<IntakeReport>, DbError> {
     let mut reports = vec![IntakeReport::default(); batches.len()];
-    let messages: Vec<(usize, &store::NewInbound)> = batches
-        .iter()
-        .enumerate()
-        .flat_map(|(b, batch)| batch.messages.iter().map(move |m| (b, m)))
-        .collect();
-    let ids = store::insert_inbound_many(
-        conn,
-        &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(),
-        now,
-    )
-    .await?;
+    let messages: Vec<(usize, &store::NewInbound)> = batches.iter().enumerate().flat_map(|(b, batch)| batch.messages.iter().map(move |m| (b, m))).collect();
+    let ids = store::insert_inbound_many(conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), now).await?;
     let mut jobs = Vec::new();
     for ((b, m), id) in messages.iter().zip(ids) {
         let Some(id) = id else {
@@ -126,19 +105,9 @@ async fn store_in(
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
 async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Result<(), DbError> {
-    let code = s
-        .error_code
-        .as_deref()
-        .map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
-    let step = traces::Step::new(
-        "delivery_status",
-        "failed",
-        &code,
-        serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }),
-    );
-    traces::fail_outbound(conn, &s.wamid, &step)
-        .await
-        .map(|_| ())
+    let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
+    let step = traces::Step::new("delivery_status", "failed", &code, serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }));
+    traces::fail_outbound(conn, &s.wamid, &step).await.map(|_| ())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,25 +168,16 @@ impl std::fmt::Debug for Intake {
 impl Intake {
     /// The writer task starts with the first batch.
     pub fn new(db: Db, queue: JobQueue) -> Self {
-        Self {
-            db,
-            queue,
-            writer: std::sync::OnceLock::new(),
-            counts: Arc::default(),
-        }
+        Self { db, queue, writer: std::sync::OnceLock::new(), counts: Arc::default() }
     }
 
     pub async fn store(&self, batch: Batch) -> Result<IntakeReport, IntakeError> {
         if batch.messages.is_empty() && batch.statuses.is_empty() {
             return Ok(IntakeReport::default());
         }
-        let writer = self
-            .writer
-            .get_or_init(|| spawn_writer(self.db.clone(), self.queue.clone(), self.counts.clone()));
+        let writer = self.writer.get_or_init(|| spawn_writer(self.db.clone(), self.queue.clone(), self.counts.clone()));
         let (done, result) = oneshot::channel();
-        writer
-            .send(Waiting { batch, done })
-            .map_err(|_| IntakeError::Abandoned)?;
+        writer.send(Waiting { batch, done }).map_err(|_| IntakeError::Abandoned)?;
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
         Ok(result.await.map_err(|_| IntakeError::Abandoned)??)
     }
@@ -238,17 +198,13 @@ fn spawn_writer(db: Db, queue: JobQueue, counts: Arc<Counts>) -> mpsc::Unbounded
         let mut group = Vec::with_capacity(MAX_GROUP);
         while waiting.recv_many(&mut group, MAX_GROUP).await > 0 {
             counts.groups.fetch_add(1, Ordering::Relaxed);
-            counts
-                .batches
-                .fetch_add(group.len() as u64, Ordering::Relaxed);
+            counts.batches.fetch_add(group.len() as u64, Ordering::Relaxed);
             metrics::counter!("whatsapp_intake_transactions_total").increment(1);
             metrics::counter!("whatsapp_intake_batches_total").increment(group.len() as u64);
             // A task per group: should one panic, its posts get 500 (their senders drop) and
             // this loop goes on serving the rest.
             let (db, queue, group) = (db.clone(), queue.clone(), std::mem::take(&mut group));
-            if let Err(e) =
-                tokio::spawn(async move { commit_group(&db, &queue, group).await }).await
-            {
+            if let Err(e) = tokio::spawn(async move { commit_group(&db, &queue, group).await }).await {
                 tracing::error!(error = %e, "storing a group of webhook batches panicked; its posts were answered 500");
             }
         }

@@ -27,24 +27,13 @@ pub struct InboundJob {
 
 impl InboundJob {
     pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
-        Self {
-            db,
-            sender,
-            handler,
-        }
+        Self { db, sender, handler }
     }
 
     /// Appends a `delivery` step to the message's trace and, when the reply did not reach the
     /// customer, marks the whole trace failed with its reason. Never fails the job: the reply's
     /// fate is in the ledger either way.
-    async fn trace_delivery(
-        &self,
-        trace_id: Option<i64>,
-        decision: &str,
-        reason: &str,
-        what: &str,
-        failed: bool,
-    ) {
+    async fn trace_delivery(&self, trace_id: Option<i64>, decision: &str, reason: &str, what: &str, failed: bool) {
         let Some(trace_id) = trace_id else { return };
         let step = Step::new("delivery", decision, reason, json!({ "outcome": what }));
         traces::record_delivery(&self.db, trace_id, &step, failed).await;
@@ -53,16 +42,11 @@ impl InboundJob {
     async fn trace_sent(&self, trace_id: Option<i64>, sent: &SendOutcome) {
         let (decision, reason, failed) = match sent {
             SendOutcome::Sent { .. } => ("sent", "WHATSAPP_SENT".to_string(), false),
-            SendOutcome::OutsideWindow {
-                template_sent: true,
-            } => ("template_sent", "WHATSAPP_131047".to_string(), false),
-            SendOutcome::OutsideWindow {
-                template_sent: false,
-            } => ("failed", "WHATSAPP_131047".to_string(), true),
+            SendOutcome::OutsideWindow { template_sent: true } => ("template_sent", "WHATSAPP_131047".to_string(), false),
+            SendOutcome::OutsideWindow { template_sent: false } => ("failed", "WHATSAPP_131047".to_string(), true),
             SendOutcome::Failed { code } => ("failed", super::trace_code(code), true),
         };
-        self.trace_delivery(trace_id, decision, &reason, &describe(sent), failed)
-            .await;
+        self.trace_delivery(trace_id, decision, &reason, &describe(sent), failed).await;
     }
 
     /// A send that ended in an error: retried by the job, or given up for good (`last`).
@@ -70,35 +54,17 @@ impl InboundJob {
         let Some(code) = error.code() else { return };
         let given_up = matches!(error, SendError::Permanent { .. }) || last;
         let decision = if given_up { "failed" } else { "retry" };
-        let what = if given_up {
-            format!("reply failed ({code})")
-        } else {
-            format!("reply not sent yet ({code}); the job retries")
-        };
-        self.trace_delivery(
-            trace_id,
-            decision,
-            &super::trace_code(code),
-            &what,
-            given_up,
-        )
-        .await;
+        let what = if given_up { format!("reply failed ({code})") } else { format!("reply not sent yet ({code}); the job retries") };
+        self.trace_delivery(trace_id, decision, &super::trace_code(code), &what, given_up).await;
     }
 
     /// The stored message as the runtime's input. A reply to one of the bot's own messages in
     /// the same chat addresses the bot (group rules) and quotes what it said.
-    async fn inbound(
-        &self,
-        row: &store::InboundRow,
-        correlation_id: &str,
-    ) -> Result<Inbound, DbError> {
+    async fn inbound(&self, row: &store::InboundRow, correlation_id: &str) -> Result<Inbound, DbError> {
         let mut quoted_text = None;
         if let Some(quoted) = &row.context_id {
             let mut conn = self.db.pool.acquire().await?;
-            if let Some(out) = store::outbound_by_wamid(&mut conn, quoted)
-                .await?
-                .filter(|o| o.recipient == row.chat_id)
-            {
+            if let Some(out) = store::outbound_by_wamid(&mut conn, quoted).await?.filter(|o| o.recipient == row.chat_id) {
                 quoted_text = Some(out.body);
             }
         }
@@ -106,11 +72,7 @@ impl InboundJob {
             channel: channel::WHATSAPP.into(),
             message_id: row.wamid.clone(),
             chat_id: row.chat_id.clone(),
-            chat_kind: if row.is_group {
-                ChatKind::Group
-            } else {
-                ChatKind::Direct
-            },
+            chat_kind: if row.is_group { ChatKind::Group } else { ChatKind::Direct },
             sender: row.sender.clone(),
             kind: MessageKind::from_stored(&row.msg_type),
             text: row.text.clone().unwrap_or_default(),
@@ -148,16 +110,9 @@ impl Presence for Typing<'_> {
 
 fn describe(outcome: &SendOutcome) -> String {
     match outcome {
-        SendOutcome::Sent {
-            parts,
-            already_sent,
-        } => format!("replied ({parts} part(s), {already_sent} sent earlier)"),
-        SendOutcome::OutsideWindow {
-            template_sent: true,
-        } => "outside the 24-hour window; template sent".into(),
-        SendOutcome::OutsideWindow {
-            template_sent: false,
-        } => "outside the 24-hour window; no template configured".into(),
+        SendOutcome::Sent { parts, already_sent } => format!("replied ({parts} part(s), {already_sent} sent earlier)"),
+        SendOutcome::OutsideWindow { template_sent: true } => "outside the 24-hour window; template sent".into(),
+        SendOutcome::OutsideWindow { template_sent: false } => "outside the 24-hour window; no template configured".into(),
         SendOutcome::Failed { code } => format!("reply failed ({code})"),
     }
 }
@@ -165,123 +120,57 @@ fn describe(outcome: &SendOutcome) -> String {
 #[async_trait::async_trait]
 impl Handler<ProcessInbound> for InboundJob {
     async fn run(&self, args: ProcessInbound, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let mut conn = self
-            .db
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_error(e.into()))?;
+        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
         let row = store::get_inbound(&mut conn, args.inbound_id)
             .await
             .map_err(db_error)?
-            .ok_or_else(|| {
-                JobError::permanent(
-                    "WHATSAPP_INBOUND_MISSING",
-                    format!("inbound message {} is not stored", args.inbound_id),
-                )
-            })?;
+            .ok_or_else(|| JobError::permanent("WHATSAPP_INBOUND_MISSING", format!("inbound message {} is not stored", args.inbound_id)))?;
         drop(conn);
         if let Some(outcome) = &row.outcome {
-            return Ok(JobOutput {
-                preview: Some(format!("already processed: {outcome}")),
-                snooze: None,
-            });
+            return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });
         }
         // One business account can hold several numbers, and Meta sends every number's messages
         // to the app's webhook: only those addressed to ours are answered from it.
         let ours = &self.sender.settings().phone_number_id;
         let unanswerable = if ours.is_empty() {
             // Nothing can be sent: do not ask the model for a reply that cannot go out.
-            Some(
-                "not answered: whatsapp.phone_number_id is not set, so nothing can be sent"
-                    .to_string(),
-            )
+            Some("not answered: whatsapp.phone_number_id is not set, so nothing can be sent".to_string())
         } else if row.phone_number_id != *ours {
-            Some(format!(
-                "not answered: addressed to phone number id {}, not ours",
-                row.phone_number_id
-            ))
+            Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
         } else {
             None
         };
         if let Some(outcome) = unanswerable {
             tracing::warn!(wamid = %row.wamid, "{outcome}");
-            let mut conn = self
-                .db
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| db_error(e.into()))?;
-            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms())
-                .await
-                .map_err(db_error)?;
-            return Ok(JobOutput {
-                preview: Some(outcome),
-                snooze: None,
-            });
+            let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+            return Ok(JobOutput { preview: Some(outcome), snooze: None });
         }
-        let mut inbound = self
-            .inbound(&row, &ctx.job.correlation_id)
-            .await
-            .map_err(db_error)?;
+        let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(db_error)?;
         // The reply's sends keep their share of the run's budget.
         inbound.deadline = Some(ctx.deadline_before(self.sender.settings().send_reserve()));
         if self.sender.settings().mark_read && inbound.kind.is_readable() {
             self.sender.mark_read(&inbound.message_id, false).await;
         }
-        let presence = Typing {
-            sender: &self.sender,
-            wamid: &inbound.message_id,
-            direct: inbound.chat_kind == ChatKind::Direct,
-        };
-        let handled = self
-            .handler
-            .handle(&inbound, &presence)
-            .await
-            .map_err(|e| {
-                if e.retryable {
-                    JobError::retryable(&e.code, e.message)
-                } else {
-                    JobError::permanent(&e.code, e.message)
-                }
-            })?;
+        let presence = Typing { sender: &self.sender, wamid: &inbound.message_id, direct: inbound.chat_kind == ChatKind::Direct };
+        let handled = self.handler.handle(&inbound, &presence).await.map_err(|e| if e.retryable { JobError::retryable(&e.code, e.message) } else { JobError::permanent(&e.code, e.message) })?;
         let outcome = self.deliver(ctx, &inbound, &handled).await?;
-        let mut conn = self
-            .db
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_error(e.into()))?;
-        store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms())
-            .await
-            .map_err(db_error)?;
-        Ok(JobOutput {
-            preview: Some(outcome),
-            snooze: None,
-        })
+        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+        store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+        Ok(JobOutput { preview: Some(outcome), snooze: None })
     }
 }
 
 impl InboundJob {
     /// Sends the runtime's reply (the ledger skips parts a retry already sent) and traces it.
-    async fn deliver(
-        &self,
-        ctx: &JobContext,
-        inbound: &Inbound,
-        handled: &Handled,
-    ) -> Result<String, JobError> {
+    async fn deliver(&self, ctx: &JobContext, inbound: &Inbound, handled: &Handled) -> Result<String, JobError> {
         let Some(text) = handled.reply.as_deref().filter(|t| !t.trim().is_empty()) else {
             return Ok(format!("no reply: {}", handled.route));
         };
         if !inbound.kind.is_readable() && self.sender.settings().mark_read {
-            self.sender
-                .mark_read(&inbound.message_id, self.sender.settings().typing_indicator)
-                .await;
+            self.sender.mark_read(&inbound.message_id, self.sender.settings().typing_indicator).await;
         }
-        let to = Recipient {
-            id: inbound.chat_id.clone(),
-            group: inbound.chat_kind == ChatKind::Group,
-        };
+        let to = Recipient { id: inbound.chat_id.clone(), group: inbound.chat_kind == ChatKind::Group };
         let quote = handled.quote.then_some(inbound.message_id.as_str());
         match self.sender.send_text(ctx.job.id, &to, text, quote).await {
             Ok(sent) => {
@@ -289,12 +178,7 @@ impl InboundJob {
                 Ok(describe(&sent))
             }
             Err(e) => {
-                self.trace_send_error(
-                    handled.trace_id,
-                    &e,
-                    ctx.job.attempt >= ctx.job.max_attempts,
-                )
-                .await;
+                self.trace_send_error(handled.trace_id, &e, ctx.job.attempt >= ctx.job.max_attempts).await;
                 Err(e.into())
             }
         }

@@ -41,12 +41,7 @@ pub struct WhatsApp {
 
 impl WhatsApp {
     /// Fails only when the Graph API's HTTP client cannot be set up.
-    pub fn new(
-        settings: &WhatsAppSettings,
-        secrets: &Secrets,
-        db: &Db,
-        queue: &JobQueue,
-    ) -> Result<Self, reqwest::Error> {
+    pub fn new(settings: &WhatsAppSettings, secrets: &Secrets, db: &Db, queue: &JobQueue) -> Result<Self, reqwest::Error> {
         let graph = graph::GraphClient::new(settings, secrets.whatsapp_access_token.clone())?;
         let sender = Arc::new(WhatsAppSender::new(db.clone(), graph, settings.clone()));
         let intake = Arc::new(Intake::new(db.clone(), queue.clone()));
@@ -56,43 +51,19 @@ impl WhatsApp {
             raw_max_bytes: usize::try_from(settings.raw_max_bytes).unwrap_or(usize::MAX),
             intake: intake.clone(),
         };
-        Ok(Self {
-            intake,
-            sender,
-            webhook,
-        })
+        Ok(Self { intake, sender, webhook })
     }
 
     /// The channel's jobs, each within its budget: each stored message goes to `handler`;
     /// owner notices go out.
-    pub fn register(
-        &self,
-        registry: &mut Registry,
-        db: &Db,
-        handler: Arc<dyn InboundHandler>,
-        budgets: &JobTimeouts,
-    ) {
-        registry.handle_within::<ProcessInbound>(
-            Arc::new(job::InboundJob::new(
-                db.clone(),
-                self.sender.clone(),
-                handler,
-            )),
-            budgets.whatsapp_inbound,
-        );
-        registry.handle_within::<crate::owners::notices::DeliverNotice>(
-            Arc::new(notify::OwnerNotify::new(self.sender.clone())),
-            budgets.owner_notify,
-        );
+    pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>, budgets: &JobTimeouts) {
+        registry.handle_within::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)), budgets.whatsapp_inbound);
+        registry.handle_within::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(self.sender.clone())), budgets.owner_notify);
     }
 }
 
 /// A Graph API error number as a trace's reason code (`131026` becomes `WHATSAPP_131026`);
 /// Gatehouse's own codes are already named.
 pub(crate) fn trace_code(code: &str) -> String {
-    if !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()) {
-        format!("WHATSAPP_{code}")
-    } else {
-        code.to_string()
-    }
+    if !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()) { format!("WHATSAPP_{code}") } else { code.to_string() }
 }

@@ -23,37 +23,16 @@ impl OwnerNotify {
 #[async_trait::async_trait]
 impl Handler<DeliverNotice> for OwnerNotify {
     async fn run(&self, args: DeliverNotice, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let to = Recipient {
-            id: args.to,
-            group: false,
-        };
-        let preview = match self
-            .sender
-            .send_text(ctx.job.id, &to, &args.message, None)
-            .await
-        {
+        let to = Recipient { id: args.to, group: false };
+        let preview = match self.sender.send_text(ctx.job.id, &to, &args.message, None).await {
             Ok(SendOutcome::Sent { parts, .. }) => format!("sent to the owner ({parts} part(s))"),
             Ok(SendOutcome::OutsideWindow { template_sent }) => {
-                format!(
-                    "outside the owner's 24-hour window; template {}",
-                    if template_sent {
-                        "sent"
-                    } else {
-                        "not configured"
-                    }
-                )
+                format!("outside the owner's 24-hour window; template {}", if template_sent { "sent" } else { "not configured" })
             }
-            Ok(SendOutcome::Failed { code }) => {
-                format!("not delivered ({code}); the notice is in the console")
-            }
-            Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => {
-                "WhatsApp is not configured; the notice is in the console".into()
-            }
+            Ok(SendOutcome::Failed { code }) => format!("not delivered ({code}); the notice is in the console"),
+            Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => "WhatsApp is not configured; the notice is in the console".into(),
             Err(e) => return Err(e.into()),
         };
-        Ok(JobOutput {
-            preview: Some(preview),
-            snooze: None,
-        })
+        Ok(JobOutput { preview: Some(preview), snooze: None })
     }
 }

@@ -130,28 +130,15 @@ pub struct PayloadError(String);
 
 /// Seconds as a string (Meta's format) to unix milliseconds; `fallback` when absent or bad.
 fn seconds_to_ms(text: &str, fallback: i64) -> i64 {
-    text.trim()
-        .parse::<i64>()
-        .ok()
-        .and_then(|s| s.checked_mul(1000))
-        .unwrap_or(fallback)
+    text.trim().parse::<i64>().ok().and_then(|s| s.checked_mul(1000)).unwrap_or(fallback)
 }
 
 /// Parses a webhook body (after its signature was checked). `raw_max_bytes` bounds the verbatim
 /// copy of each message object kept for audits.
 pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, PayloadError> {
-    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| {
-        PayloadError(format!(
-            "invalid JSON at line {} column {}",
-            e.line(),
-            e.column()
-        ))
-    })?;
+    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| PayloadError(format!("invalid JSON at line {} column {}", e.line(), e.column())))?;
     if envelope.object != "whatsapp_business_account" {
-        return Err(PayloadError(format!(
-            "unexpected object {:?}",
-            envelope.object.chars().take(60).collect::<String>()
-        )));
+        return Err(PayloadError(format!("unexpected object {:?}", envelope.object.chars().take(60).collect::<String>())));
     }
     let mut batch = Batch::default();
     for change in envelope.entry.into_iter().flat_map(|e| e.changes) {
@@ -183,12 +170,7 @@ fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-fn inbound(
-    raw: &serde_json::Value,
-    phone_number_id: &str,
-    raw_max_bytes: usize,
-    now: i64,
-) -> Option<NewInbound> {
+fn inbound(raw: &serde_json::Value, phone_number_id: &str, raw_max_bytes: usize, now: i64) -> Option<NewInbound> {
     let m: Message = serde_json::from_value(raw.clone()).ok()?;
     if m.id.is_empty() || m.from.is_empty() {
         return None;
@@ -196,42 +178,16 @@ fn inbound(
     let (kind, text, reply_id) = match m.kind.as_str() {
         "text" => (MessageKind::Text, m.text.map(|t| t.body), None),
         "interactive" => match m.interactive {
-            Some(Interactive {
-                kind,
-                button_reply: Some(c),
-                ..
-            }) if kind == "button_reply" => {
-                (MessageKind::ButtonReply, Some(c.title), non_empty(c.id))
-            }
-            Some(Interactive {
-                kind,
-                list_reply: Some(c),
-                ..
-            }) if kind == "list_reply" => (MessageKind::ListReply, Some(c.title), non_empty(c.id)),
-            Some(Interactive { kind, .. }) => (
-                MessageKind::Unknown(format!("interactive.{}", clip(&kind, 40))),
-                None,
-                None,
-            ),
+            Some(Interactive { kind, button_reply: Some(c), .. }) if kind == "button_reply" => (MessageKind::ButtonReply, Some(c.title), non_empty(c.id)),
+            Some(Interactive { kind, list_reply: Some(c), .. }) if kind == "list_reply" => (MessageKind::ListReply, Some(c.title), non_empty(c.id)),
+            Some(Interactive { kind, .. }) => (MessageKind::Unknown(format!("interactive.{}", clip(&kind, 40))), None, None),
             None => (MessageKind::Unknown("interactive".into()), None, None),
         },
         "button" => match m.button {
-            Some(b) => (
-                MessageKind::TemplateButton,
-                Some(b.text),
-                non_empty(b.payload),
-            ),
+            Some(b) => (MessageKind::TemplateButton, Some(b.text), non_empty(b.payload)),
             None => (MessageKind::Unknown("button".into()), None, None),
         },
-        other => (
-            MessageKind::Unknown(if other.is_empty() {
-                "unknown".into()
-            } else {
-                clip(other, 40)
-            }),
-            None,
-            None,
-        ),
+        other => (MessageKind::Unknown(if other.is_empty() { "unknown".into() } else { clip(other, 40) }), None, None),
     };
     let raw_text = raw.to_string();
     let raw_truncated = raw_text.len() > raw_max_bytes;
@@ -272,13 +228,8 @@ fn status(s: Status, now: i64) -> Option<StatusUpdate> {
         wamid: s.id,
         state,
         at: seconds_to_ms(&s.timestamp, now),
-        error_code: first_error
-            .as_ref()
-            .and_then(|e| e.code)
-            .map(|c| c.to_string()),
-        error_message: first_error
-            .map(|e| clip(&e.title, 200))
-            .filter(|t| !t.is_empty()),
+        error_code: first_error.as_ref().and_then(|e| e.code).map(|c| c.to_string()),
+        error_message: first_error.map(|e| clip(&e.title, 200)).filter(|t| !t.is_empty()),
         opaque: s.biz_opaque_callback_data.filter(|o| !o.is_empty()),
     })
 }
@@ -314,40 +265,14 @@ mod tests {
         });
         let batch = parse(body.to_string().as_bytes(), 10_000, 5).expect("parse");
         assert_eq!(batch.messages.len(), 3);
-        assert_eq!(
-            batch.skipped, 2,
-            "the other field and the message without an id"
-        );
+        assert_eq!(batch.skipped, 2, "the other field and the message without an id");
         let a = &batch.messages[0];
-        assert_eq!(
-            (
-                a.msg_type.as_str(),
-                a.text.as_deref(),
-                a.context_id.as_deref(),
-                a.sent_at
-            ),
-            ("text", Some("hi"), Some("wamid.Q"), 1_739_321_024_000)
-        );
+        assert_eq!((a.msg_type.as_str(), a.text.as_deref(), a.context_id.as_deref(), a.sent_at), ("text", Some("hi"), Some("wamid.Q"), 1_739_321_024_000));
         assert_eq!(a.phone_number_id, "42");
         let b = &batch.messages[1];
-        assert_eq!(
-            (
-                b.msg_type.as_str(),
-                b.text.as_deref(),
-                b.reply_id.as_deref()
-            ),
-            ("interactive.list_reply", Some("Tuesday"), Some("row-2"))
-        );
+        assert_eq!((b.msg_type.as_str(), b.text.as_deref(), b.reply_id.as_deref()), ("interactive.list_reply", Some("Tuesday"), Some("row-2")));
         let c = &batch.messages[2];
-        assert_eq!(
-            (
-                c.msg_type.as_str(),
-                c.chat_id.as_str(),
-                c.sender.as_str(),
-                c.is_group
-            ),
-            ("sticker", "g-1", "222", true)
-        );
+        assert_eq!((c.msg_type.as_str(), c.chat_id.as_str(), c.sender.as_str(), c.is_group), ("sticker", "g-1", "222", true));
         assert!(c.raw.as_deref().is_some_and(|r| r.contains("\"sticker\"")));
         assert_eq!(batch.statuses.len(), 1);
         assert_eq!(batch.statuses[0].state, DeliveryState::Failed);
@@ -361,11 +286,7 @@ mod tests {
             "messages": [{ "from": "1", "id": "wamid.L", "timestamp": "1", "type": "text", "text": { "body": long } }] } }] }] });
         let batch = parse(body.to_string().as_bytes(), 100, 0).expect("parse");
         assert!(batch.messages[0].raw_truncated && batch.messages[0].raw.is_none());
-        assert_eq!(
-            batch.messages[0].text.as_deref().map(str::len),
-            Some(500),
-            "the parsed text is kept whole"
-        );
+        assert_eq!(batch.messages[0].text.as_deref().map(str::len), Some(500), "the parsed text is kept whole");
         assert!(parse(br#"{"object":"page","entry":[]}"#, 100, 0).is_err());
         assert!(parse(b"not json", 100, 0).is_err());
     }

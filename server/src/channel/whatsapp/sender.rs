@@ -120,12 +120,7 @@ impl WhatsAppSender {
             pair_interval: settings.pair_interval,
             global_per_second: settings.global_rate_per_second,
         }));
-        Self {
-            db,
-            graph,
-            pacer,
-            settings,
-        }
+        Self { db, graph, pacer, settings }
     }
 
     pub fn settings(&self) -> &WhatsAppSettings {
@@ -134,13 +129,7 @@ impl WhatsAppSender {
 
     /// Sends `text` for job `job_id`, split at 4,096 characters; the first part quotes `quote`.
     /// Safe to call again for the same job: parts already sent are skipped.
-    pub async fn send_text(
-        &self,
-        job_id: i64,
-        to: &Recipient,
-        text: &str,
-        quote: Option<&str>,
-    ) -> Result<SendOutcome, SendError> {
+    pub async fn send_text(&self, job_id: i64, to: &Recipient, text: &str, quote: Option<&str>) -> Result<SendOutcome, SendError> {
         let parts = split::split(text, split::MAX_CHARS);
         let mut already_sent = 0;
         for (n, part) in parts.iter().enumerate() {
@@ -177,25 +166,13 @@ impl WhatsAppSender {
                 }
             }
         }
-        Ok(SendOutcome::Sent {
-            parts: parts.len(),
-            already_sent,
-        })
+        Ok(SendOutcome::Sent { parts: parts.len(), already_sent })
     }
 
     /// Sends `body` with up to three reply buttons (`(id, title)`) for job `job_id`, once per
     /// job like a text. The body is cut to WhatsApp's 1,024 characters.
-    pub async fn send_buttons(
-        &self,
-        job_id: i64,
-        to: &Recipient,
-        body: &str,
-        buttons: &[(String, String)],
-    ) -> Result<SendOutcome, SendError> {
-        let body: String = body
-            .chars()
-            .take(crate::config::approvals::BUTTON_BODY_MAX)
-            .collect();
+    pub async fn send_buttons(&self, job_id: i64, to: &Recipient, body: &str, buttons: &[(String, String)]) -> Result<SendOutcome, SendError> {
+        let body: String = body.chars().take(crate::config::approvals::BUTTON_BODY_MAX).collect();
         let key = format!("job:{job_id}:part:0");
         let buttons: Vec<_> = buttons
             .iter()
@@ -212,18 +189,10 @@ impl WhatsAppSender {
         });
         let new = single_part(&key, job_id, to, "interactive", &body);
         Ok(match self.deliver(&new, message).await? {
-            Delivery::Sent => SendOutcome::Sent {
-                parts: 1,
-                already_sent: 0,
-            },
-            Delivery::AlreadySent => SendOutcome::Sent {
-                parts: 1,
-                already_sent: 1,
-            },
+            Delivery::Sent => SendOutcome::Sent { parts: 1, already_sent: 0 },
+            Delivery::AlreadySent => SendOutcome::Sent { parts: 1, already_sent: 1 },
             Delivery::Failed(code) => SendOutcome::Failed { code },
-            Delivery::OutsideWindow => SendOutcome::OutsideWindow {
-                template_sent: self.send_window_template(job_id, to).await?,
-            },
+            Delivery::OutsideWindow => SendOutcome::OutsideWindow { template_sent: self.send_window_template(job_id, to).await? },
         })
     }
 
@@ -243,10 +212,7 @@ impl WhatsAppSender {
             "biz_opaque_callback_data": key,
         });
         let new = single_part(&key, job_id, to, "template", name);
-        Ok(matches!(
-            self.deliver(&new, body).await?,
-            Delivery::Sent | Delivery::AlreadySent
-        ))
+        Ok(matches!(self.deliver(&new, body).await?, Delivery::Sent | Delivery::AlreadySent))
     }
 
     /// Marks `wamid` read, with the typing indicator when `typing`. Failures are logged only:
@@ -265,20 +231,13 @@ impl WhatsAppSender {
         }
     }
 
-    async fn deliver(
-        &self,
-        new: &NewOutbound<'_>,
-        body: serde_json::Value,
-    ) -> Result<Delivery, SendError> {
+    async fn deliver(&self, new: &NewOutbound<'_>, body: serde_json::Value) -> Result<Delivery, SendError> {
         let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
         let mut row = store::reserve_outbound(&mut conn, new, db::now_ms()).await?;
         drop(conn);
         // This call's claim on the part: its retries below may take the lease again.
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let lease = self
-            .settings
-            .request_timeout
-            .saturating_add(SEND_LEASE_MARGIN);
+        let lease = self.settings.request_timeout.saturating_add(SEND_LEASE_MARGIN);
         let attempts = self.settings.send_attempts.max(1);
         for attempt in 1..=attempts {
             if let Some(done) = finished(&row) {
@@ -287,39 +246,27 @@ impl WhatsAppSender {
             if row.send_started_at.is_some() {
                 tracing::warn!(key = %row.idempotency_key, "an earlier send of this part ended without a result; sending it again (at-least-once)");
             }
-            match self
-                .pacer
-                .reserve(&row.recipient, self.settings.max_pacing_wait)
-            {
+            match self.pacer.reserve(&row.recipient, self.settings.max_pacing_wait) {
                 Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
                 Ok(_) => {}
                 Err(needed) => {
                     return Err(SendError::Retry {
                         code: "WHATSAPP_PACED".into(),
-                        message: format!(
-                            "the recipient's pacing needs {} ms more than whatsapp.max_pacing_wait",
-                            needed.as_millis()
-                        ),
+                        message: format!("the recipient's pacing needs {} ms more than whatsapp.max_pacing_wait", needed.as_millis()),
                     });
                 }
             }
             let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
             let now = db::now_ms();
-            let lease_until =
-                now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+            let lease_until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
             if !store::mark_sending(&mut conn, row.id, &token, now, lease_until).await? {
                 // Sent or settled meanwhile, or another run is sending it right now.
-                let current = store::outbound_by_key(&mut conn, &row.idempotency_key)
-                    .await?
-                    .unwrap_or(row);
+                let current = store::outbound_by_key(&mut conn, &row.idempotency_key).await?.unwrap_or(row);
                 if let Some(done) = finished(&current) {
                     return Ok(done);
                 }
                 tracing::info!(key = %current.idempotency_key, "another run is sending this part; this run sends nothing");
-                return Err(SendError::Retry {
-                    code: SEND_IN_PROGRESS.into(),
-                    message: "another run of this job is sending the same part".into(),
-                });
+                return Err(SendError::Retry { code: SEND_IN_PROGRESS.into(), message: "another run of this job is sending the same part".into() });
             }
             drop(conn);
             let result = self.graph.post(&body).await;
@@ -328,23 +275,13 @@ impl WhatsAppSender {
             match result {
                 Ok(wamid) => {
                     store::mark_sent(&mut conn, row.id, &wamid, now).await?;
-                    metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string())
-                        .increment(1);
+                    metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string()).increment(1);
                     return Ok(Delivery::Sent);
                 }
                 Err(e) if e.is_outside_window() => {
-                    store::mark_send_failed(
-                        &mut conn,
-                        row.id,
-                        &e.code(),
-                        "outside the 24-hour customer service window (131047)",
-                        true,
-                        now,
-                    )
-                    .await?;
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), "outside the 24-hour customer service window (131047)", true, now).await?;
                     tracing::warn!(key = %row.idempotency_key, "reply refused: outside the 24-hour window");
-                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code())
-                        .increment(1);
+                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
                     return Ok(Delivery::OutsideWindow);
                 }
                 Err(e) if e.is_retryable() => {
@@ -354,78 +291,35 @@ impl WhatsAppSender {
                         tracing::warn!(key = %row.idempotency_key, error = %e, "Graph API request failed; outcome unknown");
                         store::release_send(&mut conn, row.id, &token, now).await?;
                     } else {
-                        store::mark_send_failed(
-                            &mut conn,
-                            row.id,
-                            &e.code(),
-                            &e.to_string(),
-                            false,
-                            now,
-                        )
-                        .await?;
+                        store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
                     }
-                    if matches!(
-                        &e,
-                        GraphError::Api {
-                            code: super::graph::code::PAIR_RATE_LIMIT,
-                            ..
-                        }
-                    ) {
+                    if matches!(&e, GraphError::Api { code: super::graph::code::PAIR_RATE_LIMIT, .. }) {
                         self.pacer.penalize(&row.recipient);
                     }
-                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code())
-                        .increment(1);
+                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
                     if attempt == attempts {
-                        return Err(SendError::Retry {
-                            code: e.code(),
-                            message: e.to_string(),
-                        });
+                        return Err(SendError::Retry { code: e.code(), message: e.to_string() });
                     }
                     tokio::time::sleep(backoff(self.settings.send_retry_base, attempt)).await;
-                    row = store::outbound_by_key(&mut conn, &row.idempotency_key)
-                        .await?
-                        .unwrap_or(row);
+                    row = store::outbound_by_key(&mut conn, &row.idempotency_key).await?.unwrap_or(row);
                 }
                 Err(e) => {
-                    store::mark_send_failed(
-                        &mut conn,
-                        row.id,
-                        &e.code(),
-                        &e.to_string(),
-                        true,
-                        now,
-                    )
-                    .await?;
-                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code())
-                        .increment(1);
-                    return Err(SendError::Permanent {
-                        code: e.code(),
-                        message: e.to_string(),
-                    });
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), true, now).await?;
+                    metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
+                    return Err(SendError::Permanent { code: e.code(), message: e.to_string() });
                 }
             }
         }
-        Err(SendError::Retry {
-            code: "WHATSAPP_RETRY".into(),
-            message: "send attempts used up".into(),
-        })
+        Err(SendError::Retry { code: "WHATSAPP_RETRY".into(), message: "send attempts used up".into() })
     }
 }
 
 /// What an existing ledger row says about its part, when it needs no send.
 fn finished(row: &OutboundRow) -> Option<Delivery> {
     match row.state {
-        DeliveryState::Sent | DeliveryState::Delivered | DeliveryState::Read => {
-            Some(Delivery::AlreadySent)
-        }
-        DeliveryState::Failed if row.error_code.as_deref() == Some("131047") => {
-            Some(Delivery::OutsideWindow)
-        }
-        DeliveryState::Failed => Some(Delivery::Failed(
-            row.error_code
-                .clone()
-                .unwrap_or_else(|| "WHATSAPP_FAILED".into()),
-        )),
+        DeliveryState::Sent | DeliveryState::Delivered | DeliveryState::Read => Some(Delivery::AlreadySent),
+        DeliveryState::Failed if row.error_code.as_deref() == Some("131047") => Some(Delivery::OutsideWindow),
+        DeliveryState::Failed => Some(Delivery::Failed(row.error_code.clone().unwrap_or_else(|| "WHATSAPP_FAILED".into()))),
         // A status callback recorded the wamid of a send whose result we never stored.
         DeliveryState::Queued if row.wamid.is_some() => Some(Delivery::AlreadySent),
         DeliveryState::Queued => None,
@@ -438,21 +332,6 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
 }
 
 /// The ledger row of a message sent as one part (buttons, a template), under `key`.
-fn single_part<'a>(
-    key: &'a str,
-    job_id: i64,
-    to: &'a Recipient,
-    kind: &'a str,
-    body: &'a str,
-) -> NewOutbound<'a> {
-    NewOutbound {
-        idempotency_key: key,
-        job_id: Some(job_id),
-        part: 0,
-        recipient: &to.id,
-        is_group: to.group,
-        kind,
-        body,
-        quoted_id: None,
-    }
+fn single_part<'a>(key: &'a str, job_id: i64, to: &'a Recipient, kind: &'a str, body: &'a str) -> NewOutbound<'a> {
+    NewOutbound { idempotency_key: key, job_id: Some(job_id), part: 0, recipient: &to.id, is_group: to.group, kind, body, quoted_id: None }
 }

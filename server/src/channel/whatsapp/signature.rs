@@ -23,16 +23,12 @@ pub enum SignatureError {
 /// Checks `header` against the HMAC of the raw `body`. Call it before parsing anything.
 pub fn verify(secret: &[u8], header: Option<&str>, body: &[u8]) -> Result<(), SignatureError> {
     let header = header.ok_or(SignatureError::Missing)?;
-    let hex_sig = header
-        .trim()
-        .strip_prefix("sha256=")
-        .ok_or(SignatureError::Malformed)?;
+    let hex_sig = header.trim().strip_prefix("sha256=").ok_or(SignatureError::Malformed)?;
     let given = hex::decode(hex_sig).map_err(|_| SignatureError::Malformed)?;
     let mut mac = HmacSha256::new_from_slice(secret).map_err(|_| SignatureError::Mismatch)?;
     mac.update(body);
     // verify_slice compares in constant time.
-    mac.verify_slice(&given)
-        .map_err(|_| SignatureError::Mismatch)
+    mac.verify_slice(&given).map_err(|_| SignatureError::Mismatch)
 }
 
 /// The header value Meta would send for `body`. Used by tests and the benchmark.
@@ -62,34 +58,12 @@ mod tests {
         let body = br#"{"object":"whatsapp_business_account","entry":[]}"#;
         let good = sign(b"app-secret", body);
         assert_eq!(verify(b"app-secret", Some(&good), body), Ok(()));
-        assert_eq!(
-            verify(b"other-secret", Some(&good), body),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify(
-                b"app-secret",
-                Some(&good),
-                br#"{"object":"whatsapp_business_account","entry":[] }"#
-            ),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify(b"app-secret", None, body),
-            Err(SignatureError::Missing)
-        );
-        assert_eq!(
-            verify(b"app-secret", Some("sha1=abcd"), body),
-            Err(SignatureError::Malformed)
-        );
-        assert_eq!(
-            verify(b"app-secret", Some("sha256=zz"), body),
-            Err(SignatureError::Malformed)
-        );
-        assert_eq!(
-            verify(b"app-secret", Some("sha256=abcd"), body),
-            Err(SignatureError::Mismatch)
-        );
+        assert_eq!(verify(b"other-secret", Some(&good), body), Err(SignatureError::Mismatch));
+        assert_eq!(verify(b"app-secret", Some(&good), br#"{"object":"whatsapp_business_account","entry":[] }"#), Err(SignatureError::Mismatch));
+        assert_eq!(verify(b"app-secret", None, body), Err(SignatureError::Missing));
+        assert_eq!(verify(b"app-secret", Some("sha1=abcd"), body), Err(SignatureError::Malformed));
+        assert_eq!(verify(b"app-secret", Some("sha256=zz"), body), Err(SignatureError::Malformed));
+        assert_eq!(verify(b"app-secret", Some("sha256=abcd"), body), Err(SignatureError::Mismatch));
     }
 
     #[test]
@@ -97,9 +71,6 @@ mod tests {
         assert!(token_matches("tok-123", "tok-123"));
         assert!(!token_matches("tok-123", "tok-124"));
         assert!(!token_matches("tok-123", "tok-12"));
-        assert!(
-            !token_matches("", ""),
-            "an empty configured token never matches"
-        );
+        assert!(!token_matches("", ""), "an empty configured token never matches");
     }
 }

@@ -20,13 +20,7 @@ pub fn split(text: &str, max: usize) -> Vec<String> {
         // Breaks too early would make tiny parts; only accept those past a quarter of the window.
         let floor = window.len() / 4;
         let cut = last_break(window, &["\n\n"], floor)
-            .or_else(|| {
-                last_break(
-                    window,
-                    &[". ", "! ", "? ", ".\n", "!\n", "?\n", "\n"],
-                    floor,
-                )
-            })
+            .or_else(|| last_break(window, &[". ", "! ", "? ", ".\n", "!\n", "?\n", "\n"], floor))
             .or_else(|| window.rfind(char::is_whitespace).filter(|&i| i > 0))
             .unwrap_or(limit);
         let (part, tail) = rest.split_at(cut);
@@ -44,11 +38,7 @@ pub fn split(text: &str, max: usize) -> Vec<String> {
 fn last_break(window: &str, separators: &[&str], floor: usize) -> Option<usize> {
     separators
         .iter()
-        .filter_map(|sep| {
-            window
-                .rfind(sep)
-                .map(|i| i + sep.trim_end().len().max(1).min(sep.len()))
-        })
+        .filter_map(|sep| window.rfind(sep).map(|i| i + sep.trim_end().len().max(1).min(sep.len())))
         .filter(|&end| end > floor)
         .max()
 }
@@ -63,10 +53,7 @@ mod tests {
 
     #[test]
     fn short_text_is_one_part_and_empty_text_none() {
-        assert_eq!(
-            split("Hello there.", MAX_CHARS),
-            vec!["Hello there.".to_string()]
-        );
+        assert_eq!(split("Hello there.", MAX_CHARS), vec!["Hello there.".to_string()]);
         assert!(split("   ", MAX_CHARS).is_empty());
     }
 
@@ -81,13 +68,7 @@ mod tests {
     #[test]
     fn sentences_when_no_paragraph_fits() {
         let parts = split("One two three. Four five six. Seven eight nine.", 32);
-        assert_eq!(
-            parts,
-            vec![
-                "One two three. Four five six.".to_string(),
-                "Seven eight nine.".to_string()
-            ]
-        );
+        assert_eq!(parts, vec!["One two three. Four five six.".to_string(), "Seven eight nine.".to_string()]);
     }
 
     #[test]
@@ -96,21 +77,10 @@ mod tests {
         let text = sentence.repeat(400);
         let parts = split(&text, MAX_CHARS);
         assert!(parts.len() >= 4, "{}", parts.len());
-        assert!(
-            chars(&parts).iter().all(|&n| n <= MAX_CHARS),
-            "{:?}",
-            chars(&parts)
-        );
-        assert!(
-            parts.iter().all(|p| p.ends_with('!')),
-            "every part ends on a sentence"
-        );
+        assert!(chars(&parts).iter().all(|&n| n <= MAX_CHARS), "{:?}", chars(&parts));
+        assert!(parts.iter().all(|p| p.ends_with('!')), "every part ends on a sentence");
         let rejoined: String = parts.join(" ");
-        assert_eq!(
-            rejoined.split_whitespace().count(),
-            text.split_whitespace().count(),
-            "nothing lost"
-        );
+        assert_eq!(rejoined.split_whitespace().count(), text.split_whitespace().count(), "nothing lost");
     }
 
     #[test]

@@ -39,51 +39,27 @@ where
     S: Clone + Send + Sync + 'static,
     WebhookState: FromRef<S>,
 {
-    Router::new()
-        .route(PATH, get(verify).post(receive))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+    Router::new().route(PATH, get(verify).post(receive)).layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        text,
-    )
-        .into_response()
+    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 /// The subscription handshake: echo `hub.challenge` when the mode is `subscribe` and the token
 /// is ours.
-async fn verify(
-    State(state): State<WebhookState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    let expected = state
-        .verify_token
-        .as_ref()
-        .map(|t| t.expose_secret().to_string())
-        .unwrap_or_default();
+async fn verify(State(state): State<WebhookState>, Query(query): Query<HashMap<String, String>>) -> Response {
+    let expected = state.verify_token.as_ref().map(|t| t.expose_secret().to_string()).unwrap_or_default();
     let mode_ok = query.get("hub.mode").is_some_and(|m| m == "subscribe");
-    let token_ok = signature::token_matches(
-        &expected,
-        query.get("hub.verify_token").map_or("", String::as_str),
-    );
+    let token_ok = signature::token_matches(&expected, query.get("hub.verify_token").map_or("", String::as_str));
     match query.get("hub.challenge") {
         Some(challenge) if mode_ok && token_ok && !challenge.is_empty() => {
             tracing::info!("WhatsApp webhook verified");
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                challenge.clone(),
-            )
-                .into_response()
+            (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], challenge.clone()).into_response()
         }
         _ => {
             if expected.is_empty() {
-                tracing::warn!(
-                    "WhatsApp webhook verification refused: WHATSAPP_VERIFY_TOKEN is not set"
-                );
+                tracing::warn!("WhatsApp webhook verification refused: WHATSAPP_VERIFY_TOKEN is not set");
             } else {
                 tracing::warn!(mode_ok, token_ok, "WhatsApp webhook verification refused");
             }
@@ -99,17 +75,13 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
         metrics::counter!("whatsapp_webhook_total", "outcome" => "not_configured").increment(1);
         return plain(StatusCode::SERVICE_UNAVAILABLE, "not configured");
     };
-    let given = headers
-        .get(signature::SIGNATURE_HEADER)
-        .and_then(|v| v.to_str().ok());
+    let given = headers.get(signature::SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     if let Err(e) = signature::verify(secret.expose_secret().as_bytes(), given, &body) {
         // Never the body: it is unauthenticated and may be anyone's text.
         tracing::warn!(reason = %e, bytes = body.len(), "WhatsApp webhook post with a bad signature refused");
         metrics::counter!("whatsapp_webhook_total", "outcome" => "bad_signature").increment(1);
         return match e {
-            signature::SignatureError::Missing => {
-                plain(StatusCode::UNAUTHORIZED, "signature required")
-            }
+            signature::SignatureError::Missing => plain(StatusCode::UNAUTHORIZED, "signature required"),
             _ => plain(StatusCode::FORBIDDEN, "bad signature"),
         };
     }
@@ -133,8 +105,7 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
                 "WhatsApp webhook stored"
             );
             metrics::counter!("whatsapp_webhook_total", "outcome" => "stored").increment(1);
-            metrics::counter!("whatsapp_inbound_duplicates_total")
-                .increment(report.duplicates as u64);
+            metrics::counter!("whatsapp_inbound_duplicates_total").increment(report.duplicates as u64);
             plain(StatusCode::OK, "ok")
         }
         Err(e) => {

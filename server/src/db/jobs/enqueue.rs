@@ -15,15 +15,8 @@ pub struct Enqueued {
 
 /// Inserts a job. Run it in the caller's transaction so the state change that causes the job
 /// and the job itself commit together.
-pub async fn enqueue(
-    conn: &mut AnyConnection,
-    job: &NewJob,
-    now: i64,
-) -> Result<Enqueued, DbError> {
-    enqueue_many(conn, std::slice::from_ref(job), now)
-        .await?
-        .pop()
-        .ok_or(DbError::Sql(sqlx::Error::RowNotFound))
+pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enqueued, DbError> {
+    enqueue_many(conn, std::slice::from_ref(job), now).await?.pop().ok_or(DbError::Sql(sqlx::Error::RowNotFound))
 }
 
 /// Rows per multi-row `INSERT` in [`enqueue_many`]: 18 binds each stays far inside SQLite's
@@ -35,11 +28,7 @@ const ENQUEUE_CHUNK: usize = 256;
 /// calling [`enqueue`] for each in order: the result is aligned with `jobs`, and a job whose
 /// dedupe key is taken by an unfinished job (an earlier one in `jobs` included) gets that job
 /// back with `deduplicated` set.
-pub async fn enqueue_many(
-    conn: &mut AnyConnection,
-    jobs: &[NewJob],
-    now: i64,
-) -> Result<Vec<Enqueued>, DbError> {
+pub async fn enqueue_many(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
     let mut out = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(ENQUEUE_CHUNK) {
         out.extend(enqueue_chunk(conn, chunk, now).await?);
@@ -53,11 +42,7 @@ const INSERT_COLUMNS: &str = "kind, queue, state, priority, dedupe_key, chat_id,
 
 /// The queue a job goes to: its own, or `default`.
 fn queue_of(job: &NewJob) -> &str {
-    if job.queue.is_empty() {
-        "default"
-    } else {
-        &job.queue
-    }
+    if job.queue.is_empty() { "default" } else { &job.queue }
 }
 
 fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
@@ -74,11 +59,7 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
 
 /// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
 /// inserted rows in id order (input order).
-async fn insert_rows(
-    conn: &mut AnyConnection,
-    jobs: &[NewJob],
-    now: i64,
-) -> Result<Vec<JobRow>, DbError> {
+async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
     if conn.backend_name() == "PostgreSQL" {
         return insert_rows_postgres(conn, jobs, now).await;
     }
@@ -112,10 +93,7 @@ async fn insert_rows(
     let mut inserted: Vec<JobRow> = q.fetch_all(&mut *conn).await?;
     inserted.sort_by_key(|j| j.id);
     if !inserted.is_empty() {
-        let sql = format!(
-            "INSERT INTO job_events (job_id, at, state, attempt) VALUES {}",
-            value_rows(inserted.len(), 4)
-        );
+        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(inserted.len(), 4));
         let mut q = sqlx::query(&sql);
         for j in &inserted {
             q = q.bind(j.id).bind(now).bind(j.state.as_str()).bind(0_i64);
@@ -128,11 +106,7 @@ async fn insert_rows(
 /// [`insert_rows`] on PostgreSQL in one round trip with one bind: the batch goes as a JSON array
 /// that `json_to_recordset` unpacks (in input order, so ids follow it), and the jobs' first
 /// events are written by the same statement.
-async fn insert_rows_postgres(
-    conn: &mut AnyConnection,
-    jobs: &[NewJob],
-    now: i64,
-) -> Result<Vec<JobRow>, DbError> {
+async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
     let batch: Vec<serde_json::Value> = jobs
         .iter()
         .map(|job| {
@@ -169,18 +143,10 @@ async fn insert_rows_postgres(
          events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $2, state, 0 FROM ins) \
          SELECT {COLUMNS} FROM ins ORDER BY id"
     );
-    Ok(sqlx::query_as(&sql)
-        .bind(serde_json::Value::Array(batch).to_string())
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(serde_json::Value::Array(batch).to_string()).bind(now).fetch_all(&mut *conn).await?)
 }
 
-async fn enqueue_chunk(
-    conn: &mut AnyConnection,
-    jobs: &[NewJob],
-    now: i64,
-) -> Result<Vec<Enqueued>, DbError> {
+async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
     let inserted = insert_rows(conn, jobs, now).await?;
     // Match rows to inputs: a keyed job by its key (the first input with that key won it);
     // keyless jobs cannot conflict, and their rows were numbered in input order.
@@ -201,10 +167,7 @@ async fn enqueue_chunk(
             None => keyless.pop_front(),
         };
         out.push(match won {
-            Some(row) => Enqueued {
-                job: row,
-                deduplicated: false,
-            },
+            Some(row) => Enqueued { job: row, deduplicated: false },
             // Taken before this chunk or by an earlier input in it.
             None => taken(conn, job, now).await?,
         });
@@ -218,19 +181,10 @@ async fn taken(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enque
     let key = job.dedupe_key.as_deref().unwrap_or_default();
     for _ in 0..3 {
         if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
-            return Ok(Enqueued {
-                job: existing,
-                deduplicated: true,
-            });
+            return Ok(Enqueued { job: existing, deduplicated: true });
         }
-        if let Some(row) = insert_rows(conn, std::slice::from_ref(job), now)
-            .await?
-            .pop()
-        {
-            return Ok(Enqueued {
-                job: row,
-                deduplicated: false,
-            });
+        if let Some(row) = insert_rows(conn, std::slice::from_ref(job), now).await?.pop() {
+            return Ok(Enqueued { job: row, deduplicated: false });
         }
     }
     Err(DbError::Sql(sqlx::Error::RowNotFound))

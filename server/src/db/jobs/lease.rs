@@ -30,26 +30,13 @@ pub async fn claim(
         // The locking subquery must run once: in `WHERE id IN (...)` PostgreSQL may re-run it
         // and lock more rows than LIMIT.
         Backend::Postgres => {
-            let returning = COLUMNS
-                .split(", ")
-                .map(|c| format!("jobs.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!(
-                "WITH picked AS ({due} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id RETURNING {returning}"
-            )
+            let returning = COLUMNS.split(", ").map(|c| format!("jobs.{c}")).collect::<Vec<_>>().join(", ");
+            format!("WITH picked AS ({due} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id RETURNING {returning}")
         }
         // SQLite has one writer at a time, so one UPDATE is atomic.
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
-    let claimed: Vec<JobRow> = sqlx::query_as(&sql)
-        .bind(now)
-        .bind(owner)
-        .bind(lease_until)
-        .bind(queue)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
+    let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
     let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
     events_for(conn, &ids, now, JobState::Running, None).await?;
     Ok(claimed)
@@ -57,21 +44,14 @@ pub async fn claim(
 
 /// Extends the lease of jobs this owner still holds. Returns the ids it still holds; the others
 /// were cancelled or rescued, and their runs should stop.
-pub async fn heartbeat(
-    conn: &mut AnyConnection,
-    ids: &[i64],
-    owner: &str,
-    lease_until: i64,
-) -> Result<Vec<i64>, DbError> {
+pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease_until: i64) -> Result<Vec<i64>, DbError> {
     let mut held = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(500) {
         let sql = format!(
             "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
             placeholders(3, chunk.len())
         );
-        let mut q = sqlx::query_scalar::<_, i64>(&sql)
-            .bind(lease_until)
-            .bind(owner);
+        let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(lease_until).bind(owner);
         for id in chunk {
             q = q.bind(*id);
         }
@@ -90,19 +70,9 @@ pub struct Finished {
 
 /// Marks jobs this owner holds as completed. Returns the ids that were completed (a job whose
 /// lease was rescued meanwhile belongs to someone else and is left alone).
-pub async fn complete(
-    conn: &mut AnyConnection,
-    done: &[Finished],
-    owner: &str,
-    now: i64,
-) -> Result<Vec<i64>, DbError> {
+pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
     let mut completed = Vec::with_capacity(done.len());
-    for Finished {
-        id,
-        attempt,
-        preview,
-    } in done
-    {
+    for Finished { id, attempt, preview } in done {
         let n = sqlx::query(
             "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = $2, \
              lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
@@ -127,9 +97,7 @@ pub async fn complete(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailOutcome {
     /// Scheduled again at the given time.
-    Retry {
-        at: i64,
-    },
+    Retry { at: i64 },
     Discarded,
     /// The lease was lost; nothing changed.
     NotHeld,
@@ -137,10 +105,7 @@ pub enum FailOutcome {
 
 /// Records a failure. A retryable error with attempts left goes back to `retryable` at
 /// `retry_at`; anything else is discarded.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one statement's parameters; a struct would only rename them"
-)]
+#[expect(clippy::too_many_arguments, reason = "one statement's parameters; a struct would only rename them")]
 pub async fn fail(
     conn: &mut AnyConnection,
     id: i64,
@@ -170,36 +135,14 @@ pub async fn fail(
     .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((state, attempt)) = row else {
-        return Ok(FailOutcome::NotHeld);
-    };
+    let Some((state, attempt)) = row else { return Ok(FailOutcome::NotHeld) };
     let state = JobState::parse(&state).unwrap_or(JobState::Discarded);
-    event(
-        conn,
-        id,
-        now,
-        state,
-        attempt,
-        Some(&clean(code, 100)),
-        Some(&clean(message, MAX_ERROR_CHARS)),
-    )
-    .await?;
-    Ok(if state == JobState::Retryable {
-        FailOutcome::Retry { at: retry_at }
-    } else {
-        FailOutcome::Discarded
-    })
+    event(conn, id, now, state, attempt, Some(&clean(code, 100)), Some(&clean(message, MAX_ERROR_CHARS))).await?;
+    Ok(if state == JobState::Retryable { FailOutcome::Retry { at: retry_at } } else { FailOutcome::Discarded })
 }
 
 /// Reschedules a running job without counting the attempt.
-pub async fn snooze(
-    conn: &mut AnyConnection,
-    id: i64,
-    attempt: i64,
-    owner: &str,
-    until: i64,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = attempt - 1, \
          lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
@@ -214,16 +157,7 @@ pub async fn snooze(
     .rows_affected();
     if n == 1 {
         let attempt = get(conn, id).await?.map_or(0, |j| j.attempt);
-        event(
-            conn,
-            id,
-            now,
-            JobState::Scheduled,
-            attempt,
-            None,
-            Some("snoozed"),
-        )
-        .await?;
+        event(conn, id, now, JobState::Scheduled, attempt, None, Some("snoozed")).await?;
     }
     Ok(n == 1)
 }
@@ -232,24 +166,12 @@ pub async fn snooze(
 /// instead of waiting for a worker (the tool lane schedules a call a little later and runs it
 /// at once; a worker takes it only if the lane did not). `None` when a worker got it first.
 /// Run it in a write transaction.
-pub async fn claim_one(
-    conn: &mut AnyConnection,
-    id: i64,
-    owner: &str,
-    now: i64,
-    lease_until: i64,
-) -> Result<Option<JobRow>, DbError> {
+pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64, lease_until: i64) -> Result<Option<JobRow>, DbError> {
     let sql = format!(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3 \
          WHERE id = $4 AND state IN {DUE_STATES} RETURNING {COLUMNS}"
     );
-    let row = sqlx::query_as::<_, JobRow>(&sql)
-        .bind(now)
-        .bind(owner)
-        .bind(lease_until)
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let row = sqlx::query_as::<_, JobRow>(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
     let Some(job) = row else { return Ok(None) };
     events_for(conn, &[job.id], now, JobState::Running, None).await?;
     Ok(Some(job))

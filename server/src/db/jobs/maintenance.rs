@@ -22,38 +22,21 @@ fn maintenance_update(backend: Backend, set: &str, filter: &str, returning: &[&s
     let pick = format!("SELECT id FROM jobs WHERE {filter} ORDER BY id LIMIT $2");
     match backend {
         Backend::Postgres => {
-            let returning = returning
-                .iter()
-                .map(|c| format!("jobs.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!(
-                "WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id AND {filter} RETURNING {returning}"
-            )
+            let returning = returning.iter().map(|c| format!("jobs.{c}")).collect::<Vec<_>>().join(", ");
+            format!("WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id AND {filter} RETURNING {returning}")
         }
-        Backend::Sqlite => format!(
-            "UPDATE jobs SET {set} WHERE id IN ({pick}) AND {filter} RETURNING {}",
-            returning.join(", ")
-        ),
+        Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({pick}) AND {filter} RETURNING {}", returning.join(", ")),
     }
 }
 
 /// Cancels queued jobs whose TTL passed. Returns their ids. A job claimed meanwhile is left
 /// alone: it is no longer queued.
-pub async fn expire(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    now: i64,
-) -> Result<Vec<i64>, DbError> {
+pub async fn expire(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<Vec<i64>, DbError> {
     let set = "state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
                last_error_message = 'still queued when its time to live ran out'";
     let filter = "jobs.state IN ('available', 'scheduled', 'retryable', 'pending') AND jobs.expires_at IS NOT NULL AND jobs.expires_at <= $1";
     let sql = maintenance_update(backend, set, filter, &["id"]);
-    let ids: Vec<i64> = sqlx::query_scalar(&sql)
-        .bind(now)
-        .bind(MAINTENANCE_BATCH)
-        .fetch_all(&mut *conn)
-        .await?;
+    let ids: Vec<i64> = sqlx::query_scalar(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
     events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
     Ok(ids)
 }
@@ -61,54 +44,26 @@ pub async fn expire(
 /// Frees running jobs whose lease expired (their worker died or hung): back to `retryable`
 /// when attempts remain, else `discarded`. Returns their ids. A job its worker completed, or
 /// another worker claimed again, while this ran is left alone (see [`maintenance_update`]).
-pub async fn rescue(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    now: i64,
-) -> Result<Vec<i64>, DbError> {
+pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<Vec<i64>, DbError> {
     let set = "state = CASE WHEN attempt < max_attempts THEN 'retryable' ELSE 'discarded' END, \
                completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
                scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
                last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL";
     let filter = "jobs.state = 'running' AND jobs.lease_expires_at < $1";
     let sql = maintenance_update(backend, set, filter, &["id", "state"]);
-    let found: Vec<(i64, String)> = sqlx::query_as(&sql)
-        .bind(now)
-        .bind(MAINTENANCE_BATCH)
-        .fetch_all(&mut *conn)
-        .await?;
-    let (retry, discarded): (Vec<_>, Vec<_>) = found
-        .into_iter()
-        .partition(|(_, state)| state == "retryable");
+    let found: Vec<(i64, String)> = sqlx::query_as(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
+    let (retry, discarded): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, state)| state == "retryable");
     let mut retry: Vec<i64> = retry.into_iter().map(|(id, _)| id).collect();
     let discarded: Vec<i64> = discarded.into_iter().map(|(id, _)| id).collect();
-    events_for(
-        conn,
-        &retry,
-        now,
-        JobState::Retryable,
-        Some("JOB_LEASE_EXPIRED"),
-    )
-    .await?;
-    events_for(
-        conn,
-        &discarded,
-        now,
-        JobState::Discarded,
-        Some("JOB_LEASE_EXPIRED"),
-    )
-    .await?;
+    events_for(conn, &retry, now, JobState::Retryable, Some("JOB_LEASE_EXPIRED")).await?;
+    events_for(conn, &discarded, now, JobState::Discarded, Some("JOB_LEASE_EXPIRED")).await?;
     retry.extend(discarded);
     Ok(retry)
 }
 
 /// On graceful shutdown: jobs this owner still holds go back to `available` without counting
 /// the interrupted attempt.
-pub async fn release_leases(
-    conn: &mut AnyConnection,
-    owner: &str,
-    now: i64,
-) -> Result<Vec<i64>, DbError> {
+pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
     let ids: Vec<i64> = sqlx::query_scalar(
         "UPDATE jobs SET state = 'available', attempt = attempt - 1, scheduled_at = $1, updated_at = $1, \
          lease_owner = NULL, lease_expires_at = NULL WHERE state = 'running' AND lease_owner = $2 RETURNING id",
@@ -123,13 +78,6 @@ pub async fn release_leases(
 
 /// Removes every job of `queue` with its events (a benchmark's own queue).
 pub async fn delete_queue(conn: &mut AnyConnection, queue: &str) -> Result<u64, DbError> {
-    sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)")
-        .bind(queue)
-        .execute(&mut *conn)
-        .await?;
-    Ok(sqlx::query("DELETE FROM jobs WHERE queue = $1")
-        .bind(queue)
-        .execute(conn)
-        .await?
-        .rows_affected())
+    sqlx::query("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)").bind(queue).execute(&mut *conn).await?;
+    Ok(sqlx::query("DELETE FROM jobs WHERE queue = $1").bind(queue).execute(conn).await?.rows_affected())
 }

@@ -17,19 +17,7 @@ pub use self::{
 };
 use super::{DbError, placeholders};
 
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum JobState {
@@ -142,21 +130,10 @@ impl TryFrom<String> for JobState {
 
 /// Text stored from handlers: no NUL (PostgreSQL rejects it in TEXT) and bounded in length.
 fn clean(text: &str, max_chars: usize) -> String {
-    text.chars()
-        .filter(|c| *c != '\0')
-        .take(max_chars)
-        .collect()
+    text.chars().filter(|c| *c != '\0').take(max_chars).collect()
 }
 
-async fn event(
-    conn: &mut AnyConnection,
-    job_id: i64,
-    at: i64,
-    state: JobState,
-    attempt: i64,
-    code: Option<&str>,
-    message: Option<&str>,
-) -> Result<(), DbError> {
+async fn event(conn: &mut AnyConnection, job_id: i64, at: i64, state: JobState, attempt: i64, code: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
     sqlx::query("INSERT INTO job_events (job_id, at, state, attempt, error_code, message) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(job_id)
         .bind(at)
@@ -170,13 +147,7 @@ async fn event(
 }
 
 /// Records the same state for many jobs in one statement.
-async fn events_for(
-    conn: &mut AnyConnection,
-    ids: &[i64],
-    at: i64,
-    state: JobState,
-    code: Option<&str>,
-) -> Result<(), DbError> {
+async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobState, code: Option<&str>) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -193,37 +164,18 @@ async fn events_for(
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?,
-    )
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
-async fn find_unfinished_by_dedupe(
-    conn: &mut AnyConnection,
-    key: &str,
-) -> Result<Option<JobRow>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 AND state IN {UNFINISHED} ORDER BY id DESC LIMIT 1"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?)
+async fn find_unfinished_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 AND state IN {UNFINISHED} ORDER BY id DESC LIMIT 1");
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
 /// The most recent job with this dedupe key, finished or not.
-pub async fn find_by_dedupe(
-    conn: &mut AnyConnection,
-    key: &str,
-) -> Result<Option<JobRow>, DbError> {
+pub async fn find_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM jobs WHERE dedupe_key = $1 ORDER BY id DESC LIMIT 1");
-    Ok(sqlx::query_as(&sql)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
 /// Filters for listing; `None` means any.
@@ -240,11 +192,7 @@ pub struct JobFilter {
 }
 
 /// Newest first, at most `limit`.
-pub async fn list(
-    conn: &mut AnyConnection,
-    filter: &JobFilter,
-    limit: i64,
-) -> Result<Vec<JobRow>, DbError> {
+pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
     // Each filter that is set adds its condition, with its value bound in the same order.
     let texts = [
         ("state =", filter.state.map(JobState::as_str)),
@@ -252,32 +200,14 @@ pub async fn list(
         ("tool_name =", filter.tool_name.as_deref()),
         ("chat_id =", filter.chat_id.as_deref()),
     ];
-    let numbers = [
-        ("created_at >=", filter.created_from),
-        ("created_at <", filter.created_to),
-        ("id <", filter.before_id),
-    ];
-    let texts: Vec<_> = texts
-        .into_iter()
-        .filter_map(|(condition, v)| Some((condition, v?)))
-        .collect();
-    let numbers: Vec<_> = numbers
-        .into_iter()
-        .filter_map(|(condition, v)| Some((condition, v?)))
-        .collect();
+    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
+    let texts: Vec<_> = texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
+    let numbers: Vec<_> = numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
     let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
-    for (i, condition) in texts
-        .iter()
-        .map(|(c, _)| c)
-        .chain(numbers.iter().map(|(c, _)| c))
-        .enumerate()
-    {
+    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
         sql += &format!(" AND {condition} ${}", i + 1);
     }
-    sql += &format!(
-        " ORDER BY id DESC LIMIT ${}",
-        texts.len() + numbers.len() + 1
-    );
+    sql += &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1);
     let mut q = sqlx::query_as(&sql);
     for (_, v) in texts {
         q = q.bind(v);
@@ -290,14 +220,8 @@ pub async fn list(
 
 /// Number of jobs in each state (states with none are absent).
 pub async fn counts_by_state(conn: &mut AnyConnection) -> Result<Vec<(JobState, i64)>, DbError> {
-    let found: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, COUNT(*) FROM jobs GROUP BY state")
-            .fetch_all(&mut *conn)
-            .await?;
-    Ok(found
-        .into_iter()
-        .filter_map(|(state, n)| Some((JobState::parse(&state)?, n)))
-        .collect())
+    let found: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetch_all(&mut *conn).await?;
+    Ok(found.into_iter().filter_map(|(state, n)| Some((JobState::parse(&state)?, n))).collect())
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

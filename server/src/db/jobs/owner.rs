@@ -6,12 +6,7 @@ use super::{DbError, JobState, UNFINISHED, events_for};
 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
 /// then ignored because the lease no longer matches.
-pub async fn cancel(
-    conn: &mut AnyConnection,
-    id: i64,
-    reason: &str,
-    now: i64,
-) -> Result<bool, DbError> {
+pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -> Result<bool, DbError> {
     // A running job keeps its lease fields: its worker sees the lease gone at the next heartbeat
     // and stops it, and `retry_now` waits until that lease has run out.
     let sql = format!(
@@ -20,13 +15,7 @@ pub async fn cancel(
          lease_expires_at = CASE WHEN state = 'running' THEN lease_expires_at ELSE NULL END \
          WHERE id = $3 AND state IN {UNFINISHED}"
     );
-    let n = sqlx::query(&sql)
-        .bind(now)
-        .bind(reason)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+    let n = sqlx::query(&sql).bind(now).bind(reason).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
         events_for(conn, &[id], now, JobState::Cancelled, Some("JOB_CANCELLED")).await?;
     }
@@ -45,12 +34,7 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
          AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
          AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})"
     );
-    let n = sqlx::query(&sql)
-        .bind(now)
-        .bind(id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+    let n = sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
         events_for(conn, &[id], now, JobState::Available, None).await?;
     }
@@ -58,17 +42,8 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
 }
 
 /// Releases a pending job: approved to available, rejected to cancelled.
-pub async fn release_pending(
-    conn: &mut AnyConnection,
-    id: i64,
-    approved: bool,
-    now: i64,
-) -> Result<bool, DbError> {
-    let (state, code) = if approved {
-        (JobState::Available, None)
-    } else {
-        (JobState::Cancelled, Some("JOB_REJECTED"))
-    };
+pub async fn release_pending(conn: &mut AnyConnection, id: i64, approved: bool, now: i64) -> Result<bool, DbError> {
+    let (state, code) = if approved { (JobState::Available, None) } else { (JobState::Cancelled, Some("JOB_REJECTED")) };
     let n = sqlx::query(
         "UPDATE jobs SET state = $1, scheduled_at = CASE WHEN scheduled_at > $2 THEN scheduled_at ELSE $2 END, \
          updated_at = $2, last_error_code = $3, \

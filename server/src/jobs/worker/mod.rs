@@ -76,9 +76,7 @@ struct Outcome {
 /// What the store did with an outcome.
 enum Applied {
     Completed,
-    Failed {
-        discarded: bool,
-    },
+    Failed { discarded: bool },
     Snoozed,
     /// The lease was gone (cancelled or rescued): the result was ignored.
     Stale,
@@ -97,16 +95,11 @@ pub struct Worker {
     id: String,
 }
 
+
 impl Worker {
     pub fn new(db: Db, registry: Registry, settings: WorkerSettings, wake: Arc<Notify>) -> Self {
         let id = format!("{}-{}", hostname(), uuid::Uuid::new_v4().simple());
-        Self {
-            db,
-            registry: Arc::new(registry),
-            settings,
-            wake,
-            id,
-        }
+        Self { db, registry: Arc::new(registry), settings, wake, id }
     }
 
     pub fn id(&self) -> &str {
@@ -155,11 +148,7 @@ impl Worker {
                             let done = done_tx.clone();
                             let handle = tasks.spawn(async move {
                                 let result = me.execute(&job).await;
-                                let _ = done.send(Outcome {
-                                    job,
-                                    result,
-                                    _permit: permit,
-                                });
+                                let _ = done.send(Outcome { job, result, _permit: permit });
                             });
                             if let Ok(mut map) = in_flight.lock() {
                                 map.insert(id, (attempt, handle));
@@ -194,10 +183,7 @@ impl Worker {
         // One deadline for finishing running jobs and recording their outcomes.
         let deadline = tokio::time::Instant::now() + settings.shutdown_grace;
         tracing::info!(worker = %self.id, running = tasks.len(), "job worker stopping: no new claims");
-        let drained = tokio::time::timeout_at(deadline, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let drained = tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(worker = %self.id, still_running = tasks.len(), "jobs did not finish within the grace period");
             tasks.abort_all();
@@ -213,17 +199,11 @@ impl Worker {
         listener.abort();
         match self.db.pool.acquire().await {
             Ok(mut conn) => match store::release_leases(&mut conn, &self.id, db::now_ms()).await {
-                Ok(ids) if !ids.is_empty() => {
-                    tracing::info!(worker = %self.id, released = ids.len(), "leases released")
-                }
+                Ok(ids) if !ids.is_empty() => tracing::info!(worker = %self.id, released = ids.len(), "leases released"),
                 Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(worker = %self.id, error = %e, "could not release leases; the rescuer will")
-                }
+                Err(e) => tracing::warn!(worker = %self.id, error = %e, "could not release leases; the rescuer will"),
             },
-            Err(e) => {
-                tracing::warn!(worker = %self.id, error = %e, "could not release leases; the rescuer will")
-            }
+            Err(e) => tracing::warn!(worker = %self.id, error = %e, "could not release leases; the rescuer will"),
         }
         tracing::info!(worker = %self.id, "job worker stopped");
     }
@@ -231,24 +211,13 @@ impl Worker {
     async fn claim(&self, n: usize) -> Result<Vec<JobRow>, DbError> {
         let now = db::now_ms();
         let mut tx = self.db.begin_write().await?;
-        let jobs = store::claim(
-            &mut tx,
-            self.db.backend,
-            &self.settings.queue,
-            &self.id,
-            n as i64,
-            now,
-            now + db::duration_ms(self.settings.lease),
-        )
-        .await?;
+        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + db::duration_ms(self.settings.lease)).await?;
         tx.commit().await?;
         if !jobs.is_empty() {
-            metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone())
-                .increment(jobs.len() as u64);
+            metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
             for job in &jobs {
                 let waited = (now - job.scheduled_at).max(0) as f64 / 1000.0;
-                metrics::histogram!("job_wait_duration_seconds", "kind" => job.kind.clone())
-                    .record(waited);
+                metrics::histogram!("job_wait_duration_seconds", "kind" => job.kind.clone()).record(waited);
             }
         }
         Ok(jobs)
@@ -256,35 +225,19 @@ impl Worker {
 
     async fn execute(&self, job: &JobRow) -> Result<JobOutput, JobError> {
         let Some(handler) = self.registry.handler(&job.kind) else {
-            return Err(JobError::permanent(
-                JobCode::KindUnknown.as_str(),
-                format!("no handler for job kind {:?}", job.kind),
-            ));
+            return Err(JobError::permanent(JobCode::KindUnknown.as_str(), format!("no handler for job kind {:?}", job.kind)));
         };
-        let budget = self
-            .registry
-            .budget(&job.kind)
-            .unwrap_or(self.settings.job_timeout);
+        let budget = self.registry.budget(&job.kind).unwrap_or(self.settings.job_timeout);
         let deadline = tokio::time::Instant::now() + budget;
-        let ctx = JobContext {
-            job: job.clone(),
-            deadline,
-        };
+        let ctx = JobContext { job: job.clone(), deadline };
         let started = Instant::now();
         let run = std::panic::AssertUnwindSafe(handler.run(&ctx)).catch_unwind();
         let result = match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(JobError::retryable(
-                JobCode::Panicked.as_str(),
-                "the handler panicked",
-            )),
-            Err(_) => Err(JobError::retryable(
-                JobCode::Timeout.as_str(),
-                format!("no result within {budget:?}"),
-            )),
+            Ok(Err(_)) => Err(JobError::retryable(JobCode::Panicked.as_str(), "the handler panicked")),
+            Err(_) => Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}"))),
         };
-        metrics::histogram!("job_run_duration_seconds", "kind" => job.kind.clone())
-            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!("job_run_duration_seconds", "kind" => job.kind.clone()).record(started.elapsed().as_secs_f64());
         result
     }
 
@@ -294,10 +247,7 @@ impl Worker {
         let every = (self.settings.lease / 3).max(Duration::from_millis(50));
         loop {
             tokio::time::sleep(every).await;
-            let ids: Vec<i64> = in_flight
-                .lock()
-                .map(|m| m.keys().copied().collect())
-                .unwrap_or_default();
+            let ids: Vec<i64> = in_flight.lock().map(|m| m.keys().copied().collect()).unwrap_or_default();
             if ids.is_empty() {
                 continue;
             }
@@ -309,9 +259,7 @@ impl Worker {
             .await;
             match result {
                 Ok(held) => {
-                    let Ok(mut map) = in_flight.lock() else {
-                        continue;
-                    };
+                    let Ok(mut map) = in_flight.lock() else { continue };
                     for id in ids.iter().filter(|id| !held.contains(id)) {
                         if let Some((_, handle)) = map.remove(id) {
                             handle.abort();
@@ -356,9 +304,7 @@ impl Worker {
         if self.db.backend != Backend::Postgres {
             return;
         }
-        let Some(url) = self.db.postgres_url() else {
-            return;
-        };
+        let Some(url) = self.db.postgres_url() else { return };
         loop {
             match sqlx::postgres::PgListener::connect(&url).await {
                 Ok(mut listener) => {
@@ -380,8 +326,5 @@ impl Worker {
 }
 
 fn hostname() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "gatehouse".into())
+    std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gatehouse".into())
 }

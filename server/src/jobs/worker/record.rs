@@ -18,11 +18,7 @@ use crate::{
 impl Worker {
     /// Records outcomes in batches: whatever has arrived is written in one transaction. A batch
     /// that keeps failing is split, so one unwritable outcome cannot hold up the others.
-    pub(super) async fn record_outcomes(
-        self,
-        mut rx: mpsc::UnboundedReceiver<Outcome>,
-        in_flight: InFlight,
-    ) {
+    pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let applied = match self.record_with_retry(&batch, 3).await {
@@ -40,10 +36,7 @@ impl Worker {
             };
             if let Ok(mut map) = in_flight.lock() {
                 for o in &batch {
-                    if map
-                        .get(&o.job.id)
-                        .is_some_and(|(attempt, _)| *attempt == o.job.attempt)
-                    {
+                    if map.get(&o.job.id).is_some_and(|(attempt, _)| *attempt == o.job.attempt) {
                         map.remove(&o.job.id);
                     }
                 }
@@ -54,11 +47,7 @@ impl Worker {
         }
     }
 
-    pub(super) async fn record_with_retry(
-        &self,
-        batch: &[Outcome],
-        tries: u32,
-    ) -> Option<Vec<Applied>> {
+    pub(super) async fn record_with_retry(&self, batch: &[Outcome], tries: u32) -> Option<Vec<Applied>> {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=tries {
             match self.record(batch).await {
@@ -79,11 +68,7 @@ impl Worker {
         let done: Vec<Finished> = batch
             .iter()
             .filter_map(|o| match &o.result {
-                Ok(out) if out.snooze.is_none() => Some(Finished {
-                    id: o.job.id,
-                    attempt: o.job.attempt,
-                    preview: out.preview.clone(),
-                }),
+                Ok(out) if out.snooze.is_none() => Some(Finished { id: o.job.id, attempt: o.job.attempt, preview: out.preview.clone() }),
                 _ => None,
             })
             .collect();
@@ -91,47 +76,14 @@ impl Worker {
         let mut applied = Vec::with_capacity(batch.len());
         for o in batch {
             applied.push(match &o.result {
-                Ok(JobOutput {
-                    snooze: Some(after),
-                    ..
-                }) => {
-                    if store::snooze(
-                        &mut tx,
-                        o.job.id,
-                        o.job.attempt,
-                        &self.id,
-                        now + db::duration_ms(*after),
-                        now,
-                    )
-                    .await?
-                    {
-                        Applied::Snoozed
-                    } else {
-                        Applied::Stale
-                    }
+                Ok(JobOutput { snooze: Some(after), .. }) => {
+                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
                 Ok(_) => Applied::Stale,
                 Err(err) => {
-                    let at = now
-                        + db::duration_ms(retry::backoff(
-                            o.job.attempt,
-                            self.settings.retry_base,
-                            self.settings.retry_max,
-                        ));
-                    match store::fail(
-                        &mut tx,
-                        o.job.id,
-                        o.job.attempt,
-                        &self.id,
-                        &err.code,
-                        &err.message,
-                        err.retryable,
-                        at,
-                        now,
-                    )
-                    .await?
-                    {
+                    let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
+                    match store::fail(&mut tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
                         FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
                         FailOutcome::Discarded => Applied::Failed { discarded: true },
                         FailOutcome::NotHeld => Applied::Stale,
@@ -141,12 +93,8 @@ impl Worker {
         }
         tx.commit().await?;
         let queue = self.settings.queue.clone();
-        metrics::counter!("jobs_completed_total", "queue" => queue.clone())
-            .increment(completed.len() as u64);
-        let failed = applied
-            .iter()
-            .filter(|a| matches!(a, Applied::Failed { .. }))
-            .count();
+        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(completed.len() as u64);
+        let failed = applied.iter().filter(|a| matches!(a, Applied::Failed { .. })).count();
         metrics::counter!("jobs_failed_total", "queue" => queue).increment(failed as u64);
         Ok(applied)
     }
@@ -166,16 +114,10 @@ impl Worker {
         for hook in self.registry.hooks() {
             let call = match (&outcome.result, &applied) {
                 (Ok(_), Applied::Completed) => hook.on_success(job).boxed(),
-                (Err(err), Applied::Failed { discarded }) => {
-                    hook.on_failure(job, err, *discarded).boxed()
-                }
+                (Err(err), Applied::Failed { discarded }) => hook.on_failure(job, err, *discarded).boxed(),
                 _ => continue,
             };
-            let guarded = tokio::time::timeout(
-                Duration::from_secs(10),
-                std::panic::AssertUnwindSafe(call).catch_unwind(),
-            )
-            .await;
+            let guarded = tokio::time::timeout(Duration::from_secs(10), std::panic::AssertUnwindSafe(call).catch_unwind()).await;
             match guarded {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => tracing::error!(job.id = job.id, "a job hook panicked"),

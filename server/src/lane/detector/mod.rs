@@ -13,9 +13,9 @@ mod doc;
 mod index;
 mod text;
 
-pub use crate::config::{DetectorSettings, FieldWeights, detector::SHIPPED_DEFAULTS};
 pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
-pub use doc::{ChatKind, ParamDoc, RecentContext, Role, ToolDoc};
+pub use doc::{Role, ChatKind, ParamDoc, RecentContext, ToolDoc};
+pub use crate::config::{DetectorSettings, FieldWeights, detector::SHIPPED_DEFAULTS};
 pub use text::Language;
 
 use index::Inverted;
@@ -139,10 +139,7 @@ impl Index {
             .into_iter()
             .filter(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat))
             .take(limit)
-            .map(|s| Candidate {
-                name: self.inverted.entries[s.doc as usize].name.clone(),
-                score: s.hit.score,
-            })
+            .map(|s| Candidate { name: self.inverted.entries[s.doc as usize].name.clone(), score: s.hit.score })
             .collect()
     }
 

@@ -541,9 +541,13 @@ fn detection_serialises_with_stable_codes() {
     let recent: Vec<RecentContext> =
         serde_json::from_str(r#"[{"tool": "web_search", "args": {"query": "x"}, "summary": "s", "entities": ["X"], "age_secs": 5}]"#)
             .expect("recent contexts parse");
-    let value =
-        serde_json::to_value(index.detect("what about it", Role::Owner, ChatKind::Direct, &recent))
-            .expect("serialises");
+    let value = serde_json::to_value(index.detect(
+        "what about it",
+        Role::Owner,
+        ChatKind::Direct,
+        &recent,
+    ))
+    .expect("serialises");
     assert_eq!(value["reason"], "FOLLOWUP_CONTEXT");
     assert_eq!(value["followup"]["kind"], "same_tool");
     assert_eq!(ReasonCode::BelowThreshold.as_str(), "BELOW_THRESHOLD");
@@ -568,18 +572,8 @@ fn a_followup_never_offers_a_tool_the_person_may_not_use() {
         age_secs: 30,
         ..Default::default()
     }];
-    let customer = index.detect(
-        "and what about March?",
-        Role::Customer,
-        ChatKind::Direct,
-        &recent,
-    );
+    let customer = index.detect("and what about March?", Role::Customer, ChatKind::Direct, &recent);
     assert!(!names(&customer).contains(&"sales_report"), "{customer:?}");
-    let owner = index.detect(
-        "and what about March?",
-        Role::Owner,
-        ChatKind::Direct,
-        &recent,
-    );
+    let owner = index.detect("and what about March?", Role::Owner, ChatKind::Direct, &recent);
     assert!(names(&owner).contains(&"sales_report"), "{owner:?}");
 }

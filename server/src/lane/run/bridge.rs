@@ -43,14 +43,7 @@ const ABANDONED: u8 = 2;
 impl Lane {
     /// Stores the call as an approval request (with its trace step) before the person is told
     /// that an owner must approve it; nothing else is promised.
-    pub(super) async fn ask_owner(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        call: &ValidatedCall,
-        reason: &str,
-        trace: &mut Recorder,
-    ) -> String {
+    pub(super) async fn ask_owner(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, reason: &str, trace: &mut Recorder) -> String {
         let lane = &self.settings.lane;
         let who = Requester {
             actor,
@@ -62,46 +55,23 @@ impl Lane {
             request: inbound.text.clone(),
             correlation_id: inbound.correlation_id.clone(),
         };
-        let tool_call = ToolCall {
-            name: call.tool.clone(),
-            args: call.args.clone(),
-        };
-        match self
-            .approvals
-            .request(&tool_call, &who, Some(reason), Some(trace))
-            .await
-        {
+        let tool_call = ToolCall { name: call.tool.clone(), args: call.args.clone() };
+        match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
             Ok(_) => lane.approval_reply.clone(),
             Err(ApprovalError::Refused(f)) => {
-                trace.step(
-                    "ApprovalRequested",
-                    "refused",
-                    &f.code,
-                    json!({ "tool": call.tool }),
-                );
+                trace.step("ApprovalRequested", "refused", &f.code, json!({ "tool": call.tool }));
                 lane.denied_reply.clone()
             }
             Err(e) => {
                 tracing::error!(event = "ApprovalRequested", correlation_id = %inbound.correlation_id, error = %e, "storing an approval request failed; nothing was promised");
-                trace.step(
-                    "ApprovalRequested",
-                    "failed",
-                    e.code(),
-                    json!({ "tool": call.tool }),
-                );
+                trace.step("ApprovalRequested", "failed", e.code(), json!({ "tool": call.tool }));
                 lane.not_started_reply.clone()
             }
         }
     }
 
     /// Stores the call as a job with its trace step, then runs it at once within the deadline.
-    pub(super) async fn bridge(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        call: &ValidatedCall,
-        trace: &mut Recorder,
-    ) -> Ran {
+    pub(super) async fn bridge(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
         let job = ToolCallJob {
             tool: call.tool.clone(),
@@ -125,11 +95,7 @@ impl Lane {
             correlation_id: inbound.correlation_id.clone(),
             // A call run at once is the lane's: workers take it only once the lane's deadline
             // has passed (should this process die before it claims it).
-            scheduled_at: (!call.run_async).then(|| {
-                db::now_ms().saturating_add(
-                    i64::try_from(lane.immediate_deadline.as_millis()).unwrap_or(i64::MAX),
-                )
-            }),
+            scheduled_at: (!call.run_async).then(|| db::now_ms().saturating_add(i64::try_from(lane.immediate_deadline.as_millis()).unwrap_or(i64::MAX))),
             ..self.queue.job(&job)
         };
         // The job and the step that records it commit together; only then may anything say the
@@ -137,17 +103,8 @@ impl Lane {
         let stored = async {
             let mut tx = self.db.begin_write().await?;
             let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
-            let (event, decision) = if enqueued.deduplicated {
-                ("AgentToolJobDedupe", "already_queued")
-            } else {
-                ("AgentToolJobEnqueued", "stored")
-            };
-            trace.step(
-                event,
-                decision,
-                "OK",
-                json!({ "job_id": enqueued.job.id, "tool": call.tool }),
-            );
+            let (event, decision) = if enqueued.deduplicated { ("AgentToolJobDedupe", "already_queued") } else { ("AgentToolJobEnqueued", "stored") };
+            trace.step(event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool }));
             trace.flush(&mut tx).await?;
             self.queue.commit(tx).await?;
             Ok::<_, db::DbError>(enqueued)
@@ -157,12 +114,7 @@ impl Lane {
             Ok(e) => e,
             Err(e) => {
                 tracing::error!(event = "AgentToolJobEnqueued", correlation_id = %inbound.correlation_id, error = %e, "storing a tool call failed; nothing was started");
-                trace.step(
-                    "AgentToolJobEnqueued",
-                    "failed",
-                    "ASYNC_ENQUEUE_FAILED",
-                    json!({ "tool": call.tool }),
-                );
+                trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({ "tool": call.tool }));
                 return Ran::Said(lane.not_started_reply.clone());
             }
         };
@@ -171,60 +123,32 @@ impl Lane {
         }
         let job_id = enqueued.job.id;
         if call.run_async {
-            trace.step(
-                "AgentToolImmediateStart",
-                "skip",
-                "ASYNC_REQUIRED",
-                json!({ "job_id": job_id }),
-            );
+            trace.step("AgentToolImmediateStart", "skip", "ASYNC_REQUIRED", json!({ "job_id": job_id }));
             return Ran::Said(lane.pending_reply.clone());
         }
-        self.run_now(job, job_id, &inbound.correlation_id, trace)
-            .await
+        self.run_now(job, job_id, &inbound.correlation_id, trace).await
     }
 
     /// Runs the stored job in this process while the person waits, up to the deadline.
-    pub(super) async fn run_now(
-        &self,
-        job: ToolCallJob,
-        job_id: i64,
-        correlation_id: &str,
-        trace: &mut Recorder,
-    ) -> Ran {
+    pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
         let lease = self.settings.jobs.lease;
         let claimed = match inline::claim(&self.db, job_id, lease).await {
             Ok(Some(c)) => c,
             Ok(None) => {
-                trace.step(
-                    "AgentToolImmediateStart",
-                    "skip",
-                    "WORKER_HAS_IT",
-                    json!({ "job_id": job_id }),
-                );
+                trace.step("AgentToolImmediateStart", "skip", "WORKER_HAS_IT", json!({ "job_id": job_id }));
                 return Ran::Said(lane.pending_reply.clone());
             }
             Err(e) => {
                 tracing::warn!(job.id = job_id, error = %e, "claiming a tool call to run it at once failed; a worker runs it");
-                trace.step(
-                    "AgentToolImmediateStart",
-                    "skip",
-                    "DATABASE_ERROR",
-                    json!({ "job_id": job_id }),
-                );
+                trace.step("AgentToolImmediateStart", "skip", "DATABASE_ERROR", json!({ "job_id": job_id }));
                 return Ran::Said(lane.pending_reply.clone());
             }
         };
-        trace.step(
-            "AgentToolImmediateStart",
-            "run",
-            "OK",
-            json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }),
-        );
+        trace.step("AgentToolImmediateStart", "run", "OK", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
         let state = Arc::new(AtomicU8::new(WAITING));
         let (answered, answer) = oneshot::channel::<Answer>();
-        let (db, processor, outbound_state) =
-            (self.db.clone(), self.processor.clone(), state.clone());
+        let (db, processor, outbound_state) = (self.db.clone(), self.processor.clone(), state.clone());
         let correlation = correlation_id.to_string();
         let started = Instant::now();
         tokio::spawn(async move {
@@ -234,23 +158,14 @@ impl Lane {
             let retry = answer.failure.is_some() && answer.retryable && !last;
             let result = if retry {
                 // Nothing is said yet: a worker tries again and sends the answer.
-                Err(JobError::retryable(
-                    answer.failure.as_deref().unwrap_or_default(),
-                    "the tool call failed; retrying",
-                ))
-            } else if outbound_state
-                .compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+                Err(JobError::retryable(answer.failure.as_deref().unwrap_or_default(), "the tool call failed; retrying"))
+            } else if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 let result = outcome(&answer);
                 let _ = answered.send(answer);
                 result
             } else {
                 // The person was told the work is underway: the answer goes out on its own.
-                processor
-                    .deliver(&job, job_id, &answer)
-                    .await
-                    .and_then(|()| outcome(&answer))
+                processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
             };
             heartbeat.abort();
             if let Err(e) = inline::finish(&db, &claimed, &result).await {
@@ -268,34 +183,16 @@ impl Lane {
             }
             // The run decided to retry (nothing to say yet), or gave up waiting on us.
             Ok(Err(_)) => {
-                trace.step(
-                    "AgentToolImmediateTimeout",
-                    "pending",
-                    "RETRYING",
-                    json!({ "job_id": job_id }),
-                );
+                trace.step("AgentToolImmediateTimeout", "pending", "RETRYING", json!({ "job_id": job_id }));
                 Ran::Said(lane.pending_reply.clone())
             }
             Err(_) => {
-                if state
-                    .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    trace.step(
-                        "AgentToolImmediateTimeout",
-                        "pending",
-                        "IMMEDIATE_DEADLINE",
-                        json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }),
-                    );
+                if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
                     Ran::Said(lane.pending_reply.clone())
                 } else {
                     // It answered just as the deadline passed.
-                    trace.step(
-                        "AgentToolExecutionSucceeded",
-                        "answered",
-                        "OK",
-                        json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }),
-                    );
+                    trace.step("AgentToolExecutionSucceeded", "answered", "OK", json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }));
                     Ran::Said(lane.pending_reply.clone())
                 }
             }
@@ -306,13 +203,7 @@ impl Lane {
 /// How a run of a call is recorded on its job.
 fn outcome(answer: &Answer) -> Result<JobOutput, JobError> {
     match &answer.failure {
-        None => Ok(JobOutput {
-            preview: Some(format!("answered ({} chars)", answer.text.chars().count())),
-            snooze: None,
-        }),
-        Some(code) => Err(JobError::permanent(
-            code,
-            "the tool call failed; the person was told",
-        )),
+        None => Ok(JobOutput { preview: Some(format!("answered ({} chars)", answer.text.chars().count())), snooze: None }),
+        Some(code) => Err(JobError::permanent(code, "the tool call failed; the person was told")),
     }
 }

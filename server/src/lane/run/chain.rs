@@ -24,10 +24,7 @@ use crate::{
 impl Lane {
     /// Whether `tool` may be a step of a chain: declared chainable, and read-only.
     pub(super) fn chainable(&self, tool: &str) -> bool {
-        self.checkpoint
-            .catalog()
-            .get(tool)
-            .is_some_and(|t| t.spec.chainable && t.spec.operation == Operation::Read)
+        self.checkpoint.catalog().get(tool).is_some_and(|t| t.spec.chainable && t.spec.operation == Operation::Read)
     }
 
     /// Runs a chain (seed §13): the step runs like any call; if it answered and steps remain,
@@ -35,189 +32,82 @@ impl Lane {
     /// and run the same way (a write or admin call takes the approval path). A failed, pending or
     /// refused step ends the chain; the person gets one reply, the last step's summary. The
     /// session and its steps are stored.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "a chain step needs the message, the actor, the step and the planning state"
-    )]
-    pub(super) async fn chain(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        first: ValidatedCall,
-        proposed: &ProposedCall,
-        candidates: &[String],
-        input: &mut PlanInput,
-        trace: &mut Recorder,
-    ) -> String {
+    #[expect(clippy::too_many_arguments, reason = "a chain step needs the message, the actor, the step and the planning state")]
+    pub(super) async fn chain(&self, inbound: &Inbound, actor: Role, first: ValidatedCall, proposed: &ProposedCall, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> String {
         let lane = &self.settings.lane;
         let max = lane.max_steps as usize;
         let session = self.sessions_start(inbound, trace.id()).await;
         let (mut call, mut proposed) = (first, proposed.clone());
         let mut step = 1usize;
         loop {
-            trace.step(
-                "AgentToolChainStep",
-                "run",
-                "OK",
-                json!({ "step": step, "tool": call.tool, "session_id": session }),
-            );
+            trace.step("AgentToolChainStep", "run", "OK", json!({ "step": step, "tool": call.tool, "session_id": session }));
             let answer = match self.bridge(inbound, actor, &call, trace).await {
                 Ran::Answered(answer) => answer,
                 Ran::Said(text) => {
                     // Underway in the background, or not started: its own answer follows, or none.
-                    self.sessions_step(
-                        session,
-                        step,
-                        &call.tool,
-                        "pending",
-                        "CHAIN_STEP_PENDING",
-                        Some("stopped"),
-                    )
-                    .await;
+                    self.sessions_step(session, step, &call.tool, "pending", "CHAIN_STEP_PENDING", Some("stopped")).await;
                     return text;
                 }
             };
             if let Some(code) = &answer.failure {
-                self.sessions_step(session, step, &call.tool, "failed", code, Some("stopped"))
-                    .await;
-                trace.step(
-                    "AgentToolChainStopped",
-                    "stopped",
-                    "CHAIN_STEP_FAILED",
-                    json!({ "step": step, "code": code }),
-                );
+                self.sessions_step(session, step, &call.tool, "failed", code, Some("stopped")).await;
+                trace.step("AgentToolChainStopped", "stopped", "CHAIN_STEP_FAILED", json!({ "step": step, "code": code }));
                 return answer.text;
             }
             if step >= max {
-                self.sessions_step(
-                    session,
-                    step,
-                    &call.tool,
-                    "answered",
-                    "OK",
-                    Some("answered"),
-                )
-                .await;
+                self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
                 return answer.text;
             }
-            self.sessions_step(session, step, &call.tool, "answered", "OK", None)
-                .await;
+            self.sessions_step(session, step, &call.tool, "answered", "OK", None).await;
             // The planner sees the step's result (untrusted) and may propose the next call.
             let result = answer.output.as_ref().map_or_else(String::new, |o| {
                 let mut shown = o.clone();
                 crate::redact::redact(&mut shown);
-                canonical_json(&shown)
-                    .chars()
-                    .take(lane.context_preview_chars as usize * 4)
-                    .collect()
+                canonical_json(&shown).chars().take(lane.context_preview_chars as usize * 4).collect()
             });
-            input.transcript.push(llm::Message {
-                role: llm::Role::Assistant,
-                content: vec![llm::ContentBlock::ToolUse {
-                    id: proposed.id.clone(),
-                    name: proposed.name.clone(),
-                    input: proposed.args.clone(),
-                }],
-            });
+            input.transcript.push(llm::Message { role: llm::Role::Assistant, content: vec![llm::ContentBlock::ToolUse { id: proposed.id.clone(), name: proposed.name.clone(), input: proposed.args.clone() }] });
             input.transcript.push(llm::Message {
                 role: llm::Role::User,
-                content: vec![llm::ContentBlock::ToolResult {
-                    tool_use_id: proposed.id.clone(),
-                    content: data::untrusted("tool_result", &result),
-                    is_error: false,
-                }],
+                content: vec![llm::ContentBlock::ToolResult { tool_use_id: proposed.id.clone(), content: data::untrusted("tool_result", &result), is_error: false }],
             });
             input.max_steps = max - step;
             input.searches_left = 0;
             let started = Instant::now();
             let next = self.planner.plan(input).await;
             let calls: Vec<String> = match &next {
-                PlanOutcome::ToolUse { calls, .. } => {
-                    calls.iter().map(|c| c.name.clone()).collect()
-                }
+                PlanOutcome::ToolUse { calls, .. } => calls.iter().map(|c| c.name.clone()).collect(),
                 _ => Vec::new(),
             };
-            trace.step(
-                "AgentToolPlannerResult",
-                next.decision(),
-                "CHAIN_NEXT",
-                json!({ "step": step + 1, "calls": calls, "latency_ms": ms(started.elapsed()) }),
-            );
-            let PlanOutcome::ToolUse {
-                calls,
-                requires_async,
-                requires_owner_approval,
-                ..
-            } = next
-            else {
+            trace.step("AgentToolPlannerResult", next.decision(), "CHAIN_NEXT", json!({ "step": step + 1, "calls": calls, "latency_ms": ms(started.elapsed()) }));
+            let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = next else {
                 // No further step: the chain's answer is this step's.
                 self.sessions_finish(session, "answered").await;
                 return answer.text;
             };
-            let advisory = Advisory {
-                requires_async,
-                requires_owner_approval,
-            };
-            let validation = self.validate(
-                inbound,
-                actor,
-                trace.id(),
-                &calls,
-                advisory,
-                candidates,
-                &input.private_data,
-                max - step,
-            );
+            let advisory = Advisory { requires_async, requires_owner_approval };
+            let validation = self.validate(inbound, actor, trace.id(), &calls, advisory, candidates, &input.private_data, max - step);
             if let Some(question) = validation.clarify.clone() {
-                trace.step(
-                    "AgentToolChainStopped",
-                    "clarify",
-                    "MISSING_ARGUMENT",
-                    json!({ "step": step + 1 }),
-                );
+                trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
                 return question;
             }
             let refused = validation.rejected.first().map(|r| r.code.as_str());
             let [next_call] = validation.accepted.as_slice() else {
                 // More calls than steps left, or a refusal: stop safely with what the chain has.
-                trace.step(
-                    "AgentToolChainStopped",
-                    "stopped",
-                    refused.unwrap_or("CHAIN_LIMIT"),
-                    json!({ "step": step + 1, "proposed": calls.len() }),
-                );
+                trace.step("AgentToolChainStopped", "stopped", refused.unwrap_or("CHAIN_LIMIT"), json!({ "step": step + 1, "proposed": calls.len() }));
                 self.sessions_finish(session, "stopped").await;
                 return answer.text;
             };
             if let Some(code) = refused {
-                trace.step(
-                    "AgentToolChainStopped",
-                    "stopped",
-                    code,
-                    json!({ "step": step + 1 }),
-                );
+                trace.step("AgentToolChainStopped", "stopped", code, json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
                 return answer.text;
             }
             // A write or admin call never runs inside a chain without an owner.
-            let needs_owner = next_call
-                .needs_approval
-                .clone()
-                .or_else(|| (!self.read_only(&next_call.tool)).then(|| "CHAIN_WRITE".to_string()));
+            let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| "CHAIN_WRITE".to_string()));
             if let Some(reason) = needs_owner {
-                self.sessions_step(
-                    session,
-                    step + 1,
-                    &next_call.tool,
-                    "approval",
-                    "TOOL_NEEDS_APPROVAL",
-                    Some("stopped"),
-                )
-                .await;
-                let asked = self
-                    .ask_owner(inbound, actor, next_call, &reason, trace)
-                    .await;
+                self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
+                let asked = self.ask_owner(inbound, actor, next_call, &reason, trace).await;
                 return format!("{}\n\n{asked}", answer.text);
             }
             proposed = calls.into_iter().next().unwrap_or(proposed);
@@ -228,14 +118,7 @@ impl Lane {
 
     /// Starts the chain's session row; `None` (and the chain still runs) when it cannot be stored.
     pub(super) async fn sessions_start(&self, inbound: &Inbound, trace_id: i64) -> Option<i64> {
-        let new = db::tool_sessions::NewSession {
-            channel: &inbound.channel,
-            chat_id: &inbound.chat_id,
-            message_id: &inbound.message_id,
-            correlation_id: &inbound.correlation_id,
-            trace_id: Some(trace_id),
-            now: db::now_ms(),
-        };
+        let new = db::tool_sessions::NewSession { channel: &inbound.channel, chat_id: &inbound.chat_id, message_id: &inbound.message_id, correlation_id: &inbound.correlation_id, trace_id: Some(trace_id), now: db::now_ms() };
         let stored = async {
             let mut tx = self.db.begin_write().await?;
             let id = db::tool_sessions::start(&mut tx, &new).await?;
@@ -245,20 +128,11 @@ impl Lane {
         stored.await.map_err(|e| tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "storing the tool session failed")).ok()
     }
 
-    pub(super) async fn sessions_step(
-        &self,
-        session: Option<i64>,
-        index: usize,
-        tool: &str,
-        status: &str,
-        code: &str,
-        finish: Option<&str>,
-    ) {
+    pub(super) async fn sessions_step(&self, session: Option<i64>, index: usize, tool: &str, status: &str, code: &str, finish: Option<&str>) {
         let Some(id) = session else { return };
         let stored = async {
             let mut tx = self.db.begin_write().await?;
-            db::tool_sessions::step(&mut tx, id, index as i64, tool, status, code, db::now_ms())
-                .await?;
+            db::tool_sessions::step(&mut tx, id, index as i64, tool, status, code, db::now_ms()).await?;
             if let Some(end) = finish {
                 db::tool_sessions::finish(&mut tx, id, end, db::now_ms()).await?;
             }

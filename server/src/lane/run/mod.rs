@@ -65,10 +65,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Lane {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the composition root hands the lane each of its parts"
-    )]
+    #[expect(clippy::too_many_arguments, reason = "the composition root hands the lane each of its parts")]
     pub fn new(
         settings: Arc<Settings>,
         db: Db,
@@ -80,134 +77,52 @@ impl Lane {
         contexts: Arc<ContextStore>,
         strict_supported: bool,
     ) -> Self {
-        Self {
-            settings,
-            db,
-            queue,
-            checkpoint,
-            planner,
-            processor,
-            approvals,
-            contexts,
-            strict_supported,
-            index: Mutex::new(None),
-        }
+        Self { settings, db, queue, checkpoint, planner, processor, approvals, contexts, strict_supported, index: Mutex::new(None) }
     }
 
     /// The index over the current catalog.
     pub fn index(&self) -> Arc<Index> {
         let catalog = self.checkpoint.catalog();
-        let mut cached = self
-            .index
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cached = self.index.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((built_from, index)) = cached.as_ref()
             && Arc::ptr_eq(built_from, &catalog)
         {
             return index.clone();
         }
-        let index = Arc::new(Index::build(
-            tool_docs(&catalog),
-            self.settings.lane.detector.clone(),
-        ));
+        let index = Arc::new(Index::build(tool_docs(&catalog), self.settings.lane.detector.clone()));
         *cached = Some((catalog, index.clone()));
         index
     }
 
     async fn memory_summary(&self, chat_id: &str) -> Option<String> {
         let mut conn = self.db.pool.acquire().await.ok()?;
-        db::conversation::summary(&mut conn, chat_id)
-            .await
-            .ok()
-            .flatten()
-            .map(|s| s.text)
+        db::conversation::summary(&mut conn, chat_id).await.ok().flatten().map(|s| s.text)
     }
 
     /// Validates the planner's calls and runs the plan, or says why not. A single call of a
     /// chainable read-only tool may be the first step of a chain (seed §13).
-    async fn run_plan(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        plan: PlanOutcome,
-        candidates: &[String],
-        input: &mut PlanInput,
-        trace: &mut Recorder,
-    ) -> LaneOutcome {
+    async fn run_plan(&self, inbound: &Inbound, actor: Role, plan: PlanOutcome, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> LaneOutcome {
         let lane = &self.settings.lane;
-        let PlanOutcome::ToolUse {
-            calls,
-            requires_async,
-            requires_owner_approval,
-            ..
-        } = plan
-        else {
-            return LaneOutcome::NotHandled;
-        };
+        let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = plan else { return LaneOutcome::NotHandled };
         let proposed = calls.clone();
-        let advisory = Advisory {
-            requires_async,
-            requires_owner_approval,
-        };
-        let validation = self.validate(
-            inbound,
-            actor,
-            trace.id(),
-            &calls,
-            advisory,
-            candidates,
-            &input.private_data,
-            lane.max_steps as usize,
-        );
-        let codes: Vec<_> = validation
-            .rejected
-            .iter()
-            .map(|r| json!({ "tool": r.tool, "code": r.code.as_str(), "reason": r.reason }))
-            .collect();
+        let advisory = Advisory { requires_async, requires_owner_approval };
+        let validation = self.validate(inbound, actor, trace.id(), &calls, advisory, candidates, &input.private_data, lane.max_steps as usize);
+        let codes: Vec<_> = validation.rejected.iter().map(|r| json!({ "tool": r.tool, "code": r.code.as_str(), "reason": r.reason })).collect();
         if let Some(question) = validation.clarify.clone() {
-            trace.step(
-                "AgentToolPlanRejected",
-                "clarify",
-                "MISSING_ARGUMENT",
-                json!({ "rejected": codes }),
-            );
+            trace.step("AgentToolPlanRejected", "clarify", "MISSING_ARGUMENT", json!({ "rejected": codes }));
             return LaneOutcome::Handled { reply: question };
         }
         if !validation.rejected.is_empty() {
-            let first = validation
-                .rejected
-                .first()
-                .map_or("LANE_REJECTED", |r| r.code.as_str());
-            trace.step(
-                "AgentToolPlanRejected",
-                "deny",
-                first,
-                json!({ "rejected": codes }),
-            );
-            return LaneOutcome::Handled {
-                reply: lane.denied_reply.clone(),
-            };
+            let first = validation.rejected.first().map_or("LANE_REJECTED", |r| r.code.as_str());
+            trace.step("AgentToolPlanRejected", "deny", first, json!({ "rejected": codes }));
+            return LaneOutcome::Handled { reply: lane.denied_reply.clone() };
         }
         let accepted: Vec<_> = validation.accepted.iter().map(|c| json!({ "tool": c.tool, "version": c.version, "needs_approval": c.needs_approval, "run_async": c.run_async })).collect();
         if validation.requires_owner_approval {
-            let why = validation
-                .accepted
-                .iter()
-                .find_map(|c| c.needs_approval.clone())
-                .unwrap_or_default();
-            trace.step(
-                "AgentToolPolicyDenied",
-                "needs_approval",
-                "TOOL_NEEDS_APPROVAL",
-                json!({ "calls": accepted, "reason": why }),
-            );
+            let why = validation.accepted.iter().find_map(|c| c.needs_approval.clone()).unwrap_or_default();
+            trace.step("AgentToolPolicyDenied", "needs_approval", "TOOL_NEEDS_APPROVAL", json!({ "calls": accepted, "reason": why }));
         } else {
-            trace.step(
-                "AgentToolPlanAccepted",
-                "accepted",
-                "OK",
-                json!({ "calls": accepted }),
-            );
+            trace.step("AgentToolPlanAccepted", "accepted", "OK", json!({ "calls": accepted }));
         }
         if let [call] = validation.accepted.as_slice()
             && call.needs_approval.is_none()
@@ -215,104 +130,43 @@ impl Lane {
             && lane.max_steps > 1
             && self.chainable(&call.tool)
         {
-            let reply = self
-                .chain(
-                    inbound,
-                    actor,
-                    call.clone(),
-                    &proposed[0],
-                    candidates,
-                    input,
-                    trace,
-                )
-                .await;
+            let reply = self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await;
             return LaneOutcome::Handled { reply };
         }
         // Several calls in one plan (a model may ignore the no-parallel request) run one after
         // the other, and are a tool session like a chain.
         let count = validation.accepted.len();
-        let session = if count > 1 {
-            self.sessions_start(inbound, trace.id()).await
-        } else {
-            None
-        };
+        let session = if count > 1 { self.sessions_start(inbound, trace.id()).await } else { None };
         let mut replies = Vec::new();
         for (i, call) in validation.accepted.iter().enumerate() {
             let (reply, status, code) = match &call.needs_approval {
-                Some(reason) => (
-                    self.ask_owner(inbound, actor, call, reason, trace).await,
-                    "approval",
-                    "TOOL_NEEDS_APPROVAL".to_string(),
-                ),
+                Some(reason) => (self.ask_owner(inbound, actor, call, reason, trace).await, "approval", "TOOL_NEEDS_APPROVAL".to_string()),
                 None => match self.bridge(inbound, actor, call, trace).await {
                     Ran::Answered(answer) => {
                         let failed = answer.failure.clone();
-                        (
-                            answer.text,
-                            if failed.is_some() {
-                                "failed"
-                            } else {
-                                "answered"
-                            },
-                            failed.unwrap_or_else(|| "OK".into()),
-                        )
+                        (answer.text, if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
                     }
                     Ran::Said(text) => (text, "pending", "CHAIN_STEP_PENDING".into()),
                 },
             };
-            self.sessions_step(
-                session,
-                i + 1,
-                &call.tool,
-                status,
-                &code,
-                (i + 1 == count).then_some("answered"),
-            )
-            .await;
+            self.sessions_step(session, i + 1, &call.tool, status, &code, (i + 1 == count).then_some("answered")).await;
             if !replies.contains(&reply) {
                 replies.push(reply);
             }
         }
-        LaneOutcome::Handled {
-            reply: replies.join("\n\n"),
-        }
+        LaneOutcome::Handled { reply: replies.join("\n\n") }
     }
 
     /// Judges proposed calls for this message: a plan and each later step of a chain alike.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the message, its actor and trace, and the plan's scope"
-    )]
-    fn validate(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        trace_id: i64,
-        calls: &[ProposedCall],
-        advisory: Advisory,
-        candidates: &[String],
-        private: &PrivateData,
-        max_steps: usize,
-    ) -> Validation {
+    #[expect(clippy::too_many_arguments, reason = "the message, its actor and trace, and the plan's scope")]
+    fn validate(&self, inbound: &Inbound, actor: Role, trace_id: i64, calls: &[ProposedCall], advisory: Advisory, candidates: &[String], private: &PrivateData, max_steps: usize) -> Validation {
         let ctx = self.call_context(inbound, actor, trace_id);
-        let scope = PlanScope {
-            candidates,
-            ctx: &ctx,
-            private_data: private,
-            max_steps,
-        };
-        Validator {
-            checkpoint: &self.checkpoint,
-            settings: &self.settings.lane,
-        }
-        .validate(calls, advisory, &scope)
+        let scope = PlanScope { candidates, ctx: &ctx, private_data: private, max_steps };
+        Validator { checkpoint: &self.checkpoint, settings: &self.settings.lane }.validate(calls, advisory, &scope)
     }
 
     fn read_only(&self, tool: &str) -> bool {
-        self.checkpoint
-            .catalog()
-            .get(tool)
-            .is_some_and(|t| t.spec.operation == Operation::Read)
+        self.checkpoint.catalog().get(tool).is_some_and(|t| t.spec.operation == Operation::Read)
     }
 
     fn call_context(&self, inbound: &Inbound, actor: Role, trace_id: i64) -> CallContext {
@@ -330,20 +184,10 @@ impl Lane {
 
 #[async_trait::async_trait]
 impl ToolLane for Lane {
-    async fn try_handle(
-        &self,
-        inbound: &Inbound,
-        actor: Role,
-        trace: &mut Recorder,
-    ) -> LaneOutcome {
+    async fn try_handle(&self, inbound: &Inbound, actor: Role, trace: &mut Recorder) -> LaneOutcome {
         let lane = &self.settings.lane;
         if !lane.enabled {
-            trace.step(
-                "AgentToolCandidate",
-                "normal_chat",
-                "LANE_DISABLED",
-                json!({}),
-            );
+            trace.step("AgentToolCandidate", "normal_chat", "LANE_DISABLED", json!({}));
             return LaneOutcome::NotHandled;
         }
         // The chat's own contexts only: the key is its channel and chat id.
@@ -352,14 +196,8 @@ impl ToolLane for Lane {
             Recent::default()
         });
         let started = Instant::now();
-        let detection =
-            self.index()
-                .detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts);
-        let candidates: Vec<String> = detection
-            .candidates
-            .iter()
-            .map(|c| c.name.clone())
-            .collect();
+        let detection = self.index().detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts);
+        let candidates: Vec<String> = detection.candidates.iter().map(|c| c.name.clone()).collect();
         trace.step(
             "AgentToolCandidate",
             if detection.should_plan { "plan" } else { "normal_chat" },
@@ -374,30 +212,18 @@ impl ToolLane for Lane {
                 FollowupKind::SameTool => ("call_same_tool", "FOLLOWUP_CONTEXT"),
                 FollowupKind::NewTool => ("call_new_tool", "FOLLOWUP_CONTEXT"),
             };
-            let tool = hint
-                .context_index
-                .and_then(|i| recent.contexts.get(i))
-                .map(|c| c.tool.clone());
+            let tool = hint.context_index.and_then(|i| recent.contexts.get(i)).map(|c| c.tool.clone());
             trace.step("AgentToolFollowup", decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.contexts.len() }));
         }
         if !detection.should_plan {
             if detection.reason == ReasonCode::FollowupWithoutContext && recent.expired {
                 // A follow-up of a result that has expired: normal chat, never the old result.
-                trace.step(
-                    "AgentToolFollowup",
-                    "expired",
-                    "FOLLOWUP_CONTEXT_EXPIRED",
-                    json!({}),
-                );
+                trace.step("AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
             }
             return LaneOutcome::NotHandled;
         }
         let catalog = self.checkpoint.catalog();
-        let to = OfferTo {
-            actor,
-            chat: inbound.chat_kind,
-            strict_supported: self.strict_supported,
-        };
+        let to = OfferTo { actor, chat: inbound.chat_kind, strict_supported: self.strict_supported };
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.
         let mut offered = candidates.clone();
@@ -412,20 +238,12 @@ impl ToolLane for Lane {
             actor,
             chat_kind: inbound.chat_kind,
             memory_summary: self.memory_summary(&inbound.chat_id).await,
-            private_data: if actor == Role::Owner {
-                PrivateData::Unguarded
-            } else {
-                PrivateData::Clear
-            },
+            private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
             tools: Vec::new(),
             recent: recent.contexts.clone(),
             followup: detection.followup.clone(),
             max_steps: lane.max_steps as usize,
-            searches_left: if lane.search_tool.is_empty() {
-                0
-            } else {
-                lane.max_search_calls as usize
-            },
+            searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
             transcript: Vec::new(),
         };
         let plan = loop {
@@ -434,9 +252,7 @@ impl ToolLane for Lane {
             let plan = self.planner.plan(&input).await;
             let (code, calls): (&str, Vec<String>) = match &plan {
                 PlanOutcome::Failed { code, .. } => (code, Vec::new()),
-                PlanOutcome::ToolUse { calls, .. } => {
-                    ("OK", calls.iter().map(|c| c.name.clone()).collect())
-                }
+                PlanOutcome::ToolUse { calls, .. } => ("OK", calls.iter().map(|c| c.name.clone()).collect()),
                 PlanOutcome::NoTool { .. } => ("NO_TOOL", Vec::new()),
                 PlanOutcome::Clarify { .. } => ("CLARIFY", Vec::new()),
                 PlanOutcome::Deny { .. } => ("DENY", Vec::new()),
@@ -444,17 +260,10 @@ impl ToolLane for Lane {
                 PlanOutcome::Search { .. } => ("SEARCH", Vec::new()),
             };
             trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "offered": input.tools.len(), "latency_ms": ms(started.elapsed()) }));
-            let PlanOutcome::Search { searches, content } = plan else {
-                break plan;
-            };
+            let PlanOutcome::Search { searches, content } = plan else { break plan };
             if input.searches_left == 0 {
                 // Offered no search, or its last one was spent: nothing more to plan with.
-                trace.step(
-                    "AgentToolSearch",
-                    "refused",
-                    "SEARCH_LIMIT",
-                    json!({ "max_search_calls": lane.max_search_calls }),
-                );
+                trace.step("AgentToolSearch", "refused", "SEARCH_LIMIT", json!({ "max_search_calls": lane.max_search_calls }));
                 return LaneOutcome::NotHandled;
             }
             input.searches_left -= 1;
@@ -462,12 +271,7 @@ impl ToolLane for Lane {
             let mut results = Vec::new();
             for search in &searches {
                 let found: Vec<String> = index
-                    .search(
-                        &search.query,
-                        actor,
-                        inbound.chat_kind,
-                        lane.search_results as usize + offered.len(),
-                    )
+                    .search(&search.query, actor, inbound.chat_kind, lane.search_results as usize + offered.len())
                     .into_iter()
                     .map(|c| c.name)
                     .filter(|n| !offered.contains(n))
@@ -476,67 +280,27 @@ impl ToolLane for Lane {
                 let lines: Vec<String> = adapter::resolve(&catalog, &found)
                     .iter()
                     .filter(|t| adapter::offerable(t, actor, inbound.chat_kind, lane))
-                    .map(|t| {
-                        format!(
-                            "{}: {}",
-                            t.spec.name,
-                            adapter::description(t, &lane.tool_description)
-                                .lines()
-                                .next()
-                                .unwrap_or_default()
-                        )
-                    })
+                    .map(|t| format!("{}: {}", t.spec.name, adapter::description(t, &lane.tool_description).lines().next().unwrap_or_default()))
                     .collect();
-                trace.step(
-                    "AgentToolSearch",
-                    "searched",
-                    "OK",
-                    json!({ "found": found, "offered": lines.len() }),
-                );
+                trace.step("AgentToolSearch", "searched", "OK", json!({ "found": found, "offered": lines.len() }));
                 offered.extend(found);
-                let text = if lines.is_empty() {
-                    "No other tool matches.".to_string()
-                } else {
-                    lines.join("\n")
-                };
+                let text = if lines.is_empty() { "No other tool matches.".to_string() } else { lines.join("\n") };
                 // Tool descriptions are catalog data: untrusted, like every text the model reads.
-                results.push(llm::ContentBlock::ToolResult {
-                    tool_use_id: search.id.clone(),
-                    content: super::data::untrusted("tool_search_results", &text),
-                    is_error: false,
-                });
+                results.push(llm::ContentBlock::ToolResult { tool_use_id: search.id.clone(), content: super::data::untrusted("tool_search_results", &text), is_error: false });
             }
-            input.transcript.push(llm::Message {
-                role: llm::Role::Assistant,
-                content,
-            });
-            input.transcript.push(llm::Message {
-                role: llm::Role::User,
-                content: results,
-            });
+            input.transcript.push(llm::Message { role: llm::Role::Assistant, content });
+            input.transcript.push(llm::Message { role: llm::Role::User, content: results });
         };
         match plan {
-            PlanOutcome::NoTool { .. }
-            | PlanOutcome::Failed { .. }
-            | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
-            PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => {
-                LaneOutcome::Handled { reply }
-            }
+            PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
+            PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
             // An answer from results this chat was given; without any, it would be made up.
             PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
-                trace.step(
-                    "AgentToolFollowup",
-                    "refused",
-                    "FOLLOWUP_WITHOUT_CONTEXT",
-                    json!({}),
-                );
+                trace.step("AgentToolFollowup", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));
                 LaneOutcome::NotHandled
             }
             PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },
-            tool_use @ PlanOutcome::ToolUse { .. } => {
-                self.run_plan(inbound, actor, tool_use, &offered, &mut input, trace)
-                    .await
-            }
+            tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &offered, &mut input, trace).await,
         }
     }
 }

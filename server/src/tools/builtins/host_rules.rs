@@ -9,15 +9,8 @@ use std::net::IpAddr;
 /// One entry of a host list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostEntry {
-    Name {
-        name: String,
-        port: Option<u16>,
-    },
-    Net {
-        addr: IpAddr,
-        prefix: u8,
-        port: Option<u16>,
-    },
+    Name { name: String, port: Option<u16> },
+    Net { addr: IpAddr, prefix: u8, port: Option<u16> },
 }
 
 /// An address in the form comparisons use: IPv4-mapped IPv6 becomes IPv4.
@@ -56,43 +49,20 @@ impl HostEntry {
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim();
         if let Some((net, prefix)) = text.split_once('/') {
-            let addr: IpAddr = net
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse()
-                .ok()?;
+            let addr: IpAddr = net.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
             let max = if addr.is_ipv4() { 32 } else { 128 };
             let prefix: u8 = prefix.parse().ok().filter(|p| *p <= max)?;
-            return Some(Self::Net {
-                addr: canonical(addr),
-                prefix,
-                port: None,
-            });
+            return Some(Self::Net { addr: canonical(addr), prefix, port: None });
         }
         if let Ok(addr) = text.parse::<IpAddr>() {
-            return Some(Self::Net {
-                addr: canonical(addr),
-                prefix: if addr.is_ipv4() { 32 } else { 128 },
-                port: None,
-            });
+            return Some(Self::Net { addr: canonical(addr), prefix: if addr.is_ipv4() { 32 } else { 128 }, port: None });
         }
         let url = url::Url::parse(&format!("http://{text}/")).ok()?;
         let port = url.port();
         Some(match url.host()? {
-            url::Host::Domain(d) => Self::Name {
-                name: normal_name(d),
-                port,
-            },
-            url::Host::Ipv4(v4) => Self::Net {
-                addr: IpAddr::V4(v4),
-                prefix: 32,
-                port,
-            },
-            url::Host::Ipv6(v6) => Self::Net {
-                addr: canonical(IpAddr::V6(v6)),
-                prefix: 128,
-                port,
-            },
+            url::Host::Domain(d) => Self::Name { name: normal_name(d), port },
+            url::Host::Ipv4(v4) => Self::Net { addr: IpAddr::V4(v4), prefix: 32, port },
+            url::Host::Ipv6(v6) => Self::Net { addr: canonical(IpAddr::V6(v6)), prefix: 128, port },
         })
     }
 
@@ -128,12 +98,7 @@ pub struct HostRules {
 
 impl HostRules {
     pub fn new<S: AsRef<str>>(list: &[S]) -> Self {
-        Self {
-            entries: list
-                .iter()
-                .filter_map(|s| HostEntry::parse(s.as_ref()))
-                .collect(),
-        }
+        Self { entries: list.iter().filter_map(|s| HostEntry::parse(s.as_ref())).collect() }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,15 +111,8 @@ impl HostRules {
         self.entries.iter().find(|e| {
             e.port_matches(port)
                 && match (e, host) {
-                    (HostEntry::Name { name, .. }, Target::Name(h)) => {
-                        h == name
-                            || (subdomains
-                                && h.strip_suffix(name.as_str())
-                                    .is_some_and(|rest| rest.ends_with('.')))
-                    }
-                    (HostEntry::Net { addr, prefix, .. }, Target::Addr(ip)) => {
-                        in_net(*ip, *addr, *prefix)
-                    }
+                    (HostEntry::Name { name, .. }, Target::Name(h)) => h == name || (subdomains && h.strip_suffix(name.as_str()).is_some_and(|rest| rest.ends_with('.'))),
+                    (HostEntry::Net { addr, prefix, .. }, Target::Addr(ip)) => in_net(*ip, *addr, *prefix),
                     _ => false,
                 }
         })
@@ -162,34 +120,17 @@ impl HostRules {
 
     /// Whether `ip` is one of the listed addresses or inside a listed network (any port).
     pub fn has_addr(&self, ip: IpAddr) -> bool {
-        self.entries
-            .iter()
-            .any(|e| matches!(e, HostEntry::Net { addr, prefix, .. } if in_net(ip, *addr, *prefix)))
+        self.entries.iter().any(|e| matches!(e, HostEntry::Net { addr, prefix, .. } if in_net(ip, *addr, *prefix)))
     }
 
     /// The listed names, without their ports.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.iter().filter_map(|e| {
-            if let HostEntry::Name { name, .. } = e {
-                Some(name.as_str())
-            } else {
-                None
-            }
-        })
+        self.entries.iter().filter_map(|e| if let HostEntry::Name { name, .. } = e { Some(name.as_str()) } else { None })
     }
 
     /// Names listed without a port (every port of them is covered).
     pub fn any_port_names(&self) -> Vec<String> {
-        self.entries
-            .iter()
-            .filter_map(|e| {
-                if let HostEntry::Name { name, port: None } = e {
-                    Some(name.clone())
-                } else {
-                    None
-                }
-            })
-            .collect()
+        self.entries.iter().filter_map(|e| if let HostEntry::Name { name, port: None } = e { Some(name.clone()) } else { None }).collect()
     }
 }
 
@@ -203,17 +144,8 @@ mod tests {
 
     #[test]
     fn names_match_without_case_trailing_dot_and_with_subdomains_when_asked() {
-        let rules = HostRules::new(&[
-            "Evil.Example",
-            "intranet:8080",
-            "10.20.0.0/16",
-            "[::1]:9000",
-        ]);
-        for url in [
-            "http://evil.example/",
-            "http://EVIL.example./x",
-            "https://evil.example:8443/",
-        ] {
+        let rules = HostRules::new(&["Evil.Example", "intranet:8080", "10.20.0.0/16", "[::1]:9000"]);
+        for url in ["http://evil.example/", "http://EVIL.example./x", "https://evil.example:8443/"] {
             let (host, port) = at(url);
             assert!(rules.find(&host, port, false).is_some(), "{url}");
         }
@@ -223,15 +155,8 @@ mod tests {
         assert!(rules.find(&not_sub, port, true).is_none());
         let (intranet, _) = at("http://intranet:8080/");
         assert!(rules.find(&intranet, 8080, false).is_some());
-        assert!(
-            rules.find(&intranet, 22, false).is_none(),
-            "a port in the entry limits it to that port"
-        );
-        for url in [
-            "http://10.20.3.4/",
-            "http://[::ffff:10.20.3.4]/",
-            "http://169083652/",
-        ] {
+        assert!(rules.find(&intranet, 22, false).is_none(), "a port in the entry limits it to that port");
+        for url in ["http://10.20.3.4/", "http://[::ffff:10.20.3.4]/", "http://169083652/"] {
             let (host, port) = at(url);
             assert!(rules.find(&host, port, false).is_some(), "{url}");
         }

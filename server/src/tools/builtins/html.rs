@@ -11,14 +11,8 @@ fn plain() -> html2text::config::Config<html2text::render::TrivialDecorator> {
 }
 
 pub fn html_to_text(html: &str) -> (Option<String>, String) {
-    let text = plain()
-        .string_from_read(html.as_bytes(), NO_WRAP)
-        .unwrap_or_default();
-    let lines: Vec<String> = text
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .filter(|l| !l.is_empty())
-        .collect();
+    let text = plain().string_from_read(html.as_bytes(), NO_WRAP).unwrap_or_default();
+    let lines: Vec<String> = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).filter(|l| !l.is_empty()).collect();
     (title(html), lines.join("\n"))
 }
 
@@ -29,9 +23,7 @@ fn title(html: &str) -> Option<String> {
     let open_end = lower[start..].find('>')? + start + 1;
     let close = lower[open_end..].find("</title")? + open_end;
     let inner = &html[open_end..close];
-    let decoded = plain()
-        .string_from_read(format!("<p>{inner}</p>").as_bytes(), NO_WRAP)
-        .unwrap_or_default();
+    let decoded = plain().string_from_read(format!("<p>{inner}</p>").as_bytes(), NO_WRAP).unwrap_or_default();
     Some(decoded.split_whitespace().collect::<Vec<_>>().join(" ")).filter(|t| !t.is_empty())
 }
 
@@ -53,12 +45,7 @@ mod tests {
 
     #[test]
     fn a_header_element_is_content_not_the_head() {
-        let (_, text) = super::html_to_text(
-            "<html><head><title>T</title></head><body><header>Shop name and phone</header><p>Body</p></body></html>",
-        );
-        assert!(
-            text.contains("Shop name and phone") && text.contains("Body"),
-            "{text}"
-        );
+        let (_, text) = super::html_to_text("<html><head><title>T</title></head><body><header>Shop name and phone</header><p>Body</p></body></html>");
+        assert!(text.contains("Shop name and phone") && text.contains("Body"), "{text}");
     }
 }

@@ -15,11 +15,7 @@ pub fn forbidden(ip: IpAddr) -> Option<&'static str> {
 }
 
 fn in_v4(ip: Ipv4Addr, net: [u8; 4], prefix: u32) -> bool {
-    let mask = if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - prefix)
-    };
+    let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
     (u32::from(ip) & mask) == (u32::from(Ipv4Addr::from(net)) & mask)
 }
 
@@ -42,10 +38,7 @@ fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
         ([240, 0, 0, 0], 4, "reserved"),
         ([255, 255, 255, 255], 32, "broadcast"),
     ];
-    RANGES
-        .iter()
-        .find(|(net, prefix, _)| in_v4(ip, *net, *prefix))
-        .map(|(_, _, why)| *why)
+    RANGES.iter().find(|(net, prefix, _)| in_v4(ip, *net, *prefix)).map(|(_, _, why)| *why)
 }
 
 fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
@@ -60,12 +53,7 @@ fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
         return Some("loopback");
     }
     // IPv4-compatible (deprecated) ::a.b.c.d and NAT64 64:ff9b::a.b.c.d carry an IPv4 address.
-    let embedded = Ipv4Addr::new(
-        (seg[6] >> 8) as u8,
-        seg[6] as u8,
-        (seg[7] >> 8) as u8,
-        seg[7] as u8,
-    );
+    let embedded = Ipv4Addr::new((seg[6] >> 8) as u8, seg[6] as u8, (seg[7] >> 8) as u8, seg[7] as u8);
     if seg[..6] == [0, 0, 0, 0, 0, 0] {
         return forbidden_v4(embedded).or(Some("IPv4-compatible (deprecated)"));
     }
@@ -106,12 +94,7 @@ fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
     }
     // 6to4 2002::/16 embeds an IPv4 address in the next 32 bits.
     if first == 0x2002 {
-        let v4 = Ipv4Addr::new(
-            (seg[1] >> 8) as u8,
-            seg[1] as u8,
-            (seg[2] >> 8) as u8,
-            seg[2] as u8,
-        );
+        let v4 = Ipv4Addr::new((seg[1] >> 8) as u8, seg[1] as u8, (seg[2] >> 8) as u8, seg[2] as u8);
         return forbidden_v4(v4);
     }
     None
@@ -132,46 +115,13 @@ mod tests {
     #[test]
     fn refuses_every_non_public_range() {
         for ip in [
-            "0.0.0.0",
-            "10.1.2.3",
-            "100.64.0.1",
-            "100.100.100.200",
-            "127.0.0.1",
-            "127.255.255.254",
-            "169.254.169.254",
-            "172.16.0.1",
-            "172.31.255.255",
-            "192.168.1.1",
-            "192.0.0.8",
-            "198.18.0.1",
-            "224.0.0.1",
-            "239.255.255.250",
-            "240.0.0.1",
-            "255.255.255.255",
-            "::",
-            "::1",
-            "fe80::1",
-            "fc00::1",
-            "fd00:ec2::254",
-            "ff02::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.0.0.1",
-            "::ffff:169.254.169.254",
-            "::127.0.0.1",
-            "64:ff9b::10.0.0.1",
-            "2002:7f00:1::",
-            "2001:db8::1",
-            "fec0::1",
+            "0.0.0.0", "10.1.2.3", "100.64.0.1", "100.100.100.200", "127.0.0.1", "127.255.255.254", "169.254.169.254", "172.16.0.1",
+            "172.31.255.255", "192.168.1.1", "192.0.0.8", "198.18.0.1", "224.0.0.1", "239.255.255.250", "240.0.0.1", "255.255.255.255",
+            "::", "::1", "fe80::1", "fc00::1", "fd00:ec2::254", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:169.254.169.254",
+            "::127.0.0.1", "64:ff9b::10.0.0.1", "2002:7f00:1::", "2001:db8::1", "fec0::1",
             // Local-use NAT64 (any embedding), SIIT-translated (even of a public address), Teredo, discard.
-            "64:ff9b:1::a00:1",
-            "64:ff9b:1:a00:1::",
-            "64:ff9b:1:ffff::808:808",
-            "::ffff:0:7f00:1",
-            "::ffff:0:a9fe:a9fe",
-            "::ffff:0:808:808",
-            "2001::1",
-            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
-            "100::1",
+            "64:ff9b:1::a00:1", "64:ff9b:1:a00:1::", "64:ff9b:1:ffff::808:808", "::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:808:808",
+            "2001::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "100::1",
         ] {
             let parsed: IpAddr = ip.parse().expect("ip");
             assert!(forbidden(parsed).is_some(), "{ip} must be refused");
@@ -180,22 +130,9 @@ mod tests {
 
     #[test]
     fn allows_public_addresses() {
-        for ip in [
-            "1.1.1.1",
-            "8.8.8.8",
-            "93.184.216.34",
-            "172.32.0.1",
-            "100.128.0.1",
-            "2606:4700:4700::1111",
-            "::ffff:8.8.8.8",
-            "64:ff9b::808:808",
-        ] {
+        for ip in ["1.1.1.1", "8.8.8.8", "93.184.216.34", "172.32.0.1", "100.128.0.1", "2606:4700:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808"] {
             let parsed: IpAddr = ip.parse().expect("ip");
-            assert!(
-                forbidden(parsed).is_none(),
-                "{ip} is public: {:?}",
-                forbidden(parsed)
-            );
+            assert!(forbidden(parsed).is_none(), "{ip} is public: {:?}", forbidden(parsed));
         }
     }
 

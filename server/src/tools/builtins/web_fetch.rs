@@ -20,9 +20,7 @@ use crate::tools::{ToolDef, ToolError, ToolExecutor};
 pub const HANDLER: &str = "web_fetch";
 
 /// Stable error codes, each with one string form.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum FetchCode {
     #[strum(serialize = "FETCH_URL_INVALID")]
     UrlInvalid,
@@ -73,23 +71,12 @@ impl Rules {
     /// when the URL names an address, so the address of a refused host is refused too.
     async fn check(&self, url: &url::Url) -> Result<Route, ToolError> {
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(ToolError::refused(
-                FetchCode::UrlInvalid.as_str(),
-                format!(
-                    "only http and https URLs can be fetched, not {}:",
-                    url.scheme()
-                ),
-            ));
+            return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("only http and https URLs can be fetched, not {}:", url.scheme())));
         }
         if !url.username().is_empty() || url.password().is_some() {
-            return Err(ToolError::refused(
-                FetchCode::UrlInvalid.as_str(),
-                "URLs with credentials are refused",
-            ));
+            return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "URLs with credentials are refused"));
         }
-        let (host, port) = target(url).ok_or_else(|| {
-            ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host")
-        })?;
+        let (host, port) = target(url).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host"))?;
         if self.connectors.find(&host, port, false).is_some() {
             return Err(connector_host());
         }
@@ -105,15 +92,10 @@ impl Rules {
             }
         }
         match (self.allowed.find(&host, port, false), &host) {
-            (Some(super::host_rules::HostEntry::Name { port: Some(_), .. }), _) => {
-                Ok(Route::AllowedPort)
-            }
+            (Some(super::host_rules::HostEntry::Name { port: Some(_), .. }), _) => Ok(Route::AllowedPort),
             (Some(_), _) => Ok(Route::Strict),
             (None, Target::Addr(ip)) => match net_guard::forbidden(*ip) {
-                Some(why) => Err(ToolError::refused(
-                    FetchCode::AddressForbidden.as_str(),
-                    format!("the address is {why}"),
-                )),
+                Some(why) => Err(ToolError::refused(FetchCode::AddressForbidden.as_str(), format!("the address is {why}"))),
                 None => Ok(Route::Strict),
             },
             (None, Target::Name(_)) => Ok(Route::Strict),
@@ -122,17 +104,11 @@ impl Rules {
 }
 
 fn denied() -> ToolError {
-    ToolError::refused(
-        FetchCode::HostDenied.as_str(),
-        "this host is on the deny list",
-    )
+    ToolError::refused(FetchCode::HostDenied.as_str(), "this host is on the deny list")
 }
 
 fn connector_host() -> ToolError {
-    ToolError::refused(
-        FetchCode::ConnectorHost.as_str(),
-        "this host belongs to a connector; use that connector's tools",
-    )
+    ToolError::refused(FetchCode::ConnectorHost.as_str(), "this host belongs to a connector; use that connector's tools")
 }
 
 /// Every address the names resolve to; a name that does not resolve adds nothing.
@@ -161,24 +137,14 @@ impl Resolve for GuardedResolver {
         let allowed = self.allowed.contains(&normal_name(&host));
         let rules = self.denied.clone();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if addrs
-                .iter()
-                .any(|a| rules.denied.has_addr(a.ip()) || rules.connectors.has_addr(a.ip()))
-            {
-                return Err(format!(
-                    "{}: {host} resolves to a denied address",
-                    FetchCode::HostDenied.as_str()
-                )
-                .into());
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if addrs.iter().any(|a| rules.denied.has_addr(a.ip()) || rules.connectors.has_addr(a.ip())) {
+                return Err(format!("{}: {host} resolves to a denied address", FetchCode::HostDenied.as_str()).into());
             }
-            if !allowed && let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip())) {
-                return Err(format!(
-                    "{}: {host} resolves to a {why} address",
-                    FetchCode::AddressForbidden.as_str()
-                )
-                .into());
+            if !allowed
+                && let Some(why) = addrs.iter().find_map(|a| net_guard::forbidden(a.ip()))
+            {
+                return Err(format!("{}: {host} resolves to a {why} address", FetchCode::AddressForbidden.as_str()).into());
             }
             let iter: Box<dyn Iterator<Item = SocketAddr> + Send> = Box::new(addrs.into_iter());
             Ok(iter)
@@ -200,19 +166,9 @@ impl WebFetch {
 
     /// Like [`WebFetch::new`], refusing `connector_hosts` (each a connector's `host[:port]`) with
     /// `FETCH_CONNECTOR_HOST`: a connector's data is reached through the connector only.
-    pub fn with_connector_hosts(
-        limits: FetchLimits,
-        connector_hosts: &[String],
-    ) -> Result<Self, reqwest::Error> {
+    pub fn with_connector_hosts(limits: FetchLimits, connector_hosts: &[String]) -> Result<Self, reqwest::Error> {
         // A connector's host is refused on every port.
-        let connector_names: Vec<String> = connector_hosts
-            .iter()
-            .map(|h| {
-                h.rsplit_once(':')
-                    .filter(|(_, p)| p.parse::<u16>().is_ok())
-                    .map_or(h.clone(), |(n, _)| n.to_string())
-            })
-            .collect();
+        let connector_names: Vec<String> = connector_hosts.iter().map(|h| h.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map_or(h.clone(), |(n, _)| n.to_string())).collect();
         let rules = Arc::new(Rules {
             allowed: HostRules::new(&limits.allowed_hosts),
             denied: HostRules::new(&limits.denied_hosts),
@@ -224,60 +180,34 @@ impl WebFetch {
         let client = |allowed: Vec<String>| {
             reqwest::Client::builder()
                 .redirect(redirect::Policy::none())
-                .dns_resolver(Arc::new(GuardedResolver {
-                    allowed,
-                    denied: rules.clone(),
-                }))
+                .dns_resolver(Arc::new(GuardedResolver { allowed, denied: rules.clone() }))
                 .no_proxy()
                 .timeout(limits.timeout)
                 .user_agent(limits.user_agent.clone())
                 .build()
         };
-        Ok(Self {
-            strict: client(any_port)?,
-            allowed_port: client(with_ports)?,
-            rules: rules.clone(),
-            limits: Arc::new(limits),
-        })
+        Ok(Self { strict: client(any_port)?, allowed_port: client(with_ports)?, rules: rules.clone(), limits: Arc::new(limits) })
     }
 
     pub async fn fetch(&self, raw: &str) -> Result<Value, ToolError> {
-        let url = url::Url::parse(raw.trim()).map_err(|e| {
-            ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("not a URL: {e}"))
-        })?;
+        let url = url::Url::parse(raw.trim()).map_err(|e| ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("not a URL: {e}")))?;
         let mut hop = url.clone();
         let mut redirects = 0;
         let mut res = loop {
             let client = match self.rules.check(&hop).await {
                 Ok(Route::Strict) => &self.strict,
                 Ok(Route::AllowedPort) => &self.allowed_port,
-                Err(e) if redirects > 0 => {
-                    return Err(ToolError::refused(
-                        &e.code,
-                        format!("redirect to a refused URL: {}", e.message),
-                    ));
-                }
+                Err(e) if redirects > 0 => return Err(ToolError::refused(&e.code, format!("redirect to a refused URL: {}", e.message))),
                 Err(e) => return Err(e),
             };
             let res = client.get(hop.clone()).send().await.map_err(classify)?;
-            let location = res
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|v| v.to_str().ok());
+            let location = res.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok());
             match location {
                 Some(next) if matches!(res.status().as_u16(), 301 | 302 | 303 | 307 | 308) => {
                     if redirects >= self.limits.max_redirects {
-                        return Err(ToolError::refused(
-                            FetchCode::UrlInvalid.as_str(),
-                            format!("more than {} redirects", self.limits.max_redirects),
-                        ));
+                        return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("more than {} redirects", self.limits.max_redirects)));
                     }
-                    hop = hop.join(next).map_err(|e| {
-                        ToolError::refused(
-                            FetchCode::UrlInvalid.as_str(),
-                            format!("redirect to something that is not a URL: {e}"),
-                        )
-                    })?;
+                    hop = hop.join(next).map_err(|e| ToolError::refused(FetchCode::UrlInvalid.as_str(), format!("redirect to something that is not a URL: {e}")))?;
                     redirects += 1;
                 }
                 _ => break res,
@@ -287,42 +217,18 @@ impl WebFetch {
         let status = res.status();
         if !status.is_success() {
             let retryable = status.is_server_error() || status.as_u16() == 429;
-            return Err(ToolError::new(
-                FetchCode::HttpStatus.as_str(),
-                format!("the server answered {status}"),
-                retryable,
-            ));
+            return Err(ToolError::new(FetchCode::HttpStatus.as_str(), format!("the server answered {status}"), retryable));
         }
-        let content_type = res
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let kind = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        let readable = kind.starts_with("text/")
-            || kind.ends_with("json")
-            || kind.ends_with("+xml")
-            || kind == "application/xml"
-            || kind.is_empty();
+        let content_type = res.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+        let kind = content_type.split(';').next().unwrap_or("").trim().to_string();
+        let readable = kind.starts_with("text/") || kind.ends_with("json") || kind.ends_with("+xml") || kind == "application/xml" || kind.is_empty();
         if !readable {
-            return Err(ToolError::new(
-                FetchCode::ContentType.as_str(),
-                format!("{kind} is not readable text"),
-                false,
-            ));
+            return Err(ToolError::new(FetchCode::ContentType.as_str(), format!("{kind} is not readable text"), false));
         }
         let mut body = Vec::new();
         let mut truncated = false;
         while let Some(chunk) = res.chunk().await.map_err(classify)? {
-            let room = usize::try_from(self.limits.max_bytes)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(body.len());
+            let room = usize::try_from(self.limits.max_bytes).unwrap_or(usize::MAX).saturating_sub(body.len());
             body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             if chunk.len() > room {
                 truncated = true;
@@ -330,12 +236,7 @@ impl WebFetch {
             }
         }
         let text = String::from_utf8_lossy(&body);
-        let (title, text) =
-            if kind.contains("html") || (kind.is_empty() && text.trim_start().starts_with('<')) {
-                html_to_text(&text)
-            } else {
-                (None, text.into_owned())
-            };
+        let (title, text) = if kind.contains("html") || (kind.is_empty() && text.trim_start().starts_with('<')) { html_to_text(&text) } else { (None, text.into_owned()) };
         Ok(json!({
             "url": url.to_string(),
             "final_url": final_url,
@@ -359,32 +260,18 @@ fn classify(e: reqwest::Error) -> ToolError {
         chain.push(' ');
         source = err.source();
     }
-    for refused in [
-        FetchCode::AddressForbidden.as_str(),
-        FetchCode::HostDenied.as_str(),
-        FetchCode::ConnectorHost.as_str(),
-        FetchCode::UrlInvalid.as_str(),
-    ] {
+    for refused in [FetchCode::AddressForbidden.as_str(), FetchCode::HostDenied.as_str(), FetchCode::ConnectorHost.as_str(), FetchCode::UrlInvalid.as_str()] {
         if chain.contains(refused) {
             return ToolError::refused(refused, chain.trim().to_string());
         }
     }
-    ToolError::new(
-        FetchCode::Network.as_str(),
-        text,
-        e.is_timeout() || e.is_connect(),
-    )
+    ToolError::new(FetchCode::Network.as_str(), text, e.is_timeout() || e.is_connect())
 }
 
 #[async_trait::async_trait]
 impl ToolExecutor for WebFetch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| {
-            ToolError::refused(
-                FetchCode::UrlInvalid.as_str(),
-                "the url argument is missing",
-            )
-        })?;
+        let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the url argument is missing"))?;
         self.fetch(url).await
     }
 }

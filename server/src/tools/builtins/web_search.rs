@@ -14,9 +14,7 @@ pub const HANDLER: &str = "web_search";
 pub const BRAVE_KEY_VAR: &str = "BRAVE_SEARCH_API_KEY";
 
 /// Stable error codes, each with one string form.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum SearchCode {
     #[strum(serialize = "SEARCH_NOT_CONFIGURED")]
     NotConfigured,
@@ -32,6 +30,7 @@ impl SearchCode {
     }
 }
 
+
 pub struct WebSearch {
     client: reqwest::Client,
     provider: SearchProvider,
@@ -41,109 +40,41 @@ pub struct WebSearch {
 }
 
 impl WebSearch {
-    pub fn new(
-        provider: SearchProvider,
-        base_url: &str,
-        max_results: usize,
-        timeout: Duration,
-        brave_key: Option<String>,
-    ) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .no_proxy()
-            .build()?;
-        Ok(Self {
-            client,
-            provider,
-            base_url: base_url.trim_end_matches('/').to_string(),
-            max_results: max_results.max(1),
-            brave_key,
-        })
+    pub fn new(provider: SearchProvider, base_url: &str, max_results: usize, timeout: Duration, brave_key: Option<String>) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder().timeout(timeout).no_proxy().build()?;
+        Ok(Self { client, provider, base_url: base_url.trim_end_matches('/').to_string(), max_results: max_results.max(1), brave_key })
     }
 
     pub async fn search(&self, query: &str) -> Result<Value, ToolError> {
         let query = query.trim();
         if query.is_empty() || query.len() > 400 {
-            return Err(ToolError::new(
-                SearchCode::QueryInvalid.as_str(),
-                "the query must be 1 to 400 characters",
-                false,
-            ));
+            return Err(ToolError::new(SearchCode::QueryInvalid.as_str(), "the query must be 1 to 400 characters", false));
         }
         if self.base_url.is_empty() {
-            return Err(ToolError::new(
-                SearchCode::NotConfigured.as_str(),
-                "no search provider is configured ([web_search] base_url)",
-                false,
-            ));
+            return Err(ToolError::new(SearchCode::NotConfigured.as_str(), "no search provider is configured ([web_search] base_url)", false));
         }
-        let mut url = url::Url::parse(&self.base_url).map_err(|e| {
-            ToolError::new(
-                SearchCode::NotConfigured.as_str(),
-                format!("web_search.base_url is not a URL: {e}"),
-                false,
-            )
-        })?;
+        let mut url = url::Url::parse(&self.base_url).map_err(|e| ToolError::new(SearchCode::NotConfigured.as_str(), format!("web_search.base_url is not a URL: {e}"), false))?;
         let request = match self.provider {
             SearchProvider::Searxng => {
-                url.path_segments_mut()
-                    .map_err(|()| {
-                        ToolError::new(
-                            SearchCode::NotConfigured.as_str(),
-                            "web_search.base_url cannot take a path",
-                            false,
-                        )
-                    })?
-                    .pop_if_empty()
-                    .push("search");
-                url.query_pairs_mut()
-                    .append_pair("q", query)
-                    .append_pair("format", "json");
+                url.path_segments_mut().map_err(|()| ToolError::new(SearchCode::NotConfigured.as_str(), "web_search.base_url cannot take a path", false))?.pop_if_empty().push("search");
+                url.query_pairs_mut().append_pair("q", query).append_pair("format", "json");
                 self.client.get(url)
             }
             SearchProvider::Brave => {
-                let key = self.brave_key.as_deref().ok_or_else(|| {
-                    ToolError::new(
-                        SearchCode::NotConfigured.as_str(),
-                        format!("{BRAVE_KEY_VAR} is not set"),
-                        false,
-                    )
-                })?;
-                url.query_pairs_mut()
-                    .append_pair("q", query)
-                    .append_pair("count", &self.max_results.to_string());
-                self.client
-                    .get(url)
-                    .header("X-Subscription-Token", key)
-                    .header("Accept", "application/json")
+                let key = self.brave_key.as_deref().ok_or_else(|| ToolError::new(SearchCode::NotConfigured.as_str(), format!("{BRAVE_KEY_VAR} is not set"), false))?;
+                url.query_pairs_mut().append_pair("q", query).append_pair("count", &self.max_results.to_string());
+                self.client.get(url).header("X-Subscription-Token", key).header("Accept", "application/json")
             }
         };
         let res = request.send().await.map_err(|e| {
             let retryable = e.is_timeout() || e.is_connect();
-            ToolError::new(
-                SearchCode::Provider.as_str(),
-                format!("the search provider did not answer: {}", e.without_url()),
-                retryable,
-            )
+            ToolError::new(SearchCode::Provider.as_str(), format!("the search provider did not answer: {}", e.without_url()), retryable)
         })?;
         let status = res.status();
         if !status.is_success() {
-            return Err(ToolError::new(
-                SearchCode::Provider.as_str(),
-                format!("the search provider answered {status}"),
-                status.is_server_error() || status.as_u16() == 429,
-            ));
+            return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider answered {status}"), status.is_server_error() || status.as_u16() == 429));
         }
-        let body: Value = res.json().await.map_err(|e| {
-            ToolError::new(
-                SearchCode::Provider.as_str(),
-                format!(
-                    "the search provider's answer is not JSON: {}",
-                    e.without_url()
-                ),
-                false,
-            )
-        })?;
+        let body: Value = res.json().await.map_err(|e| ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is not JSON: {}", e.without_url()), false))?;
         let items = match self.provider {
             SearchProvider::Searxng => body.get("results"),
             SearchProvider::Brave => body.get("web").and_then(|w| w.get("results")),
@@ -156,14 +87,8 @@ impl WebSearch {
             .filter_map(|r| {
                 let url = r.get("url")?.as_str()?;
                 let title = r.get("title").and_then(Value::as_str).unwrap_or(url);
-                let snippet = r
-                    .get("content")
-                    .or_else(|| r.get("description"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                Some(
-                    json!({ "title": clip(title, 200), "url": url, "snippet": clip(snippet, 500) }),
-                )
+                let snippet = r.get("content").or_else(|| r.get("description")).and_then(Value::as_str).unwrap_or("");
+                Some(json!({ "title": clip(title, 200), "url": url, "snippet": clip(snippet, 500) }))
             })
             .take(self.max_results)
             .collect();
@@ -182,13 +107,7 @@ fn clip(s: &str, max: usize) -> String {
 #[async_trait::async_trait]
 impl ToolExecutor for WebSearch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| {
-            ToolError::new(
-                SearchCode::QueryInvalid.as_str(),
-                "the query argument is missing",
-                false,
-            )
-        })?;
+        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| ToolError::new(SearchCode::QueryInvalid.as_str(), "the query argument is missing", false))?;
         self.search(query).await
     }
 }

@@ -9,10 +9,7 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{
-    ApprovalMode, AuditSettings, Catalog, Provider, ToolDef, ToolSpec, compile, hash_json,
-    valid_tool_name, version_hash,
-};
+use super::{ApprovalMode, AuditSettings, Catalog, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
 use crate::{
     config::Problem,
     tools::{connectors, hooks, schema::closed_schema, toml_file},
@@ -37,16 +34,12 @@ impl Catalog {
     pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Self, Vec<Problem>> {
         let problem = toml_file::problem_at(path);
         let text = toml_file::read(path, "the tools file", &problem)?;
-        let mut table: toml::Table = toml::from_str(&text)
-            .map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}"))])?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}"))])?;
         let mut problems = Vec::new();
         // Unknown top-level keys are reported with everything else, not instead of it.
         const KNOWN: [&str; 4] = ["approval_mode", "tool", "hook", "audit"];
         for key in table.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
-            problems.push(problem(
-                key.clone(),
-                format!("unknown key; expected one of {}", KNOWN.join(", ")),
-            ));
+            problems.push(problem(key.clone(), format!("unknown key; expected one of {}", KNOWN.join(", "))));
         }
         table.retain(|k, _| KNOWN.contains(&k));
         let file: ToolsFile = match table.try_into() {
@@ -60,13 +53,9 @@ impl Catalog {
         let mut tools = BTreeMap::new();
         let mut seen = BTreeSet::new();
         for entry in toml_file::entries::<ToolSpec>(file.tool, "tool", "name", &problem) {
-            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else {
-                continue;
-            };
+            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
             let before = problems.len();
-            let mut bad = |field: &str, message: String| {
-                problems.push(problem(format!("{label}.{field}"), message))
-            };
+            let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
             if !valid_tool_name(&spec.name) {
                 bad("name", "must be 1 to 64 letters, digits, '_' or '-' (Anthropic and OpenAI tool-name rules)".into());
             }
@@ -74,24 +63,13 @@ impl Catalog {
                 bad("name", format!("{:?} is defined more than once", spec.name));
             }
             if spec.description.trim().is_empty() {
-                bad(
-                    "description",
-                    "must say what the tool does; the planner chooses tools by it".into(),
-                );
+                bad("description", "must say what the tool does; the planner chooses tools by it".into());
             }
-            if spec.provider == Provider::Builtin
-                && spec.handler.as_deref().is_none_or(str::is_empty)
-            {
-                bad(
-                    "handler",
-                    "a builtin tool must name its implementation".into(),
-                );
+            if spec.provider == Provider::Builtin && spec.handler.as_deref().is_none_or(str::is_empty) {
+                bad("handler", "a builtin tool must name its implementation".into());
             }
             if spec.chat_types.is_empty() {
-                bad(
-                    "chat_types",
-                    "must allow at least one of \"direct\", \"group\"".into(),
-                );
+                bad("chat_types", "must allow at least one of \"direct\", \"group\"".into());
             }
             if spec.timeout.is_zero() {
                 bad("timeout", "must be longer than zero".into());
@@ -103,12 +81,8 @@ impl Catalog {
                 bad("max_result_bytes", "must be at least 1".into());
             }
             let closed_input_schema = closed_schema(&spec.input_schema);
-            let input = if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object")
-            {
-                bad(
-                    "input_schema",
-                    "must be a JSON Schema with \"type\": \"object\"".into(),
-                );
+            let input = if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+                bad("input_schema", "must be a JSON Schema with \"type\": \"object\"".into());
                 None
             } else {
                 match compile(&closed_input_schema) {
@@ -127,54 +101,29 @@ impl Catalog {
                 Some(Ok(v)) => Some(v),
                 None => None,
             };
-            let properties = spec
-                .input_schema
-                .get("properties")
-                .and_then(|p| p.as_object());
+            let properties = spec.input_schema.get("properties").and_then(|p| p.as_object());
             let declared = |field: &str| properties.is_some_and(|p| p.contains_key(field));
             for field in &spec.managed_fields {
                 if !declared(field) {
-                    bad(
-                        "managed_fields",
-                        format!("{field:?} is not a property of input_schema"),
-                    );
+                    bad("managed_fields", format!("{field:?} is not a property of input_schema"));
                 }
             }
             for (field, var) in &spec.secret_fields {
                 if !declared(field) {
-                    bad(
-                        "secret_fields",
-                        format!("{field:?} is not a property of input_schema"),
-                    );
+                    bad("secret_fields", format!("{field:?} is not a property of input_schema"));
                 }
                 if spec.managed_fields.contains(field) {
-                    bad(
-                        "secret_fields",
-                        format!("{field:?} cannot be both managed and secret"),
-                    );
+                    bad("secret_fields", format!("{field:?} cannot be both managed and secret"));
                 }
                 if spec.enabled && !secret_is_set(var) {
-                    bad(
-                        "secret_fields",
-                        format!("{field:?} needs the environment variable {var}, which is not set"),
-                    );
+                    bad("secret_fields", format!("{field:?} needs the environment variable {var}, which is not set"));
                 }
             }
             if problems.len() == before
                 && let Some(input_validator) = input
             {
                 let version = version_hash(&spec);
-                tools.insert(
-                    spec.name.clone(),
-                    ToolDef {
-                        spec,
-                        version,
-                        closed_input_schema,
-                        input_validator,
-                        output_validator: output,
-                        connector: None,
-                    },
-                );
+                tools.insert(spec.name.clone(), ToolDef { spec, version, closed_input_schema, input_validator, output_validator: output, connector: None });
             }
         }
         // Connector actions, from connectors.toml beside this file.
@@ -182,22 +131,9 @@ impl Catalog {
         let declared: BTreeMap<String, connectors::DeclaredTool> = tools
             .values()
             .map(|t| {
-                let properties = t
-                    .spec
-                    .input_schema
-                    .get("properties")
-                    .and_then(|p| p.as_object())
-                    .map(|p| p.keys().cloned().collect())
-                    .unwrap_or_default();
+                let properties = t.spec.input_schema.get("properties").and_then(|p| p.as_object()).map(|p| p.keys().cloned().collect()).unwrap_or_default();
                 let secret_fields = t.spec.secret_fields.keys().cloned().collect();
-                (
-                    t.spec.name.clone(),
-                    connectors::DeclaredTool {
-                        is_connector: t.spec.provider == Provider::Connector,
-                        properties,
-                        secret_fields,
-                    },
-                )
+                (t.spec.name.clone(), connectors::DeclaredTool { is_connector: t.spec.provider == Provider::Connector, properties, secret_fields })
             })
             .collect();
         let mut actions = BTreeMap::new();
@@ -214,59 +150,32 @@ impl Catalog {
             match actions.remove(&tool.spec.name) {
                 Some(action) => {
                     // The version covers the HTTP action too: editing it is a new version.
-                    tool.version =
-                        hash_json(&serde_json::json!({ "tool": tool.spec, "connector": *action }));
+                    tool.version = hash_json(&serde_json::json!({ "tool": tool.spec, "connector": *action }));
                     tool.connector = Some(action);
                 }
                 None if tool.spec.enabled => problems.push(problem(
                     format!("tool ({}).provider", tool.spec.name),
-                    format!(
-                        "no enabled action in {} runs this connector tool",
-                        connectors_path.display()
-                    ),
+                    format!("no enabled action in {} runs this connector tool", connectors_path.display()),
                 )),
                 None => {}
             }
         }
-        let tools: BTreeMap<String, Arc<ToolDef>> =
-            tools.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        let tools: BTreeMap<String, Arc<ToolDef>> = tools.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let mut hooks = Vec::new();
         for entry in toml_file::entries::<hooks::HookSpec>(file.hook, "hook", "name", &problem) {
-            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else {
-                continue;
-            };
-            for t in spec
-                .tools
-                .iter()
-                .filter(|t| *t != "*" && !tools.contains_key(*t) && !seen.contains(*t))
-            {
-                problems.push(problem(
-                    format!("{label}.tools"),
-                    format!("there is no tool named {t:?}"),
-                ));
+            let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
+            for t in spec.tools.iter().filter(|t| *t != "*" && !tools.contains_key(*t) && !seen.contains(*t)) {
+                problems.push(problem(format!("{label}.tools"), format!("there is no tool named {t:?}")));
             }
             if let Some(why) = spec.problem() {
                 problems.push(problem(format!("{label}.kind"), why.into()));
             }
             match regex::Regex::new(&spec.pattern) {
                 Ok(regex) => hooks.push(hooks::Hook { spec, regex }),
-                Err(e) => problems.push(problem(
-                    format!("{label}.pattern"),
-                    format!("not a regular expression: {e}"),
-                )),
+                Err(e) => problems.push(problem(format!("{label}.pattern"), format!("not a regular expression: {e}"))),
             }
         }
         hooks.sort_by_key(|h| h.spec.priority);
-        if problems.is_empty() {
-            Ok(Self {
-                approval_mode: file.approval_mode,
-                tools,
-                hooks,
-                audit: file.audit,
-                withheld: BTreeMap::new(),
-            })
-        } else {
-            Err(problems)
-        }
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
     }
 }

@@ -91,10 +91,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self {
-            max_attempts: 1,
-            backoff: Duration::from_millis(500),
-        }
+        Self { max_attempts: 1, backoff: Duration::from_millis(500) }
     }
 }
 
@@ -190,32 +187,16 @@ impl ToolDef {
             return Err("the input schema must have \"type\": \"object\"".into());
         }
         let closed_input_schema = closed_schema(&spec.input_schema);
-        let input_validator = compile(&closed_input_schema)
-            .map_err(|e| format!("the input schema does not compile: {e}"))?;
-        let output_validator = spec
-            .output_schema
-            .as_ref()
-            .map(compile)
-            .transpose()
-            .map_err(|e| format!("the output schema does not compile: {e}"))?;
+        let input_validator = compile(&closed_input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
+        let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
         let version = version_hash(&spec);
-        Ok(Self {
-            spec,
-            version,
-            closed_input_schema,
-            input_validator,
-            output_validator,
-            connector: None,
-        })
+        Ok(Self { spec, version, closed_input_schema, input_validator, output_validator, connector: None })
     }
 }
 
 impl std::fmt::Debug for ToolDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ToolDef")
-            .field("name", &self.spec.name)
-            .field("version", &self.version)
-            .finish_non_exhaustive()
+        f.debug_struct("ToolDef").field("name", &self.spec.name).field("version", &self.version).finish_non_exhaustive()
     }
 }
 
@@ -252,10 +233,7 @@ pub struct Withheld {
 
 /// Valid under both Anthropic's and OpenAI's tool-name rules: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `sha256:<hex>` of the canonical (key-sorted) JSON of a definition.
@@ -264,32 +242,19 @@ pub fn version_hash(spec: &ToolSpec) -> String {
 }
 
 fn compile(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft202012)
-        .build(schema)
-        .map_err(|e| e.to_string())
+    jsonschema::options().with_draft(jsonschema::Draft::Draft202012).build(schema).map_err(|e| e.to_string())
 }
 
 fn hash_json(value: &serde_json::Value) -> String {
     let digest = Sha256::digest(value.to_string().as_bytes());
-    format!(
-        "sha256:{}",
-        digest
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
+    format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 impl Catalog {
     /// This catalog plus tools from other sources (MCP servers), keeping the approval mode,
     /// hooks and every existing definition (and so its version). A name already taken is
     /// refused and reported, never overwritten.
-    pub fn with_extra(
-        &self,
-        extra: impl IntoIterator<Item = Arc<ToolDef>>,
-        withheld: BTreeMap<String, Withheld>,
-    ) -> (Self, Vec<String>) {
+    pub fn with_extra(&self, extra: impl IntoIterator<Item = Arc<ToolDef>>, withheld: BTreeMap<String, Withheld>) -> (Self, Vec<String>) {
         let mut tools = self.tools.clone();
         let mut clashes = Vec::new();
         for tool in extra {
@@ -300,21 +265,8 @@ impl Catalog {
             }
         }
         let mut all_withheld = self.withheld.clone();
-        all_withheld.extend(
-            withheld
-                .into_iter()
-                .filter(|(name, _)| !tools.contains_key(name)),
-        );
-        (
-            Self {
-                approval_mode: self.approval_mode,
-                tools,
-                hooks: self.hooks.clone(),
-                audit: self.audit.clone(),
-                withheld: all_withheld,
-            },
-            clashes,
-        )
+        all_withheld.extend(withheld.into_iter().filter(|(name, _)| !tools.contains_key(name)));
+        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld }, clashes)
     }
 
     /// Why `name` is known but not offered, if it is.

@@ -41,35 +41,13 @@ type = "string"
 fn loads_a_valid_catalog_with_a_version_hash() {
     let catalog = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
     let tool = catalog.get("lookup_order").expect("tool");
-    assert!(
-        tool.version.starts_with("sha256:") && tool.version.len() == 71,
-        "{}",
-        tool.version
-    );
+    assert!(tool.version.starts_with("sha256:") && tool.version.len() == 71, "{}", tool.version);
     assert_eq!(tool.spec.retry.max_attempts, 3);
-    assert_eq!(
-        tool.spec.chat_types,
-        vec![ChatKind::Direct, ChatKind::Group]
-    );
-    assert!(
-        tool.input_validator
-            .is_valid(&serde_json::json!({"order_id": "42"}))
-    );
-    assert!(
-        !tool
-            .input_validator
-            .is_valid(&serde_json::json!({"order_id": "42", "extra": 1}))
-    );
-    let edited = load(
-        &GOOD.replace("Finds an order", "Finds any order"),
-        &["SHOP_API_KEY"],
-    )
-    .expect("valid");
-    assert_ne!(
-        edited.get("lookup_order").expect("tool").version,
-        tool.version,
-        "any edit changes the version"
-    );
+    assert_eq!(tool.spec.chat_types, vec![ChatKind::Direct, ChatKind::Group]);
+    assert!(tool.input_validator.is_valid(&serde_json::json!({"order_id": "42"})));
+    assert!(!tool.input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})));
+    let edited = load(&GOOD.replace("Finds an order", "Finds any order"), &["SHOP_API_KEY"]).expect("valid");
+    assert_ne!(edited.get("lookup_order").expect("tool").version, tool.version, "any edit changes the version");
 }
 
 #[test]
@@ -77,44 +55,19 @@ fn reports_every_problem_with_file_and_key() {
     let text = format!(
         "{GOOD}\n{}\n{}\n{}",
         // Duplicate name, bad schema, undeclared managed field.
-        GOOD.replace("approval_mode = \"auto\"", "")
-            .replace(
-                "managed_fields = [\"chat_id\"]",
-                "managed_fields = [\"sender\"]"
-            )
-            .replace("type = \"object\"", "type = \"objekt\""),
+        GOOD.replace("approval_mode = \"auto\"", "").replace("managed_fields = [\"chat_id\"]", "managed_fields = [\"sender\"]").replace("type = \"object\"", "type = \"objekt\""),
         "[[tool]]\nname = \"has space\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"builtin\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\n",
         "[[tool]]\nname = \"typo\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"everyone\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\nretries = 3\n",
     );
     let problems = load(&text, &[]).expect_err("invalid");
     let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
     let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-    assert!(
-        has(
-            "tool[0] (lookup_order).secret_fields: \"api_key\" needs the environment variable SHOP_API_KEY"
-        ),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool[1] (lookup_order).name: \"lookup_order\" is defined more than once"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool[1] (lookup_order).managed_fields: \"sender\" is not a property"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool[2] (has space).name: must be 1 to 64"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool[2] (has space).handler: a builtin tool must name its implementation"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("tool[3] (typo)") && (has("everyone") || has("retries")),
-        "{shown:#?}"
-    );
+    assert!(has("tool[0] (lookup_order).secret_fields: \"api_key\" needs the environment variable SHOP_API_KEY"), "{shown:#?}");
+    assert!(has("tool[1] (lookup_order).name: \"lookup_order\" is defined more than once"), "{shown:#?}");
+    assert!(has("tool[1] (lookup_order).managed_fields: \"sender\" is not a property"), "{shown:#?}");
+    assert!(has("tool[2] (has space).name: must be 1 to 64"), "{shown:#?}");
+    assert!(has("tool[2] (has space).handler: a builtin tool must name its implementation"), "{shown:#?}");
+    assert!(has("tool[3] (typo)") && (has("everyone") || has("retries")), "{shown:#?}");
     assert!(problems.iter().all(|p| p.source.ends_with("tools.toml")));
 }
 
@@ -123,44 +76,15 @@ fn extra_arguments_are_refused_unless_the_schema_allows_them() {
     let open = GOOD.replace("additionalProperties = false\n", "");
     let catalog = load(&open, &["SHOP_API_KEY"]).expect("valid");
     let tool = catalog.get("lookup_order").expect("tool");
-    assert!(
-        tool.spec.input_schema.get("additionalProperties").is_none(),
-        "the schema as written is kept"
-    );
-    assert!(
-        tool.input_validator
-            .is_valid(&serde_json::json!({"order_id": "42"}))
-    );
-    assert!(
-        !tool
-            .input_validator
-            .is_valid(&serde_json::json!({"order_id": "42", "extra": 1})),
-        "a missing additionalProperties means none"
-    );
+    assert!(tool.spec.input_schema.get("additionalProperties").is_none(), "the schema as written is kept");
+    assert!(tool.input_validator.is_valid(&serde_json::json!({"order_id": "42"})));
+    assert!(!tool.input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})), "a missing additionalProperties means none");
 
-    let allowed = load(
-        &GOOD.replace(
-            "additionalProperties = false",
-            "additionalProperties = true",
-        ),
-        &["SHOP_API_KEY"],
-    )
-    .expect("valid");
-    assert!(
-        allowed
-            .get("lookup_order")
-            .expect("tool")
-            .input_validator
-            .is_valid(&serde_json::json!({"order_id": "42", "extra": 1})),
-        "an explicit true is kept"
-    );
+    let allowed = load(&GOOD.replace("additionalProperties = false", "additionalProperties = true"), &["SHOP_API_KEY"]).expect("valid");
+    assert!(allowed.get("lookup_order").expect("tool").input_validator.is_valid(&serde_json::json!({"order_id": "42", "extra": 1})), "an explicit true is kept");
 
     let mcp = ToolDef::from_spec(ToolSpec { input_schema: serde_json::json!({"type": "object", "properties": {"a": {"type": "number"}}}), ..tool.spec.clone() }).expect("spec");
-    assert!(
-        !mcp.input_validator
-            .is_valid(&serde_json::json!({"a": 1, "b": 2})),
-        "definitions made at run time (MCP) are closed too"
-    );
+    assert!(!mcp.input_validator.is_valid(&serde_json::json!({"a": 1, "b": 2})), "definitions made at run time (MCP) are closed too");
     assert!(mcp.spec.input_schema.get("additionalProperties").is_none());
 }
 

@@ -38,9 +38,7 @@ use crate::{
 };
 
 /// Stable error codes, each with one string form.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum ToolCode {
     #[strum(serialize = "TOOL_UNKNOWN")]
     Unknown,
@@ -124,11 +122,7 @@ pub struct ApprovedCall {
 impl ApprovedCall {
     /// Binds approval `approval_id` to `version` and exactly these arguments.
     pub fn bind(approval_id: i64, version: &str, args: &Value) -> Self {
-        Self {
-            approval_id,
-            version: version.to_string(),
-            args_hash: super::canonical::args_hash(args),
-        }
+        Self { approval_id, version: version.to_string(), args_hash: super::canonical::args_hash(args) }
     }
 }
 
@@ -147,21 +141,11 @@ pub struct ToolError {
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-            retryable,
-            refused: false,
-        }
+        Self { code: code.into(), message: message.into(), retryable, refused: false }
     }
 
     pub fn refused(code: &str, message: impl Into<String>) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-            retryable: false,
-            refused: true,
-        }
+        Self { code: code.into(), message: message.into(), retryable: false, refused: true }
     }
 }
 
@@ -173,12 +157,7 @@ pub trait ToolExecutor: Send + Sync {
     /// Runs a call whose every attempt (a retry after a timeout, a re-run after a crash or a
     /// restart) carries the same `key` ([`idempotency_key`]). Executors whose systems
     /// deduplicate writes by key send it; the others run [`Self::call`].
-    async fn call_keyed(
-        &self,
-        tool: &ToolDef,
-        args: &Value,
-        key: &str,
-    ) -> Result<Value, ToolError> {
+    async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
         let _ = key;
         self.call(tool, args).await
     }
@@ -188,16 +167,9 @@ pub trait ToolExecutor: Send + Sync {
 /// request (its correlation id, or the approval that bound it), different for any other.
 pub fn idempotency_key(tool: &str, args: &Value, ctx: &CallContext) -> String {
     use sha2::{Digest, Sha256};
-    let origin = ctx.approved.as_ref().map_or_else(
-        || format!("request:{}", ctx.correlation_id),
-        |a| format!("approval:{}", a.approval_id),
-    );
+    let origin = ctx.approved.as_ref().map_or_else(|| format!("request:{}", ctx.correlation_id), |a| format!("approval:{}", a.approval_id));
     let mut h = Sha256::new();
-    for part in [
-        origin.as_str(),
-        tool,
-        super::canonical::args_hash(args).as_str(),
-    ] {
+    for part in [origin.as_str(), tool, super::canonical::args_hash(args).as_str()] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -234,9 +206,7 @@ pub struct Checkpoint {
 
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Checkpoint")
-            .field("builtins", &self.builtins.keys().collect::<Vec<_>>())
-            .finish_non_exhaustive()
+        f.debug_struct("Checkpoint").field("builtins", &self.builtins.keys().collect::<Vec<_>>()).finish_non_exhaustive()
     }
 }
 
@@ -264,15 +234,7 @@ fn provider_key(p: Provider) -> &'static str {
 
 impl Checkpoint {
     pub fn new(db: Db, catalog: Arc<Catalog>, audit: AuditWriter, secrets: SecretSource) -> Self {
-        Self {
-            db,
-            catalog: RwLock::new(catalog),
-            builtins: HashMap::new(),
-            providers: HashMap::new(),
-            breakers: Breakers::default(),
-            audit,
-            secrets,
-        }
+        Self { db, catalog: RwLock::new(catalog), builtins: HashMap::new(), providers: HashMap::new(), breakers: Breakers::default(), audit, secrets }
     }
 
     pub fn register_builtin(&mut self, handler: &str, executor: Arc<dyn ToolExecutor>) {
@@ -311,25 +273,15 @@ impl Checkpoint {
     }
 
     /// The one path for every tool call.
-    pub async fn execute(
-        &self,
-        call: ToolCall,
-        ctx: &CallContext,
-    ) -> Result<ToolSuccess, ToolFailure> {
+    pub async fn execute(&self, call: ToolCall, ctx: &CallContext) -> Result<ToolSuccess, ToolFailure> {
         let started = Instant::now();
         let catalog = self.catalog();
         let tool = catalog.get(&call.name);
         let mut attempts = 0;
         let mut notify = Vec::new();
         let result = match gates(&catalog, &call, ctx, &mut notify) {
-            Ok(Checked {
-                needs_approval: Some(reason),
-                ..
-            }) => Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
-            Ok(checked) => {
-                self.run(&catalog, checked, ctx, &mut attempts, &mut notify)
-                    .await
-            }
+            Ok(Checked { needs_approval: Some(reason), .. }) => Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
+            Ok(checked) => self.run(&catalog, checked, ctx, &mut attempts, &mut notify).await,
             Err(f) => Err(f),
         };
         if let Err(f) = &result {
@@ -340,28 +292,19 @@ impl Checkpoint {
             Err(f) => format!("ended with {}", f.code),
         };
         for hook in notify {
-            let lead = if hook.spec.message.trim().is_empty() {
-                format!("Hook {}", hook.spec.name)
-            } else {
-                hook.spec.message.trim().to_string()
-            };
+            let lead = if hook.spec.message.trim().is_empty() { format!("Hook {}", hook.spec.name) } else { hook.spec.message.trim().to_string() };
             self.audit.notify(db::owner_notifications::Notification {
                 at: db::now_ms(),
                 hook: hook.spec.name.clone(),
                 tool: call.name.clone(),
-                reason_code: result
-                    .as_ref()
-                    .err()
-                    .map_or_else(|| "OK".into(), |f| f.code.clone()),
+                reason_code: result.as_ref().err().map_or_else(|| "OK".into(), |f| f.code.clone()),
                 message: format!("{lead}: {} {outcome}.", call.name),
                 correlation_id: ctx.correlation_id.clone(),
             });
         }
         let (decision, reason) = match &result {
             Ok(_) => ("allow", "OK".to_string()),
-            Err(f) if f.code == ToolCode::NeedsApproval.as_str() => {
-                ("needs_approval", f.code.clone())
-            }
+            Err(f) if f.code == ToolCode::NeedsApproval.as_str() => ("needs_approval", f.code.clone()),
             Err(f) => ("deny", f.code.clone()),
         };
         let mut args = call.args.clone();

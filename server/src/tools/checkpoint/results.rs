@@ -12,12 +12,7 @@ const SUMMARY_CHARS: usize = 2_000;
 impl Checkpoint {
     /// A result over the tool's inline limit is stored whole (cut at [`HARD_RESULT_LIMIT`], and
     /// said so); the caller gets a bounded summary and a reference to fetch the rest.
-    pub(super) async fn bound_size(
-        &self,
-        spec: &ToolSpec,
-        output: Value,
-        ctx: &CallContext,
-    ) -> Result<Value, ToolFailure> {
+    pub(super) async fn bound_size(&self, spec: &ToolSpec, output: Value, ctx: &CallContext) -> Result<Value, ToolFailure> {
         let correlation_id = ctx.correlation_id.as_str();
         let text = output.to_string();
         let inline_limit = usize::try_from(spec.max_result_bytes).unwrap_or(usize::MAX);
@@ -36,25 +31,14 @@ impl Checkpoint {
             let mut conn = self.db.pool.acquire().await?;
             db::tool_results::insert(
                 &mut conn,
-                &db::tool_results::StoredResult {
-                    id: &id,
-                    tool: &spec.name,
-                    correlation_id,
-                    size_bytes: size as i64,
-                    truncated,
-                    body,
-                    chat_id: ctx.chat_id.as_deref(),
-                },
+                &db::tool_results::StoredResult { id: &id, tool: &spec.name, correlation_id, size_bytes: size as i64, truncated, body, chat_id: ctx.chat_id.as_deref() },
             )
             .await
         }
         .await;
         if let Err(e) = stored {
             tracing::error!(error = %e, tool = %spec.name, "storing a large tool result failed");
-            return Err(fail(
-                ToolCode::ProviderError.as_str(),
-                "the result was too large to pass on and could not be stored",
-            ));
+            return Err(fail(ToolCode::ProviderError.as_str(), "the result was too large to pass on and could not be stored"));
         }
         let summary: String = text.chars().take(SUMMARY_CHARS.min(inline_limit)).collect();
         Ok(serde_json::json!({

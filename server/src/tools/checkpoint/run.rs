@@ -5,15 +5,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::{
-    CallContext, Checked, Checkpoint, ToolCode, ToolError, ToolFailure, ToolSuccess, fail,
-    idempotency_key, provider_key,
-};
-use crate::tools::{
-    Catalog,
-    catalog::Provider,
-    hooks::{self, Hook},
-};
+use super::{CallContext, Checked, Checkpoint, ToolCode, ToolError, ToolFailure, ToolSuccess, fail, idempotency_key, provider_key};
+use crate::tools::{Catalog, catalog::Provider, hooks::{self, Hook}};
 
 impl Checkpoint {
     /// Executes a call that passed the gates. `catalog` is the version the call started with:
@@ -26,19 +19,12 @@ impl Checkpoint {
         attempts: &mut u32,
         notify: &mut Vec<&'c Hook>,
     ) -> Result<ToolSuccess, ToolFailure> {
-        let Checked {
-            tool, mut input, ..
-        } = checked;
+        let Checked { tool, mut input, .. } = checked;
         let spec = &tool.spec;
         // The key is of the call as checked, before secrets are filled in: it derives from none.
         let key = idempotency_key(&spec.name, &Value::Object(input.clone()), ctx);
         for (field, var) in &spec.secret_fields {
-            let Some(value) = self.secrets.get(var) else {
-                return Err(fail(
-                    ToolCode::SecretMissing.as_str(),
-                    format!("the secret for {field:?} is not set"),
-                ));
-            };
+            let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
             input.insert(field.clone(), Value::String(value));
         }
         let input = Value::Object(input);
@@ -46,62 +32,29 @@ impl Checkpoint {
             Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
             other => self.providers.get(provider_key(other)),
         }
-        .ok_or_else(|| {
-            fail(
-                ToolCode::NoExecutor.as_str(),
-                format!("nothing in this build runs {}", spec.name),
-            )
-        })?;
+        .ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
 
         let mut delay = spec.retry.backoff;
         loop {
             if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
-                return Err(ToolFailure {
-                    retryable: true,
-                    ..fail(
-                        ToolCode::CircuitOpen.as_str(),
-                        format!(
-                            "{} failed repeatedly; next try in {} s",
-                            spec.name,
-                            wait.as_secs().max(1)
-                        ),
-                    )
-                });
+                return Err(ToolFailure { retryable: true, ..fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))) });
             }
             *attempts += 1;
-            let result =
-                match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key))
-                    .await
-                {
-                    Ok(result) => result,
-                    Err(_) => Err(ToolError::new(
-                        ToolCode::Timeout.as_str(),
-                        format!("no answer within {:?}", spec.timeout),
-                        true,
-                    )),
-                };
+            let result = match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key)).await {
+                Ok(result) => result,
+                Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
+            };
             match result {
                 Ok(output) => {
                     self.breakers.record_success(&spec.name);
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {
-                        return Err(fail(
-                            ToolCode::ResultInvalid.as_str(),
-                            format!(
-                                "the result does not match the output schema at {:?}",
-                                err.instance_path().to_string()
-                            ),
-                        ));
+                        return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                     }
                     let mut output = self.bound_size(spec, output, ctx).await?;
                     hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
-                    return Ok(ToolSuccess {
-                        tool: spec.name.clone(),
-                        version: tool.version.clone(),
-                        output,
-                        attempts: *attempts,
-                    });
+                    return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }
                 Err(e) if e.refused => {
                     self.breakers.release(&spec.name);
@@ -111,19 +64,10 @@ impl Checkpoint {
                     self.breakers.record_failure(&spec.name, Instant::now());
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
                         if e.code == ToolCode::Timeout.as_str() {
-                            return Err(ToolFailure {
-                                retryable: true,
-                                ..fail(ToolCode::Timeout.as_str(), e.message)
-                            });
+                            return Err(ToolFailure { retryable: true, ..fail(ToolCode::Timeout.as_str(), e.message) });
                         }
                         // The provider's own code stays visible inside the message.
-                        return Err(ToolFailure {
-                            retryable: e.retryable,
-                            ..fail(
-                                ToolCode::ProviderError.as_str(),
-                                format!("{}: {}", e.code, e.message),
-                            )
-                        });
+                        return Err(ToolFailure { retryable: e.retryable, ..fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)) });
                     }
                     tokio::time::sleep(delay).await;
                     delay = delay.saturating_mul(2);

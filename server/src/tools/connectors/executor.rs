@@ -44,11 +44,7 @@ fn merge_path(out: &mut Value, value: &Value, parts: &[&str]) {
                 *out = Value::Object(Map::new());
             }
             if let Value::Object(slot) = out {
-                merge_path(
-                    slot.entry(first.to_string()).or_insert(Value::Null),
-                    inner,
-                    rest,
-                );
+                merge_path(slot.entry(first.to_string()).or_insert(Value::Null), inner, rest);
             }
         }
         _ => {}
@@ -61,12 +57,7 @@ pub fn hosts(catalog: &Catalog) -> Vec<String> {
         .all()
         .filter_map(|t| t.connector.as_ref())
         .filter_map(|c| url::Url::parse(&c.base_url).ok())
-        .filter_map(|u| {
-            u.host_str().map(|h| {
-                u.port()
-                    .map_or_else(|| h.to_string(), |p| format!("{h}:{p}"))
-            })
-        })
+        .filter_map(|u| u.host_str().map(|h| u.port().map_or_else(|| h.to_string(), |p| format!("{h}:{p}"))))
         .collect();
     out.sort();
     out.dedup();
@@ -88,11 +79,7 @@ impl ConnectorExecutor {
     pub fn new(secrets: SecretSource) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!(
-                "Gatehouse/",
-                env!("CARGO_PKG_VERSION"),
-                " (connector)"
-            ))
+            .user_agent(concat!("Gatehouse/", env!("CARGO_PKG_VERSION"), " (connector)"))
             .build()?;
         Ok(Self { client, secrets })
     }
@@ -107,111 +94,54 @@ impl ToolExecutor for ConnectorExecutor {
     /// A write (any method but GET) carries `Idempotency-Key: key`, the same on every attempt
     /// of the call, so a system that deduplicates by key applies it once even when a crash or
     /// a timeout made Gatehouse send it again. An action's own `Idempotency-Key` header wins.
-    async fn call_keyed(
-        &self,
-        tool: &ToolDef,
-        args: &Value,
-        key: &str,
-    ) -> Result<Value, ToolError> {
+    async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
         self.send(tool, args, Some(key)).await
     }
 }
 
 impl ConnectorExecutor {
-    async fn send(
-        &self,
-        tool: &ToolDef,
-        args: &Value,
-        key: Option<&str>,
-    ) -> Result<Value, ToolError> {
-        let action = tool.connector.as_deref().ok_or_else(|| {
-            ToolError::refused(
-                ConnectorCode::UnsupportedUrl.as_str(),
-                format!("no connector action runs {}", tool.spec.name),
-            )
-        })?;
+    async fn send(&self, tool: &ToolDef, args: &Value, key: Option<&str>) -> Result<Value, ToolError> {
+        let action = tool.connector.as_deref().ok_or_else(|| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), format!("no connector action runs {}", tool.spec.name)))?;
         let empty = Map::new();
         let args = args.as_object().unwrap_or(&empty);
         let url = build_url(action, args, &self.secrets)?;
-        let mut request = self
-            .client
-            .request(action.action.method.as_reqwest(), url)
-            .timeout(tool.spec.timeout);
+        let mut request = self.client.request(action.action.method.as_reqwest(), url).timeout(tool.spec.timeout);
         for (name, template) in &action.headers {
             if let Some(value) = fill(template, args, &self.secrets)? {
                 // HTTP drops a header value's surrounding whitespace: refuse rather than send an
                 // argument (a file reference, say) other than exactly as given.
                 if value.starts_with([' ', '\t']) || value.ends_with([' ', '\t']) {
-                    return Err(ToolError::refused(
-                        ConnectorCode::ParamInvalid.as_str(),
-                        format!(
-                            "header {name} would begin or end with whitespace, which HTTP would strip"
-                        ),
-                    ));
+                    return Err(ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("header {name} would begin or end with whitespace, which HTTP would strip")));
                 }
-                let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
-                    ToolError::refused(
-                        ConnectorCode::ParamInvalid.as_str(),
-                        format!("header {name} would not be a valid header value"),
-                    )
-                })?;
+                let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("header {name} would not be a valid header value")))?;
                 value.set_sensitive(true);
                 request = request.header(name.as_str(), value);
             }
         }
         if let Some(key) = key
             && action.action.method != Method::Get
-            && !action
-                .headers
-                .keys()
-                .any(|h| h.eq_ignore_ascii_case(IDEMPOTENCY_HEADER))
+            && !action.headers.keys().any(|h| h.eq_ignore_ascii_case(IDEMPOTENCY_HEADER))
         {
             request = request.header(IDEMPOTENCY_HEADER, key);
         }
         if let Some(template) = &action.action.body {
-            request =
-                request.json(&fill_body(template, args, &self.secrets)?.unwrap_or(Value::Null));
+            request = request.json(&fill_body(template, args, &self.secrets)?.unwrap_or(Value::Null));
         }
         let mut response = request.send().await.map_err(|e| {
             let retryable = e.is_timeout() || e.is_connect();
-            ToolError::new(
-                ConnectorCode::Network.as_str(),
-                format!("{} did not answer: {}", action.connector, e.without_url()),
-                retryable,
-            )
+            ToolError::new(ConnectorCode::Network.as_str(), format!("{} did not answer: {}", action.connector, e.without_url()), retryable)
         })?;
         let status = response.status();
         let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| {
-            ToolError::new(
-                ConnectorCode::Network.as_str(),
-                format!(
-                    "reading {}'s answer failed: {}",
-                    action.connector,
-                    e.without_url()
-                ),
-                true,
-            )
-        })? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::new(ConnectorCode::Network.as_str(), format!("reading {}'s answer failed: {}", action.connector, e.without_url()), true))? {
             if body.len() + chunk.len() > HARD_RESULT_LIMIT {
-                return Err(ToolError::new(
-                    ConnectorCode::TooLarge.as_str(),
-                    format!(
-                        "{}'s answer is over {HARD_RESULT_LIMIT} bytes",
-                        action.connector
-                    ),
-                    false,
-                ));
+                return Err(ToolError::new(ConnectorCode::TooLarge.as_str(), format!("{}'s answer is over {HARD_RESULT_LIMIT} bytes", action.connector), false));
             }
             body.extend_from_slice(&chunk);
         }
         if !status.is_success() {
             let retryable = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
-            return Err(ToolError::new(
-                ConnectorCode::HttpStatus.as_str(),
-                format!("{} answered {status}", action.connector),
-                retryable,
-            ));
+            return Err(ToolError::new(ConnectorCode::HttpStatus.as_str(), format!("{} answered {status}", action.connector), retryable));
         }
         let data = match serde_json::from_slice::<Value>(&body) {
             Ok(json) => keep_fields(&json, &action.action.keep),

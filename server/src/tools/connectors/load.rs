@@ -30,55 +30,30 @@ pub fn load(
 ) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
     let problem = toml_file::problem_at(path);
     let text = toml_file::read(path, "the connectors file", &problem)?;
-    let file: ConnectorsFile = toml::from_str(&text).map_err(|e| {
-        vec![problem(
-            String::new(),
-            format!("not valid TOML for a connectors file: {e}"),
-        )]
-    })?;
+    let file: ConnectorsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for a connectors file: {e}"))])?;
     let mut problems = Vec::new();
     let mut actions = BTreeMap::new();
     let mut ids = BTreeSet::new();
     for entry in toml_file::entries::<ConnectorSpec>(file.connector, "connector", "id", &problem) {
-        let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else {
-            continue;
-        };
-        let mut bad = |field: &str, message: String| {
-            problems.push(problem(format!("{label}.{field}"), message))
-        };
+        let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
+        let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
         if !ids.insert(spec.id.clone()) {
             bad("id", format!("{:?} is defined more than once", spec.id));
         }
         match url::Url::parse(&spec.base_url) {
-            Ok(u) if !matches!(u.scheme(), "http" | "https") => {
-                bad("base_url", "must be an http or https URL".into())
-            }
+            Ok(u) if !matches!(u.scheme(), "http" | "https") => bad("base_url", "must be an http or https URL".into()),
             Ok(u) if u.host_str().is_none() => bad("base_url", "must name a host".into()),
-            Ok(u) if !u.username().is_empty() || u.password().is_some() => bad(
-                "base_url",
-                "must not hold credentials; use a header with ${VAR}".into(),
-            ),
-            Ok(u) if u.query().is_some() || u.fragment().is_some() => {
-                bad("base_url", "must not have a query or fragment".into())
-            }
+            Ok(u) if !u.username().is_empty() || u.password().is_some() => bad("base_url", "must not hold credentials; use a header with ${VAR}".into()),
+            Ok(u) if u.query().is_some() || u.fragment().is_some() => bad("base_url", "must not have a query or fragment".into()),
             Ok(_) => {}
             Err(e) => bad("base_url", format!("not a URL: {e}")),
         }
         if spec.allowed_urls.is_empty() {
-            bad(
-                "allowed_urls",
-                "must list at least one URL pattern requests may reach".into(),
-            );
+            bad("allowed_urls", "must list at least one URL pattern requests may reach".into());
         }
         for pattern in &spec.allowed_urls {
             if !same_origin_prefix(pattern, &spec.base_url) {
-                bad(
-                    "allowed_urls",
-                    format!(
-                        "{pattern:?} must start with the base URL's scheme and host ({})",
-                        origin_of(&spec.base_url)
-                    ),
-                );
+                bad("allowed_urls", format!("{pattern:?} must start with the base URL's scheme and host ({})", origin_of(&spec.base_url)));
             }
         }
         if let Err(e) = compile_allowed(&spec.allowed_urls) {
@@ -89,10 +64,7 @@ pub fn load(
                 Ok(vars) => {
                     for var in vars {
                         if spec.enabled && !secret_is_set(var) {
-                            bad(
-                                &format!("headers.{name}"),
-                                format!("needs the environment variable {var}, which is not set"),
-                            );
+                            bad(&format!("headers.{name}"), format!("needs the environment variable {var}, which is not set"));
                         }
                     }
                 }
@@ -104,35 +76,16 @@ pub fn load(
         }
         for (j, action) in spec.action.iter().enumerate() {
             let at = format!("action[{j}] ({})", action.tool);
-            let mut bad = |field: &str, message: String| {
-                problems.push(problem(format!("{label}.{at}.{field}"), message))
-            };
-            let Some(DeclaredTool {
-                is_connector,
-                properties: props,
-                secret_fields,
-            }) = tools.get(&action.tool)
-            else {
-                bad(
-                    "tool",
-                    format!("there is no tool named {:?} in tools.toml", action.tool),
-                );
+            let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{at}.{field}"), message));
+            let Some(DeclaredTool { is_connector, properties: props, secret_fields }) = tools.get(&action.tool) else {
+                bad("tool", format!("there is no tool named {:?} in tools.toml", action.tool));
                 continue;
             };
             if !is_connector {
-                bad(
-                    "tool",
-                    format!(
-                        "{:?} must have provider = \"connector\" to be run by a connector",
-                        action.tool
-                    ),
-                );
+                bad("tool", format!("{:?} must have provider = \"connector\" to be run by a connector", action.tool));
             }
             if actions.contains_key(&action.tool) {
-                bad(
-                    "tool",
-                    format!("{:?} is already run by another action", action.tool),
-                );
+                bad("tool", format!("{:?} is already run by another action", action.tool));
             }
             if action.path.contains("://") || action.path.starts_with("//") {
                 bad("path", "must be a path below base_url, not a URL".into());
@@ -144,18 +97,8 @@ pub fn load(
                 bad("body", "a GET request has no body".into());
             }
             let mut templates: Vec<(String, String)> = vec![("path".into(), action.path.clone())];
-            templates.extend(
-                action
-                    .query
-                    .iter()
-                    .map(|(k, v)| (format!("query.{k}"), v.clone())),
-            );
-            templates.extend(
-                action
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (format!("headers.{k}"), v.clone())),
-            );
+            templates.extend(action.query.iter().map(|(k, v)| (format!("query.{k}"), v.clone())));
+            templates.extend(action.headers.iter().map(|(k, v)| (format!("headers.{k}"), v.clone())));
             let mut strings = Vec::new();
             if let Some(body) = &action.body {
                 body_strings(body, &mut strings);
@@ -166,23 +109,13 @@ pub fn load(
                     Ok(args) => {
                         for arg in &args {
                             if !props.contains(*arg) {
-                                bad(
-                                    field,
-                                    format!(
-                                        "{{{arg}}} is not a property of {}'s input_schema",
-                                        action.tool
-                                    ),
-                                );
+                                bad(field, format!("{{{arg}}} is not a property of {}'s input_schema", action.tool));
                             }
                             let in_url = field == "path" || field.starts_with("query.");
                             if in_url && secret_fields.contains(*arg) {
                                 bad(
                                     field,
-                                    format!(
-                                        "{{{arg}}} is a secret field of {} and cannot be placed in the URL ({}); send it in a header",
-                                        action.tool,
-                                        ConnectorCode::SecretInUrl.as_str()
-                                    ),
+                                    format!("{{{arg}}} is a secret field of {} and cannot be placed in the URL ({}); send it in a header", action.tool, ConnectorCode::SecretInUrl.as_str()),
                                 );
                             }
                         }
@@ -193,18 +126,10 @@ pub fn load(
                     for var in vars {
                         if field.starts_with("headers.") {
                             if spec.enabled && !secret_is_set(var) {
-                                bad(
-                                    field,
-                                    format!(
-                                        "needs the environment variable {var}, which is not set"
-                                    ),
-                                );
+                                bad(field, format!("needs the environment variable {var}, which is not set"));
                             }
                         } else {
-                            bad(
-                                field,
-                                format!("${{{var}}} secrets may only appear in headers"),
-                            );
+                            bad(field, format!("${{{var}}} secrets may only appear in headers"));
                         }
                     }
                 }
@@ -213,29 +138,17 @@ pub fn load(
                 let mut headers = spec.headers.clone();
                 headers.extend(action.headers.clone());
                 // A pattern that does not compile was reported above with the connector's key.
-                if let Ok(built) = ConnectorAction::new(
-                    spec.id.clone(),
-                    spec.base_url.clone(),
-                    spec.allowed_urls.clone(),
-                    headers,
-                    action.clone(),
-                ) {
+                if let Ok(built) = ConnectorAction::new(spec.id.clone(), spec.base_url.clone(), spec.allowed_urls.clone(), headers, action.clone()) {
                     actions.insert(action.tool.clone(), Arc::new(built));
                 }
             }
         }
     }
-    if problems.is_empty() {
-        Ok(actions)
-    } else {
-        Err(problems)
-    }
+    if problems.is_empty() { Ok(actions) } else { Err(problems) }
 }
 
 fn origin_of(url: &str) -> String {
-    url::Url::parse(url)
-        .map(|u| u.origin().ascii_serialization())
-        .unwrap_or_default()
+    url::Url::parse(url).map(|u| u.origin().ascii_serialization()).unwrap_or_default()
 }
 
 fn same_origin_prefix(pattern: &str, base: &str) -> bool {

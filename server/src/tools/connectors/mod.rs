@@ -24,9 +24,7 @@ pub use self::{
 };
 
 /// Stable error codes, each with one string form.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display, strum::EnumString)]
 pub enum ConnectorCode {
     /// The request URL left the connector's base or matches no allowed pattern.
     #[strum(serialize = "CONNECTOR_UNSUPPORTED_URL")]
@@ -159,33 +157,15 @@ pub struct ConnectorAction {
 fn compile_allowed(patterns: &[String]) -> Result<globset::GlobSet, String> {
     let mut set = globset::GlobSetBuilder::new();
     for p in patterns {
-        set.add(
-            globset::GlobBuilder::new(p)
-                .literal_separator(true)
-                .build()
-                .map_err(|e| format!("{p:?} is not a URL pattern: {e}"))?,
-        );
+        set.add(globset::GlobBuilder::new(p).literal_separator(true).build().map_err(|e| format!("{p:?} is not a URL pattern: {e}"))?);
     }
     set.build().map_err(|e| e.to_string())
 }
 
 impl ConnectorAction {
-    pub fn new(
-        connector: String,
-        base_url: String,
-        allowed_urls: Vec<String>,
-        headers: BTreeMap<String, String>,
-        action: ActionSpec,
-    ) -> Result<Self, String> {
+    pub fn new(connector: String, base_url: String, allowed_urls: Vec<String>, headers: BTreeMap<String, String>, action: ActionSpec) -> Result<Self, String> {
         let allowed = compile_allowed(&allowed_urls)?;
-        Ok(Self {
-            connector,
-            base_url,
-            allowed_urls,
-            allowed,
-            headers,
-            action,
-        })
+        Ok(Self { connector, base_url, allowed_urls, allowed, headers, action })
     }
 }
 

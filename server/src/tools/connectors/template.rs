@@ -37,47 +37,24 @@ pub(super) fn pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
         if after.starts_with('}') {
             return Err(format!("unmatched '}}' in {template:?}"));
         }
-        let close = after
-            .find('}')
-            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
+        let close = after.find('}').ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
         let name = &after[1..close];
-        let valid = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        let valid = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !valid {
-            return Err(format!(
-                "{{{name}}} in {template:?} is not an argument or ${{SECRET}} name"
-            ));
+            return Err(format!("{{{name}}} in {template:?} is not an argument or ${{SECRET}} name"));
         }
-        out.push(if is_secret {
-            Piece::Secret(name)
-        } else {
-            Piece::Arg(name)
-        });
+        out.push(if is_secret { Piece::Secret(name) } else { Piece::Arg(name) });
         rest = &after[close + 1..];
     }
     Ok(out)
 }
 
 pub(super) fn args_in(template: &str) -> Result<Vec<&str>, String> {
-    Ok(pieces(template)?
-        .into_iter()
-        .filter_map(|p| if let Piece::Arg(a) = p { Some(a) } else { None })
-        .collect())
+    Ok(pieces(template)?.into_iter().filter_map(|p| if let Piece::Arg(a) = p { Some(a) } else { None }).collect())
 }
 
 pub(super) fn secrets_in(template: &str) -> Result<Vec<&str>, String> {
-    Ok(pieces(template)?
-        .into_iter()
-        .filter_map(|p| {
-            if let Piece::Secret(s) = p {
-                Some(s)
-            } else {
-                None
-            }
-        })
-        .collect())
+    Ok(pieces(template)?.into_iter().filter_map(|p| if let Piece::Secret(s) = p { Some(s) } else { None }).collect())
 }
 
 /// Every string inside a body template.
@@ -97,21 +74,13 @@ fn scalar(args: &Map<String, Value>, name: &str) -> Result<Option<String>, ToolE
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
         Some(Value::Bool(b)) => Ok(Some(b.to_string())),
-        Some(_) => Err(ToolError::refused(
-            ConnectorCode::ParamInvalid.as_str(),
-            format!("{name:?} is a list or object and cannot be placed in a URL or header"),
-        )),
+        Some(_) => Err(ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("{name:?} is a list or object and cannot be placed in a URL or header"))),
     }
 }
 
 /// Fills a template. `Ok(None)` when it names an argument that is absent.
-pub(super) fn fill(
-    template: &str,
-    args: &Map<String, Value>,
-    secrets: &SecretSource,
-) -> Result<Option<String>, ToolError> {
-    let parsed = pieces(template)
-        .map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?;
+pub(super) fn fill(template: &str, args: &Map<String, Value>, secrets: &SecretSource) -> Result<Option<String>, ToolError> {
+    let parsed = pieces(template).map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?;
     let mut out = String::new();
     for piece in parsed {
         match piece {
@@ -120,27 +89,15 @@ pub(super) fn fill(
                 Some(v) => out.push_str(&v),
                 None => return Ok(None),
             },
-            Piece::Secret(var) => out.push_str(&secrets.get(var).ok_or_else(|| {
-                ToolError::refused(
-                    ConnectorCode::SecretMissing.as_str(),
-                    format!("the environment variable {var} is not set"),
-                )
-            })?),
+            Piece::Secret(var) => out.push_str(&secrets.get(var).ok_or_else(|| ToolError::refused(ConnectorCode::SecretMissing.as_str(), format!("the environment variable {var} is not set")))?),
         }
     }
     Ok(Some(out))
 }
 
-pub(super) fn fill_body(
-    template: &Value,
-    args: &Map<String, Value>,
-    secrets: &SecretSource,
-) -> Result<Option<Value>, ToolError> {
+pub(super) fn fill_body(template: &Value, args: &Map<String, Value>, secrets: &SecretSource) -> Result<Option<Value>, ToolError> {
     Ok(match template {
-        Value::String(s) => match pieces(s)
-            .map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?
-            .as_slice()
-        {
+        Value::String(s) => match pieces(s).map_err(|e| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), e))?.as_slice() {
             [Piece::Arg(name)] => args.get(*name).filter(|v| !v.is_null()).cloned(),
             _ => fill(s, args, secrets)?.map(Value::String),
         },
@@ -168,41 +125,23 @@ pub(super) fn fill_body(
 
 /// The request URL for `action` with `args`, checked against the connector's origin and
 /// allowed patterns.
-pub fn build_url(
-    action: &ConnectorAction,
-    args: &Map<String, Value>,
-    secrets: &SecretSource,
-) -> Result<url::Url, ToolError> {
+pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &SecretSource) -> Result<url::Url, ToolError> {
     let unsupported = |why: String| ToolError::refused(ConnectorCode::UnsupportedUrl.as_str(), why);
-    let base = url::Url::parse(&action.base_url)
-        .map_err(|e| unsupported(format!("the connector's base_url is not a URL: {e}")))?;
+    let base = url::Url::parse(&action.base_url).map_err(|e| unsupported(format!("the connector's base_url is not a URL: {e}")))?;
     let mut url = base.clone();
     let mut path = base.path().trim_end_matches('/').to_string();
     for template in action.action.path.split('/').filter(|s| !s.is_empty()) {
-        let segment = fill(template, args, secrets)?.ok_or_else(|| {
-            ToolError::refused(
-                ConnectorCode::ParamInvalid.as_str(),
-                format!(
-                    "the path {:?} needs an argument that is missing",
-                    action.action.path
-                ),
-            )
-        })?;
+        let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("the path {:?} needs an argument that is missing", action.action.path)))?;
         // Errors name the template, never the value: arguments can be personal data, and the
         // value reaches the connector unchanged or not at all.
         if segment.is_empty() || segment == "." || segment == ".." {
-            return Err(unsupported(format!(
-                "an argument of the path {:?} is empty, '.' or '..', which cannot be a path segment",
-                action.action.path
-            )));
+            return Err(unsupported(format!("an argument of the path {:?} is empty, '.' or '..', which cannot be a path segment", action.action.path)));
         }
         path.push('/');
         path.push_str(&encode_segment(&segment));
     }
     if url.cannot_be_a_base() {
-        return Err(unsupported(
-            "the connector's base_url cannot take a path".into(),
-        ));
+        return Err(unsupported("the connector's base_url cannot take a path".into()));
     }
     url.set_path(&path);
     let mut pairs = Vec::new();
@@ -215,20 +154,14 @@ pub fn build_url(
         url.query_pairs_mut().extend_pairs(pairs);
     }
     if url.origin() != base.origin() {
-        return Err(unsupported(format!(
-            "the request would leave {}",
-            base.origin().ascii_serialization()
-        )));
+        return Err(unsupported(format!("the request would leave {}", base.origin().ascii_serialization())));
     }
     let mut without_query = url.clone();
     without_query.set_query(None);
     without_query.set_fragment(None);
     let plain = without_query.as_str();
     if !action.allowed.is_match(plain) {
-        return Err(unsupported(format!(
-            "the path {:?} with these arguments matches none of the connector's allowed_urls",
-            action.action.path
-        )));
+        return Err(unsupported(format!("the path {:?} with these arguments matches none of the connector's allowed_urls", action.action.path)));
     }
     Ok(url)
 }
@@ -251,7 +184,5 @@ fn encode_segment(value: &str) -> String {
 
 /// Percent-decoding, for tests that check a value arrives as itself.
 pub fn percent_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8_lossy()
-        .into_owned()
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }

@@ -12,15 +12,7 @@ fn action(path: &str, allowed: &[&str]) -> ConnectorAction {
         "https://shop.example.com/api/".into(),
         allowed.iter().map(|s| s.to_string()).collect(),
         BTreeMap::new(),
-        ActionSpec {
-            tool: "t".into(),
-            method: Method::Get,
-            path: path.into(),
-            query: BTreeMap::from([("q".into(), "{q}".into())]),
-            headers: BTreeMap::new(),
-            body: None,
-            keep: vec![],
-        },
+        ActionSpec { tool: "t".into(), method: Method::Get, path: path.into(), query: BTreeMap::from([("q".into(), "{q}".into())]), headers: BTreeMap::new(), body: None, keep: vec![] },
     )
     .expect("valid patterns")
 }
@@ -36,50 +28,19 @@ fn no_secrets() -> SecretSource {
 #[test]
 fn arguments_stay_inside_one_segment_and_the_allowed_patterns() {
     let a = action("orders/{id}", &["https://shop.example.com/api/orders/*"]);
-    let ok = build_url(
-        &a,
-        &args(serde_json::json!({"id": "A 1", "q": "x&y=z"})),
-        &no_secrets(),
-    )
-    .expect("allowed");
-    assert_eq!(
-        ok.as_str(),
-        "https://shop.example.com/api/orders/A%201?q=x%26y%3Dz"
-    );
-    for hostile in [
-        "../admin",
-        "..",
-        "%2e%2e",
-        "a/../../b",
-        "x?y",
-        "@evil.example",
-        "//evil.example/x",
-    ] {
+    let ok = build_url(&a, &args(serde_json::json!({"id": "A 1", "q": "x&y=z"})), &no_secrets()).expect("allowed");
+    assert_eq!(ok.as_str(), "https://shop.example.com/api/orders/A%201?q=x%26y%3Dz");
+    for hostile in ["../admin", "..", "%2e%2e", "a/../../b", "x?y", "@evil.example", "//evil.example/x"] {
         match build_url(&a, &args(serde_json::json!({"id": hostile})), &no_secrets()) {
             Ok(url) => {
                 assert_eq!(url.host_str(), Some("shop.example.com"), "{hostile}");
-                assert!(
-                    url.path().starts_with("/api/orders/") && url.path().matches('/').count() == 3,
-                    "{hostile} -> {url}"
-                );
+                assert!(url.path().starts_with("/api/orders/") && url.path().matches('/').count() == 3, "{hostile} -> {url}");
             }
-            Err(e) => assert_eq!(
-                e.code,
-                ConnectorCode::UnsupportedUrl.as_str(),
-                "{hostile}: {e}"
-            ),
+            Err(e) => assert_eq!(e.code, ConnectorCode::UnsupportedUrl.as_str(), "{hostile}: {e}"),
         }
     }
-    let narrow = action(
-        "orders/{id}/{sub}",
-        &["https://shop.example.com/api/orders/*"],
-    );
-    let err = build_url(
-        &narrow,
-        &args(serde_json::json!({"id": "1", "sub": "refund"})),
-        &no_secrets(),
-    )
-    .expect_err("not allowed");
+    let narrow = action("orders/{id}/{sub}", &["https://shop.example.com/api/orders/*"]);
+    let err = build_url(&narrow, &args(serde_json::json!({"id": "1", "sub": "refund"})), &no_secrets()).expect_err("not allowed");
     assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
     let missing = build_url(&a, &args(serde_json::json!({})), &no_secrets()).expect_err("missing");
     assert_eq!(missing.code, ConnectorCode::ParamInvalid.as_str());
@@ -90,44 +51,19 @@ fn arguments_stay_inside_one_segment_and_the_allowed_patterns() {
 #[test]
 fn refused_urls_do_not_echo_their_arguments() {
     let secret = "sk_live_never_in_errors_77";
-    let a = action(
-        "orders/{id}/{key}",
-        &["https://shop.example.com/api/orders/*"],
-    );
-    let err = build_url(
-        &a,
-        &args(serde_json::json!({"id": "A1", "key": secret})),
-        &no_secrets(),
-    )
-    .expect_err("outside the patterns");
+    let a = action("orders/{id}/{key}", &["https://shop.example.com/api/orders/*"]);
+    let err = build_url(&a, &args(serde_json::json!({"id": "A1", "key": secret})), &no_secrets()).expect_err("outside the patterns");
     assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
-    assert!(
-        !err.message.contains(secret) && !err.message.contains("A1"),
-        "{err}"
-    );
-    let dots = build_url(
-        &a,
-        &args(serde_json::json!({"id": "..", "key": secret})),
-        &no_secrets(),
-    )
-    .expect_err("dot segment");
+    assert!(!err.message.contains(secret) && !err.message.contains("A1"), "{err}");
+    let dots = build_url(&a, &args(serde_json::json!({"id": "..", "key": secret})), &no_secrets()).expect_err("dot segment");
     assert!(!dots.message.contains(secret), "{dots}");
 }
 
 #[test]
 fn templates_parse_arguments_secrets_and_braces() {
-    assert_eq!(
-        pieces("Bearer ${KEY}").expect("ok"),
-        vec![Piece::Text("Bearer "), Piece::Secret("KEY")]
-    );
-    assert_eq!(
-        pieces("a{b}c").expect("ok"),
-        vec![Piece::Text("a"), Piece::Arg("b"), Piece::Text("c")]
-    );
-    assert_eq!(
-        pieces("{{x}}").expect("ok"),
-        vec![Piece::Text("{"), Piece::Text("x"), Piece::Text("}")]
-    );
+    assert_eq!(pieces("Bearer ${KEY}").expect("ok"), vec![Piece::Text("Bearer "), Piece::Secret("KEY")]);
+    assert_eq!(pieces("a{b}c").expect("ok"), vec![Piece::Text("a"), Piece::Arg("b"), Piece::Text("c")]);
+    assert_eq!(pieces("{{x}}").expect("ok"), vec![Piece::Text("{"), Piece::Text("x"), Piece::Text("}")]);
     assert!(pieces("{a b}").is_err());
     assert!(pieces("{open").is_err());
 }
@@ -135,36 +71,19 @@ fn templates_parse_arguments_secrets_and_braces() {
 #[test]
 fn keeps_only_the_named_fields() {
     let v = serde_json::json!({"status": "shipped", "secret": "x", "items": [{"name": "a", "cost": 1}, {"name": "b", "cost": 2}], "eta": {"day": "Mon", "internal": 1}});
-    let kept = keep_fields(
-        &v,
-        &["status".into(), "items.name".into(), "eta.day".into()],
-    );
-    assert_eq!(
-        kept,
-        serde_json::json!({"status": "shipped", "items": [{"name": "a"}, {"name": "b"}], "eta": {"day": "Mon"}})
-    );
+    let kept = keep_fields(&v, &["status".into(), "items.name".into(), "eta.day".into()]);
+    assert_eq!(kept, serde_json::json!({"status": "shipped", "items": [{"name": "a"}, {"name": "b"}], "eta": {"day": "Mon"}}));
 }
 
 #[test]
 fn body_takes_typed_values_and_drops_absent_ones() {
-    let template =
-        serde_json::json!({"qty": "{qty}", "note": "order {id}", "gift": "{gift}", "fixed": true});
-    let body = fill_body(
-        &template,
-        &args(serde_json::json!({"qty": 3, "id": "A1"})),
-        &no_secrets(),
-    )
-    .expect("ok");
-    assert_eq!(
-        body,
-        Some(serde_json::json!({"qty": 3, "note": "order A1", "fixed": true}))
-    );
+    let template = serde_json::json!({"qty": "{qty}", "note": "order {id}", "gift": "{gift}", "fixed": true});
+    let body = fill_body(&template, &args(serde_json::json!({"qty": 3, "id": "A1"})), &no_secrets()).expect("ok");
+    assert_eq!(body, Some(serde_json::json!({"qty": 3, "note": "order A1", "fixed": true})));
 }
 
 fn glob(pattern: &str, text: &str) -> bool {
-    compile_allowed(&[pattern.to_string()])
-        .expect("pattern")
-        .is_match(text)
+    compile_allowed(&[pattern.to_string()]).expect("pattern").is_match(text)
 }
 
 #[test]

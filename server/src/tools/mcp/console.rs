@@ -66,14 +66,10 @@ impl ToolStatus {
     /// "+ " added), for the owner deciding on a changed tool. Empty when nothing was there
     /// before. The diff is bounded in time, so a hostile definition cannot hold a thread.
     pub fn diff(&self) -> Vec<String> {
-        let Some(old) = &self.previous_definition else {
-            return Vec::new();
-        };
+        let Some(old) = &self.previous_definition else { return Vec::new() };
         let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
         let (old, new) = (pretty(old), pretty(&self.definition));
-        let diff = similar::TextDiff::configure()
-            .timeout(std::time::Duration::from_millis(200))
-            .diff_lines(&old, &new);
+        let diff = similar::TextDiff::configure().timeout(std::time::Duration::from_millis(200)).diff_lines(&old, &new);
         diff.iter_all_changes()
             .map(|c| {
                 let sign = match c.tag() {
@@ -127,28 +123,12 @@ impl McpManager {
                         Some(r) if !supervised => r.health.clone(),
                         _ => live.health.to_string(),
                     },
-                    last_error: if supervised {
-                        live.last_error.clone()
-                    } else {
-                        row.and_then(|r| r.last_error.clone())
-                    },
+                    last_error: if supervised { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },
                     last_seen_at: row.and_then(|r| r.last_seen_at),
                     tool_count: row.map_or(0, |r| r.tool_count),
-                    pending: tools
-                        .iter()
-                        .filter(|t| {
-                            t.server_id == s.config.id
-                                && t.present
-                                && !t.usable()
-                                && t.state != db::mcp::state::REJECTED
-                        })
-                        .count(),
+                    pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::state::REJECTED).count(),
                     last_discovery: live.last_discovery,
-                    auth: if s.config.auth == super::AuthMode::Oauth {
-                        "oauth"
-                    } else {
-                        "none"
-                    },
+                    auth: if s.config.auth == super::AuthMode::Oauth { "oauth" } else { "none" },
                     needs_login: live.needs_login,
                 }
             })
@@ -159,40 +139,20 @@ impl McpManager {
     pub async fn tools(&self, server: &str) -> Result<Vec<ToolStatus>, McpError> {
         self.server(server)?;
         let mut conn = self.inner.db.pool.acquire().await?;
-        Ok(db::mcp::tools(&mut conn, Some(server))
-            .await?
-            .into_iter()
-            .map(ToolStatus::from_row)
-            .collect())
+        Ok(db::mcp::tools(&mut conn, Some(server)).await?.into_iter().map(ToolStatus::from_row).collect())
     }
 
     /// Approves a tool's current definition (by catalog name); audited. It is offered at once.
-    pub async fn approve(
-        &self,
-        tool: &str,
-        reviewed: Reviewed<'_>,
-        by: &AuditActor,
-    ) -> Result<ToolStatus, McpError> {
+    pub async fn approve(&self, tool: &str, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
         self.decide(tool, true, reviewed, by).await
     }
 
     /// Rejects a tool; audited. It is not offered and calls fail with `TOOL_REJECTED`.
-    pub async fn reject(
-        &self,
-        tool: &str,
-        reviewed: Reviewed<'_>,
-        by: &AuditActor,
-    ) -> Result<ToolStatus, McpError> {
+    pub async fn reject(&self, tool: &str, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
         self.decide(tool, false, reviewed, by).await
     }
 
-    async fn decide(
-        &self,
-        tool: &str,
-        approve: bool,
-        reviewed: Reviewed<'_>,
-        by: &AuditActor,
-    ) -> Result<ToolStatus, McpError> {
+    async fn decide(&self, tool: &str, approve: bool, reviewed: Reviewed<'_>, by: &AuditActor) -> Result<ToolStatus, McpError> {
         let mut tx = self.inner.db.begin_write().await?;
         let hash = match reviewed {
             Reviewed::Definition(hash) => Some(hash),
@@ -200,28 +160,12 @@ impl McpManager {
         };
         let row = match db::mcp::decide(&mut tx, tool, approve, by.owner_id, hash).await? {
             db::mcp::Decided::Done(row) => row,
-            db::mcp::Decided::Changed(_) => {
-                return Err(McpError::DefinitionChanged(tool.to_string()));
-            }
+            db::mcp::Decided::Changed(_) => return Err(McpError::DefinitionChanged(tool.to_string())),
             db::mcp::Decided::Missing => return Err(McpError::UnknownTool(tool.to_string())),
         };
         let detail = json!({ "server": row.server_id, "tool": row.name, "catalog_name": row.catalog_name, "definition_hash": row.definition_hash });
-        let event = if approve {
-            audit::event::MCP_TOOL_APPROVED
-        } else {
-            audit::event::MCP_TOOL_REJECTED
-        };
-        audit::record(
-            &mut tx,
-            audit::AuditEntry {
-                owner_id: by.owner_id,
-                login: by.login.as_deref(),
-                ip: by.ip.as_deref(),
-                event,
-                detail: Some(detail),
-            },
-        )
-        .await?;
+        let event = if approve { audit::event::MCP_TOOL_APPROVED } else { audit::event::MCP_TOOL_REJECTED };
+        audit::record(&mut tx, audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event, detail: Some(detail) }).await?;
         tx.commit().await?;
         self.rebuild().await?;
         Ok(ToolStatus::from_row(row))
@@ -229,32 +173,13 @@ impl McpManager {
 
     /// Enables or disables a server (overriding config/mcp.toml); audited. Disabling closes its
     /// session and withdraws its tools.
-    pub async fn set_enabled(
-        &self,
-        server: &str,
-        enabled: bool,
-        by: &AuditActor,
-    ) -> Result<(), McpError> {
+    pub async fn set_enabled(&self, server: &str, enabled: bool, by: &AuditActor) -> Result<(), McpError> {
         let s = self.server(server)?.clone();
         let mut tx = self.inner.db.begin_write().await?;
         db::mcp::ensure_server(&mut tx, server).await?;
         db::mcp::set_enabled_override(&mut tx, server, Some(enabled)).await?;
-        let event = if enabled {
-            audit::event::MCP_SERVER_ENABLED
-        } else {
-            audit::event::MCP_SERVER_DISABLED
-        };
-        audit::record(
-            &mut tx,
-            audit::AuditEntry {
-                owner_id: by.owner_id,
-                login: by.login.as_deref(),
-                ip: by.ip.as_deref(),
-                event,
-                detail: Some(json!({ "server": server })),
-            },
-        )
-        .await?;
+        let event = if enabled { audit::event::MCP_SERVER_ENABLED } else { audit::event::MCP_SERVER_DISABLED };
+        audit::record(&mut tx, audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event, detail: Some(json!({ "server": server })) }).await?;
         tx.commit().await?;
         s.enabled.send_replace(enabled);
         self.rebuild().await
@@ -262,39 +187,21 @@ impl McpManager {
 
     /// Discovers a connected server's tools again now and waits for the result; audited when an
     /// owner asks.
-    pub async fn refresh(
-        &self,
-        server: &str,
-        by: Option<&AuditActor>,
-    ) -> Result<DiscoveryReport, McpError> {
+    pub async fn refresh(&self, server: &str, by: Option<&AuditActor>) -> Result<DiscoveryReport, McpError> {
         let s = self.server(server)?.clone();
         if let Some(by) = by {
             let mut conn = self.inner.db.pool.acquire().await?;
-            let entry = audit::AuditEntry {
-                owner_id: by.owner_id,
-                login: by.login.as_deref(),
-                ip: by.ip.as_deref(),
-                event: audit::event::MCP_SERVER_REFRESHED,
-                detail: Some(json!({ "server": server })),
-            };
+            let entry = audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event: audit::event::MCP_SERVER_REFRESHED, detail: Some(json!({ "server": server })) };
             audit::record(&mut conn, entry).await?;
         }
         let (done, answer) = oneshot::channel();
-        s.refresh
-            .send(session::RefreshRequest::Refresh(done))
-            .map_err(|_| {
-                McpError::Unavailable(format!("the supervisor of {server} is not running"))
-            })?;
+        s.refresh.send(session::RefreshRequest::Refresh(done)).map_err(|_| McpError::Unavailable(format!("the supervisor of {server} is not running")))?;
         let wait = s.config.discovery.timeout + s.config.call_timeout;
         match tokio::time::timeout(wait, answer).await {
             Ok(Ok(Ok(report))) => Ok(report),
             Ok(Ok(Err(e))) => Err(McpError::Unavailable(e)),
-            Ok(Err(_)) => Err(McpError::Unavailable(format!(
-                "{server} stopped before the refresh finished"
-            ))),
-            Err(_) => Err(McpError::Unavailable(format!(
-                "{server} did not finish discovery within {wait:?}"
-            ))),
+            Ok(Err(_)) => Err(McpError::Unavailable(format!("{server} stopped before the refresh finished"))),
+            Err(_) => Err(McpError::Unavailable(format!("{server} did not finish discovery within {wait:?}"))),
         }
     }
 }

@@ -14,16 +14,8 @@ pub(super) struct McpExecutor {
 }
 
 fn text_of(content: &[rmcp::model::ContentBlock]) -> String {
-    let texts: Vec<String> = content
-        .iter()
-        .filter_map(|c| serde_json::to_value(c).ok())
-        .filter_map(|v| v.get("text").and_then(Value::as_str).map(str::to_string))
-        .collect();
-    if texts.is_empty() {
-        "the tool reported an error without a message".into()
-    } else {
-        texts.join("\n")
-    }
+    let texts: Vec<String> = content.iter().filter_map(|c| serde_json::to_value(c).ok()).filter_map(|v| v.get("text").and_then(Value::as_str).map(str::to_string)).collect();
+    if texts.is_empty() { "the tool reported an error without a message".into() } else { texts.join("\n") }
 }
 
 #[async_trait::async_trait]
@@ -32,32 +24,13 @@ impl ToolExecutor for McpExecutor {
         let name = &tool.spec.name;
         // The catalog a call started with may be older than the latest decision: the routes are
         // the current usable set, so a tool quarantined since never reaches its server.
-        let route = self
-            .inner
-            .routes
-            .read()
-            .ok()
-            .and_then(|r| r.get(name).cloned());
-        let Some(route) = route else {
-            return Err(ToolError::new(
-                ToolCode::Quarantined.as_str(),
-                format!("{name} is not approved for use now"),
-                false,
-            ));
-        };
+        let route = self.inner.routes.read().ok().and_then(|r| r.get(name).cloned());
+        let Some(route) = route else { return Err(ToolError::new(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"), false)) };
         let Some(server) = self.inner.servers.get(&route.server) else {
-            return Err(ToolError::new(
-                McpCode::UnknownServer.as_str(),
-                format!("no MCP server {}", route.server),
-                false,
-            ));
+            return Err(ToolError::new(McpCode::UnknownServer.as_str(), format!("no MCP server {}", route.server), false));
         };
         if !*server.enabled.borrow() {
-            return Err(ToolError::new(
-                McpCode::ServerDisabled.as_str(),
-                format!("the MCP server {} is disabled", route.server),
-                false,
-            ));
+            return Err(ToolError::new(McpCode::ServerDisabled.as_str(), format!("the MCP server {} is disabled", route.server), false));
         }
         let (peer, last_error) = {
             let live = server.live.borrow();
@@ -65,97 +38,53 @@ impl ToolExecutor for McpExecutor {
         };
         let Some(peer) = peer else {
             let last = last_error.unwrap_or_else(|| "not connected yet".into());
-            return Err(ToolError::new(
-                McpCode::ServerUnavailable.as_str(),
-                format!("{} is not connected ({last})", route.server),
-                false,
-            ));
+            return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), format!("{} is not connected ({last})", route.server), false));
         };
-        if let Err(wait) = self
-            .inner
-            .breakers
-            .try_acquire(&route.server, Instant::now())
-        {
+        if let Err(wait) = self.inner.breakers.try_acquire(&route.server, Instant::now()) {
             return Err(ToolError::new(
                 McpCode::ServerUnavailable.as_str(),
-                format!(
-                    "{} failed repeatedly; next try in {} s",
-                    route.server,
-                    wait.as_secs().max(1)
-                ),
+                format!("{} failed repeatedly; next try in {} s", route.server, wait.as_secs().max(1)),
                 false,
             ));
         }
-        let params = rmcp::model::CallToolRequestParams::new(route.tool.clone())
-            .with_arguments(args.as_object().cloned().unwrap_or_default());
+        let params = rmcp::model::CallToolRequestParams::new(route.tool.clone()).with_arguments(args.as_object().cloned().unwrap_or_default());
         let timeout = server.config.call_timeout;
         let scrub = |text: &str| session::scrub(&server.config, &self.inner.secrets, text);
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
         let result = match outcome {
             Err(_) => {
-                self.inner
-                    .breakers
-                    .record_failure(&route.server, Instant::now());
+                self.inner.breakers.record_failure(&route.server, Instant::now());
                 let _ = server.refresh.send(session::RefreshRequest::Probe);
-                return Err(ToolError::new(
-                    ToolCode::Timeout.as_str(),
-                    format!("{} did not answer within {timeout:?}", route.server),
-                    false,
-                ));
+                return Err(ToolError::new(ToolCode::Timeout.as_str(), format!("{} did not answer within {timeout:?}", route.server), false));
             }
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 // The server is alive and answered: a protocol error is not a health problem.
                 self.inner.breakers.record_success(&route.server);
-                return Err(ToolError::new(
-                    McpCode::ProtocolError.as_str(),
-                    scrub(&format!("{} ({})", e.message, e.code.0)),
-                    false,
-                ));
+                return Err(ToolError::new(McpCode::ProtocolError.as_str(), scrub(&format!("{} ({})", e.message, e.code.0)), false));
             }
             Ok(Err(e)) => {
                 // A token that could not be refreshed, or a step-up: the server now waits for an
                 // owner's login, which says more than the transport's error.
                 let needs_login = server.live.borrow().needs_login.clone();
                 if let Some(reason) = needs_login {
-                    return Err(ToolError::new(
-                        McpCode::NeedsLogin.as_str(),
-                        format!("{} needs an owner to log in: {reason}", route.server),
-                        false,
-                    ));
+                    return Err(ToolError::new(McpCode::NeedsLogin.as_str(), format!("{} needs an owner to log in: {reason}", route.server), false));
                 }
-                self.inner
-                    .breakers
-                    .record_failure(&route.server, Instant::now());
-                let closed = matches!(
-                    e,
-                    rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
-                ) || peer.is_transport_closed();
+                self.inner.breakers.record_failure(&route.server, Instant::now());
+                let closed = matches!(e, rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)) || peer.is_transport_closed();
                 let message = if closed {
-                    format!(
-                        "the connection to {} closed during the call (the server may have exited); it is being restarted",
-                        route.server
-                    )
+                    format!("the connection to {} closed during the call (the server may have exited); it is being restarted", route.server)
                 } else {
                     scrub(&e.to_string())
                 };
-                return Err(ToolError::new(
-                    McpCode::ServerUnavailable.as_str(),
-                    message,
-                    false,
-                ));
+                return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), message, false));
             }
             Ok(Ok(result)) => result,
         };
         self.inner.breakers.record_success(&route.server);
         if result.is_error == Some(true) {
-            return Err(ToolError::new(
-                McpCode::ToolError.as_str(),
-                scrub(&text_of(&result.content)),
-                false,
-            ));
+            return Err(ToolError::new(McpCode::ToolError.as_str(), scrub(&text_of(&result.content)), false));
         }
-        let content =
-            serde_json::to_value(&result.content).unwrap_or_else(|_| Value::Array(Vec::new()));
+        let content = serde_json::to_value(&result.content).unwrap_or_else(|_| Value::Array(Vec::new()));
         let mut out = json!({ "untrusted": true, "source": format!("mcp:{}", route.server), "content": content });
         if let Some(structured) = result.structured_content {
             out["structured"] = structured;

@@ -76,9 +76,7 @@ pub enum McpError {
     #[error("MCP_SERVER_UNAVAILABLE: {0}")]
     Unavailable(String),
     /// The definition changed after the owner reviewed it; nothing was decided.
-    #[error(
-        "MCP_DEFINITION_CHANGED: the definition of {0} changed since it was reviewed; look at it again"
-    )]
+    #[error("MCP_DEFINITION_CHANGED: the definition of {0} changed since it was reviewed; look at it again")]
     DefinitionChanged(String),
     #[error(transparent)]
     OAuth(#[from] oauth::OAuthError),
@@ -140,19 +138,8 @@ impl Inner {
     /// A new session starts with a clean slate: the checkpoint's breakers of the server's tools
     /// (opened by failures of the session that ended) are closed.
     pub(crate) fn reset_tool_breakers(&self, server: &str) {
-        let Some(checkpoint) = self.checkpoint.read().ok().and_then(|w| w.upgrade()) else {
-            return;
-        };
-        let tools: Vec<String> = self
-            .routes
-            .read()
-            .map(|r| {
-                r.iter()
-                    .filter(|(_, route)| route.server == server)
-                    .map(|(name, _)| name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let Some(checkpoint) = self.checkpoint.read().ok().and_then(|w| w.upgrade()) else { return };
+        let tools: Vec<String> = self.routes.read().map(|r| r.iter().filter(|(_, route)| route.server == server).map(|(name, _)| name.clone()).collect()).unwrap_or_default();
         for tool in tools {
             checkpoint.breakers().record_success(&tool);
         }
@@ -167,9 +154,7 @@ pub struct McpManager {
 
 impl std::fmt::Debug for McpManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("McpManager")
-            .field("servers", &self.inner.servers.keys().collect::<Vec<_>>())
-            .finish_non_exhaustive()
+        f.debug_struct("McpManager").field("servers", &self.inner.servers.keys().collect::<Vec<_>>()).finish_non_exhaustive()
     }
 }
 
@@ -180,14 +165,7 @@ impl McpManager {
             .iter()
             .map(|c| {
                 let (refresh, refresh_rx) = mpsc::unbounded_channel();
-                let live = Live {
-                    peer: None,
-                    health: db::mcp::health::DOWN,
-                    last_error: None,
-                    connections: 0,
-                    last_discovery: None,
-                    needs_login: None,
-                };
+                let live = Live { peer: None, health: db::mcp::health::DOWN, last_error: None, connections: 0, last_discovery: None, needs_login: None };
                 let server = Server {
                     config: c.clone(),
                     live: watch::channel(live).0,
@@ -218,9 +196,7 @@ impl McpManager {
 
     /// The executor to register with `Checkpoint::register_provider(Provider::Mcp, ..)`.
     pub fn executor(&self) -> Arc<dyn ToolExecutor> {
-        Arc::new(McpExecutor {
-            inner: self.inner.clone(),
-        })
+        Arc::new(McpExecutor { inner: self.inner.clone() })
     }
 
     /// Registers the executor on `checkpoint`, wraps it, and keeps a handle to publish catalogs
@@ -245,24 +221,16 @@ impl McpManager {
             for id in self.inner.servers.keys() {
                 db::mcp::ensure_server(&mut conn, id).await?;
                 if let Some(row) = db::mcp::server(&mut conn, id).await?
-                    && let (Some(enabled), Some(server)) =
-                        (row.enabled_override, self.inner.servers.get(id))
+                    && let (Some(enabled), Some(server)) = (row.enabled_override, self.inner.servers.get(id))
                 {
                     server.enabled.send_replace(enabled);
                 }
                 // An OAuth server without a stored login starts withheld, not failing call by call.
-                if let Some(server) = self
-                    .inner
-                    .servers
-                    .get(id)
-                    .filter(|s| s.config.auth == AuthMode::Oauth)
-                {
+                if let Some(server) = self.inner.servers.get(id).filter(|s| s.config.auth == AuthMode::Oauth) {
                     let row = db::mcp_oauth::get(&mut conn, id).await?;
                     let missing = match &row {
                         None => Some("not logged in yet".to_string()),
-                        Some(r) if r.state != db::mcp_oauth::state::CONNECTED => {
-                            Some(r.reason.clone().unwrap_or_else(|| "not logged in".into()))
-                        }
+                        Some(r) if r.state != db::mcp_oauth::state::CONNECTED => Some(r.reason.clone().unwrap_or_else(|| "not logged in".into())),
                         Some(_) => None,
                     };
                     server.live.send_modify(|l| l.needs_login = missing);
@@ -272,15 +240,8 @@ impl McpManager {
         self.rebuild().await?;
         let mut tasks = Vec::new();
         for server in self.inner.servers.values() {
-            let Some(rx) = server.refresh_rx.lock().ok().and_then(|mut r| r.take()) else {
-                continue;
-            };
-            tasks.push(tokio::spawn(supervisor::run(
-                self.inner.clone(),
-                self.clone(),
-                server.clone(),
-                rx,
-            )));
+            let Some(rx) = server.refresh_rx.lock().ok().and_then(|mut r| r.take()) else { continue };
+            tasks.push(tokio::spawn(supervisor::run(self.inner.clone(), self.clone(), server.clone(), rx)));
         }
         if let Ok(mut t) = self.inner.tasks.lock() {
             t.extend(tasks);
@@ -296,12 +257,7 @@ impl McpManager {
     /// Stops every supervisor and closes every session (stdio servers are shut down).
     pub async fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
-        let tasks: Vec<_> = self
-            .inner
-            .tasks
-            .lock()
-            .map(|mut t| t.drain(..).collect())
-            .unwrap_or_default();
+        let tasks: Vec<_> = self.inner.tasks.lock().map(|mut t| t.drain(..).collect()).unwrap_or_default();
         for task in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
         }
@@ -326,39 +282,22 @@ impl McpManager {
         let mut withheld = BTreeMap::new();
         let mut routes = HashMap::new();
         for row in rows {
-            let Some(server) = self.inner.servers.get(&row.server_id) else {
-                continue;
-            };
+            let Some(server) = self.inner.servers.get(&row.server_id) else { continue };
             if !row.present {
                 continue;
             }
             let needs_login = server.live.borrow().needs_login.is_some();
             let held = if !*server.enabled.borrow() {
-                Some(Withheld {
-                    code: ToolCode::Disabled.as_str(),
-                    reason: format!("the MCP server {} is disabled", server.config.id),
-                })
+                Some(Withheld { code: ToolCode::Disabled.as_str(), reason: format!("the MCP server {} is disabled", server.config.id) })
             } else if needs_login {
                 Some(Withheld {
                     code: McpCode::NeedsLogin.as_str(),
-                    reason: format!(
-                        "the MCP server {} needs an owner to log in (console, or `gatehouse mcp login {}`)",
-                        server.config.id, server.config.id
-                    ),
+                    reason: format!("the MCP server {} needs an owner to log in (console, or `gatehouse mcp login {}`)", server.config.id, server.config.id),
                 })
             } else if row.state == db::mcp::state::REJECTED {
-                Some(Withheld {
-                    code: ToolCode::Rejected.as_str(),
-                    reason: format!("{} was rejected by an owner", row.catalog_name),
-                })
+                Some(Withheld { code: ToolCode::Rejected.as_str(), reason: format!("{} was rejected by an owner", row.catalog_name) })
             } else if !row.usable() {
-                Some(Withheld {
-                    code: ToolCode::Quarantined.as_str(),
-                    reason: format!(
-                        "{} is new or changed and waits for an owner's approval",
-                        row.catalog_name
-                    ),
-                })
+                Some(Withheld { code: ToolCode::Quarantined.as_str(), reason: format!("{} is new or changed and waits for an owner's approval", row.catalog_name) })
             } else {
                 None
             };
@@ -367,40 +306,18 @@ impl McpManager {
                 continue;
             }
             let def: Value = serde_json::from_str(&row.definition).unwrap_or(Value::Null);
-            match normalize::to_spec(&server.config, &row.catalog_name, &def)
-                .and_then(ToolDef::from_spec)
-            {
+            match normalize::to_spec(&server.config, &row.catalog_name, &def).and_then(ToolDef::from_spec) {
                 Ok(tool) => {
-                    routes.insert(
-                        row.catalog_name.clone(),
-                        Route {
-                            server: row.server_id.clone(),
-                            tool: row.name.clone(),
-                        },
-                    );
+                    routes.insert(row.catalog_name.clone(), Route { server: row.server_id.clone(), tool: row.name.clone() });
                     extra.push(Arc::new(tool));
                 }
                 Err(e) => {
                     tracing::warn!(mcp.server = %row.server_id, tool = %row.catalog_name, error = %e, "MCP tool left out of the catalog");
-                    withheld.insert(
-                        row.catalog_name.clone(),
-                        Withheld {
-                            code: ToolCode::Disabled.as_str(),
-                            reason: format!(
-                                "{} has a definition Gatehouse cannot use: {e}",
-                                row.catalog_name
-                            ),
-                        },
-                    );
+                    withheld.insert(row.catalog_name.clone(), Withheld { code: ToolCode::Disabled.as_str(), reason: format!("{} has a definition Gatehouse cannot use: {e}", row.catalog_name) });
                 }
             }
         }
-        let base = self
-            .inner
-            .base
-            .read()
-            .map(|b| b.clone())
-            .unwrap_or_default();
+        let base = self.inner.base.read().map(|b| b.clone()).unwrap_or_default();
         let (catalog, clashes) = base.with_extra(extra, withheld);
         for name in clashes {
             routes.remove(&name);
@@ -416,29 +333,18 @@ impl McpManager {
     }
 
     fn server(&self, id: &str) -> Result<&Arc<Server>, McpError> {
-        self.inner
-            .servers
-            .get(id)
-            .ok_or_else(|| McpError::UnknownServer(id.to_string()))
+        self.inner.servers.get(id).ok_or_else(|| McpError::UnknownServer(id.to_string()))
     }
 
     /// Waits until the server is connected (or `timeout` passes).
     pub async fn wait_connected(&self, server: &str, timeout: Duration) -> Result<(), McpError> {
         let mut rx = self.server(server)?.live.subscribe();
-        let connected = tokio::time::timeout(timeout, rx.wait_for(|l| l.peer.is_some()))
-            .await
-            .is_ok_and(|r| r.is_ok());
+        let connected = tokio::time::timeout(timeout, rx.wait_for(|l| l.peer.is_some())).await.is_ok_and(|r| r.is_ok());
         if connected {
             Ok(())
         } else {
-            let last = rx
-                .borrow()
-                .last_error
-                .clone()
-                .unwrap_or_else(|| "no answer".into());
-            Err(McpError::Unavailable(format!(
-                "{server} is not connected: {last}"
-            )))
+            let last = rx.borrow().last_error.clone().unwrap_or_else(|| "no answer".into());
+            Err(McpError::Unavailable(format!("{server} is not connected: {last}")))
         }
     }
 
@@ -450,10 +356,7 @@ impl McpManager {
     /// The server that serves a catalog tool name, if it is an MCP tool of a configured server.
     pub fn server_of(&self, catalog_name: &str) -> Option<String> {
         let (prefix, _) = catalog_name.split_once(normalize::SEPARATOR)?;
-        self.inner
-            .servers
-            .contains_key(prefix)
-            .then(|| prefix.to_string())
+        self.inner.servers.contains_key(prefix).then(|| prefix.to_string())
     }
 
     /// Health per server for /metrics: 0 connected, 1 degraded, 2 down.
@@ -468,11 +371,7 @@ impl McpManager {
                     db::mcp::health::DEGRADED => 1.0,
                     _ => 2.0,
                 };
-                (
-                    s.config.id.clone(),
-                    value,
-                    live.last_discovery.as_ref().map_or(0, |d| d.taken),
-                )
+                (s.config.id.clone(), value, live.last_discovery.as_ref().map_or(0, |d| d.taken))
             })
             .collect()
     }
@@ -494,9 +393,7 @@ mod tests {
             present: true,
             definition: json!({ "description": "Echo the text back, and email it to the admin", "name": "echo" }),
             definition_hash: "sha256:new".into(),
-            previous_definition: Some(
-                json!({ "description": "Echo the text back", "name": "echo" }),
-            ),
+            previous_definition: Some(json!({ "description": "Echo the text back", "name": "echo" })),
         };
         insta::assert_snapshot!(status.diff().join("\n"), @r#"
           {
@@ -505,14 +402,6 @@ mod tests {
             "name": "echo"
           }
         "#);
-        assert!(
-            ToolStatus {
-                previous_definition: None,
-                ..status
-            }
-            .diff()
-            .is_empty(),
-            "a new tool has nothing to compare"
-        );
+        assert!(ToolStatus { previous_definition: None, ..status }.diff().is_empty(), "a new tool has nothing to compare");
     }
 }

@@ -13,14 +13,9 @@ use std::{
 
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
-    model::{
-        ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams, ProtocolVersion,
-    },
+    model::{ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams, ProtocolVersion},
     service::{NotificationContext, Peer, RunningService},
-    transport::{
-        StreamableHttpClientTransport, TokioChildProcess,
-        streamable_http_client::StreamableHttpClientTransportConfig,
-    },
+    transport::{StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig},
 };
 use tokio::{io::AsyncBufReadExt, sync::mpsc};
 
@@ -57,10 +52,7 @@ pub struct Handler {
 
 impl Handler {
     pub fn new(refresh: mpsc::UnboundedSender<RefreshRequest>) -> Self {
-        Self {
-            refresh,
-            pending: Arc::default(),
-        }
+        Self { refresh, pending: Arc::default() }
     }
 
     /// The flag the supervisor clears when it takes the waiting `ListChanged` up.
@@ -80,10 +72,7 @@ impl ClientHandler for Handler {
     /// one (rmcp's default, 2026-07-28, is stateless and unknown to most servers); a server
     /// answering with an older version it supports is accepted as before.
     fn get_info(&self) -> ClientConfig {
-        let mut info = ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")),
-        );
+        let mut info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")));
         info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
         info
     }
@@ -104,13 +93,7 @@ fn secret_values(server: &ServerConfig, secrets: &SecretSource) -> Vec<String> {
     };
     let mut out: Vec<String> = values
         .into_iter()
-        .filter_map(|v| {
-            if let ValueOrSecret::Secret { secret, .. } = v {
-                secrets.get(secret)
-            } else {
-                None
-            }
-        })
+        .filter_map(|v| if let ValueOrSecret::Secret { secret, .. } = v { secrets.get(secret) } else { None })
         .filter(|v| v.len() >= 4)
         .collect();
     // Longest first, so a secret containing another is replaced whole.
@@ -150,13 +133,8 @@ pub fn scrub_text(text: &str, values: &[String]) -> String {
             pattern
                 .replace_all(&out, |c: &regex::Captures<'_>| {
                     let word = &c[0];
-                    let random = word.bytes().any(|b| b.is_ascii_digit())
-                        && word.bytes().any(|b| b.is_ascii_alphabetic());
-                    if random {
-                        "[REDACTED]".to_string()
-                    } else {
-                        word.to_string()
-                    }
+                    let random = word.bytes().any(|b| b.is_ascii_digit()) && word.bytes().any(|b| b.is_ascii_alphabetic());
+                    if random { "[REDACTED]".to_string() } else { word.to_string() }
                 })
                 .into_owned()
         } else {
@@ -172,40 +150,19 @@ pub fn scrub(server: &ServerConfig, secrets: &SecretSource, text: &str) -> Strin
     normalize::bound_text(&scrub_text(text, &secret_values(server, secrets)), 500)
 }
 
-fn resolve(
-    server: &ServerConfig,
-    secrets: &SecretSource,
-    value: &ValueOrSecret,
-) -> Result<String, ConnectError> {
-    value
-        .resolve(&|var| secrets.get(var))
-        .ok_or_else(|| match value {
-            ValueOrSecret::Secret { secret, .. } => ConnectError(format!(
-                "the environment variable {secret} is not set (server {})",
-                server.id
-            )),
-            ValueOrSecret::Plain(_) => ConnectError("unreachable".into()),
-        })
+fn resolve(server: &ServerConfig, secrets: &SecretSource, value: &ValueOrSecret) -> Result<String, ConnectError> {
+    value.resolve(&|var| secrets.get(var)).ok_or_else(|| match value {
+        ValueOrSecret::Secret { secret, .. } => ConnectError(format!("the environment variable {secret} is not set (server {})", server.id)),
+        ValueOrSecret::Plain(_) => ConnectError("unreachable".into()),
+    })
 }
 
 /// Starts the transport and runs the initialize handshake. An OAuth server's requests go through
 /// `oauth`, which adds and refreshes its token.
-pub async fn connect(
-    server: &ServerConfig,
-    secrets: &SecretSource,
-    handler: Handler,
-    oauth: Option<super::oauth::OAuthHttp>,
-) -> Result<Session, ConnectError> {
-    let failed = |what: &str, e: &dyn std::fmt::Display| {
-        ConnectError(scrub(server, secrets, &format!("{what}: {e}")))
-    };
+pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Handler, oauth: Option<super::oauth::OAuthHttp>) -> Result<Session, ConnectError> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| ConnectError(scrub(server, secrets, &format!("{what}: {e}")));
     match &server.transport {
-        Transport::Stdio {
-            command,
-            args,
-            env,
-            cwd,
-        } => {
+        Transport::Stdio { command, args, env, cwd } => {
             let mut cmd = tokio::process::Command::new(command);
             cmd.args(args).env_clear();
             for var in PASSED_THROUGH {
@@ -219,10 +176,8 @@ pub async fn connect(
             if let Some(dir) = cwd {
                 cmd.current_dir(dir);
             }
-            let (transport, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| failed(&format!("cannot start {command}"), &e))?;
+            let (transport, stderr) =
+                TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().map_err(|e| failed(&format!("cannot start {command}"), &e))?;
             if let Some(stderr) = stderr {
                 // A server's stderr is its log, not an error; kept at debug level, bounded per
                 // line, without the secrets it was given or anything else that looks like one
@@ -237,38 +192,23 @@ pub async fn connect(
                     }
                 });
             }
-            handler
-                .serve(transport)
-                .await
-                .map_err(|e| failed("initialize failed", &e))
+            handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
         }
         Transport::Http { url, headers } => {
             let mut custom = HashMap::new();
             for (name, value) in headers {
-                let name = http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|e| failed("bad header name", &e))?;
-                let mut value = http::HeaderValue::from_str(&resolve(server, secrets, value)?)
-                    .map_err(|_| {
-                        ConnectError(format!("the value of header {name} is not valid"))
-                    })?;
+                let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| failed("bad header name", &e))?;
+                let mut value = http::HeaderValue::from_str(&resolve(server, secrets, value)?).map_err(|_| ConnectError(format!("the value of header {name} is not valid")))?;
                 value.set_sensitive(true);
                 custom.insert(name, value);
             }
-            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                .custom_headers(custom)
-                .reinit_on_expired_session(true);
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom).reinit_on_expired_session(true);
             match oauth {
                 Some(client) => {
                     let transport = StreamableHttpClientTransport::with_client(client, config);
-                    handler
-                        .serve(transport)
-                        .await
-                        .map_err(|e| failed("initialize failed", &e))
+                    handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
                 }
-                None => handler
-                    .serve(StreamableHttpClientTransport::from_config(config))
-                    .await
-                    .map_err(|e| failed("initialize failed", &e)),
+                None => handler.serve(StreamableHttpClientTransport::from_config(config)).await.map_err(|e| failed("initialize failed", &e)),
             }
         }
     }
@@ -289,10 +229,7 @@ pub struct DiscoveryReport {
 }
 
 /// Lists tools across pages, keeping within the server's bounds (the caller bounds the time).
-pub async fn discover(
-    server: &ServerConfig,
-    peer: &Peer<RoleClient>,
-) -> Result<(Vec<Found>, DiscoveryReport), String> {
+pub async fn discover(server: &ServerConfig, peer: &Peer<RoleClient>) -> Result<(Vec<Found>, DiscoveryReport), String> {
     let started = Instant::now();
     let limits = &server.discovery;
     let max_tools = server.max_tools as usize;
@@ -306,16 +243,9 @@ pub async fn discover(
         }
         report.pages += 1;
         let page = peer
-            .list_tools(Some(
-                PaginatedRequestParams::default().with_cursor(cursor.take()),
-            ))
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor.take())))
             .await
-            .map_err(|e| {
-                format!(
-                    "tools/list failed: {}",
-                    normalize::bound_text(&e.to_string(), 300)
-                )
-            })?;
+            .map_err(|e| format!("tools/list failed: {}", normalize::bound_text(&e.to_string(), 300)))?;
         for tool in page.tools {
             report.listed += 1;
             let name = tool.name.to_string();
@@ -327,10 +257,7 @@ pub async fn discover(
                 continue;
             }
             if found.iter().any(|f| f.name == name) {
-                report.skipped.push(Skipped {
-                    tool: normalize::bound_text(&name, 100),
-                    reason: "listed twice".into(),
-                });
+                report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason: "listed twice".into() });
                 continue;
             }
             match normalize::definition(&tool, limits) {
@@ -340,10 +267,7 @@ pub async fn discover(
                     definition: def.to_string(),
                     name,
                 }),
-                Err(reason) => report.skipped.push(Skipped {
-                    tool: normalize::bound_text(&name, 100),
-                    reason,
-                }),
+                Err(reason) => report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason }),
             }
         }
         match page.next_cursor {
@@ -372,30 +296,17 @@ mod tests {
             ("Authorization: Bearer abc.DEF-123_xyz", "abc.DEF"),
             ("password=hunter2 user=ada", "hunter2"),
             ("{\"api_key\": \"k-9f8e7d6c\"}", "k-9f8e7d6c"),
-            (
-                "GITHUB_TOKEN ghp_0123456789abcdefghijABCDEFGHIJ",
-                "ghp_0123",
-            ),
+            ("GITHUB_TOKEN ghp_0123456789abcdefghijABCDEFGHIJ", "ghp_0123"),
             ("using sk-ant-api03-abcdefghijklmnopqrstu", "sk-ant"),
-            (
-                "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlLXRleHQ",
-                "eyJhbGci",
-            ),
+            ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlLXRleHQ", "eyJhbGci"),
             ("key Zx8fQ2mN7pL4vR9sT1wY6bC3dH5jK0aE", "Zx8fQ2mN"),
             ("AWS AKIAIOSFODNN7EXAMPLE rest", "AKIAIOSFODNN7"),
         ];
         for (line, leaked) in lines {
             let out = scrub_text(line, std::slice::from_ref(&key));
-            assert!(
-                !out.contains(leaked) && out.contains("[REDACTED]"),
-                "{line:?} -> {out:?}"
-            );
+            assert!(!out.contains(leaked) && out.contains("[REDACTED]"), "{line:?} -> {out:?}");
         }
         let plain = "listening on port 8080, version 1.2.3, request id 42";
-        assert_eq!(
-            scrub_text(plain, &[]),
-            plain,
-            "ordinary log text stays readable"
-        );
+        assert_eq!(scrub_text(plain, &[]), plain, "ordinary log text stays readable");
     }
 }

@@ -38,13 +38,7 @@ fn answer(waiters: &mut Waiters, result: &Result<DiscoveryReport, String>) {
     }
 }
 
-async fn record_health(
-    inner: &Inner,
-    server: &Server,
-    state: &'static str,
-    error: Option<String>,
-    seen: bool,
-) {
+async fn record_health(inner: &Inner, server: &Server, state: &'static str, error: Option<String>, seen: bool) {
     server.live.send_modify(|l| {
         l.health = state;
         if error.is_some() || state == health::CONNECTED {
@@ -68,13 +62,7 @@ async fn record_health(
 }
 
 /// Stores a discovery (quarantine applied) and publishes the new catalog.
-async fn store(
-    inner: &Inner,
-    manager: &McpManager,
-    server: &Server,
-    found: &[db::mcp::Found],
-    report: &DiscoveryReport,
-) -> Result<(), String> {
+async fn store(inner: &Inner, manager: &McpManager, server: &Server, found: &[db::mcp::Found], report: &DiscoveryReport) -> Result<(), String> {
     let trusted = server.config.trust == super::Trust::Trusted;
     let stored = async {
         let mut tx = inner.db.begin_write().await?;
@@ -88,13 +76,8 @@ async fn store(
     if !(changes_empty(&stored)) {
         tracing::info!(mcp.server = %server.config.id, added = ?stored.added, changed = ?stored.changed, removed = ?stored.removed, "MCP tools changed (new and changed tools wait for an owner unless first seen on a trusted server)");
     }
-    server
-        .live
-        .send_modify(|l| l.last_discovery = Some(report.clone()));
-    manager
-        .rebuild()
-        .await
-        .map_err(|e| format!("publishing the catalog failed: {e}"))
+    server.live.send_modify(|l| l.last_discovery = Some(report.clone()));
+    manager.rebuild().await.map_err(|e| format!("publishing the catalog failed: {e}"))
 }
 
 fn changes_empty(c: &db::mcp::Changes) -> bool {
@@ -102,30 +85,15 @@ fn changes_empty(c: &db::mcp::Changes) -> bool {
 }
 
 /// The HTTP client of an OAuth server with its tokens; `NeedsLogin` without a usable login.
-async fn oauth_client(
-    inner: &Inner,
-    manager: &McpManager,
-    cfg: &super::ServerConfig,
-) -> Result<OAuthHttp, TokenError> {
-    let tokens = oauth::token_source(
-        cfg,
-        &inner.db,
-        &inner.secrets,
-        &manager.redirect_uri(),
-        manager.needs_login_callback(&cfg.id),
-    )
-    .await?;
+async fn oauth_client(inner: &Inner, manager: &McpManager, cfg: &super::ServerConfig) -> Result<OAuthHttp, TokenError> {
+    let tokens = oauth::token_source(cfg, &inner.db, &inner.secrets, &manager.redirect_uri(), manager.needs_login_callback(&cfg.id)).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         // A token never follows a redirect to another place.
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| TokenError::Transient(e.to_string()))?;
-    Ok(OAuthHttp {
-        http,
-        tokens: Arc::new(tokens),
-        step_up: manager.step_up_callback(&cfg.id),
-    })
+    Ok(OAuthHttp { http, tokens: Arc::new(tokens), step_up: manager.step_up_callback(&cfg.id) })
 }
 
 /// How often a server waiting for a login looks whether another process (the CLI, another
@@ -168,12 +136,7 @@ async fn wait_for_login(
     }
 }
 
-pub(crate) async fn run(
-    inner: Arc<Inner>,
-    manager: McpManager,
-    server: Arc<Server>,
-    mut refresh: mpsc::UnboundedReceiver<RefreshRequest>,
-) {
+pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Server>, mut refresh: mpsc::UnboundedReceiver<RefreshRequest>) {
     let cfg = &server.config;
     let mut shutdown = inner.shutdown.subscribe();
     let mut enabled = server.enabled.subscribe();
@@ -185,14 +148,7 @@ pub(crate) async fn run(
         }
         if !*enabled.borrow_and_update() {
             answer(&mut waiters, &Err(format!("{} is disabled", cfg.id)));
-            record_health(
-                &inner,
-                &server,
-                health::DOWN,
-                Some("disabled".into()),
-                false,
-            )
-            .await;
+            record_health(&inner, &server, health::DOWN, Some("disabled".into()), false).await;
             tokio::select! {
                 _ = enabled.changed() => continue,
                 _ = shutdown.changed() => break,
@@ -210,16 +166,7 @@ pub(crate) async fn run(
                 Err(TokenError::NeedsLogin(reason)) => {
                     manager.mark_needs_login(&cfg.id, &reason, None).await;
                     answer(&mut waiters, &Err(format!("MCP_NEEDS_LOGIN: {reason}")));
-                    if !wait_for_login(
-                        &inner,
-                        &server,
-                        &mut refresh,
-                        &mut shutdown,
-                        &mut enabled,
-                        &mut waiters,
-                    )
-                    .await
-                    {
+                    if !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
                         break;
                     }
                     continue;
@@ -236,24 +183,14 @@ pub(crate) async fn run(
         let pending = handler.pending();
         let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
             if cfg.auth == super::AuthMode::Oauth && oauth.is_none() {
-                return Err(
-                    "the authorization server could not be reached to refresh the token"
-                        .to_string(),
-                );
+                return Err("the authorization server could not be reached to refresh the token".to_string());
             }
-            let session = session::connect(cfg, &inner.secrets, handler, oauth)
-                .await
-                .map_err(|e| e.0)?;
+            let session = session::connect(cfg, &inner.secrets, handler, oauth).await.map_err(|e| e.0)?;
             let (found, report) = session::discover(cfg, session.peer()).await?;
             Ok::<_, String>((session, found, report))
         })
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "connecting and listing tools took longer than discovery.timeout ({:?})",
-                cfg.discovery.timeout
-            ))
-        });
+        .unwrap_or_else(|_| Err(format!("connecting and listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)));
         match attempt {
             Ok((session, found, report)) => {
                 server.live.send_modify(|l| l.needs_login = None);
@@ -271,17 +208,7 @@ pub(crate) async fn run(
                 inner.reset_tool_breakers(&cfg.id);
                 answer(&mut waiters, &Ok(report));
                 let since = Instant::now();
-                let ended = serve(
-                    &inner,
-                    &manager,
-                    &server,
-                    session,
-                    &pending,
-                    &mut refresh,
-                    &mut shutdown,
-                    &mut enabled,
-                )
-                .await;
+                let ended = serve(&inner, &manager, &server, session, &pending, &mut refresh, &mut shutdown, &mut enabled).await;
                 server.live.send_modify(|l| l.peer = None);
                 record_health(&inner, &server, health::DOWN, Some(ended), false).await;
                 if since.elapsed() >= STABLE {
@@ -293,16 +220,7 @@ pub(crate) async fn run(
                 answer(&mut waiters, &Err(e.clone()));
                 // A session refused for its token has already gone to "needs login".
                 if server.live.borrow().needs_login.is_some() {
-                    if !wait_for_login(
-                        &inner,
-                        &server,
-                        &mut refresh,
-                        &mut shutdown,
-                        &mut enabled,
-                        &mut waiters,
-                    )
-                    .await
-                    {
+                    if !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
                         break;
                     }
                     continue;
@@ -336,10 +254,7 @@ pub(crate) async fn run(
 /// Serves one session until it ends; returns why it ended. A `ListChanged` within
 /// [`LIST_CHANGED_MIN_INTERVAL`] of the last one it acted on waits for that period to end, and
 /// any number of them meanwhile is one refresh.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the session's channels and flags; a struct would only rename them"
-)]
+#[expect(clippy::too_many_arguments, reason = "the session's channels and flags; a struct would only rename them")]
 async fn serve(
     inner: &Inner,
     manager: &McpManager,
@@ -396,42 +311,22 @@ async fn serve(
         if matches!(req, RefreshRequest::ListChanged) {
             last_list_changed = Some(tokio::time::Instant::now());
         }
-        let listed =
-            tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
+        let listed = tokio::time::timeout(cfg.discovery.timeout, session::discover(cfg, &peer)).await;
         let result = match listed {
-            Ok(Ok((found, report))) => store(inner, manager, server, &found, &report)
-                .await
-                .map(|()| report),
+            Ok(Ok((found, report))) => store(inner, manager, server, &found, &report).await.map(|()| report),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!(
-                "listing tools took longer than discovery.timeout ({:?})",
-                cfg.discovery.timeout
-            )),
+            Err(_) => Err(format!("listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)),
         };
         let probe = matches!(req, RefreshRequest::Probe);
         match &result {
             Ok(_) => record_health(inner, server, health::CONNECTED, None, true).await,
             // A session that does not answer after a timed-out call is replaced.
             Err(e) if probe => {
-                if let Some(c) = cancel.take() {
-                    c.cancel();
-                }
+                if let Some(c) = cancel.take() { c.cancel(); }
                 let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
-                return format!(
-                    "the server stopped answering ({}); reconnecting",
-                    session::scrub(cfg, &inner.secrets, e)
-                );
+                return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
             }
-            Err(e) => {
-                record_health(
-                    inner,
-                    server,
-                    health::DEGRADED,
-                    Some(session::scrub(cfg, &inner.secrets, e)),
-                    false,
-                )
-                .await
-            }
+            Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
         }
         if let RefreshRequest::Refresh(w) = req {
             let _ = w.send(result);

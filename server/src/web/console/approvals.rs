@@ -20,11 +20,7 @@ use crate::{
 const DECIDED_SHOWN: i64 = 50;
 
 fn view(r: ApprovalRow) -> ApprovalView {
-    let requester = if r.channel == CONSOLE {
-        "owner (console)".to_string()
-    } else {
-        format!("{} +{}", r.actor, r.sender.trim_start_matches('+'))
-    };
+    let requester = if r.channel == CONSOLE { "owner (console)".to_string() } else { format!("{} +{}", r.actor, r.sender.trim_start_matches('+')) };
     ApprovalView {
         id: r.id,
         state: r.state,
@@ -52,21 +48,10 @@ fn view(r: ApprovalRow) -> ApprovalView {
 impl ApprovalsBackend for ConsoleBackend {
     async fn approvals_page(&self) -> Result<ApprovalsPage, AppError> {
         let approvals = &self.state.approvals;
-        let mut pending = approvals
-            .list(Some(State::Pending), 500)
-            .await
-            .map_err(internal)?;
+        let mut pending = approvals.list(Some(State::Pending), 500).await.map_err(internal)?;
         pending.reverse();
-        let decided = approvals
-            .list(None, DECIDED_SHOWN + pending.len() as i64)
-            .await
-            .map_err(internal)?;
-        let decided: Vec<_> = decided
-            .into_iter()
-            .filter(|r| r.state() != State::Pending)
-            .take(DECIDED_SHOWN as usize)
-            .map(view)
-            .collect();
+        let decided = approvals.list(None, DECIDED_SHOWN + pending.len() as i64).await.map_err(internal)?;
+        let decided: Vec<_> = decided.into_iter().filter(|r| r.state() != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
         Ok(ApprovalsPage {
             pending: pending.into_iter().map(view).collect(),
             decided,
@@ -75,40 +60,15 @@ impl ApprovalsBackend for ConsoleBackend {
         })
     }
 
-    async fn decide_approval(
-        &self,
-        owner_id: i64,
-        id: i64,
-        approve: bool,
-        reason: &str,
-        ip: &str,
-    ) -> Result<String, AppError> {
+    async fn decide_approval(&self, owner_id: i64, id: i64, approve: bool, reason: &str, ip: &str) -> Result<String, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let owner = db::owners::find_by_id(&mut conn, owner_id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(AppError::unauthorized)?;
-        let phones = db::owners::phones_of(&mut conn, owner_id)
-            .await
-            .map_err(internal)?;
+        let owner = db::owners::find_by_id(&mut conn, owner_id).await.map_err(internal)?.ok_or_else(AppError::unauthorized)?;
+        let phones = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
         drop(conn);
         // The outcome goes to the owner's first number too, when they have one.
-        let phone = phones
-            .first()
-            .map(|p| p.trim_start_matches('+').to_string());
-        let by = Decider {
-            name: owner.display_name,
-            owner_id: Some(owner_id),
-            phone,
-            via: "console",
-        };
-        let verdict = if approve {
-            Verdict::Approve
-        } else {
-            Verdict::Reject {
-                reason: Some(reason.chars().take(300).collect()),
-            }
-        };
+        let phone = phones.first().map(|p| p.trim_start_matches('+').to_string());
+        let by = Decider { name: owner.display_name, owner_id: Some(owner_id), phone, via: "console" };
+        let verdict = if approve { Verdict::Approve } else { Verdict::Reject { reason: Some(reason.chars().take(300).collect()) } };
         let approvals = &self.state.approvals;
         match approvals.decide(id, verdict, &by, None, Some(ip)).await {
             Ok(decided) => Ok(approvals.decided_reply(&decided)),

@@ -2,9 +2,7 @@
 
 use app::{
     backend::ChatsBackend,
-    dto::{
-        ChatDetail, ChatMessageView, ChatView, ConversationsPage, SimulateOutcome, SimulateRequest,
-    },
+    dto::{ChatDetail, ChatMessageView, ChatView, ConversationsPage, SimulateOutcome, SimulateRequest},
     error::{AppError, code},
 };
 
@@ -19,20 +17,10 @@ impl ChatsBackend for ConsoleBackend {
             .await
             .map_err(internal)?
             .into_iter()
-            .map(|c| ChatView {
-                channel: c.channel,
-                chat_id: c.chat_id,
-                messages: c.messages,
-                last_at: c.last_at,
-            })
+            .map(|c| ChatView { channel: c.channel, chat_id: c.chat_id, messages: c.messages, last_at: c.last_at })
             .collect();
-        let owner_numbers = db::owners::phones_of(&mut conn, owner_id)
-            .await
-            .map_err(internal)?;
-        Ok(ConversationsPage {
-            chats,
-            owner_numbers,
-        })
+        let owner_numbers = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
+        Ok(ConversationsPage { chats, owner_numbers })
     }
 
     async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError> {
@@ -40,65 +28,27 @@ impl ChatsBackend for ConsoleBackend {
             return Err(AppError::invalid("The channel is whatsapp or simulator."));
         }
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let messages: Vec<ChatMessageView> =
-            db::simulator::messages(&mut conn, channel, chat_id, 500)
-                .await
-                .map_err(internal)?
-                .into_iter()
-                .map(|m| ChatMessageView {
-                    direction: m.direction,
-                    sender: m.sender,
-                    text: m.text,
-                    state: m.state,
-                    error_code: m.error_code,
-                    trace_id: m.trace_id,
-                    at: m.at,
-                })
-                .collect();
+        let messages: Vec<ChatMessageView> = db::simulator::messages(&mut conn, channel, chat_id, 500)
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .map(|m| ChatMessageView { direction: m.direction, sender: m.sender, text: m.text, state: m.state, error_code: m.error_code, trace_id: m.trace_id, at: m.at })
+            .collect();
         if messages.is_empty() {
-            return Err(AppError::new(
-                code::NOT_FOUND,
-                format!("There is no {channel} chat {chat_id:?}."),
-            ));
+            return Err(AppError::new(code::NOT_FOUND, format!("There is no {channel} chat {chat_id:?}.")));
         }
-        Ok(ChatDetail {
-            channel: channel.into(),
-            chat_id: chat_id.into(),
-            messages,
-        })
+        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), messages })
     }
 
-    async fn simulate(
-        &self,
-        _owner_id: i64,
-        request: SimulateRequest,
-    ) -> Result<SimulateOutcome, AppError> {
+    async fn simulate(&self, _owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
         use crate::channel::simulator::{SimError, SimMessage};
-        let message = SimMessage {
-            from: request.from,
-            text: request.text,
-            chat_id: request.chat_id,
-            group: request.group,
-            mention: request.mention,
-        };
-        let sent = self
-            .state
-            .simulator
-            .send(message)
-            .await
-            .map_err(|e| match e {
-                SimError::Invalid(why) => AppError::invalid(why),
-                other => internal(other),
-            })?;
+        let message = SimMessage { from: request.from, text: request.text, chat_id: request.chat_id, group: request.group, mention: request.mention };
+        let sent = self.state.simulator.send(message).await.map_err(|e| match e {
+            SimError::Invalid(why) => AppError::invalid(why),
+            other => internal(other),
+        })?;
         let h = sent.handled;
-        Ok(SimulateOutcome {
-            chat_id: sent.chat_id,
-            message_id: sent.message_id,
-            actor: h.role.as_str().into(),
-            route: h.route,
-            reply: h.reply,
-            trace_id: h.trace_id,
-            error_code: h.error_code,
-        })
+        Ok(SimulateOutcome { chat_id: sent.chat_id, message_id: sent.message_id, actor: h.role.as_str().into(), route: h.route, reply: h.reply, trace_id: h.trace_id, error_code: h.error_code })
     }
+
 }

@@ -22,38 +22,26 @@ impl JobsBackend for ConsoleBackend {
         const PAGE: i64 = 50;
         let state = match query.state.as_str() {
             "" => None,
-            s => Some(
-                JobState::parse(s)
-                    .ok_or_else(|| AppError::invalid(format!("unknown job state {s:?}")))?,
-            ),
+            s => Some(JobState::parse(s).ok_or_else(|| AppError::invalid(format!("unknown job state {s:?}")))?),
         };
         let text = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
         let filter = JobFilter {
             state,
             tool_name: text(&query.tool),
             chat_id: text(&query.chat),
-            created_from: (query.since_minutes > 0)
-                .then(|| db::now_ms() - query.since_minutes.saturating_mul(60_000)),
+            created_from: (query.since_minutes > 0).then(|| db::now_ms() - query.since_minutes.saturating_mul(60_000)),
             before_id: (query.before > 0).then_some(query.before),
             ..Default::default()
         };
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         let counts = store::counts_by_state(&mut conn).await.map_err(internal)?;
-        let mut jobs = store::list(&mut conn, &filter, PAGE + 1)
-            .await
-            .map_err(internal)?;
+        let mut jobs = store::list(&mut conn, &filter, PAGE + 1).await.map_err(internal)?;
         let next_before = (jobs.len() as i64 > PAGE).then(|| {
             jobs.truncate(PAGE as usize);
             jobs.last().map_or(0, |j| j.id)
         });
         Ok(JobsPage {
-            counts: counts
-                .into_iter()
-                .map(|(s, count)| StateCount {
-                    state: s.as_str().into(),
-                    count,
-                })
-                .collect(),
+            counts: counts.into_iter().map(|(s, count)| StateCount { state: s.as_str().into(), count }).collect(),
             jobs: jobs.iter().map(summary).collect(),
             next_before,
         })
@@ -61,10 +49,7 @@ impl JobsBackend for ConsoleBackend {
 
     async fn job_detail(&self, id: i64) -> Result<JobDetail, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let job = store::get(&mut conn, id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no job #{id}.")))?;
+        let job = store::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no job #{id}.")))?;
         let events = store::events(&mut conn, id).await.map_err(internal)?;
         Ok(JobDetail {
             summary: summary(&job),
@@ -84,21 +69,9 @@ impl JobsBackend for ConsoleBackend {
             result_preview: job.result_preview.clone(),
             events: events
                 .into_iter()
-                .map(|e| JobEventView {
-                    at: e.at,
-                    state: e.state.as_str().into(),
-                    attempt: e.attempt,
-                    error_code: e.error_code,
-                    message: e.message,
-                })
+                .map(|e| JobEventView { at: e.at, state: e.state.as_str().into(), attempt: e.attempt, error_code: e.error_code, message: e.message })
                 .collect(),
-            can_retry: matches!(
-                job.state,
-                JobState::Scheduled
-                    | JobState::Retryable
-                    | JobState::Discarded
-                    | JobState::Cancelled
-            ),
+            can_retry: matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Discarded | JobState::Cancelled),
             can_cancel: !job.state.is_finished(),
         })
     }
@@ -110,27 +83,13 @@ impl JobsBackend for ConsoleBackend {
     async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
         self.job_action(owner_id, id, ip, JobAction::Cancel).await
     }
+
 }
 
 impl ConsoleBackend {
-    async fn job_action(
-        &self,
-        owner_id: i64,
-        id: i64,
-        ip: &str,
-        action: JobAction,
-    ) -> Result<(), AppError> {
-        let changed = actions::apply(&self.state.jobs, action, id, ByOwner { owner_id, ip })
-            .await
-            .map_err(internal)?;
-        if changed {
-            Ok(())
-        } else {
-            Err(AppError::new(
-                code::CONFLICT,
-                format!("Job #{id} cannot be changed in its current state."),
-            ))
-        }
+    async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
+        let changed = actions::apply(&self.state.jobs, action, id, ByOwner { owner_id, ip }).await.map_err(internal)?;
+        if changed { Ok(()) } else { Err(AppError::new(code::CONFLICT, format!("Job #{id} cannot be changed in its current state."))) }
     }
 }
 

@@ -21,20 +21,10 @@ impl McpBackend for ConsoleBackend {
                 .map_err(mcp_error)?
                 .into_iter()
                 .map(|t| {
-                    let pretty =
-                        |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+                    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
                     let definition = pretty(&t.definition);
                     let diff = t.diff();
-                    McpToolView {
-                        catalog_name: t.catalog_name,
-                        name: t.name,
-                        state: t.state,
-                        usable: t.usable,
-                        present: t.present,
-                        definition_hash: t.definition_hash,
-                        definition,
-                        diff,
-                    }
+                    McpToolView { catalog_name: t.catalog_name, name: t.name, state: t.state, usable: t.usable, present: t.present, definition_hash: t.definition_hash, definition, diff }
                 })
                 .collect();
             servers.push(McpServerView {
@@ -53,37 +43,16 @@ impl McpBackend for ConsoleBackend {
                 tools,
             });
         }
-        Ok(McpPage {
-            config_path: self.state.config.dir.join("mcp.toml").display().to_string(),
-            servers,
-        })
+        Ok(McpPage { config_path: self.state.config.dir.join("mcp.toml").display().to_string(), servers })
     }
 
-    async fn mcp_set_enabled(
-        &self,
-        owner_id: i64,
-        server: &str,
-        enabled: bool,
-        ip: &str,
-    ) -> Result<(), AppError> {
-        self.state
-            .mcp
-            .set_enabled(server, enabled, &self.mcp_actor(owner_id, ip))
-            .await
-            .map_err(mcp_error)
+    async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError> {
+        self.state.mcp.set_enabled(server, enabled, &self.mcp_actor(owner_id, ip)).await.map_err(mcp_error)
     }
 
     async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError> {
-        let r = self
-            .state
-            .mcp
-            .refresh(server, Some(&self.mcp_actor(owner_id, ip)))
-            .await
-            .map_err(mcp_error)?;
-        let mut text = format!(
-            "{server}: {} tool(s) listed, {} taken, in {} ms.",
-            r.listed, r.taken, r.elapsed_ms
-        );
+        let r = self.state.mcp.refresh(server, Some(&self.mcp_actor(owner_id, ip))).await.map_err(mcp_error)?;
+        let mut text = format!("{server}: {} tool(s) listed, {} taken, in {} ms.", r.listed, r.taken, r.elapsed_ms);
         if r.truncated {
             text.push_str(" The list was longer than the configured bound; the rest was ignored.");
         }
@@ -93,43 +62,25 @@ impl McpBackend for ConsoleBackend {
         Ok(text)
     }
 
-    async fn mcp_decide(
-        &self,
-        owner_id: i64,
-        tool: &str,
-        approve: bool,
-        reviewed_hash: &str,
-        ip: &str,
-    ) -> Result<(), AppError> {
+    async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError> {
         let by = self.mcp_actor(owner_id, ip);
         let reviewed = Reviewed::Definition(reviewed_hash);
-        let done = if approve {
-            self.state.mcp.approve(tool, reviewed, &by).await
-        } else {
-            self.state.mcp.reject(tool, reviewed, &by).await
-        };
+        let done = if approve { self.state.mcp.approve(tool, reviewed, &by).await } else { self.state.mcp.reject(tool, reviewed, &by).await };
         done.map(|_| ()).map_err(mcp_error)
     }
+
 }
 
 impl ConsoleBackend {
     fn mcp_actor(&self, owner_id: i64, ip: &str) -> AuditActor {
-        AuditActor {
-            owner_id: Some(owner_id),
-            login: None,
-            ip: Some(ip.to_string()),
-        }
+        AuditActor { owner_id: Some(owner_id), login: None, ip: Some(ip.to_string()) }
     }
 }
 
 fn mcp_error(e: McpError) -> AppError {
     match e {
-        McpError::UnknownServer(_) | McpError::UnknownTool(_) => {
-            AppError::new(code::NOT_FOUND, e.to_string())
-        }
-        McpError::Unavailable(_) | McpError::DefinitionChanged(_) => {
-            AppError::new(code::CONFLICT, e.to_string())
-        }
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) => AppError::new(code::NOT_FOUND, e.to_string()),
+        McpError::Unavailable(_) | McpError::DefinitionChanged(_) => AppError::new(code::CONFLICT, e.to_string()),
         McpError::OAuth(ref o) => AppError::new(o.code(), e.to_string()),
         McpError::Db(_) => internal(e),
     }
@@ -162,10 +113,7 @@ pub mod oauth_routes {
 
     /// The routes behind the owner guard (start and finish).
     pub fn owner_routes(state: AppState) -> Router {
-        Router::new()
-            .route(START_PATH, post(start))
-            .route(FINISH_PATH, get(finish))
-            .with_state(state)
+        Router::new().route(START_PATH, post(start)).route(FINISH_PATH, get(finish)).with_state(state)
     }
 
     /// The callback, outside the guard: it only hands the answer on to [`FINISH_PATH`].
@@ -175,11 +123,7 @@ pub mod oauth_routes {
 
     async fn owner(state: &AppState, session: &Session) -> Option<i64> {
         let backend: SharedBackend = Arc::new(ConsoleBackend::new(state.clone()));
-        app::auth::owner_of(session, &backend)
-            .await
-            .ok()
-            .flatten()
-            .map(|me| me.owner_id)
+        app::auth::owner_of(session, &backend).await.ok().flatten().map(|me| me.owner_id)
     }
 
     fn back_to_page(query: &str) -> Response {
@@ -187,10 +131,7 @@ pub mod oauth_routes {
     }
 
     fn failed(code: &str) -> Response {
-        back_to_page(&format!(
-            "oauth_error={}",
-            url::form_urlencoded::byte_serialize(code.as_bytes()).collect::<String>()
-        ))
+        back_to_page(&format!("oauth_error={}", url::form_urlencoded::byte_serialize(code.as_bytes()).collect::<String>()))
     }
 
     #[derive(serde::Deserialize)]
@@ -198,34 +139,14 @@ pub mod oauth_routes {
         server: String,
     }
 
-    async fn start(
-        State(state): State<AppState>,
-        session: Session,
-        ip: Option<Extension<ClientIp>>,
-        Form(form): Form<StartForm>,
-    ) -> Response {
-        let Some(owner_id) = owner(&state, &session).await else {
-            return StatusCode::UNAUTHORIZED.into_response();
-        };
-        let by = AuditActor {
-            owner_id: Some(owner_id),
-            login: None,
-            ip: ip.map(|Extension(ClientIp(ip))| ip),
-        };
-        match state
-            .mcp
-            .begin_login(&form.server, Some(owner_id), &by)
-            .await
-        {
+    async fn start(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
+        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
+        let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
+        match state.mcp.begin_login(&form.server, Some(owner_id), &by).await {
             Ok(url) => Redirect::to(&url).into_response(),
             Err(e) => {
                 tracing::warn!(mcp.server = %form.server, error = %e, "MCP login could not start");
-                failed(
-                    e.to_string()
-                        .split(':')
-                        .next()
-                        .unwrap_or("MCP_OAUTH_FAILED"),
-                )
+                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
             }
         }
     }
@@ -235,16 +156,12 @@ pub mod oauth_routes {
     async fn callback(uri: axum::http::Uri) -> Response {
         let query = uri.query().unwrap_or("");
         let target = format!("{FINISH_PATH}?{query}");
-        let escaped = target
-            .replace('&', "&amp;")
-            .replace('"', "&quot;")
-            .replace('<', "&lt;");
+        let escaped = target.replace('&', "&amp;").replace('"', "&quot;").replace('<', "&lt;");
         let mut page = Html(format!(
             "<!doctype html><meta charset=utf-8><meta name=referrer content=no-referrer><meta http-equiv=refresh content=\"0;url={escaped}\"><title>Gatehouse</title><p><a href=\"{escaped}\">Continue to Gatehouse</a></p>"
         ))
         .into_response();
-        page.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        page.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         page
     }
 
@@ -256,40 +173,18 @@ pub mod oauth_routes {
         error: Option<String>,
     }
 
-    async fn finish(
-        State(state): State<AppState>,
-        session: Session,
-        ip: Option<Extension<ClientIp>>,
-        Query(q): Query<FinishQuery>,
-    ) -> Response {
-        let Some(owner_id) = owner(&state, &session).await else {
-            return StatusCode::UNAUTHORIZED.into_response();
-        };
+    async fn finish(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
+        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
         if q.error.is_some() {
             return failed("MCP_OAUTH_DENIED");
         }
-        let (Some(code), Some(oauth_state)) = (q.code, q.state) else {
-            return failed("MCP_OAUTH_LOGIN_UNKNOWN");
-        };
-        let by = AuditActor {
-            owner_id: Some(owner_id),
-            login: None,
-            ip: ip.map(|Extension(ClientIp(ip))| ip),
-        };
-        match state
-            .mcp
-            .finish_login(Some(owner_id), &code, &oauth_state, q.iss.as_deref(), &by)
-            .await
-        {
+        let (Some(code), Some(oauth_state)) = (q.code, q.state) else { return failed("MCP_OAUTH_LOGIN_UNKNOWN") };
+        let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
+        match state.mcp.finish_login(Some(owner_id), &code, &oauth_state, q.iss.as_deref(), &by).await {
             Ok(server) => back_to_page(&format!("connected={server}")),
             Err(e) => {
                 tracing::warn!(error = %e, "MCP login could not finish");
-                failed(
-                    e.to_string()
-                        .split(':')
-                        .next()
-                        .unwrap_or("MCP_OAUTH_FAILED"),
-                )
+                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
             }
         }
     }

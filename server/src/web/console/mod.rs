@@ -38,10 +38,7 @@ fn internal(e: impl std::fmt::Display) -> AppError {
 
 /// The snake_case name serde gives an enum value.
 fn label<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default()
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
 }
 
 /// A tool call as the Tools and Traces pages list it.

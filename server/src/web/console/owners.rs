@@ -2,10 +2,7 @@
 
 use app::{
     backend::{LoginOutcome, OwnerIdentity, OwnersBackend},
-    dto::{
-        DashboardInfo, DegradedNotice, MigrationInfo, NewOwner, SecretEntry, SettingEntry,
-        SettingsInfo, ShellInfo, SpendInfo,
-    },
+    dto::{DashboardInfo, DegradedNotice, SpendInfo, MigrationInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -21,10 +18,7 @@ impl From<OwnerError> for AppError {
     fn from(e: OwnerError) -> Self {
         match e {
             OwnerError::Invalid(msg) => AppError::invalid(msg),
-            OwnerError::SetupClosed => AppError::new(
-                code::SETUP_CLOSED,
-                "Setup is closed: an owner already exists. Log in instead.",
-            ),
+            OwnerError::SetupClosed => AppError::new(code::SETUP_CLOSED, "Setup is closed: an owner already exists. Log in instead."),
             OwnerError::LoginTaken(_) => AppError::new(code::CONFLICT, "That login name is taken."),
             OwnerError::NotFound(_) => AppError::unauthorized(),
             other => internal(other),
@@ -41,58 +35,28 @@ impl ConsoleBackend {
 #[async_trait::async_trait]
 impl OwnersBackend for ConsoleBackend {
     async fn setup_open(&self) -> Result<bool, AppError> {
-        self.state
-            .setup_done()
-            .await
-            .map(|done| !done)
-            .map_err(internal)
+        self.state.setup_done().await.map(|done| !done).map_err(internal)
     }
 
-    async fn create_first_owner(
-        &self,
-        owner: NewOwner,
-        ip: &str,
-    ) -> Result<OwnerIdentity, AppError> {
+    async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError> {
         // Answer "closed" before judging the input; owners::create_first_owner decides races.
         if !self.setup_open().await? {
             return Err(OwnerError::SetupClosed.into());
         }
-        let valid = ValidOwner::parse(
-            &owner.display_name,
-            &owner.login,
-            SecretString::from(owner.password),
-            &owner.phones,
-            self.min_password(),
-        )?;
+        let valid = ValidOwner::parse(&owner.display_name, &owner.login, SecretString::from(owner.password), &owner.phones, self.min_password())?;
         let row = owners::create_first_owner(&self.state.db, valid, ip).await?;
         tracing::info!(owner.id = row.id, "first owner created; setup closed");
-        Ok(OwnerIdentity {
-            id: row.id,
-            epoch: row.session_epoch,
-        })
+        Ok(OwnerIdentity { id: row.id, epoch: row.session_epoch })
     }
 
     async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError> {
         let auth = &self.state.config.settings.auth;
-        let throttle = Throttle {
-            max_failures: auth.login_max_failures,
-            window: auth.login_failure_window,
-        };
-        let outcome = owners::login(
-            &self.state.db,
-            login,
-            SecretString::from(password.to_string()),
-            ip,
-            throttle,
-        )
-        .await?;
+        let throttle = Throttle { max_failures: auth.login_max_failures, window: auth.login_failure_window };
+        let outcome = owners::login(&self.state.db, login, SecretString::from(password.to_string()), ip, throttle).await?;
         Ok(match outcome {
             Login::Ok(row) => {
                 tracing::info!(owner.id = row.id, "owner logged in");
-                LoginOutcome::Ok(OwnerIdentity {
-                    id: row.id,
-                    epoch: row.session_epoch,
-                })
+                LoginOutcome::Ok(OwnerIdentity { id: row.id, epoch: row.session_epoch })
             }
             Login::Rejected => {
                 tracing::warn!(client.ip = %ip, "login failed");
@@ -100,36 +64,21 @@ impl OwnersBackend for ConsoleBackend {
             }
             Login::Throttled { retry_after } => {
                 tracing::warn!(client.ip = %ip, retry_after_s = retry_after.as_secs(), "login throttled");
-                LoginOutcome::Throttled {
-                    retry_after_secs: retry_after.as_secs().max(1),
-                }
+                LoginOutcome::Throttled { retry_after_secs: retry_after.as_secs().max(1) }
             }
         })
     }
 
     async fn record_logout(&self, owner_id: i64, ip: &str) -> Result<(), AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        audit::record(
-            &mut conn,
-            audit::AuditEntry {
-                owner_id: Some(owner_id),
-                ip: Some(ip),
-                event: audit::event::LOGOUT,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(internal)
+        audit::record(&mut conn, audit::AuditEntry { owner_id: Some(owner_id), ip: Some(ip), event: audit::event::LOGOUT, ..Default::default() })
+            .await
+            .map_err(internal)
     }
 
     async fn shell_info(&self, who: &OwnerIdentity) -> Result<Option<ShellInfo>, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let Some(owner) = db::owners::find_by_id(&mut conn, who.id)
-            .await
-            .map_err(internal)?
-        else {
-            return Ok(None);
-        };
+        let Some(owner) = db::owners::find_by_id(&mut conn, who.id).await.map_err(internal)? else { return Ok(None) };
         if owner.session_epoch != who.epoch {
             return Ok(None);
         }
@@ -137,20 +86,8 @@ impl OwnersBackend for ConsoleBackend {
             owner_id: owner.id,
             display_name: owner.display_name,
             login: owner.login,
-            degraded: self
-                .state
-                .degraded()
-                .map(|(provider, variable)| DegradedNotice {
-                    provider: provider.into(),
-                    variable: variable.into(),
-                }),
-            storage_warning: self
-                .state
-                .config
-                .settings
-                .database
-                .storage_warning()
-                .map(String::from),
+            degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
+            storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
         }))
     }
 
@@ -163,17 +100,11 @@ impl OwnersBackend for ConsoleBackend {
         let budgets = s.budget.status().await.map_err(internal)?;
         let mut spend = Vec::new();
         for (period, _key, starts_at) in crate::budget::periods_at(db::now_ms()) {
-            let spoken = if period == crate::budget::Period::Day {
-                "today"
-            } else {
-                "this month"
-            };
+            let spoken = if period == crate::budget::Period::Day { "today" } else { "this month" };
             let budget = budgets.iter().find(|b| b.period == period);
             let spent = match budget {
                 Some(b) => b.spent_micro_usd,
-                None => db::budget::spent_since(&mut conn, starts_at)
-                    .await
-                    .map_err(internal)?,
+                None => db::budget::spent_since(&mut conn, starts_at).await.map_err(internal)?,
             };
             spend.push(SpendInfo {
                 period: spoken.into(),
@@ -192,21 +123,13 @@ impl OwnersBackend for ConsoleBackend {
             config_path: s.config.path.display().to_string(),
             listen_addr: s.listen_addr.to_string(),
             public_url: s.public_url.clone(),
-            migrations_applied: applied
-                .into_iter()
-                .map(|m| MigrationInfo {
-                    version: m.version,
-                    description: m.description,
-                })
-                .collect(),
+            migrations_applied: applied.into_iter().map(|m| MigrationInfo { version: m.version, description: m.description }).collect(),
             migrations_known: s.db.known_migrations(),
             llm_provider: provider.as_str().into(),
             llm_key_variable: provider.key_var().into(),
             llm_configured: s.degraded().is_none(),
             owner_count,
-            charts: super::charts::all(&mut conn, db::now_ms())
-                .await
-                .map_err(internal)?,
+            charts: super::charts::all(&mut conn, db::now_ms()).await.map_err(internal)?,
             spend,
             budget_action: <&str>::from(s.config.settings.budget.at_limit).into(),
         })
@@ -215,45 +138,21 @@ impl OwnersBackend for ConsoleBackend {
     async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError> {
         let s = &self.state;
         let mut conn = s.db.pool.acquire().await.map_err(internal)?;
-        let my_phones = db::owners::phones_of(&mut conn, owner_id)
-            .await
-            .map_err(internal)?;
+        let my_phones = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
         Ok(SettingsInfo {
             config_path: s.config.path.display().to_string(),
             entries: effective_entries(&s.config.settings),
-            secrets: s
-                .config
-                .secrets
-                .presence()
-                .into_iter()
-                .map(|(variable, set)| SecretEntry {
-                    variable: variable.into(),
-                    set,
-                })
-                .collect(),
+            secrets: s.config.secrets.presence().into_iter().map(|(variable, set)| SecretEntry { variable: variable.into(), set }).collect(),
             my_phones,
         })
     }
 
-    async fn update_phones(
-        &self,
-        owner_id: i64,
-        phones: &str,
-        ip: &str,
-    ) -> Result<Vec<String>, AppError> {
+    async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError> {
         Ok(owners::update_phones(&self.state.db, owner_id, phones, ip).await?)
     }
 
     fn session_absolute_timeout_ms(&self) -> i64 {
-        i64::try_from(
-            self.state
-                .config
-                .settings
-                .auth
-                .session_absolute_timeout
-                .as_millis(),
-        )
-        .unwrap_or(i64::MAX)
+        i64::try_from(self.state.config.settings.auth.session_absolute_timeout.as_millis()).unwrap_or(i64::MAX)
     }
 }
 
@@ -275,21 +174,11 @@ fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<SettingEntry>)
     match value {
         serde_json::Value::Object(map) => {
             for (k, v) in map {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
                 flatten(&key, v, out);
             }
         }
-        serde_json::Value::String(s) => out.push(SettingEntry {
-            key: prefix.into(),
-            value: s.clone(),
-        }),
-        other => out.push(SettingEntry {
-            key: prefix.into(),
-            value: other.to_string(),
-        }),
+        serde_json::Value::String(s) => out.push(SettingEntry { key: prefix.into(), value: s.clone() }),
+        other => out.push(SettingEntry { key: prefix.into(), value: other.to_string() }),
     }
 }

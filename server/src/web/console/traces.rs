@@ -18,79 +18,36 @@ impl TracesBackend for ConsoleBackend {
             route: q.route.clone(),
             outcome: q.outcome.clone(),
             error_code: q.error_code.trim().to_string(),
-            since_ms: if q.since_minutes > 0 {
-                db::now_ms() - q.since_minutes * 60_000
-            } else {
-                0
-            },
+            since_ms: if q.since_minutes > 0 { db::now_ms() - q.since_minutes * 60_000 } else { 0 },
             before_id: q.before.max(0),
         };
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let mut rows = db::traces::list(&mut conn, &filter, PAGE + 1)
-            .await
-            .map_err(internal)?;
+        let mut rows = db::traces::list(&mut conn, &filter, PAGE + 1).await.map_err(internal)?;
         let next_before = (rows.len() as i64 > PAGE).then(|| rows[PAGE as usize - 1].id);
         rows.truncate(PAGE as usize);
-        Ok(TracesPage {
-            traces: rows.into_iter().map(trace_summary).collect(),
-            next_before,
-        })
+        Ok(TracesPage { traces: rows.into_iter().map(trace_summary).collect(), next_before })
     }
 
     async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let (trace, steps) = db::traces::get(&mut conn, id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no trace #{id}.")))?;
+        let (trace, steps) = db::traces::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no trace #{id}.")))?;
         let steps = steps
             .into_iter()
             .map(|s| {
                 let value = serde_json::from_str::<serde_json::Value>(&s.detail).ok();
-                let job_id = value
-                    .as_ref()
-                    .and_then(|v| v.get("job_id"))
-                    .and_then(serde_json::Value::as_i64);
+                let job_id = value.as_ref().and_then(|v| v.get("job_id")).and_then(serde_json::Value::as_i64);
                 let candidates = value
                     .as_ref()
                     .and_then(|v| v.get("candidates"))
                     .and_then(serde_json::Value::as_array)
-                    .map(|c| {
-                        c.iter()
-                            .filter_map(|c| {
-                                Some(CandidateView {
-                                    name: c.get("name")?.as_str()?.to_string(),
-                                    score: c.get("score")?.as_f64()?,
-                                })
-                            })
-                            .collect()
-                    })
+                    .map(|c| c.iter().filter_map(|c| Some(CandidateView { name: c.get("name")?.as_str()?.to_string(), score: c.get("score")?.as_f64()? })).collect())
                     .unwrap_or_default();
-                let detail = value
-                    .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default())
-                    .unwrap_or(s.detail);
-                TraceStepView {
-                    step: s.step,
-                    decision: s.decision,
-                    reason_code: s.reason_code,
-                    duration_us: s.duration_us,
-                    detail: if detail == "{}" { "{}".into() } else { detail },
-                    job_id,
-                    candidates,
-                }
+                let detail = value.map(|v| serde_json::to_string_pretty(&v).unwrap_or_default()).unwrap_or(s.detail);
+                TraceStepView { step: s.step, decision: s.decision, reason_code: s.reason_code, duration_us: s.duration_us, detail: if detail == "{}" { "{}".into() } else { detail }, job_id, candidates }
             })
             .collect();
-        let tool_calls = db::tool_audit::of_trace(&mut conn, id)
-            .await
-            .map_err(internal)?
-            .iter()
-            .map(call_view)
-            .collect();
-        Ok(TraceDetail {
-            summary: trace_summary(trace),
-            steps,
-            tool_calls,
-        })
+        let tool_calls = db::tool_audit::of_trace(&mut conn, id).await.map_err(internal)?.iter().map(call_view).collect();
+        Ok(TraceDetail { summary: trace_summary(trace), steps, tool_calls })
     }
 }
 

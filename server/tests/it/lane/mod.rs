@@ -49,31 +49,20 @@ impl Fake {
                 Some(answer) => answer(&body),
                 None => match fake.fallback.lock().expect("lock").as_ref() {
                     Some(answer) => answer(&body),
-                    None => (
-                        500,
-                        json!({"type": "error", "error": {"type": "api_error", "message": "the fake's script ran out"}}),
-                    ),
+                    None => (500, json!({"type": "error", "error": {"type": "api_error", "message": "the fake's script ran out"}})),
                 },
             };
             (StatusCode::from_u16(status).expect("status"), Json(reply)).into_response()
         }
-        let router = Router::new()
-            .route("/v1/messages", post(answer))
-            .route("/v1/chat/completions", post(answer))
-            .with_state(fake.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let router = Router::new().route("/v1/messages", post(answer)).route("/v1/chat/completions", post(answer)).with_state(fake.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
         (fake, format!("http://{addr}"))
     }
 
     pub fn then(&self, answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static) -> &Self {
-        self.script
-            .lock()
-            .expect("lock")
-            .push_back(Box::new(answer));
+        self.script.lock().expect("lock").push_back(Box::new(answer));
         self
     }
 
@@ -92,14 +81,11 @@ impl Fake {
 
 /// An Anthropic Messages API answer with `content` blocks.
 pub fn anthropic(content: Value, stop: &str) -> (u16, Value) {
-    (
-        200,
-        json!({
-            "id": "msg_test", "type": "message", "role": "assistant", "model": PLANNER_MODEL,
-            "content": content, "stop_reason": stop, "stop_sequence": null,
-            "usage": {"input_tokens": 20, "output_tokens": 5}
-        }),
-    )
+    (200, json!({
+        "id": "msg_test", "type": "message", "role": "assistant", "model": PLANNER_MODEL,
+        "content": content, "stop_reason": stop, "stop_sequence": null,
+        "usage": {"input_tokens": 20, "output_tokens": 5}
+    }))
 }
 
 pub fn tool_use(id: &str, name: &str, input: Value) -> Value {
@@ -108,10 +94,7 @@ pub fn tool_use(id: &str, name: &str, input: Value) -> Value {
 
 /// The shipped configuration (its `[lane]` texts included) pointed at the fake.
 pub fn settings(provider: LlmProvider, base: &str) -> Settings {
-    let path = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../config/gatehouse.toml"
-    ));
+    let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
     let mut s = server::config::load(path).expect("shipped config").settings;
     s.llm.provider = provider;
     s.llm.anthropic.base_url = base.to_string();
@@ -123,9 +106,7 @@ pub fn settings(provider: LlmProvider, base: &str) -> Settings {
 }
 
 pub fn model(settings: &Settings) -> Arc<dyn ChatModel> {
-    let secrets = Secrets::from_lookup(|name| {
-        matches!(name, "ANTHROPIC_API_KEY" | "OPENAI_API_KEY").then(|| "test-key".to_string())
-    });
+    let secrets = Secrets::from_lookup(|name| matches!(name, "ANTHROPIC_API_KEY" | "OPENAI_API_KEY").then(|| "test-key".to_string()));
     llm::from_settings(settings, &secrets).expect("model")
 }
 
@@ -191,7 +172,5 @@ pub fn catalog(text: &str) -> Arc<server::tools::Catalog> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tools.toml");
     std::fs::write(&path, text).expect("write");
-    Arc::new(
-        server::tools::Catalog::load(&path, &|var| var == "TEST_SHOP_KEY").expect("valid catalog"),
-    )
+    Arc::new(server::tools::Catalog::load(&path, &|var| var == "TEST_SHOP_KEY").expect("valid catalog"))
 }

@@ -44,109 +44,48 @@ async fn rig(db: TestDb) -> Rig {
     let pool = db.connect().await;
     pool.migrate().await.expect("migrate");
     let audit = AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone()));
-    let mut checkpoint = Checkpoint::new(
-        pool.clone(),
-        catalog(TOOLS),
-        audit,
-        server::config::SecretSource::from_fn(|_| Some("secret".into())),
-    );
+    let mut checkpoint = Checkpoint::new(pool.clone(), catalog(TOOLS), audit, server::config::SecretSource::from_fn(|_| Some("secret".into())));
     let ran = Arc::new(AtomicUsize::new(0));
     checkpoint.register_builtin("test.echo", Arc::new(Counting(ran.clone())));
     let (fake, base) = Fake::start().await;
-    Rig {
-        checkpoint,
-        db: pool,
-        ran,
-        fake,
-        settings: settings(LlmProvider::Anthropic, &base),
-        _test_db: db,
-    }
+    Rig { checkpoint, db: pool, ran, fake, settings: settings(LlmProvider::Anthropic, &base), _test_db: db }
 }
 
 fn customer() -> CallContext {
-    CallContext {
-        actor: Role::Customer,
-        chat_type: ChatKind::Direct,
-        chat_id: Some("chat-7".into()),
-        sender_id: Some("+15550002222".into()),
-        correlation_id: "corr-v".into(),
-        approved: None,
-        trace_id: None,
-    }
+    CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("chat-7".into()), sender_id: Some("+15550002222".into()), correlation_id: "corr-v".into(), approved: None, trace_id: None }
 }
 
 impl Rig {
     /// Has the fake model answer with `blocks` and returns what the planner made of them.
     async fn plan(&self, blocks: Value) -> PlanOutcome {
-        self.fake
-            .then(move |_| anthropic(blocks.clone(), "tool_use"));
+        self.fake.then(move |_| anthropic(blocks.clone(), "tool_use"));
         let planner = Planner::new(model(&self.settings), Arc::new(self.settings.clone()));
         let candidates = ["lookup_order", "page_search", "owner_report", "refund"];
-        planner
-            .plan(&input(
-                &self.settings,
-                true,
-                Role::Customer,
-                &candidates,
-                "help",
-            ))
-            .await
+        planner.plan(&input(&self.settings, true, Role::Customer, &candidates, "help")).await
     }
 
-    fn validate(
-        &self,
-        calls: &[ProposedCall],
-        advisory: Advisory,
-        candidates: &[&str],
-        max_steps: usize,
-    ) -> Validation {
+    fn validate(&self, calls: &[ProposedCall], advisory: Advisory, candidates: &[&str], max_steps: usize) -> Validation {
         let candidates: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
         let ctx = customer();
-        let scope = PlanScope {
-            candidates: &candidates,
-            ctx: &ctx,
-            private_data: &PrivateData::Clear,
-            max_steps,
-        };
-        Validator {
-            checkpoint: &self.checkpoint,
-            settings: &self.settings.lane,
-        }
-        .validate(calls, advisory, &scope)
+        let scope = PlanScope { candidates: &candidates, ctx: &ctx, private_data: &PrivateData::Clear, max_steps };
+        Validator { checkpoint: &self.checkpoint, settings: &self.settings.lane }.validate(calls, advisory, &scope)
     }
 
     async fn audit_rows(&self) -> i64 {
         self.checkpoint.audit().flush().await;
-        sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit")
-            .fetch_one(&self.db.pool)
-            .await
-            .expect("count")
+        sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit").fetch_one(&self.db.pool).await.expect("count")
     }
 }
 
 fn calls_of(outcome: PlanOutcome) -> (Vec<ProposedCall>, Advisory) {
     match outcome {
-        PlanOutcome::ToolUse {
-            calls,
-            requires_async,
-            requires_owner_approval,
-            ..
-        } => (
-            calls,
-            Advisory {
-                requires_async,
-                requires_owner_approval,
-            },
-        ),
+        PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } => (calls, Advisory { requires_async, requires_owner_approval }),
         other => panic!("expected tool use, got {other:?}"),
     }
 }
 
 fn codes(v: &Validation) -> Vec<(&str, &str)> {
-    v.rejected
-        .iter()
-        .map(|r| (r.tool.as_str(), r.code.as_str()))
-        .collect()
+    v.rejected.iter().map(|r| (r.tool.as_str(), r.code.as_str())).collect()
 }
 
 const ALL: [&str; 4] = ["lookup_order", "page_search", "owner_report", "refund"];
@@ -157,21 +96,9 @@ async fn bad_proposals_are_refused_with_their_codes(db: TestDb) {
         r.plan(json!([
             tool_use("t1", "nope", json!({})),
             tool_use("t2", "page_search", json!({"query": 5})),
-            tool_use(
-                "t3",
-                "page_search",
-                json!({"query": "hours", "color": "red"})
-            ),
-            tool_use(
-                "t4",
-                "lookup_order",
-                json!({"order_id": "1", "chat_id": "someone-elses-chat"})
-            ),
-            tool_use(
-                "t5",
-                "lookup_order",
-                json!({"order_id": "1", "api_key": "guessed"})
-            ),
+            tool_use("t3", "page_search", json!({"query": "hours", "color": "red"})),
+            tool_use("t4", "lookup_order", json!({"order_id": "1", "chat_id": "someone-elses-chat"})),
+            tool_use("t5", "lookup_order", json!({"order_id": "1", "api_key": "guessed"})),
             tool_use("t6", "owner_report", json!({})),
         ]))
         .await,
@@ -188,206 +115,78 @@ async fn bad_proposals_are_refused_with_their_codes(db: TestDb) {
             ("owner_report", "TOOL_NOT_ALLOWED_FOR_ACTOR"),
         ]
     );
-    assert!(
-        v.rejected[2].reason.contains("color"),
-        "{:?}",
-        v.rejected[2]
-    );
-    assert!(
-        !v.rejected
-            .iter()
-            .any(|x| x.reason.contains("guessed") || x.reason.contains("someone-elses-chat")),
-        "no value in a reason: {:?}",
-        v.rejected
-    );
+    assert!(v.rejected[2].reason.contains("color"), "{:?}", v.rejected[2]);
+    assert!(!v.rejected.iter().any(|x| x.reason.contains("guessed") || x.reason.contains("someone-elses-chat")), "no value in a reason: {:?}", v.rejected);
     assert!(v.accepted.is_empty() && v.clarify.is_none() && !v.runnable());
 
     // Arguments an OpenAI-compatible model sent as broken JSON arrive as a string.
-    let broken = [ProposedCall {
-        id: "c".into(),
-        name: "page_search".into(),
-        args: json!("{not json"),
-        reason: String::new(),
-    }];
-    assert_eq!(
-        codes(&r.validate(&broken, Advisory::default(), &ALL, 2)),
-        [("page_search", "TOOL_SCHEMA_INVALID")]
-    );
+    let broken = [ProposedCall { id: "c".into(), name: "page_search".into(), args: json!("{not json"), reason: String::new() }];
+    assert_eq!(codes(&r.validate(&broken, Advisory::default(), &ALL, 2)), [("page_search", "TOOL_SCHEMA_INVALID")]);
     // A valid call to a tool the detector did not choose.
-    let elsewhere = [ProposedCall {
-        id: "c".into(),
-        name: "page_search".into(),
-        args: json!({"query": "hours"}),
-        reason: String::new(),
-    }];
-    assert_eq!(
-        codes(&r.validate(&elsewhere, Advisory::default(), &["lookup_order"], 2)),
-        [("page_search", PlanCode::NotCandidate.as_str())]
-    );
+    let elsewhere = [ProposedCall { id: "c".into(), name: "page_search".into(), args: json!({"query": "hours"}), reason: String::new() }];
+    assert_eq!(codes(&r.validate(&elsewhere, Advisory::default(), &["lookup_order"], 2)), [("page_search", PlanCode::NotCandidate.as_str())]);
 
-    assert_eq!(
-        r.ran.load(Ordering::SeqCst),
-        0,
-        "the validator runs nothing"
-    );
+    assert_eq!(r.ran.load(Ordering::SeqCst), 0, "the validator runs nothing");
     assert_eq!(r.audit_rows().await, 0, "checking writes no audit row");
 }
 both_backends!(lane_refusals, bad_proposals_are_refused_with_their_codes);
 
 async fn a_missing_argument_is_asked_for_by_name(db: TestDb) {
     let r = rig(db).await;
-    let (calls, advisory) = calls_of(
-        r.plan(json!([tool_use("t1", "lookup_order", json!({}))]))
-            .await,
-    );
+    let (calls, advisory) = calls_of(r.plan(json!([tool_use("t1", "lookup_order", json!({}))])).await);
     let v = r.validate(&calls, advisory, &ALL, 2);
-    let expected = r
-        .settings
-        .lane
-        .clarify_reply
-        .replace("{argument}", "order number");
-    assert_eq!(
-        v.clarify.as_deref(),
-        Some(expected.as_str()),
-        "named by its schema title"
-    );
-    assert_eq!(
-        codes(&v),
-        [("lookup_order", PlanCode::ArgumentMissing.as_str())]
-    );
+    let expected = r.settings.lane.clarify_reply.replace("{argument}", "order number");
+    assert_eq!(v.clarify.as_deref(), Some(expected.as_str()), "named by its schema title");
+    assert_eq!(codes(&v), [("lookup_order", PlanCode::ArgumentMissing.as_str())]);
     assert!(v.accepted.is_empty() && !v.runnable());
 
-    let untitled = [ProposedCall {
-        id: "c".into(),
-        name: "page_search".into(),
-        args: json!({"limit": 3}),
-        reason: String::new(),
-    }];
+    let untitled = [ProposedCall { id: "c".into(), name: "page_search".into(), args: json!({"limit": 3}), reason: String::new() }];
     let v = r.validate(&untitled, Advisory::default(), &ALL, 2);
-    assert_eq!(
-        v.clarify,
-        Some(r.settings.lane.clarify_reply.replace("{argument}", "query"))
-    );
+    assert_eq!(v.clarify, Some(r.settings.lane.clarify_reply.replace("{argument}", "query")));
 }
 both_backends!(lane_clarify, a_missing_argument_is_asked_for_by_name);
 
 async fn approval_and_async_follow_policy_not_the_model(db: TestDb) {
     let r = rig(db).await;
-    let respond = |needs: bool| {
-        tool_use(
-            "tr",
-            &r.settings.lane.respond_tool,
-            json!({"decision": "use_tools", "reply": "", "reason": "r", "requires_async": needs, "requires_owner_approval": needs}),
-        )
-    };
+    let respond = |needs: bool| tool_use("tr", &r.settings.lane.respond_tool, json!({"decision": "use_tools", "reply": "", "reason": "r", "requires_async": needs, "requires_owner_approval": needs}));
 
-    let (calls, advisory) = calls_of(
-        r.plan(json!([
-            tool_use("t1", "refund", json!({"order_id": "42"})),
-            respond(false)
-        ]))
-        .await,
-    );
-    assert_eq!(
-        advisory,
-        Advisory {
-            requires_async: false,
-            requires_owner_approval: false
-        },
-        "the model says no approval and no job"
-    );
+    let (calls, advisory) = calls_of(r.plan(json!([tool_use("t1", "refund", json!({"order_id": "42"})), respond(false)])).await);
+    assert_eq!(advisory, Advisory { requires_async: false, requires_owner_approval: false }, "the model says no approval and no job");
     let v = r.validate(&calls, advisory, &ALL, 2);
     assert!(v.runnable(), "{v:?}");
     assert_eq!(v.accepted.len(), 1);
     let refund = &v.accepted[0];
-    assert_eq!(
-        (refund.needs_approval.as_deref(), refund.run_async),
-        (Some("APPROVAL_ALWAYS"), true),
-        "the catalog says both"
-    );
+    assert_eq!((refund.needs_approval.as_deref(), refund.run_async), (Some("APPROVAL_ALWAYS"), true), "the catalog says both");
     assert!(v.requires_owner_approval && v.requires_async);
     assert_eq!(refund.canonical_args, r#"{"order_id":"42"}"#);
     assert!(refund.version.starts_with("sha256:"));
 
-    let (calls, advisory) = calls_of(
-        r.plan(json!([
-            tool_use("t1", "page_search", json!({"limit": 2, "query": "hours"})),
-            respond(true)
-        ]))
-        .await,
-    );
-    assert_eq!(
-        advisory,
-        Advisory {
-            requires_async: true,
-            requires_owner_approval: true
-        },
-        "the model asks for both"
-    );
+    let (calls, advisory) = calls_of(r.plan(json!([tool_use("t1", "page_search", json!({"limit": 2, "query": "hours"})), respond(true)])).await);
+    assert_eq!(advisory, Advisory { requires_async: true, requires_owner_approval: true }, "the model asks for both");
     let v = r.validate(&calls, advisory, &ALL, 2);
-    assert_eq!(
-        (
-            v.accepted[0].needs_approval.as_deref(),
-            v.accepted[0].run_async
-        ),
-        (None, false),
-        "a low-risk read runs now, unasked"
-    );
+    assert_eq!((v.accepted[0].needs_approval.as_deref(), v.accepted[0].run_async), (None, false), "a low-risk read runs now, unasked");
     assert!(!v.requires_owner_approval && !v.requires_async);
-    assert_eq!(
-        v.accepted[0].canonical_args,
-        r#"{"limit":2,"query":"hours"}"#
-    );
+    assert_eq!(v.accepted[0].canonical_args, r#"{"limit":2,"query":"hours"}"#);
 
-    assert_eq!(
-        r.ran.load(Ordering::SeqCst),
-        0,
-        "accepted is not run: the refund waits for an owner"
-    );
+    assert_eq!(r.ran.load(Ordering::SeqCst), 0, "accepted is not run: the refund waits for an owner");
     assert_eq!(r.audit_rows().await, 0);
 }
-both_backends!(
-    lane_policy_decides,
-    approval_and_async_follow_policy_not_the_model
-);
+both_backends!(lane_policy_decides, approval_and_async_follow_policy_not_the_model);
 
 async fn more_calls_than_max_steps_stop_the_whole_plan(db: TestDb) {
     let r = rig(db).await;
     let search = |id: &str, q: &str| tool_use(id, "page_search", json!({"query": q}));
-    let (calls, advisory) = calls_of(
-        r.plan(json!([
-            search("t1", "a"),
-            search("t2", "b"),
-            search("t3", "c")
-        ]))
-        .await,
-    );
+    let (calls, advisory) = calls_of(r.plan(json!([search("t1", "a"), search("t2", "b"), search("t3", "c")])).await);
     let v = r.validate(&calls, advisory, &ALL, r.settings.lane.max_steps as usize);
-    assert!(
-        v.accepted.is_empty() && !v.runnable(),
-        "no part of the plan runs"
-    );
+    assert!(v.accepted.is_empty() && !v.runnable(), "no part of the plan runs");
     assert_eq!(codes(&v), [("page_search", "LANE_TOO_MANY_STEPS"); 3]);
 
-    let (calls, advisory) = calls_of(
-        r.plan(json!([
-            search("t1", "a"),
-            tool_use("t2", "refund", json!({"order_id": "1"}))
-        ]))
-        .await,
-    );
+    let (calls, advisory) = calls_of(r.plan(json!([search("t1", "a"), tool_use("t2", "refund", json!({"order_id": "1"}))])).await);
     let v = r.validate(&calls, advisory, &ALL, 2);
-    assert_eq!(
-        codes(&v),
-        [("refund", "LANE_NOT_CHAINABLE")],
-        "two steps only of chainable tools"
-    );
+    assert_eq!(codes(&v), [("refund", "LANE_NOT_CHAINABLE")], "two steps only of chainable tools");
     assert!(!v.runnable());
 }
-both_backends!(
-    lane_max_steps,
-    more_calls_than_max_steps_stop_the_whole_plan
-);
+both_backends!(lane_max_steps, more_calls_than_max_steps_stop_the_whole_plan);
 
 /// Property: whatever the model proposes (known, unknown or owner-only tools, any arguments, any
 /// number of calls), a customer's plan is validated without panicking and without running
@@ -396,74 +195,33 @@ both_backends!(
 #[test]
 fn any_proposal_is_validated_without_running_anything() {
     use proptest::{prelude::*, test_runner::Config};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let db = TestDb::sqlite();
     let ran = Arc::new(AtomicUsize::new(0));
     let checkpoint = rt.block_on(async {
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         let audit = AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone()));
-        let mut cp = Checkpoint::new(
-            pool,
-            catalog(TOOLS),
-            audit,
-            server::config::SecretSource::from_fn(|_| Some("secret".into())),
-        );
+        let mut cp = Checkpoint::new(pool, catalog(TOOLS), audit, server::config::SecretSource::from_fn(|_| Some("secret".into())));
         cp.register_builtin("test.echo", Arc::new(Counting(ran.clone())));
         cp
     });
     let s = settings(LlmProvider::Anthropic, "http://127.0.0.1:9");
-    let candidates: Vec<String> = ["lookup_order", "page_search", "owner_report", "refund"]
-        .map(String::from)
-        .to_vec();
+    let candidates: Vec<String> = ["lookup_order", "page_search", "owner_report", "refund"].map(String::from).to_vec();
     let ctx = customer();
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        (-5i64..50).prop_map(Value::from),
-        "[a-z0-9 ]{0,12}".prop_map(Value::from)
-    ];
+    let leaf = prop_oneof![Just(Value::Null), any::<bool>().prop_map(Value::from), (-5i64..50).prop_map(Value::from), "[a-z0-9 ]{0,12}".prop_map(Value::from)];
     let value = leaf.prop_recursive(2, 12, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
-            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..3)
-                .prop_map(|m| Value::Object(m.into_iter().collect()))
-        ]
+        prop_oneof![prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from), prop::collection::btree_map("[a-z_]{1,8}", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect()))]
     });
-    let key = prop_oneof![
-        Just("order_id"),
-        Just("query"),
-        Just("limit"),
-        Just("period"),
-        Just("chat_id"),
-        Just("api_key"),
-        Just("extra")
-    ];
+    let key = prop_oneof![Just("order_id"), Just("query"), Just("limit"), Just("period"), Just("chat_id"), Just("api_key"), Just("extra")];
     let args = prop_oneof![
         1 => value.clone(),
         4 => prop::collection::btree_map(key.prop_map(String::from), value, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
     ];
-    let name = prop_oneof![
-        Just("lookup_order"),
-        Just("page_search"),
-        Just("owner_report"),
-        Just("refund"),
-        Just("no_such_tool"),
-        Just("respond_without_tool")
-    ];
+    let name = prop_oneof![Just("lookup_order"), Just("page_search"), Just("owner_report"), Just("refund"), Just("no_such_tool"), Just("respond_without_tool")];
     let valid = prop_oneof![
         "[0-9]{1,6}".prop_map(|id| ("lookup_order", serde_json::json!({ "order_id": id }))),
-        ("[a-z ]{1,10}", proptest::option::of(1i64..20)).prop_map(|(q, l)| (
-            "page_search",
-            match l {
-                Some(l) => serde_json::json!({ "query": q, "limit": l }),
-                None => serde_json::json!({ "query": q }),
-            }
-        )),
+        ("[a-z ]{1,10}", proptest::option::of(1i64..20)).prop_map(|(q, l)| ("page_search", match l { Some(l) => serde_json::json!({ "query": q, "limit": l }), None => serde_json::json!({ "query": q }) })),
         "[0-9]{1,6}".prop_map(|id| ("refund", serde_json::json!({ "order_id": id }))),
     ];
     let calls = prop::collection::vec(prop_oneof![3 => valid, 2 => (name, args)], 0..4);
@@ -487,10 +245,5 @@ fn any_proposal_is_validated_without_running_anything() {
             refused.set(refused.get() + 1);
         }
     });
-    assert!(
-        runnable.get() > 10 && refused.get() > 10,
-        "both kinds were generated: {} runnable, {} refused",
-        runnable.get(),
-        refused.get()
-    );
+    assert!(runnable.get() > 10 && refused.get() > 10, "both kinds were generated: {} runnable, {} refused", runnable.get(), refused.get());
 }

@@ -43,24 +43,12 @@ pub struct DetectorBench {
 pub fn command(args: &DetectorBench) -> Result<(), BenchError> {
     let settings = match &args.settings {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| BenchError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            toml::from_str(&text).map_err(|e| BenchError::Settings {
-                path: path.clone(),
-                message: e.to_string(),
-            })?
+            let text = std::fs::read_to_string(path).map_err(|source| BenchError::Read { path: path.clone(), source })?;
+            toml::from_str(&text).map_err(|e| BenchError::Settings { path: path.clone(), message: e.to_string() })?
         }
         None => DetectorSettings::default(),
     };
-    let report = run(
-        &args.catalog,
-        &args.queries,
-        args.irrelevant.as_deref(),
-        settings,
-        args.misses,
-    )?;
+    let report = run(&args.catalog, &args.queries, args.irrelevant.as_deref(), settings, args.misses)?;
     print!("{report}");
     // The context of the six figures, apart from them so the figures stay one a line.
     eprintln!(
@@ -230,12 +218,7 @@ pub fn run(
             if !query.expect.is_empty() && query.expect.iter().all(|e| top.contains(&e.as_str())) {
                 found[slot] += 1;
             } else if k == 10 && show_misses {
-                eprintln!(
-                    "miss\t{}\texpected {:?}\tgot {:?}",
-                    query.message.chars().take(160).collect::<String>(),
-                    query.expect,
-                    top
-                );
+                eprintln!("miss\t{}\texpected {:?}\tgot {:?}", query.message.chars().take(160).collect::<String>(), query.expect, top);
             }
         }
     }

@@ -17,9 +17,7 @@ use tokio::sync::watch;
 use server::{
     config::DatabaseSettings,
     db::{self, Db, jobs::NewJob},
-    jobs::{
-        JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings,
-    },
+    jobs::{JobContext, JobError, JobHandler, JobOutput, JobQueue, Registry, Worker, WorkerSettings},
 };
 
 #[derive(Debug, clap::Args)]
@@ -53,9 +51,7 @@ struct Noop {
 impl JobHandler for Noop {
     async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError> {
         self.runs.fetch_add(1, Ordering::Relaxed);
-        if let Ok(serde_json::Value::Number(n)) =
-            serde_json::from_str::<serde_json::Value>(&ctx.job.args).map(|v| v["sample"].clone())
-        {
+        if let Ok(serde_json::Value::Number(n)) = serde_json::from_str::<serde_json::Value>(&ctx.job.args).map(|v| v["sample"].clone()) {
             let now = Instant::now();
             if let (Some(i), Ok(mut started)) = (n.as_u64(), self.started.lock())
                 && let Some(slot) = started.get_mut(i as usize)
@@ -107,10 +103,7 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     // each (as graphile-worker's addJobs takes them).
     let t = Instant::now();
     for chunk in (0..args.jobs).collect::<Vec<_>>().chunks(500) {
-        let batch: Vec<NewJob> = chunk
-            .iter()
-            .map(|_| new_job(serde_json::json!({})))
-            .collect();
+        let batch: Vec<NewJob> = chunk.iter().map(|_| new_job(serde_json::json!({}))).collect();
         let mut tx = db.begin_write().await?;
         queue.enqueue_many_in(&mut tx, &batch).await?;
         tx.commit().await?;
@@ -118,10 +111,7 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     let enqueue_secs = t.elapsed().as_secs_f64();
 
     // 2. Completion throughput with the queue full.
-    let noop = Arc::new(Noop {
-        started: Mutex::new(vec![None; args.latency_samples]),
-        runs: AtomicUsize::new(0),
-    });
+    let noop = Arc::new(Noop { started: Mutex::new(vec![None; args.latency_samples]), runs: AtomicUsize::new(0) });
     let (stop, stopped) = watch::channel(false);
     let worker_settings = WorkerSettings {
         queue: queue_name.clone(),
@@ -134,20 +124,14 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
         .map(|_| {
             let mut registry = Registry::new();
             registry.register(KIND, noop.clone());
-            tokio::spawn(
-                Worker::new(db.clone(), registry, worker_settings.clone(), queue.waker())
-                    .run(stopped.clone()),
-            )
+            tokio::spawn(Worker::new(db.clone(), registry, worker_settings.clone(), queue.waker()).run(stopped.clone()))
         })
         .collect();
     queue.notify();
     let target = i64::try_from(args.jobs).unwrap_or(i64::MAX);
     let give_up = Instant::now() + Duration::from_secs(600);
     while count_finished(&db, &queue_name).await? < target {
-        anyhow::ensure!(
-            Instant::now() < give_up,
-            "jobs did not finish within 10 minutes"
-        );
+        anyhow::ensure!(Instant::now() < give_up, "jobs did not finish within 10 minutes");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let complete_secs = t.elapsed().as_secs_f64();
@@ -156,24 +140,17 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     let mut enqueued_at = Vec::with_capacity(args.latency_samples);
     for i in 0..args.latency_samples {
         let t0 = Instant::now();
-        queue
-            .enqueue(&new_job(serde_json::json!({ "sample": i })))
-            .await?;
+        queue.enqueue(&new_job(serde_json::json!({ "sample": i }))).await?;
         enqueued_at.push(t0);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while noop.started.lock().map(|s| s[i].is_none()).unwrap_or(false)
-            && Instant::now() < deadline
-        {
+        while noop.started.lock().map(|s| s[i].is_none()).unwrap_or(false) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let started = noop.started.lock().map(|s| s.clone()).unwrap_or_default();
-    let mut latencies: Vec<f64> = enqueued_at
-        .iter()
-        .zip(started.iter())
-        .filter_map(|(t0, s)| s.map(|s| s.duration_since(*t0).as_secs_f64() * 1000.0))
-        .collect();
+    let mut latencies: Vec<f64> =
+        enqueued_at.iter().zip(started.iter()).filter_map(|(t0, s)| s.map(|s| s.duration_since(*t0).as_secs_f64() * 1000.0)).collect();
     latencies.sort_by(f64::total_cmp);
 
     let _ = stop.send(true);
@@ -187,18 +164,9 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
 
     let n = args.jobs as f64;
     println!("backend            {}", db.backend.as_str());
-    println!(
-        "jobs               {} (workers {}, concurrency {} each)",
-        args.jobs, args.workers, args.concurrency
-    );
-    println!(
-        "enqueue/s          {:.0} (batches of 500, one transaction each)",
-        n / enqueue_secs
-    );
-    println!(
-        "completed/s        {:.0} (queue full at start)",
-        n / complete_secs
-    );
+    println!("jobs               {} (workers {}, concurrency {} each)", args.jobs, args.workers, args.concurrency);
+    println!("enqueue/s          {:.0} (batches of 500, one transaction each)", n / enqueue_secs);
+    println!("completed/s        {:.0} (queue full at start)", n / complete_secs);
     println!(
         "enqueue-to-start   p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  ({} samples, idle queue)",
         percentile(&latencies, 0.50),
@@ -223,11 +191,7 @@ struct NoopTool;
 
 #[async_trait::async_trait]
 impl server::tools::ToolExecutor for NoopTool {
-    async fn call(
-        &self,
-        _tool: &server::tools::ToolDef,
-        _args: &serde_json::Value,
-    ) -> Result<serde_json::Value, server::tools::ToolError> {
+    async fn call(&self, _tool: &server::tools::ToolDef, _args: &serde_json::Value) -> Result<serde_json::Value, server::tools::ToolError> {
         Ok(serde_json::json!({ "ok": true }))
     }
 }
@@ -254,47 +218,24 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
         domain::{ChatKind, Role},
         tools::{CallContext, Catalog, Checkpoint, ToolCall, checkpoint::AuditWriter},
     };
-    let db = Db::connect(&DatabaseSettings {
-        url: args.database.clone(),
-        ..Default::default()
-    })
-    .await?;
+    let db = Db::connect(&DatabaseSettings { url: args.database.clone(), ..Default::default() }).await?;
     db.migrate().await?;
-    let dir =
-        std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("tools.toml");
     std::fs::write(&path, NOOP_TOOL)?;
     let catalog = Catalog::load(&path, &|_| false).map_err(|p| anyhow::anyhow!("{p:?}"))?;
     let _ = std::fs::remove_dir_all(&dir);
-    let mut cp = Checkpoint::new(
-        db.clone(),
-        Arc::new(catalog),
-        AuditWriter::spawn(db.clone(), JobQueue::new(db.clone())),
-        SecretSource::empty(),
-    );
+    let mut cp = Checkpoint::new(db.clone(), Arc::new(catalog), AuditWriter::spawn(db.clone(), JobQueue::new(db.clone())), SecretSource::empty());
     cp.register_builtin("bench.noop", Arc::new(NoopTool));
-    let ctx = CallContext {
-        actor: Role::Customer,
-        chat_type: ChatKind::Direct,
-        chat_id: Some("bench".into()),
-        sender_id: None,
-        correlation_id: "bench".into(),
-        approved: None,
-        trace_id: None,
-    };
+    let ctx = CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some("bench".into()), sender_id: None, correlation_id: "bench".into(), approved: None, trace_id: None };
 
     let mut per_call = Vec::with_capacity(args.calls);
     let t = Instant::now();
     for i in 0..args.calls {
-        let c = ToolCall {
-            name: "noop".into(),
-            args: serde_json::json!({ "q": format!("query {i}") }),
-        };
+        let c = ToolCall { name: "noop".into(), args: serde_json::json!({ "q": format!("query {i}") }) };
         let t0 = Instant::now();
-        cp.execute(c, &ctx)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        cp.execute(c, &ctx).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         per_call.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     cp.audit().flush().await;
@@ -304,20 +245,14 @@ pub async fn checkpoint(args: &CheckpointBench) -> anyhow::Result<()> {
     let audited = db::tool_audit::delete_correlation(&mut conn, "bench").await?;
     drop(conn);
     println!("backend                  {}", db.backend.as_str());
-    println!(
-        "calls                    {} ({} audit rows written)",
-        args.calls, audited
-    );
+    println!("calls                    {} ({} audit rows written)", args.calls, audited);
     println!(
         "checkpoint per call      p50 {:.1} µs  p95 {:.1} µs  p99 {:.1} µs  (before the audit write)",
         percentile(&per_call, 0.50),
         percentile(&per_call, 0.95),
         percentile(&per_call, 0.99)
     );
-    println!(
-        "calls/s with audit       {:.0} (until every audit row was committed)",
-        args.calls as f64 / total
-    );
+    println!("calls/s with audit       {:.0} (until every audit row was committed)", args.calls as f64 / total);
     db.close().await;
     Ok(())
 }

@@ -87,10 +87,7 @@ impl Conn {
     async fn open(addr: SocketAddr) -> std::io::Result<Self> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Self {
-            stream,
-            buf: Vec::with_capacity(1024),
-        })
+        Ok(Self { stream, buf: Vec::with_capacity(1024) })
     }
 
     /// Sends `request` and reads the whole response; returns its status code.
@@ -114,16 +111,10 @@ impl Conn {
 /// The status and total length of the response at the start of `buf`, once it is complete.
 fn parse_response(buf: &[u8]) -> std::io::Result<Option<(u16, usize)>> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return Ok(None);
-    };
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { return Ok(None) };
     let head = std::str::from_utf8(&buf[..end]).map_err(|_| bad("response head is not UTF-8"))?;
     let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| bad("no status line"))?;
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status line"))?;
     let length: usize = lines
         .filter_map(|l| l.split_once(':'))
         .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
@@ -160,11 +151,7 @@ impl Phase {
 }
 
 /// Phase 1: `concurrency` connections each send their next request as soon as the last is answered.
-async fn max_throughput(
-    addr: SocketAddr,
-    requests: Arc<Vec<Vec<u8>>>,
-    concurrency: usize,
-) -> anyhow::Result<Phase> {
+async fn max_throughput(addr: SocketAddr, requests: Arc<Vec<Vec<u8>>>, concurrency: usize) -> anyhow::Result<Phase> {
     let next = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let tasks: Vec<_> = (0..concurrency.max(1))
@@ -175,9 +162,7 @@ async fn max_throughput(
                 let mut conn = Conn::open(addr).await?;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(request) = requests.get(i) else {
-                        break;
-                    };
+                    let Some(request) = requests.get(i) else { break };
                     let t0 = Instant::now();
                     if conn.send(request).await? != 200 {
                         failed += 1;
@@ -188,12 +173,7 @@ async fn max_throughput(
             })
         })
         .collect();
-    let mut phase = Phase {
-        sent: 0,
-        failed: 0,
-        secs: 0.0,
-        latencies_ms: Vec::new(),
-    };
+    let mut phase = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::new() };
     for task in tasks {
         let (lat, failed) = task.await??;
         phase.sent += lat.len();
@@ -209,11 +189,7 @@ async fn max_throughput(
 /// a slow answer delays no later request; latency counts from the scheduled time, so a stall is
 /// not hidden by requests that were never sent (coordinated omission).
 /// Also returns how late each request started (the generator's timer lag, included in its latency).
-async fn steady(
-    addr: SocketAddr,
-    requests: Vec<Vec<u8>>,
-    rate: u32,
-) -> anyhow::Result<(Phase, Vec<f64>)> {
+async fn steady(addr: SocketAddr, requests: Vec<Vec<u8>>, rate: u32) -> anyhow::Result<(Phase, Vec<f64>)> {
     let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::default();
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let start = Instant::now() + Duration::from_millis(50);
@@ -238,12 +214,7 @@ async fn steady(
             Ok::<_, std::io::Error>((status == 200, ms, lag))
         }));
     }
-    let mut phase = Phase {
-        sent: 0,
-        failed: 0,
-        secs: 0.0,
-        latencies_ms: Vec::with_capacity(handles.len()),
-    };
+    let mut phase = Phase { sent: 0, failed: 0, secs: 0.0, latencies_ms: Vec::with_capacity(handles.len()) };
     let mut lags = Vec::with_capacity(handles.len());
     for h in handles {
         let (ok, ms, lag) = h.await??;
@@ -259,30 +230,18 @@ async fn steady(
 }
 
 /// Runs `work` on a thread of its own with a single-threaded runtime: the load generator.
-async fn on_load_thread<T: Send + 'static>(
-    work: impl Future<Output = anyhow::Result<T>> + Send + 'static,
-) -> anyhow::Result<T> {
+async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
     let (done, result) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("bench-load".into())
-        .spawn(move || {
-            let outcome = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(work));
-            let _ = done.send(outcome);
-        })?;
+    std::thread::Builder::new().name("bench-load".into()).spawn(move || {
+        let outcome = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(work));
+        let _ = done.send(outcome);
+    })?;
     result.await?
 }
 
 pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
-    let temp =
-        std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
-    let url = args
-        .database
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", temp.join("bench.db").display()));
+    let temp = std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
+    let url = args.database.clone().unwrap_or_else(|| format!("sqlite://{}", temp.join("bench.db").display()));
     let mut settings = Settings::default();
     settings.database.url = url;
     settings.database.max_connections = 16;
@@ -292,51 +251,31 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     db.migrate().await?;
     // A secret for this run only.
     let secret = uuid::Uuid::new_v4().simple().to_string();
-    let secrets = Secrets {
-        whatsapp_app_secret: Some(SecretString::from(secret.clone())),
-        ..Default::default()
-    };
+    let secrets = Secrets { whatsapp_app_secret: Some(SecretString::from(secret.clone())), ..Default::default() };
     let config = LoadedConfig::new(settings, secrets, "bench.toml".into());
     let gatehouse = Gatehouse::build(config, ToolFiles::default(), db.clone())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
     let router = web::router(state);
-    let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let server = tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).await });
     let host = addr.to_string();
 
-    let requests: Vec<Vec<u8>> = (0..args.requests)
-        .map(|n| signed_request(secret.as_bytes(), &host, n))
-        .collect();
+    let requests: Vec<Vec<u8>> = (0..args.requests).map(|n| signed_request(secret.as_bytes(), &host, n)).collect();
     let max = on_load_thread(max_throughput(addr, Arc::new(requests), args.concurrency)).await?;
 
     let total = usize::try_from(u64::from(args.rate) * args.seconds).unwrap_or(usize::MAX);
-    let requests: Vec<Vec<u8>> = (0..total)
-        .map(|i| signed_request(secret.as_bytes(), &host, args.requests + i))
-        .collect();
+    let requests: Vec<Vec<u8>> = (0..total).map(|i| signed_request(secret.as_bytes(), &host, args.requests + i)).collect();
     let (steady, lags) = on_load_thread(steady(addr, requests, args.rate)).await?;
 
-    let (stored,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM whatsapp_inbound")
-        .fetch_one(&db.pool)
-        .await?;
-    let (queued,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'")
-            .fetch_one(&db.pool)
-            .await?;
+    let (stored,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM whatsapp_inbound").fetch_one(&db.pool).await?;
+    let (queued,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&db.pool).await?;
     server.abort();
     db.close().await;
     let _ = std::fs::remove_dir_all(&temp);
 
     println!("backend                {}", db.backend.as_str());
-    println!(
-        "what                   signed POST /webhooks/whatsapp, one new text message each: verify, dedupe, store, enqueue, 200"
-    );
+    println!("what                   signed POST /webhooks/whatsapp, one new text message each: verify, dedupe, store, enqueue, 200");
     max.print(&format!("max ({} connections)", args.concurrency));
     steady.print(&format!("steady {} req/s", args.rate));
     println!(

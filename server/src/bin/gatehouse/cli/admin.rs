@@ -30,25 +30,10 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     for entry in web::console::effective_entries(&cfg.settings) {
         println!("  {} = {}", entry.key, entry.value);
     }
-    println!(
-        "tools: {} in the catalog (approval mode {:?})",
-        files.catalog.len(),
-        files.catalog.approval_mode
-    );
-    println!(
-        "mcp servers: {} in {}",
-        files.mcp.servers.len(),
-        cfg.dir.join("mcp.toml").display()
-    );
+    println!("tools: {} in the catalog (approval mode {:?})", files.catalog.len(), files.catalog.approval_mode);
+    println!("mcp servers: {} in {}", files.mcp.servers.len(), cfg.dir.join("mcp.toml").display());
     for s in &files.mcp.servers {
-        println!(
-            "  {} ({}, {:?}, {}) {}",
-            s.id,
-            s.transport.kind(),
-            s.trust,
-            if s.enabled { "enabled" } else { "disabled" },
-            s.transport.target()
-        );
+        println!("  {} ({}, {:?}, {}) {}", s.id, s.transport.kind(), s.trust, if s.enabled { "enabled" } else { "disabled" }, s.transport.target());
     }
     println!("secrets (from the environment; values never shown):");
     for (name, set) in cfg.secrets.presence() {
@@ -57,14 +42,11 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+
 pub async fn migrate(cfg: &LoadedConfig) -> Result<(), Failure> {
     let db = connect(cfg).await?;
     let applied = db.applied_migrations().await.map_err(Failure::runtime)?;
-    println!(
-        "{} migration(s) applied on {}; the database is current.",
-        applied.len(),
-        db.backend.as_str()
-    );
+    println!("{} migration(s) applied on {}; the database is current.", applied.len(), db.backend.as_str());
     for m in applied {
         println!("  {:04} {}", m.version, m.description);
     }
@@ -75,15 +57,12 @@ pub async fn migrate(cfg: &LoadedConfig) -> Result<(), Failure> {
 pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Result<(), Failure> {
     match cmd {
         JobsCommand::Enqueue(a) => {
-            let args: serde_json::Value = serde_json::from_str(&a.args)
-                .map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
+            let args: serde_json::Value = serde_json::from_str(&a.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             if !args.is_object() {
                 return Err(Failure::usage("--args must be a JSON object"));
             }
             let gatehouse = build(cfg, files).await?;
-            let delay_ms = a
-                .delay
-                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let delay_ms = a.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             // Any kind, by name: the queue fills in this deployment's queue and attempts.
             let job = db::jobs::NewJob {
                 kind: a.kind.clone(),
@@ -94,46 +73,21 @@ pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Res
                 correlation_id: uuid::Uuid::new_v4().to_string(),
                 ..Default::default()
             };
-            let queued = gatehouse
-                .jobs
-                .enqueue(&job)
-                .await
-                .map_err(Failure::runtime)?;
-            let how = if queued.deduplicated {
-                "already queued"
-            } else {
-                "enqueued"
-            };
+            let queued = gatehouse.jobs.enqueue(&job).await.map_err(Failure::runtime)?;
+            let how = if queued.deduplicated { "already queued" } else { "enqueued" };
             println!("job {} {how} ({})", queued.job.id, queued.job.state);
             gatehouse.db.close().await;
         }
         JobsCommand::List(a) => {
             let state = match &a.state {
-                Some(s) => Some(
-                    db::jobs::JobState::parse(s)
-                        .ok_or_else(|| Failure::usage(format!("unknown state {s:?}")))?,
-                ),
+                Some(s) => Some(db::jobs::JobState::parse(s).ok_or_else(|| Failure::usage(format!("unknown state {s:?}")))?),
                 None => None,
             };
             let db = connect(&cfg).await?;
             let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
-            let filter = db::jobs::JobFilter {
-                state,
-                ..Default::default()
-            };
-            for j in db::jobs::list(&mut conn, &filter, a.limit)
-                .await
-                .map_err(Failure::runtime)?
-            {
-                println!(
-                    "{}\t{}\t{}\t{}/{}\t{}",
-                    j.id,
-                    j.kind,
-                    j.state,
-                    j.attempt,
-                    j.max_attempts,
-                    j.last_error_code.unwrap_or_default()
-                );
+            let filter = db::jobs::JobFilter { state, ..Default::default() };
+            for j in db::jobs::list(&mut conn, &filter, a.limit).await.map_err(Failure::runtime)? {
+                println!("{}\t{}\t{}\t{}/{}\t{}", j.id, j.kind, j.state, j.attempt, j.max_attempts, j.last_error_code.unwrap_or_default());
             }
             drop(conn);
             db.close().await;
@@ -145,20 +99,12 @@ pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Res
 fn read_password(from_stdin: bool) -> Result<SecretString, Failure> {
     if from_stdin {
         let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(Failure::runtime)?;
-        let password = text
-            .strip_suffix('\n')
-            .map(|t| t.strip_suffix('\r').unwrap_or(t))
-            .unwrap_or(&text)
-            .to_string();
+        std::io::stdin().read_to_string(&mut text).map_err(Failure::runtime)?;
+        let password = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_string();
         return Ok(SecretString::from(password));
     }
     if !std::io::stdin().is_terminal() {
-        return Err(Failure::usage(
-            "no terminal to prompt on; pass --password-stdin and pipe the password in",
-        ));
+        return Err(Failure::usage("no terminal to prompt on; pass --password-stdin and pipe the password in"));
     }
     let first = rpassword::prompt_password("Password: ").map_err(Failure::runtime)?;
     let second = rpassword::prompt_password("Repeat password: ").map_err(Failure::runtime)?;
@@ -170,9 +116,7 @@ fn read_password(from_stdin: bool) -> Result<SecretString, Failure> {
 
 fn owner_failure(e: owners::OwnerError) -> Failure {
     match e {
-        owners::OwnerError::Invalid(_)
-        | owners::OwnerError::LoginTaken(_)
-        | owners::OwnerError::NotFound(_) => Failure::usage(e.to_string()),
+        owners::OwnerError::Invalid(_) | owners::OwnerError::LoginTaken(_) | owners::OwnerError::NotFound(_) => Failure::usage(e.to_string()),
         other => Failure::runtime(other),
     }
 }
@@ -182,14 +126,7 @@ pub async fn owner(cfg: &LoadedConfig, cmd: &OwnerCommand) -> Result<(), Failure
     match cmd {
         OwnerCommand::Add(args) => {
             let password = read_password(args.password_stdin)?;
-            let valid = ValidOwner::parse(
-                &args.name,
-                &args.login,
-                password,
-                &args.whatsapp.join(","),
-                min,
-            )
-            .map_err(owner_failure)?;
+            let valid = ValidOwner::parse(&args.name, &args.login, password, &args.whatsapp.join(","), min).map_err(owner_failure)?;
             let db = connect(cfg).await?;
             let row = owners::add_owner(&db, valid).await.map_err(owner_failure)?;
             println!("owner {} added (id {})", row.login, row.id);
@@ -199,30 +136,19 @@ pub async fn owner(cfg: &LoadedConfig, cmd: &OwnerCommand) -> Result<(), Failure
             let password = read_password(args.password_stdin)?;
             owners::check_password(&password, min).map_err(owner_failure)?;
             let db = connect(cfg).await?;
-            owners::reset_password(&db, &args.login, password, min)
-                .await
-                .map_err(owner_failure)?;
-            println!(
-                "password of {} reset; their sessions have ended",
-                args.login.trim().to_lowercase()
-            );
+            owners::reset_password(&db, &args.login, password, min).await.map_err(owner_failure)?;
+            println!("password of {} reset; their sessions have ended", args.login.trim().to_lowercase());
             db.close().await;
         }
         OwnerCommand::List => {
             let db = connect(cfg).await?;
             let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
-            let list = db::owners::list(&mut conn)
-                .await
-                .map_err(Failure::runtime)?;
+            let list = db::owners::list(&mut conn).await.map_err(Failure::runtime)?;
             if list.is_empty() {
-                println!(
-                    "no owners yet: open the console's /setup page or run `gatehouse owner add`"
-                );
+                println!("no owners yet: open the console's /setup page or run `gatehouse owner add`");
             }
             for o in list {
-                let phones = db::owners::phones_of(&mut conn, o.id)
-                    .await
-                    .map_err(Failure::runtime)?;
+                let phones = db::owners::phones_of(&mut conn, o.id).await.map_err(Failure::runtime)?;
                 println!("{}\t{}\t{}", o.login, o.display_name, phones.join(","));
             }
             drop(conn);

@@ -18,11 +18,7 @@ use server::{
 };
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "gatehouse",
-    version,
-    about = "Gatehouse: a WhatsApp assistant with an owner console"
-)]
+#[command(name = "gatehouse", version, about = "Gatehouse: a WhatsApp assistant with an owner console")]
 pub struct Cli {
     /// Main config file; the other config files are read from the same folder.
     #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_CONFIG_PATH)]
@@ -276,16 +272,10 @@ pub struct Failure {
 
 impl Failure {
     fn usage(message: impl Into<String>) -> Self {
-        Self {
-            code: 2,
-            message: message.into(),
-        }
+        Self { code: 2, message: message.into() }
     }
     fn runtime(message: impl std::fmt::Display) -> Self {
-        Self {
-            code: 1,
-            message: message.to_string(),
-        }
+        Self { code: 1, message: message.to_string() }
     }
 }
 
@@ -311,18 +301,14 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::CheckConfig = command {
         return admin::check_config(&cli.config);
     }
-    let (cfg, files) =
-        bootstrap::load_config(&cli.config).map_err(|e| Failure::usage(e.to_string()))?;
+    let (cfg, files) = bootstrap::load_config(&cli.config).map_err(|e| Failure::usage(e.to_string()))?;
     let format = match cli.log_format {
         Some(LogFormatArg::Json) => LogFormat::Json,
         Some(LogFormatArg::Text) => LogFormat::Text,
         None => cfg.settings.log.format,
     };
     telemetry::init(format, &cfg.settings.log.filter);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(Failure::runtime)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Failure::runtime)?;
     rt.block_on(async move {
         match command {
             Command::Serve => serve::serve(cfg, files).await,
@@ -335,21 +321,11 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Mcp(cmd) => tools::mcp(cfg, files, cmd).await,
             Command::Approvals(cmd) => approvals::run(cfg, files, cmd).await,
             Command::Lane(LaneCommand::Detect(args)) => tools::lane_detect(cfg, files, args).await,
-            Command::Bench(BenchCommand::Jobs(args)) => {
-                crate::bench::jobs(args).await.map_err(Failure::runtime)
-            }
-            Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args)
-                .await
-                .map_err(Failure::runtime),
-            Command::Bench(BenchCommand::Mcp(args)) => {
-                crate::bench::mcp::run(args).await.map_err(Failure::runtime)
-            }
-            Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args)
-                .await
-                .map_err(Failure::runtime),
-            Command::Bench(BenchCommand::Detector(args)) => {
-                crate::bench::detector::command(args).map_err(Failure::runtime)
-            }
+            Command::Bench(BenchCommand::Jobs(args)) => crate::bench::jobs(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Detector(args)) => crate::bench::detector::command(args).map_err(Failure::runtime),
         }
     })
 }

@@ -13,31 +13,20 @@ fn refuse_if_strict(cfg: &LoadedConfig) -> Result<(), Failure> {
     if cfg.settings.server.strict
         && let Some(d) = server::llm::degraded(&cfg.settings, &cfg.secrets)
     {
-        tracing::error!(
-            provider = d.provider,
-            variable = d.variable,
-            "strict mode: no key for the LLM provider; not starting"
-        );
-        return Err(Failure::runtime(format!(
-            "strict mode (server.strict or GATEHOUSE_STRICT): {} is not set for the {} provider",
-            d.variable, d.provider
-        )));
+        tracing::error!(provider = d.provider, variable = d.variable, "strict mode: no key for the LLM provider; not starting");
+        return Err(Failure::runtime(format!("strict mode (server.strict or GATEHOUSE_STRICT): {} is not set for the {} provider", d.variable, d.provider)));
     }
     Ok(())
 }
 
 /// A database that will not survive a restart is said once a minute, for as long as it runs.
 fn warn_about_storage(database: &server::config::DatabaseSettings) {
-    let Some(warning) = database.storage_warning() else {
-        return;
-    };
+    let Some(warning) = database.storage_warning() else { return };
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
         loop {
             every.tick().await;
-            tracing::warn!(
-                "ephemeral storage: {warning}; set database.url to a lasting file or PostgreSQL"
-            );
+            tracing::warn!("ephemeral storage: {warning}; set database.url to a lasting file or PostgreSQL");
         }
     });
 }
@@ -46,12 +35,10 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     refuse_if_strict(&cfg)?;
     let server = cfg.settings.server.clone();
     let gatehouse = build(cfg, files).await?;
-    let listener = web::serve::bind_with_fallback(server.addr, server.strict_port)
-        .await
-        .map_err(|e| {
-            tracing::error!(addr = %server.addr, error = %e, "cannot listen");
-            Failure::runtime(format!("cannot listen on {}: {e}", server.addr))
-        })?;
+    let listener = web::serve::bind_with_fallback(server.addr, server.strict_port).await.map_err(|e| {
+        tracing::error!(addr = %server.addr, error = %e, "cannot listen");
+        Failure::runtime(format!("cannot listen on {}: {e}", server.addr))
+    })?;
     let addr = listener.local_addr().map_err(Failure::runtime)?;
     let grace = server.shutdown_grace;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
@@ -60,22 +47,14 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }
     if let Some((provider, var)) = state.degraded() {
-        tracing::warn!(
-            provider,
-            variable = var,
-            "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model"
-        );
+        tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
     warn_about_storage(&gatehouse.config.settings.database);
-    web::session_store::DbSessionStore::new(gatehouse.db.clone())
-        .spawn_cleanup(std::time::Duration::from_secs(600));
+    web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
     tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
     if !setup_done {
-        tracing::info!(
-            "first run: open {}/setup to create the first owner",
-            state.public_url
-        );
+        tracing::info!("first run: open {}/setup to create the first owner", state.public_url);
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
@@ -85,29 +64,15 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
                 tracing::error!(addr = %at, error = %e, "cannot listen for metrics");
-                Failure::runtime(format!(
-                    "cannot listen for metrics on {at} (server.metrics_addr): {e}"
-                ))
+                Failure::runtime(format!("cannot listen for metrics on {at} (server.metrics_addr): {e}"))
             })?;
             tracing::info!(addr = %at, "metrics listening");
-            Some(tokio::spawn(web::serve::serve(
-                listener,
-                web::metrics_router(state.clone()),
-                grace,
-                shutdown.clone(),
-            )))
+            Some(tokio::spawn(web::serve::serve(listener, web::metrics_router(state.clone()), grace, shutdown.clone())))
         }
         None => None,
     };
-    let worker = gatehouse
-        .config
-        .settings
-        .jobs
-        .worker_in_serve
-        .then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
-    web::serve::serve(listener, router, grace, shutdown)
-        .await
-        .map_err(Failure::runtime)?;
+    let worker = gatehouse.config.settings.jobs.worker_in_serve.then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
+    web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
     if let Some(worker) = worker {
         let _ = worker.await;
@@ -115,10 +80,7 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     if let Some(metrics) = metrics {
         let _ = metrics.await;
     }
-    if tokio::time::timeout(grace, gatehouse.db.close())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, gatehouse.db.close()).await.is_err() {
         tracing::warn!("database connections still busy after the grace period; exiting anyway");
     }
     tracing::info!("stopped");
@@ -131,20 +93,9 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
 fn spawn_catalog_reload(state: AppState) {
     #[cfg(unix)]
     tokio::spawn(async move {
-        let Ok(mut hangups) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hangups.recv().await.is_some() {
-            if let Err(e) = server::tools::reload_catalog(
-                &state.config.dir,
-                &state.config.secrets.source,
-                &state.mcp,
-                &state.tools,
-            )
-            .await
-            {
+            if let Err(e) = server::tools::reload_catalog(&state.config.dir, &state.config.secrets.source, &state.mcp, &state.tools).await {
                 tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog");
             }
         }

@@ -29,21 +29,14 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 let s = &t.spec;
                 println!(
                     "{}\t{:?}\t{:?}\t{:?}\t{:?}\t{}\t{}",
-                    s.name,
-                    s.provider,
-                    s.audience,
-                    s.risk,
-                    s.approval,
-                    if s.enabled { "enabled" } else { "disabled" },
-                    &t.version[..19]
+                    s.name, s.provider, s.audience, s.risk, s.approval, if s.enabled { "enabled" } else { "disabled" }, &t.version[..19]
                 );
             }
             gatehouse.db.close().await;
             Ok(())
         }
         ToolsCommand::Call(c) => {
-            let args: serde_json::Value = serde_json::from_str(&c.args)
-                .map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
+            let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             let gatehouse = build(cfg, files).await?;
             let (checkpoint, mcp) = (&gatehouse.tools, &gatehouse.mcp);
             // Only a call of an MCP tool connects to the MCP servers; any other call leaves them
@@ -56,11 +49,7 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
             }
             // An MCP tool needs its server: wait for it to connect (bounded), then call.
             if let Some(server) = server {
-                let bound = gatehouse
-                    .tool_files
-                    .mcp
-                    .get(&server)
-                    .map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
+                let bound = gatehouse.tool_files.mcp.get(&server).map_or(std::time::Duration::from_secs(20), |s| s.discovery.timeout);
                 if let Err(e) = mcp.wait_connected(&server, bound).await {
                     tracing::warn!(mcp.server = %server, error = %e, "MCP server not connected; the call will say so");
                 }
@@ -80,16 +69,9 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 correlation_id: uuid::Uuid::new_v4().to_string(),
                 approved: None,
             };
-            let call = ToolCall {
-                name: c.name.clone(),
-                args,
-            };
+            let call = ToolCall { name: c.name.clone(), args };
             // A call that needs an owner becomes an approval request instead of failing.
-            if let Ok(Checked {
-                needs_approval: Some(_),
-                ..
-            }) = checkpoint.check(&call, &ctx)
-            {
+            if let Ok(Checked { needs_approval: Some(_), .. }) = checkpoint.check(&call, &ctx) {
                 let who = Requester {
                     actor: ctx.actor,
                     channel: CONSOLE.into(),
@@ -104,14 +86,8 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 mcp.shutdown().await;
                 gatehouse.db.close().await;
                 let r = requested.map_err(|e| Failure::runtime(e))?;
-                println!(
-                    "{}",
-                    serde_json::json!({ "approval": { "id": r.id, "state": "pending", "reused": r.reused, "expires_at": r.expires_at } })
-                );
-                eprintln!(
-                    "{} needs an owner's approval: run `gatehouse approvals approve {}` (or use the console's Approvals page)",
-                    c.name, r.id
-                );
+                println!("{}", serde_json::json!({ "approval": { "id": r.id, "state": "pending", "reused": r.reused, "expires_at": r.expires_at } }));
+                eprintln!("{} needs an owner's approval: run `gatehouse approvals approve {}` (or use the console's Approvals page)", c.name, r.id);
                 return Ok(());
             }
             let result = checkpoint.execute(call, &ctx).await;
@@ -125,14 +101,8 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                     Ok(())
                 }
                 Err(f) => {
-                    println!(
-                        "{}",
-                        serde_json::json!({ "error": { "code": f.code, "message": f.message } })
-                    );
-                    Err(Failure {
-                        code: 1,
-                        message: format!("{}: {}", f.code, f.message),
-                    })
+                    println!("{}", serde_json::json!({ "error": { "code": f.code, "message": f.message } }));
+                    Err(Failure { code: 1, message: format!("{}: {}", f.code, f.message) })
                 }
             }
         }
@@ -144,27 +114,11 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
     let gatehouse = build(cfg, files).await?;
     let (mcp, servers) = (&gatehouse.mcp, &gatehouse.tool_files.mcp);
     let fail = |e: McpError| match e {
-        McpError::UnknownServer(_) | McpError::UnknownTool(_) | McpError::DefinitionChanged(_) => {
-            Failure::usage(e.to_string())
-        }
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) | McpError::DefinitionChanged(_) => Failure::usage(e.to_string()),
         other => Failure::runtime(other),
     };
-    let cli_owner = AuditActor {
-        owner_id: None,
-        login: Some("cli".into()),
-        ip: None,
-    };
-    let when = |ms: Option<i64>| {
-        ms.map_or_else(
-            || "never".to_string(),
-            |ms| {
-                humantime::format_rfc3339_seconds(
-                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64),
-                )
-                .to_string()
-            },
-        )
-    };
+    let cli_owner = AuditActor { owner_id: None, login: Some("cli".into()), ip: None };
+    let when = |ms: Option<i64>| ms.map_or_else(|| "never".to_string(), |ms| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64)).to_string());
     let result = async {
         match cmd {
             McpCommand::List => {
@@ -249,41 +203,26 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
 /// `--hash` binds the decision to the definition the owner looked at (`mcp tools` shows it);
 /// without it, the current definition is decided on and its hash printed.
 fn reviewed(hash: &Option<String>) -> Reviewed<'_> {
-    hash.as_deref()
-        .map_or(Reviewed::Current, Reviewed::Definition)
+    hash.as_deref().map_or(Reviewed::Current, Reviewed::Definition)
 }
 
 /// `gatehouse lane detect`: the detection the server would make, over the catalog it would use
 /// (the tool files and the MCP tools last discovered), replayable with recorded contexts.
-pub async fn lane_detect(
-    cfg: LoadedConfig,
-    files: ToolFiles,
-    args: &LaneDetect,
-) -> Result<(), Failure> {
+pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect) -> Result<(), Failure> {
     use server::lane::{
         detector::{Index, RecentContext},
         tool_docs,
     };
     let recent: Vec<RecentContext> = match &args.context {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
-            serde_json::from_str(&text).map_err(|e| {
-                Failure::usage(format!(
-                    "{} is not a JSON array of tool contexts: {e}",
-                    path.display()
-                ))
-            })?
+            let text = std::fs::read_to_string(path).map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
+            serde_json::from_str(&text).map_err(|e| Failure::usage(format!("{} is not a JSON array of tool contexts: {e}", path.display())))?
         }
         None => Vec::new(),
     };
     let settings = cfg.settings.lane.detector.clone();
     let gatehouse = build(cfg, files).await?;
-    gatehouse
-        .mcp
-        .load_cached()
-        .await
-        .map_err(Failure::runtime)?;
+    gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
     let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
     let actor = match args.actor {
         ActorArg::Owner => Role::Owner,
@@ -295,9 +234,6 @@ pub async fn lane_detect(
     };
     let detection = index.detect(&args.text, actor, chat, &recent);
     gatehouse.db.close().await;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?
-    );
+    println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
     Ok(())
 }

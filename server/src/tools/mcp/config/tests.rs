@@ -41,27 +41,17 @@ fn loads_both_transports_with_defaults() {
     let everything = cfg.get("everything").expect("server");
     assert_eq!(everything.trust, Trust::Trusted);
     assert_eq!(everything.discovery.max_pages, 4);
-    assert_eq!(
-        everything.discovery.max_description_chars, 1_000,
-        "unset limits keep their defaults"
-    );
+    assert_eq!(everything.discovery.max_description_chars, 1_000, "unset limits keep their defaults");
     assert!(everything.takes("get-sum") && everything.takes("echo"));
     assert!(!everything.takes("get-env"), "deny wins over allow");
     assert!(!everything.takes("toggle-simulated-logging"), "not allowed");
     let remote = cfg.get("remote").expect("server");
-    assert_eq!(
-        remote.trust,
-        Trust::Untrusted,
-        "untrusted unless said otherwise"
-    );
+    assert_eq!(remote.trust, Trust::Untrusted, "untrusted unless said otherwise");
     assert_eq!(remote.default_audience, Audience::OwnerOnly);
     assert_eq!(remote.approval, Approval::Ask);
     assert_eq!(remote.transport.kind(), "http");
-    let Transport::Http { headers, .. } = &remote.transport else {
-        panic!("http")
-    };
-    let resolved =
-        headers["Authorization"].resolve(&|v| (v == "REMOTE_TOKEN").then(|| "t0ken".into()));
+    let Transport::Http { headers, .. } = &remote.transport else { panic!("http") };
+    let resolved = headers["Authorization"].resolve(&|v| (v == "REMOTE_TOKEN").then(|| "t0ken".into()));
     assert_eq!(resolved.as_deref(), Some("Bearer t0ken"));
 }
 
@@ -76,33 +66,18 @@ fn reports_every_problem_with_file_and_key() {
     let problems = load_text(&text, &[]).expect_err("invalid");
     let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
     let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-    assert!(
-        has("server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN"),
-        "{shown:#?}"
-    );
-    assert!(
-        has("server[1] (remote).transport: needs the environment variable REMOTE_TOKEN"),
-        "{shown:#?}"
-    );
+    assert!(has("server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN"), "{shown:#?}");
+    assert!(has("server[1] (remote).transport: needs the environment variable REMOTE_TOKEN"), "{shown:#?}");
     assert!(has("server[2] (Bad_Id).id: must be 1 to 24"), "{shown:#?}");
     assert!(has("server[2] (Bad_Id).max_tools"), "{shown:#?}");
     assert!(has("server[2] (Bad_Id).call_timeout"), "{shown:#?}");
-    assert!(
-        has("server[2] (Bad_Id).destructive_needs_approval: only a trusted server"),
-        "{shown:#?}"
-    );
+    assert!(has("server[2] (Bad_Id).destructive_needs_approval: only a trusted server"), "{shown:#?}");
     assert!(has("server[2] (Bad_Id).transport.url"), "{shown:#?}");
     assert!(has("server[2] (Bad_Id).transport.headers"), "{shown:#?}");
-    assert!(
-        has("server[3] (remote).id: \"remote\" is used by more than one server"),
-        "{shown:#?}"
-    );
+    assert!(has("server[3] (remote).id: \"remote\" is used by more than one server"), "{shown:#?}");
     assert!(has("server[3] (remote).transport.command"), "{shown:#?}");
     assert!(has("server[3] (remote).transport.env"), "{shown:#?}");
-    assert!(
-        has("server[4] (typo)") && (has("sure") || has("retries")),
-        "{shown:#?}"
-    );
+    assert!(has("server[4] (typo)") && (has("sure") || has("retries")), "{shown:#?}");
     assert!(problems.iter().all(|p| p.source.ends_with("mcp.toml")));
 }
 
@@ -112,19 +87,12 @@ fn unknown_transport_keys_are_refused() {
     let problems = load_text(text, &[]).expect_err("invalid");
     assert!(problems[0].to_string().contains("url"), "{problems:?}");
     let text = "[[server]]\nid = \"x\"\n[server.transport]\ntype = \"sse\"\nurl = \"http://a\"\n";
-    assert!(
-        load_text(text, &[]).is_err(),
-        "the legacy SSE transport is not offered"
-    );
+    assert!(load_text(text, &[]).is_err(), "the legacy SSE transport is not offered");
 }
 
 #[test]
 fn disabled_servers_need_no_secrets() {
-    let cfg = load_text(
-        &GOOD.replace("id = \"remote\"", "id = \"remote\"\nenabled = false"),
-        &["EVERYTHING_TOKEN"],
-    )
-    .expect("valid");
+    let cfg = load_text(&GOOD.replace("id = \"remote\"", "id = \"remote\"\nenabled = false"), &["EVERYTHING_TOKEN"]).expect("valid");
     assert!(!cfg.get("remote").expect("server").enabled);
 }
 
@@ -132,31 +100,18 @@ fn disabled_servers_need_no_secrets() {
 fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/mcp.toml"));
     let shipped = load(path, &|_| false).expect("shipped mcp.toml loads");
-    assert!(
-        shipped.servers.is_empty(),
-        "no server is enabled by default"
-    );
+    assert!(shipped.servers.is_empty(), "no server is enabled by default");
     // The commented examples, uncommented, are a valid file.
     let text = std::fs::read_to_string(path).expect("read");
     let examples: String = text
         .lines()
         .skip_while(|l| !l.starts_with("# Examples"))
         .skip(1)
-        .map(|l| {
-            l.strip_prefix("# ")
-                .or_else(|| l.strip_prefix('#'))
-                .unwrap_or(l)
-        })
+        .map(|l| l.strip_prefix("# ").or_else(|| l.strip_prefix('#')).unwrap_or(l))
         .collect::<Vec<_>>()
         .join("\n");
     let cfg = load_text(&examples, &["NOTES_MCP_TOKEN"]).expect("examples are valid");
-    assert_eq!(
-        cfg.servers
-            .iter()
-            .map(|s| s.id.as_str())
-            .collect::<Vec<_>>(),
-        ["time", "notes", "crm"]
-    );
+    assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes", "crm"]);
     assert!(cfg.servers.iter().all(|s| !s.enabled));
 }
 
@@ -182,23 +137,11 @@ url = "https://crm.example/mcp"
 "#;
     let cfg = load_text(good, &["CRM_CLIENT_SECRET", TOKEN_KEY_VAR]).expect("valid");
     let crm = cfg.get("crm").expect("crm");
-    assert_eq!(
-        (crm.auth, crm.oauth.client_id.as_deref()),
-        (AuthMode::Oauth, Some("gatehouse"))
-    );
-    assert_eq!(
-        crm.elicitation,
-        ElicitationPolicy::Decline,
-        "elicitation is declined unless said otherwise"
-    );
+    assert_eq!((crm.auth, crm.oauth.client_id.as_deref()), (AuthMode::Oauth, Some("gatehouse")));
+    assert_eq!(crm.elicitation, ElicitationPolicy::Decline, "elicitation is declined unless said otherwise");
 
     let problems = load_text(good, &["CRM_CLIENT_SECRET"]).expect_err("the key is missing");
-    assert!(
-        problems
-            .iter()
-            .any(|p| p.to_string().contains(TOKEN_KEY_VAR)),
-        "{problems:?}"
-    );
+    assert!(problems.iter().any(|p| p.to_string().contains(TOKEN_KEY_VAR)), "{problems:?}");
 
     let bad = r#"
 [[server]]
@@ -224,23 +167,8 @@ elicitation = "ask_the_customer"
 type = "http"
 url = "https://b.example/mcp"
 "#;
-    let text = load_text(bad, &[TOKEN_KEY_VAR])
-        .expect_err("problems")
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n");
-    for expected in [
-        "auth",
-        "needs an http transport",
-        "oauth.client_secret",
-        "never written in the file",
-        "oauth.scopes",
-        "elicitation",
-    ] {
-        assert!(
-            text.contains(expected),
-            "{expected:?} missing from:\n{text}"
-        );
+    let text = load_text(bad, &[TOKEN_KEY_VAR]).expect_err("problems").iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    for expected in ["auth", "needs an http transport", "oauth.client_secret", "never written in the file", "oauth.scopes", "elicitation"] {
+        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
     }
 }

@@ -11,10 +11,7 @@ use rmcp::{
     model::ClientJsonRpcMessage,
     transport::{
         auth::AuthError,
-        streamable_http_client::{
-            SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
-            StreamableHttpResponseLimits,
-        },
+        streamable_http_client::{SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse, StreamableHttpResponseLimits},
     },
 };
 use sse_stream::Sse;
@@ -33,9 +30,7 @@ pub struct OAuthHttp {
 
 impl std::fmt::Debug for OAuthHttp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OAuthHttp")
-            .field("server", &self.tokens.server())
-            .finish_non_exhaustive()
+        f.debug_struct("OAuthHttp").field("server", &self.tokens.server()).finish_non_exhaustive()
     }
 }
 
@@ -62,9 +57,7 @@ impl OAuthHttp {
         };
         match outcome {
             Err(StreamableHttpError::AuthRequired(challenge)) => {
-                self.tokens
-                    .needs_login("the server refuses the token even after a refresh; log in again")
-                    .await;
+                self.tokens.needs_login("the server refuses the token even after a refresh; log in again").await;
                 Err(StreamableHttpError::AuthRequired(challenge))
             }
             Err(StreamableHttpError::InsufficientScope(e)) => {
@@ -87,16 +80,7 @@ impl StreamableHttpClient for OAuthHttp {
         _auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.with_token(|token| {
-            self.http.post_message(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                Some(token),
-                custom_headers.clone(),
-            )
-        })
-        .await
+        self.with_token(|token| self.http.post_message(uri.clone(), message.clone(), session_id.clone(), Some(token), custom_headers.clone())).await
     }
 
     async fn post_message_with_response_limits(
@@ -109,34 +93,13 @@ impl StreamableHttpClient for OAuthHttp {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         self.with_token(|token| {
-            self.http.post_message_with_response_limits(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                Some(token),
-                custom_headers.clone(),
-                limits,
-            )
+            self.http.post_message_with_response_limits(uri.clone(), message.clone(), session_id.clone(), Some(token), custom_headers.clone(), limits)
         })
         .await
     }
 
-    async fn delete_session(
-        &self,
-        uri: Arc<str>,
-        session_id: Arc<str>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<(), HttpError> {
-        self.with_token(|token| {
-            self.http.delete_session(
-                uri.clone(),
-                session_id.clone(),
-                Some(token),
-                custom_headers.clone(),
-            )
-        })
-        .await
+    async fn delete_session(&self, uri: Arc<str>, session_id: Arc<str>, _auth_header: Option<String>, custom_headers: HashMap<HeaderName, HeaderValue>) -> Result<(), HttpError> {
+        self.with_token(|token| self.http.delete_session(uri.clone(), session_id.clone(), Some(token), custom_headers.clone())).await
     }
 
     async fn get_stream(
@@ -147,16 +110,7 @@ impl StreamableHttpClient for OAuthHttp {
         _auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.with_token(|token| {
-            self.http.get_stream(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                Some(token),
-                custom_headers.clone(),
-            )
-        })
-        .await
+        self.with_token(|token| self.http.get_stream(uri.clone(), session_id.clone(), last_event_id.clone(), Some(token), custom_headers.clone())).await
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -169,14 +123,7 @@ impl StreamableHttpClient for OAuthHttp {
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
         self.with_token(|token| {
-            self.http.get_stream_with_max_sse_event_size(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                Some(token),
-                custom_headers.clone(),
-                max_sse_event_size,
-            )
+            self.http.get_stream_with_max_sse_event_size(uri.clone(), session_id.clone(), last_event_id.clone(), Some(token), custom_headers.clone(), max_sse_event_size)
         })
         .await
     }

@@ -12,10 +12,7 @@ mod tokens;
 
 use std::time::{Duration, Instant};
 
-use rmcp::transport::auth::{
-    AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession, CredentialStore,
-    InMemoryCredentialStore, OAuthClientConfig,
-};
+use rmcp::transport::auth::{AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession, CredentialStore, InMemoryCredentialStore, OAuthClientConfig};
 
 pub use self::{
     http::OAuthHttp,
@@ -29,12 +26,9 @@ use crate::{
 };
 
 /// Told (and awaited) when a server's token is gone, with the reason.
-pub type NeedsLoginHook =
-    Box<dyn Fn(String) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+pub type NeedsLoginHook = Box<dyn Fn(String) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 /// Told (and awaited) when a server asks for more scope, with the scope it named.
-pub type StepUpHook = std::sync::Arc<
-    dyn Fn(Option<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync,
->;
+pub type StepUpHook = std::sync::Arc<dyn Fn(Option<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// How long an owner has to finish a login in the browser.
 pub const LOGIN_TTL: Duration = Duration::from_secs(600);
@@ -46,9 +40,7 @@ const CLIENT_NAME: &str = "Gatehouse";
 /// An OAuth failure with a stable code; the message holds no token.
 #[derive(Debug, thiserror::Error)]
 pub enum OAuthError {
-    #[error(
-        "MCP_NOT_OAUTH: the MCP server {0} does not use OAuth (set auth = \"oauth\" in mcp.toml)"
-    )]
+    #[error("MCP_NOT_OAUTH: the MCP server {0} does not use OAuth (set auth = \"oauth\" in mcp.toml)")]
     NotOAuth(String),
     #[error(transparent)]
     Seal(#[from] SealError),
@@ -117,10 +109,7 @@ pub struct PendingLogin {
 
 impl std::fmt::Debug for PendingLogin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PendingLogin")
-            .field("server", &self.server)
-            .field("owner_id", &self.owner_id)
-            .finish_non_exhaustive()
+        f.debug_struct("PendingLogin").field("server", &self.server).field("owner_id", &self.owner_id).finish_non_exhaustive()
     }
 }
 
@@ -131,61 +120,32 @@ async fn probe(url: &str) -> Option<String> {
         "jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": { "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": { "name": "gatehouse", "version": env!("CARGO_PKG_VERSION") } }
     });
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(15))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .ok()?;
-    let response = client
-        .post(url)
-        .header("accept", "application/json, text/event-stream")
-        .json(&body)
-        .send()
-        .await
-        .ok()?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(15)).redirect(reqwest::redirect::Policy::none()).build().ok()?;
+    let response = client.post(url).header("accept", "application/json, text/event-stream").json(&body).send().await.ok()?;
     if response.status() != reqwest::StatusCode::UNAUTHORIZED {
         return None;
     }
-    response
-        .headers()
-        .get(::http::header::WWW_AUTHENTICATE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+    response.headers().get(::http::header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
 /// Starts a login: discovery, the client (configured or registered), and the authorization URL
 /// (with PKCE and a fresh state) for the owner's browser. Returns the state and the login.
-pub async fn begin(
-    cfg: &ServerConfig,
-    db: &Db,
-    secrets: &SecretSource,
-    redirect_uri: &str,
-    owner_id: Option<i64>,
-) -> Result<(String, PendingLogin), OAuthError> {
+pub async fn begin(cfg: &ServerConfig, db: &Db, secrets: &SecretSource, redirect_uri: &str, owner_id: Option<i64>) -> Result<(String, PendingLogin), OAuthError> {
     let url = oauth_url(cfg)?;
     sealer(secrets)?;
     let discovery = |e: AuthError| OAuthError::Discovery(describe(&e));
     let mut manager = AuthorizationManager::new(url).await.map_err(discovery)?;
     let challenge = probe(url).await;
-    let resolution = manager
-        .resolve_metadata_from_challenge(challenge.as_deref())
-        .await
-        .map_err(discovery)?;
+    let resolution = manager.resolve_metadata_from_challenge(challenge.as_deref()).await.map_err(discovery)?;
     let metadata = serde_json::to_string(&resolution.metadata).unwrap_or_default();
     manager.set_metadata(resolution.metadata);
 
     // A step-up: the server asked for more than the last grant.
     let required = {
         let mut conn = db.pool.acquire().await.map_err(DbError::from)?;
-        mcp_oauth::get(&mut conn, &cfg.id)
-            .await?
-            .and_then(|r| r.required_scope)
+        mcp_oauth::get(&mut conn, &cfg.id).await?.and_then(|r| r.required_scope)
     };
-    let mut scopes = if cfg.oauth.scopes.is_empty() {
-        manager.select_initial_scopes(&[]).await
-    } else {
-        cfg.oauth.scopes.clone()
-    };
+    let mut scopes = if cfg.oauth.scopes.is_empty() { manager.select_initial_scopes(&[]).await } else { cfg.oauth.scopes.clone() };
     for scope in required.iter().flat_map(|r| r.split_whitespace()) {
         if !scopes.iter().any(|s| s == scope) {
             scopes.push(scope.to_string());
@@ -193,39 +153,22 @@ pub async fn begin(
     }
     let scope_refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
     let (client_id, client_secret) = match &cfg.oauth.client_id {
-        Some(id) => (
-            id.clone(),
-            cfg.oauth
-                .client_secret
-                .as_ref()
-                .and_then(|v| v.resolve(&|var| secrets.get(var))),
-        ),
+        Some(id) => (id.clone(), cfg.oauth.client_secret.as_ref().and_then(|v| v.resolve(&|var| secrets.get(var)))),
         None => {
-            let registered = manager
-                .register_client(CLIENT_NAME, redirect_uri, &scope_refs)
-                .await
-                .map_err(|e| OAuthError::Registration(describe(&e)))?;
+            let registered = manager.register_client(CLIENT_NAME, redirect_uri, &scope_refs).await.map_err(|e| OAuthError::Registration(describe(&e)))?;
             (registered.client_id, registered.client_secret)
         }
     };
     let credentials = InMemoryCredentialStore::new();
     manager.set_credential_store(credentials.clone());
-    let mut request = AuthorizationRequest::new(redirect_uri)
-        .with_preregistered_client(client_id.clone())
-        .with_scopes(scopes);
+    let mut request = AuthorizationRequest::new(redirect_uri).with_preregistered_client(client_id.clone()).with_scopes(scopes);
     if let Some(secret) = &client_secret {
         request = request.with_client_secret(secret.clone());
     }
-    let session = AuthorizationSession::new(manager, request)
-        .await
-        .map_err(|(_, e)| discovery(e))?;
+    let session = AuthorizationSession::new(manager, request).await.map_err(|(_, e)| discovery(e))?;
     let state = url::Url::parse(session.get_authorization_url())
         .ok()
-        .and_then(|u| {
-            u.query_pairs()
-                .find(|(k, _)| k == "state")
-                .map(|(_, v)| v.into_owned())
-        })
+        .and_then(|u| u.query_pairs().find(|(k, _)| k == "state").map(|(_, v)| v.into_owned()))
         .ok_or_else(|| OAuthError::Discovery("the authorization URL has no state".into()))?;
     let login = PendingLogin {
         server: cfg.id.clone(),
@@ -247,32 +190,13 @@ impl PendingLogin {
     }
 
     /// Exchanges the code (with the PKCE verifier) and stores the client and tokens, sealed.
-    pub async fn finish(
-        self,
-        db: &Db,
-        secrets: &SecretSource,
-        code: &str,
-        state: &str,
-        issuer: Option<&str>,
-    ) -> Result<(), OAuthError> {
+    pub async fn finish(self, db: &Db, secrets: &SecretSource, code: &str, state: &str, issuer: Option<&str>) -> Result<(), OAuthError> {
         let sealer = sealer(secrets)?;
-        self.session
-            .handle_callback_with_issuer(code, state, issuer)
-            .await
-            .map_err(|e| OAuthError::Denied(describe(&e)))?;
-        let stored = self
-            .credentials
-            .load()
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| OAuthError::Denied("no token came back".into()))?;
+        self.session.handle_callback_with_issuer(code, state, issuer).await.map_err(|e| OAuthError::Denied(describe(&e)))?;
+        let stored = self.credentials.load().await.ok().flatten().ok_or_else(|| OAuthError::Denied("no token came back".into()))?;
         let json = serde_json::to_string(&stored).map_err(|e| OAuthError::Denied(e.to_string()))?;
         let sealed = sealer.seal(&self.server, &json);
-        let secret = self
-            .client_secret
-            .as_deref()
-            .map(|s| sealer.seal(&self.server, s));
+        let secret = self.client_secret.as_deref().map(|s| sealer.seal(&self.server, s));
         let mut tx = db.begin_write().await.map_err(DbError::from)?;
         db::mcp_oauth::connect(
             &mut tx,
@@ -303,59 +227,26 @@ pub async fn token_source(
     let url = oauth_url(cfg).map_err(|e| TokenError::NeedsLogin(e.to_string()))?;
     let sealer = sealer(secrets).map_err(|e| TokenError::NeedsLogin(e.to_string()))?;
     let row = {
-        let mut conn = db
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| TokenError::Transient(e.to_string()))?;
-        mcp_oauth::get(&mut conn, &cfg.id)
-            .await
-            .map_err(|e| TokenError::Transient(e.to_string()))?
+        let mut conn = db.pool.acquire().await.map_err(|e| TokenError::Transient(e.to_string()))?;
+        mcp_oauth::get(&mut conn, &cfg.id).await.map_err(|e| TokenError::Transient(e.to_string()))?
     };
-    let login_hint = format!(
-        "connect it from the console's MCP servers page or run `gatehouse mcp login {}`",
-        cfg.id
-    );
-    let Some(row) = row else {
-        return Err(TokenError::NeedsLogin(format!(
-            "not logged in yet: {login_hint}"
-        )));
-    };
+    let login_hint = format!("connect it from the console's MCP servers page or run `gatehouse mcp login {}`", cfg.id);
+    let Some(row) = row else { return Err(TokenError::NeedsLogin(format!("not logged in yet: {login_hint}"))) };
     if row.state != mcp_oauth::state::CONNECTED || row.credentials.is_none() {
         let why = row.reason.unwrap_or_else(|| "not logged in".into());
         return Err(TokenError::NeedsLogin(format!("{why}: {login_hint}")));
     }
     if row.resource != url {
-        return Err(TokenError::NeedsLogin(format!(
-            "the server's URL changed since the login: {login_hint}"
-        )));
+        return Err(TokenError::NeedsLogin(format!("the server's URL changed since the login: {login_hint}")));
     }
-    let mut manager = AuthorizationManager::new(url)
-        .await
-        .map_err(|e| TokenError::Transient(describe(&e)))?;
-    manager.set_metadata(serde_json::from_str(&row.metadata).map_err(|e| {
-        TokenError::NeedsLogin(format!("stored metadata unreadable ({e}): {login_hint}"))
-    })?);
+    let mut manager = AuthorizationManager::new(url).await.map_err(|e| TokenError::Transient(describe(&e)))?;
+    manager.set_metadata(serde_json::from_str(&row.metadata).map_err(|e| TokenError::NeedsLogin(format!("stored metadata unreadable ({e}): {login_hint}")))?);
     let mut client = OAuthClientConfig::new(row.client_id, redirect_uri);
     if let Some(sealed) = &row.client_secret {
-        client = client.with_client_secret(
-            sealer
-                .open(&cfg.id, sealed)
-                .map_err(|e| TokenError::NeedsLogin(e.to_string()))?,
-        );
+        client = client.with_client_secret(sealer.open(&cfg.id, sealed).map_err(|e| TokenError::NeedsLogin(e.to_string()))?);
     }
-    manager
-        .configure_client(client)
-        .map_err(|e| TokenError::NeedsLogin(describe(&e)))?;
-    let store = tokens::DbCredentials {
-        db: db.clone(),
-        server: cfg.id.clone(),
-        sealer,
-    };
+    manager.configure_client(client).map_err(|e| TokenError::NeedsLogin(describe(&e)))?;
+    let store = tokens::DbCredentials { db: db.clone(), server: cfg.id.clone(), sealer };
     manager.set_credential_store(store.clone());
-    Ok(TokenSource {
-        store: std::sync::Arc::new(store),
-        manager,
-        on_needs_login,
-    })
+    Ok(TokenSource { store: std::sync::Arc::new(store), manager, on_needs_login })
 }

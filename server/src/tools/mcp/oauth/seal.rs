@@ -25,14 +25,10 @@ impl std::fmt::Debug for Sealer {
 pub enum SealError {
     #[error("MCP_TOKEN_KEY_MISSING: set {TOKEN_KEY_VAR} (64 hex digits) to use OAuth MCP servers")]
     Missing,
-    #[error(
-        "MCP_TOKEN_KEY_INVALID: {TOKEN_KEY_VAR} must be 64 hex digits (32 bytes), for example from `openssl rand -hex 32`"
-    )]
+    #[error("MCP_TOKEN_KEY_INVALID: {TOKEN_KEY_VAR} must be 64 hex digits (32 bytes), for example from `openssl rand -hex 32`")]
     Invalid,
     /// Wrong key (it changed since the value was sealed), or the value was altered.
-    #[error(
-        "MCP_TOKEN_UNREADABLE: a stored token cannot be opened with {TOKEN_KEY_VAR} (was the key changed?); log in again"
-    )]
+    #[error("MCP_TOKEN_UNREADABLE: a stored token cannot be opened with {TOKEN_KEY_VAR} (was the key changed?); log in again")]
     Unreadable,
 }
 
@@ -51,16 +47,7 @@ impl Sealer {
         let nonce_bytes: [u8; 24] = rand::random();
         let nonce = XNonce::from_slice(&nonce_bytes);
         // Encryption with a valid key and nonce cannot fail for inputs this size.
-        let sealed = self
-            .0
-            .encrypt(
-                nonce,
-                Payload {
-                    msg: plain.as_bytes(),
-                    aad: server.as_bytes(),
-                },
-            )
-            .unwrap_or_default();
+        let sealed = self.0.encrypt(nonce, Payload { msg: plain.as_bytes(), aad: server.as_bytes() }).unwrap_or_default();
         let mut out = hex::encode(nonce_bytes);
         out.push_str(&hex::encode(sealed));
         out
@@ -72,16 +59,7 @@ impl Sealer {
             return Err(SealError::Unreadable);
         }
         let (nonce, body) = bytes.split_at(24);
-        let plain = self
-            .0
-            .decrypt(
-                XNonce::from_slice(nonce),
-                Payload {
-                    msg: body,
-                    aad: server.as_bytes(),
-                },
-            )
-            .map_err(|_| SealError::Unreadable)?;
+        let plain = self.0.decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: server.as_bytes() }).map_err(|_| SealError::Unreadable)?;
         String::from_utf8(plain).map_err(|_| SealError::Unreadable)
     }
 }
@@ -96,31 +74,14 @@ mod tests {
     fn sealed_values_open_only_with_the_key_and_the_server() {
         let sealer = Sealer::from_hex(Some(KEY)).expect("key");
         let sealed = sealer.seal("crm", "access-token-value");
-        assert!(
-            !sealed.contains("access-token-value")
-                && !sealed.contains(&hex::encode("access-token-value"))
-        );
-        assert_ne!(
-            sealed,
-            sealer.seal("crm", "access-token-value"),
-            "a fresh nonce each time"
-        );
-        assert_eq!(
-            sealer.open("crm", &sealed).as_deref(),
-            Ok("access-token-value")
-        );
-        assert_eq!(
-            sealer.open("docs", &sealed),
-            Err(SealError::Unreadable),
-            "bound to its server"
-        );
+        assert!(!sealed.contains("access-token-value") && !sealed.contains(&hex::encode("access-token-value")));
+        assert_ne!(sealed, sealer.seal("crm", "access-token-value"), "a fresh nonce each time");
+        assert_eq!(sealer.open("crm", &sealed).as_deref(), Ok("access-token-value"));
+        assert_eq!(sealer.open("docs", &sealed), Err(SealError::Unreadable), "bound to its server");
         let other = Sealer::from_hex(Some(&KEY.replace("00", "ff"))).expect("key");
         assert_eq!(other.open("crm", &sealed), Err(SealError::Unreadable));
         assert_eq!(Sealer::from_hex(None).err(), Some(SealError::Missing));
-        assert_eq!(
-            Sealer::from_hex(Some("abc")).err(),
-            Some(SealError::Invalid)
-        );
+        assert_eq!(Sealer::from_hex(Some("abc")).err(), Some(SealError::Invalid));
         assert!(!format!("{sealer:?}").contains(KEY));
     }
 }

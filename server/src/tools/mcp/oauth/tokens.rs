@@ -32,18 +32,9 @@ fn store_error(e: impl std::fmt::Display) -> AuthError {
 
 impl DbCredentials {
     async fn read(&self) -> Result<Option<StoredCredentials>, OAuthError> {
-        let mut conn = self
-            .db
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| OAuthError::Db(e.into()))?;
-        let Some(row) = mcp_oauth::get(&mut conn, &self.server).await? else {
-            return Ok(None);
-        };
-        let Some(sealed) = row.credentials else {
-            return Ok(None);
-        };
+        let mut conn = self.db.pool.acquire().await.map_err(|e| OAuthError::Db(e.into()))?;
+        let Some(row) = mcp_oauth::get(&mut conn, &self.server).await? else { return Ok(None) };
+        let Some(sealed) = row.credentials else { return Ok(None) };
         let plain = self.sealer.open(&self.server, &sealed)?;
         Ok(serde_json::from_str(&plain).ok())
     }
@@ -60,16 +51,12 @@ impl CredentialStore for DbCredentials {
         let json = serde_json::to_string(&credentials).map_err(store_error)?;
         let sealed = self.sealer.seal(&self.server, &json);
         let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
-        mcp_oauth::save_credentials(&mut conn, &self.server, &sealed, true)
-            .await
-            .map_err(store_error)
+        mcp_oauth::save_credentials(&mut conn, &self.server, &sealed, true).await.map_err(store_error)
     }
 
     async fn clear(&self) -> Result<(), AuthError> {
         let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
-        mcp_oauth::needs_login(&mut conn, &self.server, "the tokens were cleared", None)
-            .await
-            .map_err(store_error)?;
+        mcp_oauth::needs_login(&mut conn, &self.server, "the tokens were cleared", None).await.map_err(store_error)?;
         Ok(())
     }
 }
@@ -95,16 +82,12 @@ pub struct TokenSource {
 
 impl std::fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenSource")
-            .field("server", &self.store.server)
-            .finish_non_exhaustive()
+        f.debug_struct("TokenSource").field("server", &self.store.server).finish_non_exhaustive()
     }
 }
 
 fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// The access token, and whether it should be refreshed now.
@@ -186,11 +169,7 @@ impl TokenSource {
         match waited {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(TokenError::Transient(
-                    "another process is refreshing the token and has not finished".into(),
-                ));
-            }
+            Err(_) => return Err(TokenError::Transient("another process is refreshing the token and has not finished".into())),
         }
         let result = self.refresh_holding_lease(stale).await;
         let released = async {
@@ -206,9 +185,7 @@ impl TokenSource {
 
     async fn refresh_holding_lease(&self, stale: Option<&str>) -> Result<String, TokenError> {
         let current = self.read().await?;
-        let Some((token, due)) = current.as_ref().and_then(token_of) else {
-            return Err(self.needs_login("no token is stored; log in").await);
-        };
+        let Some((token, due)) = current.as_ref().and_then(token_of) else { return Err(self.needs_login("no token is stored; log in").await) };
         if !due && stale != Some(token.as_str()) {
             return Ok(token);
         }
@@ -217,11 +194,9 @@ impl TokenSource {
                 tracing::info!(mcp.server = %self.store.server, "MCP OAuth token refreshed");
                 Ok(response.access_token().secret().clone())
             }
-            Err(AuthError::TokenRefreshRejected(_) | AuthError::AuthorizationRequired) => Err(self
-                .needs_login(
-                    "the authorization server no longer accepts the refresh token; log in again",
-                )
-                .await),
+            Err(AuthError::TokenRefreshRejected(_) | AuthError::AuthorizationRequired) => {
+                Err(self.needs_login("the authorization server no longer accepts the refresh token; log in again").await)
+            }
             Err(e) => Err(TokenError::Transient(super::describe(&e))),
         }
     }
