@@ -18,6 +18,8 @@ pub mod health {
     /// Connected, but discovery or calls fail.
     pub const DEGRADED: &str = "degraded";
     pub const DOWN: &str = "down";
+    /// An OAuth server without a usable token: it waits for an owner to log in.
+    pub const NEEDS_LOGIN: &str = "needs_login";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]

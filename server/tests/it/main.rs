@@ -20,6 +20,8 @@ mod lane_e2e;
 mod llm;
 mod mcp;
 mod mcp_hardening;
+mod mcp_oauth;
+mod mcp_oauth_fake;
 mod migrations;
 mod ops;
 mod procs;
