@@ -357,6 +357,10 @@ pub struct McpServerView {
     pub last_seen_at: Option<i64>,
     pub tool_count: i64,
     pub pending: usize,
+    /// "oauth" when the server is behind OAuth (an owner connects it), else "none".
+    pub auth: String,
+    /// Why an OAuth server needs an owner to log in; its tools are withheld until then.
+    pub needs_login: Option<String>,
     pub tools: Vec<McpToolView>,
 }
 

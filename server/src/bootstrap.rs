@@ -1,6 +1,6 @@
 //! The composition root: every part of Gatehouse is built here, once, in this order:
 //!
-//! config (settings, secrets, tool files) -> database -> job queue -> checkpoint and MCP ->
+//! config (settings, secrets, tool files) -> database -> job queue and event bus -> checkpoint and MCP ->
 //! spend budget -> model (every call recorded and counted against the budget) -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
 //! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
 //! self-improvement cycle -> job registry.
@@ -22,6 +22,7 @@ use crate::{
     conversation::{self, Runtime, RuntimeParts, ToolLane},
     lane,
     db::{Db, DbError},
+    events::Events,
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
     llm::{self, ChatModel},
     repairs::{
@@ -38,6 +39,8 @@ pub struct Gatehouse {
     pub db: Db,
     /// Enqueues jobs and wakes this process's workers.
     pub jobs: JobQueue,
+    /// The live view: typed events for what happens to messages and calls.
+    pub events: Events,
     /// The one checkpoint every tool call passes.
     pub tools: Arc<Checkpoint>,
     /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
@@ -132,6 +135,7 @@ impl Gatehouse {
     pub fn build_with(config: LoadedConfig, tool_files: ToolFiles, db: Db, overrides: Overrides) -> Result<Self, BuildError> {
         let settings = Arc::new(config.settings.clone());
         let jobs = JobQueue::with_settings(db.clone(), &settings.jobs);
+        let events = Events::new(db.clone(), &settings.events);
         let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
         let model = match overrides.model {
             Some(model) => model,
@@ -139,7 +143,7 @@ impl Gatehouse {
         };
         let budget = Arc::new(Budget::new(settings.clone(), db.clone(), jobs.clone()));
         let model = llm::recorded(model, db.clone(), &settings, Some(budget.clone()));
-        let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs)?;
+        let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs, &events)?;
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
         let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
@@ -177,7 +181,7 @@ impl Gatehouse {
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
         registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry })
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, events, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

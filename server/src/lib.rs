@@ -10,6 +10,7 @@ pub mod conversation;
 pub mod db;
 pub mod domain;
 pub mod evals;
+pub mod events;
 pub mod jobs;
 pub mod lane;
 pub mod llm;

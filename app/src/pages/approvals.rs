@@ -1,8 +1,8 @@
 //! The Approvals page: tool calls waiting for an owner, each bound to the exact call (tool
 //! version and arguments, shown with secrets and personal data replaced), with its risk, who
 //! asked, why it waits, its age and trace; Approve and Reject (with an optional reason); and the
-//! latest decisions with how the approved calls ran. Live: it refreshes when the job queue
-//! moves, which every request, decision, expiry and run does.
+//! latest decisions with how the approved calls ran. Live: it refreshes on the events of
+//! approvals and jobs, which every request, decision, expiry and run makes.
 //!
 //! Arguments come from people and models: untrusted text, shown as text, never as markup.
 
@@ -12,8 +12,7 @@ use leptos_meta::Title;
 use crate::{
     api::{DecideApproval, list_approvals},
     dto::ApprovalView,
-    live::{fmt_time, use_live},
-    pages::jobs::JOBS_STREAM,
+    live::{APPROVALS_LIVE, fmt_time, use_live},
 };
 
 /// "42 s", "5 min", "3 h", "2 d".
@@ -33,7 +32,7 @@ fn trace_link(trace_id: Option<i64>) -> impl IntoView + use<> {
 
 #[component]
 pub fn ApprovalsPage() -> impl IntoView {
-    let live = use_live(JOBS_STREAM);
+    let live = use_live(APPROVALS_LIVE);
     let decide = ServerAction::<DecideApproval>::new();
     let page = Resource::new(move || (live.get(), decide.version().get()), |_| list_approvals());
     view! {

@@ -1,7 +1,7 @@
 //! The Conversations page: every chat, WhatsApp and simulated, with its messages, delivery
 //! states and links to traces; and the simulator, which talks to the bot through the same
 //! runtime as WhatsApp (only the transport differs), as any number: an owner's number makes
-//! the sender an owner.
+//! the sender an owner. The list and each chat follow the live events of messages and replies.
 
 use leptos::prelude::*;
 use leptos_meta::Title;
@@ -10,7 +10,7 @@ use leptos_router::hooks::use_params_map;
 use crate::{
     api::{SimulateMessage, get_chat, list_chats},
     dto::ChatView,
-    live::fmt_time,
+    live::{MESSAGES_LIVE, fmt_time, use_live},
 };
 
 /// A customer number for the simulator's first use (a reserved fictional range).
@@ -23,7 +23,8 @@ fn chat_href(c: &ChatView) -> String {
 #[component]
 pub fn ConversationsPage() -> impl IntoView {
     let send = ServerAction::<SimulateMessage>::new();
-    let page = Resource::new(move || send.version().get(), |_| list_chats());
+    let live = use_live(MESSAGES_LIVE);
+    let page = Resource::new(move || (send.version().get(), live.get()), |_| list_chats());
     view! {
         <Title text="Conversations · Gatehouse" />
         <h1>"Conversations"</h1>
@@ -88,7 +89,8 @@ pub fn ChatPage() -> impl IntoView {
     let params = use_params_map();
     let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
     let send = ServerAction::<SimulateMessage>::new();
-    let chat = Resource::new(move || (key.get(), send.version().get()), |((channel, chat), _)| get_chat(channel, chat));
+    let live = use_live(MESSAGES_LIVE);
+    let chat = Resource::new(move || (key.get(), send.version().get(), live.get()), |((channel, chat), ..)| get_chat(channel, chat));
     view! {
         <Title text="Chat · Gatehouse" />
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>

@@ -95,7 +95,12 @@ fn spend(i: &DashboardInfo) -> impl IntoView + use<> {
 
 /// How a chart's value reads.
 fn value_text(unit: &str, value: i64) -> String {
-    if unit == "usd_micro" { format!("${:.2}", value as f64 / 1_000_000.0) } else { value.to_string() }
+    match unit {
+        "usd_micro" => format!("${:.2}", value as f64 / 1_000_000.0),
+        "ms" if value >= 1000 => format!("{:.1} s", value as f64 / 1000.0),
+        "ms" => format!("{value} ms"),
+        _ => value.to_string(),
+    }
 }
 
 /// The charts, drawn as SVG on the server: they show without wasm and scale to a phone.

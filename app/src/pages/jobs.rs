@@ -8,11 +8,8 @@ use leptos_router::hooks::{use_params_map, use_query_map};
 use crate::{
     api::{CancelJob, RetryJob, get_job, list_jobs},
     dto::{JobQuery, JobSummary},
-    live::{fmt_time, use_live},
+    live::{JOBS_LIVE, fmt_time, use_live},
 };
-
-/// The SSE endpoint that announces job changes.
-pub const JOBS_STREAM: &str = "/api/jobs/stream";
 
 const STATES: [&str; 8] = ["available", "scheduled", "running", "retryable", "completed", "cancelled", "discarded", "pending"];
 
@@ -48,7 +45,7 @@ pub fn JobsPage() -> impl IntoView {
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
-    let live = use_live(JOBS_STREAM);
+    let live = use_live(JOBS_LIVE);
     let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before));
     view! {
         <Title text="Jobs · Gatehouse" />
@@ -114,7 +111,7 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
 pub fn JobDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
-    let live = use_live(JOBS_STREAM);
+    let live = use_live(JOBS_LIVE);
     let retry = ServerAction::<RetryJob>::new();
     let cancel = ServerAction::<CancelJob>::new();
     let detail = Resource::new(

@@ -14,12 +14,17 @@ use crate::{
     live::{fmt_time, use_live},
 };
 
+/// Where the Connect button of an OAuth server posts (the server redirects to its
+/// authorization server; the login comes back to the console under the owner's session).
+pub const OAUTH_START: &str = "/mcp/oauth/start";
+
 /// The SSE endpoint that announces MCP status changes.
 pub const MCP_STREAM: &str = "/api/mcp/stream";
 
 #[component]
 pub fn McpPage() -> impl IntoView {
     let live = use_live(MCP_STREAM);
+    let query = leptos_router::hooks::use_query_map();
     let toggle = ServerAction::<McpSetEnabled>::new();
     let refresh = ServerAction::<McpRefresh>::new();
     let decide = ServerAction::<McpDecide>::new();
@@ -34,6 +39,12 @@ pub fn McpPage() -> impl IntoView {
         {move || toggle.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {move || decide.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {super::action_notice(refresh.value(), "refresh-result")}
+        {move || {
+            let query = query.get();
+            let connected = query.get("connected").map(|s| view! { <p class="notice" data-testid="oauth-connected">{format!("{s} is connected.")}</p> });
+            let failed = query.get("oauth_error").map(|c| view! { <p class="error" data-testid="oauth-error">{format!("The login did not finish ({c}); see the log, then try Connect again.")}</p> });
+            (connected, failed)
+        }}
         {super::loaded(page, move |p| {
             if p.servers.is_empty() {
                 return view! {
@@ -70,7 +81,21 @@ fn server_card(
                 <tr><th>"Last seen"</th><td>{s.last_seen_at.map(fmt_time).unwrap_or_else(|| "never".into())}</td></tr>
                 {s.last_error.clone().map(|e| view! { <tr><th>"Last error"</th><td class="error" data-testid="last-error">{e}</td></tr> })}
             </tbody></table>
+            {s.needs_login.clone().map(|why| view! {
+                <p class="banner warning" data-testid="needs-login">
+                    <strong>"Needs login: "</strong>"its tools are withheld until an owner connects it. "{why}
+                </p>
+            })}
             <div class="actions">
+                {(s.auth == "oauth" && s.enabled).then(|| view! {
+                    // A plain form: the server answers with a redirect to the authorization server.
+                    <form method="post" action=OAUTH_START>
+                        <input type="hidden" name="server" value=id.clone() />
+                        <button type="submit" data-testid="connect-server">
+                            {if s.needs_login.is_some() { "Connect" } else { "Connect again" }}
+                        </button>
+                    </form>
+                })}
                 <ActionForm action=toggle>
                     <input type="hidden" name="server" value=id.clone() />
                     <input type="hidden" name="enabled" value=if s.enabled { "false" } else { "true" } />

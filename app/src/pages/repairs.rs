@@ -13,13 +13,12 @@ use leptos_meta::Title;
 use crate::{
     api::{DecideRepair, RunRepairCycle, list_repairs},
     dto::{DiffRow, FindingView, RepairView, ReplayRow},
-    live::{fmt_time, use_live},
-    pages::jobs::JOBS_STREAM,
+    live::{JOBS_LIVE, fmt_time, use_live},
 };
 
 #[component]
 pub fn RepairsPage() -> impl IntoView {
-    let live = use_live(JOBS_STREAM);
+    let live = use_live(JOBS_LIVE);
     let decide = ServerAction::<DecideRepair>::new();
     let cycle = ServerAction::<RunRepairCycle>::new();
     let page = Resource::new(move || (live.get(), decide.version().get(), cycle.version().get()), |_| list_repairs());

@@ -1,5 +1,6 @@
 //! The Traces page: every processed message with its route and outcome, filterable by chat,
-//! route, outcome, error code and time; one trace as a timeline of its steps.
+//! route, outcome, error code and time; one trace as a timeline of its steps. Both follow the
+//! live events of messages and approvals.
 
 use leptos::prelude::*;
 use leptos_meta::Title;
@@ -8,7 +9,7 @@ use leptos_router::hooks::{use_params_map, use_query_map};
 use crate::{
     api::{MarkTrace, get_trace, list_traces},
     dto::{TraceDetail, TraceQuery, TraceSummary},
-    live::fmt_time,
+    live::{TRACES_LIVE, fmt_time, use_live},
 };
 
 const ROUTES: [&str; 11] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "over_budget", "unknown_type", "degraded", "ignored", "duplicate"];
@@ -47,7 +48,8 @@ pub fn TracesPage() -> impl IntoView {
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
-    let page = Resource::new(move || query.get(), |q| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
+    let live = use_live(TRACES_LIVE);
+    let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
     view! {
         <Title text="Traces · Gatehouse" />
         <h1>"Traces"</h1>
@@ -108,8 +110,9 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
 pub fn TraceDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
+    let live = use_live(TRACES_LIVE);
     let mark = ServerAction::<MarkTrace>::new();
-    let detail = Resource::new(move || (id.get(), mark.version().get()), |(id, _)| get_trace(id));
+    let detail = Resource::new(move || (id.get(), live.get(), mark.version().get()), |(id, _, _)| get_trace(id));
     view! {
         <Title text="Trace · Gatehouse" />
         <p><a href="/traces">"\u{2190} All traces"</a></p>

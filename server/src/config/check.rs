@@ -165,6 +165,11 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     approvals(settings, &mut need);
     budget(settings, &mut need);
     evals(settings, &mut need);
+    let events = &settings.events;
+    need(events.capacity >= 16, "events.capacity", "must be at least 16".into());
+    need(events.max_streams_per_session >= 1, "events.max_streams_per_session", "must be at least 1".into());
+    need(events.resume_limit >= 1, "events.resume_limit", "must be at least 1".into());
+    need(!events.poll_interval.is_zero(), "events.poll_interval", "must be longer than 0s".into());
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),

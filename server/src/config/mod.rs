@@ -19,6 +19,7 @@ mod jobs;
 pub mod approvals;
 pub mod budget;
 pub mod evals;
+pub mod events;
 pub mod lane;
 mod llm;
 pub mod load;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use evals::EvalSettings;
+pub use events::EventSettings;
 pub use jobs::{JobSettings, JobTimeouts};
 pub use approvals::ApprovalSettings;
 pub use budget::{AtLimit, BudgetSettings};
@@ -64,6 +66,7 @@ pub struct Settings {
     pub approvals: ApprovalSettings,
     pub budget: BudgetSettings,
     pub evals: EvalSettings,
+    pub events: EventSettings,
     pub whatsapp: WhatsAppSettings,
 }
 

@@ -18,6 +18,8 @@ pub mod health {
     /// Connected, but discovery or calls fail.
     pub const DEGRADED: &str = "degraded";
     pub const DOWN: &str = "down";
+    /// An OAuth server without a usable token: it waits for an owner to log in.
+    pub const NEEDS_LOGIN: &str = "needs_login";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
@@ -95,6 +97,7 @@ pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_e
     .bind(id)
     .execute(&mut *conn)
     .await?;
+    super::events::ring();
     Ok(())
 }
 

@@ -92,6 +92,7 @@ pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i6
         q = q.bind(trace_id).bind(first_seq + i as i64).bind(&s.step).bind(&s.decision).bind(&s.reason_code).bind(s.duration_us).bind(&s.detail);
     }
     q.execute(conn).await?;
+    super::events::ring();
     Ok(())
 }
 
@@ -182,6 +183,7 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
     .bind(&s.detail)
     .execute(conn)
     .await?;
+    super::events::ring();
     Ok(())
 }
 

@@ -82,6 +82,9 @@ pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db:
     checkpoint.register_builtin(builtins::read_result::HANDLER, Arc::new(builtins::read_result::ReadResult::new(db.clone())));
     checkpoint.register_provider(catalog::Provider::Connector, Arc::new(connectors::ConnectorExecutor::new(secrets.clone())?));
     let manager = mcp::McpManager::new(db.clone(), &files.mcp, secrets.clone());
+    // The console's address, where an OAuth server sends the owner back after a login.
+    let public = &settings.server.public_url;
+    manager.set_public_url(&if public.is_empty() { format!("http://{}", settings.server.addr) } else { public.clone() });
     let checkpoint = manager.install(checkpoint, files.catalog.clone());
     Ok((checkpoint, manager))
 }

@@ -1,24 +1,171 @@
-//! Server-sent events for live console pages. The stream sends an event at once (anything that
-//! changed between the page's load and its subscription is picked up), then whenever the newest
-//! job state change moves (one indexed lookup per second per open page), once more shortly
-//! after (PostgreSQL commits can land out of id order), and ends when the server shuts down.
+//! Server-sent events for live console pages.
+//!
+//! `GET /api/events?topics=message,job` streams typed events (`crate::events`) as JSON, each
+//! row-backed one with its position as the SSE `id`. A page that connects afresh first gets a
+//! `resync` (reload: anything that changed between its render and its subscription is then
+//! shown); one that reconnects sends `Last-Event-ID` and gets the events it missed, read from
+//! the database, before the live ones, so nothing falls in the gap; one too far behind, or a
+//! subscriber that fell behind the broadcast, gets a `resync` instead. An owner session holds
+//! at most `events.max_streams_per_session` streams; one more gets 429 `TOO_MANY_STREAMS`.
+//! Streams end when the server shuts down.
+//!
+//! The MCP page also follows the servers' tool definitions, which the events do not carry; it
+//! keeps its own status stream (`mcp_stream`).
 
-use std::{convert::Infallible, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use axum::{
-    extract::State,
-    response::sse::{Event, KeepAlive, Sse},
+    Json,
+    extract::{Query, State},
+    http::{HeaderMap, StatusCode},
+    response::{
+        IntoResponse, Response,
+        sse::{Event, KeepAlive, Sse},
+    },
 };
 use futures_util::Stream;
-use tokio::time::Instant;
+use tower_sessions::Session;
 
 use super::state::AppState;
+use crate::events::{Envelope, EventId, Replay, Subscription, Topic};
 
-struct Watch {
-    state: AppState,
-    last: Option<i64>,
-    echo_at: Option<Instant>,
+/// The stable code of a stream refused for the session's limit.
+pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
+
+/// Open live streams per owner session.
+#[derive(Debug, Clone, Default)]
+pub struct StreamSlots(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One open stream; dropping it (the client went away) frees the slot.
+#[derive(Debug)]
+pub struct StreamSlot {
+    slots: StreamSlots,
+    key: String,
+}
+
+impl StreamSlots {
+    /// A slot for `key`'s session, unless it already holds `max`.
+    pub fn take(&self, key: &str, max: usize) -> Option<StreamSlot> {
+        let mut open = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(key.to_string()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot { slots: self.clone(), key: key.to_string() })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct StreamQuery {
+    /// Comma-separated topics (`message`, `approval`, `job`, `mcp`); none: all.
+    #[serde(default)]
+    topics: String,
+}
+
+struct Follow {
+    backlog: VecDeque<Envelope>,
+    sub: Subscription,
+    last: EventId,
+    topics: Vec<Topic>,
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+    _slot: StreamSlot,
+}
+
+fn sse(envelope: &Envelope) -> Event {
+    let event = Event::default().data(serde_json::to_string(envelope).unwrap_or_default());
+    match envelope.id {
+        Some(id) => event.id(id.to_sse()),
+        None => event,
+    }
+}
+
+fn wanted(topics: &[Topic], envelope: &Envelope) -> bool {
+    envelope.event.topic().is_none_or(|t| topics.is_empty() || topics.contains(&t))
+}
+
+pub async fn events_stream(State(state): State<AppState>, session: Session, headers: HeaderMap, Query(query): Query<StreamQuery>) -> Response {
+    let key = session.id().map(|id| id.to_string()).unwrap_or_default();
+    let Some(slot) = state.streams.take(&key, state.events.settings().max_streams_per_session) else {
+        let message = "Too many live pages are open in this session; close one, or reload this page later.";
+        return (StatusCode::TOO_MANY_REQUESTS, Json(serde_json::json!({ "code": TOO_MANY_STREAMS, "message": message }))).into_response();
+    };
+    let topics: Vec<Topic> = query.topics.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(EventId::parse);
+    let sub = state.events.subscribe().await;
+    let (backlog, last) = start(&state, resume).await;
+    let backlog = backlog.into_iter().filter(|e| wanted(&topics, e)).collect();
+    let follow = Follow { backlog, sub, last, topics, shutdown: super::serve::shutdown_requested(), _slot: slot };
+    Sse::new(follow_stream(follow)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// What a stream sends before the live events, and the position they continue after.
+async fn start(state: &AppState, resume: Option<EventId>) -> (Vec<Envelope>, EventId) {
+    let reload = |reason: &str, id: Option<EventId>| (vec![Envelope::resync(reason, 0, id)], id.unwrap_or_default());
+    let Some(after) = resume else {
+        return reload("connected", state.events.newest().await.ok());
+    };
+    match state.events.replay(after).await {
+        Ok(Replay::Events(events)) => {
+            let last = events.iter().filter_map(|e| e.id).fold(after, EventId::max);
+            (events, last)
+        }
+        Ok(Replay::TooFarBehind) => reload("too_far_behind", state.events.newest().await.ok()),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading missed events failed; the page reloads");
+            reload("unavailable", None)
+        }
+    }
+}
+
+fn follow_stream(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(follow, |mut f| async move {
+        if let Some(envelope) = f.backlog.pop_front() {
+            return Some((Ok(sse(&envelope)), f));
+        }
+        loop {
+            let stopping = async {
+                match f.shutdown.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let next = tokio::select! {
+                next = f.sub.recv() => next,
+                () = stopping => None,
+            };
+            let envelope = next?;
+            if let Some(id) = envelope.id {
+                // Already sent from the database after a reconnect.
+                if !id.is_after(f.last) {
+                    continue;
+                }
+                f.last = f.last.max(id);
+            }
+            if wanted(&f.topics, &envelope) {
+                return Some((Ok(sse(&envelope)), f));
+            }
+        }
+    })
 }
 
 /// Waits a second between polls (not before the first); false when the server is shutting down.
@@ -36,31 +183,6 @@ async fn wait_or_stop(first: bool, shutdown: &mut Option<tokio::sync::watch::Rec
         () = tokio::time::sleep(pause) => true,
         () = stopping => false,
     }
-}
-
-pub async fn jobs_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let start = Watch { state, last: None, echo_at: None, shutdown: super::serve::shutdown_requested() };
-    let stream = futures_util::stream::unfold(start, |mut w| async move {
-        loop {
-            if !wait_or_stop(w.last.is_none(), &mut w.shutdown).await {
-                return None;
-            }
-            let latest = sqlx::query_as::<_, (Option<i64>,)>("SELECT MAX(id) FROM job_events").fetch_one(&w.state.db.pool).await;
-            let Ok((latest,)) = latest else { continue };
-            let latest = latest.unwrap_or(0);
-            let changed = w.last != Some(latest);
-            w.last = Some(latest);
-            if changed {
-                w.echo_at = Some(Instant::now() + Duration::from_secs(2));
-            } else if w.echo_at.is_some_and(|at| Instant::now() >= at) {
-                w.echo_at = None;
-            } else {
-                continue;
-            }
-            return Some((Ok(Event::default().event("message").data(latest.to_string())), w));
-        }
-    });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 /// MCP server changes for the MCP servers page: each second the servers' status (health, last

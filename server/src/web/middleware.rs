@@ -22,7 +22,7 @@ use crate::config::net::{IpNet, canonical};
 /// Paths that are not console pages: they do their own checks (or need none).
 fn is_page(path: &str) -> bool {
     !["/api/", "/pkg/", "/assets/", "/webhooks/"].iter().any(|p| path.starts_with(p))
-        && !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico")
+        && !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | crate::tools::mcp::CALLBACK_PATH)
 }
 
 /// Counts requests and observes latency by matched route, method and status.

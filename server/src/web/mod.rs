@@ -92,10 +92,11 @@ pub fn router(state: AppState) -> Router {
         );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.
     let owner_api = Router::new()
-        .route(app::pages::jobs::JOBS_STREAM, get(live::jobs_stream))
+        .route(app::live::EVENTS_STREAM, get(live::events_stream))
         .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
         .with_state(state.clone())
-        .merge(simulator::routes(state.clone()));
+        .merge(simulator::routes(state.clone()))
+        .merge(console::oauth_routes::owner_routes(state.clone()));
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)
@@ -116,7 +117,7 @@ pub fn router(state: AppState) -> Router {
     let webhooks = crate::channel::whatsapp::webhook::routes::<AppState>().with_state(state.clone());
 
     let ephemeral = state.config.settings.database.storage_warning().is_some();
-    let router = Router::new().merge(console).merge(ops).merge(webhooks).fallback(not_found);
+    let router = Router::new().merge(console).merge(ops).merge(webhooks).merge(console::oauth_routes::callback_route()).fallback(not_found);
     let router = if ephemeral { router.layer(from_fn(middleware::storage_header)) } else { router };
     router
         .route_layer(from_fn(middleware::track_metrics))

@@ -453,7 +453,7 @@ both_backends!(worker_graceful_shutdown, graceful_shutdown_releases_unfinished_l
 async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: TestDb) {
     let app = crate::support::TestApp::new(db).await;
     let mut anonymous = app.client();
-    let stream = anonymous.get("/api/jobs/stream").await;
+    let stream = anonymous.get("/api/events").await;
     assert_eq!(stream.status, axum::http::StatusCode::UNAUTHORIZED, "the live stream is owner-only");
 
     let mut owner = app.with_owner("ada", "correct horse battery").await;

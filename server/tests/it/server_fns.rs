@@ -72,6 +72,8 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/simulate_message" => "from=%2B15550100000&text=hi&chat_id=",
             "/api/mcp_decide" => "tool=x__y&decision=approve&hash=sha256%3A0",
             "/api/decide_approval" => "id=1&decision=approve",
+            "/api/mark_trace" => "trace_id=1&expect=normal_chat",
+            "/api/decide_repair" => "id=1&action=approve",
             _ => "",
         };
         let mut req = axum::http::Request::builder()

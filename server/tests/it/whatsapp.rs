@@ -870,7 +870,7 @@ both_backends!(whatsapp_pacing, sends_to_one_recipient_are_paced);
 fn app_sender_with(app: &TestApp, tweak: impl FnOnce(&mut server::config::WhatsAppSettings)) -> Arc<WhatsAppSender> {
     let mut settings = app.state.config.settings.whatsapp.clone();
     tweak(&mut settings);
-    WhatsApp::new(&settings, &app.state.config.secrets, &app.state.db, &app.state.jobs).expect("sender").sender
+    WhatsApp::new(&settings, &app.state.config.secrets, &app.state.db, &app.state.jobs, &app.state.events).expect("sender").sender
 }
 
 /// A WhatsApp message through the real conversation runtime and a fake Anthropic API: the reply

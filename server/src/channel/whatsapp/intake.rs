@@ -16,6 +16,7 @@ use crate::{
         jobs::NewJob,
         whatsapp::{self as store, DeliveryState, StatusUpdate},
     },
+    events::{Delivery, Envelope, Event, Events},
     jobs::{JobKind, JobQueue},
     traces,
 };
@@ -102,6 +103,19 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
     Ok(reports)
 }
 
+/// The event for a receipt that has no trace step of its own (a failure gets one, and its event
+/// comes from it).
+fn receipt(s: &StatusUpdate) -> Option<Envelope> {
+    let delivery = Delivery { wamid: Some(s.wamid.clone()), reason_code: s.state.as_str().to_uppercase(), ..Delivery::default() };
+    let event = match s.state {
+        DeliveryState::Sent => Event::ReplySent(delivery),
+        DeliveryState::Delivered => Event::ReplyDelivered(delivery),
+        DeliveryState::Read => Event::ReplyRead(delivery),
+        DeliveryState::Queued | DeliveryState::Failed => return None,
+    };
+    Some(Envelope { id: None, channel: Some(crate::channel::WHATSAPP.into()), chat_id: None, event })
+}
+
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
 async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Result<(), DbError> {
@@ -134,6 +148,7 @@ struct Waiting {
 pub struct Intake {
     db: Db,
     queue: JobQueue,
+    events: Option<Events>,
     writer: std::sync::OnceLock<mpsc::UnboundedSender<Waiting>>,
     counts: Arc<Counts>,
 }
@@ -168,7 +183,13 @@ impl std::fmt::Debug for Intake {
 impl Intake {
     /// The writer task starts with the first batch.
     pub fn new(db: Db, queue: JobQueue) -> Self {
-        Self { db, queue, writer: std::sync::OnceLock::new(), counts: Arc::default() }
+        Self { db, queue, events: None, writer: std::sync::OnceLock::new(), counts: Arc::default() }
+    }
+
+    /// Delivery receipts that moved the ledger are published as events once stored.
+    pub fn with_events(mut self, events: Events) -> Self {
+        self.events = Some(events);
+        self
     }
 
     pub async fn store(&self, batch: Batch) -> Result<IntakeReport, IntakeError> {
@@ -176,10 +197,19 @@ impl Intake {
             return Ok(IntakeReport::default());
         }
         let writer = self.writer.get_or_init(|| spawn_writer(self.db.clone(), self.queue.clone(), self.counts.clone()));
+        let receipts: Vec<Envelope> = batch.statuses.iter().filter_map(receipt).collect();
         let (done, result) = oneshot::channel();
         writer.send(Waiting { batch, done }).map_err(|_| IntakeError::Abandoned)?;
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
-        Ok(result.await.map_err(|_| IntakeError::Abandoned)??)
+        let report = result.await.map_err(|_| IntakeError::Abandoned)??;
+        if report.statuses_applied > 0
+            && let Some(events) = &self.events
+        {
+            for envelope in receipts {
+                events.publish_fact(envelope).await;
+            }
+        }
+        Ok(report)
     }
 
     pub fn counts(&self) -> IntakeCounts {

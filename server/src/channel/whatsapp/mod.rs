@@ -23,6 +23,7 @@ use std::sync::Arc;
 use crate::{
     config::{JobTimeouts, Secrets, WhatsAppSettings},
     db::Db,
+    events::Events,
     jobs::{JobQueue, Registry},
 };
 
@@ -41,10 +42,10 @@ pub struct WhatsApp {
 
 impl WhatsApp {
     /// Fails only when the Graph API's HTTP client cannot be set up.
-    pub fn new(settings: &WhatsAppSettings, secrets: &Secrets, db: &Db, queue: &JobQueue) -> Result<Self, reqwest::Error> {
+    pub fn new(settings: &WhatsAppSettings, secrets: &Secrets, db: &Db, queue: &JobQueue, events: &Events) -> Result<Self, reqwest::Error> {
         let graph = graph::GraphClient::new(settings, secrets.whatsapp_access_token.clone())?;
         let sender = Arc::new(WhatsAppSender::new(db.clone(), graph, settings.clone()));
-        let intake = Arc::new(Intake::new(db.clone(), queue.clone()));
+        let intake = Arc::new(Intake::new(db.clone(), queue.clone()).with_events(events.clone()));
         let webhook = webhook::WebhookState {
             verify_token: secrets.whatsapp_verify_token.clone(),
             app_secret: secrets.whatsapp_app_secret.clone(),

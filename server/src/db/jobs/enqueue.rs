@@ -60,9 +60,14 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
 /// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
 /// inserted rows in id order (input order).
 async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
-    if conn.backend_name() == "PostgreSQL" {
-        return insert_rows_postgres(conn, jobs, now).await;
+    let inserted = if conn.backend_name() == "PostgreSQL" { insert_rows_postgres(conn, jobs, now).await? } else { insert_rows_sqlite(conn, jobs, now).await? };
+    if !inserted.is_empty() {
+        crate::db::events::ring();
     }
+    Ok(inserted)
+}
+
+async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
     let sql = format!(
         "INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
         value_rows(jobs.len(), 18)

@@ -143,6 +143,7 @@ async fn event(conn: &mut AnyConnection, job_id: i64, at: i64, state: JobState, 
         .bind(message)
         .execute(&mut *conn)
         .await?;
+    super::events::ring();
     Ok(())
 }
 
@@ -160,6 +161,7 @@ async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobSt
         q = q.bind(*id);
     }
     q.execute(&mut *conn).await?;
+    super::events::ring();
     Ok(())
 }
 

@@ -99,6 +99,40 @@ impl Transport {
     }
 }
 
+/// How Gatehouse authenticates to a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    /// Static headers only (`transport.headers`), or nothing.
+    #[default]
+    None,
+    /// OAuth 2.1 as the MCP authorization spec describes: an owner connects the server once
+    /// (console or `gatehouse mcp login`), Gatehouse keeps and refreshes the tokens.
+    Oauth,
+}
+
+/// `[server.oauth]`: a client registered with the authorization server beforehand. Without
+/// it, Gatehouse registers itself (dynamic client registration).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthClient {
+    pub client_id: Option<String>,
+    /// `{ secret = "VAR" }`: confidential clients only.
+    pub client_secret: Option<ValueOrSecret>,
+    /// Scopes to ask for; empty follows the server (its challenge, then its metadata).
+    pub scopes: Vec<String>,
+}
+
+/// What a server's `elicitation/create` during a call gets. Only declining is built: the
+/// capability is not announced, and a request that comes anyway is declined (rmcp's default
+/// answer). Forwarding to the owner is a later policy; a customer is never asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ElicitationPolicy {
+    #[default]
+    Decline,
+}
+
 /// Bounds on what discovery accepts from a server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -118,6 +152,10 @@ impl Default for DiscoveryLimits {
         Self { timeout: Duration::from_secs(20), max_pages: 50, max_schema_bytes: 64_000, max_description_chars: 1_000 }
     }
 }
+
+/// The environment variable holding the key that encrypts OAuth tokens at rest: 64 hex digits
+/// (32 bytes). Needed when any enabled server has `auth = "oauth"`.
+pub const TOKEN_KEY_VAR: &str = "GATEHOUSE_MCP_TOKEN_KEY";
 
 /// Hard ceiling of `max_tools`, whatever the file says.
 pub const MAX_TOOLS_LIMIT: u32 = 1_000;
@@ -175,6 +213,13 @@ pub struct ServerConfig {
     pub destructive_needs_approval: bool,
     #[serde(default)]
     pub discovery: DiscoveryLimits,
+    /// `"oauth"` for a Streamable HTTP server behind OAuth 2.1.
+    #[serde(default)]
+    pub auth: AuthMode,
+    #[serde(default)]
+    pub oauth: OAuthClient,
+    #[serde(default)]
+    pub elicitation: ElicitationPolicy,
 }
 
 impl ServerConfig {
@@ -189,10 +234,15 @@ impl ServerConfig {
 
     /// Environment variables holding its secrets.
     pub fn secret_vars(&self) -> Vec<&str> {
-        match &self.transport {
+        let mut vars: Vec<&str> = match &self.transport {
             Transport::Stdio { env, .. } => env.values().filter_map(ValueOrSecret::secret_var).collect(),
             Transport::Http { headers, .. } => headers.values().filter_map(ValueOrSecret::secret_var).collect(),
+        };
+        if self.auth == AuthMode::Oauth {
+            vars.extend(self.oauth.client_secret.as_ref().and_then(ValueOrSecret::secret_var));
+            vars.push(TOKEN_KEY_VAR);
         }
+        vars
     }
 }
 
@@ -300,6 +350,25 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
                     }
                 }
             }
+        }
+        if server.auth == AuthMode::Oauth {
+            if server.transport.kind() != "http" {
+                bad("auth", "\"oauth\" needs an http transport (a stdio server gets its credentials through env)".into());
+            }
+            if let Some(ValueOrSecret::Plain(_)) = &server.oauth.client_secret {
+                bad("oauth.client_secret", "must be { secret = \"VAR\" }: a secret is never written in the file".into());
+            }
+            if server.oauth.client_secret.is_some() && server.oauth.client_id.is_none() {
+                bad("oauth.client_secret", "needs oauth.client_id".into());
+            }
+            if server.oauth.client_id.as_deref().is_some_and(|c| c.trim().is_empty()) {
+                bad("oauth.client_id", "is empty".into());
+            }
+            if server.oauth.scopes.iter().any(|s| s.is_empty() || s.contains(char::is_whitespace)) {
+                bad("oauth.scopes", "holds an empty scope or one with spaces".into());
+            }
+        } else if server.oauth != OAuthClient::default() {
+            bad("oauth", "is only read with auth = \"oauth\"".into());
         }
         if server.enabled {
             for var in server.secret_vars() {

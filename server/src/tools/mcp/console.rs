@@ -40,6 +40,10 @@ pub struct ServerStatus {
     pub tool_count: i64,
     pub pending: usize,
     pub last_discovery: Option<DiscoveryReport>,
+    /// "oauth" for a server behind OAuth, else "none".
+    pub auth: &'static str,
+    /// Why an OAuth server needs an owner to log in; its tools are withheld meanwhile.
+    pub needs_login: Option<String>,
 }
 
 /// A cached tool with its quarantine state, for the console and `gatehouse mcp tools`.
@@ -124,6 +128,8 @@ impl McpManager {
                     tool_count: row.map_or(0, |r| r.tool_count),
                     pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::state::REJECTED).count(),
                     last_discovery: live.last_discovery,
+                    auth: if s.config.auth == super::AuthMode::Oauth { "oauth" } else { "none" },
+                    needs_login: live.needs_login,
                 }
             })
             .collect())

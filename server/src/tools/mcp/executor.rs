@@ -63,6 +63,12 @@ impl ToolExecutor for McpExecutor {
                 return Err(ToolError::new(McpCode::ProtocolError.as_str(), scrub(&format!("{} ({})", e.message, e.code.0)), false));
             }
             Ok(Err(e)) => {
+                // A token that could not be refreshed, or a step-up: the server now waits for an
+                // owner's login, which says more than the transport's error.
+                let needs_login = server.live.borrow().needs_login.clone();
+                if let Some(reason) = needs_login {
+                    return Err(ToolError::new(McpCode::NeedsLogin.as_str(), format!("{} needs an owner to log in: {reason}", route.server), false));
+                }
                 self.inner.breakers.record_failure(&route.server, Instant::now());
                 let closed = matches!(e, rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)) || peer.is_transport_closed();
                 let message = if closed {

@@ -7,7 +7,9 @@
 pub mod config;
 mod console;
 mod executor;
+mod login;
 pub mod normalize;
+pub mod oauth;
 pub mod session;
 mod supervisor;
 
@@ -22,8 +24,9 @@ use tokio::sync::{mpsc, watch};
 
 use self::executor::McpExecutor;
 pub use self::{
-    config::{McpConfig, ServerConfig, Trust},
+    config::{AuthMode, McpConfig, ServerConfig, Trust},
     console::{AuditActor, Reviewed, ServerStatus, ToolStatus},
+    login::{CALLBACK_PATH, FINISH_PATH},
     session::DiscoveryReport,
 };
 use super::{
@@ -52,6 +55,9 @@ pub enum McpCode {
     ToolError,
     #[strum(serialize = "MCP_UNKNOWN_TOOL")]
     UnknownTool,
+    /// An OAuth server without a usable token: an owner must log in.
+    #[strum(serialize = "MCP_NEEDS_LOGIN")]
+    NeedsLogin,
 }
 
 impl McpCode {
@@ -73,6 +79,8 @@ pub enum McpError {
     #[error("MCP_DEFINITION_CHANGED: the definition of {0} changed since it was reviewed; look at it again")]
     DefinitionChanged(String),
     #[error(transparent)]
+    OAuth(#[from] oauth::OAuthError),
+    #[error(transparent)]
     Db(#[from] DbError),
 }
 
@@ -88,6 +96,8 @@ pub struct Live {
     /// Successful connections so far (a restart adds one).
     pub connections: u64,
     pub last_discovery: Option<DiscoveryReport>,
+    /// Why an OAuth server needs an owner to log in (its tools are withheld meanwhile).
+    pub needs_login: Option<String>,
 }
 
 pub(crate) struct Server {
@@ -118,6 +128,10 @@ pub(crate) struct Inner {
     pub(crate) breakers: Breakers,
     pub(crate) shutdown: watch::Sender<bool>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The OAuth redirect URI (the console's callback).
+    redirect_uri: RwLock<String>,
+    /// OAuth logins in flight in this process, by their state.
+    logins: std::sync::Mutex<HashMap<String, oauth::PendingLogin>>,
 }
 
 impl Inner {
@@ -151,7 +165,7 @@ impl McpManager {
             .iter()
             .map(|c| {
                 let (refresh, refresh_rx) = mpsc::unbounded_channel();
-                let live = Live { peer: None, health: db::mcp::health::DOWN, last_error: None, connections: 0, last_discovery: None };
+                let live = Live { peer: None, health: db::mcp::health::DOWN, last_error: None, connections: 0, last_discovery: None, needs_login: None };
                 let server = Server {
                     config: c.clone(),
                     live: watch::channel(live).0,
@@ -174,6 +188,8 @@ impl McpManager {
                 breakers: Breakers::default(),
                 shutdown: watch::channel(false).0,
                 tasks: std::sync::Mutex::new(Vec::new()),
+                redirect_uri: RwLock::new(format!("http://127.0.0.1:3000{CALLBACK_PATH}")),
+                logins: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -208,6 +224,16 @@ impl McpManager {
                     && let (Some(enabled), Some(server)) = (row.enabled_override, self.inner.servers.get(id))
                 {
                     server.enabled.send_replace(enabled);
+                }
+                // An OAuth server without a stored login starts withheld, not failing call by call.
+                if let Some(server) = self.inner.servers.get(id).filter(|s| s.config.auth == AuthMode::Oauth) {
+                    let row = db::mcp_oauth::get(&mut conn, id).await?;
+                    let missing = match &row {
+                        None => Some("not logged in yet".to_string()),
+                        Some(r) if r.state != db::mcp_oauth::state::CONNECTED => Some(r.reason.clone().unwrap_or_else(|| "not logged in".into())),
+                        Some(_) => None,
+                    };
+                    server.live.send_modify(|l| l.needs_login = missing);
                 }
             }
         }
@@ -260,8 +286,14 @@ impl McpManager {
             if !row.present {
                 continue;
             }
+            let needs_login = server.live.borrow().needs_login.is_some();
             let held = if !*server.enabled.borrow() {
                 Some(Withheld { code: ToolCode::Disabled.as_str(), reason: format!("the MCP server {} is disabled", server.config.id) })
+            } else if needs_login {
+                Some(Withheld {
+                    code: McpCode::NeedsLogin.as_str(),
+                    reason: format!("the MCP server {} needs an owner to log in (console, or `gatehouse mcp login {}`)", server.config.id, server.config.id),
+                })
             } else if row.state == db::mcp::state::REJECTED {
                 Some(Withheld { code: ToolCode::Rejected.as_str(), reason: format!("{} was rejected by an owner", row.catalog_name) })
             } else if !row.usable() {

@@ -13,7 +13,7 @@ use std::{
 
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
-    model::{ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams},
+    model::{ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams, ProtocolVersion},
     service::{NotificationContext, Peer, RunningService},
     transport::{StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig},
 };
@@ -68,8 +68,13 @@ impl ClientHandler for Handler {
         }
     }
 
+    /// Gatehouse speaks the `initialize` handshake, so it offers the newest version that has
+    /// one (rmcp's default, 2026-07-28, is stateless and unknown to most servers); a server
+    /// answering with an older version it supports is accepted as before.
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(ClientCapabilities::default(), Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
+        let mut info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")));
+        info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
+        info
     }
 }
 
@@ -152,8 +157,9 @@ fn resolve(server: &ServerConfig, secrets: &SecretSource, value: &ValueOrSecret)
     })
 }
 
-/// Starts the transport and runs the initialize handshake.
-pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Handler) -> Result<Session, ConnectError> {
+/// Starts the transport and runs the initialize handshake. An OAuth server's requests go through
+/// `oauth`, which adds and refreshes its token.
+pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Handler, oauth: Option<super::oauth::OAuthHttp>) -> Result<Session, ConnectError> {
     let failed = |what: &str, e: &dyn std::fmt::Display| ConnectError(scrub(server, secrets, &format!("{what}: {e}")));
     match &server.transport {
         Transport::Stdio { command, args, env, cwd } => {
@@ -197,8 +203,13 @@ pub async fn connect(server: &ServerConfig, secrets: &SecretSource, handler: Han
                 custom.insert(name, value);
             }
             let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom).reinit_on_expired_session(true);
-            let transport = StreamableHttpClientTransport::from_config(config);
-            handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
+            match oauth {
+                Some(client) => {
+                    let transport = StreamableHttpClientTransport::with_client(client, config);
+                    handler.serve(transport).await.map_err(|e| failed("initialize failed", &e))
+                }
+                None => handler.serve(StreamableHttpClientTransport::from_config(config)).await.map_err(|e| failed("initialize failed", &e)),
+            }
         }
     }
 }

@@ -13,6 +13,8 @@ use std::{
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::oauth::{self, OAuthHttp, TokenError};
+
 use super::{
     Inner, McpManager, Server,
     session::{self, DiscoveryReport, Handler, RefreshRequest, Session},
@@ -82,6 +84,58 @@ fn changes_empty(c: &db::mcp::Changes) -> bool {
     c.added.is_empty() && c.changed.is_empty() && c.removed.is_empty()
 }
 
+/// The HTTP client of an OAuth server with its tokens; `NeedsLogin` without a usable login.
+async fn oauth_client(inner: &Inner, manager: &McpManager, cfg: &super::ServerConfig) -> Result<OAuthHttp, TokenError> {
+    let tokens = oauth::token_source(cfg, &inner.db, &inner.secrets, &manager.redirect_uri(), manager.needs_login_callback(&cfg.id)).await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        // A token never follows a redirect to another place.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| TokenError::Transient(e.to_string()))?;
+    Ok(OAuthHttp { http, tokens: Arc::new(tokens), step_up: manager.step_up_callback(&cfg.id) })
+}
+
+/// How often a server waiting for a login looks whether another process (the CLI, another
+/// worker) completed one.
+const LOGIN_POLL: Duration = Duration::from_secs(5);
+
+/// Waits while an OAuth server needs a login: its tools stay withheld, refreshes are answered
+/// with the reason, and it tries again when a login lands (here or in another process), when
+/// it is re-enabled, or when an owner asks. Returns false when Gatehouse stops.
+async fn wait_for_login(
+    inner: &Inner,
+    server: &Server,
+    refresh: &mut mpsc::UnboundedReceiver<RefreshRequest>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    enabled: &mut tokio::sync::watch::Receiver<bool>,
+    waiters: &mut Waiters,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return false,
+            _ = enabled.changed() => return true,
+            Some(req) = refresh.recv() => {
+                if let RefreshRequest::Refresh(w) = req {
+                    waiters.push(w);
+                    return true;
+                }
+            }
+            () = tokio::time::sleep(LOGIN_POLL) => {
+                let logged_in = async {
+                    let mut conn = inner.db.pool.acquire().await.ok()?;
+                    db::mcp_oauth::get(&mut conn, &server.config.id).await.ok().flatten()
+                }
+                .await
+                .is_some_and(|r| r.state == db::mcp_oauth::state::CONNECTED && r.credentials.is_some());
+                if logged_in {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
 pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Server>, mut refresh: mpsc::UnboundedReceiver<RefreshRequest>) {
     let cfg = &server.config;
     let mut shutdown = inner.shutdown.subscribe();
@@ -106,10 +160,32 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 }
             }
         }
+        let oauth = if cfg.auth == super::AuthMode::Oauth {
+            match oauth_client(&inner, &manager, cfg).await {
+                Ok(client) => Some(client),
+                Err(TokenError::NeedsLogin(reason)) => {
+                    manager.mark_needs_login(&cfg.id, &reason, None).await;
+                    answer(&mut waiters, &Err(format!("MCP_NEEDS_LOGIN: {reason}")));
+                    if !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
+                        break;
+                    }
+                    continue;
+                }
+                Err(TokenError::Transient(e)) => {
+                    record_health(&inner, &server, health::DOWN, Some(e), false).await;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let handler = Handler::new(server.refresh.clone());
         let pending = handler.pending();
         let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
-            let session = session::connect(cfg, &inner.secrets, handler).await.map_err(|e| e.0)?;
+            if cfg.auth == super::AuthMode::Oauth && oauth.is_none() {
+                return Err("the authorization server could not be reached to refresh the token".to_string());
+            }
+            let session = session::connect(cfg, &inner.secrets, handler, oauth).await.map_err(|e| e.0)?;
             let (found, report) = session::discover(cfg, session.peer()).await?;
             Ok::<_, String>((session, found, report))
         })
@@ -117,6 +193,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
         .unwrap_or_else(|_| Err(format!("connecting and listing tools took longer than discovery.timeout ({:?})", cfg.discovery.timeout)));
         match attempt {
             Ok((session, found, report)) => {
+                server.live.send_modify(|l| l.needs_login = None);
                 if let Err(e) = store(&inner, &manager, &server, &found, &report).await {
                     tracing::error!(mcp.server = %cfg.id, error = %e, "MCP discovery not stored");
                 }
@@ -141,6 +218,13 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
             Err(e) => {
                 let e = session::scrub(cfg, &inner.secrets, &e);
                 answer(&mut waiters, &Err(e.clone()));
+                // A session refused for its token has already gone to "needs login".
+                if server.live.borrow().needs_login.is_some() {
+                    if !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
+                        break;
+                    }
+                    continue;
+                }
                 record_health(&inner, &server, health::DOWN, Some(e), false).await;
             }
         }

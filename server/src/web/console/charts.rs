@@ -1,5 +1,7 @@
-//! The dashboard's charts: the last day of messages and tool calls by hour, two weeks of model
-//! cost by day, and the job queue by state, each linked to the list behind it.
+//! The dashboard's charts: the last day of messages, tool calls (by decision and by outcome),
+//! replies (delivered, failed with their codes) and job waits by hour; two weeks of model cost by
+//! day; and, as they are now, the job queue by state, approvals waiting by age and MCP servers
+//! by health. Each links to the list behind it.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +10,7 @@ use sqlx::AnyConnection;
 
 use crate::db::{
     self, DbError,
-    stats::{Group, Measure},
+    stats::{FAILED_PREFIX, Group, Measure},
 };
 
 const HOUR_MS: i64 = 3_600_000;
@@ -21,7 +23,12 @@ pub async fn all(conn: &mut AnyConnection, now_ms: i64) -> Result<Vec<Chart>, Db
     let messages = db::stats::grouped(conn, Measure::MessagesByRoute, hours.since_ms(), HOUR_MS).await?;
     let tool_calls = db::stats::grouped(conn, Measure::ToolCallsByDecision, hours.since_ms(), HOUR_MS).await?;
     let cost = db::stats::grouped(conn, Measure::ModelCostByPurpose, days.since_ms(), DAY_MS).await?;
+    let outcomes = db::stats::grouped(conn, Measure::ToolCallsByOutcome, hours.since_ms(), HOUR_MS).await?;
+    let replies = db::stats::grouped(conn, Measure::RepliesByDelivery, hours.since_ms(), HOUR_MS).await?;
+    let waits = db::stats::grouped(conn, Measure::JobWaitMs, hours.since_ms(), HOUR_MS).await?;
     let jobs = db::jobs::counts_by_state(conn).await?;
+    let approvals = db::stats::approvals_waiting_by_age(conn, now_ms).await?;
+    let mcp = db::stats::mcp_servers_by_health(conn).await?;
     Ok(vec![
         stacked(
             "messages",
@@ -44,6 +51,41 @@ pub async fn all(conn: &mut AnyConnection, now_ms: i64) -> Result<Vec<Chart>, Db
             "No tool calls in the last 24 hours. Try a tool on the Tools page, or ask the bot something a tool answers.",
         ),
         stacked(
+            "tool_outcomes",
+            "Tool calls per hour by outcome (last 24 hours, UTC)",
+            Some("/tools".into()),
+            "count",
+            &hours,
+            outcomes,
+            |_| Some("/tools".into()),
+            "No tool calls in the last 24 hours: each call's outcome (OK, or the code it was refused or failed with) shows here.",
+        ),
+        stacked(
+            "replies",
+            "Replies per hour by delivery, failures by code (last 24 hours, UTC)",
+            Some("/conversations".into()),
+            "count",
+            &hours,
+            replies,
+            |series| {
+                Some(match series.strip_prefix(FAILED_PREFIX) {
+                    Some(code) => format!("/traces?outcome=failed&error_code={code}&since_minutes=1440"),
+                    None => "/conversations".into(),
+                })
+            },
+            "No replies went out in the last 24 hours.",
+        ),
+        stacked(
+            "job_wait",
+            "Job wait per hour: average from due to started (last 24 hours, UTC)",
+            Some("/jobs?since_minutes=1440".into()),
+            "ms",
+            &hours,
+            waits,
+            |_| Some("/jobs?since_minutes=1440".into()),
+            "No job started in the last 24 hours.",
+        ),
+        stacked(
             "model_cost",
             "Model cost per day by purpose (last 14 days, UTC)",
             None,
@@ -53,20 +95,52 @@ pub async fn all(conn: &mut AnyConnection, now_ms: i64) -> Result<Vec<Chart>, Db
             |_| None,
             "No priced model calls in the last 14 days. Calls are priced from [[models.prices]] in config/gatehouse.toml.",
         ),
-        Chart {
-            id: "jobs".into(),
-            title: "Jobs by state".into(),
-            link: Some("/jobs".into()),
-            unit: "count".into(),
-            series: jobs.iter().map(|(state, _)| ChartSeries { name: state.as_str().into(), link: Some(format!("/jobs?state={}", state.as_str())) }).collect(),
-            bars: jobs
-                .iter()
-                .enumerate()
-                .map(|(i, (state, n))| ChartBar { label: state.as_str().into(), values: (0..jobs.len()).map(|j| if i == j { *n } else { 0 }).collect() })
-                .collect(),
-            empty: "The job queue is empty: jobs appear when messages, tool calls or notices are queued.".into(),
-        },
+        one_bar_each(
+            "jobs",
+            "Jobs by state",
+            "/jobs",
+            jobs.iter().map(|(state, n)| (state.as_str().to_string(), *n, Some(format!("/jobs?state={}", state.as_str())))),
+            "The job queue is empty: jobs appear when messages, tool calls or notices are queued.",
+        ),
+        one_bar_each(
+            "approvals_waiting",
+            "Approvals waiting by age",
+            "/approvals",
+            APPROVAL_AGES.iter().enumerate().map(|(i, label)| {
+                let n = approvals.iter().find(|(bucket, _)| *bucket == i as i64).map_or(0, |(_, n)| *n);
+                ((*label).to_string(), n, Some("/approvals".to_string()))
+            }),
+            "No tool call is waiting for an owner.",
+        ),
+        one_bar_each(
+            "mcp_health",
+            "MCP servers by health",
+            "/mcp",
+            mcp.into_iter().map(|(health, n)| (health, n, Some("/mcp".to_string()))),
+            "No MCP server is configured (config/mcp.toml).",
+        ),
     ])
+}
+
+/// The age buckets of [`db::stats::approvals_waiting_by_age`].
+const APPROVAL_AGES: [&str; 4] = ["under 5 min", "5-60 min", "1-24 h", "over a day"];
+
+/// A bar per group, each its own series (a count now, not over time).
+fn one_bar_each(id: &str, title: &str, link: &str, groups: impl Iterator<Item = (String, i64, Option<String>)>, empty: &str) -> Chart {
+    let groups: Vec<(String, i64, Option<String>)> = groups.collect();
+    Chart {
+        id: id.into(),
+        title: title.into(),
+        link: Some(link.into()),
+        unit: "count".into(),
+        series: groups.iter().map(|(name, _, link)| ChartSeries { name: name.clone(), link: link.clone() }).collect(),
+        bars: groups
+            .iter()
+            .enumerate()
+            .map(|(i, (name, n, _))| ChartBar { label: name.clone(), values: (0..groups.len()).map(|j| if i == j { *n } else { 0 }).collect() })
+            .collect(),
+        empty: empty.into(),
+    }
 }
 
 /// The last `count` buckets of `len_ms` up to and including bucket `last`.

@@ -38,6 +38,8 @@ impl McpBackend for ConsoleBackend {
                 last_seen_at: s.last_seen_at,
                 tool_count: s.tool_count,
                 pending: s.pending,
+                auth: s.auth.to_string(),
+                needs_login: s.needs_login,
                 tools,
             });
         }
@@ -79,6 +81,111 @@ fn mcp_error(e: McpError) -> AppError {
     match e {
         McpError::UnknownServer(_) | McpError::UnknownTool(_) => AppError::new(code::NOT_FOUND, e.to_string()),
         McpError::Unavailable(_) | McpError::DefinitionChanged(_) => AppError::new(code::CONFLICT, e.to_string()),
+        McpError::OAuth(ref o) => AppError::new(o.code(), e.to_string()),
         McpError::Db(_) => internal(e),
+    }
+}
+
+/// The OAuth login of an MCP server in the owner's browser: the Connect button posts to
+/// [`START_PATH`] (same-origin, under the owner's session), which redirects to the authorization
+/// server; that sends the browser back to [`CALLBACK_PATH`], which passes the answer on,
+/// same-site, to [`FINISH_PATH`], where the owner's session (a SameSite=Strict cookie, not sent
+/// on the cross-site redirect itself) finishes the login that owner started.
+pub mod oauth_routes {
+    use std::sync::Arc;
+
+    use app::{auth::ClientIp, backend::SharedBackend};
+    use axum::{
+        Extension, Form, Router,
+        extract::{Query, State},
+        http::{HeaderValue, StatusCode, header},
+        response::{Html, IntoResponse, Redirect, Response},
+        routing::{get, post},
+    };
+    use tower_sessions::Session;
+
+    use crate::{
+        tools::mcp::{AuditActor, CALLBACK_PATH, FINISH_PATH},
+        web::{AppState, console::ConsoleBackend},
+    };
+
+    pub const START_PATH: &str = app::pages::mcp::OAUTH_START;
+
+    /// The routes behind the owner guard (start and finish).
+    pub fn owner_routes(state: AppState) -> Router {
+        Router::new().route(START_PATH, post(start)).route(FINISH_PATH, get(finish)).with_state(state)
+    }
+
+    /// The callback, outside the guard: it only hands the answer on to [`FINISH_PATH`].
+    pub fn callback_route() -> Router {
+        Router::new().route(CALLBACK_PATH, get(callback))
+    }
+
+    async fn owner(state: &AppState, session: &Session) -> Option<i64> {
+        let backend: SharedBackend = Arc::new(ConsoleBackend::new(state.clone()));
+        app::auth::owner_of(session, &backend).await.ok().flatten().map(|me| me.owner_id)
+    }
+
+    fn back_to_page(query: &str) -> Response {
+        Redirect::to(&format!("/mcp?{query}")).into_response()
+    }
+
+    fn failed(code: &str) -> Response {
+        back_to_page(&format!("oauth_error={}", url::form_urlencoded::byte_serialize(code.as_bytes()).collect::<String>()))
+    }
+
+    #[derive(serde::Deserialize)]
+    pub struct StartForm {
+        server: String,
+    }
+
+    async fn start(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
+        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
+        let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
+        match state.mcp.begin_login(&form.server, Some(owner_id), &by).await {
+            Ok(url) => Redirect::to(&url).into_response(),
+            Err(e) => {
+                tracing::warn!(mcp.server = %form.server, error = %e, "MCP login could not start");
+                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
+            }
+        }
+    }
+
+    /// A page that sends the browser on to the finish path with the same query, from this
+    /// origin (a `meta` refresh): the owner's session cookie then comes along.
+    async fn callback(uri: axum::http::Uri) -> Response {
+        let query = uri.query().unwrap_or("");
+        let target = format!("{FINISH_PATH}?{query}");
+        let escaped = target.replace('&', "&amp;").replace('"', "&quot;").replace('<', "&lt;");
+        let mut page = Html(format!(
+            "<!doctype html><meta charset=utf-8><meta name=referrer content=no-referrer><meta http-equiv=refresh content=\"0;url={escaped}\"><title>Gatehouse</title><p><a href=\"{escaped}\">Continue to Gatehouse</a></p>"
+        ))
+        .into_response();
+        page.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        page
+    }
+
+    #[derive(serde::Deserialize)]
+    pub struct FinishQuery {
+        code: Option<String>,
+        state: Option<String>,
+        iss: Option<String>,
+        error: Option<String>,
+    }
+
+    async fn finish(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
+        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
+        if q.error.is_some() {
+            return failed("MCP_OAUTH_DENIED");
+        }
+        let (Some(code), Some(oauth_state)) = (q.code, q.state) else { return failed("MCP_OAUTH_LOGIN_UNKNOWN") };
+        let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
+        match state.mcp.finish_login(Some(owner_id), &code, &oauth_state, q.iss.as_deref(), &by).await {
+            Ok(server) => back_to_page(&format!("connected={server}")),
+            Err(e) => {
+                tracing::warn!(error = %e, "MCP login could not finish");
+                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
+            }
+        }
     }
 }

@@ -12,6 +12,8 @@ mod repairs;
 mod tools;
 mod traces;
 
+pub use mcp::oauth_routes;
+
 use app::{dto::ToolCallView, error::AppError};
 
 pub use owners::effective_entries;

@@ -90,7 +90,7 @@ async fn measure(label: &str, servers: &str, args: &McpBench) -> anyhow::Result<
     for _ in 0..args.discoveries {
         let (refresh, _rx) = tokio::sync::mpsc::unbounded_channel();
         let t0 = Instant::now();
-        let s = session::connect(&server, &secrets, session::Handler::new(refresh)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let s = session::connect(&server, &secrets, session::Handler::new(refresh), None).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         let (found, _) = session::discover(&server, s.peer()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         discovery.push(t0.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(!found.is_empty(), "no tools discovered");

@@ -152,6 +152,10 @@ pub enum McpCommand {
         #[arg(long)]
         hash: Option<String>,
     },
+    /// Log in to a server with `auth = "oauth"`: prints the address to open in a browser, then
+    /// reads the address the browser lands on (the console's callback) and stores the tokens,
+    /// encrypted with GATEHOUSE_MCP_TOKEN_KEY.
+    Login { server: String },
     /// Enable a server (overrides config/mcp.toml).
     Enable { server: String },
     /// Disable a server (overrides config/mcp.toml).

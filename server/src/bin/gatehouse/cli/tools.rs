@@ -160,6 +160,26 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
                 let t = mcp.reject(tool, reviewed(hash), &cli_owner).await.map_err(fail)?;
                 println!("{} rejected", t.catalog_name);
             }
+            McpCommand::Login { server } => {
+                let url = mcp.begin_login(server, None, &cli_owner).await.map_err(fail)?;
+                println!("{url}");
+                eprintln!(
+                    "Open the address above in a browser and allow access. The browser then lands on {}?code=...; paste that whole address here and press Enter:",
+                    mcp.callback_url()
+                );
+                let line = tokio::task::spawn_blocking(|| {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line).map(|_| line)
+                })
+                .await
+                .map_err(Failure::runtime)?
+                .map_err(Failure::runtime)?;
+                if line.trim().is_empty() {
+                    return Err(Failure::usage("no address given; the login was not finished"));
+                }
+                let server = mcp.finish_login_url(&line, &cli_owner).await.map_err(fail)?;
+                println!("{server} connected");
+            }
             McpCommand::Enable { server } | McpCommand::Disable { server } => {
                 let enable = matches!(cmd, McpCommand::Enable { .. });
                 mcp.set_enabled(server, enable, &cli_owner).await.map_err(fail)?;

@@ -111,7 +111,7 @@ fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
         .collect::<Vec<_>>()
         .join("\n");
     let cfg = load_text(&examples, &["NOTES_MCP_TOKEN"]).expect("examples are valid");
-    assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes"]);
+    assert_eq!(cfg.servers.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["time", "notes", "crm"]);
     assert!(cfg.servers.iter().all(|s| !s.enabled));
 }
 
@@ -122,4 +122,53 @@ fn server_ids_are_plain() {
     assert!(!valid_server_id("-x"));
     assert!(!valid_server_id("a_b"), "'_' would blur the '__' separator");
     assert!(!valid_server_id(&"x".repeat(25)));
+}
+
+#[test]
+fn oauth_servers_are_checked_key_by_key() {
+    let good = r#"
+[[server]]
+id = "crm"
+auth = "oauth"
+oauth = { client_id = "gatehouse", client_secret = { secret = "CRM_CLIENT_SECRET" }, scopes = ["crm.read"] }
+[server.transport]
+type = "http"
+url = "https://crm.example/mcp"
+"#;
+    let cfg = load_text(good, &["CRM_CLIENT_SECRET", TOKEN_KEY_VAR]).expect("valid");
+    let crm = cfg.get("crm").expect("crm");
+    assert_eq!((crm.auth, crm.oauth.client_id.as_deref()), (AuthMode::Oauth, Some("gatehouse")));
+    assert_eq!(crm.elicitation, ElicitationPolicy::Decline, "elicitation is declined unless said otherwise");
+
+    let problems = load_text(good, &["CRM_CLIENT_SECRET"]).expect_err("the key is missing");
+    assert!(problems.iter().any(|p| p.to_string().contains(TOKEN_KEY_VAR)), "{problems:?}");
+
+    let bad = r#"
+[[server]]
+id = "local"
+auth = "oauth"
+[server.transport]
+type = "stdio"
+command = "x"
+
+[[server]]
+id = "plain"
+auth = "oauth"
+oauth = { client_id = "c", client_secret = "written-in-the-file", scopes = ["two words"] }
+[server.transport]
+type = "http"
+url = "https://a.example/mcp"
+
+[[server]]
+id = "stray"
+oauth = { client_id = "c" }
+elicitation = "ask_the_customer"
+[server.transport]
+type = "http"
+url = "https://b.example/mcp"
+"#;
+    let text = load_text(bad, &[TOKEN_KEY_VAR]).expect_err("problems").iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    for expected in ["auth", "needs an http transport", "oauth.client_secret", "never written in the file", "oauth.scopes", "elicitation"] {
+        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+    }
 }

@@ -1,0 +1,82 @@
+import { test, expect, type Page } from "@playwright/test";
+
+import { failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { owner } from "./support";
+
+// Live pages follow the server's events (server-sent events) instead of being reloaded; the
+// dashboard's charts show what a simulated conversation did. This server has no model key, so
+// the simulator's customers get the degraded-mode reply, which is still delivered.
+test.describe.configure({ mode: "serial" });
+
+failOnConsoleErrors();
+
+async function open(page: Page, path: string) {
+  await page.goto(`/login?next=${encodeURIComponent(path)}`);
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await page.waitForURL((url) => url.pathname === path);
+  await hydrated(page);
+}
+
+/** Sends a message from the Conversations page's simulator as `from`. */
+async function simulate(page: Page, from: string, text: string) {
+  await page.getByTestId("sim-from").fill(from);
+  await page.getByTestId("sim-text").fill(text);
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-trace")).toBeVisible();
+}
+
+test("a Traces page open in one tab shows a new simulated message without reloading", async ({ page, context }) => {
+  await open(page, "/traces");
+  await expect(page.locator("html")).toHaveAttribute("data-live", "open");
+  // A reload would lose this.
+  await page.evaluate(() => ((window as unknown as { stillHere: boolean }).stillHere = true));
+
+  // Another tab of the same session sends a message from the Conversations page.
+  const other = await context.newPage();
+  await other.goto("/conversations");
+  await hydrated(other);
+  await other.getByTestId("sim-from").fill("+15550100777");
+  await other.getByTestId("sim-text").fill("Is the shop open today?");
+  await other.getByTestId("sim-send").click();
+  const link = other.getByTestId("sim-trace");
+  await expect(link).toBeVisible();
+  const id = (await link.getAttribute("href"))?.split("/").pop();
+  await other.close();
+
+  const row = page.locator(`tr[data-trace-id="${id}"]`);
+  await expect(row).toBeVisible();
+  await expect(row).toContainText("sim-15550100777");
+  expect(await page.evaluate(() => (window as unknown as { stillHere?: boolean }).stillHere)).toBe(true);
+});
+
+test("the dashboard's charts show a simulated conversation, each linked to its list, on a phone", async ({ page }) => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await open(page, "/conversations");
+  await simulate(page, "+15550100778", "Hello, do you deliver?");
+  await page.goto("/");
+  await hydrated(page);
+
+  const replies = page.getByTestId("chart-replies");
+  await expect(replies.locator('rect[data-series="delivered"]').first()).toBeVisible();
+  await expect(replies.getByRole("link", { name: /^delivered \(\d+\)$/ })).toHaveAttribute("href", "/conversations");
+  await expect(replies.locator("figcaption a")).toHaveAttribute("href", "/conversations");
+
+  // Each new chart is there, with data or with what would put data in it.
+  for (const [id, link] of [
+    ["tool_outcomes", "/tools"],
+    ["job_wait", "/jobs?since_minutes=1440"],
+    ["approvals_waiting", "/approvals"],
+    ["mcp_health", "/mcp"],
+  ]) {
+    const chart = page.getByTestId(`chart-${id}`);
+    await expect(chart).toBeVisible();
+    await expect(chart.locator("figcaption a")).toHaveAttribute("href", link);
+  }
+
+  // Readable on a phone: every chart fits the screen's width.
+  const widest = await page
+    .locator("figure.chart")
+    .evaluateAll((figures) => Math.max(...figures.map((f) => f.getBoundingClientRect().right)));
+  expect(widest).toBeLessThanOrEqual(390);
+});

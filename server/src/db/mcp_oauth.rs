@@ -1,0 +1,118 @@
+//! OAuth of MCP servers: the client and tokens of each server (sealed by the caller), and the
+//! refresh lease that lets one process at a time refresh a shared token.
+
+use sqlx::AnyConnection;
+
+use super::{DbError, now_ms};
+
+/// Login state of an OAuth server.
+pub mod state {
+    pub const CONNECTED: &str = "connected";
+    /// No usable token: an owner must log in (console or `gatehouse mcp login`).
+    pub const NEEDS_LOGIN: &str = "needs_login";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct OAuthRow {
+    pub server_id: String,
+    pub resource: String,
+    pub metadata: String,
+    pub client_id: String,
+    /// Sealed.
+    pub client_secret: Option<String>,
+    /// Sealed.
+    pub credentials: Option<String>,
+    pub state: String,
+    pub reason: Option<String>,
+    pub required_scope: Option<String>,
+    pub refreshes: i64,
+    pub updated_at: i64,
+}
+
+const COLUMNS: &str = "server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, updated_at";
+
+pub async fn get(conn: &mut AnyConnection, server: &str) -> Result<Option<OAuthRow>, DbError> {
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_oauth WHERE server_id = $1")).bind(server).fetch_optional(&mut *conn).await?)
+}
+
+/// A completed login: the client and the first tokens, replacing whatever was there.
+pub struct Connected<'a> {
+    pub server_id: &'a str,
+    pub resource: &'a str,
+    pub metadata: &'a str,
+    pub client_id: &'a str,
+    pub client_secret: Option<&'a str>,
+    pub credentials: &'a str,
+}
+
+pub async fn connect(conn: &mut AnyConnection, c: &Connected<'_>) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO mcp_oauth (server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, 0, $8)
+         ON CONFLICT (server_id) DO UPDATE SET resource = $2, metadata = $3, client_id = $4, client_secret = $5, credentials = $6,
+           state = $7, reason = NULL, required_scope = NULL, lease_token = NULL, lease_until = NULL, updated_at = $8",
+    )
+    .bind(c.server_id)
+    .bind(c.resource)
+    .bind(c.metadata)
+    .bind(c.client_id)
+    .bind(c.client_secret)
+    .bind(c.credentials)
+    .bind(state::CONNECTED)
+    .bind(now_ms())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// New tokens from a refresh (the client stays).
+pub async fn save_credentials(conn: &mut AnyConnection, server: &str, credentials: &str, refreshed: bool) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_oauth SET credentials = $2, state = $3, reason = NULL, refreshes = refreshes + $4, updated_at = $5 WHERE server_id = $1")
+        .bind(server)
+        .bind(credentials)
+        .bind(state::CONNECTED)
+        .bind(i64::from(refreshed))
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Marks a server as needing a login; the tokens are dropped. Returns whether it changed (so the
+/// owner is told once, not on every failed try).
+pub async fn needs_login(conn: &mut AnyConnection, server: &str, reason: &str, required_scope: Option<&str>) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE mcp_oauth SET state = $2, reason = $3, required_scope = COALESCE($4, required_scope), credentials = NULL, updated_at = $5
+         WHERE server_id = $1 AND state <> $2",
+    )
+    .bind(server)
+    .bind(state::NEEDS_LOGIN)
+    .bind(reason)
+    .bind(required_scope)
+    .bind(now_ms())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Takes the refresh lease when it is free or expired. Only the holder refreshes.
+pub async fn take_lease(conn: &mut AnyConnection, server: &str, token: &str, until: i64) -> Result<bool, DbError> {
+    let now = now_ms();
+    let done = sqlx::query("UPDATE mcp_oauth SET lease_token = $2, lease_until = $3 WHERE server_id = $1 AND (lease_token IS NULL OR lease_until < $4)")
+        .bind(server)
+        .bind(token)
+        .bind(until)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub async fn release_lease(conn: &mut AnyConnection, server: &str, token: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_oauth SET lease_token = NULL, lease_until = NULL WHERE server_id = $1 AND lease_token = $2")
+        .bind(server)
+        .bind(token)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

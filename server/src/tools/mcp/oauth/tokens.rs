@@ -1,0 +1,203 @@
+//! The tokens of one OAuth server while Gatehouse uses it: read from the database (sealed),
+//! refreshed shortly before they expire by one process at a time (a lease in the database, so
+//! two workers on one PostgreSQL never spend a rotating refresh token twice), and a server
+//! whose token cannot be refreshed marked "needs login".
+
+use std::{sync::Arc, time::Duration};
+
+use oauth2::TokenResponse as _;
+use rmcp::transport::auth::{AuthError, AuthorizationManager, CredentialStore, StoredCredentials};
+
+use super::{OAuthError, Sealer};
+use crate::db::{self, Db, mcp_oauth};
+
+/// A token is refreshed when less than this (or half its lifetime) is left.
+const REFRESH_MARGIN_SECS: u64 = 60;
+/// How long one refresh may hold the lease; a process that died holding it blocks no longer.
+const LEASE: Duration = Duration::from_secs(30);
+/// How long a process waits for another one's refresh before giving up for this try.
+const LEASE_WAIT: Duration = Duration::from_secs(35);
+
+/// Reads and writes the server's sealed credentials for rmcp's manager.
+#[derive(Clone)]
+pub(super) struct DbCredentials {
+    pub(super) db: Db,
+    pub(super) server: String,
+    pub(super) sealer: Sealer,
+}
+
+fn store_error(e: impl std::fmt::Display) -> AuthError {
+    AuthError::InternalError(format!("credential store: {e}"))
+}
+
+impl DbCredentials {
+    async fn read(&self) -> Result<Option<StoredCredentials>, OAuthError> {
+        let mut conn = self.db.pool.acquire().await.map_err(|e| OAuthError::Db(e.into()))?;
+        let Some(row) = mcp_oauth::get(&mut conn, &self.server).await? else { return Ok(None) };
+        let Some(sealed) = row.credentials else { return Ok(None) };
+        let plain = self.sealer.open(&self.server, &sealed)?;
+        Ok(serde_json::from_str(&plain).ok())
+    }
+}
+
+#[async_trait::async_trait]
+impl CredentialStore for DbCredentials {
+    async fn load(&self) -> Result<Option<StoredCredentials>, AuthError> {
+        self.read().await.map_err(store_error)
+    }
+
+    /// Only a refresh saves through rmcp here (a login writes the whole row itself).
+    async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
+        let json = serde_json::to_string(&credentials).map_err(store_error)?;
+        let sealed = self.sealer.seal(&self.server, &json);
+        let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
+        mcp_oauth::save_credentials(&mut conn, &self.server, &sealed, true).await.map_err(store_error)
+    }
+
+    async fn clear(&self) -> Result<(), AuthError> {
+        let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
+        mcp_oauth::needs_login(&mut conn, &self.server, "the tokens were cleared", None).await.map_err(store_error)?;
+        Ok(())
+    }
+}
+
+/// What a call to the server is told about its token.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TokenError {
+    /// No usable token: an owner must log in. The reason holds no secret.
+    #[error("MCP_NEEDS_LOGIN: {0}")]
+    NeedsLogin(String),
+    /// The authorization server could not be reached or failed; a later try may work.
+    #[error("MCP_TOKEN_REFRESH_FAILED: {0}")]
+    Transient(String),
+}
+
+/// The tokens of one server, shared by its session's requests.
+pub struct TokenSource {
+    pub(super) store: Arc<DbCredentials>,
+    pub(super) manager: AuthorizationManager,
+    /// Called once when the server goes to "needs login" (owner notice, live state).
+    pub(super) on_needs_login: super::NeedsLoginHook,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSource").field("server", &self.store.server).finish_non_exhaustive()
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The access token, and whether it should be refreshed now.
+fn token_of(creds: &StoredCredentials) -> Option<(String, bool)> {
+    let response = creds.token_response.as_ref()?;
+    let token = response.access_token().secret().clone();
+    let due = match (response.expires_in(), creds.token_received_at) {
+        (Some(lifetime), Some(at)) => {
+            let left = (at + lifetime.as_secs()).saturating_sub(now_secs());
+            left < REFRESH_MARGIN_SECS.min(lifetime.as_secs() / 2).max(1)
+        }
+        _ => false,
+    };
+    Some((token, due))
+}
+
+impl TokenSource {
+    pub fn server(&self) -> &str {
+        &self.store.server
+    }
+
+    /// A token to send: the stored one, or a fresh one when it is about to expire.
+    pub async fn access_token(&self) -> Result<String, TokenError> {
+        match self.read().await?.as_ref().and_then(token_of) {
+            Some((token, false)) => Ok(token),
+            Some((token, true)) => self.refresh(Some(&token)).await,
+            None => Err(self.needs_login("no token is stored; log in").await),
+        }
+    }
+
+    /// The server refused `sent` (401): a refresh, unless another request or process already
+    /// replaced it.
+    pub async fn rejected(&self, sent: &str) -> Result<String, TokenError> {
+        self.refresh(Some(sent)).await
+    }
+
+    async fn fail_read(&self, e: OAuthError) -> TokenError {
+        match e {
+            OAuthError::Seal(e) => self.needs_login(&e.to_string()).await,
+            other => TokenError::Transient(other.to_string()),
+        }
+    }
+
+    async fn read(&self) -> Result<Option<StoredCredentials>, TokenError> {
+        match self.store.read().await {
+            Ok(c) => Ok(c),
+            Err(e) => Err(self.fail_read(e).await),
+        }
+    }
+
+    /// Marks the server as needing a login and tells whoever watches.
+    pub(crate) async fn needs_login(&self, reason: &str) -> TokenError {
+        (self.on_needs_login)(reason.to_string()).await;
+        TokenError::NeedsLogin(reason.to_string())
+    }
+
+    /// Refreshes under the lease. `stale` is the token the caller found too old or refused: when
+    /// the stored one differs and is fresh, another process refreshed meanwhile and it is used.
+    async fn refresh(&self, stale: Option<&str>) -> Result<String, TokenError> {
+        let lease = uuid::Uuid::new_v4().to_string();
+        let db = &self.store.db;
+        let server = self.store.server.as_str();
+        let waited = tokio::time::timeout(LEASE_WAIT, async {
+            loop {
+                let until = db::now_ms() + db::duration_ms(LEASE);
+                let taken = async {
+                    let mut conn = db.pool.acquire().await?;
+                    mcp_oauth::take_lease(&mut conn, server, &lease, until).await
+                }
+                .await
+                .map_err(|e: db::DbError| TokenError::Transient(e.to_string()))?;
+                if taken {
+                    return Ok::<_, TokenError>(());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        match waited {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(TokenError::Transient("another process is refreshing the token and has not finished".into())),
+        }
+        let result = self.refresh_holding_lease(stale).await;
+        let released = async {
+            let mut conn = db.pool.acquire().await?;
+            mcp_oauth::release_lease(&mut conn, server, &lease).await
+        }
+        .await;
+        if let Err(e) = released {
+            tracing::warn!(mcp.server = %server, error = %e, "releasing the token refresh lease failed; it expires by itself");
+        }
+        result
+    }
+
+    async fn refresh_holding_lease(&self, stale: Option<&str>) -> Result<String, TokenError> {
+        let current = self.read().await?;
+        let Some((token, due)) = current.as_ref().and_then(token_of) else { return Err(self.needs_login("no token is stored; log in").await) };
+        if !due && stale != Some(token.as_str()) {
+            return Ok(token);
+        }
+        match self.manager.refresh_token().await {
+            Ok(response) => {
+                tracing::info!(mcp.server = %self.store.server, "MCP OAuth token refreshed");
+                Ok(response.access_token().secret().clone())
+            }
+            Err(AuthError::TokenRefreshRejected(_) | AuthError::AuthorizationRequired) => {
+                Err(self.needs_login("the authorization server no longer accepts the refresh token; log in again").await)
+            }
+            Err(e) => Err(TokenError::Transient(super::describe(&e))),
+        }
+    }
+}

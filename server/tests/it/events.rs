@@ -1,0 +1,320 @@
+//! Live events: their order per chat, a subscriber that falls behind, two processes on one
+//! PostgreSQL database, the console's stream resuming after a reconnect, and the stream limit.
+//! Every wait here awaits an event; none sleeps.
+
+use std::process::Stdio;
+
+use axum::{
+    body::Body,
+    extract::ConnectInfo,
+    http::{Request, StatusCode, header},
+};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use server::{
+    channel::simulator::SimMessage,
+    events::{Envelope, Event, EventId, Replay, Subscription},
+    web,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tower::ServiceExt;
+
+use crate::{
+    both_backends,
+    support::{PUBLIC_URL, TestApp, TestDb},
+};
+
+async fn simulate(app: &TestApp, chat: &str, text: &str) -> i64 {
+    let message = SimMessage { from: "+15550109999".into(), text: text.into(), chat_id: Some(chat.into()), ..Default::default() };
+    let outcome = app.gatehouse.simulator.send(message).await.expect("simulate");
+    assert_eq!(outcome.chat_id, format!("sim-{chat}"), "the simulator's chat id");
+    outcome.handled.trace_id.expect("a traced message")
+}
+
+/// Events until the reply to `trace_id` is delivered (the simulator's last step).
+async fn until_delivered(sub: &mut Subscription, trace_id: i64) -> Vec<Envelope> {
+    let mut seen = Vec::new();
+    loop {
+        let envelope = sub.recv().await.expect("bus open");
+        let done = matches!(&envelope.event, Event::ReplyDelivered(d) if d.trace_id == Some(trace_id));
+        seen.push((*envelope).clone());
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn step_of(e: &Envelope) -> Option<(i64, i64)> {
+    match &e.event {
+        Event::Received(s) | Event::Routed(s) | Event::LaneStage(s) | Event::ApprovalRequested(s) | Event::ApprovalDecided(s) | Event::ReplyQueued(s) => {
+            Some((s.trace_id, s.seq))
+        }
+        Event::ReplySent(d) | Event::ReplyDelivered(d) | Event::ReplyRead(d) | Event::ReplyFailed(d) => d.trace_id.zip(d.seq),
+        _ => None,
+    }
+}
+
+async fn events_of_one_chat_arrive_in_order(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut sub = app.state.events.subscribe().await;
+    let first = simulate(&app, "order-chat", "hello").await;
+    let second = simulate(&app, "order-chat", "and again").await;
+    let mut seen = until_delivered(&mut sub, first).await;
+    seen.extend(until_delivered(&mut sub, second).await);
+
+    let ids: Vec<EventId> = seen.iter().filter_map(|e| e.id).collect();
+    assert!(ids.windows(2).all(|w| w[1].is_after(w[0]) && !w[0].is_after(w[1])), "ids only grow: {ids:?}");
+    let steps: Vec<(i64, i64)> = seen.iter().filter(|e| e.chat_id.as_deref() == Some("sim-order-chat")).filter_map(step_of).collect();
+    let mut sorted = steps.clone();
+    sorted.sort_unstable();
+    assert_eq!(steps, sorted, "the first message's steps, then the second's, each in order");
+    assert_eq!(steps.first(), Some(&(first, 0)));
+    assert!(matches!(seen.iter().find(|e| step_of(e) == Some((second, 0))).map(|e| &e.event), Some(Event::Received(_))));
+
+    // The live events are the database's rows: a page resuming from before them reads the same.
+    let Replay::Events(replayed) = app.state.events.replay(EventId::default()).await.expect("replay") else { panic!("within the resume limit") };
+    let replayed: Vec<(i64, i64)> = replayed.iter().filter(|e| e.chat_id.as_deref() == Some("sim-order-chat")).filter_map(step_of).collect();
+    assert_eq!(replayed, steps);
+}
+both_backends!(events_ordered_per_chat, events_of_one_chat_arrive_in_order);
+
+async fn a_subscriber_that_falls_behind_is_told_and_resyncs(db: TestDb) {
+    let app = TestApp::with(db, |s| s.events.capacity = 16).await;
+    let mut slow = app.state.events.subscribe().await;
+    let mut fast = app.state.events.subscribe().await;
+    let mut traces = Vec::new();
+    for n in 0..3 {
+        let trace = simulate(&app, "lag-chat", &format!("message {n}")).await;
+        until_delivered(&mut fast, trace).await;
+        traces.push(trace);
+    }
+    let told = slow.recv().await.expect("bus open");
+    let Event::Resync { reason, missed } = &told.event else { panic!("expected a resync first, got {told:?}") };
+    assert_eq!(reason, "lagged");
+    assert!(*missed > 0);
+    // It resynchronises from the database, and then follows live events again.
+    let Replay::Events(all) = app.state.events.replay(EventId::default()).await.expect("replay") else { panic!("within the resume limit") };
+    for trace in &traces {
+        assert!(all.iter().any(|e| matches!(&e.event, Event::ReplyDelivered(d) if d.trace_id == Some(*trace))), "trace {trace} is in the database");
+    }
+    let next = simulate(&app, "lag-chat", "after the resync").await;
+    let after = until_delivered(&mut slow, next).await;
+    assert!(after.iter().any(|e| step_of(e) == Some((next, 0))));
+}
+both_backends!(events_lagging_subscriber, a_subscriber_that_falls_behind_is_told_and_resyncs);
+
+/// Two processes on one PostgreSQL database: this one (the test) and `events_probe`, neither
+/// reading on a timer, see each other's events through LISTEN/NOTIFY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_postgres_see_each_others_events() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    crate::support::within_limit("events::two_processes", async move {
+        let app = TestApp::with(db, |s| s.events.poll_interval = std::time::Duration::from_secs(3600)).await;
+        let mut sub = app.state.events.subscribe().await;
+        let exe = std::env::current_exe().expect("test exe");
+        let probe = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples").join("events_probe");
+        let mut child = tokio::process::Command::new(probe)
+            .arg(&app.db.url)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn events_probe (cargo build -p server --examples)");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut stdin = child.stdin.take().expect("stdin");
+        assert_eq!(lines.next_line().await.expect("read").as_deref(), Some("ready"));
+
+        // This process's message reaches the other one.
+        let trace = simulate(&app, "pg-chat", "hello from one process").await;
+        loop {
+            let line = lines.next_line().await.expect("read").expect("the probe runs");
+            let e: Envelope = serde_json::from_str(&line).expect("an event");
+            if matches!(&e.event, Event::ReplyDelivered(d) if d.trace_id == Some(trace)) {
+                break;
+            }
+        }
+        // The other one's job and receipt reach this one.
+        stdin.write_all(b"enqueue probe-chat\nreceipt wamid.probe\n").await.expect("write");
+        let (mut job, mut receipt) = (false, false);
+        while !(job && receipt) {
+            let e = sub.recv().await.expect("bus open");
+            match &e.event {
+                Event::JobChanged(j) if j.job_kind == "probe.noop" && e.chat_id.as_deref() == Some("probe-chat") => job = true,
+                Event::ReplyRead(d) if d.wamid.as_deref() == Some("wamid.probe") => receipt = true,
+                _ => {}
+            }
+        }
+        let _ = child.kill().await;
+    })
+    .await;
+}
+
+/// A console event stream read as it arrives.
+struct Sse {
+    body: Body,
+    buf: String,
+}
+
+impl Sse {
+    /// The next event's id and data (keep-alive comments skipped).
+    async fn next(&mut self) -> (Option<String>, Value) {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut id = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if !data.is_empty() {
+                    return (id, serde_json::from_str(&data).expect("json data"));
+                }
+                continue;
+            }
+            let frame = self.body.frame().await.expect("the stream stays open").expect("frame");
+            if let Ok(bytes) = frame.into_data() {
+                self.buf.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+}
+
+async fn open(app: &TestApp, cookie: &str, last_event_id: Option<&str>) -> Result<Sse, (StatusCode, Value)> {
+    let mut req = Request::builder()
+        .uri("/api/events?topics=message")
+        .header(header::ORIGIN, PUBLIC_URL)
+        .header(header::COOKIE, format!("{}={cookie}", web::SESSION_COOKIE));
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id);
+    }
+    let mut req = req.body(Body::empty()).expect("request");
+    req.extensions_mut().insert(ConnectInfo("10.0.0.1:50000".parse::<std::net::SocketAddr>().expect("addr")));
+    let res = app.router.clone().oneshot(req).await.expect("infallible");
+    if res.status() != StatusCode::OK {
+        let status = res.status();
+        let bytes = res.into_body().collect().await.expect("body").to_bytes();
+        return Err((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)));
+    }
+    Ok(Sse { body: res.into_body(), buf: String::new() })
+}
+
+/// Reads the stream until the reply to `trace` is delivered; returns the (trace, seq) of each
+/// step event and the last id.
+async fn read_trace(stream: &mut Sse, trace: i64) -> (Vec<(i64, i64)>, String) {
+    let mut steps = Vec::new();
+    let mut last = String::new();
+    loop {
+        let (id, data) = stream.next().await;
+        if let Some(id) = id {
+            last = id;
+        }
+        if data["trace_id"] == trace {
+            steps.push((trace, data["seq"].as_i64().expect("seq")));
+            if data["kind"] == "reply_delivered" {
+                return (steps, last);
+            }
+        }
+    }
+}
+
+async fn a_reconnecting_page_gets_what_it_missed(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let owner = app.with_owner("ada", "correct horse battery").await;
+    let cookie = owner.cookie.clone().expect("session");
+    let mut stream = open(&app, &cookie, None).await.expect("stream");
+    let (_, hello) = stream.next().await;
+    assert_eq!((hello["kind"].as_str(), hello["reason"].as_str()), (Some("resync"), Some("connected")), "a fresh page reloads once");
+
+    let first = simulate(&app, "resume-chat", "one").await;
+    let (_, last_id) = read_trace(&mut stream, first).await;
+    drop(stream);
+    // Missed while disconnected:
+    let second = simulate(&app, "resume-chat", "two").await;
+    let mut again = open(&app, &cookie, Some(&last_id)).await.expect("reconnect");
+    let (steps, _) = read_trace(&mut again, second).await;
+    let Some((_, stored)) = server::db::traces::get(&mut app.state.db.pool.acquire().await.expect("conn"), second).await.expect("read") else {
+        panic!("trace stored")
+    };
+    let expected: Vec<(i64, i64)> = (0..stored.len() as i64).map(|seq| (second, seq)).collect();
+    assert_eq!(steps, expected, "every step of the missed message, in order, with no resync");
+}
+both_backends!(events_resume_after_reconnect, a_reconnecting_page_gets_what_it_missed);
+
+async fn an_owner_session_holds_a_limited_number_of_streams(db: TestDb) {
+    let app = TestApp::with(db, |s| s.events.max_streams_per_session = 2).await;
+    let owner = app.with_owner("ada", "correct horse battery").await;
+    let cookie = owner.cookie.clone().expect("session");
+    let one = open(&app, &cookie, None).await.expect("first");
+    let _two = open(&app, &cookie, None).await.expect("second");
+    let Err((status, body)) = open(&app, &cookie, None).await else { panic!("a third stream is refused") };
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["code"], "TOO_MANY_STREAMS");
+    drop(one);
+    let mut three = open(&app, &cookie, None).await.expect("a closed stream frees its slot");
+    assert_eq!(three.next().await.1["kind"], "resync");
+    // Another session has its own streams.
+    let mut other = app.client();
+    let login = other.post_form("/api/login", &[("login", "ada"), ("password", "correct horse battery"), ("next", "/")]).await;
+    assert_eq!(login.status, StatusCode::OK, "{}", login.body);
+    open(&app, &other.cookie.clone().expect("second session"), None).await.expect("another session's stream");
+}
+both_backends!(events_stream_limit, an_owner_session_holds_a_limited_number_of_streams);
+
+async fn the_dashboard_charts_replies_job_waits_approvals_and_mcp_health(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    simulate(&app, "chart-chat", "hello").await;
+    let job = app.state.jobs.enqueue(&app.state.jobs.job(&server::jobs::echo::Echo { message: "x".into(), fail_with: None })).await.expect("enqueue");
+    sqlx::query("UPDATE jobs SET started_at = scheduled_at + 1500 WHERE id = $1").bind(job.job.id).execute(&app.state.db.pool).await.expect("start");
+
+    let facts = owner.post_form("/api/dashboard_facts", &[]).await;
+    assert_eq!(facts.status, StatusCode::OK, "{}", facts.body);
+    let charts = facts.json()["charts"].as_array().cloned().expect("charts");
+    let chart = |id: &str| charts.iter().find(|c| c["id"] == id).cloned().unwrap_or_else(|| panic!("chart {id}"));
+    let total = |c: &Value, series: &str| -> i64 {
+        let Some(j) = c["series"].as_array().expect("series").iter().position(|s| s["name"] == series) else { return 0 };
+        c["bars"].as_array().expect("bars").iter().map(|b| b["values"][j].as_i64().unwrap_or(0)).sum()
+    };
+    let replies = chart("replies");
+    assert_eq!(total(&replies, "delivered"), 1, "the simulated reply: {replies}");
+    assert_eq!(replies["series"][0]["link"], "/conversations");
+    assert_eq!(total(&chart("job_wait"), "average wait"), 1500);
+    let approvals = chart("approvals_waiting");
+    assert_eq!(approvals["bars"].as_array().map(Vec::len), Some(4), "four age buckets");
+    assert_eq!(approvals["link"], "/approvals");
+    assert_eq!(chart("mcp_health")["link"], "/mcp");
+    assert_eq!(chart("tool_outcomes")["link"], "/tools");
+}
+both_backends!(dashboard_new_charts, the_dashboard_charts_replies_job_waits_approvals_and_mcp_health);
+
+/// PostgreSQL takes ids at insert, not at commit: a step whose transaction commits after a
+/// later step's is still published once it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_committed_after_a_later_one_is_still_published() {
+    let Some(db) = TestDb::postgres().await else { return };
+    crate::support::within_limit("events::late_commit", async move {
+        let app = TestApp::new(db).await;
+        let mut sub = app.state.events.subscribe().await;
+        let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
+        let mut first = app.state.db.begin_write().await.expect("begin");
+        let mut early = server::traces::begin(&mut first, subject("late-a")).await.expect("trace");
+        early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        early.flush(&mut first).await.expect("steps");
+        let mut second = app.state.db.begin_write().await.expect("begin");
+        let mut later = server::traces::begin(&mut second, subject("late-b")).await.expect("trace");
+        later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        later.flush(&mut second).await.expect("steps");
+        second.commit().await.expect("commit");
+        while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-b") {}
+        first.commit().await.expect("commit");
+        while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-a") {}
+    })
+    .await;
+}
