@@ -34,6 +34,23 @@ pub struct CycleReport {
     pub new_proposals: Vec<i64>,
 }
 
+impl CycleReport {
+    /// What the cycle did, in one line, for the job's preview, the console and the CLI.
+    pub fn summary(&self) -> String {
+        let ids: Vec<String> = self.new_proposals.iter().map(|id| format!("#{id}")).collect();
+        let listed = if ids.is_empty() { String::new() } else { format!(": {}", ids.join(", ")) };
+        format!(
+            "scanned {} trace(s): {} finding(s), {} new case(s); {} of {} case(s) failing; {} new proposal(s){listed}",
+            self.traces,
+            self.findings,
+            self.cases_made,
+            self.failing,
+            self.cases,
+            ids.len()
+        )
+    }
+}
+
 /// Everything a cycle reads: the database, the queue (notices), the settings, the config
 /// folder and the checkpoint's live catalog.
 #[derive(Clone)]
@@ -133,17 +150,8 @@ impl Handler<CycleJob> for Cycle {
                 return Ok(JobOutput { preview: Some(format!("{}: {e}", e.code())), snooze: Some(self.settings.evals.scan_every) });
             }
         };
-        let preview = format!(
-            "scanned {} trace(s): {} finding(s), {} new case(s); {} of {} case(s) failing; {} new proposal(s)",
-            report.traces,
-            report.findings,
-            report.cases_made,
-            report.failing,
-            report.cases,
-            report.new_proposals.len()
-        );
         let snooze = (!self.settings.evals.scan_every.is_zero()).then_some(self.settings.evals.scan_every);
-        Ok(JobOutput { preview: Some(preview), snooze })
+        Ok(JobOutput { preview: Some(report.summary()), snooze })
     }
 }
 

@@ -13,7 +13,7 @@ use super::{ConsoleBackend, internal};
 use crate::{
     db::{self, audit, evals as store},
     evals::{Expect, MarkError, Pattern, findings},
-    repairs::{self, Decider, FileChange, RepairError, Workspace},
+    repairs::{self, Decider, FileChange, RepairError},
 };
 
 /// Proposals and findings the page lists.
@@ -149,18 +149,9 @@ impl RepairsBackend for ConsoleBackend {
     }
 
     async fn run_cycle(&self, owner_id: i64, ip: &str) -> Result<String, AppError> {
-        let cycle = crate::repairs::cycle::Cycle { workspace: Workspace { live: self.state.tools.catalog(), ..self.state.cycle.workspace.clone() }, ..self.state.cycle.clone() };
-        let report = cycle.run().await.map_err(repair_error)?;
+        let report = self.state.cycle.run().await.map_err(repair_error)?;
         self.audit(owner_id, ip, audit::event::REPAIR_CYCLE, serde_json::json!({ "traces": report.traces, "findings": report.findings, "proposals": report.new_proposals })).await?;
-        Ok(format!(
-            "Scanned {} trace(s): {} finding(s), {} new case(s); {} of {} case(s) failing; {} new proposal(s).",
-            report.traces,
-            report.findings,
-            report.cases_made,
-            report.failing,
-            report.cases,
-            report.new_proposals.len()
-        ))
+        Ok(report.summary())
     }
 
     async fn decide_repair(&self, owner_id: i64, id: i64, action: &str, confirm: bool, reason: &str, ip: &str) -> Result<String, AppError> {

@@ -250,18 +250,8 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
     let dir = gatehouse.config.dir.clone();
     match cmd {
         RepairCommand::Propose => {
-            let cycle = server::repairs::cycle::Cycle { workspace: workspace(gatehouse), ..gatehouse.cycle.clone() };
-            let report = cycle.run().await.map_err(runtime)?;
-            println!(
-                "scanned {} trace(s): {} finding(s), {} new case(s); {} of {} case(s) failing; {} new proposal(s){}",
-                report.traces,
-                report.findings,
-                report.cases_made,
-                report.failing,
-                report.cases,
-                report.new_proposals.len(),
-                if report.new_proposals.is_empty() { String::new() } else { format!(": {}", report.new_proposals.iter().map(|id| format!("#{id}")).collect::<Vec<_>>().join(", ")) }
-            );
+            let report = gatehouse.cycle.run().await.map_err(runtime)?;
+            println!("{}", report.summary());
         }
         RepairCommand::List { json } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
