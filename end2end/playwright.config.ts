@@ -15,8 +15,9 @@ if (process.env.TEST_WORKER_INDEX === undefined) {
 export default defineConfig({
   testDir: "./tests",
   // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
-  // throttling test locks logins from this address last. The lane test runs a Gatehouse of its
-  // own (with fake model, Graph and shop APIs) on the next port.
+  // throttling test locks logins from this address last. The conversations test starts from no
+  // chats, so the live test (which simulates messages) runs after it. The lane test runs a
+  // Gatehouse of its own (with fake model, Graph and shop APIs) on the next port.
   projects: [
     { name: "console", testMatch: "console.spec.ts" },
     { name: "jobs", testMatch: "jobs.spec.ts", dependencies: ["console"] },
@@ -25,7 +26,7 @@ export default defineConfig({
     { name: "conversations", testMatch: "conversations.spec.ts", dependencies: ["mcp"] },
     { name: "repairs", testMatch: "repairs.spec.ts", dependencies: ["conversations"] },
     { name: "lane", testMatch: "lane.spec.ts", dependencies: ["repairs"] },
-    { name: "live", testMatch: "live.spec.ts", dependencies: ["console"] },
+    { name: "live", testMatch: "live.spec.ts", dependencies: ["repairs"] },
     { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["lane", "live"] },
   ],
   fullyParallel: false,
