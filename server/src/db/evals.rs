@@ -126,28 +126,15 @@ pub struct CaseRow {
 
 const CASE_COLUMNS: &str = "id, name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at";
 
-/// Stores a case, or replaces the one with the same name (an import of an edited file).
-/// Returns its id.
+/// Stores a case, or replaces the one with the same name (an import of an edited file) in the
+/// same statement, so two writers of one name leave one row. Returns its id.
 pub async fn upsert_case(conn: &mut AnyConnection, c: &CaseRow) -> Result<i64, DbError> {
-    let existing: Option<(i64,)> = sqlx::query_as("SELECT id FROM eval_cases WHERE name = $1").bind(&c.name).fetch_optional(&mut *conn).await?;
-    if let Some((id,)) = existing {
-        sqlx::query("UPDATE eval_cases SET message = $1, actor = $2, chat_type = $3, contexts = $4, memory_summary = $5, expect = $6, origin = $7, recorded = $8 WHERE id = $9")
-            .bind(&c.message)
-            .bind(&c.actor)
-            .bind(&c.chat_type)
-            .bind(&c.contexts)
-            .bind(&c.memory_summary)
-            .bind(&c.expect)
-            .bind(&c.origin)
-            .bind(&c.recorded)
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
-        return Ok(id);
-    }
     let (id,): (i64,) = sqlx::query_as(
         "INSERT INTO eval_cases (name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT (name) DO UPDATE SET message = excluded.message, actor = excluded.actor, chat_type = excluded.chat_type, \
+         contexts = excluded.contexts, memory_summary = excluded.memory_summary, expect = excluded.expect, origin = excluded.origin, \
+         recorded = excluded.recorded RETURNING id",
     )
     .bind(&c.name)
     .bind(&c.message)
