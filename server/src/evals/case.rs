@@ -115,7 +115,14 @@ fn customer() -> Role {
 /// A stable name for a case made by hand: its message, actor, chat type and expectation.
 pub fn manual_name(message: &str, actor: Role, chat: ChatKind, expect: &Expect) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{message}\n{}\n{}\n{expect}", actor.as_str(), chat.as_str()));
+    let mut key = format!("{message}\n{}\n{}\n{expect}", actor.as_str(), chat.as_str());
+    // The arguments that matter make another case; none keeps the names cases always had.
+    if let Expect::Tool { args, .. } = expect
+        && !args.is_empty()
+    {
+        key.push_str(&format!("\n{}", Value::Object(args.clone())));
+    }
+    let digest = Sha256::digest(key);
     format!("case-{}", &hex::encode(digest)[..12])
 }
 

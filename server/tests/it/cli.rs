@@ -409,6 +409,10 @@ fn eval_and_repair_commands_replay_propose_and_decide() {
     let misrouted = "what does the menu on bistro-example.com say";
     assert_eq!(gh(&["eval", "add", "--message", misrouted, "--expect", "tool:web_fetch"]).code, 0);
     assert_eq!(gh(&["eval", "add", "--message", "thanks, see you tomorrow", "--expect", "normal_chat"]).code, 0);
+    let no_tool = gh(&["eval", "add", "--message", "hi", "--expect", "normal_chat", "--arg", "url=x"]);
+    assert!(no_tool.code == 2 && no_tool.stderr.contains("EVAL_ARGS_NEED_TOOL"), "{}", no_tool.all());
+    let not_pair = gh(&["eval", "add", "--message", "hi", "--expect", "tool:web_fetch", "--arg", "url"]);
+    assert!(not_pair.code == 2 && not_pair.stderr.contains("EVAL_ARG_INVALID"), "{}", not_pair.all());
     let bad = gh(&["eval", "add", "--message", "hi", "--expect", "tool"]);
     assert_eq!(bad.code, 2, "{}", bad.all());
     assert!(bad.stderr.contains("EVAL_EXPECT_INVALID"), "{}", bad.all());
@@ -418,6 +422,14 @@ fn eval_and_repair_commands_replay_propose_and_decide() {
     assert!(failing.stdout.contains("FAIL") && failing.stdout.contains("1 of 2 case(s) pass"), "{}", failing.stdout);
     let listed = gh(&["eval", "list", "--json"]);
     assert_eq!(listed.stdout.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()).count(), 2, "{}", listed.all());
+    // The arguments that matter: a third case, failing at the planner when one is replayed.
+    let with_args = gh(&["eval", "add", "--message", misrouted, "--expect", "tool:web_fetch", "--arg", "url=https://bistro-example.com/menu", "--arg", "max_chars=2000"]);
+    assert_eq!(with_args.code, 0, "{}", with_args.all());
+    let listed = gh(&["eval", "list", "--json"]);
+    let args: Vec<serde_json::Value> = listed.stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter_map(|c| c["expect"].get("args").cloned()).collect();
+    assert_eq!(args, vec![serde_json::json!({ "url": "https://bistro-example.com/menu", "max_chars": 2000 })], "{}", listed.stdout);
+    let case = listed.stdout.lines().find(|l| l.contains("max_chars")).and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok()).expect("the case");
+    assert_eq!(gh(&["eval", "remove", case["name"].as_str().expect("name")]).code, 0);
 
     let file = dir.path().join("cases.jsonl");
     assert_eq!(gh(&["eval", "export", file.to_str().expect("utf8")]).code, 0);

@@ -65,6 +65,11 @@ pub struct EvalAdd {
     /// normal_chat, guard, clarify or tool:NAME[,NAME].
     #[arg(long)]
     pub expect: String,
+    /// With tool:NAME, an argument that matters (repeatable): KEY=VALUE, the value read as JSON
+    /// when it is JSON (a number, true, an object), else as text. Other arguments may be
+    /// anything; text is compared without case.
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,7 +130,17 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
     let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
     match cmd {
         EvalCommand::Add(add) => {
-            let expect: Expect = add.expect.parse().map_err(usage)?;
+            let mut expect: Expect = add.expect.parse().map_err(usage)?;
+            if !add.args.is_empty() {
+                let Expect::Tool { args, .. } = &mut expect else {
+                    return Err(usage("EVAL_ARGS_NEED_TOOL: --arg says which arguments of a tool call matter; give --expect tool:NAME"));
+                };
+                for pair in &add.args {
+                    let (key, value) = pair.split_once('=').filter(|(k, _)| !k.trim().is_empty()).ok_or_else(|| usage(format!("EVAL_ARG_INVALID: {pair:?} is not KEY=VALUE")))?;
+                    let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+                    args.insert(key.trim().to_string(), value);
+                }
+            }
             let case = match (add.from_trace, &add.message) {
                 (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }).await.map_err(usage)?,
                 (None, Some(message)) => {
