@@ -188,6 +188,8 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
 fn evals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let e = &settings.evals;
     need(e.max_phrase_words >= 1, "evals.max_phrase_words", "must be at least 1".into());
+    let [low, high] = e.plan_threshold_range;
+    need(low > 0.0 && low < high && high < 1.0, "evals.plan_threshold_range", format!("must be [low, high] with 0 < low < high < 1, not [{low}, {high}]"));
     need(!e.cases_file.trim().is_empty(), "evals.cases_file", "must name a file".into());
     if !settings.models.repair.trim().is_empty() {
         let tag = super::lane::UNTRUSTED_TAG;

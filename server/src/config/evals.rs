@@ -23,6 +23,9 @@ pub struct EvalSettings {
     pub cases_file: String,
     /// The longest phrase, in words, a repair adds as a trigger or a when_not_to_use example.
     pub max_phrase_words: u32,
+    /// The lowest and highest plan threshold a repair may give a tool of its own
+    /// (`adjust_threshold`); beyond them it proposes other edits.
+    pub plan_threshold_range: [f32; 2],
     /// The owners' WhatsApp notice for a new proposal: `{id}`, `{summary}` and `{link}` are
     /// filled in.
     pub proposal_notice: String,
@@ -38,6 +41,7 @@ impl Default for EvalSettings {
             promise_phrases: ["i'll check", "i will check", "i'm checking", "let me check", "i'll get back to you", "i'll look into"].map(String::from).to_vec(),
             cases_file: "evals/cases.jsonl".into(),
             max_phrase_words: 6,
+            plan_threshold_range: [0.25, 0.9],
             proposal_notice: "Gatehouse proposes a repair (#{id}): {summary}. Nothing changes until you approve it: {link}".into(),
             repair_prompt: String::new(),
         }

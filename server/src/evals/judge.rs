@@ -47,6 +47,8 @@ pub struct Observed {
     pub args: Vec<Value>,
     /// The deciding reason code.
     pub code: String,
+    /// The detector's confidence in its best candidate (0..1).
+    pub confidence: f32,
 }
 
 impl Observed {
@@ -148,6 +150,7 @@ impl Judge {
             should_plan: d.should_plan,
             candidates: d.candidates.iter().map(|c| c.name.clone()).collect(),
             code: d.reason.as_str().into(),
+            confidence: d.confidence,
             ..Observed::default()
         }
     }
@@ -178,7 +181,7 @@ impl Judge {
             searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
             transcript: Vec::new(),
         };
-        let base = Observed { should_plan: true, candidates: detected.candidates.clone(), ..Observed::default() };
+        let base = Observed { should_plan: true, candidates: detected.candidates.clone(), confidence: detected.confidence, ..Observed::default() };
         let routed = |route: &str, code: &str| Observed { route: route.into(), code: code.into(), ..base.clone() };
         let Some(plan) = decider.plan(&mut input, &mut offered, &mut trace).await else {
             return routed("normal_chat", "SEARCH_LIMIT");

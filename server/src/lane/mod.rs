@@ -79,6 +79,7 @@ pub fn tool_docs(catalog: &Catalog) -> Vec<ToolDoc> {
                 owner_only: s.audience == Audience::OwnerOnly,
                 chat_types: s.chat_types.clone(),
                 enabled: s.enabled,
+                plan_threshold: s.plan_threshold,
             }
         })
         .collect()

@@ -85,7 +85,7 @@ impl Cycle {
         let ws = self.workspace();
         let failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
         let model = (!self.settings.models.repair.trim().is_empty()).then_some(self.model.as_ref());
-        let proposals = if failing > 0 { super::propose(&ws, &cases, self.settings.evals.max_phrase_words as usize, model).await? } else { Vec::new() };
+        let proposals = if failing > 0 { super::propose(&ws, &cases, model).await? } else { Vec::new() };
         let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), failing, new_proposals: Vec::new() };
         for p in &proposals {
             if let Some(id) = self.store_and_notify(p).await? {

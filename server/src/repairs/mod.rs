@@ -226,17 +226,17 @@ async fn try_edit(ws: &Workspace, tools_toml: &str, edit: &strategies::Edit, cas
 }
 
 /// The proposals for the failing cases among `cases`: one per failing case that some edit
-/// fixes, the best edit for it. The deterministic strategies go first (shortest phrase first,
-/// stopping at one with no regression); the repair model, when given, is asked only for a case
+/// fixes, the best edit for it. The deterministic strategies go first (in [`strategies`]'
+/// order, stopping at one with no regression); the repair model, when given, is asked only for a case
 /// none of them fixes.
-pub async fn propose(ws: &Workspace, cases: &[Case], max_words: usize, model: Option<&dyn ChatModel>) -> Result<Vec<Proposal>, RepairError> {
+pub async fn propose(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatModel>) -> Result<Vec<Proposal>, RepairError> {
     let before = run_all(&ws.judge()?, cases).await;
     let Some(tools_toml) = read(&ws.config_dir, EDITED)? else { return Ok(Vec::new()) };
     let declared = strategies::declared_tools(&tools_toml);
     let mut proposals: Vec<Proposal> = Vec::new();
     for (case, result) in cases.iter().zip(&before).filter(|(_, r)| !r.pass()) {
         let mut best: Option<Proposal> = None;
-        for edit in strategies::edits_for(case, result, &declared, max_words) {
+        for edit in strategies::edits_for(case, result, &tools_toml, &ws.settings.evals) {
             let Some(candidate) = try_edit(ws, &tools_toml, &edit, cases, &before, case).await else { continue };
             let better = best.as_ref().is_none_or(|b| (candidate.regressions(), std::cmp::Reverse(candidate.fixes())) < (b.regressions(), std::cmp::Reverse(b.fixes())));
             if better {
@@ -310,24 +310,31 @@ pub struct Decider {
     pub login: String,
 }
 
-/// Swaps the files of `changes` from `from` to `to` text, refusing when any file is not what
-/// it should be now.
+/// Brings the files of `changes` to their `after` text (`forward`) or back to `before`,
+/// refusing when any file is neither where it should start nor already where it should end. A
+/// file already at its target is left alone, so an approval or a rollback interrupted after
+/// some files were written completes when it is made again.
 fn swap(dir: &Path, changes: &[FileChange], forward: bool) -> Result<(), RepairError> {
+    let mut pending = Vec::new();
     for c in changes {
-        let expected = if forward { &c.before } else { &c.after };
-        if read(dir, &c.path)?.as_deref() != Some(expected.as_str()) {
-            return Err(RepairError::Stale(c.path.clone()));
+        let (from, to) = if forward { (&c.before, &c.after) } else { (&c.after, &c.before) };
+        match read(dir, &c.path)? {
+            Some(now) if now == *to => {}
+            Some(now) if now == *from => pending.push((c, to)),
+            _ => return Err(RepairError::Stale(c.path.clone())),
         }
     }
-    for c in changes {
-        write_atomic(&dir.join(&c.path), if forward { &c.after } else { &c.before })?;
+    for (c, to) in pending {
+        write_atomic(&dir.join(&c.path), to)?;
     }
     Ok(())
 }
 
-/// Approves and applies repair `id`: the state changes first (once, whoever is first), then
-/// the files; if the files cannot be written the state goes back. The caller reloads the
-/// catalog.
+/// Approves and applies repair `id`. The state changes and the files are written inside one
+/// transaction, committed only once every file is written: whoever is first decides (a second
+/// approval waits for the row, then finds it decided), a file that cannot be written leaves the
+/// repair proposed, and a crash between the writes and the commit leaves it proposed with its
+/// files in place, which approving again completes. The caller reloads the catalog.
 pub async fn approve(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider, confirm_regressions: bool) -> Result<RepairRow, RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
     if row.state != "proposed" {
@@ -336,16 +343,15 @@ pub async fn approve(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider
     if row.regressions > 0 && !confirm_regressions {
         return Err(RepairError::NeedsConfirmation(id));
     }
-    let now = db::now_ms();
-    if !store::transition(conn, id, "proposed", "applied", &by.name, None, now).await? {
+    let changes = files_of(&row);
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    if !store::transition(&mut tx, id, "proposed", "applied", &by.name, None, db::now_ms()).await? {
+        drop(tx);
         let state = store::get_repair(conn, id).await?.map(|r| r.state).unwrap_or_default();
         return Err(RepairError::Decided { id, state });
     }
-    let changes = files_of(&row);
-    if let Err(e) = swap(dir, &changes, true) {
-        sqlx::query("UPDATE repairs SET state = 'proposed', decided_at = NULL, decided_by = NULL WHERE id = $1").bind(id).execute(&mut *conn).await.map_err(DbError::from)?;
-        return Err(e);
-    }
+    swap(dir, &changes, true)?;
+    tx.commit().await.map_err(DbError::from)?;
     commit_if_git(dir, &changes, &format!("Repair #{id}: {}", row.summary), by);
     tracing::info!(repair = id, by = %by.login, "repair applied");
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
@@ -365,15 +371,22 @@ pub async fn reject(conn: &mut AnyConnection, id: i64, by: &Decider, reason: &st
 }
 
 /// Rolls an applied repair back: its files go back to their text before it, if they are still
-/// as it left them. The caller reloads the catalog.
+/// as it left them; like an approval, the state and the files change in one transaction. The
+/// caller reloads the catalog.
 pub async fn rollback(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider) -> Result<(), RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
     if row.state != "applied" {
         return Err(RepairError::Decided { id, state: row.state });
     }
     let changes = files_of(&row);
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    if !store::transition(&mut tx, id, "applied", "rolled_back", &by.name, None, db::now_ms()).await? {
+        drop(tx);
+        let state = store::get_repair(conn, id).await?.map(|r| r.state).unwrap_or_default();
+        return Err(RepairError::Decided { id, state });
+    }
     swap(dir, &changes, false)?;
-    store::transition(conn, id, "applied", "rolled_back", &by.name, None, db::now_ms()).await?;
+    tx.commit().await.map_err(DbError::from)?;
     commit_if_git(dir, &changes, &format!("Roll back repair #{id}: {}", row.summary), by);
     tracing::info!(repair = id, by = %by.login, "repair rolled back");
     Ok(())

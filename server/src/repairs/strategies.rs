@@ -1,8 +1,15 @@
 //! Deterministic repair strategies: edits of `tools.toml` that may make a failing case pass.
 //! Each yields candidate edits; the proposer replays every case over each and keeps the best.
 //!
-//! - `add_trigger`: a tool that should have been a candidate gets a trigger phrase taken from
-//!   the message (the shortest phrase first, up to `evals.max_phrase_words` words);
+//! - `adjust_threshold`: the detector found the right tool as its best candidate but was not
+//!   confident enough to plan (or found a tool for a message that needed none, just confident
+//!   enough): the tool gets its own `plan_threshold`, just at (or just above) the confidence it
+//!   had, within `[evals] plan_threshold_range`. Tried first, since it is exactly the diagnosis;
+//! - `add_alias`: a tool that should have been a candidate, named by the person in other words
+//!   (a phrase of the message sharing a word with the tool's name or title), gets the phrase as
+//!   an alias;
+//! - `add_trigger`: otherwise the phrase becomes a trigger (the shortest phrase first, up to
+//!   `evals.max_phrase_words` words);
 //! - `add_when_not_to_use`: a tool that was a candidate (or was called) where it should not
 //!   have been gets the message's phrase as a when_not_to_use example, which lowers its score.
 //!
@@ -10,29 +17,39 @@
 
 use toml_edit::{Array, DocumentMut, Item, value};
 
-use crate::evals::{Case, CaseResult, Expect};
+use crate::{
+    config::EvalSettings,
+    evals::{Case, CaseResult, Expect},
+    lane::detector::ReasonCode,
+};
 
 /// One edit of one tool's entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
-    /// `add_trigger`, `add_when_not_to_use` or `model`.
+    /// `adjust_threshold`, `add_alias`, `add_trigger`, `add_when_not_to_use` or `model`.
     pub strategy: &'static str,
     pub tool: String,
-    /// One of [`KEYS`]: triggers and aliases get the phrase added; when_to_use and
-    /// when_not_to_use get an example sentence appended (deterministic) or the text replaced
-    /// (the repair model).
+    /// One of [`KEYS`], or [`THRESHOLD`]: triggers and aliases get the phrase added;
+    /// when_to_use and when_not_to_use get an example sentence appended (deterministic) or the
+    /// text replaced (the repair model); plan_threshold is set to the number in `phrase`.
     pub key: &'static str,
     pub phrase: String,
 }
 
-/// The keys of a tool's entry a repair may touch; nothing else of a tool (its handler, risk,
-/// audience, schema) ever changes through a repair.
+/// The text keys of a tool's entry a repair may touch (the repair model among them); with
+/// [`THRESHOLD`], nothing else of a tool (its handler, risk, audience, schema) ever changes
+/// through a repair.
 pub const KEYS: [&str; 4] = ["triggers", "aliases", "when_to_use", "when_not_to_use"];
+
+/// The tool's own detector threshold, which only the deterministic `adjust_threshold` sets.
+pub const THRESHOLD: &str = "plan_threshold";
 
 impl Edit {
     pub fn summary(&self) -> String {
         match (self.strategy, self.key) {
             ("add_trigger", _) => format!("add the trigger {:?} to {}", self.phrase, self.tool),
+            ("add_alias", _) => format!("add the alias {:?} to {}", self.phrase, self.tool),
+            ("adjust_threshold", _) => format!("set the plan threshold of {} to {}", self.tool, self.phrase),
             ("add_when_not_to_use", _) => format!("tell {} it is not for messages like {:?}", self.tool, self.phrase),
             (_, "triggers" | "aliases") => format!("add {:?} to the {} of {} (the repair model)", self.phrase, self.key, self.tool),
             _ => format!("set the {} of {} to {:?} (the repair model)", self.key, self.tool, self.phrase),
@@ -82,39 +99,93 @@ pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
     out
 }
 
-/// The edits worth replaying for a failing case, given the tools `tools.toml` declares.
-pub fn edits_for(case: &Case, result: &CaseResult, declared: &[String], max_words: usize) -> Vec<Edit> {
-    let phrases = phrases(&case.message, max_words);
+/// The edits worth replaying for a failing case, given `tools.toml` as it is, in the order to
+/// try them.
+pub fn edits_for(case: &Case, result: &CaseResult, tools_toml: &str, settings: &EvalSettings) -> Vec<Edit> {
+    let declared = declared_tools(tools_toml);
+    let is_declared = |tool: &str| declared.iter().any(|d| d == tool);
+    let phrases = phrases(&case.message, settings.max_phrase_words as usize);
+    let detector = &result.detector.observed;
+    let top = detector.candidates.first().filter(|t| is_declared(t));
     let mut edits = Vec::new();
-    let mut add = |strategy: &'static str, tool: &str| {
-        if declared.iter().any(|d| d == tool) {
-            let key = if strategy == "add_trigger" { "triggers" } else { "when_not_to_use" };
-            edits.extend(phrases.iter().map(|p| Edit { strategy, tool: tool.to_string(), key, phrase: p.clone() }));
+    let phrase_edits = |strategy: &'static str, tool: &str, edits: &mut Vec<Edit>| {
+        if !is_declared(tool) {
+            return;
+        }
+        let names = name_words(tools_toml, tool);
+        for p in &phrases {
+            let (strategy, key) = match strategy {
+                "add_trigger" if names_the_tool(p, &names) => ("add_alias", "aliases"),
+                "add_trigger" => ("add_trigger", "triggers"),
+                _ => (strategy, "when_not_to_use"),
+            };
+            edits.push(Edit { strategy, tool: tool.to_string(), key, phrase: p.clone() });
         }
     };
+    let [low, high] = settings.plan_threshold_range;
+    // Thresholds move in hundredths: a tool's own threshold at or just above what it scored.
+    let threshold = |tool: &String, value: f32| Edit { strategy: "adjust_threshold", tool: tool.clone(), key: THRESHOLD, phrase: format!("{value:.2}") };
     match &case.expect {
         Expect::Tool { tools, .. } => {
+            // The right tool led but fell short of the threshold: lower its own.
+            if let Some(top) = top
+                && tools.contains(top)
+                && detector.code == ReasonCode::BelowThreshold.as_str()
+            {
+                let at = (detector.confidence * 100.0).floor() / 100.0;
+                if at >= low {
+                    edits.push(threshold(top, at));
+                }
+            }
             // Not planned at all, not a candidate, or not called: a trigger may bring it in.
-            let missed = |t: &String| !result.detector.observed.should_plan || !result.detector.observed.candidates.contains(t) || result.plan.as_ref().is_some_and(|p| !p.observed.tools.contains(t));
+            let missed = |t: &String| !detector.should_plan || !detector.candidates.contains(t) || result.plan.as_ref().is_some_and(|p| !p.observed.tools.contains(t));
             for tool in tools.iter().filter(|t| missed(t)) {
-                add("add_trigger", tool);
+                phrase_edits("add_trigger", tool, &mut edits);
             }
             // A wrong tool was called in its place.
             if let Some(plan) = &result.plan {
                 for wrong in plan.observed.tools.iter().filter(|t| !tools.contains(t)) {
-                    add("add_when_not_to_use", wrong);
+                    phrase_edits("add_when_not_to_use", wrong, &mut edits);
                 }
             }
         }
         Expect::NormalChat | Expect::Guard | Expect::Clarify => {
+            // A tool led just confidently enough to plan a message that needed none: raise its own.
+            if let Some(top) = top
+                && !matches!(case.expect, Expect::Guard)
+                && detector.code == ReasonCode::CandidatesFound.as_str()
+            {
+                let above = ((detector.confidence * 100.0).floor() + 1.0) / 100.0;
+                if above <= high {
+                    edits.push(threshold(top, above));
+                }
+            }
             let called = result.plan.as_ref().map(|p| p.observed.tools.clone()).unwrap_or_default();
-            let top = result.detector.observed.candidates.first().cloned();
-            for tool in called.iter().chain(top.iter()) {
-                add("add_when_not_to_use", tool);
+            for tool in called.iter().chain(top) {
+                phrase_edits("add_when_not_to_use", tool, &mut edits);
             }
         }
     }
     edits
+}
+
+/// The words of a tool's name and title, lowercase, of three letters or more.
+fn name_words(tools_toml: &str, tool: &str) -> Vec<String> {
+    let Ok(doc) = tools_toml.parse::<DocumentMut>() else {
+        return Vec::new();
+    };
+    let Some(table) = doc.get("tool").and_then(Item::as_array_of_tables).and_then(|t| t.iter().find(|t| t.get("name").and_then(Item::as_str) == Some(tool))) else {
+        return Vec::new();
+    };
+    let text = format!("{} {}", tool.replace(['_', '-'], " "), table.get("title").and_then(Item::as_str).unwrap_or_default());
+    words(&text).into_iter().filter(|w| w.chars().count() >= 3 && !EDGE_WORDS.contains(&w.as_str())).collect()
+}
+
+/// Whether a phrase names the tool in other words: one of its words shares a stem of four
+/// letters or more with a word of the tool's name or title ("searching" and "web_search").
+fn names_the_tool(phrase: &str, names: &[String]) -> bool {
+    let stem = |w: &str| w.chars().take(4).collect::<String>();
+    words(phrase).iter().any(|w| w.chars().count() >= 4 && names.iter().any(|n| n.chars().count() >= 4 && (w.starts_with(n.as_str()) || n.starts_with(w.as_str()) || stem(w) == stem(n))))
 }
 
 /// Why an edit cannot be made to the file as it is.
@@ -126,8 +197,10 @@ pub enum EditError {
     NoTool(String),
     #[error("REPAIR_NOTHING_TO_CHANGE: {0}")]
     Unchanged(String),
-    #[error("REPAIR_KEY_NOT_ALLOWED: a repair may change only triggers, aliases, when_to_use and when_not_to_use, not {0:?}")]
+    #[error("REPAIR_KEY_NOT_ALLOWED: a repair may change only triggers, aliases, when_to_use, when_not_to_use and plan_threshold, not {0:?}")]
     KeyNotAllowed(String),
+    #[error("REPAIR_THRESHOLD_INVALID: a plan threshold must be a number between 0 and 1, not {0:?}")]
+    Threshold(String),
 }
 
 /// The tools `tools.toml` declares, by name.
@@ -169,6 +242,13 @@ pub fn apply(text: &str, edit: &Edit) -> Result<String, EditError> {
             let text = if current.is_empty() { example } else { format!("{current} {example}") };
             table.insert("when_not_to_use", value(text));
         }
+        ("adjust_threshold", THRESHOLD) => {
+            let threshold: f64 = edit.phrase.parse().ok().filter(|t| *t > 0.0 && *t < 1.0).ok_or_else(|| EditError::Threshold(edit.phrase.clone()))?;
+            if table.get(THRESHOLD).and_then(Item::as_float).is_some_and(|t| (t - threshold).abs() < 1e-9) {
+                return Err(EditError::Unchanged(format!("the plan threshold of {} is already {threshold}", edit.tool)));
+            }
+            table.insert(THRESHOLD, value(threshold));
+        }
         (_, key) => return Err(EditError::KeyNotAllowed(key.to_string())),
     }
     Ok(doc.to_string())
@@ -179,6 +259,68 @@ mod tests {
     use super::*;
 
     const FILE: &str = "# tools\napproval_mode = \"auto\"\n\n[[tool]]\n# the search\nname = \"search\"\ntriggers = [\"look up\"]\n\n[[tool]]\nname = \"fetch\"\n";
+
+    fn case(message: &str, expect: &str) -> Case {
+        let expect: Expect = expect.parse().expect("expectation");
+        serde_json::from_value(serde_json::json!({ "name": "c", "message": message, "expect": expect })).expect("case")
+    }
+
+    fn result(should_plan: bool, code: ReasonCode, confidence: f32, candidates: &[&str]) -> CaseResult {
+        let observed = crate::evals::judge::Observed { route: if should_plan { "plan" } else { "normal_chat" }.into(), should_plan, candidates: candidates.iter().map(|c| c.to_string()).collect(), code: code.as_str().into(), confidence, ..Default::default() };
+        CaseResult { name: "c".into(), expect: String::new(), detector: crate::evals::Verdict { pass: false, observed, why: "x".into() }, plan: None }
+    }
+
+    const TITLED: &str = "[[tool]]\nname = \"tide_table\"\ntitle = \"Tide times\"\n\n[[tool]]\nname = \"weather\"\n";
+
+    #[test]
+    fn a_right_tool_short_of_the_threshold_gets_its_own_threshold_first() {
+        let settings = EvalSettings::default();
+        let edits = edits_for(&case("When is high water in Porto?", "tool:tide_table"), &result(false, ReasonCode::BelowThreshold, 0.437, &["tide_table"]), TITLED, &settings);
+        assert_eq!(edits[0], Edit { strategy: "adjust_threshold", tool: "tide_table".into(), key: THRESHOLD, phrase: "0.43".into() });
+        assert!(edits[1..].iter().all(|e| e.strategy != "adjust_threshold"), "{edits:?}");
+        // Below the lowest threshold a repair may set, it proposes phrases only.
+        let edits = edits_for(&case("When is high water in Porto?", "tool:tide_table"), &result(false, ReasonCode::BelowThreshold, 0.2, &["tide_table"]), TITLED, &settings);
+        assert!(!edits.is_empty() && edits.iter().all(|e| e.strategy != "adjust_threshold"), "{edits:?}");
+        // A wrong tool on top is not the threshold's fault.
+        let edits = edits_for(&case("When is high water in Porto?", "tool:tide_table"), &result(false, ReasonCode::BelowThreshold, 0.45, &["weather", "tide_table"]), TITLED, &settings);
+        assert!(edits.iter().all(|e| e.strategy != "adjust_threshold"), "{edits:?}");
+    }
+
+    #[test]
+    fn a_tool_that_planned_chat_just_above_the_threshold_gets_a_higher_one() {
+        let settings = EvalSettings::default();
+        let edits = edits_for(&case("The weather was lovely at the wedding", "normal_chat"), &result(true, ReasonCode::CandidatesFound, 0.512, &["weather"]), TITLED, &settings);
+        assert_eq!(edits[0], Edit { strategy: "adjust_threshold", tool: "weather".into(), key: THRESHOLD, phrase: "0.52".into() });
+        assert!(edits[1..].iter().all(|e| e.strategy == "add_when_not_to_use" && e.tool == "weather"), "{edits:?}");
+        let edits = edits_for(&case("The weather was lovely at the wedding", "normal_chat"), &result(true, ReasonCode::CandidatesFound, 0.95, &["weather"]), TITLED, &settings);
+        assert!(edits.iter().all(|e| e.strategy != "adjust_threshold"), "above the highest threshold a repair may set: {edits:?}");
+    }
+
+    #[test]
+    fn a_phrase_naming_the_tool_becomes_an_alias_and_others_triggers() {
+        let settings = EvalSettings::default();
+        let edits = edits_for(&case("Show the tide chart for Porto", "tool:tide_table"), &result(false, ReasonCode::NoCandidate, 0.0, &[]), TITLED, &settings);
+        let kind = |phrase: &str| edits.iter().find(|e| e.phrase == phrase).map(|e| (e.strategy, e.key)).unwrap_or_else(|| panic!("{phrase:?} is not proposed: {edits:?}"));
+        assert_eq!(kind("tide chart"), ("add_alias", "aliases"), "it shares a word with the name");
+        assert_eq!(kind("show the tide"), ("add_alias", "aliases"));
+        assert_eq!(kind("chart for porto"), ("add_trigger", "triggers"));
+        assert_eq!(kind("porto"), ("add_trigger", "triggers"));
+        let alias = edits.iter().find(|e| e.phrase == "tide chart").expect("proposed");
+        let out = apply(TITLED, alias).unwrap();
+        assert!(out.contains("aliases = [\"tide chart\"]"), "{out}");
+    }
+
+    #[test]
+    fn a_threshold_edit_writes_a_number_and_refuses_nonsense() {
+        let edit = Edit { strategy: "adjust_threshold", tool: "weather".into(), key: THRESHOLD, phrase: "0.42".into() };
+        let out = apply(TITLED, &edit).unwrap();
+        assert!(out.contains("name = \"weather\"\nplan_threshold = 0.42"), "{out}");
+        assert!(matches!(apply(&out, &edit), Err(EditError::Unchanged(_))));
+        for bad in ["1.5", "0", "high"] {
+            assert!(matches!(apply(TITLED, &Edit { phrase: bad.into(), ..edit.clone() }), Err(EditError::Threshold(_))), "{bad}");
+        }
+        assert!(matches!(apply(TITLED, &Edit { strategy: "model", ..edit }), Err(EditError::KeyNotAllowed(_))), "only the deterministic strategy sets a threshold");
+    }
 
     #[test]
     fn phrases_are_shortest_first_and_skip_filler_edges() {

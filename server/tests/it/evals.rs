@@ -129,7 +129,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
     // The same words, two expectations: whatever routes one to the tool routes the other too.
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch"), case("just-chat", &format!("{MISROUTED}!"), "normal_chat")];
-    let proposals = repairs::propose(&ws, &cases, 6, None).await.expect("propose");
+    let proposals = repairs::propose(&ws, &cases, None).await.expect("propose");
     let p = proposals.iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal for the failing case");
     assert_eq!((p.fixes(), p.regressions()), (1, 1), "{:?}", p.table);
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
@@ -163,6 +163,9 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     git(&["init", "-q"]);
     git(&["add", "."]);
     git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qm", "shipped config"]);
+    // An approval that wrote the file but died before its transaction committed left the
+    // repair proposed with the file in place: approving again completes it.
+    std::fs::write(dir.path().join("tools.toml"), &p.change.after).expect("as a crash left it");
     let applied = repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await.expect("confirmed");
     assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
@@ -171,6 +174,35 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     assert!(git(&["status", "--porcelain"]).stdout.is_empty(), "committed whole");
 }
 both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
+
+/// The detector found the right tool as its best candidate, just short of the plan threshold:
+/// the first proposal is that tool's own `plan_threshold` (not a phrase of this one message),
+/// replayed with no regression; once approved, the same message plans with that tool.
+async fn a_right_tool_short_of_the_threshold_gets_its_own(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let message = "the web page about cats";
+    let cases = vec![case("cats-page", message, "tool:web_fetch"), case("goodbye", "thanks, see you tomorrow", "normal_chat")];
+    let before = repairs::run_all(&ws.judge().expect("judge"), &cases).await;
+    let o = &before[0].detector.observed;
+    assert!(!o.should_plan && o.code == "BELOW_THRESHOLD" && o.candidates.first().map(String::as_str) == Some("web_fetch"), "the shipped config: {o:?}");
+
+    let proposals = repairs::propose(&ws, &cases, None).await.expect("propose");
+    let [p] = proposals.as_slice() else { panic!("one proposal: {proposals:?}") };
+    assert_eq!((p.strategy.as_str(), p.fixes(), p.regressions()), ("adjust_threshold", 1, 0), "{:?}", p.table);
+    let expected = format!("{:.2}", (o.confidence * 100.0).floor() / 100.0);
+    assert!(p.diff().contains(&format!("+plan_threshold = {expected}")), "{}", p.diff());
+    assert!(p.summary.contains("plan threshold of web_fetch"), "{}", p.summary);
+
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let (row, _) = repairs::store(&mut conn, p).await.expect("store");
+    repairs::approve(&mut conn, dir.path(), row.id, &Decider { name: "Ada".into(), login: "ada".into() }, false).await.expect("approve");
+    let after = repairs::run_all(&ws.judge().expect("judge"), &cases).await;
+    assert!(after.iter().all(|r| r.pass()), "{after:?}");
+    assert_eq!(after[0].detector.observed.code, "CANDIDATES_FOUND");
+}
+both_backends!(evals_threshold_repair, a_right_tool_short_of_the_threshold_gets_its_own);
 
 /// Milestone 8's traces: the planner's decision is stored with its answer (secrets replaced),
 /// a rejected plan leaves its step, the scan turns a plan naming an unknown tool into a
@@ -290,10 +322,10 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     let cases = vec![case("is-it-up", "is it up?", "tool:web_fetch")];
 
     fake.then(|_| anthropic(json!([tool_use("r1", "propose_edit", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use"));
-    assert!(repairs::propose(&ws, &cases, 6, Some(model.as_ref())).await.expect("propose").is_empty(), "a key a repair may not touch is ignored");
+    assert!(repairs::propose(&ws, &cases, Some(model.as_ref())).await.expect("propose").is_empty(), "a key a repair may not touch is ignored");
 
     fake.then(|_| anthropic(json!([tool_use("r2", "propose_edit", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
-    let proposals = repairs::propose(&ws, &cases, 6, Some(model.as_ref())).await.expect("propose");
+    let proposals = repairs::propose(&ws, &cases, Some(model.as_ref())).await.expect("propose");
     let [p] = proposals.as_slice() else { panic!("one proposal: {proposals:?}") };
     assert_eq!((p.strategy.as_str(), p.fixes(), p.regressions()), ("model", 1, 0));
     assert!(p.diff().contains("\"is it up\""), "{}", p.diff());
@@ -302,7 +334,7 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     assert_eq!(asked["tool_choice"]["name"], "propose_edit");
     assert!(asked["messages"].to_string().contains("<untrusted_data kind=\\\"message\\\">"), "{asked}");
     assert_eq!(fake.hits(), 2, "asked once per propose, only for the case nothing else fixes");
-    assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], 6, Some(model.as_ref())).await.expect("propose").len(), 1);
+    assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], Some(model.as_ref())).await.expect("propose").len(), 1);
     assert_eq!(fake.hits(), 2, "a deterministic fix needs no model");
 }
 

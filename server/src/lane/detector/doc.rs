@@ -24,6 +24,10 @@ pub struct ToolDoc {
     pub chat_types: Vec<ChatKind>,
     /// Defaults to true.
     pub enabled: bool,
+    /// The tool's own plan threshold (tools.toml `plan_threshold`): when it is the best
+    /// candidate, the message plans from this confidence instead of `[lane.detector]
+    /// plan_threshold`.
+    pub plan_threshold: Option<f32>,
 }
 
 impl Default for ToolDoc {
@@ -41,6 +45,7 @@ impl Default for ToolDoc {
             owner_only: false,
             chat_types: Vec::new(),
             enabled: true,
+            plan_threshold: None,
         }
     }
 }

@@ -170,7 +170,8 @@ impl Index {
             return Detection::stay(ReasonCode::NoCandidate);
         };
         let confidence = self.confidence(best);
-        let should_plan = confidence >= self.settings.plan_threshold;
+        let threshold = self.inverted.entries[best.doc as usize].plan_threshold.unwrap_or(self.settings.plan_threshold);
+        let should_plan = confidence >= threshold;
         let floor = best.hit.score * self.settings.candidate_ratio;
         let candidates: Vec<Candidate> = scored
             .iter()

@@ -68,6 +68,7 @@ fn doc_from_toml(tool: &toml::Value, enable_all: bool) -> ToolDoc {
                 .get("enabled")
                 .and_then(|v| v.as_bool())
                 .unwrap_or(true),
+        plan_threshold: tool.get("plan_threshold").and_then(toml::Value::as_float).map(|t| t as f32),
     }
 }
 
@@ -576,4 +577,19 @@ fn a_followup_never_offers_a_tool_the_person_may_not_use() {
     assert!(!names(&customer).contains(&"sales_report"), "{customer:?}");
     let owner = index.detect("and what about March?", Role::Owner, ChatKind::Direct, &recent);
     assert!(names(&owner).contains(&"sales_report"), "{owner:?}");
+}
+
+#[test]
+fn a_tools_own_plan_threshold_decides_when_it_is_the_best_candidate() {
+    let message = "Where is my order 4821?";
+    let shared = detect(&build(vec![lookup_order()]), message);
+    let confidence = shared.confidence;
+    assert!(confidence > 0.02 && confidence < 0.98, "{shared:?}");
+    let lower = ToolDoc { plan_threshold: Some(confidence - 0.01), ..lookup_order() };
+    let planned = detect(&build(vec![lower]), message);
+    assert!(planned.should_plan && planned.reason == ReasonCode::CandidatesFound, "{planned:?}");
+    let higher = ToolDoc { plan_threshold: Some(confidence + 0.01), ..lookup_order() };
+    let stayed = detect(&build(vec![higher]), message);
+    assert!(!stayed.should_plan && stayed.reason == ReasonCode::BelowThreshold, "{stayed:?}");
+    assert_eq!(stayed.confidence, confidence, "the threshold moves the decision, not the confidence");
 }

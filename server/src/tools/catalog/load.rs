@@ -77,6 +77,11 @@ impl Catalog {
             if spec.retry.max_attempts == 0 {
                 bad("retry.max_attempts", "must be at least 1".into());
             }
+            if let Some(t) = spec.plan_threshold
+                && !(t > 0.0 && t < 1.0)
+            {
+                bad("plan_threshold", format!("must be between 0 and 1 (exclusive), not {t}"));
+            }
             if spec.max_result_bytes == 0 {
                 bad("max_result_bytes", "must be at least 1".into());
             }

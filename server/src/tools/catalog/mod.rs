@@ -126,6 +126,10 @@ pub struct ToolSpec {
     pub triggers: Vec<String>,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The candidate detector's plan threshold (0..1) for messages where this tool is the best
+    /// candidate; unset follows `[lane.detector] plan_threshold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_threshold: Option<f32>,
     pub provider: Provider,
     /// For built-in tools: which implementation runs it.
     #[serde(default)]

@@ -72,6 +72,20 @@ fn reports_every_problem_with_file_and_key() {
 }
 
 #[test]
+fn a_tools_own_plan_threshold_is_a_fraction_and_leaves_other_versions_alone() {
+    let with = |t: &str| GOOD.replace("timeout = \"5s\"", &format!("timeout = \"5s\"\nplan_threshold = {t}"));
+    let tool = load(&with("0.3"), &["SHOP_API_KEY"]).expect("valid");
+    assert_eq!(tool.get("lookup_order").expect("tool").spec.plan_threshold, Some(0.3));
+    for bad in ["0.0", "1.0", "1.5", "-0.2"] {
+        let problems = load(&with(bad), &["SHOP_API_KEY"]).expect_err(bad);
+        assert!(problems.iter().any(|p| p.to_string().contains("(lookup_order).plan_threshold: must be between 0 and 1")), "{bad}: {problems:?}");
+    }
+    // Unset, the key is not part of the definition: versions of tools without it stay as they were.
+    let plain = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
+    assert!(!serde_json::to_string(&plain.get("lookup_order").expect("tool").spec).expect("json").contains("plan_threshold"));
+}
+
+#[test]
 fn extra_arguments_are_refused_unless_the_schema_allows_them() {
     let open = GOOD.replace("additionalProperties = false\n", "");
     let catalog = load(&open, &["SHOP_API_KEY"]).expect("valid");

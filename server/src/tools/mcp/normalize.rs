@@ -148,6 +148,7 @@ pub fn to_spec(server: &ServerConfig, name: &str, def: &Value) -> Result<ToolSpe
         aliases: Vec::new(),
         triggers: Vec::new(),
         tags: vec!["mcp".into(), format!("mcp:{}", server.id), "untrusted".into()],
+        plan_threshold: None,
         provider: Provider::Mcp,
         handler: None,
         operation: if read_only { Operation::Read } else { Operation::Write },

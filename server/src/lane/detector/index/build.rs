@@ -102,6 +102,7 @@ impl Inverted {
                 name: doc.name,
                 owner_only: doc.owner_only,
                 chat_types: doc.chat_types,
+                plan_threshold: doc.plan_threshold,
                 name_mass: 0.0,
                 name_terms,
             });

@@ -32,6 +32,8 @@ pub(super) struct Entry {
     pub name: String,
     pub owner_only: bool,
     pub chat_types: Vec<super::ChatKind>,
+    /// The tool's own plan threshold, if it has one.
+    pub plan_threshold: Option<f32>,
     /// Sum of the idf of the tool's distinct name words: how much a message can match its name.
     pub name_mass: f32,
     /// Distinct term ids of the name.
