@@ -1,4 +1,5 @@
-//! `gatehouse bench jobs`: throughput and latency of the job queue on a given database.
+//! `gatehouse bench jobs`: throughput and latency of the job queue on a given database, and its
+//! ceiling: the same jobs claimed and completed by plain batched SQL in the same run.
 
 pub mod detector;
 pub mod mcp;
@@ -78,6 +79,27 @@ async fn count_finished(db: &Db, queue: &str) -> Result<i64, sqlx::Error> {
         .fetch_one(&db.pool)
         .await?;
     Ok(n)
+}
+
+/// Claims `batch` available jobs of `queue` with one UPDATE and completes them with another,
+/// until none is left: the least a queue can do per job. Returns how many it completed.
+async fn plain_claim_complete(db: Db, queue: String, batch: usize) -> anyhow::Result<usize> {
+    let pick = "SELECT id FROM jobs WHERE queue = $2 AND state = 'available' ORDER BY id LIMIT $3";
+    let claim = match db.backend {
+        db::Backend::Postgres => format!("WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE jobs SET state = 'running', started_at = $1 FROM picked WHERE jobs.id = picked.id RETURNING jobs.id"),
+        db::Backend::Sqlite => format!("UPDATE jobs SET state = 'running', started_at = $1 WHERE id IN ({pick}) RETURNING id"),
+    };
+    let mut done = 0;
+    loop {
+        let now = db::now_ms();
+        let ids: Vec<i64> = sqlx::query_scalar(&claim).bind(now).bind(&queue).bind(i64::try_from(batch).unwrap_or(64)).fetch_all(&db.pool).await?;
+        if ids.is_empty() {
+            return Ok(done);
+        }
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        sqlx::query(&format!("UPDATE jobs SET state = 'completed', completed_at = $1 WHERE id IN ({list})")).bind(now).execute(&db.pool).await?;
+        done += ids.len();
+    }
 }
 
 pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
@@ -160,6 +182,28 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     let mut conn = db.pool.acquire().await?;
     db::jobs::delete_queue(&mut conn, &queue_name).await?;
     drop(conn);
+
+    // 4. The ceiling: the same number of the same jobs, enqueued the same way, claimed and
+    // completed by plain batched SQL with no queue logic (no leases, attempts, events or
+    // handler), by as many tasks as the workers, `concurrency` jobs a batch.
+    let ceiling_queue = format!("{queue_name}-ceiling");
+    for chunk in (0..args.jobs).collect::<Vec<_>>().chunks(500) {
+        let batch: Vec<NewJob> = chunk.iter().map(|_| NewJob { queue: ceiling_queue.clone(), ..new_job(serde_json::json!({})) }).collect();
+        let mut tx = db.begin_write().await?;
+        queue.enqueue_many_in(&mut tx, &batch).await?;
+        tx.commit().await?;
+    }
+    let t = Instant::now();
+    let claimers: Vec<_> = (0..args.workers.max(1)).map(|_| tokio::spawn(plain_claim_complete(db.clone(), ceiling_queue.clone(), args.concurrency.max(1)))).collect();
+    let mut ceiling_done = 0usize;
+    for c in claimers {
+        ceiling_done += c.await??;
+    }
+    let ceiling_secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(ceiling_done == args.jobs, "the ceiling completed {ceiling_done} of {} jobs", args.jobs);
+    let mut conn = db.pool.acquire().await?;
+    db::jobs::delete_queue(&mut conn, &ceiling_queue).await?;
+    drop(conn);
     db.close().await;
 
     let n = args.jobs as f64;
@@ -167,6 +211,12 @@ pub async fn jobs(args: &JobsBench) -> anyhow::Result<()> {
     println!("jobs               {} (workers {}, concurrency {} each)", args.jobs, args.workers, args.concurrency);
     println!("enqueue/s          {:.0} (batches of 500, one transaction each)", n / enqueue_secs);
     println!("completed/s        {:.0} (queue full at start)", n / complete_secs);
+    println!(
+        "ceiling            {:.0} completed/s by plain batched SQL (claim {} with one UPDATE, complete them with one UPDATE; no leases, events or handler); the queue is {:.2}x of it",
+        n / ceiling_secs,
+        args.concurrency.max(1),
+        ceiling_secs / complete_secs
+    );
     println!(
         "enqueue-to-start   p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  ({} samples, idle queue)",
         percentile(&latencies, 0.50),

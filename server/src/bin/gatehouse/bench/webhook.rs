@@ -2,7 +2,8 @@
 //! on the real router over loopback TCP. Phase 1 sends as fast as `--concurrency` connections
 //! allow; phase 2 sends at a steady `--rate` and measures latency from each request's scheduled
 //! time, so a stall is not hidden by requests that were never sent (coordinated omission).
-//! No worker runs: the jobs stay queued and only intake is measured.
+//! No worker runs: the jobs stay queued and only intake is measured. Its ceiling, in the same
+//! run: the same requests to a route that only checks the signature and answers 200.
 //!
 //! The load generator is deliberately lean so that it measures the server, not itself: it runs
 //! on one thread of its own (like `wrk -t1`), keeps its connections alive, and writes
@@ -229,6 +230,24 @@ async fn steady(addr: SocketAddr, requests: Vec<Vec<u8>>, rate: u32) -> anyhow::
     Ok((phase, lags))
 }
 
+/// The intake ceiling: verify the signature, answer 200 (401 when it does not match), nothing else.
+fn ceiling_router(secret: Vec<u8>) -> axum::Router {
+    let secret = Arc::new(secret);
+    axum::Router::new().route(
+        webhook::PATH,
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let secret = secret.clone();
+            async move {
+                let given = headers.get(signature::SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+                match signature::verify(&secret, given, &body) {
+                    Ok(()) => axum::http::StatusCode::OK,
+                    Err(_) => axum::http::StatusCode::UNAUTHORIZED,
+                }
+            }
+        }),
+    )
+}
+
 /// Runs `work` on a thread of its own with a single-threaded runtime: the load generator.
 async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
     let (done, result) = tokio::sync::oneshot::channel();
@@ -261,8 +280,17 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     let server = tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).await });
     let host = addr.to_string();
 
-    let requests: Vec<Vec<u8>> = (0..args.requests).map(|n| signed_request(secret.as_bytes(), &host, n)).collect();
-    let max = on_load_thread(max_throughput(addr, Arc::new(requests), args.concurrency)).await?;
+    let requests: Arc<Vec<Vec<u8>>> = Arc::new((0..args.requests).map(|n| signed_request(secret.as_bytes(), &host, n)).collect());
+    let max = on_load_thread(max_throughput(addr, requests.clone(), args.concurrency)).await?;
+    // The ceiling: the same signed requests, over the same kind of connections, to a route that
+    // checks the signature and answers 200 without parsing or storing anything.
+    let ceiling_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let ceiling_addr = ceiling_listener.local_addr()?;
+    let ceiling_app = ceiling_router(secret.clone().into_bytes());
+    let ceiling_server = tokio::spawn(async move { axum::serve(ceiling_listener, ceiling_app).await });
+    let ceiling = on_load_thread(max_throughput(ceiling_addr, requests, args.concurrency)).await?;
+    ceiling_server.abort();
+    anyhow::ensure!(ceiling.failed == 0, "the ceiling route refused {} of its requests", ceiling.failed);
 
     let total = usize::try_from(u64::from(args.rate) * args.seconds).unwrap_or(usize::MAX);
     let requests: Vec<Vec<u8>> = (0..total).map(|i| signed_request(secret.as_bytes(), &host, args.requests + i)).collect();
@@ -277,6 +305,11 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     println!("backend                {}", db.backend.as_str());
     println!("what                   signed POST /webhooks/whatsapp, one new text message each: verify, dedupe, store, enqueue, 200");
     max.print(&format!("max ({} connections)", args.concurrency));
+    println!(
+        "ceiling                {:>7.0} req/s  (the same requests to a route that checks the signature and answers 200, storing nothing); intake is {:.2}x of it",
+        ceiling.sent as f64 / ceiling.secs,
+        (max.sent as f64 / max.secs) / (ceiling.sent as f64 / ceiling.secs)
+    );
     steady.print(&format!("steady {} req/s", args.rate));
     println!(
         "generator lag          p50 {:.2} ms  p99 {:.2} ms  (how late steady requests started; counted in their latency)",
