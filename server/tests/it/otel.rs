@@ -3,7 +3,8 @@
 //! OTLP/HTTP receiver, which decodes what arrives with the OTLP protobuf types: one trace for
 //! the message, its lane stages, model calls (GenAI attributes) and the tool.call job as spans
 //! of that trace, metrics beside it, and the message's text, the reply and the tool's arguments
-//! nowhere in the bytes. With `otlp_endpoint` unset (or unusable) nothing is sent at all.
+//! nowhere in the bytes. A slow job, and a job run later by `gatehouse worker` in another
+//! process, join the same trace. With `otlp_endpoint` unset (or unusable) nothing is sent.
 
 use std::{
     collections::HashMap,
@@ -218,6 +219,79 @@ async fn a_slow_jobs_span_joins_its_messages_trace(db: TestDb) {
     assert_eq!((summary.trace_id.as_slice(), summary.parent_span_id.as_slice()), (root.trace_id.as_slice(), tool.span_id.as_slice()));
 }
 both_backends!(otel_slow_job_joins_trace, a_slow_jobs_span_joins_its_messages_trace);
+
+/// The message is handled here, its tool call is left to a worker, and `gatehouse worker` (the
+/// real binary, another process on the same database) runs it later: the job's span and the
+/// summary's model call land in the message's trace, and they are sent before that process
+/// exits on SIGTERM.
+async fn a_job_run_by_another_process_joins_its_messages_trace(db: TestDb) {
+    let (otlp, endpoint) = Receiver::start().await;
+    let tools = crate::lane_e2e::TOOLS.replacen("timeout = \"20s\"\n", "timeout = \"20s\"\nasync_policy = \"required\"\n", 1);
+    assert_ne!(tools, crate::lane_e2e::TOOLS, "order_status always runs as a job");
+    let here = endpoint.clone();
+    let rig = crate::lane_e2e::rig_with(db, &tools, "", move |s| {
+        s.telemetry.otlp_endpoint = here;
+        s.telemetry.service_name = "gatehouse-test".into();
+    })
+    .await;
+    let message = server::channel::simulator::SimMessage { from: "+15550109999".into(), text: TEXT.into(), ..Default::default() };
+    let outcome = rig.app.gatehouse.simulator.send(message).await.expect("simulate");
+    assert_eq!(outcome.handled.reply.as_deref(), Some(rig.app.state.config.settings.lane.pending_reply.as_str()), "the person is told it is underway");
+    rig.app.gatehouse.telemetry.shutdown().await;
+
+    let settings = &rig.app.state.config.settings;
+    let config = rig.dir.path().join("gatehouse.toml");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"), &config).expect("config");
+    let worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .arg("--config")
+        .arg(&config)
+        .arg("worker")
+        .env("GATEHOUSE__DATABASE__URL", &rig.app.db.url)
+        .env("GATEHOUSE__LLM__ANTHROPIC__BASE_URL", &settings.llm.anthropic.base_url)
+        .env("GATEHOUSE__LLM__MAX_RETRIES", "0")
+        .env("GATEHOUSE__MODELS__CHAT", &settings.models.chat)
+        .env("GATEHOUSE__MODELS__PLANNER", PLANNER_MODEL)
+        .env("GATEHOUSE__MODELS__SUMMARIZER", SUMMARIZER_MODEL)
+        .env("GATEHOUSE__JOBS__POLL_INTERVAL", "100ms")
+        .env("GATEHOUSE__TELEMETRY__OTLP_ENDPOINT", &endpoint)
+        .env("GATEHOUSE__TELEMETRY__SERVICE_NAME", "gatehouse-test")
+        .env("ANTHROPIC_API_KEY", "test-llm-key")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start gatehouse worker");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call' AND state = 'completed'").fetch_one(&rig.app.state.db.pool).await.expect("jobs");
+        if done == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the worker process did not run the tool call");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = worker.id().expect("running").to_string();
+    let signalled = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill");
+    assert!(signalled.success());
+    let out = tokio::time::timeout(Duration::from_secs(30), worker.wait_with_output()).await.expect("the worker stops on SIGTERM").expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the worker exited cleanly: {stderr}");
+
+    let spans: Vec<Span> = otlp.spans().into_iter().map(|(_, s)| s).collect();
+    let root = spans.iter().find(|s| attr(s, "gatehouse.route").is_some()).expect("the message span, from this process");
+    assert!(spans.iter().any(|s| s.trace_id == root.trace_id && s.name == "AgentToolImmediateStart"), "the lane left the call to a worker");
+    let tool = spans.iter().find(|s| s.name == "execute_tool order_status").unwrap_or_else(|| panic!("the worker process sent the job's span; its log: {stderr}"));
+    assert_eq!(tool.trace_id, root.trace_id, "the job run by another process joins its message's trace");
+    assert_eq!(tool.parent_span_id, root.span_id);
+    let summary = spans.iter().find(|s| attr(s, "gen_ai.request.model").as_deref() == Some(SUMMARIZER_MODEL)).expect("the summary's model call");
+    assert_eq!((summary.trace_id.as_slice(), summary.parent_span_id.as_slice()), (root.trace_id.as_slice(), tool.span_id.as_slice()));
+    let sent = String::from_utf8_lossy(&otlp.all_bytes()).into_owned();
+    for secret in ["Where is my order", "Zebulon", "4821", "Parcel Co"] {
+        assert!(!sent.contains(secret), "{secret:?} was exported");
+    }
+}
+both_backends!(otel_job_in_another_process, a_job_run_by_another_process_joins_its_messages_trace);
 
 async fn nothing_is_exported_without_an_endpoint(db: TestDb) {
     let (otlp, endpoint) = Receiver::start().await;
