@@ -293,6 +293,35 @@ async fn a_job_run_by_another_process_joins_its_messages_trace(db: TestDb) {
 }
 both_backends!(otel_job_in_another_process, a_job_run_by_another_process_joins_its_messages_trace);
 
+/// An owner's approval request from the console has a trace of its own: it is exported too,
+/// without the call's arguments.
+async fn a_console_approval_request_is_a_trace_too(db: TestDb) {
+    let (otlp, endpoint) = Receiver::start().await;
+    let rig = rig(db, move |s| s.telemetry.otlp_endpoint = endpoint).await;
+    let who = server::approvals::Requester {
+        actor: server::domain::Role::Owner,
+        channel: server::approvals::CONSOLE.into(),
+        chat_kind: server::domain::ChatKind::Direct,
+        chat_id: "console".into(),
+        sender: "owner:1".into(),
+        message_id: "console-otel".into(),
+        request: "refund for Zebulon".into(),
+        correlation_id: "corr-otel".into(),
+    };
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: serde_json::json!({ "order_id": "4821", "email": "zebulon@example.com" }) };
+    let requested = rig.app.gatehouse.approvals.request(&call, &who, None, None).await.expect("request");
+    rig.app.gatehouse.telemetry.shutdown().await;
+    let spans: Vec<Span> = otlp.spans().into_iter().map(|(_, s)| s).collect();
+    let root = spans.iter().find(|s| attr(s, "gatehouse.route").as_deref() == Some("approval")).expect("the request's trace");
+    assert_eq!(attr(root, "gatehouse.trace.id"), requested.trace_id.map(|id| id.to_string()));
+    assert!(spans.iter().any(|s| s.trace_id == root.trace_id && s.name == "ApprovalRequested" && s.parent_span_id == root.span_id));
+    let sent = String::from_utf8_lossy(&otlp.all_bytes()).into_owned();
+    for secret in ["4821", "zebulon", "Zebulon", "refund for"] {
+        assert!(!sent.contains(secret), "{secret:?} was exported");
+    }
+}
+both_backends!(otel_console_approval, a_console_approval_request_is_a_trace_too);
+
 async fn nothing_is_exported_without_an_endpoint(db: TestDb) {
     let (otlp, endpoint) = Receiver::start().await;
     // No endpoint: the export is off.
