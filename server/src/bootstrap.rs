@@ -1,6 +1,6 @@
 //! The composition root: every part of Gatehouse is built here, once, in this order:
 //!
-//! config (settings, secrets, tool files) -> database -> job queue and event bus -> checkpoint and MCP ->
+//! config (settings, secrets, tool files) -> database -> OpenTelemetry export -> job queue and event bus -> checkpoint and MCP ->
 //! spend budget -> model (every call recorded and counted against the budget) -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
 //! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
 //! self-improvement cycle -> job registry.
@@ -24,11 +24,12 @@ use crate::{
     db::{Db, DbError},
     events::Events,
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
-    llm::{self, ChatModel},
+    llm::{self, CallObserver, ChatModel, Observers},
     repairs::{
         Workspace,
         cycle::{Cycle, CycleJob},
     },
+    telemetry::Telemetry,
     tools::{self, Checkpoint, ToolFiles, mcp::McpManager},
 };
 
@@ -60,6 +61,9 @@ pub struct Gatehouse {
     pub cycle: Cycle,
     /// Every job kind this build runs, with its handler.
     pub registry: Registry,
+    /// OpenTelemetry export (off unless `[telemetry] otlp_endpoint` is set); shut it down
+    /// before the process ends so nothing queued is lost.
+    pub telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for Gatehouse {
@@ -134,7 +138,12 @@ impl Gatehouse {
 
     pub fn build_with(config: LoadedConfig, tool_files: ToolFiles, db: Db, overrides: Overrides) -> Result<Self, BuildError> {
         let settings = Arc::new(config.settings.clone());
-        let jobs = JobQueue::with_settings(db.clone(), &settings.jobs);
+        // A telemetry setting that cannot work turns the export off; the bot runs on.
+        let telemetry = Telemetry::start(&settings.telemetry, &config.secrets.source, db.clone()).unwrap_or_else(|e| {
+            tracing::error!(code = e.code(), error = %e, "OpenTelemetry export is off");
+            Telemetry::default()
+        });
+        let jobs = JobQueue::with_settings(db.clone(), &settings.jobs).traced(telemetry.clone());
         let events = Events::new(db.clone(), &settings.events);
         let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
         let model = match overrides.model {
@@ -142,7 +151,12 @@ impl Gatehouse {
             None => llm::from_settings(&settings, &config.secrets)?,
         };
         let budget = Arc::new(Budget::new(settings.clone(), db.clone(), jobs.clone()));
-        let model = llm::recorded(model, db.clone(), &settings, Some(budget.clone()));
+        // Every recorded model call counts against the budget and, when exported, is a span.
+        let mut observers: Vec<Arc<dyn CallObserver>> = vec![budget.clone()];
+        if telemetry.is_enabled() {
+            observers.push(Arc::new(ModelCallSpans(telemetry.clone())));
+        }
+        let model = llm::recorded(model, db.clone(), &settings, Some(Arc::new(Observers(observers))));
         let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs, &events)?;
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
@@ -168,6 +182,7 @@ impl Gatehouse {
             lane,
             approvals: approvals.clone(),
             budget: budget.clone(),
+            telemetry: telemetry.clone(),
         }));
         let handler: Arc<dyn InboundHandler> = runtime.clone();
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
@@ -181,11 +196,21 @@ impl Gatehouse {
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
         registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, events, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry })
+        Ok(Self { config: Arc::new(config), tool_files, db, jobs, events, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry, telemetry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.
     pub fn worker(&self) -> Worker {
-        Worker::new(self.db.clone(), self.registry.clone(), WorkerSettings::from(&self.config.settings.jobs), self.jobs.waker())
+        Worker::new(self.db.clone(), self.registry.clone(), WorkerSettings::from(&self.config.settings.jobs), self.jobs.waker()).with_telemetry(self.telemetry.clone())
+    }
+}
+
+/// Model calls as spans, told by the recording model.
+struct ModelCallSpans(Telemetry);
+
+#[async_trait::async_trait]
+impl CallObserver for ModelCallSpans {
+    async fn recorded(&self, row: &crate::db::llm_calls::LlmCallRow) {
+        self.0.model_call(row);
     }
 }

@@ -263,11 +263,18 @@ impl Approvals {
             json!({ "approval_id": row.id, "tool": row.tool, "version": row.tool_version, "args_hash": row.args_hash, "risk": row.risk, "expires_at": row.expires_at }),
         );
         recorder.flush(&mut tx).await?;
-        if let Some(own) = own {
-            let ending = Ending { actor: who.actor.as_str().into(), route: "approval".into(), outcome: "pending".into(), error_code: None };
-            own.finish(&mut tx, ending).await?;
-        }
+        let own_trace = match own {
+            Some(own) => {
+                let ending = Ending { actor: who.actor.as_str().into(), route: "approval".into(), outcome: "pending".into(), error_code: None };
+                Some(own.finish(&mut tx, ending).await?)
+            }
+            None => None,
+        };
         self.queue.commit(tx).await?;
+        // A request from the console or the CLI has a trace of its own, exported like a message's.
+        if let Some(id) = own_trace {
+            self.queue.telemetry().message(id);
+        }
         tracing::info!(event = "ApprovalRequested", approval.id = row.id, tool = %row.tool, reused, correlation_id = %who.correlation_id, "an owner must approve");
         Ok(Requested { id: row.id, reused, expires_at: row.expires_at, trace_id: row.trace_id })
     }

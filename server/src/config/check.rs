@@ -170,6 +170,20 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(events.max_streams_per_session >= 1, "events.max_streams_per_session", "must be at least 1".into());
     need(events.resume_limit >= 1, "events.resume_limit", "must be at least 1".into());
     need(!events.poll_interval.is_zero(), "events.poll_interval", "must be longer than 0s".into());
+    let t = &settings.telemetry;
+    need(
+        !t.enabled() || url::Url::parse(t.otlp_endpoint.trim()).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        "telemetry.otlp_endpoint",
+        format!("{:?} is not an http(s) URL (or empty, to export nothing)", display_url(&t.otlp_endpoint)),
+    );
+    need(!t.service_name.trim().is_empty(), "telemetry.service_name", "must not be empty".into());
+    need(!t.export_interval.is_zero(), "telemetry.export_interval", "must be longer than 0s".into());
+    need(!t.timeout.is_zero(), "telemetry.timeout", "must be longer than 0s".into());
+    need(
+        t.headers_secret.is_empty() || t.headers_secret.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'),
+        "telemetry.headers_secret",
+        format!("{:?} is not an environment variable name (A-Z, 0-9, _)", t.headers_secret),
+    );
     let graph = &settings.whatsapp.graph_base_url;
     need(
         url::Url::parse(graph).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),

@@ -26,6 +26,7 @@ pub mod load;
 pub mod net;
 pub mod secrets;
 mod server;
+pub mod telemetry;
 mod whatsapp;
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,7 @@ pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSetti
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
 pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
+pub use telemetry::TelemetrySettings;
 pub use whatsapp::WhatsAppSettings;
 
 /// Default path of the main config file, relative to the working directory.
@@ -68,6 +70,7 @@ pub struct Settings {
     pub evals: EvalSettings,
     pub events: EventSettings,
     pub whatsapp: WhatsAppSettings,
+    pub telemetry: TelemetrySettings,
 }
 
 /// Durations as human-readable strings: "500ms", "15m", "12h", "7d".

@@ -30,6 +30,7 @@ use crate::{
     jobs::JobQueue,
     llm::{self, ChatModel},
     owners::notices,
+    telemetry::Telemetry,
     traces::{self, Ending, Recorder, Subject},
 };
 
@@ -123,6 +124,8 @@ pub struct RuntimeParts {
     pub approvals: Arc<Approvals>,
     /// At 100% of a budget with `at_limit = "degraded"`, customers get its limit reply.
     pub budget: Arc<Budget>,
+    /// Each committed trace is exported as the message's OpenTelemetry trace.
+    pub telemetry: Telemetry,
 }
 
 pub struct Runtime {
@@ -134,6 +137,7 @@ pub struct Runtime {
     lane: Arc<dyn ToolLane>,
     approvals: Arc<Approvals>,
     budget: Arc<Budget>,
+    telemetry: Telemetry,
     guard: steps::PrivateGuard,
 }
 
@@ -167,7 +171,7 @@ impl Decision {
 impl Runtime {
     pub fn new(parts: RuntimeParts) -> Self {
         let guard = steps::PrivateGuard::new(&parts.settings.private_data);
-        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, budget: parts.budget, guard }
+        Self { db: parts.db, queue: parts.queue, settings: parts.settings, secrets: parts.secrets, model: parts.model, lane: parts.lane, approvals: parts.approvals, budget: parts.budget, telemetry: parts.telemetry, guard }
     }
 
     fn text_detail(&self, text: &str) -> serde_json::Value {
@@ -343,6 +347,7 @@ impl Runtime {
             }
         }
         self.queue.commit(tx).await?;
+        self.telemetry.message(trace_id);
         Ok(Outcome { route: d.route, actor, reply: d.reply, trace_id: Some(trace_id), error_code: d.error_code })
     }
 }

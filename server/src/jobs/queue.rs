@@ -13,6 +13,7 @@ use crate::{
         self, Backend, Db, DbError,
         jobs::{self as store, Enqueued, NewJob},
     },
+    telemetry::Telemetry,
 };
 
 /// The PostgreSQL channel workers listen on.
@@ -27,6 +28,8 @@ pub struct JobQueue {
     wake: Arc<Notify>,
     queue: String,
     max_attempts: i64,
+    /// Job runs become spans of their message's trace (off unless `[telemetry]` is set).
+    telemetry: Telemetry,
 }
 
 impl JobQueue {
@@ -36,7 +39,18 @@ impl JobQueue {
     }
 
     pub fn with_settings(db: Db, settings: &JobSettings) -> Self {
-        Self { db, wake: Arc::new(Notify::new()), queue: settings.queue.clone(), max_attempts: i64::from(settings.default_max_attempts.max(1)) }
+        Self { db, wake: Arc::new(Notify::new()), queue: settings.queue.clone(), max_attempts: i64::from(settings.default_max_attempts.max(1)), telemetry: Telemetry::default() }
+    }
+
+    /// The same queue, with job runs exported as spans by `telemetry`.
+    pub fn traced(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Where a job run made outside a worker (the lane's immediate run) reports its span.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     /// A job of kind `K` with these args, on this deployment's queue with its attempt count and

@@ -16,7 +16,7 @@ mod types;
 use std::sync::Arc;
 
 pub use error::{ErrorCode, LlmError};
-pub use record::{CallObserver, Recorded, call_row, cost_micro_usd};
+pub use record::{CallObserver, Observers, Recorded, call_row, cost_micro_usd};
 pub use retry::RetryPolicy;
 pub use types::{ChatRequest, ChatResponse, ContentBlock, Message, Purpose, Role, StopReason, ToolChoice, ToolSpec, Usage};
 

@@ -69,6 +69,18 @@ pub trait CallObserver: Send + Sync {
     async fn recorded(&self, row: &LlmCallRow);
 }
 
+/// Several observers, each told of every call in turn.
+pub struct Observers(pub Vec<Arc<dyn CallObserver>>);
+
+#[async_trait::async_trait]
+impl CallObserver for Observers {
+    async fn recorded(&self, row: &LlmCallRow) {
+        for observer in &self.0 {
+            observer.recorded(row).await;
+        }
+    }
+}
+
 /// A [`ChatModel`] that records every call it passes on. A failed write is logged and does not
 /// fail the call: the reply matters more than its bookkeeping.
 pub struct Recorded {

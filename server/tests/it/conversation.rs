@@ -110,7 +110,7 @@ fn runtime_with_budget(db: &Db, settings: Arc<Settings>, secrets: Secrets, model
     let audit = AuditWriter::spawn(db.clone(), queue.clone());
     let checkpoint = Arc::new(Checkpoint::new(db.clone(), Arc::new(Catalog::default()), audit, SecretSource::empty()));
     let approvals = Arc::new(Approvals::new(db.clone(), queue.clone(), settings.clone(), checkpoint));
-    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals, budget })
+    Runtime::new(RuntimeParts { db: db.clone(), queue, settings, secrets, model, lane: Arc::new(NoToolLane), approvals, budget, telemetry: Default::default() })
 }
 
 struct Rig {

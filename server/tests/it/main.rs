@@ -24,6 +24,7 @@ mod mcp_oauth;
 mod mcp_oauth_fake;
 mod migrations;
 mod ops;
+mod otel;
 mod procs;
 mod props;
 mod server_fns;

@@ -24,6 +24,7 @@ use crate::{
         self, Backend, Db, DbError,
         jobs::{self as store, JobRow},
     },
+    telemetry::Telemetry,
 };
 
 #[derive(Debug, Clone)]
@@ -93,13 +94,21 @@ pub struct Worker {
     wake: Arc<Notify>,
     /// Lease owner name: unique per worker instance.
     id: String,
+    /// Each run is a span in its message's trace (off unless `[telemetry]` is set).
+    telemetry: Telemetry,
 }
 
 
 impl Worker {
     pub fn new(db: Db, registry: Registry, settings: WorkerSettings, wake: Arc<Notify>) -> Self {
         let id = format!("{}-{}", hostname(), uuid::Uuid::new_v4().simple());
-        Self { db, registry: Arc::new(registry), settings, wake, id }
+        Self { db, registry: Arc::new(registry), settings, wake, id, telemetry: Telemetry::default() }
+    }
+
+    /// Exports each run as a span of its message's trace.
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     pub fn id(&self) -> &str {
@@ -231,13 +240,15 @@ impl Worker {
         let deadline = tokio::time::Instant::now() + budget;
         let ctx = JobContext { job: job.clone(), deadline };
         let started = Instant::now();
-        let run = std::panic::AssertUnwindSafe(handler.run(&ctx)).catch_unwind();
+        let started_ms = db::now_ms();
+        let run = std::panic::AssertUnwindSafe(self.telemetry.in_job(job, handler.run(&ctx))).catch_unwind();
         let result = match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(JobError::retryable(JobCode::Panicked.as_str(), "the handler panicked")),
             Err(_) => Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}"))),
         };
         metrics::histogram!("job_run_duration_seconds", "kind" => job.kind.clone()).record(started.elapsed().as_secs_f64());
+        self.telemetry.job_ran(job, started_ms, result.as_ref().err().map(|e| e.code.as_str()));
         result
     }
 

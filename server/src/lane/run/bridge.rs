@@ -148,12 +148,13 @@ impl Lane {
         trace.step("AgentToolImmediateStart", "run", "OK", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
         let state = Arc::new(AtomicU8::new(WAITING));
         let (answered, answer) = oneshot::channel::<Answer>();
-        let (db, processor, outbound_state) = (self.db.clone(), self.processor.clone(), state.clone());
+        let (db, processor, outbound_state, telemetry) = (self.db.clone(), self.processor.clone(), state.clone(), self.queue.telemetry().clone());
         let correlation = correlation_id.to_string();
         let started = Instant::now();
         tokio::spawn(async move {
             let heartbeat = inline::keep_alive(db.clone(), &claimed, lease);
-            let answer = processor.run(&job, &correlation).await;
+            let started_ms = db::now_ms();
+            let answer = telemetry.in_job(&claimed.job, processor.run(&job, &correlation)).await;
             let last = claimed.job.attempt >= claimed.job.max_attempts;
             let retry = answer.failure.is_some() && answer.retryable && !last;
             let result = if retry {
@@ -168,6 +169,7 @@ impl Lane {
                 processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
             };
             heartbeat.abort();
+            telemetry.job_ran(&claimed.job, started_ms, result.as_ref().err().map(|e| e.code.as_str()));
             if let Err(e) = inline::finish(&db, &claimed, &result).await {
                 tracing::warn!(job.id = job_id, error = %e, "recording a tool call run failed; its lease runs out and it is run again");
             }

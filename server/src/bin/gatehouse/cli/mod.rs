@@ -362,8 +362,16 @@ async fn connect(cfg: &LoadedConfig) -> Result<Db, Failure> {
     bootstrap::connect(cfg).await.map_err(Failure::runtime)
 }
 
-/// Every part of Gatehouse over the migrated database.
-async fn build(cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Failure> {
+/// Every part of Gatehouse over the migrated database, for a one-shot command: it exports no
+/// OpenTelemetry data (only `serve` and `worker` do, see [`build_service`]).
+async fn build(mut cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Failure> {
+    cfg.settings.telemetry.otlp_endpoint.clear();
+    build_service(cfg, files).await
+}
+
+/// Every part of Gatehouse over the migrated database, exporting OpenTelemetry data when
+/// `[telemetry]` says so; the caller shuts the export down before it returns.
+async fn build_service(cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Failure> {
     let db = connect(&cfg).await?;
     Gatehouse::build(cfg, files, db).map_err(Failure::runtime)
 }

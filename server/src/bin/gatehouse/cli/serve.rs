@@ -6,7 +6,7 @@ use server::{
     web::{self, AppState},
 };
 
-use super::{Failure, build};
+use super::{Failure, build_service as build};
 
 /// Strict mode refuses what degraded mode would run with.
 fn refuse_if_strict(cfg: &LoadedConfig) -> Result<(), Failure> {
@@ -83,6 +83,10 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     if let Some(metrics) = metrics {
         let _ = metrics.await;
     }
+    // Spans and metrics still queued are sent before the database they are read from closes.
+    if tokio::time::timeout(grace, gatehouse.telemetry.shutdown()).await.is_err() {
+        tracing::warn!(code = "TELEMETRY_EXPORT_FAILED", "OpenTelemetry data still unsent after the grace period; exiting anyway");
+    }
     if tokio::time::timeout(grace, gatehouse.db.close()).await.is_err() {
         tracing::warn!("database connections still busy after the grace period; exiting anyway");
     }
@@ -111,6 +115,10 @@ pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> 
     warn_about_storage(&gatehouse.config.settings.database);
     tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
+    let grace = gatehouse.config.settings.server.shutdown_grace;
+    if tokio::time::timeout(grace, gatehouse.telemetry.shutdown()).await.is_err() {
+        tracing::warn!(code = "TELEMETRY_EXPORT_FAILED", "OpenTelemetry data still unsent after the grace period; exiting anyway");
+    }
     gatehouse.db.close().await;
     Ok(())
 }

@@ -1,5 +1,11 @@
 //! Logging: human-readable by default, JSON with `--log-format json`. Request bodies, query
-//! strings and secrets are never logged.
+//! strings and secrets are never logged. And OpenTelemetry export over OTLP/HTTP when
+//! `[telemetry] otlp_endpoint` is set ([`Telemetry`]).
+
+mod otel;
+pub mod spans;
+
+pub use otel::{Telemetry, TelemetryError};
 
 use tracing_subscriber::{EnvFilter, fmt};
 
