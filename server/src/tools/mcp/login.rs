@@ -140,20 +140,21 @@ impl McpManager {
         let recorded = async {
             let mut tx = self.inner.db.begin_write().await?;
             let changed = mcp_oauth::needs_login(&mut tx, server, reason, required_scope).await?;
-            if changed {
-                let notice = Notification {
-                    at: db::now_ms(),
-                    hook: "mcp.oauth".into(),
-                    tool: server.to_string(),
-                    reason_code: "MCP_NEEDS_LOGIN".into(),
-                    message: format!("The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: use Connect on the MCP servers page or run `gatehouse mcp login {server}`."),
-                    correlation_id: String::new(),
-                };
-                db::owner_notifications::insert(&mut tx, &notice).await?;
-            }
             db::mcp::set_health(&mut tx, server, health::NEEDS_LOGIN, Some(reason), false).await?;
-            tx.commit().await?;
-            Ok::<_, db::DbError>(changed)
+            if !changed {
+                tx.commit().await?;
+                return Ok(false);
+            }
+            // Once per change to "needs login" (the row's state is the compare-and-set), to the
+            // console and to every owner number.
+            let notices = self.inner.forms.notices();
+            let message = match &notices {
+                Some(n) => n.settings.needs_login_notice.replace("{server}", server).replace("{reason}", reason).replace("{link}", &n.link(&format!("#server-{server}"))),
+                None => format!("The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: use Connect on the MCP servers page or run `gatehouse mcp login {server}`."),
+            };
+            let notice = Notification { at: db::now_ms(), hook: "mcp.oauth".into(), tool: server.to_string(), reason_code: "MCP_NEEDS_LOGIN".into(), message, correlation_id: format!("mcp-login-{server}") };
+            super::elicitation::raise(tx, notices.as_ref(), &notice).await?;
+            Ok::<_, db::DbError>(true)
         }
         .await;
         match recorded {
