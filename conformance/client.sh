@@ -88,6 +88,8 @@ answer_forms() {
   done
 }
 if [ -n "$elicit" ]; then
+  # The database first, so the two processes do not both create it.
+  gh migrate >/dev/null
   answer_forms &
   owner_pid=$!
   trap 'kill "$owner_pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
