@@ -272,7 +272,7 @@ async fn expired_refresh_token(test_db: TestDb) {
     .expect("notices");
     assert_eq!(notices.len(), 1, "{notices:?}");
     assert!(
-        notices[0].contains("gatehouse mcp login crm"),
+        notices[0].contains("gatehouse mcp login crm") && notices[0].contains("/mcp#server-crm"),
         "{}",
         notices[0]
     );

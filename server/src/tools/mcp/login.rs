@@ -11,7 +11,7 @@ use super::{
     oauth::{self, MAX_LOGINS, OAuthError},
     session::RefreshRequest,
 };
-use crate::db::{self, audit, mcp::health, mcp_oauth, owner_notifications::Notification};
+use crate::db::{self, audit, mcp::health, mcp_oauth};
 
 impl McpManager {
     /// Where the authorization server sends the owner's browser back: the console.
@@ -147,13 +147,16 @@ impl McpManager {
             }
             // Once per change to "needs login" (the row's state is the compare-and-set), to the
             // console and to every owner number.
-            let notices = self.inner.forms.notices();
-            let message = match &notices {
-                Some(n) => n.settings.needs_login_notice.replace("{server}", server).replace("{reason}", reason).replace("{link}", &n.link(&format!("#server-{server}"))),
-                None => format!("The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: use Connect on the MCP servers page or run `gatehouse mcp login {server}`."),
+            let notice = super::notices::Notice {
+                hook: "mcp.oauth",
+                server,
+                reason_code: "MCP_NEEDS_LOGIN",
+                correlation_id: format!("mcp-login-{server}"),
+                template: |s| &s.needs_login_notice,
+                values: &[("{reason}", reason.to_string())],
+                anchor: format!("#server-{server}"),
             };
-            let notice = Notification { at: db::now_ms(), hook: "mcp.oauth".into(), tool: server.to_string(), reason_code: "MCP_NEEDS_LOGIN".into(), message, correlation_id: format!("mcp-login-{server}") };
-            super::elicitation::raise(tx, notices.as_ref(), &notice).await?;
+            self.inner.notices.raise(tx, &notice).await?;
             Ok::<_, db::DbError>(true)
         }
         .await;

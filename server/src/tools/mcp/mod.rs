@@ -12,6 +12,7 @@ mod error;
 mod executor;
 mod login;
 pub mod normalize;
+mod notices;
 pub mod oauth;
 mod publish;
 pub mod session;
@@ -29,9 +30,10 @@ use self::executor::McpExecutor;
 pub use self::{
     config::{AuthMode, McpConfig, ServerConfig, Trust},
     console::{AuditActor, Reviewed, ServerStatus, ToolStatus},
-    elicitation::{Answer, OwnerNotices, PendingForm},
+    elicitation::{Answer, PendingForm},
     error::{McpCode, McpError},
     login::{CALLBACK_PATH, FINISH_PATH},
+    notices::OwnerNotices,
     session::DiscoveryReport,
 };
 use super::{
@@ -80,8 +82,10 @@ pub(crate) struct Inner {
     redirect_uri: RwLock<String>,
     /// OAuth logins in flight in this process, by their state.
     logins: std::sync::Mutex<HashMap<String, oauth::PendingLogin>>,
-    /// Forms of servers with `elicitation = "owner"`, and the owner notices.
+    /// Forms of servers with `elicitation = "owner"`.
     pub(crate) forms: Arc<elicitation::Forms>,
+    /// What owners are told (a server needs a login, a form waits).
+    notices: Arc<notices::Notices>,
 }
 
 /// The MCP side of Gatehouse: servers, their tools, quarantine decisions and supervision.
@@ -114,6 +118,7 @@ impl McpManager {
                 (c.id.clone(), Arc::new(server))
             })
             .collect();
+        let notices = Arc::new(notices::Notices::default());
         Self {
             inner: Arc::new(Inner {
                 db: db.clone(),
@@ -128,7 +133,8 @@ impl McpManager {
                 tasks: std::sync::Mutex::new(Vec::new()),
                 redirect_uri: RwLock::new(format!("http://127.0.0.1:3000{CALLBACK_PATH}")),
                 logins: std::sync::Mutex::new(HashMap::new()),
-                forms: Arc::new(elicitation::Forms::new(db)),
+                forms: Arc::new(elicitation::Forms::new(db, notices.clone())),
+                notices,
             }),
         }
     }

@@ -8,59 +8,26 @@
 
 pub mod form;
 
-use std::{sync::RwLock, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use rmcp::model::{ElicitResult, ElicitationAction};
 use serde_json::{Map, Value, json};
 
-use super::{AuditActor, McpError, McpManager, ServerConfig, normalize};
-use crate::{
-    db::{self, Db, audit, mcp_elicitations::state, owner_notifications::Notification},
-    jobs::JobQueue,
-    owners::notices,
+use super::{
+    AuditActor, McpError, McpManager, OwnerNotices, ServerConfig, normalize,
+    notices::{Notice, Notices},
 };
+use crate::db::{self, Db, audit, mcp_elicitations::state};
 
 /// How often a waiting call looks at its row (an answer in this process wakes it at once).
 const POLL: Duration = Duration::from_millis(250);
 /// The server's message is bounded to this many characters.
 const MAX_MESSAGE_CHARS: usize = 2_000;
 
-/// How Gatehouse reaches the owners on WhatsApp, and with which words (`[mcp]` in
-/// gatehouse.toml). Without it (tests that build a manager by hand), notices are only kept for
-/// the console.
-#[derive(Clone)]
-pub struct OwnerNotices {
-    pub queue: JobQueue,
-    /// The console's address, for the links.
-    pub public_url: String,
-    pub settings: crate::config::McpSettings,
-}
-
-impl OwnerNotices {
-    /// The console page of the MCP servers (with `anchor`), for a notice's `{link}`.
-    pub fn link(&self, anchor: &str) -> String {
-        format!("{}/mcp{anchor}", self.public_url.trim_end_matches('/'))
-    }
-}
-
-/// Stores `notice` and, with [`OwnerNotices`], sends it to every owner number, in `tx`.
-pub(super) async fn raise(mut tx: sqlx::Transaction<'static, sqlx::Any>, notices: Option<&OwnerNotices>, notice: &Notification) -> Result<(), db::DbError> {
-    match notices {
-        Some(n) => {
-            notices::raise(&mut tx, &n.queue, notice, true).await?;
-            n.queue.commit(tx).await
-        }
-        None => {
-            db::owner_notifications::insert(&mut tx, notice).await?;
-            Ok(tx.commit().await?)
-        }
-    }
-}
-
 /// The forms of this process's servers: where they are stored and how owners are told.
 pub struct Forms {
     db: Db,
-    pub(super) notices: RwLock<Option<OwnerNotices>>,
+    notices: Arc<Notices>,
     /// Rung by an answer given in this process, so its waiting call need not wait for a poll.
     answered: tokio::sync::Notify,
 }
@@ -76,12 +43,8 @@ fn answer(action: ElicitationAction) -> ElicitResult {
 }
 
 impl Forms {
-    pub fn new(db: Db) -> Self {
-        Self { db, notices: RwLock::new(None), answered: tokio::sync::Notify::new() }
-    }
-
-    pub(super) fn notices(&self) -> Option<OwnerNotices> {
-        self.notices.read().ok().and_then(|n| n.clone())
+    pub(crate) fn new(db: Db, notices: Arc<Notices>) -> Self {
+        Self { db, notices, answered: tokio::sync::Notify::new() }
     }
 
     /// Asks the owners on `server`'s behalf and waits for their answer, at most the server's
@@ -98,16 +61,17 @@ impl Forms {
             let mut tx = self.db.begin_write().await?;
             let expires_at = db::now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX / 2);
             let row = db::mcp_elicitations::insert(&mut tx, id, &message, &schema.to_string(), expires_at).await?;
-            let notices = self.notices();
             let minutes = wait.as_secs().div_ceil(60).max(1);
-            let text = notices.as_ref().map_or_else(
-                || format!("The MCP server {id} asks an owner to fill in a form during a tool call (MCP servers page)."),
-                |n| {
-                    n.settings.elicitation_notice.replace("{server}", id).replace("{minutes}", &minutes.to_string()).replace("{link}", &n.link(&format!("#elicitation-{row}")))
-                },
-            );
-            let notice = Notification { at: db::now_ms(), hook: "mcp.elicitation".into(), tool: id.clone(), reason_code: "MCP_ELICITATION_WAITING".into(), message: text, correlation_id: format!("elicitation-{row}") };
-            raise(tx, notices.as_ref(), &notice).await?;
+            let notice = Notice {
+                hook: "mcp.elicitation",
+                server: id,
+                reason_code: "MCP_ELICITATION_WAITING",
+                correlation_id: format!("elicitation-{row}"),
+                template: |s| &s.elicitation_notice,
+                values: &[("{minutes}", minutes.to_string())],
+                anchor: format!("#elicitation-{row}"),
+            };
+            self.notices.raise(tx, &notice).await?;
             Ok::<_, db::DbError>(row)
         }
         .await;
@@ -142,6 +106,13 @@ impl Forms {
     /// The answer, once, if there is one; with `give_up`, a request still pending expires and
     /// the server gets "cancel".
     async fn settle(&self, id: i64, give_up: bool) -> Result<Option<ElicitResult>, db::DbError> {
+        if !give_up {
+            // A plain read while it waits; the write lock only once there is something to take.
+            let mut conn = self.db.pool.acquire().await?;
+            if db::mcp_elicitations::get(&mut conn, id).await?.is_some_and(|r| r.state == state::PENDING) {
+                return Ok(None);
+            }
+        }
         let mut tx = self.db.begin_write().await?;
         if give_up {
             db::mcp_elicitations::expire(&mut tx, id).await?;
@@ -237,8 +208,6 @@ impl McpManager {
 
     /// Where owner notices go on WhatsApp, and their words (`[mcp]` in gatehouse.toml).
     pub fn set_owner_notices(&self, notices: OwnerNotices) {
-        if let Ok(mut n) = self.inner.forms.notices.write() {
-            *n = Some(notices);
-        }
+        self.inner.notices.set(notices);
     }
 }
