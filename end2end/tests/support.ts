@@ -42,9 +42,10 @@ export function gatehouse(...args: string[]): string {
   });
 }
 
-/** Copies the shipped config files into `configDir` and declares one real MCP server, the npm
- *  reference memory server (installed by scripts/test in mcp-test-servers/), as untrusted: its
- *  tools wait for an owner's approval. */
+/** Copies the shipped config files into `configDir` and declares two MCP servers, both
+ *  untrusted (their tools wait for an owner's approval): the npm reference memory server
+ *  (installed by scripts/test in mcp-test-servers/), and our fixture with its `ask` tool, whose
+ *  forms (elicitation) go to the owners. */
 export function writeConfig() {
   fs.mkdirSync(configDir, { recursive: true });
   for (const file of ["gatehouse.toml", "tools.toml", "connectors.toml"]) {
@@ -62,6 +63,19 @@ export function writeConfig() {
       'command = "node"',
       `args = [${JSON.stringify(memoryServer)}]`,
       `env = { MEMORY_FILE_PATH = ${JSON.stringify(path.join(dataDir, "memory.jsonl"))} }`,
+      "",
+      "[[server]]",
+      'id = "asker"',
+      'trust = "untrusted"',
+      'default_risk = "low"',
+      'approval = "never"',
+      'elicitation = "owner"',
+      'elicitation_ttl = "90s"',
+      "[server.transport]",
+      'type = "stdio"',
+      'command = "node"',
+      `args = [${JSON.stringify(path.join(repo, "mcp-test-servers", "fixture.mjs"))}]`,
+      'env = { FIXTURE_ELICIT = "1" }',
       "",
     ].join("\n"),
   );

@@ -98,6 +98,12 @@ impl Forms {
             match self.settle(row, gave_up).await {
                 Ok(Some(result)) => return result,
                 Ok(None) => {}
+                // Past its time the row cannot take an answer any more: the server is told
+                // "cancel" even when the database cannot be reached to mark it.
+                Err(e) if gave_up => {
+                    tracing::warn!(mcp.server = %id, elicitation = row, error = %e, "closing an MCP server's form failed; cancelled");
+                    return answer(ElicitationAction::Cancel);
+                }
                 Err(e) => tracing::warn!(mcp.server = %id, elicitation = row, error = %e, "reading an MCP server's form failed; trying again"),
             }
         }
