@@ -26,6 +26,10 @@ export const serverEnv: Record<string, string> = {
   // The periodic self-improvement cycle is a job; the jobs journey starts from an empty queue,
   // and the repairs journey runs the cycle from its page.
   GATEHOUSE__EVALS__SCAN_EVERY: "0s",
+  // A form of the MCP fixture (the mcp journey) is told to the owners in the console only: on
+  // WhatsApp it would open chats with the owners' numbers before the conversations journey,
+  // which starts from none.
+  GATEHOUSE__MCP__NOTICES_ON_WHATSAPP: "false",
   // No LLM key: the console must show the degraded-mode banner.
   ANTHROPIC_API_KEY: "",
   OPENAI_API_KEY: "",

@@ -65,7 +65,7 @@ impl Notices {
         };
         match configured {
             Some(n) => {
-                notices::raise(&mut tx, &n.queue, &stored, true).await?;
+                notices::raise(&mut tx, &n.queue, &stored, n.settings.notices_on_whatsapp).await?;
                 n.queue.commit(tx).await
             }
             None => {
