@@ -23,7 +23,8 @@ impl Default for McpSettings {
     fn default() -> Self {
         Self {
             notices_on_whatsapp: true,
-            needs_login_notice: "The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: connect it at {link} or run `gatehouse mcp login {server}`.".into(),
+            needs_login_notice: "The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: connect it at {link} or run `gatehouse mcp login {server}`."
+                .into(),
             elicitation_notice: "The MCP server {server} asks an owner to fill in a form during a tool call; the call waits up to {minutes} min: {link}".into(),
         }
     }

@@ -98,11 +98,7 @@ pub async fn expire(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> 
 /// The waiting call takes the answer: true only the first time, so an answer reaches the
 /// server once even if two waiters looked at the same row.
 pub async fn take(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
-    let done = sqlx::query("UPDATE mcp_elicitations SET delivered_at = $2 WHERE id = $1 AND state <> $3 AND delivered_at IS NULL")
-        .bind(id)
-        .bind(now_ms())
-        .bind(state::PENDING)
-        .execute(&mut *conn)
-        .await?;
+    let done =
+        sqlx::query("UPDATE mcp_elicitations SET delivered_at = $2 WHERE id = $1 AND state <> $3 AND delivered_at IS NULL").bind(id).bind(now_ms()).bind(state::PENDING).execute(&mut *conn).await?;
     Ok(done.rows_affected() == 1)
 }

@@ -21,10 +21,8 @@ const KEY: &str = "5f1c0de2a9b84e37c6d1f0a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d
 fn config(fake: &Fake) -> mcp::McpConfig {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("mcp.toml");
-    let text = format!(
-        "[[server]]\nid = \"crm\"\ntrust = \"trusted\"\napproval = \"never\"\ndefault_risk = \"low\"\nauth = \"oauth\"\n[server.transport]\ntype = \"http\"\nurl = \"{}\"\n",
-        fake.url()
-    );
+    let text =
+        format!("[[server]]\nid = \"crm\"\ntrust = \"trusted\"\napproval = \"never\"\ndefault_risk = \"low\"\nauth = \"oauth\"\n[server.transport]\ntype = \"http\"\nurl = \"{}\"\n", fake.url());
     std::fs::write(&path, text).expect("write");
     mcp::config::load(&path, &|_| true).expect("valid mcp.toml")
 }

@@ -11,11 +11,7 @@ use serde_json::Value;
 use super::{Inner, McpCode, McpError, McpManager, normalize};
 use crate::{
     db,
-    tools::{
-        Catalog, Checkpoint, ToolDef,
-        catalog::Withheld,
-        checkpoint::ToolCode,
-    },
+    tools::{Catalog, Checkpoint, ToolDef, catalog::Withheld, checkpoint::ToolCode},
 };
 
 /// Where a catalog tool is served.

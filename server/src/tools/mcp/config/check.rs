@@ -16,9 +16,7 @@ struct McpFile {
 
 /// Server ids become tool-name prefixes, so they are short and plain.
 pub fn valid_server_id(id: &str) -> bool {
-    (1..=24).contains(&id.len())
-        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+    (1..=24).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
 fn valid_env_name(name: &str) -> bool {

@@ -23,11 +23,21 @@ pub struct Field {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Kind {
-    Text { format: Option<String>, min_length: Option<u64>, max_length: Option<u64> },
-    Number { integer: bool, minimum: Option<f64>, maximum: Option<f64> },
+    Text {
+        format: Option<String>,
+        min_length: Option<u64>,
+        max_length: Option<u64>,
+    },
+    Number {
+        integer: bool,
+        minimum: Option<f64>,
+        maximum: Option<f64>,
+    },
     Boolean,
     /// One of `options` (value, label).
-    Choice { options: Vec<(String, String)> },
+    Choice {
+        options: Vec<(String, String)>,
+    },
 }
 
 impl Kind {
@@ -80,11 +90,7 @@ pub fn fields(schema: &Value) -> Result<Vec<Field>, String> {
             choice(values.iter().enumerate().filter_map(|(i, v)| v.as_str().map(|s| (s.to_string(), names.get(i).cloned().unwrap_or_else(|| s.to_string())))).collect())
         } else {
             match ty {
-                "string" => Kind::Text {
-                    format: text(p, "format"),
-                    min_length: p.get("minLength").and_then(Value::as_u64),
-                    max_length: p.get("maxLength").and_then(Value::as_u64),
-                },
+                "string" => Kind::Text { format: text(p, "format"), min_length: p.get("minLength").and_then(Value::as_u64), max_length: p.get("maxLength").and_then(Value::as_u64) },
                 "number" | "integer" => Kind::Number { integer: ty == "integer", minimum: p.get("minimum").and_then(Value::as_f64), maximum: p.get("maximum").and_then(Value::as_f64) },
                 "boolean" => Kind::Boolean,
                 other => return Err(format!("the field {name:?} has type {other:?}, which a form cannot ask for")),
@@ -105,10 +111,7 @@ pub fn fields(schema: &Value) -> Result<Vec<Field>, String> {
 
 /// The formats the spec allows a string field, checked as JSON Schema checks them.
 fn fits_format(format: &str, s: &str) -> bool {
-    jsonschema::options()
-        .should_validate_formats(true)
-        .build(&serde_json::json!({ "type": "string", "format": format }))
-        .is_ok_and(|v| v.is_valid(&Value::String(s.to_string())))
+    jsonschema::options().should_validate_formats(true).build(&serde_json::json!({ "type": "string", "format": format })).is_ok_and(|v| v.is_valid(&Value::String(s.to_string())))
 }
 
 /// One value checked (and, for numbers, made the right JSON type).
