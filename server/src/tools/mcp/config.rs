@@ -290,7 +290,7 @@ impl McpConfig {
 }
 
 mod check;
-pub use check::{load, valid_server_id};
+pub use check::{fits_tool_call_budget, load, valid_server_id};
 
 #[cfg(test)]
 mod tests;

@@ -135,3 +135,25 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
     }
     if problems.is_empty() { Ok(McpConfig { servers }) } else { Err(problems) }
 }
+
+/// A call of a server whose forms wait for an owner may take `call_timeout + elicitation_ttl`;
+/// the tool.call job that runs it must have that time (`jobs.timeouts.tool_call`), or the job
+/// is given up while the form still waits.
+pub fn fits_tool_call_budget(config: &McpConfig, path: &Path, tool_call: std::time::Duration) -> Vec<Problem> {
+    let problem = toml_file::problem_at(path);
+    config
+        .servers
+        .iter()
+        .filter(|s| s.enabled && s.elicitation == ElicitationPolicy::Owner && s.call_deadline() >= tool_call)
+        .map(|s| {
+            problem(
+                format!("server ({}).elicitation_ttl", s.id),
+                format!(
+                    "call_timeout + elicitation_ttl ({}) must be less than jobs.timeouts.tool_call in gatehouse.toml ({})",
+                    humantime::format_duration(s.call_deadline()),
+                    humantime::format_duration(tool_call)
+                ),
+            )
+        })
+        .collect()
+}

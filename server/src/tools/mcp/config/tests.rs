@@ -203,3 +203,14 @@ command = "x"
     let text = load_text(bad, &[]).expect_err("ttl without owner").iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
     assert!(text.contains("elicitation_ttl") && text.contains("only read with elicitation = \"owner\""), "{text}");
 }
+
+#[test]
+fn a_form_must_fit_in_the_tool_call_budget() {
+    let text = "[[server]]\nid = \"asks\"\nelicitation = \"owner\"\nelicitation_ttl = \"10m\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
+    let config = load_text(text, &[]).expect("valid on its own");
+    let path = Path::new("mcp.toml");
+    let problems = fits_tool_call_budget(&config, path, Duration::from_secs(240));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].to_string().contains("elicitation_ttl") && problems[0].to_string().contains("jobs.timeouts.tool_call"), "{}", problems[0]);
+    assert!(fits_tool_call_budget(&config, path, Duration::from_secs(3600)).is_empty());
+}
