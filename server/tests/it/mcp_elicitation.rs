@@ -53,6 +53,14 @@ async fn a_form_goes_to_the_owner_and_its_answer_back_once(db: TestDb) {
     let policy = "elicitation = \"owner\"\nelicitation_ttl = \"30s\"";
     let rig = Rig::new(db, &servers(policy)).await;
     rig.connected("fx").await;
+    // Owners are told on WhatsApp, with the link to the form.
+    sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', 'o', 'x', 1, 0, 0)").execute(&rig.db.pool).await.expect("owner");
+    sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+15550002222', (SELECT MAX(id) FROM owners), 0)").execute(&rig.db.pool).await.expect("phone");
+    rig.manager.set_owner_notices(mcp::OwnerNotices {
+        queue: server::jobs::JobQueue::new(rig.db.clone()),
+        public_url: "https://console.example".into(),
+        settings: server::config::McpSettings::default(),
+    });
     let console = console_of(&rig, policy);
     let call = {
         let checkpoint = rig.checkpoint.clone();
@@ -101,6 +109,12 @@ async fn a_form_goes_to_the_owner_and_its_answer_back_once(db: TestDb) {
     assert!(audit[0].contains("\"confirm\"") && !audit[0].contains("Grace"), "{}", audit[0]);
     let notices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'MCP_ELICITATION_WAITING'").fetch_one(&mut *conn).await.expect("notices");
     assert_eq!(notices, 1);
+    let deliveries: Vec<String> = sqlx::query_scalar("SELECT args FROM jobs WHERE kind = 'owner.notify'").fetch_all(&mut *conn).await.expect("jobs");
+    assert_eq!(deliveries.len(), 1, "{deliveries:?}");
+    let delivery: Value = serde_json::from_str(&deliveries[0]).expect("json");
+    assert_eq!(delivery["to"], "15550002222");
+    let text = delivery["message"].as_str().unwrap_or_default();
+    assert!(text.contains(&format!("https://console.example/mcp#elicitation-{}", form.id)) && !text.contains("<script>"), "the link, not the server's words: {text}");
     drop(conn);
     rig.manager.shutdown().await;
 }
