@@ -81,6 +81,10 @@ pub fn fields(schema: &Value) -> Result<Vec<Field>, String> {
     let required: Vec<&str> = schema.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
     let mut out = Vec::new();
     for (name, p) in props {
+        // The console posts a field as `values[name]`: brackets in a name would split it.
+        if name.is_empty() || name.contains(['[', ']']) {
+            return Err(format!("the field name {name:?} cannot be a form input"));
+        }
         let ty = p.get("type").and_then(Value::as_str).unwrap_or_default();
         let choice = |values: Vec<(String, String)>| Kind::Choice { options: values };
         let kind = if let Some(one_of) = p.get("oneOf").and_then(Value::as_array) {
@@ -253,6 +257,7 @@ mod tests {
         assert!(fields(&json!({ "type": "array" })).is_err());
         assert!(fields(&json!({ "type": "object", "properties": { "x": { "type": "object" } } })).is_err());
         assert!(fields(&json!({ "type": "object", "properties": { "x": { "type": "string", "enum": [] } } })).is_err());
+        assert!(fields(&json!({ "type": "object", "properties": { "a]b": { "type": "string" } } })).is_err());
         let bad_default = fields(&json!({ "type": "object", "properties": { "n": { "type": "integer", "default": "ten" } } })).expect("a form");
         assert_eq!(bad_default[0].default, None, "a default that does not fit is not offered");
     }
