@@ -5,6 +5,10 @@
 # is an auth one (as an owner would: `gatehouse mcp login`, with the browser's part played by
 # following the authorization server's redirect), then calls every tool the server lists, and
 # logs in again when a call says the server asks for more access (a step-up; twice at most).
+# For an elicitation scenario the server's forms go to the owners (elicitation = "owner"), and a
+# test owner, in its own process beside the call, answers each form that waits with
+# `gatehouse mcp answer ID accept`: the form as Gatehouse fills it in (the schema's defaults),
+# as an owner pressing Accept in the console would.
 set -euo pipefail
 url="$1"
 scenario="${MCP_CONFORMANCE_SCENARIO:-}"
@@ -31,6 +35,10 @@ printf 'approval_mode = "yolo"\n' >"$dir/tools.toml"
 
 auth=""
 oauth=""
+elicit=""
+if [[ "$scenario" == elicitation-* ]]; then
+  elicit=$'elicitation = "owner"\nelicitation_ttl = "15s"'
+fi
 if [[ "$scenario" == auth/* ]]; then
   auth='auth = "oauth"'
   client_id="$(context client_id)"
@@ -47,6 +55,7 @@ approval = "never"
 destructive_needs_approval = false
 call_timeout = "20s"
 $auth
+$elicit
 [server.transport]
 type = "http"
 url = "$url"
@@ -68,6 +77,23 @@ login() {
 }
 
 if [ -n "$auth" ]; then login; fi
+
+# The test owner: answers every form that waits, accepting what the form shows.
+answer_forms() {
+  while :; do
+    for id in $(gh mcp forms 2>/dev/null | awk '$1 == "form" { print $2 }'); do
+      gh mcp answer "$id" accept || true
+    done
+    sleep 0.5
+  done
+}
+if [ -n "$elicit" ]; then
+  # The database first, so the two processes do not both create it.
+  gh migrate >/dev/null
+  answer_forms &
+  owner_pid=$!
+  trap 'kill "$owner_pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+fi
 args='{}'
 [ "$scenario" = tools_call ] && args='{"a":5,"b":3}'
 for attempt in 1 2 3; do

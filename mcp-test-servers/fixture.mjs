@@ -7,6 +7,8 @@
 //   fails     returns isError: true with a message
 //   mutate    changes this server's tool list and sends notifications/tools/list_changed
 //   flood     (only with FIXTURE_FLOOD=1) sends `count` notifications/tools/list_changed at once
+//   ask       (only with FIXTURE_ELICIT=1) asks the client to fill in a form (elicitation/create)
+//             and returns its answer as JSON, or the error when the client cannot take forms
 // Env: FIXTURE_RECORD (file: one JSON line per tools/call received), FIXTURE_STATE (folder for
 // the crash marker and the tool-list variant), FIXTURE_MANY (extra tools, listed 100 per page),
 // FIXTURE_LISTS (file: one line per tools/list request received).
@@ -40,6 +42,9 @@ function tools() {
   ];
   if (process.env.FIXTURE_FLOOD === "1") {
     list.push({ name: "flood", description: "Floods tools/list_changed.", inputSchema: obj({ count: { type: "integer" } }), annotations: { readOnlyHint: true } });
+  }
+  if (process.env.FIXTURE_ELICIT === "1") {
+    list.push({ name: "ask", description: "Asks for a booking form.", inputSchema: obj({ message: { type: "string" } }), annotations: { readOnlyHint: true } });
   }
   if (v !== "v1") list.push({ name: "added_later", description: "Appeared after a change.", inputSchema: obj(), annotations: { readOnlyHint: true } });
   for (let i = 0; i < many; i++) {
@@ -87,6 +92,21 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
     case "flood":
       for (let i = 0; i < (args.count || 100); i++) await server.sendToolListChanged();
       return { content: text("flooded") };
+    case "ask":
+      try {
+        const answer = await server.elicitInput({
+          message: args.message ?? "Which booking?",
+          requestedSchema: obj({
+            name: { type: "string", title: "Guest name", default: "Ada" },
+            seats: { type: "integer", minimum: 1, maximum: 10, default: 2 },
+            plan: { type: "string", enum: ["basic", "pro"], default: "basic" },
+            confirm: { type: "boolean", description: "Book it?" },
+          }, ["confirm"]),
+        }, { timeout: 120000 });
+        return { content: text(JSON.stringify(answer)) };
+      } catch (e) {
+        return { content: text(`elicitation failed: ${e.message}`), isError: true };
+      }
     default:
       if (name.startsWith("bulk_")) return { content: text(name) };
       throw new Error(`unknown tool ${name}`);

@@ -205,6 +205,19 @@ pub async fn mcp_decide(tool: String, decision: String, hash: String) -> Result<
     .await
 }
 
+/// Answers a form an MCP server asked for during a call: "accept" (with `values`, checked
+/// against the form's schema; omitted fields take their defaults), "decline" or "cancel".
+#[server(endpoint = "mcp_answer_form")]
+pub async fn mcp_answer_form(id: i64, decision: String, #[server(default)] values: std::collections::BTreeMap<String, String>) -> Result<String, AppError> {
+    for_owner(|me, backend| async move {
+        if !matches!(decision.as_str(), "accept" | "decline" | "cancel") {
+            return Err(AppError::invalid("decision must be accept, decline or cancel"));
+        }
+        backend.mcp_answer_form(me.owner_id, id, &decision, values.into_iter().collect(), &client_ip().await).await
+    })
+    .await
+}
+
 #[server(endpoint = "list_approvals")]
 pub async fn list_approvals() -> Result<ApprovalsPage, AppError> {
     for_owner(|_, backend| async move { backend.approvals_page().await }).await

@@ -93,6 +93,9 @@ pub trait McpBackend: Send + Sync {
     async fn mcp_refresh(&self, owner_id: i64, server: &str, ip: &str) -> Result<String, AppError>;
     /// `reviewed_hash` is the definition hash the owner saw; a changed definition is refused.
     async fn mcp_decide(&self, owner_id: i64, tool: &str, approve: bool, reviewed_hash: &str, ip: &str) -> Result<(), AppError>;
+    /// An owner's answer to a server's form ("accept" with the form's values as text, "decline",
+    /// "cancel"); audited. Returns what the server will be told.
+    async fn mcp_answer_form(&self, owner_id: i64, id: i64, decision: &str, values: Vec<(String, String)>, ip: &str) -> Result<String, AppError>;
 }
 
 /// Tool calls waiting for an owner.

@@ -364,9 +364,43 @@ pub struct McpServerView {
     pub tools: Vec<McpToolView>,
 }
 
+/// One field of a form an MCP server asked for. Titles, descriptions and choice labels come
+/// from the server: untrusted text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpFormField {
+    pub name: String,
+    /// The server's title for it, or its name.
+    pub label: String,
+    pub description: Option<String>,
+    /// string, number, integer, boolean or enum.
+    pub kind: String,
+    pub required: bool,
+    /// The default, as the input shows it (pre-filled).
+    pub default: Option<String>,
+    /// For enum: (value, label).
+    pub options: Vec<(String, String)>,
+    /// For string: email, uri, date or date-time.
+    pub format: Option<String>,
+}
+
+/// A form an MCP server asked the owners to fill in during a call (`elicitation = "owner"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpFormView {
+    pub id: i64,
+    pub server: String,
+    /// The server's message: untrusted text, shown as text and labelled as the server's.
+    pub message: String,
+    pub fields: Vec<McpFormField>,
+    pub created_at: i64,
+    /// The call stops waiting then, and the server is told "cancel".
+    pub expires_at: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpPage {
     pub config_path: String,
+    /// Forms waiting for an owner, oldest first.
+    pub forms: Vec<McpFormView>,
     pub servers: Vec<McpServerView>,
 }
 

@@ -64,6 +64,10 @@ impl AppError {
             "REPAIR_NEEDS_CONFIRMATION" | "REPAIR_ALREADY_DECIDED" | "REPAIR_STALE" => 409,
             "REPAIR_REASON_REQUIRED" | "EVAL_EXPECT_INVALID" | "EVAL_PATTERN_UNKNOWN" | "EVAL_TRACE_UNREADABLE" => 400,
             "REPAIR_NOT_FOUND" => 404,
+            // A form of an MCP server: values that do not fit it, one already answered or gone.
+            "MCP_ELICITATION_INVALID" => 400,
+            "MCP_ELICITATION_CLOSED" => 409,
+            "MCP_ELICITATION_UNKNOWN" => 404,
             _ => 500,
         }
     }

@@ -1,7 +1,9 @@
+import { execFile } from "node:child_process";
+
 import { test, expect, type Page } from "@playwright/test";
 
 import { failOnConsoleErrors, hydrated, login } from "./fixtures";
-import { gatehouse, owner } from "./support";
+import { binary, configPath, gatehouse, owner, serverEnv } from "./support";
 
 // The MCP servers page against a real MCP server (the npm reference memory server over stdio,
 // declared untrusted in the test config): its tools wait for approval; an owner approves one,
@@ -62,4 +64,39 @@ test("disabling a server withdraws its tools; enabling brings it back", async ({
   await expect(card(page)).toHaveAttribute("data-health", "connected", { timeout: 30_000 });
   await card(page).getByTestId("refresh-server").click();
   await expect(page.getByTestId("refresh-result")).toContainText("memory:");
+});
+
+test("a server's form waits for an owner, who answers it in the console", async ({ page }) => {
+  // The fixture's `ask` tool asks for a form during its call; the call runs in its own process
+  // (the CLI), the owner answers in the console's process: the form goes through the database.
+  gatehouse("mcp", "approve", "asker__ask");
+  const call = new Promise<string>((resolve) => {
+    execFile(
+      binary,
+      ["--config", configPath, "tools", "call", "asker__ask", "--as", "owner", "--args", JSON.stringify({ message: "<b>Which</b> seat?" })],
+      { env: { ...process.env, ...serverEnv, RUST_LOG: "warn" }, encoding: "utf8" },
+      (_err, stdout, stderr) => resolve(`${stdout}${stderr}`),
+    );
+  });
+  try {
+    await open(page, "/mcp");
+    const form = page.getByTestId("mcp-form");
+    await expect(form).toBeVisible({ timeout: 30_000 });
+    await expect(form).toHaveAttribute("data-server", "asker");
+    // The server's words are text, labelled as the server's.
+    await expect(form).toContainText("Message from the server asker (untrusted");
+    await expect(form.getByTestId("form-message")).toHaveText("<b>Which</b> seat?");
+    // Defaults filled in; a required field without one is for the owner to fill.
+    await expect(form.locator('input[data-field="seats"]')).toHaveValue("2");
+    await form.locator('select[data-field="confirm"]').selectOption("true");
+    await form.getByTestId("form-accept").click();
+    await expect(page.getByTestId("form-result")).toContainText("accepted");
+    await expect(page.getByTestId("mcp-form")).toHaveCount(0);
+    const out = await call;
+    // The server got the owner's values: its answer is in the call's result (JSON inside JSON).
+    expect(out).toMatch(/action\\*":\\*"accept/);
+    expect(out).toMatch(/confirm\\*":true/);
+  } finally {
+    gatehouse("mcp", "reject", "asker__ask");
+  }
 });

@@ -26,6 +26,10 @@ export const serverEnv: Record<string, string> = {
   // The periodic self-improvement cycle is a job; the jobs journey starts from an empty queue,
   // and the repairs journey runs the cycle from its page.
   GATEHOUSE__EVALS__SCAN_EVERY: "0s",
+  // A form of the MCP fixture (the mcp journey) is told to the owners in the console only: on
+  // WhatsApp it would open chats with the owners' numbers before the conversations journey,
+  // which starts from none.
+  GATEHOUSE__MCP__NOTICES_ON_WHATSAPP: "false",
   // No LLM key: the console must show the degraded-mode banner.
   ANTHROPIC_API_KEY: "",
   OPENAI_API_KEY: "",
@@ -42,9 +46,10 @@ export function gatehouse(...args: string[]): string {
   });
 }
 
-/** Copies the shipped config files into `configDir` and declares one real MCP server, the npm
- *  reference memory server (installed by scripts/test in mcp-test-servers/), as untrusted: its
- *  tools wait for an owner's approval. */
+/** Copies the shipped config files into `configDir` and declares two MCP servers, both
+ *  untrusted (their tools wait for an owner's approval): the npm reference memory server
+ *  (installed by scripts/test in mcp-test-servers/), and our fixture with its `ask` tool, whose
+ *  forms (elicitation) go to the owners. */
 export function writeConfig() {
   fs.mkdirSync(configDir, { recursive: true });
   for (const file of ["gatehouse.toml", "tools.toml", "connectors.toml"]) {
@@ -62,6 +67,19 @@ export function writeConfig() {
       'command = "node"',
       `args = [${JSON.stringify(memoryServer)}]`,
       `env = { MEMORY_FILE_PATH = ${JSON.stringify(path.join(dataDir, "memory.jsonl"))} }`,
+      "",
+      "[[server]]",
+      'id = "asker"',
+      'trust = "untrusted"',
+      'default_risk = "low"',
+      'approval = "never"',
+      'elicitation = "owner"',
+      'elicitation_ttl = "90s"',
+      "[server.transport]",
+      'type = "stdio"',
+      'command = "node"',
+      `args = [${JSON.stringify(path.join(repo, "mcp-test-servers", "fixture.mjs"))}]`,
+      'env = { FIXTURE_ELICIT = "1" }',
       "",
     ].join("\n"),
   );

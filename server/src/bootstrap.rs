@@ -102,7 +102,10 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
     // A missing main file is reported alone; otherwise the tool files are checked too.
     let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
     match (loaded, files) {
-        (Ok(cfg), Ok(files)) => Ok((cfg, files)),
+        (Ok(cfg), Ok(files)) => {
+            let problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call);
+            if problems.is_empty() { Ok((cfg, files)) } else { Err(ConfigError(problems)) }
+        }
         (Err(ConfigError(mut problems)), files) => {
             problems.extend(files.err().unwrap_or_default());
             Err(ConfigError(problems))

@@ -1,6 +1,7 @@
 //! The MCP servers page: each server's status, transport and trust, its tools with their
-//! quarantine state and definition diffs, last errors, live; and the owner actions enable,
-//! disable, refresh now, approve and reject, each audited.
+//! quarantine state and definition diffs, last errors, live; the owner actions enable,
+//! disable, refresh now, approve and reject, each audited; and the forms servers ask the owners
+//! to fill in during a call (`mcp_forms`).
 //!
 //! Tool names and definitions come from MCP servers and are untrusted text: they are shown as
 //! text, never as markup.
@@ -9,7 +10,7 @@ use leptos::prelude::*;
 use leptos_meta::Title;
 
 use crate::{
-    api::{McpDecide, McpRefresh, McpSetEnabled, mcp_servers},
+    api::{McpAnswerForm, McpDecide, McpRefresh, McpSetEnabled, mcp_servers},
     dto::{McpServerView, McpToolView},
     live::{fmt_time, use_live},
 };
@@ -28,8 +29,9 @@ pub fn McpPage() -> impl IntoView {
     let toggle = ServerAction::<McpSetEnabled>::new();
     let refresh = ServerAction::<McpRefresh>::new();
     let decide = ServerAction::<McpDecide>::new();
+    let answer = ServerAction::<McpAnswerForm>::new();
     let page = Resource::new(
-        move || (live.get(), toggle.version().get(), refresh.version().get(), decide.version().get()),
+        move || (live.get(), toggle.version().get(), refresh.version().get(), decide.version().get(), answer.version().get()),
         |_| mcp_servers(),
     );
     view! {
@@ -39,6 +41,7 @@ pub fn McpPage() -> impl IntoView {
         {move || toggle.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {move || decide.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {super::action_notice(refresh.value(), "refresh-result")}
+        {super::action_notice(answer.value(), "form-result")}
         {move || {
             let query = query.get();
             let connected = query.get("connected").map(|s| view! { <p class="notice" data-testid="oauth-connected">{format!("{s} is connected.")}</p> });
@@ -46,8 +49,13 @@ pub fn McpPage() -> impl IntoView {
             (connected, failed)
         }}
         {super::loaded(page, move |p| {
-            if p.servers.is_empty() {
-                return view! {
+            let forms = (!p.forms.is_empty()).then(|| view! {
+                <h2>"Forms waiting for you"</h2>
+                {p.forms.clone().into_iter().map(|f| super::mcp_forms::form_card(f, answer)).collect_view()}
+            });
+            // A form may outlive its server's entry in mcp.toml: it is shown until it expires.
+            let servers = if p.servers.is_empty() {
+                view! {
                     <div class="empty" data-testid="mcp-empty">
                         <p><strong>"No MCP servers are configured."</strong></p>
                         <p>"Declare servers in " <code>{p.config_path.clone()}</code>
@@ -55,9 +63,11 @@ pub fn McpPage() -> impl IntoView {
                            "Their tools wait here for your approval before the assistant can use them."</p>
                     </div>
                 }
-                .into_any();
-            }
-            p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any()
+                .into_any()
+            } else {
+                p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any()
+            };
+            view! { {forms} {servers} }.into_any()
         })}
     }
 }
@@ -72,7 +82,7 @@ fn server_card(
     let refresh_id = s.id.clone();
     let health = if s.enabled { s.health.clone() } else { "disabled".to_string() };
     view! {
-        <section class="card mcp-server" data-server=s.id.clone() data-health=health.clone()>
+        <section class="card mcp-server" id=format!("server-{}", s.id) data-server=s.id.clone() data-health=health.clone()>
             <h2>{s.id.clone()}" "<span class=format!("badge health-{health}")>{health.clone()}</span>
                 " "<span class="badge">{s.trust.clone()}</span></h2>
             <table class="kv"><tbody>

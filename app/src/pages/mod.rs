@@ -4,6 +4,7 @@ pub mod dashboard;
 pub mod jobs;
 pub mod login;
 pub mod mcp;
+mod mcp_forms;
 pub mod repairs;
 pub mod settings;
 pub mod setup;

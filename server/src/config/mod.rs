@@ -23,6 +23,7 @@ pub mod events;
 pub mod lane;
 mod llm;
 pub mod load;
+mod mcp;
 pub mod net;
 pub mod secrets;
 mod server;
@@ -40,6 +41,7 @@ pub use approvals::ApprovalSettings;
 pub use budget::{AtLimit, BudgetSettings};
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
+pub use mcp::McpSettings;
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
 pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
@@ -69,6 +71,7 @@ pub struct Settings {
     pub budget: BudgetSettings,
     pub evals: EvalSettings,
     pub events: EventSettings,
+    pub mcp: McpSettings,
     pub whatsapp: WhatsAppSettings,
     pub telemetry: TelemetrySettings,
 }

@@ -24,6 +24,7 @@ pub mod event {
     pub const MCP_SERVER_REFRESHED: &str = "mcp_server_refreshed";
     pub const MCP_SERVER_LOGIN_STARTED: &str = "mcp_server_login_started";
     pub const MCP_SERVER_LOGGED_IN: &str = "mcp_server_logged_in";
+    pub const MCP_ELICITATION_ANSWERED: &str = "mcp_elicitation_answered";
     pub const APPROVAL_APPROVED: &str = "approval_approved";
     pub const APPROVAL_REJECTED: &str = "approval_rejected";
     pub const TRACE_MARKED: &str = "trace_marked";

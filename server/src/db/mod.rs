@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod llm_calls;
 pub mod owner_notifications;
 pub mod mcp;
+pub mod mcp_elicitations;
 pub mod mcp_oauth;
 pub mod owners;
 pub mod sessions;

@@ -84,7 +84,9 @@ pub fn build(settings: &Settings, files: &ToolFiles, secrets: &SecretSource, db:
     let manager = mcp::McpManager::new(db.clone(), &files.mcp, secrets.clone());
     // The console's address, where an OAuth server sends the owner back after a login.
     let public = &settings.server.public_url;
-    manager.set_public_url(&if public.is_empty() { format!("http://{}", settings.server.addr) } else { public.clone() });
+    let public = if public.is_empty() { format!("http://{}", settings.server.addr) } else { public.clone() };
+    manager.set_public_url(&public);
+    manager.set_owner_notices(mcp::OwnerNotices { queue: queue.clone(), public_url: public, settings: settings.mcp.clone() });
     let checkpoint = manager.install(checkpoint, files.catalog.clone());
     Ok((checkpoint, manager))
 }

@@ -186,7 +186,8 @@ async fn wait_or_stop(first: bool, shutdown: &mut Option<tokio::sync::watch::Rec
 }
 
 /// MCP server changes for the MCP servers page: each second the servers' status (health, last
-/// error, tool and pending counts, enabled) is compared with the last one sent.
+/// error, tool and pending counts, enabled) and the forms waiting for an owner are compared
+/// with the last one sent.
 pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     struct McpWatch {
         state: AppState,
@@ -209,7 +210,9 @@ pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item =
                 }
             }
             let shape: Vec<_> = servers.iter().map(|s| (&s.id, s.enabled, &s.health, &s.last_error, s.tool_count, s.pending)).collect();
-            let shape = (shape, pending);
+            // A form a server asks for during a call (stored by whichever process runs the call).
+            let forms: Vec<i64> = w.state.mcp.forms().await.map(|f| f.iter().map(|f| f.id).collect()).unwrap_or_default();
+            let shape = (shape, pending, forms);
             let fingerprint = {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -33,7 +33,7 @@ fn npm_server(package: &str) -> String {
     path.display().to_string()
 }
 
-fn fixture() -> String {
+pub(crate) fn fixture() -> String {
     servers_dir().join("fixture.mjs").display().to_string()
 }
 
@@ -47,15 +47,15 @@ fn no_secrets() -> SecretSource {
     SecretSource::empty()
 }
 
-struct Rig {
-    checkpoint: Arc<Checkpoint>,
-    manager: McpManager,
-    db: Db,
+pub(crate) struct Rig {
+    pub(crate) checkpoint: Arc<Checkpoint>,
+    pub(crate) manager: McpManager,
+    pub(crate) db: Db,
     _test_db: TestDb,
 }
 
 impl Rig {
-    async fn new(test_db: TestDb, servers: &str) -> Self {
+    pub(crate) async fn new(test_db: TestDb, servers: &str) -> Self {
         let db = test_db.connect().await;
         db.migrate().await.expect("migrate");
         Self::on(test_db, db, servers).await
@@ -73,11 +73,11 @@ impl Rig {
         Self { checkpoint, manager, db, _test_db: test_db }
     }
 
-    async fn connected(&self, server: &str) {
+    pub(crate) async fn connected(&self, server: &str) {
         self.manager.wait_connected(server, Duration::from_secs(30)).await.expect("server connects");
     }
 
-    async fn call(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
+    pub(crate) async fn call(&self, name: &str, args: Value) -> Result<ToolSuccess, ToolFailure> {
         self.call_as(Role::Owner, name, args).await
     }
 
@@ -108,7 +108,7 @@ fn code_of(r: Result<ToolSuccess, ToolFailure>) -> ToolFailure {
     r.expect_err("the call must fail")
 }
 
-fn text_of(out: &Value) -> String {
+pub(crate) fn text_of(out: &Value) -> String {
     out["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("\n")
 }
 
@@ -117,13 +117,13 @@ fn recorded(file: &Path) -> Vec<String> {
     std::fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["name"].as_str().map(str::to_string)).collect()
 }
 
-fn stdio(id: &str, extra: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+pub(crate) fn stdio(id: &str, extra: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let args = args.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ");
     let env = env.iter().map(|(k, v)| format!("{k} = {v:?}")).collect::<Vec<_>>().join(", ");
     format!("[[server]]\nid = \"{id}\"\n{extra}\n[server.transport]\ntype = \"stdio\"\ncommand = {command:?}\nargs = [{args}]\nenv = {{ {env} }}\n\n")
 }
 
-const TRUSTED_OPEN: &str = "trust = \"trusted\"\ndefault_audience = \"public\"\ndefault_risk = \"low\"\napproval = \"never\"\ndestructive_needs_approval = false";
+pub(crate) const TRUSTED_OPEN: &str = "trust = \"trusted\"\ndefault_audience = \"public\"\ndefault_risk = \"low\"\napproval = \"never\"\ndestructive_needs_approval = false";
 
 async fn everything_over_stdio(db: TestDb) {
     let rig = Rig::new(db, &stdio("everything", TRUSTED_OPEN, "node", &[&npm_server("server-everything"), "stdio"], &[])).await;

@@ -272,7 +272,7 @@ async fn expired_refresh_token(test_db: TestDb) {
     .expect("notices");
     assert_eq!(notices.len(), 1, "{notices:?}");
     assert!(
-        notices[0].contains("gatehouse mcp login crm"),
+        notices[0].contains("gatehouse mcp login crm") && notices[0].contains("/mcp#server-crm"),
         "{}",
         notices[0]
     );
@@ -294,6 +294,100 @@ async fn expired_refresh_token(test_db: TestDb) {
 both_backends!(
     an_expired_refresh_token_means_needs_login_with_tools_withheld,
     expired_refresh_token
+);
+
+/// A server whose token cannot be refreshed tells every owner once on WhatsApp, with the
+/// console link and the words of `[mcp] needs_login_notice`, however many calls fail after.
+async fn needs_login_is_told_on_whatsapp_once(test_db: TestDb) {
+    let graph = crate::whatsapp::FakeGraph::start().await;
+    let app = crate::whatsapp::app(test_db, Some(&graph), |_| {}).await;
+    let db = app.state.db.clone();
+    {
+        let mut tx = db.begin_write().await.expect("tx");
+        for (login, phone) in [("o1", "+16505550101"), ("o2", "+16505550102")] {
+            sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('O', $1, 'x', 1, 0, 0)")
+                .bind(login)
+                .execute(&mut *tx)
+                .await
+                .expect("owner");
+            sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, (SELECT MAX(id) FROM owners), 0)")
+                .bind(phone)
+                .execute(&mut *tx)
+                .await
+                .expect("phone");
+        }
+        tx.commit().await.expect("commit");
+    }
+    let fake = Fake::start(3600).await;
+    let rig = Rig::new(&db, &fake, true).await;
+    let settings = server::config::McpSettings {
+        needs_login_notice: "Log in to {server} again ({reason}): {link}".into(),
+        ..Default::default()
+    };
+    rig.manager.set_owner_notices(mcp::OwnerNotices {
+        queue: app.state.jobs.clone(),
+        public_url: "https://console.example/".into(),
+        settings,
+    });
+    login(&rig.manager).await;
+    rig.manager
+        .wait_connected("crm", Duration::from_secs(30))
+        .await
+        .expect("connects");
+    rig.call().await.expect("the call works");
+    fake.with(|s| {
+        s.revoked = true;
+        s.reject_refresh = true;
+    });
+    for _ in 0..3 {
+        rig.call().await.expect_err("fails, then withheld");
+    }
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(app.gatehouse.worker().run(stopped));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify' AND state = 'completed'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+        if done >= 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the notices were not delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+    let jobs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(jobs, 2, "one notice per owner number, once per change");
+    let mut to: Vec<String> = graph
+        .sends()
+        .iter()
+        .map(|b| b["to"].as_str().unwrap_or_default().to_string())
+        .collect();
+    to.sort();
+    assert_eq!(to, vec!["16505550101".to_string(), "16505550102".into()]);
+    let texts = graph.texts();
+    assert!(
+        texts.iter().all(|t| t.starts_with("Log in to crm again (")
+            && t.ends_with(": https://console.example/mcp#server-crm")),
+        "{texts:?}"
+    );
+    assert!(
+        fake.with(|s| s.issued.clone())
+            .iter()
+            .all(|token| texts.iter().all(|t| !t.contains(token.as_str()))),
+        "no token in a notice"
+    );
+    rig.manager.shutdown().await;
+}
+both_backends!(
+    mcp_needs_login_notice_on_whatsapp,
+    needs_login_is_told_on_whatsapp_once
 );
 
 /// A config folder for the binary: `db_url`, debug logs, the fake server.

@@ -246,10 +246,24 @@ impl TestApp {
     }
 
     async fn build(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings)) -> Self {
-        Self::build_with(db, dir, secrets, tweak, Overrides::default()).await
+        Self::build_with(db, dir, secrets, tweak, Overrides::default(), Arc::default()).await
     }
 
-    async fn build_with(db: TestDb, dir: &std::path::Path, secrets: Secrets, tweak: impl FnOnce(&mut Settings), overrides: Overrides) -> Self {
+    /// An app with these MCP servers (their supervisors not started: `state.mcp.start()`) and
+    /// `secrets`, over the shipped tool files.
+    pub async fn with_mcp(db: TestDb, mcp: server::tools::mcp::McpConfig, secrets: Secrets) -> Self {
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config"));
+        Self::build_with(db, dir, secrets, |_| {}, Overrides::default(), Arc::new(mcp)).await
+    }
+
+    async fn build_with(
+        db: TestDb,
+        dir: &std::path::Path,
+        secrets: Secrets,
+        tweak: impl FnOnce(&mut Settings),
+        overrides: Overrides,
+        mcp: Arc<server::tools::mcp::McpConfig>,
+    ) -> Self {
         init_test_logs();
         let mut settings = settings_for(&db);
         tweak(&mut settings);
@@ -257,7 +271,7 @@ impl TestApp {
         pool.migrate().await.expect("migrate");
         // The shipped tool files need no secrets; MCP servers are the MCP tests' own.
         let catalog = ToolFiles::load(dir, &secrets.source).expect("tool files load").catalog;
-        let files = ToolFiles { catalog, mcp: Arc::default() };
+        let files = ToolFiles { catalog, mcp };
         let config = LoadedConfig::new(settings, secrets, dir.join("gatehouse.toml"));
         let gatehouse = Gatehouse::build_with(config, files, pool, overrides).expect("build");
         let state = AppState::new(&gatehouse, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());

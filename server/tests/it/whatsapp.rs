@@ -177,7 +177,7 @@ fn status(wamid: &str, state: &str, recipient: &str) -> Value {
 // ---------------------------------------------------------------------------------------------
 // The app, the worker and a conversation runtime stand-in.
 
-async fn app(db: TestDb, graph: Option<&FakeGraph>, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+pub(crate) async fn app(db: TestDb, graph: Option<&FakeGraph>, tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let base = graph.map(|g| g.base_url.clone());
     TestApp::with_secrets(db, secrets(), move |s| {
         if let Some(base) = base {

@@ -2,20 +2,13 @@
 //! own (unknown keys, ids, transports, limits, secrets named by environment variable) and reports
 //! every problem at once, with file and key, like `tools.toml`.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{Problem, duration_str},
-    tools::{
-        catalog::{Approval, Audience, Risk},
-        toml_file,
-    },
+    config::duration_str,
+    tools::catalog::{Approval, Audience, Risk},
 };
 
 /// How far a server's own claims are believed.
@@ -123,14 +116,16 @@ pub struct OAuthClient {
     pub scopes: Vec<String>,
 }
 
-/// What a server's `elicitation/create` during a call gets. Only declining is built: the
-/// capability is not announced, and a request that comes anyway is declined (rmcp's default
-/// answer). Forwarding to the owner is a later policy; a customer is never asked.
+/// What a server's `elicitation/create` during a call gets. A customer is never asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ElicitationPolicy {
+    /// The capability is not announced; a request that comes anyway is declined at once.
     #[default]
     Decline,
+    /// The capability (form mode) is announced; a request becomes a form the owners answer in
+    /// the console (or with `gatehouse mcp answer`) while the call waits.
+    Owner,
 }
 
 /// Bounds on what discovery accepts from a server.
@@ -220,9 +215,45 @@ pub struct ServerConfig {
     pub oauth: OAuthClient,
     #[serde(default)]
     pub elicitation: ElicitationPolicy,
+    /// How long an owner has to answer a form (`elicitation = "owner"`); default: call_timeout.
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub elicitation_ttl: Option<Duration>,
+}
+
+/// An optional duration written like `call_timeout` ("30s", "5m").
+mod opt_duration {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => crate::config::duration_str::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        crate::config::duration_str::deserialize(d).map(Some)
+    }
 }
 
 impl ServerConfig {
+    /// How long a form of this server waits for an owner (zero: the server's requests are
+    /// declined, nobody is asked).
+    pub fn owner_wait(&self) -> Duration {
+        match self.elicitation {
+            ElicitationPolicy::Decline => Duration::ZERO,
+            ElicitationPolicy::Owner => self.elicitation_ttl.unwrap_or(self.call_timeout),
+        }
+    }
+
+    /// The whole time a call may take: the server's own time, plus the time a form may wait for
+    /// an owner (waiting for a person does not use up the server's time).
+    pub fn call_deadline(&self) -> Duration {
+        self.call_timeout + self.owner_wait()
+    }
+
     /// Whether the server's tool `name` passes the allow and deny lists.
     pub fn takes(&self, name: &str) -> bool {
         let matches = |pattern: &String| match pattern.strip_suffix('*') {
@@ -258,131 +289,8 @@ impl McpConfig {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct McpFile {
-    #[serde(default)]
-    server: Vec<toml::Value>,
-}
-
-/// Server ids become tool-name prefixes, so they are short and plain.
-pub fn valid_server_id(id: &str) -> bool {
-    (1..=24).contains(&id.len())
-        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-}
-
-fn valid_env_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !name.as_bytes()[0].is_ascii_digit()
-}
-
-/// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a value.
-pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConfig, Vec<Problem>> {
-    let problem = toml_file::problem_at(path);
-    let text = toml_file::read(path, "the MCP servers file", &problem)?;
-    let file: McpFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML for an MCP servers file: {e}"))])?;
-
-    let mut problems = Vec::new();
-    let mut servers = Vec::new();
-    let mut seen = BTreeSet::new();
-    for entry in toml_file::entries::<ServerConfig>(file.server, "server", "id", &problem) {
-        let Ok((label, server)) = entry.map_err(|p| problems.push(p)) else { continue };
-        let before = problems.len();
-        let mut bad = |field: &str, message: String| problems.push(problem(format!("{label}.{field}"), message));
-        if !valid_server_id(&server.id) {
-            bad("id", "must be 1 to 24 lower-case letters, digits or '-', starting with a letter or digit".into());
-        }
-        if !seen.insert(server.id.clone()) {
-            bad("id", format!("{:?} is used by more than one server", server.id));
-        }
-        if !(1..=MAX_TOOLS_LIMIT).contains(&server.max_tools) {
-            bad("max_tools", format!("must be 1 to {MAX_TOOLS_LIMIT}"));
-        }
-        if server.call_timeout.is_zero() {
-            bad("call_timeout", "must be longer than zero".into());
-        }
-        let d = &server.discovery;
-        if d.timeout.is_zero() {
-            bad("discovery.timeout", "must be longer than zero".into());
-        }
-        if d.max_pages == 0 {
-            bad("discovery.max_pages", "must be at least 1".into());
-        }
-        if d.max_schema_bytes < 64 {
-            bad("discovery.max_schema_bytes", "must be at least 64".into());
-        }
-        if d.max_description_chars == 0 {
-            bad("discovery.max_description_chars", "must be at least 1".into());
-        }
-        if server.trust == Trust::Untrusted && !server.destructive_needs_approval {
-            bad("destructive_needs_approval", "only a trusted server may run destructive tools without an owner's approval".into());
-        }
-        for (field, list) in [("allow_tools", &server.allow_tools), ("deny_tools", &server.deny_tools)] {
-            if list.iter().any(|p| p.trim().is_empty()) {
-                bad(field, "holds an empty name".into());
-            }
-        }
-        match &server.transport {
-            Transport::Stdio { command, env, cwd, .. } => {
-                if command.trim().is_empty() {
-                    bad("transport.command", "must name the program to start".into());
-                }
-                for name in env.keys().filter(|n| !valid_env_name(n)) {
-                    bad("transport.env", format!("{name:?} is not a valid environment variable name"));
-                }
-                if let Some(dir) = cwd.as_ref().filter(|d| server.enabled && !d.is_dir()) {
-                    bad("transport.cwd", format!("{} is not a folder", dir.display()));
-                }
-            }
-            Transport::Http { url, headers } => {
-                let ok = url::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-                if !ok {
-                    bad("transport.url", format!("{:?} is not an http(s) URL", crate::config::load::display_url(url)));
-                }
-                for name in headers.keys().filter(|n| http::HeaderName::from_bytes(n.as_bytes()).is_err()) {
-                    bad("transport.headers", format!("{name:?} is not a valid HTTP header name"));
-                }
-                for (name, value) in headers {
-                    if let ValueOrSecret::Plain(v) = value
-                        && http::HeaderValue::from_str(v).is_err()
-                    {
-                        bad("transport.headers", format!("the value of {name:?} is not a valid HTTP header value"));
-                    }
-                }
-            }
-        }
-        if server.auth == AuthMode::Oauth {
-            if server.transport.kind() != "http" {
-                bad("auth", "\"oauth\" needs an http transport (a stdio server gets its credentials through env)".into());
-            }
-            if let Some(ValueOrSecret::Plain(_)) = &server.oauth.client_secret {
-                bad("oauth.client_secret", "must be { secret = \"VAR\" }: a secret is never written in the file".into());
-            }
-            if server.oauth.client_secret.is_some() && server.oauth.client_id.is_none() {
-                bad("oauth.client_secret", "needs oauth.client_id".into());
-            }
-            if server.oauth.client_id.as_deref().is_some_and(|c| c.trim().is_empty()) {
-                bad("oauth.client_id", "is empty".into());
-            }
-            if server.oauth.scopes.iter().any(|s| s.is_empty() || s.contains(char::is_whitespace)) {
-                bad("oauth.scopes", "holds an empty scope or one with spaces".into());
-            }
-        } else if server.oauth != OAuthClient::default() {
-            bad("oauth", "is only read with auth = \"oauth\"".into());
-        }
-        if server.enabled {
-            for var in server.secret_vars() {
-                if !secret_is_set(var) {
-                    bad("transport", format!("needs the environment variable {var}, which is not set"));
-                }
-            }
-        }
-        if problems.len() == before {
-            servers.push(server);
-        }
-    }
-    if problems.is_empty() { Ok(McpConfig { servers }) } else { Err(problems) }
-}
+mod check;
+pub use check::{fits_tool_call_budget, load, valid_server_id};
 
 #[cfg(test)]
 mod tests;

@@ -205,3 +205,32 @@ impl McpManager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::ToolStatus;
+
+    #[test]
+    fn a_changed_definition_reads_as_a_line_diff() {
+        let status = ToolStatus {
+            catalog_name: "fx__echo".into(),
+            name: "echo".into(),
+            state: "pending".into(),
+            usable: false,
+            present: true,
+            definition: json!({ "description": "Echo the text back, and email it to the admin", "name": "echo" }),
+            definition_hash: "sha256:new".into(),
+            previous_definition: Some(json!({ "description": "Echo the text back", "name": "echo" })),
+        };
+        insta::assert_snapshot!(status.diff().join("\n"), @r#"
+          {
+        -   "description": "Echo the text back",
+        +   "description": "Echo the text back, and email it to the admin",
+            "name": "echo"
+          }
+        "#);
+        assert!(ToolStatus { previous_definition: None, ..status }.diff().is_empty(), "a new tool has nothing to compare");
+    }
+}

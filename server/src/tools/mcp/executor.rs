@@ -48,7 +48,8 @@ impl ToolExecutor for McpExecutor {
             ));
         }
         let params = rmcp::model::CallToolRequestParams::new(route.tool.clone()).with_arguments(args.as_object().cloned().unwrap_or_default());
-        let timeout = server.config.call_timeout;
+        // A form waiting for an owner does not use up the server's own time.
+        let timeout = server.config.call_deadline();
         let scrub = |text: &str| session::scrub(&server.config, &self.inner.secrets, text);
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
         let result = match outcome {

@@ -11,7 +11,7 @@ use super::{
     oauth::{self, MAX_LOGINS, OAuthError},
     session::RefreshRequest,
 };
-use crate::db::{self, audit, mcp::health, mcp_oauth, owner_notifications::Notification};
+use crate::db::{self, audit, mcp::health, mcp_oauth};
 
 impl McpManager {
     /// Where the authorization server sends the owner's browser back: the console.
@@ -140,20 +140,24 @@ impl McpManager {
         let recorded = async {
             let mut tx = self.inner.db.begin_write().await?;
             let changed = mcp_oauth::needs_login(&mut tx, server, reason, required_scope).await?;
-            if changed {
-                let notice = Notification {
-                    at: db::now_ms(),
-                    hook: "mcp.oauth".into(),
-                    tool: server.to_string(),
-                    reason_code: "MCP_NEEDS_LOGIN".into(),
-                    message: format!("The MCP server {server} needs an owner to log in again ({reason}). Its tools are withheld until then: use Connect on the MCP servers page or run `gatehouse mcp login {server}`."),
-                    correlation_id: String::new(),
-                };
-                db::owner_notifications::insert(&mut tx, &notice).await?;
-            }
             db::mcp::set_health(&mut tx, server, health::NEEDS_LOGIN, Some(reason), false).await?;
-            tx.commit().await?;
-            Ok::<_, db::DbError>(changed)
+            if !changed {
+                tx.commit().await?;
+                return Ok(false);
+            }
+            // Once per change to "needs login" (the row's state is the compare-and-set), to the
+            // console and to every owner number.
+            let notice = super::notices::Notice {
+                hook: "mcp.oauth",
+                server,
+                reason_code: "MCP_NEEDS_LOGIN",
+                correlation_id: format!("mcp-login-{server}"),
+                template: |s| &s.needs_login_notice,
+                values: &[("{reason}", reason.to_string())],
+                anchor: format!("#server-{server}"),
+            };
+            self.inner.notices.raise(tx, &notice).await?;
+            Ok::<_, db::DbError>(true)
         }
         .await;
         match recorded {

@@ -161,7 +161,7 @@ pub fn to_spec(server: &ServerConfig, name: &str, def: &Value) -> Result<ToolSpe
         managed_fields: Vec::new(),
         secret_fields: Default::default(),
         // The executor's own timeout fires first, so the server's breaker sees it.
-        timeout: server.call_timeout + std::time::Duration::from_secs(1),
+        timeout: server.call_deadline() + std::time::Duration::from_secs(1),
         retry: RetryPolicy { max_attempts: 1, ..RetryPolicy::default() },
         async_policy: AsyncPolicy::Allowed,
         chainable: false,

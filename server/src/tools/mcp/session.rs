@@ -13,14 +13,19 @@ use std::{
 
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
-    model::{ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams, ProtocolVersion},
-    service::{NotificationContext, Peer, RunningService},
+    ErrorData,
+    model::{
+        ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationCapability, FormElicitationCapability, Implementation,
+        PaginatedRequestParams, ProtocolVersion,
+    },
+    service::{NotificationContext, Peer, RequestContext, RunningService},
     transport::{StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig},
 };
 use tokio::{io::AsyncBufReadExt, sync::mpsc};
 
 use super::{
     config::{ServerConfig, Transport, ValueOrSecret},
+    elicitation::Forms,
     normalize::{self, Skipped},
 };
 use crate::{db::mcp::Found, tools::checkpoint::SecretSource};
@@ -41,18 +46,28 @@ pub enum RefreshRequest {
     Probe,
 }
 
-/// Our side of the protocol: announces Gatehouse and turns `tools/list_changed` into a refresh.
+/// Our side of the protocol: announces Gatehouse, turns `tools/list_changed` into a refresh,
+/// and answers a server's `elicitation/create` by its policy.
 #[derive(Debug, Clone)]
 pub struct Handler {
     refresh: mpsc::UnboundedSender<RefreshRequest>,
     /// Set while a `ListChanged` waits for the supervisor: a server that floods notifications
     /// queues one refresh, not one per notification.
     pending: Arc<AtomicBool>,
+    /// With `elicitation = "owner"`: the server's forms go to the owners. Without, Gatehouse
+    /// does not announce elicitation and declines a request that comes anyway.
+    forms: Option<(Arc<Forms>, Arc<ServerConfig>)>,
 }
 
 impl Handler {
     pub fn new(refresh: mpsc::UnboundedSender<RefreshRequest>) -> Self {
-        Self { refresh, pending: Arc::default() }
+        Self { refresh, pending: Arc::default(), forms: None }
+    }
+
+    /// Forwards this server's forms to the owners.
+    pub fn with_owner_forms(mut self, forms: Arc<Forms>, server: &ServerConfig) -> Self {
+        self.forms = Some((forms, Arc::new(server.clone())));
+        self
     }
 
     /// The flag the supervisor clears when it takes the waiting `ListChanged` up.
@@ -72,9 +87,29 @@ impl ClientHandler for Handler {
     /// one (rmcp's default, 2026-07-28, is stateless and unknown to most servers); a server
     /// answering with an older version it supports is accepted as before.
     fn get_info(&self) -> ClientConfig {
-        let mut info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")));
+        let mut capabilities = ClientCapabilities::default();
+        if self.forms.is_some() {
+            // Form mode only (Gatehouse checks the owner's values against the schema); a URL
+            // elicitation is not offered.
+            capabilities.elicitation = Some(ElicitationCapability::new().with_form(FormElicitationCapability::new().with_schema_validation(true)));
+        }
+        let mut info = ClientConfig::new(capabilities, Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")));
         info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
         info
+    }
+
+    /// Only the owners are ever asked, and only when the server's policy forwards its forms; a
+    /// customer never is.
+    async fn create_elicitation(&self, request: ElicitRequestParams, context: RequestContext<RoleClient>) -> Result<ElicitResult, ErrorData> {
+        let decline = ElicitResult::new(ElicitationAction::Decline);
+        let Some((forms, server)) = &self.forms else { return Ok(decline) };
+        match request {
+            ElicitRequestParams::FormElicitationParams { message, requested_schema, .. } => {
+                let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
+                Ok(forms.ask(server, &message, &schema, context.ct.cancelled()).await)
+            }
+            _ => Ok(decline),
+        }
     }
 }
 

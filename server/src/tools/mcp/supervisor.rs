@@ -179,7 +179,10 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
         } else {
             None
         };
-        let handler = Handler::new(server.refresh.clone());
+        let mut handler = Handler::new(server.refresh.clone());
+        if cfg.elicitation == super::config::ElicitationPolicy::Owner {
+            handler = handler.with_owner_forms(inner.forms.clone(), cfg);
+        }
         let pending = handler.pending();
         let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
             if cfg.auth == super::AuthMode::Oauth && oauth.is_none() {

@@ -2,12 +2,44 @@
 
 use app::{
     backend::McpBackend,
-    dto::{McpPage, McpServerView, McpToolView},
+    dto::{McpFormField, McpFormView, McpPage, McpServerView, McpToolView},
     error::{AppError, code},
 };
 
 use super::{ConsoleBackend, internal, label};
-use crate::tools::mcp::{AuditActor, McpError, Reviewed};
+use crate::tools::mcp::{
+    Answer, AuditActor, McpError, PendingForm, Reviewed,
+    elicitation::form::{Field, Kind},
+};
+
+fn shown(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn form_field(f: Field) -> McpFormField {
+    let (options, format) = match &f.kind {
+        Kind::Choice { options } => (options.clone(), None),
+        Kind::Text { format, .. } => (Vec::new(), format.clone()),
+        _ => (Vec::new(), None),
+    };
+    McpFormField {
+        label: f.title.clone().unwrap_or_else(|| f.name.clone()),
+        kind: f.kind.label().to_string(),
+        default: f.default.as_ref().map(shown),
+        name: f.name,
+        description: f.description,
+        required: f.required,
+        options,
+        format,
+    }
+}
+
+fn form_view(p: PendingForm) -> McpFormView {
+    McpFormView { id: p.id, server: p.server, message: p.message, fields: p.fields.into_iter().map(form_field).collect(), created_at: p.created_at, expires_at: p.expires_at }
+}
 
 #[async_trait::async_trait]
 impl McpBackend for ConsoleBackend {
@@ -43,7 +75,8 @@ impl McpBackend for ConsoleBackend {
                 tools,
             });
         }
-        Ok(McpPage { config_path: self.state.config.dir.join("mcp.toml").display().to_string(), servers })
+        let forms = mcp.forms().await.map_err(mcp_error)?.into_iter().map(form_view).collect();
+        Ok(McpPage { config_path: self.state.config.dir.join("mcp.toml").display().to_string(), forms, servers })
     }
 
     async fn mcp_set_enabled(&self, owner_id: i64, server: &str, enabled: bool, ip: &str) -> Result<(), AppError> {
@@ -69,6 +102,17 @@ impl McpBackend for ConsoleBackend {
         done.map(|_| ()).map_err(mcp_error)
     }
 
+    async fn mcp_answer_form(&self, owner_id: i64, id: i64, decision: &str, values: Vec<(String, String)>, ip: &str) -> Result<String, AppError> {
+        let answer = match decision {
+            "accept" => Answer::AcceptText(values),
+            "decline" => Answer::Decline,
+            "cancel" => Answer::Cancel,
+            _ => return Err(AppError::invalid("decision must be accept, decline or cancel")),
+        };
+        let state = self.state.mcp.answer_form(id, answer, &self.mcp_actor(owner_id, ip)).await.map_err(mcp_error)?;
+        Ok(format!("Form #{id}: {state}. The server gets the answer now."))
+    }
+
 }
 
 impl ConsoleBackend {
@@ -82,6 +126,9 @@ fn mcp_error(e: McpError) -> AppError {
         McpError::UnknownServer(_) | McpError::UnknownTool(_) => AppError::new(code::NOT_FOUND, e.to_string()),
         McpError::Unavailable(_) | McpError::DefinitionChanged(_) => AppError::new(code::CONFLICT, e.to_string()),
         McpError::OAuth(ref o) => AppError::new(o.code(), e.to_string()),
+        McpError::FormUnknown(_) => AppError::new("MCP_ELICITATION_UNKNOWN", e.to_string()),
+        McpError::FormClosed(_) => AppError::new("MCP_ELICITATION_CLOSED", e.to_string()),
+        McpError::FormInvalid(ref f) => AppError::new("MCP_ELICITATION_INVALID", format!("{}: {}", f.field, f.message)),
         McpError::Db(_) => internal(e),
     }
 }

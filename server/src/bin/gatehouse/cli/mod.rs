@@ -160,6 +160,25 @@ pub enum McpCommand {
     Enable { server: String },
     /// Disable a server (overrides config/mcp.toml).
     Disable { server: String },
+    /// Forms servers with `elicitation = "owner"` ask the owners to fill in during a call, with
+    /// their fields (type, required, default) and the server's message (untrusted text).
+    Forms,
+    /// Answer a form (as an owner, audited). Accepting takes `--values` (a JSON object) checked
+    /// against the form; fields left out take their defaults.
+    Answer {
+        id: i64,
+        #[arg(value_enum)]
+        decision: FormDecision,
+        #[arg(long)]
+        values: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FormDecision {
+    Accept,
+    Decline,
+    Cancel,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -7,7 +7,7 @@ use server::{
     tools::{
         CallContext, ToolCall, ToolFiles,
         checkpoint::Checked,
-        mcp::{AuditActor, McpError, Reviewed},
+        mcp::{Answer, AuditActor, McpError, Reviewed},
     },
 };
 
@@ -107,7 +107,9 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
     let gatehouse = build(cfg, files).await?;
     let (mcp, servers) = (&gatehouse.mcp, &gatehouse.tool_files.mcp);
     let fail = |e: McpError| match e {
-        McpError::UnknownServer(_) | McpError::UnknownTool(_) | McpError::DefinitionChanged(_) => Failure::usage(e.to_string()),
+        McpError::UnknownServer(_) | McpError::UnknownTool(_) | McpError::DefinitionChanged(_) | McpError::FormUnknown(_) | McpError::FormClosed(_) | McpError::FormInvalid(_) => {
+            Failure::usage(e.to_string())
+        }
         other => Failure::runtime(other),
     };
     let cli_owner = AuditActor { owner_id: None, login: Some("cli".into()), ip: None };
@@ -179,6 +181,31 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
                 }
                 let server = mcp.finish_login_url(&line, &cli_owner).await.map_err(fail)?;
                 println!("{server} connected");
+            }
+            McpCommand::Forms => {
+                for f in mcp.forms().await.map_err(fail)? {
+                    println!("form {}	server {}	expires {}", f.id, f.server, when(Some(f.expires_at)));
+                    println!("  message from the server (untrusted): {:?}", f.message);
+                    for field in &f.fields {
+                        let default = field.default.as_ref().map(|d| format!(" default={d}")).unwrap_or_default();
+                        println!("  {}	{}{}{default}", field.name, field.kind.label(), if field.required { " required" } else { "" });
+                    }
+                }
+            }
+            McpCommand::Answer { id, decision, values } => {
+                let answer = match decision {
+                    super::FormDecision::Accept => {
+                        let values = match values.as_deref() {
+                            Some(text) => serde_json::from_str(text).map_err(|e| Failure::usage(format!("--values is not a JSON object: {e}")))?,
+                            None => serde_json::Map::new(),
+                        };
+                        Answer::Accept(values)
+                    }
+                    super::FormDecision::Decline => Answer::Decline,
+                    super::FormDecision::Cancel => Answer::Cancel,
+                };
+                let state = mcp.answer_form(*id, answer, &cli_owner).await.map_err(fail)?;
+                println!("form {id} {state}");
             }
             McpCommand::Enable { server } | McpCommand::Disable { server } => {
                 let enable = matches!(cmd, McpCommand::Enable { .. });

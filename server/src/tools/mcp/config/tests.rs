@@ -1,4 +1,7 @@
+use std::path::Path;
+
 use super::*;
+use crate::config::Problem;
 
 fn load_text(text: &str, secrets: &[&str]) -> Result<McpConfig, Vec<Problem>> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -171,4 +174,43 @@ url = "https://b.example/mcp"
     for expected in ["auth", "needs an http transport", "oauth.client_secret", "never written in the file", "oauth.scopes", "elicitation"] {
         assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
     }
+}
+
+#[test]
+fn elicitation_forwarded_to_the_owner_has_its_own_wait() {
+    let text = r#"
+[[server]]
+id = "asks"
+elicitation = "owner"
+elicitation_ttl = "5m"
+call_timeout = "10s"
+[server.transport]
+type = "stdio"
+command = "x"
+
+[[server]]
+id = "default"
+elicitation = "owner"
+[server.transport]
+type = "stdio"
+command = "x"
+"#;
+    let config = load_text(text, &[]).expect("valid");
+    let asks = config.get("asks").expect("asks");
+    assert_eq!((asks.owner_wait(), asks.call_deadline()), (Duration::from_secs(300), Duration::from_secs(310)));
+    assert_eq!(config.get("default").expect("default").owner_wait(), Duration::from_secs(30), "call_timeout by default");
+    let bad = "[[server]]\nid = \"x\"\nelicitation_ttl = \"1m\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
+    let text = load_text(bad, &[]).expect_err("ttl without owner").iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert!(text.contains("elicitation_ttl") && text.contains("only read with elicitation = \"owner\""), "{text}");
+}
+
+#[test]
+fn a_form_must_fit_in_the_tool_call_budget() {
+    let text = "[[server]]\nid = \"asks\"\nelicitation = \"owner\"\nelicitation_ttl = \"10m\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
+    let config = load_text(text, &[]).expect("valid on its own");
+    let path = Path::new("mcp.toml");
+    let problems = fits_tool_call_budget(&config, path, Duration::from_secs(240));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].to_string().contains("elicitation_ttl") && problems[0].to_string().contains("jobs.timeouts.tool_call"), "{}", problems[0]);
+    assert!(fits_tool_call_budget(&config, path, Duration::from_secs(3600)).is_empty());
 }

@@ -1,0 +1,104 @@
+//! Elicitations of MCP servers forwarded to the owners: a pending request, one answer (a
+//! compare-and-set on the pending state), and the waiting call taking that answer once.
+
+use sqlx::AnyConnection;
+
+use super::{DbError, now_ms};
+
+/// States of an elicitation. Only `PENDING` changes, and only once.
+pub mod state {
+    pub const PENDING: &str = "pending";
+    pub const ACCEPTED: &str = "accepted";
+    pub const DECLINED: &str = "declined";
+    pub const CANCELLED: &str = "cancelled";
+    /// Nobody answered in time (or the waiting call ended first): the server got "cancel".
+    pub const EXPIRED: &str = "expired";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ElicitationRow {
+    pub id: i64,
+    pub server_id: String,
+    pub message: String,
+    pub schema: String,
+    pub state: String,
+    pub content: Option<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub answered_at: Option<i64>,
+    pub answered_by: Option<i64>,
+    pub delivered_at: Option<i64>,
+}
+
+impl ElicitationRow {
+    /// Still waiting for an owner at `now`.
+    pub fn open(&self, now: i64) -> bool {
+        self.state == state::PENDING && self.expires_at > now
+    }
+}
+
+const COLUMNS: &str = "id, server_id, message, schema, state, content, created_at, expires_at, answered_at, answered_by, delivered_at";
+
+/// Stores a new pending request; returns its id.
+pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schema: &str, expires_at: i64) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("INSERT INTO mcp_elicitations (server_id, message, schema, state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+        .bind(server)
+        .bind(message)
+        .bind(schema)
+        .bind(state::PENDING)
+        .bind(now_ms())
+        .bind(expires_at)
+        .fetch_one(&mut *conn)
+        .await?)
+}
+
+pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ElicitationRow>, DbError> {
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_elicitations WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
+}
+
+/// Requests still waiting for an owner, oldest first.
+pub async fn open(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ElicitationRow>, DbError> {
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_elicitations WHERE state = $1 AND expires_at > $2 ORDER BY id LIMIT $3"))
+        .bind(state::PENDING)
+        .bind(now_ms())
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?)
+}
+
+/// An owner's answer: only a pending request that has not expired takes it. Returns whether it
+/// did (false: answered by someone else first, expired, or unknown).
+pub async fn answer(conn: &mut AnyConnection, id: i64, new_state: &str, content: Option<&str>, owner_id: Option<i64>) -> Result<bool, DbError> {
+    let now = now_ms();
+    let done = sqlx::query("UPDATE mcp_elicitations SET state = $2, content = $3, answered_at = $4, answered_by = $5 WHERE id = $1 AND state = $6 AND expires_at > $4")
+        .bind(id)
+        .bind(new_state)
+        .bind(content)
+        .bind(now)
+        .bind(owner_id)
+        .bind(state::PENDING)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The waiting call gives up (its time ran out, or the server withdrew the request): a request
+/// still pending becomes expired. Returns whether it was still pending.
+pub async fn expire(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE mcp_elicitations SET state = $2, answered_at = $3 WHERE id = $1 AND state = $4")
+        .bind(id)
+        .bind(state::EXPIRED)
+        .bind(now_ms())
+        .bind(state::PENDING)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The waiting call takes the answer: true only the first time, so an answer reaches the
+/// server once even if two waiters looked at the same row.
+pub async fn take(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
+    let done =
+        sqlx::query("UPDATE mcp_elicitations SET delivered_at = $2 WHERE id = $1 AND state <> $3 AND delivered_at IS NULL").bind(id).bind(now_ms()).bind(state::PENDING).execute(&mut *conn).await?;
+    Ok(done.rows_affected() == 1)
+}
