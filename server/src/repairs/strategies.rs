@@ -150,9 +150,10 @@ pub fn edits_for(case: &Case, result: &CaseResult, tools_toml: &str, settings: &
             }
         }
         Expect::NormalChat | Expect::Guard | Expect::Clarify => {
-            // A tool led just confidently enough to plan a message that needed none: raise its own.
+            // A tool led just confidently enough to plan a message that needed none: raise its
+            // own. (Not planning answers neither the guard nor a clarification.)
             if let Some(top) = top
-                && !matches!(case.expect, Expect::Guard)
+                && matches!(case.expect, Expect::NormalChat)
                 && detector.code == ReasonCode::CandidatesFound.as_str()
             {
                 let above = ((detector.confidence * 100.0).floor() + 1.0) / 100.0;
@@ -181,11 +182,13 @@ fn name_words(tools_toml: &str, tool: &str) -> Vec<String> {
     words(&text).into_iter().filter(|w| w.chars().count() >= 3 && !EDGE_WORDS.contains(&w.as_str())).collect()
 }
 
-/// Whether a phrase names the tool in other words: one of its words shares a stem of four
-/// letters or more with a word of the tool's name or title ("searching" and "web_search").
+/// Whether a phrase names the tool in other words: one of its words of four letters or more
+/// starts like a word of the tool's name or title ("searching" and "web_search", "tables" and
+/// "Tide table").
 fn names_the_tool(phrase: &str, names: &[String]) -> bool {
-    let stem = |w: &str| w.chars().take(4).collect::<String>();
-    words(phrase).iter().any(|w| w.chars().count() >= 4 && names.iter().any(|n| n.chars().count() >= 4 && (w.starts_with(n.as_str()) || n.starts_with(w.as_str()) || stem(w) == stem(n))))
+    let stem = |w: &str| (w.chars().count() >= 4).then(|| w.chars().take(4).collect::<String>());
+    let names: Vec<String> = names.iter().filter_map(|n| stem(n)).collect();
+    words(phrase).iter().filter_map(|w| stem(w)).any(|w| names.contains(&w))
 }
 
 /// Why an edit cannot be made to the file as it is.
@@ -294,6 +297,8 @@ mod tests {
         assert!(edits[1..].iter().all(|e| e.strategy == "add_when_not_to_use" && e.tool == "weather"), "{edits:?}");
         let edits = edits_for(&case("The weather was lovely at the wedding", "normal_chat"), &result(true, ReasonCode::CandidatesFound, 0.95, &["weather"]), TITLED, &settings);
         assert!(edits.iter().all(|e| e.strategy != "adjust_threshold"), "above the highest threshold a repair may set: {edits:?}");
+        let edits = edits_for(&case("The weather was lovely at the wedding", "clarify"), &result(true, ReasonCode::CandidatesFound, 0.512, &["weather"]), TITLED, &settings);
+        assert!(!edits.is_empty() && edits.iter().all(|e| e.strategy != "adjust_threshold"), "not planning is no clarification: {edits:?}");
     }
 
     #[test]
