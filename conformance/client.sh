@@ -88,7 +88,8 @@ answer_forms() {
   done
 }
 if [ -n "$elicit" ]; then
-  # The database first, so the two processes do not both create it.
+  # The database first (processes starting at once on a new file would take turns migrating
+  # it; this just keeps the test owner from waiting).
   gh migrate >/dev/null
   answer_forms &
   owner_pid=$!

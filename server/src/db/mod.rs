@@ -194,10 +194,29 @@ impl Db {
     /// Applies pending migrations. A failure names the migration and the reason.
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, DbError> {
         let migrator = migrator(self.backend);
+        // PostgreSQL: the migrator holds an advisory lock. SQLite has none, so two processes
+        // starting on a new file would both apply the first migration and one would fail;
+        // they take turns on a lock file beside the database instead.
+        let _turn = match self.sqlite_file() {
+            Some(path) => Some(migration_turn(&path).await?),
+            None => None,
+        };
         let before = self.applied_versions().await.unwrap_or_default();
         migrator.run(&self.pool).await.map_err(|e| describe_migration_error(migrator, e))?;
         let after = self.applied_migrations().await?;
         Ok(after.into_iter().filter(|m| !before.contains(&m.version)).collect())
+    }
+
+    /// The SQLite database file, if this is one on disk.
+    fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+        use secrecy::ExposeSecret;
+        if self.backend != Backend::Sqlite {
+            return None;
+        }
+        let url = self.url.expose_secret();
+        let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+        let path = rest.split('?').next().unwrap_or_default();
+        (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
     }
 
     /// Migrations recorded as applied, oldest first.
@@ -295,6 +314,21 @@ fn describe_migration_error(migrator: &Migrator, err: MigrateError) -> DbError {
         },
         other => DbError::Migration { version: 0, description: "migrator".into(), reason: other.to_string() },
     }
+}
+
+/// Waits for this process's turn to migrate the SQLite database at `db`: an exclusive lock on
+/// `<db>.migrate-lock`, held until the returned file is dropped (the OS drops it with a process
+/// that dies).
+async fn migration_turn(db: &Path) -> Result<std::fs::File, DbError> {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".migrate-lock");
+    let path = std::path::PathBuf::from(name);
+    let failed = |e: std::io::Error| DbError::Migration { version: 0, description: "migration lock".into(), reason: format!("cannot lock {}: {e}", path.display()) };
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(failed)?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|e| failed(std::io::Error::other(e)))?
+        .map_err(failed)
 }
 
 /// Adds `mode=rwc` so a missing file is created, and creates its folder.

@@ -460,3 +460,25 @@ fn eval_and_repair_commands_replay_propose_and_decide() {
     assert_eq!(gh(&["repair", "rollback", "1"]).code, 0);
     assert_eq!(std::fs::read_to_string(&tools).expect("read"), original, "rolled back");
 }
+
+/// Processes starting at once on a new SQLite file take turns migrating it: each succeeds, and
+/// every migration is applied once.
+#[test]
+fn processes_migrating_a_new_sqlite_file_at_once_take_turns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let children: Vec<_> = (0..8)
+        .map(|_| std::process::Command::new(BIN).args(["--config", path.to_str().expect("utf8"), "migrate"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn"))
+        .collect();
+    let mut applied = 0;
+    for child in children {
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}{stderr}", String::from_utf8_lossy(&out.stdout));
+        applied += stderr.matches("migration applied").count();
+    }
+    let listed = run(&["--config", path.to_str().expect("utf8"), "migrate"], &[], None);
+    let known = listed.stdout.lines().filter(|l| l.starts_with("  0")).count();
+    assert!(known > 20, "{}", listed.stdout);
+    assert_eq!(applied, known, "each migration was applied by one process only");
+}
