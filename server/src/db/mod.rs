@@ -213,10 +213,7 @@ impl Db {
         if self.backend != Backend::Sqlite {
             return None;
         }
-        let url = self.url.expose_secret();
-        let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
-        let path = rest.split('?').next().unwrap_or_default();
-        (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
+        sqlite_file_of(self.url.expose_secret()).map(std::path::PathBuf::from)
     }
 
     /// Migrations recorded as applied, oldest first.
@@ -331,12 +328,23 @@ async fn migration_turn(db: &Path) -> Result<std::fs::File, DbError> {
         .map_err(failed)
 }
 
+/// A SQLite URL's path and query (`sqlite://data/g.db?mode=rwc` -> `data/g.db`, `mode=rwc`).
+fn sqlite_parts(url: &str) -> (&str, &str) {
+    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    rest.split_once('?').unwrap_or((rest, ""))
+}
+
+/// The file a SQLite URL names; none for an in-memory database.
+fn sqlite_file_of(url: &str) -> Option<&str> {
+    let (path, _) = sqlite_parts(url);
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
 /// Adds `mode=rwc` so a missing file is created, and creates its folder.
 fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
-    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
-    let (path, query) = rest.split_once('?').map_or((rest, ""), |(p, q)| (p, q));
-    if path != ":memory:" && !path.is_empty()
-        && let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty())
+    let (path, query) = sqlite_parts(url);
+    if let Some(file) = sqlite_file_of(url)
+        && let Some(parent) = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty())
     {
         std::fs::create_dir_all(parent)
             .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
