@@ -120,6 +120,11 @@ pub struct DatabaseSettings {
     pub busy_timeout: Duration,
     #[serde(with = "duration_str")]
     pub acquire_timeout: Duration,
+    /// SQLite only: how often a background task copies the write-ahead log into the database
+    /// file (a passive checkpoint), so that no commit waits for that copy and its fsync. Zero:
+    /// SQLite's automatic checkpoint, run by whichever commit fills the log.
+    #[serde(with = "duration_str")]
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for DatabaseSettings {
@@ -129,6 +134,7 @@ impl Default for DatabaseSettings {
             max_connections: 8,
             busy_timeout: Duration::from_secs(5),
             acquire_timeout: Duration::from_secs(10),
+            checkpoint_interval: Duration::from_millis(200),
         }
     }
 }

@@ -25,7 +25,7 @@ pub mod tool_results;
 pub mod traces;
 pub mod whatsapp;
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
 use sqlx::{
     AnyPool,
@@ -82,6 +82,41 @@ pub struct Db {
     pub backend: Backend,
     /// Kept for PostgreSQL `LISTEN`, which needs its own connection. May hold a password.
     url: secrecy::SecretString,
+    /// SQLite's background checkpoints, stopped when the last clone of this `Db` is dropped.
+    _checkpointer: Option<Arc<Checkpointer>>,
+}
+
+/// The task that checkpoints a SQLite write-ahead log off the commit path: commits only append
+/// to the log, and the copy into the database file (with its fsync) happens here, passively,
+/// never blocking a writer or a reader.
+#[derive(Debug)]
+struct Checkpointer(tokio::task::AbortHandle);
+
+impl Checkpointer {
+    fn spawn(pool: AnyPool, every: std::time::Duration) -> Self {
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if pool.is_closed() {
+                    return;
+                }
+                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await
+                    && !pool.is_closed()
+                {
+                    tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
+                }
+            }
+        });
+        Self(task.abort_handle())
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// One applied migration, for the Dashboard and `/readyz`.
@@ -91,6 +126,11 @@ pub struct AppliedMigration {
     pub description: String,
 }
 
+/// The backend a connection talks to, for SQL that differs between them.
+pub(crate) fn backend_of(conn: &sqlx::AnyConnection) -> Backend {
+    if conn.backend_name() == "PostgreSQL" { Backend::Postgres } else { Backend::Sqlite }
+}
+
 /// `$first, $first+1, ...` for `n` values.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
@@ -98,7 +138,12 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
 
 /// The `VALUES` rows of a multi-row insert: `($1, .., $columns), ($columns+1, ..), ...`.
 pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
-    (0..rows).map(|r| format!("({})", placeholders(r * columns + 1, columns))).collect::<Vec<_>>().join(", ")
+    value_rows_from(1, rows, columns)
+}
+
+/// [`value_rows`] whose first placeholder is `$first` (the ones before it bind other values).
+pub(crate) fn value_rows_from(first: usize, rows: usize, columns: usize) -> String {
+    (0..rows).map(|r| format!("({})", placeholders(first + r * columns, columns))).collect::<Vec<_>>().join(", ")
 }
 
 /// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
@@ -166,6 +211,7 @@ impl Db {
             url = prepare_sqlite_url(&url)?;
         }
         let busy_ms = settings.busy_timeout.as_millis();
+        let background_checkpoints = backend == Backend::Sqlite && !settings.checkpoint_interval.is_zero();
         let pool = AnyPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
@@ -181,6 +227,10 @@ impl Db {
                         sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
                         sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
                         sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                        if background_checkpoints {
+                            // The checkpointer task does it instead of the committing connection.
+                            sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
+                        }
                     }
                     Ok(())
                 })
@@ -188,7 +238,8 @@ impl Db {
             .connect(&url)
             .await
             .map_err(DbError::Connect)?;
-        Ok(Self { pool, backend, url: secrecy::SecretString::from(settings.url.clone()) })
+        let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), settings.checkpoint_interval)));
+        Ok(Self { pool, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
     }
 
     /// Applies pending migrations. A failure names the migration and the reason.

@@ -60,7 +60,7 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
 /// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
 /// inserted rows in id order (input order).
 async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
-    let inserted = if conn.backend_name() == "PostgreSQL" { insert_rows_postgres(conn, jobs, now).await? } else { insert_rows_sqlite(conn, jobs, now).await? };
+    let inserted = if crate::db::backend_of(conn) == crate::db::Backend::Postgres { insert_rows_postgres(conn, jobs, now).await? } else { insert_rows_sqlite(conn, jobs, now).await? };
     if !inserted.is_empty() {
         crate::db::events::ring();
     }

@@ -4,7 +4,7 @@
 use sqlx::AnyConnection;
 
 use super::{COLUMNS, DUE_STATES, DbError, JobRow, JobState, clean, event, events_for, get};
-use crate::db::{Backend, placeholders};
+use crate::db::{Backend, backend_of, placeholders, value_rows_from};
 
 const MAX_ERROR_CHARS: usize = 2000;
 const MAX_PREVIEW_CHARS: usize = 4000;
@@ -68,28 +68,42 @@ pub struct Finished {
     pub preview: Option<String>,
 }
 
-/// Marks jobs this owner holds as completed. Returns the ids that were completed (a job whose
-/// lease was rescued meanwhile belongs to someone else and is left alone).
+/// Rows per completing statement: 3 binds each.
+const COMPLETE_CHUNK: usize = 500;
+
+/// Marks jobs this owner holds as completed, one statement per chunk of runs (and on PostgreSQL
+/// their events in the same statement). Returns the ids that were completed (a job whose lease
+/// was rescued meanwhile belongs to someone else and is left alone).
 pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
+    let backend = backend_of(conn);
     let mut completed = Vec::with_capacity(done.len());
-    for Finished { id, attempt, preview } in done {
-        let n = sqlx::query(
-            "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = $2, \
-             lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
-        )
-        .bind(now)
-        .bind(preview.as_deref().map(|p| clean(p, MAX_PREVIEW_CHARS)))
-        .bind(*id)
-        .bind(owner)
-        .bind(*attempt)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        if n == 1 {
-            completed.push(*id);
+    for chunk in done.chunks(COMPLETE_CHUNK) {
+        // The runs as a table; an UPDATE ... FROM it sets each its own preview, and only where
+        // this owner still holds that attempt's lease.
+        let runs = format!("WITH run(run_id, run_attempt, run_preview) AS (VALUES {})", value_rows_from(3, chunk.len(), 3));
+        let update = "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = run_preview, \
+             lease_owner = NULL, lease_expires_at = NULL FROM run \
+             WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = $2";
+        let sql = match backend {
+            Backend::Postgres => format!(
+                "{runs}, done AS ({update} RETURNING jobs.id, jobs.attempt), \
+                 events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $1, 'completed', attempt FROM done) \
+                 SELECT id FROM done"
+            ),
+            Backend::Sqlite => format!("{runs} {update} RETURNING id"),
+        };
+        let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(now).bind(owner);
+        for Finished { id, attempt, preview } in chunk {
+            q = q.bind(*id).bind(*attempt).bind(preview.as_deref().map(|p| clean(p, MAX_PREVIEW_CHARS)));
         }
+        let ids = q.fetch_all(&mut *conn).await?;
+        match backend {
+            Backend::Postgres if !ids.is_empty() => crate::db::events::ring(),
+            Backend::Postgres => {}
+            Backend::Sqlite => events_for(conn, &ids, now, JobState::Completed, None).await?,
+        }
+        completed.extend(ids);
     }
-    events_for(conn, &completed, now, JobState::Completed, None).await?;
     Ok(completed)
 }
 

@@ -51,10 +51,18 @@ pub struct WebhookBench {
     /// Length of the steady phase, in seconds.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Send the steady load to a separate `gatehouse serve` process instead (worker on, answering
+    /// through a fake model and Graph API in this process), and report its memory (RSS) idle and
+    /// under the load.
+    #[arg(long)]
+    pub serve: bool,
+    /// With --serve: the configuration that process starts with (default config/gatehouse.toml).
+    #[arg(long, requires = "serve")]
+    pub config: Option<PathBuf>,
 }
 
 /// A signed notification carrying one new text message, as the bytes of a whole HTTP/1.1 request.
-fn signed_request(secret: &[u8], host: &str, n: usize) -> Vec<u8> {
+pub(super) fn signed_request(secret: &[u8], host: &str, n: usize) -> Vec<u8> {
     let body = serde_json::json!({
         "object": "whatsapp_business_account",
         "entry": [{ "id": "bench", "changes": [{ "field": "messages", "value": {
@@ -125,19 +133,19 @@ fn parse_response(buf: &[u8]) -> std::io::Result<Option<(u16, usize)>> {
     Ok((buf.len() >= total).then_some((status, total)))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     super::percentile(sorted, p)
 }
 
-struct Phase {
-    sent: usize,
+pub(super) struct Phase {
+    pub(super) sent: usize,
     failed: usize,
     secs: f64,
     latencies_ms: Vec<f64>,
 }
 
 impl Phase {
-    fn print(&self, name: &str) {
+    pub(super) fn print(&self, name: &str) {
         println!(
             "{name:<22} {:>7.0} req/s  p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  ({} requests, {} failed, {:.1} s)",
             self.sent as f64 / self.secs,
@@ -190,7 +198,7 @@ async fn max_throughput(addr: SocketAddr, requests: Arc<Vec<Vec<u8>>>, concurren
 /// a slow answer delays no later request; latency counts from the scheduled time, so a stall is
 /// not hidden by requests that were never sent (coordinated omission).
 /// Also returns how late each request started (the generator's timer lag, included in its latency).
-async fn steady(addr: SocketAddr, requests: Vec<Vec<u8>>, rate: u32) -> anyhow::Result<(Phase, Vec<f64>)> {
+pub(super) async fn steady(addr: SocketAddr, requests: Vec<Vec<u8>>, rate: u32) -> anyhow::Result<(Phase, Vec<f64>)> {
     let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::default();
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let start = Instant::now() + Duration::from_millis(50);
@@ -249,7 +257,7 @@ fn ceiling_router(secret: Vec<u8>) -> axum::Router {
 }
 
 /// Runs `work` on a thread of its own with a single-threaded runtime: the load generator.
-async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
+pub(super) async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
     let (done, result) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("bench-load".into()).spawn(move || {
         let outcome = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(work));
@@ -259,6 +267,9 @@ async fn on_load_thread<T: Send + 'static>(work: impl Future<Output = anyhow::Re
 }
 
 pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
+    if args.serve {
+        return super::serve::run(args).await;
+    }
     let temp = std::env::temp_dir().join(format!("gatehouse-bench-{}", uuid::Uuid::new_v4().simple()));
     let url = args.database.clone().unwrap_or_else(|| format!("sqlite://{}", temp.join("bench.db").display()));
     let mut settings = Settings::default();
