@@ -90,6 +90,40 @@ async fn dedupe_while_unfinished(db: TestDb) {
 }
 both_backends!(jobs_dedupe, dedupe_while_unfinished);
 
+/// One `complete` call finishes a batch with one statement: each run gets its own preview and
+/// one `completed` event; a run whose attempt is stale, or whose job another worker holds, is
+/// left as it is and not reported.
+async fn complete_a_batch_of_runs(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    for _ in 0..4 {
+        queue.enqueue(&job("noop")).await.expect("enqueue");
+    }
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let now = db::now_ms();
+    let mine = store::claim(&mut conn, pool.backend, "default", "w1", 3, now, now + 60_000).await.expect("claim");
+    let theirs = store::claim(&mut conn, pool.backend, "default", "w2", 1, now, now + 60_000).await.expect("claim");
+    assert_eq!((mine.len(), theirs.len()), (3, 1));
+    let mut done: Vec<Finished> = mine.iter().map(|j| Finished { id: j.id, attempt: j.attempt, preview: Some(format!("result of {}", j.id)) }).collect();
+    done[1].attempt += 1; // a stale run: that lease token is not the job's
+    done[2].preview = None;
+    done.push(Finished { id: theirs[0].id, attempt: theirs[0].attempt, preview: Some("not mine".into()) });
+    let mut completed = store::complete(&mut conn, &done, "w1", now + 5).await.expect("complete");
+    completed.sort_unstable();
+    assert_eq!(completed, vec![mine[0].id, mine[2].id]);
+    let first = store::get(&mut conn, mine[0].id).await.expect("get").expect("row");
+    assert_eq!((first.state, first.result_preview.as_deref(), first.completed_at, first.lease_owner.as_deref()), (JobState::Completed, Some(format!("result of {}", mine[0].id).as_str()), Some(now + 5), None));
+    let third = store::get(&mut conn, mine[2].id).await.expect("get").expect("row");
+    assert_eq!((third.state, third.result_preview), (JobState::Completed, None));
+    assert_eq!(store::get(&mut conn, mine[1].id).await.expect("get").expect("row").state, JobState::Running, "a stale attempt completes nothing");
+    assert_eq!(store::get(&mut conn, theirs[0].id).await.expect("get").expect("row").state, JobState::Running, "another worker's job is left alone");
+    for (id, states) in [(mine[0].id, vec![JobState::Available, JobState::Running, JobState::Completed]), (mine[1].id, vec![JobState::Available, JobState::Running])] {
+        let events = store::events(&mut conn, id).await.expect("events");
+        assert_eq!(events.iter().map(|e| e.state).collect::<Vec<_>>(), states, "job {id}");
+    }
+}
+both_backends!(jobs_complete_batch, complete_a_batch_of_runs);
+
 /// `enqueue_many` gives what `enqueue` one at a time would: results in input order, one job per
 /// unfinished key (against stored jobs and within the list), keyless jobs always, an event each.
 async fn enqueue_many_matches_one_at_a_time(db: TestDb) {

@@ -66,3 +66,25 @@ async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
     pool.close().await;
 }
 both_backends!(db_dropped_begin, a_dropped_begin_leaves_no_transaction_open);
+
+/// SQLite commits only append to the write-ahead log; a background task copies it into the
+/// database file (`[database] checkpoint_interval`), so no commit waits for that copy.
+async fn sqlite_log_is_checkpointed_in_the_background(db: TestDb) {
+    let settings = server::config::DatabaseSettings { url: db.url.clone(), checkpoint_interval: std::time::Duration::from_millis(50), ..Default::default() };
+    let pool = server::db::Db::connect(&settings).await.expect("connect");
+    if pool.backend == server::db::Backend::Sqlite {
+        let (auto,): (i64,) = sqlx::query_as("PRAGMA wal_autocheckpoint").fetch_one(&pool.pool).await.expect("pragma");
+        assert_eq!(auto, 0, "commits leave checkpoints to the background task");
+        sqlx::query("CREATE TABLE bulk (b BLOB)").execute(&pool.pool).await.expect("create");
+        // 2 MiB: half of what SQLite's own automatic checkpoint (1,000 pages) would wait for.
+        sqlx::query("INSERT INTO bulk (b) VALUES (zeroblob(2097152))").execute(&pool.pool).await.expect("insert");
+        let file = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) < 2 << 20 {
+            assert!(std::time::Instant::now() < deadline, "the log was not copied into the database file");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    pool.close().await;
+}
+both_backends!(sqlite_background_checkpoints, sqlite_log_is_checkpointed_in_the_background);
