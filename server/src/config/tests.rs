@@ -7,7 +7,7 @@ use std::path::Path;
 
 use figment::providers::Env;
 
-use super::{ConfigError, LoadedConfig, Secrets, Settings, load::load_with_env};
+use super::{ConfigError, LoadedConfig, Problem, Secrets, Settings, load::load_with_env};
 
 /// The shipped config/gatehouse.toml.
 pub fn shipped_path() -> &'static Path {
@@ -37,6 +37,16 @@ pub fn problems_at(text: &str, keys: &[&str]) -> ConfigError {
         assert!(reported.contains(key), "{key} missing from {err}");
     }
     err
+}
+
+/// Every problem as `check-config` shows it; each of `needles` must be part of one. For the
+/// other config files (tools, connectors, MCP servers), whose problems are checked by their text.
+pub fn problems_mention(problems: &[Problem], needles: &[&str]) -> Vec<String> {
+    let shown: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    for needle in needles {
+        assert!(shown.iter().any(|s| s.contains(needle)), "{needle:?} missing from {shown:#?}");
+    }
+    shown
 }
 
 /// Owners read the shipped file to see what a section does unless they change it, so these
