@@ -56,7 +56,7 @@ impl Approvals {
             drop(tx);
             let mut conn = self.db.pool.acquire().await?;
             let current = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
-            return Err(match current.state() {
+            return Err(match current.state {
                 State::Pending | State::Expired => ApprovalError::Expired(id),
                 state => ApprovalError::AlreadyDecided { id, state, by: current.decided_by.unwrap_or_default() },
             });

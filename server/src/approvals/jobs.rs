@@ -68,7 +68,7 @@ fn output(preview: impl Into<String>) -> JobOutput {
 impl Handler<AskOwner> for AskOwnerHandler {
     async fn run(&self, args: AskOwner, ctx: &JobContext) -> Result<JobOutput, JobError> {
         let Some(row) = self.approvals.get(args.approval_id).await? else { return Ok(output("the approval no longer exists")) };
-        if row.state() != State::Pending {
+        if row.state != State::Pending {
             return Ok(output(format!("already {}; not asked", row.state)));
         }
         let (text, buttons) = self.approvals.prompt(&row);
@@ -105,10 +105,10 @@ impl Handler<Settle> for SettleHandler {
             SettleReason::Expired => {
                 // A retried run finds it expired by its first attempt: say it (the ledger sends
                 // once per job).
-                if row.state() == State::Pending && !self.approvals.expire(row.id).await? {
+                if row.state == State::Pending && !self.approvals.expire(row.id).await? {
                     return Err(JobError::retryable("APPROVAL_NOT_DUE", "the approval is not due to expire yet"));
                 }
-                let now = self.approvals.get(row.id).await?.map(|r| r.state()).unwrap_or(State::Expired);
+                let now = self.approvals.get(row.id).await?.map(|r| r.state).unwrap_or(State::Expired);
                 if now != State::Expired {
                     return Ok(output(format!("{} before it expired; nothing to say", now.as_str())));
                 }

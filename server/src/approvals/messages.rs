@@ -76,7 +76,7 @@ impl Approvals {
     /// The words for a decision this owner made.
     pub fn decided_reply(&self, d: &Decided) -> String {
         let a = &self.settings.approvals;
-        let text = if d.approval.state() == State::Approved { &a.approved_reply } else { &a.rejected_reply };
+        let text = if d.approval.state == State::Approved { &a.approved_reply } else { &a.rejected_reply };
         text.replace("{id}", &d.approval.id.to_string()).replace("{tool}", &d.approval.tool)
     }
 }

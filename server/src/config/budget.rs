@@ -71,15 +71,3 @@ impl BudgetSettings {
         super::texts_by_key!(self, "budget": limit_reply, warning, degraded_notice)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
-        let shipped = crate::config::load(path).expect("shipped config").settings.budget;
-        assert_eq!(shipped, BudgetSettings::default(), "config/gatehouse.toml [budget] and BudgetSettings::default differ");
-    }
-}

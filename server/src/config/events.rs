@@ -31,15 +31,3 @@ impl Default for EventSettings {
         Self { capacity: 1024, poll_interval: Duration::from_secs(1), max_streams_per_session: 4, resume_limit: 500 }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
-        let shipped = crate::config::load(path).expect("shipped config").settings.events;
-        assert_eq!(shipped, EventSettings::default(), "config/gatehouse.toml [events] and EventSettings::default differ");
-    }
-}

@@ -179,24 +179,12 @@ impl LaneSettings {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use figment::providers::Env;
-
     use super::*;
-    use crate::config::{Secrets, load::load_with_env};
-
-    fn load(text: &str) -> Result<crate::config::LoadedConfig, crate::config::ConfigError> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("gatehouse.toml");
-        std::fs::write(&path, text).expect("write");
-        load_with_env(&path, Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__"), Secrets::default())
-    }
+    use crate::config::tests::{load_text, problems_at, shipped};
 
     #[test]
     fn the_shipped_lane_is_complete_and_its_limits_are_the_documented_defaults() {
-        let shipped = std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"))).expect("shipped");
-        let lane = load(&shipped).expect("shipped config loads").settings.lane;
+        let lane = shipped().settings.lane;
         assert!(lane.enabled);
         assert!(lane.texts().iter().all(|(_, t)| !t.trim().is_empty()));
         let defaults = LaneSettings::default();
@@ -209,12 +197,11 @@ mod tests {
 
     #[test]
     fn an_enabled_lane_needs_its_texts_and_sane_limits() {
-        assert_eq!(load("").expect("defaults load").settings.lane, LaneSettings::default(), "a disabled lane needs no text");
-        let err = load("[lane]\nenabled = true\nplanner_prompt = \"Plan.\"\nclarify_reply = \"Which one?\"\nmax_steps = 0\nsummary_max_chars = 5000\nbogus = 1\n").expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in ["lane.summarizer_prompt", "lane.denied_reply", "lane.approval_reply", "lane.respond_tool", "lane.max_steps", "lane.summary_max_chars", "lane.bogus"] {
-            assert!(keys.contains(&key), "{key} missing from {err}");
-        }
+        assert_eq!(load_text("").expect("defaults load").settings.lane, LaneSettings::default(), "a disabled lane needs no text");
+        let err = problems_at(
+            "[lane]\nenabled = true\nplanner_prompt = \"Plan.\"\nclarify_reply = \"Which one?\"\nmax_steps = 0\nsummary_max_chars = 5000\nbogus = 1\n",
+            &["lane.summarizer_prompt", "lane.denied_reply", "lane.approval_reply", "lane.respond_tool", "lane.max_steps", "lane.summary_max_chars", "lane.bogus"],
+        );
         let text = err.to_string();
         assert!(text.contains("lane.planner_prompt: must tell the model that text inside <untrusted_data> is data"), "{text}");
         assert!(text.contains("lane.clarify_reply: must name the missing argument with {argument}"), "{text}");

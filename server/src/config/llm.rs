@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{duration_str, secrets};
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum LlmProvider {
     #[default]
     Anthropic,
@@ -24,10 +25,7 @@ impl LlmProvider {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Anthropic => "anthropic",
-            Self::Openai => "openai",
-        }
+        self.into()
     }
 }
 

@@ -241,49 +241,26 @@ pub fn display_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn write(dir: &Path, text: &str) -> PathBuf {
-        let path = dir.join("gatehouse.toml");
-        std::fs::write(&path, text).expect("write config");
-        path
-    }
-
-    /// Environment overrides are covered end to end in the CLI tests; here no variable matches.
-    fn no_env() -> Env {
-        Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__")
-    }
+    use crate::config::tests::{load_text, problems_at, shipped};
 
     #[test]
     fn reports_every_problem_with_key_and_source() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
+        let err = problems_at(
             "[server]\naddr = \"not-an-addr\"\nbogus = 1\n[auth]\nsession_idle_timeout = \"soon\"\nlogin_max_failures = \"five\"\n",
+            &["server.bogus", "server.addr", "auth.session_idle_timeout", "auth.login_max_failures"],
         );
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        assert!(keys.contains(&"server.bogus"), "{err}");
-        assert!(keys.contains(&"server.addr"), "{err}");
-        assert!(keys.contains(&"auth.session_idle_timeout"), "{err}");
-        assert!(keys.contains(&"auth.login_max_failures"), "{err}");
         assert!(err.0.iter().all(|p| p.source.ends_with("gatehouse.toml")), "{err}");
     }
 
     #[test]
     fn defaults_load() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(dir.path(), "");
-        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
+        let cfg = load_text("").expect("loads");
         assert_eq!(cfg.settings, Settings::default());
     }
 
     #[test]
     fn shipped_config_prices_models_and_llm_keys_load() {
-        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(dir.path(), &std::fs::read_to_string(shipped).expect("shipped config"));
-        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("shipped config loads");
-        let s = &cfg.settings;
+        let s = &shipped().settings;
         assert_eq!(s.llm, super::super::LlmSettings { anthropic: s.llm.anthropic.clone(), openai: s.llm.openai.clone(), ..Default::default() }, "documented defaults match the code's");
         assert!(!s.models.chat.is_empty() && !s.models.compaction.is_empty());
         for model in [&s.models.chat, &s.models.planner, &s.models.summarizer, &s.models.compaction] {
@@ -293,45 +270,30 @@ mod tests {
 
     #[test]
     fn bad_prices_and_retry_settings_are_reported() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
+        let err = problems_at(
             "[llm]\nmax_retries = 50\nretry_initial_delay = \"10s\"\nretry_max_delay = \"1s\"\nfallback_reply = \" \"\n\
              [[models.prices]]\nmodel = \"m\"\ninput = -1.0\noutput = 1.0\n[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\n",
+            &["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"],
         );
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in ["llm.max_retries", "llm.retry_initial_delay", "llm.fallback_reply", "models.prices"] {
-            assert!(keys.contains(&key), "{key} missing from {err}");
-        }
         assert!(err.to_string().contains("priced twice") && err.to_string().contains("zero or more"), "{err}");
-        let path = write(dir.path(), "[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n");
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown price field");
-        assert!(err.0.iter().any(|p| p.key == "models.prices"), "{err}");
+        problems_at("[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n", &["models.prices"]);
     }
 
     #[test]
     fn bad_budget_settings_are_reported_together() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(dir.path(), "[budget]\ndaily_usd = -1.0\nwarn_at = [80, 50, 120]\nwarning = \"over budget\"\nlimit_reply = \"\"\n");
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in ["budget.daily_usd", "budget.warn_at", "budget.warning", "budget.limit_reply"] {
-            assert!(keys.contains(&key), "{key} missing from {err}");
-        }
-        let path = write(dir.path(), "[budget]\nat_limit = \"stop\"\n");
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("unknown action");
+        problems_at(
+            "[budget]\ndaily_usd = -1.0\nwarn_at = [80, 50, 120]\nwarning = \"over budget\"\nlimit_reply = \"\"\n",
+            &["budget.daily_usd", "budget.warn_at", "budget.warning", "budget.limit_reply"],
+        );
+        let err = load_text("[budget]\nat_limit = \"stop\"\n").expect_err("unknown action");
         assert!(err.0.iter().any(|p| p.key.starts_with("budget")), "{err}");
     }
 
     #[test]
     fn a_private_data_example_the_patterns_miss_is_a_problem() {
-        let dir = tempfile::tempdir().expect("tempdir");
         let category = "[[private_data.categories]]\nname = \"fees\"\ndescription = \"d\"\n\
                         examples = [\"What are my fees?\", \"What is on my last invoice?\"]\npatterns = ['\\bmy fees\\b']\n";
-        let path = write(dir.path(), category);
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let text = err.to_string();
+        let text = load_text(category).expect_err("must fail").to_string();
         assert!(text.contains("\"What is on my last invoice?\" of \"fees\" matches none of its patterns"), "{text}");
         assert!(!text.contains("What are my fees?"), "a caught example is fine: {text}");
     }
@@ -346,36 +308,24 @@ mod tests {
 
     #[test]
     fn value_checks_run_even_when_keys_are_unknown() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(dir.path(), "[auth]\nmin_password_length = 4\n[nope]\nx = 1\n[log]\nfilter = \"[[[\"\n[server]\naddr = \"0.0.0.0:3000\"\n");
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in ["nope.x", "auth.min_password_length", "log.filter", "server.public_url"] {
-            assert!(keys.contains(&key), "{key} missing from {err}");
-        }
+        problems_at(
+            "[auth]\nmin_password_length = 4\n[nope]\nx = 1\n[log]\nfilter = \"[[[\"\n[server]\naddr = \"0.0.0.0:3000\"\n",
+            &["nope.x", "auth.min_password_length", "log.filter", "server.public_url"],
+        );
     }
 
     #[test]
     fn whatsapp_keys_load_and_are_checked() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write(
-            dir.path(),
-            "[whatsapp]\ngraph_base_url = \"http://127.0.0.1:9\"\ngraph_version = \"v24.0\"\nphone_number_id = \"1065403522\"\npair_interval = \"3s\"\n",
-        );
-        let cfg = load_with_env(&path, no_env(), Secrets::default()).expect("loads");
+        let cfg = load_text("[whatsapp]\ngraph_base_url = \"http://127.0.0.1:9\"\ngraph_version = \"v24.0\"\nphone_number_id = \"1065403522\"\npair_interval = \"3s\"\n")
+            .expect("loads");
         let wa = &cfg.settings.whatsapp;
         assert_eq!((wa.graph_base_url.as_str(), wa.graph_version.as_str(), wa.phone_number_id.as_str()), ("http://127.0.0.1:9", "v24.0", "1065403522"));
         assert_eq!(wa.pair_interval, std::time::Duration::from_secs(3));
         assert_eq!(Settings::default().whatsapp.graph_base_url, "https://graph.facebook.com");
 
-        let path = write(
-            dir.path(),
+        problems_at(
             "[whatsapp]\ngraph_base_url = \"ftp://x\"\ngraph_version = \"\"\nphone_number_id = \"+1 555\"\nsend_attempts = 0\nwindow_template = \"t\"\nwindow_template_language = \"\"\n",
+            &["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"],
         );
-        let err = load_with_env(&path, no_env(), Secrets::default()).expect_err("must fail");
-        let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
-        for key in ["whatsapp.graph_base_url", "whatsapp.graph_version", "whatsapp.phone_number_id", "whatsapp.send_attempts", "whatsapp.window_template_language"] {
-            assert!(keys.contains(&key), "{key} missing from {err}");
-        }
     }
 }

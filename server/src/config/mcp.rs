@@ -29,15 +29,3 @@ impl Default for McpSettings {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
-        let shipped = crate::config::load(path).expect("shipped config").settings.mcp;
-        assert_eq!(shipped, McpSettings::default(), "config/gatehouse.toml [mcp] and McpSettings::default differ");
-    }
-}

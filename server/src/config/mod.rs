@@ -28,6 +28,8 @@ pub mod net;
 pub mod secrets;
 mod server;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod tests;
 mod whatsapp;
 
 use serde::{Deserialize, Serialize};

@@ -66,8 +66,9 @@ impl Default for ServerSettings {
 }
 
 /// The database a URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum DatabaseKind {
     Sqlite,
     Postgres,
@@ -86,10 +87,7 @@ impl DatabaseKind {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-        }
+        self.into()
     }
 }
 

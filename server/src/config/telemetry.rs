@@ -41,27 +41,9 @@ impl TelemetrySettings {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn the_shipped_config_repeats_the_defaults() {
-        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml"));
-        let shipped = crate::config::load(path).expect("shipped config").settings.telemetry;
-        assert_eq!(shipped, TelemetrySettings::default(), "config/gatehouse.toml [telemetry] and TelemetrySettings::default differ");
-        assert!(!shipped.enabled(), "nothing is exported until an operator names a receiver");
-    }
-
     #[test]
     fn bad_values_are_named_by_their_keys() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("gatehouse.toml");
         let text = "[telemetry]\notlp_endpoint = \"collector:4318\"\nservice_name = \" \"\nexport_interval = \"0s\"\ntimeout = \"0s\"\nheaders_secret = \"otlp-headers\"\n";
-        std::fs::write(&path, text).expect("write");
-        let env = figment::providers::Env::prefixed("GATEHOUSE_UNIT_TEST_UNSET__").split("__");
-        let crate::config::ConfigError(problems) = crate::config::load::load_with_env(&path, env, crate::config::Secrets::default()).expect_err("refused");
-        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
-        for key in ["telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.export_interval", "telemetry.timeout", "telemetry.headers_secret"] {
-            assert!(keys.contains(&key), "{key} among {keys:?}");
-        }
+        crate::config::tests::problems_at(text, &["telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.export_interval", "telemetry.timeout", "telemetry.headers_secret"]);
     }
 }

@@ -17,11 +17,7 @@ pub enum State {
     Expired,
 }
 
-impl State {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
+super::stored_name!(State, "approval state");
 
 const COLUMNS: &str = "id, state, tool, tool_version, args, args_hash, call_key, managed_fields, display, risk, reason_code, reason, actor, channel, \
      chat_kind, chat_id, sender, message_id, request, correlation_id, trace_id, nonce, created_at, expires_at, decided_at, decided_by, \
@@ -30,7 +26,8 @@ const COLUMNS: &str = "id, state, tool, tool_version, args, args_hash, call_key,
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ApprovalRow {
     pub id: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
     pub tool: String,
     pub tool_version: String,
     /// The canonical arguments as asked (never with a managed or secret field).
@@ -65,12 +62,6 @@ pub struct ApprovalRow {
     pub job_id: Option<i64>,
     pub outcome_code: Option<String>,
     pub outcome_at: Option<i64>,
-}
-
-impl ApprovalRow {
-    pub fn state(&self) -> State {
-        self.state.parse().unwrap_or(State::Pending)
-    }
 }
 
 /// A request as it is stored.

@@ -159,10 +159,25 @@ pub async fn delete_case(conn: &mut AnyConnection, name: &str) -> Result<bool, D
     Ok(sqlx::query("DELETE FROM eval_cases WHERE name = $1").bind(name).execute(&mut *conn).await?.rows_affected() > 0)
 }
 
+/// The states of a repair proposal, as stored: proposed, then applied or rejected by an owner;
+/// an applied one may be rolled back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum RepairState {
+    Proposed,
+    Applied,
+    Rejected,
+    RolledBack,
+}
+
+super::stored_name!(RepairState, "repair state");
+
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RepairRow {
     pub id: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: RepairState,
     pub strategy: String,
     pub summary: String,
     pub diff: String,
@@ -229,14 +244,14 @@ pub async fn list_repairs(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Re
 
 /// Moves a repair from `from` to `to` with who decided and why; false when it was not in
 /// `from` (decided already, or by someone else just now).
-pub async fn transition(conn: &mut AnyConnection, id: i64, from: &str, to: &str, by: &str, reason: Option<&str>, at: i64) -> Result<bool, DbError> {
-    let sql = if to == "rolled_back" {
+pub async fn transition(conn: &mut AnyConnection, id: i64, from: RepairState, to: RepairState, by: &str, reason: Option<&str>, at: i64) -> Result<bool, DbError> {
+    let sql = if to == RepairState::RolledBack {
         "UPDATE repairs SET state = $1, rolled_back_at = $2 WHERE id = $3 AND state = $4"
     } else {
         "UPDATE repairs SET state = $1, decided_at = $2, decided_by = $5, reason = $6 WHERE id = $3 AND state = $4"
     };
-    let mut q = sqlx::query(sql).bind(to).bind(at).bind(id).bind(from);
-    if to != "rolled_back" {
+    let mut q = sqlx::query(sql).bind(to.as_str()).bind(at).bind(id).bind(from.as_str());
+    if to != RepairState::RolledBack {
         q = q.bind(by).bind(reason);
     }
     Ok(q.execute(&mut *conn).await?.rows_affected() == 1)

@@ -8,7 +8,7 @@
 
 use std::sync::LazyLock;
 
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, any::AnyRow};
 use tokio::sync::watch;
 
 use super::DbError;
@@ -56,57 +56,50 @@ pub struct JobEventRow {
     pub chat_id: Option<String>,
 }
 
+/// Trace steps joined to their traces (`s`, `t`), to be narrowed by id.
+const STEPS: &str = "SELECT s.id, s.trace_id, s.seq, s.step, s.decision, s.reason_code, t.channel, t.chat_id \
+     FROM trace_steps s JOIN traces t ON t.id = s.trace_id";
+
+/// Job events joined to their jobs (`e`, `j`), to be narrowed by id.
+const JOB_EVENTS: &str = "SELECT e.id, e.job_id, e.state, e.attempt, e.error_code, j.kind, j.tool_name, j.chat_id \
+     FROM job_events e JOIN jobs j ON j.id = e.job_id";
+
 /// Trace steps with an id above `after`, oldest first, at most `limit`.
 pub async fn steps_after(conn: &mut AnyConnection, after: i64, limit: i64) -> Result<Vec<StepRow>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT s.id, s.trace_id, s.seq, s.step, s.decision, s.reason_code, t.channel, t.chat_id \
-         FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE s.id > $1 ORDER BY s.id LIMIT $2",
-    )
-    .bind(after)
-    .bind(limit)
-    .fetch_all(conn)
-    .await?)
+    rows_after(conn, STEPS, "s.id", after, limit).await
 }
 
 /// Job events with an id above `after`, oldest first, at most `limit`.
 pub async fn job_events_after(conn: &mut AnyConnection, after: i64, limit: i64) -> Result<Vec<JobEventRow>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT e.id, e.job_id, e.state, e.attempt, e.error_code, j.kind, j.tool_name, j.chat_id \
-         FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE e.id > $1 ORDER BY e.id LIMIT $2",
-    )
-    .bind(after)
-    .bind(limit)
-    .fetch_all(conn)
-    .await?)
+    rows_after(conn, JOB_EVENTS, "e.id", after, limit).await
 }
 
 /// Trace steps with these ids (ones committed after later ids were read), in id order.
 pub async fn steps_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<StepRow>, DbError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = format!(
-        "SELECT s.id, s.trace_id, s.seq, s.step, s.decision, s.reason_code, t.channel, t.chat_id \
-         FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE s.id IN ({}) ORDER BY s.id",
-        super::placeholders(1, ids.len())
-    );
-    let mut q = sqlx::query_as(&sql);
-    for id in ids {
-        q = q.bind(*id);
-    }
-    Ok(q.fetch_all(conn).await?)
+    rows_with_ids(conn, STEPS, "s.id", ids).await
 }
 
 /// Job events with these ids, in id order.
 pub async fn job_events_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<JobEventRow>, DbError> {
+    rows_with_ids(conn, JOB_EVENTS, "e.id", ids).await
+}
+
+async fn rows_after<T>(conn: &mut AnyConnection, select: &str, id: &str, after: i64, limit: i64) -> Result<Vec<T>, DbError>
+where
+    T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
+{
+    let sql = format!("{select} WHERE {id} > $1 ORDER BY {id} LIMIT $2");
+    Ok(sqlx::query_as(&sql).bind(after).bind(limit).fetch_all(conn).await?)
+}
+
+async fn rows_with_ids<T>(conn: &mut AnyConnection, select: &str, id: &str, ids: &[i64]) -> Result<Vec<T>, DbError>
+where
+    T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
+{
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = format!(
-        "SELECT e.id, e.job_id, e.state, e.attempt, e.error_code, j.kind, j.tool_name, j.chat_id \
-         FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE e.id IN ({}) ORDER BY e.id",
-        super::placeholders(1, ids.len())
-    );
+    let sql = format!("{select} WHERE {id} IN ({}) ORDER BY {id}", super::placeholders(1, ids.len()));
     let mut q = sqlx::query_as(&sql);
     for id in ids {
         q = q.bind(*id);

@@ -4,13 +4,18 @@ use sqlx::AnyConnection;
 
 use super::{DbError, IntBool, now_ms};
 
-/// Quarantine states of a discovered tool.
-pub mod state {
+/// The quarantine state of a discovered tool, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum ToolState {
     /// New or changed: not offered, not callable, until an owner decides.
-    pub const PENDING: &str = "pending";
-    pub const APPROVED: &str = "approved";
-    pub const REJECTED: &str = "rejected";
+    Pending,
+    Approved,
+    Rejected,
 }
+
+super::stored_name!(ToolState, "MCP tool state");
 
 /// Health of a server as last seen.
 pub mod health {
@@ -43,7 +48,8 @@ pub struct ToolRow {
     /// JSON text of the bounded definition.
     pub definition: String,
     pub definition_hash: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: ToolState,
     pub approved_hash: Option<String>,
     pub previous_definition: Option<String>,
     #[sqlx(try_from = "IntBool")]
@@ -57,7 +63,7 @@ pub struct ToolRow {
 impl ToolRow {
     /// Offered and callable: approved, its current definition the approved one, still listed.
     pub fn usable(&self) -> bool {
-        self.present && self.state == state::APPROVED && self.approved_hash.as_deref() == Some(self.definition_hash.as_str())
+        self.present && self.state == ToolState::Approved && self.approved_hash.as_deref() == Some(self.definition_hash.as_str())
     }
 }
 
@@ -160,7 +166,7 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 .bind(&f.catalog_name)
                 .bind(&f.definition)
                 .bind(&f.definition_hash)
-                .bind(if approved { state::APPROVED } else { state::PENDING })
+                .bind(if approved { ToolState::Approved } else { ToolState::Pending }.as_str())
                 .bind(approved.then_some(f.definition_hash.as_str()))
                 .bind(now)
                 .execute(&mut *conn)
@@ -168,7 +174,7 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 changes.added.push(f.name.clone());
             }
             Some(old) if old.definition_hash != f.definition_hash => {
-                let back_to_approved = old.approved_hash.as_deref() == Some(f.definition_hash.as_str()) && old.state != state::REJECTED;
+                let back_to_approved = old.approved_hash.as_deref() == Some(f.definition_hash.as_str()) && old.state != ToolState::Rejected;
                 sqlx::query(
                     "UPDATE mcp_tools SET catalog_name = $1, definition = $2, definition_hash = $3, state = $4, previous_definition = $5, \
                      present = 1, updated_at = $6 WHERE server_id = $7 AND name = $8",
@@ -176,7 +182,7 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 .bind(&f.catalog_name)
                 .bind(&f.definition)
                 .bind(&f.definition_hash)
-                .bind(if back_to_approved { state::APPROVED } else { state::PENDING })
+                .bind(if back_to_approved { ToolState::Approved } else { ToolState::Pending }.as_str())
                 .bind(&old.definition)
                 .bind(now)
                 .bind(server_id)
@@ -240,7 +246,7 @@ pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool,
         "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     };
     let done = sqlx::query(sql)
-        .bind(if approve { state::APPROVED } else { state::REJECTED })
+        .bind(if approve { ToolState::Approved } else { ToolState::Rejected }.as_str())
         .bind(now)
         .bind(owner_id)
         .bind(catalog_name)

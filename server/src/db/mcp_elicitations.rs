@@ -5,15 +5,19 @@ use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
-/// States of an elicitation. Only `PENDING` changes, and only once.
-pub mod state {
-    pub const PENDING: &str = "pending";
-    pub const ACCEPTED: &str = "accepted";
-    pub const DECLINED: &str = "declined";
-    pub const CANCELLED: &str = "cancelled";
+/// The states of an elicitation, as stored. Only `Pending` changes, and only once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum State {
+    Pending,
+    Accepted,
+    Declined,
+    Cancelled,
     /// Nobody answered in time (or the waiting call ended first): the server got "cancel".
-    pub const EXPIRED: &str = "expired";
+    Expired,
 }
+
+super::stored_name!(State, "elicitation state");
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ElicitationRow {
@@ -21,7 +25,8 @@ pub struct ElicitationRow {
     pub server_id: String,
     pub message: String,
     pub schema: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
     pub content: Option<String>,
     pub created_at: i64,
     pub expires_at: i64,
@@ -33,7 +38,7 @@ pub struct ElicitationRow {
 impl ElicitationRow {
     /// Still waiting for an owner at `now`.
     pub fn open(&self, now: i64) -> bool {
-        self.state == state::PENDING && self.expires_at > now
+        self.state == State::Pending && self.expires_at > now
     }
 }
 
@@ -45,7 +50,7 @@ pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schem
         .bind(server)
         .bind(message)
         .bind(schema)
-        .bind(state::PENDING)
+        .bind(State::Pending.as_str())
         .bind(now_ms())
         .bind(expires_at)
         .fetch_one(&mut *conn)
@@ -59,7 +64,7 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<Elicitation
 /// Requests still waiting for an owner, oldest first.
 pub async fn open(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ElicitationRow>, DbError> {
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_elicitations WHERE state = $1 AND expires_at > $2 ORDER BY id LIMIT $3"))
-        .bind(state::PENDING)
+        .bind(State::Pending.as_str())
         .bind(now_ms())
         .bind(limit)
         .fetch_all(&mut *conn)
@@ -68,15 +73,15 @@ pub async fn open(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Elicitatio
 
 /// An owner's answer: only a pending request that has not expired takes it. Returns whether it
 /// did (false: answered by someone else first, expired, or unknown).
-pub async fn answer(conn: &mut AnyConnection, id: i64, new_state: &str, content: Option<&str>, owner_id: Option<i64>) -> Result<bool, DbError> {
+pub async fn answer(conn: &mut AnyConnection, id: i64, new_state: State, content: Option<&str>, owner_id: Option<i64>) -> Result<bool, DbError> {
     let now = now_ms();
     let done = sqlx::query("UPDATE mcp_elicitations SET state = $2, content = $3, answered_at = $4, answered_by = $5 WHERE id = $1 AND state = $6 AND expires_at > $4")
         .bind(id)
-        .bind(new_state)
+        .bind(new_state.as_str())
         .bind(content)
         .bind(now)
         .bind(owner_id)
-        .bind(state::PENDING)
+        .bind(State::Pending.as_str())
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
@@ -87,9 +92,9 @@ pub async fn answer(conn: &mut AnyConnection, id: i64, new_state: &str, content:
 pub async fn expire(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
     let done = sqlx::query("UPDATE mcp_elicitations SET state = $2, answered_at = $3 WHERE id = $1 AND state = $4")
         .bind(id)
-        .bind(state::EXPIRED)
+        .bind(State::Expired.as_str())
         .bind(now_ms())
-        .bind(state::PENDING)
+        .bind(State::Pending.as_str())
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
@@ -99,6 +104,6 @@ pub async fn expire(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> 
 /// server once even if two waiters looked at the same row.
 pub async fn take(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
     let done =
-        sqlx::query("UPDATE mcp_elicitations SET delivered_at = $2 WHERE id = $1 AND state <> $3 AND delivered_at IS NULL").bind(id).bind(now_ms()).bind(state::PENDING).execute(&mut *conn).await?;
+        sqlx::query("UPDATE mcp_elicitations SET delivered_at = $2 WHERE id = $1 AND state <> $3 AND delivered_at IS NULL").bind(id).bind(now_ms()).bind(State::Pending.as_str()).execute(&mut *conn).await?;
     Ok(done.rows_affected() == 1)
 }

@@ -5,12 +5,16 @@ use sqlx::AnyConnection;
 
 use super::{DbError, now_ms};
 
-/// Login state of an OAuth server.
-pub mod state {
-    pub const CONNECTED: &str = "connected";
+/// The login state of an OAuth server, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
+pub enum State {
+    Connected,
     /// No usable token: an owner must log in (console or `gatehouse mcp login`).
-    pub const NEEDS_LOGIN: &str = "needs_login";
+    NeedsLogin,
 }
+
+super::stored_name!(State, "OAuth state");
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct OAuthRow {
@@ -22,7 +26,8 @@ pub struct OAuthRow {
     pub client_secret: Option<String>,
     /// Sealed.
     pub credentials: Option<String>,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
     pub reason: Option<String>,
     pub required_scope: Option<String>,
     pub refreshes: i64,
@@ -58,7 +63,7 @@ pub async fn connect(conn: &mut AnyConnection, c: &Connected<'_>) -> Result<(), 
     .bind(c.client_id)
     .bind(c.client_secret)
     .bind(c.credentials)
-    .bind(state::CONNECTED)
+    .bind(State::Connected.as_str())
     .bind(now_ms())
     .execute(&mut *conn)
     .await?;
@@ -70,7 +75,7 @@ pub async fn save_credentials(conn: &mut AnyConnection, server: &str, credential
     sqlx::query("UPDATE mcp_oauth SET credentials = $2, state = $3, reason = NULL, refreshes = refreshes + $4, updated_at = $5 WHERE server_id = $1")
         .bind(server)
         .bind(credentials)
-        .bind(state::CONNECTED)
+        .bind(State::Connected.as_str())
         .bind(i64::from(refreshed))
         .bind(now_ms())
         .execute(&mut *conn)
@@ -86,7 +91,7 @@ pub async fn needs_login(conn: &mut AnyConnection, server: &str, reason: &str, r
          WHERE server_id = $1 AND state <> $2",
     )
     .bind(server)
-    .bind(state::NEEDS_LOGIN)
+    .bind(State::NeedsLogin.as_str())
     .bind(reason)
     .bind(required_scope)
     .bind(now_ms())

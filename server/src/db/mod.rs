@@ -185,6 +185,27 @@ pub(crate) fn parse_stored<T: std::str::FromStr>(text: String, what: &str) -> Re
     text.parse().map_err(|_| format!("unknown {what} {text:?}"))
 }
 
+/// A state stored by name (an enum deriving strum's `IntoStaticStr` and `EnumString`): `as_str`
+/// gives the name to bind, and `TryFrom<String>` reads it back for a row's
+/// `#[sqlx(try_from = "String")]` field, an unknown name being an error that names `what`.
+macro_rules! stored_name {
+    ($state:ty, $what:literal) => {
+        impl $state {
+            pub fn as_str(self) -> &'static str {
+                self.into()
+            }
+        }
+
+        impl TryFrom<String> for $state {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                $crate::db::parse_stored(s, $what)
+            }
+        }
+    };
+}
+pub(crate) use stored_name;
+
 /// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
 /// (a tool name, a model reply or an error message with one is stored without it, not lost).
 pub fn clean_text(text: &str) -> String {

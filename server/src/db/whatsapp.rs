@@ -122,11 +122,9 @@ pub enum DeliveryState {
     Failed,
 }
 
-impl DeliveryState {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
+super::stored_name!(DeliveryState, "delivery state");
 
+impl DeliveryState {
     pub fn parse(s: &str) -> Option<Self> {
         s.parse().ok()
     }
@@ -150,13 +148,6 @@ impl DeliveryState {
             Self::Read => "read_at",
             Self::Failed => "failed_at",
         }
-    }
-}
-
-impl TryFrom<String> for DeliveryState {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        super::parse_stored(s, "delivery state")
     }
 }
 

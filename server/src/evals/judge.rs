@@ -21,12 +21,10 @@ use super::case::{Case, Expect};
 use crate::{
     config::Settings,
     conversation::steps::PrivateGuard,
-    domain::Role,
     lane::{
-        PrivateData,
         decide::{self, Decider},
         detector::{FollowupKind, Index},
-        planner::{PlanInput, PlanOutcome, Planner},
+        planner::{PlanOutcome, Planner},
         tool_docs,
         validator::{Advisory, PlanScope, Validator},
     },
@@ -167,20 +165,7 @@ impl Judge {
         let mut trace = Recorder::detached();
         let detection = decider.detect(&case.message, case.actor, case.chat_type, &case.contexts, &mut trace);
         let mut offered = decider.offered(&detection);
-        let mut input = PlanInput {
-            correlation_id: format!("eval-{}", case.name),
-            message: case.message.clone(),
-            actor: case.actor,
-            chat_kind: case.chat_type,
-            memory_summary: case.memory_summary.clone(),
-            private_data: if case.actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
-            tools: Vec::new(),
-            recent: case.contexts.clone(),
-            followup: detection.followup.clone(),
-            max_steps: lane.max_steps as usize,
-            searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
-            transcript: Vec::new(),
-        };
+        let mut input = decider.first_turn(format!("eval-{}", case.name), &case.message, case.actor, case.chat_type, case.memory_summary.clone(), &case.contexts, &detection);
         let base = Observed { should_plan: true, candidates: detected.candidates.clone(), confidence: detected.confidence, ..Observed::default() };
         let routed = |route: &str, code: &str| Observed { route: route.into(), code: code.into(), ..base.clone() };
         let Some(plan) = decider.plan(&mut input, &mut offered, &mut trace).await else {

@@ -149,74 +149,26 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    const TOOLS: &str = r#"
-[[tool]]
-name = "lookup_order"
-title = "Order lookup"
-description = "Finds an order by its number."
-when_to_use = "The person gives an order number."
-provider = "builtin"
-handler = "x"
-operation = "read"
-audience = "public"
-risk = "low"
-managed_fields = ["chat_id"]
-secret_fields = { api_key = "SHOP_KEY" }
-input_schema = { type = "object", required = ["order_id", "chat_id", "api_key"], properties = { order_id = { type = "string" }, chat_id = { type = "string" }, api_key = { type = "string" } } }
-
-[[tool]]
-name = "owner_stats"
-title = "Stats"
-description = "Owners only."
-provider = "builtin"
-handler = "x"
-operation = "read"
-audience = "owner_only"
-risk = "low"
-input_schema = { type = "object", properties = { q = { type = "string", maxLength = 10 } } }
-
-[[tool]]
-name = "wipe"
-title = "Wipe"
-description = "An admin operation."
-provider = "builtin"
-handler = "x"
-operation = "admin"
-audience = "public"
-risk = "low"
-input_schema = { type = "object" }
-
-[[tool]]
-name = "off"
-title = "Off"
-description = "Disabled."
-provider = "builtin"
-handler = "x"
-operation = "read"
-audience = "public"
-risk = "low"
-enabled = false
-input_schema = { type = "object" }
-
-[[tool]]
-name = "risky"
-title = "Risky"
-description = "High risk."
-provider = "builtin"
-handler = "x"
-operation = "read"
-audience = "public"
-risk = "high"
-chat_types = ["direct"]
-input_schema = { type = "object" }
-"#;
+    use crate::tools::catalog::testing::{self, ToolToml};
 
     fn catalog() -> Catalog {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("tools.toml");
-        std::fs::write(&path, TOOLS).expect("write");
-        Catalog::load(&path, &|v| v == "SHOP_KEY").expect("catalog")
+        let order_schema = r#"{ type = "object", required = ["order_id", "chat_id", "api_key"], properties = { order_id = { type = "string" }, chat_id = { type = "string" }, api_key = { type = "string" } } }"#;
+        testing::catalog(
+            &[
+                ToolToml::builtin("lookup_order", "Order lookup", "Finds an order by its number.")
+                    .with("when_to_use", r#""The person gives an order number.""#)
+                    .with("managed_fields", r#"["chat_id"]"#)
+                    .with("secret_fields", r#"{ api_key = "SHOP_KEY" }"#)
+                    .with("input_schema", order_schema),
+                ToolToml::builtin("owner_stats", "Stats", "Owners only.")
+                    .with("audience", r#""owner_only""#)
+                    .with("input_schema", r#"{ type = "object", properties = { q = { type = "string", maxLength = 10 } } }"#),
+                ToolToml::builtin("wipe", "Wipe", "An admin operation.").with("operation", r#""admin""#),
+                ToolToml::builtin("off", "Off", "Disabled.").with("enabled", "false"),
+                ToolToml::builtin("risky", "Risky", "High risk.").with("risk", r#""high""#).with("chat_types", r#"["direct"]"#),
+            ],
+            &["SHOP_KEY"],
+        )
     }
 
     fn settings() -> LaneSettings {

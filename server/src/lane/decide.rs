@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::{
+    PrivateData,
     adapter::{self, OfferTo},
     detector::{Detection, FollowupKind, Index, RecentContext},
     planner::{PlanInput, PlanOutcome, Planner},
@@ -71,6 +72,27 @@ impl Decider<'_> {
             trace.step("AgentToolFollowup", decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.len() }));
         }
         detection
+    }
+
+    /// The planner's first turn for a message the detector sent on: nothing offered yet (see
+    /// [`Self::offered`]), the lane's step and search limits, and private data guarded unless an
+    /// owner asks. The live lane and an eval replay start planning from the same turn.
+    #[expect(clippy::too_many_arguments, reason = "the message's parts, as the lane and an eval case each hold them")]
+    pub fn first_turn(&self, correlation_id: String, text: &str, actor: Role, chat_kind: ChatKind, memory_summary: Option<String>, recent: &[RecentContext], detection: &Detection) -> PlanInput {
+        PlanInput {
+            correlation_id,
+            message: text.to_string(),
+            actor,
+            chat_kind,
+            memory_summary,
+            private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
+            tools: Vec::new(),
+            recent: recent.to_vec(),
+            followup: detection.followup.clone(),
+            max_steps: self.settings.max_steps as usize,
+            searches_left: if self.settings.search_tool.is_empty() { 0 } else { self.settings.max_search_calls as usize },
+            transcript: Vec::new(),
+        }
     }
 
     /// The tools first offered to the planner: the candidates and the always-offered tools.

@@ -10,8 +10,9 @@ use serde_json::Value;
 use crate::config::ModelSettings;
 
 /// What a call is for. It picks the model from `[models]` and labels the recorded call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumIter)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Purpose {
     Chat,
     Planner,
@@ -22,16 +23,8 @@ pub enum Purpose {
 }
 
 impl Purpose {
-    pub const ALL: [Self; 5] = [Self::Chat, Self::Planner, Self::Summarizer, Self::Compaction, Self::Repair];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::Planner => "planner",
-            Self::Summarizer => "summarizer",
-            Self::Compaction => "compaction",
-            Self::Repair => "repair",
-        }
+        self.into()
     }
 
     /// The configured model for this purpose (empty when the operator left it unset).
@@ -288,7 +281,7 @@ mod tests {
     #[test]
     fn each_purpose_takes_its_configured_model() {
         let models = ModelSettings { chat: "a".into(), planner: "b".into(), summarizer: "c".into(), compaction: "d".into(), repair: "e".into(), prices: vec![] };
-        let picked: Vec<&str> = Purpose::ALL.iter().map(|p| p.model(&models)).collect();
+        let picked: Vec<&str> = <Purpose as strum::IntoEnumIterator>::iter().map(|p| p.model(&models)).collect();
         assert_eq!(picked, ["a", "b", "c", "d", "e"]);
         let req = ChatRequest::new(&models, Purpose::Summarizer, "c1", vec![Message::user("x")]);
         assert_eq!((req.model.as_str(), req.purpose.as_str()), ("c", "summarizer"));

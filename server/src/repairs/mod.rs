@@ -27,7 +27,7 @@ use sqlx::AnyConnection;
 
 use crate::{
     config::{Problem, SecretSource, Settings},
-    db::{self, DbError, evals as store, evals::RepairRow},
+    db::{self, DbError, evals as store, evals::{RepairRow, RepairState}},
     evals::{Case, CaseResult, Judge},
     llm::ChatModel,
     tools::{Catalog, ToolFiles, catalog::Provider},
@@ -337,22 +337,13 @@ fn swap(dir: &Path, changes: &[FileChange], forward: bool) -> Result<(), RepairE
 /// files in place, which approving again completes. The caller reloads the catalog.
 pub async fn approve(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider, confirm_regressions: bool) -> Result<RepairRow, RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
-    if row.state != "proposed" {
-        return Err(RepairError::Decided { id, state: row.state });
+    if row.state != RepairState::Proposed {
+        return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
     if row.regressions > 0 && !confirm_regressions {
         return Err(RepairError::NeedsConfirmation(id));
     }
-    let changes = files_of(&row);
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
-    if !store::transition(&mut tx, id, "proposed", "applied", &by.name, None, db::now_ms()).await? {
-        drop(tx);
-        let state = store::get_repair(conn, id).await?.map(|r| r.state).unwrap_or_default();
-        return Err(RepairError::Decided { id, state });
-    }
-    swap(dir, &changes, true)?;
-    tx.commit().await.map_err(DbError::from)?;
-    commit_if_git(dir, &changes, &format!("Repair #{id}: {}", row.summary), by);
+    decide_with_files(conn, dir, &row, (RepairState::Proposed, RepairState::Applied), by, &format!("Repair #{id}: {}", row.summary)).await?;
     tracing::info!(repair = id, by = %by.login, "repair applied");
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
 }
@@ -363,8 +354,8 @@ pub async fn reject(conn: &mut AnyConnection, id: i64, by: &Decider, reason: &st
         return Err(RepairError::ReasonRequired);
     }
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
-    if !store::transition(conn, id, "proposed", "rejected", &by.name, Some(reason.trim()), db::now_ms()).await? {
-        return Err(RepairError::Decided { id, state: row.state });
+    if !store::transition(conn, id, RepairState::Proposed, RepairState::Rejected, &by.name, Some(reason.trim()), db::now_ms()).await? {
+        return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
     tracing::info!(repair = id, by = %by.login, "repair rejected");
     Ok(())
@@ -375,20 +366,30 @@ pub async fn reject(conn: &mut AnyConnection, id: i64, by: &Decider, reason: &st
 /// caller reloads the catalog.
 pub async fn rollback(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider) -> Result<(), RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
-    if row.state != "applied" {
-        return Err(RepairError::Decided { id, state: row.state });
+    if row.state != RepairState::Applied {
+        return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
-    let changes = files_of(&row);
+    decide_with_files(conn, dir, &row, (RepairState::Applied, RepairState::RolledBack), by, &format!("Roll back repair #{id}: {}", row.summary)).await?;
+    tracing::info!(repair = id, by = %by.login, "repair rolled back");
+    Ok(())
+}
+
+/// Moves `row` from one state to the next and its files with it (forward to their text after the
+/// repair when it is applied, back otherwise), in one transaction committed only once every file
+/// is written; then commits the files to git with `message`. A state changed meanwhile by
+/// another decision is `Decided` with that state, and nothing is written.
+async fn decide_with_files(conn: &mut AnyConnection, dir: &Path, row: &RepairRow, (from, to): (RepairState, RepairState), by: &Decider, message: &str) -> Result<(), RepairError> {
+    let id = row.id;
+    let changes = files_of(row);
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
-    if !store::transition(&mut tx, id, "applied", "rolled_back", &by.name, None, db::now_ms()).await? {
+    if !store::transition(&mut tx, id, from, to, &by.name, None, db::now_ms()).await? {
         drop(tx);
-        let state = store::get_repair(conn, id).await?.map(|r| r.state).unwrap_or_default();
+        let state = store::get_repair(conn, id).await?.map(|r| r.state.to_string()).unwrap_or_default();
         return Err(RepairError::Decided { id, state });
     }
-    swap(dir, &changes, false)?;
+    swap(dir, &changes, to == RepairState::Applied)?;
     tx.commit().await.map_err(DbError::from)?;
-    commit_if_git(dir, &changes, &format!("Roll back repair #{id}: {}", row.summary), by);
-    tracing::info!(repair = id, by = %by.login, "repair rolled back");
+    commit_if_git(dir, &changes, message, by);
     Ok(())
 }
 

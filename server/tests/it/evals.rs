@@ -140,7 +140,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     let refused = repairs::approve(&mut conn, dir.path(), row.id, &owner, false).await;
     assert!(matches!(refused, Err(RepairError::NeedsConfirmation(_))), "{refused:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "asked, not applied");
-    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state, "proposed");
+    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed");
 
     // Another proposal for the same failing case, rejected: a reason is required.
     let (other, _) =
@@ -155,7 +155,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     // A file edited by hand since the proposal is not overwritten.
     std::fs::write(dir.path().join("tools.toml"), format!("{original}\n# edited by hand\n")).expect("edit");
     assert!(matches!(repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await, Err(RepairError::Stale(_))));
-    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state, "proposed", "still open after a refused write");
+    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed", "still open after a refused write");
     std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
 
     // The config folder is a git working tree: the applied change is committed, the owner its author.

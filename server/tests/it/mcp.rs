@@ -581,7 +581,7 @@ fn found_on(server: &str, name: &str, version: &str) -> server::db::mcp::Found {
 
 /// The quarantine rules of the discovery cache, on both backends.
 async fn quarantine_rules_in_the_cache(test_db: TestDb) {
-    use server::db::mcp::{self as store, state};
+    use server::db::mcp::{self as store, ToolState};
     let db = test_db.connect().await;
     db.migrate().await.expect("migrate");
     let mut conn = db.pool.acquire().await.expect("conn");
@@ -596,7 +596,7 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     assert_eq!((changes.added, changes.changed), (vec!["c".to_string()], vec!["a".to_string()]));
     let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
     let a = by_name(&rows, "a");
-    assert_eq!(a.state, state::PENDING);
+    assert_eq!(a.state, ToolState::Pending);
     assert!(!a.usable() && a.previous_definition.as_deref().is_some_and(|d| d.contains("v1")), "{a:?}");
     assert!(!by_name(&rows, "c").usable(), "a new tool on a known server waits, trusted or not");
     assert!(by_name(&rows, "b").usable(), "an unchanged tool stays approved");
@@ -611,9 +611,9 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     // decision. An approval records the hash approved.
     assert!(matches!(store::decide(&mut conn, "srv__c", false, None, None).await.expect("reject"), store::Decided::Done(_)));
     store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v1")]).await.expect("fourth");
-    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::REJECTED);
+    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, ToolState::Rejected);
     store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v2")]).await.expect("fifth");
-    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, state::PENDING);
+    assert_eq!(by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c").state, ToolState::Pending);
     let store::Decided::Done(c) = store::decide(&mut conn, "srv__c", true, Some(7), None).await.expect("approve") else { panic!("decided") };
     assert!(c.usable() && c.decided_by == Some(7));
     assert_eq!(store::decide(&mut conn, "srv__missing", true, None, None).await.expect("decide"), store::Decided::Missing);
@@ -621,6 +621,6 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     // An untrusted server's first discovery waits.
     store::ensure_server(&mut conn, "other").await.expect("server");
     store::apply_discovery(&mut conn, "other", false, &[found_on("other", "x", "v1")]).await.expect("untrusted");
-    assert_eq!(store::tools(&mut conn, Some("other")).await.expect("rows")[0].state, state::PENDING);
+    assert_eq!(store::tools(&mut conn, Some("other")).await.expect("rows")[0].state, ToolState::Pending);
 }
 both_backends!(mcp_quarantine_rules, quarantine_rules_in_the_cache);

@@ -213,20 +213,8 @@ impl ToolLane for Lane {
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.
         let mut offered = decider.offered(&detection);
-        let mut input = PlanInput {
-            correlation_id: inbound.correlation_id.clone(),
-            message: inbound.text.clone(),
-            actor,
-            chat_kind: inbound.chat_kind,
-            memory_summary: self.memory_summary(&inbound.chat_id).await,
-            private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
-            tools: Vec::new(),
-            recent: recent.contexts.clone(),
-            followup: detection.followup.clone(),
-            max_steps: lane.max_steps as usize,
-            searches_left: if lane.search_tool.is_empty() { 0 } else { lane.max_search_calls as usize },
-            transcript: Vec::new(),
-        };
+        let memory_summary = self.memory_summary(&inbound.chat_id).await;
+        let mut input = decider.first_turn(inbound.correlation_id.clone(), &inbound.text, actor, inbound.chat_kind, memory_summary, &recent.contexts, &detection);
         let Some(plan) = decider.plan(&mut input, &mut offered, trace).await else { return LaneOutcome::NotHandled };
         match plan {
             PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,

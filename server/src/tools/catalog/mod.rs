@@ -297,3 +297,5 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod testing;

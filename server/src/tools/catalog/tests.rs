@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::Problem;
+use crate::config::{Problem, tests::problems_mention};
 
 fn load(text: &str, secrets: &[&str]) -> Result<Catalog, Vec<Problem>> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -60,13 +60,17 @@ fn reports_every_problem_with_file_and_key() {
         "[[tool]]\nname = \"typo\"\ntitle = \"t\"\ndescription = \"d\"\nprovider = \"connector\"\noperation = \"read\"\naudience = \"everyone\"\nrisk = \"low\"\ninput_schema = { type = \"object\" }\nretries = 3\n",
     );
     let problems = load(&text, &[]).expect_err("invalid");
-    let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let shown = problems_mention(
+        &problems,
+        &[
+            "tool[0] (lookup_order).secret_fields: \"api_key\" needs the environment variable SHOP_API_KEY",
+            "tool[1] (lookup_order).name: \"lookup_order\" is defined more than once",
+            "tool[1] (lookup_order).managed_fields: \"sender\" is not a property",
+            "tool[2] (has space).name: must be 1 to 64",
+            "tool[2] (has space).handler: a builtin tool must name its implementation",
+        ],
+    );
     let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-    assert!(has("tool[0] (lookup_order).secret_fields: \"api_key\" needs the environment variable SHOP_API_KEY"), "{shown:#?}");
-    assert!(has("tool[1] (lookup_order).name: \"lookup_order\" is defined more than once"), "{shown:#?}");
-    assert!(has("tool[1] (lookup_order).managed_fields: \"sender\" is not a property"), "{shown:#?}");
-    assert!(has("tool[2] (has space).name: must be 1 to 64"), "{shown:#?}");
-    assert!(has("tool[2] (has space).handler: a builtin tool must name its implementation"), "{shown:#?}");
     assert!(has("tool[3] (typo)") && (has("everyone") || has("retries")), "{shown:#?}");
     assert!(problems.iter().all(|p| p.source.ends_with("tools.toml")));
 }

@@ -90,7 +90,7 @@ impl ToolStatus {
             previous_definition: row.previous_definition.as_deref().map(parse),
             catalog_name: row.catalog_name,
             name: row.name,
-            state: row.state,
+            state: row.state.to_string(),
             present: row.present,
             definition_hash: row.definition_hash,
         }
@@ -126,7 +126,7 @@ impl McpManager {
                     last_error: if supervised { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },
                     last_seen_at: row.and_then(|r| r.last_seen_at),
                     tool_count: row.map_or(0, |r| r.tool_count),
-                    pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::state::REJECTED).count(),
+                    pending: tools.iter().filter(|t| t.server_id == s.config.id && t.present && !t.usable() && t.state != db::mcp::ToolState::Rejected).count(),
                     last_discovery: live.last_discovery,
                     auth: if s.config.auth == super::AuthMode::Oauth { "oauth" } else { "none" },
                     needs_login: live.needs_login,

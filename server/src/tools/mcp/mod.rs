@@ -161,7 +161,7 @@ impl McpManager {
                     let row = db::mcp_oauth::get(&mut conn, id).await?;
                     let missing = match &row {
                         None => Some("not logged in yet".to_string()),
-                        Some(r) if r.state != db::mcp_oauth::state::CONNECTED => Some(r.reason.clone().unwrap_or_else(|| "not logged in".into())),
+                        Some(r) if r.state != db::mcp_oauth::State::Connected => Some(r.reason.clone().unwrap_or_else(|| "not logged in".into())),
                         Some(_) => None,
                     };
                     server.live.send_modify(|l| l.needs_login = missing);

@@ -79,7 +79,7 @@ impl McpManager {
                     code: McpCode::NeedsLogin.as_str(),
                     reason: format!("the MCP server {} needs an owner to log in (console, or `gatehouse mcp login {}`)", server.config.id, server.config.id),
                 })
-            } else if row.state == db::mcp::state::REJECTED {
+            } else if row.state == db::mcp::ToolState::Rejected {
                 Some(Withheld { code: ToolCode::Rejected.as_str(), reason: format!("{} was rejected by an owner", row.catalog_name) })
             } else if !row.usable() {
                 Some(Withheld { code: ToolCode::Quarantined.as_str(), reason: format!("{} is new or changed and waits for an owner's approval", row.catalog_name) })

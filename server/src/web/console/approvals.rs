@@ -23,7 +23,7 @@ fn view(r: ApprovalRow) -> ApprovalView {
     let requester = if r.channel == CONSOLE { "owner (console)".to_string() } else { format!("{} +{}", r.actor, r.sender.trim_start_matches('+')) };
     ApprovalView {
         id: r.id,
-        state: r.state,
+        state: r.state.to_string(),
         tool: r.tool,
         version: r.tool_version.chars().take(19).collect(),
         args: r.display,
@@ -51,7 +51,7 @@ impl ApprovalsBackend for ConsoleBackend {
         let mut pending = approvals.list(Some(State::Pending), 500).await.map_err(internal)?;
         pending.reverse();
         let decided = approvals.list(None, DECIDED_SHOWN + pending.len() as i64).await.map_err(internal)?;
-        let decided: Vec<_> = decided.into_iter().filter(|r| r.state() != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
+        let decided: Vec<_> = decided.into_iter().filter(|r| r.state != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
         Ok(ApprovalsPage {
             pending: pending.into_iter().map(view).collect(),
             decided,

@@ -126,7 +126,7 @@ impl RepairsBackend for ConsoleBackend {
             let files = repairs::files_of(&row);
             repairs_out.push(RepairView {
                 id: row.id,
-                state: row.state.clone(),
+                state: row.state.to_string(),
                 strategy: row.strategy.clone(),
                 summary: row.summary.clone(),
                 files: files.iter().map(|f| (f.path.clone(), diff_rows(f))).collect(),

@@ -15,7 +15,7 @@ use server::{
     tools::ToolFiles,
 };
 
-use super::{ActorArg, ChatTypeArg, Failure, build};
+use super::{ActorArg, ChatTypeArg, Failure, tools::read_contexts, with_cached_tools};
 
 #[derive(Debug, Subcommand)]
 pub enum EvalCommand {
@@ -119,11 +119,7 @@ fn workspace(gatehouse: &Gatehouse) -> Workspace {
 }
 
 pub async fn eval(cfg: LoadedConfig, files: ToolFiles, cmd: &EvalCommand) -> Result<(), Failure> {
-    let gatehouse = build(cfg, files).await?;
-    gatehouse.mcp.load_cached().await.map_err(runtime)?;
-    let result = eval_with(&gatehouse, cmd).await;
-    gatehouse.db.close().await;
-    result
+    with_cached_tools(cfg, files, async |gatehouse| eval_with(gatehouse, cmd).await).await
 }
 
 async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failure> {
@@ -144,13 +140,7 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
             let case = match (add.from_trace, &add.message) {
                 (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }).await.map_err(usage)?,
                 (None, Some(message)) => {
-                    let contexts = match &add.context {
-                        Some(path) => {
-                            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
-                            serde_json::from_str(&text).map_err(|e| usage(format!("{} is not a JSON array of tool contexts: {e}", path.display())))?
-                        }
-                        None => Vec::new(),
-                    };
+                    let contexts = read_contexts(add.context.as_deref())?;
                     let (actor, chat_type) = (add.actor.role(), add.chat_type.kind());
                     let name = case::manual_name(message, actor, chat_type, &expect);
                     Case {
@@ -253,11 +243,7 @@ fn print_results(results: &[CaseResult], json: bool) -> Result<(), Failure> {
 }
 
 pub async fn repair(cfg: LoadedConfig, files: ToolFiles, cmd: &RepairCommand) -> Result<(), Failure> {
-    let gatehouse = build(cfg, files).await?;
-    gatehouse.mcp.load_cached().await.map_err(runtime)?;
-    let result = repair_with(&gatehouse, cmd).await;
-    gatehouse.db.close().await;
-    result
+    with_cached_tools(cfg, files, async |gatehouse| repair_with(gatehouse, cmd).await).await
 }
 
 async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), Failure> {

@@ -388,6 +388,16 @@ async fn build(mut cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Fai
     build_service(cfg, files).await
 }
 
+/// Runs a one-shot command over the catalog the server would use (the tool files and the MCP
+/// tools last discovered; no MCP server is started), and closes the database whatever it returns.
+async fn with_cached_tools<T>(cfg: LoadedConfig, files: ToolFiles, command: impl AsyncFnOnce(&Gatehouse) -> Result<T, Failure>) -> Result<T, Failure> {
+    let gatehouse = build(cfg, files).await?;
+    gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
+    let result = command(&gatehouse).await;
+    gatehouse.db.close().await;
+    result
+}
+
 /// Every part of Gatehouse over the migrated database, exporting OpenTelemetry data when
 /// `[telemetry]` says so; the caller shuts the export down before it returns.
 async fn build_service(cfg: LoadedConfig, files: ToolFiles) -> Result<Gatehouse, Failure> {

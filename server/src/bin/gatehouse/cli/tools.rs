@@ -1,9 +1,15 @@
 //! `gatehouse tools` and `gatehouse mcp`: the catalog, calls through the checkpoint, MCP
 //! servers and their quarantine.
 
+use std::path::Path;
+
 use server::{
     approvals::{CONSOLE, Requester},
     config::LoadedConfig,
+    lane::{
+        detector::{Index, RecentContext},
+        tool_docs,
+    },
     tools::{
         CallContext, ToolCall, ToolFiles,
         checkpoint::Checked,
@@ -11,7 +17,7 @@ use server::{
     },
 };
 
-use super::{Failure, LaneDetect, McpCommand, ToolsCommand, build};
+use super::{Failure, LaneDetect, McpCommand, ToolsCommand, build, with_cached_tools};
 
 pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> Result<(), Failure> {
     match cmd {
@@ -229,28 +235,21 @@ fn reviewed(hash: &Option<String>) -> Reviewed<'_> {
 /// `gatehouse lane detect`: the detection the server would make, over the catalog it would use
 /// (the tool files and the MCP tools last discovered), replayable with recorded contexts.
 pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect) -> Result<(), Failure> {
-    use server::lane::{
-        detector::{Index, RecentContext},
-        tool_docs,
-    };
-    let recent: Vec<RecentContext> = match &args.context {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
-            serde_json::from_str(&text).map_err(|e| Failure::usage(format!("{} is not a JSON array of tool contexts: {e}", path.display())))?
-        }
-        None => Vec::new(),
-    };
+    let recent = read_contexts(args.context.as_deref())?;
     let settings = cfg.settings.lane.detector.clone();
-    let gatehouse = build(cfg, files).await?;
-    gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
-    let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
-    let detection = index.detect(
-        &args.text,
-        args.actor.role(),
-        args.chat_type.kind(),
-        &recent,
-    );
-    gatehouse.db.close().await;
+    let detection = with_cached_tools(cfg, files, async |gatehouse| {
+        let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
+        Ok(index.detect(&args.text, args.actor.role(), args.chat_type.kind(), &recent))
+    })
+    .await?;
     println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
     Ok(())
+}
+
+/// The recent tool contexts of a replayed message: `--context FILE`, a JSON array of
+/// `{"tool", "args", "summary", "entities", "age_secs"}`, newest first; none without it.
+pub(super) fn read_contexts(path: Option<&Path>) -> Result<Vec<RecentContext>, Failure> {
+    let Some(path) = path else { return Ok(Vec::new()) };
+    let text = std::fs::read_to_string(path).map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Failure::usage(format!("{} is not a JSON array of tool contexts: {e}", path.display())))
 }

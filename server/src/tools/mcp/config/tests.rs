@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::config::Problem;
+use crate::config::{Problem, tests::problems_mention};
 
 fn load_text(text: &str, secrets: &[&str]) -> Result<McpConfig, Vec<Problem>> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -67,19 +67,23 @@ fn reports_every_problem_with_file_and_key() {
         "[[server]]\nid = \"typo\"\ntrust = \"sure\"\nretries = 3\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n",
     );
     let problems = load_text(&text, &[]).expect_err("invalid");
-    let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let shown = problems_mention(
+        &problems,
+        &[
+            "server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN",
+            "server[1] (remote).transport: needs the environment variable REMOTE_TOKEN",
+            "server[2] (Bad_Id).id: must be 1 to 24",
+            "server[2] (Bad_Id).max_tools",
+            "server[2] (Bad_Id).call_timeout",
+            "server[2] (Bad_Id).destructive_needs_approval: only a trusted server",
+            "server[2] (Bad_Id).transport.url",
+            "server[2] (Bad_Id).transport.headers",
+            "server[3] (remote).id: \"remote\" is used by more than one server",
+            "server[3] (remote).transport.command",
+            "server[3] (remote).transport.env",
+        ],
+    );
     let has = |needle: &str| shown.iter().any(|s| s.contains(needle));
-    assert!(has("server[0] (everything).transport: needs the environment variable EVERYTHING_TOKEN"), "{shown:#?}");
-    assert!(has("server[1] (remote).transport: needs the environment variable REMOTE_TOKEN"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).id: must be 1 to 24"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).max_tools"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).call_timeout"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).destructive_needs_approval: only a trusted server"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).transport.url"), "{shown:#?}");
-    assert!(has("server[2] (Bad_Id).transport.headers"), "{shown:#?}");
-    assert!(has("server[3] (remote).id: \"remote\" is used by more than one server"), "{shown:#?}");
-    assert!(has("server[3] (remote).transport.command"), "{shown:#?}");
-    assert!(has("server[3] (remote).transport.env"), "{shown:#?}");
     assert!(has("server[4] (typo)") && (has("sure") || has("retries")), "{shown:#?}");
     assert!(problems.iter().all(|p| p.source.ends_with("mcp.toml")));
 }

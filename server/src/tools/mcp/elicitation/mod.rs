@@ -17,7 +17,7 @@ use super::{
     AuditActor, McpError, McpManager, OwnerNotices, ServerConfig, normalize,
     notices::{Notice, Notices},
 };
-use crate::db::{self, Db, audit, mcp_elicitations::state};
+use crate::db::{self, Db, audit, mcp_elicitations::State};
 
 /// How often a waiting call looks at its row (an answer in this process wakes it at once).
 const POLL: Duration = Duration::from_millis(250);
@@ -115,7 +115,7 @@ impl Forms {
         if !give_up {
             // A plain read while it waits; the write lock only once there is something to take.
             let mut conn = self.db.pool.acquire().await?;
-            if db::mcp_elicitations::get(&mut conn, id).await?.is_some_and(|r| r.state == state::PENDING) {
+            if db::mcp_elicitations::get(&mut conn, id).await?.is_some_and(|r| r.state == State::Pending) {
                 return Ok(None);
             }
         }
@@ -127,7 +127,7 @@ impl Forms {
             tx.commit().await?;
             return Ok(Some(answer(ElicitationAction::Cancel)));
         };
-        if row.state == state::PENDING {
+        if row.state == State::Pending {
             tx.commit().await?;
             return Ok(None);
         }
@@ -137,9 +137,9 @@ impl Forms {
             return Ok(Some(answer(ElicitationAction::Cancel)));
         }
         tracing::info!(elicitation = id, state = %row.state, "an MCP server's form was answered");
-        Ok(Some(match row.state.as_str() {
-            state::ACCEPTED => answer(ElicitationAction::Accept).with_content(row.content.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_else(|| json!({}))),
-            state::DECLINED => answer(ElicitationAction::Decline),
+        Ok(Some(match row.state {
+            State::Accepted => answer(ElicitationAction::Accept).with_content(row.content.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_else(|| json!({}))),
+            State::Declined => answer(ElicitationAction::Decline),
             _ => answer(ElicitationAction::Cancel),
         }))
     }
@@ -193,10 +193,10 @@ impl McpManager {
         }
         let fields = serde_json::from_str::<Value>(&row.schema).map_err(|e| e.to_string()).and_then(|s| form::fields(&s)).map_err(|_| McpError::FormClosed(id))?;
         let (new_state, content) = match answer {
-            Answer::AcceptText(values) => (state::ACCEPTED, Some(form::from_text(&fields, &values)?)),
-            Answer::Accept(values) => (state::ACCEPTED, Some(form::check(&fields, values)?)),
-            Answer::Decline => (state::DECLINED, None),
-            Answer::Cancel => (state::CANCELLED, None),
+            Answer::AcceptText(values) => (State::Accepted, Some(form::from_text(&fields, &values)?)),
+            Answer::Accept(values) => (State::Accepted, Some(form::check(&fields, values)?)),
+            Answer::Decline => (State::Declined, None),
+            Answer::Cancel => (State::Cancelled, None),
         };
         let text = content.as_ref().map(|c| Value::Object(c.clone()).to_string());
         if !db::mcp_elicitations::answer(&mut tx, id, new_state, text.as_deref(), by.owner_id).await? {
@@ -204,12 +204,12 @@ impl McpManager {
         }
         // The values may be personal: the audit names the fields, not what was in them.
         let filled: Vec<&String> = content.as_ref().map(|c| c.keys().collect()).unwrap_or_default();
-        let detail = json!({ "elicitation": id, "server": row.server_id, "answer": new_state, "fields": filled });
+        let detail = json!({ "elicitation": id, "server": row.server_id, "answer": new_state.as_str(), "fields": filled });
         let entry = audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event: audit::event::MCP_ELICITATION_ANSWERED, detail: Some(detail) };
         audit::record(&mut tx, entry).await?;
         tx.commit().await?;
         self.inner.forms.answered.notify_waiters();
-        Ok(new_state)
+        Ok(new_state.as_str())
     }
 
     /// Where owner notices go on WhatsApp, and their words (`[mcp]` in gatehouse.toml).

@@ -232,7 +232,7 @@ pub async fn token_source(
     };
     let login_hint = format!("connect it from the console's MCP servers page or run `gatehouse mcp login {}`", cfg.id);
     let Some(row) = row else { return Err(TokenError::NeedsLogin(format!("not logged in yet: {login_hint}"))) };
-    if row.state != mcp_oauth::state::CONNECTED || row.credentials.is_none() {
+    if row.state != mcp_oauth::State::Connected || row.credentials.is_none() {
         let why = row.reason.unwrap_or_else(|| "not logged in".into());
         return Err(TokenError::NeedsLogin(format!("{why}: {login_hint}")));
     }
