@@ -29,16 +29,25 @@ pub async fn claim(
     let sql = match backend {
         // The locking subquery must run once: in `WHERE id IN (...)` PostgreSQL may re-run it
         // and lock more rows than LIMIT.
+        // The claim's events are written by the same statement: one round trip.
         Backend::Postgres => {
             let returning = COLUMNS.split(", ").map(|c| format!("jobs.{c}")).collect::<Vec<_>>().join(", ");
-            format!("WITH picked AS ({due} FOR UPDATE SKIP LOCKED) UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id RETURNING {returning}")
+            format!(
+                "WITH picked AS ({due} FOR UPDATE SKIP LOCKED), \
+                 claimed AS (UPDATE jobs SET {set} FROM picked WHERE jobs.id = picked.id RETURNING {returning}), \
+                 events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $1, 'running', attempt FROM claimed) \
+                 SELECT {COLUMNS} FROM claimed"
+            )
         }
         // SQLite has one writer at a time, so one UPDATE is atomic.
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
     let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
-    let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
-    events_for(conn, &ids, now, JobState::Running, None).await?;
+    match backend {
+        Backend::Postgres if !claimed.is_empty() => crate::db::events::ring(),
+        Backend::Postgres => {}
+        Backend::Sqlite => events_for(conn, &claimed.iter().map(|j| j.id).collect::<Vec<_>>(), now, JobState::Running, None).await?,
+    }
     Ok(claimed)
 }
 
