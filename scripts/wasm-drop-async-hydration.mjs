@@ -7,10 +7,11 @@
 // route and inside Leptos) stores a pointer to `hydrate_async`, the hydration path of lazy
 // routes and `leptos::mount::hydrate_lazy`. The console hydrates synchronously
 // (`hydrate_body` in frontend/src/lib.rs) and has no lazy routes, so that code never runs, but
-// the stored pointers keep all of it linked: about a fifth of the module. Each such function's
-// body is replaced by `unreachable`, and wasm-opt then drops everything only it reached. Should
-// the console ever hydrate asynchronously, the wasm would trap on the first call: the release
-// Playwright run (GATEHOUSE_E2E_PROFILE=release, DEVELOPERS.md) shows that at once.
+// the stored pointers keep all of it linked: a sixth of the module, a fifth of its brotli
+// size. Each such function's body is replaced by `unreachable`, and wasm-opt then drops
+// everything only it reached. Should the console ever hydrate asynchronously, the wasm would
+// trap on the first call: the release Playwright run (GATEHOUSE_E2E_PROFILE=release,
+// DEVELOPERS.md) shows that at once.
 //
 // Functions are found by their demangled names (wasm-bindgen keeps the name section). A Leptos
 // upgrade that renames them only costs size: the count printed drops to zero.
