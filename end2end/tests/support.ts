@@ -7,7 +7,9 @@ import * as path from "node:path";
 // derived, never random, so both sides agree.
 export const repo = path.resolve(__dirname, "..", "..");
 const targetDir = process.env.CARGO_TARGET_DIR ? path.resolve(process.env.CARGO_TARGET_DIR) : path.join(repo, "target");
-export const binary = path.join(targetDir, "debug", "gatehouse");
+// GATEHOUSE_E2E_PROFILE=release runs the suite against `scripts/build --release` (its wasm is
+// post-processed for size, so it is worth a run of its own).
+export const binary = path.join(targetDir, process.env.GATEHOUSE_E2E_PROFILE === "release" ? "release" : "debug", "gatehouse");
 export const port = Number(process.env.GATEHOUSE_E2E_PORT ?? 3917);
 export const baseURL = `http://127.0.0.1:${port}`;
 export const dataDir = path.join(os.tmpdir(), `gatehouse-e2e-${port}`);
