@@ -104,7 +104,8 @@ impl server::jobs::JobHook for Finished {
 /// Claims `batch` available jobs of `queue` with one UPDATE and completes them with another,
 /// until none is left: the least a queue can do per job. Returns how many it completed.
 async fn plain_claim_complete(db: Db, queue: String, batch: usize) -> anyhow::Result<usize> {
-    let pick = "SELECT id FROM jobs WHERE queue = $2 AND state = 'available' ORDER BY id LIMIT $3";
+    // The queue's own order and due states, so the ceiling reads the same index (jobs_due).
+    let pick = "SELECT id FROM jobs WHERE state IN ('available', 'scheduled', 'retryable') AND queue = $2 ORDER BY priority DESC, scheduled_at, id LIMIT $3";
     let claim = match db.backend {
         db::Backend::Postgres => format!("WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE jobs SET state = 'running', started_at = $1 FROM picked WHERE jobs.id = picked.id RETURNING jobs.id"),
         db::Backend::Sqlite => format!("UPDATE jobs SET state = 'running', started_at = $1 WHERE id IN ({pick}) RETURNING id"),

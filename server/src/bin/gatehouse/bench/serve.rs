@@ -119,7 +119,7 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
         .env("GATEHOUSE__LLM__PROVIDER", "anthropic")
         .env("GATEHOUSE__LLM__ANTHROPIC__BASE_URL", format!("http://{fake_addr}"))
         .env("GATEHOUSE__WHATSAPP__GRAPH_BASE_URL", format!("http://{fake_addr}"))
-        .env("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", "100000000000001")
+        .env("GATEHOUSE__WHATSAPP__PHONE_NUMBER_ID", super::webhook::PHONE_NUMBER_ID)
         .env("ANTHROPIC_API_KEY", "bench")
         .env("WHATSAPP_APP_SECRET", &secret)
         .env("WHATSAPP_ACCESS_TOKEN", "bench")
