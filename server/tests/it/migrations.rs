@@ -68,7 +68,8 @@ async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
 both_backends!(db_dropped_begin, a_dropped_begin_leaves_no_transaction_open);
 
 /// SQLite commits only append to the write-ahead log; a background task copies it into the
-/// database file (`[database] checkpoint_interval`), so no commit waits for that copy.
+/// database file (`[database] checkpoint_interval`), so no commit waits for that copy; a log
+/// that grows past a bound is truncated.
 async fn sqlite_log_is_checkpointed_in_the_background(db: TestDb) {
     let settings = server::config::DatabaseSettings { url: db.url.clone(), checkpoint_interval: std::time::Duration::from_millis(50), ..Default::default() };
     let pool = server::db::Db::connect(&settings).await.expect("connect");
@@ -82,6 +83,14 @@ async fn sqlite_log_is_checkpointed_in_the_background(db: TestDb) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) < 2 << 20 {
             assert!(std::time::Instant::now() < deadline, "the log was not copied into the database file");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // A log past 32 MiB is copied whole and truncated, so it cannot grow without end.
+        sqlx::query("INSERT INTO bulk (b) VALUES (zeroblob(41943040))").execute(&pool.pool).await.expect("insert");
+        let log = std::path::PathBuf::from(format!("{}-wal", file.display()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) > 1 << 20 {
+            assert!(std::time::Instant::now() < deadline, "the log was not truncated");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
