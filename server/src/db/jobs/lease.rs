@@ -43,12 +43,20 @@ pub async fn claim(
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
     let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
-    match backend {
-        Backend::Postgres if !claimed.is_empty() => crate::db::events::ring(),
-        Backend::Postgres => {}
-        Backend::Sqlite => events_for(conn, &claimed.iter().map(|j| j.id).collect::<Vec<_>>(), now, JobState::Running, None).await?,
-    }
+    events_unless_written(conn, backend, &claimed.iter().map(|j| j.id).collect::<Vec<_>>(), now, JobState::Running).await?;
     Ok(claimed)
+}
+
+/// After a statement that moved `ids` to `state`: on PostgreSQL that statement wrote their events
+/// itself (a data-modifying CTE) and the events reader is rung; SQLite has no such CTE, so they
+/// are written here.
+async fn events_unless_written(conn: &mut AnyConnection, backend: Backend, ids: &[i64], now: i64, state: JobState) -> Result<(), DbError> {
+    match backend {
+        Backend::Postgres if !ids.is_empty() => crate::db::events::ring(),
+        Backend::Postgres => {}
+        Backend::Sqlite => events_for(conn, ids, now, state, None).await?,
+    }
+    Ok(())
 }
 
 /// Extends the lease of jobs this owner still holds. Returns the ids it still holds; the others
@@ -106,11 +114,7 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
             q = q.bind(*id).bind(*attempt).bind(preview.as_deref().map(|p| clean(p, MAX_PREVIEW_CHARS)));
         }
         let ids = q.fetch_all(&mut *conn).await?;
-        match backend {
-            Backend::Postgres if !ids.is_empty() => crate::db::events::ring(),
-            Backend::Postgres => {}
-            Backend::Sqlite => events_for(conn, &ids, now, JobState::Completed, None).await?,
-        }
+        events_unless_written(conn, backend, &ids, now, JobState::Completed).await?;
         completed.extend(ids);
     }
     Ok(completed)
