@@ -86,9 +86,10 @@ pub struct Db {
     _checkpointer: Option<Arc<Checkpointer>>,
 }
 
-/// The task that checkpoints a SQLite write-ahead log off the commit path: commits only append
-/// to the log, and the copy into the database file (with its fsync) happens here, passively,
-/// never blocking a writer or a reader.
+/// The task that checkpoints a SQLite write-ahead log off the commit path (opt-in, `[database]
+/// checkpoint_interval`): commits only append to the log, and the copy into the database file
+/// (with its fsync) happens here, passively, except that a log past [`MAX_LOG_FRAMES`] is copied
+/// whole and truncated, which makes writers wait once.
 #[derive(Debug)]
 struct Checkpointer(tokio::task::AbortHandle);
 
