@@ -1,5 +1,6 @@
 //! Enqueueing, and waking workers: in-process through a `Notify`, across processes through
-//! PostgreSQL `LISTEN/NOTIFY` (delivered when the enqueuing transaction commits).
+//! PostgreSQL `LISTEN/NOTIFY` (the `jobs_notify` trigger of migration 0027 notifies for every
+//! statement that inserts jobs; PostgreSQL delivers it when the enqueuing transaction commits).
 
 use std::sync::Arc;
 
@@ -10,13 +11,13 @@ use super::JobKind;
 use crate::{
     config::JobSettings,
     db::{
-        self, Backend, Db, DbError,
+        self, Db, DbError,
         jobs::{self as store, Enqueued, NewJob},
     },
     telemetry::Telemetry,
 };
 
-/// The PostgreSQL channel workers listen on.
+/// The PostgreSQL channel workers listen on; the payload is the queue's name.
 pub const NOTIFY_CHANNEL: &str = "gatehouse_jobs";
 
 /// Every enqueue goes through here, so workers are always woken (in this process after the
@@ -90,27 +91,14 @@ impl JobQueue {
     /// Enqueues inside the caller's transaction; finish it with [`JobQueue::commit`], which
     /// wakes this process's workers once the job is visible.
     pub async fn enqueue_in(&self, conn: &mut AnyConnection, job: &NewJob) -> Result<Enqueued, DbError> {
-        let enqueued = store::enqueue(conn, &self.defaults(job), db::now_ms()).await?;
-        if !enqueued.deduplicated && self.db.backend == Backend::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(&enqueued.job.queue).execute(&mut *conn).await?;
-        }
-        Ok(enqueued)
+        store::enqueue(conn, &self.defaults(job), db::now_ms()).await
     }
 
     /// [`JobQueue::enqueue_in`] for many jobs at once, with a few statements instead of several
     /// per job. The result is aligned with `jobs`.
     pub async fn enqueue_many_in(&self, conn: &mut AnyConnection, jobs: &[NewJob]) -> Result<Vec<Enqueued>, DbError> {
         let jobs: Vec<NewJob> = jobs.iter().map(|j| self.defaults(j)).collect();
-        let enqueued = store::enqueue_many(conn, &jobs, db::now_ms()).await?;
-        if self.db.backend == Backend::Postgres {
-            let mut queues: Vec<&str> = enqueued.iter().filter(|e| !e.deduplicated).map(|e| e.job.queue.as_str()).collect();
-            queues.sort_unstable();
-            queues.dedup();
-            for queue in queues {
-                sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(queue).execute(&mut *conn).await?;
-            }
-        }
-        Ok(enqueued)
+        store::enqueue_many(conn, &jobs, db::now_ms()).await
     }
 
     /// Enqueues in its own transaction and wakes workers.

@@ -141,6 +141,16 @@ async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
         keyless("e"),
         NewJob { scheduled_at: Some(later), ..keyed("k2", "f") },
         NewJob { pending: true, ..keyless("g") },
+        NewJob {
+            sender_id: Some("sender".into()),
+            message_id: Some("wamid.1".into()),
+            original_text: Some("text with a \0 NUL".into()),
+            tool_name: Some("web_fetch".into()),
+            args: serde_json::json!({ "url": "https://example.com/\u{e9}" }),
+            priority: 5,
+            expires_at: Some(later + 1),
+            ..keyed("k3", "h")
+        },
     ];
     let mut tx = pool.begin_write().await.expect("begin");
     let got = queue.enqueue_many_in(&mut tx, &list).await.expect("enqueue_many");
@@ -148,22 +158,33 @@ async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
 
     assert_eq!(got.len(), list.len());
     let dedup: Vec<bool> = got.iter().map(|e| e.deduplicated).collect();
-    assert_eq!(dedup, vec![false, false, true, true, false, false, false]);
+    assert_eq!(dedup, vec![false, false, true, true, false, false, false, false]);
     assert_eq!(got[2].job.id, held, "an unfinished stored job keeps its key");
     assert_eq!(got[3].job.id, got[1].job.id, "the first entry with a key wins it");
     let chats: Vec<_> = got.iter().map(|e| e.job.chat_id.clone().unwrap_or_default()).collect();
     // A deduplicated entry gets the job that holds its key, with that job's own fields.
-    assert_eq!(chats, vec!["a", "b", "", "b", "e", "f", "g"], "each result belongs to its input");
+    assert_eq!(chats, vec!["a", "b", "", "b", "e", "f", "g", "h"], "each result belongs to its input");
     let states: Vec<_> = got.iter().map(|e| e.job.state).collect();
     assert_eq!(
         states,
-        vec![JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Available, JobState::Scheduled, JobState::Pending]
+        vec![
+            JobState::Available,
+            JobState::Available,
+            JobState::Available,
+            JobState::Available,
+            JobState::Available,
+            JobState::Scheduled,
+            JobState::Pending,
+            JobState::Available
+        ]
     );
 
     let mut conn = pool.pool.acquire().await.expect("conn");
     let (jobs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs").fetch_one(&mut *conn).await.expect("count");
-    assert_eq!(jobs, 6, "held + five new");
+    assert_eq!(jobs, 7, "held + six new");
     for e in got.iter().filter(|e| !e.deduplicated) {
+        // The returned row is the stored one, column for column.
+        assert_eq!(store::get(&mut conn, e.job.id).await.expect("get").as_ref(), Some(&e.job));
         let events = store::events(&mut conn, e.job.id).await.expect("events");
         assert_eq!(events.iter().map(|ev| ev.state).collect::<Vec<_>>(), vec![e.job.state], "job {}", e.job.id);
     }
@@ -516,6 +537,27 @@ async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: Tes
     assert!(metrics.contains("jobs{state=\"available\"} 1"), "{metrics}");
 }
 both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);
+
+/// Every statement that inserts jobs notifies the workers' channel with their queue when it
+/// commits, whoever wrote it (here the store itself, not `JobQueue`); a rolled-back one does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_inserted_jobs_notify_their_queue_on_commit() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = fresh(&db).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.expect("listener");
+    listener.listen(server::jobs::queue::NOTIFY_CHANNEL).await.expect("listen");
+
+    let mut tx = pool.begin_write().await.expect("begin");
+    store::enqueue_many(&mut tx, &[NewJob { queue: "rolled-back".into(), ..job("noop") }], db::now_ms()).await.expect("enqueue");
+    tx.rollback().await.expect("rollback");
+    let mut tx = pool.begin_write().await.expect("begin");
+    let batch: Vec<NewJob> = (0..3).map(|_| NewJob { queue: "committed".into(), ..job("noop") }).collect();
+    store::enqueue_many(&mut tx, &batch, db::now_ms()).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.expect("a notification").expect("recv");
+    assert_eq!(first.payload(), "committed", "the rolled-back insert sent nothing, the committed one its queue");
+}
 
 /// A job enqueued by another process wakes an idle worker at once through LISTEN/NOTIFY, long
 /// before its poll interval.

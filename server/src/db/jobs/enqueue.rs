@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{COLUMNS, DbError, JobRow, JobState, NewJob, find_unfinished_by_dedupe};
+use super::{DbError, JobRow, JobState, NewJob, find_unfinished_by_dedupe};
 use crate::db::value_rows;
 
 /// The outcome of an enqueue.
@@ -57,21 +57,70 @@ fn initial_state(job: &NewJob, now: i64) -> (JobState, i64) {
     (state, scheduled_at)
 }
 
-/// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns the
-/// inserted rows in id order (input order).
-async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
-    let inserted = if crate::db::backend_of(conn) == crate::db::Backend::Postgres { insert_rows_postgres(conn, jobs, now).await? } else { insert_rows_sqlite(conn, jobs, now).await? };
-    if !inserted.is_empty() {
-        crate::db::events::ring();
+/// A job as an enqueue stores it: every column but the id is either a value of `job` or fixed
+/// at insert, so the statements return only ids and the rows are made here (a burst of 500 no
+/// longer sends back and decodes 26 columns a job).
+fn stored_row(job: &NewJob, id: i64, now: i64) -> JobRow {
+    let (state, scheduled_at) = initial_state(job, now);
+    JobRow {
+        id,
+        kind: job.kind.clone(),
+        queue: queue_of(job).to_string(),
+        state,
+        priority: job.priority,
+        dedupe_key: job.dedupe_key.clone(),
+        chat_id: job.chat_id.clone(),
+        sender_id: job.sender_id.clone(),
+        message_id: job.message_id.clone(),
+        original_text: job.original_text.as_deref().map(crate::db::clean_text),
+        tool_name: job.tool_name.clone(),
+        args: job.args.to_string(),
+        attempt: 0,
+        max_attempts: job.max_attempts.max(1),
+        created_at: now,
+        updated_at: now,
+        scheduled_at,
+        started_at: None,
+        completed_at: None,
+        expires_at: job.expires_at,
+        lease_owner: None,
+        lease_expires_at: None,
+        last_error_code: None,
+        last_error_message: None,
+        result_preview: None,
+        correlation_id: job.correlation_id.clone(),
     }
-    Ok(inserted)
 }
 
-async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
-    let sql = format!(
-        "INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING {COLUMNS}",
-        value_rows(jobs.len(), 18)
-    );
+/// Inserts `jobs` and their first events; a job whose dedupe key is taken is skipped. Returns,
+/// aligned with `jobs`, the row of each job inserted.
+async fn insert_rows(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Option<JobRow>>, DbError> {
+    let returned = if crate::db::backend_of(conn) == crate::db::Backend::Postgres { insert_rows_postgres(conn, jobs, now).await? } else { insert_rows_sqlite(conn, jobs, now).await? };
+    if !returned.is_empty() {
+        crate::db::events::ring();
+    }
+    let ids = inserted_ids(jobs, returned);
+    Ok(jobs.iter().zip(ids).map(|(job, id)| id.map(|id| stored_row(job, id, now))).collect())
+}
+
+/// Which of `jobs` an insert wrote, from the (id, dedupe key) pairs it returned: every keyless
+/// job, and a keyed one when it is the first in `jobs` with its key and that key came back (a
+/// later one with the same key conflicted with it). Ids were taken in input order, so the jobs
+/// written, in order, have the returned ids in ascending order.
+fn inserted_ids(jobs: &[NewJob], mut returned: Vec<(i64, Option<String>)>) -> Vec<Option<i64>> {
+    returned.sort_unstable_by_key(|(id, _)| *id);
+    let mut won: std::collections::HashSet<String> = returned.iter().filter_map(|(_, key)| key.clone()).collect();
+    let mut ids = returned.into_iter().map(|(id, _)| id);
+    jobs.iter()
+        .map(|job| match &job.dedupe_key {
+            Some(key) if !won.remove(key) => None,
+            _ => ids.next(),
+        })
+        .collect()
+}
+
+async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
+    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state", value_rows(jobs.len(), 18));
     let mut q = sqlx::query_as(&sql);
     for job in jobs {
         let (state, scheduled_at) = initial_state(job, now);
@@ -84,7 +133,7 @@ async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64)
             .bind(job.chat_id.clone())
             .bind(job.sender_id.clone())
             .bind(job.message_id.clone())
-            .bind(job.original_text.clone())
+            .bind(job.original_text.as_deref().map(crate::db::clean_text))
             .bind(job.tool_name.clone())
             .bind(job.args.to_string())
             .bind(0_i64)
@@ -95,46 +144,74 @@ async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64)
             .bind(job.expires_at)
             .bind(job.correlation_id.clone());
     }
-    let mut inserted: Vec<JobRow> = q.fetch_all(&mut *conn).await?;
-    inserted.sort_by_key(|j| j.id);
+    let inserted: Vec<(i64, Option<String>, String)> = q.fetch_all(&mut *conn).await?;
     if !inserted.is_empty() {
         let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(inserted.len(), 4));
         let mut q = sqlx::query(&sql);
-        for j in &inserted {
-            q = q.bind(j.id).bind(now).bind(j.state.as_str()).bind(0_i64);
+        for (id, _, state) in &inserted {
+            q = q.bind(*id).bind(now).bind(state.as_str()).bind(0_i64);
         }
         q.execute(&mut *conn).await?;
     }
-    Ok(inserted)
+    Ok(inserted.into_iter().map(|(id, key, _)| (id, key)).collect())
+}
+
+/// One job of a PostgreSQL batch, as `json_to_recordset` reads it: a column left out (unset) is
+/// NULL, so unset optional columns are not sent at all.
+#[derive(serde::Serialize)]
+struct PostgresRow<'a> {
+    kind: &'a str,
+    queue: &'a str,
+    state: &'static str,
+    priority: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dedupe_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chat_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sender_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    original_text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_name: Option<&'a str>,
+    args: String,
+    max_attempts: i64,
+    scheduled_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<i64>,
+    correlation_id: &'a str,
 }
 
 /// [`insert_rows`] on PostgreSQL in one round trip with one bind: the batch goes as a JSON array
 /// that `json_to_recordset` unpacks (in input order, so ids follow it), and the jobs' first
-/// events are written by the same statement.
-async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<JobRow>, DbError> {
-    let batch: Vec<serde_json::Value> = jobs
+/// events are written by the same statement (the `jobs_notify` trigger wakes the listeners).
+async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
+    let batch: Vec<PostgresRow> = jobs
         .iter()
         .map(|job| {
             let (state, scheduled_at) = initial_state(job, now);
-            serde_json::json!({
-                "kind": job.kind,
-                "queue": queue_of(job),
-                "state": state.as_str(),
-                "priority": job.priority,
-                "dedupe_key": job.dedupe_key,
-                "chat_id": job.chat_id,
-                "sender_id": job.sender_id,
-                "message_id": job.message_id,
-                "original_text": job.original_text.as_deref().map(crate::db::clean_text),
-                "tool_name": job.tool_name,
-                "args": job.args.to_string(),
-                "max_attempts": job.max_attempts.max(1),
-                "scheduled_at": scheduled_at,
-                "expires_at": job.expires_at,
-                "correlation_id": job.correlation_id,
-            })
+            PostgresRow {
+                kind: &job.kind,
+                queue: queue_of(job),
+                state: state.as_str(),
+                priority: job.priority,
+                dedupe_key: job.dedupe_key.as_deref(),
+                chat_id: job.chat_id.as_deref(),
+                sender_id: job.sender_id.as_deref(),
+                message_id: job.message_id.as_deref(),
+                original_text: job.original_text.as_deref().map(crate::db::clean_text),
+                tool_name: job.tool_name.as_deref(),
+                args: job.args.to_string(),
+                max_attempts: job.max_attempts.max(1),
+                scheduled_at,
+                expires_at: job.expires_at,
+                correlation_id: &job.correlation_id,
+            }
         })
         .collect();
+    let batch = serde_json::to_string(&batch).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
     let sql = format!(
         "WITH ins AS ( \
            INSERT INTO jobs ({INSERT_COLUMNS}) \
@@ -144,34 +221,18 @@ async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i6
              dedupe_key TEXT, chat_id TEXT, sender_id TEXT, message_id TEXT, original_text TEXT, tool_name TEXT, args TEXT, \
              max_attempts BIGINT, scheduled_at BIGINT, expires_at BIGINT, correlation_id TEXT)) WITH ORDINALITY AS x \
            ORDER BY x.ordinality \
-           ON CONFLICT DO NOTHING RETURNING {COLUMNS}), \
+           ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state), \
          events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $2, state, 0 FROM ins) \
-         SELECT {COLUMNS} FROM ins ORDER BY id"
+         SELECT id, dedupe_key FROM ins"
     );
-    Ok(sqlx::query_as(&sql).bind(serde_json::Value::Array(batch).to_string()).bind(now).fetch_all(&mut *conn).await?)
+    Ok(sqlx::query_as(&sql).bind(batch).bind(now).fetch_all(&mut *conn).await?)
 }
 
 async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
     let inserted = insert_rows(conn, jobs, now).await?;
-    // Match rows to inputs: a keyed job by its key (the first input with that key won it);
-    // keyless jobs cannot conflict, and their rows were numbered in input order.
-    let mut by_key: std::collections::HashMap<String, JobRow> = std::collections::HashMap::new();
-    let mut keyless = std::collections::VecDeque::new();
-    for j in inserted {
-        match j.dedupe_key.clone() {
-            Some(key) => {
-                by_key.insert(key, j);
-            }
-            None => keyless.push_back(j),
-        }
-    }
     let mut out = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let won = match &job.dedupe_key {
-            Some(key) => by_key.remove(key),
-            None => keyless.pop_front(),
-        };
-        out.push(match won {
+    for (job, row) in jobs.iter().zip(inserted) {
+        out.push(match row {
             Some(row) => Enqueued { job: row, deduplicated: false },
             // Taken before this chunk or by an earlier input in it.
             None => taken(conn, job, now).await?,
@@ -188,7 +249,7 @@ async fn taken(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result<Enque
         if let Some(existing) = find_unfinished_by_dedupe(conn, key).await? {
             return Ok(Enqueued { job: existing, deduplicated: true });
         }
-        if let Some(row) = insert_rows(conn, std::slice::from_ref(job), now).await?.pop() {
+        if let Some(Some(row)) = insert_rows(conn, std::slice::from_ref(job), now).await?.pop() {
             return Ok(Enqueued { job: row, deduplicated: false });
         }
     }
