@@ -149,14 +149,55 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
-/// The `VALUES` rows of a multi-row insert: `($1, .., $columns), ($columns+1, ..), ...`.
-pub(crate) fn value_rows(rows: usize, columns: usize) -> String {
-    value_rows_from(1, rows, columns)
+/// The `VALUES` rows of a multi-row insert whose placeholders are all given here, bound in order:
+/// `($1, .., $columns), ($columns+1, ..), ...` on PostgreSQL, `(?, .., ?), ...` on SQLite.
+///
+/// SQLite gets anonymous placeholders because sqlx-sqlite asks SQLite the name of every numbered
+/// one (`$n` or `?n`) when it binds, and SQLite finds a name by a linear search of the
+/// statement's names: binding n numbered parameters costs n², which was half of a 256-job
+/// enqueue's CPU time. An anonymous `?` has no name, so there is nothing to search. Never mix
+/// the result with other placeholders in one statement (use [`value_rows_from`] there).
+pub(crate) fn value_rows(backend: Backend, rows: usize, columns: usize) -> String {
+    match backend {
+        Backend::Postgres => value_rows_from(1, rows, columns),
+        Backend::Sqlite => {
+            let row = format!("({})", vec!["?"; columns].join(", "));
+            vec![row; rows].join(", ")
+        }
+    }
 }
 
 /// [`value_rows`] whose first placeholder is `$first` (the ones before it bind other values).
 pub(crate) fn value_rows_from(first: usize, rows: usize, columns: usize) -> String {
     (0..rows).map(|r| format!("({})", placeholders(first + r * columns, columns))).collect::<Vec<_>>().join(", ")
+}
+
+/// `sql` for `backend`: on SQLite its `$1, $2, ...` become anonymous `?` (see [`value_rows`] for
+/// why), provided each number appears once and in order, so that binding by number binds in the
+/// order of the text. Any other statement is returned as it is.
+pub(crate) fn anonymous_on_sqlite(backend: Backend, sql: String) -> String {
+    if backend != Backend::Sqlite {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut next = 1usize;
+    let mut rest = sql.as_str();
+    while let Some(at) = rest.find('$') {
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        if digits == 0 {
+            out.push('$');
+        } else {
+            if rest[at + 1..at + 1 + digits].parse::<usize>().ok() != Some(next) {
+                return sql;
+            }
+            next += 1;
+            out.push('?');
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
@@ -439,4 +480,29 @@ fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
         params.push("mode=rwc".into());
     }
     Ok(format!("sqlite://{path}?{}", params.join("&")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_rows_number_placeholders_on_postgres_and_leave_them_anonymous_on_sqlite() {
+        assert_eq!(value_rows(Backend::Postgres, 2, 3), "($1, $2, $3), ($4, $5, $6)");
+        // Anonymous on SQLite: sqlx-sqlite looks up the name of every numbered one, which costs
+        // SQLite a linear search each (quadratic in a statement's parameters).
+        assert_eq!(value_rows(Backend::Sqlite, 2, 3), "(?, ?, ?), (?, ?, ?)");
+        assert_eq!(value_rows_from(3, 2, 2), "($3, $4), ($5, $6)");
+    }
+
+    #[test]
+    fn numbered_placeholders_in_order_become_anonymous_on_sqlite_only() {
+        let sql = || "SELECT $1, '$.kind', $2 WHERE id IN ($3, $4)".to_string();
+        assert_eq!(anonymous_on_sqlite(Backend::Sqlite, sql()), "SELECT ?, '$.kind', ? WHERE id IN (?, ?)");
+        assert_eq!(anonymous_on_sqlite(Backend::Postgres, sql()), sql());
+        // A number used twice or out of order would bind the wrong values: left as it is.
+        for kept in ["SELECT $1, $1", "SELECT $2, $1", "SELECT $1, $3"] {
+            assert_eq!(anonymous_on_sqlite(Backend::Sqlite, kept.to_string()), kept);
+        }
+    }
 }

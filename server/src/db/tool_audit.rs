@@ -28,7 +28,7 @@ const COLUMNS: &str = "at, tool, version, actor, chat_id, chat_type, decision, r
 /// Inserts rows with multi-row statements (bounded so binds stay within limits).
 pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<(), DbError> {
     for chunk in rows.chunks(200) {
-        let sql = format!("INSERT INTO tool_audit ({COLUMNS}) VALUES {}", value_rows(chunk.len(), 13));
+        let sql = format!("INSERT INTO tool_audit ({COLUMNS}) VALUES {}", value_rows(super::backend_of(conn), chunk.len(), 13));
         let mut q = sqlx::query(&sql);
         for r in chunk {
             q = q

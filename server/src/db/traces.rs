@@ -86,7 +86,7 @@ pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i6
     if steps.is_empty() {
         return Ok(());
     }
-    let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(steps.len(), 7));
+    let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(super::backend_of(conn), steps.len(), 7));
     let mut q = sqlx::query(&sql);
     for (i, s) in steps.iter().enumerate() {
         q = q.bind(trace_id).bind(first_seq + i as i64).bind(&s.step).bind(&s.decision).bind(&s.reason_code).bind(s.duration_us).bind(&s.detail);

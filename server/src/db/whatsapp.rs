@@ -59,7 +59,7 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
         let sql = format!(
             "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
              raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-            super::value_rows(chunk.len(), 13)
+            super::value_rows(super::backend_of(conn), chunk.len(), 13)
         );
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {

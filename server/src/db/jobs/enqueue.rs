@@ -3,7 +3,7 @@
 use sqlx::AnyConnection;
 
 use super::{DbError, JobRow, JobState, NewJob, find_unfinished_by_dedupe};
-use crate::db::value_rows;
+use crate::db::{Backend, value_rows};
 
 /// The outcome of an enqueue.
 #[derive(Debug, Clone)]
@@ -120,7 +120,7 @@ fn inserted_ids(jobs: &[NewJob], mut returned: Vec<(i64, Option<String>)>) -> Ve
 }
 
 async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
-    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state", value_rows(jobs.len(), 18));
+    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state", value_rows(Backend::Sqlite, jobs.len(), 18));
     let mut q = sqlx::query_as(&sql);
     for job in jobs {
         let (state, scheduled_at) = initial_state(job, now);
@@ -146,7 +146,7 @@ async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64)
     }
     let inserted: Vec<(i64, Option<String>, String)> = q.fetch_all(&mut *conn).await?;
     if !inserted.is_empty() {
-        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(inserted.len(), 4));
+        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(Backend::Sqlite, inserted.len(), 4));
         let mut q = sqlx::query(&sql);
         for (id, _, state) in &inserted {
             q = q.bind(*id).bind(now).bind(state.as_str()).bind(0_i64);

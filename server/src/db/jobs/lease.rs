@@ -4,7 +4,7 @@
 use sqlx::AnyConnection;
 
 use super::{COLUMNS, DUE_STATES, DbError, JobRow, JobState, clean, event, events_for, get};
-use crate::db::{Backend, backend_of, placeholders, value_rows_from};
+use crate::db::{Backend, anonymous_on_sqlite, backend_of, placeholders, value_rows, value_rows_from};
 
 const MAX_ERROR_CHARS: usize = 2000;
 const MAX_PREVIEW_CHARS: usize = 4000;
@@ -76,6 +76,7 @@ pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease
             "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
             placeholders(3, chunk.len())
         );
+        let sql = anonymous_on_sqlite(backend_of(conn), sql);
         let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(lease_until).bind(owner);
         for id in chunk {
             q = q.bind(*id);
@@ -105,21 +106,37 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
     for chunk in done.chunks(COMPLETE_CHUNK) {
         // The runs as a table; an UPDATE ... FROM it sets each its own preview, and only where
         // this owner still holds that attempt's lease.
-        let runs = format!("WITH run(run_id, run_attempt, run_preview) AS (VALUES {})", value_rows_from(3, chunk.len(), 3));
-        let update = "UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = run_preview, \
-             lease_owner = NULL, lease_expires_at = NULL FROM run \
-             WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = $2";
         let sql = match backend {
             Backend::Postgres => format!(
-                "{runs}, done AS ({update} RETURNING jobs.id, jobs.attempt), \
+                "WITH run(run_id, run_attempt, run_preview) AS (VALUES {}), \
+                 done AS (UPDATE jobs SET state = 'completed', completed_at = $1, updated_at = $1, result_preview = run_preview, \
+                   lease_owner = NULL, lease_expires_at = NULL FROM run \
+                   WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = $2 \
+                   RETURNING jobs.id, jobs.attempt), \
                  events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $1, 'completed', attempt FROM done) \
-                 SELECT id FROM done"
+                 SELECT id FROM done",
+                value_rows_from(3, chunk.len(), 3)
             ),
-            Backend::Sqlite => format!("{runs} {update} RETURNING id"),
+            // Every placeholder once and in the order of the text (`?`, see `db::value_rows`):
+            // the time and the owner come last, as a one-row table.
+            Backend::Sqlite => format!(
+                "WITH run(run_id, run_attempt, run_preview) AS (VALUES {}), by(by_now, by_owner) AS (VALUES (?, ?)) \
+                 UPDATE jobs SET state = 'completed', completed_at = by_now, updated_at = by_now, result_preview = run_preview, \
+                   lease_owner = NULL, lease_expires_at = NULL FROM run, by \
+                 WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = by_owner \
+                 RETURNING id",
+                value_rows(Backend::Sqlite, chunk.len(), 3)
+            ),
         };
-        let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(now).bind(owner);
+        let mut q = sqlx::query_scalar::<_, i64>(&sql);
+        if backend == Backend::Postgres {
+            q = q.bind(now).bind(owner);
+        }
         for Finished { id, attempt, preview } in chunk {
             q = q.bind(*id).bind(*attempt).bind(preview.as_deref().map(|p| clean(p, MAX_PREVIEW_CHARS)));
+        }
+        if backend == Backend::Sqlite {
+            q = q.bind(now).bind(owner);
         }
         let ids = q.fetch_all(&mut *conn).await?;
         events_unless_written(conn, backend, &ids, now, JobState::Completed).await?;

@@ -156,6 +156,7 @@ async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobSt
         "INSERT INTO job_events (job_id, at, state, attempt, error_code) SELECT id, $1, $2, attempt, $3 FROM jobs WHERE id IN ({})",
         placeholders(4, ids.len())
     );
+    let sql = crate::db::anonymous_on_sqlite(crate::db::backend_of(conn), sql);
     let mut q = sqlx::query(&sql).bind(at).bind(state.as_str()).bind(code);
     for id in ids {
         q = q.bind(*id);
