@@ -7,6 +7,10 @@
 //! parameters. It is conservative: conversation about the conversation (greetings, thanks, memory
 //! questions, rewrites) never plans, and below the configured confidence a message stays in normal
 //! chat. Vague follow-ups ("what about it?") count only when a recent tool context exists.
+//!
+//! With a word-vector table ([`WordVectors`], `[lane.detector] vectors`), candidates are ranked
+//! by meaning too, so a tool that shares no word with the message can be offered; whether the
+//! message plans stays the lexical decision.
 
 mod detection;
 mod doc;
