@@ -69,6 +69,14 @@ pub struct DetectorSettings {
     pub followup_answer_phrases: Vec<String>,
     /// Tool contexts older than this do not make follow-ups.
     pub followup_max_age_secs: u64,
+    /// A table of static wordpiece vectors (made by `scripts/detector-vectors`, which
+    /// `scripts/build` runs): a second, semantic signal for ranking candidates, so that a tool
+    /// sharing no word with the message can be offered. Relative to the working directory. Empty,
+    /// or a file that cannot be loaded (one warning at start), leaves the detector lexical-only.
+    pub vectors: String,
+    /// Weight of the cosine of message and tool vectors in the ranking, next to the lexical score
+    /// in units of twice the rarest word's weight. The plan decision never reads it.
+    pub vector_weight: f32,
 }
 
 /// Weight of each tool field in the score; `when_not_to_use` subtracts.
@@ -146,6 +154,8 @@ impl Default for DetectorSettings {
             followup_phrases: LISTS.followup_phrases.clone(),
             followup_answer_phrases: LISTS.followup_answer_phrases.clone(),
             followup_max_age_secs: 1800,
+            vectors: "data/detector/word-vectors.bin".to_owned(),
+            vector_weight: 0.5,
         }
     }
 }

@@ -12,7 +12,8 @@ pub enum ReasonCode {
     Conversational,
     /// A question about what was said before: normal chat memory answers it.
     MemoryQuestion,
-    /// No tool the caller may use shares anything with the message.
+    /// No tool the caller may use shares anything with the message (with word vectors, the
+    /// candidates are then the tools nearest in meaning, and nothing plans).
     NoCandidate,
     /// Candidates exist but the confidence is below the threshold.
     BelowThreshold,
@@ -61,6 +62,8 @@ pub struct FollowupHint {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Candidate {
     pub name: String,
+    /// The ranking score: the lexical score, or with word vectors the lexical score in units of
+    /// twice the rarest word's weight plus `vector_weight` × the cosine.
     pub score: f32,
 }
 

@@ -7,19 +7,28 @@
 //! parameters. It is conservative: conversation about the conversation (greetings, thanks, memory
 //! questions, rewrites) never plans, and below the configured confidence a message stays in normal
 //! chat. Vague follow-ups ("what about it?") count only when a recent tool context exists.
+//!
+//! With a word-vector table ([`WordVectors`], `[lane.detector] vectors`), candidates are ranked
+//! by meaning too, so a tool that shares no word with the message can be offered; whether the
+//! message plans stays the lexical decision.
 
 mod detection;
 mod doc;
 mod index;
 mod text;
+mod vectors;
 
 pub use detection::{Candidate, Detection, FollowupHint, FollowupKind, ReasonCode};
 pub use doc::{Role, ChatKind, ParamDoc, RecentContext, ToolDoc};
 pub use crate::config::{DetectorSettings, FieldWeights, detector::SHIPPED_DEFAULTS};
 pub use text::Language;
+pub use vectors::{VectorsError, WordVectors};
+
+use std::sync::Arc;
 
 use index::Inverted;
 use text::{Analyzer, Word};
+use vectors::ToolVectors;
 
 /// The tools an actor may be offered, indexed. Build a new one when the catalog changes (reload,
 /// MCP discovery) and swap it in; detection only reads.
@@ -32,12 +41,27 @@ pub struct Index {
     memory: Phrases,
     followup: Phrases,
     followup_answer: Phrases,
+    /// The optional second signal: each tool's word vector.
+    semantic: Option<ToolVectors>,
 }
 
 impl Index {
+    /// Builds the index with the word vectors of `settings.vectors`, loaded once per process
+    /// and shared by every index (see [`WordVectors::shared`]); none when the path is empty or the
+    /// file cannot be loaded.
     pub fn build(docs: Vec<ToolDoc>, settings: DetectorSettings) -> Self {
+        let vectors = WordVectors::shared(&settings.vectors);
+        Self::build_with(docs, settings, vectors)
+    }
+
+    /// [`Index::build`] with the given word vectors (or none: lexical only).
+    pub fn build_with(docs: Vec<ToolDoc>, settings: DetectorSettings, vectors: Option<Arc<WordVectors>>) -> Self {
         let analyzer = Analyzer::new(settings.language, &settings.stopwords);
         let docs: Vec<ToolDoc> = docs.into_iter().filter(|d| d.enabled).collect();
+        let semantic = vectors.map(|vectors| {
+            let texts: Vec<String> = docs.iter().map(|d| format!("{}: {}", text::split_words(&d.name).join(" "), d.description)).collect();
+            ToolVectors::build(vectors, &texts, |piece| analyzer.is_stopword(piece))
+        });
         let inverted = Inverted::build(docs, &analyzer, &settings);
         let chat = Phrases::new(&settings.chat_phrases);
         let memory = Phrases::new(&settings.memory_phrases);
@@ -51,7 +75,13 @@ impl Index {
             memory,
             followup,
             followup_answer,
+            semantic,
         }
+    }
+
+    /// Whether the word vectors take part in the ranking.
+    pub fn has_vectors(&self) -> bool {
+        self.semantic.is_some()
     }
 
     /// How many tools are indexed.
@@ -99,7 +129,7 @@ impl Index {
                 .all(|(i, w)| w.stop || self.chat.covers(&raw, i));
         let cue = self.followup.any_in(&raw);
         let answer_cue = self.followup_answer.any_in(&raw);
-        let lexical = self.lexical(&words, actor, chat);
+        let lexical = self.lexical(message, &words, actor, chat);
 
         let fresh: Vec<usize> = (0..recent.len())
             .filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs)
@@ -157,29 +187,54 @@ impl Index {
             .is_some_and(|d| self.visible(d, actor, chat))
     }
 
-    /// The lexical decision: candidates and confidence from the index alone.
-    fn lexical(&self, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
+    /// The decision from the index: candidates ranked by the lexical score, or with word vectors
+    /// by `score / max_idf / 2 + vector_weight × cosine` over every visible tool (so a tool with
+    /// no word in common can enter). Confidence, plan and reason are those of the lexical evidence
+    /// for the top-ranked tool: the vectors reorder candidates, they never plan on their own.
+    fn lexical(&self, message: &str, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
         let query = self.inverted.query(words, &self.settings);
-        let scored: Vec<index::Scored> = self
-            .inverted
-            .score(&query, words, &self.settings)
-            .into_iter()
-            .filter(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat))
-            .collect();
-        let Some(best) = scored.first() else {
+        let all: Vec<index::Scored> = self.inverted.score(&query, words, &self.settings);
+        let any_hit = all.iter().any(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat));
+        let query_vector = self.semantic.as_ref().and_then(|semantic| Some((semantic, semantic.embed(message)?)));
+        // (ranking score, lexical score) of each candidate tool, best first.
+        let ranked: Vec<(f32, index::Scored)> = match query_vector {
+            Some((semantic, vector)) => {
+                let mut hits = vec![index::Hit::default(); self.inverted.len()];
+                for s in &all {
+                    hits[s.doc as usize] = s.hit;
+                }
+                let unit = 2.0 * self.inverted.max_idf.max(f32::EPSILON);
+                let mut ranked: Vec<(f32, index::Scored)> = (0..self.inverted.len())
+                    .filter(|&d| self.visible(d, actor, chat))
+                    .map(|d| (hits[d].score / unit + self.settings.vector_weight * semantic.cosine(&vector, d), index::Scored { doc: d as u32, hit: hits[d] }))
+                    .collect();
+                // Only the first max_candidates are handed on: select them, then sort those.
+                let order = |a: &(f32, index::Scored), b: &(f32, index::Scored)| b.0.total_cmp(&a.0).then(a.1.doc.cmp(&b.1.doc));
+                let keep = self.settings.max_candidates.max(1);
+                if ranked.len() > keep {
+                    ranked.select_nth_unstable_by(keep - 1, order);
+                    ranked.truncate(keep);
+                }
+                ranked.sort_by(order);
+                ranked
+            }
+            None => all.into_iter().filter(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat)).map(|s| (s.hit.score, s)).collect(),
+        };
+        let Some((best_score, best)) = ranked.first() else {
             return Detection::stay(ReasonCode::NoCandidate);
         };
-        let confidence = self.confidence(best);
+        // The plan decision reads the lexical evidence for the top-ranked tool only.
+        let confidence = if any_hit { self.confidence(best) } else { 0.0 };
         let threshold = self.inverted.entries[best.doc as usize].plan_threshold.unwrap_or(self.settings.plan_threshold);
-        let should_plan = confidence >= threshold;
-        let floor = best.hit.score * self.settings.candidate_ratio;
-        let candidates: Vec<Candidate> = scored
+        let should_plan = any_hit && confidence >= threshold;
+        let floor = if *best_score > 0.0 { best_score * self.settings.candidate_ratio } else { f32::NEG_INFINITY };
+        let candidates: Vec<Candidate> = ranked
             .iter()
             .take(self.settings.max_candidates)
-            .filter(|s| s.hit.score >= floor)
-            .map(|s| Candidate {
+            .filter(|(score, _)| *score >= floor)
+            .map(|(score, s)| Candidate {
                 name: self.inverted.entries[s.doc as usize].name.clone(),
-                score: s.hit.score,
+                score: *score,
             })
             .collect();
         Detection {
@@ -187,8 +242,10 @@ impl Index {
             candidates,
             reason: if should_plan {
                 ReasonCode::CandidatesFound
-            } else {
+            } else if any_hit {
                 ReasonCode::BelowThreshold
+            } else {
+                ReasonCode::NoCandidate
             },
             confidence,
             followup: None,

@@ -85,6 +85,11 @@ impl Analyzer {
             .collect()
     }
 
+    /// Whether `word` (folded) is one of the stop words.
+    pub fn is_stopword(&self, word: &str) -> bool {
+        self.stopwords.contains(word)
+    }
+
     pub fn stem(&self, word: &str) -> String {
         match &self.stemmer {
             Some(stemmer) => stemmer.stem(word).into_owned(),

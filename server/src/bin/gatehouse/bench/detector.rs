@@ -35,6 +35,8 @@ pub struct DetectorBench {
     pub misses: bool,
     /// Detector settings to measure instead of the shipped ones: a TOML file of
     /// `[lane.detector]` keys (at its top level), for tuning before changing gatehouse.toml.
+    /// The shipped ones read the word vectors at `data/detector/word-vectors.bin` (made by
+    /// scripts/build) when they are there; `vectors = ""` measures the lexical detector alone.
     #[arg(long)]
     pub settings: Option<PathBuf>,
 }
@@ -52,9 +54,10 @@ pub fn command(args: &DetectorBench) -> Result<(), BenchError> {
     print!("{report}");
     // The context of the six figures, apart from them so the figures stay one a line.
     eprintln!(
-        "{} tools indexed in {:.1} ms; {} queries ({:.1}% would be planned); {} irrelevant messages",
+        "{} tools indexed in {:.1} ms ({}); {} queries ({:.1}% would be planned); {} irrelevant messages",
         report.tools,
         report.build.as_secs_f64() * 1000.0,
+        if report.vectors { "with word vectors" } else { "lexical only" },
         report.queries,
         report.queries_planned,
         report.irrelevant
@@ -85,6 +88,8 @@ pub enum BenchError {
 #[derive(Debug, Clone)]
 pub struct Report {
     pub tools: usize,
+    /// Whether the word vectors took part in the ranking.
+    pub vectors: bool,
     pub queries: usize,
     pub recall_at_1: f64,
     pub recall_at_5: f64,
@@ -187,8 +192,10 @@ pub fn run(
         ..settings
     };
 
+    // The build time counts the index, not reading the word-vector table (done once per process).
+    let vectors = server::lane::detector::WordVectors::shared(&settings.vectors);
     let started = Instant::now();
-    let index = Index::build(docs, settings);
+    let index = Index::build_with(docs, settings, vectors);
     let build = started.elapsed();
 
     // One untimed pass first, so that the timings do not count first-touch page faults.
@@ -242,6 +249,7 @@ pub fn run(
     };
     Ok(Report {
         tools: index.len(),
+        vectors: index.has_vectors(),
         queries: queries.len(),
         recall_at_1: percent(found[0], queries.len()),
         recall_at_5: percent(found[1], queries.len()),
