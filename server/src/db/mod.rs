@@ -79,6 +79,11 @@ pub(crate) use from_sqlx_as_db;
 #[derive(Debug, Clone)]
 pub struct Db {
     pub pool: AnyPool,
+    /// Where write transactions begin ([`Db::begin_write`]). On a SQLite file, a pool of its own
+    /// with one connection: writers of this process queue for it in order, instead of in SQLite's
+    /// busy handler, which sleeps 1, 2, 5, 10 ms ... between tries for the file's write lock
+    /// while the writer ahead of it holds it. Elsewhere the same pool as `pool`.
+    writer: AnyPool,
     pub backend: Backend,
     /// Kept for PostgreSQL `LISTEN`, which needs its own connection. May hold a password.
     url: secrecy::SecretString,
@@ -285,36 +290,17 @@ impl Db {
         if backend == Backend::Sqlite {
             url = prepare_sqlite_url(&url)?;
         }
-        let busy_ms = settings.busy_timeout.as_millis();
         let background_checkpoints = backend == Backend::Sqlite && !settings.checkpoint_interval.is_zero();
-        let pool = AnyPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
-            // A ping before each use catches a dropped network connection; a SQLite file
-            // cannot drop, and the ping would cost a round trip to its worker thread.
-            .test_before_acquire(backend != Backend::Sqlite)
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        // WAL lets readers run beside the one writer; the busy timeout makes a
-                        // writer wait for the lock instead of failing at once.
-                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
-                        sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
-                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
-                        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
-                        if background_checkpoints {
-                            // The checkpointer task does it instead of the committing connection.
-                            sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .connect(&url)
-            .await
-            .map_err(DbError::Connect)?;
+        let options = |max: u32| pool_options(settings, backend, max, background_checkpoints);
+        let pool = options(settings.max_connections).connect(&url).await.map_err(DbError::Connect)?;
+        // An in-memory database is one per connection: it keeps its single pool.
+        let writer = if backend == Backend::Sqlite && sqlite_file_of(&settings.url).is_some() {
+            options(1).connect(&url).await.map_err(DbError::Connect)?
+        } else {
+            pool.clone()
+        };
         let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), settings.checkpoint_interval)));
-        Ok(Self { pool, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
+        Ok(Self { pool, writer, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
     }
 
     /// Applies pending migrations. A failure names the migration and the reason.
@@ -380,7 +366,7 @@ impl Db {
     /// write lock for good, so that every later writer fails with "database is locked". Now the
     /// finished transaction nobody awaits any more is dropped, which rolls it back.
     pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-        let (pool, backend) = (self.pool.clone(), self.backend);
+        let (pool, backend) = (self.writer.clone(), self.backend);
         tokio::spawn(async move {
             match backend {
                 Backend::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
@@ -404,6 +390,7 @@ impl Db {
     }
 
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
@@ -467,6 +454,35 @@ fn sqlite_file_of(url: &str) -> Option<&str> {
 }
 
 /// Adds `mode=rwc` so a missing file is created, and creates its folder.
+/// How [`Db::connect`] opens a pool of at most `max` connections on `backend`.
+fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, background_checkpoints: bool) -> AnyPoolOptions {
+    let busy_ms = settings.busy_timeout.as_millis();
+    AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(settings.acquire_timeout)
+        // A ping before each use catches a dropped network connection; a SQLite file
+        // cannot drop, and the ping would cost a round trip to its worker thread.
+        .test_before_acquire(backend != Backend::Sqlite)
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                if backend == Backend::Sqlite {
+                    // WAL lets readers run beside the one writer; the busy timeout makes a
+                    // writer of another process (or an autocommit write on the shared pool)
+                    // wait for the lock instead of failing at once.
+                    sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                    sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
+                    sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                    sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                    if background_checkpoints {
+                        // The checkpointer task does it instead of the committing connection.
+                        sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+}
+
 fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
     let (path, query) = sqlite_parts(url);
     if let Some(file) = sqlite_file_of(url)
@@ -493,6 +509,39 @@ mod tests {
         // SQLite a linear search each (quadratic in a statement's parameters).
         assert_eq!(value_rows(Backend::Sqlite, 2, 3), "(?, ?, ?), (?, ?, ?)");
         assert_eq!(value_rows_from(3, 2, 2), "($3, $4), ($5, $6)");
+    }
+
+    /// Eight write transactions of one process, each holding the write lock for 20 ms, with a
+    /// busy timeout of 1 ms: they queue for the writer connection and all commit. On separate
+    /// connections, each `BEGIN IMMEDIATE` would wait in SQLite's busy handler and fail with
+    /// "database is locked" after that millisecond.
+    #[tokio::test]
+    async fn write_transactions_of_one_process_queue_for_a_sqlite_file_instead_of_its_busy_handler() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = DatabaseSettings {
+            url: format!("sqlite://{}", dir.path().join("writers.db").display()),
+            busy_timeout: std::time::Duration::from_millis(1),
+            ..Default::default()
+        };
+        let db = Db::connect(&settings).await.expect("connect");
+        sqlx::query("CREATE TABLE written (n INTEGER NOT NULL)").execute(&db.pool).await.expect("table");
+        let writers: Vec<_> = (0..8_i64)
+            .map(|n| {
+                let db = db.clone();
+                tokio::spawn(async move {
+                    let mut tx = db.begin_write().await?;
+                    sqlx::query("INSERT INTO written (n) VALUES ($1)").bind(n).execute(&mut *tx).await?;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    tx.commit().await
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.expect("writer task").expect("each write transaction commits");
+        }
+        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM written").fetch_one(&db.pool).await.expect("count");
+        assert_eq!(count, 8);
+        db.close().await;
     }
 
     #[test]
