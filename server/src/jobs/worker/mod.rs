@@ -138,17 +138,16 @@ impl Worker {
                 tracing::error!(worker = %self.id, "the outcome recorder stopped; no more claims");
                 break;
             }
-            let free = permits.available_permits();
             let mut full_batch = false;
-            if free > 0 {
+            if permits.available_permits() > 0 {
                 let claimed = tokio::select! {
-                    claimed = self.claim(free) => claimed,
+                    claimed = self.claim(&permits) => claimed,
                     _ = shutdown.changed() => break,
                 };
                 match claimed {
-                    Ok(jobs) => {
+                    Ok((jobs, limit)) => {
                         db_backoff = Duration::from_millis(100);
-                        full_batch = jobs.len() >= free;
+                        full_batch = limit > 0 && jobs.len() >= limit;
                         for job in jobs {
                             // Never drop a claimed job: run it even if the batch overshot.
                             let permit = permits.clone().try_acquire_owned().ok();
@@ -217,10 +216,18 @@ impl Worker {
         tracing::info!(worker = %self.id, "job worker stopped");
     }
 
-    async fn claim(&self, n: usize) -> Result<Vec<JobRow>, DbError> {
-        let now = db::now_ms();
+    /// Claims as many due jobs as this worker has free slots once its write transaction has
+    /// begun, and returns them with that number. On SQLite the transaction waits its turn for
+    /// the one writer connection; slots freed while it waited (runs whose outcomes were recorded
+    /// meanwhile) are filled by this claim too, instead of by one small claim each.
+    async fn claim(&self, permits: &Semaphore) -> Result<(Vec<JobRow>, usize), DbError> {
         let mut tx = self.db.begin_write().await?;
-        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, n as i64, now, now + db::duration_ms(self.settings.lease)).await?;
+        let limit = permits.available_permits();
+        if limit == 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let now = db::now_ms();
+        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, limit as i64, now, now + db::duration_ms(self.settings.lease)).await?;
         tx.commit().await?;
         if !jobs.is_empty() {
             metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
@@ -229,7 +236,7 @@ impl Worker {
                 metrics::histogram!("job_wait_duration_seconds", "kind" => job.kind.clone()).record(waited);
             }
         }
-        Ok(jobs)
+        Ok((jobs, limit))
     }
 
     async fn execute(&self, job: &JobRow) -> Result<JobOutput, JobError> {

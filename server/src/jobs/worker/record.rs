@@ -15,13 +15,27 @@ use crate::{
     jobs::{JobOutput, retry},
 };
 
+/// Outcomes recorded in one transaction at most.
+const MAX_OUTCOMES: usize = 512;
+
 impl Worker {
     /// Records outcomes in batches: whatever has arrived is written in one transaction. A batch
     /// that keeps failing is split, so one unwritable outcome cannot hold up the others.
     pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
         let mut batch = Vec::new();
-        while rx.recv_many(&mut batch, 512).await > 0 {
-            let applied = match self.record_with_retry(&batch, 3).await {
+        while rx.recv_many(&mut batch, MAX_OUTCOMES).await > 0 {
+            let gathered = match self.record_gathering(&mut batch, &mut rx).await {
+                Ok(applied) => Some(applied),
+                Err(e) => {
+                    tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), "recording job outcomes failed; retrying");
+                    None
+                }
+            };
+            let retried = match gathered {
+                Some(applied) => Some(applied),
+                None => self.record_with_retry(&batch, 3).await,
+            };
+            let applied = match retried {
                 Some(applied) => applied,
                 None => {
                     let mut each = Vec::with_capacity(batch.len());
@@ -62,9 +76,28 @@ impl Worker {
         None
     }
 
+    /// Begins the transaction first, then adds every outcome that arrived while it waited for the
+    /// writer (on SQLite, its turn after claims and other recorders): one commit for all of
+    /// them. Taking only what had arrived before it began made a transaction per run or two.
+    async fn record_gathering(&self, batch: &mut Vec<Outcome>, rx: &mut mpsc::UnboundedReceiver<Outcome>) -> Result<Vec<Applied>, DbError> {
+        let tx = self.db.begin_write().await?;
+        while batch.len() < MAX_OUTCOMES {
+            match rx.try_recv() {
+                Ok(outcome) => batch.push(outcome),
+                Err(_) => break,
+            }
+        }
+        self.record_in(tx, batch).await
+    }
+
     pub(super) async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
+        let tx = self.db.begin_write().await?;
+        self.record_in(tx, batch).await
+    }
+
+    /// Writes the outcomes of `batch` in `tx` and commits it.
+    async fn record_in(&self, mut tx: sqlx::Transaction<'static, sqlx::Any>, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let now = db::now_ms();
-        let mut tx = self.db.begin_write().await?;
         let done: Vec<Finished> = batch
             .iter()
             .filter_map(|o| match &o.result {
