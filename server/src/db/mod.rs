@@ -453,7 +453,6 @@ fn sqlite_file_of(url: &str) -> Option<&str> {
     (!path.is_empty() && path != ":memory:").then_some(path)
 }
 
-/// Adds `mode=rwc` so a missing file is created, and creates its folder.
 /// How [`Db::connect`] opens a pool of at most `max` connections on `backend`.
 fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, background_checkpoints: bool) -> AnyPoolOptions {
     let busy_ms = settings.busy_timeout.as_millis();
@@ -483,6 +482,7 @@ fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, backgro
         })
 }
 
+/// Adds `mode=rwc` so a missing file is created, and creates its folder.
 fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
     let (path, query) = sqlite_parts(url);
     if let Some(file) = sqlite_file_of(url)
