@@ -24,18 +24,14 @@ impl Worker {
     pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, MAX_OUTCOMES).await > 0 {
-            let gathered = match self.record_gathering(&mut batch, &mut rx).await {
+            let recorded = match self.record_gathering(&mut batch, &mut rx).await {
                 Ok(applied) => Some(applied),
                 Err(e) => {
                     tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), "recording job outcomes failed; retrying");
-                    None
+                    self.record_with_retry(&batch, 3).await
                 }
             };
-            let retried = match gathered {
-                Some(applied) => Some(applied),
-                None => self.record_with_retry(&batch, 3).await,
-            };
-            let applied = match retried {
+            let applied = match recorded {
                 Some(applied) => applied,
                 None => {
                     let mut each = Vec::with_capacity(batch.len());
