@@ -118,11 +118,10 @@ pub struct DatabaseSettings {
     pub busy_timeout: Duration,
     #[serde(with = "duration_str")]
     pub acquire_timeout: Duration,
-    /// SQLite only: zero (the default) leaves checkpoints to SQLite, run by whichever commit fills
-    /// the write-ahead log. Otherwise a background task copies the log into the database file
-    /// this often (a passive checkpoint) and truncates it past 32 MiB, which makes writers wait
-    /// once: fewer commits pay for a copy, but under sustained writes the truncations stall
-    /// them longer (README, Performance).
+    /// SQLite only: how often a background task copies the write-ahead log into the database
+    /// file (a passive checkpoint), so that no commit waits for that copy; past 16 MiB it lets
+    /// the log start over (`db::Checkpointer`). Zero leaves checkpoints to SQLite, run by
+    /// whichever commit fills the log.
     #[serde(with = "duration_str")]
     pub checkpoint_interval: Duration,
 }
@@ -134,7 +133,7 @@ impl Default for DatabaseSettings {
             max_connections: 8,
             busy_timeout: Duration::from_secs(5),
             acquire_timeout: Duration::from_secs(10),
-            checkpoint_interval: Duration::ZERO,
+            checkpoint_interval: Duration::from_millis(100),
         }
     }
 }

@@ -68,30 +68,57 @@ async fn a_dropped_begin_leaves_no_transaction_open(db: TestDb) {
 both_backends!(db_dropped_begin, a_dropped_begin_leaves_no_transaction_open);
 
 /// SQLite commits only append to the write-ahead log; a background task copies it into the
-/// database file (`[database] checkpoint_interval`), so no commit waits for that copy; a log
-/// that grows past a bound is truncated.
+/// database file (`[database] checkpoint_interval`), so no commit waits for that copy. A log past
+/// its bound (16 MiB) starts over at a later write and its file is trimmed, without waiting for
+/// a reader of an old snapshot: writes go on committing (with a busy timeout of 1 ms) while
+/// one holds the log, and it starts over once that reader is done.
 async fn sqlite_log_is_checkpointed_in_the_background(db: TestDb) {
-    let settings = server::config::DatabaseSettings { url: db.url.clone(), checkpoint_interval: std::time::Duration::from_millis(50), ..Default::default() };
+    let settings = server::config::DatabaseSettings {
+        url: db.url.clone(),
+        checkpoint_interval: std::time::Duration::from_millis(20),
+        busy_timeout: std::time::Duration::from_millis(1),
+        ..Default::default()
+    };
     let pool = server::db::Db::connect(&settings).await.expect("connect");
     if pool.backend == server::db::Backend::Sqlite {
         let (auto,): (i64,) = sqlx::query_as("PRAGMA wal_autocheckpoint").fetch_one(&pool.pool).await.expect("pragma");
         assert_eq!(auto, 0, "commits leave checkpoints to the background task");
-        sqlx::query("CREATE TABLE bulk (b BLOB)").execute(&pool.pool).await.expect("create");
+        let write = |sql: &'static str| {
+            let pool = pool.clone();
+            async move {
+                let mut tx = pool.begin_write().await?;
+                sqlx::query(sql).execute(&mut *tx).await?;
+                tx.commit().await
+            }
+        };
+        write("CREATE TABLE bulk (b BLOB)").await.expect("create");
         // 2 MiB: half of what SQLite's own automatic checkpoint (1,000 pages) would wait for.
-        sqlx::query("INSERT INTO bulk (b) VALUES (zeroblob(2097152))").execute(&pool.pool).await.expect("insert");
+        write("INSERT INTO bulk (b) VALUES (zeroblob(2097152))").await.expect("insert");
         let file = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+        let size = |path: &std::path::Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) < 2 << 20 {
+        while size(&file) < 2 << 20 {
             assert!(std::time::Instant::now() < deadline, "the log was not copied into the database file");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        // A log past 32 MiB is copied whole and truncated, so it cannot grow without end.
-        sqlx::query("INSERT INTO bulk (b) VALUES (zeroblob(41943040))").execute(&pool.pool).await.expect("insert");
+
+        // A reader keeps the snapshot from before 24 MiB more are written.
+        let mut reader = pool.pool.begin().await.expect("reader");
+        sqlx::query("SELECT COUNT(*) FROM bulk").fetch_one(&mut *reader).await.expect("read");
+        write("INSERT INTO bulk (b) VALUES (zeroblob(25165824))").await.expect("insert");
         let log = std::path::PathBuf::from(format!("{}-wal", file.display()));
+        for i in 0..40 {
+            write("INSERT INTO bulk (b) VALUES (zeroblob(100))").await.unwrap_or_else(|e| panic!("write {i} beside the checkpointer: {e}"));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(size(&log) > 24 << 20, "the log cannot start over while a reader uses it");
+        reader.rollback().await.expect("reader done");
+
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) > 1 << 20 {
-            assert!(std::time::Instant::now() < deadline, "the log was not truncated");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        while size(&log) > 20 << 20 {
+            assert!(std::time::Instant::now() < deadline, "the log did not start over: {} bytes", size(&log));
+            write("INSERT INTO bulk (b) VALUES (zeroblob(100))").await.expect("write");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
     pool.close().await;
