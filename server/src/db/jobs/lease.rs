@@ -51,20 +51,17 @@ pub async fn claim(
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
     let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
-    events_unless_written(conn, backend, &claimed.iter().map(|j| j.id).collect::<Vec<_>>(), now, JobState::Running).await?;
+    events_written(&claimed.iter().map(|j| j.id).collect::<Vec<_>>());
     Ok(claimed)
 }
 
-/// After a statement that moved `ids` to `state`: on PostgreSQL that statement wrote their events
-/// itself (a data-modifying CTE) and the events reader is rung; SQLite has no such CTE, so they
-/// are written here.
-async fn events_unless_written(conn: &mut AnyConnection, backend: Backend, ids: &[i64], now: i64, state: JobState) -> Result<(), DbError> {
-    match backend {
-        Backend::Postgres if !ids.is_empty() => crate::db::events::ring(),
-        Backend::Postgres => {}
-        Backend::Sqlite => events_for(conn, ids, now, state, None).await?,
+/// After a claim or a completion moved `ids`: that statement wrote their events itself (on
+/// PostgreSQL a data-modifying CTE, on SQLite the triggers of migration 0029), so the events
+/// reader is only rung.
+fn events_written(ids: &[i64]) {
+    if !ids.is_empty() {
+        crate::db::events::ring();
     }
-    Ok(())
 }
 
 /// Extends the lease of jobs this owner still holds. Returns the ids it still holds; the others
@@ -139,7 +136,7 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
             q = q.bind(now).bind(owner);
         }
         let ids = q.fetch_all(&mut *conn).await?;
-        events_unless_written(conn, backend, &ids, now, JobState::Completed).await?;
+        events_written(&ids);
         completed.extend(ids);
     }
     Ok(completed)
@@ -225,6 +222,10 @@ pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64,
     );
     let row = sqlx::query_as::<_, JobRow>(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
     let Some(job) = row else { return Ok(None) };
-    events_for(conn, &[job.id], now, JobState::Running, None).await?;
+    match backend_of(conn) {
+        Backend::Postgres => events_for(conn, &[job.id], now, JobState::Running, None).await?,
+        // Written by the claim's trigger (migration 0029).
+        Backend::Sqlite => events_written(&[job.id]),
+    }
     Ok(Some(job))
 }
