@@ -71,7 +71,31 @@ impl From<&JobSettings> for WorkerSettings {
 struct Outcome {
     job: JobRow,
     result: Result<JobOutput, JobError>,
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Claimed jobs, each with the slot (concurrency permit) it runs in; `None` only if a claim
+/// overshot, and such a job runs all the same.
+type Claimed = Vec<(JobRow, Option<OwnedSemaphorePermit>)>;
+
+/// What the recorder needs to claim jobs for the slots its outcomes free, in the transaction
+/// that records them (`record::record_in`), and to hand them to the run loop.
+struct Refill {
+    permits: Arc<Semaphore>,
+    claimed: mpsc::UnboundedSender<Claimed>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Takes every free slot of the worker at once (possibly none), so that two claims cannot
+/// count the same free slot.
+fn free_slots(permits: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    let n = u32::try_from(permits.available_permits()).unwrap_or(u32::MAX);
+    permits.clone().try_acquire_many_owned(n).ok()
+}
+
+/// Gives each claimed job one of the permits in `slots`; the ones left over go back.
+fn with_slots(jobs: Vec<JobRow>, mut slots: OwnedSemaphorePermit) -> Claimed {
+    jobs.into_iter().map(|job| (job, slots.split(1))).collect()
 }
 
 /// What the store did with an outcome.
@@ -121,7 +145,11 @@ impl Worker {
         let permits = Arc::new(Semaphore::new(settings.concurrency.max(1)));
         let in_flight: InFlight = Arc::default();
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Outcome>();
-        let recorder = tokio::spawn(self.clone().record_outcomes(done_rx, in_flight.clone()));
+        // The recorder claims for the slots its outcomes free, in the same transaction; this loop
+        // starts what it claimed.
+        let (claimed_tx, mut claimed_rx) = mpsc::unbounded_channel::<Claimed>();
+        let refill = Refill { permits: permits.clone(), claimed: claimed_tx, shutdown: shutdown.clone() };
+        let recorder = tokio::spawn(self.clone().record_outcomes(done_rx, in_flight.clone(), refill));
         let heartbeat = tokio::spawn(self.clone().heartbeat(in_flight.clone()));
         let maintainer = tokio::spawn(self.clone().maintain());
         let listener = tokio::spawn(self.clone().listen());
@@ -134,6 +162,9 @@ impl Worker {
                 break;
             }
             while tasks.try_join_next().is_some() {}
+            while let Ok(jobs) = claimed_rx.try_recv() {
+                self.start_all(jobs, &mut tasks, &in_flight, &done_tx);
+            }
             if recorder.is_finished() {
                 tracing::error!(worker = %self.id, "the outcome recorder stopped; no more claims");
                 break;
@@ -148,20 +179,7 @@ impl Worker {
                     Ok((jobs, limit)) => {
                         db_backoff = Duration::from_millis(100);
                         full_batch = limit > 0 && jobs.len() >= limit;
-                        for job in jobs {
-                            // Never drop a claimed job: run it even if the batch overshot.
-                            let permit = permits.clone().try_acquire_owned().ok();
-                            let (id, attempt) = (job.id, job.attempt);
-                            let me = self.clone();
-                            let done = done_tx.clone();
-                            let handle = tasks.spawn(async move {
-                                let result = me.execute(&job).await;
-                                let _ = done.send(Outcome { job, result, _permit: permit });
-                            });
-                            if let Ok(mut map) = in_flight.lock() {
-                                map.insert(id, (attempt, handle));
-                            }
-                        }
+                        self.start_all(jobs, &mut tasks, &in_flight, &done_tx);
                     }
                     Err(e) => {
                         tracing::warn!(worker = %self.id, error = %e, retry_in_ms = db_backoff.as_millis() as u64, "claiming jobs failed; backing off");
@@ -184,6 +202,7 @@ impl Worker {
                 _ = tokio::time::sleep(settings.poll_interval) => {}
                 // A slot freed up after a full batch: look again at once.
                 Ok(p) = permits_wait.acquire_owned(), if full_batch => drop(p),
+                Some(jobs) = claimed_rx.recv() => self.start_all(jobs, &mut tasks, &in_flight, &done_tx),
                 _ = shutdown.changed() => {}
             }
         }
@@ -216,27 +235,56 @@ impl Worker {
         tracing::info!(worker = %self.id, "job worker stopped");
     }
 
+    /// Starts a run for each claimed job. Never drops one: a job without a slot (a claim that
+    /// overshot) runs all the same.
+    fn start_all(&self, jobs: Claimed, tasks: &mut JoinSet<()>, in_flight: &InFlight, done: &mpsc::UnboundedSender<Outcome>) {
+        for (job, permit) in jobs {
+            let (id, attempt) = (job.id, job.attempt);
+            let me = self.clone();
+            let done = done.clone();
+            let handle = tasks.spawn(async move {
+                let result = me.execute(&job).await;
+                let _ = done.send(Outcome { job, result, permit });
+            });
+            if let Ok(mut map) = in_flight.lock() {
+                map.insert(id, (attempt, handle));
+            }
+        }
+    }
+
     /// Claims as many due jobs as this worker has free slots once its write transaction has
     /// begun, and returns them with that number. On SQLite the transaction waits its turn for
     /// the one writer connection; slots freed while it waited (runs whose outcomes were recorded
     /// meanwhile) are filled by this claim too, instead of by one small claim each.
-    async fn claim(&self, permits: &Semaphore) -> Result<(Vec<JobRow>, usize), DbError> {
+    async fn claim(&self, permits: &Arc<Semaphore>) -> Result<(Claimed, usize), DbError> {
         let mut tx = self.db.begin_write().await?;
-        let limit = permits.available_permits();
-        if limit == 0 {
+        let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
             return Ok((Vec::new(), 0));
-        }
+        };
+        let limit = slots.num_permits();
         let now = db::now_ms();
-        let jobs = store::claim(&mut tx, self.db.backend, &self.settings.queue, &self.id, limit as i64, now, now + db::duration_ms(self.settings.lease)).await?;
+        let jobs = self.claim_in(&mut tx, limit, now).await?;
         tx.commit().await?;
-        if !jobs.is_empty() {
-            metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
-            for job in &jobs {
-                let waited = (now - job.scheduled_at).max(0) as f64 / 1000.0;
-                metrics::histogram!("job_wait_duration_seconds", "kind" => job.kind.clone()).record(waited);
-            }
+        self.count_claimed(&jobs, now);
+        Ok((with_slots(jobs, slots), limit))
+    }
+
+    /// Claims up to `limit` due jobs in the caller's write transaction.
+    async fn claim_in(&self, conn: &mut sqlx::AnyConnection, limit: usize, now: i64) -> Result<Vec<JobRow>, DbError> {
+        let lease_until = now + db::duration_ms(self.settings.lease);
+        store::claim(conn, self.db.backend, &self.settings.queue, &self.id, limit as i64, now, lease_until).await
+    }
+
+    /// Metrics of committed claims.
+    fn count_claimed(&self, jobs: &[JobRow], now: i64) {
+        if jobs.is_empty() {
+            return;
         }
-        Ok((jobs, limit))
+        metrics::counter!("jobs_claimed_total", "queue" => self.settings.queue.clone()).increment(jobs.len() as u64);
+        for job in jobs {
+            let waited = (now - job.scheduled_at).max(0) as f64 / 1000.0;
+            metrics::histogram!("job_wait_duration_seconds", "kind" => job.kind.clone()).record(waited);
+        }
     }
 
     async fn execute(&self, job: &JobRow) -> Result<JobOutput, JobError> {

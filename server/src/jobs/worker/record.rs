@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-use super::{Applied, InFlight, Outcome, Worker};
+use super::{Applied, InFlight, Outcome, Refill, Worker, free_slots, with_slots};
 use crate::{
     db::{
         self, DbError,
@@ -19,12 +19,13 @@ use crate::{
 const MAX_OUTCOMES: usize = 512;
 
 impl Worker {
-    /// Records outcomes in batches: whatever has arrived is written in one transaction. A batch
-    /// that keeps failing is split, so one unwritable outcome cannot hold up the others.
-    pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight) {
+    /// Records outcomes in batches: whatever has arrived is written in one transaction, which
+    /// also claims jobs for the slots those runs free. A batch that keeps failing is split, so
+    /// one unwritable outcome cannot hold up the others.
+    pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight, refill: Refill) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, MAX_OUTCOMES).await > 0 {
-            let recorded = match self.record_gathering(&mut batch, &mut rx).await {
+            let recorded = match self.record_gathering(&mut batch, &mut rx, &refill).await {
                 Ok(applied) => Some(applied),
                 Err(e) => {
                     tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), "recording job outcomes failed; retrying");
@@ -75,24 +76,57 @@ impl Worker {
     /// Begins the transaction first, then adds every outcome that arrived while it waited for the
     /// writer (on SQLite, its turn after claims and other recorders): one commit for all of
     /// them. Taking only what had arrived before it began made a transaction per run or two.
-    async fn record_gathering(&self, batch: &mut Vec<Outcome>, rx: &mut mpsc::UnboundedReceiver<Outcome>) -> Result<Vec<Applied>, DbError> {
-        let tx = self.db.begin_write().await?;
+    ///
+    /// The same transaction claims as many due jobs as the worker will have free slots once it
+    /// commits (those free now and those of the runs it records), and hands them to the run
+    /// loop with those slots: on SQLite's one writer connection a claim of its own cost three
+    /// more round trips and a commit (README, Performance). Not once the worker is stopping.
+    async fn record_gathering(&self, batch: &mut Vec<Outcome>, rx: &mut mpsc::UnboundedReceiver<Outcome>, refill: &Refill) -> Result<Vec<Applied>, DbError> {
+        let mut tx = self.db.begin_write().await?;
         while batch.len() < MAX_OUTCOMES {
             match rx.try_recv() {
                 Ok(outcome) => batch.push(outcome),
                 Err(_) => break,
             }
         }
-        self.record_in(tx, batch).await
+        let applied = self.record_in(&mut tx, batch).await?;
+        let refilling = if *refill.shutdown.borrow() { None } else { free_slots(&refill.permits) };
+        let claim = match refilling {
+            Some(slots) => {
+                let limit = slots.num_permits() + batch.iter().filter(|o| o.permit.is_some()).count();
+                let now = db::now_ms();
+                let jobs = if limit > 0 { self.claim_in(&mut tx, limit, now).await? } else { Vec::new() };
+                Some((jobs, slots, now))
+            }
+            None => None,
+        };
+        tx.commit().await?;
+        self.count_recorded(&applied);
+        if let Some((jobs, mut slots, now)) = claim {
+            self.count_claimed(&jobs, now);
+            for outcome in batch.iter_mut() {
+                if let Some(permit) = outcome.permit.take() {
+                    slots.merge(permit);
+                }
+            }
+            if !jobs.is_empty() {
+                // Only if the run loop has stopped does this fail; their leases are then released.
+                let _ = refill.claimed.send(with_slots(jobs, slots));
+            }
+        }
+        Ok(applied)
     }
 
     pub(super) async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
-        let tx = self.db.begin_write().await?;
-        self.record_in(tx, batch).await
+        let mut tx = self.db.begin_write().await?;
+        let applied = self.record_in(&mut tx, batch).await?;
+        tx.commit().await?;
+        self.count_recorded(&applied);
+        Ok(applied)
     }
 
-    /// Writes the outcomes of `batch` in `tx` and commits it.
-    async fn record_in(&self, mut tx: sqlx::Transaction<'static, sqlx::Any>, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
+    /// Writes the outcomes of `batch` in the caller's transaction.
+    async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let now = db::now_ms();
         let done: Vec<Finished> = batch
             .iter()
@@ -101,18 +135,18 @@ impl Worker {
                 _ => None,
             })
             .collect();
-        let completed = store::complete(&mut tx, &done, &self.id, now).await?;
+        let completed = store::complete(tx, &done, &self.id, now).await?;
         let mut applied = Vec::with_capacity(batch.len());
         for o in batch {
             applied.push(match &o.result {
                 Ok(JobOutput { snooze: Some(after), .. }) => {
-                    if store::snooze(&mut tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
+                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
                 Ok(_) => Applied::Stale,
                 Err(err) => {
                     let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
-                    match store::fail(&mut tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
+                    match store::fail(tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
                         FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
                         FailOutcome::Discarded => Applied::Failed { discarded: true },
                         FailOutcome::NotHeld => Applied::Stale,
@@ -120,12 +154,16 @@ impl Worker {
                 }
             });
         }
-        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Metrics of committed outcomes.
+    fn count_recorded(&self, applied: &[Applied]) {
         let queue = self.settings.queue.clone();
-        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(completed.len() as u64);
+        let completed = applied.iter().filter(|a| matches!(a, Applied::Completed)).count();
+        metrics::counter!("jobs_completed_total", "queue" => queue.clone()).increment(completed as u64);
         let failed = applied.iter().filter(|a| matches!(a, Applied::Failed { .. })).count();
         metrics::counter!("jobs_failed_total", "queue" => queue).increment(failed as u64);
-        Ok(applied)
     }
 
     /// Hooks run only for outcomes the store accepted; a panicking or slow hook is contained.
