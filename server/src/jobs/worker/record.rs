@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::{Applied, InFlight, Outcome, Refill, Worker, free_slots, with_slots};
 use crate::{
     db::{
-        self, DbError,
+        self, Backend, DbError,
         jobs::{self as store, FailOutcome, Finished},
     },
     jobs::{JobOutput, retry},
@@ -80,7 +80,9 @@ impl Worker {
     /// The same transaction claims as many due jobs as the worker will have free slots once it
     /// commits (those free now and those of the runs it records), and hands them to the run
     /// loop with those slots: on SQLite's one writer connection a claim of its own cost three
-    /// more round trips and a commit (README, Performance). Not once the worker is stopping.
+    /// more round trips and a commit (README, Performance). Not once the worker is stopping,
+    /// and not on PostgreSQL, whose claim commits without waiting for its WAL flush: the
+    /// outcomes must not (`db::jobs::claim`), and there claims do not wait for one connection.
     async fn record_gathering(&self, batch: &mut Vec<Outcome>, rx: &mut mpsc::UnboundedReceiver<Outcome>, refill: &Refill) -> Result<Vec<Applied>, DbError> {
         let mut tx = self.db.begin_write().await?;
         while batch.len() < MAX_OUTCOMES {
@@ -90,7 +92,7 @@ impl Worker {
             }
         }
         let applied = self.record_in(&mut tx, batch).await?;
-        let refilling = if *refill.shutdown.borrow() { None } else { free_slots(&refill.permits) };
+        let refilling = if self.db.backend != Backend::Sqlite || *refill.shutdown.borrow() { None } else { free_slots(&refill.permits) };
         let claim = match refilling {
             Some(slots) => {
                 let limit = slots.num_permits() + batch.iter().filter(|o| o.permit.is_some()).count();
