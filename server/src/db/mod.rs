@@ -491,6 +491,10 @@ fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, backgro
                     sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
                     sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
                     sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                    // A statement that may have to undo itself inside a transaction (a claim, a
+                    // multi-row completion) keeps a statement journal, which past 64 KiB went to
+                    // a temporary file created and deleted each time on the writer's thread.
+                    sqlx::query("PRAGMA temp_store = MEMORY").execute(&mut *conn).await?;
                     if background_checkpoints {
                         // The checkpointer task does it instead of the committing connection.
                         sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;

@@ -24,6 +24,8 @@ async fn sqlite_file_is_created_with_pragmas(db: TestDb) {
         assert_eq!(fk, 1);
         let (busy,): (i64,) = sqlx::query_as("PRAGMA busy_timeout").fetch_one(&pool.pool).await.expect("pragma");
         assert_eq!(busy, 5000);
+        let (temp,): (i64,) = sqlx::query_as("PRAGMA temp_store").fetch_one(&pool.pool).await.expect("pragma");
+        assert_eq!(temp, 2, "temporary files (statement journals) are kept in memory");
     }
     pool.close().await;
 }
