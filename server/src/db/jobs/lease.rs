@@ -51,15 +51,15 @@ pub async fn claim(
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
     let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
-    events_written(&claimed.iter().map(|j| j.id).collect::<Vec<_>>());
+    events_written(claimed.len());
     Ok(claimed)
 }
 
-/// After a claim or a completion moved `ids`: that statement wrote their events itself (on
+/// After a claim or a completion moved `jobs` jobs: that statement wrote their events itself (on
 /// PostgreSQL a data-modifying CTE, on SQLite the triggers of migration 0029), so the events
 /// reader is only rung.
-fn events_written(ids: &[i64]) {
-    if !ids.is_empty() {
+fn events_written(jobs: usize) {
+    if jobs > 0 {
         crate::db::events::ring();
     }
 }
@@ -136,7 +136,7 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
             q = q.bind(now).bind(owner);
         }
         let ids = q.fetch_all(&mut *conn).await?;
-        events_written(&ids);
+        events_written(ids.len());
         completed.extend(ids);
     }
     Ok(completed)
@@ -225,7 +225,7 @@ pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64,
     match backend_of(conn) {
         Backend::Postgres => events_for(conn, &[job.id], now, JobState::Running, None).await?,
         // Written by the claim's trigger (migration 0029).
-        Backend::Sqlite => events_written(&[job.id]),
+        Backend::Sqlite => events_written(1),
     }
     Ok(Some(job))
 }

@@ -74,12 +74,12 @@ struct Outcome {
     permit: Option<OwnedSemaphorePermit>,
 }
 
-/// Claimed jobs, each with the slot (concurrency permit) it runs in; `None` only if a claim
-/// overshot, and such a job runs all the same.
+/// Claimed jobs, each with the slot (concurrency permit) it runs in. A claim asks for no more
+/// jobs than it holds slots, so `None` is only a safeguard: such a job runs all the same.
 type Claimed = Vec<(JobRow, Option<OwnedSemaphorePermit>)>;
 
 /// What the recorder needs to claim jobs for the slots its outcomes free, in the transaction
-/// that records them (`record::record_in`), and to hand them to the run loop.
+/// that records them (`Worker::record_gathering`), and to hand them to the run loop.
 struct Refill {
     permits: Arc<Semaphore>,
     claimed: mpsc::UnboundedSender<Claimed>,
