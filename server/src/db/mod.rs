@@ -93,8 +93,9 @@ pub struct Db {
 
 /// The task that checkpoints a SQLite write-ahead log off the commit path (`[database]
 /// checkpoint_interval`, on by default): commits only append to the log, and the copy into the
-/// database file, with its two fsyncs, happens here, passively, on a connection of the read pool,
-/// while writers go on appending.
+/// database file happens here, passively, on a connection of the read pool, while writers go on
+/// appending. SQLite fsyncs the database file only when a checkpoint completes, which under
+/// writes that never pause is the step on the writer connection below (README, Performance).
 ///
 /// A passive checkpoint alone never lets the log start over under writes that never pause: the
 /// log starts again from its beginning only when a write transaction begins on a log that is all
