@@ -588,11 +588,14 @@ async fn postgres_notify_wakes_workers_in_other_processes() {
 async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
-    let long = Arc::new(Probe { sleep: Duration::from_millis(1500), ..Default::default() });
+    // The lease is far shorter than the job: only heartbeats (every third of a lease) keep it.
+    // A heartbeat may come late by up to two thirds of a lease before the rescuer takes the job;
+    // the lease is long enough that a loaded CI machine (every test at once) stays inside that.
+    let lease = Duration::from_millis(1200);
+    let long = Arc::new(Probe { sleep: lease * 5 / 2, ..Default::default() });
     let mut registry = Registry::new();
     registry.register("long", long.clone());
-    // The lease is far shorter than the job: only heartbeats keep it.
-    let settings = WorkerSettings { lease: Duration::from_millis(300), job_timeout: Duration::from_secs(10), maintenance_interval: Duration::from_millis(100), ..fast_settings() };
+    let settings = WorkerSettings { lease, job_timeout: Duration::from_secs(20), maintenance_interval: Duration::from_millis(100), ..fast_settings() };
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
     let kept = queue.enqueue(&job("long")).await.expect("e").job.id;
@@ -606,7 +609,7 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     assert!(store::cancel(&mut conn, cancelled, "owner cancelled", db::now_ms()).await.expect("cancel"));
     assert!(!store::retry_now(&mut conn, cancelled, db::now_ms()).await.expect("retry"), "not while the cancelled run may still be stopping");
     drop(conn);
-    wait_until_finished(&pool, 2, Duration::from_secs(10)).await;
+    wait_until_finished(&pool, 2, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     stop.send(true).expect("stop");
     worker.await.expect("worker");
@@ -616,6 +619,6 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     let c = store::get(&mut conn, cancelled).await.expect("g").expect("job");
     assert_eq!(c.state, JobState::Cancelled, "the stopped run did not complete the cancelled job");
     assert_eq!(long.runs.lock().expect("lock").values().sum::<usize>(), 2, "each ran once");
-    assert!(store::retry_now(&mut conn, cancelled, db::now_ms() + 1000).await.expect("retry"), "once its lease ran out, it can be retried");
+    assert!(store::retry_now(&mut conn, cancelled, db::now_ms() + db::duration_ms(lease)).await.expect("retry"), "once its lease ran out, it can be retried");
 }
 both_backends!(worker_heartbeat_and_cancel, heartbeats_keep_long_jobs_and_cancel_stops_a_run);
