@@ -304,12 +304,14 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
+    let intake = state.webhook.intake.clone();
     let router = web::router(state);
     let server = tokio::spawn(async move { axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).await });
     let host = addr.to_string();
 
     let requests: Arc<Vec<Vec<u8>>> = Arc::new((0..args.requests).map(|n| signed_request(secret.as_bytes(), &host, n)).collect());
     let max = on_load_thread(max_throughput(addr, requests.clone(), args.concurrency)).await?;
+    let grouped = intake.counts();
     // The ceiling: the same signed requests, over the same kind of connections, to a route that
     // checks the signature and answers 200 without parsing or storing anything.
     let ceiling_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -337,6 +339,12 @@ pub async fn run(args: &WebhookBench) -> anyhow::Result<()> {
         "ceiling                {:>7.0} req/s  (the same requests to a route that checks the signature and answers 200, storing nothing); intake is {:.2}x of it",
         ceiling.sent as f64 / ceiling.secs,
         (max.sent as f64 / max.secs) / (ceiling.sent as f64 / ceiling.secs)
+    );
+    println!(
+        "group commit           {} transactions held the max phase's {} posts: {:.1} a transaction",
+        grouped.groups,
+        grouped.batches,
+        grouped.batches as f64 / grouped.groups.max(1) as f64
     );
     steady.print(&format!("steady {} req/s", args.rate));
     println!(
