@@ -509,15 +509,29 @@ fn sqlite_file_of(url: &str) -> Option<&str> {
     (!path.is_empty() && path != ":memory:").then_some(path)
 }
 
+/// A pooled PostgreSQL connection idle longer than this is pinged before it is used again.
+const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How [`Db::connect`] opens a pool of at most `max` connections on `backend`.
 fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, background_checkpoints: bool) -> AnyPoolOptions {
     let busy_ms = settings.busy_timeout.as_millis();
     AnyPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(settings.acquire_timeout)
-        // A ping before each use catches a dropped network connection; a SQLite file
-        // cannot drop, and the ping would cost a round trip to its worker thread.
-        .test_before_acquire(backend != Backend::Sqlite)
+        // sqlx pings a connection as it goes back to the pool; a ping before each use as well
+        // was one more round trip in every PostgreSQL transaction (an idle job's enqueue and its
+        // claim each paid one). Only a connection idle long enough to have been dropped on the
+        // way (a server restart, a proxy's idle timeout) is pinged before use; a failed ping
+        // discards it and the pool takes another. A SQLite file cannot drop.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if backend != Backend::Sqlite && meta.idle_for > PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 if backend == Backend::Sqlite {

@@ -126,3 +126,28 @@ async fn sqlite_log_is_checkpointed_in_the_background(db: TestDb) {
     pool.close().await;
 }
 both_backends!(sqlite_background_checkpoints, sqlite_log_is_checkpointed_in_the_background);
+
+/// A pooled PostgreSQL connection that the server dropped while it sat idle (a restart, a
+/// proxy's idle timeout) is found out before it is handed out: the next use succeeds. Pooled
+/// connections in use moments ago are handed out without a ping (`db::PING_AFTER_IDLE`).
+#[tokio::test]
+async fn postgres_connection_dropped_while_idle_is_not_handed_out() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let settings = server::config::DatabaseSettings { url: db.url.clone(), max_connections: 1, ..Default::default() };
+    let pool = server::db::Db::connect(&settings).await.expect("connect");
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()").fetch_one(&pool.pool).await.expect("pid");
+    // Back in the pool (sqlx pings it on the way) before its backend goes away.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while pool.pool.num_idle() < 1 {
+        assert!(std::time::Instant::now() < deadline, "the connection never went back to the pool");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let other = db.connect().await;
+    let (ended,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)").bind(pid).fetch_one(&other.pool).await.expect("terminate");
+    assert!(ended, "the pooled connection's backend was terminated");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (next,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()").fetch_one(&pool.pool).await.expect("the next use gets a live connection");
+    assert_ne!(next, pid);
+    pool.close().await;
+    other.close().await;
+}
