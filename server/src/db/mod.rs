@@ -95,11 +95,7 @@ pub struct Db {
 /// checkpoint_interval`, on by default): commits only append to the log, and the copy into the
 /// database file happens here, passively, on a connection of the read pool, while writers go on
 /// appending. SQLite fsyncs the database file only when a checkpoint completes, which under
-/// writes that never pause is the step on the writer connection below; left to it, that fsync
-/// flushed everything the passive rounds had copied since the last one (10-12 ms about every
-/// half second, while this process's writers waited). So after each passive round that copied
-/// pages, this task fsyncs the database file itself, on a blocking thread and holding nothing,
-/// and the step on the writer connection flushes only what it copied (README, Performance).
+/// writes that never pause is the step on the writer connection below (README, Performance).
 ///
 /// A passive checkpoint alone never lets the log start over under writes that never pause: the
 /// log starts again from its beginning only when a write transaction begins on a log that is all
@@ -112,6 +108,12 @@ pub struct Db {
 /// snapshot, in which case the next round tries again. Nothing waits for readers: a `TRUNCATE`
 /// checkpoint would, holding the write lock meanwhile (p99 33.75 ms at a steady 1,000 req/s in
 /// the build that did that, README, Performance).
+///
+/// It must not fsync the database file itself, tempting as that is (the finishing step's fsync
+/// flushes everything the passive rounds copied): opening and closing a descriptor of that file
+/// in this process releases every POSIX lock SQLite's connections hold on it, since fcntl locks
+/// belong to the process and the file, not to the descriptor. A build that did it let another
+/// process's writes go unseen (`approvals::approvals_kill_nine::sqlite` failed every time).
 #[derive(Debug)]
 struct Checkpointer(tokio::task::AbortHandle);
 
@@ -123,28 +125,19 @@ const RESET_FRAMES: i64 = 4096;
 const LOG_FILE_LIMIT: i64 = (RESET_FRAMES + 512) * (4096 + 24);
 
 impl Checkpointer {
-    /// `file` is the database file (none for an in-memory database).
-    fn spawn(pool: AnyPool, writer: AnyPool, file: Option<std::path::PathBuf>, every: std::time::Duration) -> Self {
+    fn spawn(pool: AnyPool, writer: AnyPool, every: std::time::Duration) -> Self {
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut copied = 0;
             loop {
                 tick.tick().await;
                 if pool.is_closed() {
                     return;
                 }
-                match Self::round(&pool, &writer, file.as_deref(), copied).await {
-                    Ok(now_copied) => {
-                        if now_copied != copied
-                            && let Some(file) = &file
-                        {
-                            sync_file(file).await;
-                        }
-                        copied = now_copied;
-                    }
-                    Err(e) if !pool.is_closed() => tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again"),
-                    Err(_) => return,
+                if let Err(e) = Self::round(&pool, &writer).await
+                    && !pool.is_closed()
+                {
+                    tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
                 }
             }
         });
@@ -152,37 +145,15 @@ impl Checkpointer {
     }
 
     /// One passive checkpoint, finished on the writer connection when the log is past the bound.
-    /// Returns the frames of the log now in the database file; `copied` is that count from the
-    /// round before.
-    async fn round(pool: &AnyPool, writer: &AnyPool, file: Option<&Path>, copied: i64) -> Result<i64, sqlx::Error> {
+    async fn round(pool: &AnyPool, writer: &AnyPool) -> Result<(), sqlx::Error> {
         const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
-        // (busy, frames in the log, frames of it in the database file)
-        let (_, frames, now_copied) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(pool).await?;
+        // (busy, frames in the log, frames in the database file)
+        let (_, frames, _) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(pool).await?;
         if frames > RESET_FRAMES {
-            // What the passive round copied is flushed first, so the step the writers wait for
-            // flushes only its own pages.
-            if now_copied != copied
-                && let Some(file) = file
-            {
-                sync_file(file).await;
-            }
             let mut conn = writer.acquire().await?;
-            let (_, _, after) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(&mut *conn).await?;
-            return Ok(after);
+            sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(&mut *conn).await?;
         }
-        Ok(now_copied)
-    }
-}
-
-/// fsync of a database file on a blocking thread. A failure is logged and left to SQLite, whose
-/// own checkpoint syncs the file again before the log starts over.
-async fn sync_file(file: &Path) {
-    let file = file.to_path_buf();
-    let synced = tokio::task::spawn_blocking(move || std::fs::File::open(&file)?.sync_data()).await;
-    match synced {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot fsync the SQLite database file after a checkpoint; SQLite will"),
-        Err(e) => tracing::warn!(error = %e, "the fsync of the SQLite database file did not finish"),
+        Ok(())
     }
 }
 
@@ -354,8 +325,7 @@ impl Db {
         } else {
             pool.clone()
         };
-        let file = sqlite_file_of(&settings.url).map(std::path::PathBuf::from);
-        let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), writer.clone(), file, settings.checkpoint_interval)));
+        let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), writer.clone(), settings.checkpoint_interval)));
         Ok(Self { pool, writer, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
     }
 
