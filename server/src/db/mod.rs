@@ -485,23 +485,25 @@ const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How [`Db::connect`] opens a pool of at most `max` connections on `backend`.
 fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, background_checkpoints: bool) -> AnyPoolOptions {
     let busy_ms = settings.busy_timeout.as_millis();
-    AnyPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(settings.acquire_timeout)
-        // sqlx pings a connection as it goes back to the pool; a ping before each use as well
-        // was one more round trip in every PostgreSQL transaction (an idle job's enqueue and its
-        // claim each paid one). Only a connection idle long enough to have been dropped on the
-        // way (a server restart, a proxy's idle timeout) is pinged before use; a failed ping
-        // discards it and the pool takes another. A SQLite file cannot drop.
-        .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
+    // sqlx pings a connection as it goes back to the pool; a ping before each use as well was
+    // one more round trip in every PostgreSQL transaction (an idle job's enqueue and its claim
+    // each paid one). Only a connection idle long enough to have been dropped on the way (a
+    // server restart, a proxy's idle timeout) is pinged before use; a failed ping discards it
+    // and the pool takes another. A SQLite file cannot drop.
+    let options = AnyPoolOptions::new().max_connections(max).acquire_timeout(settings.acquire_timeout).test_before_acquire(false);
+    let options = if backend == Backend::Postgres {
+        options.before_acquire(|conn, meta| {
             Box::pin(async move {
-                if backend != Backend::Sqlite && meta.idle_for > PING_AFTER_IDLE {
+                if meta.idle_for > PING_AFTER_IDLE {
                     sqlx::Connection::ping(conn).await?;
                 }
                 Ok(true)
             })
         })
+    } else {
+        options
+    };
+    options
         .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 if backend == Backend::Sqlite {
