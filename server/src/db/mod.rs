@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod budget;
+mod checkpoint;
 pub mod contexts;
 pub mod conversation;
 pub mod evals;
@@ -34,6 +35,7 @@ use sqlx::{
 };
 
 use crate::config::DatabaseSettings;
+use checkpoint::Checkpointer;
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
@@ -89,78 +91,6 @@ pub struct Db {
     url: secrecy::SecretString,
     /// SQLite's background checkpoints, stopped when the last clone of this `Db` is dropped.
     _checkpointer: Option<Arc<Checkpointer>>,
-}
-
-/// The task that checkpoints a SQLite write-ahead log off the commit path (`[database]
-/// checkpoint_interval`, on by default): commits only append to the log, and the copy into the
-/// database file happens here, passively, on a connection of the read pool, while writers go on
-/// appending. SQLite fsyncs the database file only when a checkpoint completes, which under
-/// writes that never pause is the step on the writer connection below (README, Performance).
-///
-/// A passive checkpoint alone never lets the log start over under writes that never pause: the
-/// log starts again from its beginning only when a write transaction begins on a log that is all
-/// in the database file, and by the time a background checkpoint ends, writers have appended
-/// more. Left so, the log grew to 850 MiB in a 200,000-job run. So once the log holds more than
-/// [`RESET_FRAMES`], the checkpointer finishes on the writer connection ([`Db::begin_write`]):
-/// this process's writers queue behind it, so nothing is appended meanwhile, and it copies only
-/// what was appended since the passive checkpoint just before. The next write transaction then
-/// starts the log over (and trims its file to the bound), unless a reader still reads an old
-/// snapshot, in which case the next round tries again. Nothing waits for readers: a `TRUNCATE`
-/// checkpoint would, holding the write lock meanwhile (p99 33.75 ms at a steady 1,000 req/s in
-/// the build that did that, README, Performance).
-///
-/// It must not fsync the database file itself, tempting as that is (the finishing step's fsync
-/// flushes everything the passive rounds copied): opening and closing a descriptor of that file
-/// in this process releases every POSIX lock SQLite's connections hold on it, since fcntl locks
-/// belong to the process and the file, not to the descriptor. A build that did it let another
-/// process's writes go unseen (`approvals::approvals_kill_nine::sqlite` failed every time).
-#[derive(Debug)]
-struct Checkpointer(tokio::task::AbortHandle);
-
-/// Log frames (pages) past which the checkpointer lets the log start over: 4,096 pages is 16 MiB.
-const RESET_FRAMES: i64 = 4096;
-
-/// The log file's size is trimmed back to this when the log starts over (`journal_size_limit`):
-/// the bound and a little slack, so that a log that only reached it keeps its file.
-const LOG_FILE_LIMIT: i64 = (RESET_FRAMES + 512) * (4096 + 24);
-
-impl Checkpointer {
-    fn spawn(pool: AnyPool, writer: AnyPool, every: std::time::Duration) -> Self {
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                if pool.is_closed() {
-                    return;
-                }
-                if let Err(e) = Self::round(&pool, &writer).await
-                    && !pool.is_closed()
-                {
-                    tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
-                }
-            }
-        });
-        Self(task.abort_handle())
-    }
-
-    /// One passive checkpoint, finished on the writer connection when the log is past the bound.
-    async fn round(pool: &AnyPool, writer: &AnyPool) -> Result<(), sqlx::Error> {
-        const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
-        // (busy, frames in the log, frames in the database file)
-        let (_, frames, _) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(pool).await?;
-        if frames > RESET_FRAMES {
-            let mut conn = writer.acquire().await?;
-            sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(&mut *conn).await?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// One applied migration, for the Dashboard and `/readyz`.
@@ -325,7 +255,7 @@ impl Db {
         } else {
             pool.clone()
         };
-        let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), writer.clone(), settings.checkpoint_interval)));
+        let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), writer.clone(), settings.checkpoint_interval, sqlite_file_of(&settings.url))));
         Ok(Self { pool, writer, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
     }
 
@@ -521,7 +451,7 @@ fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, backgro
                     if background_checkpoints {
                         // The checkpointer task does it instead of the committing connection.
                         sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
-                        sqlx::query(&format!("PRAGMA journal_size_limit = {LOG_FILE_LIMIT}")).execute(&mut *conn).await?;
+                        sqlx::query(&format!("PRAGMA journal_size_limit = {}", checkpoint::LOG_FILE_LIMIT)).execute(&mut *conn).await?;
                     }
                 }
                 Ok(())

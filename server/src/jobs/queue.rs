@@ -102,7 +102,18 @@ impl JobQueue {
     }
 
     /// Enqueues in its own transaction and wakes workers.
+    ///
+    /// On PostgreSQL without a transaction block: the insert is one statement that writes the
+    /// job and its first event (a transaction of its own), and the statements that may follow
+    /// when the dedupe key is taken only read or retry that insert, so `BEGIN` and `COMMIT`
+    /// would only add two round trips before the workers are woken.
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued, DbError> {
+        if self.db.backend == db::Backend::Postgres {
+            let mut conn = self.db.pool.acquire().await?;
+            let enqueued = self.enqueue_in(&mut conn, job).await?;
+            self.notify();
+            return Ok(enqueued);
+        }
         let mut tx = self.db.begin_write().await?;
         let enqueued = self.enqueue_in(&mut tx, job).await?;
         self.commit(tx).await?;

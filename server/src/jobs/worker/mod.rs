@@ -256,7 +256,22 @@ impl Worker {
     /// begun, and returns them with that number. On SQLite the transaction waits its turn for
     /// the one writer connection; slots freed while it waited (runs whose outcomes were recorded
     /// meanwhile) are filled by this claim too, instead of by one small claim each.
+    ///
+    /// On PostgreSQL the claim is one statement (it writes its events and turns off the wait for
+    /// the log flush itself), which is a transaction of its own: it runs on a pooled connection
+    /// without `BEGIN` and `COMMIT`, two round trips fewer between an enqueue and its start.
     async fn claim(&self, permits: &Arc<Semaphore>) -> Result<(Claimed, usize), DbError> {
+        if self.db.backend == Backend::Postgres {
+            let mut conn = self.db.pool.acquire().await?;
+            let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
+                return Ok((Vec::new(), 0));
+            };
+            let limit = slots.num_permits();
+            let now = db::now_ms();
+            let jobs = self.claim_in(&mut conn, limit, now).await?;
+            self.count_claimed(&jobs, now);
+            return Ok((with_slots(jobs, slots), limit));
+        }
         let mut tx = self.db.begin_write().await?;
         let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
             return Ok((Vec::new(), 0));
