@@ -51,24 +51,43 @@ impl Checkpointer {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut database = None;
+            // The frames in the database file at the last sync, and whether the last one failed.
+            let mut synced: Option<i64> = None;
+            let mut failing = false;
             loop {
                 tick.tick().await;
                 if pool.is_closed() {
                     return;
                 }
-                if let Err(e) = Self::round(&pool, &writer).await
-                    && !pool.is_closed()
-                {
-                    tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
-                }
+                let copied = match Self::round(&pool, &writer).await {
+                    Ok(copied) => Some(copied),
+                    Err(e) => {
+                        if !pool.is_closed() {
+                            tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
+                        }
+                        None
+                    }
+                };
                 // Opened at the first round, once SQLite has made the file.
                 if database.is_none() {
                     database = file.as_deref().and_then(DatabaseFile::of);
                 }
-                if let Some(database) = database.clone()
-                    && let Err(e) = tokio::task::spawn_blocking(move || database.sync()).await.unwrap_or(Ok(()))
-                {
-                    tracing::warn!(error = %e, "syncing the SQLite database file failed; its next checkpoint syncs it");
+                // Only when the round copied something since the last sync (an idle database is
+                // not synced every round).
+                let Some(database) = database.clone().filter(|_| copied.is_some_and(|c| c > 0 && Some(c) != synced)) else {
+                    continue;
+                };
+                match tokio::task::spawn_blocking(move || database.sync()).await.unwrap_or(Ok(())) {
+                    Ok(()) => {
+                        synced = copied;
+                        failing = false;
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(error = %e, "syncing the SQLite database file failed; SQLite still syncs it when a checkpoint completes");
+                        }
+                        failing = true;
+                    }
                 }
             }
         });
@@ -76,15 +95,17 @@ impl Checkpointer {
     }
 
     /// One passive checkpoint, finished on the writer connection when the log is past the bound.
-    async fn round(pool: &AnyPool, writer: &AnyPool) -> Result<(), sqlx::Error> {
+    /// Returns how many of the log's frames are in the database file after it.
+    async fn round(pool: &AnyPool, writer: &AnyPool) -> Result<i64, sqlx::Error> {
         const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
         // (busy, frames in the log, frames in the database file)
-        let (_, frames, _) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(pool).await?;
+        let (_, frames, copied) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(pool).await?;
         if frames > RESET_FRAMES {
             let mut conn = writer.acquire().await?;
-            sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(&mut *conn).await?;
+            let (_, _, copied) = sqlx::query_as::<_, (i64, i64, i64)>(PASSIVE).fetch_one(&mut *conn).await?;
+            return Ok(copied);
         }
-        Ok(())
+        Ok(copied)
     }
 }
 

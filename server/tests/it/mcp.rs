@@ -624,3 +624,38 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     assert_eq!(store::tools(&mut conn, Some("other")).await.expect("rows")[0].state, ToolState::Pending);
 }
 both_backends!(mcp_quarantine_rules, quarantine_rules_in_the_cache);
+
+/// Two processes discovering one server at once, as when both start: the second's transaction
+/// waits for the first's and finds its tools known, instead of inserting them again and failing
+/// on the primary key (which left that process without the server's tools).
+async fn concurrent_discoveries_store_a_server_once(test_db: TestDb) {
+    use server::db::mcp as store;
+    let first = test_db.connect().await;
+    first.migrate().await.expect("migrate");
+    let second = test_db.connect().await;
+    let mut conn = first.pool.acquire().await.expect("conn");
+    store::ensure_server(&mut conn, "srv").await.expect("server");
+    drop(conn);
+    let tools = [found("a", "v1"), found("b", "v1")];
+
+    let mut tx = first.begin_write().await.expect("begin");
+    let changes = store::apply_discovery(&mut tx, "srv", true, &tools).await.expect("first discovery");
+    assert_eq!(changes.added, ["a", "b"]);
+    let again = tools.clone();
+    let later = tokio::spawn(async move {
+        let mut tx = second.begin_write().await?;
+        let changes = store::apply_discovery(&mut tx, "srv", true, &again).await?;
+        tx.commit().await?;
+        Ok::<_, server::db::DbError>(changes)
+    });
+    // Long enough for the second to read the tools it would find missing.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tx.commit().await.expect("commit");
+    let changes = later.await.expect("task").expect("the second discovery is stored too");
+    assert_eq!(changes, store::Changes::default(), "the second finds the first's tools");
+    let mut conn = first.pool.acquire().await.expect("conn");
+    let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(store::ToolRow::usable), "a trusted server's first discovery is approved: {rows:?}");
+}
+both_backends!(mcp_concurrent_discoveries, concurrent_discoveries_store_a_server_once);
