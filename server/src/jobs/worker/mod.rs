@@ -261,27 +261,32 @@ impl Worker {
     /// the log flush itself), which is a transaction of its own: it runs on a pooled connection
     /// without `BEGIN` and `COMMIT`, two round trips fewer between an enqueue and its start.
     async fn claim(&self, permits: &Arc<Semaphore>) -> Result<(Claimed, usize), DbError> {
-        if self.db.backend == Backend::Postgres {
+        let claimed = if self.db.backend == Backend::Postgres {
             let mut conn = self.db.pool.acquire().await?;
-            let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
-                return Ok((Vec::new(), 0));
-            };
-            let limit = slots.num_permits();
-            let now = db::now_ms();
-            let jobs = self.claim_in(&mut conn, limit, now).await?;
-            self.count_claimed(&jobs, now);
-            return Ok((with_slots(jobs, slots), limit));
-        }
-        let mut tx = self.db.begin_write().await?;
-        let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
+            self.claim_free_slots(&mut conn, permits).await?
+        } else {
+            let mut tx = self.db.begin_write().await?;
+            let claimed = self.claim_free_slots(&mut tx, permits).await?;
+            tx.commit().await?;
+            claimed
+        };
+        let Some((jobs, slots, now)) = claimed else {
             return Ok((Vec::new(), 0));
         };
         let limit = slots.num_permits();
-        let now = db::now_ms();
-        let jobs = self.claim_in(&mut tx, limit, now).await?;
-        tx.commit().await?;
         self.count_claimed(&jobs, now);
         Ok((with_slots(jobs, slots), limit))
+    }
+
+    /// Takes every free slot and claims as many jobs on `conn`: the jobs, the slots and the
+    /// claim's time, or `None` when no slot is free.
+    async fn claim_free_slots(&self, conn: &mut sqlx::AnyConnection, permits: &Arc<Semaphore>) -> Result<Option<(Vec<JobRow>, OwnedSemaphorePermit, i64)>, DbError> {
+        let Some(slots) = free_slots(permits).filter(|s| s.num_permits() > 0) else {
+            return Ok(None);
+        };
+        let now = db::now_ms();
+        let jobs = self.claim_in(conn, slots.num_permits(), now).await?;
+        Ok(Some((jobs, slots, now)))
     }
 
     /// Claims up to `limit` due jobs in the caller's write transaction.
