@@ -129,7 +129,7 @@ impl Index {
                 .all(|(i, w)| w.stop || self.chat.covers(&raw, i));
         let cue = self.followup.any_in(&raw);
         let answer_cue = self.followup_answer.any_in(&raw);
-        let lexical = self.lexical(message, &words, actor, chat);
+        let indexed = self.from_index(message, &words, actor, chat);
 
         let fresh: Vec<usize> = (0..recent.len())
             .filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs)
@@ -141,19 +141,19 @@ impl Index {
                 .filter(|&i| names_entity(&raw, &recent[i]))
                 .collect();
             if answer_cue || (cue && !conversational) || !named.is_empty() {
-                return self.followup(recent, &fresh, &named, answer_cue, lexical, actor, chat);
+                return self.followup(recent, &fresh, &named, answer_cue, indexed, actor, chat);
             }
         }
         if conversational {
             return Detection::stay(ReasonCode::Conversational);
         }
-        if !lexical.should_plan && cue && fresh.is_empty() {
+        if !indexed.should_plan && cue && fresh.is_empty() {
             return Detection {
                 reason: ReasonCode::FollowupWithoutContext,
-                ..lexical
+                ..indexed
             };
         }
-        lexical
+        indexed
     }
 
     /// The tools that best match `query` for `actor` in a `chat`, best first, at most `limit`,
@@ -191,7 +191,7 @@ impl Index {
     /// by `score / max_idf / 2 + vector_weight × cosine` over every visible tool (so a tool with
     /// no word in common can enter). Confidence, plan and reason are those of the lexical evidence
     /// for the top-ranked tool: the vectors reorder candidates, they never plan on their own.
-    fn lexical(&self, message: &str, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
+    fn from_index(&self, message: &str, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
         let query = self.inverted.query(words, &self.settings);
         let all: Vec<index::Scored> = self.inverted.score(&query, words, &self.settings);
         let any_hit = all.iter().any(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat));
@@ -280,7 +280,7 @@ impl Index {
         fresh: &[usize],
         named: &[usize],
         answer_cue: bool,
-        lexical: Detection,
+        indexed: Detection,
         actor: Role,
         chat: ChatKind,
     ) -> Detection {
@@ -298,7 +298,7 @@ impl Index {
             None => FollowupKind::Clarify,
             Some(_) if answer_cue => FollowupKind::AnswerFromContext,
             Some(i)
-                if lexical
+                if indexed
                     .candidates
                     .first()
                     .is_some_and(|c| c.name != recent[i].tool) =>
@@ -320,7 +320,7 @@ impl Index {
                 });
             }
         }
-        for c in lexical.candidates {
+        for c in indexed.candidates {
             if !candidates.iter().any(|x| x.name == c.name) {
                 candidates.push(c);
             }
@@ -330,7 +330,7 @@ impl Index {
             should_plan: true,
             candidates,
             reason: ReasonCode::FollowupContext,
-            confidence: lexical.confidence.max(self.settings.plan_threshold),
+            confidence: indexed.confidence.max(self.settings.plan_threshold),
             followup: Some(FollowupHint {
                 possible: true,
                 context_index: context,
