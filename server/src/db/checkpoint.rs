@@ -77,7 +77,9 @@ impl Checkpointer {
                 let Some(database) = database.clone().filter(|_| copied.is_some_and(|c| c > 0 && Some(c) != synced)) else {
                     continue;
                 };
-                match tokio::task::spawn_blocking(move || database.sync()).await.unwrap_or(Ok(())) {
+                // A sync task that panicked or was cancelled counts as a failed sync, not a done one.
+                let outcome = tokio::task::spawn_blocking(move || database.sync()).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                match outcome {
                     Ok(()) => {
                         synced = copied;
                         failing = false;

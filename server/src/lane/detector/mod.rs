@@ -129,7 +129,7 @@ impl Index {
                 .all(|(i, w)| w.stop || self.chat.covers(&raw, i));
         let cue = self.followup.any_in(&raw);
         let answer_cue = self.followup_answer.any_in(&raw);
-        let indexed = self.from_index(message, &words, actor, chat);
+        let indexed = self.index_decision(message, &words, actor, chat);
 
         let fresh: Vec<usize> = (0..recent.len())
             .filter(|&i| recent[i].age_secs <= self.settings.followup_max_age_secs)
@@ -191,7 +191,7 @@ impl Index {
     /// by `score / max_idf / 2 + vector_weight × cosine` over every visible tool (so a tool with
     /// no word in common can enter). Confidence, plan and reason are those of the lexical evidence
     /// for the top-ranked tool: the vectors reorder candidates, they never plan on their own.
-    fn from_index(&self, message: &str, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
+    fn index_decision(&self, message: &str, words: &[Word], actor: Role, chat: ChatKind) -> Detection {
         let query = self.inverted.query(words, &self.settings);
         let all: Vec<index::Scored> = self.inverted.score(&query, words, &self.settings);
         let any_hit = all.iter().any(|s| s.hit.score > 0.0 && self.visible(s.doc as usize, actor, chat));
