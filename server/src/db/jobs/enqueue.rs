@@ -119,8 +119,10 @@ fn inserted_ids(jobs: &[NewJob], mut returned: Vec<(i64, Option<String>)>) -> Ve
         .collect()
 }
 
+/// [`insert_rows`] on SQLite: one statement; the jobs' first events are written by the
+/// `job_events_on_enqueue` trigger (migration 0030) in the same statement.
 async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
-    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state", value_rows(Backend::Sqlite, jobs.len(), 18));
+    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key", value_rows(Backend::Sqlite, jobs.len(), 18));
     let mut q = sqlx::query_as(&sql);
     for job in jobs {
         let (state, scheduled_at) = initial_state(job, now);
@@ -144,16 +146,7 @@ async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64)
             .bind(job.expires_at)
             .bind(job.correlation_id.clone());
     }
-    let inserted: Vec<(i64, Option<String>, String)> = q.fetch_all(&mut *conn).await?;
-    if !inserted.is_empty() {
-        let sql = format!("INSERT INTO job_events (job_id, at, state, attempt) VALUES {}", value_rows(Backend::Sqlite, inserted.len(), 4));
-        let mut q = sqlx::query(&sql);
-        for (id, _, state) in &inserted {
-            q = q.bind(*id).bind(now).bind(state.as_str()).bind(0_i64);
-        }
-        q.execute(&mut *conn).await?;
-    }
-    Ok(inserted.into_iter().map(|(id, key, _)| (id, key)).collect())
+    Ok(q.fetch_all(&mut *conn).await?)
 }
 
 /// One job of a PostgreSQL batch, as `json_to_recordset` reads it: a column left out (unset) is
