@@ -1,0 +1,166 @@
+//! The SQL both backends share: placeholders and multi-row `VALUES`, flag and state columns,
+//! text as the backends store it, and timestamps in the stored unit.
+
+use super::Backend;
+
+/// The backend a connection talks to, for SQL that differs between them.
+pub(crate) fn backend_of(conn: &sqlx::AnyConnection) -> Backend {
+    if conn.backend_name() == "PostgreSQL" { Backend::Postgres } else { Backend::Sqlite }
+}
+
+/// `$first, $first+1, ...` for `n` values.
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The `VALUES` rows of a multi-row insert whose placeholders are all given here, bound in order:
+/// `($1, .., $columns), ($columns+1, ..), ...` on PostgreSQL, `(?, .., ?), ...` on SQLite.
+///
+/// SQLite gets anonymous placeholders because sqlx-sqlite asks SQLite the name of every numbered
+/// one (`$n` or `?n`) when it binds, and SQLite finds a name by a linear search of the
+/// statement's names: binding n numbered parameters costs n², which was half of a 256-job
+/// enqueue's CPU time. An anonymous `?` has no name, so there is nothing to search. Never mix
+/// the result with other placeholders in one statement (use [`value_rows_from`] there).
+pub(crate) fn value_rows(backend: Backend, rows: usize, columns: usize) -> String {
+    match backend {
+        Backend::Postgres => value_rows_from(1, rows, columns),
+        Backend::Sqlite => {
+            let row = format!("({})", vec!["?"; columns].join(", "));
+            vec![row; rows].join(", ")
+        }
+    }
+}
+
+/// [`value_rows`] whose first placeholder is `$first` (the ones before it bind other values).
+pub(crate) fn value_rows_from(first: usize, rows: usize, columns: usize) -> String {
+    (0..rows).map(|r| format!("({})", placeholders(first + r * columns, columns))).collect::<Vec<_>>().join(", ")
+}
+
+/// `sql` for `backend`: on SQLite its `$1, $2, ...` become anonymous `?` (see [`value_rows`] for
+/// why), provided each number appears once and in order, so that binding by number binds in the
+/// order of the text. Any other statement is returned as it is.
+pub(crate) fn anonymous_on_sqlite(backend: Backend, sql: String) -> String {
+    if backend != Backend::Sqlite {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut next = 1usize;
+    let mut rest = sql.as_str();
+    while let Some(at) = rest.find('$') {
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        if digits == 0 {
+            out.push('$');
+        } else {
+            if rest[at + 1..at + 1 + digits].parse::<usize>().ok() != Some(next) {
+                return sql;
+            }
+            next += 1;
+            out.push('?');
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A flag column, stored as INTEGER 0/1 on both backends: sqlx's `Any` driver decodes `bool`
+/// only from a native boolean. Read one with `#[sqlx(try_from = "IntBool")]`, a nullable one
+/// with `#[sqlx(try_from = "IntBool<Option<i64>>")]`.
+pub(crate) struct IntBool<T = i64>(T);
+
+impl<T: sqlx::Type<sqlx::Any>> sqlx::Type<sqlx::Any> for IntBool<T> {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        T::type_info()
+    }
+
+    fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+        T::compatible(ty)
+    }
+}
+
+impl<'r, T: sqlx::Decode<'r, sqlx::Any>> sqlx::Decode<'r, sqlx::Any> for IntBool<T> {
+    fn decode(value: sqlx::any::AnyValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        T::decode(value).map(Self)
+    }
+}
+
+impl From<IntBool> for bool {
+    fn from(v: IntBool) -> Self {
+        v.0 != 0
+    }
+}
+
+impl From<IntBool<Option<i64>>> for Option<bool> {
+    fn from(v: IntBool<Option<i64>>) -> Self {
+        v.0.map(|v| v != 0)
+    }
+}
+
+/// Reads a stored state name back into its enum (for `#[sqlx(try_from = "String")]`);
+/// the error names `what` and the text found.
+pub(crate) fn parse_stored<T: std::str::FromStr>(text: String, what: &str) -> Result<T, String> {
+    text.parse().map_err(|_| format!("unknown {what} {text:?}"))
+}
+
+/// A state stored by name (an enum deriving strum's `IntoStaticStr` and `EnumString`): `as_str`
+/// gives the name to bind, and `TryFrom<String>` reads it back for a row's
+/// `#[sqlx(try_from = "String")]` field, an unknown name being an error that names `what`.
+macro_rules! stored_name {
+    ($state:ty, $what:literal) => {
+        impl $state {
+            pub fn as_str(self) -> &'static str {
+                self.into()
+            }
+        }
+
+        impl TryFrom<String> for $state {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                $crate::db::parse_stored(s, $what)
+            }
+        }
+    };
+}
+pub(crate) use stored_name;
+
+/// Text as every backend stores it: PostgreSQL refuses NUL in TEXT, so it is removed
+/// (a tool name, a model reply or an error message with one is stored without it, not lost).
+pub fn clean_text(text: &str) -> String {
+    if text.contains('\0') { text.replace('\0', "") } else { text.to_string() }
+}
+
+pub fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A duration in the unit of stored timestamps (milliseconds), saturating.
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_rows_number_placeholders_on_postgres_and_leave_them_anonymous_on_sqlite() {
+        assert_eq!(value_rows(Backend::Postgres, 2, 3), "($1, $2, $3), ($4, $5, $6)");
+        // Anonymous on SQLite: sqlx-sqlite looks up the name of every numbered one, which costs
+        // SQLite a linear search each (quadratic in a statement's parameters).
+        assert_eq!(value_rows(Backend::Sqlite, 2, 3), "(?, ?, ?), (?, ?, ?)");
+        assert_eq!(value_rows_from(3, 2, 2), "($3, $4), ($5, $6)");
+    }
+
+    #[test]
+    fn numbered_placeholders_in_order_become_anonymous_on_sqlite_only() {
+        let sql = || "SELECT $1, '$.kind', $2 WHERE id IN ($3, $4)".to_string();
+        assert_eq!(anonymous_on_sqlite(Backend::Sqlite, sql()), "SELECT ?, '$.kind', ? WHERE id IN (?, ?)");
+        assert_eq!(anonymous_on_sqlite(Backend::Postgres, sql()), sql());
+        // A number used twice or out of order would bind the wrong values: left as it is.
+        for kept in ["SELECT $1, $1", "SELECT $2, $1", "SELECT $1, $3"] {
+            assert_eq!(anonymous_on_sqlite(Backend::Sqlite, kept.to_string()), kept);
+        }
+    }
+}
