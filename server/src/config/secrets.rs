@@ -21,7 +21,10 @@ pub const ALL: [&str; 6] =
 /// Built once at start and handed to every part that needs a secret by name (tool secret
 /// fields, connector headers, MCP server environments), so no code reads the environment itself.
 #[derive(Clone)]
-pub struct SecretSource(Arc<dyn Fn(&str) -> Option<String> + Send + Sync>);
+pub struct SecretSource(Arc<Lookup>);
+
+/// Reads a secret's value by its name.
+type Lookup = dyn Fn(&str) -> Option<String> + Send + Sync;
 
 impl SecretSource {
     /// The process environment.

@@ -236,8 +236,11 @@ pub struct JobEvent {
     pub message: Option<String>,
 }
 
+/// A `job_events` row: at, state, attempt, error code, message.
+type EventRow = (i64, String, i64, Option<String>, Option<String>);
+
 pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEvent>, DbError> {
-    let found: Vec<(i64, String, i64, Option<String>, Option<String>)> =
+    let found: Vec<EventRow> =
         sqlx::query_as("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")
             .bind(job_id)
             .fetch_all(&mut *conn)
