@@ -187,7 +187,10 @@ async fn enqueue_many_matches_one_at_a_time(db: TestDb) {
         assert_eq!(store::get(&mut conn, e.job.id).await.expect("get").as_ref(), Some(&e.job));
         let events = store::events(&mut conn, e.job.id).await.expect("events");
         assert_eq!(events.iter().map(|ev| ev.state).collect::<Vec<_>>(), vec![e.job.state], "job {}", e.job.id);
+        assert_eq!((events[0].at, events[0].attempt), (e.job.created_at, 0), "job {}", e.job.id);
     }
+    // A deduplicated entry writes no event for the job that holds its key.
+    assert_eq!(store::events(&mut conn, held).await.expect("events").len(), 1, "only the held job's own first event");
     // Past one statement's worth of rows.
     drop(conn);
     let many: Vec<NewJob> = (0..600).map(|i| keyed(&format!("bulk-{}", i % 550), "bulk")).collect();
