@@ -190,6 +190,7 @@ pub use crate::config::SecretSource;
 
 /// Results above a tool's `max_result_bytes` are stored whole; above this they are also cut.
 pub const HARD_RESULT_LIMIT: usize = 5_000_000;
+
 pub struct Checkpoint {
     db: Db,
     catalog: RwLock<Arc<Catalog>>,
