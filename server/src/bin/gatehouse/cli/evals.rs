@@ -283,7 +283,8 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
                 } else {
                     ""
                 };
-                println!("{:<28} {:<24} {:<34} {}{flag}", t.case, t.expect, format!("{} {}", mark(t.before_pass), t.before), format!("{} {}", mark(t.after_pass), t.after));
+                let before = format!("{} {}", mark(t.before_pass), t.before);
+                println!("{:<28} {:<24} {before:<34} {} {}{flag}", t.case, t.expect, mark(t.after_pass), t.after);
             }
         }
         RepairCommand::Approve { id, confirm_regressions } => {

@@ -84,7 +84,7 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
                 let requested = gatehouse.approvals.request(&call, &who, None, None).await;
                 mcp.shutdown().await;
                 gatehouse.db.close().await;
-                let r = requested.map_err(|e| Failure::runtime(e))?;
+                let r = requested.map_err(Failure::runtime)?;
                 println!("{}", serde_json::json!({ "approval": { "id": r.id, "state": "pending", "reused": r.reused, "expires_at": r.expires_at } }));
                 eprintln!("{} needs an owner's approval: run `gatehouse approvals approve {}` (or use the console's Approvals page)", c.name, r.id);
                 return Ok(());
