@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures_util::FutureExt;
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch},
@@ -117,7 +118,7 @@ impl Worker {
         let maintainer = tokio::spawn(self.clone().maintain());
         let listener = tokio::spawn(self.clone().listen());
         let mut tasks = JoinSet::new();
-        let mut db_backoff = Duration::from_millis(100);
+        let mut db_backoff = claim_delays();
         tracing::info!(worker = %self.id, queue = %settings.queue, concurrency = settings.concurrency, "job worker started");
 
         loop {
@@ -140,17 +141,17 @@ impl Worker {
                 };
                 match claimed {
                     Ok((jobs, limit)) => {
-                        db_backoff = Duration::from_millis(100);
+                        db_backoff = claim_delays();
                         full_batch = limit > 0 && jobs.len() >= limit;
                         self.start_all(jobs, &mut tasks, &in_flight, &done_tx);
                     }
                     Err(e) => {
-                        tracing::warn!(worker = %self.id, error = %e, retry_in_ms = db_backoff.as_millis() as u64, "claiming jobs failed; backing off");
+                        let wait = db_backoff.next().unwrap_or(CLAIM_BACKOFF_MAX);
+                        tracing::warn!(worker = %self.id, error = %e, retry_in_ms = wait.as_millis() as u64, "claiming jobs failed; backing off");
                         tokio::select! {
-                            _ = tokio::time::sleep(db_backoff) => {}
+                            _ = tokio::time::sleep(wait) => {}
                             _ = shutdown.changed() => {}
                         }
-                        db_backoff = (db_backoff * 2).min(Duration::from_secs(5));
                         continue;
                     }
                 }
@@ -374,6 +375,26 @@ impl Worker {
     }
 }
 
+/// The longest wait between claims that fail (the database is down or locked).
+const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The waits between claims that fail: doubling from 100 ms to [`CLAIM_BACKOFF_MAX`], reset by
+/// a claim that succeeds.
+fn claim_delays() -> ExponentialBackoff {
+    ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_delay(CLAIM_BACKOFF_MAX).without_max_times().build()
+}
+
 fn hostname() -> String {
     std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gatehouse".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn failed_claims_wait_longer_each_time_up_to_five_seconds() {
+        let waits: Vec<u128> = super::claim_delays().take(8).map(|d: Duration| d.as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
 }

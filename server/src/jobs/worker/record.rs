@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
@@ -59,18 +60,16 @@ impl Worker {
     }
 
     pub(super) async fn record_with_retry(&self, batch: &[Outcome], tries: u32) -> Option<Vec<Applied>> {
-        let mut delay = Duration::from_millis(50);
-        for attempt in 1..=tries {
-            match self.record(batch).await {
-                Ok(applied) => return Some(applied),
-                Err(e) => {
-                    tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), attempt, "recording job outcomes failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-        None
+        let delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(5))
+            .with_max_times(usize::try_from(tries.saturating_sub(1)).unwrap_or(usize::MAX));
+        (|| self.record(batch))
+            .retry(delays)
+            .notify(|e, wait| tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), retry_in_ms = wait.as_millis() as u64, "recording job outcomes failed; retrying"))
+            .await
+            .inspect_err(|e| tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), tries, "recording job outcomes failed on every try"))
+            .ok()
     }
 
     /// Begins the transaction first, then adds every outcome that arrived while it waited for the

@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::sync::{mpsc, oneshot};
 
 use super::oauth::{self, OAuthHttp, TokenError};
@@ -136,11 +137,17 @@ async fn wait_for_login(
     }
 }
 
+/// The waits between a server's connection attempts: doubling from [`FIRST_BACKOFF`] to
+/// [`MAX_BACKOFF`], without end.
+fn reconnect_delays() -> ExponentialBackoff {
+    ExponentialBuilder::default().with_min_delay(FIRST_BACKOFF).with_max_delay(MAX_BACKOFF).without_max_times().build()
+}
+
 pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Server>, mut refresh: mpsc::UnboundedReceiver<RefreshRequest>) {
     let cfg = &server.config;
     let mut shutdown = inner.shutdown.subscribe();
     let mut enabled = server.enabled.subscribe();
-    let mut backoff = FIRST_BACKOFF;
+    let mut delays = reconnect_delays();
     let mut waiters: Waiters = Vec::new();
     loop {
         if *shutdown.borrow() {
@@ -215,7 +222,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 server.live.send_modify(|l| l.peer = None);
                 record_health(&inner, &server, health::DOWN, Some(ended), false).await;
                 if since.elapsed() >= STABLE {
-                    backoff = FIRST_BACKOFF;
+                    delays = reconnect_delays();
                 }
             }
             Err(e) => {
@@ -236,7 +243,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
         }
         // Wait before the next try; an owner's refresh tries again at once.
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(delays.next().unwrap_or(MAX_BACKOFF)) => {}
             _ = shutdown.changed() => break,
             _ = enabled.changed() => {}
             Some(req) = refresh.recv() => {
@@ -245,7 +252,6 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 }
             }
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
     answer(&mut waiters, &Err(format!("{} stopped", cfg.id)));
     server.live.send_modify(|l| {
@@ -334,5 +340,14 @@ async fn serve(
         if let RefreshRequest::Refresh(w) = req {
             let _ = w.send(result);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reconnects_wait_longer_each_time_up_to_a_minute() {
+        let waits: Vec<u128> = super::reconnect_delays().take(10).map(|d| d.as_millis()).collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000]);
     }
 }
