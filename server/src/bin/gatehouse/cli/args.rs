@@ -100,6 +100,14 @@ pub struct LaneDetect {
     /// The message.
     #[arg(long)]
     pub text: String,
+    #[command(flatten)]
+    pub situation: Situation,
+}
+
+/// Who sends a message, in which kind of chat, after which tool results: what a detection
+/// depends on besides the text, for `lane detect` and for an eval case.
+#[derive(Debug, Args)]
+pub struct Situation {
     #[arg(long = "as", value_enum, default_value = "customer")]
     pub actor: ActorArg,
     #[arg(long, value_enum, default_value = "direct")]

@@ -15,7 +15,7 @@ use server::{
     tools::ToolFiles,
 };
 
-use super::{ActorArg, ChatTypeArg, Failure, tools::read_contexts, with_cached_tools};
+use super::{Failure, Situation, tools::read_contexts, with_cached_tools};
 
 #[derive(Debug, Subcommand)]
 pub enum EvalCommand {
@@ -55,13 +55,8 @@ pub struct EvalAdd {
     /// planner's recorded answers.
     #[arg(long, value_name = "ID", conflicts_with = "message")]
     pub from_trace: Option<i64>,
-    #[arg(long = "as", value_enum, default_value = "customer")]
-    pub actor: ActorArg,
-    #[arg(long, value_enum, default_value = "direct")]
-    pub chat_type: ChatTypeArg,
-    /// A JSON array of recent tool contexts, as `gatehouse lane detect --context` takes it.
-    #[arg(long, value_name = "FILE")]
-    pub context: Option<PathBuf>,
+    #[command(flatten)]
+    pub situation: Situation,
     /// normal_chat, guard, clarify or tool:NAME[,NAME].
     #[arg(long)]
     pub expect: String,
@@ -140,8 +135,8 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
             let case = match (add.from_trace, &add.message) {
                 (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }).await.map_err(usage)?,
                 (None, Some(message)) => {
-                    let contexts = read_contexts(add.context.as_deref())?;
-                    let (actor, chat_type) = (add.actor.role(), add.chat_type.kind());
+                    let contexts = read_contexts(add.situation.context.as_deref())?;
+                    let (actor, chat_type) = (add.situation.actor.role(), add.situation.chat_type.kind());
                     let name = case::manual_name(message, actor, chat_type, &expect);
                     Case {
                         name,
