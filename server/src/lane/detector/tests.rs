@@ -147,6 +147,9 @@ const NEVER_PLAN: &[(&str, ReasonCode)] = &[
     ("Hello there", ReasonCode::Conversational),
     ("Good morning :)", ReasonCode::Conversational),
     ("hey, thank you so much!", ReasonCode::Conversational),
+    ("What's my name?", ReasonCode::MemoryQuestion),
+    ("Do you know my name?", ReasonCode::MemoryQuestion),
+    ("What did you tell me yesterday?", ReasonCode::MemoryQuestion),
 ];
 
 #[test]
@@ -162,6 +165,29 @@ fn conversation_and_memory_never_plan_with_the_shipped_catalog() {
             detection.candidates.is_empty(),
             "{message:?} has candidates"
         );
+    }
+}
+
+#[test]
+fn a_request_after_a_name_or_a_reminder_still_reaches_the_tool() {
+    // Customers often introduce themselves, or point back at what they said, before they ask:
+    // neither asks what was said before, so the request plans as it would alone.
+    let mut docs = shipped(true);
+    docs.push(lookup_order());
+    let index = build(docs);
+    let request = "Can you look up the status of order number 4821 in the shop?";
+    let messages = [
+        request.to_string(),
+        format!("Hi, my name is Ana Lima. {request}"),
+        format!("Hello! My name's Ana. {request}"),
+        format!("As I told you yesterday: {request}"),
+        format!("You said to write again. {request}"),
+    ];
+    for message in messages {
+        let detection = index.detect(&message, Role::Customer, ChatKind::Direct, &[]);
+        assert!(detection.should_plan, "{message:?}: {detection:?}");
+        assert_eq!(detection.reason, ReasonCode::CandidatesFound, "{message:?}");
+        assert_eq!(names(&detection).first(), Some(&"lookup_order"), "{message:?}");
     }
 }
 
