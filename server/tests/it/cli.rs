@@ -159,6 +159,21 @@ fn tool_catalog_problems_are_reported_with_the_rest() {
 }
 
 #[test]
+fn check_config_notes_enabled_tools_the_detector_has_no_phrases_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")).expect("shipped tools");
+    let quiet = "\n[[tool]]\nname = \"page_reader\"\ntitle = \"Read a page\"\ndescription = \"Reads a public web page.\"\nprovider = \"builtin\"\nhandler = \"web_fetch\"\n\
+                 operation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = { type = \"object\", required = [\"url\"], properties = { url = { type = \"string\" } } }\n";
+    std::fs::write(dir.path().join("tools.toml"), format!("{shipped}{quiet}")).expect("write tools");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("note: page_reader has no triggers or aliases"), "{}", out.stdout);
+    // The shipped tools all have phrases.
+    assert_eq!(out.stdout.matches("note: ").count(), 1, "{}", out.stdout);
+}
+
+#[test]
 fn tools_list_and_call_go_through_the_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");

@@ -286,6 +286,13 @@ impl Catalog {
         self.tools.values()
     }
 
+    /// The enabled tools with neither triggers nor aliases. The candidate detector plans one of
+    /// these only when a message shares many words with its name and description, so most short
+    /// requests for it ("where is my order 4821?") stay in normal chat.
+    pub fn without_phrases(&self) -> impl Iterator<Item = &str> {
+        self.tools.values().filter(|t| t.spec.enabled && t.spec.triggers.is_empty() && t.spec.aliases.is_empty()).map(|t| t.spec.name.as_str())
+    }
+
     pub fn len(&self) -> usize {
         self.tools.len()
     }
