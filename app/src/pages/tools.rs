@@ -199,6 +199,7 @@ pub fn ToolDetailPage() -> impl IntoView {
                 </tbody></table>
                 {(!d.when_to_use.is_empty()).then(|| view! { <p><strong>"When to use: "</strong>{d.when_to_use.clone()}</p> })}
                 {(!d.when_not_to_use.is_empty()).then(|| view! { <p><strong>"When not to use: "</strong>{d.when_not_to_use.clone()}</p> })}
+                {phrases(&d.triggers, &d.aliases)}
                 <h2>"Input schema"</h2>
                 <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
                 {d.output_schema.clone().map(|s| view! { <h2>"Output schema"</h2><pre class="json">{s}</pre> })}
@@ -238,4 +239,27 @@ pub fn ToolDetailPage() -> impl IntoView {
             }
         })}
     }
+}
+
+/// The phrases the lane's detector finds a tool by; without any, the reason most short requests
+/// for it stay in normal chat (`gatehouse check-config` notes the same).
+fn phrases(triggers: &[String], aliases: &[String]) -> AnyView {
+    if triggers.is_empty() && aliases.is_empty() {
+        return view! {
+            <p class="empty" data-testid="tool-phrases">
+                <strong>"No triggers or aliases. "</strong>
+                "The lane plans this tool only for a message that shares many words with its description, so most short requests for it stay in normal chat. "
+                "Add the phrases people use for it ("<code>"triggers"</code>", "<code>"aliases"</code>" in tools.toml) and reload the catalog."
+            </p>
+        }
+        .into_any();
+    }
+    let list = |items: &[String]| if items.is_empty() { "\u{2014}".to_string() } else { items.iter().map(|p| format!("\u{201c}{p}\u{201d}")).collect::<Vec<_>>().join(", ") };
+    view! {
+        <table class="kv" data-testid="tool-phrases"><tbody>
+            <tr><th>"Triggers"</th><td>{list(triggers)}</td></tr>
+            <tr><th>"Aliases"</th><td>{list(aliases)}</td></tr>
+        </tbody></table>
+    }
+    .into_any()
 }
