@@ -148,6 +148,7 @@ const NEVER_PLAN: &[(&str, ReasonCode)] = &[
     ("Good morning :)", ReasonCode::Conversational),
     ("hey, thank you so much!", ReasonCode::Conversational),
     ("What's my name?", ReasonCode::MemoryQuestion),
+    ("whats my name", ReasonCode::MemoryQuestion),
     ("Do you know my name?", ReasonCode::MemoryQuestion),
     ("What did you tell me yesterday?", ReasonCode::MemoryQuestion),
 ];
@@ -285,9 +286,21 @@ fn connector_requests_become_candidates() {
         triggers: vec!["where is my order".into()],
         ..lookup_order()
     });
-    let detection = detect(&build(docs), "Where is my order 4821?");
+    let index = build(docs);
+    let detection = detect(&index, "Where is my order 4821?");
     assert!(detection.should_plan, "{detection:?}");
     assert_eq!(names(&detection).first(), Some(&"lookup_order"));
+    // People write it short, with a straight or a typographic apostrophe; a trigger may be
+    // written short too.
+    for message in ["Where's my order 4821?", "where\u{2019}s my order #4821"] {
+        let detection = detect(&index, message);
+        assert!(detection.should_plan, "{message:?}: {detection:?}");
+        assert_eq!(names(&detection).first(), Some(&"lookup_order"));
+    }
+    let mut docs = shipped(true);
+    docs.push(ToolDoc { triggers: vec!["where's my order".into()], ..lookup_order() });
+    let detection = detect(&build(docs), "Where is my order 4821?");
+    assert!(detection.should_plan, "{detection:?}");
 }
 
 #[test]

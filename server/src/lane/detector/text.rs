@@ -105,7 +105,8 @@ pub fn is_content(word: &Word) -> bool {
 
 /// Splits text into lower-cased, accent-free words. Identifiers are split too: `get_user_id`,
 /// `getUserID`, `HTTPServer2` and `math.factorial` give `get user id`, `get user id`,
-/// `http server 2` and `math factorial`. An apostrophe joins a word ("what's" is one word).
+/// `http server 2` and `math factorial`. An apostrophe inside a word is read as
+/// [`apostrophe`] says: "where's" is `where is`, "don't" `do not`, "l'heure" `l heure`.
 pub fn split_words(text: &str) -> Vec<String> {
     tokens(text).into_iter().map(|t| t.text).collect()
 }
@@ -138,7 +139,12 @@ pub fn tokens(text: &str) -> Vec<Token> {
             current.clear();
         }
     };
+    // Letters of a contraction's ending already read (see `apostrophe`).
+    let mut skip_until = 0;
     for (i, &c) in folded.iter().enumerate() {
+        if i < skip_until {
+            continue;
+        }
         let prev = i.checked_sub(1).map(|j| folded[j]);
         let next = folded.get(i + 1).copied();
         if matches!(
@@ -148,7 +154,28 @@ pub fn tokens(text: &str) -> Vec<Token> {
             let inside_word =
                 prev.is_some_and(char::is_alphanumeric) && next.is_some_and(char::is_alphanumeric);
             if inside_word {
-                // "what's" -> "whats"
+                let end = folded[i + 1..].iter().position(|c| !c.is_alphanumeric()).map_or(folded.len(), |p| i + 1 + p);
+                let ending: String = folded[i + 1..end].iter().collect::<String>().to_lowercase();
+                match apostrophe(&current.to_lowercase(), &ending) {
+                    Apostrophe::Join => {}
+                    Apostrophe::Split => {
+                        flush(&mut current, quoted || capitalised, &mut out);
+                        piece_start = true;
+                    }
+                    Apostrophe::Expand(base, words) => {
+                        match base {
+                            Base::Keep => {}
+                            Base::DropN => {
+                                current.pop();
+                            }
+                            Base::Word(word) => current = word.to_string(),
+                        }
+                        flush(&mut current, quoted || capitalised, &mut out);
+                        out.extend(words.iter().map(|w| Token { text: (*w).to_string(), value: false }));
+                        piece_start = true;
+                        skip_until = end;
+                    }
+                }
                 continue;
             }
             flush(&mut current, quoted || capitalised, &mut out);
@@ -197,6 +224,55 @@ pub fn tokens(text: &str) -> Vec<Token> {
     out
 }
 
+/// What an apostrophe between two letters means, from the piece before it and the letters after.
+#[derive(Debug, PartialEq)]
+enum Apostrophe {
+    /// One word, the apostrophe dropped ("rock'n'roll" is `rocknroll`).
+    Join,
+    /// Two words: an elision ("l'heure", "dell'acqua", "qu'il").
+    Split,
+    /// A contraction: what becomes of the word before it, then the words its ending stands for
+    /// (none for a possessive "'s").
+    Expand(Base, &'static [&'static str]),
+}
+
+/// The word before a contraction's apostrophe.
+#[derive(Debug, PartialEq)]
+enum Base {
+    Keep,
+    /// Without its last letter: the "n" of "n't" ("don't" is `do not`).
+    DropN,
+    Word(&'static str),
+}
+
+/// English contractions, so that "where's my order" meets a trigger "where is my order" and
+/// "don't" the stop words `do not`; and the elisions of French and Italian, whose article is a
+/// word of its own. Anything else joins, as a name with an apostrophe does.
+fn apostrophe(before: &str, ending: &str) -> Apostrophe {
+    const ELIDED: [&str; 17] = ["l", "d", "j", "m", "n", "s", "t", "c", "qu", "jusqu", "lorsqu", "puisqu", "dell", "all", "nell", "sull", "dall"];
+    /// Words after which "'s" is "is" rather than a possessive.
+    const IS_AFTER: [&str; 13] = ["it", "that", "what", "where", "who", "how", "when", "why", "there", "here", "he", "she", "this"];
+    match ending {
+        "s" if before == "let" => Apostrophe::Expand(Base::Keep, &["us"]),
+        "s" if IS_AFTER.contains(&before) => Apostrophe::Expand(Base::Keep, &["is"]),
+        "s" => Apostrophe::Expand(Base::Keep, &[]),
+        "re" => Apostrophe::Expand(Base::Keep, &["are"]),
+        "m" => Apostrophe::Expand(Base::Keep, &["am"]),
+        "ll" => Apostrophe::Expand(Base::Keep, &["will"]),
+        "ve" => Apostrophe::Expand(Base::Keep, &["have"]),
+        "d" => Apostrophe::Expand(Base::Keep, &["would"]),
+        "t" if before.ends_with('n') => match before {
+            "can" | "ca" => Apostrophe::Expand(Base::Word("can"), &["not"]),
+            "won" => Apostrophe::Expand(Base::Word("will"), &["not"]),
+            "shan" => Apostrophe::Expand(Base::Word("shall"), &["not"]),
+            "ain" => Apostrophe::Expand(Base::Word("is"), &["not"]),
+            _ => Apostrophe::Expand(Base::DropN, &["not"]),
+        },
+        _ if ELIDED.contains(&before) => Apostrophe::Split,
+        _ => Apostrophe::Join,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,7 +284,17 @@ mod tests {
         assert_eq!(split_words("HTTPServer2"), ["http", "server", "2"]);
         assert_eq!(split_words("math.factorial"), ["math", "factorial"]);
         assert_eq!(split_words("sha256sum"), ["sha", "256", "sum"]);
-        assert_eq!(split_words("What's the Café?"), ["whats", "the", "cafe"]);
+        assert_eq!(split_words("What's the Café?"), ["what", "is", "the", "cafe"]);
+    }
+
+    #[test]
+    fn contractions_expand_and_elisions_split() {
+        assert_eq!(split_words("Where's my order? I'd like it"), ["where", "is", "my", "order", "i", "would", "like", "it"]);
+        assert_eq!(split_words("I don't, we can't, they won't, you're, I'm, we'll, I've"), ["i", "do", "not", "we", "can", "not", "they", "will", "not", "you", "are", "i", "am", "we", "will", "i", "have"]);
+        assert_eq!(split_words("Let's see Ana's order, DON'T"), ["let", "us", "see", "ana", "order", "do", "not"]);
+        assert_eq!(split_words("l'heure d'ouverture, dell'acqua, O'Brien"), ["l", "heure", "d", "ouverture", "dell", "acqua", "o", "brien"]);
+        // Typographic apostrophes too; a quote around a word is no apostrophe.
+        assert_eq!(split_words("where\u{2019}s 'my order'"), ["where", "is", "my", "order"]);
     }
 
     #[test]
