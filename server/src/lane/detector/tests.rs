@@ -239,6 +239,12 @@ fn a_link_plans_the_configured_fetch_tool() {
     );
     assert!(detection.should_plan, "{detection:?}");
     assert_eq!(names(&detection).first(), Some(&"web_fetch"));
+    // A link is itself the request: with a word or two around it, or alone.
+    for message in ["summarise https://example.com/menu please", "what's on the menu at https://example.com/menu", "https://example.com/menu"] {
+        let detection = detect(&index, message);
+        assert!(detection.should_plan, "{message:?}: {detection:?}");
+        assert_eq!(names(&detection).first(), Some(&"web_fetch"), "{message:?}");
+    }
 }
 
 #[test]
