@@ -118,7 +118,8 @@ impl Worker {
         let maintainer = tokio::spawn(self.clone().maintain());
         let listener = tokio::spawn(self.clone().listen());
         let mut tasks = JoinSet::new();
-        let mut db_backoff = claim_delays();
+        // The waits after failed claims; none while claims succeed.
+        let mut db_backoff: Option<ExponentialBackoff> = None;
         tracing::info!(worker = %self.id, queue = %settings.queue, concurrency = settings.concurrency, "job worker started");
 
         loop {
@@ -141,12 +142,12 @@ impl Worker {
                 };
                 match claimed {
                     Ok((jobs, limit)) => {
-                        db_backoff = claim_delays();
+                        db_backoff = None;
                         full_batch = limit > 0 && jobs.len() >= limit;
                         self.start_all(jobs, &mut tasks, &in_flight, &done_tx);
                     }
                     Err(e) => {
-                        let wait = db_backoff.next().unwrap_or(CLAIM_BACKOFF_MAX);
+                        let wait = db_backoff.get_or_insert_with(claim_delays).next().unwrap_or(CLAIM_BACKOFF_MAX);
                         tracing::warn!(worker = %self.id, error = %e, retry_in_ms = wait.as_millis() as u64, "claiming jobs failed; backing off");
                         tokio::select! {
                             _ = tokio::time::sleep(wait) => {}
@@ -378,8 +379,8 @@ impl Worker {
 /// The longest wait between claims that fail (the database is down or locked).
 const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// The waits between claims that fail: doubling from 100 ms to [`CLAIM_BACKOFF_MAX`], reset by
-/// a claim that succeeds.
+/// The waits between claims that fail: doubling from 100 ms to [`CLAIM_BACKOFF_MAX`]; a claim
+/// that succeeds starts them over.
 fn claim_delays() -> ExponentialBackoff {
     ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_delay(CLAIM_BACKOFF_MAX).without_max_times().build()
 }

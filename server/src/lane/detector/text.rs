@@ -105,8 +105,8 @@ pub fn is_content(word: &Word) -> bool {
 
 /// Splits text into lower-cased, accent-free words. Identifiers are split too: `get_user_id`,
 /// `getUserID`, `HTTPServer2` and `math.factorial` give `get user id`, `get user id`,
-/// `http server 2` and `math factorial`. An apostrophe inside a word is read as
-/// [`apostrophe`] says: "where's" is `where is`, "don't" `do not`, "l'heure" `l heure`.
+/// `http server 2` and `math factorial`. An apostrophe inside a word is read, not dropped:
+/// "where's" is `where is`, "don't" `do not`, "l'heure" `l heure`.
 pub fn split_words(text: &str) -> Vec<String> {
     tokens(text).into_iter().map(|t| t.text).collect()
 }
