@@ -87,6 +87,19 @@ test("owners edit their WhatsApp numbers", async ({ page }) => {
   await expect(page.getByText("Saved.")).toBeVisible();
   await page.reload();
   await expect(page.getByTestId("phones")).toHaveValue(`${owner.phone}\n+447700900123`);
+
+  // With no owner number, the simulator says where to add one, and links there.
+  await page.getByTestId("phones").fill("");
+  await page.getByRole("button", { name: "Save numbers" }).click();
+  await expect(page.getByText("Saved.")).toBeVisible();
+  await page.goto("/conversations");
+  await hydrated(page);
+  await page.getByTestId("sim-settings").click();
+  await expect(page.getByRole("heading", { name: "Settings" })).toBeVisible();
+  await page.getByTestId("phones").fill(`${owner.phone}\n+447700900123`);
+  await page.getByRole("button", { name: "Save numbers" }).click();
+  await expect(page.getByText("Saved.")).toBeVisible();
+
   expectHttpError("/api/update_phones", 400);
   await page.getByTestId("phones").fill("not-a-number");
   await page.getByRole("button", { name: "Save numbers" }).click();

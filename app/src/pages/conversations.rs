@@ -30,9 +30,9 @@ pub fn ConversationsPage() -> impl IntoView {
         <h1>"Conversations"</h1>
         {super::loaded(page, move |p| {
             let owner_hint = if p.owner_numbers.is_empty() {
-                "Add your WhatsApp number in Settings to talk as the owner.".to_string()
+                view! { "Add your WhatsApp number in "<a href="/settings" data-testid="sim-settings">"Settings"</a>" to talk as the owner." }.into_any()
             } else {
-                format!("Send from {} to talk as the owner; any other number is a customer.", p.owner_numbers.join(" or "))
+                format!("Send from {} to talk as the owner; any other number is a customer.", p.owner_numbers.join(" or ")).into_any()
             };
             view! {
                 <section class="card" data-testid="simulator">
