@@ -241,15 +241,17 @@ pub fn ToolDetailPage() -> impl IntoView {
     }
 }
 
-/// The phrases the lane's detector finds a tool by; without any, the reason most short requests
-/// for it stay in normal chat (`gatehouse check-config` notes the same).
+/// What a tool with neither triggers nor aliases costs, and what to do about it: shown on its
+/// page and printed by `gatehouse check-config`.
+pub const NO_PHRASES: &str = "The lane plans it only for a message that shares many words with its description, \
+so most short requests for it stay in normal chat. Add the phrases people use for it (triggers, aliases in tools.toml).";
+
+/// The phrases the lane's detector finds a tool by; without any, [`NO_PHRASES`].
 fn phrases(triggers: &[String], aliases: &[String]) -> AnyView {
     if triggers.is_empty() && aliases.is_empty() {
         return view! {
             <p class="empty" data-testid="tool-phrases">
-                <strong>"No triggers or aliases. "</strong>
-                "The lane plans this tool only for a message that shares many words with its description, so most short requests for it stay in normal chat. "
-                "Add the phrases people use for it ("<code>"triggers"</code>", "<code>"aliases"</code>" in tools.toml) and reload the catalog."
+                <strong>"No triggers or aliases. "</strong>{NO_PHRASES}" Then reload the catalog."
             </p>
         }
         .into_any();

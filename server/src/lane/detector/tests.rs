@@ -147,6 +147,7 @@ const NEVER_PLAN: &[(&str, ReasonCode)] = &[
     ("Hello there", ReasonCode::Conversational),
     ("Good morning :)", ReasonCode::Conversational),
     ("hey, thank you so much!", ReasonCode::Conversational),
+    ("What's up?", ReasonCode::Conversational),
     ("What's my name?", ReasonCode::MemoryQuestion),
     ("whats my name", ReasonCode::MemoryQuestion),
     ("Do you know my name?", ReasonCode::MemoryQuestion),

@@ -32,10 +32,7 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     }
     println!("tools: {} in the catalog (approval mode {:?})", files.catalog.len(), files.catalog.approval_mode);
     for name in files.catalog.without_phrases() {
-        println!(
-            "  note: {name} has no triggers or aliases, so the lane plans it only for a message that shares many words with its description; \
-             most short requests for it stay in normal chat. Add the phrases people use for it (triggers, aliases in tools.toml)."
-        );
+        println!("  note: {name} has no triggers or aliases. {}", app::pages::tools::NO_PHRASES);
     }
     println!("mcp servers: {} in {}", files.mcp.servers.len(), cfg.dir.join("mcp.toml").display());
     for s in &files.mcp.servers {
