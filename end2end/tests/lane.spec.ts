@@ -241,6 +241,8 @@ test("a follow-up in the simulator reuses the chat's tool context", async ({ pag
 });
 
 test("an owner approves a customer's refund in the browser; the customer gets the answer once", async ({ page }) => {
+  // On a phone, where owners decide: the waiting call, why it waits and both buttons are in view.
+  await page.setViewportSize({ width: 390, height: 844 });
   await open(page, "/approvals");
   await expect(page.getByTestId("approvals-empty")).toBeVisible();
 
@@ -251,6 +253,10 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect(row).toContainText("refund_order");
   await expect(row).toContainText("4821");
   await expect(row).toContainText("high");
+  await expect(row.getByTestId("approval-reason")).toContainText("a customer asked for a high-risk change");
+  await expect(row.getByTestId("approval-reason")).toContainText("APPROVAL_CUSTOMER_HIGH_RISK_WRITE");
+  await expect(row.getByTestId("approve-approval")).toBeInViewport({ ratio: 1 });
+  await expect(row.getByTestId("reject-approval")).toBeInViewport({ ratio: 1 });
   expect(edge.refunds, "nothing runs before the decision").toEqual([]);
   // The customer was told an owner must approve; the owner's number got the buttons.
   await expect.poll(() => edge.sent.filter((m) => m.to === owner.phone.slice(1) && m.type === "interactive").length).toBe(1);

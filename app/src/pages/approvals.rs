@@ -54,8 +54,8 @@ pub fn ApprovalsPage() -> impl IntoView {
                         </div>
                     }.into_any()
                 } else {
-                    let rows = p.pending.into_iter().map(|a| pending_row(a, now, decide)).collect_view();
-                    super::list_table("approvals-pending", &["#", "Call", "Risk", "Asked by", "Why", "Age", ""], rows)
+                    let cards = p.pending.into_iter().map(|a| pending_card(a, now, decide)).collect_view();
+                    view! { <ul class="approvals" data-testid="approvals-pending">{cards}</ul> }.into_any()
                 }}
                 <h2>"Decided"</h2>
                 {if p.decided.is_empty() {
@@ -78,18 +78,37 @@ fn call_cell(a: &ApprovalView) -> impl IntoView + use<> {
     }
 }
 
-fn pending_row(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>) -> impl IntoView {
+/// Why a call waits: the reason in words with its code beside it (requests stored before the
+/// words existed have only the code).
+fn why(a: &ApprovalView) -> impl IntoView + use<> {
+    let code = view! { <code>{a.reason_code.clone()}</code> };
+    if a.reason == a.reason_code {
+        view! { <span data-testid="approval-reason">{code}</span> }.into_any()
+    } else {
+        view! { <span data-testid="approval-reason">{a.reason.clone()}" "<small>{code}</small></span> }.into_any()
+    }
+}
+
+/// A waiting call as a card, not a table row: an owner deciding on a phone sees the call, why it
+/// waits and both buttons without scrolling sideways.
+fn pending_card(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>) -> impl IntoView {
     let id = a.id.to_string();
     let reject_id = id.clone();
     view! {
-        <tr data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
-            <td>{format!("#{}", a.id)}</td>
-            {call_cell(&a)}
-            <td><span class=format!("badge risk-{}", a.risk)>{a.risk.clone()}</span></td>
-            <td>{a.requester.clone()}<br/><small>{a.channel.clone()}</small></td>
-            <td><code>{a.reason_code.clone()}</code>{(a.reason != a.reason_code).then(|| view! { <br/><small>{a.reason.clone()}</small> })}<br/>{trace_link(a.trace_id)}</td>
-            <td data-testid="approval-age" title=fmt_time(a.requested_at)>{age(now - a.requested_at)}<br/><small>{format!("expires {}", fmt_time(a.expires_at))}</small></td>
-            <td class="actions">
+        <li class="approval-card" data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
+            <p class="approval-head">
+                <strong>{format!("#{}", a.id)}</strong>" "<code>{a.tool.clone()}</code>" "
+                <span class=format!("badge risk-{}", a.risk)>{format!("{} risk", a.risk)}</span>" "
+                <small title="definition version">{a.version.clone()}</small>
+            </p>
+            <pre class="json" data-testid="approval-args">{a.args.clone()}</pre>
+            <p>"Why it waits: "{why(&a)}</p>
+            <p><small>
+                "Asked by "{a.requester.clone()}" on "{a.channel.clone()}", "
+                <span data-testid="approval-age" title=fmt_time(a.requested_at)>{format!("{} ago", age(now - a.requested_at))}</span>
+                "; expires "{fmt_time(a.expires_at)}". "{trace_link(a.trace_id)}
+            </small></p>
+            <div class="decide">
                 <ActionForm action=decide>
                     <input type="hidden" name="id" value=id />
                     <input type="hidden" name="decision" value="approve" />
@@ -101,8 +120,8 @@ fn pending_row(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>) 
                     <label>"Reason (optional) "<input type="text" name="reason" maxlength="300" data-testid="reject-reason" /></label>
                     <button type="submit" class="danger" data-testid="reject-approval">"Reject"</button>
                 </ActionForm>
-            </td>
-        </tr>
+            </div>
+        </li>
     }
 }
 

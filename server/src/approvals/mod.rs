@@ -214,6 +214,11 @@ impl Approvals {
         let risk = serde_json::to_value(spec.risk).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let managed = serde_json::to_string(&spec.managed_fields).unwrap_or_else(|_| "[]".into());
         let display = self.display(&call.args);
+        // A code is told in words (config); a hook's reason is its own words.
+        let words = match reason_code(&reason) {
+            code if code == reason => self.settings.approvals.reason_words(code).unwrap_or_else(|| reason.clone()),
+            _ => reason.clone(),
+        };
         let mut tx = self.db.begin_write().await?;
         let (mut own, mut trace) = match trace {
             Some(t) => (None, Some(t)),
@@ -238,7 +243,7 @@ impl Approvals {
             display: &display,
             risk: &risk,
             reason_code: reason_code(&reason),
-            reason: &reason,
+            reason: &words,
             actor: who.actor.as_str(),
             channel: &who.channel,
             chat_kind: who.chat_kind.as_str(),

@@ -3,7 +3,7 @@
 //! `approvals_defaults.toml` beside this file, repeated in the shipped config/gatehouse.toml so
 //! owners see and can change every word; `check-config` insists on each.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +50,10 @@ pub struct ApprovalSettings {
     pub requester_rejected: String,
     /// Told to the person who asked when no owner decided in time. Promises nothing.
     pub requester_expired: String,
+    /// Why a call waits, in an owner's words, by reason code (`APPROVAL_RISK`, ...): shown as
+    /// `{reason}` in `owner_prompt` and on the console's Approvals page. A code left out keeps
+    /// its shipped words; a hook's reason is its own words.
+    pub reasons: BTreeMap<String, String>,
 }
 
 /// The defaults, as text: every word the approval path says unless gatehouse.toml changes it.
@@ -75,6 +79,7 @@ struct Written {
     outcome_notice: String,
     requester_rejected: String,
     requester_expired: String,
+    reasons: BTreeMap<String, String>,
 }
 
 impl Default for ApprovalSettings {
@@ -97,11 +102,18 @@ impl Default for ApprovalSettings {
             outcome_notice: w.outcome_notice,
             requester_rejected: w.requester_rejected,
             requester_expired: w.requester_expired,
+            reasons: w.reasons,
         }
     }
 }
 
 impl ApprovalSettings {
+    /// The words for reason `code`: this config's, else the shipped ones, else none (the code
+    /// is then shown as it is).
+    pub fn reason_words(&self, code: &str) -> Option<String> {
+        self.reasons.get(code).filter(|w| !w.trim().is_empty()).cloned().or_else(|| Self::default().reasons.remove(code))
+    }
+
     /// Every text, by its key, for `check-config`.
     pub fn texts(&self) -> [(&'static str, &str); 14] {
         super::texts_by_key!(
@@ -111,5 +123,22 @@ impl ApprovalSettings {
             invalid_button_reply, usage_reply, outcome_notice, requester_rejected,
             requester_expired
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{load_text, problems_at};
+
+    /// An owner may reword one reason; the others keep their shipped words, and a key that is
+    /// not a code, or empty words, is a problem `check-config` names.
+    #[test]
+    fn reasons_are_reworded_one_at_a_time_and_checked() {
+        let loaded = load_text("[approvals.reasons]\nAPPROVAL_RISK = \"risky, so I look first\"\n").expect("loads");
+        let a = &loaded.settings.approvals;
+        assert_eq!(a.reason_words("APPROVAL_RISK").as_deref(), Some("risky, so I look first"));
+        assert!(a.reason_words("APPROVAL_ALWAYS").is_some_and(|w| w.contains("always")), "a code left out keeps its shipped words");
+        assert_eq!(a.reason_words("APPROVAL_UNKNOWN"), None);
+        problems_at("[approvals.reasons]\nrisk = \"words\"\nAPPROVAL_RISK = \" \"\n", &["approvals.reasons.risk", "approvals.reasons.APPROVAL_RISK"]);
     }
 }

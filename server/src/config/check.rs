@@ -239,6 +239,11 @@ fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     }
     need(a.approve_button.trim() != a.reject_button.trim(), "approvals.reject_button", "must differ from approvals.approve_button".into());
     need(a.owner_prompt.contains("{id}") && a.owner_prompt.contains("{tool}") && a.owner_prompt.contains("{args}"), "approvals.owner_prompt", "must show {id}, {tool} and {args}, the exact call".into());
+    for (code, words) in &a.reasons {
+        let key = format!("approvals.reasons.{code}");
+        need(!code.is_empty() && code.chars().all(|c| c.is_ascii_uppercase() || c == '_'), &key, "is not a reason code (capital letters and _, as APPROVAL_RISK)".into());
+        need(!words.trim().is_empty(), &key, "must not be empty".into());
+    }
 }
 
 /// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code

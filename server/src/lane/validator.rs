@@ -330,3 +330,15 @@ impl Validator<'_> {
         tracing::info!(event, correlation_id = %scope.ctx.correlation_id, actor = scope.ctx.actor.as_str(), candidates = scope.candidates.len(), tool = %tool, code = code.as_str(), "call not accepted");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The lane's own approval reasons are told to owners in words, as the policy's are.
+    #[test]
+    fn the_lanes_approval_reasons_have_words() {
+        let shipped = crate::config::approvals::ApprovalSettings::default();
+        for reason in [super::APPROVAL_PRIVATE_DATA, super::APPROVAL_CHAIN_WRITE] {
+            assert!(shipped.reason_words(reason).is_some(), "{reason} has no words in approvals_defaults.toml");
+        }
+    }
+}

@@ -113,4 +113,28 @@ input_schema = { type = "object" }
         assert!(matches!(decide(&spec(A::Never, R::Medium, Operation::Read, Audience::Public), M::Auto, Role::Owner), Decision::NeedsApproval { reason: "APPROVAL_RISK" }));
         assert_eq!(decide(&spec(A::Ask, R::Low, Operation::Read, Audience::Public), M::Auto, Role::Customer), Decision::Allow);
     }
+
+    /// Owners read why a call waits in words: every reason the table can give has shipped ones.
+    #[test]
+    fn every_approval_reason_has_words() {
+        let shipped = crate::config::approvals::ApprovalSettings::default();
+        let mut reasons = std::collections::BTreeSet::new();
+        for mode in [ApprovalMode::Yolo, ApprovalMode::Auto, ApprovalMode::Ask] {
+            for approval in [Approval::Never, Approval::Ask, Approval::Always] {
+                for risk in [Risk::Low, Risk::Medium, Risk::High] {
+                    for operation in [Operation::Read, Operation::Write] {
+                        for actor in [Role::Owner, Role::Customer] {
+                            if let Decision::NeedsApproval { reason } = decide(&spec(approval, risk, operation, Audience::Public), mode, actor) {
+                                reasons.insert(reason);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(reasons.len(), 4, "{reasons:?}");
+        for reason in reasons {
+            assert!(shipped.reason_words(reason).is_some_and(|w| !w.contains(reason)), "{reason} has no words in approvals_defaults.toml");
+        }
+    }
 }

@@ -68,6 +68,12 @@ async fn an_approved_call_runs_once_after_the_owners_button(db: TestDb) {
     let approve_id = buttons[0]["reply"]["id"].as_str().expect("button id").to_string();
     assert!(approve_id.ends_with(&nonce) && approve_id.contains(&format!(":{id}:approve:")), "{approve_id}");
     assert!(asks[0]["interactive"]["body"]["text"].as_str().is_some_and(|t| t.contains("refund_order") && t.contains("4821")));
+    // Why it waits is said in words (config), and the code is kept beside them.
+    let words = r.app.state.config.settings.approvals.reason_words("APPROVAL_CUSTOMER_HIGH_RISK_WRITE").expect("shipped words");
+    let body = asks[0]["interactive"]["body"]["text"].as_str().unwrap_or_default();
+    assert!(body.contains(&format!("Why it waits: {words}")) && !body.contains("APPROVAL_"), "{body}");
+    let (code, reason): (String, String) = sqlx::query_as("SELECT reason_code, reason FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("reason");
+    assert_eq!((code.as_str(), reason.as_str()), ("APPROVAL_CUSTOMER_HIGH_RISK_WRITE", words.as_str()));
 
     // A customer pressing the owner's button, and a forged nonce: nothing changes.
     r.press(vec![button_press(CUSTOMER, "wamid.FORGE1", &approve_id)], 3).await;
