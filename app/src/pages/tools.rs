@@ -199,6 +199,7 @@ pub fn ToolDetailPage() -> impl IntoView {
                 </tbody></table>
                 {(!d.when_to_use.is_empty()).then(|| view! { <p><strong>"When to use: "</strong>{d.when_to_use.clone()}</p> })}
                 {(!d.when_not_to_use.is_empty()).then(|| view! { <p><strong>"When not to use: "</strong>{d.when_not_to_use.clone()}</p> })}
+                <h2>"Phrases the lane finds it by"</h2>
                 {phrases(&d.triggers, &d.aliases)}
                 <h2>"Input schema"</h2>
                 <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
