@@ -45,7 +45,20 @@ pub struct DashboardInfo {
     pub spend: Vec<SpendInfo>,
     /// `warn_only` or `degraded`: what happens at 100% of a budget.
     pub budget_action: String,
+    /// What waits for an owner's decision, shown first.
+    pub waiting: WaitingInfo,
     pub charts: Vec<Chart>,
+}
+
+/// What waits for an owner: approvals (with the oldest one's age), quarantined MCP tools, MCP
+/// servers' forms and repair proposals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingInfo {
+    pub approvals: i64,
+    pub oldest_approval_age_ms: Option<i64>,
+    pub mcp_tools: i64,
+    pub mcp_forms: i64,
+    pub repairs: i64,
 }
 
 /// A stacked bar chart of the dashboard, drawn by the page as SVG. `bars[i].values[j]` is

@@ -45,6 +45,11 @@ test("fresh start redirects to setup, which creates the owner and opens the dash
   // The shipped config sets no spend budget: the spend is shown, and how to set one.
   await expect(page.getByTestId("dashboard-spend")).toContainText("Model spend today$0.00 (no budget)");
   await expect(page.getByTestId("budget-empty")).toContainText("[budget]");
+  // This config's MCP servers are not trusted: their tools wait in quarantine, and the dashboard
+  // says so first, linked to where they are approved. No tool call waits yet.
+  await expect(page.locator('[data-waiting="mcp-tools"]')).toContainText("MCP tools in quarantine");
+  await expect(page.locator('[data-waiting="mcp-tools"] a')).toHaveAttribute("href", "/mcp");
+  await expect(page.locator('[data-waiting="approvals"]')).toHaveCount(0);
 });
 
 test("setup is closed once an owner exists", async ({ page }) => {

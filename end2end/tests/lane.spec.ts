@@ -257,6 +257,13 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect(row.getByTestId("approval-reason")).toContainText("APPROVAL_CUSTOMER_HIGH_RISK_WRITE");
   await expect(row.getByTestId("approve-approval")).toBeInViewport({ ratio: 1 });
   await expect(row.getByTestId("reject-approval")).toBeInViewport({ ratio: 1 });
+  // The dashboard says first that a call waits, and links to where it is decided.
+  const dashboard = await page.context().newPage();
+  await dashboard.goto(`${base}/`);
+  await expect(dashboard.getByTestId("dashboard-waiting").locator('[data-waiting="approvals"]')).toContainText("1 tool call waiting for your approval");
+  await dashboard.getByTestId("dashboard-waiting").getByRole("link", { name: /waiting for your approval/ }).click();
+  await expect(dashboard).toHaveURL(`${base}/approvals`);
+  await dashboard.close();
   expect(edge.refunds, "nothing runs before the decision").toEqual([]);
   // The customer was told an owner must approve; the owner's number got the buttons.
   await expect.poll(() => edge.sent.filter((m) => m.to === owner.phone.slice(1) && m.type === "interactive").length).toBe(1);
@@ -272,6 +279,9 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect.poll(() => edge.textsTo(CUSTOMER)).toContain(SUMMARY);
   expect(edge.refunds).toEqual(["4821"]);
   expect(edge.textsTo(CUSTOMER).filter((t) => t === SUMMARY)).toHaveLength(1);
+  await page.goto(`${base}/`);
+  await hydrated(page);
+  await expect(page.locator('[data-waiting="approvals"]')).toHaveCount(0);
 });
 
 test("an owner rejects a request with a reason; the customer is told and nothing runs", async ({ page }) => {

@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// "42 s", "5 min", "3 h", "2 d".
-fn age(ms: i64) -> String {
+pub(crate) fn age(ms: i64) -> String {
     let s = (ms / 1000).max(0);
     match s {
         0..=59 => format!("{s} s"),

@@ -3,7 +3,7 @@ use leptos_meta::Title;
 
 use crate::{
     api::dashboard_facts,
-    dto::{Chart, DashboardInfo},
+    dto::{Chart, DashboardInfo, WaitingInfo},
 };
 
 fn uptime(secs: u64) -> String {
@@ -23,11 +23,49 @@ pub fn DashboardPage() -> impl IntoView {
         <h1>"Dashboard"</h1>
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || info.get().map(|res| match res {
-                Ok(info) => view! { {facts(&info)} {spend(&info)} {charts(&info)} }.into_any(),
+                Ok(info) => view! { {waiting(info.waiting)} {facts(&info)} {spend(&info)} {charts(&info)} }.into_any(),
                 Err(e) => super::error_view(&e),
             })}
         </Suspense>
     }
+}
+
+/// `n` of a thing, in words: "1 tool call", "3 tool calls".
+fn count(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What waits for the owner's decision, first on the page, each linked to where it is decided.
+fn waiting(w: WaitingInfo) -> impl IntoView {
+    let mut items = Vec::new();
+    if w.approvals > 0 {
+        let oldest = w.oldest_approval_age_ms.map(|ms| format!(" (the oldest for {})", super::approvals::age(ms))).unwrap_or_default();
+        items.push(("approvals", "/approvals", format!("{} waiting for your approval{oldest}", count(w.approvals, "tool call", "tool calls"))));
+    }
+    if w.mcp_tools > 0 {
+        items.push(("mcp-tools", "/mcp", format!("{} in quarantine: new or changed, not offered until you approve", count(w.mcp_tools, "MCP tool", "MCP tools"))));
+    }
+    if w.mcp_forms > 0 {
+        items.push(("mcp-forms", "/mcp", format!("{} from MCP servers waiting for your answer", count(w.mcp_forms, "form", "forms"))));
+    }
+    if w.repairs > 0 {
+        items.push(("repairs", "/repairs", format!("{} to review", count(w.repairs, "repair proposal", "repair proposals"))));
+    }
+    if items.is_empty() {
+        return view! {
+            <p class="all-clear" data-testid="waiting-none">"Nothing waits for you: no tool call to approve, MCP tool in quarantine, server form or repair proposal."</p>
+        }
+        .into_any();
+    }
+    view! {
+        <section class="waiting" data-testid="dashboard-waiting">
+            <h2>"Waiting for you"</h2>
+            <ul>
+                {items.into_iter().map(|(key, href, text)| view! { <li data-waiting=key><a href=href>{text}</a></li> }).collect_view()}
+            </ul>
+        </section>
+    }
+    .into_any()
 }
 
 fn facts(i: &DashboardInfo) -> impl IntoView + use<> {

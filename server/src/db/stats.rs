@@ -100,3 +100,30 @@ pub async fn mcp_servers_by_health(
     .fetch_all(conn)
     .await?)
 }
+
+/// What waits for an owner's decision: the dashboard's first section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, sqlx::FromRow)]
+pub struct Waiting {
+    /// Tool calls waiting for approval, and when the oldest was asked.
+    pub approvals: i64,
+    pub oldest_approval_at: Option<i64>,
+    /// New or changed MCP tools in quarantine that their server still lists.
+    pub mcp_tools: i64,
+    /// MCP servers' forms (elicitations) not yet answered or expired.
+    pub mcp_forms: i64,
+    /// Repair proposals not yet applied or rejected.
+    pub repairs: i64,
+}
+
+pub async fn waiting(conn: &mut AnyConnection, now_ms: i64) -> Result<Waiting, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT CAST((SELECT COUNT(*) FROM approvals WHERE state = 'pending') AS BIGINT) AS approvals, \
+           (SELECT MIN(created_at) FROM approvals WHERE state = 'pending') AS oldest_approval_at, \
+           CAST((SELECT COUNT(*) FROM mcp_tools WHERE state = 'pending' AND present = 1) AS BIGINT) AS mcp_tools, \
+           CAST((SELECT COUNT(*) FROM mcp_elicitations WHERE state = 'pending' AND expires_at > $1) AS BIGINT) AS mcp_forms, \
+           CAST((SELECT COUNT(*) FROM repairs WHERE state = 'proposed') AS BIGINT) AS repairs",
+    )
+    .bind(now_ms)
+    .fetch_one(conn)
+    .await?)
+}

@@ -318,3 +318,76 @@ async fn a_step_committed_after_a_later_one_is_still_published() {
     })
     .await;
 }
+
+/// The dashboard says first what waits for an owner's decision, counting only what an owner can
+/// still decide: a decided approval, a quarantined tool its server no longer lists, an expired
+/// form and an applied repair are not waiting.
+async fn the_dashboard_lists_what_waits_for_the_owner(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let waiting = |facts: crate::support::Resp| {
+        assert_eq!(facts.status, StatusCode::OK, "{}", facts.body);
+        facts.json()["waiting"].clone()
+    };
+    let none = waiting(owner.post_form("/api/dashboard_facts", &[]).await);
+    assert_eq!(none, serde_json::json!({ "approvals": 0, "oldest_approval_age_ms": null, "mcp_tools": 0, "mcp_forms": 0, "repairs": 0 }));
+    assert!(owner.get("/").await.body.contains("Nothing waits for you"), "with nothing waiting, the page says so");
+
+    let now = server::db::now_ms();
+    let pool = &app.state.db.pool;
+    for (state, asked_at) in [("pending", now - 90_000), ("pending", now - 5_000), ("approved", now - 600_000)] {
+        sqlx::query(
+            "INSERT INTO approvals (state, tool, tool_version, args, args_hash, call_key, managed_fields, display, risk, reason_code, reason, actor, channel, \
+             chat_kind, chat_id, sender, message_id, request, correlation_id, nonce, created_at, expires_at) \
+             VALUES ($1, 'refund_order', 'v1', '{}', 'h', $2, '[]', '{}', 'high', 'APPROVAL_RISK', 'r', 'customer', 'whatsapp', 'direct', 'c', 's', 'm', 'q', 'corr', 'n', $3, $4)",
+        )
+        .bind(state)
+        .bind(format!("call-{asked_at}"))
+        .bind(asked_at)
+        .bind(now + 3_600_000)
+        .execute(pool)
+        .await
+        .expect("approval");
+    }
+    sqlx::query("INSERT INTO mcp_servers (id, health, updated_at) VALUES ('shop', 'connected', $1)").bind(now).execute(pool).await.expect("server");
+    for (name, state, present) in [("new_tool", "pending", 1_i64), ("gone_tool", "pending", 0), ("known_tool", "approved", 1)] {
+        sqlx::query("INSERT INTO mcp_tools (server_id, name, catalog_name, definition, definition_hash, state, present, first_seen_at, updated_at) VALUES ('shop', $1, $1, '{}', 'h', $2, $3, $4, $4)")
+            .bind(name)
+            .bind(state)
+            .bind(present)
+            .bind(now)
+            .execute(pool)
+            .await
+            .expect("mcp tool");
+    }
+    for (state, expires_at) in [("pending", now + 60_000), ("pending", now - 1), ("accepted", now + 60_000)] {
+        sqlx::query("INSERT INTO mcp_elicitations (server_id, message, schema, state, created_at, expires_at) VALUES ('shop', 'm', '{}', $1, $2, $3)")
+            .bind(state)
+            .bind(now - 1_000)
+            .bind(expires_at)
+            .execute(pool)
+            .await
+            .expect("form");
+    }
+    for state in ["proposed", "applied"] {
+        sqlx::query("INSERT INTO repairs (state, strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at) VALUES ($1, 'add_trigger', 's', $1, '[]', '[]', 1, 0, '[]', $2)")
+            .bind(state)
+            .bind(now)
+            .execute(pool)
+            .await
+            .expect("repair");
+    }
+
+    let w = waiting(owner.post_form("/api/dashboard_facts", &[]).await);
+    assert_eq!((w["approvals"].as_i64(), w["mcp_tools"].as_i64(), w["mcp_forms"].as_i64(), w["repairs"].as_i64()), (Some(2), Some(1), Some(1), Some(1)), "{w}");
+    let age = w["oldest_approval_age_ms"].as_i64().expect("the oldest approval's age");
+    assert!((90_000..150_000).contains(&age), "the oldest pending request was asked 90 s ago: {age}");
+
+    // The page says it first, each linked to where it is decided.
+    let page = owner.get("/").await;
+    assert!(page.body.contains("2 tool calls waiting for your approval (the oldest for 1 min)"), "{}", page.body);
+    for link in ["href=\"/approvals\"", "href=\"/mcp\"", "href=\"/repairs\""] {
+        assert!(page.body.contains(link), "{link}");
+    }
+}
+both_backends!(dashboard_waiting, the_dashboard_lists_what_waits_for_the_owner);

@@ -2,7 +2,7 @@
 
 use app::{
     backend::{LoginOutcome, OwnerIdentity, OwnersBackend},
-    dto::{DashboardInfo, DegradedNotice, SpendInfo, MigrationInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, DegradedNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -115,6 +115,15 @@ impl OwnersBackend for ConsoleBackend {
                 warned: budget.is_some_and(|b| !b.warned.is_empty()),
             });
         }
+        let now = db::now_ms();
+        let w = db::stats::waiting(&mut conn, now).await.map_err(internal)?;
+        let waiting = WaitingInfo {
+            approvals: w.approvals,
+            oldest_approval_age_ms: w.oldest_approval_at.map(|t| (now - t).max(0)),
+            mcp_tools: w.mcp_tools,
+            mcp_forms: w.mcp_forms,
+            repairs: w.repairs,
+        };
         Ok(DashboardInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             started_at_ms: s.started_at_ms,
@@ -129,7 +138,8 @@ impl OwnersBackend for ConsoleBackend {
             llm_key_variable: provider.key_var().into(),
             llm_configured: s.degraded().is_none(),
             owner_count,
-            charts: super::charts::all(&mut conn, db::now_ms()).await.map_err(internal)?,
+            waiting,
+            charts: super::charts::all(&mut conn, now).await.map_err(internal)?,
             spend,
             budget_action: <&str>::from(s.config.settings.budget.at_limit).into(),
         })
