@@ -490,6 +490,8 @@ pub struct ChatView {
     /// `whatsapp` or `simulator`.
     pub channel: String,
     pub chat_id: String,
+    /// A WhatsApp customer's profile name: their own text, shown as text.
+    pub name: Option<String>,
     pub messages: i64,
     pub last_at: i64,
 }
@@ -518,6 +520,8 @@ pub struct ChatMessageView {
 pub struct ChatDetail {
     pub channel: String,
     pub chat_id: String,
+    /// A WhatsApp customer's latest profile name.
+    pub name: Option<String>,
     pub messages: Vec<ChatMessageView>,
 }
 

@@ -75,7 +75,10 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
     }
     let rows = chats.into_iter().map(|c| view! {
         <tr data-chat=c.chat_id.clone()>
-            <td><a href=chat_href(&c)>{c.chat_id.clone()}</a></td>
+            <td>
+                <a href=chat_href(&c)>{c.name.clone().unwrap_or_else(|| c.chat_id.clone())}</a>
+                {c.name.is_some().then(|| view! { <br/><small data-testid="chat-number">{c.chat_id.clone()}</small> })}
+            </td>
             <td>{c.channel.clone()}</td>
             <td>{c.messages}</td>
             <td>{fmt_time(c.last_at)}</td>
@@ -98,7 +101,10 @@ pub fn ChatPage() -> impl IntoView {
             // Carry on as the chat's last sender (an owner's number talks as the owner).
             let from = c.messages.iter().rev().find(|m| m.direction == "in").map_or_else(|| SAMPLE_CUSTOMER.to_string(), |m| format!("+{}", m.sender));
             view! {
-                <h1>{c.chat_id.clone()}" "<span class="badge">{c.channel.clone()}</span></h1>
+                <h1>
+                    {c.name.clone().map(|name| view! { <span data-testid="chat-name">{name}</span>" " })}
+                    {c.name.as_ref().map_or_else(|| c.chat_id.clone(), |_| format!("({})", c.chat_id))}" "<span class="badge">{c.channel.clone()}</span>
+                </h1>
                 <ol class="chat" data-testid="chat-messages">
                     {c.messages.into_iter().map(|m| view! {
                         <li class=format!("msg {}", m.direction) data-direction=m.direction.clone() data-state=m.state.clone()>

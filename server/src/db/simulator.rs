@@ -65,13 +65,18 @@ async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflic
 pub struct ChatSummary {
     pub channel: String,
     pub chat_id: String,
+    /// A WhatsApp customer's latest profile name (not a group's: its senders differ).
+    pub name: Option<String>,
     pub messages: i64,
     pub last_at: i64,
 }
 
 /// Every chat, simulated and WhatsApp, most recent first.
 pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSummary>, DbError> {
-    let sql = "SELECT channel, chat_id, CAST(SUM(n) AS BIGINT) AS messages, MAX(last_at) AS last_at FROM ( \
+    let sql = "SELECT channel, chat_id, \
+                 CASE WHEN channel = 'whatsapp' THEN (SELECT i.sender_name FROM whatsapp_inbound i \
+                   WHERE i.chat_id = c.chat_id AND i.is_group = 0 AND i.sender_name IS NOT NULL ORDER BY i.id DESC LIMIT 1) END AS name, \
+                 CAST(SUM(n) AS BIGINT) AS messages, MAX(last_at) AS last_at FROM ( \
                  SELECT 'simulator' AS channel, chat_id, COUNT(*) AS n, MAX(at) AS last_at FROM simulator_messages GROUP BY chat_id \
                  UNION ALL SELECT 'whatsapp', chat_id, COUNT(*), MAX(received_at) FROM whatsapp_inbound GROUP BY chat_id \
                  UNION ALL SELECT 'whatsapp', recipient, COUNT(*), MAX(created_at) FROM whatsapp_outbound GROUP BY recipient \

@@ -12,6 +12,8 @@ pub struct NewInbound {
     pub phone_number_id: String,
     pub chat_id: String,
     pub sender: String,
+    /// The sender's WhatsApp profile name, when the webhook gave one (their own text).
+    pub sender_name: Option<String>,
     pub is_group: bool,
     pub msg_type: String,
     pub text: Option<String>,
@@ -57,9 +59,9 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
         let sql = format!(
-            "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
+            "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, \
              raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-            super::value_rows(super::backend_of(conn), chunk.len(), 13)
+            super::value_rows(super::backend_of(conn), chunk.len(), 14)
         );
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
@@ -68,6 +70,7 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
                 .bind(clean_text(&m.phone_number_id))
                 .bind(clean_text(&m.chat_id))
                 .bind(clean_text(&m.sender))
+                .bind(m.sender_name.as_deref().map(clean_text))
                 .bind(i64::from(m.is_group))
                 .bind(clean_text(&m.msg_type))
                 .bind(m.text.as_deref().map(clean_text))
@@ -83,6 +86,17 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
         out.extend(chunk.iter().map(|m| stored.remove(&clean_text(&m.wamid))));
     }
     Ok(out)
+}
+
+/// The latest profile name a direct chat's customer sent with a message (none for a group).
+pub async fn sender_name(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<String>, DbError> {
+    let name: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT sender_name FROM whatsapp_inbound WHERE chat_id = $1 AND is_group = 0 AND sender_name IS NOT NULL ORDER BY id DESC LIMIT 1",
+    )
+    .bind(chat_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(name.flatten())
 }
 
 pub async fn get_inbound(conn: &mut AnyConnection, id: i64) -> Result<Option<InboundRow>, DbError> {

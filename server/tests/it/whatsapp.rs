@@ -424,6 +424,26 @@ async fn a_batch_is_stored_and_answered_message_by_message(db: TestDb) {
 }
 both_backends!(whatsapp_batch, a_batch_is_stored_and_answered_message_by_message);
 
+/// The Conversations page names a customer by the WhatsApp profile name the webhook sent with
+/// their message (their latest), beside the number; a chat the webhook named nobody for keeps
+/// its number alone.
+async fn chats_show_the_customers_profile_name(db: TestDb) {
+    let app = app(db, None, |_| {}).await;
+    // `envelope` names 16505551234 "Test Customer" and nobody else.
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.N1", "Hello"), text_message("16505550000", "wamid.N2", "Hi")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let chats = owner.post_form("/api/list_chats", &[]).await.json();
+    let name_of = |chat: &str| chats["chats"].as_array().and_then(|c| c.iter().find(|c| c["chat_id"] == chat)).map(|c| c["name"].clone());
+    assert_eq!(name_of("16505551234"), Some(json!("Test Customer")), "{chats}");
+    assert_eq!(name_of("16505550000"), Some(Value::Null), "{chats}");
+    let chat = owner.post_form("/api/get_chat", &[("channel", "whatsapp"), ("chat_id", "16505551234")]).await.json();
+    assert_eq!(chat["name"], "Test Customer");
+    let page = owner.get("/conversations").await;
+    assert!(page.body.contains("Test Customer") && page.body.contains("16505551234"), "the list shows the name and the number");
+}
+both_backends!(whatsapp_chat_names, chats_show_the_customers_profile_name);
+
 async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = Arc::new(app(db, Some(&graph), |_| {}).await);

@@ -39,7 +39,27 @@ struct Value {
     messages: Vec<serde_json::Value>,
     #[serde(default)]
     statuses: Vec<Status>,
+    #[serde(default)]
+    contacts: Vec<Contact>,
 }
+
+/// Who sent the change's messages: a WhatsApp id and the profile name its owner chose.
+#[derive(Debug, Default, Deserialize)]
+struct Contact {
+    #[serde(default)]
+    wa_id: String,
+    #[serde(default)]
+    profile: Profile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Profile {
+    #[serde(default)]
+    name: String,
+}
+
+/// A profile name is the sender's own text: kept to this many characters.
+const NAME_MAX_CHARS: usize = 100;
 
 #[derive(Debug, Default, Deserialize)]
 struct Metadata {
@@ -152,7 +172,10 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
         };
         for raw in value.messages {
             match inbound(&raw, &value.metadata.phone_number_id, raw_max_bytes, now) {
-                Some(m) => batch.messages.push(m),
+                Some(mut m) => {
+                    m.sender_name = value.contacts.iter().find(|c| c.wa_id == m.sender).map(|c| clip(c.profile.name.trim(), NAME_MAX_CHARS)).filter(|n| !n.is_empty());
+                    batch.messages.push(m);
+                }
                 None => batch.skipped += 1,
             }
         }
@@ -196,6 +219,7 @@ fn inbound(raw: &serde_json::Value, phone_number_id: &str, raw_max_bytes: usize,
         chat_id: group.clone().unwrap_or_else(|| m.from.clone()),
         is_group: group.is_some(),
         sender: m.from,
+        sender_name: None,
         wamid: m.id,
         phone_number_id: phone_number_id.to_string(),
         msg_type: kind.as_str().to_string(),
@@ -237,6 +261,24 @@ fn status(s: Status, now: i64) -> Option<StatusUpdate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message carries its sender's profile name from the change's contacts: trimmed, bounded,
+    /// and never another sender's.
+    #[test]
+    fn a_message_carries_its_senders_profile_name() {
+        let long = "N".repeat(300);
+        let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": {
+            "contacts": [{ "profile": { "name": "  Ana Souza " }, "wa_id": "1" }, { "profile": { "name": long }, "wa_id": "2" }, { "profile": { "name": "" }, "wa_id": "3" }],
+            "messages": [
+                { "from": "1", "id": "wamid.A", "timestamp": "1", "type": "text", "text": { "body": "hi" } },
+                { "from": "2", "id": "wamid.B", "timestamp": "1", "type": "text", "text": { "body": "hi" } },
+                { "from": "3", "id": "wamid.C", "timestamp": "1", "type": "text", "text": { "body": "hi" } },
+                { "from": "4", "id": "wamid.D", "timestamp": "1", "type": "text", "text": { "body": "hi" } }
+            ] } }] }] });
+        let batch = parse(body.to_string().as_bytes(), 4096, 0).expect("parses");
+        let names: Vec<Option<String>> = batch.messages.iter().map(|m| m.sender_name.clone()).collect();
+        assert_eq!(names, vec![Some("Ana Souza".to_string()), Some("N".repeat(NAME_MAX_CHARS)), None, None]);
+    }
 
     #[test]
     fn every_entry_change_message_and_status_is_read() {

@@ -17,7 +17,7 @@ impl ChatsBackend for ConsoleBackend {
             .await
             .map_err(internal)?
             .into_iter()
-            .map(|c| ChatView { channel: c.channel, chat_id: c.chat_id, messages: c.messages, last_at: c.last_at })
+            .map(|c| ChatView { channel: c.channel, chat_id: c.chat_id, name: c.name, messages: c.messages, last_at: c.last_at })
             .collect();
         let owner_numbers = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
         Ok(ConversationsPage { chats, owner_numbers })
@@ -37,7 +37,8 @@ impl ChatsBackend for ConsoleBackend {
         if messages.is_empty() {
             return Err(AppError::new(code::NOT_FOUND, format!("There is no {channel} chat {chat_id:?}.")));
         }
-        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), messages })
+        let name = if channel == "whatsapp" { db::whatsapp::sender_name(&mut conn, chat_id).await.map_err(internal)? } else { None };
+        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), name, messages })
     }
 
     async fn simulate(&self, _owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
