@@ -36,6 +36,13 @@ pub struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// The console's URL as links sent to owners give it: `public_url`, or else the configured
+    /// address (`http://127.0.0.1:3000` by default, which only this machine opens).
+    pub fn console_url(&self) -> String {
+        let url = self.public_url.trim_end_matches('/');
+        if url.is_empty() { format!("http://{}", self.addr) } else { url.to_string() }
+    }
+
     /// Combinations of the proxy keys that cannot work, as (key, message).
     pub fn proxy_problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();

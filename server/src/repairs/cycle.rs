@@ -100,7 +100,7 @@ impl Cycle {
         let mut tx = self.db.begin_write().await.map_err(db::DbError::from)?;
         let (row, new) = super::store(&mut tx, p).await?;
         if new {
-            let link = format!("{}/repairs#repair-{}", self.settings.server.public_url.trim_end_matches('/'), row.id);
+            let link = format!("{}/repairs#repair-{}", self.settings.server.console_url(), row.id);
             let message = self.settings.evals.proposal_notice.replace("{id}", &row.id.to_string()).replace("{summary}", &row.summary).replace("{link}", &link);
             let notice = Notification { at: db::now_ms(), hook: "repairs".into(), tool: String::new(), reason_code: "REPAIR_PROPOSED".into(), message, correlation_id: format!("repair-{}", row.id) };
             notices::raise(&mut tx, &self.queue, &notice, true).await?;

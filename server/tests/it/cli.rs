@@ -170,7 +170,22 @@ fn check_config_notes_enabled_tools_the_detector_has_no_phrases_for() {
     assert_eq!(out.code, 0, "{}", out.all());
     assert!(out.stdout.contains("note: page_reader has no triggers or aliases"), "{}", out.stdout);
     // The shipped tools all have phrases.
-    assert_eq!(out.stdout.matches("note: ").count(), 1, "{}", out.stdout);
+    assert_eq!(out.stdout.matches("has no triggers or aliases").count(), 1, "{}", out.stdout);
+}
+
+/// Links sent to owners on WhatsApp are only as good as `server.public_url`: without it they
+/// point at the listening address, and `check-config` says so.
+#[test]
+fn check_config_notes_an_empty_public_url() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let cfg = path.to_str().expect("utf8");
+    let out = run(&["--config", cfg, "check-config"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("note: server.public_url is empty, so links sent to owners on WhatsApp (repair proposals) point at http://127.0.0.1:3000"), "{}", out.stdout);
+    let out = run(&["--config", cfg, "check-config"], &[("GATEHOUSE__SERVER__PUBLIC_URL", "https://console.example")], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(!out.stdout.contains("server.public_url is empty"), "{}", out.stdout);
 }
 
 #[test]

@@ -97,6 +97,9 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let notices = count(&app, "SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'REPAIR_PROPOSED'").await;
     assert_eq!(notices, 1, "one notice per new proposal");
     let id = repair["id"].as_i64().expect("id").to_string();
+    let (message,): (String,) = sqlx::query_as("SELECT message FROM owner_notifications WHERE reason_code = 'REPAIR_PROPOSED'").fetch_one(&app.state.db.pool).await.expect("notice");
+    let link = format!("{}/repairs#repair-{id}", app.state.config.settings.server.console_url());
+    assert!(link.starts_with("http") && message.ends_with(&link), "the owner's WhatsApp gets a link a browser opens, not a bare path: {message}");
 
     let approved = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
     assert!(approved.body.contains("applied") && approved.body.contains("reloaded"), "{}", approved.body);

@@ -30,6 +30,9 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     for entry in web::console::effective_entries(&cfg.settings) {
         println!("  {} = {}", entry.key, entry.value);
     }
+    if cfg.settings.server.public_url.is_empty() {
+        println!("  note: server.public_url is empty, so links sent to owners on WhatsApp (repair proposals) point at {}, which a phone cannot open; set it to the console's address.", cfg.settings.server.console_url());
+    }
     println!("tools: {} in the catalog (approval mode {:?})", files.catalog.len(), files.catalog.approval_mode);
     for name in files.catalog.without_phrases() {
         println!("  note: {name} has no triggers or aliases. {}", app::pages::tools::NO_PHRASES);
