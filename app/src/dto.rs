@@ -343,6 +343,8 @@ pub struct McpToolView {
     /// `<server>__<tool>`, the name in the catalog.
     pub catalog_name: String,
     pub name: String,
+    /// The server's own description of the tool (untrusted text, shown as text), shortened.
+    pub description: String,
     /// pending, approved or rejected.
     pub state: String,
     /// Offered to the planner and callable now.

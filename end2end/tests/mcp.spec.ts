@@ -28,6 +28,8 @@ test("an untrusted server's tools wait for approval; approving one offers it", a
   await expect(card(page)).toHaveAttribute("data-health", "connected", { timeout: 30_000 });
   await expect(card(page)).toContainText("untrusted");
   await expect(toolRow(page, "memory__read_graph")).toHaveAttribute("data-state", "pending");
+  // What the owner approves is said in the row: the server's own description, as text.
+  await expect(toolRow(page, "memory__read_graph").getByTestId("mcp-tool-description")).toHaveText("Read the entire knowledge graph");
   await expect(card(page).getByTestId("tool-count")).toContainText("waiting for approval");
 
   // A waiting tool cannot be called, not even by an owner.

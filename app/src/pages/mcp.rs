@@ -144,7 +144,11 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
     let (hash, reject_hash) = (t.definition_hash.clone(), t.definition_hash.clone());
     view! {
         <tr data-tool=t.catalog_name.clone() data-state=t.state.clone()>
-            <td><code>{t.catalog_name.clone()}</code>{(!t.present).then(|| view! { <br/><small>"no longer listed by the server"</small> })}</td>
+            <td>
+                <code>{t.catalog_name.clone()}</code>
+                {(!t.description.is_empty()).then(|| view! { <br/><small data-testid="mcp-tool-description" title="as the server describes it">{t.description.clone()}</small> })}
+                {(!t.present).then(|| view! { <br/><small>"no longer listed by the server"</small> })}
+            </td>
             <td><span class=format!("badge quarantine-{state}")>{state.clone()}</span></td>
             <td>
                 <details>

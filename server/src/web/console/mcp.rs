@@ -37,6 +37,9 @@ fn form_field(f: Field) -> McpFormField {
     }
 }
 
+/// How much of an MCP tool's description its row shows; the whole definition is one click away.
+const DESCRIPTION_SHOWN: usize = 300;
+
 fn form_view(p: PendingForm) -> McpFormView {
     McpFormView { id: p.id, server: p.server, message: p.message, fields: p.fields.into_iter().map(form_field).collect(), created_at: p.created_at, expires_at: p.expires_at }
 }
@@ -56,7 +59,8 @@ impl McpBackend for ConsoleBackend {
                     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
                     let definition = pretty(&t.definition);
                     let diff = t.diff();
-                    McpToolView { catalog_name: t.catalog_name, name: t.name, state: t.state, usable: t.usable, present: t.present, definition_hash: t.definition_hash, definition, diff }
+                    let description = t.definition.get("description").and_then(serde_json::Value::as_str).map(|d| d.chars().take(DESCRIPTION_SHOWN).collect()).unwrap_or_default();
+                    McpToolView { catalog_name: t.catalog_name, name: t.name, description, state: t.state, usable: t.usable, present: t.present, definition_hash: t.definition_hash, definition, diff }
                 })
                 .collect();
             servers.push(McpServerView {
