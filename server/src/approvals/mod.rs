@@ -166,7 +166,7 @@ pub fn is_chat(channel: &str) -> bool {
 /// The reason code of a policy or hook reason (`APPROVAL_RISK`, or `APPROVAL_HOOK` for a hook's
 /// words).
 fn reason_code(reason: &str) -> &str {
-    if !reason.is_empty() && reason.chars().all(|c| c.is_ascii_uppercase() || c == '_') { reason } else { "APPROVAL_HOOK" }
+    if crate::config::approvals::is_reason_code(reason) { reason } else { "APPROVAL_HOOK" }
 }
 
 impl Approvals {

@@ -107,11 +107,18 @@ impl Default for ApprovalSettings {
     }
 }
 
+/// Whether a reason is a code (`APPROVAL_RISK`: capital letters and `_`) rather than words (a
+/// hook's own reason).
+pub fn is_reason_code(reason: &str) -> bool {
+    !reason.is_empty() && reason.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+}
+
 impl ApprovalSettings {
     /// The words for reason `code`: this config's, else the shipped ones, else none (the code
     /// is then shown as it is).
     pub fn reason_words(&self, code: &str) -> Option<String> {
-        self.reasons.get(code).filter(|w| !w.trim().is_empty()).cloned().or_else(|| Self::default().reasons.remove(code))
+        static SHIPPED: std::sync::LazyLock<BTreeMap<String, String>> = std::sync::LazyLock::new(|| ApprovalSettings::default().reasons);
+        self.reasons.get(code).filter(|w| !w.trim().is_empty()).or_else(|| SHIPPED.get(code)).cloned()
     }
 
     /// Every text, by its key, for `check-config`.

@@ -241,7 +241,7 @@ fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need(a.owner_prompt.contains("{id}") && a.owner_prompt.contains("{tool}") && a.owner_prompt.contains("{args}"), "approvals.owner_prompt", "must show {id}, {tool} and {args}, the exact call".into());
     for (code, words) in &a.reasons {
         let key = format!("approvals.reasons.{code}");
-        need(!code.is_empty() && code.chars().all(|c| c.is_ascii_uppercase() || c == '_'), &key, "is not a reason code (capital letters and _, as APPROVAL_RISK)".into());
+        need(super::approvals::is_reason_code(code), &key, "is not a reason code (capital letters and _, as APPROVAL_RISK)".into());
         need(!words.trim().is_empty(), &key, "must not be empty".into());
     }
 }

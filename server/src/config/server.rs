@@ -39,8 +39,14 @@ impl ServerSettings {
     /// The console's URL as links sent to owners give it: `public_url`, or else the configured
     /// address (`http://127.0.0.1:3000` by default, which only this machine opens).
     pub fn console_url(&self) -> String {
+        self.console_url_at(self.addr)
+    }
+
+    /// [`Self::console_url`] for a server bound at `addr` (the next port, when the configured
+    /// one was taken): `public_url`, or else `http://{addr}`.
+    pub fn console_url_at(&self, addr: SocketAddr) -> String {
         let url = self.public_url.trim_end_matches('/');
-        if url.is_empty() { format!("http://{}", self.addr) } else { url.to_string() }
+        if url.is_empty() { format!("http://{addr}") } else { url.to_string() }
     }
 
     /// Combinations of the proxy keys that cannot work, as (key, message).

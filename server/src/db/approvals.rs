@@ -159,11 +159,6 @@ pub async fn list(conn: &mut AnyConnection, state: Option<State>, limit: i64) ->
     Ok(rows)
 }
 
-pub async fn count_pending(conn: &mut AnyConnection) -> Result<i64, DbError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM approvals WHERE state = 'pending'").fetch_one(conn).await?;
-    Ok(n)
-}
-
 /// Who decided, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decider {

@@ -79,11 +79,7 @@ impl FromRef<AppState> for WebhookState {
 impl AppState {
     pub fn new(gatehouse: &Gatehouse, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Self {
         let config = gatehouse.config.clone();
-        let public_url = if config.settings.server.public_url.is_empty() {
-            format!("http://{listen_addr}")
-        } else {
-            config.settings.server.public_url.trim_end_matches('/').to_string()
-        };
+        let public_url = config.settings.server.console_url_at(listen_addr);
         let mut allowed_origins = vec![
             url::Url::parse(&public_url).map(|u| u.origin().ascii_serialization()).unwrap_or_else(|_| public_url.clone()),
         ];
