@@ -73,15 +73,16 @@ pub struct ChatSummary {
 
 /// Every chat, simulated and WhatsApp, most recent first.
 pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSummary>, DbError> {
-    let sql = "SELECT channel, chat_id, \
-                 CASE WHEN channel = 'whatsapp' THEN (SELECT i.sender_name FROM whatsapp_inbound i \
-                   WHERE i.chat_id = c.chat_id AND i.is_group = 0 AND i.sender_name IS NOT NULL ORDER BY i.id DESC LIMIT 1) END AS name, \
+    let sql = format!(
+        "SELECT channel, chat_id, CASE WHEN channel = 'whatsapp' THEN ({}) END AS name, \
                  CAST(SUM(n) AS BIGINT) AS messages, MAX(last_at) AS last_at FROM ( \
                  SELECT 'simulator' AS channel, chat_id, COUNT(*) AS n, MAX(at) AS last_at FROM simulator_messages GROUP BY chat_id \
                  UNION ALL SELECT 'whatsapp', chat_id, COUNT(*), MAX(received_at) FROM whatsapp_inbound GROUP BY chat_id \
                  UNION ALL SELECT 'whatsapp', recipient, COUNT(*), MAX(created_at) FROM whatsapp_outbound GROUP BY recipient \
-               ) AS c GROUP BY channel, chat_id ORDER BY last_at DESC LIMIT $1";
-    Ok(sqlx::query_as(sql).bind(limit).fetch_all(conn).await?)
+               ) AS c GROUP BY channel, chat_id ORDER BY last_at DESC LIMIT $1",
+        super::whatsapp::latest_sender_name_sql("c.chat_id")
+    );
+    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(conn).await?)
 }
 
 /// One chat's messages, oldest first, with delivery states and trace links.
