@@ -91,6 +91,24 @@ pub(super) fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u
                 Ok(true)
             })
         })
+    } else if sqlite_file_of(&settings.url).is_some() {
+        // SQLite undoes a whole transaction by itself when a statement or the COMMIT runs out
+        // of room (SQLITE_FULL) or memory. sqlx still counts it open, its ROLLBACK then fails
+        // ("no transaction is active"), and every later BEGIN on that connection failed:
+        // one full disk stopped all writes until a restart, however much room came back. A
+        // connection that comes back still counting a transaction, once the rollback queued for
+        // it has run (the ping follows it on the connection's thread), is closed instead of
+        // pooled, and the pool opens a new one. A committed transaction costs nothing here. Not
+        // for an in-memory database, which lives only as long as its connection.
+        options.after_release(|conn, _meta| {
+            Box::pin(async move {
+                if !sqlx::Connection::is_in_transaction(conn) {
+                    return Ok(true);
+                }
+                sqlx::Connection::ping(conn).await?;
+                Ok(!sqlx::Connection::is_in_transaction(conn))
+            })
+        })
     } else {
         options
     };

@@ -20,6 +20,7 @@ pub mod owners;
 pub mod sessions;
 pub mod simulator;
 pub mod stats;
+pub mod storage;
 pub mod tool_audit;
 pub mod tool_sessions;
 pub mod tool_results;
@@ -93,6 +94,10 @@ pub struct Db {
     url: secrecy::SecretString,
     /// SQLite's background checkpoints, stopped when the last clone of this `Db` is dropped.
     _checkpointer: Option<Arc<Checkpointer>>,
+    /// Whether writes fail for want of room, as this process last saw.
+    storage: Arc<storage::StorageWatch>,
+    /// The folder holding the SQLite file, whose file system's free space the console shows.
+    sqlite_folder: Option<std::path::PathBuf>,
 }
 
 /// One applied migration, for the Dashboard and `/readyz`.
@@ -121,7 +126,8 @@ impl Db {
             pool.clone()
         };
         let checkpointer = background_checkpoints.then(|| Arc::new(Checkpointer::spawn(pool.clone(), writer.clone(), settings.checkpoint_interval, sqlite_file_of(&settings.url))));
-        Ok(Self { pool, writer, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer })
+        let sqlite_folder = sqlite_file_of(&settings.url).map(storage::folder_of);
+        Ok(Self { pool, writer, backend, url: secrecy::SecretString::from(settings.url.clone()), _checkpointer: checkpointer, storage: Arc::default(), sqlite_folder })
     }
 
     /// Applies pending migrations. A failure names the migration and the reason.
@@ -202,6 +208,19 @@ impl Db {
     pub async fn ping(&self) -> Result<(), DbError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Whether writes fail for want of room, as this process last saw (the webhook's intake and
+    /// the job worker report what their writes met).
+    pub fn storage(&self) -> &storage::StorageWatch {
+        &self.storage
+    }
+
+    /// Bytes left on the file system holding the SQLite file; `None` on PostgreSQL (its disk is
+    /// the server's) and for an in-memory database.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let folder = self.sqlite_folder.as_deref()?;
+        storage::free_bytes(folder).inspect_err(|e| tracing::debug!(error = %e, folder = %folder.display(), "cannot read the free space")).ok()
     }
 
     /// The connection URL, for PostgreSQL only (LISTEN needs a dedicated connection).
