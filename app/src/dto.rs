@@ -12,6 +12,20 @@ pub struct ShellInfo {
     pub degraded: Option<DegradedNotice>,
     /// Set when the database would not survive a restart (in memory, or a temporary file).
     pub storage_warning: Option<String>,
+    /// Set when writes fail for want of room, or little room is left.
+    pub disk: Option<DiskNotice>,
+}
+
+/// The database's room to write, when it needs the owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskNotice {
+    /// Writes fail for want of room since then (unix ms), and the last one failed then.
+    pub full_since_ms: Option<i64>,
+    pub last_full_ms: Option<i64>,
+    /// Bytes free on the disk holding the SQLite file; `None` on PostgreSQL.
+    pub free_bytes: Option<u64>,
+    /// `database.low_space_mib`, the warning's threshold.
+    pub low_space_mib: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +46,8 @@ pub struct DashboardInfo {
     pub started_at_ms: i64,
     pub uptime_secs: u64,
     pub database_backend: String,
+    /// Bytes free on the disk holding the SQLite file; `None` on PostgreSQL.
+    pub database_free_bytes: Option<u64>,
     pub config_path: String,
     pub listen_addr: String,
     pub public_url: String,

@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 use leptos_router::{components::{A, Outlet}, hooks::use_navigate};
 
-use crate::{api::{Logout, current_owner}, error::AppError};
+use crate::{api::{Logout, current_owner}, dto::DiskNotice, error::AppError, live::fmt_time};
 
 /// The console's sections, in navigation order: (path, label).
 pub const NAV: &[(&str, &str)] = &[
@@ -49,6 +49,7 @@ pub fn ConsoleLayout() -> impl IntoView {
                     })}
                 </Suspense>
             </header>
+            <div class="banners">
             <Suspense fallback=|| ()>
                 {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.degraded).map(|d| view! {
                     <div class="banner warn" role="status" data-testid="degraded-banner">
@@ -57,12 +58,14 @@ pub fn ConsoleLayout() -> impl IntoView {
                         " in Gatehouse's environment and restart."
                     </div>
                 })}
+                {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.disk).map(disk_banner)}
                 {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.storage_warning).map(|w| view! {
                     <div class="banner warn" role="status" data-testid="storage-banner">
                         "Ephemeral storage: " {w} ". Set " <code>"database.url"</code> " to a lasting file or PostgreSQL."
                     </div>
                 })}
             </Suspense>
+            </div>
             <nav class="sidenav" aria-label="Console">
                 {NAV.iter().map(|(href, label)| view! { <A href=*href exact=true>{*label}</A> }).collect_view()}
             </nav>
@@ -70,5 +73,40 @@ pub fn ConsoleLayout() -> impl IntoView {
                 <Outlet />
             </main>
         </div>
+    }
+}
+
+/// Bytes as an owner reads them: "12 kB", "312 MB", "4.2 GB".
+pub fn bytes_text(n: u64) -> String {
+    let n = n as f64;
+    match n {
+        n if n >= 1e9 => format!("{:.1} GB", n / 1e9),
+        n if n >= 1e6 => format!("{:.0} MB", n / 1e6),
+        n => format!("{:.0} kB", n / 1e3),
+    }
+}
+
+/// A full disk (writes fail) or a nearly full one, on every page.
+fn disk_banner(d: DiskNotice) -> impl IntoView {
+    let free = d.free_bytes.map(|b| format!(" {} free.", bytes_text(b))).unwrap_or_default();
+    match d.full_since_ms {
+        Some(since) => {
+            let last = d.last_full_ms.filter(|l| l / 1000 > since / 1000).map(|l| format!(", the last at {}", fmt_time(l))).unwrap_or_default();
+            view! {
+                <div class="banner alert" role="alert" data-testid="disk-full-banner">
+                    <strong>"The database's disk is full."</strong>
+                    {format!(" Writes fail since {} UTC{last}.{free} ", fmt_time(since))}
+                    "Nothing is lost: WhatsApp delivers each refused message again later (the webhook answers 503 "<code>"STORAGE_FULL"</code>"), and replies wait in the queue. Free space on that disk; Gatehouse resumes by itself."
+                </div>
+            }
+            .into_any()
+        }
+        None => view! {
+            <div class="banner warn" role="status" data-testid="disk-low-banner">
+                <strong>"Little room left for the database."</strong>
+                {format!("{free} This shows below {} MiB (", d.low_space_mib)}<code>"database.low_space_mib"</code>"). On a full disk nothing new is stored until there is room again."
+            </div>
+        }
+        .into_any(),
     }
 }

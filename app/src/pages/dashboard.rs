@@ -79,6 +79,7 @@ fn facts(i: &DashboardInfo) -> impl IntoView + use<> {
         ("Version", i.version.clone()),
         ("Uptime", uptime(i.uptime_secs)),
         ("Database", i.database_backend.clone()),
+        ("Free on the database's disk", i.database_free_bytes.map_or_else(|| "not known here (PostgreSQL's own disk)".into(), crate::layout::bytes_text)),
         ("Config file", i.config_path.clone()),
         ("Listening on", i.listen_addr.clone()),
         ("Public URL", i.public_url.clone()),

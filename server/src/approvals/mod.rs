@@ -99,7 +99,7 @@ impl ApprovalError {
             Self::InvalidButton(_) => ApprovalCode::InvalidButton.as_str(),
             Self::NotNeeded(_) => ApprovalCode::NotNeeded.as_str(),
             Self::Refused(_) => "APPROVAL_REFUSED",
-            Self::Db(_) => "DATABASE_ERROR",
+            Self::Db(e) => e.code(),
         }
     }
 }

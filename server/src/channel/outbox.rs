@@ -51,7 +51,7 @@ fn retry(code: &str, e: impl std::fmt::Display) -> DeliverError {
 impl Outbound for Outbox {
     async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError> {
         match to.channel.as_str() {
-            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map_err(|e| retry("DATABASE_ERROR", e)),
+            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map_err(|e| retry(e.code(), e)),
             WHATSAPP => {
                 use super::whatsapp::{Recipient, SendOutcome, sender::SendError};
                 let group = to.chat_kind == ChatKind::Group;
@@ -75,7 +75,7 @@ impl Outbound for Outbox {
                         self.trace(trace_id, Step::new("later_delivery", "failed", &super::whatsapp::trace_code(&code), json!({ "job_id": job_id })), true).await;
                         Err(DeliverError::Permanent { code, message })
                     }
-                    Err(SendError::Db(e)) => Err(retry("DATABASE_ERROR", e)),
+                    Err(SendError::Db(e)) => Err(retry(e.code(), e)),
                 }
             }
             other => Err(DeliverError::Permanent { code: "CHANNEL_UNKNOWN".into(), message: format!("no channel {other:?}") }),

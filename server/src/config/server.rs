@@ -137,6 +137,9 @@ pub struct DatabaseSettings {
     /// whichever commit fills the log.
     #[serde(with = "duration_str")]
     pub checkpoint_interval: Duration,
+    /// SQLite only: below this many MiB free on the disk holding the file, every console page
+    /// warns the owner, before a full disk stops new messages from being stored. 0: no warning.
+    pub low_space_mib: u64,
 }
 
 impl Default for DatabaseSettings {
@@ -147,6 +150,7 @@ impl Default for DatabaseSettings {
             busy_timeout: Duration::from_secs(5),
             acquire_timeout: Duration::from_secs(10),
             checkpoint_interval: Duration::from_millis(100),
+            low_space_mib: 1024,
         }
     }
 }

@@ -54,16 +54,24 @@ impl Checkpointer {
             // The frames in the database file at the last sync, and whether the last one failed.
             let mut synced: Option<i64> = None;
             let mut failing = false;
+            // Whether the last round failed: a failure is logged when a streak begins (a full
+            // disk fails every round, ten a second), and the end of a streak is logged too.
+            let mut rounds_failing = false;
             loop {
                 tick.tick().await;
                 if pool.is_closed() {
                     return;
                 }
                 let copied = match Self::round(&pool, &writer).await {
-                    Ok(copied) => Some(copied),
+                    Ok(copied) => {
+                        if std::mem::take(&mut rounds_failing) {
+                            tracing::info!("checkpointing the SQLite write-ahead log works again");
+                        }
+                        Some(copied)
+                    }
                     Err(e) => {
-                        if !pool.is_closed() {
-                            tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again");
+                        if !pool.is_closed() && !std::mem::replace(&mut rounds_failing, true) {
+                            tracing::warn!(error = %e, "checkpointing the SQLite write-ahead log failed; trying again every round, logged again only once it works");
                         }
                         None
                     }

@@ -170,7 +170,7 @@ impl MarkError {
         match self {
             Self::NoTrace(_) => "EVAL_TRACE_NOT_FOUND",
             Self::NoMessage(_) => "EVAL_TRACE_UNREADABLE",
-            Self::Db(_) => "DATABASE_ERROR",
+            Self::Db(e) => e.code(),
         }
     }
 }

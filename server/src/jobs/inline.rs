@@ -43,7 +43,11 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
             let defaults = crate::config::JobSettings::default();
             let wait = retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max);
             let at = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
-            store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
+            if e.uses_attempt() {
+                store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
+            } else {
+                store::snooze(&mut tx, job.id, job.attempt, &claimed.owner, at, now, Some(&e.code)).await?;
+            }
         }
     }
     tx.commit().await?;

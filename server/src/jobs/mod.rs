@@ -41,6 +41,9 @@ pub enum JobCode {
     /// The handler's own database work failed; retried.
     #[strum(serialize = "DATABASE_ERROR")]
     Database,
+    /// The handler's own database work found no room on the disk; retried.
+    #[strum(serialize = "STORAGE_FULL")]
+    StorageFull,
 }
 
 impl JobCode {
@@ -103,6 +106,13 @@ impl JobError {
     pub fn permanent(code: &str, message: impl Into<String>) -> Self {
         Self { code: code.into(), message: message.into(), retryable: false }
     }
+
+    /// Whether this failure uses up the run's attempt. No room to write is the machine's
+    /// failure, not the job's: such a run waits for room (snoozed) and tries again with the
+    /// same attempts left, so a full disk discards nothing.
+    pub fn uses_attempt(&self) -> bool {
+        self.code != JobCode::StorageFull.as_str()
+    }
 }
 
 /// A job kind: its name and its arguments, declared once and shared by the code that enqueues
@@ -117,14 +127,15 @@ pub trait Handler<K: JobKind>: Send + Sync {
     async fn run(&self, args: K, ctx: &JobContext) -> Result<JobOutput, JobError>;
 }
 
-/// A handler as the worker sees it: any kind, arguments still encoded.
 /// A handler's own database failure: transient, so retried.
 impl From<crate::db::DbError> for JobError {
     fn from(e: crate::db::DbError) -> Self {
-        Self::retryable(JobCode::Database.as_str(), e.to_string())
+        let code = if e.is_storage_full() { JobCode::StorageFull } else { JobCode::Database };
+        Self::retryable(code.as_str(), e.to_string())
     }
 }
 
+/// A handler as the worker sees it: any kind, arguments still encoded.
 #[async_trait::async_trait]
 pub trait JobHandler: Send + Sync {
     async fn run(&self, ctx: &JobContext) -> Result<JobOutput, JobError>;

@@ -129,7 +129,7 @@ impl RepairError {
             Self::Invalid(_) => "REPAIR_CONFIG_INVALID",
             Self::File(_) => "REPAIR_FILE_ERROR",
             Self::Cases(_) => "EVAL_CASE_CORRUPT",
-            Self::Db(_) => "DATABASE_ERROR",
+            Self::Db(e) => e.code(),
         }
     }
 }

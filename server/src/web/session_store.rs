@@ -60,10 +60,20 @@ impl SessionStore for DbSessionStore {
         }
     }
 
+    /// Every request saves its session, to slide the idle expiry. On a full disk that write
+    /// fails; the session as stored is still good, so the page is served all the same and the
+    /// owner can read what is wrong (the console's banner) instead of a 500.
     async fn save(&self, record: &Record) -> Result<()> {
         let (data, expires) = encode(record)?;
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
-        sessions::update(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)
+        match sessions::update(&mut conn, &record.id.to_string(), &data, expires).await {
+            Err(e) if e.is_storage_full() => {
+                self.db.storage().failed(&e);
+                tracing::debug!(error = %e, "session not saved: no room; it keeps its stored expiry");
+                Ok(())
+            }
+            other => other.map_err(backend_err),
+        }
     }
 
     async fn load(&self, id: &Id) -> Result<Option<Record>> {

@@ -226,8 +226,8 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     // Snooze does not count an attempt.
     let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 6000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"), "a stale attempt cannot snooze");
-    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000).await.expect("snooze"));
+    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000, None).await.expect("snooze"), "a stale attempt cannot snooze");
+    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000, None).await.expect("snooze"));
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.attempt), (JobState::Scheduled, 1));
 
@@ -325,6 +325,8 @@ both_backends!(jobs_listing, listing_filters_paging_counts);
 struct Probe {
     runs: Mutex<HashMap<i64, usize>>,
     fail_first: usize,
+    /// Runs that first find no room to write, before `fail_first` counts.
+    full_first: usize,
     sleep: Duration,
 }
 
@@ -340,7 +342,11 @@ impl JobHandler for Probe {
         if !self.sleep.is_zero() {
             tokio::time::sleep(self.sleep).await;
         }
-        if n <= self.fail_first {
+        if n <= self.full_first {
+            let full = db::DbError::Sql(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::StorageFull)));
+            return Err(JobError::from(full));
+        }
+        if n <= self.full_first + self.fail_first {
             return Err(JobError::retryable("TOOL_PROVIDER_ERROR", "flaky"));
         }
         Ok(JobOutput { preview: Some(format!("done by {}", ctx.idempotency_key())), snooze: None })
@@ -442,6 +448,34 @@ async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     assert_eq!(hook.failed_final.load(Ordering::SeqCst), 3);
 }
 both_backends!(worker_outcomes, worker_runs_retries_discards_and_hooks);
+
+/// A run that finds the disk full waits for room without using up an attempt: a job with two
+/// attempts whose first four runs meet a full disk and whose next one fails on its own still
+/// completes, on its second attempt. Each wait is in the job's events with its code.
+async fn a_full_disk_uses_up_no_attempt(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let probe = Arc::new(Probe { full_first: 4, fail_first: 1, ..Default::default() });
+    let hook = Arc::new(Counting::default());
+    let mut registry = Registry::new();
+    registry.register("probe", probe.clone()).hook(hook.clone());
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped));
+    let id = queue.enqueue(&NewJob { max_attempts: 2, ..job("probe") }).await.expect("e").job.id;
+    let counts = wait_until_finished(&pool, 1, Duration::from_secs(20)).await;
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let j = store::get(&mut conn, id).await.expect("g").expect("job");
+    assert_eq!((j.state, j.attempt), (JobState::Completed, 2), "{counts:?}");
+    assert_eq!(probe.runs.lock().expect("lock").get(&id), Some(&6));
+    let events = store::events(&mut conn, id).await.expect("events");
+    let waits = events.iter().filter(|e| e.error_code.as_deref() == Some("STORAGE_FULL") && e.message.as_deref() == Some("snoozed")).count();
+    assert_eq!(waits, 4, "{events:?}");
+    assert_eq!((hook.ok.load(Ordering::SeqCst), hook.failed_final.load(Ordering::SeqCst)), (1, 0));
+}
+both_backends!(worker_storage_full, a_full_disk_uses_up_no_attempt);
 
 async fn several_workers_never_double_claim(db: TestDb) {
     let pool = fresh(&db).await;

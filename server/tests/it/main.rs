@@ -10,6 +10,7 @@ mod connectors;
 mod followups;
 mod hardening;
 mod conversation;
+mod disk_full;
 mod evals;
 mod events;
 mod jobs;

@@ -52,7 +52,20 @@ impl Gatehouse {
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(BIN);
+        self.command_via(&[], args)
+    }
+
+    /// `gatehouse` run by `wrapper` (a program and its arguments, given the binary's command line
+    /// after them), or directly when `wrapper` is empty.
+    fn command_via(&self, wrapper: &[&str], args: &[&str]) -> tokio::process::Command {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(rest).arg(BIN);
+                cmd
+            }
+            None => tokio::process::Command::new(BIN),
+        };
         cmd.arg("--config").arg(&self.config).args(args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).kill_on_drop(true);
         cmd
     }
@@ -64,9 +77,15 @@ impl Gatehouse {
 
     /// `gatehouse serve`, its logs appended to `log`; returns once it answers `/healthz`.
     pub(crate) async fn serve(&self, log: &Path) -> tokio::process::Child {
+        self.serve_via(&[], log).await
+    }
+
+    /// [`Gatehouse::serve`], started by `wrapper` (which must end by exec-ing its arguments, so
+    /// that the child is `gatehouse` itself).
+    pub(crate) async fn serve_via(&self, wrapper: &[&str], log: &Path) -> tokio::process::Child {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
         let err = file.try_clone().expect("log");
-        let child = self.command(&["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
+        let child = self.command_via(wrapper, &["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
         let addr = self.addr.clone();
         wait_for("serve to answer /healthz", Duration::from_secs(60), async || tokio::net::TcpStream::connect(&addr).await.is_ok()).await;
         child

@@ -288,6 +288,7 @@ async fn verification_handshake_accepts_only_our_token() {
     ] {
         let res = client.get(&format!("/webhooks/whatsapp?{query}")).await;
         assert_eq!(res.status, StatusCode::FORBIDDEN, "{query}");
+        assert!(res.body.starts_with("WEBHOOK_VERIFY_REFUSED:"), "{}", res.body);
         assert!(!res.body.contains('1'), "no challenge echoed: {query}");
     }
 
@@ -303,13 +304,20 @@ async fn signatures_are_required(db: TestDb) {
 
     let missing = post_webhook(&app, &body, None).await;
     assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    assert!(missing.body.starts_with("SIGNATURE_MISSING:"), "{}", missing.body);
     let wrong = post_webhook(&app, &body, Some(signature::sign(b"not-the-secret", body.as_bytes()))).await;
     assert_eq!(wrong.status, StatusCode::FORBIDDEN);
+    assert!(wrong.body.starts_with("SIGNATURE_INVALID:"), "{}", wrong.body);
     let garbage = post_webhook(&app, &body, Some("sha256=nothex".into())).await;
     assert_eq!(garbage.status, StatusCode::FORBIDDEN);
     let modified = body.replace("hello", "HELLO");
     let tampered = post_webhook(&app, &modified, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
     assert_eq!(tampered.status, StatusCode::FORBIDDEN, "signature over the original, body modified");
+    for malformed in ["not json", "{\"object\":\"page\",\"entry\":[]}", "[1,2]"] {
+        let refused = post_webhook(&app, malformed, Some(signature::sign(APP_SECRET.as_bytes(), malformed.as_bytes()))).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{malformed}");
+        assert!(refused.body.starts_with("WEBHOOK_NOT_A_NOTIFICATION:"), "{}", refused.body);
+    }
     assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 0, "nothing stored from unsigned posts");
     assert_eq!(inbound_jobs(&app).await, 0);
 
@@ -322,6 +330,7 @@ async fn signatures_are_required(db: TestDb) {
     let bare = TestApp::new(TestDb::sqlite()).await;
     let res = post_webhook(&bare, &body, Some(signature::sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
     assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "without WHATSAPP_APP_SECRET nothing is accepted");
+    assert!(res.body.starts_with("WHATSAPP_NOT_CONFIGURED:"), "{}", res.body);
 }
 both_backends!(whatsapp_signatures, signatures_are_required);
 

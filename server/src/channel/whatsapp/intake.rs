@@ -14,6 +14,7 @@ use crate::{
     db::{
         self, Db, DbError,
         jobs::NewJob,
+        storage::STORAGE_FULL,
         whatsapp::{self as store, DeliveryState, StatusUpdate},
     },
     events::{Delivery, Envelope, Event, Events},
@@ -126,15 +127,33 @@ async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Re
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
+    /// No room on the database's disk; nothing of the batch was stored.
+    #[error("STORAGE_FULL: {0}")]
+    StorageFull(String),
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("the transaction holding this batch was abandoned before it committed")]
     Abandoned,
 }
 
+impl IntakeError {
+    /// The stable code the webhook answers with.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::StorageFull(_) => STORAGE_FULL,
+            Self::Db(e) => e.code(),
+            Self::Abandoned => "INTAKE_ABANDONED",
+        }
+    }
+
+    fn from_db(e: DbError) -> Self {
+        if e.is_storage_full() { Self::StorageFull(e.to_string()) } else { Self::Db(e) }
+    }
+}
+
 struct Waiting {
     batch: Batch,
-    done: oneshot::Sender<Result<IntakeReport, DbError>>,
+    done: oneshot::Sender<Result<IntakeReport, IntakeError>>,
 }
 
 /// Group commit. Posts hand their batches to one writer task, which stores everything that
@@ -251,22 +270,32 @@ async fn commit_group(db: &Db, queue: &JobQueue, group: Vec<Waiting>) {
         queue.commit(tx).await?;
         Ok::<_, DbError>(reports)
     };
-    match together.await {
+    let stored = together.await;
+    db.storage().observe(&stored);
+    match stored {
         Ok(reports) => {
             for (w, report) in group.into_iter().zip(reports) {
                 let _ = w.done.send(Ok(report));
             }
         }
+        // Alone, each would meet the same full disk: every post of the group is refused at once.
+        Err(e) if e.is_storage_full() => {
+            let message = e.to_string();
+            for w in group {
+                let _ = w.done.send(Err(IntakeError::StorageFull(message.clone())));
+            }
+        }
         Err(e) if group.len() == 1 => {
             if let Some(w) = group.into_iter().next() {
-                let _ = w.done.send(Err(e));
+                let _ = w.done.send(Err(IntakeError::Db(e)));
             }
         }
         Err(e) => {
             tracing::warn!(error = %e, batches = group.len(), "group commit of webhook batches failed; storing each alone");
             for w in group {
                 let result = store_batch(db, queue, &w.batch).await;
-                let _ = w.done.send(result);
+                db.storage().observe(&result);
+                let _ = w.done.send(result.map_err(IntakeError::from_db));
             }
         }
     }

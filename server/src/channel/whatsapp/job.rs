@@ -87,10 +87,6 @@ impl InboundJob {
     }
 }
 
-fn db_error(e: DbError) -> JobError {
-    JobError::retryable("DATABASE_ERROR", e.to_string())
-}
-
 /// The typing indicator for handlers, sent with the read receipt when configured, in direct
 /// chats only.
 struct Typing<'a> {
@@ -120,10 +116,10 @@ fn describe(outcome: &SendOutcome) -> String {
 #[async_trait::async_trait]
 impl Handler<ProcessInbound> for InboundJob {
     async fn run(&self, args: ProcessInbound, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
+        let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
         let row = store::get_inbound(&mut conn, args.inbound_id)
             .await
-            .map_err(db_error)?
+            .map_err(JobError::from)?
             .ok_or_else(|| JobError::permanent("WHATSAPP_INBOUND_MISSING", format!("inbound message {} is not stored", args.inbound_id)))?;
         drop(conn);
         if let Some(outcome) = &row.outcome {
@@ -142,11 +138,11 @@ impl Handler<ProcessInbound> for InboundJob {
         };
         if let Some(outcome) = unanswerable {
             tracing::warn!(wamid = %row.wamid, "{outcome}");
-            let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
-            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+            let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
+            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(JobError::from)?;
             return Ok(JobOutput { preview: Some(outcome), snooze: None });
         }
-        let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(db_error)?;
+        let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(JobError::from)?;
         // The reply's sends keep their share of the run's budget.
         inbound.deadline = Some(ctx.deadline_before(self.sender.settings().send_reserve()));
         if self.sender.settings().mark_read && inbound.kind.is_readable() {
@@ -155,8 +151,8 @@ impl Handler<ProcessInbound> for InboundJob {
         let presence = Typing { sender: &self.sender, wamid: &inbound.message_id, direct: inbound.chat_kind == ChatKind::Direct };
         let handled = self.handler.handle(&inbound, &presence).await.map_err(|e| if e.retryable { JobError::retryable(&e.code, e.message) } else { JobError::permanent(&e.code, e.message) })?;
         let outcome = self.deliver(ctx, &inbound, &handled).await?;
-        let mut conn = self.db.pool.acquire().await.map_err(|e| db_error(e.into()))?;
-        store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(db_error)?;
+        let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
+        store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(JobError::from)?;
         Ok(JobOutput { preview: Some(outcome), snooze: None })
     }
 }

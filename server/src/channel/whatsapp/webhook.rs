@@ -15,7 +15,10 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::db;
 
-use super::{intake::Intake, payload, signature};
+use super::{
+    intake::{Intake, IntakeError},
+    payload, signature,
+};
 
 pub const PATH: &str = "/webhooks/whatsapp";
 
@@ -42,6 +45,7 @@ where
     Router::new().route(PATH, get(verify).post(receive)).layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 
+/// A plain-text answer; a refusal's text starts with its stable code and a colon.
 fn plain(status: StatusCode, text: &'static str) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
@@ -63,7 +67,7 @@ async fn verify(State(state): State<WebhookState>, Query(query): Query<HashMap<S
             } else {
                 tracing::warn!(mode_ok, token_ok, "WhatsApp webhook verification refused");
             }
-            plain(StatusCode::FORBIDDEN, "forbidden")
+            plain(StatusCode::FORBIDDEN, "WEBHOOK_VERIFY_REFUSED: wrong hub.mode or hub.verify_token")
         }
     }
 }
@@ -73,7 +77,7 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
     let Some(secret) = state.app_secret.as_ref() else {
         tracing::error!("WhatsApp webhook post refused: WHATSAPP_APP_SECRET is not set");
         metrics::counter!("whatsapp_webhook_total", "outcome" => "not_configured").increment(1);
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "not configured");
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "WHATSAPP_NOT_CONFIGURED: this server has no WHATSAPP_APP_SECRET");
     };
     let given = headers.get(signature::SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     if let Err(e) = signature::verify(secret.expose_secret().as_bytes(), given, &body) {
@@ -81,8 +85,8 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
         tracing::warn!(reason = %e, bytes = body.len(), "WhatsApp webhook post with a bad signature refused");
         metrics::counter!("whatsapp_webhook_total", "outcome" => "bad_signature").increment(1);
         return match e {
-            signature::SignatureError::Missing => plain(StatusCode::UNAUTHORIZED, "signature required"),
-            _ => plain(StatusCode::FORBIDDEN, "bad signature"),
+            signature::SignatureError::Missing => plain(StatusCode::UNAUTHORIZED, "SIGNATURE_MISSING: send X-Hub-Signature-256"),
+            _ => plain(StatusCode::FORBIDDEN, "SIGNATURE_INVALID: X-Hub-Signature-256 does not match the body"),
         };
     }
     let batch = match payload::parse(&body, state.raw_max_bytes, db::now_ms()) {
@@ -90,7 +94,7 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
         Err(e) => {
             tracing::warn!(error = %e, bytes = body.len(), "signed WhatsApp webhook post is not a notification");
             metrics::counter!("whatsapp_webhook_total", "outcome" => "bad_payload").increment(1);
-            return plain(StatusCode::BAD_REQUEST, "not a WhatsApp notification");
+            return plain(StatusCode::BAD_REQUEST, "WEBHOOK_NOT_A_NOTIFICATION: the body is not a WhatsApp webhook notification");
         }
     };
     let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
@@ -108,11 +112,20 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
             metrics::counter!("whatsapp_inbound_duplicates_total").increment(report.duplicates as u64);
             plain(StatusCode::OK, "ok")
         }
+        // Nothing of this batch was committed: any answer but 200 makes Meta deliver it again
+        // (with backoff, for up to seven days), so nothing is lost.
+        Err(e @ IntakeError::StorageFull(_)) => {
+            // The storage watch has logged it once; one line a refused post would flood a full disk's logs.
+            tracing::debug!(error = %e, messages, statuses, "WhatsApp webhook not stored: no room");
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "storage_full").increment(1);
+            let mut refused = plain(StatusCode::SERVICE_UNAVAILABLE, "STORAGE_FULL: the server's disk is full; nothing of this post was stored, deliver it again later");
+            refused.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("60"));
+            refused
+        }
         Err(e) => {
-            // 500 so that Meta delivers again: nothing of this batch was committed.
-            tracing::error!(error = %e, messages, statuses, "cannot store WhatsApp webhook; answering 500 so Meta retries");
+            tracing::error!(error = %e, code = e.code(), messages, statuses, "cannot store WhatsApp webhook; answering 500 so Meta retries");
             metrics::counter!("whatsapp_webhook_total", "outcome" => "store_failed").increment(1);
-            plain(StatusCode::INTERNAL_SERVER_ERROR, "not stored")
+            plain(StatusCode::INTERNAL_SERVER_ERROR, "DATABASE_ERROR: nothing of this post was stored, deliver it again")
         }
     }
 }

@@ -191,7 +191,7 @@ pub async fn fail(
 }
 
 /// Reschedules a running job without counting the attempt.
-pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64) -> Result<bool, DbError> {
+pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64, code: Option<&str>) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = attempt - 1, \
          lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
@@ -206,7 +206,7 @@ pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str
     .rows_affected();
     if n == 1 {
         let attempt = get(conn, id).await?.map_or(0, |j| j.attempt);
-        event(conn, id, now, JobState::Scheduled, attempt, None, Some("snoozed")).await?;
+        event(conn, id, now, JobState::Scheduled, attempt, code, Some("snoozed")).await?;
     }
     Ok(n == 1)
 }

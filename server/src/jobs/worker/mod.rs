@@ -147,6 +147,7 @@ impl Worker {
                         self.start_all(jobs, &mut tasks, &in_flight, &done_tx);
                     }
                     Err(e) => {
+                        self.db.storage().failed(&e);
                         let wait = db_backoff.get_or_insert_with(claim_delays).next().unwrap_or(CLAIM_BACKOFF_MAX);
                         tracing::warn!(worker = %self.id, error = %e, retry_in_ms = wait.as_millis() as u64, "claiming jobs failed; backing off");
                         tokio::select! {

@@ -26,7 +26,9 @@ impl Worker {
     pub(super) async fn record_outcomes(self, mut rx: mpsc::UnboundedReceiver<Outcome>, in_flight: InFlight, refill: Refill) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, MAX_OUTCOMES).await > 0 {
-            let recorded = match self.record_gathering(&mut batch, &mut rx, &refill).await {
+            let gathered = self.record_gathering(&mut batch, &mut rx, &refill).await;
+            self.db.storage().observe(&gathered);
+            let recorded = match gathered {
                 Ok(applied) => Some(applied),
                 Err(e) => {
                     tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), "recording job outcomes failed; retrying");
@@ -64,7 +66,7 @@ impl Worker {
             .with_min_delay(Duration::from_millis(50))
             .with_max_delay(Duration::from_secs(5))
             .with_max_times(usize::try_from(tries.saturating_sub(1)).unwrap_or(usize::MAX));
-        (|| self.record(batch))
+        (|| async { self.record(batch).await.inspect(|_| self.db.storage().wrote()).inspect_err(|e| self.db.storage().failed(e)) })
             .retry(delays)
             .notify(|e, wait| tracing::warn!(worker = %self.id, error = %e, outcomes = batch.len(), retry_in_ms = wait.as_millis() as u64, "recording job outcomes failed; retrying"))
             .await
@@ -141,7 +143,11 @@ impl Worker {
         for o in batch {
             applied.push(match &o.result {
                 Ok(JobOutput { snooze: Some(after), .. }) => {
-                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now).await? { Applied::Snoozed } else { Applied::Stale }
+                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now, None).await? { Applied::Snoozed } else { Applied::Stale }
+                }
+                Err(err) if !err.uses_attempt() => {
+                    let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
+                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, at, now, Some(&err.code)).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
                 Ok(_) => Applied::Stale,

@@ -2,7 +2,7 @@
 
 use app::{
     backend::{LoginOutcome, OwnerIdentity, OwnersBackend},
-    dto::{DashboardInfo, DegradedNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, DegradedNotice, DiskNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -88,6 +88,7 @@ impl OwnersBackend for ConsoleBackend {
             login: owner.login,
             degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
             storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
+            disk: disk_notice(&self.state.db, self.state.config.settings.database.low_space_mib),
         }))
     }
 
@@ -129,6 +130,7 @@ impl OwnersBackend for ConsoleBackend {
             started_at_ms: s.started_at_ms,
             uptime_secs: s.started.elapsed().as_secs(),
             database_backend: s.db.backend.as_str().into(),
+            database_free_bytes: s.db.free_bytes(),
             config_path: s.config.path.display().to_string(),
             listen_addr: s.listen_addr.to_string(),
             public_url: s.public_url.clone(),
@@ -164,6 +166,15 @@ impl OwnersBackend for ConsoleBackend {
     fn session_absolute_timeout_ms(&self) -> i64 {
         i64::try_from(self.state.config.settings.auth.session_absolute_timeout.as_millis()).unwrap_or(i64::MAX)
     }
+}
+
+/// The database's room to write, when the owner should hear of it: writes failing for want of
+/// room, or (SQLite) less than `low_space_mib` left on its disk.
+fn disk_notice(db: &db::Db, low_space_mib: u64) -> Option<DiskNotice> {
+    let full = db.storage().full();
+    let free_bytes = db.free_bytes();
+    let low = low_space_mib > 0 && free_bytes.is_some_and(|b| b < low_space_mib.saturating_mul(1 << 20));
+    (full.is_some() || low).then(|| DiskNotice { full_since_ms: full.map(|f| f.since_ms), last_full_ms: full.map(|f| f.last_ms), free_bytes, low_space_mib })
 }
 
 /// The effective settings as dotted keys. URL values lose credentials and query strings.

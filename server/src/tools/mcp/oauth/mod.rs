@@ -71,7 +71,7 @@ impl OAuthError {
             Self::UnknownLogin => "MCP_OAUTH_LOGIN_UNKNOWN",
             Self::NotYours => "MCP_OAUTH_LOGIN_NOT_YOURS",
             Self::Denied(_) => "MCP_OAUTH_DENIED",
-            Self::Db(_) => "DATABASE_ERROR",
+            Self::Db(e) => e.code(),
         }
     }
 }
