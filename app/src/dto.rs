@@ -519,6 +519,8 @@ pub struct ConversationsPage {
     pub chats: Vec<ChatView>,
     /// The signed-in owner's WhatsApp numbers, to simulate a chat as an owner.
     pub owner_numbers: Vec<String>,
+    /// The simulator's first sender (`conversation.simulator_customer`).
+    pub simulator_customer: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

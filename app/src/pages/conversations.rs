@@ -13,9 +13,6 @@ use crate::{
     live::{MESSAGES_LIVE, fmt_time, use_live},
 };
 
-/// A customer number for the simulator's first use (a reserved fictional range).
-const SAMPLE_CUSTOMER: &str = "+15550100000";
-
 fn chat_href(c: &ChatView) -> String {
     format!("/conversations/{}/{}", c.channel, super::url_encode(&c.chat_id))
 }
@@ -39,7 +36,7 @@ pub fn ConversationsPage() -> impl IntoView {
                     <h2>"Simulator"</h2>
                     <p>{owner_hint}</p>
                     <ActionForm action=send attr:class="try-it">
-                        <label>"From" <input type="tel" name="from" value=SAMPLE_CUSTOMER required=true data-testid="sim-from" /></label>
+                        <label>"From" <input type="tel" name="from" value=p.simulator_customer.clone() required=true data-testid="sim-from" /></label>
                         <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
                         <input type="hidden" name="chat_id" value="" />
                         <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
@@ -99,7 +96,7 @@ pub fn ChatPage() -> impl IntoView {
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>
         {super::loaded(chat, move |c| {
             // Carry on as the chat's last sender (an owner's number talks as the owner).
-            let from = c.messages.iter().rev().find(|m| m.direction == "in").map_or_else(|| SAMPLE_CUSTOMER.to_string(), |m| format!("+{}", m.sender));
+            let from = c.messages.iter().rev().find(|m| m.direction == "in").map(|m| format!("+{}", m.sender)).unwrap_or_default();
             view! {
                 <h1>
                     {c.name.clone().map(|name| view! { <span data-testid="chat-name">{name}</span>" " })}

@@ -49,6 +49,8 @@ pub struct ConversationSettings {
     pub rate_window: Duration,
     /// What a limited chat is told, once per `rate_window`.
     pub rate_limited_reply: String,
+    /// The sender the console's simulator starts with.
+    pub simulator_customer: String,
 }
 
 impl Default for ConversationSettings {
@@ -66,6 +68,7 @@ impl Default for ConversationSettings {
             rate_limit: 20,
             rate_window: Duration::from_secs(600),
             rate_limited_reply: "You're sending messages faster than I can answer. Please wait a few minutes, then write again.".into(),
+            simulator_customer: String::new(),
         }
     }
 }

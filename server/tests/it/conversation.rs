@@ -567,6 +567,7 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
         s.llm.anthropic.base_url = url.clone();
         s.llm.max_retries = 0;
         s.models.chat = CHAT_MODEL.into();
+        s.conversation.simulator_customer = "+15550100099".into();
     })
     .await;
     let mut anonymous = app.client();
@@ -597,6 +598,7 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     assert_eq!(steps.last(), Some(&("delivery".to_string(), "delivered".to_string(), "SIMULATOR".to_string())), "{steps:?}");
     let chats = owner.post_form("/api/list_chats", &[]).await.json();
     assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")), "{chats}");
+    assert_eq!(chats["simulator_customer"], "+15550100099", "the simulator's first sender comes from config");
 }
 both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
 

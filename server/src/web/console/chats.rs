@@ -20,7 +20,7 @@ impl ChatsBackend for ConsoleBackend {
             .map(|c| ChatView { channel: c.channel, chat_id: c.chat_id, name: c.name, messages: c.messages, last_at: c.last_at })
             .collect();
         let owner_numbers = db::owners::phones_of(&mut conn, owner_id).await.map_err(internal)?;
-        Ok(ConversationsPage { chats, owner_numbers })
+        Ok(ConversationsPage { chats, owner_numbers, simulator_customer: self.state.config.settings.conversation.simulator_customer.clone() })
     }
 
     async fn chat_detail(&self, channel: &str, chat_id: &str) -> Result<ChatDetail, AppError> {
