@@ -14,10 +14,14 @@ use std::{path::Path, sync::Arc};
 use crate::{
     approvals::{
         Approvals,
-        jobs::{AskOwnerHandler, SettleHandler},
+        jobs::{AskOwner, AskOwnerHandler, Settle, SettleHandler},
     },
     budget::Budget,
-    channel::{InboundHandler, Outbound, Outbox, simulator::Simulator, whatsapp::WhatsApp},
+    channel::{
+        InboundHandler, Outbound, Outbox,
+        simulator::Simulator,
+        whatsapp::{WhatsApp, intake::ProcessInbound},
+    },
     config::{self, ConfigError, LoadedConfig},
     conversation::{self, Runtime, RuntimeParts, ToolLane},
     lane,
@@ -25,6 +29,7 @@ use crate::{
     events::Events,
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
     llm::{self, CallObserver, ChatModel, Observers},
+    owners::notices::DeliverNotice,
     repairs::{
         Workspace,
         cycle::{Cycle, CycleJob},
@@ -146,7 +151,13 @@ impl Gatehouse {
             tracing::error!(code = e.code(), error = %e, "OpenTelemetry export is off");
             Telemetry::default()
         });
-        let jobs = JobQueue::with_settings(db.clone(), &settings.jobs).traced(telemetry.clone());
+        let attempts = &settings.jobs.attempts;
+        let jobs = JobQueue::with_settings(db.clone(), &settings.jobs)
+            .attempts_for::<ProcessInbound>(attempts.whatsapp_inbound)
+            .attempts_for::<DeliverNotice>(attempts.owner_notify)
+            .attempts_for::<AskOwner>(attempts.owner_notify)
+            .attempts_for::<Settle>(attempts.owner_notify)
+            .traced(telemetry.clone());
         let events = Events::new(db.clone(), &settings.events);
         let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
         let model = match overrides.model {

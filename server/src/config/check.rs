@@ -28,6 +28,8 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let jobs = &settings.jobs;
     need(jobs.concurrency >= 1, "jobs.concurrency", "must be at least 1".into());
     need(jobs.default_max_attempts >= 1, "jobs.default_max_attempts", "must be at least 1".into());
+    need(jobs.attempts.whatsapp_inbound >= 1, "jobs.attempts.whatsapp_inbound", "must be at least 1".into());
+    need(jobs.attempts.owner_notify >= 1, "jobs.attempts.owner_notify", "must be at least 1".into());
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());

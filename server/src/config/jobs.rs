@@ -31,6 +31,29 @@ pub struct JobSettings {
     pub maintenance_interval: Duration,
     /// Budgets of the job kinds whose work is longer than `job_timeout` allows.
     pub timeouts: JobTimeouts,
+    /// Attempts of the job kinds that must outlast an outage of the WhatsApp Cloud API.
+    pub attempts: JobAttempts,
+}
+
+/// How many runs a job kind gets before it is discarded, for the kinds that send on WhatsApp:
+/// with the backoff doubling from `retry_base` up to `retry_max`, these ride out an outage of
+/// the Cloud API (or of this machine's network) instead of dropping the reply after
+/// `default_max_attempts`. A retried reply is not asked of the model again: the runtime gives
+/// back the reply it made, and the delivery ledger skips what already went out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobAttempts {
+    /// `whatsapp.inbound`: the reply to a customer's or an owner's message.
+    pub whatsapp_inbound: u32,
+    /// `owner.notify`, `approval.ask` and `approval.settle`: what owners are told and asked on
+    /// WhatsApp, and what a customer is told of an owner's decision.
+    pub owner_notify: u32,
+}
+
+impl Default for JobAttempts {
+    fn default() -> Self {
+        Self { whatsapp_inbound: 14, owner_notify: 14 }
+    }
 }
 
 /// How long one run of a job kind may take before it is stopped and retried. Work inside a run
@@ -75,6 +98,7 @@ impl Default for JobSettings {
             default_max_attempts: 5,
             maintenance_interval: Duration::from_secs(5),
             timeouts: JobTimeouts::default(),
+            attempts: JobAttempts::default(),
         }
     }
 }

@@ -38,7 +38,7 @@ pub use builtins::{SearchProvider, WebFetchSettings, WebSearchSettings};
 pub use detector::{DetectorSettings, FieldWeights, Language};
 pub use evals::EvalSettings;
 pub use events::EventSettings;
-pub use jobs::{JobSettings, JobTimeouts};
+pub use jobs::{JobAttempts, JobSettings, JobTimeouts};
 pub use approvals::ApprovalSettings;
 pub use budget::{AtLimit, BudgetSettings};
 pub use lane::LaneSettings;

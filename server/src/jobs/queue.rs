@@ -2,7 +2,7 @@
 //! PostgreSQL `LISTEN/NOTIFY` (the `jobs_notify` trigger of migration 0027 notifies for every
 //! statement that inserts jobs; PostgreSQL delivers it when the enqueuing transaction commits).
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::Notify;
@@ -29,6 +29,8 @@ pub struct JobQueue {
     wake: Arc<Notify>,
     queue: String,
     max_attempts: i64,
+    /// Kinds with their own attempt count ([`JobQueue::attempts_for`]).
+    kind_attempts: Arc<HashMap<&'static str, i64>>,
     /// Job runs become spans of their message's trace (off unless `[telemetry]` is set).
     telemetry: Telemetry,
 }
@@ -40,7 +42,26 @@ impl JobQueue {
     }
 
     pub fn with_settings(db: Db, settings: &JobSettings) -> Self {
-        Self { db, wake: Arc::new(Notify::new()), queue: settings.queue.clone(), max_attempts: i64::from(settings.default_max_attempts.max(1)), telemetry: Telemetry::default() }
+        Self {
+            db,
+            wake: Arc::new(Notify::new()),
+            queue: settings.queue.clone(),
+            max_attempts: i64::from(settings.default_max_attempts.max(1)),
+            kind_attempts: Arc::default(),
+            telemetry: Telemetry::default(),
+        }
+    }
+
+    /// The same queue, giving jobs of kind `K` `attempts` runs instead of the default (unless
+    /// their producer sets its own).
+    pub fn attempts_for<K: JobKind>(mut self, attempts: u32) -> Self {
+        Arc::make_mut(&mut self.kind_attempts).insert(K::KIND, i64::from(attempts.max(1)));
+        self
+    }
+
+    /// How many runs a job of `kind` gets when its producer does not say.
+    fn attempts_of(&self, kind: &str) -> i64 {
+        self.kind_attempts.get(kind).copied().unwrap_or(self.max_attempts)
     }
 
     /// The same queue, with job runs exported as spans by `telemetry`.
@@ -61,7 +82,7 @@ impl JobQueue {
             kind: K::KIND.into(),
             queue: self.queue.clone(),
             args: serde_json::to_value(args).unwrap_or_default(),
-            max_attempts: self.max_attempts,
+            max_attempts: self.attempts_of(K::KIND),
             correlation_id: uuid::Uuid::now_v7().to_string(),
             ..Default::default()
         }
@@ -74,7 +95,7 @@ impl JobQueue {
             job.queue.clone_from(&self.queue);
         }
         if job.max_attempts < 1 {
-            job.max_attempts = self.max_attempts;
+            job.max_attempts = self.attempts_of(&job.kind);
         }
         job
     }

@@ -131,7 +131,8 @@ pub fn router(state: AppState) -> Router {
                     tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
                 })
                 .on_request(())
-                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis)))
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis))
+                .on_failure(log_failure))
                 .layer(PropagateRequestIdLayer::x_request_id())
                 .layer(from_fn(middleware::security_headers))
                 .layer(from_fn_with_state(state.clone(), middleware::check_origin))
@@ -146,4 +147,18 @@ async fn stylesheet() -> impl IntoResponse {
 async fn not_found() -> impl IntoResponse {
     metrics::counter!("http_requests_total", "route" => "unmatched", "status" => "404").increment(1);
     (StatusCode::NOT_FOUND, Html("<!DOCTYPE html><title>Not found</title><p>Not found. <a href=\"/\">Gatehouse console</a></p>"))
+}
+
+/// A 5xx answer, logged by the request's span. A 503 is a refusal its handler chose and logged
+/// once (no room on the disk, WhatsApp not configured, too many live streams), and its client
+/// asks again (Meta redelivers a webhook post for days): an ERROR line a refused request would
+/// bury the one that says why, so those are at DEBUG.
+fn log_failure(class: tower_http::classify::ServerErrorsFailureClass, latency: std::time::Duration, _span: &tracing::Span) {
+    let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+    match class {
+        tower_http::classify::ServerErrorsFailureClass::StatusCode(axum::http::StatusCode::SERVICE_UNAVAILABLE) => {
+            tracing::debug!(latency_ms, "refused with 503");
+        }
+        other => tracing::error!(classification = %other, latency_ms, "response failed"),
+    }
 }

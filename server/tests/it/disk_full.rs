@@ -178,6 +178,7 @@ async fn a_full_disk_loses_no_message() {
     assert!(html.contains("data-testid=\"disk-full-banner\"") && html.contains("STORAGE_FULL"), "{html}");
     let said = logs().matches("the database's disk is full").count();
     assert!((1..=2).contains(&said), "said once an episode, not once a post: {said}\n{}", logs());
+    assert!(!logs().contains("response failed"), "a refused post is no ERROR line of its own: {}", logs());
     let checkpoints = logs().matches("checkpointing the SQLite write-ahead log failed").count();
     assert!(checkpoints <= 2, "the checkpointer's failing rounds (ten a second) are logged once: {checkpoints}");
 

@@ -744,6 +744,37 @@ async fn a_retried_job_never_sends_a_part_twice(db: TestDb) {
 }
 both_backends!(whatsapp_ledger_retry, a_retried_job_never_sends_a_part_twice);
 
+/// An outage of the Cloud API longer than `default_max_attempts` runs: a reply gets
+/// `jobs.attempts.whatsapp_inbound` runs, so it goes out once the API is back instead of being
+/// discarded, exactly once, and the model (here the echo handler's reply) is the same one.
+async fn a_reply_rides_out_a_cloud_api_outage(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.send_attempts = 1;
+        s.jobs.default_max_attempts = 3;
+        s.jobs.attempts.whatsapp_inbound = 9;
+    })
+    .await;
+    // Down for the first seven sends: the default three runs would all fail.
+    graph.set_rule(|_, index| (index < 7).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.OUTAGE", "still there?")]])).await.status, StatusCode::OK);
+    let (max_attempts,): (i64,) = sqlx::query_as("SELECT max_attempts FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!(max_attempts, 9, "the kind's own attempts, not the default");
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!((state.as_str(), attempt), ("completed", 8));
+    let texts = graph.texts();
+    assert_eq!(texts.len(), 8, "seven refused, then the one that went out");
+    assert!(texts.iter().all(|t| *t == texts[0]), "the same reply each time: {texts:?}");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].state, rows[0].attempts), (DeliveryState::Sent, 8));
+}
+both_backends!(whatsapp_outage, a_reply_rides_out_a_cloud_api_outage);
+
 /// The crash edge: a send that went out but was never recorded is recognised from Meta's status
 /// callback (which carries the idempotency key back) and not sent again.
 async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
