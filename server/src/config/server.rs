@@ -140,6 +140,9 @@ pub struct DatabaseSettings {
     /// SQLite only: below this many MiB free on the disk holding the file, every console page
     /// warns the owner, before a full disk stops new messages from being stored. 0: no warning.
     pub low_space_mib: u64,
+    /// What owners are told on WhatsApp, at most once a UTC day, while less than
+    /// `low_space_mib` is free; `{free}` and `{threshold}` are filled in. Empty: console only.
+    pub low_space_notice: String,
 }
 
 impl Default for DatabaseSettings {
@@ -151,6 +154,7 @@ impl Default for DatabaseSettings {
             acquire_timeout: Duration::from_secs(10),
             checkpoint_interval: Duration::from_millis(100),
             low_space_mib: 1024,
+            low_space_notice: String::new(),
         }
     }
 }

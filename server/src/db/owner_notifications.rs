@@ -28,6 +28,11 @@ pub async fn insert(conn: &mut AnyConnection, n: &Notification) -> Result<(), Db
     Ok(())
 }
 
+/// When the latest notice with `reason_code` was raised.
+pub async fn latest_at(conn: &mut AnyConnection, reason_code: &str) -> Result<Option<i64>, DbError> {
+    Ok(sqlx::query_scalar("SELECT MAX(at) FROM owner_notifications WHERE reason_code = $1").bind(reason_code).fetch_one(conn).await?)
+}
+
 /// The newest `limit` notices, newest first.
 pub async fn recent(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Notification>, DbError> {
     Ok(sqlx::query_as("SELECT at, hook, tool, reason_code, message, correlation_id FROM owner_notifications ORDER BY id DESC LIMIT $1")

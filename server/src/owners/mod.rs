@@ -3,6 +3,7 @@
 
 pub mod notices;
 mod password;
+pub mod storage_notice;
 
 use std::time::Duration;
 

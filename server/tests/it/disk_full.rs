@@ -202,7 +202,11 @@ async fn a_full_disk_loses_no_message() {
 async fn little_room_left_is_told_on_every_page(db: TestDb) {
     let sqlite = db.url.starts_with("sqlite:");
     // More than any disk here has: the warning must show.
-    let app = crate::support::TestApp::with(db, |s| s.database.low_space_mib = 1 << 40).await;
+    let app = crate::support::TestApp::with(db, |s| {
+        s.database.low_space_mib = 1 << 40;
+        s.database.low_space_notice = "Gatehouse has only {free} left on the disk (it warns below {threshold}).".into();
+    })
+    .await;
     let mut owner = app.with_owner("ada", "correct horse battery").await;
     for page in ["/", "/jobs", "/settings"] {
         let html = owner.get(page).await.body;
@@ -213,6 +217,24 @@ async fn little_room_left_is_told_on_every_page(db: TestDb) {
     assert_eq!(facts["database_free_bytes"].as_u64().is_some_and(|b| b > 0), sqlite, "{facts}");
     let shell = owner.post_form("/api/current_owner", &[]).await.json();
     assert_eq!(shell["disk"]["low_space_mib"].as_u64(), sqlite.then_some(1 << 40), "{shell}");
+
+    // The owners are told on WhatsApp too, once a UTC day (SQLite only).
+    let (db, queue) = (&app.state.db, &app.state.jobs);
+    let database = app.state.config.settings.database.clone();
+    let now = server::db::now_ms();
+    let told = server::owners::storage_notice::check(db, queue, &database, now).await.expect("check");
+    assert_eq!(told, sqlite);
+    assert!(!server::owners::storage_notice::check(db, queue, &database, now + 60_000).await.expect("check"), "not again the same day");
+    let tomorrow = now - now.rem_euclid(86_400_000) + 86_400_000;
+    assert_eq!(server::owners::storage_notice::check(db, queue, &database, tomorrow).await.expect("check"), sqlite, "again the next day");
+    let notices: Vec<(String, String)> = sqlx::query_as("SELECT args, kind FROM jobs WHERE kind = 'owner.notify'").fetch_all(&db.pool).await.expect("jobs");
+    assert_eq!(notices.len(), if sqlite { 2 } else { 0 }, "{notices:?}");
+    if let Some((args, _)) = notices.first() {
+        let args: serde_json::Value = serde_json::from_str(args).expect("args");
+        assert_eq!(args["to"], "15550001111");
+        let text = args["message"].as_str().unwrap_or_default();
+        assert!(text.contains(" MiB left on the disk") && text.contains(&format!("{} MiB", 1u64 << 40)) && !text.contains('{'), "{text}");
+    }
 
     // The shipped threshold (1 GiB) against a disk with room: no warning.
     let roomy = crate::support::TestApp::new(TestDb::sqlite()).await;

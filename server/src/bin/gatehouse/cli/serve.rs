@@ -53,6 +53,7 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
     warn_about_storage(&gatehouse.config.settings.database);
+    server::owners::storage_notice::spawn(gatehouse.db.clone(), gatehouse.jobs.clone(), gatehouse.config.settings.database.clone(), std::time::Duration::from_secs(60));
     web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
     tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
