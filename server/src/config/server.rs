@@ -105,6 +105,12 @@ impl DatabaseKind {
 }
 
 impl DatabaseSettings {
+    /// Whether `free_bytes` left on the database's disk is below `low_space_mib` (never when
+    /// that is 0: the warning is off).
+    pub fn is_low_on_space(&self, free_bytes: u64) -> bool {
+        self.low_space_mib > 0 && free_bytes < self.low_space_mib.saturating_mul(1 << 20)
+    }
+
     /// Why everything stored would be lost on restart, when it would: an in-memory SQLite
     /// database, or SQLite's temporary database (an empty file name, deleted when closed).
     pub fn storage_warning(&self) -> Option<&'static str> {

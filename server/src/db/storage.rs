@@ -133,24 +133,31 @@ mod tests {
 
     /// A real `SQLITE_FULL` through sqlx's `Any` driver: the file held at a few pages by
     /// `max_page_count`, which SQLite refuses to grow past exactly as it refuses on a full disk.
+    /// A database file with a table `t (b TEXT UNIQUE)`, whose writer connection (the pool's
+    /// only one) may grow the file by two pages at most.
+    async fn capped(dir: &tempfile::TempDir) -> Db {
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("capped.db").display()), ..DatabaseSettings::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        let mut conn = db.writer.acquire().await.expect("conn");
+        sqlx::query("CREATE TABLE t (b TEXT UNIQUE)").execute(&mut *conn).await.expect("create");
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *conn).await.expect("pages");
+        sqlx::query(&format!("PRAGMA max_page_count = {}", pages + 2)).execute(&mut *conn).await.expect("cap");
+        db
+    }
+
     #[tokio::test]
     async fn sqlite_full_is_seen_as_full_and_remembered_until_a_write_commits() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("full.db").display()), ..DatabaseSettings::default() };
-        let db = Db::connect(&settings).await.expect("connect");
+        let db = capped(&dir).await;
         let mut conn = db.writer.acquire().await.expect("conn");
-        sqlx::query("CREATE TABLE t (b TEXT)").execute(&mut *conn).await.expect("create");
         let watch = StorageWatch::default();
-        let unique = sqlx::query("CREATE UNIQUE INDEX t_b ON t (b)").execute(&mut *conn).await.map_err(DbError::from);
-        watch.observe(&unique);
+        watch.observe(&sqlx::query("INSERT INTO t VALUES ('first')").execute(&mut *conn).await.map_err(DbError::from));
         let dup = sqlx::query("INSERT INTO t VALUES ('a'), ('a')").execute(&mut *conn).await.map_err(DbError::from);
         let dup = dup.expect_err("a unique violation");
         assert!(!dup.is_storage_full() && dup.code() == DATABASE_ERROR, "{dup}");
         watch.failed(&dup);
         assert_eq!(watch.full(), None, "another failure says nothing about room");
 
-        let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *conn).await.expect("pages");
-        sqlx::query(&format!("PRAGMA max_page_count = {}", pages + 2)).execute(&mut *conn).await.expect("cap");
         let filled = async {
             for i in 0..100 {
                 sqlx::query("INSERT INTO t VALUES (?)").bind(format!("{i}{}", "x".repeat(4000))).execute(&mut *conn).await?;
@@ -169,7 +176,7 @@ mod tests {
 
         watch.observe(&Ok::<(), DbError>(()));
         assert_eq!(watch.full(), None, "a committed write clears it");
-        assert!(free_bytes(&folder_of(&dir.path().join("full.db").display().to_string())).expect("statvfs") > 0);
+        assert!(free_bytes(&folder_of(&dir.path().join("capped.db").display().to_string())).expect("statvfs") > 0);
     }
 
     /// SQLite undoes a transaction by itself when it runs out of room, so sqlx's ROLLBACK of
@@ -180,14 +187,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_transaction_that_ran_out_of_room_leaves_the_writer_usable() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("room.db").display()), ..DatabaseSettings::default() };
-        let db = Db::connect(&settings).await.expect("connect");
-        {
-            let mut conn = db.writer.acquire().await.expect("conn");
-            sqlx::query("CREATE TABLE t (b TEXT)").execute(&mut *conn).await.expect("create");
-            let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *conn).await.expect("pages");
-            sqlx::query(&format!("PRAGMA max_page_count = {}", pages + 2)).execute(&mut *conn).await.expect("cap");
-        }
+        let db = capped(&dir).await;
         let full = async {
             let mut tx = db.begin_write().await?;
             for i in 0..100 {

@@ -18,11 +18,10 @@ pub const STORAGE_LOW: &str = "STORAGE_LOW";
 
 /// Checks the free space now and raises the notice when it is due. Returns whether it did.
 pub async fn check(db: &Db, queue: &JobQueue, settings: &DatabaseSettings, now: i64) -> Result<bool, DbError> {
-    if settings.low_space_mib == 0 || settings.low_space_notice.trim().is_empty() {
+    if settings.low_space_notice.trim().is_empty() {
         return Ok(false);
     }
-    let threshold = settings.low_space_mib.saturating_mul(1 << 20);
-    let Some(free) = db.free_bytes().filter(|&free| free < threshold) else {
+    let Some(free) = db.free_bytes().filter(|&free| settings.is_low_on_space(free)) else {
         return Ok(false);
     };
     let day_start = now - now.rem_euclid(86_400_000);

@@ -62,16 +62,7 @@ struct Post {
 }
 
 async fn post(addr: &str, from: &str, wamid: &str) -> Post {
-    let body = envelope(vec![vec![text_message(from, wamid, "Are you open on Sunday?")]]);
-    let signature = server::channel::whatsapp::signature::sign(APP_SECRET.as_bytes(), body.as_bytes());
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/webhooks/whatsapp"))
-        .header("content-type", "application/json")
-        .header("X-Hub-Signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .expect("post webhook");
+    let resp = crate::procs::post_signed(addr, envelope(vec![vec![text_message(from, wamid, "Are you open on Sunday?")]])).await;
     let status = resp.status().as_u16();
     let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(String::from);
     Post { status, retry_after, body: resp.text().await.unwrap_or_default() }

@@ -510,15 +510,7 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     let mut server = gh.serve(&log).await;
 
     let body = envelope(vec![vec![text_message(CUSTOMER, "wamid.K9", "Where is my order slow-7?")]]);
-    let signature = server::channel::whatsapp::signature::sign(crate::whatsapp::APP_SECRET.as_bytes(), body.as_bytes());
-    let posted = reqwest::Client::new()
-        .post(format!("http://{}/webhooks/whatsapp", gh.addr))
-        .header("content-type", "application/json")
-        .header("X-Hub-Signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .expect("post webhook");
+    let posted = crate::procs::post_signed(&gh.addr, body).await;
     assert_eq!(posted.status().as_u16(), 200);
     let pending = shipped_lane().pending_reply;
     let (graph_ref, shop_ref) = (&graph, &shop);

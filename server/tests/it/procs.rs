@@ -92,6 +92,19 @@ impl Gatehouse {
     }
 }
 
+/// A WhatsApp webhook post to `serve` at `addr`, signed with the tests' app secret.
+pub(crate) async fn post_signed(addr: &str, body: String) -> reqwest::Response {
+    let signature = server::channel::whatsapp::signature::sign(crate::whatsapp::APP_SECRET.as_bytes(), body.as_bytes());
+    reqwest::Client::new()
+        .post(format!("http://{addr}/webhooks/whatsapp"))
+        .header("content-type", "application/json")
+        .header("X-Hub-Signature-256", signature)
+        .body(body)
+        .send()
+        .await
+        .expect("post webhook")
+}
+
 pub(crate) async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done().await {

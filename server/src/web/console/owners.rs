@@ -88,7 +88,7 @@ impl OwnersBackend for ConsoleBackend {
             login: owner.login,
             degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
             storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
-            disk: disk_notice(&self.state.db, self.state.config.settings.database.low_space_mib),
+            disk: disk_notice(&self.state.db, &self.state.config.settings.database),
         }))
     }
 
@@ -170,11 +170,11 @@ impl OwnersBackend for ConsoleBackend {
 
 /// The database's room to write, when the owner should hear of it: writes failing for want of
 /// room, or (SQLite) less than `low_space_mib` left on its disk.
-fn disk_notice(db: &db::Db, low_space_mib: u64) -> Option<DiskNotice> {
+fn disk_notice(db: &db::Db, settings: &crate::config::DatabaseSettings) -> Option<DiskNotice> {
     let full = db.storage().full();
     let free_bytes = db.free_bytes();
-    let low = low_space_mib > 0 && free_bytes.is_some_and(|b| b < low_space_mib.saturating_mul(1 << 20));
-    (full.is_some() || low).then(|| DiskNotice { full_since_ms: full.map(|f| f.since_ms), last_full_ms: full.map(|f| f.last_ms), free_bytes, low_space_mib })
+    let low = free_bytes.is_some_and(|free| settings.is_low_on_space(free));
+    (full.is_some() || low).then(|| DiskNotice { full_since_ms: full.map(|f| f.since_ms), last_full_ms: full.map(|f| f.last_ms), free_bytes, low_space_mib: settings.low_space_mib })
 }
 
 /// The effective settings as dotted keys. URL values lose credentials and query strings.
