@@ -38,7 +38,13 @@ test("the catalog lists the shipped tools with policy and breaker, and filters",
 });
 
 test("try it runs a call through the checkpoint as the owner, and the audit shows it", async ({ page }) => {
-  await open(page, "/tools/web_fetch");
+  // A disabled tool's page says so where the phrases would be: no phrase brings it to the lane.
+  await open(page, "/tools/web_search");
+  await expect(page.getByTestId("tool-disabled")).toContainText("TOOL_DISABLED");
+  await expect(page.getByTestId("tool-phrases")).toHaveCount(0);
+
+  await page.goto("/tools/web_fetch");
+  await hydrated(page);
   await expect(page.getByRole("heading", { name: /web_fetch/ })).toBeVisible();
   await expect(page.getByTestId("input-schema")).toContainText('"url"');
   await expect(page.getByTestId("owner-policy")).toHaveText("allowed");

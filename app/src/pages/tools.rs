@@ -200,7 +200,16 @@ pub fn ToolDetailPage() -> impl IntoView {
                 {(!d.when_to_use.is_empty()).then(|| view! { <p><strong>"When to use: "</strong>{d.when_to_use.clone()}</p> })}
                 {(!d.when_not_to_use.is_empty()).then(|| view! { <p><strong>"When not to use: "</strong>{d.when_not_to_use.clone()}</p> })}
                 <h2>"Phrases the lane finds it by"</h2>
-                {phrases(&d.triggers, &d.aliases)}
+                {if t.enabled {
+                    phrases(&d.triggers, &d.aliases)
+                } else {
+                    view! {
+                        <p class="empty" data-testid="tool-disabled">
+                            <strong>"Disabled: "</strong>"the lane never offers it, whatever its phrases, and the checkpoint refuses calls to it ("<code>"TOOL_DISABLED"</code>"). Set "<code>"enabled = true"</code>" in its tool file, then reload the catalog."
+                        </p>
+                    }
+                    .into_any()
+                }}
                 <h2>"Input schema"</h2>
                 <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
                 {d.output_schema.clone().map(|s| view! { <h2>"Output schema"</h2><pre class="json">{s}</pre> })}
