@@ -87,3 +87,33 @@ impl SessionStore for DbSessionStore {
         sessions::delete(&mut conn, &id.to_string()).await.map_err(backend_err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DatabaseSettings;
+
+    /// On a full disk a session's save (which only slides its idle expiry) is skipped, not a
+    /// failed request: the owner keeps the console, where the banner says what is wrong. The
+    /// database here has one connection whose file may not grow; the save needs new pages.
+    #[tokio::test]
+    async fn a_save_that_finds_no_room_keeps_the_session_and_the_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("s.db").display()), max_connections: 1, ..DatabaseSettings::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        db.migrate().await.expect("migrate");
+        let store = DbSessionStore::new(db.clone());
+        let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
+        store.create(&mut record).await.expect("create");
+        {
+            let mut conn = db.pool.acquire().await.expect("conn");
+            let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *conn).await.expect("pages");
+            sqlx::query(&format!("PRAGMA max_page_count = {pages}")).execute(&mut *conn).await.expect("cap");
+        }
+        record.data.insert("big".into(), serde_json::Value::String("x".repeat(64 << 10)));
+        store.save(&record).await.expect("a save without room is skipped, not an error");
+        assert!(db.storage().full().is_some(), "and the console hears of it");
+        let kept = store.load(&record.id).await.expect("load").expect("the session is still there");
+        assert!(kept.data.is_empty(), "as it was stored");
+    }
+}
