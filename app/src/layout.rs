@@ -76,13 +76,16 @@ pub fn ConsoleLayout() -> impl IntoView {
     }
 }
 
-/// Bytes as an owner reads them: "12 kB", "312 MB", "4.2 GB".
+/// Bytes as an owner reads them, in the binary units of `database.low_space_mib` and of the
+/// owners' WhatsApp notice: "12 KiB", "312 MiB", "4.2 GiB".
 pub fn bytes_text(n: u64) -> String {
-    let n = n as f64;
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
     match n {
-        n if n >= 1e9 => format!("{:.1} GB", n / 1e9),
-        n if n >= 1e6 => format!("{:.0} MB", n / 1e6),
-        n => format!("{:.0} kB", n / 1e3),
+        n if n >= GIB => format!("{:.1} GiB", n as f64 / GIB as f64),
+        n if n >= MIB => format!("{} MiB", n / MIB),
+        n => format!("{} KiB", n / KIB),
     }
 }
 
@@ -108,5 +111,18 @@ fn disk_banner(d: DiskNotice) -> impl IntoView {
             </div>
         }
         .into_any(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes_text;
+
+    #[test]
+    fn bytes_read_in_the_units_of_the_threshold() {
+        assert_eq!(bytes_text(0), "0 KiB");
+        assert_eq!(bytes_text(12 << 10), "12 KiB");
+        assert_eq!(bytes_text((312 << 20) + 5), "312 MiB");
+        assert_eq!(bytes_text((4 << 30) + (1 << 29)), "4.5 GiB");
     }
 }
