@@ -14,6 +14,8 @@ pub struct ShellInfo {
     pub storage_warning: Option<String>,
     /// Set when writes fail for want of room, or little room is left.
     pub disk: Option<DiskNotice>,
+    /// Since when Meta refuses the WhatsApp access token (unix ms): replies wait meanwhile.
+    pub whatsapp_token_rejected_since_ms: Option<i64>,
 }
 
 /// The database's room to write, when it needs the owner.

@@ -59,6 +59,13 @@ pub fn ConsoleLayout() -> impl IntoView {
                     </div>
                 })}
                 {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.disk).map(disk_banner)}
+                {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.whatsapp_token_rejected_since_ms).map(|since| view! {
+                    <div class="banner alert" role="alert" data-testid="token-banner">
+                        <strong>"Meta refuses the WhatsApp access token."</strong>
+                        {format!(" Since {} UTC no reply goes out; they wait in the queue and are sent once the token works (within WhatsApp's 24-hour window). Set a working ", fmt_time(since))}
+                        <code>"WHATSAPP_ACCESS_TOKEN"</code>" and restart Gatehouse."
+                    </div>
+                })}
                 {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.storage_warning).map(|w| view! {
                     <div class="banner warn" role="status" data-testid="storage-banner">
                         "Ephemeral storage: " {w} ". Set " <code>"database.url"</code> " to a lasting file or PostgreSQL."

@@ -41,7 +41,7 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
         }
         Err(e) => {
             let defaults = crate::config::JobSettings::default();
-            let wait = retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max);
+            let wait = if e.uses_attempt() { retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max) } else { retry::deployment_wait(defaults.retry_max) };
             let at = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
             if e.uses_attempt() {
                 store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;

@@ -44,6 +44,10 @@ pub enum JobCode {
     /// The handler's own database work found no room on the disk; retried.
     #[strum(serialize = "STORAGE_FULL")]
     StorageFull,
+    /// A service refused this deployment's credentials (an expired or revoked access token):
+    /// retried once an operator has set working ones.
+    #[strum(serialize = "CREDENTIALS_REJECTED")]
+    CredentialsRejected,
 }
 
 impl JobCode {
@@ -107,11 +111,12 @@ impl JobError {
         Self { code: code.into(), message: message.into(), retryable: false }
     }
 
-    /// Whether this failure uses up the run's attempt. No room to write is the machine's
-    /// failure, not the job's: such a run waits for room (snoozed) and tries again with the
-    /// same attempts left, so a full disk discards nothing.
+    /// Whether this failure uses up the run's attempt. No room to write and rejected
+    /// credentials are the deployment's failures, not the job's, and an operator fixes them:
+    /// such a run waits (snoozed) and tries again with the same attempts left, so a full disk or
+    /// an expired token discards nothing.
     pub fn uses_attempt(&self) -> bool {
-        self.code != JobCode::StorageFull.as_str()
+        !matches!(self.code.parse::<JobCode>(), Ok(JobCode::StorageFull | JobCode::CredentialsRejected))
     }
 }
 

@@ -12,9 +12,23 @@ pub fn backoff(attempt: i64, base: Duration, max: Duration) -> Duration {
     raw.mul_f64(jitter).min(max)
 }
 
+/// How long a run waits, without using an attempt, for something an operator fixes (room on
+/// the disk, a working access token): a minute, or `max` when shorter. Not the backoff, which
+/// would stay at its first step since the attempt does not grow: a waiting reply would ask the
+/// Graph API every second.
+pub fn deployment_wait(max: Duration) -> Duration {
+    max.min(Duration::from_secs(60))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_for_the_deployment_is_a_minute_at_most() {
+        assert_eq!(deployment_wait(Duration::from_secs(3600)), Duration::from_secs(60));
+        assert_eq!(deployment_wait(Duration::from_millis(100)), Duration::from_millis(100));
+    }
 
     #[test]
     fn grows_and_caps() {

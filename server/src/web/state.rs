@@ -18,7 +18,10 @@ use crate::{
     approvals::Approvals,
     budget::Budget,
     bootstrap::Gatehouse,
-    channel::{simulator::Simulator, whatsapp::webhook::WebhookState},
+    channel::{
+        simulator::Simulator,
+        whatsapp::{WhatsAppSender, webhook::WebhookState},
+    },
     config::LoadedConfig,
     conversation::Runtime,
     db::{self, Db, DbError},
@@ -53,6 +56,8 @@ pub struct App {
     /// Self-improvement: findings, eval cases, repair proposals.
     pub cycle: Cycle,
     pub webhook: WebhookState,
+    /// WhatsApp's sender, for whether Meta refuses the access token.
+    pub whatsapp_sender: Arc<WhatsAppSender>,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
     /// When the job counts on `/metrics` were last read: a scrape reads the jobs table at most
@@ -107,6 +112,7 @@ impl AppState {
             simulator: gatehouse.simulator.clone(),
             cycle: gatehouse.cycle.clone(),
             webhook: gatehouse.whatsapp.webhook.clone(),
+            whatsapp_sender: gatehouse.whatsapp.sender.clone(),
             setup_done: AtomicBool::new(false),
             job_counts_read: tokio::sync::Mutex::new(None),
         }))

@@ -111,6 +111,7 @@ async fn a_full_disk_loses_no_message() {
         ("GATEHOUSE__WHATSAPP__MARK_READ", "false"),
         // Retries come quickly, so the test sees the queue catch up soon after there is room.
         ("GATEHOUSE__JOBS__RETRY_BASE", "100ms"),
+        ("GATEHOUSE__JOBS__RETRY_MAX", "1s"),
         ("WHATSAPP_APP_SECRET", APP_SECRET),
         ("WHATSAPP_ACCESS_TOKEN", ACCESS_TOKEN),
         ("WHATSAPP_VERIFY_TOKEN", VERIFY_TOKEN),

@@ -775,6 +775,50 @@ async fn a_reply_rides_out_a_cloud_api_outage(db: TestDb) {
 }
 both_backends!(whatsapp_outage, a_reply_rides_out_a_cloud_api_outage);
 
+/// An expired or revoked access token is the deployment's failure, not the reply's: the job
+/// waits without using its attempts (two here, against four refusals), every console page says
+/// so, and the reply goes out once Meta accepts the token again; before, it was failed for good.
+async fn a_rejected_token_holds_replies_until_it_works(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.send_attempts = 1;
+        s.jobs.attempts.whatsapp_inbound = 2;
+    })
+    .await;
+    let renewed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Refused until the test has seen the banner, then accepted (the token "renewed").
+    let accepted = renewed.clone();
+    graph.set_rule(move |_, index| (index < 4 || !accepted.load(Ordering::SeqCst)).then(|| graph_error(401, 190, "Error validating access token: Session has expired")));
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.TOKEN", "hello?")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    let runner = {
+        let (app_ref, echo) = (&app, echo.clone());
+        async move { run_jobs(app_ref, echo).await }
+    };
+    let watcher = async {
+        let mut owner = app.with_owner("ada", "correct horse battery").await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while graph.all().len() < 4 {
+            assert!(Instant::now() < deadline, "four refusals");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let page = owner.get("/jobs").await.body;
+        assert!(page.contains("data-testid=\"token-banner\"") && page.contains("WHATSAPP_ACCESS_TOKEN"), "{page}");
+        renewed.store(true, Ordering::SeqCst);
+    };
+    tokio::join!(runner, watcher);
+
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!(state, "completed", "not discarded after its two attempts");
+    assert!(attempt <= 2, "the refusals used no attempt: {attempt}");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].state, DeliveryState::Sent);
+    assert_eq!(app.gatehouse.whatsapp.sender.token_rejected_since(), None, "a send that went out clears it");
+}
+both_backends!(whatsapp_token_rejected, a_rejected_token_holds_replies_until_it_works);
+
 /// The crash edge: a send that went out but was never recorded is recognised from Meta's status
 /// callback (which carries the idempotency key back) and not sent again.
 async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
@@ -880,12 +924,17 @@ async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     let row = store::outbound_by_key(&mut conn, "job:900:part:0").await.expect("get").expect("row");
     assert_eq!((row.state, row.attempts), (DeliveryState::Sent, 3));
 
-    // A token problem is permanent: no retry.
+    // A token problem is not retried within the send (the same token fails again), and not
+    // the reply's failure either: the part stays unsent, for the job to send once the token works.
     graph.set_rule(|_, _| Some(graph_error(401, 190, "Error validating access token")));
+    let before = graph.all().len();
     let err = sender.send_text(901, &to, "Hello.", None).await.expect_err("refused");
     assert!(err.to_string().contains("190") && !err.to_string().contains(ACCESS_TOKEN), "{err}");
+    assert_eq!(err.code(), Some("CREDENTIALS_REJECTED"));
+    assert_eq!(graph.all().len(), before + 1, "one try");
     let row = store::outbound_by_key(&mut conn, "job:901:part:0").await.expect("get").expect("row");
-    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("190")));
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Queued, Some("190")));
+    assert!(sender.token_rejected_since().is_some());
 }
 both_backends!(whatsapp_rate_limit_retries, rate_limit_answers_are_retried_with_backoff);
 

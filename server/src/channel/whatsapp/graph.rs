@@ -16,6 +16,8 @@ pub mod code {
     pub const PAIR_RATE_LIMIT: i64 = 131_056;
     /// Throughput of the business number exceeded.
     pub const THROUGHPUT: i64 = 130_429;
+    /// The access token is invalid, expired or revoked (`OAuthException`).
+    pub const ACCESS_TOKEN: i64 = 190;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +51,12 @@ impl GraphError {
             Self::Malformed(status) => *status >= 500,
             Self::NotConfigured(_) => false,
         }
+    }
+
+    /// Meta refused the access token (HTTP 401, or code 190): nothing can be sent until an
+    /// operator sets a working one.
+    pub fn is_token_rejected(&self) -> bool {
+        matches!(self, Self::Api { status: 401, .. } | Self::Api { code: code::ACCESS_TOKEN, .. })
     }
 
     pub fn is_outside_window(&self) -> bool {

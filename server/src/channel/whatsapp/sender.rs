@@ -22,7 +22,13 @@
 //! recorded as sent. The lease outlives one Graph API request, so only a sender that died
 //! mid-request leaves it to run out.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
 use crate::{
     config::WhatsAppSettings,
@@ -30,7 +36,7 @@ use crate::{
         self, Db, DbError,
         whatsapp::{self as store, DeliveryState, NewOutbound, OutboundRow},
     },
-    jobs::JobError,
+    jobs::{JobCode, JobError},
 };
 
 use super::{
@@ -111,6 +117,8 @@ pub struct WhatsAppSender {
     graph: GraphClient,
     pacer: Arc<Pacer>,
     settings: WhatsAppSettings,
+    /// Since when Meta refuses the access token (unix ms); 0 while it does not.
+    token_rejected_since: AtomicI64,
 }
 
 impl WhatsAppSender {
@@ -120,7 +128,13 @@ impl WhatsAppSender {
             pair_interval: settings.pair_interval,
             global_per_second: settings.global_rate_per_second,
         }));
-        Self { db, graph, pacer, settings }
+        Self { db, graph, pacer, settings, token_rejected_since: AtomicI64::new(0) }
+    }
+
+    /// Since when Meta refuses the access token, as the last sends found; `None` once one went
+    /// out.
+    pub fn token_rejected_since(&self) -> Option<i64> {
+        Some(self.token_rejected_since.load(Ordering::Relaxed)).filter(|&since| since != 0)
     }
 
     pub fn settings(&self) -> &WhatsAppSettings {
@@ -274,6 +288,9 @@ impl WhatsAppSender {
             let now = db::now_ms();
             match result {
                 Ok(wamid) => {
+                    if self.token_rejected_since.swap(0, Ordering::Relaxed) != 0 {
+                        tracing::info!("Meta accepts the access token again");
+                    }
                     store::mark_sent(&mut conn, row.id, &wamid, now).await?;
                     metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string()).increment(1);
                     return Ok(Delivery::Sent);
@@ -283,6 +300,18 @@ impl WhatsAppSender {
                     tracing::warn!(key = %row.idempotency_key, "reply refused: outside the 24-hour window");
                     metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
                     return Ok(Delivery::OutsideWindow);
+                }
+                // Not this reply's failure: the part stays unsent and the job waits, using no
+                // attempt, until a working token is set (or the 24-hour window closes, which
+                // Meta's 131047 then settles). Before, the part was failed for good and the reply
+                // lost, however soon the token was renewed.
+                Err(e) if e.is_token_rejected() => {
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
+                    if self.token_rejected_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                        tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts");
+                    }
+                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
+                    return Err(SendError::Retry { code: JobCode::CredentialsRejected.as_str().into(), message: e.to_string() });
                 }
                 Err(e) if e.is_retryable() => {
                     if matches!(e, GraphError::Transport(_)) {

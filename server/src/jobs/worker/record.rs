@@ -146,7 +146,7 @@ impl Worker {
                     if store::snooze(tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now, None).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Err(err) if !err.uses_attempt() => {
-                    let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
+                    let at = now + db::duration_ms(retry::deployment_wait(self.settings.retry_max));
                     if store::snooze(tx, o.job.id, o.job.attempt, &self.id, at, now, Some(&err.code)).await? { Applied::Snoozed } else { Applied::Stale }
                 }
                 Ok(_) if completed.contains(&o.job.id) => Applied::Completed,

@@ -89,6 +89,7 @@ impl OwnersBackend for ConsoleBackend {
             degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
             storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
             disk: disk_notice(&self.state.db, &self.state.config.settings.database),
+            whatsapp_token_rejected_since_ms: self.state.whatsapp_sender.token_rejected_since(),
         }))
     }
 
