@@ -39,15 +39,15 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
         Ok(out) => {
             store::complete(&mut tx, &[Finished { id: job.id, attempt: job.attempt, preview: out.preview.clone() }], &claimed.owner, now).await?;
         }
+        // As the worker records it: a wait on the deployment uses no attempt.
+        Err(e) if !e.uses_attempt() => {
+            let at = now.saturating_add(db::duration_ms(retry::deployment_wait(crate::config::JobSettings::default().retry_max)));
+            store::snooze(&mut tx, job.id, job.attempt, &claimed.owner, at, now, Some(&e.code)).await?;
+        }
         Err(e) => {
             let defaults = crate::config::JobSettings::default();
-            let wait = if e.uses_attempt() { retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max) } else { retry::deployment_wait(defaults.retry_max) };
-            let at = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
-            if e.uses_attempt() {
-                store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
-            } else {
-                store::snooze(&mut tx, job.id, job.attempt, &claimed.owner, at, now, Some(&e.code)).await?;
-            }
+            let at = now.saturating_add(db::duration_ms(retry::backoff(job.attempt, defaults.retry_base, defaults.retry_max)));
+            store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
         }
     }
     tx.commit().await?;
