@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 
 use crate::{
-    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobsPage, McpPage, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, ToolDetail, ToolsPage, TraceDetail, TracesPage, TryOutcome, WaitingInfo},
     error::AppError,
 };
 #[cfg(feature = "ssr")]
@@ -107,6 +107,13 @@ pub async fn logout() -> Result<(), AppError> {
     )
 }
 
+/// What the browser's last plain form post to the server function at `path` answered, kept for
+/// the page it came back to (JSON, taken once); see [`crate::pages::form_action`].
+#[server(endpoint = "take_answer")]
+pub async fn take_answer(path: String) -> Result<Option<String>, AppError> {
+    for_owner(|_, _| async move { crate::auth::take_answer(&path).await }).await
+}
+
 #[server(endpoint = "current_owner")]
 pub async fn current_owner() -> Result<ShellInfo, AppError> {
     answer(require_owner().await)
@@ -115,6 +122,11 @@ pub async fn current_owner() -> Result<ShellInfo, AppError> {
 #[server(endpoint = "dashboard_facts")]
 pub async fn dashboard_facts() -> Result<DashboardInfo, AppError> {
     for_owner(|_, backend| async move { backend.dashboard().await }).await
+}
+
+#[server(endpoint = "waiting")]
+pub async fn waiting() -> Result<WaitingInfo, AppError> {
+    for_owner(|_, backend| async move { backend.waiting().await }).await
 }
 
 #[server(endpoint = "console_settings")]

@@ -87,22 +87,55 @@ pub async fn require_owner() -> Result<ShellInfo, AppError> {
 /// refused with `UNAUTHORIZED`) and the backend, and its result is answered as [`answer`] does.
 pub async fn for_owner<T, F, Fut>(work: F) -> Result<T, AppError>
 where
+    T: Serialize,
     F: FnOnce(ShellInfo, SharedBackend) -> Fut,
     Fut: Future<Output = Result<T, AppError>>,
 {
-    answer(
-        async {
-            let me = require_owner().await?;
-            work(me, backend()?).await
-        }
-        .await,
-    )
+    let result = async {
+        let me = require_owner().await?;
+        work(me, backend()?).await
+    }
+    .await;
+    if let Ok(value) = &result {
+        keep_for_the_page(value).await;
+    }
+    answer(result)
 }
 
-/// True for a plain HTML form post (no wasm): the answer must be a redirect back to the form,
-/// which carries the error in its URL, not an error status the browser would show as JSON.
+/// After a plain form post (the browser is sent back to the form's page, see `answer`), keeps
+/// the server function's result for that page to show ([`take_answer`]), in rows of its own:
+/// the session's record is saved by every request, concurrent ones too, and would lose it. An
+/// error needs no keeping: server_fn carries it back in the URL.
+async fn keep_for_the_page<T: Serialize>(value: &T) {
+    if !is_plain_form_post() {
+        return;
+    }
+    let Some(path) = use_context::<http::request::Parts>().map(|p| p.uri.path().to_string()) else { return };
+    let (Ok(session), Ok(backend), Ok(json)) = (session().await, backend(), serde_json::to_string(value)) else { return };
+    let Some(id) = session.id() else { return };
+    if let Err(e) = backend.keep_form_answer(&id.to_string(), &path, &json).await {
+        tracing::warn!(error = %e.message, path, "could not keep a form's answer for its page");
+    }
+}
+
+/// What the last plain form post to the server function at `path` answered (as JSON), once: the
+/// page the browser came back to shows it, and a reload does not. A live update's fetch of the
+/// page gets nothing and takes nothing.
+pub async fn take_answer(path: &str) -> Result<Option<String>, AppError> {
+    // A live update's fetch of the page may run while the browser follows the form's redirect.
+    if use_context::<http::request::Parts>().is_some_and(|p| p.headers.contains_key(crate::live::LIVE_FETCH_HEADER)) {
+        return Ok(None);
+    }
+    let Some(id) = session().await?.id() else { return Ok(None) };
+    backend()?.take_form_answer(&id.to_string(), path).await
+}
+
+/// True for a plain HTML form post: the answer must be a redirect back to the form, which
+/// carries the error in its URL, not an error status the browser would show as JSON. (A page
+/// rendered on the server answers with its data's status instead: an unknown job is a 404.)
 fn is_plain_form_post() -> bool {
     use_context::<http::request::Parts>()
+        .filter(|p| p.method == http::Method::POST)
         .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|v| v.to_str().ok()).map(|v| v.contains("text/html")))
         .unwrap_or(false)
 }

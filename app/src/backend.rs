@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::{
-    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceMark, TraceQuery, TracesPage, TryOutcome},
+    dto::{ApprovalsPage, ChatDetail, ConversationsPage, DashboardInfo, JobDetail, JobQuery, JobsPage, McpPage, NewOwner, ReloadOutcome, RepairsPage, SettingsInfo, ShellInfo, SimulateOutcome, SimulateRequest, ToolDetail, ToolsPage, ToolsQuery, TraceDetail, TraceMark, TraceQuery, TracesPage, TryOutcome, WaitingInfo},
     error::AppError,
 };
 
@@ -38,8 +38,15 @@ pub trait OwnersBackend: Send + Sync {
     /// `None` when the owner is gone or the session epoch is stale (password was reset).
     async fn shell_info(&self, who: &OwnerIdentity) -> Result<Option<ShellInfo>, AppError>;
     async fn dashboard(&self) -> Result<DashboardInfo, AppError>;
+    /// What waits for an owner now (the navigation's counts; the dashboard's first lines).
+    async fn waiting(&self) -> Result<WaitingInfo, AppError>;
     async fn settings(&self, owner_id: i64) -> Result<SettingsInfo, AppError>;
     async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError>;
+    /// Keeps what a plain form post to the server function at `path` answered (JSON), for the
+    /// session's next page.
+    async fn keep_form_answer(&self, session_id: &str, path: &str, answer: &str) -> Result<(), AppError>;
+    /// Takes that answer, once.
+    async fn take_form_answer(&self, session_id: &str, path: &str) -> Result<Option<String>, AppError>;
     /// Sessions older than this since login are void, however active.
     fn session_absolute_timeout_ms(&self) -> i64;
 }

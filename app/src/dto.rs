@@ -565,6 +565,8 @@ pub struct SimulateRequest {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimulateOutcome {
+    /// The number it was sent from, as the owner typed it (the form offers it again).
+    pub from: String,
     pub chat_id: String,
     pub message_id: String,
     pub actor: String,

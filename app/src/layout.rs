@@ -1,9 +1,14 @@
-//! The console frame: navigation, the signed-in owner, the degraded-mode banner and logout.
+//! The console frame: navigation (with what waits for the owner behind each section), the
+//! signed-in owner, the banners and logout.
 
 use leptos::prelude::*;
-use leptos_router::{components::{A, Outlet}, hooks::use_navigate};
+use leptos_router::components::{A, Outlet};
 
-use crate::{api::{Logout, current_owner}, dto::DiskNotice, error::AppError, live::fmt_time};
+use crate::{
+    api::{Logout, current_owner, waiting},
+    dto::{DiskNotice, WaitingInfo},
+    live::fmt_time,
+};
 
 /// The console's sections, in navigation order: (path, label).
 pub const NAV: &[(&str, &str)] = &[
@@ -18,17 +23,34 @@ pub const NAV: &[(&str, &str)] = &[
     ("/settings", "Settings"),
 ];
 
-/// Sends the browser to the login page when a server function says the session is gone.
-pub fn redirect_if_unauthorized(err: &AppError) {
-    if err.is_unauthorized() {
-        let navigate = use_navigate();
-        request_animation_frame(move || navigate("/login", Default::default()));
+/// How many things wait for an owner behind a section of [`NAV`].
+fn waiting_behind(path: &str, w: &WaitingInfo) -> i64 {
+    match path {
+        "/approvals" => w.approvals,
+        "/mcp" => w.mcp_tools + w.mcp_forms,
+        "/repairs" => w.repairs,
+        _ => 0,
     }
+}
+
+/// The navigation's links, each with the count of what waits behind it (none when nothing does,
+/// or when the count could not be read).
+fn nav_links(waiting: Option<WaitingInfo>) -> impl IntoView {
+    NAV.iter()
+        .map(|(href, label)| {
+            let n = waiting.as_ref().map_or(0, |w| waiting_behind(href, w));
+            // Screen readers get the count in the link's name ("Approvals, 2 waiting for you").
+            let name = (n > 0).then(|| format!("{label}, {n} waiting for you"));
+            let count = (n > 0).then(|| view! { <span class="nav-count" data-testid="nav-count" aria-hidden="true">{n}</span> });
+            view! { <A href=*href exact=true attr:aria-label=name>{*label}{count}</A> }
+        })
+        .collect_view()
 }
 
 #[component]
 pub fn ConsoleLayout() -> impl IntoView {
     let shell = Resource::new_blocking(|| (), |_| current_owner());
+    let waiting = Resource::new_blocking(|| (), |_| waiting());
     let logout = ServerAction::<Logout>::new();
     view! {
         <div class="console">
@@ -42,10 +64,9 @@ pub fn ConsoleLayout() -> impl IntoView {
                                 <button type="submit" data-testid="logout">"Log out"</button>
                             </ActionForm>
                         }.into_any(),
-                        Err(err) => {
-                            redirect_if_unauthorized(&err);
-                            ().into_any()
-                        }
+                        // The server's guard sends a request without a session to the login page
+                        // before the page renders.
+                        Err(_) => ().into_any(),
                     })}
                 </Suspense>
             </header>
@@ -73,8 +94,11 @@ pub fn ConsoleLayout() -> impl IntoView {
                 })}
             </Suspense>
             </div>
-            <nav class="sidenav" aria-label="Console">
-                {NAV.iter().map(|(href, label)| view! { <A href=*href exact=true>{*label}</A> }).collect_view()}
+            // Live pages keep the counts current too.
+            <nav class="sidenav" aria-label="Console" data-live-region="nav">
+                <Suspense fallback=|| nav_links(None)>
+                    {move || waiting.get().map(|w| nav_links(w.ok()))}
+                </Suspense>
             </nav>
             <main class="content">
                 <Outlet />

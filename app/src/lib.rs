@@ -1,6 +1,8 @@
-//! The Gatehouse console: server-rendered Leptos pages that hydrate from wasm, and the server
-//! functions behind them. Core owner actions are plain HTML forms, so they work before (or
-//! without) the wasm.
+//! The Gatehouse console: Leptos pages rendered on the server, and the server functions behind
+//! them. Built in islands mode: a page's own code never reaches the browser; the wasm holds
+//! only the islands in [`live`] (keeping a page current, marking it ready). Owner actions are
+//! plain HTML forms: the server function runs and the browser comes back to the page, which
+//! shows its answer ([`pages::answer_view`]).
 
 pub mod api;
 pub mod domain;
@@ -18,7 +20,7 @@ pub mod backend;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Title, provide_meta_context};
 use leptos_router::{
-    ParamSegment, StaticSegment,
+    ParamSegment, SsrMode, StaticSegment,
     components::{ParentRoute, Route, Router, Routes},
 };
 
@@ -34,7 +36,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
                 <link rel="icon" href="data:," />
                 <link rel="stylesheet" href="/assets/gatehouse.css" />
-                <HydrationScripts options />
+                <HydrationScripts options islands=true />
                 <MetaTags />
             </head>
             <body>
@@ -47,19 +49,15 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    // Effects run only in the browser, after hydration: tests and scripts wait for this mark.
-    Effect::new(|| {
-        if let Some(body) = document().body() {
-            let _ = body.set_attribute("data-hydrated", "true");
-        }
-    });
     view! {
         <Title text="Gatehouse" />
         <Router>
             <Routes fallback=pages::NotFound>
                 <Route path=StaticSegment("setup") view=pages::setup::SetupPage />
                 <Route path=StaticSegment("login") view=pages::login::LoginPage />
-                <ParentRoute path=StaticSegment("") view=layout::ConsoleLayout>
+                // Rendered whole before it is sent (no streamed fragments), so a page is
+                // complete without JavaScript and a live update can take its region as it is.
+                <ParentRoute path=StaticSegment("") view=layout::ConsoleLayout ssr=SsrMode::Async>
                     <Route path=StaticSegment("") view=pages::dashboard::DashboardPage />
                     <Route path=StaticSegment("settings") view=pages::settings::SettingsPage />
                     <Route path=StaticSegment("conversations") view=pages::conversations::ConversationsPage />
@@ -76,5 +74,6 @@ pub fn App() -> impl IntoView {
                 </ParentRoute>
             </Routes>
         </Router>
+        <live::Ready />
     }
 }

@@ -1,8 +1,12 @@
-//! Live updates: the server streams typed events (`/api/events`, server-sent events) about
-//! what the page shows; a page re-fetches its data when the returned counter moves. The browser
-//! reconnects by itself and sends the last event's id, and the server replays what was missed,
-//! so a page misses nothing across a reconnect. Without wasm the pages still work: a reload
-//! shows the latest.
+//! The console's interactive parts, the only code compiled to wasm (Leptos islands): pages are
+//! rendered on the server, their forms post as plain HTML forms, and these islands keep a page
+//! current and mark it ready.
+//!
+//! Live updates: the server streams typed events (`/api/events`, server-sent events) about what
+//! the page shows. After a burst of them (one message makes a dozen) [`Live`] fetches the page
+//! again and puts its new live regions in place of the old ones. The browser reconnects by itself
+//! and sends the last event's id, and the server replays what was missed, so a page misses
+//! nothing across a reconnect. Without wasm the pages still work: a reload shows the latest.
 
 use leptos::prelude::*;
 
@@ -17,54 +21,130 @@ pub const APPROVALS_LIVE: &str = "/api/events?topics=approval,job";
 /// Jobs: state changes and tool calls.
 pub const JOBS_LIVE: &str = "/api/events?topics=job";
 
-/// A counter that increases after events from `url` (an SSE endpoint of this server); a burst
-/// of events (one message makes a dozen) moves it once. While the stream is open the page's
-/// root element carries `data-live="open"`.
-pub fn use_live(url: &'static str) -> ReadSignal<u64> {
-    let (version, set_version) = signal(0u64);
+/// Keeps the page's live regions current with the events from `url` (an SSE endpoint of this
+/// server): elements marked `data-live-region="NAME"`, each given the content of the element
+/// with the same mark in the page fetched again. A region is what the page shows of the data;
+/// one holding the field an owner is typing in is left as it is until the next update (a swap
+/// would drop what was typed). While the stream is open the page's root element carries
+/// `data-live="open"`, and `data-live-updates` counts the updates made.
+#[island]
+pub fn Live(url: String) -> impl IntoView {
     #[cfg(feature = "hydrate")]
-    {
-        use std::{cell::Cell, rc::Rc, time::Duration};
-
-        use wasm_bindgen::{JsCast, closure::Closure};
-        Effect::new(move |_| {
-            let Ok(source) = web_sys::EventSource::new(url) else { return };
-            let pending = Rc::new(Cell::new(false));
-            let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_: web_sys::MessageEvent| {
-                if pending.replace(true) {
-                    return;
-                }
-                let pending = pending.clone();
-                set_timeout(
-                    move || {
-                        pending.set(false);
-                        set_version.update(|v| *v += 1);
-                    },
-                    Duration::from_millis(50),
-                );
-            });
-            source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-            on_message.forget();
-            let mark = |state: &'static str| {
-                move |_: web_sys::Event| {
-                    if let Some(root) = web_sys::window().and_then(|w| w.document()).and_then(|d| d.document_element()) {
-                        let _ = root.set_attribute("data-live", state);
-                    }
-                }
-            };
-            let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(mark("open"));
-            source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
-            on_open.forget();
-            let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(mark("reconnecting"));
-            source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-            on_error.forget();
-            let source = send_wrapper::SendWrapper::new(source);
-            on_cleanup(move || source.close());
-        });
-    }
+    Effect::new(move |_| follow(&url));
     #[cfg(not(feature = "hydrate"))]
-    let _ = (url, set_version);
-    version
+    let _ = url;
+}
+
+/// Marks the page ready (`data-hydrated` on `<body>`) once the islands before it are hydrated;
+/// tests and scripts wait for it. Rendered last.
+#[island]
+pub fn Ready() -> impl IntoView {
+    Effect::new(|| {
+        if let Some(body) = document().body() {
+            let _ = body.set_attribute("data-hydrated", "true");
+        }
+    });
+}
+
+#[cfg(feature = "hydrate")]
+fn follow(url: &str) {
+    use std::{cell::Cell, rc::Rc, time::Duration};
+
+    use wasm_bindgen::{JsCast, closure::Closure};
+
+    let Ok(source) = web_sys::EventSource::new(url) else { return };
+    // `dirty`: an event came since the last fetch began; `busy`: a fetch is due or running.
+    let (dirty, busy) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
+    let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_: web_sys::MessageEvent| {
+        dirty.set(true);
+        if busy.replace(true) {
+            return;
+        }
+        let (dirty, busy) = (dirty.clone(), busy.clone());
+        set_timeout(
+            move || {
+                wasm_bindgen_futures::spawn_local(async move {
+                    while dirty.replace(false) {
+                        if let Err(e) = refresh().await {
+                            leptos::logging::warn!("live update failed: {e:?}");
+                        }
+                        count_update();
+                    }
+                    busy.set(false);
+                })
+            },
+            Duration::from_millis(50),
+        );
+    });
+    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    let mark = |state: &'static str| {
+        move |_: web_sys::Event| {
+            if let Some(root) = document().document_element() {
+                let _ = root.set_attribute("data-live", state);
+            }
+        }
+    };
+    let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(mark("open"));
+    source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
+    on_open.forget();
+    let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(mark("reconnecting"));
+    source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    on_error.forget();
+}
+
+/// Counts the live updates done on the root element (`data-live-updates`), for scripts and
+/// tests that wait for one.
+#[cfg(feature = "hydrate")]
+fn count_update() {
+    if let Some(root) = document().document_element() {
+        let done = root.get_attribute("data-live-updates").and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        let _ = root.set_attribute("data-live-updates", &(done + 1).to_string());
+    }
+}
+
+/// Sent with a live update's fetch of the page: it shows no form answer (and takes none away
+/// from the page the browser may be about to load; see [`crate::pages::form_action`]).
+pub const LIVE_FETCH_HEADER: &str = "x-gatehouse-live";
+
+/// Fetches the page again and swaps its live regions in. A session that ended meanwhile sends
+/// the fetch to the login page, and the browser follows.
+#[cfg(feature = "hydrate")]
+async fn refresh() -> Result<(), wasm_bindgen::JsValue> {
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen_futures::JsFuture;
+
+    let window = window();
+    let href = window.location().href()?;
+    // Marked, so that this fetch leaves a form's answer for the page the browser goes to next.
+    let headers = web_sys::Headers::new()?;
+    headers.set(LIVE_FETCH_HEADER, "1")?;
+    let init = web_sys::RequestInit::new();
+    init.set_headers(&headers);
+    let request = web_sys::Request::new_with_str_and_init(&href, &init)?;
+    let response: web_sys::Response = JsFuture::from(window.fetch_with_request(&request)).await?.dyn_into()?;
+    if response.redirected() {
+        return window.location().assign(&response.url());
+    }
+    if !response.ok() {
+        return Ok(());
+    }
+    let html = JsFuture::from(response.text()?).await?.as_string().unwrap_or_default();
+    let fresh = web_sys::DomParser::new()?.parse_from_string(&html, web_sys::SupportedType::TextHtml)?;
+    let document = document();
+    let focused = document.active_element();
+    let regions = document.query_selector_all("[data-live-region]")?;
+    for i in 0..regions.length() {
+        let Some(old) = regions.item(i).and_then(|n| n.dyn_into::<web_sys::Element>().ok()) else { continue };
+        if focused.as_ref().is_some_and(|f| old.contains(Some(f))) {
+            continue;
+        }
+        let Some(name) = old.get_attribute("data-live-region") else { continue };
+        if let Some(new) = fresh.query_selector(&format!("[data-live-region=\"{name}\"]"))? {
+            old.set_inner_html(&new.inner_html());
+        }
+    }
+    Ok(())
 }
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) for unix milliseconds.

@@ -64,7 +64,10 @@ test("every console page renders from the navigation, also on a phone-sized scre
   await login(page, owner.login, owner.password);
   await expect(page.getByRole("heading", { name: "Dashboard" })).toBeVisible();
   for (const [link, heading] of NAV) {
-    await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name: link, exact: true }).click();
+    // A section's link may also say how many things wait there ("MCP servers, 3 waiting for you").
+    const escaped = link.replace(/[.*+?^$()|[\]\\]/g, "\\$&");
+    const name = new RegExp(`^${escaped}(, \\d+ waiting for you)?$`);
+    await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name }).click();
     await expect(page.getByRole("heading", { level: 1, name: heading, exact: true })).toBeVisible();
     if (link === "Approvals") {
       await expect(page.getByTestId("approvals-empty")).toContainText("No tool call is waiting for an owner");

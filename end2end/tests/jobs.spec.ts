@@ -81,7 +81,9 @@ test("jobs move to completed and discarded live; retry one, cancel one", async (
 
 test("an unknown job id says so", async ({ page }) => {
   await openJobs(page);
-  expectHttpError("/api/get_job", 404);
-  await page.goto("/jobs/999999");
+  // The page answers with its data's status: a job that is not there is a 404.
+  expectHttpError("/jobs/999999", 404);
+  const response = await page.goto("/jobs/999999");
+  expect(response?.status()).toBe(404);
   await expect(page.getByRole("alert")).toContainText("There is no job #999999");
 });

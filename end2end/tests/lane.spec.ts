@@ -257,6 +257,9 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect(row.getByTestId("approval-reason")).toContainText("APPROVAL_CUSTOMER_HIGH_RISK_WRITE");
   await expect(row.getByTestId("approve-approval")).toBeInViewport({ ratio: 1 });
   await expect(row.getByTestId("reject-approval")).toBeInViewport({ ratio: 1 });
+  // Every page's navigation counts what waits, and a live page keeps the count current.
+  const navCount = page.locator('nav a[href="/approvals"]').getByTestId("nav-count");
+  await expect(navCount).toHaveText("1");
   // The dashboard says first that a call waits, and links to where it is decided.
   const dashboard = await page.context().newPage();
   await dashboard.goto(`${base}/`);
@@ -275,6 +278,7 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect(decided.first()).toHaveAttribute("data-state", "approved");
   await expect(decided.first().getByTestId("approval-outcome")).toHaveText("OK");
   await expect(page.getByTestId("approvals-empty")).toBeVisible();
+  await expect(navCount).toHaveCount(0);
 
   await expect.poll(() => edge.textsTo(CUSTOMER)).toContain(SUMMARY);
   expect(edge.refunds).toEqual(["4821"]);
@@ -292,11 +296,22 @@ test("an owner rejects a request with a reason; the customer is told and nothing
   await expect(row).toHaveCount(1);
   await expect(row).toContainText("9000");
   await row.getByTestId("reject-reason").fill("Order 9000 was a gift");
+  // Another request arrives while the owner types: the live update leaves the list being typed
+  // in as it is, so the reason is not lost.
+  const updates = async () => Number((await page.locator("html").getAttribute("data-live-updates")) ?? "0");
+  const before = await updates();
+  await webhook("wamid.E2E.REJECT.NEXT", "Please refund my order 9001");
+  await expect.poll(updates).toBeGreaterThan(before);
+  await expect(row).toHaveCount(1);
+  await expect(row.getByTestId("reject-reason")).toHaveValue("Order 9000 was a gift");
   await row.getByTestId("reject-approval").click();
   await expect(page.getByTestId("decision-result")).toContainText("Rejected");
   const rejected = page.locator('[data-testid="approvals-decided"] [data-testid="approval-row"][data-state="rejected"]');
   await expect(rejected).toHaveCount(1);
   await expect(rejected.getByTestId("approval-note")).toHaveText("Reason: Order 9000 was a gift");
+  // The page the browser comes back to shows the request that came meanwhile.
+  await expect(row).toHaveCount(1);
+  await expect(row).toContainText("9001");
 
   await expect.poll(() => edge.textsTo(CUSTOMER)).toContain("The owner did not approve that request, so it was not done.");
   expect(edge.refunds, "the rejected call never reached the shop").toEqual(["4821"]);

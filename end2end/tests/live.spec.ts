@@ -31,6 +31,9 @@ test("a Traces page open in one tab shows a new simulated message without reload
   await expect(page.locator("html")).toHaveAttribute("data-live", "open");
   // A reload would lose this.
   await page.evaluate(() => ((window as unknown as { stillHere: boolean }).stillHere = true));
+  // And this: a filter being typed stays as it is while the list beside it moves.
+  const chatFilter = page.getByTestId("trace-filters").locator('input[name="chat"]');
+  await chatFilter.fill("sim-1555");
 
   // Another tab of the same session sends a message from the Conversations page.
   const other = await context.newPage();
@@ -48,6 +51,7 @@ test("a Traces page open in one tab shows a new simulated message without reload
   await expect(row).toBeVisible();
   await expect(row).toContainText("sim-15550100777");
   expect(await page.evaluate(() => (window as unknown as { stillHere?: boolean }).stillHere)).toBe(true);
+  await expect(chatFilter).toHaveValue("sim-1555");
 });
 
 test("the dashboard's charts show a simulated conversation, each linked to its list, on a phone", async ({ page }) => {

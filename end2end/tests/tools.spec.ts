@@ -82,10 +82,17 @@ test("reloading the catalog from the console", async ({ page }) => {
   await open(page, "/tools");
   await page.getByTestId("reload-tools").click();
   await expect(page.getByTestId("reload-result")).toHaveText("Catalog reloaded: 3 tools.");
+  // The answer is shown once, on the page the form's post came back to; a reload does not
+  // repeat it.
+  await page.reload();
+  await hydrated(page);
+  await expect(page.getByTestId("tools-table")).toBeVisible();
+  await expect(page.getByTestId("reload-result")).toHaveCount(0);
 });
 
 test("an unknown tool page says so", async ({ page }) => {
-  expectHttpError("/api/get_tool", 404);
+  // The page answers with its data's status.
+  expectHttpError("/tools/no_such_tool", 404);
   await open(page, "/tools/no_such_tool");
   await expect(page.locator("[data-code=NOT_FOUND]")).toContainText("There is no tool named");
 });

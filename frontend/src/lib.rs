@@ -1,9 +1,11 @@
-//! The wasm entry point: it only hydrates the server-rendered console.
+//! The wasm entry point: it hydrates the console's islands (app::live); everything else on a
+//! page is server-rendered HTML.
+
+// Links the app crate, whose islands are exported to the page's JavaScript.
+extern crate app;
 
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    // Synchronous hydration: a release build removes the async path (lazy routes,
-    // `hydrate_lazy`) from the wasm, see scripts/wasm-drop-async-hydration.mjs.
-    leptos::mount::hydrate_body(app::App);
+    leptos::mount::hydrate_islands();
 }

@@ -7,12 +7,11 @@
 //! Arguments come from people and models: untrusted text, shown as text, never as markup.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 
 use crate::{
     api::{DecideApproval, list_approvals},
     dto::ApprovalView,
-    live::{APPROVALS_LIVE, fmt_time, use_live},
+    live::{APPROVALS_LIVE, fmt_time},
 };
 
 /// "42 s", "5 min", "3 h", "2 d".
@@ -32,16 +31,16 @@ fn trace_link(trace_id: Option<i64>) -> impl IntoView + use<> {
 
 #[component]
 pub fn ApprovalsPage() -> impl IntoView {
-    let live = use_live(APPROVALS_LIVE);
-    let decide = ServerAction::<DecideApproval>::new();
-    let page = Resource::new(move || (live.get(), decide.version().get()), |_| list_approvals());
+    let (decide, decided) = super::form_action::<DecideApproval>();
+    let page = Resource::new(|| (), |_| list_approvals());
     view! {
-        <Title text="Approvals · Gatehouse" />
+        {super::page_head("Approvals", Some(APPROVALS_LIVE))}
         <h1>"Approvals"</h1>
-        {super::action_notice(decide.value(), "decision-result")}
+        {super::action_notice(decided, "decision-result")}
         {super::loaded(page, move |p| {
             let now = p.now;
             view! {
+                <div data-live-region="approvals">
                 <h2>"Waiting for you"</h2>
                 {if p.pending.is_empty() {
                     view! {
@@ -64,6 +63,7 @@ pub fn ApprovalsPage() -> impl IntoView {
                     let rows = p.decided.into_iter().map(decided_row).collect_view();
                     super::list_table("approvals-decided", &["#", "Call", "State", "Decided", "Run"], rows)
                 }}
+                </div>
             }
         })}
     }

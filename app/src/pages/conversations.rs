@@ -4,13 +4,12 @@
 //! the sender an owner. The list and each chat follow the live events of messages and replies.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 use leptos_router::hooks::use_params_map;
 
 use crate::{
     api::{SimulateMessage, get_chat, list_chats},
     dto::ChatView,
-    live::{MESSAGES_LIVE, fmt_time, use_live},
+    live::{MESSAGES_LIVE, fmt_time},
 };
 
 fn chat_href(c: &ChatView) -> String {
@@ -19,13 +18,14 @@ fn chat_href(c: &ChatView) -> String {
 
 #[component]
 pub fn ConversationsPage() -> impl IntoView {
-    let send = ServerAction::<SimulateMessage>::new();
-    let live = use_live(MESSAGES_LIVE);
-    let page = Resource::new(move || (send.version().get(), live.get()), |_| list_chats());
+    let (send, sent) = super::form_action::<SimulateMessage>();
+    let page = Resource::new(|| (), |_| list_chats());
     view! {
-        <Title text="Conversations · Gatehouse" />
+        {super::page_head("Conversations", Some(MESSAGES_LIVE))}
         <h1>"Conversations"</h1>
         {super::loaded(page, move |p| {
+            // Carry on as the last message's sender, as a chat would.
+            let from = sent.get().and_then(Result::ok).map_or_else(|| p.simulator_customer.clone(), |o| o.from);
             let owner_hint = if p.owner_numbers.is_empty() {
                 view! { "Add your WhatsApp number in "<a href="/settings" data-testid="sim-settings">"Settings"</a>" to talk as the owner." }.into_any()
             } else {
@@ -36,26 +36,23 @@ pub fn ConversationsPage() -> impl IntoView {
                     <h2>"Simulator"</h2>
                     <p>{owner_hint}</p>
                     <ActionForm action=send attr:class="try-it">
-                        <label>"From" <input type="tel" name="from" value=p.simulator_customer.clone() required=true data-testid="sim-from" /></label>
+                        <label>"From" <input type="tel" name="from" value=from required=true data-testid="sim-from" /></label>
                         <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
                         <input type="hidden" name="chat_id" value="" />
                         <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
                         <button type="submit" data-testid="sim-send">"Send"</button>
                     </ActionForm>
                 </section>
-                {chat_list(p.chats)}
+                <div data-live-region="chats">{chat_list(p.chats)}</div>
             }
         })}
-        {move || send.value().get().map(|res| match res {
-            Ok(o) => view! {
+        {super::answer_view(sent, |o| view! {
                 <div class="try-result ok" data-testid="sim-result" data-route=o.route.clone()>
                     <p><strong>{format!("Route: {} (as {})", o.route, o.actor)}</strong>
                         {o.trace_id.map(|id| view! { " · "<a href=format!("/traces/{id}") data-testid="sim-trace">"trace"</a> })}
                         " · "<a href=format!("/conversations/simulator/{}", super::url_encode(&o.chat_id))>"open the chat"</a></p>
                     <p data-testid="sim-reply">{o.reply.clone().unwrap_or_else(|| "(no reply)".into())}</p>
                 </div>
-            }.into_any(),
-            Err(e) => super::error_view(&e),
         })}
     }
 }
@@ -89,10 +86,9 @@ pub fn ChatPage() -> impl IntoView {
     let params = use_params_map();
     let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
     let send = ServerAction::<SimulateMessage>::new();
-    let live = use_live(MESSAGES_LIVE);
-    let chat = Resource::new(move || (key.get(), send.version().get(), live.get()), |((channel, chat), ..)| get_chat(channel, chat));
+    let chat = Resource::new(move || key.get(), |(channel, chat)| get_chat(channel, chat));
     view! {
-        <Title text="Chat · Gatehouse" />
+        {super::page_head("Chat", Some(MESSAGES_LIVE))}
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>
         {super::loaded(chat, move |c| {
             // Carry on as the chat's last sender (an owner's number talks as the owner).
@@ -102,7 +98,7 @@ pub fn ChatPage() -> impl IntoView {
                     {c.name.clone().map(|name| view! { <span data-testid="chat-name">{name}</span>" " })}
                     {c.name.as_ref().map_or_else(|| c.chat_id.clone(), |_| format!("({})", c.chat_id))}" "<span class="badge">{c.channel.clone()}</span>
                 </h1>
-                <ol class="chat" data-testid="chat-messages">
+                <ol class="chat" data-testid="chat-messages" data-live-region="messages">
                     {c.messages.into_iter().map(|m| view! {
                         <li class=format!("msg {}", m.direction) data-direction=m.direction.clone() data-state=m.state.clone()>
                             <div class="meta">

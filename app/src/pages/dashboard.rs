@@ -1,5 +1,4 @@
 use leptos::prelude::*;
-use leptos_meta::Title;
 
 use crate::{
     api::dashboard_facts,
@@ -19,14 +18,9 @@ fn uptime(secs: u64) -> String {
 pub fn DashboardPage() -> impl IntoView {
     let info = Resource::new_blocking(|| (), |_| dashboard_facts());
     view! {
-        <Title text="Dashboard · Gatehouse" />
+        {super::page_head("Dashboard", None)}
         <h1>"Dashboard"</h1>
-        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
-            {move || info.get().map(|res| match res {
-                Ok(info) => view! { {waiting(info.waiting)} {facts(&info)} {spend(&info)} {charts(&info)} }.into_any(),
-                Err(e) => super::error_view(&e),
-            })}
-        </Suspense>
+        {super::loaded(info, |info| view! { {waiting(info.waiting)} {facts(&info)} {spend(&info)} {charts(&info)} })}
     }
 }
 

@@ -2,31 +2,18 @@
 //! its timeline and the owner actions retry-now and cancel.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::{
     api::{CancelJob, RetryJob, get_job, list_jobs},
     dto::{JobQuery, JobSummary},
-    live::{JOBS_LIVE, fmt_time, use_live},
+    live::{JOBS_LIVE, fmt_time},
 };
 
 const STATES: [&str; 8] = ["available", "scheduled", "running", "retryable", "completed", "cancelled", "discarded", "pending"];
 
 fn query_string(q: &JobQuery, before: Option<i64>) -> String {
-    let mut parts = Vec::new();
-    for (k, v) in [("state", &q.state), ("tool", &q.tool), ("chat", &q.chat)] {
-        if !v.is_empty() {
-            parts.push(format!("{k}={}", super::url_encode(v)));
-        }
-    }
-    if q.since_minutes > 0 {
-        parts.push(format!("since_minutes={}", q.since_minutes));
-    }
-    if let Some(b) = before {
-        parts.push(format!("before={b}"));
-    }
-    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+    super::list_query(&[("state", &q.state), ("tool", &q.tool), ("chat", &q.chat)], q.since_minutes, before)
 }
 
 fn state_badge(state: &str) -> impl IntoView + use<> {
@@ -45,15 +32,14 @@ pub fn JobsPage() -> impl IntoView {
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
-    let live = use_live(JOBS_LIVE);
-    let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before));
+    let page = Resource::new(move || query.get(), |q| list_jobs(q.state, q.tool, q.chat, q.since_minutes, q.before));
     view! {
-        <Title text="Jobs · Gatehouse" />
+        {super::page_head("Jobs", Some(JOBS_LIVE))}
         <h1>"Jobs"</h1>
         {super::loaded(page, move |p| {
             let q = query.get();
             view! {
-                <ul class="counts" data-testid="job-counts">
+                <ul class="counts" data-testid="job-counts" data-live-region="counts">
                     {STATES.iter().map(|s| {
                         let n = p.counts.iter().find(|c| c.state == *s).map_or(0, |c| c.count);
                         let href = query_string(&JobQuery { state: s.to_string(), ..Default::default() }, None);
@@ -61,10 +47,12 @@ pub fn JobsPage() -> impl IntoView {
                     }).collect_view()}
                 </ul>
                 {filter_form(&q)}
-                {job_table(p.jobs, &q)}
-                {p.next_before.map(|b| view! {
-                    <p><a class="button" href=format!("/jobs{}", query_string(&q, Some(b)))>"Older jobs \u{2192}"</a></p>
-                })}
+                <div data-live-region="jobs">
+                    {job_table(p.jobs, &q)}
+                    {p.next_before.map(|b| view! {
+                        <p><a class="button" href=format!("/jobs{}", query_string(&q, Some(b)))>"Older jobs \u{2192}"</a></p>
+                    })}
+                </div>
             }
         })}
     }
@@ -111,16 +99,13 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
 pub fn JobDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
-    let live = use_live(JOBS_LIVE);
     let retry = ServerAction::<RetryJob>::new();
     let cancel = ServerAction::<CancelJob>::new();
-    let detail = Resource::new(
-        move || (id.get(), live.get(), retry.version().get(), cancel.version().get()),
-        |(id, ..)| get_job(id),
-    );
+    let detail = Resource::new(move || id.get(), get_job);
     view! {
-        <Title text="Job · Gatehouse" />
+        {super::page_head("Job", Some(JOBS_LIVE))}
         <p><a href="/jobs">"\u{2190} All jobs"</a></p>
+        <div data-live-region="job">
         {super::loaded(detail, move |d| {
             let s = d.summary.clone();
             let id = s.id;
@@ -181,5 +166,6 @@ pub fn JobDetailPage() -> impl IntoView {
                 </ol>
             }
         })}
+        </div>
     }
 }

@@ -7,12 +7,11 @@
 //! text, never as markup.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 
 use crate::{
     api::{McpAnswerForm, McpDecide, McpRefresh, McpSetEnabled, mcp_servers},
     dto::{McpServerView, McpToolView},
-    live::{fmt_time, use_live},
+    live::{fmt_time},
 };
 
 /// Where the Connect button of an OAuth server posts (the server redirects to its
@@ -24,24 +23,20 @@ pub const MCP_STREAM: &str = "/api/mcp/stream";
 
 #[component]
 pub fn McpPage() -> impl IntoView {
-    let live = use_live(MCP_STREAM);
     let query = leptos_router::hooks::use_query_map();
     let toggle = ServerAction::<McpSetEnabled>::new();
-    let refresh = ServerAction::<McpRefresh>::new();
+    let (refresh, refreshed) = super::form_action::<McpRefresh>();
     let decide = ServerAction::<McpDecide>::new();
-    let answer = ServerAction::<McpAnswerForm>::new();
-    let page = Resource::new(
-        move || (live.get(), toggle.version().get(), refresh.version().get(), decide.version().get(), answer.version().get()),
-        |_| mcp_servers(),
-    );
+    let (answer, answered) = super::form_action::<McpAnswerForm>();
+    let page = Resource::new(|| (), |_| mcp_servers());
     view! {
-        <Title text="MCP servers · Gatehouse" />
+        {super::page_head("MCP servers", Some(MCP_STREAM))}
         <p><a href="/tools">"\u{2190} Tools"</a></p>
         <h1>"MCP servers"</h1>
         {move || toggle.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
         {move || decide.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
-        {super::action_notice(refresh.value(), "refresh-result")}
-        {super::action_notice(answer.value(), "form-result")}
+        {super::action_notice(refreshed, "refresh-result")}
+        {super::action_notice(answered, "form-result")}
         {move || {
             let query = query.get();
             let connected = query.get("connected").map(|s| view! { <p class="notice" data-testid="oauth-connected">{format!("{s} is connected.")}</p> });
@@ -67,7 +62,7 @@ pub fn McpPage() -> impl IntoView {
             } else {
                 p.servers.into_iter().map(|s| server_card(s, toggle, refresh, decide)).collect_view().into_any()
             };
-            view! { {forms} {servers} }.into_any()
+            view! { <div data-live-region="mcp">{forms} {servers}</div> }.into_any()
         })}
     }
 }

@@ -11,9 +11,12 @@ pub mod setup;
 pub mod tools;
 pub mod traces;
 
-use leptos::prelude::*;
+use leptos::{prelude::*, server_fn::ServerFn};
+use leptos_meta::Title;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::de::DeserializeOwned;
 
-use crate::error::AppError;
+use crate::{api::take_answer, error::AppError, live::Live};
 
 #[component]
 pub fn NotFound() -> impl IntoView {
@@ -26,6 +29,15 @@ pub fn NotFound() -> impl IntoView {
             <h1>"Not found"</h1>
             <p>"There is no page here. " <a href="/">"Back to the dashboard"</a></p>
         </main>
+    }
+}
+
+/// A page's title ("NAME · Gatehouse" in the browser's tab) and, for a page that follows
+/// events from the SSE endpoint `live`, its [`Live`] island.
+pub(crate) fn page_head(name: &'static str, live: Option<&'static str>) -> impl IntoView {
+    view! {
+        <Title text=format!("{name} · Gatehouse") />
+        {live.map(|url| view! { <Live url=url.to_string() /> })}
     }
 }
 
@@ -59,30 +71,75 @@ pub(crate) fn list_table(testid: &'static str, headers: &[&'static str], rows: i
     .into_any()
 }
 
-/// An action's answer: its text as a status notice, or its error.
-pub(crate) fn action_notice(answer: impl Get<Value = Option<Result<String, AppError>>> + Send + Sync + 'static, testid: &'static str) -> impl IntoView {
-    move || {
-        answer.get().map(|r| match r {
-            Ok(text) => view! { <p class="notice" role="status" data-testid=testid>{text}</p> }.into_any(),
-            Err(e) => error_view(&e),
+/// The server action behind a page's form, and what the browser's last post of that form
+/// answered, on the page it came back to: an error travels in the URL (server_fn puts it there,
+/// [`ServerAction::value`] reads it), a result kept for the session ([`take_answer`], once). Show the
+/// answer with [`answer_view`].
+pub(crate) fn form_action<S>() -> (ServerAction<S>, Answer<S::Output>)
+where
+    S: ServerFn<Error = AppError> + Clone + Send + Sync + 'static,
+    S::Output: DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    let action = ServerAction::<S>::new();
+    let kept = Resource::new_blocking(|| (), |_| take_answer(S::PATH.to_string()));
+    let answer = Signal::derive(move || {
+        action.value().get().or_else(|| {
+            let json = kept.get()?.ok()??;
+            serde_json::from_str(&json).ok().map(Ok)
         })
-    }
+    });
+    (action, answer)
+}
+
+/// What a form's last post answered, if the browser just came back from one ([`form_action`]).
+pub(crate) type Answer<T> = Signal<Option<Result<T, AppError>>>;
+
+/// An answer from [`form_action`] as `show` shows it.
+pub(crate) fn answer_with<T, V>(answer: Answer<T>, show: impl Fn(Result<T, AppError>) -> V + Send + Sync + 'static) -> impl IntoView
+where
+    T: Clone + Send + Sync + 'static,
+    V: IntoView + 'static,
+{
+    view! { <Suspense fallback=|| ()>{move || answer.get().map(&show)}</Suspense> }
+}
+
+/// An answer from [`form_action`] as `ok` shows it, or its error.
+pub(crate) fn answer_view<T, V>(answer: Answer<T>, ok: impl Fn(T) -> V + Send + Sync + 'static) -> impl IntoView
+where
+    T: Clone + Send + Sync + 'static,
+    V: IntoView + 'static,
+{
+    answer_with(answer, move |r| match r {
+        Ok(value) => ok(value).into_any(),
+        Err(e) => error_view(&e),
+    })
+}
+
+/// An action's answer: its text as a status notice, or its error.
+pub(crate) fn action_notice(answer: Answer<String>, testid: &'static str) -> impl IntoView {
+    answer_view(answer, move |text| view! { <p class="notice" role="status" data-testid=testid>{text}</p> })
 }
 
 /// Shows a server function error inline.
 pub fn error_view(err: &AppError) -> AnyView {
-    crate::layout::redirect_if_unauthorized(err);
     view! { <p class="error" role="alert" data-code=err.code.clone()>{err.message.clone()}</p> }.into_any()
 }
 
+/// What [`url_encode`] leaves as it is: RFC 3986's unreserved characters.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
 /// Percent-encodes a value for a URL path segment or query value.
 pub(crate) fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(s, UNRESERVED).to_string()
+}
+
+/// A list page's query string (`?k=v&…`, or nothing): its text filters that are set, its time
+/// filter, and `before` for the page of older rows.
+pub(crate) fn list_query(filters: &[(&str, &str)], since_minutes: i64, before: Option<i64>) -> String {
+    let texts = filters.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("{k}={}", url_encode(v)));
+    let since = (since_minutes > 0).then(|| format!("since_minutes={since_minutes}"));
+    let parts: Vec<String> = texts.chain(since).chain(before.map(|b| format!("before={b}"))).collect();
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
 }
 
 /// The "created / when" filter of list pages: (minutes back, label); 0 means any time.
@@ -105,5 +162,21 @@ pub(crate) fn since_select(current: i64) -> impl IntoView + use<> {
         <select name="since_minutes">
             {SINCE_OPTIONS.into_iter().map(|(m, label)| view! { <option value=m.to_string() selected=current == m>{label}</option> }).collect_view()}
         </select>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn values_are_percent_encoded_but_unreserved_characters() {
+        assert_eq!(super::url_encode("+1 555/ü&a=b"), "%2B1%20555%2F%C3%BC%26a%3Db");
+        assert_eq!(super::url_encode("Az09-_.~"), "Az09-_.~");
+    }
+
+    #[test]
+    fn a_list_query_has_the_filters_that_are_set() {
+        assert_eq!(super::list_query(&[("state", ""), ("chat", "")], 0, None), "");
+        assert_eq!(super::list_query(&[("state", "running"), ("chat", "+1 555")], 60, Some(42)), "?state=running&chat=%2B1%20555&since_minutes=60&before=42");
+        assert_eq!(super::list_query(&[("route", "")], 0, Some(7)), "?before=7");
     }
 }

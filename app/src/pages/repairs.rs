@@ -8,32 +8,31 @@
 //! Diffs and notes hold text from configuration files and people: shown as text, never markup.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 
 use crate::{
     api::{DecideRepair, RunRepairCycle, list_repairs},
     dto::{DiffRow, FindingView, RepairView, ReplayRow},
-    live::{JOBS_LIVE, fmt_time, use_live},
+    live::{JOBS_LIVE, fmt_time},
 };
 
 #[component]
 pub fn RepairsPage() -> impl IntoView {
-    let live = use_live(JOBS_LIVE);
-    let decide = ServerAction::<DecideRepair>::new();
-    let cycle = ServerAction::<RunRepairCycle>::new();
-    let page = Resource::new(move || (live.get(), decide.version().get(), cycle.version().get()), |_| list_repairs());
+    let (decide, decided) = super::form_action::<DecideRepair>();
+    let (cycle, cycled) = super::form_action::<RunRepairCycle>();
+    let page = Resource::new(|| (), |_| list_repairs());
     view! {
-        <Title text="Repairs · Gatehouse" />
+        {super::page_head("Repairs", Some(JOBS_LIVE))}
         <h1>"Repairs"</h1>
         <p class="muted">"Traces that went wrong become eval cases; for a failing case Gatehouse proposes a change to config/tools.toml and replays every case before and after. Nothing changes until you approve it."</p>
         <ActionForm action=cycle>
             <button type="submit" data-testid="run-cycle">"Scan traces and propose now"</button>
         </ActionForm>
-        {super::action_notice(cycle.value(), "cycle-result")}
-        {super::action_notice(decide.value(), "repair-result")}
+        {super::action_notice(cycled, "cycle-result")}
+        {super::action_notice(decided, "repair-result")}
         {super::loaded(page, move |p| {
             let every = if p.scan_every == "0s" { "The periodic scan is off (evals.scan_every = \"0s\").".to_string() } else { format!("Traces are scanned every {}.", p.scan_every) };
             view! {
+                <div data-live-region="repairs">
                 <p class="muted" data-testid="repairs-status">{format!("{} eval case(s). {every}", p.cases)}</p>
                 <h2>"Proposals"</h2>
                 {if p.repairs.is_empty() {
@@ -49,6 +48,7 @@ pub fn RepairsPage() -> impl IntoView {
                 }}
                 <h2>"Findings"</h2>
                 {findings_table(p.findings)}
+                </div>
             }
         })}
     }

@@ -1,19 +1,15 @@
 use leptos::prelude::*;
-use leptos_meta::Title;
 
 use crate::api::{UpdatePhones, console_settings};
 
 #[component]
 pub fn SettingsPage() -> impl IntoView {
-    let update = ServerAction::<UpdatePhones>::new();
-    let info = Resource::new_blocking(move || update.version().get(), |_| console_settings());
+    let (update, saved) = super::form_action::<UpdatePhones>();
+    let info = Resource::new_blocking(|| (), |_| console_settings());
     view! {
-        <Title text="Settings · Gatehouse" />
+        {super::page_head("Settings", None)}
         <h1>"Settings"</h1>
-        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
-            {move || info.get().map(|res| match res {
-                Err(e) => super::error_view(&e),
-                Ok(s) => view! {
+        {super::loaded(info, move |s| view! {
                     <section>
                         <h2>"Your WhatsApp numbers"</h2>
                         <p>"The bot treats messages from these numbers as coming from you, an owner."</p>
@@ -23,10 +19,7 @@ pub fn SettingsPage() -> impl IntoView {
                             </label>
                             <button type="submit">"Save numbers"</button>
                         </ActionForm>
-                        {move || update.value().get().map(|r| match r {
-                            Ok(_) => view! { <p class="ok" role="status">"Saved."</p> }.into_any(),
-                            Err(e) => super::error_view(&e),
-                        })}
+                        {super::answer_view(saved, |_| view! { <p class="ok" role="status">"Saved."</p> })}
                     </section>
                     <section>
                         <h2>"Secrets"</h2>
@@ -50,8 +43,6 @@ pub fn SettingsPage() -> impl IntoView {
                             </tbody>
                         </table>
                     </section>
-                }.into_any(),
-            })}
-        </Suspense>
+        })}
     }
 }

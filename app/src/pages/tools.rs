@@ -3,7 +3,6 @@
 //! through the checkpoint as the owner, and a catalog reload.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::{
@@ -43,10 +42,10 @@ pub fn ToolsPage() -> impl IntoView {
             risk: p.get("risk").unwrap_or_default(),
         })
     });
-    let reload = ServerAction::<ReloadTools>::new();
-    let page = Resource::new(move || (query.get(), reload.version().get()), |(q, _)| list_tools(q.provider, q.audience, q.risk));
+    let (reload, reloaded) = super::form_action::<ReloadTools>();
+    let page = Resource::new(move || query.get(), |q| list_tools(q.provider, q.audience, q.risk));
     view! {
-        <Title text="Tools & MCP · Gatehouse" />
+        {super::page_head("Tools & MCP", None)}
         <h1>"Tools & MCP"</h1>
         <div class="actions">
             <a class="button" href="/mcp">"MCP servers \u{2192}"</a>
@@ -54,7 +53,7 @@ pub fn ToolsPage() -> impl IntoView {
                 <button type="submit" data-testid="reload-tools">"Reload catalog"</button>
             </ActionForm>
         </div>
-        {move || reload.value().get().map(|res| match res {
+        {super::answer_with(reloaded, |res| match res {
             Ok(r) => view! {
                 <p class="notice" role="status" data-testid="reload-result">
                     {format!("Catalog reloaded: {} tools.", r.tools)}
@@ -157,10 +156,10 @@ fn calls_table(calls: Vec<ToolCallView>, empty: &'static str) -> AnyView {
 pub fn ToolDetailPage() -> impl IntoView {
     let params = use_params_map();
     let name = Memo::new(move |_| params.with(|p| p.get("name").unwrap_or_default()));
-    let try_it = ServerAction::<TryTool>::new();
-    let detail = Resource::new(move || (name.get(), try_it.version().get()), |(name, _)| get_tool(name));
+    let (try_it, tried) = super::form_action::<TryTool>();
+    let detail = Resource::new(move || name.get(), get_tool);
     view! {
-        <Title text="Tool · Gatehouse" />
+        {super::page_head("Tool", None)}
         <p><a href="/tools">"\u{2190} All tools"</a></p>
         {super::loaded(detail, move |d| {
             let t = d.summary.clone();
@@ -228,8 +227,7 @@ pub fn ToolDetailPage() -> impl IntoView {
                     </label>
                     <button type="submit" data-testid="try-run">"Run through the checkpoint"</button>
                 </ActionForm>
-                {move || try_it.value().get().map(|res| match res {
-                    Ok(o) => view! {
+                {super::answer_view(tried, |o| view! {
                         <div class=if o.ok { "try-result ok" } else { "try-result failed" } data-testid="try-result" data-code=o.code.clone()>
                             <p><strong>{match (o.ok, o.approval_id) {
                                 (true, _) => "Allowed and run".to_string(),
@@ -241,8 +239,6 @@ pub fn ToolDetailPage() -> impl IntoView {
                             {o.approval_id.map(|_| view! { <p><a href="/approvals" data-testid="try-approval">"Decide it on the Approvals page"</a></p> })}
                             {o.output.clone().map(|out| view! { <pre class="json">{out}</pre> })}
                         </div>
-                    }.into_any(),
-                    Err(e) => super::error_view(&e),
                 })}
                 <h2>"Recent calls"</h2>
                 {calls_table(d.recent_calls.clone(), "Use the form above to make one.")}

@@ -3,32 +3,19 @@
 //! live events of messages and approvals.
 
 use leptos::prelude::*;
-use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::{
     api::{MarkTrace, get_trace, list_traces},
     dto::{TraceDetail, TraceQuery, TraceSummary},
-    live::{TRACES_LIVE, fmt_time, use_live},
+    live::{TRACES_LIVE, fmt_time},
 };
 
 const ROUTES: [&str; 11] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "over_budget", "unknown_type", "degraded", "ignored", "duplicate"];
 const OUTCOMES: [&str; 3] = ["replied", "ignored", "failed"];
 
 fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
-    let mut parts = Vec::new();
-    for (k, v) in [("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)] {
-        if !v.is_empty() {
-            parts.push(format!("{k}={}", super::url_encode(v)));
-        }
-    }
-    if q.since_minutes > 0 {
-        parts.push(format!("since_minutes={}", q.since_minutes));
-    }
-    if let Some(b) = before {
-        parts.push(format!("before={b}"));
-    }
-    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+    super::list_query(&[("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)], q.since_minutes, before)
 }
 
 fn ms(us: i64) -> String {
@@ -48,19 +35,20 @@ pub fn TracesPage() -> impl IntoView {
             before: p.get("before").and_then(|v| v.parse().ok()).unwrap_or(0),
         })
     });
-    let live = use_live(TRACES_LIVE);
-    let page = Resource::new(move || (query.get(), live.get()), |(q, _)| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
+    let page = Resource::new(move || query.get(), |q| list_traces(q.chat, q.route, q.outcome, q.error_code, q.since_minutes, q.before));
     view! {
-        <Title text="Traces · Gatehouse" />
+        {super::page_head("Traces", Some(TRACES_LIVE))}
         <h1>"Traces"</h1>
         {super::loaded(page, move |p| {
             let q = query.get();
             view! {
                 {filter_form(&q)}
-                {trace_table(p.traces, &q)}
-                {p.next_before.map(|b| view! {
-                    <p><a class="button" href=format!("/traces{}", query_string(&q, Some(b)))>"Older traces \u{2192}"</a></p>
-                })}
+                <div data-live-region="traces">
+                    {trace_table(p.traces, &q)}
+                    {p.next_before.map(|b| view! {
+                        <p><a class="button" href=format!("/traces{}", query_string(&q, Some(b)))>"Older traces \u{2192}"</a></p>
+                    })}
+                </div>
             }
         })}
     }
@@ -110,16 +98,16 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
 pub fn TraceDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
-    let live = use_live(TRACES_LIVE);
-    let mark = ServerAction::<MarkTrace>::new();
-    let detail = Resource::new(move || (id.get(), live.get(), mark.version().get()), |(id, _, _)| get_trace(id));
+    let (mark, marked) = super::form_action::<MarkTrace>();
+    let detail = Resource::new(move || id.get(), get_trace);
     view! {
-        <Title text="Trace · Gatehouse" />
+        {super::page_head("Trace", Some(TRACES_LIVE))}
         <p><a href="/traces">"\u{2190} All traces"</a></p>
         {super::loaded(detail, move |d| {
             let t = d.summary.clone();
-            let marking = mark_form(&d, mark);
+            let marking = mark_form(&d, mark, marked);
             view! {
+                <div data-live-region="trace">
                 <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
                 <table class="kv"><tbody>
                     <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
@@ -160,6 +148,7 @@ pub fn TraceDetailPage() -> impl IntoView {
                         </table>
                     }.into_any()
                 }}
+                </div>
                 {marking}
             }
         })}
@@ -168,7 +157,7 @@ pub fn TraceDetailPage() -> impl IntoView {
 
 /// "Was this wrong?": what should have happened becomes a finding and an eval case, which the
 /// Repairs page replays and proposes a fix for.
-fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>) -> impl IntoView + use<> {
+fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>, marked: super::Answer<String>) -> impl IntoView + use<> {
     let findings = d.findings.clone();
     let patterns = d.patterns.clone();
     let expectations: Vec<String> = ["normal_chat", "guard", "clarify"]
@@ -185,7 +174,7 @@ fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>) -> impl IntoView + 
                     {(!f.expect.is_empty()).then(|| view! { " \u{2192} should have been "<code>{f.expect.clone()}</code> })}</li>
             }).collect_view()}</ul>
         })}
-        {super::action_notice(mark.value(), "mark-result")}
+        {super::action_notice(marked, "mark-result")}
         <ActionForm action=mark attr:class="filters" attr:data-testid="mark-form">
             <input type="hidden" name="trace_id" value=trace_id />
             <label>"Should have been "

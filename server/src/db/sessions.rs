@@ -1,4 +1,5 @@
-//! Console sessions, stored as JSON records for tower-sessions.
+//! Console sessions, stored as JSON records for tower-sessions, and what the forms of a session
+//! last answered, kept for the page each post is sent back to.
 
 use sqlx::AnyConnection;
 
@@ -40,4 +41,36 @@ pub async fn delete(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
 pub async fn delete_expired(conn: &mut AnyConnection) -> Result<u64, DbError> {
     let done = sqlx::query("DELETE FROM sessions WHERE expires_at <= $1").bind(now_ms()).execute(&mut *conn).await?;
     Ok(done.rows_affected())
+}
+
+/// How long a form's answer waits for its page: the browser follows the redirect at once.
+pub const FORM_ANSWER_TTL_MS: i64 = 10 * 60 * 1000;
+
+/// Keeps what a plain form post to the server function at `path` answered, for the session's
+/// next page (replacing an earlier answer of the same function), and drops answers no page took.
+pub async fn keep_form_answer(conn: &mut AnyConnection, session_id: &str, path: &str, answer: &str) -> Result<(), DbError> {
+    let now = now_ms();
+    sqlx::query("DELETE FROM form_answers WHERE created_at <= $1").bind(now - FORM_ANSWER_TTL_MS).execute(&mut *conn).await?;
+    sqlx::query(
+        "INSERT INTO form_answers (session_id, path, answer, created_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (session_id, path) DO UPDATE SET answer = excluded.answer, created_at = excluded.created_at",
+    )
+    .bind(session_id)
+    .bind(path)
+    .bind(answer)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Takes (deletes and returns) the kept answer of the server function at `path`, if it is
+/// still fresh.
+pub async fn take_form_answer(conn: &mut AnyConnection, session_id: &str, path: &str) -> Result<Option<String>, DbError> {
+    let taken: Option<(String, i64)> = sqlx::query_as("DELETE FROM form_answers WHERE session_id = $1 AND path = $2 RETURNING answer, created_at")
+        .bind(session_id)
+        .bind(path)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(taken.filter(|(_, at)| *at > now_ms() - FORM_ANSWER_TTL_MS).map(|(answer, _)| answer))
 }

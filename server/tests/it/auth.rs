@@ -323,3 +323,44 @@ async fn no_proxy_is_trusted_by_default(db: TestDb) {
     assert_eq!(login(&mut next, "someone", "wrong").await.status, StatusCode::TOO_MANY_REQUESTS, "one address, whatever the header says");
 }
 both_backends!(login_proxy_default, no_proxy_is_trusted_by_default);
+
+/// What a plain form post answered waits for the page the browser is sent back to, which takes
+/// it once; a request of the same session that was in flight meanwhile (a live update's fetch)
+/// and saves the session's record afterwards does not lose it, and an answer no page took is
+/// gone after its time.
+async fn a_form_answer_survives_a_concurrent_save_and_is_taken_once(db: TestDb) {
+    use tower_sessions::{SessionStore, session::Id};
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let store = server::web::session_store::DbSessionStore::new(app.state.db.clone());
+    let id: Id = c.cookie.as_deref().expect("session cookie").parse().expect("session id");
+    let in_flight = store.load(&id).await.expect("load").expect("a live session");
+
+    assert_eq!(plain_form_post(&mut c, "/api/update_phones", &[("phones", "+15550001111")]).await.status, StatusCode::FOUND);
+    store.save(&in_flight).await.expect("the request in flight saves what it loaded");
+    let first = take_answer(&mut c, "/api/update_phones").await;
+    let answer: serde_json::Value = serde_json::from_str(first.as_str().expect("an answer")).expect("JSON");
+    assert_eq!(answer, serde_json::json!(["+15550001111"]));
+    assert_eq!(take_answer(&mut c, "/api/update_phones").await, serde_json::Value::Null, "taken once");
+
+    assert_eq!(plain_form_post(&mut c, "/api/update_phones", &[("phones", "+15550002222")]).await.status, StatusCode::FOUND);
+    let stale = server::db::sessions::FORM_ANSWER_TTL_MS + 1000;
+    sqlx::query("UPDATE form_answers SET created_at = created_at - $1").bind(stale).execute(&app.state.db.pool).await.expect("age");
+    assert_eq!(take_answer(&mut c, "/api/update_phones").await, serde_json::Value::Null, "an answer no page took in time is gone");
+}
+both_backends!(form_answers, a_form_answer_survives_a_concurrent_save_and_is_taken_once);
+
+/// A form post as a browser without JavaScript sends it, from the settings page.
+async fn plain_form_post(c: &mut crate::support::Client, path: &str, fields: &[(&str, &str)]) -> crate::support::Resp {
+    c.headers = vec![("accept".into(), "text/html".into()), ("referer".into(), format!("{}/settings", crate::support::PUBLIC_URL))];
+    let res = c.post_form(path, fields).await;
+    c.headers.clear();
+    res
+}
+
+/// What the page of a form takes of the answer kept for it (JSON text, or null).
+async fn take_answer(c: &mut crate::support::Client, path: &str) -> serde_json::Value {
+    let res = c.post_form("/api/take_answer", &[("path", path)]).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    res.json()
+}

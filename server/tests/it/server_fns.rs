@@ -75,6 +75,7 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
             "/api/mark_trace" => "trace_id=1&expect=normal_chat",
             "/api/decide_repair" => "id=1&action=approve",
             "/api/mcp_answer_form" => "id=1&decision=accept",
+            "/api/take_answer" => "path=%2Fapi%2Ftry_tool",
             _ => "",
         };
         let mut req = axum::http::Request::builder()

@@ -43,13 +43,14 @@ impl ChatsBackend for ConsoleBackend {
 
     async fn simulate(&self, _owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
         use crate::channel::simulator::{SimError, SimMessage};
+        let from = request.from.clone();
         let message = SimMessage { from: request.from, text: request.text, chat_id: request.chat_id, group: request.group, mention: request.mention };
         let sent = self.state.simulator.send(message).await.map_err(|e| match e {
             SimError::Invalid(why) => AppError::invalid(why),
             other => internal(other),
         })?;
         let h = sent.handled;
-        Ok(SimulateOutcome { chat_id: sent.chat_id, message_id: sent.message_id, actor: h.role.as_str().into(), route: h.route, reply: h.reply, trace_id: h.trace_id, error_code: h.error_code })
+        Ok(SimulateOutcome { from, chat_id: sent.chat_id, message_id: sent.message_id, actor: h.role.as_str().into(), route: h.route, reply: h.reply, trace_id: h.trace_id, error_code: h.error_code })
     }
 
 }

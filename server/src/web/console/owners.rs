@@ -6,6 +6,7 @@ use app::{
     error::{AppError, code},
 };
 use secrecy::SecretString;
+use sqlx::AnyConnection;
 
 use super::{ConsoleBackend, internal};
 use crate::{
@@ -93,6 +94,11 @@ impl OwnersBackend for ConsoleBackend {
         }))
     }
 
+    async fn waiting(&self) -> Result<WaitingInfo, AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        waiting_in(&mut conn, db::now_ms()).await
+    }
+
     async fn dashboard(&self) -> Result<DashboardInfo, AppError> {
         let s = &self.state;
         let applied = s.db.applied_migrations().await.map_err(internal)?;
@@ -118,14 +124,7 @@ impl OwnersBackend for ConsoleBackend {
             });
         }
         let now = db::now_ms();
-        let w = db::stats::waiting(&mut conn, now).await.map_err(internal)?;
-        let waiting = WaitingInfo {
-            approvals: w.approvals,
-            oldest_approval_age_ms: w.oldest_approval_at.map(|t| (now - t).max(0)),
-            mcp_tools: w.mcp_tools,
-            mcp_forms: w.mcp_forms,
-            repairs: w.repairs,
-        };
+        let waiting = waiting_in(&mut conn, now).await?;
         Ok(DashboardInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             started_at_ms: s.started_at_ms,
@@ -162,6 +161,16 @@ impl OwnersBackend for ConsoleBackend {
 
     async fn update_phones(&self, owner_id: i64, phones: &str, ip: &str) -> Result<Vec<String>, AppError> {
         Ok(owners::update_phones(&self.state.db, owner_id, phones, ip).await?)
+    }
+
+    async fn keep_form_answer(&self, session_id: &str, path: &str, answer: &str) -> Result<(), AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        db::sessions::keep_form_answer(&mut conn, session_id, path, answer).await.map_err(internal)
+    }
+
+    async fn take_form_answer(&self, session_id: &str, path: &str) -> Result<Option<String>, AppError> {
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        db::sessions::take_form_answer(&mut conn, session_id, path).await.map_err(internal)
     }
 
     fn session_absolute_timeout_ms(&self) -> i64 {
@@ -203,4 +212,16 @@ fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<SettingEntry>)
         serde_json::Value::String(s) => out.push(SettingEntry { key: prefix.into(), value: s.clone() }),
         other => out.push(SettingEntry { key: prefix.into(), value: other.to_string() }),
     }
+}
+
+/// What waits for an owner at `now`.
+async fn waiting_in(conn: &mut AnyConnection, now: i64) -> Result<WaitingInfo, AppError> {
+    let w = db::stats::waiting(conn, now).await.map_err(internal)?;
+    Ok(WaitingInfo {
+        approvals: w.approvals,
+        oldest_approval_age_ms: w.oldest_approval_at.map(|t| (now - t).max(0)),
+        mcp_tools: w.mcp_tools,
+        mcp_forms: w.mcp_forms,
+        repairs: w.repairs,
+    })
 }
