@@ -391,3 +391,54 @@ async fn the_dashboard_lists_what_waits_for_the_owner(db: TestDb) {
     }
 }
 both_backends!(dashboard_waiting, the_dashboard_lists_what_waits_for_the_owner);
+
+/// The dashboard warns of the model spend as the budget's shares are crossed: what was spent of
+/// which budget, and at 100% what now happens to customers. The spend is counted as the process
+/// does it, from a recorded call.
+async fn the_dashboard_warns_of_the_spend_budget(db: TestDb) {
+    use server::{config::AtLimit, db::llm_calls::LlmCallRow, llm::CallObserver};
+    let app = TestApp::with(db, |s| {
+        s.budget.daily_usd = 0.05;
+        s.budget.at_limit = AtLimit::Degraded;
+    })
+    .await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("of $0.05"), "the budget is shown: {}", page.body);
+    assert!(!page.body.contains("data-testid=\"budget-alert\""), "nothing spent, nothing to warn of");
+
+    let spend = |cost: i64, id: &str| LlmCallRow {
+        at: server::db::now_ms(),
+        provider: "anthropic".into(),
+        model: "m".into(),
+        purpose: "chat".into(),
+        correlation_id: id.into(),
+        input_tokens: 1,
+        output_tokens: 1,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        cost_micro_usd: Some(cost),
+        latency_ms: 1,
+        outcome: "ok".into(),
+        stop_reason: None,
+        http_status: Some(200),
+        attempts: 1,
+        request_id: None,
+    };
+    let record = |row: LlmCallRow| {
+        let app = &app;
+        async move {
+            let mut conn = app.state.db.pool.acquire().await.expect("conn");
+            server::db::llm_calls::insert(&mut conn, &row).await.expect("call");
+            app.state.budget.recorded(&row).await;
+        }
+    };
+    record(spend(30_000, "c1")).await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("Model spend today is at 60% of its budget: $0.03 of $0.05."), "{}", page.body);
+
+    record(spend(30_000, "c2")).await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("Model spend today reached its budget: $0.06 of $0.05; customers get the limit reply until the period ends."), "{}", page.body);
+}
+both_backends!(dashboard_budget, the_dashboard_warns_of_the_spend_budget);
