@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn expectations_read_and_print_the_same() {
         for text in ["normal_chat", "guard", "clarify", "tool:web_search", "tool:a,b"] {
-            assert_eq!(text.parse::<Expect>().unwrap().to_string(), text);
+            assert_eq!(text.parse::<Expect>().expect("parses").to_string(), text);
         }
         assert!("tool:".parse::<Expect>().is_err());
         assert!("tool:bad name".parse::<Expect>().is_err());
@@ -216,8 +216,8 @@ mod tests {
     #[test]
     fn a_file_with_a_bad_line_gives_every_error_and_no_case() {
         let good = r#"{"name":"a","message":"hi","expect":{"kind":"normal_chat"}}"#;
-        assert_eq!(parse_jsonl(&format!("# cases\n{good}\n\n")).unwrap().len(), 1);
-        let errors = parse_jsonl(&format!("{good}\nnot json\n{{\"name\":\"b\",\"message\":\" \",\"expect\":{{\"kind\":\"guard\"}}}}\n")).unwrap_err();
+        assert_eq!(parse_jsonl(&format!("# cases\n{good}\n\n")).expect("parses").len(), 1);
+        let errors = parse_jsonl(&format!("{good}\nnot json\n{{\"name\":\"b\",\"message\":\" \",\"expect\":{{\"kind\":\"guard\"}}}}\n")).expect_err("a bad line");
         assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), vec![2, 3]);
     }
 
@@ -230,11 +230,11 @@ mod tests {
             chat_type: ChatKind::Group,
             contexts: vec![],
             memory_summary: Some("talked about hours".into()),
-            expect: "tool:a".parse().unwrap(),
+            expect: "tool:a".parse().expect("parses"),
             origin: Origin { kind: "manual".into(), ..Origin::default() },
             recorded: vec![serde_json::json!({"stop_reason": "tool_use", "content": []})],
         };
-        assert_eq!(parse_jsonl(&to_jsonl(std::slice::from_ref(&case))).unwrap(), vec![case.clone()]);
-        assert_eq!(Case::from_row(&case.to_row()).unwrap(), case);
+        assert_eq!(parse_jsonl(&to_jsonl(std::slice::from_ref(&case))).expect("parses"), vec![case.clone()]);
+        assert_eq!(Case::from_row(&case.to_row()).expect("parses"), case);
     }
 }

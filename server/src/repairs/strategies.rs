@@ -311,14 +311,14 @@ mod tests {
         assert_eq!(kind("chart for porto"), ("add_trigger", "triggers"));
         assert_eq!(kind("porto"), ("add_trigger", "triggers"));
         let alias = edits.iter().find(|e| e.phrase == "tide chart").expect("proposed");
-        let out = apply(TITLED, alias).unwrap();
+        let out = apply(TITLED, alias).expect("applies");
         assert!(out.contains("aliases = [\"tide chart\"]"), "{out}");
     }
 
     #[test]
     fn a_threshold_edit_writes_a_number_and_refuses_nonsense() {
         let edit = Edit { strategy: "adjust_threshold", tool: "weather".into(), key: THRESHOLD, phrase: "0.42".into() };
-        let out = apply(TITLED, &edit).unwrap();
+        let out = apply(TITLED, &edit).expect("applies");
         assert!(out.contains("name = \"weather\"\nplan_threshold = 0.42"), "{out}");
         assert!(matches!(apply(&out, &edit), Err(EditError::Unchanged(_))));
         for bad in ["1.5", "0", "high"] {
@@ -336,17 +336,17 @@ mod tests {
 
     #[test]
     fn an_edit_keeps_comments_and_changes_one_tool() {
-        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), key: "triggers", phrase: "tide times".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), key: "triggers", phrase: "tide times".into() }).expect("applies");
         assert!(out.contains("# the search") && out.contains("# tools"));
         assert!(out.contains("triggers = [\"look up\", \"tide times\"]"), "{out}");
-        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "fetch".into(), key: "triggers", phrase: "open it".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_trigger", tool: "fetch".into(), key: "triggers", phrase: "open it".into() }).expect("applies");
         assert!(out.contains("name = \"fetch\"\ntriggers = [\"open it\"]"), "{out}");
-        let out = apply(FILE, &Edit { strategy: "add_when_not_to_use", tool: "fetch".into(), key: "when_not_to_use", phrase: "hello there".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "add_when_not_to_use", tool: "fetch".into(), key: "when_not_to_use", phrase: "hello there".into() }).expect("applies");
         assert!(out.contains(r#"when_not_to_use = 'Not for messages like "hello there".'"#), "{out}");
         assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "search".into(), key: "triggers", phrase: "Look Up".into() }), Err(EditError::Unchanged(_))));
         assert!(matches!(apply(FILE, &Edit { strategy: "add_trigger", tool: "nope".into(), key: "triggers", phrase: "x".into() }), Err(EditError::NoTool(_))));
         assert_eq!(declared_tools(FILE), vec!["search", "fetch"]);
-        let out = apply(FILE, &Edit { strategy: "model", tool: "fetch".into(), key: "when_to_use", phrase: "A link to open.".into() }).unwrap();
+        let out = apply(FILE, &Edit { strategy: "model", tool: "fetch".into(), key: "when_to_use", phrase: "A link to open.".into() }).expect("applies");
         assert!(out.contains("when_to_use = \"A link to open.\""), "{out}");
         assert!(matches!(apply(FILE, &Edit { strategy: "model", tool: "fetch".into(), key: "handler", phrase: "x".into() }), Err(EditError::KeyNotAllowed(_))));
     }

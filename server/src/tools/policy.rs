@@ -83,9 +83,7 @@ input_schema = { type = "object" }
                                 rows += 1;
                                 let got = decide(&spec(approval, risk, operation, audience), mode, actor);
                                 let customer = actor == Role::Customer;
-                                let expected = if customer && operation == Operation::Admin {
-                                    "deny"
-                                } else if customer && audience == Audience::OwnerOnly {
+                                let expected = if customer && (operation == Operation::Admin || audience == Audience::OwnerOnly) {
                                     "deny"
                                 } else if approval == A::Always || (customer && operation == Operation::Write && risk == R::High) {
                                     "ask"

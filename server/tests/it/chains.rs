@@ -93,7 +93,8 @@ both_backends!(chain_stops, a_failed_or_overlong_or_forbidden_step_stops_the_cha
 async fn two_calls_in_one_plan_are_a_session(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.exchange(&[("wamid.C6", "Search the shop for returns and open that page, both at once")], 1).await;
-    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "in order, one after the other: {:?}", r.steps("wamid.C6").await);
+    let trace_steps = r.steps("wamid.C6").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "in order, one after the other: {trace_steps:?}");
     let (status, count, steps) = session(&r).await;
     assert_eq!((status.as_str(), count), ("answered", 2));
     assert_eq!(steps, vec![("page_search".to_string(), "answered".to_string()), ("open_page".to_string(), "answered".to_string())]);

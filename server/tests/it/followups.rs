@@ -45,7 +45,7 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string(), "forecast/Lisbon/tomorrow".to_string()]);
     let steps = r.steps("wamid.F2").await;
     assert!(has_step(&steps, "AgentToolFollowup", "call_same_tool", "FOLLOWUP_CONTEXT"), "{steps:?}");
-    let planned = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).last().cloned().expect("planner request");
+    let planned = r.llm.seen.lock().expect("lock").iter().rfind(|b| b["model"] == PLANNER_MODEL).cloned().expect("planner request");
     let said = planned.to_string();
     assert!(said.contains("recent_tool_results") && said.contains("same_tool"), "the planner got the context and the hint: {said}");
 
