@@ -111,7 +111,12 @@ async fn keep_for_the_page<T: Serialize>(value: &T) {
         return;
     }
     let Some(path) = use_context::<http::request::Parts>().map(|p| p.uri.path().to_string()) else { return };
-    let (Ok(session), Ok(backend), Ok(json)) = (session().await, backend(), serde_json::to_string(value)) else { return };
+    let Ok(json) = serde_json::to_string(value) else { return };
+    // A function with nothing to answer (retry, cancel, a switch): its page shows the change.
+    if json == "null" {
+        return;
+    }
+    let (Ok(session), Ok(backend)) = (session().await, backend()) else { return };
     let Some(id) = session.id() else { return };
     if let Err(e) = backend.keep_form_answer(&id.to_string(), &path, &json).await {
         tracing::warn!(error = %e.message, path, "could not keep a form's answer for its page");

@@ -85,7 +85,8 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
 pub fn ChatPage() -> impl IntoView {
     let params = use_params_map();
     let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
-    let send = ServerAction::<SimulateMessage>::new();
+    // Taken here, so that the Conversations page does not show it later as its own result.
+    let (send, sent) = super::form_action::<SimulateMessage>();
     let chat = Resource::new(move || key.get(), |(channel, chat)| get_chat(channel, chat));
     view! {
         {super::page_head("Chat", Some(MESSAGES_LIVE))}
@@ -127,6 +128,7 @@ pub fn ChatPage() -> impl IntoView {
                 })}
             }
         })}
-        {move || send.value().get().and_then(Result::err).map(|e| super::error_view(&e))}
+        // A message sent shows in the chat itself; only an error is said here.
+        {super::answer_with(sent, |r| r.err().map(|e| super::error_view(&e)))}
     }
 }

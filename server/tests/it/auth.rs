@@ -336,23 +336,42 @@ async fn a_form_answer_survives_a_concurrent_save_and_is_taken_once(db: TestDb) 
     let id: Id = c.cookie.as_deref().expect("session cookie").parse().expect("session id");
     let in_flight = store.load(&id).await.expect("load").expect("a live session");
 
-    assert_eq!(plain_form_post(&mut c, "/api/update_phones", &[("phones", "+15550001111")]).await.status, StatusCode::FOUND);
+    assert_eq!(plain_form_post(&mut c, "/settings", "/api/update_phones", &[("phones", "+15550001111")]).await.status, StatusCode::FOUND);
     store.save(&in_flight).await.expect("the request in flight saves what it loaded");
     let first = take_answer(&mut c, "/api/update_phones").await;
     let answer: serde_json::Value = serde_json::from_str(first.as_str().expect("an answer")).expect("JSON");
     assert_eq!(answer, serde_json::json!(["+15550001111"]));
     assert_eq!(take_answer(&mut c, "/api/update_phones").await, serde_json::Value::Null, "taken once");
 
-    assert_eq!(plain_form_post(&mut c, "/api/update_phones", &[("phones", "+15550002222")]).await.status, StatusCode::FOUND);
+    assert_eq!(plain_form_post(&mut c, "/settings", "/api/update_phones", &[("phones", "+15550002222")]).await.status, StatusCode::FOUND);
     let stale = server::db::sessions::FORM_ANSWER_TTL_MS + 1000;
     sqlx::query("UPDATE form_answers SET created_at = created_at - $1").bind(stale).execute(&app.state.db.pool).await.expect("age");
     assert_eq!(take_answer(&mut c, "/api/update_phones").await, serde_json::Value::Null, "an answer no page took in time is gone");
 }
 both_backends!(form_answers, a_form_answer_survives_a_concurrent_save_and_is_taken_once);
 
-/// A form post as a browser without JavaScript sends it, from the settings page.
-async fn plain_form_post(c: &mut crate::support::Client, path: &str, fields: &[(&str, &str)]) -> crate::support::Resp {
-    c.headers = vec![("accept".into(), "text/html".into()), ("referer".into(), format!("{}/settings", crate::support::PUBLIC_URL))];
+/// A chat's page takes what its own form answered: a message sent from there is not shown again
+/// as the simulator's result on the Conversations page opened afterwards.
+async fn a_chat_page_takes_its_own_forms_answer(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let first = c.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", "hello"), ("chat_id", "")]).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let chat_id = first.json()["chat_id"].as_str().expect("a chat").to_string();
+    let page = format!("/conversations/simulator/{chat_id}");
+
+    let sent = plain_form_post(&mut c, &page, "/api/simulate_message", &[("from", "+15550100000"), ("text", "and again"), ("chat_id", &chat_id)]).await;
+    assert_eq!(sent.status, StatusCode::FOUND);
+    assert_eq!(c.get(&page).await.status, StatusCode::OK, "the browser comes back to the chat");
+    let list = c.get("/conversations").await;
+    assert_eq!(list.status, StatusCode::OK);
+    assert!(!list.body.contains("data-testid=\"sim-result\""), "the chat's message is not shown as the Conversations page's result: {}", list.body);
+}
+both_backends!(chat_form_answer, a_chat_page_takes_its_own_forms_answer);
+
+/// A form post as a browser without JavaScript sends it from the console's page `from_page`.
+async fn plain_form_post(c: &mut crate::support::Client, from_page: &str, path: &str, fields: &[(&str, &str)]) -> crate::support::Resp {
+    c.headers = vec![("accept".into(), "text/html".into()), ("referer".into(), format!("{}{from_page}", crate::support::PUBLIC_URL))];
     let res = c.post_form(path, fields).await;
     c.headers.clear();
     res
