@@ -11,7 +11,7 @@ use leptos::prelude::*;
 use crate::{
     api::{McpAnswerForm, McpDecide, McpRefresh, McpSetEnabled, mcp_servers},
     dto::{McpServerView, McpToolView},
-    live::{fmt_time},
+    live::fmt_time,
 };
 
 /// Where the Connect button of an OAuth server posts (the server redirects to its
