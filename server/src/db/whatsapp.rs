@@ -88,6 +88,77 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
     Ok(out)
 }
 
+/// An inbound message as `json_to_recordset` reads it in [`insert_inbound_and_enqueue`].
+#[derive(serde::Serialize)]
+struct InboundJson {
+    wamid: String,
+    phone_number_id: String,
+    chat_id: String,
+    sender: String,
+    sender_name: Option<String>,
+    is_group: i64,
+    msg_type: String,
+    text: Option<String>,
+    reply_id: Option<String>,
+    context_id: Option<String>,
+    raw: Option<String>,
+    raw_truncated: i64,
+    sent_at: i64,
+}
+
+impl From<&NewInbound> for InboundJson {
+    fn from(m: &NewInbound) -> Self {
+        let clean = |t: &Option<String>| t.as_deref().map(clean_text);
+        Self {
+            wamid: clean_text(&m.wamid),
+            phone_number_id: clean_text(&m.phone_number_id),
+            chat_id: clean_text(&m.chat_id),
+            sender: clean_text(&m.sender),
+            sender_name: clean(&m.sender_name),
+            is_group: i64::from(m.is_group),
+            msg_type: clean_text(&m.msg_type),
+            text: clean(&m.text),
+            reply_id: clean(&m.reply_id),
+            context_id: clean(&m.context_id),
+            raw: clean(&m.raw),
+            raw_truncated: i64::from(m.raw_truncated),
+            sent_at: m.sent_at,
+        }
+    }
+}
+
+/// PostgreSQL only: [`insert_inbound_many`] and the enqueue of `jobs` in one statement, a
+/// transaction of its own, so neither `BEGIN` nor `COMMIT` costs a round trip. Each job names
+/// its message by `message_id` (the wamid) and is written only if its message is stored now: a
+/// message delivered again gets no second job. The result is aligned with `messages`, as
+/// [`insert_inbound_many`]'s is. The caller wakes the workers.
+pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
+    let rows: Vec<InboundJson> = messages.iter().map(|m| InboundJson::from(*m)).collect();
+    let rows = serde_json::to_string(&rows).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
+    let sql = format!(
+        "WITH stored AS ( \
+           INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, \
+             context_id, raw, raw_truncated, sent_at, received_at) \
+           SELECT wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, \
+             raw_truncated, sent_at, $3 \
+           FROM ROWS FROM (json_to_recordset($1::json) AS (wamid TEXT, phone_number_id TEXT, chat_id TEXT, sender TEXT, \
+             sender_name TEXT, is_group BIGINT, msg_type TEXT, text TEXT, reply_id TEXT, context_id TEXT, raw TEXT, \
+             raw_truncated BIGINT, sent_at BIGINT)) WITH ORDINALITY AS m \
+           ORDER BY m.ordinality \
+           ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid), \
+         {} \
+         SELECT id, wamid FROM stored",
+        super::jobs::postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
+    );
+    let stored: Vec<(i64, String)> = sqlx::query_as(&sql).bind(rows).bind(super::jobs::postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?;
+    if !stored.is_empty() {
+        super::events::ring();
+    }
+    let mut stored: std::collections::HashMap<String, i64> = stored.into_iter().map(|(id, wamid)| (wamid, id)).collect();
+    // The first entry with a wamid took the row; `remove` leaves later ones `None`.
+    Ok(messages.iter().map(|m| stored.remove(&clean_text(&m.wamid))).collect())
+}
+
 /// The name a chat is shown by: the latest profile name its customer sent with a message, none
 /// for a group (its senders differ). A scalar subquery over the chat id `chat` (a placeholder or
 /// a column), for [`sender_name`] and the console's chat list.

@@ -89,7 +89,7 @@ impl JobQueue {
     }
 
     /// Fills what the producer left to the deployment.
-    fn defaults(&self, job: &NewJob) -> NewJob {
+    pub(crate) fn defaults(&self, job: &NewJob) -> NewJob {
         let mut job = job.clone();
         if job.queue.is_empty() {
             job.queue.clone_from(&self.queue);

@@ -478,6 +478,35 @@ async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
 }
 both_backends!(whatsapp_concurrent_duplicates, twenty_concurrent_deliveries_give_one_reply);
 
+/// A job names its message by wamid (on PostgreSQL it is written by the statement that stores
+/// the message); a message repeated within one post is stored and queued once, and a job queued
+/// by an earlier build, naming the message's row id instead, still answers it.
+async fn a_message_is_queued_once_and_older_jobs_still_run(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let twice = envelope(vec![vec![text_message("16505551234", "wamid.Q1", "Open today?"), text_message("16505551234", "wamid.Q1", "Open today?")]]);
+    assert_eq!(post_signed(&app, &twice).await.status, StatusCode::OK);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
+    assert_eq!(inbound_jobs(&app).await, 1);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE message_id = 'wamid.Q1' AND args = '{}'").await, 1, "the job names its message by wamid");
+
+    let body = envelope(vec![vec![text_message("16505551234", "wamid.Q2", "And tomorrow?")]]);
+    assert_eq!(post_signed(&app, &body).await.status, StatusCode::OK);
+    // As an earlier build queued it: the row id in its args. Without a wamid on the job, only
+    // the id can find the message.
+    let (id,): (i64,) = sqlx::query_as("SELECT id FROM whatsapp_inbound WHERE wamid = 'wamid.Q2'").fetch_one(&app.state.db.pool).await.expect("stored");
+    let sql = format!("UPDATE jobs SET args = '{{\"inbound_id\":{id}}}', message_id = NULL WHERE dedupe_key = 'whatsapp.inbound:wamid.Q2'");
+    assert_eq!(sqlx::query(&sql).execute(&app.state.db.pool).await.expect("update").rows_affected(), 1);
+
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    let mut texts = graph.texts();
+    texts.sort();
+    assert_eq!(texts, vec!["echo: And tomorrow?".to_string(), "echo: Open today?".into()]);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'completed'").await, 2);
+}
+both_backends!(whatsapp_queued_once, a_message_is_queued_once_and_older_jobs_still_run);
+
 /// Posts that arrive while the writer is busy are stored together in one transaction, and
 /// each is still answered only after it committed.
 async fn posts_arriving_during_a_commit_share_the_next_one(db: TestDb) {

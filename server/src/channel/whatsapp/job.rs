@@ -117,10 +117,13 @@ fn describe(outcome: &SendOutcome) -> String {
 impl Handler<ProcessInbound> for InboundJob {
     async fn run(&self, args: ProcessInbound, ctx: &JobContext) -> Result<JobOutput, JobError> {
         let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
-        let row = store::get_inbound(&mut conn, args.inbound_id)
-            .await
-            .map_err(JobError::from)?
-            .ok_or_else(|| JobError::permanent("WHATSAPP_INBOUND_MISSING", format!("inbound message {} is not stored", args.inbound_id)))?;
+        let wamid = ctx.job.message_id.as_deref().unwrap_or_default();
+        let row = match args.inbound_id {
+            Some(id) => store::get_inbound(&mut conn, id).await,
+            None => store::inbound_by_wamid(&mut conn, wamid).await,
+        }
+        .map_err(JobError::from)?
+        .ok_or_else(|| JobError::permanent("WHATSAPP_INBOUND_MISSING", format!("inbound message {} is not stored", args.inbound_id.map_or_else(|| wamid.to_string(), |id| id.to_string()))))?;
         drop(conn);
         if let Some(outcome) = &row.outcome {
             return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });

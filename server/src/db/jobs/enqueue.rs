@@ -178,9 +178,15 @@ struct PostgresRow<'a> {
 }
 
 /// [`insert_rows`] on PostgreSQL in one round trip with one bind: the batch goes as a JSON array
-/// that `json_to_recordset` unpacks (in input order, so ids follow it), and the jobs' first
-/// events are written by the same statement (the `jobs_notify` trigger wakes the listeners).
+/// ([`postgres_batch`]), and the jobs' first events are written by the same statement
+/// ([`postgres_enqueue_ctes`]; the `jobs_notify` trigger wakes the listeners).
 async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
+    let sql = format!("WITH {} SELECT id, dedupe_key FROM ins", postgres_enqueue_ctes("$1", "$2", "TRUE"));
+    Ok(sqlx::query_as(&sql).bind(postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?)
+}
+
+/// `jobs` as the PostgreSQL enqueue binds them: one JSON array that `json_to_recordset` unpacks.
+pub(crate) fn postgres_batch(jobs: &[NewJob], now: i64) -> Result<String, DbError> {
     let batch: Vec<PostgresRow> = jobs
         .iter()
         .map(|job| {
@@ -204,21 +210,27 @@ async fn insert_rows_postgres(conn: &mut AnyConnection, jobs: &[NewJob], now: i6
             }
         })
         .collect();
-    let batch = serde_json::to_string(&batch).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
-    let sql = format!(
-        "WITH ins AS ( \
+    serde_json::to_string(&batch).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))
+}
+
+/// The common table expressions of a PostgreSQL enqueue, for a statement that may write other
+/// rows first: `ins` inserts the jobs of the [`postgres_batch`] bound at `batch` whose row `x`
+/// passes the condition `only`, in input order (so ids follow it), skipping any whose dedupe key
+/// is taken, and returns (id, dedupe_key, state); `events` writes their first events, at `now`.
+pub(crate) fn postgres_enqueue_ctes(batch: &str, now: &str, only: &str) -> String {
+    format!(
+        "ins AS ( \
            INSERT INTO jobs ({INSERT_COLUMNS}) \
            SELECT kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
-             args, 0, max_attempts, $2, $2, scheduled_at, expires_at, correlation_id \
-           FROM ROWS FROM (json_to_recordset($1::json) AS (kind TEXT, queue TEXT, state TEXT, priority BIGINT, \
+             args, 0, max_attempts, {now}, {now}, scheduled_at, expires_at, correlation_id \
+           FROM ROWS FROM (json_to_recordset({batch}::json) AS (kind TEXT, queue TEXT, state TEXT, priority BIGINT, \
              dedupe_key TEXT, chat_id TEXT, sender_id TEXT, message_id TEXT, original_text TEXT, tool_name TEXT, args TEXT, \
              max_attempts BIGINT, scheduled_at BIGINT, expires_at BIGINT, correlation_id TEXT)) WITH ORDINALITY AS x \
+           WHERE {only} \
            ORDER BY x.ordinality \
            ON CONFLICT DO NOTHING RETURNING id, dedupe_key, state), \
-         events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $2, state, 0 FROM ins) \
-         SELECT id, dedupe_key FROM ins"
-    );
-    Ok(sqlx::query_as(&sql).bind(batch).bind(now).fetch_all(&mut *conn).await?)
+         events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, {now}, state, 0 FROM ins)"
+    )
 }
 
 async fn enqueue_chunk(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<Enqueued>, DbError> {
