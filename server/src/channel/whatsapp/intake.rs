@@ -73,12 +73,16 @@ fn messages_and_jobs<'a>(queue: &JobQueue, batches: &[&'a Batch]) -> (Vec<(usize
     let messages: Vec<(usize, &store::NewInbound)> = batches.iter().enumerate().flat_map(|(b, batch)| batch.messages.iter().map(move |m| (b, m))).collect();
     let jobs = messages
         .iter()
-        .map(|(_, m)| NewJob {
-            dedupe_key: Some(dedupe_key(&m.wamid)),
-            chat_id: Some(m.chat_id.clone()),
-            sender_id: Some(m.sender.clone()),
-            message_id: Some(m.wamid.clone()),
-            ..queue.job(&ProcessInbound::default())
+        .map(|(_, m)| {
+            // The wamid as the message's row stores it, since the job finds its message by it.
+            let wamid = db::clean_text(&m.wamid);
+            NewJob {
+                dedupe_key: Some(dedupe_key(&wamid)),
+                chat_id: Some(db::clean_text(&m.chat_id)),
+                sender_id: Some(db::clean_text(&m.sender)),
+                message_id: Some(wamid),
+                ..queue.job(&ProcessInbound::default())
+            }
         })
         .collect();
     (messages, jobs)
