@@ -59,38 +59,50 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
         let sql = format!(
-            "INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, \
-             raw_truncated, sent_at, received_at) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
+            "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
             super::value_rows(super::backend_of(conn), chunk.len(), 14)
         );
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
+            let v = InboundValues::from(*m);
             q = q
-                .bind(clean_text(&m.wamid))
-                .bind(clean_text(&m.phone_number_id))
-                .bind(clean_text(&m.chat_id))
-                .bind(clean_text(&m.sender))
-                .bind(m.sender_name.as_deref().map(clean_text))
-                .bind(i64::from(m.is_group))
-                .bind(clean_text(&m.msg_type))
-                .bind(m.text.as_deref().map(clean_text))
-                .bind(m.reply_id.as_deref().map(clean_text))
-                .bind(m.context_id.as_deref().map(clean_text))
-                .bind(m.raw.as_deref().map(clean_text))
-                .bind(i64::from(m.raw_truncated))
-                .bind(m.sent_at)
+                .bind(v.wamid)
+                .bind(v.phone_number_id)
+                .bind(v.chat_id)
+                .bind(v.sender)
+                .bind(v.sender_name)
+                .bind(v.is_group)
+                .bind(v.msg_type)
+                .bind(v.text)
+                .bind(v.reply_id)
+                .bind(v.context_id)
+                .bind(v.raw)
+                .bind(v.raw_truncated)
+                .bind(v.sent_at)
                 .bind(now);
         }
-        let mut stored: std::collections::HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().map(|(id, wamid)| (wamid, id)).collect();
-        // The first entry with a wamid took the row; `remove` leaves later ones `None`.
-        out.extend(chunk.iter().map(|m| stored.remove(&clean_text(&m.wamid))));
+        out.extend(aligned(chunk, q.fetch_all(&mut *conn).await?));
     }
     Ok(out)
 }
 
-/// An inbound message as `json_to_recordset` reads it in [`insert_inbound_and_enqueue`].
+/// Aligns the (id, wamid) pairs an insert returned with `messages`: the id for each one stored
+/// now, `None` for one stored before. The first entry with a wamid took the row, so a later
+/// entry with the same wamid gets `None`.
+fn aligned(messages: &[&NewInbound], returned: Vec<(i64, String)>) -> Vec<Option<i64>> {
+    let mut stored: std::collections::HashMap<String, i64> = returned.into_iter().map(|(id, wamid)| (wamid, id)).collect();
+    messages.iter().map(|m| stored.remove(&clean_text(&m.wamid))).collect()
+}
+
+/// The columns a message is stored with, in the order both inserts give them.
+const INBOUND_INSERT_COLUMNS: &str =
+    "wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, raw_truncated, sent_at, received_at";
+
+/// A message's column values as stored (a NUL is dropped from its text: PostgreSQL's text
+/// cannot hold one), but for `received_at`; bound one by one on SQLite, as a JSON row that
+/// `json_to_recordset` reads on PostgreSQL.
 #[derive(serde::Serialize)]
-struct InboundJson {
+struct InboundValues {
     wamid: String,
     phone_number_id: String,
     chat_id: String,
@@ -106,7 +118,7 @@ struct InboundJson {
     sent_at: i64,
 }
 
-impl From<&NewInbound> for InboundJson {
+impl From<&NewInbound> for InboundValues {
     fn from(m: &NewInbound) -> Self {
         let clean = |t: &Option<String>| t.as_deref().map(clean_text);
         Self {
@@ -133,12 +145,11 @@ impl From<&NewInbound> for InboundJson {
 /// message delivered again gets no second job. The result is aligned with `messages`, as
 /// [`insert_inbound_many`]'s is. The caller wakes the workers.
 pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
-    let rows: Vec<InboundJson> = messages.iter().map(|m| InboundJson::from(*m)).collect();
+    let rows: Vec<InboundValues> = messages.iter().map(|m| InboundValues::from(*m)).collect();
     let rows = serde_json::to_string(&rows).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
     let sql = format!(
         "WITH stored AS ( \
-           INSERT INTO whatsapp_inbound (wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, \
-             context_id, raw, raw_truncated, sent_at, received_at) \
+           INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) \
            SELECT wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, \
              raw_truncated, sent_at, $3 \
            FROM ROWS FROM (json_to_recordset($1::json) AS (wamid TEXT, phone_number_id TEXT, chat_id TEXT, sender TEXT, \
@@ -146,17 +157,15 @@ pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&N
              raw_truncated BIGINT, sent_at BIGINT)) WITH ORDINALITY AS m \
            ORDER BY m.ordinality \
            ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid), \
-         {} \
+         {enqueue} \
          SELECT id, wamid FROM stored",
-        super::jobs::postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
+        enqueue = super::jobs::postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
     );
     let stored: Vec<(i64, String)> = sqlx::query_as(&sql).bind(rows).bind(super::jobs::postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?;
     if !stored.is_empty() {
         super::events::ring();
     }
-    let mut stored: std::collections::HashMap<String, i64> = stored.into_iter().map(|(id, wamid)| (wamid, id)).collect();
-    // The first entry with a wamid took the row; `remove` leaves later ones `None`.
-    Ok(messages.iter().map(|m| stored.remove(&clean_text(&m.wamid))).collect())
+    Ok(aligned(messages, stored))
 }
 
 /// The name a chat is shown by: the latest profile name its customer sent with a message, none
