@@ -204,6 +204,12 @@ impl Db {
         .map_err(|e| sqlx::Error::Io(std::io::Error::other(format!("beginning a transaction failed: {e}"))))?
     }
 
+    /// The connection write transactions use ([`Db::begin_write`]), for a query that begins and
+    /// ends its own transaction; on a SQLite file the one writer connection, in its turn.
+    pub async fn acquire_write(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, sqlx::Error> {
+        self.writer.acquire().await
+    }
+
     /// A round trip to the database.
     pub async fn ping(&self) -> Result<(), DbError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;

@@ -1,7 +1,7 @@
 //! The WhatsApp channel's SQL: inbound messages (unique on wamid), the delivery ledger of
 //! outbound messages, and once-per-period notices.
 
-use sqlx::AnyConnection;
+use sqlx::{Any, AnyConnection, any::AnyArguments, query::QueryAs};
 
 use super::{DbError, IntBool, clean_text};
 
@@ -49,8 +49,11 @@ pub struct InboundRow {
 const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
     raw_truncated, sent_at, received_at, processed_at, outcome";
 
-/// Rows per multi-row `INSERT` in [`insert_inbound_many`] (13 binds each).
+/// Rows per multi-row `INSERT` of messages ([`INBOUND_BINDS`] binds each).
 const INBOUND_CHUNK: usize = 256;
+
+/// The values [`InboundValues::bind`] binds for a message: one per [`INBOUND_INSERT_COLUMNS`].
+const INBOUND_BINDS: usize = 14;
 
 /// Stores inbound messages, one statement per chunk; the wamid's unique index is the dedupe.
 /// The result is aligned with `messages`: the id for each one stored now, `None` for a wamid
@@ -60,26 +63,11 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
     for chunk in messages.chunks(INBOUND_CHUNK) {
         let sql = format!(
             "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-            super::value_rows(super::backend_of(conn), chunk.len(), 14)
+            super::value_rows(super::backend_of(conn), chunk.len(), INBOUND_BINDS)
         );
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
-            let v = InboundValues::from(*m);
-            q = q
-                .bind(v.wamid)
-                .bind(v.phone_number_id)
-                .bind(v.chat_id)
-                .bind(v.sender)
-                .bind(v.sender_name)
-                .bind(v.is_group)
-                .bind(v.msg_type)
-                .bind(v.text)
-                .bind(v.reply_id)
-                .bind(v.context_id)
-                .bind(v.raw)
-                .bind(v.raw_truncated)
-                .bind(v.sent_at)
-                .bind(now);
+            q = InboundValues::from(*m).bind(q, now);
         }
         out.extend(aligned(chunk, q.fetch_all(&mut *conn).await?));
     }
@@ -118,6 +106,26 @@ struct InboundValues {
     sent_at: i64,
 }
 
+impl InboundValues {
+    /// Binds these values and `received_at` for a SQLite insert into [`INBOUND_INSERT_COLUMNS`].
+    fn bind<'q, O>(self, q: QueryAs<'q, Any, O, AnyArguments<'q>>, received_at: i64) -> QueryAs<'q, Any, O, AnyArguments<'q>> {
+        q.bind(self.wamid)
+            .bind(self.phone_number_id)
+            .bind(self.chat_id)
+            .bind(self.sender)
+            .bind(self.sender_name)
+            .bind(self.is_group)
+            .bind(self.msg_type)
+            .bind(self.text)
+            .bind(self.reply_id)
+            .bind(self.context_id)
+            .bind(self.raw)
+            .bind(self.raw_truncated)
+            .bind(self.sent_at)
+            .bind(received_at)
+    }
+}
+
 impl From<&NewInbound> for InboundValues {
     fn from(m: &NewInbound) -> Self {
         let clean = |t: &Option<String>| t.as_deref().map(clean_text);
@@ -139,12 +147,71 @@ impl From<&NewInbound> for InboundValues {
     }
 }
 
-/// PostgreSQL only: [`insert_inbound_many`] and the enqueue of `jobs` in one statement, a
-/// transaction of its own, so neither `BEGIN` nor `COMMIT` costs a round trip. Each job names
-/// its message by `message_id` (the wamid) and is written only if its message is stored now: a
-/// message delivered again gets no second job. The result is aligned with `messages`, as
-/// [`insert_inbound_many`]'s is. The caller wakes the workers.
+/// [`insert_inbound_many`] and the enqueue of `jobs` as a transaction of their own, on a
+/// connection outside any: each job names its message by `message_id` (the wamid) and is
+/// written only if its message is stored now, so a message delivered again gets no second job
+/// (nor does a wamid repeated in `messages`, as its jobs share a dedupe key). The result is
+/// aligned with `messages`, as [`insert_inbound_many`]'s is. The caller wakes the workers.
+///
+/// It costs one round trip: on PostgreSQL one statement outside a transaction block, so neither
+/// `BEGIN` nor `COMMIT` costs one; on SQLite one multi-statement query, so the writer
+/// connection's thread is handed the work once rather than for `BEGIN`, each insert and `COMMIT`.
 pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
+    let stored = match super::backend_of(conn) {
+        super::Backend::Postgres => insert_and_enqueue_postgres(conn, messages, jobs, now).await?,
+        super::Backend::Sqlite => insert_and_enqueue_sqlite(conn, messages, jobs, now).await?,
+    };
+    if !stored.is_empty() {
+        super::events::ring();
+    }
+    Ok(aligned(messages, stored))
+}
+
+/// [`insert_inbound_and_enqueue`] on SQLite: `BEGIN IMMEDIATE`, the jobs' inserts, the messages'
+/// inserts and `COMMIT` in one query. The jobs go first, each skipped when its message is
+/// already stored: with the write lock held from `BEGIN IMMEDIATE`, a message not stored yet is
+/// one the inserts after them store. Their first events come from the `job_events_on_enqueue`
+/// trigger. Should a statement fail, the transaction is rolled back before the error returns.
+async fn insert_and_enqueue_sqlite(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
+    use super::jobs::{INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite};
+    let mut sql = String::from("BEGIN IMMEDIATE;");
+    for chunk in jobs.chunks(INBOUND_CHUNK) {
+        sql += &format!(
+            "WITH x ({INSERT_COLUMNS}) AS (VALUES {}) \
+             INSERT INTO jobs ({INSERT_COLUMNS}) SELECT * FROM x \
+             WHERE NOT EXISTS (SELECT 1 FROM whatsapp_inbound i WHERE i.wamid = x.message_id) \
+             ON CONFLICT DO NOTHING;",
+            super::value_rows(super::Backend::Sqlite, chunk.len(), SQLITE_COLUMNS)
+        );
+    }
+    for chunk in messages.chunks(INBOUND_CHUNK) {
+        sql += &format!(
+            "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid;",
+            super::value_rows(super::Backend::Sqlite, chunk.len(), INBOUND_BINDS)
+        );
+    }
+    sql += "COMMIT;";
+    let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
+    for job in jobs {
+        q = bind_sqlite(q, job, now);
+    }
+    for m in messages {
+        q = InboundValues::from(*m).bind(q, now);
+    }
+    match q.fetch_all(&mut *conn).await {
+        Ok(stored) => Ok(stored),
+        Err(e) => {
+            // SQLite may have rolled back already (a full disk, say): then this finds no
+            // transaction and fails, which is all right.
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// [`insert_inbound_and_enqueue`] on PostgreSQL: the messages' insert and the jobs' (with their
+/// events, [`super::jobs::postgres_enqueue_ctes`]) are one statement, a transaction of its own.
+async fn insert_and_enqueue_postgres(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
     let rows: Vec<InboundValues> = messages.iter().map(|m| InboundValues::from(*m)).collect();
     let rows = serde_json::to_string(&rows).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
     let sql = format!(
@@ -161,11 +228,7 @@ pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&N
          SELECT id, wamid FROM stored",
         enqueue = super::jobs::postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
     );
-    let stored: Vec<(i64, String)> = sqlx::query_as(&sql).bind(rows).bind(super::jobs::postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?;
-    if !stored.is_empty() {
-        super::events::ring();
-    }
-    Ok(aligned(messages, stored))
+    Ok(sqlx::query_as(&sql).bind(rows).bind(super::jobs::postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?)
 }
 
 /// The name a chat is shown by: the latest profile name its customer sent with a message, none

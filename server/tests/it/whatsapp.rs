@@ -604,6 +604,34 @@ async fn storage_failure_answers_500(db: TestDb) {
 }
 both_backends!(whatsapp_storage_failure, storage_failure_answers_500);
 
+/// A group whose messages cannot be stored after its jobs were written leaves neither behind,
+/// and the writer connection is left outside any transaction: the next post is stored.
+async fn a_group_that_fails_midway_leaves_nothing_and_the_next_is_stored(db: TestDb) {
+    let app = app(db, None, |_| {}).await;
+    let refuse = match app.state.db.backend {
+        db::Backend::Sqlite => "CREATE TRIGGER refuse BEFORE INSERT ON whatsapp_inbound BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        db::Backend::Postgres => {
+            "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER refuse BEFORE INSERT ON whatsapp_inbound FOR EACH ROW EXECUTE FUNCTION refuse()"
+        }
+    };
+    sqlx::raw_sql(refuse).execute(&app.state.db.pool).await.expect("trigger");
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.M1", "hello?")]])).await;
+    assert_eq!(res.status, StatusCode::INTERNAL_SERVER_ERROR, "never 200 for what was not stored");
+    assert_eq!(inbound_jobs(&app).await, 0, "no job without its message");
+
+    let allow = match app.state.db.backend {
+        db::Backend::Sqlite => "DROP TRIGGER refuse",
+        db::Backend::Postgres => "DROP TRIGGER refuse ON whatsapp_inbound",
+    };
+    sqlx::query(allow).execute(&app.state.db.pool).await.expect("drop trigger");
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.M1", "hello?")]])).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, 1);
+    assert_eq!(inbound_jobs(&app).await, 1);
+}
+both_backends!(whatsapp_group_fails_midway, a_group_that_fails_midway_leaves_nothing_and_the_next_is_stored);
+
 async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;

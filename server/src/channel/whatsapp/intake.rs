@@ -101,18 +101,18 @@ fn message_reports(batches: usize, messages: &[(usize, &store::NewInbound)], ids
     reports
 }
 
-/// On PostgreSQL, batches of messages only (no status callbacks) are stored with their jobs by
-/// one statement outside a transaction block ([`store::insert_inbound_and_enqueue`]): a group
-/// then costs one round trip and one WAL flush instead of four round trips. `None` where that
-/// does not apply.
+/// Batches of messages only (no status callbacks) are stored with their jobs by one round trip
+/// to the database ([`store::insert_inbound_and_enqueue`]): on PostgreSQL one statement outside a
+/// transaction block, on SQLite one multi-statement query on the writer connection, instead of
+/// four (`BEGIN`, two inserts, `COMMIT`). `None` where that does not apply.
 async fn store_messages_alone(db: &Db, queue: &JobQueue, batches: &[&Batch], now: i64) -> Option<Result<Vec<IntakeReport>, DbError>> {
-    if db.backend != db::Backend::Postgres || batches.iter().any(|b| !b.statuses.is_empty()) {
+    if batches.iter().any(|b| !b.statuses.is_empty()) {
         return None;
     }
     let (messages, jobs) = messages_and_jobs(queue, batches);
     let jobs: Vec<NewJob> = jobs.iter().map(|job| queue.defaults(job)).collect();
     let stored = async {
-        let mut conn = db.pool.acquire().await?;
+        let mut conn = db.acquire_write().await?;
         let ids = store::insert_inbound_and_enqueue(&mut conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), &jobs, now).await?;
         queue.notify();
         Ok(message_reports(batches.len(), &messages, &ids))

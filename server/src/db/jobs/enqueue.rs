@@ -1,6 +1,6 @@
 //! Enqueueing: one job or a burst, with dedupe keys honoured across the batch.
 
-use sqlx::AnyConnection;
+use sqlx::{Any, AnyConnection, any::AnyArguments, query::QueryAs};
 
 use super::{DbError, JobRow, JobState, NewJob, find_unfinished_by_dedupe};
 use crate::db::{Backend, value_rows};
@@ -37,7 +37,7 @@ pub async fn enqueue_many(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -
 }
 
 /// The columns an enqueue writes, in the order both backends' statements give them.
-const INSERT_COLUMNS: &str = "kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
+pub(crate) const INSERT_COLUMNS: &str = "kind, queue, state, priority, dedupe_key, chat_id, sender_id, message_id, original_text, tool_name, \
     args, attempt, max_attempts, created_at, updated_at, scheduled_at, expires_at, correlation_id";
 
 /// The queue a job goes to: its own, or `default`.
@@ -122,31 +122,38 @@ fn inserted_ids(jobs: &[NewJob], mut returned: Vec<(i64, Option<String>)>) -> Ve
 /// [`insert_rows`] on SQLite: one statement; the jobs' first events are written by the
 /// `job_events_on_enqueue` trigger (migration 0030) in the same statement.
 async fn insert_rows_sqlite(conn: &mut AnyConnection, jobs: &[NewJob], now: i64) -> Result<Vec<(i64, Option<String>)>, DbError> {
-    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key", value_rows(Backend::Sqlite, jobs.len(), 18));
+    let sql = format!("INSERT INTO jobs ({INSERT_COLUMNS}) VALUES {} ON CONFLICT DO NOTHING RETURNING id, dedupe_key", value_rows(Backend::Sqlite, jobs.len(), SQLITE_COLUMNS));
     let mut q = sqlx::query_as(&sql);
     for job in jobs {
-        let (state, scheduled_at) = initial_state(job, now);
-        q = q
-            .bind(job.kind.clone())
-            .bind(queue_of(job).to_string())
-            .bind(state.as_str())
-            .bind(job.priority)
-            .bind(job.dedupe_key.clone())
-            .bind(job.chat_id.clone())
-            .bind(job.sender_id.clone())
-            .bind(job.message_id.clone())
-            .bind(job.original_text.as_deref().map(crate::db::clean_text))
-            .bind(job.tool_name.clone())
-            .bind(job.args.to_string())
-            .bind(0_i64)
-            .bind(job.max_attempts.max(1))
-            .bind(now)
-            .bind(now)
-            .bind(scheduled_at)
-            .bind(job.expires_at)
-            .bind(job.correlation_id.clone());
+        q = bind_sqlite(q, job, now);
     }
     Ok(q.fetch_all(&mut *conn).await?)
+}
+
+/// The values [`bind_sqlite`] binds for a job: one per column of [`INSERT_COLUMNS`].
+pub(crate) const SQLITE_COLUMNS: usize = 18;
+
+/// Binds `job`'s values for a SQLite insert into [`INSERT_COLUMNS`], in that order.
+pub(crate) fn bind_sqlite<'q, O>(q: QueryAs<'q, Any, O, AnyArguments<'q>>, job: &NewJob, now: i64) -> QueryAs<'q, Any, O, AnyArguments<'q>> {
+    let (state, scheduled_at) = initial_state(job, now);
+    q.bind(job.kind.clone())
+        .bind(queue_of(job).to_string())
+        .bind(state.as_str())
+        .bind(job.priority)
+        .bind(job.dedupe_key.clone())
+        .bind(job.chat_id.clone())
+        .bind(job.sender_id.clone())
+        .bind(job.message_id.clone())
+        .bind(job.original_text.as_deref().map(crate::db::clean_text))
+        .bind(job.tool_name.clone())
+        .bind(job.args.to_string())
+        .bind(0_i64)
+        .bind(job.max_attempts.max(1))
+        .bind(now)
+        .bind(now)
+        .bind(scheduled_at)
+        .bind(job.expires_at)
+        .bind(job.correlation_id.clone())
 }
 
 /// One job of a PostgreSQL batch, as `json_to_recordset` reads it: a column left out (unset) is
