@@ -1,7 +1,7 @@
 //! The WhatsApp channel's SQL: inbound messages (unique on wamid), the delivery ledger of
 //! outbound messages, and once-per-period notices.
 
-use sqlx::{Any, AnyConnection, any::AnyArguments, query::QueryAs};
+use sqlx::{Any, AnyConnection, any::AnyArguments, pool::PoolConnection, query::QueryAs};
 
 use super::{DbError, IntBool, clean_text};
 
@@ -156,7 +156,7 @@ impl From<&NewInbound> for InboundValues {
 /// It costs one round trip: on PostgreSQL one statement outside a transaction block, so neither
 /// `BEGIN` nor `COMMIT` costs one; on SQLite one multi-statement query, so the writer
 /// connection's thread is handed the work once rather than for `BEGIN`, each insert and `COMMIT`.
-pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
+pub async fn insert_inbound_and_enqueue(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let stored = match super::backend_of(conn) {
         super::Backend::Postgres => insert_and_enqueue_postgres(conn, messages, jobs, now).await?,
         super::Backend::Sqlite => insert_and_enqueue_sqlite(conn, messages, jobs, now).await?,
@@ -172,7 +172,12 @@ pub async fn insert_inbound_and_enqueue(conn: &mut AnyConnection, messages: &[&N
 /// already stored: with the write lock held from `BEGIN IMMEDIATE`, a message not stored yet is
 /// one the inserts after them store. Their first events come from the `job_events_on_enqueue`
 /// trigger. Should a statement fail, the transaction is rolled back before the error returns.
-async fn insert_and_enqueue_sqlite(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
+///
+/// sqlx counts only the transactions it began itself, so neither it nor the pool would notice
+/// one this query left open: the connection is closed instead of going back to the pool (which
+/// rolls the transaction back) whenever that may be so, that is when this future is dropped
+/// before the query's end, or when the `ROLLBACK` fails for another reason than finding none.
+async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
     use super::jobs::{INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite};
     let mut sql = String::from("BEGIN IMMEDIATE;");
     for chunk in jobs.chunks(INBOUND_CHUNK) {
@@ -198,13 +203,33 @@ async fn insert_and_enqueue_sqlite(conn: &mut AnyConnection, messages: &[&NewInb
     for m in messages {
         q = InboundValues::from(*m).bind(q, now);
     }
-    match q.fetch_all(&mut *conn).await {
-        Ok(stored) => Ok(stored),
-        Err(e) => {
-            // SQLite may have rolled back already (a full disk, say): then this finds no
-            // transaction and fails, which is all right.
-            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-            Err(e.into())
+    let mut guard = CloseUnlessSettled { conn, settled: false };
+    let stored = q.fetch_all(&mut **guard.conn).await;
+    if stored.is_err() {
+        // SQLite may have rolled back already (a full disk, say): then this finds no
+        // transaction, which is all right.
+        let rolled_back = match sqlx::query("ROLLBACK").execute(&mut **guard.conn).await {
+            Ok(_) => true,
+            Err(e) => e.as_database_error().is_some_and(|d| d.message().contains("no transaction is active")),
+        };
+        guard.settled = rolled_back;
+    } else {
+        guard.settled = true;
+    }
+    Ok(stored?)
+}
+
+/// Closes a pooled connection on drop, rather than returning it to the pool, unless the
+/// transaction a query began on it is known to be over.
+struct CloseUnlessSettled<'c> {
+    conn: &'c mut PoolConnection<Any>,
+    settled: bool,
+}
+
+impl Drop for CloseUnlessSettled<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.conn.close_on_drop();
         }
     }
 }

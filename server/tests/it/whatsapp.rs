@@ -632,6 +632,62 @@ async fn a_group_that_fails_midway_leaves_nothing_and_the_next_is_stored(db: Tes
 }
 both_backends!(whatsapp_group_fails_midway, a_group_that_fails_midway_leaves_nothing_and_the_next_is_stored);
 
+/// A group whose store is abandoned while it waits for the write lock (its future dropped, as
+/// at shutdown) leaves the writer usable: on SQLite the query has begun a transaction that sqlx
+/// does not know of, so the connection is closed rather than pooled inside it.
+async fn an_abandoned_group_leaves_the_writer_usable(db: TestDb) {
+    let app = app(db, None, |_| {}).await;
+    let database = app.state.db.clone();
+    let mut blocker = database.pool.acquire().await.expect("conn");
+    let lock = match database.backend {
+        db::Backend::Sqlite => "BEGIN IMMEDIATE",
+        db::Backend::Postgres => "BEGIN; LOCK TABLE whatsapp_inbound IN EXCLUSIVE MODE",
+    };
+    sqlx::raw_sql(lock).execute(&mut *blocker).await.expect("lock");
+    let message = store::NewInbound {
+        wamid: "wamid.A1".into(),
+        phone_number_id: PHONE_NUMBER_ID.into(),
+        chat_id: "16505551234".into(),
+        sender: "16505551234".into(),
+        sender_name: None,
+        is_group: false,
+        msg_type: "text".into(),
+        text: Some("hello?".into()),
+        reply_id: None,
+        context_id: None,
+        raw: None,
+        raw_truncated: false,
+        sent_at: 0,
+    };
+    let job = db::jobs::NewJob {
+        kind: "whatsapp.inbound".into(),
+        dedupe_key: Some("whatsapp.inbound:wamid.A1".into()),
+        message_id: Some("wamid.A1".into()),
+        args: json!({}),
+        max_attempts: 3,
+        correlation_id: "abandoned".into(),
+        ..Default::default()
+    };
+    let mut conn = database.acquire_write().await.expect("writer");
+    let messages = [&message];
+    let store = store::insert_inbound_and_enqueue(&mut conn, &messages, std::slice::from_ref(&job), db::now_ms());
+    assert!(tokio::time::timeout(Duration::from_millis(200), store).await.is_err(), "the store waits for the lock");
+    drop(conn);
+    sqlx::query("ROLLBACK").execute(&mut *blocker).await.expect("unlock");
+    drop(blocker);
+
+    let res = post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.A2", "still there?")]])).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let mut tx = database.begin_write().await.expect("a write transaction begins");
+    sqlx::query("DELETE FROM whatsapp_outbound").execute(&mut *tx).await.expect("write");
+    tx.commit().await.expect("commit");
+    // On PostgreSQL the abandoned statement still ran to its end; either way a message and its
+    // job are stored together or not at all.
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound").await, inbound_jobs(&app).await);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM whatsapp_inbound WHERE wamid = 'wamid.A2'").await, 1);
+}
+both_backends!(whatsapp_group_abandoned, an_abandoned_group_leaves_the_writer_usable);
+
 async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |_| {}).await;
