@@ -61,10 +61,7 @@ const INBOUND_BINDS: usize = 14;
 pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
-        let sql = format!(
-            "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-            super::value_rows(super::backend_of(conn), chunk.len(), INBOUND_BINDS)
-        );
+        let sql = inbound_insert_sql(super::backend_of(conn), chunk.len());
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
             q = InboundValues::from(*m).bind(q, now);
@@ -72,6 +69,15 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
         out.extend(aligned(chunk, q.fetch_all(&mut *conn).await?));
     }
     Ok(out)
+}
+
+/// The insert of `rows` messages bound one by one ([`InboundValues::bind`] on SQLite), returning
+/// (id, wamid) for each one stored; a wamid stored before is skipped.
+fn inbound_insert_sql(backend: super::Backend, rows: usize) -> String {
+    format!(
+        "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
+        super::value_rows(backend, rows, INBOUND_BINDS)
+    )
 }
 
 /// Aligns the (id, wamid) pairs an insert returned with `messages`: the id for each one stored
@@ -178,9 +184,9 @@ pub async fn insert_inbound_and_enqueue(conn: &mut PoolConnection<Any>, messages
 /// rolls the transaction back) whenever that may be so, that is when this future is dropped
 /// before the query's end, or when the `ROLLBACK` fails for another reason than finding none.
 async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[super::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
-    use super::jobs::{INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite};
+    use super::jobs::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite};
     let mut sql = String::from("BEGIN IMMEDIATE;");
-    for chunk in jobs.chunks(INBOUND_CHUNK) {
+    for chunk in jobs.chunks(ENQUEUE_CHUNK) {
         sql += &format!(
             "WITH x ({INSERT_COLUMNS}) AS (VALUES {}) \
              INSERT INTO jobs ({INSERT_COLUMNS}) SELECT * FROM x \
@@ -190,10 +196,8 @@ async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&
         );
     }
     for chunk in messages.chunks(INBOUND_CHUNK) {
-        sql += &format!(
-            "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid;",
-            super::value_rows(super::Backend::Sqlite, chunk.len(), INBOUND_BINDS)
-        );
+        sql += &inbound_insert_sql(super::Backend::Sqlite, chunk.len());
+        sql += ";";
     }
     sql += "COMMIT;";
     let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
@@ -205,17 +209,15 @@ async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&
     }
     let mut guard = CloseUnlessSettled { conn, settled: false };
     let stored = q.fetch_all(&mut **guard.conn).await;
-    if stored.is_err() {
+    guard.settled = match &stored {
+        Ok(_) => true,
         // SQLite may have rolled back already (a full disk, say): then this finds no
         // transaction, which is all right.
-        let rolled_back = match sqlx::query("ROLLBACK").execute(&mut **guard.conn).await {
+        Err(_) => match sqlx::query("ROLLBACK").execute(&mut **guard.conn).await {
             Ok(_) => true,
             Err(e) => e.as_database_error().is_some_and(|d| d.message().contains("no transaction is active")),
-        };
-        guard.settled = rolled_back;
-    } else {
-        guard.settled = true;
-    }
+        },
+    };
     Ok(stored?)
 }
 

@@ -21,7 +21,7 @@ pub async fn enqueue(conn: &mut AnyConnection, job: &NewJob, now: i64) -> Result
 
 /// Rows per multi-row `INSERT` in [`enqueue_many`]: 18 binds each stays far inside SQLite's
 /// 32,766 and PostgreSQL's 65,535 bind limits.
-const ENQUEUE_CHUNK: usize = 256;
+pub(crate) const ENQUEUE_CHUNK: usize = 256;
 
 /// Inserts many jobs with one `INSERT` and one event `INSERT` per chunk instead of four
 /// statements each: the webhook's group commit enqueues a burst this way. Same outcome as

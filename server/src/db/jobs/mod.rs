@@ -15,7 +15,7 @@ pub use self::{
     maintenance::{delete_queue, expire, release_leases, rescue},
     owner::{cancel, release_pending, retry_now},
 };
-pub(crate) use self::enqueue::{INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes};
+pub(crate) use self::enqueue::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes};
 use super::{DbError, placeholders};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
