@@ -1,0 +1,33 @@
+//! The WhatsApp channel's SQL: inbound messages (unique on wamid), the delivery ledger of
+//! outbound messages, and once-per-period notices.
+
+mod inbound;
+mod outbound;
+
+use sqlx::AnyConnection;
+
+pub use self::{inbound::*, outbound::*};
+use super::DbError;
+
+/// Claims the notice `kind` for `chat_id`: true when it was last sent before `not_since` (or
+/// never). Run it in the transaction that records the message's reply, so a retried message
+/// finds its reply recorded and does not claim again.
+pub async fn claim_notice(conn: &mut AnyConnection, chat_id: &str, kind: &str, not_since: i64, now: i64) -> Result<bool, DbError> {
+    let updated = sqlx::query("UPDATE whatsapp_notices SET job_id = 0, sent_at = $1 WHERE chat_id = $2 AND kind = $3 AND sent_at < $4")
+        .bind(now)
+        .bind(chat_id)
+        .bind(kind)
+        .bind(not_since)
+        .execute(&mut *conn)
+        .await?;
+    if updated.rows_affected() > 0 {
+        return Ok(true);
+    }
+    let inserted = sqlx::query("INSERT INTO whatsapp_notices (chat_id, kind, job_id, sent_at) VALUES ($1, $2, 0, $3) ON CONFLICT DO NOTHING")
+        .bind(chat_id)
+        .bind(kind)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(inserted.rows_affected() > 0)
+}
