@@ -3,7 +3,11 @@
 
 use sqlx::{Any, AnyConnection, any::AnyArguments, pool::PoolConnection, query::QueryAs};
 
-use crate::db::{DbError, IntBool, clean_text};
+use crate::db::{
+    Backend, DbError, IntBool, backend_of, clean_text, events,
+    jobs::{ENQUEUE_CHUNK, INSERT_COLUMNS, NewJob, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes},
+    value_rows,
+};
 
 /// An inbound message as the webhook stores it.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,7 +65,7 @@ const INBOUND_BINDS: usize = 14;
 pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbound], now: i64) -> Result<Vec<Option<i64>>, DbError> {
     let mut out = Vec::with_capacity(messages.len());
     for chunk in messages.chunks(INBOUND_CHUNK) {
-        let sql = inbound_insert_sql(crate::db::backend_of(conn), chunk.len());
+        let sql = inbound_insert_sql(backend_of(conn), chunk.len());
         let mut q = sqlx::query_as::<_, (i64, String)>(&sql);
         for m in chunk {
             q = InboundValues::from(*m).bind(q, now);
@@ -73,10 +77,10 @@ pub async fn insert_inbound_many(conn: &mut AnyConnection, messages: &[&NewInbou
 
 /// The insert of `rows` messages bound one by one ([`InboundValues::bind`] on SQLite), returning
 /// (id, wamid) for each one stored; a wamid stored before is skipped.
-fn inbound_insert_sql(backend: crate::db::Backend, rows: usize) -> String {
+fn inbound_insert_sql(backend: Backend, rows: usize) -> String {
     format!(
         "INSERT INTO whatsapp_inbound ({INBOUND_INSERT_COLUMNS}) VALUES {} ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid",
-        crate::db::value_rows(backend, rows, INBOUND_BINDS)
+        value_rows(backend, rows, INBOUND_BINDS)
     )
 }
 
@@ -162,13 +166,13 @@ impl From<&NewInbound> for InboundValues {
 /// It costs one round trip: on PostgreSQL one statement outside a transaction block, so neither
 /// `BEGIN` nor `COMMIT` costs one; on SQLite one multi-statement query, so the writer
 /// connection's thread is handed the work once rather than for `BEGIN`, each insert and `COMMIT`.
-pub async fn insert_inbound_and_enqueue(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[crate::db::jobs::NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
-    let stored = match crate::db::backend_of(conn) {
-        crate::db::Backend::Postgres => insert_and_enqueue_postgres(conn, messages, jobs, now).await?,
-        crate::db::Backend::Sqlite => insert_and_enqueue_sqlite(conn, messages, jobs, now).await?,
+pub async fn insert_inbound_and_enqueue(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[NewJob], now: i64) -> Result<Vec<Option<i64>>, DbError> {
+    let stored = match backend_of(conn) {
+        Backend::Postgres => insert_and_enqueue_postgres(conn, messages, jobs, now).await?,
+        Backend::Sqlite => insert_and_enqueue_sqlite(conn, messages, jobs, now).await?,
     };
     if !stored.is_empty() {
-        crate::db::events::ring();
+        events::ring();
     }
     Ok(aligned(messages, stored))
 }
@@ -183,8 +187,7 @@ pub async fn insert_inbound_and_enqueue(conn: &mut PoolConnection<Any>, messages
 /// one this query left open: the connection is closed instead of going back to the pool (which
 /// rolls the transaction back) whenever that may be so, that is when this future is dropped
 /// before the query's end, or when the `ROLLBACK` fails for another reason than finding none.
-async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[crate::db::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
-    use crate::db::jobs::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite};
+async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&NewInbound], jobs: &[NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
     let mut sql = String::from("BEGIN IMMEDIATE;");
     for chunk in jobs.chunks(ENQUEUE_CHUNK) {
         sql += &format!(
@@ -192,11 +195,11 @@ async fn insert_and_enqueue_sqlite(conn: &mut PoolConnection<Any>, messages: &[&
              INSERT INTO jobs ({INSERT_COLUMNS}) SELECT * FROM x \
              WHERE NOT EXISTS (SELECT 1 FROM whatsapp_inbound i WHERE i.wamid = x.message_id) \
              ON CONFLICT DO NOTHING;",
-            crate::db::value_rows(crate::db::Backend::Sqlite, chunk.len(), SQLITE_COLUMNS)
+            value_rows(Backend::Sqlite, chunk.len(), SQLITE_COLUMNS)
         );
     }
     for chunk in messages.chunks(INBOUND_CHUNK) {
-        sql += &inbound_insert_sql(crate::db::Backend::Sqlite, chunk.len());
+        sql += &inbound_insert_sql(Backend::Sqlite, chunk.len());
         sql += ";";
     }
     sql += "COMMIT;";
@@ -237,8 +240,8 @@ impl Drop for CloseUnlessSettled<'_> {
 }
 
 /// [`insert_inbound_and_enqueue`] on PostgreSQL: the messages' insert and the jobs' (with their
-/// events, [`crate::db::jobs::postgres_enqueue_ctes`]) are one statement, a transaction of its own.
-async fn insert_and_enqueue_postgres(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[crate::db::jobs::NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
+/// events, [`postgres_enqueue_ctes`]) are one statement, a transaction of its own.
+async fn insert_and_enqueue_postgres(conn: &mut AnyConnection, messages: &[&NewInbound], jobs: &[NewJob], now: i64) -> Result<Vec<(i64, String)>, DbError> {
     let rows: Vec<InboundValues> = messages.iter().map(|m| InboundValues::from(*m)).collect();
     let rows = serde_json::to_string(&rows).map_err(|e| DbError::Sql(sqlx::Error::Encode(Box::new(e))))?;
     let sql = format!(
@@ -253,9 +256,9 @@ async fn insert_and_enqueue_postgres(conn: &mut AnyConnection, messages: &[&NewI
            ON CONFLICT (wamid) DO NOTHING RETURNING id, wamid), \
          {enqueue} \
          SELECT id, wamid FROM stored",
-        enqueue = crate::db::jobs::postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
+        enqueue = postgres_enqueue_ctes("$2", "$3", "x.message_id IN (SELECT wamid FROM stored)")
     );
-    Ok(sqlx::query_as(&sql).bind(rows).bind(crate::db::jobs::postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?)
+    Ok(sqlx::query_as(&sql).bind(rows).bind(postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?)
 }
 
 /// The name a chat is shown by: the latest profile name its customer sent with a message, none
