@@ -282,10 +282,6 @@ fn migrate_is_idempotent_and_a_failing_migration_is_named() {
     assert!(out.stderr.contains("gatehouse migrate"), "hint: {}", out.stderr);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
-}
-
 #[test]
 fn strict_port_taken_is_a_runtime_failure() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -301,21 +297,34 @@ fn strict_port_taken_is_a_runtime_failure() {
 fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    // Ports the system picks: one chosen here and bound later could be taken in between.
+    let stderr = dir.path().join("serve.log");
     let mut child = Command::new(BIN)
         .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "serve"])
-        .env("GATEHOUSE__SERVER__ADDR", &addr)
-        .env("GATEHOUSE__SERVER__METRICS_ADDR", &metrics_addr)
+        .env("GATEHOUSE__SERVER__ADDR", "127.0.0.1:0")
+        .env("GATEHOUSE__SERVER__METRICS_ADDR", "127.0.0.1:0")
         .env("GATEHOUSE__SERVER__STRICT_PORT", "true")
         // Read at start-up (the provider is anthropic, so Gatehouse still runs degraded).
         .env("OPENAI_API_KEY", SECRET)
         .env("ANTHROPIC_API_KEY", "")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("log file"))
         .spawn()
         .expect("spawn");
+    // Where it listens, from the JSON lines it logged.
+    let logged = |message: &str| {
+        let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|l| l["message"] == message).and_then(|l| l["addr"].as_str().map(str::to_string))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (addr, metrics_addr) = loop {
+        if let (Some(addr), Some(metrics)) = (logged("Gatehouse listening"), logged("metrics listening")) {
+            break (addr, metrics);
+        }
+        assert!(Instant::now() < deadline && child.try_wait().expect("status").is_none(), "serve logged no addresses: {}", std::fs::read_to_string(&stderr).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!addr.ends_with(":0") && !metrics_addr.ends_with(":0") && addr != metrics_addr, "the bound ports are logged: {addr} {metrics_addr}");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut answered = None;
     while Instant::now() < deadline {
@@ -356,8 +365,7 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     assert!(killed.success());
     let status = child.wait().expect("wait");
     assert_eq!(status.code(), Some(0), "graceful shutdown exits 0");
-    let mut logs = String::new();
-    child.stderr.take().expect("stderr").read_to_string(&mut logs).expect("read logs");
+    let logs = std::fs::read_to_string(&stderr).expect("read logs");
     let lines: Vec<serde_json::Value> = logs.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert!(!lines.is_empty(), "JSON logs: {logs}");
     assert_eq!(lines.len(), logs.lines().count(), "every line is JSON: {logs}");
@@ -376,12 +384,12 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
 fn strict_mode_refuses_to_start_without_a_provider_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = config(dir.path(), "");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE_STRICT", "true")];
+    let addr = "127.0.0.1:0";
+    let env = [("GATEHOUSE__SERVER__ADDR", addr), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE_STRICT", "true")];
     let out = run(&["--config", path.to_str().expect("utf8"), "serve"], &env, None);
     assert_eq!(out.code, 1, "{}", out.all());
     assert!(out.stderr.contains("strict mode") && out.stderr.contains("ANTHROPIC_API_KEY"), "{}", out.stderr);
-    let env = [("GATEHOUSE__SERVER__ADDR", addr.as_str()), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE__SERVER__STRICT", "true")];
+    let env = [("GATEHOUSE__SERVER__ADDR", addr), ("ANTHROPIC_API_KEY", ""), ("GATEHOUSE__SERVER__STRICT", "true")];
     let out = run(&["--config", path.to_str().expect("utf8"), "worker"], &env, None);
     assert_eq!(out.code, 1, "the worker too: {}", out.all());
     let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE_STRICT", "maybe")], None);

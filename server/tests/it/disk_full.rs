@@ -129,12 +129,12 @@ async fn a_full_disk_loses_no_message() {
     assert!(inside.join("gatehouse.db").exists(), "the database is on the private disk: {}", logs());
     assert!(!disk.join("gatehouse.db").exists(), "and nowhere else");
 
-    let first = post(&gh.addr, "15550001000", "wamid.DF0").await;
+    let first = post(&gh.addr(), "15550001000", "wamid.DF0").await;
     assert_eq!(first.status, 200, "{}", first.body);
     let graph_ref = &graph;
     wait_for("the first reply", Duration::from_secs(30), async || replies(graph_ref).len() == 1).await;
 
-    let cookie = setup_owner(&gh.addr).await;
+    let cookie = setup_owner(&gh.addr()).await;
     fill(&inside.join("filler"));
     // Writes land in room the write-ahead log already has until it must grow: post until the
     // disk refuses one. Each post that is answered 200 was stored.
@@ -142,7 +142,7 @@ async fn a_full_disk_loses_no_message() {
     let mut refused = None;
     for i in 1..2000 {
         let from = format!("1555000{:04}", 1000 + i);
-        let answer = post(&gh.addr, &from, &format!("wamid.DF{i}")).await;
+        let answer = post(&gh.addr(), &from, &format!("wamid.DF{i}")).await;
         match answer.status {
             200 => stored.push(from),
             503 => {
@@ -155,16 +155,16 @@ async fn a_full_disk_loses_no_message() {
         }
     }
     let (from, wamid) = refused.unwrap_or_else(|| panic!("the full disk never refused a post\n{}", logs()));
-    assert_eq!(metric(&gh.addr, "database_storage_full").await, Some(1.0), "the metric says so");
-    let free = metric(&gh.addr, "database_free_bytes").await.expect("free bytes");
+    assert_eq!(metric(&gh.addr(), "database_storage_full").await, Some(1.0), "the metric says so");
+    let free = metric(&gh.addr(), "database_free_bytes").await.expect("free bytes");
     assert!(free < 65_536.0, "{free}");
 
     // Meta delivers it again while the disk is still full: refused again, and still nothing lost.
     for _ in 0..3 {
-        assert_eq!(post(&gh.addr, &from, &wamid).await.status, 503);
+        assert_eq!(post(&gh.addr(), &from, &wamid).await.status, 503);
     }
     // The owner can still open the console, and every page says what is wrong.
-    let page = reqwest::Client::new().get(format!("http://{}/jobs", gh.addr)).header("cookie", &cookie).send().await.expect("console");
+    let page = reqwest::Client::new().get(format!("http://{}/jobs", gh.addr())).header("cookie", &cookie).send().await.expect("console");
     assert_eq!(page.status().as_u16(), 200, "the console works on a full disk");
     let html = page.text().await.unwrap_or_default();
     assert!(html.contains("data-testid=\"disk-full-banner\"") && html.contains("STORAGE_FULL"), "{html}");
@@ -175,10 +175,10 @@ async fn a_full_disk_loses_no_message() {
     assert!(checkpoints <= 2, "the checkpointer's failing rounds (ten a second) are logged once: {checkpoints}");
 
     std::fs::remove_file(inside.join("filler")).expect("free the disk");
-    let again = post(&gh.addr, &from, &wamid).await;
+    let again = post(&gh.addr(), &from, &wamid).await;
     assert_eq!(again.status, 200, "stored once there is room: {}", again.body);
     stored.push(from);
-    assert_eq!(metric(&gh.addr, "database_storage_full").await, Some(0.0));
+    assert_eq!(metric(&gh.addr(), "database_storage_full").await, Some(0.0));
 
     let want: BTreeMap<String, usize> = stored.iter().map(|s| (s.clone(), 1)).collect();
     wait_for("a reply to every stored message", Duration::from_secs(90), async || replies(graph_ref).len() == want.len()).await;

@@ -510,7 +510,7 @@ async fn a_slow_answer_survives_kill_nine_of_the_server(db: TestDb) {
     let mut server = gh.serve(&log).await;
 
     let body = envelope(vec![vec![text_message(CUSTOMER, "wamid.K9", "Where is my order slow-7?")]]);
-    let posted = crate::procs::post_signed(&gh.addr, body).await;
+    let posted = crate::procs::post_signed(&gh.addr(), body).await;
     assert_eq!(posted.status().as_u16(), 200);
     let pending = shipped_lane().pending_reply;
     let (graph_ref, shop_ref) = (&graph, &shop);

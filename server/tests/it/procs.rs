@@ -4,6 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -16,8 +17,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
 pub(crate) struct Gatehouse {
     config: PathBuf,
     env: Vec<(String, String)>,
-    /// Where `serve` listens.
-    pub(crate) addr: String,
+    /// Where the last `serve` listens, as it logged it.
+    addr: Mutex<String>,
 }
 
 pub(crate) struct Ran {
@@ -27,19 +28,18 @@ pub(crate) struct Ran {
 }
 
 impl Gatehouse {
-    /// `env` comes after the defaults: a short lease (a killed worker's job is rescued two
-    /// seconds later), quick polling, no model key.
+    /// `env` comes after the defaults: a port the system picks for each `serve` (a port chosen
+    /// here and bound later could be taken in between by another test), a short lease (a killed
+    /// worker's job is rescued two seconds later), quick polling, no model key.
     pub(crate) fn new(dir: &Path, db: &TestDb, tools: &str, connectors: &str, env: &[(&str, &str)]) -> Self {
         let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gatehouse.toml")).expect("shipped config");
         let config = dir.join("gatehouse.toml");
         std::fs::write(&config, shipped).expect("config");
         std::fs::write(dir.join("tools.toml"), tools).expect("tools");
         std::fs::write(dir.join("connectors.toml"), connectors).expect("connectors");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-        let addr = format!("127.0.0.1:{port}");
         let defaults = [
             ("GATEHOUSE__DATABASE__URL", db.url.as_str()),
-            ("GATEHOUSE__SERVER__ADDR", addr.as_str()),
+            ("GATEHOUSE__SERVER__ADDR", "127.0.0.1:0"),
             ("GATEHOUSE__SERVER__STRICT_PORT", "true"),
             ("GATEHOUSE__JOBS__LEASE", "2s"),
             ("GATEHOUSE__JOBS__MAINTENANCE_INTERVAL", "500ms"),
@@ -48,7 +48,12 @@ impl Gatehouse {
             ("RUST_LOG", "info"),
         ];
         let env = defaults.iter().chain(env).map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self { config, env, addr }
+        Self { config, env, addr: Mutex::default() }
+    }
+
+    /// Where the running `serve` listens.
+    pub(crate) fn addr(&self) -> String {
+        self.addr.lock().expect("lock").clone()
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
@@ -75,7 +80,8 @@ impl Gatehouse {
         Ran { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
     }
 
-    /// `gatehouse serve`, its logs appended to `log`; returns once it answers `/healthz`.
+    /// `gatehouse serve`, its logs appended to `log`; returns once it has logged where it
+    /// listens and answers there.
     pub(crate) async fn serve(&self, log: &Path) -> tokio::process::Child {
         self.serve_via(&[], log).await
     }
@@ -84,10 +90,26 @@ impl Gatehouse {
     /// that the child is `gatehouse` itself).
     pub(crate) async fn serve_via(&self, wrapper: &[&str], log: &Path) -> tokio::process::Child {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+        let before = file.metadata().expect("log").len() as usize;
         let err = file.try_clone().expect("log");
-        let child = self.command_via(wrapper, &["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
-        let addr = self.addr.clone();
-        wait_for("serve to answer /healthz", Duration::from_secs(60), async || tokio::net::TcpStream::connect(&addr).await.is_ok()).await;
+        let mut child = self.command_via(wrapper, &["serve"]).stdout(file).stderr(err).spawn().expect("spawn serve");
+        let logged = || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(!text.contains('\u{1b}'), "a log file gets no colour codes: {text}");
+            text.get(before..).and_then(listening_addr)
+        };
+        let mut addr = None;
+        wait_for("serve to log where it listens", Duration::from_secs(60), async || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("serve exited with {status}: {}", std::fs::read_to_string(log).unwrap_or_default());
+            }
+            addr = logged();
+            addr.is_some()
+        })
+        .await;
+        let addr = addr.expect("logged");
+        wait_for("serve to answer", Duration::from_secs(30), async || tokio::net::TcpStream::connect(&addr).await.is_ok()).await;
+        *self.addr.lock().expect("lock") = addr;
         child
     }
 }
@@ -103,6 +125,13 @@ pub(crate) async fn post_signed(addr: &str, body: String) -> reqwest::Response {
         .send()
         .await
         .expect("post webhook")
+}
+
+/// The address in the "Gatehouse listening" line of `logs` (text format: `addr=127.0.0.1:41453`).
+fn listening_addr(logs: &str) -> Option<String> {
+    let line = logs.lines().find(|l| l.contains("Gatehouse listening"))?;
+    let addr = line.split_whitespace().find_map(|field| field.strip_prefix("addr="))?;
+    Some(addr.to_string())
 }
 
 pub(crate) async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {

@@ -70,7 +70,8 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
                 tracing::error!(addr = %at, error = %e, "cannot listen for metrics");
                 Failure::runtime(format!("cannot listen for metrics on {at} (server.metrics_addr): {e}"))
             })?;
-            tracing::info!(addr = %at, "metrics listening");
+            let bound = listener.local_addr().map_err(Failure::runtime)?;
+            tracing::info!(addr = %bound, "metrics listening");
             Some(tokio::spawn(web::serve::serve(listener, web::metrics_router(state.clone()), grace, shutdown.clone())))
         }
         None => None,
