@@ -147,21 +147,11 @@ async fn refresh() -> Result<(), wasm_bindgen::JsValue> {
     Ok(())
 }
 
-/// `YYYY-MM-DD HH:MM:SS` (UTC) for unix milliseconds.
+/// `YYYY-MM-DD HH:MM:SS` (UTC) for unix milliseconds (none before 1970 are stored).
 pub fn fmt_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0).unsigned_abs());
+    // RFC 3339 with whole seconds, `2026-11-30T00:53:20Z`, written the way the console shows times.
+    humantime::format_rfc3339_seconds(at).to_string().replacen('T', " ", 1).trim_end_matches('Z').to_string()
 }
 
 #[cfg(test)]
