@@ -84,3 +84,39 @@ test("the dashboard's charts show a simulated conversation, each linked to its l
     .evaluateAll((figures) => Math.max(...figures.map((f) => f.getBoundingClientRect().right)));
   expect(widest).toBeLessThanOrEqual(390);
 });
+
+test("every list reads as cards on a phone, each value beside its column's name, nothing to scroll sideways", async ({ page }) => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await open(page, "/traces");
+  // The tests before this one left traces, chats and jobs; the shipped catalog has tools.
+  for (const [path, table] of [
+    ["/traces", "traces-table"],
+    ["/jobs", "jobs-table"],
+    ["/conversations", "chats-table"],
+    ["/tools", "tools-table"],
+  ]) {
+    await page.goto(path);
+    await hydrated(page);
+    const list = page.getByTestId(table);
+    await expect(list.locator("tbody tr").first()).toBeVisible();
+    // Read again until it holds: a live page may swap its rows in while they are measured.
+    await expect(async () => {
+      const seen = await list.evaluate((t) => {
+        const headers = [...t.querySelectorAll("thead th")].map((th) => th.textContent ?? "");
+        const rows = [...t.querySelectorAll("tbody tr")];
+        return {
+          headers,
+          headerHeight: t.querySelector("thead")!.getBoundingClientRect().height,
+          labels: rows.map((tr) => [...tr.children].map((td) => td.getAttribute("data-label"))),
+          cellTops: rows.map((tr) => [...tr.children].map((td) => Math.round(td.getBoundingClientRect().top))),
+          pageWidth: document.documentElement.scrollWidth,
+        };
+      });
+      for (const labels of seen.labels) expect(labels, path).toEqual(seen.headers);
+      // Cards: the header row is out of sight, and a row's cells are stacked, not side by side.
+      expect(seen.headerHeight, path).toBeLessThanOrEqual(1);
+      for (const tops of seen.cellTops) expect(new Set(tops).size, path).toBe(tops.length);
+      expect(seen.pageWidth, path).toBeLessThanOrEqual(390);
+    }).toPass({ timeout: 10_000 });
+  }
+});

@@ -71,7 +71,7 @@ pub fn ApprovalsPage() -> impl IntoView {
 
 fn call_cell(a: &ApprovalView) -> impl IntoView + use<> {
     view! {
-        <td>
+        <td data-label="Call">
             <code>{a.tool.clone()}</code>" "<small title="definition version">{a.version.clone()}</small>
             <pre class="json" data-testid="approval-args">{a.args.clone()}</pre>
         </td>
@@ -137,15 +137,15 @@ fn decided_row(a: ApprovalView) -> impl IntoView {
     };
     view! {
         <tr data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
-            <td>{format!("#{}", a.id)}</td>
+            <td data-label="#">{format!("#{}", a.id)}</td>
             {call_cell(&a)}
-            <td><span class=format!("badge approval-{}", a.state)>{a.state.clone()}</span></td>
-            <td>
+            <td data-label="State"><span class=format!("badge approval-{}", a.state)>{a.state.clone()}</span></td>
+            <td data-label="Decided">
                 {a.decided_at.map(fmt_time)}" "{who}
                 {a.decision_note.clone().map(|n| view! { <br/><small data-testid="approval-note">{format!("Reason: {n}")}</small> })}
                 <br/>{trace_link(a.trace_id)}
             </td>
-            <td>{run}</td>
+            <td data-label="Run">{run}</td>
         </tr>
     }
 }

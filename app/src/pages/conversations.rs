@@ -69,13 +69,13 @@ fn chat_list(chats: Vec<ChatView>) -> AnyView {
     }
     let rows = chats.into_iter().map(|c| view! {
         <tr data-chat=c.chat_id.clone()>
-            <td>
+            <td data-label="Chat">
                 <a href=chat_href(&c)>{c.name.clone().unwrap_or_else(|| c.chat_id.clone())}</a>
                 {c.name.is_some().then(|| view! { <br/><small data-testid="chat-number">{c.chat_id.clone()}</small> })}
             </td>
-            <td>{c.channel.clone()}</td>
-            <td>{c.messages}</td>
-            <td>{fmt_time(c.last_at)}</td>
+            <td data-label="Channel">{c.channel.clone()}</td>
+            <td data-label="Messages">{c.messages}</td>
+            <td data-label="Last (UTC)">{fmt_time(c.last_at)}</td>
         </tr>
     }).collect_view();
     super::list_table("chats-table", &["Chat", "Channel", "Messages", "Last (UTC)"], rows)

@@ -84,12 +84,12 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
     }
     let rows = jobs.into_iter().map(|j| view! {
         <tr data-job-id=j.id>
-            <td><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
-            <td>{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
-            <td>{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
-            <td>{format!("{} / {}", j.attempt, j.max_attempts)}</td>
-            <td>{j.chat_id.clone().unwrap_or_default()}</td>
-            <td>{fmt_time(j.updated_at)}</td>
+            <td data-label="Job"><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
+            <td data-label="Kind / tool">{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
+            <td data-label="State">{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
+            <td data-label="Attempts">{format!("{} / {}", j.attempt, j.max_attempts)}</td>
+            <td data-label="Chat">{j.chat_id.clone().unwrap_or_default()}</td>
+            <td data-label="Updated (UTC)">{fmt_time(j.updated_at)}</td>
         </tr>
     }).collect_view();
     super::list_table("jobs-table", &["Job", "Kind / tool", "State", "Attempts", "Chat", "Updated (UTC)"], rows)

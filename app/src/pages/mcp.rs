@@ -139,13 +139,13 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
     let (hash, reject_hash) = (t.definition_hash.clone(), t.definition_hash.clone());
     view! {
         <tr data-tool=t.catalog_name.clone() data-state=t.state.clone()>
-            <td>
+            <td data-label="Tool">
                 <code>{t.catalog_name.clone()}</code>
                 {(!t.description.is_empty()).then(|| view! { <br/><small data-testid="mcp-tool-description" title="as the server describes it">{t.description.clone()}</small> })}
                 {(!t.present).then(|| view! { <br/><small>"no longer listed by the server"</small> })}
             </td>
-            <td><span class=format!("badge quarantine-{state}")>{state.clone()}</span></td>
-            <td>
+            <td data-label="State"><span class=format!("badge quarantine-{state}")>{state.clone()}</span></td>
+            <td data-label="Definition">
                 <details>
                     <summary>{if t.diff.is_empty() { "definition".to_string() } else { "changed definition (diff)".to_string() }}" "<small>{t.definition_hash.chars().take(19).collect::<String>()}</small></summary>
                     {if t.diff.is_empty() {

@@ -71,10 +71,10 @@ fn replay_table(rows: Vec<ReplayRow>) -> AnyView {
             };
             view! {
                 <tr class=class data-testid="replay-row" data-case=r.case.clone()>
-                    <td><code>{r.case.clone()}</code></td>
-                    <td><code>{r.expect.clone()}</code></td>
-                    <td>{badge(r.before_pass)}" "<small>{r.before.clone()}</small></td>
-                    <td>{badge(r.after_pass)}" "<small>{r.after.clone()}</small></td>
+                    <td data-label="Case"><code>{r.case.clone()}</code></td>
+                    <td data-label="Expected"><code>{r.expect.clone()}</code></td>
+                    <td data-label="Before">{badge(r.before_pass)}" "<small>{r.before.clone()}</small></td>
+                    <td data-label="After">{badge(r.after_pass)}" "<small>{r.after.clone()}</small></td>
                 </tr>
             }
         })
@@ -187,13 +187,13 @@ fn findings_table(findings: Vec<FindingView>) -> AnyView {
             };
             view! {
                 <tr data-testid="finding-row" data-pattern=f.pattern.clone()>
-                    <td><a href=format!("/traces/{}", f.trace_id)>{format!("#{}", f.trace_id)}</a></td>
-                    <td><code>{f.pattern.clone()}</code></td>
-                    <td>{f.source.clone()}</td>
-                    <td>{f.note.clone()}</td>
-                    <td>{expect}</td>
-                    <td>{if f.has_case { "yes" } else { "no" }}</td>
-                    <td>{fmt_time(f.created_at)}</td>
+                    <td data-label="Trace"><a href=format!("/traces/{}", f.trace_id)>{format!("#{}", f.trace_id)}</a></td>
+                    <td data-label="Pattern"><code>{f.pattern.clone()}</code></td>
+                    <td data-label="Found by">{f.source.clone()}</td>
+                    <td data-label="What was seen">{f.note.clone()}</td>
+                    <td data-label="Should have been">{expect}</td>
+                    <td data-label="Case">{if f.has_case { "yes" } else { "no" }}</td>
+                    <td data-label="When (UTC)">{fmt_time(f.created_at)}</td>
                 </tr>
             }
         })

@@ -117,17 +117,17 @@ fn tool_table(tools: Vec<ToolSummary>, total: usize, q: &ToolsQuery, catalog_pat
     }
     let rows = tools.into_iter().map(|t| view! {
         <tr data-tool=t.name.clone()>
-            <td>
+            <td data-label="Tool">
                 <a href=format!("/tools/{}", t.name)>{t.name.clone()}</a>
                 {(!t.enabled).then(|| view! { " " {badge("off", "disabled".into())} })}
                 <br/><small>{t.title.clone()}</small>
             </td>
-            <td>{t.provider.clone()}</td>
-            <td>{t.audience.clone()}</td>
-            <td>{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
-            <td>{t.approval.clone()}</td>
-            <td>{breaker_badge(&t.breaker)}</td>
-            <td><code title=t.version.clone()>{short_version(&t.version)}</code></td>
+            <td data-label="Provider">{t.provider.clone()}</td>
+            <td data-label="Audience">{t.audience.clone()}</td>
+            <td data-label="Risk">{badge(&format!("risk-{}", t.risk), t.risk.clone())}</td>
+            <td data-label="Approval">{t.approval.clone()}</td>
+            <td data-label="Breaker">{breaker_badge(&t.breaker)}</td>
+            <td data-label="Version"><code title=t.version.clone()>{short_version(&t.version)}</code></td>
         </tr>
     }).collect_view();
     super::list_table("tools-table", &["Tool", "Provider", "Audience", "Risk", "Approval", "Breaker", "Version"], rows)
@@ -139,14 +139,14 @@ fn calls_table(calls: Vec<ToolCallView>, empty: &'static str) -> AnyView {
     }
     let rows = calls.into_iter().map(|c| view! {
         <tr data-decision=c.decision.clone()>
-            <td>{fmt_time(c.at)}</td>
-            <td><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
-            <td>{format!("{} · {}", c.actor, c.chat_type)}</td>
-            <td>{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
-            <td><code>{c.reason_code.clone()}</code></td>
-            <td>{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
-            <td>{c.attempts}</td>
-            <td><small>{c.correlation_id.clone()}</small></td>
+            <td data-label="When (UTC)">{fmt_time(c.at)}</td>
+            <td data-label="Tool"><a href=format!("/tools/{}", c.tool)>{c.tool.clone()}</a></td>
+            <td data-label="Actor">{format!("{} · {}", c.actor, c.chat_type)}</td>
+            <td data-label="Decision">{badge(&format!("decision-{}", c.decision), c.decision.clone())}</td>
+            <td data-label="Reason"><code>{c.reason_code.clone()}</code></td>
+            <td data-label="Latency">{format!("{:.1} ms", c.latency_us as f64 / 1000.0)}</td>
+            <td data-label="Attempts">{c.attempts}</td>
+            <td data-label="Correlation"><small>{c.correlation_id.clone()}</small></td>
         </tr>
     }).collect_view();
     super::list_table("calls-table", &["When (UTC)", "Tool", "Actor", "Decision", "Reason", "Latency", "Attempts", "Correlation"], rows)

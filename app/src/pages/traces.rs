@@ -81,14 +81,14 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
     }
     let rows = traces.into_iter().map(|t| view! {
         <tr data-trace-id=t.id data-route=t.route.clone()>
-            <td><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
-            <td>{fmt_time(t.started_at)}</td>
-            <td><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
-            <td>{t.actor.clone()}</td>
-            <td>{t.route.clone()}</td>
-            <td><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
+            <td data-label="Trace"><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
+            <td data-label="When (UTC)">{fmt_time(t.started_at)}</td>
+            <td data-label="Chat"><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
+            <td data-label="Actor">{t.actor.clone()}</td>
+            <td data-label="Route">{t.route.clone()}</td>
+            <td data-label="Outcome"><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
                 {t.error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
-            <td>{ms(t.duration_us)}</td>
+            <td data-label="Time">{ms(t.duration_us)}</td>
         </tr>
     }).collect_view();
     super::list_table("traces-table", &["Trace", "When (UTC)", "Chat", "Actor", "Route", "Outcome", "Time"], rows)
