@@ -460,6 +460,28 @@ async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
 }
 both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
 
+/// A call the lane runs at once that fails in a way worth retrying goes back to the queue after
+/// the backoff the deployment configured (`jobs.retry_base`), as a worker's failed run does.
+async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
+    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"", 1);
+    let r = rig_with(db, &tools, "", |s| {
+        s.jobs.retry_base = Duration::from_secs(3600);
+        s.jobs.retry_max = Duration::from_secs(7200);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
+    let before = server::db::now_ms();
+    r.exchange(&[("wamid.RETRY", "Where is my order slow-7?")], 1).await;
+    let (state, attempt, scheduled_at, code): (String, i64, i64, Option<String>) =
+        sqlx::query_as("SELECT state, attempt, scheduled_at, last_error_code FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt), ("retryable", 1), "{code:?}");
+    let waits = scheduled_at - before;
+    assert!(waits >= 2_880_000, "at least 0.8 of the configured hour (the jitter's floor), not the default backoff: {waits} ms ({code:?})");
+    let steps = r.steps("wamid.RETRY").await;
+    assert!(steps.iter().any(|(s, _, _)| s == "AgentToolImmediateStart"), "the lane ran it at once: {steps:?}");
+}
+both_backends!(lane_e2e_immediate_backoff, a_failed_immediate_run_waits_the_configured_backoff);
+
 async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.exchange(&[("wamid.SALES", "Send me the sales report")], 1).await;

@@ -132,8 +132,7 @@ impl Lane {
     /// Runs the stored job in this process while the person waits, up to the deadline.
     pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
-        let lease = self.settings.jobs.lease;
-        let claimed = match inline::claim(&self.db, job_id, lease).await {
+        let claimed = match inline::claim(&self.db, job_id, &self.settings.jobs).await {
             Ok(Some(c)) => c,
             Ok(None) => {
                 trace.step("AgentToolImmediateStart", "skip", "WORKER_HAS_IT", json!({ "job_id": job_id }));
@@ -152,7 +151,7 @@ impl Lane {
         let correlation = correlation_id.to_string();
         let started = Instant::now();
         tokio::spawn(async move {
-            let heartbeat = inline::keep_alive(db.clone(), &claimed, lease);
+            let heartbeat = inline::keep_alive(db.clone(), &claimed);
             let started_ms = db::now_ms();
             let answer = telemetry.in_job(&claimed.job, processor.run(&job, &correlation)).await;
             let last = claimed.job.attempt >= claimed.job.max_attempts;
