@@ -63,8 +63,6 @@ pub struct DashboardInfo {
     pub spend: Vec<SpendInfo>,
     /// `warn_only` or `degraded`: what happens at 100% of a budget.
     pub budget_action: String,
-    /// What waits for an owner's decision, shown first.
-    pub waiting: WaitingInfo,
     pub charts: Vec<Chart>,
 }
 

@@ -7,6 +7,7 @@ use leptos_router::components::{A, Outlet};
 use crate::{
     api::{Logout, current_owner, waiting},
     dto::{DiskNotice, WaitingInfo},
+    error::AppError,
     live::fmt_time,
 };
 
@@ -47,10 +48,16 @@ fn nav_links(waiting: Option<WaitingInfo>) -> impl IntoView {
         .collect_view()
 }
 
+/// What waits for an owner, as the navigation read it for this page: the dashboard lists the
+/// same counts without reading them again.
+#[derive(Clone, Copy)]
+pub struct Waiting(pub Resource<Result<WaitingInfo, AppError>>);
+
 #[component]
 pub fn ConsoleLayout() -> impl IntoView {
     let shell = Resource::new_blocking(|| (), |_| current_owner());
     let waiting = Resource::new_blocking(|| (), |_| waiting());
+    provide_context(Waiting(waiting));
     let logout = ServerAction::<Logout>::new();
     view! {
         <div class="console">

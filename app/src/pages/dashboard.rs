@@ -3,6 +3,7 @@ use leptos::prelude::*;
 use crate::{
     api::dashboard_facts,
     dto::{Chart, DashboardInfo, WaitingInfo},
+    layout::Waiting,
 };
 
 fn uptime(secs: u64) -> String {
@@ -17,10 +18,12 @@ fn uptime(secs: u64) -> String {
 #[component]
 pub fn DashboardPage() -> impl IntoView {
     let info = Resource::new_blocking(|| (), |_| dashboard_facts());
+    let counts = use_context::<Waiting>();
     view! {
         {super::page_head("Dashboard", None)}
         <h1>"Dashboard"</h1>
-        {super::loaded(info, |info| view! { {waiting(info.waiting)} {facts(&info)} {spend(&info)} {charts(&info)} })}
+        <Suspense fallback=|| ()>{move || counts.and_then(|c| c.0.get()).and_then(Result::ok).map(waiting)}</Suspense>
+        {super::loaded(info, |info| view! { {facts(&info)} {spend(&info)} {charts(&info)} })}
     }
 }
 

@@ -325,11 +325,12 @@ async fn a_step_committed_after_a_later_one_is_still_published() {
 async fn the_dashboard_lists_what_waits_for_the_owner(db: TestDb) {
     let app = TestApp::new(db).await;
     let mut owner = app.with_owner("ada", "correct horse battery").await;
-    let waiting = |facts: crate::support::Resp| {
-        assert_eq!(facts.status, StatusCode::OK, "{}", facts.body);
-        facts.json()["waiting"].clone()
+    // The counts the navigation and the dashboard both show, read once per page.
+    let waiting = |counts: crate::support::Resp| {
+        assert_eq!(counts.status, StatusCode::OK, "{}", counts.body);
+        counts.json()
     };
-    let none = waiting(owner.post_form("/api/dashboard_facts", &[]).await);
+    let none = waiting(owner.post_form("/api/waiting", &[]).await);
     assert_eq!(none, serde_json::json!({ "approvals": 0, "oldest_approval_age_ms": null, "mcp_tools": 0, "mcp_forms": 0, "repairs": 0 }));
     assert!(owner.get("/").await.body.contains("Nothing waits for you"), "with nothing waiting, the page says so");
 
@@ -378,7 +379,7 @@ async fn the_dashboard_lists_what_waits_for_the_owner(db: TestDb) {
             .expect("repair");
     }
 
-    let w = waiting(owner.post_form("/api/dashboard_facts", &[]).await);
+    let w = waiting(owner.post_form("/api/waiting", &[]).await);
     assert_eq!((w["approvals"].as_i64(), w["mcp_tools"].as_i64(), w["mcp_forms"].as_i64(), w["repairs"].as_i64()), (Some(2), Some(1), Some(1), Some(1)), "{w}");
     let age = w["oldest_approval_age_ms"].as_i64().expect("the oldest approval's age");
     assert!((90_000..150_000).contains(&age), "the oldest pending request was asked 90 s ago: {age}");

@@ -123,8 +123,6 @@ impl OwnersBackend for ConsoleBackend {
                 warned: budget.is_some_and(|b| !b.warned.is_empty()),
             });
         }
-        let now = db::now_ms();
-        let waiting = waiting_in(&mut conn, now).await?;
         Ok(DashboardInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             started_at_ms: s.started_at_ms,
@@ -140,8 +138,7 @@ impl OwnersBackend for ConsoleBackend {
             llm_key_variable: provider.key_var().into(),
             llm_configured: s.degraded().is_none(),
             owner_count,
-            waiting,
-            charts: super::charts::all(&mut conn, now).await.map_err(internal)?,
+            charts: super::charts::all(&mut conn, db::now_ms()).await.map_err(internal)?,
             spend,
             budget_action: <&str>::from(s.config.settings.budget.at_limit).into(),
         })
