@@ -366,9 +366,9 @@ impl InboundHandler for Runtime {
         if inbound.kind.is_readable() {
             presence.typing().await;
         }
-        let outcome = Runtime::handle(self, inbound)
-            .await
-            .map_err(|e| HandlerError { code: "CONVERSATION_STORAGE".into(), message: e.to_string(), retryable: true })?;
+        // The database's own code: a full disk (`STORAGE_FULL`) must not use up the message's
+        // attempts, or a disk that stays full longer than the backoff discards the message.
+        let outcome = Runtime::handle(self, inbound).await.map_err(|RuntimeError::Db(e)| HandlerError { code: e.code().into(), message: e.to_string(), retryable: true })?;
         Ok(Handled {
             trace_id: outcome.trace_id,
             role: outcome.actor,

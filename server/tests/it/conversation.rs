@@ -560,6 +560,36 @@ async fn degraded_mode_answers_without_a_model(db: TestDb) {
 }
 both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);
 
+/// A full disk is the deployment's failure, not the message's: the runtime reports it as
+/// `STORAGE_FULL`, which the job worker snoozes without using an attempt, so a disk that stays
+/// full for longer than the backoff discards no message. The writer connection is held at its
+/// current size by `max_page_count`, which SQLite refuses to grow past exactly as on a full disk;
+/// the message is long enough that keeping it needs a new page.
+#[tokio::test]
+async fn a_full_disk_is_storage_full_and_uses_no_attempt() {
+    use server::channel::{InboundHandler, NoPresence};
+    let r = rig(TestDb::sqlite(), 6000, true).await;
+    {
+        let mut w = r.db.acquire_write().await.expect("writer");
+        sqlx::query("CREATE TABLE filler (b TEXT)").execute(&mut *w).await.expect("create");
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *w).await.expect("pages");
+        sqlx::query(&format!("PRAGMA max_page_count = {}", pages + 2)).execute(&mut *w).await.expect("cap");
+        // Take what room is left (free pages included) until SQLite refuses.
+        let full = loop {
+            if let Err(e) = sqlx::query("INSERT INTO filler VALUES ($1)").bind("x".repeat(3000)).execute(&mut *w).await {
+                break server::db::DbError::from(e);
+            }
+        };
+        assert!(full.is_storage_full(), "{full}");
+    }
+    let long = "é".repeat(3000);
+    let refused = InboundHandler::handle(&r.runtime, &msg("full1", "15554440000", &long), &NoPresence).await;
+    let err = refused.expect_err("nothing can be kept");
+    assert_eq!((err.code.as_str(), err.retryable), ("STORAGE_FULL", true), "{err}");
+    let as_job = server::jobs::JobError::retryable(&err.code, err.message);
+    assert!(!as_job.uses_attempt(), "a full disk uses no attempt");
+}
+
 async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     let (url, fake) = fake_anthropic().await;
     let secrets = Secrets::from_lookup(|name| (name == "ANTHROPIC_API_KEY").then(|| "test-key".to_string()));
