@@ -5,12 +5,15 @@
 
 use std::time::Duration;
 
-use super::{JobError, JobOutput, retry};
+use super::{
+    JobError, JobOutput,
+    outcome::{self, RetryTimes},
+};
 use crate::{
     config::JobSettings,
     db::{
         self, Db, DbError,
-        jobs::{self as store, Finished, JobRow},
+        jobs::{self as store, JobRow},
     },
 };
 
@@ -20,8 +23,7 @@ pub struct Claimed {
     pub job: JobRow,
     owner: String,
     lease: Duration,
-    retry_base: Duration,
-    retry_max: Duration,
+    retry: RetryTimes,
 }
 
 /// Claims job `id` for the configured lease; `None` when a worker has it already (or it is not
@@ -32,29 +34,15 @@ pub async fn claim(db: &Db, id: i64, settings: &JobSettings) -> Result<Option<Cl
     let mut tx = db.begin_write().await?;
     let job = store::claim_one(&mut tx, id, &owner, now, now.saturating_add(db::duration_ms(settings.lease))).await?;
     tx.commit().await?;
-    Ok(job.map(|job| Claimed { job, owner, lease: settings.lease, retry_base: settings.retry_base, retry_max: settings.retry_max }))
+    Ok(job.map(|job| Claimed { job, owner, lease: settings.lease, retry: RetryTimes { base: settings.retry_base, max: settings.retry_max } }))
 }
 
-/// Records how the run ended: completed, retried after the configured backoff, or discarded. A
-/// lease lost meanwhile (rescued after a stall) leaves the job to its new holder.
+/// Records how the run ended, as a worker records it ([`outcome::write`]): completed, snoozed,
+/// retried after the configured backoff, or discarded. A lease lost meanwhile (rescued after a
+/// stall) leaves the job to its new holder.
 pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobError>) -> Result<(), DbError> {
-    let now = db::now_ms();
-    let job = &claimed.job;
     let mut tx = db.begin_write().await?;
-    match result {
-        Ok(out) => {
-            store::complete(&mut tx, &[Finished { id: job.id, attempt: job.attempt, preview: out.preview.clone() }], &claimed.owner, now).await?;
-        }
-        // As the worker records it: a wait on the deployment uses no attempt.
-        Err(e) if !e.uses_attempt() => {
-            let at = now.saturating_add(db::duration_ms(retry::deployment_wait(claimed.retry_max)));
-            store::snooze(&mut tx, job.id, job.attempt, &claimed.owner, at, now, Some(&e.code)).await?;
-        }
-        Err(e) => {
-            let at = now.saturating_add(db::duration_ms(retry::backoff(job.attempt, claimed.retry_base, claimed.retry_max)));
-            store::fail(&mut tx, job.id, job.attempt, &claimed.owner, &e.code, &e.message, e.retryable, at, now).await?;
-        }
-    }
+    outcome::write(&mut tx, &claimed.job, &claimed.owner, result, claimed.retry, db::now_ms()).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -14,6 +14,7 @@
 pub mod actions;
 pub mod echo;
 pub mod inline;
+mod outcome;
 pub mod queue;
 pub mod retry;
 pub mod worker;

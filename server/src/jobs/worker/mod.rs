@@ -62,15 +62,6 @@ fn with_slots(jobs: Vec<JobRow>, mut slots: OwnedSemaphorePermit) -> Claimed {
     jobs.into_iter().map(|job| (job, slots.split(1))).collect()
 }
 
-/// What the store did with an outcome.
-enum Applied {
-    Completed,
-    Failed { discarded: bool },
-    Snoozed,
-    /// The lease was gone (cancelled or rescued): the result was ignored.
-    Stale,
-}
-
 /// Runs in progress: job id -> (attempt, abort handle).
 type InFlight = Arc<Mutex<HashMap<i64, (i64, AbortHandle)>>>;
 

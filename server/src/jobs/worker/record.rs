@@ -7,13 +7,13 @@ use backon::{ExponentialBuilder, Retryable};
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-use super::{Applied, InFlight, Outcome, Refill, Worker, free_slots, with_slots};
+use super::{InFlight, Outcome, Refill, Worker, free_slots, with_slots};
 use crate::{
     db::{
         self, Backend, DbError,
-        jobs::{self as store, FailOutcome, Finished},
+        jobs::{self as store, Finished},
     },
-    jobs::{JobOutput, retry},
+    jobs::outcome::{self, Applied, RetryTimes},
 };
 
 /// Outcomes recorded in one transaction at most.
@@ -128,38 +128,21 @@ impl Worker {
         Ok(applied)
     }
 
-    /// Writes the outcomes of `batch` in the caller's transaction.
+    /// Writes the outcomes of `batch` in the caller's transaction: those that complete their
+    /// jobs in one statement, each other as [`outcome::write_unfinished`] says.
     async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let now = db::now_ms();
         let done: Vec<Finished> = batch
             .iter()
-            .filter_map(|o| match &o.result {
-                Ok(out) if out.snooze.is_none() => Some(Finished { id: o.job.id, attempt: o.job.attempt, preview: out.preview.clone() }),
-                _ => None,
-            })
+            .filter(|o| outcome::completes(&o.result))
+            .map(|o| Finished { id: o.job.id, attempt: o.job.attempt, preview: o.result.as_ref().ok().and_then(|out| out.preview.clone()) })
             .collect();
         let completed = store::complete(tx, &done, &self.id, now).await?;
+        let times = RetryTimes { base: self.settings.retry_base, max: self.settings.retry_max };
         let mut applied = Vec::with_capacity(batch.len());
         for o in batch {
-            applied.push(match &o.result {
-                Ok(JobOutput { snooze: Some(after), .. }) => {
-                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, now + db::duration_ms(*after), now, None).await? { Applied::Snoozed } else { Applied::Stale }
-                }
-                Err(err) if !err.uses_attempt() => {
-                    let at = now + db::duration_ms(retry::deployment_wait(self.settings.retry_max));
-                    if store::snooze(tx, o.job.id, o.job.attempt, &self.id, at, now, Some(&err.code)).await? { Applied::Snoozed } else { Applied::Stale }
-                }
-                Ok(_) if completed.contains(&o.job.id) => Applied::Completed,
-                Ok(_) => Applied::Stale,
-                Err(err) => {
-                    let at = now + db::duration_ms(retry::backoff(o.job.attempt, self.settings.retry_base, self.settings.retry_max));
-                    match store::fail(tx, o.job.id, o.job.attempt, &self.id, &err.code, &err.message, err.retryable, at, now).await? {
-                        FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
-                        FailOutcome::Discarded => Applied::Failed { discarded: true },
-                        FailOutcome::NotHeld => Applied::Stale,
-                    }
-                }
-            });
+            let written = outcome::write_unfinished(tx, &o.job, &self.id, &o.result, times, now).await?;
+            applied.push(written.unwrap_or(if completed.contains(&o.job.id) { Applied::Completed } else { Applied::Stale }));
         }
         Ok(applied)
     }

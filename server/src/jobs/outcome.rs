@@ -1,0 +1,74 @@
+//! How a run's end is written: completed, snoozed, retried after the backoff or discarded. One
+//! path for the worker's batches and for a run the lane started at once (`inline`), so both
+//! treat a failure alike.
+
+use std::time::Duration;
+
+use super::{JobError, JobOutput, retry};
+use crate::db::{
+    self, DbError,
+    jobs::{self as store, FailOutcome, Finished, JobRow},
+};
+
+/// What the store did with an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Applied {
+    Completed,
+    Failed { discarded: bool },
+    Snoozed,
+    /// The lease was gone (cancelled or rescued): the result was ignored.
+    Stale,
+}
+
+/// Whether `result` completes its job (a success that asked for no snooze). The worker completes
+/// all of a batch's in one statement.
+pub(super) fn completes(result: &Result<JobOutput, JobError>) -> bool {
+    matches!(result, Ok(JobOutput { snooze: None, .. }))
+}
+
+/// The deployment's retry timing (`[jobs] retry_base`, `retry_max`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RetryTimes {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+/// Writes the end of a run that does not complete its job ([`completes`]): a snooze the
+/// handler asked for; a wait on the deployment, which uses no attempt; or a failure, retried
+/// after the backoff or discarded. `None` for a run that completes.
+pub(super) async fn write_unfinished(
+    conn: &mut sqlx::AnyConnection,
+    job: &JobRow,
+    owner: &str,
+    result: &Result<JobOutput, JobError>,
+    times: RetryTimes,
+    now: i64,
+) -> Result<Option<Applied>, DbError> {
+    let snoozed = |held: bool| if held { Applied::Snoozed } else { Applied::Stale };
+    Ok(Some(match result {
+        Ok(JobOutput { snooze: None, .. }) => return Ok(None),
+        Ok(JobOutput { snooze: Some(after), .. }) => snoozed(store::snooze(conn, job.id, job.attempt, owner, now.saturating_add(db::duration_ms(*after)), now, None).await?),
+        Err(err) if !err.uses_attempt() => {
+            let at = now.saturating_add(db::duration_ms(retry::deployment_wait(times.max)));
+            snoozed(store::snooze(conn, job.id, job.attempt, owner, at, now, Some(&err.code)).await?)
+        }
+        Err(err) => {
+            let at = now.saturating_add(db::duration_ms(retry::backoff(job.attempt, times.base, times.max)));
+            match store::fail(conn, job.id, job.attempt, owner, &err.code, &err.message, err.retryable, at, now).await? {
+                FailOutcome::Retry { .. } => Applied::Failed { discarded: false },
+                FailOutcome::Discarded => Applied::Failed { discarded: true },
+                FailOutcome::NotHeld => Applied::Stale,
+            }
+        }
+    }))
+}
+
+/// Writes the end of one run, whatever it was.
+pub(super) async fn write(conn: &mut sqlx::AnyConnection, job: &JobRow, owner: &str, result: &Result<JobOutput, JobError>, times: RetryTimes, now: i64) -> Result<Applied, DbError> {
+    if let Some(applied) = write_unfinished(conn, job, owner, result, times, now).await? {
+        return Ok(applied);
+    }
+    let preview = result.as_ref().ok().and_then(|out| out.preview.clone());
+    let completed = store::complete(conn, &[Finished { id: job.id, attempt: job.attempt, preview }], owner, now).await?;
+    Ok(if completed.contains(&job.id) { Applied::Completed } else { Applied::Stale })
+}
