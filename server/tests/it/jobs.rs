@@ -477,6 +477,44 @@ async fn a_full_disk_uses_up_no_attempt(db: TestDb) {
 }
 both_backends!(worker_storage_full, a_full_disk_uses_up_no_attempt);
 
+/// A run the lane starts at once (`jobs::inline`) ends as a worker's run would: a snooze the
+/// handler asks for and a full disk use no attempt, a failure is retried after the configured
+/// backoff, a success completes, and an outcome whose lease is gone changes nothing.
+async fn an_inline_run_ends_as_a_worker_run(db: TestDb) {
+    use server::jobs::inline;
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let settings = server::config::JobSettings { retry_base: Duration::from_secs(3600), retry_max: Duration::from_secs(7200), ..Default::default() };
+    let hour = 3_600_000;
+    let ends: [(&str, Result<JobOutput, JobError>); 4] = [
+        ("snoozed", Ok(JobOutput { preview: None, snooze: Some(Duration::from_secs(3600)) })),
+        ("full", Err(JobError::retryable("STORAGE_FULL", "no room"))),
+        ("failed", Err(JobError::retryable("TOOL_TIMEOUT", "slow"))),
+        ("done", Ok(JobOutput { preview: Some("fine".into()), snooze: None })),
+    ];
+    for (name, result) in ends {
+        let id = queue.enqueue(&job(name)).await.expect("enqueue").job.id;
+        let claimed = inline::claim(&pool, id, &settings).await.expect("claim").expect("claimed");
+        assert_eq!(claimed.job.attempt, 1, "{name}");
+        let before = db::now_ms();
+        inline::finish(&pool, &claimed, &result).await.expect("finish");
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        let j = store::get(&mut conn, id).await.expect("get").expect("job");
+        let wait = j.scheduled_at - before;
+        match name {
+            "snoozed" => assert!(j.state == JobState::Scheduled && j.attempt == 0 && wait >= hour - 1000, "{name}: {j:?}"),
+            "full" => assert!(j.state == JobState::Scheduled && j.attempt == 0 && wait >= 59_000, "{name}: {j:?}"),
+            "failed" => assert!(j.state == JobState::Retryable && j.attempt == 1 && wait >= hour * 8 / 10, "{name}: {j:?}"),
+            _ => assert_eq!((j.state, j.attempt), (JobState::Completed, 1), "{name}"),
+        }
+        // Finishing again with the lease gone changes nothing.
+        inline::finish(&pool, &claimed, &Err(JobError::permanent("LATE", "too late"))).await.expect("finish again");
+        let again = store::get(&mut conn, id).await.expect("get").expect("job");
+        assert_eq!((again.state, again.attempt, again.scheduled_at), (j.state, j.attempt, j.scheduled_at), "{name}");
+    }
+}
+both_backends!(jobs_inline_outcomes, an_inline_run_ends_as_a_worker_run);
+
 async fn several_workers_never_double_claim(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
