@@ -20,12 +20,6 @@ pub(super) enum Applied {
     Stale,
 }
 
-/// Whether `result` completes its job (a success that asked for no snooze). The worker completes
-/// all of a batch's in one statement.
-pub(super) fn completes(result: &Result<JobOutput, JobError>) -> bool {
-    matches!(result, Ok(JobOutput { snooze: None, .. }))
-}
-
 /// The deployment's retry timing (`[jobs] retry_base`, `retry_max`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RetryTimes {
@@ -33,9 +27,10 @@ pub(super) struct RetryTimes {
     pub max: Duration,
 }
 
-/// Writes the end of a run that does not complete its job ([`completes`]): a snooze the
-/// handler asked for; a wait on the deployment, which uses no attempt; or a failure, retried
-/// after the backoff or discarded. `None` for a run that completes.
+/// Writes the end of a run that does not complete its job: a snooze the handler asked for; a
+/// wait on the deployment, which uses no attempt; or a failure, retried after the backoff or
+/// discarded. `None` for a success that asked for no snooze, which the caller completes (the
+/// worker all of a batch's in one statement).
 pub(super) async fn write_unfinished(
     conn: &mut sqlx::AnyConnection,
     job: &JobRow,

@@ -128,23 +128,21 @@ impl Worker {
         Ok(applied)
     }
 
-    /// Writes the outcomes of `batch` in the caller's transaction: those that complete their
-    /// jobs in one statement, each other as [`outcome::write_unfinished`] says.
+    /// Writes the outcomes of `batch` in the caller's transaction: each as
+    /// [`outcome::write_unfinished`] says, and those that complete their jobs in one statement.
     async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let now = db::now_ms();
-        let done: Vec<Finished> = batch
-            .iter()
-            .filter(|o| outcome::completes(&o.result))
-            .map(|o| Finished { id: o.job.id, attempt: o.job.attempt, preview: o.result.as_ref().ok().and_then(|out| out.preview.clone()) })
-            .collect();
-        let completed = store::complete(tx, &done, &self.id, now).await?;
         let times = RetryTimes { base: self.settings.retry_base, max: self.settings.retry_max };
-        let mut applied = Vec::with_capacity(batch.len());
+        let (mut written, mut done) = (Vec::with_capacity(batch.len()), Vec::new());
         for o in batch {
-            let written = outcome::write_unfinished(tx, &o.job, &self.id, &o.result, times, now).await?;
-            applied.push(written.unwrap_or(if completed.contains(&o.job.id) { Applied::Completed } else { Applied::Stale }));
+            let w = outcome::write_unfinished(tx, &o.job, &self.id, &o.result, times, now).await?;
+            if w.is_none() {
+                done.push(Finished { id: o.job.id, attempt: o.job.attempt, preview: o.result.as_ref().ok().and_then(|out| out.preview.clone()) });
+            }
+            written.push(w);
         }
-        Ok(applied)
+        let completed = store::complete(tx, &done, &self.id, now).await?;
+        Ok(batch.iter().zip(written).map(|(o, w)| w.unwrap_or(if completed.contains(&o.job.id) { Applied::Completed } else { Applied::Stale })).collect())
     }
 
     /// Metrics of committed outcomes.
