@@ -31,16 +31,19 @@ pub struct OAuthRow {
     pub reason: Option<String>,
     pub required_scope: Option<String>,
     pub refreshes: i64,
+    /// Completed logins: the number of the login the tokens belong to.
+    pub logins: i64,
     pub updated_at: i64,
 }
 
-const COLUMNS: &str = "server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, updated_at";
+const COLUMNS: &str = "server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, logins, updated_at";
 
 pub async fn get(conn: &mut AnyConnection, server: &str) -> Result<Option<OAuthRow>, DbError> {
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM mcp_oauth WHERE server_id = $1")).bind(server).fetch_optional(&mut *conn).await?)
 }
 
-/// A completed login: the client and the first tokens, replacing whatever was there.
+/// A completed login: the client and the first tokens, replacing whatever was there (and
+/// counted, so verdicts about the login it replaces no longer apply).
 pub struct Connected<'a> {
     pub server_id: &'a str,
     pub resource: &'a str,
@@ -52,10 +55,10 @@ pub struct Connected<'a> {
 
 pub async fn connect(conn: &mut AnyConnection, c: &Connected<'_>) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO mcp_oauth (server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, 0, $8)
+        "INSERT INTO mcp_oauth (server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, logins, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, 0, 1, $8)
          ON CONFLICT (server_id) DO UPDATE SET resource = $2, metadata = $3, client_id = $4, client_secret = $5, credentials = $6,
-           state = $7, reason = NULL, required_scope = NULL, lease_token = NULL, lease_until = NULL, updated_at = $8",
+           state = $7, reason = NULL, required_scope = NULL, lease_token = NULL, lease_until = NULL, logins = mcp_oauth.logins + 1, updated_at = $8",
     )
     .bind(c.server_id)
     .bind(c.resource)
@@ -70,34 +73,61 @@ pub async fn connect(conn: &mut AnyConnection, c: &Connected<'_>) -> Result<(), 
     Ok(())
 }
 
-/// New tokens from a refresh (the client stays).
-pub async fn save_credentials(conn: &mut AnyConnection, server: &str, credentials: &str, refreshed: bool) -> Result<(), DbError> {
-    sqlx::query("UPDATE mcp_oauth SET credentials = $2, state = $3, reason = NULL, refreshes = refreshes + $4, updated_at = $5 WHERE server_id = $1")
+/// New tokens from a refresh of login number `login` (the client stays). A refresh of a login
+/// that has since been replaced changes nothing.
+pub async fn save_credentials(conn: &mut AnyConnection, server: &str, login: i64, credentials: &str, refreshed: bool) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_oauth SET credentials = $2, state = $3, reason = NULL, refreshes = refreshes + $4, updated_at = $5 WHERE server_id = $1 AND logins = $6")
         .bind(server)
         .bind(credentials)
         .bind(State::Connected.as_str())
         .bind(i64::from(refreshed))
         .bind(now_ms())
+        .bind(login)
         .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
-/// Marks a server as needing a login; the tokens are dropped. Returns whether it changed (so the
-/// owner is told once, not on every failed try).
-pub async fn needs_login(conn: &mut AnyConnection, server: &str, reason: &str, required_scope: Option<&str>) -> Result<bool, DbError> {
-    let done = sqlx::query(
-        "UPDATE mcp_oauth SET state = $2, reason = $3, required_scope = COALESCE($4, required_scope), credentials = NULL, updated_at = $5
-         WHERE server_id = $1 AND state <> $2",
-    )
-    .bind(server)
-    .bind(State::NeedsLogin.as_str())
-    .bind(reason)
-    .bind(required_scope)
-    .bind(now_ms())
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() > 0)
+/// What became of a verdict that a login is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The login went to "needs login" now; its tokens are dropped.
+    Marked,
+    /// The store already held no usable login; nothing changed.
+    Already,
+    /// Another login landed after the one the verdict is about: it stands, untouched.
+    Superseded,
+}
+
+/// Marks a server as needing a login because login number `seen` is lost (`None`: the reader
+/// found no usable login at all). Applies only while the row still holds that login, so a
+/// login that landed after the reader looked is kept. The tokens are dropped.
+pub async fn needs_login(conn: &mut AnyConnection, server: &str, seen: Option<i64>, reason: &str, required_scope: Option<&str>) -> Result<Verdict, DbError> {
+    if let Some(login) = seen {
+        let done = sqlx::query(
+            "UPDATE mcp_oauth SET state = $2, reason = $3, required_scope = COALESCE($4, required_scope), credentials = NULL, updated_at = $5
+             WHERE server_id = $1 AND logins = $6 AND state <> $2",
+        )
+        .bind(server)
+        .bind(State::NeedsLogin.as_str())
+        .bind(reason)
+        .bind(required_scope)
+        .bind(now_ms())
+        .bind(login)
+        .execute(&mut *conn)
+        .await?;
+        if done.rows_affected() > 0 {
+            return Ok(Verdict::Marked);
+        }
+    }
+    let now: Option<(String, i64)> = sqlx::query_as("SELECT state, logins FROM mcp_oauth WHERE server_id = $1").bind(server).fetch_optional(&mut *conn).await?;
+    let usable = |state: &str| state == State::Connected.as_str();
+    Ok(match (now, seen) {
+        (None, None) => Verdict::Already,
+        (Some((state, _)), None) if !usable(&state) => Verdict::Already,
+        (Some((state, logins)), Some(login)) if logins == login && !usable(&state) => Verdict::Already,
+        _ => Verdict::Superseded,
+    })
 }
 
 /// Takes the refresh lease when it is free or expired. Only the holder refreshes.

@@ -11,7 +11,11 @@ use super::{
     oauth::{self, MAX_LOGINS, OAuthError},
     session::RefreshRequest,
 };
-use crate::db::{self, audit, mcp::health, mcp_oauth};
+use crate::db::{
+    self, audit,
+    mcp::health,
+    mcp_oauth::{self, Verdict},
+};
 
 impl McpManager {
     /// Where the authorization server sends the owner's browser back: the console.
@@ -109,9 +113,9 @@ impl McpManager {
     pub(crate) fn needs_login_callback(&self, server: &str) -> oauth::NeedsLoginHook {
         let manager = self.clone();
         let server = server.to_string();
-        Box::new(move |reason| {
+        Box::new(move |seen, reason| {
             let (manager, server) = (manager.clone(), server.clone());
-            Box::pin(async move { manager.mark_needs_login(&server, &reason, None).await })
+            Box::pin(async move { manager.mark_needs_login(&server, seen, &reason, None).await })
         })
     }
 
@@ -119,33 +123,37 @@ impl McpManager {
     pub(crate) fn step_up_callback(&self, server: &str) -> oauth::StepUpHook {
         let manager = self.clone();
         let server = server.to_string();
-        Arc::new(move |scope| {
+        Arc::new(move |seen, scope| {
             let (manager, server) = (manager.clone(), server.clone());
             Box::pin(async move {
                 let reason = match &scope {
                     Some(s) => format!("the server asks for more access (scope {}); log in again to grant it", super::normalize::bound_text(s, 200)),
                     None => "the server asks for more access; log in again to grant it".to_string(),
                 };
-                manager.mark_needs_login(&server, &reason, scope.as_deref()).await;
+                manager.mark_needs_login(&server, seen, &reason, scope.as_deref()).await;
             })
         })
     }
 
-    pub(crate) async fn mark_needs_login(&self, server: &str, reason: &str, required_scope: Option<&str>) {
+    /// Login number `seen` of `server` is lost (`None`: the reader found no usable login):
+    /// the server goes to "needs login" with its tools withheld, and the first time a stored
+    /// login is lost the owners are told. A login that landed after the reader looked stands:
+    /// the verdict is then dropped, here and in the database.
+    pub(crate) async fn mark_needs_login(&self, server: &str, seen: Option<i64>, reason: &str, required_scope: Option<&str>) {
         let Some(s) = self.inner.servers.get(server) else { return };
-        s.live.send_modify(|l| {
-            l.needs_login = Some(reason.to_string());
-            l.health = health::NEEDS_LOGIN;
-        });
         let recorded = async {
             let mut tx = self.inner.db.begin_write().await?;
-            let changed = mcp_oauth::needs_login(&mut tx, server, reason, required_scope).await?;
-            db::mcp::set_health(&mut tx, server, health::NEEDS_LOGIN, Some(reason), false).await?;
-            if !changed {
+            let verdict = mcp_oauth::needs_login(&mut tx, server, seen, reason, required_scope).await?;
+            if verdict == Verdict::Superseded {
                 tx.commit().await?;
-                return Ok(false);
+                return Ok(verdict);
             }
-            // Once per change to "needs login" (the row's state is the compare-and-set), to the
+            db::mcp::set_health(&mut tx, server, health::NEEDS_LOGIN, Some(reason), false).await?;
+            if verdict == Verdict::Already {
+                tx.commit().await?;
+                return Ok(verdict);
+            }
+            // Once per lost login (the row's login and state are the compare-and-set), to the
             // console and to every owner number.
             let notice = super::notices::Notice {
                 hook: "mcp.oauth",
@@ -157,14 +165,23 @@ impl McpManager {
                 anchor: format!("#server-{server}"),
             };
             self.inner.notices.raise(tx, &notice).await?;
-            Ok::<_, db::DbError>(true)
+            Ok::<_, db::DbError>(verdict)
         }
         .await;
         match recorded {
-            Ok(true) => tracing::warn!(mcp.server = %server, reason = %reason, "MCP server needs an owner to log in again; its tools are withheld"),
-            Ok(false) => {}
+            Ok(Verdict::Superseded) => {
+                tracing::debug!(mcp.server = %server, "a newer login replaced the one found lost; it stands");
+                return;
+            }
+            Ok(Verdict::Marked) => tracing::warn!(mcp.server = %server, reason = %reason, "MCP server needs an owner to log in again; its tools are withheld"),
+            Ok(Verdict::Already) => {}
+            // Unrecorded, the login is still unusable in this process.
             Err(e) => tracing::error!(mcp.server = %server, error = %e, "recording that an MCP server needs a login failed"),
         }
+        s.live.send_modify(|l| {
+            l.needs_login = Some(reason.to_string());
+            l.health = health::NEEDS_LOGIN;
+        });
         if let Err(e) = self.rebuild().await {
             tracing::error!(mcp.server = %server, error = %e, "withholding the tools of an MCP server that needs a login failed");
         }
@@ -176,3 +193,88 @@ pub const CALLBACK_PATH: &str = "/mcp/oauth/callback";
 /// Where the callback page sends the browser on, same-site, so the owner's session cookie
 /// (SameSite=Strict) comes along.
 pub const FINISH_PATH: &str = "/mcp/oauth/finish";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::DatabaseSettings,
+        db::{Db, mcp_oauth::Connected},
+        tools::checkpoint::SecretSource,
+    };
+
+    /// A manager of one OAuth server `crm` over a fresh SQLite file (nothing started: the
+    /// verdicts below are what its token sources would report).
+    async fn manager(dir: &tempfile::TempDir) -> (Db, McpManager) {
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("gatehouse.db").display()), ..DatabaseSettings::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        db.migrate().await.expect("migrate");
+        let path = dir.path().join("mcp.toml");
+        std::fs::write(&path, "[[server]]\nid = \"crm\"\nauth = \"oauth\"\n[server.transport]\ntype = \"http\"\nurl = \"http://127.0.0.1:9/mcp\"\n").expect("write");
+        let config = super::super::config::load(&path, &|_| true).expect("config");
+        (db.clone(), McpManager::new(db, &config, SecretSource::from_fn(|_| None)))
+    }
+
+    async fn log_in(db: &Db, tokens: &str) {
+        let mut tx = db.begin_write().await.expect("tx");
+        let login = Connected { server_id: "crm", resource: "http://127.0.0.1:9/mcp", metadata: "{}", client_id: "c", client_secret: None, credentials: tokens };
+        mcp_oauth::connect(&mut tx, &login).await.expect("connect");
+        tx.commit().await.expect("commit");
+    }
+
+    /// (state, tokens, login number, notices raised)
+    async fn stored(db: &Db) -> (String, Option<String>, i64, i64) {
+        let mut conn = db.pool.acquire().await.expect("conn");
+        let row = mcp_oauth::get(&mut conn, "crm").await.expect("get").expect("row");
+        let notices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'MCP_NEEDS_LOGIN'").fetch_one(&mut *conn).await.expect("count");
+        (row.state.as_str().to_string(), row.credentials, row.logins, notices)
+    }
+
+    fn waiting(manager: &McpManager) -> bool {
+        manager.live("crm").expect("live").needs_login.is_some()
+    }
+
+    /// The race behind a login undone at start: the supervisor read the store before the
+    /// owner's login landed and reported "not logged in" after it. The late verdict must leave
+    /// the new login (and the server) as they are; a verdict about the login itself still
+    /// applies, once.
+    #[tokio::test]
+    async fn a_verdict_about_a_login_that_was_replaced_leaves_the_new_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, manager) = manager(&dir).await;
+        log_in(&db, "sealed-1").await;
+        manager.mark_needs_login("crm", None, "not logged in yet", None).await;
+        assert_eq!(stored(&db).await, ("connected".into(), Some("sealed-1".into()), 1, 0));
+        assert!(!waiting(&manager), "the server is not withheld");
+
+        manager.mark_needs_login("crm", Some(1), "the refresh token was refused", None).await;
+        assert_eq!(stored(&db).await, ("needs_login".into(), None, 1, 1));
+        assert!(waiting(&manager));
+        manager.mark_needs_login("crm", Some(1), "refused again", None).await;
+        assert_eq!(stored(&db).await.3, 1, "the owners are told once");
+
+        // A new login, then a late verdict about the first one (another process's refresh).
+        log_in(&db, "sealed-2").await;
+        manager.inner.servers["crm"].live.send_modify(|l| l.needs_login = None); // as finish_login does
+        manager.mark_needs_login("crm", Some(1), "the refresh token was refused", Some("admin")).await;
+        assert_eq!(stored(&db).await, ("connected".into(), Some("sealed-2".into()), 2, 1));
+        assert!(!waiting(&manager));
+    }
+
+    /// A refresh of a replaced login does not write its tokens over the new login's.
+    #[tokio::test]
+    async fn a_refresh_of_a_replaced_login_saves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, _manager) = manager(&dir).await;
+        log_in(&db, "sealed-1").await;
+        log_in(&db, "sealed-2").await;
+        let mut conn = db.pool.acquire().await.expect("conn");
+        mcp_oauth::save_credentials(&mut conn, "crm", 1, "sealed-1-refreshed", true).await.expect("save");
+        drop(conn);
+        assert_eq!(stored(&db).await.1.as_deref(), Some("sealed-2"));
+        let mut conn = db.pool.acquire().await.expect("conn");
+        mcp_oauth::save_credentials(&mut conn, "crm", 2, "sealed-2-refreshed", true).await.expect("save");
+        drop(conn);
+        assert_eq!(stored(&db).await.1.as_deref(), Some("sealed-2-refreshed"));
+    }
+}

@@ -171,9 +171,10 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
             match oauth_client(&inner, &manager, cfg).await {
                 Ok(client) => Some(client),
                 Err(TokenError::NeedsLogin(reason)) => {
-                    manager.mark_needs_login(&cfg.id, &reason, None).await;
+                    // The token source has marked the server. A login that landed after it
+                    // read the store stands (the mark was dropped), and the next try uses it.
                     answer(&mut waiters, &Err(format!("MCP_NEEDS_LOGIN: {reason}")));
-                    if !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
+                    if server.live.borrow().needs_login.is_some() && !wait_for_login(&inner, &server, &mut refresh, &mut shutdown, &mut enabled, &mut waiters).await {
                         break;
                     }
                     continue;

@@ -24,7 +24,7 @@ type HttpError = StreamableHttpError<reqwest::Error>;
 pub struct OAuthHttp {
     pub(crate) http: reqwest::Client,
     pub(crate) tokens: Arc<TokenSource>,
-    /// Called with the scope a 403 asked for.
+    /// Called with the login and the scope a 403 asked for.
     pub(crate) step_up: super::StepUpHook,
 }
 
@@ -61,7 +61,7 @@ impl OAuthHttp {
                 Err(StreamableHttpError::AuthRequired(challenge))
             }
             Err(StreamableHttpError::InsufficientScope(e)) => {
-                (self.step_up)(e.required_scope.clone()).await;
+                (self.step_up)(Some(self.tokens.login()), e.required_scope.clone()).await;
                 Err(StreamableHttpError::InsufficientScope(e))
             }
             other => other,

@@ -25,10 +25,12 @@ use crate::{
     tools::checkpoint::SecretSource,
 };
 
-/// Told (and awaited) when a server's token is gone, with the reason.
-pub type NeedsLoginHook = Box<dyn Fn(String) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
-/// Told (and awaited) when a server asks for more scope, with the scope it named.
-pub type StepUpHook = std::sync::Arc<dyn Fn(Option<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+/// Told (and awaited) when a server's login is lost: which login (its number in the store;
+/// `None` when there was no usable one) and why.
+pub type NeedsLoginHook = Box<dyn Fn(Option<i64>, String) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+/// Told (and awaited) when a server asks a login for more scope: which login, and the scope
+/// the server named.
+pub type StepUpHook = std::sync::Arc<dyn Fn(Option<i64>, Option<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// How long an owner has to finish a login in the browser.
 pub const LOGIN_TTL: Duration = Duration::from_secs(600);
@@ -216,7 +218,8 @@ impl PendingLogin {
 }
 
 /// The tokens of a logged-in server, for its session. `NeedsLogin` when there are none (or they
-/// were issued for another URL, or the key cannot open them).
+/// were issued for another URL, or the key cannot open them); `on_needs_login` has then been
+/// told, about the login that was read.
 pub async fn token_source(
     cfg: &ServerConfig,
     db: &Db,
@@ -224,29 +227,48 @@ pub async fn token_source(
     redirect_uri: &str,
     on_needs_login: NeedsLoginHook,
 ) -> Result<TokenSource, TokenError> {
-    let url = oauth_url(cfg).map_err(|e| TokenError::NeedsLogin(e.to_string()))?;
-    let sealer = sealer(secrets).map_err(|e| TokenError::NeedsLogin(e.to_string()))?;
     let row = {
         let mut conn = db.pool.acquire().await.map_err(|e| TokenError::Transient(e.to_string()))?;
         mcp_oauth::get(&mut conn, &cfg.id).await.map_err(|e| TokenError::Transient(e.to_string()))?
     };
+    let seen = row.as_ref().map(|r| r.logins);
+    let lost = async |reason: String| {
+        on_needs_login(seen, reason.clone()).await;
+        TokenError::NeedsLogin(reason)
+    };
     let login_hint = format!("connect it from the console's MCP servers page or run `gatehouse mcp login {}`", cfg.id);
-    let Some(row) = row else { return Err(TokenError::NeedsLogin(format!("not logged in yet: {login_hint}"))) };
+    let url = match oauth_url(cfg) {
+        Ok(url) => url,
+        Err(e) => return Err(lost(e.to_string()).await),
+    };
+    let sealer = match sealer(secrets) {
+        Ok(s) => s,
+        Err(e) => return Err(lost(e.to_string()).await),
+    };
+    let Some(row) = row else { return Err(lost(format!("not logged in yet: {login_hint}")).await) };
     if row.state != mcp_oauth::State::Connected || row.credentials.is_none() {
-        let why = row.reason.unwrap_or_else(|| "not logged in".into());
-        return Err(TokenError::NeedsLogin(format!("{why}: {login_hint}")));
+        let why = row.reason.clone().unwrap_or_else(|| "not logged in".into());
+        return Err(lost(format!("{why}: {login_hint}")).await);
     }
     if row.resource != url {
-        return Err(TokenError::NeedsLogin(format!("the server's URL changed since the login: {login_hint}")));
+        return Err(lost(format!("the server's URL changed since the login: {login_hint}")).await);
     }
     let mut manager = AuthorizationManager::new(url).await.map_err(|e| TokenError::Transient(describe(&e)))?;
-    manager.set_metadata(serde_json::from_str(&row.metadata).map_err(|e| TokenError::NeedsLogin(format!("stored metadata unreadable ({e}): {login_hint}")))?);
+    match serde_json::from_str(&row.metadata) {
+        Ok(metadata) => manager.set_metadata(metadata),
+        Err(e) => return Err(lost(format!("stored metadata unreadable ({e}): {login_hint}")).await),
+    }
     let mut client = OAuthClientConfig::new(row.client_id, redirect_uri);
     if let Some(sealed) = &row.client_secret {
-        client = client.with_client_secret(sealer.open(&cfg.id, sealed).map_err(|e| TokenError::NeedsLogin(e.to_string()))?);
+        match sealer.open(&cfg.id, sealed) {
+            Ok(secret) => client = client.with_client_secret(secret),
+            Err(e) => return Err(lost(e.to_string()).await),
+        }
     }
-    manager.configure_client(client).map_err(|e| TokenError::NeedsLogin(describe(&e)))?;
-    let store = tokens::DbCredentials { db: db.clone(), server: cfg.id.clone(), sealer };
+    if let Err(e) = manager.configure_client(client) {
+        return Err(lost(describe(&e)).await);
+    }
+    let store = tokens::DbCredentials::new(db.clone(), cfg.id.clone(), sealer, row.logins);
     manager.set_credential_store(store.clone());
     Ok(TokenSource { store: std::sync::Arc::new(store), manager, on_needs_login })
 }

@@ -3,7 +3,13 @@
 //! two workers on one PostgreSQL never spend a rotating refresh token twice), and a server
 //! whose token cannot be refreshed marked "needs login".
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
 use oauth2::TokenResponse as _;
 use rmcp::transport::auth::{AuthError, AuthorizationManager, CredentialStore, StoredCredentials};
@@ -18,12 +24,15 @@ const LEASE: Duration = Duration::from_secs(30);
 /// How long a process waits for another one's refresh before giving up for this try.
 const LEASE_WAIT: Duration = Duration::from_secs(35);
 
-/// Reads and writes the server's sealed credentials for rmcp's manager.
+/// Reads and writes the server's sealed credentials for rmcp's manager, and remembers which
+/// login the tokens it last read belong to: a refresh saves only over that login, and a verdict
+/// that the login is lost names it.
 #[derive(Clone)]
 pub(super) struct DbCredentials {
     pub(super) db: Db,
     pub(super) server: String,
     pub(super) sealer: Sealer,
+    login: Arc<AtomicI64>,
 }
 
 fn store_error(e: impl std::fmt::Display) -> AuthError {
@@ -31,9 +40,19 @@ fn store_error(e: impl std::fmt::Display) -> AuthError {
 }
 
 impl DbCredentials {
+    pub(super) fn new(db: Db, server: String, sealer: Sealer, login: i64) -> Self {
+        Self { db, server, sealer, login: Arc::new(AtomicI64::new(login)) }
+    }
+
+    /// The number of the login last read.
+    pub(super) fn login(&self) -> i64 {
+        self.login.load(Ordering::Acquire)
+    }
+
     async fn read(&self) -> Result<Option<StoredCredentials>, OAuthError> {
         let mut conn = self.db.pool.acquire().await.map_err(|e| OAuthError::Db(e.into()))?;
         let Some(row) = mcp_oauth::get(&mut conn, &self.server).await? else { return Ok(None) };
+        self.login.store(row.logins, Ordering::Release);
         let Some(sealed) = row.credentials else { return Ok(None) };
         let plain = self.sealer.open(&self.server, &sealed)?;
         Ok(serde_json::from_str(&plain).ok())
@@ -51,12 +70,12 @@ impl CredentialStore for DbCredentials {
         let json = serde_json::to_string(&credentials).map_err(store_error)?;
         let sealed = self.sealer.seal(&self.server, &json);
         let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
-        mcp_oauth::save_credentials(&mut conn, &self.server, &sealed, true).await.map_err(store_error)
+        mcp_oauth::save_credentials(&mut conn, &self.server, self.login(), &sealed, true).await.map_err(store_error)
     }
 
     async fn clear(&self) -> Result<(), AuthError> {
         let mut conn = self.db.pool.acquire().await.map_err(store_error)?;
-        mcp_oauth::needs_login(&mut conn, &self.server, "the tokens were cleared", None).await.map_err(store_error)?;
+        mcp_oauth::needs_login(&mut conn, &self.server, Some(self.login()), "the tokens were cleared", None).await.map_err(store_error)?;
         Ok(())
     }
 }
@@ -138,9 +157,14 @@ impl TokenSource {
         }
     }
 
-    /// Marks the server as needing a login and tells whoever watches.
+    /// The number of the login whose tokens this source last read.
+    pub(crate) fn login(&self) -> i64 {
+        self.store.login()
+    }
+
+    /// Marks the login last read as lost and tells whoever watches.
     pub(crate) async fn needs_login(&self, reason: &str) -> TokenError {
-        (self.on_needs_login)(reason.to_string()).await;
+        (self.on_needs_login)(Some(self.login()), reason.to_string()).await;
         TokenError::NeedsLogin(reason.to_string())
     }
 
