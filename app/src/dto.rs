@@ -492,6 +492,9 @@ pub struct CandidateView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceDetail {
     pub summary: TraceSummary,
+    /// The message's text as its channel keeps it; none for a message without text (media, a
+    /// location, a reaction). The customer's own words: shown as text, never as markup.
+    pub text: Option<String>,
     pub steps: Vec<TraceStepView>,
     /// The tool calls made while the message was handled, from the checkpoint's audit.
     pub tool_calls: Vec<ToolCallView>,

@@ -44,9 +44,14 @@ test("a simulated conversation shows the reply, its delivery state and its trace
 
   await messages.locator('li[data-direction="in"]').first().getByRole("link", { name: "trace" }).click();
   await expect(page.getByTestId("trace-route")).toHaveText("degraded");
+  await expect(page.getByTestId("trace-text")).toHaveText("Hello! Are you open on Sunday?");
   const steps = page.getByTestId("trace-timeline").locator("li");
   await expect(steps.first()).toHaveAttribute("data-step", "dedupe");
   await expect(page.getByTestId("trace-timeline").locator('li[data-step="delivery"]')).toContainText("delivered");
+
+  // And back from the trace to its conversation.
+  await page.getByTestId("trace-chat").click();
+  await expect(page.getByTestId("chat-messages").locator('li[data-direction="in"]')).toHaveCount(2);
 });
 
 test("the owner's own number talks as the owner; customers cannot reach owner commands", async ({ page }) => {

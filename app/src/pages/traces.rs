@@ -110,8 +110,17 @@ pub fn TraceDetailPage() -> impl IntoView {
                 <div data-live-region="trace">
                 <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
                 <table class="kv"><tbody>
-                    <tr><th>"Chat"</th><td><a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({})", t.channel)}</td></tr>
-                    <tr><th>"Message"</th><td><code>{t.message_id.clone()}</code></td></tr>
+                    <tr><th>"Chat"</th><td>
+                        <a href=format!("/traces?chat={}", super::url_encode(&t.chat_id))>{t.chat_id.clone()}</a>{format!(" ({}) ", t.channel)}
+                        <a href=format!("/conversations/{}/{}", super::url_encode(&t.channel), super::url_encode(&t.chat_id)) data-testid="trace-chat">"the conversation"</a>
+                    </td></tr>
+                    <tr><th>"Message"</th><td>
+                        {match d.text.clone() {
+                            Some(text) => view! { <p class="said" data-testid="trace-text">{text}</p> }.into_any(),
+                            None => view! { <p class="muted" data-testid="trace-text">"The channel keeps no text for this message (media, a location or a reaction)."</p> }.into_any(),
+                        }}
+                        <code>{t.message_id.clone()}</code>
+                    </td></tr>
                     <tr><th>"Actor"</th><td>{t.actor.clone()}</td></tr>
                     <tr><th>"Route"</th><td data-testid="trace-route">{t.route.clone()}</td></tr>
                     <tr><th>"Error"</th><td>{t.error_code.clone().unwrap_or_else(|| "\u{2014}".into())}</td></tr>

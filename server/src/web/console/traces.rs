@@ -50,7 +50,8 @@ impl TracesBackend for ConsoleBackend {
         let findings = db::evals::findings_of_trace(&mut conn, id).await.map_err(internal)?.iter().map(super::repairs::finding_view).collect();
         let patterns = <crate::evals::Pattern as strum::IntoEnumIterator>::iter().map(|p| p.as_str().to_string()).collect();
         let tools = self.state.tools.catalog().all().map(|t| t.spec.name.clone()).collect();
-        Ok(TraceDetail { summary: trace_summary(trace), steps, tool_calls, findings, patterns, tools })
+        let text = db::traces::inbound_text(&mut conn, &trace.message_id).await.map_err(internal)?;
+        Ok(TraceDetail { summary: trace_summary(trace), text, steps, tool_calls, findings, patterns, tools })
     }
 }
 
