@@ -152,10 +152,6 @@ async fn everything_over_stdio(db: TestDb) {
 }
 both_backends!(mcp_everything_stdio, everything_over_stdio);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 fn start_http_everything(port: u16) -> std::process::Child {
     let child = std::process::Command::new("node")
         .args([npm_server("server-everything").as_str(), "streamableHttp"])
@@ -182,7 +178,8 @@ impl Drop for KillOnDrop {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_streamable_http_survives_a_server_restart() {
-    let port = free_port();
+    // Restarted on the same port: one no other test can be handed meanwhile.
+    let port = crate::support::quiet_port(0);
     let mut http = KillOnDrop(start_http_everything(port));
     let servers = format!("[[server]]\nid = \"web\"\n{TRUSTED_OPEN}\ncall_timeout = \"3s\"\ndiscovery = {{ timeout = \"5s\" }}\n[server.transport]\ntype = \"http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n");
     let rig = Rig::new(TestDb::sqlite(), &servers).await;

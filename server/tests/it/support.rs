@@ -28,6 +28,31 @@ use tower::ServiceExt;
 
 pub const PUBLIC_URL: &str = "http://127.0.0.1:3000";
 
+/// A loopback port for a test that must name its port (a server it restarts on the same one,
+/// the next ports after a taken one), free with the `spare` ports after it. It lies below the
+/// kernel's ephemeral range, which `127.0.0.1:0` and every outgoing connection draw from, so
+/// no other test or process here is handed it meanwhile; and no two calls in this process
+/// return overlapping ports.
+pub fn quiet_port(spare: u16) -> u16 {
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU16> = std::sync::OnceLock::new();
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|low| low.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral.saturating_sub(spare + 1));
+    let next = NEXT.get_or_init(|| std::sync::atomic::AtomicU16::new(rand::random_range(low..high)));
+    for _ in 0..200 {
+        let wrap = |p: u16| if (low..high).contains(&p) { p } else { low };
+        // The update always applies (it never returns None).
+        let taken = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(wrap(p) + spare + 1)).unwrap_or_else(|p| p);
+        let port = wrap(taken);
+        if (port..=port + spare).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {ephemeral}");
+}
+
 fn postgres_admin_url() -> String {
     std::env::var("GATEHOUSE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
