@@ -461,6 +461,8 @@ pub struct TraceSummary {
     pub error_code: Option<String>,
     pub started_at: i64,
     pub duration_us: i64,
+    /// The start of the message's text on one line, as its channel keeps it (none for media).
+    pub preview: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

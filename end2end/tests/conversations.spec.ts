@@ -52,6 +52,11 @@ test("a simulated conversation shows the reply, its delivery state and its trace
   // And back from the trace to its conversation.
   await page.getByTestId("trace-chat").click();
   await expect(page.getByTestId("chat-messages").locator('li[data-direction="in"]')).toHaveCount(2);
+
+  // The chat's traces, newest first, each with the start of its message.
+  await page.goto("/traces?chat=sim-15550100042");
+  const previews = page.getByTestId("traces-table").getByTestId("trace-preview");
+  await expect(previews).toHaveText(["And on Monday?", "Hello! Are you open on Sunday?"]);
 });
 
 test("the owner's own number talks as the owner; customers cannot reach owner commands", async ({ page }) => {

@@ -84,6 +84,7 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
             <td data-label="Trace"><a href=format!("/traces/{}", t.id)>{format!("#{}", t.id)}</a></td>
             <td data-label="When (UTC)">{fmt_time(t.started_at)}</td>
             <td data-label="Chat"><small>{format!("{} · {}", t.channel, t.chat_id)}</small></td>
+            <td data-label="Message" data-testid="trace-preview">{t.preview.clone().unwrap_or_else(|| "\u{2014}".into())}</td>
             <td data-label="Actor">{t.actor.clone()}</td>
             <td data-label="Route">{t.route.clone()}</td>
             <td data-label="Outcome"><span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span>
@@ -91,7 +92,7 @@ fn trace_table(traces: Vec<TraceSummary>, q: &TraceQuery) -> AnyView {
             <td data-label="Time">{ms(t.duration_us)}</td>
         </tr>
     }).collect_view();
-    super::list_table("traces-table", &["Trace", "When (UTC)", "Chat", "Actor", "Route", "Outcome", "Time"], rows)
+    super::list_table("traces-table", &["Trace", "When (UTC)", "Chat", "Message", "Actor", "Route", "Outcome", "Time"], rows)
 }
 
 #[component]

@@ -109,11 +109,22 @@ pub struct TraceFilter {
     pub before_id: i64,
 }
 
-/// Newest first.
-pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<TraceRow>, DbError> {
+/// A trace in the list, with its message's text as its channel keeps it (none for media).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Listed {
+    #[sqlx(flatten)]
+    pub trace: TraceRow,
+    pub text: Option<String>,
+}
+
+/// Newest first, each with its message's text (as [`inbound_text`] finds it).
+pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<Listed>, DbError> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
-         AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7"
+        "SELECT t.*, COALESCE((SELECT w.text FROM whatsapp_inbound w WHERE w.wamid = t.message_id), \
+           (SELECT s.text FROM simulator_messages s WHERE s.message_id = t.message_id AND s.direction = 'in')) AS text \
+         FROM (SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
+           AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7) t \
+         ORDER BY t.id DESC"
     );
     Ok(sqlx::query_as(&sql)
         .bind(&f.chat_id)

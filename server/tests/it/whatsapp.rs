@@ -1180,11 +1180,12 @@ async fn messages_go_through_the_runtime_and_their_trace_shows_the_delivery(db: 
     assert_eq!(outcome("wamid.UNDELIVERABLE").await, ("failed".into(), Some("WHATSAPP_131026".into()), "failed".into()));
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let filter = db::traces::TraceFilter { outcome: "failed".into(), ..Default::default() };
-    let failed: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
+    let failed: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.trace.message_id).collect();
     assert_eq!(failed.len(), 2, "{failed:?}");
+    // Each listed with its message's text, as the channel keeps it.
     let filter = db::traces::TraceFilter { error_code: "WHATSAPP_131047".into(), ..Default::default() };
-    let window: Vec<String> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| t.message_id).collect();
-    assert_eq!(window, vec!["wamid.WINDOW".to_string()]);
+    let window: Vec<(String, Option<String>)> = db::traces::list(&mut conn, &filter, 50).await.expect("list").into_iter().map(|t| (t.trace.message_id, t.text)).collect();
+    assert_eq!(window, vec![("wamid.WINDOW".to_string(), Some("Are you open?".to_string()))]);
     let filter = db::traces::TraceFilter { chat_id: "16505550000".into(), route: "chat".into(), ..Default::default() };
     assert_eq!(db::traces::list(&mut conn, &filter, 50).await.expect("list").len(), 4, "four messages went through the runtime");
     let filter = db::traces::TraceFilter { chat_id: "someone-else".into(), ..Default::default() };

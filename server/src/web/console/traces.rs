@@ -23,9 +23,13 @@ impl TracesBackend for ConsoleBackend {
         };
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         let mut rows = db::traces::list(&mut conn, &filter, PAGE + 1).await.map_err(internal)?;
-        let next_before = (rows.len() as i64 > PAGE).then(|| rows[PAGE as usize - 1].id);
+        let next_before = (rows.len() as i64 > PAGE).then(|| rows[PAGE as usize - 1].trace.id);
         rows.truncate(PAGE as usize);
-        Ok(TracesPage { traces: rows.into_iter().map(trace_summary).collect(), next_before })
+        let traces = rows
+            .into_iter()
+            .map(|r| trace_summary(r.trace, r.text.as_deref()))
+            .collect();
+        Ok(TracesPage { traces, next_before })
     }
 
     async fn trace_detail(&self, id: i64) -> Result<TraceDetail, AppError> {
@@ -51,11 +55,13 @@ impl TracesBackend for ConsoleBackend {
         let patterns = <crate::evals::Pattern as strum::IntoEnumIterator>::iter().map(|p| p.as_str().to_string()).collect();
         let tools = self.state.tools.catalog().all().map(|t| t.spec.name.clone()).collect();
         let text = db::traces::inbound_text(&mut conn, &trace.message_id).await.map_err(internal)?;
-        Ok(TraceDetail { summary: trace_summary(trace), text, steps, tool_calls, findings, patterns, tools })
+        let summary = trace_summary(trace, text.as_deref());
+        Ok(TraceDetail { summary, text, steps, tool_calls, findings, patterns, tools })
     }
 }
 
-fn trace_summary(t: db::traces::TraceRow) -> TraceSummary {
+/// A trace as the console lists it, with the start of its message's `text`.
+fn trace_summary(t: db::traces::TraceRow, text: Option<&str>) -> TraceSummary {
     TraceSummary {
         id: t.id,
         correlation_id: t.correlation_id,
@@ -68,5 +74,31 @@ fn trace_summary(t: db::traces::TraceRow) -> TraceSummary {
         error_code: t.error_code,
         started_at: t.started_at,
         duration_us: t.duration_us,
+        preview: text.map(preview),
+    }
+}
+
+/// How much of a message's text the trace list shows.
+const PREVIEW_CHARS: usize = 80;
+
+/// The start of a message's text on one line, cut at [`PREVIEW_CHARS`] with an ellipsis.
+fn preview(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(PREVIEW_CHARS) {
+        Some((cut, _)) => format!("{}\u{2026}", line[..cut].trim_end()),
+        None => line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preview;
+
+    #[test]
+    fn a_preview_is_one_line_cut_at_a_character() {
+        assert_eq!(preview("Hello!\n\n  Are you open\ton Sunday?"), "Hello! Are you open on Sunday?");
+        let long = "é".repeat(100);
+        assert_eq!(preview(&long), format!("{}\u{2026}", "é".repeat(80)));
+        assert_eq!(preview(&"é".repeat(80)), "é".repeat(80));
     }
 }
