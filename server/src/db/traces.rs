@@ -120,11 +120,10 @@ pub struct Listed {
 /// Newest first, each with its message's text (as [`inbound_text`] finds it).
 pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<Listed>, DbError> {
     let sql = format!(
-        "SELECT t.*, COALESCE((SELECT w.text FROM whatsapp_inbound w WHERE w.wamid = t.message_id), \
-           (SELECT s.text FROM simulator_messages s WHERE s.message_id = t.message_id AND s.direction = 'in')) AS text \
-         FROM (SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
+        "SELECT t.*, {} AS text FROM (SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
            AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7) t \
-         ORDER BY t.id DESC"
+         ORDER BY t.id DESC",
+        text_of("t.message_id")
     );
     Ok(sqlx::query_as(&sql)
         .bind(&f.chat_id)
@@ -144,16 +143,18 @@ pub async fn after(conn: &mut AnyConnection, after_id: i64, limit: i64) -> Resul
     Ok(sqlx::query_as(&sql).bind(after_id).bind(limit).fetch_all(conn).await?)
 }
 
+/// SQL for the text of the inbound message whose id is `id` (a column or a parameter), as its
+/// channel stored it (WhatsApp or the simulator); NULL when it has none.
+fn text_of(id: &str) -> String {
+    format!(
+        "COALESCE((SELECT w.text FROM whatsapp_inbound w WHERE w.wamid = {id}), \
+           (SELECT s.text FROM simulator_messages s WHERE s.message_id = {id} AND s.direction = 'in'))"
+    )
+}
+
 /// The text of an inbound message as its channel stored it (WhatsApp or the simulator).
 pub async fn inbound_text(conn: &mut AnyConnection, message_id: &str) -> Result<Option<String>, DbError> {
-    let row: Option<(String,)> = sqlx::query_as(
-        "SELECT text FROM whatsapp_inbound WHERE wamid = $1 AND text IS NOT NULL \
-         UNION ALL SELECT text FROM simulator_messages WHERE message_id = $1 AND direction = 'in' LIMIT 1",
-    )
-    .bind(message_id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(row.map(|(t,)| t))
+    Ok(sqlx::query_scalar(&format!("SELECT {}", text_of("$1"))).bind(message_id).fetch_one(conn).await?)
 }
 
 /// The newest trace of a chat before `before_id` that was not an owner command or a duplicate
