@@ -41,8 +41,8 @@ pub fn quiet_port(spare: u16) -> u16 {
         .unwrap_or(32768);
     let (low, high) = (10_000u16, ephemeral.saturating_sub(spare + 1));
     let next = NEXT.get_or_init(|| std::sync::atomic::AtomicU16::new(rand::random_range(low..high)));
+    let wrap = |p: u16| if (low..high).contains(&p) { p } else { low };
     for _ in 0..200 {
-        let wrap = |p: u16| if (low..high).contains(&p) { p } else { low };
         // The update always applies (it never returns None).
         let taken = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(wrap(p) + spare + 1)).unwrap_or_else(|p| p);
         let port = wrap(taken);
