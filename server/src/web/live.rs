@@ -7,7 +7,9 @@
 //! the database, before the live ones, so nothing falls in the gap; one too far behind, or a
 //! subscriber that fell behind the broadcast, gets a `resync` instead. An owner session holds
 //! at most `events.max_streams_per_session` streams; one more gets 429 `TOO_MANY_STREAMS`.
-//! Streams end when the server shuts down.
+//! Streams end when the server shuts down, and when their session no longer belongs to a
+//! signed-in owner (a logout, a password reset, the session's expiry): each stream checks
+//! that again every [`SESSION_RECHECK`].
 //!
 //! The MCP page also follows the servers' tool definitions, which the events do not carry; it
 //! keeps its own status stream (`mcp_stream`).
@@ -19,8 +21,9 @@ use std::{
     time::Duration,
 };
 
+use app::backend::SharedBackend;
 use axum::{
-    Json,
+    Extension, Json,
     extract::{Query, State},
     http::{HeaderMap, StatusCode},
     response::{
@@ -36,6 +39,34 @@ use crate::events::{Envelope, EventId, Replay, Subscription, Topic};
 
 /// The stable code of a stream refused for the session's limit.
 pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
+
+/// How often an open stream checks that its session still belongs to a signed-in owner.
+pub const SESSION_RECHECK: Duration = Duration::from_secs(5);
+
+/// The session a stream was opened in, checked again while the stream stays open: the guard
+/// let it in once, and a stream outlives the request.
+struct Viewer {
+    session: Session,
+    backend: SharedBackend,
+    next_check: tokio::time::Instant,
+}
+
+impl Viewer {
+    fn new(session: Session, backend: SharedBackend) -> Self {
+        Self { session, backend, next_check: tokio::time::Instant::now() + SESSION_RECHECK }
+    }
+
+    /// Whether the session, read again from the store, still belongs to a signed-in owner
+    /// (whose password was not reset since); a store that cannot say ends the stream too.
+    async fn still_signed_in(&mut self) -> bool {
+        self.next_check = tokio::time::Instant::now() + SESSION_RECHECK;
+        if let Err(e) = self.session.load().await {
+            tracing::warn!(error = %e, "reading a live stream's session failed; the stream ends");
+            return false;
+        }
+        matches!(app::auth::owner_of(&self.session, &self.backend).await, Ok(Some(_)))
+    }
+}
 
 /// Open live streams per owner session.
 #[derive(Debug, Clone, Default)]
@@ -86,6 +117,7 @@ struct Follow {
     last: EventId,
     topics: Vec<Topic>,
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+    viewer: Viewer,
     _slot: StreamSlot,
 }
 
@@ -101,7 +133,7 @@ fn wanted(topics: &[Topic], envelope: &Envelope) -> bool {
     envelope.event.topic().is_none_or(|t| topics.is_empty() || topics.contains(&t))
 }
 
-pub async fn events_stream(State(state): State<AppState>, session: Session, headers: HeaderMap, Query(query): Query<StreamQuery>) -> Response {
+pub async fn events_stream(State(state): State<AppState>, Extension(backend): Extension<SharedBackend>, session: Session, headers: HeaderMap, Query(query): Query<StreamQuery>) -> Response {
     let key = session.id().map(|id| id.to_string()).unwrap_or_default();
     let Some(slot) = state.streams.take(&key, state.events.settings().max_streams_per_session) else {
         let message = "Too many live pages are open in this session; close one, or reload this page later.";
@@ -112,7 +144,7 @@ pub async fn events_stream(State(state): State<AppState>, session: Session, head
     let sub = state.events.subscribe().await;
     let (backlog, last) = start(&state, resume).await;
     let backlog = backlog.into_iter().filter(|e| wanted(&topics, e)).collect();
-    let follow = Follow { backlog, sub, last, topics, shutdown: super::serve::shutdown_requested(), _slot: slot };
+    let follow = Follow { backlog, sub, last, topics, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
     Sse::new(follow_stream(follow)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
 }
 
@@ -152,6 +184,12 @@ fn follow_stream(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>
             let next = tokio::select! {
                 next = f.sub.recv() => next,
                 () = stopping => None,
+                () = tokio::time::sleep_until(f.viewer.next_check) => {
+                    if !f.viewer.still_signed_in().await {
+                        return None;
+                    }
+                    continue;
+                }
             };
             let envelope = next?;
             if let Some(id) = envelope.id {
@@ -188,16 +226,20 @@ async fn wait_or_stop(first: bool, shutdown: &mut Option<tokio::sync::watch::Rec
 /// MCP server changes for the MCP servers page: each second the servers' status (health, last
 /// error, tool and pending counts, enabled) and the forms waiting for an owner are compared
 /// with the last one sent.
-pub async fn mcp_stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub async fn mcp_stream(State(state): State<AppState>, Extension(backend): Extension<SharedBackend>, session: Session) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     struct McpWatch {
         state: AppState,
         last: Option<u64>,
         shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+        viewer: Viewer,
     }
-    let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested() };
+    let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend) };
     let stream = futures_util::stream::unfold(start, |mut w| async move {
         loop {
             if !wait_or_stop(w.last.is_none(), &mut w.shutdown).await {
+                return None;
+            }
+            if tokio::time::Instant::now() >= w.viewer.next_check && !w.viewer.still_signed_in().await {
                 return None;
             }
             let Ok(servers) = w.state.mcp.servers().await else { continue };

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use app::{App, backend::SharedBackend, shell};
 use axum::{
-    Router,
+    Extension, Router,
     http::{StatusCode, header},
     middleware::{from_fn, from_fn_with_state},
     response::{Html, IntoResponse},
@@ -94,6 +94,8 @@ pub fn router(state: AppState) -> Router {
     let owner_api = Router::new()
         .route(app::live::EVENTS_STREAM, get(live::events_stream))
         .route(app::pages::mcp::MCP_STREAM, get(live::mcp_stream))
+        // The streams check their session again while they stay open.
+        .layer(Extension(backend.clone()))
         .with_state(state.clone())
         .merge(simulator::routes(state.clone()))
         .merge(console::oauth_routes::owner_routes(state.clone()));

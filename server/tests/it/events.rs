@@ -1,5 +1,6 @@
 //! Live events: their order per chat, a subscriber that falls behind, two processes on one
-//! PostgreSQL database, the console's stream resuming after a reconnect, and the stream limit.
+//! PostgreSQL database, the console's stream resuming after a reconnect, the stream limit, and
+//! streams ending with their session.
 //! Every wait here awaits an event; none sleeps.
 
 use std::process::Stdio;
@@ -186,9 +187,27 @@ impl Sse {
     }
 }
 
+impl Sse {
+    /// Whether the server ends the stream within `wait` (events and keep-alives read past).
+    async fn ends_within(&mut self, wait: std::time::Duration) -> bool {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(until, self.body.frame()).await {
+                Err(_) => return false,
+                Ok(None | Some(Err(_))) => return true,
+                Ok(Some(Ok(_))) => {}
+            }
+        }
+    }
+}
+
 async fn open(app: &TestApp, cookie: &str, last_event_id: Option<&str>) -> Result<Sse, (StatusCode, Value)> {
+    open_at(app, "/api/events?topics=message", cookie, last_event_id).await
+}
+
+async fn open_at(app: &TestApp, uri: &str, cookie: &str, last_event_id: Option<&str>) -> Result<Sse, (StatusCode, Value)> {
     let mut req = Request::builder()
-        .uri("/api/events?topics=message")
+        .uri(uri)
         .header(header::ORIGIN, PUBLIC_URL)
         .header(header::COOKIE, format!("{}={cookie}", web::SESSION_COOKIE));
     if let Some(id) = last_event_id {
@@ -266,6 +285,33 @@ async fn an_owner_session_holds_a_limited_number_of_streams(db: TestDb) {
     open(&app, &other.cookie.clone().expect("second session"), None).await.expect("another session's stream");
 }
 both_backends!(events_stream_limit, an_owner_session_holds_a_limited_number_of_streams);
+
+/// A live stream outlives the request the guard let in, so it checks its session again: a
+/// logout, or a password reset (which ends every session of that owner), ends the open
+/// streams of the session too, and a stolen cookie's stream with them.
+async fn a_stream_ends_with_its_session(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let wait = web::live::SESSION_RECHECK * 3;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let cookie = owner.cookie.clone().expect("session");
+    let mut events = open(&app, &cookie, None).await.expect("events");
+    assert_eq!(events.next().await.1["kind"], "resync");
+    let mut mcp = open_at(&app, app::pages::mcp::MCP_STREAM, &cookie, None).await.expect("mcp stream");
+    let out = owner.post_form("/api/logout", &[]).await;
+    assert_eq!(out.location(), Some("/login"));
+    assert!(events.ends_within(wait).await, "the event stream outlived the logout");
+    assert!(mcp.ends_within(wait).await, "the MCP stream outlived the logout");
+
+    let mut again = app.client();
+    let login = again.post_form("/api/login", &[("login", "ada"), ("password", "correct horse battery"), ("next", "/")]).await;
+    assert_eq!(login.status, StatusCode::OK, "{}", login.body);
+    let mut events = open(&app, &again.cookie.clone().expect("session"), None).await.expect("events");
+    assert_eq!(events.next().await.1["kind"], "resync");
+    assert!(!events.ends_within(web::live::SESSION_RECHECK + std::time::Duration::from_secs(1)).await, "a signed-in owner's stream stays open past a check");
+    server::owners::reset_password(&app.state.db, "ada", secrecy::SecretString::from("a brand new password"), 12).await.expect("reset");
+    assert!(events.ends_within(wait).await, "the event stream outlived the password reset");
+}
+both_backends!(events_stream_session_ends, a_stream_ends_with_its_session);
 
 async fn the_dashboard_charts_replies_job_waits_approvals_and_mcp_health(db: TestDb) {
     let app = TestApp::new(db).await;
