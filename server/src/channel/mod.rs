@@ -88,6 +88,9 @@ pub struct Inbound {
     /// It replies to one of the bot's messages.
     pub replies_to_bot: bool,
     pub correlation_id: String,
+    /// For a message typed into the console's simulator, the console owner who typed it: an
+    /// owner command in it acts as them, not as the owner whose number was typed.
+    pub operator: Option<i64>,
     /// When the answer must be ready, so the channel can still deliver it (and the runtime can
     /// still give its fallback reply instead of being cut off). `None`: no limit of the channel's.
     pub deadline: Option<tokio::time::Instant>,

@@ -29,6 +29,8 @@ pub struct SimMessage {
     pub group: bool,
     /// In a group: the message mentions the bot.
     pub mention: bool,
+    /// The console owner typing it; an owner command in it acts as them.
+    pub operator: Option<i64>,
 }
 
 /// What happened to a simulated message.
@@ -95,6 +97,7 @@ impl Simulator {
             text: text.to_string(),
             mentions_bot: message.group && message.mention,
             correlation_id: format!("sim-{id}"),
+            operator: message.operator,
             ..Inbound::default()
         };
         let handled = self.handler.handle(&inbound, &NoPresence).await?;

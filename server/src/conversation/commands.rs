@@ -36,8 +36,10 @@ impl Runtime {
         let mut conn = self.db.pool.acquire().await?;
         let name = db::owners::find_by_id(&mut conn, owner_id).await?.map(|o| o.display_name).unwrap_or_else(|| "an owner".into());
         drop(conn);
-        let digits: String = inbound.sender.chars().filter(char::is_ascii_digit).collect();
-        let by = Decider { name, owner_id: Some(owner_id), phone: Some(digits), via: "whatsapp" };
+        // A decision typed into the console's simulator is recorded as made there, and its
+        // outcome is not sent to the phone whose number was typed.
+        let (via, phone) = if inbound.channel == crate::channel::SIMULATOR { ("simulator", None) } else { ("whatsapp", Some(inbound.sender.chars().filter(char::is_ascii_digit).collect())) };
+        let by = Decider { name, owner_id: Some(owner_id), phone, via };
         Ok(match self.approvals.decide(id, verdict, &by, nonce, None).await {
             Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),
             Err(ApprovalError::Db(e)) => return Err(e.into()),

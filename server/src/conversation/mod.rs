@@ -274,7 +274,9 @@ impl Runtime {
                 return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
             steps::Slash::Owner(command) => {
-                let (reason, reply) = self.owner_command(&command, owner_id.unwrap_or_default(), inbound, trace.id()).await?;
+                // Typed into the simulator, a command is the console owner's.
+                let acting = inbound.operator.or(owner_id).unwrap_or_default();
+                let (reason, reply) = self.owner_command(&command, acting, inbound, trace.id()).await?;
                 trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
                 return Ok(Decision::reply(Route::OwnerCommand, reply));
             }

@@ -267,6 +267,30 @@ async fn owners_decide_with_text_commands(db: TestDb) {
 }
 both_backends!(approvals_text_commands, owners_decide_with_text_commands);
 
+/// A console owner who types another owner's number into the simulator decides as themself,
+/// through the simulator: the approval names the console owner and the simulator, and nothing
+/// about it goes to the phone whose number was typed.
+async fn a_decision_typed_into_the_simulator_is_the_console_owners(db: TestDb) {
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
+    let mut console = r.app.with_owner("ada", "correct horse battery").await;
+    r.add_owner().await;
+    r.exchange(&[("wamid.S1", "Please refund my order 4821")], 2).await;
+    let id: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
+    let ada: i64 = sqlx::query_scalar("SELECT id FROM owners WHERE login = 'ada'").fetch_one(&r.app.state.db.pool).await.expect("ada");
+    let to_typed = || r.graph.sends().into_iter().filter(|b| b["to"] == OWNER).count();
+    let before = to_typed();
+    let sent = console.post_form("/api/simulate_message", &[("from", &format!("+{OWNER}")), ("text", &format!("/reject {id} only a test")), ("chat_id", "")]).await;
+    assert_eq!(sent.status, axum::http::StatusCode::OK, "{}", sent.body);
+    r.exchange(&[], 0).await;
+    let row: (String, Option<String>, Option<i64>, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT state, decided_by, decider_owner_id, decided_via, decider_phone FROM approvals WHERE id = $1").bind(id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!(row, ("rejected".to_string(), Some("Test Owner".to_string()), Some(ada), Some("simulator".to_string()), None));
+    assert_eq!(to_typed(), before, "nothing about the decision went to the typed number: {:?}", r.graph.texts());
+    assert!(r.graph.texts().contains(&r.app.state.config.settings.approvals.requester_rejected), "the customer who asked is told, as for any rejection");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
+}
+both_backends!(approvals_simulator_decider, a_decision_typed_into_the_simulator_is_the_console_owners);
+
 fn console_requester(correlation: &str) -> server::approvals::Requester {
     server::approvals::Requester {
         actor: server::domain::Role::Owner,

@@ -82,6 +82,7 @@ impl InboundJob {
             quoted_text,
             mentions_bot: false,
             correlation_id: correlation_id.to_string(),
+            operator: None,
             deadline: None,
         })
     }

@@ -41,10 +41,10 @@ impl ChatsBackend for ConsoleBackend {
         Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), name, messages })
     }
 
-    async fn simulate(&self, _owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
+    async fn simulate(&self, owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
         use crate::channel::simulator::{SimError, SimMessage};
         let from = request.from.clone();
-        let message = SimMessage { from: request.from, text: request.text, chat_id: request.chat_id, group: request.group, mention: request.mention };
+        let message = SimMessage { from: request.from, text: request.text, chat_id: request.chat_id, group: request.group, mention: request.mention, operator: Some(owner_id) };
         let sent = self.state.simulator.send(message).await.map_err(|e| match e {
             SimError::Invalid(why) => AppError::invalid(why),
             other => internal(other),
