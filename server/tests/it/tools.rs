@@ -421,7 +421,7 @@ struct Big(usize);
 #[async_trait::async_trait]
 impl ToolExecutor for Big {
     async fn call(&self, _tool: &ToolDef, _args: &Value) -> Result<Value, ToolError> {
-        Ok(json!({ "text": "é".repeat(self.0) }))
+        Ok(json!({ "text": "é".repeat(self.0), "card": "4111 1111 1111 1111", "access_token": "tok-secret-1" }))
     }
 }
 
@@ -452,6 +452,15 @@ audience = "public"
 risk = "low"
 max_result_bytes = 1000
 input_schema = { type = "object" }
+
+[[hook]]
+name = "mask-cards"
+point = "after_tool_call"
+kind = "redact"
+priority = 1
+tools = ["big", "huge"]
+pattern = '\b\d{4}(?: \d{4}){3}\b'
+replacement = "[CARD]"
 "#;
     let secrets = server::config::SecretSource::empty();
     let mut cp = Checkpoint::new(pool.clone(), catalog(tools), AuditWriter::spawn(pool.clone(), server::jobs::JobQueue::new(pool.clone())), secrets);
@@ -466,6 +475,13 @@ input_schema = { type = "object" }
     let reference = out["result_ref"].as_str().expect("reference");
     let whole = cp.fetch_result(reference).await.expect("fetch").expect("stored");
     assert_eq!(serde_json::from_str::<Value>(&whole).expect("json")["text"].as_str().map(|t| t.chars().count()), Some(50_000), "fetched whole");
+    // What is stored and summarised has been through the tool's after-call hooks and lost its
+    // secrets, like any result: a large one is no way around them.
+    assert!(whole.contains("[CARD]"), "redacted by the hook");
+    for text in [whole.as_str(), out["summary"].as_str().expect("summary")] {
+        assert!(!text.contains("4111 1111"), "the card number was redacted");
+        assert!(!text.contains("tok-secret-1"), "a secret-named field's value is withheld");
+    }
 
     let huge = cp.execute(call("huge", json!({})), &owner).await.expect("huge");
     assert_eq!(huge.output["truncated"], true);

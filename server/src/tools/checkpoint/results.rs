@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::{CallContext, Checkpoint, HARD_RESULT_LIMIT, ToolCode, ToolFailure, fail};
-use crate::{db, tools::catalog::ToolSpec};
+use crate::{db, redact, tools::catalog::ToolSpec};
 
 /// Characters of a stored result's summary (at most the tool's inline limit).
 const SUMMARY_CHARS: usize = 2_000;
@@ -12,13 +12,20 @@ const SUMMARY_CHARS: usize = 2_000;
 impl Checkpoint {
     /// A result over the tool's inline limit is stored whole (cut at [`HARD_RESULT_LIMIT`], and
     /// said so); the caller gets a bounded summary and a reference to fetch the rest.
-    pub(super) async fn bound_size(&self, spec: &ToolSpec, output: Value, ctx: &CallContext) -> Result<Value, ToolFailure> {
+    ///
+    /// The stored text and the summary are the result without its secrets (fields whose names
+    /// look secret, and the tool's secret and managed fields): the summarizer, which removes
+    /// those from a result it is given, reads this one as text.
+    pub(super) async fn bound_size(&self, spec: &ToolSpec, mut output: Value, ctx: &CallContext) -> Result<Value, ToolFailure> {
         let correlation_id = ctx.correlation_id.as_str();
-        let text = output.to_string();
         let inline_limit = usize::try_from(spec.max_result_bytes).unwrap_or(usize::MAX);
-        if text.len() <= inline_limit {
+        if output.to_string().len() <= inline_limit {
             return Ok(output);
         }
+        redact::redact(&mut output);
+        let hidden: Vec<String> = spec.managed_fields.iter().chain(spec.secret_fields.keys()).cloned().collect();
+        redact::redact_named(&mut output, &hidden, redact::REDACTED);
+        let text = output.to_string();
         let size = text.len();
         let truncated = size > HARD_RESULT_LIMIT;
         let mut cut = HARD_RESULT_LIMIT.min(size);

@@ -45,15 +45,17 @@ impl Checkpoint {
                 Err(_) => Err(ToolError::new(ToolCode::Timeout.as_str(), format!("no answer within {:?}", spec.timeout), true)),
             };
             match result {
-                Ok(output) => {
+                Ok(mut output) => {
                     self.breakers.record_success(&spec.name);
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {
                         return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
                     }
-                    let mut output = self.bound_size(spec, output, ctx).await?;
+                    // The hooks see the whole result, before a large one is stored: what is
+                    // read back later has been through them too.
                     hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
+                    let output = self.bound_size(spec, output, ctx).await?;
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }
                 Err(e) if e.refused => {
