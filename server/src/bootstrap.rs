@@ -157,6 +157,7 @@ impl Gatehouse {
             .attempts_for::<DeliverNotice>(attempts.owner_notify)
             .attempts_for::<AskOwner>(attempts.owner_notify)
             .attempts_for::<Settle>(attempts.owner_notify)
+            .attempts_for::<lane::job::ToolCallJob>(attempts.tool_call)
             .traced(telemetry.clone());
         let events = Events::new(db.clone(), &settings.events);
         let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;
@@ -178,7 +179,7 @@ impl Gatehouse {
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
         let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
-        let processor = Arc::new(lane::processor::Processor::new(tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(db.clone(), settings.jobs.default_max_attempts, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {

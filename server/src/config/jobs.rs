@@ -48,11 +48,14 @@ pub struct JobAttempts {
     /// `owner.notify`, `approval.ask` and `approval.settle`: what owners are told and asked on
     /// WhatsApp, and what a customer is told of an owner's decision.
     pub owner_notify: u32,
+    /// `tool.call`: a tool call and the answer it owes the chat. The call itself is tried at
+    /// most `default_max_attempts` times; the runs after that only send its kept answer.
+    pub tool_call: u32,
 }
 
 impl Default for JobAttempts {
     fn default() -> Self {
-        Self { whatsapp_inbound: 14, owner_notify: 14 }
+        Self { whatsapp_inbound: 14, owner_notify: 14, tool_call: 14 }
     }
 }
 

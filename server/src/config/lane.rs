@@ -34,6 +34,10 @@ pub struct LaneSettings {
     pub immediate_deadline: Duration,
     /// The planner's system prompt (`models.planner`).
     pub planner_prompt: String,
+    /// How many of the chat's latest turns (the person's messages and the assistant's answers
+    /// in normal chat) the planner reads besides the chat's summary, so that "there" or "that
+    /// one" is planned from what was said; 0: the summary alone.
+    pub planner_recent_turns: u32,
     /// The summarizer's system prompt (`models.summarizer`).
     pub summarizer_prompt: String,
     /// Name of the pseudo-tool through which the planner answers without a real tool (no tool,
@@ -124,6 +128,7 @@ impl Default for LaneSettings {
             max_steps: 2,
             immediate_deadline: Duration::from_secs(8),
             planner_prompt: String::new(),
+            planner_recent_turns: 6,
             summarizer_prompt: String::new(),
             respond_tool: String::new(),
             respond_description: String::new(),

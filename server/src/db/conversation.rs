@@ -58,6 +58,18 @@ pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64)
         .await?)
 }
 
+/// The chat's last `n` turns before `before` (unix ms), oldest first.
+pub async fn last_turns(conn: &mut AnyConnection, chat_id: &str, before: i64, n: i64) -> Result<Vec<Turn>, DbError> {
+    let mut turns: Vec<Turn> = sqlx::query_as("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND at < $2 ORDER BY id DESC LIMIT $3")
+        .bind(chat_id)
+        .bind(before)
+        .bind(n)
+        .fetch_all(conn)
+        .await?;
+    turns.reverse();
+    Ok(turns)
+}
+
 /// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.
 /// The text of message `message_id` in chat `chat_id` only: a quoted id from another chat (a
 /// forged context id) finds nothing.

@@ -21,6 +21,7 @@ pub mod sessions;
 pub mod simulator;
 pub mod stats;
 pub mod storage;
+pub mod tool_answers;
 pub mod tool_audit;
 pub mod tool_sessions;
 pub mod tool_results;

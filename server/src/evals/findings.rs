@@ -177,7 +177,7 @@ impl MarkError {
 
 /// The case a trace makes: its message, actor, chat type, the tool contexts its detector saw,
 /// the chat's memory summary, and the planner's recorded answers.
-pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Expect, origin: Origin) -> Result<Case, MarkError> {
+pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Expect, origin: Origin, recent_turns: u32) -> Result<Case, MarkError> {
     let (trace, steps) = db::traces::get(conn, trace_id).await?.ok_or(MarkError::NoTrace(trace_id))?;
     // Where the channel stored it (a tool-lane message never enters chat memory), else memory,
     // else the trace's own copy (conversation.trace_text).
@@ -215,18 +215,18 @@ pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Ex
             });
         }
     }
-    let memory_summary = db::conversation::summary(conn, &trace.chat_id).await?.map(|s| s.text);
+    let memory_summary = crate::lane::memory::for_planner(conn, &trace.chat_id, trace.started_at, recent_turns).await?;
     let recorded = steps.iter().filter(|s| s.step == "AgentToolPlannerResult").filter_map(|s| detail(s).get("response").filter(|r| !r.is_null()).cloned()).collect();
     Ok(Case { name: format!("trace-{trace_id}"), message, actor, chat_type, contexts, memory_summary, expect, origin: Origin { trace_id: Some(trace_id), ..origin }, recorded })
 }
 
 /// An owner's mark: the trace was wrong and `expect` is what should have happened. Stores the
 /// finding (the pattern given, or the one the expectation implies) and its eval case.
-pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, pattern: Option<Pattern>, note: &str, owner_id: Option<i64>) -> Result<(FindingRow, i64), MarkError> {
+pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, pattern: Option<Pattern>, note: &str, owner_id: Option<i64>, recent_turns: u32) -> Result<(FindingRow, i64), MarkError> {
     let (trace, steps) = db::traces::get(conn, trace_id).await?.ok_or(MarkError::NoTrace(trace_id))?;
     let pattern = pattern.unwrap_or_else(|| Pattern::implied(&expect, &trace, &called_tools(&steps)));
     let origin = Origin { kind: "finding".into(), trace_id: Some(trace_id), pattern: Some(pattern.as_str().into()), note: (!note.trim().is_empty()).then(|| note.trim().to_string()) };
-    let case = case_from_trace(conn, trace_id, expect.clone(), origin).await?;
+    let case = case_from_trace(conn, trace_id, expect.clone(), origin, recent_turns).await?;
     let expect_text = expect.to_string();
     let new = store::NewFinding { trace_id, pattern: pattern.as_str(), source: "owner", note: note.trim(), expect: &expect_text, owner_id, created_at: db::now_ms() };
     let (finding, _) = store::insert_finding(conn, &new).await?;
@@ -238,14 +238,14 @@ pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, patte
 /// Makes the cases of findings that have an expectation and no case yet (a `/wrong` from
 /// WhatsApp stores only the finding). Returns how many were made; a finding whose trace cannot
 /// be replayed is left as it is.
-pub async fn make_cases(conn: &mut AnyConnection) -> Result<usize, DbError> {
+pub async fn make_cases(conn: &mut AnyConnection, recent_turns: u32) -> Result<usize, DbError> {
     let mut made = 0;
     for finding in store::findings_without_case(conn).await? {
         let Ok(expect) = finding.expect.parse::<Expect>() else {
             continue;
         };
         let origin = Origin { kind: "finding".into(), trace_id: Some(finding.trace_id), pattern: Some(finding.pattern.clone()), note: (!finding.note.is_empty()).then(|| finding.note.clone()) };
-        match case_from_trace(conn, finding.trace_id, expect, origin).await {
+        match case_from_trace(conn, finding.trace_id, expect, origin, recent_turns).await {
             Ok(case) => {
                 let id = store::upsert_case(conn, &case.to_row()).await?;
                 store::set_finding_case(conn, finding.id, id).await?;

@@ -19,6 +19,7 @@ pub mod context;
 pub mod data;
 pub mod decide;
 pub mod detector;
+pub mod memory;
 pub use crate::tools::job;
 pub mod planner;
 pub mod processor;

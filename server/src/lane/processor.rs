@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{
     context::ContextStore,
@@ -16,8 +16,14 @@ use super::{
 use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Outbound},
+    db::{
+        Db,
+        jobs::JobRow,
+        tool_answers::{self, KeptAnswer},
+    },
     jobs::{Handler, JobContext, JobError, JobOutput},
     tools::{CallContext, Checkpoint, ToolCall, checkpoint::ToolCode},
+    traces::{self, Step},
 };
 
 /// What a run of a call came to.
@@ -33,9 +39,17 @@ pub struct Answer {
     pub used_model: bool,
     /// The call's result, when it succeeded: the next step of a chain is planned from it.
     pub output: Option<Value>,
+    /// Sent again as an earlier attempt kept it: the call did not run this time.
+    pub replayed: bool,
 }
 
 pub struct Processor {
+    /// Where each job's final answer is kept, so a retry sends it again instead of running the
+    /// call twice.
+    db: Db,
+    /// Runs in which the call itself is tried (`jobs.default_max_attempts`); a job's later runs
+    /// (`jobs.attempts.tool_call`) only send its answer.
+    call_attempts: i64,
     checkpoint: Arc<Checkpoint>,
     summarizer: Summarizer,
     outbound: Arc<dyn Outbound>,
@@ -52,8 +66,34 @@ impl std::fmt::Debug for Processor {
 }
 
 impl Processor {
-    pub fn new(checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
-        Self { checkpoint, summarizer, outbound, approvals, contexts }
+    pub fn new(db: Db, call_attempts: u32, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
+        Self { db, call_attempts: i64::from(call_attempts.max(1)), checkpoint, summarizer, outbound, approvals, contexts }
+    }
+
+    /// The final answer of the call stored as job `row`: the one an earlier attempt kept, or
+    /// this attempt's, kept before anything is sent. A retried job (its send failed, say) so
+    /// sends the same answer again: its call never runs, nor its summary is asked for, twice.
+    /// `Err` is a failure another attempt may clear: nothing is said, and nothing kept.
+    pub async fn final_answer(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
+        let kept = async { tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await }.await?;
+        if let Some(kept) = kept {
+            tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
+            return Ok(Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true });
+        }
+        let answer = self.run(job, &row.correlation_id).await;
+        if let Some(code) = &answer.failure
+            && answer.retryable
+            && row.attempt < row.max_attempts.min(self.call_attempts)
+        {
+            return Err(JobError::retryable(code, "the tool call failed; retrying"));
+        }
+        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model };
+        let kept = async { tool_answers::keep(&mut *self.db.acquire_write().await?, row.id, &keep).await }.await;
+        if let Err(e) = kept {
+            // The answer still goes out; only a retry of its send would run the call again.
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "keeping a tool call's answer failed");
+        }
+        Ok(answer)
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
@@ -85,7 +125,7 @@ impl Processor {
             // Gone from the catalog since: nothing to summarize with; say it failed.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None };
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false };
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
@@ -97,11 +137,29 @@ impl Processor {
                 tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed");
             }
         }
-        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output }
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false }
     }
 }
 
 impl Processor {
+    /// Records on the message's trace how a run the person was not waiting for came out (the
+    /// lane records the runs it waits for itself): a slow call's, or a retried one's.
+    pub async fn trace_later(&self, job: &ToolCallJob, row: &JobRow, outcome: Result<&Answer, &JobError>) {
+        let Some(trace_id) = job.trace_id else { return };
+        let step = match outcome {
+            Ok(answer) if answer.replayed => return,
+            Ok(answer) => {
+                let (event, code) = match &answer.failure {
+                    None => ("AgentToolExecutionSucceeded", "OK"),
+                    Some(code) => ("AgentToolExecutionFailed", code.as_str()),
+                };
+                Step::new(event, "later", code, json!({ "job_id": row.id, "attempt": row.attempt, "summarized_by_model": answer.used_model }))
+            }
+            Err(retry) => Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt })),
+        };
+        traces::record_delivery(&self.db, trace_id, &step, false).await;
+    }
+
     /// Sends `answer` to the chat the call came from, once per job. A call asked for in the
     /// console has no chat: its answer stays with its approval and job.
     pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<(), JobError> {
@@ -119,15 +177,9 @@ impl Processor {
 #[async_trait::async_trait]
 impl Handler<ToolCallJob> for Processor {
     async fn run(&self, args: ToolCallJob, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let answer = Processor::run(self, &args, &ctx.job.correlation_id).await;
-        let last = ctx.job.attempt >= ctx.job.max_attempts;
-        if let Some(code) = &answer.failure
-            && answer.retryable
-            && !last
-        {
-            // Nothing is said yet: another attempt may still answer.
-            return Err(JobError::retryable(code, "the tool call failed; retrying"));
-        }
+        let answer = self.final_answer(&args, &ctx.job).await;
+        self.trace_later(&args, &ctx.job, answer.as_ref()).await;
+        let answer = answer?;
         self.deliver(&args, ctx.job.id, &answer).await?;
         if let Some(approved) = &args.approval {
             let code = answer.failure.as_deref().unwrap_or("OK");

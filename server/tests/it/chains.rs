@@ -87,6 +87,36 @@ async fn a_failed_or_overlong_or_forbidden_step_stops_the_chain(db: TestDb) {
 }
 both_backends!(chain_stops, a_failed_or_overlong_or_forbidden_step_stops_the_chain);
 
+/// A low-risk write that policy alone would let run waits for an owner as a chain's step
+/// (`APPROVAL_CHAIN_WRITE`), and the owner is told why in the configured words, not a code.
+async fn a_low_risk_write_in_a_chain_waits_with_its_reason_in_words(db: TestDb) {
+    let tools = format!(
+        "{}{}",
+        crate::lane_e2e::TOOLS,
+        r#"
+[[tool]]
+name = "flag_page"
+title = "Flag a page"
+description = "Flags a shop page for the team to review."
+triggers = ["flag it", "flag the page"]
+provider = "connector"
+operation = "write"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["page"], properties = { page = { type = "string", maxLength = 40 } } }
+"#
+    );
+    let action = "\n[[connector.action]]\ntool = \"flag_page\"\nmethod = \"POST\"\npath = \"pages/{{page}}\"\n";
+    let r = crate::lane_e2e::rig_with(db, &tools, action, |_| {}).await;
+    r.exchange(&[("wamid.C8", "Find the returns page and flag it")], 1).await;
+    let steps = r.steps("wamid.C8").await;
+    let pending: Vec<(String, String)> = sqlx::query_as("SELECT reason_code, reason FROM approvals WHERE tool = 'flag_page' AND state = 'pending'").fetch_all(&r.app.state.db.pool).await.expect("approval");
+    let words = r.app.state.config.settings.approvals.reason_words("APPROVAL_CHAIN_WRITE").expect("shipped words");
+    assert_eq!(pending, vec![("APPROVAL_CHAIN_WRITE".to_string(), words)], "{steps:?}");
+    assert!(!r.shop.requests.lock().expect("lock").iter().any(|q| q == "pages/returns"), "the write never ran");
+}
+both_backends!(chain_write_reason, a_low_risk_write_in_a_chain_waits_with_its_reason_in_words);
+
 /// Two calls in one plan (a model that ignores the no-parallel request; the validator accepts
 /// it only for chainable tools) run one after the other within max_steps and are stored as a
 /// tool session with two steps.
@@ -100,3 +130,18 @@ async fn two_calls_in_one_plan_are_a_session(db: TestDb) {
     assert_eq!(steps, vec![("page_search".to_string(), "answered".to_string()), ("open_page".to_string(), "answered".to_string())]);
 }
 both_backends!(chain_two_calls_session, two_calls_in_one_plan_are_a_session);
+
+/// When the first of two calls in one plan fails, the second never runs (seed §13: a failed
+/// step ends the chain), and the person is told of the failure once.
+async fn a_failed_first_call_of_a_plan_stops_the_second(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.C7", "Search the shop for returns and open that page, both at once (the search may be broken)")], 1).await;
+    let trace_steps = r.steps("wamid.C7").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string()], "the page was never opened: {trace_steps:?}");
+    let (status, _, steps) = session(&r).await;
+    assert_eq!(status, "stopped");
+    assert_eq!(steps, vec![("page_search".to_string(), "failed".to_string())]);
+    assert_eq!(r.graph.texts(), vec![r.app.state.config.settings.lane.failed_reply.clone()]);
+    assert!(trace_steps.iter().any(|(s, _, c)| s == "AgentToolChainStopped" && c != "OK"), "{trace_steps:?}");
+}
+both_backends!(chain_two_calls_failed_first, a_failed_first_call_of_a_plan_stops_the_second);

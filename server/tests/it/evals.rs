@@ -244,7 +244,7 @@ async fn traces_record_planner_answers_that_replay_offline(db: TestDb) {
     assert_eq!((again.traces, again.findings), (0, 0), "the cursor moved on");
 
     let ev1: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.EV1'").fetch_one(&mut *conn).await.expect("trace");
-    let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default()).await.expect("case");
+    let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default(), 6).await.expect("case");
     assert_eq!((right.message.as_str(), right.recorded.len()), ("Where is my order 4821?", 1));
     drop(conn);
     let hits = r.llm.hits();

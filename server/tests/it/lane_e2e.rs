@@ -23,7 +23,7 @@ use crate::{
     both_backends,
     lane::{Fake, PLANNER_MODEL, SUMMARIZER_MODEL, anthropic, tool_use},
     support::{TestApp, TestDb},
-    whatsapp::{FakeGraph, PHONE_NUMBER_ID, VERSION, count, envelope, post_signed, text_message},
+    whatsapp::{FakeGraph, PHONE_NUMBER_ID, VERSION, count, envelope, graph_error, post_signed, text_message},
 };
 
 pub(crate) const CUSTOMER: &str = "16505550100";
@@ -247,7 +247,8 @@ fn plan_for_the_shop(llm: &Fake) {
             let offered = body["tools"].to_string();
             // A model that ignores the no-parallel request: two calls in one answer.
             if text.contains("both at once") {
-                return anthropic(json!([tool_use("p1", "page_search", json!({ "query": "returns" })), tool_use("p2", "open_page", json!({ "page": "returns" }))]), "tool_use");
+                let query = if text.contains("broken") { "fail" } else { "returns" };
+                return anthropic(json!([tool_use("p1", "page_search", json!({ "query": query })), tool_use("p2", "open_page", json!({ "page": "returns" }))]), "tool_use");
             }
             // The detector could not tell which result a follow-up means: ask.
             // (The facts sit in the system prompt, which JSON-escapes them here.)
@@ -270,6 +271,9 @@ fn plan_for_the_shop(llm: &Fake) {
                 }
                 if text.contains("open both") {
                     return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "hours" })), tool_use("c3", "open_page", json!({ "page": "returns" }))]), "tool_use");
+                }
+                if text.contains("flag it") {
+                    return anthropic(json!([tool_use("c2", "flag_page", json!({ "page": "returns" }))]), "tool_use");
                 }
                 if text.contains("refund it") {
                     return anthropic(json!([tool_use("c2", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
@@ -301,6 +305,14 @@ fn plan_for_the_shop(llm: &Fake) {
             }
             if text.contains("search the shop") {
                 return anthropic(json!([tool_use("t1", "page_search", json!({ "query": "returns" }))]), "tool_use");
+            }
+            // "There": the chat's latest messages, which the lane passes, say which place.
+            if text.contains("forecast there tomorrow") {
+                if text.contains("Porto") {
+                    return anthropic(json!([tool_use("m1", "forecast", json!({ "place": "Porto", "date": "tomorrow" }))]), "tool_use");
+                }
+                let respond = json!({ "decision": "clarify", "reply": "Which place do you mean?", "reason": "no place given", "requires_async": false, "requires_owner_approval": false });
+                return anthropic(json!([tool_use("m1", "respond_without_tool", respond)]), "tool_use");
             }
             // A follow-up: the context the lane passed says which place; the fake changes the date.
             if text.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
@@ -460,6 +472,62 @@ async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
 }
 both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
 
+/// A later answer whose send fails is sent again by the job's next attempt, and only sent: the
+/// tool is not asked again, nor the summarizer (an approved write must not run twice because
+/// WhatsApp was briefly down).
+async fn a_failed_send_of_a_later_answer_never_runs_the_tool_again(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.immediate_deadline = Duration::from_millis(500);
+        s.whatsapp.send_attempts = 1;
+        s.jobs.retry_base = Duration::from_millis(50);
+        s.jobs.retry_max = Duration::from_millis(200);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
+    // The acknowledgement goes out; the later answer's first send meets a Meta server error.
+    r.graph.set_rule(|_, index| (index == 1).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    r.exchange(&[("wamid.RESEND", "Where is my order slow-7?")], 3).await;
+    let answer = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
+    assert_eq!(r.graph.texts(), vec![pending, answer.clone(), answer], "the acknowledgement, the refused send, the same answer again");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/slow-7".to_string()], "the tool ran once");
+    let summaries = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == SUMMARIZER_MODEL).count();
+    assert_eq!(summaries, 1, "the answer was summarised once");
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt), ("completed", 2), "the second attempt sent the kept answer");
+    let steps = r.steps("wamid.RESEND").await;
+    let later: Vec<_> = steps.iter().filter(|(s, d, _)| s == "AgentToolExecutionSucceeded" && d == "later").collect();
+    assert_eq!(later.len(), 1, "the call's outcome is in the trace once: {steps:?}");
+}
+both_backends!(lane_e2e_resend, a_failed_send_of_a_later_answer_never_runs_the_tool_again);
+
+/// The planner reads the chat's latest messages (seed §5.2, recent memory): a place the person
+/// named in normal chat is where "there" is, without asking again.
+async fn the_planner_reads_what_the_chat_said_before(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.MEM1", "Hi! I'm staying in Porto this week.")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["a chat reply".to_string()], "normal chat: {:?}", r.steps("wamid.MEM1").await);
+    r.exchange(&[("wamid.MEM2", "What's the weather forecast there tomorrow?")], 2).await;
+    let steps = r.steps("wamid.MEM2").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Porto/tomorrow".to_string()], "{steps:?}");
+    let plan = r.llm.seen.lock().expect("lock").iter().rev().find(|b| b["model"] == PLANNER_MODEL).cloned().expect("a plan");
+    let said = plan["messages"].to_string();
+    assert!(said.contains("person: Hi! I'm staying in Porto this week.") && said.contains("assistant: a chat reply"), "{said}");
+    assert!(said.contains("untrusted_data"), "the chat's words reach the planner as data");
+}
+both_backends!(lane_e2e_recent_memory, the_planner_reads_what_the_chat_said_before);
+
+/// With `lane.planner_recent_turns = 0` the planner reads no earlier messages, only the chat's
+/// summary (none here), and asks which place.
+async fn without_recent_turns_the_planner_asks(db: TestDb) {
+    let r = rig(db, |s| s.lane.planner_recent_turns = 0).await;
+    r.exchange(&[("wamid.MEM3", "Hi! I'm staying in Porto this week.")], 1).await;
+    r.exchange(&[("wamid.MEM4", "What's the weather forecast there tomorrow?")], 2).await;
+    assert!(r.shop.requests.lock().expect("lock").is_empty());
+    assert_eq!(r.graph.texts()[1], "Which place do you mean?");
+}
+both_backends!(lane_e2e_no_recent_memory, without_recent_turns_the_planner_asks);
+
 /// A call the lane runs at once that fails in a way worth retrying goes back to the queue after
 /// the backoff the deployment configured (`jobs.retry_base`), as a worker's failed run does.
 async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
@@ -481,6 +549,37 @@ async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
     assert!(steps.iter().any(|(s, _, _)| s == "AgentToolImmediateStart"), "the lane ran it at once: {steps:?}");
 }
 both_backends!(lane_e2e_immediate_backoff, a_failed_immediate_run_waits_the_configured_backoff);
+
+/// A tool call's job has `jobs.attempts.tool_call` runs, so its answer rides out a WhatsApp
+/// outage; the call itself is tried in the first `jobs.default_max_attempts` of them only, and
+/// then the person is told it failed.
+async fn a_call_is_tried_default_max_attempts_times_within_its_longer_job(db: TestDb) {
+    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"", 1);
+    let r = rig_with(db, &tools, "", |s| {
+        s.jobs.default_max_attempts = 2;
+        s.jobs.attempts.tool_call = 6;
+        s.jobs.retry_base = Duration::from_millis(50);
+        s.jobs.retry_max = Duration::from_millis(200);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.TRIES", "Where is my order slow-7?")], 2).await;
+    let (state, attempt, max_attempts): (String, i64, i64) =
+        sqlx::query_as("SELECT state, attempt, max_attempts FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt, max_attempts), ("discarded", 2, 6), "tried twice, then told");
+    let steps = r.steps("wamid.TRIES").await;
+    // The tool's timeout and the connector's own request timeout are the same here: whichever
+    // ends the call first names the failure, and the person is told accordingly.
+    let last = steps.iter().find(|(s, d, _)| s == "AgentToolExecutionFailed" && d == "later").map(|(_, _, c)| c.as_str());
+    let told = match last {
+        Some("TOOL_TIMEOUT") => lane.timed_out_reply.clone(),
+        Some("TOOL_PROVIDER_ERROR") => lane.failed_reply.clone(),
+        other => panic!("the last run's failure is in the trace, not {other:?}: {steps:?}"),
+    };
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), told], "{steps:?}");
+}
+both_backends!(lane_e2e_call_attempts, a_call_is_tried_default_max_attempts_times_within_its_longer_job);
 
 async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
     let r = rig(db, |_| {}).await;

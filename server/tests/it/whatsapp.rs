@@ -88,7 +88,7 @@ impl FakeGraph {
         graph
     }
 
-    fn set_rule(&self, rule: impl Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync + 'static) {
+    pub(crate) fn set_rule(&self, rule: impl Fn(&Value, usize) -> Option<(u16, Value)> + Send + Sync + 'static) {
         *self.rule.lock().expect("rule") = Some(Box::new(rule));
     }
 
@@ -106,7 +106,7 @@ impl FakeGraph {
     }
 }
 
-fn graph_error(status: u16, code: i64, message: &str) -> (u16, Value) {
+pub(crate) fn graph_error(status: u16, code: i64, message: &str) -> (u16, Value) {
     (status, json!({ "error": { "message": message, "type": "OAuthException", "code": code,
         "error_data": { "messaging_product": "whatsapp", "details": message }, "fbtrace_id": "AtestTrace" } }))
 }

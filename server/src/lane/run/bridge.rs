@@ -7,7 +7,7 @@ use std::{
         Arc,
         atomic::{AtomicU8, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use serde_json::json;
@@ -126,11 +126,11 @@ impl Lane {
             trace.step("AgentToolImmediateStart", "skip", "ASYNC_REQUIRED", json!({ "job_id": job_id }));
             return Ran::Said(lane.pending_reply.clone());
         }
-        self.run_now(job, job_id, &inbound.correlation_id, trace).await
+        self.run_now(job, job_id, trace).await
     }
 
     /// Runs the stored job in this process while the person waits, up to the deadline.
-    pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, correlation_id: &str, trace: &mut Recorder) -> Ran {
+    pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
         let claimed = match inline::claim(&self.db, job_id, &self.settings.jobs).await {
             Ok(Some(c)) => c,
@@ -148,24 +148,23 @@ impl Lane {
         let state = Arc::new(AtomicU8::new(WAITING));
         let (answered, answer) = oneshot::channel::<Answer>();
         let (db, processor, outbound_state, telemetry) = (self.db.clone(), self.processor.clone(), state.clone(), self.queue.telemetry().clone());
-        let correlation = correlation_id.to_string();
         let started = Instant::now();
         tokio::spawn(async move {
             let heartbeat = inline::keep_alive(db.clone(), &claimed);
             let started_ms = db::now_ms();
-            let answer = telemetry.in_job(&claimed.job, processor.run(&job, &correlation)).await;
-            let last = claimed.job.attempt >= claimed.job.max_attempts;
-            let retry = answer.failure.is_some() && answer.retryable && !last;
-            let result = if retry {
+            let result = match telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await {
                 // Nothing is said yet: a worker tries again and sends the answer.
-                Err(JobError::retryable(answer.failure.as_deref().unwrap_or_default(), "the tool call failed; retrying"))
-            } else if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                let result = outcome(&answer);
-                let _ = answered.send(answer);
-                result
-            } else {
+                Err(retry) => Err(retry),
+                Ok(answer) if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
+                    let result = outcome(&answer);
+                    let _ = answered.send(answer);
+                    result
+                }
                 // The person was told the work is underway: the answer goes out on its own.
-                processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+                Ok(answer) => {
+                    processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
+                    processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+                }
             };
             heartbeat.abort();
             telemetry.job_ran(&claimed.job, started_ms, result.as_ref().err().map(|e| e.code.as_str()));
@@ -173,8 +172,8 @@ impl Lane {
                 tracing::warn!(job.id = job_id, error = %e, "recording a tool call run failed; its lease runs out and it is run again");
             }
         });
-        match tokio::time::timeout(lane.immediate_deadline, answer).await {
-            Ok(Ok(answer)) => {
+        match wait(lane.immediate_deadline, &state, answer).await {
+            Waited::Answered(answer) => {
                 let (event, code) = match &answer.failure {
                     None => ("AgentToolExecutionSucceeded", "OK"),
                     Some(code) => ("AgentToolExecutionFailed", code.as_str()),
@@ -182,22 +181,42 @@ impl Lane {
                 trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
                 Ran::Answered(answer)
             }
-            // The run decided to retry (nothing to say yet), or gave up waiting on us.
-            Ok(Err(_)) => {
+            Waited::Retrying => {
                 trace.step("AgentToolImmediateTimeout", "pending", "RETRYING", json!({ "job_id": job_id }));
                 Ran::Said(lane.pending_reply.clone())
             }
-            Err(_) => {
-                if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
-                    Ran::Said(lane.pending_reply.clone())
-                } else {
-                    // It answered just as the deadline passed.
-                    trace.step("AgentToolExecutionSucceeded", "answered", "OK", json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()) }));
-                    Ran::Said(lane.pending_reply.clone())
-                }
+            Waited::Deadline => {
+                trace.step("AgentToolImmediateTimeout", "pending", "IMMEDIATE_DEADLINE", json!({ "job_id": job_id, "deadline_ms": ms(lane.immediate_deadline) }));
+                Ran::Said(lane.pending_reply.clone())
             }
         }
+    }
+}
+
+/// How the lane's wait for a run it started came out.
+#[derive(Debug)]
+enum Waited {
+    /// The run answered in time: the lane replies with its answer.
+    Answered(Answer),
+    /// The run will be tried again: nothing to say yet but that the work is underway.
+    Retrying,
+    /// The deadline passed first: the run sends its answer itself.
+    Deadline,
+}
+
+/// Waits up to `deadline` for the run's answer. The run and the lane settle who tells the person
+/// with one compare-and-swap on `state`; when the run won it just as the deadline passed, its
+/// answer is on its way here, and is waited for rather than dropped.
+async fn wait(deadline: Duration, state: &AtomicU8, mut answer: oneshot::Receiver<Answer>) -> Waited {
+    match tokio::time::timeout(deadline, &mut answer).await {
+        Ok(Ok(answer)) => Waited::Answered(answer),
+        // The run decided to retry (it dropped its sender without answering).
+        Ok(Err(_)) => Waited::Retrying,
+        Err(_) if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() => Waited::Deadline,
+        Err(_) => match answer.await {
+            Ok(answer) => Waited::Answered(answer),
+            Err(_) => Waited::Retrying,
+        },
     }
 }
 
@@ -206,5 +225,49 @@ fn outcome(answer: &Answer) -> Result<JobOutput, JobError> {
     match &answer.failure {
         None => Ok(JobOutput { preview: Some(format!("answered ({} chars)", answer.text.chars().count())), snooze: None }),
         Some(code) => Err(JobError::permanent(code, "the tool call failed; the person was told")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(text: &str) -> Answer {
+        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false }
+    }
+
+    /// The run claims the reply just as the deadline passes and sends its answer a moment later:
+    /// the lane waits for it. Telling the person the work is underway instead would leave the
+    /// answer with nobody to send it.
+    #[tokio::test]
+    async fn an_answer_claimed_as_the_deadline_passes_is_not_dropped() {
+        let state = AtomicU8::new(ANSWERED);
+        let (answered, answers) = oneshot::channel();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = answered.send(answer("shipped"));
+        });
+        match wait(Duration::from_millis(1), &state, answers).await {
+            Waited::Answered(a) => assert_eq!(a.text, "shipped"),
+            other => panic!("the late answer was dropped: {other:?}"),
+        }
+    }
+
+    /// The deadline passes first: the lane takes the swap, so the run sends its answer itself.
+    #[tokio::test]
+    async fn a_run_past_the_deadline_answers_on_its_own() {
+        let state = AtomicU8::new(WAITING);
+        let (_answered, answers) = oneshot::channel();
+        assert!(matches!(wait(Duration::from_millis(1), &state, answers).await, Waited::Deadline));
+        assert_eq!(state.load(Ordering::Acquire), ABANDONED);
+    }
+
+    /// A run that will be tried again answers nothing: the lane says the work is underway.
+    #[tokio::test]
+    async fn a_retried_run_says_nothing_yet() {
+        let state = AtomicU8::new(WAITING);
+        let (answered, answers) = oneshot::channel::<Answer>();
+        drop(answered);
+        assert!(matches!(wait(Duration::from_secs(5), &state, answers).await, Waited::Retrying));
     }
 }

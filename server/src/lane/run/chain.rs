@@ -14,7 +14,7 @@ use crate::{
     lane::{
         canonical_json, data,
         planner::{PlanInput, PlanOutcome, ProposedCall},
-        validator::{Advisory, ValidatedCall},
+        validator::{self, Advisory, ValidatedCall},
     },
     llm,
     tools::catalog::Operation,
@@ -104,7 +104,7 @@ impl Lane {
                 return answer.text;
             }
             // A write or admin call never runs inside a chain without an owner.
-            let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| "CHAIN_WRITE".to_string()));
+            let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| validator::APPROVAL_CHAIN_WRITE.to_string()));
             if let Some(reason) = needs_owner {
                 self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
                 let asked = self.ask_owner(inbound, actor, next_call, &reason, trace).await;

@@ -20,6 +20,7 @@ use super::{
     context::{ContextStore, Recent},
     decide::Decider,
     detector::{Index, ReasonCode},
+    memory,
     planner::{PlanInput, PlanOutcome, Planner, ProposedCall},
     processor::Processor,
     tool_docs,
@@ -93,9 +94,16 @@ impl Lane {
         index
     }
 
-    async fn memory_summary(&self, chat_id: &str) -> Option<String> {
-        let mut conn = self.db.pool.acquire().await.ok()?;
-        db::conversation::summary(&mut conn, chat_id).await.ok().flatten().map(|s| s.text)
+    /// The chat's memory as the planner reads it; planned without it if it cannot be read.
+    async fn memory_summary(&self, inbound: &Inbound) -> Option<String> {
+        let read = async {
+            let mut conn = self.db.pool.acquire().await?;
+            memory::for_planner(&mut conn, &inbound.chat_id, db::now_ms(), self.settings.lane.planner_recent_turns).await
+        };
+        read.await.unwrap_or_else(|e| {
+            tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's memory failed; planning without it");
+            None
+        })
     }
 
     /// Validates the planner's calls and runs the plan, or says why not. A single call of a
@@ -148,9 +156,16 @@ impl Lane {
                     Ran::Said(text) => (text, "pending", "CHAIN_STEP_PENDING".into()),
                 },
             };
-            self.sessions_step(session, i + 1, &call.tool, status, &code, (i + 1 == count).then_some("answered")).await;
+            // A failed step ends the plan (seed §13): what came after it may depend on it.
+            let stop = status == "failed" && i + 1 < count;
+            let finished = if stop { Some("stopped") } else { (i + 1 == count).then_some("answered") };
+            self.sessions_step(session, i + 1, &call.tool, status, &code, finished).await;
             if !replies.contains(&reply) {
                 replies.push(reply);
+            }
+            if stop {
+                trace.step("AgentToolChainStopped", "stopped", &code, json!({ "step": i + 1, "proposed": count }));
+                break;
             }
         }
         LaneOutcome::Handled { reply: replies.join("\n\n") }
@@ -213,7 +228,7 @@ impl ToolLane for Lane {
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.
         let mut offered = decider.offered(&detection);
-        let memory_summary = self.memory_summary(&inbound.chat_id).await;
+        let memory_summary = self.memory_summary(inbound).await;
         let mut input = decider.first_turn(inbound.correlation_id.clone(), &inbound.text, actor, inbound.chat_kind, memory_summary, &recent.contexts, &detection);
         let Some(plan) = decider.plan(&mut input, &mut offered, trace).await else { return LaneOutcome::NotHandled };
         match plan {

@@ -189,7 +189,7 @@ impl RepairsBackend for ConsoleBackend {
         };
         let note: String = mark.note.chars().take(500).collect();
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let (finding, case_id) = match findings::mark(&mut conn, mark.trace_id, expect.clone(), pattern, &note, Some(owner_id)).await {
+        let (finding, case_id) = match findings::mark(&mut conn, mark.trace_id, expect.clone(), pattern, &note, Some(owner_id), self.state.config.settings.lane.planner_recent_turns).await {
             Ok(done) => done,
             Err(MarkError::Db(e)) => return Err(internal(e)),
             Err(MarkError::NoTrace(id)) => {

@@ -133,7 +133,7 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
                 }
             }
             let case = match (add.from_trace, &add.message) {
-                (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }).await.map_err(usage)?,
+                (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }, gatehouse.config.settings.lane.planner_recent_turns).await.map_err(usage)?,
                 (None, Some(message)) => {
                     let contexts = read_contexts(add.situation.context.as_deref())?;
                     let (actor, chat_type) = (add.situation.actor.role(), add.situation.chat_type.kind());

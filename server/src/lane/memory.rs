@@ -1,0 +1,64 @@
+//! What the planner reads of the chat's normal memory (seed §5.2, "recent normal memory
+//! summary"): the chat's compaction summary, if it has one, and its latest turns, so that a
+//! message such as "and the weather there tomorrow?" is planned from what was said before it.
+//! Tool prompts and results are never in that memory; the chat's tool results reach the
+//! planner as its recent tool contexts instead.
+
+use sqlx::AnyConnection;
+
+use crate::db::{
+    self, DbError,
+    conversation::{Turn, role},
+};
+
+/// Most characters of one turn the planner reads.
+const TURN_CHARS: usize = 300;
+
+/// The chat's memory for the planner, as of `before` (unix ms: a replay reads the chat as it
+/// was): its summary, then up to `turns` of its latest turns, oldest first. `None` when the chat
+/// has neither.
+pub async fn for_planner(conn: &mut AnyConnection, chat_id: &str, before: i64, turns: u32) -> Result<Option<String>, DbError> {
+    let summary = db::conversation::summary(conn, chat_id).await?.map(|s| s.text).filter(|s| !s.trim().is_empty());
+    let recent = if turns == 0 { Vec::new() } else { db::conversation::last_turns(conn, chat_id, before, i64::from(turns)).await? };
+    Ok(render(summary.as_deref(), &recent))
+}
+
+fn render(summary: Option<&str>, recent: &[Turn]) -> Option<String> {
+    let mut out = summary.map(|s| s.trim().to_string()).unwrap_or_default();
+    if !recent.is_empty() {
+        if !out.is_empty() {
+            out.push_str("\n\n");
+        }
+        out.push_str("Latest messages, oldest first:");
+        for turn in recent {
+            let who = if turn.role == role::ASSISTANT { "assistant" } else { "person" };
+            let text: String = turn.text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let cut: String = text.chars().take(TURN_CHARS).collect();
+            let more = if cut.len() < text.len() { "…" } else { "" };
+            out.push_str(&format!("\n{who}: {cut}{more}"));
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(role: &str, text: &str) -> Turn {
+        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0 }
+    }
+
+    #[test]
+    fn the_summary_then_the_latest_turns_each_on_one_bounded_line() {
+        let long = "word ".repeat(100);
+        let recent = [turn(role::USER, "I'm in\nLisbon this week"), turn(role::ASSISTANT, &long)];
+        let text = render(Some("They asked about opening hours."), &recent).expect("memory");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..4], ["They asked about opening hours.", "", "Latest messages, oldest first:", "person: I'm in Lisbon this week"]);
+        assert!(lines[4].starts_with("assistant: word word") && lines[4].ends_with('…'), "{}", lines[4]);
+        assert_eq!(lines[4].chars().count(), "assistant: ".len() + TURN_CHARS + 1);
+        assert_eq!(render(None, &recent[..1]).as_deref(), Some("Latest messages, oldest first:\nperson: I'm in Lisbon this week"));
+        assert_eq!(render(None, &[]), None);
+    }
+}
