@@ -595,6 +595,24 @@ async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
 }
 both_backends!(lane_e2e_owner_only, a_customer_never_reaches_an_owner_only_tool);
 
+/// A tool the planner made up is its mistake, not a refusal of what the person asked: the
+/// message goes on to normal chat (seed §15), nothing runs, and the trace says why. A plan the
+/// validator refuses for a reason of policy is still refused.
+async fn a_made_up_tool_hands_the_message_to_normal_chat(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.llm.then(|_| anthropic(json!([tool_use("t1", "delete_everything", json!({}))]), "tool_use"));
+    r.exchange(&[("wamid.MADEUP", "Where is my order 4821?")], 1).await;
+    let steps = r.steps("wamid.MADEUP").await;
+    assert_eq!(r.graph.texts(), vec!["a chat reply".to_string()], "{steps:?}");
+    assert!(r.shop.requests.lock().expect("lock").is_empty());
+    assert!(steps.contains(&("AgentToolPlanRejected".into(), "normal_chat".into(), "TOOL_UNKNOWN".into())), "{steps:?}");
+
+    r.llm.then(|_| anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": "4821", "note": "extra" }))]), "tool_use"));
+    r.exchange(&[("wamid.EXTRA", "Where is my order 4821 now?")], 2).await;
+    assert_eq!(r.graph.texts()[1], r.app.state.config.settings.lane.denied_reply);
+}
+both_backends!(lane_e2e_made_up_tool, a_made_up_tool_hands_the_message_to_normal_chat);
+
 
 /// A slow tool's acknowledgement and its later answer across a crash: `gatehouse serve` is
 /// killed with SIGKILL while the call is in flight, after the customer was told it is underway;

@@ -24,7 +24,7 @@ use super::{
     planner::{PlanInput, PlanOutcome, Planner, ProposedCall},
     processor::Processor,
     tool_docs,
-    validator::{Advisory, PlanScope, Validation, Validator},
+    validator::{Advisory, PlanCode, PlanScope, Validation, Validator},
 };
 use crate::{
     approvals::Approvals,
@@ -121,6 +121,13 @@ impl Lane {
         }
         if !validation.rejected.is_empty() {
             let first = validation.rejected.first().map_or("LANE_REJECTED", |r| r.code.as_str());
+            // A tool the planner made up, or one it was not offered, is the planner's mistake
+            // and refuses nothing the person asked for: the message goes on to normal chat, as a
+            // router that cannot tell hands it back (seed §15).
+            if validation.rejected.iter().all(|r| matches!(r.code, PlanCode::Unknown | PlanCode::NotCandidate)) {
+                trace.step("AgentToolPlanRejected", "normal_chat", first, json!({ "rejected": codes }));
+                return LaneOutcome::NotHandled;
+            }
             trace.step("AgentToolPlanRejected", "deny", first, json!({ "rejected": codes }));
             return LaneOutcome::Handled { reply: lane.denied_reply.clone() };
         }
