@@ -185,6 +185,13 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
             }
             Some(old) if old.definition_hash != f.definition_hash => {
                 let back_to_approved = old.approved_hash.as_deref() == Some(f.definition_hash.as_str()) && old.state != ToolState::Rejected;
+                // What the owner sees the change against: the definition last approved (or
+                // rejected), not the last one seen, so a change made in two steps while the
+                // tool waited shows whole. A tool never decided on has nothing to compare with.
+                let compared_with = match old.state {
+                    ToolState::Approved | ToolState::Rejected => Some(&old.definition),
+                    ToolState::Pending => old.previous_definition.as_ref(),
+                };
                 sqlx::query(
                     "UPDATE mcp_tools SET catalog_name = $1, definition = $2, definition_hash = $3, state = $4, previous_definition = $5, \
                      present = 1, updated_at = $6 WHERE server_id = $7 AND name = $8",
@@ -193,7 +200,7 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
                 .bind(&f.definition)
                 .bind(&f.definition_hash)
                 .bind(if back_to_approved { ToolState::Approved } else { ToolState::Pending }.as_str())
-                .bind(&old.definition)
+                .bind(compared_with)
                 .bind(now)
                 .bind(server_id)
                 .bind(&f.name)
@@ -253,7 +260,9 @@ pub async fn decide(conn: &mut AnyConnection, catalog_name: &str, approve: bool,
         "UPDATE mcp_tools SET state = $1, approved_hash = definition_hash, decided_at = $2, decided_by = $3, updated_at = $2 \
          WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     } else {
-        "UPDATE mcp_tools SET state = $1, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
+        // A rejection also forgets the approved definition: a server that changes the tool
+        // and then changes it back must not have it approved again without an owner.
+        "UPDATE mcp_tools SET state = $1, approved_hash = NULL, decided_at = $2, decided_by = $3, updated_at = $2 WHERE catalog_name = $4 AND ($5 = '' OR definition_hash = $5)"
     };
     let done = sqlx::query(sql)
         .bind(if approve { ToolState::Approved } else { ToolState::Rejected }.as_str())

@@ -615,6 +615,21 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     assert!(c.usable() && c.decided_by == Some(7));
     assert_eq!(store::decide(&mut conn, "srv__missing", true, None, None).await.expect("decide"), store::Decided::Missing);
 
+    // A tool approved and then rejected is not approved again when the server changes it and
+    // changes it back: the rejection forgot the approved definition.
+    store::decide(&mut conn, "srv__c", false, None, None).await.expect("reject");
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v3")]).await.expect("sixth");
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v1"), found("c", "v2")]).await.expect("seventh");
+    let c = by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "c");
+    assert!(c.state == ToolState::Pending && !c.usable(), "back to the once-approved definition, still waiting: {c:?}");
+
+    // A change made in two steps while the tool waits is shown against the definition last
+    // approved, not against the step between.
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v2"), found("c", "v2")]).await.expect("eighth");
+    store::apply_discovery(&mut conn, "srv", true, &[found("a", "v3"), found("c", "v2")]).await.expect("ninth");
+    let a = by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "a");
+    assert!(a.definition.contains("v3") && a.previous_definition.as_deref().is_some_and(|d| d.contains("v1")), "{a:?}");
+
     // An untrusted server's first discovery waits.
     store::ensure_server(&mut conn, "other").await.expect("server");
     store::apply_discovery(&mut conn, "other", false, &[found_on("other", "x", "v1")]).await.expect("untrusted");

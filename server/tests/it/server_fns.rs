@@ -93,6 +93,20 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
 }
 both_backends!(server_fns_check_session_themselves, every_server_fn_checks_the_session_itself);
 
+/// A filter takes any number a URL can carry: a huge `since_minutes` is answered (every row
+/// is that recent), not an arithmetic overflow.
+async fn huge_filter_numbers_are_answered(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let huge = "200000000000000";
+    for path in [format!("/traces?since_minutes={huge}"), format!("/jobs?since_minutes={huge}")] {
+        assert_eq!(owner.get(&path).await.status, StatusCode::OK, "{path}");
+    }
+    let listed = owner.post_form("/api/list_traces", &[("chat", ""), ("route", ""), ("outcome", ""), ("error_code", ""), ("since_minutes", huge), ("before", "0")]).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+}
+both_backends!(server_fns_huge_filters, huge_filter_numbers_are_answered);
+
 async fn every_console_page_needs_session(db: TestDb) {
     let app = TestApp::new(db).await;
     app.with_owner("ada", "correct horse battery").await;

@@ -18,7 +18,7 @@ impl TracesBackend for ConsoleBackend {
             route: q.route.clone(),
             outcome: q.outcome.clone(),
             error_code: q.error_code.trim().to_string(),
-            since_ms: if q.since_minutes > 0 { db::now_ms() - q.since_minutes * 60_000 } else { 0 },
+            since_ms: if q.since_minutes > 0 { db::now_ms().saturating_sub(q.since_minutes.saturating_mul(60_000)) } else { 0 },
             before_id: q.before.max(0),
         };
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
