@@ -29,6 +29,9 @@ pub struct WhatsAppSettings {
     /// The note above goes to one chat at most once per this period.
     #[serde(with = "duration_str")]
     pub unknown_type_reply_every: Duration,
+    /// Message types that get no note at all (by WhatsApp's type name): a reaction to a reply
+    /// is not a message to answer.
+    pub silent_types: Vec<String>,
     /// Approved template sent when a reply falls outside the 24-hour window (error 131047).
     /// Empty: the reply is only marked failed.
     pub window_template: String,
@@ -62,6 +65,7 @@ impl Default for WhatsAppSettings {
             typing_indicator: true,
             unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
+            silent_types: vec!["reaction".into(), "system".into()],
             window_template: String::new(),
             window_template_language: "en_US".into(),
             pair_burst: 5,

@@ -78,7 +78,9 @@ pub fn messages(summary: Option<&Summary>, turns: &[Turn], current: &str, quoted
         out.push(Message::user(format!("(Summary of our earlier conversation: {})", s.text)));
         out.push(Message::assistant("Understood."));
     }
-    for t in turns {
+    // Providers want the first message to be the person's: without a summary before them, the
+    // assistant's turns at the start (left first when the oldest turns were dropped) are too.
+    for t in turns.iter().skip_while(|t| summary.is_none() && t.role != role::USER) {
         let msg = if t.role == role::USER { Message::user(t.text.clone()) } else { Message::assistant(t.text.clone()) };
         // Providers want alternating roles: consecutive turns of one role are joined.
         match out.last_mut() {
@@ -131,5 +133,17 @@ mod tests {
         assert!(all.last().is_some_and(|t| t.starts_with("(Replying to: \"My friend is Ana.\")")));
         assert_eq!(msgs.last().map(|m| m.role), Some(crate::llm::Role::User));
         assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
+    }
+
+    /// Truncation can leave an assistant turn first; with no summary before it, the messages
+    /// still start with the person's, as providers require.
+    #[test]
+    fn without_a_summary_the_first_message_is_the_persons() {
+        let turns = vec![turn(2, role::ASSISTANT, "Nice to hear about Ana!"), turn(3, role::USER, "She bakes."), turn(4, role::ASSISTANT, "Lovely.")];
+        let msgs = messages(None, &turns, "What does she bake?", None);
+        assert_eq!(msgs.first().map(|m| m.role), Some(crate::llm::Role::User));
+        assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(messages(None, &turns[..1], "Hello", None).len(), 1, "only the current message");
     }
 }

@@ -222,7 +222,17 @@ impl Runtime {
         // 2. Message type: what the bot cannot read gets the configured note (the trace's first
         // step: there is no text to dedupe or guard).
         if !inbound.kind.is_readable() {
+            if self.settings.whatsapp.silent_types.iter().any(|t| t == inbound.kind.as_str()) {
+                trace.step("message_type", "ignored", "SILENT_TYPE", json!({ "type": inbound.kind.as_str() }));
+                return Ok(Decision::silent(Route::UnknownType));
+            }
             trace.step("message_type", "not_read", "UNSUPPORTED_TYPE", json!({ "type": inbound.kind.as_str() }));
+            // In a group the note is an answer like any other: it follows the group rules.
+            let conv = &self.settings.conversation;
+            if let Err(reason) = steps::group_allows(inbound, conv.group_reply, &conv.mention_names) {
+                trace.step("group", "ignore", reason, json!({}));
+                return Ok(Decision::silent(Route::Ignored));
+            }
             let note = self.settings.whatsapp.unknown_type_reply.trim();
             if note.is_empty() {
                 trace.step("reply", "none", "NO_NOTE_CONFIGURED", json!({}));
@@ -246,7 +256,10 @@ impl Runtime {
         if !owner && conv.rate_limit > 0 {
             let since = db::now_ms().saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
             let mut conn = self.db.pool.acquire().await?;
-            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since).await?;
+            // Messages the bot let pass without a model (group chatter it ignored, types it cannot
+            // read, owners' commands, ones it already refused) do not use up the chat's limit.
+            let uncounted = [Route::Ignored, Route::UnknownType, Route::OwnerCommand, Route::RateLimited, Route::Duplicate].map(Route::as_str);
+            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted).await?;
             drop(conn);
             let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
             if recent > i64::from(conv.rate_limit) {

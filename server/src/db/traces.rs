@@ -221,13 +221,15 @@ pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -
     Ok(row.map(|(id,)| id))
 }
 
-/// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit).
-pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64) -> Result<i64, DbError> {
-    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3")
-        .bind(chat_id)
-        .bind(channel)
-        .bind(since_ms)
-        .fetch_one(&mut *conn)
-        .await?;
+/// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit),
+/// leaving out those whose trace ended on one of the `uncounted` routes.
+pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64, uncounted: &[&str]) -> Result<i64, DbError> {
+    let skip = if uncounted.is_empty() { String::new() } else { format!(" AND route NOT IN ({})", (4..4 + uncounted.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")) };
+    let sql = format!("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3{skip}");
+    let mut query = sqlx::query_scalar(&sql).bind(chat_id).bind(channel).bind(since_ms);
+    for route in uncounted {
+        query = query.bind(*route);
+    }
+    let n: i64 = query.fetch_one(&mut *conn).await?;
     Ok(n)
 }

@@ -421,6 +421,13 @@ async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
     assert_eq!(chat_calls, 3, "a limited message costs no model call");
     // Another chat and an owner are answered.
     assert_eq!(runtime.handle(&msg("rl-other", "15557770001", "hello")).await.expect("handle").route, Route::Chat);
+    // A group's chatter that the bot ignores uses up none of the group's limit: a mention after
+    // more ignored messages than the limit is answered.
+    let in_group = |id: &str, text: &str, mention: bool| Inbound { chat_kind: ChatKind::Group, chat_id: "rl-group".into(), mentions_bot: mention, ..msg(id, "15557770002", text) };
+    for i in 0..5 {
+        assert_eq!(runtime.handle(&in_group(&format!("rl-g{i}"), "see you all at six", false)).await.expect("handle").route, Route::Ignored);
+    }
+    assert_eq!(runtime.handle(&in_group("rl-g-ask", "when do you open?", true)).await.expect("handle").route, Route::Chat);
     for i in 0..5 {
         let out = runtime.handle(&msg(&format!("rl-owner{i}"), OWNER_PHONE, &format!("owner note {i}"))).await.expect("handle");
         assert_eq!(out.route, Route::Chat, "owners are never limited");

@@ -744,6 +744,27 @@ async fn unknown_types_get_the_note_once_per_period(db: TestDb) {
 }
 both_backends!(whatsapp_unknown_types, unknown_types_get_the_note_once_per_period);
 
+/// A reaction is not a message to answer, and in a group the note follows the group rules: a
+/// sticker nobody addressed to the bot gets nothing, where a direct chat's image gets the note.
+async fn reactions_and_unaddressed_group_stickers_get_no_note(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let runtime: Arc<dyn InboundHandler> = app.gatehouse.runtime.clone();
+    let items = vec![
+        json!({ "from": "16505551234", "id": "wamid.R1", "timestamp": "1739321030", "type": "reaction", "reaction": { "message_id": "wamid.out.0", "emoji": "\u{1F44D}" } }),
+        json!({ "from": "16505551234", "id": "wamid.G1", "timestamp": "1739321031", "type": "sticker", "sticker": { "id": "s" }, "group_id": "g-1" }),
+        image_message("16505550000", "wamid.I1"),
+    ];
+    assert_eq!(post_signed(&app, &envelope(vec![items])).await.status, StatusCode::OK);
+    run_jobs(&app, runtime).await;
+    let to: Vec<String> = graph.sends().iter().map(|b| b["to"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(to, vec!["16505550000".to_string()], "only the direct chat's image got the note");
+    let routes: Vec<(String, String)> = sqlx::query_as("SELECT message_id, route FROM traces ORDER BY message_id").fetch_all(&app.state.db.pool).await.expect("traces");
+    assert_eq!(routes, vec![("wamid.G1".to_string(), "ignored".to_string()), ("wamid.I1".into(), "unknown_type".into()), ("wamid.R1".into(), "unknown_type".into())]);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM trace_steps WHERE reason_code = 'SILENT_TYPE'").await, 1);
+}
+both_backends!(whatsapp_silent_types, reactions_and_unaddressed_group_stickers_get_no_note);
+
 /// A message for another number on the same business account is stored and not answered from
 /// ours; ours gets the read receipt with the typing indicator while the handler works.
 async fn only_our_number_is_answered_and_typing_is_shown(db: TestDb) {
@@ -972,6 +993,19 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     let outcome = sender.send_text(778, &to, "Again.", None).await.expect("send");
     assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
     assert_eq!(graph.texts(), vec!["Again.".to_string()]);
+
+    // A failure reported before the send's answer was recorded keeps its code.
+    let key3 = "job:779:part:0";
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::reserve_outbound(&mut conn, &NewOutbound {
+        idempotency_key: key3, job_id: Some(779), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Late.", quoted_id: None,
+    }, db::now_ms()).await.expect("reserve");
+    assert!(store::mark_sending(&mut conn, row.id, "slow-run", db::now_ms(), db::now_ms() + 60_000).await.expect("sending"));
+    let failed = store::StatusUpdate { wamid: "wamid.LATE".into(), state: DeliveryState::Failed, at: db::now_ms(), error_code: Some("131047".into()), error_message: Some("Re-engagement message".into()), opaque: Some(key3.into()) };
+    assert!(store::apply_status(&mut conn, &failed, db::now_ms()).await.expect("status"));
+    store::mark_sent(&mut conn, row.id, "wamid.LATE", db::now_ms()).await.expect("sent");
+    let row = store::outbound_by_key(&mut conn, key3).await.expect("get").expect("row");
+    assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("131047")));
 }
 both_backends!(whatsapp_crash_edge, a_send_lost_in_a_crash_is_settled_by_its_status_callback);
 
@@ -1027,6 +1061,10 @@ async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     graph.set_rule(|_, index| match index {
         0 => Some(graph_error(400, 131056, "(#131056) (Business Account, Consumer Account) pair rate limit hit")),
         1 => Some(graph_error(429, 130429, "Rate limit hit")),
+        // The app's and the account's call rates, and a throughput upgrade: limits too.
+        3 => Some(graph_error(400, 80007, "(#80007) Rate limit issues")),
+        4 => Some(graph_error(400, 4, "(#4) Application request limit reached")),
+        6 => Some(graph_error(400, 131057, "Account in maintenance mode")),
         _ => None,
     });
     let sender = app.gatehouse.whatsapp.sender.clone();
@@ -1040,6 +1078,12 @@ async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::outbound_by_key(&mut conn, "job:900:part:0").await.expect("get").expect("row");
     assert_eq!((row.state, row.attempts), (DeliveryState::Sent, 3));
+    for (job, tries) in [(902, 3), (903, 2)] {
+        let outcome = sender.send_text(job, &to, "Still here.", None).await.expect("a rate limit is waited out");
+        assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 0 });
+        let row = store::outbound_by_key(&mut conn, &format!("job:{job}:part:0")).await.expect("get").expect("row");
+        assert_eq!((row.state, row.attempts), (DeliveryState::Sent, tries), "job {job}");
+    }
 
     // A token problem is not retried within the send (the same token fails again), and not
     // the reply's failure either: the part stays unsent, for the job to send once the token works.

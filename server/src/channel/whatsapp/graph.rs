@@ -16,6 +16,12 @@ pub mod code {
     pub const PAIR_RATE_LIMIT: i64 = 131_056;
     /// Throughput of the business number exceeded.
     pub const THROUGHPUT: i64 = 130_429;
+    /// The number's throughput is being upgraded: sends are limited meanwhile.
+    pub const THROUGHPUT_UPGRADE: i64 = 131_057;
+    /// The app's own Graph API call rate.
+    pub const APP_RATE_LIMIT: i64 = 4;
+    /// The business account's Graph API call rate.
+    pub const ACCOUNT_RATE_LIMIT: i64 = 80_007;
     /// The access token is invalid, expired or revoked (`OAuthException`).
     pub const ACCESS_TOKEN: i64 = 190;
 }
@@ -43,10 +49,13 @@ impl GraphError {
         }
     }
 
-    /// Worth trying again later: rate limits, Meta's server errors and network trouble.
+    /// Worth trying again later: rate limits (of the pair, the number, the app and the account,
+    /// and any HTTP 429), Meta's server errors and network trouble.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Api { status, code, .. } => *status >= 500 || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT),
+            Self::Api { status, code, .. } => {
+                *status >= 500 || *status == 429 || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT | code::THROUGHPUT_UPGRADE | code::APP_RATE_LIMIT | code::ACCOUNT_RATE_LIMIT)
+            }
             Self::Transport(_) => true,
             Self::Malformed(status) => *status >= 500,
             Self::NotConfigured(_) => false,

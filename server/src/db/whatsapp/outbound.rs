@@ -168,10 +168,12 @@ pub async fn release_send(conn: &mut AnyConnection, id: i64, token: &str, now: i
     Ok(())
 }
 
-/// Meta accepted the message. A status callback that arrived first may already have moved it on.
+/// Meta accepted the message. A status callback that arrived first may already have moved it on,
+/// and a failure it reported keeps its code.
 pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64) -> Result<(), DbError> {
     sqlx::query(
-        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, error_code = NULL, error_message = NULL, \
+        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, \
+         error_code = CASE WHEN state_rank < 1 THEN NULL ELSE error_code END, error_message = CASE WHEN state_rank < 1 THEN NULL ELSE error_message END, \
          updated_at = $2, state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
          sent_at = COALESCE(sent_at, $2), state_rank = CASE WHEN state_rank < 1 THEN 1 ELSE state_rank END WHERE id = $3",
     )
