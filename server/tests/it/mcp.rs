@@ -353,6 +353,66 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
 }
 both_backends!(mcp_list_changed, a_changed_tool_list_quarantines_until_approved);
 
+/// A decision made in another process (`gatehouse mcp reject` or `mcp disable` while `serve`
+/// runs, or a second `serve`) holds at once: the call is refused from the database before it
+/// reaches the server, and this process's catalog catches up.
+async fn a_decision_made_elsewhere_holds_at_once(db: TestDb) {
+    use server::db::mcp as store;
+    let fx = Fixture::new();
+    let rig = Rig::new(db, &fx.server("fx", "", 0)).await;
+    rig.connected("fx").await;
+    rig.approve("fx__echo").await;
+    rig.approve("fx__mutate").await;
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+
+    // Another process rejects echo: only the database knows.
+    let mut conn = rig.db.pool.acquire().await.expect("conn");
+    assert!(matches!(store::decide(&mut conn, "fx__echo", false, None, None).await.expect("reject"), store::Decided::Done(_)));
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, ToolCode::Rejected.as_str());
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the rejected call never reached the server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.checkpoint.catalog().get("fx__echo").is_some() {
+        assert!(Instant::now() < deadline, "the catalog did not catch up with the rejection");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Another process disables the server.
+    store::set_enabled_override(&mut conn, "fx", Some(false)).await.expect("disable");
+    drop(conn);
+    let refused = code_of(rig.call("fx__mutate", json!({})).await);
+    assert_eq!(refused.code, mcp::McpCode::ServerDisabled.as_str(), "{refused:?}");
+    assert!(!recorded(&fx.record).iter().any(|n| n == "mutate"), "nothing reached the disabled server");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_decided_elsewhere, a_decision_made_elsewhere_holds_at_once);
+
+/// `gatehouse worker` runs the jobs that call MCP tools (messages, tool calls, the repair
+/// cycle's replays), so it keeps its own sessions with the MCP servers, as `serve` does: with
+/// only a worker running, the server is connected and its tools discovered.
+async fn a_worker_process_connects_the_mcp_servers(db: TestDb) {
+    use crate::procs::{Gatehouse, wait_for};
+    let fx = Fixture::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gh = Gatehouse::new(dir.path(), &db, "", "", &[]);
+    std::fs::write(dir.path().join("mcp.toml"), fx.server("fx", TRUSTED_OPEN, 0)).expect("mcp.toml");
+    let log = dir.path().join("worker.log");
+    let mut worker = gh.worker(&log);
+    let pool = db.connect().await;
+    wait_for("the worker to discover the MCP server's tools", Duration::from_secs(60), async || {
+        if let Ok(Some(status)) = worker.try_wait() {
+            panic!("the worker exited with {status}: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        // Until the worker has migrated the database there is no table to read.
+        let found: Option<Option<i64>> = sqlx::query_scalar("SELECT discovered_at FROM mcp_servers WHERE id = 'fx'").fetch_optional(&pool.pool).await.ok().flatten();
+        found.flatten().is_some()
+    })
+    .await;
+    let approved: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_tools WHERE server_id = 'fx' AND state = 'approved'").fetch_one(&pool.pool).await.expect("tools");
+    assert!(approved > 0, "a trusted server's first tools are approved");
+    let _ = worker.kill().await;
+}
+both_backends!(mcp_in_worker, a_worker_process_connects_the_mcp_servers);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn misbehaving_servers_get_clear_errors_and_block_nobody() {
     let (fx, other) = (Fixture::new(), Fixture::new());

@@ -80,6 +80,13 @@ impl Gatehouse {
         Ran { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
     }
 
+    /// `gatehouse worker`, its logs appended to `log`, started (not waited on).
+    pub(crate) fn worker(&self, log: &Path) -> tokio::process::Child {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+        let err = file.try_clone().expect("log");
+        self.command(&["worker"]).stdout(file).stderr(err).spawn().expect("spawn worker")
+    }
+
     /// `gatehouse serve`, its logs appended to `log`; returns once it has logged where it
     /// listens and answers there.
     pub(crate) async fn serve(&self, log: &Path) -> tokio::process::Child {

@@ -6,7 +6,10 @@ use std::{sync::Arc, time::Instant};
 use serde_json::{Value, json};
 
 use super::{Inner, McpCode, session};
-use crate::tools::{ToolDef, ToolError, ToolExecutor, checkpoint::ToolCode};
+use crate::{
+    db,
+    tools::{ToolDef, ToolError, ToolExecutor, checkpoint::ToolCode},
+};
 
 /// Calls MCP tools for the checkpoint, which has already run every gate.
 pub(super) struct McpExecutor {
@@ -16,6 +19,32 @@ pub(super) struct McpExecutor {
 fn text_of(content: &[rmcp::model::ContentBlock]) -> String {
     let texts: Vec<String> = content.iter().filter_map(|c| serde_json::to_value(c).ok()).filter_map(|v| v.get("text").and_then(Value::as_str).map(str::to_string)).collect();
     if texts.is_empty() { "the tool reported an error without a message".into() } else { texts.join("\n") }
+}
+
+impl McpExecutor {
+    /// What the database says now of the tool and its server: an owner may have rejected the
+    /// tool, or disabled the server, from another process since this one built its catalog.
+    /// A database that cannot say refuses the call too.
+    async fn still_allowed(&self, name: &str, server_id: &str) -> Result<(), ToolError> {
+        let read = async {
+            let mut conn = self.inner.db.pool.acquire().await?;
+            let tool = db::mcp::tool_by_catalog_name(&mut conn, name).await?;
+            let server = db::mcp::server(&mut conn, server_id).await?;
+            Ok::<_, db::DbError>((tool, server))
+        };
+        let (tool, server) = read.await.map_err(|e| ToolError::new(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
+        if server.and_then(|s| s.enabled_override) == Some(false) {
+            if let Some(live) = self.inner.servers.get(server_id) {
+                live.enabled.send_replace(false);
+            }
+            return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
+        }
+        match tool {
+            Some(t) if t.usable() => Ok(()),
+            Some(t) if t.state == db::mcp::ToolState::Rejected => Err(ToolError::refused(ToolCode::Rejected.as_str(), format!("{name} was rejected by an owner"))),
+            _ => Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"))),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -31,6 +60,17 @@ impl ToolExecutor for McpExecutor {
         };
         if !*server.enabled.borrow() {
             return Err(ToolError::new(McpCode::ServerDisabled.as_str(), format!("the MCP server {} is disabled", route.server), false));
+        }
+        if let Err(refused) = self.still_allowed(name, &route.server).await {
+            // Decided in another process (the CLI, another `serve` or worker): this process's
+            // catalog catches up.
+            let manager = super::McpManager { inner: self.inner.clone() };
+            tokio::spawn(async move {
+                if let Err(e) = manager.rebuild().await {
+                    tracing::warn!(error = %e, "rebuilding the MCP catalog after a decision made elsewhere failed");
+                }
+            });
+            return Err(refused);
         }
         let (peer, last_error) = {
             let live = server.live.borrow();

@@ -116,8 +116,14 @@ pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> 
     let gatehouse = build(cfg, files).await?;
     warn_about_storage(&gatehouse.config.settings.database);
     tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
+    // The jobs a worker runs (messages, tool calls, the self-improvement cycle) call MCP tools
+    // as `serve` does: it keeps its own sessions with the servers.
+    if let Err(e) = gatehouse.mcp.start().await {
+        tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
+    }
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
     let grace = gatehouse.config.settings.server.shutdown_grace;
+    let _ = tokio::time::timeout(grace, gatehouse.mcp.shutdown()).await;
     if tokio::time::timeout(grace, gatehouse.telemetry.shutdown()).await.is_err() {
         tracing::warn!(code = "TELEMETRY_EXPORT_FAILED", "OpenTelemetry data still unsent after the grace period; exiting anyway");
     }
