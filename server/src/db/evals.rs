@@ -209,12 +209,39 @@ pub struct NewRepair<'a> {
     pub created_at: i64,
 }
 
-/// Stores a proposal unless one with the same diff is open (proposed) or was rejected (an
-/// owner's no stands: it is not proposed again); returns that one or the new one, and whether
-/// it is new.
+/// A diff as an edit: its lines without the hunk headers, whose line numbers move whenever
+/// the file is edited elsewhere.
+fn edit_of(diff: &str) -> Vec<&str> {
+    diff.lines().filter(|l| !l.starts_with("@@")).collect()
+}
+
+/// Stores a proposal unless the same edit (its diff, wherever in the file it lands) is open
+/// (proposed) or was rejected (an owner's no stands: it is not proposed again); returns that
+/// one or the new one, and whether it is new. An open one made from a file that has changed
+/// since is brought up to date with this proposal's files and results, so it can be approved.
 pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Result<(RepairRow, bool), DbError> {
-    if let Some(row) = sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state IN ('proposed', 'rejected') AND diff = $1 ORDER BY id DESC LIMIT 1")).bind(r.diff).fetch_optional(&mut *conn).await? {
-        return Ok((row, false));
+    let open: Vec<RepairRow> = sqlx::query_as(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state IN ('proposed', 'rejected') ORDER BY id DESC")).fetch_all(&mut *conn).await?;
+    if let Some(row) = open.into_iter().find(|row| edit_of(&row.diff) == edit_of(r.diff)) {
+        if row.state != RepairState::Proposed || row.files == r.files {
+            return Ok((row, false));
+        }
+        let row = sqlx::query_as::<_, RepairRow>(&format!(
+            "UPDATE repairs SET diff = $1, files = $2, results = $3, fixes = $4, regressions = $5, case_ids = $6 \
+             WHERE id = $7 AND state = 'proposed' RETURNING {REPAIR_COLUMNS}"
+        ))
+        .bind(r.diff)
+        .bind(r.files)
+        .bind(r.results)
+        .bind(r.fixes)
+        .bind(r.regressions)
+        .bind(r.case_ids)
+        .bind(row.id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        // Decided between the read and the update: a new proposal.
+        if let Some(row) = row {
+            return Ok((row, false));
+        }
     }
     let row = sqlx::query_as::<_, RepairRow>(&format!(
         "INSERT INTO repairs (strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at) \

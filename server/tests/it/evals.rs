@@ -178,6 +178,44 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
 }
 both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
 
+/// A proposal gone stale (its file was edited since) is brought up to date when the same edit
+/// is proposed again, wherever the edit now lands in the file, and can then be approved; a
+/// rejected edit is not proposed again because lines above it moved.
+async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch")];
+    let propose = async || repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let (first, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
+    assert!(new);
+    let owner = Decider { name: "Ada".into(), login: "ada".into() };
+
+    // Lines added above every tool: the proposal is stale, and the same edit now lands lower.
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    std::fs::write(dir.path().join("tools.toml"), format!("# Kept by the shop.\n# Reviewed monthly.\n{original}")).expect("edit");
+    assert!(matches!(repairs::approve(&mut conn, dir.path(), first.id, &owner, true).await, Err(RepairError::Stale(_))));
+    let again = propose().await;
+    let (updated, new) = repairs::store(&mut conn, &again).await.expect("store");
+    assert_eq!((updated.id, new), (first.id, false), "the open proposal of the same edit, not a second one");
+    assert_ne!(updated.files, first.files, "made from the file as it is now");
+    let applied = repairs::approve(&mut conn, dir.path(), updated.id, &owner, true).await.expect("approvable again");
+    assert_eq!(applied.state.as_str(), "applied");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), again.change.after);
+
+    // Rejected, then lines move again: the owner's no stands.
+    repairs::rollback(&mut conn, dir.path(), applied.id, &owner).await.expect("rollback");
+    let (second, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
+    assert!(new, "a rolled-back edit may be proposed again");
+    repairs::reject(&mut conn, second.id, &owner, "not this way").await.expect("reject");
+    let text = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    std::fs::write(dir.path().join("tools.toml"), format!("# One more note.\n{text}")).expect("edit");
+    let (same, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
+    assert_eq!((same.id, new, same.state.as_str()), (second.id, false, "rejected"));
+}
+both_backends!(evals_repair_updated_when_stale, the_same_edit_proposed_again_updates_a_stale_proposal);
+
 /// The detector found the right tool as its best candidate, just short of the plan threshold:
 /// the first proposal is that tool's own `plan_threshold` (not a phrase of this one message),
 /// replayed with no regression; once approved, the same message plans with that tool.
