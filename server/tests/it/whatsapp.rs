@@ -807,6 +807,33 @@ async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
 }
 both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
 
+/// Without WHATSAPP_ACCESS_TOKEN nothing can be sent either: the model is not asked (its reply
+/// would be failed for good), and the message says why.
+async fn without_an_access_token_nothing_is_asked(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let base = graph.base_url.clone();
+    let no_token = Secrets::from_lookup(|name| match name {
+        "WHATSAPP_APP_SECRET" => Some(APP_SECRET.into()),
+        "WHATSAPP_VERIFY_TOKEN" => Some(VERIFY_TOKEN.into()),
+        _ => None,
+    });
+    let app = TestApp::with_secrets(db, no_token, move |s| {
+        s.whatsapp.graph_base_url = base;
+        s.whatsapp.graph_version = VERSION.into();
+        s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
+    })
+    .await;
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.NOTOKEN", "hello")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    run_jobs(&app, echo.clone()).await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+    assert!(graph.all().is_empty());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::inbound_by_wamid(&mut conn, "wamid.NOTOKEN").await.expect("get").expect("stored");
+    assert!(row.outcome.as_deref().is_some_and(|o| o.contains("WHATSAPP_ACCESS_TOKEN is not set")), "{row:?}");
+}
+both_backends!(whatsapp_no_access_token, without_an_access_token_nothing_is_asked);
+
 /// Decides every message needs no answer.
 struct Silent;
 

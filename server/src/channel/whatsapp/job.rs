@@ -135,6 +135,9 @@ impl Handler<ProcessInbound> for InboundJob {
         let unanswerable = if ours.is_empty() {
             // Nothing can be sent: do not ask the model for a reply that cannot go out.
             Some("not answered: whatsapp.phone_number_id is not set, so nothing can be sent".to_string())
+        } else if !self.sender.can_send() {
+            // Sends would fail for good, and the reply with them: do not ask the model either.
+            Some("not answered: WHATSAPP_ACCESS_TOKEN is not set, so nothing can be sent".to_string())
         } else if row.phone_number_id != *ours {
             Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
         } else {

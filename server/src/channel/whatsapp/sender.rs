@@ -137,6 +137,11 @@ impl WhatsAppSender {
         Some(self.token_rejected_since.load(Ordering::Relaxed)).filter(|&since| since != 0)
     }
 
+    /// Whether anything can be sent: a phone number id and an access token are set.
+    pub fn can_send(&self) -> bool {
+        self.graph.is_configured()
+    }
+
     pub fn settings(&self) -> &WhatsAppSettings {
         &self.settings
     }
