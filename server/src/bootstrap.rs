@@ -20,7 +20,7 @@ use crate::{
     channel::{
         InboundHandler, Outbound, Outbox,
         simulator::Simulator,
-        whatsapp::{WhatsApp, intake::ProcessInbound},
+        whatsapp::{WhatsApp, intake::ProcessInbound, window::SendWindowTemplate},
     },
     config::{self, ConfigError, LoadedConfig},
     conversation::{self, Runtime, RuntimeParts, ToolLane},
@@ -157,6 +157,7 @@ impl Gatehouse {
             .attempts_for::<DeliverNotice>(attempts.owner_notify)
             .attempts_for::<AskOwner>(attempts.owner_notify)
             .attempts_for::<Settle>(attempts.owner_notify)
+            .attempts_for::<SendWindowTemplate>(attempts.owner_notify)
             .attempts_for::<lane::job::ToolCallJob>(attempts.tool_call)
             .traced(telemetry.clone());
         let events = Events::new(db.clone(), &settings.events);

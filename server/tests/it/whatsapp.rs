@@ -258,7 +258,7 @@ async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
     let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let open = count(app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
+        let open = count(app, "SELECT COUNT(*) FROM jobs WHERE kind LIKE 'whatsapp.%' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
         if open == 0 {
             break;
         }
@@ -1080,6 +1080,38 @@ async fn outside_the_window_with_a_template(db: TestDb) {
     outside_the_window(db, "reopen_conversation").await;
 }
 both_backends!(whatsapp_window_template, outside_the_window_with_a_template);
+
+/// Meta accepted a message and reported later that it could not be delivered outside the
+/// person's 24-hour window (a `failed` status with 131047): the window template goes in its
+/// place, once for the job however often the status comes, as when the send itself is refused.
+async fn a_window_refusal_reported_later_sends_the_template(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.window_template = "reopen_conversation".into();
+        s.whatsapp.window_template_language = "en_GB".into();
+    })
+    .await;
+    let sender = app.gatehouse.whatsapp.sender.clone();
+    let to = Recipient { id: "16505550000".into(), group: false };
+    assert_eq!(sender.send_text(950, &to, "Approval #7 is waiting for you.", None).await.expect("send"), SendOutcome::Sent { parts: 1, already_sent: 0 });
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let wamid = store::outbound_by_key(&mut conn, "job:950:part:0").await.expect("get").expect("row").wamid.expect("accepted");
+    drop(conn);
+    let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505550000",
+        "errors": [{ "code": 131047, "title": "Re-engagement message", "message": "Re-engagement message",
+                     "error_data": { "details": "Message failed to send because more than 24 hours have passed since the customer last replied to this number." } }] });
+    for _ in 0..2 {
+        assert_eq!(post_signed(&app, &status_envelope(vec![failed.clone()])).await.status, StatusCode::OK);
+    }
+    run_jobs(&app, Arc::new(Echo::default())).await;
+    let templates: Vec<Value> = graph.sends().into_iter().filter(|b| b["type"] == "template").collect();
+    assert_eq!(templates.len(), 1, "{:?}", graph.sends());
+    assert_eq!((templates[0]["to"].as_str(), templates[0]["template"]["name"].as_str()), (Some("16505550000"), Some("reopen_conversation")));
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, "job:950:template").await.expect("get").expect("the template in the ledger");
+    assert_eq!(row.state, DeliveryState::Sent);
+}
+both_backends!(whatsapp_window_template_later, a_window_refusal_reported_later_sends_the_template);
 
 
 async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {

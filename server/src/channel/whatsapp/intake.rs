@@ -138,6 +138,9 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
                 reports[b].statuses_applied += 1;
                 if s.state == DeliveryState::Failed {
                     trace_failed_delivery(conn, s).await?;
+                    if s.error_code.as_deref().and_then(|c| c.parse::<i64>().ok()) == Some(super::graph::code::OUTSIDE_WINDOW) {
+                        template_instead(conn, queue, s).await?;
+                    }
                 }
             } else {
                 reports[b].statuses_ignored += 1;
@@ -158,6 +161,18 @@ fn receipt(s: &StatusUpdate) -> Option<Envelope> {
         DeliveryState::Queued | DeliveryState::Failed => return None,
     };
     Some(Envelope { id: None, channel: Some(crate::channel::WHATSAPP.into()), chat_id: None, event })
+}
+
+/// A free-form message refused after Meta accepted it, outside the person's 24-hour window: the
+/// window template goes in its place, by a job of its own (one per job, however many parts).
+async fn template_instead(conn: &mut AnyConnection, queue: &JobQueue, s: &StatusUpdate) -> Result<(), DbError> {
+    let Some(row) = store::outbound_by_wamid(conn, &s.wamid).await? else { return Ok(()) };
+    let Some(job_id) = row.job_id.filter(|_| row.kind != "template") else { return Ok(()) };
+    let args = super::window::SendWindowTemplate { job_id, to: row.recipient, group: row.is_group };
+    let mut job = queue.job(&args);
+    job.dedupe_key = Some(args.dedupe_key());
+    queue.enqueue_in(conn, &job).await?;
+    Ok(())
 }
 
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so

@@ -216,7 +216,7 @@ impl WhatsAppSender {
     }
 
     /// The configured template, once per job, when a free-form reply was refused.
-    async fn send_window_template(&self, job_id: i64, to: &Recipient) -> Result<bool, SendError> {
+    pub(crate) async fn send_window_template(&self, job_id: i64, to: &Recipient) -> Result<bool, SendError> {
         let name = self.settings.window_template.trim();
         if name.is_empty() {
             return Ok(false);
