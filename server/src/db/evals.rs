@@ -220,12 +220,16 @@ fn edit_of(diff: &str) -> Vec<&str> {
 /// one or the new one, and whether it is new. An open one made from a file that has changed
 /// since is brought up to date with this proposal's files and results, so it can be approved.
 pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Result<(RepairRow, bool), DbError> {
-    let open: Vec<RepairRow> = sqlx::query_as(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE state IN ('proposed', 'rejected') ORDER BY id DESC")).fetch_all(&mut *conn).await?;
-    if let Some(row) = open.into_iter().find(|row| edit_of(&row.diff) == edit_of(r.diff)) {
+    let open: Vec<(i64, String)> = sqlx::query_as("SELECT id, diff FROM repairs WHERE state IN ('proposed', 'rejected') ORDER BY id DESC").fetch_all(&mut *conn).await?;
+    let earlier = match open.into_iter().find(|(_, diff)| edit_of(diff) == edit_of(r.diff)) {
+        Some((id, _)) => get_repair(conn, id).await?,
+        None => None,
+    };
+    if let Some(row) = earlier {
         if row.state != RepairState::Proposed || row.files == r.files {
             return Ok((row, false));
         }
-        let row = sqlx::query_as::<_, RepairRow>(&format!(
+        let updated = sqlx::query_as::<_, RepairRow>(&format!(
             "UPDATE repairs SET diff = $1, files = $2, results = $3, fixes = $4, regressions = $5, case_ids = $6 \
              WHERE id = $7 AND state = 'proposed' RETURNING {REPAIR_COLUMNS}"
         ))
@@ -238,10 +242,12 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
         .bind(row.id)
         .fetch_optional(&mut *conn)
         .await?;
-        // Decided between the read and the update: a new proposal.
-        if let Some(row) = row {
-            return Ok((row, false));
-        }
+        // Decided between the read and the update: that decision stands, as it is now.
+        let row = match updated {
+            Some(row) => row,
+            None => get_repair(conn, row.id).await?.unwrap_or(row),
+        };
+        return Ok((row, false));
     }
     let row = sqlx::query_as::<_, RepairRow>(&format!(
         "INSERT INTO repairs (strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at) \

@@ -14,9 +14,9 @@ use crate::db::{
 /// Most characters of one turn the planner reads.
 const TURN_CHARS: usize = 300;
 
-/// The chat's memory for the planner, as of `before` (unix ms: a replay reads the chat as it
-/// was): its summary, then up to `turns` of its latest turns, oldest first. `None` when the chat
-/// has neither.
+/// The chat's memory for the planner: its summary, then up to `turns` of its latest turns
+/// before `before` (unix ms), oldest first. A replay of an old message so reads the turns as
+/// they were then, with the chat's current summary. `None` when the chat has neither.
 pub async fn for_planner(conn: &mut AnyConnection, chat_id: &str, before: i64, turns: u32) -> Result<Option<String>, DbError> {
     let summary = db::conversation::summary(conn, chat_id).await?.map(|s| s.text).filter(|s| !s.trim().is_empty());
     let recent = if turns == 0 { Vec::new() } else { db::conversation::last_turns(conn, chat_id, before, i64::from(turns)).await? };

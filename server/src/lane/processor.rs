@@ -43,6 +43,16 @@ pub struct Answer {
     pub replayed: bool,
 }
 
+impl Answer {
+    /// The trace event of a run that came to this answer, and its reason code.
+    pub fn event(&self) -> (&'static str, &str) {
+        match &self.failure {
+            None => ("AgentToolExecutionSucceeded", "OK"),
+            Some(code) => ("AgentToolExecutionFailed", code.as_str()),
+        }
+    }
+}
+
 pub struct Processor {
     /// Where each job's final answer is kept, so a retry sends it again instead of running the
     /// call twice.
@@ -149,10 +159,7 @@ impl Processor {
         let step = match outcome {
             Ok(answer) if answer.replayed => return,
             Ok(answer) => {
-                let (event, code) = match &answer.failure {
-                    None => ("AgentToolExecutionSucceeded", "OK"),
-                    Some(code) => ("AgentToolExecutionFailed", code.as_str()),
-                };
+                let (event, code) = answer.event();
                 Step::new(event, "later", code, json!({ "job_id": row.id, "attempt": row.attempt, "summarized_by_model": answer.used_model }))
             }
             Err(retry) => Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt })),

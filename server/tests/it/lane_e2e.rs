@@ -512,8 +512,9 @@ async fn the_planner_reads_what_the_chat_said_before(db: TestDb) {
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Porto/tomorrow".to_string()], "{steps:?}");
     let plan = r.llm.seen.lock().expect("lock").iter().rev().find(|b| b["model"] == PLANNER_MODEL).cloned().expect("a plan");
     let said = plan["messages"].to_string();
-    assert!(said.contains("person: Hi! I'm staying in Porto this week.") && said.contains("assistant: a chat reply"), "{said}");
-    assert!(said.contains("untrusted_data"), "the chat's words reach the planner as data");
+    // The chat's words reach the planner as data, in the chat's own block.
+    let block = said.split(r#"kind=\"chat_summary\""#).nth(1).and_then(|rest| rest.split("untrusted_data>").next()).unwrap_or_default();
+    assert!(block.contains("person: Hi! I'm staying in Porto this week.") && block.contains("assistant: a chat reply"), "{said}");
 }
 both_backends!(lane_e2e_recent_memory, the_planner_reads_what_the_chat_said_before);
 
@@ -578,6 +579,17 @@ async fn a_call_is_tried_default_max_attempts_times_within_its_longer_job(db: Te
         other => panic!("the last run's failure is in the trace, not {other:?}: {steps:?}"),
     };
     assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), told], "{steps:?}");
+
+    // An owner retries the job (the Jobs page's Retry): the answer it came to is kept, so the
+    // retry only sends what was not sent (here nothing); the call does not run again.
+    let tried = r.shop.requests.lock().expect("lock").len();
+    let id: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("id");
+    let mut tx = r.app.state.db.begin_write().await.expect("tx");
+    assert!(server::db::jobs::retry_now(&mut tx, id, server::db::now_ms()).await.expect("retry"));
+    tx.commit().await.expect("commit");
+    r.exchange(&[], 2).await;
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), tried, "the call did not run again");
+    assert_eq!(r.graph.texts().len(), 2, "nothing was sent twice: {:?}", r.graph.texts());
 }
 both_backends!(lane_e2e_call_attempts, a_call_is_tried_default_max_attempts_times_within_its_longer_job);
 

@@ -1083,7 +1083,8 @@ both_backends!(whatsapp_window_template, outside_the_window_with_a_template);
 
 /// Meta accepted a message and reported later that it could not be delivered outside the
 /// person's 24-hour window (a `failed` status with 131047): the window template goes in its
-/// place, once for the job however often the status comes, as when the send itself is refused.
+/// place, once for the job however many of its parts were refused, as when the send itself is
+/// refused.
 async fn a_window_refusal_reported_later_sends_the_template(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| {
@@ -1093,16 +1094,21 @@ async fn a_window_refusal_reported_later_sends_the_template(db: TestDb) {
     .await;
     let sender = app.gatehouse.whatsapp.sender.clone();
     let to = Recipient { id: "16505550000".into(), group: false };
-    assert_eq!(sender.send_text(950, &to, "Approval #7 is waiting for you.", None).await.expect("send"), SendOutcome::Sent { parts: 1, already_sent: 0 });
+    let long = "Approval #7 is waiting for you. ".repeat(160);
+    assert_eq!(sender.send_text(950, &to, &long, None).await.expect("send"), SendOutcome::Sent { parts: 2, already_sent: 0 });
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let wamid = store::outbound_by_key(&mut conn, "job:950:part:0").await.expect("get").expect("row").wamid.expect("accepted");
-    drop(conn);
-    let failed = json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505550000",
-        "errors": [{ "code": 131047, "title": "Re-engagement message", "message": "Re-engagement message",
-                     "error_data": { "details": "Message failed to send because more than 24 hours have passed since the customer last replied to this number." } }] });
-    for _ in 0..2 {
-        assert_eq!(post_signed(&app, &status_envelope(vec![failed.clone()])).await.status, StatusCode::OK);
+    let mut failed = Vec::new();
+    for part in 0..2 {
+        let wamid = store::outbound_by_key(&mut conn, &format!("job:950:part:{part}")).await.expect("get").expect("row").wamid.expect("accepted");
+        failed.push(json!({ "id": wamid, "status": "failed", "timestamp": "1739321040", "recipient_id": "16505550000",
+            "errors": [{ "code": 131047, "title": "Re-engagement message", "message": "Re-engagement message",
+                         "error_data": { "details": "Message failed to send because more than 24 hours have passed since the customer last replied to this number." } }] }));
     }
+    drop(conn);
+    // Both parts refused in one post, then the first again in another.
+    assert_eq!(post_signed(&app, &status_envelope(failed.clone())).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(Echo::default())).await;
+    assert_eq!(post_signed(&app, &status_envelope(vec![failed[0].clone()])).await.status, StatusCode::OK);
     run_jobs(&app, Arc::new(Echo::default())).await;
     let templates: Vec<Value> = graph.sends().into_iter().filter(|b| b["type"] == "template").collect();
     assert_eq!(templates.len(), 1, "{:?}", graph.sends());
@@ -1110,6 +1116,8 @@ async fn a_window_refusal_reported_later_sends_the_template(db: TestDb) {
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::outbound_by_key(&mut conn, "job:950:template").await.expect("get").expect("the template in the ledger");
     assert_eq!(row.state, DeliveryState::Sent);
+    drop(conn);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.window_template'").await, 1, "one job for the two refused parts");
 }
 both_backends!(whatsapp_window_template_later, a_window_refusal_reported_later_sends_the_template);
 

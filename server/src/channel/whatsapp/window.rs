@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::sender::{Recipient, WhatsAppSender};
+use super::sender::{Recipient, SendError, WhatsAppSender};
 use crate::jobs::{Handler, JobContext, JobError, JobKind, JobOutput};
 
 /// Sends the window template for the job whose message was refused.
@@ -44,9 +44,16 @@ impl WindowTemplate {
 #[async_trait::async_trait]
 impl Handler<SendWindowTemplate> for WindowTemplate {
     async fn run(&self, args: SendWindowTemplate, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        if self.sender.settings().window_template.trim().is_empty() {
+            return Ok(JobOutput { preview: Some("no window_template is configured; nothing was sent".into()), snooze: None });
+        }
         let to = Recipient { id: args.to, group: args.group };
-        let sent = self.sender.send_window_template(args.job_id, &to).await?;
-        let preview = if sent { "the window template was sent" } else { "no window_template is configured; nothing was sent" };
+        let preview = match self.sender.send_window_template(args.job_id, &to).await {
+            Ok(true) => "the window template was sent",
+            Ok(false) => "Meta refused the window template; nothing was sent",
+            Err(SendError::Permanent { code, .. }) if code == "WHATSAPP_NOT_CONFIGURED" => "WhatsApp is not configured; nothing was sent",
+            Err(e) => return Err(e.into()),
+        };
         Ok(JobOutput { preview: Some(preview.into()), snooze: None })
     }
 }

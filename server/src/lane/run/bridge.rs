@@ -35,7 +35,7 @@ pub(super) enum Ran {
 
 /// What the person is waiting for, between the lane and the run it started.
 const WAITING: u8 = 0;
-/// The run answered in time: the lane replies with its answer.
+/// The run settled it in time (its answer, or that it will be tried again): the lane says so.
 const ANSWERED: u8 = 1;
 /// The lane stopped waiting and said the work is underway: the run sends its answer itself.
 const ABANDONED: u8 = 2;
@@ -153,8 +153,14 @@ impl Lane {
             let heartbeat = inline::keep_alive(db.clone(), &claimed);
             let started_ms = db::now_ms();
             let result = match telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await {
-                // Nothing is said yet: a worker tries again and sends the answer.
-                Err(retry) => Err(retry),
+                // Nothing is said yet: a worker tries again and sends the answer. A lane still
+                // waiting records that itself; one that stopped waiting learns nothing more.
+                Err(retry) => {
+                    if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        processor.trace_later(&job, &claimed.job, Err(&retry)).await;
+                    }
+                    Err(retry)
+                }
                 Ok(answer) if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
                     let result = outcome(&answer);
                     let _ = answered.send(answer);
@@ -174,10 +180,7 @@ impl Lane {
         });
         match wait(lane.immediate_deadline, &state, answer).await {
             Waited::Answered(answer) => {
-                let (event, code) = match &answer.failure {
-                    None => ("AgentToolExecutionSucceeded", "OK"),
-                    Some(code) => ("AgentToolExecutionFailed", code.as_str()),
-                };
+                let (event, code) = answer.event();
                 trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
                 Ran::Answered(answer)
             }

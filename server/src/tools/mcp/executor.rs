@@ -24,7 +24,7 @@ fn text_of(content: &[rmcp::model::ContentBlock]) -> String {
 impl McpExecutor {
     /// What the database says now of the tool and its server: an owner may have rejected the
     /// tool, or disabled the server, from another process since this one built its catalog.
-    /// A database that cannot say refuses the call too.
+    /// A database that cannot say fails the call (retryable): it does not reach the server.
     async fn still_allowed(&self, name: &str, server_id: &str) -> Result<(), ToolError> {
         let read = async {
             let mut conn = self.inner.db.pool.acquire().await?;
@@ -61,16 +61,18 @@ impl ToolExecutor for McpExecutor {
         if !*server.enabled.borrow() {
             return Err(ToolError::new(McpCode::ServerDisabled.as_str(), format!("the MCP server {} is disabled", route.server), false));
         }
-        if let Err(refused) = self.still_allowed(name, &route.server).await {
+        if let Err(e) = self.still_allowed(name, &route.server).await {
             // Decided in another process (the CLI, another `serve` or worker): this process's
-            // catalog catches up.
-            let manager = super::McpManager { inner: self.inner.clone() };
-            tokio::spawn(async move {
-                if let Err(e) = manager.rebuild().await {
-                    tracing::warn!(error = %e, "rebuilding the MCP catalog after a decision made elsewhere failed");
-                }
-            });
-            return Err(refused);
+            // catalog catches up. (A database that could not say decided nothing.)
+            if e.refused {
+                let manager = super::McpManager { inner: self.inner.clone() };
+                tokio::spawn(async move {
+                    if let Err(e) = manager.rebuild().await {
+                        tracing::warn!(error = %e, "rebuilding the MCP catalog after a decision made elsewhere failed");
+                    }
+                });
+            }
+            return Err(e);
         }
         let (peer, last_error) = {
             let live = server.live.borrow();
