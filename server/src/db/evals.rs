@@ -209,6 +209,18 @@ pub struct NewRepair<'a> {
     pub created_at: i64,
 }
 
+/// What a proposal holds, as `$1`..`$6`: an UPDATE's SET here, and the first six values of the
+/// INSERT ([`with_content`] binds them).
+const CONTENT: &str = "diff = $1, files = $2, results = $3, fixes = $4, regressions = $5, case_ids = $6";
+
+/// Binds a proposal's content, in [`CONTENT`]'s order, as the first six parameters.
+fn with_content<'q>(
+    query: sqlx::query::QueryAs<'q, sqlx::Any, RepairRow, sqlx::any::AnyArguments<'q>>,
+    r: &'q NewRepair<'_>,
+) -> sqlx::query::QueryAs<'q, sqlx::Any, RepairRow, sqlx::any::AnyArguments<'q>> {
+    query.bind(r.diff).bind(r.files).bind(r.results).bind(r.fixes).bind(r.regressions).bind(r.case_ids)
+}
+
 /// A diff as an edit: its lines without the hunk headers, whose line numbers move whenever
 /// the file is edited elsewhere.
 fn edit_of(diff: &str) -> Vec<&str> {
@@ -229,19 +241,8 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
         if row.state != RepairState::Proposed || row.files == r.files {
             return Ok((row, false));
         }
-        let updated = sqlx::query_as::<_, RepairRow>(&format!(
-            "UPDATE repairs SET diff = $1, files = $2, results = $3, fixes = $4, regressions = $5, case_ids = $6 \
-             WHERE id = $7 AND state = 'proposed' RETURNING {REPAIR_COLUMNS}"
-        ))
-        .bind(r.diff)
-        .bind(r.files)
-        .bind(r.results)
-        .bind(r.fixes)
-        .bind(r.regressions)
-        .bind(r.case_ids)
-        .bind(row.id)
-        .fetch_optional(&mut *conn)
-        .await?;
+        let sql = format!("UPDATE repairs SET {CONTENT} WHERE id = $7 AND state = 'proposed' RETURNING {REPAIR_COLUMNS}");
+        let updated = with_content(sqlx::query_as(&sql), r).bind(row.id).fetch_optional(&mut *conn).await?;
         // Decided between the read and the update: that decision stands, as it is now.
         let row = match updated {
             Some(row) => row,
@@ -249,21 +250,11 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
         };
         return Ok((row, false));
     }
-    let row = sqlx::query_as::<_, RepairRow>(&format!(
-        "INSERT INTO repairs (strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at) \
+    let sql = format!(
+        "INSERT INTO repairs (diff, files, results, fixes, regressions, case_ids, strategy, summary, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {REPAIR_COLUMNS}"
-    ))
-    .bind(r.strategy)
-    .bind(r.summary)
-    .bind(r.diff)
-    .bind(r.files)
-    .bind(r.results)
-    .bind(r.fixes)
-    .bind(r.regressions)
-    .bind(r.case_ids)
-    .bind(r.created_at)
-    .fetch_one(&mut *conn)
-    .await?;
+    );
+    let row = with_content(sqlx::query_as(&sql), r).bind(r.strategy).bind(r.summary).bind(r.created_at).fetch_one(&mut *conn).await?;
     Ok((row, true))
 }
 

@@ -149,9 +149,10 @@ pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step
     store::append_failure(conn, trace_id, step).await
 }
 
-/// Appends a delivery `step` to a finished trace on a connection of its own, marking the trace
-/// failed when `failed` (see [`append_failure`]). The trace records the delivery; it is not the
-/// delivery, so a failure to write it is logged here and not returned.
+/// Appends a `step` that comes after the message's turn (a delivery, a later run of its tool
+/// call) to its finished trace on a connection of its own, marking the trace failed when
+/// `failed` (see [`append_failure`]). The trace records the work; it is not the work, so a
+/// failure to write it is logged here and not returned.
 pub async fn record_delivery(db: &db::Db, trace_id: i64, step: &Step, failed: bool) {
     let written = async {
         let mut conn = db.pool.acquire().await?;
