@@ -35,10 +35,16 @@ impl Runtime {
     pub(super) async fn decide_approval(&self, id: i64, verdict: Verdict, owner_id: i64, inbound: &Inbound, nonce: Option<&str>) -> Result<(&'static str, String), RuntimeError> {
         let mut conn = self.db.pool.acquire().await?;
         let name = db::owners::find_by_id(&mut conn, owner_id).await?.map(|o| o.display_name).unwrap_or_else(|| "an owner".into());
-        drop(conn);
         // A decision typed into the console's simulator is recorded as made there, and its
-        // outcome is not sent to the phone whose number was typed.
-        let (via, phone) = if inbound.channel == crate::channel::SIMULATOR { ("simulator", None) } else { ("whatsapp", Some(inbound.sender.chars().filter(char::is_ascii_digit).collect())) };
+        // outcome goes, as for one made on the Approvals page, to the deciding owner's first
+        // number, never to the number that was typed.
+        let (via, phone) = if inbound.channel == crate::channel::SIMULATOR {
+            let phones = db::owners::phones_of(&mut conn, owner_id).await?;
+            ("simulator", phones.first().map(|p| p.trim_start_matches('+').to_string()))
+        } else {
+            ("whatsapp", Some(inbound.sender.chars().filter(char::is_ascii_digit).collect()))
+        };
+        drop(conn);
         let by = Decider { name, owner_id: Some(owner_id), phone, via };
         Ok(match self.approvals.decide(id, verdict, &by, nonce, None).await {
             Ok(decided) => ("APPROVAL_DECIDED", self.approvals.decided_reply(&decided)),

@@ -268,8 +268,9 @@ async fn owners_decide_with_text_commands(db: TestDb) {
 both_backends!(approvals_text_commands, owners_decide_with_text_commands);
 
 /// A console owner who types another owner's number into the simulator decides as themself,
-/// through the simulator: the approval names the console owner and the simulator, and nothing
-/// about it goes to the phone whose number was typed.
+/// through the simulator: the approval names the console owner and the simulator, its outcome
+/// is for the console owner's own number, and nothing about it goes to the phone whose number
+/// was typed.
 async fn a_decision_typed_into_the_simulator_is_the_console_owners(db: TestDb) {
     let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
     let mut console = r.app.with_owner("ada", "correct horse battery").await;
@@ -284,7 +285,9 @@ async fn a_decision_typed_into_the_simulator_is_the_console_owners(db: TestDb) {
     r.exchange(&[], 0).await;
     let row: (String, Option<String>, Option<i64>, Option<String>, Option<String>) =
         sqlx::query_as("SELECT state, decided_by, decider_owner_id, decided_via, decider_phone FROM approvals WHERE id = $1").bind(id).fetch_one(&r.app.state.db.pool).await.expect("row");
-    assert_eq!(row, ("rejected".to_string(), Some("Test Owner".to_string()), Some(ada), Some("simulator".to_string()), None));
+    // The outcome of a decision goes to the deciding owner's own first number, as from the
+    // Approvals page: the console owner's, not the typed one.
+    assert_eq!(row, ("rejected".to_string(), Some("Test Owner".to_string()), Some(ada), Some("simulator".to_string()), Some("15550001111".to_string())));
     assert_eq!(to_typed(), before, "nothing about the decision went to the typed number: {:?}", r.graph.texts());
     assert!(r.graph.texts().contains(&r.app.state.config.settings.approvals.requester_rejected), "the customer who asked is told, as for any rejection");
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
