@@ -796,14 +796,20 @@ both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_
 async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| s.whatsapp.phone_number_id = String::new()).await;
-    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.NOID", "hello")]])).await.status, StatusCode::OK);
+    nothing_is_asked(&app, &graph, "wamid.NOID", "phone_number_id is not set").await;
+}
+
+/// Posts a message to `app`, which cannot send: no model is asked, nothing is sent, and the
+/// stored message's outcome says `why`.
+async fn nothing_is_asked(app: &TestApp, graph: &FakeGraph, wamid: &str, why: &str) {
+    assert_eq!(post_signed(app, &envelope(vec![vec![text_message("16505551234", wamid, "hello")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
-    run_jobs(&app, echo.clone()).await;
+    run_jobs(app, echo.clone()).await;
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
     assert!(graph.all().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, "wamid.NOID").await.expect("get").expect("stored");
-    assert!(row.outcome.as_deref().is_some_and(|o| o.contains("phone_number_id is not set")), "{row:?}");
+    let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
+    assert!(row.outcome.as_deref().is_some_and(|o| o.contains(why)), "{row:?}");
 }
 both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
 
@@ -823,14 +829,7 @@ async fn without_an_access_token_nothing_is_asked(db: TestDb) {
         s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
     })
     .await;
-    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.NOTOKEN", "hello")]])).await.status, StatusCode::OK);
-    let echo = Arc::new(Echo::default());
-    run_jobs(&app, echo.clone()).await;
-    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
-    assert!(graph.all().is_empty());
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, "wamid.NOTOKEN").await.expect("get").expect("stored");
-    assert!(row.outcome.as_deref().is_some_and(|o| o.contains("WHATSAPP_ACCESS_TOKEN is not set")), "{row:?}");
+    nothing_is_asked(&app, &graph, "wamid.NOTOKEN", "WHATSAPP_ACCESS_TOKEN is not set").await;
 }
 both_backends!(whatsapp_no_access_token, without_an_access_token_nothing_is_asked);
 
