@@ -65,5 +65,5 @@ pub(super) async fn write(conn: &mut sqlx::AnyConnection, job: &JobRow, owner: &
     }
     let preview = result.as_ref().ok().and_then(|out| out.preview.clone());
     let completed = store::complete(conn, &[Finished { id: job.id, attempt: job.attempt, preview }], owner, now).await?;
-    Ok(if completed.contains(&job.id) { Applied::Completed } else { Applied::Stale })
+    Ok(if completed.contains(&(job.id, job.attempt)) { Applied::Completed } else { Applied::Stale })
 }

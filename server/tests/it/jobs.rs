@@ -108,9 +108,12 @@ async fn complete_a_batch_of_runs(db: TestDb) {
     done[1].attempt += 1; // a stale run: that lease token is not the job's
     done[2].preview = None;
     done.push(Finished { id: theirs[0].id, attempt: theirs[0].attempt, preview: Some("not mine".into()) });
+    // Two runs of one job in one batch (a stalled run and its rerun): only the run holding the
+    // lease completes it, and only that run is reported.
+    done.push(Finished { id: mine[0].id, attempt: mine[0].attempt + 1, preview: Some("the other run".into()) });
     let mut completed = store::complete(&mut conn, &done, "w1", now + 5).await.expect("complete");
     completed.sort_unstable();
-    assert_eq!(completed, vec![mine[0].id, mine[2].id]);
+    assert_eq!(completed, vec![(mine[0].id, mine[0].attempt), (mine[2].id, mine[2].attempt)]);
     let first = store::get(&mut conn, mine[0].id).await.expect("get").expect("row");
     assert_eq!((first.state, first.result_preview.as_deref(), first.completed_at, first.lease_owner.as_deref()), (JobState::Completed, Some(format!("result of {}", mine[0].id).as_str()), Some(now + 5), None));
     let third = store::get(&mut conn, mine[2].id).await.expect("get").expect("row");
@@ -285,7 +288,7 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     let j = store::get(&mut conn, pending).await.expect("g").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.
-    assert_eq!(store::complete(&mut conn, &[Finished { id: pending, attempt: 1, preview: None }], "w1", t0 + 500).await.expect("complete"), Vec::<i64>::new());
+    assert_eq!(store::complete(&mut conn, &[Finished { id: pending, attempt: 1, preview: None }], "w1", t0 + 500).await.expect("complete"), Vec::<(i64, i64)>::new());
 }
 both_backends!(jobs_cancel_expire_rescue, cancel_expire_rescue_pending);
 
@@ -697,3 +700,66 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     assert!(store::retry_now(&mut conn, cancelled, db::now_ms() + db::duration_ms(lease)).await.expect("retry"), "once its lease ran out, it can be retried");
 }
 both_backends!(worker_heartbeat_and_cancel, heartbeats_keep_long_jobs_and_cancel_stops_a_run);
+
+/// Counts the runs of its kind going on at once; a run its worker stops counts out when dropped.
+#[derive(Default)]
+struct Overlap {
+    started: AtomicUsize,
+    active: Arc<AtomicUsize>,
+    most: AtomicUsize,
+}
+
+struct Active(Arc<AtomicUsize>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl JobHandler for Overlap {
+    async fn run(&self, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        let _active = Active(self.active.clone());
+        self.most.fetch_max(now, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(JobOutput::default())
+    }
+}
+
+/// A run that stops renewing its lease (a stall) is rescued by its own worker's maintenance
+/// and claimed again by that same worker: the stalled run is stopped, so the job never runs
+/// twice at once, and the rerun completes it.
+async fn a_job_claimed_again_by_its_worker_stops_the_stalled_run(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let overlap = Arc::new(Overlap::default());
+    let mut registry = Registry::new();
+    registry.register("overlap", overlap.clone());
+    // Heartbeats every 10 s: none falls inside this test, so the lease ends only as below.
+    let settings = WorkerSettings { lease: Duration::from_secs(30), job_timeout: Duration::from_secs(20), maintenance_interval: Duration::from_millis(100), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let id = queue.enqueue(&job("overlap")).await.expect("enqueue").job.id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while overlap.started.load(Ordering::SeqCst) < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the job never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The run's lease runs out as if its heartbeats had stalled.
+    sqlx::query("UPDATE jobs SET lease_expires_at = 1 WHERE id = $1").bind(id).execute(&pool.pool).await.expect("expire the lease");
+    while overlap.started.load(Ordering::SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the rescued job was never claimed again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until_finished(&pool, 1, Duration::from_secs(10)).await;
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+    assert_eq!(overlap.most.load(Ordering::SeqCst), 1, "the stalled run went on beside its rerun");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let j = store::get(&mut conn, id).await.expect("get").expect("job");
+    assert_eq!((j.state, j.attempt), (JobState::Completed, 2));
+}
+both_backends!(worker_reclaim_stops_stalled_run, a_job_claimed_again_by_its_worker_stops_the_stalled_run);

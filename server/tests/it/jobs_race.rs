@@ -71,7 +71,7 @@ async fn rescue_racing_a_completion(db: TestDb) {
 
     let mut worker = pool.begin_write().await.expect("begin");
     let done = store::complete(&mut worker, &[Finished { id, attempt: 1, preview: None }], "w1", t0 + 20).await.expect("complete");
-    assert_eq!(done, vec![id]);
+    assert_eq!(done, vec![(id, 1)]);
 
     let rescuer_pool = pool.clone();
     let rescuer = tokio::spawn(async move {
@@ -118,7 +118,7 @@ async fn expire_racing_a_claim(db: TestDb) {
     assert_eq!((job.state, job.lease_owner.as_deref()), (JobState::Running, Some("w1")), "the claim stands (expired: {expired:?})");
     assert!(expired.is_empty(), "{expired:?}");
     // Its worker's result still counts.
-    assert_eq!(store::complete(&mut conn, &[Finished { id, attempt: 1, preview: None }], "w1", ttl_end + 2).await.expect("complete"), vec![id]);
+    assert_eq!(store::complete(&mut conn, &[Finished { id, attempt: 1, preview: None }], "w1", ttl_end + 2).await.expect("complete"), vec![(id, 1)]);
 }
 both_backends!(jobs_expire_races_claim, expire_racing_a_claim);
 

@@ -95,9 +95,10 @@ pub struct Finished {
 const COMPLETE_CHUNK: usize = 500;
 
 /// Marks jobs this owner holds as completed, one statement per chunk of runs (and on PostgreSQL
-/// their events in the same statement). Returns the ids that were completed (a job whose lease
-/// was rescued meanwhile belongs to someone else and is left alone).
-pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, now: i64) -> Result<Vec<i64>, DbError> {
+/// their events in the same statement). Returns the runs that completed their jobs, as (id,
+/// attempt): a job whose lease was rescued meanwhile belongs to someone else and is left alone,
+/// and of two runs of one job (a stale one and its rerun) only the current attempt counts.
+pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, now: i64) -> Result<Vec<(i64, i64)>, DbError> {
     let backend = backend_of(conn);
     let mut completed = Vec::with_capacity(done.len());
     for chunk in done.chunks(COMPLETE_CHUNK) {
@@ -111,7 +112,7 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
                    WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = $2 \
                    RETURNING jobs.id, jobs.attempt), \
                  events AS (INSERT INTO job_events (job_id, at, state, attempt) SELECT id, $1, 'completed', attempt FROM done) \
-                 SELECT id FROM done",
+                 SELECT id, attempt FROM done",
                 value_rows_from(3, chunk.len(), 3)
             ),
             // Every placeholder once and in the order of the text (`?`, see `db::value_rows`):
@@ -121,11 +122,11 @@ pub async fn complete(conn: &mut AnyConnection, done: &[Finished], owner: &str, 
                  UPDATE jobs SET state = 'completed', completed_at = by_now, updated_at = by_now, result_preview = run_preview, \
                    lease_owner = NULL, lease_expires_at = NULL FROM run, by \
                  WHERE jobs.id = run_id AND jobs.attempt = run_attempt AND jobs.state = 'running' AND jobs.lease_owner = by_owner \
-                 RETURNING id",
+                 RETURNING id, attempt",
                 value_rows(Backend::Sqlite, chunk.len(), 3)
             ),
         };
-        let mut q = sqlx::query_scalar::<_, i64>(&sql);
+        let mut q = sqlx::query_as::<_, (i64, i64)>(&sql);
         if backend == Backend::Postgres {
             q = q.bind(now).bind(owner);
         }

@@ -197,9 +197,22 @@ impl Worker {
     fn start_all(&self, jobs: Claimed, tasks: &mut JoinSet<()>, in_flight: &InFlight, done: &mpsc::UnboundedSender<Outcome>) {
         for (job, permit) in jobs {
             let (id, attempt) = (job.id, job.attempt);
+            // A job this worker claims again was rescued from a run of its own that stopped
+            // renewing its lease (a stall): that run is stopped, and the new one starts once it
+            // has, so the two never overlap.
+            let stalled = in_flight.lock().ok().and_then(|mut map| map.remove(&id)).map(|(stale, run)| {
+                run.abort();
+                tracing::warn!(worker = %self.id, job.id = id, attempt = stale, "the job was rescued and claimed again; its earlier run is stopped");
+                run
+            });
             let me = self.clone();
             let done = done.clone();
             let handle = tasks.spawn(async move {
+                if let Some(run) = stalled {
+                    while !run.is_finished() {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
                 let result = me.execute(&job).await;
                 let _ = done.send(Outcome { job, result, permit });
             });

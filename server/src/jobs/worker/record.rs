@@ -142,7 +142,7 @@ impl Worker {
             written.push(w);
         }
         let completed = store::complete(tx, &done, &self.id, now).await?;
-        Ok(batch.iter().zip(written).map(|(o, w)| w.unwrap_or(if completed.contains(&o.job.id) { Applied::Completed } else { Applied::Stale })).collect())
+        Ok(batch.iter().zip(written).map(|(o, w)| w.unwrap_or(if completed.contains(&(o.job.id, o.job.attempt)) { Applied::Completed } else { Applied::Stale })).collect())
     }
 
     /// Metrics of committed outcomes.
