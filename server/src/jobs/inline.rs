@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use super::{
     JobError, JobOutput,
     outcome::{self, RetryTimes},
@@ -48,10 +50,14 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
 }
 
 /// Extends the lease while the run lasts, as a worker's heartbeat does, so a long call is not
-/// rescued from under a live process. Abort the task when the run ends.
-pub fn keep_alive(db: Db, claimed: &Claimed) -> tokio::task::JoinHandle<()> {
+/// rescued from under a live process. A renewal that fails (the database busy a moment) is tried
+/// again at the next beat, as a worker's is. When the lease is found gone (an owner cancelled
+/// the job, or it was rescued after a stall and may run elsewhere) the returned receiver
+/// resolves: the run must stop. Abort the task when the run ends.
+pub fn keep_alive(db: Db, claimed: &Claimed) -> (tokio::task::JoinHandle<()>, oneshot::Receiver<()>) {
     let (id, owner, lease) = (claimed.job.id, claimed.owner.clone(), claimed.lease);
-    tokio::spawn(async move {
+    let (lost, lease_lost) = oneshot::channel();
+    let task = tokio::spawn(async move {
         let every = (lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
@@ -61,9 +67,16 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> tokio::task::JoinHandle<()> {
                 store::heartbeat(&mut conn, &[id], &owner, until).await
             }
             .await;
-            if !matches!(renewed, Ok(ref held) if held.contains(&id)) {
-                return;
+            match renewed {
+                Ok(held) if held.contains(&id) => {}
+                Ok(_) => {
+                    tracing::info!(job.id = id, "lease lost (cancelled or rescued); the run at once is stopped");
+                    let _ = lost.send(());
+                    return;
+                }
+                Err(e) => tracing::warn!(job.id = id, error = %e, "lease heartbeat failed; tried again at the next beat"),
             }
         }
-    })
+    });
+    (task, lease_lost)
 }

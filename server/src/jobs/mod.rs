@@ -39,6 +39,10 @@ pub enum JobCode {
     Timeout,
     #[strum(serialize = "JOB_PANICKED")]
     Panicked,
+    /// The run's lease was gone before it ended (an owner cancelled the job, or it was rescued
+    /// after a stall): the run was stopped and its result is not recorded.
+    #[strum(serialize = "JOB_LEASE_LOST")]
+    LeaseLost,
     /// The handler's own database work failed; retried.
     #[strum(serialize = "DATABASE_ERROR")]
     Database,

@@ -501,6 +501,43 @@ async fn a_failed_send_of_a_later_answer_never_runs_the_tool_again(db: TestDb) {
 }
 both_backends!(lane_e2e_resend, a_failed_send_of_a_later_answer_never_runs_the_tool_again);
 
+/// An owner who cancels a call the lane is running at once stops it, as a worker's run is
+/// stopped: the person has the acknowledgement and nothing after it, and the job stays
+/// cancelled. (The run used to go on and send its answer when the tool replied.)
+async fn cancelling_a_call_run_at_once_stops_it(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.immediate_deadline = Duration::from_millis(300);
+        s.jobs.lease = Duration::from_millis(1500);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(3);
+    let items = vec![text_message(CUSTOMER, "wamid.CANCEL", "Where is my order slow-7?")];
+    assert_eq!(post_signed(&r.app, &envelope(vec![items])).await.status, axum::http::StatusCode::OK);
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(r.app.gatehouse.worker().run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while r.shop.requests.lock().expect("lock").is_empty() || r.graph.sends().is_empty() {
+        assert!(Instant::now() < deadline, "the call never started: {:?}", r.graph.texts());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked = Instant::now();
+    let id: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    assert!(server::db::jobs::cancel(&mut conn, id, "owner cancelled", server::db::now_ms()).await.expect("cancel"), "the run holds it");
+    drop(conn);
+    // Past the tool's answer, with time for a summary and a send.
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(asked.elapsed()) + Duration::from_secs(1)).await;
+    let _ = stop.send(true);
+    let _ = worker.await;
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    assert_eq!(r.graph.texts(), vec![pending], "the acknowledgement only");
+    let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(id).fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!(state, "cancelled", "{code:?}");
+    let summaries = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == SUMMARIZER_MODEL).count();
+    assert_eq!(summaries, 0, "the stopped run asked for no summary");
+}
+both_backends!(lane_e2e_cancel_inline, cancelling_a_call_run_at_once_stops_it);
+
 /// The planner reads the chat's latest messages (seed §5.2, recent memory): a place the person
 /// named in normal chat is where "there" is, without asking again.
 async fn the_planner_reads_what_the_chat_said_before(db: TestDb) {

@@ -19,7 +19,7 @@ use crate::{
     channel::{Inbound, ReplyTo},
     db::{self, jobs::NewJob},
     domain::Role,
-    jobs::{JobError, JobOutput, inline},
+    jobs::{JobCode, JobError, JobOutput, inline},
     lane::{job::ToolCallJob, processor::Answer, validator::ValidatedCall},
     tools::ToolCall,
     traces::Recorder,
@@ -149,27 +149,46 @@ impl Lane {
         let (answered, answer) = oneshot::channel::<Answer>();
         let (db, processor, outbound_state, telemetry) = (self.db.clone(), self.processor.clone(), state.clone(), self.queue.telemetry().clone());
         let started = Instant::now();
+        let budget = self.settings.jobs.timeouts.tool_call;
         tokio::spawn(async move {
-            let heartbeat = inline::keep_alive(db.clone(), &claimed);
+            let (heartbeat, lease_lost) = inline::keep_alive(db.clone(), &claimed);
             let started_ms = db::now_ms();
-            let result = match telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await {
-                // Nothing is said yet: a worker tries again and sends the answer. A lane still
-                // waiting records that itself; one that stopped waiting learns nothing more.
-                Err(retry) => {
-                    if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                        processor.trace_later(&job, &claimed.job, Err(&retry)).await;
+            let run = async {
+                match telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await {
+                    // Nothing is said yet: a worker tries again and sends the answer. A lane still
+                    // waiting records that itself; one that stopped waiting learns nothing more.
+                    Err(retry) => {
+                        if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                            processor.trace_later(&job, &claimed.job, Err(&retry)).await;
+                        }
+                        Err(retry)
                     }
-                    Err(retry)
+                    Ok(answer) if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
+                        let result = outcome(&answer);
+                        let _ = answered.send(answer);
+                        result
+                    }
+                    // The person was told the work is underway: the answer goes out on its own.
+                    Ok(answer) => {
+                        processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
+                        processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+                    }
                 }
-                Ok(answer) if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
-                    let result = outcome(&answer);
-                    let _ = answered.send(answer);
-                    result
-                }
-                // The person was told the work is underway: the answer goes out on its own.
-                Ok(answer) => {
-                    processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
-                    processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+            };
+            // The run stops, as a worker's would, when its budget is spent or its lease is gone
+            // (an owner cancelled the job, or it was rescued after a stall and may run elsewhere).
+            let ran = tokio::select! {
+                ran = tokio::time::timeout(budget, run) => ran.map_err(|_| JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}"))),
+                Ok(()) = lease_lost => Err(JobError::retryable(JobCode::LeaseLost.as_str(), "the job was cancelled, or taken over, while this run held it")),
+            };
+            let result = match ran {
+                Ok(result) => result,
+                // Stopped before it said anything: as a failed run above.
+                Err(stopped) => {
+                    if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        processor.trace_later(&job, &claimed.job, Err(&stopped)).await;
+                    }
+                    Err(stopped)
                 }
             };
             heartbeat.abort();
