@@ -68,6 +68,17 @@ impl AppError {
             "MCP_ELICITATION_INVALID" => 400,
             "MCP_ELICITATION_CLOSED" => 409,
             "MCP_ELICITATION_UNKNOWN" => 404,
+            // An approval decision the request's state refuses: decided already (by another
+            // owner, say), expired, not waiting, or refused by policy; and one that is not there.
+            "APPROVAL_ALREADY_DECIDED" | "APPROVAL_EXPIRED" | "APPROVAL_NOT_NEEDED" | "APPROVAL_REFUSED" => 409,
+            "APPROVAL_INVALID_BUTTON" => 400,
+            "APPROVAL_NOT_FOUND" => 404,
+            // An MCP server's OAuth login: asked of a server without one, a login that is gone or
+            // another owner's, and an authorization server that failed or refused.
+            "MCP_NOT_OAUTH" => 400,
+            "MCP_OAUTH_LOGIN_UNKNOWN" => 404,
+            "MCP_OAUTH_LOGIN_NOT_YOURS" => 403,
+            "MCP_OAUTH_DISCOVERY_FAILED" | "MCP_OAUTH_REGISTRATION_FAILED" | "MCP_OAUTH_DENIED" => 502,
             _ => 500,
         }
     }

@@ -18,8 +18,8 @@ pub struct EventSettings {
     /// fallback behind the wake-ups its own writes and PostgreSQL's NOTIFY give.
     #[serde(with = "duration_str")]
     pub poll_interval: Duration,
-    /// Live streams one owner session may hold open at once (a page each); one more gets 429
-    /// `TOO_MANY_STREAMS`.
+    /// Live streams one owner session may hold open at once (a page each), counted apart for the
+    /// event stream and the MCP servers page's stream; one more gets 429 `TOO_MANY_STREAMS`.
     pub max_streams_per_session: usize,
     /// Events a reconnecting page is sent from the database (after its Last-Event-ID) before it
     /// is told to reload instead.

@@ -150,7 +150,7 @@ impl Telemetry {
         tokio::spawn(export_spans(span_exporter, facts, db.clone(), service.clone(), meters.messages.clone()));
         let metrics = Arc::new(MetricsPush { exporter: metric_exporter, reader, db, depth });
         let metrics_task = tokio::spawn(export_metrics(metrics.clone(), settings.export_interval));
-        tracing::info!(endpoint = %base, service = %service, "OpenTelemetry export on");
+        tracing::info!(endpoint = %crate::config::load::display_url(base), service = %service, "OpenTelemetry export on");
         Ok(Self { inner: Some(Arc::new(Inner { service, queue, meters, provider, metrics, metrics_task: Mutex::new(Some(metrics_task)) })) })
     }
 

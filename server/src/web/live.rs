@@ -133,11 +133,21 @@ fn wanted(topics: &[Topic], envelope: &Envelope) -> bool {
     envelope.event.topic().is_none_or(|t| topics.is_empty() || topics.contains(&t))
 }
 
+/// A slot among the session's streams of one `kind`, unless it holds as many as it may.
+fn take_slot(state: &AppState, session: &Session, kind: &str) -> Option<StreamSlot> {
+    let key = format!("{kind}:{}", session.id().map(|id| id.to_string()).unwrap_or_default());
+    state.streams.take(&key, state.events.settings().max_streams_per_session)
+}
+
+/// The answer to one stream more than a session may hold.
+fn too_many_streams() -> Response {
+    let message = "Too many live pages are open in this session; close one, or reload this page later.";
+    (StatusCode::TOO_MANY_REQUESTS, Json(serde_json::json!({ "code": TOO_MANY_STREAMS, "message": message }))).into_response()
+}
+
 pub async fn events_stream(State(state): State<AppState>, Extension(backend): Extension<SharedBackend>, session: Session, headers: HeaderMap, Query(query): Query<StreamQuery>) -> Response {
-    let key = session.id().map(|id| id.to_string()).unwrap_or_default();
-    let Some(slot) = state.streams.take(&key, state.events.settings().max_streams_per_session) else {
-        let message = "Too many live pages are open in this session; close one, or reload this page later.";
-        return (StatusCode::TOO_MANY_REQUESTS, Json(serde_json::json!({ "code": TOO_MANY_STREAMS, "message": message }))).into_response();
+    let Some(slot) = take_slot(&state, &session, "events") else {
+        return too_many_streams();
     };
     let topics: Vec<Topic> = query.topics.split(',').filter_map(|t| t.trim().parse().ok()).collect();
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(EventId::parse);
@@ -225,15 +235,20 @@ async fn wait_or_stop(first: bool, shutdown: &mut Option<tokio::sync::watch::Rec
 
 /// MCP server changes for the MCP servers page: each second the servers' status (health, last
 /// error, tool and pending counts, enabled) and the forms waiting for an owner are compared
-/// with the last one sent.
-pub async fn mcp_stream(State(state): State<AppState>, Extension(backend): Extension<SharedBackend>, session: Session) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// with the last one sent. A session holds at most `events.max_streams_per_session` of them, as
+/// of the event streams (each reads the database every second).
+pub async fn mcp_stream(State(state): State<AppState>, Extension(backend): Extension<SharedBackend>, session: Session) -> Response {
     struct McpWatch {
         state: AppState,
         last: Option<u64>,
         shutdown: Option<tokio::sync::watch::Receiver<bool>>,
         viewer: Viewer,
+        _slot: StreamSlot,
     }
-    let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend) };
+    let Some(slot) = take_slot(&state, &session, "mcp") else {
+        return too_many_streams();
+    };
+    let start = McpWatch { state, last: None, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
     let stream = futures_util::stream::unfold(start, |mut w| async move {
         loop {
             if !wait_or_stop(w.last.is_none(), &mut w.shutdown).await {
@@ -265,8 +280,8 @@ pub async fn mcp_stream(State(state): State<AppState>, Extension(backend): Exten
                 continue;
             }
             w.last = Some(fingerprint);
-            return Some((Ok(Event::default().event("message").data(fingerprint.to_string())), w));
+            return Some((Ok::<Event, Infallible>(Event::default().event("message").data(fingerprint.to_string())), w));
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
 }

@@ -25,6 +25,28 @@ fn is_page(path: &str) -> bool {
         && !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | crate::tools::mcp::CALLBACK_PATH)
 }
 
+/// A server function's error answered with the status its code calls for. An error its body
+/// returns gets it from `app::auth::answer`; input that does not decode (a field missing, a
+/// number that is not one) fails before the body runs, and server_fn answers that 500, an
+/// ERROR in the log for a client's mistake. Such an answer is an [`AppError`] in JSON under the
+/// `serverfnerror` header: its code decides.
+pub async fn server_fn_status(res: Response) -> Response {
+    const MAX_ERROR_BYTES: usize = 64 * 1024;
+    if res.status() != StatusCode::INTERNAL_SERVER_ERROR || !res.headers().contains_key(leptos::server_fn::error::SERVER_FN_ERROR_HEADER) {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_ERROR_BYTES).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    if let Ok(error) = serde_json::from_slice::<AppError>(&bytes)
+        && let Ok(status) = StatusCode::from_u16(error.status())
+    {
+        parts.status = status;
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
 /// Counts requests and observes latency by matched route, method and status.
 pub async fn track_metrics(req: Request, next: Next) -> Response {
     let start = Instant::now();

@@ -17,7 +17,7 @@ use app::{App, backend::SharedBackend, shell};
 use axum::{
     Extension, Router,
     http::{StatusCode, header},
-    middleware::{from_fn, from_fn_with_state},
+    middleware::{from_fn, from_fn_with_state, map_response},
     response::{Html, IntoResponse},
     routing::get,
 };
@@ -102,6 +102,7 @@ pub fn router(state: AppState) -> Router {
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)
+        .layer(map_response(middleware::server_fn_status))
         .layer(from_fn_with_state(guard, middleware::console_guard))
         .layer(sessions);
 

@@ -241,6 +241,32 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
 
+/// The Approvals page's decision answers each refusal with its own status and code, not a
+/// server error: a request another owner decided first (409), one that is not there (404), and
+/// an id that is not a number, which fails before the server function runs (400).
+async fn a_refused_decision_is_a_client_error(db: TestDb) {
+    use axum::http::StatusCode;
+    let r = rig(db, |_| {}).await;
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "7002" }) };
+    let requested = r.app.gatehouse.approvals.request(&call, &console_requester("corr-twice"), None, None).await.expect("request");
+    let id = requested.id.to_string();
+    let decide = [("id", id.as_str()), ("decision", "reject"), ("reason", "not now")];
+    let first = owner.post_form("/api/decide_approval", &decide).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let twice = owner.post_form("/api/decide_approval", &decide).await;
+    assert_eq!((twice.status, twice.json()["code"].as_str()), (StatusCode::CONFLICT, Some("APPROVAL_ALREADY_DECIDED")), "{}", twice.body);
+    let missing = owner.post_form("/api/decide_approval", &[("id", "999999"), ("decision", "approve")]).await;
+    assert_eq!((missing.status, missing.json()["code"].as_str()), (StatusCode::NOT_FOUND, Some("APPROVAL_NOT_FOUND")), "{}", missing.body);
+    let garbled = owner.post_form("/api/decide_approval", &[("id", "abc"), ("decision", "approve")]).await;
+    assert_eq!((garbled.status, garbled.json()["code"].as_str()), (StatusCode::BAD_REQUEST, Some("REQUEST_FAILED")), "{}", garbled.body);
+    // The public login function too: a post without every field is the client's mistake.
+    let mut visitor = r.app.client();
+    let partial = visitor.post_form("/api/login", &[("login", "ada"), ("password", "x")]).await;
+    assert_eq!(partial.status, StatusCode::BAD_REQUEST, "{}", partial.body);
+}
+both_backends!(approvals_refused_decision_status, a_refused_decision_is_a_client_error);
+
 /// `/reject ID reason` and `/approve ID` as text from an owner's number decide like the
 /// buttons: the rejection keeps its reason and tells the customer; the approval runs the call.
 async fn owners_decide_with_text_commands(db: TestDb) {

@@ -283,6 +283,16 @@ async fn an_owner_session_holds_a_limited_number_of_streams(db: TestDb) {
     let login = other.post_form("/api/login", &[("login", "ada"), ("password", "correct horse battery"), ("next", "/")]).await;
     assert_eq!(login.status, StatusCode::OK, "{}", login.body);
     open(&app, &other.cookie.clone().expect("second session"), None).await.expect("another session's stream");
+
+    // The MCP servers page's stream reads the database every second: it has a limit of its
+    // own, which the event streams above do not use up.
+    let mcp = app::pages::mcp::MCP_STREAM;
+    let first = open_at(&app, mcp, &cookie, None).await.expect("an MCP stream beside two event streams");
+    let _second = open_at(&app, mcp, &cookie, None).await.expect("second MCP stream");
+    let Err((status, body)) = open_at(&app, mcp, &cookie, None).await else { panic!("a third MCP stream is refused") };
+    assert_eq!((status, body["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("TOO_MANY_STREAMS")));
+    drop(first);
+    open_at(&app, mcp, &cookie, None).await.expect("a closed MCP stream frees its slot");
 }
 both_backends!(events_stream_limit, an_owner_session_holds_a_limited_number_of_streams);
 

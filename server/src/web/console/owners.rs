@@ -184,14 +184,15 @@ fn disk_notice(db: &db::Db, settings: &crate::config::DatabaseSettings) -> Optio
     (full.is_some() || low).then(|| DiskNotice { full_since_ms: full.map(|f| f.since_ms), last_full_ms: full.map(|f| f.last_ms), free_bytes, low_space_mib: settings.low_space_mib })
 }
 
-/// The effective settings as dotted keys. URL values lose credentials and query strings.
+/// The effective settings as dotted keys. URL values lose credentials and query strings,
+/// whatever their key is called (`database.url`, `telemetry.otlp_endpoint`, ...).
 pub fn effective_entries(settings: &crate::config::Settings) -> Vec<SettingEntry> {
     let mut out = Vec::new();
     if let Ok(value) = serde_json::to_value(settings) {
         flatten("", &value, &mut out);
     }
     for entry in &mut out {
-        if entry.key.ends_with("url") && !entry.value.is_empty() {
+        if entry.key.ends_with("url") && !entry.value.is_empty() || entry.value.contains("://") {
             entry.value = display_url(&entry.value);
         }
     }
@@ -221,4 +222,19 @@ async fn waiting_in(conn: &mut AnyConnection, now: i64) -> Result<WaitingInfo, A
         mcp_forms: w.mcp_forms,
         repairs: w.repairs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effective_entries;
+
+    #[test]
+    fn a_url_setting_loses_its_credentials_whatever_its_key_is_called() {
+        let mut settings = crate::config::Settings::default();
+        settings.telemetry.otlp_endpoint = "https://user:PASSWORD@otlp.example/v1?api-key=KEY#frag".into();
+        let entries = effective_entries(&settings);
+        let endpoint = entries.iter().find(|e| e.key == "telemetry.otlp_endpoint").expect("the key is listed");
+        assert_eq!(endpoint.value, "https://otlp.example/v1");
+        assert!(entries.iter().all(|e| !e.value.contains("PASSWORD") && !e.value.contains("KEY")), "{entries:?}");
+    }
 }
