@@ -701,7 +701,7 @@ async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
 }
 both_backends!(worker_heartbeat_and_cancel, heartbeats_keep_long_jobs_and_cancel_stops_a_run);
 
-/// Counts the runs of its kind going on at once; a run its worker stops counts out when dropped.
+/// Counts the runs of its kind going on at once (a run its worker stops counts out when dropped).
 #[derive(Default)]
 struct Overlap {
     started: AtomicUsize,
@@ -730,9 +730,9 @@ impl JobHandler for Overlap {
 }
 
 /// A run that stops renewing its lease (a stall) is rescued by its own worker's maintenance
-/// and claimed again by that same worker: the stalled run is stopped, so the job never runs
-/// twice at once, and the rerun completes it.
-async fn a_job_claimed_again_by_its_worker_stops_the_stalled_run(db: TestDb) {
+/// and claimed again by that same worker: the rerun waits for the stalled run to end, so the
+/// job never runs twice at once, and the rerun completes it.
+async fn a_job_claimed_again_by_its_worker_waits_for_the_stalled_run(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
     let overlap = Arc::new(Overlap::default());
@@ -762,4 +762,4 @@ async fn a_job_claimed_again_by_its_worker_stops_the_stalled_run(db: TestDb) {
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.attempt), (JobState::Completed, 2));
 }
-both_backends!(worker_reclaim_stops_stalled_run, a_job_claimed_again_by_its_worker_stops_the_stalled_run);
+both_backends!(worker_reclaim_waits_for_stalled_run, a_job_claimed_again_by_its_worker_waits_for_the_stalled_run);

@@ -198,11 +198,11 @@ impl Worker {
         for (job, permit) in jobs {
             let (id, attempt) = (job.id, job.attempt);
             // A job this worker claims again was rescued from a run of its own that stopped
-            // renewing its lease (a stall): that run is stopped, and the new one starts once it
-            // has, so the two never overlap.
+            // renewing its lease (a stall). The new run starts once that one has ended (within
+            // its own budget), so the two never overlap; the earlier run is not stopped midway,
+            // where it could leave a send at Meta with no result recorded.
             let stalled = in_flight.lock().ok().and_then(|mut map| map.remove(&id)).map(|(stale, run)| {
-                run.abort();
-                tracing::warn!(worker = %self.id, job.id = id, attempt = stale, "the job was rescued and claimed again; its earlier run is stopped");
+                tracing::warn!(worker = %self.id, job.id = id, attempt = stale, "the job was rescued and claimed again; its new run waits for the earlier one to end");
                 run
             });
             let me = self.clone();
@@ -210,7 +210,7 @@ impl Worker {
             let handle = tasks.spawn(async move {
                 if let Some(run) = stalled {
                     while !run.is_finished() {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 }
                 let result = me.execute(&job).await;
