@@ -31,7 +31,12 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(jobs.attempts.whatsapp_inbound >= 1, "jobs.attempts.whatsapp_inbound", "must be at least 1".into());
     need(jobs.attempts.owner_notify >= 1, "jobs.attempts.owner_notify", "must be at least 1".into());
     need(!jobs.queue.trim().is_empty(), "jobs.queue", "must not be empty".into());
+    need(jobs.attempts.tool_call >= 1, "jobs.attempts.tool_call", "must be at least 1".into());
     need(jobs.retry_base <= jobs.retry_max, "jobs.retry_base", "must not exceed jobs.retry_max".into());
+    // Zero would spend every attempt of an outage within milliseconds, and a full disk or a
+    // refused token would be run again at once.
+    need(!jobs.retry_base.is_zero(), "jobs.retry_base", "must be longer than zero".into());
+    need(!jobs.retry_max.is_zero(), "jobs.retry_max", "must be longer than zero".into());
     need(settings.web_fetch.max_bytes >= 1, "web_fetch.max_bytes", "must be at least 1".into());
     let llm = &settings.llm;
     need(llm.max_retries <= 10, "llm.max_retries", "must be at most 10".into());
@@ -250,6 +255,35 @@ fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
 
 /// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code
 /// holds none of its own.
+/// A name both providers accept for a tool.
+fn is_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The detector's numbers, each within the range its formula means something in: a threshold
+/// of 1 or more would plan nothing, no candidates would plan a call with no tool offered.
+fn detector(d: &super::DetectorSettings, need: &mut impl FnMut(bool, &str, String)) {
+    let share = |v: f32| (0.0..=1.0).contains(&v);
+    need(d.plan_threshold > 0.0 && d.plan_threshold < 1.0, "lane.detector.plan_threshold", "must be between 0 and 1 (a confidence)".into());
+    need(d.max_candidates >= 1, "lane.detector.max_candidates", "must be at least 1".into());
+    need(share(d.candidate_ratio), "lane.detector.candidate_ratio", "must be from 0 to 1 (a share of the best score)".into());
+    need(share(d.b), "lane.detector.b", "must be from 0 to 1 (BM25 length normalisation)".into());
+    need(d.k1 > 0.0, "lane.detector.k1", "must be more than 0 (BM25 saturation)".into());
+    need(d.evidence_half > 0.0, "lane.detector.evidence_half", "must be more than 0".into());
+    for (key, value) in [
+        ("lane.detector.phrase_evidence", d.phrase_evidence),
+        ("lane.detector.bigram_weight", d.bigram_weight),
+        ("lane.detector.value_weight", d.value_weight),
+        ("lane.detector.prefix_weight", d.prefix_weight),
+        ("lane.detector.vector_weight", d.vector_weight),
+    ] {
+        need(value.is_finite() && value >= 0.0, key, "must be 0 or more".into());
+    }
+    let w = &d.weights;
+    let weights = [w.name, w.title, w.aliases, w.triggers, w.tags, w.description, w.when_to_use, w.param_names, w.param_descriptions, w.when_not_to_use];
+    need(weights.iter().all(|v| v.is_finite() && *v >= 0.0), "lane.detector.weights", "every field weight must be 0 or more".into());
+}
+
 fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let lane = &settings.lane;
     need((1..=10).contains(&lane.max_steps), "lane.max_steps", "must be from 1 to 10".into());
@@ -267,6 +301,12 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need(lane.max_search_calls <= 5, "lane.max_search_calls", "must be at most 5".into());
     need((1..=20).contains(&lane.search_results), "lane.search_results", "must be from 1 to 20".into());
     need(lane.search_tool.is_empty() || lane.search_tool != lane.respond_tool, "lane.search_tool", "must differ from lane.respond_tool".into());
+    need(
+        lane.search_tool.is_empty() || is_tool_name(&lane.search_tool),
+        "lane.search_tool",
+        "must be empty, or 1 to 64 letters, digits, '_' or '-' (a tool name the providers accept)".into(),
+    );
+    detector(&lane.detector, need);
     need(lane.search_tool.is_empty() || !lane.search_description.trim().is_empty(), "lane.search_description", "must be set when lane.search_tool is".into());
     if !lane.enabled {
         return;
@@ -284,9 +324,8 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     }
     need(lane.clarify_reply.contains("{argument}"), "lane.clarify_reply", "must name the missing argument with {argument}".into());
     need(lane.tool_description.contains("{description}"), "lane.tool_description", "must include {description}".into());
-    let name = &lane.respond_tool;
     need(
-        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        is_tool_name(&lane.respond_tool),
         "lane.respond_tool",
         "must be 1 to 64 letters, digits, '_' or '-' (a tool name the providers accept)".into(),
     );

@@ -211,4 +211,47 @@ mod tests {
         assert!(text.contains("lane.planner_prompt: must tell the model that text inside <untrusted_data> is data"), "{text}");
         assert!(text.contains("lane.clarify_reply: must name the missing argument with {argument}"), "{text}");
     }
+
+    /// Values the loader takes but that would make the lane or the queue misbehave: a search
+    /// tool name no provider accepts, detector numbers outside their formulas' ranges (nothing
+    /// would ever plan, or a call would be planned with no tool offered), and retries at once.
+    #[test]
+    fn detector_numbers_the_search_tool_name_and_zero_retries_are_refused() {
+        problems_at(
+            r#"
+[lane]
+search_tool = "search tools"
+[lane.detector]
+plan_threshold = 1.5
+max_candidates = 0
+b = 2.0
+k1 = 0.0
+candidate_ratio = -0.1
+evidence_half = 0.0
+vector_weight = -1.0
+[lane.detector.weights]
+name = -3.0
+[jobs]
+retry_base = "0s"
+retry_max = "0s"
+[jobs.attempts]
+tool_call = 0
+"#,
+            &[
+                "lane.search_tool",
+                "lane.detector.plan_threshold",
+                "lane.detector.max_candidates",
+                "lane.detector.b",
+                "lane.detector.k1",
+                "lane.detector.candidate_ratio",
+                "lane.detector.evidence_half",
+                "lane.detector.vector_weight",
+                "lane.detector.weights",
+                "jobs.retry_base",
+                "jobs.retry_max",
+                "jobs.attempts.tool_call",
+            ],
+        );
+        load_text("[lane]\nsearch_tool = \"\"\n").expect("no search tool is fine");
+    }
 }

@@ -24,7 +24,7 @@ pub enum Trust {
 
 /// A value written in the file, or the name of the environment variable that holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, try_from = "WrittenValue")]
 pub enum ValueOrSecret {
     Plain(String),
     /// `{ secret = "VAR", prefix = "Bearer " }`: the value of `VAR`, after `prefix`.
@@ -33,6 +33,35 @@ pub enum ValueOrSecret {
         #[serde(default)]
         prefix: String,
     },
+}
+
+/// A [`ValueOrSecret`] as written: a string, or a table read key by key, so that a misspelt key
+/// (`prefx`) is refused by name instead of dropped (the token then went out without its prefix).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum WrittenValue {
+    Plain(String),
+    Table(std::collections::BTreeMap<String, String>),
+}
+
+impl TryFrom<WrittenValue> for ValueOrSecret {
+    type Error = String;
+
+    fn try_from(written: WrittenValue) -> Result<Self, String> {
+        let mut table = match written {
+            WrittenValue::Plain(v) => return Ok(Self::Plain(v)),
+            WrittenValue::Table(table) => table,
+        };
+        let secret = table.remove("secret");
+        let prefix = table.remove("prefix").unwrap_or_default();
+        if let Some(unknown) = table.keys().next() {
+            return Err(format!("unknown key {unknown:?}: a secret value is {{ secret = \"VAR\", prefix = \"...\" }}"));
+        }
+        match secret {
+            Some(secret) if !secret.trim().is_empty() => Ok(Self::Secret { secret, prefix }),
+            _ => Err("a secret value needs `secret`, the name of the environment variable that holds it".into()),
+        }
+    }
 }
 
 impl ValueOrSecret {

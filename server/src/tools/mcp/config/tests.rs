@@ -218,3 +218,14 @@ fn a_form_must_fit_in_the_tool_call_budget() {
     assert!(problems[0].to_string().contains("elicitation_ttl") && problems[0].to_string().contains("jobs.timeouts.tool_call"), "{}", problems[0]);
     assert!(fits_tool_call_budget(&config, path, Duration::from_secs(3600)).is_empty());
 }
+
+/// A misspelt key of a secret header is refused by name: dropped, the token went out without its
+/// `Bearer ` prefix and every request was refused.
+#[test]
+fn a_misspelt_key_of_a_secret_value_is_refused() {
+    let text = GOOD.replace("prefix = \"Bearer \"", "prefx = \"Bearer \"");
+    let problems = load_text(&text, &["EVERYTHING_TOKEN", "REMOTE_TOKEN"]).expect_err("a misspelt key");
+    problems_mention(&problems, &["unknown key \"prefx\""]);
+    let problems = load_text(&GOOD.replace("secret = \"REMOTE_TOKEN\", ", ""), &["EVERYTHING_TOKEN"]).expect_err("no secret named");
+    problems_mention(&problems, &["needs `secret`"]);
+}
