@@ -62,11 +62,15 @@ impl Rig {
     }
 
     async fn on(test_db: TestDb, db: Db, servers: &str) -> Self {
+        Self::on_with(test_db, db, servers, no_secrets()).await
+    }
+
+    async fn on_with(test_db: TestDb, db: Db, servers: &str, secrets: SecretSource) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("mcp.toml");
         std::fs::write(&path, servers).expect("write mcp.toml");
         let config = mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
-        let manager = McpManager::new(db.clone(), &config, no_secrets());
+        let manager = McpManager::new(db.clone(), &config, secrets);
         let checkpoint = Checkpoint::new(db.clone(), Arc::new(Catalog::default()), AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone())), no_secrets());
         let checkpoint = manager.install(checkpoint, Arc::new(Catalog::default()));
         manager.start().await.expect("start");
@@ -151,6 +155,28 @@ async fn everything_over_stdio(db: TestDb) {
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_everything_stdio, everything_over_stdio);
+
+/// A tool that echoes its server's environment (the reference server's `get-env`) returns the
+/// secret the server was given as `[REDACTED]`: a successful result is data for the summarizer,
+/// the person and the context store, and the server's own secrets never travel in it.
+async fn a_server_echoing_its_secret_returns_it_redacted(test_db: TestDb) {
+    const TOKEN: &str = "tok-9f8e7d6c5b4a-everything";
+    let servers = format!(
+        "[[server]]\nid = \"everything\"\n{TRUSTED_OPEN}\n[server.transport]\ntype = \"stdio\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nenv = {{ CRM_TOKEN = {{ secret = \"EVERYTHING_TOKEN\" }} }}\n",
+        npm_server("server-everything")
+    );
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    let secrets = SecretSource::from_fn(|name| (name == "EVERYTHING_TOKEN").then(|| TOKEN.to_string()));
+    let rig = Rig::on_with(test_db, db, &servers, secrets).await;
+    rig.connected("everything").await;
+    let out = rig.call("everything__get-env", json!({})).await.expect("get-env").output;
+    let text = text_of(&out);
+    assert!(text.contains("CRM_TOKEN") && text.contains("[REDACTED]"), "the server had the variable: {text}");
+    assert!(!out.to_string().contains(TOKEN), "{out}");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_result_secrets_redacted, a_server_echoing_its_secret_returns_it_redacted);
 
 fn start_http_everything(port: u16) -> std::process::Child {
     let child = std::process::Command::new("node")

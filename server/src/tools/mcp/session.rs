@@ -120,6 +120,37 @@ pub type Session = RunningService<RoleClient, Handler>;
 #[error("{0}")]
 pub struct ConnectError(pub String);
 
+/// A successful result with the server's own secrets (its env or header values) blanked in
+/// every string: a server that echoes its request's headers or environment does not hand its
+/// token to the summarizer, the person or the context store. Unlike [`scrub`], nothing else
+/// is touched: a result's ids and hashes stay as they are.
+pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, value: &mut serde_json::Value) {
+    fn walk(value: &mut serde_json::Value, secrets: &[String]) {
+        match value {
+            serde_json::Value::String(s) => {
+                if secrets.iter().any(|v| s.contains(v.as_str())) {
+                    *s = scrub_values(s, secrets);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| walk(v, secrets)),
+            serde_json::Value::Object(map) => map.values_mut().for_each(|v| walk(v, secrets)),
+            _ => {}
+        }
+    }
+    let values = secret_values(server, secrets);
+    if !values.is_empty() {
+        walk(value, &values);
+    }
+}
+
+fn scrub_values(text: &str, values: &[String]) -> String {
+    let mut out = text.to_string();
+    for value in values {
+        out = out.replace(value.as_str(), "[REDACTED]");
+    }
+    out
+}
+
 /// The values of the secrets in the server's config (env for stdio, headers for HTTP).
 fn secret_values(server: &ServerConfig, secrets: &SecretSource) -> Vec<String> {
     let values: Vec<&ValueOrSecret> = match &server.transport {
@@ -157,10 +188,7 @@ static TOKEN_LIKE: LazyLock<Vec<(regex::Regex, &'static str)>> = LazyLock::new(|
 
 /// Replaces `values` and anything token-like in `text`.
 pub fn scrub_text(text: &str, values: &[String]) -> String {
-    let mut out = text.to_string();
-    for value in values {
-        out = out.replace(value.as_str(), "[REDACTED]");
-    }
+    let mut out = scrub_values(text, values);
     for (pattern, with) in TOKEN_LIKE.iter() {
         out = if with.is_empty() {
             // Long random-looking words (32+ characters mixing letters and digits) are keys more

@@ -339,7 +339,8 @@ async fn serve(
             Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
         }
         if let RefreshRequest::Refresh(w) = req {
-            let _ = w.send(result);
+            // The owner who asked sees the error as the health record keeps it: scrubbed.
+            let _ = w.send(result.map_err(|e| session::scrub(cfg, &inner.secrets, &e)));
         }
     }
 }
