@@ -100,7 +100,8 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             "/api/sales",
             get(|State(shop): State<Shop>| async move {
                 shop.requests.lock().expect("lock").push("sales".into());
-                (StatusCode::OK, Json(json!({ "total": 1234 })))
+                // A session token the report's API echoes: never shown or summarised.
+                (StatusCode::OK, Json(json!({ "total": 1234, "session_token": "tok-live-sales-9f8e" })))
             }),
         )
         .with_state(shop.clone());
@@ -537,6 +538,19 @@ async fn cancelling_a_call_run_at_once_stops_it(db: TestDb) {
     assert_eq!(summaries, 0, "the stopped run asked for no summary");
 }
 both_backends!(lane_e2e_cancel_inline, cancelling_a_call_run_at_once_stops_it);
+
+/// The console's "Try it" shows a result as every other place keeps one: a field whose name
+/// looks secret is replaced, the rest is shown.
+async fn try_it_shows_a_result_without_its_secrets(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let tried = owner.post_form("/api/try_tool", &[("name", "sales_report"), ("args", "{}"), ("chat_type", "direct")]).await;
+    assert_eq!(tried.status, axum::http::StatusCode::OK, "{}", tried.body);
+    let output = tried.json()["output"].as_str().unwrap_or_default().to_string();
+    assert!(output.contains("1234") && output.contains("[REDACTED]"), "{}", tried.body);
+    assert!(!output.contains("tok-live-sales-9f8e"), "{output}");
+}
+both_backends!(tools_try_it_redacted, try_it_shows_a_result_without_its_secrets);
 
 /// The planner reads the chat's latest messages (seed §5.2, recent memory): a place the person
 /// named in normal chat is where "there" is, without asking again.

@@ -155,7 +155,7 @@ impl ToolsBackend for ConsoleBackend {
                 ok: true,
                 code: "OK".into(),
                 message: String::new(),
-                output: Some(serde_json::to_string_pretty(&ok.output).unwrap_or_default()),
+                output: Some(serde_json::to_string_pretty(&self.shown_result(name, ok.output)).unwrap_or_default()),
                 attempts: ok.attempts,
                 correlation_id,
                 latency_ms,
@@ -212,5 +212,18 @@ impl ConsoleBackend {
             breaker: breaker.into(),
             tags: s.tags.clone(),
         }
+    }
+}
+
+impl ConsoleBackend {
+    /// A result as the page shows it: without fields whose names look secret, nor the tool's
+    /// secret and managed fields, as a result stored for being large is kept.
+    fn shown_result(&self, tool: &str, mut output: serde_json::Value) -> serde_json::Value {
+        crate::redact::redact(&mut output);
+        if let Some(def) = self.state.tools.catalog().get(tool) {
+            let hidden: Vec<String> = def.spec.managed_fields.iter().chain(def.spec.secret_fields.keys()).cloned().collect();
+            crate::redact::redact_named(&mut output, &hidden, crate::redact::REDACTED);
+        }
+        output
     }
 }
