@@ -71,3 +71,28 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert_eq!(reloads, 2, "both reloads are audited");
 }
 both_backends!(tools_console, tools_page_try_it_and_reload);
+
+/// A reload that cannot be published (here the MCP tool table cannot be read) keeps the current
+/// catalog, and keeps it: the next publish, from any MCP event, does not install the catalog
+/// that was reported as refused.
+async fn a_refused_reload_is_not_published_later(db: TestDb) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml");
+    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
+    std::fs::copy(shipped, dir.path().join("tools.toml")).expect("tools");
+    let app = TestApp::in_config_dir(db, dir.path()).await;
+    let mut owner = app.with_owner("ada", PASSWORD).await;
+    let before = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
+    let text = std::fs::read_to_string(shipped).expect("read").replace("Fetches one public web page", "Reads one public web page");
+    std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
+    sqlx::query("ALTER TABLE mcp_tools RENAME TO mcp_tools_away").execute(&app.state.db.pool).await.expect("hide the table");
+    let refused = owner.post_form("/api/reload_tools", &[]).await;
+    assert_ne!(refused.status, StatusCode::OK, "{}", refused.body);
+    sqlx::query("ALTER TABLE mcp_tools_away RENAME TO mcp_tools").execute(&app.state.db.pool).await.expect("bring it back");
+    app.state.mcp.load_cached().await.expect("a later publish");
+    assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, before, "the refused reload stays unpublished");
+    let reloaded = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
+    assert_ne!(app.state.tools.catalog().get("web_fetch").expect("tool").version, before, "a reload that works is published");
+}
+both_backends!(tools_refused_reload_stays_out, a_refused_reload_is_not_published_later);

@@ -48,16 +48,21 @@ impl McpManager {
         checkpoint
     }
 
-    /// A new file catalog (after SIGHUP): combined with the MCP tools and published.
+    /// A new file catalog (after SIGHUP): combined with the MCP tools and published. When that
+    /// fails the current file catalog stays, for this and every later rebuild: a reload
+    /// reported as refused is not published by the next MCP discovery.
     pub async fn set_base_catalog(&self, base: Arc<Catalog>) -> Result<(), McpError> {
-        if let Ok(mut b) = self.inner.base.write() {
-            *b = base;
-        }
-        self.rebuild().await
+        self.publish(Some(base)).await
     }
 
     /// Rebuilds the combined catalog from the database and publishes it to the checkpoint.
     pub(crate) async fn rebuild(&self) -> Result<(), McpError> {
+        self.publish(None).await
+    }
+
+    /// Combines `base` (or the current file catalog) with the usable MCP tools and publishes
+    /// the result; `base` becomes the current file catalog only once that is done.
+    async fn publish(&self, base: Option<Arc<Catalog>>) -> Result<(), McpError> {
         let _one_at_a_time = self.inner.rebuilding.lock().await;
         let rows = {
             let mut conn = self.inner.db.pool.acquire().await?;
@@ -102,11 +107,15 @@ impl McpManager {
                 }
             }
         }
-        let base = self.inner.base.read().map(|b| b.clone()).unwrap_or_default();
+        let new_base = base.is_some();
+        let base = base.unwrap_or_else(|| self.inner.base.read().map(|b| b.clone()).unwrap_or_default());
         let (catalog, clashes) = base.with_extra(extra, withheld);
         for name in clashes {
             routes.remove(&name);
             tracing::warn!(tool = %name, "an MCP tool has the name of a catalog tool; the catalog tool is kept");
+        }
+        if new_base && let Ok(mut b) = self.inner.base.write() {
+            *b = base;
         }
         if let Ok(mut r) = self.inner.routes.write() {
             *r = routes;
