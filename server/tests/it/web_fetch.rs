@@ -122,6 +122,36 @@ async fn denied_hosts_cover_spellings_subdomains_and_addresses() {
     }
 }
 
+/// A catalog the checkpoint publishes (a reload) brings its connectors' hosts to web_fetch at
+/// once: a connector added is refused from then on, one removed is free again. web_fetch used
+/// to keep the hosts of the catalog it started with until a restart.
+#[tokio::test]
+async fn a_reload_brings_its_connector_hosts() {
+    use std::sync::Arc;
+    let port = site(0).await;
+    let limits = FetchLimits { allowed_hosts: vec![format!("127.0.0.1:{port}")], ..Default::default() };
+    let fetch = Arc::new(WebFetch::new(limits).expect("client"));
+    let url = format!("http://127.0.0.1:{port}/page");
+    assert!(fetch.fetch(&url).await.is_ok(), "no connector yet");
+
+    let test_db = crate::support::TestDb::sqlite();
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    let secrets = server::config::SecretSource::empty();
+    let audit = server::tools::checkpoint::AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone()));
+    let mut checkpoint = server::tools::Checkpoint::new(db.clone(), Arc::new(server::tools::Catalog::default()), audit, secrets.clone());
+    checkpoint.register_builtin(server::tools::builtins::web_fetch::HANDLER, fetch.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("tools.toml"), crate::lane_e2e::TOOLS).expect("tools");
+    std::fs::write(dir.path().join("connectors.toml"), crate::lane_e2e::connectors(([127, 0, 0, 1], port).into())).expect("connectors");
+    let files = server::tools::ToolFiles::load(dir.path(), &secrets).expect("tool files");
+    checkpoint.reload(files.catalog);
+    let err = fetch.fetch(&url).await.expect_err("the new connector's host");
+    assert_eq!(err.code, FetchCode::ConnectorHost.as_str(), "{err}");
+    checkpoint.reload(Arc::new(server::tools::Catalog::default()));
+    assert!(fetch.fetch(&url).await.is_ok(), "a removed connector's host is free again");
+}
+
 /// A connector's host is reached through the connector only, never through web_fetch, even
 /// when allowed_hosts lists it.
 #[tokio::test]

@@ -58,15 +58,20 @@ enum Route {
     AllowedPort,
 }
 
-/// The lists a hop is checked against, parsed once.
+/// The lists a hop is checked against, parsed once; the connectors' hosts again whenever the
+/// catalog changes (a reload can add or remove a connector).
 #[derive(Debug)]
 struct Rules {
     allowed: HostRules,
     denied: HostRules,
-    connectors: HostRules,
+    connectors: std::sync::RwLock<Arc<HostRules>>,
 }
 
 impl Rules {
+    fn connectors(&self) -> Arc<HostRules> {
+        self.connectors.read().map(|c| c.clone()).unwrap_or_else(|e| e.into_inner().clone())
+    }
+
     /// Checks a URL before it is requested. Names of denied and connector hosts are resolved
     /// when the URL names an address, so the address of a refused host is refused too.
     async fn check(&self, url: &url::Url) -> Result<Route, ToolError> {
@@ -77,14 +82,15 @@ impl Rules {
             return Err(ToolError::refused(FetchCode::UrlInvalid.as_str(), "URLs with credentials are refused"));
         }
         let (host, port) = target(url).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the URL has no host"))?;
-        if self.connectors.find(&host, port, false).is_some() {
+        let connectors = self.connectors();
+        if connectors.find(&host, port, false).is_some() {
             return Err(connector_host());
         }
         if self.denied.find(&host, port, true).is_some() {
             return Err(denied());
         }
         if let Target::Addr(ip) = host {
-            if lookup_all(self.connectors.names()).await.contains(&ip) {
+            if lookup_all(connectors.names()).await.contains(&ip) {
                 return Err(connector_host());
             }
             if lookup_all(self.denied.names()).await.contains(&ip) {
@@ -105,6 +111,13 @@ impl Rules {
 
 fn denied() -> ToolError {
     ToolError::refused(FetchCode::HostDenied.as_str(), "this host is on the deny list")
+}
+
+/// The connectors' hosts (`host[:port]` each) as rules: a connector's host is refused on every
+/// port.
+fn connector_rules(connector_hosts: &[String]) -> HostRules {
+    let names: Vec<String> = connector_hosts.iter().map(|h| h.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map_or(h.clone(), |(n, _)| n.to_string())).collect();
+    HostRules::new(&names)
 }
 
 fn connector_host() -> ToolError {
@@ -138,7 +151,8 @@ impl Resolve for GuardedResolver {
         let rules = self.denied.clone();
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if addrs.iter().any(|a| rules.denied.has_addr(a.ip()) || rules.connectors.has_addr(a.ip())) {
+            let connectors = rules.connectors();
+            if addrs.iter().any(|a| rules.denied.has_addr(a.ip()) || connectors.has_addr(a.ip())) {
                 return Err(format!("{}: {host} resolves to a denied address", FetchCode::HostDenied.as_str()).into());
             }
             if !allowed
@@ -167,12 +181,10 @@ impl WebFetch {
     /// Like [`WebFetch::new`], refusing `connector_hosts` (each a connector's `host[:port]`) with
     /// `FETCH_CONNECTOR_HOST`: a connector's data is reached through the connector only.
     pub fn with_connector_hosts(limits: FetchLimits, connector_hosts: &[String]) -> Result<Self, reqwest::Error> {
-        // A connector's host is refused on every port.
-        let connector_names: Vec<String> = connector_hosts.iter().map(|h| h.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map_or(h.clone(), |(n, _)| n.to_string())).collect();
         let rules = Arc::new(Rules {
             allowed: HostRules::new(&limits.allowed_hosts),
             denied: HostRules::new(&limits.denied_hosts),
-            connectors: HostRules::new(&connector_names),
+            connectors: std::sync::RwLock::new(Arc::new(connector_rules(connector_hosts))),
         });
         let any_port = rules.allowed.any_port_names();
         let mut with_ports: Vec<String> = rules.allowed.names().map(str::to_string).collect();
@@ -187,6 +199,15 @@ impl WebFetch {
                 .build()
         };
         Ok(Self { strict: client(any_port)?, allowed_port: client(with_ports)?, rules: rules.clone(), limits: Arc::new(limits) })
+    }
+
+    /// Refuses `connector_hosts` from now on, instead of those given before.
+    pub fn set_connector_hosts(&self, connector_hosts: &[String]) {
+        let rules = Arc::new(connector_rules(connector_hosts));
+        match self.rules.connectors.write() {
+            Ok(mut current) => *current = rules,
+            Err(poisoned) => *poisoned.into_inner() = rules,
+        }
     }
 
     pub async fn fetch(&self, raw: &str) -> Result<Value, ToolError> {
@@ -273,5 +294,11 @@ impl ToolExecutor for WebFetch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
         let url = args.get("url").and_then(Value::as_str).ok_or_else(|| ToolError::refused(FetchCode::UrlInvalid.as_str(), "the url argument is missing"))?;
         self.fetch(url).await
+    }
+
+    /// A reload that adds a connector makes its host refused here at once; one that removes a
+    /// connector frees its host.
+    fn catalog_changed(&self, catalog: &crate::tools::Catalog) {
+        self.set_connector_hosts(&crate::tools::connectors::hosts(catalog));
     }
 }

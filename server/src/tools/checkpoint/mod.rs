@@ -154,6 +154,12 @@ impl ToolError {
 pub trait ToolExecutor: Send + Sync {
     async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError>;
 
+    /// The checkpoint publishes `catalog` (a reload, an MCP discovery): an executor whose
+    /// rules derive from the catalog updates them here.
+    fn catalog_changed(&self, catalog: &Catalog) {
+        let _ = catalog;
+    }
+
     /// Runs a call whose every attempt (a retry after a timeout, a re-run after a crash or a
     /// restart) carries the same `key` ([`idempotency_key`]). Executors whose systems
     /// deduplicate writes by key send it; the others run [`Self::call`].
@@ -256,6 +262,9 @@ impl Checkpoint {
 
     /// Swaps the catalog. Calls in flight keep the version they started with.
     pub fn reload(&self, catalog: Arc<Catalog>) {
+        for executor in self.builtins.values().chain(self.providers.values()) {
+            executor.catalog_changed(&catalog);
+        }
         if let Ok(mut current) = self.catalog.write() {
             *current = catalog;
         }
