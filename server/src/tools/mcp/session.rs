@@ -127,11 +127,7 @@ pub struct ConnectError(pub String);
 pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, value: &mut serde_json::Value) {
     fn walk(value: &mut serde_json::Value, secrets: &[String]) {
         match value {
-            serde_json::Value::String(s) => {
-                if secrets.iter().any(|v| s.contains(v.as_str())) {
-                    *s = scrub_values(s, secrets);
-                }
-            }
+            serde_json::Value::String(s) if secrets.iter().any(|v| s.contains(v.as_str())) => *s = scrub_values(s, secrets),
             serde_json::Value::Array(items) => items.iter_mut().for_each(|v| walk(v, secrets)),
             serde_json::Value::Object(map) => map.values_mut().for_each(|v| walk(v, secrets)),
             _ => {}
