@@ -136,22 +136,29 @@ impl Summarizer {
 
 /// `value` without hidden and secret-looking fields, hidden values, or credentials in URLs.
 pub fn clean(value: &Value, input: &SummaryInput) -> Value {
-    fn strip(value: &mut Value, input: &SummaryInput) {
+    clean_with(value, &input.hidden_fields, &input.hidden_values)
+}
+
+/// [`clean`] for a result read by a model other than the summarizer (a chain's planner):
+/// without `hidden_fields` (the tool's managed and secret fields), secret-looking fields,
+/// `hidden_values` (the chat id, the sender) or credentials in URLs.
+pub fn clean_with(value: &Value, hidden_fields: &[String], hidden_values: &[String]) -> Value {
+    fn strip(value: &mut Value, fields: &[String], values: &[String]) {
         match value {
             Value::Object(map) => {
-                map.retain(|k, _| !redact::is_secret_name(k) && !input.hidden_fields.iter().any(|h| h.eq_ignore_ascii_case(k)));
-                map.values_mut().for_each(|v| strip(v, input));
+                map.retain(|k, _| !redact::is_secret_name(k) && !fields.iter().any(|h| h.eq_ignore_ascii_case(k)));
+                map.values_mut().for_each(|v| strip(v, fields, values));
             }
             Value::Array(items) => {
-                items.retain(|v| !v.as_str().is_some_and(|s| input.hidden_values.iter().any(|h| h == s)));
-                items.iter_mut().for_each(|v| strip(v, input));
+                items.retain(|v| !v.as_str().is_some_and(|s| values.iter().any(|h| h == s)));
+                items.iter_mut().for_each(|v| strip(v, fields, values));
             }
-            Value::String(s) => *s = scrub(s, &input.hidden_values),
+            Value::String(s) => *s = scrub(s, values),
             _ => {}
         }
     }
     let mut value = value.clone();
-    strip(&mut value, input);
+    strip(&mut value, hidden_fields, hidden_values);
     redact::redact(&mut value);
     value
 }

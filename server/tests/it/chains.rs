@@ -31,6 +31,7 @@ async fn search_then_open_is_one_request_with_one_reply(db: TestDb) {
     assert_eq!(planner_calls(&r), 2, "the second step was planned from the first's result");
     let second = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).nth(1).cloned().expect("second plan");
     assert!(second["messages"].to_string().contains("Returns policy"), "the planner saw step 1's result");
+    assert!(!second["messages"].to_string().contains(crate::lane_e2e::CUSTOMER), "cleaned as the summarizer's copy: no sender's number");
     assert_eq!(second["tool_choice"]["disable_parallel_tool_use"], true, "no parallel calls");
     let (status, count, steps) = session(&r).await;
     assert_eq!((status.as_str(), count), ("answered", 2));

@@ -76,7 +76,8 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
                 if q.get("q").is_some_and(|q| q == "fail") {
                     return (StatusCode::BAD_REQUEST, Json(json!({ "error": "broken" })));
                 }
-                (StatusCode::OK, Json(json!({ "results": [
+                // The shop echoes who asked (the sender's number): never shown to a model.
+                (StatusCode::OK, Json(json!({ "asked_by": CUSTOMER, "results": [
                     { "title": "Opening hours", "url": "https://shop.example/pages/hours" },
                     { "title": "Returns policy", "url": "https://shop.example/pages/returns" },
                 ] })))

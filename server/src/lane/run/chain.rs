@@ -14,6 +14,7 @@ use crate::{
     lane::{
         canonical_json, data,
         planner::{PlanInput, PlanOutcome, ProposedCall},
+        summarizer,
         validator::{self, Advisory, ValidatedCall},
     },
     llm,
@@ -59,10 +60,11 @@ impl Lane {
                 return answer.text;
             }
             self.sessions_step(session, step, &call.tool, "answered", "OK", None).await;
-            // The planner sees the step's result (untrusted) and may propose the next call.
+            // The planner sees the step's result (untrusted) and may propose the next call: as
+            // cleaned as the summarizer's copy (no secret or managed fields, chat id or sender).
+            let hidden: Vec<String> = self.checkpoint.catalog().get(&call.tool).map(|t| t.spec.managed_fields.iter().chain(t.spec.secret_fields.keys()).cloned().collect()).unwrap_or_default();
             let result = answer.output.as_ref().map_or_else(String::new, |o| {
-                let mut shown = o.clone();
-                crate::redact::redact(&mut shown);
+                let shown = summarizer::clean_with(o, &hidden, &[inbound.chat_id.clone(), inbound.sender.clone()]);
                 canonical_json(&shown).chars().take(lane.context_preview_chars as usize * 4).collect()
             });
             input.transcript.push(llm::Message { role: llm::Role::Assistant, content: vec![llm::ContentBlock::ToolUse { id: proposed.id.clone(), name: proposed.name.clone(), input: proposed.args.clone() }] });
