@@ -151,8 +151,11 @@ async fn two_processes_send_each_reply_part_once() {
     let id = JobQueue::new(pool.clone()).enqueue(&job).await.expect("enqueue").job.id;
     // A lease this long never lapses on its own, and its heartbeat does not notice the rescue
     // before the held send is released.
+    // One slot: it stays taken until the first run's outcome is recorded, so the run after the
+    // rescue is the other process's (a worker that claims its own stalled job again waits for
+    // the earlier run, which here is held until another run is fenced).
     let env = [("PROBE_GRAPH_URL", graph.base_url.as_str())];
-    let a = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
+    let a = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 1, &env);
     tokio::time::timeout(Duration::from_secs(60), graph.first_arrived()).await.expect("the first process starts sending");
     let b = spawn_probe_with(&db.url, 0, Duration::from_secs(3600), 4, &env);
 
