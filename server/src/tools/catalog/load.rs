@@ -184,3 +184,33 @@ impl Catalog {
         if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
     }
 }
+
+/// The longest a call of `spec` may take at the checkpoint: every attempt to its timeout, and
+/// the doubling backoff between them.
+pub fn worst_call(spec: &ToolSpec) -> std::time::Duration {
+    let attempts = spec.retry.max_attempts.max(1);
+    let waits = (1..attempts).fold(std::time::Duration::ZERO, |sum, n| sum.saturating_add(spec.retry.backoff.saturating_mul(1u32 << (n - 1).min(20))));
+    spec.timeout.saturating_mul(attempts).saturating_add(waits)
+}
+
+/// A tool's calls run inside a `tool.call` job, which also summarises the result (`reserve`:
+/// one model call and the answer's sends) within `jobs.timeouts.tool_call` (`budget`). A tool
+/// whose worst call leaves less than that is cut in the middle, and its job runs the tool again.
+pub fn fits_tool_call_budget(catalog: &Catalog, path: &Path, budget: std::time::Duration, reserve: std::time::Duration) -> Vec<Problem> {
+    let problem = toml_file::problem_at(path);
+    catalog
+        .all()
+        .filter(|t| t.spec.enabled && t.spec.provider != Provider::Mcp && worst_call(&t.spec).saturating_add(reserve) > budget)
+        .map(|t| {
+            problem(
+                format!("tool ({}).timeout", t.spec.name),
+                format!(
+                    "timeout x retry.max_attempts plus the backoffs ({}), with the summary and the answer's sends ({}), must fit jobs.timeouts.tool_call in gatehouse.toml ({})",
+                    humantime::format_duration(worst_call(&t.spec)),
+                    humantime::format_duration(reserve),
+                    humantime::format_duration(budget)
+                ),
+            )
+        })
+        .collect()
+}

@@ -5,6 +5,8 @@
 
 mod load;
 
+pub use load::fits_tool_call_budget;
+
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};

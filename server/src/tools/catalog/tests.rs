@@ -114,3 +114,19 @@ fn names_follow_provider_rules() {
     assert!(!valid_tool_name("a.b"));
     assert!(!valid_tool_name(&"x".repeat(65)));
 }
+
+/// A tool whose retries outlast its job's budget is reported: cut in the middle, its job would
+/// run the tool again.
+#[test]
+fn a_tool_whose_retries_outlast_the_tool_call_budget_is_reported() {
+    use std::time::Duration;
+    let slow = GOOD.replace("timeout = \"5s\"", "timeout = \"100s\"");
+    let catalog = load(&slow, &["SHOP_API_KEY"]).expect("valid");
+    let spec = &catalog.get("lookup_order").expect("tool").spec;
+    assert_eq!(load::worst_call(spec), Duration::from_millis(300_600), "three attempts of 100 s, waits of 200 and 400 ms");
+    let path = std::path::Path::new("tools.toml");
+    let problems = fits_tool_call_budget(&catalog, path, Duration::from_secs(240), Duration::from_secs(65));
+    problems_mention(&problems, &["tool (lookup_order).timeout", "must fit jobs.timeouts.tool_call"]);
+    let quick = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
+    assert!(fits_tool_call_budget(&quick, path, Duration::from_secs(240), Duration::from_secs(65)).is_empty());
+}
