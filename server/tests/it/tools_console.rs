@@ -10,14 +10,20 @@ use crate::{
 };
 
 const PASSWORD: &str = "correct horse battery";
+const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml");
+
+/// An app over a config directory holding the shipped tools.toml, with an owner signed in.
+async fn shipped_tools(db: TestDb) -> (tempfile::TempDir, TestApp, crate::support::Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
+    std::fs::copy(SHIPPED, dir.path().join("tools.toml")).expect("tools");
+    let app = TestApp::in_config_dir(db, dir.path()).await;
+    let owner = app.with_owner("ada", PASSWORD).await;
+    (dir, app, owner)
+}
 
 async fn tools_page_try_it_and_reload(db: TestDb) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml");
-    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
-    std::fs::copy(shipped, dir.path().join("tools.toml")).expect("tools");
-    let app = TestApp::in_config_dir(db, dir.path()).await;
-    let mut owner = app.with_owner("ada", PASSWORD).await;
+    let (dir, app, mut owner) = shipped_tools(db).await;
 
     let page = owner.post_form("/api/list_tools", &[("provider", ""), ("audience", ""), ("risk", "")]).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
@@ -51,7 +57,7 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
 
     // Reload picks up an edit, and names what changed.
     let before = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
-    let text = std::fs::read_to_string(shipped).expect("read").replace("Fetches one public web page", "Reads one public web page");
+    let text = std::fs::read_to_string(SHIPPED).expect("read").replace("Fetches one public web page", "Reads one public web page");
     std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
     let reloaded = owner.post_form("/api/reload_tools", &[]).await;
     assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
@@ -76,14 +82,9 @@ both_backends!(tools_console, tools_page_try_it_and_reload);
 /// catalog, and keeps it: the next publish, from any MCP event, does not install the catalog
 /// that was reported as refused.
 async fn a_refused_reload_is_not_published_later(db: TestDb) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml");
-    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
-    std::fs::copy(shipped, dir.path().join("tools.toml")).expect("tools");
-    let app = TestApp::in_config_dir(db, dir.path()).await;
-    let mut owner = app.with_owner("ada", PASSWORD).await;
+    let (dir, app, mut owner) = shipped_tools(db).await;
     let before = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
-    let text = std::fs::read_to_string(shipped).expect("read").replace("Fetches one public web page", "Reads one public web page");
+    let text = std::fs::read_to_string(SHIPPED).expect("read").replace("Fetches one public web page", "Reads one public web page");
     std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
     sqlx::query("ALTER TABLE mcp_tools RENAME TO mcp_tools_away").execute(&app.state.db.pool).await.expect("hide the table");
     let refused = owner.post_form("/api/reload_tools", &[]).await;
