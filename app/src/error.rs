@@ -87,7 +87,18 @@ impl AppError {
 impl FromServerFnError for AppError {
     type Encoder = JsonEncoding;
 
+    /// The request's own faults (arguments that do not decode, a method the function does not
+    /// take, the browser's request failing) are `REQUEST_FAILED`; the server's (its result not
+    /// encodable, a middleware or registration failure) are `INTERNAL`, answered 500.
     fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
-        Self::new(code::REQUEST_FAILED, value.to_string())
+        let code = match value {
+            ServerFnErrorErr::Args(_)
+            | ServerFnErrorErr::MissingArg(_)
+            | ServerFnErrorErr::Deserialization(_)
+            | ServerFnErrorErr::Request(_)
+            | ServerFnErrorErr::UnsupportedRequestMethod(_) => code::REQUEST_FAILED,
+            _ => code::INTERNAL,
+        };
+        Self::new(code, value.to_string())
     }
 }

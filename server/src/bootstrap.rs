@@ -108,10 +108,8 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
     let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
     match (loaded, files) {
         (Ok(cfg), Ok(files)) => {
-            let budget = cfg.settings.jobs.timeouts.tool_call;
-            let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), budget);
-            let reserve = cfg.settings.llm.endpoint().timeout.saturating_add(cfg.settings.whatsapp.send_reserve());
-            problems.extend(tools::catalog::fits_tool_call_budget(&files.catalog, &dir.join("tools.toml"), budget, reserve));
+            let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call);
+            problems.extend(tools::budget_problems(&files.catalog, dir, &cfg.settings));
             if problems.is_empty() { Ok((cfg, files)) } else { Err(ConfigError(problems)) }
         }
         (Err(ConfigError(mut problems)), files) => {

@@ -107,7 +107,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     // Each job kind's budget must fit the work inside it, or a slow run is cut in the middle.
     let t = &jobs.timeouts;
     let sends = wa.send_reserve();
-    let inbound_needs = settings.llm.endpoint().timeout.saturating_add(sends);
+    let inbound_needs = settings.reply_reserve();
     need(
         t.whatsapp_inbound >= inbound_needs,
         "jobs.timeouts.whatsapp_inbound",
@@ -253,8 +253,6 @@ fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     }
 }
 
-/// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code
-/// holds none of its own.
 /// A name both providers accept for a tool.
 fn is_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
@@ -284,6 +282,8 @@ fn detector(d: &super::DetectorSettings, need: &mut impl FnMut(bool, &str, Strin
     need(weights.iter().all(|v| v.is_finite() && *v >= 0.0), "lane.detector.weights", "every field weight must be 0 or more".into());
 }
 
+/// `[lane]`: limits always; the prompts and replies while the lane is enabled, since the code
+/// holds none of its own.
 fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let lane = &settings.lane;
     need((1..=10).contains(&lane.max_steps), "lane.max_steps", "must be from 1 to 10".into());

@@ -78,6 +78,14 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
 }
 
+impl Settings {
+    /// What a job that answers needs besides its own work: one model call (the reply, or a tool
+    /// result's summary) and the answer's sends.
+    pub fn reply_reserve(&self) -> std::time::Duration {
+        self.llm.endpoint().timeout.saturating_add(self.whatsapp.send_reserve())
+    }
+}
+
 /// Durations as human-readable strings: "500ms", "15m", "12h", "7d".
 pub mod duration_str {
     use std::time::Duration;

@@ -52,7 +52,7 @@ impl SummaryInput {
     /// An input for `tool`'s result, hiding its managed and secret fields.
     pub fn new(correlation_id: &str, request: &str, tool: &ToolDef, result: ToolResult) -> Self {
         let spec = &tool.spec;
-        let hidden_fields = spec.managed_fields.iter().chain(spec.secret_fields.keys()).cloned().collect();
+        let hidden_fields = spec.hidden_fields();
         Self { correlation_id: correlation_id.into(), request: request.into(), tool: spec.name.clone(), result, hidden_fields, hidden_values: Vec::new() }
     }
 }

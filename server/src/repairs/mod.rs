@@ -148,6 +148,10 @@ impl Workspace {
     /// live catalog's MCP tools joined.
     fn judge_dir(&self, dir: &Path) -> Result<Judge, RepairError> {
         let files = ToolFiles::load(dir, &self.secrets).map_err(RepairError::Invalid)?;
+        let problems = crate::tools::budget_problems(&files.catalog, dir, &self.settings);
+        if !problems.is_empty() {
+            return Err(RepairError::Invalid(problems));
+        }
         let mcp = self.live.all().filter(|t| t.spec.provider == Provider::Mcp).cloned();
         let (catalog, _) = files.catalog.with_extra(mcp, Default::default());
         Ok(Judge::new(self.settings.clone(), Arc::new(catalog)))

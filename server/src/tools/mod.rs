@@ -22,7 +22,7 @@ pub use catalog::{Catalog, ToolDef};
 pub use checkpoint::{ApprovedCall, CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
 
 use crate::{
-    config::{Problem, SecretSource, Settings},
+    config::{LoadedConfig, Problem, SecretSource, Settings},
     db::Db,
     jobs::JobQueue,
 };
@@ -108,13 +108,26 @@ pub enum ReloadError {
     Mcp(#[from] mcp::McpError),
 }
 
-/// Re-reads the tool files in `dir` (tools.toml, connectors.toml; never gatehouse.toml, so a
-/// broken main file does not block a catalog fix) and gives the new base catalog to `mcp`,
-/// which joins the MCP tools and swaps the checkpoint's catalog. A file with problems is refused
-/// with all of them, and the current catalog stays. Calls in flight keep the version they
-/// started with. `changed` names the file-declared tools added, removed or edited.
-pub async fn reload_catalog(dir: &Path, secrets: &SecretSource, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
-    let fresh = Arc::new(load_catalog(dir, secrets).map_err(ReloadError::Files)?);
+/// The catalog's tools whose calls cannot fit their `tool.call` job (see
+/// [`catalog::fits_tool_call_budget`]), as problems of `dir`'s tools.toml.
+pub fn budget_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Vec<Problem> {
+    catalog::fits_tool_call_budget(catalog, &dir.join("tools.toml"), settings.jobs.timeouts.tool_call, settings.reply_reserve())
+}
+
+/// Re-reads the tool files in `config.dir` (tools.toml, connectors.toml; never gatehouse.toml,
+/// so a broken main file does not block a catalog fix), checks them as `check-config` does, and
+/// gives the new base catalog to `mcp`, which joins the MCP tools and swaps the checkpoint's
+/// catalog. A file with problems is refused with all of them, and the current catalog stays.
+/// Calls in flight keep the version they started with. `changed` names the file-declared tools
+/// added, removed or edited.
+pub async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
+    let dir = config.dir.as_path();
+    let fresh = load_catalog(dir, &config.secrets.source).map_err(ReloadError::Files)?;
+    let problems = budget_problems(&fresh, dir, &config.settings);
+    if !problems.is_empty() {
+        return Err(ReloadError::Files(problems));
+    }
+    let fresh = Arc::new(fresh);
     let old = checkpoint.catalog();
     let declared = |t: &&Arc<ToolDef>| t.spec.provider != catalog::Provider::Mcp;
     let mut changed: Vec<String> = fresh.all().filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version)).map(|t| t.spec.name.clone()).collect();

@@ -724,7 +724,9 @@ impl JobHandler for Overlap {
         let _active = Active(self.active.clone());
         self.most.fetch_max(now, Ordering::SeqCst);
         self.started.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Long enough that the rescue and the claim again land while the first run goes on,
+        // on a loaded machine too.
+        tokio::time::sleep(Duration::from_secs(4)).await;
         Ok(JobOutput::default())
     }
 }
@@ -743,7 +745,7 @@ async fn a_job_claimed_again_by_its_worker_waits_for_the_stalled_run(db: TestDb)
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
     let id = queue.enqueue(&job("overlap")).await.expect("enqueue").job.id;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while overlap.started.load(Ordering::SeqCst) < 1 {
         assert!(tokio::time::Instant::now() < deadline, "the job never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -754,7 +756,7 @@ async fn a_job_claimed_again_by_its_worker_waits_for_the_stalled_run(db: TestDb)
         assert!(tokio::time::Instant::now() < deadline, "the rescued job was never claimed again");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    wait_until_finished(&pool, 1, Duration::from_secs(10)).await;
+    wait_until_finished(&pool, 1, Duration::from_secs(20)).await;
     stop.send(true).expect("stop");
     worker.await.expect("worker");
     assert_eq!(overlap.most.load(Ordering::SeqCst), 1, "the stalled run went on beside its rerun");

@@ -73,8 +73,15 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert_eq!(err["code"], "CONFIG_INVALID");
     assert!(err["message"].as_str().is_some_and(|m| m.contains("surprise") && m.contains("tool[3]")), "{err}");
     assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, after, "the current catalog stays");
+    // A tool whose calls cannot fit their job is refused as check-config refuses it, so a
+    // reload never installs a file the next start would not take.
+    std::fs::write(dir.path().join("tools.toml"), text.replacen("timeout = \"15s\"", "timeout = \"200s\"", 1)).expect("slow");
+    let slow = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(slow.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", slow.body);
+    assert!(slow.json()["message"].as_str().is_some_and(|m| m.contains("jobs.timeouts.tool_call")), "{}", slow.body);
+    assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, after, "the current catalog stays");
     let reloads: i64 = sqlx::query("SELECT COUNT(*) FROM owner_audit WHERE event = 'tools_reload'").fetch_one(&app.state.db.pool).await.expect("count").get(0);
-    assert_eq!(reloads, 2, "both reloads are audited");
+    assert_eq!(reloads, 3, "every reload is audited");
 }
 both_backends!(tools_console, tools_page_try_it_and_reload);
 

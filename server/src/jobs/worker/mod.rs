@@ -303,10 +303,13 @@ impl Worker {
         let every = (self.settings.lease / 3).max(Duration::from_millis(50));
         loop {
             tokio::time::sleep(every).await;
-            let ids: Vec<i64> = in_flight.lock().map(|m| m.keys().copied().collect()).unwrap_or_default();
-            if ids.is_empty() {
+            // With the attempt each run holds: a run that took an id's place while this beat was
+            // out (the job rescued and claimed again) is not the one the answer is about.
+            let runs: Vec<(i64, i64)> = in_flight.lock().map(|m| m.iter().map(|(id, (attempt, _))| (*id, *attempt)).collect()).unwrap_or_default();
+            if runs.is_empty() {
                 continue;
             }
+            let ids: Vec<i64> = runs.iter().map(|(id, _)| *id).collect();
             let until = db::now_ms() + db::duration_ms(self.settings.lease);
             let result = async {
                 let mut conn = self.db.pool.acquire().await?;
@@ -316,8 +319,10 @@ impl Worker {
             match result {
                 Ok(held) => {
                     let Ok(mut map) = in_flight.lock() else { continue };
-                    for id in ids.iter().filter(|id| !held.contains(id)) {
-                        if let Some((_, handle)) = map.remove(id) {
+                    for (id, attempt) in runs.iter().filter(|(id, _)| !held.contains(id)) {
+                        if map.get(id).is_some_and(|(current, _)| current == attempt)
+                            && let Some((_, handle)) = map.remove(id)
+                        {
                             handle.abort();
                             tracing::info!(worker = %self.id, job.id = id, "lease lost (cancelled or rescued); run stopped");
                         }

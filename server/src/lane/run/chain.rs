@@ -62,7 +62,7 @@ impl Lane {
             self.sessions_step(session, step, &call.tool, "answered", "OK", None).await;
             // The planner sees the step's result (untrusted) and may propose the next call: as
             // cleaned as the summarizer's copy (no secret or managed fields, chat id or sender).
-            let hidden: Vec<String> = self.checkpoint.catalog().get(&call.tool).map(|t| t.spec.managed_fields.iter().chain(t.spec.secret_fields.keys()).cloned().collect()).unwrap_or_default();
+            let hidden = self.checkpoint.catalog().get(&call.tool).map(|t| t.spec.hidden_fields()).unwrap_or_default();
             let result = answer.output.as_ref().map_or_else(String::new, |o| {
                 let shown = summarizer::clean_with(o, &hidden, &[inbound.chat_id.clone(), inbound.sender.clone()]);
                 canonical_json(&shown).chars().take(lane.context_preview_chars as usize * 4).collect()

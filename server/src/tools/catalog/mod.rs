@@ -166,6 +166,21 @@ pub struct ToolSpec {
     pub enabled: bool,
 }
 
+impl ToolSpec {
+    /// Result fields never shown, stored as text or given to a model: the tool's managed and
+    /// secret fields.
+    pub fn hidden_fields(&self) -> Vec<String> {
+        self.managed_fields.iter().chain(self.secret_fields.keys()).cloned().collect()
+    }
+
+    /// A result as it may be shown or stored as text: fields whose names look secret, and the
+    /// [`Self::hidden_fields`], replaced.
+    pub fn redact_result(&self, value: &mut serde_json::Value) {
+        crate::redact::redact(value);
+        crate::redact::redact_named(value, &self.hidden_fields(), crate::redact::REDACTED);
+    }
+}
+
 /// A checked tool, ready for the checkpoint.
 pub struct ToolDef {
     pub spec: ToolSpec,

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::{CallContext, Checkpoint, HARD_RESULT_LIMIT, ToolCode, ToolFailure, fail};
-use crate::{db, redact, tools::catalog::ToolSpec};
+use crate::{db, tools::catalog::ToolSpec};
 
 /// Characters of a stored result's summary (at most the tool's inline limit).
 const SUMMARY_CHARS: usize = 2_000;
@@ -22,9 +22,7 @@ impl Checkpoint {
         if output.to_string().len() <= inline_limit {
             return Ok(output);
         }
-        redact::redact(&mut output);
-        let hidden: Vec<String> = spec.managed_fields.iter().chain(spec.secret_fields.keys()).cloned().collect();
-        redact::redact_named(&mut output, &hidden, redact::REDACTED);
+        spec.redact_result(&mut output);
         let text = output.to_string();
         let size = text.len();
         let truncated = size > HARD_RESULT_LIMIT;

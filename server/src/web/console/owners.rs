@@ -192,7 +192,8 @@ pub fn effective_entries(settings: &crate::config::Settings) -> Vec<SettingEntry
         flatten("", &value, &mut out);
     }
     for entry in &mut out {
-        if entry.key.ends_with("url") && !entry.value.is_empty() || entry.value.contains("://") {
+        let is_url = !entry.value.contains(char::is_whitespace) && url::Url::parse(&entry.value).is_ok_and(|u| u.has_host());
+        if entry.key.ends_with("url") && !entry.value.is_empty() || is_url {
             entry.value = display_url(&entry.value);
         }
     }
@@ -236,5 +237,9 @@ mod tests {
         let endpoint = entries.iter().find(|e| e.key == "telemetry.otlp_endpoint").expect("the key is listed");
         assert_eq!(endpoint.value, "https://otlp.example/v1");
         assert!(entries.iter().all(|e| !e.value.contains("PASSWORD") && !e.value.contains("KEY")), "{entries:?}");
+        // Words an owner wrote with a link in them stay as written.
+        settings.llm.fallback_reply = "Sorry, try again or see https://shop.example/help".into();
+        let reply = effective_entries(&settings).into_iter().find(|e| e.key == "llm.fallback_reply").expect("listed");
+        assert_eq!(reply.value, settings.llm.fallback_reply);
     }
 }

@@ -166,7 +166,7 @@ impl ToolsBackend for ConsoleBackend {
     }
 
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError> {
-        let outcome = crate::tools::reload_catalog(&self.state.config.dir, &self.state.config.secrets.source, &self.state.mcp, &self.state.tools).await;
+        let outcome = crate::tools::reload_catalog(&self.state.config, &self.state.mcp, &self.state.tools).await;
         let detail = match &outcome {
             Ok(r) => serde_json::json!({ "ok": true, "tools": r.tools, "changed": r.changed }),
             Err(crate::tools::ReloadError::Files(problems)) => serde_json::json!({ "ok": false, "problems": problems.len() }),
@@ -219,10 +219,9 @@ impl ConsoleBackend {
     /// A result as the page shows it: without fields whose names look secret, nor the tool's
     /// secret and managed fields, as a result stored for being large is kept.
     fn shown_result(&self, tool: &str, mut output: serde_json::Value) -> serde_json::Value {
-        crate::redact::redact(&mut output);
-        if let Some(def) = self.state.tools.catalog().get(tool) {
-            let hidden: Vec<String> = def.spec.managed_fields.iter().chain(def.spec.secret_fields.keys()).cloned().collect();
-            crate::redact::redact_named(&mut output, &hidden, crate::redact::REDACTED);
+        match self.state.tools.catalog().get(tool) {
+            Some(def) => def.spec.redact_result(&mut output),
+            None => crate::redact::redact(&mut output),
         }
         output
     }

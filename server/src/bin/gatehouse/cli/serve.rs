@@ -104,7 +104,7 @@ fn spawn_catalog_reload(state: AppState) {
     tokio::spawn(async move {
         let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hangups.recv().await.is_some() {
-            if let Err(e) = server::tools::reload_catalog(&state.config.dir, &state.config.secrets.source, &state.mcp, &state.tools).await {
+            if let Err(e) = server::tools::reload_catalog(&state.config, &state.mcp, &state.tools).await {
                 tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog");
             }
         }
