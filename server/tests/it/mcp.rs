@@ -339,12 +339,18 @@ async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
 }
 both_backends!(mcp_never_reaches_server, denied_and_quarantined_tools_never_reach_the_server);
 
-async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
+/// The fixture server, connected, with its two tools approved by an owner.
+async fn approved_fixture(db: TestDb) -> (Fixture, Rig) {
     let fx = Fixture::new();
     let rig = Rig::new(db, &fx.server("fx", "", 0)).await;
     rig.connected("fx").await;
     rig.approve("fx__echo").await;
     rig.approve("fx__mutate").await;
+    (fx, rig)
+}
+
+async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
+    let (fx, rig) = approved_fixture(db).await;
     let before = rig.checkpoint.catalog().get("fx__echo").expect("echo").version.clone();
     let reviewed = rig.manager.tools("fx").await.expect("tools").into_iter().find(|t| t.name == "echo").expect("echo").definition_hash;
     assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
@@ -384,11 +390,7 @@ both_backends!(mcp_list_changed, a_changed_tool_list_quarantines_until_approved)
 /// reaches the server, and this process's catalog catches up.
 async fn a_decision_made_elsewhere_holds_at_once(db: TestDb) {
     use server::db::mcp as store;
-    let fx = Fixture::new();
-    let rig = Rig::new(db, &fx.server("fx", "", 0)).await;
-    rig.connected("fx").await;
-    rig.approve("fx__echo").await;
-    rig.approve("fx__mutate").await;
+    let (fx, rig) = approved_fixture(db).await;
     assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
 
     // Another process rejects echo: only the database knows.
