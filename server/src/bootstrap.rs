@@ -109,7 +109,7 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
     match (loaded, files) {
         (Ok(cfg), Ok(files)) => {
             let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call);
-            problems.extend(tools::budget_problems(&files.catalog, dir, &cfg.settings));
+            problems.extend(tools::catalog_problems(&files.catalog, dir, &cfg.settings));
             if problems.is_empty() { Ok((cfg, files)) } else { Err(ConfigError(problems)) }
         }
         (Err(ConfigError(mut problems)), files) => {

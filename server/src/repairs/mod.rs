@@ -148,7 +148,7 @@ impl Workspace {
     /// live catalog's MCP tools joined.
     fn judge_dir(&self, dir: &Path) -> Result<Judge, RepairError> {
         let files = ToolFiles::load(dir, &self.secrets).map_err(RepairError::Invalid)?;
-        let problems = crate::tools::budget_problems(&files.catalog, dir, &self.settings);
+        let problems = crate::tools::catalog_problems(&files.catalog, dir, &self.settings);
         if !problems.is_empty() {
             return Err(RepairError::Invalid(problems));
         }

@@ -108,10 +108,21 @@ pub enum ReloadError {
     Mcp(#[from] mcp::McpError),
 }
 
-/// The catalog's tools whose calls cannot fit their `tool.call` job (see
-/// [`catalog::fits_tool_call_budget`]), as problems of `dir`'s tools.toml.
-pub fn budget_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Vec<Problem> {
-    catalog::fits_tool_call_budget(catalog, &dir.join("tools.toml"), settings.jobs.timeouts.tool_call, settings.reply_reserve())
+/// What the settings refuse of a file catalog, as problems of `dir`'s tools.toml: tools whose
+/// calls cannot fit their `tool.call` job (see [`catalog::fits_tool_call_budget`]), and tools
+/// named like the planner's own `lane.respond_tool` or `lane.search_tool`, which would never be
+/// offered.
+pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Vec<Problem> {
+    let path = dir.join("tools.toml");
+    let mut problems = catalog::fits_tool_call_budget(catalog, &path, settings.jobs.timeouts.tool_call, settings.reply_reserve());
+    let lane = &settings.lane;
+    for (key, name) in [("lane.respond_tool", &lane.respond_tool), ("lane.search_tool", &lane.search_tool)] {
+        if !name.is_empty() && catalog.get(name).is_some() {
+            let problem = toml_file::problem_at(&path);
+            problems.push(problem(format!("tool ({name}).name"), format!("is the name of {key} in gatehouse.toml, the planner's own tool: rename one of them")));
+        }
+    }
+    problems
 }
 
 /// Re-reads the tool files in `config.dir` (tools.toml, connectors.toml; never gatehouse.toml,
@@ -123,7 +134,7 @@ pub fn budget_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Ve
 pub async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
     let dir = config.dir.as_path();
     let fresh = load_catalog(dir, &config.secrets.source).map_err(ReloadError::Files)?;
-    let problems = budget_problems(&fresh, dir, &config.settings);
+    let problems = catalog_problems(&fresh, dir, &config.settings);
     if !problems.is_empty() {
         return Err(ReloadError::Files(problems));
     }

@@ -132,15 +132,20 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
 both_backends!(first_run, first_run_redirects_and_setup_closes);
 
 /// A tool whose timeout and retries outlast the `tool.call` job's budget (with the summary and
-/// the answer's sends) is a config problem, found by every command that loads the config.
+/// the answer's sends), or that is named like the planner's own tool, is a config problem,
+/// found by every command that loads the config.
 #[test]
-fn a_tool_that_outlasts_its_job_is_a_config_problem() {
+fn a_tool_that_outlasts_its_job_or_takes_the_planners_name_is_a_config_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
     let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")).expect("tools");
     std::fs::write(dir.path().join("tools.toml"), shipped.replacen("timeout = \"15s\"", "timeout = \"200s\"", 1)).expect("slow tool");
     let err = server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect_err("the slow tool is refused");
     assert!(err.to_string().contains("tool (web_fetch).timeout") && err.to_string().contains("jobs.timeouts.tool_call"), "{err}");
-    std::fs::write(dir.path().join("tools.toml"), shipped).expect("shipped tools");
+    std::fs::write(dir.path().join("tools.toml"), &shipped).expect("shipped tools");
     server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect("the shipped tools fit");
+    // A file tool named like the planner's own search tool would never be offered.
+    std::fs::write(dir.path().join("gatehouse.toml"), "[lane]\nsearch_tool = \"web_search\"\nsearch_description = \"Finds more tools.\"\n").expect("config");
+    let err = server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect_err("the name clash is refused");
+    assert!(err.to_string().contains("tool (web_search).name") && err.to_string().contains("lane.search_tool"), "{err}");
 }
