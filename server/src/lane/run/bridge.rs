@@ -153,42 +153,35 @@ impl Lane {
         tokio::spawn(async move {
             let (heartbeat, lease_lost) = inline::keep_alive(db.clone(), &claimed);
             let started_ms = db::now_ms();
+            // Its outer error: the call gave this run no answer to send.
             let run = async {
-                match telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await {
-                    // Nothing is said yet: a worker tries again and sends the answer. A lane still
-                    // waiting records that itself; one that stopped waiting learns nothing more.
-                    Err(retry) => {
-                        if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                            processor.trace_later(&job, &claimed.job, Err(&retry)).await;
-                        }
-                        Err(retry)
-                    }
-                    Ok(answer) if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
-                        let result = outcome(&answer);
-                        let _ = answered.send(answer);
-                        result
-                    }
+                let answer = telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await?;
+                Ok(if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    let result = outcome(&answer);
+                    let _ = answered.send(answer);
+                    result
+                } else {
                     // The person was told the work is underway: the answer goes out on its own.
-                    Ok(answer) => {
-                        processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
-                        processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
-                    }
-                }
+                    processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
+                    processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
+                })
             };
             // The run stops, as a worker's would, when its budget is spent or its lease is gone
             // (an owner cancelled the job, or it was rescued after a stall and may run elsewhere).
             let ran = tokio::select! {
-                ran = tokio::time::timeout(budget, run) => ran.map_err(|_| JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}"))),
+                ran = tokio::time::timeout(budget, run) => ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}")))),
                 Ok(()) = lease_lost => Err(JobError::retryable(JobCode::LeaseLost.as_str(), "the job was cancelled, or taken over, while this run held it")),
             };
             let result = match ran {
                 Ok(result) => result,
-                // Stopped before it said anything: as a failed run above.
-                Err(stopped) => {
+                // No answer from this run (or it was stopped): a worker tries again and sends
+                // it. A lane still waiting records that itself; one that stopped waiting learns
+                // nothing more.
+                Err(unsaid) => {
                     if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                        processor.trace_later(&job, &claimed.job, Err(&stopped)).await;
+                        processor.trace_later(&job, &claimed.job, Err(&unsaid)).await;
                     }
-                    Err(stopped)
+                    Err(unsaid)
                 }
             };
             heartbeat.abort();

@@ -200,13 +200,15 @@ pub fn fits_tool_call_budget(catalog: &Catalog, path: &Path, budget: std::time::
     let problem = toml_file::problem_at(path);
     catalog
         .all()
-        .filter(|t| t.spec.enabled && t.spec.provider != Provider::Mcp && worst_call(&t.spec).saturating_add(reserve) > budget)
-        .map(|t| {
+        .filter(|t| t.spec.enabled && t.spec.provider != Provider::Mcp)
+        .map(|t| (t, worst_call(&t.spec)))
+        .filter(|(_, worst)| worst.saturating_add(reserve) > budget)
+        .map(|(t, worst)| {
             problem(
                 format!("tool ({}).timeout", t.spec.name),
                 format!(
                     "timeout x retry.max_attempts plus the backoffs ({}), with the summary and the answer's sends ({}), must fit jobs.timeouts.tool_call in gatehouse.toml ({})",
-                    humantime::format_duration(worst_call(&t.spec)),
+                    humantime::format_duration(worst),
                     humantime::format_duration(reserve),
                     humantime::format_duration(budget)
                 ),
