@@ -140,18 +140,20 @@ impl CycleJob {
 #[async_trait::async_trait]
 impl Handler<CycleJob> for Cycle {
     async fn run(&self, _args: CycleJob, _ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let report = match Cycle::run(self).await {
-            Ok(report) => report,
+        // The next turn, whatever this one did; none when the cycle is off ("0s"), so that a job
+        // queued before it was turned off runs once, never in a loop.
+        let snooze = (!self.settings.evals.scan_every.is_zero()).then_some(self.settings.evals.scan_every);
+        let preview = match Cycle::run(self).await {
+            Ok(report) => report.summary(),
             Err(RepairError::Db(e)) => return Err(e.into()),
             Err(e) => {
                 // A tool file that does not load or a corrupt case: said in the job's preview, and
                 // the cycle goes on at its next turn.
                 tracing::warn!(code = e.code(), error = %e, "the self-improvement cycle stopped");
-                return Ok(JobOutput { preview: Some(format!("{}: {e}", e.code())), snooze: Some(self.settings.evals.scan_every) });
+                format!("{}: {e}", e.code())
             }
         };
-        let snooze = (!self.settings.evals.scan_every.is_zero()).then_some(self.settings.evals.scan_every);
-        Ok(JobOutput { preview: Some(report.summary()), snooze })
+        Ok(JobOutput { preview: Some(preview), snooze })
     }
 }
 

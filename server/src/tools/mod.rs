@@ -111,7 +111,7 @@ pub enum ReloadError {
 /// What the settings refuse of a file catalog, as problems of `dir`'s tools.toml: tools whose
 /// calls cannot fit their `tool.call` job (see [`catalog::fits_tool_call_budget`]), and tools
 /// named like the planner's own `lane.respond_tool` or `lane.search_tool`, which would never be
-/// offered.
+/// offered, and a `web_search` tool turned on with no search provider to ask.
 pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Vec<Problem> {
     let path = dir.join("tools.toml");
     let mut problems = catalog::fits_tool_call_budget(catalog, &path, settings.jobs.timeouts.tool_call, settings.reply_reserve());
@@ -120,6 +120,13 @@ pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> V
         if !name.is_empty() && catalog.get(name).is_some() {
             let problem = toml_file::problem_at(&path);
             problems.push(problem(format!("tool ({name}).name"), format!("is the name of {key} in gatehouse.toml, the planner's own tool: rename one of them")));
+        }
+    }
+    if settings.web_search.base_url.trim().is_empty() {
+        let searches = |t: &&Arc<ToolDef>| t.spec.enabled && t.spec.provider == catalog::Provider::Builtin && t.spec.handler.as_deref() == Some(builtins::web_search::HANDLER);
+        for tool in catalog.all().filter(searches) {
+            let problem = toml_file::problem_at(&path);
+            problems.push(problem(format!("tool ({}).enabled", tool.spec.name), "is true, but [web_search] base_url in gatehouse.toml is empty, so every call would fail: set a search provider there, or keep the tool off".into()));
         }
     }
     problems

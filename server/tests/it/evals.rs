@@ -9,7 +9,7 @@ use server::{
     db::evals as store,
     domain::{ChatKind, Role},
     evals::{Case, Expect, Origin, findings},
-    repairs::{self, Decider, RepairError, Workspace},
+    repairs::{self, Decider, RepairError, Workspace, cycle::CycleJob},
 };
 
 use crate::{
@@ -413,9 +413,18 @@ async fn the_periodic_cycle_proposes_through_the_queue(db: TestDb) {
 
     let mut off = app.state.config.settings.clone();
     off.evals.scan_every = std::time::Duration::ZERO;
-    let cycle = server::repairs::cycle::Cycle { settings: Arc::new(off), ..app.gatehouse.cycle.clone() };
+    let cycle = repairs::cycle::Cycle { settings: Arc::new(off), ..app.gatehouse.cycle.clone() };
     sqlx::query("DELETE FROM jobs WHERE kind = 'evals.cycle'").execute(&app.state.db.pool).await.expect("delete");
     cycle.schedule().await.expect("schedule");
     assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'evals.cycle'").await, 0);
+
+    // A cycle job queued before the cycle was turned off runs once, also when its turn fails
+    // (here: a tool file that does not load), and is not snoozed into a loop.
+    std::fs::write(dir.path().join("tools.toml"), "[[tool]\n").expect("break tools.toml");
+    let job = app.gatehouse.jobs.enqueue(&app.gatehouse.jobs.job(&CycleJob {})).await.expect("enqueue").job;
+    let ctx = server::jobs::JobContext { job, deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(30) };
+    let output = server::jobs::Handler::run(&cycle, CycleJob {}, &ctx).await.expect("a failed turn is not a failed job");
+    assert!(output.preview.as_deref().is_some_and(|p| !p.is_empty()), "{output:?}");
+    assert_eq!(output.snooze, None, "off means no next turn, also after a failed one");
 }
 both_backends!(evals_periodic_cycle, the_periodic_cycle_proposes_through_the_queue);

@@ -135,7 +135,7 @@ both_backends!(first_run, first_run_redirects_and_setup_closes);
 /// the answer's sends), or that is named like the planner's own tool, is a config problem,
 /// found by every command that loads the config.
 #[test]
-fn a_tool_that_outlasts_its_job_or_takes_the_planners_name_is_a_config_problem() {
+fn a_tool_that_outlasts_its_job_takes_the_planners_name_or_searches_nowhere_is_a_config_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
     let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tools.toml")).expect("tools");
@@ -148,4 +148,13 @@ fn a_tool_that_outlasts_its_job_or_takes_the_planners_name_is_a_config_problem()
     std::fs::write(dir.path().join("gatehouse.toml"), "[lane]\nsearch_tool = \"web_search\"\nsearch_description = \"Finds more tools.\"\n").expect("config");
     let err = server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect_err("the name clash is refused");
     assert!(err.to_string().contains("tool (web_search).name") && err.to_string().contains("lane.search_tool"), "{err}");
+    // The search tool turned on with no provider to ask would fail every call.
+    let off = "# Off until a provider is set under [web_search] in gatehouse.toml.\nenabled = false";
+    assert!(shipped.contains(off), "the shipped web_search is off");
+    std::fs::write(dir.path().join("tools.toml"), shipped.replacen(off, "enabled = true", 1)).expect("search on");
+    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
+    let err = server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect_err("search without a provider is refused");
+    assert!(err.to_string().contains("tool (web_search).enabled") && err.to_string().contains("base_url"), "{err}");
+    std::fs::write(dir.path().join("gatehouse.toml"), "[web_search]\nbase_url = \"http://127.0.0.1:8888\"\n").expect("config");
+    server::bootstrap::load_config(&dir.path().join("gatehouse.toml")).expect("search with a provider loads");
 }
