@@ -289,6 +289,12 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.
     assert_eq!(store::complete(&mut conn, &[Finished { id: pending, attempt: 1, preview: None }], "w1", t0 + 500).await.expect("complete"), Vec::<(i64, i64)>::new());
+
+    // An owner's retry of an expired job runs it: its elapsed time to live is lifted.
+    assert!(store::retry_now(&mut conn, expiring, t0 + 600).await.expect("retry"));
+    assert_eq!(store::expire(&mut conn, pool.backend, t0 + 700).await.expect("expire"), Vec::<i64>::new(), "not expired again");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 700, t0 + 800).await.expect("claim");
+    assert!(claimed.iter().any(|j| j.id == expiring), "{claimed:?}");
 }
 both_backends!(jobs_cancel_expire_rescue, cancel_expire_rescue_pending);
 

@@ -23,12 +23,15 @@ pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -
 }
 
 /// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
-/// one more attempt. Refused while a cancelled run may still be stopping (its lease has not run
-/// out) and while another unfinished job holds the same dedupe key.
+/// one more attempt, and a time to live that ran out is lifted (else the job would never be
+/// claimed and the next maintenance would cancel it again). Refused while a cancelled run may
+/// still be stopping (its lease has not run out) and while another unfinished job holds the same
+/// dedupe key.
 pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
     let sql = format!(
         "UPDATE jobs SET state = 'available', scheduled_at = $1, updated_at = $1, completed_at = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, \
+         expires_at = CASE WHEN expires_at <= $1 THEN NULL ELSE expires_at END, \
          max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
          WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled') \
          AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
