@@ -20,6 +20,13 @@ impl Runtime {
         let conv = &self.settings.conversation;
         let now = db::now_ms();
         let mut conn = self.db.pool.acquire().await?;
+        // An earlier run of this message stored its answer but stopped before recording the
+        // reply (a crash, a failed write): the same answer again, not a second model call whose
+        // text would differ from the one memory keeps.
+        if let Some(reply) = store::answer_to(&mut conn, &inbound.chat_id, &inbound.message_id).await? {
+            trace.step("llm", "reused", "EARLIER_ANSWER", json!({ "purpose": "chat" }));
+            return Ok(Ok(reply));
+        }
         let quoted = match (&inbound.quoted_text, &inbound.quoted_id) {
             (Some(text), _) => Some(text.clone()),
             (None, Some(id)) => store::text_of(&mut conn, &inbound.chat_id, id).await?,
@@ -34,8 +41,8 @@ impl Runtime {
         drop(conn);
         let current_tokens = memory::estimate_tokens(&inbound.text) + quoted.as_deref().map_or(0, memory::estimate_tokens);
         let budget = i64::from(conv.history_token_budget);
-        let keep = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
-        let (summary, turns) = match memory::plan(summary.as_ref(), &history, current_tokens, budget, keep) {
+        let keep_recent = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
+        let (summary, turns) = match memory::plan(summary.as_ref(), &history, current_tokens, budget, keep_recent) {
             memory::Plan::Fits => {
                 trace.step("memory", "fits", "WITHIN_BUDGET", json!({ "turns": history.len(), "summary": summary.is_some() }));
                 (summary, history)
@@ -47,14 +54,16 @@ impl Runtime {
                     Ok(res) if !text.is_empty() => {
                         let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
                         let mut tx = self.db.begin_write().await?;
-                        store::save_summary(&mut tx, &inbound.chat_id, &new, now).await?;
+                        // Another message of this chat compacted meanwhile: its summary stays, and
+                        // this one serves this answer only.
+                        let saved = store::save_summary(&mut tx, &inbound.chat_id, &new, summary.as_ref().map_or(0, |s| s.covers_through), now).await?;
                         tx.commit().await?;
                         trace.step(
                             "memory",
                             "compacted",
                             "OVER_BUDGET",
                             json!({
-                                "summarized_turns": older.len(), "kept_turns": keep.len(), "purpose": "compaction", "model": res.model,
+                                "summarized_turns": older.len(), "kept_turns": keep.len(), "saved": saved, "purpose": "compaction", "model": res.model,
                                 "input_tokens": res.usage.input_tokens, "output_tokens": res.usage.output_tokens,
                                 "latency_ms": u64::try_from(res.latency.as_millis()).unwrap_or(u64::MAX),
                             }),
@@ -63,10 +72,10 @@ impl Runtime {
                     }
                     other => {
                         let code = other.err().map_or_else(|| "LLM_EMPTY_SUMMARY".to_string(), |e| e.code.as_str().to_string());
-                        tracing::warn!(chat = %inbound.chat_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
+                        tracing::warn!(correlation_id = %inbound.correlation_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
                         let mut all = older;
                         all.extend(keep);
-                        let kept = memory::truncate(summary.as_ref(), all, current_tokens, budget);
+                        let kept = memory::truncate(summary.as_ref(), all, current_tokens, budget, keep_recent);
                         trace.step("memory", "truncated", &code, json!({ "kept_turns": kept.len() }));
                         (summary, kept)
                     }

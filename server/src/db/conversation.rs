@@ -81,6 +81,17 @@ pub async fn text_of(conn: &mut AnyConnection, chat_id: &str, message_id: &str) 
         .await?)
 }
 
+/// The assistant's stored answer to message `message_id` in chat `chat_id`: an earlier run of
+/// this message that stored it but did not get to record the reply.
+pub async fn answer_to(conn: &mut AnyConnection, chat_id: &str, message_id: &str) -> Result<Option<String>, DbError> {
+    Ok(sqlx::query_scalar("SELECT text FROM chat_turns WHERE chat_id = $1 AND message_id = $2 AND role = $3")
+        .bind(chat_id)
+        .bind(message_id)
+        .bind(role::ASSISTANT)
+        .fetch_optional(conn)
+        .await?)
+}
+
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Summary {
     #[sqlx(rename = "summary")]
@@ -92,18 +103,23 @@ pub async fn summary(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<S
     Ok(sqlx::query_as("SELECT summary, covers_through FROM chat_memory WHERE chat_id = $1").bind(chat_id).fetch_optional(conn).await?)
 }
 
-pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, now: i64) -> Result<(), DbError> {
-    sqlx::query(
+/// Saves the chat's summary in place of the one it was made from (`from`: its `covers_through`,
+/// 0 when there was none). Another message of the chat may have compacted meanwhile: then its
+/// summary stays (it is as new or newer) and this returns false.
+pub async fn save_summary(conn: &mut AnyConnection, chat_id: &str, s: &Summary, from: i64, now: i64) -> Result<bool, DbError> {
+    let done = sqlx::query(
         "INSERT INTO chat_memory (chat_id, summary, covers_through, updated_at) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (chat_id) DO UPDATE SET summary = excluded.summary, covers_through = excluded.covers_through, updated_at = excluded.updated_at",
+         ON CONFLICT (chat_id) DO UPDATE SET summary = excluded.summary, covers_through = excluded.covers_through, updated_at = excluded.updated_at \
+         WHERE chat_memory.covers_through = $5",
     )
     .bind(chat_id)
     .bind(&s.text)
     .bind(s.covers_through)
     .bind(now)
+    .bind(from)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 /// The runtime's earlier answer to a message.

@@ -33,8 +33,7 @@ pub struct NewSimMessage<'a> {
 
 /// Inserts a message unless one with its `message_id` is stored; returns whether it was new.
 pub async fn insert_once(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<bool, DbError> {
-    let text = super::clean_text(m.text);
-    Ok(insert_with(conn, &NewSimMessage { text: &text, ..*m }, "ON CONFLICT (message_id) DO NOTHING").await? == 1)
+    Ok(insert_with(conn, m, "ON CONFLICT (message_id) DO NOTHING").await? == 1)
 }
 
 pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
@@ -42,6 +41,8 @@ pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(
 }
 
 /// Inserts `m`, the statement ending with `on_conflict`; returns the rows inserted.
+/// The text is cleaned first (a NUL, which PostgreSQL refuses, is removed), as every other
+/// stored message text is.
 async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflict: &str) -> Result<u64, DbError> {
     let sql = format!(
         "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) \
@@ -51,7 +52,7 @@ async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflic
         .bind(m.chat_id)
         .bind(m.direction)
         .bind(m.sender)
-        .bind(m.text)
+        .bind(super::clean_text(m.text))
         .bind(m.message_id)
         .bind(m.state)
         .bind(m.trace_id)

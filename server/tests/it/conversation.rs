@@ -326,6 +326,35 @@ async fn history_over_budget_is_compacted(db: TestDb) {
     assert_eq!(out.route, Route::Chat);
     let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
     assert!(steps.iter().any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_BAD_REQUEST"), "{steps:?}");
+    {
+        // The compaction transcript holds one JSON object a message: a person's text cannot
+        // pass for an assistant's line.
+        let f = r.fake.lock().expect("lock");
+        let compaction = f.requests.iter().find(|req| req["model"] == SUMMARY_MODEL).expect("a compaction request");
+        let transcript = compaction["messages"][0]["content"].to_string();
+        assert!(transcript.contains(r#"{\"from\":\"person\",\"text\":\"I run a bakery."#), "{transcript}");
+    }
+
+    // A run that stored its answer but stopped before recording the reply (a crash, a failed
+    // write) answers again with the stored text, without asking the model a second time.
+    let first = r.runtime.handle(&msg("c10", customer, "one more thing")).await.expect("handle");
+    sqlx::query("DELETE FROM message_replies WHERE message_id = 'c10'").execute(&r.db.pool).await.expect("forget the reply");
+    let asked = r.fake.lock().expect("lock").requests.len();
+    let again = r.runtime.handle(&msg("c10", customer, "one more thing")).await.expect("handle again");
+    assert_eq!(again.reply, first.reply, "the stored answer, not a new one");
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), asked, "the model is not asked again");
+    let answers: i64 = sqlx::query("SELECT COUNT(*) FROM chat_turns WHERE message_id = 'c10'").fetch_one(&r.db.pool).await.expect("turns").get(0);
+    assert_eq!(answers, 2, "one turn of the person, one of the assistant");
+
+    // A summary made from an older one never replaces a newer one another message saved.
+    let chat = format!("chat-{customer}");
+    let mut conn = r.db.pool.acquire().await.expect("conn");
+    let newest = server::db::conversation::summary(&mut conn, &chat).await.expect("summary").expect("a summary");
+    let stale = server::db::conversation::Summary { text: "stale".into(), covers_through: 1 };
+    assert!(!server::db::conversation::save_summary(&mut conn, &chat, &stale, 0, 0).await.expect("save"), "made from no summary, after one was saved");
+    assert_eq!(server::db::conversation::summary(&mut conn, &chat).await.expect("summary"), Some(newest.clone()));
+    let next = server::db::conversation::Summary { text: "next".into(), covers_through: newest.covers_through + 1 };
+    assert!(server::db::conversation::save_summary(&mut conn, &chat, &next, newest.covers_through, 0).await.expect("save"));
 }
 both_backends!(conversation_compaction, history_over_budget_is_compacted);
 
@@ -636,6 +665,12 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     let chats = owner.post_form("/api/list_chats", &[]).await.json();
     assert!(chats["chats"].as_array().is_some_and(|c| c.iter().any(|c| c["chat_id"] == chat_id.as_str() && c["channel"] == "simulator")), "{chats}");
     assert_eq!(chats["simulator_customer"], "+15550100099", "the simulator's first sender comes from config");
+
+    // A NUL in the text is removed, as in every stored text: PostgreSQL refuses it.
+    let nul = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "open\u{0} tomorrow?"})).await;
+    assert_eq!(nul.status, axum::http::StatusCode::OK, "{}", nul.body);
+    let messages = owner.get(&format!("/api/simulator/chats/{chat_id}")).await.json()["messages"].as_array().cloned().expect("messages");
+    assert!(messages.iter().any(|m| m["text"] == "open tomorrow?"), "{messages:?}");
 }
 both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
 
