@@ -51,13 +51,21 @@ pub async fn server_fn_status(res: Response) -> Response {
 pub async fn track_metrics(req: Request, next: Next) -> Response {
     let start = Instant::now();
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = req.method().to_string();
+    let method = method_label(req.method());
     let res = next.run(req).await;
     let status = res.status().as_u16().to_string();
     let labels = [("route", route), ("method", method), ("status", status)];
     metrics::counter!("http_requests_total", &labels).increment(1);
     metrics::histogram!("http_request_duration_seconds", &labels).record(start.elapsed().as_secs_f64());
     res
+}
+
+/// The method as a metric label: the standard ones by name, any other as "other". A method is
+/// any token a client sends (a 405 is counted too), and each label value makes a new series.
+fn method_label(method: &axum::http::Method) -> String {
+    use axum::http::Method;
+    let known = [Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS];
+    if known.contains(method) { method.as_str().to_string() } else { "other".to_string() }
 }
 
 #[derive(serde::Serialize)]

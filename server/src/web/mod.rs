@@ -130,8 +130,8 @@ pub fn router(state: AppState) -> Router {
                 .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
                 .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                     let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-                    // The path only: query strings can carry tokens.
-                    tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+                    // The path only (query strings can carry tokens), without phone numbers.
+                    tracing::info_span!("request", request_id = %id, method = %req.method(), path = %loggable_path(req.uri().path()))
                 })
                 .on_request(())
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis))
@@ -156,6 +156,19 @@ async fn not_found() -> impl IntoResponse {
 /// once (no room on the disk, WhatsApp not configured, too many live streams), and its client
 /// asks again (Meta redelivers a webhook post for days): an ERROR line a refused request would
 /// bury the one that says why, so those are at DEBUG.
+/// `path` for the request log: a segment holding a run of seven or more digits, once decoded and
+/// read past the separators people write in phone numbers (a chat id such as
+/// `/conversations/whatsapp/15551234567`, or `sim-%2B1%20555%20123%204567`), is written as
+/// `{redacted}`, so that owners' and customers' numbers stay out of the logs.
+fn loggable_path(path: &str) -> String {
+    let phone_like = |segment: &str| {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        let digits: String = decoded.chars().filter(|c| !matches!(c, ' ' | '+' | '-' | '.' | '(' | ')')).collect();
+        digits.as_bytes().split(|b| !b.is_ascii_digit()).any(|run| run.len() >= 7)
+    };
+    path.split('/').map(|segment| if phone_like(segment) { "{redacted}" } else { segment }).collect::<Vec<_>>().join("/")
+}
+
 fn log_failure(class: tower_http::classify::ServerErrorsFailureClass, latency: std::time::Duration, _span: &tracing::Span) {
     let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
     match class {
@@ -163,5 +176,17 @@ fn log_failure(class: tower_http::classify::ServerErrorsFailureClass, latency: s
             tracing::debug!(latency_ms, "refused with 503");
         }
         other => tracing::error!(classification = %other, latency_ms, "response failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logged_paths_leave_out_phone_numbers() {
+        assert_eq!(super::loggable_path("/conversations/whatsapp/15551234567"), "/conversations/whatsapp/{redacted}");
+        assert_eq!(super::loggable_path("/api/simulator/chats/sim-15551234567"), "/api/simulator/chats/{redacted}");
+        assert_eq!(super::loggable_path("/api/simulator/chats/sim-%2B1%20555%20123%204567"), "/api/simulator/chats/{redacted}");
+        assert_eq!(super::loggable_path("/jobs/123456"), "/jobs/123456", "ids stay");
+        assert_eq!(super::loggable_path("/"), "/");
     }
 }

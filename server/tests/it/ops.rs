@@ -15,7 +15,12 @@ async fn health_ready_metrics(db: TestDb) {
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
     assert_eq!(ready.json()["status"], "ready");
     c.get("/login").await;
+    // A made-up method is answered 405 and counted as "other": a client cannot add series.
+    let odd = c.request(axum::http::Method::from_bytes(b"ZZTOP0001").expect("method"), "/webhooks/whatsapp", None).await;
+    assert_eq!(odd.status, StatusCode::METHOD_NOT_ALLOWED);
     let metrics = c.get("/metrics").await;
+    assert!(!metrics.body.contains("ZZTOP0001"), "{}", metrics.body);
+    assert!(metrics.body.contains("http_requests_total{route=\"/webhooks/whatsapp\",method=\"other\",status=\"405\"}"), "{}", metrics.body);
     assert_eq!(metrics.status, StatusCode::OK);
     assert!(metrics.body.contains("gatehouse_build_info"), "{}", metrics.body);
     assert!(metrics.body.contains("http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\"}"), "{}", metrics.body);
