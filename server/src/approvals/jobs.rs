@@ -105,8 +105,15 @@ impl Handler<Settle> for SettleHandler {
             SettleReason::Expired => {
                 // A retried run finds it expired by its first attempt: say it (the ledger sends
                 // once per job).
-                if row.state == State::Pending && !self.approvals.expire(row.id).await? {
-                    return Err(JobError::retryable("APPROVAL_NOT_DUE", "the approval is not due to expire yet"));
+                if row.state == State::Pending
+                    && !self.approvals.expire(row.id).await?
+                    && let Some(still) = self.approvals.get(row.id).await?
+                    && still.state == State::Pending
+                {
+                    // Run before its time (an owner's "run now" on the Jobs page): it waits for
+                    // the expiry again, using up no attempt, instead of failing until discarded.
+                    let wait = u64::try_from(still.expires_at.saturating_sub(crate::db::now_ms())).unwrap_or(0).max(1000);
+                    return Ok(JobOutput { preview: Some("not due to expire yet".into()), snooze: Some(std::time::Duration::from_millis(wait)) });
                 }
                 let now = self.approvals.get(row.id).await?.map(|r| r.state).unwrap_or(State::Expired);
                 if now != State::Expired {

@@ -187,11 +187,14 @@ impl Handler<ToolCallJob> for Processor {
         let answer = self.final_answer(&args, &ctx.job).await;
         self.trace_later(&args, &ctx.job, answer.as_ref()).await;
         let answer = answer?;
-        self.deliver(&args, ctx.job.id, &answer).await?;
+        // The approved call's outcome is the call's, whatever becomes of the answer's delivery
+        // (a customer who blocked the number still had their refund made): recorded, and the
+        // deciding owner told, before the send that may fail for good.
         if let Some(approved) = &args.approval {
             let code = answer.failure.as_deref().unwrap_or("OK");
             self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
         }
+        self.deliver(&args, ctx.job.id, &answer).await?;
         match answer.failure {
             None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
             Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),

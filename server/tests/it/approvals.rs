@@ -107,6 +107,23 @@ async fn an_approved_call_runs_once_after_the_owners_button(db: TestDb) {
 }
 both_backends!(approvals_button_runs_once, an_approved_call_runs_once_after_the_owners_button);
 
+/// The approved call ran, but its answer cannot reach the customer (Meta refuses it for good):
+/// the outcome is still recorded, and the deciding owner still told.
+async fn an_undeliverable_answer_still_records_the_outcome(db: TestDb) {
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
+    r.add_owner().await;
+    r.exchange(&[("wamid.UNDELIVERABLE", "Please refund my order 4821")], 2).await;
+    let (id, nonce): (i64, String) = sqlx::query_as("SELECT id, nonce FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    r.graph.set_rule(|body, _| (body["to"] == CUSTOMER).then(|| crate::whatsapp::graph_error(400, 131026, "Message undeliverable")));
+    r.press(vec![button_press(OWNER, "wamid.OK", &format!("gh-approval:{id}:approve:{nonce}"))], 3).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "the call ran");
+    let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    assert_eq!(outcome.as_deref(), Some("OK"));
+    let told: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE dedupe_key = $1").bind(format!("approval:{id}:outcome")).fetch_one(&r.app.state.db.pool).await.expect("notice");
+    assert_eq!(told, 1, "the deciding owner is told the outcome");
+}
+both_backends!(approvals_undeliverable_outcome, an_undeliverable_answer_still_records_the_outcome);
+
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     let r = rig(db, |_| {}).await;
@@ -192,6 +209,39 @@ async fn an_expired_request_tells_the_requester_and_runs_nothing(db: TestDb) {
     assert_eq!(jobs, 0);
 }
 both_backends!(approvals_expiry, an_expired_request_tells_the_requester_and_runs_nothing);
+
+/// The expiry job run before its time (an owner's "run now" on the Jobs page) waits for the
+/// expiry again, using up no attempt: it never fails until discarded, which would leave the
+/// request pending for good and the customer never told.
+async fn an_early_expiry_run_waits_for_its_time(db: TestDb) {
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
+    r.add_owner().await;
+    r.exchange(&[("wamid.EARLY", "Please refund my order 4821")], 2).await;
+    let (job, expires_at): (i64, i64) = sqlx::query_as("SELECT j.id, a.expires_at FROM jobs j, approvals a WHERE j.kind = 'approval.settle'").fetch_one(&r.app.state.db.pool).await.expect("settle job");
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    assert!(server::db::jobs::retry_now(&mut conn, job, server::db::now_ms()).await.expect("run now"));
+    drop(conn);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(r.app.gatehouse.worker().run(stopped));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let row: (String, i64, i64, Option<String>) = sqlx::query_as("SELECT state, attempt, scheduled_at, last_error_code FROM jobs WHERE id = $1").bind(job).fetch_one(&r.app.state.db.pool).await.expect("job");
+        if row.0 != "available" && row.0 != "running" {
+            break row;
+        }
+        assert!(std::time::Instant::now() < deadline, "the early run did not end: {row:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = stop.send(true);
+    let _ = worker.await;
+    let (state, _, scheduled_at, code) = row;
+    assert_eq!((state.as_str(), code), ("scheduled", None), "snoozed, not failed");
+    assert!(scheduled_at >= expires_at, "until the expiry: {scheduled_at} < {expires_at}");
+    let approval: String = sqlx::query_scalar("SELECT state FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    assert_eq!(approval, "pending");
+    assert_eq!(r.graph.sends().len(), 2, "nobody is told anything yet");
+}
+both_backends!(approvals_early_expiry_run, an_early_expiry_run_waits_for_its_time);
 
 /// The tool's definition changed (a catalog reload) between the request and the decision: the
 /// approval does not apply to the new definition, so the call never reaches the shop.
