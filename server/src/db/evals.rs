@@ -266,6 +266,18 @@ pub async fn list_repairs(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Re
     Ok(sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs ORDER BY id DESC LIMIT $1")).bind(limit).fetch_all(&mut *conn).await?)
 }
 
+/// Makes the writers of repairs and their files wait for each other, across processes, until
+/// the transaction ends: a decision (it reads the config files, then writes them) and a stored
+/// proposal (it looks for an open one of the same edit, then inserts). SQLite's write
+/// transactions already run one at a time; on PostgreSQL two approvals of different repairs
+/// would each pass the stale check on the same text, and the second write would undo the first.
+pub async fn lock_repairs(conn: &mut AnyConnection) -> Result<(), DbError> {
+    if super::backend_of(conn) == super::Backend::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind("gatehouse.repairs").execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// Moves a repair from `from` to `to` with who decided and why; false when it was not in
 /// `from` (decided already, or by someone else just now).
 pub async fn transition(conn: &mut AnyConnection, id: i64, from: RepairState, to: RepairState, by: &str, reason: Option<&str>, at: i64) -> Result<bool, DbError> {

@@ -97,6 +97,7 @@ async fn decide_with_files(conn: &mut AnyConnection, dir: &Path, row: &RepairRow
     let id = row.id;
     let changes = files_of(row);
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    store::lock_repairs(&mut tx).await?;
     if !store::transition(&mut tx, id, from, to, &by.name, None, db::now_ms()).await? {
         drop(tx);
         let state = store::get_repair(conn, id).await?.map(|r| r.state.to_string()).unwrap_or_default();

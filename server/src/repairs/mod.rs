@@ -270,7 +270,8 @@ pub async fn propose(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatMode
 }
 
 /// Stores `p` (an open proposal with the same diff is kept instead); returns the row and
-/// whether it is new.
+/// whether it is new. Run it in a write transaction, so that two cycles storing the same
+/// proposal at once make one row (see [`store::lock_repairs`]).
 pub async fn store(conn: &mut AnyConnection, p: &Proposal) -> Result<(RepairRow, bool), DbError> {
     let diff = p.diff();
     let files = serde_json::to_string(&[&p.change]).unwrap_or_default();
@@ -287,6 +288,7 @@ pub async fn store(conn: &mut AnyConnection, p: &Proposal) -> Result<(RepairRow,
         case_ids: &case_ids,
         created_at: db::now_ms(),
     };
+    store::lock_repairs(conn).await?;
     store::insert_repair(conn, &new).await
 }
 

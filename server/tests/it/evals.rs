@@ -178,6 +178,45 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
 }
 both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
 
+/// Deciding a repair and storing a proposal wait for each other, across connections and
+/// processes: two approvals of different repairs made from the same file cannot both pass the
+/// stale check (on PostgreSQL each locks only its own row), and two cycles storing one proposal
+/// make one row. While another transaction holds the repairs, both wait; then the approval is
+/// applied and the proposal stored.
+async fn repair_writers_wait_for_each_other(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let p = repairs::propose(&ws, &[case("wants-page", MISROUTED, "tool:web_fetch")], None).await.expect("propose").into_iter().next().expect("a proposal");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let (row, _) = repairs::store(&mut conn, &p).await.expect("store");
+    drop(conn);
+
+    let mut holder = app.state.db.begin_write().await.expect("tx");
+    store::lock_repairs(&mut holder).await.expect("lock");
+    let owner = Decider { name: "Ada".into(), login: "ada".into() };
+    let (pool, path) = (app.state.db.pool.clone(), dir.path().to_path_buf());
+    let approve = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.expect("conn");
+        repairs::approve(&mut conn, &path, row.id, &owner, true).await
+    });
+    let other = repairs::Proposal { summary: "another".into(), change: repairs::FileChange { after: format!("{}\n# another\n", p.change.before), ..p.change.clone() }, ..p.clone() };
+    let db = app.state.db.clone();
+    let stored = tokio::spawn(async move {
+        let mut tx = db.begin_write().await.expect("tx");
+        let stored = repairs::store(&mut tx, &other).await;
+        tx.commit().await.expect("commit");
+        stored
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(!approve.is_finished() && !stored.is_finished(), "both wait for the holder");
+    holder.commit().await.expect("release");
+    assert_eq!(approve.await.expect("task").expect("approved").state.as_str(), "applied");
+    assert!(stored.await.expect("task").expect("stored").1, "stored after it");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
+}
+both_backends!(evals_repair_writers_serialised, repair_writers_wait_for_each_other);
+
 /// A proposal gone stale (its file was edited since) is brought up to date when the same edit
 /// is proposed again, wherever the edit now lands in the file, and can then be approved; a
 /// rejected edit is not proposed again because lines above it moved.
