@@ -212,6 +212,7 @@ fn evals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     let [low, high] = e.plan_threshold_range;
     need(low > 0.0 && low < high && high < 1.0, "evals.plan_threshold_range", format!("must be [low, high] with 0 < low < high < 1, not [{low}, {high}]"));
     need(!e.cases_file.trim().is_empty(), "evals.cases_file", "must name a file".into());
+    need(!e.abandoned_after.is_zero(), "evals.abandoned_after", "must be longer than 0s (a running trace would be read before it ends)".into());
     if !settings.models.repair.trim().is_empty() {
         let tag = super::lane::UNTRUSTED_TAG;
         need(!e.repair_prompt.trim().is_empty(), "evals.repair_prompt", "must be set while models.repair is".into());

@@ -15,6 +15,11 @@ pub struct EvalSettings {
     /// (owners' marks still make cases).
     #[serde(with = "duration_str")]
     pub scan_every: Duration,
+    /// A trace still running this long after it began is one whose message gave up (its job
+    /// discarded, or cancelled): the scan reads it as it is and goes on. A younger running trace
+    /// stops the scan until it ends.
+    #[serde(with = "duration_str")]
+    pub abandoned_after: Duration,
     /// Words in a reply that say work is underway (case-insensitive). A reply with one whose
     /// trace has no job is a `PROMISE_WITHOUT_JOB` finding.
     pub promise_phrases: Vec<String>,
@@ -38,6 +43,7 @@ impl Default for EvalSettings {
     fn default() -> Self {
         Self {
             scan_every: Duration::from_secs(600),
+            abandoned_after: Duration::from_secs(24 * 3600),
             promise_phrases: ["i'll check", "i will check", "i'm checking", "let me check", "i'll get back to you", "i'll look into"].map(String::from).to_vec(),
             cases_file: "evals/cases.jsonl".into(),
             max_phrase_words: 6,
@@ -45,5 +51,14 @@ impl Default for EvalSettings {
             proposal_notice: "Gatehouse proposes a repair (#{id}): {summary}. Nothing changes until you approve it: {link}".into(),
             repair_prompt: String::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bad_values_are_named_by_their_keys() {
+        let text = "[evals]\nabandoned_after = \"0s\"\nmax_phrase_words = 0\ncases_file = \" \"\n";
+        crate::config::tests::problems_at(text, &["evals.abandoned_after", "evals.max_phrase_words", "evals.cases_file"]);
     }
 }

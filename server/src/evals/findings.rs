@@ -130,11 +130,13 @@ pub struct ScanReport {
 }
 
 /// Looks at the traces after the scan's cursor (at most `limit`), stopping at one still
-/// running, and stores what it finds. A finding is stored once per trace and pattern.
+/// running (unless it began `abandoned_after` ago: its message gave up, and it would stop every
+/// scan for good), and stores what it finds. A finding is stored once per trace and pattern.
 pub async fn scan(conn: &mut AnyConnection, catalog: &Catalog, settings: &EvalSettings, limit: i64) -> Result<ScanReport, DbError> {
     let mut report = ScanReport { cursor: store::scan_cursor(conn).await?, ..ScanReport::default() };
+    let abandoned = db::now_ms().saturating_sub(db::duration_ms(settings.abandoned_after));
     for trace in db::traces::after(conn, report.cursor, limit).await? {
-        if trace.outcome == db::traces::RUNNING {
+        if trace.outcome == db::traces::RUNNING && trace.started_at > abandoned {
             break;
         }
         let Some((trace, steps)) = db::traces::get(conn, trace.id).await? else {

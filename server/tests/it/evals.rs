@@ -319,6 +319,16 @@ async fn traces_record_planner_answers_that_replay_offline(db: TestDb) {
     assert_eq!(found, vec![(ev3, "WRONG_TOOL".to_string())]);
     let again = findings::scan(&mut conn, &r.app.state.tools.catalog(), &r.app.state.config.settings.evals, 100).await.expect("scan");
     assert_eq!((again.traces, again.findings), (0, 0), "the cursor moved on");
+    // A trace its message gave up on long ago stays running: the scan reads past it.
+    sqlx::query("INSERT INTO traces (correlation_id, channel, chat_id, message_id, actor, route, outcome, started_at, duration_us) VALUES ('gave-up', 'whatsapp', 'c', 'wamid.GAVEUP', 'customer', 'chat', 'running', 0, 0)")
+        .execute(&mut *conn)
+        .await
+        .expect("an abandoned trace");
+    drop(conn);
+    r.exchange(&[("wamid.EV4", "Where is my order 4821?")], 4).await;
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    let past = findings::scan(&mut conn, &r.app.state.tools.catalog(), &r.app.state.config.settings.evals, 100).await.expect("scan");
+    assert_eq!(past.traces, 2, "the abandoned trace and the one after it");
 
     let ev1: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.EV1'").fetch_one(&mut *conn).await.expect("trace");
     let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default(), 6).await.expect("case");
