@@ -44,16 +44,28 @@ impl Approvals {
         let a = &self.settings.approvals;
         let requester = if row.actor == Role::Owner.as_str() { format!("An owner (+{})", row.sender.trim_start_matches('+')) } else { format!("A customer (+{})", row.sender.trim_start_matches('+')) };
         let expires = chrono_like(row.expires_at);
-        let text = a
-            .owner_prompt
-            .trim()
-            .replace("{id}", &row.id.to_string())
-            .replace("{tool}", &row.tool)
-            .replace("{risk}", &row.risk)
-            .replace("{args}", &row.display)
-            .replace("{requester}", &requester)
-            .replace("{reason}", &row.reason)
-            .replace("{expires}", &expires);
+        let fill = |args: &str| {
+            a.owner_prompt
+                .trim()
+                .replace("{id}", &row.id.to_string())
+                .replace("{tool}", &row.tool)
+                .replace("{risk}", &row.risk)
+                .replace("{args}", args)
+                .replace("{requester}", &requester)
+                .replace("{reason}", &row.reason)
+                .replace("{expires}", &expires)
+        };
+        let mut text = fill(&row.display);
+        let max = crate::config::approvals::BUTTON_BODY_MAX;
+        if text.chars().count() > max {
+            // WhatsApp cuts the body at its limit: the arguments are cut here instead, saying
+            // so, so that the owner never reads a call that looks whole and is not.
+            let total = row.display.chars().count();
+            let cut = |more: usize| a.args_cut.replace("{more}", &more.to_string()).replace("{id}", &row.id.to_string());
+            let room = max.saturating_sub(fill("").chars().count() + cut(total).chars().count());
+            let shown: String = row.display.chars().take(room).collect();
+            text = fill(&format!("{shown}{}", cut(total - room.min(total))));
+        }
         let buttons = vec![
             (Button::id_for(row.id, true, &row.nonce), a.approve_button.trim().to_string()),
             (Button::id_for(row.id, false, &row.nonce), a.reject_button.trim().to_string()),

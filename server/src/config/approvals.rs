@@ -25,6 +25,10 @@ pub struct ApprovalSettings {
     /// `{risk}`, `{args}` (secrets and personal data replaced), `{requester}`, `{reason}` and
     /// `{expires}` are filled in. Cut to WhatsApp's 1,024 characters.
     pub owner_prompt: String,
+    /// Ends `{args}` when the prompt would be longer than WhatsApp's 1,024 characters: the
+    /// arguments are cut, never the rest, and the owner is told. `{more}` (characters left out)
+    /// and `{id}`.
+    pub args_cut: String,
     /// The two button titles (at most 20 characters each).
     pub approve_button: String,
     pub reject_button: String,
@@ -66,6 +70,7 @@ struct Written {
     #[serde(with = "duration_str")]
     ttl: Duration,
     owner_prompt: String,
+    args_cut: String,
     approve_button: String,
     reject_button: String,
     approved_reply: String,
@@ -89,6 +94,7 @@ impl Default for ApprovalSettings {
         Self {
             ttl: w.ttl,
             owner_prompt: w.owner_prompt,
+            args_cut: w.args_cut,
             approve_button: w.approve_button,
             reject_button: w.reject_button,
             approved_reply: w.approved_reply,
@@ -122,10 +128,10 @@ impl ApprovalSettings {
     }
 
     /// Every text, by its key, for `check-config`.
-    pub fn texts(&self) -> [(&'static str, &str); 14] {
+    pub fn texts(&self) -> [(&'static str, &str); 15] {
         super::texts_by_key!(
             self, "approvals":
-            owner_prompt, approve_button, reject_button, approved_reply, rejected_reply,
+            owner_prompt, args_cut, approve_button, reject_button, approved_reply, rejected_reply,
             already_decided_reply, expired_reply, not_found_reply, not_an_owner_reply,
             invalid_button_reply, usage_reply, outcome_notice, requester_rejected,
             requester_expired

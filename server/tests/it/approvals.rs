@@ -288,8 +288,35 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     assert!(!display.contains("ana@example.com") && !display.contains("tok_live_5f2a"), "{display}");
     let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1").bind(requested.trace_id.expect("trace")).fetch_all(&r.app.state.db.pool).await.expect("steps");
     assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
+
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
+
+/// Arguments too long for WhatsApp's 1,024-character body are cut, saying how much is left out
+/// (`approvals.args_cut`); the rest of the prompt stays whole, so the owner never reads a call
+/// that looks whole and is not.
+async fn arguments_too_long_for_the_prompt_are_cut_saying_so(db: TestDb) {
+    let rest = "R".repeat(990);
+    let template = format!("{{args}}{rest}");
+    let r = rig(db, move |s| {
+        s.approvals.owner_prompt = template;
+        s.approvals.args_cut = "…(+{more})".into();
+    })
+    .await;
+    r.add_owner().await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-long") };
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "7002", "email": "ana@example.com", "card_token": "tok_live_5f2a" }) };
+    let requested = r.app.gatehouse.approvals.request(&call, &who, None, None).await.expect("request");
+    r.exchange(&[], 1).await;
+    let display: String = sqlx::query_scalar("SELECT display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
+    let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    assert_eq!(shown.chars().count(), 1024, "{shown}");
+    let kept = 1024 - rest.len() - "…(+NN)".chars().count();
+    let expected = format!("{}…(+{}){rest}", display.chars().take(kept).collect::<String>(), display.chars().count() - kept);
+    assert_eq!(shown, expected);
+}
+both_backends!(approvals_long_arguments_cut, arguments_too_long_for_the_prompt_are_cut_saying_so);
 
 /// The Approvals page's decision answers each refusal with its own status and code, not a
 /// server error: a request another owner decided first (409), one that is not there (404), and
