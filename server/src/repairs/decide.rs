@@ -63,12 +63,21 @@ pub async fn approve(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
 }
 
-/// Rejects repair `id` with a reason; its files are never touched.
-pub async fn reject(conn: &mut AnyConnection, id: i64, by: &Decider, reason: &str) -> Result<(), RepairError> {
+/// Rejects repair `id` with a reason; its files are never touched. Refused while a file in
+/// `dir` already holds the repair's text (an approval that wrote it and stopped before its
+/// commit): rejected, the edit would stay in the file and go live at the next reload.
+pub async fn reject(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider, reason: &str) -> Result<(), RepairError> {
     if reason.trim().is_empty() {
         return Err(RepairError::ReasonRequired);
     }
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
+    if row.state == RepairState::Proposed {
+        for c in files_of(&row).iter().filter(|c| c.before != c.after) {
+            if read(dir, &c.path)?.is_some_and(|now| now == c.after) {
+                return Err(RepairError::HalfApplied(id));
+            }
+        }
+    }
     if !store::transition(conn, id, RepairState::Proposed, RepairState::Rejected, &by.name, Some(reason.trim()), db::now_ms()).await? {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }

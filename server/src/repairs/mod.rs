@@ -108,6 +108,8 @@ pub enum RepairError {
     Stale(String),
     #[error("REPAIR_REASON_REQUIRED: say why the repair is rejected")]
     ReasonRequired,
+    #[error("REPAIR_HALF_APPLIED: the files already hold repair {0} (an approval that did not finish); approve it to finish it, or put the files back before rejecting it")]
+    HalfApplied(i64),
     #[error("REPAIR_CONFIG_INVALID: the tool files do not pass check-config:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<Problem>),
     #[error("REPAIR_FILE_ERROR: {0}")]
@@ -126,6 +128,7 @@ impl RepairError {
             Self::NeedsConfirmation(_) => "REPAIR_NEEDS_CONFIRMATION",
             Self::Stale(_) => "REPAIR_STALE",
             Self::ReasonRequired => "REPAIR_REASON_REQUIRED",
+            Self::HalfApplied(_) => "REPAIR_HALF_APPLIED",
             Self::Invalid(_) => "REPAIR_CONFIG_INVALID",
             Self::File(_) => "REPAIR_FILE_ERROR",
             Self::Cases(_) => "EVAL_CASE_CORRUPT",

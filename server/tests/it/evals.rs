@@ -150,8 +150,8 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
         repairs::store(&mut conn, &repairs::Proposal { summary: "another".into(), change: repairs::FileChange { after: format!("{original}\n# another\n"), ..p.change.clone() }, ..p.clone() })
             .await
             .expect("store");
-    assert!(matches!(repairs::reject(&mut conn, other.id, &owner, "  ").await, Err(RepairError::ReasonRequired)));
-    repairs::reject(&mut conn, other.id, &owner, "too broad").await.expect("reject");
+    assert!(matches!(repairs::reject(&mut conn, dir.path(), other.id, &owner, "  ").await, Err(RepairError::ReasonRequired)));
+    repairs::reject(&mut conn, dir.path(), other.id, &owner, "too broad").await.expect("reject");
     assert!(matches!(repairs::approve(&mut conn, dir.path(), other.id, &owner, true).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a rejection touches nothing");
 
@@ -169,6 +169,9 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     // An approval that wrote the file but died before its transaction committed left the
     // repair proposed with the file in place: approving again completes it.
     std::fs::write(dir.path().join("tools.toml"), &p.change.after).expect("as a crash left it");
+    // Rejected now, the edit would stay in the file and go live at the next reload: refused.
+    let half = repairs::reject(&mut conn, dir.path(), row.id, &owner, "changed my mind").await;
+    assert!(matches!(half, Err(RepairError::HalfApplied(id)) if id == row.id), "{half:?}");
     let applied = repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await.expect("confirmed");
     assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
@@ -247,7 +250,7 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     repairs::rollback(&mut conn, dir.path(), applied.id, &owner).await.expect("rollback");
     let (second, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
     assert!(new, "a rolled-back edit may be proposed again");
-    repairs::reject(&mut conn, second.id, &owner, "not this way").await.expect("reject");
+    repairs::reject(&mut conn, dir.path(), second.id, &owner, "not this way").await.expect("reject");
     let text = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     std::fs::write(dir.path().join("tools.toml"), format!("# One more note.\n{text}")).expect("edit");
     let (same, new) = repairs::store(&mut conn, &propose().await).await.expect("store");

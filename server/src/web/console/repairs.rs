@@ -165,7 +165,7 @@ impl RepairsBackend for ConsoleBackend {
                 (audit::event::REPAIR_APPROVED, format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
             }
             "reject" => {
-                repairs::reject(&mut conn, id, &by, reason).await.map_err(repair_error)?;
+                repairs::reject(&mut conn, &dir, id, &by, reason).await.map_err(repair_error)?;
                 (audit::event::REPAIR_REJECTED, format!("Repair #{id} rejected; nothing was changed."))
             }
             "rollback" => {

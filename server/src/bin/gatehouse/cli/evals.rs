@@ -289,7 +289,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         }
         RepairCommand::Reject { id, reason } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
-            repairs::reject(&mut conn, *id, &cli, reason).await.map_err(decision)?;
+            repairs::reject(&mut conn, &dir, *id, &cli, reason).await.map_err(decision)?;
             println!("repair #{id} rejected");
         }
         RepairCommand::Rollback { id } => {
