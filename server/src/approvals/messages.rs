@@ -44,17 +44,17 @@ impl Approvals {
         let a = &self.settings.approvals;
         let requester = if row.actor == Role::Owner.as_str() { format!("An owner (+{})", row.sender.trim_start_matches('+')) } else { format!("A customer (+{})", row.sender.trim_start_matches('+')) };
         let expires = chrono_like(row.expires_at);
-        let fill = |args: &str| {
-            a.owner_prompt
-                .trim()
-                .replace("{id}", &row.id.to_string())
-                .replace("{tool}", &row.tool)
-                .replace("{risk}", &row.risk)
-                .replace("{args}", args)
-                .replace("{requester}", &requester)
-                .replace("{reason}", &row.reason)
-                .replace("{expires}", &expires)
-        };
+        // `{args}` last: a customer's argument that reads "{reason}" stays as it is.
+        let framed = a
+            .owner_prompt
+            .trim()
+            .replace("{id}", &row.id.to_string())
+            .replace("{tool}", &row.tool)
+            .replace("{risk}", &row.risk)
+            .replace("{requester}", &requester)
+            .replace("{reason}", &row.reason)
+            .replace("{expires}", &expires);
+        let fill = |args: &str| framed.replace("{args}", args);
         let mut text = fill(&row.display);
         let max = crate::config::approvals::BUTTON_BODY_MAX;
         if text.chars().count() > max {

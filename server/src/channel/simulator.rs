@@ -82,6 +82,7 @@ impl Simulator {
         let digits = phone.as_str().trim_start_matches('+').to_string();
         let chat_id = match message.chat_id.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
             Some(c) if c.len() > 100 => return Err(SimError::Invalid("The chat id is too long.".into())),
+            Some(c) if c.chars().any(char::is_control) => return Err(SimError::Invalid("The chat id cannot hold control characters.".into())),
             Some(c) if c.starts_with(CHAT_PREFIX) => c.to_string(),
             Some(c) => format!("{CHAT_PREFIX}{c}"),
             None if message.group => format!("{CHAT_PREFIX}group"),

@@ -97,7 +97,7 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
     match request_origin(req.headers()) {
         Some(origin) if state.allowed_origins.iter().any(|o| o.eq_ignore_ascii_case(&origin)) => next.run(req).await,
         other => {
-            tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_url, path = req.uri().path(), "cross-origin request refused");
+            tracing::warn!(origin = other.as_deref().unwrap_or("none"), expected = %state.public_url, path = %super::loggable_path(req.uri().path()), "cross-origin request refused");
             json_error(StatusCode::FORBIDDEN, "CSRF_ORIGIN_MISMATCH", "This request did not come from the Gatehouse console.")
         }
     }

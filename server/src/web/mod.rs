@@ -152,23 +152,23 @@ async fn not_found() -> impl IntoResponse {
     (StatusCode::NOT_FOUND, Html("<!DOCTYPE html><title>Not found</title><p>Not found. <a href=\"/\">Gatehouse console</a></p>"))
 }
 
-/// A 5xx answer, logged by the request's span. A 503 is a refusal its handler chose and logged
-/// once (no room on the disk, WhatsApp not configured, too many live streams), and its client
-/// asks again (Meta redelivers a webhook post for days): an ERROR line a refused request would
-/// bury the one that says why, so those are at DEBUG.
 /// `path` for the request log: a segment holding a run of seven or more digits, once decoded and
 /// read past the separators people write in phone numbers (a chat id such as
 /// `/conversations/whatsapp/15551234567`, or `sim-%2B1%20555%20123%204567`), is written as
 /// `{redacted}`, so that owners' and customers' numbers stay out of the logs.
-fn loggable_path(path: &str) -> String {
+pub(crate) fn loggable_path(path: &str) -> String {
     let phone_like = |segment: &str| {
         let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-        let digits: String = decoded.chars().filter(|c| !matches!(c, ' ' | '+' | '-' | '.' | '(' | ')')).collect();
+        let digits: String = decoded.chars().filter(|c| !matches!(c, ' ' | '+' | '-' | '_' | '.' | '(' | ')')).collect();
         digits.as_bytes().split(|b| !b.is_ascii_digit()).any(|run| run.len() >= 7)
     };
     path.split('/').map(|segment| if phone_like(segment) { "{redacted}" } else { segment }).collect::<Vec<_>>().join("/")
 }
 
+/// A 5xx answer, logged by the request's span. A 503 is a refusal its handler chose and logged
+/// once (no room on the disk, WhatsApp not configured, too many live streams), and its client
+/// asks again (Meta redelivers a webhook post for days): an ERROR line a refused request would
+/// bury the one that says why, so those are at DEBUG.
 fn log_failure(class: tower_http::classify::ServerErrorsFailureClass, latency: std::time::Duration, _span: &tracing::Span) {
     let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
     match class {
@@ -186,6 +186,7 @@ mod tests {
         assert_eq!(super::loggable_path("/conversations/whatsapp/15551234567"), "/conversations/whatsapp/{redacted}");
         assert_eq!(super::loggable_path("/api/simulator/chats/sim-15551234567"), "/api/simulator/chats/{redacted}");
         assert_eq!(super::loggable_path("/api/simulator/chats/sim-%2B1%20555%20123%204567"), "/api/simulator/chats/{redacted}");
+        assert_eq!(super::loggable_path("/api/simulator/chats/sim-+1_555_123_4567"), "/api/simulator/chats/{redacted}");
         assert_eq!(super::loggable_path("/jobs/123456"), "/jobs/123456", "ids stay");
         assert_eq!(super::loggable_path("/"), "/");
     }

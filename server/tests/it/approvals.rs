@@ -289,6 +289,13 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1").bind(requested.trace_id.expect("trace")).fetch_all(&r.app.state.db.pool).await.expect("steps");
     assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
 
+    // An argument that reads like a placeholder is shown as it is, never filled in.
+    let braces = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "{expires}{reason}" }) };
+    r.app.gatehouse.approvals.request(&braces, &server::approvals::Requester { correlation_id: "corr-braces".into(), ..who.clone() }, None, None).await.expect("request");
+    r.exchange(&[], 2).await;
+    let asked = r.graph.sends().into_iter().rfind(|b| b["type"] == "interactive").expect("the owner was asked");
+    let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(shown.contains(r#""order_id":"{expires}{reason}""#), "{shown}");
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
 

@@ -671,6 +671,8 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     assert_eq!(nul.status, axum::http::StatusCode::OK, "{}", nul.body);
     let messages = owner.get(&format!("/api/simulator/chats/{chat_id}")).await.json()["messages"].as_array().cloned().expect("messages");
     assert!(messages.iter().any(|m| m["text"] == "open tomorrow?"), "{messages:?}");
+    let nul_chat = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "hi", "chat_id": "a\u{0}b"})).await;
+    assert_eq!(nul_chat.status, axum::http::StatusCode::BAD_REQUEST, "{}", nul_chat.body);
 }
 both_backends!(simulator_api, the_simulator_talks_through_the_same_runtime);
 
