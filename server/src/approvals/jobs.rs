@@ -105,19 +105,20 @@ impl Handler<Settle> for SettleHandler {
             SettleReason::Expired => {
                 // A retried run finds it expired by its first attempt: say it (the ledger sends
                 // once per job).
-                if row.state == State::Pending
-                    && !self.approvals.expire(row.id).await?
-                    && let Some(still) = self.approvals.get(row.id).await?
-                    && still.state == State::Pending
-                {
-                    // Run before its time (an owner's "run now" on the Jobs page): it waits for
-                    // the expiry again, using up no attempt, instead of failing until discarded.
-                    let wait = u64::try_from(still.expires_at.saturating_sub(crate::db::now_ms())).unwrap_or(0).max(1000);
-                    return Ok(JobOutput { preview: Some("not due to expire yet".into()), snooze: Some(std::time::Duration::from_millis(wait)) });
+                if row.state == State::Pending {
+                    self.approvals.expire(row.id).await?;
                 }
-                let now = self.approvals.get(row.id).await?.map(|r| r.state).unwrap_or(State::Expired);
-                if now != State::Expired {
-                    return Ok(output(format!("{} before it expired; nothing to say", now.as_str())));
+                match self.approvals.get(row.id).await? {
+                    None => {}
+                    Some(now) if now.state == State::Expired => {}
+                    Some(now) if now.state == State::Pending => {
+                        // Run before its time (an owner's "run now" on the Jobs page): it waits
+                        // for the expiry again, using up no attempt, instead of failing until
+                        // discarded.
+                        let wait = u64::try_from(now.expires_at.saturating_sub(crate::db::now_ms())).unwrap_or(0).max(1000);
+                        return Ok(JobOutput { preview: Some("not due to expire yet".into()), snooze: Some(std::time::Duration::from_millis(wait)) });
+                    }
+                    Some(now) => return Ok(output(format!("{} before it expired; nothing to say", now.state.as_str()))),
                 }
                 &self.approvals.settings().requester_expired
             }
