@@ -236,7 +236,7 @@ test("a follow-up in the simulator reuses the chat's tool context", async ({ pag
   await expect(page.getByTestId("sim-reply")).toHaveText(STATUS.replace("4821", "4822"));
   await page.getByTestId("sim-trace").click();
   const timeline = page.getByTestId("trace-timeline");
-  await expect(timeline.locator('li[data-step="AgentToolFollowup"]')).toContainText("FOLLOWUP_CONTEXT");
+  await expect(timeline.locator('li[data-step="AgentToolFollowupResolved"]')).toContainText("FOLLOWUP_CONTEXT");
   await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
 });
 

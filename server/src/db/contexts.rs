@@ -30,11 +30,11 @@ pub struct ContextRow {
 }
 
 /// Stores `row` (its id is ignored) unless a row with its `source_key` exists, then keeps only
-/// the chat's `keep` newest rows. True when the row is new.
-pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<bool, DbError> {
-    let inserted = sqlx::query(
+/// the chat's `keep` newest rows. The new row's id, or `None` when it was there already.
+pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<Option<i64>, DbError> {
+    let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (source_key) DO NOTHING",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (source_key) DO NOTHING RETURNING id",
     )
     .bind(&row.channel)
     .bind(&row.chat_id)
@@ -49,10 +49,8 @@ pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Re
     .bind(row.trace_id)
     .bind(row.created_at)
     .bind(row.expires_at)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected()
-        > 0;
+    .fetch_optional(&mut *conn)
+    .await?;
     sqlx::query(
         "DELETE FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND id NOT IN \
          (SELECT id FROM tool_contexts WHERE channel = $1 AND chat_id = $2 ORDER BY id DESC LIMIT $3)",

@@ -104,7 +104,8 @@ pub fn scan_trace(trace: &TraceRow, steps: &[Step], reply: Option<&str>, catalog
     if steps.iter().any(|s| s.reason_code == "CONNECTOR_UNSUPPORTED_URL" || s.detail.contains("CONNECTOR_UNSUPPORTED_URL")) {
         found.push((Pattern::ConnectorUrlMishandled, "a connector refused the URL it was given".into()));
     }
-    if let Some(step) = steps.iter().find(|s| s.step == "AgentToolFollowup" && matches!(s.reason_code.as_str(), "FOLLOWUP_CONTEXT_EXPIRED" | "FOLLOWUP_WITHOUT_CONTEXT")) {
+    // `AgentToolFollowupResolved`, or `AgentToolFollowup` in traces written before it was named so.
+    if let Some(step) = steps.iter().find(|s| s.step.starts_with("AgentToolFollowup") && matches!(s.reason_code.as_str(), "FOLLOWUP_CONTEXT_EXPIRED" | "FOLLOWUP_WITHOUT_CONTEXT")) {
         found.push((Pattern::FollowupMissed, format!("a follow-up went on without its context ({})", step.reason_code)));
     }
     if let Some(step) = steps.iter().find(|s| s.step == "AgentToolPlanRejected" && matches!(s.reason_code.as_str(), "TOOL_UNKNOWN" | "LANE_TOOL_NOT_CANDIDATE")) {

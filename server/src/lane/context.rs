@@ -56,13 +56,13 @@ impl ContextStore {
         Self { db, queue, settings }
     }
 
-    /// Keeps the summarised result of `job`'s call for its chat; true when a new context was
-    /// stored. Calls asked for in the console (no chat) and private-data tools keep nothing;
+    /// Keeps the summarised result of `job`'s call for its chat: the new context's id, or `None`
+    /// when nothing new was stored. Calls asked for in the console (no chat) and private-data tools keep nothing;
     /// `pii_fields` (the audit's) and secret-named fields are replaced in the preview.
-    pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<bool, DbError> {
+    pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<Option<i64>, DbError> {
         let lane = &self.settings.lane;
         if !approvals::is_chat(&job.reply_to.channel) || tool.spec.tags.iter().any(|t| lane.private_data_tags.contains(t)) {
-            return Ok(false);
+            return Ok(None);
         }
         let mut args = job.args.clone();
         if let Value::Object(map) = &mut args {

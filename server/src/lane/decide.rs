@@ -62,14 +62,14 @@ impl Decider<'_> {
             }),
         );
         if let Some(hint) = &detection.followup {
-            let (decision, code) = match hint.kind {
-                FollowupKind::Clarify => ("clarify", "FOLLOWUP_AMBIGUOUS"),
-                FollowupKind::AnswerFromContext => ("answer_from_context", "FOLLOWUP_CONTEXT"),
-                FollowupKind::SameTool => ("call_same_tool", "FOLLOWUP_CONTEXT"),
-                FollowupKind::NewTool => ("call_new_tool", "FOLLOWUP_CONTEXT"),
+            let (event, decision, code) = match hint.kind {
+                FollowupKind::Clarify => ("AgentToolFollowupClarify", "clarify", "FOLLOWUP_AMBIGUOUS"),
+                FollowupKind::AnswerFromContext => ("AgentToolFollowupResolved", "answer_from_context", "FOLLOWUP_CONTEXT"),
+                FollowupKind::SameTool => ("AgentToolFollowupResolved", "call_same_tool", "FOLLOWUP_CONTEXT"),
+                FollowupKind::NewTool => ("AgentToolFollowupResolved", "call_new_tool", "FOLLOWUP_CONTEXT"),
             };
             let tool = hint.context_index.and_then(|i| recent.get(i)).map(|c| c.tool.clone());
-            trace.step("AgentToolFollowup", decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.len() }));
+            trace.step(event, decision, code, json!({ "context_id": hint.context_id, "tool": tool, "contexts": recent.len() }));
         }
         detection
     }

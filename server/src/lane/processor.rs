@@ -22,7 +22,7 @@ use crate::{
         tool_answers::{self, KeptAnswer},
     },
     jobs::{Handler, JobContext, JobError, JobOutput},
-    tools::{CallContext, Checkpoint, ToolCall, checkpoint::ToolCode},
+    tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
     traces::{self, Step},
 };
 
@@ -41,6 +41,8 @@ pub struct Answer {
     pub output: Option<Value>,
     /// Sent again as an earlier attempt kept it: the call did not run this time.
     pub replayed: bool,
+    /// The tool context this run stored for the chat's follow-ups, if it stored one.
+    pub context_id: Option<i64>,
 }
 
 impl Answer {
@@ -50,6 +52,12 @@ impl Answer {
             None => ("AgentToolExecutionSucceeded", "OK"),
             Some(code) => ("AgentToolExecutionFailed", code.as_str()),
         }
+    }
+
+    /// The `AgentToolContextStored` step's decision, code and detail, when this run stored a
+    /// tool context: the trace names the context a later follow-up reads.
+    pub fn context_stored(&self, job_id: i64) -> Option<(&'static str, &'static str, Value)> {
+        self.context_id.map(|id| ("stored", "OK", json!({ "context_id": id.to_string(), "job_id": job_id })))
     }
 }
 
@@ -88,11 +96,15 @@ impl Processor {
         let kept = async { tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await }.await?;
         if let Some(kept) = kept {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
-            return Ok(Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true });
+            return Ok(Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true, context_id: None });
         }
         let answer = self.run(job, &row.correlation_id).await;
+        // A tool that may not run as a job is tried in the lane's own run only: a person who
+        // asked for it is never told to wait for a retry in the background.
+        let never_async = job.approval.is_none() && self.checkpoint.catalog().get(&job.tool).is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
         if let Some(code) = &answer.failure
             && answer.retryable
+            && !never_async
             && row.attempt < row.max_attempts.min(self.call_attempts)
         {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
@@ -135,19 +147,24 @@ impl Processor {
             // Gone from the catalog since: nothing to summarize with; say it failed.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false };
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None };
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
         let summary = self.summarizer.summarize(&input).await;
+        let mut context_id = None;
         if let Some(output) = &output {
             let pii = self.checkpoint.catalog().audit.pii_fields.clone();
-            if let Err(e) = self.contexts.keep(job, correlation_id, &tool, output, &summary.text, &pii).await {
+            match self.contexts.keep(job, correlation_id, &tool, output, &summary.text, &pii).await {
+                Ok(stored) => context_id = stored,
                 // The answer stands; only a follow-up of it will lack its context.
-                tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed");
+                Err(e) => tracing::warn!(correlation_id, tool = %job.tool, error = %e, "keeping the tool context failed"),
             }
         }
-        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false }
+        if let Some(id) = context_id {
+            tracing::info!(event = "AgentToolContextStored", correlation_id, tool = %job.tool, context.id = id, "tool context stored");
+        }
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id }
     }
 }
 
@@ -156,15 +173,19 @@ impl Processor {
     /// lane records the runs it waits for itself): a slow call's, or a retried one's.
     pub async fn trace_later(&self, job: &ToolCallJob, row: &JobRow, outcome: Result<&Answer, &JobError>) {
         let Some(trace_id) = job.trace_id else { return };
-        let step = match outcome {
+        let steps = match outcome {
             Ok(answer) if answer.replayed => return,
             Ok(answer) => {
                 let (event, code) = answer.event();
-                Step::new(event, "later", code, json!({ "job_id": row.id, "attempt": row.attempt, "summarized_by_model": answer.used_model }))
+                let ran = Step::new(event, "later", code, json!({ "job_id": row.id, "attempt": row.attempt, "summarized_by_model": answer.used_model }));
+                let stored = answer.context_stored(row.id).map(|(decision, code, detail)| Step::new("AgentToolContextStored", decision, code, detail));
+                [Some(ran), stored]
             }
-            Err(retry) => Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt })),
+            Err(retry) => [Some(Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt }))), None],
         };
-        traces::record_delivery(&self.db, trace_id, &step, false).await;
+        for step in steps.iter().flatten() {
+            traces::record_delivery(&self.db, trace_id, step, false).await;
+        }
     }
 
     /// Sends `answer` to the chat the call came from, once per job. A call asked for in the

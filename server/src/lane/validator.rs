@@ -183,6 +183,20 @@ fn worst_case(tool: &ToolDef) -> Duration {
     spec.timeout.saturating_mul(attempts).saturating_add(backoff)
 }
 
+/// The model's arguments without the top-level `null`s the tool's schema refuses: models write
+/// `{"order_id": null}` for an argument they do not have, which is a missing argument (asked for
+/// when required, left out when optional), not a malformed call. A `null` the schema accepts stays.
+fn without_refused_nulls(tool: Option<&ToolDef>, args: &Value) -> Value {
+    let (Some(tool), Value::Object(map)) = (tool, args) else { return args.clone() };
+    if !map.values().any(Value::is_null) {
+        return args.clone();
+    }
+    let refused: Vec<String> = tool.input_validator.iter_errors(args).map(|e| e.instance_path().to_string()).collect();
+    let mut kept = map.clone();
+    kept.retain(|key, value| !(value.is_null() && refused.contains(&format!("/{}", key.replace('~', "~0").replace('/', "~1")))));
+    Value::Object(kept)
+}
+
 /// One check's verdict on one call: refused, or a question for the person.
 struct Fault {
     /// The check's number in the seed's list (a missing argument ranks right after 7).
@@ -210,7 +224,8 @@ impl Validator<'_> {
         let over_budget = calls.len() > scope.max_steps;
         let chain = calls.len() > 1;
         for call in calls {
-            let checked = check_against(catalog, &ToolCall { name: call.name.clone(), args: call.args.clone() }, scope.ctx);
+            let args = without_refused_nulls(catalog.get(&call.name).as_deref(), &call.args);
+            let checked = check_against(catalog, &ToolCall { name: call.name.clone(), args: args.clone() }, scope.ctx);
             // The definition the gates judged, so every check sees one version of the tool.
             let tool = match &checked {
                 Ok(c) => Some(c.tool.clone()),
@@ -268,7 +283,8 @@ impl Validator<'_> {
             }
             let Ok(checked) = checked else { continue };
             tracing::info!(event = "AgentToolPlanAccepted", correlation_id = %scope.ctx.correlation_id, tool = %call.name, needs_approval = ?needs_approval, run_async, "call accepted");
-            out.accepted.push(ValidatedCall { tool: call.name.clone(), version: checked.version, args: call.args.clone(), canonical_args: canonical_json(&call.args), needs_approval, run_async });
+            let canonical_args = canonical_json(&args);
+            out.accepted.push(ValidatedCall { tool: call.name.clone(), version: checked.version, args, canonical_args, needs_approval, run_async });
         }
         out.requires_owner_approval = out.accepted.iter().any(|c| c.needs_approval.is_some());
         out.requires_async = out.accepted.iter().any(|c| c.run_async);

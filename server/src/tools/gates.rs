@@ -80,11 +80,27 @@ fn schema_problem(tool: &ToolDef, args: &Map<String, Value>) -> Option<(String, 
         }
         match err.kind() {
             Kind::Required { property: Value::String(name) } if at.is_empty() => issues.missing.push(name.clone()),
-            Kind::AdditionalProperties { unexpected } => issues.unexpected.extend(unexpected.iter().cloned()),
+            Kind::AdditionalProperties { unexpected } | Kind::UnevaluatedProperties { unexpected } => issues.unexpected.extend(unexpected.iter().cloned()),
             _ => issues.other = true,
         }
     }
     first.map(|message| (message, issues))
+}
+
+/// Numbers without a fraction written as decimals (`2.0`, which JSON Schema counts as an
+/// integer) as integers, so an executor that reads an integer (a page number, a path segment)
+/// reads the value the schema let through.
+fn whole_numbers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers),
+        Value::Object(map) => map.values_mut().for_each(whole_numbers),
+        _ => {}
+    }
 }
 
 /// The gates, in order, against `catalog` (the version the call started with: its approval
@@ -114,6 +130,13 @@ pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext
             return Err(fail(ToolCode::ApprovalStale.as_str(), format!("the arguments differ from the ones approval {} was given for", approved.approval_id)));
         }
     }
+    // The policy depends on the tool and the caller only: a call it refuses is refused as such
+    // before its arguments are looked at, so a caller who may not use the tool is never asked
+    // for a missing argument of it, nor told what its schema wants.
+    let policy = policy::decide(spec, catalog.approval_mode, ctx.actor);
+    if let Decision::Deny { reason } = policy {
+        return Err(fail(ToolCode::PolicyDenied.as_str(), reason));
+    }
     let Value::Object(supplied) = &call.args else {
         return Err(fail_with(ToolCode::SchemaInvalid.as_str(), "arguments must be a JSON object", FailureDetail::Schema(SchemaIssues { other: true, ..SchemaIssues::default() })));
     };
@@ -136,30 +159,33 @@ pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext
     if let Some((problem, issues)) = schema_problem(&tool, &input) {
         return Err(fail_with(ToolCode::SchemaInvalid.as_str(), format!("arguments do not match the schema {problem}"), FailureDetail::Schema(issues)));
     }
+    input.values_mut().for_each(whole_numbers);
     // A call that needs an owner still passes the hooks: an owner is never asked to approve a
     // call a hook would refuse.
-    let mut needs_approval = match policy::decide(spec, catalog.approval_mode, ctx.actor) {
-        Decision::Deny { reason } => return Err(fail(ToolCode::PolicyDenied.as_str(), reason)),
+    let mut needs_approval = match policy {
         Decision::NeedsApproval { reason } if ctx.approved.is_none() => Some(reason.to_string()),
         _ => None,
     };
     match hooks::before(&catalog.hooks, &spec.name, &Value::Object(input.clone()), notify) {
         Before::Abort { hook } => return Err(fail(ToolCode::HookDenied.as_str(), format!("stopped by hook {hook:?}"))),
-        Before::NeedsApproval { hook } if ctx.approved.is_none() => {
-            needs_approval.get_or_insert_with(|| format!("hook {hook:?} asks for an owner"));
-        }
-        Before::Proceed { args: Value::Object(changed_args), changed: true } => {
-            // Changed arguments are checked against the schema again.
-            if let Some((problem, issues)) = schema_problem(&tool, &changed_args) {
-                return Err(fail_with(
-                    ToolCode::SchemaInvalid.as_str(),
-                    format!("arguments changed by a hook no longer match the schema {problem}"),
-                    FailureDetail::Schema(issues),
-                ));
+        Before::Proceed { args, changed, approval } => {
+            if let Some(hook) = approval
+                && ctx.approved.is_none()
+            {
+                needs_approval.get_or_insert_with(|| format!("hook {hook:?} asks for an owner"));
             }
-            input = changed_args;
+            if let (true, Value::Object(changed_args)) = (changed, args) {
+                // Changed arguments are checked against the schema again.
+                if let Some((problem, issues)) = schema_problem(&tool, &changed_args) {
+                    return Err(fail_with(
+                        ToolCode::SchemaInvalid.as_str(),
+                        format!("arguments changed by a hook no longer match the schema {problem}"),
+                        FailureDetail::Schema(issues),
+                    ));
+                }
+                input = changed_args;
+            }
         }
-        _ => {}
     }
     let version = tool.version.clone();
     Ok(Checked { tool, version, input, needs_approval })

@@ -86,9 +86,11 @@ impl Hook {
 /// What the before-call hooks decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Before {
-    Proceed { args: Value, changed: bool },
+    /// The call may go on with `args` (changed by redaction when `changed`); `approval` names
+    /// the first hook that asks for an owner. Every hook is run either way: one that asks for an
+    /// owner neither skips a later refusal nor a later redaction.
+    Proceed { args: Value, changed: bool, approval: Option<String> },
     Abort { hook: String },
-    NeedsApproval { hook: String },
 }
 
 fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
@@ -113,17 +115,20 @@ fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
 pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<&'h Hook>) -> Before {
     let mut args = args.clone();
     let mut changed = false;
+    let mut approval = None;
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
         let text = args.to_string();
         match hook.spec.kind {
             HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
-            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => return Before::NeedsApproval { hook: hook.spec.name.clone() },
+            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => {
+                approval.get_or_insert_with(|| hook.spec.name.clone());
+            }
             HookKind::Redact => changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement),
             HookKind::NotifyOwner if hook.regex.is_match(&text) => notify.push(hook),
             _ => {}
         }
     }
-    Before::Proceed { args, changed }
+    Before::Proceed { args, changed, approval }
 }
 
 /// Runs the after-call hooks for `tool` on its output.
@@ -167,16 +172,28 @@ mod tests {
         let hooks = vec![notify, redact, deny, approval];
         let mut told = Vec::new();
         assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"}), &mut told), Before::Abort { hook: "no-intranet".into() });
-        assert_eq!(before(&hooks, "t", &json!({"amount": 12000}), &mut told), Before::NeedsApproval { hook: "big-refund".into() });
+        assert_eq!(before(&hooks, "t", &json!({"amount": 12000}), &mut told), Before::Proceed { args: json!({"amount": 12000}), changed: false, approval: Some("big-refund".into()) });
         assert!(told.is_empty(), "nothing matched the notify pattern yet");
         match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"}), &mut told) {
-            Before::Proceed { args, changed } => {
-                assert!(changed);
+            Before::Proceed { args, changed, approval } => {
+                assert!(changed && approval.is_none());
                 assert_eq!(args, json!({"note": "card [CARD] please"}));
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(told.iter().map(|h| h.spec.name.as_str()).collect::<Vec<_>>(), ["tell"]);
+        // A hook that asks for an owner stops no later hook: a later refusal still refuses, and
+        // a later redaction still masks what the call will be given once approved.
+        let after_approval = vec![
+            hook("big-refund", HookPoint::BeforeToolCall, HookKind::RequireApprovalIf, 1, r"\d{6,}"),
+            hook("no-intranet", HookPoint::BeforeToolCall, HookKind::DenyPattern, 2, r"(?i)intranet"),
+            hook("cards", HookPoint::BeforeToolCall, HookKind::Redact, 3, r"\d"),
+        ];
+        assert_eq!(before(&after_approval, "t", &json!({"note": "1234567 intranet"}), &mut told), Before::Abort { hook: "no-intranet".into() });
+        assert_eq!(
+            before(&after_approval, "t", &json!({"note": "order 1234567"}), &mut told),
+            Before::Proceed { args: json!({"note": "order [CARD][CARD][CARD][CARD][CARD][CARD][CARD]"}), changed: true, approval: Some("big-refund".into()) }
+        );
         let mut out = json!({"text": "call 4111111111111111"});
         after(&[hook("out", HookPoint::AfterToolCall, HookKind::Redact, 0, r"\d{16}")], "t", &mut out, &mut told);
         assert_eq!(out, json!({"text": "call [CARD]"}));

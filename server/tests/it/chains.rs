@@ -85,6 +85,14 @@ async fn a_failed_or_overlong_or_forbidden_step_stops_the_chain(db: TestDb) {
     assert_eq!(runs, 1, "a 400 is not retried");
     assert_eq!(planner_calls(&r), planned + 1, "only the first step was planned");
     assert_eq!(session(&r).await.0, "stopped");
+
+    // Step 2 lacks an argument: the person gets step 1's answer and the question, not the
+    // question alone (step 1's job no longer sends its answer: the lane took it).
+    r.exchange(&[("wamid.C6", "Find the returns page and open the one I mean")], 5).await;
+    let last = r.graph.texts()[4].clone();
+    assert!(last.starts_with("I found two pages") && last.contains("\n\n") && !last.ends_with("I found two pages"), "{last} {:?}", r.steps("wamid.C6").await);
+    let steps = r.steps("wamid.C6").await;
+    assert!(steps.iter().any(|(s, d, _)| s == "AgentToolChainStopped" && d == "clarify"), "{steps:?}");
 }
 both_backends!(chain_stops, a_failed_or_overlong_or_forbidden_step_stops_the_chain);
 

@@ -23,7 +23,10 @@ use server::tools::{
 };
 use sqlx::Row;
 
-use crate::{both_backends, support::TestDb};
+use crate::{
+    both_backends,
+    support::{Captured, TestDb},
+};
 
 const KEY: &str = "shop-key-never-shown-9f2";
 
@@ -280,6 +283,7 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     assert_eq!(seen.lock().expect("lock").bodies.last(), Some(&json!({"order": "A1", "amount": 12.5, "reason": "chat chat-3: broken", "source": "gatehouse"})));
 
     // Retryable 503 then success; 404 is not retried; redirects are not followed.
+    let (logs, guard) = Captured::start();
     let flaky = cp.execute(call("flaky", json!({})), &customer).await.expect("retried");
     assert_eq!(flaky.attempts, 2);
     let missing = cp.execute(call("missing", json!({})), &customer).await.expect_err("404");
@@ -287,6 +291,15 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     assert!(missing.message.contains(connectors::ConnectorCode::HttpStatus.as_str()) && missing.message.contains("404"), "{missing}");
     let moved = cp.execute(call("moved", json!({})), &customer).await.expect_err("redirect");
     assert!(moved.message.contains("307"), "{moved}");
+    // Each connector call that ended in failure is logged once with the seed's event name,
+    // its tool and code; the one that succeeded on retry is not, and the key never is.
+    drop(guard);
+    let logs = logs.text();
+    let failed: Vec<&str> = logs.lines().filter(|l| l.contains("AgentToolConnectorFailed")).collect();
+    assert_eq!(failed.len(), 2, "{logs}");
+    assert!(failed[0].contains("tool=missing") && failed[0].contains("code=CONNECTOR_HTTP_STATUS") && failed[0].contains("correlation_id="), "{logs}");
+    assert!(failed[1].contains("tool=moved"), "{logs}");
+    assert!(!logs.contains(KEY), "{logs}");
 
     {
         let s = seen.lock().expect("lock");

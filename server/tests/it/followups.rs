@@ -28,6 +28,17 @@ fn has_step(steps: &[(String, String, String)], step: &str, decision: &str, code
     steps.iter().any(|(s, d, c)| s == step && d == decision && c == code)
 }
 
+/// The detail of the step named `step` in the trace of message `wamid`.
+async fn step_detail(r: &crate::lane_e2e::Rig, wamid: &str, step: &str) -> Value {
+    let detail: String = sqlx::query_scalar("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = $1 AND s.step = $2")
+        .bind(wamid)
+        .bind(step)
+        .fetch_one(&r.app.state.db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{step} of {wamid}: {e}"));
+    serde_json::from_str(&detail).expect("json detail")
+}
+
 async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.exchange(&[("wamid.F1", "What's the weather in Lisbon today?")], 1).await;
@@ -38,13 +49,17 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
     assert_eq!((tool.as_str(), summary.as_str()), ("forecast", "Today: sunny in Lisbon, 24°C."));
     assert_eq!(serde_json::from_str::<Value>(args).expect("json"), serde_json::json!({ "date": "today", "place": "Lisbon" }));
     assert!(entities.contains("Lisbon"), "{entities}");
+    // The trace names the context it stored, and the follow-up names the context it read.
+    let context_id: i64 = sqlx::query_scalar("SELECT id FROM tool_contexts").fetch_one(&r.app.state.db.pool).await.expect("context id");
+    assert_eq!(step_detail(&r, "wamid.F1", "AgentToolContextStored").await["context_id"], context_id.to_string());
 
     // "What about tomorrow?": the same tool, the same place, the changed date.
     r.exchange(&[("wamid.F2", "And what about tomorrow?")], 2).await;
     assert_eq!(r.graph.texts()[1], "Tomorrow: rain in Lisbon.");
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string(), "forecast/Lisbon/tomorrow".to_string()]);
     let steps = r.steps("wamid.F2").await;
-    assert!(has_step(&steps, "AgentToolFollowup", "call_same_tool", "FOLLOWUP_CONTEXT"), "{steps:?}");
+    assert!(has_step(&steps, "AgentToolFollowupResolved", "call_same_tool", "FOLLOWUP_CONTEXT"), "{steps:?}");
+    assert_eq!(step_detail(&r, "wamid.F2", "AgentToolFollowupResolved").await["context_id"], context_id.to_string());
     let planned = r.llm.seen.lock().expect("lock").iter().rfind(|b| b["model"] == PLANNER_MODEL).cloned().expect("planner request");
     let said = planned.to_string();
     assert!(said.contains("recent_tool_results") && said.contains("same_tool"), "the planner got the context and the hint: {said}");
@@ -91,7 +106,7 @@ async fn the_second_one_opens_the_second_listed_link(db: TestDb) {
     assert!(r.graph.texts()[1].starts_with("Returns are free within 30 days"), "{:?}", r.graph.texts());
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()]);
     let steps = r.steps("wamid.N2").await;
-    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolFollowup" && c == "FOLLOWUP_CONTEXT"), "{steps:?}");
+    assert!(steps.iter().any(|(s, _, c)| s == "AgentToolFollowupResolved" && c == "FOLLOWUP_CONTEXT"), "{steps:?}");
 }
 both_backends!(followup_second_one, the_second_one_opens_the_second_listed_link);
 
@@ -121,7 +136,7 @@ async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
     r.exchange(&[("wamid.E4", "And what about tomorrow?")], 5).await;
     assert_eq!(r.graph.texts()[4], "a chat reply");
     let steps = r.steps("wamid.E4").await;
-    assert!(has_step(&steps, "AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED"), "{steps:?}");
+    assert!(has_step(&steps, "AgentToolFollowupResolved", "expired", "FOLLOWUP_CONTEXT_EXPIRED"), "{steps:?}");
     assert_eq!(r.shop.requests.lock().expect("lock").len(), before, "nothing called from an expired context");
 
     // Storing contexts queued one sweep; when it runs it deletes them, and with none left it
@@ -234,7 +249,7 @@ input_schema = { type = "object", properties = { account = { type = "string" } }
     let output = serde_json::json!({ "owner": "Ana", "email": "ana@example.com", "session_token": "sess_77", "url": "https://bank.example/a-1" });
     let pii = vec!["email".to_string()];
     let lookup = catalog.get("account_lookup").expect("tool");
-    assert!(store.keep(&job("account_lookup", "whatsapp"), "corr-p1", &lookup, &output, "Account A-1 belongs to Ana.", &pii).await.expect("keep"));
+    assert!(store.keep(&job("account_lookup", "whatsapp"), "corr-p1", &lookup, &output, "Account A-1 belongs to Ana.", &pii).await.expect("keep").is_some());
     let kept: (String, String, String) = sqlx::query_as("SELECT args, preview, entities FROM tool_contexts WHERE tool = 'account_lookup'").fetch_one(&state.db.pool).await.expect("row");
     let args: Value = serde_json::from_str(&kept.0).expect("json");
     assert_eq!(args, serde_json::json!({ "account": "A-1", "api_token": "[REDACTED]" }), "no managed field, no secret");
@@ -244,8 +259,8 @@ input_schema = { type = "object", properties = { account = { type = "string" } }
     assert!(kept.1.contains("https://bank.example/a-1"), "the rest of the preview stays: {}", kept.1);
 
     let balance = catalog.get("account_balance").expect("tool");
-    assert!(!store.keep(&job("account_balance", "whatsapp"), "corr-p2", &balance, &output, "Balance: 12.", &pii).await.expect("keep"), "a private-data result is never kept");
-    assert!(!store.keep(&job("account_lookup", "console"), "corr-p3", &lookup, &output, "From the console.", &pii).await.expect("keep"), "a console call has no chat");
+    assert!(store.keep(&job("account_balance", "whatsapp"), "corr-p2", &balance, &output, "Balance: 12.", &pii).await.expect("keep").is_none(), "a private-data result is never kept");
+    assert!(store.keep(&job("account_lookup", "console"), "corr-p3", &lookup, &output, "From the console.", &pii).await.expect("keep").is_none(), "a console call has no chat");
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts").fetch_one(&state.db.pool).await.expect("count");
     assert_eq!(rows, 1);
 }
@@ -261,7 +276,7 @@ async fn an_ambiguous_follow_up_is_asked_about(db: TestDb) {
     r.exchange(&[("wamid.A3", "What about it?")], 3).await;
     assert_eq!(r.graph.texts()[2], "Do you mean the weather or your order?");
     let steps = r.steps("wamid.A3").await;
-    assert!(has_step(&steps, "AgentToolFollowup", "clarify", "FOLLOWUP_AMBIGUOUS"), "{steps:?}");
+    assert!(has_step(&steps, "AgentToolFollowupClarify", "clarify", "FOLLOWUP_AMBIGUOUS"), "{steps:?}");
     assert_eq!(r.shop.requests.lock().expect("lock").len(), calls, "nothing called");
 }
 both_backends!(followup_ambiguous, an_ambiguous_follow_up_is_asked_about);

@@ -280,6 +280,9 @@ fn plan_for_the_shop(llm: &Fake) {
                 if text.contains("refund it") {
                     return anthropic(json!([tool_use("c2", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
                 }
+                if text.contains("the one I mean") {
+                    return anthropic(json!([tool_use("c2", "open_page", json!({}))]), "tool_use");
+                }
                 if text.contains("show sales") {
                     return anthropic(json!([tool_use("c2", "sales_report", json!({}))]), "tool_use");
                 }
@@ -438,7 +441,7 @@ async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/4821".to_string()], "the tool ran once");
     let steps = r.steps("wamid.LANE1").await;
     let names: Vec<&str> = steps.iter().map(|(s, _, _)| s.as_str()).collect();
-    for expected in ["AgentToolCandidate", "AgentToolPlannerResult", "AgentToolPlanAccepted", "AgentToolJobEnqueued", "AgentToolImmediateStart", "AgentToolExecutionSucceeded", "tool_lane", "reply", "delivery"] {
+    for expected in ["AgentToolCandidate", "AgentToolPlannerResult", "AgentToolPlanAccepted", "AgentToolJobEnqueued", "AgentToolImmediateStart", "AgentToolExecutionSucceeded", "AgentToolContextStored", "tool_lane", "reply", "delivery"] {
         assert!(names.contains(&expected), "{expected} missing from {steps:?}");
     }
     let (route, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'wamid.LANE1'").fetch_one(&r.app.state.db.pool).await.expect("trace");
@@ -500,6 +503,8 @@ async fn a_failed_send_of_a_later_answer_never_runs_the_tool_again(db: TestDb) {
     let steps = r.steps("wamid.RESEND").await;
     let later: Vec<_> = steps.iter().filter(|(s, d, _)| s == "AgentToolExecutionSucceeded" && d == "later").collect();
     assert_eq!(later.len(), 1, "the call's outcome is in the trace once: {steps:?}");
+    let stored: Vec<_> = steps.iter().filter(|(s, d, _)| s == "AgentToolContextStored" && d == "stored").collect();
+    assert_eq!(stored.len(), 1, "the later run's stored context is in the trace once: {steps:?}");
 }
 both_backends!(lane_e2e_resend, a_failed_send_of_a_later_answer_never_runs_the_tool_again);
 
@@ -602,6 +607,26 @@ async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
     assert!(steps.iter().any(|(s, _, _)| s == "AgentToolImmediateStart"), "the lane ran it at once: {steps:?}");
 }
 both_backends!(lane_e2e_immediate_backoff, a_failed_immediate_run_waits_the_configured_backoff);
+
+/// A tool that may not run as a job (`async_policy = "never"`) is tried in the lane's run only:
+/// a timeout is said at once, and nothing is retried in the background after a "please wait".
+async fn a_call_that_may_not_run_as_a_job_is_never_retried_later(db: TestDb) {
+    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"\nasync_policy = \"never\"", 1);
+    let r = rig_with(db, &tools, "", |s| {
+        s.jobs.retry_base = Duration::from_millis(50);
+        s.jobs.retry_max = Duration::from_millis(200);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.NEVER", "Where is my order slow-7?")], 1).await;
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt), ("discarded", 1), "one run, then told");
+    let texts = r.graph.texts();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert_ne!(texts[0], lane.pending_reply, "never told to wait: {texts:?}");
+}
+both_backends!(lane_e2e_never_async, a_call_that_may_not_run_as_a_job_is_never_retried_later);
 
 /// A tool call's job has `jobs.attempts.tool_call` runs, so its answer rides out a WhatsApp
 /// outage; the call itself is tried in the first `jobs.default_max_attempts` of them only, and

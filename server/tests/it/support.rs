@@ -3,7 +3,7 @@
 
 use std::{
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, Mutex},
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
@@ -421,4 +421,34 @@ impl Client {
 pub fn init_test_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}
+
+/// Log lines written on the thread that started the capture, for checking what a line holds
+/// (a `current_thread` test sees its spawned tasks' lines too).
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Captures every level until the guard is dropped.
+    pub fn start() -> (Self, tracing::subscriber::DefaultGuard) {
+        let captured = Self::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_max_level(tracing::Level::TRACE).with_ansi(false).finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
 }

@@ -49,6 +49,17 @@ risk = "low"
 input_schema = { type = "object", properties = { text = { type = "string" } } }
 
 [[tool]]
+name = "purge"
+title = "Purge"
+description = "An admin operation with a required argument."
+provider = "builtin"
+handler = "test.echo"
+operation = "admin"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", required = ["scope"], properties = { scope = { type = "string" }, days = { type = "integer" } } }
+
+[[tool]]
 name = "direct_only"
 title = "Direct only"
 description = "Not in groups."
@@ -241,6 +252,10 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &customer).await).as_deref(), Some(ToolCode::NotAllowedForActor.as_str()));
     assert!(cp.execute(call("owner_report", json!({})), &owner).await.is_ok());
     assert_eq!(code_of(cp.execute(call("direct_only", json!({})), &ctx(Role::Owner, ChatKind::Group)).await).as_deref(), Some(ToolCode::ChatTypeNotAllowed.as_str()));
+    // The policy refuses a customer's admin call before its arguments are looked at: never a
+    // schema error (which the lane would turn into a question for a missing argument).
+    assert_eq!(code_of(cp.execute(call("purge", json!({})), &customer).await).as_deref(), Some(ToolCode::PolicyDenied.as_str()));
+    assert_eq!(code_of(cp.execute(call("purge", json!({})), &owner).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
     assert_eq!(code_of(cp.execute(call("echo", json!({"text": 5})), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
     assert_eq!(code_of(cp.execute(call("echo", json!({"text": "a", "extra": 1})), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
     assert_eq!(code_of(cp.execute(call("echo", json!("not an object")), &customer).await).as_deref(), Some(ToolCode::SchemaInvalid.as_str()));
@@ -260,9 +275,9 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
-    assert_eq!(rows.len(), 18, "one row per call (18 above), allowed or denied");
+    assert_eq!(rows.len(), 20, "one row per call (20 above), allowed or denied");
     let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
-    for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
+    for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::PolicyDenied.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
         assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");
     }
     for row in &rows {
@@ -281,6 +296,9 @@ async fn check_runs_the_same_gates_and_writes_nothing(db: TestDb) {
     let customer = ctx(Role::Customer, ChatKind::Direct);
     let owner = ctx(Role::Owner, ChatKind::Direct);
 
+    // `2.0` is an integer to JSON Schema: the executor is given 2, which reads as one.
+    let purge = cp.check(&call("purge", json!({"scope": "old", "days": 2.0})), &owner).expect("passes");
+    assert_eq!(purge.input.get("days").and_then(Value::as_u64), Some(2), "{:?}", purge.input);
     let shop = cp.check(&call("shop", json!({"order": "42"})), &customer).expect("passes");
     assert_eq!(Value::Object(shop.input.clone()), json!({"order": "42", "chat_id": "chat-7"}), "managed fields in, secrets never");
     assert_eq!((shop.version.as_str(), shop.needs_approval.as_deref()), (shop.tool.version.as_str(), None));
@@ -378,6 +396,12 @@ async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
     assert!(denied.message.contains("no-intranet"), "{denied}");
     let ask = cp.execute(call("echo", json!({"text": "order 1234567"})), &customer).await.expect_err("needs an owner");
     assert_eq!(ask.code, ToolCode::NeedsApproval.as_str());
+    // Once approved it runs with the hooks after the one that asked applied: digits masked.
+    let args = json!({"text": "order 1234567"});
+    let version = cp.catalog().get("echo").expect("echo").version.clone();
+    let approved = CallContext { approved: Some(ApprovedCall::bind(1, &version, &args)), ..customer.clone() };
+    let ran = cp.execute(call("echo", args), &approved).await.expect("approved");
+    assert_eq!(ran.output, json!({"echo": "order #######"}), "the redaction after the approval hook still applies");
     let masked = cp.execute(call("echo", json!({"text": "pin 42 is secret"})), &customer).await.expect("modified, still valid");
     assert_eq!(masked.output, json!({"echo": "pin ## is [hidden]"}), "args redacted before the call, result after");
     // The second redaction makes the argument too long for the schema: validated again, refused.
@@ -387,7 +411,7 @@ async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
 
     cp.audit().flush().await;
     let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
-    assert_eq!(reasons, vec![ToolCode::HookDenied.as_str(), ToolCode::NeedsApproval.as_str(), "OK", ToolCode::SchemaInvalid.as_str()], "the hook's outcome reaches the audit");
+    assert_eq!(reasons, vec![ToolCode::HookDenied.as_str(), ToolCode::NeedsApproval.as_str(), "OK", "OK", ToolCode::SchemaInvalid.as_str()], "the hook's outcome reaches the audit");
 }
 both_backends!(checkpoint_hooks, hooks_abort_ask_and_modify_with_revalidation);
 

@@ -194,6 +194,9 @@ impl Lane {
             Waited::Answered(answer) => {
                 let (event, code) = answer.event();
                 trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
+                if let Some((decision, code, detail)) = answer.context_stored(job_id) {
+                    trace.step("AgentToolContextStored", decision, code, detail);
+                }
                 Ran::Answered(answer)
             }
             Waited::Retrying => {
@@ -248,7 +251,7 @@ mod tests {
     use super::*;
 
     fn answer(text: &str) -> Answer {
-        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false }
+        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false, context_id: None }
     }
 
     /// The run claims the reply just as the deadline passes and sends its answer a moment later:

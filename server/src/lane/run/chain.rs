@@ -40,6 +40,9 @@ impl Lane {
         let session = self.sessions_start(inbound, trace.id()).await;
         let (mut call, mut proposed) = (first, proposed.clone());
         let mut step = 1usize;
+        // The answer of the step before, which the lane has taken from its job to reply with:
+        // whatever ends the chain after it says it first.
+        let mut earlier: Option<String> = None;
         loop {
             trace.step("AgentToolChainStep", "run", "OK", json!({ "step": step, "tool": call.tool, "session_id": session }));
             let answer = match self.bridge(inbound, actor, &call, trace).await {
@@ -47,13 +50,13 @@ impl Lane {
                 Ran::Said(text) => {
                     // Underway in the background, or not started: its own answer follows, or none.
                     self.sessions_step(session, step, &call.tool, "pending", "CHAIN_STEP_PENDING", Some("stopped")).await;
-                    return text;
+                    return after(earlier.as_deref(), &text);
                 }
             };
             if let Some(code) = &answer.failure {
                 self.sessions_step(session, step, &call.tool, "failed", code, Some("stopped")).await;
                 trace.step("AgentToolChainStopped", "stopped", "CHAIN_STEP_FAILED", json!({ "step": step, "code": code }));
-                return answer.text;
+                return after(earlier.as_deref(), &answer.text);
             }
             if step >= max {
                 self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
@@ -91,7 +94,7 @@ impl Lane {
             if let Some(question) = validation.clarify.clone() {
                 trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
-                return question;
+                return after(Some(&answer.text), &question);
             }
             let refused = validation.rejected.first().map(|r| r.code.as_str());
             let [next_call] = validation.accepted.as_slice() else {
@@ -110,10 +113,11 @@ impl Lane {
             if let Some(reason) = needs_owner {
                 self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
                 let asked = self.ask_owner(inbound, actor, next_call, &reason, trace).await;
-                return format!("{}\n\n{asked}", answer.text);
+                return after(Some(&answer.text), &asked);
             }
             proposed = calls.into_iter().next().unwrap_or(proposed);
             call = next_call.clone();
+            earlier = Some(answer.text);
             step += 1;
         }
     }
@@ -157,5 +161,14 @@ impl Lane {
         if let Err(e) = stored.await {
             tracing::warn!(session = id, error = %e, "storing a tool session's end failed");
         }
+    }
+}
+
+/// The reply of a chain that ends with `text` after an earlier step answered `earlier`: both,
+/// so the earlier answer, taken from its job for this reply, is never lost.
+fn after(earlier: Option<&str>, text: &str) -> String {
+    match earlier {
+        Some(earlier) => format!("{earlier}\n\n{text}"),
+        None => text.to_string(),
     }
 }

@@ -228,7 +228,7 @@ impl ToolLane for Lane {
         if !detection.should_plan {
             if detection.reason == ReasonCode::FollowupWithoutContext && recent.expired {
                 // A follow-up of a result that has expired: normal chat, never the old result.
-                trace.step("AgentToolFollowup", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
+                trace.step("AgentToolFollowupResolved", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
             }
             return LaneOutcome::NotHandled;
         }
@@ -243,7 +243,7 @@ impl ToolLane for Lane {
             PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
             // An answer from results this chat was given; without any, it would be made up.
             PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
-                trace.step("AgentToolFollowup", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));
+                trace.step("AgentToolFollowupResolved", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));
                 LaneOutcome::NotHandled
             }
             PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },

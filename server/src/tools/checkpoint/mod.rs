@@ -1,10 +1,11 @@
 //! The one checkpoint every tool call passes, whatever its provider, in two phases.
 //!
 //! The gates ([`Checkpoint::check`]): tool exists (or is withheld) and is enabled -> actor and
-//! chat type allowed -> no caller-supplied managed or secret field -> managed fields injected ->
-//! input valid against the schema -> policy decision -> before-call hooks (changed arguments
-//! validated again). A call that needs an owner passes the gates with the reason noted, unless
-//! it is approved.
+//! chat type allowed -> an approval's binding -> policy decision (a refusal here) -> no
+//! caller-supplied managed or secret field -> managed fields injected -> input valid against
+//! the schema -> before-call hooks (changed arguments validated again; every hook runs). A call
+//! that needs an owner (by policy or a hook) passes the gates with the reason noted, unless it
+//! is approved.
 //!
 //! The execution ([`Checkpoint::execute`], which runs the same gates first): circuit breaker ->
 //! secrets injected -> execution with timeout -> retries with backoff for retryable errors ->

@@ -6,7 +6,15 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::{CallContext, Checked, Checkpoint, ToolCode, ToolError, ToolFailure, ToolSuccess, fail, idempotency_key, provider_key};
-use crate::tools::{Catalog, catalog::Provider, hooks::{self, Hook}};
+use crate::tools::{Catalog, catalog::{Provider, ToolSpec}, hooks::{self, Hook}};
+
+/// Logs the `AgentToolConnectorFailed` event (seed §17) for a connector call that ends in
+/// failure: the tool, the provider's code and the attempts, never the arguments or the answer.
+fn connector_failed(spec: &ToolSpec, ctx: &CallContext, e: &ToolError, attempts: u32) {
+    if spec.provider == Provider::Connector {
+        tracing::warn!(event = "AgentToolConnectorFailed", correlation_id = %ctx.correlation_id, tool = %spec.name, code = %e.code, attempts, retryable = e.retryable, "connector call failed");
+    }
+}
 
 impl Checkpoint {
     /// Executes a call that passed the gates. `catalog` is the version the call started with:
@@ -60,11 +68,13 @@ impl Checkpoint {
                 }
                 Err(e) if e.refused => {
                     self.breakers.release(&spec.name);
+                    connector_failed(spec, ctx, &e, *attempts);
                     return Err(fail(&e.code, e.message));
                 }
                 Err(e) => {
                     self.breakers.record_failure(&spec.name, Instant::now());
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
+                        connector_failed(spec, ctx, &e, *attempts);
                         if e.code == ToolCode::Timeout.as_str() {
                             return Err(ToolFailure { retryable: true, ..fail(ToolCode::Timeout.as_str(), e.message) });
                         }

@@ -143,6 +143,17 @@ async fn a_missing_argument_is_asked_for_by_name(db: TestDb) {
     let untitled = [ProposedCall { id: "c".into(), name: "page_search".into(), args: json!({"limit": 3}), reason: String::new() }];
     let v = r.validate(&untitled, Advisory::default(), &ALL, 2);
     assert_eq!(v.clarify, Some(r.settings.lane.clarify_reply.replace("{argument}", "query")));
+
+    // A model that writes `null` for an argument it does not have: a required one is asked
+    // for, an optional one is left out of the call.
+    let null = [ProposedCall { id: "n".into(), name: "lookup_order".into(), args: json!({"order_id": null}), reason: String::new() }];
+    let v = r.validate(&null, Advisory::default(), &ALL, 2);
+    assert_eq!(v.clarify.as_deref(), Some(expected.as_str()), "{v:?}");
+    assert_eq!(codes(&v), [("lookup_order", PlanCode::ArgumentMissing.as_str())]);
+    let optional = [ProposedCall { id: "o".into(), name: "page_search".into(), args: json!({"query": "hours", "limit": null}), reason: String::new() }];
+    let v = r.validate(&optional, Advisory::default(), &ALL, 2);
+    assert!(v.runnable(), "{v:?}");
+    assert_eq!(v.accepted[0].canonical_args, r#"{"query":"hours"}"#);
 }
 both_backends!(lane_clarify, a_missing_argument_is_asked_for_by_name);
 
