@@ -166,6 +166,12 @@ pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted:
     let mut changes = Changes::default();
     for f in found {
         match known.get(&f.name) {
+            // A catalog name another of its tools holds (a server can list `files.read` once,
+            // whose name is `<server>__files_read_<hash>`, and that plain name later): left
+            // out, so the rest of the listing, a changed definition above all, is still stored.
+            None if tool_by_catalog_name(conn, &f.catalog_name).await?.is_some() => {
+                tracing::warn!(mcp.server = server_id, catalog_name = %f.catalog_name, "an MCP tool whose catalog name another tool holds was left out");
+            }
             None => {
                 let approved = first && trusted;
                 sqlx::query(&format!(

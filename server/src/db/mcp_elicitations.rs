@@ -44,17 +44,34 @@ impl ElicitationRow {
 
 const COLUMNS: &str = "id, server_id, message, schema, state, content, created_at, expires_at, answered_at, answered_by, delivered_at";
 
-/// Stores a new pending request; returns its id.
-pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schema: &str, expires_at: i64) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("INSERT INTO mcp_elicitations (server_id, message, schema, state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+/// Stores a new pending request unless the server already has `max_open` waiting; returns its
+/// id, or `None` when it has. Run it in a write transaction: on PostgreSQL the count and the
+/// insert hold the server's lock until it ends (SQLite's write transactions run one at a time).
+pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schema: &str, expires_at: i64, max_open: i64) -> Result<Option<i64>, DbError> {
+    if super::backend_of(conn) == super::Backend::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(format!("gatehouse.mcp_elicitations:{server}")).execute(&mut *conn).await?;
+    }
+    let now = now_ms();
+    let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations WHERE server_id = $1 AND state = $2 AND expires_at > $3")
         .bind(server)
-        .bind(message)
-        .bind(schema)
         .bind(State::Pending.as_str())
-        .bind(now_ms())
-        .bind(expires_at)
+        .bind(now)
         .fetch_one(&mut *conn)
-        .await?)
+        .await?;
+    if open >= max_open {
+        return Ok(None);
+    }
+    Ok(Some(
+        sqlx::query_scalar("INSERT INTO mcp_elicitations (server_id, message, schema, state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+            .bind(server)
+            .bind(message)
+            .bind(schema)
+            .bind(State::Pending.as_str())
+            .bind(now)
+            .bind(expires_at)
+            .fetch_one(&mut *conn)
+            .await?,
+    ))
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ElicitationRow>, DbError> {

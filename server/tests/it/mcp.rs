@@ -718,6 +718,16 @@ async fn quarantine_rules_in_the_cache(test_db: TestDb) {
     let a = by_name(&store::tools(&mut conn, Some("srv")).await.expect("rows"), "a");
     assert!(a.definition.contains("v3") && a.previous_definition.as_deref().is_some_and(|d| d.contains("v1")), "{a:?}");
 
+    // A listing with a tool whose catalog name another (stored, now unlisted) tool holds is
+    // still stored: the clash is left out, and a changed definition beside it still waits.
+    let mut clash = found("z", "v1");
+    clash.catalog_name = "srv__a".into();
+    let changes = store::apply_discovery(&mut conn, "srv", true, &[found("a", "v4"), found("c", "v2"), clash]).await.expect("a clash does not fail the listing");
+    assert_eq!((changes.added, changes.changed), (Vec::<String>::new(), vec!["a".to_string()]));
+    let rows = store::tools(&mut conn, Some("srv")).await.expect("rows");
+    assert!(rows.iter().all(|t| t.name != "z"), "{rows:?}");
+    assert_eq!(by_name(&rows, "a").state, ToolState::Pending);
+
     // An untrusted server's first discovery waits.
     store::ensure_server(&mut conn, "other").await.expect("server");
     store::apply_discovery(&mut conn, "other", false, &[found_on("other", "x", "v1")]).await.expect("untrusted");

@@ -20,6 +20,22 @@ fn owner() -> AuditActor {
     AuditActor { owner_id: None, login: Some("test-owner".into()), ip: Some("127.0.0.1".into()) }
 }
 
+/// The fixture's `ask` tool called as an owner (from a chat, or not), in a task of its own:
+/// the call waits for the form's answer.
+fn ask(rig: &Rig, args: Value, chat_id: Option<&str>, correlation_id: &str) -> tokio::task::JoinHandle<Result<server::tools::checkpoint::ToolSuccess, server::tools::checkpoint::ToolFailure>> {
+    let ctx = server::tools::CallContext {
+        actor: server::domain::Role::Owner,
+        chat_type: server::tools::catalog::ChatKind::Direct,
+        chat_id: chat_id.map(str::to_string),
+        sender_id: None,
+        correlation_id: correlation_id.to_string(),
+        approved: None,
+        trace_id: None,
+    };
+    let checkpoint = rig.checkpoint.clone();
+    tokio::spawn(async move { checkpoint.execute(server::tools::ToolCall { name: "fx__ask".into(), args }, &ctx).await })
+}
+
 fn servers(policy: &str) -> String {
     stdio("fx", &format!("{TRUSTED_OPEN}\n{policy}"), "node", &[&fixture()], &[("FIXTURE_ELICIT", "1")])
 }
@@ -62,21 +78,7 @@ async fn a_form_goes_to_the_owner_and_its_answer_back_once(db: TestDb) {
         settings: server::config::McpSettings::default(),
     });
     let console = console_of(&rig, policy);
-    let call = {
-        let checkpoint = rig.checkpoint.clone();
-        tokio::spawn(async move {
-            let ctx = server::tools::CallContext {
-                actor: server::domain::Role::Owner,
-                chat_type: server::tools::catalog::ChatKind::Direct,
-                chat_id: Some("chat-1".into()),
-                sender_id: None,
-                correlation_id: "elicit-test".into(),
-                approved: None,
-                trace_id: None,
-            };
-            checkpoint.execute(server::tools::ToolCall { name: "fx__ask".into(), args: json!({ "message": "<b>Book</b> for <script>x</script>?" }) }, &ctx).await
-        })
-    };
+    let call = ask(&rig, json!({ "message": "<b>Book</b> for <script>x</script>?" }), Some("chat-1"), "elicit-test");
     let form = waiting_form(&console).await;
     assert_eq!(form.server, "fx");
     assert_eq!(form.message, "<b>Book</b> for <script>x</script>?", "the server's text is kept as text (the page escapes it)");
@@ -137,21 +139,7 @@ async fn an_unanswered_form_is_cancelled_in_time_and_a_decline_goes_back(db: Tes
     assert!(matches!(rig.manager.answer_form(id + 100, Answer::Decline, &owner()).await, Err(McpError::FormUnknown(_))));
 
     // A decline in this process reaches the server at once.
-    let call = {
-        let checkpoint = rig.checkpoint.clone();
-        tokio::spawn(async move {
-            let ctx = server::tools::CallContext {
-                actor: server::domain::Role::Owner,
-                chat_type: server::tools::catalog::ChatKind::Direct,
-                chat_id: None,
-                sender_id: None,
-                correlation_id: "elicit-decline".into(),
-                approved: None,
-                trace_id: None,
-            };
-            checkpoint.execute(server::tools::ToolCall { name: "fx__ask".into(), args: json!({}) }, &ctx).await
-        })
-    };
+    let call = ask(&rig, json!({}), None, "elicit-decline");
     let form = waiting_form(&rig.manager).await;
     assert_eq!(rig.manager.answer_form(form.id, Answer::Decline, &owner()).await.expect("declined"), "declined");
     let out = call.await.expect("task").expect("the call goes on").output;
@@ -159,6 +147,30 @@ async fn an_unanswered_form_is_cancelled_in_time_and_a_decline_goes_back(db: Tes
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_elicitation_expiry_and_decline, an_unanswered_form_is_cancelled_in_time_and_a_decline_goes_back);
+
+/// A server that asks for many forms at once has only a few wait for the owners (each one is a
+/// notice to every owner); the rest are declined at once.
+async fn a_flood_of_forms_is_bounded(db: TestDb) {
+    let policy = "elicitation = \"owner\"\nelicitation_ttl = \"3s\"";
+    let rig = Rig::new(db, &servers(policy)).await;
+    rig.connected("fx").await;
+    let calls: Vec<_> = (0..5)
+        .map(|n| {
+            ask(&rig, json!({}), None, &format!("elicit-flood-{n}"))
+        })
+        .collect();
+    let mut actions = Vec::new();
+    for call in calls {
+        let out = tokio::time::timeout(Duration::from_secs(30), call).await.expect("the call ends").expect("task").expect("the call goes on").output;
+        actions.push(answer_of(&out)["action"].as_str().unwrap_or_default().to_string());
+    }
+    actions.sort();
+    assert_eq!(actions, ["cancel", "cancel", "cancel", "decline", "decline"], "three waited (and nobody answered), two were declined");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations").fetch_one(&rig.db.pool).await.expect("count");
+    assert_eq!(stored, 3);
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_elicitation_flood, a_flood_of_forms_is_bounded);
 
 /// With the default policy nobody is asked: the capability is not announced, so the server
 /// cannot even send its request, and no form is stored.
@@ -187,7 +199,7 @@ async fn the_console_shows_the_form_and_takes_one_answer(db: TestDb) {
     let id = {
         let mut conn = app.state.db.pool.acquire().await.expect("conn");
         let expires = server::db::now_ms() + 60_000;
-        server::db::mcp_elicitations::insert(&mut conn, "fx", "Pick <script>alert(1)</script> now", &schema.to_string(), expires).await.expect("insert")
+        server::db::mcp_elicitations::insert(&mut conn, "fx", "Pick <script>alert(1)</script> now", &schema.to_string(), expires, 3).await.expect("insert").expect("below the limit")
     };
     let page = owner.get("/mcp").await;
     assert_eq!(page.status, axum::http::StatusCode::OK);

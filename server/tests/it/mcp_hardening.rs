@@ -1,9 +1,10 @@
-//! A hostile or careless MCP server: secrets in its stderr stay out of our logs, and a flood of
+//! A hostile or careless MCP server: secrets in its stderr stay out of our logs, a server that
+//! cannot be listed is logged as `AgentToolMcpDiscoveryFailed`, and a flood of
 //! `tools/list_changed` costs a bounded number of rediscoveries.
 
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -15,7 +16,10 @@ use server::tools::{
     mcp::{self, McpManager},
 };
 
-use crate::{both_backends, support::TestDb};
+use crate::{
+    both_backends,
+    support::{Captured, TestDb},
+};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp-test-servers/fixture.mjs").canonicalize().expect("mcp-test-servers installed (scripts/test)")
@@ -41,35 +45,11 @@ async fn manager(db: &TestDb, toml: &str) -> (McpManager, Arc<Checkpoint>) {
     (manager, checkpoint)
 }
 
-/// Log output, for checking what a log line holds.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
-    }
-}
-
 /// A server that prints its configuration and a request's headers to stderr when it starts:
 /// the secret it was given and anything token-like are scrubbed before the line is logged.
 #[tokio::test(flavor = "current_thread")]
 async fn stderr_of_a_stdio_server_is_scrubbed() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_max_level(tracing::Level::TRACE).with_ansi(false).finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::start();
     let leaks = [
         "echo \"config: FIXTURE_KEY=$FIXTURE_KEY\" >&2",
         "echo \"the key again: $FIXTURE_KEY.\" >&2",
@@ -98,6 +78,30 @@ async fn stderr_of_a_stdio_server_is_scrubbed() {
         assert!(!logs.contains(leaked), "{leaked} reached the log:\n{logs}");
     }
     assert!(logs.contains("ready on stdio") && logs.contains("[REDACTED]"), "ordinary lines stay readable:\n{logs}");
+}
+
+/// A server that exits before it answers is logged with the seed's `AgentToolMcpDiscoveryFailed`
+/// event, naming the server and (scrubbed) why, and its health is down.
+#[tokio::test(flavor = "current_thread")]
+async fn a_server_that_cannot_be_listed_is_logged_as_a_failed_discovery() {
+    let (captured, _guard) = Captured::start();
+    let script = "echo \"key $FIXTURE_KEY\" >&2; exit 3";
+    let toml = format!(
+        "[[server]]\nid = \"broken\"\ntrust = \"trusted\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ FIXTURE_KEY = {{ secret = \"TEST_MCP_STDERR_SECRET\" }} }}\n"
+    );
+    let db = TestDb::sqlite();
+    let (manager, _checkpoint) = manager(&db, &toml).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        if let Some(line) = captured.text().lines().find(|l| l.contains("AgentToolMcpDiscoveryFailed")).map(str::to_string) {
+            break line;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no failed discovery was logged:\n{}", captured.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    manager.shutdown().await;
+    assert!(line.contains("WARN") && line.contains("mcp.server=broken") && line.contains("health=\"down\""), "{line}");
+    assert!(!captured.text().contains(STDERR_SECRET), "the secret stays out of the log:\n{}", captured.text());
 }
 
 /// A server that sends `tools/list_changed` in a burst gets a bounded number of rediscoveries,

@@ -207,7 +207,9 @@ both_backends!(
     refresh_across_a_restart
 );
 
-async fn expired_refresh_token(test_db: TestDb) {
+/// A server with a fresh database, not logged in at first (it says so), then logged in by an
+/// owner, connected, and called once.
+async fn connected(test_db: &TestDb) -> (Fake, Db, Rig) {
     let fake = Fake::start(3600).await;
     let db = test_db.connect().await;
     db.migrate().await.expect("migrate");
@@ -227,6 +229,31 @@ async fn expired_refresh_token(test_db: TestDb) {
         .await
         .expect("connects after the login");
     rig.call().await.expect("the call works");
+    (fake, db, rig)
+}
+
+/// A second login while the server is connected registers another client (dynamic client
+/// registration): the live session's next refresh is made as that client, so the new login is
+/// kept. (It used to be refreshed as the first client, refused, and the new login dropped.)
+async fn a_login_while_connected_survives_its_first_refresh(test_db: TestDb) {
+    let (fake, db, rig) = connected(&test_db).await;
+
+    // Logged in again (an owner's "Connect again"); its tokens are due for a refresh at once.
+    fake.with(|s| s.login_expires_in = 0);
+    login(&rig.manager).await;
+    rig.call().await.expect("the call works after the refresh");
+    assert_eq!(fake.with(|s| (s.registrations, s.refresh_grants)), (2, 1), "a second client, refreshed once");
+    assert_eq!(stored(&db).await.1, "connected", "the new login is kept");
+    assert!(rig.manager.live("crm").expect("live").needs_login.is_none());
+    rig.manager.shutdown().await;
+}
+both_backends!(
+    oauth_relogin_while_connected,
+    a_login_while_connected_survives_its_first_refresh
+);
+
+async fn expired_refresh_token(test_db: TestDb) {
+    let (fake, db, rig) = connected(&test_db).await;
 
     // The access token is revoked and the refresh token expired.
     fake.with(|s| {
@@ -459,6 +486,7 @@ async fn tokens_never_reach_logs_the_database_or_results() {
     assert!(call.status.success(), "{call_text}");
     let result: Value = serde_json::from_str(&call_out).expect("the result as JSON");
     assert_eq!(result["output"]["untrusted"], json!(true));
+    assert!(call_out.contains("you are the CRM owner (request headers: Authorization: Bearer [REDACTED])"), "the echoed token is blanked: {call_out}");
 
     let issued = fake.with(|s| s.issued.clone());
     assert!(

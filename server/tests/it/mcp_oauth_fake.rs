@@ -37,6 +37,11 @@ pub struct Inner {
     pub issued: Vec<String>,
     pub last_bearer: Option<String>,
     challenges: HashMap<String, String>,
+    /// Clients registered so far: each registration gets a client id of its own.
+    pub registrations: usize,
+    /// The client id each code and refresh token was issued to: a refresh by another client
+    /// is refused (RFC 6749 §6), as real authorization servers do.
+    issued_to: HashMap<String, String>,
 }
 
 #[derive(Clone)]
@@ -94,8 +99,12 @@ async fn as_metadata(State(f): State<Fake>) -> Json<Value> {
     }))
 }
 
-async fn register(Json(body): Json<Value>) -> Response {
-    (StatusCode::CREATED, Json(json!({ "client_id": "gatehouse-client", "redirect_uris": body["redirect_uris"], "token_endpoint_auth_method": "none" }))).into_response()
+async fn register(State(f): State<Fake>, Json(body): Json<Value>) -> Response {
+    let client_id = f.with(|s| {
+        s.registrations += 1;
+        format!("gatehouse-client-{}", s.registrations)
+    });
+    (StatusCode::CREATED, Json(json!({ "client_id": client_id, "redirect_uris": body["redirect_uris"], "token_endpoint_auth_method": "none" }))).into_response()
 }
 
 async fn authorize(State(f): State<Fake>, Query(q): Query<HashMap<String, String>>) -> Response {
@@ -107,10 +116,11 @@ async fn authorize(State(f): State<Fake>, Query(q): Query<HashMap<String, String
     Redirect::to(to.as_str()).into_response()
 }
 
-fn issue(s: &mut Inner, expires_in: u64) -> Value {
+fn issue(s: &mut Inner, expires_in: u64, client_id: &str) -> Value {
     let (access, refresh) = (new_token(), new_token());
     s.valid_access.push(access.clone());
     s.current_refresh = Some(refresh.clone());
+    s.issued_to.insert(refresh.clone(), client_id.to_string());
     s.issued.extend([access.clone(), refresh.clone()]);
     json!({ "access_token": access, "token_type": "Bearer", "expires_in": expires_in, "refresh_token": refresh, "scope": "crm.read" })
 }
@@ -128,9 +138,10 @@ async fn token(State(f): State<Fake>, Form(form): Form<HashMap<String, String>>)
             if challenge.as_deref() != Some(computed.as_str()) {
                 return invalid_grant();
             }
+            let client_id = form.get("client_id").cloned().unwrap_or_default();
             Json(f.with(|s| {
                 let lifetime = s.login_expires_in;
-                issue(s, lifetime)
+                issue(s, lifetime, &client_id)
             }))
             .into_response()
         }
@@ -147,11 +158,15 @@ async fn token(State(f): State<Fake>, Form(form): Form<HashMap<String, String>>)
                 f.second_refresh.notify_waiters();
             }
             let sent = form.get("refresh_token").cloned();
+            let client_id = form.get("client_id").cloned().unwrap_or_default();
             f.with(|s| {
                 if s.reject_refresh || sent.is_none() || sent != s.current_refresh {
                     return invalid_grant();
                 }
-                Json(issue(s, 3600)).into_response()
+                if sent.as_ref().and_then(|t| s.issued_to.get(t)) != Some(&client_id) {
+                    return invalid_grant();
+                }
+                Json(issue(s, 3600, &client_id)).into_response()
             })
         }
         _ => (StatusCode::BAD_REQUEST, Json(json!({ "error": "unsupported_grant_type" }))).into_response(),
@@ -186,7 +201,9 @@ async fn mcp(State(f): State<Fake>, headers: HeaderMap, Json(msg): Json<Value>) 
         "tools/list" => json!({ "tools": [{ "name": "whoami", "description": "Who the token belongs to", "inputSchema": { "type": "object" }, "annotations": { "readOnlyHint": true } }] }),
         "tools/call" => {
             f.with(|s| s.tool_calls += 1);
-            json!({ "content": [{ "type": "text", "text": "you are the CRM owner" }] })
+            // A careless server that echoes the request's token: Gatehouse must blank it.
+            let echoed = format!("you are the CRM owner (request headers: Authorization: Bearer {})", bearer.clone().unwrap_or_default());
+            json!({ "content": [{ "type": "text", "text": "you are the CRM owner" }, { "type": "text", "text": echoed }], "structuredContent": { "token": bearer } })
         }
         _ if id.is_none() => return StatusCode::ACCEPTED.into_response(),
         _ => json!({}),

@@ -132,7 +132,7 @@ impl ToolExecutor for McpExecutor {
         if let Some(structured) = result.structured_content {
             out["structured"] = structured;
         }
-        session::scrub_result(&server.config, &self.inner.secrets, &mut out);
+        session::scrub_result(&server.config, &self.inner.secrets, server.sent_tokens.values(), &mut out);
         Ok(out)
     }
 }

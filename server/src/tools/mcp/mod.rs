@@ -63,6 +63,8 @@ pub(crate) struct Server {
     pub(crate) refresh: mpsc::UnboundedSender<session::RefreshRequest>,
     refresh_rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<session::RefreshRequest>>>,
     pub(crate) enabled: watch::Sender<bool>,
+    /// The OAuth access tokens sent to it lately, blanked in its results.
+    pub(crate) sent_tokens: Arc<oauth::http::SentTokens>,
 }
 
 pub(crate) struct Inner {
@@ -114,6 +116,7 @@ impl McpManager {
                     refresh,
                     refresh_rx: std::sync::Mutex::new(Some(refresh_rx)),
                     enabled: watch::channel(c.enabled).0,
+                    sent_tokens: Arc::default(),
                 };
                 (c.id.clone(), Arc::new(server))
             })

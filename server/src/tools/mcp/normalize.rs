@@ -11,6 +11,9 @@ use crate::tools::catalog::{Approval, AsyncPolicy, ChatKind, Operation, Provider
 /// Separates the server id from the tool's own name.
 pub const SEPARATOR: &str = "__";
 
+/// The longest tool name taken (the MCP specification's limit).
+pub const MAX_NAME_CHARS: usize = 128;
+
 /// Why a listed tool was left out of the catalog.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Skipped {
@@ -51,6 +54,11 @@ pub fn bound_text(text: &str, max: usize) -> String {
 /// The part of a tool an owner approves: name, title, bounded description, schemas and
 /// annotations (icons and `_meta` are left out). `Err` when it breaks the discovery bounds.
 pub fn definition(tool: &rmcp::model::Tool, limits: &DiscoveryLimits) -> Result<Value, String> {
+    // The name is the server's text too, shown to owners and the model: as bounded as the rest.
+    let name_chars = tool.name.chars().count();
+    if name_chars > MAX_NAME_CHARS || tool.name.chars().any(char::is_control) {
+        return Err(format!("its name is {name_chars} characters or holds control characters; MCP names are at most {MAX_NAME_CHARS} printable characters"));
+    }
     let input = Value::Object((*tool.input_schema).clone());
     let output = tool.output_schema.as_ref().map(|s| Value::Object((**s).clone()));
     let schema_bytes = input.to_string().len() + output.as_ref().map_or(0, |o| o.to_string().len());
@@ -195,6 +203,10 @@ mod tests {
         let long = catalog_name("a-server-id-of-24-chars", &"verylongtoolname".repeat(8));
         assert!(valid_tool_name(&long) && long.len() <= 64, "{long}");
         assert!(long.starts_with("a-server-id-of-24-chars__"));
+        // A plain name can equal another's hashed one: discovery keeps the first (see
+        // `session::discover`), and the store leaves out a name another tool holds.
+        let hashed = catalog_name("srv", "files.read");
+        assert_eq!(catalog_name("srv", hashed.strip_prefix("srv__").expect("prefix")), hashed);
     }
 
     #[test]
@@ -235,6 +247,13 @@ mod tests {
 
         let big = tool(json!({"name": "big", "inputSchema": {"type": "object", "description": "y".repeat(300)}}));
         assert!(definition(&big, &limits).expect_err("too big").contains("max_schema_bytes"));
+
+        // The name is bounded too: without a title or description it would be both.
+        let long = tool(json!({"name": "n".repeat(MAX_NAME_CHARS + 1), "inputSchema": {"type": "object"}}));
+        assert!(definition(&long, &limits).expect_err("too long").contains("128"));
+        let bell = tool(json!({"name": "ring\u{7}", "inputSchema": {"type": "object"}}));
+        assert!(definition(&bell, &limits).is_err(), "a control character in the name");
+        assert!(definition(&tool(json!({"name": "n".repeat(MAX_NAME_CHARS), "inputSchema": {"type": "object"}})), &limits).is_ok());
     }
 
     #[test]

@@ -120,11 +120,12 @@ pub type Session = RunningService<RoleClient, Handler>;
 #[error("{0}")]
 pub struct ConnectError(pub String);
 
-/// A successful result with the server's own secrets (its env or header values) blanked in
-/// every string: a server that echoes its request's headers or environment does not hand its
-/// token to the summarizer, the person or the context store. Unlike [`scrub`], nothing else
-/// is touched: a result's ids and hashes stay as they are.
-pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, value: &mut serde_json::Value) {
+/// A successful result with the server's own secrets (its env or header values, and the OAuth
+/// access tokens it was sent, `tokens`) blanked in every string: a server that echoes its
+/// request's headers or environment does not hand its token to the summarizer, the person or
+/// the context store. Unlike [`scrub`], nothing else is touched: a result's ids and hashes stay
+/// as they are.
+pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, tokens: Vec<String>, value: &mut serde_json::Value) {
     fn walk(value: &mut serde_json::Value, secrets: &[String]) {
         match value {
             serde_json::Value::String(s) if secrets.iter().any(|v| s.contains(v.as_str())) => *s = scrub_values(s, secrets),
@@ -133,7 +134,10 @@ pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, value: &mut s
             _ => {}
         }
     }
-    let values = secret_values(server, secrets);
+    let mut values = secret_values(server, secrets);
+    values.extend(tokens.into_iter().filter(|t| t.len() >= 4));
+    // Longest first, so a secret containing another is replaced whole.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     if !values.is_empty() {
         walk(value, &values);
     }
@@ -319,13 +323,15 @@ pub async fn discover(server: &ServerConfig, peer: &Peer<RoleClient>) -> Result<
                 report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason: "listed twice".into() });
                 continue;
             }
+            let catalog_name = normalize::catalog_name(&server.id, &name);
+            if let Some(holder) = found.iter().find(|f| f.catalog_name == catalog_name) {
+                // `files.read` and `files_read_<hash>` can map to one name: the first keeps it.
+                let reason = format!("its catalog name {catalog_name} is taken by {}", normalize::bound_text(&holder.name, 100));
+                report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason });
+                continue;
+            }
             match normalize::definition(&tool, limits) {
-                Ok(def) => found.push(Found {
-                    catalog_name: normalize::catalog_name(&server.id, &name),
-                    definition_hash: normalize::definition_hash(&def),
-                    definition: def.to_string(),
-                    name,
-                }),
+                Ok(def) => found.push(Found { catalog_name, definition_hash: normalize::definition_hash(&def), definition: def.to_string(), name }),
                 Err(reason) => report.skipped.push(Skipped { tool: normalize::bound_text(&name, 100), reason }),
             }
         }

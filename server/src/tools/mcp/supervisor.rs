@@ -39,7 +39,22 @@ fn answer(waiters: &mut Waiters, result: &Result<DiscoveryReport, String>) {
     }
 }
 
+/// Logs and records a server's health.
 async fn record_health(inner: &Inner, server: &Server, state: &'static str, error: Option<String>, seen: bool) {
+    if let Some(e) = &error {
+        tracing::warn!(event = "McpServerHealth", mcp.server = %server.config.id, health = state, error = %e, "MCP server health");
+    }
+    store_health(inner, server, state, error, seen).await;
+}
+
+/// Logs the `AgentToolMcpDiscoveryFailed` event (seed §17) for a server whose tools could not
+/// be listed, with its scrubbed error, and records its health.
+async fn discovery_failed(inner: &Inner, server: &Server, state: &'static str, error: String) {
+    tracing::warn!(event = "AgentToolMcpDiscoveryFailed", mcp.server = %server.config.id, health = state, error = %error, "MCP discovery failed");
+    store_health(inner, server, state, Some(error), false).await;
+}
+
+async fn store_health(inner: &Inner, server: &Server, state: &'static str, error: Option<String>, seen: bool) {
     server.live.send_modify(|l| {
         l.health = state;
         if error.is_some() || state == health::CONNECTED {
@@ -49,9 +64,6 @@ async fn record_health(inner: &Inner, server: &Server, state: &'static str, erro
             l.peer = None;
         }
     });
-    if let Some(e) = &error {
-        tracing::warn!(mcp.server = %server.config.id, health = state, error = %e, "MCP server health");
-    }
     let written = async {
         let mut conn = inner.db.pool.acquire().await?;
         db::mcp::set_health(&mut conn, &server.config.id, state, error.as_deref(), seen).await
@@ -86,7 +98,8 @@ fn changes_empty(c: &db::mcp::Changes) -> bool {
 }
 
 /// The HTTP client of an OAuth server with its tokens; `NeedsLogin` without a usable login.
-async fn oauth_client(inner: &Inner, manager: &McpManager, cfg: &super::ServerConfig) -> Result<OAuthHttp, TokenError> {
+async fn oauth_client(inner: &Inner, manager: &McpManager, server: &Server) -> Result<OAuthHttp, TokenError> {
+    let cfg = &server.config;
     let tokens = oauth::token_source(cfg, &inner.db, &inner.secrets, &manager.redirect_uri(), manager.needs_login_callback(&cfg.id)).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -94,7 +107,7 @@ async fn oauth_client(inner: &Inner, manager: &McpManager, cfg: &super::ServerCo
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| TokenError::Transient(e.to_string()))?;
-    Ok(OAuthHttp { http, tokens: Arc::new(tokens), step_up: manager.step_up_callback(&cfg.id) })
+    Ok(OAuthHttp { http, tokens: Arc::new(tokens), step_up: manager.step_up_callback(&cfg.id), sent: server.sent_tokens.clone() })
 }
 
 /// How often a server waiting for a login looks whether another process (the CLI, another
@@ -168,7 +181,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
             }
         }
         let oauth = if cfg.auth == super::AuthMode::Oauth {
-            match oauth_client(&inner, &manager, cfg).await {
+            match oauth_client(&inner, &manager, &server).await {
                 Ok(client) => Some(client),
                 Err(TokenError::NeedsLogin(reason)) => {
                     // The token source has marked the server. A login that landed after it
@@ -236,7 +249,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                     }
                     continue;
                 }
-                record_health(&inner, &server, health::DOWN, Some(e), false).await;
+                discovery_failed(&inner, &server, health::DOWN, e).await;
             }
         }
         if *shutdown.borrow() {
@@ -336,7 +349,7 @@ async fn serve(
                 let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
                 return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, e));
             }
-            Err(e) => record_health(inner, server, health::DEGRADED, Some(session::scrub(cfg, &inner.secrets, e)), false).await,
+            Err(e) => discovery_failed(inner, server, health::DEGRADED, session::scrub(cfg, &inner.secrets, e)).await,
         }
         if let RefreshRequest::Refresh(w) = req {
             // The owner who asked sees the error as the health record keeps it: scrubbed.

@@ -23,6 +23,9 @@ use crate::db::{self, Db, audit, mcp_elicitations::State};
 const POLL: Duration = Duration::from_millis(250);
 /// The server's message is bounded to this many characters.
 const MAX_MESSAGE_CHARS: usize = 2_000;
+/// Forms of one server waiting for the owners at once; a server asking for more (a flood, each
+/// a notice to every owner) has the rest declined.
+const MAX_OPEN_PER_SERVER: i64 = 3;
 
 /// The forms of this process's servers: where they are stored and how owners are told.
 pub struct Forms {
@@ -60,7 +63,7 @@ impl Forms {
         let stored = async {
             let mut tx = self.db.begin_write().await?;
             let expires_at = db::now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX / 2);
-            let row = db::mcp_elicitations::insert(&mut tx, id, &message, &schema.to_string(), expires_at).await?;
+            let Some(row) = db::mcp_elicitations::insert(&mut tx, id, &message, &schema.to_string(), expires_at, MAX_OPEN_PER_SERVER).await? else { return Ok(None) };
             let minutes = wait.as_secs().div_ceil(60).max(1);
             let notice = Notice {
                 hook: "mcp.elicitation",
@@ -72,11 +75,15 @@ impl Forms {
                 anchor: format!("#elicitation-{row}"),
             };
             self.notices.raise(tx, &notice).await?;
-            Ok::<_, db::DbError>(row)
+            Ok::<_, db::DbError>(Some(row))
         }
         .await;
         let row = match stored {
-            Ok(row) => row,
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                tracing::warn!(mcp.server = %id, open = MAX_OPEN_PER_SERVER, "an MCP server asked for another form while its others wait for the owners; declined");
+                return answer(ElicitationAction::Decline);
+            }
             Err(e) => {
                 tracing::error!(mcp.server = %id, error = %e, "storing an MCP server's form failed; cancelled");
                 return answer(ElicitationAction::Cancel);

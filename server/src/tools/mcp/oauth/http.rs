@@ -26,6 +26,32 @@ pub struct OAuthHttp {
     pub(crate) tokens: Arc<TokenSource>,
     /// Called with the login and the scope a 403 asked for.
     pub(crate) step_up: super::StepUpHook,
+    /// The tokens this client has sent, so a result that echoes one is scrubbed.
+    pub(crate) sent: Arc<SentTokens>,
+}
+
+/// The access tokens a server was last sent (a few: a refresh replaces one while calls that
+/// carried the old one are still answering). A tool result that echoes one has it blanked
+/// before the summarizer, the person or the context store sees it.
+#[derive(Debug, Default)]
+pub struct SentTokens(std::sync::Mutex<std::collections::VecDeque<String>>);
+
+impl SentTokens {
+    const KEPT: usize = 4;
+
+    pub fn remember(&self, token: &str) {
+        let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !kept.iter().any(|t| t == token) {
+            if kept.len() == Self::KEPT {
+                kept.pop_front();
+            }
+            kept.push_back(token.to_string());
+        }
+    }
+
+    pub fn values(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().cloned().collect()
+    }
 }
 
 impl std::fmt::Debug for OAuthHttp {
@@ -48,9 +74,11 @@ impl OAuthHttp {
         Fut: Future<Output = Result<T, HttpError>>,
     {
         let token = self.tokens.access_token().await.map_err(token_failure)?;
+        self.sent.remember(&token);
         let outcome = match call(token.clone()).await {
             Err(StreamableHttpError::AuthRequired(_)) => {
                 let fresh = self.tokens.rejected(&token).await.map_err(token_failure)?;
+                self.sent.remember(&fresh);
                 call(fresh).await
             }
             other => other,

@@ -6,7 +6,7 @@
 //! ([`Sealer`]), a login bound to the owner who started it, one refresh at a time across
 //! processes ([`TokenSource`]), and "needs login" when a token cannot be refreshed.
 
-mod http;
+pub(crate) mod http;
 mod seal;
 mod tokens;
 
@@ -253,22 +253,42 @@ pub async fn token_source(
     if row.resource != url {
         return Err(lost(format!("the server's URL changed since the login: {login_hint}")).await);
     }
-    let mut manager = AuthorizationManager::new(url).await.map_err(|e| TokenError::Transient(describe(&e)))?;
-    match serde_json::from_str(&row.metadata) {
-        Ok(metadata) => manager.set_metadata(metadata),
-        Err(e) => return Err(lost(format!("stored metadata unreadable ({e}): {login_hint}")).await),
-    }
-    let mut client = OAuthClientConfig::new(row.client_id, redirect_uri);
-    if let Some(sealed) = &row.client_secret {
-        match sealer.open(&cfg.id, sealed) {
-            Ok(secret) => client = client.with_client_secret(secret),
-            Err(e) => return Err(lost(e.to_string()).await),
-        }
-    }
-    if let Err(e) = manager.configure_client(client) {
-        return Err(lost(describe(&e)).await);
-    }
     let store = tokens::DbCredentials::new(db.clone(), cfg.id.clone(), sealer, row.logins);
-    manager.set_credential_store(store.clone());
-    Ok(TokenSource { store: std::sync::Arc::new(store), manager, on_needs_login })
+    let client = tokens::Client { url: url.to_string(), redirect_uri: redirect_uri.to_string(), login_hint };
+    let manager = match client.manager(&row, &store).await {
+        Ok(manager) => manager,
+        Err(Unusable::Transient(e)) => return Err(TokenError::Transient(e)),
+        Err(Unusable::Lost(reason)) => return Err(lost(reason).await),
+    };
+    Ok(TokenSource { store: std::sync::Arc::new(store), manager: tokio::sync::Mutex::new((row.logins, manager)), client, on_needs_login })
+}
+
+/// Why a stored login cannot configure a client.
+pub(crate) enum Unusable {
+    /// The authorization server's address could not be used now; a later try may work.
+    Transient(String),
+    /// Only a new login helps: the reason, for the owner.
+    Lost(String),
+}
+
+impl tokens::Client {
+    /// rmcp's manager for the client and metadata stored with `row`'s login, reading and
+    /// saving tokens through `store`.
+    pub(crate) async fn manager(&self, row: &mcp_oauth::OAuthRow, store: &tokens::DbCredentials) -> Result<AuthorizationManager, Unusable> {
+        let mut manager = AuthorizationManager::new(self.url.as_str()).await.map_err(|e| Unusable::Transient(describe(&e)))?;
+        match serde_json::from_str(&row.metadata) {
+            Ok(metadata) => manager.set_metadata(metadata),
+            Err(e) => return Err(Unusable::Lost(format!("stored metadata unreadable ({e}): {}", self.login_hint))),
+        }
+        let mut client = OAuthClientConfig::new(row.client_id.clone(), &self.redirect_uri);
+        if let Some(sealed) = &row.client_secret {
+            match store.sealer.open(&store.server, sealed) {
+                Ok(secret) => client = client.with_client_secret(secret),
+                Err(e) => return Err(Unusable::Lost(e.to_string())),
+            }
+        }
+        manager.configure_client(client).map_err(|e| Unusable::Lost(describe(&e)))?;
+        manager.set_credential_store(store.clone());
+        Ok(manager)
+    }
 }

@@ -94,9 +94,21 @@ pub enum TokenError {
 /// The tokens of one server, shared by its session's requests.
 pub struct TokenSource {
     pub(super) store: Arc<DbCredentials>,
-    pub(super) manager: AuthorizationManager,
+    /// rmcp's manager, configured with the client of the login it was built for (that login's
+    /// number first). A new login may have registered another client: its refresh token is
+    /// refreshed only by that client, so the manager is built again for it (see
+    /// [`Self::refresh_holding_lease`]).
+    pub(super) manager: tokio::sync::Mutex<(i64, AuthorizationManager)>,
+    pub(super) client: Client,
     /// Called once when the server goes to "needs login" (owner notice, live state).
     pub(super) on_needs_login: super::NeedsLoginHook,
+}
+
+/// What configures a manager for a stored login, besides the login itself.
+pub(crate) struct Client {
+    pub(super) url: String,
+    pub(super) redirect_uri: String,
+    pub(super) login_hint: String,
 }
 
 impl std::fmt::Debug for TokenSource {
@@ -213,7 +225,24 @@ impl TokenSource {
         if !due && stale != Some(token.as_str()) {
             return Ok(token);
         }
-        match self.manager.refresh_token().await {
+        let mut manager = self.manager.lock().await;
+        if manager.0 != self.login() {
+            // Another login since this source was built (here or in another process): its
+            // tokens belong to the client it registered, never to the one configured before.
+            let row = async {
+                let mut conn = self.store.db.pool.acquire().await?;
+                mcp_oauth::get(&mut conn, &self.store.server).await
+            }
+            .await
+            .map_err(|e| TokenError::Transient(e.to_string()))?;
+            let Some(row) = row else { return Err(self.needs_login("no token is stored; log in").await) };
+            match self.client.manager(&row, &self.store).await {
+                Ok(fresh) => *manager = (row.logins, fresh),
+                Err(super::Unusable::Transient(e)) => return Err(TokenError::Transient(e)),
+                Err(super::Unusable::Lost(reason)) => return Err(self.needs_login(&reason).await),
+            }
+        }
+        match manager.1.refresh_token().await {
             Ok(response) => {
                 tracing::info!(mcp.server = %self.store.server, "MCP OAuth token refreshed");
                 Ok(response.access_token().secret().clone())
