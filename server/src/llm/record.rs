@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use super::{ChatModel, ChatRequest, ChatResponse, LlmError, Usage};
 use crate::{
     config::ModelPrice,
@@ -106,28 +108,40 @@ impl ChatModel for Recorded {
         self.inner.supports_strict_tools()
     }
 
+    /// The call and its record run in a task of their own: a caller that stops waiting (a
+    /// message's deadline, a job's timeout) drops only its wait, and the call, which the
+    /// provider may bill, is still recorded and counted against the budget when it ends.
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let result = self.inner.chat(req).await;
-        let row = call_row(self.inner.provider(), req, &result, &self.prices);
-        let labels = [("provider", row.provider.clone()), ("purpose", row.purpose.clone())];
-        metrics::counter!("llm_calls_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "outcome" => row.outcome.clone()).increment(1);
-        metrics::histogram!("llm_call_duration_seconds", &labels).record(row.latency_ms as f64 / 1000.0);
-        for (kind, n) in [("input", row.input_tokens), ("output", row.output_tokens), ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens)] {
-            metrics::counter!("llm_tokens_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "kind" => kind).increment(u64::try_from(n).unwrap_or(0));
-        }
-        let written = async {
-            let mut conn = self.db.pool.acquire().await?;
-            crate::db::llm_calls::insert(&mut conn, &row).await
-        }
-        .await;
-        match written {
-            Ok(()) => {
-                if let Some(observer) = &self.observer {
-                    observer.recorded(&row).await;
-                }
+        let (inner, db, prices, observer, req) = (self.inner.clone(), self.db.clone(), self.prices.clone(), self.observer.clone(), req.clone());
+        let call = crate::telemetry::Telemetry::carry(async move {
+            let result = inner.chat(&req).await;
+            record(inner.provider(), &req, &result, &db, &prices, observer.as_deref()).await;
+            result
+        });
+        tokio::spawn(call.instrument(tracing::Span::current())).await.unwrap_or_else(|e| Err(LlmError::new(super::ErrorCode::ProviderError, format!("the model call stopped unexpectedly: {e}"), true)))
+    }
+}
+
+/// Writes the `llm_calls` row of a finished call, counts it in the metrics and tells `observer`.
+async fn record(provider: &str, req: &ChatRequest, result: &Result<ChatResponse, LlmError>, db: &Db, prices: &[ModelPrice], observer: Option<&dyn CallObserver>) {
+    let row = call_row(provider, req, result, prices);
+    let labels = [("provider", row.provider.clone()), ("purpose", row.purpose.clone())];
+    metrics::counter!("llm_calls_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "outcome" => row.outcome.clone()).increment(1);
+    metrics::histogram!("llm_call_duration_seconds", &labels).record(row.latency_ms as f64 / 1000.0);
+    for (kind, n) in [("input", row.input_tokens), ("output", row.output_tokens), ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens)] {
+        metrics::counter!("llm_tokens_total", "provider" => row.provider.clone(), "purpose" => row.purpose.clone(), "kind" => kind).increment(u64::try_from(n).unwrap_or(0));
+    }
+    let written = async {
+        let mut conn = db.pool.acquire().await?;
+        crate::db::llm_calls::insert(&mut conn, &row).await
+    }
+    .await;
+    match written {
+        Ok(()) => {
+            if let Some(observer) = observer {
+                observer.recorded(&row).await;
             }
-            Err(e) => tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded"),
         }
-        result
+        Err(e) => tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded"),
     }
 }

@@ -182,6 +182,18 @@ impl Telemetry {
         }
     }
 
+    /// `work` inside the job span of the task that calls this, if it runs in one: for work
+    /// moved to a task of its own, whose model calls stay the job's children.
+    pub fn carry<F: Future>(work: F) -> impl Future<Output = F::Output> {
+        let parent = CURRENT.try_with(|p| *p).ok();
+        async move {
+            match parent {
+                Some(parent) => CURRENT.scope(parent, work).await,
+                None => work.await,
+            }
+        }
+    }
+
     /// Runs `work` (one attempt of `job`) inside the job's span, so model calls it makes are
     /// the job span's children.
     pub async fn in_job<F: Future>(&self, job: &JobRow, work: F) -> F::Output {

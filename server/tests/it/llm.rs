@@ -548,3 +548,29 @@ async fn usage_and_cost_are_recorded(db: TestDb) {
     assert_eq!(server::db::llm_calls::recent(&mut conn, 1).await.expect("recent")[0].purpose, "summarizer");
 }
 both_backends!(usage_and_cost_recorded, usage_and_cost_are_recorded);
+
+/// A caller that stops waiting (a message's deadline, a job's timeout) does not stop the call's
+/// record: the provider answers, and may bill, after the wait was dropped, and the call is
+/// still written with its tokens and cost, so the budget counts it.
+async fn a_call_nobody_waits_for_is_still_recorded(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let (_fake, base) = start_fake(vec![Reply::ok(anthropic_message(json!([{ "type": "text", "text": "Late." }]), "end_turn")).after(Duration::from_millis(300))]).await;
+    let s = settings(LlmProvider::Anthropic, &base);
+    let model = llm::recorded(llm::from_settings(&s, &keys()).expect("client"), pool.clone(), &s, None);
+    let req = ChatRequest::new(&s.models, Purpose::Chat, "corr-late", vec![Message::user("hello")]);
+    assert!(tokio::time::timeout(Duration::from_millis(50), model.chat(&req)).await.is_err(), "the caller stopped waiting");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let rows = loop {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        let rows = server::db::llm_calls::for_correlation(&mut conn, "corr-late").await.expect("rows");
+        if !rows.is_empty() || tokio::time::Instant::now() > deadline {
+            break rows;
+        }
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(rows.len(), 1, "the call was recorded after its caller left");
+    assert_eq!((rows[0].outcome.as_str(), rows[0].input_tokens, rows[0].cost_micro_usd), ("ok", 1000, Some(3000 + 7500 + 600 + 375)));
+}
+both_backends!(abandoned_call_recorded, a_call_nobody_waits_for_is_still_recorded);

@@ -31,30 +31,39 @@ pub struct Change {
     pub value: serde_json::Value,
 }
 
+/// A change's value. Each message, status and contact is read on its own, so one that lacks a
+/// field (or has `null` where an object belongs) is skipped alone, never the messages beside it.
 #[derive(Debug, Default, Deserialize)]
 struct Value {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     metadata: Metadata,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     messages: Vec<serde_json::Value>,
-    #[serde(default)]
-    statuses: Vec<Status>,
-    #[serde(default)]
-    contacts: Vec<Contact>,
+    #[serde(default, deserialize_with = "lenient")]
+    statuses: Vec<serde_json::Value>,
+    #[serde(default, deserialize_with = "lenient")]
+    contacts: Vec<serde_json::Value>,
+}
+
+/// A field as `T` when it reads as one, else `T::default()` (for `null`, a wrong type, a
+/// missing part): what it holds is checked item by item later.
+fn lenient<'de, D: serde::Deserializer<'de>, T: Default + serde::de::DeserializeOwned>(d: D) -> Result<T, D::Error> {
+    let raw = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(raw).unwrap_or_default())
 }
 
 /// Who sent the change's messages: a WhatsApp id and the profile name its owner chose.
 #[derive(Debug, Default, Deserialize)]
 struct Contact {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     wa_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     profile: Profile,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct Profile {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     name: String,
 }
 
@@ -124,7 +133,7 @@ struct Status {
     #[serde(default)]
     timestamp: String,
     biz_opaque_callback_data: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient")]
     errors: Vec<StatusError>,
 }
 
@@ -142,6 +151,8 @@ pub struct Batch {
     pub statuses: Vec<StatusUpdate>,
     /// Messages or statuses without the fields we need, and changes of other fields.
     pub skipped: usize,
+    /// The `object` of a notification for another Meta product, which is ignored.
+    pub other_object: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +169,9 @@ fn seconds_to_ms(text: &str, fallback: i64) -> i64 {
 pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, PayloadError> {
     let envelope: Envelope = serde_json::from_slice(body).map_err(|e| PayloadError(format!("invalid JSON at line {} column {}", e.line(), e.column())))?;
     if envelope.object != "whatsapp_business_account" {
-        return Err(PayloadError(format!("unexpected object {:?}", envelope.object.chars().take(60).collect::<String>())));
+        // Signed by Meta for another product of the app (a Page, Instagram) sent to this URL:
+        // nothing for WhatsApp, and not an error, or Meta would send it again for days.
+        return Ok(Batch { skipped: 1, other_object: Some(clip(&envelope.object, 60)), ..Batch::default() });
     }
     let mut batch = Batch::default();
     for change in envelope.entry.into_iter().flat_map(|e| e.changes) {
@@ -170,17 +183,18 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
             batch.skipped += 1;
             continue;
         };
+        let contacts: Vec<Contact> = value.contacts.into_iter().filter_map(|c| serde_json::from_value(c).ok()).collect();
         for raw in value.messages {
             match inbound(&raw, &value.metadata.phone_number_id, raw_max_bytes, now) {
                 Some(mut m) => {
-                    m.sender_name = value.contacts.iter().find(|c| c.wa_id == m.sender).map(|c| clip(c.profile.name.trim(), NAME_MAX_CHARS)).filter(|n| !n.is_empty());
+                    m.sender_name = contacts.iter().find(|c| c.wa_id == m.sender).map(|c| clip(c.profile.name.trim(), NAME_MAX_CHARS)).filter(|n| !n.is_empty());
                     batch.messages.push(m);
                 }
                 None => batch.skipped += 1,
             }
         }
         for s in value.statuses {
-            match status(s, now) {
+            match serde_json::from_value(s).ok().and_then(|s| status(s, now)) {
                 Some(s) => batch.statuses.push(s),
                 None => batch.skipped += 1,
             }
@@ -280,6 +294,31 @@ mod tests {
         assert_eq!(names, vec![Some("Ana Souza".to_string()), Some("N".repeat(NAME_MAX_CHARS)), None, None]);
     }
 
+    /// A status without its state, or with `null` where Meta's documents show an object or a
+    /// list, is skipped alone: the messages of the same change are still read.
+    #[test]
+    fn a_malformed_status_or_contact_costs_only_itself() {
+        let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": {
+            "metadata": null,
+            "contacts": [{ "profile": null, "wa_id": "1" }, { "profile": { "name": "Bo" }, "wa_id": "2" }],
+            "messages": [
+                { "from": "1", "id": "wamid.A", "timestamp": "1", "type": "text", "text": { "body": "hi" } },
+                { "from": "2", "id": "wamid.B", "timestamp": "1", "type": "text", "text": { "body": "hi" } }
+            ],
+            "statuses": [
+                { "id": "wamid.OUT1", "timestamp": "1" },
+                { "id": "wamid.OUT2", "status": "failed", "timestamp": "1", "errors": null },
+                { "id": "wamid.OUT3", "status": "read", "timestamp": "1" }
+            ] } }] }] });
+        let batch = parse(body.to_string().as_bytes(), 4096, 0).expect("parses");
+        let wamids: Vec<&str> = batch.messages.iter().map(|m| m.wamid.as_str()).collect();
+        assert_eq!(wamids, ["wamid.A", "wamid.B"]);
+        assert_eq!(batch.messages[1].sender_name.as_deref(), Some("Bo"));
+        let statuses: Vec<&str> = batch.statuses.iter().map(|s| s.wamid.as_str()).collect();
+        assert_eq!(statuses, ["wamid.OUT2", "wamid.OUT3"]);
+        assert_eq!(batch.skipped, 1, "the status without a state");
+    }
+
     #[test]
     fn every_entry_change_message_and_status_is_read() {
         let body = serde_json::json!({
@@ -322,14 +361,15 @@ mod tests {
     }
 
     #[test]
-    fn large_raw_objects_are_not_kept_verbatim_and_other_objects_are_refused() {
+    fn large_raw_objects_are_not_kept_verbatim_and_other_objects_are_ignored() {
         let long = "x".repeat(500);
         let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": {
             "messages": [{ "from": "1", "id": "wamid.L", "timestamp": "1", "type": "text", "text": { "body": long } }] } }] }] });
         let batch = parse(body.to_string().as_bytes(), 100, 0).expect("parse");
         assert!(batch.messages[0].raw_truncated && batch.messages[0].raw.is_none());
         assert_eq!(batch.messages[0].text.as_deref().map(str::len), Some(500), "the parsed text is kept whole");
-        assert!(parse(br#"{"object":"page","entry":[]}"#, 100, 0).is_err());
+        let page = parse(br#"{"object":"page","entry":[]}"#, 100, 0).expect("another product's post is read");
+        assert_eq!((page.other_object.as_deref(), page.messages.len(), page.skipped), (Some("page"), 0, 1), "and ignored");
         assert!(parse(b"not json", 100, 0).is_err());
     }
 }

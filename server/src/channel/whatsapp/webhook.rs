@@ -97,6 +97,9 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: By
             return plain(StatusCode::BAD_REQUEST, "WEBHOOK_NOT_A_NOTIFICATION: the body is not a WhatsApp webhook notification");
         }
     };
+    if let Some(object) = &batch.other_object {
+        tracing::info!(object = %object, "a signed webhook post for another Meta product was ignored; subscribe this URL to WhatsApp only");
+    }
     let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
     match state.intake.store(batch).await {
         Ok(report) => {
