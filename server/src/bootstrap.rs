@@ -181,7 +181,7 @@ impl Gatehouse {
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
         let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
-        let processor = Arc::new(lane::processor::Processor::new(db.clone(), settings.jobs.default_max_attempts, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(db.clone(), &settings, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {

@@ -100,6 +100,19 @@ struct Cache {
     periods: Vec<PeriodSpend>,
 }
 
+/// The spend just read, with what the cache counted meanwhile: a call recorded while the read
+/// ran was added to the cache and may be missing from the read. A period's spend only grows,
+/// and the cache never counts a call before its row is written, so the larger of the two is
+/// the spend.
+fn merged(mut read: Vec<PeriodSpend>, cached: &[PeriodSpend]) -> Vec<PeriodSpend> {
+    for period in &mut read {
+        if let Some(old) = cached.iter().find(|c| c.key == period.key) {
+            period.spent_micro_usd = period.spent_micro_usd.max(old.spent_micro_usd);
+        }
+    }
+    read
+}
+
 /// The budget of this deployment. Cheap to ask: the spend is cached (see the module docs).
 pub struct Budget {
     settings: Arc<Settings>,
@@ -155,6 +168,7 @@ impl Budget {
             periods.push(PeriodSpend { period, key, starts_at, spent_micro_usd: spent, budget_micro_usd: budget, warned });
         }
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let periods = merged(periods, &cache.periods);
         *cache = Cache { read_at: Some(Instant::now()), periods: periods.clone() };
         Ok(periods)
     }
@@ -265,6 +279,18 @@ mod tests {
         assert_eq!(month_start, day_start);
         let [(_, next_day, _), (_, same_month, _)] = periods_at(now + 86_400_000);
         assert_eq!((next_day.as_str(), same_month.as_str()), ("day:2026-12-02", "month:2026-12"));
+    }
+
+    /// A cost added to the cache while a refresh read the spend is kept when the refresh
+    /// lands; a new period starts from what it read.
+    #[test]
+    fn a_refresh_keeps_what_was_added_while_it_read() {
+        let spend = |key: &str, spent| PeriodSpend { period: Period::Day, key: key.into(), starts_at: 0, spent_micro_usd: spent, budget_micro_usd: 1_000_000, warned: vec![] };
+        let read = vec![spend("day:2026-12-02", 900_000), spend("month:2026-12", 5_000_000)];
+        let cached = vec![spend("day:2026-12-02", 1_000_000), spend("month:2026-12", 4_000_000), spend("day:2026-12-01", 7)];
+        let spent: Vec<i64> = merged(read, &cached).iter().map(|p| p.spent_micro_usd).collect();
+        assert_eq!(spent, [1_000_000, 5_000_000]);
+        assert_eq!(merged(vec![spend("day:2026-12-03", 0)], &cached)[0].spent_micro_usd, 0);
     }
 
     #[test]

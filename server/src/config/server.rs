@@ -168,7 +168,7 @@ impl Default for DatabaseSettings {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
-    /// A session unused for this long ends.
+    /// A session unused for this long ends; live updates of an open page are not use.
     #[serde(with = "duration_str")]
     pub session_idle_timeout: Duration,
     /// A session ends this long after login, however active.

@@ -9,9 +9,12 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{
+    PrivateData,
     context::ContextStore,
     job::ToolCallJob,
+    planner::ProposedCall,
     summarizer::{Summarizer, SummaryInput, ToolResult},
+    validator::{Advisory, PlanScope, Validator},
 };
 use crate::{
     approvals::{self, Approvals},
@@ -22,6 +25,7 @@ use crate::{
         tool_answers::{self, KeptAnswer},
     },
     jobs::{Handler, JobContext, JobError, JobOutput},
+    config::{LaneSettings, Settings},
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
     traces::{self, Step},
 };
@@ -75,6 +79,8 @@ pub struct Processor {
     approvals: Arc<Approvals>,
     /// Where each chat's summarised results are kept for its follow-ups.
     contexts: Arc<ContextStore>,
+    /// The lane's rules, by which a call whose tool changed while it waited is judged again.
+    lane: LaneSettings,
 }
 
 impl std::fmt::Debug for Processor {
@@ -84,8 +90,31 @@ impl std::fmt::Debug for Processor {
 }
 
 impl Processor {
-    pub fn new(db: Db, call_attempts: u32, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
-        Self { db, call_attempts: i64::from(call_attempts.max(1)), checkpoint, summarizer, outbound, approvals, contexts }
+    pub fn new(db: Db, settings: &Settings, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
+        let call_attempts = i64::from(settings.jobs.default_max_attempts.max(1));
+        Self { db, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone() }
+    }
+
+    /// Why a call accepted against an earlier definition of its tool (the catalog was reloaded
+    /// while its job waited) may no longer run without an owner: it is judged again by the
+    /// lane's rules, which the checkpoint does not apply (the actor's risk ceiling, the owner a
+    /// customer's private-data call needs). `None` for an unchanged tool, or an approved call
+    /// (its approval binds the definition already).
+    fn changed_since_accepted(&self, job: &ToolCallJob, ctx: &CallContext) -> Option<String> {
+        let catalog = self.checkpoint.catalog();
+        let tool = catalog.get(&job.tool)?;
+        if job.approval.is_some() || tool.version == job.version {
+            return None;
+        }
+        let call = ProposedCall { id: String::new(), name: job.tool.clone(), args: job.args.clone(), reason: String::new() };
+        let private_data = if job.actor == crate::domain::Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear };
+        let scope = PlanScope { candidates: std::slice::from_ref(&job.tool), ctx, private_data: &private_data, max_steps: 1 };
+        let judged = Validator { catalog: &catalog, settings: &self.lane }.validate(std::slice::from_ref(&call), Advisory::default(), &scope);
+        match (judged.rejected.first(), judged.accepted.first()) {
+            (Some(refused), _) => Some(format!("{}: {}", refused.code.as_str(), refused.reason)),
+            (None, Some(accepted)) => accepted.needs_approval.clone(),
+            (None, None) => Some("nothing to run".into()),
+        }
     }
 
     /// The final answer of the call stored as job `row`: the one an earlier attempt kept, or
@@ -130,6 +159,12 @@ impl Processor {
             approved: job.approval.clone(),
             trace_id: job.trace_id,
         };
+        if let Some(reason) = self.changed_since_accepted(job, &ctx) {
+            tracing::warn!(correlation_id, tool = %job.tool, reason = %reason, "the tool changed since the call was accepted; not run");
+            let code = ToolCode::Changed.as_str();
+            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
+            return Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None };
+        }
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
         let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
         // Only what a later attempt may clear is retried: a timeout, an open circuit, a

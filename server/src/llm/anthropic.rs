@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use super::{
     ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice, Usage,
     error::{ErrorCode, LlmError, Redactor},
-    http::{Endpoint, Parsed},
+    http::{Endpoint, Parsed, Reader},
 };
 
 /// The API version this client's request and response shapes follow. It belongs to the code
@@ -46,7 +46,7 @@ impl ChatModel for AnthropicClient {
                 "request-id",
                 &|builder, key| builder.header("x-api-key", key.clone()).header("anthropic-version", API_VERSION).json(&body),
                 &|status, raw| classify(redactor, status, raw),
-                &parse_response,
+                &Reader { parse: &parse_response, usage: &usage_of },
             )
             .await
     }
@@ -114,6 +114,17 @@ fn message(m: &Message) -> Value {
     json!({ "role": role, "content": content })
 }
 
+/// The tokens an answer says it used (zero where it says nothing).
+fn usage_of(body: &Value) -> Usage {
+    let count = |k: &str| body.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
+    Usage {
+        input_tokens: count("input_tokens"),
+        output_tokens: count("output_tokens"),
+        cache_read_tokens: count("cache_read_input_tokens"),
+        cache_write_tokens: count("cache_creation_input_tokens"),
+    }
+}
+
 fn parse_response(body: &Value) -> Result<Parsed, String> {
     let blocks = body.get("content").and_then(Value::as_array).ok_or("no content array")?;
     let content = blocks
@@ -131,14 +142,10 @@ fn parse_response(body: &Value) -> Result<Parsed, String> {
         .collect::<Result<Vec<_>, _>>()?;
     let stop = body.get("stop_reason").and_then(Value::as_str).ok_or("no stop_reason")?;
     let stop_details = body.get("stop_details").filter(|v| !v.is_null()).cloned();
-    let usage = body.get("usage").ok_or("no usage")?;
-    let count = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let usage = Usage {
-        input_tokens: count("input_tokens"),
-        output_tokens: count("output_tokens"),
-        cache_read_tokens: count("cache_read_input_tokens"),
-        cache_write_tokens: count("cache_creation_input_tokens"),
-    };
+    if body.get("usage").is_none() {
+        return Err("no usage".into());
+    }
+    let usage = usage_of(body);
     let model = body.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
     Ok((content, StopReason::from_anthropic(stop), stop_details, usage, model))
 }

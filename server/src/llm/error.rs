@@ -5,6 +5,8 @@ use std::{fmt, sync::LazyLock, time::Duration};
 
 use regex::Regex;
 
+use super::Usage;
+
 /// Stable codes, shown to owners and recorded with each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE", prefix = "LLM_")]
@@ -75,11 +77,14 @@ pub struct LlmError {
     pub attempts: u32,
     /// From the first attempt to giving up.
     pub latency: Duration,
+    /// Tokens the provider reported with an answer that could not be used: the call happened,
+    /// may be billed, and is counted.
+    pub usage: Usage,
 }
 
 impl LlmError {
     pub fn new(code: ErrorCode, message: impl Into<String>, retryable: bool) -> Self {
-        Self { code, message: message.into(), retryable, status: None, request_id: None, attempts: 0, latency: Duration::ZERO }
+        Self { code, message: message.into(), retryable, status: None, request_id: None, attempts: 0, latency: Duration::ZERO, usage: Usage::default() }
     }
 
     pub fn not_configured(message: impl Into<String>) -> Self {

@@ -19,6 +19,13 @@ use crate::config::EndpointSettings;
 /// and the answering model; or why the body is not usable.
 pub(crate) type Parsed = (Vec<ContentBlock>, StopReason, Option<Value>, Usage, String);
 
+/// How a provider reads its answers: one whole, and the tokens one says it used (kept for an
+/// answer that cannot be read whole).
+pub(crate) struct Reader<'a> {
+    pub parse: &'a (dyn Fn(&Value) -> Result<Parsed, String> + Send + Sync),
+    pub usage: &'a (dyn Fn(&Value) -> Usage + Send + Sync),
+}
+
 pub(crate) struct Endpoint {
     client: reqwest::Client,
     pub base_url: String,
@@ -79,7 +86,7 @@ impl Endpoint {
         request_id_header: &str,
         authorize: &(dyn Fn(RequestBuilder, &HeaderValue) -> RequestBuilder + Send + Sync),
         classify: retry::Classify<'_>,
-        parse: &(dyn Fn(&Value) -> Result<Parsed, String> + Send + Sync),
+        reader: &Reader<'_>,
     ) -> Result<ChatResponse, LlmError> {
         let Some(key) = &self.key else {
             return Err(LlmError::not_configured(format!("{} is not set", self.key_var)));
@@ -102,7 +109,8 @@ impl Endpoint {
             e
         };
         let body: Value = serde_json::from_slice(&ok.body).map_err(|e| invalid(format!("not JSON ({e})")))?;
-        let (content, stop_reason, stop_details, usage, model) = parse(&body).map_err(invalid)?;
+        // An answer that cannot be used still counts the tokens it says were used.
+        let (content, stop_reason, stop_details, usage, model) = (reader.parse)(&body).map_err(|why| LlmError { usage: (reader.usage)(&body), ..invalid(why) })?;
         Ok(ChatResponse {
             content,
             stop_reason,

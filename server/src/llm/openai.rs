@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::{
     ChatModel, ChatRequest, ChatResponse, ContentBlock, Message, Role, StopReason, ToolChoice, Usage,
     error::{ErrorCode, LlmError, Redactor},
-    http::{Endpoint, Parsed},
+    http::{Endpoint, Parsed, Reader},
 };
 
 pub struct OpenAiClient {
@@ -49,7 +49,7 @@ impl ChatModel for OpenAiClient {
                 "x-request-id",
                 &|builder, key| builder.header(reqwest::header::AUTHORIZATION, key.clone()).json(&body),
                 &|status, raw| classify(redactor, status, raw),
-                &parse_response,
+                &Reader { parse: &parse_response, usage: &usage_of },
             )
             .await
     }
@@ -137,6 +137,14 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
     }
 }
 
+/// The tokens an answer says it used (zero where it says nothing); cached input is counted
+/// apart from the rest.
+fn usage_of(body: &Value) -> Usage {
+    let count = |p: &str| body.pointer(&format!("/usage{p}")).and_then(Value::as_u64).unwrap_or(0);
+    let cached = count("/prompt_tokens_details/cached_tokens");
+    Usage { input_tokens: count("/prompt_tokens").saturating_sub(cached), output_tokens: count("/completion_tokens"), cache_read_tokens: cached, cache_write_tokens: 0 }
+}
+
 fn parse_response(body: &Value) -> Result<Parsed, String> {
     let choice = body.pointer("/choices/0").ok_or("no choices")?;
     let message = choice.get("message").ok_or("no message in the first choice")?;
@@ -161,15 +169,7 @@ fn parse_response(body: &Value) -> Result<Parsed, String> {
         content.push(ContentBlock::ToolUse { id: id.into(), name: name.into(), input });
     }
     let finish = choice.get("finish_reason").and_then(Value::as_str).ok_or("no finish_reason")?;
-    let usage = body.get("usage").cloned().unwrap_or(Value::Null);
-    let count = |p: &str| usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let cached = count("/prompt_tokens_details/cached_tokens");
-    let usage = Usage {
-        input_tokens: count("/prompt_tokens").saturating_sub(cached),
-        output_tokens: count("/completion_tokens"),
-        cache_read_tokens: cached,
-        cache_write_tokens: 0,
-    };
+    let usage = usage_of(body);
     let refusal = message.get("refusal").filter(|v| v.is_string()).map(|r| json!({ "type": "refusal", "explanation": r }));
     let stop = if refusal.is_some() { StopReason::Refusal } else { StopReason::from_openai(finish) };
     let model = body.get("model").and_then(Value::as_str).unwrap_or_default().to_string();

@@ -43,7 +43,7 @@ pub fn call_row(provider: &str, req: &ChatRequest, result: &Result<ChatResponse,
             r.request_id.clone(),
             price_of(&req.model).or_else(|| price_of(&r.model)),
         ),
-        Err(e) => (Usage::default(), e.code.as_str().to_string(), None, e.status, e.attempts, e.latency, e.request_id.clone(), price_of(&req.model)),
+        Err(e) => (e.usage, e.code.as_str().to_string(), None, e.status, e.attempts, e.latency, e.request_id.clone(), price_of(&req.model)),
     };
     LlmCallRow {
         at: now_ms(),

@@ -75,8 +75,10 @@ pub fn router(state: AppState) -> Router {
         .with_same_site(SameSite::Strict)
         .with_secure(state.secure_cookies())
         .with_expiry(Expiry::OnInactivity(idle))
-        // Saving on every request slides the idle expiry forward.
-        .with_always_save(true);
+        // Saved when changed: an owner's own request marks it (see middleware::slide_session),
+        // which slides the idle expiry forward; a live refetch does not.
+        .with_always_save(false);
+    let slide = middleware::SlideState(Expiry::OnInactivity(idle));
 
     let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
     let context_backend = backend.clone();
@@ -104,6 +106,7 @@ pub fn router(state: AppState) -> Router {
         .merge(owner_api)
         .layer(map_response(middleware::server_fn_status))
         .layer(from_fn_with_state(guard, middleware::console_guard))
+        .layer(from_fn_with_state(slide, middleware::slide_session))
         .layer(sessions);
 
     let ops = Router::new()

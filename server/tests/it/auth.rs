@@ -154,6 +154,38 @@ async fn idle_expiry(db: TestDb) {
 }
 both_backends!(session_idle_expiry, idle_expiry);
 
+/// The owner's own requests keep a session alive; a live update's refetch of the page
+/// (`x-gatehouse-live`) does not, so a console left open on a busy deployment still ends when
+/// its owner walks away. (Every request used to slide the idle expiry.)
+async fn live_refetches_do_not_keep_a_session_alive(db: TestDb) {
+    const IDLE: Duration = Duration::from_secs(2);
+    let app = TestApp::with(db, |s| s.auth.session_idle_timeout = IDLE).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let logged_in = std::time::Instant::now();
+    let mut used = logged_in;
+    // Used every 400 ms for longer than the idle limit: still served, wherever no gap between
+    // two uses reached the limit.
+    while logged_in.elapsed() < IDLE + Duration::from_millis(800) {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let gap = used.elapsed();
+        let status = c.get("/").await.status;
+        if gap < IDLE {
+            assert_eq!(status, StatusCode::OK, "the owner's use slides the idle expiry");
+        }
+        used = std::time::Instant::now();
+    }
+    // Then only live refetches, for longer than the limit.
+    let mut live = c.clone();
+    live.headers.push(("x-gatehouse-live".into(), "1".into()));
+    let last_own = std::time::Instant::now();
+    while last_own.elapsed() < IDLE + Duration::from_millis(1100) {
+        live.get("/").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(c.get("/").await.location(), Some("/login?next=%2F"), "the refetches did not keep it alive");
+}
+both_backends!(session_live_refetch, live_refetches_do_not_keep_a_session_alive);
+
 async fn absolute_expiry(db: TestDb) {
     const LIMIT: Duration = Duration::from_secs(4);
     let app = TestApp::with(db, |s| s.auth.session_absolute_timeout = LIMIT).await;

@@ -574,3 +574,25 @@ async fn a_call_nobody_waits_for_is_still_recorded(db: TestDb) {
     assert_eq!((rows[0].outcome.as_str(), rows[0].input_tokens, rows[0].cost_micro_usd), ("ok", 1000, Some(3000 + 7500 + 600 + 375)));
 }
 both_backends!(abandoned_call_recorded, a_call_nobody_waits_for_is_still_recorded);
+
+/// An answer that cannot be used (an OpenAI-compatible server that leaves out the finish
+/// reason) is a failed call, but the tokens it says it used are recorded and priced: the
+/// provider bills them, and the budget counts them.
+async fn an_unusable_answer_still_counts_its_tokens(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let mut unusable = openai_completion(json!({ "role": "assistant", "content": "Hi." }), "stop");
+    unusable["choices"][0]["finish_reason"] = Value::Null;
+    unusable["usage"] = json!({ "prompt_tokens": 1000, "completion_tokens": 50 });
+    let (_fake, base) = start_fake(vec![Reply::ok(unusable)]).await;
+    let s = settings(LlmProvider::Openai, &base);
+    let model = llm::recorded(llm::from_settings(&s, &keys()).expect("client"), pool.clone(), &s, None);
+    let req = ChatRequest::new(&s.models, Purpose::Chat, "corr-unusable", vec![Message::user("hello")]);
+    let err = model.chat(&req).await.expect_err("no finish reason");
+    assert_eq!(err.code, ErrorCode::InvalidResponse);
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let rows = server::db::llm_calls::for_correlation(&mut conn, "corr-unusable").await.expect("rows");
+    assert_eq!((rows[0].outcome.as_str(), rows[0].input_tokens, rows[0].output_tokens), ("LLM_INVALID_RESPONSE", 1000, 50));
+    assert_eq!(rows[0].cost_micro_usd, Some(1000 * 3 + 50 * 15), "priced as the model's tokens");
+}
+both_backends!(unusable_answer_counted, an_unusable_answer_still_counts_its_tokens);

@@ -81,6 +81,10 @@ pub enum ToolCode {
     /// since, or the arguments differ from the ones approved.
     #[strum(serialize = "APPROVAL_STALE")]
     ApprovalStale,
+    /// A call accepted against an earlier definition of its tool, which the lane's rules no
+    /// longer let run without an owner (the catalog was reloaded while its job waited).
+    #[strum(serialize = "TOOL_CHANGED")]
+    Changed,
 }
 
 impl ToolCode {
