@@ -146,27 +146,24 @@ fn parse_forwarded(entry: &str) -> Option<IpAddr> {
 pub struct GuardState {
     pub state: AppState,
     pub backend: SharedBackend,
+    /// The idle expiry a session gets again with each of its owner's own requests.
+    pub slide: tower_sessions::Expiry,
 }
-
-/// First-run redirect, login redirect, and the server-function session check.
-/// The idle expiry a session gets again with each of its owner's own requests.
-#[derive(Clone, Copy)]
-pub struct SlideState(pub tower_sessions::Expiry);
 
 /// An owner's own request (a page, a form, a server function) keeps the session for another
 /// `auth.session_idle_timeout`; a live update's refetch of the page (`x-gatehouse-live`) and the
 /// event streams do not, so a console left open on a busy deployment still ends when its owner
-/// stops using it. Marking the session saves it (with the new expiry) after the request; an
-/// anonymous one has nothing to save.
-pub async fn slide_session(State(slide): State<SlideState>, session: Session, req: Request, next: Next) -> Response {
+/// stops using it. Only a signed-in owner's session is marked (and so saved): a visitor's
+/// cookie never makes a row.
+fn slide(session: &Session, req: &Request, expiry: tower_sessions::Expiry) {
     let path = req.uri().path();
     let live = req.headers().contains_key(app::live::LIVE_FETCH_HEADER) || path == app::live::EVENTS_STREAM || path == app::pages::mcp::MCP_STREAM;
     if !live {
-        session.set_expiry(Some(slide.0));
+        session.set_expiry(Some(expiry));
     }
-    next.run(req).await
 }
 
+/// First-run redirect, login redirect, and the server-function session check.
 pub async fn console_guard(State(guard): State<GuardState>, session: Session, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let is_api = path.starts_with("/api/");
@@ -198,7 +195,10 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
     match (owner.is_some(), is_api, path.as_str()) {
         (true, false, "/login") => Redirect::to("/").into_response(),
         (false, false, "/login") => next.run(req).await,
-        (true, _, _) => next.run(req).await,
+        (true, _, _) => {
+            slide(&session, &req, guard.slide);
+            next.run(req).await
+        }
         (false, true, _) => {
             let err = AppError::unauthorized();
             json_error(StatusCode::UNAUTHORIZED, &err.code, &err.message)

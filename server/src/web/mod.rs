@@ -75,12 +75,11 @@ pub fn router(state: AppState) -> Router {
         .with_same_site(SameSite::Strict)
         .with_secure(state.secure_cookies())
         .with_expiry(Expiry::OnInactivity(idle))
-        // Saved when changed: an owner's own request marks it (see middleware::slide_session),
-        // which slides the idle expiry forward; a live refetch does not.
+        // Saved when changed: a signed-in owner's own request marks it (see
+        // middleware::console_guard), which slides the idle expiry forward; a live refetch does not.
         .with_always_save(false);
-    let slide = middleware::SlideState(Expiry::OnInactivity(idle));
 
-    let guard = middleware::GuardState { state: state.clone(), backend: backend.clone() };
+    let guard = middleware::GuardState { state: state.clone(), backend: backend.clone(), slide: Expiry::OnInactivity(idle) };
     let context_backend = backend.clone();
     let shell_options = leptos_options.clone();
     let pkg_dir = site_root.join("pkg");
@@ -106,7 +105,6 @@ pub fn router(state: AppState) -> Router {
         .merge(owner_api)
         .layer(map_response(middleware::server_fn_status))
         .layer(from_fn_with_state(guard, middleware::console_guard))
-        .layer(from_fn_with_state(slide, middleware::slide_session))
         .layer(sessions);
 
     let ops = Router::new()

@@ -186,6 +186,25 @@ async fn live_refetches_do_not_keep_a_session_alive(db: TestDb) {
 }
 both_backends!(session_live_refetch, live_refetches_do_not_keep_a_session_alive);
 
+/// A visitor's made-up session cookie never makes a row: failed logins (throttled or not) and
+/// pages before a login save nothing, and the cookie is not answered with a new one.
+async fn a_visitors_cookie_stores_no_session(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let sessions = async || sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM sessions").fetch_one(&app.state.db.pool).await.expect("count");
+    let before = sessions().await;
+    let mut c = app.client();
+    for _ in 0..3 {
+        c.cookie = Some(tower_sessions::session::Id::default().to_string());
+        let res = c.post_form("/api/login", &[("login", "ada"), ("password", "not the password"), ("next", "/")]).await;
+        assert!(res.status.is_client_error(), "{}", res.status);
+        c.cookie = Some(tower_sessions::session::Id::default().to_string());
+        c.get("/").await;
+    }
+    assert_eq!(sessions().await, before, "no row for a visitor");
+}
+both_backends!(session_visitor_cookie, a_visitors_cookie_stores_no_session);
+
 async fn absolute_expiry(db: TestDb) {
     const LIMIT: Duration = Duration::from_secs(4);
     let app = TestApp::with(db, |s| s.auth.session_absolute_timeout = LIMIT).await;

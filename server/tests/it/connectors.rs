@@ -54,7 +54,14 @@ async fn shop() -> (SocketAddr, Shared) {
             "/api/orders/{id}",
             get(|State(seen): State<Shared>, Path(id): Path<String>, uri: Uri, headers: HeaderMap| async move {
                 record(&seen, "GET", &uri, &headers);
-                Json(json!({ "id": id, "status": "shipped", "internal_margin": 0.31, "items": [{"name": "Lamp", "cost": 9}, {"name": "Bulb", "cost": 1}] }))
+                let order = json!({ "id": id, "status": "shipped", "internal_margin": 0.31, "items": [{"name": "Lamp", "cost": 9}, {"name": "Bulb", "cost": 1}] });
+                // A shop that starts its JSON with a byte-order mark, or answers with text.
+                let body = match id.as_str() {
+                    "BOM1" => format!("\u{feff}{order}"),
+                    "TEXT1" => format!("order {id}: internal_margin=0.31, api_token=t0k3n"),
+                    _ => order.to_string(),
+                };
+                ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
             }),
         )
         .route(
@@ -243,6 +250,12 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     assert_eq!(order.output, json!({"status": 200, "data": {"id": "A 17", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}}));
     // The argument could not add a query parameter: it arrived encoded as one value.
     assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/A%2017?expand=items%26admin%3D1"));
+    // A byte-order mark before the JSON: still JSON, still only the kept fields.
+    let bom = cp.execute(call("lookup_order", json!({"order_id": "BOM1"})), &customer).await.expect("BOM");
+    assert_eq!(bom.output["data"], json!({"id": "BOM1", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}));
+    // A body that is not JSON cannot have its kept fields picked: nothing of it is passed on.
+    let text = cp.execute(call("lookup_order", json!({"order_id": "TEXT1"})), &customer).await.expect_err("not JSON");
+    assert!(text.message.contains(connectors::ConnectorCode::NotJson.as_str()) && !text.message.contains("t0k3n"), "{text}");
     let without = cp.execute(call("lookup_order", json!({"order_id": "B2"})), &customer).await.expect("no expand");
     assert_eq!(without.output["data"]["id"], "B2");
     assert_eq!(seen.lock().expect("lock").requests.last().map(String::as_str), Some("GET /api/orders/B2"), "an absent argument leaves its query parameter out");

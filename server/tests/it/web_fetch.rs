@@ -29,7 +29,10 @@ async fn site(other_port: u16) -> u16 {
         .route("/to-metadata", get(|| async { Redirect::temporary("http://169.254.169.254/latest/meta-data/") }))
         .route("/loop", get(|| async { Redirect::temporary("/loop") }))
         .route("/same-host", get(|| async { Redirect::temporary("/page") }))
-        .route("/error", get(|| async { (axum::http::StatusCode::BAD_GATEWAY, "nope").into_response() }));
+        .route("/error", get(|| async { (axum::http::StatusCode::BAD_GATEWAY, "nope").into_response() }))
+        .route("/latin1", get(|| async { ([(header::CONTENT_TYPE, "text/plain; charset=iso-8859-1")], b"Caf\xe9 cr\xe8me".to_vec()) }))
+        .route("/meta", get(|| async { ([(header::CONTENT_TYPE, "text/html")], b"<html><head><meta charset=\"windows-1252\"><title>Caf\xe9</title></head><body><p>\x93Quoted\x94</p></body></html>".to_vec()) }))
+        .route("/utf16", get(|| async { ([(header::CONTENT_TYPE, "text/plain")], [&[0xFF, 0xFE][..], &"Hi ☕".encode_utf16().flat_map(u16::to_le_bytes).collect::<Vec<u8>>()].concat()) }));
     serve(router).await
 }
 
@@ -163,4 +166,50 @@ async fn connector_hosts_are_refused() {
         let err = f.fetch(&url).await.expect_err(&url);
         assert_eq!(err.code, FetchCode::ConnectorHost.as_str(), "{url}: {err}");
     }
+}
+
+/// A page is read in its own encoding: the Content-Type's charset, an HTML page's
+/// `<meta charset>`, a byte-order mark; UTF-8 otherwise.
+#[tokio::test]
+async fn pages_are_read_in_their_own_encoding() {
+    let port = site(0).await;
+    let host = format!("127.0.0.1:{port}");
+    let f = fetcher(std::slice::from_ref(&host));
+    assert_eq!(f.fetch(&format!("http://{host}/latin1")).await.expect("latin1")["text"], "Café crème");
+    let meta = f.fetch(&format!("http://{host}/meta")).await.expect("meta");
+    assert_eq!((meta["title"].as_str(), meta["text"].as_str()), (Some("Café"), Some("“Quoted”")));
+    assert_eq!(f.fetch(&format!("http://{host}/utf16")).await.expect("utf16")["text"], "Hi ☕");
+}
+
+/// A page that is missing or not text is the site's failure, not web_fetch's: however many a
+/// chat sends, the tool's circuit breaker stays closed for every other chat.
+#[tokio::test]
+async fn dead_links_do_not_open_the_tools_circuit_breaker() {
+    use std::sync::Arc;
+    use server::{domain::{ChatKind, Role}, tools::{CallContext, ToolCall}};
+    let port = site(0).await;
+    let fetch = Arc::new(WebFetch::new(FetchLimits { allowed_hosts: vec![format!("127.0.0.1:{port}")], ..Default::default() }).expect("client"));
+    let test_db = crate::support::TestDb::sqlite();
+    let db = test_db.connect().await;
+    db.migrate().await.expect("migrate");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tools.toml");
+    let tool = format!(
+        "[[tool]]\nname = \"web_fetch\"\ntitle = \"Fetch\"\ndescription = \"Reads a page.\"\nprovider = \"builtin\"\nhandler = \"{}\"\noperation = \"read\"\naudience = \"public\"\nrisk = \"low\"\ninput_schema = {{ type = \"object\", required = [\"url\"], properties = {{ url = {{ type = \"string\" }} }} }}\n",
+        server::tools::builtins::web_fetch::HANDLER
+    );
+    std::fs::write(&path, tool).expect("tools.toml");
+    let catalog = Arc::new(server::tools::Catalog::load(&path, &|_| false).expect("catalog"));
+    let secrets = server::config::SecretSource::empty();
+    let audit = server::tools::checkpoint::AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone()));
+    let mut checkpoint = server::tools::Checkpoint::new(db.clone(), catalog, audit, secrets);
+    checkpoint.register_builtin(server::tools::builtins::web_fetch::HANDLER, fetch);
+    let ctx = |chat: &str| CallContext { actor: Role::Customer, chat_type: ChatKind::Direct, chat_id: Some(chat.into()), sender_id: None, correlation_id: format!("dead-{chat}"), approved: None, trace_id: None };
+    let call = |path: &str| ToolCall { name: "web_fetch".into(), args: serde_json::json!({ "url": format!("http://127.0.0.1:{port}{path}") }) };
+    for path in ["/img", "/img", "/error", "/img"] {
+        let failed = checkpoint.execute(call(path), &ctx("chat-a")).await.expect_err(path);
+        assert_ne!(failed.code, server::tools::checkpoint::ToolCode::CircuitOpen.as_str(), "{path}: {failed:?}");
+    }
+    let page = checkpoint.execute(call("/page"), &ctx("chat-b")).await.expect("another chat's page is fetched");
+    assert_eq!(page.output["title"], "Menu");
 }

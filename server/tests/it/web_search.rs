@@ -30,6 +30,10 @@ async fn searxng_and_brave_results_with_sources() {
     ))
     .await;
     let search = WebSearch::new(SearchProvider::Searxng, &searxng, 2, Duration::from_secs(5), None).expect("client");
+    // 134 characters (402 bytes): within the schema's 400 characters.
+    assert!(search.search(&"東京".repeat(67)).await.is_ok(), "characters are counted, not bytes");
+    let too_long = search.search(&"東".repeat(401)).await.expect_err("401 characters");
+    assert!(too_long.code == SearchCode::QueryInvalid.as_str() && too_long.refused, "the caller's input, not the provider's failure: {too_long:?}");
     let out = search.search("tea shop opening hours").await.expect("results");
     assert_eq!(out["source"], "searxng");
     assert_eq!(out["results"].as_array().map(Vec::len), Some(2), "max_results honoured");

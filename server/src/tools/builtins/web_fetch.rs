@@ -238,13 +238,13 @@ impl WebFetch {
         let status = res.status();
         if !status.is_success() {
             let retryable = status.is_server_error() || status.as_u16() == 429;
-            return Err(ToolError::new(FetchCode::HttpStatus.as_str(), format!("the server answered {status}"), retryable));
+            return Err(ToolError::of_target(FetchCode::HttpStatus.as_str(), format!("the server answered {status}"), retryable));
         }
         let content_type = res.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
         let kind = content_type.split(';').next().unwrap_or("").trim().to_string();
         let readable = kind.starts_with("text/") || kind.ends_with("json") || kind.ends_with("+xml") || kind == "application/xml" || kind.is_empty();
         if !readable {
-            return Err(ToolError::new(FetchCode::ContentType.as_str(), format!("{kind} is not readable text"), false));
+            return Err(ToolError::of_target(FetchCode::ContentType.as_str(), format!("{kind} is not readable text"), false));
         }
         let mut body = Vec::new();
         let mut truncated = false;
@@ -256,8 +256,15 @@ impl WebFetch {
                 break;
             }
         }
-        let text = String::from_utf8_lossy(&body);
-        let (title, text) = if kind.contains("html") || (kind.is_empty() && text.trim_start().starts_with('<')) { html_to_text(&text) } else { (None, text.into_owned()) };
+        let text = decode(&body, &content_type, truncated);
+        let html = kind.contains("html") || (kind.is_empty() && text.trim_start().starts_with('<'));
+        // Rendering is synchronous work on a page of up to `max_bytes`: off the async threads,
+        // so the tool's timeout still applies.
+        let (title, text) = if html {
+            tokio::task::spawn_blocking(move || html_to_text(&text)).await.map_err(|e| ToolError::new(FetchCode::Network.as_str(), format!("reading the page failed: {e}"), false))?
+        } else {
+            (None, text)
+        };
         Ok(json!({
             "url": url.to_string(),
             "final_url": final_url,
@@ -268,6 +275,24 @@ impl WebFetch {
             "truncated": truncated,
         }))
     }
+}
+
+/// The body as text in its own encoding: its byte-order mark, else the Content-Type's charset,
+/// else an HTML page's `<meta charset>` in its first kilobyte, else UTF-8. A character that
+/// `max_bytes` cut in two is left out rather than shown as a replacement.
+fn decode(body: &[u8], content_type: &str, truncated: bool) -> String {
+    static META: std::sync::LazyLock<regex::bytes::Regex> =
+        std::sync::LazyLock::new(|| regex::bytes::Regex::new(r#"(?i)<meta[^>]*charset\s*=\s*["']?([a-z0-9_:.-]+)"#).expect("a valid pattern"));
+    let declared = content_type.split(';').filter_map(|p| p.trim().strip_prefix("charset=")).next().map(|c| c.trim_matches('"').as_bytes().to_vec());
+    let sniffed = || META.captures(&body[..body.len().min(1024)]).map(|c| c[1].to_vec());
+    let encoding = declared.or_else(sniffed).and_then(|label| encoding_rs::Encoding::for_label(&label)).unwrap_or(encoding_rs::UTF_8);
+    // A BOM wins over any label (the WHATWG decode algorithm).
+    let (text, _, _) = encoding.decode(body);
+    let mut text = text.into_owned();
+    if truncated && text.ends_with('\u{FFFD}') {
+        text.pop();
+    }
+    text
 }
 
 /// A request error as a tool error; the URL is left out (its query may hold a token).
@@ -286,7 +311,7 @@ fn classify(e: reqwest::Error) -> ToolError {
             return ToolError::refused(refused, chain.trim().to_string());
         }
     }
-    ToolError::new(FetchCode::Network.as_str(), text, e.is_timeout() || e.is_connect())
+    ToolError::of_target(FetchCode::Network.as_str(), text, e.is_timeout() || e.is_connect())
 }
 
 #[async_trait::async_trait]

@@ -47,8 +47,8 @@ impl WebSearch {
 
     pub async fn search(&self, query: &str) -> Result<Value, ToolError> {
         let query = query.trim();
-        if query.is_empty() || query.len() > 400 {
-            return Err(ToolError::new(SearchCode::QueryInvalid.as_str(), "the query must be 1 to 400 characters", false));
+        if query.is_empty() || query.chars().count() > 400 {
+            return Err(ToolError::refused(SearchCode::QueryInvalid.as_str(), "the query must be 1 to 400 characters"));
         }
         if self.base_url.is_empty() {
             return Err(ToolError::new(SearchCode::NotConfigured.as_str(), "no search provider is configured ([web_search] base_url)", false));
@@ -107,7 +107,7 @@ fn clip(s: &str, max: usize) -> String {
 #[async_trait::async_trait]
 impl ToolExecutor for WebSearch {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
-        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| ToolError::new(SearchCode::QueryInvalid.as_str(), "the query argument is missing", false))?;
+        let query = args.get("query").and_then(Value::as_str).ok_or_else(|| ToolError::refused(SearchCode::QueryInvalid.as_str(), "the query argument is missing"))?;
         self.search(query).await
     }
 }

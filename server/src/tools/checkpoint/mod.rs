@@ -142,15 +142,24 @@ pub struct ToolError {
     /// outside a connector's patterns). The checkpoint reports the provider's own code as a
     /// denial, and a refusal does not count against the tool's circuit breaker.
     pub refused: bool,
+    /// The failure is the target's, not the tool's: the page web_fetch was asked for is missing,
+    /// not text, or its site does not answer. It says the tool works, so it does not count
+    /// against the tool's circuit breaker (one chat's dead links would close it for all).
+    pub of_target: bool,
 }
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { code: code.into(), message: message.into(), retryable, refused: false }
+        Self { code: code.into(), message: message.into(), retryable, refused: false, of_target: false }
     }
 
     pub fn refused(code: &str, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), retryable: false, refused: true }
+        Self { code: code.into(), message: message.into(), retryable: false, refused: true, of_target: false }
+    }
+
+    /// A failure of the target the tool was pointed at (see [`Self::of_target`]).
+    pub fn of_target(code: &str, message: impl Into<String>, retryable: bool) -> Self {
+        Self { of_target: true, ..Self::new(code, message, retryable) }
     }
 }
 

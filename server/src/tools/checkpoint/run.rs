@@ -72,7 +72,11 @@ impl Checkpoint {
                     return Err(fail(&e.code, e.message));
                 }
                 Err(e) => {
-                    self.breakers.record_failure(&spec.name, Instant::now());
+                    if e.of_target {
+                        self.breakers.record_success(&spec.name);
+                    } else {
+                        self.breakers.record_failure(&spec.name, Instant::now());
+                    }
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
                         connector_failed(spec, ctx, &e, *attempts);
                         if e.code == ToolCode::Timeout.as_str() {

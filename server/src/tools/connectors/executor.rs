@@ -143,10 +143,15 @@ impl ConnectorExecutor {
             let retryable = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
             return Err(ToolError::new(ConnectorCode::HttpStatus.as_str(), format!("{} answered {status}", action.connector), retryable));
         }
-        let data = match serde_json::from_slice::<Value>(&body) {
+        // JSON may start with a byte-order mark, which serde_json does not take.
+        let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&body);
+        let data = match serde_json::from_slice::<Value>(body) {
             Ok(json) => keep_fields(&json, &action.action.keep),
             Err(_) if body.is_empty() => Value::Null,
-            Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+            Err(_) if !action.action.keep.is_empty() => {
+                return Err(ToolError::new(ConnectorCode::NotJson.as_str(), format!("{} answered {status} with a body that is not JSON; the fields to keep cannot be picked from it", action.connector), false));
+            }
+            Err(_) => Value::String(String::from_utf8_lossy(body).into_owned()),
         };
         Ok(serde_json::json!({ "status": status.as_u16(), "data": data }))
     }

@@ -44,6 +44,10 @@ pub enum ConnectorCode {
     /// The answer was larger than Gatehouse accepts.
     #[strum(serialize = "CONNECTOR_RESPONSE_TOO_LARGE")]
     TooLarge,
+    /// An action that keeps only some fields got an answer that is not JSON: nothing can be
+    /// picked from it, and the rest may be what `keep` leaves out.
+    #[strum(serialize = "CONNECTOR_RESPONSE_NOT_JSON")]
+    NotJson,
     /// A tool's secret field is templated into an action's URL (refused when the files load):
     /// URLs reach logs, errors and the other side's access logs.
     #[strum(serialize = "CONNECTOR_SECRET_IN_URL")]
