@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{JobError, JobOutput, retry};
 use crate::db::{
     self, DbError,
-    jobs::{self as store, FailOutcome, Finished, JobRow},
+    jobs::{self as store, FailOutcome, Finished, JobRow, Snooze},
 };
 
 /// What the store did with an outcome.
@@ -42,10 +42,10 @@ pub(super) async fn write_unfinished(
     let snoozed = |held: bool| if held { Applied::Snoozed } else { Applied::Stale };
     Ok(Some(match result {
         Ok(JobOutput { snooze: None, .. }) => return Ok(None),
-        Ok(JobOutput { snooze: Some(after), .. }) => snoozed(store::snooze(conn, job.id, job.attempt, owner, now.saturating_add(db::duration_ms(*after)), now, None).await?),
+        Ok(JobOutput { snooze: Some(after), .. }) => snoozed(store::snooze(conn, job.id, job.attempt, owner, now.saturating_add(db::duration_ms(*after)), now, Snooze::Rescheduled).await?),
         Err(err) if !err.uses_attempt() => {
             let at = now.saturating_add(db::duration_ms(retry::deployment_wait(times.max)));
-            snoozed(store::snooze(conn, job.id, job.attempt, owner, at, now, Some(&err.code)).await?)
+            snoozed(store::snooze(conn, job.id, job.attempt, owner, at, now, Snooze::Waiting { code: &err.code }).await?)
         }
         Err(err) => {
             let at = now.saturating_add(db::duration_ms(retry::backoff(job.attempt, times.base, times.max)));

@@ -229,8 +229,8 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     // Snooze does not count an attempt.
     let again = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0 + 6000, t0 + 9000).await.expect("claim");
     assert_eq!(again[0].attempt, 2);
-    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000, None).await.expect("snooze"), "a stale attempt cannot snooze");
-    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000, None).await.expect("snooze"));
+    assert!(!store::snooze(&mut conn, id, 1, "w1", t0 + 7000, t0 + 6000, store::Snooze::Waiting { code: "TEST_WAIT" }).await.expect("snooze"), "a stale attempt cannot snooze");
+    assert!(store::snooze(&mut conn, id, 2, "w1", t0 + 7000, t0 + 6000, store::Snooze::Waiting { code: "TEST_WAIT" }).await.expect("snooze"));
     let j = store::get(&mut conn, id).await.expect("get").expect("job");
     assert_eq!((j.state, j.attempt), (JobState::Scheduled, 1));
 
@@ -485,6 +485,41 @@ async fn a_full_disk_uses_up_no_attempt(db: TestDb) {
     assert_eq!((hook.ok.load(Ordering::SeqCst), hook.failed_final.load(Ordering::SeqCst)), (1, 0));
 }
 both_backends!(worker_storage_full, a_full_disk_uses_up_no_attempt);
+
+/// A job that reschedules itself (a periodic scan) and fails now and then between its
+/// successes is never discarded for failures spread over its life: a run that did its work and
+/// asked to run again gives the earlier failures' attempts back. (With two attempts it was
+/// discarded at its second failure, however many successes came between.)
+async fn a_periodic_job_survives_failures_between_its_runs(db: TestDb) {
+    struct Periodic(AtomicUsize);
+    #[async_trait::async_trait]
+    impl JobHandler for Periodic {
+        async fn run(&self, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+            match self.0.fetch_add(1, Ordering::SeqCst) % 2 {
+                0 => Err(JobError::retryable("DATABASE_ERROR", "a passing failure")),
+                _ => Ok(JobOutput { preview: None, snooze: Some(Duration::from_millis(10)) }),
+            }
+        }
+    }
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let periodic = Arc::new(Periodic(AtomicUsize::new(0)));
+    let mut registry = Registry::new();
+    registry.register("periodic", periodic.clone());
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped));
+    let id = queue.enqueue(&NewJob { max_attempts: 2, ..job("periodic") }).await.expect("e").job.id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while periodic.0.load(Ordering::SeqCst) < 7 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let j = store::get(&mut conn, id).await.expect("g").expect("job");
+    assert!(periodic.0.load(Ordering::SeqCst) >= 7 && !j.state.is_finished(), "ran {} times; {j:?}", periodic.0.load(Ordering::SeqCst));
+}
+both_backends!(worker_periodic_failures, a_periodic_job_survives_failures_between_its_runs);
 
 /// A run the lane starts at once (`jobs::inline`) ends as a worker's run would: a snooze the
 /// handler asks for and a full disk use no attempt, a failure is retried after the configured

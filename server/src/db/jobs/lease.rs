@@ -191,10 +191,22 @@ pub async fn fail(
     Ok(if state == JobState::Retryable { FailOutcome::Retry { at: retry_at } } else { FailOutcome::Discarded })
 }
 
+/// Why a running job is put back to run later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snooze<'a> {
+    /// Its handler did its work and asked to run again (a periodic job): the attempts earlier
+    /// failures used are given back, so a job that reschedules itself is never discarded for
+    /// failures spread over its whole life.
+    Rescheduled,
+    /// It waits on the deployment (a full disk, `code`): this run's attempt is not counted, and
+    /// earlier failures still are.
+    Waiting { code: &'a str },
+}
+
 /// Reschedules a running job without counting the attempt.
-pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64, code: Option<&str>) -> Result<bool, DbError> {
+pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64, why: Snooze<'_>) -> Result<bool, DbError> {
     let n = sqlx::query(
-        "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = attempt - 1, \
+        "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = CASE WHEN $6 = 1 THEN 0 ELSE attempt - 1 END, \
          lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
     )
     .bind(until)
@@ -202,11 +214,16 @@ pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str
     .bind(id)
     .bind(owner)
     .bind(attempt)
+    .bind(i64::from(why == Snooze::Rescheduled))
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if n == 1 {
         let attempt = get(conn, id).await?.map_or(0, |j| j.attempt);
+        let code = match why {
+            Snooze::Rescheduled => None,
+            Snooze::Waiting { code } => Some(code),
+        };
         event(conn, id, now, JobState::Scheduled, attempt, code, Some("snoozed")).await?;
     }
     Ok(n == 1)
