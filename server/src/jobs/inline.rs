@@ -52,15 +52,18 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
 /// Extends the lease while the run lasts, as a worker's heartbeat does, so a long call is not
 /// rescued from under a live process. A renewal that fails (the database busy a moment) is tried
 /// again at the next beat, as a worker's is. When the lease is found gone (an owner cancelled
-/// the job, or it was rescued after a stall and may run elsewhere) the returned receiver
-/// resolves: the run must stop. Abort the task when the run ends.
+/// the job, or it was rescued after a stall and may run elsewhere), or is about to run out with
+/// no renewal (the database out of reach: it may then be rescued and run elsewhere), the returned
+/// receiver resolves: the run must stop. Abort the task when the run ends.
 pub fn keep_alive(db: Db, claimed: &Claimed) -> (tokio::task::JoinHandle<()>, oneshot::Receiver<()>) {
     let (id, owner, lease) = (claimed.job.id, claimed.owner.clone(), claimed.lease);
     let (lost, lease_lost) = oneshot::channel();
     let task = tokio::spawn(async move {
         let every = (lease / 3).max(Duration::from_millis(100));
+        let mut held_until = std::time::Instant::now() + lease;
         loop {
             tokio::time::sleep(every).await;
+            let beat = std::time::Instant::now();
             let until = db::now_ms().saturating_add(db::duration_ms(lease));
             let renewed = async {
                 let mut conn = db.pool.acquire().await?;
@@ -68,9 +71,14 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (tokio::task::JoinHandle<()>, on
             }
             .await;
             match renewed {
-                Ok(held) if held.contains(&id) => {}
+                Ok(held) if held.contains(&id) => held_until = beat + lease,
                 Ok(_) => {
                     tracing::info!(job.id = id, "lease lost (cancelled or rescued); the run at once is stopped");
+                    let _ = lost.send(());
+                    return;
+                }
+                Err(e) if super::worker::stop_unrenewed(held_until, lease, every) => {
+                    tracing::warn!(job.id = id, error = %e, "the lease could not be renewed before it ran out; the run at once is stopped");
                     let _ = lost.send(());
                     return;
                 }

@@ -306,3 +306,100 @@ async fn outage_backs_off_and_resumes(db: TestDb) {
     assert!(counts.iter().all(|(s, _)| *s == JobState::Completed), "{counts:?}");
 }
 both_backends!(jobs_survive_db_outage, outage_backs_off_and_resumes);
+
+/// Counts the runs of its job going on at once.
+struct Concurrent {
+    active: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    started: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl JobHandler for Concurrent {
+    async fn run(&self, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        struct Leaving<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Leaving<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        let _leaving = Leaving(&self.active);
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        Ok(JobOutput::default())
+    }
+}
+
+/// A worker that cannot reach the database to renew a run's lease stops the run before the
+/// lease runs out: another worker rescues the job once it has, and the two never run it at
+/// once. (The run used to go on for its whole budget beside the rescuer's.) PostgreSQL: two
+/// processes' workers, one of them behind a connection that is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_run_that_cannot_renew_its_lease_stops_before_it_runs_out() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = prepare(&db, 1).await;
+    let url = url::Url::parse(&db.url).expect("url");
+    let proxy = FlakyProxy::start(format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(5432))).await;
+    let mut via = url.clone();
+    via.set_port(Some(proxy.port)).expect("port");
+    let cut_off = Db::connect(&server::config::DatabaseSettings { url: via.to_string(), acquire_timeout: Duration::from_millis(200), ..Default::default() }).await.expect("connect");
+    let handler = Arc::new(Concurrent { active: Default::default(), most: Default::default(), started: Default::default() });
+    let settings = WorkerSettings {
+        concurrency: 1,
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(1),
+        job_timeout: Duration::from_secs(20),
+        maintenance_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let start = |db: Db| {
+        let mut registry = Registry::new();
+        registry.register("probe", handler.clone());
+        let (stop, stopped) = watch::channel(false);
+        let queue = JobQueue::new(db.clone());
+        (stop, tokio::spawn(Worker::new(db, registry, settings.clone(), queue.waker()).run(stopped)))
+    };
+    let (stop_a, worker_a) = start(cut_off);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handler.started.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the first worker did not start the job");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.cut();
+    let (stop_b, worker_b) = start(pool.clone());
+    while handler.started.load(Ordering::SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the job was not rescued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(handler.most.load(Ordering::SeqCst), 1, "the cut-off run stopped before the rescuer's began");
+    proxy.restore();
+    let _ = (stop_a.send(true), stop_b.send(true));
+    let _ = worker_b.await;
+    worker_a.abort();
+}
+
+/// The same for a run the tool lane starts at once (`jobs::inline`): cut off from the
+/// database, its keep-alive says the lease is lost before the lease runs out, and the run stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_inline_run_that_cannot_renew_its_lease_is_told_to_stop() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = prepare(&db, 1).await;
+    let id = scalar(&pool, "SELECT MAX(id) FROM jobs").await;
+    let url = url::Url::parse(&db.url).expect("url");
+    let proxy = FlakyProxy::start(format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(5432))).await;
+    let mut via = url.clone();
+    via.set_port(Some(proxy.port)).expect("port");
+    let cut_off = Db::connect(&server::config::DatabaseSettings { url: via.to_string(), acquire_timeout: Duration::from_millis(200), ..Default::default() }).await.expect("connect");
+    let settings = server::config::JobSettings { lease: Duration::from_secs(1), ..Default::default() };
+    let claimed = server::jobs::inline::claim(&cut_off, id, &settings).await.expect("claim").expect("claimed");
+    let (heartbeat, lease_lost) = server::jobs::inline::keep_alive(cut_off.clone(), &claimed);
+    proxy.cut();
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), lease_lost).await.expect("told before long").expect("told, not dropped");
+    assert!(started.elapsed() < Duration::from_secs(1), "before the lease ran out: {:?}", started.elapsed());
+    heartbeat.abort();
+    proxy.restore();
+}

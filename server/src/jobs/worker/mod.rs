@@ -62,8 +62,23 @@ fn with_slots(jobs: Vec<JobRow>, mut slots: OwnedSemaphorePermit) -> Claimed {
     jobs.into_iter().map(|job| (job, slots.split(1))).collect()
 }
 
-/// Runs in progress: job id -> (attempt, abort handle).
-type InFlight = Arc<Mutex<HashMap<i64, (i64, AbortHandle)>>>;
+/// A run in progress.
+struct Run {
+    attempt: i64,
+    handle: AbortHandle,
+    /// Until when its lease is surely held: from its claim, then from each renewal that held.
+    held_until: Instant,
+}
+
+/// Runs in progress, by job id.
+type InFlight = Arc<Mutex<HashMap<i64, Run>>>;
+
+/// A run whose renewal failed is stopped when its lease would run out before the next beat
+/// (`every`) could renew it, with a margin for the database's clock and this process's to
+/// disagree: with the default minute, after the second failed beat in a row.
+pub(crate) fn stop_unrenewed(held_until: Instant, lease: Duration, every: Duration) -> bool {
+    Instant::now() + every + lease / 4 >= held_until
+}
 
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -201,10 +216,12 @@ impl Worker {
             // renewing its lease (a stall). The new run starts once that one has ended (within
             // its own budget), so the two never overlap; the earlier run is not stopped midway,
             // where it could leave a send at Meta with no result recorded.
-            let stalled = in_flight.lock().ok().and_then(|mut map| map.remove(&id)).map(|(stale, run)| {
-                tracing::warn!(worker = %self.id, job.id = id, attempt = stale, "the job was rescued and claimed again; its new run waits for the earlier one to end");
-                run
+            let stalled = in_flight.lock().ok().and_then(|mut map| map.remove(&id)).map(|stale| {
+                tracing::warn!(worker = %self.id, job.id = id, attempt = stale.attempt, "the job was rescued and claimed again; its new run waits for the earlier one to end");
+                stale.handle
             });
+            // The claim set its lease just before: counted from now, less the margin.
+            let held_until = Instant::now() + self.settings.lease;
             let me = self.clone();
             let done = done.clone();
             let handle = tasks.spawn(async move {
@@ -217,7 +234,7 @@ impl Worker {
                 let _ = done.send(Outcome { job, result, permit });
             });
             if let Ok(mut map) = in_flight.lock() {
-                map.insert(id, (attempt, handle));
+                map.insert(id, Run { attempt, handle, held_until });
             }
         }
     }
@@ -298,18 +315,20 @@ impl Worker {
     }
 
     /// Extends leases of running jobs, and stops runs whose lease is gone (cancelled by an owner
-    /// or rescued elsewhere).
+    /// or rescued elsewhere) or about to run out unrenewed (the database out of reach): another
+    /// worker may rescue such a job once its lease has run out, and the two must never overlap.
     async fn heartbeat(self, in_flight: InFlight) {
         let every = (self.settings.lease / 3).max(Duration::from_millis(50));
         loop {
             tokio::time::sleep(every).await;
             // With the attempt each run holds: a run that took an id's place while this beat was
             // out (the job rescued and claimed again) is not the one the answer is about.
-            let runs: Vec<(i64, i64)> = in_flight.lock().map(|m| m.iter().map(|(id, (attempt, _))| (*id, *attempt)).collect()).unwrap_or_default();
+            let runs: Vec<(i64, i64)> = in_flight.lock().map(|m| m.iter().map(|(id, run)| (*id, run.attempt)).collect()).unwrap_or_default();
             if runs.is_empty() {
                 continue;
             }
             let ids: Vec<i64> = runs.iter().map(|(id, _)| *id).collect();
+            let beat = Instant::now();
             let until = db::now_ms() + db::duration_ms(self.settings.lease);
             let result = async {
                 let mut conn = self.db.pool.acquire().await?;
@@ -319,16 +338,31 @@ impl Worker {
             match result {
                 Ok(held) => {
                     let Ok(mut map) = in_flight.lock() else { continue };
-                    for (id, attempt) in runs.iter().filter(|(id, _)| !held.contains(id)) {
-                        if map.get(id).is_some_and(|(current, _)| current == attempt)
-                            && let Some((_, handle)) = map.remove(id)
-                        {
-                            handle.abort();
+                    for (id, attempt) in &runs {
+                        if map.get(id).is_none_or(|run| run.attempt != *attempt) {
+                            continue;
+                        }
+                        if held.contains(id) {
+                            if let Some(run) = map.get_mut(id) {
+                                run.held_until = beat + self.settings.lease;
+                            }
+                        } else if let Some(run) = map.remove(id) {
+                            run.handle.abort();
                             tracing::info!(worker = %self.id, job.id = id, "lease lost (cancelled or rescued); run stopped");
                         }
                     }
                 }
-                Err(e) => tracing::warn!(worker = %self.id, error = %e, "lease heartbeat failed"),
+                Err(e) => {
+                    tracing::warn!(worker = %self.id, error = %e, "lease heartbeat failed");
+                    let Ok(mut map) = in_flight.lock() else { continue };
+                    let due: Vec<i64> = map.iter().filter(|(_, run)| stop_unrenewed(run.held_until, self.settings.lease, every)).map(|(id, _)| *id).collect();
+                    for id in due {
+                        if let Some(run) = map.remove(&id) {
+                            run.handle.abort();
+                            tracing::warn!(worker = %self.id, job.id = id, "the lease could not be renewed before it ran out; run stopped (the job is rescued once the lease has run out)");
+                        }
+                    }
+                }
             }
         }
     }

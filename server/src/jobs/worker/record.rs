@@ -50,7 +50,7 @@ impl Worker {
             };
             if let Ok(mut map) = in_flight.lock() {
                 for o in &batch {
-                    if map.get(&o.job.id).is_some_and(|(attempt, _)| *attempt == o.job.attempt) {
+                    if map.get(&o.job.id).is_some_and(|run| run.attempt == o.job.attempt) {
                         map.remove(&o.job.id);
                     }
                 }
