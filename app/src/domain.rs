@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 pub struct PhoneNumber(String);
 
 impl PhoneNumber {
+    /// Spaces, dashes, dots and brackets people write are left out, and so is a national trunk
+    /// `(0)` written after the country code (`+44 (0)7700 900123`): it is never dialled from
+    /// abroad, and WhatsApp sends the number without it.
     pub fn parse(input: &str) -> Result<Self, String> {
-        let compact: String = input.chars().filter(|c| !matches!(c, ' ' | '-' | '(' | ')' | '.')).collect();
+        let compact: String = input.replace("(0)", "").chars().filter(|c| !matches!(c, ' ' | '-' | '(' | ')' | '.')).collect();
         let digits = compact.strip_prefix('+').ok_or_else(|| format!("{input:?} must start with + and the country code (E.164 form, such as +15550001111)"))?;
         let valid = (7..=15).contains(&digits.len())
             && digits.chars().all(|c| c.is_ascii_digit())
@@ -95,6 +98,8 @@ mod tests {
         assert!(PhoneNumber::parse("+0123456789").is_err());
         assert!(PhoneNumber::parse("+12").is_err());
         assert!(PhoneNumber::parse("+1555abc1111").is_err());
+        assert_eq!(PhoneNumber::parse("+44 (0)7700 900123").map(String::from), Ok("+447700900123".to_string()), "the trunk (0) is not part of the number");
+        assert_eq!(PhoneNumber::parse("+44 (0) 20 7946 0958").map(String::from), Ok("+442079460958".to_string()));
         let list = PhoneNumber::parse_list("+15550001111, +447700900123\n+15550001111").expect("list");
         assert_eq!(list.len(), 2);
     }

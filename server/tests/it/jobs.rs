@@ -637,6 +637,10 @@ async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: Tes
     assert_eq!(res.status, axum::http::StatusCode::OK, "{}", res.body);
     let again = owner.post_form("/api/cancel_job", &[("id", id.as_str())]).await;
     assert_eq!(again.status, axum::http::StatusCode::CONFLICT, "a cancelled job cannot be cancelled again");
+    for action in ["/api/cancel_job", "/api/retry_job"] {
+        let missing = owner.post_form(action, &[("id", "987654321")]).await;
+        assert_eq!((missing.status, missing.json()["code"].as_str()), (axum::http::StatusCode::NOT_FOUND, Some("NOT_FOUND")), "{action}: no such job");
+    }
     let retried = owner.post_form("/api/retry_job", &[("id", id.as_str())]).await;
     assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
 

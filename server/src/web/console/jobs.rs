@@ -89,7 +89,14 @@ impl JobsBackend for ConsoleBackend {
 impl ConsoleBackend {
     async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
         let changed = actions::apply(&self.state.jobs, action, id, ByOwner { owner_id, ip }).await.map_err(internal)?;
-        if changed { Ok(()) } else { Err(AppError::new(code::CONFLICT, format!("Job #{id} cannot be changed in its current state."))) }
+        if changed {
+            return Ok(());
+        }
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        match store::get(&mut conn, id).await.map_err(internal)? {
+            Some(_) => Err(AppError::new(code::CONFLICT, format!("Job #{id} cannot be changed in its current state."))),
+            None => Err(AppError::new(code::NOT_FOUND, format!("There is no job #{id}."))),
+        }
     }
 }
 
