@@ -272,10 +272,7 @@ pub async fn list_repairs(conn: &mut AnyConnection, limit: i64) -> Result<Vec<Re
 /// transactions already run one at a time; on PostgreSQL two approvals of different repairs
 /// would each pass the stale check on the same text, and the second write would undo the first.
 pub async fn lock_repairs(conn: &mut AnyConnection) -> Result<(), DbError> {
-    if super::backend_of(conn) == super::Backend::Postgres {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind("gatehouse.repairs").execute(&mut *conn).await?;
-    }
-    Ok(())
+    super::lock_until_commit(conn, "gatehouse.repairs").await
 }
 
 /// Moves a repair from `from` to `to` with who decided and why; false when it was not in

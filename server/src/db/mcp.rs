@@ -150,16 +150,11 @@ pub struct Changes {
 /// approved hash is approved again. On a trusted server's first discovery its tools are
 /// approved without an owner. Run it in a write transaction.
 pub async fn apply_discovery(conn: &mut AnyConnection, server_id: &str, trusted: bool, found: &[Found]) -> Result<Changes, DbError> {
-    if super::backend_of(conn) == super::Backend::Postgres {
-        // Two processes discovering the same server at once (both starting) would each find its
-        // tools new and insert them, and the second would fail on the primary key, leaving that
-        // process without them. The second waits here for the first's transaction instead, and
-        // then finds them known. (SQLite's write transactions already run one at a time.)
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("gatehouse.mcp_discovery:{server_id}"))
-            .execute(&mut *conn)
-            .await?;
-    }
+    // Two processes discovering the same server at once (both starting) would each find its
+    // tools new and insert them, and the second would fail on the primary key, leaving that
+    // process without them. The second waits here for the first's transaction instead, and then
+    // finds them known.
+    super::lock_until_commit(conn, &format!("gatehouse.mcp_discovery:{server_id}")).await?;
     let now = now_ms();
     let first = server(&mut *conn, server_id).await?.is_none_or(|s| s.discovered_at.is_none());
     let known: std::collections::HashMap<String, ToolRow> = tools(&mut *conn, Some(server_id)).await?.into_iter().map(|t| (t.name.clone(), t)).collect();

@@ -48,9 +48,7 @@ const COLUMNS: &str = "id, server_id, message, schema, state, content, created_a
 /// id, or `None` when it has. Run it in a write transaction: on PostgreSQL the count and the
 /// insert hold the server's lock until it ends (SQLite's write transactions run one at a time).
 pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schema: &str, expires_at: i64, max_open: i64) -> Result<Option<i64>, DbError> {
-    if super::backend_of(conn) == super::Backend::Postgres {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(format!("gatehouse.mcp_elicitations:{server}")).execute(&mut *conn).await?;
-    }
+    super::lock_until_commit(conn, &format!("gatehouse.mcp_elicitations:{server}")).await?;
     let now = now_ms();
     let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations WHERE server_id = $1 AND state = $2 AND expires_at > $3")
         .bind(server)

@@ -8,6 +8,16 @@ pub(crate) fn backend_of(conn: &sqlx::AnyConnection) -> Backend {
     if conn.backend_name() == "PostgreSQL" { Backend::Postgres } else { Backend::Sqlite }
 }
 
+/// Makes the transaction on `conn` wait, until it ends, for any other that took the same `key`:
+/// on PostgreSQL an advisory transaction lock; SQLite's write transactions already run one at a
+/// time. For a read-then-write that two processes must not interleave.
+pub(crate) async fn lock_until_commit(conn: &mut sqlx::AnyConnection, key: &str) -> Result<(), super::DbError> {
+    if backend_of(conn) == Backend::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(key).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// `$first, $first+1, ...` for `n` values.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
