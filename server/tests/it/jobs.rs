@@ -708,6 +708,38 @@ async fn postgres_notify_wakes_workers_in_other_processes() {
     worker.await.expect("worker");
 }
 
+/// An owner's retry made in another process (the console beside a `gatehouse worker`) wakes the
+/// idle worker at once too, as an enqueue does: the retry is an UPDATE, which the insert's
+/// trigger does not see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_retry_wakes_workers_in_other_processes() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let worker_pool = fresh(&db).await;
+    let other_process = JobQueue::new(db.connect().await);
+    let id = other_process.enqueue(&NewJob { max_attempts: 1, ..job("probe") }).await.expect("enqueue").job.id;
+    {
+        let mut conn = worker_pool.pool.acquire().await.expect("conn");
+        assert!(store::cancel(&mut conn, id, "not yet", db::now_ms()).await.expect("cancel"));
+    }
+    let probe = Arc::new(Probe::default());
+    let mut registry = Registry::new();
+    registry.register("probe", probe.clone());
+    let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(worker_pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
+    tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
+
+    let retried = server::jobs::actions::apply(&other_process, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await;
+    assert!(retried.expect("retry"), "the cancelled job is retried");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !probe.runs.lock().expect("lock").contains_key(&id) {
+        assert!(tokio::time::Instant::now() < deadline, "the idle worker was not woken by the retry");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+}
+
 async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());

@@ -3,7 +3,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, JobState, events_for};
+use super::{DbError, JobState, events_for, wake_other_processes};
 use crate::db::Backend;
 
 /// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
@@ -56,6 +56,7 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
     let mut retry: Vec<i64> = retry.into_iter().map(|(id, _)| id).collect();
     let discarded: Vec<i64> = discarded.into_iter().map(|(id, _)| id).collect();
     events_for(conn, &retry, now, JobState::Retryable, Some("JOB_LEASE_EXPIRED")).await?;
+    wake_other_processes(conn, &retry).await?;
     events_for(conn, &discarded, now, JobState::Discarded, Some("JOB_LEASE_EXPIRED")).await?;
     retry.extend(discarded);
     Ok(retry)
@@ -73,6 +74,7 @@ pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> 
     .fetch_all(&mut *conn)
     .await?;
     events_for(conn, &ids, now, JobState::Available, Some("JOB_RELEASED")).await?;
+    wake_other_processes(conn, &ids).await?;
     Ok(ids)
 }
 

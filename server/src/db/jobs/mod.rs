@@ -167,6 +167,22 @@ async fn events_for(conn: &mut AnyConnection, ids: &[i64], at: i64, state: JobSt
     Ok(())
 }
 
+/// Jobs an UPDATE made runnable again (an owner's retry, a rescue, a shutdown's release) wake
+/// the workers of other processes, as an insert's trigger does (`gatehouse_jobs`, the queue's
+/// name as payload), when the transaction commits. PostgreSQL only: SQLite has one process.
+async fn wake_other_processes(conn: &mut AnyConnection, ids: &[i64]) -> Result<(), DbError> {
+    if ids.is_empty() || crate::db::backend_of(conn) != crate::db::Backend::Postgres {
+        return Ok(());
+    }
+    let sql = format!("SELECT pg_notify('gatehouse_jobs', queue) FROM (SELECT DISTINCT queue FROM jobs WHERE id IN ({})) AS queues", placeholders(1, ids.len()));
+    let mut q = sqlx::query(&sql);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.execute(&mut *conn).await?;
+    Ok(())
+}
+
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }

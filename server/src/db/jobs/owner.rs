@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, JobState, UNFINISHED, events_for};
+use super::{DbError, JobState, UNFINISHED, events_for, wake_other_processes};
 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
 /// then ignored because the lease no longer matches.
@@ -40,6 +40,7 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
     let n = sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
         events_for(conn, &[id], now, JobState::Available, None).await?;
+        wake_other_processes(conn, &[id]).await?;
     }
     Ok(n == 1)
 }
