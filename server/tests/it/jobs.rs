@@ -687,25 +687,42 @@ async fn postgres_inserted_jobs_notify_their_queue_on_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notify_wakes_workers_in_other_processes() {
     let Some(db) = TestDb::postgres().await else { return };
-    let worker_pool = fresh(&db).await;
-    let probe = Arc::new(Probe::default());
-    let mut registry = Registry::new();
-    registry.register("probe", probe.clone());
-    let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
-    let (stop, stopped) = watch::channel(false);
-    // The worker's in-process waker is its own; the enqueuer below shares nothing with it.
-    let worker = tokio::spawn(Worker::new(worker_pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
-    tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
-
+    let worker = IdleWorker::start(&fresh(&db).await).await;
     let other_process = JobQueue::new(db.connect().await);
     let id = other_process.enqueue(&job("probe")).await.expect("enqueue").job.id;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !probe.runs.lock().expect("lock").contains_key(&id) {
-        assert!(tokio::time::Instant::now() < deadline, "the idle worker was not woken");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    worker.runs_soon(id, "the idle worker was not woken").await;
+}
+
+/// A worker that polls every two minutes, gone idle and listening: what runs soon was woken.
+struct IdleWorker {
+    probe: Arc<Probe>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl IdleWorker {
+    async fn start(pool: &Db) -> Self {
+        let probe = Arc::new(Probe::default());
+        let mut registry = Registry::new();
+        registry.register("probe", probe.clone());
+        let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
+        let (stop, stopped) = watch::channel(false);
+        // The worker's in-process waker is its own; the other process shares nothing with it.
+        let task = tokio::spawn(Worker::new(pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
+        tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
+        Self { probe, stop, task }
     }
-    stop.send(true).expect("stop");
-    worker.await.expect("worker");
+
+    /// Waits (at most ten seconds) for job `id` to run, then stops the worker.
+    async fn runs_soon(self, id: i64, why: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !self.probe.runs.lock().expect("lock").contains_key(&id) {
+            assert!(tokio::time::Instant::now() < deadline, "{why}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.stop.send(true).expect("stop");
+        self.task.await.expect("worker");
+    }
 }
 
 /// An owner's retry made in another process (the console beside a `gatehouse worker`) wakes the
@@ -721,23 +738,10 @@ async fn postgres_a_retry_wakes_workers_in_other_processes() {
         let mut conn = worker_pool.pool.acquire().await.expect("conn");
         assert!(store::cancel(&mut conn, id, "not yet", db::now_ms()).await.expect("cancel"));
     }
-    let probe = Arc::new(Probe::default());
-    let mut registry = Registry::new();
-    registry.register("probe", probe.clone());
-    let settings = WorkerSettings { poll_interval: Duration::from_secs(120), ..fast_settings() };
-    let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(Worker::new(worker_pool.clone(), registry, settings, Arc::new(tokio::sync::Notify::new())).run(stopped));
-    tokio::time::sleep(Duration::from_millis(500)).await; // let the worker go idle and LISTEN
-
+    let worker = IdleWorker::start(&worker_pool).await;
     let retried = server::jobs::actions::apply(&other_process, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await;
     assert!(retried.expect("retry"), "the cancelled job is retried");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !probe.runs.lock().expect("lock").contains_key(&id) {
-        assert!(tokio::time::Instant::now() < deadline, "the idle worker was not woken by the retry");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    stop.send(true).expect("stop");
-    worker.await.expect("worker");
+    worker.runs_soon(id, "the idle worker was not woken by the retry").await;
 }
 
 async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {
