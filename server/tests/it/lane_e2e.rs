@@ -586,16 +586,23 @@ async fn without_recent_turns_the_planner_asks(db: TestDb) {
 }
 both_backends!(lane_e2e_no_recent_memory, without_recent_turns_the_planner_asks);
 
+/// A rig whose order tool times out (after 300 ms, `extra` added to its definition) against a
+/// shop that takes 5 s, with the settings `tweak` makes.
+async fn timing_out(db: TestDb, extra: &str, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Rig {
+    let tools = TOOLS.replacen("timeout = \"20s\"", &format!("timeout = \"300ms\"{extra}"), 1);
+    let r = rig_with(db, &tools, "", tweak).await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
+    r
+}
+
 /// A call the lane runs at once that fails in a way worth retrying goes back to the queue after
 /// the backoff the deployment configured (`jobs.retry_base`), as a worker's failed run does.
 async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
-    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"", 1);
-    let r = rig_with(db, &tools, "", |s| {
+    let r = timing_out(db, "", |s| {
         s.jobs.retry_base = Duration::from_secs(3600);
         s.jobs.retry_max = Duration::from_secs(7200);
     })
     .await;
-    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
     let before = server::db::now_ms();
     r.exchange(&[("wamid.RETRY", "Where is my order slow-7?")], 1).await;
     let (state, attempt, scheduled_at, code): (String, i64, i64, Option<String>) =
@@ -611,13 +618,11 @@ both_backends!(lane_e2e_immediate_backoff, a_failed_immediate_run_waits_the_conf
 /// A tool that may not run as a job (`async_policy = "never"`) is tried in the lane's run only:
 /// a timeout is said at once, and nothing is retried in the background after a "please wait".
 async fn a_call_that_may_not_run_as_a_job_is_never_retried_later(db: TestDb) {
-    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"\nasync_policy = \"never\"", 1);
-    let r = rig_with(db, &tools, "", |s| {
+    let r = timing_out(db, "\nasync_policy = \"never\"", |s| {
         s.jobs.retry_base = Duration::from_millis(50);
         s.jobs.retry_max = Duration::from_millis(200);
     })
     .await;
-    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
     let lane = r.app.state.config.settings.lane.clone();
     r.exchange(&[("wamid.NEVER", "Where is my order slow-7?")], 1).await;
     let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
@@ -665,15 +670,13 @@ both_backends!(lane_e2e_tool_changed, a_call_whose_tool_changed_while_it_waited_
 /// outage; the call itself is tried in the first `jobs.default_max_attempts` of them only, and
 /// then the person is told it failed.
 async fn a_call_is_tried_default_max_attempts_times_within_its_longer_job(db: TestDb) {
-    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"300ms\"", 1);
-    let r = rig_with(db, &tools, "", |s| {
+    let r = timing_out(db, "", |s| {
         s.jobs.default_max_attempts = 2;
         s.jobs.attempts.tool_call = 6;
         s.jobs.retry_base = Duration::from_millis(50);
         s.jobs.retry_max = Duration::from_millis(200);
     })
     .await;
-    *r.shop.slow.lock().expect("lock") = Duration::from_secs(5);
     let lane = r.app.state.config.settings.lane.clone();
     r.exchange(&[("wamid.TRIES", "Where is my order slow-7?")], 2).await;
     let (state, attempt, max_attempts): (String, i64, i64) =
