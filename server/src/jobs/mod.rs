@@ -129,6 +129,9 @@ impl JobError {
 /// it ([`JobQueue::job`]) and the handler that runs it ([`Registry::handle`]).
 pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
     const KIND: &'static str;
+    /// Jobs of this kind with the same `chat_id` run one at a time, in the order they were
+    /// stored: a person's messages are answered in turn, each with the one before in memory.
+    const ONE_AT_A_TIME_PER_CHAT: bool = false;
 }
 
 /// Runs jobs of one kind with their decoded arguments.
@@ -184,6 +187,8 @@ pub struct Registry {
     handlers: HashMap<String, Arc<dyn JobHandler>>,
     /// Kinds whose runs may take longer (or must take less) than the worker's `job_timeout`.
     budgets: HashMap<String, Duration>,
+    /// Kinds run one at a time per chat ([`JobKind::ONE_AT_A_TIME_PER_CHAT`]).
+    in_order: Vec<String>,
     hooks: Vec<Arc<dyn JobHook>>,
 }
 
@@ -205,7 +210,15 @@ impl Registry {
 
     /// Registers `handler` for jobs of kind `K`.
     pub fn handle<K: JobKind>(&mut self, handler: Arc<dyn Handler<K>>) -> &mut Self {
+        if K::ONE_AT_A_TIME_PER_CHAT && !self.in_order.iter().any(|k| k == K::KIND) {
+            self.in_order.push(K::KIND.to_string());
+        }
         self.register(K::KIND, Arc::new(Typed(handler)))
+    }
+
+    /// The kinds whose jobs run one at a time per chat, in order.
+    pub fn one_at_a_time_per_chat(&self) -> &[String] {
+        &self.in_order
     }
 
     /// Registers `handler` for jobs of kind `K`, each run stopped after `budget`.

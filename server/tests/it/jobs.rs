@@ -424,6 +424,82 @@ async fn wait_until_finished(pool: &Db, total: usize, within: Duration) -> HashM
     }
 }
 
+/// A kind whose jobs run one at a time per chat, like a person's messages.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct InTurn {
+    n: u32,
+}
+
+impl server::jobs::JobKind for InTurn {
+    const KIND: &'static str = "test.in_turn";
+    const ONE_AT_A_TIME_PER_CHAT: bool = true;
+}
+
+/// Records, per chat, the order of its runs and how many ran at once.
+#[derive(Default)]
+struct Turns {
+    running: Mutex<HashMap<String, usize>>,
+    most_in_a_chat: AtomicUsize,
+    most_at_once: AtomicUsize,
+    order: Mutex<Vec<(String, u32)>>,
+}
+
+#[async_trait::async_trait]
+impl server::jobs::Handler<InTurn> for Turns {
+    async fn run(&self, args: InTurn, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let chat = ctx.job.chat_id.clone().unwrap_or_default();
+        {
+            let mut running = self.running.lock().expect("lock");
+            let here = running.entry(chat.clone()).or_default();
+            *here += 1;
+            self.most_in_a_chat.fetch_max(*here, Ordering::SeqCst);
+            self.most_at_once.fetch_max(running.values().sum(), Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        *self.running.lock().expect("lock").get_mut(&chat).expect("counted") -= 1;
+        self.order.lock().expect("lock").push((chat, args.n));
+        Ok(JobOutput::default())
+    }
+}
+
+/// A chat's jobs of such a kind run one at a time and in the order they were stored, while
+/// other chats' run beside them, on one worker of many slots as on two workers.
+async fn a_chats_jobs_run_one_at_a_time_in_order(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let turns = Arc::new(Turns::default());
+    let mut jobs = Vec::new();
+    for n in 0..5 {
+        for chat in ["chat-a", "chat-b", "chat-c"] {
+            jobs.push(NewJob { chat_id: Some(chat.into()), ..queue.job(&InTurn { n }) });
+        }
+    }
+    let mut tx = pool.begin_write().await.expect("begin");
+    queue.enqueue_many_in(&mut tx, &jobs).await.expect("enqueue");
+    queue.commit(tx).await.expect("commit");
+    let (stop, stopped) = watch::channel(false);
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let mut registry = Registry::new();
+        registry.handle::<InTurn>(turns.clone());
+        workers.push(tokio::spawn(Worker::new(pool.clone(), registry, fast_settings(), queue.waker()).run(stopped.clone())));
+    }
+    let counts = wait_until_finished(&pool, jobs.len(), Duration::from_secs(30)).await;
+    stop.send(true).expect("stop");
+    for w in workers {
+        w.await.expect("worker");
+    }
+    assert_eq!(counts.get(&JobState::Completed).copied(), Some(jobs.len() as i64), "{counts:?}");
+    assert_eq!(turns.most_in_a_chat.load(Ordering::SeqCst), 1, "one at a time in a chat");
+    assert!(turns.most_at_once.load(Ordering::SeqCst) > 1, "chats run beside each other");
+    let order = turns.order.lock().expect("lock").clone();
+    for chat in ["chat-a", "chat-b", "chat-c"] {
+        let ns: Vec<u32> = order.iter().filter(|(c, _)| c == chat).map(|(_, n)| *n).collect();
+        assert_eq!(ns, vec![0, 1, 2, 3, 4], "{chat} in order: {order:?}");
+    }
+}
+both_backends!(jobs_one_at_a_time_per_chat, a_chats_jobs_run_one_at_a_time_in_order);
+
 async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());
@@ -742,6 +818,35 @@ async fn postgres_a_retry_wakes_workers_in_other_processes() {
     let retried = server::jobs::actions::apply(&other_process, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await;
     assert!(retried.expect("retry"), "the cancelled job is retried");
     worker.runs_soon(id, "the idle worker was not woken by the retry").await;
+}
+
+/// An owner's retry racing an enqueue of the same dedupe key: the enqueue's job holds the key,
+/// and the retry is refused (nothing changed) instead of failing on the unique index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_retry_racing_an_enqueue_of_its_key_is_refused() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let keyed = NewJob { dedupe_key: Some("race-retry".into()), max_attempts: 1, ..job("noop") };
+    let id = queue.enqueue(&keyed).await.expect("enqueue").job.id;
+    {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        assert!(store::cancel(&mut conn, id, "stopped", db::now_ms()).await.expect("cancel"));
+    }
+    // The new job of that key is stored but not committed yet when the retry runs.
+    let mut tx = pool.begin_write().await.expect("begin");
+    let newer = queue.enqueue_in(&mut tx, &keyed).await.expect("enqueue").job.id;
+    let retry = {
+        let queue = queue.clone();
+        tokio::spawn(async move { server::jobs::actions::apply(&queue, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.expect("commit");
+    let retried = retry.await.expect("join");
+    assert!(!retried.expect("refused, not an error"), "the newer job holds the key");
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    assert_eq!(store::get(&mut conn, id).await.expect("get").expect("job").state, JobState::Cancelled);
+    assert_eq!(store::find_by_dedupe(&mut conn, "race-retry").await.expect("find").map(|j| j.id), Some(newer));
 }
 
 async fn heartbeats_keep_long_jobs_and_cancel_stops_a_run(db: TestDb) {

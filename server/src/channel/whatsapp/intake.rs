@@ -50,6 +50,9 @@ pub struct ProcessInbound {
 
 impl JobKind for ProcessInbound {
     const KIND: &'static str = "whatsapp.inbound";
+    /// A person who sends two messages in a row gets the answer to the first before the
+    /// second is read, and the second is read with the first in memory.
+    const ONE_AT_A_TIME_PER_CHAT: bool = true;
 }
 
 /// The dedupe key of the job for one wamid.

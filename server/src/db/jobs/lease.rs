@@ -28,9 +28,42 @@ pub async fn claim(
     now: i64,
     lease_until: i64,
 ) -> Result<Vec<JobRow>, DbError> {
+    claim_in_order(conn, backend, Claim { queue, owner, limit, now, lease_until, one_per_chat: &[] }).await
+}
+
+/// What a claim takes: see [`claim`]. Jobs of the `one_per_chat` kinds are claimed one at a
+/// time per chat, in the order they were stored.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub queue: &'a str,
+    pub owner: &'a str,
+    pub limit: i64,
+    pub now: i64,
+    pub lease_until: i64,
+    pub one_per_chat: &'a [String],
+}
+
+/// [`claim`], keeping a chat's jobs of the `one_per_chat` kinds in order: such a job is not
+/// claimed while another of its chat and kind runs, or while an earlier one is due (that one
+/// is claimed first, in this claim or the next). On PostgreSQL a claim that has not committed
+/// yet still shows its jobs as due, so two workers cannot each take one of a chat's jobs.
+pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim<'_>) -> Result<Vec<JobRow>, DbError> {
+    let in_order = if c.one_per_chat.is_empty() {
+        String::new()
+    } else {
+        format!(
+            // The first two conditions on `e` are the index `jobs_chat_in_order`'s own (SQLite
+            // uses a partial index only when the query states its conditions).
+            " AND NOT (kind IN ({}) AND chat_id IS NOT NULL AND EXISTS (SELECT 1 FROM jobs e WHERE e.chat_id IS NOT NULL \
+             AND e.state IN ('available', 'scheduled', 'retryable', 'running') AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind \
+             AND e.id <> jobs.id AND (e.state = 'running' OR (e.id < jobs.id AND e.scheduled_at <= $1 \
+             AND (e.expires_at IS NULL OR e.expires_at > $1)))))",
+            placeholders(6, c.one_per_chat.len())
+        )
+    };
     let due = format!(
         "SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
-         AND (expires_at IS NULL OR expires_at > $1) ORDER BY priority DESC, scheduled_at, id LIMIT $5"
+         AND (expires_at IS NULL OR expires_at > $1){in_order} ORDER BY priority DESC, scheduled_at, id LIMIT $5"
     );
     let set = "state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3";
     let sql = match backend {
@@ -50,7 +83,11 @@ pub async fn claim(
         // SQLite has one writer at a time, so one UPDATE is atomic.
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
-    let claimed: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(owner).bind(lease_until).bind(queue).bind(limit).fetch_all(&mut *conn).await?;
+    let mut query = sqlx::query_as(&sql).bind(c.now).bind(c.owner).bind(c.lease_until).bind(c.queue).bind(c.limit);
+    for kind in c.one_per_chat {
+        query = query.bind(kind.as_str());
+    }
+    let claimed: Vec<JobRow> = query.fetch_all(&mut *conn).await?;
     events_written(claimed.len());
     Ok(claimed)
 }

@@ -11,7 +11,7 @@ use sqlx::AnyConnection;
 
 pub use self::{
     enqueue::{Enqueued, enqueue, enqueue_many},
-    lease::{FailOutcome, Finished, Snooze, claim, claim_one, complete, fail, heartbeat, snooze},
+    lease::{Claim, FailOutcome, Finished, Snooze, claim, claim_in_order, claim_one, complete, fail, heartbeat, snooze},
     maintenance::{delete_queue, expire, release_leases, rescue},
     owner::{cancel, release_pending, retry_now},
 };

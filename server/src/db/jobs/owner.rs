@@ -37,7 +37,14 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
          AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
          AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})"
     );
-    let n = sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await?.rows_affected();
+    let n = match sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await {
+        Ok(done) => done.rows_affected(),
+        // An enqueue of the same dedupe key committed while this waited for its index entry
+        // (PostgreSQL): that job is the unfinished one now, so this one is not retried. The
+        // statement was the transaction's first; the caller drops it.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => 0,
+        Err(e) => return Err(e.into()),
+    };
     if n == 1 {
         events_for(conn, &[id], now, JobState::Available, None).await?;
         wake_other_processes(conn, &[id]).await?;
