@@ -108,7 +108,7 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
     let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
     match (loaded, files) {
         (Ok(cfg), Ok(files)) => {
-            let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call);
+            let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call, cfg.settings.reply_reserve());
             problems.extend(tools::catalog_problems(&files.catalog, dir, &cfg.settings));
             if problems.is_empty() { Ok((cfg, files)) } else { Err(ConfigError(problems)) }
         }

@@ -187,9 +187,10 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!t.export_interval.is_zero(), "telemetry.export_interval", "must be longer than 0s".into());
     need(!t.timeout.is_zero(), "telemetry.timeout", "must be longer than 0s".into());
     need(
-        t.headers_secret.is_empty() || t.headers_secret.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'),
+        t.headers_secret.is_empty() || super::secrets::is_env_name(&t.headers_secret),
         "telemetry.headers_secret",
-        format!("{:?} is not an environment variable name (A-Z, 0-9, _)", t.headers_secret),
+        // Not repeated: a value pasted here is most likely the headers themselves.
+        "is not an environment variable name (letters, digits and _): write the variable's name here and put the headers in the environment".into(),
     );
     let graph = &settings.whatsapp.graph_base_url;
     need(

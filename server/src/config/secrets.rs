@@ -121,9 +121,35 @@ impl Secrets {
     }
 }
 
+/// Whether `name` can name an environment variable: letters, digits and `_`, not starting
+/// with a digit.
+pub fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !name.as_bytes()[0].is_ascii_digit()
+}
+
+/// What is wrong with `var`, where a config file names the environment variable that holds a
+/// secret: not a variable's name (said without repeating it, since a value pasted there is
+/// most likely the secret itself), or not set. `None` when it names a set variable.
+pub fn secret_var_problem(var: &str, is_set: bool) -> Option<String> {
+    if !is_env_name(var) {
+        return Some("is not an environment variable name (letters, digits and _): write the variable's name here and put the secret itself in the environment".into());
+    }
+    (!is_set).then(|| format!("needs the environment variable {var}, which is not set"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_pasted_where_its_variable_belongs_is_never_repeated() {
+        let pasted = "sk_live_51Habc-def.ghi";
+        let said = secret_var_problem(pasted, false).expect("refused");
+        assert!(!said.contains(pasted) && said.contains("not an environment variable name"), "{said}");
+        assert_eq!(secret_var_problem("SHOP_API_KEY", true), None);
+        assert!(secret_var_problem("SHOP_API_KEY", false).is_some_and(|s| s.contains("SHOP_API_KEY, which is not set")));
+        assert!(!is_env_name("9LIVES") && is_env_name("_X1"));
+    }
 
     #[test]
     fn debug_output_never_shows_a_secret() {

@@ -9,9 +9,9 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{ApprovalMode, AuditSettings, Catalog, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
+use super::{ApprovalMode, AuditSettings, Catalog, Operation, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
 use crate::{
-    config::Problem,
+    config::{Problem, secrets::secret_var_problem},
     tools::{connectors, hooks, schema::closed_schema, toml_file},
 };
 
@@ -68,6 +68,15 @@ impl Catalog {
             if spec.provider == Provider::Builtin && spec.handler.as_deref().is_none_or(str::is_empty) {
                 bad("handler", "a builtin tool must name its implementation".into());
             }
+            if spec.provider != Provider::Builtin && spec.handler.is_some() {
+                bad("handler", "is only read for provider = \"builtin\"; a connector tool runs its action in connectors.toml".into());
+            }
+            if spec.provider == Provider::Mcp {
+                bad("provider", "\"mcp\" tools come from the servers in mcp.toml and are not declared here; use \"builtin\" or \"connector\"".into());
+            }
+            if spec.chainable && spec.operation != Operation::Read {
+                bad("chainable", "only a tool with operation = \"read\" can be chained; remove it or make the tool read-only".into());
+            }
             if spec.chat_types.is_empty() {
                 bad("chat_types", "must allow at least one of \"direct\", \"group\"".into());
             }
@@ -120,8 +129,8 @@ impl Catalog {
                 if spec.managed_fields.contains(field) {
                     bad("secret_fields", format!("{field:?} cannot be both managed and secret"));
                 }
-                if spec.enabled && !secret_is_set(var) {
-                    bad("secret_fields", format!("{field:?} needs the environment variable {var}, which is not set"));
+                if let Some(why) = secret_var_problem(var, !spec.enabled || secret_is_set(var)) {
+                    bad("secret_fields", format!("{field:?} {why}"));
                 }
             }
             if problems.len() == before

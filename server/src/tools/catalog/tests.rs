@@ -75,6 +75,29 @@ fn reports_every_problem_with_file_and_key() {
     assert!(problems.iter().all(|p| p.source.ends_with("tools.toml")));
 }
 
+/// Keys that would load and then do nothing are refused: a handler on a connector tool, an
+/// MCP tool declared here (it could never run, and would hide the server's tool of that name),
+/// and `chainable` on a tool that writes (only reads are chained).
+#[test]
+fn keys_that_would_do_nothing_are_refused() {
+    let handler = GOOD.replace("provider = \"builtin\"", "provider = \"connector\"");
+    problems_mention(&load(&handler, &["SHOP_API_KEY"]).expect_err("handler on a connector"), &["tool[0] (lookup_order).handler: is only read for provider = \"builtin\""]);
+    let mcp = GOOD.replace("provider = \"builtin\"\nhandler = \"shop.lookup\"", "provider = \"mcp\"");
+    problems_mention(&load(&mcp, &["SHOP_API_KEY"]).expect_err("mcp here"), &["tool[0] (lookup_order).provider: \"mcp\" tools come from the servers in mcp.toml"]);
+    let chain_write = GOOD.replace("operation = \"read\"", "operation = \"write\"\nchainable = true");
+    problems_mention(&load(&chain_write, &["SHOP_API_KEY"]).expect_err("chained write"), &["tool[0] (lookup_order).chainable: only a tool with operation = \"read\""]);
+    assert!(load(&GOOD.replace("operation = \"read\"", "operation = \"read\"\nchainable = true"), &["SHOP_API_KEY"]).is_ok(), "a chained read loads");
+}
+
+/// A secret pasted where its variable's name belongs is refused without being repeated: the
+/// problem reaches check-config's output, the logs and the console.
+#[test]
+fn a_pasted_secret_is_not_repeated() {
+    let pasted = GOOD.replace("api_key = \"SHOP_API_KEY\"", "api_key = \"sk_live_51Hx-9f.q\"");
+    let shown = problems_mention(&load(&pasted, &[]).expect_err("not a variable"), &["tool[0] (lookup_order).secret_fields: \"api_key\" is not an environment variable name"]);
+    assert!(shown.iter().all(|p| !p.contains("sk_live_51Hx")), "{shown:#?}");
+}
+
 #[test]
 fn a_tools_own_plan_threshold_is_a_fraction_and_leaves_other_versions_alone() {
     let with = |t: &str| GOOD.replace("timeout = \"5s\"", &format!("timeout = \"5s\"\nplan_threshold = {t}"));

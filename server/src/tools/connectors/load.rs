@@ -13,7 +13,10 @@ use super::{
     ConnectorAction, ConnectorCode, ConnectorSpec, DeclaredTool, Method, compile_allowed,
     template::{args_in, body_strings, secrets_in},
 };
-use crate::{config::Problem, tools::toml_file};
+use crate::{
+    config::{Problem, secrets::secret_var_problem},
+    tools::toml_file,
+};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,8 +66,8 @@ pub fn load(
             match secrets_in(template) {
                 Ok(vars) => {
                     for var in vars {
-                        if spec.enabled && !secret_is_set(var) {
-                            bad(&format!("headers.{name}"), format!("needs the environment variable {var}, which is not set"));
+                        if let Some(why) = secret_var_problem(var, !spec.enabled || secret_is_set(var)) {
+                            bad(&format!("headers.{name}"), why);
                         }
                     }
                 }
@@ -125,8 +128,8 @@ pub fn load(
                 if let Ok(vars) = secrets_in(template) {
                     for var in vars {
                         if field.starts_with("headers.") {
-                            if spec.enabled && !secret_is_set(var) {
-                                bad(field, format!("needs the environment variable {var}, which is not set"));
+                            if let Some(why) = secret_var_problem(var, !spec.enabled || secret_is_set(var)) {
+                                bad(field, why);
                             }
                         } else {
                             bad(field, format!("${{{var}}} secrets may only appear in headers"));

@@ -5,7 +5,13 @@ use std::{collections::BTreeSet, path::Path};
 use serde::Deserialize;
 
 use super::{AuthMode, ElicitationPolicy, MAX_TOOLS_LIMIT, McpConfig, OAuthClient, ServerConfig, Transport, Trust, ValueOrSecret};
-use crate::{config::Problem, tools::toml_file};
+use crate::{
+    config::{
+        Problem,
+        secrets::{is_env_name, secret_var_problem},
+    },
+    tools::toml_file,
+};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,10 +23,6 @@ struct McpFile {
 /// Server ids become tool-name prefixes, so they are short and plain.
 pub fn valid_server_id(id: &str) -> bool {
     (1..=24).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-}
-
-fn valid_env_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !name.as_bytes()[0].is_ascii_digit()
 }
 
 /// Loads and checks `path`. `secret_is_set` says whether an environment variable holds a value.
@@ -79,7 +81,7 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
                 if command.trim().is_empty() {
                     bad("transport.command", "must name the program to start".into());
                 }
-                for name in env.keys().filter(|n| !valid_env_name(n)) {
+                for name in env.keys().filter(|n| !is_env_name(n)) {
                     bad("transport.env", format!("{name:?} is not a valid environment variable name"));
                 }
                 if let Some(dir) = cwd.as_ref().filter(|d| server.enabled && !d.is_dir()) {
@@ -124,8 +126,8 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
         }
         if server.enabled {
             for var in server.secret_vars() {
-                if !secret_is_set(var) {
-                    bad("transport", format!("needs the environment variable {var}, which is not set"));
+                if let Some(why) = secret_var_problem(var, secret_is_set(var)) {
+                    bad("transport", why);
                 }
             }
         }
@@ -136,21 +138,26 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
     if problems.is_empty() { Ok(McpConfig { servers }) } else { Err(problems) }
 }
 
-/// A call of a server whose forms wait for an owner may take `call_timeout + elicitation_ttl`;
-/// the tool.call job that runs it must have that time (`jobs.timeouts.tool_call`), or the job
-/// is given up while the form still waits.
-pub fn fits_tool_call_budget(config: &McpConfig, path: &Path, tool_call: std::time::Duration) -> Vec<Problem> {
+/// A call of a server may take its `call_timeout`, plus `elicitation_ttl` when its forms wait
+/// for an owner, plus the second the checkpoint adds to the server's own deadline; the
+/// tool.call job that runs it must have that time and `reserve` (the summary and the answer's
+/// sends) within `jobs.timeouts.tool_call`. A call that outlives its job is given up in the
+/// middle, and the job's retry calls the tool again (a write, perhaps, twice).
+pub fn fits_tool_call_budget(config: &McpConfig, path: &Path, tool_call: std::time::Duration, reserve: std::time::Duration) -> Vec<Problem> {
     let problem = toml_file::problem_at(path);
+    let worst = |s: &ServerConfig| s.call_deadline().saturating_add(std::time::Duration::from_secs(1));
     config
         .servers
         .iter()
-        .filter(|s| s.enabled && s.elicitation == ElicitationPolicy::Owner && s.call_deadline() >= tool_call)
+        .filter(|s| s.enabled && worst(s).saturating_add(reserve) > tool_call)
         .map(|s| {
+            let (key, what) = if s.elicitation == ElicitationPolicy::Owner { ("elicitation_ttl", "call_timeout + elicitation_ttl") } else { ("call_timeout", "call_timeout") };
             problem(
-                format!("server ({}).elicitation_ttl", s.id),
+                format!("server ({}).{key}", s.id),
                 format!(
-                    "call_timeout + elicitation_ttl ({}) must be less than jobs.timeouts.tool_call in gatehouse.toml ({})",
-                    humantime::format_duration(s.call_deadline()),
+                    "{what} and a second ({}), with the summary and the answer's sends ({}), must fit jobs.timeouts.tool_call in gatehouse.toml ({})",
+                    humantime::format_duration(worst(s)),
+                    humantime::format_duration(reserve),
                     humantime::format_duration(tool_call)
                 ),
             )

@@ -213,10 +213,29 @@ fn a_form_must_fit_in_the_tool_call_budget() {
     let text = "[[server]]\nid = \"asks\"\nelicitation = \"owner\"\nelicitation_ttl = \"10m\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
     let config = load_text(text, &[]).expect("valid on its own");
     let path = Path::new("mcp.toml");
-    let problems = fits_tool_call_budget(&config, path, Duration::from_secs(240));
+    let reserve = Duration::from_secs(65);
+    let problems = fits_tool_call_budget(&config, path, Duration::from_secs(240), reserve);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].to_string().contains("elicitation_ttl") && problems[0].to_string().contains("jobs.timeouts.tool_call"), "{}", problems[0]);
-    assert!(fits_tool_call_budget(&config, path, Duration::from_secs(3600)).is_empty());
+    assert!(fits_tool_call_budget(&config, path, Duration::from_secs(3600), reserve).is_empty());
+}
+
+/// Without forms, a server's own call_timeout must leave its job the time to summarise and
+/// answer: a call cut by its job would be made again by the job's retry.
+#[test]
+fn a_long_call_timeout_must_fit_in_the_tool_call_budget() {
+    let text = "[[server]]\nid = \"slow\"\ncall_timeout = \"300s\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
+    let config = load_text(text, &[]).expect("valid on its own");
+    let path = Path::new("mcp.toml");
+    let problems = fits_tool_call_budget(&config, path, Duration::from_secs(240), Duration::from_secs(65));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let said = problems[0].to_string();
+    assert!(said.contains("server (slow).call_timeout") && said.contains("jobs.timeouts.tool_call"), "{said}");
+    // 170 s + 1 s + 65 s fits 240 s; 175 s does not.
+    let fits = "[[server]]\nid = \"ok\"\ncall_timeout = \"170s\"\n[server.transport]\ntype = \"stdio\"\ncommand = \"x\"\n";
+    assert!(fits_tool_call_budget(&load_text(fits, &[]).expect("valid"), path, Duration::from_secs(240), Duration::from_secs(65)).is_empty());
+    let tight = fits.replace("170s", "175s");
+    assert_eq!(fits_tool_call_budget(&load_text(&tight, &[]).expect("valid"), path, Duration::from_secs(240), Duration::from_secs(65)).len(), 1);
 }
 
 /// A misspelt key of a secret header is refused by name: dropped, the token went out without its
