@@ -258,6 +258,18 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
     Ok((row, true))
 }
 
+/// Replaces an open proposal's before/after table and its counts with a newer replay's.
+pub async fn set_results(conn: &mut AnyConnection, id: i64, results: &str, fixes: i64, regressions: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE repairs SET results = $1, fixes = $2, regressions = $3 WHERE id = $4 AND state = 'proposed'")
+        .bind(results)
+        .bind(fixes)
+        .bind(regressions)
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 pub async fn get_repair(conn: &mut AnyConnection, id: i64) -> Result<Option<RepairRow>, DbError> {
     Ok(sqlx::query_as::<_, RepairRow>(&format!("SELECT {REPAIR_COLUMNS} FROM repairs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }

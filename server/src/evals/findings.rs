@@ -178,9 +178,11 @@ impl MarkError {
     }
 }
 
-/// The case a trace makes: its message, actor, chat type, the tool contexts its detector saw,
-/// the chat's memory summary, and the planner's recorded answers.
-pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Expect, origin: Origin, recent_turns: u32) -> Result<Case, MarkError> {
+/// The case a trace makes: its message, actor, chat type, the tool contexts its detector saw
+/// (their arguments with `pii_fields`, the catalog's personal-data fields, replaced: a case may
+/// be exported into version control), the chat's memory summary, and the planner's recorded
+/// answers.
+pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Expect, origin: Origin, recent_turns: u32, pii_fields: &[String]) -> Result<Case, MarkError> {
     let (trace, steps) = db::traces::get(conn, trace_id).await?.ok_or(MarkError::NoTrace(trace_id))?;
     // Where the channel stored it (a tool-lane message never enters chat memory), else memory,
     // else the trace's own copy (conversation.trace_text).
@@ -208,10 +210,12 @@ pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Ex
         .collect();
     for id in ids {
         if let Some(row) = db::contexts::get(conn, id).await? {
+            let mut args = serde_json::from_str(&row.args).unwrap_or(Value::Null);
+            crate::redact::redact_named(&mut args, pii_fields, crate::redact::PII_REDACTED);
             contexts.push(RecentContext {
                 id: Some(row.id.to_string()),
                 tool: row.tool,
-                args: serde_json::from_str(&row.args).unwrap_or(Value::Null),
+                args,
                 summary: row.summary,
                 entities: serde_json::from_str(&row.entities).unwrap_or_default(),
                 age_secs: u64::try_from(trace.started_at.saturating_sub(row.created_at) / 1000).unwrap_or(0),
@@ -225,11 +229,12 @@ pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Ex
 
 /// An owner's mark: the trace was wrong and `expect` is what should have happened. Stores the
 /// finding (the pattern given, or the one the expectation implies) and its eval case.
-pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, pattern: Option<Pattern>, note: &str, owner_id: Option<i64>, recent_turns: u32) -> Result<(FindingRow, i64), MarkError> {
+#[expect(clippy::too_many_arguments, reason = "the mark's parts, and what a case is made with")]
+pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, pattern: Option<Pattern>, note: &str, owner_id: Option<i64>, recent_turns: u32, pii_fields: &[String]) -> Result<(FindingRow, i64), MarkError> {
     let (trace, steps) = db::traces::get(conn, trace_id).await?.ok_or(MarkError::NoTrace(trace_id))?;
     let pattern = pattern.unwrap_or_else(|| Pattern::implied(&expect, &trace, &called_tools(&steps)));
     let origin = Origin { kind: "finding".into(), trace_id: Some(trace_id), pattern: Some(pattern.as_str().into()), note: (!note.trim().is_empty()).then(|| note.trim().to_string()) };
-    let case = case_from_trace(conn, trace_id, expect.clone(), origin, recent_turns).await?;
+    let case = case_from_trace(conn, trace_id, expect.clone(), origin, recent_turns, pii_fields).await?;
     let expect_text = expect.to_string();
     let new = store::NewFinding { trace_id, pattern: pattern.as_str(), source: "owner", note: note.trim(), expect: &expect_text, owner_id, created_at: db::now_ms() };
     let (finding, _) = store::insert_finding(conn, &new).await?;
@@ -241,14 +246,14 @@ pub async fn mark(conn: &mut AnyConnection, trace_id: i64, expect: Expect, patte
 /// Makes the cases of findings that have an expectation and no case yet (a `/wrong` from
 /// WhatsApp stores only the finding). Returns how many were made; a finding whose trace cannot
 /// be replayed is left as it is.
-pub async fn make_cases(conn: &mut AnyConnection, recent_turns: u32) -> Result<usize, DbError> {
+pub async fn make_cases(conn: &mut AnyConnection, recent_turns: u32, pii_fields: &[String]) -> Result<usize, DbError> {
     let mut made = 0;
     for finding in store::findings_without_case(conn).await? {
         let Ok(expect) = finding.expect.parse::<Expect>() else {
             continue;
         };
         let origin = Origin { kind: "finding".into(), trace_id: Some(finding.trace_id), pattern: Some(finding.pattern.clone()), note: (!finding.note.is_empty()).then(|| finding.note.clone()) };
-        match case_from_trace(conn, finding.trace_id, expect, origin, recent_turns).await {
+        match case_from_trace(conn, finding.trace_id, expect, origin, recent_turns, pii_fields).await {
             Ok(case) => {
                 let id = store::upsert_case(conn, &case.to_row()).await?;
                 store::set_finding_case(conn, finding.id, id).await?;

@@ -71,7 +71,8 @@ impl std::fmt::Debug for Cycle {
 }
 
 impl Cycle {
-    fn workspace(&self) -> Workspace {
+    /// What a replay reads now: the config folder with the checkpoint's live catalog.
+    pub fn workspace(&self) -> Workspace {
         Workspace { live: self.checkpoint.catalog(), ..self.workspace.clone() }
     }
 
@@ -79,7 +80,7 @@ impl Cycle {
     pub async fn run(&self) -> Result<CycleReport, RepairError> {
         let mut conn = self.db.pool.acquire().await.map_err(db::DbError::from)?;
         let scanned = findings::scan(&mut conn, &self.checkpoint.catalog(), &self.settings.evals, SCAN_BATCH).await?;
-        let cases_made = findings::make_cases(&mut conn, self.settings.lane.planner_recent_turns).await?;
+        let cases_made = findings::make_cases(&mut conn, self.settings.lane.planner_recent_turns, &self.checkpoint.catalog().audit.pii_fields).await?;
         let cases = findings::cases(&mut conn).await?;
         drop(conn);
         let ws = self.workspace();
@@ -165,7 +166,7 @@ impl Handler<MarkTraceJob> for Cycle {
     async fn run(&self, args: MarkTraceJob, _ctx: &JobContext) -> Result<JobOutput, JobError> {
         let expect: Expect = args.expect.parse().map_err(|e: crate::evals::case::ExpectError| JobError::permanent("EVAL_EXPECT_INVALID", e.to_string()))?;
         let mut conn = self.db.pool.acquire().await.map_err(db::DbError::from)?;
-        match findings::mark(&mut conn, args.trace_id, expect, None, &args.note, Some(args.owner_id), self.settings.lane.planner_recent_turns).await {
+        match findings::mark(&mut conn, args.trace_id, expect, None, &args.note, Some(args.owner_id), self.settings.lane.planner_recent_turns, &self.checkpoint.catalog().audit.pii_fields).await {
             Ok((finding, case_id)) => Ok(JobOutput { preview: Some(format!("trace #{} marked {}; eval case #{case_id}", args.trace_id, finding.pattern)), snooze: None }),
             Err(MarkError::Db(e)) => Err(e.into()),
             Err(e) => Err(JobError::permanent(e.code(), e.to_string())),

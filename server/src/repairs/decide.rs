@@ -5,24 +5,59 @@ use std::path::Path;
 
 use sqlx::AnyConnection;
 
-use super::{FileChange, RepairError, files_of, read};
-use crate::db::{self, DbError, evals as store, evals::{RepairRow, RepairState}};
+use super::{FileChange, RepairError, Workspace, files_of, read, run_all, table, table_of};
+use crate::db::{
+    self, DbError,
+    audit::{self, event},
+    evals as store,
+    evals::{RepairRow, RepairState},
+};
 
-/// Writes `text` to `path` atomically: a temporary file in the same folder, then a rename.
+/// Writes `text` to `path` atomically: a temporary file in the same folder, then a rename,
+/// then the folder synced so the rename survives a power cut. The file keeps its permissions
+/// and, where the process may set them, its owner (a temporary file is made 0600, which a
+/// server running as another user could no longer read). A symbolic link is followed: the file
+/// it names is replaced and the link stays.
 fn write_atomic(path: &Path, text: &str) -> Result<(), RepairError> {
     use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let target = match std::fs::canonicalize(path) {
+        Ok(target) => target,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => path.to_path_buf(),
+        Err(e) => return Err(RepairError::File(format!("cannot read {}: {e}", path.display()))),
+    };
+    let dir = target.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| RepairError::File(format!("cannot write in {}: {e}", dir.display())))?;
+    if let Ok(meta) = std::fs::metadata(&target) {
+        use std::os::unix::fs::MetadataExt;
+        tmp.as_file().set_permissions(meta.permissions()).map_err(|e| RepairError::File(format!("cannot set the permissions of {}: {e}", path.display())))?;
+        // Only root may give a file away; anyone else keeps their own, as the editor would.
+        let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(meta.uid()), Some(meta.gid()));
+    }
     tmp.write_all(text.as_bytes()).and_then(|()| tmp.as_file().sync_all()).map_err(|e| RepairError::File(format!("cannot write {}: {e}", path.display())))?;
-    tmp.persist(path).map_err(|e| RepairError::File(format!("cannot replace {}: {}", path.display(), e.error)))?;
+    tmp.persist(&target).map_err(|e| RepairError::File(format!("cannot replace {}: {}", path.display(), e.error)))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| RepairError::File(format!("cannot sync {}: {e}", dir.display())))?;
     Ok(())
 }
 
-/// Who decides, for the row and the git commit.
-#[derive(Debug, Clone)]
+/// Who decides, for the row, the owner audit and the git commit.
+#[derive(Debug, Clone, Default)]
 pub struct Decider {
     pub name: String,
     pub login: String,
+    /// The owner account (none from the command line).
+    pub owner_id: Option<i64>,
+    /// Where the decision came from (the console's client address).
+    pub ip: Option<String>,
+}
+
+impl Decider {
+    /// The decision's owner-audit row, written in the decision's own transaction: a decision
+    /// is never on record without it, nor it without the decision.
+    async fn audit(&self, conn: &mut AnyConnection, event: &str, id: i64, confirm_regressions: Option<bool>) -> Result<(), DbError> {
+        let detail = serde_json::json!({ "repair": id, "login": self.login, "confirm_regressions": confirm_regressions });
+        let entry = audit::AuditEntry { owner_id: self.owner_id, login: Some(&self.login), ip: self.ip.as_deref(), event, detail: Some(detail) };
+        audit::record(conn, entry).await
+    }
 }
 
 /// Brings the files of `changes` to their `after` text (`forward`) or back to `before`,
@@ -45,22 +80,48 @@ fn swap(dir: &Path, changes: &[FileChange], forward: bool) -> Result<(), RepairE
     Ok(())
 }
 
-/// Approves and applies repair `id`. The state changes and the files are written inside one
-/// transaction, committed only once every file is written: whoever is first decides (a second
-/// approval waits for the row, then finds it decided), a file that cannot be written leaves the
-/// repair proposed, and a crash between the writes and the commit leaves it proposed with its
-/// files in place, which approving again completes. The caller reloads the catalog.
-pub async fn approve(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider, confirm_regressions: bool) -> Result<RepairRow, RepairError> {
+/// Approves and applies repair `id`. Every case is replayed first over the files and cases as
+/// they are now, since the table the owner saw may be older than a case added or a tool file
+/// edited since: a repair that now breaks more cases than its table said is refused
+/// (`REPAIR_REPLAY_CHANGED`) with its table brought up to date, and one that breaks any needs
+/// `confirm_regressions`. The state changes and the files are written inside one transaction,
+/// committed only once every file is written: whoever is first decides (a second approval
+/// waits for the row, then finds it decided), a file that cannot be written leaves the repair
+/// proposed, and a crash between the writes and the commit leaves it proposed with its files in
+/// place, which approving again completes. The caller reloads the catalog.
+pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Decider, confirm_regressions: bool) -> Result<RepairRow, RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
     if row.state != RepairState::Proposed {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
-    if row.regressions > 0 && !confirm_regressions {
+    let regressions = replay_again(conn, ws, &row).await?;
+    if regressions > row.regressions {
+        return Err(RepairError::ReplayChanged { id, regressions });
+    }
+    if regressions.max(row.regressions) > 0 && !confirm_regressions {
         return Err(RepairError::NeedsConfirmation(id));
     }
-    decide_with_files(conn, dir, &row, (RepairState::Proposed, RepairState::Applied), by, &format!("Repair #{id}: {}", row.summary)).await?;
+    let audit = (event::REPAIR_APPROVED, Some(confirm_regressions));
+    decide_with_files(conn, &ws.config_dir, &row, (RepairState::Proposed, RepairState::Applied), by, audit, &format!("Repair #{id}: {}", row.summary)).await?;
     tracing::info!(repair = id, by = %by.login, "repair applied");
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
+}
+
+/// Replays every stored case before and after `row`'s change, over the config folder as it is
+/// now, stores the table when it differs from the one on the row, and returns how many cases
+/// the change now breaks.
+async fn replay_again(conn: &mut AnyConnection, ws: &Workspace, row: &RepairRow) -> Result<i64, RepairError> {
+    let cases = crate::evals::findings::cases(conn).await?;
+    let Some(change) = files_of(row).into_iter().find(|c| c.before != c.after) else { return Ok(0) };
+    let before = run_all(&ws.judge()?, &cases).await;
+    let after = run_all(&ws.judge_with(&change)?, &cases).await;
+    let fresh = table(&before, &after);
+    let regressions = fresh.iter().filter(|r| r.regressed()).count() as i64;
+    if fresh != table_of(row) {
+        let fixes = fresh.iter().filter(|r| r.fixed()).count() as i64;
+        store::set_results(conn, row.id, &serde_json::to_string(&fresh).unwrap_or_default(), fixes, regressions).await?;
+    }
+    Ok(regressions)
 }
 
 /// Rejects repair `id` with a reason; its files are never touched. Refused while a file in
@@ -78,9 +139,12 @@ pub async fn reject(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider,
             }
         }
     }
-    if !store::transition(conn, id, RepairState::Proposed, RepairState::Rejected, &by.name, Some(reason.trim()), db::now_ms()).await? {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    if !store::transition(&mut tx, id, RepairState::Proposed, RepairState::Rejected, &by.name, Some(reason.trim()), db::now_ms()).await? {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
+    by.audit(&mut tx, event::REPAIR_REJECTED, id, None).await?;
+    tx.commit().await.map_err(DbError::from)?;
     tracing::info!(repair = id, by = %by.login, "repair rejected");
     Ok(())
 }
@@ -93,7 +157,7 @@ pub async fn rollback(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decide
     if row.state != RepairState::Applied {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
-    decide_with_files(conn, dir, &row, (RepairState::Applied, RepairState::RolledBack), by, &format!("Roll back repair #{id}: {}", row.summary)).await?;
+    decide_with_files(conn, dir, &row, (RepairState::Applied, RepairState::RolledBack), by, (event::REPAIR_ROLLED_BACK, None), &format!("Roll back repair #{id}: {}", row.summary)).await?;
     tracing::info!(repair = id, by = %by.login, "repair rolled back");
     Ok(())
 }
@@ -102,7 +166,15 @@ pub async fn rollback(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decide
 /// repair when it is applied, back otherwise), in one transaction committed only once every file
 /// is written; then commits the files to git with `message`. A state changed meanwhile by
 /// another decision is `Decided` with that state, and nothing is written.
-async fn decide_with_files(conn: &mut AnyConnection, dir: &Path, row: &RepairRow, (from, to): (RepairState, RepairState), by: &Decider, message: &str) -> Result<(), RepairError> {
+async fn decide_with_files(
+    conn: &mut AnyConnection,
+    dir: &Path,
+    row: &RepairRow,
+    (from, to): (RepairState, RepairState),
+    by: &Decider,
+    (audit_event, confirm_regressions): (&str, Option<bool>),
+    message: &str,
+) -> Result<(), RepairError> {
     let id = row.id;
     let changes = files_of(row);
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
@@ -112,6 +184,7 @@ async fn decide_with_files(conn: &mut AnyConnection, dir: &Path, row: &RepairRow
         let state = store::get_repair(conn, id).await?.map(|r| r.state.to_string()).unwrap_or_default();
         return Err(RepairError::Decided { id, state });
     }
+    by.audit(&mut tx, audit_event, id, confirm_regressions).await?;
     swap(dir, &changes, to == RepairState::Applied)?;
     tx.commit().await.map_err(DbError::from)?;
     commit_if_git(dir, &changes, message, by);
@@ -138,5 +211,32 @@ fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &Decider
     let ok = git(&add).is_ok_and(|o| o.status.success()) && git(&identified).is_ok_and(|o| o.status.success());
     if !ok {
         tracing::warn!(dir = %dir.display(), "the config folder is a git working tree, but committing the repair failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_rewritten_file_keeps_its_permissions_and_its_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tools.toml");
+        std::fs::write(&file, "old").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_atomic(&file, "new").expect("written");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "new");
+        assert_eq!(std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777, 0o644, "not the temporary file's 0600");
+
+        let real = dir.path().join("kept").join("tools.toml");
+        std::fs::create_dir(real.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&real, "old").expect("write");
+        let link = dir.path().join("linked.toml");
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        write_atomic(&link, "new").expect("written");
+        assert!(std::fs::symlink_metadata(&link).expect("meta").file_type().is_symlink(), "the link stays a link");
+        assert_eq!(std::fs::read_to_string(&real).expect("read"), "new", "the file it names is written");
     }
 }

@@ -104,6 +104,8 @@ pub enum RepairError {
     Decided { id: i64, state: String },
     #[error("REPAIR_NEEDS_CONFIRMATION: repair {0} breaks a case that passes today; approve it again confirming the regressions")]
     NeedsConfirmation(i64),
+    #[error("REPAIR_REPLAY_CHANGED: replayed over today's cases and files, repair {id} breaks {regressions} case(s) that pass, more than its table said; the table is updated: review it, then approve again")]
+    ReplayChanged { id: i64, regressions: i64 },
     #[error("REPAIR_STALE: {0} changed since the repair was proposed; propose again")]
     Stale(String),
     #[error("REPAIR_REASON_REQUIRED: say why the repair is rejected")]
@@ -115,9 +117,20 @@ pub enum RepairError {
     #[error("REPAIR_FILE_ERROR: {0}")]
     File(String),
     #[error(transparent)]
-    Cases(#[from] crate::evals::CasesError),
+    Cases(crate::evals::CasesError),
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+/// A case that does not parse is `EVAL_CASE_CORRUPT`; the database failing while the cases are
+/// read is a database error like any other (the cycle's job retries it).
+impl From<crate::evals::CasesError> for RepairError {
+    fn from(e: crate::evals::CasesError) -> Self {
+        match e {
+            crate::evals::CasesError::Db(e) => Self::Db(e),
+            corrupt => Self::Cases(corrupt),
+        }
+    }
 }
 
 impl RepairError {
@@ -126,6 +139,7 @@ impl RepairError {
             Self::NotFound(_) => "REPAIR_NOT_FOUND",
             Self::Decided { .. } => "REPAIR_ALREADY_DECIDED",
             Self::NeedsConfirmation(_) => "REPAIR_NEEDS_CONFIRMATION",
+            Self::ReplayChanged { .. } => "REPAIR_REPLAY_CHANGED",
             Self::Stale(_) => "REPAIR_STALE",
             Self::ReasonRequired => "REPAIR_REASON_REQUIRED",
             Self::HalfApplied(_) => "REPAIR_HALF_APPLIED",
@@ -303,4 +317,18 @@ pub fn files_of(row: &RepairRow) -> Vec<FileChange> {
 /// The table of a stored repair.
 pub fn table_of(row: &RepairRow) -> Vec<TableRow> {
     serde_json::from_str(&row.results).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database failing while cases are read is a database error (the cycle's job retries
+    /// it), not a corrupt case.
+    #[test]
+    fn a_database_error_reading_cases_is_not_a_corrupt_case() {
+        let e = RepairError::from(crate::evals::CasesError::Db(DbError::UnsupportedUrl));
+        assert!(matches!(e, RepairError::Db(_)), "{e:?}");
+        assert_eq!(e.code(), "DATABASE_ERROR");
+    }
 }

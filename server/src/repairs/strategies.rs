@@ -75,14 +75,17 @@ fn words(message: &str) -> Vec<String> {
 
 /// Phrases of the message a repair may add, shortest first, each once: spans of 2 to
 /// `max_words` words that neither start nor end with a filler word, then single words of five
-/// letters or more.
+/// letters or more. No phrase holds a word with a digit: an order or phone number, a date or
+/// an address is the customer's, and a repair's phrase goes into the config, its diff and every
+/// later planner prompt.
 pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
     let words = words(message);
     let edge = |w: &String| EDGE_WORDS.contains(&w.as_str());
+    let numbered = |w: &String| w.chars().any(|c| c.is_numeric());
     let mut out: Vec<String> = Vec::new();
     for len in 2..=max_words.max(2).min(words.len()) {
         for span in words.windows(len) {
-            if edge(&span[0]) || edge(&span[len - 1]) {
+            if edge(&span[0]) || edge(&span[len - 1]) || span.iter().any(numbered) {
                 continue;
             }
             let phrase = span.join(" ");
@@ -91,7 +94,7 @@ pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
             }
         }
     }
-    for w in words.iter().filter(|w| w.chars().count() >= 5 && !edge(w)) {
+    for w in words.iter().filter(|w| w.chars().count() >= 5 && !edge(w) && !numbered(w)) {
         if !out.contains(w) {
             out.push(w.clone());
         }
@@ -332,6 +335,9 @@ mod tests {
         let p = phrases("Could you check the tide times for Porto?", 3);
         assert_eq!(p, vec!["tide times", "check the tide", "times for porto", "check", "times", "porto"]);
         assert!(phrases("Is it on?", 6).is_empty(), "only filler and short words");
+        let private = phrases("Refund order 48213 to +351912345678 please", 3);
+        assert!(private.iter().all(|p| !p.chars().any(char::is_numeric)), "{private:?}");
+        assert!(private.contains(&"refund order".to_string()), "{private:?}");
     }
 
     #[test]

@@ -52,6 +52,15 @@ fn config(dir: &Path, extra: &str) -> PathBuf {
     path
 }
 
+/// [`config`], with the shipped tool files beside it.
+fn config_with_tools(dir: &Path) -> PathBuf {
+    let path = config(dir, "");
+    for name in ["tools.toml", "connectors.toml"] {
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.join(name)).expect("copy tool files");
+    }
+    path
+}
+
 #[test]
 fn help_for_every_command_and_bad_usage() {
     for args in [
@@ -378,6 +387,36 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
     assert!(!logs.contains(SECRET), "secret in logs");
 }
 
+/// `gatehouse worker` reloads its catalog on SIGHUP as `serve` does, and goes on running (a
+/// hangup without a handler would end it with its jobs' leases held).
+#[test]
+fn a_worker_reloads_its_catalog_on_sighup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config_with_tools(dir.path());
+    let stderr = dir.path().join("worker.log");
+    let mut child = Command::new(BIN)
+        .args(["--config", path.to_str().expect("utf8"), "--log-format", "json", "worker"])
+        .env("ANTHROPIC_API_KEY", "")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("log file"))
+        .spawn()
+        .expect("spawn");
+    let logs = || std::fs::read_to_string(&stderr).unwrap_or_default();
+    let wait_for = |needle: &str, child: &mut std::process::Child| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !logs().contains(needle) {
+            assert!(Instant::now() < deadline && child.try_wait().expect("status").is_none(), "waiting for {needle:?}: {}", logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("worker process starting", &mut child);
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    wait_for("SIGHUP: tool catalog reloaded", &mut child);
+    assert!(child.try_wait().expect("status").is_none(), "still running after the hangup");
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    assert_eq!(child.wait().expect("wait").code(), Some(0), "{}", logs());
+}
+
 /// Strict mode (seed 003 WS-1.2): without the provider's key Gatehouse refuses to start with
 /// exit code 1 instead of running degraded, from `GATEHOUSE_STRICT` or `server.strict`.
 #[test]
@@ -402,10 +441,7 @@ fn strict_mode_refuses_to_start_without_a_provider_key() {
 #[test]
 fn lane_detect_prints_the_detection() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = config(dir.path(), "");
-    for name in ["tools.toml", "connectors.toml"] {
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.path().join(name)).expect("copy tool files");
-    }
+    let path = config_with_tools(dir.path());
     let config = path.to_str().expect("utf8");
     let detect = |args: &[&str]| {
         let mut all = vec!["--config", config, "lane", "detect"];
@@ -434,10 +470,7 @@ fn lane_detect_prints_the_detection() {
 #[test]
 fn eval_and_repair_commands_replay_propose_and_decide() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = config(dir.path(), "");
-    for name in ["tools.toml", "connectors.toml"] {
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/").to_string() + name, dir.path().join(name)).expect("copy tool files");
-    }
+    let path = config_with_tools(dir.path());
     let config = path.to_str().expect("utf8");
     let gh = |args: &[&str]| {
         let mut all = vec!["--config", config];
@@ -497,6 +530,15 @@ fn eval_and_repair_commands_replay_propose_and_decide() {
     assert!(passing.code == 0 && passing.stdout.contains("2 of 2 case(s) pass"), "{}", passing.all());
     assert_eq!(gh(&["repair", "rollback", "1"]).code, 0);
     assert_eq!(std::fs::read_to_string(&tools).expect("read"), original, "rolled back");
+    // Each decision made here is in the owner audit, as the console's are.
+    let url = format!("sqlite://{}", dir.path().join("data/gatehouse.db").display());
+    let audited: Vec<(String, Option<String>)> = tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+        sqlx::any::install_default_drivers();
+        let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url).await.expect("open the database");
+        sqlx::query_as("SELECT event, login FROM owner_audit WHERE event LIKE 'repair_%' ORDER BY id").fetch_all(&mut conn).await.expect("audit")
+    });
+    let cli = Some("cli".to_string());
+    assert_eq!(audited, vec![("repair_approved".to_string(), cli.clone()), ("repair_rolled_back".to_string(), cli)]);
 }
 
 /// Processes starting at once on a new SQLite file take turns migrating it: each succeeds, and

@@ -138,9 +138,9 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (row, _) = repairs::store(&mut conn, p).await.expect("store");
-    let owner = Decider { name: "Ada".into(), login: "ada".into() };
+    let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
 
-    let refused = repairs::approve(&mut conn, dir.path(), row.id, &owner, false).await;
+    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, false).await;
     assert!(matches!(refused, Err(RepairError::NeedsConfirmation(_))), "{refused:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "asked, not applied");
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed");
@@ -152,12 +152,12 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
             .expect("store");
     assert!(matches!(repairs::reject(&mut conn, dir.path(), other.id, &owner, "  ").await, Err(RepairError::ReasonRequired)));
     repairs::reject(&mut conn, dir.path(), other.id, &owner, "too broad").await.expect("reject");
-    assert!(matches!(repairs::approve(&mut conn, dir.path(), other.id, &owner, true).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
+    assert!(matches!(repairs::approve(&mut conn, &ws, other.id, &owner, true).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a rejection touches nothing");
 
     // A file edited by hand since the proposal is not overwritten.
     std::fs::write(dir.path().join("tools.toml"), format!("{original}\n# edited by hand\n")).expect("edit");
-    assert!(matches!(repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true).await, Err(RepairError::Stale(_))));
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed", "still open after a refused write");
     std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
 
@@ -172,7 +172,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     // Rejected now, the edit would stay in the file and go live at the next reload: refused.
     let half = repairs::reject(&mut conn, dir.path(), row.id, &owner, "changed my mind").await;
     assert!(matches!(half, Err(RepairError::HalfApplied(id)) if id == row.id), "{half:?}");
-    let applied = repairs::approve(&mut conn, dir.path(), row.id, &owner, true).await.expect("confirmed");
+    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, true).await.expect("confirmed");
     assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
     let log = String::from_utf8_lossy(&git(&["log", "-1", "--format=%an <%ae>|%s"]).stdout).into_owned();
@@ -180,6 +180,38 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     assert!(git(&["status", "--porcelain"]).stdout.is_empty(), "committed whole");
 }
 both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_applied_without_an_owner);
+
+/// The table an owner approves from may be older than the cases: a case added since, which
+/// the repair breaks, stops the approval (`REPAIR_REPLAY_CHANGED`) and shows in the stored
+/// table; approving again then asks for the confirmation that every regression needs.
+async fn a_repair_is_replayed_again_when_approved(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &case("wants-page", MISROUTED, "tool:web_fetch").to_row()).await.expect("case");
+    let cases = findings::cases(&mut conn).await.expect("cases");
+    let p = repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().next().expect("a proposal");
+    assert_eq!((p.fixes(), p.regressions()), (1, 0), "{:?}", p.table);
+    let (row, _) = repairs::store(&mut conn, &p).await.expect("store");
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+
+    // Later, a case the same edit breaks.
+    store::upsert_case(&mut conn, &case("just-chat", &format!("{MISROUTED}!"), "normal_chat").to_row()).await.expect("case");
+    let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
+    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, true).await;
+    assert!(matches!(refused, Err(RepairError::ReplayChanged { regressions: 1, .. })), "{refused:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "nothing applied");
+    let stored = store::get_repair(&mut conn, row.id).await.expect("get").expect("row");
+    assert_eq!((stored.state.as_str(), stored.regressions), ("proposed", 1));
+    assert!(repairs::table_of(&stored).iter().any(|t| t.case == "just-chat" && t.regressed()), "{:?}", repairs::table_of(&stored));
+
+    let unconfirmed = repairs::approve(&mut conn, &ws, row.id, &owner, false).await;
+    assert!(matches!(unconfirmed, Err(RepairError::NeedsConfirmation(_))), "{unconfirmed:?}");
+    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, true).await.expect("confirmed");
+    assert_eq!(applied.state.as_str(), "applied");
+}
+both_backends!(evals_repair_replayed_on_approval, a_repair_is_replayed_again_when_approved);
 
 /// Deciding a repair and storing a proposal wait for each other, across connections and
 /// processes: two approvals of different repairs made from the same file cannot both pass the
@@ -197,11 +229,11 @@ async fn repair_writers_wait_for_each_other(db: TestDb) {
 
     let mut holder = app.state.db.begin_write().await.expect("tx");
     store::lock_repairs(&mut holder).await.expect("lock");
-    let owner = Decider { name: "Ada".into(), login: "ada".into() };
-    let (pool, path) = (app.state.db.pool.clone(), dir.path().to_path_buf());
+    let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
+    let (pool, ws) = (app.state.db.pool.clone(), ws.clone());
     let approve = tokio::spawn(async move {
         let mut conn = pool.acquire().await.expect("conn");
-        repairs::approve(&mut conn, &path, row.id, &owner, true).await
+        repairs::approve(&mut conn, &ws, row.id, &owner, true).await
     });
     let other = repairs::Proposal { summary: "another".into(), change: repairs::FileChange { after: format!("{}\n# another\n", p.change.before), ..p.change.clone() }, ..p.clone() };
     let db = app.state.db.clone();
@@ -232,17 +264,17 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (first, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
     assert!(new);
-    let owner = Decider { name: "Ada".into(), login: "ada".into() };
+    let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
 
     // Lines added above every tool: the proposal is stale, and the same edit now lands lower.
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     std::fs::write(dir.path().join("tools.toml"), format!("# Kept by the shop.\n# Reviewed monthly.\n{original}")).expect("edit");
-    assert!(matches!(repairs::approve(&mut conn, dir.path(), first.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert!(matches!(repairs::approve(&mut conn, &ws, first.id, &owner, true).await, Err(RepairError::Stale(_))));
     let again = propose().await;
     let (updated, new) = repairs::store(&mut conn, &again).await.expect("store");
     assert_eq!((updated.id, new), (first.id, false), "the open proposal of the same edit, not a second one");
     assert_ne!(updated.files, first.files, "made from the file as it is now");
-    let applied = repairs::approve(&mut conn, dir.path(), updated.id, &owner, true).await.expect("approvable again");
+    let applied = repairs::approve(&mut conn, &ws, updated.id, &owner, true).await.expect("approvable again");
     assert_eq!(applied.state.as_str(), "applied");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), again.change.after);
 
@@ -280,7 +312,7 @@ async fn a_right_tool_short_of_the_threshold_gets_its_own(db: TestDb) {
 
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (row, _) = repairs::store(&mut conn, p).await.expect("store");
-    repairs::approve(&mut conn, dir.path(), row.id, &Decider { name: "Ada".into(), login: "ada".into() }, false).await.expect("approve");
+    repairs::approve(&mut conn, &ws, row.id, &Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() }, false).await.expect("approve");
     let after = repairs::run_all(&ws.judge().expect("judge"), &cases).await;
     assert!(after.iter().all(|r| r.pass()), "{after:?}");
     assert_eq!(after[0].detector.observed.code, "CANDIDATES_FOUND");
@@ -334,7 +366,7 @@ async fn traces_record_planner_answers_that_replay_offline(db: TestDb) {
     assert_eq!(past.traces, 2, "the abandoned trace and the one after it");
 
     let ev1: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.EV1'").fetch_one(&mut *conn).await.expect("trace");
-    let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default(), 6).await.expect("case");
+    let right = findings::case_from_trace(&mut conn, ev1, "tool:order_status".parse().expect("expect"), Origin::default(), 6, &[]).await.expect("case");
     assert_eq!((right.message.as_str(), right.recorded.len()), ("Where is my order 4821?", 1));
     drop(conn);
     let hits = r.llm.hits();

@@ -78,10 +78,10 @@ pub fn diff_rows(change: &FileChange) -> Vec<DiffRow> {
 }
 
 impl ConsoleBackend {
-    async fn decider(&self, owner_id: i64) -> Result<(Decider, String), AppError> {
+    async fn decider(&self, owner_id: i64, ip: &str) -> Result<Decider, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         let owner = db::owners::find_by_id(&mut conn, owner_id).await.map_err(internal)?.ok_or_else(AppError::unauthorized)?;
-        Ok((Decider { name: owner.display_name.clone(), login: owner.login.clone() }, owner.login))
+        Ok(Decider { name: owner.display_name, login: owner.login, owner_id: Some(owner_id), ip: Some(ip.to_string()) })
     }
 
     async fn audit(&self, owner_id: i64, ip: &str, event: &str, detail: serde_json::Value) -> Result<(), AppError> {
@@ -155,30 +155,27 @@ impl RepairsBackend for ConsoleBackend {
     }
 
     async fn decide_repair(&self, owner_id: i64, id: i64, action: &str, confirm: bool, reason: &str, ip: &str) -> Result<String, AppError> {
-        let (by, login) = self.decider(owner_id).await?;
+        let by = self.decider(owner_id, ip).await?;
         let dir = self.state.config.dir.clone();
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let (event, words) = match action {
+        // Each decision writes its owner-audit row in its own transaction.
+        match action {
             "approve" => {
-                let row = repairs::approve(&mut conn, &dir, id, &by, confirm).await.map_err(repair_error)?;
+                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm).await.map_err(repair_error)?;
                 drop(conn);
-                (audit::event::REPAIR_APPROVED, format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
+                Ok(format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
             }
             "reject" => {
                 repairs::reject(&mut conn, &dir, id, &by, reason).await.map_err(repair_error)?;
-                (audit::event::REPAIR_REJECTED, format!("Repair #{id} rejected; nothing was changed."))
+                Ok(format!("Repair #{id} rejected; nothing was changed."))
             }
             "rollback" => {
                 repairs::rollback(&mut conn, &dir, id, &by).await.map_err(repair_error)?;
                 drop(conn);
-                (audit::event::REPAIR_ROLLED_BACK, format!("Repair #{id} rolled back. {}", self.reload().await))
+                Ok(format!("Repair #{id} rolled back. {}", self.reload().await))
             }
-            _ => {
-                return Err(AppError::invalid("action must be approve, reject or rollback"));
-            }
-        };
-        self.audit(owner_id, ip, event, serde_json::json!({ "repair": id, "login": login, "confirm_regressions": confirm })).await?;
-        Ok(words)
+            _ => Err(AppError::invalid("action must be approve, reject or rollback")),
+        }
     }
 
     async fn mark_trace(&self, owner_id: i64, mark: TraceMark, ip: &str) -> Result<String, AppError> {
@@ -189,7 +186,7 @@ impl RepairsBackend for ConsoleBackend {
         };
         let note: String = mark.note.chars().take(500).collect();
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let (finding, case_id) = match findings::mark(&mut conn, mark.trace_id, expect.clone(), pattern, &note, Some(owner_id), self.state.config.settings.lane.planner_recent_turns).await {
+        let (finding, case_id) = match findings::mark(&mut conn, mark.trace_id, expect.clone(), pattern, &note, Some(owner_id), self.state.config.settings.lane.planner_recent_turns, &self.state.tools.catalog().audit.pii_fields).await {
             Ok(done) => done,
             Err(MarkError::Db(e)) => return Err(internal(e)),
             Err(MarkError::NoTrace(id)) => {

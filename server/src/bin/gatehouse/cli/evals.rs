@@ -133,7 +133,7 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
                 }
             }
             let case = match (add.from_trace, &add.message) {
-                (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }, gatehouse.config.settings.lane.planner_recent_turns).await.map_err(usage)?,
+                (Some(trace), _) => findings::case_from_trace(&mut conn, trace, expect, Origin { kind: "trace".into(), ..Origin::default() }, gatehouse.config.settings.lane.planner_recent_turns, &gatehouse.tools.catalog().audit.pii_fields).await.map_err(usage)?,
                 (None, Some(message)) => {
                     let contexts = read_contexts(add.situation.context.as_deref())?;
                     let (actor, chat_type) = (add.situation.actor.role(), add.situation.chat_type.kind());
@@ -242,7 +242,7 @@ pub async fn repair(cfg: LoadedConfig, files: ToolFiles, cmd: &RepairCommand) ->
 }
 
 async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), Failure> {
-    let cli = Decider { name: "cli".into(), login: "cli".into() };
+    let cli = Decider { name: "cli".into(), login: "cli".into(), ..Decider::default() };
     let dir = gatehouse.config.dir.clone();
     match cmd {
         RepairCommand::Propose => {
@@ -284,7 +284,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         }
         RepairCommand::Approve { id, confirm_regressions } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
-            let row = repairs::approve(&mut conn, &dir, *id, &cli, *confirm_regressions).await.map_err(decision)?;
+            let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions).await.map_err(decision)?;
             println!("repair #{} applied: {}. Reload the running server's catalog (send it SIGHUP) to use it.", row.id, row.summary);
         }
         RepairCommand::Reject { id, reason } => {
