@@ -42,6 +42,8 @@ pub fn redact(value: &mut Value) {
 
 /// Marks personal data (the catalog's `[audit] pii_fields`) in stored arguments.
 pub const PII_REDACTED: &str = "[PII]";
+/// Words for a person that a trace does not keep (`conversation.trace_text` off).
+pub const TEXT_NOT_KEPT: &str = "[text not kept]";
 
 /// Replaces the values of fields named in `names` (case-insensitive), at any depth, with
 /// `marker`.

@@ -89,6 +89,11 @@ impl Approvals {
         let detail = json!({ "approval_id": id, "tool": row.tool, "via": by.via, "decided_by": by.name, "reason": note, "job_id": job_id });
         audit::record(&mut tx, AuditEntry { owner_id: by.owner_id, login: Some(&by.name), ip, event, detail: Some(detail.clone()) }).await?;
         if let Some(trace_id) = row.trace_id {
+            // The owner's reason is their text: in the request's trace only with trace_text on.
+            let mut detail = detail;
+            if !self.settings.conversation.trace_text {
+                detail["reason"] = json!(note.map(|n| json!({ "chars": n.chars().count() })));
+            }
             traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?;
         }
         self.queue.commit(tx).await?;

@@ -32,7 +32,7 @@ use crate::{
         canonical::{args_hash, canonical_json},
         checkpoint::ToolFailure,
     },
-    traces::{self, Ending, Recorder, Subject},
+    traces::{self, Ending, Recorder, Step, Subject},
 };
 
 pub use self::{
@@ -257,7 +257,13 @@ impl Approvals {
             created_at: now,
             expires_at: now.saturating_add(db::duration_ms(self.settings.approvals.ttl)),
         };
-        let (row, reused) = store::insert_or_reuse(&mut tx, &new).await?;
+        let store::Stored { row, reused, expired } = store::insert_or_reuse(&mut tx, &new).await?;
+        for (id, trace_id) in expired {
+            // Settled here rather than by its expiry job, which then finds nothing to do.
+            if let Some(trace_id) = trace_id {
+                traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?;
+            }
+        }
         if !reused {
             self.ask_owners(&mut tx, &row).await?;
         }

@@ -72,7 +72,9 @@ impl Simulator {
 
     /// Runs one message through the runtime and records both sides of the exchange.
     pub async fn send(&self, message: SimMessage) -> Result<SimOutcome, SimError> {
-        let text = message.text.trim();
+        // Without NUL, as the WhatsApp intake stores a text: PostgreSQL refuses it.
+        let cleaned = db::clean_text(&message.text);
+        let text = cleaned.trim();
         if text.is_empty() || text.chars().count() > 4096 {
             return Err(SimError::Invalid("Write a message of 1 to 4,096 characters.".into()));
         }

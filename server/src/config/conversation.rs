@@ -37,6 +37,9 @@ pub struct ConversationSettings {
     pub compaction_prompt: String,
     /// What a customer gets for a message that looks like a command.
     pub customer_command_reply: String,
+    /// What an owner gets for a command written in a group (commands are answered in the
+    /// owner's direct chat only).
+    pub group_owner_command_reply: String,
     /// The owner's /help text.
     pub owner_help: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
@@ -63,6 +66,7 @@ impl Default for ConversationSettings {
             system_prompt: String::new(),
             compaction_prompt: String::new(),
             customer_command_reply: String::new(),
+            group_owner_command_reply: String::new(),
             owner_help: String::new(),
             trace_text: false,
             rate_limit: 20,

@@ -91,7 +91,8 @@ pub fn messages(summary: Option<&Summary>, turns: &[Turn], current: &str, quoted
     }
     // Providers want the first message to be the person's: without a summary before them, the
     // assistant's turns at the start (left first when the oldest turns were dropped) are too.
-    for t in turns.iter().skip_while(|t| summary.is_none() && t.role != role::USER) {
+    // A blank turn (stored before empty messages were refused) would make the request invalid.
+    for t in turns.iter().filter(|t| !t.text.trim().is_empty()).skip_while(|t| summary.is_none() && t.role != role::USER) {
         let msg = if t.role == role::USER { Message::user(t.text.clone()) } else { Message::assistant(t.text.clone()) };
         // Providers want alternating roles: consecutive turns of one role are joined.
         match out.last_mut() {
@@ -160,6 +161,16 @@ mod tests {
         assert!(all[0].contains("They run a bakery."));
         assert!(all.last().is_some_and(|t| t.starts_with("(Replying to: \"My friend is Ana.\")")));
         assert_eq!(msgs.last().map(|m| m.role), Some(crate::llm::Role::User));
+        assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
+    }
+
+    /// A blank turn stored by an earlier build is left out, so the request stays valid.
+    #[test]
+    fn a_blank_stored_turn_is_left_out() {
+        let turns = vec![turn(1, role::USER, "Hi"), turn(2, role::ASSISTANT, "Hello!"), turn(3, role::USER, " "), turn(4, role::ASSISTANT, "Yes?")];
+        let msgs = messages(None, &turns, "Are you open?", None);
+        let blank = msgs.iter().flat_map(|m| m.content.iter()).any(|b| matches!(b, crate::llm::ContentBlock::Text { text } if text.trim().is_empty()));
+        assert!(!blank, "{msgs:?}");
         assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
     }
 

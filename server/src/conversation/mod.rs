@@ -208,12 +208,43 @@ impl Runtime {
             trace.step("dedupe", "new", "FIRST_DELIVERY", first);
         }
 
-        let mut conn = self.db.pool.acquire().await?;
-        let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
-        drop(conn);
-        let actor = if owner.is_some() { Role::Owner } else { Role::Customer };
-        let decision = self.decide(inbound, actor, owner, &mut trace).await?;
-        self.record(inbound, actor, decision, trace).await
+        let decided = async {
+            let mut conn = self.db.pool.acquire().await?;
+            let owner = db::owners::owner_by_phone(&mut conn, &inbound.sender).await?;
+            drop(conn);
+            let actor = if owner.is_some() { Role::Owner } else { Role::Customer };
+            Ok::<_, RuntimeError>((actor, self.decide(inbound, actor, owner, &mut trace).await?))
+        }
+        .await;
+        match decided {
+            Ok((actor, decision)) => self.record(inbound, actor, decision, trace).await,
+            Err(e) => {
+                self.end_failed(trace, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends the trace of a message whose handling failed, with the steps it got to and the
+    /// error's code, so that no trace is left running (a retry of the message begins its own).
+    /// Best effort: when the database that failed still refuses, the trace stays running and a
+    /// retry continues it.
+    async fn end_failed(&self, mut trace: Recorder, e: &RuntimeError) {
+        let RuntimeError::Db(db_error) = e;
+        let code = db_error.code();
+        trace.step("error", "failed", code, json!({}));
+        let ending = Ending { actor: String::new(), route: "error".into(), outcome: "failed".into(), error_code: Some(code.into()) };
+        let ended = async {
+            let mut tx = self.db.begin_write().await?;
+            let id = trace.finish(&mut tx, ending).await?;
+            tx.commit().await?;
+            Ok::<_, DbError>(id)
+        }
+        .await;
+        match ended {
+            Ok(id) => self.telemetry.message(id),
+            Err(again) => tracing::warn!(error = %again, "the trace of a failed message could not be ended; a retry continues it"),
+        }
     }
 
     /// The steps from the message type to normal chat.
@@ -241,6 +272,13 @@ impl Runtime {
             let once = Some((UNKNOWN_TYPE_NOTICE, self.settings.whatsapp.unknown_type_reply_every));
             return Ok(Decision { note_once: once, ..Decision::reply(Route::UnknownType, note.to_string()) });
         }
+        // A text with nothing in it (spaces, or only a NUL the intake removed) has nothing to
+        // answer; stored in memory, its empty turn would make every later model call invalid.
+        // A button press is read by its id, whatever its title.
+        if inbound.text.trim().is_empty() && inbound.reply_id.is_none() {
+            trace.step("message_type", "empty", "EMPTY_TEXT", json!({ "type": inbound.kind.as_str() }));
+            return Ok(Decision::silent(Route::UnknownType));
+        }
         // 3. Actor role: a number registered on an owner account is an owner.
         trace.step("actor", actor.as_str(), if owner { "OWNER_NUMBER" } else { "NOT_AN_OWNER_NUMBER" }, json!({}));
         let conv = &self.settings.conversation;
@@ -259,7 +297,7 @@ impl Runtime {
             // Messages the bot let pass without a model (group chatter it ignored, types it cannot
             // read, owners' commands, ones it already refused) do not use up the chat's limit.
             let uncounted = [Route::Ignored, Route::UnknownType, Route::OwnerCommand, Route::RateLimited, Route::Duplicate].map(Route::as_str);
-            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted).await?;
+            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted, Role::Owner.as_str()).await?;
             drop(conn);
             let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
             if recent > i64::from(conv.rate_limit) {
@@ -280,28 +318,34 @@ impl Runtime {
             trace.step("approval", if button.approve { "approve" } else { "reject" }, code, json!({ "approval_id": button.id, "via": "button" }));
             return Ok(Decision::reply(Route::OwnerCommand, reply));
         }
-        match steps::slash(actor, &inbound.text) {
+        match steps::slash(actor, inbound.chat_kind, &inbound.text) {
             steps::Slash::NotACommand => trace.step("slash", "pass", "NOT_A_COMMAND", json!({})),
             steps::Slash::CustomerRefused => {
                 trace.step("slash", "refuse", "CUSTOMER_COMMAND", json!({}));
                 return Ok(Decision::reply(Route::CustomerCommand, conv.customer_command_reply.clone()));
             }
+            steps::Slash::OwnerInGroup => {
+                trace.step("slash", "refuse", "OWNER_COMMAND_IN_GROUP", json!({}));
+                let reply = conv.group_owner_command_reply.trim();
+                return Ok(if reply.is_empty() { Decision::silent(Route::OwnerCommand) } else { Decision::reply(Route::OwnerCommand, reply.to_string()) });
+            }
             steps::Slash::Owner(command) => {
                 // Typed into the simulator, a command is the console owner's.
                 let acting = inbound.operator.or(owner_id).unwrap_or_default();
                 let (reason, reply) = self.owner_command(&command, acting, inbound, trace.id()).await?;
-                trace.step("slash", "owner_command", reason, json!({ "command": format!("{command:?}") }));
+                trace.step("slash", "owner_command", reason, json!({ "command": command.name() }));
                 return Ok(Decision::reply(Route::OwnerCommand, reply));
             }
         }
         // 6. Private-data guard.
-        if let Some(category) = self.guard.check(actor, &inbound.text) {
+        if let Some(category) = self.guard.check(actor, inbound.chat_kind, &inbound.text) {
             let handoff = self.settings.private_data.handoff;
             trace.step("private_data", "guard", "PRIVATE_DATA_REQUEST", json!({ "category": category, "handoff": handoff }));
             let notice = handoff.then(|| self.private_data_notice(inbound, category));
             return Ok(Decision { notice, ..Decision::reply(Route::PrivateData, self.settings.private_data.safe_reply.clone()) });
         }
-        trace.step("private_data", "pass", if actor == Role::Owner { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
+        let unguarded = actor == Role::Owner && inbound.chat_kind == ChatKind::Direct;
+        trace.step("private_data", "pass", if unguarded { "OWNER_NOT_GUARDED" } else { "NO_CATEGORY_MATCHED" }, json!({}));
         // 6b. Spend budget: past 100% with at_limit = "degraded", customers get no model call.
         if let Some(period) = self.budget.limit_for(actor).await? {
             let detail = json!({ "period": period.key, "spent_usd": crate::budget::usd(period.spent_micro_usd), "budget_usd": crate::budget::usd(period.budget_micro_usd) });

@@ -30,8 +30,10 @@ pub fn group_allows(inbound: &Inbound, mode: GroupReply, mention_names: &[String
     }
 }
 
-/// An owner command, parsed from a message that starts with '/'.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An owner command, parsed from a message that starts with '/'. Its trace step names it
+/// ([`Command::name`]) without its words: a reason or a note is the owner's text.
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Command {
     Help,
     Status,
@@ -42,6 +44,12 @@ pub enum Command {
     /// chat's previous one) was wrong.
     Wrong(String),
     Unknown(String),
+}
+
+impl Command {
+    pub fn name(&self) -> &'static str {
+        self.into()
+    }
 }
 
 /// The command in `text`, if it is one (a leading '/' and a word).
@@ -65,20 +73,24 @@ pub fn command(text: &str) -> Option<Command> {
     })
 }
 
-/// The slash boundary: owners reach commands; a customer's command-looking message gets the
-/// configured reply and never reaches an owner command or a tool control.
+/// The slash boundary: owners reach commands in their direct chats; a customer's
+/// command-looking message gets the configured reply and never reaches an owner command or a
+/// tool control. An owner's command in a group is refused too: its answer (jobs, approvals,
+/// status) would be posted to everyone there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Slash {
     NotACommand,
     Owner(Command),
     CustomerRefused,
+    OwnerInGroup,
 }
 
-pub fn slash(actor: Role, text: &str) -> Slash {
-    match (command(text), actor) {
-        (None, _) => Slash::NotACommand,
-        (Some(c), Role::Owner) => Slash::Owner(c),
-        (Some(_), Role::Customer) => Slash::CustomerRefused,
+pub fn slash(actor: Role, chat: ChatKind, text: &str) -> Slash {
+    match (command(text), actor, chat) {
+        (None, _, _) => Slash::NotACommand,
+        (Some(_), Role::Owner, ChatKind::Group) => Slash::OwnerInGroup,
+        (Some(c), Role::Owner, ChatKind::Direct) => Slash::Owner(c),
+        (Some(_), Role::Customer, _) => Slash::CustomerRefused,
     }
 }
 
@@ -99,9 +111,10 @@ impl PrivateGuard {
         Self { categories }
     }
 
-    /// The category a customer's message asks about, if any. Owners are not guarded.
-    pub fn check(&self, actor: Role, text: &str) -> Option<&str> {
-        if actor == Role::Owner {
+    /// The category a message asks about, if any. Owners are not guarded in their direct
+    /// chats; in a group everyone is, since the answer would be read by all its members.
+    pub fn check(&self, actor: Role, chat: ChatKind, text: &str) -> Option<&str> {
+        if actor == Role::Owner && chat == ChatKind::Direct {
             return None;
         }
         self.categories.iter().find(|(_, patterns)| patterns.iter().any(|r| r.is_match(text))).map(|(name, _)| name.as_str())
@@ -140,10 +153,12 @@ mod tests {
         assert_eq!(command("and/or"), None);
         assert_eq!(command("/ "), None);
         assert_eq!(command("/path/to"), None);
-        assert_eq!(slash(Role::Owner, "/help"), Slash::Owner(Command::Help));
-        assert_eq!(slash(Role::Customer, "/approve 1"), Slash::CustomerRefused);
-        assert_eq!(slash(Role::Customer, "/jobs"), Slash::CustomerRefused);
-        assert_eq!(slash(Role::Customer, "hello"), Slash::NotACommand);
+        assert_eq!(slash(Role::Owner, ChatKind::Direct, "/help"), Slash::Owner(Command::Help));
+        assert_eq!(slash(Role::Owner, ChatKind::Group, "/jobs"), Slash::OwnerInGroup, "an owner's command is not answered where a group reads it");
+        assert_eq!(slash(Role::Owner, ChatKind::Group, "hello"), Slash::NotACommand);
+        assert_eq!(slash(Role::Customer, ChatKind::Direct, "/approve 1"), Slash::CustomerRefused);
+        assert_eq!(slash(Role::Customer, ChatKind::Group, "/jobs"), Slash::CustomerRefused);
+        assert_eq!(slash(Role::Customer, ChatKind::Direct, "hello"), Slash::NotACommand);
     }
 
     #[test]
@@ -154,8 +169,9 @@ mod tests {
             ..Default::default()
         };
         let guard = PrivateGuard::new(&settings);
-        assert_eq!(guard.check(Role::Customer, "What's MY BALANCE?"), Some("balances"));
-        assert_eq!(guard.check(Role::Customer, "What are your opening hours?"), None);
-        assert_eq!(guard.check(Role::Owner, "what's my balance"), None);
+        assert_eq!(guard.check(Role::Customer, ChatKind::Direct, "What's MY BALANCE?"), Some("balances"));
+        assert_eq!(guard.check(Role::Customer, ChatKind::Direct, "What are your opening hours?"), None);
+        assert_eq!(guard.check(Role::Owner, ChatKind::Direct, "what's my balance"), None);
+        assert_eq!(guard.check(Role::Owner, ChatKind::Group, "what's my balance"), Some("balances"), "a group reads the answer");
     }
 }

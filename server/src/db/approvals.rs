@@ -91,15 +91,49 @@ pub struct NewApproval<'a> {
     pub expires_at: i64,
 }
 
-/// Stores `new`, or finds the pending approval of the same call (`call_key`) and returns it
-/// with `true`. A pending row past its expiry is settled as expired first, so it never blocks a
-/// fresh request.
-pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<(ApprovalRow, bool), DbError> {
-    sqlx::query("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1")
-        .bind(new.created_at)
-        .bind(new.call_key)
-        .execute(&mut *conn)
-        .await?;
+/// What [`insert_or_reuse`] did.
+#[derive(Debug)]
+pub struct Stored {
+    pub row: ApprovalRow,
+    /// The pending approval of the same call was returned; nothing was stored.
+    pub reused: bool,
+    /// Pending rows of the same call past their expiry, settled as expired here: `(id, trace_id)`.
+    pub expired: Vec<(i64, Option<i64>)>,
+}
+
+/// Stores `new`, or finds the pending approval of the same call (`call_key`) and returns it.
+/// A pending row past its expiry is settled as expired first, so it never blocks a fresh
+/// request. On PostgreSQL the pending row that refused the insert may be decided before it is
+/// read; the insert is then tried again.
+pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
+    let expired: Vec<(i64, Option<i64>)> =
+        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
+            .bind(new.created_at)
+            .bind(new.call_key)
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if let Some(row) = insert_new(conn, new).await? {
+            return Ok(Stored { row, reused: false, expired });
+        }
+        let pending = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE call_key = $1 AND state = 'pending'"))
+            .bind(new.call_key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        match pending {
+            Some(row) => return Ok(Stored { row, reused: true, expired }),
+            // Decided between the two statements: the call may be asked for again. A row that
+            // keeps vanishing is a fault, said as the read's error.
+            None if tries < 3 => continue,
+            None => return Err(sqlx::Error::RowNotFound.into()),
+        }
+    }
+}
+
+/// Inserts `new` unless a pending approval of the same call holds its unique key.
+async fn insert_new(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Option<ApprovalRow>, DbError> {
     let inserted = sqlx::query_as::<_, ApprovalRow>(&format!(
         "INSERT INTO approvals (tool, tool_version, args, args_hash, call_key, managed_fields, display, risk, reason_code, reason, actor, channel, \
          chat_kind, chat_id, sender, message_id, request, correlation_id, trace_id, nonce, created_at, expires_at) \
@@ -130,14 +164,7 @@ pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) ->
     .bind(new.expires_at)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(row) = inserted {
-        return Ok((row, false));
-    }
-    let existing = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE call_key = $1 AND state = 'pending'"))
-        .bind(new.call_key)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok((existing, true))
+    Ok(inserted)
 }
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ApprovalRow>, DbError> {

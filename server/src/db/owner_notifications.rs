@@ -21,7 +21,7 @@ pub async fn insert(conn: &mut AnyConnection, n: &Notification) -> Result<(), Db
         .bind(&n.hook)
         .bind(&n.tool)
         .bind(&n.reason_code)
-        .bind(&n.message)
+        .bind(super::clean_text(&n.message))
         .bind(&n.correlation_id)
         .execute(conn)
         .await?;

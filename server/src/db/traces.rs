@@ -81,11 +81,15 @@ pub async fn finish(conn: &mut AnyConnection, t: &TraceRow, first_seq: i64, step
     Ok(())
 }
 
-/// Writes `steps` of a running trace from `first_seq` on.
-pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<(), DbError> {
+/// Writes `steps` of a running trace from `first_seq` on, or after the last step already
+/// stored when that is further (a step appended meanwhile: an owner's decision made while the
+/// message still waits, say), so no two steps share a number. Returns the number after them.
+pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i64, steps: &[Step]) -> Result<i64, DbError> {
     if steps.is_empty() {
-        return Ok(());
+        return Ok(first_seq);
     }
+    let (stored,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(seq), -1) + 1 FROM trace_steps WHERE trace_id = $1").bind(trace_id).fetch_one(&mut *conn).await?;
+    let first_seq = first_seq.max(stored);
     let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(super::backend_of(conn), steps.len(), 7));
     let mut q = sqlx::query(&sql);
     for (i, s) in steps.iter().enumerate() {
@@ -93,7 +97,7 @@ pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i6
     }
     q.execute(conn).await?;
     super::events::ring();
-    Ok(())
+    Ok(first_seq + steps.len() as i64)
 }
 
 const COLUMNS: &str = "id, correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us";
@@ -222,11 +226,12 @@ pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -
 }
 
 /// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit),
-/// leaving out those whose trace ended on one of the `uncounted` routes.
-pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64, uncounted: &[&str]) -> Result<i64, DbError> {
-    let skip = if uncounted.is_empty() { String::new() } else { format!(" AND route NOT IN ({})", (4..4 + uncounted.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")) };
-    let sql = format!("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3{skip}");
-    let mut query = sqlx::query_scalar(&sql).bind(chat_id).bind(channel).bind(since_ms);
+/// leaving out those whose trace ended on one of the `uncounted` routes and the `owner` actor's
+/// (an owner in a group does not use up its customers' limit).
+pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64, uncounted: &[&str], owner: &str) -> Result<i64, DbError> {
+    let skip = if uncounted.is_empty() { String::new() } else { format!(" AND route NOT IN ({})", (5..5 + uncounted.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")) };
+    let sql = format!("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3 AND actor <> $4{skip}");
+    let mut query = sqlx::query_scalar(&sql).bind(chat_id).bind(channel).bind(since_ms).bind(owner);
     for route in uncounted {
         query = query.bind(*route);
     }

@@ -132,7 +132,7 @@ impl Judge {
 
     /// The detector level: no model.
     pub fn detect(&self, case: &Case) -> Observed {
-        if let Some(category) = self.guard.check(case.actor, &case.message) {
+        if let Some(category) = self.guard.check(case.actor, case.chat_type, &case.message) {
             return Observed { route: "guard".into(), code: format!("PRIVATE_DATA_REQUEST {category}"), ..Observed::default() };
         }
         let d = self.index.detect(&case.message, case.actor, case.chat_type, &case.contexts);

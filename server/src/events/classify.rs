@@ -14,7 +14,9 @@ const DELIVERY_STEPS: [&str; 3] = ["delivery", "later_delivery", "delivery_statu
 pub fn from_step(row: &StepRow, id: EventId) -> Envelope {
     let facts =
         StepFacts { trace_id: row.trace_id, seq: row.seq, step: row.step.clone(), decision: row.decision.clone(), reason_code: row.reason_code.clone() };
-    let event = if row.seq == 0 {
+    // A message's trace begins with its dedupe step (or, for a type the bot cannot read, its
+    // message type); a trace of its own for a console request begins otherwise.
+    let event = if row.seq == 0 && matches!(row.step.as_str(), "dedupe" | "message_type") {
         Event::Received(facts)
     } else if DELIVERY_STEPS.contains(&row.step.as_str()) {
         let delivery = Delivery { trace_id: Some(row.trace_id), seq: Some(row.seq), reason_code: row.reason_code.clone(), wamid: None };
@@ -22,6 +24,8 @@ pub fn from_step(row: &StepRow, id: EventId) -> Envelope {
             "failed" => Event::ReplyFailed(delivery),
             "delivered" => Event::ReplyDelivered(delivery),
             "read" => Event::ReplyRead(delivery),
+            // A send the job tries again: the reply is still on its way, not sent.
+            "retry" => Event::ReplyQueued(facts),
             _ => Event::ReplySent(delivery),
         }
     } else {
@@ -76,6 +80,8 @@ mod tests {
         let id = EventId::default();
         let kind = |s: StepRow| from_step(&s, id).event.kind();
         assert_eq!(kind(step(0, "dedupe", "new")), "received");
+        assert_eq!(kind(step(0, "message_type", "not_read")), "received");
+        assert_eq!(kind(step(0, "ApprovalRequested", "pending")), "approval_requested", "a console request's own trace");
         assert_eq!(kind(step(1, "actor", "customer")), "routed");
         assert_eq!(kind(step(2, "AgentToolCandidate", "plan")), "lane_stage");
         assert_eq!(kind(step(3, "ApprovalRequested", "pending")), "approval_requested");
@@ -83,6 +89,7 @@ mod tests {
         assert_eq!(kind(step(5, "delivery", "delivered")), "reply_delivered");
         assert_eq!(kind(step(6, "delivery_status", "failed")), "reply_failed");
         assert_eq!(kind(step(7, "later_delivery", "sent")), "reply_sent");
+        assert_eq!(kind(step(8, "delivery", "retry")), "reply_queued", "a send to be tried again was not sent");
     }
 
     #[test]

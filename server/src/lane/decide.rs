@@ -85,7 +85,8 @@ impl Decider<'_> {
             actor,
             chat_kind,
             memory_summary,
-            private_data: if actor == Role::Owner { PrivateData::Unguarded } else { PrivateData::Clear },
+            // A group reads the answer, so an owner asking there is guarded like everyone.
+            private_data: if actor == Role::Owner && chat_kind == ChatKind::Direct { PrivateData::Unguarded } else { PrivateData::Clear },
             tools: Vec::new(),
             recent: recent.to_vec(),
             followup: detection.followup.clone(),
@@ -126,7 +127,7 @@ impl Decider<'_> {
                 PlanOutcome::FromContext { .. } => ("FROM_CONTEXT", Vec::new()),
                 PlanOutcome::Search { .. } => ("SEARCH", Vec::new()),
             };
-            let recorded = response.as_ref().map(|r| record(r, self.keep_text, &self.catalog.audit.pii_fields));
+            let recorded = response.as_ref().map(|r| record(r, self.keep_text, &lane.respond_tool, &self.catalog.audit.pii_fields));
             trace.step("AgentToolPlannerResult", plan.decision(), code, json!({ "calls": calls, "offered": input.tools.len(), "latency_ms": ms(started.elapsed()), "response": recorded }));
             let PlanOutcome::Search { searches, content } = plan else {
                 return Some(plan);
@@ -166,7 +167,7 @@ impl Decider<'_> {
 
 /// A model answer as a trace keeps it: the stop reason and the blocks, tool inputs with secret
 /// and personal (`pii_fields`) fields replaced, text only when `keep_text`.
-pub fn record(response: &llm::ChatResponse, keep_text: bool, pii_fields: &[String]) -> Value {
+pub fn record(response: &llm::ChatResponse, keep_text: bool, respond_tool: &str, pii_fields: &[String]) -> Value {
     let content: Vec<Value> = response
         .content
         .iter()
@@ -177,6 +178,13 @@ pub fn record(response: &llm::ChatResponse, keep_text: bool, pii_fields: &[Strin
                 let mut input = input.clone();
                 redact::redact(&mut input);
                 redact::redact_named(&mut input, pii_fields, redact::PII_REDACTED);
+                // The respond tool's reply is words for the person, like a text block.
+                if !keep_text
+                    && name == respond_tool
+                    && let Some(reply) = input.get_mut("reply").filter(|r| r.as_str().is_some_and(|r| !r.is_empty()))
+                {
+                    *reply = json!(redact::TEXT_NOT_KEPT);
+                }
                 Some(json!({ "type": "tool_use", "id": id, "name": name, "input": input }))
             }
             _ => None,

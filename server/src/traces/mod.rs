@@ -111,8 +111,7 @@ impl Recorder {
     /// with something else (a job stored with the step that says so) commits together with it.
     /// Later steps continue after them.
     pub async fn flush(&mut self, conn: &mut AnyConnection) -> Result<(), DbError> {
-        store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
-        self.first_seq += self.steps.len() as i64;
+        self.first_seq = store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
         self.steps.clear();
         Ok(())
     }

@@ -368,6 +368,15 @@ async fn owners_decide_with_text_commands(db: TestDb) {
     assert!(texts.contains(&settings.requester_rejected), "the customer is told: {texts:?}");
     assert!(texts.iter().any(|t| t.starts_with(&format!("Rejected #{first}"))), "{texts:?}");
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
+    // trace_text is off: the owner's reason is kept with the approval, not in any trace (the
+    // owner's command step names the command; the request's trace says how long the reason was).
+    let traced: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM trace_steps WHERE detail LIKE '%was a gift%'").fetch_one(&r.app.state.db.pool).await.expect("steps");
+    assert_eq!(traced, 0, "the reason's words are in no trace step");
+    let named: String = sqlx::query_scalar("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = 'wamid.T2' AND s.step = 'slash'")
+        .fetch_one(&r.app.state.db.pool)
+        .await
+        .expect("slash step");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&named).expect("json"), json!({ "command": "reject" }));
 
     r.exchange(&[("wamid.T3", "Please refund my order 4821 after all")], 6).await;
     let second: i64 = sqlx::query_scalar("SELECT MAX(id) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("id");
@@ -403,6 +412,24 @@ async fn a_decision_typed_into_the_simulator_is_the_console_owners(db: TestDb) {
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "a rejected call never runs");
 }
 both_backends!(approvals_simulator_decider, a_decision_typed_into_the_simulator_is_the_console_owners);
+
+/// The same call asked for again after its approval ran out: the old one is settled as expired,
+/// with that step in its trace, and a new one is asked.
+async fn a_request_after_expiry_settles_the_old_one_in_its_trace(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "7100" }) };
+    let approvals = r.app.gatehouse.approvals.clone();
+    let first = approvals.request(&call, &console_requester("corr-exp-1"), None, None).await.expect("request");
+    sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1").bind(first.id).execute(&r.app.state.db.pool).await.expect("age it");
+    let second = approvals.request(&call, &console_requester("corr-exp-2"), None, None).await.expect("again");
+    assert!(!second.reused && second.id != first.id, "a new request");
+    let state: String = sqlx::query_scalar("SELECT state FROM approvals WHERE id = $1").bind(first.id).fetch_one(&r.app.state.db.pool).await.expect("state");
+    assert_eq!(state, "expired");
+    let trace_id = first.trace_id.expect("the first request's trace");
+    let steps: Vec<(String, String)> = sqlx::query_as("SELECT step, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq").bind(trace_id).fetch_all(&r.app.state.db.pool).await.expect("steps");
+    assert!(steps.iter().any(|(s, c)| s == "ApprovalExpired" && c == "APPROVAL_EXPIRED"), "{steps:?}");
+}
+both_backends!(approvals_expired_on_request, a_request_after_expiry_settles_the_old_one_in_its_trace);
 
 fn console_requester(correlation: &str) -> server::approvals::Requester {
     server::approvals::Requester {

@@ -60,6 +60,12 @@ async fn serve_fake(fake: Shared) -> (String, Shared) {
             (f.requests.len(), f.fail_summaries, f.fixed.clone(), f.delay)
         };
         tokio::time::sleep(delay).await;
+        // As the Messages API does: an empty text block anywhere is a bad request.
+        let blocks = body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_array()).flatten();
+        if blocks.clone().any(|b| b["type"] == "text" && b["text"].as_str().is_some_and(str::is_empty)) {
+            let error = json!({"type": "error", "error": {"type": "invalid_request_error", "message": "messages: text content blocks must be non-empty"}});
+            return (axum::http::StatusCode::BAD_REQUEST, Json(error)).into_response();
+        }
         let model = body["model"].as_str().unwrap_or_default().to_string();
         if model == SUMMARY_MODEL && fail {
             return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();
@@ -461,6 +467,13 @@ async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
         let out = runtime.handle(&msg(&format!("rl-owner{i}"), OWNER_PHONE, &format!("owner note {i}"))).await.expect("handle");
         assert_eq!(out.route, Route::Chat, "owners are never limited");
     }
+    // Nor does an owner's talk in a group use up the group's limit for its customers.
+    for i in 0..5 {
+        let owner_in_group = Inbound { chat_kind: ChatKind::Group, chat_id: "rl-group-2".into(), mentions_bot: true, ..msg(&format!("rl-og{i}"), OWNER_PHONE, &format!("owner says {i}")) };
+        assert_eq!(runtime.handle(&owner_in_group).await.expect("handle").route, Route::Chat);
+    }
+    let customer_in_group = Inbound { chat_kind: ChatKind::Group, chat_id: "rl-group-2".into(), mentions_bot: true, ..msg("rl-og-customer", "15557770003", "when do you open?") };
+    assert_eq!(runtime.handle(&customer_in_group).await.expect("handle").route, Route::Chat);
     let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'rl4'").fetch_one(&r.db.pool).await.expect("trace");
     let steps = steps_of(&r.db, trace_id).await;
     assert!(steps.iter().any(|(s, d, c)| s == "rate_limit" && d == "limited" && c == "RATE_LIMITED"), "{steps:?}");
@@ -596,6 +609,91 @@ async fn degraded_mode_answers_without_a_model(db: TestDb) {
 }
 both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);
 
+/// A text message with no text (a body that was only spaces, or only a NUL the intake removed)
+/// is not read: no model call, no turn in memory, so the chat's next message is answered.
+async fn an_empty_text_is_not_read_and_leaves_memory_as_it_was(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let customer = "15557770042";
+    for (id, text) in [("e1", ""), ("e2", "   \n ")] {
+        let out = r.runtime.handle(&msg(id, customer, text)).await.expect("handle");
+        assert_eq!((out.route, out.reply.as_deref()), (Route::UnknownType, None), "{id}");
+        let trace_id: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = $1").bind(id).fetch_one(&r.db.pool).await.expect("trace");
+        let steps = steps_of(&r.db, trace_id).await;
+        assert!(steps.iter().any(|(s, d, c)| s == "message_type" && d == "empty" && c == "EMPTY_TEXT"), "{steps:?}");
+    }
+    assert!(r.fake.lock().expect("lock").requests.is_empty(), "no model call for an empty message");
+    let turns: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chat_turns").fetch_one(&r.db.pool).await.expect("turns");
+    assert_eq!(turns, 0, "nothing stored in memory");
+    let next = r.runtime.handle(&msg("e3", customer, "Are you open on Sunday?")).await.expect("handle");
+    assert_eq!((next.route, next.reply.as_deref()), (Route::Chat, Some("reply 1")));
+}
+both_backends!(conversation_empty_text, an_empty_text_is_not_read_and_leaves_memory_as_it_was);
+
+/// A message whose handling fails on the database ends its trace as failed, with the error's
+/// code and the steps it got to: no trace is left running for ever (the simulator never
+/// retries, and a WhatsApp message may run out of attempts).
+async fn a_failed_message_ends_its_trace(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    sqlx::query("ALTER TABLE owner_phones RENAME TO owner_phones_gone").execute(&r.db.pool).await.expect("rename");
+    let failed = r.runtime.handle(&msg("f1", "15557770043", "Hello?")).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let (outcome, code, trace_id): (String, Option<String>, i64) =
+        sqlx::query_as("SELECT outcome, error_code, id FROM traces WHERE message_id = 'f1'").fetch_one(&r.db.pool).await.expect("trace");
+    assert_eq!((outcome.as_str(), code.as_deref()), ("failed", Some("DATABASE_ERROR")));
+    let steps = steps_of(&r.db, trace_id).await;
+    assert_eq!(steps.first().map(|s| s.0.as_str()), Some("dedupe"), "{steps:?}");
+    assert!(steps.iter().any(|(s, d, c)| s == "error" && d == "failed" && c == "DATABASE_ERROR"), "{steps:?}");
+    // The message handled again, once the database is whole, has a trace of its own.
+    sqlx::query("ALTER TABLE owner_phones_gone RENAME TO owner_phones").execute(&r.db.pool).await.expect("rename back");
+    let out = r.runtime.handle(&msg("f1", "15557770043", "Hello?")).await.expect("handle");
+    assert_eq!(out.route, Route::Chat);
+    let traces: Vec<String> = sqlx::query_scalar("SELECT outcome FROM traces WHERE message_id = 'f1' ORDER BY id").fetch_all(&r.db.pool).await.expect("traces");
+    assert_eq!(traces, vec!["failed".to_string(), "replied".to_string()]);
+}
+both_backends!(conversation_failed_trace_ends, a_failed_message_ends_its_trace);
+
+/// A step appended to a running trace (an owner's decision made while the message still
+/// waits) and the runtime's own steps written after it never share a number.
+async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
+    use server::traces::{self, Ending, Step, Subject};
+    let r = rig(db, 6000, true).await;
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let mut trace = traces::begin(&mut tx, Subject { channel: "simulator".into(), chat_id: "c".into(), message_id: "m-seq".into(), correlation_id: "corr-seq".into() }).await.expect("begin");
+    tx.commit().await.expect("commit");
+    trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
+    trace.step("actor", "customer", "NOT_AN_OWNER_NUMBER", json!({}));
+    let mut tx = r.db.begin_write().await.expect("tx");
+    traces::append(&mut tx, trace.id(), &Step::new("ApprovalDecided", "approved", "OK", json!({}))).await.expect("append");
+    tx.commit().await.expect("commit");
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let id = trace.finish(&mut tx, Ending { outcome: "replied".into(), ..Ending::default() }).await.expect("finish");
+    tx.commit().await.expect("commit");
+    let seqs: Vec<(i64, String)> = sqlx::query_as("SELECT seq, step FROM trace_steps WHERE trace_id = $1 ORDER BY seq, id").bind(id).fetch_all(&r.db.pool).await.expect("steps");
+    assert_eq!(seqs, vec![(0, "ApprovalDecided".to_string()), (1, "dedupe".to_string()), (2, "actor".to_string())]);
+}
+both_backends!(conversation_trace_seq_unique, a_step_appended_to_a_running_trace_keeps_its_own_number);
+
+/// In a group every member reads the answer: an owner's command there is refused (its jobs,
+/// approvals and status would be posted to all), and an owner's private-data question is
+/// guarded as a customer's is. In the owner's direct chat both work as before.
+async fn an_owner_in_a_group_gets_no_owner_answers(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let reply = r.runtime.handle(&msg("og-d", OWNER_PHONE, "/jobs")).await.expect("handle");
+    assert_eq!(reply.route, Route::OwnerCommand);
+    let in_group = |id: &str, text: &str| Inbound { chat_kind: ChatKind::Group, chat_id: "og-group".into(), mentions_bot: true, ..msg(id, OWNER_PHONE, text) };
+    let shipped = settings(&r.runtime_base_url(), 6000);
+    let out = r.runtime.handle(&in_group("og-1", "/jobs @assistant")).await.expect("handle");
+    assert_eq!((out.route, out.reply.as_deref()), (Route::OwnerCommand, Some(shipped.conversation.group_owner_command_reply.as_str())));
+    assert!(!shipped.conversation.group_owner_command_reply.is_empty());
+    let trace_id = out.trace_id.expect("trace");
+    assert!(steps_of(&r.db, trace_id).await.iter().any(|(s, d, c)| s == "slash" && d == "refuse" && c == "OWNER_COMMAND_IN_GROUP"));
+    let out = r.runtime.handle(&in_group("og-2", "@assistant what is my current balance?")).await.expect("handle");
+    assert_eq!(out.route, Route::PrivateData, "guarded in a group");
+    let direct = r.runtime.handle(&msg("og-3", OWNER_PHONE, "what is my current balance?")).await.expect("handle");
+    assert_eq!(direct.route, Route::Chat, "an owner's own direct chat is not guarded");
+}
+both_backends!(conversation_owner_in_group, an_owner_in_a_group_gets_no_owner_answers);
+
 /// A full disk is the deployment's failure, not the message's: the runtime reports it as
 /// `STORAGE_FULL`, which the job worker snoozes without using an attempt, so a disk that stays
 /// full for longer than the backoff discards no message. The writer connection is held at its
@@ -634,6 +732,7 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
         s.llm.max_retries = 0;
         s.models.chat = CHAT_MODEL.into();
         s.conversation.simulator_customer = "+15550100099".into();
+        s.private_data = settings("http://unused", 6000).private_data;
     })
     .await;
     let mut anonymous = app.client();
@@ -671,6 +770,9 @@ async fn the_simulator_talks_through_the_same_runtime(db: TestDb) {
     assert_eq!(nul.status, axum::http::StatusCode::OK, "{}", nul.body);
     let messages = owner.get(&format!("/api/simulator/chats/{chat_id}")).await.json()["messages"].as_array().cloned().expect("messages");
     assert!(messages.iter().any(|m| m["text"] == "open tomorrow?"), "{messages:?}");
+    // Also where the text goes into an owner's notice (a private-data question).
+    let guarded = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "what is my current\u{0} balance?"})).await;
+    assert_eq!((guarded.status, guarded.json()["route"].as_str()), (axum::http::StatusCode::OK, Some("private_data")), "{}", guarded.body);
     let nul_chat = owner.post_json("/api/simulator/messages", &json!({"from": "+15550100000", "text": "hi", "chat_id": "a\u{0}b"})).await;
     assert_eq!(nul_chat.status, axum::http::StatusCode::BAD_REQUEST, "{}", nul_chat.body);
 }

@@ -60,6 +60,13 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
     let steps = r.steps("wamid.F2").await;
     assert!(has_step(&steps, "AgentToolFollowupResolved", "call_same_tool", "FOLLOWUP_CONTEXT"), "{steps:?}");
     assert_eq!(step_detail(&r, "wamid.F2", "AgentToolFollowupResolved").await["context_id"], context_id.to_string());
+    // An eval case made from this trace keeps the context, its personal-data fields replaced.
+    let trace_id: i64 = sqlx::query_scalar("SELECT id FROM traces WHERE message_id = 'wamid.F2'").fetch_one(&r.app.state.db.pool).await.expect("trace");
+    let mut conn = r.app.state.db.pool.acquire().await.expect("conn");
+    let case = server::evals::findings::case_from_trace(&mut conn, trace_id, "normal_chat".parse().expect("expect"), server::evals::Origin::default(), 6, &["place".to_string()]).await.expect("case");
+    drop(conn);
+    assert_eq!(case.contexts.len(), 1);
+    assert_eq!(case.contexts[0].args, serde_json::json!({ "date": "today", "place": "[PII]" }));
     let planned = r.llm.seen.lock().expect("lock").iter().rfind(|b| b["model"] == PLANNER_MODEL).cloned().expect("planner request");
     let said = planned.to_string();
     assert!(said.contains("recent_tool_results") && said.contains("same_tool"), "the planner got the context and the hint: {said}");
@@ -70,6 +77,9 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
     assert_eq!(r.shop.requests.lock().expect("lock").len(), 2, "no tool call for an answer from context");
     let steps = r.steps("wamid.F3").await;
     assert!(has_step(&steps, "AgentToolPlannerResult", "answer_from_context", "FROM_CONTEXT"), "{steps:?}");
+    // trace_text is off: the planner's answer for the person is not kept in its step.
+    let planned = step_detail(&r, "wamid.F3", "AgentToolPlannerResult").await.to_string();
+    assert!(!planned.contains("sunny in Lisbon") && planned.contains("[text not kept]"), "{planned}");
 
     // A memory question stays in normal chat, even right after a tool result.
     r.exchange(&[("wamid.F4", "Do you remember my name?")], 4).await;
