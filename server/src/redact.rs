@@ -5,8 +5,22 @@
 
 use serde_json::Value;
 
-const SECRET_WORDS: [&str; 12] =
-    ["password", "passwd", "pwd", "secret", "token", "api_key", "apikey", "private_key", "auth", "cookie", "credential", "signature"];
+const SECRET_WORDS: [&str; 14] = [
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "access_key",
+    "private_key",
+    "auth",
+    "cookie",
+    "credential",
+    "signature",
+];
 
 pub const REDACTED: &str = "[REDACTED]";
 
@@ -28,16 +42,37 @@ pub fn redact(value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(redact),
         Value::String(s) => {
-            // Credentials inside URLs: https://user:pass@host/...
-            if let Ok(mut url) = url::Url::parse(s)
-                && url.password().is_some()
-            {
-                let _ = url.set_password(Some(REDACTED));
-                *s = url.to_string();
+            if let Some(url) = redacted_url(s) {
+                *s = url;
             }
         }
         _ => {}
     }
+}
+
+/// `text` without the credentials it carries when it is a URL: a password or a token as the
+/// only user part (`https://user:pass@host/`, `https://ghp_x@github.com/`) and the values of
+/// query parameters whose names look secret (`?api_key=...`, `&access_token=...`). `None` when
+/// there is nothing to replace.
+fn redacted_url(text: &str) -> Option<String> {
+    let mut url = url::Url::parse(text).ok()?;
+    if !url.has_host() {
+        return None;
+    }
+    let mut changed = false;
+    if url.password().is_some() {
+        let _ = url.set_password(Some(REDACTED));
+        changed = true;
+    } else if !url.username().is_empty() {
+        let _ = url.set_username(REDACTED);
+        changed = true;
+    }
+    if url.query_pairs().any(|(k, _)| is_secret_name(&k)) {
+        let pairs: Vec<(String, String)> = url.query_pairs().map(|(k, v)| if is_secret_name(&k) { (k.into_owned(), REDACTED.to_string()) } else { (k.into_owned(), v.into_owned()) }).collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+        changed = true;
+    }
+    changed.then(|| url.to_string())
 }
 
 /// Marks personal data (the catalog's `[audit] pii_fields`) in stored arguments.
@@ -87,5 +122,27 @@ mod tests {
         let out = redacted_pretty(text);
         assert!(!out.contains("Bearer abc") && !out.contains("k1") && !out.contains("k2") && !out.contains("\"p\"") && !out.contains("hunter2"), "{out}");
         assert!(out.contains("https://x") && out.contains("\"ok\""), "{out}");
+    }
+
+    /// A URL's credentials are replaced however they are carried: a password, a token as the
+    /// only user part, a secret-named query parameter; the rest of the URL stays readable.
+    #[test]
+    fn credentials_in_urls_are_replaced() {
+        let mut v = serde_json::json!({
+            "a": "https://api.example.com/v1/items?q=shoes&api_key=k_live_1&page=2",
+            "b": "https://ghp_tok3n@github.com/acme/repo.git",
+            "c": "https://shop.example/orders?access_token=at_9&X-Amz-Signature=s1g",
+            "d": "https://shop.example/orders?order=4821",
+            "e": "not a url ?api_key=x",
+            "passphrase": "open sesame",
+        });
+        redact(&mut v);
+        let out = v.to_string();
+        for secret in ["k_live_1", "ghp_tok3n", "at_9", "s1g", "open sesame"] {
+            assert!(!out.contains(secret), "{secret} kept: {out}");
+        }
+        assert!(out.contains("q=shoes") && out.contains("page=2") && out.contains("github.com/acme/repo.git"), "{out}");
+        assert_eq!(v["d"], "https://shop.example/orders?order=4821", "a URL without credentials is left as written");
+        assert_eq!(v["e"], "not a url ?api_key=x");
     }
 }

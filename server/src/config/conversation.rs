@@ -26,7 +26,8 @@ pub struct ConversationSettings {
     /// WhatsApp's own mention of the business number.
     pub mention_names: Vec<String>,
     /// Tokens of history (summary and turns) sent with each chat call; there is no fixed cap
-    /// on the number of messages. Roughly four characters make a token.
+    /// on the number of messages. Roughly four ASCII characters make a token, any other character
+    /// one.
     pub history_token_budget: u32,
     /// Turns kept word for word when older ones are compacted into the chat's summary.
     pub keep_recent_turns: u32,

@@ -9,9 +9,12 @@ use crate::{
     llm::{ChatModel, ChatRequest, Message, Purpose},
 };
 
-/// Roughly four characters make a token; a few more per message for its framing.
+/// Roughly four ASCII characters make a token, and any other character (an accent, a Chinese,
+/// Thai or Arabic letter, an emoji) one at least; a few more per message for its framing. Counted
+/// as four to a token, a chat in another script would pass its budget several times over.
 pub fn estimate_tokens(text: &str) -> i64 {
-    i64::try_from(text.chars().count() / 4).unwrap_or(i64::MAX).saturating_add(4)
+    let (ascii, other) = text.chars().fold((0usize, 0usize), |(a, o), c| if c.is_ascii() { (a + 1, o) } else { (a, o + 1) });
+    i64::try_from(ascii / 4 + other).unwrap_or(i64::MAX).saturating_add(4)
 }
 
 /// What [`plan`] decided.
@@ -162,6 +165,13 @@ mod tests {
         assert!(all.last().is_some_and(|t| t.starts_with("(Replying to: \"My friend is Ana.\")")));
         assert_eq!(msgs.last().map(|m| m.role), Some(crate::llm::Role::User));
         assert!(msgs.windows(2).all(|w| w[0].role != w[1].role), "roles alternate");
+    }
+
+    #[test]
+    fn other_scripts_count_a_token_a_character() {
+        assert_eq!(estimate_tokens(&"a".repeat(400)), 104);
+        assert_eq!(estimate_tokens(&"你".repeat(400)), 404, "not a quarter of the text");
+        assert_eq!(estimate_tokens("não"), 5, "two ASCII letters make no whole token; the ã is one");
     }
 
     /// A blank turn stored by an earlier build is left out, so the request stays valid.

@@ -15,9 +15,6 @@ use crate::{
     llm::{ChatModel, ChatRequest, ContentBlock, Message, Purpose, ToolChoice, ToolSpec},
 };
 
-/// The one tool the repair model answers through.
-const PROPOSE: &str = "propose_edit";
-
 /// Longest value the model may propose.
 const MAX_VALUE_CHARS: usize = 300;
 
@@ -77,11 +74,14 @@ pub async fn suggest(model: &dyn ChatModel, settings: &Settings, case: &Case, re
             "value": { "type": "string", "maxLength": MAX_VALUE_CHARS },
         },
     });
-    let spec = ToolSpec { name: PROPOSE.into(), description: "Propose one edit of one tool's entry.".into(), input_schema: schema, strict: model.supports_strict_tools() };
+    // The tool the model answers through is named in config (`evals.repair_tool`).
+    let evals = &settings.evals;
+    let spec = ToolSpec { name: evals.repair_tool.clone(), description: evals.repair_tool_description.trim().to_string(), input_schema: schema, strict: model.supports_strict_tools() };
+    let system = evals.repair_prompt.replace("{repair_tool}", &evals.repair_tool);
     let mut req = ChatRequest::new(&settings.models, Purpose::Repair, format!("repair-{}", case.name), vec![Message::user(user)])
-        .with_system(data::with_facts(&settings.evals.repair_prompt, &facts))
-        .with_tools(vec![spec], ToolChoice::Tool(PROPOSE.into()));
-    req.max_tokens = Some(512);
+        .with_system(data::with_facts(&system, &facts))
+        .with_tools(vec![spec], ToolChoice::Tool(evals.repair_tool.clone()));
+    req.max_tokens = Some(evals.repair_max_tokens);
     let response = match model.chat(&req).await {
         Ok(r) => r,
         Err(e) if e.code == crate::llm::ErrorCode::NotConfigured => return None,
@@ -91,7 +91,7 @@ pub async fn suggest(model: &dyn ChatModel, settings: &Settings, case: &Case, re
         }
     };
     let input = response.content.iter().find_map(|b| match b {
-        ContentBlock::ToolUse { name, input, .. } if name == PROPOSE => Some(input.clone()),
+        ContentBlock::ToolUse { name, input, .. } if *name == evals.repair_tool => Some(input.clone()),
         _ => None,
     })?;
     let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::trim).unwrap_or_default().to_string();

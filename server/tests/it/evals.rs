@@ -440,23 +440,26 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     let (fake, base) = crate::lane::Fake::start().await;
     let mut settings = crate::lane::settings(server::config::LlmProvider::Anthropic, &base);
     settings.models.repair = "test-repair-model".into();
+    // The tool it answers through is config's, and so is its name in the prompt.
+    settings.evals.repair_tool = "suggest_change".into();
     let model = crate::lane::model(&settings);
     let live = server::tools::ToolFiles::load(dir.path(), &server::config::SecretSource::empty()).expect("tool files").catalog;
     let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(settings), live };
     // Only short filler words: no phrase for a deterministic trigger.
     let cases = vec![case("is-it-up", "is it up?", "tool:web_fetch")];
 
-    fake.then(|_| anthropic(json!([tool_use("r1", "propose_edit", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use"));
+    fake.then(|_| anthropic(json!([tool_use("r1", "suggest_change", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use"));
     assert!(repairs::propose(&ws, &cases, Some(model.as_ref())).await.expect("propose").is_empty(), "a key a repair may not touch is ignored");
 
-    fake.then(|_| anthropic(json!([tool_use("r2", "propose_edit", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
+    fake.then(|_| anthropic(json!([tool_use("r2", "suggest_change", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
     let proposals = repairs::propose(&ws, &cases, Some(model.as_ref())).await.expect("propose");
     let [p] = proposals.as_slice() else { panic!("one proposal: {proposals:?}") };
     assert_eq!((p.strategy.as_str(), p.fixes(), p.regressions()), ("model", 1, 0));
     assert!(p.diff().contains("\"is it up\""), "{}", p.diff());
     let asked = fake.body(1);
     assert_eq!(asked["model"], "test-repair-model");
-    assert_eq!(asked["tool_choice"]["name"], "propose_edit");
+    assert_eq!(asked["tool_choice"]["name"], "suggest_change");
+    assert!(asked["system"].to_string().contains("Call suggest_change once"), "{}", asked["system"]);
     assert!(asked["messages"].to_string().contains("<untrusted_data kind=\\\"message\\\">"), "{asked}");
     assert_eq!(fake.hits(), 2, "asked once per propose, only for the case nothing else fixes");
     assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], Some(model.as_ref())).await.expect("propose").len(), 1);
