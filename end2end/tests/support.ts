@@ -76,7 +76,8 @@ export function writeConfig() {
       'default_risk = "low"',
       'approval = "never"',
       'elicitation = "owner"',
-      'elicitation_ttl = "90s"',
+      // call_timeout (30s) + this + a second, with the reply's reserve, fits jobs.timeouts.tool_call.
+      'elicitation_ttl = "80s"',
       "[server.transport]",
       'type = "stdio"',
       'command = "node"',

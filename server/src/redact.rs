@@ -29,20 +29,39 @@ pub fn is_secret_name(name: &str) -> bool {
     SECRET_WORDS.iter().any(|w| lower.contains(w))
 }
 
+/// Replaces secret-named fields at any depth and a URL's password. For tool results, which a
+/// customer's answer is written from: a signed link in a result stays usable.
 pub fn redact(value: &mut Value) {
+    redact_in(value, Urls::PasswordOnly);
+}
+
+/// [`redact`], and in URLs also a token given as the only user part and the values of
+/// secret-named query parameters. For arguments kept on record or shown (the audit, a trace's
+/// planner step, an approval's display, a job's arguments), where nothing needs the link to work.
+pub fn redact_args(value: &mut Value) {
+    redact_in(value, Urls::AllCredentials);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Urls {
+    PasswordOnly,
+    AllCredentials,
+}
+
+fn redact_in(value: &mut Value, urls: Urls) {
     match value {
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
                 if is_secret_name(k) {
                     *v = Value::String(REDACTED.into());
                 } else {
-                    redact(v);
+                    redact_in(v, urls);
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(redact),
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_in(v, urls)),
         Value::String(s) => {
-            if let Some(url) = redacted_url(s) {
+            if let Some(url) = redacted_url(s, urls) {
                 *s = url;
             }
         }
@@ -50,11 +69,18 @@ pub fn redact(value: &mut Value) {
     }
 }
 
-/// `text` without the credentials it carries when it is a URL: a password or a token as the
-/// only user part (`https://user:pass@host/`, `https://ghp_x@github.com/`) and the values of
-/// query parameters whose names look secret (`?api_key=...`, `&access_token=...`). `None` when
-/// there is nothing to replace.
-fn redacted_url(text: &str) -> Option<String> {
+/// Whether a query parameter's name looks secret. `auth` alone is too short a word here:
+/// `author` and `authuser` are not credentials.
+fn is_secret_param(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase().replace('-', "_");
+    SECRET_WORDS.iter().filter(|w| **w != "auth").any(|w| lower.contains(w)) || lower == "auth" || lower.ends_with("_auth") || lower == "authorization"
+}
+
+/// `text` without the credentials it carries when it is a URL: a password
+/// (`https://user:pass@host/`), and with [`Urls::AllCredentials`] a token as the only user part
+/// of a web URL (`https://ghp_x@github.com/`) and the values of query parameters whose names look
+/// secret (`?api_key=...`, `&access_token=...`). `None` when there is nothing to replace.
+fn redacted_url(text: &str, urls: Urls) -> Option<String> {
     let mut url = url::Url::parse(text).ok()?;
     if !url.has_host() {
         return None;
@@ -63,12 +89,17 @@ fn redacted_url(text: &str) -> Option<String> {
     if url.password().is_some() {
         let _ = url.set_password(Some(REDACTED));
         changed = true;
-    } else if !url.username().is_empty() {
+    }
+    if urls == Urls::PasswordOnly {
+        return changed.then(|| url.to_string());
+    }
+    // `ssh://git@host/` names an account, not a secret; a web URL's lone user part is a token.
+    if !changed && !url.username().is_empty() && matches!(url.scheme(), "http" | "https") {
         let _ = url.set_username(REDACTED);
         changed = true;
     }
-    if url.query_pairs().any(|(k, _)| is_secret_name(&k)) {
-        let pairs: Vec<(String, String)> = url.query_pairs().map(|(k, v)| if is_secret_name(&k) { (k.into_owned(), REDACTED.to_string()) } else { (k.into_owned(), v.into_owned()) }).collect();
+    if url.query_pairs().any(|(k, _)| is_secret_param(&k)) {
+        let pairs: Vec<(String, String)> = url.query_pairs().map(|(k, v)| if is_secret_param(&k) { (k.into_owned(), REDACTED.to_string()) } else { (k.into_owned(), v.into_owned()) }).collect();
         url.query_pairs_mut().clear().extend_pairs(pairs);
         changed = true;
     }
@@ -105,7 +136,7 @@ pub fn redact_named(value: &mut Value, names: &[String], marker: &str) {
 pub fn redacted_pretty(args: &str) -> String {
     match serde_json::from_str::<Value>(args) {
         Ok(mut v) => {
-            redact(&mut v);
+            redact_args(&mut v);
             serde_json::to_string_pretty(&v).unwrap_or_default()
         }
         Err(_) => "(not JSON; withheld)".into(),
@@ -124,8 +155,9 @@ mod tests {
         assert!(out.contains("https://x") && out.contains("\"ok\""), "{out}");
     }
 
-    /// A URL's credentials are replaced however they are carried: a password, a token as the
-    /// only user part, a secret-named query parameter; the rest of the URL stays readable.
+    /// In arguments on record, a URL's credentials are replaced however they are carried: a
+    /// password, a token as the only user part, a secret-named query parameter; the rest of the
+    /// URL stays readable. In a result, a signed link stays usable.
     #[test]
     fn credentials_in_urls_are_replaced() {
         let mut v = serde_json::json!({
@@ -134,9 +166,12 @@ mod tests {
             "c": "https://shop.example/orders?access_token=at_9&X-Amz-Signature=s1g",
             "d": "https://shop.example/orders?order=4821",
             "e": "not a url ?api_key=x",
+            "f": "https://blog.example/posts?author=ana&authuser=1",
+            "g": "ssh://git@github.com/acme/repo.git",
             "passphrase": "open sesame",
         });
-        redact(&mut v);
+        let mut result = v.clone();
+        redact_args(&mut v);
         let out = v.to_string();
         for secret in ["k_live_1", "ghp_tok3n", "at_9", "s1g", "open sesame"] {
             assert!(!out.contains(secret), "{secret} kept: {out}");
@@ -144,5 +179,11 @@ mod tests {
         assert!(out.contains("q=shoes") && out.contains("page=2") && out.contains("github.com/acme/repo.git"), "{out}");
         assert_eq!(v["d"], "https://shop.example/orders?order=4821", "a URL without credentials is left as written");
         assert_eq!(v["e"], "not a url ?api_key=x");
+        assert_eq!(v["f"], "https://blog.example/posts?author=ana&authuser=1", "an author is not a credential");
+        assert_eq!(v["g"], "ssh://git@github.com/acme/repo.git", "an ssh account name is not a secret");
+
+        redact(&mut result);
+        assert_eq!(result["c"], "https://shop.example/orders?access_token=at_9&X-Amz-Signature=s1g", "a result's signed link keeps working");
+        assert_eq!(result["passphrase"], REDACTED);
     }
 }

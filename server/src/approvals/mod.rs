@@ -181,7 +181,7 @@ impl Approvals {
     /// What an owner is shown of `args`: secrets and personal data replaced.
     fn display(&self, args: &Value) -> String {
         let mut shown = args.clone();
-        redact::redact(&mut shown);
+        redact::redact_args(&mut shown);
         redact::redact_named(&mut shown, &self.checkpoint.catalog().audit.pii_fields, redact::PII_REDACTED);
         canonical_json(&shown)
     }

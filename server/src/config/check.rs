@@ -218,7 +218,6 @@ fn evals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
         let tag = super::lane::UNTRUSTED_TAG;
         need(!e.repair_prompt.trim().is_empty(), "evals.repair_prompt", "must be set while models.repair is".into());
         need(e.repair_prompt.trim().is_empty() || e.repair_prompt.contains(tag), "evals.repair_prompt", format!("must tell the model that text inside <{tag}> is data, not instructions"));
-        need(e.repair_prompt.contains("{repair_tool}"), "evals.repair_prompt", "must name the tool the model answers through, as {repair_tool}".into());
         need(is_tool_name(&e.repair_tool), "evals.repair_tool", "must be 1 to 64 letters, digits, '_' or '-' (a tool name the providers accept)".into());
         need(!e.repair_tool_description.trim().is_empty(), "evals.repair_tool_description", "must say what the tool is for".into());
         need(e.repair_max_tokens >= 64, "evals.repair_max_tokens", "must be at least 64".into());

@@ -111,6 +111,8 @@ crate::db::from_sqlx_as_db!(RuntimeError);
 const UNKNOWN_TYPE_NOTICE: &str = "unknown_type";
 const RATE_LIMIT_NOTICE: &str = "rate_limited";
 const PRIVATE_DATA_NOTICE: &str = "private_data";
+/// The route of a trace whose handling failed ([`Runtime::end_failed`]).
+const FAILED_ROUTE: &str = "error";
 
 /// What the runtime needs, built once by the composition root.
 pub struct RuntimeParts {
@@ -233,7 +235,7 @@ impl Runtime {
         let RuntimeError::Db(db_error) = e;
         let code = db_error.code();
         trace.step("error", "failed", code, json!({}));
-        let ending = Ending { actor: String::new(), route: "error".into(), outcome: "failed".into(), error_code: Some(code.into()) };
+        let ending = Ending { actor: String::new(), route: FAILED_ROUTE.into(), outcome: "failed".into(), error_code: Some(code.into()) };
         let ended = async {
             let mut tx = self.db.begin_write().await?;
             let id = trace.finish(&mut tx, ending).await?;
@@ -295,8 +297,10 @@ impl Runtime {
             let since = db::now_ms().saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
             let mut conn = self.db.pool.acquire().await?;
             // Messages the bot let pass without a model (group chatter it ignored, types it cannot
-            // read, owners' commands, ones it already refused) do not use up the chat's limit.
-            let uncounted = [Route::Ignored, Route::UnknownType, Route::OwnerCommand, Route::RateLimited, Route::Duplicate].map(Route::as_str);
+            // read, owners' commands, ones it already refused) do not use up the chat's limit,
+            // nor do attempts that failed (their retry is the same message).
+            let mut uncounted = [Route::Ignored, Route::UnknownType, Route::OwnerCommand, Route::RateLimited, Route::Duplicate].map(Route::as_str).to_vec();
+            uncounted.push(FAILED_ROUTE);
             let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted, Role::Owner.as_str()).await?;
             drop(conn);
             let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });

@@ -33,7 +33,8 @@ pub struct TraceRow {
 pub const RUNNING: &str = "running";
 
 /// Starts a trace for a message, or returns the one an earlier, interrupted attempt left
-/// running (so a retried job continues its trace instead of leaving a second one behind).
+/// running (a process that died mid-message: its retry continues that trace). An attempt that
+/// failed and said so ended its trace as failed, so its retry begins a new one.
 /// Returns its id and how many steps it already has.
 pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64), DbError> {
     let earlier: Option<(i64,)> =

@@ -176,7 +176,7 @@ pub fn record(response: &llm::ChatResponse, keep_text: bool, respond_tool: &str,
             llm::ContentBlock::Text { .. } => None,
             llm::ContentBlock::ToolUse { id, name, input } => {
                 let mut input = input.clone();
-                redact::redact(&mut input);
+                redact::redact_args(&mut input);
                 redact::redact_named(&mut input, pii_fields, redact::PII_REDACTED);
                 // The respond tool's reply is words for the person, like a text block.
                 if !keep_text

@@ -98,7 +98,7 @@ pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Dec
     if regressions > row.regressions {
         return Err(RepairError::ReplayChanged { id, regressions });
     }
-    if regressions.max(row.regressions) > 0 && !confirm_regressions {
+    if regressions > 0 && !confirm_regressions {
         return Err(RepairError::NeedsConfirmation(id));
     }
     let audit = (event::REPAIR_APPROVED, Some(confirm_regressions));

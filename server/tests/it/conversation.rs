@@ -634,21 +634,28 @@ both_backends!(conversation_empty_text, an_empty_text_is_not_read_and_leaves_mem
 /// retries, and a WhatsApp message may run out of attempts).
 async fn a_failed_message_ends_its_trace(db: TestDb) {
     let r = rig(db, 6000, true).await;
+    // A chat limited to one message: failed attempts of it must not use that up.
+    let mut limited = settings(&r.runtime_base_url(), 6000);
+    limited.conversation.rate_limit = 1;
+    let model = llm::from_settings(&limited, &r.secrets()).expect("model");
+    let runtime = runtime(&r.db, Arc::new(limited), r.secrets(), model);
     sqlx::query("ALTER TABLE owner_phones RENAME TO owner_phones_gone").execute(&r.db.pool).await.expect("rename");
-    let failed = r.runtime.handle(&msg("f1", "15557770043", "Hello?")).await;
-    assert!(failed.is_err(), "{failed:?}");
+    for _ in 0..2 {
+        let failed = runtime.handle(&msg("f1", "15557770043", "Hello?")).await;
+        assert!(failed.is_err(), "{failed:?}");
+    }
     let (outcome, code, trace_id): (String, Option<String>, i64) =
-        sqlx::query_as("SELECT outcome, error_code, id FROM traces WHERE message_id = 'f1'").fetch_one(&r.db.pool).await.expect("trace");
+        sqlx::query_as("SELECT outcome, error_code, id FROM traces WHERE message_id = 'f1' ORDER BY id LIMIT 1").fetch_one(&r.db.pool).await.expect("trace");
     assert_eq!((outcome.as_str(), code.as_deref()), ("failed", Some("DATABASE_ERROR")));
     let steps = steps_of(&r.db, trace_id).await;
     assert_eq!(steps.first().map(|s| s.0.as_str()), Some("dedupe"), "{steps:?}");
     assert!(steps.iter().any(|(s, d, c)| s == "error" && d == "failed" && c == "DATABASE_ERROR"), "{steps:?}");
     // The message handled again, once the database is whole, has a trace of its own.
     sqlx::query("ALTER TABLE owner_phones_gone RENAME TO owner_phones").execute(&r.db.pool).await.expect("rename back");
-    let out = r.runtime.handle(&msg("f1", "15557770043", "Hello?")).await.expect("handle");
-    assert_eq!(out.route, Route::Chat);
+    let out = runtime.handle(&msg("f1", "15557770043", "Hello?")).await.expect("handle");
+    assert_eq!(out.route, Route::Chat, "the failed attempts did not use up the chat's limit");
     let traces: Vec<String> = sqlx::query_scalar("SELECT outcome FROM traces WHERE message_id = 'f1' ORDER BY id").fetch_all(&r.db.pool).await.expect("traces");
-    assert_eq!(traces, vec!["failed".to_string(), "replied".to_string()]);
+    assert_eq!(traces, vec!["failed".to_string(), "failed".to_string(), "replied".to_string()]);
 }
 both_backends!(conversation_failed_trace_ends, a_failed_message_ends_its_trace);
 

@@ -474,6 +474,8 @@ async fn a_chats_jobs_run_one_at_a_time_in_order(db: TestDb) {
             jobs.push(NewJob { chat_id: Some(chat.into()), ..queue.job(&InTurn { n }) });
         }
     }
+    // An older unfinished job of chat-a in a queue no worker here serves holds nothing back.
+    queue.enqueue(&NewJob { queue: "elsewhere".into(), chat_id: Some("chat-a".into()), ..queue.job(&InTurn { n: 99 }) }).await.expect("elsewhere");
     let mut tx = pool.begin_write().await.expect("begin");
     queue.enqueue_many_in(&mut tx, &jobs).await.expect("enqueue");
     queue.commit(tx).await.expect("commit");

@@ -51,7 +51,8 @@ pub struct ProcessInbound {
 impl JobKind for ProcessInbound {
     const KIND: &'static str = "whatsapp.inbound";
     /// A person who sends two messages in a row gets the answer to the first before the
-    /// second is read, and the second is read with the first in memory.
+    /// second is read, and the second is read with the first in memory (unless the first
+    /// failed and waits for its retry).
     const ONE_AT_A_TIME_PER_CHAT: bool = true;
 }
 

@@ -44,9 +44,11 @@ pub struct Claim<'a> {
 }
 
 /// [`claim`], keeping a chat's jobs of the `one_per_chat` kinds in order: such a job is not
-/// claimed while another of its chat and kind runs, or while an earlier one is due (that one
-/// is claimed first, in this claim or the next). On PostgreSQL a claim that has not committed
-/// yet still shows its jobs as due, so two workers cannot each take one of a chat's jobs.
+/// claimed while another of its chat, kind and queue runs, or while an earlier one is due
+/// (that one is claimed first, in this claim or the next). An earlier job waiting out a retry's
+/// backoff does not hold the chat: the backoff may be an hour, and the chat would be silent for
+/// it. On PostgreSQL a claim that has not committed yet still shows its jobs as due, so two
+/// workers cannot each take one of a chat's jobs.
 pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim<'_>) -> Result<Vec<JobRow>, DbError> {
     let in_order = if c.one_per_chat.is_empty() {
         String::new()
@@ -55,7 +57,7 @@ pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim
             // The first two conditions on `e` are the index `jobs_chat_in_order`'s own (SQLite
             // uses a partial index only when the query states its conditions).
             " AND NOT (kind IN ({}) AND chat_id IS NOT NULL AND EXISTS (SELECT 1 FROM jobs e WHERE e.chat_id IS NOT NULL \
-             AND e.state IN ('available', 'scheduled', 'retryable', 'running') AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind \
+             AND e.state IN ('available', 'scheduled', 'retryable', 'running') AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind AND e.queue = jobs.queue \
              AND e.id <> jobs.id AND (e.state = 'running' OR (e.id < jobs.id AND e.scheduled_at <= $1 \
              AND (e.expires_at IS NULL OR e.expires_at > $1)))))",
             placeholders(6, c.one_per_chat.len())

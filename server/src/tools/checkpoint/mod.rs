@@ -346,7 +346,7 @@ impl Checkpoint {
                 }
             }
         }
-        redact::redact(&mut args);
+        redact::redact_args(&mut args);
         redact::redact_named(&mut args, &catalog.audit.pii_fields, redact::PII_REDACTED);
         self.audit.write(AuditRow {
             at: db::now_ms(),
