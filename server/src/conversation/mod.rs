@@ -299,8 +299,7 @@ impl Runtime {
             // Messages the bot let pass without a model (group chatter it ignored, types it cannot
             // read, owners' commands, ones it already refused) do not use up the chat's limit,
             // nor do attempts that failed (their retry is the same message).
-            let mut uncounted = [Route::Ignored, Route::UnknownType, Route::OwnerCommand, Route::RateLimited, Route::Duplicate].map(Route::as_str).to_vec();
-            uncounted.push(FAILED_ROUTE);
+            let uncounted = [Route::Ignored.as_str(), Route::UnknownType.as_str(), Route::OwnerCommand.as_str(), Route::RateLimited.as_str(), Route::Duplicate.as_str(), FAILED_ROUTE];
             let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted, Role::Owner.as_str()).await?;
             drop(conn);
             let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
