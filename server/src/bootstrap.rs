@@ -35,7 +35,7 @@ use crate::{
         cycle::{Cycle, CycleJob},
     },
     telemetry::Telemetry,
-    tools::{self, Checkpoint, ToolFiles, mcp::McpManager},
+    tools::{self, Checkpoint, Reloads, ToolFiles, mcp::McpManager},
 };
 
 /// Everything Gatehouse is made of, built once.
@@ -51,6 +51,8 @@ pub struct Gatehouse {
     pub tools: Arc<Checkpoint>,
     /// MCP servers: their tools join the checkpoint's catalog; `start()` runs them.
     pub mcp: McpManager,
+    /// Catalog reloads: made here and told to the other processes, or followed from them.
+    pub reloads: Reloads,
     /// The configured model, every call recorded in `llm_calls`.
     pub model: Arc<dyn ChatModel>,
     pub runtime: Arc<Runtime>,
@@ -213,7 +215,9 @@ impl Gatehouse {
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
         registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
-        Ok(Self { config: Arc::new(config), tool_files, db, jobs, events, tools, mcp, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry, telemetry })
+        let config = Arc::new(config);
+        let reloads = Reloads::new(config.clone(), mcp.clone(), tools.clone(), db.clone(), tool_files.read_at);
+        Ok(Self { config, tool_files, db, jobs, events, tools, mcp, reloads, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry, telemetry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

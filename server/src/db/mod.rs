@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod budget;
+pub mod catalog_reloads;
 mod checkpoint;
 pub mod contexts;
 pub mod conversation;

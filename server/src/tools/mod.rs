@@ -14,12 +14,14 @@ pub mod job;
 pub mod mcp;
 pub mod policy;
 pub mod schema;
+pub mod reloads;
 mod toml_file;
 
 use std::{path::Path, sync::Arc};
 
 pub use catalog::{Catalog, ToolDef};
 pub use checkpoint::{ApprovedCall, CallContext, Checkpoint, ToolCall, ToolError, ToolExecutor};
+pub use reloads::Reloads;
 
 use crate::{
     config::{LoadedConfig, Problem, SecretSource, Settings},
@@ -33,12 +35,16 @@ use crate::{
 pub struct ToolFiles {
     pub catalog: Arc<Catalog>,
     pub mcp: Arc<mcp::McpConfig>,
+    /// When the files were read (unix ms): a reload another process made after it may not be
+    /// in them (see [`Reloads`]).
+    pub read_at: i64,
 }
 
 impl ToolFiles {
     /// Reads and checks every tool file in `dir`; on failure every problem of every file is
     /// returned, so `check-config` can list them with the settings' own.
     pub fn load(dir: &Path, secrets: &SecretSource) -> Result<Self, Vec<Problem>> {
+        let read_at = crate::db::now_ms();
         let mut problems = Vec::new();
         let catalog = load_catalog(dir, secrets).unwrap_or_else(|p| {
             problems.extend(p);
@@ -54,7 +60,7 @@ impl ToolFiles {
         } else {
             mcp::McpConfig::default()
         };
-        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp) }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp), read_at }) } else { Err(problems) }
     }
 }
 

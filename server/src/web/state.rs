@@ -49,6 +49,8 @@ pub struct App {
     pub streams: super::live::StreamSlots,
     pub tools: Arc<Checkpoint>,
     pub mcp: McpManager,
+    /// Catalog reloads, told to the other processes of the deployment.
+    pub reloads: crate::tools::Reloads,
     pub runtime: Arc<Runtime>,
     pub approvals: Arc<Approvals>,
     pub budget: Arc<Budget>,
@@ -106,6 +108,7 @@ impl AppState {
             streams: super::live::StreamSlots::default(),
             tools: gatehouse.tools.clone(),
             mcp: gatehouse.mcp.clone(),
+            reloads: gatehouse.reloads.clone(),
             runtime: gatehouse.runtime.clone(),
             approvals: gatehouse.approvals.clone(),
             budget: gatehouse.budget.clone(),

@@ -254,7 +254,7 @@ async fn a_changed_tool_definition_makes_the_approval_stale(db: TestDb) {
     let changed = TOOLS.replace("Refunds an order in full.", "Refunds an order in full, and cancels its delivery.");
     std::fs::write(&tools, changed).expect("tools");
     let state = &r.app.state;
-    let report = server::tools::reload_catalog(&state.config, &state.mcp, &state.tools).await.expect("reload");
+    let report = state.reloads.reload().await.expect("reload");
     assert_eq!(report.changed, vec!["refund_order".to_string()], "the reload changed the tool's version");
     let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "console" };
     approvals.decide(requested.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve");

@@ -413,6 +413,15 @@ fn a_worker_reloads_its_catalog_on_sighup() {
     let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
     wait_for("SIGHUP: tool catalog reloaded", &mut child);
     assert!(child.try_wait().expect("status").is_none(), "still running after the hangup");
+    // A reload made in another process (here `gatehouse tools reload`; the console's button
+    // alike) is followed by the worker, which calls tools in its jobs.
+    let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("tools checked; every running Gatehouse process"), "{}", out.stdout);
+    wait_for("following a reload in another process", &mut child);
+    std::fs::write(dir.path().join("tools.toml"), "surprise = 1\n").expect("break");
+    let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[], None);
+    assert_eq!(out.code, 2, "a broken file is a config problem, and nobody is told to reload: {}", out.all());
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     assert_eq!(child.wait().expect("wait").code(), Some(0), "{}", logs());
 }

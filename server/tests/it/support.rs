@@ -295,13 +295,20 @@ impl TestApp {
         let pool = db.connect().await;
         pool.migrate().await.expect("migrate");
         // The shipped tool files need no secrets; MCP servers are the MCP tests' own.
-        let catalog = ToolFiles::load(dir, &secrets.source).expect("tool files load").catalog;
-        let files = ToolFiles { catalog, mcp };
+        let files = ToolFiles { mcp, ..ToolFiles::load(dir, &secrets.source).expect("tool files load") };
         let config = LoadedConfig::new(settings, secrets, dir.join("gatehouse.toml"));
         let gatehouse = Gatehouse::build_with(config, files, pool, overrides).expect("build");
         let state = AppState::new(&gatehouse, "127.0.0.1:3000".parse().expect("addr"), web::ops::metrics_handle());
         let router = web::router(state.clone());
         Self { gatehouse, state, router, db }
+    }
+
+    /// Another process of the same deployment, as `gatehouse worker` builds it: the same
+    /// database and config directory `dir`, its own pool, checkpoint and MCP manager.
+    pub async fn another_process(&self, dir: &std::path::Path) -> Gatehouse {
+        let files = ToolFiles::load(dir, &Secrets::default().source).expect("tool files load");
+        let config = LoadedConfig::new(settings_for(&self.db), Secrets::default(), dir.join("gatehouse.toml"));
+        Gatehouse::build(config, files, self.db.connect().await).expect("build")
     }
 
     pub fn client(&self) -> Client {

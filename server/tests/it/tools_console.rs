@@ -56,6 +56,7 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert!(events.contains(&"tool_try".to_string()), "{events:?}");
 
     // Reload picks up an edit, and names what changed.
+    let worker = app.another_process(dir.path()).await;
     let before = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
     let text = std::fs::read_to_string(SHIPPED).expect("read").replace("Fetches one public web page", "Reads one public web page");
     std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
@@ -64,6 +65,28 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert_eq!(reloaded.json(), serde_json::json!({"tools": 3, "changed": ["web_fetch"]}));
     let after = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
     assert_ne!(before, after);
+    // Another process of the deployment (a `gatehouse worker`, whose jobs call tools) follows
+    // at its next poll, the first one included: its files were read before the edit.
+    assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, before);
+    worker.reloads.poll().await;
+    assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, after, "the other process reloaded");
+    // ... and every later one: a tool turned off here is off there.
+    std::fs::write(dir.path().join("tools.toml"), text.replacen("name = \"web_fetch\"\n", "name = \"web_fetch\"\nenabled = false\n", 1)).expect("turn one off");
+    let off = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(off.status, StatusCode::OK, "{}", off.body);
+    assert_eq!(off.json()["changed"], serde_json::json!(["web_fetch"]));
+    let enabled = |catalog: std::sync::Arc<server::tools::Catalog>| catalog.all().filter(|t| t.spec.enabled).map(|t| t.spec.name.clone()).collect::<Vec<_>>();
+    assert_ne!(enabled(worker.tools.catalog()), enabled(app.state.tools.catalog()), "not yet followed");
+    worker.reloads.poll().await;
+    assert_eq!(enabled(worker.tools.catalog()), enabled(app.state.tools.catalog()));
+    assert!(!enabled(worker.tools.catalog()).contains(&"web_fetch".to_string()));
+    std::fs::write(dir.path().join("tools.toml"), &text).expect("back on");
+    let on = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(on.status, StatusCode::OK, "{}", on.body);
+    worker.reloads.poll().await;
+    assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, after);
+    let generation = || async { sqlx::query_scalar::<_, i64>("SELECT generation FROM catalog_reloads").fetch_one(&app.state.db.pool).await.expect("count") };
+    let told = generation().await;
 
     // A broken file is refused with every problem, and the current catalog stays.
     std::fs::write(dir.path().join("tools.toml"), format!("surprise = 1\n{text}\n[[tool]]\nname = \"x y\"\n")).expect("break");
@@ -81,7 +104,8 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
     assert!(slow.json()["message"].as_str().is_some_and(|m| m.contains("jobs.timeouts.tool_call")), "{}", slow.body);
     assert_eq!(app.state.tools.catalog().get("web_fetch").expect("tool").version, after, "the current catalog stays");
     let reloads: i64 = sqlx::query("SELECT COUNT(*) FROM owner_audit WHERE event = 'tools_reload'").fetch_one(&app.state.db.pool).await.expect("count").get(0);
-    assert_eq!(reloads, 3, "every reload is audited");
+    assert_eq!(reloads, 5, "every reload is audited");
+    assert_eq!(generation().await, told, "a refused reload is told to no other process");
 }
 both_backends!(tools_console, tools_page_try_it_and_reload);
 

@@ -91,7 +91,7 @@ impl ConsoleBackend {
 
     /// The catalog reload after a repair's files changed; a refusal is said, the files stay.
     async fn reload(&self) -> String {
-        match crate::tools::reload_catalog(&self.state.config, &self.state.mcp, &self.state.tools).await {
+        match self.state.reloads.reload().await {
             Ok(r) => format!("The catalog was reloaded ({} tools).", r.tools),
             Err(e) => {
                 tracing::error!(error = %e, "catalog reload after a repair failed");

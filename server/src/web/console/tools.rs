@@ -166,7 +166,7 @@ impl ToolsBackend for ConsoleBackend {
     }
 
     async fn reload_tools(&self, owner_id: i64, ip: &str) -> Result<ReloadOutcome, AppError> {
-        let outcome = crate::tools::reload_catalog(&self.state.config, &self.state.mcp, &self.state.tools).await;
+        let outcome = self.state.reloads.reload().await;
         let detail = match &outcome {
             Ok(r) => serde_json::json!({ "ok": true, "tools": r.tools, "changed": r.changed }),
             Err(crate::tools::ReloadError::Files(problems)) => serde_json::json!({ "ok": false, "problems": problems.len() }),

@@ -124,6 +124,9 @@ pub enum ToolsCommand {
     List,
     /// Call a tool through the same checkpoint the assistant uses (audited).
     Call(ToolsCall),
+    /// Check the tool files (tools.toml, connectors.toml) and have every running process of
+    /// this deployment (`serve`, `worker`) reload them within one `jobs.poll_interval`.
+    Reload,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,10 +1,9 @@
 //! `gatehouse serve` and `gatehouse worker`.
 
-use std::sync::Arc;
-
 use server::{
+    bootstrap::Gatehouse,
     config::LoadedConfig,
-    tools::{Checkpoint, ToolFiles, mcp::McpManager},
+    tools::ToolFiles,
     web::{self, AppState},
 };
 
@@ -44,7 +43,7 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     let addr = listener.local_addr().map_err(Failure::runtime)?;
     let grace = server.shutdown_grace;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
-    spawn_catalog_reload(state.config.clone(), state.mcp.clone(), state.tools.clone());
+    spawn_catalog_reload(&gatehouse);
     if let Err(e) = gatehouse.cycle.schedule().await {
         tracing::error!(error = %e, "the self-improvement cycle could not be scheduled");
     }
@@ -101,16 +100,21 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
 /// SIGHUP reloads the tool catalog (tools.toml, connectors.toml) without a restart, in `serve`
 /// and in `worker` alike (a worker's jobs plan and call tools too; without this, the signal
 /// would end it). Calls in flight keep the version they started with; a file with problems is
-/// refused and the current catalog kept.
-fn spawn_catalog_reload(config: Arc<LoadedConfig>, mcp: McpManager, tools: Arc<Checkpoint>) {
+/// refused and the current catalog kept. A reload made here, by the signal or the console, is
+/// told to the deployment's other processes, and one made there is followed here, checked
+/// every `jobs.poll_interval`.
+fn spawn_catalog_reload(gatehouse: &Gatehouse) {
+    tokio::spawn(gatehouse.reloads.clone().follow(gatehouse.config.settings.jobs.poll_interval));
     // Installed before this returns, so a hangup sent after the process says it started is
     // never the default one (which ends the process).
     #[cfg(unix)]
     let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
     #[cfg(unix)]
+    let reloads = gatehouse.reloads.clone();
+    #[cfg(unix)]
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            match server::tools::reload_catalog(&config, &mcp, &tools).await {
+            match reloads.reload().await {
                 Ok(report) => tracing::info!(tools = report.tools, "SIGHUP: tool catalog reloaded"),
                 Err(e) => tracing::error!(error = %e, "tool catalog reload failed; keeping the current catalog"),
             }
@@ -122,7 +126,7 @@ pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> 
     refuse_if_strict(&cfg)?;
     let gatehouse = build(cfg, files).await?;
     warn_about_storage(&gatehouse.config.settings.database);
-    spawn_catalog_reload(gatehouse.config.clone(), gatehouse.mcp.clone(), gatehouse.tools.clone());
+    spawn_catalog_reload(&gatehouse);
     tracing::info!(database = gatehouse.db.backend.as_str(), queue = %gatehouse.config.settings.jobs.queue, "worker process starting");
     // The jobs a worker runs (messages, tool calls, the self-improvement cycle) call MCP tools
     // as `serve` does: it keeps its own sessions with the servers.

@@ -40,6 +40,18 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
             gatehouse.db.close().await;
             Ok(())
         }
+        ToolsCommand::Reload => {
+            let gatehouse = build(cfg, files).await?;
+            gatehouse.mcp.load_cached().await.map_err(Failure::runtime)?;
+            let reloaded = gatehouse.reloads.reload().await;
+            gatehouse.db.close().await;
+            // A file with problems was refused when the config loaded (exit 2); one that changed
+            // since is refused here, and nobody reloads.
+            let report = reloaded.map_err(|e| Failure::runtime(format!("not reloaded: {e}")))?;
+            let every = humantime::format_duration(gatehouse.config.settings.jobs.poll_interval);
+            println!("{} tools checked; every running Gatehouse process on this database reloads its tool files within {every}", report.tools);
+            Ok(())
+        }
         ToolsCommand::Call(c) => {
             let args: serde_json::Value = serde_json::from_str(&c.args).map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?;
             let gatehouse = build(cfg, files).await?;
