@@ -114,14 +114,27 @@ pub enum ReloadError {
     Mcp(#[from] mcp::McpError),
 }
 
-/// What the settings refuse of a file catalog, as problems of `dir`'s tools.toml: tools whose
-/// calls cannot fit their `tool.call` job (see [`catalog::fits_tool_call_budget`]), and tools
-/// named like the planner's own `lane.respond_tool` or `lane.search_tool`, which would never be
-/// offered, and a `web_search` tool turned on with no search provider to ask.
+/// What the settings and this build refuse of a file catalog, as problems of `dir`'s
+/// tools.toml: tools whose calls cannot fit their `tool.call` job (see
+/// [`catalog::fits_tool_call_budget`]), tools named like the planner's own `lane.respond_tool`
+/// or `lane.search_tool`, which would never be offered, a `web_search` tool turned on with no
+/// search provider to ask, an enabled builtin tool whose `handler` this build does not have
+/// (every call would fail), and a `lane.always_offered` name no tool has (it would be offered
+/// to nobody, silently). Names of MCP tools (`<server>__<tool>`) are the MCP servers' to check.
 pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> Vec<Problem> {
     let path = dir.join("tools.toml");
     let mut problems = catalog::fits_tool_call_budget(catalog, &path, settings.jobs.timeouts.tool_call, settings.reply_reserve());
+    let unknown_handler = |t: &&Arc<ToolDef>| t.spec.enabled && t.spec.provider == catalog::Provider::Builtin && t.spec.handler.as_deref().is_some_and(|h| !builtins::HANDLERS.contains(&h));
+    for tool in catalog.all().filter(unknown_handler) {
+        let problem = toml_file::problem_at(&path);
+        let known = builtins::HANDLERS.join(", ");
+        problems.push(problem(format!("tool ({}).handler", tool.spec.name), format!("names no builtin this build has (it has {known}), so every call would fail")));
+    }
     let lane = &settings.lane;
+    for name in lane.always_offered.iter().filter(|n| !n.contains(mcp::normalize::SEPARATOR) && catalog.get(n).is_none()) {
+        let message = format!("names {name:?}, which no tool in tools.toml has, so it would never be offered");
+        problems.push(Problem { key: "lane.always_offered".into(), source: dir.join("gatehouse.toml").display().to_string(), message });
+    }
     for (key, name) in [("lane.respond_tool", &lane.respond_tool), ("lane.search_tool", &lane.search_tool)] {
         if !name.is_empty() && catalog.get(name).is_some() {
             let problem = toml_file::problem_at(&path);

@@ -167,6 +167,23 @@ fn tool_catalog_problems_are_reported_with_the_rest() {
     assert!(out.stderr.contains("tool[0] (bad name).name") && out.stderr.contains("tools.toml"), "{}", out.stderr);
 }
 
+/// A builtin tool naming a handler this build does not have, and an always-offered name no
+/// tool has, are config problems: the one would fail every call, the other be offered to nobody.
+#[test]
+fn unknown_handlers_and_always_offered_names_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config_with_tools(dir.path());
+    let text = std::fs::read_to_string(&path).expect("config").replace("always_offered = []", "always_offered = [\"web_fetch\", \"page_fetch\", \"docs__search\"]");
+    std::fs::write(&path, text).expect("write config");
+    let tools = std::fs::read_to_string(dir.path().join("tools.toml")).expect("tools").replacen("handler = \"web_fetch\"", "handler = \"web_fetchh\"", 1);
+    std::fs::write(dir.path().join("tools.toml"), tools).expect("write tools");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("tool (web_fetch).handler: names no builtin this build has"), "{}", out.stderr);
+    assert!(out.stderr.contains("lane.always_offered: names \"page_fetch\""), "{}", out.stderr);
+    assert!(!out.stderr.contains("\"web_fetch\", which") && !out.stderr.contains("docs__search"), "a file tool and an MCP tool are known: {}", out.stderr);
+}
+
 #[test]
 fn check_config_notes_enabled_tools_the_detector_has_no_phrases_for() {
     let dir = tempfile::tempdir().expect("tempdir");
