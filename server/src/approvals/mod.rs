@@ -273,15 +273,20 @@ impl Approvals {
             reason_code(&reason),
             json!({ "approval_id": row.id, "tool": row.tool, "version": row.tool_version, "args_hash": row.args_hash, "risk": row.risk, "expires_at": row.expires_at }),
         );
-        recorder.flush(&mut tx).await?;
-        let own_trace = match own {
-            Some(own) => {
+        // The caller's trace goes on after this: its steps so far commit with the request. A
+        // trace of the request's own ends with it.
+        let (flushed, own_trace) = match (trace, own) {
+            (Some(trace), _) => (Some((trace.flush(&mut tx).await?, trace)), None),
+            (None, Some(own)) => {
                 let ending = Ending { actor: who.actor.as_str().into(), route: "approval".into(), outcome: "pending".into(), error_code: None };
-                Some(own.finish(&mut tx, ending).await?)
+                (None, Some(own.finish(&mut tx, ending).await?))
             }
-            None => None,
+            (None, None) => (None, None),
         };
         self.queue.commit(tx).await?;
+        if let Some((flushed, trace)) = flushed {
+            trace.committed(flushed);
+        }
         // A request from the console or the CLI has a trace of its own, exported like a message's.
         if let Some(id) = own_trace {
             self.queue.telemetry().message(id);

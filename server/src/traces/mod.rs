@@ -43,6 +43,14 @@ pub struct Recorder {
     steps: Vec<Step>,
 }
 
+/// Steps written by [`Recorder::flush`] in a transaction not yet committed.
+#[derive(Debug)]
+#[must_use = "tell the recorder when the transaction commits (Recorder::committed), or its steps are written again"]
+pub struct Flushed {
+    steps: usize,
+    next_seq: i64,
+}
+
 /// How a traced message ended.
 #[derive(Debug, Clone, Default)]
 pub struct Ending {
@@ -109,11 +117,19 @@ impl Recorder {
 
     /// Writes the steps so far in the caller's transaction, so a fact that must be on record
     /// with something else (a job stored with the step that says so) commits together with it.
-    /// Later steps continue after them.
-    pub async fn flush(&mut self, conn: &mut AnyConnection) -> Result<(), DbError> {
-        self.first_seq = store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
-        self.steps.clear();
-        Ok(())
+    /// The recorder keeps them until told the transaction committed ([`Recorder::committed`]):
+    /// when it does not, they are written again with the next flush or the ending, not lost
+    /// with the rolled-back transaction.
+    pub async fn flush(&mut self, conn: &mut AnyConnection) -> Result<Flushed, DbError> {
+        let next_seq = store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
+        Ok(Flushed { steps: self.steps.len(), next_seq })
+    }
+
+    /// The transaction of `flushed` committed: its steps are on record, and later steps
+    /// continue after them.
+    pub fn committed(&mut self, flushed: Flushed) {
+        self.steps.drain(..flushed.steps.min(self.steps.len()));
+        self.first_seq = flushed.next_seq;
     }
 
     /// Writes the steps and the ending in the caller's transaction.

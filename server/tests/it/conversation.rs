@@ -659,14 +659,21 @@ async fn a_failed_message_ends_its_trace(db: TestDb) {
 }
 both_backends!(conversation_failed_trace_ends, a_failed_message_ends_its_trace);
 
+/// A message's trace, begun and committed as the runtime begins one.
+async fn running_trace(db: &Db, id: &str) -> server::traces::Recorder {
+    let mut tx = db.begin_write().await.expect("tx");
+    let subject = server::traces::Subject { channel: "simulator".into(), chat_id: "c".into(), message_id: format!("m-{id}"), correlation_id: format!("corr-{id}") };
+    let trace = server::traces::begin(&mut tx, subject).await.expect("begin");
+    tx.commit().await.expect("commit");
+    trace
+}
+
 /// A step appended to a running trace (an owner's decision made while the message still
 /// waits) and the runtime's own steps written after it never share a number.
 async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
-    use server::traces::{self, Ending, Step, Subject};
+    use server::traces::{self, Ending, Step};
     let r = rig(db, 6000, true).await;
-    let mut tx = r.db.begin_write().await.expect("tx");
-    let mut trace = traces::begin(&mut tx, Subject { channel: "simulator".into(), chat_id: "c".into(), message_id: "m-seq".into(), correlation_id: "corr-seq".into() }).await.expect("begin");
-    tx.commit().await.expect("commit");
+    let mut trace = running_trace(&r.db, "seq").await;
     trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
     trace.step("actor", "customer", "NOT_AN_OWNER_NUMBER", json!({}));
     let mut tx = r.db.begin_write().await.expect("tx");
@@ -679,6 +686,32 @@ async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
     assert_eq!(seqs, vec![(0, "ApprovalDecided".to_string()), (1, "dedupe".to_string()), (2, "actor".to_string())]);
 }
 both_backends!(conversation_trace_seq_unique, a_step_appended_to_a_running_trace_keeps_its_own_number);
+
+/// Steps flushed in a transaction that then does not commit (a job's insert failed with the
+/// step that records it) are not lost: the trace's ending writes them, numbered in order.
+async fn steps_flushed_in_a_rolled_back_transaction_are_written_again(db: TestDb) {
+    use server::traces::Ending;
+    let r = rig(db, 6000, true).await;
+    let mut trace = running_trace(&r.db, "rb").await;
+    trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
+    trace.step("AgentToolPlanner", "planned", "OK", json!({}));
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let _rolled_back = trace.flush(&mut tx).await.expect("flush");
+    tx.rollback().await.expect("rollback");
+    trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({}));
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let flushed = trace.flush(&mut tx).await.expect("flush");
+    tx.commit().await.expect("commit");
+    trace.committed(flushed);
+    trace.step("respond", "said", "OK", json!({}));
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let id = trace.finish(&mut tx, Ending { outcome: "replied".into(), ..Ending::default() }).await.expect("finish");
+    tx.commit().await.expect("commit");
+    let seqs: Vec<(i64, String)> = sqlx::query_as("SELECT seq, step FROM trace_steps WHERE trace_id = $1 ORDER BY seq, id").bind(id).fetch_all(&r.db.pool).await.expect("steps");
+    let names = ["dedupe", "AgentToolPlanner", "AgentToolJobEnqueued", "respond"];
+    assert_eq!(seqs, names.iter().enumerate().map(|(i, n)| (i as i64, n.to_string())).collect::<Vec<_>>(), "every step once, in order");
+}
+both_backends!(conversation_trace_rolled_back_flush, steps_flushed_in_a_rolled_back_transaction_are_written_again);
 
 /// In a group every member reads the answer: an owner's command there is refused (its jobs,
 /// approvals and status would be posted to all), and an owner's private-data question is

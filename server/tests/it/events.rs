@@ -362,11 +362,11 @@ async fn a_step_committed_after_a_later_one_is_still_published() {
         let mut first = app.state.db.begin_write().await.expect("begin");
         let mut early = server::traces::begin(&mut first, subject("late-a")).await.expect("trace");
         early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        early.flush(&mut first).await.expect("steps");
+        let _written = early.flush(&mut first).await.expect("steps");
         let mut second = app.state.db.begin_write().await.expect("begin");
         let mut later = server::traces::begin(&mut second, subject("late-b")).await.expect("trace");
         later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        later.flush(&mut second).await.expect("steps");
+        let _written = later.flush(&mut second).await.expect("steps");
         second.commit().await.expect("commit");
         while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-b") {}
         first.commit().await.expect("commit");

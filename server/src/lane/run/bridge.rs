@@ -105,8 +105,9 @@ impl Lane {
             let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
             let (event, decision) = if enqueued.deduplicated { ("AgentToolJobDedupe", "already_queued") } else { ("AgentToolJobEnqueued", "stored") };
             trace.step(event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool }));
-            trace.flush(&mut tx).await?;
+            let flushed = trace.flush(&mut tx).await?;
             self.queue.commit(tx).await?;
+            trace.committed(flushed);
             Ok::<_, db::DbError>(enqueued)
         }
         .await;
