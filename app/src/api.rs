@@ -50,10 +50,14 @@ pub async fn setup_owner(
 ) -> Result<(), AppError> {
     answer(
         async {
+            let backend = backend()?;
+            // Once an owner exists, setup is gone (410) whatever was typed.
+            if !backend.setup_open().await? {
+                return Err(AppError::new(crate::error::code::SETUP_CLOSED, "Setup is closed: an owner already exists. Log in instead."));
+            }
             if password != password_confirm {
                 return Err(AppError::invalid("The two passwords differ."));
             }
-            let backend = backend()?;
             let ip = client_ip().await;
             let who = backend
                 .create_first_owner(NewOwner { display_name, login, password, phones: whatsapp }, &ip)

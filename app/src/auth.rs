@@ -32,10 +32,7 @@ fn now_ms() -> i64 {
 /// The owner behind `session`, or `None` for no session, an expired one, or one whose owner was
 /// removed or had the password reset. Invalid sessions are flushed.
 pub async fn owner_of(session: &Session, backend: &SharedBackend) -> Result<Option<ShellInfo>, AppError> {
-    let stored: Option<SessionOwner> = session.get(SESSION_KEY).await.map_err(|e| {
-        tracing::error!(error = %e, "session load failed");
-        AppError::internal()
-    })?;
+    let stored: Option<SessionOwner> = session.get(SESSION_KEY).await.map_err(session_error)?;
     let Some(stored) = stored else { return Ok(None) };
     let expired = now_ms().saturating_sub(stored.login_at_ms) > backend.session_absolute_timeout_ms();
     let info = if expired { None } else { backend.shell_info(&OwnerIdentity { id: stored.id, epoch: stored.epoch }).await? };
@@ -53,9 +50,12 @@ pub async fn begin_session(session: &Session, who: &OwnerIdentity) -> Result<(),
     Ok(())
 }
 
+/// A session store failure: `DATABASE_UNAVAILABLE` (503) when the server's store says the
+/// database could not be reached, else the generic internal error.
 fn session_error(e: tower_sessions::session::Error) -> AppError {
     tracing::error!(error = %e, "session store failed");
-    AppError::internal()
+    let unreachable = matches!(&e, tower_sessions::session::Error::Store(tower_sessions::session_store::Error::Backend(m)) if m.starts_with(crate::error::code::DATABASE_UNAVAILABLE));
+    if unreachable { AppError::database_unavailable() } else { AppError::internal() }
 }
 
 pub(crate) fn backend() -> Result<SharedBackend, AppError> {

@@ -25,6 +25,8 @@ pub mod code {
     pub const NOT_FOUND: &str = "NOT_FOUND";
     pub const CONFIG_INVALID: &str = "CONFIG_INVALID";
     pub const INTERNAL: &str = "INTERNAL";
+    /// The database cannot be reached (down, restarting, its connections all taken): try again.
+    pub const DATABASE_UNAVAILABLE: &str = "DATABASE_UNAVAILABLE";
     pub const REQUEST_FAILED: &str = "REQUEST_FAILED";
 }
 
@@ -46,6 +48,12 @@ impl AppError {
         Self::new(code::INTERNAL, "Something went wrong on the server. The log has the details.")
     }
 
+    /// The database could not be reached; nothing was changed, and the same request may work
+    /// in a moment.
+    pub fn database_unavailable() -> Self {
+        Self::new(code::DATABASE_UNAVAILABLE, "The database is not reachable right now; nothing was changed. Try again in a moment.")
+    }
+
     pub fn is_unauthorized(&self) -> bool {
         self.code == code::UNAUTHORIZED
     }
@@ -58,6 +66,7 @@ impl AppError {
             code::INVALID_INPUT | code::REQUEST_FAILED => 400,
             code::SETUP_CLOSED => 410,
             code::CONFLICT => 409,
+            code::DATABASE_UNAVAILABLE => 503,
             code::NOT_FOUND => 404,
             code::CONFIG_INVALID | "REPAIR_CONFIG_INVALID" => 422,
             // Self-improvement: a decision the repair's state refuses, and input that is not one.

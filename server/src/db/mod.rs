@@ -69,6 +69,29 @@ pub enum DbError {
     Sql(#[from] sqlx::Error),
 }
 
+impl DbError {
+    /// The database could not be reached (see [`is_unavailable`]); the statement did not run.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Connect(_) => true,
+            DbError::Sql(e) => is_unavailable(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether `e` says the database could not be reached, rather than that a statement failed:
+/// no connection to be had (the pool timed out or closed, the socket failed) or, on
+/// PostgreSQL, a connection lost or refused (SQLSTATE class 08, or 57P01-57P03: the server
+/// shutting down or starting).
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| c.starts_with("08") || matches!(c.as_ref(), "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
+
 /// `impl From<sqlx::Error>` for an error enum whose `Db` variant holds a [`DbError`]: `?` on a
 /// transaction's begin and commit then converts as it does on the `db::` functions.
 macro_rules! from_sqlx_as_db {

@@ -103,6 +103,7 @@ pub fn router(state: AppState) -> Router {
     let console = console
         .with_state(leptos_options)
         .merge(owner_api)
+        .layer(from_fn(middleware::refuse_nul))
         .layer(map_response(middleware::server_fn_status))
         .layer(from_fn_with_state(guard, middleware::console_guard))
         .layer(sessions);

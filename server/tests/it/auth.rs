@@ -265,6 +265,33 @@ async fn owners_edit_their_numbers(db: TestDb) {
 }
 both_backends!(phone_numbers, owners_edit_their_numbers);
 
+/// A NUL character in a console call's form or address is refused as input (PostgreSQL
+/// refuses it in text: a filter holding one was a server error).
+async fn a_nul_in_a_console_request_is_refused_as_input(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let fields = [("chat", "1555\u{0}"), ("route", ""), ("outcome", ""), ("error_code", ""), ("since_minutes", "0"), ("before", "0")];
+    let fine = c.post_form("/api/list_traces", &fields.map(|(k, v)| (k, if k == "chat" { "1555" } else { v }))).await;
+    assert_eq!(fine.status, StatusCode::OK, "{}", fine.body);
+    let nul = c.post_form("/api/list_traces", &fields).await;
+    assert_eq!((nul.status, nul.json()["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_INPUT")), "{}", nul.body);
+    let in_path = c.get("/api/simulator/chats/sim%00x").await;
+    assert_eq!(in_path.status, StatusCode::BAD_REQUEST, "{}", in_path.body);
+}
+both_backends!(console_nul_refused, a_nul_in_a_console_request_is_refused_as_input);
+
+/// A database that cannot be reached is said as such: 503 `DATABASE_UNAVAILABLE`, from the
+/// session check and from a server function alike, not a 500 that reads as a fault.
+async fn a_database_outage_is_answered_503(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    assert_eq!(c.post_form("/api/waiting", &[]).await.status, StatusCode::OK);
+    app.state.db.pool.close().await;
+    let down = c.post_form("/api/waiting", &[]).await;
+    assert_eq!((down.status, down.json()["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("DATABASE_UNAVAILABLE")), "{}", down.body);
+}
+both_backends!(console_database_outage, a_database_outage_is_answered_503);
+
 async fn login(c: &mut crate::support::Client, who: &str, password: &str) -> crate::support::Resp {
     c.post_form("/api/login", &[("login", who), ("password", password), ("next", "/")]).await
 }

@@ -126,6 +126,11 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
         .await;
     assert_eq!(again.status, StatusCode::GONE);
     assert_eq!(again.json()["code"], "SETUP_CLOSED");
+    // Closed whatever was typed: two passwords that differ are not judged any more.
+    let differ = other
+        .post_form("/api/setup_owner", &[("display_name", "Eve"), ("login", "eve"), ("password", "long enough pass"), ("password_confirm", "other pass"), ("whatsapp", "+15550002222")])
+        .await;
+    assert_eq!((differ.status, differ.json()["code"].as_str()), (StatusCode::GONE, Some("SETUP_CLOSED")), "{}", differ.body);
     let page = other.get("/setup").await;
     assert_eq!(page.location(), Some("/login"), "setup page closed for good");
 }

@@ -31,8 +31,17 @@ impl ConsoleBackend {
     }
 }
 
-/// Logs a failure the owner cannot act on and answers with the generic internal error.
-fn internal(e: impl std::fmt::Display) -> AppError {
+/// Logs a failure the owner cannot act on and answers with the generic internal error, or,
+/// when the database could not be reached, with `DATABASE_UNAVAILABLE` (503): a state that
+/// passes, not a fault of the request or the server.
+fn internal<E: std::fmt::Display + 'static>(e: E) -> AppError {
+    let any: &dyn std::any::Any = &e;
+    let unreachable = any.downcast_ref::<crate::db::DbError>().is_some_and(crate::db::DbError::is_unavailable)
+        || any.downcast_ref::<sqlx::Error>().is_some_and(crate::db::is_unavailable);
+    if unreachable {
+        tracing::error!(error = %e, code = app::error::code::DATABASE_UNAVAILABLE, "console backend: the database is not reachable");
+        return AppError::database_unavailable();
+    }
     tracing::error!(error = %e, "console backend failure");
     AppError::internal()
 }
@@ -56,5 +65,23 @@ fn call_view(r: &crate::db::tool_audit::AuditRow) -> ToolCallView {
         latency_us: r.latency_us,
         attempts: r.attempts,
         correlation_id: r.correlation_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::DbError;
+
+    /// A database that cannot be reached is answered as such (503), a failed statement as a fault.
+    #[test]
+    fn an_unreachable_database_is_told_apart_from_a_fault() {
+        let unavailable = app::error::code::DATABASE_UNAVAILABLE;
+        assert_eq!(internal(DbError::Sql(sqlx::Error::PoolTimedOut)).code, unavailable);
+        assert_eq!(internal(sqlx::Error::PoolClosed).code, unavailable);
+        assert_eq!(internal(DbError::Sql(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)))).code, unavailable);
+        assert_eq!(AppError::database_unavailable().status(), 503);
+        assert_eq!(internal(DbError::Sql(sqlx::Error::RowNotFound)).code, app::error::code::INTERNAL);
+        assert_eq!(internal("a message").code, app::error::code::INTERNAL);
     }
 }
