@@ -72,6 +72,9 @@ pub struct Inbound {
     pub chat_kind: ChatKind,
     /// The sender's number, digits with or without '+'.
     pub sender: String,
+    /// The sender's profile name when the channel has one (WhatsApp's `contacts[].profile.name`):
+    /// their own text, used to tell a group's members apart.
+    pub sender_name: Option<String>,
     pub kind: MessageKind,
     /// The text; for a button or list reply, the title the person chose. Empty for types the
     /// bot cannot read.

@@ -151,6 +151,17 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let conv = &settings.conversation;
     need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
     need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
+    let format = conv.group_turn_format.trim();
+    need(
+        format.is_empty() || (format.contains("{name}") && format.contains("{text}")),
+        "conversation.group_turn_format",
+        "must hold both {name} and {text} (or be empty, so group members are not told apart)".into(),
+    );
+    need(
+        format.is_empty() || conv.group_unnamed_member.contains("{n}"),
+        "conversation.group_unnamed_member",
+        "must hold {n}, which numbers the members without a profile name (else they would share one label)".into(),
+    );
     for (i, c) in settings.private_data.categories.iter().enumerate() {
         need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
         let compiled: Vec<regex::Regex> = c.patterns.iter().filter_map(|p| regex::RegexBuilder::new(p).case_insensitive(true).build().ok()).collect();

@@ -41,6 +41,11 @@ pub struct ConversationSettings {
     /// What an owner gets for a command written in a group (commands are answered in the
     /// owner's direct chat only).
     pub group_owner_command_reply: String,
+    /// How a member's message reads to the model in a group chat, so it can tell the members
+    /// apart: `{name}` is their label, `{text}` their words. Empty: members are not told apart.
+    pub group_turn_format: String,
+    /// The label of a member without a profile name; `{n}` numbers them in order of appearance.
+    pub group_unnamed_member: String,
     /// The owner's /help text.
     pub owner_help: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
@@ -68,6 +73,8 @@ impl Default for ConversationSettings {
             compaction_prompt: String::new(),
             customer_command_reply: String::new(),
             group_owner_command_reply: String::new(),
+            group_turn_format: "[{name}] {text}".into(),
+            group_unnamed_member: "member {n}".into(),
             owner_help: String::new(),
             trace_text: false,
             rate_limit: 20,

@@ -5,9 +5,10 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{Inbound, Runtime, RuntimeError, memory};
+use super::{Inbound, Runtime, RuntimeError, memory, speakers::Speakers};
 use crate::{
     db::{self, conversation as store},
+    domain::ChatKind,
     llm::{ChatRequest, ErrorCode, LlmError, Purpose},
     traces::Recorder,
 };
@@ -39,7 +40,11 @@ impl Runtime {
             .filter(|t| t.message_id != inbound.message_id)
             .collect();
         drop(conn);
-        let current_tokens = memory::estimate_tokens(&inbound.text) + quoted.as_deref().map_or(0, memory::estimate_tokens);
+        // In a group, each member's words go to the model under their name.
+        let group = inbound.chat_kind == ChatKind::Group;
+        let speakers = if group { Speakers::of_group(&conv.group_turn_format, &conv.group_unnamed_member, &history, (&inbound.sender, inbound.sender_name.as_deref())) } else { None };
+        let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(Some(&inbound.sender), &inbound.text));
+        let current_tokens = memory::estimate_tokens(&current) + quoted.as_deref().map_or(0, memory::estimate_tokens);
         let budget = i64::from(conv.history_token_budget);
         let keep_recent = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
         let (summary, turns) = match memory::plan(summary.as_ref(), &history, current_tokens, budget, keep_recent) {
@@ -48,7 +53,7 @@ impl Runtime {
                 (summary, history)
             }
             memory::Plan::Compact { older, keep } => {
-                let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, &inbound.correlation_id)).await;
+                let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, speakers.as_ref(), &inbound.correlation_id)).await;
                 let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
                 match compacted {
                     Ok(res) if !text.is_empty() => {
@@ -82,7 +87,7 @@ impl Runtime {
                 }
             }
         };
-        let messages = memory::messages(summary.as_ref(), &turns, &inbound.text, quoted.as_deref());
+        let messages = memory::messages(summary.as_ref(), &turns, &current, quoted.as_deref(), speakers.as_ref());
         let mut req = ChatRequest::new(&self.settings.models, Purpose::Chat, inbound.correlation_id.clone(), messages);
         if !conv.system_prompt.trim().is_empty() {
             req = req.with_system(conv.system_prompt.trim());
@@ -96,7 +101,9 @@ impl Runtime {
             text: &inbound.text,
             message_id: &inbound.message_id,
             at: now,
-            tokens: memory::estimate_tokens(&inbound.text),
+            tokens: memory::estimate_tokens(&current),
+            sender: group.then_some(inbound.sender.as_str()),
+            sender_name: inbound.sender_name.as_deref().filter(|_| group),
         };
         store::insert_turn(&mut tx, &user_turn).await?;
         tx.commit().await?;
@@ -118,7 +125,7 @@ impl Runtime {
                     return Ok(Err("LLM_EMPTY_REPLY".into()));
                 }
                 let mut tx = self.db.begin_write().await?;
-                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), ..user_turn };
+                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), sender: None, sender_name: None, ..user_turn };
                 store::insert_turn(&mut tx, &turn).await?;
                 tx.commit().await?;
                 Ok(Ok(reply))

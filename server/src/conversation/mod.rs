@@ -13,6 +13,7 @@ mod chat;
 mod commands;
 pub use commands::MarkTraceJob;
 pub mod memory;
+pub mod speakers;
 pub mod steps;
 
 use std::sync::Arc;

@@ -17,7 +17,12 @@ pub struct Turn {
     pub message_id: String,
     pub at: i64,
     pub tokens: i64,
+    /// A group member's turn: who wrote it (their number) and their profile name then.
+    pub sender: Option<String>,
+    pub sender_name: Option<String>,
 }
+
+const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender, sender_name";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTurn<'a> {
@@ -28,13 +33,16 @@ pub struct NewTurn<'a> {
     pub message_id: &'a str,
     pub at: i64,
     pub tokens: i64,
+    /// In a group chat, the member who wrote a person's turn, and their profile name.
+    pub sender: Option<&'a str>,
+    pub sender_name: Option<&'a str>,
 }
 
 /// Inserts a turn once: a second insert for the same message and role changes nothing.
 /// Returns whether it was new.
 pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bool, DbError> {
     let done = sqlx::query(
-        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (message_id, role) DO NOTHING",
     )
     .bind(t.chat_id)
@@ -44,6 +52,8 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
     .bind(t.message_id)
     .bind(t.at)
     .bind(t.tokens)
+    .bind(t.sender)
+    .bind(t.sender_name.map(super::clean_text))
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -51,7 +61,7 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
 
 /// The chat's turns after `after_id`, oldest first.
 pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
-    Ok(sqlx::query_as("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id")
+    Ok(sqlx::query_as(&format!("SELECT {TURN_COLUMNS} FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id"))
         .bind(chat_id)
         .bind(after_id)
         .fetch_all(conn)
@@ -60,7 +70,7 @@ pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64)
 
 /// The chat's last `n` turns before `before` (unix ms), oldest first.
 pub async fn last_turns(conn: &mut AnyConnection, chat_id: &str, before: i64, n: i64) -> Result<Vec<Turn>, DbError> {
-    let mut turns: Vec<Turn> = sqlx::query_as("SELECT id, role, text, message_id, at, tokens FROM chat_turns WHERE chat_id = $1 AND at < $2 ORDER BY id DESC LIMIT $3")
+    let mut turns: Vec<Turn> = sqlx::query_as(&format!("SELECT {TURN_COLUMNS} FROM chat_turns WHERE chat_id = $1 AND at < $2 ORDER BY id DESC LIMIT $3"))
         .bind(chat_id)
         .bind(before)
         .bind(n)

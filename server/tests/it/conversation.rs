@@ -295,6 +295,36 @@ async fn every_step_in_order_with_memory(db: TestDb) {
 }
 both_backends!(conversation_runtime, every_step_in_order_with_memory);
 
+/// In a group the model can tell the members apart: each member's words come under their
+/// profile name, or numbered without one, in the history and the current message alike; their
+/// numbers never reach the model.
+async fn group_members_are_told_apart(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let (ana, other) = ("15557771001", "15557771002");
+    let say = |id: &str, sender: &str, name: Option<&str>, text: &str| Inbound {
+        chat_kind: ChatKind::Group,
+        chat_id: "group-who".into(),
+        mentions_bot: true,
+        sender_name: name.map(Into::into),
+        ..msg(id, sender, text)
+    };
+    r.runtime.handle(&say("gw1", ana, Some("Ana"), "@assistant two seats for Friday please")).await.expect("handle");
+    r.runtime.handle(&say("gw2", other, None, "@assistant one for me")).await.expect("handle");
+    let texts = last_chat_texts(&r.fake).join("\n");
+    assert!(texts.contains("[Ana] @assistant two seats for Friday please"), "{texts}");
+    assert!(texts.contains("[member 1] @assistant one for me"), "the current message, under its member's label: {texts}");
+    r.runtime.handle(&say("gw3", ana, Some("Ana"), "@assistant how many did I ask for?")).await.expect("handle");
+    let texts = last_chat_texts(&r.fake).join("\n");
+    assert!(texts.contains("[Ana] @assistant two seats") && texts.contains("[member 1] @assistant one for me") && texts.contains("[Ana] @assistant how many"), "{texts}");
+    assert!(!texts.contains(ana) && !texts.contains(other), "no member's number reaches the model: {texts}");
+    // A direct chat is one person's: no labels.
+    r.runtime.handle(&msg("gw4", ana, "and just me?")).await.expect("handle");
+    assert!(last_chat_texts(&r.fake).iter().all(|t| !t.contains('[')), "{:?}", last_chat_texts(&r.fake));
+    let stored: Vec<(Option<String>, Option<String>)> = sqlx::query_as("SELECT sender, sender_name FROM chat_turns WHERE chat_id = 'group-who' AND role = 'user' ORDER BY id").fetch_all(&r.db.pool).await.expect("turns");
+    assert_eq!(stored, vec![(Some(ana.into()), Some("Ana".into())), (Some(other.into()), None), (Some(ana.into()), Some("Ana".into()))]);
+}
+both_backends!(conversation_group_members, group_members_are_told_apart);
+
 async fn history_over_budget_is_compacted(db: TestDb) {
     let r = rig(db, 200, true).await;
     let customer = "15558880000";

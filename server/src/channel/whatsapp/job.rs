@@ -74,6 +74,7 @@ impl InboundJob {
             chat_id: row.chat_id.clone(),
             chat_kind: if row.is_group { ChatKind::Group } else { ChatKind::Direct },
             sender: row.sender.clone(),
+            sender_name: row.sender_name.clone(),
             kind: MessageKind::from_stored(&row.msg_type),
             text: row.text.clone().unwrap_or_default(),
             reply_id: row.reply_id.clone(),

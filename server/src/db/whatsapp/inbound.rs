@@ -35,6 +35,7 @@ pub struct InboundRow {
     pub phone_number_id: String,
     pub chat_id: String,
     pub sender: String,
+    pub sender_name: Option<String>,
     #[sqlx(try_from = "IntBool")]
     pub is_group: bool,
     pub msg_type: String,
@@ -50,7 +51,7 @@ pub struct InboundRow {
     pub outcome: Option<String>,
 }
 
-const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, is_group, msg_type, text, reply_id, context_id, raw, \
+const INBOUND_COLUMNS: &str = "id, wamid, phone_number_id, chat_id, sender, sender_name, is_group, msg_type, text, reply_id, context_id, raw, \
     raw_truncated, sent_at, received_at, processed_at, outcome";
 
 /// Rows per multi-row `INSERT` of messages ([`INBOUND_BINDS`] binds each).
