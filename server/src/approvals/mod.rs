@@ -220,19 +220,18 @@ impl Approvals {
             _ => reason.clone(),
         };
         let mut tx = self.db.begin_write().await?;
-        let (mut own, mut trace) = match trace {
+        let (own, trace) = match trace {
             Some(t) => (None, Some(t)),
             None => {
                 let subject = Subject { correlation_id: who.correlation_id.clone(), channel: who.channel.clone(), chat_id: who.chat_id.clone(), message_id: who.message_id.clone() };
                 (Some(traces::begin(&mut tx, subject).await?), None)
             }
         };
-        let recorder: &mut Recorder = match (&mut trace, &mut own) {
-            (Some(t), _) => t,
-            (None, Some(o)) => o,
+        let trace_id = match (&trace, &own) {
+            (Some(t), _) => t.id(),
+            (None, Some(o)) => o.id(),
             (None, None) => unreachable!("one of the two is set above"),
         };
-        let trace_id = recorder.id();
         let new = NewApproval {
             tool: &spec.name,
             tool_version: &checked.version,
@@ -267,17 +266,15 @@ impl Approvals {
         if !reused {
             self.ask_owners(&mut tx, &row).await?;
         }
-        recorder.step(
-            "ApprovalRequested",
-            if reused { "reused" } else { "pending" },
-            reason_code(&reason),
-            json!({ "approval_id": row.id, "tool": row.tool, "version": row.tool_version, "args_hash": row.args_hash, "risk": row.risk, "expires_at": row.expires_at }),
-        );
-        // The caller's trace goes on after this: its steps so far commit with the request. A
-        // trace of the request's own ends with it.
+        let decision = if reused { "reused" } else { "pending" };
+        let detail = json!({ "approval_id": row.id, "tool": row.tool, "version": row.tool_version, "args_hash": row.args_hash, "risk": row.risk, "expires_at": row.expires_at });
+        // The caller's trace goes on after this: its steps so far commit with the request, and
+        // the step naming the request is kept only if it does. A trace of the request's own
+        // ends with it.
         let (flushed, own_trace) = match (trace, own) {
-            (Some(trace), _) => (Some((trace.flush(&mut tx).await?, trace)), None),
-            (None, Some(own)) => {
+            (Some(trace), _) => (Some((trace.flush_with(&mut tx, "ApprovalRequested", decision, reason_code(&reason), detail).await?, trace)), None),
+            (None, Some(mut own)) => {
+                own.step("ApprovalRequested", decision, reason_code(&reason), detail);
                 let ending = Ending { actor: who.actor.as_str().into(), route: "approval".into(), outcome: "pending".into(), error_code: None };
                 (None, Some(own.finish(&mut tx, ending).await?))
             }

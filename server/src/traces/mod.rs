@@ -116,18 +116,31 @@ impl Recorder {
     }
 
     /// Writes the steps so far in the caller's transaction, so a fact that must be on record
-    /// with something else (a job stored with the step that says so) commits together with it.
-    /// The recorder keeps them until told the transaction committed ([`Recorder::committed`]):
-    /// when it does not, they are written again with the next flush or the ending, not lost
-    /// with the rolled-back transaction.
+    /// with something else commits together with it. The recorder keeps them until told the
+    /// transaction committed ([`Recorder::committed`]): when it does not, they are written
+    /// again with the next flush or the ending, not lost with the rolled-back transaction.
     pub async fn flush(&mut self, conn: &mut AnyConnection) -> Result<Flushed, DbError> {
         let next_seq = store::insert_steps(conn, self.id, self.first_seq, &self.steps).await?;
         Ok(Flushed { steps: self.steps.len(), next_seq })
     }
 
+    /// [`Recorder::flush`] with one more step, the one that records what the transaction
+    /// stores (the job enqueued, the approval requested). That step is kept only if the
+    /// transaction commits: when it does not, the fact it states did not happen, and the trace
+    /// never says it did.
+    pub async fn flush_with(&mut self, conn: &mut AnyConnection, step: &str, decision: &str, reason: &str, detail: Value) -> Result<Flushed, DbError> {
+        self.step(step, decision, reason, detail);
+        let flushed = self.flush(conn).await;
+        // Written with the others when the transaction commits; taken back now, so that a
+        // rolled-back transaction leaves no trace of it.
+        self.steps.pop();
+        flushed
+    }
+
     /// The transaction of `flushed` committed: its steps are on record, and later steps
     /// continue after them.
     pub fn committed(&mut self, flushed: Flushed) {
+        // A step of flush_with is no longer held: only the ones before it are drained.
         self.steps.drain(..flushed.steps.min(self.steps.len()));
         self.first_seq = flushed.next_seq;
     }

@@ -718,7 +718,8 @@ async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
 both_backends!(conversation_trace_seq_unique, a_step_appended_to_a_running_trace_keeps_its_own_number);
 
 /// Steps flushed in a transaction that then does not commit (a job's insert failed with the
-/// step that records it) are not lost: the trace's ending writes them, numbered in order.
+/// step that records it) are not lost: the trace's ending writes them, numbered in order. The
+/// step that named the rolled-back job is gone with it.
 async fn steps_flushed_in_a_rolled_back_transaction_are_written_again(db: TestDb) {
     use server::traces::Ending;
     let r = rig(db, 6000, true).await;
@@ -726,7 +727,7 @@ async fn steps_flushed_in_a_rolled_back_transaction_are_written_again(db: TestDb
     trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
     trace.step("AgentToolPlanner", "planned", "OK", json!({}));
     let mut tx = r.db.begin_write().await.expect("tx");
-    let _rolled_back = trace.flush(&mut tx).await.expect("flush");
+    let _rolled_back = trace.flush_with(&mut tx, "AgentToolJobEnqueued", "stored", "OK", json!({ "job_id": 812 })).await.expect("flush");
     tx.rollback().await.expect("rollback");
     trace.step("AgentToolJobEnqueued", "failed", "ASYNC_ENQUEUE_FAILED", json!({}));
     let mut tx = r.db.begin_write().await.expect("tx");
@@ -737,9 +738,10 @@ async fn steps_flushed_in_a_rolled_back_transaction_are_written_again(db: TestDb
     let mut tx = r.db.begin_write().await.expect("tx");
     let id = trace.finish(&mut tx, Ending { outcome: "replied".into(), ..Ending::default() }).await.expect("finish");
     tx.commit().await.expect("commit");
-    let seqs: Vec<(i64, String)> = sqlx::query_as("SELECT seq, step FROM trace_steps WHERE trace_id = $1 ORDER BY seq, id").bind(id).fetch_all(&r.db.pool).await.expect("steps");
-    let names = ["dedupe", "AgentToolPlanner", "AgentToolJobEnqueued", "respond"];
-    assert_eq!(seqs, names.iter().enumerate().map(|(i, n)| (i as i64, n.to_string())).collect::<Vec<_>>(), "every step once, in order");
+    let seqs: Vec<(i64, String, String)> = sqlx::query_as("SELECT seq, step, decision FROM trace_steps WHERE trace_id = $1 ORDER BY seq, id").bind(id).fetch_all(&r.db.pool).await.expect("steps");
+    let steps = [("dedupe", "new"), ("AgentToolPlanner", "planned"), ("AgentToolJobEnqueued", "failed"), ("respond", "said")];
+    let want: Vec<(i64, String, String)> = steps.iter().enumerate().map(|(i, (n, d))| (i as i64, n.to_string(), d.to_string())).collect();
+    assert_eq!(seqs, want, "every step once, in order; the rolled-back job's \"stored\" is not among them");
 }
 both_backends!(conversation_trace_rolled_back_flush, steps_flushed_in_a_rolled_back_transaction_are_written_again);
 

@@ -104,8 +104,7 @@ impl Lane {
             let mut tx = self.db.begin_write().await?;
             let enqueued = self.queue.enqueue_in(&mut tx, &new).await?;
             let (event, decision) = if enqueued.deduplicated { ("AgentToolJobDedupe", "already_queued") } else { ("AgentToolJobEnqueued", "stored") };
-            trace.step(event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool }));
-            let flushed = trace.flush(&mut tx).await?;
+            let flushed = trace.flush_with(&mut tx, event, decision, "OK", json!({ "job_id": enqueued.job.id, "tool": call.tool })).await?;
             self.queue.commit(tx).await?;
             trace.committed(flushed);
             Ok::<_, db::DbError>(enqueued)
