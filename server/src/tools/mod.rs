@@ -103,6 +103,8 @@ pub struct ReloadReport {
     pub tools: usize,
     /// Tools added, removed or with a new version, by name.
     pub changed: Vec<String>,
+    /// Whether the other processes of the deployment were told to reload too (see [`Reloads`]).
+    pub told_others: bool,
 }
 
 /// Why a reload was refused.
@@ -133,7 +135,7 @@ pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> V
     let lane = &settings.lane;
     for name in lane.always_offered.iter().filter(|n| !n.contains(mcp::normalize::SEPARATOR) && catalog.get(n).is_none()) {
         let message = format!("names {name:?}, which no tool in tools.toml has, so it would never be offered");
-        problems.push(Problem { key: "lane.always_offered".into(), source: dir.join("gatehouse.toml").display().to_string(), message });
+        problems.push(Problem { key: "lane.always_offered".into(), source: "the main config file (gatehouse.toml, or the one given with --config)".into(), message });
     }
     for (key, name) in [("lane.respond_tool", &lane.respond_tool), ("lane.search_tool", &lane.search_tool)] {
         if !name.is_empty() && catalog.get(name).is_some() {
@@ -170,7 +172,7 @@ pub async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkp
     let mut changed: Vec<String> = fresh.all().filter(|t| old.get(&t.spec.name).is_none_or(|o| o.version != t.version)).map(|t| t.spec.name.clone()).collect();
     changed.extend(old.all().filter(declared).filter(|t| fresh.get(&t.spec.name).is_none()).map(|t| t.spec.name.clone()));
     changed.sort();
-    let report = ReloadReport { tools: fresh.len(), changed };
+    let report = ReloadReport { tools: fresh.len(), changed, told_others: false };
     mcp.set_base_catalog(fresh).await?;
     tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded");
     Ok(report)

@@ -54,32 +54,39 @@ impl Reloads {
     }
 
     /// Reloads this process's catalog from its files (see [`reload_catalog`]) and tells the
-    /// other processes to reload theirs. A refused reload tells nobody: the current catalog
-    /// stays everywhere.
+    /// other processes to reload theirs (`told_others` in the report says whether that was
+    /// written; if not, a running process tells them at its next poll). A refused reload tells
+    /// nobody: the current catalog stays everywhere.
     pub async fn reload(&self) -> Result<ReloadReport, ReloadError> {
         let mut state = self.inner.state.lock().await;
-        let report = reload_catalog(&self.inner.config, &self.inner.mcp, &self.inner.checkpoint).await?;
+        let mut report = reload_catalog(&self.inner.config, &self.inner.mcp, &self.inner.checkpoint).await?;
         state.owed = true;
-        self.tell_others(&mut state).await;
+        report.told_others = self.tell_others(&mut state).await;
         Ok(report)
     }
 
-    /// Checks the count every `interval`, forever: a reload another process made is followed
-    /// here, and one made here that could not be told is told. Spawned by `serve` and `worker`.
-    pub async fn follow(self, interval: Duration) {
+    /// Checks the count every `interval` until `shutdown` says stop: a reload another process
+    /// made is followed here, and one made here that could not be told is told. Spawned by
+    /// `serve` and `worker` once their MCP servers have started.
+    pub async fn follow(self, interval: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut every = tokio::time::interval(interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            every.tick().await;
-            self.poll().await;
+            let stopping = *shutdown.borrow_and_update();
+            if stopping {
+                return;
+            }
+            tokio::select! {
+                _ = every.tick() => self.poll().await,
+                changed = shutdown.changed() => if changed.is_err() { return },
+            }
         }
     }
 
     /// One check of the count (what [`Reloads::follow`] does each interval).
     pub async fn poll(&self) {
         let mut state = self.inner.state.lock().await;
-        if state.owed {
-            self.tell_others(&mut state).await;
+        if state.owed && !self.tell_others(&mut state).await {
             return;
         }
         let (generation, reloaded_at) = match self.read().await {
@@ -95,9 +102,9 @@ impl Reloads {
             // changed them after the read.
             None => generation > 0 && reloaded_at >= state.files_read_at,
         };
-        state.seen = Some(generation);
-        if stale {
-            self.follow_one().await;
+        // A follow that failed for a passing cause is tried again at the next poll.
+        if !stale || self.follow_one().await {
+            state.seen = Some(generation);
         }
     }
 
@@ -106,10 +113,11 @@ impl Reloads {
         catalog_reloads::current(&mut conn).await
     }
 
-    /// Counts this process's reload. When the count moved past the one this process had seen
-    /// by more than this reload, another process reloaded meanwhile (perhaps after writing its
-    /// files, which this process may have read before the write), so this one reloads again.
-    async fn tell_others(&self, state: &mut Followed) {
+    /// Counts this process's reload; false when the count could not be written (told at the
+    /// next poll). When the count moved past the one this process had seen by more than this
+    /// reload, another process reloaded meanwhile (perhaps after writing its files, which this
+    /// process may have read before the write), so this one reloads again.
+    async fn tell_others(&self, state: &mut Followed) -> bool {
         let told = async {
             let mut tx = self.inner.db.begin_write().await?;
             let generation = catalog_reloads::announce(&mut tx, db::now_ms()).await?;
@@ -118,22 +126,42 @@ impl Reloads {
         };
         match told.await {
             Ok(generation) => {
+                state.owed = false;
                 // Not knowing the count before (no poll yet), this reload, just made, is the newest.
                 let others_too = state.seen.is_some_and(|seen| generation > seen + 1);
-                state.seen = Some(generation);
-                state.owed = false;
-                if others_too {
-                    self.follow_one().await;
+                // When following the other reload fails, the count before it stays seen, so
+                // the next poll tries again.
+                if !others_too || self.follow_one().await {
+                    state.seen = Some(generation);
+                } else {
+                    state.seen = Some(generation - 1);
                 }
+                true
             }
-            Err(e) => tracing::warn!(error = %e, "the other processes could not be told of this catalog reload; telling them at the next poll"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the other processes could not be told of this catalog reload; telling them at the next poll");
+                false
+            }
         }
     }
 
-    async fn follow_one(&self) {
+    /// Reloads following another process; false when it failed for a cause that may pass (an
+    /// MCP catalog that could not be read), so it is tried again. Files with problems are
+    /// final: the current catalog stays until they are fixed and reloaded again.
+    async fn follow_one(&self) -> bool {
         match reload_catalog(&self.inner.config, &self.inner.mcp, &self.inner.checkpoint).await {
-            Ok(report) => tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded, following a reload in another process"),
-            Err(e) => tracing::error!(error = %e, "another process reloaded the tool catalog, but this one's files were refused; keeping the current catalog"),
+            Ok(report) => {
+                tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded, following a reload in another process");
+                true
+            }
+            Err(e @ ReloadError::Files(_)) => {
+                tracing::error!(error = %e, "another process reloaded the tool catalog, but this one's files were refused; keeping the current catalog");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "following another process's catalog reload failed; trying again at the next poll");
+                false
+            }
         }
     }
 }

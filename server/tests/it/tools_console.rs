@@ -109,6 +109,27 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
 }
 both_backends!(tools_console, tools_page_try_it_and_reload);
 
+/// A process whose follow of another's reload fails for a passing cause (here the MCP tool
+/// table cannot be read) tries again at its next poll, instead of keeping its old catalog until
+/// the next reload.
+async fn a_follow_that_fails_is_tried_again(db: TestDb) {
+    let (dir, app, mut owner) = shipped_tools(db).await;
+    let worker = app.another_process(dir.path()).await;
+    worker.reloads.poll().await;
+    let text = std::fs::read_to_string(SHIPPED).expect("read").replace("Fetches one public web page", "Reads one public web page");
+    std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
+    let reloaded = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
+    let after = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
+    sqlx::query("ALTER TABLE mcp_tools RENAME TO mcp_tools_away").execute(&app.state.db.pool).await.expect("hide the table");
+    worker.reloads.poll().await;
+    assert_ne!(worker.tools.catalog().get("web_fetch").expect("tool").version, after, "the follow failed");
+    sqlx::query("ALTER TABLE mcp_tools_away RENAME TO mcp_tools").execute(&app.state.db.pool).await.expect("bring it back");
+    worker.reloads.poll().await;
+    assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, after, "followed at the next poll");
+}
+both_backends!(tools_follow_retried, a_follow_that_fails_is_tried_again);
+
 /// A reload that cannot be published (here the MCP tool table cannot be read) keeps the current
 /// catalog, and keeps it: the next publish, from any MCP event, does not install the catalog
 /// that was reported as refused.

@@ -80,7 +80,7 @@ pub enum RepairCommand {
     /// A proposal's diff and its before/after table.
     Show { id: i64 },
     /// Apply a proposal: its files are written atomically and committed if the config folder is
-    /// a git working tree. Reload the running server's catalog afterwards (SIGHUP).
+    /// a git working tree. The running processes reload the catalog (see `tools reload`).
     Approve {
         id: i64,
         /// Needed for a proposal that breaks a case that passes today.
@@ -285,7 +285,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         RepairCommand::Approve { id, confirm_regressions } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
             let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions).await.map_err(decision)?;
-            println!("repair #{} applied: {}. Reload the running server's catalog (send it SIGHUP) to use it.", row.id, row.summary);
+            println!("repair #{} applied: {}. {}", row.id, row.summary, tell_processes(gatehouse).await);
         }
         RepairCommand::Reject { id, reason } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
@@ -295,7 +295,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         RepairCommand::Rollback { id } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
             repairs::rollback(&mut conn, &dir, *id, &cli).await.map_err(decision)?;
-            println!("repair #{id} rolled back. Reload the running server's catalog (send it SIGHUP).");
+            println!("repair #{id} rolled back. {}", tell_processes(gatehouse).await);
         }
     }
     Ok(())
@@ -306,5 +306,16 @@ fn decision(e: repairs::RepairError) -> Failure {
     match e {
         repairs::RepairError::File(_) | repairs::RepairError::Db(_) => Failure::runtime(e),
         _ => Failure::usage(e.to_string()),
+    }
+}
+
+/// After a repair changed the tool files: every running process reloads them (as `gatehouse
+/// tools reload` has them do), said in words for the command's output.
+async fn tell_processes(gatehouse: &Gatehouse) -> String {
+    let every = humantime::format_duration(gatehouse.config.settings.jobs.poll_interval);
+    match gatehouse.reloads.reload().await {
+        Ok(r) if r.told_others => format!("Every running Gatehouse process reloads its catalog within {every}."),
+        Ok(_) => "The running processes could not be told to reload (the log says why): run `gatehouse tools reload`.".into(),
+        Err(e) => format!("The catalog was not reloaded, so the running processes keep the previous one: {e}"),
     }
 }

@@ -50,6 +50,7 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     if let Err(e) = state.mcp.start().await {
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }
+    follow_catalog_reloads(&gatehouse);
     if let Some((provider, var)) = state.degraded() {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
@@ -97,14 +98,18 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Reloads made in the deployment's other processes are followed here, checked every
+/// `jobs.poll_interval`; started once the MCP servers have (a reload publishes their tools).
+fn follow_catalog_reloads(gatehouse: &Gatehouse) {
+    tokio::spawn(gatehouse.reloads.clone().follow(gatehouse.config.settings.jobs.poll_interval, web::serve::shutdown_watch()));
+}
+
 /// SIGHUP reloads the tool catalog (tools.toml, connectors.toml) without a restart, in `serve`
 /// and in `worker` alike (a worker's jobs plan and call tools too; without this, the signal
 /// would end it). Calls in flight keep the version they started with; a file with problems is
 /// refused and the current catalog kept. A reload made here, by the signal or the console, is
-/// told to the deployment's other processes, and one made there is followed here, checked
-/// every `jobs.poll_interval`.
+/// told to the deployment's other processes.
 fn spawn_catalog_reload(gatehouse: &Gatehouse) {
-    tokio::spawn(gatehouse.reloads.clone().follow(gatehouse.config.settings.jobs.poll_interval));
     // Installed before this returns, so a hangup sent after the process says it started is
     // never the default one (which ends the process).
     #[cfg(unix)]
@@ -133,6 +138,7 @@ pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> 
     if let Err(e) = gatehouse.mcp.start().await {
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }
+    follow_catalog_reloads(&gatehouse);
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
     let grace = gatehouse.config.settings.server.shutdown_grace;
     let _ = tokio::time::timeout(grace, gatehouse.mcp.shutdown()).await;

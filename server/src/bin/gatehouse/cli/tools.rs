@@ -48,6 +48,9 @@ pub async fn tools(cfg: LoadedConfig, files: ToolFiles, cmd: &ToolsCommand) -> R
             // A file with problems was refused when the config loaded (exit 2); one that changed
             // since is refused here, and nobody reloads.
             let report = reloaded.map_err(|e| Failure::runtime(format!("not reloaded: {e}")))?;
+            if !report.told_others {
+                return Err(Failure::runtime("the tool files are fine, but the running processes could not be told to reload them (the database refused the write; the log says why)"));
+            }
             let every = humantime::format_duration(gatehouse.config.settings.jobs.poll_interval);
             println!("{} tools checked; every running Gatehouse process on this database reloads its tool files within {every}", report.tools);
             Ok(())
