@@ -44,7 +44,8 @@ pub struct ConversationSettings {
     /// How a member's message reads to the model in a group chat, so it can tell the members
     /// apart: `{name}` is their label, `{text}` their words. Empty: members are not told apart.
     pub group_turn_format: String,
-    /// The label of a member without a profile name; `{n}` numbers them in order of appearance.
+    /// The label of a member without a usable profile name; `{n}` is their place in the order
+    /// the chat's members first wrote.
     pub group_unnamed_member: String,
     /// The owner's /help text.
     pub owner_help: String,

@@ -5,7 +5,10 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{Inbound, Runtime, RuntimeError, memory, speakers::Speakers};
+use super::{
+    Inbound, Runtime, RuntimeError, memory,
+    speakers::{self, Speakers},
+};
 use crate::{
     db::{self, conversation as store},
     domain::ChatKind,
@@ -39,11 +42,15 @@ impl Runtime {
             .into_iter()
             .filter(|t| t.message_id != inbound.message_id)
             .collect();
+        // In a group, each member's words go to the model under their label, fixed for the
+        // turn stored now.
+        let speakers = if inbound.chat_kind == ChatKind::Group { Speakers::new(&conv.group_turn_format) } else { None };
+        let label = match speakers {
+            Some(_) => Some(speakers::label_for(&store::members(&mut conn, &inbound.chat_id).await?, &inbound.sender, inbound.sender_name.as_deref(), &conv.group_unnamed_member)),
+            None => None,
+        };
         drop(conn);
-        // In a group, each member's words go to the model under their name.
-        let group = inbound.chat_kind == ChatKind::Group;
-        let speakers = if group { Speakers::of_group(&conv.group_turn_format, &conv.group_unnamed_member, &history, (&inbound.sender, inbound.sender_name.as_deref())) } else { None };
-        let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(Some(&inbound.sender), &inbound.text));
+        let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
         let current_tokens = memory::estimate_tokens(&current) + quoted.as_deref().map_or(0, memory::estimate_tokens);
         let budget = i64::from(conv.history_token_budget);
         let keep_recent = usize::try_from(conv.keep_recent_turns).unwrap_or(usize::MAX);
@@ -102,8 +109,8 @@ impl Runtime {
             message_id: &inbound.message_id,
             at: now,
             tokens: memory::estimate_tokens(&current),
-            sender: group.then_some(inbound.sender.as_str()),
-            sender_name: inbound.sender_name.as_deref().filter(|_| group),
+            sender: label.as_ref().map(|_| inbound.sender.as_str()),
+            sender_label: label.as_deref(),
         };
         store::insert_turn(&mut tx, &user_turn).await?;
         tx.commit().await?;
@@ -125,7 +132,7 @@ impl Runtime {
                     return Ok(Err("LLM_EMPTY_REPLY".into()));
                 }
                 let mut tx = self.db.begin_write().await?;
-                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), sender: None, sender_name: None, ..user_turn };
+                let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), sender: None, sender_label: None, ..user_turn };
                 store::insert_turn(&mut tx, &turn).await?;
                 tx.commit().await?;
                 Ok(Ok(reply))

@@ -80,7 +80,8 @@ fn transcript(previous: Option<&Summary>, older: &[Turn], speakers: Option<&Spea
     let people = if speakers.is_some() { "a member's name" } else { "\"person\"" };
     transcript.push_str(&format!("Messages, oldest first, one JSON object a line (from: {people} or \"assistant\"):\n"));
     for t in older {
-        let member = speakers.zip(t.sender.as_deref()).and_then(|(s, sender)| s.label(sender));
+        // A member's label is never a reserved word (see speakers::RESERVED).
+        let member = speakers.and(t.sender_label.as_deref());
         let from = if t.role == role::USER { member.unwrap_or("person") } else { "assistant" };
         transcript.push_str(&serde_json::json!({ "from": from, "text": t.text }).to_string());
         transcript.push('\n');
@@ -125,7 +126,7 @@ mod tests {
     use super::*;
 
     fn turn(id: i64, role: &str, text: &str) -> Turn {
-        Turn { id, role: role.into(), text: text.into(), message_id: format!("m{id}"), at: id, tokens: estimate_tokens(text), sender: None, sender_name: None }
+        Turn { id, role: role.into(), text: text.into(), message_id: format!("m{id}"), at: id, tokens: estimate_tokens(text), sender: None, sender_label: None }
     }
 
     #[test]
@@ -164,12 +165,12 @@ mod tests {
     /// asked for what.
     #[test]
     fn the_group_transcript_names_the_members() {
-        let by = |id: i64, sender: &str, name: Option<&str>, text: &str| Turn { sender: Some(sender.into()), sender_name: name.map(Into::into), ..turn(id, role::USER, text) };
-        let turns = vec![by(1, "111", Some("Ana"), "Two seats"), by(2, "222", None, "One for me"), turn(3, role::ASSISTANT, "Noted.")];
-        let speakers = Speakers::of_group("[{name}] {text}", "member {n}", &turns, ("111", Some("Ana"))).expect("on");
+        let by = |id: i64, sender: &str, label: &str, text: &str| Turn { sender: Some(sender.into()), sender_label: Some(label.into()), ..turn(id, role::USER, text) };
+        let turns = vec![by(1, "111", "Ana", "Two seats"), by(2, "222", "member 2", "One for me"), turn(3, role::ASSISTANT, "Noted.")];
+        let speakers = Speakers::new("[{name}] {text}").expect("on");
         let text = transcript(None, &turns, Some(&speakers));
         let from: Vec<String> = text.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["from"].as_str().unwrap_or_default().to_string()).collect();
-        assert_eq!(from, ["Ana", "member 1", "assistant"]);
+        assert_eq!(from, ["Ana", "member 2", "assistant"]);
         assert!(!text.contains("111") && !text.contains("222"), "{text}");
         let msgs = messages(None, &turns, "[Ana] And a third", None, Some(&speakers));
         let first = msgs.first().and_then(|m| m.content.first()).cloned();

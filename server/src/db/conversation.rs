@@ -17,12 +17,12 @@ pub struct Turn {
     pub message_id: String,
     pub at: i64,
     pub tokens: i64,
-    /// A group member's turn: who wrote it (their number) and their profile name then.
+    /// A group member's turn: who wrote it (their number) and the label the model reads.
     pub sender: Option<String>,
-    pub sender_name: Option<String>,
+    pub sender_label: Option<String>,
 }
 
-const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender, sender_name";
+const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender, sender_label";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTurn<'a> {
@@ -33,16 +33,16 @@ pub struct NewTurn<'a> {
     pub message_id: &'a str,
     pub at: i64,
     pub tokens: i64,
-    /// In a group chat, the member who wrote a person's turn, and their profile name.
+    /// In a group chat, the member who wrote a person's turn, and their label.
     pub sender: Option<&'a str>,
-    pub sender_name: Option<&'a str>,
+    pub sender_label: Option<&'a str>,
 }
 
 /// Inserts a turn once: a second insert for the same message and role changes nothing.
 /// Returns whether it was new.
 pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bool, DbError> {
     let done = sqlx::query(
-        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_label) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (message_id, role) DO NOTHING",
     )
     .bind(t.chat_id)
@@ -53,7 +53,7 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
     .bind(t.at)
     .bind(t.tokens)
     .bind(t.sender)
-    .bind(t.sender_name.map(super::clean_text))
+    .bind(t.sender_label.map(super::clean_text))
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -78,6 +78,14 @@ pub async fn last_turns(conn: &mut AnyConnection, chat_id: &str, before: i64, n:
         .await?;
     turns.reverse();
     Ok(turns)
+}
+
+/// The labels a group chat's members have had, each sender with each of their labels, in
+/// order of their first turn under it.
+pub async fn members(conn: &mut AnyConnection, chat_id: &str) -> Result<Vec<(String, String)>, DbError> {
+    let sql = "SELECT sender, sender_label FROM chat_turns WHERE chat_id = $1 AND sender IS NOT NULL AND sender_label IS NOT NULL \
+               GROUP BY sender, sender_label ORDER BY MIN(id)";
+    Ok(sqlx::query_as(sql).bind(chat_id).fetch_all(conn).await?)
 }
 
 /// The text of a turn holding `message_id` (a quoted message), if Gatehouse has it.

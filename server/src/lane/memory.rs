@@ -6,12 +6,9 @@
 
 use sqlx::AnyConnection;
 
-use crate::{
-    conversation::speakers::Speakers,
-    db::{
-        self, DbError,
-        conversation::{Turn, role},
-    },
+use crate::db::{
+    self, DbError,
+    conversation::{Turn, role},
 };
 
 /// Most characters of one turn the planner reads.
@@ -20,18 +17,19 @@ const TURN_CHARS: usize = 300;
 /// The chat's memory for the planner: its summary, then up to `turns` of its latest turns
 /// before `before` (unix ms), oldest first. A replay of an old message so reads the turns as
 /// they were then, with the chat's current summary. `None` when the chat has neither.
-/// In a group chat a member's turn is given under the profile name on record with it (see
-/// [`Speakers::of_turns`]), else as the person's, as in a direct chat.
+/// In a group chat a member's turn is given under the label stored with it (as the chat model
+/// reads it), else as the person's, as in a direct chat.
 pub async fn for_planner(conn: &mut AnyConnection, chat_id: &str, before: i64, turns: u32) -> Result<Option<String>, DbError> {
     let summary = db::conversation::summary(conn, chat_id).await?.map(|s| s.text).filter(|s| !s.trim().is_empty());
     let recent = if turns == 0 { Vec::new() } else { db::conversation::last_turns(conn, chat_id, before, i64::from(turns)).await? };
-    Ok(render(summary.as_deref(), &recent, Speakers::of_turns(PERSON, &recent).as_ref()))
+    Ok(render(summary.as_deref(), &recent))
 }
 
-/// How the planner's memory names a person's turn without a name on record.
+/// How the planner's memory names a person's turn without a label (one of
+/// [`crate::conversation::speakers::RESERVED`], so no member's label reads as it).
 const PERSON: &str = "person";
 
-fn render(summary: Option<&str>, recent: &[Turn], speakers: Option<&Speakers>) -> Option<String> {
+fn render(summary: Option<&str>, recent: &[Turn]) -> Option<String> {
     let mut out = summary.map(|s| s.trim().to_string()).unwrap_or_default();
     if !recent.is_empty() {
         if !out.is_empty() {
@@ -39,8 +37,7 @@ fn render(summary: Option<&str>, recent: &[Turn], speakers: Option<&Speakers>) -
         }
         out.push_str("Latest messages, oldest first:");
         for turn in recent {
-            let member = speakers.zip(turn.sender.as_deref()).and_then(|(s, sender)| s.label(sender));
-            let who = if turn.role == role::ASSISTANT { "assistant" } else { member.unwrap_or(PERSON) };
+            let who = if turn.role == role::ASSISTANT { "assistant" } else { turn.sender_label.as_deref().unwrap_or(PERSON) };
             let text: String = turn.text.split_whitespace().collect::<Vec<_>>().join(" ");
             let cut: String = text.chars().take(TURN_CHARS).collect();
             let more = if cut.len() < text.len() { "…" } else { "" };
@@ -55,28 +52,28 @@ mod tests {
     use super::*;
 
     fn turn(role: &str, text: &str) -> Turn {
-        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender: None, sender_name: None }
+        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender: None, sender_label: None }
     }
 
     #[test]
     fn the_summary_then_the_latest_turns_each_on_one_bounded_line() {
         let long = "word ".repeat(100);
         let recent = [turn(role::USER, "I'm in\nLisbon this week"), turn(role::ASSISTANT, &long)];
-        let text = render(Some("They asked about opening hours."), &recent, None).expect("memory");
+        let text = render(Some("They asked about opening hours."), &recent).expect("memory");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[..4], ["They asked about opening hours.", "", "Latest messages, oldest first:", "person: I'm in Lisbon this week"]);
         assert!(lines[4].starts_with("assistant: word word") && lines[4].ends_with('…'), "{}", lines[4]);
         assert_eq!(lines[4].chars().count(), "assistant: ".len() + TURN_CHARS + 1);
-        assert_eq!(render(None, &recent[..1], None).as_deref(), Some("Latest messages, oldest first:\nperson: I'm in Lisbon this week"));
-        assert_eq!(render(None, &[], None), None);
+        assert_eq!(render(None, &recent[..1]).as_deref(), Some("Latest messages, oldest first:\nperson: I'm in Lisbon this week"));
+        assert_eq!(render(None, &[]), None);
     }
 
-    /// In a group the planner reads who said what: the name on record, else "person".
+    /// In a group the planner reads who said what: the label on record, else "person".
     #[test]
     fn group_members_are_named_in_the_planners_memory() {
-        let said = |sender: &str, name: Option<&str>, text: &str| Turn { sender: Some(sender.into()), sender_name: name.map(Into::into), ..turn(role::USER, text) };
-        let recent = [said("111", Some("Ana"), "Book Tuesday for me"), said("222", None, "Me too"), turn(role::ASSISTANT, "Which time?")];
-        let text = render(None, &recent, Speakers::of_turns(PERSON, &recent).as_ref()).expect("memory");
-        assert_eq!(text, "Latest messages, oldest first:\nAna: Book Tuesday for me\nperson: Me too\nassistant: Which time?");
+        let said = |sender: &str, label: &str, text: &str| Turn { sender: Some(sender.into()), sender_label: Some(label.into()), ..turn(role::USER, text) };
+        let recent = [said("111", "Ana", "Book Tuesday for me"), said("222", "member 2", "Me too"), turn(role::USER, "(before labels)"), turn(role::ASSISTANT, "Which time?")];
+        let text = render(None, &recent).expect("memory");
+        assert_eq!(text, "Latest messages, oldest first:\nAna: Book Tuesday for me\nmember 2: Me too\nperson: (before labels)\nassistant: Which time?");
     }
 }
