@@ -26,13 +26,24 @@ pub const JOBS_LIVE: &str = "/api/events?topics=job";
 /// with the same mark in the page fetched again. A region is what the page shows of the data;
 /// one holding the field an owner is typing in is left as it is until the next update (a swap
 /// would drop what was typed). While the stream is open the page's root element carries
-/// `data-live="open"`, and `data-live-updates` counts the updates made.
+/// `data-live="open"`, and `data-live-updates` counts the updates made; while the stream is
+/// refused and tried again, `data-live="paused"`, and the page says so ([`LivePaused`]).
 #[island]
 pub fn Live(url: String) -> impl IntoView {
     #[cfg(feature = "hydrate")]
     Effect::new(move |_| follow(&url));
     #[cfg(not(feature = "hydrate"))]
     let _ = url;
+}
+
+/// What a live page shows while its updates are paused (the style sheet shows it only then).
+#[component]
+pub fn LivePaused() -> impl IntoView {
+    view! {
+        <p class="banner warn live-paused" role="status" data-testid="live-paused">
+            "Live updates are paused: the server did not take this page's connection. Trying again; reload the page to see the latest."
+        </p>
+    }
 }
 
 /// Marks the page ready (`data-hydrated` on `<body>`) once the islands before it are hydrated;
@@ -48,11 +59,22 @@ pub fn Ready() -> impl IntoView {
 
 #[cfg(feature = "hydrate")]
 fn follow(url: &str) {
+    open_stream(std::rc::Rc::from(url), 0);
+}
+
+/// Opens the event stream. The browser reconnects by itself after a dropped connection; a
+/// reconnect that is refused (the session ended: 401; too many live pages: 429; the server
+/// restarting behind a proxy: 502/503) closes the stream for good. Then the page is fetched
+/// once (a session that ended sends it to the login page), the root element says
+/// `data-live="paused"` (the page shows why), and the stream is opened again after a growing
+/// pause. A stream opened again starts with a resync event, so the page catches up.
+#[cfg(feature = "hydrate")]
+fn open_stream(url: std::rc::Rc<str>, failures: u32) {
     use std::{cell::Cell, rc::Rc, time::Duration};
 
     use wasm_bindgen::{JsCast, closure::Closure};
 
-    let Ok(source) = web_sys::EventSource::new(url) else { return };
+    let Ok(source) = web_sys::EventSource::new(&url) else { return };
     // `dirty`: an event came since the last fetch began; `busy`: a fetch is due or running.
     let (dirty, busy) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
     let on_message = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_: web_sys::MessageEvent| {
@@ -78,19 +100,35 @@ fn follow(url: &str) {
     });
     source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
-    let mark = |state: &'static str| {
-        move |_: web_sys::Event| {
-            if let Some(root) = document().document_element() {
-                let _ = root.set_attribute("data-live", state);
-            }
-        }
-    };
-    let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(mark("open"));
+    let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(|_: web_sys::Event| mark_live("open"));
     source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
     on_open.forget();
-    let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(mark("reconnecting"));
+    let stream = source.clone();
+    let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(move |_: web_sys::Event| {
+        if stream.ready_state() != web_sys::EventSource::CLOSED {
+            mark_live("reconnecting");
+            return;
+        }
+        mark_live("paused");
+        wasm_bindgen_futures::spawn_local(async {
+            if let Err(e) = refresh().await {
+                leptos::logging::warn!("live update failed: {e:?}");
+            }
+        });
+        let url = url.clone();
+        let pause = Duration::from_secs(2u64.saturating_pow(failures.min(5) + 1).min(60));
+        set_timeout(move || open_stream(url, failures + 1), pause);
+    });
     source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
+}
+
+/// `data-live` on the root element: `open`, `reconnecting` or `paused`.
+#[cfg(feature = "hydrate")]
+fn mark_live(state: &str) {
+    if let Some(root) = document().document_element() {
+        let _ = root.set_attribute("data-live", state);
+    }
 }
 
 /// Counts the live updates done on the root element (`data-live-updates`), for scripts and

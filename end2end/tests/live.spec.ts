@@ -1,6 +1,6 @@
 import { test, expect, type Page } from "@playwright/test";
 
-import { failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { owner } from "./support";
 
 // Live pages follow the server's events (server-sent events) instead of being reloaded; the
@@ -119,4 +119,22 @@ test("every list reads as cards on a phone, each value beside its column's name,
       expect(seen.pageWidth, path).toBeLessThanOrEqual(390);
     }).toPass({ timeout: 10_000 });
   }
+});
+
+test("a live page whose session ended goes to the login page instead of going quiet", async ({ page }) => {
+  // The stream's reconnect is refused once the session is gone: the browser closes it for good.
+  expectHttpError("/api/events?topics=message", 401);
+  // A page whose topic stays quiet here (no message comes), so no event's refresh finds the
+  // session gone: only the refused stream can tell.
+  await open(page, "/conversations");
+  await expect(page.locator("html")).toHaveAttribute("data-live", "open");
+  await expect(page.getByTestId("live-paused")).toBeHidden();
+  const updates = await page.locator("html").getAttribute("data-live-updates");
+  // The session ends elsewhere (here a logout from this tab's own script; an idle timeout alike).
+  await page.evaluate(() =>
+    fetch("/api/logout", { method: "POST", headers: { "content-type": "application/x-www-form-urlencoded" }, body: "" }),
+  );
+  await page.waitForURL((url) => url.pathname === "/login", { timeout: 30_000 });
+  expect(new URL(page.url()).searchParams.get("next")).toBe("/conversations");
+  expect(updates, "no live update was made on the way").toBe(null);
 });

@@ -16,7 +16,11 @@ use leptos_meta::Title;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::DeserializeOwned;
 
-use crate::{api::take_answer, error::AppError, live::Live};
+use crate::{
+    api::take_answer,
+    error::AppError,
+    live::{Live, LivePaused},
+};
 
 #[component]
 pub fn NotFound() -> impl IntoView {
@@ -37,7 +41,7 @@ pub fn NotFound() -> impl IntoView {
 pub(crate) fn page_head(name: &'static str, live: Option<&'static str>) -> impl IntoView {
     view! {
         <Title text=format!("{name} · Gatehouse") />
-        {live.map(|url| view! { <Live url=url.to_string() /> })}
+        {live.map(|url| view! { <Live url=url.to_string() /><LivePaused /> })}
     }
 }
 
