@@ -48,10 +48,10 @@ impl AppError {
         Self::new(code::INTERNAL, "Something went wrong on the server. The log has the details.")
     }
 
-    /// The database could not be reached; nothing was changed, and the same request may work
-    /// in a moment.
+    /// The database could not be reached; the same request may work in a moment (what was
+    /// done before the database went away, if anything, shows then).
     pub fn database_unavailable() -> Self {
-        Self::new(code::DATABASE_UNAVAILABLE, "The database is not reachable right now; nothing was changed. Try again in a moment.")
+        Self::new(code::DATABASE_UNAVAILABLE, "The database is not reachable right now. Try again in a moment; the page then shows what was done.")
     }
 
     pub fn is_unauthorized(&self) -> bool {

@@ -213,7 +213,7 @@ pub fn ToolDetailPage() -> impl IntoView {
                 <pre class="json" data-testid="input-schema">{d.input_schema.clone()}</pre>
                 {d.output_schema.clone().map(|s| view! { <h2>"Output schema"</h2><pre class="json">{s}</pre> })}
                 <h2>"Try it"</h2>
-                <p>"Runs one call through the checkpoint as you (an owner), with every check, hook and the audit. Calls that need approval are not run."</p>
+                <p>"Runs one call through the checkpoint as you (an owner), with every check, hook and the audit. A call that needs an owner's approval is not run here: it becomes a request on the Approvals page, and runs once an owner approves it."</p>
                 <ActionForm action=try_it attr:class="try-it" attr:data-testid="try-form">
                     <input type="hidden" name="name" value=t.name.clone() />
                     <label>"Arguments (JSON)"

@@ -22,33 +22,69 @@ use crate::config::net::{IpNet, canonical};
 /// The most of a console request's form body [`refuse_nul`] reads: axum's own default limit.
 const FORM_LIMIT: usize = 2 * 1024 * 1024;
 
-/// A NUL character in a console call's address or form (`%00`) is refused with 400
-/// `INVALID_INPUT`: no owner types one, and PostgreSQL refuses it in text, so a filter holding
-/// one would fail as a server error. JSON bodies (the simulator's messages) are left to their
-/// handlers, which remove it as the WhatsApp intake does.
+/// A NUL character in a console request's address (`%00` in a page's filter, a server
+/// function's path or query) or a server function's form is refused with 400 `INVALID_INPUT`:
+/// no owner types one, and PostgreSQL refuses it in text, so a filter holding one would fail as
+/// a server error. JSON bodies (the simulator's API) are left to their handlers, which remove it
+/// as the WhatsApp intake does.
 pub async fn refuse_nul(req: Request, next: Next) -> Response {
-    let refused = || {
-        let e = AppError::invalid("The request holds a NUL character (%00), which no field takes.");
-        json_error(StatusCode::BAD_REQUEST, &e.code, &e.message)
-    };
-    if !req.uri().path().starts_with("/api/") {
-        return next.run(req).await;
-    }
+    let refused = |headers: &HeaderMap| error_answer(headers, StatusCode::BAD_REQUEST, &AppError::invalid("The request holds a NUL character (%00), which no field takes."));
     if req.uri().path().contains("%00") || req.uri().query().is_some_and(|q| q.contains("%00")) {
-        return refused();
+        return refused(req.headers());
     }
     let form = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
-    if !form {
+    if !req.uri().path().starts_with("/api/") || !form {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, FORM_LIMIT).await else {
-        return json_error(StatusCode::PAYLOAD_TOO_LARGE, app::error::code::INVALID_INPUT, "The form is larger than the console takes.");
+        return error_answer(&parts.headers, StatusCode::PAYLOAD_TOO_LARGE, &AppError::invalid("The form is larger than the console takes."));
     };
     if bytes.windows(3).any(|w| w == b"%00") || bytes.contains(&0) {
-        return refused();
+        return refused(&parts.headers);
     }
     next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
+}
+
+/// Whether the request comes from a browser navigating (a page, or a form posted without
+/// scripts), which should get a page rather than JSON.
+fn wants_html(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"))
+}
+
+/// An error as its caller reads it: JSON for scripts and server-function calls, a small page
+/// with the code, the message and a way back for a browser.
+fn error_answer(headers: &HeaderMap, status: StatusCode, e: &AppError) -> Response {
+    if !wants_html(headers) {
+        return json_error(status, &e.code, &e.message);
+    }
+    let back = same_site_referer(headers).unwrap_or_else(|| "/".into());
+    let page = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{code} · Gatehouse</title><link rel=\"stylesheet\" href=\"/assets/gatehouse.css\"></head>\
+         <body><main class=\"error-page\" data-error-code=\"{code}\"><h1>{title}</h1><p>{message}</p><p><code>{code}</code></p>\
+         <p><a href=\"{back}\">Go back</a></p></main></body></html>",
+        code = html_escape::encode_text(&e.code),
+        title = if status.is_server_error() { "The console cannot answer right now" } else { "That request was not accepted" },
+        message = html_escape::encode_text(&e.message),
+        back = html_escape::encode_double_quoted_attribute(&back),
+    );
+    (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+/// The path (with query) of the page a browser came from, as a link on this site: only the
+/// referer's path is taken (the origin check has already refused other sites' posts), and
+/// never one that would leave the site (`//host/...`).
+fn same_site_referer(headers: &HeaderMap) -> Option<String> {
+    let referer = url::Url::parse(headers.get(header::REFERER)?.to_str().ok()?).ok()?;
+    let path = referer.path();
+    if !path.starts_with('/') || path.starts_with("//") {
+        return None;
+    }
+    Some(match referer.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    })
 }
 
 /// Paths that are not console pages: they do their own checks (or need none).
@@ -209,8 +245,7 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
         Ok(done) => done,
         Err(e) => {
             tracing::error!(error = %e, "cannot read setup state");
-            let e = AppError::database_unavailable();
-            return json_error(StatusCode::SERVICE_UNAVAILABLE, &e.code, &e.message);
+            return error_answer(req.headers(), StatusCode::SERVICE_UNAVAILABLE, &AppError::database_unavailable());
         }
     };
     if !is_api {
@@ -223,7 +258,7 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
     }
     let owner = match app::auth::owner_of(&session, &guard.backend).await {
         Ok(owner) => owner,
-        Err(e) => return json_error(StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &e.code, &e.message),
+        Err(e) => return error_answer(req.headers(), StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &e),
     };
     match (owner.is_some(), is_api, path.as_str()) {
         (true, false, "/login") => Redirect::to("/").into_response(),
@@ -231,6 +266,13 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
         (true, _, _) => {
             slide(&session, &req, guard.slide);
             next.run(req).await
+        }
+        // A form posted from a page whose session ended meanwhile: to the login, then back to
+        // that page.
+        (false, true, _) if wants_html(req.headers()) => {
+            let target = same_site_referer(req.headers()).unwrap_or_else(|| "/".into());
+            let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
+            Redirect::to(&format!("/login?next={next_param}")).into_response()
         }
         (false, true, _) => {
             let err = AppError::unauthorized();

@@ -277,6 +277,12 @@ async fn a_nul_in_a_console_request_is_refused_as_input(db: TestDb) {
     assert_eq!((nul.status, nul.json()["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_INPUT")), "{}", nul.body);
     let in_path = c.get("/api/simulator/chats/sim%00x").await;
     assert_eq!(in_path.status, StatusCode::BAD_REQUEST, "{}", in_path.body);
+    // A page's filter (rendered on the server from its query): a page saying so to a browser.
+    c.headers.push(("accept".into(), "text/html,application/xhtml+xml".into()));
+    let page = c.get("/traces?chat=1555%00").await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST, "{}", page.body);
+    assert!(page.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/html")), "{:?}", page.headers);
+    assert!(page.body.contains("data-error-code=\"INVALID_INPUT\"") && page.body.contains("NUL"), "{}", page.body);
 }
 both_backends!(console_nul_refused, a_nul_in_a_console_request_is_refused_as_input);
 
@@ -289,8 +295,33 @@ async fn a_database_outage_is_answered_503(db: TestDb) {
     app.state.db.pool.close().await;
     let down = c.post_form("/api/waiting", &[]).await;
     assert_eq!((down.status, down.json()["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("DATABASE_UNAVAILABLE")), "{}", down.body);
+    // Through a domain's own error too (logging in: the owners module's).
+    let login = app.client().post_form("/api/login", &[("login", "ada"), ("password", PASSWORD), ("next", "/")]).await;
+    assert_eq!((login.status, login.json()["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("DATABASE_UNAVAILABLE")), "{}", login.body);
+    // A browser gets a page that says so, with a way back, not JSON.
+    c.headers.push(("accept".into(), "text/html".into()));
+    c.headers.push(("referer".into(), "http://127.0.0.1:3000/approvals?x=1".into()));
+    let page = c.get("/approvals").await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE, "{}", page.body);
+    assert!(page.body.contains("data-error-code=\"DATABASE_UNAVAILABLE\"") && page.body.contains("href=\"/approvals?x=1\""), "{}", page.body);
 }
 both_backends!(console_database_outage, a_database_outage_is_answered_503);
+
+/// A form posted from a page whose session ended meanwhile (no scripts: a plain post) goes to
+/// the login and then back to that page, not to a JSON error.
+async fn a_form_posted_after_the_session_ended_goes_to_the_login(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    c.post_form("/api/logout", &[]).await;
+    c.headers.push(("accept".into(), "text/html".into()));
+    c.headers.push(("referer".into(), "http://127.0.0.1:3000/jobs?state=failed".into()));
+    let res = c.post_form("/api/retry_job", &[("id", "1")]).await;
+    assert!(res.status.is_redirection(), "{} {}", res.status, res.body);
+    assert_eq!(res.location(), Some("/login?next=%2Fjobs%3Fstate%3Dfailed"));
+    c.headers.retain(|(name, _)| name != "accept");
+    assert_eq!(c.post_form("/api/retry_job", &[("id", "1")]).await.status, StatusCode::UNAUTHORIZED, "a script still gets 401");
+}
+both_backends!(console_form_after_session, a_form_posted_after_the_session_ended_goes_to_the_login);
 
 async fn login(c: &mut crate::support::Client, who: &str, password: &str) -> crate::support::Resp {
     c.post_form("/api/login", &[("login", who), ("password", password), ("next", "/")]).await

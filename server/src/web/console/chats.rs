@@ -47,6 +47,7 @@ impl ChatsBackend for ConsoleBackend {
         let message = SimMessage { from: request.from, text: request.text, chat_id: request.chat_id, group: request.group, mention: request.mention, operator: Some(owner_id) };
         let sent = self.state.simulator.send(message).await.map_err(|e| match e {
             SimError::Invalid(why) => AppError::invalid(why),
+            SimError::Db(e) => internal(e),
             other => internal(other),
         })?;
         let h = sent.handled;

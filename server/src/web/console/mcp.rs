@@ -133,7 +133,7 @@ fn mcp_error(e: McpError) -> AppError {
         McpError::FormUnknown(_) => AppError::new("MCP_ELICITATION_UNKNOWN", e.to_string()),
         McpError::FormClosed(_) => AppError::new("MCP_ELICITATION_CLOSED", e.to_string()),
         McpError::FormInvalid(ref f) => AppError::new("MCP_ELICITATION_INVALID", format!("{}: {}", f.field, f.message)),
-        McpError::Db(_) => internal(e),
+        McpError::Db(e) => internal(e),
     }
 }
 

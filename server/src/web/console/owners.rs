@@ -22,6 +22,7 @@ impl From<OwnerError> for AppError {
             OwnerError::SetupClosed => AppError::new(code::SETUP_CLOSED, "Setup is closed: an owner already exists. Log in instead."),
             OwnerError::LoginTaken(_) => AppError::new(code::CONFLICT, "That login name is taken."),
             OwnerError::NotFound(_) => AppError::unauthorized(),
+            OwnerError::Db(e) => internal(e),
             other => internal(other),
         }
     }

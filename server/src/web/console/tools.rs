@@ -182,6 +182,7 @@ impl ToolsBackend for ConsoleBackend {
                 code::CONFIG_INVALID,
                 format!("The catalog was not reloaded; the current one stays. {} problem(s):\n{}", problems.len(), problems.iter().map(|p| format!("- {p}")).collect::<Vec<_>>().join("\n")),
             )),
+            Err(crate::tools::ReloadError::Mcp(crate::tools::mcp::McpError::Db(e))) => Err(internal(e)),
             Err(crate::tools::ReloadError::Mcp(e)) => Err(internal(e)),
         }
     }
