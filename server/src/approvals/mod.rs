@@ -137,8 +137,12 @@ impl Requester {
 #[derive(Debug, Clone)]
 pub struct Requested {
     pub id: i64,
-    /// The same call was already waiting: nothing new was stored or sent.
+    /// The same call was already waiting, or this message asked for it before: nothing new was
+    /// stored or sent.
     pub reused: bool,
+    /// Where the request stands: `Pending`, unless this message asked before and an owner (or
+    /// the clock) has settled it since.
+    pub state: store::State,
     pub expires_at: i64,
     pub trace_id: Option<i64>,
 }
@@ -289,7 +293,7 @@ impl Approvals {
             self.queue.telemetry().message(id);
         }
         tracing::info!(event = "ApprovalRequested", approval.id = row.id, tool = %row.tool, reused, correlation_id = %who.correlation_id, "an owner must approve");
-        Ok(Requested { id: row.id, reused, expires_at: row.expires_at, trace_id: row.trace_id })
+        Ok(Requested { id: row.id, reused, state: row.state, expires_at: row.expires_at, trace_id: row.trace_id })
     }
 
     /// Enqueues the question to every owner number (requests from WhatsApp chats only: simulated

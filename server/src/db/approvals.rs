@@ -105,7 +105,20 @@ pub struct Stored {
 /// A pending row past its expiry is settled as expired first, so it never blocks a fresh
 /// request. On PostgreSQL the pending row that refused the insert may be decided before it is
 /// read; the insert is then tried again.
+///
+/// A message handled again (a retry after a crash that stored its request but not its reply)
+/// finds the request it made, whatever became of it: an owner's decision on it is not asked
+/// for again, and an approved call never gets a second approval to run on.
 pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
+    let earlier = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE channel = $1 AND message_id = $2 AND call_key = $3 ORDER BY id DESC LIMIT 1"))
+        .bind(new.channel)
+        .bind(new.message_id)
+        .bind(new.call_key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some(row) = earlier.filter(|r| r.state != State::Pending) {
+        return Ok(Stored { row, reused: true, expired: Vec::new() });
+    }
     let expired: Vec<(i64, Option<i64>)> =
         sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
             .bind(new.created_at)

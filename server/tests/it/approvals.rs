@@ -269,6 +269,31 @@ async fn a_changed_tool_definition_makes_the_approval_stale(db: TestDb) {
 }
 both_backends!(approvals_stale_version, a_changed_tool_definition_makes_the_approval_stale);
 
+/// A customer's message handled again after its request was decided (its first run stopped
+/// before its reply was recorded: a crash, a failed write) finds that request: the owners are
+/// not asked again, and an approved call gets no second approval to run on.
+async fn a_message_handled_again_finds_its_decided_request(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.add_owner().await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, message_id: "wamid.AGAIN".into(), ..console_requester("corr-again") };
+    let approvals = r.app.gatehouse.approvals.clone();
+    let first = approvals.request(&json_call("5150"), &who, None, None).await.expect("request");
+    let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "console" };
+    approvals.decide(first.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve");
+    let again = approvals.request(&json_call("5150"), &who, None, None).await.expect("again");
+    assert_eq!((again.id, again.reused, again.state), (first.id, true, server::db::approvals::State::Approved), "the decided request, not a new one");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("count");
+    assert_eq!(rows, 1);
+    let asks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'approval.ask'").fetch_one(&r.app.state.db.pool).await.expect("asks");
+    let owners: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM owner_phones").fetch_one(&r.app.state.db.pool).await.expect("owners");
+    assert_eq!(asks, owners, "the owners were asked once");
+    // Another message asking for the same call is a new request.
+    let other = server::approvals::Requester { message_id: "wamid.OTHER".into(), ..who };
+    let fresh = approvals.request(&json_call("5150"), &other, None, None).await.expect("fresh");
+    assert!(fresh.id != first.id && !fresh.reused && fresh.state == server::db::approvals::State::Pending, "{fresh:?}");
+}
+both_backends!(approvals_message_again, a_message_handled_again_finds_its_decided_request);
+
 /// The owners see the call with secrets and personal data replaced; the stored call (what an
 /// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {

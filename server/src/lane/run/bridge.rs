@@ -15,9 +15,9 @@ use tokio::sync::oneshot;
 
 use super::{Lane, ms};
 use crate::{
-    approvals::{ApprovalError, Requester},
+    approvals::{ApprovalError, Requested, Requester},
     channel::{Inbound, ReplyTo},
-    db::{self, jobs::NewJob},
+    db::{self, approvals::State, jobs::NewJob},
     domain::Role,
     jobs::{JobCode, JobError, JobOutput, inline},
     lane::{job::ToolCallJob, processor::Answer, validator::ValidatedCall},
@@ -57,6 +57,11 @@ impl Lane {
         };
         let tool_call = ToolCall { name: call.tool.clone(), args: call.args.clone() };
         match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
+            // This message asked before (its first run stopped before its reply was recorded),
+            // and the request was settled since: said as it stands, never asked again.
+            Ok(Requested { state: State::Approved, .. }) => lane.already_checking_reply.clone(),
+            Ok(Requested { state: State::Rejected, .. }) => self.approvals.settings().requester_rejected.clone(),
+            Ok(Requested { state: State::Expired, .. }) => self.approvals.settings().requester_expired.clone(),
             Ok(_) => lane.approval_reply.clone(),
             Err(ApprovalError::Refused(f)) => {
                 trace.step("ApprovalRequested", "refused", &f.code, json!({ "tool": call.tool }));
