@@ -71,6 +71,9 @@ impl Handler<AskOwner> for AskOwnerHandler {
         if row.state != State::Pending {
             return Ok(output(format!("already {}; not asked", row.state)));
         }
+        if !crate::channel::whatsapp::notify::still_an_owner(&self.approvals.db, &args.to).await? {
+            return Ok(output("the number is no longer an owner's; not asked (the request is in the console)"));
+        }
         let (text, buttons) = self.approvals.prompt(&row);
         let to = Recipient { id: args.to, group: false };
         let preview = match self.sender.send_buttons(ctx.job.id, &to, &text, &buttons).await {

@@ -149,7 +149,7 @@ pub struct Requested {
 
 /// The approval path, built once by the composition root.
 pub struct Approvals {
-    db: Db,
+    pub(crate) db: Db,
     queue: JobQueue,
     settings: Arc<Settings>,
     checkpoint: Arc<Checkpoint>,

@@ -294,6 +294,21 @@ async fn a_message_handled_again_finds_its_decided_request(db: TestDb) {
 }
 both_backends!(approvals_message_again, a_message_handled_again_finds_its_decided_request);
 
+/// A question queued for an owner's number that the owner removed before it went out (a lost
+/// phone) is not sent to it: it carries a customer's number and the call's arguments.
+async fn a_number_no_longer_an_owners_is_not_asked(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.add_owner().await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, message_id: "wamid.GONE".into(), ..console_requester("corr-gone") };
+    r.app.gatehouse.approvals.request(&json_call("6160"), &who, None, None).await.expect("request");
+    sqlx::query("DELETE FROM owner_phones").execute(&r.app.state.db.pool).await.expect("number removed");
+    r.exchange(&[], 0).await;
+    assert!(r.graph.sends().iter().all(|b| b["type"] != "interactive"), "nobody was asked: {:?}", r.graph.sends());
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'approval.ask'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert!(preview.is_some_and(|p| p.contains("no longer an owner's")), "the job says why");
+}
+both_backends!(approvals_removed_number, a_number_no_longer_an_owners_is_not_asked);
+
 /// The owners see the call with secrets and personal data replaced; the stored call (what an
 /// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {

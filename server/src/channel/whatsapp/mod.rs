@@ -60,7 +60,7 @@ impl WhatsApp {
     /// owner notices go out.
     pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>, budgets: &JobTimeouts) {
         registry.handle_within::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)), budgets.whatsapp_inbound);
-        registry.handle_within::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(self.sender.clone())), budgets.owner_notify);
+        registry.handle_within::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(db.clone(), self.sender.clone())), budgets.owner_notify);
         registry.handle_within::<window::SendWindowTemplate>(Arc::new(window::WindowTemplate::new(self.sender.clone())), budgets.owner_notify);
     }
 }
