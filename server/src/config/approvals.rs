@@ -154,4 +154,17 @@ mod tests {
         assert_eq!(a.reason_words("APPROVAL_UNKNOWN"), None);
         problems_at("[approvals.reasons]\nrisk = \"words\"\nAPPROVAL_RISK = \" \"\n", &["approvals.reasons.risk", "approvals.reasons.APPROVAL_RISK"]);
     }
+
+    /// The owner's prompt leaves the call's arguments room in WhatsApp's body, and shows them
+    /// once (they are cut to fit once); a degraded budget warns the owners when it starts.
+    #[test]
+    fn the_prompt_leaves_the_arguments_room_and_a_degraded_budget_says_so() {
+        let twice = "[approvals]\nowner_prompt = \"#{id} {tool}: {args} and again {args}\"\n";
+        problems_at(twice, &["approvals.owner_prompt"]);
+        let long = format!("[approvals]\nowner_prompt = \"#{{id}} {{tool}}: {{args}} {}\"\n", "words ".repeat(100));
+        let err = problems_at(&long, &["approvals.owner_prompt"]);
+        assert!(err.to_string().contains("leave the call's arguments room"), "{err}");
+        problems_at("[budget]\ndaily_usd = 5.0\nat_limit = \"degraded\"\nwarn_at = [50, 80]\n", &["budget.warn_at"]);
+        assert!(load_text("[budget]\ndaily_usd = 5.0\nat_limit = \"degraded\"\nwarn_at = [80, 100]\n").is_ok());
+    }
 }

@@ -243,6 +243,11 @@ fn budget(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need(b.warn_at.iter().all(|p| (1..=100).contains(p)), "budget.warn_at", "each share must be a percentage from 1 to 100".into());
     need(b.warn_at.windows(2).all(|w| w[0] < w[1]), "budget.warn_at", "must be ascending, each share once".into());
     need(!b.refresh.is_zero(), "budget.refresh", "must be longer than zero".into());
+    need(
+        b.at_limit != super::budget::AtLimit::Degraded || b.warn_at.contains(&100),
+        "budget.warn_at",
+        "must hold 100 while budget.at_limit = \"degraded\": at 100% customers stop getting answers, and the owners are told only at a warn_at share".into(),
+    );
     for (key, text) in b.texts() {
         need(!text.trim().is_empty(), key, "must not be empty".into());
     }
@@ -262,6 +267,15 @@ fn approvals(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     }
     need(a.approve_button.trim() != a.reject_button.trim(), "approvals.reject_button", "must differ from approvals.approve_button".into());
     need(a.owner_prompt.contains("{id}") && a.owner_prompt.contains("{tool}") && a.owner_prompt.contains("{args}"), "approvals.owner_prompt", "must show {id}, {tool} and {args}, the exact call".into());
+    // The call's arguments are cut to fit WhatsApp's body limit once; the rest of the prompt
+    // must leave them room, or WhatsApp cuts the end (the decision's instructions) unsaid.
+    let fixed = a.owner_prompt.trim().replace("{args}", "").chars().count();
+    need(a.owner_prompt.matches("{args}").count() <= 1, "approvals.owner_prompt", "must show {args} once (the arguments are cut to fit once)".into());
+    need(
+        fixed <= super::approvals::BUTTON_BODY_MAX / 2,
+        "approvals.owner_prompt",
+        format!("is {fixed} characters without {{args}}; at most {} leave the call's arguments room in WhatsApp's {} (filled-in names and reasons add more)", super::approvals::BUTTON_BODY_MAX / 2, super::approvals::BUTTON_BODY_MAX),
+    );
     for (code, words) in &a.reasons {
         let key = format!("approvals.reasons.{code}");
         need(super::approvals::is_reason_code(code), &key, "is not a reason code (capital letters and _, as APPROVAL_RISK)".into());
