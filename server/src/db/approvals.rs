@@ -107,42 +107,58 @@ pub struct Stored {
 /// read; the insert is then tried again.
 ///
 /// A message handled again (a retry after a crash that stored its request but not its reply)
-/// finds the request it made, whatever became of it: an owner's decision on it is not asked
-/// for again, and an approved call never gets a second approval to run on.
+/// finds the request it asked for (stored or found pending; see `approval_askers`), whatever
+/// became of it, expired meanwhile included: an owner's decision on it is not asked for again,
+/// and an approved call never gets a second approval to run on.
 pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
-    let earlier = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE channel = $1 AND message_id = $2 AND call_key = $3 ORDER BY id DESC LIMIT 1"))
-        .bind(new.channel)
-        .bind(new.message_id)
-        .bind(new.call_key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if let Some(row) = earlier.filter(|r| r.state != State::Pending) {
-        return Ok(Stored { row, reused: true, expired: Vec::new() });
-    }
+    let earlier = sqlx::query_as::<_, ApprovalRow>(&format!(
+        "SELECT {COLUMNS} FROM approvals WHERE id = (SELECT approval_id FROM approval_askers WHERE channel = $1 AND message_id = $2 AND call_key = $3)"
+    ))
+    .bind(new.channel)
+    .bind(new.message_id)
+    .bind(new.call_key)
+    .fetch_optional(&mut *conn)
+    .await?;
     let expired: Vec<(i64, Option<i64>)> =
         sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
             .bind(new.created_at)
             .bind(new.call_key)
             .fetch_all(&mut *conn)
             .await?;
+    if let Some(row) = earlier {
+        // Read again: the expiry just above may have settled it.
+        let row = get(conn, row.id).await?.unwrap_or(row);
+        if row.state != State::Pending {
+            return Ok(Stored { row, reused: true, expired });
+        }
+    }
     let mut tries = 0;
-    loop {
+    let stored = loop {
         tries += 1;
         if let Some(row) = insert_new(conn, new).await? {
-            return Ok(Stored { row, reused: false, expired });
+            break Stored { row, reused: false, expired };
         }
         let pending = sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE call_key = $1 AND state = 'pending'"))
             .bind(new.call_key)
             .fetch_optional(&mut *conn)
             .await?;
         match pending {
-            Some(row) => return Ok(Stored { row, reused: true, expired }),
+            Some(row) => break Stored { row, reused: true, expired },
             // Decided between the two statements: the call may be asked for again. A row that
             // keeps vanishing is a fault, said as the read's error.
             None if tries < 3 => continue,
             None => return Err(sqlx::Error::RowNotFound.into()),
         }
-    }
+    };
+    // This message asked for it, whether it stored the request or found it pending.
+    sqlx::query("INSERT INTO approval_askers (channel, message_id, call_key, approval_id) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
+        .bind(new.channel)
+        .bind(new.message_id)
+        .bind(new.call_key)
+        .bind(stored.row.id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(stored)
 }
 
 /// Inserts `new` unless a pending approval of the same call holds its unique key.

@@ -278,10 +278,15 @@ async fn a_message_handled_again_finds_its_decided_request(db: TestDb) {
     let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, message_id: "wamid.AGAIN".into(), ..console_requester("corr-again") };
     let approvals = r.app.gatehouse.approvals.clone();
     let first = approvals.request(&json_call("5150"), &who, None, None).await.expect("request");
+    // The customer asked twice: the second message finds the first one's request pending.
+    let twice = server::approvals::Requester { message_id: "wamid.TWICE".into(), ..who.clone() };
+    assert_eq!(approvals.request(&json_call("5150"), &twice, None, None).await.expect("twice").id, first.id);
     let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "console" };
     approvals.decide(first.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve");
-    let again = approvals.request(&json_call("5150"), &who, None, None).await.expect("again");
-    assert_eq!((again.id, again.reused, again.state), (first.id, true, server::db::approvals::State::Approved), "the decided request, not a new one");
+    for asker in [&who, &twice] {
+        let again = approvals.request(&json_call("5150"), asker, None, None).await.expect("again");
+        assert_eq!((again.id, again.reused, again.state), (first.id, true, server::db::approvals::State::Approved), "the decided request, not a new one");
+    }
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("count");
     assert_eq!(rows, 1);
     let asks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'approval.ask'").fetch_one(&r.app.state.db.pool).await.expect("asks");
