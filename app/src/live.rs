@@ -59,7 +59,7 @@ pub fn Ready() -> impl IntoView {
 
 #[cfg(feature = "hydrate")]
 fn follow(url: &str) {
-    open_stream(std::rc::Rc::from(url), 0);
+    open_stream(std::rc::Rc::from(url), std::rc::Rc::new(std::cell::Cell::new(0)));
 }
 
 /// Opens the event stream. The browser reconnects by itself after a dropped connection; a
@@ -69,7 +69,7 @@ fn follow(url: &str) {
 /// `data-live="paused"` (the page shows why), and the stream is opened again after a growing
 /// pause. A stream opened again starts with a resync event, so the page catches up.
 #[cfg(feature = "hydrate")]
-fn open_stream(url: std::rc::Rc<str>, failures: u32) {
+fn open_stream(url: std::rc::Rc<str>, failures: std::rc::Rc<std::cell::Cell<u32>>) {
     use std::{cell::Cell, rc::Rc, time::Duration};
 
     use wasm_bindgen::{JsCast, closure::Closure};
@@ -100,7 +100,12 @@ fn open_stream(url: std::rc::Rc<str>, failures: u32) {
     });
     source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
-    let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(|_: web_sys::Event| mark_live("open"));
+    // Open again: the next refusal starts its pauses from the shortest.
+    let opened = failures.clone();
+    let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(move |_: web_sys::Event| {
+        opened.set(0);
+        mark_live("open");
+    });
     source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
     on_open.forget();
     let stream = source.clone();
@@ -115,9 +120,10 @@ fn open_stream(url: std::rc::Rc<str>, failures: u32) {
                 leptos::logging::warn!("live update failed: {e:?}");
             }
         });
-        let url = url.clone();
-        let pause = Duration::from_secs(2u64.saturating_pow(failures.min(5) + 1).min(60));
-        set_timeout(move || open_stream(url, failures + 1), pause);
+        let (url, failures) = (url.clone(), failures.clone());
+        let pause = Duration::from_secs(2u64.saturating_pow(failures.get().min(5) + 1).min(60));
+        failures.set(failures.get() + 1);
+        set_timeout(move || open_stream(url, failures), pause);
     });
     source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();

@@ -129,12 +129,10 @@ test("a live page whose session ended goes to the login page instead of going qu
   await open(page, "/conversations");
   await expect(page.locator("html")).toHaveAttribute("data-live", "open");
   await expect(page.getByTestId("live-paused")).toBeHidden();
-  const updates = await page.locator("html").getAttribute("data-live-updates");
   // The session ends elsewhere (here a logout from this tab's own script; an idle timeout alike).
   await page.evaluate(() =>
     fetch("/api/logout", { method: "POST", headers: { "content-type": "application/x-www-form-urlencoded" }, body: "" }),
   );
   await page.waitForURL((url) => url.pathname === "/login", { timeout: 30_000 });
   expect(new URL(page.url()).searchParams.get("next")).toBe("/conversations");
-  expect(updates, "no live update was made on the way").toBe(null);
 });

@@ -244,7 +244,7 @@ fn budget(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
     need(b.warn_at.windows(2).all(|w| w[0] < w[1]), "budget.warn_at", "must be ascending, each share once".into());
     need(!b.refresh.is_zero(), "budget.refresh", "must be longer than zero".into());
     need(
-        b.at_limit != super::budget::AtLimit::Degraded || b.warn_at.contains(&100),
+        b.at_limit != super::budget::AtLimit::Degraded || b.warn_at.contains(&100) || (b.daily_usd == 0.0 && b.monthly_usd == 0.0),
         "budget.warn_at",
         "must hold 100 while budget.at_limit = \"degraded\": at 100% customers stop getting answers, and the owners are told only at a warn_at share".into(),
     );

@@ -30,13 +30,18 @@ pub fn label_for(members: &[(String, String)], sender: &str, name: Option<&str>,
         }
     }
     let n = order.iter().position(|s| *s == sender).unwrap_or(order.len()) + 1;
-    let numbered = || clean(&unnamed.replace("{n}", &n.to_string()));
-    let base = match name.map(clean).filter(|c| !c.is_empty() && !passes_for_another(c, unnamed)) {
-        Some(name) => name,
-        None => numbered(),
+    let usable = name.map(clean).filter(|c| !c.is_empty() && !passes_for_another(c, unnamed));
+    // A message without a profile name (WhatsApp does not always send one) keeps the label the
+    // member has, rather than reading as someone new.
+    let Some(base) = usable.or_else(|| members.iter().rev().find(|(s, _)| s == sender).map(|(_, label)| label.clone())) else {
+        return clean(&unnamed.replace("{n}", &n.to_string()));
     };
-    let taken = members.iter().any(|(s, label)| s != sender && label.eq_ignore_ascii_case(&base));
-    if taken { format!("{base} ({n})") } else { base }
+    let taken = |label: &str| members.iter().any(|(s, l)| s != sender && l.to_lowercase() == label.to_lowercase());
+    if !taken(&base) {
+        return base;
+    }
+    // Numbered apart; a name that already reads "Ana (3)" does not make two of them.
+    (n..).map(|k| format!("{base} ({k})")).find(|l| !taken(l)).unwrap_or(base)
 }
 
 /// A member's words as the model reads them: each line under their label, so a line break in a
@@ -80,7 +85,8 @@ fn passes_for_another(name: &str, unnamed: &str) -> bool {
     if RESERVED.contains(&lower.as_str()) {
         return true;
     }
-    let pattern = unnamed.to_lowercase();
+    // Spaced as labels are written (see clean), braces kept.
+    let pattern = unnamed.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
     let Some((before, after)) = pattern.split_once("{n}") else { return false };
     lower.strip_prefix(before.trim_start()).and_then(|rest| rest.strip_suffix(after.trim_end())).is_some_and(|n| !n.is_empty() && n.trim().chars().all(|c| c.is_ascii_digit()))
 }
@@ -120,6 +126,11 @@ mod tests {
         assert_eq!(label_for(&so_far, "333", Some("Assistant"), unnamed), "member 3");
         assert_eq!(label_for(&so_far, "333", Some("person"), unnamed), "member 3");
         assert_eq!(label_for(&so_far, "333", Some("member of staff"), unnamed), "member of staff", "only the pattern with a number");
+        assert_eq!(label_for(&so_far, "111", None, unnamed), "Ana", "a message without a name keeps the member's label");
+        let suffixed = members(&[("111", "Ana"), ("222", "Ana (3)")]);
+        assert_eq!(label_for(&suffixed, "333", Some("ANA"), unnamed), "ANA (4)", "never two of one label");
+        assert_eq!(label_for(&members(&[("111", "José")]), "222", Some("JOSÉ"), unnamed), "JOSÉ (2)", "case is folded beyond ASCII");
+        assert_eq!(label_for(&so_far, "333", Some("member 2"), "member  {n}"), "member 3", "the pattern is read as labels are written");
     }
 
     #[test]

@@ -131,7 +131,10 @@ impl ToolsBackend for ConsoleBackend {
                 request: format!("Try it: {name}"),
                 correlation_id: correlation_id.clone(),
             };
-            let requested = self.state.approvals.request(&call, &who, None, None).await.map_err(internal)?;
+            let requested = self.state.approvals.request(&call, &who, None, None).await.map_err(|e| match e {
+                crate::approvals::ApprovalError::Db(e) => internal(e),
+                other => internal(other),
+            })?;
             let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             return Ok(TryOutcome {
                 tool: name.to_string(),
