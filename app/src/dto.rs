@@ -606,6 +606,10 @@ pub struct ApprovalView {
     pub job_id: Option<i64>,
     /// How the approved call's run ended: OK or its code.
     pub outcome: Option<String>,
+    /// The run's job state while no outcome is recorded (`running`, or `cancelled` when an owner
+    /// cancelled it, `discarded` when its attempts ran out).
+    #[serde(default)]
+    pub job_state: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

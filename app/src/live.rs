@@ -24,9 +24,9 @@ pub const JOBS_LIVE: &str = "/api/events?topics=job";
 /// Keeps the page's live regions current with the events from `url` (an SSE endpoint of this
 /// server): elements marked `data-live-region="NAME"`, each given the content of the element
 /// with the same mark in the page fetched again. A region is what the page shows of the data;
-/// one holding the field an owner is typing in is left as it is until the next update (a swap
-/// would drop what was typed). While the stream is open the page's root element carries
-/// `data-live="open"`, and `data-live-updates` counts the updates made; while the stream is
+/// one holding the field an owner is typing in, or one whose fields, boxes, choices or open
+/// details the owner changed, is left as it is until the next update (a swap would undo it).
+/// While the stream is open the page's root element carries `data-live="open"`, and `data-live-updates` counts the updates made; while the stream is
 /// refused and tried again, `data-live="paused"`, and the page says so ([`LivePaused`]).
 #[island]
 pub fn Live(url: String) -> impl IntoView {
@@ -180,7 +180,7 @@ async fn refresh() -> Result<(), wasm_bindgen::JsValue> {
     let regions = document.query_selector_all("[data-live-region]")?;
     for i in 0..regions.length() {
         let Some(old) = regions.item(i).and_then(|n| n.dyn_into::<web_sys::Element>().ok()) else { continue };
-        if focused.as_ref().is_some_and(|f| old.contains(Some(f))) {
+        if focused.as_ref().is_some_and(|f| old.contains(Some(f))) || changed_by_owner(&old) {
             continue;
         }
         let Some(name) = old.get_attribute("data-live-region") else { continue };
@@ -189,6 +189,34 @@ async fn refresh() -> Result<(), wasm_bindgen::JsValue> {
         }
     }
     Ok(())
+}
+
+/// Whether the owner changed something in `region` that a swap would undo: a field typed in
+/// (and left), a box ticked, a choice made, a diff opened. Such a region waits, as one holding
+/// the focused field does, until the owner is done (a form posted reloads the page anyway).
+#[cfg(feature = "hydrate")]
+fn changed_by_owner(region: &web_sys::Element) -> bool {
+    use wasm_bindgen::JsCast;
+
+    let Ok(controls) = region.query_selector_all("input, textarea, select, details[open]") else { return false };
+    (0..controls.length()).filter_map(|i| controls.item(i)).any(|node| {
+        if let Some(input) = node.dyn_ref::<web_sys::HtmlInputElement>() {
+            return match input.type_().as_str() {
+                "checkbox" | "radio" => input.checked() != input.default_checked(),
+                "hidden" | "submit" | "button" => false,
+                _ => input.value() != input.default_value(),
+            };
+        }
+        if let Some(text) = node.dyn_ref::<web_sys::HtmlTextAreaElement>() {
+            return text.default_value().is_ok_and(|original| text.value() != original);
+        }
+        if let Some(select) = node.dyn_ref::<web_sys::HtmlSelectElement>() {
+            let options = select.options();
+            return (0..options.length()).filter_map(|i| options.item(i)).filter_map(|o| o.dyn_into::<web_sys::HtmlOptionElement>().ok()).any(|o| o.selected() != o.default_selected());
+        }
+        // An open <details> (a repair's diff, an MCP tool's definition).
+        true
+    })
 }
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) for unix milliseconds (none before 1970 are stored).

@@ -296,8 +296,11 @@ test("an owner rejects a request with a reason; the customer is told and nothing
   await expect(row).toHaveCount(1);
   await expect(row).toContainText("9000");
   await row.getByTestId("reject-reason").fill("Order 9000 was a gift");
-  // Another request arrives while the owner types: the live update leaves the list being typed
-  // in as it is, so the reason is not lost.
+  // The owner looks elsewhere before deciding (the field loses the focus).
+  await page.getByRole("heading", { level: 1 }).click();
+  await expect(row.getByTestId("reject-reason")).not.toBeFocused();
+  // Another request arrives meanwhile: the live update leaves the list holding the typed reason
+  // as it is, so the reason is not lost.
   const updates = async () => Number((await page.locator("html").getAttribute("data-live-updates")) ?? "0");
   const before = await updates();
   await webhook("wamid.E2E.REJECT.NEXT", "Please refund my order 9001");

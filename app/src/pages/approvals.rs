@@ -94,6 +94,8 @@ fn why(a: &ApprovalView) -> impl IntoView + use<> {
 fn pending_card(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>) -> impl IntoView {
     let id = a.id.to_string();
     let reject_id = id.clone();
+    // Each card's buttons named apart for screen readers and voice control.
+    let (approve_label, reject_label) = (format!("Approve #{} {}", a.id, a.tool), format!("Reject #{} {}", a.id, a.tool));
     view! {
         <li class="approval-card" data-testid="approval-row" data-id=a.id.to_string() data-state=a.state.clone()>
             <p class="approval-head">
@@ -112,13 +114,13 @@ fn pending_card(a: ApprovalView, now: i64, decide: ServerAction<DecideApproval>)
                 <ActionForm action=decide>
                     <input type="hidden" name="id" value=id />
                     <input type="hidden" name="decision" value="approve" />
-                    <button type="submit" data-testid="approve-approval">"Approve"</button>
+                    <button type="submit" data-testid="approve-approval" aria-label=approve_label>"Approve"</button>
                 </ActionForm>
                 <ActionForm action=decide>
                     <input type="hidden" name="id" value=reject_id />
                     <input type="hidden" name="decision" value="reject" />
                     <label>"Reason (optional) "<input type="text" name="reason" maxlength="300" data-testid="reject-reason" /></label>
-                    <button type="submit" class="danger" data-testid="reject-approval">"Reject"</button>
+                    <button type="submit" class="danger" data-testid="reject-approval" aria-label=reject_label>"Reject"</button>
                 </ActionForm>
             </div>
         </li>
@@ -132,7 +134,15 @@ fn decided_row(a: ApprovalView) -> impl IntoView {
     };
     let run = match (&a.job_id, &a.outcome) {
         (Some(job), Some(outcome)) => view! { <a href=format!("/jobs/{job}")>{format!("job #{job}")}</a>" "<code data-testid="approval-outcome">{outcome.clone()}</code> }.into_any(),
-        (Some(job), None) => view! { <a href=format!("/jobs/{job}")>{format!("job #{job}")}</a>" running" }.into_any(),
+        (Some(job), None) => {
+            // Still under way, or ended without an outcome (cancelled, or its attempts ran out).
+            let state = match a.job_state.as_deref() {
+                Some(ended @ ("cancelled" | "discarded")) => ended.to_string(),
+                Some("completed") | None => "finishing".to_string(),
+                Some(_) => "running".to_string(),
+            };
+            view! { <a href=format!("/jobs/{job}")>{format!("job #{job}")}</a>" "<span data-testid="approval-run-state">{state}</span> }.into_any()
+        }
         _ => view! { <span>"not run"</span> }.into_any(),
     };
     view! {

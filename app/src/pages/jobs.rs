@@ -36,6 +36,8 @@ pub fn JobsPage() -> impl IntoView {
     view! {
         {super::page_head("Jobs", Some(JOBS_LIVE))}
         <h1>"Jobs"</h1>
+        // Outside the list: a filter that fails (a bad value, the database away) can be changed.
+        {move || filter_form(&query.get())}
         {super::loaded(page, move |p| {
             let q = query.get();
             view! {
@@ -46,7 +48,6 @@ pub fn JobsPage() -> impl IntoView {
                         view! { <li><a href=format!("/jobs{href}") data-state=*s>{state_badge(s)}" "<strong>{n}</strong></a></li> }
                     }).collect_view()}
                 </ul>
-                {filter_form(&q)}
                 <div data-live-region="jobs">
                     {job_table(p.jobs, &q)}
                     {p.next_before.map(|b| view! {

@@ -39,10 +39,11 @@ pub fn TracesPage() -> impl IntoView {
     view! {
         {super::page_head("Traces", Some(TRACES_LIVE))}
         <h1>"Traces"</h1>
+        // Outside the list: a filter that fails (a bad value, the database away) can be changed.
+        {move || filter_form(&query.get())}
         {super::loaded(page, move |p| {
             let q = query.get();
             view! {
-                {filter_form(&q)}
                 <div data-live-region="traces">
                     {trace_table(p.traces, &q)}
                     {p.next_before.map(|b| view! {

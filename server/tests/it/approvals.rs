@@ -314,6 +314,25 @@ async fn a_number_no_longer_an_owners_is_not_asked(db: TestDb) {
 }
 both_backends!(approvals_removed_number, a_number_no_longer_an_owners_is_not_asked);
 
+/// The Approvals page says how an approved call's run stands while it has no outcome: a run an
+/// owner cancelled is shown cancelled, not running for ever.
+async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let requested = r.app.gatehouse.approvals.request(&json_call("7171"), &console_requester("corr-cancel"), None, None).await.expect("request");
+    let id = requested.id.to_string();
+    let approved = owner.post_form("/api/decide_approval", &[("id", id.as_str()), ("decision", "approve")]).await;
+    assert_eq!(approved.status, axum::http::StatusCode::OK, "{}", approved.body);
+    let page = owner.post_form("/api/list_approvals", &[]).await.json();
+    assert_eq!(page["decided"][0]["job_state"], "available", "{page}");
+    let job = page["decided"][0]["job_id"].as_i64().expect("job").to_string();
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", job.as_str())]).await;
+    assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
+    let page = owner.post_form("/api/list_approvals", &[]).await.json();
+    assert_eq!((page["decided"][0]["job_state"].as_str(), page["decided"][0]["outcome"].as_str()), (Some("cancelled"), None), "{page}");
+}
+both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
+
 /// The owners see the call with secrets and personal data replaced; the stored call (what an
 /// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {

@@ -739,6 +739,18 @@ async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: Tes
 }
 both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);
 
+/// A list whose filter is refused still shows the filter form, so the owner can change it.
+async fn a_refused_filter_leaves_the_form_to_change_it(db: TestDb) {
+    let app = crate::support::TestApp::new(db).await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let page = owner.get("/jobs?state=bogus").await;
+    assert!(page.body.contains("INVALID_INPUT") || page.body.contains("not a job state"), "the error is shown: {}", page.body);
+    assert!(page.body.contains("data-testid=\"job-filters\""), "the form is there: {}", page.body);
+    let traces = owner.get("/traces?since_minutes=x").await;
+    assert!(traces.body.contains("data-testid=\"trace-filters\""), "{}", traces.body);
+}
+both_backends!(jobs_refused_filter_form, a_refused_filter_leaves_the_form_to_change_it);
+
 /// Every statement that inserts jobs notifies the workers' channel with their queue when it
 /// commits, whoever wrote it (here the store itself, not `JobQueue`); a rolled-back one does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

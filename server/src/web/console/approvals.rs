@@ -41,6 +41,7 @@ fn view(r: ApprovalRow) -> ApprovalView {
         decision_note: r.decision_note,
         job_id: r.job_id,
         outcome: r.outcome_code,
+        job_state: None,
     }
 }
 
@@ -51,7 +52,15 @@ impl ApprovalsBackend for ConsoleBackend {
         let mut pending = approvals.list(Some(State::Pending), 500).await.map_err(internal)?;
         pending.reverse();
         let decided = approvals.list(None, DECIDED_SHOWN + pending.len() as i64).await.map_err(internal)?;
-        let decided: Vec<_> = decided.into_iter().filter(|r| r.state != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
+        let mut decided: Vec<_> = decided.into_iter().filter(|r| r.state != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
+        // A run with no outcome may still be running, or have been cancelled or given up.
+        let waiting: Vec<i64> = decided.iter().filter(|a| a.outcome.is_none()).filter_map(|a| a.job_id).collect();
+        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+        let states: std::collections::HashMap<i64, String> = db::jobs::states(&mut conn, &waiting).await.map_err(internal)?.into_iter().collect();
+        drop(conn);
+        for a in &mut decided {
+            a.job_state = a.job_id.and_then(|id| states.get(&id).cloned());
+        }
         Ok(ApprovalsPage {
             pending: pending.into_iter().map(view).collect(),
             decided,
