@@ -76,12 +76,12 @@ pub async fn job_events_after(conn: &mut AnyConnection, after: i64, limit: i64) 
 
 /// Trace steps with these ids (ones committed after later ids were read), in id order.
 pub async fn steps_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<StepRow>, DbError> {
-    rows_with_ids(conn, STEPS, "s.id", ids).await
+    super::rows_with_ids(conn, STEPS, "s.id", ids).await
 }
 
 /// Job events with these ids, in id order.
 pub async fn job_events_with_ids(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<JobEventRow>, DbError> {
-    rows_with_ids(conn, JOB_EVENTS, "e.id", ids).await
+    super::rows_with_ids(conn, JOB_EVENTS, "e.id", ids).await
 }
 
 async fn rows_after<T>(conn: &mut AnyConnection, select: &str, id: &str, after: i64, limit: i64) -> Result<Vec<T>, DbError>
@@ -90,21 +90,6 @@ where
 {
     let sql = format!("{select} WHERE {id} > $1 ORDER BY {id} LIMIT $2");
     Ok(sqlx::query_as(&sql).bind(after).bind(limit).fetch_all(conn).await?)
-}
-
-async fn rows_with_ids<T>(conn: &mut AnyConnection, select: &str, id: &str, ids: &[i64]) -> Result<Vec<T>, DbError>
-where
-    T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
-{
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = format!("{select} WHERE {id} IN ({}) ORDER BY {id}", super::placeholders(1, ids.len()));
-    let mut q = sqlx::query_as(&sql);
-    for id in ids {
-        q = q.bind(*id);
-    }
-    Ok(q.fetch_all(conn).await?)
 }
 
 /// The newest trace step and job event ids (0 when there are none).

@@ -150,6 +150,22 @@ pub fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The rows of `select` whose `id` column is one of `ids`, in id order (none for no ids).
+pub(crate) async fn rows_with_ids<T>(conn: &mut sqlx::AnyConnection, select: &str, id: &str, ids: &[i64]) -> Result<Vec<T>, super::DbError>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+{
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!("{select} WHERE {id} IN ({}) ORDER BY {id}", placeholders(1, ids.len()));
+    let mut q = sqlx::query_as(&sql);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.fetch_all(conn).await?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

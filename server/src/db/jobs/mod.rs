@@ -189,15 +189,7 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, Db
 
 /// The states of the jobs `ids` (those that exist), by id.
 pub async fn states(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<(i64, String)>, DbError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = format!("SELECT id, state FROM jobs WHERE id IN ({})", super::placeholders(1, ids.len()));
-    let mut q = sqlx::query_as(&sql);
-    for id in ids {
-        q = q.bind(*id);
-    }
-    Ok(q.fetch_all(&mut *conn).await?)
+    super::rows_with_ids(conn, "SELECT id, state FROM jobs", "id", ids).await
 }
 
 async fn find_unfinished_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Option<JobRow>, DbError> {
