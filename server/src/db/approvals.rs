@@ -111,6 +111,13 @@ pub struct Stored {
 /// became of it, expired meanwhile included: an owner's decision on it is not asked for again,
 /// and an approved call never gets a second approval to run on.
 pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
+    let expired: Vec<(i64, Option<i64>)> =
+        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
+            .bind(new.created_at)
+            .bind(new.call_key)
+            .fetch_all(&mut *conn)
+            .await?;
+    // Read after the expiry: a request of this message that just expired is returned expired.
     let earlier = sqlx::query_as::<_, ApprovalRow>(&format!(
         "SELECT {COLUMNS} FROM approvals WHERE id = (SELECT approval_id FROM approval_askers WHERE channel = $1 AND message_id = $2 AND call_key = $3)"
     ))
@@ -119,18 +126,9 @@ pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) ->
     .bind(new.call_key)
     .fetch_optional(&mut *conn)
     .await?;
-    let expired: Vec<(i64, Option<i64>)> =
-        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
-            .bind(new.created_at)
-            .bind(new.call_key)
-            .fetch_all(&mut *conn)
-            .await?;
+    // Pending, it is the call's one pending request, which the insert below would find anyway.
     if let Some(row) = earlier {
-        // Read again: the expiry just above may have settled it.
-        let row = get(conn, row.id).await?.unwrap_or(row);
-        if row.state != State::Pending {
-            return Ok(Stored { row, reused: true, expired });
-        }
+        return Ok(Stored { row, reused: true, expired });
     }
     let mut tries = 0;
     let stored = loop {

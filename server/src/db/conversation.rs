@@ -17,12 +17,11 @@ pub struct Turn {
     pub message_id: String,
     pub at: i64,
     pub tokens: i64,
-    /// A group member's turn: who wrote it (their number) and the label the model reads.
-    pub sender: Option<String>,
+    /// A group member's turn: the label the model reads for its writer.
     pub sender_label: Option<String>,
 }
 
-const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender, sender_label";
+const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender_label";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTurn<'a> {

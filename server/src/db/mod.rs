@@ -80,6 +80,12 @@ impl DbError {
     }
 }
 
+/// Whether an error of any type is a [`DbError`] or a `sqlx::Error` that says the database could
+/// not be reached (for layers that take any displayable error, such as the console's).
+pub fn is_unavailable_error(e: &dyn std::any::Any) -> bool {
+    e.downcast_ref::<DbError>().is_some_and(DbError::is_unavailable) || e.downcast_ref::<sqlx::Error>().is_some_and(is_unavailable)
+}
+
 /// Whether `e` says the database could not be reached, rather than that a statement failed:
 /// no connection to be had (the pool timed out or closed, the socket failed) or, on
 /// PostgreSQL, a connection lost or refused (SQLSTATE class 08, or 57P01-57P03: the server

@@ -52,7 +52,7 @@ mod tests {
     use super::*;
 
     fn turn(role: &str, text: &str) -> Turn {
-        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender: None, sender_label: None }
+        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender_label: None }
     }
 
     #[test]
@@ -71,8 +71,8 @@ mod tests {
     /// In a group the planner reads who said what: the label on record, else "person".
     #[test]
     fn group_members_are_named_in_the_planners_memory() {
-        let said = |sender: &str, label: &str, text: &str| Turn { sender: Some(sender.into()), sender_label: Some(label.into()), ..turn(role::USER, text) };
-        let recent = [said("111", "Ana", "Book Tuesday for me"), said("222", "member 2", "Me too"), turn(role::USER, "(before labels)"), turn(role::ASSISTANT, "Which time?")];
+        let said = |label: &str, text: &str| Turn { sender_label: Some(label.into()), ..turn(role::USER, text) };
+        let recent = [said("Ana", "Book Tuesday for me"), said("member 2", "Me too"), turn(role::USER, "(before labels)"), turn(role::ASSISTANT, "Which time?")];
         let text = render(None, &recent).expect("memory");
         assert_eq!(text, "Latest messages, oldest first:\nAna: Book Tuesday for me\nmember 2: Me too\nperson: (before labels)\nassistant: Which time?");
     }

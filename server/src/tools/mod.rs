@@ -158,8 +158,8 @@ pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> V
 /// gives the new base catalog to `mcp`, which joins the MCP tools and swaps the checkpoint's
 /// catalog. A file with problems is refused with all of them, and the current catalog stays.
 /// Calls in flight keep the version they started with. `changed` names the file-declared tools
-/// added, removed or edited.
-pub async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
+/// added, removed or edited. Reached only through [`Reloads`], which tells the other processes.
+async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkpoint: &Checkpoint) -> Result<ReloadReport, ReloadError> {
     let dir = config.dir.as_path();
     let fresh = load_catalog(dir, &config.secrets.source).map_err(ReloadError::Files)?;
     let problems = catalog_problems(&fresh, dir, &config.settings);

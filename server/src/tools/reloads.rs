@@ -60,8 +60,8 @@ impl Reloads {
     pub async fn reload(&self) -> Result<ReloadReport, ReloadError> {
         let mut state = self.inner.state.lock().await;
         let mut report = reload_catalog(&self.inner.config, &self.inner.mcp, &self.inner.checkpoint).await?;
-        state.owed = true;
         report.told_others = self.tell_others(&mut state).await;
+        state.owed = !report.told_others;
         Ok(report)
     }
 
@@ -86,8 +86,11 @@ impl Reloads {
     /// One check of the count (what [`Reloads::follow`] does each interval).
     pub async fn poll(&self) {
         let mut state = self.inner.state.lock().await;
-        if state.owed && !self.tell_others(&mut state).await {
-            return;
+        if state.owed {
+            state.owed = !self.tell_others(&mut state).await;
+            if state.owed {
+                return;
+            }
         }
         let (generation, reloaded_at) = match self.read().await {
             Ok(now) => now,
@@ -126,7 +129,6 @@ impl Reloads {
         };
         match told.await {
             Ok(generation) => {
-                state.owed = false;
                 // Not knowing the count before (no poll yet), this reload, just made, is the newest.
                 let others_too = state.seen.is_some_and(|seen| generation > seen + 1);
                 // When following the other reload fails, the count before it stays seen, so

@@ -129,8 +129,9 @@ impl Recorder {
     /// transaction commits: when it does not, the fact it states did not happen, and the trace
     /// never says it did.
     pub async fn flush_with(&mut self, conn: &mut AnyConnection, step: &str, decision: &str, reason: &str, detail: Value) -> Result<Flushed, DbError> {
+        let before = self.steps.len();
         self.step(step, decision, reason, detail);
-        let flushed = self.flush(conn).await;
+        let flushed = self.flush(conn).await.map(|f| Flushed { steps: before, ..f });
         // Written with the others when the transaction commits; taken back now, so that a
         // rolled-back transaction leaves no trace of it.
         self.steps.pop();
@@ -140,7 +141,6 @@ impl Recorder {
     /// The transaction of `flushed` committed: its steps are on record, and later steps
     /// continue after them.
     pub fn committed(&mut self, flushed: Flushed) {
-        // A step of flush_with is no longer held: only the ones before it are drained.
         self.steps.drain(..flushed.steps.min(self.steps.len()));
         self.first_seq = flushed.next_seq;
     }

@@ -269,21 +269,19 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
         }
         // A form posted from a page whose session ended meanwhile: to the login, then back to
         // that page.
-        (false, true, _) if wants_html(req.headers()) => {
-            let target = same_site_referer(req.headers()).unwrap_or_else(|| "/".into());
-            let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
-            Redirect::to(&format!("/login?next={next_param}")).into_response()
-        }
+        (false, true, _) if wants_html(req.headers()) => login_then(&same_site_referer(req.headers()).unwrap_or_else(|| "/".into())),
         (false, true, _) => {
             let err = AppError::unauthorized();
             json_error(StatusCode::UNAUTHORIZED, &err.code, &err.message)
         }
-        (false, false, _) => {
-            let target = req.uri().path_and_query().map_or(path.clone(), |pq| pq.as_str().to_string());
-            let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
-            Redirect::to(&format!("/login?next={next_param}")).into_response()
-        }
+        (false, false, _) => login_then(&req.uri().path_and_query().map_or(path.clone(), |pq| pq.as_str().to_string())),
     }
+}
+
+/// To the login page, and after it to `target` (a path of this console).
+fn login_then(target: &str) -> Response {
+    let next_param: String = url::form_urlencoded::byte_serialize(target.as_bytes()).collect();
+    Redirect::to(&format!("/login?next={next_param}")).into_response()
 }
 
 /// A caller may pass its own `X-Request-Id` (e.g. a proxy's) when it is a plain token; anything

@@ -41,10 +41,7 @@ impl DbSessionStore {
 /// `DATABASE_UNAVAILABLE`, so the console answers it as such (503) and not as a fault (500):
 /// tower-sessions carries a backend's failure as text only.
 fn backend_err<E: std::fmt::Display + 'static>(e: E) -> Error {
-    let any: &dyn std::any::Any = &e;
-    let unreachable = any.downcast_ref::<crate::db::DbError>().is_some_and(crate::db::DbError::is_unavailable)
-        || any.downcast_ref::<sqlx::Error>().is_some_and(crate::db::is_unavailable);
-    if unreachable { Error::Backend(format!("{}: {e}", app::error::code::DATABASE_UNAVAILABLE)) } else { Error::Backend(e.to_string()) }
+    if crate::db::is_unavailable_error(&e) { Error::Backend(format!("{}: {e}", app::error::code::DATABASE_UNAVAILABLE)) } else { Error::Backend(e.to_string()) }
 }
 
 fn encode(record: &Record) -> Result<(String, i64)> {

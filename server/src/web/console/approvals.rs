@@ -55,9 +55,11 @@ impl ApprovalsBackend for ConsoleBackend {
         let mut decided: Vec<_> = decided.into_iter().filter(|r| r.state != State::Pending).take(DECIDED_SHOWN as usize).map(view).collect();
         // A run with no outcome may still be running, or have been cancelled or given up.
         let waiting: Vec<i64> = decided.iter().filter(|a| a.outcome.is_none()).filter_map(|a| a.job_id).collect();
-        let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let states: std::collections::HashMap<i64, String> = db::jobs::states(&mut conn, &waiting).await.map_err(internal)?.into_iter().collect();
-        drop(conn);
+        let mut states = std::collections::HashMap::new();
+        if !waiting.is_empty() {
+            let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
+            states.extend(db::jobs::states(&mut conn, &waiting).await.map_err(internal)?);
+        }
         for a in &mut decided {
             a.job_state = a.job_id.and_then(|id| states.get(&id).cloned());
         }

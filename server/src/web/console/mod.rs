@@ -35,10 +35,7 @@ impl ConsoleBackend {
 /// when the database could not be reached, with `DATABASE_UNAVAILABLE` (503): a state that
 /// passes, not a fault of the request or the server.
 fn internal<E: std::fmt::Display + 'static>(e: E) -> AppError {
-    let any: &dyn std::any::Any = &e;
-    let unreachable = any.downcast_ref::<crate::db::DbError>().is_some_and(crate::db::DbError::is_unavailable)
-        || any.downcast_ref::<sqlx::Error>().is_some_and(crate::db::is_unavailable);
-    if unreachable {
+    if crate::db::is_unavailable_error(&e) {
         tracing::error!(error = %e, code = app::error::code::DATABASE_UNAVAILABLE, "console backend: the database is not reachable");
         return AppError::database_unavailable();
     }
