@@ -113,6 +113,9 @@ impl Handler<Settle> for SettleHandler {
                 }
                 match self.approvals.get(row.id).await? {
                     None => {}
+                    Some(now) if now.decided_via.as_deref() == Some(crate::db::approvals::SUPERSEDED) => {
+                        return Ok(output("expired as the same call was asked for again; the new request is what the person hears about"));
+                    }
                     Some(now) if now.state == State::Expired => {}
                     Some(now) if now.state == State::Pending => {
                         // Run before its time (an owner's "run now" on the Jobs page): it waits

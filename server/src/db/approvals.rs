@@ -101,6 +101,10 @@ pub struct Stored {
     pub expired: Vec<(i64, Option<i64>)>,
 }
 
+/// `decided_via` of a request that expired as the same call was asked for again
+/// ([`insert_or_reuse`]): its requester is not told it expired.
+pub const SUPERSEDED: &str = "superseded";
+
 /// Stores `new`, or finds the pending approval of the same call (`call_key`) and returns it.
 /// A pending row past its expiry is settled as expired first, so it never blocks a fresh
 /// request. On PostgreSQL the pending row that refused the insert may be decided before it is
@@ -111,8 +115,10 @@ pub struct Stored {
 /// became of it, expired meanwhile included: an owner's decision on it is not asked for again,
 /// and an approved call never gets a second approval to run on.
 pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
+    // Marked superseded: the same person asks for the same call again now, so its expiry job
+    // does not tell them the old one expired (after, and as if about, the new one).
     let expired: Vec<(i64, Option<i64>)> =
-        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
+        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1, decided_via = 'superseded' WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
             .bind(new.created_at)
             .bind(new.call_key)
             .fetch_all(&mut *conn)

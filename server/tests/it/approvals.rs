@@ -495,6 +495,27 @@ async fn a_request_after_expiry_settles_the_old_one_in_its_trace(db: TestDb) {
 }
 both_backends!(approvals_expired_on_request, a_request_after_expiry_settles_the_old_one_in_its_trace);
 
+/// A customer asking again for a call whose request ran out is told about the new request only:
+/// the old one's expiry job does not then say "not approved in time", after the new request's
+/// reply, as if about it.
+async fn a_request_replaced_on_expiry_is_not_announced_as_expired(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.add_owner().await;
+    let who = |message: &str| server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, message_id: message.into(), ..console_requester("corr-replaced") };
+    let approvals = r.app.gatehouse.approvals.clone();
+    let first = approvals.request(&json_call("7200"), &who("wamid.OLD"), None, None).await.expect("request");
+    sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1").bind(first.id).execute(&r.app.state.db.pool).await.expect("age it");
+    sqlx::query("UPDATE jobs SET scheduled_at = 1 WHERE kind = 'approval.settle'").execute(&r.app.state.db.pool).await.expect("its expiry job is due");
+    let second = approvals.request(&json_call("7200"), &who("wamid.NEW"), None, None).await.expect("again");
+    assert_ne!(second.id, first.id);
+    r.exchange(&[], 0).await;
+    let expired = &r.app.state.config.settings.approvals.requester_expired;
+    assert!(!r.graph.texts().contains(expired), "{:?}", r.graph.texts());
+    let (state, via): (String, Option<String>) = sqlx::query_as("SELECT state, decided_via FROM approvals WHERE id = $1").bind(first.id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!((state.as_str(), via.as_deref()), ("expired", Some("superseded")));
+}
+both_backends!(approvals_replaced_on_expiry, a_request_replaced_on_expiry_is_not_announced_as_expired);
+
 fn console_requester(correlation: &str) -> server::approvals::Requester {
     server::approvals::Requester {
         actor: server::domain::Role::Owner,
