@@ -118,9 +118,10 @@ pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) ->
     // Marked superseded: the same person asks for the same call again now, so its expiry job
     // does not tell them the old one expired (after, and as if about, the new one).
     let expired: Vec<(i64, Option<i64>)> =
-        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1, decided_via = 'superseded' WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
+        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1, decided_via = $3 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
             .bind(new.created_at)
             .bind(new.call_key)
+            .bind(SUPERSEDED)
             .fetch_all(&mut *conn)
             .await?;
     // Read after the expiry: a request of this message that just expired is returned expired.
