@@ -231,7 +231,7 @@ struct ModelCallSpans(Telemetry);
 
 #[async_trait::async_trait]
 impl CallObserver for ModelCallSpans {
-    async fn recorded(&self, row: &crate::db::llm_calls::LlmCallRow) {
+    async fn recorded(&self, _id: i64, row: &crate::db::llm_calls::LlmCallRow) {
         self.0.model_call(row);
     }
 }

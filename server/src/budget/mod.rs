@@ -5,6 +5,9 @@
 //!
 //! Each process keeps the periods' spend in memory: it adds the cost of every call it records
 //! and re-reads the database every `budget.refresh`, which brings in other processes' calls.
+//! A read notes the newest call id it held, so a call of this process counts once, in the read
+//! or on top of it (on PostgreSQL, whose ids can commit out of order, a call can go uncounted
+//! until the next read; never counted twice).
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -94,23 +97,65 @@ fn micro(usd: f64) -> i64 {
     (usd * 1_000_000.0).round() as i64
 }
 
+/// A call this process recorded and counted before a read held it.
+#[derive(Debug, Clone, Copy)]
+struct Local {
+    id: i64,
+    at: i64,
+    cost: i64,
+}
+
+/// A period as last read, with the newest call id that read held.
+#[derive(Debug, Clone)]
+struct Read {
+    spend: PeriodSpend,
+    through_id: i64,
+}
+
+/// The spend as last read, and the calls recorded here since. A call counts once: in the read
+/// when its id is at most the read's newest, else from `local`. (Adding each call to a running
+/// total instead counted a call twice when a read that already held it finished before the
+/// call was added.)
 #[derive(Debug, Default)]
 struct Cache {
     read_at: Option<Instant>,
-    periods: Vec<PeriodSpend>,
+    periods: Vec<Read>,
+    local: Vec<Local>,
 }
 
-/// The spend just read, with what the cache counted meanwhile: a call recorded while the read
-/// ran was added to the cache and may be missing from the read. A period's spend only grows,
-/// and the cache never counts a call before its row is written, so the larger of the two is
-/// the spend.
-fn merged(mut read: Vec<PeriodSpend>, cached: &[PeriodSpend]) -> Vec<PeriodSpend> {
-    for period in &mut read {
-        if let Some(old) = cached.iter().find(|c| c.key == period.key) {
-            period.spent_micro_usd = period.spent_micro_usd.max(old.spent_micro_usd);
+impl Cache {
+    /// The periods with their spend: as read, plus this process's calls the read did not hold.
+    fn spend(&self) -> Vec<PeriodSpend> {
+        self.periods
+            .iter()
+            .map(|read| {
+                let mut period = read.spend.clone();
+                let since: i64 = self.local.iter().filter(|c| c.id > read.through_id && c.at >= period.starts_at).map(|c| c.cost).sum();
+                period.spent_micro_usd = period.spent_micro_usd.saturating_add(since);
+                period
+            })
+            .collect()
+    }
+
+    /// Counts a call this process recorded, unless the last read already held it.
+    fn add(&mut self, call: Local) {
+        if self.periods.iter().any(|read| call.id > read.through_id) || self.periods.is_empty() {
+            self.local.push(call);
         }
     }
-    read
+
+    /// Takes a finished read in, unless a read that held more calls was taken in while it ran
+    /// (reads can finish out of order).
+    fn take(&mut self, read: Vec<Read>) {
+        let stale = read.iter().any(|new| self.periods.iter().any(|old| old.spend.key == new.spend.key && old.through_id > new.through_id));
+        if stale {
+            return;
+        }
+        let held = read.iter().map(|r| r.through_id).min().unwrap_or(0);
+        self.local.retain(|c| c.id > held);
+        self.periods = read;
+        self.read_at = Some(Instant::now());
+    }
 }
 
 /// The budget of this deployment. Cheap to ask: the spend is cached (see the module docs).
@@ -147,9 +192,9 @@ impl Budget {
         {
             let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
             let fresh = cache.read_at.is_some_and(|at| at.elapsed() < self.settings.budget.refresh);
-            let same = cache.periods.iter().all(|p| current.iter().any(|(_, key, _)| *key == p.key));
+            let same = cache.periods.iter().all(|p| current.iter().any(|(_, key, _)| *key == p.spend.key));
             if fresh && same {
-                return Ok(cache.periods.clone());
+                return Ok(cache.spend());
             }
         }
         let b = &self.settings.budget;
@@ -165,12 +210,12 @@ impl Budget {
             }
             let spent = db::budget::spent_since(&mut conn, starts_at).await?;
             let warned = db::budget::warned(&mut conn, &key).await?;
-            periods.push(PeriodSpend { period, key, starts_at, spent_micro_usd: spent, budget_micro_usd: budget, warned });
+            let spend = PeriodSpend { period, key, starts_at, spent_micro_usd: spent.micro_usd, budget_micro_usd: budget, warned };
+            periods.push(Read { spend, through_id: spent.through_id });
         }
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let periods = merged(periods, &cache.periods);
-        *cache = Cache { read_at: Some(Instant::now()), periods: periods.clone() };
-        Ok(periods)
+        cache.take(periods);
+        Ok(cache.spend())
     }
 
     /// The exhausted period that keeps `actor` from a model call, if the budget says so: only
@@ -187,14 +232,10 @@ impl Budget {
         &self.settings.budget.limit_reply
     }
 
-    /// Adds a recorded call's cost and warns the owners of every share it crossed.
-    async fn add(&self, cost_micro_usd: i64, correlation_id: &str) -> Result<(), DbError> {
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            for p in &mut cache.periods {
-                p.spent_micro_usd = p.spent_micro_usd.saturating_add(cost_micro_usd);
-            }
-        }
+    /// Counts a recorded call and warns the owners of every share it crossed.
+    async fn add(&self, id: i64, row: &LlmCallRow, cost_micro_usd: i64) -> Result<(), DbError> {
+        let correlation_id = &row.correlation_id;
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).add(Local { id, at: row.at, cost: cost_micro_usd });
         for period in self.status().await? {
             self.warn(&period, correlation_id).await?;
         }
@@ -236,7 +277,7 @@ impl Budget {
         }
         self.queue.commit(tx).await?;
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(p) = cache.periods.iter_mut().find(|p| p.key == period.key) {
+        if let Some(p) = cache.periods.iter_mut().map(|read| &mut read.spend).find(|p| p.key == period.key) {
             for share in due {
                 if !p.warned.contains(&share) {
                     p.warned.push(share);
@@ -250,14 +291,14 @@ impl Budget {
 
 #[async_trait::async_trait]
 impl CallObserver for Budget {
-    async fn recorded(&self, row: &LlmCallRow) {
+    async fn recorded(&self, id: i64, row: &LlmCallRow) {
         let Some(cost) = row.cost_micro_usd.filter(|&c| c > 0) else {
             return;
         };
         if !self.enabled() {
             return;
         }
-        if let Err(e) = self.add(cost, &row.correlation_id).await {
+        if let Err(e) = self.add(id, row, cost).await {
             tracing::warn!(correlation_id = %row.correlation_id, error = %e, "model spend budget not checked");
         }
     }
@@ -281,16 +322,38 @@ mod tests {
         assert_eq!((next_day.as_str(), same_month.as_str()), ("day:2026-12-02", "month:2026-12"));
     }
 
-    /// A cost added to the cache while a refresh read the spend is kept when the refresh
-    /// lands; a new period starts from what it read.
+    /// Each call counts once, whichever comes first: the read that holds it or this process
+    /// adding it. A read that finished after a newer one is not taken in; a new period starts
+    /// from what it read.
     #[test]
-    fn a_refresh_keeps_what_was_added_while_it_read() {
-        let spend = |key: &str, spent| PeriodSpend { period: Period::Day, key: key.into(), starts_at: 0, spent_micro_usd: spent, budget_micro_usd: 1_000_000, warned: vec![] };
-        let read = vec![spend("day:2026-12-02", 900_000), spend("month:2026-12", 5_000_000)];
-        let cached = vec![spend("day:2026-12-02", 1_000_000), spend("month:2026-12", 4_000_000), spend("day:2026-12-01", 7)];
-        let spent: Vec<i64> = merged(read, &cached).iter().map(|p| p.spent_micro_usd).collect();
-        assert_eq!(spent, [1_000_000, 5_000_000]);
-        assert_eq!(merged(vec![spend("day:2026-12-03", 0)], &cached)[0].spent_micro_usd, 0);
+    fn a_call_counts_once_whether_a_read_or_the_add_comes_first() {
+        let read = |key: &str, spent, through_id| Read {
+            spend: PeriodSpend { period: Period::Day, key: key.into(), starts_at: 100, spent_micro_usd: spent, budget_micro_usd: 1_000_000, warned: vec![] },
+            through_id,
+        };
+        let spent = |cache: &Cache| cache.spend().iter().map(|p| p.spent_micro_usd).collect::<Vec<_>>();
+        let mut cache = Cache::default();
+        cache.take(vec![read("day:2", 500, 5)]);
+        // Added before any read holds it: counted from `local`.
+        cache.add(Local { id: 6, at: 150, cost: 10 });
+        assert_eq!(spent(&cache), [510]);
+        // A read that holds call 6 counts it instead.
+        cache.take(vec![read("day:2", 510, 6)]);
+        assert_eq!(spent(&cache), [510]);
+        // The race that counted twice: a read that holds call 7 lands before 7 is added.
+        cache.take(vec![read("day:2", 530, 7)]);
+        cache.add(Local { id: 7, at: 160, cost: 20 });
+        assert_eq!(spent(&cache), [530]);
+        // A slower read that began before call 8 finishes after a newer one: left out.
+        cache.add(Local { id: 8, at: 170, cost: 1 });
+        cache.take(vec![read("day:2", 531, 8)]);
+        cache.take(vec![read("day:2", 530, 7)]);
+        assert_eq!(spent(&cache), [531]);
+        // A call from before a period began is not its spend; a new period starts from its read.
+        cache.add(Local { id: 9, at: 50, cost: 4 });
+        assert_eq!(spent(&cache), [531]);
+        cache.take(vec![read("day:3", 0, 9)]);
+        assert_eq!(spent(&cache), [0]);
     }
 
     #[test]

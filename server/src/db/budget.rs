@@ -4,12 +4,26 @@ use sqlx::AnyConnection;
 
 use super::DbError;
 
-/// Micro-dollars spent on model calls from `since_ms` on (calls without a price count nothing).
-pub async fn spent_since(conn: &mut AnyConnection, since_ms: i64) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT) FROM llm_calls WHERE at >= $1")
-        .bind(since_ms)
-        .fetch_one(conn)
-        .await?)
+/// What one read of the spend saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Spent {
+    /// Micro-dollars spent on the calls read (calls without a price count nothing).
+    pub micro_usd: i64,
+    /// The highest call id among them (0 when none): on SQLite every call with a higher id
+    /// was written after the read; on PostgreSQL ids are taken before their commit, so a
+    /// lower id can still become visible later.
+    pub through_id: i64,
+}
+
+/// The spend on model calls from `since_ms` on, as one snapshot with the newest id it holds.
+pub async fn spent_since(conn: &mut AnyConnection, since_ms: i64) -> Result<Spent, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT) AS micro_usd, CAST(COALESCE(MAX(id), 0) AS BIGINT) AS through_id \
+         FROM llm_calls WHERE at >= $1",
+    )
+    .bind(since_ms)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// Claims the warning at `percent` of `period`: true for the one caller that records it first.

@@ -31,10 +31,10 @@ pub struct LlmCallRow {
 const COLUMNS: &str = "at, provider, model, purpose, correlation_id, input_tokens, output_tokens, cache_read_tokens, \
                        cache_write_tokens, cost_micro_usd, latency_ms, outcome, stop_reason, http_status, attempts, request_id";
 
-/// Records one call.
-pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<(), DbError> {
-    let sql = format!("INSERT INTO llm_calls ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)");
-    sqlx::query(&sql)
+/// Records one call; its row id.
+pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<i64, DbError> {
+    let sql = format!("INSERT INTO llm_calls ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING id");
+    Ok(sqlx::query_scalar(&sql)
         .bind(r.at)
         .bind(&r.provider)
         .bind(&r.model)
@@ -51,9 +51,8 @@ pub async fn insert(conn: &mut AnyConnection, r: &LlmCallRow) -> Result<(), DbEr
         .bind(r.http_status)
         .bind(r.attempts)
         .bind(&r.request_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+        .fetch_one(&mut *conn)
+        .await?)
 }
 
 /// The calls made for one correlation id (one processed message), oldest first.

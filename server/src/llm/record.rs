@@ -65,10 +65,11 @@ pub fn call_row(provider: &str, req: &ChatRequest, result: &Result<ChatResponse,
     }
 }
 
-/// Told of every recorded call after its row is written (the spend budget counts them).
+/// Told of every recorded call after its row is written, with the row's id (the spend budget
+/// counts them).
 #[async_trait::async_trait]
 pub trait CallObserver: Send + Sync {
-    async fn recorded(&self, row: &LlmCallRow);
+    async fn recorded(&self, id: i64, row: &LlmCallRow);
 }
 
 /// Several observers, each told of every call in turn.
@@ -76,9 +77,9 @@ pub struct Observers(pub Vec<Arc<dyn CallObserver>>);
 
 #[async_trait::async_trait]
 impl CallObserver for Observers {
-    async fn recorded(&self, row: &LlmCallRow) {
+    async fn recorded(&self, id: i64, row: &LlmCallRow) {
         for observer in &self.0 {
-            observer.recorded(row).await;
+            observer.recorded(id, row).await;
         }
     }
 }
@@ -137,9 +138,9 @@ async fn record(provider: &str, req: &ChatRequest, result: &Result<ChatResponse,
     }
     .await;
     match written {
-        Ok(()) => {
+        Ok(id) => {
             if let Some(observer) = observer {
-                observer.recorded(&row).await;
+                observer.recorded(id, &row).await;
             }
         }
         Err(e) => tracing::warn!(correlation_id = %req.correlation_id, purpose = req.purpose.as_str(), error = %e, "LLM call not recorded"),

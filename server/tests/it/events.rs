@@ -453,7 +453,7 @@ both_backends!(dashboard_waiting, the_dashboard_lists_what_waits_for_the_owner);
 /// which budget, and at 100% what now happens to customers. The spend is counted as the process
 /// does it, from a recorded call.
 async fn the_dashboard_warns_of_the_spend_budget(db: TestDb) {
-    use server::{config::AtLimit, db::llm_calls::LlmCallRow, llm::CallObserver};
+    use server::{config::AtLimit, llm::CallObserver};
     let app = TestApp::with(db, |s| {
         s.budget.daily_usd = 0.05;
         s.budget.at_limit = AtLimit::Degraded;
@@ -464,7 +464,27 @@ async fn the_dashboard_warns_of_the_spend_budget(db: TestDb) {
     assert!(page.body.contains("of $0.05"), "the budget is shown: {}", page.body);
     assert!(!page.body.contains("data-testid=\"budget-alert\""), "nothing spent, nothing to warn of");
 
-    let spend = |cost: i64, id: &str| LlmCallRow {
+    let record = |row: server::db::llm_calls::LlmCallRow| {
+        let app = &app;
+        async move {
+            let mut conn = app.state.db.pool.acquire().await.expect("conn");
+            let id = server::db::llm_calls::insert(&mut conn, &row).await.expect("call");
+            app.state.budget.recorded(id, &row).await;
+        }
+    };
+    record(spend(30_000, "c1")).await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("Model spend today is at 60% of its budget: $0.03 of $0.05."), "{}", page.body);
+
+    record(spend(30_000, "c2")).await;
+    let page = owner.get("/").await;
+    assert!(page.body.contains("Model spend today reached its budget: $0.06 of $0.05; customers get the limit reply until the period ends."), "{}", page.body);
+}
+both_backends!(dashboard_budget, the_dashboard_warns_of_the_spend_budget);
+
+/// A recorded model call, as the recording model writes it.
+fn spend(cost: i64, id: &str) -> server::db::llm_calls::LlmCallRow {
+    server::db::llm_calls::LlmCallRow {
         at: server::db::now_ms(),
         provider: "anthropic".into(),
         model: "m".into(),
@@ -481,21 +501,40 @@ async fn the_dashboard_warns_of_the_spend_budget(db: TestDb) {
         http_status: Some(200),
         attempts: 1,
         request_id: None,
-    };
-    let record = |row: LlmCallRow| {
-        let app = &app;
-        async move {
-            let mut conn = app.state.db.pool.acquire().await.expect("conn");
-            server::db::llm_calls::insert(&mut conn, &row).await.expect("call");
-            app.state.budget.recorded(&row).await;
-        }
-    };
-    record(spend(30_000, "c1")).await;
-    let page = owner.get("/").await;
-    assert!(page.body.contains("Model spend today is at 60% of its budget: $0.03 of $0.05."), "{}", page.body);
-
-    record(spend(30_000, "c2")).await;
-    let page = owner.get("/").await;
-    assert!(page.body.contains("Model spend today reached its budget: $0.06 of $0.05; customers get the limit reply until the period ends."), "{}", page.body);
+    }
 }
-both_backends!(dashboard_budget, the_dashboard_warns_of_the_spend_budget);
+
+/// A call counts once in the spend, also when a read of the spend that already holds the
+/// call's row lands before the process counts the call itself (before, the call then counted
+/// twice, and kept counting twice until the period ended).
+async fn a_call_counts_once_when_a_read_holds_it_first(db: TestDb) {
+    use server::llm::CallObserver;
+    let app = TestApp::with(db, |s| {
+        s.budget.daily_usd = 1.0;
+        s.budget.monthly_usd = 20.0;
+        s.budget.refresh = std::time::Duration::from_millis(1);
+    })
+    .await;
+    let budget = &app.state.budget;
+    let spent = || async { budget.status().await.expect("spend").iter().map(|p| p.spent_micro_usd).collect::<Vec<_>>() };
+    assert_eq!(spent().await, [0, 0], "nothing spent today or this month");
+    let row = spend(30_000, "once");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let id = server::db::llm_calls::insert(&mut conn, &row).await.expect("call");
+    drop(conn);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(spent().await, [30_000, 30_000], "a read holds the row");
+    budget.recorded(id, &row).await;
+    assert_eq!(spent().await, [30_000, 30_000], "and the call it held is not added again");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(spent().await, [30_000, 30_000], "nor on the next read");
+    // A call counted before any read holds it is counted once too.
+    let row = spend(20_000, "then");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let id = server::db::llm_calls::insert(&mut conn, &row).await.expect("call");
+    drop(conn);
+    budget.recorded(id, &row).await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(spent().await, [50_000, 50_000]);
+}
+both_backends!(budget_counted_once, a_call_counts_once_when_a_read_holds_it_first);

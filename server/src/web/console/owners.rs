@@ -113,7 +113,7 @@ impl OwnersBackend for ConsoleBackend {
             let budget = budgets.iter().find(|b| b.period == period);
             let spent = match budget {
                 Some(b) => b.spent_micro_usd,
-                None => db::budget::spent_since(&mut conn, starts_at).await.map_err(internal)?,
+                None => db::budget::spent_since(&mut conn, starts_at).await.map_err(internal)?.micro_usd,
             };
             spend.push(SpendInfo {
                 period: spoken.into(),
