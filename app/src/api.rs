@@ -113,6 +113,10 @@ pub async fn logout() -> Result<(), AppError> {
 
 /// What the browser's last plain form post to the server function at `path` answered, kept for
 /// the page it came back to (JSON, taken once); see [`crate::pages::form_action`].
+/// Added to a server function's path, the key a refused form's input is kept under
+/// (`auth::for_owner_keeping`, [`crate::pages::form_input`]).
+pub const INPUT_KEY: &str = "#input";
+
 #[server(endpoint = "take_answer")]
 pub async fn take_answer(path: String) -> Result<Option<String>, AppError> {
     for_owner(|_, _| async move { crate::auth::take_answer(&path).await }).await
@@ -178,7 +182,8 @@ pub async fn get_tool(name: String) -> Result<ToolDetail, AppError> {
 /// Runs a call through the checkpoint as the signed-in owner.
 #[server(endpoint = "try_tool")]
 pub async fn try_tool(name: String, args: String, chat_type: String) -> Result<TryOutcome, AppError> {
-    for_owner(|me, backend| async move { backend.try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await).await }).await
+    let typed = TryTool { name: name.clone(), args: args.clone(), chat_type: chat_type.clone() };
+    crate::auth::for_owner_keeping(&typed, crate::auth::KeepInput::Always, |me, backend| async move { backend.try_tool(me.owner_id, &name, &args, &chat_type, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "reload_tools")]
@@ -339,7 +344,8 @@ pub async fn get_chat(channel: String, chat_id: String) -> Result<ChatDetail, Ap
 /// checkbox: absent when unchecked.
 #[server(endpoint = "simulate_message")]
 pub async fn simulate_message(from: String, text: String, chat_id: String, group: Option<String>) -> Result<SimulateOutcome, AppError> {
-    for_owner(|me, backend| async move {
+    let typed = SimulateMessage { from: from.clone(), text: text.clone(), chat_id: chat_id.clone(), group: group.clone() };
+    crate::auth::for_owner_keeping(&typed, crate::auth::KeepInput::Refused, |me, backend| async move {
         let request = crate::dto::SimulateRequest {
             from,
             text,

@@ -102,15 +102,52 @@ where
     answer(result)
 }
 
+/// When a form's typed fields are kept for its page ([`for_owner_keeping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepInput {
+    /// When the work is refused: a form that did its work starts empty again (a message sent).
+    Refused,
+    /// After every post: a form that is tried again with changes (a tool's arguments).
+    Always,
+}
+
+/// [`for_owner`] for a form whose typed fields are worth keeping: after a plain form post (see
+/// [`KeepInput`] for when), `input` (the server function's own arguments) is kept for the page
+/// the browser comes back to, which fills the form with it again
+/// ([`crate::pages::form_input`]), so nothing typed is lost. Never for a password.
+pub async fn for_owner_keeping<I, T, F, Fut>(input: &I, keep: KeepInput, work: F) -> Result<T, AppError>
+where
+    I: Serialize,
+    T: Serialize,
+    F: FnOnce(ShellInfo, SharedBackend) -> Fut,
+    Fut: Future<Output = Result<T, AppError>>,
+{
+    let result = for_owner(work).await;
+    let wanted = match &result {
+        Ok(_) => keep == KeepInput::Always,
+        // Without an owner there is nobody to keep it for.
+        Err(e) => !e.is_unauthorized(),
+    };
+    if wanted {
+        keep_for_the_page_as(input, crate::api::INPUT_KEY).await;
+    }
+    result
+}
+
 /// After a plain form post (the browser is sent back to the form's page, see `answer`), keeps
 /// the server function's result for that page to show ([`take_answer`]), in rows of its own:
 /// the session's record is saved by every request, concurrent ones too, and would lose it. An
 /// error needs no keeping: server_fn carries it back in the URL.
 async fn keep_for_the_page<T: Serialize>(value: &T) {
+    keep_for_the_page_as(value, "").await;
+}
+
+/// [`keep_for_the_page`] under the server function's path with `suffix` added.
+async fn keep_for_the_page_as<T: Serialize>(value: &T, suffix: &str) {
     if !is_plain_form_post() {
         return;
     }
-    let Some(path) = use_context::<http::request::Parts>().map(|p| p.uri.path().to_string()) else { return };
+    let Some(path) = use_context::<http::request::Parts>().map(|p| format!("{}{suffix}", p.uri.path())) else { return };
     let Ok(json) = serde_json::to_string(value) else { return };
     // A function with nothing to answer (retry, cancel, a switch): its page shows the change.
     if json == "null" {

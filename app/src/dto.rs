@@ -547,6 +547,8 @@ pub struct ChatDetail {
     pub chat_id: String,
     /// A WhatsApp customer's latest profile name.
     pub name: Option<String>,
+    /// A group chat, as its latest incoming message says.
+    pub group: bool,
     pub messages: Vec<ChatMessageView>,
 }
 

@@ -34,8 +34,10 @@ test("a simulated conversation shows the reply, its delivery state and its trace
   await expect(messages.locator('li[data-direction="in"]')).toContainText("Are you open on Sunday?");
   await expect(messages.locator('li[data-direction="out"]')).toHaveAttribute("data-state", "delivered");
 
-  // The chat goes on from its own page, as the same number.
+  // The chat goes on from its own page, as the same number, in the same kind of chat.
   await expect(page.getByTestId("compose-from")).toHaveValue("+15550100042");
+  await expect(page.getByTestId("compose-group")).not.toBeChecked();
+  await expect(page.getByTestId("chat-group")).toHaveCount(0);
   await page.getByTestId("compose-text").fill("And on Monday?");
   await page.getByTestId("compose-send").click();
   await expect(messages.locator('li[data-direction="in"]')).toHaveCount(2);
@@ -57,6 +59,48 @@ test("a simulated conversation shows the reply, its delivery state and its trace
   await page.goto("/traces?chat=sim-15550100042");
   const previews = page.getByTestId("traces-table").getByTestId("trace-preview");
   await expect(previews).toHaveText(["And on Monday?", "Hello! Are you open on Sunday?"]);
+});
+
+test("a simulated group chat goes on as a group from its own page", async ({ page }) => {
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill("+15550100077");
+  await page.getByTestId("sim-text").fill("Hello everyone, is the shop open?");
+  await page.getByTestId("sim-group").check();
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toBeVisible();
+
+  await page.goto("/conversations/simulator/sim-group");
+  await hydrated(page);
+  await expect(page.getByTestId("chat-group")).toHaveText("group");
+  await expect(page.getByTestId("compose-group")).toBeChecked();
+  await page.getByTestId("compose-from").fill("+15550100078");
+  await page.getByTestId("compose-text").fill("And tomorrow?");
+  await page.getByTestId("compose-send").click();
+  const messages = page.getByTestId("chat-messages");
+  await expect(messages.locator('li[data-direction="in"]').last()).toContainText("And tomorrow?");
+  await expect(messages.locator('li[data-direction="in"]')).toHaveCount(2);
+
+  // Read again from the server, the chat is still a group's.
+  await page.reload();
+  await hydrated(page);
+  await expect(page.getByTestId("compose-group")).toBeChecked();
+  await expect(page.getByTestId("chat-group")).toHaveText("group");
+});
+
+test("a refused simulated message leaves what was typed; a sent one empties the message box", async ({ page }) => {
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill("not a number");
+  await page.getByTestId("sim-text").fill("Please keep this text");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByRole("alert")).toContainText("The sender must be a phone number");
+  await expect(page.getByTestId("sim-from")).toHaveValue("not a number");
+  await expect(page.getByTestId("sim-text")).toHaveValue("Please keep this text");
+
+  await page.getByTestId("sim-from").fill("+15550100042");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toBeVisible();
+  await expect(page.getByTestId("sim-text")).toHaveValue("");
+  await expect(page.getByTestId("sim-from")).toHaveValue("+15550100042");
 });
 
 test("the owner's own number talks as the owner; customers cannot reach owner commands", async ({ page }) => {

@@ -56,8 +56,19 @@ test("try it runs a call through the checkpoint as the owner, and the audit show
   await page.getByTestId("try-args").fill(JSON.stringify({ url: "http://127.0.0.1:9/" }));
   await page.getByTestId("try-run").click();
   await expect(page.getByTestId("try-result")).toHaveAttribute("data-code", "FETCH_ADDRESS_FORBIDDEN");
+  // The form keeps what was typed, to be changed and tried again.
+  await expect(page.getByTestId("try-args")).toHaveValue(JSON.stringify({ url: "http://127.0.0.1:9/" }));
   await expect(page.getByTestId("calls-table").locator("tr[data-decision=deny]").first()).toContainText("FETCH_ADDRESS_FORBIDDEN");
   await expect(page.getByTestId("calls-table")).toContainText("owner · direct");
+
+  // Arguments that are not JSON are refused, and left as they were typed, in a group chat.
+  await page.getByTestId("try-args").fill('{"url": "https://example.com"');
+  await page.getByTestId("try-chat-type").selectOption("group");
+  await page.getByTestId("try-run").click();
+  await expect(page.getByRole("alert")).toContainText("not valid JSON");
+  await expect(page.getByTestId("try-args")).toHaveValue('{"url": "https://example.com"');
+  await expect(page.getByTestId("try-chat-type")).toHaveValue("group");
+  await page.getByTestId("try-chat-type").selectOption("direct");
 
   // Arguments the schema does not allow.
   await page.getByTestId("try-args").fill(JSON.stringify({ url: "https://example.com", extra: 1 }));

@@ -19,13 +19,21 @@ fn chat_href(c: &ChatView) -> String {
 #[component]
 pub fn ConversationsPage() -> impl IntoView {
     let (send, sent) = super::form_action::<SimulateMessage>();
+    // What was typed, when the last message was refused: the form is filled with it again.
+    let typed = super::form_input::<SimulateMessage>();
     let page = Resource::new(|| (), |_| list_chats());
     view! {
         {super::page_head("Conversations", Some(MESSAGES_LIVE))}
         <h1>"Conversations"</h1>
         {super::loaded(page, move |p| {
             // Carry on as the last message's sender, as a chat would.
-            let from = sent.get().and_then(Result::ok).map_or_else(|| p.simulator_customer.clone(), |o| o.from);
+            let typed = typed.get();
+            let from = match &typed {
+                Some(t) => t.from.clone(),
+                None => sent.get().and_then(Result::ok).map_or_else(|| p.simulator_customer.clone(), |o| o.from),
+            };
+            let text = typed.as_ref().map(|t| t.text.clone()).unwrap_or_default();
+            let group = typed.as_ref().is_some_and(|t| t.group.as_deref() == Some("true"));
             let owner_hint = if p.owner_numbers.is_empty() {
                 view! { "Add your WhatsApp number in "<a href="/settings" data-testid="sim-settings">"Settings"</a>" to talk as the owner." }.into_any()
             } else {
@@ -37,9 +45,9 @@ pub fn ConversationsPage() -> impl IntoView {
                     <p>{owner_hint}</p>
                     <ActionForm action=send attr:class="try-it">
                         <label>"From" <input type="tel" name="from" value=from required=true data-testid="sim-from" /></label>
-                        <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text"></textarea></label>
+                        <label>"Message" <textarea name="text" rows="3" required=true data-testid="sim-text">{text}</textarea></label>
                         <input type="hidden" name="chat_id" value="" />
-                        <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                        <label class="inline"><input type="checkbox" name="group" value="true" checked=group data-testid="sim-group" />" In a group, mentioning the bot"</label>
                         <button type="submit" data-testid="sim-send">"Send"</button>
                     </ActionForm>
                 </section>
@@ -87,17 +95,24 @@ pub fn ChatPage() -> impl IntoView {
     let key = Memo::new(move |_| params.with(|p| (p.get("channel").unwrap_or_default(), p.get("chat").unwrap_or_default())));
     // Taken here, so that the Conversations page does not show it later as its own result.
     let (send, sent) = super::form_action::<SimulateMessage>();
+    let typed = super::form_input::<SimulateMessage>();
     let chat = Resource::new(move || key.get(), |(channel, chat)| get_chat(channel, chat));
     view! {
         {super::page_head("Chat", Some(MESSAGES_LIVE))}
         <p><a href="/conversations">"\u{2190} All conversations"</a></p>
         {super::loaded(chat, move |c| {
             // Carry on as the chat's last sender (an owner's number talks as the owner).
-            let from = c.messages.iter().rev().find(|m| m.direction == "in").map(|m| format!("+{}", m.sender)).unwrap_or_default();
+            let last_sender = c.messages.iter().rev().find(|m| m.direction == "in").map(|m| format!("+{}", m.sender)).unwrap_or_default();
+            // What was typed, when the last message was refused.
+            let typed = typed.get();
+            let from = typed.as_ref().map_or(last_sender, |t| t.from.clone());
+            let text = typed.as_ref().map(|t| t.text.clone()).unwrap_or_default();
+            let group = typed.as_ref().map_or(c.group, |t| t.group.as_deref() == Some("true"));
             view! {
                 <h1>
                     {c.name.clone().map(|name| view! { <span data-testid="chat-name">{name}</span>" " })}
                     {c.name.as_ref().map_or_else(|| c.chat_id.clone(), |_| format!("({})", c.chat_id))}" "<span class="badge">{c.channel.clone()}</span>
+                    {c.group.then(|| view! { " "<span class="badge" data-testid="chat-group">"group"</span> })}
                 </h1>
                 <ol class="chat" data-testid="chat-messages" data-live-region="messages">
                     {c.messages.into_iter().map(|m| view! {
@@ -118,9 +133,9 @@ pub fn ChatPage() -> impl IntoView {
                             <h2>"Continue this chat"</h2>
                             <ActionForm action=send attr:class="try-it">
                                 <label>"From" <input type="tel" name="from" value=from required=true data-testid="compose-from" /></label>
-                                <label>"Message" <textarea name="text" rows="2" required=true data-testid="compose-text"></textarea></label>
+                                <label>"Message" <textarea name="text" rows="2" required=true data-testid="compose-text">{text}</textarea></label>
                                 <input type="hidden" name="chat_id" value=c.chat_id.clone() />
-                                <label class="inline"><input type="checkbox" name="group" value="true" />" In a group, mentioning the bot"</label>
+                                <label class="inline"><input type="checkbox" name="group" value="true" checked=group data-testid="compose-group" />" In a group, mentioning the bot"</label>
                                 <button type="submit" data-testid="compose-send">"Send"</button>
                             </ActionForm>
                         </section>

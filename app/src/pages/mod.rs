@@ -95,6 +95,20 @@ where
     (action, answer)
 }
 
+/// What was typed into the form of server function `S` when its last plain post was refused:
+/// the function's own arguments, kept for the page the browser came back to
+/// (`auth::for_owner_keeping`) and taken once, to fill the form with again.
+pub(crate) fn form_input<S>() -> Signal<Option<S>>
+where
+    S: ServerFn + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    let kept = Resource::new_blocking(|| (), |_| take_answer(format!("{}{}", S::PATH, crate::api::INPUT_KEY)));
+    Signal::derive(move || {
+        let json = kept.get()?.ok()??;
+        serde_json::from_str(&json).ok()
+    })
+}
+
 /// What a form's last post answered, if the browser just came back from one ([`form_action`]).
 pub(crate) type Answer<T> = Signal<Option<Result<T, AppError>>>;
 

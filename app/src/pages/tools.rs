@@ -157,12 +157,17 @@ pub fn ToolDetailPage() -> impl IntoView {
     let params = use_params_map();
     let name = Memo::new(move |_| params.with(|p| p.get("name").unwrap_or_default()));
     let (try_it, tried) = super::form_action::<TryTool>();
+    // What was typed, when the last try was refused: the form is filled with it again.
+    let typed = super::form_input::<TryTool>();
     let detail = Resource::new(move || name.get(), get_tool);
     view! {
         {super::page_head("Tool", None)}
         <p><a href="/tools">"\u{2190} All tools"</a></p>
         {super::loaded(detail, move |d| {
             let t = d.summary.clone();
+            let typed = typed.get().filter(|typed| typed.name == t.name);
+            let args = typed.as_ref().map_or_else(|| d.example_args.clone(), |typed| typed.args.clone());
+            let in_group = typed.as_ref().is_some_and(|typed| typed.chat_type == "group");
             let rows: Vec<(&str, String)> = vec![
                 ("Title", t.title.clone()),
                 ("Provider", t.provider.clone()),
@@ -217,12 +222,12 @@ pub fn ToolDetailPage() -> impl IntoView {
                 <ActionForm action=try_it attr:class="try-it" attr:data-testid="try-form">
                     <input type="hidden" name="name" value=t.name.clone() />
                     <label>"Arguments (JSON)"
-                        <textarea name="args" rows="5" data-testid="try-args">{d.example_args.clone()}</textarea>
+                        <textarea name="args" rows="5" data-testid="try-args">{args}</textarea>
                     </label>
                     <label>"Chat type"
-                        <select name="chat_type">
-                            <option value="direct" selected=true>"direct"</option>
-                            <option value="group">"group"</option>
+                        <select name="chat_type" data-testid="try-chat-type">
+                            <option value="direct" selected=!in_group>"direct"</option>
+                            <option value="group" selected=in_group>"group"</option>
                         </select>
                     </label>
                     <button type="submit" data-testid="try-run">"Run through the checkpoint"</button>

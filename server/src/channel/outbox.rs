@@ -33,7 +33,7 @@ impl Outbox {
     async fn simulate(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
         let message_id = format!("job_{job_id}");
         let mut tx = self.db.begin_write().await?;
-        let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms() };
+        let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms(), group: to.chat_kind == ChatKind::Group };
         let new = sim::insert_once(&mut tx, &out).await?;
         if new && let Some(trace_id) = trace_id {
             traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?;

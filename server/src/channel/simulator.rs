@@ -115,6 +115,7 @@ impl Simulator {
             state: "received",
             trace_id: handled.trace_id,
             at: now,
+            group: message.group,
         };
         store::insert(&mut tx, &incoming).await?;
         if let Some(reply) = &handled.reply {

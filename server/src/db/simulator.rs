@@ -29,6 +29,8 @@ pub struct NewSimMessage<'a> {
     pub state: &'a str,
     pub trace_id: Option<i64>,
     pub at: i64,
+    /// In a group chat (else a direct one).
+    pub group: bool,
 }
 
 /// Inserts a message unless one with its `message_id` is stored; returns whether it was new.
@@ -45,8 +47,8 @@ pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(
 /// stored message text is.
 async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflict: &str) -> Result<u64, DbError> {
     let sql = format!(
-        "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) {on_conflict}"
+        "INSERT INTO simulator_messages (chat_id, direction, sender, text, message_id, state, trace_id, at, is_group) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) {on_conflict}"
     );
     let done = sqlx::query(&sql)
         .bind(m.chat_id)
@@ -57,6 +59,7 @@ async fn insert_with(conn: &mut AnyConnection, m: &NewSimMessage<'_>, on_conflic
         .bind(m.state)
         .bind(m.trace_id)
         .bind(m.at)
+        .bind(i64::from(m.group))
         .execute(conn)
         .await?;
     Ok(done.rows_affected())
@@ -84,6 +87,17 @@ pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSumma
         super::whatsapp::latest_sender_name_sql("c.chat_id")
     );
     Ok(sqlx::query_as(&sql).bind(limit).fetch_all(conn).await?)
+}
+
+/// Whether a chat is a group, as its latest incoming message says (false when it has none).
+pub async fn is_group(conn: &mut AnyConnection, channel: &str, chat_id: &str) -> Result<bool, DbError> {
+    let sql = if channel == "simulator" {
+        "SELECT is_group FROM simulator_messages WHERE chat_id = $1 AND direction = 'in' ORDER BY id DESC LIMIT 1"
+    } else {
+        "SELECT is_group FROM whatsapp_inbound WHERE chat_id = $1 ORDER BY id DESC LIMIT 1"
+    };
+    let group: Option<i64> = sqlx::query_scalar(sql).bind(chat_id).fetch_optional(conn).await?;
+    Ok(group.is_some_and(|g| g != 0))
 }
 
 /// One chat's messages, oldest first, with delivery states and trace links.

@@ -38,7 +38,8 @@ impl ChatsBackend for ConsoleBackend {
             return Err(AppError::new(code::NOT_FOUND, format!("There is no {channel} chat {chat_id:?}.")));
         }
         let name = if channel == "whatsapp" { db::whatsapp::sender_name(&mut conn, chat_id).await.map_err(internal)? } else { None };
-        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), name, messages })
+        let group = db::simulator::is_group(&mut conn, channel, chat_id).await.map_err(internal)?;
+        Ok(ChatDetail { channel: channel.into(), chat_id: chat_id.into(), name, group, messages })
     }
 
     async fn simulate(&self, owner_id: i64, request: SimulateRequest) -> Result<SimulateOutcome, AppError> {
