@@ -79,6 +79,9 @@ pub struct Outcome {
 pub enum LaneOutcome {
     NotHandled,
     Handled { reply: String },
+    /// Handled, with nothing to say now: what the person hears goes out through jobs already
+    /// under way (a message handled again after its approval request was settled).
+    Quiet,
 }
 
 /// Where the tool lane plugs in: the runtime asks it before normal chat. It records its own
@@ -361,6 +364,10 @@ impl Runtime {
             LaneOutcome::Handled { reply } => {
                 trace.step("tool_lane", "handled", "TOOL_LANE", json!({}));
                 return Ok(Decision::reply(Route::ToolLane, reply));
+            }
+            LaneOutcome::Quiet => {
+                trace.step("tool_lane", "handled", "TOOL_LANE_QUIET", json!({}));
+                return Ok(Decision::silent(Route::ToolLane));
             }
             LaneOutcome::NotHandled => trace.step("tool_lane", "pass", "NOT_HANDLED", json!({})),
         }

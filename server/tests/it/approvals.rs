@@ -299,6 +299,55 @@ async fn a_message_handled_again_finds_its_decided_request(db: TestDb) {
 }
 both_backends!(approvals_message_again, a_message_handled_again_finds_its_decided_request);
 
+/// A message handled again after its request was settled (its first run stopped before its
+/// reply was recorded) says nothing more: the settlement's own job tells the person, once.
+/// Before, it repeated the rejection (or said "still checking" after the answer had gone out).
+async fn a_message_handled_again_after_its_request_was_settled_says_nothing_more(db: TestDb) {
+    let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
+    r.add_owner().await;
+    let settings = r.app.state.config.settings.clone();
+    let inbound = server::channel::Inbound {
+        channel: "simulator".into(),
+        message_id: "sim_settled".into(),
+        chat_id: "sim-settled".into(),
+        sender: CUSTOMER.into(),
+        text: "Please refund my order 4821".into(),
+        correlation_id: "corr-settled".into(),
+        ..Default::default()
+    };
+    let first = r.app.state.runtime.handle(&inbound).await.expect("handled");
+    assert_eq!(first.reply.as_deref(), Some(settings.lane.approval_reply.as_str()));
+    let id: i64 = sqlx::query_scalar("SELECT id FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "console" };
+    r.app.gatehouse.approvals.decide(id, server::approvals::Verdict::Reject { reason: None }, &by, None, None).await.expect("reject");
+    r.exchange(&[], 0).await;
+    let told = || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM simulator_messages WHERE chat_id = 'sim-settled' AND direction = 'out' AND text = $1")
+            .bind(&settings.approvals.requester_rejected)
+            .fetch_one(&r.app.state.db.pool)
+            .await
+            .expect("count")
+    };
+    assert_eq!(told().await, 1, "the rejection's job told the customer");
+
+    // As if the first run had stopped before its reply was recorded.
+    sqlx::query("DELETE FROM message_replies WHERE message_id = 'sim_settled'").execute(&r.app.state.db.pool).await.expect("forget the reply");
+    let again = r.app.state.runtime.handle(&inbound).await.expect("handled again");
+    assert_eq!((again.route, again.reply.as_deref()), (server::conversation::Route::ToolLane, None), "nothing more to say");
+    r.exchange(&[], 0).await;
+    assert_eq!(told().await, 1, "told once");
+    let steps: Vec<(String, String, String)> = sqlx::query_as("SELECT step, decision, reason_code FROM trace_steps WHERE trace_id = $1 ORDER BY seq")
+        .bind(again.trace_id.expect("trace"))
+        .fetch_all(&r.app.state.db.pool)
+        .await
+        .expect("steps");
+    assert!(steps.iter().any(|(s, d, c)| s == "ApprovalRequested" && d == "settled" && c == "APPROVAL_ALREADY_SETTLED"), "{steps:?}");
+    assert!(steps.iter().any(|(s, _, c)| s == "tool_lane" && c == "TOOL_LANE_QUIET"), "{steps:?}");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("count");
+    assert_eq!(rows, 1, "never asked again");
+}
+both_backends!(approvals_settled_then_again, a_message_handled_again_after_its_request_was_settled_says_nothing_more);
+
 /// A question queued for an owner's number that the owner removed before it went out (a lost
 /// phone) is not sent to it: it carries a customer's number and the call's arguments.
 async fn a_number_no_longer_an_owners_is_not_asked(db: TestDb) {

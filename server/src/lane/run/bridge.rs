@@ -42,8 +42,9 @@ const ABANDONED: u8 = 2;
 
 impl Lane {
     /// Stores the call as an approval request (with its trace step) before the person is told
-    /// that an owner must approve it; nothing else is promised.
-    pub(super) async fn ask_owner(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, reason: &str, trace: &mut Recorder) -> String {
+    /// that an owner must approve it; nothing else is promised. `None`: nothing to say now (see
+    /// below).
+    pub(super) async fn ask_owner(&self, inbound: &Inbound, actor: Role, call: &ValidatedCall, reason: &str, trace: &mut Recorder) -> Option<String> {
         let lane = &self.settings.lane;
         let who = Requester {
             actor,
@@ -56,13 +57,16 @@ impl Lane {
             correlation_id: inbound.correlation_id.clone(),
         };
         let tool_call = ToolCall { name: call.tool.clone(), args: call.args.clone() };
-        match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
+        Some(match self.approvals.request(&tool_call, &who, Some(reason), Some(trace)).await {
+            Ok(Requested { state: State::Pending, .. }) => lane.approval_reply.clone(),
             // This message asked before (its first run stopped before its reply was recorded),
-            // and the request was settled since: said as it stands, never asked again.
-            Ok(Requested { state: State::Approved, .. }) => lane.already_checking_reply.clone(),
-            Ok(Requested { state: State::Rejected, .. }) => self.approvals.settings().requester_rejected.clone(),
-            Ok(Requested { state: State::Expired, .. }) => self.approvals.settings().requester_expired.clone(),
-            Ok(_) => lane.approval_reply.clone(),
+            // and the request was settled since. Never asked again, and nothing said here: the
+            // settlement's own job tells the person (the approved call's answer, the rejection,
+            // the expiry) or told them already, once.
+            Ok(Requested { state, .. }) => {
+                trace.step("ApprovalRequested", "settled", "APPROVAL_ALREADY_SETTLED", json!({ "tool": call.tool, "state": state.as_str() }));
+                return None;
+            }
             Err(ApprovalError::Refused(f)) => {
                 trace.step("ApprovalRequested", "refused", &f.code, json!({ "tool": call.tool }));
                 lane.denied_reply.clone()
@@ -72,7 +76,7 @@ impl Lane {
                 trace.step("ApprovalRequested", "failed", e.code(), json!({ "tool": call.tool }));
                 lane.not_started_reply.clone()
             }
-        }
+        })
     }
 
     /// Stores the call as a job with its trace step, then runs it at once within the deadline.

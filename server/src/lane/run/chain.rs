@@ -112,8 +112,10 @@ impl Lane {
             let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| validator::APPROVAL_CHAIN_WRITE.to_string()));
             if let Some(reason) = needs_owner {
                 self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
-                let asked = self.ask_owner(inbound, actor, next_call, &reason, trace).await;
-                return after(Some(&answer.text), &asked);
+                return match self.ask_owner(inbound, actor, next_call, &reason, trace).await {
+                    Some(asked) => after(Some(&answer.text), &asked),
+                    None => answer.text,
+                };
             }
             proposed = calls.into_iter().next().unwrap_or(proposed);
             call = next_call.clone();

@@ -158,22 +158,27 @@ impl Lane {
                 None => match self.bridge(inbound, actor, call, trace).await {
                     Ran::Answered(answer) => {
                         let failed = answer.failure.clone();
-                        (answer.text, if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
+                        (Some(answer.text), if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
                     }
-                    Ran::Said(text) => (text, "pending", "CHAIN_STEP_PENDING".into()),
+                    Ran::Said(text) => (Some(text), "pending", "CHAIN_STEP_PENDING".into()),
                 },
             };
             // A failed step ends the plan (seed §13): what came after it may depend on it.
             let stop = status == "failed" && i + 1 < count;
             let finished = if stop { Some("stopped") } else { (i + 1 == count).then_some("answered") };
             self.sessions_step(session, i + 1, &call.tool, status, &code, finished).await;
-            if !replies.contains(&reply) {
+            if let Some(reply) = reply
+                && !replies.contains(&reply)
+            {
                 replies.push(reply);
             }
             if stop {
                 trace.step("AgentToolChainStopped", "stopped", &code, json!({ "step": i + 1, "proposed": count }));
                 break;
             }
+        }
+        if replies.is_empty() {
+            return LaneOutcome::Quiet;
         }
         LaneOutcome::Handled { reply: replies.join("\n\n") }
     }
