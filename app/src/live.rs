@@ -20,6 +20,9 @@ pub const TRACES_LIVE: &str = "/api/events?topics=message,approval";
 pub const APPROVALS_LIVE: &str = "/api/events?topics=approval,job";
 /// Jobs: state changes and tool calls.
 pub const JOBS_LIVE: &str = "/api/events?topics=job";
+/// Repairs: the self-improvement cycle and owners' marks, which make proposals and cases (not
+/// every job: a busy queue would fetch the page again all the time).
+pub const REPAIRS_LIVE: &str = "/api/events?topics=job&kinds=evals.cycle,evals.mark";
 
 /// Keeps the page's live regions current with the events from `url` (an SSE endpoint of this
 /// server): elements marked `data-live-region="NAME"`, each given the content of the element

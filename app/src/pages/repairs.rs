@@ -12,7 +12,7 @@ use leptos::prelude::*;
 use crate::{
     api::{DecideRepair, RunRepairCycle, list_repairs},
     dto::{DiffRow, FindingView, RepairView, ReplayRow},
-    live::{JOBS_LIVE, fmt_time},
+    live::{REPAIRS_LIVE, fmt_time},
 };
 
 #[component]
@@ -21,7 +21,7 @@ pub fn RepairsPage() -> impl IntoView {
     let (cycle, cycled) = super::form_action::<RunRepairCycle>();
     let page = Resource::new(|| (), |_| list_repairs());
     view! {
-        {super::page_head("Repairs", Some(JOBS_LIVE))}
+        {super::page_head("Repairs", Some(REPAIRS_LIVE))}
         <h1>"Repairs"</h1>
         <p class="muted">"Traces that went wrong become eval cases; for a failing case Gatehouse proposes a change to config/tools.toml and replays every case before and after. Nothing changes until you approve it."</p>
         <ActionForm action=cycle>

@@ -161,6 +161,14 @@ impl Event {
             Self::Resync { .. } => return None,
         })
     }
+
+    /// The kind of the job a job event is about (`tool.call`, `evals.cycle`, ...).
+    pub fn job_kind(&self) -> Option<&str> {
+        match self {
+            Self::ToolCallStarted(j) | Self::ToolCallFinished(j) | Self::JobChanged(j) => Some(&j.job_kind),
+            _ => None,
+        }
+    }
 }
 
 /// An event as published: with the chat it concerns and, when it describes a durable row, the

@@ -1,7 +1,7 @@
 //! Server-sent events for live console pages.
 //!
-//! `GET /api/events?topics=message,job` streams typed events (`crate::events`) as JSON, each
-//! row-backed one with its position as the SSE `id`. A page that connects afresh first gets a
+//! `GET /api/events?topics=message,job` streams typed events (`crate::events`) as JSON (`&kinds=`
+//! keeps only the job events of those job kinds), each row-backed one with its position as the SSE `id`. A page that connects afresh first gets a
 //! `resync` (reload: anything that changed between its render and its subscription is then
 //! shown); one that reconnects sends `Last-Event-ID` and gets the events it missed, read from
 //! the database, before the live ones, so nothing falls in the gap; one too far behind, or a
@@ -109,13 +109,36 @@ pub struct StreamQuery {
     /// Comma-separated topics (`message`, `approval`, `job`, `mcp`); none: all.
     #[serde(default)]
     topics: String,
+    /// Comma-separated job kinds (`evals.cycle`, ...): job events about other kinds are left
+    /// out; none: every kind.
+    #[serde(default)]
+    kinds: String,
+}
+
+/// What a stream sends: the events of its topics and, of job events, those of its kinds.
+struct Wanted {
+    topics: Vec<Topic>,
+    kinds: Vec<String>,
+}
+
+impl Wanted {
+    fn of(query: &StreamQuery) -> Self {
+        let list = |text: &str| text.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect::<Vec<_>>();
+        Self { topics: list(&query.topics).iter().filter_map(|t| t.parse().ok()).collect(), kinds: list(&query.kinds) }
+    }
+
+    fn wants(&self, envelope: &Envelope) -> bool {
+        let event = &envelope.event;
+        event.topic().is_none_or(|t| self.topics.is_empty() || self.topics.contains(&t))
+            && event.job_kind().is_none_or(|k| self.kinds.is_empty() || self.kinds.iter().any(|w| w == k))
+    }
 }
 
 struct Follow {
     backlog: VecDeque<Envelope>,
     sub: Subscription,
     last: EventId,
-    topics: Vec<Topic>,
+    wanted: Wanted,
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
     viewer: Viewer,
     _slot: StreamSlot,
@@ -127,10 +150,6 @@ fn sse(envelope: &Envelope) -> Event {
         Some(id) => event.id(id.to_sse()),
         None => event,
     }
-}
-
-fn wanted(topics: &[Topic], envelope: &Envelope) -> bool {
-    envelope.event.topic().is_none_or(|t| topics.is_empty() || topics.contains(&t))
 }
 
 /// A slot among the session's streams of one `kind`, unless it holds as many as it may.
@@ -149,12 +168,12 @@ pub async fn events_stream(State(state): State<AppState>, Extension(backend): Ex
     let Some(slot) = take_slot(&state, &session, "events") else {
         return too_many_streams();
     };
-    let topics: Vec<Topic> = query.topics.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    let wanted = Wanted::of(&query);
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(EventId::parse);
     let sub = state.events.subscribe().await;
     let (backlog, last) = start(&state, resume).await;
-    let backlog = backlog.into_iter().filter(|e| wanted(&topics, e)).collect();
-    let follow = Follow { backlog, sub, last, topics, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
+    let backlog = backlog.into_iter().filter(|e| wanted.wants(e)).collect();
+    let follow = Follow { backlog, sub, last, wanted, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
     Sse::new(follow_stream(follow)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
 }
 
@@ -209,7 +228,7 @@ fn follow_stream(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>
                 }
                 f.last = f.last.max(id);
             }
-            if wanted(&f.topics, &envelope) {
+            if f.wanted.wants(&envelope) {
                 return Some((Ok(sse(&envelope)), f));
             }
         }

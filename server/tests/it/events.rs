@@ -266,6 +266,30 @@ async fn a_reconnecting_page_gets_what_it_missed(db: TestDb) {
 }
 both_backends!(events_resume_after_reconnect, a_reconnecting_page_gets_what_it_missed);
 
+/// A stream asked for some job kinds leaves the other kinds' job events out: the Repairs page
+/// follows the cycle and the marks, not every job of a busy queue.
+async fn a_stream_follows_only_the_job_kinds_it_asks_for(db: TestDb) {
+    use server::{conversation::MarkTraceJob, jobs::{JobKind, echo::Echo}, repairs::cycle::CycleJob};
+    let repairs_live = app::live::REPAIRS_LIVE;
+    assert!(repairs_live.contains(CycleJob::KIND) && repairs_live.contains(MarkTraceJob::KIND), "{repairs_live}");
+    let app = TestApp::new(db).await;
+    let owner = app.with_owner("ada", "correct horse battery").await;
+    let cookie = owner.cookie.clone().expect("session");
+    let mut stream = open_at(&app, repairs_live, &cookie, None).await.expect("stream");
+    assert_eq!(stream.next().await.1["kind"], "resync");
+    let queue = &app.gatehouse.jobs;
+    queue.enqueue(&queue.job(&Echo { message: "busy".into(), fail_with: None })).await.expect("echo");
+    let cycle = queue.enqueue(&queue.job(&CycleJob {})).await.expect("cycle").job.id;
+    let (_, event) = stream.next().await;
+    assert_eq!((event["job_kind"].as_str(), event["job_id"].as_i64()), (Some(CycleJob::KIND), Some(cycle)), "the echo job's event is left out: {event}");
+    // Without kinds, every job's events come.
+    let mut all = open_at(&app, "/api/events?topics=job", &cookie, None).await.expect("stream");
+    assert_eq!(all.next().await.1["kind"], "resync");
+    queue.enqueue(&queue.job(&Echo { message: "busy again".into(), fail_with: None })).await.expect("echo");
+    assert_eq!(all.next().await.1["job_kind"], Echo::KIND);
+}
+both_backends!(events_job_kinds, a_stream_follows_only_the_job_kinds_it_asks_for);
+
 async fn an_owner_session_holds_a_limited_number_of_streams(db: TestDb) {
     let app = TestApp::with(db, |s| s.events.max_streams_per_session = 2).await;
     let owner = app.with_owner("ada", "correct horse battery").await;
