@@ -42,7 +42,10 @@ pub(super) async fn write_unfinished(
     let snoozed = |held: bool| if held { Applied::Snoozed } else { Applied::Stale };
     Ok(Some(match result {
         Ok(JobOutput { snooze: None, .. }) => return Ok(None),
-        Ok(JobOutput { snooze: Some(after), .. }) => snoozed(store::snooze(conn, job.id, job.attempt, owner, now.saturating_add(db::duration_ms(*after)), now, Snooze::Rescheduled).await?),
+        Ok(JobOutput { snooze: Some(after), preview }) => {
+            let until = now.saturating_add(db::duration_ms(*after));
+            snoozed(store::snooze(conn, job.id, job.attempt, owner, until, now, Snooze::Rescheduled { preview: preview.as_deref() }).await?)
+        }
         Err(err) if !err.uses_attempt() => {
             let at = now.saturating_add(db::duration_ms(retry::deployment_wait(times.max)));
             snoozed(store::snooze(conn, job.id, job.attempt, owner, at, now, Snooze::Waiting { code: &err.code }).await?)

@@ -235,8 +235,9 @@ pub async fn fail(
 pub enum Snooze<'a> {
     /// Its handler did its work and asked to run again (a periodic job): the attempts earlier
     /// failures used are given back, so a job that reschedules itself is never discarded for
-    /// failures spread over its whole life.
-    Rescheduled,
+    /// failures spread over its whole life. Its `preview` of the run, if any, is the job's
+    /// preview until the next run.
+    Rescheduled { preview: Option<&'a str> },
     /// It waits on the deployment (a full disk, `code`): this run's attempt is not counted, and
     /// earlier failures still are.
     Waiting { code: &'a str },
@@ -246,21 +247,26 @@ pub enum Snooze<'a> {
 pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str, until: i64, now: i64, why: Snooze<'_>) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE jobs SET state = 'scheduled', scheduled_at = $1, updated_at = $2, attempt = CASE WHEN $6 = 1 THEN 0 ELSE attempt - 1 END, \
-         lease_owner = NULL, lease_expires_at = NULL WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
+         result_preview = COALESCE($7, result_preview), lease_owner = NULL, lease_expires_at = NULL \
+         WHERE id = $3 AND state = 'running' AND lease_owner = $4 AND attempt = $5",
     )
     .bind(until)
     .bind(now)
     .bind(id)
     .bind(owner)
     .bind(attempt)
-    .bind(i64::from(why == Snooze::Rescheduled))
+    .bind(i64::from(matches!(why, Snooze::Rescheduled { .. })))
+    .bind(match why {
+        Snooze::Rescheduled { preview } => preview,
+        Snooze::Waiting { .. } => None,
+    })
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if n == 1 {
         let attempt = get(conn, id).await?.map_or(0, |j| j.attempt);
         let code = match why {
-            Snooze::Rescheduled => None,
+            Snooze::Rescheduled { .. } => None,
             Snooze::Waiting { code } => Some(code),
         };
         event(conn, id, now, JobState::Scheduled, attempt, code, Some("snoozed")).await?;
