@@ -28,6 +28,8 @@ export const serverEnv: Record<string, string> = {
   // The periodic self-improvement cycle is a job; the jobs journey starts from an empty queue,
   // and the repairs journey runs the cycle from its page.
   GATEHOUSE__EVALS__SCAN_EVERY: "0s",
+  // So is the retention prune; nothing here is old enough for it.
+  GATEHOUSE__RETENTION__EVERY: "0s",
   // A form of the MCP fixture (the mcp journey) is told to the owners in the console only: on
   // WhatsApp it would open chats with the owners' numbers before the conversations journey,
   // which starts from none.

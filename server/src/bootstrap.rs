@@ -3,7 +3,7 @@
 //! config (settings, secrets, tool files) -> database -> OpenTelemetry export -> job queue and event bus -> checkpoint and MCP ->
 //! spend budget -> model (every call recorded and counted against the budget) -> WhatsApp channel -> owner approvals -> tool lane (detector, planner, validator,
 //! tool-call processor answering through the channels) -> conversation runtime -> simulator ->
-//! self-improvement cycle -> job registry.
+//! self-improvement cycle -> retention -> job registry.
 //!
 //! `serve`, `worker`, every CLI command, the benchmarks and the test support all start from
 //! [`Gatehouse::build`]; the web layer's state is made from the result. Reading this file shows
@@ -34,6 +34,7 @@ use crate::{
         Workspace,
         cycle::{Cycle, CycleJob},
     },
+    retention::{PruneJob, Retention},
     telemetry::Telemetry,
     tools::{self, Checkpoint, Reloads, ToolFiles, mcp::McpManager},
 };
@@ -66,6 +67,8 @@ pub struct Gatehouse {
     /// Self-improvement: the scan of traces, eval cases and repair proposals (the periodic
     /// `evals.cycle` job, the console and the CLI run it).
     pub cycle: Cycle,
+    /// The periodic `retention.prune` job (`serve` queues it).
+    pub retention: Retention,
     /// Every job kind this build runs, with its handler.
     pub registry: Registry,
     /// OpenTelemetry export (off unless `[telemetry] otlp_endpoint` is set); shut it down
@@ -215,9 +218,11 @@ impl Gatehouse {
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
         registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
+        let retention = Retention::new(db.clone(), jobs.clone(), settings.clone());
+        registry.handle_within::<PruneJob>(Arc::new(retention.clone()), settings.jobs.job_timeout);
         let config = Arc::new(config);
         let reloads = Reloads::new(config.clone(), mcp.clone(), tools.clone(), db.clone(), tool_files.read_at);
-        Ok(Self { config, tool_files, db, jobs, events, tools, mcp, reloads, model, runtime, approvals, budget, whatsapp, simulator, cycle, registry, telemetry })
+        Ok(Self { config, tool_files, db, jobs, events, tools, mcp, reloads, model, runtime, approvals, budget, whatsapp, simulator, cycle, retention, registry, telemetry })
     }
 
     /// A worker over this build's job kinds, with the configured settings.

@@ -17,6 +17,7 @@ pub mod llm;
 pub mod owners;
 pub mod redact;
 pub mod repairs;
+pub mod retention;
 pub mod telemetry;
 pub mod tools;
 pub mod traces;

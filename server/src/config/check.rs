@@ -182,6 +182,9 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     lane(settings, &mut need);
     approvals(settings, &mut need);
     budget(settings, &mut need);
+    let min = super::retention::MODEL_CALLS_MIN_DAYS;
+    let kept = settings.retention.model_calls_days;
+    need(kept == 0 || kept >= min, "retention.model_calls_days", format!("must be 0 (kept for ever) or at least {min}: the monthly budget reads the current month's calls"));
     evals(settings, &mut need);
     let events = &settings.events;
     need(events.capacity >= 16, "events.capacity", "must be at least 16".into());

@@ -290,6 +290,14 @@ mod tests {
     }
 
     #[test]
+    fn model_calls_are_kept_for_the_monthly_budget() {
+        problems_at("[retention]\nmodel_calls_days = 31\n", &["retention.model_calls_days"]);
+        load_text("[retention]\nmodel_calls_days = 0\nfinished_jobs_days = 1\n").expect("0 keeps them for ever");
+        load_text("[retention]\nmodel_calls_days = 32\nevery = \"0s\"\n").expect("a month and a day");
+        assert!(load_text("[retention]\ntraces_days = 5\n").is_err(), "an unknown key");
+    }
+
+    #[test]
     fn a_private_data_example_the_patterns_miss_is_a_problem() {
         let category = "[[private_data.categories]]\nname = \"fees\"\ndescription = \"d\"\n\
                         examples = [\"What are my fees?\", \"What is on my last invoice?\"]\npatterns = ['\\bmy fees\\b']\n";

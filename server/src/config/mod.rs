@@ -25,6 +25,7 @@ mod llm;
 pub mod load;
 mod mcp;
 pub mod net;
+pub mod retention;
 pub mod secrets;
 mod server;
 pub mod telemetry;
@@ -44,6 +45,7 @@ pub use budget::{AtLimit, BudgetSettings};
 pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use mcp::McpSettings;
+pub use retention::RetentionSettings;
 pub use load::{ConfigError, LoadedConfig, Problem, load};
 pub use secrets::{SecretSource, Secrets};
 pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
@@ -71,6 +73,7 @@ pub struct Settings {
     pub lane: LaneSettings,
     pub approvals: ApprovalSettings,
     pub budget: BudgetSettings,
+    pub retention: RetentionSettings,
     pub evals: EvalSettings,
     pub events: EventSettings,
     pub mcp: McpSettings,

@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod mcp_elicitations;
 pub mod mcp_oauth;
 pub mod owners;
+pub mod retention;
 pub mod sessions;
 pub mod simulator;
 pub mod stats;

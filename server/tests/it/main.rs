@@ -30,6 +30,7 @@ mod ops;
 mod otel;
 mod procs;
 mod props;
+mod retention;
 mod server_fns;
 mod setup;
 mod tools;

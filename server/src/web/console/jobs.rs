@@ -49,7 +49,7 @@ impl JobsBackend for ConsoleBackend {
 
     async fn job_detail(&self, id: i64) -> Result<JobDetail, AppError> {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-        let job = store::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, format!("There is no job #{id}.")))?;
+        let job = store::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, no_job(id, self.state.config.settings.retention.finished_jobs_days)))?;
         let events = store::events(&mut conn, id).await.map_err(internal)?;
         Ok(JobDetail {
             summary: summary(&job),
@@ -112,5 +112,14 @@ fn summary(j: &JobRow) -> JobSummary {
         created_at: j.created_at,
         updated_at: j.updated_at,
         last_error_code: j.last_error_code.clone(),
+    }
+}
+
+/// Why a job is not there: never made, or removed by the retention prune.
+fn no_job(id: i64, kept_days: u32) -> String {
+    if kept_days == 0 {
+        format!("There is no job #{id}.")
+    } else {
+        format!("There is no job #{id}. Finished jobs are removed {kept_days} days after they end ([retention] finished_jobs_days).")
     }
 }

@@ -47,6 +47,9 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     if let Err(e) = gatehouse.cycle.schedule().await {
         tracing::error!(error = %e, "the self-improvement cycle could not be scheduled");
     }
+    if let Err(e) = gatehouse.retention.schedule().await {
+        tracing::error!(error = %e, "the retention prune could not be scheduled");
+    }
     if let Err(e) = state.mcp.start().await {
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }

@@ -1,0 +1,82 @@
+//! Removing the records of finished work that `[retention]` no longer keeps (the
+//! `retention.prune` job). Each function removes at most `batch` rows (with what belongs to
+//! them) in the caller's transaction and returns how many it removed, so that the writer is
+//! never held for long.
+
+use sqlx::AnyConnection;
+
+use super::{DbError, placeholders};
+
+/// The states a job never leaves by itself.
+const FINISHED: &str = "('completed', 'cancelled', 'discarded')";
+
+/// Deletes the rows of `table` whose id is one of `ids` and that still match `still` (what
+/// made them due, checked again in the delete), returning the ids deleted.
+async fn delete_ids(conn: &mut AnyConnection, table: &str, still: &str, before: i64, ids: &[i64]) -> Result<Vec<i64>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!("DELETE FROM {table} WHERE id IN ({}) AND {still} RETURNING id", placeholders(2, ids.len()));
+    let mut q = sqlx::query_scalar(&sql).bind(before);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    Ok(q.fetch_all(conn).await?)
+}
+
+/// Deletes the rows of `table` whose `column` is one of `ids`: what belonged to rows just
+/// deleted (where a foreign key's cascade did not already).
+async fn delete_belonging(conn: &mut AnyConnection, table: &str, column: &str, ids: &[i64]) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!("DELETE FROM {table} WHERE {column} IN ({})", placeholders(1, ids.len()));
+    let mut q = sqlx::query(&sql);
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.execute(conn).await?;
+    Ok(())
+}
+
+/// Up to `batch` finished jobs that ended before `before`, oldest first, with their events.
+pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
+    let still = format!("state IN {FINISHED} AND updated_at < $1");
+    let due: Vec<i64> = sqlx::query_scalar(&format!("SELECT id FROM jobs WHERE {still} ORDER BY id LIMIT $2")).bind(before).bind(batch).fetch_all(&mut *conn).await?;
+    // Checked again as they are deleted: a job run again from the console meanwhile is kept.
+    let deleted = delete_ids(conn, "jobs", &still, before, &due).await?;
+    // PostgreSQL's job events have no foreign key (migration 0028).
+    delete_belonging(conn, "job_events", "job_id", &deleted).await?;
+    Ok(deleted.len() as u64)
+}
+
+/// Up to `batch` approval requests settled before `before`, with the messages that asked.
+pub async fn decided_approvals(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
+    let still = "state <> 'pending' AND COALESCE(decided_at, expires_at) < $1";
+    let due: Vec<i64> = sqlx::query_scalar(&format!("SELECT id FROM approvals WHERE {still} ORDER BY id LIMIT $2")).bind(before).bind(batch).fetch_all(&mut *conn).await?;
+    let deleted = delete_ids(conn, "approvals", still, before, &due).await?;
+    delete_belonging(conn, "approval_askers", "approval_id", &deleted).await?;
+    Ok(deleted.len() as u64)
+}
+
+/// Up to `batch` owner notices raised before `before`.
+pub async fn notices(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
+    oldest(conn, "owner_notifications", before, batch).await
+}
+
+/// Up to `batch` rows of `table` (a log with an `at` column) from before `before`, oldest first.
+async fn oldest(conn: &mut AnyConnection, table: &str, before: i64, batch: i64) -> Result<u64, DbError> {
+    let sql = format!("DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE at < $1 ORDER BY id LIMIT $2)");
+    Ok(sqlx::query(&sql).bind(before).bind(batch).execute(conn).await?.rows_affected())
+}
+
+/// The budget warnings raised before `before` (the caller keeps the current month's: they
+/// stop a period's warning from being given twice). Few rows: at most a handful a period.
+pub async fn budget_warnings(conn: &mut AnyConnection, before: i64) -> Result<u64, DbError> {
+    Ok(sqlx::query("DELETE FROM budget_warnings WHERE at < $1").bind(before).execute(conn).await?.rows_affected())
+}
+
+/// Up to `batch` recorded model calls made before `before`.
+pub async fn model_calls(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
+    oldest(conn, "llm_calls", before, batch).await
+}
