@@ -115,15 +115,23 @@ pub const SUPERSEDED: &str = "superseded";
 /// became of it, expired meanwhile included: an owner's decision on it is not asked for again,
 /// and an approved call never gets a second approval to run on.
 pub async fn insert_or_reuse(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<Stored, DbError> {
-    // Marked superseded: the same person asks for the same call again now, so its expiry job
-    // does not tell them the old one expired (after, and as if about, the new one).
-    let expired: Vec<(i64, Option<i64>)> =
-        sqlx::query_as("UPDATE approvals SET state = 'expired', decided_at = $1, decided_via = $3 WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id")
-            .bind(new.created_at)
-            .bind(new.call_key)
-            .bind(SUPERSEDED)
-            .fetch_all(&mut *conn)
-            .await?;
+    // Marked superseded: the same person asks for the same call again now, in another
+    // message, so its expiry job does not tell them the old one expired (after, and as if
+    // about, the new one). A request this very message asked for is not: handled again, the
+    // message is told nothing more, and the expiry job is what tells them.
+    let expired: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "UPDATE approvals SET state = 'expired', decided_at = $1, \
+           decided_via = CASE WHEN EXISTS (SELECT 1 FROM approval_askers a WHERE a.approval_id = approvals.id AND a.channel = $4 AND a.message_id = $5) \
+                              THEN NULL ELSE $3 END \
+         WHERE call_key = $2 AND state = 'pending' AND expires_at <= $1 RETURNING id, trace_id",
+    )
+    .bind(new.created_at)
+    .bind(new.call_key)
+    .bind(SUPERSEDED)
+    .bind(new.channel)
+    .bind(new.message_id)
+    .fetch_all(&mut *conn)
+    .await?;
     // Read after the expiry: a request of this message that just expired is returned expired.
     let earlier = sqlx::query_as::<_, ApprovalRow>(&format!(
         "SELECT {COLUMNS} FROM approvals WHERE id = (SELECT approval_id FROM approval_askers WHERE channel = $1 AND message_id = $2 AND call_key = $3)"

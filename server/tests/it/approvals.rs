@@ -345,6 +345,26 @@ async fn a_message_handled_again_after_its_request_was_settled_says_nothing_more
     assert!(steps.iter().any(|(s, _, c)| s == "tool_lane" && c == "TOOL_LANE_QUIET"), "{steps:?}");
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("count");
     assert_eq!(rows, 1, "never asked again");
+
+    // Expired while the message waited to be handled again (a long outage): the message is told
+    // nothing more, and the expiry's job tells the customer it expired, once. (Its request is
+    // not taken for one a newer message replaced, of which nobody would be told.)
+    let later = server::channel::Inbound { message_id: "sim_expired".into(), text: "Please refund my order 4821 after all".into(), correlation_id: "corr-expired".into(), ..inbound };
+    let first = r.app.state.runtime.handle(&later).await.expect("handled");
+    assert_eq!(first.reply.as_deref(), Some(settings.lane.approval_reply.as_str()));
+    let now = server::db::now_ms();
+    sqlx::query("UPDATE approvals SET expires_at = $1 WHERE state = 'pending'").bind(now - 1).execute(&r.app.state.db.pool).await.expect("age");
+    sqlx::query("DELETE FROM message_replies WHERE message_id = 'sim_expired'").execute(&r.app.state.db.pool).await.expect("forget the reply");
+    let again = r.app.state.runtime.handle(&later).await.expect("handled again");
+    assert_eq!(again.reply, None, "nothing more to say");
+    sqlx::query("UPDATE jobs SET scheduled_at = $1 WHERE kind = 'approval.settle' AND state = 'scheduled'").bind(now).execute(&r.app.state.db.pool).await.expect("due");
+    r.exchange(&[], 0).await;
+    let expired: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM simulator_messages WHERE chat_id = 'sim-settled' AND direction = 'out' AND text = $1")
+        .bind(&settings.approvals.requester_expired)
+        .fetch_one(&r.app.state.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(expired, 1, "the expiry's job told the customer");
 }
 both_backends!(approvals_settled_then_again, a_message_handled_again_after_its_request_was_settled_says_nothing_more);
 
