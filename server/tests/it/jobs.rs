@@ -257,6 +257,26 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
 }
 both_backends!(jobs_lifecycle, lifecycle_claim_heartbeat_fail_retry_discard);
 
+/// A job that asks to run again keeps its run's preview as the job's, cleaned as a finished
+/// job's is: no NUL (PostgreSQL refuses it, and the snooze would be lost) and at most 4,000
+/// characters.
+async fn a_rescheduled_run_keeps_its_preview(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let id = queue.enqueue(&job("noop")).await.expect("enqueue").job.id;
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let t0 = db::now_ms();
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 5, t0, t0 + 1000).await.expect("claim");
+    let preview = format!("swept\0 {}", "x".repeat(5000));
+    let rescheduled = store::Snooze::Rescheduled { preview: Some(&preview) };
+    assert!(store::snooze(&mut conn, id, claimed[0].attempt, "w1", t0 + 60_000, t0, rescheduled).await.expect("snooze"));
+    let j = store::get(&mut conn, id).await.expect("get").expect("job");
+    let kept = j.result_preview.expect("the run's preview");
+    assert_eq!(j.state, JobState::Scheduled);
+    assert!(kept.starts_with("swept x") && !kept.contains('\0') && kept.chars().count() <= 4000, "{} chars", kept.chars().count());
+}
+both_backends!(jobs_rescheduled_preview, a_rescheduled_run_keeps_its_preview);
+
 async fn cancel_expire_rescue_pending(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());

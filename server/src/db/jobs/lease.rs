@@ -257,7 +257,7 @@ pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str
     .bind(attempt)
     .bind(i64::from(matches!(why, Snooze::Rescheduled { .. })))
     .bind(match why {
-        Snooze::Rescheduled { preview } => preview,
+        Snooze::Rescheduled { preview } => preview.map(|p| clean(p, MAX_PREVIEW_CHARS)),
         Snooze::Waiting { .. } => None,
     })
     .execute(&mut *conn)
