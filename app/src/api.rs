@@ -111,12 +111,12 @@ pub async fn logout() -> Result<(), AppError> {
     )
 }
 
-/// What the browser's last plain form post to the server function at `path` answered, kept for
-/// the page it came back to (JSON, taken once); see [`crate::pages::form_action`].
 /// Added to a server function's path, the key a refused form's input is kept under
 /// (`auth::for_owner_keeping`, [`crate::pages::form_input`]).
 pub const INPUT_KEY: &str = "#input";
 
+/// What the browser's last plain form post to the server function at `path` answered, kept for
+/// the page it came back to (JSON, taken once); see [`crate::pages::form_action`].
 #[server(endpoint = "take_answer")]
 pub async fn take_answer(path: String) -> Result<Option<String>, AppError> {
     for_owner(|_, _| async move { crate::auth::take_answer(&path).await }).await

@@ -103,8 +103,8 @@ pub fn ChatPage() -> impl IntoView {
         {super::loaded(chat, move |c| {
             // Carry on as the chat's last sender (an owner's number talks as the owner).
             let last_sender = c.messages.iter().rev().find(|m| m.direction == "in").map(|m| format!("+{}", m.sender)).unwrap_or_default();
-            // What was typed, when the last message was refused.
-            let typed = typed.get();
+            // What was typed in this chat, when its last message was refused.
+            let typed = typed.get().filter(|t| t.chat_id == c.chat_id);
             let from = typed.as_ref().map_or(last_sender, |t| t.from.clone());
             let text = typed.as_ref().map(|t| t.text.clone()).unwrap_or_default();
             let group = typed.as_ref().map_or(c.group, |t| t.group.as_deref() == Some("true"));

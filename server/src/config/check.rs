@@ -185,6 +185,8 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let min = super::retention::MODEL_CALLS_MIN_DAYS;
     let kept = settings.retention.model_calls_days;
     need(kept == 0 || kept >= min, "retention.model_calls_days", format!("must be 0 (kept for ever) or at least {min}: the monthly budget reads the current month's calls"));
+    let every = settings.retention.every;
+    need(every.is_zero() || every >= std::time::Duration::from_secs(60), "retention.every", "must be \"0s\" (never) or at least 1m".into());
     evals(settings, &mut need);
     let events = &settings.events;
     need(events.capacity >= 16, "events.capacity", "must be at least 16".into());

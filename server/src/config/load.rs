@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn model_calls_are_kept_for_the_monthly_budget() {
-        problems_at("[retention]\nmodel_calls_days = 31\n", &["retention.model_calls_days"]);
+        problems_at("[retention]\nmodel_calls_days = 31\nevery = \"5s\"\n", &["retention.model_calls_days", "retention.every"]);
         load_text("[retention]\nmodel_calls_days = 0\nfinished_jobs_days = 1\n").expect("0 keeps them for ever");
         load_text("[retention]\nmodel_calls_days = 32\nevery = \"0s\"\n").expect("a month and a day");
         assert!(load_text("[retention]\ntraces_days = 5\n").is_err(), "an unknown key");

@@ -16,7 +16,7 @@ pub const MODEL_CALLS_MIN_DAYS: u32 = 32;
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionSettings {
     /// Completed, cancelled and discarded jobs, with their event trails, this many days after
-    /// they finished.
+    /// they finished; and the events older than this of jobs that run again and again.
     pub finished_jobs_days: u32,
     /// Approval requests an owner (or the clock) settled, with the messages that asked, this
     /// many days after they were settled.
@@ -27,7 +27,7 @@ pub struct RetentionSettings {
     /// Recorded model calls (tokens, cost), this many days after they were made: 0, or at
     /// least [`MODEL_CALLS_MIN_DAYS`].
     pub model_calls_days: u32,
-    /// How often the prune runs; "0s": never.
+    /// How often the prune runs: "0s" (never) or at least a minute.
     #[serde(with = "duration_str")]
     pub every: Duration,
 }

@@ -50,6 +50,12 @@ pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) ->
     Ok(deleted.len() as u64)
 }
 
+/// Up to `batch` job events from before `before` (after [`finished_jobs`]: those of jobs still
+/// unfinished, such as the periodic ones, which never finish and gain events every turn).
+pub async fn old_job_events(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
+    oldest(conn, "job_events", before, batch).await
+}
+
 /// Up to `batch` approval requests settled before `before`, with the messages that asked.
 pub async fn decided_approvals(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
     let still = "state <> 'pending' AND COALESCE(decided_at, expires_at) < $1";

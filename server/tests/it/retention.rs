@@ -1,11 +1,15 @@
 //! `[retention]`: the prune removes the records of finished work past their days, in batches of
 //! `retention::BATCH`, and keeps everything unfinished, recent or of the current month.
 
+use std::time::Duration;
+
 use server::{
     config::RetentionSettings,
     jobs::echo::Echo,
     retention::{self, Pruned},
 };
+
+use tokio::time::Instant;
 
 use crate::{
     both_backends,
@@ -83,8 +87,17 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     exec(&app, "INSERT INTO budget_warnings (period, percent, at, spent_micro_usd, budget_micro_usd) VALUES ('day:2020-01-01', 50, $1, 1, 2)", month_old).await;
     sqlx::query("INSERT INTO budget_warnings (period, percent, at, spent_micro_usd, budget_micro_usd) VALUES ($1, 50, $2, 1, 2)").bind(&today).bind(now).execute(&app.state.db.pool).await.expect("warning");
 
-    let pruned = retention::prune(&app.state.db, &settings, now).await.expect("prune");
-    assert_eq!(pruned, Pruned { finished_jobs: ids.len() as u64, decided_approvals: 1, notices: 1, budget_warnings: 1, model_calls: 1 }, "{}", pruned.summary());
+    // An unfinished job that runs again and again gains events every turn: those past the
+    // days go, the job stays.
+    exec(&app, "INSERT INTO job_events (job_id, at, state, attempt) VALUES ((SELECT MIN(id) FROM jobs WHERE state = 'scheduled'), $1, 'running', 1)", old_job).await;
+
+    // Out of time after the first batch: it stops there, and says there is more.
+    let first = retention::prune(&app.state.db, &settings, now, Instant::now()).await.expect("prune");
+    assert_eq!(first, Pruned { finished_jobs: retention::BATCH as u64, more: true, ..Pruned::default() }, "{}", first.summary());
+    assert!(first.summary().ends_with("more to remove in the next turn"), "{}", first.summary());
+    let pruned = retention::prune(&app.state.db, &settings, now, Instant::now() + Duration::from_secs(60)).await.expect("prune");
+    let rest = Pruned { finished_jobs: 7, old_job_events: 1, decided_approvals: 1, notices: 1, budget_warnings: 1, model_calls: 1, more: false };
+    assert_eq!(pruned, rest, "{}", pruned.summary());
     let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'system.echo' ORDER BY id").fetch_all(&app.state.db.pool).await.expect("jobs");
     assert_eq!(left, [unfinished, recent], "unfinished and recent jobs are kept");
     let orphans = count(&app, "SELECT COUNT(*) FROM job_events e WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id)").await;
@@ -99,9 +112,10 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     assert_eq!(warnings, [today], "the current period's warning keeps it from being given twice");
 
     // Nothing left to remove; and 0 days keeps a kind for ever.
-    assert_eq!(retention::prune(&app.state.db, &settings, now).await.expect("again"), Pruned::default());
+    let later = || Instant::now() + Duration::from_secs(60);
+    assert_eq!(retention::prune(&app.state.db, &settings, now, later()).await.expect("again"), Pruned::default());
     let forever = RetentionSettings { finished_jobs_days: 0, decided_approvals_days: 0, notices_days: 0, model_calls_days: 0, ..settings };
-    assert_eq!(retention::prune(&app.state.db, &forever, now + 10_000 * DAY).await.expect("for ever"), Pruned::default());
+    assert_eq!(retention::prune(&app.state.db, &forever, now + 10_000 * DAY, later()).await.expect("for ever"), Pruned::default());
 }
 both_backends!(retention_prune, the_prune_removes_finished_work_past_its_days);
 
