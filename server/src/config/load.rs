@@ -19,9 +19,33 @@ const ENV_PREFIX: &str = "GATEHOUSE__";
 /// Sets `server.strict`.
 pub const STRICT_VAR: &str = "GATEHOUSE_STRICT";
 
+/// What kind of thing is wrong: a stable code, printed before each problem, for scripts and
+/// for searching the docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum ProblemCode {
+    /// The config file is not there.
+    ConfigFileMissing,
+    /// A config file is there but cannot be read.
+    ConfigFileUnreadable,
+    /// A config file is not valid TOML.
+    ConfigSyntax,
+    /// A key no setting has.
+    ConfigKeyUnknown,
+    /// A value of the wrong type, out of range, or at odds with another.
+    ConfigValueInvalid,
+}
+
+impl ProblemCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// One thing wrong with the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    pub code: ProblemCode,
     /// Dotted key, such as `server.addr`; empty for whole-file problems.
     pub key: String,
     /// Where the value came from: a file path or an environment variable.
@@ -29,12 +53,25 @@ pub struct Problem {
     pub message: String,
 }
 
+impl Problem {
+    /// A value problem (`CONFIG_VALUE_INVALID`); see [`Problem::coded`] for the others.
+    pub fn new(key: impl Into<String>, source: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: ProblemCode::ConfigValueInvalid, key: key.into(), source: source.into(), message: message.into() }
+    }
+
+    /// The same problem under another code.
+    #[must_use]
+    pub fn coded(self, code: ProblemCode) -> Self {
+        Self { code, ..self }
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.key.is_empty() {
-            write!(f, "{} ({})", self.message, self.source)
+            write!(f, "{} {} ({})", self.code.as_str(), self.message, self.source)
         } else {
-            write!(f, "{}: {} (from {})", self.key, self.message, self.source)
+            write!(f, "{} {}: {} (from {})", self.code.as_str(), self.key, self.message, self.source)
         }
     }
 }
@@ -70,11 +107,8 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
 
 pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<LoadedConfig, ConfigError> {
     if !path.is_file() {
-        return Err(ConfigError(vec![Problem {
-            key: String::new(),
-            source: path.display().to_string(),
-            message: "config file not found; pass --config PATH or run from the repository root".into(),
-        }]));
+        let message = "config file not found; pass --config PATH or run from the repository root";
+        return Err(ConfigError(vec![Problem::new("", path.display().to_string(), message).coded(ProblemCode::ConfigFileMissing)]));
     }
     let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::file_exact(path)).merge(EnvOverrides(env));
     let (mut settings, mut problems) = check(&figment);
@@ -83,7 +117,7 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
     match std::env::var(STRICT_VAR).map(|v| v.trim().to_ascii_lowercase()) {
         Ok(v) if v == "true" || v == "1" => settings.server.strict = true,
         Ok(v) if v == "false" || v == "0" || v.is_empty() => {}
-        Ok(v) => problems.push(Problem { key: "server.strict".into(), source: format!("environment variable {STRICT_VAR}"), message: format!("must be true or false (got {v:?})") }),
+        Ok(v) => problems.push(Problem::new("server.strict", format!("environment variable {STRICT_VAR}"), format!("must be true or false (got {v:?})"))),
         Err(_) => {}
     }
     if !problems.is_empty() {
@@ -148,7 +182,7 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
     for key in present.difference(&known) {
         let near = known.iter().filter(|k| strsim::levenshtein(k, key) <= 2).min_by_key(|k| strsim::levenshtein(k, key));
         let hint = near.map(|k| format!("; did you mean `{k}`?")).unwrap_or_default();
-        problems.push(problem_at(figment, key, format!("unknown key{hint}")));
+        problems.push(problem_at(figment, key, format!("unknown key{hint}")).coded(ProblemCode::ConfigKeyUnknown));
     }
 
     // Probe each known key alone on top of the defaults, so one bad value cannot hide another,
@@ -197,7 +231,7 @@ fn collect_dict(dict: &Dict, prefix: &str, out: &mut BTreeSet<String>) {
 }
 
 pub(super) fn problem_at(figment: &Figment, key: &str, message: String) -> Problem {
-    Problem { key: key.to_string(), source: describe_source(figment.find_metadata(key), key), message }
+    Problem::new(key, describe_source(figment.find_metadata(key), key), message)
 }
 
 fn describe_source(meta: Option<&Metadata>, key: &str) -> String {
@@ -217,7 +251,13 @@ fn from_figment(figment: &Figment, err: figment::Error) -> Vec<Problem> {
         .map(|e| {
             let key = e.path.join(".");
             let source = describe_source(e.metadata.as_ref().or_else(|| figment.find_metadata(&key)), &key);
-            Problem { key, source, message: e.kind.to_string() }
+            // A message with no key is the file's own (TOML that does not parse).
+            let code = match &e.kind {
+                figment::error::Kind::UnknownField(..) => ProblemCode::ConfigKeyUnknown,
+                figment::error::Kind::Message(_) if key.is_empty() => ProblemCode::ConfigSyntax,
+                _ => ProblemCode::ConfigValueInvalid,
+            };
+            Problem::new(key, source, e.kind.to_string()).coded(code)
         })
         .collect()
 }
@@ -287,6 +327,29 @@ mod tests {
         );
         let err = load_text("[budget]\nat_limit = \"stop\"\n").expect_err("unknown action");
         assert!(err.0.iter().any(|p| p.key.starts_with("budget")), "{err}");
+    }
+
+    /// Each problem carries its stable code, printed first: a file that is missing or is not
+    /// TOML, a key no setting has, a value that is wrong (a type, or a check of its own).
+    #[test]
+    fn each_problem_carries_its_code() {
+        let codes = |err: ConfigError| err.0.into_iter().map(|p| (p.key, p.code)).collect::<Vec<_>>();
+        assert_eq!(codes(load_text("[server\n").expect_err("not TOML")), [(String::new(), ProblemCode::ConfigSyntax)]);
+        let err = load_text("[surprise]\nkey = 1\n[auth]\nlogin_max_failures = \"many\"\n[budget]\nwarn_at = [120]\n").expect_err("bad");
+        assert!(err.to_string().contains("CONFIG_KEY_UNKNOWN surprise.key: unknown key"), "{err}");
+        let mut found = codes(err);
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            found,
+            [
+                ("auth.login_max_failures".to_string(), ProblemCode::ConfigValueInvalid),
+                ("budget.warn_at".to_string(), ProblemCode::ConfigValueInvalid),
+                ("surprise.key".to_string(), ProblemCode::ConfigKeyUnknown),
+            ]
+        );
+        let missing = super::load(Path::new("/nonexistent/gatehouse.toml")).expect_err("no file");
+        assert_eq!(missing.0[0].code, ProblemCode::ConfigFileMissing);
+        assert!(missing.to_string().contains("CONFIG_FILE_MISSING config file not found"), "{missing}");
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub use lane::LaneSettings;
 pub use llm::{EndpointSettings, LlmProvider, LlmSettings, ModelPrice, ModelSettings};
 pub use mcp::McpSettings;
 pub use retention::RetentionSettings;
-pub use load::{ConfigError, LoadedConfig, Problem, load};
+pub use load::{ConfigError, LoadedConfig, Problem, ProblemCode, load};
 pub use secrets::{SecretSource, Secrets};
 pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
 pub use telemetry::TelemetrySettings;

@@ -135,7 +135,7 @@ pub fn catalog_problems(catalog: &Catalog, dir: &Path, settings: &Settings) -> V
     let lane = &settings.lane;
     for name in lane.always_offered.iter().filter(|n| !n.contains(mcp::normalize::SEPARATOR) && catalog.get(n).is_none()) {
         let message = format!("names {name:?}, which no tool in tools.toml has, so it would never be offered");
-        problems.push(Problem { key: "lane.always_offered".into(), source: "the main config file (gatehouse.toml, or the one given with --config)".into(), message });
+        problems.push(Problem::new("lane.always_offered", "the main config file (gatehouse.toml, or the one given with --config)", message));
     }
     for (key, name) in [("lane.respond_tool", &lane.respond_tool), ("lane.search_tool", &lane.search_tool)] {
         if !name.is_empty() && catalog.get(name).is_some() {

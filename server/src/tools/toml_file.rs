@@ -6,17 +6,17 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::config::Problem;
+use crate::config::{Problem, ProblemCode};
 
 /// Names a problem in the file at `path`: the file, then the key.
 pub(crate) fn problem_at(path: &Path) -> impl Fn(String, String) -> Problem + use<> {
     let source = path.display().to_string();
-    move |key, message| Problem { key, source: source.clone(), message }
+    move |key, message| Problem::new(key, source.clone(), message)
 }
 
 /// The text of the file at `path`; `what` names it in the problem when it cannot be read.
 pub(crate) fn read(path: &Path, what: &str, problem: &impl Fn(String, String) -> Problem) -> Result<String, Vec<Problem>> {
-    std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read {what}: {e}"))])
+    std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read {what}: {e}")).coded(ProblemCode::ConfigFileUnreadable)])
 }
 
 /// The entries of a `[[section]]` array as `T`, each with its label for problems: `tool[3]`, or

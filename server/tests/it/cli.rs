@@ -104,9 +104,9 @@ fn every_config_problem_is_reported_at_once() {
     assert_eq!(out.code, 2, "{}", out.all());
     let err = out.stderr;
     let file = path.display().to_string();
-    assert!(err.contains(&format!("surprise.key: unknown key (from {file})")), "{err}");
+    assert!(err.contains(&format!("CONFIG_KEY_UNKNOWN surprise.key: unknown key (from {file})")), "{err}");
     assert!(err.contains("auth.login_max_failure: unknown key; did you mean `auth.login_max_failures`?"), "{err}");
-    assert!(err.contains("server.strict_port: invalid type") && err.contains(&file), "{err}");
+    assert!(err.contains("CONFIG_VALUE_INVALID server.strict_port: invalid type") && err.contains(&file), "{err}");
     assert!(err.contains("server.addr") && err.contains("environment variable GATEHOUSE__SERVER__ADDR"), "{err}");
     assert!(!err.contains(SECRET));
 }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{ApprovalMode, AuditSettings, Catalog, Operation, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
 use crate::{
-    config::{Problem, secrets::secret_var_problem},
+    config::{Problem, ProblemCode, secrets::secret_var_problem},
     tools::{connectors, hooks, schema::closed_schema, toml_file},
 };
 
@@ -34,12 +34,12 @@ impl Catalog {
     pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Self, Vec<Problem>> {
         let problem = toml_file::problem_at(path);
         let text = toml_file::read(path, "the tools file", &problem)?;
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}"))])?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {e}")).coded(ProblemCode::ConfigSyntax)])?;
         let mut problems = Vec::new();
         // Unknown top-level keys are reported with everything else, not instead of it.
         const KNOWN: [&str; 4] = ["approval_mode", "tool", "hook", "audit"];
         for key in table.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
-            problems.push(problem(key.clone(), format!("unknown key; expected one of {}", KNOWN.join(", "))));
+            problems.push(problem(key.clone(), format!("unknown key; expected one of {}", KNOWN.join(", "))).coded(ProblemCode::ConfigKeyUnknown));
         }
         table.retain(|k, _| KNOWN.contains(&k));
         let file: ToolsFile = match table.try_into() {

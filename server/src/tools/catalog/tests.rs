@@ -89,6 +89,20 @@ fn keys_that_would_do_nothing_are_refused() {
     assert!(load(&GOOD.replace("operation = \"read\"", "operation = \"read\"\nchainable = true"), &["SHOP_API_KEY"]).is_ok(), "a chained read loads");
 }
 
+/// Each problem carries its stable code: a file that is not TOML, a key no tool has, a value
+/// that is wrong.
+#[test]
+fn each_problem_carries_its_code() {
+    use crate::config::ProblemCode;
+    let codes = |problems: Vec<Problem>| problems.into_iter().map(|p| p.code).collect::<Vec<_>>();
+    assert_eq!(codes(load("[[tool]\n", &[]).expect_err("not TOML")), [ProblemCode::ConfigSyntax]);
+    assert_eq!(codes(load(&format!("{GOOD}\n[surprise]\nkey = 1\n"), &["SHOP_API_KEY"]).expect_err("unknown")), [ProblemCode::ConfigKeyUnknown]);
+    let chain_write = GOOD.replace("operation = \"read\"", "operation = \"write\"\nchainable = true");
+    let problems = load(&chain_write, &["SHOP_API_KEY"]).expect_err("chained write");
+    assert!(problems.iter().all(|p| p.code == ProblemCode::ConfigValueInvalid), "{problems:?}");
+    assert!(problems[0].to_string().starts_with("CONFIG_VALUE_INVALID tool[0] (lookup_order).chainable: "), "{}", problems[0]);
+}
+
 /// A secret pasted where its variable's name belongs is refused without being repeated: the
 /// problem reaches check-config's output, the logs and the console.
 #[test]
