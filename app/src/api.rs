@@ -144,7 +144,8 @@ pub async fn console_settings() -> Result<SettingsInfo, AppError> {
 
 #[server(endpoint = "update_phones")]
 pub async fn update_phones(phones: String) -> Result<Vec<String>, AppError> {
-    for_owner(|me, backend| async move { backend.update_phones(me.owner_id, &phones, &client_ip().await).await }).await
+    let typed = UpdatePhones { phones: phones.clone() };
+    crate::auth::for_owner_keeping(&typed, crate::auth::KeepInput::Refused, |me, backend| async move { backend.update_phones(me.owner_id, &phones, &client_ip().await).await }).await
 }
 
 #[server(endpoint = "list_jobs")]
@@ -305,13 +306,14 @@ pub async fn mark_trace(
     pattern: Option<String>,
     note: Option<String>,
 ) -> Result<String, AppError> {
+    let typed = MarkTrace { trace_id, expect: expect.clone(), pattern: pattern.clone(), note: note.clone() };
     let mark = crate::dto::TraceMark {
         trace_id,
         expect,
         pattern: pattern.unwrap_or_default(),
         note: note.unwrap_or_default(),
     };
-    for_owner(|me, backend| async move {
+    crate::auth::for_owner_keeping(&typed, crate::auth::KeepInput::Refused, |me, backend| async move {
         backend
             .mark_trace(me.owner_id, mark, &client_ip().await)
             .await

@@ -112,6 +112,8 @@ test("owners edit their WhatsApp numbers", async ({ page }) => {
   await page.getByTestId("phones").fill("not-a-number");
   await page.getByRole("button", { name: "Save numbers" }).click();
   await expect(page.getByRole("alert")).toContainText("E.164");
+  // What was typed stays, to be corrected.
+  await expect(page.getByTestId("phones")).toHaveValue("not-a-number");
 });
 
 test("logout ends the session and protected pages redirect to login", async ({ page }) => {

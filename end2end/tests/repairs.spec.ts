@@ -31,8 +31,14 @@ async function sendAndMark(page: Page, from: string, text: string, expectation: 
   await expect(page.getByTestId("sim-result")).toHaveAttribute("data-route", "degraded");
   await page.getByTestId("sim-trace").click();
   await hydrated(page);
-  await page.getByTestId("mark-expect").fill(expectation);
+  // An expectation that does not parse is refused, and what was typed stays in the form.
+  await page.getByTestId("mark-expect").fill("sometimes");
   await page.getByTestId("mark-note").fill(note);
+  await page.getByTestId("mark-wrong").click();
+  await expect(page.getByRole("alert")).toBeVisible();
+  await expect(page.getByTestId("mark-expect")).toHaveValue("sometimes");
+  await expect(page.getByTestId("mark-note")).toHaveValue(note);
+  await page.getByTestId("mark-expect").fill(expectation);
   await page.getByTestId("mark-wrong").click();
   await expect(page.getByTestId("mark-result")).toContainText("eval case");
   await expect(page.getByTestId("trace-findings")).toContainText(expectation);

@@ -5,17 +5,21 @@ use crate::api::{UpdatePhones, console_settings};
 #[component]
 pub fn SettingsPage() -> impl IntoView {
     let (update, saved) = super::form_action::<UpdatePhones>();
+    // What was typed, when the numbers were refused: the form is filled with it again.
+    let typed = super::form_input::<UpdatePhones>();
     let info = Resource::new_blocking(|| (), |_| console_settings());
     view! {
         {super::page_head("Settings", None)}
         <h1>"Settings"</h1>
-        {super::loaded(info, move |s| view! {
+        {super::loaded(info, move |s| {
+            let phones = typed.get().map_or_else(|| s.my_phones.join("\n"), |t| t.phones);
+            view! {
                     <section>
                         <h2>"Your WhatsApp numbers"</h2>
                         <p>"The bot treats messages from these numbers as coming from you, an owner."</p>
                         <ActionForm action=update attr:class="stack">
                             <label>"Numbers in E.164 form, one per line"
-                                <textarea name="phones" rows="3" data-testid="phones">{s.my_phones.join("\n")}</textarea>
+                                <textarea name="phones" rows="3" data-testid="phones">{phones}</textarea>
                             </label>
                             <button type="submit">"Save numbers"</button>
                         </ActionForm>
@@ -43,6 +47,7 @@ pub fn SettingsPage() -> impl IntoView {
                             </tbody>
                         </table>
                     </section>
+            }
         })}
     }
 }

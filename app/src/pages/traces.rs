@@ -101,13 +101,15 @@ pub fn TraceDetailPage() -> impl IntoView {
     let params = use_params_map();
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
     let (mark, marked) = super::form_action::<MarkTrace>();
+    // What was typed, when the last mark was refused: the form is filled with it again.
+    let typed = super::form_input::<MarkTrace>();
     let detail = Resource::new(move || id.get(), get_trace);
     view! {
         {super::page_head("Trace", Some(TRACES_LIVE))}
         <p><a href="/traces">"\u{2190} All traces"</a></p>
         {super::loaded(detail, move |d| {
             let t = d.summary.clone();
-            let marking = mark_form(&d, mark, marked);
+            let marking = mark_form(&d, mark, marked, typed.get().filter(|m| m.trace_id == d.summary.id));
             view! {
                 <div data-live-region="trace">
                 <h1>{format!("Trace #{}", t.id)}" "<span class=format!("badge outcome-{}", t.outcome)>{t.outcome.clone()}</span></h1>
@@ -168,7 +170,10 @@ pub fn TraceDetailPage() -> impl IntoView {
 
 /// "Was this wrong?": what should have happened becomes a finding and an eval case, which the
 /// Repairs page replays and proposes a fix for.
-fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>, marked: super::Answer<String>) -> impl IntoView + use<> {
+fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>, marked: super::Answer<String>, typed: Option<MarkTrace>) -> impl IntoView + use<> {
+    let expect = typed.as_ref().map(|m| m.expect.clone()).unwrap_or_default();
+    let chosen = typed.as_ref().and_then(|m| m.pattern.clone()).unwrap_or_default();
+    let note = typed.and_then(|m| m.note).unwrap_or_default();
     let findings = d.findings.clone();
     let patterns = d.patterns.clone();
     let expectations: Vec<String> = ["normal_chat", "guard", "clarify"]
@@ -189,16 +194,16 @@ fn mark_form(d: &TraceDetail, mark: ServerAction<MarkTrace>, marked: super::Answ
         <ActionForm action=mark attr:class="filters" attr:data-testid="mark-form">
             <input type="hidden" name="trace_id" value=trace_id />
             <label>"Should have been "
-                <input type="text" name="expect" list="mark-expectations" required placeholder="tool:NAME, normal_chat, guard or clarify" data-testid="mark-expect" />
+                <input type="text" name="expect" value=expect list="mark-expectations" required placeholder="tool:NAME, normal_chat, guard or clarify" data-testid="mark-expect" />
             </label>
             <datalist id="mark-expectations">{expectations.into_iter().map(|e| view! { <option value=e></option> }).collect_view()}</datalist>
             <label>"Pattern "
                 <select name="pattern" data-testid="mark-pattern">
                     <option value="">"as the expectation implies"</option>
-                    {patterns.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
+                    {patterns.into_iter().map(|p| view! { <option value=p.clone() selected=p == chosen>{p.clone()}</option> }).collect_view()}
                 </select>
             </label>
-            <label>"What should have happened " <input type="text" name="note" maxlength="500" data-testid="mark-note" /></label>
+            <label>"What should have happened " <input type="text" name="note" value=note maxlength="500" data-testid="mark-note" /></label>
             <button type="submit" data-testid="mark-wrong">"Mark wrong"</button>
         </ActionForm>
     }
