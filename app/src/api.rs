@@ -231,7 +231,8 @@ pub async fn mcp_decide(tool: String, decision: String, hash: String) -> Result<
 /// against the form's schema; omitted fields take their defaults), "decline" or "cancel".
 #[server(endpoint = "mcp_answer_form")]
 pub async fn mcp_answer_form(id: i64, decision: String, #[server(default)] values: std::collections::BTreeMap<String, String>) -> Result<String, AppError> {
-    for_owner(|me, backend| async move {
+    let typed = McpAnswerForm { id, decision: decision.clone(), values: values.clone() };
+    crate::auth::for_owner_keeping(&typed, crate::auth::KeepInput::Refused, |me, backend| async move {
         if !matches!(decision.as_str(), "accept" | "decline" | "cancel") {
             return Err(AppError::invalid("decision must be accept, decline or cancel"));
         }

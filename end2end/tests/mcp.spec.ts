@@ -2,7 +2,7 @@ import { execFile } from "node:child_process";
 
 import { test, expect, type Page } from "@playwright/test";
 
-import { failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { binary, configPath, gatehouse, owner, serverEnv } from "./support";
 
 // The MCP servers page against a real MCP server (the npm reference memory server over stdio,
@@ -90,6 +90,12 @@ test("a server's form waits for an owner, who answers it in the console", async 
     await expect(form.getByTestId("form-message")).toHaveText("<b>Which</b> seat?");
     // Defaults filled in; a required field without one is for the owner to fill.
     await expect(form.locator('input[data-field="seats"]')).toHaveValue("2");
+    // An answer the schema refuses (the required choice not given) keeps what was filled in.
+    expectHttpError("/api/mcp_answer_form", 400);
+    await form.locator('input[data-field="seats"]').fill("3");
+    await form.getByTestId("form-accept").click();
+    await expect(page.getByRole("alert")).toBeVisible();
+    await expect(page.getByTestId("mcp-form").locator('input[data-field="seats"]')).toHaveValue("3");
     await form.locator('select[data-field="confirm"]').selectOption("true");
     await form.getByTestId("form-accept").click();
     await expect(page.getByTestId("form-result")).toContainText("accepted");

@@ -28,6 +28,8 @@ pub fn McpPage() -> impl IntoView {
     let (refresh, refreshed) = super::form_action::<McpRefresh>();
     let decide = ServerAction::<McpDecide>::new();
     let (answer, answered) = super::form_action::<McpAnswerForm>();
+    // What was filled in, when a form's answer was refused: that form is filled with it again.
+    let typed = super::form_input::<McpAnswerForm>();
     let page = Resource::new(|| (), |_| mcp_servers());
     view! {
         {super::page_head("MCP servers", Some(MCP_STREAM))}
@@ -46,7 +48,10 @@ pub fn McpPage() -> impl IntoView {
         {super::loaded(page, move |p| {
             let forms = (!p.forms.is_empty()).then(|| view! {
                 <h2>"Forms waiting for you"</h2>
-                {p.forms.clone().into_iter().map(|f| super::mcp_forms::form_card(f, answer)).collect_view()}
+                {p.forms.clone().into_iter().map(|f| {
+                    let filled = typed.get().filter(|t| t.id == f.id).map(|t| t.values).unwrap_or_default();
+                    super::mcp_forms::form_card(f, answer, filled)
+                }).collect_view()}
             });
             // A form may outlive its server's entry in mcp.toml: it is shown until it expires.
             let servers = if p.servers.is_empty() {

@@ -13,7 +13,9 @@ use crate::{
     live::fmt_time,
 };
 
-pub fn form_card(f: McpFormView, answer: ServerAction<McpAnswerForm>) -> impl IntoView {
+/// A form's card; `filled` holds the values given in a refused answer, shown instead of the
+/// defaults.
+pub fn form_card(f: McpFormView, answer: ServerAction<McpAnswerForm>, filled: std::collections::BTreeMap<String, String>) -> impl IntoView {
     let id = f.id.to_string();
     let button = move |decision: &'static str, text: &'static str, class: &'static str| {
         let id = id.clone();
@@ -37,7 +39,10 @@ pub fn form_card(f: McpFormView, answer: ServerAction<McpAnswerForm>) -> impl In
             <ActionForm action=answer>
                 <input type="hidden" name="id" value=accept_id />
                 <input type="hidden" name="decision" value="accept" />
-                {f.fields.into_iter().map(field_input).collect_view()}
+                {f.fields.into_iter().map(|fl| {
+                    let given = filled.get(&fl.name).cloned();
+                    field_input(fl, given)
+                }).collect_view()}
                 <button type="submit" data-testid="form-accept">"Accept and send"</button>
             </ActionForm>
             <div class="actions">
@@ -48,9 +53,9 @@ pub fn form_card(f: McpFormView, answer: ServerAction<McpAnswerForm>) -> impl In
     }
 }
 
-fn field_input(fl: McpFormField) -> impl IntoView {
+fn field_input(fl: McpFormField, given: Option<String>) -> impl IntoView {
     let name = format!("values[{}]", fl.name);
-    let default = fl.default.clone().unwrap_or_default();
+    let default = given.or_else(|| fl.default.clone()).unwrap_or_default();
     // A field that may stay empty gets an empty choice; empty means "not given" (its default).
     let blank = !fl.required || fl.default.is_none();
     let input = match fl.kind.as_str() {
