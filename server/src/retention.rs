@@ -47,7 +47,7 @@ impl Pruned {
     /// One line for the job's preview.
     pub fn summary(&self) -> String {
         format!(
-            "removed {} finished job(s), {} older event(s) of running jobs, {} settled approval request(s), {} owner notice(s), {} past budget warning(s), {} model call record(s){}",
+            "removed {} finished job(s), {} older event(s) of unfinished jobs, {} settled approval request(s), {} owner notice(s), {} past budget warning(s), {} model call record(s){}",
             self.finished_jobs,
             self.old_job_events,
             self.decided_approvals,

@@ -50,10 +50,20 @@ pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) ->
     Ok(deleted.len() as u64)
 }
 
-/// Up to `batch` job events from before `before` (after [`finished_jobs`]: those of jobs still
-/// unfinished, such as the periodic ones, which never finish and gain events every turn).
+/// Up to `batch` events from before `before` of jobs still unfinished (the periodic ones, which
+/// never finish and gain events every turn; a finished job's trail goes with the job). Only the
+/// events before the first one from `before` on are read (the table has no index on `at`, and
+/// ids follow time), so a run does not read the whole table.
 pub async fn old_job_events(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
-    oldest(conn, "job_events", before, batch).await
+    let sql = format!(
+        "DELETE FROM job_events WHERE id IN ( \
+           SELECT e.id FROM job_events e JOIN jobs j ON j.id = e.job_id \
+           WHERE e.id < COALESCE((SELECT f.id FROM job_events f WHERE f.at >= $1 ORDER BY f.id LIMIT 1), {}) \
+             AND e.at < $1 AND j.state NOT IN {FINISHED} \
+           ORDER BY e.id LIMIT $2)",
+        i64::MAX
+    );
+    Ok(sqlx::query(&sql).bind(before).bind(batch).execute(conn).await?.rows_affected())
 }
 
 /// Up to `batch` approval requests settled before `before`, with the messages that asked.

@@ -54,8 +54,16 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     let now = server::db::now_ms();
     let (old_job, recent_job, month_old) = (now - 31 * DAY, now - 29 * DAY, now - 91 * DAY);
 
-    // More finished jobs than one batch, past 30 days; each has its event trail.
+    // An unfinished job that runs again and again, since long ago: its events past the days go,
+    // the job stays. Its events are the oldest, as they would be.
     let queue = &app.gatehouse.jobs;
+    let unfinished = queue.enqueue(&queue.job(&Echo { message: "waiting".into(), fail_with: None })).await.expect("enqueue").job.id;
+    sqlx::query("UPDATE jobs SET state = 'scheduled', updated_at = $1 WHERE id = $2").bind(old_job).bind(unfinished).execute(&app.state.db.pool).await.expect("old");
+    sqlx::query("UPDATE job_events SET at = $1 WHERE job_id = $2").bind(old_job).bind(unfinished).execute(&app.state.db.pool).await.expect("old events");
+    let its_events = count(&app, &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {unfinished}")).await;
+    assert!(its_events > 0);
+
+    // More finished jobs than one batch, past 30 days; each has its event trail.
     let many: Vec<_> = (0..retention::BATCH + 7).map(|i| queue.job(&Echo { message: format!("m{i}"), fail_with: None })).collect();
     let mut tx = app.state.db.begin_write().await.expect("begin");
     let ids: Vec<i64> = queue.enqueue_many_in(&mut tx, &many).await.expect("enqueue").iter().map(|e| e.job.id).collect();
@@ -64,10 +72,8 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     for (i, id) in ids.iter().enumerate() {
         sqlx::query("UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3").bind(states[i % 3]).bind(old_job).bind(id).execute(&app.state.db.pool).await.expect("finish");
     }
-    // Kept: an old job that is not finished, and a finished one within its 30 days.
-    let unfinished = queue.enqueue(&queue.job(&Echo { message: "waiting".into(), fail_with: None })).await.expect("enqueue").job.id;
+    // Kept: a finished job within its 30 days.
     let recent = queue.enqueue(&queue.job(&Echo { message: "recent".into(), fail_with: None })).await.expect("enqueue").job.id;
-    sqlx::query("UPDATE jobs SET state = 'scheduled', updated_at = $1 WHERE id = $2").bind(old_job).bind(unfinished).execute(&app.state.db.pool).await.expect("old");
     sqlx::query("UPDATE jobs SET state = 'completed', updated_at = $1 WHERE id = $2").bind(recent_job).bind(recent).execute(&app.state.db.pool).await.expect("recent");
     let events_before = count(&app, "SELECT COUNT(*) FROM job_events").await;
     assert!(events_before > ids.len() as i64, "every job has its events");
@@ -87,19 +93,16 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     exec(&app, "INSERT INTO budget_warnings (period, percent, at, spent_micro_usd, budget_micro_usd) VALUES ('day:2020-01-01', 50, $1, 1, 2)", month_old).await;
     sqlx::query("INSERT INTO budget_warnings (period, percent, at, spent_micro_usd, budget_micro_usd) VALUES ($1, 50, $2, 1, 2)").bind(&today).bind(now).execute(&app.state.db.pool).await.expect("warning");
 
-    // An unfinished job that runs again and again gains events every turn: those past the
-    // days go, the job stays.
-    exec(&app, "INSERT INTO job_events (job_id, at, state, attempt) VALUES ((SELECT MIN(id) FROM jobs WHERE state = 'scheduled'), $1, 'running', 1)", old_job).await;
-
     // Out of time after the first batch: it stops there, and says there is more.
     let first = retention::prune(&app.state.db, &settings, now, Instant::now()).await.expect("prune");
     assert_eq!(first, Pruned { finished_jobs: retention::BATCH as u64, more: true, ..Pruned::default() }, "{}", first.summary());
     assert!(first.summary().ends_with("more to remove in the next turn"), "{}", first.summary());
     let pruned = retention::prune(&app.state.db, &settings, now, Instant::now() + Duration::from_secs(60)).await.expect("prune");
-    let rest = Pruned { finished_jobs: 7, old_job_events: 1, decided_approvals: 1, notices: 1, budget_warnings: 1, model_calls: 1, more: false };
+    let rest = Pruned { finished_jobs: 7, old_job_events: its_events as u64, decided_approvals: 1, notices: 1, budget_warnings: 1, model_calls: 1, more: false };
     assert_eq!(pruned, rest, "{}", pruned.summary());
     let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'system.echo' ORDER BY id").fetch_all(&app.state.db.pool).await.expect("jobs");
     assert_eq!(left, [unfinished, recent], "unfinished and recent jobs are kept");
+    assert!(count(&app, &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {recent}")).await > 0, "a kept job keeps its trail");
     let orphans = count(&app, "SELECT COUNT(*) FROM job_events e WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id)").await;
     assert_eq!(orphans, 0, "a removed job's events go with it");
     assert_eq!(count(&app, &format!("SELECT COUNT(*) FROM approvals WHERE id = {gone}")).await, 0);
