@@ -40,6 +40,20 @@ impl ProblemCode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// The code of a TOML file's error, from what serde or the parser says: an unknown field
+    /// is a key no setting has, a wrong type or value or a missing field is a value problem,
+    /// anything else is TOML that does not parse.
+    pub fn of_toml(error: &toml::de::Error) -> Self {
+        let message = error.message();
+        if message.starts_with("unknown field") {
+            Self::ConfigKeyUnknown
+        } else if ["invalid type", "invalid value", "invalid length", "missing field", "unknown variant", "duplicate field"].iter().any(|m| message.starts_with(m)) {
+            Self::ConfigValueInvalid
+        } else {
+            Self::ConfigSyntax
+        }
+    }
 }
 
 /// One thing wrong with the configuration.
@@ -106,6 +120,11 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
 }
 
 pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<LoadedConfig, ConfigError> {
+    if let Err(e) = std::fs::read_to_string(path).map(drop)
+        && path.is_file()
+    {
+        return Err(ConfigError(vec![Problem::new("", path.display().to_string(), format!("cannot read it: {e}")).coded(ProblemCode::ConfigFileUnreadable)]));
+    }
     if !path.is_file() {
         let message = "config file not found; pass --config PATH or run from the repository root";
         return Err(ConfigError(vec![Problem::new("", path.display().to_string(), message).coded(ProblemCode::ConfigFileMissing)]));
@@ -200,7 +219,8 @@ fn check(figment: &Figment) -> (Settings, Vec<Problem>) {
                     Value::Bool(_, b) => b.to_string(),
                     _ => "the given value".into(),
                 };
-                problems.push(problem_at(figment, key, format!("{} (got {shown})", e.kind)));
+                let code = if matches!(e.kind, figment::error::Kind::UnknownField(..)) { ProblemCode::ConfigKeyUnknown } else { ProblemCode::ConfigValueInvalid };
+                problems.push(problem_at(figment, key, format!("{} (got {shown})", e.kind)).coded(code));
             }
         }
     }
@@ -347,6 +367,12 @@ mod tests {
                 ("surprise.key".to_string(), ProblemCode::ConfigKeyUnknown),
             ]
         );
+        let extra = problems_at("[[models.prices]]\nmodel = \"m\"\ninput = 1.0\noutput = 1.0\nextra = 2\n", &["models.prices"]);
+        assert_eq!(extra.0[0].code, ProblemCode::ConfigKeyUnknown, "a key an entry does not have: {extra}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let binary = dir.path().join("gatehouse.toml");
+        std::fs::write(&binary, [0xff, 0xfe, 0x00]).expect("write");
+        assert_eq!(super::load(&binary).expect_err("not text").0[0].code, ProblemCode::ConfigFileUnreadable);
         let missing = super::load(Path::new("/nonexistent/gatehouse.toml")).expect_err("no file");
         assert_eq!(missing.0[0].code, ProblemCode::ConfigFileMissing);
         assert!(missing.to_string().contains("CONFIG_FILE_MISSING config file not found"), "{missing}");

@@ -32,7 +32,7 @@ pub(crate) fn entries<'a, T: DeserializeOwned>(
         let label = raw.get(name_key).and_then(|n| n.as_str()).map_or_else(|| format!("{section}[{i}]"), |n| format!("{section}[{i}] ({n})"));
         match raw.try_into() {
             Ok(entry) => Ok((label, entry)),
-            Err(e) => Err(problem(label, e.to_string().trim().to_string())),
+            Err(e) => Err(problem(label, e.to_string().trim().to_string()).coded(ProblemCode::of_toml(&e))),
         }
     })
 }

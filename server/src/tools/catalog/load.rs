@@ -45,7 +45,7 @@ impl Catalog {
         let file: ToolsFile = match table.try_into() {
             Ok(file) => file,
             Err(e) => {
-                problems.push(problem(String::new(), e.to_string().trim().to_string()));
+                problems.push(problem(String::new(), e.to_string().trim().to_string()).coded(ProblemCode::of_toml(&e)));
                 return Err(problems);
             }
         };

@@ -97,6 +97,10 @@ fn each_problem_carries_its_code() {
     let codes = |problems: Vec<Problem>| problems.into_iter().map(|p| p.code).collect::<Vec<_>>();
     assert_eq!(codes(load("[[tool]\n", &[]).expect_err("not TOML")), [ProblemCode::ConfigSyntax]);
     assert_eq!(codes(load(&format!("{GOOD}\n[surprise]\nkey = 1\n"), &["SHOP_API_KEY"]).expect_err("unknown")), [ProblemCode::ConfigKeyUnknown]);
+    let extra = GOOD.replace("operation = \"read\"", "operation = \"read\"\nsurprise = 1");
+    assert_eq!(codes(load(&extra, &["SHOP_API_KEY"]).expect_err("unknown field")), [ProblemCode::ConfigKeyUnknown], "a key a tool entry does not have");
+    let wrong = GOOD.replace("operation = \"read\"", "operation = 7");
+    assert_eq!(codes(load(&wrong, &["SHOP_API_KEY"]).expect_err("wrong type")), [ProblemCode::ConfigValueInvalid]);
     let chain_write = GOOD.replace("operation = \"read\"", "operation = \"write\"\nchainable = true");
     let problems = load(&chain_write, &["SHOP_API_KEY"]).expect_err("chained write");
     assert!(problems.iter().all(|p| p.code == ProblemCode::ConfigValueInvalid), "{problems:?}");
