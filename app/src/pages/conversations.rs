@@ -27,7 +27,7 @@ pub fn ConversationsPage() -> impl IntoView {
         <h1>"Conversations"</h1>
         {super::loaded(page, move |p| {
             // Carry on as the last message's sender, as a chat would.
-            let typed = typed.get();
+            let typed = typed.get().filter(|t| t.chat_id.is_empty());
             let from = match &typed {
                 Some(t) => t.from.clone(),
                 None => sent.get().and_then(Result::ok).map_or_else(|| p.simulator_customer.clone(), |o| o.from),

@@ -33,13 +33,20 @@ pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, 
     Ok(sqlx::query_scalar("SELECT data FROM sessions WHERE id = $1 AND expires_at > $2").bind(id).bind(now_ms()).fetch_optional(&mut *conn).await?)
 }
 
+/// Deletes a session with the form answers and input kept for it.
 pub async fn delete(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
     sqlx::query("DELETE FROM sessions WHERE id = $1").bind(id).execute(&mut *conn).await?;
+    sqlx::query("DELETE FROM form_answers WHERE session_id = $1").bind(id).execute(&mut *conn).await?;
     Ok(())
 }
 
+/// Deletes the expired sessions, and the form answers and input no page took in time (what a
+/// refused form held stays no longer than [`FORM_ANSWER_TTL_MS`], whether or not another form
+/// is posted).
 pub async fn delete_expired(conn: &mut AnyConnection) -> Result<u64, DbError> {
-    let done = sqlx::query("DELETE FROM sessions WHERE expires_at <= $1").bind(now_ms()).execute(&mut *conn).await?;
+    let now = now_ms();
+    let done = sqlx::query("DELETE FROM sessions WHERE expires_at <= $1").bind(now).execute(&mut *conn).await?;
+    sqlx::query("DELETE FROM form_answers WHERE created_at <= $1").bind(now - FORM_ANSWER_TTL_MS).execute(&mut *conn).await?;
     Ok(done.rows_affected())
 }
 

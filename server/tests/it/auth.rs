@@ -479,6 +479,45 @@ async fn a_chat_page_takes_its_own_forms_answer(db: TestDb) {
 both_backends!(chat_form_answer, a_chat_page_takes_its_own_forms_answer);
 
 /// A form post as a browser without JavaScript sends it from the console's page `from_page`.
+/// A refused form's input fills the form again on the page of the record it was typed for, and
+/// on no other: a trace's mark refused on one trace does not show on another's page. What a
+/// refused form held goes with its session, and after its time whether or not another form is
+/// posted.
+async fn a_refused_forms_input_fills_its_own_page_only(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let mut c = app.with_owner("ada", PASSWORD).await;
+    let mut traces = Vec::new();
+    for text in ["one", "two"] {
+        let sent = c.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", text), ("chat_id", "")]).await;
+        assert_eq!(sent.status, StatusCode::OK, "{}", sent.body);
+        traces.push(sent.json()["trace_id"].as_i64().expect("a trace"));
+    }
+    let (a, b) = (traces[0], traces[1]);
+    let refuse = |on: i64| [("trace_id", on.to_string()), ("expect", "sometimes".to_string()), ("note", "kept note".to_string())];
+    let fields = refuse(a);
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(plain_form_post(&mut c, &format!("/traces/{a}"), "/api/mark_trace", &fields).await.status, StatusCode::FOUND);
+    let page = c.get(&format!("/traces/{a}")).await;
+    assert!(page.body.contains("value=\"sometimes\"") && page.body.contains("value=\"kept note\""), "{}", page.body);
+    assert!(!c.get(&format!("/traces/{a}")).await.body.contains("kept note"), "taken once");
+
+    assert_eq!(plain_form_post(&mut c, &format!("/traces/{a}"), "/api/mark_trace", &fields).await.status, StatusCode::FOUND);
+    assert!(!c.get(&format!("/traces/{b}")).await.body.contains("kept note"), "another trace's page does not show it");
+
+    let kept = || async { sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM form_answers").fetch_one(&app.state.db.pool).await.expect("count") };
+    assert_eq!(plain_form_post(&mut c, &format!("/traces/{a}"), "/api/mark_trace", &fields).await.status, StatusCode::FOUND);
+    assert_eq!(kept().await, 1);
+    let stale = server::db::sessions::FORM_ANSWER_TTL_MS + 1000;
+    sqlx::query("UPDATE form_answers SET created_at = created_at - $1").bind(stale).execute(&app.state.db.pool).await.expect("age");
+    server::db::sessions::delete_expired(&mut app.state.db.pool.acquire().await.expect("conn")).await.expect("clean");
+    assert_eq!(kept().await, 0, "gone after its time with no other form posted");
+    assert_eq!(plain_form_post(&mut c, &format!("/traces/{a}"), "/api/mark_trace", &fields).await.status, StatusCode::FOUND);
+    let session = c.cookie.clone().expect("session");
+    server::db::sessions::delete(&mut app.state.db.pool.acquire().await.expect("conn"), &session).await.expect("delete");
+    assert_eq!(kept().await, 0, "gone with its session");
+}
+both_backends!(form_input_kept, a_refused_forms_input_fills_its_own_page_only);
+
 async fn plain_form_post(c: &mut crate::support::Client, from_page: &str, path: &str, fields: &[(&str, &str)]) -> crate::support::Resp {
     c.headers = vec![("accept".into(), "text/html".into()), ("referer".into(), format!("{}{from_page}", crate::support::PUBLIC_URL))];
     let res = c.post_form(path, fields).await;
