@@ -91,20 +91,16 @@ pub async fn prune(db: &Db, settings: &RetentionSettings, now_ms: i64, until: In
     let mut pruned = Pruned::default();
     // Each kind in turn, while there is time.
     if let Some(before) = cutoff(now_ms, settings.finished_jobs_days) {
-        let done = in_batches(db, until, |mut tx| async move { Ok((store::finished_jobs(&mut tx, before, BATCH).await?, tx)) }).await?;
-        (pruned.finished_jobs, pruned.more) = (done.0, done.1);
+        (pruned.finished_jobs, pruned.more) = in_batches(db, until, |mut tx| async move { Ok((store::finished_jobs(&mut tx, before, BATCH).await?, tx)) }).await?;
         if !pruned.more {
-            let done = in_batches(db, until, |mut tx| async move { Ok((store::old_job_events(&mut tx, before, BATCH).await?, tx)) }).await?;
-            (pruned.old_job_events, pruned.more) = (done.0, done.1);
+            (pruned.old_job_events, pruned.more) = in_batches(db, until, |mut tx| async move { Ok((store::old_job_events(&mut tx, before, BATCH).await?, tx)) }).await?;
         }
     }
     if let Some(before) = cutoff(now_ms, settings.decided_approvals_days).filter(|_| !pruned.more) {
-        let done = in_batches(db, until, |mut tx| async move { Ok((store::decided_approvals(&mut tx, before, BATCH).await?, tx)) }).await?;
-        (pruned.decided_approvals, pruned.more) = (done.0, done.1);
+        (pruned.decided_approvals, pruned.more) = in_batches(db, until, |mut tx| async move { Ok((store::decided_approvals(&mut tx, before, BATCH).await?, tx)) }).await?;
     }
     if let Some(before) = cutoff(now_ms, settings.notices_days).filter(|_| !pruned.more) {
-        let done = in_batches(db, until, |mut tx| async move { Ok((store::notices(&mut tx, before, BATCH).await?, tx)) }).await?;
-        (pruned.notices, pruned.more) = (done.0, done.1);
+        (pruned.notices, pruned.more) = in_batches(db, until, |mut tx| async move { Ok((store::notices(&mut tx, before, BATCH).await?, tx)) }).await?;
         // A warning of the current month (or of a day in it) is what stops that period from
         // being warned about twice: only those of months that ended go.
         let [_, (_, _, month_start)] = budget::periods_at(now_ms);
@@ -113,8 +109,7 @@ pub async fn prune(db: &Db, settings: &RetentionSettings, now_ms: i64, until: In
         tx.commit().await?;
     }
     if let Some(before) = cutoff(now_ms, settings.model_calls_days).filter(|_| !pruned.more) {
-        let done = in_batches(db, until, |mut tx| async move { Ok((store::model_calls(&mut tx, before, BATCH).await?, tx)) }).await?;
-        (pruned.model_calls, pruned.more) = (done.0, done.1);
+        (pruned.model_calls, pruned.more) = in_batches(db, until, |mut tx| async move { Ok((store::model_calls(&mut tx, before, BATCH).await?, tx)) }).await?;
     }
     Ok(pruned)
 }
