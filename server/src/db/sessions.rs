@@ -74,6 +74,13 @@ pub async fn keep_form_answer(conn: &mut AnyConnection, session_id: &str, path: 
 /// Takes (deletes and returns) the kept answer of the server function at `path`, if it is
 /// still fresh.
 pub async fn take_form_answer(conn: &mut AnyConnection, session_id: &str, path: &str) -> Result<Option<String>, DbError> {
+    // Read first: every render of a page with a form asks (for its answer and for kept input),
+    // and almost always nothing is kept; a delete would be a write each time (on SQLite one
+    // that waits for the write lock).
+    let kept: Option<i64> = sqlx::query_scalar("SELECT 1 FROM form_answers WHERE session_id = $1 AND path = $2").bind(session_id).bind(path).fetch_optional(&mut *conn).await?;
+    if kept.is_none() {
+        return Ok(None);
+    }
     let taken: Option<(String, i64)> = sqlx::query_as("DELETE FROM form_answers WHERE session_id = $1 AND path = $2 RETURNING answer, created_at")
         .bind(session_id)
         .bind(path)
