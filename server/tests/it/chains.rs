@@ -154,3 +154,45 @@ async fn a_failed_first_call_of_a_plan_stops_the_second(db: TestDb) {
     assert!(trace_steps.iter().any(|(s, _, c)| s == "AgentToolChainStopped" && c != "OK"), "{trace_steps:?}");
 }
 both_backends!(chain_two_calls_failed_first, a_failed_first_call_of_a_plan_stops_the_second);
+
+/// A step's result can carry instructions, so the next step is planned without the chat's
+/// memory and earlier tool results: what the person said before, and what earlier lookups found,
+/// are not there to be carried into a call a page asked for. The first plan reads them.
+async fn a_chain_step_is_planned_without_the_chats_memory(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.C9", "Hi! I'm staying in Porto this week.")], 1).await;
+    r.exchange(&[("wamid.C10", "Find the returns page and open it, please")], 2).await;
+    r.exchange(&[("wamid.C11", "Find the returns page and open it again")], 3).await;
+    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    assert_eq!(plans.len(), 4, "two chains of two steps: {plans:?}");
+    let (first, step) = (&plans[2], &plans[3]);
+    assert!(first.contains("chat_summary") && first.contains("Porto"), "the first plan reads the chat: {first}");
+    assert!(first.contains("recent_tool_results"), "and the chat's earlier results: {first}");
+    assert!(step.contains("Returns policy"), "the step's plan reads the step's result: {step}");
+    for gone in ["chat_summary", "Porto", "recent_tool_results"] {
+        assert!(!step.contains(gone), "{gone} reached the plan after a result: {step}");
+    }
+    assert!(!plans[1].contains("Porto"), "{}", plans[1]);
+    assert_eq!(r.graph.texts().len(), 3, "each message answered once");
+}
+both_backends!(chain_step_without_memory, a_chain_step_is_planned_without_the_chats_memory);
+
+/// Only a chainable tool's result leads to another call. With room for three steps, a second
+/// step whose tool is read-only but not chainable ends the chain with its answer: its result is
+/// never planned from.
+async fn a_step_that_is_not_chainable_ends_the_chain(db: TestDb) {
+    let open_page = "name = \"open_page\"\n";
+    let at = crate::lane_e2e::TOOLS.find(open_page).expect("open_page");
+    let (before, after) = crate::lane_e2e::TOOLS.split_at(at);
+    let tools = format!("{before}{}", after.replacen("chainable = true\n", "", 1));
+    assert_ne!(tools, crate::lane_e2e::TOOLS);
+    let r = crate::lane_e2e::rig_with(db, &tools, "", |s| s.lane.max_steps = 3).await;
+    r.exchange(&[("wamid.C12", "Find the returns page and open it, please")], 1).await;
+    let trace_steps = r.steps("wamid.C12").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "{trace_steps:?}");
+    assert_eq!(planner_calls(&r), 2, "open_page's result was not planned from: {trace_steps:?}");
+    let (status, count, _) = session(&r).await;
+    assert_eq!((status.as_str(), count), ("answered", 2));
+    assert!(r.graph.texts()[0].starts_with("Returns are free within 30 days"), "{:?}", r.graph.texts());
+}
+both_backends!(chain_not_chainable_step, a_step_that_is_not_chainable_ends_the_chain);

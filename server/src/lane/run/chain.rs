@@ -30,7 +30,8 @@ impl Lane {
 
     /// Runs a chain (seed §13): the step runs like any call; if it answered and steps remain,
     /// the planner sees its result and may propose one next call, which is validated, checked
-    /// and run the same way (a write or admin call takes the approval path). A failed, pending or
+    /// and run the same way (a write or admin call takes the approval path). The next steps are
+    /// planned without the chat's memory and earlier tool results. A failed, pending or
     /// refused step ends the chain; the person gets one reply, the last step's summary. The
     /// session and its steps are stored.
     #[expect(clippy::too_many_arguments, reason = "a chain step needs the message, the actor, the step and the planning state")]
@@ -58,7 +59,9 @@ impl Lane {
                 trace.step("AgentToolChainStopped", "stopped", "CHAIN_STEP_FAILED", json!({ "step": step, "code": code }));
                 return after(earlier.as_deref(), &answer.text);
             }
-            if step >= max {
+            // Only a chainable tool's result may lead to another call: a later step that is
+            // read-only but not chainable (an MCP tool, say) ends the chain with its answer.
+            if step >= max || !self.chainable(&call.tool) {
                 self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
                 return answer.text;
             }
@@ -77,6 +80,13 @@ impl Lane {
             });
             input.max_steps = max - step;
             input.searches_left = 0;
+            // A step's result can carry instructions (a web page, an MCP server's text). From here
+            // the planner reads only the person's message and the chain's own calls and results:
+            // the chat's memory and its earlier tool results stay out, so a result that steers the
+            // next call cannot make it carry them somewhere else.
+            input.memory_summary = None;
+            input.recent.clear();
+            input.followup = None;
             let started = Instant::now();
             let next = self.planner.plan(input).await;
             let calls: Vec<String> = match &next {
