@@ -221,7 +221,7 @@ impl Gatehouse {
         let retention = Retention::new(db.clone(), jobs.clone(), settings.clone());
         registry.handle_within::<PruneJob>(Arc::new(retention.clone()), settings.jobs.job_timeout);
         let config = Arc::new(config);
-        let reloads = Reloads::new(config.clone(), mcp.clone(), tools.clone(), db.clone(), tool_files.read_at);
+        let reloads = Reloads::new(config.clone(), mcp.clone(), tools.clone(), db.clone(), tool_files.digest);
         Ok(Self { config, tool_files, db, jobs, events, tools, mcp, reloads, model, runtime, approvals, budget, whatsapp, simulator, cycle, retention, registry, telemetry })
     }
 

@@ -35,16 +35,40 @@ use crate::{
 pub struct ToolFiles {
     pub catalog: Arc<Catalog>,
     pub mcp: Arc<mcp::McpConfig>,
-    /// When the files were read (unix ms): a reload another process made after it may not be
-    /// in them (see [`Reloads`]).
-    pub read_at: i64,
+    /// The files' bytes as they were just before they were read ([`files_digest`]): a reload
+    /// another process announced may have changed them since (see [`Reloads`]).
+    pub digest: FilesDigest,
+}
+
+/// A digest of the tool files' bytes.
+pub type FilesDigest = [u8; 32];
+
+/// The digest of the tool files in `dir` as they are now: `tools.toml`, `connectors.toml` and
+/// `mcp.toml`, each present or not. Comparing two tells whether the files changed between two
+/// reads, with no clock involved.
+pub fn files_digest(dir: &Path) -> FilesDigest {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for name in ["tools.toml", "connectors.toml", "mcp.toml"] {
+        h.update(name.as_bytes());
+        match std::fs::read(dir.join(name)) {
+            Ok(bytes) => {
+                h.update((bytes.len() as u64 + 1).to_le_bytes());
+                h.update(&bytes);
+            }
+            Err(_) => h.update(0u64.to_le_bytes()),
+        }
+    }
+    h.finalize().into()
 }
 
 impl ToolFiles {
     /// Reads and checks every tool file in `dir`; on failure every problem of every file is
     /// returned, so `check-config` can list them with the settings' own.
     pub fn load(dir: &Path, secrets: &SecretSource) -> Result<Self, Vec<Problem>> {
-        let read_at = crate::db::now_ms();
+        // Taken first: a file changed while it is read then differs from the digest, so the
+        // first poll reloads it rather than miss the change.
+        let digest = files_digest(dir);
         let mut problems = Vec::new();
         let catalog = load_catalog(dir, secrets).unwrap_or_else(|p| {
             problems.extend(p);
@@ -60,7 +84,7 @@ impl ToolFiles {
         } else {
             mcp::McpConfig::default()
         };
-        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp), read_at }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Self { catalog: Arc::new(catalog), mcp: Arc::new(mcp), digest }) } else { Err(problems) }
     }
 }
 

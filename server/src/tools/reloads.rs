@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::Mutex;
 
-use super::{Checkpoint, ReloadError, ReloadReport, mcp::McpManager, reload_catalog};
+use super::{Checkpoint, FilesDigest, ReloadError, ReloadReport, mcp::McpManager, reload_catalog};
 use crate::{
     config::LoadedConfig,
     db::{self, Db, DbError, catalog_reloads},
@@ -39,17 +39,18 @@ struct Inner {
 struct Followed {
     /// The count this process's catalog is as new as; `None` until first read.
     seen: Option<i64>,
-    /// When the tool files this process started with were read (unix ms).
-    files_read_at: i64,
+    /// The tool files this process started with, as they were read.
+    files_digest: FilesDigest,
     /// A reload made here that the other processes were not told of yet (the count could not
     /// be written); told at the next poll.
     owed: bool,
 }
 
 impl Reloads {
-    /// `files_read_at`: when the catalog the checkpoint holds was read from the files.
-    pub fn new(config: Arc<LoadedConfig>, mcp: McpManager, checkpoint: Arc<Checkpoint>, db: Db, files_read_at: i64) -> Self {
-        let state = Mutex::new(Followed { seen: None, files_read_at, owed: false });
+    /// `files_digest`: the tool files the catalog the checkpoint holds was read from
+    /// ([`ToolFiles::digest`](super::ToolFiles)).
+    pub fn new(config: Arc<LoadedConfig>, mcp: McpManager, checkpoint: Arc<Checkpoint>, db: Db, files_digest: FilesDigest) -> Self {
+        let state = Mutex::new(Followed { seen: None, files_digest, owed: false });
         Self { inner: Arc::new(Inner { config, mcp, checkpoint, db, state }) }
     }
 
@@ -92,7 +93,7 @@ impl Reloads {
                 return;
             }
         }
-        let (generation, reloaded_at) = match self.read().await {
+        let generation = match self.read().await {
             Ok(now) => now,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the catalog reload count; checking again at the next poll");
@@ -101,9 +102,10 @@ impl Reloads {
         };
         let stale = match state.seen {
             Some(seen) => generation != seen,
-            // The first read: a reload announced after this process read its files may have
-            // changed them after the read.
-            None => generation > 0 && reloaded_at >= state.files_read_at,
+            // The first read: the reloads counted so far may have been made after this process
+            // read its files, and may have changed them. Whether they did is in the files
+            // themselves; the reload's time, written by another host's clock, cannot say.
+            None => generation > 0 && super::files_digest(&self.inner.config.dir) != state.files_digest,
         };
         // A follow that failed for a passing cause is tried again at the next poll.
         if !stale || self.follow_one().await {
@@ -111,7 +113,7 @@ impl Reloads {
         }
     }
 
-    async fn read(&self) -> Result<(i64, i64), DbError> {
+    async fn read(&self) -> Result<i64, DbError> {
         let mut conn = self.inner.db.pool.acquire().await?;
         catalog_reloads::current(&mut conn).await
     }

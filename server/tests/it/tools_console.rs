@@ -149,3 +149,22 @@ async fn a_refused_reload_is_not_published_later(db: TestDb) {
     assert_ne!(app.state.tools.catalog().get("web_fetch").expect("tool").version, before, "a reload that works is published");
 }
 both_backends!(tools_refused_reload_stays_out, a_refused_reload_is_not_published_later);
+
+/// A process's first poll follows the reloads counted so far when they changed the files it had
+/// read, whatever the clocks say: here the reload's time, written by a host whose clock is far
+/// behind, is older than this process's start.
+async fn the_first_poll_follows_by_the_files_not_the_clocks(db: TestDb) {
+    let (dir, app, mut owner) = shipped_tools(db).await;
+    let worker = app.another_process(dir.path()).await;
+    let before = worker.tools.catalog().get("web_fetch").expect("tool").version.clone();
+    let text = std::fs::read_to_string(SHIPPED).expect("read").replace("Fetches one public web page", "Reads one public web page");
+    std::fs::write(dir.path().join("tools.toml"), &text).expect("edit");
+    let reloaded = owner.post_form("/api/reload_tools", &[]).await;
+    assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
+    sqlx::query("UPDATE catalog_reloads SET reloaded_at = 1").execute(&app.state.db.pool).await.expect("a clock far behind");
+    let after = app.state.tools.catalog().get("web_fetch").expect("tool").version.clone();
+    assert_ne!(before, after);
+    worker.reloads.poll().await;
+    assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, after, "followed: its files changed after it read them");
+}
+both_backends!(tools_follow_by_files, the_first_poll_follows_by_the_files_not_the_clocks);
