@@ -182,11 +182,11 @@ impl Gatehouse {
         let whatsapp = WhatsApp::new(&settings.whatsapp, &config.secrets, &db, &jobs, &events)?;
         // The tool lane: detector, planner, validator, and tool calls as durable jobs whose
         // later answers go out through the channels.
-        let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone()));
+        let outbox: Arc<dyn Outbound> = Arc::new(Outbox::new(db.clone(), whatsapp.sender.clone(), telemetry.clone()));
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
         let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
-        let processor = Arc::new(lane::processor::Processor::new(db.clone(), &settings, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(db.clone(), &settings, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()).traced(telemetry.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {
@@ -207,7 +207,7 @@ impl Gatehouse {
             telemetry: telemetry.clone(),
         }));
         let handler: Arc<dyn InboundHandler> = runtime.clone();
-        let simulator = Arc::new(Simulator::new(db.clone(), handler.clone()));
+        let simulator = Arc::new(Simulator::new(db.clone(), handler.clone(), telemetry.clone()));
         let mut registry = jobs::registry();
         whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
         registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);

@@ -88,15 +88,17 @@ impl Approvals {
         }
         let detail = json!({ "approval_id": id, "tool": row.tool, "via": by.via, "decided_by": by.name, "reason": note, "job_id": job_id });
         audit::record(&mut tx, AuditEntry { owner_id: by.owner_id, login: Some(&by.name), ip, event, detail: Some(detail.clone()) }).await?;
+        let mut appended = None;
         if let Some(trace_id) = row.trace_id {
             // The owner's reason is their text: in the request's trace only with trace_text on.
             let mut detail = detail;
             if !self.settings.conversation.trace_text {
                 detail["reason"] = json!(note.map(|n| json!({ "chars": n.chars().count() })));
             }
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?;
+            appended = Some(traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?);
         }
         self.queue.commit(tx).await?;
+        self.exported(appended);
         tracing::info!(event = "ApprovalDecided", approval.id = id, state = to.as_str(), via = by.via, "decided");
         let mut conn = self.db.pool.acquire().await?;
         let approval = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
@@ -108,10 +110,12 @@ impl Approvals {
     pub async fn expire(&self, id: i64) -> Result<bool, DbError> {
         let mut tx = self.db.begin_write().await?;
         let expired = store::expire(&mut tx, id, db::now_ms()).await?;
+        let mut appended = None;
         if expired && let Some(row) = store::get(&mut tx, id).await? && let Some(trace_id) = row.trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?;
+            appended = Some(traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?);
         }
         tx.commit().await?;
+        self.exported(appended);
         Ok(expired)
     }
 
@@ -125,8 +129,9 @@ impl Approvals {
         let Some(row) = store::get(&mut tx, approval_id).await? else { return Ok(()) };
         let outcome = if code == "OK" { answer.chars().take(600).collect::<String>() } else { format!("did not complete ({code}).") };
         let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);
+        let mut appended = None;
         if let Some(trace_id) = row.trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("ApprovalExecuted", if code == "OK" { "succeeded" } else { "failed" }, code, json!({ "approval_id": approval_id, "job_id": row.job_id }))).await?;
+            appended = Some(traces::append(&mut tx, trace_id, &Step::new("ApprovalExecuted", if code == "OK" { "succeeded" } else { "failed" }, code, json!({ "approval_id": approval_id, "job_id": row.job_id }))).await?);
         }
         if let Some(phone) = row.decider_phone.as_deref().filter(|p| !p.is_empty()) {
             let mut job = self.queue.job(&DeliverNotice { to: phone.trim_start_matches('+').to_string(), message });
@@ -135,7 +140,15 @@ impl Approvals {
             self.queue.enqueue_in(&mut tx, &job).await?;
         }
         self.queue.commit(tx).await?;
+        self.exported(appended);
         Ok(())
+    }
+
+    /// Exports the steps a committed transaction appended to finished traces.
+    pub(super) fn exported(&self, appended: impl IntoIterator<Item = traces::Appended>) {
+        for step in appended {
+            self.queue.telemetry().appended(step);
+        }
     }
 }
 

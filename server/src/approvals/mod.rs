@@ -261,10 +261,11 @@ impl Approvals {
             expires_at: now.saturating_add(db::duration_ms(self.settings.approvals.ttl)),
         };
         let store::Stored { row, reused, expired } = store::insert_or_reuse(&mut tx, &new).await?;
+        let mut appended = Vec::new();
         for (id, trace_id) in expired {
             // Settled here rather than by its expiry job, which then finds nothing to do.
             if let Some(trace_id) = trace_id {
-                traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?;
+                appended.push(traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?);
             }
         }
         if !reused {
@@ -285,6 +286,7 @@ impl Approvals {
             (None, None) => (None, None),
         };
         self.queue.commit(tx).await?;
+        self.exported(appended);
         if let Some((flushed, trace)) = flushed {
             trace.committed(flushed);
         }

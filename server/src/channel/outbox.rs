@@ -9,6 +9,7 @@ use super::{DeliverError, Outbound, ReplyTo, SIMULATOR, WHATSAPP, whatsapp::What
 use crate::{
     db::{self, Db, DbError, simulator as sim},
     domain::ChatKind,
+    telemetry::Telemetry,
     traces::{self, Step},
 };
 
@@ -16,16 +17,17 @@ use crate::{
 pub struct Outbox {
     db: Db,
     whatsapp: Arc<WhatsAppSender>,
+    telemetry: Telemetry,
 }
 
 impl Outbox {
-    pub fn new(db: Db, whatsapp: Arc<WhatsAppSender>) -> Self {
-        Self { db, whatsapp }
+    pub fn new(db: Db, whatsapp: Arc<WhatsAppSender>, telemetry: Telemetry) -> Self {
+        Self { db, whatsapp, telemetry }
     }
 
     async fn trace(&self, trace_id: Option<i64>, step: Step, failed: bool) {
         if let Some(trace_id) = trace_id {
-            traces::record_delivery(&self.db, trace_id, &step, failed).await;
+            traces::record_delivery(&self.db, &self.telemetry, trace_id, &step, failed).await;
         }
     }
 
@@ -35,10 +37,14 @@ impl Outbox {
         let mut tx = self.db.begin_write().await?;
         let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms(), group: to.chat_kind == ChatKind::Group };
         let new = sim::insert_once(&mut tx, &out).await?;
-        if new && let Some(trace_id) = trace_id {
-            traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?;
-        }
+        let appended = match trace_id {
+            Some(trace_id) if new => Some(traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?),
+            _ => None,
+        };
         tx.commit().await?;
+        if let Some(appended) = appended {
+            self.telemetry.appended(appended);
+        }
         Ok(())
     }
 }

@@ -12,6 +12,7 @@ use super::{Handled, Inbound, InboundHandler, NoPresence};
 use crate::{
     db::{self, Db, DbError, simulator as store},
     domain::ChatKind,
+    telemetry::Telemetry,
     traces::{self, Step},
 };
 
@@ -57,6 +58,7 @@ crate::db::from_sqlx_as_db!(SimError);
 pub struct Simulator {
     db: Db,
     handler: Arc<dyn InboundHandler>,
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for Simulator {
@@ -66,8 +68,8 @@ impl std::fmt::Debug for Simulator {
 }
 
 impl Simulator {
-    pub fn new(db: Db, handler: Arc<dyn InboundHandler>) -> Self {
-        Self { db, handler }
+    pub fn new(db: Db, handler: Arc<dyn InboundHandler>, telemetry: Telemetry) -> Self {
+        Self { db, handler, telemetry }
     }
 
     /// Runs one message through the runtime and records both sides of the exchange.
@@ -118,15 +120,19 @@ impl Simulator {
             group: message.group,
         };
         store::insert(&mut tx, &incoming).await?;
+        let mut appended = None;
         if let Some(reply) = &handled.reply {
             let reply_id = format!("{}_reply", inbound.message_id);
             let out = store::NewSimMessage { direction: "out", sender: "bot", text: reply, message_id: &reply_id, state: "delivered", at: now + 1, ..incoming };
             store::insert(&mut tx, &out).await?;
             if let Some(trace_id) = handled.trace_id {
-                traces::append(&mut tx, trace_id, &Step::new("delivery", "delivered", "SIMULATOR", json!({}))).await?;
+                appended = Some(traces::append(&mut tx, trace_id, &Step::new("delivery", "delivered", "SIMULATOR", json!({}))).await?);
             }
         }
         tx.commit().await?;
+        if let Some(appended) = appended {
+            self.telemetry.appended(appended);
+        }
         Ok(SimOutcome { chat_id, message_id: inbound.message_id, handled })
     }
 }

@@ -413,7 +413,8 @@ impl Runtime {
             if claim_once(&mut tx, &inbound.chat_id, PRIVATE_DATA_NOTICE, self.settings.private_data.notice_every).await? {
                 notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
             } else {
-                traces::append(&mut tx, trace_id, &traces::Step::new("owner_notice", "none", "NOTICE_ALREADY_RAISED", json!({}))).await?;
+                // Committed with the trace's ending, so the message's export below holds it.
+                let _in_the_message = traces::append(&mut tx, trace_id, &traces::Step::new("owner_notice", "none", "NOTICE_ALREADY_RAISED", json!({}))).await?;
             }
         }
         self.queue.commit(tx).await?;

@@ -29,6 +29,18 @@ pub struct TraceRow {
     pub duration_us: i64,
 }
 
+/// A step appended to a finished trace. Once its transaction has committed, hand it to
+/// `Telemetry::appended`, which exports it into the trace its message's export began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "exported only when handed to Telemetry::appended once its transaction commits"]
+pub struct Appended {
+    pub trace_id: i64,
+    /// Its place among the trace's steps.
+    pub seq: i64,
+    /// It failed the trace (`traces::append_failure`).
+    pub failed: bool,
+}
+
 /// The outcome of a trace whose message is still being handled.
 pub const RUNNING: &str = "running";
 
@@ -186,11 +198,12 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, 
     Ok(Some((trace, steps)))
 }
 
-/// Appends a step to a stored trace (the channel adds delivery once the reply is sent).
-pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> Result<(), DbError> {
-    sqlx::query(
+/// Appends a step to a stored trace (the channel adds delivery once the reply is sent) and
+/// returns its place in the trace.
+pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> Result<i64, DbError> {
+    let seq: i64 = sqlx::query_scalar(
         "INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) \
-         SELECT $1, COALESCE(MAX(seq), -1) + 1, $2, $3, $4, $5, $6 FROM trace_steps WHERE trace_id = $1",
+         SELECT $1, COALESCE(MAX(seq), -1) + 1, $2, $3, $4, $5, $6 FROM trace_steps WHERE trace_id = $1 RETURNING seq",
     )
     .bind(trace_id)
     .bind(&s.step)
@@ -198,19 +211,19 @@ pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> R
     .bind(&s.reason_code)
     .bind(s.duration_us)
     .bind(&s.detail)
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
     super::events::ring();
-    Ok(())
+    Ok(seq)
 }
 
 /// Appends `step` to a finished trace and marks the whole trace failed with the step's reason
 /// code: a reply the runtime gave that WhatsApp then refused or could not deliver, so the
 /// Traces page's outcome and error-code filters find it.
-pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
-    append_step(&mut *conn, trace_id, step).await?;
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<i64, DbError> {
+    let seq = append_step(&mut *conn, trace_id, step).await?;
     sqlx::query("UPDATE traces SET outcome = 'failed', error_code = $1 WHERE id = $2").bind(&step.reason_code).bind(trace_id).execute(conn).await?;
-    Ok(())
+    Ok(seq)
 }
 
 /// The trace of the message whose reply went out as `outbound_wamid` (through the delivery

@@ -27,6 +27,7 @@ use crate::{
     jobs::{Handler, JobContext, JobError, JobOutput},
     config::{LaneSettings, Settings},
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
+    telemetry::Telemetry,
     traces::{self, Step},
 };
 
@@ -81,6 +82,8 @@ pub struct Processor {
     contexts: Arc<ContextStore>,
     /// The lane's rules, by which a call whose tool changed while it waited is judged again.
     lane: LaneSettings,
+    /// Where the steps it adds to a message's finished trace are exported.
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for Processor {
@@ -92,7 +95,13 @@ impl std::fmt::Debug for Processor {
 impl Processor {
     pub fn new(db: Db, settings: &Settings, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
         let call_attempts = i64::from(settings.jobs.default_max_attempts.max(1));
-        Self { db, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone() }
+        Self { db, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone(), telemetry: Telemetry::default() }
+    }
+
+    /// Exports the steps it adds to a message's finished trace (a later answer, a retry).
+    pub fn traced(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     /// Why a call accepted against an earlier definition of its tool (the catalog was reloaded
@@ -219,7 +228,7 @@ impl Processor {
             Err(retry) => [Some(Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt }))), None],
         };
         for step in steps.iter().flatten() {
-            traces::record_delivery(&self.db, trace_id, step, false).await;
+            traces::record_delivery(&self.db, &self.telemetry, trace_id, step, false).await;
         }
     }
 

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::spans::{self, Parent};
 use crate::config::{SecretSource, TelemetrySettings};
-use crate::db::{self, Db, jobs::JobRow, llm_calls::LlmCallRow};
+use crate::db::{self, Db, jobs::JobRow, llm_calls::LlmCallRow, traces::Appended};
 
 /// Facts waiting for the export task; more are dropped (and logged) rather than held.
 const QUEUE: usize = 4096;
@@ -96,6 +96,8 @@ struct Meters {
 enum Fact {
     /// A message's trace was committed: export it as the database has it.
     Trace(i64),
+    /// A step was appended to a finished trace (and committed) at `at` (unix ms).
+    Appended { step: Appended, at: i64 },
     Spans(Vec<SpanData>),
     Flush(oneshot::Sender<()>),
 }
@@ -168,6 +170,15 @@ impl Telemetry {
     pub fn message(&self, trace_id: i64) {
         if let Some(inner) = &self.inner {
             Self::send(inner, Fact::Trace(trace_id));
+        }
+    }
+
+    /// A step appended to a finished trace was committed (a delivery, a later answer, an
+    /// approval's decision): its span joins the message's trace, under the message, as a step
+    /// the message's own export did not hold.
+    pub fn appended(&self, step: Appended) {
+        if let Some(inner) = &self.inner {
+            Self::send(inner, Fact::Appended { step, at: db::now_ms() });
         }
     }
 
@@ -250,18 +261,21 @@ fn parse_headers(name: &str, value: &str) -> Result<HashMap<String, String>, Tel
 /// The one task that sends spans: it batches what is queued, reads committed traces back from
 /// the database, and answers flushes once what came before them is sent.
 async fn export_spans(exporter: SpanExporter, mut facts: mpsc::Receiver<Fact>, db: Db, service: String, messages: Counter<u64>) {
+    let mut exported = Exported::default();
     while let Some(first) = facts.recv().await {
         let mut batch = Vec::new();
         let mut traces = Vec::new();
+        let mut appended = Vec::new();
         let mut flushes = Vec::new();
         let mut next = Some(first);
         while let Some(fact) = next {
             match fact {
                 Fact::Trace(id) => traces.push(id),
+                Fact::Appended { step, at } => appended.push((step, at)),
                 Fact::Spans(spans) => batch.extend(spans),
                 Fact::Flush(done) => flushes.push(done),
             }
-            next = if batch.len() + traces.len() < MAX_BATCH { facts.try_recv().ok() } else { None };
+            next = if batch.len() + traces.len() + appended.len() < MAX_BATCH { facts.try_recv().ok() } else { None };
         }
         for id in traces {
             match read_trace(&db, id).await {
@@ -270,9 +284,28 @@ async fn export_spans(exporter: SpanExporter, mut facts: mpsc::Receiver<Fact>, d
                         [KeyValue::new("gatehouse.channel", trace.channel.clone()), KeyValue::new("gatehouse.route", trace.route.clone()), KeyValue::new("gatehouse.outcome", trace.outcome.clone())];
                     messages.add(1, &attributes);
                     batch.extend(spans::message_spans(&service, &trace, &steps));
+                    exported.note(id, steps.len());
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(code = "TELEMETRY_TRACE_UNREAD", trace.id = id, error = %e, "a trace could not be read for export"),
+            }
+        }
+        for (step, at) in appended {
+            // Read after its message's export here: that export held it already.
+            if exported.holds(step.trace_id, step.seq) {
+                continue;
+            }
+            match read_trace(&db, step.trace_id).await {
+                // Appended while its message was still handled (an owner deciding meanwhile):
+                // the message's export, when it ends, holds it.
+                Ok(Some((trace, _))) if trace.outcome == db::traces::RUNNING => {}
+                Ok(Some((trace, steps))) => {
+                    if let Some(row) = usize::try_from(step.seq).ok().and_then(|seq| steps.get(seq)) {
+                        batch.push(spans::appended_span(&service, &trace, step, row, at));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(code = "TELEMETRY_TRACE_UNREAD", trace.id = step.trace_id, error = %e, "a trace could not be read for export"),
             }
         }
         if !batch.is_empty() {
@@ -284,6 +317,29 @@ async fn export_spans(exporter: SpanExporter, mut facts: mpsc::Receiver<Fact>, d
         for done in flushes {
             let _ = done.send(());
         }
+    }
+}
+
+/// How many steps the latest message exports here held, per trace: a step appended after
+/// the message was written but before its export read it is not exported twice. Bounded: past
+/// `EXPORTED_KEPT` traces it starts again (an appended step comes seconds after its message).
+#[derive(Default)]
+struct Exported {
+    steps: HashMap<i64, usize>,
+}
+
+const EXPORTED_KEPT: usize = 10_000;
+
+impl Exported {
+    fn note(&mut self, trace_id: i64, steps: usize) {
+        if self.steps.len() >= EXPORTED_KEPT {
+            self.steps.clear();
+        }
+        self.steps.insert(trace_id, steps);
+    }
+
+    fn holds(&self, trace_id: i64, seq: i64) -> bool {
+        self.steps.get(&trace_id).is_some_and(|n| usize::try_from(seq).is_ok_and(|seq| seq < *n))
     }
 }
 

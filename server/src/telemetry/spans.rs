@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::db::{
     jobs::JobRow,
     llm_calls::LlmCallRow,
-    traces::{Step, TraceRow},
+    traces::{Appended, Step, TraceRow},
 };
 
 /// Where a span hangs: its trace and its parent span.
@@ -122,20 +122,46 @@ pub fn message_spans(service: &str, trace: &TraceRow, steps: &[Step]) -> Vec<Spa
     let mut out = Vec::with_capacity(steps.len() + 1);
     out.push(span(root, None, SpanKind::Server, format!("message {}", trace.route), (start, start + micros(trace.duration_us)), attributes, status));
     let mut clock = start;
-    let (trace_db_id, correlation) = (trace.id.to_string(), trace.correlation_id.as_str());
     for (seq, step) in steps.iter().enumerate() {
         let end = clock + micros(step.duration_us);
-        let me = Parent { trace_id: root.trace_id, span_id: span_id(&["gatehouse.step", service, correlation, &trace_db_id, &seq.to_string()]) };
-        let attributes = vec![
-            KeyValue::new("gatehouse.step", step.step.clone()),
-            KeyValue::new("gatehouse.decision", step.decision.clone()),
-            KeyValue::new("gatehouse.reason_code", step.reason_code.clone()),
-            KeyValue::new("gatehouse.step.seq", seq as i64),
-        ];
-        out.push(span(me, Some(root.span_id), SpanKind::Internal, step.step.clone(), (clock, end), attributes, Status::Unset));
+        let me = Parent { trace_id: root.trace_id, span_id: step_span_id(service, trace, seq) };
+        out.push(span(me, Some(root.span_id), SpanKind::Internal, step.step.clone(), (clock, end), step_attributes(step, seq), Status::Unset));
         clock = end;
     }
     out
+}
+
+fn step_span_id(service: &str, trace: &TraceRow, seq: usize) -> SpanId {
+    span_id(&["gatehouse.step", service, &trace.correlation_id, &trace.id.to_string(), &seq.to_string()])
+}
+
+fn step_attributes(step: &Step, seq: usize) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("gatehouse.step", step.step.clone()),
+        KeyValue::new("gatehouse.decision", step.decision.clone()),
+        KeyValue::new("gatehouse.reason_code", step.reason_code.clone()),
+        KeyValue::new("gatehouse.step.seq", seq as i64),
+    ]
+}
+
+/// A step appended to a finished trace (`appended`, read back as `step`), committed at
+/// `committed_ms`: a child of the message's span with the id the message's own export would
+/// have given it. A step that failed the trace (an undelivered reply) carries its code as the
+/// error.
+pub fn appended_span(service: &str, trace: &TraceRow, appended: Appended, step: &Step, committed_ms: i64) -> SpanData {
+    let root = message(service, &trace.correlation_id);
+    let seq = usize::try_from(appended.seq).unwrap_or(0);
+    let me = Parent { trace_id: root.trace_id, span_id: step_span_id(service, trace, seq) };
+    let end = at_ms(committed_ms.max(trace.started_at));
+    let start = end.checked_sub(micros(step.duration_us)).unwrap_or(end);
+    let mut attributes = step_attributes(step, seq);
+    let status = if appended.failed {
+        attributes.push(KeyValue::new("error.type", step.reason_code.clone()));
+        error(&step.reason_code)
+    } else {
+        Status::Unset
+    };
+    span(me, Some(root.span_id), SpanKind::Internal, step.step.clone(), (start, end), attributes, status)
 }
 
 /// A model call, with the GenAI semantic conventions' attributes: operation, provider, model,
@@ -240,6 +266,23 @@ mod tests {
         // Derived ids: the same trace exported twice has the same spans.
         let again = message_spans("svc", &trace(), &[step("received", 1_000, "{}"), step("AgentToolPlannerResult", 5_000, "{}")]);
         assert_eq!(again[2].span_context.span_id(), spans[2].span_context.span_id());
+    }
+
+    #[test]
+    fn an_appended_step_is_the_span_the_whole_export_would_have_made() {
+        let steps = [step("received", 1_000, "{}"), step("delivery", 0, r#"{"outcome":"sent to 15550100"}"#)];
+        let whole = message_spans("svc", &trace(), &steps);
+        let delivered = appended_span("svc", &trace(), Appended { trace_id: 7, seq: 1, failed: false }, &steps[1], 2_000_000);
+        assert_eq!(delivered.span_context.span_id(), whole[2].span_context.span_id(), "the same id: a backend that got both keeps one");
+        assert_eq!((delivered.parent_span_id, delivered.span_context.trace_id()), (whole[0].span_context.span_id(), whole[0].span_context.trace_id()));
+        assert_eq!(delivered.end_time, UNIX_EPOCH + Duration::from_millis(2_000_000), "when it was committed");
+        assert_eq!(delivered.status, Status::Unset);
+        assert!(!format!("{delivered:?}").contains("15550100"), "no detail");
+        // A reply that never arrived fails its span with the step's code.
+        let undelivered = Step { reason_code: "WHATSAPP_131026".into(), ..steps[1].clone() };
+        let failed = appended_span("svc", &trace(), Appended { trace_id: 7, seq: 1, failed: true }, &undelivered, 2_000_000);
+        assert_eq!(failed.status, error("WHATSAPP_131026"));
+        assert!(failed.attributes.iter().any(|kv| kv.key.as_str() == "error.type" && kv.value.as_str() == "WHATSAPP_131026"));
     }
 
     #[test]

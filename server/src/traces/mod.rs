@@ -12,8 +12,11 @@ use std::time::Instant;
 use serde_json::Value;
 use sqlx::AnyConnection;
 
-pub use crate::db::traces::{RUNNING, Step, TraceRow};
-use crate::db::{self, DbError, traces as store};
+pub use crate::db::traces::{Appended, RUNNING, Step, TraceRow};
+use crate::{
+    db::{self, DbError, traces as store},
+    telemetry::Telemetry,
+};
 
 impl Step {
     /// A step that took no measurable time (a delivery, a channel's note).
@@ -166,36 +169,38 @@ impl Recorder {
 }
 
 /// Appends a step to a finished trace (the channel's delivery).
-pub async fn append(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
-    store::append_step(conn, trace_id, step).await
+pub async fn append(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<Appended, DbError> {
+    let seq = store::append_step(conn, trace_id, step).await?;
+    Ok(Appended { trace_id, seq, failed: false })
 }
 
 /// Appends `step` and marks the whole trace failed with its reason code: a reply the runtime
 /// gave that the channel then could not deliver, so the Traces page's outcome and error-code
 /// filters find it.
-pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<(), DbError> {
-    store::append_failure(conn, trace_id, step).await
+pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step) -> Result<Appended, DbError> {
+    let seq = store::append_failure(conn, trace_id, step).await?;
+    Ok(Appended { trace_id, seq, failed: true })
 }
 
 /// Appends a `step` that comes after the message's turn (a delivery, a later run of its tool
 /// call) to its finished trace on a connection of its own, marking the trace failed when
-/// `failed` (see [`append_failure`]). The trace records the work; it is not the work, so a
-/// failure to write it is logged here and not returned.
-pub async fn record_delivery(db: &db::Db, trace_id: i64, step: &Step, failed: bool) {
+/// `failed` (see [`append_failure`]), and exports it. The trace records the work; it is not the
+/// work, so a failure to write it is logged here and not returned.
+pub async fn record_delivery(db: &db::Db, telemetry: &Telemetry, trace_id: i64, step: &Step, failed: bool) {
     let written = async {
         let mut conn = db.pool.acquire().await?;
         if failed { append_failure(&mut conn, trace_id, step).await } else { append(&mut conn, trace_id, step).await }
     }
     .await;
-    if let Err(e) = written {
-        tracing::warn!(error = %e, trace.id = trace_id, step = %step.step, "recording a delivery in the trace failed");
+    match written {
+        Ok(appended) => telemetry.appended(appended),
+        Err(e) => tracing::warn!(error = %e, trace.id = trace_id, step = %step.step, "recording a delivery in the trace failed"),
     }
 }
 
 /// A WhatsApp reply that Meta accepted and then could not deliver: the trace of the message it
-/// answered gets the failure.
-pub async fn fail_outbound(conn: &mut AnyConnection, outbound_wamid: &str, step: &Step) -> Result<bool, DbError> {
-    let Some(trace_id) = store::trace_of_outbound(conn, outbound_wamid).await? else { return Ok(false) };
-    store::append_failure(conn, trace_id, step).await?;
-    Ok(true)
+/// answered gets the failure. `None` when the reply was sent for no traced message.
+pub async fn fail_outbound(conn: &mut AnyConnection, outbound_wamid: &str, step: &Step) -> Result<Option<Appended>, DbError> {
+    let Some(trace_id) = store::trace_of_outbound(conn, outbound_wamid).await? else { return Ok(None) };
+    append_failure(conn, trace_id, step).await.map(Some)
 }

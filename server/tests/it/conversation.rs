@@ -714,7 +714,8 @@ async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
     trace.step("dedupe", "new", "FIRST_DELIVERY", json!({}));
     trace.step("actor", "customer", "NOT_AN_OWNER_NUMBER", json!({}));
     let mut tx = r.db.begin_write().await.expect("tx");
-    traces::append(&mut tx, trace.id(), &Step::new("ApprovalDecided", "approved", "OK", json!({}))).await.expect("append");
+    let appended = traces::append(&mut tx, trace.id(), &Step::new("ApprovalDecided", "approved", "OK", json!({}))).await.expect("append");
+    assert_eq!((appended.seq, appended.failed), (0, false), "the first step of the trace on record");
     tx.commit().await.expect("commit");
     let mut tx = r.db.begin_write().await.expect("tx");
     let id = trace.finish(&mut tx, Ending { outcome: "replied".into(), ..Ending::default() }).await.expect("finish");

@@ -217,6 +217,18 @@ async fn a_slow_jobs_span_joins_its_messages_trace(db: TestDb) {
     assert!(tool.end_time_unix_nano > timeout.end_time_unix_nano);
     let summary = spans.iter().find(|s| attr(s, "gen_ai.request.model").as_deref() == Some(SUMMARIZER_MODEL)).expect("the later summary");
     assert_eq!((summary.trace_id.as_slice(), summary.parent_span_id.as_slice()), (root.trace_id.as_slice(), tool.span_id.as_slice()));
+    // Steps the trace gained after its export (the later answer, the sends of both replies)
+    // are in it too, under the message, each once.
+    let steps: Vec<&Span> = spans.iter().filter(|s| s.trace_id == root.trace_id && attr(s, "gatehouse.step").is_some()).collect();
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let later = steps.iter().find(|s| attr(s, "gatehouse.decision").as_deref() == Some("later")).unwrap_or_else(|| panic!("the later answer's step among {names:?}"));
+    assert_eq!(later.parent_span_id, root.span_id);
+    assert!(later.end_time_unix_nano >= tool.start_time_unix_nano, "timed when it was written");
+    assert!(names.contains(&"delivery") && names.contains(&"later_delivery"), "the acknowledgement's send and the answer's: {names:?}");
+    let mut ids: Vec<&[u8]> = steps.iter().map(|s| s.span_id.as_slice()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), steps.len(), "no step exported twice: {names:?}");
 }
 both_backends!(otel_slow_job_joins_trace, a_slow_jobs_span_joins_its_messages_trace);
 

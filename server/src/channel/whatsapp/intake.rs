@@ -19,7 +19,7 @@ use crate::{
     },
     events::{Delivery, Envelope, Event, Events},
     jobs::{JobKind, JobQueue},
-    traces,
+    traces::{self, Appended},
 };
 
 use super::payload::Batch;
@@ -67,9 +67,10 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, batch: &Batch) -> Result<Int
         return Ok(IntakeReport::default());
     }
     let mut tx = db.begin_write().await?;
-    let report = store_in(&mut tx, queue, &[batch], db::now_ms()).await?.pop().unwrap_or_default();
+    let (mut reports, appended) = store_in(&mut tx, queue, &[batch], db::now_ms()).await?;
     queue.commit(tx).await?;
-    Ok(report)
+    exported(queue, appended);
+    Ok(reports.pop().unwrap_or_default())
 }
 
 /// Every message of `batches` with the index of its batch, and the job that processes each.
@@ -127,8 +128,9 @@ async fn store_messages_alone(db: &Db, queue: &JobQueue, batches: &[&Batch], now
 /// Stores batches in the caller's transaction with a few statements for all of them: one
 /// multi-row insert of the messages (the wamid's unique index is the dedupe), one of their jobs
 /// and one of the jobs' events. Returns one report per batch; a wamid repeated across the
-/// batches is stored for the first and counted as a duplicate for the rest.
-async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch], now: i64) -> Result<Vec<IntakeReport>, DbError> {
+/// batches is stored for the first and counted as a duplicate for the rest. And the failed
+/// deliveries it added to traces, to export once the transaction commits ([`exported`]).
+async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch], now: i64) -> Result<(Vec<IntakeReport>, Vec<Appended>), DbError> {
     let (messages, jobs) = messages_and_jobs(queue, batches);
     let ids = store::insert_inbound_many(conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), now).await?;
     let jobs: Vec<NewJob> = jobs.into_iter().zip(&ids).filter(|(_, id)| id.is_some()).map(|(job, _)| job).collect();
@@ -136,12 +138,13 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
         queue.enqueue_many_in(conn, &jobs).await?;
     }
     let mut reports = message_reports(batches.len(), &messages, &ids);
+    let mut appended = Vec::new();
     for (b, batch) in batches.iter().enumerate() {
         for s in &batch.statuses {
             if store::apply_status(conn, s, now).await? {
                 reports[b].statuses_applied += 1;
                 if s.state == DeliveryState::Failed {
-                    trace_failed_delivery(conn, s).await?;
+                    appended.extend(trace_failed_delivery(conn, s).await?);
                     if s.error_code.as_deref().and_then(|c| c.parse::<i64>().ok()) == Some(super::graph::code::OUTSIDE_WINDOW) {
                         template_instead(conn, queue, s).await?;
                     }
@@ -151,7 +154,14 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
             }
         }
     }
-    Ok(reports)
+    Ok((reports, appended))
+}
+
+/// Exports the trace steps a committed intake transaction appended.
+fn exported(queue: &JobQueue, appended: Vec<Appended>) {
+    for step in appended {
+        queue.telemetry().appended(step);
+    }
 }
 
 /// The event for a receipt that has no trace step of its own (a failure gets one, and its event
@@ -181,10 +191,10 @@ async fn template_instead(conn: &mut AnyConnection, queue: &JobQueue, s: &Status
 
 /// A reply Meta accepted and then could not deliver: the message's trace gets the failure, so
 /// the Traces page shows it under outcome "failed" and its WhatsApp error code.
-async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Result<(), DbError> {
+async fn trace_failed_delivery(conn: &mut AnyConnection, s: &StatusUpdate) -> Result<Option<Appended>, DbError> {
     let code = s.error_code.as_deref().map_or_else(|| "WHATSAPP_FAILED".to_string(), super::trace_code);
     let step = traces::Step::new("delivery_status", "failed", &code, serde_json::json!({ "outcome": "Meta reported the reply undelivered", "wamid": s.wamid }));
-    traces::fail_outbound(conn, &s.wamid, &step).await.map(|_| ())
+    traces::fail_outbound(conn, &s.wamid, &step).await
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -331,8 +341,9 @@ async fn commit_group(db: &Db, queue: &JobQueue, group: Vec<Waiting>) {
             return stored;
         }
         let mut tx = db.begin_write().await?;
-        let reports = store_in(&mut tx, queue, &batches, now).await?;
+        let (reports, appended) = store_in(&mut tx, queue, &batches, now).await?;
         queue.commit(tx).await?;
+        exported(queue, appended);
         Ok::<_, DbError>(reports)
     };
     let stored = together.await;

@@ -11,6 +11,7 @@ use crate::{
     db::{self, Db, DbError, whatsapp as store},
     domain::ChatKind,
     jobs::{Handler, JobContext, JobError, JobOutput},
+    telemetry::Telemetry,
     traces::{self, Step},
 };
 
@@ -21,13 +22,14 @@ use super::{
 
 pub struct InboundJob {
     db: Db,
+    telemetry: Telemetry,
     sender: Arc<WhatsAppSender>,
     handler: Arc<dyn InboundHandler>,
 }
 
 impl InboundJob {
-    pub fn new(db: Db, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
-        Self { db, sender, handler }
+    pub fn new(db: Db, telemetry: Telemetry, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
+        Self { db, telemetry, sender, handler }
     }
 
     /// Appends a `delivery` step to the message's trace and, when the reply did not reach the
@@ -36,7 +38,7 @@ impl InboundJob {
     async fn trace_delivery(&self, trace_id: Option<i64>, decision: &str, reason: &str, what: &str, failed: bool) {
         let Some(trace_id) = trace_id else { return };
         let step = Step::new("delivery", decision, reason, json!({ "outcome": what }));
-        traces::record_delivery(&self.db, trace_id, &step, failed).await;
+        traces::record_delivery(&self.db, &self.telemetry, trace_id, &step, failed).await;
     }
 
     async fn trace_sent(&self, trace_id: Option<i64>, sent: &SendOutcome) {

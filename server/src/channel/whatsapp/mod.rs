@@ -26,6 +26,7 @@ use crate::{
     db::Db,
     events::Events,
     jobs::{JobQueue, Registry},
+    telemetry::Telemetry,
 };
 
 use super::InboundHandler;
@@ -39,6 +40,8 @@ pub struct WhatsApp {
     pub intake: Arc<Intake>,
     pub sender: Arc<WhatsAppSender>,
     pub webhook: webhook::WebhookState,
+    /// Where the deliveries its jobs add to a message's trace are exported (the queue's).
+    telemetry: Telemetry,
 }
 
 impl WhatsApp {
@@ -53,13 +56,13 @@ impl WhatsApp {
             raw_max_bytes: usize::try_from(settings.raw_max_bytes).unwrap_or(usize::MAX),
             intake: intake.clone(),
         };
-        Ok(Self { intake, sender, webhook })
+        Ok(Self { intake, sender, webhook, telemetry: queue.telemetry().clone() })
     }
 
     /// The channel's jobs, each within its budget: each stored message goes to `handler`;
     /// owner notices go out.
     pub fn register(&self, registry: &mut Registry, db: &Db, handler: Arc<dyn InboundHandler>, budgets: &JobTimeouts) {
-        registry.handle_within::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.sender.clone(), handler)), budgets.whatsapp_inbound);
+        registry.handle_within::<ProcessInbound>(Arc::new(job::InboundJob::new(db.clone(), self.telemetry.clone(), self.sender.clone(), handler)), budgets.whatsapp_inbound);
         registry.handle_within::<crate::owners::notices::DeliverNotice>(Arc::new(notify::OwnerNotify::new(db.clone(), self.sender.clone())), budgets.owner_notify);
         registry.handle_within::<window::SendWindowTemplate>(Arc::new(window::WindowTemplate::new(self.sender.clone())), budgets.owner_notify);
     }
