@@ -45,8 +45,10 @@ pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) ->
     let due: Vec<i64> = sqlx::query_scalar(&format!("SELECT id FROM jobs WHERE {still} ORDER BY id LIMIT $2")).bind(before).bind(batch).fetch_all(&mut *conn).await?;
     // Checked again as they are deleted: a job run again from the console meanwhile is kept.
     let deleted = delete_ids(conn, "jobs", &still, before, &due).await?;
-    // PostgreSQL's job events have no foreign key (migration 0028).
+    // PostgreSQL's job events have no foreign key (migration 0028); a tool call's kept answer
+    // has none either.
     delete_belonging(conn, "job_events", "job_id", &deleted).await?;
+    delete_belonging(conn, "tool_answers", "job_id", &deleted).await?;
     Ok(deleted.len() as u64)
 }
 

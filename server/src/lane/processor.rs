@@ -20,7 +20,7 @@ use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Outbound},
     db::{
-        Db,
+        Db, DbError,
         jobs::JobRow,
         tool_answers::{self, KeptAnswer},
     },
@@ -48,6 +48,10 @@ pub struct Answer {
     pub replayed: bool,
     /// The tool context this run stored for the chat's follow-ups, if it stored one.
     pub context_id: Option<i64>,
+    /// The lane waited for it and took it, for the reply to the message that asked (or, as a
+    /// chain's earlier step, to plan the next), and it is kept so: its job sends nothing, and
+    /// the message handled again takes it again instead of running the call.
+    pub in_reply: bool,
 }
 
 impl Answer {
@@ -131,10 +135,16 @@ impl Processor {
     /// sends the same answer again: its call never runs, nor its summary is asked for, twice.
     /// `Err` is a failure another attempt may clear: nothing is said, and nothing kept.
     pub async fn final_answer(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
-        let kept = async { tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await }.await?;
-        if let Some(kept) = kept {
+        self.final_answer_taking(job, row, || false).await
+    }
+
+    /// [`Processor::final_answer`], where `take` says, once this run's answer is final and just
+    /// before it is kept, whether the message that asked takes it as its reply (the lane still
+    /// waits for it). That is kept with it ([`Answer::in_reply`]).
+    pub async fn final_answer_taking(&self, job: &ToolCallJob, row: &JobRow, take: impl FnOnce() -> bool + Send) -> Result<Answer, JobError> {
+        if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
-            return Ok(Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true, context_id: None });
+            return Ok(kept);
         }
         let answer = self.run(job, &row.correlation_id).await;
         // A tool that may not run as a job is tried in the lane's own run only: a person who
@@ -147,13 +157,21 @@ impl Processor {
         {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
-        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model };
+        let mut answer = answer;
+        answer.in_reply = take();
+        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, in_reply: answer.in_reply };
         let kept = async { tool_answers::keep(&mut *self.db.acquire_write().await?, row.id, &keep).await }.await;
         if let Err(e) = kept {
             // The answer still goes out; only a retry of its send would run the call again.
             tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "keeping a tool call's answer failed");
         }
         Ok(answer)
+    }
+
+    /// The answer an earlier attempt of job `row` kept, if one did.
+    pub async fn kept(&self, row: &JobRow) -> Result<Option<Answer>, DbError> {
+        let kept = tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await?;
+        Ok(kept.map(|kept| Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true, context_id: None, in_reply: kept.in_reply }))
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
@@ -172,7 +190,7 @@ impl Processor {
             tracing::warn!(correlation_id, tool = %job.tool, reason = %reason, "the tool changed since the call was accepted; not run");
             let code = ToolCode::Changed.as_str();
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None };
+            return Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };
         }
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
         let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
@@ -191,7 +209,7 @@ impl Processor {
             // Gone from the catalog since: nothing to summarize with; say it failed.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None };
+            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
@@ -208,7 +226,7 @@ impl Processor {
         if let Some(id) = context_id {
             tracing::info!(event = "AgentToolContextStored", correlation_id, tool = %job.tool, context.id = id, "tool context stored");
         }
-        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id }
+        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id, in_reply: false }
     }
 }
 
@@ -259,7 +277,11 @@ impl Handler<ToolCallJob> for Processor {
             let code = answer.failure.as_deref().unwrap_or("OK");
             self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
         }
-        self.deliver(&args, ctx.job.id, &answer).await?;
+        // Run again after the lane took its answer as the message's reply (the run that gave it
+        // could not record its end): the reply holds it, and it is not sent twice.
+        if !answer.in_reply {
+            self.deliver(&args, ctx.job.id, &answer).await?;
+        }
         match answer.failure {
             None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
             Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),

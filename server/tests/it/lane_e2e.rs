@@ -706,6 +706,39 @@ async fn a_call_is_tried_default_max_attempts_times_within_its_longer_job(db: Te
 }
 both_backends!(lane_e2e_call_attempts, a_call_is_tried_default_max_attempts_times_within_its_longer_job);
 
+/// A call answered once is neither run nor sent twice. Its job run again after the lane took
+/// its answer as the message's reply (the run that gave it never recorded its end) sends
+/// nothing: the reply holds the answer. The message handled again (its first run stopped before
+/// its reply was recorded: a crash, a full disk) does not run the call again: the kept answer is
+/// its reply again.
+async fn a_call_answered_once_is_neither_run_nor_sent_twice(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.ONCE", "Where is my order 4821?")], 1).await;
+    let answer = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
+    assert_eq!(r.graph.texts(), vec![answer.clone()]);
+    let calls = r.shop.requests.lock().expect("lock").len();
+    let pool = &r.app.state.db.pool;
+    let again = |kind: &'static str| async move {
+        sqlx::query("UPDATE jobs SET state = 'available', completed_at = NULL, scheduled_at = 0 WHERE kind = $1").bind(kind).execute(pool).await.expect("run again");
+    };
+    again("tool.call").await;
+    r.exchange(&[], 1).await;
+    assert_eq!(r.graph.texts(), vec![answer.clone()], "the job sent nothing: the reply held its answer");
+    sqlx::query("DELETE FROM message_replies WHERE message_id = 'wamid.ONCE'").execute(pool).await.expect("no reply recorded");
+    sqlx::query("UPDATE whatsapp_inbound SET outcome = NULL, processed_at = NULL WHERE wamid = 'wamid.ONCE'").execute(pool).await.expect("not processed");
+    again("whatsapp.inbound").await;
+    r.exchange(&[], 1).await;
+    let steps = r.steps("wamid.ONCE").await;
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), calls, "the call ran once: {steps:?}");
+    assert!(steps.iter().any(|(s, d, _)| s == "AgentToolJobDedupe" && d == "already_answered"), "{steps:?}");
+    let reply: String = sqlx::query_scalar("SELECT reply FROM message_replies WHERE message_id = 'wamid.ONCE'").fetch_one(pool).await.expect("reply");
+    assert_eq!(reply, answer, "the kept answer is the reply again");
+    let jobs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("jobs");
+    assert_eq!(jobs, 1, "no second job for the same call");
+    assert_eq!(r.graph.texts(), vec![answer], "sent once");
+}
+both_backends!(lane_e2e_answered_once, a_call_answered_once_is_neither_run_nor_sent_twice);
+
 async fn a_customer_never_reaches_an_owner_only_tool(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.exchange(&[("wamid.SALES", "Send me the sales report")], 1).await;

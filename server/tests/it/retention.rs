@@ -77,6 +77,10 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     sqlx::query("UPDATE jobs SET state = 'completed', updated_at = $1 WHERE id = $2").bind(recent_job).bind(recent).execute(&app.state.db.pool).await.expect("recent");
     let events_before = count(&app, "SELECT COUNT(*) FROM job_events").await;
     assert!(events_before > ids.len() as i64, "every job has its events");
+    // A removed tool call's kept answer goes with it; a kept job keeps its answer.
+    for job in [ids[0], recent] {
+        sqlx::query("INSERT INTO tool_answers (job_id, answer, used_model, at) VALUES ($1, 'a', 0, 0)").bind(job).execute(&app.state.db.pool).await.expect("answer");
+    }
 
     // Approvals: one settled 91 days ago goes; a pending one as old, and one settled lately, stay.
     let gone = approval(&app, "old-approved", "approved", month_old).await;
@@ -105,6 +109,8 @@ async fn the_prune_removes_finished_work_past_its_days(db: TestDb) {
     assert!(count(&app, &format!("SELECT COUNT(*) FROM job_events WHERE job_id = {recent}")).await > 0, "a kept job keeps its trail");
     let orphans = count(&app, "SELECT COUNT(*) FROM job_events e WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id)").await;
     assert_eq!(orphans, 0, "a removed job's events go with it");
+    let answers: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM tool_answers").fetch_all(&app.state.db.pool).await.expect("answers");
+    assert_eq!(answers, [recent], "a removed job's kept answer goes with it");
     assert_eq!(count(&app, &format!("SELECT COUNT(*) FROM approvals WHERE id = {gone}")).await, 0);
     assert_eq!(count(&app, "SELECT COUNT(*) FROM approvals").await, 2, "pending and lately settled requests stay");
     assert_eq!(count(&app, &format!("SELECT COUNT(*) FROM approval_askers WHERE approval_id = {gone}")).await, 0);

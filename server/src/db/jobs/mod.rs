@@ -203,6 +203,13 @@ pub async fn find_by_dedupe(conn: &mut AnyConnection, key: &str) -> Result<Optio
     Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
 }
 
+/// The most recent job of `kind` for chat `chat_id` with this dedupe key, finished or not
+/// (only unfinished jobs' keys are indexed: the chat's jobs of the kind are read instead).
+pub async fn find_by_dedupe_in_chat(conn: &mut AnyConnection, chat_id: &str, kind: &str, key: &str) -> Result<Option<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE chat_id = $1 AND kind = $2 AND dedupe_key = $3 ORDER BY id DESC LIMIT 1");
+    Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).bind(key).fetch_optional(&mut *conn).await?)
+}
+
 /// Filters for listing; `None` means any.
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures_util::FutureExt;
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -19,7 +20,7 @@ use crate::{
     channel::{Inbound, ReplyTo},
     db::{self, approvals::State, jobs::NewJob},
     domain::Role,
-    jobs::{JobCode, JobError, JobOutput, inline},
+    jobs::{JobCode, JobError, JobKind, JobOutput, inline},
     lane::{job::ToolCallJob, processor::Answer, validator::ValidatedCall},
     tools::ToolCall,
     traces::Recorder,
@@ -31,6 +32,9 @@ pub(super) enum Ran {
     Answered(Answer),
     /// What the person is told instead: underway, already being checked, or not started.
     Said(String),
+    /// Nothing to say: this message was handled before, and the call's answer goes (or went)
+    /// out by its own job.
+    Quiet,
 }
 
 /// What the person is waiting for, between the lane and the run it started.
@@ -94,8 +98,12 @@ impl Lane {
             trace_id: Some(trace.id()),
             approval: None,
         };
+        let key = job.dedupe_key(&call.canonical_args);
+        if let Some(ran) = self.ran_before(&key, inbound, trace).await {
+            return ran;
+        }
         let new = NewJob {
-            dedupe_key: Some(job.dedupe_key(&call.canonical_args)),
+            dedupe_key: Some(key),
             chat_id: Some(inbound.chat_id.clone()),
             sender_id: Some(inbound.sender.clone()),
             message_id: Some(inbound.message_id.clone()),
@@ -138,6 +146,34 @@ impl Lane {
         self.run_now(job, job_id, trace).await
     }
 
+    /// The same call for the same message, run before: this message is handled again because
+    /// its first run stopped before its reply was recorded (a crash, a full disk). A call that
+    /// run answered is never run again: the answer it took as its reply is the reply again, and
+    /// one its job sends itself needs no word here. `None`: no such answer (an unfinished job is
+    /// found by the enqueue's dedupe).
+    async fn ran_before(&self, key: &str, inbound: &Inbound, trace: &mut Recorder) -> Option<Ran> {
+        let found = async {
+            let mut conn = self.db.pool.acquire().await?;
+            let Some(row) = db::jobs::find_by_dedupe_in_chat(&mut conn, &inbound.chat_id, ToolCallJob::KIND, key).await? else { return Ok(None) };
+            drop(conn);
+            Ok::<_, db::DbError>(self.processor.kept(&row).await?.map(|answer| (row.id, answer)))
+        };
+        let (job_id, answer) = match found.await {
+            Ok(found) => found?,
+            Err(e) => {
+                tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "looking for this call's earlier answer failed; storing it as a new call");
+                return None;
+            }
+        };
+        Some(if answer.in_reply {
+            trace.step("AgentToolJobDedupe", "already_answered", "OK", json!({ "job_id": job_id, "in_reply": true }));
+            Ran::Answered(answer)
+        } else {
+            trace.step("AgentToolJobDedupe", "already_answered", "OK", json!({ "job_id": job_id, "in_reply": false }));
+            Ran::Quiet
+        })
+    }
+
     /// Runs the stored job in this process while the person waits, up to the deadline.
     pub(super) async fn run_now(&self, job: ToolCallJob, job_id: i64, trace: &mut Recorder) -> Ran {
         let lane = &self.settings.lane;
@@ -164,8 +200,12 @@ impl Lane {
             let started_ms = db::now_ms();
             // Its outer error: the call gave this run no answer to send.
             let run = async {
-                let answer = telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await?;
-                Ok(if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                // Whether the lane, still waiting, takes the answer as the message's reply is
+                // decided as the answer is kept, and kept with it: a rerun of this job then knows
+                // not to send it again.
+                let take = || outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                let answer = telemetry.in_job(&claimed.job, processor.final_answer_taking(&job, &claimed.job, take)).await?;
+                Ok(if answer.in_reply {
                     let result = outcome(&answer);
                     let _ = answered.send(answer);
                     result
@@ -175,6 +215,9 @@ impl Lane {
                     processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
                 })
             };
+            // A panic in the call is a failed run, as a worker's is: the job is recorded as
+            // such below and retried, instead of staying "running" under this task's heartbeat.
+            let run = std::panic::AssertUnwindSafe(run).catch_unwind().map(|ran| ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked"))));
             // The run stops, as a worker's would, when its budget is spent or its lease is gone
             // (an owner cancelled the job, or it was rescued after a stall and may run elsewhere).
             let ran = tokio::select! {
@@ -260,7 +303,7 @@ mod tests {
     use super::*;
 
     fn answer(text: &str) -> Answer {
-        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false, context_id: None }
+        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false, context_id: None, in_reply: false }
     }
 
     /// The run claims the reply just as the deadline passes and sends its answer a moment later:

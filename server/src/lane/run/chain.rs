@@ -35,7 +35,7 @@ impl Lane {
     /// refused step ends the chain; the person gets one reply, the last step's summary. The
     /// session and its steps are stored.
     #[expect(clippy::too_many_arguments, reason = "a chain step needs the message, the actor, the step and the planning state")]
-    pub(super) async fn chain(&self, inbound: &Inbound, actor: Role, first: ValidatedCall, proposed: &ProposedCall, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> String {
+    pub(super) async fn chain(&self, inbound: &Inbound, actor: Role, first: ValidatedCall, proposed: &ProposedCall, candidates: &[String], input: &mut PlanInput, trace: &mut Recorder) -> Option<String> {
         let lane = &self.settings.lane;
         let max = lane.max_steps as usize;
         let session = self.sessions_start(inbound, trace.id()).await;
@@ -51,19 +51,24 @@ impl Lane {
                 Ran::Said(text) => {
                     // Underway in the background, or not started: its own answer follows, or none.
                     self.sessions_step(session, step, &call.tool, "pending", "CHAIN_STEP_PENDING", Some("stopped")).await;
-                    return after(earlier.as_deref(), &text);
+                    return Some(after(earlier.as_deref(), &text));
+                }
+                // Handled before, and this step's answer went out by its own job.
+                Ran::Quiet => {
+                    self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
+                    return earlier;
                 }
             };
             if let Some(code) = &answer.failure {
                 self.sessions_step(session, step, &call.tool, "failed", code, Some("stopped")).await;
                 trace.step("AgentToolChainStopped", "stopped", "CHAIN_STEP_FAILED", json!({ "step": step, "code": code }));
-                return after(earlier.as_deref(), &answer.text);
+                return Some(after(earlier.as_deref(), &answer.text));
             }
             // Only a chainable tool's result may lead to another call: a later step that is
             // read-only but not chainable (an MCP tool, say) ends the chain with its answer.
             if step >= max || !self.chainable(&call.tool) {
                 self.sessions_step(session, step, &call.tool, "answered", "OK", Some("answered")).await;
-                return answer.text;
+                return Some(answer.text);
             }
             self.sessions_step(session, step, &call.tool, "answered", "OK", None).await;
             // The planner sees the step's result (untrusted) and may propose the next call: as
@@ -97,34 +102,34 @@ impl Lane {
             let PlanOutcome::ToolUse { calls, requires_async, requires_owner_approval, .. } = next else {
                 // No further step: the chain's answer is this step's.
                 self.sessions_finish(session, "answered").await;
-                return answer.text;
+                return Some(answer.text);
             };
             let advisory = Advisory { requires_async, requires_owner_approval };
             let validation = self.validate(inbound, actor, trace.id(), &calls, advisory, candidates, &input.private_data, max - step);
             if let Some(question) = validation.clarify.clone() {
                 trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
-                return after(Some(&answer.text), &question);
+                return Some(after(Some(&answer.text), &question));
             }
             let refused = validation.rejected.first().map(|r| r.code.as_str());
             let [next_call] = validation.accepted.as_slice() else {
                 // More calls than steps left, or a refusal: stop safely with what the chain has.
                 trace.step("AgentToolChainStopped", "stopped", refused.unwrap_or("CHAIN_LIMIT"), json!({ "step": step + 1, "proposed": calls.len() }));
                 self.sessions_finish(session, "stopped").await;
-                return answer.text;
+                return Some(answer.text);
             };
             if let Some(code) = refused {
                 trace.step("AgentToolChainStopped", "stopped", code, json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
-                return answer.text;
+                return Some(answer.text);
             }
             // A write or admin call never runs inside a chain without an owner.
             let needs_owner = next_call.needs_approval.clone().or_else(|| (!self.read_only(&next_call.tool)).then(|| validator::APPROVAL_CHAIN_WRITE.to_string()));
             if let Some(reason) = needs_owner {
                 self.sessions_step(session, step + 1, &next_call.tool, "approval", "TOOL_NEEDS_APPROVAL", Some("stopped")).await;
                 return match self.ask_owner(inbound, actor, next_call, &reason, trace).await {
-                    Some(asked) => after(Some(&answer.text), &asked),
-                    None => answer.text,
+                    Some(asked) => Some(after(Some(&answer.text), &asked)),
+                    None => Some(answer.text),
                 };
             }
             proposed = calls.into_iter().next().unwrap_or(proposed);

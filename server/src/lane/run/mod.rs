@@ -144,8 +144,10 @@ impl Lane {
             && lane.max_steps > 1
             && self.chainable(&call.tool)
         {
-            let reply = self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await;
-            return LaneOutcome::Handled { reply };
+            return match self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await {
+                Some(reply) => LaneOutcome::Handled { reply },
+                None => LaneOutcome::Quiet,
+            };
         }
         // Several calls in one plan (a model may ignore the no-parallel request) run one after
         // the other, and are a tool session like a chain.
@@ -161,6 +163,7 @@ impl Lane {
                         (Some(answer.text), if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
                     }
                     Ran::Said(text) => (Some(text), "pending", "CHAIN_STEP_PENDING".into()),
+                    Ran::Quiet => (None, "answered", "OK".into()),
                 },
             };
             // A failed step ends the plan (seed §13): what came after it may depend on it.
