@@ -37,14 +37,16 @@ pub fn resolve<S: AsRef<str>>(catalog: &Catalog, names: &[S]) -> Vec<Arc<ToolDef
 }
 
 /// Whether `tool` may be offered to `actor` in `chat` at all: enabled, not owner-only (nor an
-/// admin operation) for a customer, allowed in this kind of chat, within the actor's risk
-/// ceiling, and not named like the planner's own `respond_tool`.
+/// admin operation) for a customer, allowed in this kind of chat (an owner-only tool in direct
+/// chats only), within the actor's risk ceiling, and not named like the planner's own
+/// `respond_tool`.
 pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSettings) -> bool {
     let spec = &tool.spec;
     let customer = actor == Role::Customer;
     spec.enabled
         && !(customer && (spec.audience == Audience::OwnerOnly || spec.operation == Operation::Admin))
         && spec.chat_types.contains(&chat)
+        && !(spec.audience == Audience::OwnerOnly && chat == ChatKind::Group)
         && super::validator::risk_allowed(spec.risk, actor, settings)
         && spec.name != settings.respond_tool
         && spec.name != settings.search_tool
@@ -190,6 +192,7 @@ mod tests {
         assert_eq!(names(&tool_specs(&all, owner, &settings())), ["lookup_order", "owner_stats", "wipe", "risky"]);
         let group = OfferTo { chat: ChatKind::Group, ..owner };
         assert!(!names(&tool_specs(&all, group, &settings())).contains(&"risky"), "chat types apply");
+        assert!(!names(&tool_specs(&all, group, &settings())).contains(&"owner_stats"), "an owner-only answer is not posted to a group");
         let clash = LaneSettings { respond_tool: "lookup_order".into(), ..settings() };
         assert!(tool_specs(&all, customer, &clash).is_empty(), "a tool named like the respond tool is never offered");
     }

@@ -13,7 +13,7 @@ use super::{
     hooks::{self, Before, Hook},
     policy::{self, Decision},
 };
-use crate::domain::Role;
+use crate::domain::{ChatKind, Role};
 
 /// A call that passed the gates, as it would run.
 #[derive(Debug, Clone)]
@@ -121,6 +121,10 @@ pub(super) fn gates<'c>(catalog: &'c Catalog, call: &ToolCall, ctx: &CallContext
     }
     if !spec.chat_types.contains(&ctx.chat_type) {
         return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is not available in this kind of chat", spec.name)));
+    }
+    // Its answer would be posted to everyone in the group (as an owner's command would be).
+    if spec.audience == Audience::OwnerOnly && ctx.chat_type == ChatKind::Group {
+        return Err(fail(ToolCode::ChatTypeNotAllowed.as_str(), format!("{} is for owners only, so it answers in an owner's direct chat, not in a group", spec.name)));
     }
     if let Some(approved) = &ctx.approved {
         if approved.version != tool.version {

@@ -251,6 +251,8 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     assert_eq!(code_of(cp.execute(call("off", json!({})), &owner).await).as_deref(), Some(ToolCode::Disabled.as_str()));
     assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &customer).await).as_deref(), Some(ToolCode::NotAllowedForActor.as_str()));
     assert!(cp.execute(call("owner_report", json!({})), &owner).await.is_ok());
+    // An owner-only answer is not posted to a group, even an owner's call there.
+    assert_eq!(code_of(cp.execute(call("owner_report", json!({})), &ctx(Role::Owner, ChatKind::Group)).await).as_deref(), Some(ToolCode::ChatTypeNotAllowed.as_str()));
     assert_eq!(code_of(cp.execute(call("direct_only", json!({})), &ctx(Role::Owner, ChatKind::Group)).await).as_deref(), Some(ToolCode::ChatTypeNotAllowed.as_str()));
     // The policy refuses a customer's admin call before its arguments are looked at: never a
     // schema error (which the lane would turn into a question for a missing argument).
@@ -275,7 +277,7 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
-    assert_eq!(rows.len(), 20, "one row per call (20 above), allowed or denied");
+    assert_eq!(rows.len(), 21, "one row per call (21 above), allowed or denied");
     let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
     for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::PolicyDenied.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
         assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");

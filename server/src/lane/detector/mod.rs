@@ -175,7 +175,8 @@ impl Index {
 
     fn visible(&self, doc: usize, actor: Role, chat: ChatKind) -> bool {
         let entry = &self.inverted.entries[doc];
-        (actor == Role::Owner || !entry.owner_only)
+        // An owner-only tool: an owner's, in a direct chat (in a group everyone reads it).
+        (!entry.owner_only || (actor == Role::Owner && chat == ChatKind::Direct))
             && (entry.chat_types.is_empty() || entry.chat_types.contains(&chat))
     }
 

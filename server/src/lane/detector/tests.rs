@@ -336,6 +336,9 @@ fn owner_only_tools_are_never_candidates_for_customers() {
     }];
     let followup = index.detect("what about it?", Role::Customer, ChatKind::Direct, &recent);
     assert!(!names(&followup).contains(&"issue_refund"), "{followup:?}");
+    // Nor for an owner in a group, where everyone would read its answer.
+    let group = index.detect(message, Role::Owner, ChatKind::Group, &[]);
+    assert!(!names(&group).contains(&"issue_refund"), "{group:?}");
 }
 
 #[test]

@@ -9,9 +9,10 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{ApprovalMode, AuditSettings, Catalog, Operation, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
+use super::{ApprovalMode, Audience, AuditSettings, Catalog, Operation, Provider, ToolDef, ToolSpec, compile, hash_json, valid_tool_name, version_hash};
 use crate::{
     config::{Problem, ProblemCode, secrets::secret_var_problem},
+    domain::ChatKind,
     tools::{connectors, hooks, schema::closed_schema, toml_file},
 };
 
@@ -79,6 +80,8 @@ impl Catalog {
             }
             if spec.chat_types.is_empty() {
                 bad("chat_types", "must allow at least one of \"direct\", \"group\"".into());
+            } else if spec.audience == Audience::OwnerOnly && !spec.chat_types.contains(&ChatKind::Direct) {
+                bad("chat_types", "an owner_only tool is used in owners' direct chats only (in a group everyone would read its answer); add \"direct\"".into());
             }
             if spec.timeout.is_zero() {
                 bad("timeout", "must be longer than zero".into());

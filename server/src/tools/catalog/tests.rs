@@ -171,3 +171,13 @@ fn a_tool_whose_retries_outlast_the_tool_call_budget_is_reported() {
     let quick = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
     assert!(fits_tool_call_budget(&quick, path, Duration::from_secs(240), Duration::from_secs(65)).is_empty());
 }
+
+/// An owner-only tool answers in owners' direct chats only: one allowed in groups alone could
+/// never be used, and is refused.
+#[test]
+fn an_owner_only_tool_for_groups_alone_is_refused() {
+    let owners = GOOD.replace("audience = \"public\"", "audience = \"owner_only\"");
+    assert!(load(&owners, &["SHOP_API_KEY"]).is_ok(), "direct and group by default: used in direct chats");
+    let problems = load(&owners.replace("timeout = \"5s\"", "timeout = \"5s\"\nchat_types = [\"group\"]"), &["SHOP_API_KEY"]).expect_err("refused");
+    problems_mention(&problems, &["tool[0] (lookup_order).chat_types: an owner_only tool is used in owners' direct chats only"]);
+}
