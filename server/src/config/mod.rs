@@ -48,7 +48,7 @@ pub use mcp::McpSettings;
 pub use retention::RetentionSettings;
 pub use load::{ConfigError, LoadedConfig, Problem, ProblemCode, load};
 pub use secrets::{SecretSource, Secrets};
-pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings};
+pub use server::{AuthSettings, DatabaseKind, DatabaseSettings, LogFormat, LogSettings, ServerSettings, SqliteSynchronous};
 pub use telemetry::TelemetrySettings;
 pub use whatsapp::WhatsAppSettings;
 

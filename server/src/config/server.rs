@@ -149,6 +149,24 @@ pub struct DatabaseSettings {
     /// What owners are told on WhatsApp, at most once a UTC day, while less than
     /// `low_space_mib` is free; `{free}` and `{threshold}` are filled in. Empty: console only.
     pub low_space_notice: String,
+    /// SQLite only: whether a commit waits for the disk.
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// SQLite's `synchronous` setting in write-ahead-log mode: what a commit survives.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, strum::IntoStaticStr)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// A commit survives Gatehouse stopping or crashing, not the machine losing power or its
+    /// kernel crashing: the last commits before such a stop can be lost (messages already
+    /// answered 200, which WhatsApp then never sends again). No commit waits for the disk.
+    #[default]
+    #[strum(serialize = "NORMAL")]
+    Normal,
+    /// A commit survives a power loss too: each waits for the log to reach the disk (one fsync
+    /// per commit, which the webhook's group commit shares among the posts it holds).
+    #[strum(serialize = "FULL")]
+    Full,
 }
 
 impl Default for DatabaseSettings {
@@ -161,6 +179,7 @@ impl Default for DatabaseSettings {
             checkpoint_interval: Duration::from_millis(100),
             low_space_mib: 1024,
             low_space_notice: String::new(),
+            sqlite_synchronous: SqliteSynchronous::Normal,
         }
     }
 }

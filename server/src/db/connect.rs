@@ -76,6 +76,7 @@ const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How [`Db::connect`] opens a pool of at most `max` connections on `backend`.
 pub(super) fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u32, background_checkpoints: bool) -> AnyPoolOptions {
     let busy_ms = settings.busy_timeout.as_millis();
+    let synchronous: &'static str = settings.sqlite_synchronous.into();
     // sqlx pings a connection as it goes back to the pool; a ping before each use as well was
     // one more round trip in every PostgreSQL transaction (an idle job's enqueue and its claim
     // each paid one). Only a connection idle long enough to have been dropped on the way (a
@@ -122,7 +123,7 @@ pub(super) fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u
                     sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
                     sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}")).execute(&mut *conn).await?;
                     sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
-                    sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                    sqlx::query(&format!("PRAGMA synchronous = {synchronous}")).execute(&mut *conn).await?;
                     // A statement that may have to undo itself inside a transaction (a claim, a
                     // multi-row completion) keeps a statement journal, which past 64 KiB went to
                     // a temporary file created and deleted each time on the writer's thread.

@@ -310,4 +310,18 @@ mod tests {
         db.close().await;
     }
 
+    #[tokio::test]
+    async fn sqlite_commits_wait_for_the_disk_only_when_configured() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (setting, pragma) in [(crate::config::SqliteSynchronous::Normal, 1_i64), (crate::config::SqliteSynchronous::Full, 2)] {
+            let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("sync.db").display()), sqlite_synchronous: setting, ..Default::default() };
+            let db = Db::connect(&settings).await.expect("connect");
+            for pool in [&db.pool, &db.writer] {
+                let (value,): (i64,) = sqlx::query_as("PRAGMA synchronous").fetch_one(pool).await.expect("pragma");
+                assert_eq!(value, pragma, "{setting:?}");
+            }
+            db.close().await;
+        }
+    }
+
 }
