@@ -13,28 +13,45 @@ pub struct KeptAnswer {
     pub failure: Option<String>,
     /// Whether the summarizer model wrote it.
     pub used_model: bool,
+    /// A chainable tool's result as a chain's next step is planned from (JSON).
+    pub output: Option<String>,
     /// Whether the lane took it for the reply to the message that asked (it waited for it),
     /// rather than leaving it to its own job to send.
     pub in_reply: bool,
 }
 
+#[derive(sqlx::FromRow)]
+struct Row {
+    answer: String,
+    failure: Option<String>,
+    used_model: i64,
+    output: Option<String>,
+    in_reply: i64,
+}
+
 /// The answer kept for job `job_id`, if one is.
 pub async fn get(conn: &mut AnyConnection, job_id: i64) -> Result<Option<KeptAnswer>, DbError> {
-    let row: Option<(String, Option<String>, i64, i64)> =
-        sqlx::query_as("SELECT answer, failure, used_model, in_reply FROM tool_answers WHERE job_id = $1").bind(job_id).fetch_optional(conn).await?;
-    Ok(row.map(|(text, failure, used_model, in_reply)| KeptAnswer { text, failure, used_model: used_model != 0, in_reply: in_reply != 0 }))
+    let row: Option<Row> = sqlx::query_as("SELECT answer, failure, used_model, output, in_reply FROM tool_answers WHERE job_id = $1").bind(job_id).fetch_optional(conn).await?;
+    Ok(row.map(|r| KeptAnswer { text: r.answer, failure: r.failure, used_model: r.used_model != 0, output: r.output, in_reply: r.in_reply != 0 }))
 }
 
 /// Keeps the answer once; a second one for the same job changes nothing.
 pub async fn keep(conn: &mut AnyConnection, job_id: i64, answer: &KeptAnswer) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO tool_answers (job_id, answer, failure, used_model, in_reply, at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO NOTHING")
+    sqlx::query("INSERT INTO tool_answers (job_id, answer, failure, used_model, output, in_reply, at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO NOTHING")
         .bind(job_id)
         .bind(clean_text(&answer.text))
         .bind(answer.failure.as_deref())
         .bind(i64::from(answer.used_model))
+        .bind(answer.output.as_deref().map(clean_text))
         .bind(i64::from(answer.in_reply))
         .bind(now_ms())
         .execute(conn)
         .await?;
+    Ok(())
+}
+
+/// The lane took job `job_id`'s answer for the reply to the message that asked.
+pub async fn mark_in_reply(conn: &mut AnyConnection, job_id: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE tool_answers SET in_reply = 1 WHERE job_id = $1").bind(job_id).execute(conn).await?;
     Ok(())
 }

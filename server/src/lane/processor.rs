@@ -48,9 +48,9 @@ pub struct Answer {
     pub replayed: bool,
     /// The tool context this run stored for the chat's follow-ups, if it stored one.
     pub context_id: Option<i64>,
-    /// The lane waited for it and took it, for the reply to the message that asked (or, as a
-    /// chain's earlier step, to plan the next), and it is kept so: its job sends nothing, and
-    /// the message handled again takes it again instead of running the call.
+    /// A kept answer the lane took, for the reply to the message that asked (or, as a chain's
+    /// earlier step, to plan the next): its job sends nothing, and the message handled again
+    /// takes it again instead of running the call ([`Processor::taken`]).
     pub in_reply: bool,
 }
 
@@ -135,13 +135,6 @@ impl Processor {
     /// sends the same answer again: its call never runs, nor its summary is asked for, twice.
     /// `Err` is a failure another attempt may clear: nothing is said, and nothing kept.
     pub async fn final_answer(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
-        self.final_answer_taking(job, row, || false).await
-    }
-
-    /// [`Processor::final_answer`], where `take` says, once this run's answer is final and just
-    /// before it is kept, whether the message that asked takes it as its reply (the lane still
-    /// waits for it). That is kept with it ([`Answer::in_reply`]).
-    pub async fn final_answer_taking(&self, job: &ToolCallJob, row: &JobRow, take: impl FnOnce() -> bool + Send) -> Result<Answer, JobError> {
         if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
@@ -157,9 +150,8 @@ impl Processor {
         {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
-        let mut answer = answer;
-        answer.in_reply = take();
-        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, in_reply: answer.in_reply };
+        // Kept as its job's to send; the lane marks it taken once it has it ([`Processor::taken`]).
+        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, &answer), in_reply: false };
         let kept = async { tool_answers::keep(&mut *self.db.acquire_write().await?, row.id, &keep).await }.await;
         if let Err(e) = kept {
             // The answer still goes out; only a retry of its send would run the call again.
@@ -171,7 +163,31 @@ impl Processor {
     /// The answer an earlier attempt of job `row` kept, if one did.
     pub async fn kept(&self, row: &JobRow) -> Result<Option<Answer>, DbError> {
         let kept = tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await?;
-        Ok(kept.map(|kept| Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output: None, replayed: true, context_id: None, in_reply: kept.in_reply }))
+        Ok(kept.map(|kept| {
+            let output = kept.output.as_deref().and_then(|o| serde_json::from_str(o).ok());
+            Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output, replayed: true, context_id: None, in_reply: kept.in_reply }
+        }))
+    }
+
+    /// The lane has job `job_id`'s answer, for the reply to the message that asked: kept so, its
+    /// job sends nothing if run again, and the message handled again takes it again. Marked only
+    /// once the lane has it, so an answer is never left unsent; a crash just before the mark
+    /// can still send it twice. A failed mark is logged.
+    pub async fn taken(&self, job_id: i64) {
+        let marked = async { tool_answers::mark_in_reply(&mut *self.db.acquire_write().await?, job_id).await }.await;
+        if let Err(e) = marked {
+            tracing::warn!(job.id = job_id, error = %e, "marking a tool call's answer as the reply's failed; a rerun of its job may send it again");
+        }
+    }
+
+    /// What a chain's next step is planned from, kept with a chainable tool's answer so the
+    /// message handled again plans from it too: the result as cleaned for the planner (no
+    /// secret or managed fields, chat id or sender).
+    fn chain_output(&self, job: &ToolCallJob, answer: &Answer) -> Option<String> {
+        let tool = self.checkpoint.catalog().get(&job.tool).filter(|t| t.spec.chainable)?;
+        let output = answer.output.as_ref()?;
+        let shown = super::summarizer::clean_with(output, &tool.spec.hidden_fields(), &[job.reply_to.chat_id.clone(), job.sender.clone()]);
+        Some(super::canonical_json(&shown))
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised

@@ -196,3 +196,28 @@ async fn a_step_that_is_not_chainable_ends_the_chain(db: TestDb) {
     assert!(r.graph.texts()[0].starts_with("Returns are free within 30 days"), "{:?}", r.graph.texts());
 }
 both_backends!(chain_not_chainable_step, a_step_that_is_not_chainable_ends_the_chain);
+
+/// A chain's message handled again (its first run stopped before its reply was recorded) runs
+/// none of its calls again: each step's kept answer is taken again, and the next step is
+/// planned from the first step's kept result, so the reply is the chain's last answer.
+async fn a_chain_handled_again_runs_nothing_twice(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.C13", "Find the returns page and open it, please")], 1).await;
+    let reply = r.graph.texts()[0].clone();
+    assert!(reply.starts_with("Returns are free within 30 days"), "{reply}");
+    let pool = &r.app.state.db.pool;
+    sqlx::query("DELETE FROM message_replies WHERE message_id = 'wamid.C13'").execute(pool).await.expect("no reply recorded");
+    sqlx::query("UPDATE whatsapp_inbound SET outcome = NULL, processed_at = NULL WHERE wamid = 'wamid.C13'").execute(pool).await.expect("not processed");
+    sqlx::query("UPDATE jobs SET state = 'available', completed_at = NULL, scheduled_at = 0 WHERE kind = 'whatsapp.inbound'").execute(pool).await.expect("again");
+    r.exchange(&[], 1).await;
+    let steps = r.steps("wamid.C13").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "each call ran once: {steps:?}");
+    assert_eq!(steps.iter().filter(|(s, d, _)| s == "AgentToolJobDedupe" && d == "already_answered").count(), 2, "{steps:?}");
+    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    assert_eq!(plans.len(), 4, "two plans a run");
+    assert!(plans[3].contains("Returns policy"), "the second step planned again from the first's kept result: {}", plans[3]);
+    let recorded: String = sqlx::query_scalar("SELECT reply FROM message_replies WHERE message_id = 'wamid.C13'").fetch_one(pool).await.expect("reply");
+    assert_eq!(recorded, reply);
+    assert_eq!(r.graph.texts(), vec![reply], "sent once");
+}
+both_backends!(chain_handled_again, a_chain_handled_again_runs_nothing_twice);

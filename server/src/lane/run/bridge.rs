@@ -200,20 +200,26 @@ impl Lane {
             let started_ms = db::now_ms();
             // Its outer error: the call gave this run no answer to send.
             let run = async {
-                // Whether the lane, still waiting, takes the answer as the message's reply is
-                // decided as the answer is kept, and kept with it: a rerun of this job then knows
-                // not to send it again.
-                let take = || outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok();
-                let answer = telemetry.in_job(&claimed.job, processor.final_answer_taking(&job, &claimed.job, take)).await?;
-                Ok(if answer.in_reply {
+                let answer = telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await?;
+                // The lane, still waiting, takes it for the message's reply; once the lane has it,
+                // the kept answer is marked so, and a rerun of this job sends nothing.
+                let answer = if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                     let result = outcome(&answer);
-                    let _ = answered.send(answer);
-                    result
+                    match answered.send(answer) {
+                        Ok(()) => {
+                            processor.taken(job_id).await;
+                            return Ok(result);
+                        }
+                        // The lane no longer listens (its own run was stopped): nobody will
+                        // send it but this job.
+                        Err(answer) => answer,
+                    }
                 } else {
-                    // The person was told the work is underway: the answer goes out on its own.
-                    processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
-                    processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer))
-                })
+                    answer
+                };
+                // The person was told the work is underway: the answer goes out on its own.
+                processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
+                Ok(processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer)))
             };
             // A panic in the call is a failed run, as a worker's is: the job is recorded as
             // such below and retried, instead of staying "running" under this task's heartbeat.
