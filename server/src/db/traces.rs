@@ -101,6 +101,7 @@ pub async fn insert_steps(conn: &mut AnyConnection, trace_id: i64, first_seq: i6
     if steps.is_empty() {
         return Ok(first_seq);
     }
+    lock_for_steps(&mut *conn, trace_id).await?;
     let (stored,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(seq), -1) + 1 FROM trace_steps WHERE trace_id = $1").bind(trace_id).fetch_one(&mut *conn).await?;
     let first_seq = first_seq.max(stored);
     let sql = format!("INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) VALUES {}", super::value_rows(super::backend_of(conn), steps.len(), 7));
@@ -198,9 +199,21 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<(TraceRow, 
     Ok(Some((trace, steps)))
 }
 
+/// On PostgreSQL, takes the trace's row lock for the rest of the caller's transaction before
+/// its next step number is read: two transactions adding steps to one trace at once (a reply's
+/// delivery and a later answer, say) would otherwise both read the same `MAX(seq)` under READ
+/// COMMITTED. The second reads after the first commits. SQLite has one writer at a time.
+async fn lock_for_steps(conn: &mut AnyConnection, trace_id: i64) -> Result<(), DbError> {
+    if super::backend_of(conn) == super::Backend::Postgres {
+        sqlx::query("SELECT id FROM traces WHERE id = $1 FOR UPDATE").bind(trace_id).fetch_optional(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// Appends a step to a stored trace (the channel adds delivery once the reply is sent) and
-/// returns its place in the trace.
+/// returns its place in the trace. Call it in a transaction (see [`lock_for_steps`]).
 pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> Result<i64, DbError> {
+    lock_for_steps(&mut *conn, trace_id).await?;
     let seq: i64 = sqlx::query_scalar(
         "INSERT INTO trace_steps (trace_id, seq, step, decision, reason_code, duration_us, detail) \
          SELECT $1, COALESCE(MAX(seq), -1) + 1, $2, $3, $4, $5, $6 FROM trace_steps WHERE trace_id = $1 RETURNING seq",

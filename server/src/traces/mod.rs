@@ -183,13 +183,15 @@ pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step
 }
 
 /// Appends a `step` that comes after the message's turn (a delivery, a later run of its tool
-/// call) to its finished trace on a connection of its own, marking the trace failed when
+/// call) to its finished trace in a transaction of its own, marking the trace failed when
 /// `failed` (see [`append_failure`]), and exports it. The trace records the work; it is not the
 /// work, so a failure to write it is logged here and not returned.
 pub async fn record_delivery(db: &db::Db, telemetry: &Telemetry, trace_id: i64, step: &Step, failed: bool) {
     let written = async {
-        let mut conn = db.pool.acquire().await?;
-        if failed { append_failure(&mut conn, trace_id, step).await } else { append(&mut conn, trace_id, step).await }
+        let mut tx = db.begin_write().await?;
+        let appended = if failed { append_failure(&mut tx, trace_id, step).await? } else { append(&mut tx, trace_id, step).await? };
+        tx.commit().await?;
+        Ok::<_, DbError>(appended)
     }
     .await;
     match written {

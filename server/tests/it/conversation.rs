@@ -725,6 +725,40 @@ async fn a_step_appended_to_a_running_trace_keeps_its_own_number(db: TestDb) {
 }
 both_backends!(conversation_trace_seq_unique, a_step_appended_to_a_running_trace_keeps_its_own_number);
 
+/// Two steps appended to one finished trace at once (a reply's delivery and a later answer, in
+/// two processes) get numbers of their own: on PostgreSQL each transaction read the same
+/// `MAX(seq)` before its insert, until the trace's row lock ordered them.
+async fn steps_appended_at_once_never_share_a_number(db: TestDb) {
+    use server::traces::{self, Ending, Step};
+    let r = rig(db, 6000, true).await;
+    let trace = running_trace(&r.db, "together").await;
+    let mut tx = r.db.begin_write().await.expect("tx");
+    let id = trace.finish(&mut tx, Ending { outcome: "replied".into(), ..Ending::default() }).await.expect("finish");
+    tx.commit().await.expect("commit");
+    let appends: Vec<_> = (0..2)
+        .map(|n| {
+            let db = r.db.clone();
+            tokio::spawn(async move {
+                let mut tx = db.begin_write().await.expect("tx");
+                let appended = traces::append(&mut tx, id, &Step::new("delivery", "sent", "OK", json!({ "n": n }))).await.expect("append");
+                // Held open, so the other append runs while this one has not committed.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tx.commit().await.expect("commit");
+                appended.seq
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for append in appends {
+        seqs.push(append.await.expect("task"));
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, [0, 1], "each its own number");
+    let stored: Vec<i64> = sqlx::query_scalar("SELECT seq FROM trace_steps WHERE trace_id = $1 ORDER BY seq").bind(id).fetch_all(&r.db.pool).await.expect("steps");
+    assert_eq!(stored, [0, 1]);
+}
+both_backends!(conversation_trace_seq_at_once, steps_appended_at_once_never_share_a_number);
+
 /// Steps flushed in a transaction that then does not commit (a job's insert failed with the
 /// step that records it) are not lost: the trace's ending writes them, numbered in order. The
 /// step that named the rolled-back job is gone with it.
