@@ -78,6 +78,11 @@ impl Lane {
                 let shown = summarizer::clean_with(o, &hidden, &[inbound.chat_id.clone(), inbound.sender.clone()]);
                 canonical_json(&shown).chars().take(lane.context_preview_chars as usize * 4).collect()
             });
+            if step == 1 {
+                // The first plan's own turns (its catalog searches, whose words may quote the
+                // chat) stay out too: the chain's transcript starts with its first call.
+                input.transcript.clear();
+            }
             input.transcript.push(llm::Message { role: llm::Role::Assistant, content: vec![llm::ContentBlock::ToolUse { id: proposed.id.clone(), name: proposed.name.clone(), input: proposed.args.clone() }] });
             input.transcript.push(llm::Message {
                 role: llm::Role::User,
