@@ -148,8 +148,8 @@ impl Lane {
 
     /// The same call for the same message, run before: this message is handled again because
     /// its first run stopped before its reply was recorded (a crash, a full disk). A call that
-    /// run answered is never run again: the answer it took as its reply is the reply again, and
-    /// one its job sends itself needs no word here. `None`: no such answer (an unfinished job is
+    /// run answered is not run again: an answer the lane took is taken again, and one its job
+    /// sends itself needs no word here. `None`: no such answer (an unfinished job is
     /// found by the enqueue's dedupe).
     async fn ran_before(&self, key: &str, inbound: &Inbound, trace: &mut Recorder) -> Option<Ran> {
         let found = async {
@@ -165,13 +165,8 @@ impl Lane {
                 return None;
             }
         };
-        Some(if answer.in_reply {
-            trace.step("AgentToolJobDedupe", "already_answered", "OK", json!({ "job_id": job_id, "in_reply": true }));
-            Ran::Answered(answer)
-        } else {
-            trace.step("AgentToolJobDedupe", "already_answered", "OK", json!({ "job_id": job_id, "in_reply": false }));
-            Ran::Quiet
-        })
+        trace.step("AgentToolJobDedupe", "already_answered", "OK", json!({ "job_id": job_id, "in_reply": answer.in_reply }));
+        Some(if answer.in_reply { Ran::Answered(answer) } else { Ran::Quiet })
     }
 
     /// Runs the stored job in this process while the person waits, up to the deadline.
