@@ -296,10 +296,7 @@ async fn export_spans(exporter: SpanExporter, mut facts: mpsc::Receiver<Fact>, d
                 continue;
             }
             match read_trace(&db, step.trace_id).await {
-                // Appended while its message was still handled (an owner deciding meanwhile):
-                // the message's export, made when it ended, holds it; so does one the trace
-                // ended after, whose export may still be queued behind this.
-                Ok(Some((trace, _))) if trace.outcome == db::traces::RUNNING || trace.started_at.saturating_add(trace.duration_us / 1000) >= at => {}
+                Ok(Some((trace, _))) if spans::held_by_trace_export(&trace, at) => {}
                 Ok(Some((trace, steps))) => {
                     if let Some(row) = usize::try_from(step.seq).ok().and_then(|seq| steps.get(seq)) {
                         batch.push(spans::appended_span(&service, &trace, step, row, at));

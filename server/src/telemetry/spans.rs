@@ -131,6 +131,13 @@ pub fn message_spans(service: &str, trace: &TraceRow, steps: &[Step]) -> Vec<Spa
     out
 }
 
+/// Whether a step appended to `trace` at `appended_ms` is the trace's own export's to send:
+/// appended while its message was still handled (an owner deciding meanwhile), or before the
+/// trace ended (its export, made when it ended, reads it, and may still be queued).
+pub fn held_by_trace_export(trace: &TraceRow, appended_ms: i64) -> bool {
+    trace.outcome == crate::db::traces::RUNNING || trace.started_at.saturating_add(trace.duration_us / 1000) >= appended_ms
+}
+
 fn step_span_id(service: &str, trace: &TraceRow, seq: usize) -> SpanId {
     span_id(&["gatehouse.step", service, &trace.correlation_id, &trace.id.to_string(), &seq.to_string()])
 }
@@ -283,6 +290,15 @@ mod tests {
         let failed = appended_span("svc", &trace(), Appended { trace_id: 7, seq: 1, failed: true }, &undelivered, 2_000_000);
         assert_eq!(failed.status, error("WHATSAPP_131026"));
         assert!(failed.attributes.iter().any(|kv| kv.key.as_str() == "error.type" && kv.value.as_str() == "WHATSAPP_131026"));
+    }
+
+    #[test]
+    fn a_step_appended_before_its_trace_ended_is_left_to_the_traces_export() {
+        // trace(): started at 1,000,000 ms, 9 ms long.
+        assert!(held_by_trace_export(&trace(), 1_000_005), "appended before it ended");
+        assert!(!held_by_trace_export(&trace(), 1_000_010), "appended after: sent alone");
+        let running = TraceRow { outcome: crate::db::traces::RUNNING.into(), duration_us: 0, ..trace() };
+        assert!(held_by_trace_export(&running, 2_000_000), "still handled");
     }
 
     #[test]

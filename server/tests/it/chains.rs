@@ -221,3 +221,17 @@ async fn a_chain_handled_again_runs_nothing_twice(db: TestDb) {
     assert_eq!(r.graph.texts(), vec![reply], "sent once");
 }
 both_backends!(chain_handled_again, a_chain_handled_again_runs_nothing_twice);
+
+/// A chain's next step is planned from its own calls only: the first plan's catalog searches
+/// (whose words may quote the chat) are not shown again.
+async fn a_chain_step_is_planned_without_the_first_plans_searches(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.exchange(&[("wamid.C14", "Find the returns page, looking in the catalog first, and open it")], 1).await;
+    let steps = r.steps("wamid.C14").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "{steps:?}");
+    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    assert_eq!(plans.len(), 3, "the search, the first call, the next step: {plans:?}");
+    assert!(plans[1].contains("tool_search_results"), "the first plan read its search: {}", plans[1]);
+    assert!(plans[2].contains("Returns policy") && !plans[2].contains("tool_search_results"), "the next step's plan: {}", plans[2]);
+}
+both_backends!(chain_step_without_searches, a_chain_step_is_planned_without_the_first_plans_searches);

@@ -264,6 +264,17 @@ fn plan_for_the_shop(llm: &Fake) {
                 let respond = json!({ "decision": "no_tool", "reply": "", "reason": "the result answers it", "requires_async": false, "requires_owner_approval": false });
                 return anthropic(json!([tool_use("r1", "respond_without_tool", respond)]), "tool_use");
             }
+            // A chain whose first plan looks in the catalog first: then the search, then the
+            // page, each once the one before came back.
+            if text.contains("the catalog first") {
+                if text.contains(r#"\"id\":\"c1\""#) || text.contains(r#""id":"c1""#) {
+                    return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "returns" }))]), "tool_use");
+                }
+                if !text.contains("tool_search_results") {
+                    return anthropic(json!([tool_use("s1", "search_tools", json!({ "query": "shop pages" }))]), "tool_use");
+                }
+                return anthropic(json!([tool_use("c1", "page_search", json!({ "query": "returns" }))]), "tool_use");
+            }
             // A chain: search first; once a result came back, the step the message asks for.
             if text.contains("Find the returns page") {
                 let second_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
