@@ -21,4 +21,5 @@ pub mod retention;
 pub mod telemetry;
 pub mod tools;
 pub mod traces;
+pub mod untrusted;
 pub mod web;

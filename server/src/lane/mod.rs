@@ -16,7 +16,7 @@
 
 pub mod adapter;
 pub mod context;
-pub mod data;
+pub use crate::untrusted as data;
 pub mod decide;
 pub mod detector;
 pub mod memory;

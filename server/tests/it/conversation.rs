@@ -225,11 +225,11 @@ async fn every_step_in_order_with_memory(db: TestDb) {
     assert_eq!((again.route, again.reply.as_deref(), again.trace_id), (Route::Duplicate, Some("reply 1"), first.trace_id));
     assert_eq!(r.fake.lock().expect("lock").requests.len(), asked);
 
-    // A quoted message is included.
+    // A quoted message is included, as data.
     let mut quoting = msg("w20", customer, "Is this still true?");
     quoting.quoted_id = Some("w1".into());
     r.runtime.handle(&quoting).await.expect("handle");
-    assert!(last_chat_texts(&r.fake).iter().any(|t| t.contains("(Replying to: \"My friend is called Ana.\")")));
+    assert!(last_chat_texts(&r.fake).iter().any(|t| t.contains("<untrusted_data kind=\"quoted_message\">\nMy friend is called Ana.\n</untrusted_data>")));
 
     // Customers never reach owner commands; private data gets the safe reply, not the model.
     let requests_before = r.fake.lock().expect("lock").requests.len();

@@ -1,5 +1,6 @@
-//! How the lane hands a model text it must not obey. Untrusted text (the person's message, the
-//! chat's memory, tool results) goes in the user turn inside
+//! How a model is handed text it must not obey (the lane's prompts, and a quoted message in
+//! normal chat). Untrusted text (the person's message, the chat's memory, tool results) goes in
+//! the user turn inside
 //! `<untrusted_data kind="...">...</untrusted_data>`; the runtime's own facts (actor, chat kind,
 //! limits) go in the system prompt inside `<runtime_facts>...</runtime_facts>` as JSON. The
 //! configured prompts say what both mean (`check-config` makes sure the tag is named).
