@@ -163,7 +163,7 @@ async fn a_chain_step_is_planned_without_the_chats_memory(db: TestDb) {
     r.exchange(&[("wamid.C9", "Hi! I'm staying in Porto this week.")], 1).await;
     r.exchange(&[("wamid.C10", "Find the returns page and open it, please")], 2).await;
     r.exchange(&[("wamid.C11", "Find the returns page and open it again")], 3).await;
-    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    let plans = r.planner_messages();
     assert_eq!(plans.len(), 4, "two chains of two steps: {plans:?}");
     let (first, step) = (&plans[2], &plans[3]);
     assert!(first.contains("chat_summary") && first.contains("Porto"), "the first plan reads the chat: {first}");
@@ -206,14 +206,11 @@ async fn a_chain_handled_again_runs_nothing_twice(db: TestDb) {
     let reply = r.graph.texts()[0].clone();
     assert!(reply.starts_with("Returns are free within 30 days"), "{reply}");
     let pool = &r.app.state.db.pool;
-    sqlx::query("DELETE FROM message_replies WHERE message_id = 'wamid.C13'").execute(pool).await.expect("no reply recorded");
-    sqlx::query("UPDATE whatsapp_inbound SET outcome = NULL, processed_at = NULL WHERE wamid = 'wamid.C13'").execute(pool).await.expect("not processed");
-    sqlx::query("UPDATE jobs SET state = 'available', completed_at = NULL, scheduled_at = 0 WHERE kind = 'whatsapp.inbound'").execute(pool).await.expect("again");
-    r.exchange(&[], 1).await;
+    r.handle_again("wamid.C13").await;
     let steps = r.steps("wamid.C13").await;
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "each call ran once: {steps:?}");
     assert_eq!(steps.iter().filter(|(s, d, _)| s == "AgentToolJobDedupe" && d == "already_answered").count(), 2, "{steps:?}");
-    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    let plans = r.planner_messages();
     assert_eq!(plans.len(), 4, "two plans a run");
     assert!(plans[3].contains("Returns policy"), "the second step planned again from the first's kept result: {}", plans[3]);
     let recorded: String = sqlx::query_scalar("SELECT reply FROM message_replies WHERE message_id = 'wamid.C13'").fetch_one(pool).await.expect("reply");
@@ -229,7 +226,7 @@ async fn a_chain_step_is_planned_without_the_first_plans_searches(db: TestDb) {
     r.exchange(&[("wamid.C14", "Find the returns page, looking in the catalog first, and open it")], 1).await;
     let steps = r.steps("wamid.C14").await;
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string(), "pages/returns".to_string()], "{steps:?}");
-    let plans: Vec<String> = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect();
+    let plans = r.planner_messages();
     assert_eq!(plans.len(), 3, "the search, the first call, the next step: {plans:?}");
     assert!(plans[1].contains("tool_search_results"), "the first plan read its search: {}", plans[1]);
     assert!(plans[2].contains("Returns policy") && !plans[2].contains("tool_search_results"), "the next step's plan: {}", plans[2]);

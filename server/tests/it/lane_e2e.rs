@@ -436,6 +436,26 @@ impl Rig {
         let _ = worker.await;
     }
 
+    /// Runs the jobs of `kind` again, as if their runs had stopped before recording their end.
+    pub(crate) async fn run_again(&self, kind: &str) {
+        sqlx::query("UPDATE jobs SET state = 'available', completed_at = NULL, scheduled_at = 0 WHERE kind = $1").bind(kind).execute(&self.app.state.db.pool).await.expect("run again");
+    }
+
+    /// Handles message `wamid` again, as if its first run had stopped before its reply was
+    /// recorded (a crash, a full disk), and waits for the work that follows.
+    pub(crate) async fn handle_again(&self, wamid: &str) {
+        let pool = &self.app.state.db.pool;
+        sqlx::query("DELETE FROM message_replies WHERE message_id = $1").bind(wamid).execute(pool).await.expect("no reply recorded");
+        sqlx::query("UPDATE whatsapp_inbound SET outcome = NULL, processed_at = NULL WHERE wamid = $1").bind(wamid).execute(pool).await.expect("not processed");
+        self.run_again("whatsapp.inbound").await;
+        self.exchange(&[], 1).await;
+    }
+
+    /// The planner's requests so far, their messages as JSON text.
+    pub(crate) fn planner_messages(&self) -> Vec<String> {
+        self.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect()
+    }
+
     pub(crate) async fn steps(&self, wamid: &str) -> Vec<(String, String, String)> {
         sqlx::query_as("SELECT s.step, s.decision, s.reason_code FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = $1 ORDER BY s.seq")
             .bind(wamid)
@@ -729,16 +749,10 @@ async fn a_call_answered_once_is_neither_run_nor_sent_twice(db: TestDb) {
     assert_eq!(r.graph.texts(), vec![answer.clone()]);
     let calls = r.shop.requests.lock().expect("lock").len();
     let pool = &r.app.state.db.pool;
-    let again = |kind: &'static str| async move {
-        sqlx::query("UPDATE jobs SET state = 'available', completed_at = NULL, scheduled_at = 0 WHERE kind = $1").bind(kind).execute(pool).await.expect("run again");
-    };
-    again("tool.call").await;
+    r.run_again("tool.call").await;
     r.exchange(&[], 1).await;
     assert_eq!(r.graph.texts(), vec![answer.clone()], "the job sent nothing: the reply held its answer");
-    sqlx::query("DELETE FROM message_replies WHERE message_id = 'wamid.ONCE'").execute(pool).await.expect("no reply recorded");
-    sqlx::query("UPDATE whatsapp_inbound SET outcome = NULL, processed_at = NULL WHERE wamid = 'wamid.ONCE'").execute(pool).await.expect("not processed");
-    again("whatsapp.inbound").await;
-    r.exchange(&[], 1).await;
+    r.handle_again("wamid.ONCE").await;
     let steps = r.steps("wamid.ONCE").await;
     assert_eq!(r.shop.requests.lock().expect("lock").len(), calls, "the call ran once: {steps:?}");
     assert!(steps.iter().any(|(s, d, _)| s == "AgentToolJobDedupe" && d == "already_answered"), "{steps:?}");
