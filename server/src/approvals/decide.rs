@@ -98,7 +98,7 @@ impl Approvals {
             appended = Some(traces::append(&mut tx, trace_id, &Step::new("ApprovalDecided", to.as_str(), "OK", detail)).await?);
         }
         self.queue.commit(tx).await?;
-        self.exported(appended);
+        self.queue.telemetry().appended(appended);
         tracing::info!(event = "ApprovalDecided", approval.id = id, state = to.as_str(), via = by.via, "decided");
         let mut conn = self.db.pool.acquire().await?;
         let approval = store::get(&mut conn, id).await?.ok_or(ApprovalError::NotFound(id))?;
@@ -115,7 +115,7 @@ impl Approvals {
             appended = Some(traces::append(&mut tx, trace_id, &Step::new("ApprovalExpired", "expired", ApprovalCode::Expired.as_str(), json!({ "approval_id": id }))).await?);
         }
         tx.commit().await?;
-        self.exported(appended);
+        self.queue.telemetry().appended(appended);
         Ok(expired)
     }
 
@@ -140,16 +140,10 @@ impl Approvals {
             self.queue.enqueue_in(&mut tx, &job).await?;
         }
         self.queue.commit(tx).await?;
-        self.exported(appended);
+        self.queue.telemetry().appended(appended);
         Ok(())
     }
 
-    /// Exports the steps a committed transaction appended to finished traces.
-    pub(super) fn exported(&self, appended: impl IntoIterator<Item = traces::Appended>) {
-        for step in appended {
-            self.queue.telemetry().appended(step);
-        }
-    }
 }
 
 /// The `tool.call` job of an approved request: the stored call, bound to the approval.

@@ -286,7 +286,7 @@ impl Approvals {
             (None, None) => (None, None),
         };
         self.queue.commit(tx).await?;
-        self.exported(appended);
+        self.queue.telemetry().appended(appended);
         if let Some((flushed, trace)) = flushed {
             trace.committed(flushed);
         }

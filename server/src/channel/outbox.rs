@@ -42,9 +42,7 @@ impl Outbox {
             _ => None,
         };
         tx.commit().await?;
-        if let Some(appended) = appended {
-            self.telemetry.appended(appended);
-        }
+        self.telemetry.appended(appended);
         Ok(())
     }
 }

@@ -130,9 +130,7 @@ impl Simulator {
             }
         }
         tx.commit().await?;
-        if let Some(appended) = appended {
-            self.telemetry.appended(appended);
-        }
+        self.telemetry.appended(appended);
         Ok(SimOutcome { chat_id, message_id: inbound.message_id, handled })
     }
 }

@@ -173,12 +173,16 @@ impl Telemetry {
         }
     }
 
-    /// A step appended to a finished trace was committed (a delivery, a later answer, an
-    /// approval's decision): its span joins the message's trace, under the message, as a step
-    /// the message's own export did not hold.
-    pub fn appended(&self, step: Appended) {
+    /// Steps appended to finished traces were committed (a delivery, a later answer, an
+    /// approval's decision): each one's span joins its message's trace, under the message, as a
+    /// step the message's own export did not hold. Takes what a transaction appended: none, one
+    /// (`Option`) or several.
+    pub fn appended(&self, steps: impl IntoIterator<Item = Appended>) {
         if let Some(inner) = &self.inner {
-            Self::send(inner, Fact::Appended { step, at: db::now_ms() });
+            let at = db::now_ms();
+            for step in steps {
+                Self::send(inner, Fact::Appended { step, at });
+            }
         }
     }
 

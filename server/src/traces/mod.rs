@@ -195,7 +195,7 @@ pub async fn record_delivery(db: &db::Db, telemetry: &Telemetry, trace_id: i64, 
     }
     .await;
     match written {
-        Ok(appended) => telemetry.appended(appended),
+        Ok(appended) => telemetry.appended([appended]),
         Err(e) => tracing::warn!(error = %e, trace.id = trace_id, step = %step.step, "recording a delivery in the trace failed"),
     }
 }

@@ -69,7 +69,7 @@ pub async fn store_batch(db: &Db, queue: &JobQueue, batch: &Batch) -> Result<Int
     let mut tx = db.begin_write().await?;
     let (mut reports, appended) = store_in(&mut tx, queue, &[batch], db::now_ms()).await?;
     queue.commit(tx).await?;
-    exported(queue, appended);
+    queue.telemetry().appended(appended);
     Ok(reports.pop().unwrap_or_default())
 }
 
@@ -129,7 +129,7 @@ async fn store_messages_alone(db: &Db, queue: &JobQueue, batches: &[&Batch], now
 /// multi-row insert of the messages (the wamid's unique index is the dedupe), one of their jobs
 /// and one of the jobs' events. Returns one report per batch; a wamid repeated across the
 /// batches is stored for the first and counted as a duplicate for the rest. And the failed
-/// deliveries it added to traces, to export once the transaction commits ([`exported`]).
+/// deliveries it added to traces, to export once the transaction commits.
 async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch], now: i64) -> Result<(Vec<IntakeReport>, Vec<Appended>), DbError> {
     let (messages, jobs) = messages_and_jobs(queue, batches);
     let ids = store::insert_inbound_many(conn, &messages.iter().map(|(_, m)| *m).collect::<Vec<_>>(), now).await?;
@@ -157,12 +157,6 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
     Ok((reports, appended))
 }
 
-/// Exports the trace steps a committed intake transaction appended.
-fn exported(queue: &JobQueue, appended: Vec<Appended>) {
-    for step in appended {
-        queue.telemetry().appended(step);
-    }
-}
 
 /// The event for a receipt that has no trace step of its own (a failure gets one, and its event
 /// comes from it).
@@ -343,7 +337,7 @@ async fn commit_group(db: &Db, queue: &JobQueue, group: Vec<Waiting>) {
         let mut tx = db.begin_write().await?;
         let (reports, appended) = store_in(&mut tx, queue, &batches, now).await?;
         queue.commit(tx).await?;
-        exported(queue, appended);
+        queue.telemetry().appended(appended);
         Ok::<_, DbError>(reports)
     };
     let stored = together.await;
