@@ -50,8 +50,9 @@ pub async fn keep(conn: &mut AnyConnection, job_id: i64, answer: &KeptAnswer) ->
     Ok(())
 }
 
-/// The lane took job `job_id`'s answer for the reply to the message that asked.
-pub async fn mark_in_reply(conn: &mut AnyConnection, job_id: i64) -> Result<(), DbError> {
-    sqlx::query("UPDATE tool_answers SET in_reply = 1 WHERE job_id = $1").bind(job_id).execute(conn).await?;
+/// Says who sends job `job_id`'s answer: the lane, in the reply to the message that asked
+/// (`in_reply`), or the job itself.
+pub async fn mark_in_reply(conn: &mut AnyConnection, job_id: i64, in_reply: bool) -> Result<(), DbError> {
+    sqlx::query("UPDATE tool_answers SET in_reply = $1 WHERE job_id = $2").bind(i64::from(in_reply)).bind(job_id).execute(conn).await?;
     Ok(())
 }

@@ -50,7 +50,7 @@ pub struct Answer {
     pub context_id: Option<i64>,
     /// A kept answer the lane took, for the reply to the message that asked (or, as a chain's
     /// earlier step, to plan the next): its job sends nothing, and the message handled again
-    /// takes it again instead of running the call ([`Processor::taken`]).
+    /// takes it again instead of running the call ([`Processor::keep`]).
     pub in_reply: bool,
 }
 
@@ -135,6 +135,16 @@ impl Processor {
     /// sends the same answer again: its call never runs, nor its summary is asked for, twice.
     /// `Err` is a failure another attempt may clear: nothing is said, and nothing kept.
     pub async fn final_answer(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
+        let answer = self.settle(job, row).await?;
+        if !answer.replayed {
+            self.keep(job, row, &answer, false).await;
+        }
+        Ok(answer)
+    }
+
+    /// What [`Processor::final_answer`] comes to, before it is kept: the lane's own run keeps it
+    /// once it knows who sends it.
+    pub async fn settle(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
         if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
@@ -150,14 +160,40 @@ impl Processor {
         {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
-        // Kept as its job's to send; the lane marks it taken once it has it ([`Processor::taken`]).
-        let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, &answer), in_reply: false };
-        let kept = async { tool_answers::keep(&mut *self.db.acquire_write().await?, row.id, &keep).await }.await;
-        if let Err(e) = kept {
-            // The answer still goes out; only a retry of its send would run the call again.
-            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "keeping a tool call's answer failed");
-        }
         Ok(answer)
+    }
+
+    /// Keeps job `row`'s answer, with who sends it: the lane, in the reply to the message that
+    /// asked (`in_reply`: it was still waiting), or else the job itself. One write both keeps
+    /// the answer and says so, before the lane is handed it: a crash after it leaves the job,
+    /// run again, sending nothing, and the message, handled again, taking the answer again. An
+    /// answer kept before is only marked as the lane's. A failed write is logged: the answer
+    /// still goes out, and only a rerun of its job would run the call again.
+    pub async fn keep(&self, job: &ToolCallJob, row: &JobRow, answer: &Answer, in_reply: bool) {
+        let kept = async {
+            let mut conn = self.db.acquire_write().await?;
+            if !answer.replayed {
+                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, answer), in_reply };
+                tool_answers::keep(&mut conn, row.id, &keep).await
+            } else if in_reply && !answer.in_reply {
+                tool_answers::mark_in_reply(&mut conn, row.id, true).await
+            } else {
+                Ok(())
+            }
+        };
+        if let Err(e) = kept.await {
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, in_reply, error = %e, "keeping a tool call's answer failed");
+        }
+    }
+
+    /// The lane stopped listening after job `job_id`'s answer was kept as its reply (its own run
+    /// was stopped): the answer is its job's to send again. A failed write is logged: a rerun of
+    /// the job would then send nothing, and the message handled again takes the answer.
+    pub async fn handed_back(&self, job_id: i64) {
+        let marked = async { tool_answers::mark_in_reply(&mut *self.db.acquire_write().await?, job_id, false).await }.await;
+        if let Err(e) = marked {
+            tracing::warn!(job.id = job_id, error = %e, "marking a tool call's answer as its job's to send failed");
+        }
     }
 
     /// The answer an earlier attempt of job `row` kept, if one did.
@@ -167,17 +203,6 @@ impl Processor {
             let output = kept.output.as_deref().and_then(|o| serde_json::from_str(o).ok());
             Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output, replayed: true, context_id: None, in_reply: kept.in_reply }
         }))
-    }
-
-    /// The lane has job `job_id`'s answer, for the reply to the message that asked: kept so, its
-    /// job sends nothing if run again, and the message handled again takes it again. Marked only
-    /// once the lane has it, so an answer is never left unsent; a crash just before the mark
-    /// can still send it twice. A failed mark is logged.
-    pub async fn taken(&self, job_id: i64) {
-        let marked = async { tool_answers::mark_in_reply(&mut *self.db.acquire_write().await?, job_id).await }.await;
-        if let Err(e) = marked {
-            tracing::warn!(job.id = job_id, error = %e, "marking a tool call's answer as the reply's failed; a rerun of its job may send it again");
-        }
     }
 
     /// What a chain's next step is planned from, kept with a chainable tool's answer so the

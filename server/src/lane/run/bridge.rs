@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, future::Fuse};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -192,45 +192,47 @@ impl Lane {
         let budget = self.settings.jobs.timeouts.tool_call;
         tokio::spawn(async move {
             let (heartbeat, lease_lost) = inline::keep_alive(db.clone(), &claimed);
+            let mut lease_lost = lease_lost.fuse();
             let started_ms = db::now_ms();
-            // Its outer error: the call gave this run no answer to send.
-            let run = async {
-                let answer = telemetry.in_job(&claimed.job, processor.final_answer(&job, &claimed.job)).await?;
-                // The lane, still waiting, takes it for the message's reply; once the lane has it,
-                // the kept answer is marked so, and a rerun of this job sends nothing.
-                let answer = if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    let result = outcome(&answer);
-                    match answered.send(answer) {
-                        Ok(()) => {
-                            processor.taken(job_id).await;
-                            return Ok(result);
+            let deadline = tokio::time::Instant::now() + budget;
+            let settled = stoppable(deadline, &mut lease_lost, telemetry.in_job(&claimed.job, processor.settle(&job, &claimed.job))).await;
+            let result = match settled {
+                Ok(answer) => {
+                    // The lane, still waiting, takes it for the message's reply. From here until
+                    // the lane has it nothing stops this run: the answer is kept, with who sends
+                    // it, before the lane is handed it. A crash after the keep leaves the job, run
+                    // again, sending nothing, and the message, handled again, taking it again; a
+                    // run stopped with the keep in flight could have left it the lane's unsent.
+                    let to_lane = outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                    processor.keep(&job, &claimed.job, &answer, to_lane).await;
+                    let unsent = if to_lane {
+                        let result = outcome(&answer);
+                        match answered.send(answer) {
+                            Ok(()) => Err(result),
+                            // The lane no longer listens (its own run was stopped): nobody will
+                            // send it but this job.
+                            Err(answer) => {
+                                processor.handed_back(job_id).await;
+                                Ok(answer)
+                            }
                         }
-                        // The lane no longer listens (its own run was stopped): nobody will
-                        // send it but this job.
-                        Err(answer) => answer,
+                    } else {
+                        Ok(answer)
+                    };
+                    match unsent {
+                        Err(handed) => handed,
+                        // The person was told the work is underway: the answer goes out on its own.
+                        Ok(answer) => {
+                            processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
+                            stoppable(deadline, &mut lease_lost, processor.deliver(&job, job_id, &answer)).await.and_then(|()| outcome(&answer))
+                        }
                     }
-                } else {
-                    answer
-                };
-                // The person was told the work is underway: the answer goes out on its own.
-                processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
-                Ok(processor.deliver(&job, job_id, &answer).await.and_then(|()| outcome(&answer)))
-            };
-            // A panic in the call is a failed run, as a worker's is: the job is recorded as
-            // such below and retried, instead of staying "running" under this task's heartbeat.
-            let run = std::panic::AssertUnwindSafe(run).catch_unwind().map(|ran| ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked"))));
-            // The run stops, as a worker's would, when its budget is spent or its lease is gone
-            // (an owner cancelled the job, or it was rescued after a stall and may run elsewhere).
-            let ran = tokio::select! {
-                ran = tokio::time::timeout(budget, run) => ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Timeout.as_str(), format!("no result within {budget:?}")))),
-                Ok(()) = lease_lost => Err(JobError::retryable(JobCode::LeaseLost.as_str(), "the job was cancelled, or taken over, while this run held it")),
-            };
-            let result = match ran {
-                Ok(result) => result,
+                }
                 // No answer from this run (or it was stopped): a worker tries again and sends
-                // it. A lane still waiting records that itself; one that stopped waiting learns
-                // nothing more.
+                // it. A lane still waiting records that itself (the sender dropped here tells
+                // it); one that stopped waiting learns nothing more.
                 Err(unsaid) => {
+                    drop(answered);
                     if outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_err() {
                         processor.trace_later(&job, &claimed.job, Err(&unsaid)).await;
                     }
@@ -288,6 +290,18 @@ async fn wait(deadline: Duration, state: &AtomicU8, mut answer: oneshot::Receive
             Ok(answer) => Waited::Answered(answer),
             Err(_) => Waited::Retrying,
         },
+    }
+}
+
+/// `run`, stopped as a worker's run is when the job's budget ends at `deadline` or its lease is
+/// gone (an owner cancelled the job, or it was rescued after a stall and may run elsewhere). A
+/// panic in it is a failed run, retried as a worker's is, instead of leaving the job "running"
+/// under a heartbeat that never stops.
+async fn stoppable<T>(deadline: tokio::time::Instant, lease_lost: &mut Fuse<oneshot::Receiver<()>>, run: impl Future<Output = Result<T, JobError>>) -> Result<T, JobError> {
+    let run = std::panic::AssertUnwindSafe(run).catch_unwind().map(|ran| ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked"))));
+    tokio::select! {
+        ran = tokio::time::timeout_at(deadline, run) => ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Timeout.as_str(), "no result within the job's budget"))),
+        Ok(()) = lease_lost => Err(JobError::retryable(JobCode::LeaseLost.as_str(), "the job was cancelled, or taken over, while this run held it")),
     }
 }
 
