@@ -406,7 +406,14 @@ impl Runtime {
         };
         let ending = Ending { actor: actor.as_str().into(), route: d.route.as_str().into(), outcome: outcome.into(), error_code: d.error_code.clone() };
         let trace_id = trace.finish(&mut tx, ending).await?;
-        store::record_reply(&mut tx, &inbound.message_id, d.route.as_str(), d.reply.as_deref(), trace_id, db::now_ms()).await?;
+        // Another run of this message recorded its reply first (its job was rescued from a run
+        // that stalled past its lease, and both ran): that reply is the one sent, part by part
+        // under the job's ledger keys, so this run's own text never mixes into it.
+        let earlier = if store::record_reply(&mut tx, &inbound.message_id, d.route.as_str(), d.reply.as_deref(), trace_id, db::now_ms()).await? {
+            None
+        } else {
+            store::earlier_reply(&mut tx, &inbound.message_id).await?
+        };
         if let Some(notice) = &d.notice {
             // One notice per chat per period: a chat asking again and again does not page the
             // owners again and again. Simulated chats notify the console only, never a phone.
@@ -419,6 +426,10 @@ impl Runtime {
         }
         self.queue.commit(tx).await?;
         self.telemetry.message(trace_id);
+        if let Some(earlier) = earlier {
+            tracing::warn!(correlation_id = %inbound.correlation_id, trace_id, "another run of this message recorded its reply first; that one is sent");
+            return Ok(Outcome { route: Route::Duplicate, actor, reply: earlier.reply, trace_id: Some(earlier.trace_id), error_code: None });
+        }
         Ok(Outcome { route: d.route, actor, reply: d.reply, trace_id: Some(trace_id), error_code: d.error_code })
     }
 }

@@ -152,9 +152,10 @@ pub async fn earlier_reply(conn: &mut AnyConnection, message_id: &str) -> Result
     Ok(sqlx::query_as(sql).bind(message_id).fetch_optional(conn).await?)
 }
 
-/// Records the answer once; a second record for the same message changes nothing.
-pub async fn record_reply(conn: &mut AnyConnection, message_id: &str, route: &str, reply: Option<&str>, trace_id: i64, now: i64) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO message_replies (message_id, route, reply, trace_id, at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING")
+/// Records the answer once; a second record for the same message changes nothing and is
+/// false.
+pub async fn record_reply(conn: &mut AnyConnection, message_id: &str, route: &str, reply: Option<&str>, trace_id: i64, now: i64) -> Result<bool, DbError> {
+    let done = sqlx::query("INSERT INTO message_replies (message_id, route, reply, trace_id, at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING")
         .bind(message_id)
         .bind(route)
         .bind(reply.map(super::clean_text))
@@ -162,5 +163,5 @@ pub async fn record_reply(conn: &mut AnyConnection, message_id: &str, route: &st
         .bind(now)
         .execute(conn)
         .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }

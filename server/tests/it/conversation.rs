@@ -295,6 +295,22 @@ async fn every_step_in_order_with_memory(db: TestDb) {
 }
 both_backends!(conversation_runtime, every_step_in_order_with_memory);
 
+/// Two runs of one message at once (its job rescued from a run that stalled past its lease):
+/// both ask the model, the first to record its reply wins, and both give that reply back, so
+/// the parts the ledger sends under the job's keys never mix two texts.
+async fn two_runs_of_a_message_give_one_reply(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    r.fake.lock().expect("lock").delay = std::time::Duration::from_millis(300);
+    let m = msg("w-twice", "15557770001", "Hello there");
+    let (a, b) = tokio::join!(r.runtime.handle(&m), r.runtime.handle(&m));
+    let (a, b) = (a.expect("first run"), b.expect("second run"));
+    assert_eq!(r.fake.lock().expect("lock").requests.len(), 2, "both runs asked the model");
+    let recorded: String = sqlx::query_scalar("SELECT reply FROM message_replies WHERE message_id = 'w-twice'").fetch_one(&r.db.pool).await.expect("reply");
+    assert_eq!((a.reply.as_deref(), b.reply.as_deref()), (Some(recorded.as_str()), Some(recorded.as_str())), "one reply for both runs");
+    assert_eq!([a.route, b.route].iter().filter(|r| **r == Route::Duplicate).count(), 1, "the later run gives the earlier reply back");
+}
+both_backends!(conversation_two_runs_one_reply, two_runs_of_a_message_give_one_reply);
+
 /// In a group the model can tell the members apart: each member's words come under their
 /// profile name, or their place in the chat without one, in the history and the current
 /// message alike; their numbers never reach the model.
