@@ -359,6 +359,7 @@ async fn bodies_over_four_mebibytes_are_refused() {
     let big = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(4 << 20));
     let res = post_signed(&app, &big).await;
     assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(res.body.starts_with("WEBHOOK_TOO_LARGE: "), "a stable code, as every refusal has: {}", res.body);
     let near = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\",\"entry\":[]}}", "x".repeat(3 << 20));
     assert_eq!(post_signed(&app, &near).await.status, StatusCode::OK, "Meta's 3 MB payloads fit");
 }
@@ -1020,6 +1021,47 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
     assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Failed, Some("131047")));
 }
 both_backends!(whatsapp_crash_edge, a_send_lost_in_a_crash_is_settled_by_its_status_callback);
+
+/// Meta accepts a part with an answer that names no wamid: the part counts as sent (never failed,
+/// nor sent again), the reply's next part goes out, and the status callback fills the wamid in by
+/// the key the send carried. Before, the part was failed for good and the rest of the reply lost.
+async fn an_accepted_part_without_a_wamid_is_sent(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    graph.set_rule(|_, index| (index == 0).then(|| (200, json!({ "messaging_product": "whatsapp" }))));
+    let sender = app.gatehouse.whatsapp.sender.clone();
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let long = "Your order is on its way to you. ".repeat(160);
+    assert_eq!(sender.send_text(960, &to, &long, None).await.expect("send"), SendOutcome::Sent { parts: 2, already_sent: 0 });
+    assert_eq!(graph.sends().len(), 2, "each part once");
+    let key = "job:960:part:0";
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert_eq!((row.state, row.wamid.as_deref()), (DeliveryState::Sent, None));
+    drop(conn);
+    let cb = json!({ "id": "wamid.NAMED_LATER", "status": "delivered", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
+    assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert_eq!((row.state, row.wamid.as_deref()), (DeliveryState::Delivered, Some("wamid.NAMED_LATER")));
+    drop(conn);
+    assert_eq!(sender.send_text(960, &to, &long, None).await.expect("again"), SendOutcome::Sent { parts: 2, already_sent: 2 }, "a rerun sends nothing");
+    assert_eq!(graph.sends().len(), 2);
+
+    // A callback under the key of a part nobody began to send (a late one of another
+    // database's message: job ids start again after a restore) marks nothing; the part goes out.
+    let key = "job:961:part:0";
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::reserve_outbound(&mut conn, &NewOutbound { idempotency_key: key, job_id: Some(961), part: 0, recipient: "16505551234", is_group: false, kind: "text", body: "Fresh.", quoted_id: None }, db::now_ms())
+        .await
+        .expect("reserve");
+    drop(conn);
+    let cb = json!({ "id": "wamid.OLD_LIFE", "status": "read", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
+    assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
+    assert_eq!(sender.send_text(961, &to, "Fresh.", None).await.expect("send"), SendOutcome::Sent { parts: 1, already_sent: 0 });
+    assert_eq!(graph.texts().last().map(String::as_str), Some("Fresh."));
+}
+both_backends!(whatsapp_accepted_without_wamid, an_accepted_part_without_a_wamid_is_sent);
 
 async fn outside_the_window(db: TestDb, template: &'static str) {
     {

@@ -98,7 +98,8 @@ impl GraphClient {
         self.messages_url.is_some() && self.token.is_some()
     }
 
-    /// POSTs one message object; returns the wamid Meta assigned (empty for mark-as-read).
+    /// POSTs one message object; returns the wamid Meta assigned (empty for mark-as-read, and
+    /// for a message Meta accepted with an answer that names none).
     pub async fn post(&self, body: &serde_json::Value) -> Result<String, GraphError> {
         let url = self.messages_url.as_deref().ok_or(GraphError::NotConfigured("whatsapp.phone_number_id is empty"))?;
         let token = self.token.as_ref().ok_or(GraphError::NotConfigured("WHATSAPP_ACCESS_TOKEN is not set"))?;
@@ -111,15 +112,20 @@ impl GraphClient {
             .await
             .map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
         let status = res.status().as_u16();
-        let bytes = res.bytes().await.map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
-        let answer: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| GraphError::Malformed(status))?;
+        let bytes = res.bytes().await;
         if (200..300).contains(&status) {
+            // Meta accepted the message, whatever its answer's body says: one that cannot be
+            // read (cut off, or naming no wamid) is still sent, never failed or sent again. Its
+            // wamid comes with its status callback, by the key the send carries.
+            let answer: serde_json::Value = bytes.ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
             let wamid = answer["messages"][0]["id"].as_str().unwrap_or_default().to_string();
             if wamid.is_empty() && answer["success"] != serde_json::Value::Bool(true) {
-                return Err(GraphError::Malformed(status));
+                tracing::warn!(status, "Meta accepted a message but its answer names no wamid; counted as sent");
             }
             return Ok(wamid);
         }
+        let bytes = bytes.map_err(|e| GraphError::Transport(e.without_url().to_string()))?;
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| GraphError::Malformed(status))?;
         let error = &answer["error"];
         let code = error["code"].as_i64().ok_or(GraphError::Malformed(status))?;
         let message = error["message"].as_str().unwrap_or_default().chars().take(300).collect();

@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 use axum::{
     Router,
     body::Bytes,
-    extract::{DefaultBodyLimit, FromRef, Query, State},
+    extract::{DefaultBodyLimit, FromRef, Query, State, rejection::BytesRejection},
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
@@ -73,7 +73,20 @@ async fn verify(State(state): State<WebhookState>, Query(query): Query<HashMap<S
 }
 
 /// A notification: signature first, then parse, store with its jobs, and only then 200.
-async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            tracing::warn!(limit = BODY_LIMIT, "WhatsApp webhook post over the body limit refused");
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "too_large").increment(1);
+            return plain(StatusCode::PAYLOAD_TOO_LARGE, "WEBHOOK_TOO_LARGE: the body is over 4 MiB");
+        }
+        Err(rejection) => {
+            tracing::warn!(error = %rejection, "WhatsApp webhook post whose body could not be read refused");
+            metrics::counter!("whatsapp_webhook_total", "outcome" => "unreadable").increment(1);
+            return plain(StatusCode::BAD_REQUEST, "WEBHOOK_BODY_UNREADABLE: the body could not be read whole");
+        }
+    };
     let Some(secret) = state.app_secret.as_ref() else {
         tracing::error!("WhatsApp webhook post refused: WHATSAPP_APP_SECRET is not set");
         metrics::counter!("whatsapp_webhook_total", "outcome" => "not_configured").increment(1);

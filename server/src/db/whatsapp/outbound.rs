@@ -172,12 +172,13 @@ pub async fn release_send(conn: &mut AnyConnection, id: i64, token: &str, now: i
 /// and a failure it reported keeps its code.
 pub async fn mark_sent(conn: &mut AnyConnection, id: i64, wamid: &str, now: i64) -> Result<(), DbError> {
     sqlx::query(
-        "UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, \
+        "UPDATE whatsapp_outbound SET wamid = COALESCE($1, wamid), send_started_at = NULL, send_lease_until = NULL, \
          error_code = CASE WHEN state_rank < 1 THEN NULL ELSE error_code END, error_message = CASE WHEN state_rank < 1 THEN NULL ELSE error_message END, \
          updated_at = $2, state = CASE WHEN state_rank < 1 THEN 'sent' ELSE state END, \
          sent_at = COALESCE(sent_at, $2), state_rank = CASE WHEN state_rank < 1 THEN 1 ELSE state_rank END WHERE id = $3",
     )
-    .bind(clean_text(wamid))
+    // Unknown (Meta's answer named none): left empty for the status callback to fill in.
+    .bind((!wamid.is_empty()).then(|| clean_text(wamid)))
     .bind(now)
     .bind(id)
     .execute(&mut *conn)
@@ -215,9 +216,12 @@ pub struct StatusUpdate {
 /// the ledger and ones that would move a message backwards change nothing.
 pub async fn apply_status(conn: &mut AnyConnection, s: &StatusUpdate, now: i64) -> Result<bool, DbError> {
     if let Some(key) = &s.opaque {
-        // The send went out but the sender died before recording it: the callback tells us.
+        // The send went out but the sender died before recording it, or Meta's answer named no
+        // wamid: the callback tells us. Only for a part whose send began: a late callback of
+        // another database's message under the same key (job ids start again after a restore)
+        // must not mark a part nobody sent yet.
         sqlx::query("UPDATE whatsapp_outbound SET wamid = $1, send_started_at = NULL, send_lease_until = NULL, updated_at = $2 \
-             WHERE idempotency_key = $3 AND wamid IS NULL")
+             WHERE idempotency_key = $3 AND wamid IS NULL AND (send_started_at IS NOT NULL OR state_rank >= 1)")
             .bind(clean_text(&s.wamid))
             .bind(now)
             .bind(key)
