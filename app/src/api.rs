@@ -10,8 +10,8 @@ use crate::{
 };
 #[cfg(feature = "ssr")]
 use crate::{
-    auth::{answer, backend, begin_session, client_ip, for_owner, require_owner, retry_after, session},
-    backend::LoginOutcome,
+    auth::{answer, backend, begin_session, client_ip, for_owner, local_peer, require_owner, retry_after, session},
+    backend::{LoginOutcome, SetupAccess},
     dto::NewOwner,
     error::code,
 };
@@ -47,6 +47,7 @@ pub async fn setup_owner(
     password: String,
     password_confirm: String,
     whatsapp: String,
+    #[server(default)] token: String,
 ) -> Result<(), AppError> {
     answer(
         async {
@@ -59,8 +60,9 @@ pub async fn setup_owner(
                 return Err(AppError::invalid("The two passwords differ."));
             }
             let ip = client_ip().await;
+            let access = SetupAccess { local: local_peer().await, token };
             let who = backend
-                .create_first_owner(NewOwner { display_name, login, password, phones: whatsapp }, &ip)
+                .create_first_owner(NewOwner { display_name, login, password, phones: whatsapp }, &ip, access)
                 .await?;
             begin_session(&session().await?, &who).await?;
             leptos_axum::redirect("/");

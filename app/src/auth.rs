@@ -24,6 +24,12 @@ struct SessionOwner {
 #[derive(Debug, Clone)]
 pub struct ClientIp(pub String);
 
+/// Whether the request came from this machine itself: a loopback peer, and no proxy's
+/// forwarding header (a proxy on the same machine forwards the whole internet). Put into
+/// request extensions by the server; first-run setup answers such requests without a token.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalPeer(pub bool);
+
 fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
@@ -74,6 +80,11 @@ pub(crate) async fn session() -> Result<Session, AppError> {
 
 pub(crate) async fn client_ip() -> String {
     leptos_axum::extract::<axum::Extension<ClientIp>>().await.map(|ip| ip.0.0).unwrap_or_else(|_| "unknown".into())
+}
+
+/// Whether the request came from this machine itself ([`LocalPeer`]); false when unknown.
+pub(crate) async fn local_peer() -> bool {
+    leptos_axum::extract::<axum::Extension<LocalPeer>>().await.is_ok_and(|local| local.0.0)
 }
 
 /// The signed-in owner, or `UNAUTHORIZED`. Every protected server function starts here.

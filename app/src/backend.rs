@@ -25,14 +25,24 @@ pub enum LoginOutcome {
     Throttled { retry_after_secs: u64 },
 }
 
+/// Where a first-run setup request came from, for [`OwnersBackend::create_first_owner`].
+#[derive(Debug, Clone, Default)]
+pub struct SetupAccess {
+    /// From this machine itself ([`crate::auth::LocalPeer`]).
+    pub local: bool,
+    /// The setup token the request carried (`/setup?token=...`); empty when none.
+    pub token: String,
+}
+
 /// First-run setup, login, sessions, the owner's own settings and the dashboard.
 #[async_trait::async_trait]
 pub trait OwnersBackend: Send + Sync {
     /// Whether `/setup` is still open (no owner was ever created).
     async fn setup_open(&self) -> Result<bool, AppError>;
     /// Creates the first owner; fails with `SETUP_CLOSED` when one already exists, also when two
-    /// requests race.
-    async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError>;
+    /// requests race, and with `SETUP_NOT_LOCAL` when `access` is neither from this machine nor
+    /// holds the setup token.
+    async fn create_first_owner(&self, owner: NewOwner, ip: &str, access: SetupAccess) -> Result<OwnerIdentity, AppError>;
     async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError>;
     async fn record_logout(&self, owner_id: i64, ip: &str) -> Result<(), AppError>;
     /// `None` when the owner is gone or the session epoch is stale (password was reset).

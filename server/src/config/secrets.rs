@@ -12,10 +12,13 @@ pub const WHATSAPP_APP_SECRET: &str = "WHATSAPP_APP_SECRET";
 pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
 /// When set, `/metrics` answers only requests with `Authorization: Bearer <token>`.
 pub const GATEHOUSE_METRICS_TOKEN: &str = "GATEHOUSE_METRICS_TOKEN";
+/// When set, first-run setup also answers requests from other machines that carry it
+/// (`/setup?token=...`); without it, only this machine's own.
+pub const GATEHOUSE_SETUP_TOKEN: &str = "GATEHOUSE_SETUP_TOKEN";
 
 /// Every secret variable Gatehouse reads, in display order.
-pub const ALL: [&str; 6] =
-    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN, GATEHOUSE_METRICS_TOKEN];
+pub const ALL: [&str; 7] =
+    [ANTHROPIC_API_KEY, OPENAI_API_KEY, WHATSAPP_ACCESS_TOKEN, WHATSAPP_APP_SECRET, WHATSAPP_VERIFY_TOKEN, GATEHOUSE_METRICS_TOKEN, GATEHOUSE_SETUP_TOKEN];
 
 /// Where secret values are read from: the process environment in production, a map in tests.
 /// Built once at start and handed to every part that needs a secret by name (tool secret
@@ -73,6 +76,7 @@ pub struct Secrets {
     pub whatsapp_app_secret: Option<SecretString>,
     pub whatsapp_verify_token: Option<SecretString>,
     pub metrics_token: Option<SecretString>,
+    pub setup_token: Option<SecretString>,
     /// Every other secret, by variable name.
     pub source: SecretSource,
 }
@@ -99,6 +103,7 @@ impl Secrets {
             whatsapp_app_secret: get(WHATSAPP_APP_SECRET),
             whatsapp_verify_token: get(WHATSAPP_VERIFY_TOKEN),
             metrics_token: get(GATEHOUSE_METRICS_TOKEN),
+            setup_token: get(GATEHOUSE_SETUP_TOKEN),
             source: source.clone(),
         }
     }
@@ -111,6 +116,7 @@ impl Secrets {
             WHATSAPP_APP_SECRET => self.whatsapp_app_secret.as_ref(),
             WHATSAPP_VERIFY_TOKEN => self.whatsapp_verify_token.as_ref(),
             GATEHOUSE_METRICS_TOKEN => self.metrics_token.as_ref(),
+            GATEHOUSE_SETUP_TOKEN => self.setup_token.as_ref(),
             _ => None,
         }
     }

@@ -76,6 +76,14 @@ fn phone_strings(phones: &[PhoneNumber]) -> Vec<String> {
     phones.iter().map(|p| p.to_string()).collect()
 }
 
+/// Whether a first-run setup request may create the first owner: one from this machine itself
+/// (`local`), or one carrying the setup token the operator configured (compared in constant
+/// time). Without a configured token, only this machine's requests.
+pub fn setup_allowed(local: bool, token: &str, configured: Option<&SecretString>) -> bool {
+    use subtle::ConstantTimeEq;
+    local || configured.is_some_and(|want| !token.is_empty() && bool::from(token.as_bytes().ct_eq(want.expose_secret().as_bytes())))
+}
+
 /// Creates the first owner and closes setup, atomically. A racing second request gets
 /// [`OwnerError::SetupClosed`] and leaves nothing behind.
 pub async fn create_first_owner(db: &Db, owner: ValidOwner, ip: &str) -> Result<OwnerRow, OwnerError> {
@@ -246,6 +254,17 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setup_is_answered_locally_or_with_the_configured_token() {
+        let token = SecretString::from("s3tup-t0ken");
+        assert!(setup_allowed(true, "", None), "this machine needs no token");
+        assert!(!setup_allowed(false, "", None), "elsewhere, none configured: refused");
+        assert!(!setup_allowed(false, "anything", None), "no token configured: none is right");
+        assert!(!setup_allowed(false, "", Some(&token)), "no token given");
+        assert!(!setup_allowed(false, "s3tup-t0ke", Some(&token)), "a wrong token");
+        assert!(setup_allowed(false, "s3tup-t0ken", Some(&token)));
+    }
 
     const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900) };
 

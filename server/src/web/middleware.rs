@@ -6,7 +6,12 @@ use std::{
     time::Instant,
 };
 
-use app::{api::PUBLIC_SERVER_FNS, auth::ClientIp, backend::SharedBackend, error::AppError};
+use app::{
+    api::PUBLIC_SERVER_FNS,
+    auth::{ClientIp, LocalPeer},
+    backend::SharedBackend,
+    error::AppError,
+};
 use axum::{
     Json,
     extract::{ConnectInfo, MatchedPath, Request, State},
@@ -178,8 +183,18 @@ pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Ne
     let server = &state.config.settings.server;
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let ip = client_addr(peer, req.headers(), &server.trusted_proxies, &server.client_ip_header);
+    let local = is_local(peer, req.headers(), &server.client_ip_header);
     req.extensions_mut().insert(ClientIp(ip));
+    req.extensions_mut().insert(LocalPeer(local));
     next.run(req).await
+}
+
+/// Whether a request from `peer` came from this machine itself: a loopback peer, with none of
+/// the headers a proxy adds (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`, or the configured
+/// client address header). A proxy on this machine is a loopback peer for the whole internet.
+pub fn is_local(peer: Option<IpAddr>, headers: &HeaderMap, client_ip_header: &str) -> bool {
+    let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", client_ip_header].iter().any(|h| !h.is_empty() && headers.contains_key(*h));
+    peer.map(canonical).is_some_and(|ip| ip.is_loopback()) && !forwarded
 }
 
 /// The client address of a request from `peer`. A proxy header is read only when `peer` is a

@@ -241,7 +241,7 @@ both_backends!(reset_voids_sessions, password_reset_ends_sessions);
 
 async fn secure_cookie_on_https(db: TestDb) {
     let app = TestApp::with(db, |s| s.server.public_url = "https://console.example.com".into()).await;
-    let mut c = app.client();
+    let mut c = app.client_from("127.0.0.1:50000");
     c.origin = Some("https://console.example.com".into());
     let res = c
         .post_form("/api/setup_owner", &[("display_name", "Ada"), ("login", "ada"), ("password", PASSWORD), ("password_confirm", PASSWORD), ("whatsapp", "+15550001111")])

@@ -38,7 +38,7 @@ both_backends!(setup_race, concurrent_setups_create_one_owner);
 async fn concurrent_setups_over_http(db: TestDb) {
     let app = TestApp::new(db).await;
     let calls = (0..3).map(|n| {
-        let mut client = app.client_from(&format!("10.0.1.{n}:4000"));
+        let mut client = app.client_from(&format!("127.0.1.{n}:4000"));
         async move {
             let login = format!("racer{n}");
             let phone = format!("+1555111{n:04}");
@@ -72,7 +72,7 @@ async fn futures_join<F: std::future::Future<Output = StatusCode> + Send + 'stat
 async fn racing_setups_with_the_same_number_get_setup_closed(db: TestDb) {
     let app = TestApp::new(db).await;
     let calls = (0..3).map(|n| {
-        let mut client = app.client_from(&format!("10.0.2.{n}:4000"));
+        let mut client = app.client_from(&format!("127.0.2.{n}:4000"));
         async move {
             let login = format!("twin{n}");
             client
@@ -103,7 +103,8 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
     }
     assert_eq!(visitor.get("/setup").await.status, StatusCode::OK);
 
-    // Validation: short password, mismatch, bad number. Nothing is created.
+    // Validation (on this machine): short password, mismatch, bad number. Nothing is created.
+    let mut visitor = app.client_from("127.0.0.1:40000");
     let short = visitor
         .post_form("/api/setup_owner", &[("display_name", "A"), ("login", "ab"), ("password", "short"), ("password_confirm", "short"), ("whatsapp", "+15550001111")])
         .await;
@@ -135,6 +136,59 @@ async fn first_run_redirects_and_setup_closes(db: TestDb) {
     assert_eq!(page.location(), Some("/login"), "setup page closed for good");
 }
 both_backends!(first_run, first_run_redirects_and_setup_closes);
+
+fn setup_form(token: &str) -> Vec<(&'static str, String)> {
+    [("display_name", "Ada"), ("login", "ada"), ("password", "a long enough password"), ("password_confirm", "a long enough password"), ("whatsapp", "+15550001111")]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .chain([("token", token.to_string())])
+        .collect()
+}
+
+/// Whoever sets up first owns the bot, and the console shares its address with the webhook that
+/// the internet reaches. Setup answers this machine's own requests (loopback, and not forwarded
+/// by a proxy on it); from anywhere else only with the token the operator set.
+async fn setup_from_elsewhere_needs_the_token(db: TestDb) {
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| "first-run-token-123".to_string()));
+    let app = TestApp::with_secrets(db, secrets, |_| {}).await;
+    let post = |client: &mut crate::support::Client, token: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let form = setup_form(token);
+            let fields: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            client.post_form("/api/setup_owner", &fields).await
+        }
+    };
+    let mut remote = app.client_from("203.0.113.7:5000");
+    for token in ["", "wrong-token", "first-run-token-12"] {
+        let res = post(&mut remote, token).await;
+        assert_eq!((res.status, res.json()["code"].as_str()), (StatusCode::FORBIDDEN, Some("SETUP_NOT_LOCAL")), "token {token:?}: {}", res.body);
+    }
+    // A proxy on this machine is a loopback peer for the whole internet.
+    for header in ["X-Forwarded-For", "Forwarded", "X-Real-IP"] {
+        let mut proxied = app.client_from("127.0.0.1:5000");
+        proxied.headers.push((header.into(), "203.0.113.7".into()));
+        let res = post(&mut proxied, "").await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "{header}: {}", res.body);
+    }
+    assert!(app.state.setup_done().await.is_ok_and(|done| !done), "nothing was created");
+    let res = post(&mut remote, "first-run-token-123").await;
+    assert_eq!(res.status, StatusCode::OK, "the token opens setup from elsewhere: {}", res.body);
+    assert!(app.state.setup_done().await.expect("state"));
+}
+both_backends!(setup_needs_local_or_token, setup_from_elsewhere_needs_the_token);
+
+/// Without a configured token, setup from elsewhere is refused whatever token is sent.
+async fn setup_without_a_token_is_local_only(db: TestDb) {
+    let app = TestApp::new(db).await;
+    let form = setup_form("guess");
+    let fields: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let res = app.client_from("203.0.113.8:5000").post_form("/api/setup_owner", &fields).await;
+    assert_eq!((res.status, res.json()["code"].as_str()), (StatusCode::FORBIDDEN, Some("SETUP_NOT_LOCAL")), "{}", res.body);
+    let res = app.client_from("[::1]:5000").post_form("/api/setup_owner", &fields).await;
+    assert_eq!(res.status, StatusCode::OK, "IPv6 loopback is this machine: {}", res.body);
+}
+both_backends!(setup_local_only, setup_without_a_token_is_local_only);
 
 /// A tool whose timeout and retries outlast the `tool.call` job's budget (with the summary and
 /// the answer's sends), or that is named like the planner's own tool, is a config problem,

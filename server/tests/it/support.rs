@@ -320,10 +320,11 @@ impl TestApp {
         Client { router: self.router.clone(), cookie: None, peer: peer.parse().expect("peer addr"), origin: Some(PUBLIC_URL.into()), headers: Vec::new() }
     }
 
-    /// Creates the first owner through the setup server function and returns a logged-in client.
+    /// Creates the first owner through the setup server function (from this machine, as setup
+    /// needs) and returns a logged-in client.
     pub async fn with_owner(&self, login: &str, password: &str) -> Client {
-        let mut client = self.client();
-        let res = client
+        let mut local = self.client_from("127.0.0.1:50000");
+        let res = local
             .post_form("/api/setup_owner", &[
                 ("display_name", "Test Owner"),
                 ("login", login),
@@ -333,7 +334,7 @@ impl TestApp {
             ])
             .await;
         assert_eq!(res.status, StatusCode::OK, "setup: {}", res.body);
-        client
+        Client { cookie: local.cookie, ..self.client() }
     }
 }
 

@@ -1,7 +1,7 @@
 //! First-run setup, login, sessions, the owner's settings and the dashboard.
 
 use app::{
-    backend::{LoginOutcome, OwnerIdentity, OwnersBackend},
+    backend::{LoginOutcome, OwnerIdentity, OwnersBackend, SetupAccess},
     dto::{DashboardInfo, DegradedNotice, DiskNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
     error::{AppError, code},
 };
@@ -40,10 +40,16 @@ impl OwnersBackend for ConsoleBackend {
         self.state.setup_done().await.map(|done| !done).map_err(internal)
     }
 
-    async fn create_first_owner(&self, owner: NewOwner, ip: &str) -> Result<OwnerIdentity, AppError> {
+    async fn create_first_owner(&self, owner: NewOwner, ip: &str, access: SetupAccess) -> Result<OwnerIdentity, AppError> {
         // Answer "closed" before judging the input; owners::create_first_owner decides races.
         if !self.setup_open().await? {
             return Err(OwnerError::SetupClosed.into());
+        }
+        // Whoever sets up first owns the bot: from anywhere on the internet that reaches the
+        // webhook, only with the token the operator chose.
+        if !owners::setup_allowed(access.local, &access.token, self.state.config.secrets.setup_token.as_ref()) {
+            tracing::warn!(ip, "first-run setup refused: not from this machine, and no valid setup token");
+            return Err(AppError::new(code::SETUP_NOT_LOCAL, "Setup is answered only on the machine Gatehouse runs on, or with GATEHOUSE_SETUP_TOKEN: open /setup?token=<its value>."));
         }
         let valid = ValidOwner::parse(&owner.display_name, &owner.login, SecretString::from(owner.password), &owner.phones, self.min_password())?;
         let row = owners::create_first_owner(&self.state.db, valid, ip).await?;
