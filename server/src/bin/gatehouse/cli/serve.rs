@@ -58,12 +58,16 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
     warn_about_storage(&gatehouse.config.settings.database);
+    for warning in gatehouse.config.settings.server.exposure_warnings(gatehouse.config.secrets.metrics_token.is_some()) {
+        tracing::warn!("{warning}");
+    }
     server::owners::storage_notice::spawn(gatehouse.db.clone(), gatehouse.jobs.clone(), gatehouse.config.settings.database.clone(), std::time::Duration::from_secs(60));
     web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
     tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
     if !setup_done {
-        tracing::info!("first run: open {}/setup to create the first owner", state.public_url);
+        let from_elsewhere = if state.config.secrets.setup_token.is_some() { "; from another machine, /setup?token=<GATEHOUSE_SETUP_TOKEN>" } else { "" };
+        tracing::info!("first run: open {}/setup on this machine to create the first owner{from_elsewhere}", state.public_url);
     }
     let router = web::router(state.clone());
     let shutdown = web::serve::shutdown_watch();
