@@ -41,8 +41,13 @@ pub fn McpPage() -> impl IntoView {
         {super::action_notice(answered, "form-result")}
         {move || {
             let query = query.get();
-            let connected = query.get("connected").map(|s| view! { <p class="notice" data-testid="oauth-connected">{format!("{s} is connected.")}</p> });
-            let failed = query.get("oauth_error").map(|c| view! { <p class="error" data-testid="oauth-error">{format!("The login did not finish ({c}); see the log, then try Connect again.")}</p> });
+            // Anyone can send an owner a link to this page: only a server id and a stable code
+            // are shown from it, never a sentence of the link's own.
+            let connected = query.get("connected").filter(|s| is_server_id(s)).map(|s| view! { <p class="notice" data-testid="oauth-connected">{format!("{s} is connected.")}</p> });
+            let failed = query.get("oauth_error").map(|c| {
+                let code = if is_code(&c) { c } else { "MCP_OAUTH_FAILED".to_string() };
+                view! { <p class="error" data-testid="oauth-error">{format!("The login did not finish ({code}); see the log, then try Connect again.")}</p> }
+            });
             (connected, failed)
         }}
         {super::loaded(page, move |p| {
@@ -186,5 +191,28 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
                 })}
             </td>
         </tr>
+    }
+}
+
+/// A server id as `mcp.toml` names one: letters, digits, `-`, `_` and `.`, at most 64.
+fn is_server_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A stable error code: capitals, digits and `_`, at most 64.
+fn is_code(s: &str) -> bool {
+    (3..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') && s.as_bytes()[0].is_ascii_uppercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ids_and_codes_are_shown_from_a_link() {
+        assert!(is_server_id("shop-crm") && is_server_id("files_v2.local"));
+        assert!(!is_server_id("session revoked, log in at https://evil.example") && !is_server_id(""));
+        assert!(is_code("MCP_OAUTH_DENIED"));
+        assert!(!is_code("session revoked, re-enter your password") && !is_code("mcp_oauth") && !is_code("A"));
     }
 }
