@@ -683,6 +683,9 @@ pub struct RepairView {
     pub decided_at: Option<i64>,
     pub decided_by: Option<String>,
     pub reason: Option<String>,
+    /// When, and by whom, an applied repair was rolled back.
+    pub rolled_back_at: Option<i64>,
+    pub rolled_back_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

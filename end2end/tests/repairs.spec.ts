@@ -80,6 +80,9 @@ test("a marked trace becomes a proposal; a regression asks twice; approve, rejec
   await first.getByTestId("rollback-repair").click();
   await expect(page.getByTestId("repair-result")).toContainText("rolled back");
   await expect(first).toHaveAttribute("data-state", "rolled_back");
+  // Who applied it and who rolled it back, each with its own time.
+  await expect(first.getByTestId("repair-decided")).toContainText(`applied by ${owner.name} at`);
+  await expect(first.getByTestId("repair-decided")).toContainText(`Rolled back by ${owner.name} at`);
 
   // The page case fails again, so the next scan proposes the same change; the owner rejects it,
   // with a reason, and a rejected change is not proposed again.

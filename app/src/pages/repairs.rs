@@ -146,7 +146,10 @@ fn repair_card(r: RepairView, decide: ServerAction<DecideRepair>) -> impl IntoVi
     let decided = r.decided_at.map(|at| {
         let by = r.decided_by.clone().unwrap_or_default();
         let reason = r.reason.clone().map(|why| format!(" Reason: {why}")).unwrap_or_default();
-        view! { <p class="muted" data-testid="repair-decided">{format!("{} by {by} at {}.{reason}", r.state, fmt_time(at))}</p> }
+        // A rolled-back repair was applied first: its approval, then its rollback.
+        let state = if r.state == "rolled_back" { "applied" } else { r.state.as_str() };
+        let rolled_back = r.rolled_back_at.map(|back| format!(" Rolled back by {} at {}.", r.rolled_back_by.clone().unwrap_or_default(), fmt_time(back))).unwrap_or_default();
+        view! { <p class="muted" data-testid="repair-decided">{format!("{state} by {by} at {}.{reason}{rolled_back}", fmt_time(at))}</p> }
     });
     let counts = format!("{} case(s) fixed, {} regressed", r.fixes, r.regressions);
     let counts_class = if r.regressions > 0 { "error" } else { "muted" };

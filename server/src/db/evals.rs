@@ -191,9 +191,10 @@ pub struct RepairRow {
     pub decided_by: Option<String>,
     pub reason: Option<String>,
     pub rolled_back_at: Option<i64>,
+    pub rolled_back_by: Option<String>,
 }
 
-const REPAIR_COLUMNS: &str = "id, state, strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at, decided_at, decided_by, reason, rolled_back_at";
+const REPAIR_COLUMNS: &str = "id, state, strategy, summary, diff, files, results, fixes, regressions, case_ids, created_at, decided_at, decided_by, reason, rolled_back_at, rolled_back_by";
 
 /// A proposal as it is stored.
 #[derive(Debug, Clone)]
@@ -227,14 +228,20 @@ fn edit_of(diff: &str) -> Vec<&str> {
     diff.lines().filter(|l| !l.starts_with("@@")).collect()
 }
 
-/// Stores a proposal unless the same edit (its diff, wherever in the file it lands) is open
-/// (proposed) or was rejected (an owner's no stands: it is not proposed again); returns that
-/// one or the new one, and whether it is new. An open one made from a file that has changed
-/// since is brought up to date with this proposal's files and results, so it can be approved.
+/// Stores a proposal unless the same edit is open (proposed) or was rejected (an owner's no
+/// stands: it is not proposed again); returns that one or the new one, and whether it is new.
+/// The same edit is the same diff wherever in the file it lands, or the same strategy and
+/// summary (the same phrase for the same key of the same tool) with other lines around it: an
+/// owner's edit near a line, or to the line itself (a trigger added by hand beside the one
+/// rejected), does not bring back what they said no to. An open one made from a file that has
+/// changed since is brought up to date with this proposal's files and results, so it can be
+/// approved.
 pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Result<(RepairRow, bool), DbError> {
-    let open: Vec<(i64, String)> = sqlx::query_as("SELECT id, diff FROM repairs WHERE state IN ('proposed', 'rejected') ORDER BY id DESC").fetch_all(&mut *conn).await?;
-    let earlier = match open.into_iter().find(|(_, diff)| edit_of(diff) == edit_of(r.diff)) {
-        Some((id, _)) => get_repair(conn, id).await?,
+    let open: Vec<(i64, String, String, String)> =
+        sqlx::query_as("SELECT id, diff, strategy, summary FROM repairs WHERE state IN ('proposed', 'rejected') ORDER BY id DESC").fetch_all(&mut *conn).await?;
+    let same = |(_, diff, strategy, summary): &(i64, String, String, String)| edit_of(diff) == edit_of(r.diff) || (strategy == r.strategy && summary == r.summary);
+    let earlier = match open.into_iter().find(same) {
+        Some((id, ..)) => get_repair(conn, id).await?,
         None => None,
     };
     if let Some(row) = earlier {
@@ -256,6 +263,13 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
     );
     let row = with_content(sqlx::query_as(&sql), r).bind(r.strategy).bind(r.summary).bind(r.created_at).fetch_one(&mut *conn).await?;
     Ok((row, true))
+}
+
+/// The eval cases an open or rejected repair was proposed for: the repair model is not asked
+/// about them again.
+pub async fn cases_with_open_or_rejected_repairs(conn: &mut AnyConnection) -> Result<std::collections::BTreeSet<String>, DbError> {
+    let lists: Vec<String> = sqlx::query_scalar("SELECT case_ids FROM repairs WHERE state IN ('proposed', 'rejected')").fetch_all(&mut *conn).await?;
+    Ok(lists.iter().flat_map(|list| serde_json::from_str::<Vec<String>>(list).unwrap_or_default()).collect())
 }
 
 /// Replaces an open proposal's before/after table and its counts with a newer replay's.
@@ -291,13 +305,13 @@ pub async fn lock_repairs(conn: &mut AnyConnection) -> Result<(), DbError> {
 /// `from` (decided already, or by someone else just now).
 pub async fn transition(conn: &mut AnyConnection, id: i64, from: RepairState, to: RepairState, by: &str, reason: Option<&str>, at: i64) -> Result<bool, DbError> {
     let sql = if to == RepairState::RolledBack {
-        "UPDATE repairs SET state = $1, rolled_back_at = $2 WHERE id = $3 AND state = $4"
+        "UPDATE repairs SET state = $1, rolled_back_at = $2, rolled_back_by = $5 WHERE id = $3 AND state = $4"
     } else {
         "UPDATE repairs SET state = $1, decided_at = $2, decided_by = $5, reason = $6 WHERE id = $3 AND state = $4"
     };
-    let mut q = sqlx::query(sql).bind(to.as_str()).bind(at).bind(id).bind(from.as_str());
+    let mut q = sqlx::query(sql).bind(to.as_str()).bind(at).bind(id).bind(from.as_str()).bind(by);
     if to != RepairState::RolledBack {
-        q = q.bind(by).bind(reason);
+        q = q.bind(reason);
     }
     Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
 }

@@ -82,11 +82,12 @@ impl Cycle {
         let scanned = findings::scan(&mut conn, &self.checkpoint.catalog(), &self.settings.evals, SCAN_BATCH).await?;
         let cases_made = findings::make_cases(&mut conn, self.settings.lane.planner_recent_turns, &self.checkpoint.catalog().audit.pii_fields).await?;
         let cases = findings::cases(&mut conn).await?;
+        let asked = db::evals::cases_with_open_or_rejected_repairs(&mut conn).await?;
         drop(conn);
         let ws = self.workspace();
         let failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
         let model = (!self.settings.models.repair.trim().is_empty()).then_some(self.model.as_ref());
-        let proposals = if failing > 0 { super::propose(&ws, &cases, model).await? } else { Vec::new() };
+        let proposals = if failing > 0 { super::propose_for(&ws, &cases, model, &asked).await? } else { Vec::new() };
         let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), failing, new_proposals: Vec::new() };
         for p in &proposals {
             if let Some(id) = self.store_and_notify(p).await? {
@@ -96,9 +97,18 @@ impl Cycle {
         Ok(report)
     }
 
-    /// Stores a proposal; a new one is announced to the owners in the same transaction.
+    /// Stores a proposal; a new one is announced to the owners in the same transaction. One
+    /// made from a file that changed since the cycle read it (an owner approved a repair, or
+    /// edited the file, meanwhile) is dropped: stored, it could never be applied as it reads,
+    /// and approving it would mark it applied with nothing written, or rolling it back undo the
+    /// other change. The next cycle proposes from the file as it is.
     pub async fn store_and_notify(&self, p: &Proposal) -> Result<Option<i64>, RepairError> {
         let mut tx = self.db.begin_write().await.map_err(db::DbError::from)?;
+        db::evals::lock_repairs(&mut tx).await?;
+        if super::read(&self.workspace.config_dir, &p.change.path)?.as_deref() != Some(p.change.before.as_str()) {
+            tracing::info!(summary = %p.summary, file = %p.change.path, "a proposal made from a file that changed since is not stored");
+            return Ok(None);
+        }
         let (row, new) = super::store(&mut tx, p).await?;
         if new {
             let link = format!("{}/repairs#repair-{}", self.settings.server.console_url(), row.id);

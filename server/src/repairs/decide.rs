@@ -187,15 +187,33 @@ async fn decide_with_files(
     by.audit(&mut tx, audit_event, id, confirm_regressions).await?;
     swap(dir, &changes, to == RepairState::Applied)?;
     tx.commit().await.map_err(DbError::from)?;
-    commit_if_git(dir, &changes, message, by);
+    commit_if_git(dir, &changes, message, by).await;
     Ok(())
 }
 
+/// How long one git command of a repair's commit may take.
+const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Commits the changed files when `dir` is inside a git working tree, with the owner as the
-/// author. A folder that is not a working tree (or has no git) is left as it is.
-fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &Decider) {
-    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output();
-    let inside = git(&["rev-parse", "--is-inside-work-tree"]).is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "true");
+/// author. A folder that is not a working tree (or has no git) is left as it is. The commit is
+/// the server's own: unsigned and without the repository's hooks (a signing key's passphrase
+/// prompt or a hook would hold the owner's request), and each command is given up after
+/// [`GIT_TIMEOUT`]; the decision stands either way, and a failed commit is logged.
+async fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &Decider) {
+    let git = async |args: &[&str]| {
+        let mut command = tokio::process::Command::new("git");
+        command.arg("-C").arg(dir).args(["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null"]).args(args).stdin(std::process::Stdio::null()).kill_on_drop(true);
+        // No terminal prompt for credentials or a passphrase, ever.
+        command.env("GIT_TERMINAL_PROMPT", "0");
+        match tokio::time::timeout(GIT_TIMEOUT, command.output()).await {
+            Ok(output) => output.ok(),
+            Err(_) => {
+                tracing::warn!(dir = %dir.display(), command = args.first().copied().unwrap_or_default(), "a git command of a repair's commit took too long; given up");
+                None
+            }
+        }
+    };
+    let inside = git(&["rev-parse", "--is-inside-work-tree"]).await.is_some_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "true");
     if !inside {
         return;
     }
@@ -208,7 +226,7 @@ fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &Decider
     // The committer is Gatehouse (the server may have no git identity); the author is the owner.
     let mut identified = vec!["-c", "user.name=Gatehouse", "-c", "user.email=gatehouse@gatehouse.invalid"];
     identified.extend(&commit);
-    let ok = git(&add).is_ok_and(|o| o.status.success()) && git(&identified).is_ok_and(|o| o.status.success());
+    let ok = git(&add).await.is_some_and(|o| o.status.success()) && git(&identified).await.is_some_and(|o| o.status.success());
     if !ok {
         tracing::warn!(dir = %dir.display(), "the config folder is a git working tree, but committing the repair failed");
     }

@@ -21,6 +21,7 @@ pub mod strategies;
 pub use decide::{Decider, approve, reject, rollback};
 
 use std::{
+    collections::BTreeSet,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -254,6 +255,13 @@ async fn try_edit(ws: &Workspace, tools_toml: &str, edit: &strategies::Edit, cas
 /// order, stopping at one with no regression); the repair model, when given, is asked only for a case
 /// none of them fixes.
 pub async fn propose(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatModel>) -> Result<Vec<Proposal>, RepairError> {
+    propose_for(ws, cases, model, &BTreeSet::new()).await
+}
+
+/// [`propose`], with the repair model not asked about the cases in `asked`: those an open or
+/// rejected proposal was made for. Asked again each cycle, it would word a new edit each time,
+/// and each would be a new proposal and a new notice to the owners, also after an owner's no.
+pub async fn propose_for(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatModel>, asked: &BTreeSet<String>) -> Result<Vec<Proposal>, RepairError> {
     let before = run_all(&ws.judge()?, cases).await;
     let Some(tools_toml) = read(&ws.config_dir, EDITED)? else { return Ok(Vec::new()) };
     let declared = strategies::declared_tools(&tools_toml);
@@ -272,6 +280,7 @@ pub async fn propose(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatMode
             }
         }
         if best.is_none()
+            && !asked.contains(&case.name)
             && let Some(model) = model
             && let Some(edit) = model::suggest(model, &ws.settings, case, result, &tools_toml, &declared).await
         {

@@ -120,6 +120,9 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let rolled = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "rollback")]).await;
     assert!(rolled.body.contains("rolled back"), "{}", rolled.body);
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "the file as it was");
+    let row = store::get_repair(&mut app.state.db.pool.acquire().await.expect("conn"), id.parse().expect("id")).await.expect("get").expect("row");
+    assert_eq!((row.state.as_str(), row.rolled_back_by.as_deref()), ("rolled_back", row.decided_by.as_deref()), "the rollback's owner is kept, beside the approval's");
+    assert!(row.rolled_back_at.is_some_and(|at| at >= row.decided_at.unwrap_or_default()));
 }
 both_backends!(evals_repair_loop, a_marked_trace_becomes_a_repair_the_owner_approves);
 
@@ -170,6 +173,13 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     git(&["init", "-q"]);
     git(&["add", "."]);
     git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qm", "shipped config"]);
+    // The repository signs its commits and has a hook that refuses every commit: the server's
+    // own commit is neither signed (no key here; a passphrase prompt would hold the request)
+    // nor run through the hooks.
+    git(&["config", "commit.gpgsign", "true"]);
+    let hook = dir.path().join(".git").join("hooks").join("pre-commit");
+    std::fs::write(&hook, "#!/bin/sh\nexit 1\n").expect("hook");
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     // An approval that wrote the file but died before its transaction committed left the
     // repair proposed with the file in place: approving again completes it.
     std::fs::write(dir.path().join("tools.toml"), &p.change.after).expect("as a crash left it");
@@ -267,6 +277,16 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch")];
     let propose = async || repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal");
+
+    // A proposal made before the file changed (an approval, or the owner's edit, while the
+    // cycle ran) is not stored: it could not be applied as it reads.
+    let before_the_change = propose().await;
+    let shipped = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    std::fs::write(dir.path().join("tools.toml"), format!("# Edited while the cycle ran.\n{shipped}")).expect("edit");
+    assert_eq!(app.gatehouse.cycle.store_and_notify(&before_the_change).await.expect("store"), None);
+    assert_eq!(count(&app, "SELECT COUNT(*) FROM repairs").await, 0, "nothing stored, no notice");
+    std::fs::write(dir.path().join("tools.toml"), &shipped).expect("restore");
+
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (first, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
     assert!(new);
@@ -293,8 +313,35 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     std::fs::write(dir.path().join("tools.toml"), format!("# One more note.\n{text}")).expect("edit");
     let (same, new) = repairs::store(&mut conn, &propose().await).await.expect("store");
     assert_eq!((same.id, new, same.state.as_str()), (second.id, false, "rejected"));
+
+    // An owner's note right above the line the edit changes: the lines around the edit differ,
+    // the edit does not, and the owner's no still stands.
+    let rejected = propose().await;
+    let text = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(first_changed_line(&rejected.diff()), "# The shop's own note.");
+    std::fs::write(dir.path().join("tools.toml"), lines.join("\n") + "\n").expect("edit");
+    let nearby = propose().await;
+    assert_ne!(nearby.diff().lines().filter(|l| !l.starts_with("@@")).collect::<Vec<_>>(), rejected.diff().lines().filter(|l| !l.starts_with("@@")).collect::<Vec<_>>(), "the lines around it moved");
+    let (same, new) = repairs::store(&mut conn, &nearby).await.expect("store");
+    assert_eq!((same.id, new, same.state.as_str()), (second.id, false, "rejected"), "the same edit with other lines around it");
 }
 both_backends!(evals_repair_updated_when_stale, the_same_edit_proposed_again_updates_a_stale_proposal);
+
+/// The index (from 0) of the first line a unified diff removes or adds, in the file before it.
+fn first_changed_line(diff: &str) -> usize {
+    let mut line = 0;
+    for l in diff.lines() {
+        if let Some(header) = l.strip_prefix("@@ -") {
+            line = header.split([',', ' ']).next().and_then(|n| n.parse::<usize>().ok()).expect("hunk start") - 1;
+        } else if l.starts_with(' ') {
+            line += 1;
+        } else if !l.starts_with("---") && !l.starts_with("+++") && (l.starts_with('-') || l.starts_with('+')) {
+            return line;
+        }
+    }
+    panic!("no changed line in {diff}")
+}
 
 /// The detector found the right tool as its best candidate, just short of the plan threshold:
 /// the first proposal is that tool's own `plan_threshold` (not a phrase of this one message),
@@ -470,6 +517,11 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     assert_eq!(fake.hits(), 2, "asked once per propose, only for the case nothing else fixes");
     assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], Some(model.as_ref())).await.expect("propose").len(), 1);
     assert_eq!(fake.hits(), 2, "a deterministic fix needs no model");
+    // A case an open or rejected proposal was made for is not asked about again: each cycle
+    // would word a new edit, and each be a new proposal and notice.
+    let asked = std::collections::BTreeSet::from(["is-it-up".to_string()]);
+    assert!(repairs::propose_for(&ws, &cases, Some(model.as_ref()), &asked).await.expect("propose").is_empty());
+    assert_eq!(fake.hits(), 2, "not asked again");
 }
 
 /// The periodic cycle runs as one durable job (its dedupe key), proposes for a failing case and

@@ -142,6 +142,8 @@ impl RepairsBackend for ConsoleBackend {
                 decided_at: row.decided_at,
                 decided_by: row.decided_by.clone(),
                 reason: row.reason.clone(),
+                rolled_back_at: row.rolled_back_at,
+                rolled_back_by: row.rolled_back_by.clone(),
             });
         }
         let findings = store::list_findings(&mut conn, SHOWN).await.map_err(internal)?.iter().map(finding_view).collect();
