@@ -54,8 +54,10 @@ pub async fn finish(db: &Db, claimed: &Claimed, result: &Result<JobOutput, JobEr
 /// again at the next beat, as a worker's is. When the lease is found gone (an owner cancelled
 /// the job, or it was rescued after a stall and may run elsewhere), or is about to run out with
 /// no renewal (the database out of reach: it may then be rescued and run elsewhere), the returned
-/// receiver resolves: the run must stop. Abort the task when the run ends.
-pub fn keep_alive(db: Db, claimed: &Claimed) -> (tokio::task::JoinHandle<()>, oneshot::Receiver<()>) {
+/// receiver resolves: the run must stop. The heartbeat stops when the returned [`Heartbeat`] is
+/// dropped, also when the run's task ends in a panic: a lease renewed for ever would keep the
+/// job "running" and never rescued.
+pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()>) {
     let (id, owner, lease) = (claimed.job.id, claimed.owner.clone(), claimed.lease);
     let (lost, lease_lost) = oneshot::channel();
     let task = tokio::spawn(async move {
@@ -86,5 +88,15 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (tokio::task::JoinHandle<()>, on
             }
         }
     });
-    (task, lease_lost)
+    (Heartbeat(task), lease_lost)
+}
+
+/// A run's lease heartbeat ([`keep_alive`]); it stops when this is dropped.
+#[derive(Debug)]
+pub struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

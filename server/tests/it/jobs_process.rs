@@ -381,6 +381,28 @@ async fn postgres_a_run_that_cannot_renew_its_lease_stops_before_it_runs_out() {
     worker_a.abort();
 }
 
+/// A run the lane started at once whose task ends in a panic (outside what its run catches)
+/// drops its heartbeat, and the heartbeat stops with it: the lease runs out and the job is
+/// rescued, instead of a lease renewed for ever keeping it "running".
+#[tokio::test]
+async fn an_inline_runs_heartbeat_stops_with_its_task() {
+    let db = TestDb::sqlite();
+    let pool = prepare(&db, 1).await;
+    let id = scalar(&pool, "SELECT MAX(id) FROM jobs").await;
+    let settings = server::config::JobSettings { lease: Duration::from_millis(300), ..Default::default() };
+    let claimed = server::jobs::inline::claim(&pool, id, &settings).await.expect("claim").expect("claimed");
+    let (heartbeat, _lease_lost) = server::jobs::inline::keep_alive(pool.clone(), &claimed);
+    let run = tokio::spawn(async move {
+        let _held = heartbeat;
+        panic!("the run's task panics");
+    });
+    assert!(run.await.is_err(), "the task panicked");
+    let dropped_at = server::db::now_ms();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let lease_until = scalar(&pool, &format!("SELECT lease_expires_at FROM jobs WHERE id = {id}")).await;
+    assert!(lease_until <= dropped_at + 300, "no renewal after the task ended: the lease ran out at {lease_until}, the task ended at {dropped_at}");
+}
+
 /// The same for a run the tool lane starts at once (`jobs::inline`): cut off from the
 /// database, its keep-alive says the lease is lost before the lease runs out, and the run stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,6 +422,6 @@ async fn postgres_an_inline_run_that_cannot_renew_its_lease_is_told_to_stop() {
     let started = std::time::Instant::now();
     tokio::time::timeout(Duration::from_secs(5), lease_lost).await.expect("told before long").expect("told, not dropped");
     assert!(started.elapsed() < Duration::from_secs(1), "before the lease ran out: {:?}", started.elapsed());
-    heartbeat.abort();
+    drop(heartbeat);
     proxy.restore();
 }

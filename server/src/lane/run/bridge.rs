@@ -197,7 +197,7 @@ impl Lane {
             let deadline = tokio::time::Instant::now() + budget;
             let settled = stoppable(deadline, &mut lease_lost, telemetry.in_job(&claimed.job, processor.settle(&job, &claimed.job))).await;
             let result = match settled {
-                Ok(answer) => {
+                Ok(answer) => caught(async {
                     // The lane, still waiting, takes it for the message's reply. From here until
                     // the lane has it nothing stops this run: the answer is kept, with who sends
                     // it, before the lane is handed it. A crash after the keep leaves the job, run
@@ -227,7 +227,8 @@ impl Lane {
                             stoppable(deadline, &mut lease_lost, processor.deliver(&job, job_id, &answer)).await.and_then(|()| outcome(&answer))
                         }
                     }
-                }
+                })
+                .await,
                 // No answer from this run (or it was stopped): a worker tries again and sends
                 // it. A lane still waiting records that itself (the sender dropped here tells
                 // it); one that stopped waiting learns nothing more.
@@ -239,7 +240,7 @@ impl Lane {
                     Err(unsaid)
                 }
             };
-            heartbeat.abort();
+            drop(heartbeat);
             telemetry.job_ran(&claimed.job, started_ms, result.as_ref().err().map(|e| e.code.as_str()));
             if let Err(e) = inline::finish(&db, &claimed, &result).await {
                 tracing::warn!(job.id = job_id, error = %e, "recording a tool call run failed; its lease runs out and it is run again");
@@ -298,11 +299,16 @@ async fn wait(deadline: Duration, state: &AtomicU8, mut answer: oneshot::Receive
 /// panic in it is a failed run, retried as a worker's is, instead of leaving the job "running"
 /// under a heartbeat that never stops.
 async fn stoppable<T>(deadline: tokio::time::Instant, lease_lost: &mut Fuse<oneshot::Receiver<()>>, run: impl Future<Output = Result<T, JobError>>) -> Result<T, JobError> {
-    let run = std::panic::AssertUnwindSafe(run).catch_unwind().map(|ran| ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked"))));
+    let run = caught(run);
     tokio::select! {
         ran = tokio::time::timeout_at(deadline, run) => ran.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Timeout.as_str(), "no result within the job's budget"))),
         Ok(()) = lease_lost => Err(JobError::retryable(JobCode::LeaseLost.as_str(), "the job was cancelled, or taken over, while this run held it")),
     }
+}
+
+/// `run`, with a panic in it a failed run (`JOB_PANICKED`, retried), as a worker's is.
+async fn caught<T>(run: impl Future<Output = Result<T, JobError>>) -> Result<T, JobError> {
+    std::panic::AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked")))
 }
 
 /// How a run of a call is recorded on its job.
