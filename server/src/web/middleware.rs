@@ -311,7 +311,6 @@ pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// HTML and API answers are private and must not be cached or framed.
 /// Says on every response that the database will not survive a restart (seed 003 WS-1.4), so
 /// a test or a load balancer can see it as well as an owner.
 pub async fn storage_header(req: Request, next: Next) -> Response {
@@ -320,10 +319,16 @@ pub async fn storage_header(req: Request, next: Next) -> Response {
     res
 }
 
-pub async fn security_headers(req: Request, next: Next) -> Response {
+/// HTML and API answers are private and must not be cached or framed. Behind https
+/// (`server.public_url`), browsers are also told to come back over https only
+/// (`Strict-Transport-Security`), so a first visit typed as http:// cannot be downgraded.
+pub async fn security_headers(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let is_static = req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
     let mut res = next.run(req).await;
     let h = res.headers_mut();
+    if state.secure_cookies() {
+        h.insert(header::STRICT_TRANSPORT_SECURITY, header::HeaderValue::from_static("max-age=31536000"));
+    }
     h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
     h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
     h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));

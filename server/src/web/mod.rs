@@ -139,7 +139,7 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO).latency_unit(LatencyUnit::Millis))
                 .on_failure(log_failure))
                 .layer(PropagateRequestIdLayer::x_request_id())
-                .layer(from_fn(middleware::security_headers))
+                .layer(from_fn_with_state(state.clone(), middleware::security_headers))
                 .layer(from_fn_with_state(state.clone(), middleware::check_origin))
                 .layer(from_fn_with_state(state, middleware::client_ip)),
         )

@@ -249,6 +249,9 @@ async fn secure_cookie_on_https(db: TestDb) {
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     let cookie = res.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     assert!(cookie.contains("Secure"), "{cookie}");
+    assert_eq!(res.headers.get(header::STRICT_TRANSPORT_SECURITY).and_then(|v| v.to_str().ok()), Some("max-age=31536000"), "come back over https only");
+    let plain = TestApp::new(TestDb::sqlite()).await.client().get("/login").await;
+    assert!(plain.headers.get(header::STRICT_TRANSPORT_SECURITY).is_none(), "not on a plain http console");
 }
 both_backends!(https_cookie, secure_cookie_on_https);
 
