@@ -38,8 +38,10 @@ pub fn with_facts(prompt: &str, facts: &Value) -> String {
     format!("{}\n\n<{FACTS_TAG}>{}</{FACTS_TAG}>", prompt.trim(), neutralise(&facts.to_string()))
 }
 
-/// Text a person may read: no control characters but line breaks, at most one blank line in a
-/// row, trimmed, and at most `max` characters (cut with an ellipsis).
+/// Text a person may read: no control characters but line breaks, no bidirectional overrides,
+/// embeddings or isolates (they make text read in another order than it is stored, the
+/// "Trojan Source" trick), at most one blank line in a row, trimmed, and at most `max`
+/// characters (cut with an ellipsis).
 pub fn plain_text(text: &str, max: usize) -> String {
     let mut out = String::new();
     let mut newlines = 0;
@@ -55,7 +57,7 @@ pub fn plain_text(text: &str, max: usize) -> String {
                 newlines = 0;
                 out.push(' ');
             }
-            c if c.is_control() => {}
+            c if c.is_control() || is_bidi_control(c) => {}
             c => {
                 newlines = 0;
                 out.push(c);
@@ -63,6 +65,12 @@ pub fn plain_text(text: &str, max: usize) -> String {
         }
     }
     cut(out.trim(), max)
+}
+
+/// U+202A..U+202E (embeddings and overrides) and U+2066..U+2069 (isolates). The marks U+200E
+/// and U+200F, which right-to-left text needs, stay.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// `text` cut to at most `max` characters, the last being `…` when something was cut.
@@ -97,6 +105,7 @@ mod tests {
     fn plain_text_is_bounded_and_clean() {
         assert_eq!(plain_text("  a\u{7}b\n\n\n\nc\td  ", 100), "ab\n\nc d");
         assert_eq!(plain_text("abcdef", 4), "abc…");
+        assert_eq!(plain_text("a\u{202E}cba\u{2066}d\u{2069}\u{200F}", 20), "acbad\u{200F}", "no bidi overrides; the marks RTL text needs stay");
         assert_eq!(cut("abc", 3), "abc");
     }
 }

@@ -65,6 +65,15 @@ impl Decider {
 /// file already at its target is left alone, so an approval or a rollback interrupted after
 /// some files were written completes when it is made again.
 fn swap(dir: &Path, changes: &[FileChange], forward: bool) -> Result<(), RepairError> {
+    for (c, to) in still_swappable(dir, changes, forward)? {
+        write_atomic(&dir.join(&c.path), to)?;
+    }
+    Ok(())
+}
+
+/// The files of `changes` still to write, with their text, for [`swap`]; `REPAIR_STALE` when
+/// any is neither where it should start nor already where it should end.
+fn still_swappable<'a>(dir: &Path, changes: &'a [FileChange], forward: bool) -> Result<Vec<(&'a FileChange, &'a String)>, RepairError> {
     let mut pending = Vec::new();
     for c in changes {
         let (from, to) = if forward { (&c.before, &c.after) } else { (&c.after, &c.before) };
@@ -74,10 +83,7 @@ fn swap(dir: &Path, changes: &[FileChange], forward: bool) -> Result<(), RepairE
             _ => return Err(RepairError::Stale(c.path.clone())),
         }
     }
-    for (c, to) in pending {
-        write_atomic(&dir.join(&c.path), to)?;
-    }
-    Ok(())
+    Ok(pending)
 }
 
 /// Approves and applies repair `id`. Every case is replayed first over the files and cases as
@@ -94,6 +100,9 @@ pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Dec
     if row.state != RepairState::Proposed {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
+    // A file edited since the proposal is refused before the replay: replayed, the proposal's
+    // text over the newer file would count the undoing of that edit as the repair's regressions.
+    still_swappable(&ws.config_dir, &files_of(&row), true)?;
     let regressions = replay_again(conn, ws, &row).await?;
     if regressions > row.regressions {
         return Err(RepairError::ReplayChanged { id, regressions });

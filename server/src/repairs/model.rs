@@ -104,5 +104,10 @@ pub async fn suggest(model: &dyn ChatModel, settings: &Settings, case: &Case, re
         tracing::warn!(case = %case.name, "the repair model named a tool it was not shown, or no value; ignored");
         return None;
     }
-    Some(Edit { strategy: "model", tool, key, phrase: data::plain_text(&value, MAX_VALUE_CHARS) })
+    let phrase = data::plain_text(&value, MAX_VALUE_CHARS);
+    if matches!(*key, "triggers" | "aliases") && !super::strategies::fits_as_trigger(&phrase) {
+        tracing::warn!(case = %case.name, "the repair model's trigger is not words of a request (a filler word, a number or an address); ignored");
+        return None;
+    }
+    Some(Edit { strategy: "model", tool, key, phrase })
 }

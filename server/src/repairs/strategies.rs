@@ -64,10 +64,13 @@ const EDGE_WORDS: [&str; 40] = [
 ];
 
 /// The message's words, lowercase; a word keeps inner dots, hyphens and apostrophes
-/// (`bistro-example.com`, `don't`).
+/// (`bistro-example.com`, `don't`). An email address or an @-handle is left out whole: it is the
+/// customer's, not words of the request.
 fn words(message: &str) -> Vec<String> {
     message
-        .split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '-' || c == '.'))
+        .split_whitespace()
+        .filter(|token| !token.contains('@'))
+        .flat_map(|token| token.split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '-' || c == '.')))
         .map(|w| w.trim_matches(|c| c == '\'' || c == '-' || c == '.').to_lowercase())
         .filter(|w| !w.is_empty())
         .collect()
@@ -100,6 +103,22 @@ pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether the repair model's trigger or alias may go into the config: two words or more, or one
+/// word of five letters or more that is not a filler word (a trigger "the" would match every
+/// message), and, as for every phrase, no word with a digit and no email address or @-handle
+/// (the customer's, not words of the request). Unlike [`phrases`], it may start or end with a
+/// filler word: the model is asked for what the message's own phrases cannot say ("is it up").
+pub fn fits_as_trigger(value: &str) -> bool {
+    let words = words(value);
+    let whole = value.split_whitespace().count() == words.len();
+    let clean = whole && !words.iter().any(|w| w.chars().any(char::is_numeric));
+    clean && match words.as_slice() {
+        [] => false,
+        [one] => one.chars().count() >= 5 && !EDGE_WORDS.contains(&one.as_str()),
+        _ => true,
+    }
 }
 
 /// The edits worth replaying for a failing case, given `tools.toml` as it is, in the order to
@@ -233,11 +252,14 @@ pub fn apply(text: &str, edit: &Edit) -> Result<String, EditError> {
             }
             list.push(edit.phrase.as_str());
         }
+        // The model's sentence is added to what the owner wrote, never in its place.
         ("model", key @ ("when_to_use" | "when_not_to_use")) => {
-            if table.get(key).and_then(Item::as_str) == Some(edit.phrase.as_str()) {
+            let current = table.get(key).and_then(Item::as_str).unwrap_or_default().trim().to_string();
+            if current.contains(edit.phrase.trim()) {
                 return Err(EditError::Unchanged(format!("{key} of {} already says that", edit.tool)));
             }
-            table.insert(key, value(edit.phrase.as_str()));
+            let text = if current.is_empty() { edit.phrase.trim().to_string() } else { format!("{current} {}", edit.phrase.trim()) };
+            table.insert(key, value(text));
         }
         (_, "when_not_to_use") => {
             let current = table.get("when_not_to_use").and_then(Item::as_str).unwrap_or_default().trim().to_string();
@@ -338,6 +360,25 @@ mod tests {
         let private = phrases("Refund order 48213 to +351912345678 please", 3);
         assert!(private.iter().all(|p| !p.chars().any(char::is_numeric)), "{private:?}");
         assert!(private.contains(&"refund order".to_string()), "{private:?}");
+        let mailed = phrases("Please email john.doe@gmail.com the refund form @ana", 3);
+        assert!(mailed.iter().all(|p| !p.contains("john") && !p.contains("gmail") && !p.contains("ana")), "{mailed:?}");
+        assert!(mailed.contains(&"refund form".to_string()), "{mailed:?}");
+    }
+
+    #[test]
+    fn a_model_trigger_is_words_of_a_request() {
+        assert!(fits_as_trigger("is it up") && fits_as_trigger("menu card") && fits_as_trigger("opening"));
+        assert!(!fits_as_trigger("the") && !fits_as_trigger("menu") && !fits_as_trigger(""), "a filler or short word matches everything");
+        assert!(!fits_as_trigger("order 48213") && !fits_as_trigger("write ana@example.com"), "the customer's numbers and addresses");
+    }
+
+    #[test]
+    fn the_model_adds_to_what_the_owner_wrote() {
+        let edit = Edit { strategy: "model", tool: "search".into(), key: "when_not_to_use", phrase: "Not for greetings.".into() };
+        let once = apply(FILE, &edit).expect("applies");
+        let again = apply(&once, &Edit { phrase: "Not for thanks.".into(), ..edit.clone() }).expect("applies");
+        assert!(again.contains("when_not_to_use = \"Not for greetings. Not for thanks.\""), "{again}");
+        assert!(matches!(apply(&again, &edit), Err(EditError::Unchanged(_))));
     }
 
     #[test]

@@ -166,6 +166,13 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     std::fs::write(dir.path().join("tools.toml"), format!("{original}\n# edited by hand\n")).expect("edit");
     assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true).await, Err(RepairError::Stale(_))));
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed", "still open after a refused write");
+    // Edited by hand to hold the repair's change and more: refused as stale before any replay,
+    // so the table the owner saw stays (a replay over the newer file would count the file's
+    // own state as the repair's doing, and store that).
+    let seen = store::get_repair(&mut conn, row.id).await.expect("get").expect("row").results;
+    std::fs::write(dir.path().join("tools.toml"), format!("{}\n# edited by hand too\n", p.change.after)).expect("edit");
+    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").results, seen, "no replay over the newer file");
     std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
 
     // The config folder is a git working tree: the applied change is committed, the owner its author.
