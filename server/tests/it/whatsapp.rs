@@ -552,6 +552,20 @@ async fn statuses_update_the_ledger_and_never_wake_the_bot(db: TestDb) {
 
     let jobs_before = inbound_jobs(&app).await;
     let sends_before = graph.all().len();
+    // One post with this message delivered and another's read: only the receipt that moved
+    // the ledger reaches the live pages.
+    let mut sub = app.state.events.subscribe().await;
+    let mixed = status_envelope(vec![status(&wamid, "delivered", "16505551234"), status("wamid.SOMEONE-ELSE", "read", "1")]);
+    assert_eq!(post_signed(&app, &mixed).await.status, StatusCode::OK);
+    let mut receipts = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
+        if let server::events::Event::ReplySent(d) | server::events::Event::ReplyDelivered(d) | server::events::Event::ReplyRead(d) = &e.event
+            && d.trace_id.is_none()
+        {
+            receipts.push((d.wamid.clone(), d.reason_code.clone()));
+        }
+    }
+    assert_eq!(receipts, vec![(Some(wamid.clone()), "DELIVERED".to_string())], "the ignored one is not published");
     for state in ["delivered", "read", "delivered", "sent"] {
         let res = post_signed(&app, &status_envelope(vec![status(&wamid, state, "16505551234")])).await;
         assert_eq!(res.status, StatusCode::OK);

@@ -25,7 +25,7 @@ use crate::{
 use super::payload::Batch;
 
 /// What a batch changed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct IntakeReport {
     /// Messages stored and queued now.
     pub stored: usize,
@@ -35,6 +35,8 @@ pub struct IntakeReport {
     pub statuses_applied: usize,
     /// Statuses for unknown messages, or stale ones.
     pub statuses_ignored: usize,
+    /// The places, among the batch's statuses, of those that moved the ledger.
+    pub applied: Vec<usize>,
 }
 
 /// The `whatsapp.inbound` job: processes one stored inbound message ([`super::job`] runs it).
@@ -140,9 +142,10 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
     let mut reports = message_reports(batches.len(), &messages, &ids);
     let mut appended = Vec::new();
     for (b, batch) in batches.iter().enumerate() {
-        for s in &batch.statuses {
+        for (i, s) in batch.statuses.iter().enumerate() {
             if store::apply_status(conn, s, now).await? {
                 reports[b].statuses_applied += 1;
+                reports[b].applied.push(i);
                 if s.state == DeliveryState::Failed {
                     appended.extend(trace_failed_delivery(conn, s).await?);
                     if s.error_code.as_deref().and_then(|c| c.parse::<i64>().ok()) == Some(super::graph::code::OUTSIDE_WINDOW) {
@@ -271,7 +274,8 @@ impl Intake {
         Self { db, queue, events: None, writer: std::sync::OnceLock::new(), counts: Arc::default() }
     }
 
-    /// Delivery receipts that moved the ledger are published as events once stored.
+    /// Delivery receipts that moved the ledger are published as events once stored; one that
+    /// changed nothing (an unknown message, a status older than the one recorded) is not.
     pub fn with_events(mut self, events: Events) -> Self {
         self.events = Some(events);
         self
@@ -282,15 +286,13 @@ impl Intake {
             return Ok(IntakeReport::default());
         }
         let writer = self.writer.get_or_init(|| spawn_writer(self.db.clone(), self.queue.clone(), self.counts.clone()));
-        let receipts: Vec<Envelope> = batch.statuses.iter().filter_map(receipt).collect();
+        let receipts: Vec<Option<Envelope>> = batch.statuses.iter().map(receipt).collect();
         let (done, result) = oneshot::channel();
         writer.send(Waiting { batch, done }).map_err(|_| IntakeError::Abandoned)?;
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
         let report = result.await.map_err(|_| IntakeError::Abandoned)??;
-        if report.statuses_applied > 0
-            && let Some(events) = &self.events
-        {
-            for envelope in receipts {
+        if let Some(events) = &self.events {
+            for envelope in report.applied.iter().filter_map(|i| receipts.get(*i).cloned().flatten()) {
                 events.publish_fact(envelope).await;
             }
         }
