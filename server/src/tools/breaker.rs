@@ -51,16 +51,52 @@ pub struct Breakers {
     inner: Mutex<HashMap<String, Breaker>>,
 }
 
+/// A call [`Breakers::try_acquire`] let through, to be settled by how it ended. One dropped
+/// unsettled (its future dropped when a job's budget ended or its lease was lost, or ended in a
+/// way that says nothing about the provider) gives a half-open trial slot back: kept, the tool
+/// would be refused until the process restarts.
+#[must_use = "settle the call, or drop it to give its trial slot back"]
+#[derive(Debug)]
+pub struct Trial<'a> {
+    breakers: &'a Breakers,
+    tool: &'a str,
+    settled: bool,
+}
+
+impl Trial<'_> {
+    /// The provider answered: the breaker closes.
+    pub fn succeeded(mut self) {
+        self.settled = true;
+        self.breakers.record_success(self.tool);
+    }
+
+    /// The provider failed: counted, and a failed trial opens the breaker again.
+    pub fn failed(mut self, now: Instant) {
+        self.settled = true;
+        self.breakers.record_failure(self.tool, now);
+    }
+}
+
+impl Drop for Trial<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.breakers.release(self.tool);
+        }
+    }
+}
+
 impl Breakers {
-    /// May a call go ahead? In half-open state only one trial call at a time.
-    pub fn try_acquire(&self, tool: &str, now: Instant) -> Result<(), Duration> {
-        let Ok(mut map) = self.inner.lock() else { return Ok(()) };
+    /// May a call go ahead? In half-open state only one trial call at a time; the [`Trial`]
+    /// says how the call ended.
+    pub fn try_acquire<'a>(&'a self, tool: &'a str, now: Instant) -> Result<Trial<'a>, Duration> {
+        let trial = Trial { breakers: self, tool, settled: false };
+        let Ok(mut map) = self.inner.lock() else { return Ok(trial) };
         let b = map.entry(tool.to_string()).or_default();
         match b.state(now) {
-            BreakerState::Closed => Ok(()),
+            BreakerState::Closed => Ok(trial),
             BreakerState::HalfOpen if !b.trial_in_flight => {
                 b.trial_in_flight = true;
-                Ok(())
+                Ok(trial)
             }
             BreakerState::HalfOpen => Err(Duration::from_secs(1)),
             BreakerState::Open => Err(b.cooldown.saturating_sub(now.duration_since(b.opened_at.unwrap_or(now)))),
@@ -127,14 +163,29 @@ mod tests {
         assert!(breakers.try_acquire("t", t0 + Duration::from_secs(4)).is_err(), "open refuses");
         let later = t0 + Duration::from_secs(3) + FIRST_COOLDOWN;
         assert_eq!(breakers.state("t", later), BreakerState::HalfOpen);
-        assert!(breakers.try_acquire("t", later).is_ok(), "one trial");
+        let trial = breakers.try_acquire("t", later).expect("one trial");
         assert!(breakers.try_acquire("t", later).is_err(), "only one trial at a time");
-        breakers.record_failure("t", later);
+        trial.failed(later);
         assert_eq!(breakers.state("t", later + FIRST_COOLDOWN), BreakerState::Open, "cooldown doubled after a failed trial");
         let again = later + FIRST_COOLDOWN * 2;
-        assert!(breakers.try_acquire("t", again).is_ok());
-        breakers.record_success("t");
+        breakers.try_acquire("t", again).expect("a trial").succeeded();
         assert_eq!(breakers.state("t", again), BreakerState::Closed, "one success closes it");
+    }
+
+    /// A trial call dropped before it ended (its job's budget, a lost lease) gives its slot
+    /// back: the next call is the trial, instead of the tool refused until a restart.
+    #[test]
+    fn a_trial_dropped_unsettled_gives_its_slot_back() {
+        let breakers = Breakers::default();
+        let t0 = Instant::now();
+        for i in 0..3 {
+            breakers.record_failure("t", t0 + Duration::from_secs(i));
+        }
+        let half_open = t0 + Duration::from_secs(2) + FIRST_COOLDOWN;
+        let cancelled = breakers.try_acquire("t", half_open).expect("the trial");
+        assert!(breakers.try_acquire("t", half_open).is_err(), "one trial at a time");
+        drop(cancelled);
+        assert!(breakers.try_acquire("t", half_open).is_ok(), "the slot came back");
     }
 
     #[test]

@@ -44,9 +44,14 @@ impl Checkpoint {
 
         let mut delay = spec.retry.backoff;
         loop {
-            if let Err(wait) = self.breakers.try_acquire(&spec.name, Instant::now()) {
-                return Err(ToolFailure { retryable: true, ..fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))) });
-            }
+            // Dropped with this future (a job's budget ended, its lease was lost), the trial
+            // gives its slot back.
+            let trial = match self.breakers.try_acquire(&spec.name, Instant::now()) {
+                Ok(trial) => trial,
+                Err(wait) => {
+                    return Err(ToolFailure { retryable: true, ..fail(ToolCode::CircuitOpen.as_str(), format!("{} failed repeatedly; next try in {} s", spec.name, wait.as_secs().max(1))) });
+                }
+            };
             *attempts += 1;
             let result = match tokio::time::timeout(spec.timeout, executor.call_keyed(&tool, &input, &key)).await {
                 Ok(result) => result,
@@ -54,7 +59,7 @@ impl Checkpoint {
             };
             match result {
                 Ok(mut output) => {
-                    self.breakers.record_success(&spec.name);
+                    trial.succeeded();
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {
@@ -67,15 +72,16 @@ impl Checkpoint {
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }
                 Err(e) if e.refused => {
-                    self.breakers.release(&spec.name);
+                    // Refused before reaching anything: says nothing of the provider.
+                    drop(trial);
                     connector_failed(spec, ctx, &e, *attempts);
                     return Err(fail(&e.code, e.message));
                 }
                 Err(e) => {
                     if e.of_target {
-                        self.breakers.record_success(&spec.name);
+                        trial.succeeded();
                     } else {
-                        self.breakers.record_failure(&spec.name, Instant::now());
+                        trial.failed(Instant::now());
                     }
                     if !e.retryable || *attempts >= spec.retry.max_attempts {
                         connector_failed(spec, ctx, &e, *attempts);

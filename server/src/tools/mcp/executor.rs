@@ -82,13 +82,18 @@ impl ToolExecutor for McpExecutor {
             let last = last_error.unwrap_or_else(|| "not connected yet".into());
             return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), format!("{} is not connected ({last})", route.server), false));
         };
-        if let Err(wait) = self.inner.breakers.try_acquire(&route.server, Instant::now()) {
-            return Err(ToolError::new(
-                McpCode::ServerUnavailable.as_str(),
-                format!("{} failed repeatedly; next try in {} s", route.server, wait.as_secs().max(1)),
-                false,
-            ));
-        }
+        // Dropped unsettled (this future dropped, or a call that ends waiting for a login),
+        // the trial gives its slot back.
+        let trial = match self.inner.breakers.try_acquire(&route.server, Instant::now()) {
+            Ok(trial) => trial,
+            Err(wait) => {
+                return Err(ToolError::new(
+                    McpCode::ServerUnavailable.as_str(),
+                    format!("{} failed repeatedly; next try in {} s", route.server, wait.as_secs().max(1)),
+                    false,
+                ));
+            }
+        };
         let params = rmcp::model::CallToolRequestParams::new(route.tool.clone()).with_arguments(args.as_object().cloned().unwrap_or_default());
         // A form waiting for an owner does not use up the server's own time.
         let timeout = server.config.call_deadline();
@@ -96,13 +101,13 @@ impl ToolExecutor for McpExecutor {
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
         let result = match outcome {
             Err(_) => {
-                self.inner.breakers.record_failure(&route.server, Instant::now());
+                trial.failed(Instant::now());
                 let _ = server.refresh.send(session::RefreshRequest::Probe);
                 return Err(ToolError::new(ToolCode::Timeout.as_str(), format!("{} did not answer within {timeout:?}", route.server), false));
             }
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 // The server is alive and answered: a protocol error is not a health problem.
-                self.inner.breakers.record_success(&route.server);
+                trial.succeeded();
                 return Err(ToolError::new(McpCode::ProtocolError.as_str(), scrub(&format!("{} ({})", e.message, e.code.0)), false));
             }
             Ok(Err(e)) => {
@@ -112,7 +117,7 @@ impl ToolExecutor for McpExecutor {
                 if let Some(reason) = needs_login {
                     return Err(ToolError::new(McpCode::NeedsLogin.as_str(), format!("{} needs an owner to log in: {reason}", route.server), false));
                 }
-                self.inner.breakers.record_failure(&route.server, Instant::now());
+                trial.failed(Instant::now());
                 let closed = matches!(e, rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)) || peer.is_transport_closed();
                 let message = if closed {
                     format!("the connection to {} closed during the call (the server may have exited); it is being restarted", route.server)
@@ -123,7 +128,7 @@ impl ToolExecutor for McpExecutor {
             }
             Ok(Ok(result)) => result,
         };
-        self.inner.breakers.record_success(&route.server);
+        trial.succeeded();
         if result.is_error == Some(true) {
             return Err(ToolError::new(McpCode::ToolError.as_str(), scrub(&text_of(&result.content)), false));
         }
