@@ -320,6 +320,12 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
         assert!(!s.requests.iter().any(|r| r.contains("/admin") || r.contains("/refunds?")), "{:?}", s.requests);
         assert!(s.auth.iter().all(|a| a == &format!("Bearer {KEY}")), "the header secret reached the shop on every request");
     }
+    // A 404 is the request's failure, not the shop's: made-up order numbers, asked for again
+    // and again, do not close the tool for every chat.
+    for _ in 0..4 {
+        assert!(cp.execute(call("missing", json!({})), &customer).await.expect_err("404").message.contains("404"));
+    }
+    assert_eq!(cp.breakers().state("missing", std::time::Instant::now()), server::tools::breaker::BreakerState::Closed);
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit");
@@ -412,12 +418,12 @@ input_schema = { type = "object", properties = { doc = { type = "string" }, api_
 /// File references a connector returned reach it again exactly as returned when given back as
 /// arguments, in a path segment, a query value or the body: no trimming, normalisation or
 /// re-encoding on the way. A value HTTP itself would change (surrounding spaces in a header) is
-/// refused, never altered.
+/// refused, never altered, and so is a path value that is a dot step once decoded ("%2e%2e").
 async fn file_references_pass_through_byte_for_byte(db: TestDb) {
     const REFS: [&str; 10] = [
         "files/2024/report final.pdf",
         "  padded reference  ",
-        "%2e%2e",
+        "%41%2F%42",
         "a%2Fb%20c",
         "x+y=z&w?q#frag",
         "ünïcødé ✓.txt",

@@ -141,7 +141,14 @@ impl ConnectorExecutor {
         }
         if !status.is_success() {
             let retryable = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
-            return Err(ToolError::new(ConnectorCode::HttpStatus.as_str(), format!("{} answered {status}", action.connector), retryable));
+            let error = format!("{} answered {status}", action.connector);
+            // A 404 for an order number that does not exist, or a 422 for a date the system
+            // refuses, says the system works: it is the request's failure, and does not count
+            // against the tool's circuit breaker (a customer asking for made-up order numbers
+            // would otherwise close the tool for every chat). Rejected credentials, timeouts,
+            // rate limits and server errors do count.
+            let of_request = status.is_client_error() && !matches!(status.as_u16(), 401 | 403 | 408 | 429);
+            return Err(if of_request { ToolError::of_target(ConnectorCode::HttpStatus.as_str(), error, retryable) } else { ToolError::new(ConnectorCode::HttpStatus.as_str(), error, retryable) });
         }
         // JSON may start with a byte-order mark, which serde_json does not take.
         let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&body);

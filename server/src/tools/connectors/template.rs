@@ -134,8 +134,11 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
         let segment = fill(template, args, secrets)?.ok_or_else(|| ToolError::refused(ConnectorCode::ParamInvalid.as_str(), format!("the path {:?} needs an argument that is missing", action.action.path)))?;
         // Errors name the template, never the value: arguments can be personal data, and the
         // value reaches the connector unchanged or not at all.
-        if segment.is_empty() || segment == "." || segment == ".." {
-            return Err(unsupported(format!("an argument of the path {:?} is empty, '.' or '..', which cannot be a path segment", action.action.path)));
+        if segment.is_empty() || walks_up(&segment) {
+            return Err(unsupported(format!(
+                "an argument of the path {:?} is empty, or a dot step ('.', '..') once a server in front decodes it, which cannot be a path segment",
+                action.action.path
+            )));
         }
         path.push('/');
         path.push_str(&encode_segment(&segment));
@@ -164,6 +167,25 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
         return Err(unsupported(format!("the path {:?} with these arguments matches none of the connector's allowed_urls", action.action.path)));
     }
     Ok(url)
+}
+
+/// Whether a segment's value holds a dot step (`.`, `..`, or only dots) for a server that decodes
+/// it: percent-decoded up to three times, and split where a proxy or server may split a path
+/// (`/`, `\\`, and `;` as Java servers read `..;`). Sent encoded, such a value is one segment
+/// here; a proxy in front of the business system that decodes it (nginx before its
+/// `proxy_pass`) would walk up the path with the connector's credentials. Any other value, a
+/// slash included, goes through as itself.
+fn walks_up(value: &str) -> bool {
+    let mut forms = vec![value.to_string()];
+    for _ in 0..3 {
+        let last = forms.last().cloned().unwrap_or_default();
+        let decoded = percent_encoding::percent_decode_str(&last).decode_utf8_lossy().into_owned();
+        if decoded == last {
+            break;
+        }
+        forms.push(decoded);
+    }
+    forms.iter().any(|form| form.split(['/', '\\', ';']).any(|piece| !piece.is_empty() && piece.bytes().all(|b| b == b'.')))
 }
 
 /// A value as one path segment: every byte outside RFC 3986's `pchar` set (unreserved,

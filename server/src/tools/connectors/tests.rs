@@ -39,6 +39,18 @@ fn arguments_stay_inside_one_segment_and_the_allowed_patterns() {
             Err(e) => assert_eq!(e.code, ConnectorCode::UnsupportedUrl.as_str(), "{hostile}: {e}"),
         }
     }
+    // Refused, not encoded: a server in front that decodes %2F (or reads `..;` as `..`) would
+    // walk up the path with the connector's credentials.
+    for walking in ["../../admin/users", "..;", "...", "a\\..\\b", "x%2F..%2Fy", "%2e%2e", "%252e%252e", "orders/./x"] {
+        let err = build_url(&a, &args(serde_json::json!({"id": walking})), &no_secrets()).expect_err(walking);
+        assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str(), "{walking}");
+        assert!(!err.message.contains(walking), "the value is not echoed: {err}");
+    }
+    // Anything else goes through as itself, a slash included (one encoded segment).
+    for plain in ["files/2024/report final.pdf", "a;b", ".hidden", "trailing.", "%41%2F%42"] {
+        let url = build_url(&a, &args(serde_json::json!({"id": plain})), &no_secrets()).expect(plain);
+        assert_eq!(url.path().matches('/').count(), 3, "{plain} -> {url}");
+    }
     let narrow = action("orders/{id}/{sub}", &["https://shop.example.com/api/orders/*"]);
     let err = build_url(&narrow, &args(serde_json::json!({"id": "1", "sub": "refund"})), &no_secrets()).expect_err("not allowed");
     assert_eq!(err.code, ConnectorCode::UnsupportedUrl.as_str());
