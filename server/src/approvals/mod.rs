@@ -167,6 +167,19 @@ pub fn is_chat(channel: &str) -> bool {
     channel == WHATSAPP || channel == SIMULATOR
 }
 
+/// What the console's Approvals page, behind the owner login, shows of a request's stored
+/// arguments: the exact call an owner approves, personal data included (an address to ship to
+/// is what the decision is about), with secret-named fields still replaced.
+pub fn for_the_console(args_json: &str) -> String {
+    match serde_json::from_str::<Value>(args_json) {
+        Ok(mut args) => {
+            redact::redact_args(&mut args);
+            canonical_json(&args)
+        }
+        Err(_) => String::new(),
+    }
+}
+
 /// The reason code of a policy or hook reason (`APPROVAL_RISK`, or `APPROVAL_HOOK` for a hook's
 /// words).
 fn reason_code(reason: &str) -> &str {
@@ -182,7 +195,9 @@ impl Approvals {
         &self.settings.approvals
     }
 
-    /// What an owner is shown of `args`: secrets and personal data replaced.
+    /// What the owners' WhatsApp prompt shows of `args`: secrets and personal data replaced
+    /// (the message passes through Meta to every owner number). The console shows more
+    /// ([`for_the_console`]).
     fn display(&self, args: &Value) -> String {
         let mut shown = args.clone();
         redact::redact_args(&mut shown);

@@ -402,8 +402,10 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
 }
 both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 
-/// The owners see the call with secrets and personal data replaced; the stored call (what an
-/// approval binds and runs) keeps them exactly, and the trace only their hash.
+/// The owners' WhatsApp prompt shows the call with secrets and personal data replaced; the
+/// console, behind the owner login, shows the exact call an owner approves, personal data
+/// included, secrets still replaced; the stored call (what an approval binds and runs) keeps
+/// them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let r = rig(db, |_| {}).await;
     r.add_owner().await;
@@ -421,6 +423,11 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     assert!(!display.contains("ana@example.com") && !display.contains("tok_live_5f2a"), "{display}");
     let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps WHERE trace_id = $1").bind(requested.trace_id.expect("trace")).fetch_all(&r.app.state.db.pool).await.expect("steps");
     assert!(details.iter().all(|d| !d.contains("ana@example.com") && !d.contains("tok_live_5f2a")), "{details:?}");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let page = owner.post_form("/api/list_approvals", &[]).await.json();
+    let console = page["pending"].as_array().and_then(|p| p.iter().find(|a| a["id"] == requested.id)).map(|a| a["args"].to_string()).expect("listed");
+    assert!(console.contains("ana@example.com") && console.contains("7001"), "the address the decision is about: {console}");
+    assert!(!console.contains("tok_live_5f2a") && console.contains("[REDACTED]"), "{console}");
 
     // An argument that reads like a placeholder is shown as it is, never filled in.
     let braces = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "{expires}{reason}" }) };

@@ -26,7 +26,7 @@ fn view(r: ApprovalRow) -> ApprovalView {
         state: r.state.to_string(),
         tool: r.tool,
         version: r.tool_version.chars().take(19).collect(),
-        args: r.display,
+        args: crate::approvals::for_the_console(&r.args),
         risk: r.risk,
         reason_code: r.reason_code,
         reason: r.reason,
