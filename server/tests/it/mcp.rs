@@ -410,6 +410,31 @@ async fn a_decision_made_elsewhere_holds_at_once(db: TestDb) {
     let refused = code_of(rig.call("fx__mutate", json!({})).await);
     assert_eq!(refused.code, mcp::McpCode::ServerDisabled.as_str(), "{refused:?}");
     assert!(!recorded(&fx.record).iter().any(|n| n == "mutate"), "nothing reached the disabled server");
+
+    // ... then enables it again and approves echo again: this process follows those too, as
+    // `serve` and `worker` do (McpManager::follow_decisions): its server reconnects, and the
+    // catalog offers echo again.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let following = tokio::spawn(rig.manager.clone().follow_decisions(Duration::from_millis(100), stopping));
+    let mut conn = rig.db.pool.acquire().await.expect("conn");
+    store::set_enabled_override(&mut conn, "fx", Some(true)).await.expect("enable");
+    assert!(matches!(store::decide(&mut conn, "fx__echo", true, None, None).await.expect("approve"), store::Decided::Done(_)));
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while rig.checkpoint.catalog().get("fx__echo").is_none() {
+        assert!(Instant::now() < deadline, "the catalog did not follow the approval made elsewhere");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match rig.call("fx__mutate", json!({})).await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "still refused after it was enabled elsewhere: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(true);
+    let _ = following.await;
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_decided_elsewhere, a_decision_made_elsewhere_holds_at_once);

@@ -33,11 +33,14 @@ impl McpExecutor {
             Ok::<_, db::DbError>((tool, server))
         };
         let (tool, server) = read.await.map_err(|e| ToolError::new(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
-        if server.and_then(|s| s.enabled_override) == Some(false) {
-            if let Some(live) = self.inner.servers.get(server_id) {
-                live.enabled.send_replace(false);
+        // Disabled or enabled again elsewhere: this process's server follows either way (its
+        // supervisor stops, or reconnects).
+        if let Some(live) = self.inner.servers.get(server_id) {
+            let enabled = server.and_then(|s| s.enabled_override).unwrap_or(live.config.enabled);
+            live.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
+            if !enabled {
+                return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
             }
-            return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
         }
         match tool {
             Some(t) if t.usable() => Ok(()),
@@ -58,9 +61,8 @@ impl ToolExecutor for McpExecutor {
         let Some(server) = self.inner.servers.get(&route.server) else {
             return Err(ToolError::new(McpCode::UnknownServer.as_str(), format!("no MCP server {}", route.server), false));
         };
-        if !*server.enabled.borrow() {
-            return Err(ToolError::new(McpCode::ServerDisabled.as_str(), format!("the MCP server {} is disabled", route.server), false));
-        }
+        // The database decides, not this process's last word: a server enabled again elsewhere
+        // is enabled here too.
         if let Err(e) = self.still_allowed(name, &route.server).await {
             // Decided in another process (the CLI, another `serve` or worker): this process's
             // catalog catches up. (A database that could not say decided nothing.)

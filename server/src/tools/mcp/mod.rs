@@ -183,6 +183,63 @@ impl McpManager {
         Ok(())
     }
 
+    /// Follows the decisions made in other processes (an owner's approval, rejection, disable or
+    /// enable on another `serve`'s console, or with `gatehouse mcp ...`, and what another
+    /// process's discovery found): every `every`, what the database says of the servers'
+    /// switches and the tools' states is compared with what this process saw last. On a change
+    /// each server follows its switch (its supervisor stops, or reconnects) and the catalog is
+    /// rebuilt. Before, a process learned of them at its next discovery, or, for a server
+    /// enabled again, only at a restart.
+    pub async fn follow_decisions(self, every: Duration, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen: Option<Vec<u8>> = None;
+        loop {
+            if *shutdown.borrow_and_update() {
+                return;
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = shutdown.changed() => if changed.is_err() { return },
+            }
+            match self.decisions().await {
+                Ok((digest, switches)) if seen.as_ref() != Some(&digest) => {
+                    for (id, enabled_override) in switches {
+                        if let Some(server) = self.inner.servers.get(&id) {
+                            let enabled = enabled_override.unwrap_or(server.config.enabled);
+                            server.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
+                        }
+                    }
+                    match self.rebuild().await {
+                        Ok(()) => seen = Some(digest),
+                        Err(e) => tracing::warn!(error = %e, "rebuilding the MCP catalog after decisions made elsewhere failed; tried again at the next poll"),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not read the MCP decisions; checking again at the next poll"),
+            }
+        }
+    }
+
+    /// A digest of the servers' switches and the tools' states, and each server's switch.
+    async fn decisions(&self) -> Result<(Vec<u8>, Vec<(String, Option<bool>)>), McpError> {
+        use sha2::{Digest, Sha256};
+        let mut conn = self.inner.db.pool.acquire().await?;
+        let mut switches = Vec::new();
+        for id in self.inner.servers.keys() {
+            switches.push((id.clone(), db::mcp::server(&mut conn, id).await?.and_then(|s| s.enabled_override)));
+        }
+        let tools = db::mcp::tools(&mut conn, None).await?;
+        let mut h = Sha256::new();
+        for (id, switch) in &switches {
+            h.update(format!("{id}\0{switch:?}\n").as_bytes());
+        }
+        for t in &tools {
+            h.update(format!("{}\0{}\0{}\0{:?}\0{}\n", t.catalog_name, t.state, t.definition_hash, t.approved_hash, t.present).as_bytes());
+        }
+        Ok((h.finalize().to_vec(), switches))
+    }
+
     /// Publishes the cached tools without connecting (for `gatehouse tools list`).
     pub async fn load_cached(&self) -> Result<(), McpError> {
         self.rebuild().await

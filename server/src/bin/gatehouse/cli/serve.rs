@@ -105,10 +105,13 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Reloads made in the deployment's other processes are followed here, checked every
-/// `jobs.poll_interval`; started once the MCP servers have (a reload publishes their tools).
+/// Reloads and MCP decisions made in the deployment's other processes are followed here,
+/// checked every `jobs.poll_interval`; started once the MCP servers have (a reload publishes
+/// their tools).
 fn follow_catalog_reloads(gatehouse: &Gatehouse) {
-    tokio::spawn(gatehouse.reloads.clone().follow(gatehouse.config.settings.jobs.poll_interval, web::serve::shutdown_watch()));
+    let every = gatehouse.config.settings.jobs.poll_interval;
+    tokio::spawn(gatehouse.reloads.clone().follow(every, web::serve::shutdown_watch()));
+    tokio::spawn(gatehouse.mcp.clone().follow_decisions(every, web::serve::shutdown_watch()));
 }
 
 /// SIGHUP reloads the tool catalog (tools.toml, connectors.toml) without a restart, in `serve`
