@@ -20,7 +20,7 @@ use serde_json::Value;
 pub use self::{
     executor::{ConnectorExecutor, IDEMPOTENCY_HEADER, hosts, keep_fields},
     load::load,
-    template::{build_url, percent_decode},
+    template::{build_url, percent_decode, walks_up},
 };
 
 /// Stable error codes, each with one string form.

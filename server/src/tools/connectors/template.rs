@@ -175,7 +175,7 @@ pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &
 /// here; a proxy in front of the business system that decodes it (nginx before its
 /// `proxy_pass`) would walk up the path with the connector's credentials. Any other value, a
 /// slash included, goes through as itself.
-fn walks_up(value: &str) -> bool {
+pub fn walks_up(value: &str) -> bool {
     let mut forms = vec![value.to_string()];
     for _ in 0..3 {
         let last = forms.last().cloned().unwrap_or_default();
