@@ -21,8 +21,6 @@ pub mod code {
     pub const LOGIN_THROTTLED: &str = "LOGIN_THROTTLED";
     pub const INVALID_INPUT: &str = "INVALID_INPUT";
     pub const SETUP_CLOSED: &str = "SETUP_CLOSED";
-    /// First-run setup from another machine without the setup token.
-    pub const SETUP_NOT_LOCAL: &str = "SETUP_NOT_LOCAL";
     pub const CONFLICT: &str = "CONFLICT";
     pub const NOT_FOUND: &str = "NOT_FOUND";
     pub const CONFIG_INVALID: &str = "CONFIG_INVALID";
@@ -67,7 +65,8 @@ impl AppError {
             code::LOGIN_THROTTLED => 429,
             code::INVALID_INPUT | code::REQUEST_FAILED => 400,
             code::SETUP_CLOSED => 410,
-            code::SETUP_NOT_LOCAL => 403,
+            // First-run setup from another machine without the setup token.
+            "SETUP_NOT_LOCAL" => 403,
             code::CONFLICT => 409,
             code::DATABASE_UNAVAILABLE => 503,
             code::NOT_FOUND => 404,

@@ -24,6 +24,9 @@ pub enum OwnerError {
     Invalid(String),
     #[error("setup is closed: an owner already exists")]
     SetupClosed,
+    /// First-run setup asked from another machine without the setup token ([`setup_allowed`]).
+    #[error("setup is answered only on this machine, or with GATEHOUSE_SETUP_TOKEN")]
+    SetupNotLocal,
     #[error("login name {0:?} is taken")]
     LoginTaken(String),
     #[error("no owner with login name {0:?}")]

@@ -20,6 +20,7 @@ impl From<OwnerError> for AppError {
         match e {
             OwnerError::Invalid(msg) => AppError::invalid(msg),
             OwnerError::SetupClosed => AppError::new(code::SETUP_CLOSED, "Setup is closed: an owner already exists. Log in instead."),
+            OwnerError::SetupNotLocal => AppError::new("SETUP_NOT_LOCAL", "Setup is answered only on the machine Gatehouse runs on, or with GATEHOUSE_SETUP_TOKEN: open /setup?token=<its value>."),
             OwnerError::LoginTaken(_) => AppError::new(code::CONFLICT, "That login name is taken."),
             OwnerError::NotFound(_) => AppError::unauthorized(),
             OwnerError::Db(e) => internal(e),
@@ -49,7 +50,7 @@ impl OwnersBackend for ConsoleBackend {
         // webhook, only with the token the operator chose.
         if !owners::setup_allowed(access.local, &access.token, self.state.config.secrets.setup_token.as_ref()) {
             tracing::warn!(ip, "first-run setup refused: not from this machine, and no valid setup token");
-            return Err(AppError::new(code::SETUP_NOT_LOCAL, "Setup is answered only on the machine Gatehouse runs on, or with GATEHOUSE_SETUP_TOKEN: open /setup?token=<its value>."));
+            return Err(OwnerError::SetupNotLocal.into());
         }
         let valid = ValidOwner::parse(&owner.display_name, &owner.login, SecretString::from(owner.password), &owner.phones, self.min_password())?;
         let row = owners::create_first_owner(&self.state.db, valid, ip).await?;
