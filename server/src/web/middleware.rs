@@ -183,18 +183,33 @@ pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Ne
     let server = &state.config.settings.server;
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let ip = client_addr(peer, req.headers(), &server.trusted_proxies, &server.client_ip_header);
-    let local = is_local(peer, req.headers(), &server.client_ip_header);
+    let local = is_local(peer, req.headers(), server);
     req.extensions_mut().insert(ClientIp(ip));
     req.extensions_mut().insert(LocalPeer(local));
     next.run(req).await
 }
 
-/// Whether a request from `peer` came from this machine itself: a loopback peer, with none of
-/// the headers a proxy adds (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`, or the configured
-/// client address header). A proxy on this machine is a loopback peer for the whole internet.
-pub fn is_local(peer: Option<IpAddr>, headers: &HeaderMap, client_ip_header: &str) -> bool {
-    let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", client_ip_header].iter().any(|h| !h.is_empty() && headers.contains_key(*h));
-    peer.map(canonical).is_some_and(|ip| ip.is_loopback()) && !forwarded
+/// Whether a request from `peer` came from this machine itself: a loopback peer that is not a
+/// trusted proxy, with none of the headers a proxy adds (`Forwarded`, `X-Forwarded-For`,
+/// `X-Real-IP`, or the configured client address header), to a console whose own address
+/// (`server.public_url`) is this machine's. A proxy on this machine is a loopback peer for the
+/// whole internet, and one left at its defaults adds no header: a console published under
+/// another host is never local, whatever the request says.
+pub fn is_local(peer: Option<IpAddr>, headers: &HeaderMap, server: &crate::config::ServerSettings) -> bool {
+    let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", server.client_ip_header.as_str()].iter().any(|h| !h.is_empty() && headers.contains_key(*h));
+    let published_here = server.public_url.is_empty() || url::Url::parse(&server.public_url).is_ok_and(|u| is_loopback_host(u.host()));
+    let proxy = |ip: IpAddr| server.trusted_proxies.iter().any(|p| p.contains(ip));
+    published_here && !forwarded && peer.map(canonical).is_some_and(|ip| ip.is_loopback() && !proxy(ip))
+}
+
+/// `localhost`, or a loopback address.
+fn is_loopback_host(host: Option<url::Host<&str>>) -> bool {
+    match host {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 /// The client address of a request from `peer`. A proxy header is read only when `peer` is a

@@ -188,6 +188,27 @@ async fn setup_without_a_token_is_local_only(db: TestDb) {
     let res = app.client_from("[::1]:5000").post_form("/api/setup_owner", &fields).await;
     assert_eq!(res.status, StatusCode::OK, "IPv6 loopback is this machine: {}", res.body);
 }
+
+/// A console published under another host is reached through a proxy, and one on this machine
+/// left at its defaults (nginx's proxy_pass) adds no forwarding header: its loopback requests
+/// are the internet's, so setup there needs the token; so do requests from a trusted proxy.
+async fn a_console_published_elsewhere_is_never_local(db: TestDb) {
+    let app = TestApp::with(db, |s| {
+        s.server.public_url = "https://bot.example".into();
+        s.server.trusted_proxies = vec!["127.0.0.2".parse().expect("net")];
+        s.server.client_ip_header = "x-forwarded-for".into();
+    })
+    .await;
+    let form = setup_form("");
+    let fields: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for peer in ["127.0.0.1:5000", "127.0.0.2:5000"] {
+        let mut proxied = app.client_from(peer);
+        proxied.origin = Some("https://bot.example".into());
+        let res = proxied.post_form("/api/setup_owner", &fields).await;
+        assert_eq!((res.status, res.json()["code"].as_str()), (StatusCode::FORBIDDEN, Some("SETUP_NOT_LOCAL")), "{peer}: {}", res.body);
+    }
+}
+both_backends!(setup_published_elsewhere, a_console_published_elsewhere_is_never_local);
 both_backends!(setup_local_only, setup_without_a_token_is_local_only);
 
 /// A tool whose timeout and retries outlast the `tool.call` job's budget (with the summary and
