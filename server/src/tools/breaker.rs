@@ -60,6 +60,9 @@ pub struct Breakers {
 pub struct Trial<'a> {
     breakers: &'a Breakers,
     tool: &'a str,
+    /// It holds the half-open breaker's one trial slot (a call let through a closed breaker
+    /// holds none, and gives none back).
+    holds_slot: bool,
     settled: bool,
 }
 
@@ -79,7 +82,7 @@ impl Trial<'_> {
 
 impl Drop for Trial<'_> {
     fn drop(&mut self) {
-        if !self.settled {
+        if self.holds_slot && !self.settled {
             self.breakers.release(self.tool);
         }
     }
@@ -89,14 +92,14 @@ impl Breakers {
     /// May a call go ahead? In half-open state only one trial call at a time; the [`Trial`]
     /// says how the call ended.
     pub fn try_acquire<'a>(&'a self, tool: &'a str, now: Instant) -> Result<Trial<'a>, Duration> {
-        let trial = Trial { breakers: self, tool, settled: false };
-        let Ok(mut map) = self.inner.lock() else { return Ok(trial) };
+        let trial = |holds_slot| Trial { breakers: self, tool, holds_slot, settled: false };
+        let Ok(mut map) = self.inner.lock() else { return Ok(trial(false)) };
         let b = map.entry(tool.to_string()).or_default();
         match b.state(now) {
-            BreakerState::Closed => Ok(trial),
+            BreakerState::Closed => Ok(trial(false)),
             BreakerState::HalfOpen if !b.trial_in_flight => {
                 b.trial_in_flight = true;
-                Ok(trial)
+                Ok(trial(true))
             }
             BreakerState::HalfOpen => Err(Duration::from_secs(1)),
             BreakerState::Open => Err(b.cooldown.saturating_sub(now.duration_since(b.opened_at.unwrap_or(now)))),
@@ -168,6 +171,16 @@ mod tests {
         trial.failed(later);
         assert_eq!(breakers.state("t", later + FIRST_COOLDOWN), BreakerState::Open, "cooldown doubled after a failed trial");
         let again = later + FIRST_COOLDOWN * 2;
+        // A call let through while it was closed, dropped after it went half-open, does not
+        // free the one trial's slot.
+        let earlier = breakers.try_acquire("other", t0).expect("closed");
+        for i in 0..3 {
+            breakers.record_failure("other", t0 + Duration::from_secs(i));
+        }
+        let other_trial = breakers.try_acquire("other", again).expect("its trial");
+        drop(earlier);
+        assert!(breakers.try_acquire("other", again).is_err(), "still one trial at a time");
+        other_trial.succeeded();
         // A trial dropped before it ended (its job's budget, a lost lease) gives its slot back:
         // the next call is the trial, instead of the tool refused until a restart.
         drop(breakers.try_acquire("t", again).expect("a trial"));
