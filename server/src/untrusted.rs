@@ -38,10 +38,10 @@ pub fn with_facts(prompt: &str, facts: &Value) -> String {
     format!("{}\n\n<{FACTS_TAG}>{}</{FACTS_TAG}>", prompt.trim(), neutralise(&facts.to_string()))
 }
 
-/// Text a person may read: no control characters but line breaks, no bidirectional overrides,
-/// embeddings or isolates (they make text read in another order than it is stored, the
-/// "Trojan Source" trick), at most one blank line in a row, trimmed, and at most `max`
-/// characters (cut with an ellipsis).
+/// Text a person may read: no control characters but line breaks, nothing [`is_hidden`] (text
+/// read in another order than it is stored, the "Trojan Source" trick, or spelled by characters
+/// that do not show), at most one blank line in a row, trimmed, and at most `max` characters
+/// (cut with an ellipsis).
 pub fn plain_text(text: &str, max: usize) -> String {
     let mut out = String::new();
     let mut newlines = 0;
@@ -57,7 +57,7 @@ pub fn plain_text(text: &str, max: usize) -> String {
                 newlines = 0;
                 out.push(' ');
             }
-            c if c.is_control() || is_bidi_control(c) => {}
+            c if c.is_control() || is_hidden(c) => {}
             c => {
                 newlines = 0;
                 out.push(c);
@@ -67,10 +67,14 @@ pub fn plain_text(text: &str, max: usize) -> String {
     cut(out.trim(), max)
 }
 
-/// U+202A..U+202E (embeddings and overrides) and U+2066..U+2069 (isolates). The marks U+200E
-/// and U+200F, which right-to-left text needs, stay.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+/// A character that changes how text reads, or hides text, without showing: bidi embeddings and
+/// overrides (U+202A..U+202E) and isolates (U+2066..U+2069), the zero-width space, the word
+/// joiner and invisible operators (U+2060..U+2064), the byte-order mark, and the tag block
+/// (U+E0000..U+E007F), whose characters spell ASCII nobody sees ("ASCII smuggling"). The marks
+/// right-to-left text needs (U+200E, U+200F) and the joiners emoji and some scripts need
+/// (U+200C, U+200D) stay.
+pub fn is_hidden(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200B}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
 }
 
 /// `text` cut to at most `max` characters, the last being `…` when something was cut.

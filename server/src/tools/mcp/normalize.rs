@@ -40,10 +40,10 @@ pub fn catalog_name(server: &str, tool: &str) -> String {
     format!("{server}{SEPARATOR}{cut}_{suffix}")
 }
 
-/// Drops control characters (except newlines and tabs) and characters that do not show, and
-/// cuts to `max` characters.
+/// Drops control characters (except newlines and tabs) and what [`crate::untrusted::is_hidden`]
+/// names (what an owner approves is then what the model reads), and cuts to `max` characters.
 pub fn bound_text(text: &str, max: usize) -> String {
-    let clean: String = text.chars().filter(|c| (!c.is_control() || *c == '\n' || *c == '\t') && !unseen(*c)).collect();
+    let clean: String = text.chars().filter(|c| (!c.is_control() || *c == '\n' || *c == '\t') && !crate::untrusted::is_hidden(*c)).collect();
     if clean.chars().count() <= max {
         return clean;
     }
@@ -52,25 +52,17 @@ pub fn bound_text(text: &str, max: usize) -> String {
     cut
 }
 
-/// A character that does not show where an owner reads a definition, yet reaches the model:
-/// zero-width characters and joiners, bidi controls, the byte-order mark, a soft hyphen, and the
-/// tag block (U+E0000..U+E007F), whose characters spell ASCII nobody sees ("ASCII smuggling").
-fn unseen(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}'
-    )
-}
-
 /// The `description` and `title` texts anywhere in a schema, bounded as a tool's own
-/// description is: the model reads them with the tool's definition. Other strings (enum values,
-/// patterns, defaults) are what the tool takes, and stay as they are.
+/// description is: the model reads them with the tool's definition. Other strings (patterns),
+/// and whatever stands under `enum`, `const`, `default` and `examples` (values the tool takes,
+/// objects among them), stay as they are.
 fn bound_schema_texts(schema: &mut Value, max: usize) {
     match schema {
         Value::Object(map) => {
             for (key, value) in map.iter_mut() {
                 match value {
                     Value::String(text) if key == "description" || key == "title" => *text = bound_text(text, max),
+                    _ if matches!(key.as_str(), "enum" | "const" | "default" | "examples") => {}
                     other => bound_schema_texts(other, max),
                 }
             }
@@ -239,6 +231,7 @@ mod tests {
             "description": format!("Gets the weather{smuggled}\u{202E}"),
             "inputSchema": { "type": "object", "properties": {
                 "city": { "type": "string", "description": format!("A city{smuggled}"), "enum": ["Porto\u{200B}", "Lisbon"] },
+                "place": { "type": "object", "default": { "title": "Dr\u{200B}" } },
                 "description": { "type": "string", "title": "x".repeat(100) }
             } }
         }));
@@ -248,6 +241,7 @@ mod tests {
         let city = &def["inputSchema"]["properties"]["city"];
         assert_eq!(city["description"], "A city");
         assert_eq!(city["enum"], json!(["Porto\u{200B}", "Lisbon"]), "values the tool takes are not changed");
+        assert_eq!(def["inputSchema"]["properties"]["place"]["default"], json!({ "title": "Dr\u{200B}" }), "nor a default object's fields");
         assert_eq!(def["inputSchema"]["properties"]["description"]["title"].as_str().map(|t| t.chars().count()), Some(40), "bounded like the description");
     }
 
