@@ -194,7 +194,8 @@ fn tool_row(t: McpToolView, decide: ServerAction<McpDecide>) -> impl IntoView {
     }
 }
 
-/// A server id as `mcp.toml` names one: letters, digits, `-`, `_` and `.`, at most 64.
+/// What could be a server id: letters, digits, `-`, `_` and `.`, at most 64 (wider than
+/// `mcp.toml`'s own rule, which check-config enforces; here it only keeps sentences out).
 fn is_server_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }

@@ -148,7 +148,12 @@ fn repair_card(r: RepairView, decide: ServerAction<DecideRepair>) -> impl IntoVi
         let reason = r.reason.clone().map(|why| format!(" Reason: {why}")).unwrap_or_default();
         // A rolled-back repair was applied first: its approval, then its rollback.
         let state = if r.state == "rolled_back" { "applied" } else { r.state.as_str() };
-        let rolled_back = r.rolled_back_at.map(|back| format!(" Rolled back by {} at {}.", r.rolled_back_by.clone().unwrap_or_default(), fmt_time(back))).unwrap_or_default();
+        // Rolled back before the owner was kept (migration 0041): the time alone.
+        let rolled_back = r.rolled_back_at.map(|back| match &r.rolled_back_by {
+            Some(who) => format!(" Rolled back by {who} at {}.", fmt_time(back)),
+            None => format!(" Rolled back at {}.", fmt_time(back)),
+        });
+        let rolled_back = rolled_back.unwrap_or_default();
         view! { <p class="muted" data-testid="repair-decided">{format!("{state} by {by} at {}.{reason}{rolled_back}", fmt_time(at))}</p> }
     });
     let counts = format!("{} case(s) fixed, {} regressed", r.fixes, r.regressions);

@@ -51,8 +51,8 @@ impl Edit {
             ("add_alias", _) => format!("add the alias {:?} to {}", self.phrase, self.tool),
             ("adjust_threshold", _) => format!("set the plan threshold of {} to {}", self.tool, self.phrase),
             ("add_when_not_to_use", _) => format!("tell {} it is not for messages like {:?}", self.tool, self.phrase),
-            (_, "triggers" | "aliases") => format!("add {:?} to the {} of {} (the repair model)", self.phrase, self.key, self.tool),
-            _ => format!("set the {} of {} to {:?} (the repair model)", self.key, self.tool, self.phrase),
+            // The model's sentence is added to what the owner wrote (see [`apply`]).
+            _ => format!("add {:?} to the {} of {} (the repair model)", self.phrase, self.key, self.tool),
         }
     }
 }
@@ -64,13 +64,12 @@ const EDGE_WORDS: [&str; 40] = [
 ];
 
 /// The message's words, lowercase; a word keeps inner dots, hyphens and apostrophes
-/// (`bistro-example.com`, `don't`). An email address or an @-handle is left out whole: it is the
-/// customer's, not words of the request.
+/// (`bistro-example.com`, `don't`). An email address or an @-handle stays one word, `@`: the
+/// customer's, which no phrase may hold (nor may a phrase join the words around it).
 fn words(message: &str) -> Vec<String> {
     message
         .split_whitespace()
-        .filter(|token| !token.contains('@'))
-        .flat_map(|token| token.split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '-' || c == '.')))
+        .flat_map(|token| if token.contains('@') { vec!["@"] } else { token.split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '-' || c == '.')).collect() })
         .map(|w| w.trim_matches(|c| c == '\'' || c == '-' || c == '.').to_lowercase())
         .filter(|w| !w.is_empty())
         .collect()
@@ -84,11 +83,10 @@ fn words(message: &str) -> Vec<String> {
 pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
     let words = words(message);
     let edge = |w: &String| EDGE_WORDS.contains(&w.as_str());
-    let numbered = |w: &String| w.chars().any(|c| c.is_numeric());
     let mut out: Vec<String> = Vec::new();
     for len in 2..=max_words.max(2).min(words.len()) {
         for span in words.windows(len) {
-            if edge(&span[0]) || edge(&span[len - 1]) || span.iter().any(numbered) {
+            if edge(&span[0]) || edge(&span[len - 1]) || span.iter().any(|w| private(w)) {
                 continue;
             }
             let phrase = span.join(" ");
@@ -97,7 +95,7 @@ pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
             }
         }
     }
-    for w in words.iter().filter(|w| w.chars().count() >= 5 && !edge(w) && !numbered(w)) {
+    for w in words.iter().filter(|w| lone_word(w)) {
         if !out.contains(w) {
             out.push(w.clone());
         }
@@ -113,12 +111,24 @@ pub fn phrases(message: &str, max_words: usize) -> Vec<String> {
 pub fn fits_as_trigger(value: &str) -> bool {
     let words = words(value);
     let whole = value.split_whitespace().count() == words.len();
-    let clean = whole && !words.iter().any(|w| w.chars().any(char::is_numeric));
-    clean && match words.as_slice() {
-        [] => false,
-        [one] => one.chars().count() >= 5 && !EDGE_WORDS.contains(&one.as_str()),
-        _ => true,
-    }
+    whole
+        && !words.iter().any(|w| private(w))
+        && match words.as_slice() {
+            [] => false,
+            [one] => lone_word(one),
+            _ => true,
+        }
+}
+
+/// A word no phrase may hold: one with a digit (an order or phone number, a date) or an email
+/// address or @-handle (`@`, see [`words`]).
+fn private(word: &str) -> bool {
+    word == "@" || word.chars().any(char::is_numeric)
+}
+
+/// A word that may be a phrase alone: five letters or more, not a filler word, not private.
+fn lone_word(word: &str) -> bool {
+    word.chars().count() >= 5 && !EDGE_WORDS.contains(&word) && !private(word)
 }
 
 /// The edits worth replaying for a failing case, given `tools.toml` as it is, in the order to
@@ -363,6 +373,8 @@ mod tests {
         let mailed = phrases("Please email john.doe@gmail.com the refund form @ana", 3);
         assert!(mailed.iter().all(|p| !p.contains("john") && !p.contains("gmail") && !p.contains("ana")), "{mailed:?}");
         assert!(mailed.contains(&"refund form".to_string()), "{mailed:?}");
+        let around = phrases("invoice to ana@example.com tomorrow", 3);
+        assert!(!around.iter().any(|p| p.contains("invoice") && p.contains("tomorrow")), "no phrase the message never held: {around:?}");
     }
 
     #[test]
