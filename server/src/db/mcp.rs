@@ -123,6 +123,13 @@ pub async fn tools(conn: &mut AnyConnection, server_id: Option<&str>) -> Result<
     Ok(sqlx::query_as(&sql).bind(server_id.unwrap_or_default()).fetch_all(&mut *conn).await?)
 }
 
+/// What decides whether each tool is offered, narrow (no definitions): catalog name, state,
+/// current and approved hash, and whether its server still lists it, in a stable order.
+pub async fn tool_states(conn: &mut AnyConnection) -> Result<Vec<(String, String, String, Option<String>, i64)>, DbError> {
+    let sql = "SELECT catalog_name, state, definition_hash, approved_hash, present FROM mcp_tools ORDER BY catalog_name";
+    Ok(sqlx::query_as(sql).fetch_all(&mut *conn).await?)
+}
+
 pub async fn tool_by_catalog_name(conn: &mut AnyConnection, catalog_name: &str) -> Result<Option<ToolRow>, DbError> {
     let sql = format!("SELECT {TOOL_COLUMNS} FROM mcp_tools WHERE catalog_name = $1");
     Ok(sqlx::query_as(&sql).bind(catalog_name).fetch_optional(&mut *conn).await?)

@@ -136,9 +136,7 @@ impl Processor {
     /// `Err` is a failure another attempt may clear: nothing is said, and nothing kept.
     pub async fn final_answer(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
         let answer = self.settle(job, row).await?;
-        if !answer.replayed {
-            self.keep(job, row, &answer, false).await;
-        }
+        self.keep(job, row, &answer, false).await;
         Ok(answer)
     }
 
@@ -170,15 +168,17 @@ impl Processor {
     /// answer kept before is only marked as the lane's. A failed write is logged: the answer
     /// still goes out, and only a rerun of its job would run the call again.
     pub async fn keep(&self, job: &ToolCallJob, row: &JobRow, answer: &Answer, in_reply: bool) {
+        // Kept before, and nothing new to say of it: no write.
+        if answer.replayed && (answer.in_reply || !in_reply) {
+            return;
+        }
         let kept = async {
             let mut conn = self.db.acquire_write().await?;
-            if !answer.replayed {
-                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, answer), in_reply };
-                tool_answers::keep(&mut conn, row.id, &keep).await
-            } else if in_reply && !answer.in_reply {
+            if answer.replayed {
                 tool_answers::mark_in_reply(&mut conn, row.id, true).await
             } else {
-                Ok(())
+                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, answer), in_reply };
+                tool_answers::keep(&mut conn, row.id, &keep).await
             }
         };
         if let Err(e) = kept.await {

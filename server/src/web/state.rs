@@ -62,6 +62,8 @@ pub struct App {
     pub whatsapp_sender: Arc<WhatsAppSender>,
     /// Once setup is done it stays done, so a true value is cached.
     setup_done: AtomicBool,
+    /// `public_url` is https (read once; every response asks, for its HSTS header).
+    secure: bool,
     /// When the job counts on `/metrics` were last read: a scrape reads the jobs table at most
     /// once per `jobs.maintenance_interval`.
     pub job_counts_read: tokio::sync::Mutex<Option<Instant>>,
@@ -87,6 +89,7 @@ impl AppState {
     pub fn new(gatehouse: &Gatehouse, listen_addr: SocketAddr, metrics: PrometheusHandle) -> Self {
         let config = gatehouse.config.clone();
         let public_url = config.settings.server.console_url_at(listen_addr);
+        let secure = url::Url::parse(&public_url).is_ok_and(|u| u.scheme() == "https");
         let mut allowed_origins = vec![
             url::Url::parse(&public_url).map(|u| u.origin().ascii_serialization()).unwrap_or_else(|_| public_url.clone()),
         ];
@@ -117,6 +120,7 @@ impl AppState {
             webhook: gatehouse.whatsapp.webhook.clone(),
             whatsapp_sender: gatehouse.whatsapp.sender.clone(),
             setup_done: AtomicBool::new(false),
+            secure,
             job_counts_read: tokio::sync::Mutex::new(None),
         }))
     }
@@ -136,7 +140,7 @@ impl AppState {
 
     /// Cookies get `Secure` when the console is served over https.
     pub fn secure_cookies(&self) -> bool {
-        url::Url::parse(&self.public_url).is_ok_and(|u| u.scheme() == "https")
+        self.secure
     }
 
     /// The provider key variable to set, when the configured provider has no key.

@@ -31,12 +31,17 @@ pub struct IntakeReport {
     pub stored: usize,
     /// Messages already stored by an earlier delivery: not processed again.
     pub duplicates: usize,
-    /// Ledger rows a status moved forward.
-    pub statuses_applied: usize,
     /// Statuses for unknown messages, or stale ones.
     pub statuses_ignored: usize,
     /// The places, among the batch's statuses, of those that moved the ledger.
     pub applied: Vec<usize>,
+}
+
+impl IntakeReport {
+    /// Ledger rows a status moved forward.
+    pub fn statuses_applied(&self) -> usize {
+        self.applied.len()
+    }
 }
 
 /// The `whatsapp.inbound` job: processes one stored inbound message ([`super::job`] runs it).
@@ -144,7 +149,6 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
     for (b, batch) in batches.iter().enumerate() {
         for (i, s) in batch.statuses.iter().enumerate() {
             if store::apply_status(conn, s, now).await? {
-                reports[b].statuses_applied += 1;
                 reports[b].applied.push(i);
                 if s.state == DeliveryState::Failed {
                     appended.extend(trace_failed_delivery(conn, s).await?);

@@ -119,7 +119,7 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Re
             tracing::debug!(
                 stored = report.stored,
                 duplicates = report.duplicates,
-                statuses = report.statuses_applied,
+                statuses = report.statuses_applied(),
                 statuses_ignored = report.statuses_ignored,
                 skipped,
                 "WhatsApp webhook stored"

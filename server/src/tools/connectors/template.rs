@@ -179,7 +179,7 @@ pub fn walks_up(value: &str) -> bool {
     let mut forms = vec![value.to_string()];
     for _ in 0..3 {
         let last = forms.last().cloned().unwrap_or_default();
-        let decoded = percent_encoding::percent_decode_str(&last).decode_utf8_lossy().into_owned();
+        let decoded = percent_decode(&last);
         if decoded == last {
             break;
         }

@@ -181,7 +181,7 @@ impl McpManager {
         let event = if enabled { audit::event::MCP_SERVER_ENABLED } else { audit::event::MCP_SERVER_DISABLED };
         audit::record(&mut tx, audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event, detail: Some(json!({ "server": server })) }).await?;
         tx.commit().await?;
-        s.enabled.send_replace(enabled);
+        s.follow_switch(Some(enabled));
         self.rebuild().await
     }
 

@@ -35,12 +35,10 @@ impl McpExecutor {
         let (tool, server) = read.await.map_err(|e| ToolError::new(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
         // Disabled or enabled again elsewhere: this process's server follows either way (its
         // supervisor stops, or reconnects).
-        if let Some(live) = self.inner.servers.get(server_id) {
-            let enabled = server.and_then(|s| s.enabled_override).unwrap_or(live.config.enabled);
-            live.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
-            if !enabled {
-                return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
-            }
+        if let Some(live) = self.inner.servers.get(server_id)
+            && !live.follow_switch(server.and_then(|s| s.enabled_override))
+        {
+            return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
         }
         match tool {
             Some(t) if t.usable() => Ok(()),

@@ -67,6 +67,16 @@ pub(crate) struct Server {
     pub(crate) sent_tokens: Arc<oauth::http::SentTokens>,
 }
 
+impl Server {
+    /// Follows the server's switch as the database holds it (`enabled_override`; none follows
+    /// `mcp.toml`): its supervisor stops, or connects again. Returns whether it is enabled.
+    pub(crate) fn follow_switch(&self, enabled_override: Option<bool>) -> bool {
+        let enabled = enabled_override.unwrap_or(self.config.enabled);
+        self.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
+        enabled
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) db: Db,
     pub(crate) servers: BTreeMap<String, Arc<Server>>,
@@ -154,10 +164,8 @@ impl McpManager {
             let mut conn = self.inner.db.pool.acquire().await?;
             for id in self.inner.servers.keys() {
                 db::mcp::ensure_server(&mut conn, id).await?;
-                if let Some(row) = db::mcp::server(&mut conn, id).await?
-                    && let (Some(enabled), Some(server)) = (row.enabled_override, self.inner.servers.get(id))
-                {
-                    server.enabled.send_replace(enabled);
+                if let (Some(row), Some(server)) = (db::mcp::server(&mut conn, id).await?, self.inner.servers.get(id)) {
+                    server.follow_switch(row.enabled_override);
                 }
                 // An OAuth server without a stored login starts withheld, not failing call by call.
                 if let Some(server) = self.inner.servers.get(id).filter(|s| s.config.auth == AuthMode::Oauth) {
@@ -206,8 +214,7 @@ impl McpManager {
                 Ok((digest, switches)) if seen.as_ref() != Some(&digest) => {
                     for (id, enabled_override) in switches {
                         if let Some(server) = self.inner.servers.get(&id) {
-                            let enabled = enabled_override.unwrap_or(server.config.enabled);
-                            server.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
+                            server.follow_switch(enabled_override);
                         }
                     }
                     match self.rebuild().await {
@@ -225,17 +232,14 @@ impl McpManager {
     async fn decisions(&self) -> Result<(Vec<u8>, Vec<(String, Option<bool>)>), McpError> {
         use sha2::{Digest, Sha256};
         let mut conn = self.inner.db.pool.acquire().await?;
-        let mut switches = Vec::new();
-        for id in self.inner.servers.keys() {
-            switches.push((id.clone(), db::mcp::server(&mut conn, id).await?.and_then(|s| s.enabled_override)));
-        }
-        let tools = db::mcp::tools(&mut conn, None).await?;
+        let switches: Vec<(String, Option<bool>)> = db::mcp::servers(&mut conn).await?.into_iter().map(|s| (s.id, s.enabled_override)).collect();
+        let tools = db::mcp::tool_states(&mut conn).await?;
         let mut h = Sha256::new();
         for (id, switch) in &switches {
             h.update(format!("{id}\0{switch:?}\n").as_bytes());
         }
         for t in &tools {
-            h.update(format!("{}\0{}\0{}\0{:?}\0{}\n", t.catalog_name, t.state, t.definition_hash, t.approved_hash, t.present).as_bytes());
+            h.update(format!("{t:?}\n").as_bytes());
         }
         Ok((h.finalize().to_vec(), switches))
     }
