@@ -56,6 +56,27 @@ async fn searxng_and_brave_results_with_sources() {
     assert_eq!(out["results"][0]["snippet"], "Today");
     let without = WebSearch::new(SearchProvider::Brave, &endpoint, 5, Duration::from_secs(5), None).expect("client");
     assert_eq!(without.search("news").await.expect_err("no key").code, SearchCode::NotConfigured.as_str());
+
+    // A provider that redirects elsewhere is not followed: the key never reaches another host.
+    let seen_key = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen = seen_key.clone();
+    let elsewhere = serve(Router::new().route(
+        "/take",
+        get(move |headers: HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                *seen.lock().expect("lock") = headers.get("x-subscription-token").and_then(|v| v.to_str().ok()).map(String::from);
+                Json(json!({ "web": { "results": [] } }))
+            }
+        }),
+    ))
+    .await;
+    let target = format!("{elsewhere}/take");
+    let redirecting = serve(Router::new().route("/res/v1/web/search", get(move || { let target = target.clone(); async move { axum::response::Redirect::temporary(&target) } }))).await;
+    let keyed = WebSearch::new(SearchProvider::Brave, &format!("{redirecting}/res/v1/web/search"), 5, Duration::from_secs(5), Some("brave-key".into())).expect("client");
+    let err = keyed.search("news").await.expect_err("a redirect is the provider's failure");
+    assert_eq!(err.code, SearchCode::Provider.as_str(), "{err}");
+    assert_eq!(*seen_key.lock().expect("lock"), None, "the key did not follow the redirect");
 }
 
 #[tokio::test]

@@ -39,9 +39,26 @@ pub struct WebSearch {
     brave_key: Option<String>,
 }
 
+/// The most a search provider's answer may hold; results are a few kilobytes.
+const MAX_ANSWER_BYTES: usize = 2 << 20;
+
+/// The answer as JSON, read up to [`MAX_ANSWER_BYTES`].
+async fn read_capped(mut res: reqwest::Response) -> Result<Value, ToolError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = res.chunk().await.map_err(|e| ToolError::new(SearchCode::Provider.as_str(), format!("reading the search provider's answer failed: {}", e.without_url()), true))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is over {MAX_ANSWER_BYTES} bytes"), false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|_| ToolError::new(SearchCode::Provider.as_str(), "the search provider's answer is not JSON", false))
+}
+
 impl WebSearch {
     pub fn new(provider: SearchProvider, base_url: &str, max_results: usize, timeout: Duration, brave_key: Option<String>) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder().timeout(timeout).no_proxy().build()?;
+        // No redirects: the Brave key travels in its own header, which reqwest does not strip on
+        // a redirect to another host (it strips only Authorization, Cookie and the proxy's).
+        let client = reqwest::Client::builder().timeout(timeout).no_proxy().redirect(reqwest::redirect::Policy::none()).build()?;
         Ok(Self { client, provider, base_url: base_url.trim_end_matches('/').to_string(), max_results: max_results.max(1), brave_key })
     }
 
@@ -74,7 +91,7 @@ impl WebSearch {
         if !status.is_success() {
             return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider answered {status}"), status.is_server_error() || status.as_u16() == 429));
         }
-        let body: Value = res.json().await.map_err(|e| ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is not JSON: {}", e.without_url()), false))?;
+        let body = read_capped(res).await?;
         let items = match self.provider {
             SearchProvider::Searxng => body.get("results"),
             SearchProvider::Brave => body.get("web").and_then(|w| w.get("results")),
