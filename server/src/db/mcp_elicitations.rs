@@ -44,16 +44,23 @@ impl ElicitationRow {
 
 const COLUMNS: &str = "id, server_id, message, schema, state, content, created_at, expires_at, answered_at, answered_by, delivered_at";
 
-/// Stores a new pending request unless the server already has `max_open` waiting; returns its
-/// id, or `None` when it has. Run it in a write transaction: on PostgreSQL the count and the
-/// insert hold the server's lock until it ends (SQLite's write transactions run one at a time).
+/// How far back the forms a server asked for count against its `max_open`, whatever became of
+/// them: a server that asks, withdraws and asks again (each form a notice to every owner)
+/// gets `max_open` a minute at most.
+const FLOOD_WINDOW_MS: i64 = 60_000;
+
+/// Stores a new pending request unless the server already has `max_open` waiting, or asked for
+/// `max_open` within the last minute; returns its id, or `None` when it has. Run it in a write
+/// transaction: on PostgreSQL the count and the insert hold the server's lock until it ends
+/// (SQLite's write transactions run one at a time).
 pub async fn insert(conn: &mut AnyConnection, server: &str, message: &str, schema: &str, expires_at: i64, max_open: i64) -> Result<Option<i64>, DbError> {
     super::lock_until_commit(conn, &format!("gatehouse.mcp_elicitations:{server}")).await?;
     let now = now_ms();
-    let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations WHERE server_id = $1 AND state = $2 AND expires_at > $3")
+    let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations WHERE server_id = $1 AND ((state = $2 AND expires_at > $3) OR created_at > $4)")
         .bind(server)
         .bind(State::Pending.as_str())
         .bind(now)
+        .bind(now.saturating_sub(FLOOD_WINDOW_MS))
         .fetch_one(&mut *conn)
         .await?;
     if open >= max_open {

@@ -168,6 +168,12 @@ async fn a_flood_of_forms_is_bounded(db: TestDb) {
     assert_eq!(actions, ["cancel", "cancel", "cancel", "decline", "decline"], "three waited (and nobody answered), two were declined");
     let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations").fetch_one(&rig.db.pool).await.expect("count");
     assert_eq!(stored, 3);
+    // Those three are over (no owner answered), but asking again within the minute is declined
+    // too: asking, withdrawing and asking again does not page the owners without end.
+    let again = tokio::time::timeout(Duration::from_secs(30), ask(&rig, json!({}), None, "elicit-flood-again")).await.expect("the call ends").expect("task").expect("the call goes on").output;
+    assert_eq!(answer_of(&again)["action"], "decline", "{again}");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mcp_elicitations").fetch_one(&rig.db.pool).await.expect("count");
+    assert_eq!(stored, 3, "no fourth form, no fourth notice");
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_elicitation_flood, a_flood_of_forms_is_bounded);
