@@ -201,3 +201,24 @@ async fn reload_catalog(config: &LoadedConfig, mcp: &mcp::McpManager, checkpoint
     tracing::info!(tools = report.tools, changed = ?report.changed, "tool catalog reloaded");
     Ok(report)
 }
+
+/// Why an answer's body was not read whole by [`read_capped`].
+#[derive(Debug)]
+pub enum CappedRead {
+    /// The connection failed while the body came.
+    Read(reqwest::Error),
+    /// The body is over the limit; what came is dropped.
+    TooLarge,
+}
+
+/// An HTTP answer's body, read up to `limit` bytes: a connector's answer, a search provider's.
+pub async fn read_capped(res: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, CappedRead> {
+    let mut body = Vec::new();
+    while let Some(chunk) = res.chunk().await.map_err(CappedRead::Read)? {
+        if body.len() + chunk.len() > limit {
+            return Err(CappedRead::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}

@@ -43,14 +43,11 @@ pub struct WebSearch {
 const MAX_ANSWER_BYTES: usize = 2 << 20;
 
 /// The answer as JSON, read up to [`MAX_ANSWER_BYTES`].
-async fn read_capped(mut res: reqwest::Response) -> Result<Value, ToolError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = res.chunk().await.map_err(|e| ToolError::new(SearchCode::Provider.as_str(), format!("reading the search provider's answer failed: {}", e.without_url()), true))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is over {MAX_ANSWER_BYTES} bytes"), false));
-        }
-        body.extend_from_slice(&chunk);
-    }
+async fn read_json(mut res: reqwest::Response) -> Result<Value, ToolError> {
+    let body = crate::tools::read_capped(&mut res, MAX_ANSWER_BYTES).await.map_err(|e| match e {
+        crate::tools::CappedRead::Read(e) => ToolError::new(SearchCode::Provider.as_str(), format!("reading the search provider's answer failed: {}", e.without_url()), true),
+        crate::tools::CappedRead::TooLarge => ToolError::new(SearchCode::Provider.as_str(), format!("the search provider's answer is over {MAX_ANSWER_BYTES} bytes"), false),
+    })?;
     serde_json::from_slice(&body).map_err(|_| ToolError::new(SearchCode::Provider.as_str(), "the search provider's answer is not JSON", false))
 }
 
@@ -91,7 +88,7 @@ impl WebSearch {
         if !status.is_success() {
             return Err(ToolError::new(SearchCode::Provider.as_str(), format!("the search provider answered {status}"), status.is_server_error() || status.as_u16() == 429));
         }
-        let body = read_capped(res).await?;
+        let body = read_json(res).await?;
         let items = match self.provider {
             SearchProvider::Searxng => body.get("results"),
             SearchProvider::Brave => body.get("web").and_then(|w| w.get("results")),

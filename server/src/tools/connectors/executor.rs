@@ -132,13 +132,10 @@ impl ConnectorExecutor {
             ToolError::new(ConnectorCode::Network.as_str(), format!("{} did not answer: {}", action.connector, e.without_url()), retryable)
         })?;
         let status = response.status();
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::new(ConnectorCode::Network.as_str(), format!("reading {}'s answer failed: {}", action.connector, e.without_url()), true))? {
-            if body.len() + chunk.len() > HARD_RESULT_LIMIT {
-                return Err(ToolError::new(ConnectorCode::TooLarge.as_str(), format!("{}'s answer is over {HARD_RESULT_LIMIT} bytes", action.connector), false));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = crate::tools::read_capped(&mut response, HARD_RESULT_LIMIT).await.map_err(|e| match e {
+            crate::tools::CappedRead::Read(e) => ToolError::new(ConnectorCode::Network.as_str(), format!("reading {}'s answer failed: {}", action.connector, e.without_url()), true),
+            crate::tools::CappedRead::TooLarge => ToolError::new(ConnectorCode::TooLarge.as_str(), format!("{}'s answer is over {HARD_RESULT_LIMIT} bytes", action.connector), false),
+        })?;
         if !status.is_success() {
             let retryable = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
             let error = format!("{} answered {status}", action.connector);
