@@ -9,26 +9,28 @@ use crate::{
     db::whatsapp::{DeliveryState, NewInbound, StatusUpdate},
 };
 
+/// The notification. Each entry and each change is read on its own as well, so `null` or a wrong
+/// type in one costs only that one, never the messages of the others.
 #[derive(Debug, Deserialize)]
-pub struct Envelope {
-    #[serde(default)]
-    pub object: String,
-    #[serde(default)]
-    pub entry: Vec<Entry>,
+struct Envelope {
+    #[serde(default, deserialize_with = "lenient")]
+    object: String,
+    #[serde(default, deserialize_with = "lenient")]
+    entry: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Entry {
+    #[serde(default, deserialize_with = "lenient")]
+    changes: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Entry {
+struct Change {
+    #[serde(default, deserialize_with = "lenient")]
+    field: String,
     #[serde(default)]
-    pub changes: Vec<Change>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct Change {
-    #[serde(default)]
-    pub field: String,
-    #[serde(default)]
-    pub value: serde_json::Value,
+    value: serde_json::Value,
 }
 
 /// A change's value. Each message, status and contact is read on its own, so one that lacks a
@@ -167,6 +169,10 @@ fn seconds_to_ms(text: &str, fallback: i64) -> i64 {
 /// Parses a webhook body (after its signature was checked). `raw_max_bytes` bounds the verbatim
 /// copy of each message object kept for audits.
 pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, PayloadError> {
+    // A notification is an object: serde would read a struct from a list too (`[1, 2]`).
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(PayloadError("not a JSON object".into()));
+    }
     let envelope: Envelope = serde_json::from_slice(body).map_err(|e| PayloadError(format!("invalid JSON at line {} column {}", e.line(), e.column())))?;
     if envelope.object != "whatsapp_business_account" {
         // Signed by Meta for another product of the app (a Page, Instagram) sent to this URL:
@@ -174,7 +180,18 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
         return Ok(Batch { skipped: 1, other_object: Some(clip(&envelope.object, 60)), ..Batch::default() });
     }
     let mut batch = Batch::default();
-    for change in envelope.entry.into_iter().flat_map(|e| e.changes) {
+    let mut changes = Vec::new();
+    for entry in envelope.entry {
+        match serde_json::from_value::<Entry>(entry) {
+            Ok(entry) => changes.extend(entry.changes),
+            Err(_) => batch.skipped += 1,
+        }
+    }
+    for change in changes {
+        let Ok(change) = serde_json::from_value::<Change>(change) else {
+            batch.skipped += 1;
+            continue;
+        };
         if change.field != "messages" {
             batch.skipped += 1;
             continue;
@@ -292,6 +309,29 @@ mod tests {
         let batch = parse(body.to_string().as_bytes(), 4096, 0).expect("parses");
         let names: Vec<Option<String>> = batch.messages.iter().map(|m| m.sender_name.clone()).collect();
         assert_eq!(names, vec![Some("Ana Souza".to_string()), Some("N".repeat(NAME_MAX_CHARS)), None, None]);
+    }
+
+    /// An entry or a change that is `null`, or holds `null` or a wrong type where Meta's documents
+    /// show a list, costs only itself: the messages of the others are still read, and a signed
+    /// post is never refused (Meta would send it again for days, and it would be lost anyway).
+    #[test]
+    fn a_malformed_entry_or_change_costs_only_itself() {
+        let message = |id: &str| serde_json::json!({ "from": "1", "id": id, "timestamp": "1", "type": "text", "text": { "body": "hi" } });
+        let good = |id: &str| serde_json::json!({ "field": "messages", "value": { "messages": [message(id)] } });
+        let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [
+            null,
+            { "changes": null },
+            { "changes": 7 },
+            { "changes": [null, good("wamid.A"), { "field": 3, "value": {} }, "change"] },
+            "entry",
+            { "changes": [good("wamid.B")] }
+        ] });
+        let batch = parse(body.to_string().as_bytes(), 4096, 0).expect("parses");
+        let wamids: Vec<&str> = batch.messages.iter().map(|m| m.wamid.as_str()).collect();
+        assert_eq!(wamids, ["wamid.A", "wamid.B"]);
+        assert_eq!(batch.skipped, 5, "two entries and two changes that are not objects, and a change whose field is not a name");
+        let nothing = parse(br#"{"object":"whatsapp_business_account","entry":null}"#, 100, 0).expect("an entry list of null is read as empty");
+        assert_eq!((nothing.messages.len(), nothing.skipped), (0, 0));
     }
 
     /// A status without its state, or with `null` where Meta's documents show an object or a
