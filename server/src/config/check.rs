@@ -10,6 +10,9 @@ use super::{
     load::{Problem, display_url, problem_at},
 };
 
+/// The shortest `jobs.lease`: renewed every third of it, it still outlasts a slow renewal.
+const MIN_LEASE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Checks that need more than a type: ranges, URLs, combinations.
 pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -104,6 +107,10 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
+    // A running job's lease is renewed every third of it (every 50 ms at the least): a lease
+    // much shorter than a second lapses between two renewals, or while one waits for the
+    // database, and maintenance hands the job to a second worker while the first still runs it.
+    need(jobs.lease >= MIN_LEASE, "jobs.lease", format!("must be at least {}: a running job's lease is renewed every third of it", humantime::format_duration(MIN_LEASE)));
     // Each job kind's budget must fit the work inside it, or a slow run is cut in the middle.
     let t = &jobs.timeouts;
     let sends = wa.send_reserve();
@@ -140,6 +147,13 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     } else {
         let ok = url::Url::parse(public).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
         need(ok, "server.public_url", format!("{public:?} is not an http(s) URL"));
+    }
+    if let Some(metrics) = settings.server.metrics_addr {
+        need(
+            !settings.server.may_listen_at(metrics),
+            "server.metrics_addr",
+            format!("{metrics} is where the console may listen (server.addr {}): the two cannot share a port", settings.server.addr),
+        );
     }
     for (key, value) in [
         ("llm.anthropic.base_url", &settings.llm.anthropic.base_url),
@@ -195,9 +209,17 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     need(!events.poll_interval.is_zero(), "events.poll_interval", "must be longer than 0s".into());
     let t = &settings.telemetry;
     need(
-        !t.enabled() || url::Url::parse(t.otlp_endpoint.trim()).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()),
+        // The export appends `/v1/traces` and `/v1/metrics` to it: after a query or a fragment
+        // they would not be paths. Credentials go in `headers_secret`, never in the URL.
+        !t.enabled()
+            || url::Url::parse(t.otlp_endpoint.trim()).is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https") && u.host().is_some() && u.query().is_none() && u.fragment().is_none() && u.username().is_empty() && u.password().is_none()
+            }),
         "telemetry.otlp_endpoint",
-        format!("{:?} is not an http(s) URL (or empty, to export nothing)", display_url(&t.otlp_endpoint)),
+        format!(
+            "{:?} is not an http(s) URL without a query, a fragment or credentials (or empty, to export nothing); put a collector's key in telemetry.headers_secret",
+            display_url(&t.otlp_endpoint)
+        ),
     );
     need(!t.service_name.trim().is_empty(), "telemetry.service_name", "must not be empty".into());
     need(!t.export_interval.is_zero(), "telemetry.export_interval", "must be longer than 0s".into());

@@ -106,3 +106,17 @@ impl Default for JobSettings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{load_text, problems_at};
+
+    /// A lease renewed every third of it must outlast a renewal's wait for the database, or a
+    /// job still running is handed to a second worker: 30 ms passed the old check (non-zero).
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused() {
+        let err = problems_at("[jobs]\nlease = \"30ms\"\n", &["jobs.lease"]);
+        assert!(err.to_string().contains("at least 1s"), "{err}");
+        load_text("[jobs]\nlease = \"1s\"\n").expect("a second is enough");
+    }
+}

@@ -116,10 +116,58 @@ impl LoadedConfig {
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    load_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env())
+    let misnamed = misnamed_overrides(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok()));
+    match (load_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env()), misnamed.is_empty()) {
+        (Ok(loaded), true) => Ok(loaded),
+        (Ok(_), false) => Err(ConfigError(misnamed)),
+        (Err(ConfigError(mut problems)), _) => {
+            problems.extend(misnamed);
+            Err(ConfigError(problems))
+        }
+    }
+}
+
+/// Variables meant as overrides whose prefix is mistyped (`GATEHOUSE_DATABASE__URL`, one
+/// underscore short): the environment never reaches the settings through them, so without this
+/// such a typo would start the server silently on the shipped value (another database). The
+/// other `GATEHOUSE_` variables (strict mode, tokens, keys) hold no `__`.
+fn misnamed_overrides(names: impl Iterator<Item = String>) -> Vec<Problem> {
+    let mut problems: Vec<Problem> = names
+        .filter(|name| {
+            let upper = name.to_ascii_uppercase();
+            upper.starts_with("GATEHOUSE") && !upper.starts_with(ENV_PREFIX) && name.contains("__")
+        })
+        .map(|name| {
+            let meant = format!("{ENV_PREFIX}{}", name["GATEHOUSE".len()..].trim_start_matches('_'));
+            Problem::new("", format!("environment variable {name}"), format!("not read: an override's name starts with {ENV_PREFIX} (did you mean {meant}?)")).coded(ProblemCode::ConfigKeyUnknown)
+        })
+        .collect();
+    problems.sort_by(|a, b| a.source.cmp(&b.source));
+    problems
 }
 
 pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<LoadedConfig, ConfigError> {
+    let (loaded, problems) = read_with_env(path, env, secrets)?;
+    if !problems.is_empty() {
+        return Err(ConfigError(problems));
+    }
+    Ok(loaded)
+}
+
+/// [`load`] for a command that needs only part of the settings (`tools reload` needs the
+/// database): the settings whose values are fine, the defaults for the others, and the problems
+/// of the others beside them. A file that is missing, unreadable or not TOML, and a problem in
+/// `[database]`, are still errors: the command would reach another database.
+pub fn load_lenient(path: &Path) -> Result<(LoadedConfig, Vec<Problem>), ConfigError> {
+    let (loaded, mut problems) = read_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env())?;
+    problems.extend(misnamed_overrides(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok())));
+    if problems.iter().any(|p| p.key.is_empty() || p.key == "database" || p.key.starts_with("database.")) {
+        return Err(ConfigError(problems));
+    }
+    Ok((loaded, problems))
+}
+
+fn read_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<(LoadedConfig, Vec<Problem>), ConfigError> {
     if let Err(e) = std::fs::read_to_string(path).map(drop)
         && path.is_file()
     {
@@ -139,10 +187,7 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
         Ok(v) => problems.push(Problem::new("server.strict", format!("environment variable {STRICT_VAR}"), format!("must be true or false (got {v:?})"))),
         Err(_) => {}
     }
-    if !problems.is_empty() {
-        return Err(ConfigError(problems));
-    }
-    Ok(LoadedConfig::new(settings, secrets, path.to_path_buf()))
+    Ok((LoadedConfig::new(settings, secrets, path.to_path_buf()), problems))
 }
 
 /// `GATEHOUSE__SECTION__KEY` overrides. Figment's `Env` turns `106540352242922` into a number
@@ -277,9 +322,18 @@ fn from_figment(figment: &Figment, err: figment::Error) -> Vec<Problem> {
                 figment::error::Kind::Message(_) if key.is_empty() => ProblemCode::ConfigSyntax,
                 _ => ProblemCode::ConfigValueInvalid,
             };
-            Problem::new(key, source, e.kind.to_string()).coded(code)
+            Problem::new(key, source, without_quoted_lines(&e.kind.to_string())).coded(code)
         })
         .collect()
+}
+
+/// A TOML parser's message without the lines of the file it quotes (`62 | url = …` and the
+/// caret under it): a line that does not parse may hold a secret (a database URL with its
+/// password, written without quotes), and problems are printed and logged. The line and column
+/// stay in the message's first line.
+pub fn without_quoted_lines(message: &str) -> String {
+    let quoted = |line: &str| line.trim_start().trim_start_matches(|c: char| c.is_ascii_digit()).trim_start().starts_with('|');
+    message.lines().map(str::trim_end).filter(|l| !l.is_empty() && !quoted(l)).collect::<Vec<_>>().join("; ")
 }
 
 /// A URL safe to show: scheme, host, port and path only. User names, passwords and query
@@ -310,6 +364,32 @@ mod tests {
             &["server.bogus", "server.addr", "auth.session_idle_timeout", "auth.login_max_failures"],
         );
         assert!(err.0.iter().all(|p| p.source.ends_with("gatehouse.toml")), "{err}");
+    }
+
+    /// An override whose prefix is one underscore short never reaches the settings: it is a
+    /// problem naming the variable and the name it was meant to have, not a silent start on the
+    /// shipped value. The other `GATEHOUSE_` variables are not overrides and stay quiet.
+    #[test]
+    fn a_mistyped_override_prefix_is_a_problem() {
+        let names = ["GATEHOUSE_DATABASE__URL", "GATEHOUSE_SETUP_TOKEN", "GATEHOUSE_STRICT", "GATEHOUSE__SERVER__ADDR", "gatehouse_server__addr", "PATH"];
+        let problems = misnamed_overrides(names.iter().map(ToString::to_string));
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "CONFIG_KEY_UNKNOWN not read: an override's name starts with GATEHOUSE__ (did you mean GATEHOUSE__DATABASE__URL?) (environment variable GATEHOUSE_DATABASE__URL)",
+                "CONFIG_KEY_UNKNOWN not read: an override's name starts with GATEHOUSE__ (did you mean GATEHOUSE__server__addr?) (environment variable gatehouse_server__addr)",
+            ]
+        );
+    }
+
+    /// A line that does not parse is not quoted in the problem: it may hold a password.
+    #[test]
+    fn a_syntax_problem_does_not_quote_the_line() {
+        let err = load_text("[database]\nurl = postgres://gatehouse:S3cret@db/gh\n").expect_err("not TOML");
+        let shown = err.to_string();
+        assert!(shown.contains("CONFIG_SYNTAX") && shown.contains("line 2"), "{shown}");
+        assert!(!shown.contains("S3cret"), "{shown}");
     }
 
     #[test]

@@ -49,6 +49,16 @@ impl ServerSettings {
         if url.is_empty() { format!("http://{addr}") } else { url.to_string() }
     }
 
+    /// Whether the console may end up listening at `other`: the same port as `addr` or, when the
+    /// port is not strict, one of the two after it (the fallback), on an address that overlaps
+    /// (the same one, or either listening on all interfaces). Port 0 is whatever is free.
+    pub fn may_listen_at(&self, other: SocketAddr) -> bool {
+        let (ip, port) = (self.addr.ip(), self.addr.port());
+        let ports = if self.strict_port || port == 0 { 0 } else { 2 };
+        let overlaps = ip == other.ip() || ip.is_unspecified() || other.ip().is_unspecified();
+        overlaps && other.port() != 0 && (port..=port.saturating_add(ports)).contains(&other.port())
+    }
+
     /// What this configuration leaves open to whoever reaches the server, for warnings at
     /// start (each a working setup, so not a config problem): `/metrics` served to anyone on a
     /// public address, and an https console behind a proxy that is not trusted, where every
@@ -280,5 +290,21 @@ mod tests {
         assert!(proxied.exposure_warnings(false).iter().any(|w| w.contains("server.trusted_proxies")));
         let trusted = ServerSettings { trusted_proxies: vec!["127.0.0.1".parse().expect("net")], client_ip_header: "x-forwarded-for".into(), ..proxied };
         assert!(trusted.exposure_warnings(false).is_empty());
+    }
+
+    /// `/metrics` may not be given an address the console could take: `serve` binds the console
+    /// first, and the metrics' bind would then stop the start. `check-config` says so instead.
+    #[test]
+    fn metrics_cannot_share_the_consoles_port() {
+        let at = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let local = ServerSettings::default();
+        assert!(local.may_listen_at(at("127.0.0.1:3000")) && local.may_listen_at(at("0.0.0.0:3002")), "the port, or a fallback, on an overlapping address");
+        assert!(!local.may_listen_at(at("127.0.0.1:3003")) && !local.may_listen_at(at("10.0.0.2:3000")) && !local.may_listen_at(at("127.0.0.1:0")));
+        let strict = ServerSettings { strict_port: true, ..ServerSettings::default() };
+        assert!(!strict.may_listen_at(at("127.0.0.1:3001")), "no fallback");
+        let everywhere = ServerSettings { addr: at("0.0.0.0:9100"), public_url: "https://bot.example".into(), ..ServerSettings::default() };
+        assert!(everywhere.may_listen_at(at("10.0.0.2:9100")));
+        let err = crate::config::tests::problems_at("[server]\nmetrics_addr = \"127.0.0.1:3001\"\n", &["server.metrics_addr"]);
+        assert!(err.to_string().contains("cannot share a port"), "{err}");
     }
 }

@@ -46,4 +46,14 @@ mod tests {
         let text = "[telemetry]\notlp_endpoint = \"collector:4318\"\nservice_name = \" \"\nexport_interval = \"0s\"\ntimeout = \"0s\"\nheaders_secret = \"otlp-headers\"\n";
         crate::config::tests::problems_at(text, &["telemetry.otlp_endpoint", "telemetry.service_name", "telemetry.export_interval", "telemetry.timeout", "telemetry.headers_secret"]);
     }
+
+    /// The export's paths are appended to the endpoint: a query or a fragment would swallow
+    /// them, and a key in the URL would be shown wherever the URL is.
+    #[test]
+    fn an_endpoint_is_a_base_url_without_a_query_or_credentials() {
+        for endpoint in ["https://collector.example:4318/?tenant=shop", "https://collector.example:4318/#x", "https://user:key@collector.example:4318"] {
+            crate::config::tests::problems_at(&format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"), &["telemetry.otlp_endpoint"]);
+        }
+        crate::config::tests::load_text("[telemetry]\notlp_endpoint = \"https://collector.example:4318/otlp\"\n").expect("a base URL with a path");
+    }
 }

@@ -111,6 +111,21 @@ fn every_config_problem_is_reported_at_once() {
     assert!(!err.contains(SECRET));
 }
 
+/// What `serve` would refuse, `check-config` does not call valid: strict mode without the
+/// provider's key. An override whose prefix is one underscore short is named with the name it
+/// was meant to have (it used to be skipped, and the server started on the shipped database).
+#[test]
+fn check_config_refuses_what_serve_would() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE_STRICT", "1"), ("ANTHROPIC_API_KEY", "")], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("CONFIG_VALUE_INVALID server.strict") && out.stderr.contains("ANTHROPIC_API_KEY"), "{}", out.stderr);
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE_DATABASE__URL", "postgres://db.example/gh")], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("CONFIG_KEY_UNKNOWN") && out.stderr.contains("did you mean GATEHOUSE__DATABASE__URL?"), "{}", out.stderr);
+}
+
 /// The keys operators and tests set from the environment. A phone number id is all digits and a
 /// model name may be: they stay text, while number and bool settings still read digits and
 /// `true` from a variable.

@@ -33,7 +33,7 @@ pub fn load(
 ) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
     let problem = toml_file::problem_at(path);
     let text = toml_file::read(path, "the connectors file", &problem)?;
-    let file: ConnectorsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not a connectors file: {e}")).coded(ProblemCode::of_toml(&e))])?;
+    let file: ConnectorsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not a connectors file: {}", crate::config::load::without_quoted_lines(&e.to_string()))).coded(ProblemCode::of_toml(&e))])?;
     let mut problems = Vec::new();
     let mut actions = BTreeMap::new();
     let mut ids = BTreeSet::new();

@@ -26,6 +26,13 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
             return Err(Failure::usage(format!("{} is not valid", path.display())));
         }
     };
+    // What `serve` and `worker` would refuse is not valid here either.
+    if cfg.settings.server.strict
+        && let Some(d) = server::llm::degraded(&cfg.settings, &cfg.secrets)
+    {
+        eprintln!("1 configuration problem(s):\n  - CONFIG_VALUE_INVALID server.strict: strict mode (server.strict or GATEHOUSE_STRICT) needs {} for the {} provider, which is not set", d.variable, d.provider);
+        return Err(Failure::usage(format!("{} is not valid", path.display())));
+    }
     println!("config: {} (valid)", cfg.path.display());
     for entry in web::console::effective_entries(&cfg.settings) {
         println!("  {} = {}", entry.key, entry.value);
