@@ -100,6 +100,19 @@ pub enum BuildError {
     Db(#[from] DbError),
 }
 
+/// For a catalog reload (`gatehouse tools reload`): the tool files beside `path`, checked as at
+/// start, and `gatehouse.toml` read leniently ([`config::load::load_lenient`]), so a half-done
+/// edit of the main file does not block a fix of the tools. Its problems come back beside the
+/// configuration, for the command to show.
+pub fn load_for_catalog(path: &Path) -> Result<(LoadedConfig, ToolFiles, Vec<config::Problem>), ConfigError> {
+    let (cfg, main_problems) = config::load::load_lenient(path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let files = ToolFiles::load(dir, &cfg.secrets.source).map_err(ConfigError)?;
+    let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call, cfg.settings.reply_reserve());
+    problems.extend(tools::catalog_problems(&files.catalog, dir, &cfg.settings));
+    if problems.is_empty() { Ok((cfg, files, main_problems)) } else { Err(ConfigError(problems)) }
+}
+
 /// Loads `gatehouse.toml` and the tool files beside it, reporting every problem of every file
 /// at once.
 pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError> {

@@ -451,6 +451,18 @@ fn a_worker_reloads_its_catalog_on_sighup() {
     assert_eq!(out.code, 0, "{}", out.all());
     assert!(out.stdout.contains("tools checked; every running Gatehouse process"), "{}", out.stdout);
     wait_for("following a reload in another process", &mut child);
+    // A half-done edit of gatehouse.toml does not block a fix of the tool files: the main file's
+    // problems are shown, and the tool files are reloaded. One in [database] does block it
+    // (the command would reach another database).
+    let main = std::fs::read_to_string(&path).expect("read");
+    assert!(main.contains("warn_at = [50, 80, 100]"), "the shipped budget warnings");
+    std::fs::write(&path, main.replace("warn_at = [50, 80, 100]", "warn_at = [80, 50]")).expect("half-done edit");
+    let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stderr.contains("budget.warn_at") && out.stdout.contains("tools checked"), "{}", out.all());
+    let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "many")], None);
+    assert_eq!(out.code, 2, "a problem in [database]: {}", out.all());
+    std::fs::write(&path, main).expect("restore");
     std::fs::write(dir.path().join("tools.toml"), "surprise = 1\n").expect("break");
     let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[], None);
     assert_eq!(out.code, 2, "a broken file is a config problem, and nobody is told to reload: {}", out.all());

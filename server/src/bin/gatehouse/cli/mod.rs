@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use server::{
     bootstrap::{self, Gatehouse},
-    config::{LoadedConfig, LogFormat},
+    config::{ConfigError, LoadedConfig, LogFormat},
     db::Db,
     telemetry,
     tools::ToolFiles,
@@ -58,7 +58,17 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::CheckConfig = command {
         return admin::check_config(&cli.config);
     }
-    let (cfg, files) = bootstrap::load_config(&cli.config).map_err(|e| Failure::usage(e.to_string()))?;
+    let (cfg, files) = if let Command::Tools(ToolsCommand::Reload) = command {
+        // A half-done edit of gatehouse.toml does not block a fix of the tool files: the running
+        // processes keep the settings they started with, and reload only the tool files.
+        let (cfg, files, problems) = bootstrap::load_for_catalog(&cli.config).map_err(|e| Failure::usage(e.to_string()))?;
+        if !problems.is_empty() {
+            eprintln!("note: {} is not valid, which reloading the tool files does not need:\n{}", cli.config.display(), ConfigError(problems));
+        }
+        (cfg, files)
+    } else {
+        bootstrap::load_config(&cli.config).map_err(|e| Failure::usage(e.to_string()))?
+    };
     let format = match cli.log_format {
         Some(LogFormatArg::Json) => LogFormat::Json,
         Some(LogFormatArg::Text) => LogFormat::Text,
