@@ -366,6 +366,11 @@ fn serve_logs_json_with_request_ids_without_secrets_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(!addr.ends_with(":0") && !metrics_addr.ends_with(":0") && addr != metrics_addr, "the bound ports are logged: {addr} {metrics_addr}");
+    // What is built names the console where it listens (an OAuth login's redirect, owners'
+    // links), not the configured port 0.
+    let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+    let listening = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|l| l["message"] == "Gatehouse listening").expect("logged");
+    assert_eq!(listening["links"].as_str(), Some(format!("http://{addr}").as_str()), "{listening}");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut answered = None;
     while Instant::now() < deadline {

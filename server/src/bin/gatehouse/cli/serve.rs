@@ -32,15 +32,19 @@ fn warn_about_storage(database: &server::config::DatabaseSettings) {
     });
 }
 
-pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
+pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     refuse_if_strict(&cfg)?;
     let server = cfg.settings.server.clone();
-    let gatehouse = build(cfg, files).await?;
     let listener = web::serve::bind_with_fallback(server.addr, server.strict_port).await.map_err(|e| {
         tracing::error!(addr = %server.addr, error = %e, "cannot listen");
         Failure::runtime(format!("cannot listen on {}: {e}", server.addr))
     })?;
     let addr = listener.local_addr().map_err(Failure::runtime)?;
+    // Bound before anything is built: what is built names the console by the address it listens
+    // on (the next port when the configured one was taken, the one chosen for port 0), not the
+    // configured one: an OAuth login's redirect, the links of owners' notices and of repairs.
+    cfg.settings.server.addr = addr;
+    let gatehouse = build(cfg, files).await?;
     let grace = server.shutdown_grace;
     let state = AppState::new(&gatehouse, addr, web::ops::metrics_handle());
     spawn_catalog_reload(&gatehouse);
@@ -64,7 +68,8 @@ pub async fn serve(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> {
     server::owners::storage_notice::spawn(gatehouse.db.clone(), gatehouse.jobs.clone(), gatehouse.config.settings.database.clone(), std::time::Duration::from_secs(60));
     web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
-    tracing::info!(addr = %addr, url = %state.public_url, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
+    let links = gatehouse.config.settings.server.console_url();
+    tracing::info!(addr = %addr, url = %state.public_url, links = %links, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
     if !setup_done {
         let from_elsewhere = if state.config.secrets.setup_token.is_some() { "; from another machine, /setup?token=<GATEHOUSE_SETUP_TOKEN>" } else { "" };
         tracing::info!("first run: open {}/setup on this machine to create the first owner{from_elsewhere}", state.public_url);
