@@ -37,11 +37,19 @@ impl Runtime {
             (None, None) => None,
         };
         let summary = store::summary(&mut conn, &inbound.chat_id).await?;
-        let history: Vec<store::Turn> = store::turns_after(&mut conn, &inbound.chat_id, summary.as_ref().map_or(0, |s| s.covers_through))
-            .await?
-            .into_iter()
-            .filter(|t| t.message_id != inbound.message_id)
-            .collect();
+        let mut history: Vec<store::Turn> = store::turns_after(&mut conn, &inbound.chat_id, summary.as_ref().map_or(0, |s| s.covers_through)).await?;
+        // An earlier run of this message stored the person's turn and stopped before the answer
+        // (a crash, a failed call). Left where it is, a compaction now (of the turns that came
+        // meanwhile, which this run reads without it) would cover it without having read it:
+        // it is stored again below, after them.
+        if history.iter().any(|t| t.message_id == inbound.message_id) {
+            drop(conn);
+            let mut tx = self.db.begin_write().await?;
+            store::forget_unanswered_turn(&mut tx, &inbound.chat_id, &inbound.message_id).await?;
+            tx.commit().await?;
+            conn = self.db.pool.acquire().await?;
+            history.retain(|t| t.message_id != inbound.message_id);
+        }
         // In a group, each member's words go to the model under their label, fixed for the
         // turn stored now.
         let speakers = if inbound.chat_kind == ChatKind::Group { Speakers::new(&conv.group_turn_format) } else { None };
@@ -62,8 +70,18 @@ impl Runtime {
             memory::Plan::Compact { older, keep } => {
                 let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, speakers.as_ref(), &inbound.correlation_id)).await;
                 let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
+                // A summary the model did not finish (cut at its token limit, refused, filtered)
+                // would stand for good for the turns it replaces: the oldest turns are left out
+                // instead, and the next message tries again.
+                let stop_reason = compacted.as_ref().ok().map(|res| res.stop_reason.as_str().to_string());
+                let failed = match &compacted {
+                    Err(e) => Some(e.code.as_str().to_string()),
+                    Ok(_) if text.is_empty() => Some("LLM_EMPTY_SUMMARY".to_string()),
+                    Ok(res) if !res.stop_reason.is_finished() => Some("LLM_SUMMARY_UNFINISHED".to_string()),
+                    Ok(_) => None,
+                };
                 match compacted {
-                    Ok(res) if !text.is_empty() => {
+                    Ok(res) if failed.is_none() => {
                         let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
                         let mut tx = self.db.begin_write().await?;
                         // Another message of this chat compacted meanwhile: its summary stays, and
@@ -82,13 +100,13 @@ impl Runtime {
                         );
                         (Some(new), keep)
                     }
-                    other => {
-                        let code = other.err().map_or_else(|| "LLM_EMPTY_SUMMARY".to_string(), |e| e.code.as_str().to_string());
+                    _ => {
+                        let code = failed.unwrap_or_default();
                         tracing::warn!(correlation_id = %inbound.correlation_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
                         let mut all = older;
                         all.extend(keep);
                         let kept = memory::truncate(summary.as_ref(), all, current_tokens, budget, keep_recent);
-                        trace.step("memory", "truncated", &code, json!({ "kept_turns": kept.len() }));
+                        trace.step("memory", "truncated", &code, json!({ "kept_turns": kept.len(), "stop_reason": stop_reason }));
                         (summary, kept)
                     }
                 }
@@ -133,9 +151,15 @@ impl Runtime {
                 }
                 let mut tx = self.db.begin_write().await?;
                 let turn = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), at: db::now_ms(), sender: None, sender_label: None, ..user_turn };
-                store::insert_turn(&mut tx, &turn).await?;
+                if store::insert_turn(&mut tx, &turn).await? {
+                    tx.commit().await?;
+                    return Ok(Ok(reply));
+                }
+                // Another run of this message (a job rescued while this one stalled) stored its
+                // answer first: that one is what memory keeps, so it is the one to send.
+                let kept = store::answer_to(&mut tx, &inbound.chat_id, &inbound.message_id).await?;
                 tx.commit().await?;
-                Ok(Ok(reply))
+                Ok(Ok(kept.unwrap_or(reply)))
             }
             Err(e) => {
                 trace.step("llm", "failed", e.code.as_str(), json!({ "purpose": "chat", "model": req.model, "attempts": e.attempts }));

@@ -58,6 +58,13 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
     Ok(done.rows_affected() == 1)
 }
 
+/// Removes the person's turn of `message_id`, stored by an earlier run of the message that
+/// stopped before answering: stored again, it takes its place after what came meanwhile.
+pub async fn forget_unanswered_turn(conn: &mut AnyConnection, chat_id: &str, message_id: &str) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM chat_turns WHERE chat_id = $1 AND message_id = $2 AND role = $3").bind(chat_id).bind(message_id).bind(role::USER).execute(conn).await?;
+    Ok(())
+}
+
 /// The chat's turns after `after_id`, oldest first.
 pub async fn turns_after(conn: &mut AnyConnection, chat_id: &str, after_id: i64) -> Result<Vec<Turn>, DbError> {
     Ok(sqlx::query_as(&format!("SELECT {TURN_COLUMNS} FROM chat_turns WHERE chat_id = $1 AND id > $2 ORDER BY id"))

@@ -190,6 +190,12 @@ impl StopReason {
         }
     }
 
+    /// Whether the model finished what it was writing (and was not cut off by a token limit,
+    /// a full context, a refusal or a filter).
+    pub fn is_finished(&self) -> bool {
+        matches!(self, Self::EndTurn | Self::StopSequence)
+    }
+
     /// The provider-neutral name (`end_turn`, `tool_use`, ...; an unknown value as sent).
     pub fn as_str(&self) -> &str {
         match self {

@@ -29,6 +29,8 @@ const SUMMARY_MODEL: &str = "test-compaction-model";
 pub(crate) struct Fake {
     pub(crate) requests: Vec<Value>,
     fail_summaries: bool,
+    /// Every summary stops at its token limit, mid-sentence.
+    cut_summaries: bool,
     /// Every chat answer is this text instead of "reply N".
     fixed: Option<String>,
     /// Every answer waits this long.
@@ -54,10 +56,10 @@ pub(crate) async fn fake_anthropic_saying(text: &str) -> (String, Shared) {
 async fn serve_fake(fake: Shared) -> (String, Shared) {
     async fn answer(State(fake): State<Shared>, Json(body): Json<Value>) -> axum::response::Response {
         use axum::response::IntoResponse;
-        let (n, fail, fixed, delay) = {
+        let (n, fail, cut, fixed, delay) = {
             let mut f = fake.lock().expect("lock");
             f.requests.push(body.clone());
-            (f.requests.len(), f.fail_summaries, f.fixed.clone(), f.delay)
+            (f.requests.len(), f.fail_summaries, f.cut_summaries, f.fixed.clone(), f.delay)
         };
         tokio::time::sleep(delay).await;
         // As the Messages API does: an empty text block anywhere is a bad request.
@@ -70,10 +72,14 @@ async fn serve_fake(fake: Shared) -> (String, Shared) {
         if model == SUMMARY_MODEL && fail {
             return (axum::http::StatusCode::BAD_REQUEST, Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))).into_response();
         }
-        let text = if model == SUMMARY_MODEL { "They run a bakery and their friend is Ana.".to_string() } else { fixed.unwrap_or_else(|| format!("reply {n}")) };
+        let (text, stop) = match (model == SUMMARY_MODEL, cut) {
+            (true, false) => ("They run a bakery and their friend is Ana.".to_string(), "end_turn"),
+            (true, true) => ("They run a bak".to_string(), "max_tokens"),
+            (false, _) => (fixed.unwrap_or_else(|| format!("reply {n}")), "end_turn"),
+        };
         Json(json!({
             "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+            "content": [{"type": "text", "text": text}], "stop_reason": stop, "stop_sequence": null,
             "usage": {"input_tokens": 12, "output_tokens": 3}
         }))
         .into_response()
@@ -308,6 +314,8 @@ async fn two_runs_of_a_message_give_one_reply(db: TestDb) {
     let recorded: String = sqlx::query_scalar("SELECT reply FROM message_replies WHERE message_id = 'w-twice'").fetch_one(&r.db.pool).await.expect("reply");
     assert_eq!((a.reply.as_deref(), b.reply.as_deref()), (Some(recorded.as_str()), Some(recorded.as_str())), "one reply for both runs");
     assert_eq!([a.route, b.route].iter().filter(|r| **r == Route::Duplicate).count(), 1, "the later run gives the earlier reply back");
+    let remembered: String = sqlx::query_scalar("SELECT text FROM chat_turns WHERE message_id = 'w-twice' AND role = 'assistant'").fetch_one(&r.db.pool).await.expect("answer");
+    assert_eq!(remembered, recorded, "memory keeps the reply that was sent");
 }
 both_backends!(conversation_two_runs_one_reply, two_runs_of_a_message_give_one_reply);
 
@@ -394,6 +402,20 @@ async fn history_over_budget_is_compacted(db: TestDb) {
         assert!(transcript.contains(r#"{\"from\":\"person\",\"text\":\"I run a bakery."#), "{transcript}");
     }
 
+    // A summary the model did not finish (cut at its token limit) is not kept: it would stand
+    // for the turns it replaces for good. The oldest turns are left out instead, and say why.
+    let summary_before: String = sqlx::query("SELECT summary FROM chat_memory WHERE chat_id = $1").bind(format!("chat-{customer}")).fetch_one(&r.db.pool).await.expect("summary").get(0);
+    {
+        let mut f = r.fake.lock().expect("lock");
+        (f.fail_summaries, f.cut_summaries) = (false, true);
+    }
+    let out = r.runtime.handle(&msg("c9b", customer, &format!("and still here {}", "words ".repeat(40)))).await.expect("handle");
+    let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+    assert!(steps.iter().any(|(s, d, code)| s == "memory" && d == "truncated" && code == "LLM_SUMMARY_UNFINISHED"), "{steps:?}");
+    let summary_after: String = sqlx::query("SELECT summary FROM chat_memory WHERE chat_id = $1").bind(format!("chat-{customer}")).fetch_one(&r.db.pool).await.expect("summary").get(0);
+    assert_eq!(summary_after, summary_before, "the cut summary was not saved");
+    r.fake.lock().expect("lock").cut_summaries = false;
+
     // A run that stored its answer but stopped before recording the reply (a crash, a failed
     // write) answers again with the stored text, without asking the model a second time.
     let first = r.runtime.handle(&msg("c10", customer, "one more thing")).await.expect("handle");
@@ -416,6 +438,32 @@ async fn history_over_budget_is_compacted(db: TestDb) {
     assert!(server::db::conversation::save_summary(&mut conn, &chat, &next, newest.covers_through, 0).await.expect("save"));
 }
 both_backends!(conversation_compaction, history_over_budget_is_compacted);
+
+/// A message whose first run stored the person's turn and stopped before answering (a crash)
+/// is handled again after more of the chat arrived. If that run compacts, the summary covers
+/// the turns it read: the message's own turn, which it reads apart, is stored again after them,
+/// never left behind the summary unread.
+async fn a_retried_message_is_not_compacted_away(db: TestDb) {
+    let r = rig(db, 200, true).await;
+    let customer = "15558880077";
+    let chat = format!("chat-{customer}");
+    let insert = "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens) VALUES ($1, 'simulator', $2, $3, $4, $5, $6)";
+    let turn = |role: &'static str, text: String, id: String| {
+        sqlx::query(insert).bind(chat.clone()).bind(role).bind(text).bind(id).bind(server::db::now_ms()).bind(60_i64)
+    };
+    turn("user", "my order number is 4411".into(), "lost".into()).execute(&r.db.pool).await.expect("the stalled run's turn");
+    for i in 0..6 {
+        turn("user", format!("meanwhile {i} {}", "words ".repeat(40)), format!("m{i}")).execute(&r.db.pool).await.expect("turn");
+        turn("assistant", format!("answer {i}"), format!("m{i}")).execute(&r.db.pool).await.expect("turn");
+    }
+    let out = r.runtime.handle(&msg("lost", customer, "my order number is 4411")).await.expect("handle");
+    let steps = steps_of(&r.db, out.trace_id.expect("trace")).await;
+    assert!(steps.iter().any(|(s, d, _)| s == "memory" && d == "compacted"), "this run compacted: {steps:?}");
+    let covered: i64 = sqlx::query("SELECT covers_through FROM chat_memory WHERE chat_id = $1").bind(&chat).fetch_one(&r.db.pool).await.expect("summary").get(0);
+    let own: i64 = sqlx::query("SELECT id FROM chat_turns WHERE chat_id = $1 AND message_id = 'lost' AND role = 'user'").bind(&chat).fetch_one(&r.db.pool).await.expect("turn").get(0);
+    assert!(own > covered, "the message's turn ({own}) is after what the summary covers ({covered}), so later messages still read it");
+}
+both_backends!(conversation_retried_message_memory, a_retried_message_is_not_compacted_away);
 
 /// Every example and extra phrasing in the shipped categories gets the safe reply without
 /// reaching the model, and the owners hear about it: a notice in the console for every chat, a
