@@ -139,18 +139,52 @@ pub(super) fn pool_options(settings: &DatabaseSettings, backend: Backend, max: u
         })
 }
 
-/// Adds `mode=rwc` so a missing file is created, and creates its folder.
+/// Adds `mode=rwc` so a missing file is created, and creates its folder. Both are made for this
+/// user alone (the folder 0700, the file 0600; SQLite gives its `-wal` and `-shm` files the
+/// database file's mode): the file holds every chat, and the sessions of the owners' consoles.
 pub(super) fn prepare_sqlite_url(url: &str) -> Result<String, DbError> {
     let (path, query) = sqlite_parts(url);
-    if let Some(file) = sqlite_file_of(url)
-        && let Some(parent) = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent)
-            .map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
-    }
     let mut params: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
     if !params.iter().any(|p| p.starts_with("mode=")) {
         params.push("mode=rwc".into());
     }
+    if let Some(file) = sqlite_file_of(url).filter(|_| params.iter().any(|p| p == "mode=rwc")) {
+        let file = Path::new(file);
+        if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+            private_dir(parent).map_err(|source| DbError::CreateDir { path: parent.display().to_string(), source })?;
+        }
+        private_file(file).map_err(|source| DbError::CreateDir { path: file.display().to_string(), source })?;
+    }
     Ok(format!("sqlite://{path}?{}", params.join("&")))
+}
+
+/// Creates `dir` and the folders above it that are missing, for this user alone.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Creates `file` empty (SQLite reads an empty file as a new database) for this user alone,
+/// unless it exists; an existing file other users can read is warned about.
+fn private_file(file: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(file) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            #[cfg(unix)]
+            if let Ok(meta) = std::fs::metadata(file)
+                && std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0
+            {
+                tracing::warn!(file = %file.display(), "other users of this machine may read the database file (its chats and console sessions); chmod 600 it");
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }

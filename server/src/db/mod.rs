@@ -60,7 +60,7 @@ fn migrator(backend: Backend) -> &'static Migrator {
 pub enum DbError {
     #[error("unsupported database URL; use sqlite://... or postgres://...")]
     UnsupportedUrl,
-    #[error("cannot create the folder for the SQLite file {path}: {source}")]
+    #[error("cannot create the SQLite file or its folder {path}: {source}")]
     CreateDir { path: String, source: std::io::Error },
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] sqlx::Error),
@@ -324,4 +324,20 @@ mod tests {
         }
     }
 
+    /// The database file and the folders made for it are this user's alone, and so are the
+    /// files SQLite adds beside it: they hold every chat and the owners' console sessions.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_new_sqlite_file_is_readable_by_its_user_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("made").join("here").join("gatehouse.db");
+        let db = Db::connect(&DatabaseSettings { url: format!("sqlite://{}", file.display()), ..Default::default() }).await.expect("connect");
+        sqlx::query("CREATE TABLE t (n INTEGER)").execute(&db.writer).await.expect("write");
+        let mode = |p: &std::path::Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(&file.with_extension("db-wal")), 0o600, "the write-ahead log too");
+        assert_eq!((mode(&dir.path().join("made")), mode(&dir.path().join("made").join("here"))), (0o700, 0o700));
+        db.close().await;
+    }
 }

@@ -3,7 +3,16 @@
 
 use sqlx::AnyConnection;
 
+use sha2::{Digest, Sha256};
+
 use super::{DbError, now_ms};
+
+/// What a session is stored under: the hex SHA-256 of its id, never the id itself (the cookie's
+/// value), so reading the table gives no one a session. The id is 128 random bits: a plain
+/// digest is enough.
+fn key(id: &str) -> String {
+    hex::encode(Sha256::digest(id.as_bytes()))
+}
 
 /// Updates an existing session only: a session deleted meanwhile (logout, id cycling) must
 /// not be brought back by a request that loaded it earlier.
@@ -11,7 +20,7 @@ pub async fn update(conn: &mut AnyConnection, id: &str, data: &str, expires_at: 
     sqlx::query("UPDATE sessions SET data = $1, expires_at = $2 WHERE id = $3")
         .bind(data)
         .bind(expires_at)
-        .bind(id)
+        .bind(key(id))
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -20,7 +29,7 @@ pub async fn update(conn: &mut AnyConnection, id: &str, data: &str, expires_at: 
 /// Inserts only when the id is free; false on a collision.
 pub async fn insert_new(conn: &mut AnyConnection, id: &str, data: &str, expires_at: i64) -> Result<bool, DbError> {
     let done = sqlx::query("INSERT INTO sessions (id, data, expires_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING")
-        .bind(id)
+        .bind(key(id))
         .bind(data)
         .bind(expires_at)
         .execute(&mut *conn)
@@ -30,13 +39,14 @@ pub async fn insert_new(conn: &mut AnyConnection, id: &str, data: &str, expires_
 
 /// The record's JSON, if it exists and has not expired.
 pub async fn load(conn: &mut AnyConnection, id: &str) -> Result<Option<String>, DbError> {
-    Ok(sqlx::query_scalar("SELECT data FROM sessions WHERE id = $1 AND expires_at > $2").bind(id).bind(now_ms()).fetch_optional(&mut *conn).await?)
+    Ok(sqlx::query_scalar("SELECT data FROM sessions WHERE id = $1 AND expires_at > $2").bind(key(id)).bind(now_ms()).fetch_optional(&mut *conn).await?)
 }
 
 /// Deletes a session with the form answers and input kept for it.
 pub async fn delete(conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
-    sqlx::query("DELETE FROM sessions WHERE id = $1").bind(id).execute(&mut *conn).await?;
-    sqlx::query("DELETE FROM form_answers WHERE session_id = $1").bind(id).execute(&mut *conn).await?;
+    let key = key(id);
+    sqlx::query("DELETE FROM sessions WHERE id = $1").bind(&key).execute(&mut *conn).await?;
+    sqlx::query("DELETE FROM form_answers WHERE session_id = $1").bind(&key).execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -62,7 +72,7 @@ pub async fn keep_form_answer(conn: &mut AnyConnection, session_id: &str, path: 
         "INSERT INTO form_answers (session_id, path, answer, created_at) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (session_id, path) DO UPDATE SET answer = excluded.answer, created_at = excluded.created_at",
     )
-    .bind(session_id)
+    .bind(key(session_id))
     .bind(path)
     .bind(answer)
     .bind(now)
@@ -77,12 +87,13 @@ pub async fn take_form_answer(conn: &mut AnyConnection, session_id: &str, path: 
     // Read first: every render of a page with a form asks (for its answer and for kept input),
     // and almost always nothing is kept; a delete would be a write each time (on SQLite one
     // that waits for the write lock).
-    let kept: Option<i64> = sqlx::query_scalar("SELECT 1 FROM form_answers WHERE session_id = $1 AND path = $2").bind(session_id).bind(path).fetch_optional(&mut *conn).await?;
+    let session = key(session_id);
+    let kept: Option<i64> = sqlx::query_scalar("SELECT 1 FROM form_answers WHERE session_id = $1 AND path = $2").bind(&session).bind(path).fetch_optional(&mut *conn).await?;
     if kept.is_none() {
         return Ok(None);
     }
     let taken: Option<(String, i64)> = sqlx::query_as("DELETE FROM form_answers WHERE session_id = $1 AND path = $2 RETURNING answer, created_at")
-        .bind(session_id)
+        .bind(&session)
         .bind(path)
         .fetch_optional(&mut *conn)
         .await?;

@@ -44,8 +44,11 @@ fn backend_err<E: std::fmt::Display + 'static>(e: E) -> Error {
     if crate::db::is_unavailable_error(&e) { Error::Backend(format!("{}: {e}", app::error::code::DATABASE_UNAVAILABLE)) } else { Error::Backend(e.to_string()) }
 }
 
+/// The record as stored: without its id (the cookie's value; the row is found by its digest,
+/// see `db::sessions`), and its expiry in unix milliseconds.
 fn encode(record: &Record) -> Result<(String, i64)> {
-    let data = serde_json::to_string(record).map_err(|e| Error::Encode(e.to_string()))?;
+    let stored = Record { id: Id(0), data: record.data.clone(), expiry_date: record.expiry_date };
+    let data = serde_json::to_string(&stored).map_err(|e| Error::Encode(e.to_string()))?;
     let expires = i64::try_from(record.expiry_date.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
     Ok((data, expires))
 }
@@ -82,7 +85,8 @@ impl SessionStore for DbSessionStore {
     async fn load(&self, id: &Id) -> Result<Option<Record>> {
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
         let Some(data) = sessions::load(&mut conn, &id.to_string()).await.map_err(backend_err)? else { return Ok(None) };
-        serde_json::from_str(&data).map(Some).map_err(|e| Error::Decode(e.to_string()))
+        let record: Record = serde_json::from_str(&data).map_err(|e| Error::Decode(e.to_string()))?;
+        Ok(Some(Record { id: *id, ..record }))
     }
 
     async fn delete(&self, id: &Id) -> Result<()> {
@@ -118,5 +122,33 @@ mod tests {
         assert!(db.storage().full().is_some(), "and the console hears of it");
         let kept = store.load(&record.id).await.expect("load").expect("the session is still there");
         assert!(kept.data.is_empty(), "as it was stored");
+    }
+
+    /// Reading the sessions table gives no one a session: a row is stored under the digest of
+    /// its id, and its record does not hold the id (the cookie's value). The store still finds
+    /// it by the id, and gives the record back with it.
+    #[tokio::test]
+    async fn a_session_is_stored_without_its_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("s.db").display()), ..DatabaseSettings::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        db.migrate().await.expect("migrate");
+        let store = DbSessionStore::new(db.clone());
+        let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
+        record.data.insert("owner_id".into(), serde_json::json!(7));
+        store.create(&mut record).await.expect("create");
+        let cookie = record.id.to_string();
+        let rows: Vec<(String, String)> = sqlx::query_as("SELECT id, data FROM sessions").fetch_all(&db.pool).await.expect("rows");
+        assert_eq!(rows.len(), 1);
+        assert!(!rows[0].0.contains(&cookie) && !rows[0].1.contains(&cookie), "the id is nowhere in the row: {rows:?}");
+        let loaded = store.load(&record.id).await.expect("load").expect("found by its id");
+        assert_eq!((loaded.id, loaded.data.get("owner_id")), (record.id, Some(&serde_json::json!(7))));
+        sqlx::query("INSERT INTO sessions (id, data, expires_at) SELECT $1, data, expires_at FROM sessions").bind(&cookie).execute(&db.pool).await.expect("a row under the plain id");
+        store.delete(&record.id).await.expect("delete");
+        let left: Vec<String> = sqlx::query_scalar("SELECT id FROM sessions").fetch_all(&db.pool).await.expect("rows");
+        assert_eq!(left, [cookie.clone()], "the stored row was found by its digest and deleted");
+        sqlx::query("DELETE FROM sessions").execute(&db.pool).await.expect("clear");
+        sqlx::query("INSERT INTO sessions (id, data, expires_at) VALUES ($1, $2, $3)").bind(&cookie).bind(&rows[0].1).bind(i64::MAX).execute(&db.pool).await.expect("a row under the plain id");
+        assert!(store.load(&record.id).await.expect("load").is_none(), "a row under the plain id is not a session");
     }
 }
