@@ -39,6 +39,10 @@ use crate::{
     tools::{self, Checkpoint, Reloads, ToolFiles, mcp::McpManager},
 };
 
+/// The attempts of a job that keeps itself going (the prune, the self-improvement cycle): as
+/// good as never out of them.
+const PERIODIC_ATTEMPTS: u32 = u32::MAX;
+
 /// Everything Gatehouse is made of, built once.
 pub struct Gatehouse {
     pub config: Arc<LoadedConfig>,
@@ -178,6 +182,11 @@ impl Gatehouse {
             .attempts_for::<Settle>(attempts.owner_notify)
             .attempts_for::<SendWindowTemplate>(attempts.owner_notify)
             .attempts_for::<lane::job::ToolCallJob>(attempts.tool_call)
+            // A periodic job keeps itself going by snoozing, and only `serve` queues it at start:
+            // out of attempts after one bad patch of the database, it would stop for good (and
+            // the tables it prunes grow without end). Its retries keep the backoff's pace.
+            .attempts_for::<PruneJob>(PERIODIC_ATTEMPTS)
+            .attempts_for::<CycleJob>(PERIODIC_ATTEMPTS)
             .traced(telemetry.clone());
         let events = Events::new(db.clone(), &settings.events);
         let (tools, mcp) = tools::build(&settings, &tool_files, &config.secrets.source, &db, &jobs)?;

@@ -547,6 +547,8 @@ async fn the_periodic_cycle_proposes_through_the_queue(db: TestDb) {
     app.gatehouse.cycle.schedule().await.expect("schedule");
     app.gatehouse.cycle.schedule().await.expect("schedule again");
     assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'evals.cycle'").await, 1, "one cycle job, whoever schedules it");
+    let attempts = count(&app, "SELECT max_attempts FROM jobs WHERE kind = 'evals.cycle'").await;
+    assert!(attempts >= i64::from(u32::MAX), "a periodic job does not run out of attempts: {attempts}");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(app.gatehouse.worker().run(stopped));

@@ -135,6 +135,10 @@ async fn the_prune_runs_as_one_periodic_job(db: TestDb) {
     app.gatehouse.retention.schedule().await.expect("schedule");
     app.gatehouse.retention.schedule().await.expect("schedule again");
     assert_eq!(count(&app, "SELECT COUNT(*) FROM jobs WHERE kind = 'retention.prune'").await, 1, "one prune job, whoever schedules it");
+    // Only `serve` queues it, at start: out of attempts after a bad patch of the database, it
+    // would stop for good and the tables it prunes grow without end.
+    let attempts = count(&app, "SELECT max_attempts FROM jobs WHERE kind = 'retention.prune'").await;
+    assert!(attempts >= i64::from(u32::MAX), "a periodic job does not run out of attempts: {attempts}");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(app.gatehouse.worker().run(stopped));
