@@ -67,11 +67,14 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()
             tokio::time::sleep(every).await;
             let beat = std::time::Instant::now();
             let until = db::now_ms().saturating_add(db::duration_ms(lease));
-            let renewed = async {
+            // A beat that hangs counts as failed once the next is due (see the worker's).
+            let renewed = tokio::time::timeout(every, async {
                 let mut conn = db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &[id], &owner, until).await
-            }
-            .await;
+            })
+            .await
+            .map_err(|_| format!("no answer within {every:?}"))
+            .and_then(|beat| beat.map_err(|e| e.to_string()));
             match renewed {
                 Ok(held) if held.contains(&id) => held_until = beat + lease,
                 Ok(_) => {
@@ -79,12 +82,12 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()
                     let _ = lost.send(());
                     return;
                 }
-                Err(e) if super::worker::stop_unrenewed(held_until, lease, every) => {
-                    tracing::warn!(job.id = id, error = %e, "the lease could not be renewed before it ran out; the run at once is stopped");
+                Err(error) if super::worker::stop_unrenewed(held_until, lease, every) => {
+                    tracing::warn!(job.id = id, error = %error, "the lease could not be renewed before it ran out; the run at once is stopped");
                     let _ = lost.send(());
                     return;
                 }
-                Err(e) => tracing::warn!(job.id = id, error = %e, "lease heartbeat failed; tried again at the next beat"),
+                Err(error) => tracing::warn!(job.id = id, error = %error, "lease heartbeat failed; tried again at the next beat"),
             }
         }
     });

@@ -522,6 +522,87 @@ async fn a_chats_jobs_run_one_at_a_time_in_order(db: TestDb) {
 }
 both_backends!(jobs_one_at_a_time_per_chat, a_chats_jobs_run_one_at_a_time_in_order);
 
+/// A kind run one at a time per chat whose first job runs until it is stopped.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Held {
+    n: u32,
+}
+
+impl server::jobs::JobKind for Held {
+    const KIND: &'static str = "test.held";
+    const ONE_AT_A_TIME_PER_CHAT: bool = true;
+}
+
+/// When the first job's run ended (stopped, here) and when the second's began.
+#[derive(Default)]
+struct HeldRuns {
+    first_started: AtomicUsize,
+    first_ended: Mutex<Option<std::time::Instant>>,
+    second_started: Mutex<Option<std::time::Instant>>,
+}
+
+#[async_trait::async_trait]
+impl server::jobs::Handler<Held> for HeldRuns {
+    async fn run(&self, args: Held, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        struct Ends<'a>(&'a Mutex<Option<std::time::Instant>>);
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                *self.0.lock().expect("lock") = Some(std::time::Instant::now());
+            }
+        }
+        if args.n == 0 {
+            let _ends = Ends(&self.first_ended);
+            self.first_started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(20)).await;
+        } else {
+            *self.second_started.lock().expect("lock") = Some(std::time::Instant::now());
+        }
+        Ok(JobOutput::default())
+    }
+}
+
+/// An owner cancels a chat's running job: the chat's next job starts once the cancelled run
+/// has stopped, never beside it (it used to start at once, while the cancelled run went on until
+/// its worker's next heartbeat), and soon after, not once the lease has run out.
+async fn a_cancelled_run_holds_its_chat_until_it_stops(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let runs = Arc::new(HeldRuns::default());
+    let mut tx = pool.begin_write().await.expect("begin");
+    let jobs: Vec<NewJob> = (0..2).map(|n| NewJob { chat_id: Some("chat-held".into()), ..queue.job(&Held { n }) }).collect();
+    let first = queue.enqueue_many_in(&mut tx, &jobs).await.expect("enqueue")[0].job.id;
+    queue.commit(tx).await.expect("commit");
+    let mut registry = Registry::new();
+    registry.handle::<Held>(runs.clone());
+    let lease = Duration::from_secs(3);
+    let settings = WorkerSettings { lease, maintenance_interval: Duration::from_millis(100), job_timeout: Duration::from_secs(30), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while runs.first_started.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the first job never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cancelled_at = std::time::Instant::now();
+    {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        assert!(store::cancel(&mut conn, first, "owner cancelled", db::now_ms()).await.expect("cancel"));
+    }
+    let second = loop {
+        if let Some(at) = *runs.second_started.lock().expect("lock") {
+            break at;
+        }
+        assert!(std::time::Instant::now() < deadline, "the chat's next job never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let ended = *runs.first_ended.lock().expect("lock");
+    assert!(ended.is_some_and(|ended| ended <= second), "the next job started while the cancelled run went on (it stopped at {ended:?}, the next began at {second:?})");
+    assert!(second - cancelled_at < lease, "let go when the run stopped, not when the lease ran out: {:?}", second - cancelled_at);
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+}
+both_backends!(jobs_cancelled_run_holds_its_chat, a_cancelled_run_holds_its_chat_until_it_stops);
+
 async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     let pool = fresh(&db).await;
     let queue = JobQueue::new(pool.clone());

@@ -381,6 +381,37 @@ async fn postgres_a_run_that_cannot_renew_its_lease_stops_before_it_runs_out() {
     worker_a.abort();
 }
 
+/// A heartbeat whose statement hangs (here: it waits on a lock another connection holds; in
+/// life, a connection whose peer went silent) counts as failed once the next beat is due, so the
+/// run is stopped before its lease runs out. (It used to wait as long as the statement did,
+/// and the run went on past its lease, beside the run of whoever rescued the job.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_run_whose_heartbeat_hangs_stops_before_its_lease_runs_out() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let pool = prepare(&db, 1).await;
+    let handler = Arc::new(Concurrent { active: Default::default(), most: Default::default(), started: Default::default() });
+    let settings = WorkerSettings { concurrency: 1, poll_interval: Duration::from_millis(50), lease: Duration::from_secs(1), job_timeout: Duration::from_secs(20), ..Default::default() };
+    let mut registry = Registry::new();
+    registry.register("probe", handler.clone());
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, JobQueue::new(pool.clone()).waker()).run(stopped));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handler.started.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the worker did not start the job");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut holder = pool.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.expect("lock");
+    let locked = std::time::Instant::now();
+    while handler.active.load(Ordering::SeqCst) > 0 {
+        assert!(locked.elapsed() < Duration::from_millis(1500), "the run went on past its lease while its heartbeat hung");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.rollback().await.expect("unlock");
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
+}
+
 /// A run the lane started at once whose task ends in a panic (outside what its run catches)
 /// drops its heartbeat, and the heartbeat stops with it: the lease runs out and the job is
 /// rescued, instead of a lease renewed for ever keeping it "running".

@@ -44,7 +44,8 @@ pub struct Claim<'a> {
 }
 
 /// [`claim`], keeping a chat's jobs of the `one_per_chat` kinds in order: such a job is not
-/// claimed while another of its chat, kind and queue runs, or while an earlier one is due
+/// claimed while another of its chat, kind and queue runs (or was cancelled while running and
+/// its run has not stopped yet: it keeps its lease until then), or while an earlier one is due
 /// (that one is claimed first, in this claim or the next). An earlier job waiting out a retry's
 /// backoff does not hold the chat: the backoff may be an hour, and the chat would be silent for
 /// it. On PostgreSQL a claim that has not committed yet still shows its jobs as due, so two
@@ -57,9 +58,10 @@ pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim
             // The first two conditions on `e` are the index `jobs_chat_in_order`'s own (SQLite
             // uses a partial index only when the query states its conditions).
             " AND NOT (kind IN ({}) AND chat_id IS NOT NULL AND EXISTS (SELECT 1 FROM jobs e WHERE e.chat_id IS NOT NULL \
-             AND e.state IN ('available', 'scheduled', 'retryable', 'running') AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind AND e.queue = jobs.queue \
-             AND e.id <> jobs.id AND (e.state = 'running' OR (e.id < jobs.id AND e.scheduled_at <= $1 \
-             AND (e.expires_at IS NULL OR e.expires_at > $1)))))",
+             AND (e.state IN ('available', 'scheduled', 'retryable', 'running') OR (e.state = 'cancelled' AND e.lease_expires_at IS NOT NULL)) \
+             AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind AND e.queue = jobs.queue \
+             AND e.id <> jobs.id AND (e.state = 'running' OR (e.state = 'cancelled' AND e.lease_expires_at > $1) \
+             OR (e.state <> 'cancelled' AND e.id < jobs.id AND e.scheduled_at <= $1 AND (e.expires_at IS NULL OR e.expires_at > $1)))))",
             placeholders(6, c.one_per_chat.len())
         )
     };
@@ -120,6 +122,17 @@ pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease
         held.extend(q.fetch_all(&mut *conn).await?);
     }
     Ok(held)
+}
+
+/// A job cancelled while it ran: its run has stopped, so the lease it kept (holding its chat,
+/// see [`claim_in_order`]) is let go. False when it was let go already or is another's.
+pub async fn release_cancelled(conn: &mut AnyConnection, id: i64, owner: &str) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1 AND state = 'cancelled' AND lease_owner = $2")
+        .bind(id)
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// A finished run: the job, the attempt it ran as (the lease token), and its result preview.

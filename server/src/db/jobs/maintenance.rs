@@ -62,6 +62,16 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
     Ok(retry)
 }
 
+/// Lets go the leases of cancelled jobs whose runs' leases have run out (their worker stopped
+/// before it could, or the run was the lane's): their chats go on.
+pub async fn release_cancelled_leases(conn: &mut AnyConnection, now: i64) -> Result<u64, DbError> {
+    let done = sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_expires_at IS NOT NULL AND lease_expires_at < $1")
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// On graceful shutdown: jobs this owner still holds go back to `available` without counting
 /// the interrupted attempt.
 pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> Result<Vec<i64>, DbError> {

@@ -8,7 +8,8 @@ use super::{DbError, JobState, UNFINISHED, events_for, wake_other_processes};
 /// then ignored because the lease no longer matches.
 pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -> Result<bool, DbError> {
     // A running job keeps its lease fields: its worker sees the lease gone at the next heartbeat
-    // and stops it, and `retry_now` waits until that lease has run out.
+    // and stops it, then lets the lease go (maintenance does once it has run out). Until then
+    // its chat's later jobs wait (see `claim_in_order`), and `retry_now` refuses.
     let sql = format!(
         "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_CANCELLED', \
          last_error_message = $2, lease_owner = CASE WHEN state = 'running' THEN lease_owner ELSE NULL END, \

@@ -331,13 +331,16 @@ impl Worker {
             let ids: Vec<i64> = runs.iter().map(|(id, _)| *id).collect();
             let beat = Instant::now();
             let until = db::now_ms() + db::duration_ms(self.settings.lease);
-            let result = async {
+            // A beat that hangs (a connection whose peer went silent: no statement has a time
+            // limit of its own) counts as failed once the next is due, so the runs it holds are
+            // still stopped before their leases run out.
+            let result = tokio::time::timeout(every, async {
                 let mut conn = self.db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &ids, &self.id, until).await
-            }
+            })
             .await;
             match result {
-                Ok(held) => {
+                Ok(Ok(held)) => {
                     let Ok(mut map) = in_flight.lock() else { continue };
                     for (id, attempt) in &runs {
                         if map.get(id).is_none_or(|run| run.attempt != *attempt) {
@@ -350,11 +353,16 @@ impl Worker {
                         } else if let Some(run) = map.remove(id) {
                             run.handle.abort();
                             tracing::info!(worker = %self.id, job.id = id, "lease lost (cancelled or rescued); run stopped");
+                            self.clone().release_when_stopped(*id, run.handle);
                         }
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(worker = %self.id, error = %e, "lease heartbeat failed");
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {every:?}"),
+                    };
+                    tracing::warn!(worker = %self.id, error = %error, "lease heartbeat failed");
                     let Ok(mut map) = in_flight.lock() else { continue };
                     let due: Vec<i64> = map.iter().filter(|(_, run)| stop_unrenewed(run.held_until, self.settings.lease, every)).map(|(id, _)| *id).collect();
                     for id in due {
@@ -368,6 +376,28 @@ impl Worker {
         }
     }
 
+    /// A job an owner cancelled while it ran keeps its lease, and so its chat, until its run
+    /// has stopped (see `claim_in_order`): once the stopped run's task has ended, the lease is
+    /// let go and the chat's next job may start.
+    fn release_when_stopped(self, id: i64, run: AbortHandle) {
+        tokio::spawn(async move {
+            while !run.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let released = async {
+                let mut conn = self.db.pool.acquire().await?;
+                store::release_cancelled(&mut conn, id, &self.id).await
+            }
+            .await;
+            match released {
+                Ok(true) => self.wake.notify_one(),
+                Ok(false) => {}
+                // Maintenance lets it go once the lease has run out.
+                Err(e) => tracing::warn!(worker = %self.id, job.id = id, error = %e, "a cancelled run's lease could not be let go; it is once it runs out"),
+            }
+        });
+    }
+
     async fn maintain(self) {
         loop {
             let result = async {
@@ -375,12 +405,16 @@ impl Worker {
                 let now = db::now_ms();
                 let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
                 let expired = store::expire(&mut tx, self.db.backend, now).await?;
+                let released = store::release_cancelled_leases(&mut tx, now).await?;
                 tx.commit().await?;
-                Ok::<_, DbError>((rescued, expired))
+                Ok::<_, DbError>((rescued, expired, released))
             }
             .await;
             match result {
-                Ok((rescued, expired)) => {
+                Ok((rescued, expired, released)) => {
+                    if released > 0 {
+                        self.wake.notify_one();
+                    }
                     if !rescued.is_empty() {
                         tracing::warn!(worker = %self.id, count = rescued.len(), "rescued jobs whose lease expired");
                         self.wake.notify_one();
