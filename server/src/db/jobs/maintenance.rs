@@ -64,8 +64,11 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
 
 /// Lets go the leases of cancelled jobs whose runs' leases have run out (their worker stopped
 /// before it could, or the run was the lane's): their chats go on.
-pub async fn release_cancelled_leases(conn: &mut AnyConnection, now: i64) -> Result<u64, DbError> {
-    let done = sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_expires_at IS NOT NULL AND lease_expires_at < $1")
+pub async fn release_cancelled_leases(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<u64, DbError> {
+    // SQLite, without statistics, would rather walk every cancelled job by `jobs_state_updated`.
+    let table = if backend == Backend::Sqlite { "jobs INDEXED BY jobs_cancelled_lease" } else { "jobs" };
+    let sql = format!("UPDATE {table} SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_expires_at IS NOT NULL AND lease_expires_at < $1");
+    let done = sqlx::query(&sql)
         .bind(now)
         .execute(&mut *conn)
         .await?;

@@ -405,7 +405,7 @@ impl Worker {
                 let now = db::now_ms();
                 let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
                 let expired = store::expire(&mut tx, self.db.backend, now).await?;
-                let released = store::release_cancelled_leases(&mut tx, now).await?;
+                let released = store::release_cancelled_leases(&mut tx, self.db.backend, now).await?;
                 tx.commit().await?;
                 Ok::<_, DbError>((rescued, expired, released))
             }
