@@ -47,8 +47,11 @@ impl Endpoint {
         key_var: &'static str,
         key_prefix: &str,
     ) -> Result<Self, LlmError> {
+        // No redirects: a key in its own header (Anthropic's `x-api-key`) is kept by reqwest on
+        // a redirect to another host, so following one would give the key to that host.
         let client = reqwest::Client::builder()
             .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
             .build()
             .map_err(|e| LlmError::not_configured(format!("cannot build the HTTP client: {}", e.without_url())))?;

@@ -116,7 +116,13 @@ impl Telemetry {
             name => parse_headers(name, &secrets.get(name).ok_or_else(|| TelemetryError::HeadersMissing(name.into()))?)?,
         };
         let base = settings.otlp_endpoint.trim().trim_end_matches('/');
-        let client = reqwest::Client::builder().timeout(settings.timeout).build().map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        // No redirects: the collector's key travels in a header of the operator's choosing,
+        // which reqwest keeps on a redirect to another host.
+        let client = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
         let resource = Resource::builder_empty().with_service_name(settings.service_name.clone()).build();
         let mut span_exporter = SpanExporter::builder()
             .with_http()

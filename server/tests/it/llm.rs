@@ -361,6 +361,22 @@ async fn client_errors_map_to_codes_without_retry() {
     assert_eq!(err.code, ErrorCode::InvalidResponse);
 }
 
+/// A redirect from the configured endpoint is not followed: the key travels in `x-api-key`
+/// (Anthropic), which an HTTP client keeps on a redirect to another host, so following it would
+/// hand the key to whoever the answer names.
+#[tokio::test]
+async fn a_redirect_is_not_followed_with_the_key() {
+    let (elsewhere, other) = start_fake(vec![Reply::ok(anthropic_message(json!([{ "type": "text", "text": "hi" }]), "end_turn"))]).await;
+    for provider in [LlmProvider::Anthropic, LlmProvider::Openai] {
+        let path = if provider == LlmProvider::Anthropic { "/v1/messages" } else { "/v1/chat/completions" };
+        let (fake, base) = start_fake(vec![Reply::status(307, json!({})).header("location", &format!("{other}{path}"))]).await;
+        let s = settings(provider, &base);
+        let err = llm::from_settings(&s, &keys()).expect("client").chat(&chat(&s, "Hi")).await.expect_err("a redirect is an error");
+        assert_eq!((err.status, fake.hits()), (Some(307), 1), "{provider:?}: {err}");
+    }
+    assert_eq!(elsewhere.hits(), 0, "nothing reached the host the redirect named");
+}
+
 #[tokio::test]
 async fn the_deadline_covers_attempts_and_backoff() {
     let ok = Reply::ok(anthropic_message(json!([{ "type": "text", "text": "late" }]), "end_turn"));
