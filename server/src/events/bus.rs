@@ -55,6 +55,10 @@ pub enum Replay {
     Events(Vec<Envelope>),
     /// More than `events.resume_limit` were missed: the page reloads instead.
     TooFarBehind,
+    /// The page's position is past the newest record (a database restored from an older copy,
+    /// or a made-up id): nothing after it would be sent until the records caught up, so the
+    /// page reloads instead.
+    Unknown,
 }
 
 impl Events {
@@ -118,6 +122,10 @@ impl Events {
     pub async fn replay(&self, after: EventId) -> Result<Replay, DbError> {
         let limit = self.0.settings.resume_limit;
         let mut conn = self.0.db.pool.acquire().await?;
+        let (step, job) = store::newest(&mut conn).await?;
+        if after.step > step || after.job > job {
+            return Ok(Replay::Unknown);
+        }
         let read = read_after(&mut conn, after, limit + 1).await?;
         Ok(if read.events.len() as i64 > limit { Replay::TooFarBehind } else { Replay::Events(read.events) })
     }

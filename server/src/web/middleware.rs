@@ -271,6 +271,9 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
     if is_api && PUBLIC_SERVER_FNS.contains(&path.as_str()) {
         return next.run(req).await;
     }
+    if !is_api && let Some(clean) = without_linked_errors(req.uri(), req.headers()) {
+        return Redirect::to(&clean).into_response();
+    }
     let setup_done = match guard.state.setup_done().await {
         Ok(done) => done,
         Err(e) => {
@@ -306,6 +309,32 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
         }
         (false, false, _) => login_then(&req.uri().path_and_query().map_or(path.clone(), |pq| pq.as_str().to_string())),
     }
+}
+
+/// The query parameters a refused form post is sent back with (Leptos's server functions
+/// without JavaScript): the function's path and its error, which the page shows as its own.
+const FORM_ERROR_PARAMS: [&str; 2] = ["__path", "__err"];
+
+/// The page's own address without [`FORM_ERROR_PARAMS`], when it has them and did not come
+/// from this console: a link anyone can send an owner would otherwise show the link's own text
+/// as the console's error, on the console's own page. A form's refusal is sent back by this
+/// console, so the browser says `Sec-Fetch-Site: same-origin`; a browser that says nothing
+/// loses only the refusal's message.
+fn without_linked_errors(uri: &axum::http::Uri, headers: &HeaderMap) -> Option<String> {
+    let query = uri.query()?;
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+    if !pairs.iter().any(|(k, _)| FORM_ERROR_PARAMS.contains(&k.as_str())) || headers.get("sec-fetch-site").is_some_and(|v| v == "same-origin") {
+        return None;
+    }
+    let kept: Vec<&(String, String)> = pairs.iter().filter(|(k, _)| !FORM_ERROR_PARAMS.contains(&k.as_str())).collect();
+    if kept.is_empty() {
+        return Some(uri.path().to_string());
+    }
+    let mut rebuilt = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in kept {
+        rebuilt.append_pair(k, v);
+    }
+    Some(format!("{}?{}", uri.path(), rebuilt.finish()))
 }
 
 /// To the login page, and after it to `target` (a path of this console).
@@ -356,6 +385,28 @@ pub async fn security_headers(State(state): State<AppState>, req: Request, next:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page's form error comes from the console's own redirect, never from a link: the
+    /// error's parameters are dropped from a page opened from anywhere else, and kept on one the
+    /// console sent the browser back to.
+    #[test]
+    fn a_linked_error_is_dropped_from_the_page() {
+        let uri = |s: &str| s.parse::<axum::http::Uri>().expect("uri");
+        let from = |site: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(site) = site {
+                h.insert("sec-fetch-site", site.parse().expect("value"));
+            }
+            h
+        };
+        let forged = uri("/login?next=%2Fjobs&__path=%2Fapi%2Flogin&__err=eyJjb2RlIjoiVU5BVVRIT1JJWkVEIn0");
+        assert_eq!(without_linked_errors(&forged, &from(Some("none"))).as_deref(), Some("/login?next=%2Fjobs"));
+        assert_eq!(without_linked_errors(&forged, &from(Some("cross-site"))).as_deref(), Some("/login?next=%2Fjobs"));
+        assert_eq!(without_linked_errors(&forged, &from(None)).as_deref(), Some("/login?next=%2Fjobs"), "a browser that says nothing");
+        assert_eq!(without_linked_errors(&uri("/approvals?__err=x"), &from(Some("same-site"))).as_deref(), Some("/approvals"));
+        assert_eq!(without_linked_errors(&forged, &from(Some("same-origin"))), None, "the console's own redirect");
+        assert_eq!(without_linked_errors(&uri("/jobs?state=failed"), &from(Some("none"))), None, "nothing to drop");
+    }
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|n| n.parse().expect("net")).collect()

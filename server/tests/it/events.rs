@@ -263,6 +263,14 @@ async fn a_reconnecting_page_gets_what_it_missed(db: TestDb) {
     };
     let expected: Vec<(i64, i64)> = (0..stored.len() as i64).map(|seq| (second, seq)).collect();
     assert_eq!(steps, expected, "every step of the missed message, in order, with no resync");
+    // A position past the newest record (a database restored from an older copy, a made-up
+    // id) would mute the stream until the records caught up: the page reloads instead.
+    let mut ahead = open(&app, &cookie, Some("999999999-999999999")).await.expect("reconnect from ahead");
+    let (_, first) = ahead.next().await;
+    assert_eq!((first["kind"].as_str(), first["reason"].as_str()), (Some("resync"), Some("unknown_position")), "{first}");
+    let third = simulate(&app, "resume-chat", "three").await;
+    let (steps, _) = read_trace(&mut ahead, third).await;
+    assert!(!steps.is_empty(), "and it follows what comes next");
 }
 both_backends!(events_resume_after_reconnect, a_reconnecting_page_gets_what_it_missed);
 
