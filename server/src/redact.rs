@@ -22,11 +22,48 @@ const SECRET_WORDS: [&str; 14] = [
     "signature",
 ];
 
+/// Names too short to look for inside others (`passenger`, `spinner`), secret when they are the
+/// whole name.
+const SECRET_NAMES: [&str; 3] = ["pass", "pin", "otp"];
+
+/// Query parameters that are secret by their whole name: Google's `key=` and Azure's `sig=`. A
+/// field named `key` is left alone (a lookup key, a storage object's name).
+const SECRET_PARAMS: [&str; 2] = ["key", "sig"];
+
 pub const REDACTED: &str = "[REDACTED]";
 
+/// `name` in snake case: `privateKey`, `Private-Key` and `private key` all read `private_key`.
+fn snake(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if c.is_ascii_uppercase() && prev_lower {
+            out.push('_');
+        }
+        prev_lower = c.is_ascii_lowercase() || c.is_ascii_digit();
+        out.push(if matches!(c, '-' | ' ' | '.') { '_' } else { c.to_ascii_lowercase() });
+    }
+    out
+}
+
 pub fn is_secret_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase().replace('-', "_");
-    SECRET_WORDS.iter().any(|w| lower.contains(w))
+    let lower = snake(name);
+    SECRET_WORDS.iter().any(|w| lower.contains(w)) || SECRET_NAMES.contains(&lower.as_str())
+}
+
+/// Text that is a credential by its form, whatever field holds it: an HTTP authorization value,
+/// a scheme and one word (`Bearer eyJ…`, `Basic dXNl…`). "Basic plan, two seats" is not one.
+fn is_credential_text(text: &str) -> bool {
+    let mut words = text.split_whitespace();
+    let scheme = words.next().unwrap_or_default();
+    let credential = words.next().unwrap_or_default();
+    (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("basic")) && credential.len() >= 4 && words.next().is_none()
+}
+
+/// A `{"name": "Authorization", "value": "…"}` pair (headers, form fields, settings given as a
+/// list): the value is secret when the name is.
+fn names_a_secret(map: &serde_json::Map<String, Value>) -> bool {
+    ["name", "key", "header", "field"].iter().any(|k| map.get(*k).and_then(Value::as_str).is_some_and(is_secret_name))
 }
 
 /// Replaces secret-named fields at any depth and a URL's password. For tool results, which a
@@ -51,8 +88,9 @@ enum Urls {
 fn redact_in(value: &mut Value, urls: Urls) {
     match value {
         Value::Object(map) => {
+            let paired = names_a_secret(map);
             for (k, v) in map.iter_mut() {
-                if is_secret_name(k) {
+                if is_secret_name(k) || (paired && k == "value") {
                     *v = Value::String(REDACTED.into());
                 } else {
                     redact_in(v, urls);
@@ -61,19 +99,40 @@ fn redact_in(value: &mut Value, urls: Urls) {
         }
         Value::Array(items) => items.iter_mut().for_each(|v| redact_in(v, urls)),
         Value::String(s) => {
-            if let Some(url) = redacted_url(s, urls) {
+            if urls == Urls::AllCredentials && is_credential_text(s) {
+                *s = REDACTED.into();
+            } else if let Some(url) = redacted_url(s, urls) {
                 *s = url;
+            } else if let Some(json) = redacted_json_text(s, urls) {
+                *s = json;
             }
         }
         _ => {}
     }
 }
 
+/// Text that is itself a JSON object or list (a request body given as a string), redacted
+/// inside; `None` when it is not JSON or holds nothing to replace.
+fn redacted_json_text(text: &str, urls: Urls) -> Option<String> {
+    if !matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'[')) {
+        return None;
+    }
+    let mut inner: Value = serde_json::from_str(text).ok()?;
+    let before = inner.clone();
+    redact_in(&mut inner, urls);
+    (inner != before).then(|| inner.to_string())
+}
+
 /// Whether a query parameter's name looks secret. `auth` alone is too short a word here:
 /// `author` and `authuser` are not credentials.
 fn is_secret_param(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase().replace('-', "_");
-    SECRET_WORDS.iter().filter(|w| **w != "auth").any(|w| lower.contains(w)) || lower == "auth" || lower.ends_with("_auth") || lower == "authorization"
+    let lower = snake(name);
+    SECRET_WORDS.iter().filter(|w| **w != "auth").any(|w| lower.contains(w))
+        || SECRET_NAMES.contains(&lower.as_str())
+        || SECRET_PARAMS.contains(&lower.as_str())
+        || lower == "auth"
+        || lower.ends_with("_auth")
+        || lower == "authorization"
 }
 
 /// `text` without the credentials it carries when it is a URL: a password
@@ -185,5 +244,35 @@ mod tests {
         redact(&mut result);
         assert_eq!(result["c"], "https://shop.example/orders?access_token=at_9&X-Amz-Signature=s1g", "a result's signed link keeps working");
         assert_eq!(result["passphrase"], REDACTED);
+    }
+
+    /// A secret is found however its field is written (camel case, a short whole name), in a
+    /// header list of name and value pairs, by its form (`Bearer …`), inside JSON given as text,
+    /// and as a Google-style `key=` or an Azure-style `sig=` query parameter.
+    #[test]
+    fn secrets_are_found_however_they_are_written() {
+        let mut v = serde_json::json!({
+            "privateKey": "pk_1", "accessKey": "ak_2", "pass": "hunter2", "PIN": "k_3",
+            "headers": [{ "name": "Authorization", "value": "tok_4" }, { "name": "Accept", "value": "text/plain" }],
+            "header_line": "Bearer tok_5",
+            "note": "basic sk_6",
+            "plan": "Basic plan, two seats",
+            "body": "{\"password\":\"p_7\",\"item\":\"tea\"}",
+            "maps": "https://maps.example/api?key=AIza_8&q=cafe",
+            "blob": "https://acct.blob.example/c/f?sv=1&sig=s_9",
+            "keyword": "tea", "passenger": "Ana", "sort_key": "name", "key": "orders/42",
+        });
+        redact_args(&mut v);
+        let out = v.to_string();
+        for secret in ["pk_1", "ak_2", "hunter2", "k_3", "tok_4", "tok_5", "sk_6", "p_7", "AIza_8", "s_9"] {
+            assert!(!out.contains(secret), "{secret} kept: {out}");
+        }
+        assert_eq!(v["headers"][1]["value"], "text/plain", "a header that is not secret stays");
+        assert!(v["body"].as_str().is_some_and(|b| b.contains("tea")), "the rest of the JSON text stays: {out}");
+        assert!(v["maps"].as_str().is_some_and(|m| m.contains("q=cafe")), "{out}");
+        assert_eq!(v["plan"], "Basic plan, two seats", "words, not a credential");
+        for (name, value) in [("keyword", "tea"), ("passenger", "Ana"), ("sort_key", "name"), ("key", "orders/42")] {
+            assert_eq!(v[name], value, "{name} is not a secret's name");
+        }
     }
 }
