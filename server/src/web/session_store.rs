@@ -146,7 +146,7 @@ mod tests {
         sqlx::query("INSERT INTO sessions (id, data, expires_at) SELECT $1, data, expires_at FROM sessions").bind(&cookie).execute(&db.pool).await.expect("a row under the plain id");
         store.delete(&record.id).await.expect("delete");
         let left: Vec<String> = sqlx::query_scalar("SELECT id FROM sessions").fetch_all(&db.pool).await.expect("rows");
-        assert_eq!(left, [cookie.clone()], "the stored row was found by its digest and deleted");
+        assert_eq!(left, std::slice::from_ref(&cookie), "the stored row was found by its digest and deleted");
         sqlx::query("DELETE FROM sessions").execute(&db.pool).await.expect("clear");
         sqlx::query("INSERT INTO sessions (id, data, expires_at) VALUES ($1, $2, $3)").bind(&cookie).bind(&rows[0].1).bind(i64::MAX).execute(&db.pool).await.expect("a row under the plain id");
         assert!(store.load(&record.id).await.expect("load").is_none(), "a row under the plain id is not a session");
