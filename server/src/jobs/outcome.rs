@@ -62,11 +62,19 @@ pub(super) async fn write_unfinished(
 }
 
 /// Writes the end of one run, whatever it was.
+/// A run that ended after its job was cancelled lets go of the lease it kept (see
+/// `db::jobs::release_cancelled`).
 pub(super) async fn write(conn: &mut sqlx::AnyConnection, job: &JobRow, owner: &str, result: &Result<JobOutput, JobError>, times: RetryTimes, now: i64) -> Result<Applied, DbError> {
-    if let Some(applied) = write_unfinished(conn, job, owner, result, times, now).await? {
-        return Ok(applied);
+    let applied = match write_unfinished(conn, job, owner, result, times, now).await? {
+        Some(applied) => applied,
+        None => {
+            let preview = result.as_ref().ok().and_then(|out| out.preview.clone());
+            let completed = store::complete(conn, &[Finished { id: job.id, attempt: job.attempt, preview }], owner, now).await?;
+            if completed.contains(&(job.id, job.attempt)) { Applied::Completed } else { Applied::Stale }
+        }
+    };
+    if applied == Applied::Stale {
+        store::release_cancelled(conn, job.id, owner).await?;
     }
-    let preview = result.as_ref().ok().and_then(|out| out.preview.clone());
-    let completed = store::complete(conn, &[Finished { id: job.id, attempt: job.attempt, preview }], owner, now).await?;
-    Ok(if completed.contains(&(job.id, job.attempt)) { Applied::Completed } else { Applied::Stale })
+    Ok(applied)
 }

@@ -533,9 +533,11 @@ impl server::jobs::JobKind for Held {
     const ONE_AT_A_TIME_PER_CHAT: bool = true;
 }
 
-/// When the first job's run ended (stopped, here) and when the second's began.
+/// When the first job's run ended (stopped, or on its own after `first_runs`) and when the
+/// second's began.
 #[derive(Default)]
 struct HeldRuns {
+    first_runs: Option<Duration>,
     first_started: AtomicUsize,
     first_ended: Mutex<Option<std::time::Instant>>,
     second_started: Mutex<Option<std::time::Instant>>,
@@ -553,7 +555,7 @@ impl server::jobs::Handler<Held> for HeldRuns {
         if args.n == 0 {
             let _ends = Ends(&self.first_ended);
             self.first_started.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_secs(20)).await;
+            tokio::time::sleep(self.first_runs.unwrap_or(Duration::from_secs(20))).await;
         } else {
             *self.second_started.lock().expect("lock") = Some(std::time::Instant::now());
         }
@@ -563,18 +565,28 @@ impl server::jobs::Handler<Held> for HeldRuns {
 
 /// An owner cancels a chat's running job: the chat's next job starts once the cancelled run
 /// has stopped, never beside it (it used to start at once, while the cancelled run went on until
-/// its worker's next heartbeat), and soon after, not once the lease has run out.
+/// its worker's next heartbeat), and soon after, not once the lease has run out: whether its
+/// worker stopped the run at a heartbeat, or the run ended on its own before one.
 async fn a_cancelled_run_holds_its_chat_until_it_stops(db: TestDb) {
-    let pool = fresh(&db).await;
+    let stopped = cancel_a_running_job(&db, None, Duration::from_secs(3)).await;
+    assert!(stopped < Duration::from_secs(3), "let go when the run was stopped, not when the lease ran out: {stopped:?}");
+    let ended = cancel_a_running_job(&db, Some(Duration::from_millis(300)), Duration::from_secs(6)).await;
+    assert!(ended < Duration::from_secs(2), "let go when the run ended on its own, before any heartbeat: {ended:?}");
+}
+
+/// Runs a chat's two jobs, cancels the first while it runs (for `first_runs`, or until it is
+/// stopped) and returns how long after the cancel the second began, which it checks was after
+/// the first had ended.
+async fn cancel_a_running_job(db: &TestDb, first_runs: Option<Duration>, lease: Duration) -> Duration {
+    let pool = fresh(db).await;
     let queue = JobQueue::new(pool.clone());
-    let runs = Arc::new(HeldRuns::default());
+    let runs = Arc::new(HeldRuns { first_runs, ..HeldRuns::default() });
     let mut tx = pool.begin_write().await.expect("begin");
     let jobs: Vec<NewJob> = (0..2).map(|n| NewJob { chat_id: Some("chat-held".into()), ..queue.job(&Held { n }) }).collect();
     let first = queue.enqueue_many_in(&mut tx, &jobs).await.expect("enqueue")[0].job.id;
     queue.commit(tx).await.expect("commit");
     let mut registry = Registry::new();
     registry.handle::<Held>(runs.clone());
-    let lease = Duration::from_secs(3);
     let settings = WorkerSettings { lease, maintenance_interval: Duration::from_millis(100), job_timeout: Duration::from_secs(30), ..fast_settings() };
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
@@ -597,9 +609,9 @@ async fn a_cancelled_run_holds_its_chat_until_it_stops(db: TestDb) {
     };
     let ended = *runs.first_ended.lock().expect("lock");
     assert!(ended.is_some_and(|ended| ended <= second), "the next job started while the cancelled run went on (it stopped at {ended:?}, the next began at {second:?})");
-    assert!(second - cancelled_at < lease, "let go when the run stopped, not when the lease ran out: {:?}", second - cancelled_at);
     stop.send(true).expect("stop");
     worker.await.expect("worker");
+    second - cancelled_at
 }
 both_backends!(jobs_cancelled_run_holds_its_chat, a_cancelled_run_holds_its_chat_until_it_stops);
 

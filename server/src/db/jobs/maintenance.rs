@@ -88,6 +88,8 @@ pub async fn release_leases(conn: &mut AnyConnection, owner: &str, now: i64) -> 
     .await?;
     events_for(conn, &ids, now, JobState::Available, Some("JOB_RELEASED")).await?;
     wake_other_processes(conn, &ids).await?;
+    // Jobs cancelled while this owner ran them: their runs have ended with the worker.
+    sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_owner = $1").bind(owner).execute(&mut *conn).await?;
     Ok(ids)
 }
 

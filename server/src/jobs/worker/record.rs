@@ -142,7 +142,18 @@ impl Worker {
             written.push(w);
         }
         let completed = store::complete(tx, &done, &self.id, now).await?;
-        Ok(batch.iter().zip(written).map(|(o, w)| w.unwrap_or(if completed.contains(&(o.job.id, o.job.attempt)) { Applied::Completed } else { Applied::Stale })).collect())
+        let applied: Vec<Applied> = batch.iter().zip(written).map(|(o, w)| w.unwrap_or(if completed.contains(&(o.job.id, o.job.attempt)) { Applied::Completed } else { Applied::Stale })).collect();
+        // A run that ended on its own after its job was cancelled: its lease, kept so the job's
+        // chat waited for it, is let go now (the heartbeat that would have stopped it never
+        // sees it again).
+        let mut released = false;
+        for (o, _) in batch.iter().zip(&applied).filter(|(_, a)| **a == Applied::Stale) {
+            released |= store::release_cancelled(tx, o.job.id, &self.id).await?;
+        }
+        if released {
+            self.wake.notify_one();
+        }
+        Ok(applied)
     }
 
     /// Metrics of committed outcomes.
