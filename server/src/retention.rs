@@ -148,7 +148,7 @@ impl Retention {
         let mut job = self.queue.job(&PruneJob {});
         job.dedupe_key = Some(PruneJob::DEDUPE_KEY.into());
         job.correlation_id = PruneJob::DEDUPE_KEY.into();
-        self.queue.enqueue(&job).await?;
+        self.queue.enqueue_periodic(&job).await?;
         Ok(())
     }
 }

@@ -88,7 +88,7 @@ fn job_table(jobs: Vec<JobSummary>, q: &JobQuery) -> AnyView {
             <td data-label="Job"><a href=format!("/jobs/{}", j.id)>{format!("#{}", j.id)}</a></td>
             <td data-label="Kind / tool">{j.kind.clone()}{j.tool_name.clone().map(|t| view! { <br/><small>{t}</small> })}</td>
             <td data-label="State">{state_badge(&j.state)}{j.last_error_code.clone().map(|c| view! { <br/><small class="code">{c}</small> })}</td>
-            <td data-label="Attempts">{format!("{} / {}", j.attempt, j.max_attempts)}</td>
+            <td data-label="Attempts">{attempts(j.attempt, j.max_attempts, " / ")}</td>
             <td data-label="Chat">{j.chat_id.clone().unwrap_or_default()}</td>
             <td data-label="Updated (UTC)">{fmt_time(j.updated_at)}</td>
         </tr>
@@ -113,7 +113,7 @@ pub fn JobDetailPage() -> impl IntoView {
             let rows: Vec<(&str, String)> = vec![
                 ("Kind", s.kind.clone()),
                 ("Tool", s.tool_name.clone().unwrap_or_else(|| "\u{2014}".into())),
-                ("Attempts", format!("{} of {}", s.attempt, s.max_attempts)),
+                ("Attempts", attempts(s.attempt, s.max_attempts, " of ")),
                 ("Queue / priority", format!("{} / {}", d.queue, d.priority)),
                 ("Chat", s.chat_id.clone().unwrap_or_else(|| "\u{2014}".into())),
                 ("Sender", d.sender_id.clone().unwrap_or_else(|| "\u{2014}".into())),
@@ -168,5 +168,20 @@ pub fn JobDetailPage() -> impl IntoView {
             }
         })}
         </div>
+    }
+}
+
+/// A job's attempts and its limit, or "no limit" for one that keeps itself going (the periodic
+/// jobs have `u32::MAX`).
+fn attempts(attempt: i64, max: i64, of: &str) -> String {
+    if max >= i64::from(u32::MAX) { format!("{attempt} (no limit)") } else { format!("{attempt}{of}{max}") }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_periodic_jobs_attempts_have_no_limit() {
+        assert_eq!(super::attempts(2, 5, " / "), "2 / 5");
+        assert_eq!(super::attempts(3, i64::from(u32::MAX), " of "), "3 (no limit)");
     }
 }

@@ -141,6 +141,21 @@ impl JobQueue {
         Ok(enqueued)
     }
 
+    /// Enqueues a job that keeps itself going (its dedupe key names the one of the deployment):
+    /// when one is queued already, it is given `job`'s attempts if it had fewer (one queued by
+    /// an earlier build, with fewer attempts for its kind, would otherwise keep them for ever).
+    pub async fn enqueue_periodic(&self, job: &NewJob) -> Result<Enqueued, DbError> {
+        let mut enqueued = self.enqueue(job).await?;
+        let attempts = self.defaults(job).max_attempts;
+        if enqueued.deduplicated && enqueued.job.max_attempts < attempts {
+            let mut conn = self.db.pool.acquire().await?;
+            if store::raise_attempts(&mut conn, enqueued.job.id, attempts).await? {
+                enqueued.job.max_attempts = attempts;
+            }
+        }
+        Ok(enqueued)
+    }
+
     /// Commits a transaction that enqueued jobs, then wakes this process's workers.
     pub async fn commit(&self, tx: Transaction<'static, Any>) -> Result<(), DbError> {
         tx.commit().await?;

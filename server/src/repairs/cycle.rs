@@ -131,7 +131,7 @@ impl Cycle {
         job.dedupe_key = Some(CycleJob::DEDUPE_KEY.into());
         job.correlation_id = CycleJob::DEDUPE_KEY.into();
         job.scheduled_at = Some(db::now_ms().saturating_add(db::duration_ms(every)));
-        self.queue.enqueue(&job).await?;
+        self.queue.enqueue_periodic(&job).await?;
         Ok(())
     }
 }

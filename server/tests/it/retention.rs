@@ -139,6 +139,11 @@ async fn the_prune_runs_as_one_periodic_job(db: TestDb) {
     // would stop for good and the tables it prunes grow without end.
     let attempts = count(&app, "SELECT max_attempts FROM jobs WHERE kind = 'retention.prune'").await;
     assert!(attempts >= i64::from(u32::MAX), "a periodic job does not run out of attempts: {attempts}");
+    // One queued by an earlier build, with the five attempts it had then, gets them at the next
+    // start's schedule, which otherwise leaves the queued job as it is.
+    sqlx::query("UPDATE jobs SET max_attempts = 5 WHERE kind = 'retention.prune'").execute(&app.state.db.pool).await.expect("an earlier build's job");
+    app.gatehouse.retention.schedule().await.expect("schedule at start");
+    assert_eq!(count(&app, "SELECT max_attempts FROM jobs WHERE kind = 'retention.prune'").await, attempts, "raised");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(app.gatehouse.worker().run(stopped));

@@ -23,6 +23,13 @@ pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -
     Ok(n == 1)
 }
 
+/// Gives an unfinished job `attempts` attempts if it has fewer. False when it has as many, or
+/// has finished.
+pub async fn raise_attempts(conn: &mut AnyConnection, id: i64, attempts: i64) -> Result<bool, DbError> {
+    let sql = format!("UPDATE jobs SET max_attempts = $1 WHERE id = $2 AND max_attempts < $1 AND state IN {UNFINISHED}");
+    Ok(sqlx::query(&sql).bind(attempts).bind(id).execute(&mut *conn).await?.rows_affected() == 1)
+}
+
 /// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
 /// one more attempt, and a time to live that ran out is lifted (else the job would never be
 /// claimed and the next maintenance would cancel it again). Refused while a cancelled run may
