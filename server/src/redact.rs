@@ -22,9 +22,10 @@ const SECRET_WORDS: [&str; 14] = [
     "signature",
 ];
 
-/// Names too short to look for inside others (`passenger`, `spinner`), secret when they are the
-/// whole name.
-const SECRET_NAMES: [&str; 3] = ["pass", "pin", "otp"];
+/// Names too short to look for inside others (`passenger`), secret when they are the whole name
+/// of an argument on record. Not in a tool's result, where `pass` may be a ticket, and not `pin`,
+/// which is also a postal code.
+const SECRET_ARG_NAMES: [&str; 2] = ["pass", "otp"];
 
 /// Query parameters that are secret by their whole name: Google's `key=` and Azure's `sig=`. A
 /// field named `key` is left alone (a lookup key, a storage object's name).
@@ -48,22 +49,38 @@ fn snake(name: &str) -> String {
 
 pub fn is_secret_name(name: &str) -> bool {
     let lower = snake(name);
-    SECRET_WORDS.iter().any(|w| lower.contains(w)) || SECRET_NAMES.contains(&lower.as_str())
+    SECRET_WORDS.iter().any(|w| lower.contains(w))
+}
+
+/// [`is_secret_name`], or a short name secret as an argument's whole name ([`SECRET_ARG_NAMES`]).
+fn is_secret_arg_name(name: &str) -> bool {
+    is_secret_name(name) || SECRET_ARG_NAMES.contains(&snake(name).as_str())
 }
 
 /// Text that is a credential by its form, whatever field holds it: an HTTP authorization value,
-/// a scheme and one word (`Bearer eyJ…`, `Basic dXNl…`). "Basic plan, two seats" is not one.
+/// a scheme and a credential (`Bearer` and a token of 16 or more token characters; `Basic` and
+/// base64 of `user:password`). "Basic Monthly" and "Bearer of good news" are not.
 fn is_credential_text(text: &str) -> bool {
     let mut words = text.split_whitespace();
-    let scheme = words.next().unwrap_or_default();
-    let credential = words.next().unwrap_or_default();
-    (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("basic")) && credential.len() >= 4 && words.next().is_none()
+    let (scheme, credential) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    if words.next().is_some() {
+        return false;
+    }
+    if scheme.eq_ignore_ascii_case("bearer") {
+        credential.len() >= 16 && credential.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b))
+    } else if scheme.eq_ignore_ascii_case("basic") {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.decode(credential).is_ok_and(|decoded| decoded.contains(&b':'))
+    } else {
+        false
+    }
 }
 
 /// A `{"name": "Authorization", "value": "…"}` pair (headers, form fields, settings given as a
-/// list): the value is secret when the name is.
+/// list): the value is secret when the name is a secret's, read as a query parameter's is
+/// (`Author` is not one) and without spaces (a header's or a field's, not a product's).
 fn names_a_secret(map: &serde_json::Map<String, Value>) -> bool {
-    ["name", "key", "header", "field"].iter().any(|k| map.get(*k).and_then(Value::as_str).is_some_and(is_secret_name))
+    ["name", "key", "header", "field"].iter().any(|k| map.get(*k).and_then(Value::as_str).is_some_and(|n| !n.contains(' ') && is_secret_param(n)))
 }
 
 /// Replaces secret-named fields at any depth and a URL's password. For tool results, which a
@@ -88,9 +105,12 @@ enum Urls {
 fn redact_in(value: &mut Value, urls: Urls) {
     match value {
         Value::Object(map) => {
-            let paired = names_a_secret(map);
+            // Arguments on record only: a tool's result is what a customer's answer is written
+            // from, and there a {name, value} list is more often a product's attributes.
+            let args = urls == Urls::AllCredentials;
+            let paired = args && names_a_secret(map);
             for (k, v) in map.iter_mut() {
-                if is_secret_name(k) || (paired && k == "value") {
+                if (if args { is_secret_arg_name(k) } else { is_secret_name(k) }) || (paired && k == "value") {
                     *v = Value::String(REDACTED.into());
                 } else {
                     redact_in(v, urls);
@@ -128,7 +148,7 @@ fn redacted_json_text(text: &str, urls: Urls) -> Option<String> {
 fn is_secret_param(name: &str) -> bool {
     let lower = snake(name);
     SECRET_WORDS.iter().filter(|w| **w != "auth").any(|w| lower.contains(w))
-        || SECRET_NAMES.contains(&lower.as_str())
+        || SECRET_ARG_NAMES.contains(&lower.as_str())
         || SECRET_PARAMS.contains(&lower.as_str())
         || lower == "auth"
         || lower.ends_with("_auth")
@@ -252,11 +272,13 @@ mod tests {
     #[test]
     fn secrets_are_found_however_they_are_written() {
         let mut v = serde_json::json!({
-            "privateKey": "pk_1", "accessKey": "ak_2", "pass": "hunter2", "PIN": "k_3",
+            "privateKey": "pk_1", "accessKey": "ak_2", "pass": "hunter2", "OTP": "k_3",
             "headers": [{ "name": "Authorization", "value": "tok_4" }, { "name": "Accept", "value": "text/plain" }],
-            "header_line": "Bearer tok_5",
-            "note": "basic sk_6",
-            "plan": "Basic plan, two seats",
+            "header_line": "Bearer tok_5.eyJhbGciOiJIUzI1NiJ9",
+            "note": "basic dXNlcjpza182",
+            "plan": "Basic plan, two seats", "tier": "Basic Monthly", "motto": "Bearer of good news",
+            "attributes": [{ "name": "Author", "value": "Jane Austen" }, { "name": "Oatmeal Cookie", "value": "4.50" }],
+            "pin": "560001",
             "body": "{\"password\":\"p_7\",\"item\":\"tea\"}",
             "maps": "https://maps.example/api?key=AIza_8&q=cafe",
             "blob": "https://acct.blob.example/c/f?sv=1&sig=s_9",
@@ -264,13 +286,20 @@ mod tests {
         });
         redact_args(&mut v);
         let out = v.to_string();
-        for secret in ["pk_1", "ak_2", "hunter2", "k_3", "tok_4", "tok_5", "sk_6", "p_7", "AIza_8", "s_9"] {
+        for secret in ["pk_1", "ak_2", "hunter2", "k_3", "tok_4", "tok_5", "dXNlcjpza182", "p_7", "AIza_8", "s_9"] {
             assert!(!out.contains(secret), "{secret} kept: {out}");
         }
         assert_eq!(v["headers"][1]["value"], "text/plain", "a header that is not secret stays");
         assert!(v["body"].as_str().is_some_and(|b| b.contains("tea")), "the rest of the JSON text stays: {out}");
         assert!(v["maps"].as_str().is_some_and(|m| m.contains("q=cafe")), "{out}");
-        assert_eq!(v["plan"], "Basic plan, two seats", "words, not a credential");
+        for (name, words) in [("plan", "Basic plan, two seats"), ("tier", "Basic Monthly"), ("motto", "Bearer of good news"), ("pin", "560001")] {
+            assert_eq!(v[name], words, "words, not a credential");
+        }
+        assert_eq!((v["attributes"][0]["value"].as_str(), v["attributes"][1]["value"].as_str()), (Some("Jane Austen"), Some("4.50")), "a product's attributes are not headers");
+        // A tool's result keeps what an answer is written from: a short name, a {name, value} list.
+        let mut result = serde_json::json!({ "pass": "Day pass", "list": [{ "name": "X-Api-Key", "value": "shown" }] });
+        redact(&mut result);
+        assert_eq!(result, serde_json::json!({ "pass": "Day pass", "list": [{ "name": "X-Api-Key", "value": "shown" }] }));
         for (name, value) in [("keyword", "tea"), ("passenger", "Ana"), ("sort_key", "name"), ("key", "orders/42")] {
             assert_eq!(v[name], value, "{name} is not a secret's name");
         }
