@@ -152,7 +152,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         need(
             !settings.server.may_listen_at(metrics),
             "server.metrics_addr",
-            format!("{metrics} is where the console may listen (server.addr {}): the two cannot share a port", settings.server.addr),
+            format!("{metrics} is where the console listens (server.addr {}): the two cannot share a port", settings.server.addr),
         );
     }
     for (key, value) in [

@@ -156,12 +156,15 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
 
 /// [`load`] for a command that needs only part of the settings (`tools reload` needs the
 /// database): the settings whose values are fine, the defaults for the others, and the problems
-/// of the others beside them. A file that is missing, unreadable or not TOML, and a problem in
-/// `[database]`, are still errors: the command would reach another database.
+/// of the others beside them. Only a wrong value outside `[database]` is let pass: a file that is
+/// missing, unreadable or not TOML, a key no setting has and any problem in `[database]` are
+/// still errors, since the command could reach another database.
 pub fn load_lenient(path: &Path) -> Result<(LoadedConfig, Vec<Problem>), ConfigError> {
     let (loaded, mut problems) = read_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env())?;
     problems.extend(misnamed_overrides(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok())));
-    if problems.iter().any(|p| p.key.is_empty() || p.key == "database" || p.key.starts_with("database.")) {
+    // Only a value that is wrong outside [database] is let pass: a key it does not know may be
+    // [database]'s own, misplaced or misspelled (`[databse]`, GATEHOUSE__DATABSE__URL).
+    if problems.iter().any(|p| p.code != ProblemCode::ConfigValueInvalid || p.key.is_empty() || p.key == "database" || p.key.starts_with("database.")) {
         return Err(ConfigError(problems));
     }
     Ok((loaded, problems))

@@ -49,14 +49,13 @@ impl ServerSettings {
         if url.is_empty() { format!("http://{addr}") } else { url.to_string() }
     }
 
-    /// Whether the console may end up listening at `other`: the same port as `addr` or, when the
-    /// port is not strict, one of the two after it (the fallback), on an address that overlaps
-    /// (the same one, or either listening on all interfaces). Port 0 is whatever is free.
+    /// Whether the console listens at `other`: the port of `addr` on an address that overlaps
+    /// (the same one, or either listening on all interfaces). Port 0 is whatever is free. A
+    /// fallback port is not counted: it is taken only when `addr`'s is, and then the metrics'
+    /// bind says so at start.
     pub fn may_listen_at(&self, other: SocketAddr) -> bool {
-        let (ip, port) = (self.addr.ip(), self.addr.port());
-        let ports = if self.strict_port || port == 0 { 0 } else { 2 };
-        let overlaps = ip == other.ip() || ip.is_unspecified() || other.ip().is_unspecified();
-        overlaps && other.port() != 0 && (port..=port.saturating_add(ports)).contains(&other.port())
+        let overlaps = self.addr.ip() == other.ip() || self.addr.ip().is_unspecified() || other.ip().is_unspecified();
+        overlaps && other.port() != 0 && other.port() == self.addr.port()
     }
 
     /// What this configuration leaves open to whoever reaches the server, for warnings at
@@ -298,13 +297,11 @@ mod tests {
     fn metrics_cannot_share_the_consoles_port() {
         let at = |s: &str| s.parse::<SocketAddr>().expect("addr");
         let local = ServerSettings::default();
-        assert!(local.may_listen_at(at("127.0.0.1:3000")) && local.may_listen_at(at("0.0.0.0:3002")), "the port, or a fallback, on an overlapping address");
-        assert!(!local.may_listen_at(at("127.0.0.1:3003")) && !local.may_listen_at(at("10.0.0.2:3000")) && !local.may_listen_at(at("127.0.0.1:0")));
-        let strict = ServerSettings { strict_port: true, ..ServerSettings::default() };
-        assert!(!strict.may_listen_at(at("127.0.0.1:3001")), "no fallback");
+        assert!(local.may_listen_at(at("127.0.0.1:3000")) && local.may_listen_at(at("0.0.0.0:3000")), "the port, on an overlapping address");
+        assert!(!local.may_listen_at(at("127.0.0.1:3001")) && !local.may_listen_at(at("10.0.0.2:3000")) && !local.may_listen_at(at("127.0.0.1:0")), "a fallback port, another address, any free port");
         let everywhere = ServerSettings { addr: at("0.0.0.0:9100"), public_url: "https://bot.example".into(), ..ServerSettings::default() };
         assert!(everywhere.may_listen_at(at("10.0.0.2:9100")));
-        let err = crate::config::tests::problems_at("[server]\nmetrics_addr = \"127.0.0.1:3001\"\n", &["server.metrics_addr"]);
+        let err = crate::config::tests::problems_at("[server]\nmetrics_addr = \"127.0.0.1:3000\"\n", &["server.metrics_addr"]);
         assert!(err.to_string().contains("cannot share a port"), "{err}");
     }
 }

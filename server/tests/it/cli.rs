@@ -467,6 +467,8 @@ fn a_worker_reloads_its_catalog_on_sighup() {
     assert!(out.stderr.contains("budget.warn_at") && out.stdout.contains("tools checked"), "{}", out.all());
     let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[("GATEHOUSE__DATABASE__MAX_CONNECTIONS", "many")], None);
     assert_eq!(out.code, 2, "a problem in [database]: {}", out.all());
+    let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[("GATEHOUSE__DATABSE__URL", "postgres://db.example/gh")], None);
+    assert_eq!(out.code, 2, "a key no setting has may be [database]'s, misspelled: {}", out.all());
     std::fs::write(&path, main).expect("restore");
     std::fs::write(dir.path().join("tools.toml"), "surprise = 1\n").expect("break");
     let out = run(&["--config", path.to_str().expect("utf8"), "tools", "reload"], &[], None);
