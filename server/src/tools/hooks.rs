@@ -1,7 +1,8 @@
 //! Hooks declared in `config/tools.toml`, run by the checkpoint in priority order (lower first):
 //!
 //! - `before_tool_call`, after the policy decision and before the circuit breaker:
-//!   `deny_pattern` aborts the call when its pattern matches the arguments;
+//!   `deny_pattern` aborts the call when its pattern matches the arguments (their JSON, and each
+//!   URL among them as it will be fetched, decoded);
 //!   `require_approval_if` makes the call wait for an owner when it matches;
 //!   `redact` replaces matches inside string arguments (the changed arguments are validated
 //!   against the schema again).
@@ -110,6 +111,35 @@ fn redact_strings(value: &mut Value, regex: &Regex, replacement: &str) -> bool {
     }
 }
 
+/// What a before-call hook's pattern is matched against: the arguments as JSON, then a line
+/// with each URL among them as it will be fetched, decoded (`http://intr%61net.local/` and
+/// `http://ＩＮＴＲＡＮＥＴ.local/` are `http://intranet.local/`), so a pattern that refuses a
+/// host cannot be passed by spelling the host another way.
+fn match_text(args: &Value) -> String {
+    fn urls(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) => {
+                if let Ok(url) = url::Url::parse(s.trim())
+                    && url.has_host()
+                {
+                    out.push(percent_encoding::percent_decode_str(url.as_str()).decode_utf8_lossy().into_owned());
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| urls(v, out)),
+            Value::Object(map) => map.values().for_each(|v| urls(v, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    urls(args, &mut found);
+    let mut text = args.to_string();
+    for url in found {
+        text.push('\n');
+        text.push_str(&url);
+    }
+    text
+}
+
 /// Runs the before-call hooks for `tool` on `args`, in priority order. `notify_owner` hooks
 /// that matched are added to `notify`.
 pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<&'h Hook>) -> Before {
@@ -117,7 +147,7 @@ pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<
     let mut changed = false;
     let mut approval = None;
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
-        let text = args.to_string();
+        let text = match_text(&args);
         match hook.spec.kind {
             HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
             HookKind::RequireApprovalIf if hook.regex.is_match(&text) => {
@@ -172,6 +202,10 @@ mod tests {
         let hooks = vec![notify, redact, deny, approval];
         let mut told = Vec::new();
         assert_eq!(before(&hooks, "t", &json!({"url": "http://intranet.local"}), &mut told), Before::Abort { hook: "no-intranet".into() });
+        // The host spelled another way is the same host.
+        for spelled in ["http://intr%61net.local/", "http://ｉｎｔｒａｎｅｔ.local/", "http://intranet%2Elocal/"] {
+            assert_eq!(before(&hooks, "t", &json!({"url": spelled}), &mut told), Before::Abort { hook: "no-intranet".into() }, "{spelled}");
+        }
         assert_eq!(before(&hooks, "t", &json!({"amount": 12000}), &mut told), Before::Proceed { args: json!({"amount": 12000}), changed: false, approval: Some("big-refund".into()) });
         assert!(told.is_empty(), "nothing matched the notify pattern yet");
         match before(&hooks, "t", &json!({"note": "card 4111 1111 1111 1111 please"}), &mut told) {
