@@ -80,20 +80,32 @@ fn is_credential_text(text: &str) -> bool {
 /// list): the value is secret when the name is a secret's, read as a query parameter's is
 /// (`Author` is not one) and without spaces (a header's or a field's, not a product's).
 fn names_a_secret(map: &serde_json::Map<String, Value>) -> bool {
-    ["name", "key", "header", "field"].iter().any(|k| map.get(*k).and_then(Value::as_str).is_some_and(|n| !n.contains(' ') && is_secret_param(n)))
+    let secret = |name: &str| {
+        // `auth` as a word of its own, or a word that begins authorization or authentication
+        // (X-Auth-Key, Proxy-Authorization, authKey), never inside another (`author`).
+        let words = snake(name);
+        is_secret_param(name) || words.split('_').any(|w| w == "auth" || w.starts_with("authoriz") || w.starts_with("authent"))
+    };
+    ["name", "key", "header", "field"].iter().any(|k| map.get(*k).and_then(Value::as_str).is_some_and(|n| !n.contains(' ') && secret(n)))
 }
 
 /// Replaces secret-named fields at any depth and a URL's password. For tool results, which a
 /// customer's answer is written from: a signed link in a result stays usable.
 pub fn redact(value: &mut Value) {
-    redact_in(value, Urls::PasswordOnly);
+    redact_in(value, Urls::PasswordOnly, false);
+}
+
+/// [`redact_args`] for arguments kept where a link in them must still work (a chat's tool
+/// context, whose follow-ups may fetch it again): only a URL's password is replaced.
+pub fn redact_args_keeping_links(value: &mut Value) {
+    redact_in(value, Urls::PasswordOnly, true);
 }
 
 /// [`redact`], and in URLs also a token given as the only user part and the values of
 /// secret-named query parameters. For arguments kept on record or shown (the audit, a trace's
 /// planner step, an approval's display, a job's arguments), where nothing needs the link to work.
 pub fn redact_args(value: &mut Value) {
-    redact_in(value, Urls::AllCredentials);
+    redact_in(value, Urls::AllCredentials, true);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -102,28 +114,27 @@ enum Urls {
     AllCredentials,
 }
 
-fn redact_in(value: &mut Value, urls: Urls) {
+/// `args`: the value is a call's arguments (not a tool's result, which a customer's answer is
+/// written from, and where a {name, value} list is more often a product's attributes).
+fn redact_in(value: &mut Value, urls: Urls, args: bool) {
     match value {
         Value::Object(map) => {
-            // Arguments on record only: a tool's result is what a customer's answer is written
-            // from, and there a {name, value} list is more often a product's attributes.
-            let args = urls == Urls::AllCredentials;
             let paired = args && names_a_secret(map);
             for (k, v) in map.iter_mut() {
                 if (if args { is_secret_arg_name(k) } else { is_secret_name(k) }) || (paired && k == "value") {
                     *v = Value::String(REDACTED.into());
                 } else {
-                    redact_in(v, urls);
+                    redact_in(v, urls, args);
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| redact_in(v, urls)),
+        Value::Array(items) => items.iter_mut().for_each(|v| redact_in(v, urls, args)),
         Value::String(s) => {
-            if urls == Urls::AllCredentials && is_credential_text(s) {
+            if args && is_credential_text(s) {
                 *s = REDACTED.into();
             } else if let Some(url) = redacted_url(s, urls) {
                 *s = url;
-            } else if let Some(json) = redacted_json_text(s, urls) {
+            } else if let Some(json) = redacted_json_text(s, urls, args) {
                 *s = json;
             }
         }
@@ -133,13 +144,13 @@ fn redact_in(value: &mut Value, urls: Urls) {
 
 /// Text that is itself a JSON object or list (a request body given as a string), redacted
 /// inside; `None` when it is not JSON or holds nothing to replace.
-fn redacted_json_text(text: &str, urls: Urls) -> Option<String> {
+fn redacted_json_text(text: &str, urls: Urls, args: bool) -> Option<String> {
     if !matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'[')) {
         return None;
     }
     let mut inner: Value = serde_json::from_str(text).ok()?;
     let before = inner.clone();
-    redact_in(&mut inner, urls);
+    redact_in(&mut inner, urls, args);
     (inner != before).then(|| inner.to_string())
 }
 
@@ -273,7 +284,7 @@ mod tests {
     fn secrets_are_found_however_they_are_written() {
         let mut v = serde_json::json!({
             "privateKey": "pk_1", "accessKey": "ak_2", "pass": "hunter2", "OTP": "k_3",
-            "headers": [{ "name": "Authorization", "value": "tok_4" }, { "name": "Accept", "value": "text/plain" }],
+            "headers": [{ "name": "Authorization", "value": "tok_4" }, { "name": "Accept", "value": "text/plain" }, { "name": "X-Auth-Key", "value": "tok_4b" }, { "name": "Proxy-Authorization", "value": "tok_4c" }],
             "header_line": "Bearer tok_5.eyJhbGciOiJIUzI1NiJ9",
             "note": "basic dXNlcjpza182",
             "plan": "Basic plan, two seats", "tier": "Basic Monthly", "motto": "Bearer of good news",
@@ -286,7 +297,7 @@ mod tests {
         });
         redact_args(&mut v);
         let out = v.to_string();
-        for secret in ["pk_1", "ak_2", "hunter2", "k_3", "tok_4", "tok_5", "dXNlcjpza182", "p_7", "AIza_8", "s_9"] {
+        for secret in ["pk_1", "ak_2", "hunter2", "k_3", "tok_4", "tok_4b", "tok_4c", "tok_5", "dXNlcjpza182", "p_7", "AIza_8", "s_9"] {
             assert!(!out.contains(secret), "{secret} kept: {out}");
         }
         assert_eq!(v["headers"][1]["value"], "text/plain", "a header that is not secret stays");
@@ -300,6 +311,10 @@ mod tests {
         let mut result = serde_json::json!({ "pass": "Day pass", "list": [{ "name": "X-Api-Key", "value": "shown" }] });
         redact(&mut result);
         assert_eq!(result, serde_json::json!({ "pass": "Day pass", "list": [{ "name": "X-Api-Key", "value": "shown" }] }));
+        // Arguments kept with a working link (a chat's tool context) are arguments all the same.
+        let mut kept = serde_json::json!({ "otp": "123456", "url": "https://shop.example/o?token=t_1", "h": [{ "name": "Authorization", "value": "tok_6" }] });
+        redact_args_keeping_links(&mut kept);
+        assert_eq!(kept, serde_json::json!({ "otp": REDACTED, "url": "https://shop.example/o?token=t_1", "h": [{ "name": "Authorization", "value": REDACTED }] }));
         for (name, value) in [("keyword", "tea"), ("passenger", "Ana"), ("sort_key", "name"), ("key", "orders/42")] {
             assert_eq!(v[name], value, "{name} is not a secret's name");
         }

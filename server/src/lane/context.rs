@@ -68,7 +68,7 @@ impl ContextStore {
         if let Value::Object(map) = &mut args {
             map.retain(|k, _| !tool.spec.managed_fields.contains(k) && !tool.spec.secret_fields.contains_key(k));
         }
-        redact::redact(&mut args);
+        redact::redact_args_keeping_links(&mut args);
         let args = canonical_json(&args);
         let mut shown = output.clone();
         redact::redact(&mut shown);
