@@ -74,7 +74,7 @@ pub(super) async fn write(conn: &mut sqlx::AnyConnection, job: &JobRow, owner: &
         }
     };
     if applied == Applied::Stale {
-        store::release_cancelled(conn, job.id, owner).await?;
+        store::release_cancelled(conn, job.id, job.attempt, owner).await?;
     }
     Ok(applied)
 }

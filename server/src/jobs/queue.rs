@@ -148,10 +148,11 @@ impl JobQueue {
         let mut enqueued = self.enqueue(job).await?;
         let attempts = self.defaults(job).max_attempts;
         if enqueued.deduplicated && enqueued.job.max_attempts < attempts {
-            let mut conn = self.db.pool.acquire().await?;
-            if store::raise_attempts(&mut conn, enqueued.job.id, attempts).await? {
+            let mut tx = self.db.begin_write().await?;
+            if store::raise_attempts(&mut tx, enqueued.job.id, attempts).await? {
                 enqueued.job.max_attempts = attempts;
             }
+            tx.commit().await?;
         }
         Ok(enqueued)
     }

@@ -124,12 +124,14 @@ pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease
     Ok(held)
 }
 
-/// A job cancelled while it ran: its run has stopped, so the lease it kept (holding its chat,
-/// see [`claim_in_order`]) is let go. False when it was let go already or is another's.
-pub async fn release_cancelled(conn: &mut AnyConnection, id: i64, owner: &str) -> Result<bool, DbError> {
-    let done = sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1 AND state = 'cancelled' AND lease_owner = $2")
+/// A job cancelled while it ran: its run (of `attempt`) has stopped, so the lease it kept
+/// (holding its chat, see [`claim_in_order`]) is let go. False when it was let go already, or is
+/// another's or another run's (one that ended after the job was rescued and claimed again).
+pub async fn release_cancelled(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1 AND state = 'cancelled' AND lease_owner = $2 AND attempt = $3")
         .bind(id)
         .bind(owner)
+        .bind(attempt)
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)

@@ -353,7 +353,7 @@ impl Worker {
                         } else if let Some(run) = map.remove(id) {
                             run.handle.abort();
                             tracing::info!(worker = %self.id, job.id = id, "lease lost (cancelled or rescued); run stopped");
-                            self.clone().release_when_stopped(*id, run.handle);
+                            self.clone().release_when_stopped(*id, run.attempt, run.handle);
                         }
                     }
                 }
@@ -379,14 +379,14 @@ impl Worker {
     /// A job an owner cancelled while it ran keeps its lease, and so its chat, until its run
     /// has stopped (see `claim_in_order`): once the stopped run's task has ended, the lease is
     /// let go and the chat's next job may start.
-    fn release_when_stopped(self, id: i64, run: AbortHandle) {
+    fn release_when_stopped(self, id: i64, attempt: i64, run: AbortHandle) {
         tokio::spawn(async move {
             while !run.is_finished() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let released = async {
                 let mut conn = self.db.pool.acquire().await?;
-                store::release_cancelled(&mut conn, id, &self.id).await
+                store::release_cancelled(&mut conn, id, attempt, &self.id).await
             }
             .await;
             match released {

@@ -92,7 +92,7 @@ impl Worker {
                 Err(_) => break,
             }
         }
-        let applied = self.record_in(&mut tx, batch).await?;
+        let (applied, released) = self.record_in(&mut tx, batch).await?;
         let refilling = if self.db.backend != Backend::Sqlite || *refill.shutdown.borrow() { None } else { free_slots(&refill.permits) };
         let claim = match refilling {
             Some(slots) => {
@@ -104,6 +104,9 @@ impl Worker {
             None => None,
         };
         tx.commit().await?;
+        if released {
+            self.wake.notify_one();
+        }
         self.count_recorded(&applied);
         if let Some((jobs, mut slots, now)) = claim {
             self.count_claimed(&jobs, now);
@@ -122,15 +125,20 @@ impl Worker {
 
     pub(super) async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let mut tx = self.db.begin_write().await?;
-        let applied = self.record_in(&mut tx, batch).await?;
+        let (applied, released) = self.record_in(&mut tx, batch).await?;
         tx.commit().await?;
+        if released {
+            self.wake.notify_one();
+        }
         self.count_recorded(&applied);
         Ok(applied)
     }
 
     /// Writes the outcomes of `batch` in the caller's transaction: each as
     /// [`outcome::write_unfinished`] says, and those that complete their jobs in one statement.
-    async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
+    /// Also says whether a cancelled job's lease was let go: its chat's next job may start once
+    /// the caller has committed.
+    async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<(Vec<Applied>, bool), DbError> {
         let now = db::now_ms();
         let times = RetryTimes { base: self.settings.retry_base, max: self.settings.retry_max };
         let (mut written, mut done) = (Vec::with_capacity(batch.len()), Vec::new());
@@ -148,12 +156,9 @@ impl Worker {
         // sees it again).
         let mut released = false;
         for (o, _) in batch.iter().zip(&applied).filter(|(_, a)| **a == Applied::Stale) {
-            released |= store::release_cancelled(tx, o.job.id, &self.id).await?;
+            released |= store::release_cancelled(tx, o.job.id, o.job.attempt, &self.id).await?;
         }
-        if released {
-            self.wake.notify_one();
-        }
-        Ok(applied)
+        Ok((applied, released))
     }
 
     /// Metrics of committed outcomes.

@@ -100,7 +100,8 @@ pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Res
             let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
             let filter = db::jobs::JobFilter { state, ..Default::default() };
             for j in db::jobs::list(&mut conn, &filter, a.limit).await.map_err(Failure::runtime)? {
-                println!("{}\t{}\t{}\t{}/{}\t{}", j.id, j.kind, j.state, j.attempt, j.max_attempts, j.last_error_code.unwrap_or_default());
+                let attempts = if j.max_attempts >= i64::from(u32::MAX) { format!("{} (no limit)", j.attempt) } else { format!("{}/{}", j.attempt, j.max_attempts) };
+                println!("{}\t{}\t{}\t{attempts}\t{}", j.id, j.kind, j.state, j.last_error_code.unwrap_or_default());
             }
             drop(conn);
             db.close().await;
