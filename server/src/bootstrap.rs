@@ -40,8 +40,8 @@ use crate::{
 };
 
 /// The attempts of a job that keeps itself going (the prune, the self-improvement cycle): as
-/// good as never out of them.
-const PERIODIC_ATTEMPTS: u32 = u32::MAX;
+/// good as never out of them (the Jobs page says "no limit").
+const PERIODIC_ATTEMPTS: u32 = app::pages::jobs::NO_ATTEMPT_LIMIT;
 
 /// Everything Gatehouse is made of, built once.
 pub struct Gatehouse {
@@ -112,9 +112,16 @@ pub fn load_for_catalog(path: &Path) -> Result<(LoadedConfig, ToolFiles, Vec<con
     let (cfg, main_problems) = config::load::load_lenient(path)?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let files = ToolFiles::load(dir, &cfg.secrets.source).map_err(ConfigError)?;
+    let problems = across_files(&cfg, &files, dir);
+    if problems.is_empty() { Ok((cfg, files, main_problems)) } else { Err(ConfigError(problems)) }
+}
+
+/// What is wrong only in the tool files and the main file together: MCP calls that do not fit
+/// the tool call's time, and the catalog's own cross-checks against the settings.
+fn across_files(cfg: &LoadedConfig, files: &ToolFiles, dir: &Path) -> Vec<config::Problem> {
     let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call, cfg.settings.reply_reserve());
     problems.extend(tools::catalog_problems(&files.catalog, dir, &cfg.settings));
-    if problems.is_empty() { Ok((cfg, files, main_problems)) } else { Err(ConfigError(problems)) }
+    problems
 }
 
 /// Loads `gatehouse.toml` and the tool files beside it, reporting every problem of every file
@@ -130,8 +137,7 @@ pub fn load_config(path: &Path) -> Result<(LoadedConfig, ToolFiles), ConfigError
     let files = if path.is_file() { ToolFiles::load(dir, &secrets) } else { Ok(ToolFiles::default()) };
     match (loaded, files) {
         (Ok(cfg), Ok(files)) => {
-            let mut problems = tools::mcp::config::fits_tool_call_budget(&files.mcp, &dir.join("mcp.toml"), cfg.settings.jobs.timeouts.tool_call, cfg.settings.reply_reserve());
-            problems.extend(tools::catalog_problems(&files.catalog, dir, &cfg.settings));
+            let problems = across_files(&cfg, &files, dir);
             if problems.is_empty() { Ok((cfg, files)) } else { Err(ConfigError(problems)) }
         }
         (Err(ConfigError(mut problems)), files) => {

@@ -171,10 +171,13 @@ pub fn JobDetailPage() -> impl IntoView {
     }
 }
 
-/// A job's attempts and its limit, or "no limit" for one that keeps itself going (the periodic
-/// jobs have `u32::MAX`).
-fn attempts(attempt: i64, max: i64, of: &str) -> String {
-    if max >= i64::from(u32::MAX) { format!("{attempt} (no limit)") } else { format!("{attempt}{of}{max}") }
+/// The attempts of a job that keeps itself going (the periodic ones): as good as no limit.
+pub const NO_ATTEMPT_LIMIT: u32 = u32::MAX;
+
+/// A job's attempts and its limit, or "no limit" for one with [`NO_ATTEMPT_LIMIT`]; `of` goes
+/// between the two.
+pub fn attempts(attempt: i64, max: i64, of: &str) -> String {
+    if max >= i64::from(NO_ATTEMPT_LIMIT) { format!("{attempt} (no limit)") } else { format!("{attempt}{of}{max}") }
 }
 
 #[cfg(test)]
@@ -182,6 +185,6 @@ mod tests {
     #[test]
     fn a_periodic_jobs_attempts_have_no_limit() {
         assert_eq!(super::attempts(2, 5, " / "), "2 / 5");
-        assert_eq!(super::attempts(3, i64::from(u32::MAX), " of "), "3 (no limit)");
+        assert_eq!(super::attempts(3, i64::from(super::NO_ATTEMPT_LIMIT), " of "), "3 (no limit)");
     }
 }

@@ -97,7 +97,6 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("llm.openai.timeout", settings.llm.openai.timeout),
         ("llm.retry_initial_delay", settings.llm.retry_initial_delay),
         ("jobs.poll_interval", jobs.poll_interval),
-        ("jobs.lease", jobs.lease),
         ("jobs.job_timeout", jobs.job_timeout),
         ("jobs.maintenance_interval", jobs.maintenance_interval),
         ("web_fetch.timeout", settings.web_fetch.timeout),

@@ -57,8 +57,8 @@ pub enum Replay {
     TooFarBehind,
     /// The page's position is past the newest record (a database restored from an older copy,
     /// or a made-up id): nothing after it would be sent until the records caught up, so the
-    /// page reloads instead.
-    Unknown,
+    /// page reloads instead, from the newest position (given).
+    Unknown(EventId),
 }
 
 impl Events {
@@ -124,7 +124,7 @@ impl Events {
         let mut conn = self.0.db.pool.acquire().await?;
         let (step, job) = store::newest(&mut conn).await?;
         if after.step > step || after.job > job {
-            return Ok(Replay::Unknown);
+            return Ok(Replay::Unknown(EventId { step, job }));
         }
         let read = read_after(&mut conn, after, limit + 1).await?;
         Ok(if read.events.len() as i64 > limit { Replay::TooFarBehind } else { Replay::Events(read.events) })

@@ -146,15 +146,19 @@ pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<
     let mut args = args.clone();
     let mut changed = false;
     let mut approval = None;
+    // Made when a pattern is first matched, and again after a redaction changed the arguments.
+    let mut text: Option<String> = None;
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.applies_to(tool)) {
-        let text = match_text(&args);
         match hook.spec.kind {
-            HookKind::DenyPattern if hook.regex.is_match(&text) => return Before::Abort { hook: hook.spec.name.clone() },
-            HookKind::RequireApprovalIf if hook.regex.is_match(&text) => {
+            HookKind::DenyPattern if hook.regex.is_match(text.get_or_insert_with(|| match_text(&args))) => return Before::Abort { hook: hook.spec.name.clone() },
+            HookKind::RequireApprovalIf if hook.regex.is_match(text.get_or_insert_with(|| match_text(&args))) => {
                 approval.get_or_insert_with(|| hook.spec.name.clone());
             }
-            HookKind::Redact => changed |= redact_strings(&mut args, &hook.regex, &hook.spec.replacement),
-            HookKind::NotifyOwner if hook.regex.is_match(&text) => notify.push(hook),
+            HookKind::Redact if redact_strings(&mut args, &hook.regex, &hook.spec.replacement) => {
+                changed = true;
+                text = None;
+            }
+            HookKind::NotifyOwner if hook.regex.is_match(text.get_or_insert_with(|| match_text(&args))) => notify.push(hook),
             _ => {}
         }
     }

@@ -189,7 +189,7 @@ async fn start(state: &AppState, resume: Option<EventId>) -> (Vec<Envelope>, Eve
             (events, last)
         }
         Ok(Replay::TooFarBehind) => reload("too_far_behind", state.events.newest().await.ok()),
-        Ok(Replay::Unknown) => reload("unknown_position", state.events.newest().await.ok()),
+        Ok(Replay::Unknown(newest)) => reload("unknown_position", Some(newest)),
         Err(e) => {
             tracing::warn!(error = %e, "reading missed events failed; the page reloads");
             reload("unavailable", None)

@@ -57,8 +57,9 @@ fn encode(record: &Record) -> Result<(String, i64)> {
 impl SessionStore for DbSessionStore {
     async fn create(&self, record: &mut Record) -> Result<()> {
         let mut conn = self.db.pool.acquire().await.map_err(backend_err)?;
+        // The stored record holds no id: a new id on a collision changes nothing of it.
+        let (data, expires) = encode(record)?;
         loop {
-            let (data, expires) = encode(record)?;
             if sessions::insert_new(&mut conn, &record.id.to_string(), &data, expires).await.map_err(backend_err)? {
                 return Ok(());
             }

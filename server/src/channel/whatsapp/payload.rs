@@ -15,13 +15,13 @@ use crate::{
 struct Envelope {
     #[serde(default, deserialize_with = "lenient")]
     object: String,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_list")]
     entry: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct Entry {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_list")]
     changes: Vec<serde_json::Value>,
 }
 
@@ -39,11 +39,11 @@ struct Change {
 struct Value {
     #[serde(default, deserialize_with = "lenient")]
     metadata: Metadata,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_list")]
     messages: Vec<serde_json::Value>,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_list")]
     statuses: Vec<serde_json::Value>,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_list")]
     contacts: Vec<serde_json::Value>,
 }
 
@@ -52,6 +52,15 @@ struct Value {
 fn lenient<'de, D: serde::Deserializer<'de>, T: Default + serde::de::DeserializeOwned>(d: D) -> Result<T, D::Error> {
     let raw = serde_json::Value::deserialize(d)?;
     Ok(serde_json::from_value(raw).unwrap_or_default())
+}
+
+/// A list's items as they are, each read on its own later; anything but a list (`null`, a wrong
+/// type) is an empty one. (Read through [`lenient`], each item would be built twice.)
+fn lenient_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<serde_json::Value>, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Array(items) => items,
+        _ => Vec::new(),
+    })
 }
 
 /// Who sent the change's messages: a WhatsApp id and the profile name its owner chose.

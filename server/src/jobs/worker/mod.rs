@@ -73,6 +73,13 @@ struct Run {
 /// Runs in progress, by job id.
 type InFlight = Arc<Mutex<HashMap<i64, Run>>>;
 
+/// Resolves once the task of `run` has ended (stopped, or finished).
+async fn ended(run: &AbortHandle) {
+    while !run.is_finished() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A run whose renewal failed is stopped when its lease would run out before the next beat
 /// (`every`) could renew it, with a margin for the database's clock and this process's to
 /// disagree: with the default minute, after the second failed beat in a row.
@@ -226,9 +233,7 @@ impl Worker {
             let done = done.clone();
             let handle = tasks.spawn(async move {
                 if let Some(run) = stalled {
-                    while !run.is_finished() {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
+                    ended(&run).await;
                 }
                 let result = me.execute(&job).await;
                 let _ = done.send(Outcome { job, result, permit });
@@ -381,9 +386,7 @@ impl Worker {
     /// let go and the chat's next job may start.
     fn release_when_stopped(self, id: i64, attempt: i64, run: AbortHandle) {
         tokio::spawn(async move {
-            while !run.is_finished() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            ended(&run).await;
             let released = async {
                 let mut conn = self.db.pool.acquire().await?;
                 store::release_cancelled(&mut conn, id, attempt, &self.id).await

@@ -30,7 +30,8 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     if cfg.settings.server.strict
         && let Some(d) = server::llm::degraded(&cfg.settings, &cfg.secrets)
     {
-        eprintln!("1 configuration problem(s):\n  - CONFIG_VALUE_INVALID server.strict: strict mode (server.strict or GATEHOUSE_STRICT) needs {} for the {} provider, which is not set", d.variable, d.provider);
+        let problem = server::config::Problem::new("server.strict", "server.strict or GATEHOUSE_STRICT", format!("strict mode needs {} for the {} provider, which is not set", d.variable, d.provider));
+        eprintln!("{}", server::config::ConfigError(vec![problem]));
         return Err(Failure::usage(format!("{} is not valid", path.display())));
     }
     println!("config: {} (valid)", cfg.path.display());
@@ -100,7 +101,7 @@ pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Res
             let mut conn = db.pool.acquire().await.map_err(Failure::runtime)?;
             let filter = db::jobs::JobFilter { state, ..Default::default() };
             for j in db::jobs::list(&mut conn, &filter, a.limit).await.map_err(Failure::runtime)? {
-                let attempts = if j.max_attempts >= i64::from(u32::MAX) { format!("{} (no limit)", j.attempt) } else { format!("{}/{}", j.attempt, j.max_attempts) };
+                let attempts = app::pages::jobs::attempts(j.attempt, j.max_attempts, "/");
                 println!("{}\t{}\t{}\t{attempts}\t{}", j.id, j.kind, j.state, j.last_error_code.unwrap_or_default());
             }
             drop(conn);
