@@ -116,29 +116,34 @@ enum Urls {
 
 /// `args`: the value is a call's arguments (not a tool's result, which a customer's answer is
 /// written from, and where a {name, value} list is more often a product's attributes).
-fn redact_in(value: &mut Value, urls: Urls, args: bool) {
+fn redact_in(value: &mut Value, urls: Urls, args: bool) -> bool {
     match value {
         Value::Object(map) => {
             let paired = args && names_a_secret(map);
+            let mut changed = false;
             for (k, v) in map.iter_mut() {
                 if (if args { is_secret_arg_name(k) } else { is_secret_name(k) }) || (paired && k == "value") {
+                    changed |= v.as_str() != Some(REDACTED);
                     *v = Value::String(REDACTED.into());
                 } else {
-                    redact_in(v, urls, args);
+                    changed |= redact_in(v, urls, args);
                 }
             }
+            changed
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| redact_in(v, urls, args)),
+        // Every element is visited (no short circuit).
+        Value::Array(items) => items.iter_mut().map(|v| redact_in(v, urls, args)).fold(false, |a, b| a | b),
         Value::String(s) => {
-            if args && is_credential_text(s) {
-                *s = REDACTED.into();
-            } else if let Some(url) = redacted_url(s, urls) {
-                *s = url;
-            } else if let Some(json) = redacted_json_text(s, urls, args) {
-                *s = json;
+            let replaced = if args && is_credential_text(s) { Some(REDACTED.to_string()) } else { redacted_url(s, urls).or_else(|| redacted_json_text(s, urls, args)) };
+            match replaced {
+                Some(new) if new != *s => {
+                    *s = new;
+                    true
+                }
+                _ => false,
             }
         }
-        _ => {}
+        _ => false,
     }
 }
 
@@ -149,9 +154,7 @@ fn redacted_json_text(text: &str, urls: Urls, args: bool) -> Option<String> {
         return None;
     }
     let mut inner: Value = serde_json::from_str(text).ok()?;
-    let before = inner.clone();
-    redact_in(&mut inner, urls, args);
-    (inner != before).then(|| inner.to_string())
+    redact_in(&mut inner, urls, args).then(|| inner.to_string())
 }
 
 /// Whether a query parameter's name looks secret. `auth` alone is too short a word here:

@@ -116,11 +116,23 @@ impl LoadedConfig {
 
 /// Loads `path` (must exist) with environment overrides from the process environment.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let (loaded, problems) = read_from_process(path)?;
+    if !problems.is_empty() {
+        return Err(ConfigError(problems));
+    }
+    Ok(loaded)
+}
+
+/// The settings from `path` and this process's environment, with every problem found, the
+/// misnamed override variables among them (also beside a file that cannot be read).
+fn read_from_process(path: &Path) -> Result<(LoadedConfig, Vec<Problem>), ConfigError> {
     let misnamed = misnamed_overrides(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok()));
-    match (load_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env()), misnamed.is_empty()) {
-        (Ok(loaded), true) => Ok(loaded),
-        (Ok(_), false) => Err(ConfigError(misnamed)),
-        (Err(ConfigError(mut problems)), _) => {
+    match read_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env()) {
+        Ok((loaded, mut problems)) => {
+            problems.extend(misnamed);
+            Ok((loaded, problems))
+        }
+        Err(ConfigError(mut problems)) => {
             problems.extend(misnamed);
             Err(ConfigError(problems))
         }
@@ -146,6 +158,8 @@ fn misnamed_overrides(names: impl Iterator<Item = String>) -> Vec<Problem> {
     problems
 }
 
+/// [`load`] with the environment given (tests).
+#[cfg(test)]
 pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<LoadedConfig, ConfigError> {
     let (loaded, problems) = read_with_env(path, env, secrets)?;
     if !problems.is_empty() {
@@ -160,8 +174,7 @@ pub(crate) fn load_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<L
 /// missing, unreadable or not TOML, a key no setting has and any problem in `[database]` are
 /// still errors, since the command could reach another database.
 pub fn load_lenient(path: &Path) -> Result<(LoadedConfig, Vec<Problem>), ConfigError> {
-    let (loaded, mut problems) = read_with_env(path, Env::prefixed(ENV_PREFIX).split("__"), Secrets::from_env())?;
-    problems.extend(misnamed_overrides(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok())));
+    let (loaded, problems) = read_from_process(path)?;
     // Only a value that is wrong outside [database] is let pass: a key it does not know may be
     // [database]'s own, misplaced or misspelled (`[databse]`, GATEHOUSE__DATABSE__URL).
     if problems.iter().any(|p| p.code != ProblemCode::ConfigValueInvalid || p.key.is_empty() || p.key == "database" || p.key.starts_with("database.")) {

@@ -69,19 +69,22 @@ impl Runtime {
             }
             memory::Plan::Compact { older, keep } => {
                 let compacted = within(inbound.deadline, memory::summarize(self.model.as_ref(), &self.settings.models, &conv.compaction_prompt, summary.as_ref(), &older, speakers.as_ref(), &inbound.correlation_id)).await;
-                let text = compacted.as_ref().map(|res| res.text().trim().to_string()).unwrap_or_default();
                 // A summary the model did not finish (cut at its token limit, refused, filtered)
                 // would stand for good for the turns it replaces: the oldest turns are left out
                 // instead, and the next message tries again.
                 let stop_reason = compacted.as_ref().ok().map(|res| res.stop_reason.as_str().to_string());
-                let failed = match &compacted {
-                    Err(e) => Some(e.code.as_str().to_string()),
-                    Ok(_) if text.is_empty() => Some("LLM_EMPTY_SUMMARY".to_string()),
-                    Ok(res) if !res.stop_reason.is_finished() => Some("LLM_SUMMARY_UNFINISHED".to_string()),
-                    Ok(_) => None,
-                };
-                match compacted {
-                    Ok(res) if failed.is_none() => {
+                let summarized = compacted.map_err(|e| e.code.as_str().to_string()).and_then(|res| {
+                    let text = res.text().trim().to_string();
+                    if text.is_empty() {
+                        Err("LLM_EMPTY_SUMMARY".to_string())
+                    } else if !res.stop_reason.is_finished() {
+                        Err("LLM_SUMMARY_UNFINISHED".to_string())
+                    } else {
+                        Ok((res, text))
+                    }
+                });
+                match summarized {
+                    Ok((res, text)) => {
                         let new = store::Summary { text, covers_through: older.last().map_or(0, |t| t.id) };
                         let mut tx = self.db.begin_write().await?;
                         // Another message of this chat compacted meanwhile: its summary stays, and
@@ -100,8 +103,7 @@ impl Runtime {
                         );
                         (Some(new), keep)
                     }
-                    _ => {
-                        let code = failed.unwrap_or_default();
+                    Err(code) => {
                         tracing::warn!(correlation_id = %inbound.correlation_id, code = %code, "compacting chat memory failed; leaving out the oldest turns instead");
                         let mut all = older;
                         all.extend(keep);

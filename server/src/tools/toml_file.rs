@@ -19,6 +19,12 @@ pub(crate) fn read(path: &Path, what: &str, problem: &impl Fn(String, String) ->
     std::fs::read_to_string(path).map_err(|e| vec![problem(String::new(), format!("cannot read {what}: {e}")).coded(ProblemCode::ConfigFileUnreadable)])
 }
 
+/// The file's `text` as `T`. Its problem is `what` and the parser's message without the line it
+/// quotes (which may hold a secret; see [`crate::config::load::without_quoted_lines`]).
+pub(crate) fn parse<T: DeserializeOwned>(text: &str, what: &str, problem: &impl Fn(String, String) -> Problem) -> Result<T, Vec<Problem>> {
+    toml::from_str(text).map_err(|e| vec![problem(String::new(), format!("{what}: {}", crate::config::load::without_quoted_lines(&e.to_string()))).coded(ProblemCode::of_toml(&e))])
+}
+
 /// The entries of a `[[section]]` array as `T`, each with its label for problems: `tool[3]`, or
 /// `tool[3] (lookup_order)` when it has a `name_key`. An entry that does not parse is the
 /// problem under its label.

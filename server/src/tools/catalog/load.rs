@@ -35,7 +35,7 @@ impl Catalog {
     pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Self, Vec<Problem>> {
         let problem = toml_file::problem_at(path);
         let text = toml_file::read(path, "the tools file", &problem)?;
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not valid TOML: {}", crate::config::load::without_quoted_lines(&e.to_string()))).coded(ProblemCode::ConfigSyntax)])?;
+        let mut table: toml::Table = toml_file::parse(&text, "not valid TOML", &problem)?;
         let mut problems = Vec::new();
         // Unknown top-level keys are reported with everything else, not instead of it.
         const KNOWN: [&str; 4] = ["approval_mode", "tool", "hook", "audit"];

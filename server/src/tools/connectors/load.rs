@@ -14,7 +14,7 @@ use super::{
     template::{args_in, body_strings, secrets_in},
 };
 use crate::{
-    config::{Problem, ProblemCode, secrets::secret_var_problem},
+    config::{Problem, secrets::secret_var_problem},
     tools::toml_file,
 };
 
@@ -33,7 +33,7 @@ pub fn load(
 ) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
     let problem = toml_file::problem_at(path);
     let text = toml_file::read(path, "the connectors file", &problem)?;
-    let file: ConnectorsFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not a connectors file: {}", crate::config::load::without_quoted_lines(&e.to_string()))).coded(ProblemCode::of_toml(&e))])?;
+    let file: ConnectorsFile = toml_file::parse(&text, "not a connectors file", &problem)?;
     let mut problems = Vec::new();
     let mut actions = BTreeMap::new();
     let mut ids = BTreeSet::new();

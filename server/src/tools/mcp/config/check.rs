@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::{AuthMode, ElicitationPolicy, MAX_TOOLS_LIMIT, McpConfig, OAuthClient, ServerConfig, Transport, Trust, ValueOrSecret};
 use crate::{
     config::{
-        Problem, ProblemCode,
+        Problem,
         secrets::{is_env_name, secret_var_problem},
     },
     tools::toml_file,
@@ -29,7 +29,7 @@ pub fn valid_server_id(id: &str) -> bool {
 pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConfig, Vec<Problem>> {
     let problem = toml_file::problem_at(path);
     let text = toml_file::read(path, "the MCP servers file", &problem)?;
-    let file: McpFile = toml::from_str(&text).map_err(|e| vec![problem(String::new(), format!("not an MCP servers file: {}", crate::config::load::without_quoted_lines(&e.to_string()))).coded(ProblemCode::of_toml(&e))])?;
+    let file: McpFile = toml_file::parse(&text, "not an MCP servers file", &problem)?;
 
     let mut problems = Vec::new();
     let mut servers = Vec::new();
