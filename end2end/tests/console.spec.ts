@@ -200,3 +200,37 @@ test("the console's wasm comes compressed once and from the browser's cache on a
   // ...and never fetched again while the build is the same.
   expect(wasm.slice(1).every((w) => w.fromCache && w.url === wasm[0].url), JSON.stringify(wasm)).toBe(true);
 });
+
+test("a console page runs its own scripts only (Content-Security-Policy)", async ({ page, context }) => {
+  // Hydrating under the policy raises no violation: the hooks fail the test on any console error.
+  const answer = await page.goto("/login?next=%2Fjobs");
+  const policy = answer?.headers()["content-security-policy"] ?? "";
+  const nonce = /'nonce-([^']+)'/.exec(policy)?.[1] ?? "";
+  expect(nonce, policy).not.toBe("");
+  expect(policy).not.toContain("unsafe-inline");
+  await hydrated(page);
+  await login(page, owner.login, owner.password);
+  await expect(page.getByRole("heading", { name: "Jobs" })).toBeVisible();
+  await hydrated(page);
+
+  // A script that found its way into a page does not run. Another tab of the same browser,
+  // whose console is not watched: the browser logs the refusal there as an error, on purpose.
+  const probe = await context.newPage();
+  await probe.goto("/jobs");
+  await hydrated(probe);
+  const refused = await probe.evaluate(
+    () =>
+      new Promise<{ directive: string; ran: boolean }>((resolve) => {
+        document.addEventListener(
+          "securitypolicyviolation",
+          (e) => resolve({ directive: e.effectiveDirective, ran: (window as unknown as { injected?: boolean }).injected === true }),
+          { once: true },
+        );
+        const script = document.createElement("script");
+        script.textContent = "window.injected = true";
+        document.body.appendChild(script);
+      }),
+  );
+  expect(refused).toEqual({ directive: "script-src-elem", ran: false });
+  await probe.close();
+});

@@ -363,6 +363,20 @@ pub async fn storage_header(req: Request, next: Next) -> Response {
     res
 }
 
+/// The Content-Security-Policy of an answer that is not a console page: no script at all.
+const OTHER_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'";
+
+/// The Content-Security-Policy of a console page rendered with `nonce`: its scripts are the
+/// hydration script Leptos writes with that nonce and the site's own files (the islands' wasm,
+/// compiled under `'wasm-unsafe-eval'`), so text a chat, a tool or an MCP server put on the
+/// page cannot run even if it ever escaped its escaping. No `form-action`: starting an MCP
+/// login is a form whose answer sends the browser on to that server's sign-in page.
+pub fn page_policy(nonce: &str) -> String {
+    format!(
+        "default-src 'self'; script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    )
+}
+
 /// HTML and API answers are private and must not be cached or framed. Behind https
 /// (`server.public_url`), browsers are also told to come back over https only
 /// (`Strict-Transport-Security`), so a first visit typed as http:// cannot be downgraded.
@@ -376,6 +390,11 @@ pub async fn security_headers(State(state): State<AppState>, req: Request, next:
     h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
     h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
     h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));
+    // A console page set its own policy, with its nonce (see `page_policy`); anything else
+    // (JSON, the small error pages, the stylesheet) may load nothing but that stylesheet.
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static(OTHER_POLICY));
+    }
     if !is_static {
         h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
     }

@@ -88,7 +88,16 @@ pub fn router(state: AppState) -> Router {
         .leptos_routes_with_context(
             &leptos_options,
             routes,
-            move || provide_context(context_backend.clone()),
+            move || {
+                provide_context(context_backend.clone());
+                // leptos_axum has made this page's nonce (its hydration scripts carry it) before
+                // this runs, and sets these headers once the page's first part is ready.
+                if let (Some(nonce), Some(res)) = (leptos::nonce::use_nonce(), use_context::<leptos_axum::ResponseOptions>())
+                    && let Ok(policy) = header::HeaderValue::from_str(&middleware::page_policy(&nonce.to_string()))
+                {
+                    res.insert_header(header::CONTENT_SECURITY_POLICY, policy);
+                }
+            },
             move || shell(shell_options.clone()),
         );
     // Owner-only endpoints outside Leptos sit behind the same guard and session layer.

@@ -257,6 +257,46 @@ async fn secure_cookie_on_https(db: TestDb) {
 }
 both_backends!(https_cookie, secure_cookie_on_https);
 
+/// A console page says which scripts it may run: the hydration scripts Leptos writes with this
+/// page's nonce, fresh for each page, and the site's own files. Any other answer may run none.
+async fn pages_run_their_own_scripts_only(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let policy = |res: &crate::support::Resp| res.headers.get(header::CONTENT_SECURITY_POLICY).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let mut c = app.client();
+    let mut nonces = Vec::new();
+    for path in ["/login", "/", "/jobs"] {
+        let page = c.get(path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        let policy = policy(&page);
+        let nonce = policy.split("'nonce-").nth(1).and_then(|rest| rest.split('\'').next()).unwrap_or_else(|| panic!("{path}: no nonce in {policy:?}"));
+        assert!(policy.contains(&format!("script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval';")), "{path}: {policy}");
+        for part in ["object-src 'none'", "base-uri 'none'", "frame-ancestors 'none'", "style-src 'self';"] {
+            assert!(policy.contains(part), "{path}: {part} in {policy}");
+        }
+        assert!(!policy.contains("unsafe-inline"), "{path}: {policy}");
+        // Every script the page holds carries the nonce (the hydration script among them).
+        let scripts: Vec<&str> = page.body.split("<script").skip(1).map(|rest| rest.split('>').next().unwrap_or_default()).collect();
+        assert!(!scripts.is_empty(), "{path}: a page hydrates");
+        for tag in &scripts {
+            assert!(tag.contains(&format!("nonce=\"{nonce}\"")), "{path}: <script{tag}> without the page's nonce");
+        }
+        nonces.push(nonce.to_string());
+        if path == "/login" {
+            assert_eq!(login(&mut c, "ada", PASSWORD).await.status, StatusCode::OK);
+        }
+    }
+    nonces.sort();
+    nonces.dedup();
+    assert_eq!(nonces.len(), 3, "a nonce is used once");
+
+    for path in ["/healthz", "/assets/gatehouse.css", "/no/such/page"] {
+        let other = c.get(path).await;
+        assert_eq!(policy(&other), "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'", "{path}");
+    }
+}
+both_backends!(content_security_policy, pages_run_their_own_scripts_only);
+
 async fn owners_edit_their_numbers(db: TestDb) {
     let app = TestApp::new(db).await;
     let mut c = app.with_owner("ada", PASSWORD).await;
