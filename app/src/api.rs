@@ -10,7 +10,7 @@ use crate::{
 };
 #[cfg(feature = "ssr")]
 use crate::{
-    auth::{answer, backend, begin_session, client_ip, for_owner, local_peer, require_owner, retry_after, session},
+    auth::{answer, backend, begin_session, client_ip, device_cookie, for_owner, local_peer, require_owner, retry_after, session, set_cookie},
     backend::{LoginOutcome, SetupAccess},
     dto::NewOwner,
     error::code,
@@ -78,9 +78,11 @@ pub async fn login(login: String, password: String, next: String) -> Result<(), 
         async {
             let backend = backend()?;
             let ip = client_ip().await;
-            match backend.login(&login, &password, &ip).await? {
-                LoginOutcome::Ok(who) => {
+            let device = device_cookie().await;
+            match backend.login(&login, &password, &ip, device.as_deref()).await? {
+                LoginOutcome::Ok { who, device_cookie } => {
                     begin_session(&session().await?, &who).await?;
+                    set_cookie(&device_cookie);
                     leptos_axum::redirect(safe_next(&next));
                     Ok(())
                 }

@@ -208,6 +208,33 @@ pub fn answer<T>(result: Result<T, AppError>) -> Result<T, AppError> {
     result
 }
 
+/// The cookie that makes a browser an owner signed in from a trusted device: its logins for
+/// that owner are throttled by its own failures only, so guessing the owner's login name from
+/// elsewhere cannot hold the owner back (see the server's `owners::Throttle`).
+pub const DEVICE_COOKIE: &str = "gatehouse_device";
+
+/// The request's [`DEVICE_COOKIE`], if it sent one.
+pub(crate) async fn device_cookie() -> Option<String> {
+    let headers = leptos_axum::extract::<http::HeaderMap>().await.ok()?;
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(tower_sessions::cookie::Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == DEVICE_COOKIE)
+        .map(|c| c.value().to_string())
+}
+
+/// Adds a `Set-Cookie` header with `value` to the response.
+pub(crate) fn set_cookie(value: &str) {
+    if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
+        && let Ok(v) = http::HeaderValue::from_str(value)
+    {
+        res.append_header(http::header::SET_COOKIE, v);
+    }
+}
+
 /// Adds `Retry-After` to the response.
 pub fn retry_after(secs: u64) {
     if let Some(res) = use_context::<leptos_axum::ResponseOptions>()

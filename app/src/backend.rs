@@ -19,7 +19,9 @@ pub struct OwnerIdentity {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum LoginOutcome {
-    Ok(OwnerIdentity),
+    /// Signed in; `device_cookie` is the `Set-Cookie` value that keeps this browser a trusted
+    /// device of the owner (see [`crate::auth::DEVICE_COOKIE`]).
+    Ok { who: OwnerIdentity, device_cookie: String },
     /// Unknown login or wrong password; the caller cannot tell which.
     Rejected,
     Throttled { retry_after_secs: u64 },
@@ -43,7 +45,8 @@ pub trait OwnersBackend: Send + Sync {
     /// requests race, and with `SETUP_NOT_LOCAL` when `access` is neither from this machine nor
     /// holds the setup token.
     async fn create_first_owner(&self, owner: NewOwner, ip: &str, access: SetupAccess) -> Result<OwnerIdentity, AppError>;
-    async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError>;
+    /// `device` is the browser's [`crate::auth::DEVICE_COOKIE`], when it sent one.
+    async fn login(&self, login: &str, password: &str, ip: &str, device: Option<&str>) -> Result<LoginOutcome, AppError>;
     async fn record_logout(&self, owner_id: i64, ip: &str) -> Result<(), AppError>;
     /// `None` when the owner is gone or the session epoch is stale (password was reset).
     async fn shell_info(&self, who: &OwnerIdentity) -> Result<Option<ShellInfo>, AppError>;

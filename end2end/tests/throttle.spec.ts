@@ -6,7 +6,17 @@ import { baseURL, owner } from "./support";
 // Runs last: it locks logins from this address for the rest of the window.
 failOnConsoleErrors();
 
-test("a wrong password shows an error, then repeated failures are throttled", async ({ page }) => {
+test("a wrong password shows an error, then repeated failures are throttled", async ({ page, browser }) => {
+  // Another browser signs in first, and out again: it keeps its device cookie.
+  const laptop = await browser.newContext();
+  const trusted = await laptop.newPage();
+  await trusted.goto("/login");
+  await hydrated(trusted);
+  await login(trusted, owner.login, owner.password);
+  await expect(trusted.getByRole("heading", { name: "Dashboard" })).toBeVisible();
+  await trusted.getByTestId("logout").click();
+  await expect(trusted).toHaveURL(/\/login/);
+
   await page.goto("/login");
   await hydrated(page);
   // One failure came from the no-JavaScript test; four more reach the limit of five within the
@@ -33,4 +43,11 @@ test("a wrong password shows an error, then repeated failures are throttled", as
   });
   expect(api.status()).toBe(429);
   expect(Number(api.headers()["retry-after"])).toBeGreaterThan(0);
+
+  // The browser that signed in before is a trusted device: from the same address, it gets in
+  // while this one waits.
+  await hydrated(trusted);
+  await login(trusted, owner.login, owner.password);
+  await expect(trusted.getByRole("heading", { name: "Dashboard" })).toBeVisible();
+  await laptop.close();
 });

@@ -92,6 +92,7 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         ("auth.session_idle_timeout", auth.session_idle_timeout),
         ("auth.session_absolute_timeout", auth.session_absolute_timeout),
         ("auth.login_failure_window", auth.login_failure_window),
+        ("auth.trusted_device_lifetime", auth.trusted_device_lifetime),
         ("database.acquire_timeout", settings.database.acquire_timeout),
         ("llm.anthropic.timeout", settings.llm.anthropic.timeout),
         ("llm.openai.timeout", settings.llm.openai.timeout),

@@ -227,6 +227,10 @@ pub struct AuthSettings {
     pub login_max_failures: u32,
     #[serde(with = "duration_str")]
     pub login_failure_window: Duration,
+    /// A browser an owner signed in from stays trusted this long after its last login: its
+    /// logins are throttled by its own failures only (device cookies).
+    #[serde(with = "duration_str")]
+    pub trusted_device_lifetime: Duration,
     /// At least 12.
     pub min_password_length: u32,
 }
@@ -244,6 +248,7 @@ impl Default for AuthSettings {
             session_absolute_timeout: Duration::from_secs(7 * 24 * 3600),
             login_max_failures: 5,
             login_failure_window: Duration::from_secs(15 * 60),
+            trusted_device_lifetime: Duration::from_secs(90 * 24 * 3600),
             min_password_length: 12,
         }
     }

@@ -45,7 +45,7 @@ pub struct AuditEntry<'a> {
 }
 
 pub async fn record(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<(), DbError> {
-    record_returning_id(conn, entry).await.map(|_| ())
+    record_returning_id(conn, entry, None).await.map(|_| ())
 }
 
 /// Failed logins since `since_ms`: for this login name (from anywhere), from this address (for
@@ -81,16 +81,28 @@ pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, si
     Ok(FailureCounts { by_login, by_ip, by_pair, oldest_ip_at, newest_login_at, newest_pair_at })
 }
 
-/// Like [`record`], returning the new row's id.
-pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>) -> Result<i64, DbError> {
+/// Failed logins since `since_ms` from the trusted device whose digest is `device`.
+pub async fn device_failures(conn: &mut AnyConnection, device: &str, since_ms: i64) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM owner_audit WHERE device = $1 AND event = $2 AND at > $3")
+        .bind(device)
+        .bind(event::LOGIN_FAILED)
+        .bind(since_ms)
+        .fetch_one(&mut *conn)
+        .await?)
+}
+
+/// Like [`record`], returning the new row's id. `device` is the digest of the trusted device a
+/// login attempt came from (`owner_devices`).
+pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>, device: Option<&str>) -> Result<i64, DbError> {
     let detail = entry.detail.unwrap_or_else(|| serde_json::json!({})).to_string();
-    let id = sqlx::query_scalar("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id")
+    let id = sqlx::query_scalar("INSERT INTO owner_audit (at, owner_id, login, ip, event, detail, device) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id")
         .bind(now_ms())
         .bind(entry.owner_id)
         .bind(entry.login)
         .bind(entry.ip)
         .bind(entry.event)
         .bind(detail)
+        .bind(device)
         .fetch_one(&mut *conn)
         .await?;
     Ok(id)

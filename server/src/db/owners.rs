@@ -131,6 +131,37 @@ pub async fn all_phones(conn: &mut AnyConnection) -> Result<Vec<String>, DbError
     Ok(sqlx::query_scalar("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?)
 }
 
+/// When the device stored under `digest` last signed in, if it is trusted for the owner whose
+/// login name is `login`: signed in since `since_ms`, under the owner's current session epoch.
+pub async fn trusted_device(conn: &mut AnyConnection, digest: &str, login: &str, since_ms: i64) -> Result<Option<i64>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT d.last_used_at FROM owner_devices d JOIN owners o ON o.id = d.owner_id \
+         WHERE d.digest = $1 AND o.login = $2 AND d.session_epoch = o.session_epoch AND d.last_used_at > $3",
+    )
+    .bind(digest)
+    .bind(login)
+    .bind(since_ms)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+/// Trusts the device stored under `digest` for `owner` as of `now`, and forgets the owner's
+/// devices unused since `stale_before`.
+pub async fn remember_device(conn: &mut AnyConnection, digest: &str, owner: &OwnerRow, now: i64, stale_before: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO owner_devices (digest, owner_id, session_epoch, created_at, last_used_at) VALUES ($1, $2, $3, $4, $4) \
+         ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at",
+    )
+    .bind(digest)
+    .bind(owner.id)
+    .bind(owner.session_epoch)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM owner_devices WHERE owner_id = $1 AND last_used_at <= $2").bind(owner.id).bind(stale_before).execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// Sets a new password hash and voids every session of the owner.
 pub async fn set_password(conn: &mut AnyConnection, owner_id: i64, password_hash: &str) -> Result<bool, DbError> {
     let done = sqlx::query(

@@ -162,7 +162,8 @@ pub async fn update_phones(db: &Db, owner_id: i64, phones: &str, ip: &str) -> Re
 
 #[derive(Debug, Clone)]
 pub enum Login {
-    Ok(OwnerRow),
+    /// Signed in; `device` is the token the browser keeps as its device cookie from now on.
+    Ok { owner: OwnerRow, device: String },
     Rejected,
     Throttled { retry_after: Duration },
 }
@@ -178,11 +179,26 @@ pub enum Login {
 ///
 /// So a guesser spread over many addresses gets one try per delay, and the owner, whose address
 /// has not failed, is never locked out for longer than that delay, however long the guessing
-/// goes on.
+/// goes on. A browser the owner signed in from within `device_lifetime` (its device cookie) is
+/// not held back even that long: its logins for that owner count its own failures only, up to
+/// `max_failures` within the window, after which it is throttled like any other.
 #[derive(Debug, Clone, Copy)]
 pub struct Throttle {
     pub max_failures: u32,
     pub window: Duration,
+    pub device_lifetime: Duration,
+}
+
+/// A device cookie's token: 256 random bits.
+fn new_device_token() -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+}
+
+/// How a device token is stored: a copy of the database makes no one a trusted device.
+fn device_digest(token: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// The wait between tries on a login name over its limit, from an address that has not failed
@@ -219,22 +235,39 @@ fn next_attempt(c: &audit::FailureCounts, throttle: Throttle, now: i64) -> Optio
 
 /// Checks a password. Each attempt is first recorded as a failure (never with the password),
 /// then turned into a success if the password matches; an attempt the [`Throttle`] holds back
-/// is not checked at all.
-pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throttle: Throttle) -> Result<Login, OwnerError> {
+/// is not checked at all. `device` is the browser's device cookie, if it sent one.
+pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, device: Option<&str>, throttle: Throttle) -> Result<Login, OwnerError> {
     // Audit rows hold a valid login name or a fixed marker, never arbitrary input (which could
     // be a password typed into the wrong field).
     let name = LoginName::parse(login).ok();
     let audit_login = name.as_ref().map_or("<invalid>", LoginName::as_str);
-    let attempt_id = {
+    let digest = device.map(device_digest);
+    let (attempt_id, trusted) = {
         let _serial = RESERVE.lock().await;
         let now = db::now_ms();
+        let since = now - db::duration_ms(throttle.window);
         let mut conn = db.pool.acquire().await?;
-        let counts = audit::recent_failures(&mut conn, audit_login, ip, now - db::duration_ms(throttle.window)).await?;
-        if let Some(until) = next_attempt(&counts, throttle, now) {
-            let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
-            return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
+        let trusted = match (&name, &digest) {
+            (Some(name), Some(digest)) => {
+                // Its failures since its last login count, within the window.
+                let device_since = now - db::duration_ms(throttle.device_lifetime);
+                match q::trusted_device(&mut conn, digest, name.as_str(), device_since).await? {
+                    Some(last_login) => audit::device_failures(&mut conn, digest, since.max(last_login)).await? < i64::from(throttle.max_failures),
+                    None => false,
+                }
+            }
+            _ => false,
+        };
+        if !trusted {
+            let counts = audit::recent_failures(&mut conn, audit_login, ip, since).await?;
+            if let Some(until) = next_attempt(&counts, throttle, now) {
+                let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
+                return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
+            }
         }
-        audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }).await?
+        let device = if trusted { digest.as_deref() } else { None };
+        let id = audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }, device).await?;
+        (id, trusted)
     };
     let owner = match &name {
         Some(name) => {
@@ -246,9 +279,22 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, throt
     let ok = verify_password(password, owner.as_ref().map(|o| o.password_hash.clone())).await;
     match owner {
         Some(owner) if ok => {
-            let mut conn = db.pool.acquire().await?;
-            audit::mark_success(&mut conn, attempt_id, owner.id, event::LOGIN_OK).await?;
-            Ok(Login::Ok(owner))
+            // A trusted device keeps its token; any other browser gets a new one, so a cookie
+            // that was not trusted (another owner's, a stale one, one made up) never becomes so.
+            let (device, digest) = match (trusted, device, digest) {
+                (true, Some(token), Some(digest)) => (token.to_string(), digest),
+                _ => {
+                    let token = new_device_token();
+                    let digest = device_digest(&token);
+                    (token, digest)
+                }
+            };
+            let now = db::now_ms();
+            let mut tx = db.begin_write().await?;
+            audit::mark_success(&mut tx, attempt_id, owner.id, event::LOGIN_OK).await?;
+            q::remember_device(&mut tx, &digest, &owner, now, now - db::duration_ms(throttle.device_lifetime)).await?;
+            tx.commit().await?;
+            Ok(Login::Ok { owner, device })
         }
         _ => Ok(Login::Rejected),
     }
@@ -269,7 +315,7 @@ mod tests {
         assert!(setup_allowed(false, "s3tup-t0ken", Some(&token)));
     }
 
-    const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900) };
+    const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900), device_lifetime: Duration::from_secs(86_400) };
 
     fn counts(by_login: i64, by_ip: i64, by_pair: i64) -> audit::FailureCounts {
         audit::FailureCounts { by_login, by_ip, by_pair, oldest_ip_at: Some(1_000), newest_login_at: Some(2_000), newest_pair_at: Some(1_500) }
@@ -290,7 +336,7 @@ mod tests {
     fn the_delay_grows_with_each_failure_up_to_the_window() {
         let delays: Vec<u64> = (5..12).map(|n| progressive_delay(T, n).as_secs()).collect();
         assert_eq!(delays, vec![56, 112, 225, 450, 900, 900, 900]);
-        let tiny = Throttle { max_failures: 1, window: Duration::from_secs(2) };
+        let tiny = Throttle { max_failures: 1, window: Duration::from_secs(2), device_lifetime: Duration::from_secs(86_400) };
         assert_eq!(progressive_delay(tiny, 1), Duration::from_secs(1));
         assert_eq!(progressive_delay(tiny, 40), Duration::from_secs(2));
     }

@@ -420,6 +420,71 @@ async fn guessing_cannot_lock_the_owner_out(db: TestDb) {
 }
 both_backends!(login_no_owner_lockout, guessing_cannot_lock_the_owner_out);
 
+/// The device cookie a login answer set, as a `Cookie` header's value, with its attributes.
+fn device_cookie(res: &crate::support::Resp) -> (String, String) {
+    let set = res.headers.get_all(header::SET_COOKIE).iter().filter_map(|v| v.to_str().ok()).find(|v| v.starts_with("gatehouse_device=")).expect("a device cookie");
+    let (pair, attributes) = set.split_once(';').unwrap_or((set, ""));
+    (pair.to_string(), attributes.to_string())
+}
+
+/// A browser that brings its device cookie (OWASP's device cookies).
+fn with_device(mut c: crate::support::Client, cookie: &str) -> crate::support::Client {
+    c.headers.push(("cookie".into(), cookie.into()));
+    c
+}
+
+/// The browser an owner signed in from before gets in at once while others guess the owner's
+/// login name from many addresses: its logins count its own failures only. Any other browser
+/// (no cookie, a made-up one, one from before a password reset, one that failed too often
+/// itself) is throttled as before.
+async fn a_trusted_device_gets_in_while_others_guess(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let signed_in = login(&mut app.client_from("10.7.0.1:1000"), "ada", PASSWORD).await;
+    assert_eq!(signed_in.status, StatusCode::OK, "{}", signed_in.body);
+    let (laptop, attributes) = device_cookie(&signed_in);
+    for part in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=7776000"] {
+        assert!(attributes.contains(part), "{part} in {attributes}");
+    }
+    assert!(!attributes.contains("Secure"), "plain http console: {attributes}");
+
+    for i in 1..=7 {
+        let guess = login(&mut app.client_from(&format!("10.6.0.{i}:1000")), "ada", "guess").await;
+        assert!([StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS].contains(&guess.status), "{}", guess.body);
+    }
+    let elsewhere = login(&mut app.client_from("10.7.0.2:1000"), "ada", PASSWORD).await;
+    assert_eq!(elsewhere.status, StatusCode::TOO_MANY_REQUESTS, "a browser without the cookie waits");
+    let made_up = login(&mut with_device(app.client_from("10.7.0.2:1000"), "gatehouse_device=made-up"), "ada", PASSWORD).await;
+    assert_eq!(made_up.status, StatusCode::TOO_MANY_REQUESTS, "so does a made-up cookie");
+    let mut travelling = with_device(app.client_from("10.8.0.1:1000"), &laptop);
+    let trusted = login(&mut travelling, "ada", PASSWORD).await;
+    assert_eq!(trusted.status, StatusCode::OK, "the trusted device gets in at once, from any address: {}", trusted.body);
+    assert_eq!(device_cookie(&trusted).0, laptop, "and keeps its cookie");
+    assert_eq!(travelling.get("/").await.status, StatusCode::OK);
+    let other_name = login(&mut with_device(app.client_from("10.8.0.1:1000"), &laptop), "bob", "not set up").await;
+    assert_eq!(other_name.status, StatusCode::UNAUTHORIZED, "the cookie is no key: a wrong login is still wrong");
+
+    // Its own failures count: past the limit it is throttled like any other browser.
+    let mut clumsy = with_device(app.client_from("10.8.0.2:1000"), &laptop);
+    for _ in 0..5 {
+        assert_eq!(login(&mut clumsy, "ada", "typo").await.status, StatusCode::UNAUTHORIZED, "its own failures are answered, not held back");
+    }
+    assert_eq!(login(&mut clumsy, "ada", PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // A password reset ends every device's trust.
+    sqlx::query("DELETE FROM owner_audit WHERE device IS NOT NULL").execute(&app.state.db.pool).await.expect("forget the device's failures");
+    assert_eq!(login(&mut with_device(app.client_from("10.8.0.3:1000"), &laptop), "ada", PASSWORD).await.status, StatusCode::OK, "trusted again once its failures are gone");
+    server::owners::reset_password(&app.state.db, "ada", secrecy::SecretString::from("a brand new password"), 12).await.expect("reset");
+    let after_reset = login(&mut with_device(app.client_from("10.8.0.4:1000"), &laptop), "ada", "a brand new password").await;
+    assert_eq!(after_reset.status, StatusCode::TOO_MANY_REQUESTS, "not trusted after a reset");
+
+    // The database holds the token's digest only.
+    let token = laptop.trim_start_matches("gatehouse_device=");
+    let stored: Vec<String> = sqlx::query_scalar("SELECT digest FROM owner_devices").fetch_all(&app.state.db.pool).await.expect("devices");
+    assert!(!stored.is_empty() && stored.iter().all(|d| d.len() == 64 && d != token), "{stored:?}");
+}
+both_backends!(login_trusted_device, a_trusted_device_gets_in_while_others_guess);
+
 /// Behind a reverse proxy every request comes from the proxy. Its X-Forwarded-For is believed
 /// only when configured, and only from the proxy: clients then get buckets of their own, and a
 /// client cannot pick its bucket by sending the header itself.

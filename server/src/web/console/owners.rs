@@ -58,14 +58,22 @@ impl OwnersBackend for ConsoleBackend {
         Ok(OwnerIdentity { id: row.id, epoch: row.session_epoch })
     }
 
-    async fn login(&self, login: &str, password: &str, ip: &str) -> Result<LoginOutcome, AppError> {
+    async fn login(&self, login: &str, password: &str, ip: &str, device: Option<&str>) -> Result<LoginOutcome, AppError> {
         let auth = &self.state.config.settings.auth;
-        let throttle = Throttle { max_failures: auth.login_max_failures, window: auth.login_failure_window };
-        let outcome = owners::login(&self.state.db, login, SecretString::from(password.to_string()), ip, throttle).await?;
+        let throttle = Throttle { max_failures: auth.login_max_failures, window: auth.login_failure_window, device_lifetime: auth.trusted_device_lifetime };
+        let outcome = owners::login(&self.state.db, login, SecretString::from(password.to_string()), ip, device, throttle).await?;
         Ok(match outcome {
-            Login::Ok(row) => {
-                tracing::info!(owner.id = row.id, "owner logged in");
-                LoginOutcome::Ok(OwnerIdentity { id: row.id, epoch: row.session_epoch })
+            Login::Ok { owner, device } => {
+                tracing::info!(owner.id = owner.id, "owner logged in");
+                let max_age = time::Duration::seconds(i64::try_from(auth.trusted_device_lifetime.as_secs()).unwrap_or(i64::MAX));
+                let device_cookie = tower_sessions::cookie::Cookie::build((app::auth::DEVICE_COOKIE, device))
+                    .path("/")
+                    .http_only(true)
+                    .same_site(tower_sessions::cookie::SameSite::Strict)
+                    .secure(self.state.secure_cookies())
+                    .max_age(max_age)
+                    .build();
+                LoginOutcome::Ok { who: OwnerIdentity { id: owner.id, epoch: owner.session_epoch }, device_cookie: device_cookie.to_string() }
             }
             Login::Rejected => {
                 tracing::warn!(client.ip = %ip, "login failed");
