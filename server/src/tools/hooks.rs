@@ -165,6 +165,14 @@ pub fn before<'h>(hooks: &'h [Hook], tool: &str, args: &Value, notify: &mut Vec<
     Before::Proceed { args, changed, approval }
 }
 
+/// Applies the before-call `redact` hooks for `tool` to `args`, so that what is kept of a call
+/// (its audit row) holds no more than the tool was given.
+pub fn redact_as_before(hooks: &[Hook], tool: &str, args: &mut Value) {
+    for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::BeforeToolCall && h.spec.kind == HookKind::Redact && h.applies_to(tool)) {
+        redact_strings(args, &hook.regex, &hook.spec.replacement);
+    }
+}
+
 /// Runs the after-call hooks for `tool` on its output.
 pub fn after<'h>(hooks: &'h [Hook], tool: &str, output: &mut Value, notify: &mut Vec<&'h Hook>) {
     for hook in hooks.iter().filter(|h| h.spec.point == HookPoint::AfterToolCall && h.applies_to(tool)) {

@@ -414,6 +414,9 @@ async fn hooks_abort_ask_and_modify_with_revalidation(db: TestDb) {
     cp.audit().flush().await;
     let reasons: Vec<String> = sqlx::query("SELECT reason_code FROM tool_audit ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
     assert_eq!(reasons, vec![ToolCode::HookDenied.as_str(), ToolCode::NeedsApproval.as_str(), "OK", "OK", ToolCode::SchemaInvalid.as_str()], "the hook's outcome reaches the audit");
+    // The audit keeps no more of a call than its tool was given: the redact hooks apply to it.
+    let audited: Vec<String> = sqlx::query("SELECT args FROM tool_audit WHERE reason_code = 'OK' ORDER BY id").fetch_all(&pool.pool).await.expect("audit").iter().map(|r| r.get(0)).collect();
+    assert_eq!(audited, vec![json!({"text": "order #######"}).to_string(), json!({"text": "pin ## is secret"}).to_string()]);
 }
 both_backends!(checkpoint_hooks, hooks_abort_ask_and_modify_with_revalidation);
 
