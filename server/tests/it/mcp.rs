@@ -385,6 +385,45 @@ async fn a_changed_tool_list_quarantines_until_approved(db: TestDb) {
 }
 both_backends!(mcp_list_changed, a_changed_tool_list_quarantines_until_approved);
 
+/// A listing the database refuses to store (a full disk, say) still stops a changed tool: a
+/// call runs only when the definition its server lists now is the one an owner approved.
+async fn a_changed_tool_stops_even_when_its_listing_cannot_be_stored(db: TestDb) {
+    let (fx, rig) = approved_fixture(db).await;
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+    let refuse = match rig.db.backend {
+        server::db::Backend::Sqlite => vec![
+            "CREATE TRIGGER refuse_tool_updates BEFORE UPDATE ON mcp_tools BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+            "CREATE TRIGGER refuse_tool_inserts BEFORE INSERT ON mcp_tools BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        ],
+        server::db::Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_tools() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse_tools BEFORE INSERT OR UPDATE ON mcp_tools FOR EACH ROW EXECUTE FUNCTION refuse_tools()",
+        ],
+    };
+    for statement in refuse {
+        sqlx::query(statement).execute(&rig.db.pool).await.expect("refuse writes to mcp_tools");
+    }
+    rig.call("fx__mutate", json!({})).await.expect("mutate ran");
+    let refused = rig.manager.refresh("fx", None).await;
+    assert!(refused.is_err(), "the listing could not be stored: {refused:?}");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "b"})).await).code, ToolCode::Quarantined.as_str(), "the changed echo does not run under the old approval");
+
+    let allow = match rig.db.backend {
+        server::db::Backend::Sqlite => vec!["DROP TRIGGER refuse_tool_updates", "DROP TRIGGER refuse_tool_inserts"],
+        server::db::Backend::Postgres => vec!["DROP TRIGGER refuse_tools ON mcp_tools", "DROP FUNCTION refuse_tools()"],
+    };
+    for statement in allow {
+        sqlx::query(statement).execute(&rig.db.pool).await.expect("allow writes again");
+    }
+    rig.manager.refresh("fx", None).await.expect("stored now");
+    let echo = rig.manager.tools("fx").await.expect("tools").into_iter().find(|t| t.name == "echo").expect("echo");
+    assert_eq!(echo.state, "pending", "the change waits for an owner");
+    assert_eq!(code_of(rig.call("fx__echo", json!({"text": "c"})).await).code, ToolCode::Quarantined.as_str());
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the changed echo never reached the server");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_unstored_change, a_changed_tool_stops_even_when_its_listing_cannot_be_stored);
+
 /// A decision made in another process (`gatehouse mcp reject` or `mcp disable` while `serve`
 /// runs, or a second `serve`) holds at once: the call is refused from the database before it
 /// reaches the server, and this process's catalog catches up.

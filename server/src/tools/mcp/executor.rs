@@ -35,12 +35,18 @@ impl McpExecutor {
         let (tool, server) = read.await.map_err(|e| ToolError::new(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
         // Disabled or enabled again elsewhere: this process's server follows either way (its
         // supervisor stops, or reconnects).
-        if let Some(live) = self.inner.servers.get(server_id)
+        let live = self.inner.servers.get(server_id);
+        if let Some(live) = live
             && !live.follow_switch(server.and_then(|s| s.enabled_override))
         {
             return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
         }
+        // What the server lists now, even when that listing could not be stored.
+        let listed = live.and_then(|live| live.live.borrow().listed.clone());
         match tool {
+            Some(t) if t.usable() && listed.is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref()) => {
+                Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is listed by its server with a definition no owner approved")))
+            }
             Some(t) if t.usable() => Ok(()),
             Some(t) if t.state == db::mcp::ToolState::Rejected => Err(ToolError::refused(ToolCode::Rejected.as_str(), format!("{name} was rejected by an owner"))),
             _ => Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"))),

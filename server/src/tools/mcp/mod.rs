@@ -55,6 +55,10 @@ pub struct Live {
     pub last_discovery: Option<DiscoveryReport>,
     /// Why an OAuth server needs an owner to log in (its tools are withheld meanwhile).
     pub needs_login: Option<String>,
+    /// Each tool's definition hash as the server last listed it, by its name on the server: a
+    /// call runs only when that is the hash an owner approved, also when the listing could not
+    /// be stored (see `executor::still_allowed`).
+    pub listed: Option<Arc<std::collections::HashMap<String, String>>>,
 }
 
 pub(crate) struct Server {
@@ -119,7 +123,7 @@ impl McpManager {
             .iter()
             .map(|c| {
                 let (refresh, refresh_rx) = mpsc::unbounded_channel();
-                let live = Live { peer: None, health: db::mcp::health::DOWN, last_error: None, connections: 0, last_discovery: None, needs_login: None };
+                let live = Live { peer: None, health: db::mcp::health::DOWN, last_error: None, connections: 0, last_discovery: None, needs_login: None, listed: None };
                 let server = Server {
                     config: c.clone(),
                     live: watch::channel(live).0,

@@ -76,6 +76,9 @@ async fn store_health(inner: &Inner, server: &Server, state: &'static str, error
 
 /// Stores a discovery (quarantine applied) and publishes the new catalog.
 async fn store(inner: &Inner, manager: &McpManager, server: &Server, found: &[db::mcp::Found], report: &DiscoveryReport) -> Result<(), String> {
+    // Known before it is stored: a listing the database refuses still stops a changed tool.
+    let listed = found.iter().map(|f| (f.name.clone(), f.definition_hash.clone())).collect();
+    server.live.send_modify(|l| l.listed = Some(Arc::new(listed)));
     let trusted = server.config.trust == super::Trust::Trusted;
     let stored = async {
         let mut tx = inner.db.begin_write().await?;
