@@ -55,17 +55,22 @@ struct Rig {
 impl Rig {
     /// Gatehouse's MCP side over `db`; `start` runs the supervisors (a process serving).
     async fn new(db: &Db, fake: &Fake, start: bool) -> Self {
+        Self::with_secrets(db, fake, start, secrets()).await
+    }
+
+    /// The same, as a process whose environment is `secrets`.
+    async fn with_secrets(db: &Db, fake: &Fake, start: bool, secrets: SecretSource) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("mcp.toml");
         std::fs::write(&path, servers_toml(fake)).expect("write mcp.toml");
         let config = mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
-        let manager = McpManager::new(db.clone(), &config, secrets());
+        let manager = McpManager::new(db.clone(), &config, secrets.clone());
         manager.set_public_url("http://127.0.0.1:3000");
         let checkpoint = Checkpoint::new(
             db.clone(),
             Arc::new(Catalog::default()),
             AuditWriter::spawn(db.clone(), server::jobs::JobQueue::new(db.clone())),
-            secrets(),
+            secrets,
         );
         let checkpoint = manager.install(checkpoint, Arc::new(Catalog::default()));
         if start {
@@ -231,6 +236,36 @@ async fn connected(test_db: &TestDb) -> (Fake, Db, Rig) {
     rig.call().await.expect("the call works");
     (fake, db, rig)
 }
+
+/// A process whose token key cannot open the stored login (another key, or none) leaves the
+/// login alone: its own calls fail and say why, and the process whose key opens it goes on.
+async fn a_process_with_another_key_leaves_the_login_alone(test_db: TestDb) {
+    let (fake, db, rig) = connected(&test_db).await;
+    let other_key = "0".repeat(64);
+    for (key, code) in [(Some(other_key.as_str()), "MCP_TOKEN_UNREADABLE"), (None, "MCP_TOKEN_KEY_MISSING")] {
+        let key = key.map(str::to_string);
+        let stranger = Rig::with_secrets(&db, &fake, true, SecretSource::from_fn(move |name| (name == mcp::config::TOKEN_KEY_VAR).then(|| key.clone()).flatten())).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let live = loop {
+            let live = stranger.manager.live("crm").expect("live");
+            if live.last_error.is_some() || live.needs_login.is_some() {
+                break live;
+            }
+            assert!(std::time::Instant::now() < deadline, "the other process never tried the login");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(live.needs_login.is_none(), "{code}: not a lost login: {live:?}");
+        assert!(live.last_error.as_deref().unwrap_or_default().contains(code), "{live:?}");
+        let refused = stranger.call().await.expect_err("no token in that process");
+        assert!(refused.message.contains(code), "{refused:?}");
+        stranger.manager.shutdown().await;
+        let (credentials, state, _) = stored(&db).await;
+        assert_eq!((credentials.is_some(), state.as_str()), (true, "connected"), "{code}: the login is as it was stored");
+        rig.call().await.expect("the process whose key opens it goes on");
+    }
+    rig.manager.shutdown().await;
+}
+both_backends!(oauth_another_key_leaves_the_login, a_process_with_another_key_leaves_the_login_alone);
 
 /// A second login while the server is connected registers another client (dynamic client
 /// registration): the live session's next refresh is made as that client, so the new login is

@@ -183,9 +183,9 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 }
             }
         }
-        let oauth = if cfg.auth == super::AuthMode::Oauth {
+        let (oauth, no_token) = if cfg.auth == super::AuthMode::Oauth {
             match oauth_client(&inner, &manager, &server).await {
-                Ok(client) => Some(client),
+                Ok(client) => (Some(client), None),
                 Err(TokenError::NeedsLogin(reason)) => {
                     // The token source has marked the server. A login that landed after it
                     // read the store stands (the mark was dropped), and the next try uses it.
@@ -195,13 +195,12 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                     }
                     continue;
                 }
-                Err(TokenError::Transient(e)) => {
-                    record_health(&inner, &server, health::DOWN, Some(e), false).await;
-                    None
-                }
+                // The authorization server failed, or this process's token key cannot open the
+                // login (which stays as stored): a try after the backoff.
+                Err(e) => (None, Some(e.to_string())),
             }
         } else {
-            None
+            (None, None)
         };
         let mut handler = Handler::new(server.refresh.clone());
         if cfg.elicitation == super::config::ElicitationPolicy::Owner {
@@ -209,8 +208,8 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
         }
         let pending = handler.pending();
         let attempt = tokio::time::timeout(cfg.discovery.timeout, async {
-            if cfg.auth == super::AuthMode::Oauth && oauth.is_none() {
-                return Err("the authorization server could not be reached to refresh the token".to_string());
+            if let Some(e) = no_token {
+                return Err(e);
             }
             let session = session::connect(cfg, &inner.secrets, handler, oauth).await.map_err(|e| e.0)?;
             let (found, report) = session::discover(cfg, session.peer()).await?;

@@ -64,6 +64,7 @@ fn token_failure(e: TokenError) -> HttpError {
     match e {
         TokenError::NeedsLogin(_) => StreamableHttpError::Auth(AuthError::AuthorizationRequired),
         TokenError::Transient(m) => StreamableHttpError::Auth(AuthError::TokenRefreshFailed(m)),
+        TokenError::Key(e) => StreamableHttpError::Auth(AuthError::TokenRefreshFailed(e.to_string())),
     }
 }
 

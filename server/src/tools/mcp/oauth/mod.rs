@@ -241,9 +241,11 @@ pub async fn token_source(
         Ok(url) => url,
         Err(e) => return Err(lost(e.to_string()).await),
     };
-    let sealer = match sealer(secrets) {
-        Ok(s) => s,
-        Err(e) => return Err(lost(e.to_string()).await),
+    let sealer = match (sealer(secrets), &row) {
+        (Ok(s), _) => s,
+        // A stored login another process's key may open is left alone.
+        (Err(e), Some(row)) if row.state == mcp_oauth::State::Connected && row.credentials.is_some() => return Err(TokenError::Key(e)),
+        (Err(e), _) => return Err(lost(e.to_string()).await),
     };
     let Some(row) = row else { return Err(lost(format!("not logged in yet: {login_hint}")).await) };
     if row.state != mcp_oauth::State::Connected || row.credentials.is_none() {
@@ -259,6 +261,7 @@ pub async fn token_source(
         Ok(manager) => manager,
         Err(Unusable::Transient(e)) => return Err(TokenError::Transient(e)),
         Err(Unusable::Lost(reason)) => return Err(lost(reason).await),
+        Err(Unusable::Key(e)) => return Err(TokenError::Key(e)),
     };
     Ok(TokenSource { store: std::sync::Arc::new(store), manager: tokio::sync::Mutex::new((row.logins, manager)), client, on_needs_login })
 }
@@ -269,6 +272,8 @@ pub(crate) enum Unusable {
     Transient(String),
     /// Only a new login helps: the reason, for the owner.
     Lost(String),
+    /// This process's key cannot open what the login stored (see [`TokenError::Key`]).
+    Key(SealError),
 }
 
 impl tokens::Client {
@@ -284,7 +289,7 @@ impl tokens::Client {
         if let Some(sealed) = &row.client_secret {
             match store.sealer.open(&store.server, sealed) {
                 Ok(secret) => client = client.with_client_secret(secret),
-                Err(e) => return Err(Unusable::Lost(e.to_string())),
+                Err(e) => return Err(Unusable::Key(e)),
             }
         }
         manager.configure_client(client).map_err(|e| Unusable::Lost(describe(&e)))?;

@@ -28,7 +28,7 @@ pub enum SealError {
     #[error("MCP_TOKEN_KEY_INVALID: {TOKEN_KEY_VAR} must be 64 hex digits (32 bytes), for example from `openssl rand -hex 32`")]
     Invalid,
     /// Wrong key (it changed since the value was sealed), or the value was altered.
-    #[error("MCP_TOKEN_UNREADABLE: a stored token cannot be opened with {TOKEN_KEY_VAR} (was the key changed?); log in again")]
+    #[error("MCP_TOKEN_UNREADABLE: the stored login cannot be opened with this process's {TOKEN_KEY_VAR} (not the key it was sealed with?); give this process that key, or log in again")]
     Unreadable,
 }
 

@@ -89,6 +89,11 @@ pub enum TokenError {
     /// The authorization server could not be reached or failed; a later try may work.
     #[error("MCP_TOKEN_REFRESH_FAILED: {0}")]
     Transient(String),
+    /// This process's token key is missing, invalid, or not the one the stored login was sealed
+    /// with. Only this process is stuck: the login is left as stored for the processes whose key
+    /// opens it (or until an owner logs in again with this key).
+    #[error("{0}")]
+    Key(super::SealError),
 }
 
 /// The tokens of one server, shared by its session's requests.
@@ -155,18 +160,11 @@ impl TokenSource {
         self.refresh(Some(sent)).await
     }
 
-    async fn fail_read(&self, e: OAuthError) -> TokenError {
-        match e {
-            OAuthError::Seal(e) => self.needs_login(&e.to_string()).await,
-            other => TokenError::Transient(other.to_string()),
-        }
-    }
-
     async fn read(&self) -> Result<Option<StoredCredentials>, TokenError> {
-        match self.store.read().await {
-            Ok(c) => Ok(c),
-            Err(e) => Err(self.fail_read(e).await),
-        }
+        self.store.read().await.map_err(|e| match e {
+            OAuthError::Seal(e) => TokenError::Key(e),
+            other => TokenError::Transient(other.to_string()),
+        })
     }
 
     /// The number of the login whose tokens this source last read.
@@ -240,6 +238,7 @@ impl TokenSource {
                 Ok(fresh) => *manager = (row.logins, fresh),
                 Err(super::Unusable::Transient(e)) => return Err(TokenError::Transient(e)),
                 Err(super::Unusable::Lost(reason)) => return Err(self.needs_login(&reason).await),
+                Err(super::Unusable::Key(e)) => return Err(TokenError::Key(e)),
             }
         }
         match manager.1.refresh_token().await {
