@@ -696,12 +696,14 @@ fn the_command_line_lists_approves_and_calls_mcp_tools() {
     assert!(stdout.contains("tools=2\tpending=2"), "{stdout}");
     let (_, stdout, _) = run(&["mcp", "tools", "time"]);
     assert!(stdout.contains("time__get_current_time\tpending\tnot offered"), "{stdout}");
+    // The hash `mcp tools` shows is the one `--hash` takes, binding the approval to it.
+    let shown = stdout.lines().find(|l| l.starts_with("time__get_current_time\t")).and_then(|l| l.split('\t').nth(3)).expect("a hash").to_string();
 
     let call = ["tools", "call", "time__get_current_time", "--args", r#"{"timezone":"Asia/Tokyo"}"#];
     let (code, stdout, _) = run(&call);
     assert_eq!(code, 1);
     assert!(stdout.contains("TOOL_QUARANTINED"), "{stdout}");
-    let (code, stdout, stderr) = run(&["mcp", "approve", "time__get_current_time"]);
+    let (code, stdout, stderr) = run(&["mcp", "approve", "time__get_current_time", "--hash", &shown]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("approved"), "{stdout}");
     let (code, stdout, stderr) = run(&call);

@@ -161,7 +161,8 @@ pub async fn mcp(cfg: LoadedConfig, files: ToolFiles, cmd: &McpCommand) -> Resul
             McpCommand::Tools { server } => {
                 for t in mcp.tools(server).await.map_err(fail)? {
                     let listed = if t.present { "" } else { "	(no longer listed)" };
-                    println!("{}	{}	{}	{}{listed}", t.catalog_name, t.state, if t.usable { "offered" } else { "not offered" }, &t.definition_hash[..19.min(t.definition_hash.len())]);
+                    // The whole hash: `mcp approve --hash` wants the definition the owner saw.
+                    println!("{}	{}	{}	{}{listed}", t.catalog_name, t.state, if t.usable { "offered" } else { "not offered" }, t.definition_hash);
                 }
             }
             McpCommand::Refresh { server } => {
