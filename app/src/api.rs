@@ -279,6 +279,7 @@ pub async fn decide_repair(
     id: i64,
     action: String,
     confirm: Option<String>,
+    seen: Option<String>,
     reason: Option<String>,
 ) -> Result<String, AppError> {
     for_owner(|me, backend| async move {
@@ -294,6 +295,7 @@ pub async fn decide_repair(
                 id,
                 &action,
                 confirm,
+                seen.as_deref(),
                 reason.as_deref().unwrap_or_default(),
                 &client_ip().await,
             )

@@ -135,14 +135,17 @@ pub trait RepairsBackend: Send + Sync {
     async fn repairs_page(&self) -> Result<RepairsPage, AppError>;
     /// Scans new traces, makes cases and proposes repairs now; says what it did, in words.
     async fn run_cycle(&self, owner_id: i64, ip: &str) -> Result<String, AppError>;
-    /// `approve` (with `confirm` for one that breaks a passing case), `reject` (with a reason)
-    /// or `rollback`. Audited with the owner and address. Returns what happened, in words.
+    /// `approve` (with `confirm` for one that breaks a passing case, and `seen`, the
+    /// [`crate::dto::RepairView::seen`] of the diff the owner was shown), `reject` (with a
+    /// reason) or `rollback`. Audited with the owner and address. Returns what happened, in words.
+    #[expect(clippy::too_many_arguments, reason = "one form's fields, as the server function takes them")]
     async fn decide_repair(
         &self,
         owner_id: i64,
         id: i64,
         action: &str,
         confirm: bool,
+        seen: Option<&str>,
         reason: &str,
         ip: &str,
     ) -> Result<String, AppError>;

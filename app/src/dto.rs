@@ -674,6 +674,8 @@ pub struct RepairView {
     pub files: Vec<(String, Vec<DiffRow>)>,
     /// The unified diff, as `gatehouse repair show` prints it.
     pub diff: String,
+    /// The diff's fingerprint: an approval names the diff its owner was shown.
+    pub seen: String,
     pub table: Vec<ReplayRow>,
     pub fixes: i64,
     pub regressions: i64,

@@ -72,7 +72,7 @@ impl AppError {
             code::NOT_FOUND => 404,
             code::CONFIG_INVALID | "REPAIR_CONFIG_INVALID" => 422,
             // Self-improvement: a decision the repair's state refuses, and input that is not one.
-            "REPAIR_NEEDS_CONFIRMATION" | "REPAIR_REPLAY_CHANGED" | "REPAIR_ALREADY_DECIDED" | "REPAIR_STALE" | "REPAIR_HALF_APPLIED" => 409,
+            "REPAIR_NEEDS_CONFIRMATION" | "REPAIR_REPLAY_CHANGED" | "REPAIR_CHANGED" | "REPAIR_ALREADY_DECIDED" | "REPAIR_STALE" | "REPAIR_HALF_APPLIED" => 409,
             "REPAIR_REASON_REQUIRED" | "EVAL_EXPECT_INVALID" | "EVAL_PATTERN_UNKNOWN" | "EVAL_TRACE_UNREADABLE" => 400,
             "REPAIR_NOT_FOUND" => 404,
             // A form of an MCP server: values that do not fit it, one already answered or gone.

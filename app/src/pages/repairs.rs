@@ -105,6 +105,7 @@ fn diff_table(path: String, rows: Vec<DiffRow>) -> impl IntoView {
 
 fn repair_card(r: RepairView, decide: ServerAction<DecideRepair>) -> impl IntoView {
     let (approve_id, reject_id, rollback_id) = (r.id.to_string(), r.id.to_string(), r.id.to_string());
+    let seen = r.seen.clone();
     let actions = match r.state.as_str() {
         "proposed" => {
             let confirm = (r.regressions > 0).then(|| {
@@ -120,6 +121,7 @@ fn repair_card(r: RepairView, decide: ServerAction<DecideRepair>) -> impl IntoVi
                     <ActionForm action=decide>
                         <input type="hidden" name="id" value=approve_id />
                         <input type="hidden" name="action" value="approve" />
+                        <input type="hidden" name="seen" value=seen />
                         {confirm}
                         <button type="submit" data-testid="approve-repair">"Approve and apply"</button>
                     </ActionForm>

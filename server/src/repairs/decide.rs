@@ -95,10 +95,16 @@ fn still_swappable<'a>(dir: &Path, changes: &'a [FileChange], forward: bool) -> 
 /// waits for the row, then finds it decided), a file that cannot be written leaves the repair
 /// proposed, and a crash between the writes and the commit leaves it proposed with its files in
 /// place, which approving again completes. The caller reloads the catalog.
-pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Decider, confirm_regressions: bool) -> Result<RepairRow, RepairError> {
+///
+/// `seen` is the [`fingerprint`] of the diff the owner was shown, when they were shown one: a
+/// proposal a cycle brought up to date since is refused (`REPAIR_CHANGED`), never applied unseen.
+pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Decider, confirm_regressions: bool, seen: Option<&str>) -> Result<RepairRow, RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
     if row.state != RepairState::Proposed {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
+    }
+    if seen.is_some_and(|seen| seen != fingerprint(&row.diff)) {
+        return Err(RepairError::Changed(id));
     }
     // A file edited since the proposal is refused before the replay: replayed, the proposal's
     // text over the newer file would count the undoing of that edit as the repair's regressions.
@@ -114,6 +120,12 @@ pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Dec
     decide_with_files(conn, &ws.config_dir, &row, (RepairState::Proposed, RepairState::Applied), by, audit, &format!("Repair #{id}: {}", row.summary)).await?;
     tracing::info!(repair = id, by = %by.login, "repair applied");
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
+}
+
+/// What an approval names the diff it was shown by: its SHA-256, in hex.
+pub fn fingerprint(diff: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(Sha256::digest(diff.as_bytes()))
 }
 
 /// Replays every stored case before and after `row`'s change, over the config folder as it is

@@ -18,7 +18,7 @@ mod decide;
 pub mod model;
 pub mod strategies;
 
-pub use decide::{Decider, approve, reject, rollback};
+pub use decide::{Decider, approve, fingerprint, reject, rollback};
 
 use std::{
     collections::BTreeSet,
@@ -107,6 +107,8 @@ pub enum RepairError {
     NeedsConfirmation(i64),
     #[error("REPAIR_REPLAY_CHANGED: replayed over today's cases and files, repair {id} breaks {regressions} case(s) that pass, more than its table said; the table is updated: review it, then approve again")]
     ReplayChanged { id: i64, regressions: i64 },
+    #[error("REPAIR_CHANGED: repair {0} was brought up to date since it was shown (a cycle found its file changed); look at it again, then approve it")]
+    Changed(i64),
     #[error("REPAIR_STALE: {0} changed since the repair was proposed; propose again")]
     Stale(String),
     #[error("REPAIR_REASON_REQUIRED: say why the repair is rejected")]
@@ -141,6 +143,7 @@ impl RepairError {
             Self::Decided { .. } => "REPAIR_ALREADY_DECIDED",
             Self::NeedsConfirmation(_) => "REPAIR_NEEDS_CONFIRMATION",
             Self::ReplayChanged { .. } => "REPAIR_REPLAY_CHANGED",
+            Self::Changed(_) => "REPAIR_CHANGED",
             Self::Stale(_) => "REPAIR_STALE",
             Self::ReasonRequired => "REPAIR_REASON_REQUIRED",
             Self::HalfApplied(_) => "REPAIR_HALF_APPLIED",

@@ -101,9 +101,32 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let link = format!("{}/repairs#repair-{id}", app.state.config.settings.server.console_url());
     assert!(link.starts_with("http") && message.ends_with(&link), "the owner's WhatsApp gets a link a browser opens, not a bare path: {message}");
 
-    let approved = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
+    // A cycle brings the open proposal up to date in place (as when its file changed since): the
+    // approval of the diff the owner was shown is refused, and nothing is applied unseen.
+    let shown = repair["seen"].as_str().expect("seen").to_string();
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::get_repair(&mut conn, id.parse().expect("id")).await.expect("get").expect("row");
+    let mut files = repairs::files_of(&row);
+    for f in files.iter_mut().filter(|f| f.before != f.after) {
+        f.after.push_str("# brought up to date\n");
+    }
+    let (files, diff) = (serde_json::to_string(&files).expect("files"), format!("{}+# brought up to date\n", row.diff));
+    let refreshed = store::NewRepair { strategy: &row.strategy, summary: &row.summary, diff: &diff, files: &files, results: &row.results, fixes: row.fixes, regressions: row.regressions, case_ids: &row.case_ids, created_at: row.created_at };
+    let (same, new) = store::insert_repair(&mut conn, &refreshed).await.expect("refresh");
+    assert_eq!((same.id, new), (row.id, false), "brought up to date in place");
+    drop(conn);
+    let unseen = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve"), ("seen", &shown)]).await;
+    assert_eq!(unseen.status, axum::http::StatusCode::CONFLICT, "{}", unseen.body);
+    assert!(unseen.body.contains("REPAIR_CHANGED"), "{}", unseen.body);
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "nothing applied");
+    let page = server_fn_json(&owner.post_form("/api/list_repairs", &[]).await.body);
+    let seen = page["repairs"][0]["seen"].as_str().expect("seen").to_string();
+    assert_ne!(seen, shown, "the page shows the new diff");
+
+    let approved = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve"), ("seen", &seen)]).await;
     assert!(approved.body.contains("applied") && approved.body.contains("reloaded"), "{}", approved.body);
     let applied = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    assert!(applied.ends_with("# brought up to date\n"), "the diff the owner was shown");
     assert_ne!(applied, original);
     let twice = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
     assert!(twice.body.contains("REPAIR_ALREADY_DECIDED"), "decided once: {}", twice.body);
@@ -147,7 +170,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     let (row, _) = repairs::store(&mut conn, p).await.expect("store");
     let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
 
-    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, false).await;
+    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, false, None).await;
     assert!(matches!(refused, Err(RepairError::NeedsConfirmation(_))), "{refused:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "asked, not applied");
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed");
@@ -159,19 +182,19 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
             .expect("store");
     assert!(matches!(repairs::reject(&mut conn, dir.path(), other.id, &owner, "  ").await, Err(RepairError::ReasonRequired)));
     repairs::reject(&mut conn, dir.path(), other.id, &owner, "too broad").await.expect("reject");
-    assert!(matches!(repairs::approve(&mut conn, &ws, other.id, &owner, true).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
+    assert!(matches!(repairs::approve(&mut conn, &ws, other.id, &owner, true, None).await, Err(RepairError::Decided { .. })), "a rejected repair stays rejected");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "a rejection touches nothing");
 
     // A file edited by hand since the proposal is not overwritten.
     std::fs::write(dir.path().join("tools.toml"), format!("{original}\n# edited by hand\n")).expect("edit");
-    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await, Err(RepairError::Stale(_))));
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").state.as_str(), "proposed", "still open after a refused write");
     // Edited by hand to hold the repair's change and more: refused as stale before any replay,
     // so the table the owner saw stays (a replay over the newer file would count the file's
     // own state as the repair's doing, and store that).
     let seen = store::get_repair(&mut conn, row.id).await.expect("get").expect("row").results;
     std::fs::write(dir.path().join("tools.toml"), format!("{}\n# edited by hand too\n", p.change.after)).expect("edit");
-    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert!(matches!(repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await, Err(RepairError::Stale(_))));
     assert_eq!(store::get_repair(&mut conn, row.id).await.expect("get").expect("row").results, seen, "no replay over the newer file");
     std::fs::write(dir.path().join("tools.toml"), &original).expect("restore");
 
@@ -193,7 +216,7 @@ async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestD
     // Rejected now, the edit would stay in the file and go live at the next reload: refused.
     let half = repairs::reject(&mut conn, dir.path(), row.id, &owner, "changed my mind").await;
     assert!(matches!(half, Err(RepairError::HalfApplied(id)) if id == row.id), "{half:?}");
-    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, true).await.expect("confirmed");
+    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await.expect("confirmed");
     assert_eq!((applied.state.as_str(), applied.decided_by.as_deref()), ("applied", Some("Ada")));
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), p.change.after);
     let log = String::from_utf8_lossy(&git(&["log", "-1", "--format=%an <%ae>|%s"]).stdout).into_owned();
@@ -220,18 +243,18 @@ async fn a_repair_is_replayed_again_when_approved(db: TestDb) {
     // Later, a case the same edit breaks.
     store::upsert_case(&mut conn, &case("just-chat", &format!("{MISROUTED}!"), "normal_chat").to_row()).await.expect("case");
     let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
-    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, true).await;
+    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await;
     assert!(matches!(refused, Err(RepairError::ReplayChanged { regressions: 1, .. })), "{refused:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "nothing applied");
     let stored = store::get_repair(&mut conn, row.id).await.expect("get").expect("row");
     assert_eq!((stored.state.as_str(), stored.regressions), ("proposed", 1));
     assert!(repairs::table_of(&stored).iter().any(|t| t.case == "just-chat" && t.regressed()), "{:?}", repairs::table_of(&stored));
 
-    let unconfirmed = repairs::approve(&mut conn, &ws, row.id, &owner, false).await;
+    let unconfirmed = repairs::approve(&mut conn, &ws, row.id, &owner, false, None).await;
     assert!(matches!(unconfirmed, Err(RepairError::NeedsConfirmation(_))), "{unconfirmed:?}");
     // That case removed again, the replay breaks nothing, and no confirmation is asked.
     assert!(store::delete_case(&mut conn, "just-chat").await.expect("delete"));
-    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, false).await.expect("nothing to confirm");
+    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, false, None).await.expect("nothing to confirm");
     assert_eq!((applied.state.as_str(), applied.regressions), ("applied", 0));
 }
 both_backends!(evals_repair_replayed_on_approval, a_repair_is_replayed_again_when_approved);
@@ -256,7 +279,7 @@ async fn repair_writers_wait_for_each_other(db: TestDb) {
     let (pool, ws) = (app.state.db.pool.clone(), ws.clone());
     let approve = tokio::spawn(async move {
         let mut conn = pool.acquire().await.expect("conn");
-        repairs::approve(&mut conn, &ws, row.id, &owner, true).await
+        repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await
     });
     let other = repairs::Proposal { summary: "another".into(), change: repairs::FileChange { after: format!("{}\n# another\n", p.change.before), ..p.change.clone() }, ..p.clone() };
     let db = app.state.db.clone();
@@ -302,12 +325,12 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     // Lines added above every tool: the proposal is stale, and the same edit now lands lower.
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     std::fs::write(dir.path().join("tools.toml"), format!("# Kept by the shop.\n# Reviewed monthly.\n{original}")).expect("edit");
-    assert!(matches!(repairs::approve(&mut conn, &ws, first.id, &owner, true).await, Err(RepairError::Stale(_))));
+    assert!(matches!(repairs::approve(&mut conn, &ws, first.id, &owner, true, None).await, Err(RepairError::Stale(_))));
     let again = propose().await;
     let (updated, new) = repairs::store(&mut conn, &again).await.expect("store");
     assert_eq!((updated.id, new), (first.id, false), "the open proposal of the same edit, not a second one");
     assert_ne!(updated.files, first.files, "made from the file as it is now");
-    let applied = repairs::approve(&mut conn, &ws, updated.id, &owner, true).await.expect("approvable again");
+    let applied = repairs::approve(&mut conn, &ws, updated.id, &owner, true, None).await.expect("approvable again");
     assert_eq!(applied.state.as_str(), "applied");
     assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), again.change.after);
 
@@ -372,7 +395,7 @@ async fn a_right_tool_short_of_the_threshold_gets_its_own(db: TestDb) {
 
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (row, _) = repairs::store(&mut conn, p).await.expect("store");
-    repairs::approve(&mut conn, &ws, row.id, &Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() }, false).await.expect("approve");
+    repairs::approve(&mut conn, &ws, row.id, &Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() }, false, None).await.expect("approve");
     let after = repairs::run_all(&ws.judge().expect("judge"), &cases).await;
     assert!(after.iter().all(|r| r.pass()), "{after:?}");
     assert_eq!(after[0].detector.observed.code, "CANDIDATES_FOUND");

@@ -130,6 +130,7 @@ impl RepairsBackend for ConsoleBackend {
                 strategy: row.strategy.clone(),
                 summary: row.summary.clone(),
                 files: files.iter().map(|f| (f.path.clone(), diff_rows(f))).collect(),
+                seen: repairs::fingerprint(&row.diff),
                 diff: row.diff.clone(),
                 table: repairs::table_of(&row)
                     .into_iter()
@@ -156,14 +157,14 @@ impl RepairsBackend for ConsoleBackend {
         Ok(report.summary())
     }
 
-    async fn decide_repair(&self, owner_id: i64, id: i64, action: &str, confirm: bool, reason: &str, ip: &str) -> Result<String, AppError> {
+    async fn decide_repair(&self, owner_id: i64, id: i64, action: &str, confirm: bool, seen: Option<&str>, reason: &str, ip: &str) -> Result<String, AppError> {
         let by = self.decider(owner_id, ip).await?;
         let dir = self.state.config.dir.clone();
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         // Each decision writes its owner-audit row in its own transaction.
         match action {
             "approve" => {
-                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm).await.map_err(repair_error)?;
+                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm, seen).await.map_err(repair_error)?;
                 drop(conn);
                 Ok(format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
             }

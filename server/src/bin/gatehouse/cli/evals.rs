@@ -284,7 +284,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         }
         RepairCommand::Approve { id, confirm_regressions } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
-            let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions).await.map_err(decision)?;
+            let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions, None).await.map_err(decision)?;
             // The reload needs connections of its own (a pool of one would wait for this one).
             drop(conn);
             println!("repair #{} applied: {}. {}", row.id, row.summary, tell_processes(gatehouse).await);
