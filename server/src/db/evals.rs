@@ -272,13 +272,15 @@ pub async fn cases_with_open_or_rejected_repairs(conn: &mut AnyConnection) -> Re
     Ok(lists.iter().flat_map(|list| serde_json::from_str::<Vec<String>>(list).unwrap_or_default()).collect())
 }
 
-/// Replaces an open proposal's before/after table and its counts with a newer replay's.
-pub async fn set_results(conn: &mut AnyConnection, id: i64, results: &str, fixes: i64, regressions: i64) -> Result<(), DbError> {
-    sqlx::query("UPDATE repairs SET results = $1, fixes = $2, regressions = $3 WHERE id = $4 AND state = 'proposed'")
+/// Replaces an open proposal's before/after table and its counts with a newer replay's of `row`,
+/// unless a cycle has brought its change up to date since (the table would be another change's).
+pub async fn set_results(conn: &mut AnyConnection, row: &RepairRow, results: &str, fixes: i64, regressions: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE repairs SET results = $1, fixes = $2, regressions = $3 WHERE id = $4 AND state = 'proposed' AND files = $5")
         .bind(results)
         .bind(fixes)
         .bind(regressions)
-        .bind(id)
+        .bind(row.id)
+        .bind(&row.files)
         .execute(conn)
         .await?;
     Ok(())

@@ -140,7 +140,7 @@ async fn replay_again(conn: &mut AnyConnection, ws: &Workspace, row: &RepairRow)
     let regressions = fresh.iter().filter(|r| r.regressed()).count() as i64;
     if fresh != table_of(row) {
         let fixes = fresh.iter().filter(|r| r.fixed()).count() as i64;
-        store::set_results(conn, row.id, &serde_json::to_string(&fresh).unwrap_or_default(), fixes, regressions).await?;
+        store::set_results(conn, row, &serde_json::to_string(&fresh).unwrap_or_default(), fixes, regressions).await?;
     }
     Ok(regressions)
 }
@@ -200,6 +200,11 @@ async fn decide_with_files(
     let changes = files_of(row);
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
     store::lock_repairs(&mut tx).await?;
+    // A cycle may have brought the proposal up to date since `row` was read and checked (the
+    // replay takes a while): what is written is what was checked, or nothing.
+    if store::get_repair(&mut tx, id).await?.is_some_and(|now| now.files != row.files) {
+        return Err(RepairError::Changed(id));
+    }
     if !store::transition(&mut tx, id, from, to, &by.name, None, db::now_ms()).await? {
         drop(tx);
         let state = store::get_repair(conn, id).await?.map(|r| r.state.to_string()).unwrap_or_default();

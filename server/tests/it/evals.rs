@@ -128,7 +128,9 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let applied = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     assert!(applied.ends_with("# brought up to date\n"), "the diff the owner was shown");
     assert_ne!(applied, original);
-    let twice = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
+    let unnamed = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve")]).await;
+    assert_eq!(unnamed.status, axum::http::StatusCode::BAD_REQUEST, "an approval names the diff it was shown: {}", unnamed.body);
+    let twice = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve"), ("seen", &seen)]).await;
     assert!(twice.body.contains("REPAIR_ALREADY_DECIDED"), "decided once: {}", twice.body);
 
     let resent = owner.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", MISROUTED), ("chat_id", "")]).await;
@@ -357,6 +359,54 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
     assert_eq!((same.id, new, same.state.as_str()), (second.id, false, "rejected"), "the same edit with other lines around it");
 }
 both_backends!(evals_repair_updated_when_stale, the_same_edit_proposed_again_updates_a_stale_proposal);
+
+/// An approval replays every case before it writes, which takes a while; a cycle that brings
+/// the proposal up to date meanwhile (it holds the repairs lock, the approval waits for it)
+/// makes the approval refuse, not write the change it checked over the one now stored.
+/// PostgreSQL only: SQLite runs one write transaction at a time, so nothing can come between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_brought_up_to_date_during_its_approval_is_not_applied() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch")];
+    let proposal = repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal");
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+    let (row, _) = repairs::store(&mut app.state.db.pool.acquire().await.expect("conn"), &proposal).await.expect("store");
+
+    let mut cycle = app.state.db.pool.begin().await.expect("begin");
+    store::lock_repairs(&mut cycle).await.expect("lock");
+    let approving = tokio::spawn({
+        let (db, ws, id) = (app.state.db.clone(), ws.clone(), row.id);
+        async move {
+            let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
+            repairs::approve(&mut db.pool.acquire().await.expect("conn"), &ws, id, &owner, true, None).await
+        }
+    });
+    let waiting = "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&app.state.db.pool).await.expect("locks") == 0 {
+        assert!(std::time::Instant::now() < deadline, "the approval never waited for the lock");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The same edit (same strategy and summary) with another line after it, from the same file.
+    let mut files = repairs::files_of(&row);
+    for f in files.iter_mut().filter(|f| f.before != f.after) {
+        f.after.push_str("# brought up to date\n");
+    }
+    let (files, diff) = (serde_json::to_string(&files).expect("files"), format!("{}+# brought up to date\n", row.diff));
+    let refreshed = store::NewRepair { strategy: &row.strategy, summary: &row.summary, diff: &diff, files: &files, results: &row.results, fixes: row.fixes, regressions: row.regressions, case_ids: &row.case_ids, created_at: row.created_at };
+    let (same, new) = store::insert_repair(&mut cycle, &refreshed).await.expect("refresh");
+    assert_eq!((same.id, new), (row.id, false));
+    cycle.commit().await.expect("commit");
+
+    let approved = approving.await.expect("task");
+    assert!(matches!(approved, Err(RepairError::Changed(_))), "{:?}", approved.map(|r| r.state));
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "nothing written");
+    let now = store::get_repair(&mut app.state.db.pool.acquire().await.expect("conn"), row.id).await.expect("get").expect("row");
+    assert_eq!((now.state.as_str(), now.files.as_str()), ("proposed", files.as_str()), "still open, as brought up to date");
+}
 
 /// The index (from 0) of the first line a unified diff removes or adds, in the file before it.
 fn first_changed_line(diff: &str) -> usize {

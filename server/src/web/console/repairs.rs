@@ -164,7 +164,10 @@ impl RepairsBackend for ConsoleBackend {
         // Each decision writes its owner-audit row in its own transaction.
         match action {
             "approve" => {
-                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm, seen).await.map_err(repair_error)?;
+                // The page always names the diff it showed; an approval that names none is
+                // not the console's.
+                let Some(seen) = seen.filter(|s| !s.is_empty()) else { return Err(AppError::invalid("an approval names the diff it was shown (seen)")) };
+                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm, Some(seen)).await.map_err(repair_error)?;
                 drop(conn);
                 Ok(format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
             }
