@@ -424,6 +424,38 @@ async fn a_changed_tool_stops_even_when_its_listing_cannot_be_stored(db: TestDb)
 }
 both_backends!(mcp_unstored_change, a_changed_tool_stops_even_when_its_listing_cannot_be_stored);
 
+/// Another process stored a changed definition and an owner approved it: a process whose server
+/// listed the old one when it last looked refuses the tool (its server may still serve the old
+/// one), lists it again, and offers it once its server lists the approved definition.
+async fn a_listing_older_than_the_approval_is_listed_again(db: TestDb) {
+    let (fx, rig) = approved_fixture(db).await;
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+    let other = Rig::on(TestDb::sqlite(), rig.db.clone(), &fx.server("fx", "", 0)).await;
+    other.connected("fx").await;
+    other.call("fx__mutate", json!({})).await.expect("mutate ran");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while other.manager.tools("fx").await.expect("tools").iter().find(|t| t.name == "echo").is_none_or(|t| t.state != "pending") {
+        assert!(Instant::now() < deadline, "the other process did not store the change");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    other.approve("fx__echo").await;
+
+    let refused = code_of(rig.call("fx__echo", json!({"text": "b"})).await);
+    assert_eq!(refused.code, ToolCode::Quarantined.as_str(), "{refused:?}");
+    assert!(refused.message.contains("no owner approved"), "{refused:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match rig.call("fx__echo", json!({"text": "c"})).await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "never listed again: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    other.manager.shutdown().await;
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_listed_again, a_listing_older_than_the_approval_is_listed_again);
+
 /// A decision made in another process (`gatehouse mcp reject` or `mcp disable` while `serve`
 /// runs, or a second `serve`) holds at once: the call is refused from the database before it
 /// reaches the server, and this process's catalog catches up.

@@ -41,11 +41,17 @@ impl McpExecutor {
         {
             return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
         }
-        // What the server lists now, even when that listing could not be stored.
+        // What the server lists now, even when that listing could not be stored. A listing
+        // older than the approval (another process stored and an owner approved a newer one)
+        // is refused too, and listed again (at most once per LIST_CHANGED_MIN_INTERVAL).
         let listed = live.and_then(|live| live.live.borrow().listed.clone());
         match tool {
-            Some(t) if t.usable() && listed.is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref()) => {
-                Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is listed by its server with a definition no owner approved")))
+            Some(t) if t.usable() && listed.as_ref().is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref()) => {
+                if let Some(live) = live.filter(|live| live.live.borrow().peer.is_some()) {
+                    let _ = live.refresh.send(session::RefreshRequest::ListChanged);
+                }
+                let why = if listed.is_some_and(|l| l.contains_key(&t.name)) { "lists it with a definition no owner approved" } else { "no longer lists it" };
+                Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now: its server {why}")))
             }
             Some(t) if t.usable() => Ok(()),
             Some(t) if t.state == db::mcp::ToolState::Rejected => Err(ToolError::refused(ToolCode::Rejected.as_str(), format!("{name} was rejected by an owner"))),
