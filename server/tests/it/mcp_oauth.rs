@@ -258,6 +258,9 @@ async fn a_process_with_another_key_leaves_the_login_alone(test_db: TestDb) {
         assert!(live.last_error.as_deref().unwrap_or_default().contains(code), "{live:?}");
         let refused = stranger.call().await.expect_err("no token in that process");
         assert!(refused.message.contains(code), "{refused:?}");
+        // Its trouble stays in that process: the health the working process recorded stands.
+        let health: String = sqlx::query_scalar("SELECT health FROM mcp_servers WHERE id = 'crm'").fetch_one(&db.pool).await.expect("health");
+        assert_eq!(health, "connected", "{code}");
         stranger.manager.shutdown().await;
         let (credentials, state, _) = stored(&db).await;
         assert_eq!((credentials.is_some(), state.as_str()), (true, "connected"), "{code}: the login is as it was stored");

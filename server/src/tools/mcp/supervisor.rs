@@ -48,9 +48,19 @@ async fn record_health(inner: &Inner, server: &Server, state: &'static str, erro
 }
 
 /// Logs the `AgentToolMcpDiscoveryFailed` event (seed §17) for a server whose tools could not
-/// be listed, with its scrubbed error, and records its health.
+/// be listed, with its scrubbed error, and records its health. A token key this process cannot
+/// use is its own trouble: kept in its live state only, so the health other processes record
+/// (whose key works) stands.
 async fn discovery_failed(inner: &Inner, server: &Server, state: &'static str, error: String) {
     tracing::warn!(event = "AgentToolMcpDiscoveryFailed", mcp.server = %server.config.id, health = state, error = %error, "MCP discovery failed");
+    if oauth::SealError::is_in(&error) {
+        server.live.send_modify(|l| {
+            l.health = state;
+            l.last_error = Some(error);
+            l.peer = None;
+        });
+        return;
+    }
     store_health(inner, server, state, Some(error), false).await;
 }
 

@@ -65,9 +65,7 @@ impl OAuthError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::NotOAuth(_) => "MCP_NOT_OAUTH",
-            Self::Seal(SealError::Missing) => "MCP_TOKEN_KEY_MISSING",
-            Self::Seal(SealError::Invalid) => "MCP_TOKEN_KEY_INVALID",
-            Self::Seal(SealError::Unreadable) => "MCP_TOKEN_UNREADABLE",
+            Self::Seal(e) => e.code(),
             Self::Discovery(_) => "MCP_OAUTH_DISCOVERY_FAILED",
             Self::Registration(_) => "MCP_OAUTH_REGISTRATION_FAILED",
             Self::UnknownLogin => "MCP_OAUTH_LOGIN_UNKNOWN",

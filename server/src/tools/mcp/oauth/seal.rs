@@ -32,6 +32,25 @@ pub enum SealError {
     Unreadable,
 }
 
+impl SealError {
+    /// Every key problem's stable code (each message's prefix).
+    pub const CODES: [&str; 3] = ["MCP_TOKEN_KEY_MISSING", "MCP_TOKEN_KEY_INVALID", "MCP_TOKEN_UNREADABLE"];
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Missing => Self::CODES[0],
+            Self::Invalid => Self::CODES[1],
+            Self::Unreadable => Self::CODES[2],
+        }
+    }
+
+    /// Whether an error's text is this process's token key failing, wherever it surfaced (the
+    /// token source, or a session whose token request it failed): only this process is stuck.
+    pub fn is_in(error: &str) -> bool {
+        Self::CODES.iter().any(|code| error.contains(code))
+    }
+}
+
 impl Sealer {
     /// From the key's hex text (the environment variable's value).
     pub fn from_hex(hex_key: Option<&str>) -> Result<Self, SealError> {
