@@ -195,13 +195,12 @@ impl Approvals {
         &self.settings.approvals
     }
 
-    /// What the owners' WhatsApp prompt shows of `args`: secrets and personal data replaced
-    /// (the message passes through Meta to every owner number). The console shows more
-    /// ([`for_the_console`]).
-    fn display(&self, args: &Value) -> String {
+    /// What the owners' WhatsApp prompt shows of `tool`'s `args`: what the before-call redact
+    /// hooks mask for the tool, secrets and personal data replaced (the message passes through
+    /// Meta to every owner number). The console shows more ([`for_the_console`]).
+    fn display(&self, tool: &str, args: &Value) -> String {
         let mut shown = args.clone();
-        redact::redact_args(&mut shown);
-        redact::redact_named(&mut shown, &self.checkpoint.catalog().audit.pii_fields, redact::PII_REDACTED);
+        self.checkpoint.catalog().redact_for_record(tool, &mut shown);
         canonical_json(&shown)
     }
 
@@ -232,7 +231,7 @@ impl Approvals {
         let now = db::now_ms();
         let risk = serde_json::to_value(spec.risk).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let managed = serde_json::to_string(&spec.managed_fields).unwrap_or_else(|_| "[]".into());
-        let display = self.display(&call.args);
+        let display = self.display(&call.name, &call.args);
         // A code is told in words (config); a hook's reason is its own words.
         let words = match reason_code(&reason) {
             code if code == reason => self.settings.approvals.reason_words(code).unwrap_or_else(|| reason.clone()),

@@ -402,12 +402,13 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
 }
 both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 
-/// The owners' WhatsApp prompt shows the call with secrets and personal data replaced; the
-/// console, behind the owner login, shows the exact call an owner approves, personal data
-/// included, secrets still replaced; the stored call (what an approval binds and runs) keeps
-/// them exactly, and the trace only their hash.
+/// The owners' WhatsApp prompt shows the call with secrets, personal data and what the tool's
+/// redact hooks mask replaced; the console, behind the owner login, shows the exact call an
+/// owner approves, personal data included, secrets still replaced; the stored call (what an
+/// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
-    let r = rig(db, |_| {}).await;
+    let mask = "\n[[hook]]\nname = \"mask-orders\"\npoint = \"before_tool_call\"\nkind = \"redact\"\ntools = [\"refund_order\"]\npattern = '7\\d(\\d\\d)'\nreplacement = \"7**$1\"\n";
+    let r = crate::lane_e2e::rig_with(db, &format!("{TOOLS}{mask}"), "", |_| {}).await;
     r.add_owner().await;
     let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-pii") };
     let args = json!({ "order_id": "7001", "email": "ana@example.com", "card_token": "tok_live_5f2a" });
@@ -416,8 +417,8 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     r.exchange(&[], 1).await;
     let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
     let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
-    assert!(shown.contains("7001") && shown.contains("[PII]") && shown.contains("[REDACTED]"), "{shown}");
-    assert!(!shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a"), "{shown}");
+    assert!(shown.contains("7**01") && shown.contains("[PII]") && shown.contains("[REDACTED]"), "{shown}");
+    assert!(!shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a") && !shown.contains("7001"), "{shown}");
     let (stored, display): (String, String) = sqlx::query_as("SELECT args, display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
     assert_eq!(serde_json::from_str::<Value>(&stored).expect("json"), args, "the exact call is kept to run");
     assert!(!display.contains("ana@example.com") && !display.contains("tok_live_5f2a"), "{display}");

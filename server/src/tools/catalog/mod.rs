@@ -290,6 +290,15 @@ impl Catalog {
         (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld }, clashes)
     }
 
+    /// Masks what of a call of `tool` with `args` must not be kept or shown: what its
+    /// before-call redact hooks mask for the tool, secrets (by name and shape) and the audit's
+    /// personal-data fields. For the audit row and the owners' approval prompt.
+    pub fn redact_for_record(&self, tool: &str, args: &mut serde_json::Value) {
+        super::hooks::redact_as_before(&self.hooks, tool, args);
+        crate::redact::redact_args(args);
+        crate::redact::redact_named(args, &self.audit.pii_fields, crate::redact::PII_REDACTED);
+    }
+
     /// Why `name` is known but not offered, if it is.
     pub fn withheld(&self, name: &str) -> Option<&Withheld> {
         self.withheld.get(name)

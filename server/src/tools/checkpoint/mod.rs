@@ -346,9 +346,7 @@ impl Checkpoint {
                 }
             }
         }
-        super::hooks::redact_as_before(&catalog.hooks, &call.name, &mut args);
-        redact::redact_args(&mut args);
-        redact::redact_named(&mut args, &catalog.audit.pii_fields, redact::PII_REDACTED);
+        catalog.redact_for_record(&call.name, &mut args);
         self.audit.write(AuditRow {
             at: db::now_ms(),
             tool: call.name.clone(),
