@@ -146,8 +146,8 @@ pub async fn trusted_device(conn: &mut AnyConnection, digest: &str, login: &str,
 }
 
 /// Trusts the device stored under `digest` for `owner` as of `now`, and forgets the owner's
-/// devices unused since `stale_before`.
-pub async fn remember_device(conn: &mut AnyConnection, digest: &str, owner: &OwnerRow, now: i64, stale_before: i64) -> Result<(), DbError> {
+/// devices unused since `stale_before`, and all but the `keep` last used.
+pub async fn remember_device(conn: &mut AnyConnection, digest: &str, owner: &OwnerRow, now: i64, stale_before: i64, keep: i64) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO owner_devices (digest, owner_id, session_epoch, created_at, last_used_at) VALUES ($1, $2, $3, $4, $4) \
          ON CONFLICT (digest) DO UPDATE SET last_used_at = excluded.last_used_at",
@@ -158,7 +158,15 @@ pub async fn remember_device(conn: &mut AnyConnection, digest: &str, owner: &Own
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("DELETE FROM owner_devices WHERE owner_id = $1 AND last_used_at <= $2").bind(owner.id).bind(stale_before).execute(&mut *conn).await?;
+    sqlx::query(
+        "DELETE FROM owner_devices WHERE owner_id = $1 AND (last_used_at <= $2 OR digest NOT IN \
+         (SELECT digest FROM owner_devices WHERE owner_id = $1 ORDER BY last_used_at DESC, digest LIMIT $3))",
+    )
+    .bind(owner.id)
+    .bind(stale_before)
+    .bind(keep)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 

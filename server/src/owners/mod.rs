@@ -189,6 +189,10 @@ pub struct Throttle {
     pub device_lifetime: Duration,
 }
 
+/// The trusted devices kept per owner, the last used: a client that keeps no cookie (a script,
+/// a private window) makes a new one at every login.
+pub const TRUSTED_DEVICES_KEPT: i64 = 20;
+
 /// A device cookie's token: 256 random bits.
 fn new_device_token() -> String {
     use base64::Engine as _;
@@ -292,7 +296,7 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, devic
             let now = db::now_ms();
             let mut tx = db.begin_write().await?;
             audit::mark_success(&mut tx, attempt_id, owner.id, event::LOGIN_OK).await?;
-            q::remember_device(&mut tx, &digest, &owner, now, now - db::duration_ms(throttle.device_lifetime)).await?;
+            q::remember_device(&mut tx, &digest, &owner, now, now - db::duration_ms(throttle.device_lifetime), TRUSTED_DEVICES_KEPT).await?;
             tx.commit().await?;
             Ok(Login::Ok { owner, device })
         }

@@ -485,6 +485,25 @@ async fn a_trusted_device_gets_in_while_others_guess(db: TestDb) {
 }
 both_backends!(login_trusted_device, a_trusted_device_gets_in_while_others_guess);
 
+/// An owner's trusted devices are the last used ones, at most a few, and none unused for the
+/// lifetime: a client that keeps no cookie makes a new device at each login.
+async fn trusted_devices_are_bounded(db: TestDb) {
+    let app = TestApp::new(db).await;
+    app.with_owner("ada", PASSWORD).await;
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let owner = server::db::owners::find_by_login(&mut conn, "ada").await.expect("read").expect("owner");
+    let kept = server::owners::TRUSTED_DEVICES_KEPT;
+    for i in 0..kept + 5 {
+        server::db::owners::remember_device(&mut conn, &format!("device-{i:02}"), &owner, 1_000 + i, 0, kept).await.expect("remember");
+    }
+    let oldest: (i64, i64) = sqlx::query_as("SELECT COUNT(*), MIN(last_used_at) FROM owner_devices").fetch_one(&mut *conn).await.expect("count");
+    assert_eq!(oldest, (kept, 1_005), "the last used are kept");
+    server::db::owners::remember_device(&mut conn, "device-00", &owner, 2_000, 1_010, kept).await.expect("remember");
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM owner_devices WHERE last_used_at <= 1010").fetch_one(&mut *conn).await.expect("count");
+    assert_eq!(left, 0, "none unused for the lifetime");
+}
+both_backends!(login_devices_bounded, trusted_devices_are_bounded);
+
 /// Behind a reverse proxy every request comes from the proxy. Its X-Forwarded-For is believed
 /// only when configured, and only from the proxy: clients then get buckets of their own, and a
 /// client cannot pick its bucket by sending the header itself.
