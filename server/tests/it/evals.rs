@@ -106,14 +106,7 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let shown = repair["seen"].as_str().expect("seen").to_string();
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::get_repair(&mut conn, id.parse().expect("id")).await.expect("get").expect("row");
-    let mut files = repairs::files_of(&row);
-    for f in files.iter_mut().filter(|f| f.before != f.after) {
-        f.after.push_str("# brought up to date\n");
-    }
-    let (files, diff) = (serde_json::to_string(&files).expect("files"), format!("{}+# brought up to date\n", row.diff));
-    let refreshed = store::NewRepair { strategy: &row.strategy, summary: &row.summary, diff: &diff, files: &files, results: &row.results, fixes: row.fixes, regressions: row.regressions, case_ids: &row.case_ids, created_at: row.created_at };
-    let (same, new) = store::insert_repair(&mut conn, &refreshed).await.expect("refresh");
-    assert_eq!((same.id, new), (row.id, false), "brought up to date in place");
+    bring_up_to_date(&mut conn, &row).await;
     drop(conn);
     let unseen = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve"), ("seen", &shown)]).await;
     assert_eq!(unseen.status, axum::http::StatusCode::CONFLICT, "{}", unseen.body);
@@ -360,6 +353,21 @@ async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
 }
 both_backends!(evals_repair_updated_when_stale, the_same_edit_proposed_again_updates_a_stale_proposal);
 
+/// What a cycle does to an open proposal when it proposes the same edit (the same strategy and
+/// summary) from a file that changed: here, the same change with one more line after it. Returns
+/// the stored files.
+async fn bring_up_to_date(conn: &mut sqlx::AnyConnection, row: &store::RepairRow) -> String {
+    let mut files = repairs::files_of(row);
+    for f in files.iter_mut().filter(|f| f.before != f.after) {
+        f.after.push_str("# brought up to date\n");
+    }
+    let (files, diff) = (serde_json::to_string(&files).expect("files"), format!("{}+# brought up to date\n", row.diff));
+    let refreshed = store::NewRepair { strategy: &row.strategy, summary: &row.summary, diff: &diff, files: &files, results: &row.results, fixes: row.fixes, regressions: row.regressions, case_ids: &row.case_ids, created_at: row.created_at };
+    let (same, new) = store::insert_repair(conn, &refreshed).await.expect("refresh");
+    assert_eq!((same.id, new), (row.id, false), "brought up to date in place");
+    files
+}
+
 /// An approval replays every case before it writes, which takes a while; a cycle that brings
 /// the proposal up to date meanwhile (it holds the repairs lock, the approval waits for it)
 /// makes the approval refuse, not write the change it checked over the one now stored.
@@ -390,15 +398,7 @@ async fn a_proposal_brought_up_to_date_during_its_approval_is_not_applied() {
         assert!(std::time::Instant::now() < deadline, "the approval never waited for the lock");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    // The same edit (same strategy and summary) with another line after it, from the same file.
-    let mut files = repairs::files_of(&row);
-    for f in files.iter_mut().filter(|f| f.before != f.after) {
-        f.after.push_str("# brought up to date\n");
-    }
-    let (files, diff) = (serde_json::to_string(&files).expect("files"), format!("{}+# brought up to date\n", row.diff));
-    let refreshed = store::NewRepair { strategy: &row.strategy, summary: &row.summary, diff: &diff, files: &files, results: &row.results, fixes: row.fixes, regressions: row.regressions, case_ids: &row.case_ids, created_at: row.created_at };
-    let (same, new) = store::insert_repair(&mut cycle, &refreshed).await.expect("refresh");
-    assert_eq!((same.id, new), (row.id, false));
+    let files = bring_up_to_date(&mut cycle, &row).await;
     cycle.commit().await.expect("commit");
 
     let approved = approving.await.expect("task");
