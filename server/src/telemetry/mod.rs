@@ -2,6 +2,7 @@
 //! strings and secrets are never logged. And OpenTelemetry export over OTLP/HTTP when
 //! `[telemetry] otlp_endpoint` is set ([`Telemetry`]).
 
+mod metrics;
 mod otel;
 pub mod spans;
 

@@ -5,24 +5,25 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, Weak},
-    time::Duration,
+    sync::{Arc, Mutex},
 };
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, Gauge, MeterProvider as _},
+    metrics::{Counter, MeterProvider as _},
 };
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::{
     Resource,
-    error::OTelSdkResult,
-    metrics::{InstrumentKind, ManualReader, Pipeline, SdkMeterProvider, Temporality, data::ResourceMetrics, exporter::PushMetricExporter, reader::MetricReader},
+    metrics::{ManualReader, SdkMeterProvider, Temporality},
     trace::{SpanData, SpanExporter as _},
 };
 use tokio::sync::{mpsc, oneshot};
 
-use super::spans::{self, Parent};
+use super::{
+    metrics::{MetricsPush, SharedReader, export_metrics},
+    spans::{self, Parent},
+};
 use crate::config::{SecretSource, TelemetrySettings};
 use crate::db::{self, Db, jobs::JobRow, llm_calls::LlmCallRow, traces::Appended};
 
@@ -30,9 +31,6 @@ use crate::db::{self, Db, jobs::JobRow, llm_calls::LlmCallRow, traces::Appended}
 const QUEUE: usize = 4096;
 /// Spans sent in one request at most.
 const MAX_BATCH: usize = 512;
-/// Job states counted as the queue's depth.
-const OPEN_STATES: [db::jobs::JobState; 5] = [db::jobs::JobState::Available, db::jobs::JobState::Scheduled, db::jobs::JobState::Retryable, db::jobs::JobState::Running, db::jobs::JobState::Pending];
-
 tokio::task_local! {
     /// The span of the job this task runs: model calls made by it are its children.
     static CURRENT: Parent;
@@ -77,14 +75,6 @@ struct Inner {
     provider: SdkMeterProvider,
     metrics: Arc<MetricsPush>,
     metrics_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-/// What pushing the metrics takes.
-struct MetricsPush {
-    exporter: MetricExporter,
-    reader: SharedReader,
-    db: Db,
-    depth: Gauge<i64>,
 }
 
 struct Meters {
@@ -354,72 +344,6 @@ impl Exported {
 async fn read_trace(db: &Db, id: i64) -> Result<Option<(db::traces::TraceRow, Vec<db::traces::Step>)>, db::DbError> {
     let mut conn = db.pool.acquire().await?;
     db::traces::get(&mut conn, id).await
-}
-
-/// Every `every`: samples the job queue's depth, collects the instruments and pushes them.
-/// [`Telemetry::shutdown`] stops it and pushes once more.
-async fn export_metrics(metrics: Arc<MetricsPush>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        metrics.push().await;
-    }
-}
-
-impl MetricsPush {
-    async fn push(&self) {
-        let Self { exporter, reader, db: database, depth } = self;
-        let counts = async {
-            let mut conn = database.pool.acquire().await?;
-            db::jobs::counts_by_state(&mut conn).await
-        }
-        .await;
-        match counts {
-            Ok(counts) => {
-                for state in OPEN_STATES {
-                    let n = counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
-                    depth.record(n, &[KeyValue::new("gatehouse.job.state", state.to_string())]);
-                }
-            }
-            Err(e) => tracing::warn!(code = "TELEMETRY_QUEUE_UNREAD", error = %e, "the job queue's depth could not be read"),
-        }
-        let mut metrics = ResourceMetrics::default();
-        if let Err(e) = reader.collect(&mut metrics) {
-            tracing::warn!(code = "TELEMETRY_METRICS_UNREAD", error = %e, "collecting metrics failed");
-            return;
-        }
-        if let Err(e) = exporter.export(&metrics).await {
-            tracing::warn!(code = "TELEMETRY_EXPORT_FAILED", error = %e, "exporting metrics failed; they are sent again next time");
-        }
-    }
-}
-
-/// The SDK's manual reader, shared between the meter provider (which registers with it) and the
-/// export task (which collects from it on its own Tokio timer: nothing blocks a runtime thread).
-#[derive(Debug, Clone)]
-struct SharedReader(Arc<ManualReader>);
-
-impl MetricReader for SharedReader {
-    fn register_pipeline(&self, pipeline: Weak<Pipeline>) {
-        self.0.register_pipeline(pipeline);
-    }
-
-    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
-        self.0.collect(rm)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
-    }
-
-    fn temporality(&self, kind: InstrumentKind) -> Temporality {
-        self.0.temporality(kind)
-    }
 }
 
 #[cfg(test)]

@@ -1,28 +1,29 @@
 //! Request middleware: metrics, CSRF origin check, client address, and the console guard that
 //! sends visitors to /setup or /login and refuses protected server functions without a session.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Instant,
-};
+use std::time::Instant;
 
 use app::{
     api::PUBLIC_SERVER_FNS,
-    auth::{ClientIp, LocalPeer},
     backend::SharedBackend,
     error::AppError,
 };
 use axum::{
     Json,
-    extract::{ConnectInfo, MatchedPath, Request, State},
+    extract::{MatchedPath, Request, State},
     http::{HeaderMap, Method, StatusCode, header},
     middleware::Next,
     response::{IntoResponse, Redirect, Response},
 };
 use tower_sessions::Session;
 
+mod client;
+mod headers;
+
+pub use client::{client_addr, client_ip, is_local};
+pub use headers::{page_policy, sanitize_request_id, security_headers, storage_header};
+
 use super::state::AppState;
-use crate::config::net::{IpNet, canonical};
 
 /// The most of a console request's form body [`refuse_nul`] reads: axum's own default limit.
 const FORM_LIMIT: usize = 2 * 1024 * 1024;
@@ -176,70 +177,6 @@ pub async fn check_origin(State(state): State<AppState>, req: Request, next: Nex
     }
 }
 
-/// Puts the client's address into request extensions for the login throttle and the audit: the
-/// connection's peer, or, when the peer is one of `server.trusted_proxies`, the address that
-/// proxy gives in `server.client_ip_header` (see [`client_addr`]).
-pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let server = &state.config.settings.server;
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let ip = client_addr(peer, req.headers(), &server.trusted_proxies, &server.client_ip_header);
-    let local = is_local(peer, req.headers(), server);
-    req.extensions_mut().insert(ClientIp(ip));
-    req.extensions_mut().insert(LocalPeer(local));
-    next.run(req).await
-}
-
-/// Whether a request from `peer` came from this machine itself: a loopback peer that is not a
-/// trusted proxy, with none of the headers a proxy adds (`Forwarded`, `X-Forwarded-For`,
-/// `X-Real-IP`, or the configured client address header), to a console whose own address
-/// (`server.public_url`) is this machine's. A proxy on this machine is a loopback peer for the
-/// whole internet, and one left at its defaults adds no header: a console published under
-/// another host is never local, whatever the request says.
-pub fn is_local(peer: Option<IpAddr>, headers: &HeaderMap, server: &crate::config::ServerSettings) -> bool {
-    let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", server.client_ip_header.as_str()].iter().any(|h| !h.is_empty() && headers.contains_key(*h));
-    let published_here = server.public_url.is_empty() || url::Url::parse(&server.public_url).is_ok_and(|u| is_loopback_host(u.host()));
-    let proxy = |ip: IpAddr| server.trusted_proxies.iter().any(|p| p.contains(ip));
-    published_here && !forwarded && peer.map(canonical).is_some_and(|ip| ip.is_loopback() && !proxy(ip))
-}
-
-/// `localhost`, or a loopback address.
-fn is_loopback_host(host: Option<url::Host<&str>>) -> bool {
-    match host {
-        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    }
-}
-
-/// The client address of a request from `peer`. A proxy header is read only when `peer` is a
-/// trusted proxy; in a comma-separated list (X-Forwarded-For) the rightmost address that is not
-/// a trusted proxy is the client, since anything left of it came from the client itself. A
-/// header that is absent or unreadable leaves the peer.
-pub fn client_addr(peer: Option<IpAddr>, headers: &HeaderMap, proxies: &[IpNet], header: &str) -> String {
-    let Some(peer) = peer.map(canonical) else { return "unknown".into() };
-    let trusted = |ip: IpAddr| proxies.iter().any(|p| p.contains(ip));
-    if header.is_empty() || !trusted(peer) {
-        return peer.to_string();
-    }
-    let listed: Vec<&str> = headers.get_all(header).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim).collect();
-    let mut client = None;
-    for entry in listed.iter().rev() {
-        let Some(ip) = parse_forwarded(entry) else { break };
-        client = Some(ip);
-        if !trusted(ip) {
-            break;
-        }
-    }
-    client.unwrap_or(peer).to_string()
-}
-
-/// An address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `::1` or `[::1]:5678`.
-fn parse_forwarded(entry: &str) -> Option<IpAddr> {
-    let ip = entry.parse::<IpAddr>().ok().or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))?;
-    Some(canonical(ip))
-}
-
 #[derive(Clone)]
 pub struct GuardState {
     pub state: AppState,
@@ -343,64 +280,6 @@ fn login_then(target: &str) -> Response {
     Redirect::to(&format!("/login?next={next_param}")).into_response()
 }
 
-/// A caller may pass its own `X-Request-Id` (e.g. a proxy's) when it is a plain token; anything
-/// else is dropped and replaced, so logs never carry caller-chosen text.
-pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
-    let keep = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).is_some_and(|v| {
-        (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    });
-    if !keep {
-        req.headers_mut().remove("x-request-id");
-    }
-    next.run(req).await
-}
-
-/// Says on every response that the database will not survive a restart (seed 003 WS-1.4), so
-/// a test or a load balancer can see it as well as an owner.
-pub async fn storage_header(req: Request, next: Next) -> Response {
-    let mut res = next.run(req).await;
-    res.headers_mut().insert("x-gatehouse-storage", header::HeaderValue::from_static("ephemeral"));
-    res
-}
-
-/// The Content-Security-Policy of an answer that is not a console page: no script at all.
-const OTHER_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'";
-
-/// The Content-Security-Policy of a console page rendered with `nonce`: its scripts are the
-/// hydration script Leptos writes with that nonce and the site's own files (the islands' wasm,
-/// compiled under `'wasm-unsafe-eval'`), so text a chat, a tool or an MCP server put on the
-/// page cannot run even if it ever escaped its escaping. No `form-action`: starting an MCP
-/// login is a form whose answer sends the browser on to that server's sign-in page.
-pub fn page_policy(nonce: &str) -> String {
-    format!(
-        "default-src 'self'; script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-    )
-}
-
-/// HTML and API answers are private and must not be cached or framed. Behind https
-/// (`server.public_url`), browsers are also told to come back over https only
-/// (`Strict-Transport-Security`), so a first visit typed as http:// cannot be downgraded.
-pub async fn security_headers(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let is_static = req.uri().path().starts_with("/pkg/") || req.uri().path().starts_with("/assets/");
-    let mut res = next.run(req).await;
-    let h = res.headers_mut();
-    if state.secure_cookies() {
-        h.insert(header::STRICT_TRANSPORT_SECURITY, header::HeaderValue::from_static("max-age=31536000"));
-    }
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
-    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));
-    // A console page set its own policy, with its nonce (see `page_policy`); anything else
-    // (JSON, the small error pages, the stylesheet) may load nothing but that stylesheet.
-    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
-        h.insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static(OTHER_POLICY));
-    }
-    if !is_static {
-        h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
-    }
-    res
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,41 +304,5 @@ mod tests {
         assert_eq!(without_linked_errors(&uri("/approvals?__err=x"), &from(Some("same-site"))).as_deref(), Some("/approvals"));
         assert_eq!(without_linked_errors(&forged, &from(Some("same-origin"))), None, "the console's own redirect");
         assert_eq!(without_linked_errors(&uri("/jobs?state=failed"), &from(Some("none"))), None, "nothing to drop");
-    }
-
-    fn nets(list: &[&str]) -> Vec<IpNet> {
-        list.iter().map(|n| n.parse().expect("net")).collect()
-    }
-
-    fn headers(values: &[&str]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for v in values {
-            h.append("x-forwarded-for", v.parse().expect("value"));
-        }
-        h
-    }
-
-    #[test]
-    fn the_header_counts_only_from_a_trusted_proxy() {
-        let peer = Some("10.0.0.2".parse().expect("ip"));
-        let forwarded = headers(&["203.0.113.9"]);
-        assert_eq!(client_addr(peer, &forwarded, &[], "x-forwarded-for"), "10.0.0.2", "no proxy trusted by default");
-        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), ""), "10.0.0.2", "no header configured");
-        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.9.0.1"]), "x-forwarded-for"), "10.0.0.2", "another proxy is trusted");
-        assert_eq!(client_addr(peer, &forwarded, &nets(&["10.0.0.0/24"]), "x-forwarded-for"), "203.0.113.9");
-        assert_eq!(client_addr(Some("::ffff:10.0.0.2".parse().expect("ip")), &forwarded, &nets(&["10.0.0.2"]), "x-forwarded-for"), "203.0.113.9");
-    }
-
-    #[test]
-    fn the_rightmost_untrusted_address_is_the_client() {
-        let peer = Some("10.0.0.2".parse().expect("ip"));
-        let proxies = nets(&["10.0.0.0/24"]);
-        // A client can prepend anything; only what the proxies appended counts.
-        assert_eq!(client_addr(peer, &headers(&["1.1.1.1, 203.0.113.9, 10.0.0.3"]), &proxies, "x-forwarded-for"), "203.0.113.9");
-        assert_eq!(client_addr(peer, &headers(&["1.1.1.1", "203.0.113.9:4711"]), &proxies, "x-forwarded-for"), "203.0.113.9");
-        assert_eq!(client_addr(peer, &headers(&["[2001:db8::5]:443"]), &proxies, "x-forwarded-for"), "2001:db8::5");
-        assert_eq!(client_addr(peer, &headers(&["not an address"]), &proxies, "x-forwarded-for"), "10.0.0.2", "unreadable: the peer");
-        assert_eq!(client_addr(peer, &HeaderMap::new(), &proxies, "x-forwarded-for"), "10.0.0.2", "absent: the peer");
-        assert_eq!(client_addr(None, &HeaderMap::new(), &proxies, "x-forwarded-for"), "unknown");
     }
 }

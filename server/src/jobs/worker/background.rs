@@ -1,0 +1,66 @@
+//! What a worker does beside its runs: maintenance (rescuing expired leases, expiring jobs past
+//! their time to live, letting go of cancelled runs' leases) and, on PostgreSQL, listening for
+//! other processes' enqueues.
+
+use std::time::Duration;
+
+use super::{super::queue::NOTIFY_CHANNEL, Worker};
+use crate::db::{self, Backend, DbError, jobs as store};
+
+impl Worker {
+    pub(super) async fn maintain(self) {
+        loop {
+            let result = async {
+                let mut tx = self.db.begin_write().await?;
+                let now = db::now_ms();
+                let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
+                let expired = store::expire(&mut tx, self.db.backend, now).await?;
+                let released = store::release_cancelled_leases(&mut tx, self.db.backend, now).await?;
+                tx.commit().await?;
+                Ok::<_, DbError>((rescued, expired, released))
+            }
+            .await;
+            match result {
+                Ok((rescued, expired, released)) => {
+                    if released > 0 {
+                        self.wake.notify_one();
+                    }
+                    if !rescued.is_empty() {
+                        tracing::warn!(worker = %self.id, count = rescued.len(), "rescued jobs whose lease expired");
+                        self.wake.notify_one();
+                    }
+                    if !expired.is_empty() {
+                        tracing::info!(worker = %self.id, count = expired.len(), "expired jobs past their time to live");
+                    }
+                }
+                Err(e) => tracing::warn!(worker = %self.id, error = %e, "job maintenance failed"),
+            }
+            tokio::time::sleep(self.settings.maintenance_interval).await;
+        }
+    }
+
+    /// On PostgreSQL, wakes this worker when another process enqueues.
+    pub(super) async fn listen(self) {
+        if self.db.backend != Backend::Postgres {
+            return;
+        }
+        let Some(url) = self.db.postgres_url() else { return };
+        loop {
+            match sqlx::postgres::PgListener::connect(&url).await {
+                Ok(mut listener) => {
+                    if let Err(e) = listener.listen(NOTIFY_CHANNEL).await {
+                        tracing::warn!(error = %e, "LISTEN failed");
+                    } else {
+                        while let Ok(n) = listener.recv().await {
+                            if n.payload() == self.settings.queue {
+                                self.wake.notify_one();
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot connect for LISTEN; polling only"),
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+}
