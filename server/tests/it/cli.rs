@@ -111,6 +111,19 @@ fn every_config_problem_is_reported_at_once() {
     assert!(!err.contains(SECRET));
 }
 
+/// A reason's words can be set from the environment like any other setting: its code stays in
+/// capitals (figment's `Env` lower-cases keys, and a lower-cased code is no code).
+#[test]
+fn a_reason_code_can_be_overridden_from_the_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config(dir.path(), "");
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE__APPROVALS__REASONS__APPROVAL_RISK", "it can change money"), ("ANTHROPIC_API_KEY", SECRET)], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    let out = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE__APPROVALS__REASONS__APPROVAL_RISK", " "), ("ANTHROPIC_API_KEY", SECRET)], None);
+    assert_eq!(out.code, 2, "the override is read: {}", out.all());
+    assert!(out.stderr.contains("approvals.reasons.APPROVAL_RISK: must not be empty"), "{}", out.stderr);
+}
+
 /// What `serve` would refuse, `check-config` does not call valid: strict mode without the
 /// provider's key. An override whose prefix is one underscore short is named with the name it
 /// was meant to have (it used to be skipped, and the server started on the shipped database).

@@ -209,8 +209,13 @@ fn read_with_env(path: &Path, env: Env, secrets: Secrets) -> Result<(LoadedConfi
 /// `GATEHOUSE__SECTION__KEY` overrides. Figment's `Env` turns `106540352242922` into a number
 /// and `true` into a bool, which a text setting (a phone number id, a model name) then refuses.
 /// Here such values stay text; settings are extracted lossily, so a number or bool setting
-/// still reads them. Arrays and tables in a variable are parsed as `Env` parses them.
+/// still reads them. Arrays and tables in a variable are parsed as `Env` parses them. `Env`
+/// lower-cases every key; the tables whose keys are codes ([`CODE_KEYED`]) get them back in
+/// capitals, as the variable's name has them.
 struct EnvOverrides(Env);
+
+/// Tables whose keys are stable codes in capitals (`[approvals.reasons] APPROVAL_RISK = ...`).
+const CODE_KEYED: [&str; 1] = ["approvals.reasons."];
 
 impl Provider for EnvOverrides {
     fn metadata(&self) -> Metadata {
@@ -224,7 +229,11 @@ impl Provider for EnvOverrides {
                 Ok(Value::Num(..) | Value::Bool(..)) | Err(_) => Value::from(raw),
                 Ok(parsed) => parsed,
             };
-            if let Some(nested) = figment::util::nest(key.as_str(), value).into_dict() {
+            let key = match CODE_KEYED.iter().find(|table| key.as_str().starts_with(*table)) {
+                Some(table) => format!("{table}{}", key.as_str()[table.len()..].to_ascii_uppercase()),
+                None => key.as_str().to_string(),
+            };
+            if let Some(nested) = figment::util::nest(&key, value).into_dict() {
                 merge_into(&mut dict, nested);
             }
         }
