@@ -233,6 +233,9 @@ impl Processor {
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
             return Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };
         }
+        // The definition the call runs with, which summarizes its result: a catalog reloaded or
+        // an MCP tool quarantined while it runs does not turn a call that happened into a failure.
+        let ran_with = self.checkpoint.catalog().get(&job.tool);
         let outcome = self.checkpoint.execute(ToolCall { name: job.tool.clone(), args: job.args.clone() }, &ctx).await;
         let output = outcome.as_ref().ok().map(|ok| ok.output.clone());
         // Only what a later attempt may clear is retried: a timeout, an open circuit, a
@@ -246,8 +249,8 @@ impl Processor {
             Err(f) if f.code == ToolCode::Timeout.as_str() => (ToolResult::TimedOut, Some(f.code)),
             Err(f) => (ToolResult::Failed { code: f.code.clone() }, Some(f.code)),
         };
-        let Some(tool) = self.checkpoint.catalog().get(&job.tool) else {
-            // Gone from the catalog since: nothing to summarize with; say it failed.
+        let Some(tool) = ran_with.or_else(|| self.checkpoint.catalog().get(&job.tool)) else {
+            // Not in the catalog (the call was refused as unknown): nothing to summarize with.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
             return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };

@@ -697,6 +697,39 @@ async fn a_call_whose_tool_changed_while_it_waited_is_judged_again(db: TestDb) {
 }
 both_backends!(lane_e2e_tool_changed, a_call_whose_tool_changed_while_it_waited_is_judged_again);
 
+/// A call that ran is answered as it came out, even when the catalog changed while it ran (a
+/// reload left the tool out, or an MCP rediscovery quarantined it): the person is not told it
+/// failed, which would have them ask again.
+async fn a_call_answered_while_its_tool_left_the_catalog_is_answered(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
+    let (shop, dir, state) = (r.shop.clone(), r.dir.path().to_path_buf(), r.app.state.clone());
+    let reload = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while shop.requests.lock().expect("lock").is_empty() {
+            assert!(Instant::now() < deadline, "the call never reached the shop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The tool and its connector action leave the files.
+        let start = TOOLS.find("[[tool]]\nname = \"order_status\"").expect("order_status");
+        let end = start + 1 + TOOLS[start + 1..].find("[[tool]]").expect("the next tool");
+        std::fs::write(dir.join("tools.toml"), format!("{}{}", &TOOLS[..start], &TOOLS[end..])).expect("tools");
+        let actions = std::fs::read_to_string(dir.join("connectors.toml")).expect("connectors");
+        let action = "[[connector.action]]\ntool = \"order_status\"\nmethod = \"GET\"\npath = \"orders/{order_id}\"\n";
+        assert!(actions.contains(action), "{actions}");
+        std::fs::write(dir.join("connectors.toml"), actions.replacen(action, "", 1)).expect("connectors");
+        let report = state.reloads.reload().await.expect("reload");
+        assert_eq!(report.changed, vec!["order_status".to_string()], "{report:?}");
+        assert!(state.tools.catalog().get("order_status").is_none(), "gone from the catalog");
+        assert!(!shop.requests.lock().expect("lock").is_empty() && shop.requests.lock().expect("lock").len() == 1, "while the call runs");
+    });
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    r.exchange(&[("wamid.LEFT", "Where is my order slow-7?")], 2).await;
+    reload.await.expect("reload task");
+    assert_eq!(r.graph.texts(), vec![pending, "Your order has shipped with Parcel Co: https://track.example/42".to_string()], "answered as it came out");
+}
+both_backends!(lane_e2e_tool_left_while_running, a_call_answered_while_its_tool_left_the_catalog_is_answered);
+
 /// A tool call's job has `jobs.attempts.tool_call` runs, so its answer rides out a WhatsApp
 /// outage; the call itself is tried in the first `jobs.default_max_attempts` of them only, and
 /// then the person is told it failed.
