@@ -81,16 +81,6 @@ pub async fn recent_failures(conn: &mut AnyConnection, login: &str, ip: &str, si
     Ok(FailureCounts { by_login, by_ip, by_pair, oldest_ip_at, newest_login_at, newest_pair_at })
 }
 
-/// Failed logins since `since_ms` from the trusted device whose digest is `device`.
-pub async fn device_failures(conn: &mut AnyConnection, device: &str, since_ms: i64) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM owner_audit WHERE device = $1 AND event = $2 AND at > $3")
-        .bind(device)
-        .bind(event::LOGIN_FAILED)
-        .bind(since_ms)
-        .fetch_one(&mut *conn)
-        .await?)
-}
-
 /// Like [`record`], returning the new row's id. `device` is the digest of the trusted device a
 /// login attempt came from (`owner_devices`).
 pub async fn record_returning_id(conn: &mut AnyConnection, entry: AuditEntry<'_>, device: Option<&str>) -> Result<i64, DbError> {

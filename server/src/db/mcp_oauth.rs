@@ -36,6 +36,13 @@ pub struct OAuthRow {
     pub updated_at: i64,
 }
 
+impl OAuthRow {
+    /// Whether it holds a usable login: connected, with its tokens.
+    pub fn logged_in(&self) -> bool {
+        self.state == State::Connected && self.credentials.is_some()
+    }
+}
+
 const COLUMNS: &str = "server_id, resource, metadata, client_id, client_secret, credentials, state, reason, required_scope, refreshes, logins, updated_at";
 
 pub async fn get(conn: &mut AnyConnection, server: &str) -> Result<Option<OAuthRow>, DbError> {

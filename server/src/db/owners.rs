@@ -131,16 +131,21 @@ pub async fn all_phones(conn: &mut AnyConnection) -> Result<Vec<String>, DbError
     Ok(sqlx::query_scalar("SELECT phone FROM owner_phones ORDER BY phone").fetch_all(&mut *conn).await?)
 }
 
-/// When the device stored under `digest` last signed in, if it is trusted for the owner whose
-/// login name is `login`: signed in since `since_ms`, under the owner's current session epoch.
-pub async fn trusted_device(conn: &mut AnyConnection, digest: &str, login: &str, since_ms: i64) -> Result<Option<i64>, DbError> {
+/// The failed logins from the device stored under `digest` since its last login and
+/// `failures_since_ms`, if it is trusted for the owner whose login name is `login`: signed in
+/// since `since_ms`, under the owner's current session epoch.
+pub async fn trusted_device_failures(conn: &mut AnyConnection, digest: &str, login: &str, since_ms: i64, failures_since_ms: i64) -> Result<Option<i64>, DbError> {
     Ok(sqlx::query_scalar(
-        "SELECT d.last_used_at FROM owner_devices d JOIN owners o ON o.id = d.owner_id \
+        "SELECT (SELECT COUNT(*) FROM owner_audit a WHERE a.device = d.digest AND a.event = $4 \
+                 AND a.at > CASE WHEN d.last_used_at > $5 THEN d.last_used_at ELSE $5 END) \
+         FROM owner_devices d JOIN owners o ON o.id = d.owner_id \
          WHERE d.digest = $1 AND o.login = $2 AND d.session_epoch = o.session_epoch AND d.last_used_at > $3",
     )
     .bind(digest)
     .bind(login)
     .bind(since_ms)
+    .bind(super::audit::event::LOGIN_FAILED)
+    .bind(failures_since_ms)
     .fetch_optional(&mut *conn)
     .await?)
 }

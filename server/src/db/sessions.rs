@@ -3,15 +3,13 @@
 
 use sqlx::AnyConnection;
 
-use sha2::{Digest, Sha256};
-
-use super::{DbError, now_ms};
+use super::{DbError, now_ms, sha256_hex};
 
 /// What a session is stored under: the hex SHA-256 of its id, never the id itself (the cookie's
 /// value), so reading the table gives no one a session. The id is 128 random bits: a plain
 /// digest is enough.
 fn key(id: &str) -> String {
-    hex::encode(Sha256::digest(id.as_bytes()))
+    sha256_hex(id)
 }
 
 /// Updates an existing session only: a session deleted meanwhile (logout, id cycling) must

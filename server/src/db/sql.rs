@@ -3,6 +3,13 @@
 
 use super::Backend;
 
+/// A value as stored in its place (a session id, a device cookie's token) or named by (a
+/// repair's diff): its SHA-256, in hex.
+pub fn sha256_hex(text: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
 /// The backend a connection talks to, for SQL that differs between them.
 pub(crate) fn backend_of(conn: &sqlx::AnyConnection) -> Backend {
     if conn.backend_name() == "PostgreSQL" { Backend::Postgres } else { Backend::Sqlite }

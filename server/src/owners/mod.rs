@@ -201,8 +201,7 @@ fn new_device_token() -> String {
 
 /// How a device token is stored: a copy of the database makes no one a trusted device.
 fn device_digest(token: &str) -> String {
-    use sha2::{Digest as _, Sha256};
-    hex::encode(Sha256::digest(token.as_bytes()))
+    db::sha256_hex(token)
 }
 
 /// The wait between tries on a login name over its limit, from an address that has not failed
@@ -245,31 +244,30 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, devic
     // be a password typed into the wrong field).
     let name = LoginName::parse(login).ok();
     let audit_login = name.as_ref().map_or("<invalid>", LoginName::as_str);
-    let digest = device.map(device_digest);
+    // The browser's token and its digest, when it is a trusted device of this login's owner.
     let (attempt_id, trusted) = {
         let _serial = RESERVE.lock().await;
         let now = db::now_ms();
         let since = now - db::duration_ms(throttle.window);
         let mut conn = db.pool.acquire().await?;
-        let trusted = match (&name, &digest) {
-            (Some(name), Some(digest)) => {
-                // Its failures since its last login count, within the window.
-                let device_since = now - db::duration_ms(throttle.device_lifetime);
-                match q::trusted_device(&mut conn, digest, name.as_str(), device_since).await? {
-                    Some(last_login) => audit::device_failures(&mut conn, digest, since.max(last_login)).await? < i64::from(throttle.max_failures),
-                    None => false,
-                }
+        let mut trusted = None;
+        if let (Some(name), Some(token)) = (&name, device) {
+            // Its failures since its last login count, within the window.
+            let digest = device_digest(token);
+            let device_since = now - db::duration_ms(throttle.device_lifetime);
+            let failures = q::trusted_device_failures(&mut conn, &digest, name.as_str(), device_since, since).await?;
+            if failures.is_some_and(|n| n < i64::from(throttle.max_failures)) {
+                trusted = Some((token, digest));
             }
-            _ => false,
-        };
-        if !trusted {
+        }
+        if trusted.is_none() {
             let counts = audit::recent_failures(&mut conn, audit_login, ip, since).await?;
             if let Some(until) = next_attempt(&counts, throttle, now) {
                 let wait_ms = u64::try_from(until - now).unwrap_or(0).max(1000);
                 return Ok(Login::Throttled { retry_after: Duration::from_millis(wait_ms) });
             }
         }
-        let device = if trusted { digest.as_deref() } else { None };
+        let device = trusted.as_ref().map(|(_, digest)| digest.as_str());
         let id = audit::record_returning_id(&mut conn, AuditEntry { login: Some(audit_login), ip: Some(ip), event: event::LOGIN_FAILED, ..Default::default() }, device).await?;
         (id, trusted)
     };
@@ -285,9 +283,9 @@ pub async fn login(db: &Db, login: &str, password: SecretString, ip: &str, devic
         Some(owner) if ok => {
             // A trusted device keeps its token; any other browser gets a new one, so a cookie
             // that was not trusted (another owner's, a stale one, one made up) never becomes so.
-            let (device, digest) = match (trusted, device, digest) {
-                (true, Some(token), Some(digest)) => (token.to_string(), digest),
-                _ => {
+            let (device, digest) = match trusted {
+                Some((token, digest)) => (token.to_string(), digest),
+                None => {
                     let token = new_device_token();
                     let digest = device_digest(&token);
                     (token, digest)

@@ -124,8 +124,7 @@ pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Dec
 
 /// What an approval names the diff it was shown by: its SHA-256, in hex.
 pub fn fingerprint(diff: &str) -> String {
-    use sha2::{Digest as _, Sha256};
-    hex::encode(Sha256::digest(diff.as_bytes()))
+    db::sha256_hex(diff)
 }
 
 /// Replays every stored case before and after `row`'s change, over the config folder as it is
@@ -200,10 +199,12 @@ async fn decide_with_files(
     let changes = files_of(row);
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
     store::lock_repairs(&mut tx).await?;
-    // A cycle may have brought the proposal up to date since `row` was read and checked (the
+    // Decided meanwhile, or brought up to date by a cycle since `row` was read and checked (the
     // replay takes a while): what is written is what was checked, or nothing.
-    if store::get_repair(&mut tx, id).await?.is_some_and(|now| now.files != row.files) {
-        return Err(RepairError::Changed(id));
+    match store::get_repair(&mut tx, id).await? {
+        Some(now) if now.state != from => return Err(RepairError::Decided { id, state: now.state.to_string() }),
+        Some(now) if now.files != row.files => return Err(RepairError::Changed(id)),
+        _ => {}
     }
     if !store::transition(&mut tx, id, from, to, &by.name, None, db::now_ms()).await? {
         drop(tx);

@@ -154,7 +154,7 @@ async fn wait_for_login(
                     db::mcp_oauth::get(&mut conn, &server.config.id).await.ok().flatten()
                 }
                 .await
-                .is_some_and(|r| r.state == db::mcp_oauth::State::Connected && r.credentials.is_some());
+                .is_some_and(|r| r.logged_in());
                 if logged_in {
                     return true;
                 }

@@ -242,11 +242,11 @@ pub async fn token_source(
     let sealer = match (sealer(secrets), &row) {
         (Ok(s), _) => s,
         // A stored login another process's key may open is left alone.
-        (Err(e), Some(row)) if row.state == mcp_oauth::State::Connected && row.credentials.is_some() => return Err(TokenError::Key(e)),
+        (Err(e), Some(row)) if row.logged_in() => return Err(TokenError::Key(e)),
         (Err(e), _) => return Err(lost(e.to_string()).await),
     };
     let Some(row) = row else { return Err(lost(format!("not logged in yet: {login_hint}")).await) };
-    if row.state != mcp_oauth::State::Connected || row.credentials.is_none() {
+    if !row.logged_in() {
         let why = row.reason.clone().unwrap_or_else(|| "not logged in".into());
         return Err(lost(format!("{why}: {login_hint}")).await);
     }
