@@ -214,7 +214,7 @@ impl Gatehouse {
         let approvals = Arc::new(Approvals::new(db.clone(), jobs.clone(), settings.clone(), tools.clone()));
         let summarizer = lane::summarizer::Summarizer::new(model.clone(), settings.clone());
         let contexts = Arc::new(lane::context::ContextStore::new(db.clone(), jobs.clone(), settings.clone()));
-        let processor = Arc::new(lane::processor::Processor::new(db.clone(), &settings, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()).traced(telemetry.clone()));
+        let processor = Arc::new(lane::processor::Processor::new(jobs.clone(), &settings, tools.clone(), summarizer, outbox.clone(), approvals.clone(), contexts.clone()).traced(telemetry.clone()));
         let lane: Arc<dyn ToolLane> = match overrides.lane {
             Some(lane) => lane,
             None => {

@@ -13,7 +13,7 @@ use crate::{
     },
     domain::{ChatKind, Role},
     owners::notices::DeliverNotice,
-    tools::{ApprovedCall, job::ToolCallJob},
+    tools::{ApprovedCall, checkpoint::ToolCode, job::ToolCallJob},
     traces::{self, Step},
 };
 
@@ -127,7 +127,11 @@ impl Approvals {
             return Ok(());
         }
         let Some(row) = store::get(&mut tx, approval_id).await? else { return Ok(()) };
-        let outcome = if code == "OK" { answer.chars().take(600).collect::<String>() } else { format!("did not complete ({code}).") };
+        let outcome = match code {
+            "OK" => answer.chars().take(600).collect::<String>(),
+            unknown if unknown == ToolCode::OutcomeUnknown.as_str() => format!("was started, but whether it took effect is unknown ({code}): check it before approving it again."),
+            _ => format!("did not complete ({code})."),
+        };
         let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);
         let mut appended = None;
         if let Some(trace_id) = row.trace_id {

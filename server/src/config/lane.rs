@@ -92,6 +92,12 @@ pub struct LaneSettings {
     pub pending_reply: String,
     /// Said when a call's job could not be stored: nothing was started and nothing is promised.
     pub not_started_reply: String,
+    /// Said when a write's call was made but its outcome is unknown (its run stopped, or could
+    /// not keep the answer, before it was said): it is never made again.
+    pub unknown_outcome_reply: String,
+    /// What every owner is told then (`{tool}`, `{job}`), unless the call was approved: the
+    /// deciding owner is told its outcome.
+    pub unknown_outcome_notice: String,
     /// How long a chat's summarised tool result stays available to its follow-ups.
     #[serde(with = "duration_str")]
     pub context_ttl: Duration,
@@ -154,6 +160,8 @@ impl Default for LaneSettings {
             already_checking_reply: String::new(),
             pending_reply: String::new(),
             not_started_reply: String::new(),
+            unknown_outcome_reply: String::new(),
+            unknown_outcome_notice: String::new(),
             context_ttl: Duration::from_secs(24 * 3600),
             contexts_per_chat: 5,
             context_preview_chars: 600,
@@ -171,13 +179,13 @@ impl Default for LaneSettings {
 
 impl LaneSettings {
     /// The texts `check-config` requires while the lane is enabled, by key.
-    pub fn texts(&self) -> [(&'static str, &str); 17] {
+    pub fn texts(&self) -> [(&'static str, &str); 19] {
         super::texts_by_key!(
             self, "lane":
             planner_prompt, summarizer_prompt, respond_tool, respond_description, tool_description,
             clarify_reply, denied_reply, failed_reply, timed_out_reply, approval_reply,
             partial_note, sources_label, fallback_intro, unreadable_reply, pending_reply,
-            already_checking_reply, not_started_reply
+            already_checking_reply, not_started_reply, unknown_outcome_reply, unknown_outcome_notice
         )
     }
 }

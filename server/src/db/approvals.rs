@@ -209,6 +209,12 @@ async fn insert_new(conn: &mut AnyConnection, new: &NewApproval<'_>) -> Result<O
     Ok(inserted)
 }
 
+/// The requests message `message_id` of `channel` asked for, oldest first.
+pub async fn asked_by(conn: &mut AnyConnection, channel: &str, message_id: &str) -> Result<Vec<ApprovalRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM approvals WHERE id IN (SELECT approval_id FROM approval_askers WHERE channel = $1 AND message_id = $2) ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(channel).bind(message_id).fetch_all(&mut *conn).await?)
+}
+
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ApprovalRow>, DbError> {
     Ok(sqlx::query_as::<_, ApprovalRow>(&format!("SELECT {COLUMNS} FROM approvals WHERE id = $1")).bind(id).fetch_optional(conn).await?)
 }

@@ -46,9 +46,10 @@ pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) ->
     // Checked again as they are deleted: a job run again from the console meanwhile is kept.
     let deleted = delete_ids(conn, "jobs", &still, before, &due).await?;
     // PostgreSQL's job events have no foreign key (migration 0028); a tool call's kept answer
-    // has none either.
+    // and its start mark have none either.
     delete_belonging(conn, "job_events", "job_id", &deleted).await?;
     delete_belonging(conn, "tool_answers", "job_id", &deleted).await?;
+    delete_belonging(conn, "tool_call_starts", "job_id", &deleted).await?;
     Ok(deleted.len() as u64)
 }
 

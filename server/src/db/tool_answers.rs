@@ -1,5 +1,6 @@
 //! Each `tool.call` job's final answer, kept by job so that a retried job sends it again
-//! instead of running its call a second time.
+//! instead of running its call a second time; and the mark a write's run leaves before its call
+//! is made, so that a run whose answer was never kept does not make it again.
 
 use sqlx::AnyConnection;
 
@@ -54,5 +55,19 @@ pub async fn keep(conn: &mut AnyConnection, job_id: i64, answer: &KeptAnswer) ->
 /// (`in_reply`), or the job itself.
 pub async fn mark_in_reply(conn: &mut AnyConnection, job_id: i64, in_reply: bool) -> Result<(), DbError> {
     sqlx::query("UPDATE tool_answers SET in_reply = $1 WHERE job_id = $2").bind(i64::from(in_reply)).bind(job_id).execute(conn).await?;
+    Ok(())
+}
+
+/// Marks job `job_id`'s call as made, before it is: `false` when an earlier run marked it
+/// (and, with no answer kept, its outcome is unknown).
+pub async fn start(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbError> {
+    let marked = sqlx::query("INSERT INTO tool_call_starts (job_id, at) VALUES ($1, $2) ON CONFLICT (job_id) DO NOTHING").bind(job_id).bind(now_ms()).execute(conn).await?;
+    Ok(marked.rows_affected() == 1)
+}
+
+/// Removes job `job_id`'s mark: its call failed in a way another attempt may clear, and that
+/// attempt may make it again.
+pub async fn unstart(conn: &mut AnyConnection, job_id: i64) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM tool_call_starts WHERE job_id = $1").bind(job_id).execute(conn).await?;
     Ok(())
 }

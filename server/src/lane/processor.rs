@@ -20,12 +20,14 @@ use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Outbound},
     db::{
-        Db, DbError,
+        self, Db, DbError,
         jobs::JobRow,
+        owner_notifications::Notification,
         tool_answers::{self, KeptAnswer},
     },
-    jobs::{Handler, JobContext, JobError, JobOutput},
+    jobs::{Handler, JobContext, JobError, JobOutput, JobQueue},
     config::{LaneSettings, Settings},
+    owners::notices,
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
     telemetry::Telemetry,
     traces::{self, Step},
@@ -74,6 +76,8 @@ pub struct Processor {
     /// Where each job's final answer is kept, so a retry sends it again instead of running the
     /// call twice.
     db: Db,
+    /// Where owners are told of a call whose outcome is unknown.
+    queue: JobQueue,
     /// Runs in which the call itself is tried (`jobs.default_max_attempts`); a job's later runs
     /// (`jobs.attempts.tool_call`) only send its answer.
     call_attempts: i64,
@@ -97,9 +101,9 @@ impl std::fmt::Debug for Processor {
 }
 
 impl Processor {
-    pub fn new(db: Db, settings: &Settings, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
+    pub fn new(queue: JobQueue, settings: &Settings, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
         let call_attempts = i64::from(settings.jobs.default_max_attempts.max(1));
-        Self { db, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone(), telemetry: Telemetry::default() }
+        Self { db: queue.db().clone(), queue, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone(), telemetry: Telemetry::default() }
     }
 
     /// Exports the steps it adds to a message's finished trace (a later answer, a retry).
@@ -147,6 +151,14 @@ impl Processor {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
         }
+        // A call that changes something, unless every attempt carries its idempotency key, is
+        // marked as made before it is, in its own write: a run that finds the mark with no
+        // answer kept cannot know whether it took effect (the run that made it stopped, or could
+        // not keep its answer), and never makes it again.
+        let changes = self.checkpoint.catalog().get(&job.tool).is_some_and(|t| !self.checkpoint.repeats_safely(&t));
+        if changes && !async { tool_answers::start(&mut *self.db.acquire_write().await?, row.id).await }.await? {
+            return Ok(self.outcome_unknown(job, row).await);
+        }
         let answer = self.run(job, &row.correlation_id).await;
         // A tool that may not run as a job is tried in the lane's own run only: a person who
         // asked for it is never told to wait for a retry in the background.
@@ -156,9 +168,36 @@ impl Processor {
             && !never_async
             && row.attempt < row.max_attempts.min(self.call_attempts)
         {
+            // The failure is known and another attempt may make the call again. Should the mark
+            // stay (a failed write), that attempt says the outcome is unknown instead.
+            if changes && let Err(e) = async { tool_answers::unstart(&mut *self.db.acquire_write().await?, row.id).await }.await {
+                tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "clearing a failed call's start failed; it is not made again");
+            }
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
         Ok(answer)
+    }
+
+    /// The answer of a call made by an earlier run whose answer was never kept: whether it took
+    /// effect is unknown, so it is not made again. The person is told so; every owner is told
+    /// too, unless the call was approved (its outcome goes to the owner who decided).
+    async fn outcome_unknown(&self, job: &ToolCallJob, row: &JobRow) -> Answer {
+        let code = ToolCode::OutcomeUnknown.as_str();
+        tracing::error!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, code, "a call was made but its answer was never kept; not made again");
+        if job.approval.is_none() {
+            let message = self.lane.unknown_outcome_notice.replace("{tool}", &job.tool).replace("{job}", &row.id.to_string());
+            let notice = Notification { at: db::now_ms(), hook: "tool_call".into(), tool: job.tool.clone(), reason_code: code.into(), message, correlation_id: row.correlation_id.clone() };
+            let told = async {
+                let mut tx = self.db.begin_write().await?;
+                notices::raise(&mut tx, &self.queue, &notice, true).await?;
+                self.queue.commit(tx).await
+            };
+            if let Err(e) = told.await {
+                tracing::error!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "telling the owners of a call with an unknown outcome failed");
+            }
+        }
+        let text = super::data::plain_text(&self.lane.unknown_outcome_reply, self.lane.summary_max_chars as usize);
+        Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }
     }
 
     /// Keeps job `row`'s answer, with who sends it: the lane, in the reply to the message that

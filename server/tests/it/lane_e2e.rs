@@ -35,6 +35,8 @@ pub(crate) struct Shop {
     pub(crate) slow: Arc<Mutex<Duration>>,
     /// The `Idempotency-Key` of every refund request, in order.
     pub(crate) refund_keys: Arc<Mutex<Vec<String>>>,
+    /// Coupon requests still to be answered 503 (a provider's transient error).
+    pub(crate) coupon_failures: Arc<Mutex<u32>>,
 }
 
 pub(crate) async fn shop() -> (SocketAddr, Shop) {
@@ -58,6 +60,19 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
                 let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
                 shop.refund_keys.lock().expect("lock").push(key);
                 Json(json!({ "id": id, "refunded": true }))
+            }),
+        )
+        .route(
+            // A write over GET, as some older systems have: it carries no idempotency key.
+            "/api/coupons/{id}",
+            get(|State(shop): State<Shop>, Path(id): Path<String>| async move {
+                shop.requests.lock().expect("lock").push(format!("coupons/{id}"));
+                let mut failures = shop.coupon_failures.lock().expect("lock");
+                if *failures > 0 {
+                    *failures -= 1;
+                    return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "try again" })));
+                }
+                (StatusCode::OK, Json(json!({ "order": id, "coupon": "SORRY10" })))
             }),
         )
         .route(
@@ -196,7 +211,7 @@ pub(crate) fn connectors(addr: SocketAddr) -> String {
 id = "shop"
 title = "Test shop"
 base_url = "http://{addr}/api"
-allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/forecast/*", "http://{addr}/api/search", "http://{addr}/api/pages/*", "http://{addr}/api/report", "http://{addr}/api/sales"]
+allowed_urls = ["http://{addr}/api/orders/*", "http://{addr}/api/refunds/*", "http://{addr}/api/coupons/*", "http://{addr}/api/forecast/*", "http://{addr}/api/search", "http://{addr}/api/pages/*", "http://{addr}/api/report", "http://{addr}/api/sales"]
 
 [[connector.action]]
 tool = "refund_order"

@@ -8,6 +8,7 @@ mod cli;
 mod chains;
 mod connectors;
 mod followups;
+mod handled_again;
 mod hardening;
 mod conversation;
 mod disk_full;

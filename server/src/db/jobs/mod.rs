@@ -210,6 +210,12 @@ pub async fn find_by_dedupe_in_chat(conn: &mut AnyConnection, chat_id: &str, kin
     Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).bind(key).fetch_optional(&mut *conn).await?)
 }
 
+/// Chat `chat_id`'s jobs of `kind` for its message `message_id`, oldest first.
+pub async fn for_message(conn: &mut AnyConnection, chat_id: &str, kind: &str, message_id: &str) -> Result<Vec<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE chat_id = $1 AND kind = $2 AND message_id = $3 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).bind(message_id).fetch_all(&mut *conn).await?)
+}
+
 /// Filters for listing; `None` means any.
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {

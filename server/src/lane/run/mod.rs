@@ -4,6 +4,7 @@
 //! otherwise answers that the work is underway while the job finishes and sends the answer
 //! later. Every stage leaves a trace step named after its seed §17 event.
 
+mod again;
 mod bridge;
 mod chain;
 
@@ -239,6 +240,9 @@ impl ToolLane for Lane {
                 trace.step("AgentToolFollowupResolved", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
             }
             return LaneOutcome::NotHandled;
+        }
+        if let Some(answered) = self.handled_before(inbound, trace).await {
+            return answered;
         }
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.

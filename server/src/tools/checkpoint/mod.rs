@@ -29,7 +29,7 @@ use serde_json::Value;
 pub use super::gates::{Checked, FailureDetail, SchemaIssues};
 use super::{
     breaker::Breakers,
-    catalog::{Catalog, ChatKind, Provider, ToolDef},
+    catalog::{Catalog, ChatKind, Operation, Provider, ToolDef, ToolSpec},
     gates::{fail, gates},
 };
 use crate::{
@@ -85,6 +85,10 @@ pub enum ToolCode {
     /// longer let run without an owner (the catalog was reloaded while its job waited).
     #[strum(serialize = "TOOL_CHANGED")]
     Changed,
+    /// A call that changes something was made, but whether it took effect is unknown: the run
+    /// that made it stopped, or could not keep its answer, before saying it. Never made again.
+    #[strum(serialize = "TOOL_OUTCOME_UNKNOWN")]
+    OutcomeUnknown,
 }
 
 impl ToolCode {
@@ -180,6 +184,12 @@ pub trait ToolExecutor: Send + Sync {
     async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
         let _ = key;
         self.call(tool, args).await
+    }
+
+    /// Whether [`Self::call_keyed`] sends its key for a call of `tool`.
+    fn sends_key(&self, tool: &ToolDef) -> bool {
+        let _ = tool;
+        false
     }
 }
 
@@ -282,6 +292,21 @@ impl Checkpoint {
         if let Ok(mut current) = self.catalog.write() {
             *current = catalog;
         }
+    }
+
+    /// What runs calls of `spec`'s tool, if anything in this build does.
+    fn executor(&self, spec: &ToolSpec) -> Option<&Arc<dyn ToolExecutor>> {
+        match spec.provider {
+            Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
+            other => self.providers.get(provider_key(other)),
+        }
+    }
+
+    /// Whether a call of `tool` may be made again when whether it took effect is unknown: it
+    /// only reads, or every attempt carries the same idempotency key (a system that
+    /// deduplicates by key applies it once, and answers the repeat).
+    pub fn repeats_safely(&self, tool: &ToolDef) -> bool {
+        tool.spec.operation == Operation::Read || self.executor(&tool.spec).is_some_and(|e| e.sends_key(tool))
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {

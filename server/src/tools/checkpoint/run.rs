@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::{CallContext, Checked, Checkpoint, ToolCode, ToolError, ToolFailure, ToolSuccess, fail, idempotency_key, provider_key};
+use super::{CallContext, Checked, Checkpoint, ToolCode, ToolError, ToolFailure, ToolSuccess, fail, idempotency_key};
 use crate::tools::{Catalog, catalog::{Provider, ToolSpec}, hooks::{self, Hook}};
 
 /// Logs the `AgentToolConnectorFailed` event (seed §17) for a connector call that ends in
@@ -36,11 +36,7 @@ impl Checkpoint {
             input.insert(field.clone(), Value::String(value));
         }
         let input = Value::Object(input);
-        let executor = match spec.provider {
-            Provider::Builtin => spec.handler.as_deref().and_then(|h| self.builtins.get(h)),
-            other => self.providers.get(provider_key(other)),
-        }
-        .ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
+        let executor = self.executor(spec).ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
 
         let mut delay = spec.retry.backoff;
         loop {

@@ -97,6 +97,11 @@ impl ToolExecutor for ConnectorExecutor {
     async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
         self.send(tool, args, Some(key)).await
     }
+
+    /// Every action but a GET carries a key: Gatehouse's, or the action's own header.
+    fn sends_key(&self, tool: &ToolDef) -> bool {
+        tool.connector.as_deref().is_some_and(|action| action.action.method != Method::Get)
+    }
 }
 
 impl ConnectorExecutor {
