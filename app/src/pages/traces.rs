@@ -12,7 +12,7 @@ use crate::{
 };
 
 const ROUTES: [&str; 11] = ["chat", "tool_lane", "owner_command", "customer_command", "private_data", "rate_limited", "over_budget", "unknown_type", "degraded", "ignored", "duplicate"];
-const OUTCOMES: [&str; 3] = ["replied", "ignored", "failed"];
+const OUTCOMES: [&str; 4] = ["replied", "deferred", "ignored", "failed"];
 
 fn query_string(q: &TraceQuery, before: Option<i64>) -> String {
     super::list_query(&[("chat", &q.chat), ("route", &q.route), ("outcome", &q.outcome), ("error_code", &q.error_code)], q.since_minutes, before)

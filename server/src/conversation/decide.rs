@@ -151,6 +151,7 @@ impl Runtime {
                 return Ok(Decision::silent(Route::ToolLane));
             }
             LaneOutcome::NotHandled => trace.step("tool_lane", "pass", "NOT_HANDLED", json!({})),
+            LaneOutcome::Failed { code, message } => return Err(RuntimeError::Lane { code, message }),
         }
         // Degraded mode: no key for the model.
         if let Some(d) = llm::degraded(&self.settings, &self.secrets) {

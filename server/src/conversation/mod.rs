@@ -84,6 +84,9 @@ pub enum LaneOutcome {
     /// Handled, with nothing to say now: what the person hears goes out through jobs already
     /// under way (a message handled again after its approval request was settled).
     Quiet,
+    /// Not handled now, and not to be handed to normal chat either (the lane could not read
+    /// what this message stored before): the message's run fails and is tried again later.
+    Failed { code: &'static str, message: String },
 }
 
 /// Where the tool lane plugs in: the runtime asks it before normal chat. It records its own
@@ -108,6 +111,19 @@ impl ToolLane for NoToolLane {
 pub enum RuntimeError {
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The tool lane could not handle the message now ([`LaneOutcome::Failed`]).
+    #[error("{code}: {message}")]
+    Lane { code: &'static str, message: String },
+}
+
+impl RuntimeError {
+    /// The stable code: the database's (`STORAGE_FULL`, `DATABASE_ERROR`) or the lane's.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Db(e) => e.code(),
+            Self::Lane { code, .. } => code,
+        }
+    }
 }
 
 crate::db::from_sqlx_as_db!(RuntimeError);
@@ -217,8 +233,7 @@ impl Runtime {
     /// Best effort: when the database that failed still refuses, the trace stays running and a
     /// retry continues it.
     async fn end_failed(&self, mut trace: Recorder, e: &RuntimeError) {
-        let RuntimeError::Db(db_error) = e;
-        let code = db_error.code();
+        let code = e.code();
         trace.step("error", "failed", code, json!({}));
         let ending = Ending { actor: String::new(), route: FAILED_ROUTE.into(), outcome: "failed".into(), error_code: Some(code.into()) };
         let ended = async {
@@ -251,6 +266,9 @@ impl Runtime {
         let outcome = match (&d.reply, &d.error_code) {
             (_, Some(_)) => "failed",
             (Some(_), None) => "replied",
+            // The tool lane handled it with nothing to say now: what the person hears goes out
+            // through jobs already under way (a message handled again, say).
+            (None, None) if d.route == Route::ToolLane => "deferred",
             (None, None) => "ignored",
         };
         let ending = Ending { actor: actor.as_str().into(), route: d.route.as_str().into(), outcome: outcome.into(), error_code: d.error_code.clone() };
@@ -299,7 +317,7 @@ impl InboundHandler for Runtime {
         }
         // The database's own code: a full disk (`STORAGE_FULL`) must not use up the message's
         // attempts, or a disk that stays full longer than the backoff discards the message.
-        let outcome = Runtime::handle(self, inbound).await.map_err(|RuntimeError::Db(e)| HandlerError { code: e.code().into(), message: e.to_string(), retryable: true })?;
+        let outcome = Runtime::handle(self, inbound).await.map_err(|e| HandlerError { code: e.code().into(), message: e.to_string(), retryable: true })?;
         Ok(Handled {
             trace_id: outcome.trace_id,
             role: outcome.actor,

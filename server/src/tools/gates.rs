@@ -51,11 +51,11 @@ pub struct SchemaIssues {
 }
 
 pub(super) fn fail(code: &str, message: impl Into<String>) -> ToolFailure {
-    ToolFailure { code: code.into(), message: message.into(), detail: None, retryable: false }
+    ToolFailure { code: code.into(), message: message.into(), detail: None, retryable: false, maybe_applied: false }
 }
 
 fn fail_with(code: &str, message: impl Into<String>, detail: FailureDetail) -> ToolFailure {
-    ToolFailure { code: code.into(), message: message.into(), detail: Some(detail), retryable: false }
+    ToolFailure { code: code.into(), message: message.into(), detail: Some(detail), retryable: false, maybe_applied: false }
 }
 
 /// Most schema errors looked at for one call; the first is the one named in the message.

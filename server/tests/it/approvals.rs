@@ -343,6 +343,8 @@ async fn a_message_handled_again_after_its_request_was_settled_says_nothing_more
         .expect("steps");
     assert!(steps.iter().any(|(s, d, c)| s == "ApprovalRequested" && d == "settled" && c == "APPROVAL_ALREADY_SETTLED"), "{steps:?}");
     assert!(steps.iter().any(|(s, _, c)| s == "tool_lane" && c == "TOOL_LANE_QUIET"), "{steps:?}");
+    let outcome: String = sqlx::query_scalar("SELECT outcome FROM traces WHERE id = $1").bind(again.trace_id.expect("trace")).fetch_one(&r.app.state.db.pool).await.expect("outcome");
+    assert_eq!(outcome, "deferred", "handled, its answer left to the jobs under way");
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("count");
     assert_eq!(rows, 1, "never asked again");
 

@@ -1,8 +1,9 @@
 //! Work handled a second time never makes a change twice. A message handled again (its first
 //! run stopped before its reply was recorded: a crash, a full disk) that stored a write or asked
-//! an owner is answered from what it stored, however the planner would plan it now; and a
-//! write's job run again after its call was made but its answer never kept does not make the
-//! call again.
+//! an owner is answered from what it stored, however the planner would plan it now. A write
+//! with no idempotency key is not made again by a later run of its job after it was made but
+//! its answer never kept, nor after it failed in a way that may still have taken effect; one
+//! whose request never left is.
 
 use serde_json::json;
 
@@ -43,6 +44,7 @@ operation = "write"
 audience = "public"
 risk = "low"
 input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string", maxLength = 40 } } }
+retry = { max_attempts = 3, backoff = "10ms" }
 "#;
 
 const COUPON_ACTION: &str = "\n[[connector.action]]\ntool = \"issue_coupon\"\nmethod = \"GET\"\npath = \"coupons/{order_id}\"\n";
@@ -133,10 +135,12 @@ async fn a_write_whose_answer_was_not_kept_is_not_made_again(db: TestDb) {
 }
 both_backends!(again_write_not_kept, a_write_whose_answer_was_not_kept_is_not_made_again);
 
-/// A write that failed in a way another attempt may clear (the provider answered 503) is made
-/// again by that attempt: its failure is known, so its mark is removed, and the later answer is
-/// the coupon, not "unknown".
-async fn a_write_that_failed_for_now_is_made_again(db: TestDb) {
+/// A write whose call failed in a way that may still have taken effect (the provider answered
+/// 503: it may have issued the coupon before failing) is not made again, neither by the
+/// checkpoint's own retries (the tool allows three tries) nor by a later attempt of its job:
+/// the person is told its outcome is unknown. Before, it was sent up to three times in the run,
+/// and again in the job's next run.
+async fn a_write_that_may_have_taken_effect_is_not_made_again(db: TestDb) {
     let r = coupons(db, |s| {
         s.jobs.retry_base = std::time::Duration::from_millis(50);
         s.jobs.retry_max = std::time::Duration::from_millis(200);
@@ -144,11 +148,41 @@ async fn a_write_that_failed_for_now_is_made_again(db: TestDb) {
     .await;
     *r.shop.coupon_failures.lock().expect("lock") = 1;
     let lane = r.app.state.config.settings.lane.clone();
-    r.exchange(&[("wamid.F1", "Can I have a coupon for my order 4821?")], 2).await;
-    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["coupons/4821".to_string(), "coupons/4821".to_string()], "tried twice");
+    r.exchange(&[("wamid.F1", "Can I have a coupon for my order 4821?")], 1).await;
     let texts = r.graph.texts();
-    assert_eq!(texts[0], lane.pending_reply, "{texts:?}");
-    assert_eq!(texts[1], "Here is your coupon: SORRY10.", "{texts:?}");
-    assert_eq!(count(&r, "SELECT COUNT(*) FROM jobs WHERE kind = 'tool.call' AND state = 'completed'").await, 1, "{texts:?}");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["coupons/4821".to_string()], "sent once: {texts:?}");
+    assert_eq!(texts, vec![lane.unknown_outcome_reply.clone()]);
+    let (code, state): (Option<String>, String) = sqlx::query_as("SELECT last_error_code, state FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!((code.as_deref(), state.as_str()), (Some("TOOL_OUTCOME_UNKNOWN"), "discarded"));
 }
-both_backends!(again_write_failed_for_now, a_write_that_failed_for_now_is_made_again);
+both_backends!(again_write_maybe_applied, a_write_that_may_have_taken_effect_is_not_made_again);
+
+/// A write whose request never left (its system refuses connections) surely did not take
+/// effect: its mark is removed and the job's next attempt makes it again, and the person is
+/// told it failed, not that its outcome is unknown.
+async fn a_write_that_never_left_is_tried_again(db: TestDb) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let tool = COUPONS.replace("issue_coupon", "issue_voucher").replace("coupon for my order", "voucher for my order");
+    let connector = format!(
+        "\n[[connector]]\nid = \"closed\"\ntitle = \"A system that is down\"\nbase_url = \"http://{closed}/api\"\nallowed_urls = [\"http://{closed}/api/vouchers/*\"]\n\n[[connector.action]]\ntool = \"issue_voucher\"\nmethod = \"GET\"\npath = \"vouchers/{{order_id}}\"\n"
+    );
+    let r = rig_with(db, &format!("{TOOLS}{tool}"), &connector, |s| {
+        s.jobs.default_max_attempts = 2;
+        s.jobs.retry_base = std::time::Duration::from_millis(50);
+        s.jobs.retry_max = std::time::Duration::from_millis(200);
+    })
+    .await;
+    r.llm.always(|body| {
+        if body["model"] == PLANNER_MODEL {
+            return anthropic(json!([tool_use("t1", "issue_voucher", json!({ "order_id": "4821" }))]), "tool_use");
+        }
+        anthropic(json!([{ "type": "text", "text": "unused" }]), "end_turn")
+    });
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.V1", "Can I have a voucher for my order 4821?")], 2).await;
+    let texts = r.graph.texts();
+    assert_eq!(texts, vec![lane.pending_reply.clone(), lane.failed_reply.clone()], "tried again, then told it failed");
+    let (attempt, state): (i64, String) = sqlx::query_as("SELECT attempt, state FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!((attempt, state.as_str()), (2, "discarded"));
+}
+both_backends!(again_write_never_left, a_write_that_never_left_is_tried_again);

@@ -22,7 +22,8 @@ impl Lane {
     /// an owner. A call whose job sent its answer, and a settled request (its settlement's job
     /// tells the person), add nothing. `None`: the message stored no call that changes
     /// something and asked no owner; it is planned as usual (a read run again costs a lookup,
-    /// and a chain goes on from its kept results).
+    /// and a chain goes on from its kept results). Asked before detection: a message handled
+    /// again may be detected otherwise (the tool context its first run stored, a reload).
     pub(super) async fn handled_before(&self, inbound: &Inbound, trace: &mut Recorder) -> Option<LaneOutcome> {
         let lane = &self.settings.lane;
         let stored = async {
@@ -33,12 +34,12 @@ impl Lane {
         };
         let (jobs, asked) = match stored.await {
             Ok(stored) => stored,
-            // Planning again could make a change twice: nothing is started, and the person is
-            // told so.
+            // Planning without knowing could make a change twice: the message is handled again
+            // later, once the database answers.
             Err(e) => {
-                tracing::error!(correlation_id = %inbound.correlation_id, error = %e, "looking for this message's stored calls failed; nothing was started");
+                tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "looking for this message's stored calls failed; it is handled again later");
                 trace.step("AgentToolJobDedupe", "failed", e.code(), json!({}));
-                return Some(LaneOutcome::Handled { reply: lane.not_started_reply.clone() });
+                return Some(LaneOutcome::Failed { code: e.code(), message: e.to_string() });
             }
         };
         // An approved call's job is its request's: the request says what it came to.

@@ -224,6 +224,9 @@ impl ToolLane for Lane {
             trace.step("AgentToolCandidate", "normal_chat", "LANE_DISABLED", json!({}));
             return LaneOutcome::NotHandled;
         }
+        if let Some(answered) = self.handled_before(inbound, trace).await {
+            return answered;
+        }
         // The chat's own contexts only: the key is its channel and chat id.
         let recent = self.contexts.recent(&inbound.channel, &inbound.chat_id).await.unwrap_or_else(|e| {
             tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's tool contexts failed; planning without them");
@@ -240,9 +243,6 @@ impl ToolLane for Lane {
                 trace.step("AgentToolFollowupResolved", "expired", "FOLLOWUP_CONTEXT_EXPIRED", json!({}));
             }
             return LaneOutcome::NotHandled;
-        }
-        if let Some(answered) = self.handled_before(inbound, trace).await {
-            return answered;
         }
         // What the planner is offered: the candidates and the always-offered tools, plus what
         // its searches find. The validator accepts calls of exactly these.

@@ -15,6 +15,7 @@
 //! judged by one set of rules and codes wherever it is looked at. `check` writes nothing;
 //! every executed call, allowed or denied, writes one audit row (batched) with secrets redacted.
 
+mod executor;
 mod results;
 mod run;
 
@@ -26,6 +27,7 @@ use std::{
 
 use serde_json::Value;
 
+pub use self::executor::{ToolError, ToolExecutor, idempotency_key};
 pub use super::gates::{Checked, FailureDetail, SchemaIssues};
 use super::{
     breaker::Breakers,
@@ -135,77 +137,6 @@ impl ApprovedCall {
     }
 }
 
-/// An execution failure reported by a provider.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ToolError {
-    pub code: String,
-    pub message: String,
-    pub retryable: bool,
-    /// The provider refused the call before reaching anything (a forbidden address, a URL
-    /// outside a connector's patterns). The checkpoint reports the provider's own code as a
-    /// denial, and a refusal does not count against the tool's circuit breaker.
-    pub refused: bool,
-    /// The failure is the target's, not the tool's: the page web_fetch was asked for is missing,
-    /// not text, or its site does not answer. It says the tool works, so it does not count
-    /// against the tool's circuit breaker (one chat's dead links would close it for all).
-    pub of_target: bool,
-}
-
-impl ToolError {
-    pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { code: code.into(), message: message.into(), retryable, refused: false, of_target: false }
-    }
-
-    pub fn refused(code: &str, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), retryable: false, refused: true, of_target: false }
-    }
-
-    /// A failure of the target the tool was pointed at (see [`Self::of_target`]).
-    pub fn of_target(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { of_target: true, ..Self::new(code, message, retryable) }
-    }
-}
-
-/// Runs a tool's calls for one provider (built-in implementations, connectors, MCP servers).
-#[async_trait::async_trait]
-pub trait ToolExecutor: Send + Sync {
-    async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError>;
-
-    /// The checkpoint publishes `catalog` (a reload, an MCP discovery): an executor whose
-    /// rules derive from the catalog updates them here.
-    fn catalog_changed(&self, catalog: &Catalog) {
-        let _ = catalog;
-    }
-
-    /// Runs a call whose every attempt (a retry after a timeout, a re-run after a crash or a
-    /// restart) carries the same `key` ([`idempotency_key`]). Executors whose systems
-    /// deduplicate writes by key send it; the others run [`Self::call`].
-    async fn call_keyed(&self, tool: &ToolDef, args: &Value, key: &str) -> Result<Value, ToolError> {
-        let _ = key;
-        self.call(tool, args).await
-    }
-
-    /// Whether [`Self::call_keyed`] sends its key for a call of `tool`.
-    fn sends_key(&self, tool: &ToolDef) -> bool {
-        let _ = tool;
-        false
-    }
-}
-
-/// The idempotency key of a call: the same for every attempt of the same call for the same
-/// request (its correlation id, or the approval that bound it), different for any other.
-pub fn idempotency_key(tool: &str, args: &Value, ctx: &CallContext) -> String {
-    use sha2::{Digest, Sha256};
-    let origin = ctx.approved.as_ref().map_or_else(|| format!("request:{}", ctx.correlation_id), |a| format!("approval:{}", a.approval_id));
-    let mut h = Sha256::new();
-    for part in [origin.as_str(), tool, super::canonical::args_hash(args).as_str()] {
-        h.update(part.as_bytes());
-        h.update([0]);
-    }
-    format!("gatehouse-{}", &hex::encode(h.finalize())[..32])
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSuccess {
     pub tool: String,
@@ -251,6 +182,10 @@ pub struct ToolFailure {
     /// A later attempt may succeed (a timeout, an open circuit, a provider's transient error);
     /// false for every refusal and for a provider's definite answer (a 4xx, say).
     pub retryable: bool,
+    /// The request reached the tool's system, or may have (a timeout, an error answer): the
+    /// call may have taken effect. False for every refusal, an open circuit, and a request that
+    /// never left.
+    pub maybe_applied: bool,
 }
 
 /// The gates over `catalog` without executing or auditing: [`Checkpoint::check`] over the live

@@ -59,12 +59,13 @@ impl Checkpoint {
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {
-                        return Err(fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())));
+                        // The call was made: whatever it did stands.
+                        return Err(ToolFailure { maybe_applied: true, ..fail(ToolCode::ResultInvalid.as_str(), format!("the result does not match the output schema at {:?}", err.instance_path().to_string())) });
                     }
                     // The hooks see the whole result, before a large one is stored: what is
                     // read back later has been through them too.
                     hooks::after(&catalog.hooks, &spec.name, &mut output, notify);
-                    let output = self.bound_size(spec, output, ctx).await?;
+                    let output = self.bound_size(spec, output, ctx).await.map_err(|f| ToolFailure { maybe_applied: true, ..f })?;
                     return Ok(ToolSuccess { tool: spec.name.clone(), version: tool.version.clone(), output, attempts: *attempts });
                 }
                 Err(e) if e.refused => {
@@ -79,13 +80,17 @@ impl Checkpoint {
                     } else {
                         trial.failed(Instant::now());
                     }
-                    if !e.retryable || *attempts >= spec.retry.max_attempts {
+                    // A call that may have taken effect is not sent again within this run unless
+                    // a repeat is safe (it reads, or carries its idempotency key).
+                    let repeat_unsafe = !e.unsent && !self.repeats_safely(&tool);
+                    if !e.retryable || *attempts >= spec.retry.max_attempts || repeat_unsafe {
                         connector_failed(spec, ctx, &e, *attempts);
+                        let maybe_applied = !e.unsent;
                         if e.code == ToolCode::Timeout.as_str() {
-                            return Err(ToolFailure { retryable: true, ..fail(ToolCode::Timeout.as_str(), e.message) });
+                            return Err(ToolFailure { retryable: true, maybe_applied, ..fail(ToolCode::Timeout.as_str(), e.message) });
                         }
                         // The provider's own code stays visible inside the message.
-                        return Err(ToolFailure { retryable: e.retryable, ..fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)) });
+                        return Err(ToolFailure { retryable: e.retryable, maybe_applied, ..fail(ToolCode::ProviderError.as_str(), format!("{}: {}", e.code, e.message)) });
                     }
                     tokio::time::sleep(delay).await;
                     delay = delay.saturating_mul(2);

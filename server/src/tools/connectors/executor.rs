@@ -98,9 +98,10 @@ impl ToolExecutor for ConnectorExecutor {
         self.send(tool, args, Some(key)).await
     }
 
-    /// Every action but a GET carries a key: Gatehouse's, or the action's own header.
+    /// Every action but a GET carries Gatehouse's key, unless it declares its own header, whose
+    /// template may come out empty (from an argument left out) and send none.
     fn sends_key(&self, tool: &ToolDef) -> bool {
-        tool.connector.as_deref().is_some_and(|action| action.action.method != Method::Get)
+        tool.connector.as_deref().is_some_and(|action| action.action.method != Method::Get && !action.headers.keys().any(|h| h.eq_ignore_ascii_case(IDEMPOTENCY_HEADER)))
     }
 }
 
@@ -133,8 +134,10 @@ impl ConnectorExecutor {
             request = request.json(&fill_body(template, args, &self.secrets)?.unwrap_or(Value::Null));
         }
         let mut response = request.send().await.map_err(|e| {
-            let retryable = e.is_timeout() || e.is_connect();
-            ToolError::new(ConnectorCode::Network.as_str(), format!("{} did not answer: {}", action.connector, e.without_url()), retryable)
+            let (connect, timeout) = (e.is_connect(), e.is_timeout());
+            let message = format!("{} did not answer: {}", action.connector, e.without_url());
+            // No connection: the request never left.
+            if connect { ToolError::unsent(ConnectorCode::Network.as_str(), message, true) } else { ToolError::new(ConnectorCode::Network.as_str(), message, timeout) }
         })?;
         let status = response.status();
         let body = crate::tools::read_capped(&mut response, HARD_RESULT_LIMIT).await.map_err(|e| match e {

@@ -92,14 +92,14 @@ impl ToolExecutor for McpExecutor {
         };
         let Some(peer) = peer else {
             let last = last_error.unwrap_or_else(|| "not connected yet".into());
-            return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), format!("{} is not connected ({last})", route.server), false));
+            return Err(ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("{} is not connected ({last})", route.server), false));
         };
         // Dropped unsettled (this future dropped, or a call that ends waiting for a login),
         // the trial gives its slot back.
         let trial = match self.inner.breakers.try_acquire(&route.server, Instant::now()) {
             Ok(trial) => trial,
             Err(wait) => {
-                return Err(ToolError::new(
+                return Err(ToolError::unsent(
                     McpCode::ServerUnavailable.as_str(),
                     format!("{} failed repeatedly; next try in {} s", route.server, wait.as_secs().max(1)),
                     false,

@@ -20,14 +20,12 @@ use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Outbound},
     db::{
-        self, Db, DbError,
+        Db, DbError,
         jobs::JobRow,
-        owner_notifications::Notification,
         tool_answers::{self, KeptAnswer},
     },
     jobs::{Handler, JobContext, JobError, JobOutput, JobQueue},
     config::{LaneSettings, Settings},
-    owners::notices,
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
     telemetry::Telemetry,
     traces::{self, Step},
@@ -71,6 +69,8 @@ impl Answer {
         self.context_id.map(|id| ("stored", "OK", json!({ "context_id": id.to_string(), "job_id": job_id })))
     }
 }
+
+mod unknown;
 
 pub struct Processor {
     /// Where each job's final answer is kept, so a retry sends it again instead of running the
@@ -151,15 +151,21 @@ impl Processor {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
         }
-        // A call that changes something, unless every attempt carries its idempotency key, is
-        // marked as made before it is, in its own write: a run that finds the mark with no
-        // answer kept cannot know whether it took effect (the run that made it stopped, or could
-        // not keep its answer), and never makes it again.
-        let changes = self.checkpoint.catalog().get(&job.tool).is_some_and(|t| !self.checkpoint.repeats_safely(&t));
-        if changes && !async { tool_answers::start(&mut *self.db.acquire_write().await?, row.id).await }.await? {
+        // A call not safe to repeat is marked as made before it is (see `unknown`): one an
+        // earlier run made, whose answer was never kept, is not made again.
+        let unsafe_repeat = self.unsafe_to_repeat(job);
+        if unsafe_repeat && !self.mark_started(row).await? {
             return Ok(self.outcome_unknown(job, row).await);
         }
-        let answer = self.run(job, &row.correlation_id).await;
+        let (answer, maybe_applied) = self.run(job, &row.correlation_id).await;
+        if unsafe_repeat && answer.failure.is_some() {
+            // Failed, but it may have taken effect (a timeout, an error answer): not made again.
+            if maybe_applied {
+                return Ok(self.outcome_unknown(job, row).await);
+            }
+            // Refused, or never sent: another attempt may make it.
+            self.unmark(row).await;
+        }
         // A tool that may not run as a job is tried in the lane's own run only: a person who
         // asked for it is never told to wait for a retry in the background.
         let never_async = job.approval.is_none() && self.checkpoint.catalog().get(&job.tool).is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
@@ -168,36 +174,9 @@ impl Processor {
             && !never_async
             && row.attempt < row.max_attempts.min(self.call_attempts)
         {
-            // The failure is known and another attempt may make the call again. Should the mark
-            // stay (a failed write), that attempt says the outcome is unknown instead.
-            if changes && let Err(e) = async { tool_answers::unstart(&mut *self.db.acquire_write().await?, row.id).await }.await {
-                tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "clearing a failed call's start failed; it is not made again");
-            }
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
         Ok(answer)
-    }
-
-    /// The answer of a call made by an earlier run whose answer was never kept: whether it took
-    /// effect is unknown, so it is not made again. The person is told so; every owner is told
-    /// too, unless the call was approved (its outcome goes to the owner who decided).
-    async fn outcome_unknown(&self, job: &ToolCallJob, row: &JobRow) -> Answer {
-        let code = ToolCode::OutcomeUnknown.as_str();
-        tracing::error!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, code, "a call was made but its answer was never kept; not made again");
-        if job.approval.is_none() {
-            let message = self.lane.unknown_outcome_notice.replace("{tool}", &job.tool).replace("{job}", &row.id.to_string());
-            let notice = Notification { at: db::now_ms(), hook: "tool_call".into(), tool: job.tool.clone(), reason_code: code.into(), message, correlation_id: row.correlation_id.clone() };
-            let told = async {
-                let mut tx = self.db.begin_write().await?;
-                notices::raise(&mut tx, &self.queue, &notice, true).await?;
-                self.queue.commit(tx).await
-            };
-            if let Err(e) = told.await {
-                tracing::error!(job.id = row.id, correlation_id = %row.correlation_id, error = %e, "telling the owners of a call with an unknown outcome failed");
-            }
-        }
-        let text = super::data::plain_text(&self.lane.unknown_outcome_reply, self.lane.summary_max_chars as usize);
-        Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }
     }
 
     /// Keeps job `row`'s answer, with who sends it: the lane, in the reply to the message that
@@ -255,8 +234,11 @@ impl Processor {
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
-    /// result is kept as a tool context for its follow-ups.
-    pub async fn run(&self, job: &ToolCallJob, correlation_id: &str) -> Answer {
+    /// result is kept as a tool context for its follow-ups. With the answer: whether a failed
+    /// call may have taken effect ([`ToolFailure::maybe_applied`]).
+    ///
+    /// [`ToolFailure::maybe_applied`]: crate::tools::ToolFailure::maybe_applied
+    async fn run(&self, job: &ToolCallJob, correlation_id: &str) -> (Answer, bool) {
         let ctx = CallContext {
             actor: job.actor,
             chat_type: job.chat_kind,
@@ -270,7 +252,7 @@ impl Processor {
             tracing::warn!(correlation_id, tool = %job.tool, reason = %reason, "the tool changed since the call was accepted; not run");
             let code = ToolCode::Changed.as_str();
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };
+            return (Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }, false);
         }
         // The definition the call runs with, which summarizes its result: a catalog reloaded or
         // an MCP tool quarantined while it runs does not turn a call that happened into a failure.
@@ -280,6 +262,7 @@ impl Processor {
         // Only what a later attempt may clear is retried: a timeout, an open circuit, a
         // provider's transient error; never a refusal or a provider's definite answer (a 4xx).
         let retryable = outcome.as_ref().err().is_some_and(|f| f.retryable);
+        let maybe_applied = outcome.as_ref().err().is_some_and(|f| f.maybe_applied);
         let (result, failure) = match outcome {
             Ok(ok) => {
                 let truncated = ok.output.get("truncated").and_then(Value::as_bool).unwrap_or(false);
@@ -292,7 +275,7 @@ impl Processor {
             // Not in the catalog (the call was refused as unknown): nothing to summarize with.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false };
+            return (Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }, false);
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
@@ -309,7 +292,7 @@ impl Processor {
         if let Some(id) = context_id {
             tracing::info!(event = "AgentToolContextStored", correlation_id, tool = %job.tool, context.id = id, "tool context stored");
         }
-        Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id, in_reply: false }
+        (Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id, in_reply: false }, maybe_applied)
     }
 }
 
