@@ -92,8 +92,9 @@ pub struct LaneSettings {
     pub pending_reply: String,
     /// Said when a call's job could not be stored: nothing was started and nothing is promised.
     pub not_started_reply: String,
-    /// Said when a write's call was made but its outcome is unknown (its run stopped, or could
-    /// not keep the answer, before it was said): it is never made again.
+    /// Said when a call not safe to repeat was made but its outcome is unknown (its run
+    /// stopped, or could not keep the answer, before it was said; or it failed in a way that
+    /// may still have taken effect): it is never made again.
     pub unknown_outcome_reply: String,
     /// What every owner is told then (`{tool}`, `{job}`), unless the call was approved: the
     /// deciding owner is told its outcome.

@@ -65,8 +65,8 @@ pub async fn start(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbErro
     Ok(marked.rows_affected() == 1)
 }
 
-/// Removes job `job_id`'s mark: its call failed in a way another attempt may clear, and that
-/// attempt may make it again.
+/// Removes job `job_id`'s mark: its call surely did not take effect (refused, never sent), and
+/// another attempt may make it.
 pub async fn unstart(conn: &mut AnyConnection, job_id: i64) -> Result<(), DbError> {
     sqlx::query("DELETE FROM tool_call_starts WHERE job_id = $1").bind(job_id).execute(conn).await?;
     Ok(())

@@ -25,7 +25,7 @@ use crate::{
     whatsapp::{envelope, post_signed, text_message},
 };
 
-const OWNER: &str = "16505550001";
+use crate::lane_e2e::OWNER;
 
 fn button_press(from: &str, wamid: &str, id: &str) -> Value {
     json!({ "from": from, "id": wamid, "timestamp": "1739321030", "type": "interactive",
@@ -33,13 +33,6 @@ fn button_press(from: &str, wamid: &str, id: &str) -> Value {
 }
 
 impl Rig {
-    async fn add_owner(&self) {
-        let mut tx = self.app.state.db.begin_write().await.expect("tx");
-        sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('Olga Owner', 'olga', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
-        sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, (SELECT MAX(id) FROM owners), 0)").bind(format!("+{OWNER}")).execute(&mut *tx).await.expect("phone");
-        tx.commit().await.expect("commit");
-    }
-
     async fn press(&self, items: Vec<Value>, sends: usize) {
         assert_eq!(post_signed(&self.app, &envelope(vec![items])).await.status, axum::http::StatusCode::OK);
         self.exchange(&[], sends).await;

@@ -53,7 +53,8 @@ async fn coupons(db: TestDb, tweak: impl FnOnce(&mut server::config::Settings) +
     let r = rig_with(db, &format!("{TOOLS}{COUPONS}"), COUPON_ACTION, tweak).await;
     r.llm.always(|body| {
         if body["model"] == PLANNER_MODEL {
-            return anthropic(json!([tool_use("t1", "issue_coupon", json!({ "order_id": "4821" }))]), "tool_use");
+            let order = if body["messages"].to_string().contains("missing") { "missing" } else { "4821" };
+            return anthropic(json!([tool_use("t1", "issue_coupon", json!({ "order_id": order }))]), "tool_use");
         }
         anthropic(json!([{ "type": "text", "text": "Here is your coupon: SORRY10." }]), "end_turn")
     });
@@ -61,7 +62,7 @@ async fn coupons(db: TestDb, tweak: impl FnOnce(&mut server::config::Settings) +
 }
 
 async fn count(r: &Rig, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(&r.app.state.db.pool).await.expect("count")
+    crate::whatsapp::count(&r.app, sql).await
 }
 
 async fn reply(r: &Rig, wamid: &str) -> String {
@@ -93,8 +94,7 @@ both_backends!(again_write_planned_differently, a_write_is_not_made_again_when_i
 /// waits: the owners are not asked a second time about another call, however it is planned now.
 async fn an_owner_is_not_asked_again_when_the_message_is_planned_differently(db: TestDb) {
     let r = rig(db, |s| s.lane.customer_max_risk = server::config::lane::RiskCeiling::High).await;
-    sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('Olga Owner', 'olga', 'x', 1, 0, 0)").execute(&r.app.state.db.pool).await.expect("owner");
-    sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+16505550001', (SELECT MAX(id) FROM owners), 0)").execute(&r.app.state.db.pool).await.expect("phone");
+    r.add_owner().await;
     let waits = r.app.state.config.settings.lane.approval_reply.clone();
     r.exchange(&[("wamid.A1", "Please refund my order 4821")], 2).await;
     assert_eq!(r.graph.texts(), vec![waits.clone()]);
@@ -115,8 +115,7 @@ both_backends!(again_owner_planned_differently, an_owner_is_not_asked_again_when
 /// was made once more on each such run.
 async fn a_write_whose_answer_was_not_kept_is_not_made_again(db: TestDb) {
     let r = coupons(db, |_| {}).await;
-    sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('Olga Owner', 'olga', 'x', 1, 0, 0)").execute(&r.app.state.db.pool).await.expect("owner");
-    sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ('+16505550001', (SELECT MAX(id) FROM owners), 0)").execute(&r.app.state.db.pool).await.expect("phone");
+    r.add_owner().await;
     let lane = r.app.state.config.settings.lane.clone();
     r.exchange(&[("wamid.K1", "Can I have a coupon for my order 4821?")], 1).await;
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["coupons/4821".to_string()]);
@@ -157,6 +156,19 @@ async fn a_write_that_may_have_taken_effect_is_not_made_again(db: TestDb) {
 }
 both_backends!(again_write_maybe_applied, a_write_that_may_have_taken_effect_is_not_made_again);
 
+/// A write its system refused with a definite answer (404: no such order) surely did not take
+/// effect: the person is told it failed, not that its outcome is unknown, and no mark is left.
+async fn a_write_refused_by_its_system_is_a_failure_not_an_unknown(db: TestDb) {
+    let r = coupons(db, |_| {}).await;
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.M1", "Can I have a coupon for my order missing?")], 1).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["coupons/missing".to_string()], "sent once");
+    assert_eq!(r.graph.texts(), vec![lane.failed_reply.clone()]);
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM tool_call_starts").await, 0, "no mark left");
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'TOOL_OUTCOME_UNKNOWN'").await, 0, "nobody alarmed");
+}
+both_backends!(again_write_refused, a_write_refused_by_its_system_is_a_failure_not_an_unknown);
+
 /// A write whose request never left (its system refuses connections) surely did not take
 /// effect: its mark is removed and the job's next attempt makes it again, and the person is
 /// told it failed, not that its outcome is unknown.
@@ -184,5 +196,6 @@ async fn a_write_that_never_left_is_tried_again(db: TestDb) {
     assert_eq!(texts, vec![lane.pending_reply.clone(), lane.failed_reply.clone()], "tried again, then told it failed");
     let (attempt, state): (i64, String) = sqlx::query_as("SELECT attempt, state FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!((attempt, state.as_str()), (2, "discarded"));
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM tool_call_starts").await, 0, "no mark left: nothing was made");
 }
 both_backends!(again_write_never_left, a_write_that_never_left_is_tried_again);

@@ -27,6 +27,8 @@ use crate::{
 };
 
 pub(crate) const CUSTOMER: &str = "16505550100";
+/// The number of the owner [`Rig::add_owner`] adds.
+pub(crate) const OWNER: &str = "16505550001";
 
 /// The shop a connector reaches: orders (slow ones sleep), and a sales report owners may see.
 #[derive(Clone, Default)]
@@ -67,6 +69,9 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             "/api/coupons/{id}",
             get(|State(shop): State<Shop>, Path(id): Path<String>| async move {
                 shop.requests.lock().expect("lock").push(format!("coupons/{id}"));
+                if id == "missing" {
+                    return (StatusCode::NOT_FOUND, Json(json!({ "error": "no such order" })));
+                }
                 let mut failures = shop.coupon_failures.lock().expect("lock");
                 if *failures > 0 {
                     *failures -= 1;
@@ -429,6 +434,14 @@ pub(crate) async fn rig_with(db: TestDb, tools: &str, actions: &str, tweak: impl
 }
 
 impl Rig {
+    /// Adds an owner, Olga, with the number [`OWNER`].
+    pub(crate) async fn add_owner(&self) {
+        let mut tx = self.app.state.db.begin_write().await.expect("tx");
+        sqlx::query("INSERT INTO owners (display_name, login, password_hash, session_epoch, created_at, updated_at) VALUES ('Olga Owner', 'olga', 'x', 1, 0, 0)").execute(&mut *tx).await.expect("owner");
+        sqlx::query("INSERT INTO owner_phones (phone, owner_id, created_at) VALUES ($1, (SELECT MAX(id) FROM owners), 0)").bind(format!("+{OWNER}")).execute(&mut *tx).await.expect("phone");
+        tx.commit().await.expect("commit");
+    }
+
     /// Posts the messages and runs the worker until every job (messages and tool calls) has
     /// finished and `sends` messages went out.
     pub(crate) async fn exchange(&self, messages: &[(&str, &str)], sends: usize) {

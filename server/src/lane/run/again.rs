@@ -12,7 +12,6 @@ use crate::{
     db::{self, DbError, approvals::State},
     jobs::JobKind,
     lane::job::ToolCallJob,
-    tools::catalog::Operation,
     traces::Recorder,
 };
 
@@ -34,18 +33,25 @@ impl Lane {
         };
         let (jobs, asked) = match stored.await {
             Ok(stored) => stored,
-            // Planning without knowing could make a change twice: the message is handled again
-            // later, once the database answers.
-            Err(e) => {
-                tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "looking for this message's stored calls failed; it is handled again later");
-                trace.step("AgentToolJobDedupe", "failed", e.code(), json!({}));
-                return Some(LaneOutcome::Failed { code: e.code(), message: e.to_string() });
-            }
+            Err(e) => return Some(self.unreadable(trace, &e)),
         };
-        // An approved call's job is its request's: the request says what it came to.
-        let calls: Vec<_> = jobs.into_iter().filter_map(|row| serde_json::from_str::<ToolCallJob>(&row.args).ok().map(|job| (row, job))).filter(|(_, job)| job.approval.is_none()).collect();
-        let catalog = self.checkpoint.catalog();
-        let changes = calls.iter().any(|(_, job)| catalog.get(&job.tool).is_none_or(|t| t.spec.operation != Operation::Read));
+        // An approved call's job is its request's: the request says what it came to. A job whose
+        // arguments cannot be read may have been a write: it counts as one.
+        let mut changes = false;
+        let mut calls = Vec::new();
+        for row in jobs {
+            match serde_json::from_str::<ToolCallJob>(&row.args) {
+                Ok(job) if job.approval.is_some() => {}
+                Ok(job) => {
+                    changes |= !self.read_only(&job.tool);
+                    calls.push((row, job));
+                }
+                Err(e) => {
+                    tracing::warn!(job.id = row.id, correlation_id = %inbound.correlation_id, error = %e, "a stored call's arguments cannot be read; the message is not planned again");
+                    changes = true;
+                }
+            }
+        }
         if !changes && asked.is_empty() {
             return None;
         }
@@ -62,10 +68,7 @@ impl Lane {
                 Ok(None) if !row.state.is_finished() => Some(lane.pending_reply.clone()),
                 // Ended without an answer (an owner cancelled it): nothing to take.
                 Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(job.id = row.id, correlation_id = %inbound.correlation_id, error = %e, "reading a stored call's answer failed; its job sends it");
-                    Some(lane.pending_reply.clone())
-                }
+                Err(e) => return Some(self.unreadable(trace, &e)),
             };
             tracing::info!(event = "AgentToolJobDedupe", job.id = row.id, tool = %job.tool, correlation_id = %inbound.correlation_id, "the message's call was stored before; not planned again");
             if let Some(reply) = reply {
@@ -89,5 +92,12 @@ impl Lane {
             return Some(LaneOutcome::Quiet);
         }
         Some(LaneOutcome::Handled { reply: replies.join("\n\n") })
+    }
+
+    /// What this message stored could not be read: planning without knowing could make a change
+    /// twice, so the message's run fails, and it is handled again later (the worker logs why).
+    fn unreadable(&self, trace: &mut Recorder, e: &DbError) -> LaneOutcome {
+        trace.step("AgentToolJobDedupe", "failed", e.code(), json!({}));
+        LaneOutcome::Failed { code: e.code(), message: e.to_string() }
     }
 }

@@ -87,8 +87,10 @@ pub enum ToolCode {
     /// longer let run without an owner (the catalog was reloaded while its job waited).
     #[strum(serialize = "TOOL_CHANGED")]
     Changed,
-    /// A call that changes something was made, but whether it took effect is unknown: the run
-    /// that made it stopped, or could not keep its answer, before saying it. Never made again.
+    /// A call that changes something, and carries no idempotency key, was made, but whether it
+    /// took effect is unknown: the run that made it stopped, or could not keep its answer, or
+    /// it failed in a way that may still have taken effect (a timeout, an error answer). Never
+    /// made again.
     #[strum(serialize = "TOOL_OUTCOME_UNKNOWN")]
     OutcomeUnknown,
 }
@@ -182,9 +184,9 @@ pub struct ToolFailure {
     /// A later attempt may succeed (a timeout, an open circuit, a provider's transient error);
     /// false for every refusal and for a provider's definite answer (a 4xx, say).
     pub retryable: bool,
-    /// The request reached the tool's system, or may have (a timeout, an error answer): the
-    /// call may have taken effect. False for every refusal, an open circuit, and a request that
-    /// never left.
+    /// The call may have taken effect: it timed out, or its system failed in a way another try
+    /// may clear (a server error), or it was made and its result refused. False for every
+    /// refusal, an open circuit, a request that never left, and a definite error answer (a 4xx).
     pub maybe_applied: bool,
 }
 

@@ -125,8 +125,7 @@ impl ConnectorExecutor {
             }
         }
         if let Some(key) = key
-            && action.action.method != Method::Get
-            && !action.headers.keys().any(|h| h.eq_ignore_ascii_case(IDEMPOTENCY_HEADER))
+            && self.sends_key(tool)
         {
             request = request.header(IDEMPOTENCY_HEADER, key);
         }
