@@ -96,8 +96,8 @@ pub struct LaneSettings {
     /// stopped, or could not keep the answer, before it was said; or it failed in a way that
     /// may still have taken effect): it is never made again.
     pub unknown_outcome_reply: String,
-    /// What every owner is told then (`{tool}`, `{job}`), unless the call was approved: the
-    /// deciding owner is told its outcome.
+    /// What every owner is told then (`{tool}`, `{job}`, and `{link}` to the job in the
+    /// console), unless the call was approved: the deciding owner is told its outcome.
     pub unknown_outcome_notice: String,
     /// How long a chat's summarised tool result stays available to its follow-ups.
     #[serde(with = "duration_str")]

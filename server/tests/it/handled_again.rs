@@ -129,7 +129,8 @@ async fn a_write_whose_answer_was_not_kept_is_not_made_again(db: TestDb) {
     let (code, state): (Option<String>, String) = sqlx::query_as("SELECT last_error_code, state FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!((code.as_deref(), state.as_str()), (Some("TOOL_OUTCOME_UNKNOWN"), "discarded"));
     let notice: String = sqlx::query_scalar("SELECT message FROM owner_notifications WHERE reason_code = 'TOOL_OUTCOME_UNKNOWN'").fetch_one(&r.app.state.db.pool).await.expect("owners told");
-    assert!(notice.starts_with("issue_coupon was started (job "), "{notice}");
+    let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert!(notice.starts_with(&format!("issue_coupon was started (job {job})")) && notice.ends_with(&format!("/jobs/{job}")), "{notice}");
     assert!(texts.contains(&notice), "the owner got it on WhatsApp: {texts:?}");
 }
 both_backends!(again_write_not_kept, a_write_whose_answer_was_not_kept_is_not_made_again);

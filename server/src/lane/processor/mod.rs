@@ -76,8 +76,10 @@ pub struct Processor {
     /// Where each job's final answer is kept, so a retry sends it again instead of running the
     /// call twice.
     db: Db,
-    /// Where owners are told of a call whose outcome is unknown.
+    /// Where owners are told of a call whose outcome is unknown, and the console's address
+    /// their notice links to.
     queue: JobQueue,
+    console_url: String,
     /// Runs in which the call itself is tried (`jobs.default_max_attempts`); a job's later runs
     /// (`jobs.attempts.tool_call`) only send its answer.
     call_attempts: i64,
@@ -103,7 +105,7 @@ impl std::fmt::Debug for Processor {
 impl Processor {
     pub fn new(queue: JobQueue, settings: &Settings, checkpoint: Arc<Checkpoint>, summarizer: Summarizer, outbound: Arc<dyn Outbound>, approvals: Arc<Approvals>, contexts: Arc<ContextStore>) -> Self {
         let call_attempts = i64::from(settings.jobs.default_max_attempts.max(1));
-        Self { db: queue.db().clone(), queue, call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone(), telemetry: Telemetry::default() }
+        Self { db: queue.db().clone(), queue, console_url: settings.server.console_url(), call_attempts, checkpoint, summarizer, outbound, approvals, contexts, lane: settings.lane.clone(), telemetry: Telemetry::default() }
     }
 
     /// Exports the steps it adds to a message's finished trace (a later answer, a retry).

@@ -44,7 +44,8 @@ impl Processor {
         let code = ToolCode::OutcomeUnknown.as_str();
         tracing::error!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, code, "whether the call took effect is unknown; it is not made again");
         if job.approval.is_none() {
-            let message = self.lane.unknown_outcome_notice.replace("{tool}", &job.tool).replace("{job}", &row.id.to_string());
+            let link = format!("{}/jobs/{}", self.console_url, row.id);
+            let message = self.lane.unknown_outcome_notice.replace("{tool}", &job.tool).replace("{job}", &row.id.to_string()).replace("{link}", &link);
             let notice = Notification { at: db::now_ms(), hook: "tool_call".into(), tool: job.tool.clone(), reason_code: code.into(), message, correlation_id: row.correlation_id.clone() };
             let told = async {
                 let mut tx = self.db.begin_write().await?;
