@@ -92,6 +92,14 @@ impl StorageWatch {
         }
     }
 
+    /// When a write last failed for want of room (unix ms), however long ago; `None` if none has
+    /// since this process started. Unlike [`Self::full`], a later write that needed no room does
+    /// not clear it.
+    pub fn last_full_ms(&self) -> Option<i64> {
+        let last = self.last_full_ms.load(Ordering::Relaxed);
+        (last != 0).then_some(last)
+    }
+
     /// `Some` while writes fail for want of room.
     pub fn full(&self) -> Option<Full> {
         let since_ms = self.full_since_ms.load(Ordering::Relaxed);

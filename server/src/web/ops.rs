@@ -62,6 +62,9 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     }
     metrics::gauge!("gatehouse_uptime_seconds").set(state.started.elapsed().as_secs_f64());
     metrics::gauge!("database_storage_full").set(if state.db.storage().full().is_some() { 1.0 } else { 0.0 });
+    if let Some(last) = state.db.storage().last_full_ms() {
+        metrics::gauge!("database_storage_full_last_seconds").set(last as f64 / 1000.0);
+    }
     if let Some(free) = state.db.free_bytes() {
         metrics::gauge!("database_free_bytes").set(free as f64);
     }
