@@ -28,6 +28,12 @@ pub async fn insert(conn: &mut AnyConnection, n: &Notification) -> Result<(), Db
     Ok(())
 }
 
+/// Whether a notice with this code and these exact words was raised before.
+pub async fn exists(conn: &mut AnyConnection, reason_code: &str, message: &str) -> Result<bool, DbError> {
+    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM owner_notifications WHERE reason_code = $1 AND message = $2 LIMIT 1").bind(reason_code).bind(message).fetch_optional(conn).await?;
+    Ok(found.is_some())
+}
+
 /// When the latest notice with `reason_code` was raised.
 pub async fn latest_at(conn: &mut AnyConnection, reason_code: &str) -> Result<Option<i64>, DbError> {
     Ok(sqlx::query_scalar("SELECT MAX(at) FROM owner_notifications WHERE reason_code = $1").bind(reason_code).fetch_one(conn).await?)

@@ -132,6 +132,15 @@ async fn a_write_whose_answer_was_not_kept_is_not_made_again(db: TestDb) {
     let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert!(notice.starts_with(&format!("issue_coupon was started (job {job})")) && notice.ends_with(&format!("/jobs/{job}")), "{notice}");
     assert!(texts.contains(&notice), "the owner got it on WhatsApp: {texts:?}");
+    // The unknown answer could not be kept either: the next run comes to it again (its send is
+    // in the delivery ledger already), and the owners, told once, are not told again.
+    sqlx::query("DELETE FROM tool_answers").execute(&r.app.state.db.pool).await.expect("no answer kept");
+    r.run_again("tool.call").await;
+    r.exchange(&[], texts.len()).await;
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM tool_answers").await, 1, "the second run kept its answer");
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["coupons/4821".to_string()], "still not issued again");
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM owner_notifications WHERE reason_code = 'TOOL_OUTCOME_UNKNOWN'").await, 1, "the owners were told once");
+    assert_eq!(count(&r, "SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").await, 1, "one WhatsApp notice");
 }
 both_backends!(again_write_not_kept, a_write_whose_answer_was_not_kept_is_not_made_again);
 

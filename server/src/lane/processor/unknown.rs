@@ -8,7 +8,12 @@
 
 use super::{Answer, Processor};
 use crate::{
-    db::{self, DbError, jobs::JobRow, owner_notifications::Notification, tool_answers},
+    db::{
+        self, DbError,
+        jobs::JobRow,
+        owner_notifications::{self, Notification},
+        tool_answers,
+    },
     lane::{data, job::ToolCallJob},
     owners::notices,
     tools::checkpoint::ToolCode,
@@ -47,9 +52,12 @@ impl Processor {
             let link = format!("{}/jobs/{}", self.console_url, row.id);
             let message = self.lane.unknown_outcome_notice.replace("{tool}", &job.tool).replace("{job}", &row.id.to_string()).replace("{link}", &link);
             let notice = Notification { at: db::now_ms(), hook: "tool_call".into(), tool: job.tool.clone(), reason_code: code.into(), message, correlation_id: row.correlation_id.clone() };
+            // Once a job: a run that could not keep this answer either comes here again.
             let told = async {
                 let mut tx = self.db.begin_write().await?;
-                notices::raise(&mut tx, &self.queue, &notice, true).await?;
+                if !owner_notifications::exists(&mut tx, code, &notice.message).await? {
+                    notices::raise(&mut tx, &self.queue, &notice, true).await?;
+                }
                 self.queue.commit(tx).await
             };
             if let Err(e) = told.await {
