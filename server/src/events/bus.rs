@@ -28,6 +28,8 @@ pub(super) struct Inner {
     pub(super) origin: String,
     /// True once the reader knows where it starts: events from then on are published.
     pub(super) ready: watch::Sender<bool>,
+    /// Some row below the newest position published may still commit (see [`Events::unsettled`]).
+    pub(super) unsettled: AtomicBool,
 }
 
 /// A subscriber's end: events in the order published, and a resync where some were lost.
@@ -71,6 +73,7 @@ impl Events {
             started: AtomicBool::new(false),
             origin: uuid::Uuid::now_v7().to_string(),
             ready: watch::channel(false).0,
+            unsettled: AtomicBool::new(false),
         }))
     }
 
@@ -105,6 +108,14 @@ impl Events {
     /// Sends to this process's subscribers; with none, the event is dropped.
     pub(super) fn send(&self, envelope: Envelope) {
         let _ = self.0.sender.send(Arc::new(envelope));
+    }
+
+    /// Whether some row with an id below the newest position published may still commit
+    /// (PostgreSQL takes ids at insert, not at commit; see `late`). This process's own pages
+    /// get such a row live once it commits; a page that reconnects after an id given while
+    /// this holds cannot resume from it (the replay reads only later ids) and reloads instead.
+    pub fn unsettled(&self) -> bool {
+        self.0.unsettled.load(Ordering::Acquire)
     }
 
     pub fn settings(&self) -> &EventSettings {

@@ -32,6 +32,11 @@ impl Late {
         remember(&mut self.jobs, from.job, job_ids, now);
     }
 
+    /// Whether no skipped id is still looked for.
+    pub(super) fn is_empty(&self) -> bool {
+        self.steps.is_empty() && self.jobs.is_empty()
+    }
+
     /// The remembered rows that have committed since, as events; they are forgotten then.
     pub(super) async fn found(&mut self, conn: &mut AnyConnection) -> Result<Vec<Envelope>, DbError> {
         let now = Instant::now();

@@ -10,7 +10,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Weak},
+    sync::{Arc, Weak, atomic::Ordering},
     time::Duration,
 };
 
@@ -109,6 +109,7 @@ async fn read(inner: &Arc<Inner>, conn: &mut AnyConnection, reader: Option<Reade
         let full = read.step_ids.len() as i64 >= BATCH || read.job_ids.len() as i64 >= BATCH;
         if postgres {
             reader.late.skipped(reader.position, &read.step_ids, &read.job_ids);
+            inner.unsettled.store(!reader.late.is_empty(), Ordering::Release);
         }
         reader.position = read.next;
         read.events.into_iter().for_each(|e| send(inner, e));

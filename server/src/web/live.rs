@@ -35,7 +35,7 @@ use futures_util::Stream;
 use tower_sessions::Session;
 
 use super::state::AppState;
-use crate::events::{Envelope, EventId, Replay, Subscription, Topic};
+use crate::events::{Envelope, EventId, Events, Replay, Subscription, Topic};
 
 /// The stable code of a stream refused for the session's limit.
 pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
@@ -135,6 +135,8 @@ impl Wanted {
 }
 
 struct Follow {
+    /// Whether an id given now is a safe point to resume from.
+    events: Events,
     backlog: VecDeque<Envelope>,
     sub: Subscription,
     last: EventId,
@@ -144,9 +146,16 @@ struct Follow {
     _slot: StreamSlot,
 }
 
-fn sse(envelope: &Envelope) -> Event {
+/// The suffix of an SSE id given while a row below it may still commit (PostgreSQL): a page
+/// that resumes from such an id reloads instead ([`Events::unsettled`]).
+///
+/// [`Events::unsettled`]: crate::events::Events::unsettled
+const UNSETTLED: &str = "-u";
+
+fn sse(envelope: &Envelope, unsettled: bool) -> Event {
     let event = Event::default().data(serde_json::to_string(envelope).unwrap_or_default());
     match envelope.id {
+        Some(id) if unsettled => event.id(format!("{}{UNSETTLED}", id.to_sse())),
         Some(id) => event.id(id.to_sse()),
         None => event,
     }
@@ -169,19 +178,31 @@ pub async fn events_stream(State(state): State<AppState>, Extension(backend): Ex
         return too_many_streams();
     };
     let wanted = Wanted::of(&query);
-    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(EventId::parse);
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(|id| match id.strip_suffix(UNSETTLED) {
+        Some(_) => Resume::Unsettled,
+        None => Resume::After(EventId::parse(id)),
+    });
     let sub = state.events.subscribe().await;
     let (backlog, last) = start(&state, resume).await;
     let backlog = backlog.into_iter().filter(|e| wanted.wants(e)).collect();
-    let follow = Follow { backlog, sub, last, wanted, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
+    let follow = Follow { events: state.events.clone(), backlog, sub, last, wanted, shutdown: super::serve::shutdown_requested(), viewer: Viewer::new(session, backend), _slot: slot };
     Sse::new(follow_stream(follow)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
 }
 
+/// Where a reconnecting page says it was (its `Last-Event-ID`).
+enum Resume {
+    After(Option<EventId>),
+    /// An id given while a row below it might still commit: no safe point to resume from.
+    Unsettled,
+}
+
 /// What a stream sends before the live events, and the position they continue after.
-async fn start(state: &AppState, resume: Option<EventId>) -> (Vec<Envelope>, EventId) {
+async fn start(state: &AppState, resume: Option<Resume>) -> (Vec<Envelope>, EventId) {
     let reload = |reason: &str, id: Option<EventId>| (vec![Envelope::resync(reason, 0, id)], id.unwrap_or_default());
-    let Some(after) = resume else {
-        return reload("connected", state.events.newest().await.ok());
+    let after = match resume {
+        Some(Resume::After(Some(after))) => after,
+        Some(Resume::Unsettled) => return reload("unsettled_position", state.events.newest().await.ok()),
+        Some(Resume::After(None)) | None => return reload("connected", state.events.newest().await.ok()),
     };
     match state.events.replay(after).await {
         Ok(Replay::Events(events)) => {
@@ -200,7 +221,7 @@ async fn start(state: &AppState, resume: Option<EventId>) -> (Vec<Envelope>, Eve
 fn follow_stream(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>> {
     futures_util::stream::unfold(follow, |mut f| async move {
         if let Some(envelope) = f.backlog.pop_front() {
-            return Some((Ok(sse(&envelope)), f));
+            return Some((Ok(sse(&envelope, f.events.unsettled())), f));
         }
         loop {
             let stopping = async {
@@ -230,7 +251,7 @@ fn follow_stream(follow: Follow) -> impl Stream<Item = Result<Event, Infallible>
                 f.last = f.last.max(id);
             }
             if f.wanted.wants(&envelope) {
-                return Some((Ok(sse(&envelope)), f));
+                return Some((Ok(sse(&envelope, f.events.unsettled())), f));
             }
         }
     })

@@ -407,6 +407,47 @@ async fn a_step_committed_after_a_later_one_is_still_published() {
     .await;
 }
 
+/// A page's position given while an earlier row may still commit (PostgreSQL takes ids at
+/// insert, not at commit) is no safe point to resume from: its id says so, and a page that
+/// reconnects from it reloads. Before, the replay read only later ids, so the row committed
+/// while the page was away never reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_does_not_resume_past_a_row_that_may_still_commit() {
+    let Some(db) = TestDb::postgres().await else { return };
+    crate::support::within_limit("events::unsettled_resume", async move {
+        let app = TestApp::new(db).await;
+        let owner = app.with_owner("ada", "correct horse battery").await;
+        let cookie = owner.cookie.clone().expect("session");
+        let mut stream = open(&app, &cookie, None).await.expect("stream");
+        let (_, hello) = stream.next().await;
+        assert_eq!(hello["reason"], "connected");
+        let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
+        let mut first = app.state.db.begin_write().await.expect("begin");
+        let mut early = server::traces::begin(&mut first, subject("open-a")).await.expect("trace");
+        early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        let _written = early.flush(&mut first).await.expect("steps");
+        let mut second = app.state.db.begin_write().await.expect("begin");
+        let mut later = server::traces::begin(&mut second, subject("open-b")).await.expect("trace");
+        later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+        let _written = later.flush(&mut second).await.expect("steps");
+        second.commit().await.expect("commit");
+        let id = loop {
+            let (id, data) = stream.next().await;
+            if data["chat_id"] == "open-b" {
+                break id.expect("a row's event has an id");
+            }
+        };
+        assert!(id.ends_with("-u"), "the id says an earlier row may still commit: {id}");
+        drop(stream);
+        // Committed while the page is away.
+        first.commit().await.expect("commit");
+        let mut again = open(&app, &cookie, Some(&id)).await.expect("reconnect");
+        let (_, told) = again.next().await;
+        assert_eq!((told["kind"].as_str(), told["reason"].as_str()), (Some("resync"), Some("unsettled_position")), "{told}");
+    })
+    .await;
+}
+
 /// The dashboard says first what waits for an owner's decision, counting only what an owner can
 /// still decide: a decided approval, a quarantined tool its server no longer lists, an expired
 /// form and an applied repair are not waiting.
