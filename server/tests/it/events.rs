@@ -382,6 +382,22 @@ async fn the_dashboard_charts_replies_job_waits_approvals_and_mcp_health(db: Tes
 }
 both_backends!(dashboard_new_charts, the_dashboard_charts_replies_job_waits_approvals_and_mcp_health);
 
+/// A trace step for chat `early` in a transaction left open (returned), and one for chat `late`
+/// committed after it: the later ids commit first.
+async fn out_of_order(app: &TestApp, early: &str, late: &str) -> sqlx::Transaction<'static, sqlx::Any> {
+    let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
+    let mut first = app.state.db.begin_write().await.expect("begin");
+    let mut open = server::traces::begin(&mut first, subject(early)).await.expect("trace");
+    open.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+    let _written = open.flush(&mut first).await.expect("steps");
+    let mut second = app.state.db.begin_write().await.expect("begin");
+    let mut done = server::traces::begin(&mut second, subject(late)).await.expect("trace");
+    done.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
+    let _written = done.flush(&mut second).await.expect("steps");
+    second.commit().await.expect("commit");
+    first
+}
+
 /// PostgreSQL takes ids at insert, not at commit: a step whose transaction commits after a
 /// later step's is still published once it commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,16 +406,7 @@ async fn a_step_committed_after_a_later_one_is_still_published() {
     crate::support::within_limit("events::late_commit", async move {
         let app = TestApp::new(db).await;
         let mut sub = app.state.events.subscribe().await;
-        let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
-        let mut first = app.state.db.begin_write().await.expect("begin");
-        let mut early = server::traces::begin(&mut first, subject("late-a")).await.expect("trace");
-        early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        let _written = early.flush(&mut first).await.expect("steps");
-        let mut second = app.state.db.begin_write().await.expect("begin");
-        let mut later = server::traces::begin(&mut second, subject("late-b")).await.expect("trace");
-        later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        let _written = later.flush(&mut second).await.expect("steps");
-        second.commit().await.expect("commit");
+        let first = out_of_order(&app, "late-a", "late-b").await;
         while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-b") {}
         first.commit().await.expect("commit");
         while sub.recv().await.expect("bus open").chat_id.as_deref() != Some("late-a") {}
@@ -421,16 +428,7 @@ async fn a_page_does_not_resume_past_a_row_that_may_still_commit() {
         let mut stream = open(&app, &cookie, None).await.expect("stream");
         let (_, hello) = stream.next().await;
         assert_eq!(hello["reason"], "connected");
-        let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
-        let mut first = app.state.db.begin_write().await.expect("begin");
-        let mut early = server::traces::begin(&mut first, subject("open-a")).await.expect("trace");
-        early.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        let _written = early.flush(&mut first).await.expect("steps");
-        let mut second = app.state.db.begin_write().await.expect("begin");
-        let mut later = server::traces::begin(&mut second, subject("open-b")).await.expect("trace");
-        later.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
-        let _written = later.flush(&mut second).await.expect("steps");
-        second.commit().await.expect("commit");
+        let first = out_of_order(&app, "open-a", "open-b").await;
         let id = loop {
             let (id, data) = stream.next().await;
             if data["chat_id"] == "open-b" {
