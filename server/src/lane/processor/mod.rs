@@ -155,7 +155,8 @@ impl Processor {
         }
         // A call not safe to repeat is marked as made before it is (see `unknown`): one an
         // earlier run made, whose answer was never kept, is not made again.
-        let unsafe_repeat = self.unsafe_to_repeat(job);
+        let tool = self.checkpoint.catalog().get(&job.tool);
+        let unsafe_repeat = self.unsafe_to_repeat(tool.as_deref());
         if unsafe_repeat && !self.mark_started(row).await? {
             return Ok(self.outcome_unknown(job, row).await);
         }
@@ -170,7 +171,7 @@ impl Processor {
         }
         // A tool that may not run as a job is tried in the lane's own run only: a person who
         // asked for it is never told to wait for a retry in the background.
-        let never_async = job.approval.is_none() && self.checkpoint.catalog().get(&job.tool).is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
+        let never_async = job.approval.is_none() && tool.is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
         if let Some(code) = &answer.failure
             && answer.retryable
             && !never_async

@@ -16,14 +16,14 @@ use crate::{
     },
     lane::{data, job::ToolCallJob},
     owners::notices,
-    tools::checkpoint::ToolCode,
+    tools::{ToolDef, checkpoint::ToolCode},
 };
 
 impl Processor {
-    /// Whether job `job`'s call may not be made twice: it changes something, and its attempts
+    /// Whether a call of `tool` may not be made twice: it changes something, and its attempts
     /// carry no idempotency key.
-    pub(super) fn unsafe_to_repeat(&self, job: &ToolCallJob) -> bool {
-        self.checkpoint.catalog().get(&job.tool).is_some_and(|t| !self.checkpoint.repeats_safely(&t))
+    pub(super) fn unsafe_to_repeat(&self, tool: Option<&ToolDef>) -> bool {
+        tool.is_some_and(|t| !self.checkpoint.repeats_safely(t))
     }
 
     /// Marks job `row`'s call as made, before it is: `false` when an earlier run marked it.

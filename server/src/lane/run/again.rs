@@ -82,7 +82,7 @@ impl Lane {
             } else {
                 // Settled (or expiring): its own job tells the person, once.
                 let state = if request.state == State::Pending { State::Expired } else { request.state };
-                trace.step("ApprovalRequested", "settled", "APPROVAL_ALREADY_SETTLED", json!({ "tool": request.tool, "state": state.as_str() }));
+                super::bridge::already_settled(trace, &request.tool, state);
             }
         }
         let job_ids: Vec<i64> = calls.iter().map(|(row, _)| row.id).collect();

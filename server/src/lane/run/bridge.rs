@@ -68,7 +68,7 @@ impl Lane {
             // settlement's own job tells the person (the approved call's answer, the rejection,
             // the expiry) or told them already, once.
             Ok(Requested { state, .. }) => {
-                trace.step("ApprovalRequested", "settled", "APPROVAL_ALREADY_SETTLED", json!({ "tool": call.tool, "state": state.as_str() }));
+                already_settled(trace, &call.tool, state);
                 return None;
             }
             Err(ApprovalError::Refused(f)) => {
@@ -265,6 +265,12 @@ impl Lane {
             }
         }
     }
+}
+
+/// Records that a request this message asked before was settled since: its own job tells the
+/// person, so nothing more is said.
+pub(super) fn already_settled(trace: &mut Recorder, tool: &str, state: State) {
+    trace.step("ApprovalRequested", "settled", "APPROVAL_ALREADY_SETTLED", json!({ "tool": tool, "state": state.as_str() }));
 }
 
 /// How the lane's wait for a run it started came out.
