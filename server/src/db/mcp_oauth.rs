@@ -3,7 +3,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, now_ms};
+use super::{DbError, backend_of, lease_end, lease_now, now_ms};
 
 /// The login state of an OAuth server, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
@@ -137,10 +137,17 @@ pub async fn needs_login(conn: &mut AnyConnection, server: &str, seen: Option<i6
     })
 }
 
-/// Takes the refresh lease when it is free or expired. Only the holder refreshes.
-pub async fn take_lease(conn: &mut AnyConnection, server: &str, token: &str, until: i64) -> Result<bool, DbError> {
-    let now = now_ms();
-    let done = sqlx::query("UPDATE mcp_oauth SET lease_token = $2, lease_until = $3 WHERE server_id = $1 AND (lease_token IS NULL OR lease_until < $4)")
+/// Takes the refresh lease, until `until` reckoned from `now`, when it is free or expired. Only
+/// the holder refreshes. On PostgreSQL the lease is set and checked by the server's clock (see
+/// [`lease_now`]).
+pub async fn take_lease(conn: &mut AnyConnection, server: &str, token: &str, now: i64, until: i64) -> Result<bool, DbError> {
+    let backend = backend_of(conn);
+    let sql = format!(
+        "UPDATE mcp_oauth SET lease_token = $2, lease_until = {} WHERE server_id = $1 AND (lease_token IS NULL OR lease_until < {})",
+        lease_end(backend, "$4", "$3"),
+        lease_now(backend, "$4")
+    );
+    let done = sqlx::query(&sql)
         .bind(server)
         .bind(token)
         .bind(until)

@@ -152,6 +152,31 @@ pub fn now_ms() -> i64 {
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// PostgreSQL's own clock in the unit of stored timestamps, as SQL.
+const POSTGRES_CLOCK_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
+/// "Now" for a lease, as SQL: the clock every holder of a lease is judged by. Processes on
+/// several machines share one PostgreSQL database, and their clocks differ: a lease one sets by
+/// its clock and another checks by its own would run out early for a clock ahead, and a healthy
+/// run would be taken from its holder and run twice. So on PostgreSQL leases are set and checked
+/// by the server's clock. SQLite's processes share one machine and its clock: `now`, the
+/// caller's parameter.
+pub fn lease_now(backend: Backend, now: &str) -> String {
+    match backend {
+        Backend::Postgres => POSTGRES_CLOCK_MS.to_string(),
+        Backend::Sqlite => now.to_string(),
+    }
+}
+
+/// The end of a lease the caller reckoned from `now` to `until` (parameters), as SQL: its length
+/// from [`lease_now`].
+pub fn lease_end(backend: Backend, now: &str, until: &str) -> String {
+    match backend {
+        Backend::Postgres => format!("({POSTGRES_CLOCK_MS} + ({until} - {now}))"),
+        Backend::Sqlite => until.to_string(),
+    }
+}
+
 /// A duration in the unit of stored timestamps (milliseconds), saturating.
 pub fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

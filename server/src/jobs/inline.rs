@@ -66,11 +66,12 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()
         loop {
             tokio::time::sleep(every).await;
             let beat = std::time::Instant::now();
-            let until = db::now_ms().saturating_add(db::duration_ms(lease));
+            let now = db::now_ms();
+            let until = now.saturating_add(db::duration_ms(lease));
             // A beat that hangs counts as failed once the next is due (see the worker's).
             let renewed = tokio::time::timeout(every, async {
                 let mut conn = db.pool.acquire().await?;
-                store::heartbeat(&mut conn, &[id], &owner, until).await
+                store::heartbeat(&mut conn, &[id], &owner, now, until).await
             })
             .await
             .map_err(|_| format!("no answer within {every:?}"))

@@ -216,8 +216,8 @@ async fn lifecycle_claim_heartbeat_fail_retry_discard(db: TestDb) {
     assert_eq!(claimed.len(), 1);
     assert_eq!((claimed[0].state, claimed[0].attempt), (JobState::Running, 1));
     assert!(store::claim(&mut conn, pool.backend, "default", "w2", 5, t0, t0 + 1000).await.expect("claim").is_empty(), "leased jobs are not claimed twice");
-    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0 + 60_000).await.expect("hb"), vec![id]);
-    assert!(store::heartbeat(&mut conn, &[id], "w2", t0 + 60_000).await.expect("hb").is_empty(), "only the holder extends");
+    assert_eq!(store::heartbeat(&mut conn, &[id], "w1", t0, t0 + 60_000).await.expect("hb"), vec![id]);
+    assert!(store::heartbeat(&mut conn, &[id], "w2", t0, t0 + 60_000).await.expect("hb").is_empty(), "only the holder extends");
 
     // Retryable failure with attempts left: scheduled again.
     let outcome = store::fail(&mut conn, id, 1, "w1", "TOOL_TIMEOUT", "slow", true, t0 + 5000, t0).await.expect("fail");
@@ -299,12 +299,16 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     assert!(store::release_pending(&mut conn, pending, true, t0 + 200).await.expect("approve"));
     assert!(store::release_pending(&mut conn, rejected, false, t0 + 200).await.expect("reject"));
     assert_eq!(store::get(&mut conn, rejected).await.expect("g").map(|j| j.state), Some(JobState::Cancelled));
-    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 300).await.expect("claim");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 1200).await.expect("claim");
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![pending]);
 
-    // The worker died: its lease runs out and the job is rescued for a retry.
+    // The worker died: its lease runs out and the job is rescued for a retry. (On PostgreSQL a
+    // lease runs by the server's clock, not by the times given here: so it is waited out.)
     assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
-    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 400).await.expect("rescue"), vec![pending]);
+    if pool.backend == db::Backend::Postgres {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 1300).await.expect("rescue"), vec![pending]);
     let j = store::get(&mut conn, pending).await.expect("g").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.

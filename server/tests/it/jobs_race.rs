@@ -66,7 +66,7 @@ async fn rescue_racing_a_completion(db: TestDb) {
     let t0 = db::now_ms();
     let mut conn = pool.pool.acquire().await.expect("conn");
     // Claimed with a lease that has already run out: the worker is late, but alive.
-    store::claim(&mut conn, pool.backend, "default", "w1", 1, t0, t0 + 10).await.expect("claim");
+    store::claim(&mut conn, pool.backend, "default", "w1", 1, t0, t0 - 1000).await.expect("claim");
     drop(conn);
 
     let mut worker = pool.begin_write().await.expect("begin");

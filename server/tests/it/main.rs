@@ -19,6 +19,7 @@ mod jobs_process;
 mod jobs_race;
 mod lane;
 mod lane_e2e;
+mod leases;
 mod llm;
 mod mcp;
 mod mcp_elicitation;

@@ -4,7 +4,7 @@
 use sqlx::AnyConnection;
 
 use super::{COLUMNS, DUE_STATES, DbError, JobRow, JobState, clean, event, events_for, get};
-use crate::db::{Backend, anonymous_on_sqlite, backend_of, placeholders, value_rows, value_rows_from};
+use crate::db::{Backend, anonymous_on_sqlite, backend_of, lease_end, lease_now, placeholders, value_rows, value_rows_from};
 
 const MAX_ERROR_CHARS: usize = 2000;
 const MAX_PREVIEW_CHARS: usize = 4000;
@@ -60,16 +60,17 @@ pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim
             " AND NOT (kind IN ({}) AND chat_id IS NOT NULL AND EXISTS (SELECT 1 FROM jobs e WHERE e.chat_id IS NOT NULL \
              AND (e.state IN ('available', 'scheduled', 'retryable', 'running') OR (e.state = 'cancelled' AND e.lease_expires_at IS NOT NULL)) \
              AND e.chat_id = jobs.chat_id AND e.kind = jobs.kind AND e.queue = jobs.queue \
-             AND e.id <> jobs.id AND (e.state = 'running' OR (e.state = 'cancelled' AND e.lease_expires_at > $1) \
+             AND e.id <> jobs.id AND (e.state = 'running' OR (e.state = 'cancelled' AND e.lease_expires_at > {lease_now}) \
              OR (e.state <> 'cancelled' AND e.id < jobs.id AND e.scheduled_at <= $1 AND (e.expires_at IS NULL OR e.expires_at > $1)))))",
-            placeholders(6, c.one_per_chat.len())
+            placeholders(6, c.one_per_chat.len()),
+            lease_now = lease_now(backend, "$1"),
         )
     };
     let due = format!(
         "SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
          AND (expires_at IS NULL OR expires_at > $1){in_order} ORDER BY priority DESC, scheduled_at, id LIMIT $5"
     );
-    let set = "state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3";
+    let set = format!("state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = {}", lease_end(backend, "$1", "$3"));
     let sql = match backend {
         // The locking subquery must run once: in `WHERE id IN (...)` PostgreSQL may re-run it
         // and lock more rows than LIMIT.
@@ -105,20 +106,25 @@ fn events_written(jobs: usize) {
     }
 }
 
-/// Extends the lease of jobs this owner still holds. Returns the ids it still holds; the others
-/// were cancelled or rescued, and their runs should stop.
-pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, lease_until: i64) -> Result<Vec<i64>, DbError> {
+/// Extends the lease of jobs this owner still holds to `lease_until`, reckoned from `now` (on
+/// PostgreSQL the same length from the server's clock, see [`lease_now`]). Returns the ids it
+/// still holds; the others were cancelled or rescued, and their runs should stop.
+pub async fn heartbeat(conn: &mut AnyConnection, ids: &[i64], owner: &str, now: i64, lease_until: i64) -> Result<Vec<i64>, DbError> {
+    let backend = backend_of(conn);
     let mut held = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(500) {
+        // `now` binds last: SQLite's statement does not name it, and its placeholders stay in order.
         let sql = format!(
-            "UPDATE jobs SET lease_expires_at = $1 WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
+            "UPDATE jobs SET lease_expires_at = {} WHERE state = 'running' AND lease_owner = $2 AND id IN ({}) RETURNING id",
+            lease_end(backend, &format!("${}", 3 + chunk.len()), "$1"),
             placeholders(3, chunk.len())
         );
-        let sql = anonymous_on_sqlite(backend_of(conn), sql);
+        let sql = anonymous_on_sqlite(backend, sql);
         let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(lease_until).bind(owner);
         for id in chunk {
             q = q.bind(*id);
         }
+        q = q.bind(now);
         held.extend(q.fetch_all(&mut *conn).await?);
     }
     Ok(held)
@@ -295,8 +301,9 @@ pub async fn snooze(conn: &mut AnyConnection, id: i64, attempt: i64, owner: &str
 /// Run it in a write transaction.
 pub async fn claim_one(conn: &mut AnyConnection, id: i64, owner: &str, now: i64, lease_until: i64) -> Result<Option<JobRow>, DbError> {
     let sql = format!(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = $3 \
-         WHERE id = $4 AND state IN {DUE_STATES} RETURNING {COLUMNS}"
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = {} \
+         WHERE id = $4 AND state IN {DUE_STATES} RETURNING {COLUMNS}",
+        lease_end(backend_of(conn), "$1", "$3")
     );
     let row = sqlx::query_as::<_, JobRow>(&sql).bind(now).bind(owner).bind(lease_until).bind(id).fetch_optional(&mut *conn).await?;
     let Some(job) = row else { return Ok(None) };

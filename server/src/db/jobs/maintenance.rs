@@ -4,7 +4,7 @@
 use sqlx::AnyConnection;
 
 use super::{DbError, JobState, events_for, wake_other_processes};
-use crate::db::Backend;
+use crate::db::{Backend, lease_now};
 
 /// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
 const MAINTENANCE_BATCH: i64 = 500;
@@ -49,8 +49,8 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
                completed_at = CASE WHEN attempt < max_attempts THEN NULL ELSE $1 END, \
                scheduled_at = $1, updated_at = $1, last_error_code = 'JOB_LEASE_EXPIRED', \
                last_error_message = 'the worker holding this job stopped answering', lease_owner = NULL, lease_expires_at = NULL";
-    let filter = "jobs.state = 'running' AND jobs.lease_expires_at < $1";
-    let sql = maintenance_update(backend, set, filter, &["id", "state"]);
+    let filter = format!("jobs.state = 'running' AND jobs.lease_expires_at < {}", lease_now(backend, "$1"));
+    let sql = maintenance_update(backend, set, &filter, &["id", "state"]);
     let found: Vec<(i64, String)> = sqlx::query_as(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
     let (retry, discarded): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, state)| state == "retryable");
     let mut retry: Vec<i64> = retry.into_iter().map(|(id, _)| id).collect();
@@ -67,7 +67,7 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
 pub async fn release_cancelled_leases(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<u64, DbError> {
     // SQLite, without statistics, would rather walk every cancelled job by `jobs_state_updated`.
     let table = if backend == Backend::Sqlite { "jobs INDEXED BY jobs_cancelled_lease" } else { "jobs" };
-    let sql = format!("UPDATE {table} SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_expires_at IS NOT NULL AND lease_expires_at < $1");
+    let sql = format!("UPDATE {table} SET lease_owner = NULL, lease_expires_at = NULL WHERE state = 'cancelled' AND lease_expires_at IS NOT NULL AND lease_expires_at < {}", lease_now(backend, "$1"));
     let done = sqlx::query(&sql)
         .bind(now)
         .execute(&mut *conn)

@@ -3,6 +3,7 @@
 use sqlx::AnyConnection;
 
 use super::{DbError, JobState, UNFINISHED, events_for, wake_other_processes};
+use crate::db::{backend_of, lease_now};
 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
 /// then ignored because the lease no longer matches.
@@ -42,8 +43,9 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
          expires_at = CASE WHEN expires_at <= $1 THEN NULL ELSE expires_at END, \
          max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
          WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled') \
-         AND (lease_expires_at IS NULL OR lease_expires_at < $1) \
-         AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})"
+         AND (lease_expires_at IS NULL OR lease_expires_at < {lease_now}) \
+         AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})",
+        lease_now = lease_now(backend_of(conn), "$1")
     );
     let n = match sqlx::query(&sql).bind(now).bind(id).execute(&mut *conn).await {
         Ok(done) => done.rows_affected(),

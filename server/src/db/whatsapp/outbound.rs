@@ -3,7 +3,7 @@
 
 use sqlx::AnyConnection;
 
-use crate::db::{DbError, IntBool, clean_text};
+use crate::db::{DbError, IntBool, backend_of, clean_text, lease_end, lease_now};
 
 /// A delivery state. The rank orders them: a late "delivered" never overwrites "read".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString)]
@@ -140,13 +140,18 @@ pub async fn outbound_for_recipient(conn: &mut AnyConnection, recipient: &str) -
 /// A compare-and-set: it succeeds only while the part is unsent and nobody else holds an
 /// unexpired lease on it (`token` may take its own lease again). Two runs of one job (a rescued
 /// lease, a second process) therefore never have the same part in flight; the loser gets
-/// `false` and must not send. A crashed sender's lease runs out at `lease_until`.
+/// `false` and must not send. A crashed sender's lease runs out at `lease_until` (on PostgreSQL
+/// the same length from the server's clock, see [`lease_now`]).
 pub async fn mark_sending(conn: &mut AnyConnection, id: i64, token: &str, now: i64, lease_until: i64) -> Result<bool, DbError> {
-    let done = sqlx::query(
-        "UPDATE whatsapp_outbound SET send_started_at = $1, send_token = $2, send_lease_until = $3, attempts = attempts + 1, updated_at = $1 \
+    let backend = backend_of(conn);
+    let sql = format!(
+        "UPDATE whatsapp_outbound SET send_started_at = $1, send_token = $2, send_lease_until = {}, attempts = attempts + 1, updated_at = $1 \
          WHERE id = $4 AND state = 'queued' AND wamid IS NULL \
-         AND (send_lease_until IS NULL OR send_lease_until < $1 OR send_token = $2)",
-    )
+         AND (send_lease_until IS NULL OR send_lease_until < {} OR send_token = $2)",
+        lease_end(backend, "$1", "$3"),
+        lease_now(backend, "$1")
+    );
+    let done = sqlx::query(&sql)
     .bind(now)
     .bind(token)
     .bind(lease_until)

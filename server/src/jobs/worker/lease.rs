@@ -54,13 +54,14 @@ impl Worker {
             }
             let ids: Vec<i64> = runs.iter().map(|(id, _)| *id).collect();
             let beat = Instant::now();
-            let until = db::now_ms() + db::duration_ms(self.settings.lease);
+            let now = db::now_ms();
+            let until = now + db::duration_ms(self.settings.lease);
             // A beat that hangs (a connection whose peer went silent: no statement has a time
             // limit of its own) counts as failed once the next is due, so the runs it holds are
             // still stopped before their leases run out.
             let result = tokio::time::timeout(every, async {
                 let mut conn = self.db.pool.acquire().await?;
-                store::heartbeat(&mut conn, &ids, &self.id, until).await
+                store::heartbeat(&mut conn, &ids, &self.id, now, until).await
             })
             .await;
             match result {

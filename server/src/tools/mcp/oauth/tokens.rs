@@ -186,10 +186,11 @@ impl TokenSource {
         let server = self.store.server.as_str();
         let waited = tokio::time::timeout(LEASE_WAIT, async {
             loop {
-                let until = db::now_ms() + db::duration_ms(LEASE);
+                let now = db::now_ms();
+                let until = now + db::duration_ms(LEASE);
                 let taken = async {
                     let mut conn = db.pool.acquire().await?;
-                    mcp_oauth::take_lease(&mut conn, server, &lease, until).await
+                    mcp_oauth::take_lease(&mut conn, server, &lease, now, until).await
                 }
                 .await
                 .map_err(|e: db::DbError| TokenError::Transient(e.to_string()))?;
