@@ -152,8 +152,9 @@ pub fn now_ms() -> i64 {
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// PostgreSQL's own clock in the unit of stored timestamps, as SQL.
-const POSTGRES_CLOCK_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+/// PostgreSQL's own clock in the unit of stored timestamps, as SQL: when the statement began
+/// (stable within it, so a comparison with it can bound an index scan).
+const POSTGRES_CLOCK_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
 /// "Now" for a lease, as SQL: the clock every holder of a lease is judged by. Processes on
 /// several machines share one PostgreSQL database, and their clocks differ: a lease one sets by

@@ -299,16 +299,16 @@ async fn cancel_expire_rescue_pending(db: TestDb) {
     assert!(store::release_pending(&mut conn, pending, true, t0 + 200).await.expect("approve"));
     assert!(store::release_pending(&mut conn, rejected, false, t0 + 200).await.expect("reject"));
     assert_eq!(store::get(&mut conn, rejected).await.expect("g").map(|j| j.state), Some(JobState::Cancelled));
-    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 1200).await.expect("claim");
+    let claimed = store::claim(&mut conn, pool.backend, "default", "w1", 10, t0 + 200, t0 + 3200).await.expect("claim");
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![pending]);
 
     // The worker died: its lease runs out and the job is rescued for a retry. (On PostgreSQL a
     // lease runs by the server's clock, not by the times given here: so it is waited out.)
     assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 250).await.expect("rescue"), Vec::<i64>::new(), "lease still valid");
     if pool.backend == db::Backend::Postgres {
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        tokio::time::sleep(Duration::from_millis(3100)).await;
     }
-    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 1300).await.expect("rescue"), vec![pending]);
+    assert_eq!(store::rescue(&mut conn, pool.backend, t0 + 3300).await.expect("rescue"), vec![pending]);
     let j = store::get(&mut conn, pending).await.expect("g").expect("job");
     assert_eq!((j.state, j.last_error_code.as_deref(), j.lease_owner), (JobState::Retryable, Some("JOB_LEASE_EXPIRED"), None));
     // The dead worker's late result is ignored.
