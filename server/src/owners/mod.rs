@@ -79,12 +79,30 @@ fn phone_strings(phones: &[PhoneNumber]) -> Vec<String> {
     phones.iter().map(|p| p.to_string()).collect()
 }
 
+/// The shortest `GATEHOUSE_SETUP_TOKEN` that opens setup from another machine. Setup answers
+/// anyone who reaches the webhook's address, as often as they ask: a short token could be
+/// guessed online. Twenty characters of `openssl rand -hex 16` are 80 bits, out of reach.
+pub const MIN_SETUP_TOKEN_CHARS: usize = 20;
+
+/// Why the configured setup token opens nothing, for `serve` and `check-config` to say; `None`
+/// when it is unset or long enough.
+pub fn setup_token_problem(configured: Option<&SecretString>) -> Option<String> {
+    let chars = configured?.expose_secret().chars().count();
+    (chars < MIN_SETUP_TOKEN_CHARS).then(|| {
+        format!(
+            "GATEHOUSE_SETUP_TOKEN has {chars} characters, fewer than {MIN_SETUP_TOKEN_CHARS}: it could be guessed, so setup from another machine refuses it (make one with `openssl rand -hex 16`)"
+        )
+    })
+}
+
 /// Whether a first-run setup request may create the first owner: one from this machine itself
 /// (`local`), or one carrying the setup token the operator configured (compared in constant
-/// time). Without a configured token, only this machine's requests.
+/// time), if that is long enough ([`MIN_SETUP_TOKEN_CHARS`]). Without a usable token, only this
+/// machine's requests.
 pub fn setup_allowed(local: bool, token: &str, configured: Option<&SecretString>) -> bool {
     use subtle::ConstantTimeEq;
-    local || configured.is_some_and(|want| !token.is_empty() && bool::from(token.as_bytes().ct_eq(want.expose_secret().as_bytes())))
+    let usable = configured.filter(|_| setup_token_problem(configured).is_none());
+    local || usable.is_some_and(|want| !token.is_empty() && bool::from(token.as_bytes().ct_eq(want.expose_secret().as_bytes())))
 }
 
 /// Creates the first owner and closes setup, atomically. A racing second request gets
@@ -308,13 +326,18 @@ mod tests {
 
     #[test]
     fn setup_is_answered_locally_or_with_the_configured_token() {
-        let token = SecretString::from("s3tup-t0ken");
+        let token = SecretString::from("s3tup-t0ken-for-tests-0");
         assert!(setup_allowed(true, "", None), "this machine needs no token");
         assert!(!setup_allowed(false, "", None), "elsewhere, none configured: refused");
         assert!(!setup_allowed(false, "anything", None), "no token configured: none is right");
         assert!(!setup_allowed(false, "", Some(&token)), "no token given");
-        assert!(!setup_allowed(false, "s3tup-t0ke", Some(&token)), "a wrong token");
-        assert!(setup_allowed(false, "s3tup-t0ken", Some(&token)));
+        assert!(!setup_allowed(false, "s3tup-t0ken-for-tests-o", Some(&token)), "a wrong token");
+        assert!(setup_allowed(false, "s3tup-t0ken-for-tests-0", Some(&token)));
+        let short = SecretString::from("s3tup-t0ken-for-test".chars().take(MIN_SETUP_TOKEN_CHARS - 1).collect::<String>());
+        assert!(!setup_allowed(false, short.expose_secret(), Some(&short)), "a token too short to be safe opens nothing");
+        assert!(setup_token_problem(Some(&short)).is_some_and(|p| p.contains("fewer than 20")));
+        assert!(setup_allowed(true, "", Some(&short)), "this machine still needs none");
+        assert_eq!((setup_token_problem(Some(&token)), setup_token_problem(None)), (None, None));
     }
 
     const T: Throttle = Throttle { max_failures: 5, window: Duration::from_secs(900), device_lifetime: Duration::from_secs(86_400) };

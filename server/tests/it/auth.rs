@@ -241,12 +241,12 @@ both_backends!(reset_voids_sessions, password_reset_ends_sessions);
 
 async fn secure_cookie_on_https(db: TestDb) {
     // Published under another host, setup needs the token (see setup::setup_local_only).
-    let token = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| "setup-token-https".to_string()));
+    let token = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| "setup-token-over-https-0".to_string()));
     let app = TestApp::with_secrets(db, token, |s| s.server.public_url = "https://console.example.com".into()).await;
     let mut c = app.client();
     c.origin = Some("https://console.example.com".into());
     let res = c
-        .post_form("/api/setup_owner", &[("display_name", "Ada"), ("login", "ada"), ("password", PASSWORD), ("password_confirm", PASSWORD), ("whatsapp", "+15550001111"), ("token", "setup-token-https")])
+        .post_form("/api/setup_owner", &[("display_name", "Ada"), ("login", "ada"), ("password", PASSWORD), ("password_confirm", PASSWORD), ("whatsapp", "+15550001111"), ("token", "setup-token-over-https-0")])
         .await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     let cookie = res.headers.get(header::SET_COOKIE).and_then(|v| v.to_str().ok()).unwrap_or_default();

@@ -149,7 +149,7 @@ fn setup_form(token: &str) -> Vec<(&'static str, String)> {
 /// the internet reaches. Setup answers this machine's own requests (loopback, and not forwarded
 /// by a proxy on it); from anywhere else only with the token the operator set.
 async fn setup_from_elsewhere_needs_the_token(db: TestDb) {
-    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| "first-run-token-123".to_string()));
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| "first-run-token-1234567".to_string()));
     let app = TestApp::with_secrets(db, secrets, |_| {}).await;
     let post = |client: &mut crate::support::Client, token: &'static str| {
         let mut client = client.clone();
@@ -172,7 +172,7 @@ async fn setup_from_elsewhere_needs_the_token(db: TestDb) {
         assert_eq!(res.status, StatusCode::FORBIDDEN, "{header}: {}", res.body);
     }
     assert!(app.state.setup_done().await.is_ok_and(|done| !done), "nothing was created");
-    let res = post(&mut remote, "first-run-token-123").await;
+    let res = post(&mut remote, "first-run-token-1234567").await;
     assert_eq!(res.status, StatusCode::OK, "the token opens setup from elsewhere: {}", res.body);
     assert!(app.state.setup_done().await.expect("state"));
 }
@@ -188,6 +188,22 @@ async fn setup_without_a_token_is_local_only(db: TestDb) {
     let res = app.client_from("[::1]:5000").post_form("/api/setup_owner", &fields).await;
     assert_eq!(res.status, StatusCode::OK, "IPv6 loopback is this machine: {}", res.body);
 }
+
+/// Setup answers anyone who reaches it, as often as they ask: a configured token too short to
+/// be out of reach of guessing opens nothing, even when given right.
+async fn a_short_setup_token_opens_nothing(db: TestDb) {
+    const SHORT: &str = "guessable-token";
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_SETUP_TOKEN").then(|| SHORT.to_string()));
+    let app = TestApp::with_secrets(db, secrets, |_| {}).await;
+    let form = setup_form(SHORT);
+    let fields: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let res = app.client_from("203.0.113.9:5000").post_form("/api/setup_owner", &fields).await;
+    assert_eq!((res.status, res.json()["code"].as_str()), (StatusCode::FORBIDDEN, Some("SETUP_NOT_LOCAL")), "{}", res.body);
+    assert!(app.state.setup_done().await.is_ok_and(|done| !done), "nothing was created");
+    let res = app.client_from("127.0.0.1:5000").post_form("/api/setup_owner", &fields).await;
+    assert_eq!(res.status, StatusCode::OK, "this machine needs no token: {}", res.body);
+}
+both_backends!(setup_short_token, a_short_setup_token_opens_nothing);
 
 /// A console published under another host is reached through a proxy, and one on this machine
 /// left at its defaults (nginx's proxy_pass) adds no forwarding header: its loopback requests

@@ -20,7 +20,7 @@ impl From<OwnerError> for AppError {
         match e {
             OwnerError::Invalid(msg) => AppError::invalid(msg),
             OwnerError::SetupClosed => AppError::new(code::SETUP_CLOSED, "Setup is closed: an owner already exists. Log in instead."),
-            OwnerError::SetupNotLocal => AppError::new("SETUP_NOT_LOCAL", "Setup is answered only on the machine Gatehouse runs on, or with GATEHOUSE_SETUP_TOKEN: open /setup?token=<its value>."),
+            OwnerError::SetupNotLocal => AppError::new("SETUP_NOT_LOCAL", "Setup is answered only on the machine Gatehouse runs on, or with GATEHOUSE_SETUP_TOKEN (at least 20 characters): open /setup?token=<its value>."),
             OwnerError::LoginTaken(_) => AppError::new(code::CONFLICT, "That login name is taken."),
             OwnerError::NotFound(_) => AppError::unauthorized(),
             OwnerError::Db(e) => internal(e),

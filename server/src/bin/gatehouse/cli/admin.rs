@@ -53,6 +53,9 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     for (name, set) in cfg.secrets.presence() {
         println!("  {name}: {}", if set { "set" } else { "unset" });
     }
+    if let Some(problem) = server::owners::setup_token_problem(cfg.secrets.setup_token.as_ref()) {
+        println!("  note: {problem}.");
+    }
     Ok(())
 }
 
