@@ -1036,6 +1036,35 @@ async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {
 }
 both_backends!(whatsapp_crash_edge, a_send_lost_in_a_crash_is_settled_by_its_status_callback);
 
+/// Meta answers a send with a server error after it accepted the message (a 500 from its side,
+/// a 502 from its edge): the outcome is unknown, not "not sent". The part stays marked as begun,
+/// so the status callback that carries its key back settles it, and it is not sent again.
+async fn a_server_error_leaves_the_outcome_unknown(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
+    graph.set_rule(|body, _| (body.get("type").is_some()).then(|| graph_error(500, 2, "Service temporarily unavailable")));
+    let sender = app.gatehouse.whatsapp.sender.clone();
+    let to = Recipient { id: "16505551234".into(), group: false };
+    let first = sender.send_text(780, &to, "Your order ships today.", None).await;
+    assert!(first.is_err(), "a server error is retried: {first:?}");
+    let key = "job:780:part:0";
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert!(row.send_started_at.is_some(), "the part may have gone out: {row:?}");
+    drop(conn);
+    // Meta had accepted it, and says so.
+    let cb = json!({ "id": "wamid.ACCEPTED", "status": "sent", "timestamp": "1739321030", "recipient_id": "16505551234", "biz_opaque_callback_data": key });
+    assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
+    graph.set_rule(|_, _| None);
+    let outcome = sender.send_text(780, &to, "Your order ships today.", None).await.expect("send");
+    assert_eq!(outcome, SendOutcome::Sent { parts: 1, already_sent: 1 });
+    assert_eq!(graph.sends().len(), 1, "sent once");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let row = store::outbound_by_key(&mut conn, key).await.expect("get").expect("row");
+    assert_eq!((row.state, row.wamid.as_deref()), (DeliveryState::Sent, Some("wamid.ACCEPTED")));
+}
+both_backends!(whatsapp_server_error_unknown, a_server_error_leaves_the_outcome_unknown);
+
 /// Meta accepts a part with an answer that names no wamid: the part counts as sent (never failed,
 /// nor sent again), the reply's next part goes out, and the status callback fills the wamid in by
 /// the key the send carried. Before, the part was failed for good and the rest of the reply lost.

@@ -62,6 +62,17 @@ impl GraphError {
         }
     }
 
+    /// A failure after which Meta may still have accepted the message: the request or its answer
+    /// was lost on the way (network trouble), or Meta's side failed while handling it (HTTP 5xx,
+    /// or a proxy's page in its place). A refusal (4xx, a rate limit) surely sent nothing.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Self::Transport(_) => true,
+            Self::Api { status, .. } | Self::Malformed(status) => *status >= 500,
+            Self::NotConfigured(_) => false,
+        }
+    }
+
     /// Meta refused the access token (HTTP 401, or code 190): nothing can be sent until an
     /// operator sets a working one.
     pub fn is_token_rejected(&self) -> bool {

@@ -11,7 +11,10 @@
 //! carries its key as `biz_opaque_callback_data`, and Meta's "sent" status callback brings it
 //! back: when that callback arrived in the meantime, the row has its wamid and the part is not
 //! sent again. Otherwise the part is sent again (logged as a warning): a customer may then see
-//! that one part twice, which we prefer to a reply that silently never arrives.
+//! that one part twice, which we prefer to a reply that silently never arrives. The same holds
+//! for a POST that ends without Meta's answer, or with a server error (HTTP 5xx): Meta may have
+//! accepted the part while it failed, so the row stays marked as sending for the callback to
+//! settle. Only a refusal (4xx, a rate limit) clears the mark: nothing went out.
 //!
 //! # Two runs at once
 //!
@@ -319,9 +322,10 @@ impl WhatsAppSender {
                     return Err(SendError::Retry { code: JobCode::CredentialsRejected.as_str().into(), message: e.to_string() });
                 }
                 Err(e) if e.is_retryable() => {
-                    if matches!(e, GraphError::Transport(_)) {
-                        // Meta may have accepted it: leave send_started_at so the next try
-                        // sees the uncertainty (and a status callback can settle it).
+                    if e.outcome_unknown() {
+                        // Meta may have accepted it (a lost answer, a server error while it was
+                        // handled): leave send_started_at so the next try sees the uncertainty,
+                        // and a status callback carrying this part's key can settle it.
                         tracing::warn!(key = %row.idempotency_key, error = %e, "Graph API request failed; outcome unknown");
                         store::release_send(&mut conn, row.id, &token, now).await?;
                     } else {
