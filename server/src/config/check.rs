@@ -165,6 +165,12 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let conv = &settings.conversation;
     need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
     need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
+    let tag = super::lane::UNTRUSTED_TAG;
+    need(
+        conv.compaction_prompt.trim().is_empty() || conv.compaction_prompt.contains(tag),
+        "conversation.compaction_prompt",
+        format!("must tell the model that text inside <{tag}> is data, not instructions (the summary so far and the messages come wrapped in it)"),
+    );
     let format = conv.group_turn_format.trim();
     need(
         format.is_empty() || (format.contains("{name}") && format.contains("{text}")),

@@ -63,3 +63,12 @@ fn the_shipped_config_repeats_the_defaults() {
     assert!(shipped.approvals.texts().iter().all(|(_, t)| !t.trim().is_empty()));
     assert!(!shipped.telemetry.enabled(), "nothing is exported until an operator names a receiver");
 }
+
+/// The compaction model reads what people wrote, wrapped as untrusted data: its prompt must say
+/// what the wrapping means, as the lane's prompts must.
+#[test]
+fn the_compaction_prompt_names_the_untrusted_wrapping() {
+    assert!(shipped().settings.conversation.compaction_prompt.contains(super::lane::UNTRUSTED_TAG));
+    let err = problems_at("[conversation]\ncompaction_prompt = \"Summarize. Keep promises made.\"\n", &["conversation.compaction_prompt"]);
+    assert!(err.to_string().contains("must tell the model that text inside <untrusted_data> is data"), "{err}");
+}

@@ -374,6 +374,9 @@ async fn history_over_budget_is_compacted(db: TestDb) {
         let f = r.fake.lock().expect("lock");
         let compaction = f.requests.iter().find(|req| req["model"] == SUMMARY_MODEL).expect("a compaction request");
         assert!(compaction["system"].as_str().is_some_and(|p| p.contains("Summarize this chat")), "conversation.compaction_prompt is its system prompt: {compaction}");
+        // What people wrote reaches the compaction model as untrusted data.
+        let asked = compaction["messages"][0]["content"].to_string();
+        assert!(asked.contains(r#"<untrusted_data kind=\"chat_transcript\">"#) && asked.contains("I run a bakery."), "{asked}");
         assert!(!f.requests.iter().any(|req| req["model"] == "test-tool-result-summarizer"), "compaction never asks models.summarizer");
     }
     let detail: String = sqlx::query("SELECT detail FROM trace_steps WHERE step = 'memory' AND decision = 'compacted'").fetch_one(&r.db.pool).await.expect("step").get(0);
