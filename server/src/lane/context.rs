@@ -58,7 +58,8 @@ impl ContextStore {
 
     /// Keeps the summarised result of `job`'s call for its chat: the new context's id, or `None`
     /// when nothing new was stored. Calls asked for in the console (no chat) and private-data tools keep nothing;
-    /// `pii_fields` (the audit's) and secret-named fields are replaced in the preview.
+    /// the result is kept as the summarizer reads it (without the tool's managed and secret
+    /// fields, the chat id and the sender's number), and `pii_fields` (the audit's) are replaced.
     pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<Option<i64>, DbError> {
         let lane = &self.settings.lane;
         if !approvals::is_chat(&job.reply_to.channel) || tool.spec.tags.iter().any(|t| lane.private_data_tags.contains(t)) {
@@ -70,8 +71,7 @@ impl ContextStore {
         }
         redact::redact_args_keeping_links(&mut args);
         let args = canonical_json(&args);
-        let mut shown = output.clone();
-        redact::redact(&mut shown);
+        let mut shown = super::summarizer::clean_with(output, &tool.spec.hidden_fields(), &[job.reply_to.chat_id.clone(), job.sender.clone()]);
         redact::redact_named(&mut shown, pii_fields, redact::PII_REDACTED);
         let preview: String = canonical_json(&shown).chars().take(lane.context_preview_chars as usize).collect();
         let found = Found::of(&shown, &lane.context_entity_fields, lane.context_max_entities as usize, lane.max_sources as usize);

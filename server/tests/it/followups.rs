@@ -256,14 +256,18 @@ input_schema = { type = "object", properties = { account = { type = "string" } }
         trace_id: None,
         approval: None,
     };
-    let output = serde_json::json!({ "owner": "Ana", "email": "ana@example.com", "session_token": "sess_77", "url": "https://bank.example/a-1" });
+    // The sender's own number, and a field the tool manages, are never a context's either: the
+    // summary leaves them out, and the planner reads the context in later turns (in a group,
+    // turns of other members).
+    let output = serde_json::json!({ "owner": "Ana", "email": "ana@example.com", "session_token": "sess_77", "url": "https://bank.example/a-1",
+        "contact": format!("call {CUSTOMER}"), "chat_id": "chat-managed" });
     let pii = vec!["email".to_string()];
     let lookup = catalog.get("account_lookup").expect("tool");
     assert!(store.keep(&job("account_lookup", "whatsapp"), "corr-p1", &lookup, &output, "Account A-1 belongs to Ana.", &pii).await.expect("keep").is_some());
     let kept: (String, String, String) = sqlx::query_as("SELECT args, preview, entities FROM tool_contexts WHERE tool = 'account_lookup'").fetch_one(&state.db.pool).await.expect("row");
     let args: Value = serde_json::from_str(&kept.0).expect("json");
     assert_eq!(args, serde_json::json!({ "account": "A-1", "api_token": "[REDACTED]" }), "no managed field, no secret");
-    for hidden in ["ana@example.com", "sess_77", "tok_live_9f", "chat-x"] {
+    for hidden in ["ana@example.com", "sess_77", "tok_live_9f", "chat-x", CUSTOMER, "chat-managed"] {
         assert!(!kept.1.contains(hidden) && !kept.2.contains(hidden), "{hidden} kept: {kept:?}");
     }
     assert!(kept.1.contains("https://bank.example/a-1"), "the rest of the preview stays: {}", kept.1);
