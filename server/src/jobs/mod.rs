@@ -53,6 +53,10 @@ pub enum JobCode {
     /// retried once an operator has set working ones.
     #[strum(serialize = "CREDENTIALS_REJECTED")]
     CredentialsRejected,
+    /// A service refuses the deployment's account for now (WhatsApp: a policy block, a locked
+    /// account, a payment issue): retried once an operator has settled it.
+    #[strum(serialize = "ACCOUNT_BLOCKED")]
+    AccountBlocked,
 }
 
 impl JobCode {
@@ -116,12 +120,12 @@ impl JobError {
         Self { code: code.into(), message: message.into(), retryable: false }
     }
 
-    /// Whether this failure uses up the run's attempt. No room to write and rejected
-    /// credentials are the deployment's failures, not the job's, and an operator fixes them:
-    /// such a run waits (snoozed) and tries again with the same attempts left, so a full disk or
-    /// an expired token discards nothing.
+    /// Whether this failure uses up the run's attempt. No room to write, rejected credentials
+    /// and a blocked account are the deployment's failures, not the job's, and an operator fixes
+    /// them: such a run waits (snoozed) and tries again with the same attempts left, so a full
+    /// disk, an expired token or a locked account discards nothing.
     pub fn uses_attempt(&self) -> bool {
-        !matches!(self.code.parse::<JobCode>(), Ok(JobCode::StorageFull | JobCode::CredentialsRejected))
+        !matches!(self.code.parse::<JobCode>(), Ok(JobCode::StorageFull | JobCode::CredentialsRejected | JobCode::AccountBlocked))
     }
 }
 

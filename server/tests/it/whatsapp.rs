@@ -984,6 +984,30 @@ async fn a_rejected_token_holds_replies_until_it_works(db: TestDb) {
 }
 both_backends!(whatsapp_token_rejected, a_rejected_token_holds_replies_until_it_works);
 
+/// Meta refuses every send of the business account for a while (a policy block, 368): the
+/// reply waits, using no attempt, and goes out once Meta takes sends again, instead of being
+/// failed for good with every other reply of the incident.
+async fn a_blocked_account_holds_replies_until_it_is_settled(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| {
+        s.whatsapp.send_attempts = 1;
+        s.jobs.attempts.whatsapp_inbound = 2;
+    })
+    .await;
+    graph.set_rule(|body, index| (body.get("type").is_some() && index < 4).then(|| graph_error(403, 368, "Temporarily blocked for policies violations")));
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.BLOCKED", "hello?")]])).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(Echo::default())).await;
+
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!(state, "completed", "not discarded after its two attempts");
+    assert!(attempt <= 2, "the refusals used no attempt: {attempt}");
+    assert!(graph.sends().len() >= 2, "refused, then sent: {:?}", graph.sends());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!((rows.len(), rows[0].state), (1, DeliveryState::Sent));
+}
+both_backends!(whatsapp_account_blocked, a_blocked_account_holds_replies_until_it_is_settled);
+
 /// The crash edge: a send that went out but was never recorded is recognised from Meta's status
 /// callback (which carries the idempotency key back) and not sent again.
 async fn a_send_lost_in_a_crash_is_settled_by_its_status_callback(db: TestDb) {

@@ -24,6 +24,14 @@ pub mod code {
     pub const ACCOUNT_RATE_LIMIT: i64 = 80_007;
     /// The access token is invalid, expired or revoked (`OAuthException`).
     pub const ACCESS_TOKEN: i64 = 190;
+    /// The business account is temporarily blocked for a policy violation (HTTP 403).
+    pub const POLICY_BLOCK: i64 = 368;
+    /// The business account is locked (HTTP 403).
+    pub const ACCOUNT_LOCKED: i64 = 131_031;
+    /// The business account has a payment issue.
+    pub const PAYMENT_ISSUE: i64 = 131_042;
+    /// Too many of the number's messages were blocked or flagged as spam: sends are limited.
+    pub const SPAM_RATE_LIMIT: i64 = 131_048;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +62,9 @@ impl GraphError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Api { status, code, .. } => {
-                *status >= 500 || *status == 429 || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT | code::THROUGHPUT_UPGRADE | code::APP_RATE_LIMIT | code::ACCOUNT_RATE_LIMIT)
+                *status >= 500
+                    || *status == 429
+                    || matches!(*code, code::THROUGHPUT | code::PAIR_RATE_LIMIT | code::THROUGHPUT_UPGRADE | code::APP_RATE_LIMIT | code::ACCOUNT_RATE_LIMIT | code::SPAM_RATE_LIMIT)
             }
             Self::Transport(_) => true,
             Self::Malformed(status) => *status >= 500,
@@ -77,6 +87,12 @@ impl GraphError {
     /// operator sets a working one.
     pub fn is_token_rejected(&self) -> bool {
         matches!(self, Self::Api { status: 401, .. } | Self::Api { code: code::ACCESS_TOKEN, .. })
+    }
+
+    /// Meta refuses every send of the business account for now (a policy block, a locked
+    /// account, a payment issue): not this reply's failure, and an operator settles it with Meta.
+    pub fn is_account_blocked(&self) -> bool {
+        matches!(self, Self::Api { code: code::POLICY_BLOCK | code::ACCOUNT_LOCKED | code::PAYMENT_ISSUE, .. })
     }
 
     pub fn is_outside_window(&self) -> bool {

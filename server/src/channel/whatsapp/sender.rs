@@ -321,6 +321,15 @@ impl WhatsAppSender {
                     metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
                     return Err(SendError::Retry { code: JobCode::CredentialsRejected.as_str().into(), message: e.to_string() });
                 }
+                // The account's failure, not this reply's: the part stays unsent and the job waits,
+                // using no attempt, until Meta takes sends again (or the 24-hour window closes).
+                // Before, the part was failed for good, and every reply of the incident lost.
+                Err(e) if e.is_account_blocked() => {
+                    store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
+                    tracing::error!(key = %row.idempotency_key, code = %e.code(), error = %e, "Meta refuses the business account's sends; replies wait until it is settled with Meta");
+                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
+                    return Err(SendError::Retry { code: JobCode::AccountBlocked.as_str().into(), message: e.to_string() });
+                }
                 Err(e) if e.is_retryable() => {
                     if e.outcome_unknown() {
                         // Meta may have accepted it (a lost answer, a server error while it was
