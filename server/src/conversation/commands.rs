@@ -104,7 +104,7 @@ impl Runtime {
         };
         let target = match quoted {
             Some(t) => Some(t),
-            None => db::traces::previous_in_chat(&mut conn, &inbound.channel, &inbound.chat_id, trace_id).await?,
+            None => db::traces::previous_in_chat(&mut conn, &inbound.channel, &inbound.chat_id, &inbound.message_id, trace_id).await?,
         };
         drop(conn);
         let Some(target) = target else { return Ok(("WRONG_NO_TRACE", "There is no earlier answer in this chat to mark.".into())) };

@@ -175,14 +175,16 @@ pub async fn inbound_text(conn: &mut AnyConnection, message_id: &str) -> Result<
     Ok(sqlx::query_scalar(&format!("SELECT {}", text_of("$1"))).bind(message_id).fetch_one(conn).await?)
 }
 
-/// The newest trace of a chat before `before_id` that was not an owner command or a duplicate
-/// (an owner's `/wrong` marks the answer before it).
-pub async fn previous_in_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, before_id: i64) -> Result<Option<i64>, DbError> {
+/// The newest trace of a chat before `before_id` that was not an owner command or a duplicate,
+/// nor of message `message_id` itself (an owner's `/wrong` marks the answer before it; a `/wrong`
+/// handled again after its first run failed would otherwise mark that run's trace).
+pub async fn previous_in_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, message_id: &str, before_id: i64) -> Result<Option<i64>, DbError> {
     let row: Option<(i64,)> = sqlx::query_as(
-        "SELECT id FROM traces WHERE channel = $1 AND chat_id = $2 AND id < $3 AND route NOT IN ('owner_command', 'duplicate') ORDER BY id DESC LIMIT 1",
+        "SELECT id FROM traces WHERE channel = $1 AND chat_id = $2 AND message_id <> $3 AND id < $4 AND route NOT IN ('owner_command', 'duplicate') ORDER BY id DESC LIMIT 1",
     )
     .bind(channel)
     .bind(chat_id)
+    .bind(message_id)
     .bind(before_id)
     .fetch_optional(conn)
     .await?;

@@ -545,6 +545,13 @@ async fn an_owners_wrong_command_marks_the_previous_answer(db: TestDb) {
     r.exchange(&[("wamid.W1", "tell me a joke")], 1).await;
     r.exchange(&[("wamid.W2", "/wrong nonsense")], 2).await;
     assert!(r.graph.texts().last().is_some_and(|t| t.contains("/wrong tool:NAME")), "usage: {:?}", r.graph.texts());
+    // The /wrong's first run failed after its trace was written (a crash, a full disk): handled
+    // again, it still marks the answer before it, not its own failed run.
+    sqlx::query("INSERT INTO traces (correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us) \
+                 SELECT correlation_id || '-first-run', channel, chat_id, 'wamid.W3', actor, 'error', 'failed', 'DATABASE_ERROR', started_at, 0 FROM traces WHERE message_id = 'wamid.W2'")
+        .execute(&r.app.state.db.pool)
+        .await
+        .expect("the failed first run's trace");
     r.exchange(&[("wamid.W3", "/wrong normal_chat keep it short")], 3).await;
     assert!(r.graph.texts().last().is_some_and(|t| t.starts_with("Noted: trace #")), "{:?}", r.graph.texts());
     let marked: (String, String, String) =
