@@ -162,7 +162,7 @@ const POSTGRES_CLOCK_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 10
 /// run would be taken from its holder and run twice. So on PostgreSQL leases are set and checked
 /// by the server's clock. SQLite's processes share one machine and its clock: `now`, the
 /// caller's parameter.
-pub fn lease_now(backend: Backend, now: &str) -> String {
+pub(crate) fn lease_now(backend: Backend, now: &str) -> String {
     match backend {
         Backend::Postgres => POSTGRES_CLOCK_MS.to_string(),
         Backend::Sqlite => now.to_string(),
@@ -171,7 +171,7 @@ pub fn lease_now(backend: Backend, now: &str) -> String {
 
 /// The end of a lease the caller reckoned from `now` to `until` (parameters), as SQL: its length
 /// from [`lease_now`].
-pub fn lease_end(backend: Backend, now: &str, until: &str) -> String {
+pub(crate) fn lease_end(backend: Backend, now: &str, until: &str) -> String {
     match backend {
         Backend::Postgres => format!("({POSTGRES_CLOCK_MS} + ({until} - {now}))"),
         Backend::Sqlite => until.to_string(),

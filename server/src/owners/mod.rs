@@ -81,7 +81,8 @@ fn phone_strings(phones: &[PhoneNumber]) -> Vec<String> {
 
 /// The shortest `GATEHOUSE_SETUP_TOKEN` that opens setup from another machine. Setup answers
 /// anyone who reaches the webhook's address, as often as they ask: a short token could be
-/// guessed online. Twenty characters of `openssl rand -hex 16` are 80 bits, out of reach.
+/// guessed online. Twenty random hex characters are 80 bits, out of reach (`openssl rand -hex 16`
+/// makes 32).
 pub const MIN_SETUP_TOKEN_CHARS: usize = 20;
 
 /// Why the configured setup token opens nothing, for `serve` and `check-config` to say; `None`

@@ -309,26 +309,24 @@ impl WhatsAppSender {
                     metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
                     return Ok(Delivery::OutsideWindow);
                 }
-                // Not this reply's failure: the part stays unsent and the job waits, using no
-                // attempt, until a working token is set (or the 24-hour window closes, which
-                // Meta's 131047 then settles). Before, the part was failed for good and the reply
-                // lost, however soon the token was renewed.
-                Err(e) if e.is_token_rejected() => {
+                // Not this reply's failure but the deployment's (a refused token, a blocked
+                // account): the part stays unsent and the job waits, using no attempt, until an
+                // operator has settled it (or the 24-hour window closes, which Meta's 131047 then
+                // settles). Before, the part was failed for good, and every reply of the incident
+                // lost.
+                Err(e) if e.is_token_rejected() || e.is_account_blocked() => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
-                    if self.token_rejected_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-                        tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts");
-                    }
+                    let code = if e.is_token_rejected() {
+                        if self.token_rejected_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                            tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts");
+                        }
+                        JobCode::CredentialsRejected
+                    } else {
+                        tracing::error!(key = %row.idempotency_key, code = %e.code(), error = %e, "Meta refuses the business account's sends; replies wait until it is settled with Meta");
+                        JobCode::AccountBlocked
+                    };
                     metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
-                    return Err(SendError::Retry { code: JobCode::CredentialsRejected.as_str().into(), message: e.to_string() });
-                }
-                // The account's failure, not this reply's: the part stays unsent and the job waits,
-                // using no attempt, until Meta takes sends again (or the 24-hour window closes).
-                // Before, the part was failed for good, and every reply of the incident lost.
-                Err(e) if e.is_account_blocked() => {
-                    store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
-                    tracing::error!(key = %row.idempotency_key, code = %e.code(), error = %e, "Meta refuses the business account's sends; replies wait until it is settled with Meta");
-                    metrics::counter!("whatsapp_send_retried_total", "code" => e.code()).increment(1);
-                    return Err(SendError::Retry { code: JobCode::AccountBlocked.as_str().into(), message: e.to_string() });
+                    return Err(SendError::Retry { code: code.as_str().into(), message: e.to_string() });
                 }
                 Err(e) if e.is_retryable() => {
                     if e.outcome_unknown() {

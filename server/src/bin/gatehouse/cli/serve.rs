@@ -70,11 +70,11 @@ pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failur
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
     let links = gatehouse.config.settings.server.console_url();
     tracing::info!(addr = %addr, url = %state.public_url, links = %links, database = gatehouse.db.backend.as_str(), "Gatehouse listening");
-    let token_problem = server::owners::setup_token_problem(state.config.secrets.setup_token.as_ref());
-    if !setup_done && let Some(problem) = &token_problem {
-        tracing::warn!("{problem}");
-    }
     if !setup_done {
+        let token_problem = server::owners::setup_token_problem(state.config.secrets.setup_token.as_ref());
+        if let Some(problem) = &token_problem {
+            tracing::warn!("{problem}");
+        }
         let from_elsewhere = if state.config.secrets.setup_token.is_some() && token_problem.is_none() { "; from another machine, /setup?token=<GATEHOUSE_SETUP_TOKEN>" } else { "" };
         tracing::info!("first run: open {}/setup on this machine to create the first owner{from_elsewhere}", state.public_url);
     }
