@@ -1089,6 +1089,34 @@ async fn a_server_error_leaves_the_outcome_unknown(db: TestDb) {
 }
 both_backends!(whatsapp_server_error_unknown, a_server_error_leaves_the_outcome_unknown);
 
+/// A reply Meta refused (here an invalid parameter, 100) fails its job for good; an owner who
+/// retries the job from the console gets the reply sent, rather than a run that finds the
+/// failed part in the ledger, sends nothing and calls itself done.
+async fn an_owners_retry_sends_a_refused_reply(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refusing = refuse.clone();
+    graph.set_rule(move |body, _| (body.get("type").is_some() && refusing.load(Ordering::SeqCst)).then(|| graph_error(400, 100, "Invalid parameter")));
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.REFUSED", "hello?")]])).await.status, StatusCode::OK);
+    run_jobs(&app, Arc::new(Echo::default())).await;
+    let (id, state): (i64, String) = sqlx::query_as("SELECT id, state FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&app.state.db.pool).await.expect("job");
+    assert_eq!(state, "discarded", "a refusal is permanent");
+    assert_eq!(graph.sends().len(), 1);
+
+    // The owner fixed what Meta refused, and retries the job.
+    refuse.store(false, Ordering::SeqCst);
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    assert!(server::db::jobs::retry_now(&mut conn, id, db::now_ms()).await.expect("retry"));
+    drop(conn);
+    run_jobs(&app, Arc::new(Echo::default())).await;
+    assert_eq!(graph.sends().len(), 2, "sent on the owner's retry");
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!((rows.len(), rows[0].state), (1, DeliveryState::Sent), "{rows:?}");
+}
+both_backends!(whatsapp_owner_retry_refused, an_owners_retry_sends_a_refused_reply);
+
 /// Meta accepts a part with an answer that names no wamid: the part counts as sent (never failed,
 /// nor sent again), the reply's next part goes out, and the status callback fills the wamid in by
 /// the key the send carried. Before, the part was failed for good and the rest of the reply lost.

@@ -256,6 +256,13 @@ impl WhatsAppSender {
     async fn deliver(&self, new: &NewOutbound<'_>, body: serde_json::Value) -> Result<Delivery, SendError> {
         let mut conn = self.db.pool.acquire().await.map_err(DbError::from)?;
         let mut row = store::reserve_outbound(&mut conn, new, db::now_ms()).await?;
+        // A part Meta refused in an earlier run of this job (nothing went out) is tried again:
+        // this run is an owner's retry of the job, or a rerun after a crash before the refusal
+        // was recorded. Within one run a refusal ends the delivery, so it is never met here then.
+        if row.state == DeliveryState::Failed && row.wamid.is_none() && store::requeue_refused(&mut conn, row.id, db::now_ms()).await? {
+            tracing::info!(key = %row.idempotency_key, code = ?row.error_code, "a part refused in an earlier run is sent again");
+            row = store::outbound_by_key(&mut conn, &row.idempotency_key).await?.unwrap_or(row);
+        }
         drop(conn);
         // This call's claim on the part: its retries below may take the lease again.
         let token = uuid::Uuid::new_v4().simple().to_string();

@@ -111,6 +111,21 @@ pub async fn reserve_outbound(conn: &mut AnyConnection, m: &NewOutbound<'_>, now
         .ok_or_else(|| DbError::Sql(sqlx::Error::RowNotFound))
 }
 
+/// Puts a part Meta refused (failed with no wamid: nothing went out) back in the queue, for a
+/// later run of its job to send. Not a part refused outside the 24-hour window (131047), which
+/// the window template replaces. False when the row is not such a part.
+pub async fn requeue_refused(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE whatsapp_outbound SET state = 'queued', state_rank = 0, failed_at = NULL, updated_at = $1 \
+         WHERE id = $2 AND state = 'failed' AND wamid IS NULL AND (error_code IS NULL OR error_code <> '131047')",
+    )
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 pub async fn outbound_by_key(conn: &mut AnyConnection, key: &str) -> Result<Option<OutboundRow>, DbError> {
     let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE idempotency_key = $1");
     Ok(sqlx::query_as(&sql).bind(key).fetch_optional(&mut *conn).await?)
