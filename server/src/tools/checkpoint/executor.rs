@@ -24,11 +24,15 @@ pub struct ToolError {
     /// The request never left (no connection, a server not connected): the call did not take
     /// effect, so it may be made again even where a repeat is not safe.
     pub unsent: bool,
+    /// The request reached the provider, or may have, and nothing says what came of it: the
+    /// connection closed during the call, or the server failed inside it. A write it carried
+    /// may have taken effect, so it is not made again on its own.
+    pub outcome_unknown: bool,
 }
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { code: code.into(), message: message.into(), retryable, refused: false, of_target: false, unsent: false }
+        Self { code: code.into(), message: message.into(), retryable, refused: false, of_target: false, unsent: false, outcome_unknown: false }
     }
 
     pub fn refused(code: &str, message: impl Into<String>) -> Self {
@@ -43,6 +47,11 @@ impl ToolError {
     /// A failure of the target the tool was pointed at (see [`Self::of_target`]).
     pub fn of_target(code: &str, message: impl Into<String>, retryable: bool) -> Self {
         Self { of_target: true, ..Self::new(code, message, retryable) }
+    }
+
+    /// A failure after the request may have reached the provider (see [`Self::outcome_unknown`]).
+    pub fn outcome_unknown(code: &str, message: impl Into<String>) -> Self {
+        Self { outcome_unknown: true, ..Self::new(code, message, false) }
     }
 }
 

@@ -185,7 +185,8 @@ pub struct ToolFailure {
     /// false for every refusal and for a provider's definite answer (a 4xx, say).
     pub retryable: bool,
     /// The call may have taken effect: it timed out, or its system failed in a way another try
-    /// may clear (a server error), or it was made and its result refused. False for every
+    /// may clear (a server error), or the connection was lost during it, or it was made and its
+    /// result refused. False for every
     /// refusal, an open circuit, a request that never left, and a definite error answer (a 4xx).
     pub maybe_applied: bool,
 }

@@ -85,9 +85,9 @@ impl Checkpoint {
                     let repeat_unsafe = !e.unsent && !self.repeats_safely(&tool);
                     if !e.retryable || *attempts >= spec.retry.max_attempts || repeat_unsafe {
                         connector_failed(spec, ctx, &e, *attempts);
-                        // A definite answer (a 4xx) says it was not done; a timeout or a server
-                        // error may hide that it was.
-                        let maybe_applied = !e.unsent && (e.retryable || e.code == ToolCode::Timeout.as_str());
+                        // A definite answer (a 4xx) says it was not done; a timeout, a server
+                        // error or a connection lost during the call may hide that it was.
+                        let maybe_applied = !e.unsent && (e.retryable || e.outcome_unknown || e.code == ToolCode::Timeout.as_str());
                         if e.code == ToolCode::Timeout.as_str() {
                             return Err(ToolFailure { retryable: true, maybe_applied, ..fail(ToolCode::Timeout.as_str(), e.message) });
                         }

@@ -32,7 +32,7 @@ impl McpExecutor {
             let server = db::mcp::server(&mut conn, server_id).await?;
             Ok::<_, db::DbError>((tool, server))
         };
-        let (tool, server) = read.await.map_err(|e| ToolError::new(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
+        let (tool, server) = read.await.map_err(|e| ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
         // Disabled or enabled again elsewhere: this process's server follows either way (its
         // supervisor stops, or reconnects).
         let live = self.inner.servers.get(server_id);
@@ -67,9 +67,9 @@ impl ToolExecutor for McpExecutor {
         // The catalog a call started with may be older than the latest decision: the routes are
         // the current usable set, so a tool quarantined since never reaches its server.
         let route = self.inner.routes.read().ok().and_then(|r| r.get(name).cloned());
-        let Some(route) = route else { return Err(ToolError::new(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"), false)) };
+        let Some(route) = route else { return Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now"))) };
         let Some(server) = self.inner.servers.get(&route.server) else {
-            return Err(ToolError::new(McpCode::UnknownServer.as_str(), format!("no MCP server {}", route.server), false));
+            return Err(ToolError::unsent(McpCode::UnknownServer.as_str(), format!("no MCP server {}", route.server), false));
         };
         // The database decides, not this process's last word: a server enabled again elsewhere
         // is enabled here too.
@@ -120,7 +120,13 @@ impl ToolExecutor for McpExecutor {
             Ok(Err(rmcp::ServiceError::McpError(e))) => {
                 // The server is alive and answered: a protocol error is not a health problem.
                 trial.succeeded();
-                return Err(ToolError::new(McpCode::ProtocolError.as_str(), scrub(&format!("{} ({})", e.message, e.code.0)), false));
+                let message = scrub(&format!("{} ({})", e.message, e.code.0));
+                // The request itself was refused (it does not parse, no such method or tool,
+                // invalid arguments): nothing ran, and the tool is not at fault. Any other error
+                // (internal, or the server's own) came from inside the call, which may have done
+                // part of its work.
+                let refused = [rmcp::model::ErrorCode::PARSE_ERROR, rmcp::model::ErrorCode::INVALID_REQUEST, rmcp::model::ErrorCode::METHOD_NOT_FOUND, rmcp::model::ErrorCode::INVALID_PARAMS].contains(&e.code);
+                return Err(if refused { ToolError::of_target(McpCode::ProtocolError.as_str(), message, false) } else { ToolError::outcome_unknown(McpCode::ProtocolError.as_str(), message) });
             }
             Ok(Err(e)) => {
                 // A token that could not be refreshed, or a step-up: the server now waits for an
@@ -136,13 +142,17 @@ impl ToolExecutor for McpExecutor {
                 } else {
                     scrub(&e.to_string())
                 };
-                return Err(ToolError::new(McpCode::ServerUnavailable.as_str(), message, false));
+                // The request was sent: the server may have done the work before it went away.
+                return Err(ToolError::outcome_unknown(McpCode::ServerUnavailable.as_str(), message));
             }
             Ok(Ok(result)) => result,
         };
         trial.succeeded();
         if result.is_error == Some(true) {
-            return Err(ToolError::new(McpCode::ToolError.as_str(), scrub(&text_of(&result.content)), false));
+            // The tool ran and said why it could not do this (no such order, a file not found):
+            // an answer about the request, which says the tool works. Counted against the tool's
+            // circuit breaker, one chat's bad requests would close the tool for everyone.
+            return Err(ToolError::of_target(McpCode::ToolError.as_str(), scrub(&text_of(&result.content)), false));
         }
         let content = serde_json::to_value(&result.content).unwrap_or_else(|_| Value::Array(Vec::new()));
         let mut out = json!({ "untrusted": true, "source": format!("mcp:{}", route.server), "content": content });
