@@ -102,7 +102,7 @@ impl Catalog {
                 bad("input_schema", "must be a JSON Schema with \"type\": \"object\"".into());
                 None
             } else {
-                match compile(&closed_input_schema) {
+                match compile(&closed_input_schema, true) {
                     Ok(v) => Some(v),
                     Err(e) => {
                         bad("input_schema", format!("does not compile: {e}"));
@@ -110,7 +110,7 @@ impl Catalog {
                     }
                 }
             };
-            let output = match spec.output_schema.as_ref().map(compile) {
+            let output = match spec.output_schema.as_ref().map(|s| compile(s, false)) {
                 Some(Err(e)) => {
                     bad("output_schema", format!("does not compile: {e}"));
                     None

@@ -208,8 +208,8 @@ impl ToolDef {
             return Err("the input schema must have \"type\": \"object\"".into());
         }
         let closed_input_schema = closed_schema(&spec.input_schema);
-        let input_validator = compile(&closed_input_schema).map_err(|e| format!("the input schema does not compile: {e}"))?;
-        let output_validator = spec.output_schema.as_ref().map(compile).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
+        let input_validator = compile(&closed_input_schema, true).map_err(|e| format!("the input schema does not compile: {e}"))?;
+        let output_validator = spec.output_schema.as_ref().map(|s| compile(s, false)).transpose().map_err(|e| format!("the output schema does not compile: {e}"))?;
         let version = version_hash(&spec);
         Ok(Self { spec, version, closed_input_schema, input_validator, output_validator, connector: None })
     }
@@ -262,8 +262,13 @@ pub fn version_hash(spec: &ToolSpec) -> String {
     hash_json(&serde_json::to_value(spec).unwrap_or_default())
 }
 
-fn compile(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::options().with_draft(jsonschema::Draft::Draft202012).build(schema).map_err(|e| e.to_string())
+/// A validator for `schema`. With `formats`, a known `format` (email, uri, date, uuid, ...) is
+/// checked as well, as the arguments a model proposes must be: draft 2020-12 makes it only an
+/// annotation by default. A format the validator does not know is ignored, so a server's own
+/// formats still compile. Results are checked for their shape only: a result is data the tool
+/// gave, whatever its formats.
+fn compile(schema: &serde_json::Value, formats: bool) -> Result<jsonschema::Validator, String> {
+    jsonschema::options().with_draft(jsonschema::Draft::Draft202012).should_validate_formats(formats).build(schema).map_err(|e| e.to_string())
 }
 
 fn hash_json(value: &serde_json::Value) -> String {

@@ -148,6 +148,22 @@ fn extra_arguments_are_refused_unless_the_schema_allows_them() {
 }
 
 #[test]
+fn argument_formats_are_checked_and_unknown_formats_ignored() {
+    let spec = load(GOOD, &["SHOP_API_KEY"]).expect("valid").get("lookup_order").expect("tool").spec.clone();
+    let with_formats = serde_json::json!({"type": "object", "properties": {
+        "email": {"type": "string", "format": "email"},
+        "day": {"type": "string", "format": "date"},
+        "code": {"type": "string", "format": "x-shop-code"}
+    }});
+    let tool = ToolDef::from_spec(ToolSpec { input_schema: with_formats.clone(), output_schema: Some(with_formats), ..spec }).expect("an unknown format compiles");
+    assert!(tool.input_validator.is_valid(&serde_json::json!({"email": "ada@example.com", "day": "2026-12-06", "code": "anything"})));
+    assert!(!tool.input_validator.is_valid(&serde_json::json!({"email": "x'; DROP TABLE orders; --"})), "not an email address");
+    assert!(!tool.input_validator.is_valid(&serde_json::json!({"day": "next tuesday"})), "not a date");
+    let output = tool.output_validator.as_ref().expect("output schema");
+    assert!(output.is_valid(&serde_json::json!({"day": "next tuesday"})), "a result is checked for its shape only");
+}
+
+#[test]
 fn names_follow_provider_rules() {
     assert!(valid_tool_name("web_fetch"));
     assert!(valid_tool_name("server-everything__get-sum"));
