@@ -225,6 +225,37 @@ pub fn redact_named(value: &mut Value, names: &[String], marker: &str) {
     }
 }
 
+/// Values shorter than this are not looked for in text: a secret that short would blank
+/// ordinary words and numbers.
+pub const MIN_SECRET_VALUE_CHARS: usize = 4;
+
+/// Replaces every occurrence of each of `secrets` (the values themselves, not names) in every
+/// string of `value`, at any depth, with [`REDACTED`]: a system that echoes the credentials it
+/// was sent (its request's headers, a key in an error message) does not hand them on. Values
+/// under [`MIN_SECRET_VALUE_CHARS`] are skipped; the longest is replaced first, so a secret that
+/// contains another is replaced whole. Ids and hashes are left as they are, unlike a scrub of
+/// token-like text.
+pub fn blank_values(value: &mut Value, secrets: &[String]) {
+    fn walk(value: &mut Value, secrets: &[&str]) {
+        match value {
+            Value::String(s) if secrets.iter().any(|v| s.contains(v)) => {
+                for secret in secrets {
+                    *s = s.replace(secret, REDACTED);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, secrets)),
+            Value::Object(map) => map.values_mut().for_each(|v| walk(v, secrets)),
+            _ => {}
+        }
+    }
+    let mut secrets: Vec<&str> = secrets.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_SECRET_VALUE_CHARS).collect();
+    secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    secrets.dedup();
+    if !secrets.is_empty() {
+        walk(value, &secrets);
+    }
+}
+
 /// Pretty JSON of `args` with secrets replaced; text that is not JSON is withheld entirely.
 pub fn redacted_pretty(args: &str) -> String {
     match serde_json::from_str::<Value>(args) {
@@ -238,6 +269,13 @@ pub fn redacted_pretty(args: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn secret_values_are_blanked_wherever_they_stand() {
+        let mut v = serde_json::json!({ "echo": { "headers": ["X-Key: k3y-abcdef", "Accept: */*"] }, "note": "sent k3y-abcdef-long and k3y-abcdef", "id": 42, "short": "ab" });
+        super::blank_values(&mut v, &["k3y-abcdef".into(), "k3y-abcdef-long".into(), "ab".into()]);
+        assert_eq!(v, serde_json::json!({ "echo": { "headers": ["X-Key: [REDACTED]", "Accept: */*"] }, "note": "sent [REDACTED] and [REDACTED]", "id": 42, "short": "ab" }));
+    }
+
     use super::*;
 
     #[test]

@@ -54,7 +54,9 @@ async fn shop() -> (SocketAddr, Shared) {
             "/api/orders/{id}",
             get(|State(seen): State<Shared>, Path(id): Path<String>, uri: Uri, headers: HeaderMap| async move {
                 record(&seen, "GET", &uri, &headers);
-                let order = json!({ "id": id, "status": "shipped", "internal_margin": 0.31, "items": [{"name": "Lamp", "cost": 9}, {"name": "Bulb", "cost": 1}] });
+                // A shop that echoes the request's credentials back in a field that is kept.
+                let status = if id == "ECHO1" { format!("shipped; you sent {}", headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default()) } else { "shipped".into() };
+                let order = json!({ "id": id, "status": status, "internal_margin": 0.31, "items": [{"name": "Lamp", "cost": 9}, {"name": "Bulb", "cost": 1}] });
                 // A shop that starts its JSON with a byte-order mark, or answers with text.
                 let body = match id.as_str() {
                     "BOM1" => format!("\u{feff}{order}"),
@@ -253,6 +255,9 @@ async fn connector_actions_stay_inside_their_patterns(db: TestDb) {
     // A byte-order mark before the JSON: still JSON, still only the kept fields.
     let bom = cp.execute(call("lookup_order", json!({"order_id": "BOM1"})), &customer).await.expect("BOM");
     assert_eq!(bom.output["data"], json!({"id": "BOM1", "status": "shipped", "items": [{"name": "Lamp"}, {"name": "Bulb"}]}));
+    // The connector's credentials, echoed in the answer, reach neither the model nor the person.
+    let echo = cp.execute(call("lookup_order", json!({"order_id": "ECHO1"})), &customer).await.expect("echo");
+    assert_eq!(echo.output["data"]["status"], "shipped; you sent Bearer [REDACTED]", "{}", echo.output);
     // A body that is not JSON cannot have its kept fields picked: nothing of it is passed on.
     let text = cp.execute(call("lookup_order", json!({"order_id": "TEXT1"})), &customer).await.expect_err("not JSON");
     assert!(text.message.contains(connectors::ConnectorCode::NotJson.as_str()) && !text.message.contains("t0k3n"), "{text}");

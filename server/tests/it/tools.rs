@@ -197,7 +197,12 @@ struct Shop;
 impl ToolExecutor for Shop {
     async fn call(&self, _tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
         assert_eq!(args["api_key"], SECRET, "the runtime injected the secret");
-        Ok(json!({ "order": args["order"], "chat": args["chat_id"] }))
+        // A system that echoes the key it was sent, in a field with an innocent name.
+        let note = args["order"].as_str().filter(|o| *o == "echo").map(|_| format!("called with {}", args["api_key"].as_str().unwrap_or_default()));
+        Ok(match note {
+            Some(note) => json!({ "order": args["order"], "chat": args["chat_id"], "note": note }),
+            None => json!({ "order": args["order"], "chat": args["chat_id"] }),
+        })
     }
 }
 
@@ -265,6 +270,8 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     assert_eq!(code_of(cp.execute(call("shop", json!({"order": "1", "api_key": "guess"})), &customer).await).as_deref(), Some(ToolCode::ManagedFieldSupplied.as_str()));
     let shop = cp.execute(call("shop", json!({"order": "42"})), &customer).await.expect("shop");
     assert_eq!(shop.output, json!({"order": "42", "chat": "chat-7"}), "the runtime filled chat_id");
+    let echoed = cp.execute(call("shop", json!({"order": "echo"})), &customer).await.expect("shop");
+    assert_eq!(echoed.output["note"], "called with [REDACTED]", "a secret the call was sent, echoed, stays out of the result");
     assert_eq!(code_of(cp.execute(call("refund", json!({})), &owner).await).as_deref(), Some(ToolCode::NeedsApproval.as_str()));
     let refund_version = cp.catalog().get("refund").expect("refund").version.clone();
     assert!(cp.execute(call("refund", json!({})), &CallContext { approved: Some(ApprovedCall::bind(1, &refund_version, &json!({}))), ..owner.clone() }).await.is_ok(), "an approved call runs");
@@ -277,7 +284,7 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
-    assert_eq!(rows.len(), 21, "one row per call (21 above), allowed or denied");
+    assert_eq!(rows.len(), 22, "one row per call (22 above), allowed or denied");
     let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
     for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::PolicyDenied.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
         assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");

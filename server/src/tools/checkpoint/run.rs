@@ -31,9 +31,11 @@ impl Checkpoint {
         let spec = &tool.spec;
         // The key is of the call as checked, before secrets are filled in: it derives from none.
         let key = idempotency_key(&spec.name, &Value::Object(input.clone()), ctx);
+        let mut sent_secrets = Vec::with_capacity(spec.secret_fields.len());
         for (field, var) in &spec.secret_fields {
             let Some(value) = self.secrets.get(var) else { return Err(fail(ToolCode::SecretMissing.as_str(), format!("the secret for {field:?} is not set"))) };
-            input.insert(field.clone(), Value::String(value));
+            input.insert(field.clone(), Value::String(value.clone()));
+            sent_secrets.push(value);
         }
         let input = Value::Object(input);
         let executor = self.executor(spec).ok_or_else(|| fail(ToolCode::NoExecutor.as_str(), format!("nothing in this build runs {}", spec.name)))?;
@@ -56,6 +58,8 @@ impl Checkpoint {
             match result {
                 Ok(mut output) => {
                     trial.succeeded();
+                    // A result that echoes a secret the call was sent keeps it to itself.
+                    crate::redact::blank_values(&mut output, &sent_secrets);
                     if let Some(validator) = &tool.output_validator
                         && let Some(err) = validator.iter_errors(&output).next()
                     {

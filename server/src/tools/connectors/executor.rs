@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::{
     ConnectorCode, Method,
-    template::{build_url, fill, fill_body},
+    template::{build_url, fill, fill_body, secret_values},
 };
 use crate::tools::{
     Catalog, ToolDef, ToolError, ToolExecutor,
@@ -164,6 +164,10 @@ impl ConnectorExecutor {
             }
             Err(_) => Value::String(String::from_utf8_lossy(body).into_owned()),
         };
-        Ok(serde_json::json!({ "status": status.as_u16(), "data": data }))
+        let mut out = serde_json::json!({ "status": status.as_u16(), "data": data });
+        // A system that echoes the request (its headers, a key in a message) does not hand the
+        // connector's credentials to the model, the person or the context store.
+        crate::redact::blank_values(&mut out, &secret_values(action, &self.secrets));
+        Ok(out)
     }
 }

@@ -123,6 +123,31 @@ pub(super) fn fill_body(template: &Value, args: &Map<String, Value>, secrets: &S
     })
 }
 
+/// The values of the secrets (`${VAR}`) that `action`'s path, query, headers and body send,
+/// so that an answer echoing them can have them blanked.
+pub(super) fn secret_values(action: &ConnectorAction, secrets: &SecretSource) -> Vec<String> {
+    fn in_body<'a>(body: &'a Value, out: &mut Vec<&'a str>) {
+        match body {
+            Value::String(s) => out.push(s),
+            Value::Array(items) => items.iter().for_each(|v| in_body(v, out)),
+            Value::Object(map) => map.values().for_each(|v| in_body(v, out)),
+            _ => {}
+        }
+    }
+    let mut templates: Vec<&str> = vec![&action.action.path];
+    templates.extend(action.action.query.values().map(String::as_str));
+    templates.extend(action.headers.values().map(String::as_str));
+    if let Some(body) = &action.action.body {
+        in_body(body, &mut templates);
+    }
+    templates
+        .into_iter()
+        .filter_map(|t| pieces(t).ok())
+        .flatten()
+        .filter_map(|piece| if let Piece::Secret(var) = piece { secrets.get(var) } else { None })
+        .collect()
+}
+
 /// The request URL for `action` with `args`, checked against the connector's origin and
 /// allowed patterns.
 pub fn build_url(action: &ConnectorAction, args: &Map<String, Value>, secrets: &SecretSource) -> Result<url::Url, ToolError> {

@@ -126,21 +126,9 @@ pub struct ConnectError(pub String);
 /// the context store. Unlike [`scrub`], nothing else is touched: a result's ids and hashes stay
 /// as they are.
 pub fn scrub_result(server: &ServerConfig, secrets: &SecretSource, tokens: Vec<String>, value: &mut serde_json::Value) {
-    fn walk(value: &mut serde_json::Value, secrets: &[String]) {
-        match value {
-            serde_json::Value::String(s) if secrets.iter().any(|v| s.contains(v.as_str())) => *s = scrub_values(s, secrets),
-            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| walk(v, secrets)),
-            serde_json::Value::Object(map) => map.values_mut().for_each(|v| walk(v, secrets)),
-            _ => {}
-        }
-    }
     let mut values = secret_values(server, secrets);
-    values.extend(tokens.into_iter().filter(|t| t.len() >= 4));
-    // Longest first, so a secret containing another is replaced whole.
-    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    if !values.is_empty() {
-        walk(value, &values);
-    }
+    values.extend(tokens);
+    crate::redact::blank_values(value, &values);
 }
 
 fn scrub_values(text: &str, values: &[String]) -> String {
@@ -160,7 +148,7 @@ fn secret_values(server: &ServerConfig, secrets: &SecretSource) -> Vec<String> {
     let mut out: Vec<String> = values
         .into_iter()
         .filter_map(|v| if let ValueOrSecret::Secret { secret, .. } = v { secrets.get(secret) } else { None })
-        .filter(|v| v.len() >= 4)
+        .filter(|v| v.chars().count() >= crate::redact::MIN_SECRET_VALUE_CHARS)
         .collect();
     // Longest first, so a secret containing another is replaced whole.
     out.sort_by_key(|v| std::cmp::Reverse(v.len()));
