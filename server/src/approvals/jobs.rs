@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{Approvals, is_chat};
 use crate::{
     channel::{
-        DeliverError, Outbound, ReplyTo,
+        DeliverError, Delivered, Outbound, ReplyTo,
         whatsapp::{Recipient, SendOutcome, WhatsAppSender, sender::SendError},
     },
     db::approvals::State,
@@ -135,7 +135,10 @@ impl Handler<Settle> for SettleHandler {
         }
         let to = ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() };
         match self.outbound.deliver(&to, text, ctx.job.id, row.trace_id).await {
-            Ok(()) => Ok(output("told the person who asked")),
+            Ok(Delivered::Sent) => Ok(output("told the person who asked")),
+            // Taken, and refused for good (their 24-hour window had closed, say): the trace
+            // says so, and a retry would not reach them either.
+            Ok(Delivered::Refused { code }) => Ok(output(format!("not delivered to the person who asked ({code})"))),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }

@@ -169,11 +169,30 @@ pub enum DeliverError {
     Permanent { code: String, message: String },
 }
 
+/// What became of a later message the channel took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivered {
+    Sent,
+    /// The channel took it and will not deliver it: outside WhatsApp's 24-hour window with no
+    /// template, or a refusal Meta reported for this message. Its trace says so.
+    Refused { code: String },
+}
+
+impl Delivered {
+    /// For a job's preview: "" when sent, else why not.
+    pub fn note(&self) -> String {
+        match self {
+            Self::Sent => String::new(),
+            Self::Refused { code } => format!("; not delivered ({code})"),
+        }
+    }
+}
+
 /// Sends a message that is not the direct answer to an inbound one, once per `job_id` (a
 /// retried job sends nothing twice), and appends its delivery to `trace_id`'s trace.
 #[async_trait::async_trait]
 pub trait Outbound: Send + Sync {
-    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError>;
+    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError>;
 }
 
 /// Where inbound messages go: the conversation runtime.

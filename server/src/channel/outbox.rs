@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{DeliverError, Outbound, ReplyTo, SIMULATOR, WHATSAPP, whatsapp::WhatsAppSender};
+use super::{DeliverError, Delivered, Outbound, ReplyTo, SIMULATOR, WHATSAPP, whatsapp::WhatsAppSender};
 use crate::{
     db::{self, Db, DbError, simulator as sim},
     domain::ChatKind,
@@ -53,9 +53,9 @@ fn retry(code: &str, e: impl std::fmt::Display) -> DeliverError {
 
 #[async_trait::async_trait]
 impl Outbound for Outbox {
-    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DeliverError> {
+    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError> {
         match to.channel.as_str() {
-            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map_err(|e| retry(e.code(), e)),
+            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map(|()| Delivered::Sent).map_err(|e| retry(e.code(), e)),
             WHATSAPP => {
                 use super::whatsapp::{Recipient, SendOutcome, sender::SendError};
                 let group = to.chat_kind == ChatKind::Group;
@@ -64,7 +64,7 @@ impl Outbound for Outbox {
                 match self.whatsapp.send_text(job_id, &recipient, text, quote).await {
                     Ok(SendOutcome::Sent { parts, .. }) => {
                         self.trace(trace_id, Step::new("later_delivery", "sent", "WHATSAPP_SENT", json!({ "job_id": job_id, "parts": parts })), false).await;
-                        Ok(())
+                        Ok(Delivered::Sent)
                     }
                     Ok(other) => {
                         let code = match &other {
@@ -72,7 +72,7 @@ impl Outbound for Outbox {
                             _ => "WHATSAPP_131047".into(),
                         };
                         self.trace(trace_id, Step::new("later_delivery", "failed", &code, json!({ "job_id": job_id })), true).await;
-                        Ok(())
+                        Ok(Delivered::Refused { code })
                     }
                     Err(SendError::Retry { code, message }) => Err(DeliverError::Retry { code, message }),
                     Err(SendError::Permanent { code, message }) => {

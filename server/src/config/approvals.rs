@@ -13,6 +13,9 @@ use super::duration_str;
 pub const BUTTON_TITLE_MAX: usize = 20;
 /// WhatsApp's limit on an interactive message's body.
 pub const BUTTON_BODY_MAX: usize = 1024;
+/// The longest `ttl` whose outcome still reaches the person inside WhatsApp's 24-hour window
+/// (see [`ApprovalSettings::window_warning`]).
+pub const TTL_WITHIN_WINDOW: Duration = Duration::from_secs(23 * 3600);
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -127,6 +130,20 @@ impl ApprovalSettings {
         self.reasons.get(code).filter(|w| !w.trim().is_empty()).or_else(|| SHIPPED.get(code)).cloned()
     }
 
+    /// Why the person who asked may never hear how a request ended: WhatsApp's free-form
+    /// messages reach a person only within 24 hours of their last message, which came just
+    /// before the request. A `ttl` past 23 hours (an hour's room for the run and the send) ends
+    /// requests whose outcome Meta refuses (131047), unless `whatsapp.window_template` opens
+    /// the window again. For `serve`'s log and `check-config`.
+    pub fn window_warning(&self, window_template: &str) -> Option<String> {
+        (self.ttl > TTL_WITHIN_WINDOW && window_template.trim().is_empty()).then(|| {
+            format!(
+                "approvals.ttl is {}, but WhatsApp delivers a free-form message only within 24 hours of the person's last one: a request that expires or is decided later cannot be told to them. Keep approvals.ttl at 23h or less, or set whatsapp.window_template",
+                humantime::format_duration(self.ttl)
+            )
+        })
+    }
+
     /// Every text, by its key, for `check-config`.
     pub fn texts(&self) -> [(&'static str, &str); 15] {
         super::texts_by_key!(
@@ -142,6 +159,18 @@ impl ApprovalSettings {
 #[cfg(test)]
 mod tests {
     use crate::config::tests::{load_text, problems_at};
+
+    /// The shipped ttl ends a request while the person can still be told; a longer one is
+    /// warned about unless a template can reopen the window.
+    #[test]
+    fn a_ttl_past_the_whatsapp_window_is_warned_about() {
+        let shipped = super::ApprovalSettings::default();
+        assert_eq!(shipped.window_warning(""), None, "the shipped ttl fits the window");
+        let day = load_text("[approvals]\nttl = \"24h\"\n").expect("loads").settings;
+        let warning = day.approvals.window_warning(&day.whatsapp.window_template).expect("warned");
+        assert!(warning.contains("approvals.ttl is 1day") && warning.contains("whatsapp.window_template"), "{warning}");
+        assert_eq!(day.approvals.window_warning("reopen_chat"), None, "a template reopens the window");
+    }
 
     /// An owner may reword one reason; the others keep their shipped words, and a key that is
     /// not a code, or empty words, is a problem `check-config` names.

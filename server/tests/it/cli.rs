@@ -92,6 +92,11 @@ fn shipped_config_is_valid_and_secrets_are_never_printed() {
     assert!(out.stdout.contains("ANTHROPIC_API_KEY: set"), "{}", out.stdout);
     assert!(out.stdout.contains("OPENAI_API_KEY: unset"), "{}", out.stdout);
     assert!(!out.all().contains(SECRET), "secret printed");
+    assert!(!out.stdout.contains("approvals.ttl is"), "the shipped ttl fits WhatsApp's window: {}", out.stdout);
+    // A request that outlives the person's 24-hour window could end unheard: said, not refused.
+    let day = run(&["--config", path.to_str().expect("utf8"), "check-config"], &[("GATEHOUSE__APPROVALS__TTL", "24h"), ("ANTHROPIC_API_KEY", SECRET)], None);
+    assert_eq!(day.code, 0, "{}", day.all());
+    assert!(day.stdout.contains("note: approvals.ttl is 1day") && day.stdout.contains("whatsapp.window_template"), "{}", day.stdout);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     approvals::{self, Approvals},
-    channel::{DeliverError, Outbound},
+    channel::{DeliverError, Delivered, Outbound},
     db::{
         Db, DbError,
         jobs::JobRow,
@@ -321,12 +321,12 @@ impl Processor {
 
     /// Sends `answer` to the chat the call came from, once per job. A call asked for in the
     /// console has no chat: its answer stays with its approval and job.
-    pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<(), JobError> {
+    pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<Delivered, JobError> {
         if !approvals::is_chat(&job.reply_to.channel) {
-            return Ok(());
+            return Ok(Delivered::Sent);
         }
         match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
-            Ok(()) => Ok(()),
+            Ok(delivered) => Ok(delivered),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }
@@ -348,12 +348,18 @@ impl Handler<ToolCallJob> for Processor {
         }
         // Run again after the lane took its answer as the message's reply (the run that gave it
         // could not record its end): the reply holds it, and it is not sent twice.
-        if !answer.in_reply {
-            self.deliver(&args, ctx.job.id, &answer).await?;
-        }
-        match answer.failure {
-            None => Ok(JobOutput { preview: Some(format!("answered ({} chars{})", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
-            Some(code) => Err(JobError::permanent(&code, "the tool call failed; the person was told")),
-        }
+        let delivered = if answer.in_reply { Delivered::Sent } else { self.deliver(&args, ctx.job.id, &answer).await? };
+        job_outcome(&answer, &delivered)
+    }
+}
+
+/// How a tool call's job ends once its answer was handed to the channel: a failed call fails the
+/// job (the person was told), and an answer the channel refused says so in either case.
+pub fn job_outcome(answer: &Answer, delivered: &Delivered) -> Result<JobOutput, JobError> {
+    let note = delivered.note();
+    match &answer.failure {
+        None => Ok(JobOutput { preview: Some(format!("answered ({} chars{}){note}", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
+        Some(code) if note.is_empty() => Err(JobError::permanent(code, "the tool call failed; the person was told")),
+        Some(code) => Err(JobError::permanent(code, format!("the tool call failed{note}"))),
     }
 }

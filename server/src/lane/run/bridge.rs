@@ -17,11 +17,15 @@ use tokio::sync::oneshot;
 use super::{Lane, ms};
 use crate::{
     approvals::{ApprovalError, Requested, Requester},
-    channel::{Inbound, ReplyTo},
+    channel::{Delivered, Inbound, ReplyTo},
     db::{self, approvals::State, jobs::NewJob},
     domain::Role,
-    jobs::{JobCode, JobError, JobKind, JobOutput, inline},
-    lane::{job::ToolCallJob, processor::Answer, validator::ValidatedCall},
+    jobs::{JobCode, JobError, JobKind, inline},
+    lane::{
+        job::ToolCallJob,
+        processor::{Answer, job_outcome},
+        validator::ValidatedCall,
+    },
     tools::ToolCall,
     traces::Recorder,
 };
@@ -206,7 +210,7 @@ impl Lane {
                     let to_lane = outbound_state.compare_exchange(WAITING, ANSWERED, Ordering::AcqRel, Ordering::Acquire).is_ok();
                     processor.keep(&job, &claimed.job, &answer, to_lane).await;
                     let unsent = if to_lane {
-                        let result = outcome(&answer);
+                        let result = job_outcome(&answer, &Delivered::Sent);
                         match answered.send(answer) {
                             Ok(()) => Err(result),
                             // The lane no longer listens (its own run was stopped): nobody will
@@ -224,7 +228,7 @@ impl Lane {
                         // The person was told the work is underway: the answer goes out on its own.
                         Ok(answer) => {
                             processor.trace_later(&job, &claimed.job, Ok(&answer)).await;
-                            stoppable(deadline, &mut lease_lost, processor.deliver(&job, job_id, &answer)).await.and_then(|()| outcome(&answer))
+                            stoppable(deadline, &mut lease_lost, processor.deliver(&job, job_id, &answer)).await.and_then(|delivered| job_outcome(&answer, &delivered))
                         }
                     }
                 })
@@ -318,13 +322,6 @@ async fn caught<T>(run: impl Future<Output = Result<T, JobError>>) -> Result<T, 
 }
 
 /// How a run of a call is recorded on its job.
-fn outcome(answer: &Answer) -> Result<JobOutput, JobError> {
-    match &answer.failure {
-        None => Ok(JobOutput { preview: Some(format!("answered ({} chars)", answer.text.chars().count())), snooze: None }),
-        Some(code) => Err(JobError::permanent(code, "the tool call failed; the person was told")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,9 @@ pub fn check_config(path: &Path) -> Result<(), Failure> {
     for entry in web::console::effective_entries(&cfg.settings) {
         println!("  {} = {}", entry.key, entry.value);
     }
+    if let Some(warning) = cfg.settings.approvals.window_warning(&cfg.settings.whatsapp.window_template) {
+        println!("  note: {warning}.");
+    }
     if cfg.settings.server.public_url.is_empty() {
         println!("  note: server.public_url is empty, so links sent to owners on WhatsApp (repair proposals) point at {}, which a phone cannot open; set it to the console's address.", cfg.settings.server.console_url());
     }

@@ -65,6 +65,9 @@ pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failur
     for warning in gatehouse.config.settings.server.exposure_warnings(gatehouse.config.secrets.metrics_token.is_some()) {
         tracing::warn!("{warning}");
     }
+    if let Some(warning) = gatehouse.config.settings.approvals.window_warning(&gatehouse.config.settings.whatsapp.window_template) {
+        tracing::warn!("{warning}");
+    }
     server::owners::storage_notice::spawn(gatehouse.db.clone(), gatehouse.jobs.clone(), gatehouse.config.settings.database.clone(), std::time::Duration::from_secs(60));
     web::session_store::DbSessionStore::new(gatehouse.db.clone()).spawn_cleanup(std::time::Duration::from_secs(600));
     let setup_done = state.setup_done().await.map_err(Failure::runtime)?;
