@@ -117,6 +117,25 @@ async fn an_undeliverable_answer_still_records_the_outcome(db: TestDb) {
 }
 both_backends!(approvals_undeliverable_outcome, an_undeliverable_answer_still_records_the_outcome);
 
+/// The expiry's message reaches WhatsApp after the person's 24-hour window closed (a ttl past
+/// it, no template): Meta refuses it, and the job says so instead of "told the person who asked".
+async fn an_expiry_outside_the_window_is_not_called_told(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High;
+        s.approvals.ttl = Duration::from_secs(1);
+    })
+    .await;
+    r.add_owner().await;
+    let expired = r.app.state.config.settings.approvals.requester_expired.clone();
+    r.graph.set_rule(move |body, _| (body["to"] == CUSTOMER && body["text"]["body"] == expired.as_str()).then(|| crate::whatsapp::graph_error(400, 131047, "Re-engagement message")));
+    // The request's reply, the owner's question, then (a second later) the refused expiry notice.
+    r.exchange(&[("wamid.EXP2", "Please refund my order 4821")], 3).await;
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'approval.settle' AND state = 'completed'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    let preview = preview.unwrap_or_default();
+    assert_eq!(preview, "not delivered to the person who asked (WHATSAPP_131047)");
+}
+both_backends!(approvals_expiry_outside_window, an_expiry_outside_the_window_is_not_called_told);
+
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     let r = rig(db, |_| {}).await;
