@@ -244,7 +244,7 @@ impl Gatehouse {
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
         let workspace = Workspace { config_dir: config.dir.clone(), secrets: config.secrets.source.clone(), settings: settings.clone(), live: tools.catalog() };
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
-        registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
+        registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.timeouts.evals_cycle);
         registry.handle_within::<conversation::MarkTraceJob>(Arc::new(cycle.clone()), settings.jobs.job_timeout);
         let retention = Retention::new(db.clone(), jobs.clone(), settings.clone());
         registry.handle_within::<PruneJob>(Arc::new(retention.clone()), settings.jobs.job_timeout);

@@ -131,6 +131,12 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         "jobs.timeouts.tool_call",
         format!("must be at least {} (the summary's model call plus the answer's sends), besides the tool's own time", humantime::format_duration(inbound_needs)),
     );
+    let repair_call = settings.llm.endpoint().timeout + std::time::Duration::from_secs(30);
+    need(
+        t.evals_cycle >= repair_call,
+        "jobs.timeouts.evals_cycle",
+        format!("must be at least {} (one repair-model call, the provider's timeout, and the replays around it)", humantime::format_duration(repair_call)),
+    );
     let db = &settings.database.url;
     need(
         super::DatabaseKind::from_url(db).is_some(),

@@ -54,7 +54,7 @@ impl Default for EvalSettings {
             cases_file: "evals/cases.jsonl".into(),
             max_phrase_words: 6,
             plan_threshold_range: [0.25, 0.9],
-            proposal_notice: "Gatehouse proposes a repair (#{id}): {summary}. Nothing changes until you approve it: {link}".into(),
+            proposal_notice: "Gatehouse proposes a change to its tool catalog (repair {id}): {summary}. Nothing changes until an owner approves it on the console; /approve is for tool calls, not repairs: {link}".into(),
             repair_prompt: String::new(),
             // As config/gatehouse.toml says: a gatehouse.toml from before these keys keeps working.
             repair_tool: "propose_edit".into(),

@@ -79,11 +79,16 @@ pub struct JobTimeouts {
     /// summary (one model call) and the answer's sends.
     #[serde(with = "duration_str")]
     pub tool_call: Duration,
+    /// `evals.cycle`: the self-improvement cycle's replays and its questions to the repair
+    /// model (`models.repair`), each up to the provider's `timeout`. It asks no question once
+    /// less than that is left, and keeps every proposal it found.
+    #[serde(with = "duration_str")]
+    pub evals_cycle: Duration,
 }
 
 impl Default for JobTimeouts {
     fn default() -> Self {
-        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120), tool_call: Duration::from_secs(240) }
+        Self { whatsapp_inbound: Duration::from_secs(240), owner_notify: Duration::from_secs(120), tool_call: Duration::from_secs(240), evals_cycle: Duration::from_secs(600) }
     }
 }
 

@@ -265,6 +265,19 @@ pub async fn insert_repair(conn: &mut AnyConnection, r: &NewRepair<'_>) -> Resul
     Ok((row, true))
 }
 
+/// Each case's last question to the repair model (see `repairs::Proposer::question_key`), by
+/// case name.
+pub async fn repair_asked(conn: &mut AnyConnection) -> Result<std::collections::BTreeMap<String, String>, DbError> {
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT name, repair_asked FROM eval_cases WHERE repair_asked IS NOT NULL").fetch_all(&mut *conn).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Records that the repair model was asked `question` about case `name`.
+pub async fn set_repair_asked(conn: &mut AnyConnection, name: &str, question: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE eval_cases SET repair_asked = $1 WHERE name = $2").bind(question).bind(name).execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// The eval cases an open or rejected repair was proposed for: the repair model is not asked
 /// about them again.
 pub async fn cases_with_open_or_rejected_repairs(conn: &mut AnyConnection) -> Result<std::collections::BTreeSet<String>, DbError> {

@@ -40,7 +40,7 @@ use sqlx::{AnyPool, migrate::Migrator};
 use crate::config::DatabaseSettings;
 use checkpoint::Checkpointer;
 use connect::{describe_migration_error, migration_turn, pool_options, prepare_sqlite_url, sqlite_file_of};
-pub use sql::{clean_text, duration_ms, now_ms, sha256_hex};
+pub use sql::{begin_write_on, clean_text, duration_ms, now_ms, sha256_hex};
 pub(crate) use sql::{IntBool, anonymous_on_sqlite, backend_of, lease_end, lease_now, lock_until_commit, parse_stored, placeholders, rows_with_ids, stored_name, value_rows, value_rows_from};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -307,6 +307,33 @@ mod tests {
         }
         let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM written").fetch_one(&db.pool).await.expect("count");
         assert_eq!(count, 8);
+        db.close().await;
+    }
+
+    /// A read-then-write on a connection of its own, while another connection commits a write
+    /// between its read and its write: begun with [`begin_write_on`], it holds the write lock
+    /// from the start, so the other waits and both commit. (Begun deferred, its write would fail
+    /// with "database is locked" at once.)
+    #[tokio::test]
+    async fn a_write_transaction_on_a_connection_of_its_own_is_not_cut_off_by_another_writer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("rw.db").display()), ..Default::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        sqlx::query("CREATE TABLE counted (n INTEGER NOT NULL)").execute(&db.pool).await.expect("table");
+        let mut conn = db.pool.acquire().await.expect("conn");
+        let mut tx = begin_write_on(&mut conn).await.expect("begin");
+        let (before,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM counted").fetch_one(&mut *tx).await.expect("read");
+        let other = {
+            let db = db.clone();
+            tokio::spawn(async move { sqlx::query("INSERT INTO counted (n) VALUES (2)").execute(&db.writer).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        sqlx::query("INSERT INTO counted (n) VALUES ($1)").bind(before + 1).execute(&mut *tx).await.expect("the write after the read");
+        tx.commit().await.expect("commit");
+        other.await.expect("task").expect("the other writer waited and committed");
+        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM counted").fetch_one(&db.pool).await.expect("count");
+        assert_eq!(count, 2);
+        drop(conn);
         db.close().await;
     }
 

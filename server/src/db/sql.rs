@@ -15,6 +15,19 @@ pub(crate) fn backend_of(conn: &sqlx::AnyConnection) -> Backend {
     if conn.backend_name() == "PostgreSQL" { Backend::Postgres } else { Backend::Sqlite }
 }
 
+/// A transaction on `conn` that will write: on SQLite `BEGIN IMMEDIATE`, which takes the write
+/// lock up front (waiting for it in the busy handler), as [`super::Db::begin_write`] does; a
+/// deferred transaction that reads first fails with "database is locked" when another writer
+/// commits before its first write. A plain `BEGIN` on PostgreSQL. For a caller holding a
+/// connection of its own rather than the [`super::Db`].
+pub async fn begin_write_on(conn: &mut sqlx::AnyConnection) -> Result<sqlx::Transaction<'_, sqlx::Any>, super::DbError> {
+    use sqlx::Connection as _;
+    Ok(match backend_of(conn) {
+        Backend::Sqlite => conn.begin_with("BEGIN IMMEDIATE").await?,
+        Backend::Postgres => conn.begin().await?,
+    })
+}
+
 /// Makes the transaction on `conn` wait, until it ends, for any other that took the same `key`:
 /// on PostgreSQL an advisory transaction lock; SQLite's write transactions already run one at a
 /// time. For a read-then-write that two processes must not interleave.

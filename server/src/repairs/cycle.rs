@@ -78,20 +78,53 @@ impl Cycle {
 
     /// Scans, makes cases and proposes; see the module docs.
     pub async fn run(&self) -> Result<CycleReport, RepairError> {
+        self.run_until(None).await
+    }
+
+    /// [`Cycle::run`] that asks the repair model nothing once fewer than one model call's time
+    /// is left before `deadline` (a job's budget). Each proposal is stored, and announced, as it
+    /// is found, so a cycle cut off keeps what it found; the repair model is asked about a case
+    /// once per question ([`super::Proposer::question_key`]), whatever came of it, and not about
+    /// a case an open or rejected proposal was made for.
+    pub async fn run_until(&self, deadline: Option<tokio::time::Instant>) -> Result<CycleReport, RepairError> {
         let mut conn = self.db.pool.acquire().await.map_err(db::DbError::from)?;
         let scanned = findings::scan(&mut conn, &self.checkpoint.catalog(), &self.settings.evals, SCAN_BATCH).await?;
         let cases_made = findings::make_cases(&mut conn, self.settings.lane.planner_recent_turns, &self.checkpoint.catalog().audit.pii_fields).await?;
         let cases = findings::cases(&mut conn).await?;
-        let asked = db::evals::cases_with_open_or_rejected_repairs(&mut conn).await?;
+        let proposed = db::evals::cases_with_open_or_rejected_repairs(&mut conn).await?;
+        let questions = db::evals::repair_asked(&mut conn).await?;
         drop(conn);
         let ws = self.workspace();
-        let failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
+        let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), ..CycleReport::default() };
+        let Some(proposer) = super::Proposer::new(&ws, &cases).await? else {
+            report.failing = super::run_all(&ws.judge()?, &cases).await.iter().filter(|r| !r.pass()).count();
+            return Ok(report);
+        };
+        report.failing = proposer.failing().count();
         let model = (!self.settings.models.repair.trim().is_empty()).then_some(self.model.as_ref());
-        let proposals = if failing > 0 { super::propose_for(&ws, &cases, model, &asked).await? } else { Vec::new() };
-        let mut report = CycleReport { traces: scanned.traces, findings: scanned.findings, cases_made, cases: cases.len(), failing, new_proposals: Vec::new() };
-        for p in &proposals {
-            if let Some(id) = self.store_and_notify(p).await? {
-                report.new_proposals.push(id);
+        let model_call = self.settings.llm.endpoint().timeout;
+        let mut stored: Vec<String> = Vec::new();
+        for (case, result) in proposer.failing() {
+            let mut best = proposer.deterministic(case, result).await;
+            if best.is_none()
+                && let Some(model) = model
+                && !proposed.contains(&case.name)
+                && deadline.is_none_or(|d| d.saturating_duration_since(tokio::time::Instant::now()) > model_call)
+            {
+                let question = proposer.question_key(case);
+                if questions.get(&case.name) != Some(&question) {
+                    best = proposer.ask_model(model, case, result).await;
+                    let mut conn = self.db.acquire_write().await.map_err(db::DbError::from)?;
+                    db::evals::set_repair_asked(&mut conn, &case.name, &question).await?;
+                }
+            }
+            if let Some(p) = best
+                && !stored.contains(&p.change.after)
+            {
+                stored.push(p.change.after.clone());
+                if let Some(id) = self.store_and_notify(&p).await? {
+                    report.new_proposals.push(id);
+                }
             }
         }
         Ok(report)
@@ -150,11 +183,12 @@ impl CycleJob {
 
 #[async_trait::async_trait]
 impl Handler<CycleJob> for Cycle {
-    async fn run(&self, _args: CycleJob, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+    async fn run(&self, _args: CycleJob, ctx: &JobContext) -> Result<JobOutput, JobError> {
         // The next turn, whatever this one did; none when the cycle is off ("0s"), so that a job
         // queued before it was turned off runs once, never in a loop.
         let snooze = (!self.settings.evals.scan_every.is_zero()).then_some(self.settings.evals.scan_every);
-        let preview = match Cycle::run(self).await {
+        // The rest of the budget, less a moment to store what was found.
+        let preview = match Cycle::run_until(self, Some(ctx.deadline_before(std::time::Duration::from_secs(5)))).await {
             Ok(report) => report.summary(),
             Err(RepairError::Db(e)) => return Err(e.into()),
             Err(e) => {

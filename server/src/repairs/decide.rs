@@ -159,7 +159,7 @@ pub async fn reject(conn: &mut AnyConnection, dir: &Path, id: i64, by: &Decider,
             }
         }
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    let mut tx = db::begin_write_on(conn).await?;
     if !store::transition(&mut tx, id, RepairState::Proposed, RepairState::Rejected, &by.name, Some(reason.trim()), db::now_ms()).await? {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
@@ -197,7 +197,7 @@ async fn decide_with_files(
 ) -> Result<(), RepairError> {
     let id = row.id;
     let changes = files_of(row);
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(DbError::from)?;
+    let mut tx = db::begin_write_on(conn).await?;
     store::lock_repairs(&mut tx).await?;
     // Decided meanwhile, or brought up to date by a cycle since `row` was read and checked (the
     // replay takes a while): what is written is what was checked, or nothing.

@@ -21,7 +21,6 @@ pub mod strategies;
 pub use decide::{Decider, approve, fingerprint, reject, rollback};
 
 use std::{
-    collections::BTreeSet,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -258,36 +257,14 @@ async fn try_edit(ws: &Workspace, tools_toml: &str, edit: &strategies::Edit, cas
 /// order, stopping at one with no regression); the repair model, when given, is asked only for a case
 /// none of them fixes.
 pub async fn propose(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatModel>) -> Result<Vec<Proposal>, RepairError> {
-    propose_for(ws, cases, model, &BTreeSet::new()).await
-}
-
-/// [`propose`], with the repair model not asked about the cases in `asked`: those an open or
-/// rejected proposal was made for. Asked again each cycle, it would word a new edit each time,
-/// and each would be a new proposal and a new notice to the owners, also after an owner's no.
-pub async fn propose_for(ws: &Workspace, cases: &[Case], model: Option<&dyn ChatModel>, asked: &BTreeSet<String>) -> Result<Vec<Proposal>, RepairError> {
-    let before = run_all(&ws.judge()?, cases).await;
-    let Some(tools_toml) = read(&ws.config_dir, EDITED)? else { return Ok(Vec::new()) };
-    let declared = strategies::declared_tools(&tools_toml);
+    let Some(proposer) = Proposer::new(ws, cases).await? else { return Ok(Vec::new()) };
     let mut proposals: Vec<Proposal> = Vec::new();
-    for (case, result) in cases.iter().zip(&before).filter(|(_, r)| !r.pass()) {
-        let mut best: Option<Proposal> = None;
-        for edit in strategies::edits_for(case, result, &tools_toml, &ws.settings.evals) {
-            let Some(candidate) = try_edit(ws, &tools_toml, &edit, cases, &before, case).await else { continue };
-            let better = best.as_ref().is_none_or(|b| (candidate.regressions(), std::cmp::Reverse(candidate.fixes())) < (b.regressions(), std::cmp::Reverse(b.fixes())));
-            if better {
-                best = Some(candidate);
-            }
-            // The shortest phrase without a regression is good enough.
-            if best.as_ref().is_some_and(|b| b.regressions() == 0) {
-                break;
-            }
-        }
+    for (case, result) in proposer.failing() {
+        let mut best = proposer.deterministic(case, result).await;
         if best.is_none()
-            && !asked.contains(&case.name)
             && let Some(model) = model
-            && let Some(edit) = model::suggest(model, &ws.settings, case, result, &tools_toml, &declared).await
         {
-            best = try_edit(ws, &tools_toml, &edit, cases, &before, case).await;
+            best = proposer.ask_model(model, case, result).await;
         }
         if let Some(p) = best
             && !proposals.iter().any(|q| q.change.after == p.change.after)
@@ -296,6 +273,62 @@ pub async fn propose_for(ws: &Workspace, cases: &[Case], model: Option<&dyn Chat
         }
     }
     Ok(proposals)
+}
+
+/// Proposes edits for the failing cases among `cases`, one case at a time, over `tools.toml` as
+/// it was read once: the caller stores each proposal as it comes (a cycle cut off by its
+/// budget keeps what it found), and decides which cases the repair model is asked about.
+pub struct Proposer<'a> {
+    ws: &'a Workspace,
+    cases: &'a [Case],
+    before: Vec<CaseResult>,
+    tools_toml: String,
+    declared: Vec<String>,
+}
+
+impl<'a> Proposer<'a> {
+    /// `None` when the config folder has no `tools.toml` to edit.
+    pub async fn new(ws: &'a Workspace, cases: &'a [Case]) -> Result<Option<Self>, RepairError> {
+        let before = run_all(&ws.judge()?, cases).await;
+        let Some(tools_toml) = read(&ws.config_dir, EDITED)? else { return Ok(None) };
+        let declared = strategies::declared_tools(&tools_toml);
+        Ok(Some(Self { ws, cases, before, tools_toml, declared }))
+    }
+
+    /// The cases that fail now, with how.
+    pub fn failing(&self) -> impl Iterator<Item = (&'a Case, &CaseResult)> {
+        self.cases.iter().zip(&self.before).filter(|(_, r)| !r.pass())
+    }
+
+    /// The best deterministic edit for `case`: the fewest regressions, then the most fixes;
+    /// the shortest phrase without a regression is good enough.
+    pub async fn deterministic(&self, case: &Case, result: &CaseResult) -> Option<Proposal> {
+        let mut best: Option<Proposal> = None;
+        for edit in strategies::edits_for(case, result, &self.tools_toml, &self.ws.settings.evals) {
+            let Some(candidate) = try_edit(self.ws, &self.tools_toml, &edit, self.cases, &self.before, case).await else { continue };
+            let better = best.as_ref().is_none_or(|b| (candidate.regressions(), std::cmp::Reverse(candidate.fixes())) < (b.regressions(), std::cmp::Reverse(b.fixes())));
+            if better {
+                best = Some(candidate);
+            }
+            if best.as_ref().is_some_and(|b| b.regressions() == 0) {
+                break;
+            }
+        }
+        best
+    }
+
+    /// The repair model's edit for `case`, if it fixes the case.
+    pub async fn ask_model(&self, model: &dyn ChatModel, case: &Case, result: &CaseResult) -> Option<Proposal> {
+        let edit = model::suggest(model, &self.ws.settings, case, result, &self.tools_toml, &self.declared).await?;
+        try_edit(self.ws, &self.tools_toml, &edit, self.cases, &self.before, case).await
+    }
+
+    /// What the repair model was asked about `case`: the case and the tool file it read. The
+    /// same question again gets no better answer, so it is asked once (see
+    /// [`store::set_repair_asked`]); an edited case or `tools.toml` is a new question.
+    pub fn question_key(&self, case: &Case) -> String {
+        db::sha256_hex(&format!("{}\n{}", serde_json::to_string(case).unwrap_or_default(), self.tools_toml))
+    }
 }
 
 /// Stores `p` (an open proposal with the same diff is kept instead); returns the row and

@@ -604,11 +604,44 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     assert_eq!(fake.hits(), 2, "asked once per propose, only for the case nothing else fixes");
     assert_eq!(repairs::propose(&ws, &[case("page", MISROUTED, "tool:web_fetch")], Some(model.as_ref())).await.expect("propose").len(), 1);
     assert_eq!(fake.hits(), 2, "a deterministic fix needs no model");
+
+    // The periodic cycle asks about a case once per question, whatever came of it: an edit that
+    // fixes nothing is not asked for again, and paid for again, every ten minutes.
+    let app = TestApp::in_dir_with(TestDb::sqlite(), dir.path(), server::config::Secrets::default(), |_| {}).await;
+    let cycle = repairs::cycle::Cycle { settings: ws.settings.clone(), workspace: ws.clone(), model: model.clone(), ..app.gatehouse.cycle.clone() };
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &cases[0].to_row()).await.expect("case");
+    drop(conn);
+    let useless = || anthropic(json!([tool_use("r3", "suggest_change", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use");
+    fake.then(move |_| useless());
+    let report = cycle.run().await.expect("cycle");
+    assert_eq!((report.failing, report.new_proposals.len(), fake.hits()), (1, 0, 3), "asked, and its edit fixed nothing");
+    cycle.run().await.expect("cycle again");
+    assert_eq!(fake.hits(), 3, "the same question is not asked again");
+    // A new question (the case was edited) is asked.
+    let mut edited = cases[0].clone();
+    edited.origin.note = Some("edited once".into());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
+    drop(conn);
+    fake.then(move |_| useless());
+    cycle.run().await.expect("cycle after the edit");
+    assert_eq!(fake.hits(), 4, "an edited case is a new question");
     // A case an open or rejected proposal was made for is not asked about again: each cycle
     // would word a new edit, and each be a new proposal and notice.
-    let asked = std::collections::BTreeSet::from(["is-it-up".to_string()]);
-    assert!(repairs::propose_for(&ws, &cases, Some(model.as_ref()), &asked).await.expect("propose").is_empty());
-    assert_eq!(fake.hits(), 2, "not asked again");
+    fake.then(|_| anthropic(json!([tool_use("r4", "suggest_change", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
+    edited.origin.note = Some("edited twice".into());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
+    drop(conn);
+    let report = cycle.run().await.expect("cycle proposing");
+    assert_eq!((report.new_proposals.len(), fake.hits()), (1, 5), "{report:?}");
+    edited.origin.note = Some("edited again".into());
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
+    drop(conn);
+    let report = cycle.run().await.expect("cycle with a proposal open");
+    assert_eq!((report.new_proposals.len(), fake.hits()), (0, 5), "not asked while its proposal is open");
 }
 
 /// The periodic cycle runs as one durable job (its dedupe key), proposes for a failing case and
