@@ -187,6 +187,37 @@ async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
 }
 both_backends!(approvals_concurrent_once, twenty_concurrent_approvals_give_one_run);
 
+/// An approval runs its own job only: a job written by hand that names it (a copy of the run's
+/// job, one from `gatehouse jobs enqueue`) never reaches the tool, and records no outcome on it.
+async fn a_job_naming_an_approval_it_was_not_given_does_not_run(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let who = server::approvals::Requester {
+        actor: server::domain::Role::Owner,
+        channel: server::approvals::CONSOLE.into(),
+        chat_kind: server::domain::ChatKind::Direct,
+        chat_id: "console".into(),
+        sender: "owner:1".into(),
+        message_id: "console-2".into(),
+        request: "refund".into(),
+        correlation_id: "corr-copy".into(),
+    };
+    let approvals = r.app.gatehouse.approvals.clone();
+    let requested = approvals.request(&json_call("4821"), &who, None, None).await.expect("request");
+    let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "cli" };
+    let run = approvals.decide(requested.id, server::approvals::Verdict::Approve, &by, None, None).await.expect("approve").job_id.expect("job");
+    let args: String = sqlx::query_scalar("SELECT args FROM jobs WHERE id = $1").bind(run).fetch_one(&r.app.state.db.pool).await.expect("args");
+    let copy: server::lane::job::ToolCallJob = serde_json::from_str(&args).expect("a tool call");
+    let queue = &r.app.gatehouse.jobs;
+    let forged = queue.enqueue(&queue.job(&copy)).await.expect("enqueue the copy").job.id;
+    r.exchange(&[], 0).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["refunds/4821".to_string()], "the approval's own job ran, once");
+    let (code, state): (Option<String>, String) = sqlx::query_as("SELECT last_error_code, state FROM jobs WHERE id = $1").bind(forged).fetch_one(&r.app.state.db.pool).await.expect("copy");
+    assert_eq!((code.as_deref(), state.as_str()), (Some("APPROVAL_NOT_GRANTED"), "discarded"));
+    let outcome: Option<String> = sqlx::query_scalar("SELECT outcome_code FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("outcome");
+    assert_eq!(outcome.as_deref(), Some("OK"), "the outcome is the approved run's");
+}
+both_backends!(approvals_forged_job, a_job_naming_an_approval_it_was_not_given_does_not_run);
+
 fn json_call(order: &str) -> server::tools::ToolCall {
     server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": order }) }
 }

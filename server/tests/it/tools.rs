@@ -280,13 +280,16 @@ async fn every_gate_with_its_code_and_an_audit_row_each(db: TestDb) {
     assert_eq!(code_of(cp.execute(call("broken", json!({})), &customer).await).as_deref(), Some(ToolCode::ProviderError.as_str()), "retries exhausted");
     assert_eq!(r.broken.0.load(Ordering::SeqCst), 2, "max_attempts honoured");
     assert_eq!(code_of(cp.execute(call("slow", json!({})), &customer).await).as_deref(), Some(ToolCode::Timeout.as_str()));
+    // A run stopped while its call is under way (a job's budget, a lost lease, a shutdown)
+    // still leaves the call's audit row.
+    assert!(tokio::time::timeout(Duration::from_millis(20), cp.execute(call("slow", json!({})), &customer)).await.is_err(), "stopped under way");
     assert_eq!(code_of(cp.execute(call("liar", json!({"text": "x"})), &customer).await).as_deref(), Some(ToolCode::ResultInvalid.as_str()));
 
     cp.audit().flush().await;
     let rows = sqlx::query("SELECT tool, decision, reason_code, args, version, actor, correlation_id FROM tool_audit ORDER BY id").fetch_all(&r.db.pool).await.expect("audit");
-    assert_eq!(rows.len(), 22, "one row per call (22 above), allowed or denied");
+    assert_eq!(rows.len(), 23, "one row per call (23 above), allowed, denied or stopped");
     let reasons: Vec<String> = rows.iter().map(|row| row.get::<String, _>(2)).collect();
-    for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::PolicyDenied.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), "OK"] {
+    for expected in [ToolCode::Unknown.as_str(), ToolCode::Disabled.as_str(), ToolCode::NotAllowedForActor.as_str(), ToolCode::PolicyDenied.as_str(), ToolCode::ChatTypeNotAllowed.as_str(), ToolCode::SchemaInvalid.as_str(), ToolCode::ManagedFieldSupplied.as_str(), ToolCode::NeedsApproval.as_str(), ToolCode::ProviderError.as_str(), ToolCode::Timeout.as_str(), ToolCode::ResultInvalid.as_str(), ToolCode::Cancelled.as_str(), "OK"] {
         assert!(reasons.iter().any(|r| r == expected), "{expected} in {reasons:?}");
     }
     for row in &rows {

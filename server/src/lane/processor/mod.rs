@@ -136,6 +136,20 @@ impl Processor {
         }
     }
 
+    /// Why job `row`'s approval does not let it run, if it names one: the approval must exist,
+    /// be approved, and be for this tool, this definition, these arguments and this job.
+    async fn not_granted(&self, job: &ToolCallJob, row: &JobRow) -> Result<Option<String>, JobError> {
+        let Some(approved) = &job.approval else { return Ok(None) };
+        let Some(approval) = self.approvals.get(approved.approval_id).await? else { return Ok(Some(format!("there is no approval #{}", approved.approval_id))) };
+        Ok(if approval.state != crate::db::approvals::State::Approved {
+            Some(format!("approval #{} is {}", approval.id, approval.state.as_str()))
+        } else if approval.tool != job.tool || approval.tool_version != approved.version || approval.args_hash != approved.args_hash || approval.job_id != Some(row.id) {
+            Some(format!("approval #{} was given for another call", approval.id))
+        } else {
+            None
+        })
+    }
+
     /// The final answer of the call stored as job `row`: the one an earlier attempt kept, or
     /// this attempt's, kept before anything is sent. A retried job (its send failed, say) so
     /// sends the same answer again: its call never runs, nor its summary is asked for, twice.
@@ -152,6 +166,14 @@ impl Processor {
         if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
+        }
+        // The approval a job names is only a claim: the approvals table says whether an owner
+        // approved exactly this call, for this job.
+        if let Some(why) = self.not_granted(job, row).await? {
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "a tool call names an approval it does not have; not run");
+            let code = ToolCode::ApprovalNotGranted.as_str();
+            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
+            return Ok(Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false });
         }
         // A call not safe to repeat is marked as made before it is (see `unknown`): one an
         // earlier run made, whose answer was never kept, is not made again.
@@ -342,7 +364,9 @@ impl Handler<ToolCallJob> for Processor {
         // The approved call's outcome is the call's, whatever becomes of the answer's delivery
         // (a customer who blocked the number still had their refund made): recorded, and the
         // deciding owner told, before the send that may fail for good.
-        if let Some(approved) = &args.approval {
+        if let Some(approved) = &args.approval
+            && answer.failure.as_deref() != Some(ToolCode::ApprovalNotGranted.as_str())
+        {
             let code = answer.failure.as_deref().unwrap_or("OK");
             self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
         }

@@ -83,6 +83,11 @@ pub enum ToolCode {
     /// since, or the arguments differ from the ones approved.
     #[strum(serialize = "APPROVAL_STALE")]
     ApprovalStale,
+    /// The call names an approval that is not an owner's approval of it: there is no such
+    /// approval, it was not approved, or it was given for another call or job (a job written
+    /// by hand, say).
+    #[strum(serialize = "APPROVAL_NOT_GRANTED")]
+    ApprovalNotGranted,
     /// A call accepted against an earlier definition of its tool, which the lane's rules no
     /// longer let run without an owner (the catalog was reloaded while its job waited).
     #[strum(serialize = "TOOL_CHANGED")]
@@ -93,6 +98,10 @@ pub enum ToolCode {
     /// made again.
     #[strum(serialize = "TOOL_OUTCOME_UNKNOWN")]
     OutcomeUnknown,
+    /// The call passed the gates and was under way when its run was stopped (the job's budget
+    /// ran out, its lease was lost, the process shut down): what it did is not known here.
+    #[strum(serialize = "TOOL_CANCELLED")]
+    Cancelled,
 }
 
 impl ToolCode {
@@ -266,16 +275,47 @@ impl Checkpoint {
         check_against(&self.catalog(), call, ctx)
     }
 
-    /// The one path for every tool call.
+    /// The one path for every tool call. Every call leaves one audit row: also one whose run is
+    /// stopped while it is under way (this future dropped), as `TOOL_CANCELLED`.
     pub async fn execute(&self, call: ToolCall, ctx: &CallContext) -> Result<ToolSuccess, ToolFailure> {
         let started = Instant::now();
         let catalog = self.catalog();
         let tool = catalog.get(&call.name);
         let mut attempts = 0;
         let mut notify = Vec::new();
+        let mut args = call.args.clone();
+        if let (Some(tool), Value::Object(map)) = (&tool, &mut args) {
+            for field in tool.spec.secret_fields.keys() {
+                if map.contains_key(field) {
+                    map.insert(field.clone(), Value::String(redact::REDACTED.into()));
+                }
+            }
+        }
+        catalog.redact_for_record(&call.name, &mut args);
+        let row = |decision: &str, reason_code: String, attempts: u32| AuditRow {
+            at: db::now_ms(),
+            tool: call.name.clone(),
+            version: tool.as_ref().map(|t| t.version.clone()),
+            actor: ctx.actor.as_str().into(),
+            chat_id: ctx.chat_id.clone(),
+            chat_type: ctx.chat_type.as_str().into(),
+            decision: decision.into(),
+            reason_code,
+            latency_us: i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
+            attempts: i64::from(attempts),
+            correlation_id: ctx.correlation_id.clone(),
+            args: args.to_string(),
+            trace_id: ctx.trace_id,
+        };
         let result = match gates(&catalog, &call, ctx, &mut notify) {
             Ok(Checked { needs_approval: Some(reason), .. }) => Err(fail(ToolCode::NeedsApproval.as_str(), reason)),
-            Ok(checked) => self.run(&catalog, checked, ctx, &mut attempts, &mut notify).await,
+            Ok(checked) => {
+                // Written only if the run below never returns (dropped while under way).
+                let unfinished = Unfinished { audit: &self.audit, row: Some(row("allow", ToolCode::Cancelled.as_str().into(), 1)), started };
+                let result = self.run(&catalog, checked, ctx, &mut attempts, &mut notify).await;
+                unfinished.disarm();
+                result
+            }
             Err(f) => Err(f),
         };
         if let Err(f) = &result {
@@ -301,30 +341,31 @@ impl Checkpoint {
             Err(f) if f.code == ToolCode::NeedsApproval.as_str() => ("needs_approval", f.code.clone()),
             Err(f) => ("deny", f.code.clone()),
         };
-        let mut args = call.args.clone();
-        if let (Some(tool), Value::Object(map)) = (&tool, &mut args) {
-            for field in tool.spec.secret_fields.keys() {
-                if map.contains_key(field) {
-                    map.insert(field.clone(), Value::String(redact::REDACTED.into()));
-                }
-            }
-        }
-        catalog.redact_for_record(&call.name, &mut args);
-        self.audit.write(AuditRow {
-            at: db::now_ms(),
-            tool: call.name.clone(),
-            version: tool.as_ref().map(|t| t.version.clone()),
-            actor: ctx.actor.as_str().into(),
-            chat_id: ctx.chat_id.clone(),
-            chat_type: ctx.chat_type.as_str().into(),
-            decision: decision.into(),
-            reason_code: reason,
-            latency_us: i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
-            attempts: i64::from(attempts),
-            correlation_id: ctx.correlation_id.clone(),
-            args: args.to_string(),
-            trace_id: ctx.trace_id,
-        });
+        self.audit.write(row(decision, reason, attempts));
         result
+    }
+}
+
+/// The audit row of a call under way, written if its run is dropped before it returns: a
+/// provider that had the request still shows in the audit.
+struct Unfinished<'a> {
+    audit: &'a AuditWriter,
+    row: Option<AuditRow>,
+    started: Instant,
+}
+
+impl Unfinished<'_> {
+    /// The run returned: its own row is written with how it ended.
+    fn disarm(mut self) {
+        self.row = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(mut row) = self.row.take() {
+            row.latency_us = i64::try_from(self.started.elapsed().as_micros()).unwrap_or(i64::MAX);
+            self.audit.write(row);
+        }
     }
 }
