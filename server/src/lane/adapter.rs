@@ -37,8 +37,9 @@ pub fn resolve<S: AsRef<str>>(catalog: &Catalog, names: &[S]) -> Vec<Arc<ToolDef
 }
 
 /// Whether `tool` may be offered to `actor` in `chat` at all: enabled, not owner-only (nor an
-/// admin operation) for a customer, allowed in this kind of chat (an owner-only tool in direct
-/// chats only), within the actor's risk ceiling, and not named like the planner's own
+/// admin operation) for a customer, allowed in this kind of chat (an owner-only tool, and one
+/// tagged with a `lane.private_data_tags` tag, in direct chats only: every member of a group
+/// reads the answer), within the actor's risk ceiling, and not named like the planner's own
 /// `respond_tool`.
 pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSettings) -> bool {
     let spec = &tool.spec;
@@ -46,10 +47,15 @@ pub fn offerable(tool: &ToolDef, actor: Role, chat: ChatKind, settings: &LaneSet
     spec.enabled
         && !(customer && (spec.audience == Audience::OwnerOnly || spec.operation == Operation::Admin))
         && spec.chat_types.contains(&chat)
-        && !(spec.audience == Audience::OwnerOnly && chat == ChatKind::Group)
+        && !(chat == ChatKind::Group && (spec.audience == Audience::OwnerOnly || is_private(spec, settings)))
         && super::validator::risk_allowed(spec.risk, actor, settings)
         && spec.name != settings.respond_tool
         && spec.name != settings.search_tool
+}
+
+/// Whether `spec` reaches private account data (a `lane.private_data_tags` tag).
+pub fn is_private(spec: &crate::tools::catalog::ToolSpec, settings: &LaneSettings) -> bool {
+    spec.tags.iter().any(|t| settings.private_data_tags.contains(t))
 }
 
 /// The planner's view of `tools` for `to`: each offerable tool once, described by

@@ -62,7 +62,7 @@ impl ContextStore {
     /// fields, the chat id and the sender's number), and `pii_fields` (the audit's) are replaced.
     pub async fn keep(&self, job: &ToolCallJob, correlation_id: &str, tool: &ToolDef, output: &Value, summary: &str, pii_fields: &[String]) -> Result<Option<i64>, DbError> {
         let lane = &self.settings.lane;
-        if !approvals::is_chat(&job.reply_to.channel) || tool.spec.tags.iter().any(|t| lane.private_data_tags.contains(t)) {
+        if !approvals::is_chat(&job.reply_to.channel) || super::adapter::is_private(&tool.spec, lane) {
             return Ok(None);
         }
         let mut args = job.args.clone();

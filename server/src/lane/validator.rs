@@ -34,7 +34,7 @@ use serde_json::Value;
 use super::{PrivateData, canonical_json, planner::ProposedCall};
 use crate::{
     config::{LaneSettings, lane::RiskCeiling},
-    domain::Role,
+    domain::{ChatKind, Role},
     tools::{
         CallContext, Catalog, ToolCall, ToolDef,
         catalog::{AsyncPolicy, Operation, Risk},
@@ -247,11 +247,15 @@ impl Validator<'_> {
             let mut run_async = false;
             if let Some(tool) = &tool {
                 let spec = &tool.spec;
-                let private = spec.tags.iter().any(|t| self.settings.private_data_tags.contains(t));
+                let private = super::adapter::is_private(spec, self.settings);
                 if matches!(scope.private_data, PrivateData::Matched { .. }) && !private {
                     faults.push(fault(10, PlanCode::PrivateData, "the message asks for private account data, which only a private-data tool may serve"));
                 }
-                if private && scope.ctx.actor == Role::Customer && scope.ctx.approved.is_none() {
+                // Every member of a group reads the answer: private account data is answered in
+                // a direct chat only, whoever asks (an owner too).
+                if private && scope.ctx.chat_type == ChatKind::Group {
+                    faults.push(fault(5, PlanCode::ChatTypeNotAllowed, format!("{} reaches private account data, which is never answered in a group", spec.name)));
+                } else if private && scope.ctx.actor == Role::Customer && scope.ctx.approved.is_none() {
                     needs_approval.get_or_insert_with(|| APPROVAL_PRIVATE_DATA.to_string());
                 }
                 if !risk_allowed(spec.risk, scope.ctx.actor, self.settings) {

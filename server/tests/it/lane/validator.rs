@@ -258,3 +258,45 @@ fn any_proposal_is_validated_without_running_anything() {
     });
     assert!(runnable.get() > 10 && refused.get() > 10, "both kinds were generated: {} runnable, {} refused", runnable.get(), refused.get());
 }
+
+/// A tool that reaches private account data is never offered or run in a group, where every
+/// member reads the answer: not for a customer, and not for an owner either. In a direct chat
+/// an owner's call runs, and a customer's waits for an owner.
+#[test]
+fn private_data_is_never_answered_in_a_group() {
+    use server::lane::adapter::{self, OfferTo};
+    let extra = r#"
+[[tool]]
+name = "account_balance"
+title = "Account balance"
+description = "The balance of an account."
+provider = "builtin"
+handler = "test.echo"
+operation = "read"
+audience = "public"
+risk = "low"
+tags = ["private_data"]
+input_schema = { type = "object", properties = { account = { type = "string" } } }
+"#;
+    let catalog = super::catalog(&format!("{TOOLS}{extra}"));
+    let s = settings(LlmProvider::Anthropic, "http://127.0.0.1:9");
+    let tool = catalog.get("account_balance").expect("tool");
+    let candidates = vec!["account_balance".to_string()];
+    let call = [ProposedCall { id: "t1".into(), name: "account_balance".into(), args: json!({ "account": "A-1" }), reason: String::new() }];
+    for (actor, chat, offered, verdict) in [
+        (Role::Owner, ChatKind::Group, false, Err("TOOL_CHAT_TYPE_NOT_ALLOWED")),
+        (Role::Customer, ChatKind::Group, false, Err("TOOL_CHAT_TYPE_NOT_ALLOWED")),
+        (Role::Owner, ChatKind::Direct, true, Ok(false)),
+        (Role::Customer, ChatKind::Direct, true, Ok(true)),
+    ] {
+        assert_eq!(adapter::offerable(&tool, actor, chat, &s.lane), offered, "{actor:?} in a {chat:?} chat");
+        assert_eq!(adapter::tool_specs(std::slice::from_ref(&tool), OfferTo { actor, chat, strict_supported: true }, &s.lane).len(), usize::from(offered));
+        let ctx = CallContext { actor, chat_type: chat, ..customer() };
+        let scope = PlanScope { candidates: &candidates, ctx: &ctx, private_data: &PrivateData::Clear, max_steps: 2 };
+        let v = Validator { catalog: &catalog, settings: &s.lane }.validate(&call, Advisory::default(), &scope);
+        match verdict {
+            Err(code) => assert_eq!(codes(&v), [("account_balance", code)], "{actor:?} in a {chat:?} chat"),
+            Ok(waits) => assert_eq!(v.accepted.first().map(|a| a.needs_approval.is_some()), Some(waits), "{actor:?} in a {chat:?} chat: {v:?}"),
+        }
+    }
+}
