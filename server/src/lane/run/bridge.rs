@@ -291,8 +291,20 @@ enum Waited {
 /// Waits up to `deadline` for the run's answer. The run and the lane settle who tells the person
 /// with one compare-and-swap on `state`; when the run won it just as the deadline passed, its
 /// answer is on its way here, and is waited for rather than dropped.
+///
+/// Dropped while it waits (the message's own run was stopped: its job's budget, a lost lease, a
+/// shutdown), the lane gives the answer up as a passed deadline does: the run then sends it
+/// itself. Otherwise the run would keep it as the reply of a message whose next run may already
+/// have said the work is underway, and nobody would send it.
 async fn wait(deadline: Duration, state: &AtomicU8, mut answer: oneshot::Receiver<Answer>) -> Waited {
-    match tokio::time::timeout(deadline, &mut answer).await {
+    let listening = Listening(Some(state));
+    let waited = wait_listening(deadline, state, &mut answer).await;
+    listening.done();
+    waited
+}
+
+async fn wait_listening(deadline: Duration, state: &AtomicU8, answer: &mut oneshot::Receiver<Answer>) -> Waited {
+    match tokio::time::timeout(deadline, &mut *answer).await {
         Ok(Ok(answer)) => Waited::Answered(answer),
         // The run decided to retry (it dropped its sender without answering).
         Ok(Err(_)) => Waited::Retrying,
@@ -301,6 +313,24 @@ async fn wait(deadline: Duration, state: &AtomicU8, mut answer: oneshot::Receive
             Ok(answer) => Waited::Answered(answer),
             Err(_) => Waited::Retrying,
         },
+    }
+}
+
+/// The lane's claim on a run's answer while it waits (see [`wait`]).
+struct Listening<'a>(Option<&'a AtomicU8>);
+
+impl Listening<'_> {
+    /// The wait ended on its own terms: the swap, if any, is made.
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        if let Some(state) = self.0 {
+            let _ = state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 
@@ -345,6 +375,16 @@ mod tests {
             Waited::Answered(a) => assert_eq!(a.text, "shipped"),
             other => panic!("the late answer was dropped: {other:?}"),
         }
+    }
+
+    /// The lane's run is stopped while it waits (its job's budget, a lost lease): the run's
+    /// answer is its own to send, as after a deadline, not kept for a reply nobody will make.
+    #[tokio::test]
+    async fn a_lane_stopped_while_waiting_leaves_the_answer_to_the_run() {
+        let state = AtomicU8::new(WAITING);
+        let (_answered, answers) = oneshot::channel::<Answer>();
+        assert!(tokio::time::timeout(Duration::from_millis(10), wait(Duration::from_secs(60), &state, answers)).await.is_err(), "stopped");
+        assert_eq!(state.load(Ordering::Acquire), ABANDONED);
     }
 
     /// The deadline passes first: the lane takes the swap, so the run sends its answer itself.
