@@ -155,7 +155,9 @@ impl Runtime {
         }
         // Degraded mode: no key for the model.
         if let Some(d) = llm::degraded(&self.settings, &self.secrets) {
-            let reply = if actor == Role::Owner { d.owner_instruction } else { d.customer_reply };
+            // The instruction names the deployment's settings: for the owner's direct chat only,
+            // never for a group's members to read.
+            let reply = if actor == Role::Owner && inbound.chat_kind == ChatKind::Direct { d.owner_instruction } else { d.customer_reply };
             let code = llm::ErrorCode::NotConfigured.as_str();
             trace.step("chat", "degraded", code, json!({ "provider": d.provider }));
             return Ok(Decision { error_code: Some(code.to_string()), ..Decision::reply(Route::Degraded, reply) });

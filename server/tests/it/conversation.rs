@@ -709,6 +709,10 @@ async fn degraded_mode_answers_without_a_model(db: TestDb) {
     let owner = r.runtime.handle(&msg("d2", "15550001111", "Hello?")).await.expect("handle");
     assert!(owner.reply.as_deref().is_some_and(|t| t.contains("ANTHROPIC_API_KEY")), "the owner gets the instruction: {owner:?}");
     assert_ne!(customer.reply, owner.reply);
+    // In a group every member reads the answer: the owner gets what anyone would.
+    let in_group = Inbound { chat_kind: ChatKind::Group, chat_id: "group-d".into(), mentions_bot: true, ..msg("d3", "15550001111", "@assistant hello?") };
+    let group = r.runtime.handle(&in_group).await.expect("handle");
+    assert_eq!((group.route, &group.reply), (Route::Degraded, &customer.reply), "no deployment settings posted to a group");
     assert!(r.fake.lock().expect("lock").requests.is_empty(), "nothing was sent");
 }
 both_backends!(conversation_degraded, degraded_mode_answers_without_a_model);
