@@ -155,6 +155,22 @@ async fn a_failed_first_call_of_a_plan_stops_the_second(db: TestDb) {
 }
 both_backends!(chain_two_calls_failed_first, a_failed_first_call_of_a_plan_stops_the_second);
 
+/// When the first of two calls in one plan is still running at the lane's deadline, the plan
+/// stops there: the second, which may depend on it, is not started beside it. The first's
+/// answer comes later, once.
+async fn a_pending_first_call_of_a_plan_stops_the_second(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = std::time::Duration::from_millis(300)).await;
+    *r.shop.slow.lock().expect("lock") = std::time::Duration::from_secs(1);
+    r.exchange(&[("wamid.C12", "Search the shop for returns and open that page, both at once (the search is slow)")], 2).await;
+    let trace_steps = r.steps("wamid.C12").await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["search".to_string()], "the page was never opened: {trace_steps:?}");
+    assert!(trace_steps.iter().any(|(s, _, c)| s == "AgentToolChainStopped" && c == "CHAIN_STEP_PENDING"), "{trace_steps:?}");
+    let texts = r.graph.texts();
+    assert_eq!(texts.len(), 2, "the acknowledgement, then the search's answer: {texts:?}");
+    assert_eq!(texts[0], r.app.state.config.settings.lane.pending_reply);
+}
+both_backends!(chain_two_calls_pending_first, a_pending_first_call_of_a_plan_stops_the_second);
+
 /// A step's result can carry instructions, so the next step is planned without the chat's
 /// memory and earlier tool results: what the person said before, and what earlier lookups found,
 /// are not there to be carried into a call a page asked for. The first plan reads them.

@@ -93,6 +93,10 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
             "/api/search",
             get(|State(shop): State<Shop>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| async move {
                 shop.requests.lock().expect("lock").push("search".into());
+                if q.get("q").is_some_and(|q| q == "slow") {
+                    let wait = *shop.slow.lock().expect("lock");
+                    tokio::time::sleep(wait).await;
+                }
                 if q.get("q").is_some_and(|q| q == "fail") {
                     return (StatusCode::BAD_REQUEST, Json(json!({ "error": "broken" })));
                 }
@@ -269,7 +273,7 @@ fn plan_for_the_shop(llm: &Fake) {
             let offered = body["tools"].to_string();
             // A model that ignores the no-parallel request: two calls in one answer.
             if text.contains("both at once") {
-                let query = if text.contains("broken") { "fail" } else { "returns" };
+                let query = if text.contains("broken") { "fail" } else if text.contains("search is slow") { "slow" } else { "returns" };
                 return anthropic(json!([tool_use("p1", "page_search", json!({ "query": query })), tool_use("p2", "open_page", json!({ "page": "returns" }))]), "tool_use");
             }
             // The detector could not tell which result a follow-up means: ask.

@@ -167,8 +167,10 @@ impl Lane {
                     Ran::Quiet => (None, "answered", "OK".into()),
                 },
             };
-            // A failed step ends the plan (seed §13): what came after it may depend on it.
-            let stop = status == "failed" && i + 1 < count;
+            // A failed step ends the plan (seed §13): what came after it may depend on it. So
+            // does one still running (or waiting to be retried), which a later step would
+            // otherwise run beside, in any order: its answer comes on its own.
+            let stop = matches!(status, "failed" | "pending") && i + 1 < count;
             let finished = if stop { Some("stopped") } else { (i + 1 == count).then_some("answered") };
             self.sessions_step(session, i + 1, &call.tool, status, &code, finished).await;
             if let Some(reply) = reply
