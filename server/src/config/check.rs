@@ -10,7 +10,7 @@ use super::{
     load::{Problem, display_url, problem_at},
 };
 
-/// The shortest `jobs.lease`: renewed every third of it, it still outlasts a slow renewal.
+/// The shortest `jobs.lease`: renewed every quarter of it, it still outlasts a slow renewal.
 const MIN_LEASE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Checks that need more than a type: ranges, URLs, combinations.
@@ -107,10 +107,10 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     ] {
         need(!value.is_zero(), key, "must be longer than zero".into());
     }
-    // A running job's lease is renewed every third of it (every 50 ms at the least): a lease
+    // A running job's lease is renewed every quarter of it (every 50 ms at the least): a lease
     // much shorter than a second lapses between two renewals, or while one waits for the
     // database, and maintenance hands the job to a second worker while the first still runs it.
-    need(jobs.lease >= MIN_LEASE, "jobs.lease", format!("must be at least {}: a running job's lease is renewed every third of it", humantime::format_duration(MIN_LEASE)));
+    need(jobs.lease >= MIN_LEASE, "jobs.lease", format!("must be at least {}: a running job's lease is renewed every quarter of it", humantime::format_duration(MIN_LEASE)));
     // Each job kind's budget must fit the work inside it, or a slow run is cut in the middle.
     let t = &jobs.timeouts;
     let sends = wa.send_reserve();

@@ -116,7 +116,7 @@ impl Default for JobSettings {
 mod tests {
     use crate::config::tests::{load_text, problems_at};
 
-    /// A lease renewed every third of it must outlast a renewal's wait for the database, or a
+    /// A lease renewed every quarter of it must outlast a renewal's wait for the database, or a
     /// job still running is handed to a second worker: 30 ms passed the old check (non-zero).
     #[test]
     fn a_lease_too_short_to_renew_is_refused() {

@@ -61,20 +61,20 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()
     let (id, owner, lease) = (claimed.job.id, claimed.owner.clone(), claimed.lease);
     let (lost, lease_lost) = oneshot::channel();
     let task = tokio::spawn(async move {
-        let every = (lease / 3).max(Duration::from_millis(100));
+        let beat_timing = super::worker::Beat::of(lease);
         let mut held_until = std::time::Instant::now() + lease;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(beat_timing.every).await;
             let beat = std::time::Instant::now();
             let now = db::now_ms();
             let until = now.saturating_add(db::duration_ms(lease));
             // A beat that hangs counts as failed once the next is due (see the worker's).
-            let renewed = tokio::time::timeout(every, async {
+            let renewed = tokio::time::timeout(beat_timing.timeout, async {
                 let mut conn = db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &[id], &owner, now, until).await
             })
             .await
-            .map_err(|_| format!("no answer within {every:?}"))
+            .map_err(|_| format!("no answer within {:?}", beat_timing.timeout))
             .and_then(|beat| beat.map_err(|e| e.to_string()));
             match renewed {
                 Ok(held) if held.contains(&id) => held_until = beat + lease,
@@ -83,7 +83,7 @@ pub fn keep_alive(db: Db, claimed: &Claimed) -> (Heartbeat, oneshot::Receiver<()
                     let _ = lost.send(());
                     return;
                 }
-                Err(error) if super::worker::stop_unrenewed(held_until, lease, every) => {
+                Err(error) if beat_timing.stop_unrenewed(held_until) => {
                     tracing::warn!(job.id = id, error = %error, "the lease could not be renewed before it ran out; the run at once is stopped");
                     let _ = lost.send(());
                     return;

@@ -31,11 +31,30 @@ pub(super) async fn ended(run: &AbortHandle) {
     }
 }
 
-/// A run whose renewal failed is stopped when its lease would run out before the next beat
-/// (`every`) could renew it, with a margin for the database's clock and this process's to
-/// disagree: with the default minute, after the second failed beat in a row.
-pub(crate) fn stop_unrenewed(held_until: Instant, lease: Duration, every: Duration) -> bool {
-    Instant::now() + every + lease / 4 >= held_until
+/// How a run's lease is kept: renewed every quarter of the lease, each renewal given an eighth
+/// before it counts as failed (a connection whose peer went silent: no statement has a time
+/// limit of its own).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Beat {
+    pub(crate) every: Duration,
+    pub(crate) timeout: Duration,
+    /// Room for the database's clock and this process's to disagree.
+    margin: Duration,
+}
+
+impl Beat {
+    pub(crate) fn of(lease: Duration) -> Self {
+        let every = (lease / 4).max(Duration::from_millis(50));
+        Self { every, timeout: every / 2, margin: lease / 8 }
+    }
+
+    /// Whether a run whose renewal just failed must stop now: its lease, surely held until
+    /// `held_until`, could run out before the next decision, which comes after one more beat and
+    /// its time to fail (`every + timeout`). With the default minute: at the second failed beat
+    /// in a row, some 15 s before the lease runs out.
+    pub(crate) fn stop_unrenewed(&self, held_until: Instant) -> bool {
+        Instant::now() + self.every + self.timeout + self.margin >= held_until
+    }
 }
 
 impl Worker {
@@ -43,7 +62,8 @@ impl Worker {
     /// or rescued elsewhere) or about to run out unrenewed (the database out of reach): another
     /// worker may rescue such a job once its lease has run out, and the two must never overlap.
     pub(super) async fn heartbeat(self, in_flight: InFlight) {
-        let every = (self.settings.lease / 3).max(Duration::from_millis(50));
+        let beat_timing = Beat::of(self.settings.lease);
+        let every = beat_timing.every;
         loop {
             tokio::time::sleep(every).await;
             // With the attempt each run holds: a run that took an id's place while this beat was
@@ -56,10 +76,9 @@ impl Worker {
             let beat = Instant::now();
             let now = db::now_ms();
             let until = now + db::duration_ms(self.settings.lease);
-            // A beat that hangs (a connection whose peer went silent: no statement has a time
-            // limit of its own) counts as failed once the next is due, so the runs it holds are
+            // A beat that hangs counts as failed after `Beat::timeout`, so the runs it holds are
             // still stopped before their leases run out.
-            let result = tokio::time::timeout(every, async {
+            let result = tokio::time::timeout(beat_timing.timeout, async {
                 let mut conn = self.db.pool.acquire().await?;
                 store::heartbeat(&mut conn, &ids, &self.id, now, until).await
             })
@@ -85,11 +104,11 @@ impl Worker {
                 failed => {
                     let error = match failed {
                         Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {every:?}"),
+                        _ => format!("no answer within {:?}", beat_timing.timeout),
                     };
                     tracing::warn!(worker = %self.id, error = %error, "lease heartbeat failed");
                     let Ok(mut map) = in_flight.lock() else { continue };
-                    let due: Vec<i64> = map.iter().filter(|(_, run)| stop_unrenewed(run.held_until, self.settings.lease, every)).map(|(id, _)| *id).collect();
+                    let due: Vec<i64> = map.iter().filter(|(_, run)| beat_timing.stop_unrenewed(run.held_until)).map(|(id, _)| *id).collect();
                     for id in due {
                         if let Some(run) = map.remove(&id) {
                             run.handle.abort();
@@ -119,5 +138,32 @@ impl Worker {
                 Err(e) => tracing::warn!(worker = %self.id, job.id = id, error = %e, "a cancelled run's lease could not be let go; it is once it runs out"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the default minute: one failed beat is ridden out, the second stops the run; and
+    /// whenever a run is not stopped, the next decision (one beat and its time to fail later)
+    /// still comes while its lease is held, with the margin to spare.
+    #[test]
+    fn a_run_is_stopped_before_its_lease_can_run_out_unrenewed() {
+        let lease = Duration::from_secs(60);
+        let beat = Beat::of(lease);
+        // From one decision to the next: a beat's period, and its time to fail.
+        let step = beat.every + beat.timeout;
+        let now = Instant::now();
+        assert!(!beat.stop_unrenewed(now + lease - step), "one failed beat after a renewal is ridden out");
+        assert!(beat.stop_unrenewed(now + lease - step * 2), "the second stops the run");
+        // Whenever a run goes on, the next decision still comes while its lease is held, with
+        // an eighth of the lease to spare.
+        for left_ms in (0..=60_000).step_by(250) {
+            let left = Duration::from_millis(left_ms);
+            if !beat.stop_unrenewed(Instant::now() + left) {
+                assert!(left > step + lease / 8, "goes on with {left:?} left; the next decision may be {step:?} away");
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ mod record;
 mod settings;
 
 use lease::{InFlight, Run, ended};
-pub(crate) use lease::stop_unrenewed;
+pub(crate) use lease::Beat;
 
 pub use settings::WorkerSettings;
 
