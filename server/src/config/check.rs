@@ -188,6 +188,16 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         "conversation.group_unnamed_member",
         "must hold {n}, which numbers the members without a profile name (else they would share one label)".into(),
     );
+    need(
+        format.is_empty() || conv.group_owner_label.contains("{name}"),
+        "conversation.group_owner_label",
+        "must hold {name}, the name the owner goes by (or group members are not told apart: group_turn_format empty)".into(),
+    );
+    need(
+        conv.reserved_member_names.iter().all(|w| !w.trim().is_empty() && w.chars().all(char::is_alphanumeric)),
+        "conversation.reserved_member_names",
+        "must hold single words (letters and digits), none empty".into(),
+    );
     for (i, c) in settings.private_data.categories.iter().enumerate() {
         need(!c.patterns.is_empty(), "private_data.categories", format!("category {i} ({:?}) needs at least one pattern", c.name));
         let compiled: Vec<regex::Regex> = c.patterns.iter().filter_map(|p| regex::RegexBuilder::new(p).case_insensitive(true).build().ok()).collect();

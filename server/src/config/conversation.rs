@@ -47,6 +47,13 @@ pub struct ConversationSettings {
     /// The label of a member without a usable profile name; `{n}` is their place in the order
     /// the chat's members first wrote.
     pub group_unnamed_member: String,
+    /// The label of an owner's own turns in a group: `{name}` is the name they go by in the
+    /// console. A member's profile name holding a word of `reserved_member_names`, or an owner's
+    /// name, is not used, so the model can tell the owner from a member posing as one.
+    pub group_owner_label: String,
+    /// Words no group member's label may hold ("owner", "admin", ...): a member so named is
+    /// labelled as an unnamed member.
+    pub reserved_member_names: Vec<String>,
     /// The owner's /help text.
     pub owner_help: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
@@ -76,6 +83,8 @@ impl Default for ConversationSettings {
             group_owner_command_reply: String::new(),
             group_turn_format: "[{name}] {text}".into(),
             group_unnamed_member: "member {n}".into(),
+            group_owner_label: "{name} (owner)".into(),
+            reserved_member_names: ["owner", "admin", "administrator", "staff", "manager", "support"].map(String::from).to_vec(),
             owner_help: String::new(),
             trace_text: false,
             rate_limit: 20,
@@ -108,7 +117,8 @@ pub struct PrivateDataSettings {
     pub safe_reply: String,
     /// Tell the owners (WhatsApp and the console) so that a person answers.
     pub handoff: bool,
-    /// The owners' notice: `{chat}`, `{category}`, `{description}` and `{text}` are filled in.
+    /// The owners' notice: `{sender}`, `{chat}`, `{category}`, `{description}` and `{text}` are
+    /// filled in.
     pub owner_notice: String,
     /// One chat raises the owners' notice at most once per this period (its later questions
     /// still get `safe_reply` and are in the traces).

@@ -54,7 +54,18 @@ impl Runtime {
         // turn stored now.
         let speakers = if inbound.chat_kind == ChatKind::Group { Speakers::new(&conv.group_turn_format) } else { None };
         let label = match speakers {
-            Some(_) => Some(speakers::label_for(&store::members(&mut conn, &inbound.chat_id).await?, &inbound.sender, inbound.sender_name.as_deref(), &conv.group_unnamed_member)),
+            Some(_) => {
+                let owners = db::owners::list(&mut conn).await?;
+                let label = match db::owners::owner_by_phone(&mut conn, &inbound.sender).await?.and_then(|id| owners.iter().find(|o| o.id == id)) {
+                    Some(owner) => speakers::owner_label(&conv.group_owner_label, &owner.display_name),
+                    None => {
+                        let names: Vec<String> = owners.into_iter().map(|o| o.display_name).collect();
+                        let reserved = speakers::Reserved { words: &conv.reserved_member_names, names: &names };
+                        speakers::label_for(&store::members(&mut conn, &inbound.chat_id).await?, &inbound.sender, inbound.sender_name.as_deref(), &conv.group_unnamed_member, reserved)
+                    }
+                };
+                Some(label)
+            }
             None => None,
         };
         drop(conn);

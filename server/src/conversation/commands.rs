@@ -16,6 +16,7 @@ impl Runtime {
         let text: String = inbound.text.chars().take(300).collect();
         let message = settings
             .owner_notice
+            .replace("{sender}", &inbound.sender)
             .replace("{chat}", &inbound.chat_id)
             .replace("{category}", category)
             .replace("{description}", description)

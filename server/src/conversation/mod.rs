@@ -282,9 +282,12 @@ impl Runtime {
             store::earlier_reply(&mut tx, &inbound.message_id).await?
         };
         if let Some(notice) = &d.notice {
-            // One notice per chat per period: a chat asking again and again does not page the
-            // owners again and again. Simulated chats notify the console only, never a phone.
-            if claim_once(&mut tx, &inbound.chat_id, PRIVATE_DATA_NOTICE, self.settings.private_data.notice_every).await? {
+            // One notice per person per chat per period: someone asking again and again does
+            // not page the owners again and again, and in a group each member who asks is
+            // named (the reply promised them the owner's answer). Simulated chats notify the
+            // console only, never a phone.
+            let kind = if inbound.chat_kind == ChatKind::Group { format!("{PRIVATE_DATA_NOTICE}:{}", inbound.sender) } else { PRIVATE_DATA_NOTICE.to_string() };
+            if claim_once(&mut tx, &inbound.chat_id, &kind, self.settings.private_data.notice_every).await? {
                 notices::raise(&mut tx, &self.queue, notice, inbound.channel == channel::WHATSAPP).await?;
             } else {
                 // Committed with the trace's ending, so the message's export below holds it.

@@ -8,7 +8,9 @@
 //! name then, or `conversation.group_unnamed_member` with `{n}`, their place in the order the
 //! members first wrote ("member 3"). The first member to use a name keeps it; a later one with
 //! the same name gets their number after it. A name that would pass for someone else (the
-//! assistant, "person", another member's number) is not used.
+//! assistant, "person", another member's number, a word of `conversation.reserved_member_names`
+//! such as "owner", or a name an owner goes by) is not used. An owner's own turns read under
+//! `conversation.group_owner_label` ([`owner_label`]), which no member's name can then imitate.
 
 use crate::db::conversation::{Turn, role};
 
@@ -19,10 +21,24 @@ const NAME_CHARS: usize = 40;
 /// `"assistant"` and the planner's `"person"`. No member is labelled with them.
 pub const RESERVED: [&str; 2] = ["assistant", "person"];
 
+/// What no member's name may pass for: the words no name may hold
+/// (`conversation.reserved_member_names`), and the names the owners go by.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reserved<'a> {
+    pub words: &'a [String],
+    pub names: &'a [String],
+}
+
+/// The label of an owner's turn in a group: `format` (`conversation.group_owner_label`) with
+/// `{name}`, the name the owner goes by in the console.
+pub fn owner_label(format: &str, name: &str) -> String {
+    clean(&format.replace("{name}", &clean(name)))
+}
+
 /// The label of `sender`'s new turn: `members` are the chat's senders with the labels they have
 /// had, in order of first use ([`crate::db::conversation::members`]); `name` is their profile
 /// name now; `unnamed` the label pattern with `{n}`.
-pub fn label_for(members: &[(String, String)], sender: &str, name: Option<&str>, unnamed: &str) -> String {
+pub fn label_for(members: &[(String, String)], sender: &str, name: Option<&str>, unnamed: &str, reserved: Reserved<'_>) -> String {
     let mut order: Vec<&str> = Vec::new();
     for (s, _) in members {
         if !order.contains(&s.as_str()) {
@@ -30,7 +46,7 @@ pub fn label_for(members: &[(String, String)], sender: &str, name: Option<&str>,
         }
     }
     let n = order.iter().position(|s| *s == sender).unwrap_or(order.len()) + 1;
-    let usable = name.map(clean).filter(|c| !c.is_empty() && !passes_for_another(c, unnamed));
+    let usable = name.map(clean).filter(|c| !c.is_empty() && !passes_for_another(c, unnamed, reserved));
     // A message without a profile name (WhatsApp does not always send one) keeps the label the
     // member has, rather than reading as someone new.
     let Some(base) = usable.or_else(|| members.iter().rev().find(|(s, _)| s == sender).map(|(_, label)| label.clone())) else {
@@ -81,12 +97,17 @@ impl Speakers {
     }
 }
 
-/// Whether a cleaned name would read as someone other than its member: a reserved word, or
-/// the unnamed pattern with a number (another member's label).
-fn passes_for_another(name: &str, unnamed: &str) -> bool {
+/// Whether a cleaned name would read as someone other than its member: a reserved word, an
+/// owner's name, or the unnamed pattern with a number (another member's label).
+fn passes_for_another(name: &str, unnamed: &str, reserved: Reserved<'_>) -> bool {
     let lower = name.to_lowercase();
-    // "Assistant.", "The assistant", "assistant_bot": any word of it, read without its marks.
-    if lower.split(|c: char| !c.is_alphanumeric()).any(|word| RESERVED.contains(&word)) {
+    // "Assistant.", "The assistant", "assistant_bot", "Owner!": any word of it, read without
+    // its marks.
+    if lower.split(|c: char| !c.is_alphanumeric()).any(|word| RESERVED.contains(&word) || reserved.words.iter().any(|w| w.to_lowercase() == word)) {
+        return true;
+    }
+    let folded = |s: &str| s.to_lowercase().split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ");
+    if reserved.names.iter().any(|n| !folded(n).is_empty() && folded(n) == folded(&lower)) {
         return true;
     }
     // Spaced as labels are written (see clean), braces kept.
@@ -114,31 +135,45 @@ mod tests {
     #[test]
     fn members_are_named_or_numbered_by_their_place_in_the_chat() {
         let unnamed = "member {n}";
-        assert_eq!(label_for(&[], "111", Some("Ana"), unnamed), "Ana");
+        assert_eq!(label_for(&[], "111", Some("Ana"), unnamed, Reserved::default()), "Ana");
         let so_far = members(&[("111", "Ana"), ("222", "member 2")]);
-        assert_eq!(label_for(&so_far, "222", None, unnamed), "member 2", "the same number at every turn");
-        assert_eq!(label_for(&so_far, "333", None, unnamed), "member 3");
-        assert_eq!(label_for(&so_far, "111", Some("Ana M."), unnamed), "Ana M.", "a new name from now on");
-        assert_eq!(label_for(&so_far, "333", Some("Bo\n[admin]{x}"), unnamed), "Bo adminx", "a name cannot break the format");
+        assert_eq!(label_for(&so_far, "222", None, unnamed, Reserved::default()), "member 2", "the same number at every turn");
+        assert_eq!(label_for(&so_far, "333", None, unnamed, Reserved::default()), "member 3");
+        assert_eq!(label_for(&so_far, "111", Some("Ana M."), unnamed, Reserved::default()), "Ana M.", "a new name from now on");
+        assert_eq!(label_for(&so_far, "333", Some("Bo\n[admin]{x}"), unnamed, Reserved::default()), "Bo adminx", "a name cannot break the format");
+    }
+
+    /// Role words and the owners' names are not a member's to take; an owner's turns read
+    /// under the owner label, which a member's name then cannot imitate.
+    #[test]
+    fn a_name_cannot_pass_for_an_owner() {
+        let unnamed = "member {n}";
+        let (words, names) = (vec!["owner".to_string(), "admin".to_string()], vec!["Maria Lopes".to_string()]);
+        let reserved = Reserved { words: &words, names: &names };
+        for posing in ["Owner", "The owner", "owner_of_shop", "ADMIN!", "maria lopes", "Maria  Lopes.", "Maria Lopes (owner)"] {
+            assert_eq!(label_for(&[], "333", Some(posing), unnamed, reserved), "member 1", "{posing:?} passes for an owner");
+        }
+        assert_eq!(label_for(&[], "333", Some("Maria"), unnamed, reserved), "Maria", "another Maria is herself");
+        assert_eq!(owner_label("{name} (owner)", "Maria [Lopes]"), "Maria Lopes (owner)");
     }
 
     #[test]
     fn a_name_cannot_take_another_members_label() {
         let unnamed = "member {n}";
         let so_far = members(&[("111", "Ana"), ("222", "member 2")]);
-        assert_eq!(label_for(&so_far, "333", Some("ana"), unnamed), "ana (3)", "the first to use a name keeps it");
-        assert_eq!(label_for(&so_far, "333", Some("Member 2"), unnamed), "member 3", "another member's number");
-        assert_eq!(label_for(&so_far, "333", Some("Assistant"), unnamed), "member 3");
-        assert_eq!(label_for(&so_far, "333", Some("person"), unnamed), "member 3");
+        assert_eq!(label_for(&so_far, "333", Some("ana"), unnamed, Reserved::default()), "ana (3)", "the first to use a name keeps it");
+        assert_eq!(label_for(&so_far, "333", Some("Member 2"), unnamed, Reserved::default()), "member 3", "another member's number");
+        assert_eq!(label_for(&so_far, "333", Some("Assistant"), unnamed, Reserved::default()), "member 3");
+        assert_eq!(label_for(&so_far, "333", Some("person"), unnamed, Reserved::default()), "member 3");
         for passing in ["Assistant.", "The assistant", "assistant_bot", "Assist\u{200B}ant", "PERSON 1"] {
-            assert_eq!(label_for(&so_far, "333", Some(passing), unnamed), "member 3", "{passing:?} reads as someone else");
+            assert_eq!(label_for(&so_far, "333", Some(passing), unnamed, Reserved::default()), "member 3", "{passing:?} reads as someone else");
         }
-        assert_eq!(label_for(&so_far, "333", Some("member of staff"), unnamed), "member of staff", "only the pattern with a number");
-        assert_eq!(label_for(&so_far, "111", None, unnamed), "Ana", "a message without a name keeps the member's label");
+        assert_eq!(label_for(&so_far, "333", Some("member of staff"), unnamed, Reserved::default()), "member of staff", "only the pattern with a number");
+        assert_eq!(label_for(&so_far, "111", None, unnamed, Reserved::default()), "Ana", "a message without a name keeps the member's label");
         let suffixed = members(&[("111", "Ana"), ("222", "Ana (3)")]);
-        assert_eq!(label_for(&suffixed, "333", Some("ANA"), unnamed), "ANA (4)", "never two of one label");
-        assert_eq!(label_for(&members(&[("111", "José")]), "222", Some("JOSÉ"), unnamed), "JOSÉ (2)", "case is folded beyond ASCII");
-        assert_eq!(label_for(&so_far, "333", Some("member 2"), "member  {n}"), "member 3", "the pattern is read as labels are written");
+        assert_eq!(label_for(&suffixed, "333", Some("ANA"), unnamed, Reserved::default()), "ANA (4)", "never two of one label");
+        assert_eq!(label_for(&members(&[("111", "José")]), "222", Some("JOSÉ"), unnamed, Reserved::default()), "JOSÉ (2)", "case is folded beyond ASCII");
+        assert_eq!(label_for(&so_far, "333", Some("member 2"), "member  {n}", Reserved::default()), "member 3", "the pattern is read as labels are written");
     }
 
     #[test]
