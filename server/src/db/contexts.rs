@@ -5,13 +5,16 @@ use sqlx::AnyConnection;
 
 use super::DbError;
 
-const COLUMNS: &str = "id, channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at";
+const COLUMNS: &str = "id, channel, chat_id, requester, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at";
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ContextRow {
     pub id: i64,
     pub channel: String,
     pub chat_id: String,
+    /// The sender whose message made the call (`None` for a context kept before it was
+    /// recorded): in a group, only they are offered it again.
+    pub requester: Option<String>,
     pub tool: String,
     /// Canonical JSON, without managed or secret fields.
     pub args: String,
@@ -33,8 +36,8 @@ pub struct ContextRow {
 /// the chat's `keep` newest rows. The new row's id, or `None` when it was there already.
 pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Result<Option<i64>, DbError> {
     let inserted: Option<i64> = sqlx::query_scalar(
-        "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (source_key) DO NOTHING RETURNING id",
+        "INSERT INTO tool_contexts (channel, chat_id, tool, args, summary, preview, sources, citations, entities, source_key, trace_id, created_at, expires_at, requester) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (source_key) DO NOTHING RETURNING id",
     )
     .bind(&row.channel)
     .bind(&row.chat_id)
@@ -49,6 +52,7 @@ pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Re
     .bind(row.trace_id)
     .bind(row.created_at)
     .bind(row.expires_at)
+    .bind(&row.requester)
     .fetch_optional(&mut *conn)
     .await?;
     sqlx::query(
@@ -63,10 +67,18 @@ pub async fn insert(conn: &mut AnyConnection, row: &ContextRow, keep: i64) -> Re
     Ok(inserted)
 }
 
-/// The chat's contexts that have not expired at `now`, newest first.
-pub async fn recent(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64, limit: i64) -> Result<Vec<ContextRow>, DbError> {
-    let sql = format!("SELECT {COLUMNS} FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at > $3 ORDER BY id DESC LIMIT $4");
-    Ok(sqlx::query_as(&sql).bind(channel).bind(chat_id).bind(now).bind(limit).fetch_all(&mut *conn).await?)
+/// The chat's contexts that have not expired at `now`, newest first; with `requester`, only
+/// those that sender's messages made.
+pub async fn recent(conn: &mut AnyConnection, channel: &str, chat_id: &str, requester: Option<&str>, now: i64, limit: i64) -> Result<Vec<ContextRow>, DbError> {
+    let only = if requester.is_some() { " AND requester = $5" } else { "" };
+    let sql = format!("SELECT {COLUMNS} FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at > $3{only} ORDER BY id DESC LIMIT $4");
+    let query = sqlx::query_as(&sql).bind(channel).bind(chat_id).bind(now).bind(limit);
+    Ok(match requester {
+        Some(sender) => query.bind(sender),
+        None => query,
+    }
+    .fetch_all(&mut *conn)
+    .await?)
 }
 
 /// One context by id, expired or not (an eval case made from a trace takes the contexts the

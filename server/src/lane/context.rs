@@ -21,6 +21,7 @@ use crate::{
         self, Db, DbError,
         contexts::{self as store, ContextRow},
     },
+    domain::ChatKind,
     jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
     redact,
     tools::{ToolDef, canonical::canonical_json},
@@ -88,6 +89,7 @@ impl ContextStore {
             id: 0,
             channel: job.reply_to.channel.clone(),
             chat_id: job.reply_to.chat_id.clone(),
+            requester: Some(job.sender.clone()),
             tool: tool.spec.name.clone(),
             args,
             summary: summary.chars().take(lane.summary_max_chars as usize).collect(),
@@ -112,11 +114,14 @@ impl ContextStore {
         Ok(stored)
     }
 
-    /// The chat's live contexts, newest first, and whether one has expired.
-    pub async fn recent(&self, channel: &str, chat_id: &str) -> Result<Recent, DbError> {
+    /// The chat's live contexts, newest first, and whether one has expired. In a group, only
+    /// the ones `sender`'s own messages made: a result holds more than the summary the group
+    /// read (names, places, links), and a member's follow-up must not reach another's.
+    pub async fn recent(&self, channel: &str, chat_id: &str, chat_kind: ChatKind, sender: &str) -> Result<Recent, DbError> {
         let now = db::now_ms();
         let mut conn = self.db.pool.acquire().await?;
-        let rows = store::recent(&mut conn, channel, chat_id, now, i64::from(self.settings.lane.contexts_per_chat)).await?;
+        let requester = (chat_kind == ChatKind::Group).then_some(sender);
+        let rows = store::recent(&mut conn, channel, chat_id, requester, now, i64::from(self.settings.lane.contexts_per_chat)).await?;
         let expired = store::has_expired(&mut conn, channel, chat_id, now).await?;
         let contexts = rows
             .into_iter()

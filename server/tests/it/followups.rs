@@ -90,6 +90,30 @@ async fn a_follow_up_reuses_the_tool_context(db: TestDb) {
 }
 both_backends!(followup_same_tool, a_follow_up_reuses_the_tool_context);
 
+/// In a group, a member's follow-up reads only the results their own messages brought: a
+/// result holds more than the summary the group read, and another member's "and where is it
+/// delivered?" must not reach it.
+async fn in_a_group_a_follow_up_reads_only_the_members_own_results(db: TestDb) {
+    let r = rig(db, |s| s.conversation.mention_names = vec!["@assistant".into()]).await;
+    let say = |from: &str, wamid: &str, text: &str| {
+        let mut m = text_message(from, wamid, text);
+        m["group_id"] = "g-follow".into();
+        m
+    };
+    let post = async |m: serde_json::Value| assert_eq!(post_signed(&r.app, &envelope(vec![vec![m]])).await.status, axum::http::StatusCode::OK);
+    post(say(CUSTOMER, "wamid.GF1", "@assistant What's the weather in Lisbon today?")).await;
+    r.exchange(&[], 1).await;
+    post(say(OTHER, "wamid.GF2", "@assistant And what about tomorrow?")).await;
+    r.exchange(&[], 2).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["forecast/Lisbon/today".to_string()], "another member's follow-up did not reach the result");
+    let steps = r.steps("wamid.GF2").await;
+    assert!(!steps.iter().any(|(s, _, c)| s == "AgentToolFollowupResolved" && c == "FOLLOWUP_CONTEXT"), "{steps:?}");
+    post(say(CUSTOMER, "wamid.GF3", "@assistant And what about tomorrow?")).await;
+    r.exchange(&[], 3).await;
+    assert_eq!(r.shop.requests.lock().expect("lock").last().map(String::as_str), Some("forecast/Lisbon/tomorrow"), "the member who asked follows their own result up");
+}
+both_backends!(followup_group_members, in_a_group_a_follow_up_reads_only_the_members_own_results);
+
 /// "Open the second one" after a search: the context keeps the listed links in order, and the
 /// follow-up opens the second with another tool.
 async fn the_second_one_opens_the_second_listed_link(db: TestDb) {

@@ -229,8 +229,9 @@ impl ToolLane for Lane {
         if let Some(answered) = self.handled_before(inbound, trace).await {
             return answered;
         }
-        // The chat's own contexts only: the key is its channel and chat id.
-        let recent = self.contexts.recent(&inbound.channel, &inbound.chat_id).await.unwrap_or_else(|e| {
+        // The chat's own contexts only (the key is its channel and chat id), and in a group the
+        // sender's own.
+        let recent = self.contexts.recent(&inbound.channel, &inbound.chat_id, inbound.chat_kind, &inbound.sender).await.unwrap_or_else(|e| {
             tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's tool contexts failed; planning without them");
             Recent::default()
         });
