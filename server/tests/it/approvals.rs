@@ -139,16 +139,7 @@ both_backends!(approvals_expiry_outside_window, an_expiry_outside_the_window_is_
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    let who = server::approvals::Requester {
-        actor: server::domain::Role::Owner,
-        channel: server::approvals::CONSOLE.into(),
-        chat_kind: server::domain::ChatKind::Direct,
-        chat_id: "console".into(),
-        sender: "owner:1".into(),
-        message_id: "console-1".into(),
-        request: "refund".into(),
-        correlation_id: "corr-20".into(),
-    };
+    let who = console_requester("corr-20");
     let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "4821" }) };
     let approvals = r.app.gatehouse.approvals.clone();
     let requested = approvals.request(&call, &who, None, None).await.expect("request");
@@ -191,16 +182,7 @@ both_backends!(approvals_concurrent_once, twenty_concurrent_approvals_give_one_r
 /// job, one from `gatehouse jobs enqueue`) never reaches the tool, and records no outcome on it.
 async fn a_job_naming_an_approval_it_was_not_given_does_not_run(db: TestDb) {
     let r = rig(db, |_| {}).await;
-    let who = server::approvals::Requester {
-        actor: server::domain::Role::Owner,
-        channel: server::approvals::CONSOLE.into(),
-        chat_kind: server::domain::ChatKind::Direct,
-        chat_id: "console".into(),
-        sender: "owner:1".into(),
-        message_id: "console-2".into(),
-        request: "refund".into(),
-        correlation_id: "corr-copy".into(),
-    };
+    let who = console_requester("corr-copy");
     let approvals = r.app.gatehouse.approvals.clone();
     let requested = approvals.request(&json_call("4821"), &who, None, None).await.expect("request");
     let by = server::db::approvals::Decider { name: "o".into(), owner_id: None, phone: None, via: "cli" };

@@ -609,9 +609,11 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     // fixes nothing is not asked for again, and paid for again, every ten minutes.
     let app = TestApp::in_dir_with(TestDb::sqlite(), dir.path(), server::config::Secrets::default(), |_| {}).await;
     let cycle = repairs::cycle::Cycle { settings: ws.settings.clone(), workspace: ws.clone(), model: model.clone(), ..app.gatehouse.cycle.clone() };
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    store::upsert_case(&mut conn, &cases[0].to_row()).await.expect("case");
-    drop(conn);
+    let upsert = async |case: &Case| {
+        let mut conn = app.state.db.pool.acquire().await.expect("conn");
+        store::upsert_case(&mut conn, &case.to_row()).await.expect("case");
+    };
+    upsert(&cases[0]).await;
     let useless = || anthropic(json!([tool_use("r3", "suggest_change", json!({ "tool": "web_fetch", "key": "handler", "value": "web_search" }))]), "tool_use");
     fake.then(move |_| useless());
     let report = cycle.run().await.expect("cycle");
@@ -621,9 +623,7 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     // A new question (the case was edited) is asked.
     let mut edited = cases[0].clone();
     edited.origin.note = Some("edited once".into());
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
-    drop(conn);
+    upsert(&edited).await;
     fake.then(move |_| useless());
     cycle.run().await.expect("cycle after the edit");
     assert_eq!(fake.hits(), 4, "an edited case is a new question");
@@ -631,15 +631,11 @@ async fn the_repair_model_proposes_only_allowed_edits_that_replay_green() {
     // would word a new edit, and each be a new proposal and notice.
     fake.then(|_| anthropic(json!([tool_use("r4", "suggest_change", json!({ "tool": "web_fetch", "key": "triggers", "value": "is it up" }))]), "tool_use"));
     edited.origin.note = Some("edited twice".into());
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
-    drop(conn);
+    upsert(&edited).await;
     let report = cycle.run().await.expect("cycle proposing");
     assert_eq!((report.new_proposals.len(), fake.hits()), (1, 5), "{report:?}");
     edited.origin.note = Some("edited again".into());
-    let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    store::upsert_case(&mut conn, &edited.to_row()).await.expect("case");
-    drop(conn);
+    upsert(&edited).await;
     let report = cycle.run().await.expect("cycle with a proposal open");
     assert_eq!((report.new_proposals.len(), fake.hits()), (0, 5), "not asked while its proposal is open");
 }
