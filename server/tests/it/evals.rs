@@ -116,8 +116,36 @@ async fn a_marked_trace_becomes_a_repair_the_owner_approves(db: TestDb) {
     let seen = page["repairs"][0]["seen"].as_str().expect("seen").to_string();
     assert_ne!(seen, shown, "the page shows the new diff");
 
-    let approved = owner.post_form("/api/decide_repair", &[("id", &id), ("action", "approve"), ("seen", &seen)]).await;
-    assert!(approved.body.contains("applied") && approved.body.contains("reloaded"), "{}", approved.body);
+    // The owner's browser goes away once the approval is stored, while the file is committed
+    // to git (the config folder is a working tree): the approval still ends with the catalog
+    // reloaded, so the bot does not run on the old one with the repair applied in the file.
+    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qm", "shipped config"]);
+    let repair_id: i64 = id.parse().expect("id");
+    let stored = async {
+        loop {
+            let state: String = sqlx::query_scalar("SELECT state FROM repairs WHERE id = $1").bind(repair_id).fetch_one(&app.state.db.pool).await.expect("state");
+            if state == "applied" {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    };
+    let before = app.state.tools.catalog();
+    let fields = [("id", id.as_str()), ("action", "approve"), ("seen", seen.as_str())];
+    tokio::select! {
+        answered = owner.post_form("/api/decide_repair", &fields) => {
+            assert!(answered.body.contains("applied") && answered.body.contains("reloaded"), "{}", answered.body);
+        }
+        () = stored => {}
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while Arc::ptr_eq(&before, &app.state.tools.catalog()) {
+        assert!(std::time::Instant::now() < deadline, "the catalog was not reloaded after the approval");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let applied = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
     assert!(applied.ends_with("# brought up to date\n"), "the diff the owner was shown");
     assert_ne!(applied, original);

@@ -166,19 +166,34 @@ impl RepairsBackend for ConsoleBackend {
             "approve" => {
                 // The page always names the diff it showed; an approval that names none is
                 // not the console's.
-                let Some(seen) = seen.filter(|s| !s.is_empty()) else { return Err(AppError::invalid("an approval names the diff it was shown (seen)")) };
-                let row = repairs::approve(&mut conn, &self.state.cycle.workspace(), id, &by, confirm, Some(seen)).await.map_err(repair_error)?;
+                let Some(seen) = seen.filter(|s| !s.is_empty()).map(str::to_string) else { return Err(AppError::invalid("an approval names the diff it was shown (seen)")) };
                 drop(conn);
-                Ok(format!("Repair #{id} applied: {}. {}", row.summary, self.reload().await))
+                // In a task of its own: a browser that goes away while the file is committed to
+                // git does not stop it before the catalog is reloaded (the repair would stand
+                // applied in the file and the table, and the bot run on the old catalog).
+                let backend = self.clone();
+                let applied = tokio::spawn(async move {
+                    let mut conn = backend.state.db.pool.acquire().await.map_err(internal)?;
+                    let row = repairs::approve(&mut conn, &backend.state.cycle.workspace(), id, &by, confirm, Some(&seen)).await.map_err(repair_error)?;
+                    drop(conn);
+                    Ok::<_, AppError>(format!("Repair #{id} applied: {}. {}", row.summary, backend.reload().await))
+                });
+                applied.await.map_err(internal)?
             }
             "reject" => {
                 repairs::reject(&mut conn, &dir, id, &by, reason).await.map_err(repair_error)?;
                 Ok(format!("Repair #{id} rejected; nothing was changed."))
             }
             "rollback" => {
-                repairs::rollback(&mut conn, &dir, id, &by).await.map_err(repair_error)?;
                 drop(conn);
-                Ok(format!("Repair #{id} rolled back. {}", self.reload().await))
+                let backend = self.clone();
+                let rolled_back = tokio::spawn(async move {
+                    let mut conn = backend.state.db.pool.acquire().await.map_err(internal)?;
+                    repairs::rollback(&mut conn, &dir, id, &by).await.map_err(repair_error)?;
+                    drop(conn);
+                    Ok::<_, AppError>(format!("Repair #{id} rolled back. {}", backend.reload().await))
+                });
+                rolled_back.await.map_err(internal)?
             }
             _ => Err(AppError::invalid("action must be approve, reject or rollback")),
         }
