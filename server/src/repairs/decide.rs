@@ -214,7 +214,7 @@ async fn decide_with_files(
     by.audit(&mut tx, audit_event, id, confirm_regressions).await?;
     swap(dir, &changes, to == RepairState::Applied)?;
     tx.commit().await.map_err(DbError::from)?;
-    commit_if_git(dir, &changes, message, by).await;
+    commit_if_git(dir, &changes, to == RepairState::Applied, message, by).await;
     Ok(())
 }
 
@@ -226,7 +226,11 @@ const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// the server's own: unsigned and without the repository's hooks (a signing key's passphrase
 /// prompt or a hook would hold the owner's request), and each command is given up after
 /// [`GIT_TIMEOUT`]; the decision stands either way, and a failed commit is logged.
-async fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &Decider) {
+///
+/// Only a file whose text before the change (`before`, or `after` for a rollback: `forward`
+/// false) is the one committed at `HEAD` is committed: otherwise it held edits nobody committed,
+/// which would go in under the owner's name. Then the change stays uncommitted, and is logged.
+async fn commit_if_git(dir: &Path, changes: &[FileChange], forward: bool, message: &str, by: &Decider) {
     let git = async |args: &[&str]| {
         let mut command = tokio::process::Command::new("git");
         command.arg("-C").arg(dir).args(["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null"]).args(args).stdin(std::process::Stdio::null()).kill_on_drop(true);
@@ -243,6 +247,14 @@ async fn commit_if_git(dir: &Path, changes: &[FileChange], message: &str, by: &D
     let inside = git(&["rev-parse", "--is-inside-work-tree"]).await.is_some_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "true");
     if !inside {
         return;
+    }
+    for c in changes.iter().filter(|c| c.before != c.after) {
+        let was = if forward { &c.before } else { &c.after };
+        let committed = git(&["show", &format!("HEAD:./{}", c.path)]).await.filter(|o| o.status.success()).map(|o| o.stdout);
+        if committed.as_deref() != Some(was.as_bytes()) {
+            tracing::warn!(dir = %dir.display(), file = %c.path, "the file held changes not committed to git; the repair's change is left uncommitted, so that they are not committed under the owner's name");
+            return;
+        }
     }
     let paths: Vec<&str> = changes.iter().map(|c| c.path.as_str()).collect();
     let mut add = vec!["add", "--"];
@@ -264,6 +276,32 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    /// The repair's change is committed with the owner as its author only when the file was,
+    /// before it, as committed: a colleague's uncommitted edit is not committed under their name.
+    #[tokio::test]
+    async fn only_a_file_as_committed_is_committed_under_the_owners_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
+        let log = || String::from_utf8_lossy(&git(&["log", "--format=%an|%s"]).stdout).into_owned();
+        git(&["init", "-q"]);
+        std::fs::write(dir.path().join("tools.toml"), "a = 1\n").expect("write");
+        git(&["add", "."]);
+        git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qm", "shipped"]);
+        let by = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
+        // Edited by hand and not committed, then a repair on top of that text.
+        std::fs::write(dir.path().join("tools.toml"), "a = 2\n").expect("hand edit");
+        let change = FileChange { path: "tools.toml".into(), before: "a = 2\n".into(), after: "a = 2\nb = 3\n".into() };
+        std::fs::write(dir.path().join("tools.toml"), &change.after).expect("repair");
+        commit_if_git(dir.path(), std::slice::from_ref(&change), true, "Repair #1", &by).await;
+        assert_eq!(log(), "Setup|shipped\n", "nothing committed over the hand edit");
+        // From a file as committed, the change is committed with the owner as its author.
+        git(&["-c", "user.name=Setup", "-c", "user.email=setup@example.invalid", "commit", "-qam", "the hand edit, committed"]);
+        std::fs::write(dir.path().join("tools.toml"), "a = 2\nb = 3\nc = 4\n").expect("repair");
+        let change = FileChange { path: "tools.toml".into(), before: "a = 2\nb = 3\n".into(), after: "a = 2\nb = 3\nc = 4\n".into() };
+        commit_if_git(dir.path(), std::slice::from_ref(&change), true, "Repair #2", &by).await;
+        assert!(log().starts_with("Ada|Repair #2\n"), "{}", log());
+    }
 
     #[test]
     fn a_rewritten_file_keeps_its_permissions_and_its_link() {

@@ -11,7 +11,7 @@
 //! written atomically (a temporary file beside it, then a rename), the previous text kept in
 //! the row for a rollback; the caller reloads the catalog. A proposal that breaks a passing
 //! case needs a second, explicit confirmation. If the config folder is a git working tree, the
-//! change is committed with the owner as its author.
+//! change is committed with the owner as its author, unless the file held uncommitted edits.
 
 pub mod cycle;
 mod decide;
