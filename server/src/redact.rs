@@ -249,7 +249,7 @@ pub fn blank_values(value: &mut Value, secrets: &[String]) {
         }
     }
     let mut secrets: Vec<&str> = secrets.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_SECRET_VALUE_CHARS).collect();
-    secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     secrets.dedup();
     if !secrets.is_empty() {
         walk(value, &secrets);
@@ -269,14 +269,14 @@ pub fn redacted_pretty(args: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn secret_values_are_blanked_wherever_they_stand() {
         let mut v = serde_json::json!({ "echo": { "headers": ["X-Key: k3y-abcdef", "Accept: */*"] }, "note": "sent k3y-abcdef-long and k3y-abcdef", "id": 42, "short": "ab" });
-        super::blank_values(&mut v, &["k3y-abcdef".into(), "k3y-abcdef-long".into(), "ab".into()]);
+        blank_values(&mut v, &["k3y-abcdef".into(), "k3y-abcdef-long".into(), "ab".into()]);
         assert_eq!(v, serde_json::json!({ "echo": { "headers": ["X-Key: [REDACTED]", "Accept: */*"] }, "note": "sent [REDACTED] and [REDACTED]", "id": 42, "short": "ab" }));
     }
-
-    use super::*;
 
     #[test]
     fn nested_secrets_are_replaced() {

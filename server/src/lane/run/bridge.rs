@@ -351,7 +351,6 @@ async fn caught<T>(run: impl Future<Output = Result<T, JobError>>) -> Result<T, 
     std::panic::AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| Err(JobError::retryable(JobCode::Panicked.as_str(), "the tool call panicked")))
 }
 
-/// How a run of a call is recorded on its job.
 #[cfg(test)]
 mod tests {
     use super::*;
