@@ -18,6 +18,9 @@ use crate::{
 };
 
 /// Approve or reject.
+/// The outcome of an approved call whose run an owner cancelled (the job's own code).
+const RUN_CANCELLED: &str = "JOB_CANCELLED";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Approve,
@@ -121,6 +124,22 @@ impl Approvals {
 
     /// Records how an approved call's run ended and, the first time, tells the owner who
     /// decided (on WhatsApp when they decided there or have a number; always in the console).
+    /// An owner cancelled `job` (the Jobs page). If it is the run of an approved call, its
+    /// outcome is `JOB_CANCELLED` and the owner who approved it is told, as for any outcome
+    /// (else the approval would stay "approved" with no outcome, and its decider waiting). A run
+    /// already under way may have made the call: the notice says to check. The person who asked
+    /// is not told "not done", which may not be true.
+    pub async fn run_cancelled(&self, job: &crate::db::jobs::JobRow) -> Result<(), DbError> {
+        if job.kind != <ToolCallJob as crate::jobs::JobKind>::KIND {
+            return Ok(());
+        }
+        let Some(approved) = serde_json::from_str::<ToolCallJob>(&job.args).ok().and_then(|args| args.approval) else { return Ok(()) };
+        match self.get(approved.approval_id).await? {
+            Some(row) if row.job_id == Some(job.id) => self.record_outcome(row.id, RUN_CANCELLED, "").await,
+            _ => Ok(()),
+        }
+    }
+
     pub async fn record_outcome(&self, approval_id: i64, code: &str, answer: &str) -> Result<(), DbError> {
         let mut tx = self.db.begin_write().await?;
         if !store::set_outcome(&mut tx, approval_id, code, db::now_ms()).await? {
@@ -130,6 +149,7 @@ impl Approvals {
         let outcome = match code {
             "OK" => answer.chars().take(600).collect::<String>(),
             unknown if unknown == ToolCode::OutcomeUnknown.as_str() => format!("was started, but whether it took effect is unknown ({code}): check it before approving it again."),
+            RUN_CANCELLED => format!("was cancelled by an owner before it finished ({code}): if it had started, check whether it took effect."),
             _ => format!("did not complete ({code})."),
         };
         let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);

@@ -410,8 +410,9 @@ async fn a_number_no_longer_an_owners_is_not_asked(db: TestDb) {
 }
 both_backends!(approvals_removed_number, a_number_no_longer_an_owners_is_not_asked);
 
-/// The Approvals page says how an approved call's run stands while it has no outcome: a run an
-/// owner cancelled is shown cancelled, not running for ever.
+/// The Approvals page says how an approved call's run stands: a run an owner cancelled is not
+/// shown running for ever, but with its outcome, `JOB_CANCELLED` (its approver is told, as of any
+/// outcome).
 async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     let r = rig(db, |_| {}).await;
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
@@ -425,7 +426,8 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     let cancelled = owner.post_form("/api/cancel_job", &[("id", job.as_str())]).await;
     assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
     let page = owner.post_form("/api/list_approvals", &[]).await.json();
-    assert_eq!((page["decided"][0]["job_state"].as_str(), page["decided"][0]["outcome"].as_str()), (Some("cancelled"), None), "{page}");
+    assert_eq!((page["decided"][0]["job_state"].as_str(), page["decided"][0]["outcome"].as_str()), (None, Some("JOB_CANCELLED")), "the outcome, not the job's state: {page}");
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran");
 }
 both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 
