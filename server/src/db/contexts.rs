@@ -92,14 +92,18 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<ContextRow>
     .await?)
 }
 
-/// Whether the chat has a context that expired (and is not swept yet).
-pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str, now: i64) -> Result<bool, DbError> {
-    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at <= $3")
-        .bind(channel)
-        .bind(chat_id)
-        .bind(now)
-        .fetch_one(&mut *conn)
-        .await?;
+/// Whether the chat has a context that expired (and is not swept yet); with `requester`, one
+/// that sender's messages made.
+pub async fn has_expired(conn: &mut AnyConnection, channel: &str, chat_id: &str, requester: Option<&str>, now: i64) -> Result<bool, DbError> {
+    let only = if requester.is_some() { " AND requester = $4" } else { "" };
+    let sql = format!("SELECT COUNT(*) FROM tool_contexts WHERE channel = $1 AND chat_id = $2 AND expires_at <= $3{only}");
+    let query = sqlx::query_scalar(&sql).bind(channel).bind(chat_id).bind(now);
+    let n: i64 = match requester {
+        Some(sender) => query.bind(sender),
+        None => query,
+    }
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(n > 0)
 }
 

@@ -122,7 +122,7 @@ impl ContextStore {
         let mut conn = self.db.pool.acquire().await?;
         let requester = (chat_kind == ChatKind::Group).then_some(sender);
         let rows = store::recent(&mut conn, channel, chat_id, requester, now, i64::from(self.settings.lane.contexts_per_chat)).await?;
-        let expired = store::has_expired(&mut conn, channel, chat_id, now).await?;
+        let expired = store::has_expired(&mut conn, channel, chat_id, requester, now).await?;
         let contexts = rows
             .into_iter()
             .map(|r| RecentContext {

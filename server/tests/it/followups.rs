@@ -111,6 +111,16 @@ async fn in_a_group_a_follow_up_reads_only_the_members_own_results(db: TestDb) {
     post(say(CUSTOMER, "wamid.GF3", "@assistant And what about tomorrow?")).await;
     r.exchange(&[], 3).await;
     assert_eq!(r.shop.requests.lock().expect("lock").last().map(String::as_str), Some("forecast/Lisbon/tomorrow"), "the member who asked follows their own result up");
+    // Once the results have expired, only the member whose result it was hears that it has.
+    sqlx::query("UPDATE tool_contexts SET expires_at = 1").execute(&r.app.state.db.pool).await.expect("age");
+    post(say(OTHER, "wamid.GF4", "@assistant And what about tomorrow?")).await;
+    r.exchange(&[], 4).await;
+    let steps = r.steps("wamid.GF4").await;
+    assert!(!steps.iter().any(|(_, _, c)| c == "FOLLOWUP_CONTEXT_EXPIRED"), "that member never had one: {steps:?}");
+    post(say(CUSTOMER, "wamid.GF5", "@assistant And what about tomorrow?")).await;
+    r.exchange(&[], 5).await;
+    let steps = r.steps("wamid.GF5").await;
+    assert!(has_step(&steps, "AgentToolFollowupResolved", "expired", "FOLLOWUP_CONTEXT_EXPIRED"), "{steps:?}");
 }
 both_backends!(followup_group_members, in_a_group_a_follow_up_reads_only_the_members_own_results);
 
