@@ -17,10 +17,10 @@ use crate::{
     traces::{self, Step},
 };
 
-/// Approve or reject.
 /// The outcome of an approved call whose run an owner cancelled (the job's own code).
 const RUN_CANCELLED: &str = "JOB_CANCELLED";
 
+/// Approve or reject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Approve,
@@ -122,8 +122,6 @@ impl Approvals {
         Ok(expired)
     }
 
-    /// Records how an approved call's run ended and, the first time, tells the owner who
-    /// decided (on WhatsApp when they decided there or have a number; always in the console).
     /// An owner cancelled `job` (the Jobs page). If it is the run of an approved call, its
     /// outcome is `JOB_CANCELLED` and the owner who approved it is told, as for any outcome
     /// (else the approval would stay "approved" with no outcome, and its decider waiting). A run
@@ -140,6 +138,8 @@ impl Approvals {
         }
     }
 
+    /// Records how an approved call's run ended and, the first time, tells the owner who
+    /// decided (on WhatsApp when they decided there or have a number; always in the console).
     pub async fn record_outcome(&self, approval_id: i64, code: &str, answer: &str) -> Result<(), DbError> {
         let mut tx = self.db.begin_write().await?;
         if !store::set_outcome(&mut tx, approval_id, code, db::now_ms()).await? {
