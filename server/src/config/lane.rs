@@ -114,6 +114,10 @@ pub struct LaneSettings {
     /// How often expired contexts are swept.
     #[serde(with = "duration_str")]
     pub context_sweep_every: Duration,
+    /// How long a clarifying question the lane asked stays open: the asked person's next
+    /// message within it is planned as its answer, together with the request. Zero keeps none.
+    #[serde(with = "duration_str")]
+    pub clarification_ttl: Duration,
     /// Name of the pseudo-tool through which the planner searches the catalog for tools beyond
     /// the detector's candidates. Empty: no search. Must not be the name of a catalog tool.
     pub search_tool: String,
@@ -169,6 +173,7 @@ impl Default for LaneSettings {
             context_entity_fields: ["title", "name", "url", "link", "date", "place", "location", "city"].map(String::from).to_vec(),
             context_max_entities: 10,
             context_sweep_every: Duration::from_secs(600),
+            clarification_ttl: Duration::from_secs(1800),
             search_tool: String::new(),
             search_description: String::new(),
             max_search_calls: 2,

@@ -122,19 +122,21 @@ pub struct CaseRow {
     pub origin: String,
     pub recorded: String,
     pub created_at: i64,
+    /// JSON: the clarifying question the message answers (`lane::clarify::Clarification`).
+    pub clarification: Option<String>,
 }
 
-const CASE_COLUMNS: &str = "id, name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at";
+const CASE_COLUMNS: &str = "id, name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at, clarification";
 
 /// Stores a case, or replaces the one with the same name (an import of an edited file) in the
 /// same statement, so two writers of one name leave one row. Returns its id.
 pub async fn upsert_case(conn: &mut AnyConnection, c: &CaseRow) -> Result<i64, DbError> {
     let (id,): (i64,) = sqlx::query_as(
-        "INSERT INTO eval_cases (name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+        "INSERT INTO eval_cases (name, message, actor, chat_type, contexts, memory_summary, expect, origin, recorded, created_at, clarification) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT (name) DO UPDATE SET message = excluded.message, actor = excluded.actor, chat_type = excluded.chat_type, \
          contexts = excluded.contexts, memory_summary = excluded.memory_summary, expect = excluded.expect, origin = excluded.origin, \
-         recorded = excluded.recorded RETURNING id",
+         recorded = excluded.recorded, clarification = excluded.clarification RETURNING id",
     )
     .bind(&c.name)
     .bind(&c.message)
@@ -146,6 +148,7 @@ pub async fn upsert_case(conn: &mut AnyConnection, c: &CaseRow) -> Result<i64, D
     .bind(&c.origin)
     .bind(&c.recorded)
     .bind(c.created_at)
+    .bind(&c.clarification)
     .fetch_one(&mut *conn)
     .await?;
     Ok(id)

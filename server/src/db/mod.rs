@@ -7,6 +7,7 @@ pub mod audit;
 pub mod budget;
 pub mod catalog_reloads;
 mod checkpoint;
+pub mod clarifications;
 pub mod contexts;
 pub mod conversation;
 pub mod evals;

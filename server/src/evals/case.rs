@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use crate::{
     db::evals::CaseRow,
     domain::{ChatKind, Role},
-    lane::detector::RecentContext,
+    lane::{clarify::Clarification, detector::RecentContext},
 };
 
 /// What should happen to a case's message.
@@ -99,6 +99,9 @@ pub struct Case {
     pub contexts: Vec<RecentContext>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_summary: Option<String>,
+    /// The clarifying question the message answers: it is detected and planned as the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clarification: Option<Clarification>,
     pub expect: Expect,
     #[serde(default)]
     pub origin: Origin,
@@ -148,6 +151,7 @@ impl Case {
             origin: serde_json::to_string(&self.origin).unwrap_or_default(),
             recorded: serde_json::to_string(&self.recorded).unwrap_or_else(|_| "[]".into()),
             created_at: crate::db::now_ms(),
+            clarification: self.clarification.as_ref().and_then(|c| serde_json::to_string(c).ok()),
         }
     }
 
@@ -163,6 +167,7 @@ impl Case {
             expect: serde_json::from_str(&row.expect).map_err(|e| bad("expect", &e))?,
             origin: serde_json::from_str(&row.origin).map_err(|e| bad("origin", &e))?,
             recorded: serde_json::from_str(&row.recorded).map_err(|e| bad("recorded", &e))?,
+            clarification: row.clarification.as_deref().map(serde_json::from_str).transpose().map_err(|e| bad("clarification", &e))?,
         })
     }
 }
@@ -230,6 +235,7 @@ mod tests {
             chat_type: ChatKind::Group,
             contexts: vec![],
             memory_summary: Some("talked about hours".into()),
+            clarification: Some(crate::lane::clarify::Clarification::asked(None, "book me in", "Which day?", vec!["a".into()])),
             expect: "tool:a".parse().expect("parses"),
             origin: Origin { kind: "manual".into(), ..Origin::default() },
             recorded: vec![serde_json::json!({"stop_reason": "tool_use", "content": []})],

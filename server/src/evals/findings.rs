@@ -200,9 +200,8 @@ pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Ex
         _ => ChatKind::Direct,
     };
     let mut contexts = Vec::new();
-    let ids: Vec<i64> = steps
-        .iter()
-        .find(|s| s.step == "AgentToolCandidate")
+    let candidate = steps.iter().find(|s| s.step == "AgentToolCandidate");
+    let ids: Vec<i64> = candidate
         .and_then(|s| detail(s).get("context_ids").and_then(Value::as_array).cloned())
         .unwrap_or_default()
         .iter()
@@ -223,8 +222,15 @@ pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Ex
         }
     }
     let memory_summary = crate::lane::memory::for_planner(conn, &trace.chat_id, trace.started_at, recent_turns).await?;
+    // The clarifying question the message answered, while it is kept (it is swept with the
+    // tool contexts).
+    let clarification_id = candidate.and_then(|s| detail(s).get("clarification_id").and_then(Value::as_str).and_then(|id| id.parse().ok()));
+    let clarification = match clarification_id {
+        Some(id) => db::clarifications::get(conn, id).await?.as_ref().map(crate::lane::context::clarification_of),
+        None => None,
+    };
     let recorded = steps.iter().filter(|s| s.step == "AgentToolPlannerResult").filter_map(|s| detail(s).get("response").filter(|r| !r.is_null()).cloned()).collect();
-    Ok(Case { name: format!("trace-{trace_id}"), message, actor, chat_type, contexts, memory_summary, expect, origin: Origin { trace_id: Some(trace_id), ..origin }, recorded })
+    Ok(Case { name: format!("trace-{trace_id}"), message, actor, chat_type, contexts, memory_summary, clarification, expect, origin: Origin { trace_id: Some(trace_id), ..origin }, recorded })
 }
 
 /// An owner's mark: the trace was wrong and `expect` is what should have happened. Stores the

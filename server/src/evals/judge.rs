@@ -135,7 +135,10 @@ impl Judge {
         if let Some(category) = self.guard.check(case.actor, case.chat_type, &case.message) {
             return Observed { route: "guard".into(), code: format!("PRIVATE_DATA_REQUEST {category}"), ..Observed::default() };
         }
-        let d = self.index.detect(&case.message, case.actor, case.chat_type, &case.contexts);
+        let mut d = self.index.detect(&case.message, case.actor, case.chat_type, &case.contexts);
+        if let Some(asked) = &case.clarification {
+            d = self.index.answering(&case.message, d, &asked.tools, case.actor, case.chat_type);
+        }
         let clarify = d.followup.as_ref().is_some_and(|f| f.kind == FollowupKind::Clarify);
         Observed {
             route: if d.should_plan {
@@ -163,9 +166,9 @@ impl Judge {
         let planner = Planner::new(model.clone(), self.settings.clone());
         let decider = Decider { settings: lane, index: &self.index, catalog: &self.catalog, planner: &planner, strict_supported: model.supports_strict_tools(), keep_text: false };
         let mut trace = Recorder::detached();
-        let detection = decider.detect(&case.message, case.actor, case.chat_type, &case.contexts, &mut trace);
+        let detection = decider.detect(&case.message, case.actor, case.chat_type, &case.contexts, case.clarification.as_ref(), &mut trace);
         let mut offered = decider.offered(&detection);
-        let mut input = decider.first_turn(format!("eval-{}", case.name), &case.message, case.actor, case.chat_type, case.memory_summary.clone(), &case.contexts, &detection);
+        let mut input = decider.first_turn(format!("eval-{}", case.name), &case.message, case.actor, case.chat_type, case.memory_summary.clone(), &case.contexts, case.clarification.as_ref(), &detection);
         let base = Observed { should_plan: true, candidates: detected.candidates.clone(), confidence: detected.confidence, ..Observed::default() };
         let routed = |route: &str, code: &str| Observed { route: route.into(), code: code.into(), ..base.clone() };
         let Some(plan) = decider.plan(&mut input, &mut offered, &mut trace).await else {

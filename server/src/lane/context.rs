@@ -6,6 +6,9 @@
 //! `lane.contexts_per_chat`, and are swept by the [`SweepContexts`] job, which storing a context
 //! queues and which runs every `lane.context_sweep_every` for as long as contexts remain.
 //! Results of tools tagged with one of `lane.private_data_tags` are never kept.
+//!
+//! It also keeps the lane's open clarifying questions ([`super::clarify`]), one per person asked
+//! in a chat, for `lane.clarification_ttl`; the same job sweeps them.
 
 use std::sync::Arc;
 
@@ -13,12 +16,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{detector::RecentContext, job::ToolCallJob};
+use super::{
+    clarify::{Clarification, Turn},
+    detector::RecentContext,
+    job::ToolCallJob,
+};
 use crate::{
     approvals,
+    channel::Inbound,
     config::Settings,
     db::{
         self, Db, DbError,
+        clarifications::{self, ClarificationRow},
         contexts::{self as store, ContextRow},
     },
     domain::ChatKind,
@@ -104,14 +113,65 @@ impl ContextStore {
         };
         let mut tx = self.db.begin_write().await?;
         let stored = store::insert(&mut tx, &row, i64::from(lane.contexts_per_chat)).await?;
-        // The sweep, unless one is queued already (its dedupe key).
+        self.queue_sweep(&mut tx, now).await?;
+        self.queue.commit(tx).await?;
+        Ok(stored)
+    }
+
+    /// The sweep, unless one is queued already (its dedupe key).
+    async fn queue_sweep(&self, tx: &mut sqlx::AnyConnection, now: i64) -> Result<(), DbError> {
         let mut sweep = self.queue.job(&SweepContexts {});
         sweep.dedupe_key = Some(SweepContexts::DEDUPE_KEY.into());
         sweep.correlation_id = SweepContexts::DEDUPE_KEY.into();
-        sweep.scheduled_at = Some(now.saturating_add(db::duration_ms(lane.context_sweep_every)));
-        self.queue.enqueue_in(&mut tx, &sweep).await?;
+        sweep.scheduled_at = Some(now.saturating_add(db::duration_ms(self.settings.lane.context_sweep_every)));
+        self.queue.enqueue_in(tx, &sweep).await?;
+        Ok(())
+    }
+
+    /// Keeps `asked`, a question put to `inbound`'s sender, as their open one in its chat for
+    /// `lane.clarification_ttl` (replacing the last). Its id; none when questions are not kept.
+    pub async fn ask(&self, inbound: &Inbound, asked: &Clarification, trace_id: Option<i64>) -> Result<Option<i64>, DbError> {
+        let ttl = self.settings.lane.clarification_ttl;
+        if ttl.is_zero() {
+            return Ok(None);
+        }
+        let now = db::now_ms();
+        let row = ClarificationRow {
+            id: 0,
+            channel: inbound.channel.clone(),
+            chat_id: inbound.chat_id.clone(),
+            requester: inbound.sender.clone(),
+            turns: serde_json::to_string(&asked.turns).unwrap_or_else(|_| "[]".into()),
+            tools: serde_json::to_string(&asked.tools).unwrap_or_else(|_| "[]".into()),
+            asked_by: inbound.message_id.clone(),
+            answered_by: None,
+            trace_id,
+            created_at: now,
+            expires_at: now.saturating_add(db::duration_ms(ttl)),
+        };
+        let mut tx = self.db.begin_write().await?;
+        let id = clarifications::ask(&mut tx, &row).await?;
+        self.queue_sweep(&mut tx, now).await?;
         self.queue.commit(tx).await?;
-        Ok(stored)
+        Ok(Some(id))
+    }
+
+    /// The open question `inbound` answers, taken for it: its sender's in its chat, asked by
+    /// another message within `lane.clarification_ttl`. A message handled again takes the one
+    /// it took the first time; a question another message took is not taken twice.
+    pub async fn answered(&self, inbound: &Inbound) -> Result<Option<Clarification>, DbError> {
+        if self.settings.lane.clarification_ttl.is_zero() {
+            return Ok(None);
+        }
+        let mut conn = self.db.pool.acquire().await?;
+        let Some(row) = clarifications::answered_by(&mut conn, &inbound.channel, &inbound.chat_id, &inbound.sender, &inbound.message_id, db::now_ms()).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        let mut tx = self.db.begin_write().await?;
+        let taken = clarifications::take(&mut tx, row.id, &inbound.message_id).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        Ok(taken.then(|| clarification_of(&row)))
     }
 
     /// The chat's live contexts, newest first, and whether one has expired. In a group, only
@@ -135,6 +195,15 @@ impl ContextStore {
             })
             .collect();
         Ok(Recent { contexts, expired })
+    }
+}
+
+/// A stored question as the lane reads it (a row that cannot be read has no turns or tools).
+pub fn clarification_of(row: &ClarificationRow) -> Clarification {
+    Clarification {
+        id: Some(row.id.to_string()),
+        turns: serde_json::from_str::<Vec<Turn>>(&row.turns).unwrap_or_default(),
+        tools: serde_json::from_str(&row.tools).unwrap_or_default(),
     }
 }
 
@@ -241,9 +310,11 @@ impl Handler<SweepContexts> for SweepHandler {
         let mut tx = self.db.begin_write().await.map_err(DbError::from)?;
         // An expired context is kept one more ttl, so a late follow-up is told it expired.
         let swept = store::sweep(&mut tx, db::now_ms(), db::duration_ms(lane.context_ttl)).await?;
+        // Questions likewise: an eval case made from an answer's trace takes its question.
+        clarifications::sweep(&mut tx, db::now_ms().saturating_sub(db::duration_ms(lane.context_ttl))).await?;
         // Large results expire with the contexts that name them.
         db::tool_results::delete_before(&mut tx, db::now_ms().saturating_sub(db::duration_ms(lane.context_ttl).saturating_mul(2))).await?;
-        let left = store::count(&mut tx).await? + db::tool_results::count(&mut tx).await?;
+        let left = store::count(&mut tx).await? + db::tool_results::count(&mut tx).await? + clarifications::count(&mut tx).await?;
         tx.commit().await.map_err(DbError::from)?;
         let preview = Some(format!("swept {swept} expired tool context(s); {left} left"));
         Ok(JobOutput { preview, snooze: (left > 0).then_some(lane.context_sweep_every) })

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use super::{
     PrivateData,
     adapter::{self, OfferTo},
-    detector::{Detection, FollowupKind, Index, RecentContext},
+    clarify::Clarification,
+    detector::{Detection, FollowupKind, Index, ReasonCode, RecentContext},
     planner::{PlanInput, PlanOutcome, Planner},
 };
 use crate::{
@@ -41,11 +42,15 @@ fn ms(d: std::time::Duration) -> u64 {
 }
 
 impl Decider<'_> {
-    /// Detects candidates for `text` and records the `AgentToolCandidate` step (and the
-    /// follow-up step when the detector saw one).
-    pub fn detect(&self, text: &str, actor: Role, chat: ChatKind, recent: &[RecentContext], trace: &mut Recorder) -> Detection {
+    /// Detects candidates for `text` (as the answer to `clarification`, the question it
+    /// answers, if any) and records the `AgentToolCandidate` step (and the follow-up step when
+    /// the detector saw one).
+    pub fn detect(&self, text: &str, actor: Role, chat: ChatKind, recent: &[RecentContext], clarification: Option<&Clarification>, trace: &mut Recorder) -> Detection {
         let started = Instant::now();
-        let detection = self.index.detect(text, actor, chat, recent);
+        let mut detection = self.index.detect(text, actor, chat, recent);
+        if let Some(asked) = clarification {
+            detection = self.index.answering(text, detection, &asked.tools, actor, chat);
+        }
         let candidates = detection.candidates.len();
         trace.step(
             "AgentToolCandidate",
@@ -59,6 +64,8 @@ impl Decider<'_> {
                 // Which of the chat's stored tool contexts the detector saw (ids, no text), so
                 // an eval case made from this trace replays with them.
                 "context_ids": recent.iter().filter_map(|c| c.id.clone()).collect::<Vec<_>>(),
+                // The question it answers (an id, no text), likewise.
+                "clarification_id": clarification.filter(|_| detection.reason == ReasonCode::ClarificationAnswer).and_then(|c| c.id.clone()),
             }),
         );
         if let Some(hint) = &detection.followup {
@@ -78,7 +85,7 @@ impl Decider<'_> {
     /// [`Self::offered`]), the lane's step and search limits, and private data guarded unless an
     /// owner asks. The live lane and an eval replay start planning from the same turn.
     #[expect(clippy::too_many_arguments, reason = "the message's parts, as the lane and an eval case each hold them")]
-    pub fn first_turn(&self, correlation_id: String, text: &str, actor: Role, chat_kind: ChatKind, memory_summary: Option<String>, recent: &[RecentContext], detection: &Detection) -> PlanInput {
+    pub fn first_turn(&self, correlation_id: String, text: &str, actor: Role, chat_kind: ChatKind, memory_summary: Option<String>, recent: &[RecentContext], clarification: Option<&Clarification>, detection: &Detection) -> PlanInput {
         PlanInput {
             correlation_id,
             message: text.to_string(),
@@ -90,6 +97,7 @@ impl Decider<'_> {
             tools: Vec::new(),
             recent: recent.to_vec(),
             followup: detection.followup.clone(),
+            clarification: clarification.filter(|_| detection.reason == ReasonCode::ClarificationAnswer).cloned(),
             max_steps: self.settings.max_steps as usize,
             searches_left: if self.settings.search_tool.is_empty() { 0 } else { self.settings.max_search_calls as usize },
             transcript: Vec::new(),

@@ -15,6 +15,7 @@
 //! `event` field, the correlation id, codes and counts, never message text or arguments.
 
 pub mod adapter;
+pub mod clarify;
 pub mod context;
 pub use crate::untrusted as data;
 pub mod decide;

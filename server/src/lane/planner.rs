@@ -18,7 +18,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{
-    PrivateData, data,
+    PrivateData,
+    clarify::Clarification,
+    data,
     detector::{FollowupHint, RecentContext},
 };
 use crate::{
@@ -67,6 +69,8 @@ pub struct PlanInput {
     pub recent: Vec<RecentContext>,
     /// The detector's guess that the message follows up one of them.
     pub followup: Option<FollowupHint>,
+    /// The clarifying question the message answers: untrusted data.
+    pub clarification: Option<Clarification>,
     pub max_steps: usize,
     /// Searches the planner may still make (`lane.search_tool`); 0 offers no search.
     pub searches_left: usize,
@@ -197,8 +201,13 @@ impl Planner {
             "private_data": input.private_data,
             "max_steps": input.max_steps,
             "followup": input.followup,
+            "answers_clarification": input.clarification.is_some(),
         });
-        let mut user = vec![data::untrusted("message", &input.message)];
+        let mut user = Vec::new();
+        if let Some(asked) = &input.clarification {
+            user.push(data::untrusted("clarification", &asked.render()));
+        }
+        user.push(data::untrusted("message", &input.message));
         if let Some(memory) = input.memory_summary.as_deref().filter(|m| !m.trim().is_empty()) {
             user.push(data::untrusted("chat_summary", memory));
         }

@@ -515,7 +515,7 @@ fn strict_mode_refuses_to_start_without_a_provider_key() {
 }
 
 /// `gatehouse lane detect` prints the detection as JSON over the live catalog, and replays a
-/// follow-up with recorded contexts.
+/// follow-up with recorded contexts and an answer with the question's tools.
 #[test]
 fn lane_detect_prints_the_detection() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -540,6 +540,12 @@ fn lane_detect_prints_the_detection() {
     assert!(followup["followup"]["possible"] == true, "{followup}");
     let none = detect(&["--text", "what about the second one?"]);
     assert_eq!(none["should_plan"], false, "a vague follow-up without context stays in chat: {none}");
+    // The answer to a clarifying question about a tool plans, with that tool first.
+    let alone = detect(&["--text", "the lunch one", "--as", "owner"]);
+    assert_eq!(alone["should_plan"], false, "{alone}");
+    let answer = detect(&["--text", "the lunch one", "--as", "owner", "--answering", "web_fetch"]);
+    assert_eq!((answer["should_plan"].clone(), answer["reason"].clone()), (true.into(), "CLARIFICATION_ANSWER".into()), "{answer}");
+    assert_eq!(answer["candidates"][0]["name"], "web_fetch", "{answer}");
 }
 
 /// `gatehouse eval` and `gatehouse repair`: cases replay with a pass/fail table and an exit

@@ -45,6 +45,7 @@ fn case(name: &str, message: &str, expect: &str) -> Case {
         chat_type: ChatKind::Direct,
         contexts: Vec::new(),
         memory_summary: None,
+        clarification: None,
         expect: expect.parse().expect("expectation"),
         origin: Origin { kind: "manual".into(), ..Origin::default() },
         recorded: Vec::new(),

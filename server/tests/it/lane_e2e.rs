@@ -346,6 +346,12 @@ fn plan_for_the_shop(llm: &Fake) {
             if text.contains("search the shop") {
                 return anthropic(json!([tool_use("t1", "page_search", json!({ "query": "returns" }))]), "tool_use");
             }
+            // No order number: the plan leaves it out, and the validator asks for it; the
+            // answer to that question gives it.
+            if text.contains("track my order please") {
+                let args = if text.contains("A-77") { json!({ "order_id": "A-77" }) } else { json!({}) };
+                return anthropic(json!([tool_use("q1", "order_status", args)]), "tool_use");
+            }
             // "There": the chat's latest messages, which the lane passes, say which place.
             if text.contains("forecast there tomorrow") {
                 if text.contains("Porto") {

@@ -6,6 +6,7 @@ mod approvals;
 mod auth;
 mod cli;
 mod chains;
+mod clarifications;
 mod connectors;
 mod followups;
 mod handled_again;

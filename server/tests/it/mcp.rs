@@ -662,6 +662,7 @@ async fn a_thousand_mcp_tools_never_reach_the_planner_whole() {
         tools: adapter::tool_specs(&adapter::resolve(&catalog, &names), OfferTo { actor: Role::Owner, chat: ChatKind::Direct, strict_supported: false }, lane),
         recent: vec![],
         followup: None,
+        clarification: None,
         max_steps: lane.max_steps as usize,
         searches_left: lane.max_search_calls as usize,
         transcript: vec![],

@@ -23,6 +23,8 @@ pub enum ReasonCode {
     FollowupContext,
     /// Candidates above the threshold.
     CandidatesFound,
+    /// The answer to a clarifying question the lane asked: planned with the question's tools.
+    ClarificationAnswer,
 }
 
 impl ReasonCode {
@@ -36,6 +38,7 @@ impl ReasonCode {
             Self::FollowupWithoutContext => "FOLLOWUP_WITHOUT_CONTEXT",
             Self::FollowupContext => "FOLLOWUP_CONTEXT",
             Self::CandidatesFound => "CANDIDATES_FOUND",
+            Self::ClarificationAnswer => "CLARIFICATION_ANSWER",
         }
     }
 }

@@ -156,6 +156,32 @@ impl Index {
         indexed
     }
 
+    /// `detection` of a `message` that answers a clarifying question about the `asked` tools:
+    /// planned whatever it says ("yes", "Porto"), with the asked tools the actor may still use
+    /// first, then the message's own candidates, at most `max_candidates` beyond the asked.
+    /// An empty message, or a question none of whose tools the actor may use any more, leaves
+    /// the detection as it is.
+    pub fn answering(&self, message: &str, detection: Detection, asked: &[String], actor: Role, chat: ChatKind) -> Detection {
+        if message.trim().is_empty() {
+            return detection;
+        }
+        let mut candidates: Vec<Candidate> = asked
+            .iter()
+            .filter(|name| self.visible_name(name, actor, chat))
+            .map(|name| Candidate { name: name.clone(), score: detection.candidates.iter().find(|c| &c.name == name).map_or(0.0, |c| c.score) })
+            .collect();
+        if candidates.is_empty() {
+            return detection;
+        }
+        let most = candidates.len() + self.settings.max_candidates;
+        for candidate in detection.candidates {
+            if candidates.len() < most && !candidates.iter().any(|c| c.name == candidate.name) {
+                candidates.push(candidate);
+            }
+        }
+        Detection { should_plan: true, candidates, reason: ReasonCode::ClarificationAnswer, confidence: detection.confidence, followup: detection.followup }
+    }
+
     /// The tools that best match `query` for `actor` in a `chat`, best first, at most `limit`,
     /// whatever the confidence: the planner's tool search (seed 003 WS-5).
     pub fn search(&self, query: &str, actor: Role, chat: ChatKind, limit: usize) -> Vec<Candidate> {

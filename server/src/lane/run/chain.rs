@@ -114,6 +114,7 @@ impl Lane {
             if let Some(question) = validation.clarify.clone() {
                 trace.step("AgentToolChainStopped", "clarify", "MISSING_ARGUMENT", json!({ "step": step + 1 }));
                 self.sessions_finish(session, "stopped").await;
+                self.keep_question(inbound, input, candidates, &question, trace).await;
                 return Some(after(Some(&answer.text), &question));
             }
             let refused = validation.rejected.first().map(|r| r.code.as_str());

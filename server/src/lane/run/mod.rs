@@ -18,6 +18,7 @@ use serde_json::json;
 use self::bridge::Ran;
 use super::{
     PrivateData,
+    clarify::Clarification,
     context::{ContextStore, Recent},
     decide::Decider,
     detector::{Index, ReasonCode},
@@ -118,6 +119,7 @@ impl Lane {
         let codes: Vec<_> = validation.rejected.iter().map(|r| json!({ "tool": r.tool, "code": r.code.as_str(), "reason": r.reason })).collect();
         if let Some(question) = validation.clarify.clone() {
             trace.step("AgentToolPlanRejected", "clarify", "MISSING_ARGUMENT", json!({ "rejected": codes }));
+            self.keep_question(inbound, input, candidates, &question, trace).await;
             return LaneOutcome::Handled { reply: question };
         }
         if !validation.rejected.is_empty() {
@@ -189,6 +191,23 @@ impl Lane {
         LaneOutcome::Handled { reply: replies.join("\n\n") }
     }
 
+    /// Keeps `question`, asked of `inbound`'s sender about the `offered` tools, so that their
+    /// answer is planned with this message (and with what it answered, if it was an answer). A
+    /// question that cannot be kept is still asked: its answer is then detected on its own.
+    async fn keep_question(&self, inbound: &Inbound, input: &PlanInput, offered: &[String], question: &str, trace: &mut Recorder) {
+        let lane = &self.settings.lane;
+        let tools = offered.iter().filter(|t| !lane.always_offered.contains(t)).cloned().collect();
+        let asked = Clarification::asked(input.clarification.as_ref(), &inbound.text, question, tools);
+        match self.contexts.ask(inbound, &asked, Some(trace.id())).await {
+            Ok(Some(id)) => trace.step("AgentToolClarificationKept", "kept", "OK", json!({ "clarification_id": id.to_string(), "turns": asked.turns.len(), "tools": asked.tools })),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "keeping the clarifying question failed; its answer will be detected on its own");
+                trace.step("AgentToolClarificationKept", "failed", e.code(), json!({}));
+            }
+        }
+    }
+
     /// Judges proposed calls for this message: a plan and each later step of a chain alike.
     #[expect(clippy::too_many_arguments, reason = "the message, its actor and trace, and the plan's scope")]
     fn validate(&self, inbound: &Inbound, actor: Role, trace_id: i64, calls: &[ProposedCall], advisory: Advisory, candidates: &[String], private: &PrivateData, max_steps: usize) -> Validation {
@@ -235,10 +254,15 @@ impl ToolLane for Lane {
             tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the chat's tool contexts failed; planning without them");
             Recent::default()
         });
+        // The question this message answers, if the lane asked its sender one.
+        let clarification = self.contexts.answered(inbound).await.unwrap_or_else(|e| {
+            tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "reading the open clarifying question failed; detecting the message on its own");
+            None
+        });
         let index = self.index();
         let catalog = self.checkpoint.catalog();
         let decider = self.decider(&index, &catalog);
-        let detection = decider.detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts, trace);
+        let detection = decider.detect(&inbound.text, actor, inbound.chat_kind, &recent.contexts, clarification.as_ref(), trace);
         tracing::info!(event = "AgentToolCandidate", correlation_id = %inbound.correlation_id, actor = actor.as_str(), candidates = detection.candidates.len(), reason = detection.reason.as_str(), "detected");
         if !detection.should_plan {
             if detection.reason == ReasonCode::FollowupWithoutContext && recent.expired {
@@ -251,11 +275,15 @@ impl ToolLane for Lane {
         // its searches find. The validator accepts calls of exactly these.
         let mut offered = decider.offered(&detection);
         let memory_summary = self.memory_summary(inbound).await;
-        let mut input = decider.first_turn(inbound.correlation_id.clone(), &inbound.text, actor, inbound.chat_kind, memory_summary, &recent.contexts, &detection);
+        let mut input = decider.first_turn(inbound.correlation_id.clone(), &inbound.text, actor, inbound.chat_kind, memory_summary, &recent.contexts, clarification.as_ref(), &detection);
         let Some(plan) = decider.plan(&mut input, &mut offered, trace).await else { return LaneOutcome::NotHandled };
         match plan {
             PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
-            PlanOutcome::Clarify { reply, .. } | PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
+            PlanOutcome::Clarify { reply, .. } => {
+                self.keep_question(inbound, &input, &offered, &reply, trace).await;
+                LaneOutcome::Handled { reply }
+            }
+            PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
             // An answer from results this chat was given; without any, it would be made up.
             PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
                 trace.step("AgentToolFollowupResolved", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));

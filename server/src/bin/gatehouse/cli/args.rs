@@ -102,6 +102,10 @@ pub struct LaneDetect {
     pub text: String,
     #[command(flatten)]
     pub situation: Situation,
+    /// The message answers a clarifying question the lane asked about these tools
+    /// (comma-separated, as the question's `AgentToolClarificationKept` step lists them).
+    #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
+    pub answering: Vec<String>,
 }
 
 /// Who sends a message, in which kind of chat, after which tool results: what a detection

@@ -145,6 +145,7 @@ async fn eval_with(gatehouse: &Gatehouse, cmd: &EvalCommand) -> Result<(), Failu
                         chat_type,
                         contexts,
                         memory_summary: None,
+                        clarification: None,
                         expect,
                         origin: Origin { kind: "manual".into(), ..Origin::default() },
                         recorded: Vec::new(),

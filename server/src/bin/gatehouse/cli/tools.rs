@@ -249,13 +249,16 @@ fn reviewed(hash: &Option<String>) -> Reviewed<'_> {
 }
 
 /// `gatehouse lane detect`: the detection the server would make, over the catalog it would use
-/// (the tool files and the MCP tools last discovered), replayable with recorded contexts.
+/// (the tool files and the MCP tools last discovered), replayable with recorded contexts and as
+/// the answer to a clarifying question.
 pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect) -> Result<(), Failure> {
     let recent = read_contexts(args.situation.context.as_deref())?;
     let settings = cfg.settings.lane.detector.clone();
     let detection = with_cached_tools(cfg, files, async |gatehouse| {
         let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
-        Ok(index.detect(&args.text, args.situation.actor.role(), args.situation.chat_type.kind(), &recent))
+        let (actor, chat) = (args.situation.actor.role(), args.situation.chat_type.kind());
+        let detection = index.detect(&args.text, actor, chat, &recent);
+        Ok(if args.answering.is_empty() { detection } else { index.answering(&args.text, detection, &args.answering, actor, chat) })
     })
     .await?;
     println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
