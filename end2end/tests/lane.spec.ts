@@ -15,6 +15,7 @@ import { binary, dataDir, port, repo } from "./support";
 // - A simulated chat asks where an order is: the answer comes from the shop's tool, and the
 //   trace shows the lane's steps.
 // - A follow-up ("and what about order 4822?") is planned with the chat's tool context.
+// - The answer to the planner's clarifying question is planned with the request it answers.
 // - A customer asks on WhatsApp (a signed webhook) for a refund, which needs an owner; the owner
 //   approves in the console, the row updates live, the call reaches the shop once and the fake
 //   Graph API receives the answer for the customer. A second request is rejected with a reason,
@@ -27,6 +28,7 @@ const CUSTOMER = "16505550100";
 const owner = { login: "olga", name: "Olga Owner", password: "approvals are the heart", phone: "+16505550001" };
 const SUMMARY = "Your refund for order 4821 is done.";
 const STATUS = "Order 4821 has shipped with Parcel Co.";
+const QUESTION = "Which order number do you mean?";
 
 type Sent = { to: string; type: string; text?: { body: string }; interactive?: unknown };
 
@@ -62,6 +64,11 @@ class Edge {
           usage: { input_tokens: 20, output_tokens: 5 },
         });
       const order = /order (\d{4})/.exec(text)?.[1];
+      // No order number: the planner asks which one (and the answer brings it).
+      if (request.model === "e2e-planner" && !order && /where is my order/i.test(text)) {
+        const respond = { decision: "clarify", reply: QUESTION, reason: "no number", requires_async: false, requires_owner_approval: false };
+        return message([{ type: "tool_use", id: "r1", name: "respond_without_tool", input: respond }], "tool_use");
+      }
       if (request.model === "e2e-planner" && order) {
         const tool = text.includes("refund") ? "refund_order" : "order_status";
         return message([{ type: "tool_use", id: "t1", name: tool, input: { order_id: order } }], "tool_use");
@@ -237,6 +244,21 @@ test("a follow-up in the simulator reuses the chat's tool context", async ({ pag
   await page.getByTestId("sim-trace").click();
   const timeline = page.getByTestId("trace-timeline");
   await expect(timeline.locator('li[data-step="AgentToolFollowupResolved"]')).toContainText("FOLLOWUP_CONTEXT");
+  await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
+});
+
+test("the answer to a clarifying question in the simulator is planned with the request", async ({ page }) => {
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill("+15550100079");
+  await page.getByTestId("sim-text").fill("Where is my order?");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-reply")).toHaveText(QUESTION);
+  await page.getByTestId("sim-text").fill("It's order 4822");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-reply")).toHaveText(STATUS.replace("4821", "4822"));
+  await page.getByTestId("sim-trace").click();
+  const timeline = page.getByTestId("trace-timeline");
+  await expect(timeline.locator('li[data-step="AgentToolCandidate"]')).toContainText("CLARIFICATION_ANSWER");
   await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
 });
 

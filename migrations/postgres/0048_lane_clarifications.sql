@@ -1,7 +1,7 @@
 -- A clarifying question the tool lane asked: the request it was about, each question and each
--- answer so far, and the tools it was about. The asked person's next message is planned as its
--- answer, with the request, instead of alone. One row per person asked in a chat (in a direct
--- chat, its one person): a new question replaces the last. Swept like tool contexts.
+-- answer so far, and the tools it was about. The asked person's next message to the assistant is
+-- planned as its answer (to their newest open question), with the request, instead of alone. One
+-- row per question: a message asks at most one. Swept like tool contexts.
 CREATE TABLE lane_clarifications (
     id          BIGSERIAL PRIMARY KEY,
     channel     TEXT    NOT NULL,
@@ -19,7 +19,8 @@ CREATE TABLE lane_clarifications (
     created_at  BIGINT  NOT NULL,
     expires_at  BIGINT  NOT NULL
 );
-CREATE UNIQUE INDEX lane_clarifications_person ON lane_clarifications(channel, chat_id, requester);
+CREATE UNIQUE INDEX lane_clarifications_asked ON lane_clarifications(channel, asked_by);
+CREATE INDEX lane_clarifications_person ON lane_clarifications(channel, chat_id, requester, id);
 CREATE INDEX lane_clarifications_expiry ON lane_clarifications(expires_at);
 
 -- An eval case made from an answer replays with the question it answered (JSON, as above).

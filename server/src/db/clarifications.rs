@@ -1,5 +1,6 @@
-//! The tool lane's open clarifying questions (`lane_clarifications`): one row per person asked
-//! in a chat, replaced by their next question, read back when they answer, swept when expired.
+//! The tool lane's clarifying questions (`lane_clarifications`): one row per question (per
+//! message that asked it), read back and marked answered when the person asked answers,
+//! swept when expired.
 
 use sqlx::AnyConnection;
 
@@ -27,14 +28,14 @@ pub struct ClarificationRow {
     pub expires_at: i64,
 }
 
-/// Stores the question `row` holds (its id and `answered_by` are ignored) as the open one of
-/// its person in its chat, replacing the last. Its id.
+/// Stores the question `row` holds (its id and `answered_by` are ignored): the one its message
+/// asked, replacing what an earlier run of that message asked. Its id.
 pub async fn ask(conn: &mut AnyConnection, row: &ClarificationRow) -> Result<i64, DbError> {
     Ok(sqlx::query_scalar(
         "INSERT INTO lane_clarifications (channel, chat_id, requester, turns, tools, asked_by, answered_by, trace_id, created_at, expires_at) \
          VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9) \
-         ON CONFLICT (channel, chat_id, requester) DO UPDATE SET turns = excluded.turns, tools = excluded.tools, asked_by = excluded.asked_by, \
-         answered_by = NULL, trace_id = excluded.trace_id, created_at = excluded.created_at, expires_at = excluded.expires_at RETURNING id",
+         ON CONFLICT (channel, asked_by) DO UPDATE SET turns = excluded.turns, tools = excluded.tools, \
+         trace_id = excluded.trace_id, created_at = excluded.created_at, expires_at = excluded.expires_at RETURNING id",
     )
     .bind(&row.channel)
     .bind(&row.chat_id)
@@ -49,13 +50,14 @@ pub async fn ask(conn: &mut AnyConnection, row: &ClarificationRow) -> Result<i64
     .await?)
 }
 
-/// The question `message_id` answers, if any: the person's live question in the chat that
-/// another message asked and that is open, or that `message_id` answered already (the message
-/// is handled again).
+/// The question `message_id` answers, if any: the one it answered already (the message is
+/// handled again), else the person's newest live question in the chat that another message
+/// asked and nobody answered.
 pub async fn answered_by(conn: &mut AnyConnection, channel: &str, chat_id: &str, requester: &str, message_id: &str, now: i64) -> Result<Option<ClarificationRow>, DbError> {
     Ok(sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM lane_clarifications WHERE channel = $1 AND chat_id = $2 AND requester = $3 AND expires_at > $4 \
-         AND asked_by <> $5 AND (answered_by IS NULL OR answered_by = $5)"
+         AND (answered_by = $5 OR (answered_by IS NULL AND asked_by <> $5)) \
+         ORDER BY CASE WHEN answered_by = $5 THEN 0 ELSE 1 END, id DESC LIMIT 1"
     ))
     .bind(channel)
     .bind(chat_id)
@@ -64,6 +66,31 @@ pub async fn answered_by(conn: &mut AnyConnection, channel: &str, chat_id: &str,
     .bind(message_id)
     .fetch_optional(&mut *conn)
     .await?)
+}
+
+/// Withdraws the open question an earlier run of `message_id` asked: the message is handled
+/// again, and asks again if it still needs to. A question that run asked may never have been
+/// sent.
+pub async fn withdraw(conn: &mut AnyConnection, channel: &str, message_id: &str) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM lane_clarifications WHERE channel = $1 AND asked_by = $2 AND answered_by IS NULL").bind(channel).bind(message_id).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Whether the person has a question that may concern `message_id`: a live one, or one that
+/// message asked or answered (a cheap read before [`answered_by`]'s write transaction).
+pub async fn any_for(conn: &mut AnyConnection, channel: &str, chat_id: &str, requester: &str, message_id: &str, now: i64) -> Result<bool, DbError> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM lane_clarifications WHERE channel = $1 AND chat_id = $2 AND requester = $3 \
+         AND (expires_at > $4 OR asked_by = $5 OR answered_by = $5)",
+    )
+    .bind(channel)
+    .bind(chat_id)
+    .bind(requester)
+    .bind(now)
+    .bind(message_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n > 0)
 }
 
 /// Marks question `id` answered by `message_id`, unless another message answered it first.

@@ -9,8 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Most turns kept: the request and the latest questions and answers.
-const MAX_TURNS: usize = 7;
+/// Most turns kept: the request and its question, and the latest answers and questions.
+const MAX_TURNS: usize = 8;
 /// Most characters of one turn.
 const TURN_CHARS: usize = 500;
 
@@ -43,13 +43,14 @@ pub struct Clarification {
 
 impl Clarification {
     /// The question asked about `message`: the turns of the question `message` answered, if
-    /// any, then `message` and `question`. Bounded: the request stays, then the newest turns.
+    /// any, then `message` and `question`. Bounded: the request and its question stay, then
+    /// the newest answers and questions.
     pub fn asked(answered: Option<&Clarification>, message: &str, question: &str, tools: Vec<String>) -> Self {
         let mut turns = answered.map(|c| c.turns.clone()).unwrap_or_default();
         turns.push(Turn { who: Who::Person, text: bounded(message) });
         turns.push(Turn { who: Who::Assistant, text: bounded(question) });
         if turns.len() > MAX_TURNS {
-            turns.drain(1..turns.len() - (MAX_TURNS - 1));
+            turns.drain(2..turns.len() - (MAX_TURNS - 2));
         }
         Self { id: None, turns, tools }
     }
@@ -107,6 +108,9 @@ mod tests {
         let names: Vec<&str> = answered.candidates.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names[..2], ["forecast", "refund"], "{answered:?}");
         assert!(names.contains(&"store_hours"), "{answered:?}");
+        // A question about the chat itself is normal chat's, question or not.
+        let memory = index.detect("what did I say?", Role::Customer, ChatKind::Direct, &[]);
+        assert_eq!(index.answering("what did I say?", memory.clone(), &asked, Role::Customer, ChatKind::Direct), memory);
         // Nothing to answer with: as detected.
         let empty = index.detect("  ", Role::Customer, ChatKind::Direct, &[]);
         assert_eq!(index.answering("  ", empty.clone(), &asked, Role::Customer, ChatKind::Direct), empty);
@@ -126,7 +130,8 @@ mod tests {
             many = Clarification::asked(Some(&many), &format!("answer {i}"), &format!("question {i}"), Vec::new());
         }
         assert_eq!(many.turns.len(), MAX_TURNS);
-        assert_eq!(many.turns[0].text, "Book a table for us", "the request is kept");
+        assert_eq!((many.turns[0].text.as_str(), many.turns[1].text.as_str()), ("Book a table for us", "For which day?"), "the request and its question are kept");
+        assert_eq!(many.turns[2].who, Who::Person, "then answers and questions, in turn");
         assert_eq!(many.turns[MAX_TURNS - 1].text, "question 4", "then the newest turns");
         assert_eq!(many.turns[MAX_TURNS - 2].text, "answer 4");
         let long = Clarification::asked(None, &"word ".repeat(200), "?", Vec::new());

@@ -156,22 +156,30 @@ impl ContextStore {
         Ok(Some(id))
     }
 
-    /// The open question `inbound` answers, taken for it: its sender's in its chat, asked by
-    /// another message within `lane.clarification_ttl`. A message handled again takes the one
-    /// it took the first time; a question another message took is not taken twice.
+    /// The open question `inbound` answers, taken for it: its sender's newest in its chat,
+    /// asked by another message within `lane.clarification_ttl`. A message handled again takes
+    /// the one it took the first time, and withdraws the one its earlier run asked (which may
+    /// never have been sent); a question another message took is not taken twice.
     pub async fn answered(&self, inbound: &Inbound) -> Result<Option<Clarification>, DbError> {
         if self.settings.lane.clarification_ttl.is_zero() {
             return Ok(None);
         }
+        let now = db::now_ms();
+        let (channel, chat, sender, message) = (&inbound.channel, &inbound.chat_id, &inbound.sender, &inbound.message_id);
         let mut conn = self.db.pool.acquire().await?;
-        let Some(row) = clarifications::answered_by(&mut conn, &inbound.channel, &inbound.chat_id, &inbound.sender, &inbound.message_id, db::now_ms()).await? else {
+        if !clarifications::any_for(&mut conn, channel, chat, sender, message, now).await? {
             return Ok(None);
-        };
+        }
         drop(conn);
         let mut tx = self.db.begin_write().await?;
-        let taken = clarifications::take(&mut tx, row.id, &inbound.message_id).await?;
+        clarifications::withdraw(&mut tx, channel, message).await?;
+        let row = clarifications::answered_by(&mut tx, channel, chat, sender, message, now).await?;
+        let taken = match &row {
+            Some(row) => clarifications::take(&mut tx, row.id, message).await?,
+            None => false,
+        };
         tx.commit().await.map_err(DbError::from)?;
-        Ok(taken.then(|| clarification_of(&row)))
+        Ok(row.filter(|_| taken).as_ref().map(clarification_of))
     }
 
     /// The chat's live contexts, newest first, and whether one has expired. In a group, only

@@ -161,3 +161,44 @@ async fn a_missing_argument_is_answered(db: TestDb) {
     assert!(said.contains(&format!("assistant: {asked}")), "{said}");
 }
 both_backends!(clarify_missing_argument, a_missing_argument_is_answered);
+
+/// An answer that still leaves a detail out is asked about again, with everything so far; its
+/// message handled again takes the question it answered the first time and asks its own again
+/// (once); and a question an earlier run of a message asked is withdrawn when the message is
+/// handled again and asks nothing (that question may never have been sent).
+async fn asked_again_and_handled_again(db: TestDb) {
+    let r = rig(db, |s| s.lane.planner_recent_turns = 0).await;
+    let pool = r.app.state.db.pool.clone();
+    let open = async || -> Vec<(String, Option<String>)> {
+        sqlx::query_as("SELECT asked_by, answered_by FROM lane_clarifications ORDER BY id").fetch_all(&pool).await.expect("rows")
+    };
+    r.exchange(&[("wamid.A1", "Can you track my order please?")], 1).await;
+    r.exchange(&[("wamid.A2", "hmm, let me look")], 2).await;
+    let asked = r.app.state.config.settings.lane.clarify_reply.replace("{argument}", "order id");
+    assert_eq!(r.graph.texts(), vec![asked.clone(), asked.clone()]);
+    let rows = vec![("wamid.A1".to_string(), Some("wamid.A2".to_string())), ("wamid.A2".to_string(), None)];
+    assert_eq!(open().await, rows);
+    r.handle_again("wamid.A2").await;
+    let runs: Vec<(String, String, String)> = r.steps("wamid.A2").await.into_iter().filter(|(s, _, _)| s == "AgentToolCandidate").collect();
+    assert!(runs.len() >= 2 && runs.iter().all(|(_, _, c)| c == "CLARIFICATION_ANSWER"), "{runs:?}");
+    assert_eq!(open().await, rows, "the same question taken, its own asked once");
+    r.exchange(&[("wamid.A3", "It's A-77")], 3).await;
+    assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/A-77".to_string()]);
+    let said = last_plan(&r)["messages"].to_string();
+    let block = said.split(r#"kind=\"clarification\""#).nth(1).and_then(|rest| rest.split("untrusted_data>").next()).unwrap_or_default();
+    assert!(block.contains("person: Can you track my order please?") && block.contains("person: hmm, let me look"), "{said}");
+
+    // A question left by an earlier run of a message that now asks nothing.
+    sqlx::query("INSERT INTO lane_clarifications (channel, chat_id, requester, turns, tools, asked_by, trace_id, created_at, expires_at) VALUES ('whatsapp', $1, $1, '[]', '[\"forecast\"]', 'wamid.W1', NULL, 0, $2)")
+        .bind(CUSTOMER)
+        .bind(server::db::now_ms() + 600_000)
+        .execute(&r.app.state.db.pool)
+        .await
+        .expect("left over");
+    r.exchange(&[("wamid.W1", "What's the weather in Lisbon today?")], 4).await;
+    let steps = r.steps("wamid.W1").await;
+    assert!(!steps.iter().any(|(_, _, c)| c == "CLARIFICATION_ANSWER"), "{steps:?}");
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM lane_clarifications WHERE asked_by = 'wamid.W1'").fetch_one(&r.app.state.db.pool).await.expect("count");
+    assert_eq!(left, 0, "withdrawn");
+}
+both_backends!(clarify_again, asked_again_and_handled_again);

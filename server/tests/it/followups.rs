@@ -174,8 +174,10 @@ async fn contexts_belong_to_their_chat_are_bounded_and_expire(db: TestDb) {
     r.exchange(&[("wamid.E3", "One more time: the weather in Lisbon today?")], 4).await;
     assert_eq!(contexts_of(&r, CUSTOMER).await.len(), 2);
 
-    // Expired: the follow-up is not answered from the old result.
+    // Expired: the follow-up is not answered from the old result. (A day later: the question
+    // E3's two results raised, which of them, has expired long before.)
     sqlx::query("UPDATE tool_contexts SET expires_at = 1").execute(&r.app.state.db.pool).await.expect("age");
+    sqlx::query("UPDATE lane_clarifications SET expires_at = 1").execute(&r.app.state.db.pool).await.expect("age");
     let before = r.shop.requests.lock().expect("lock").len();
     r.exchange(&[("wamid.E4", "And what about tomorrow?")], 5).await;
     assert_eq!(r.graph.texts()[4], "a chat reply");

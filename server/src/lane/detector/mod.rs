@@ -159,10 +159,11 @@ impl Index {
     /// `detection` of a `message` that answers a clarifying question about the `asked` tools:
     /// planned whatever it says ("yes", "Porto"), with the asked tools the actor may still use
     /// first, then the message's own candidates, at most `max_candidates` beyond the asked.
-    /// An empty message, or a question none of whose tools the actor may use any more, leaves
-    /// the detection as it is.
+    /// An empty message, a question about what was said before (normal chat memory answers
+    /// it), or a question none of whose tools the actor may use any more leaves the detection
+    /// as it is.
     pub fn answering(&self, message: &str, detection: Detection, asked: &[String], actor: Role, chat: ChatKind) -> Detection {
-        if message.trim().is_empty() {
+        if message.trim().is_empty() || detection.reason == ReasonCode::MemoryQuestion {
             return detection;
         }
         let mut candidates: Vec<Candidate> = asked
