@@ -241,7 +241,7 @@ impl Approvals {
         let (own, trace) = match trace {
             Some(t) => (None, Some(t)),
             None => {
-                let subject = Subject { correlation_id: who.correlation_id.clone(), channel: who.channel.clone(), chat_id: who.chat_id.clone(), message_id: who.message_id.clone() };
+                let subject = Subject { correlation_id: who.correlation_id.clone(), channel: who.channel.clone(), chat_id: who.chat_id.clone(), message_id: who.message_id.clone(), sender: None };
                 (Some(traces::begin(&mut tx, subject).await?), None)
             }
         };

@@ -62,6 +62,9 @@ pub struct ConversationSettings {
     /// (no model call, no tool) until the window has room again. 0: no limit. Owners are never
     /// limited.
     pub rate_limit: u32,
+    /// In a group each member has `rate_limit`, and the whole group this many messages per
+    /// `rate_window` (members together). 0: no limit for the whole group.
+    pub group_rate_limit: u32,
     #[serde(with = "duration_str")]
     pub rate_window: Duration,
     /// What a limited chat is told, once per `rate_window`.
@@ -88,6 +91,7 @@ impl Default for ConversationSettings {
             owner_help: String::new(),
             trace_text: false,
             rate_limit: 20,
+            group_rate_limit: 60,
             rate_window: Duration::from_secs(600),
             rate_limited_reply: "You're sending messages faster than I can answer. Please wait a few minutes, then write again.".into(),
             simulator_customer: String::new(),

@@ -20,7 +20,7 @@ pub(super) struct Decision {
     /// Raise this notice for the owners with the reply.
     pub(super) notice: Option<db::owner_notifications::Notification>,
     /// The reply is a note (its notice kind and period) sent at most once per chat per period.
-    pub(super) note_once: Option<(&'static str, std::time::Duration)>,
+    pub(super) note_once: Option<(String, std::time::Duration)>,
 }
 
 impl Decision {
@@ -56,7 +56,7 @@ impl Runtime {
                 trace.step("reply", "none", "NO_NOTE_CONFIGURED", json!({}));
                 return Ok(Decision::silent(Route::UnknownType));
             }
-            let once = Some((UNKNOWN_TYPE_NOTICE, self.settings.whatsapp.unknown_type_reply_every));
+            let once = Some((UNKNOWN_TYPE_NOTICE.to_string(), self.settings.whatsapp.unknown_type_reply_every));
             return Ok(Decision { note_once: once, ..Decision::reply(Route::UnknownType, note.to_string()) });
         }
         // A text with nothing in it (spaces, or only a NUL the intake removed) has nothing to
@@ -77,21 +77,39 @@ impl Runtime {
                 return Ok(Decision::silent(Route::Ignored));
             }
         }
-        // 4b. Per-chat rate limit: every message costs a model call. Owners are not limited.
-        if !owner && conv.rate_limit > 0 {
+        // 4b. Rate limits: every message costs a model call. Owners are not limited. A chat
+        // has `rate_limit`; in a group, each member has it, and the group as a whole
+        // `group_rate_limit`, so one member sending too much does not silence the others.
+        let group = inbound.chat_kind == ChatKind::Group;
+        let group_limit = if group { conv.group_rate_limit } else { 0 };
+        if !owner && (conv.rate_limit > 0 || group_limit > 0) {
             let since = db::now_ms().saturating_sub(i64::try_from(conv.rate_window.as_millis()).unwrap_or(i64::MAX));
             let mut conn = self.db.pool.acquire().await?;
             // Messages the bot let pass without a model (group chatter it ignored, types it cannot
             // read, owners' commands, ones it already refused) do not use up the chat's limit,
             // nor do attempts that failed (their retry is the same message).
             let uncounted = [Route::Ignored.as_str(), Route::UnknownType.as_str(), Route::OwnerCommand.as_str(), Route::RateLimited.as_str(), Route::Duplicate.as_str(), FAILED_ROUTE];
-            let recent = db::traces::count_for_chat(&mut conn, &inbound.channel, &inbound.chat_id, since, &uncounted, Role::Owner.as_str()).await?;
+            let count = async |conn: &mut sqlx::AnyConnection, sender: Option<&str>| db::traces::count_for_chat(conn, &inbound.channel, &inbound.chat_id, sender, since, &uncounted, Role::Owner.as_str()).await;
+            let recent = count(&mut conn, group.then_some(inbound.sender.as_str())).await?;
+            let everyone = if group_limit > 0 { Some(count(&mut conn, None).await?) } else { None };
             drop(conn);
-            let detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
-            if recent > i64::from(conv.rate_limit) {
-                trace.step("rate_limit", "limited", "RATE_LIMITED", detail);
-                let once = Some((RATE_LIMIT_NOTICE, conv.rate_window));
-                return Ok(Decision { note_once: once, ..Decision::reply(Route::RateLimited, conv.rate_limited_reply.clone()) });
+            let mut detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
+            if let Some(everyone) = everyone {
+                detail["group_messages"] = everyone.into();
+                detail["group_limit"] = group_limit.into();
+            }
+            // A member over their own limit is told once in the window (each member apart); a
+            // group over its limit once for everyone.
+            let limited = if conv.rate_limit > 0 && recent > i64::from(conv.rate_limit) {
+                Some(("RATE_LIMITED", if group { format!("{RATE_LIMIT_NOTICE}:{}", inbound.sender) } else { RATE_LIMIT_NOTICE.to_string() }))
+            } else if everyone.is_some_and(|n| n > i64::from(group_limit)) {
+                Some(("GROUP_RATE_LIMITED", RATE_LIMIT_NOTICE.to_string()))
+            } else {
+                None
+            };
+            if let Some((code, note)) = limited {
+                trace.step("rate_limit", "limited", code, detail);
+                return Ok(Decision { note_once: Some((note, conv.rate_window)), ..Decision::reply(Route::RateLimited, conv.rate_limited_reply.clone()) });
             }
             trace.step("rate_limit", "pass", "WITHIN_LIMIT", detail);
         }

@@ -196,6 +196,7 @@ impl Runtime {
             channel: inbound.channel.clone(),
             chat_id: inbound.chat_id.clone(),
             message_id: inbound.message_id.clone(),
+            sender: (inbound.chat_kind == ChatKind::Group).then(|| inbound.sender.clone()),
         };
         let mut trace = {
             let mut tx = self.db.begin_write().await?;
@@ -254,8 +255,9 @@ impl Runtime {
     async fn record(&self, inbound: &Inbound, actor: Role, mut d: Decision, mut trace: Recorder) -> Result<Outcome, RuntimeError> {
         let mut tx = self.db.begin_write().await?;
         if let Some((kind, every)) = d.note_once {
-            if !claim_once(&mut tx, &inbound.chat_id, kind, every).await? {
-                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({ "note": kind }));
+            if !claim_once(&mut tx, &inbound.chat_id, &kind, every).await? {
+                // The kind without the member it may name (a number stays out of the trace).
+                trace.step("reply", "none", "NOTE_ALREADY_SENT", json!({ "note": kind.split(':').next().unwrap_or_default() }));
                 d.reply = None;
             } else {
                 trace.step("reply", "send", if kind == UNKNOWN_TYPE_NOTICE { "UNKNOWN_TYPE_NOTE" } else { "RATE_LIMITED_NOTE" }, json!({}));

@@ -47,8 +47,9 @@ pub const RUNNING: &str = "running";
 /// Starts a trace for a message, or returns the one an earlier, interrupted attempt left
 /// running (a process that died mid-message: its retry continues that trace). An attempt that
 /// failed and said so ended its trace as failed, so its retry begins a new one.
-/// Returns its id and how many steps it already has.
-pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64), DbError> {
+/// `sender` is the group member who sent the message (none in a direct chat, whose sender is
+/// the chat). Returns its id and how many steps it already has.
+pub async fn begin(conn: &mut AnyConnection, t: &TraceRow, sender: Option<&str>) -> Result<(i64, i64), DbError> {
     let earlier: Option<(i64,)> =
         sqlx::query_as("SELECT id FROM traces WHERE channel = $1 AND message_id = $2 AND outcome = $3 ORDER BY id DESC LIMIT 1")
             .bind(&t.channel)
@@ -61,8 +62,8 @@ pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64),
         return Ok((id, steps));
     }
     let (id,): (i64,) = sqlx::query_as(
-        "INSERT INTO traces (correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+        "INSERT INTO traces (correlation_id, channel, chat_id, message_id, actor, route, outcome, error_code, started_at, duration_us, sender) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
     )
     .bind(&t.correlation_id)
     .bind(&t.channel)
@@ -74,6 +75,7 @@ pub async fn begin(conn: &mut AnyConnection, t: &TraceRow) -> Result<(i64, i64),
     .bind(&t.error_code)
     .bind(t.started_at)
     .bind(t.duration_us)
+    .bind(sender)
     .fetch_one(&mut *conn)
     .await?;
     Ok((id, 0))
@@ -254,13 +256,19 @@ pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -
     Ok(row.map(|(id,)| id))
 }
 
-/// How many messages of one chat began a trace since `since_ms` (the per-chat rate limit),
-/// leaving out those whose trace ended on one of the `uncounted` routes and the `owner` actor's
-/// (an owner in a group does not use up its customers' limit).
-pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, since_ms: i64, uncounted: &[&str], owner: &str) -> Result<i64, DbError> {
-    let skip = if uncounted.is_empty() { String::new() } else { format!(" AND route NOT IN ({})", (5..5 + uncounted.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")) };
-    let sql = format!("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3 AND actor <> $4{skip}");
+/// How many messages of one chat (with `sender`, of that group member only) began a trace
+/// since `since_ms` (the rate limits), leaving out those whose trace ended on one of the
+/// `uncounted` routes and the `owner` actor's (an owner in a group does not use up its
+/// customers' limit).
+pub async fn count_for_chat(conn: &mut AnyConnection, channel: &str, chat_id: &str, sender: Option<&str>, since_ms: i64, uncounted: &[&str], owner: &str) -> Result<i64, DbError> {
+    let first = if sender.is_some() { 6 } else { 5 };
+    let skip = if uncounted.is_empty() { String::new() } else { format!(" AND route NOT IN ({})", (first..first + uncounted.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")) };
+    let member = if sender.is_some() { " AND sender = $5" } else { "" };
+    let sql = format!("SELECT COUNT(*) FROM traces WHERE chat_id = $1 AND channel = $2 AND started_at >= $3 AND actor <> $4{member}{skip}");
     let mut query = sqlx::query_scalar(&sql).bind(chat_id).bind(channel).bind(since_ms).bind(owner);
+    if let Some(sender) = sender {
+        query = query.bind(sender);
+    }
     for route in uncounted {
         query = query.bind(*route);
     }

@@ -32,6 +32,8 @@ pub struct Subject {
     pub channel: String,
     pub chat_id: String,
     pub message_id: String,
+    /// The group member who sent it; none in a direct chat (its sender is the chat).
+    pub sender: Option<String>,
 }
 
 /// A trace being recorded.
@@ -80,7 +82,7 @@ pub async fn begin(conn: &mut AnyConnection, subject: Subject) -> Result<Recorde
         started_at,
         duration_us: 0,
     };
-    let (id, first_seq) = store::begin(conn, &head).await?;
+    let (id, first_seq) = store::begin(conn, &head, subject.sender.as_deref()).await?;
     let now = Instant::now();
     Ok(Recorder { id, subject, started: now, started_at, last: now, first_seq, steps: Vec::new() })
 }

@@ -607,6 +607,49 @@ async fn a_chat_over_its_rate_limit_costs_no_model_calls(db: TestDb) {
 }
 both_backends!(conversation_rate_limit, a_chat_over_its_rate_limit_costs_no_model_calls);
 
+/// In a group each member has `rate_limit` and the group as a whole `group_rate_limit`: a
+/// member who sends too much is limited (and told once), while the others are answered until
+/// the group together is over its limit (then told once, for everyone).
+async fn in_a_group_each_member_has_the_limit(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let mut settings = settings(&r.runtime_base_url(), 6000);
+    settings.conversation.rate_limit = 2;
+    settings.conversation.group_rate_limit = 5;
+    let limited_reply = settings.conversation.rate_limited_reply.clone();
+    let model = llm::from_settings(&settings, &r.secrets()).expect("model");
+    let runtime = runtime(&r.db, Arc::new(settings), r.secrets(), model);
+    let ask = async |id: &str, sender: &str| {
+        let inbound = Inbound { chat_kind: ChatKind::Group, chat_id: "rl-members".into(), mentions_bot: true, ..msg(id, sender, "when do you open?") };
+        let out = runtime.handle(&inbound).await.expect("handle");
+        (out.route, out.reply)
+    };
+    let (a, b, c, d) = ("15557770011", "15557770012", "15557770013", "15557770014");
+    assert_eq!(ask("m-a1", a).await.0, Route::Chat);
+    assert_eq!(ask("m-a2", a).await.0, Route::Chat);
+    assert_eq!(ask("m-a3", a).await, (Route::RateLimited, Some(limited_reply.clone())), "over their own limit: told once");
+    assert_eq!(ask("m-a4", a).await, (Route::RateLimited, None));
+    // The others are still answered: the group has room.
+    assert_eq!(ask("m-b1", b).await.0, Route::Chat, "one member does not silence the group");
+    assert_eq!(ask("m-b2", b).await.0, Route::Chat);
+    assert_eq!(ask("m-c1", c).await.0, Route::Chat);
+    // Five answered in the window: the group is full, for everyone, told once.
+    assert_eq!(ask("m-d1", d).await, (Route::RateLimited, Some(limited_reply)));
+    assert_eq!(ask("m-c2", c).await, (Route::RateLimited, None));
+    let chat_calls = r.fake.lock().expect("lock").requests.iter().filter(|b| b["model"] == CHAT_MODEL).count();
+    assert_eq!(chat_calls, 5);
+    let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'm-d1'").fetch_one(&r.db.pool).await.expect("trace");
+    let steps = steps_of(&r.db, trace_id).await;
+    assert!(steps.iter().any(|(s, d, c)| s == "rate_limit" && d == "limited" && c == "GROUP_RATE_LIMITED"), "{steps:?}");
+    let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'm-a3'").fetch_one(&r.db.pool).await.expect("trace");
+    assert!(steps_of(&r.db, trace_id).await.iter().any(|(s, _, c)| s == "rate_limit" && c == "RATE_LIMITED"));
+    // Traces name the member only in groups, and never in a step.
+    let senders: Vec<Option<String>> = sqlx::query_scalar("SELECT sender FROM traces WHERE message_id IN ('m-a1', 'm-b1') ORDER BY message_id").fetch_all(&r.db.pool).await.expect("senders");
+    assert_eq!(senders, vec![Some(a.to_string()), Some(b.to_string())]);
+    let details: Vec<String> = sqlx::query_scalar("SELECT detail FROM trace_steps").fetch_all(&r.db.pool).await.expect("details");
+    assert!(details.iter().all(|d| !d.contains(a)), "{details:?}");
+}
+both_backends!(conversation_group_member_rate_limit, in_a_group_each_member_has_the_limit);
+
 /// The spend budget: owners are warned at 50%, 80% and 100% of the day's budget, each once
 /// (a second process over the same database does not warn again); past 100% with
 /// `at_limit = "degraded"` a customer gets the limit reply and costs no model call, while an
@@ -792,7 +835,7 @@ both_backends!(conversation_failed_trace_ends, a_failed_message_ends_its_trace);
 /// A message's trace, begun and committed as the runtime begins one.
 async fn running_trace(db: &Db, id: &str) -> server::traces::Recorder {
     let mut tx = db.begin_write().await.expect("tx");
-    let subject = server::traces::Subject { channel: "simulator".into(), chat_id: "c".into(), message_id: format!("m-{id}"), correlation_id: format!("corr-{id}") };
+    let subject = server::traces::Subject { channel: "simulator".into(), chat_id: "c".into(), message_id: format!("m-{id}"), correlation_id: format!("corr-{id}"), sender: None };
     let trace = server::traces::begin(&mut tx, subject).await.expect("begin");
     tx.commit().await.expect("commit");
     trace

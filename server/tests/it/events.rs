@@ -385,7 +385,7 @@ both_backends!(dashboard_new_charts, the_dashboard_charts_replies_job_waits_appr
 /// A trace step for chat `early` in a transaction left open (returned), and one for chat `late`
 /// committed after it: the later ids commit first.
 async fn out_of_order(app: &TestApp, early: &str, late: &str) -> sqlx::Transaction<'static, sqlx::Any> {
-    let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}") };
+    let subject = |chat: &str| server::traces::Subject { correlation_id: chat.into(), channel: "simulator".into(), chat_id: chat.into(), message_id: format!("m-{chat}"), sender: None };
     let mut first = app.state.db.begin_write().await.expect("begin");
     let mut open = server::traces::begin(&mut first, subject(early)).await.expect("trace");
     open.step("dedupe", "new", "FIRST_DELIVERY", serde_json::json!({}));
