@@ -242,6 +242,7 @@ impl Gatehouse {
         registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
+        registry.handle_within(Arc::new(crate::channel::whatsapp::undelivered::Undelivered::new(db.clone(), jobs.clone(), settings.clone())), settings.jobs.timeouts.owner_notify);
         let workspace = Workspace { config_dir: config.dir.clone(), secrets: config.secrets.source.clone(), settings: settings.clone(), live: tools.catalog() };
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.timeouts.evals_cycle);

@@ -82,9 +82,9 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     );
     let conv = &settings.conversation;
     need(
-        conv.rate_limit == 0 || (!conv.rate_limited_reply.trim().is_empty() && conv.rate_limited_reply.chars().count() <= 4096),
+        (conv.rate_limit == 0 && conv.group_rate_limit == 0) || (!conv.rate_limited_reply.trim().is_empty() && conv.rate_limited_reply.chars().count() <= 4096),
         "conversation.rate_limited_reply",
-        "must be set (and fit one WhatsApp message) when conversation.rate_limit is above 0".into(),
+        "must be set (and fit one WhatsApp message) when conversation.rate_limit or group_rate_limit is above 0".into(),
     );
     for (key, value) in [
         ("conversation.rate_window", conv.rate_window),

@@ -58,9 +58,9 @@ pub struct ConversationSettings {
     pub owner_help: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
     pub trace_text: bool,
-    /// Messages one customer chat may send per `rate_window` before the bot stops answering
-    /// (no model call, no tool) until the window has room again. 0: no limit. Owners are never
-    /// limited.
+    /// Messages one customer chat (in a group, one member) may send per `rate_window` before
+    /// the bot stops answering them (no model call, no tool) until the window has room again.
+    /// 0: no limit. Owners are never limited.
     pub rate_limit: u32,
     /// In a group each member has `rate_limit`, and the whole group this many messages per
     /// `rate_window` (members together). 0: no limit for the whole group.

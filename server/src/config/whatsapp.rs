@@ -52,6 +52,13 @@ pub struct WhatsAppSettings {
     pub send_retry_base: Duration,
     /// Largest inbound message object kept verbatim, in bytes; larger ones keep only the parsed fields.
     pub raw_max_bytes: u64,
+    /// What the owners are told when Meta reports a message to a person undelivered (`{chat}`
+    /// the number or group, `{code}` the error, `{link}` its trace in the console). Empty: no
+    /// notice.
+    pub undelivered_notice: String,
+    /// The notice above goes out at most once per chat per this period.
+    #[serde(with = "duration_str")]
+    pub undelivered_notice_every: Duration,
 }
 
 impl Default for WhatsAppSettings {
@@ -65,6 +72,8 @@ impl Default for WhatsAppSettings {
             typing_indicator: true,
             unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
+            undelivered_notice: "A message to {chat} could not be delivered ({code}): they are still waiting for an answer. {link}".into(),
+            undelivered_notice_every: Duration::from_secs(6 * 3600),
             silent_types: vec!["reaction".into(), "system".into()],
             window_template: String::new(),
             window_template_language: "en_US".into(),

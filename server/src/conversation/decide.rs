@@ -90,7 +90,7 @@ impl Runtime {
             // nor do attempts that failed (their retry is the same message).
             let uncounted = [Route::Ignored.as_str(), Route::UnknownType.as_str(), Route::OwnerCommand.as_str(), Route::RateLimited.as_str(), Route::Duplicate.as_str(), FAILED_ROUTE];
             let count = async |conn: &mut sqlx::AnyConnection, sender: Option<&str>| db::traces::count_for_chat(conn, &inbound.channel, &inbound.chat_id, sender, since, &uncounted, Role::Owner.as_str()).await;
-            let recent = count(&mut conn, group.then_some(inbound.sender.as_str())).await?;
+            let recent = if conv.rate_limit > 0 { count(&mut conn, group.then_some(inbound.sender.as_str())).await? } else { 0 };
             let everyone = if group_limit > 0 { Some(count(&mut conn, None).await?) } else { None };
             drop(conn);
             let mut detail = json!({ "messages": recent, "limit": conv.rate_limit, "window_secs": conv.rate_window.as_secs() });
@@ -98,12 +98,12 @@ impl Runtime {
                 detail["group_messages"] = everyone.into();
                 detail["group_limit"] = group_limit.into();
             }
-            // A member over their own limit is told once in the window (each member apart); a
-            // group over its limit once for everyone.
-            let limited = if conv.rate_limit > 0 && recent > i64::from(conv.rate_limit) {
-                Some(("RATE_LIMITED", if group { format!("{RATE_LIMIT_NOTICE}:{}", inbound.sender) } else { RATE_LIMIT_NOTICE.to_string() }))
-            } else if everyone.is_some_and(|n| n > i64::from(group_limit)) {
+            // A group over its limit is told once in the window, for everyone (so no member's
+            // own note follows it); a member over their own limit once, each member apart.
+            let limited = if everyone.is_some_and(|n| n > i64::from(group_limit)) {
                 Some(("GROUP_RATE_LIMITED", RATE_LIMIT_NOTICE.to_string()))
+            } else if conv.rate_limit > 0 && recent > i64::from(conv.rate_limit) {
+                Some(("RATE_LIMITED", if group { format!("{RATE_LIMIT_NOTICE}:{}", inbound.sender) } else { RATE_LIMIT_NOTICE.to_string() }))
             } else {
                 None
             };

@@ -49,7 +49,8 @@ pub enum Route {
     OwnerCommand,
     CustomerCommand,
     PrivateData,
-    /// A customer chat over `conversation.rate_limit` within its window.
+    /// A customer chat (in a group, a member) over `conversation.rate_limit` within its window,
+    /// or a group over `group_rate_limit`.
     RateLimited,
     /// A customer while a spend budget is exhausted with `at_limit = "degraded"`.
     OverBudget,

@@ -635,6 +635,7 @@ async fn in_a_group_each_member_has_the_limit(db: TestDb) {
     // Five answered in the window: the group is full, for everyone, told once.
     assert_eq!(ask("m-d1", d).await, (Route::RateLimited, Some(limited_reply)));
     assert_eq!(ask("m-c2", c).await, (Route::RateLimited, None));
+    assert_eq!(ask("m-b3", b).await, (Route::RateLimited, None), "the group was told: no member's own note follows");
     let chat_calls = r.fake.lock().expect("lock").requests.iter().filter(|b| b["model"] == CHAT_MODEL).count();
     assert_eq!(chat_calls, 5);
     let (_, trace_id): (String, i64) = sqlx::query_as("SELECT route, id FROM traces WHERE message_id = 'm-d1'").fetch_one(&r.db.pool).await.expect("trace");

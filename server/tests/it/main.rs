@@ -38,6 +38,7 @@ mod server_fns;
 mod setup;
 mod tools;
 mod tools_console;
+mod undelivered;
 mod web_fetch;
 mod web_search;
 mod whatsapp;

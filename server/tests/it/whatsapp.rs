@@ -161,7 +161,7 @@ pub(crate) fn envelope(entries: Vec<Vec<Value>>) -> String {
     json!({ "object": "whatsapp_business_account", "entry": entry }).to_string()
 }
 
-fn status_envelope(statuses: Vec<Value>) -> String {
+pub(crate) fn status_envelope(statuses: Vec<Value>) -> String {
     json!({ "object": "whatsapp_business_account", "entry": [{ "id": "102290129340398", "changes": [{ "field": "messages", "value": {
         "messaging_product": "whatsapp",
         "metadata": { "display_phone_number": "15550783881", "phone_number_id": PHONE_NUMBER_ID },

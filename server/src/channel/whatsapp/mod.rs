@@ -6,6 +6,7 @@
 //! - [`job`]: the `whatsapp.inbound` job hands messages to the [`InboundHandler`] and delivers
 //!   its reply.
 //! - [`sender`]: replies through the Graph API and the delivery ledger, split, paced, retried.
+//! - [`undelivered`]: the owners are told when Meta reports a message to a person failed.
 
 pub mod graph;
 pub mod intake;
@@ -16,6 +17,7 @@ pub mod payload;
 pub mod sender;
 pub mod signature;
 pub mod split;
+pub mod undelivered;
 pub mod webhook;
 pub mod window;
 

@@ -1,0 +1,87 @@
+//! Tells the owners when Meta reports a message undelivered for good (a `failed` status after
+//! it accepted the send: the number cannot receive it, the person's 24-hour window closed with
+//! no template to send instead, ...): the person is waiting for an answer that will not come.
+//! The notice is in the console and goes to every owner number, at most once per chat per
+//! `whatsapp.undelivered_notice_every`. A failed message to an owner raises none (its notice
+//! would meet the same trouble). Sends Meta refuses at once fail their job, which the Jobs page
+//! shows.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::Settings,
+    db::{self, Db, DbError, owner_notifications::Notification, whatsapp as store},
+    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
+    owners::notices,
+};
+
+/// The notice's stable code, in the console's list of owner notices.
+pub const REPLY_UNDELIVERED: &str = "REPLY_UNDELIVERED";
+/// Its kind among a chat's once-per-period notes.
+const NOTE_KIND: &str = "reply_undelivered";
+
+/// Looks at the message Meta reported failed, and tells the owners if it is due.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UndeliveredNotice {
+    pub wamid: String,
+    /// The trace the failure was added to, for the notice's link.
+    pub trace_id: Option<i64>,
+}
+
+impl JobKind for UndeliveredNotice {
+    const KIND: &'static str = "whatsapp.undelivered";
+}
+
+pub struct Undelivered {
+    db: Db,
+    queue: JobQueue,
+    settings: Arc<Settings>,
+}
+
+impl Undelivered {
+    pub fn new(db: Db, queue: JobQueue, settings: Arc<Settings>) -> Self {
+        Self { db, queue, settings }
+    }
+
+    async fn tell(&self, args: &UndeliveredNotice, correlation_id: &str) -> Result<&'static str, DbError> {
+        let whatsapp = &self.settings.whatsapp;
+        if whatsapp.undelivered_notice.trim().is_empty() {
+            return Ok("whatsapp.undelivered_notice is empty: no notice");
+        }
+        let mut conn = self.db.pool.acquire().await?;
+        let Some(row) = store::outbound_by_wamid(&mut conn, &args.wamid).await? else { return Ok("no such message in the ledger") };
+        let code = row.error_code.clone().unwrap_or_else(|| "WHATSAPP_FAILED".into());
+        // Outside the window, the configured template goes in its place (a job of its own).
+        if code == "131047" && row.kind != "template" && !whatsapp.window_template.trim().is_empty() {
+            return Ok("the window template goes in its place: no notice");
+        }
+        if !row.is_group && db::owners::owner_by_phone(&mut conn, &row.recipient).await?.is_some() {
+            return Ok("a message to an owner: no notice");
+        }
+        drop(conn);
+        let now = db::now_ms();
+        let every = i64::try_from(whatsapp.undelivered_notice_every.as_millis()).unwrap_or(i64::MAX);
+        let mut tx = self.db.begin_write().await?;
+        if !store::claim_notice(&mut tx, &row.recipient, NOTE_KIND, now.saturating_sub(every), now).await? {
+            return Ok("this chat's owners were told within undelivered_notice_every: no notice");
+        }
+        let chat = if row.is_group { format!("the group {}", row.recipient) } else { format!("+{}", row.recipient) };
+        let console = self.settings.server.console_url();
+        let link = args.trace_id.map_or_else(|| format!("{console}/conversations"), |id| format!("{console}/traces/{id}"));
+        let message = whatsapp.undelivered_notice.replace("{chat}", &chat).replace("{code}", &super::trace_code(&code)).replace("{link}", &link);
+        let notice = Notification { at: now, hook: "whatsapp".into(), tool: String::new(), reason_code: REPLY_UNDELIVERED.into(), message, correlation_id: correlation_id.to_string() };
+        notices::raise(&mut tx, &self.queue, &notice, true).await?;
+        self.queue.commit(tx).await?;
+        Ok("the owners were told")
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler<UndeliveredNotice> for Undelivered {
+    async fn run(&self, args: UndeliveredNotice, ctx: &JobContext) -> Result<JobOutput, JobError> {
+        let said = self.tell(&args, &ctx.job.correlation_id).await?;
+        Ok(JobOutput { preview: Some(said.into()), snooze: None })
+    }
+}
