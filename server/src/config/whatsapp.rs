@@ -72,7 +72,7 @@ impl Default for WhatsAppSettings {
             typing_indicator: true,
             unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
-            undelivered_notice: "A message to {chat} could not be delivered ({code}): they are still waiting for an answer. {link}".into(),
+            undelivered_notice: "A message to {chat} could not be delivered ({code}); they may be waiting for an answer. {link}".into(),
             undelivered_notice_every: Duration::from_secs(6 * 3600),
             silent_types: vec!["reaction".into(), "system".into()],
             window_template: String::new(),

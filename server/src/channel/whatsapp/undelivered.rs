@@ -34,6 +34,16 @@ impl JobKind for UndeliveredNotice {
     const KIND: &'static str = "whatsapp.undelivered";
 }
 
+impl UndeliveredNotice {
+    /// Its job: one per failed message (a status delivered twice changes the ledger once, and
+    /// the key holds for a job not yet finished).
+    pub fn job(&self, queue: &JobQueue) -> crate::db::jobs::NewJob {
+        let mut job = queue.job(self);
+        job.dedupe_key = Some(format!("{}:{}", Self::KIND, self.wamid));
+        job
+    }
+}
+
 pub struct Undelivered {
     db: Db,
     queue: JobQueue,
@@ -60,6 +70,12 @@ impl Undelivered {
         if !row.is_group && db::owners::owner_by_phone(&mut conn, &row.recipient).await?.is_some() {
             return Ok("a message to an owner: no notice");
         }
+        // The notice carries the correlation id of the work whose message failed, so logs and
+        // traces lead from one to the other.
+        let correlation_id = match row.job_id {
+            Some(id) => db::jobs::get(&mut conn, id).await?.map_or_else(|| correlation_id.to_string(), |job| job.correlation_id),
+            None => correlation_id.to_string(),
+        };
         drop(conn);
         let now = db::now_ms();
         let every = i64::try_from(whatsapp.undelivered_notice_every.as_millis()).unwrap_or(i64::MAX);
@@ -69,9 +85,10 @@ impl Undelivered {
         }
         let chat = if row.is_group { format!("the group {}", row.recipient) } else { format!("+{}", row.recipient) };
         let console = self.settings.server.console_url();
-        let link = args.trace_id.map_or_else(|| format!("{console}/conversations"), |id| format!("{console}/traces/{id}"));
+        // Its trace, or (a message no trace began, an owner's decision told) its chat.
+        let link = args.trace_id.map_or_else(|| format!("{console}/conversations/{}/{}", crate::channel::WHATSAPP, row.recipient), |id| format!("{console}/traces/{id}"));
         let message = whatsapp.undelivered_notice.replace("{chat}", &chat).replace("{code}", &super::trace_code(&code)).replace("{link}", &link);
-        let notice = Notification { at: now, hook: "whatsapp".into(), tool: String::new(), reason_code: REPLY_UNDELIVERED.into(), message, correlation_id: correlation_id.to_string() };
+        let notice = Notification { at: now, hook: "whatsapp".into(), tool: String::new(), reason_code: REPLY_UNDELIVERED.into(), message, correlation_id };
         notices::raise(&mut tx, &self.queue, &notice, true).await?;
         self.queue.commit(tx).await?;
         Ok("the owners were told")
