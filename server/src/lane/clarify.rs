@@ -2,10 +2,12 @@
 //! plan left out), kept so that the answer is planned with the request it answers. Without it,
 //! "Porto" after "Which city do you mean?" would be detected alone, and stay in normal chat.
 //!
-//! The question is kept per person asked in a chat (`lane.clarification_ttl`; the lane's
-//! [`super::context::ContextStore`] stores it). Their next message is planned as its answer:
-//! the detector offers the question's tools again beside the message's own candidates, and the
-//! planner reads the request, the questions and the answers so far as untrusted data.
+//! The question stays open for the person asked in the chat (in a group, that member) for
+//! `lane.clarification_ttl` (the lane's [`super::context::ContextStore`] keeps it). Their next
+//! message to the assistant takes their newest open question, once, and is planned as its
+//! answer: the detector offers the question's tools first, beside the message's own
+//! candidates, and the planner reads the request, the questions and the answers so far as
+//! untrusted data.
 
 use serde::{Deserialize, Serialize};
 

@@ -7,8 +7,8 @@
 //! queues and which runs every `lane.context_sweep_every` for as long as contexts remain.
 //! Results of tools tagged with one of `lane.private_data_tags` are never kept.
 //!
-//! It also keeps the lane's open clarifying questions ([`super::clarify`]), one per person asked
-//! in a chat, for `lane.clarification_ttl`; the same job sweeps them.
+//! It also keeps the lane's clarifying questions ([`super::clarify`]), one per asking message,
+//! open for `lane.clarification_ttl` to the person asked; the same job sweeps them.
 
 use std::sync::Arc;
 
@@ -128,8 +128,9 @@ impl ContextStore {
         Ok(())
     }
 
-    /// Keeps `asked`, a question put to `inbound`'s sender, as their open one in its chat for
-    /// `lane.clarification_ttl` (replacing the last). Its id; none when questions are not kept.
+    /// Keeps `asked`, a question `inbound` put to its sender, open for `lane.clarification_ttl`
+    /// (replacing what an earlier run of the message asked). Its id; none when questions are not
+    /// kept.
     pub async fn ask(&self, inbound: &Inbound, asked: &Clarification, trace_id: Option<i64>) -> Result<Option<i64>, DbError> {
         let ttl = self.settings.lane.clarification_ttl;
         if ttl.is_zero() {
