@@ -52,9 +52,9 @@ pub struct WhatsAppSettings {
     pub send_retry_base: Duration,
     /// Largest inbound message object kept verbatim, in bytes; larger ones keep only the parsed fields.
     pub raw_max_bytes: u64,
-    /// What the owners are told when Meta reports a message to a person undelivered (`{chat}`
-    /// the number or group, `{code}` the error, `{link}` its trace in the console). Empty: no
-    /// notice.
+    /// What the owners are told when a message to a person is undelivered for good (Meta
+    /// refused the send, or reported it failed): `{chat}` the number or group, `{code}` the
+    /// error, `{link}` its trace (or its chat) in the console. Empty: no notice.
     pub undelivered_notice: String,
     /// The notice above goes out at most once per chat per this period.
     #[serde(with = "duration_str")]

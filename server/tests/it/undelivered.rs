@@ -8,7 +8,7 @@ use crate::{
     both_backends,
     lane_e2e::{CUSTOMER, OWNER, rig},
     support::TestDb,
-    whatsapp::{post_signed, status_envelope},
+    whatsapp::{graph_error, post_signed, status_envelope},
 };
 
 fn failed(wamid: &str, to: &str) -> String {
@@ -79,3 +79,17 @@ async fn a_reply_the_window_template_replaces_raises_no_notice(db: TestDb) {
     assert!(preview.is_some_and(|p| p.contains("window template")));
 }
 both_backends!(undelivered_window_template, a_reply_the_window_template_replaces_raises_no_notice);
+
+/// A reply Meta refuses for good when it is sent (not later, by a status) also leaves the person
+/// waiting: the owners are told, and the notice links to the chat.
+async fn the_owners_hear_of_a_refused_reply(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    r.add_owner().await;
+    r.graph.set_rule(|body, _| (body["to"] == CUSTOMER).then(|| graph_error(400, 131026, "Message undeliverable")));
+    r.exchange(&[("wamid.R1", "Hi there, are you open on Sunday?")], 1).await;
+    let told = notices(&r).await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(told[0].contains(&format!("+{CUSTOMER}")) && told[0].contains("WHATSAPP_131026") && told[0].contains(&format!("/conversations/whatsapp/{CUSTOMER}")), "{}", told[0]);
+    assert_eq!(r.graph.sends().last().and_then(|m| m["to"].as_str()), Some(OWNER));
+}
+both_backends!(undelivered_refused_send, the_owners_hear_of_a_refused_reply);

@@ -154,7 +154,7 @@ async fn store_in(conn: &mut AnyConnection, queue: &JobQueue, batches: &[&Batch]
                     let traced = trace_failed_delivery(conn, s).await?;
                     appended.extend(traced);
                     // The person waits for a message that will not come: the owners are told.
-                    let notice = super::undelivered::UndeliveredNotice { wamid: s.wamid.clone(), trace_id: traced.map(|a| a.trace_id) };
+                    let notice = super::undelivered::UndeliveredNotice { wamid: s.wamid.clone(), key: None, trace_id: traced.map(|a| a.trace_id) };
                     queue.enqueue_in(conn, &notice.job(queue)).await?;
                     if s.error_code.as_deref().and_then(|c| c.parse::<i64>().ok()) == Some(super::graph::code::OUTSIDE_WINDOW) {
                         template_instead(conn, queue, s).await?;

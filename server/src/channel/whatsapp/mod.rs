@@ -50,7 +50,7 @@ impl WhatsApp {
     /// Fails only when the Graph API's HTTP client cannot be set up.
     pub fn new(settings: &WhatsAppSettings, secrets: &Secrets, db: &Db, queue: &JobQueue, events: &Events) -> Result<Self, reqwest::Error> {
         let graph = graph::GraphClient::new(settings, secrets.whatsapp_access_token.clone())?;
-        let sender = Arc::new(WhatsAppSender::new(db.clone(), graph, settings.clone()));
+        let sender = Arc::new(WhatsAppSender::new(db.clone(), graph, settings.clone()).with_notices(queue.clone()));
         let intake = Arc::new(Intake::new(db.clone(), queue.clone()).with_events(events.clone()));
         let webhook = webhook::WebhookState {
             verify_token: secrets.whatsapp_verify_token.clone(),

@@ -39,7 +39,7 @@ use crate::{
         self, Db, DbError,
         whatsapp::{self as store, DeliveryState, NewOutbound, OutboundRow},
     },
-    jobs::{JobCode, JobError},
+    jobs::{JobCode, JobError, JobQueue},
 };
 
 use super::{
@@ -122,6 +122,8 @@ pub struct WhatsAppSender {
     settings: WhatsAppSettings,
     /// Since when Meta refuses the access token (unix ms); 0 while it does not.
     token_rejected_since: AtomicI64,
+    /// Where a part refused for good queues the owners' notice ([`super::undelivered`]).
+    notices: Option<JobQueue>,
 }
 
 impl WhatsAppSender {
@@ -131,7 +133,23 @@ impl WhatsAppSender {
             pair_interval: settings.pair_interval,
             global_per_second: settings.global_rate_per_second,
         }));
-        Self { db, graph, pacer, settings, token_rejected_since: AtomicI64::new(0) }
+        Self { db, graph, pacer, settings, token_rejected_since: AtomicI64::new(0), notices: None }
+    }
+
+    /// A part Meta refuses for good queues the owners' undelivered notice on `queue`.
+    pub fn with_notices(mut self, queue: JobQueue) -> Self {
+        self.notices = Some(queue);
+        self
+    }
+
+    /// Queues the owners' notice for a part refused for good; a part that cannot queue it is
+    /// still failed (its job's failure shows on the Jobs page).
+    async fn undelivered(&self, key: &str) {
+        let Some(queue) = &self.notices else { return };
+        let notice = super::undelivered::UndeliveredNotice { wamid: String::new(), key: Some(key.to_string()), trace_id: None };
+        if let Err(e) = queue.enqueue(&notice.job(queue)).await {
+            tracing::warn!(key, error = %e, "the owners' undelivered notice could not be queued");
+        }
     }
 
     /// Since when Meta refuses the access token, as the last sends found; `None` once one went
@@ -313,6 +331,8 @@ impl WhatsAppSender {
                 Err(e) if e.is_outside_window() => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), "outside the 24-hour customer service window (131047)", true, now).await?;
                     tracing::warn!(key = %row.idempotency_key, "reply refused: outside the 24-hour window");
+                    // Told only when no window template goes in its place.
+                    self.undelivered(&row.idempotency_key).await;
                     metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
                     return Ok(Delivery::OutsideWindow);
                 }
@@ -358,6 +378,7 @@ impl WhatsAppSender {
                 Err(e) => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), true, now).await?;
                     metrics::counter!("whatsapp_send_failed_total", "code" => e.code()).increment(1);
+                    self.undelivered(&row.idempotency_key).await;
                     return Err(SendError::Permanent { code: e.code(), message: e.to_string() });
                 }
             }

@@ -1,10 +1,9 @@
-//! Tells the owners when Meta reports a message undelivered for good (a `failed` status after
-//! it accepted the send: the number cannot receive it, the person's 24-hour window closed with
-//! no template to send instead, ...): the person is waiting for an answer that will not come.
-//! The notice is in the console and goes to every owner number, at most once per chat per
-//! `whatsapp.undelivered_notice_every`. A failed message to an owner raises none (its notice
-//! would meet the same trouble). Sends Meta refuses at once fail their job, which the Jobs page
-//! shows.
+//! Tells the owners when a message to a person is undelivered for good: Meta refused the send
+//! for good, or reported it `failed` after accepting it (the number cannot receive it, the
+//! person's 24-hour window closed with no template to send instead, ...). The person may be
+//! waiting for an answer that will not come. The notice is in the console and goes to every
+//! owner number, at most once per chat per `whatsapp.undelivered_notice_every`. A failed
+//! message to an owner raises none (its notice would meet the same trouble).
 
 use std::sync::Arc;
 
@@ -25,7 +24,11 @@ const NOTE_KIND: &str = "reply_undelivered";
 /// Looks at the message Meta reported failed, and tells the owners if it is due.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UndeliveredNotice {
+    /// The message Meta reported failed; empty for a send it refused (see `key`).
     pub wamid: String,
+    /// The ledger key of a part whose send Meta refused (it has no wamid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// The trace the failure was added to, for the notice's link.
     pub trace_id: Option<i64>,
 }
@@ -39,7 +42,7 @@ impl UndeliveredNotice {
     /// the key holds for a job not yet finished).
     pub fn job(&self, queue: &JobQueue) -> crate::db::jobs::NewJob {
         let mut job = queue.job(self);
-        job.dedupe_key = Some(format!("{}:{}", Self::KIND, self.wamid));
+        job.dedupe_key = Some(format!("{}:{}", Self::KIND, self.key.as_deref().unwrap_or(&self.wamid)));
         job
     }
 }
@@ -61,7 +64,11 @@ impl Undelivered {
             return Ok("whatsapp.undelivered_notice is empty: no notice");
         }
         let mut conn = self.db.pool.acquire().await?;
-        let Some(row) = store::outbound_by_wamid(&mut conn, &args.wamid).await? else { return Ok("no such message in the ledger") };
+        let row = match &args.key {
+            Some(key) => store::outbound_by_key(&mut conn, key).await?,
+            None => store::outbound_by_wamid(&mut conn, &args.wamid).await?,
+        };
+        let Some(row) = row else { return Ok("no such message in the ledger") };
         let code = row.error_code.clone().unwrap_or_else(|| "WHATSAPP_FAILED".into());
         // Outside the window, the configured template goes in its place (a job of its own).
         if code == "131047" && row.kind != "template" && !whatsapp.window_template.trim().is_empty() {
