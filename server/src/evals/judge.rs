@@ -135,10 +135,7 @@ impl Judge {
         if let Some(category) = self.guard.check(case.actor, case.chat_type, &case.message) {
             return Observed { route: "guard".into(), code: format!("PRIVATE_DATA_REQUEST {category}"), ..Observed::default() };
         }
-        let mut d = self.index.detect(&case.message, case.actor, case.chat_type, &case.contexts);
-        if let Some(asked) = &case.clarification {
-            d = self.index.answering(&case.message, d, &asked.tools, case.actor, case.chat_type);
-        }
+        let d = self.index.detect_answering(&case.message, case.actor, case.chat_type, &case.contexts, case.clarification.as_ref().map(|c| c.tools.as_slice()));
         let clarify = d.followup.as_ref().is_some_and(|f| f.kind == FollowupKind::Clarify);
         Observed {
             route: if d.should_plan {

@@ -99,26 +99,25 @@ mod tests {
         for answer in ["Porto", "yes", "👍"] {
             let alone = index.detect(answer, Role::Customer, ChatKind::Direct, &[]);
             assert!(!alone.should_plan, "{answer:?} alone: {alone:?}");
-            let answered = index.answering(answer, alone, &asked, Role::Customer, ChatKind::Direct);
+            let answered = index.detect_answering(answer, Role::Customer, ChatKind::Direct, &[], Some(&asked[..]));
             assert!(answered.should_plan && answered.reason == ReasonCode::ClarificationAnswer, "{answer:?}: {answered:?}");
             let names: Vec<&str> = answered.candidates.iter().map(|c| c.name.as_str()).collect();
             assert_eq!(names, ["forecast"], "{answer:?}: owner-only tools stay out for a customer");
         }
         // The message's own candidates come after the question's.
-        let detected = index.detect("the store hours in Porto", Role::Owner, ChatKind::Direct, &[]);
-        let answered = index.answering("the store hours in Porto", detected, &asked, Role::Owner, ChatKind::Direct);
+        let answered = index.detect_answering("the store hours in Porto", Role::Owner, ChatKind::Direct, &[], Some(&asked[..]));
         let names: Vec<&str> = answered.candidates.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names[..2], ["forecast", "refund"], "{answered:?}");
         assert!(names.contains(&"store_hours"), "{answered:?}");
         // A question about the chat itself is normal chat's, question or not.
         let memory = index.detect("what did I say?", Role::Customer, ChatKind::Direct, &[]);
-        assert_eq!(index.answering("what did I say?", memory.clone(), &asked, Role::Customer, ChatKind::Direct), memory);
+        assert_eq!(index.detect_answering("what did I say?", Role::Customer, ChatKind::Direct, &[], Some(&asked[..])), memory);
         // Nothing to answer with: as detected.
         let empty = index.detect("  ", Role::Customer, ChatKind::Direct, &[]);
-        assert_eq!(index.answering("  ", empty.clone(), &asked, Role::Customer, ChatKind::Direct), empty);
+        assert_eq!(index.detect_answering("  ", Role::Customer, ChatKind::Direct, &[], Some(&asked[..])), empty);
         let only_owner = ["refund".to_string()];
         let alone = index.detect("yes", Role::Customer, ChatKind::Direct, &[]);
-        assert_eq!(index.answering("yes", alone.clone(), &only_owner, Role::Customer, ChatKind::Direct), alone);
+        assert_eq!(index.detect_answering("yes", Role::Customer, ChatKind::Direct, &[], Some(&only_owner[..])), alone);
     }
 
     #[test]

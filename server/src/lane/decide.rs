@@ -47,10 +47,7 @@ impl Decider<'_> {
     /// the detector saw one).
     pub fn detect(&self, text: &str, actor: Role, chat: ChatKind, recent: &[RecentContext], clarification: Option<&Clarification>, trace: &mut Recorder) -> Detection {
         let started = Instant::now();
-        let mut detection = self.index.detect(text, actor, chat, recent);
-        if let Some(asked) = clarification {
-            detection = self.index.answering(text, detection, &asked.tools, actor, chat);
-        }
+        let detection = self.index.detect_answering(text, actor, chat, recent, clarification.map(|c| c.tools.as_slice()));
         let candidates = detection.candidates.len();
         trace.step(
             "AgentToolCandidate",

@@ -156,13 +156,24 @@ impl Index {
         indexed
     }
 
+    /// [`Index::detect`], and with `asked`, the tools of a clarifying question the message
+    /// answers, as that answer: what the lane, an eval replay and
+    /// `gatehouse lane detect` each decide for a message.
+    pub fn detect_answering(&self, message: &str, actor: Role, chat: ChatKind, recent: &[RecentContext], asked: Option<&[String]>) -> Detection {
+        let detection = self.detect(message, actor, chat, recent);
+        match asked {
+            Some(asked) => self.answering(message, detection, asked, actor, chat),
+            None => detection,
+        }
+    }
+
     /// `detection` of a `message` that answers a clarifying question about the `asked` tools:
     /// planned whatever it says ("yes", "Porto"), with the asked tools the actor may still use
     /// first, then the message's own candidates, at most `max_candidates` beyond the asked.
     /// An empty message, a question about what was said before (normal chat memory answers
     /// it), or a question none of whose tools the actor may use any more leaves the detection
     /// as it is.
-    pub fn answering(&self, message: &str, detection: Detection, asked: &[String], actor: Role, chat: ChatKind) -> Detection {
+    fn answering(&self, message: &str, detection: Detection, asked: &[String], actor: Role, chat: ChatKind) -> Detection {
         if message.trim().is_empty() || detection.reason == ReasonCode::MemoryQuestion {
             return detection;
         }

@@ -256,9 +256,8 @@ pub async fn lane_detect(cfg: LoadedConfig, files: ToolFiles, args: &LaneDetect)
     let settings = cfg.settings.lane.detector.clone();
     let detection = with_cached_tools(cfg, files, async |gatehouse| {
         let index = Index::build(tool_docs(&gatehouse.tools.catalog()), settings);
-        let (actor, chat) = (args.situation.actor.role(), args.situation.chat_type.kind());
-        let detection = index.detect(&args.text, actor, chat, &recent);
-        Ok(if args.answering.is_empty() { detection } else { index.answering(&args.text, detection, &args.answering, actor, chat) })
+        let asked = (!args.answering.is_empty()).then_some(args.answering.as_slice());
+        Ok(index.detect_answering(&args.text, args.situation.actor.role(), args.situation.chat_type.kind(), &recent, asked))
     })
     .await?;
     println!("{}", serde_json::to_string_pretty(&detection).map_err(Failure::runtime)?);
