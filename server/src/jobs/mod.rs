@@ -12,6 +12,7 @@
 //! it before acting again.
 
 pub mod actions;
+mod dropped;
 pub mod echo;
 pub mod inline;
 mod outcome;
@@ -194,6 +195,8 @@ pub struct Registry {
     /// Kinds run one at a time per chat ([`JobKind::ONE_AT_A_TIME_PER_CHAT`]).
     in_order: Vec<String>,
     hooks: Vec<Arc<dyn JobHook>>,
+    /// What follows a dropped job of a kind ([`dropped`]).
+    dropped: dropped::FollowUps,
 }
 
 impl std::fmt::Debug for Registry {
@@ -234,6 +237,18 @@ impl Registry {
     /// The budget of one run of `kind`, when it has its own.
     pub fn budget(&self, kind: &str) -> Option<Duration> {
         self.budgets.get(kind).copied()
+    }
+
+    /// A job of kind `K` that is dropped (discarded, or expired unrun) is followed by the job
+    /// `follow` makes from it, enqueued on `queue` in the same transaction ([`dropped`]). Not
+    /// for a kind the lane runs at once (`inline`), whose runs record none.
+    pub fn when_dropped<K: JobKind, F: JobKind>(&mut self, queue: &JobQueue, follow: fn(&crate::db::jobs::Dropped) -> F) -> &mut Self {
+        self.dropped.add::<K, F>(queue, follow);
+        self
+    }
+
+    fn follow_ups(&self) -> &dropped::FollowUps {
+        &self.dropped
     }
 
     pub fn hook(&mut self, hook: Arc<dyn JobHook>) -> &mut Self {

@@ -420,7 +420,7 @@ impl JobHook for Counting {
     }
 }
 
-fn fast_settings() -> WorkerSettings {
+pub(crate) fn fast_settings() -> WorkerSettings {
     WorkerSettings {
         concurrency: 8,
         poll_interval: Duration::from_millis(50),

@@ -13,6 +13,7 @@ mod handled_again;
 mod hardening;
 mod conversation;
 mod disk_full;
+mod dropped;
 mod evals;
 mod events;
 mod jobs;

@@ -3,7 +3,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, JobState, events_for, wake_other_processes};
+use super::{DbError, EXPIRED, JobState, events_for, wake_other_processes};
 use crate::db::{Backend, lease_now};
 
 /// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
@@ -32,12 +32,12 @@ fn maintenance_update(backend: Backend, set: &str, filter: &str, returning: &[&s
 /// Cancels queued jobs whose TTL passed. Returns their ids. A job claimed meanwhile is left
 /// alone: it is no longer queued.
 pub async fn expire(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<Vec<i64>, DbError> {
-    let set = "state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_EXPIRED', \
-               last_error_message = 'still queued when its time to live ran out'";
+    let set = format!("state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = '{EXPIRED}', \
+               last_error_message = 'still queued when its time to live ran out'");
     let filter = "jobs.state IN ('available', 'scheduled', 'retryable', 'pending') AND jobs.expires_at IS NOT NULL AND jobs.expires_at <= $1";
-    let sql = maintenance_update(backend, set, filter, &["id"]);
+    let sql = maintenance_update(backend, &set, filter, &["id"]);
     let ids: Vec<i64> = sqlx::query_scalar(&sql).bind(now).bind(MAINTENANCE_BATCH).fetch_all(&mut *conn).await?;
-    events_for(conn, &ids, now, JobState::Cancelled, Some("JOB_EXPIRED")).await?;
+    events_for(conn, &ids, now, JobState::Cancelled, Some(EXPIRED)).await?;
     Ok(ids)
 }
 

@@ -62,6 +62,8 @@ impl JobState {
 const DUE_STATES: &str = "('available', 'scheduled', 'retryable')";
 /// SQL list of unfinished states (a dedupe key is unique among these).
 const UNFINISHED: &str = "('available', 'scheduled', 'running', 'retryable', 'pending')";
+/// The error code of a job cancelled unrun because its time to live ran out.
+pub const EXPIRED: &str = "JOB_EXPIRED";
 
 /// A job to enqueue.
 #[derive(Debug, Clone, Default)]
@@ -185,6 +187,34 @@ async fn wake_other_processes(conn: &mut AnyConnection, ids: &[i64]) -> Result<(
 
 pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
+}
+
+/// A job dropped without being done: discarded, or cancelled unrun when its time to live ran
+/// out. What a kind's follow-up is made from (`jobs::Registry::when_dropped`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    pub id: i64,
+    pub kind: String,
+    /// The attempt it was dropped at: an owner's retry runs it again at a later one.
+    pub attempt: i64,
+    pub correlation_id: String,
+}
+
+impl From<&JobRow> for Dropped {
+    fn from(job: &JobRow) -> Self {
+        Self { id: job.id, kind: job.kind.clone(), attempt: job.attempt, correlation_id: job.correlation_id.clone() }
+    }
+}
+
+/// Those of the jobs `ids` that are dropped (see [`Dropped`]), by id: what a maintenance pass
+/// that rescued or expired them dropped, read in its transaction.
+pub async fn dropped_among(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<Dropped>, DbError> {
+    let rows: Vec<(i64, String, i64, String, String, Option<String>)> = super::rows_with_ids(conn, "SELECT id, kind, attempt, correlation_id, state, last_error_code FROM jobs", "id", ids).await?;
+    Ok(rows
+        .into_iter()
+        .filter(|(_, _, _, _, state, code)| state == "discarded" || (state == "cancelled" && code.as_deref() == Some(EXPIRED)))
+        .map(|(id, kind, attempt, correlation_id, _, _)| Dropped { id, kind, attempt, correlation_id })
+        .collect())
 }
 
 /// The states of the jobs `ids` (those that exist), by id.

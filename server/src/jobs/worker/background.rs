@@ -1,6 +1,6 @@
 //! What a worker does beside its runs: maintenance (rescuing expired leases, expiring jobs past
-//! their time to live, letting go of cancelled runs' leases) and, on PostgreSQL, listening for
-//! other processes' enqueues.
+//! their time to live, letting go of cancelled runs' leases, queueing the follow-ups of the jobs
+//! it dropped) and, on PostgreSQL, listening for other processes' enqueues.
 
 use std::time::Duration;
 
@@ -16,7 +16,10 @@ impl Worker {
                 let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
                 let expired = store::expire(&mut tx, self.db.backend, now).await?;
                 let released = store::release_cancelled_leases(&mut tx, self.db.backend, now).await?;
+                let dropped = store::dropped_among(&mut tx, &[rescued.as_slice(), expired.as_slice()].concat()).await?;
+                let followed = self.registry.follow_ups().enqueue(&mut tx, &dropped).await?;
                 tx.commit().await?;
+                followed.wake();
                 Ok::<_, DbError>((rescued, expired, released))
             }
             .await;

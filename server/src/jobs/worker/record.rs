@@ -11,9 +11,12 @@ use super::{InFlight, Outcome, Refill, Worker, free_slots, with_slots};
 use crate::{
     db::{
         self, Backend, DbError,
-        jobs::{self as store, Finished},
+        jobs::{self as store, Dropped, Finished},
     },
-    jobs::outcome::{self, Applied, RetryTimes},
+    jobs::{
+        dropped::Woken,
+        outcome::{self, Applied, RetryTimes},
+    },
 };
 
 /// Outcomes recorded in one transaction at most.
@@ -92,7 +95,7 @@ impl Worker {
                 Err(_) => break,
             }
         }
-        let (applied, released) = self.record_in(&mut tx, batch).await?;
+        let (applied, released, followed) = self.record_in(&mut tx, batch).await?;
         let refilling = if self.db.backend != Backend::Sqlite || *refill.shutdown.borrow() { None } else { free_slots(&refill.permits) };
         let claim = match refilling {
             Some(slots) => {
@@ -104,6 +107,7 @@ impl Worker {
             None => None,
         };
         tx.commit().await?;
+        followed.wake();
         if released {
             self.wake.notify_one();
         }
@@ -125,8 +129,9 @@ impl Worker {
 
     pub(super) async fn record(&self, batch: &[Outcome]) -> Result<Vec<Applied>, DbError> {
         let mut tx = self.db.begin_write().await?;
-        let (applied, released) = self.record_in(&mut tx, batch).await?;
+        let (applied, released, followed) = self.record_in(&mut tx, batch).await?;
         tx.commit().await?;
+        followed.wake();
         if released {
             self.wake.notify_one();
         }
@@ -137,8 +142,9 @@ impl Worker {
     /// Writes the outcomes of `batch` in the caller's transaction: each as
     /// [`outcome::write_unfinished`] says, and those that complete their jobs in one statement.
     /// Also says whether a cancelled job's lease was let go: its chat's next job may start once
-    /// the caller has committed.
-    async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<(Vec<Applied>, bool), DbError> {
+    /// the caller has committed; and enqueues the follow-ups of the jobs it discarded, whose
+    /// queues the caller wakes once it has committed.
+    async fn record_in(&self, tx: &mut sqlx::AnyConnection, batch: &[Outcome]) -> Result<(Vec<Applied>, bool, Woken), DbError> {
         let now = db::now_ms();
         let times = RetryTimes { base: self.settings.retry_base, max: self.settings.retry_max };
         let (mut written, mut done) = (Vec::with_capacity(batch.len()), Vec::new());
@@ -158,7 +164,9 @@ impl Worker {
         for (o, _) in batch.iter().zip(&applied).filter(|(_, a)| **a == Applied::Stale) {
             released |= store::release_cancelled(tx, o.job.id, o.job.attempt, &self.id).await?;
         }
-        Ok((applied, released))
+        let dropped: Vec<Dropped> = batch.iter().zip(&applied).filter(|(_, a)| **a == Applied::Failed { discarded: true }).map(|(o, _)| Dropped::from(&o.job)).collect();
+        let followed = self.registry.follow_ups().enqueue(tx, &dropped).await?;
+        Ok((applied, released, followed))
     }
 
     /// Metrics of committed outcomes.

@@ -1,0 +1,113 @@
+//! A job dropped without being done (discarded after a permanent failure or its last attempt,
+//! discarded when its lease ran out on its last attempt, or expired unrun) is followed by the
+//! job its kind names, in the same transaction, once, with its correlation id. An owner's
+//! cancel and a kind with no follow-up queue nothing.
+
+use std::{collections::BTreeSet, sync::Mutex, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use server::{
+    db::{
+        self,
+        jobs::{self as store, JobState, NewJob},
+    },
+    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue, Registry, Worker, WorkerSettings, echo},
+};
+use tokio::sync::watch;
+
+use crate::{both_backends, jobs::fast_settings, support::TestDb};
+
+#[derive(Serialize, Deserialize)]
+struct Fails {
+    retryable: bool,
+}
+
+impl JobKind for Fails {
+    const KIND: &'static str = "test.fails";
+}
+
+struct FailsHandler;
+
+#[async_trait::async_trait]
+impl Handler<Fails> for FailsHandler {
+    async fn run(&self, args: Fails, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        Err(if args.retryable { JobError::retryable("TEST_DOWN", "the far side is down") } else { JobError::permanent("TEST_BROKEN", "this cannot work") })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Followed {
+    job_id: i64,
+}
+
+impl JobKind for Followed {
+    const KIND: &'static str = "test.followed";
+}
+
+#[derive(Default)]
+struct Told(Mutex<Vec<i64>>);
+
+#[async_trait::async_trait]
+impl Handler<Followed> for Told {
+    async fn run(&self, args: Followed, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+        self.0.lock().expect("lock").push(args.job_id);
+        Ok(JobOutput::default())
+    }
+}
+
+async fn a_dropped_job_is_followed_once(db: TestDb) {
+    let pool = db.connect().await;
+    pool.migrate().await.expect("migrate");
+    let queue = JobQueue::new(pool.clone());
+    let told = std::sync::Arc::new(Told::default());
+    let mut registry = Registry::new();
+    registry.handle::<Fails>(std::sync::Arc::new(FailsHandler)).handle::<Followed>(told.clone()).handle::<echo::Echo>(std::sync::Arc::new(echo::EchoHandler));
+    registry.when_dropped::<Fails, Followed>(&queue, |d| Followed { job_id: d.id });
+
+    let later = db::now_ms() + 3_600_000;
+    let fails = |retryable: bool, attempts: i64, corr: &str| NewJob { max_attempts: attempts, correlation_id: corr.into(), ..queue.job(&Fails { retryable }) };
+    let permanent = queue.enqueue(&fails(false, 3, "corr-permanent")).await.expect("enqueue").job.id;
+    let retried = queue.enqueue(&fails(true, 2, "corr-retried")).await.expect("enqueue").job.id;
+    let expired = queue.enqueue(&NewJob { scheduled_at: Some(later), expires_at: Some(db::now_ms() - 1), ..fails(false, 3, "corr-expired") }).await.expect("enqueue").job.id;
+    let cancelled = queue.enqueue(&NewJob { scheduled_at: Some(later), ..fails(false, 3, "corr-cancelled") }).await.expect("enqueue").job.id;
+    let echo_failed = queue.enqueue(&queue.job(&echo::Echo { message: String::new(), fail_with: Some("no".into()) })).await.expect("enqueue").job.id;
+    // A run on its last attempt whose worker died: the rescue discards it.
+    let rescued = queue.enqueue(&NewJob { scheduled_at: Some(later), ..fails(false, 1, "corr-rescued") }).await.expect("enqueue").job.id;
+    sqlx::query("UPDATE jobs SET state = 'running', attempt = 1, lease_owner = 'a-dead-worker', lease_expires_at = 0 WHERE id = $1").bind(rescued).execute(&pool.pool).await.expect("running");
+    {
+        let mut conn = pool.pool.acquire().await.expect("conn");
+        assert!(store::cancel(&mut conn, cancelled, "owner cancelled", db::now_ms()).await.expect("cancel"));
+    }
+
+    let settings = WorkerSettings { maintenance_interval: Duration::from_millis(100), ..fast_settings() };
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), registry, settings, queue.waker()).run(stopped));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let expected: BTreeSet<i64> = [permanent, retried, expired, rescued].into();
+    while told.0.lock().expect("lock").iter().copied().collect::<BTreeSet<i64>>() != expected {
+        assert!(std::time::Instant::now() < deadline, "followed so far: {:?}, expected {expected:?}", told.0.lock().expect("lock"));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Whatever else would come has had its chance.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop.send(true).expect("stop");
+    worker.await.expect("worker");
+
+    assert_eq!(told.0.lock().expect("lock").len(), 4, "one follow-up per dropped job: {:?}", told.0.lock().expect("lock"));
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    for (id, corr) in [(permanent, "corr-permanent"), (retried, "corr-retried"), (expired, "corr-expired"), (rescued, "corr-rescued")] {
+        let job = store::get(&mut conn, id).await.expect("get").expect("job");
+        assert!(matches!(job.state, JobState::Discarded | JobState::Cancelled), "{job:?}");
+        let follow = store::find_by_dedupe(&mut conn, &format!("test.followed:{id}:{}", job.attempt)).await.expect("find").expect("a follow-up");
+        assert_eq!((follow.correlation_id.as_str(), follow.state), (corr, JobState::Completed), "{follow:?}");
+        // Queued with the drop, not before it.
+        assert!(follow.created_at >= job.completed_at.expect("finished"), "{follow:?} before {job:?}");
+    }
+    let retried_job = store::get(&mut conn, retried).await.expect("get").expect("job");
+    assert_eq!((retried_job.state, retried_job.attempt), (JobState::Discarded, 2), "a retryable failure is dropped on its last attempt only");
+    let followed_kinds: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE kind = 'test.followed'").fetch_one(&mut *conn).await.expect("count");
+    assert_eq!(followed_kinds, 4, "none for the cancelled job ({cancelled}) or the kind with no follow-up ({echo_failed})");
+    let echo_state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1").bind(echo_failed).fetch_one(&mut *conn).await.expect("echo");
+    assert_eq!(echo_state, "discarded");
+}
+both_backends!(jobs_dropped_followed, a_dropped_job_is_followed_once);
