@@ -112,6 +112,9 @@ pub struct Handled {
     /// Show the reply as an answer to the inbound message (in groups).
     pub quote: bool,
     pub error_code: Option<String>,
+    /// The reply only says the work is under way ("I'm looking that up"): a later message about
+    /// the request that went out first (the answer, an owner's decision) makes it stale.
+    pub acknowledgement: bool,
 }
 
 /// A failure of the runtime, with a stable code. Retryable failures run the message again later.

@@ -324,13 +324,40 @@ impl InboundHandler for Runtime {
         // The database's own code: a full disk (`STORAGE_FULL`) must not use up the message's
         // attempts, or a disk that stays full longer than the backoff discards the message.
         let outcome = Runtime::handle(self, inbound).await.map_err(|e| HandlerError { code: e.code().into(), message: e.to_string(), retryable: true })?;
+        let reply = outcome.reply.filter(|r| !r.trim().is_empty());
+        let acknowledgement = reply.as_deref().is_some_and(|r| only_acknowledges(r, &self.settings.lane));
         Ok(Handled {
             trace_id: outcome.trace_id,
             role: outcome.actor,
             route: outcome.route.as_str().into(),
-            reply: outcome.reply.filter(|r| !r.trim().is_empty()),
+            reply,
             quote: inbound.chat_kind == ChatKind::Group,
             error_code: outcome.error_code,
+            acknowledgement,
         })
+    }
+}
+
+/// Whether `reply` is only the lane's word that the work is under way (`pending_reply`,
+/// `already_checking_reply`), with no answer joined to it.
+fn only_acknowledges(reply: &str, lane: &crate::config::LaneSettings) -> bool {
+    [&lane.pending_reply, &lane.already_checking_reply].iter().any(|ack| !ack.trim().is_empty() && reply.trim() == ack.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_bare_acknowledgement_is_one() {
+        let lane = crate::config::LaneSettings {
+            pending_reply: "I'm looking that up now.".into(),
+            already_checking_reply: "I'm already checking that.".into(),
+            ..Default::default()
+        };
+        assert!(super::only_acknowledges(&lane.pending_reply, &lane));
+        assert!(super::only_acknowledges(&format!("{}\n", lane.already_checking_reply), &lane));
+        let joined = format!("The returns page says: free within 30 days.\n\n{}", lane.pending_reply);
+        assert!(!super::only_acknowledges(&joined, &lane), "an answer joined to it is not lost");
+        assert!(!super::only_acknowledges("Your order has shipped.", &lane));
+        assert!(!super::only_acknowledges(" ", &crate::config::LaneSettings::default()), "no texts, no acknowledgement");
     }
 }

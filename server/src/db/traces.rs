@@ -243,6 +243,13 @@ pub async fn append_failure(conn: &mut AnyConnection, trace_id: i64, step: &Step
     Ok(seq)
 }
 
+/// Whether a later message about trace `trace_id`'s message went out on WhatsApp (a tool's
+/// answer, an owner's decision: the `later_delivery` steps the channel's outbox appends).
+pub async fn later_delivery_sent(conn: &mut AnyConnection, trace_id: i64) -> Result<bool, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM trace_steps WHERE trace_id = $1 AND step = 'later_delivery' AND decision = 'sent'").bind(trace_id).fetch_one(conn).await?;
+    Ok(n > 0)
+}
+
 /// The trace of the message whose reply went out as `outbound_wamid` (through the delivery
 /// ledger's job), if the runtime traced it.
 pub async fn trace_of_outbound(conn: &mut AnyConnection, outbound_wamid: &str) -> Result<Option<i64>, DbError> {

@@ -26,6 +26,8 @@ pub fn from_step(row: &StepRow, id: EventId) -> Envelope {
             "read" => Event::ReplyRead(delivery),
             // A send the job tries again: the reply is still on its way, not sent.
             "retry" => Event::ReplyQueued(facts),
+            // A reply overtaken by a later message about its request: not sent at all.
+            "skipped" => Event::Routed(facts),
             _ => Event::ReplySent(delivery),
         }
     } else {
@@ -90,6 +92,7 @@ mod tests {
         assert_eq!(kind(step(6, "delivery_status", "failed")), "reply_failed");
         assert_eq!(kind(step(7, "later_delivery", "sent")), "reply_sent");
         assert_eq!(kind(step(8, "delivery", "retry")), "reply_queued", "a send to be tried again was not sent");
+        assert_eq!(kind(step(9, "delivery", "skipped")), "routed", "a reply overtaken by a later one was not sent");
     }
 
     #[test]

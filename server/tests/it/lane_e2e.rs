@@ -546,6 +546,33 @@ async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
 }
 both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
 
+/// An acknowledgement whose send is retried after the answer went out is not sent: "I'm
+/// checking" after the answer only confuses.
+async fn an_acknowledgement_overtaken_by_its_answer_is_not_sent(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.immediate_deadline = Duration::from_millis(300);
+        s.whatsapp.send_attempts = 1;
+        // The message's job tries its reply again well after the slow call has answered.
+        s.jobs.retry_base = Duration::from_secs(3);
+        s.jobs.retry_max = Duration::from_secs(3);
+    })
+    .await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(1);
+    // The acknowledgement's first send meets a Meta server error.
+    r.graph.set_rule(|_, index| (index == 0).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    r.exchange(&[("wamid.LATE_ACK", "Where is my order slow-7?")], 2).await;
+    let answer = "Your order has shipped with Parcel Co: https://track.example/42".to_string();
+    assert_eq!(r.graph.texts(), vec![pending, answer], "the refused acknowledgement, the answer, and nothing after it");
+    let steps = r.steps("wamid.LATE_ACK").await;
+    assert!(steps.iter().any(|(s, d, c)| s == "delivery" && d == "skipped" && c == "REPLY_SUPERSEDED"), "{steps:?}");
+    let (state, attempt, preview): (String, i64, Option<String>) =
+        sqlx::query_as("SELECT state, attempt, result_preview FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&r.app.state.db.pool).await.expect("the message's job");
+    assert_eq!((state.as_str(), attempt), ("completed", 2), "{preview:?}");
+    assert!(preview.is_some_and(|p| p.contains("went out first")));
+}
+both_backends!(lane_e2e_late_acknowledgement, an_acknowledgement_overtaken_by_its_answer_is_not_sent);
+
 /// A later answer whose send fails is sent again by the job's next attempt, and only sent: the
 /// tool is not asked again, nor the summarizer (an approved write must not run twice because
 /// WhatsApp was briefly down).

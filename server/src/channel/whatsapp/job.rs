@@ -20,6 +20,9 @@ use super::{
     sender::{Recipient, SendError, SendOutcome, WhatsAppSender},
 };
 
+/// Why a reply was not sent: what it said was overtaken.
+const SUPERSEDED: &str = "a later message about this request went out first";
+
 pub struct InboundJob {
     db: Db,
     telemetry: Telemetry,
@@ -173,6 +176,20 @@ impl InboundJob {
         let Some(text) = handled.reply.as_deref().filter(|t| !t.trim().is_empty()) else {
             return Ok(format!("no reply: {}", handled.route));
         };
+        // An acknowledgement that waited (its send retried) while a later message about the
+        // same request went out (the tool's answer, an owner's decision) is stale: "I'm
+        // checking" after the answer only confuses. Not once a part of it went out.
+        if handled.acknowledgement
+            && let Some(trace_id) = handled.trace_id
+        {
+            let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
+            let started = store::outbound_by_key(&mut conn, &super::sender::part_key(ctx.job.id, 0)).await.map_err(JobError::from)?.is_some_and(|part| part.wamid.is_some());
+            if !started && db::traces::later_delivery_sent(&mut conn, trace_id).await.map_err(JobError::from)? {
+                drop(conn);
+                self.trace_delivery(Some(trace_id), "skipped", "REPLY_SUPERSEDED", SUPERSEDED, false).await;
+                return Ok(format!("no reply: {SUPERSEDED}"));
+            }
+        }
         if !inbound.kind.is_readable() && self.sender.settings().mark_read {
             self.sender.mark_read(&inbound.message_id, self.sender.settings().typing_indicator).await;
         }

@@ -173,7 +173,7 @@ impl WhatsAppSender {
         let parts = split::split(text, split::MAX_CHARS);
         let mut already_sent = 0;
         for (n, part) in parts.iter().enumerate() {
-            let key = format!("job:{job_id}:part:{n}");
+            let key = part_key(job_id, n);
             let quote = if n == 0 { quote } else { None };
             let mut body = serde_json::json!({
                 "messaging_product": "whatsapp",
@@ -407,4 +407,9 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
 /// The ledger row of a message sent as one part (buttons, a template), under `key`.
 fn single_part<'a>(key: &'a str, job_id: i64, to: &'a Recipient, kind: &'a str, body: &'a str) -> NewOutbound<'a> {
     NewOutbound { idempotency_key: key, job_id: Some(job_id), part: 0, recipient: &to.id, is_group: to.group, kind, body, quoted_id: None }
+}
+
+/// The ledger key of part `n` of job `job_id`'s message.
+pub(super) fn part_key(job_id: i64, n: usize) -> String {
+    format!("job:{job_id}:part:{n}")
 }
