@@ -20,7 +20,12 @@ use crate::{
     channel::{
         InboundHandler, Outbound, Outbox,
         simulator::Simulator,
-        whatsapp::{WhatsApp, intake::ProcessInbound, window::SendWindowTemplate},
+        whatsapp::{
+            WhatsApp,
+            intake::ProcessInbound,
+            unhandled::{Unhandled, UnhandledNotice},
+            window::SendWindowTemplate,
+        },
     },
     config::{self, ConfigError, LoadedConfig},
     conversation::{self, Runtime, RuntimeParts, ToolLane},
@@ -243,6 +248,8 @@ impl Gatehouse {
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
         registry.handle_within(Arc::new(crate::channel::whatsapp::undelivered::Undelivered::new(db.clone(), jobs.clone(), settings.clone())), settings.jobs.timeouts.owner_notify);
+        registry.when_dropped::<ProcessInbound, UnhandledNotice>(&jobs, UnhandledNotice::of);
+        registry.handle_within(Arc::new(Unhandled::new(db.clone(), jobs.clone(), settings.clone())), settings.jobs.timeouts.owner_notify);
         let workspace = Workspace { config_dir: config.dir.clone(), secrets: config.secrets.source.clone(), settings: settings.clone(), live: tools.catalog() };
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };
         registry.handle_within::<CycleJob>(Arc::new(cycle.clone()), settings.jobs.timeouts.evals_cycle);

@@ -56,7 +56,13 @@ pub struct WhatsAppSettings {
     /// refused the send, or reported it failed): `{chat}` the number or group, `{code}` the
     /// error, `{link}` its trace (or its chat) in the console. Empty: no notice.
     pub undelivered_notice: String,
-    /// The notice above goes out at most once per chat per this period.
+    /// What the owners are told when a person's message is dropped unanswered (its job failed
+    /// for good): `{chat}` the number or group, `{code}` the job's error, `{link}` the job in the
+    /// console, where an owner can retry it. Empty: no notice.
+    pub unhandled_notice: String,
+    /// One chat's owners hear of an undelivered reply or an unhandled message at most once per
+    /// this period (either notice counts: both say a person may be waiting): in the console,
+    /// and on WhatsApp only the first of its cause (notice and code) in the period.
     #[serde(with = "duration_str")]
     pub undelivered_notice_every: Duration,
 }
@@ -73,6 +79,7 @@ impl Default for WhatsAppSettings {
             unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
             undelivered_notice: "A message to {chat} could not be delivered ({code}); they may be waiting for an answer. {link}".into(),
+            unhandled_notice: "A message from {chat} was not answered: handling it failed ({code}). Retry it, or answer them yourself: {link}".into(),
             undelivered_notice_every: Duration::from_secs(6 * 3600),
             silent_types: vec!["reaction".into(), "system".into()],
             window_template: String::new(),

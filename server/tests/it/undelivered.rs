@@ -1,6 +1,7 @@
 //! A message Meta reports undelivered (a `failed` status after it accepted the send) leaves the
 //! person waiting: the owners are told, in the console and on WhatsApp, once per chat per
-//! period, never for a failed message to an owner.
+//! period, never for a failed message to an owner. So does a person's message dropped
+//! unanswered (its job failed for good).
 
 use serde_json::json;
 
@@ -8,7 +9,7 @@ use crate::{
     both_backends,
     lane_e2e::{CUSTOMER, OWNER, rig},
     support::TestDb,
-    whatsapp::{graph_error, post_signed, status_envelope},
+    whatsapp::{envelope, graph_error, post_signed, status_envelope, text_message},
 };
 
 fn failed(wamid: &str, to: &str) -> String {
@@ -91,5 +92,84 @@ async fn the_owners_hear_of_a_refused_reply(db: TestDb) {
     assert_eq!(told.len(), 1, "{told:?}");
     assert!(told[0].contains(&format!("+{CUSTOMER}")) && told[0].contains("WHATSAPP_131026") && told[0].contains(&format!("/conversations/whatsapp/{CUSTOMER}")), "{}", told[0]);
     assert_eq!(r.graph.sends().last().and_then(|m| m["to"].as_str()), Some(OWNER));
+    // The message's job, failed for good with its reply, is dropped: the notice above says it
+    // all, and no second one follows.
+    assert!(unhandled_notices(&r).await.is_empty());
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'whatsapp.unhandled'").fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("refused its reply for good")), "{preview:?}");
 }
 both_backends!(undelivered_refused_send, the_owners_hear_of_a_refused_reply);
+
+const OTHER_CUSTOMER: &str = "15550009876";
+
+async fn unhandled_notices(r: &crate::lane_e2e::Rig) -> Vec<String> {
+    sqlx::query_scalar("SELECT message FROM owner_notifications WHERE reason_code = 'MESSAGE_UNHANDLED' ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("notices")
+}
+
+/// A person's message whose job is dropped (here every send of its reply fails until its one
+/// attempt is used up) leaves them waiting: the owners are told once per chat, with a link to
+/// the job, and on WhatsApp once per cause; an owner's retry answers it. An owner's own message
+/// raises none.
+async fn the_owners_hear_of_an_unhandled_message(db: TestDb) {
+    let r = rig(db, |s| {
+        s.jobs.attempts.whatsapp_inbound = 1;
+        s.whatsapp.send_attempts = 1;
+    })
+    .await;
+    r.add_owner().await;
+    r.graph.set_rule(|body, _| (body["to"] != OWNER).then(|| graph_error(503, 2, "Service temporarily unavailable")));
+    r.exchange(&[("wamid.H1", "Hi there, are you open on Sunday?")], 2).await;
+    let pool = &r.app.state.db.pool;
+    let (job_id, state, code): (i64, String, String) =
+        sqlx::query_as("SELECT id, state, last_error_code FROM jobs WHERE kind = 'whatsapp.inbound' AND message_id = 'wamid.H1'").fetch_one(pool).await.expect("job");
+    assert_eq!(state, "discarded");
+    let told = unhandled_notices(&r).await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(code, "2", "Meta's error code");
+    assert!(told[0].contains(&format!("+{CUSTOMER}")) && told[0].contains(&format!("/jobs/{job_id}")) && told[0].contains("(WHATSAPP_2)"), "{}", told[0]);
+    assert_eq!(r.graph.sends().last().and_then(|m| m["to"].as_str()), Some(OWNER), "told on WhatsApp too");
+    let (of_notice, of_job): (String, String) = sqlx::query_as(
+        "SELECT n.correlation_id, j.correlation_id FROM owner_notifications n, jobs j WHERE n.reason_code = 'MESSAGE_UNHANDLED' AND j.id = $1",
+    )
+    .bind(job_id)
+    .fetch_one(pool)
+    .await
+    .expect("correlation ids");
+    assert_eq!(of_notice, of_job, "the notice carries the dropped job's correlation id");
+    assert!(notices(&r).await.is_empty(), "no undelivered-reply notice beside it");
+
+    // Another of the chat's messages dropped within the period: the owners were told already.
+    r.exchange(&[("wamid.H2", "Hello? Anyone there?")], 3).await;
+    assert_eq!(unhandled_notices(&r).await.len(), 1, "once per chat per period");
+
+    // Another person's message dropped for the same cause: in the console, but the owners heard
+    // of this cause on WhatsApp already.
+    let to_owner = || r.graph.sends().iter().filter(|m| m["to"] == OWNER).count();
+    assert_eq!(to_owner(), 1);
+    let other = envelope(vec![vec![text_message(OTHER_CUSTOMER, "wamid.H3", "Are you open today?")]]);
+    assert_eq!(post_signed(&r.app, &other).await.status, axum::http::StatusCode::OK);
+    r.exchange(&[], 4).await;
+    let told = unhandled_notices(&r).await;
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert!(told[1].contains(&format!("+{OTHER_CUSTOMER}")), "{}", told[1]);
+    assert_eq!(to_owner(), 1, "one WhatsApp notice per cause per period");
+
+    // An owner's own message dropped: they saw no answer, and are not told of it.
+    let from_owner = envelope(vec![vec![text_message(OWNER, "wamid.H4", "How many orders today?")]]);
+    r.graph.set_rule(|_, _| Some(graph_error(503, 2, "Service temporarily unavailable")));
+    assert_eq!(post_signed(&r.app, &from_owner).await.status, axum::http::StatusCode::OK);
+    r.exchange(&[], 5).await;
+    assert_eq!(unhandled_notices(&r).await.len(), 2, "no notice of an owner's message");
+    let previews: Vec<Option<String>> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'whatsapp.unhandled' ORDER BY id").fetch_all(pool).await.expect("jobs");
+    assert!(previews.last().and_then(Option::as_deref).is_some_and(|p| p.contains("an owner's message")), "{previews:?}");
+
+    // An owner retries the first once the trouble is over: the person is answered.
+    r.graph.set_rule(|_, _| None);
+    let retried = server::db::jobs::retry_now(&mut pool.acquire().await.expect("conn"), job_id, server::db::now_ms()).await.expect("retry");
+    assert!(retried);
+    r.exchange(&[], 6).await;
+    assert_eq!(r.graph.sends().last().and_then(|m| m["to"].as_str()), Some(CUSTOMER));
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1").bind(job_id).fetch_one(pool).await.expect("job");
+    assert_eq!(state, "completed");
+}
+both_backends!(unhandled_message_notice, the_owners_hear_of_an_unhandled_message);

@@ -18,6 +18,7 @@ pub mod sender;
 pub mod signature;
 pub mod split;
 pub mod undelivered;
+pub mod unhandled;
 pub mod webhook;
 pub mod window;
 

@@ -2,8 +2,10 @@
 //! for good, or reported it `failed` after accepting it (the number cannot receive it, the
 //! person's 24-hour window closed with no template to send instead, ...). The person may be
 //! waiting for an answer that will not come. The notice is in the console and goes to every
-//! owner number, at most once per chat per `whatsapp.undelivered_notice_every`. A failed
-//! message to an owner raises none (its notice would meet the same trouble).
+//! owner number, at most once per chat per `whatsapp.undelivered_notice_every` together with
+//! the unhandled-message notice (`unhandled`), and on WhatsApp once per cause in that period
+//! ([`tell_once`]). A failed message to an owner raises none (its notice would meet the same
+//! trouble).
 
 use std::sync::Arc;
 
@@ -18,8 +20,10 @@ use crate::{
 
 /// The notice's stable code, in the console's list of owner notices.
 pub const REPLY_UNDELIVERED: &str = "REPLY_UNDELIVERED";
-/// Its kind among a chat's once-per-period notes.
+/// Its kind among a chat's once-per-period notes, shared with the unhandled-message notice.
 const NOTE_KIND: &str = "reply_undelivered";
+/// The chat a cause's once-per-period claim is made for: every chat.
+const ANY_CHAT: &str = "*";
 
 /// Looks at the message Meta reported failed, and tells the owners if it is due.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,22 +88,46 @@ impl Undelivered {
             None => correlation_id.to_string(),
         };
         drop(conn);
-        let now = db::now_ms();
-        let every = i64::try_from(whatsapp.undelivered_notice_every.as_millis()).unwrap_or(i64::MAX);
-        let mut tx = self.db.begin_write().await?;
-        if !store::claim_notice(&mut tx, &row.recipient, NOTE_KIND, now.saturating_sub(every), now).await? {
-            return Ok("this chat's owners were told within undelivered_notice_every: no notice");
-        }
-        let chat = if row.is_group { format!("the group {}", row.recipient) } else { format!("+{}", row.recipient) };
         let console = self.settings.server.console_url();
         // Its trace, or (a message no trace began, an owner's decision told) its chat.
         let link = args.trace_id.map_or_else(|| format!("{console}/conversations/{}/{}", crate::channel::WHATSAPP, row.recipient), |id| format!("{console}/traces/{id}"));
-        let message = whatsapp.undelivered_notice.replace("{chat}", &chat).replace("{code}", &super::trace_code(&code)).replace("{link}", &link);
-        let notice = Notification { at: now, hook: "whatsapp".into(), tool: String::new(), reason_code: REPLY_UNDELIVERED.into(), message, correlation_id };
-        notices::raise(&mut tx, &self.queue, &notice, true).await?;
-        self.queue.commit(tx).await?;
-        Ok("the owners were told")
+        let notice = ChatNotice { chat_id: &row.recipient, is_group: row.is_group, text: &whatsapp.undelivered_notice, code: &super::trace_code(&code), link: &link, reason_code: REPLY_UNDELIVERED };
+        tell_once(&self.db, &self.queue, &self.settings, &notice, correlation_id).await
     }
+}
+
+/// A notice that one chat's person may be waiting for an answer.
+pub(super) struct ChatNotice<'a> {
+    pub chat_id: &'a str,
+    pub is_group: bool,
+    /// The configured text, with `{chat}`, `{code}` and `{link}`.
+    pub text: &'a str,
+    pub code: &'a str,
+    pub link: &'a str,
+    pub reason_code: &'static str,
+}
+
+/// Tells the owners, unless this chat's owners heard of it (this notice or the other that says
+/// a person may be waiting) within `whatsapp.undelivered_notice_every`. The notice is kept for
+/// the console; on WhatsApp only the first of its cause (the notice's code and the error) in
+/// that period goes out, so a failure that meets every chat (the Cloud API down for an hour)
+/// is one message to each owner, not one per chat, and the console lists them all. Says which
+/// it did.
+pub(super) async fn tell_once(db: &Db, queue: &JobQueue, settings: &Settings, n: &ChatNotice<'_>, correlation_id: String) -> Result<&'static str, DbError> {
+    let now = db::now_ms();
+    let every = i64::try_from(settings.whatsapp.undelivered_notice_every.as_millis()).unwrap_or(i64::MAX);
+    let since = now.saturating_sub(every);
+    let mut tx = db.begin_write().await?;
+    if !store::claim_notice(&mut tx, n.chat_id, NOTE_KIND, since, now).await? {
+        return Ok("this chat's owners were told within undelivered_notice_every: no notice");
+    }
+    let on_whatsapp = store::claim_notice(&mut tx, ANY_CHAT, &format!("{}:{}", n.reason_code, n.code), since, now).await?;
+    let chat = if n.is_group { format!("the group {}", n.chat_id) } else { format!("+{}", n.chat_id) };
+    let message = n.text.replace("{chat}", &chat).replace("{code}", n.code).replace("{link}", n.link);
+    let notice = Notification { at: now, hook: "whatsapp".into(), tool: String::new(), reason_code: n.reason_code.into(), message, correlation_id };
+    notices::raise(&mut tx, queue, &notice, on_whatsapp).await?;
+    queue.commit(tx).await?;
+    Ok(if on_whatsapp { "the owners were told" } else { "the owners were told in the console (told of this cause on WhatsApp within undelivered_notice_every)" })
 }
 
 #[async_trait::async_trait]
