@@ -29,7 +29,7 @@ use crate::{
     },
     config::{self, ConfigError, LoadedConfig},
     conversation::{self, Runtime, RuntimeParts, ToolLane},
-    lane,
+    lane::{self, processor::stopped::CallStopped},
     db::{Db, DbError},
     events::Events,
     jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
@@ -243,12 +243,14 @@ impl Gatehouse {
         let simulator = Arc::new(Simulator::new(db.clone(), handler.clone(), telemetry.clone()));
         let mut registry = jobs::registry();
         whatsapp.register(&mut registry, &db, handler, &settings.jobs.timeouts);
-        registry.handle_within::<lane::job::ToolCallJob>(processor, settings.jobs.timeouts.tool_call);
+        registry.handle_within::<lane::job::ToolCallJob>(processor.clone(), settings.jobs.timeouts.tool_call);
+        registry.when_cancelled::<lane::job::ToolCallJob, CallStopped>(&jobs);
+        registry.handle_within::<CallStopped>(processor, settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(AskOwnerHandler::new(approvals.clone(), whatsapp.sender.clone())), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(SettleHandler::new(approvals.clone(), outbox)), settings.jobs.timeouts.owner_notify);
         registry.handle_within(Arc::new(lane::context::SweepHandler::new(db.clone(), settings.clone())), settings.jobs.job_timeout);
         registry.handle_within(Arc::new(crate::channel::whatsapp::undelivered::Undelivered::new(db.clone(), jobs.clone(), settings.clone())), settings.jobs.timeouts.owner_notify);
-        registry.when_dropped::<ProcessInbound, UnhandledNotice>(&jobs, UnhandledNotice::of);
+        registry.when_dropped::<ProcessInbound, UnhandledNotice>(&jobs);
         registry.handle_within(Arc::new(Unhandled::new(db.clone(), jobs.clone(), settings.clone())), settings.jobs.timeouts.owner_notify);
         let workspace = Workspace { config_dir: config.dir.clone(), secrets: config.secrets.source.clone(), settings: settings.clone(), live: tools.catalog() };
         let cycle = Cycle { db: db.clone(), queue: jobs.clone(), settings: settings.clone(), workspace, checkpoint: tools.clone(), model: model.clone() };

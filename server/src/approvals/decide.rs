@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The outcome of an approved call whose run an owner cancelled (the job's own code).
-const RUN_CANCELLED: &str = "JOB_CANCELLED";
+const RUN_CANCELLED: &str = crate::db::jobs::CANCELLED;
 
 /// Approve or reject.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,8 +125,8 @@ impl Approvals {
     /// An owner cancelled `job` (the Jobs page). If it is the run of an approved call, its
     /// outcome is `JOB_CANCELLED` and the owner who approved it is told, as for any outcome
     /// (else the approval would stay "approved" with no outcome, and its decider waiting). A run
-    /// already under way may have made the call: the notice says to check. The person who asked
-    /// is not told "not done", which may not be true.
+    /// already under way may have made the call: the notice says to check. The lane's
+    /// `tool.stopped` job, which calls this, tells the person who asked that it was stopped.
     pub async fn run_cancelled(&self, job: &crate::db::jobs::JobRow) -> Result<(), DbError> {
         if job.kind != <ToolCallJob as crate::jobs::JobKind>::KIND {
             return Ok(());

@@ -416,6 +416,7 @@ fn lane(settings: &Settings, need: &mut impl FnMut(bool, &str, String)) {
         ("lane.timed_out_reply", &lane.timed_out_reply),
         ("lane.approval_reply", &lane.approval_reply),
         ("lane.unreadable_reply", &lane.unreadable_reply),
+        ("lane.cancelled_reply", &lane.cancelled_reply),
     ] {
         need(reply.chars().count() <= 4096, key, "must fit one WhatsApp message (4,096 characters)".into());
     }

@@ -92,6 +92,8 @@ pub struct LaneSettings {
     pub pending_reply: String,
     /// Said when a call's job could not be stored: nothing was started and nothing is promised.
     pub not_started_reply: String,
+    /// Said when an owner cancels a call's job (the Jobs page) before its answer went out.
+    pub cancelled_reply: String,
     /// Said when a call not safe to repeat was made but its outcome is unknown (its run
     /// stopped, or could not keep the answer, before it was said; or it failed in a way that
     /// may still have taken effect): it is never made again.
@@ -164,6 +166,7 @@ impl Default for LaneSettings {
             detector: super::DetectorSettings::default(),
             already_checking_reply: String::new(),
             pending_reply: String::new(),
+            cancelled_reply: String::new(),
             not_started_reply: String::new(),
             unknown_outcome_reply: String::new(),
             unknown_outcome_notice: String::new(),
@@ -185,13 +188,13 @@ impl Default for LaneSettings {
 
 impl LaneSettings {
     /// The texts `check-config` requires while the lane is enabled, by key.
-    pub fn texts(&self) -> [(&'static str, &str); 19] {
+    pub fn texts(&self) -> [(&'static str, &str); 20] {
         super::texts_by_key!(
             self, "lane":
             planner_prompt, summarizer_prompt, respond_tool, respond_description, tool_description,
             clarify_reply, denied_reply, failed_reply, timed_out_reply, approval_reply,
             partial_note, sources_label, fallback_intro, unreadable_reply, pending_reply,
-            already_checking_reply, not_started_reply, unknown_outcome_reply, unknown_outcome_notice
+            already_checking_reply, not_started_reply, cancelled_reply, unknown_outcome_reply, unknown_outcome_notice
         )
     }
 }

@@ -1,13 +1,14 @@
 //! Owner actions on a job, from the console: retry now, or cancel. Each changes the job and
-//! writes its owner-audit row in one transaction, then wakes the workers.
+//! writes its owner-audit row in one transaction (with a cancel, also the follow-up its kind
+//! names: [`super::Registry::when_cancelled`]), then wakes the workers.
 
 use crate::db::{
     self, DbError,
     audit::{self, AuditEntry},
-    jobs as store,
+    jobs::{self as store, Dropped},
 };
 
-use super::JobQueue;
+use super::{FollowUps, JobQueue, dropped::Woken};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobAction {
@@ -26,7 +27,7 @@ pub struct ByOwner<'a> {
 
 /// Applies `action` to job `id`. `Ok(false)` when the job's state does not allow it (or there is
 /// no such job): nothing changed.
-pub async fn apply(queue: &JobQueue, action: JobAction, id: i64, by: ByOwner<'_>) -> Result<bool, DbError> {
+pub async fn apply(queue: &JobQueue, follow_ups: &FollowUps, action: JobAction, id: i64, by: ByOwner<'_>) -> Result<bool, DbError> {
     let now = db::now_ms();
     let mut tx = queue.db().begin_write().await?;
     let (changed, event) = match action {
@@ -36,9 +37,16 @@ pub async fn apply(queue: &JobQueue, action: JobAction, id: i64, by: ByOwner<'_>
     if !changed {
         return Ok(false);
     }
+    let mut followed = Woken::default();
+    if action == JobAction::Cancel
+        && let Some(job) = store::get(&mut tx, id).await?
+    {
+        followed = follow_ups.enqueue_cancelled(&mut tx, &Dropped::from(&job)).await?;
+    }
     let detail = serde_json::json!({ "job_id": id });
     audit::record(&mut tx, AuditEntry { owner_id: Some(by.owner_id), ip: Some(by.ip), event, detail: Some(detail), ..Default::default() }).await?;
     queue.commit(tx).await?;
+    followed.wake();
     tracing::info!(owner.id = by.owner_id, job.id = id, action = event, "owner changed a job");
     Ok(true)
 }

@@ -5,11 +5,14 @@
 //! transaction that drops the job, so no crash can lose it, and its dedupe key (the follow-up's
 //! kind, the dropped job's id and attempt) makes it one per drop: a job an owner retries and
 //! that is dropped again has a second. An owner's cancel is a decision, not a drop: it has no
-//! follow-up. The lane's own runs (`inline`) record no follow-ups: they are tool calls, whose
-//! end the lane tells the person itself, so a kind run there must not need one.
+//! follow-up here; a kind can name one for that too ([`super::Registry::when_cancelled`]),
+//! queued in the transaction of the cancel (`jobs::actions`). The lane's own runs (`inline`)
+//! record no follow-ups of drops: they are tool calls, whose end the lane tells the person
+//! itself, so a kind run there must not need one.
 
 use std::{collections::HashMap, sync::Arc};
 
+use serde::{Deserialize, Serialize};
 use sqlx::AnyConnection;
 
 use super::{JobKind, JobQueue};
@@ -18,38 +21,81 @@ use crate::db::{
     jobs::{Dropped, NewJob},
 };
 
-type Make = Arc<dyn Fn(&Dropped) -> NewJob + Send + Sync>;
+/// A follow-up's arguments: the job it follows, at the attempt that was dropped or cancelled (a
+/// job an owner retried since is not that one). A follow-up kind wraps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Followed {
+    pub job_id: i64,
+    pub attempt: i64,
+}
 
-/// The follow-up of each kind that has one.
+impl From<&Dropped> for Followed {
+    fn from(d: &Dropped) -> Self {
+        Self { job_id: d.id, attempt: d.attempt }
+    }
+}
+
+type Make = Arc<dyn Fn(&Dropped) -> NewJob + Send + Sync>;
+type ByKind = HashMap<String, (JobQueue, Make)>;
+
+/// The follow-up of each kind that has one: of a drop, and of an owner's cancel.
 #[derive(Clone, Default)]
-pub(super) struct FollowUps(HashMap<String, (JobQueue, Make)>);
+pub struct FollowUps {
+    dropped: ByKind,
+    cancelled: ByKind,
+}
+
+impl std::fmt::Debug for FollowUps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FollowUps").field("dropped", &self.dropped.keys().collect::<Vec<_>>()).field("cancelled", &self.cancelled.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+/// How a follow-up of kind `F` is made from the job it follows, on `queue`: once per job and
+/// attempt, with that job's correlation id.
+fn maker<F: JobKind + From<Followed>>(queue: &JobQueue) -> (JobQueue, Make) {
+    let on = queue.clone();
+    let make: Make = Arc::new(move |dropped: &Dropped| {
+        let mut job = on.job(&F::from(Followed::from(dropped)));
+        job.dedupe_key = Some(format!("{}:{}:{}", F::KIND, dropped.id, dropped.attempt));
+        job.correlation_id.clone_from(&dropped.correlation_id);
+        job
+    });
+    (queue.clone(), make)
+}
 
 impl FollowUps {
-    /// A dropped job of kind `K` is followed by the job `follow` makes from it, enqueued on
-    /// `queue` with the dropped job's correlation id.
-    pub(super) fn add<K: JobKind, F: JobKind>(&mut self, queue: &JobQueue, follow: fn(&Dropped) -> F) {
-        let on = queue.clone();
-        let make: Make = Arc::new(move |dropped: &Dropped| {
-            let mut job = on.job(&follow(dropped));
-            job.dedupe_key = Some(format!("{}:{}:{}", F::KIND, dropped.id, dropped.attempt));
-            job.correlation_id.clone_from(&dropped.correlation_id);
-            job
-        });
-        self.0.insert(K::KIND.to_string(), (queue.clone(), make));
+    /// A dropped job of kind `K` is followed by a job of kind `F`, on `queue`.
+    pub(super) fn when_dropped<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) {
+        self.dropped.insert(K::KIND.to_string(), maker::<F>(queue));
+    }
+
+    /// A job of kind `K` an owner cancelled is followed by a job of kind `F`, on `queue`.
+    pub(super) fn when_cancelled<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) {
+        self.cancelled.insert(K::KIND.to_string(), maker::<F>(queue));
     }
 
     /// Enqueues the follow-ups of the `dropped` jobs whose kinds have one, in the caller's
     /// transaction. Wake their workers with the result once it has committed.
     pub(super) async fn enqueue(&self, conn: &mut AnyConnection, dropped: &[Dropped]) -> Result<Woken, DbError> {
-        let mut woken = Woken::default();
-        for d in dropped {
-            let Some((queue, make)) = self.0.get(&d.kind) else { continue };
-            if !queue.enqueue_in(conn, &make(d)).await?.deduplicated {
-                woken.0.push(queue.clone());
-            }
-        }
-        Ok(woken)
+        enqueue(&self.dropped, conn, dropped).await
     }
+
+    /// The same for a job an owner cancelled.
+    pub(super) async fn enqueue_cancelled(&self, conn: &mut AnyConnection, cancelled: &Dropped) -> Result<Woken, DbError> {
+        enqueue(&self.cancelled, conn, std::slice::from_ref(cancelled)).await
+    }
+}
+
+async fn enqueue(by_kind: &ByKind, conn: &mut AnyConnection, jobs: &[Dropped]) -> Result<Woken, DbError> {
+    let mut woken = Woken::default();
+    for d in jobs {
+        let Some((queue, make)) = by_kind.get(&d.kind) else { continue };
+        if !queue.enqueue_in(conn, &make(d)).await?.deduplicated {
+            woken.0.push(queue.clone());
+        }
+    }
+    Ok(woken)
 }
 
 /// The queues that got follow-ups in a transaction: [`Woken::wake`] them once it has committed.

@@ -26,6 +26,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::db::jobs::JobRow;
 
+pub use dropped::{FollowUps, Followed};
 pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 
@@ -195,8 +196,8 @@ pub struct Registry {
     /// Kinds run one at a time per chat ([`JobKind::ONE_AT_A_TIME_PER_CHAT`]).
     in_order: Vec<String>,
     hooks: Vec<Arc<dyn JobHook>>,
-    /// What follows a dropped job of a kind ([`dropped`]).
-    dropped: dropped::FollowUps,
+    /// What follows a dropped or cancelled job of a kind ([`dropped`]).
+    follow_ups: FollowUps,
 }
 
 impl std::fmt::Debug for Registry {
@@ -239,16 +240,24 @@ impl Registry {
         self.budgets.get(kind).copied()
     }
 
-    /// A job of kind `K` that is dropped (discarded, or expired unrun) is followed by the job
-    /// `follow` makes from it, enqueued on `queue` in the same transaction ([`dropped`]). Not
-    /// for a kind the lane runs at once (`inline`), whose runs record none.
-    pub fn when_dropped<K: JobKind, F: JobKind>(&mut self, queue: &JobQueue, follow: fn(&crate::db::jobs::Dropped) -> F) -> &mut Self {
-        self.dropped.add::<K, F>(queue, follow);
+    /// A job of kind `K` that is dropped (discarded, or expired unrun) is followed by a job of
+    /// kind `F` naming it, enqueued on `queue` in the same transaction ([`dropped`]). Not for a
+    /// kind the lane runs at once (`inline`), whose runs record none.
+    pub fn when_dropped<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) -> &mut Self {
+        self.follow_ups.when_dropped::<K, F>(queue);
         self
     }
 
-    fn follow_ups(&self) -> &dropped::FollowUps {
-        &self.dropped
+    /// A job of kind `K` an owner cancels is followed by a job of kind `F` naming it, enqueued
+    /// on `queue` in the transaction of the cancel ([`actions::apply`]).
+    pub fn when_cancelled<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) -> &mut Self {
+        self.follow_ups.when_cancelled::<K, F>(queue);
+        self
+    }
+
+    /// What follows a dropped or cancelled job of a kind, for the owners' actions.
+    pub fn follow_ups(&self) -> &FollowUps {
+        &self.follow_ups
     }
 
     pub fn hook(&mut self, hook: Arc<dyn JobHook>) -> &mut Self {

@@ -26,7 +26,7 @@ use crate::{
     conversation::Runtime,
     db::{self, Db, DbError},
     events::Events,
-    jobs::JobQueue,
+    jobs::{FollowUps, JobQueue},
     repairs::cycle::Cycle,
     tools::{Checkpoint, mcp::McpManager},
 };
@@ -44,6 +44,8 @@ pub struct App {
     pub public_url: String,
     pub metrics: PrometheusHandle,
     pub jobs: JobQueue,
+    /// What follows an owner's cancel of a job, by kind (the job registry's).
+    pub follow_ups: FollowUps,
     pub events: Events,
     /// Live streams open per owner session (`events.max_streams_per_session`).
     pub streams: super::live::StreamSlots,
@@ -107,6 +109,7 @@ impl AppState {
             public_url,
             metrics,
             jobs: gatehouse.jobs.clone(),
+            follow_ups: gatehouse.registry.follow_ups().clone(),
             events: gatehouse.events.clone(),
             streams: super::live::StreamSlots::default(),
             tools: gatehouse.tools.clone(),

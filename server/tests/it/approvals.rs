@@ -412,7 +412,7 @@ both_backends!(approvals_removed_number, a_number_no_longer_an_owners_is_not_ask
 
 /// The Approvals page says how an approved call's run stands: a run an owner cancelled is not
 /// shown running for ever, but with its outcome, `JOB_CANCELLED` (its approver is told, as of any
-/// outcome).
+/// outcome), recorded by the job the cancel queued.
 async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     let r = rig(db, |_| {}).await;
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
@@ -425,9 +425,12 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     let job = page["decided"][0]["job_id"].as_i64().expect("job").to_string();
     let cancelled = owner.post_form("/api/cancel_job", &[("id", job.as_str())]).await;
     assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
+    r.exchange(&[], 0).await;
     let page = owner.post_form("/api/list_approvals", &[]).await.json();
     assert_eq!((page["decided"][0]["job_state"].as_str(), page["decided"][0]["outcome"].as_str()), (None, Some("JOB_CANCELLED")), "the outcome, not the job's state: {page}");
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran");
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("asked in the console")), "{preview:?}");
 }
 both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 

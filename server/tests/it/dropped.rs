@@ -11,7 +11,7 @@ use server::{
         self,
         jobs::{self as store, JobState, NewJob},
     },
-    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue, Registry, Worker, WorkerSettings, echo},
+    jobs::{Followed, Handler, JobContext, JobError, JobKind, JobOutput, JobQueue, Registry, Worker, WorkerSettings, echo},
 };
 use tokio::sync::watch;
 
@@ -36,20 +36,24 @@ impl Handler<Fails> for FailsHandler {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Followed {
-    job_id: i64,
+struct Noted(Followed);
+
+impl JobKind for Noted {
+    const KIND: &'static str = "test.followed";
 }
 
-impl JobKind for Followed {
-    const KIND: &'static str = "test.followed";
+impl From<Followed> for Noted {
+    fn from(followed: Followed) -> Self {
+        Self(followed)
+    }
 }
 
 #[derive(Default)]
 struct Told(Mutex<Vec<i64>>);
 
 #[async_trait::async_trait]
-impl Handler<Followed> for Told {
-    async fn run(&self, args: Followed, _ctx: &JobContext) -> Result<JobOutput, JobError> {
+impl Handler<Noted> for Told {
+    async fn run(&self, Noted(args): Noted, _ctx: &JobContext) -> Result<JobOutput, JobError> {
         self.0.lock().expect("lock").push(args.job_id);
         Ok(JobOutput::default())
     }
@@ -61,8 +65,8 @@ async fn a_dropped_job_is_followed_once(db: TestDb) {
     let queue = JobQueue::new(pool.clone());
     let told = std::sync::Arc::new(Told::default());
     let mut registry = Registry::new();
-    registry.handle::<Fails>(std::sync::Arc::new(FailsHandler)).handle::<Followed>(told.clone()).handle::<echo::Echo>(std::sync::Arc::new(echo::EchoHandler));
-    registry.when_dropped::<Fails, Followed>(&queue, |d| Followed { job_id: d.id });
+    registry.handle::<Fails>(std::sync::Arc::new(FailsHandler)).handle::<Noted>(told.clone()).handle::<echo::Echo>(std::sync::Arc::new(echo::EchoHandler));
+    registry.when_dropped::<Fails, Noted>(&queue);
 
     let later = db::now_ms() + 3_600_000;
     let fails = |retryable: bool, attempts: i64, corr: &str| NewJob { max_attempts: attempts, correlation_id: corr.into(), ..queue.job(&Fails { retryable }) };

@@ -946,7 +946,7 @@ async fn postgres_a_retry_wakes_workers_in_other_processes() {
         assert!(store::cancel(&mut conn, id, "not yet", db::now_ms()).await.expect("cancel"));
     }
     let worker = IdleWorker::start(&worker_pool).await;
-    let retried = server::jobs::actions::apply(&other_process, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await;
+    let retried = server::jobs::actions::apply(&other_process, &server::jobs::FollowUps::default(), server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await;
     assert!(retried.expect("retry"), "the cancelled job is retried");
     worker.runs_soon(id, "the idle worker was not woken by the retry").await;
 }
@@ -969,7 +969,7 @@ async fn postgres_a_retry_racing_an_enqueue_of_its_key_is_refused() {
     let newer = queue.enqueue_in(&mut tx, &keyed).await.expect("enqueue").job.id;
     let retry = {
         let queue = queue.clone();
-        tokio::spawn(async move { server::jobs::actions::apply(&queue, server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await })
+        tokio::spawn(async move { server::jobs::actions::apply(&queue, &server::jobs::FollowUps::default(), server::jobs::actions::JobAction::Retry, id, server::jobs::actions::ByOwner { owner_id: 1, ip: "127.0.0.1" }).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     tx.commit().await.expect("commit");

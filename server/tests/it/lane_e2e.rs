@@ -573,6 +573,45 @@ async fn an_acknowledgement_overtaken_by_its_answer_is_not_sent(db: TestDb) {
 }
 both_backends!(lane_e2e_late_acknowledgement, an_acknowledgement_overtaken_by_its_answer_is_not_sent);
 
+/// A slow call an owner cancels on the Jobs page after the person was told its answer would
+/// follow: the person is told it was stopped, once, and its answer, when the stopped run ends,
+/// is not sent after that.
+async fn a_call_an_owner_stops_is_told_to_the_person(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let lane = r.app.state.config.settings.lane.clone();
+    let message = envelope(vec![vec![text_message(CUSTOMER, "wamid.STOPPED", "Where is my order slow-7?")]]);
+    assert_eq!(post_signed(&r.app, &message).await.status, axum::http::StatusCode::OK);
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(r.app.gatehouse.worker().run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wait_for = |n: usize| {
+        let graph = r.graph.clone();
+        async move {
+            while graph.texts().len() < n {
+                assert!(Instant::now() < deadline, "sent so far: {:?}", graph.texts());
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    };
+    wait_for(1).await;
+    let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", job.to_string().as_str())]).await;
+    assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
+    wait_for(2).await;
+    // The stopped run's call answers after 2 s; its answer must not follow.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = stop.send(true);
+    let _ = worker.await;
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), lane.cancelled_reply.clone()], "told it was stopped, and nothing after");
+    let steps = r.steps("wamid.STOPPED").await;
+    assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the notice is in the trace: {steps:?}");
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("told the call was stopped")), "{preview:?}");
+}
+both_backends!(lane_e2e_owner_stops_a_call, a_call_an_owner_stops_is_told_to_the_person);
+
 /// A later answer whose send fails is sent again by the job's next attempt, and only sent: the
 /// tool is not asked again, nor the summarizer (an approved write must not run twice because
 /// WhatsApp was briefly down).

@@ -18,10 +18,10 @@ use crate::{
     config::Settings,
     db::{
         self, Db, DbError,
-        jobs::{Dropped, JobState},
+        jobs::JobState,
         whatsapp::{self as store, DeliveryState},
     },
-    jobs::{Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
+    jobs::{Followed, Handler, JobContext, JobError, JobKind, JobOutput, JobQueue},
 };
 
 /// The notice's stable code, in the console's list of owner notices.
@@ -29,19 +29,15 @@ pub const MESSAGE_UNHANDLED: &str = "MESSAGE_UNHANDLED";
 
 /// Looks at a dropped `whatsapp.inbound` job, and tells the owners if it is due.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnhandledNotice {
-    pub job_id: i64,
-    /// The attempt it was dropped at: a job an owner retried since is not this drop.
-    pub attempt: i64,
-}
+pub struct UnhandledNotice(pub Followed);
 
 impl JobKind for UnhandledNotice {
     const KIND: &'static str = "whatsapp.unhandled";
 }
 
-impl UnhandledNotice {
-    pub fn of(dropped: &Dropped) -> Self {
-        Self { job_id: dropped.id, attempt: dropped.attempt }
+impl From<Followed> for UnhandledNotice {
+    fn from(followed: Followed) -> Self {
+        Self(followed)
     }
 }
 
@@ -56,7 +52,7 @@ impl Unhandled {
         Self { db, queue, settings }
     }
 
-    async fn tell(&self, args: &UnhandledNotice, correlation_id: String) -> Result<&'static str, DbError> {
+    async fn tell(&self, UnhandledNotice(args): &UnhandledNotice, correlation_id: String) -> Result<&'static str, DbError> {
         let mut conn = self.db.pool.acquire().await?;
         let Some(job) = db::jobs::get(&mut conn, args.job_id).await? else { return Ok("no such job") };
         // An owner retried it since (it may yet be answered), or cancelled that retry.

@@ -64,6 +64,8 @@ const DUE_STATES: &str = "('available', 'scheduled', 'retryable')";
 const UNFINISHED: &str = "('available', 'scheduled', 'running', 'retryable', 'pending')";
 /// The error code of a job cancelled unrun because its time to live ran out.
 pub const EXPIRED: &str = "JOB_EXPIRED";
+/// The error code of a job an owner cancelled.
+pub const CANCELLED: &str = "JOB_CANCELLED";
 
 /// A job to enqueue.
 #[derive(Debug, Clone, Default)]

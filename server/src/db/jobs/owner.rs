@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, JobState, UNFINISHED, events_for, wake_other_processes};
+use super::{CANCELLED, DbError, JobState, UNFINISHED, events_for, wake_other_processes};
 use crate::db::{backend_of, lease_now};
 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
@@ -12,14 +12,14 @@ pub async fn cancel(conn: &mut AnyConnection, id: i64, reason: &str, now: i64) -
     // and stops it, then lets the lease go (maintenance does once it has run out). Until then
     // its chat's later jobs wait (see `claim_in_order`), and `retry_now` refuses.
     let sql = format!(
-        "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = 'JOB_CANCELLED', \
+        "UPDATE jobs SET state = 'cancelled', completed_at = $1, updated_at = $1, last_error_code = '{CANCELLED}', \
          last_error_message = $2, lease_owner = CASE WHEN state = 'running' THEN lease_owner ELSE NULL END, \
          lease_expires_at = CASE WHEN state = 'running' THEN lease_expires_at ELSE NULL END \
          WHERE id = $3 AND state IN {UNFINISHED}"
     );
     let n = sqlx::query(&sql).bind(now).bind(reason).bind(id).execute(&mut *conn).await?.rows_affected();
     if n == 1 {
-        events_for(conn, &[id], now, JobState::Cancelled, Some("JOB_CANCELLED")).await?;
+        events_for(conn, &[id], now, JobState::Cancelled, Some(CANCELLED)).await?;
     }
     Ok(n == 1)
 }

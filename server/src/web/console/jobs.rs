@@ -88,15 +88,7 @@ impl JobsBackend for ConsoleBackend {
 
 impl ConsoleBackend {
     async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
-        let changed = actions::apply(&self.state.jobs, action, id, ByOwner { owner_id, ip }).await.map_err(internal)?;
-        if changed && matches!(action, JobAction::Cancel) {
-            // The run of an approved call: its outcome is recorded, and its approver told.
-            let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
-            if let Some(job) = store::get(&mut conn, id).await.map_err(internal)? {
-                drop(conn);
-                self.state.approvals.run_cancelled(&job).await.map_err(internal)?;
-            }
-        }
+        let changed = actions::apply(&self.state.jobs, &self.state.follow_ups, action, id, ByOwner { owner_id, ip }).await.map_err(internal)?;
         if changed {
             return Ok(());
         }
