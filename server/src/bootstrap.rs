@@ -192,6 +192,7 @@ impl Gatehouse {
             .attempts_for::<AskOwner>(attempts.owner_notify)
             .attempts_for::<Settle>(attempts.owner_notify)
             .attempts_for::<SendWindowTemplate>(attempts.owner_notify)
+            .attempts_for::<CallStopped>(attempts.owner_notify)
             .attempts_for::<lane::job::ToolCallJob>(attempts.tool_call)
             // A periodic job keeps itself going by snoozing, and only `serve` queues it at start:
             // out of attempts after one bad patch of the database, it would stop for good (and

@@ -196,6 +196,9 @@ impl Delivered {
 #[async_trait::async_trait]
 pub trait Outbound: Send + Sync {
     async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError>;
+    /// Whether job `job_id`'s message to `to` went out (on WhatsApp, a part of it Meta
+    /// accepted).
+    async fn went_out(&self, to: &ReplyTo, job_id: i64) -> Result<bool, crate::db::DbError>;
 }
 
 /// Where inbound messages go: the conversation runtime.

@@ -33,7 +33,7 @@ impl Outbox {
 
     /// A simulated chat's later message, stored once per job.
     async fn simulate(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
-        let message_id = format!("job_{job_id}");
+        let message_id = sim_message_id(job_id);
         let mut tx = self.db.begin_write().await?;
         let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms(), group: to.chat_kind == ChatKind::Group };
         let new = sim::insert_once(&mut tx, &out).await?;
@@ -45,6 +45,11 @@ impl Outbox {
         self.telemetry.appended(appended);
         Ok(())
     }
+}
+
+/// The simulator's id of job `job_id`'s later message.
+fn sim_message_id(job_id: i64) -> String {
+    format!("job_{job_id}")
 }
 
 fn retry(code: &str, e: impl std::fmt::Display) -> DeliverError {
@@ -84,5 +89,14 @@ impl Outbound for Outbox {
             }
             other => Err(DeliverError::Permanent { code: "CHANNEL_UNKNOWN".into(), message: format!("no channel {other:?}") }),
         }
+    }
+
+    async fn went_out(&self, to: &ReplyTo, job_id: i64) -> Result<bool, DbError> {
+        let mut conn = self.db.pool.acquire().await?;
+        Ok(match to.channel.as_str() {
+            SIMULATOR => sim::has_message(&mut conn, &sim_message_id(job_id)).await?,
+            WHATSAPP => db::whatsapp::outbound_for_job(&mut conn, job_id).await?.iter().any(|part| part.wamid.is_some()),
+            _ => false,
+        })
     }
 }

@@ -45,9 +45,10 @@ pub struct JobSettings {
 pub struct JobAttempts {
     /// `whatsapp.inbound`: the reply to a customer's or an owner's message.
     pub whatsapp_inbound: u32,
-    /// `owner.notify`, `approval.ask`, `approval.settle` and `whatsapp.window_template`: what
-    /// owners are told and asked on WhatsApp, what a customer is told of an owner's decision,
-    /// and the template sent for a message refused outside the 24-hour window.
+    /// `owner.notify`, `approval.ask`, `approval.settle`, `whatsapp.window_template` and
+    /// `tool.stopped`: what owners are told and asked on WhatsApp, what a customer is told of an
+    /// owner's decision or of a call an owner stopped, and the template sent for a message
+    /// refused outside the 24-hour window.
     pub owner_notify: u32,
     /// `tool.call`: a tool call and the answer it owes the chat. The call itself is tried at
     /// most `default_max_attempts` times; the runs after that only send its kept answer.

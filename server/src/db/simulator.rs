@@ -38,6 +38,12 @@ pub async fn insert_once(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Res
     Ok(insert_with(conn, m, "ON CONFLICT (message_id) DO NOTHING").await? == 1)
 }
 
+/// Whether a message with `message_id` is stored.
+pub async fn has_message(conn: &mut AnyConnection, message_id: &str) -> Result<bool, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM simulator_messages WHERE message_id = $1").bind(message_id).fetch_one(conn).await?;
+    Ok(n > 0)
+}
+
 pub async fn insert(conn: &mut AnyConnection, m: &NewSimMessage<'_>) -> Result<(), DbError> {
     insert_with(conn, m, "").await.map(|_| ())
 }

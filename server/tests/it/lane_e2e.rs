@@ -573,44 +573,68 @@ async fn an_acknowledgement_overtaken_by_its_answer_is_not_sent(db: TestDb) {
 }
 both_backends!(lane_e2e_late_acknowledgement, an_acknowledgement_overtaken_by_its_answer_is_not_sent);
 
-/// A slow call an owner cancels on the Jobs page after the person was told its answer would
-/// follow: the person is told it was stopped, once, and its answer, when the stopped run ends,
-/// is not sent after that.
-async fn a_call_an_owner_stops_is_told_to_the_person(db: TestDb) {
-    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
-    *r.shop.slow.lock().expect("lock") = Duration::from_secs(2);
+/// Asks for a slow call (`slow` long), and cancels its job on the Jobs page once the person was
+/// told its answer would follow; returns once the cancel's `tool.stopped` job and every other
+/// has finished, with that job's preview.
+async fn stop_a_slow_call(r: &Rig, slow: Duration) -> String {
+    *r.shop.slow.lock().expect("lock") = slow;
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
-    let lane = r.app.state.config.settings.lane.clone();
     let message = envelope(vec![vec![text_message(CUSTOMER, "wamid.STOPPED", "Where is my order slow-7?")]]);
     assert_eq!(post_signed(&r.app, &message).await.status, axum::http::StatusCode::OK);
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(r.app.gatehouse.worker().run(stopped));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let wait_for = |n: usize| {
-        let graph = r.graph.clone();
-        async move {
-            while graph.texts().len() < n {
-                assert!(Instant::now() < deadline, "sent so far: {:?}", graph.texts());
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        }
-    };
-    wait_for(1).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while r.graph.texts().is_empty() {
+        assert!(Instant::now() < deadline, "no acknowledgement");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
     let cancelled = owner.post_form("/api/cancel_job", &[("id", job.to_string().as_str())]).await;
     assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
-    wait_for(2).await;
-    // The stopped run's call answers after 2 s; its answer must not follow.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let preview = loop {
+        let done: Option<Option<String>> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped' AND state = 'completed'").fetch_optional(&r.app.state.db.pool).await.expect("the cancel's job");
+        if let Some(preview) = done {
+            break preview.unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "the cancel's job never finished; sent so far: {:?}", r.graph.texts());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Whatever else would follow has had its chance.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = stop.send(true);
     let _ = worker.await;
+    preview
+}
+
+/// A slow call an owner cancels after the person was told its answer would follow, stopped
+/// before it answers (its heartbeat finds the lease gone): the person is told it was stopped,
+/// once, after the run has stopped.
+async fn a_call_an_owner_stops_is_told_to_the_person(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.immediate_deadline = Duration::from_millis(300);
+        // A heartbeat each half second finds the cancel long before the call would answer.
+        s.jobs.lease = Duration::from_secs(2);
+    })
+    .await;
+    let preview = stop_a_slow_call(&r, Duration::from_secs(5)).await;
+    assert!(preview.contains("told the call was stopped"), "{preview}");
+    let lane = &r.app.state.config.settings.lane;
     assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), lane.cancelled_reply.clone()], "told it was stopped, and nothing after");
     let steps = r.steps("wamid.STOPPED").await;
     assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the notice is in the trace: {steps:?}");
-    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
-    assert!(preview.as_deref().is_some_and(|p| p.contains("told the call was stopped")), "{preview:?}");
 }
 both_backends!(lane_e2e_owner_stops_a_call, a_call_an_owner_stops_is_told_to_the_person);
+
+/// A cancelled call whose run answers before it sees the cancel: its answer reaches the person,
+/// and no "stopped" contradicts it.
+async fn a_cancelled_call_that_answered_first_says_nothing_more(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
+    let preview = stop_a_slow_call(&r, Duration::from_secs(1)).await;
+    assert!(preview.contains("its answer went out"), "{preview}");
+    let lane = &r.app.state.config.settings.lane;
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), "Your order has shipped with Parcel Co: https://track.example/42".to_string()]);
+}
+both_backends!(lane_e2e_owner_stops_an_answered_call, a_cancelled_call_that_answered_first_says_nothing_more);
 
 /// A later answer whose send fails is sent again by the job's next attempt, and only sent: the
 /// tool is not asked again, nor the summarizer (an approved write must not run twice because

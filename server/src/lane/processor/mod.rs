@@ -20,11 +20,11 @@ use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Delivered, Outbound},
     db::{
-        self, Db, DbError,
+        Db, DbError,
         jobs::JobRow,
         tool_answers::{self, KeptAnswer},
     },
-    jobs::{Handler, JobCode, JobContext, JobError, JobOutput, JobQueue},
+    jobs::{Handler, JobContext, JobError, JobOutput, JobQueue},
     config::{LaneSettings, Settings},
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
     telemetry::Telemetry,
@@ -343,16 +343,10 @@ impl Processor {
     }
 
     /// Sends `answer` to the chat the call came from, once per job. A call asked for in the
-    /// console has no chat: its answer stays with its approval and job. Not once an owner
-    /// cancelled the job: the person is told it was stopped ([`stopped`]), and an answer after
-    /// that would contradict it.
+    /// console has no chat: its answer stays with its approval and job.
     pub async fn deliver(&self, job: &ToolCallJob, job_id: i64, answer: &Answer) -> Result<Delivered, JobError> {
         if !approvals::is_chat(&job.reply_to.channel) {
             return Ok(Delivered::Sent);
-        }
-        let states = db::jobs::states(&mut *self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?, &[job_id]).await?;
-        if states.iter().any(|(_, state)| state == "cancelled") {
-            return Err(JobError::retryable(JobCode::LeaseLost.as_str(), "an owner cancelled the job: its answer is not sent"));
         }
         match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
             Ok(delivered) => Ok(delivered),

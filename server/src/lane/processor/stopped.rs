@@ -1,15 +1,21 @@
 //! A call an owner stopped: its `tool.call` job was cancelled on the Jobs page before it
-//! finished. The person who asked was told its answer would follow (or that an owner approved
-//! it), so they are told it will not: `lane.cancelled_reply`, once, through the channel. An
-//! approved call's outcome is `JOB_CANCELLED`, and the owner who approved it is told. The job
-//! queue enqueues this job in the cancel's own transaction (`jobs::Registry::when_cancelled`).
+//! finished. The person who asked was told its answer would follow (or that it waits for an
+//! owner's approval), so unless that answer reached them, they are told it will not come:
+//! `lane.cancelled_reply`, once, through the channel. The job queue enqueues this job in the
+//! cancel's own transaction (`jobs::Registry::when_cancelled`).
+//!
+//! A run under way when the job was cancelled goes on until its heartbeat finds the lease gone
+//! (or the run ends by itself, answer and all), and keeps its lease till then: this job waits
+//! for that, so it judges what the person got from the run's end, not from its middle. An
+//! approved call's outcome is then recorded (`JOB_CANCELLED`, unless the run ended with one of
+//! its own) and the owner who approved it told.
 
 use serde::{Deserialize, Serialize};
 
 use super::Processor;
 use crate::{
     approvals,
-    channel::{DeliverError, Delivered, WHATSAPP},
+    channel::{DeliverError, Delivered},
     db::{
         self, DbError,
         jobs::JobState,
@@ -17,6 +23,10 @@ use crate::{
     jobs::{Followed, Handler, JobContext, JobError, JobKind, JobOutput},
     lane::job::ToolCallJob,
 };
+
+/// How often it looks again while the cancelled run is stopping (it stops at its next
+/// heartbeat, a quarter of the lease, or when its lease runs out if its process died).
+const STOPPING_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Tells the person whose call an owner cancelled, if its answer had not gone out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,35 +43,38 @@ impl From<Followed> for CallStopped {
 }
 
 impl Processor {
-    async fn tell_stopped(&self, CallStopped(args): &CallStopped, own_job: i64) -> Result<String, JobError> {
+    /// What it told, or `None` while the cancelled run may still be going.
+    async fn tell_stopped(&self, CallStopped(args): &CallStopped, own_job: i64) -> Result<Option<String>, JobError> {
         let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
-        let Some(row) = db::jobs::get(&mut conn, args.job_id).await? else { return Ok("no such job".into()) };
+        let Some(row) = db::jobs::get(&mut conn, args.job_id).await? else { return Ok(Some("no such job".into())) };
         drop(conn);
         if row.state != JobState::Cancelled || row.attempt != args.attempt || row.last_error_code.as_deref() != Some(db::jobs::CANCELLED) {
-            return Ok("the call's job was retried since: nothing to say".into());
+            return Ok(Some("the call's job was retried since: nothing to say".into()));
+        }
+        // The cancelled run keeps its lease until it has stopped.
+        if row.lease_expires_at.is_some() {
+            return Ok(None);
         }
         let job: ToolCallJob = serde_json::from_str(&row.args).map_err(|e| JobError::permanent("JOB_ARGS_INVALID", format!("the stopped call's args do not decode: {e}")))?;
-        // An approved call: its outcome is recorded, and the owner who approved it told.
         if job.approval.is_some() {
             self.approvals.run_cancelled(&row).await?;
         }
         if !approvals::is_chat(&job.reply_to.channel) {
-            return Ok("asked in the console: no chat to tell".into());
+            return Ok(Some("asked in the console: no chat to tell".into()));
         }
-        // Its answer went out before the cancel (the run had sent it, and not yet recorded its
-        // end), or the lane gave it in the message's reply.
+        // The run ended with its answer: in the message's reply, or sent on its own.
         if self.kept(&row).await?.is_some_and(|kept| kept.in_reply) {
-            return Ok("its answer was the message's reply: nothing to say".into());
+            return Ok(Some("its answer was the message's reply: nothing to say".into()));
         }
-        if job.reply_to.channel == WHATSAPP {
-            let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
-            if db::whatsapp::outbound_for_job(&mut conn, row.id).await?.iter().any(|part| part.wamid.is_some()) {
-                return Ok("its answer went out: nothing to say".into());
-            }
+        if self.outbound.went_out(&job.reply_to, row.id).await? {
+            return Ok(Some("its answer went out: nothing to say".into()));
+        }
+        if self.lane.cancelled_reply.trim().is_empty() {
+            return Ok(Some("lane.cancelled_reply is empty: nothing said".into()));
         }
         match self.outbound.deliver(&job.reply_to, &self.lane.cancelled_reply, own_job, job.trace_id).await {
-            Ok(Delivered::Sent) => Ok("the person was told the call was stopped".into()),
-            Ok(Delivered::Refused { code }) => Ok(format!("the person could not be told ({code})")),
+            Ok(Delivered::Sent) => Ok(Some("the person was told the call was stopped".into())),
+            Ok(Delivered::Refused { code }) => Ok(Some(format!("the person could not be told ({code})"))),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }
@@ -71,7 +84,9 @@ impl Processor {
 #[async_trait::async_trait]
 impl Handler<CallStopped> for Processor {
     async fn run(&self, args: CallStopped, ctx: &JobContext) -> Result<JobOutput, JobError> {
-        let said = self.tell_stopped(&args, ctx.job.id).await?;
-        Ok(JobOutput { preview: Some(said), snooze: None })
+        Ok(match self.tell_stopped(&args, ctx.job.id).await? {
+            Some(said) => JobOutput { preview: Some(said), snooze: None },
+            None => JobOutput { preview: Some("the cancelled run is still stopping".into()), snooze: Some(STOPPING_POLL) },
+        })
     }
 }
