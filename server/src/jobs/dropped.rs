@@ -52,13 +52,14 @@ impl std::fmt::Debug for FollowUps {
 }
 
 /// How a follow-up of kind `F` is made from the job it follows, on `queue`: once per job and
-/// attempt, with that job's correlation id.
+/// attempt, with that job's correlation id and chat (the Jobs page lists it under the chat).
 fn maker<F: JobKind + From<Followed>>(queue: &JobQueue) -> (JobQueue, Make) {
     let on = queue.clone();
     let make: Make = Arc::new(move |dropped: &Dropped| {
         let mut job = on.job(&F::from(Followed::from(dropped)));
         job.dedupe_key = Some(format!("{}:{}:{}", F::KIND, dropped.id, dropped.attempt));
         job.correlation_id.clone_from(&dropped.correlation_id);
+        job.chat_id.clone_from(&dropped.chat_id);
         job
     });
     (queue.clone(), make)

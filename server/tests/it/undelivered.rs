@@ -136,6 +136,8 @@ async fn the_owners_hear_of_an_unhandled_message(db: TestDb) {
     .await
     .expect("correlation ids");
     assert_eq!(of_notice, of_job, "the notice carries the dropped job's correlation id");
+    let chat: Option<String> = sqlx::query_scalar("SELECT chat_id FROM jobs WHERE kind = 'whatsapp.unhandled'").fetch_one(pool).await.expect("the notice's job");
+    assert_eq!(chat.as_deref(), Some(CUSTOMER), "listed under the chat");
     assert!(notices(&r).await.is_empty(), "no undelivered-reply notice beside it");
 
     // Another of the chat's messages dropped within the period: the owners were told already.

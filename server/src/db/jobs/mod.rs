@@ -191,8 +191,9 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, Db
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
-/// A job dropped without being done: discarded, or cancelled unrun when its time to live ran
-/// out. What a kind's follow-up is made from (`jobs::Registry::when_dropped`).
+/// A job dropped without being done (discarded, or cancelled unrun when its time to live ran
+/// out), or cancelled by an owner: what a kind's follow-up is made from
+/// (`jobs::Registry::when_dropped`, `when_cancelled`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
     pub id: i64,
@@ -200,22 +201,25 @@ pub struct Dropped {
     /// The attempt it was dropped at: an owner's retry runs it again at a later one.
     pub attempt: i64,
     pub correlation_id: String,
+    /// Its chat, which its follow-up is listed under.
+    pub chat_id: Option<String>,
 }
 
 impl From<&JobRow> for Dropped {
     fn from(job: &JobRow) -> Self {
-        Self { id: job.id, kind: job.kind.clone(), attempt: job.attempt, correlation_id: job.correlation_id.clone() }
+        Self { id: job.id, kind: job.kind.clone(), attempt: job.attempt, correlation_id: job.correlation_id.clone(), chat_id: job.chat_id.clone() }
     }
 }
 
 /// Those of the jobs `ids` that are dropped (see [`Dropped`]), by id: what a maintenance pass
 /// that rescued or expired them dropped, read in its transaction.
 pub async fn dropped_among(conn: &mut AnyConnection, ids: &[i64]) -> Result<Vec<Dropped>, DbError> {
-    let rows: Vec<(i64, String, i64, String, String, Option<String>)> = super::rows_with_ids(conn, "SELECT id, kind, attempt, correlation_id, state, last_error_code FROM jobs", "id", ids).await?;
+    type Row = (i64, String, i64, String, Option<String>, String, Option<String>);
+    let rows: Vec<Row> = super::rows_with_ids(conn, "SELECT id, kind, attempt, correlation_id, chat_id, state, last_error_code FROM jobs", "id", ids).await?;
     Ok(rows
         .into_iter()
-        .filter(|(_, _, _, _, state, code)| state == "discarded" || (state == "cancelled" && code.as_deref() == Some(EXPIRED)))
-        .map(|(id, kind, attempt, correlation_id, _, _)| Dropped { id, kind, attempt, correlation_id })
+        .filter(|(.., state, code)| state == "discarded" || (state == "cancelled" && code.as_deref() == Some(EXPIRED)))
+        .map(|(id, kind, attempt, correlation_id, chat_id, ..)| Dropped { id, kind, attempt, correlation_id, chat_id })
         .collect())
 }
 
