@@ -126,7 +126,8 @@ impl Approvals {
     /// outcome is `JOB_CANCELLED` and the owner who approved it is told, as for any outcome
     /// (else the approval would stay "approved" with no outcome, and its decider waiting). A run
     /// already under way may have made the call: the notice says to check. The lane's
-    /// `tool.stopped` job, which calls this, tells the person who asked that it was stopped.
+    /// `tool.stopped` job, which calls this, tells the person who asked that it was stopped,
+    /// unless its answer reached them.
     pub async fn run_cancelled(&self, job: &crate::db::jobs::JobRow) -> Result<(), DbError> {
         if job.kind != <ToolCallJob as crate::jobs::JobKind>::KIND {
             return Ok(());

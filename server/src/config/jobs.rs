@@ -73,7 +73,9 @@ pub struct JobTimeouts {
     /// `max_pacing_wait`).
     #[serde(with = "duration_str")]
     pub whatsapp_inbound: Duration,
-    /// `owner.notify`: one notice's sends. Must fit the sends as above.
+    /// `owner.notify`: one notice's sends. Must fit the sends as above. Also the budget of
+    /// `approval.ask`, `approval.settle`, `whatsapp.window_template`, `tool.stopped` and the
+    /// undelivered and unhandled notices.
     #[serde(with = "duration_str")]
     pub owner_notify: Duration,
     /// `tool.call`: one tool call through the checkpoint (its timeout and retries), the

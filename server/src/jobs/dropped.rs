@@ -7,8 +7,9 @@
 //! that is dropped again has a second. An owner's cancel is a decision, not a drop: it has no
 //! follow-up here; a kind can name one for that too ([`super::Registry::when_cancelled`]),
 //! queued in the transaction of the cancel (`jobs::actions`). The lane's own runs (`inline`)
-//! record no follow-ups of drops: they are tool calls, whose end the lane tells the person
-//! itself, so a kind run there must not need one.
+//! record no follow-ups of the drops they end with (a lease of theirs that runs out is
+//! maintenance's drop, which does): they are tool calls, whose end the lane tells the person
+//! itself, so a kind run there must not rely on one.
 
 use std::{collections::HashMap, sync::Arc};
 

@@ -242,7 +242,7 @@ impl Registry {
 
     /// A job of kind `K` that is dropped (discarded, or expired unrun) is followed by a job of
     /// kind `F` naming it, enqueued on `queue` in the same transaction ([`dropped`]). Not for a
-    /// kind the lane runs at once (`inline`), whose runs record none.
+    /// kind the lane runs at once (`inline`): the drops its runs end with record none.
     pub fn when_dropped<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) -> &mut Self {
         self.follow_ups.when_dropped::<K, F>(queue);
         self

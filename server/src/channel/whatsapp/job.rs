@@ -176,9 +176,10 @@ impl InboundJob {
         let Some(text) = handled.reply.as_deref().filter(|t| !t.trim().is_empty()) else {
             return Ok(format!("no reply: {}", handled.route));
         };
-        // An acknowledgement that waited (its send retried) while a later message about the
-        // same request went out (the tool's answer, an owner's decision) is stale: "I'm
-        // checking" after the answer only confuses. Not once a part of it went out.
+        // An acknowledgement sent after a later message about the same request went out (the
+        // tool's answer, an owner's decision, the word that an owner stopped the call), on any
+        // attempt (usually a retried send), is stale: "I'm checking" after the answer only
+        // confuses. Not once a part of it went out.
         if handled.acknowledgement
             && let Some(trace_id) = handled.trace_id
         {

@@ -1,5 +1,6 @@
 //! Tells the owners when a person's message is dropped unanswered: its `whatsapp.inbound` job
-//! was discarded (a permanent failure, or its last attempt failed). The person may be waiting
+//! was discarded (a permanent failure, its last attempt failed, or its lease ran out on its last
+//! attempt). The person may be waiting
 //! for an answer that will not come. The notice is in the console and goes to the owner
 //! numbers, with a link to the job, where an owner can retry it; one chat's owners hear of it at
 //! most once per `whatsapp.undelivered_notice_every`, together with the undelivered-reply
