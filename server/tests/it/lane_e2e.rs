@@ -636,6 +636,27 @@ async fn a_cancelled_call_that_answered_first_says_nothing_more(db: TestDb) {
 }
 both_backends!(lane_e2e_owner_stops_an_answered_call, a_cancelled_call_that_answered_first_says_nothing_more);
 
+/// The same in the console's simulator: the answer its chat got is seen, and no "stopped"
+/// follows it.
+async fn a_cancelled_simulated_call_that_answered_first_says_nothing_more(db: TestDb) {
+    let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
+    *r.shop.slow.lock().expect("lock") = Duration::from_secs(1);
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let sent = owner.post_form("/api/simulate_message", &[("from", "+15550100000"), ("text", "Where is my order slow-7?"), ("chat_id", "")]).await;
+    assert_eq!(sent.status, axum::http::StatusCode::OK, "{}", sent.body);
+    let chat_id = sent.json()["chat_id"].as_str().expect("a chat").to_string();
+    let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", job.to_string().as_str())]).await;
+    assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
+    r.exchange(&[], 0).await;
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("its answer went out")), "{preview:?}");
+    let said: Vec<String> = sqlx::query_scalar("SELECT text FROM simulator_messages WHERE chat_id = $1 AND direction = 'out' ORDER BY id").bind(&chat_id).fetch_all(&r.app.state.db.pool).await.expect("messages");
+    let lane = &r.app.state.config.settings.lane;
+    assert_eq!(said, vec![lane.pending_reply.clone(), "Your order has shipped with Parcel Co: https://track.example/42".to_string()]);
+}
+both_backends!(lane_e2e_owner_stops_a_simulated_call, a_cancelled_simulated_call_that_answered_first_says_nothing_more);
+
 /// A later answer whose send fails is sent again by the job's next attempt, and only sent: the
 /// tool is not asked again, nor the summarizer (an approved write must not run twice because
 /// WhatsApp was briefly down).
