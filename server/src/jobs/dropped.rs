@@ -11,7 +11,7 @@
 //! maintenance's drop, which does): they are tool calls, whose end the lane tells the person
 //! itself, so a kind run there must not rely on one.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use sqlx::AnyConnection;
@@ -36,7 +36,8 @@ impl From<&Dropped> for Followed {
     }
 }
 
-type Make = Arc<dyn Fn(&Dropped) -> NewJob + Send + Sync>;
+/// Makes a kind's follow-up of a job, on its queue.
+type Make = fn(&JobQueue, &Dropped) -> NewJob;
 type ByKind = HashMap<String, (JobQueue, Make)>;
 
 /// The follow-up of each kind that has one: of a drop, and of an owner's cancel.
@@ -52,29 +53,25 @@ impl std::fmt::Debug for FollowUps {
     }
 }
 
-/// How a follow-up of kind `F` is made from the job it follows, on `queue`: once per job and
-/// attempt, with that job's correlation id and chat (the Jobs page lists it under the chat).
-fn maker<F: JobKind + From<Followed>>(queue: &JobQueue) -> (JobQueue, Make) {
-    let on = queue.clone();
-    let make: Make = Arc::new(move |dropped: &Dropped| {
-        let mut job = on.job(&F::from(Followed::from(dropped)));
-        job.dedupe_key = Some(format!("{}:{}:{}", F::KIND, dropped.id, dropped.attempt));
-        job.correlation_id.clone_from(&dropped.correlation_id);
-        job.chat_id.clone_from(&dropped.chat_id);
-        job
-    });
-    (queue.clone(), make)
+/// The follow-up of kind `F` of the job `dropped`, on `queue`: once per job and attempt, with
+/// that job's correlation id and chat (the Jobs page lists it under the chat).
+fn follow_up<F: JobKind + From<Followed>>(queue: &JobQueue, dropped: &Dropped) -> NewJob {
+    let mut job = queue.job(&F::from(Followed::from(dropped)));
+    job.dedupe_key = Some(format!("{}:{}:{}", F::KIND, dropped.id, dropped.attempt));
+    job.correlation_id.clone_from(&dropped.correlation_id);
+    job.chat_id.clone_from(&dropped.chat_id);
+    job
 }
 
 impl FollowUps {
     /// A dropped job of kind `K` is followed by a job of kind `F`, on `queue`.
     pub(super) fn when_dropped<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) {
-        self.dropped.insert(K::KIND.to_string(), maker::<F>(queue));
+        self.dropped.insert(K::KIND.to_string(), (queue.clone(), follow_up::<F>));
     }
 
     /// A job of kind `K` an owner cancelled is followed by a job of kind `F`, on `queue`.
     pub(super) fn when_cancelled<K: JobKind, F: JobKind + From<Followed>>(&mut self, queue: &JobQueue) {
-        self.cancelled.insert(K::KIND.to_string(), maker::<F>(queue));
+        self.cancelled.insert(K::KIND.to_string(), (queue.clone(), follow_up::<F>));
     }
 
     /// Enqueues the follow-ups of the `dropped` jobs whose kinds have one, in the caller's
@@ -93,7 +90,7 @@ async fn enqueue(by_kind: &ByKind, conn: &mut AnyConnection, jobs: &[Dropped]) -
     let mut woken = Woken::default();
     for d in jobs {
         let Some((queue, make)) = by_kind.get(&d.kind) else { continue };
-        if !queue.enqueue_in(conn, &make(d)).await?.deduplicated {
+        if !queue.enqueue_in(conn, &make(queue, d)).await?.deduplicated {
             woken.0.push(queue.clone());
         }
     }
