@@ -10,7 +10,8 @@ pub const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
 pub const WHATSAPP_ACCESS_TOKEN: &str = "WHATSAPP_ACCESS_TOKEN";
 pub const WHATSAPP_APP_SECRET: &str = "WHATSAPP_APP_SECRET";
 pub const WHATSAPP_VERIFY_TOKEN: &str = "WHATSAPP_VERIFY_TOKEN";
-/// When set, `/metrics` answers only requests with `Authorization: Bearer <token>`.
+/// When set, `/metrics` answers only requests with `Authorization: Bearer <token>`, from
+/// anywhere; unset, on the console's address it answers only this machine.
 pub const GATEHOUSE_METRICS_TOKEN: &str = "GATEHOUSE_METRICS_TOKEN";
 /// When set, first-run setup also answers requests from other machines that carry it
 /// (`/setup?token=...`); without it, only this machine's own.

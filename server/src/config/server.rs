@@ -31,7 +31,8 @@ pub struct ServerSettings {
     #[serde(deserialize_with = "super::net::header_name::deserialize")]
     pub client_ip_header: String,
     /// Serve `/metrics` on this address only (not on `addr`), e.g. a private interface the
-    /// Prometheus server reaches. None: on `addr`, beside the console.
+    /// Prometheus server reaches. None: on `addr`, beside the console, where without a token
+    /// it answers only this machine.
     pub metrics_addr: Option<SocketAddr>,
 }
 
@@ -59,17 +60,12 @@ impl ServerSettings {
     }
 
     /// What this configuration leaves open to whoever reaches the server, for warnings at
-    /// start (each a working setup, so not a config problem): `/metrics` served to anyone on a
-    /// public address, and an https console behind a proxy that is not trusted, where every
-    /// client has the proxy's address and failed logins from anyone throttle everyone.
-    pub fn exposure_warnings(&self, metrics_token_set: bool) -> Vec<String> {
+    /// start (each a working setup, so not a config problem): an https console behind a proxy
+    /// that is not trusted, where every client has the proxy's address and failed logins from
+    /// anyone throttle everyone. (`/metrics` on the console's address answers only this
+    /// machine without a token: `web::ops::console_metrics`.)
+    pub fn exposure_warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if !self.addr.ip().is_loopback() && self.metrics_addr.is_none() && !metrics_token_set {
-            out.push(format!(
-                "/metrics (tool, MCP and job figures) answers anyone who reaches {}: set GATEHOUSE_METRICS_TOKEN, or server.metrics_addr to a private address",
-                self.addr
-            ));
-        }
         if self.public_url.starts_with("https://") && self.trusted_proxies.is_empty() {
             out.push(
                 "server.public_url is https, so a TLS proxy is in front, but server.trusted_proxies is empty: every client has the proxy's address, and failed logins from anyone throttle every owner's; set server.trusted_proxies and server.client_ip_header"
@@ -283,17 +279,13 @@ mod tests {
     #[test]
     fn what_a_configuration_leaves_open_is_warned_about() {
         let local = ServerSettings::default();
-        assert!(local.exposure_warnings(false).is_empty(), "this machine only");
+        assert!(local.exposure_warnings().is_empty(), "this machine only");
         let public = ServerSettings { addr: "0.0.0.0:3000".parse().expect("addr"), ..ServerSettings::default() };
-        let warned = public.exposure_warnings(false);
-        assert!(warned.len() == 1 && warned[0].contains("GATEHOUSE_METRICS_TOKEN"), "{warned:?}");
-        assert!(public.exposure_warnings(true).is_empty(), "a token guards /metrics");
-        let apart = ServerSettings { metrics_addr: Some("10.0.0.2:9100".parse().expect("addr")), ..public.clone() };
-        assert!(apart.exposure_warnings(false).is_empty(), "metrics on an address of their own");
+        assert!(public.exposure_warnings().is_empty(), "/metrics answers only this machine without a token");
         let proxied = ServerSettings { public_url: "https://bot.example".into(), ..ServerSettings::default() };
-        assert!(proxied.exposure_warnings(false).iter().any(|w| w.contains("server.trusted_proxies")));
+        assert!(proxied.exposure_warnings().iter().any(|w| w.contains("server.trusted_proxies")));
         let trusted = ServerSettings { trusted_proxies: vec!["127.0.0.1".parse().expect("net")], client_ip_header: "x-forwarded-for".into(), ..proxied };
-        assert!(trusted.exposure_warnings(false).is_empty());
+        assert!(trusted.exposure_warnings().is_empty());
     }
 
     /// `/metrics` may not be given an address the console could take: `serve` binds the console

@@ -123,7 +123,7 @@ pub fn router(state: AppState) -> Router {
         .route("/assets/gatehouse.css", get(stylesheet))
         .merge(assets::pkg_routes(pkg_dir));
     // With server.metrics_addr set, /metrics is served there only (see `metrics_router`).
-    let ops = if state.config.settings.server.metrics_addr.is_none() { ops.route("/metrics", get(ops::metrics)) } else { ops };
+    let ops = if state.config.settings.server.metrics_addr.is_none() { ops.route("/metrics", get(ops::console_metrics)) } else { ops };
     let ops = ops.with_state(state.clone());
 
     // Authenticated by its signature, not a session: outside the console guard, and exempt

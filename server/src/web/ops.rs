@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use app::auth::LocalPeer;
 use axum::{
-    Json,
+    Extension, Json,
     extract::State,
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
@@ -46,6 +47,23 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 
 fn unavailable(reason: &str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
+}
+
+/// `/metrics` on the console's address, which is the webhook's and so reached from the
+/// internet: without `GATEHOUSE_METRICS_TOKEN` only a request made on this machine gets them
+/// (the rule first-run setup follows, [`crate::web::middleware::client::is_local`]), and
+/// anyone else 403 `METRICS_NOT_LOCAL`. Tool, MCP server and job figures are the business's
+/// own, not the world's.
+pub async fn console_metrics(State(state): State<AppState>, local: Option<Extension<LocalPeer>>, headers: HeaderMap) -> Response {
+    let local = local.is_some_and(|Extension(LocalPeer(local))| local);
+    if state.config.secrets.metrics_token.is_none() && !local {
+        let body = Json(json!({
+            "code": "METRICS_NOT_LOCAL",
+            "message": "/metrics on this address answers only this machine: set GATEHOUSE_METRICS_TOKEN and send Authorization: Bearer <token>, or serve it on a private address (server.metrics_addr)"
+        }));
+        return (StatusCode::FORBIDDEN, body).into_response();
+    }
+    metrics(State(state), headers).await
 }
 
 /// Prometheus metrics. With `GATEHOUSE_METRICS_TOKEN` set, only a request with that bearer

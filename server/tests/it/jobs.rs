@@ -851,7 +851,7 @@ async fn console_job_actions_are_audited_and_live_stream_needs_a_session(db: Tes
     assert!(events[0].1.contains(&format!("\"job_id\":{id}")), "{events:?}");
     assert_eq!(events[1].0, "job_retry");
 
-    let metrics = owner.get("/metrics").await.body;
+    let metrics = app.client_from("127.0.0.1:40000").get("/metrics").await.body;
     assert!(metrics.contains("jobs{state=\"available\"} 1"), "{metrics}");
 }
 both_backends!(jobs_console_actions, console_job_actions_are_audited_and_live_stream_needs_a_session);

@@ -18,7 +18,8 @@ async fn health_ready_metrics(db: TestDb) {
     // A made-up method is answered 405 and counted as "other": a client cannot add series.
     let odd = c.request(axum::http::Method::from_bytes(b"ZZTOP0001").expect("method"), "/webhooks/whatsapp", None).await;
     assert_eq!(odd.status, StatusCode::METHOD_NOT_ALLOWED);
-    let metrics = c.get("/metrics").await;
+    // A scraper on this machine (the console's /metrics answers no one else without a token).
+    let metrics = app.client_from("127.0.0.1:40000").get("/metrics").await;
     assert!(!metrics.body.contains("ZZTOP0001"), "{}", metrics.body);
     assert!(metrics.body.contains("http_requests_total{route=\"/webhooks/whatsapp\",method=\"other\",status=\"405\"}"), "{}", metrics.body);
     assert_eq!(metrics.status, StatusCode::OK);
@@ -141,6 +142,44 @@ async fn ephemeral_storage_is_said_everywhere(db: TestDb) {
     assert!(page.body.contains("storage-banner") && page.body.contains("in memory"), "{}", page.body);
 }
 both_backends!(ops_ephemeral_storage, ephemeral_storage_is_said_everywhere);
+
+/// The console's address is the webhook's, which the internet reaches: without a token its
+/// /metrics answers only a request made on this machine, by the rule first-run setup follows
+/// (a loopback peer, no proxy's header, a console published here), and refuses anyone else
+/// with a stable code that says what to set. With GATEHOUSE_METRICS_TOKEN set, the bearer of
+/// the token gets them from anywhere. (The rule reads no table: SQLite only.)
+#[tokio::test]
+async fn console_metrics_answer_only_this_machine_without_a_token() {
+    let app = TestApp::new(TestDb::sqlite()).await;
+    let refused = |res: &crate::support::Resp| res.status == StatusCode::FORBIDDEN && res.json()["code"] == "METRICS_NOT_LOCAL" && res.body.contains("GATEHOUSE_METRICS_TOKEN");
+    let local = app.client_from("127.0.0.1:40000").get("/metrics").await;
+    assert_eq!(local.status, StatusCode::OK, "{}", local.body);
+    assert!(local.body.contains("gatehouse_build_info"), "{}", local.body);
+    let remote = app.client_from("203.0.113.9:40000").get("/metrics").await;
+    assert!(refused(&remote), "{}: {}", remote.status, remote.body);
+    assert!(!remote.body.contains("gatehouse_build_info"), "{}", remote.body);
+    for header in ["X-Forwarded-For", "Forwarded", "X-Real-IP"] {
+        let mut proxied = app.client_from("127.0.0.1:40000");
+        proxied.headers.push((header.into(), "203.0.113.9".into()));
+        let res = proxied.get("/metrics").await;
+        assert!(refused(&res), "through a proxy on this machine ({header}): {}: {}", res.status, res.body);
+    }
+    drop(app);
+
+    // Published under another host, every request may have come through a proxy here.
+    let published = TestApp::with(TestDb::sqlite(), |s| s.server.public_url = "https://bot.example".into()).await;
+    let res = published.client_from("127.0.0.1:40000").get("/metrics").await;
+    assert!(refused(&res), "{}: {}", res.status, res.body);
+
+    let secrets = server::config::Secrets::from_lookup(|name| (name == "GATEHOUSE_METRICS_TOKEN").then(|| "metrics-token-7f3a".to_string()));
+    let tokened = TestApp::with_secrets(TestDb::sqlite(), secrets, |_| {}).await;
+    let mut remote = tokened.client_from("203.0.113.9:40000");
+    assert_eq!(remote.get("/metrics").await.status, StatusCode::UNAUTHORIZED);
+    remote.headers.push(("authorization".into(), "Bearer metrics-token-7f3a".into()));
+    let res = remote.get("/metrics").await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert!(res.body.contains("gatehouse_build_info"), "{}", res.body);
+}
 
 /// With GATEHOUSE_METRICS_TOKEN set, /metrics answers only the bearer of the token; with
 /// server.metrics_addr set, it is not on the console's address at all; and a scrape counts the
