@@ -795,6 +795,37 @@ async fn a_failed_immediate_run_waits_the_configured_backoff(db: TestDb) {
 }
 both_backends!(lane_e2e_immediate_backoff, a_failed_immediate_run_waits_the_configured_backoff);
 
+/// The call itself is made in the first `jobs.default_max_attempts` runs of its job only. A
+/// later run with no answer kept (the runs before it stopped before keeping one: a crash, a
+/// lost lease, each time) does not make it again: a call that brings its run down is not made
+/// for each of the job's longer `jobs.attempts.tool_call`. The person is told it could not be
+/// done, and the job ends with a code that says why. Before, each such run made the call.
+async fn a_call_past_its_runs_with_nothing_kept_is_not_made_again(db: TestDb) {
+    let r = timing_out(db, "", |s| {
+        s.jobs.default_max_attempts = 3;
+        s.jobs.attempts.tool_call = 8;
+        s.jobs.retry_base = Duration::from_secs(3600);
+        s.jobs.retry_max = Duration::from_secs(7200);
+    })
+    .await;
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.CAP", "Where is my order slow-7?")], 1).await;
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone()]);
+    let made = r.shop.requests.lock().expect("lock").len();
+    assert!(made >= 1, "the lane's run made the call");
+    // Runs 2 and 3 stopped before they kept anything; the job is due for its fourth.
+    let pool = &r.app.state.db.pool;
+    sqlx::query("UPDATE jobs SET attempt = 3, scheduled_at = 0 WHERE kind = 'tool.call'").execute(pool).await.expect("runs used");
+    r.exchange(&[], 2).await;
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), made, "the call was not made a fourth time");
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), lane.failed_reply.clone()], "told it could not be done");
+    let (state, attempt, code): (String, i64, Option<String>) = sqlx::query_as("SELECT state, attempt, last_error_code FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt, code.as_deref()), ("discarded", 4, Some("TOOL_ATTEMPTS_EXHAUSTED")));
+    let kept: Option<String> = sqlx::query_scalar("SELECT failure FROM tool_answers").fetch_optional(pool).await.expect("kept");
+    assert_eq!(kept.as_deref(), Some("TOOL_ATTEMPTS_EXHAUSTED"), "kept, so a retry only sends what did not go out");
+}
+both_backends!(lane_e2e_call_runs_capped, a_call_past_its_runs_with_nothing_kept_is_not_made_again);
+
 /// A tool that may not run as a job (`async_policy = "never"`) is tried in the lane's run only:
 /// a timeout is said at once, and nothing is retried in the background after a "please wait".
 async fn a_call_that_may_not_run_as_a_job_is_never_retried_later(db: TestDb) {

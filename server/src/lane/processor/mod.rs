@@ -183,6 +183,21 @@ impl Processor {
         if unsafe_repeat && !self.mark_started(row).await? {
             return Ok(self.outcome_unknown(job, row).await);
         }
+        // The call itself is made in the first `jobs.default_max_attempts` runs only. A later
+        // run with nothing kept follows runs that stopped before they kept an answer (a crash,
+        // a lost lease, a failed write): a call that brings its run down is not made again for
+        // each of the job's remaining runs (`jobs.attempts.tool_call`). The person is told it
+        // could not be done.
+        if row.attempt > self.call_attempts {
+            if unsafe_repeat {
+                // Marked just now, by this run: no earlier run made it.
+                self.unmark(row).await;
+            }
+            let code = ToolCode::AttemptsExhausted.as_str();
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, attempt = row.attempt, call_attempts = self.call_attempts, code, "the call's runs are used up with no answer kept; not made again");
+            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
+            return Ok(Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false });
+        }
         let (answer, maybe_applied) = self.run(job, &row.correlation_id).await;
         if unsafe_repeat && answer.failure.is_some() {
             // Failed, but it may have taken effect (a timeout, an error answer): not made again.

@@ -102,6 +102,11 @@ pub enum ToolCode {
     /// ran out, its lease was lost, the process shut down): what it did is not known here.
     #[strum(serialize = "TOOL_CANCELLED")]
     Cancelled,
+    /// A tool call's job ran past the runs in which its call is made
+    /// (`jobs.default_max_attempts`) with no answer kept: the runs before it stopped, or could
+    /// not keep what they found. The call is not made again.
+    #[strum(serialize = "TOOL_ATTEMPTS_EXHAUSTED")]
+    AttemptsExhausted,
 }
 
 impl ToolCode {
