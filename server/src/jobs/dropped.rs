@@ -36,6 +36,14 @@ impl From<&Dropped> for Followed {
     }
 }
 
+/// The ids of the follow-ups of kind `F` of job `job_id`, in its chat `chat_id`, oldest first:
+/// a job an owner cancelled, retried and cancelled again has one for each cancel (each of the
+/// same attempt, once the one before finished, since a finished job's key dedupes nothing).
+pub async fn follow_ups_of<F: JobKind>(conn: &mut AnyConnection, chat_id: &str, job_id: i64) -> Result<Vec<i64>, DbError> {
+    let rows = crate::db::jobs::in_chat(conn, chat_id, F::KIND).await?;
+    Ok(rows.into_iter().filter(|row| serde_json::from_str::<Followed>(&row.args).is_ok_and(|f| f.job_id == job_id)).map(|row| row.id).collect())
+}
+
 /// Makes a kind's follow-up of a job, on its queue.
 type Make = fn(&JobQueue, &Dropped) -> NewJob;
 type ByKind = HashMap<String, (JobQueue, Make)>;

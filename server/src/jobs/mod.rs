@@ -26,7 +26,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::db::jobs::JobRow;
 
-pub use dropped::{FollowUps, Followed};
+pub use dropped::{FollowUps, Followed, follow_ups_of};
 pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 

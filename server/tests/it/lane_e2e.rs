@@ -575,8 +575,8 @@ both_backends!(lane_e2e_late_acknowledgement, an_acknowledgement_overtaken_by_it
 
 /// Asks for a slow call (`slow` long), and cancels its job on the Jobs page once the person was
 /// told its answer would follow; returns once the cancel's `tool.stopped` job and every other
-/// has finished, with that job's preview.
-async fn stop_a_slow_call(r: &Rig, slow: Duration) -> String {
+/// has finished, with that job's preview and the owner's console session.
+async fn stop_a_slow_call(r: &Rig, slow: Duration) -> (String, crate::support::Client) {
     *r.shop.slow.lock().expect("lock") = slow;
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
     let message = envelope(vec![vec![text_message(CUSTOMER, "wamid.STOPPED", "Where is my order slow-7?")]]);
@@ -603,7 +603,7 @@ async fn stop_a_slow_call(r: &Rig, slow: Duration) -> String {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = stop.send(true);
     let _ = worker.await;
-    preview
+    (preview, owner)
 }
 
 /// A slow call an owner cancels after the person was told its answer would follow, stopped
@@ -616,12 +616,25 @@ async fn a_call_an_owner_stops_is_told_to_the_person(db: TestDb) {
         s.jobs.lease = Duration::from_secs(2);
     })
     .await;
-    let preview = stop_a_slow_call(&r, Duration::from_secs(5)).await;
+    let (preview, mut owner) = stop_a_slow_call(&r, Duration::from_secs(5)).await;
     assert!(preview.contains("told the call was stopped"), "{preview}");
     let lane = &r.app.state.config.settings.lane;
     assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), lane.cancelled_reply.clone()], "told it was stopped, and nothing after");
     let steps = r.steps("wamid.STOPPED").await;
     assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the notice is in the trace: {steps:?}");
+
+    // The owner retries it, and cancels it again before it runs: the same attempt, a second
+    // `tool.stopped` (the first has finished, so its key dedupes nothing), and no second notice.
+    let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    for action in ["/api/retry_job", "/api/cancel_job"] {
+        let res = owner.post_form(action, &[("id", job.to_string().as_str())]).await;
+        assert_eq!(res.status, axum::http::StatusCode::OK, "{action}: {}", res.body);
+    }
+    r.exchange(&[], 2).await;
+    let previews: Vec<Option<String>> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped' ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("the cancels' jobs");
+    assert_eq!(previews.len(), 2, "{previews:?}");
+    assert!(previews[1].as_deref().is_some_and(|p| p.contains("told the person the call was stopped: nothing more")), "{previews:?}");
+    assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), lane.cancelled_reply.clone()], "told once");
 }
 both_backends!(lane_e2e_owner_stops_a_call, a_call_an_owner_stops_is_told_to_the_person);
 
@@ -629,7 +642,7 @@ both_backends!(lane_e2e_owner_stops_a_call, a_call_an_owner_stops_is_told_to_the
 /// and no "stopped" contradicts it.
 async fn a_cancelled_call_that_answered_first_says_nothing_more(db: TestDb) {
     let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(300)).await;
-    let preview = stop_a_slow_call(&r, Duration::from_secs(1)).await;
+    let (preview, _) = stop_a_slow_call(&r, Duration::from_secs(1)).await;
     assert!(preview.contains("its answer went out"), "{preview}");
     let lane = &r.app.state.config.settings.lane;
     assert_eq!(r.graph.texts(), vec![lane.pending_reply.clone(), "Your order has shipped with Parcel Co: https://track.example/42".to_string()]);

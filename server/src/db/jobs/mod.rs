@@ -246,6 +246,13 @@ pub async fn find_by_dedupe_in_chat(conn: &mut AnyConnection, chat_id: &str, kin
     Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).bind(key).fetch_optional(&mut *conn).await?)
 }
 
+/// Chat `chat_id`'s jobs of `kind`, finished or not, oldest first. For a kind a chat has few
+/// of (a follow-up's): it reads the chat's jobs.
+pub async fn in_chat(conn: &mut AnyConnection, chat_id: &str, kind: &str) -> Result<Vec<JobRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM jobs WHERE chat_id = $1 AND kind = $2 ORDER BY id");
+    Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).fetch_all(&mut *conn).await?)
+}
+
 /// Chat `chat_id`'s jobs of `kind` for its message `message_id`, oldest first.
 pub async fn for_message(conn: &mut AnyConnection, chat_id: &str, kind: &str, message_id: &str) -> Result<Vec<JobRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM jobs WHERE chat_id = $1 AND kind = $2 AND message_id = $3 ORDER BY id");

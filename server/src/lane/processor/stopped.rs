@@ -1,7 +1,8 @@
 //! A call an owner stopped: its `tool.call` job was cancelled on the Jobs page before it
 //! finished. The person who asked was told its answer would follow (or that it waits for an
 //! owner's approval), so unless that answer reached them, they are told it will not come:
-//! `lane.cancelled_reply`, once, through the channel. The job queue enqueues this job in the
+//! `lane.cancelled_reply`, once, through the channel (a call an owner cancels, retries and
+//! cancels again before it runs is said once: the second stop finds the first one's notice). The job queue enqueues this job in the
 //! cancel's own transaction (`jobs::Registry::when_cancelled`).
 //!
 //! A run under way when the job was cancelled goes on until its heartbeat finds the lease gone
@@ -18,9 +19,9 @@ use crate::{
     channel::{DeliverError, Delivered},
     db::{
         self, DbError,
-        jobs::JobState,
+        jobs::{JobRow, JobState},
     },
-    jobs::{Followed, Handler, JobContext, JobError, JobKind, JobOutput},
+    jobs::{Followed, Handler, JobContext, JobError, JobKind, JobOutput, follow_ups_of},
     lane::job::ToolCallJob,
 };
 
@@ -69,6 +70,11 @@ impl Processor {
         if self.outbound.went_out(&job.reply_to, row.id).await? {
             return Ok(Some("its answer went out: nothing to say".into()));
         }
+        // Stopped before (an owner cancelled it, retried it and cancelled it again before it
+        // ran): the person was told then.
+        if let Some(told) = self.told_stopped_before(&row, &job, own_job).await? {
+            return Ok(Some(format!("job {told} told the person the call was stopped: nothing more to say")));
+        }
         if self.lane.cancelled_reply.trim().is_empty() {
             return Ok(Some("lane.cancelled_reply is empty: nothing said".into()));
         }
@@ -78,6 +84,20 @@ impl Processor {
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),
         }
+    }
+}
+
+impl Processor {
+    /// An earlier `tool.stopped` job of call `row` whose notice went out, if one did.
+    async fn told_stopped_before(&self, row: &JobRow, job: &ToolCallJob, own_job: i64) -> Result<Option<i64>, DbError> {
+        let Some(chat_id) = &row.chat_id else { return Ok(None) };
+        let earlier = follow_ups_of::<CallStopped>(&mut *self.db.pool.acquire().await?, chat_id, row.id).await?;
+        for id in earlier.into_iter().filter(|id| *id < own_job) {
+            if self.outbound.went_out(&job.reply_to, id).await? {
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
     }
 }
 
