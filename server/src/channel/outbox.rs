@@ -1,5 +1,7 @@
 //! The channels' [`Outbound`]: later messages go out on the channel their chat is on,
-//! WhatsApp through the delivery ledger (once per job), the simulator into its chat.
+//! WhatsApp through the delivery ledger (once per job), the simulator into its chat. A later
+//! message that went out is kept in its chat's memory, as the assistant's turn, so that normal
+//! chat and the planner read the conversation as the person had it.
 
 use std::sync::Arc;
 
@@ -12,6 +14,9 @@ use crate::{
     telemetry::Telemetry,
     traces::{self, Step},
 };
+// Apart from the group above: scripts/module-graph reads a name in a `crate::{..}` group as a
+// top-level module, and this is the database's `conversation`, not the runtime's.
+use crate::db::conversation;
 
 #[derive(Debug, Clone)]
 pub struct Outbox {
@@ -31,12 +36,16 @@ impl Outbox {
         }
     }
 
-    /// A simulated chat's later message, stored once per job.
+    /// A simulated chat's later message, stored once per job, with its turn in the chat's
+    /// memory.
     async fn simulate(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
         let message_id = sim_message_id(job_id);
         let mut tx = self.db.begin_write().await?;
         let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms(), group: to.chat_kind == ChatKind::Group };
         let new = sim::insert_once(&mut tx, &out).await?;
+        if new {
+            conversation::insert_turn(&mut tx, &later_turn(to, text, &conversation::later_message_id(job_id))).await?;
+        }
         let appended = match trace_id {
             Some(trace_id) if new => Some(traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?),
             _ => None,
@@ -44,6 +53,33 @@ impl Outbox {
         tx.commit().await?;
         self.telemetry.appended(appended);
         Ok(())
+    }
+
+    /// Keeps job `job_id`'s later message, sent on WhatsApp, in its chat's memory (once). A
+    /// failed write is logged: the message went out, and only memory lacks it.
+    async fn remember(&self, to: &ReplyTo, text: &str, job_id: i64) {
+        let remembered = async {
+            let id = conversation::later_message_id(job_id);
+            conversation::insert_turn(&mut *self.db.acquire_write().await?, &later_turn(to, text, &id)).await
+        };
+        if let Err(e) = remembered.await {
+            tracing::warn!(job.id = job_id, error = %e, "keeping a later message in its chat's memory failed");
+        }
+    }
+}
+
+/// A later message to `to` as the assistant's turn in its chat's memory, under `message_id`.
+fn later_turn<'a>(to: &'a ReplyTo, text: &'a str, message_id: &'a str) -> conversation::NewTurn<'a> {
+    conversation::NewTurn {
+        chat_id: &to.chat_id,
+        channel: &to.channel,
+        role: conversation::role::ASSISTANT,
+        text,
+        message_id,
+        at: db::now_ms(),
+        tokens: conversation::estimate_tokens(text),
+        sender: None,
+        sender_label: None,
     }
 }
 
@@ -68,6 +104,7 @@ impl Outbound for Outbox {
                 let quote = group.then_some(to.message_id.as_str());
                 match self.whatsapp.send_text(job_id, &recipient, text, quote).await {
                     Ok(SendOutcome::Sent { parts, .. }) => {
+                        self.remember(to, text, job_id).await;
                         self.trace(trace_id, Step::new("later_delivery", "sent", "WHATSAPP_SENT", json!({ "job_id": job_id, "parts": parts })), false).await;
                         Ok(Delivered::Sent)
                     }

@@ -171,6 +171,11 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
     let conv = &settings.conversation;
     need(conv.history_token_budget >= 200, "conversation.history_token_budget", "must be at least 200".into());
     need(conv.keep_recent_turns >= 1, "conversation.keep_recent_turns", "must be at least 1".into());
+    need(
+        jiff::tz::TimeZone::get(&conv.timezone).is_ok(),
+        "conversation.timezone",
+        format!("{:?} is not a time zone this build knows: use an IANA name such as \"Europe/Lisbon\" or \"UTC\"", conv.timezone),
+    );
     let tag = super::lane::UNTRUSTED_TAG;
     need(
         conv.compaction_prompt.trim().is_empty() || conv.compaction_prompt.contains(tag),

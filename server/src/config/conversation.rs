@@ -33,6 +33,9 @@ pub struct ConversationSettings {
     pub keep_recent_turns: u32,
     /// The system prompt of normal chat.
     pub system_prompt: String,
+    /// The business's time zone (an IANA name: "Europe/Lisbon"). Normal chat, the planner and
+    /// the summarizer are told the date, weekday and time there with their system prompts.
+    pub timezone: String,
     /// The system prompt of compaction (`models.compaction`), which folds older turns into the
     /// chat's summary.
     pub compaction_prompt: String,
@@ -81,6 +84,7 @@ impl Default for ConversationSettings {
             history_token_budget: 6_000,
             keep_recent_turns: 8,
             system_prompt: String::new(),
+            timezone: "UTC".into(),
             compaction_prompt: String::new(),
             customer_command_reply: String::new(),
             group_owner_command_reply: String::new(),

@@ -72,3 +72,13 @@ fn the_compaction_prompt_names_the_untrusted_wrapping() {
     let err = problems_at("[conversation]\ncompaction_prompt = \"Summarize. Keep promises made.\"\n", &["conversation.compaction_prompt"]);
     assert!(err.to_string().contains("must tell the model that text inside <untrusted_data> is data"), "{err}");
 }
+
+/// The business's time zone is an IANA name the build knows; a typo is said at load, with the
+/// key, instead of every model being told UTC.
+#[test]
+fn the_time_zone_is_one_the_build_knows() {
+    assert_eq!(shipped().settings.conversation.timezone, "UTC");
+    assert_eq!(load_text("[conversation]\ntimezone = \"America/Sao_Paulo\"\n").expect("a known zone").settings.conversation.timezone, "America/Sao_Paulo");
+    let err = problems_at("[conversation]\ntimezone = \"Europe/Lisbn\"\n", &["conversation.timezone"]);
+    assert!(err.to_string().contains("is not a time zone this build knows"), "{err}");
+}

@@ -17,6 +17,62 @@ use crate::{
 };
 
 impl Runtime {
+    /// In a group, how its members' words read to the model, and the label this message's
+    /// sender's turn is stored under (fixed then for every later read). `(None, None)` in a
+    /// direct chat.
+    async fn speaker(&self, conn: &mut sqlx::AnyConnection, inbound: &Inbound) -> Result<(Option<Speakers>, Option<String>), RuntimeError> {
+        let conv = &self.settings.conversation;
+        let speakers = if inbound.chat_kind == ChatKind::Group { Speakers::new(&conv.group_turn_format) } else { None };
+        if speakers.is_none() {
+            return Ok((None, None));
+        }
+        let owners = db::owners::list(&mut *conn).await?;
+        let label = match db::owners::owner_by_phone(&mut *conn, &inbound.sender).await?.and_then(|id| owners.iter().find(|o| o.id == id)) {
+            Some(owner) => speakers::owner_label(&conv.group_owner_label, &owner.display_name),
+            None => {
+                let names: Vec<String> = owners.into_iter().map(|o| o.display_name).collect();
+                let reserved = speakers::Reserved { words: &conv.reserved_member_names, names: &names };
+                speakers::label_for(&store::members(&mut *conn, &inbound.chat_id).await?, &inbound.sender, inbound.sender_name.as_deref(), &conv.group_unnamed_member, reserved)
+            }
+        };
+        Ok((speakers, Some(label)))
+    }
+
+    /// Keeps an exchange the tool lane answered in the chat's memory, as normal chat keeps its
+    /// own: the person's words and the reply they were sent (a tool's summarised answer, the
+    /// note that it will follow, a question back), never a tool's prompt or its raw result
+    /// (seed §15's compact memory marker). Normal chat and the planner so read the conversation
+    /// as the person had it ("say that again", "thanks, and for the other order?"). A message
+    /// handled again keeps the turns its first run stored.
+    pub(super) async fn remember_lane_exchange(&self, inbound: &Inbound, reply: &str) -> Result<(), RuntimeError> {
+        let reply = db::clean_text(reply.trim());
+        if reply.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.db.pool.acquire().await?;
+        let (speakers, label) = self.speaker(&mut conn, inbound).await?;
+        drop(conn);
+        let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
+        let at = db::now_ms();
+        let user_turn = store::NewTurn {
+            chat_id: &inbound.chat_id,
+            channel: &inbound.channel,
+            role: store::role::USER,
+            text: &inbound.text,
+            message_id: &inbound.message_id,
+            at,
+            tokens: memory::estimate_tokens(&current),
+            sender: label.as_ref().map(|_| inbound.sender.as_str()),
+            sender_label: label.as_deref(),
+        };
+        let answer = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), sender: None, sender_label: None, ..user_turn.clone() };
+        let mut tx = self.db.begin_write().await?;
+        store::insert_turn(&mut tx, &user_turn).await?;
+        store::insert_turn(&mut tx, &answer).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Normal chat: the person's turn is stored, history is assembled within the budget
     /// (compacting older turns when needed), the chat model answers, the answer is stored.
     /// The inner error is the LLM error code (the caller sends the fallback reply).
@@ -50,24 +106,7 @@ impl Runtime {
             conn = self.db.pool.acquire().await?;
             history.retain(|t| t.message_id != inbound.message_id);
         }
-        // In a group, each member's words go to the model under their label, fixed for the
-        // turn stored now.
-        let speakers = if inbound.chat_kind == ChatKind::Group { Speakers::new(&conv.group_turn_format) } else { None };
-        let label = match speakers {
-            Some(_) => {
-                let owners = db::owners::list(&mut conn).await?;
-                let label = match db::owners::owner_by_phone(&mut conn, &inbound.sender).await?.and_then(|id| owners.iter().find(|o| o.id == id)) {
-                    Some(owner) => speakers::owner_label(&conv.group_owner_label, &owner.display_name),
-                    None => {
-                        let names: Vec<String> = owners.into_iter().map(|o| o.display_name).collect();
-                        let reserved = speakers::Reserved { words: &conv.reserved_member_names, names: &names };
-                        speakers::label_for(&store::members(&mut conn, &inbound.chat_id).await?, &inbound.sender, inbound.sender_name.as_deref(), &conv.group_unnamed_member, reserved)
-                    }
-                };
-                Some(label)
-            }
-            None => None,
-        };
+        let (speakers, label) = self.speaker(&mut conn, inbound).await?;
         drop(conn);
         let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
         let current_tokens = memory::estimate_tokens(&current) + quoted.as_deref().map_or(0, memory::estimate_tokens);
@@ -127,9 +166,8 @@ impl Runtime {
         };
         let messages = memory::messages(summary.as_ref(), &turns, &current, quoted.as_deref(), speakers.as_ref());
         let mut req = ChatRequest::new(&self.settings.models, Purpose::Chat, inbound.correlation_id.clone(), messages);
-        if !conv.system_prompt.trim().is_empty() {
-            req = req.with_system(conv.system_prompt.trim());
-        }
+        // The configured prompt, with the date and time where the business is.
+        req = req.with_system(crate::untrusted::with_facts(&conv.system_prompt, &json!({ "now": super::clock::facts(&conv.timezone) })));
         // The person's turn is stored before the call, so it stays in memory even if the call fails.
         let mut tx = self.db.begin_write().await?;
         let user_turn = store::NewTurn {

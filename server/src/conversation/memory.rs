@@ -11,13 +11,7 @@ use crate::{
     untrusted::untrusted,
 };
 
-/// Roughly four ASCII characters make a token, and any other character (an accent, a Chinese,
-/// Thai or Arabic letter, an emoji) one at least; a few more per message for its framing. Counted
-/// as four to a token, a chat in another script would pass its budget several times over.
-pub fn estimate_tokens(text: &str) -> i64 {
-    let (ascii, other) = text.chars().fold((0usize, 0usize), |(a, o), c| if c.is_ascii() { (a + 1, o) } else { (a, o + 1) });
-    i64::try_from(ascii / 4 + other).unwrap_or(i64::MAX).saturating_add(4)
-}
+pub use crate::db::conversation::estimate_tokens;
 
 /// What [`plan`] decided.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,9 +7,11 @@
 //!
 //! The channel delivers the reply the runtime returns and appends the delivery to the trace;
 //! only the transport differs between channels. Tool prompts and results never enter chat
-//! memory: only the person's messages and the chat replies do.
+//! memory: only the person's messages and what they were sent do (the chat's replies, the tool
+//! lane's replies, and the later messages a chat gets, such as a slow call's answer).
 
 mod chat;
+pub mod clock;
 mod commands;
 mod decide;
 pub use commands::MarkTraceJob;

@@ -37,6 +37,21 @@ pub struct NewTurn<'a> {
     pub sender_label: Option<&'a str>,
 }
 
+/// Roughly four ASCII characters make a token, and any other character (an accent, a Chinese,
+/// Thai or Arabic letter, an emoji) one at least; a few more per message for its framing. Counted
+/// as four to a token, a chat in another script would pass its budget several times over.
+pub fn estimate_tokens(text: &str) -> i64 {
+    let (ascii, other) = text.chars().fold((0usize, 0usize), |(a, o), c| if c.is_ascii() { (a + 1, o) } else { (a, o + 1) });
+    i64::try_from(ascii / 4 + other).unwrap_or(i64::MAX).saturating_add(4)
+}
+
+/// The id of a turn that is a later message to a chat: job `job_id`'s (a tool call's answer
+/// sent after the reply to its message, what the person was told of an owner's decision or of a
+/// call an owner stopped), kept in the chat's memory when it went out.
+pub fn later_message_id(job_id: i64) -> String {
+    format!("job:{job_id}")
+}
+
 /// Inserts a turn once: a second insert for the same message and role changes nothing.
 /// Returns whether it was new.
 pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bool, DbError> {

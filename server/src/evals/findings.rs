@@ -184,7 +184,7 @@ impl MarkError {
 /// answers.
 pub async fn case_from_trace(conn: &mut AnyConnection, trace_id: i64, expect: Expect, origin: Origin, recent_turns: u32, pii_fields: &[String]) -> Result<Case, MarkError> {
     let (trace, steps) = db::traces::get(conn, trace_id).await?.ok_or(MarkError::NoTrace(trace_id))?;
-    // Where the channel stored it (a tool-lane message never enters chat memory), else memory,
+    // Where the channel stored it, else memory,
     // else the trace's own copy (conversation.trace_text).
     let stored = match db::traces::inbound_text(conn, &trace.message_id).await? {
         Some(text) => Some(text),

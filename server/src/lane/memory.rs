@@ -1,8 +1,8 @@
 //! What the planner reads of the chat's normal memory (seed §5.2, "recent normal memory
 //! summary"): the chat's compaction summary, if it has one, and its latest turns, so that a
 //! message such as "and the weather there tomorrow?" is planned from what was said before it.
-//! Tool prompts and results are never in that memory; the chat's tool results reach the
-//! planner as its recent tool contexts instead.
+//! Tool prompts and raw results are never in that memory (the answers the person was sent are,
+//! as sent); the chat's tool results reach the planner as its recent tool contexts.
 
 use sqlx::AnyConnection;
 

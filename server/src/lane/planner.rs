@@ -202,6 +202,7 @@ impl Planner {
             "max_steps": input.max_steps,
             "followup": input.followup,
             "answers_clarification": input.clarification.is_some(),
+            "now": crate::conversation::clock::facts(&self.settings.conversation.timezone),
         });
         let mut user = Vec::new();
         if let Some(asked) = &input.clarification {

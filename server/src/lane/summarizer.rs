@@ -125,7 +125,7 @@ impl Summarizer {
     /// runtime facts, and the request and the cleaned result as untrusted data.
     pub fn request(&self, input: &SummaryInput, cleaned: &Value, partial: bool) -> ChatRequest {
         let lane = &self.settings.lane;
-        let facts = json!({ "status": if partial { "partial" } else { "complete" } });
+        let facts = json!({ "status": if partial { "partial" } else { "complete" }, "now": crate::conversation::clock::facts(&self.settings.conversation.timezone) });
         let user = format!("{}\n\n{}", data::untrusted("request", &input.request), data::untrusted("tool_result", &cleaned.to_string()));
         let mut req = ChatRequest::new(&self.settings.models, Purpose::Summarizer, input.correlation_id.clone(), vec![Message::user(user)])
             .with_system(data::with_facts(&lane.summarizer_prompt, &facts));

@@ -271,9 +271,12 @@ fn plan_for_the_shop(llm: &Fake) {
         let text = body["messages"].to_string();
         if model == PLANNER_MODEL {
             let offered = body["tools"].to_string();
+            // The person's message alone: the chat's earlier messages (its memory, which holds
+            // the lane's exchanges too) are in the same request, and must not steer the plan.
+            let asked = text.split(r#"kind=\"message\""#).nth(1).and_then(|rest| rest.split("untrusted_data>").next()).unwrap_or(&text).to_string();
             // A model that ignores the no-parallel request: two calls in one answer.
-            if text.contains("both at once") {
-                let query = if text.contains("broken") { "fail" } else if text.contains("search is slow") { "slow" } else { "returns" };
+            if asked.contains("both at once") {
+                let query = if asked.contains("broken") { "fail" } else if asked.contains("search is slow") { "slow" } else { "returns" };
                 return anthropic(json!([tool_use("p1", "page_search", json!({ "query": query })), tool_use("p2", "open_page", json!({ "page": "returns" }))]), "tool_use");
             }
             // The detector could not tell which result a follow-up means: ask.
@@ -284,13 +287,13 @@ fn plan_for_the_shop(llm: &Fake) {
             }
             let later_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
             // After a step's result, no further step unless the message asks for a chain.
-            if later_round && !text.contains("Find the returns page") && !text.contains("tool_search_results") {
+            if later_round && !asked.contains("Find the returns page") && !text.contains("tool_search_results") {
                 let respond = json!({ "decision": "no_tool", "reply": "", "reason": "the result answers it", "requires_async": false, "requires_owner_approval": false });
                 return anthropic(json!([tool_use("r1", "respond_without_tool", respond)]), "tool_use");
             }
             // A chain whose first plan looks in the catalog first: then the search, then the
             // page, each once the one before came back.
-            if text.contains("the catalog first") {
+            if asked.contains("the catalog first") {
                 if text.contains(r#"\"id\":\"c1\""#) || text.contains(r#""id":"c1""#) {
                     return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "returns" }))]), "tool_use");
                 }
@@ -300,38 +303,38 @@ fn plan_for_the_shop(llm: &Fake) {
                 return anthropic(json!([tool_use("c1", "page_search", json!({ "query": "returns" }))]), "tool_use");
             }
             // A chain: search first; once a result came back, the step the message asks for.
-            if text.contains("Find the returns page") {
+            if asked.contains("Find the returns page") {
                 let second_round = body["messages"].as_array().is_some_and(|m| m.len() > 1);
                 if !second_round {
-                    let query = if text.contains("break it") { "fail" } else { "returns" };
+                    let query = if asked.contains("break it") { "fail" } else { "returns" };
                     return anthropic(json!([tool_use("c1", "page_search", json!({ "query": query }))]), "tool_use");
                 }
-                if text.contains("open both") {
+                if asked.contains("open both") {
                     return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "hours" })), tool_use("c3", "open_page", json!({ "page": "returns" }))]), "tool_use");
                 }
-                if text.contains("flag it") {
+                if asked.contains("flag it") {
                     return anthropic(json!([tool_use("c2", "flag_page", json!({ "page": "returns" }))]), "tool_use");
                 }
-                if text.contains("refund it") {
+                if asked.contains("refund it") {
                     return anthropic(json!([tool_use("c2", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
                 }
-                if text.contains("the one I mean") {
+                if asked.contains("the one I mean") {
                     return anthropic(json!([tool_use("c2", "open_page", json!({}))]), "tool_use");
                 }
-                if text.contains("show sales") {
+                if asked.contains("show sales") {
                     return anthropic(json!([tool_use("c2", "sales_report", json!({}))]), "tool_use");
                 }
                 return anthropic(json!([tool_use("c2", "open_page", json!({ "page": "returns" }))]), "tool_use");
             }
             // Tool search: the forecast tool is not among the candidates; search until it is.
-            if text.contains("umbrella") || text.contains("endless") {
-                if text.contains("umbrella") && offered.contains("\"forecast\"") {
+            if asked.contains("umbrella") || asked.contains("endless") {
+                if asked.contains("umbrella") && offered.contains("\"forecast\"") {
                     return anthropic(json!([tool_use("t2", "forecast", json!({ "place": "Lisbon", "date": "today" }))]), "tool_use");
                 }
                 return anthropic(json!([tool_use("s1", "search_tools", json!({ "query": "weather forecast" }))]), "tool_use");
             }
             // "The second one": the second link the context listed, opened with the page tool.
-            if text.contains("the second one") && text.contains("recent_tool_results") {
+            if asked.contains("the second one") && text.contains("recent_tool_results") {
                 let links: Vec<&str> = text.match_indices("https://shop.example/pages/").map(|(i, _)| &text[i + 27..]).map(|rest| rest.split(|c: char| !c.is_ascii_lowercase() && c != '-').next().unwrap_or_default()).collect();
                 let mut distinct: Vec<&str> = Vec::new();
                 for l in links {
@@ -343,7 +346,7 @@ fn plan_for_the_shop(llm: &Fake) {
                     return anthropic(json!([tool_use("t1", "open_page", json!({ "page": page }))]), "tool_use");
                 }
             }
-            if text.contains("search the shop") {
+            if asked.contains("search the shop") {
                 return anthropic(json!([tool_use("t1", "page_search", json!({ "query": "returns" }))]), "tool_use");
             }
             // No order number: the plan leaves it out, and the validator asks for it; the
@@ -361,23 +364,23 @@ fn plan_for_the_shop(llm: &Fake) {
                 return anthropic(json!([tool_use("m1", "respond_without_tool", respond)]), "tool_use");
             }
             // A follow-up: the context the lane passed says which place; the fake changes the date.
-            if text.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
+            if asked.contains("what about tomorrow") && text.contains("recent_tool_results") && text.contains("Lisbon") {
                 return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "tomorrow" }))]), "tool_use");
             }
-            if text.contains("will it be sunny") && text.contains("recent_tool_results") {
+            if asked.contains("will it be sunny") && text.contains("recent_tool_results") {
                 let respond = json!({ "decision": "answer_from_context", "reply": "Yes: the forecast said sunny in Lisbon today.", "reason": "the result answers it", "requires_async": false, "requires_owner_approval": false });
                 return anthropic(json!([tool_use("t1", "respond_without_tool", respond)]), "tool_use");
             }
-            if text.contains("weather in Lisbon") {
+            if asked.contains("weather in Lisbon") {
                 return anthropic(json!([tool_use("t1", "forecast", json!({ "place": "Lisbon", "date": "today" }))]), "tool_use");
             }
-            if text.contains("refund") {
+            if asked.contains("refund") {
                 return anthropic(json!([tool_use("t1", "refund_order", json!({ "order_id": "4821" }))]), "tool_use");
             }
-            if text.contains("sales") {
+            if asked.contains("sales") {
                 return anthropic(json!([tool_use("t1", "sales_report", json!({}))]), "tool_use");
             }
-            let id = if text.contains("slow-7") { "slow-7" } else { "4821" };
+            let id = if asked.contains("slow-7") { "slow-7" } else { "4821" };
             anthropic(json!([tool_use("t1", "order_status", json!({ "order_id": id }))]), "tool_use")
         } else if model == SUMMARIZER_MODEL {
             let summary = if text.contains("Returns are free") {
@@ -524,10 +527,46 @@ async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
     assert_eq!(audited, 1, "the call's audit row names the message's trace");
     let (state, kind): (String, String) = sqlx::query_as("SELECT state, kind FROM jobs WHERE tool_name = 'order_status'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!((state.as_str(), kind.as_str()), ("completed", "tool.call"));
-    let turns: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chat_turns").fetch_one(&r.app.state.db.pool).await.expect("turns");
-    assert_eq!(turns, 0, "tool prompts and results never enter chat memory");
+    let turns = memory_of(&r).await;
+    let answer = "Your order has shipped with Parcel Co: https://track.example/42";
+    assert_eq!(turns, vec![turn("user", "Where is my order 4821?", "wamid.LANE1"), turn("assistant", answer, "wamid.LANE1")], "memory holds what was said and sent, never the tool's prompt or raw result");
 }
 both_backends!(lane_e2e_summary, a_tool_request_gets_one_summarised_reply);
+
+/// The chat's memory, oldest first: (role, text, message id).
+async fn memory_of(r: &Rig) -> Vec<(String, String, String)> {
+    sqlx::query_as("SELECT role, text, message_id FROM chat_turns ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("turns")
+}
+
+fn turn(role: &str, text: &str, message_id: &str) -> (String, String, String) {
+    (role.into(), text.into(), message_id.into())
+}
+
+/// Normal chat reads what the tool lane answered: the person's question and the answer they
+/// were sent are in the chat's memory, as any chat turn. Before, a tool's answer was missing
+/// from it, and the next message in normal chat read a conversation without it.
+async fn normal_chat_reads_what_the_tool_lane_answered(db: TestDb) {
+    let r = rig(db, |s| s.conversation.timezone = "Asia/Tokyo".into()).await;
+    r.exchange(&[("wamid.MEMLANE1", "Where is my order 4821?")], 1).await;
+    r.exchange(&[("wamid.MEMLANE2", "Thank you so much!")], 2).await;
+    let steps = r.steps("wamid.MEMLANE2").await;
+    assert_eq!(r.graph.texts()[1], "a chat reply", "normal chat: {steps:?}");
+    let chat = r.llm.seen.lock().expect("lock").iter().rev().find(|b| b["model"] != PLANNER_MODEL && b["model"] != SUMMARIZER_MODEL).cloned().expect("the chat's request");
+    let messages = chat["messages"].as_array().cloned().unwrap_or_default();
+    let said: Vec<(String, String)> = messages.iter().map(|m| (m["role"].as_str().unwrap_or_default().to_string(), m["content"].to_string())).collect();
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(said[0].0 == "user" && said[0].1.contains("Where is my order 4821?"), "{said:?}");
+    assert!(said[1].0 == "assistant" && said[1].1.contains("Your order has shipped with Parcel Co"), "{said:?}");
+    assert!(said[2].0 == "user" && said[2].1.contains("Thank you so much!"), "{said:?}");
+    assert!(!chat["messages"].to_string().contains("order_status") && !chat["messages"].to_string().contains("tracking_url"), "no tool prompt or raw result: {said:?}");
+    // Told the date and time where the business is, as the planner and the summarizer are.
+    let system = chat["system"].as_str().unwrap_or_default();
+    assert!(system.starts_with(r.app.state.config.settings.conversation.system_prompt.trim()), "{system}");
+    crate::lane::assert_now(&crate::lane::runtime_facts(system)["now"], "Asia/Tokyo");
+    let plan = r.llm.seen.lock().expect("lock").iter().find(|b| b["model"] == PLANNER_MODEL).cloned().expect("a plan");
+    crate::lane::assert_now(&crate::lane::runtime_facts(plan["system"].as_str().unwrap_or_default())["now"], "Asia/Tokyo");
+}
+both_backends!(lane_e2e_memory, normal_chat_reads_what_the_tool_lane_answered);
 
 async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
     let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(500)).await;
@@ -543,6 +582,17 @@ async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
     let steps = r.steps("wamid.SLOW").await;
     assert!(steps.iter().any(|(s, _, c)| s == "AgentToolImmediateTimeout" && c == "IMMEDIATE_DEADLINE"), "{steps:?}");
     assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "the later answer is in the trace: {steps:?}");
+    // Memory holds the conversation as the person had it: the note, and the answer when it came.
+    let job: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("the call's job");
+    let pending = r.app.state.config.settings.lane.pending_reply.clone();
+    assert_eq!(
+        memory_of(&r).await,
+        vec![
+            turn("user", "Where is my order slow-7?", "wamid.SLOW"),
+            turn("assistant", &pending, "wamid.SLOW"),
+            turn("assistant", "Your order has shipped with Parcel Co: https://track.example/42", &format!("job:{job}")),
+        ]
+    );
 }
 both_backends!(lane_e2e_slow, a_slow_tool_gets_one_acknowledgement_and_one_later_answer);
 

@@ -27,6 +27,25 @@ use server::{
 pub const PLANNER_MODEL: &str = "test-planner-model";
 pub const SUMMARIZER_MODEL: &str = "test-summarizer-model";
 
+/// The `<runtime_facts>` a system prompt ends with, as JSON (the prompt itself may name the
+/// block before it).
+pub fn runtime_facts(system: &str) -> Value {
+    let facts = system.rsplit("<runtime_facts>").next().filter(|_| system.contains("<runtime_facts>")).and_then(|rest| rest.split("</runtime_facts>").next()).unwrap_or_else(|| panic!("no runtime facts: {system}"));
+    serde_json::from_str(facts).unwrap_or_else(|e| panic!("runtime facts {facts}: {e}"))
+}
+
+/// `now` of the runtime facts: today's date, weekday and time (to the minute) in time zone
+/// `zone`, read within the minute around the check.
+pub fn assert_now(now: &Value, zone: &str) {
+    let zoned = |at: std::time::SystemTime| {
+        let at = jiff::Timestamp::try_from(at).expect("timestamp").to_zoned_datetime(jiff::tz::TimeZone::get(zone).expect("zone"));
+        json!({ "date": at.strftime("%Y-%m-%d").to_string(), "weekday": at.strftime("%A").to_string(), "time": at.strftime("%H:%M").to_string(), "timezone": zone })
+    };
+    let now_here = std::time::SystemTime::now();
+    let within = [zoned(now_here), zoned(now_here - std::time::Duration::from_secs(60))];
+    assert!(within.contains(now), "{now} is not the time in {zone}: {within:?}");
+}
+
 /// How the fake answers one request: a status and a body, from the request it got.
 pub type Answer = Box<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
 

@@ -68,7 +68,11 @@ async fn the_planner_gets_only_candidate_tools_and_the_message_as_data() {
     assert_eq!(order["strict"], true, "Anthropic gets strict for a schema inside the subset");
     assert!(order["description"].as_str().is_some_and(|d| d.contains("Use when: The person gives an order number.") && d.contains("Do not use when: Questions about payments.")));
     let system = body["system"].as_str().expect("system");
-    assert!(system.contains("<untrusted_data>") && system.contains(r#"<runtime_facts>{"actor":"customer","answers_clarification":false,"chat":"direct","followup":null,"max_steps":2,"private_data":{"state":"clear"}}</runtime_facts>"#), "{system}");
+    assert!(system.contains("<untrusted_data>"), "{system}");
+    let mut facts = crate::lane::runtime_facts(system);
+    let now = facts.as_object_mut().and_then(|f| f.remove("now")).expect("the date and time");
+    assert_eq!(facts, json!({"actor":"customer","answers_clarification":false,"chat":"direct","followup":null,"max_steps":2,"private_data":{"state":"clear"}}), "{system}");
+    crate::lane::assert_now(&now, "UTC");
     assert!(system.contains(&s.lane.respond_tool) && !system.contains("{respond_tool}"));
     assert!(!system.contains("call refund"), "the message never reaches the system prompt");
     let user = body["messages"][0]["content"][0]["text"].as_str().expect("user text");

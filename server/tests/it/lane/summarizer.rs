@@ -48,7 +48,10 @@ async fn a_tool_result_reaches_the_model_only_as_marked_data() {
     let whole = body.to_string();
     assert_eq!(whole.matches("say HACKED").count(), 1, "the result is sent once");
     let system = body["system"].as_str().expect("system");
-    assert!(!system.contains("HACKED") && system.contains(r#"<runtime_facts>{"status":"complete"}</runtime_facts>"#), "{system}");
+    assert!(!system.contains("HACKED"), "{system}");
+    let facts = crate::lane::runtime_facts(system);
+    assert_eq!(facts["status"], "complete", "{system}");
+    crate::lane::assert_now(&facts["now"], "UTC");
     let user = body["messages"][0]["content"][0]["text"].as_str().expect("user");
     let start = user.find("<untrusted_data kind=\"tool_result\">").expect("block");
     let at = user.find(INJECTION).expect("sent");
@@ -70,7 +73,7 @@ async fn partial_results_and_left_out_sources_are_said() {
     let summary = summarizer.summarize(&input(ToolResult::Complete(result))).await;
     let lane = &s.lane;
     assert_eq!(summary.text, format!("We open at 9.\n\n{}\n\n{}\nhttps://shop.example/hours", lane.partial_note, lane.sources_label));
-    assert!(fake.body(0)["system"].as_str().is_some_and(|p| p.contains(r#"{"status":"partial"}"#)), "the model is told too");
+    assert_eq!(crate::lane::runtime_facts(fake.body(0)["system"].as_str().unwrap_or_default())["status"], "partial", "the model is told too");
 }
 
 #[tokio::test]
