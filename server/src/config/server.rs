@@ -59,13 +59,33 @@ impl ServerSettings {
         overlaps && other.port() != 0 && other.port() == self.addr.port()
     }
 
-    /// What this configuration leaves open to whoever reaches the server, for warnings at
-    /// start (each a working setup, so not a config problem): an https console behind a proxy
-    /// that is not trusted, where every client has the proxy's address and failed logins from
-    /// anyone throttle everyone. (`/metrics` on the console's address answers only this
-    /// machine without a token: `web::ops::console_metrics`.)
-    pub fn exposure_warnings(&self) -> Vec<String> {
+    /// Whether the console is published at this machine's own address: `public_url` unset, or
+    /// naming `localhost` or a loopback address. A console published under another host is
+    /// behind a proxy, and no request to it counts as made on this machine.
+    pub fn published_here(&self) -> bool {
+        let loopback = |host: Option<url::Host<&str>>| match host {
+            Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        };
+        self.public_url.is_empty() || url::Url::parse(&self.public_url).is_ok_and(|u| loopback(u.host()))
+    }
+
+    /// What this configuration leaves open, or shut, that its owner should hear of at start
+    /// (each a working setup, so not a config problem): an https console behind a proxy that
+    /// is not trusted, where every client has the proxy's address and failed logins from anyone
+    /// throttle everyone; and `/metrics` on the console's address, which without a token
+    /// answers only this machine (`web::ops::console_metrics`), while no request counts as this
+    /// machine's (the console is published under another host).
+    pub fn exposure_warnings(&self, metrics_token_set: bool) -> Vec<String> {
         let mut out = Vec::new();
+        if self.metrics_addr.is_none() && !metrics_token_set && !self.published_here() {
+            out.push(format!(
+                "/metrics on {} answers no one: server.public_url names another host, so no request counts as this machine's; for a scraper set GATEHOUSE_METRICS_TOKEN, or server.metrics_addr to a private address",
+                self.addr
+            ));
+        }
         if self.public_url.starts_with("https://") && self.trusted_proxies.is_empty() {
             out.push(
                 "server.public_url is https, so a TLS proxy is in front, but server.trusted_proxies is empty: every client has the proxy's address, and failed logins from anyone throttle every owner's; set server.trusted_proxies and server.client_ip_header"
@@ -279,13 +299,19 @@ mod tests {
     #[test]
     fn what_a_configuration_leaves_open_is_warned_about() {
         let local = ServerSettings::default();
-        assert!(local.exposure_warnings().is_empty(), "this machine only");
+        assert!(local.exposure_warnings(false).is_empty(), "this machine only");
         let public = ServerSettings { addr: "0.0.0.0:3000".parse().expect("addr"), ..ServerSettings::default() };
-        assert!(public.exposure_warnings().is_empty(), "/metrics answers only this machine without a token");
+        assert!(public.exposure_warnings(false).is_empty(), "/metrics answers only this machine without a token");
+        let elsewhere = ServerSettings { public_url: "http://bot.example".into(), ..public.clone() };
+        let warned = elsewhere.exposure_warnings(false);
+        assert!(warned.len() == 1 && warned[0].contains("answers no one") && warned[0].contains("GATEHOUSE_METRICS_TOKEN"), "{warned:?}");
+        assert!(elsewhere.exposure_warnings(true).is_empty(), "a token opens it to a scraper");
+        let apart = ServerSettings { metrics_addr: Some("10.0.0.2:9100".parse().expect("addr")), ..elsewhere };
+        assert!(apart.exposure_warnings(false).is_empty(), "metrics on an address of their own");
         let proxied = ServerSettings { public_url: "https://bot.example".into(), ..ServerSettings::default() };
-        assert!(proxied.exposure_warnings().iter().any(|w| w.contains("server.trusted_proxies")));
+        assert!(proxied.exposure_warnings(true).iter().any(|w| w.contains("server.trusted_proxies")));
         let trusted = ServerSettings { trusted_proxies: vec!["127.0.0.1".parse().expect("net")], client_ip_header: "x-forwarded-for".into(), ..proxied };
-        assert!(trusted.exposure_warnings().is_empty());
+        assert!(trusted.exposure_warnings(true).is_empty());
     }
 
     /// `/metrics` may not be given an address the console could take: `serve` binds the console

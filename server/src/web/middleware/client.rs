@@ -37,19 +37,9 @@ pub async fn client_ip(State(state): State<AppState>, mut req: Request, next: Ne
 /// another host is never local, whatever the request says.
 pub fn is_local(peer: Option<IpAddr>, headers: &HeaderMap, server: &crate::config::ServerSettings) -> bool {
     let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip", server.client_ip_header.as_str()].iter().any(|h| !h.is_empty() && headers.contains_key(*h));
-    let published_here = server.public_url.is_empty() || url::Url::parse(&server.public_url).is_ok_and(|u| is_loopback_host(u.host()));
+    let published_here = server.published_here();
     let proxy = |ip: IpAddr| server.trusted_proxies.iter().any(|p| p.contains(ip));
     published_here && !forwarded && peer.map(canonical).is_some_and(|ip| ip.is_loopback() && !proxy(ip))
-}
-
-/// `localhost`, or a loopback address.
-fn is_loopback_host(host: Option<url::Host<&str>>) -> bool {
-    match host {
-        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    }
 }
 
 /// The client address of a request from `peer`. A proxy header is read only when `peer` is a

@@ -62,7 +62,7 @@ pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failur
         tracing::warn!(provider, variable = var, "no LLM provider key: running in degraded mode. Set {var} to enable replies from the model");
     }
     warn_about_storage(&gatehouse.config.settings.database);
-    for warning in gatehouse.config.settings.server.exposure_warnings() {
+    for warning in gatehouse.config.settings.server.exposure_warnings(gatehouse.config.secrets.metrics_token.is_some()) {
         tracing::warn!("{warning}");
     }
     if let Some(warning) = gatehouse.config.settings.approvals.window_warning(&gatehouse.config.settings.whatsapp.window_template) {
