@@ -134,7 +134,7 @@ impl Handler<Settle> for SettleHandler {
             return Ok(output("asked from the console; nothing to send"));
         }
         let to = ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() };
-        match self.outbound.deliver(&to, text, ctx.job.id, row.trace_id).await {
+        match self.outbound.deliver(&to, text, text, ctx.job.id, row.trace_id).await {
             Ok(Delivered::Sent) => Ok(output("told the person who asked")),
             // Taken, and refused for good (their 24-hour window had closed, say): the trace
             // says so, and a retry would not reach them either.

@@ -192,10 +192,12 @@ impl Delivered {
 }
 
 /// Sends a message that is not the direct answer to an inbound one, once per `job_id` (a
-/// retried job sends nothing twice), and appends its delivery to `trace_id`'s trace.
+/// retried job sends nothing twice), and appends its delivery to `trace_id`'s trace. Once it
+/// went out, the chat's memory keeps `remembered` as the assistant's turn: the text itself, or
+/// a stand-in for private details (`lane.private_answer_memory`).
 #[async_trait::async_trait]
 pub trait Outbound: Send + Sync {
-    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError>;
+    async fn deliver(&self, to: &ReplyTo, text: &str, remembered: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError>;
     /// Whether job `job_id`'s message to `to` went out (on WhatsApp, a part of it Meta
     /// accepted).
     async fn went_out(&self, to: &ReplyTo, job_id: i64) -> Result<bool, crate::db::DbError>;

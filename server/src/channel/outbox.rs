@@ -36,15 +36,15 @@ impl Outbox {
         }
     }
 
-    /// A simulated chat's later message, stored once per job, with its turn in the chat's
-    /// memory.
-    async fn simulate(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
+    /// A simulated chat's later message, stored once per job, with `remembered` as its turn in
+    /// the chat's memory.
+    async fn simulate(&self, to: &ReplyTo, text: &str, remembered: &str, job_id: i64, trace_id: Option<i64>) -> Result<(), DbError> {
         let message_id = sim_message_id(job_id);
         let mut tx = self.db.begin_write().await?;
         let out = sim::NewSimMessage { chat_id: &to.chat_id, direction: "out", sender: "bot", text, message_id: &message_id, state: "delivered", trace_id, at: db::now_ms(), group: to.chat_kind == ChatKind::Group };
         let new = sim::insert_once(&mut tx, &out).await?;
         if new {
-            conversation::insert_turn(&mut tx, &later_turn(to, text, &conversation::later_message_id(job_id))).await?;
+            conversation::insert_turn(&mut tx, &later_turn(to, remembered, &conversation::later_message_id(job_id))).await?;
         }
         let appended = match trace_id {
             Some(trace_id) if new => Some(traces::append(&mut tx, trace_id, &Step::new("later_delivery", "delivered", "SIMULATOR", json!({ "job_id": job_id }))).await?),
@@ -55,8 +55,8 @@ impl Outbox {
         Ok(())
     }
 
-    /// Keeps job `job_id`'s later message, sent on WhatsApp, in its chat's memory (once). A
-    /// failed write is logged: the message went out, and only memory lacks it.
+    /// Keeps what memory keeps of job `job_id`'s later message, sent on WhatsApp, in its chat's
+    /// memory (once). A failed write is logged: the message went out, and only memory lacks it.
     async fn remember(&self, to: &ReplyTo, text: &str, job_id: i64) {
         let remembered = async {
             let id = conversation::later_message_id(job_id);
@@ -80,6 +80,7 @@ fn later_turn<'a>(to: &'a ReplyTo, text: &'a str, message_id: &'a str) -> conver
         tokens: conversation::estimate_tokens(text),
         sender: None,
         sender_label: None,
+        origin: Some(conversation::origin::TOOL_LANE),
     }
 }
 
@@ -94,9 +95,9 @@ fn retry(code: &str, e: impl std::fmt::Display) -> DeliverError {
 
 #[async_trait::async_trait]
 impl Outbound for Outbox {
-    async fn deliver(&self, to: &ReplyTo, text: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError> {
+    async fn deliver(&self, to: &ReplyTo, text: &str, remembered: &str, job_id: i64, trace_id: Option<i64>) -> Result<Delivered, DeliverError> {
         match to.channel.as_str() {
-            SIMULATOR => self.simulate(to, text, job_id, trace_id).await.map(|()| Delivered::Sent).map_err(|e| retry(e.code(), e)),
+            SIMULATOR => self.simulate(to, text, remembered, job_id, trace_id).await.map(|()| Delivered::Sent).map_err(|e| retry(e.code(), e)),
             WHATSAPP => {
                 use super::whatsapp::{Recipient, SendOutcome, sender::SendError};
                 let group = to.chat_kind == ChatKind::Group;
@@ -104,7 +105,7 @@ impl Outbound for Outbox {
                 let quote = group.then_some(to.message_id.as_str());
                 match self.whatsapp.send_text(job_id, &recipient, text, quote).await {
                     Ok(SendOutcome::Sent { parts, .. }) => {
-                        self.remember(to, text, job_id).await;
+                        self.remember(to, remembered, job_id).await;
                         self.trace(trace_id, Step::new("later_delivery", "sent", "WHATSAPP_SENT", json!({ "job_id": job_id, "parts": parts })), false).await;
                         Ok(Delivered::Sent)
                     }

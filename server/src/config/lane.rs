@@ -101,6 +101,10 @@ pub struct LaneSettings {
     /// What every owner is told then (`{tool}`, `{job}`, and `{link}` to the job in the
     /// console), unless the call was approved: the deciding owner is told its outcome.
     pub unknown_outcome_notice: String,
+    /// What chat memory keeps, as the assistant's turn, of an answer made from a tool tagged
+    /// with a `private_data_tags` tag (whose context is never kept either): the later chat and
+    /// planner read this, not the private details.
+    pub private_answer_memory: String,
     /// How long a chat's summarised tool result stays available to its follow-ups.
     #[serde(with = "duration_str")]
     pub context_ttl: Duration,
@@ -170,6 +174,7 @@ impl Default for LaneSettings {
             not_started_reply: String::new(),
             unknown_outcome_reply: String::new(),
             unknown_outcome_notice: String::new(),
+            private_answer_memory: String::new(),
             context_ttl: Duration::from_secs(24 * 3600),
             contexts_per_chat: 5,
             context_preview_chars: 600,
@@ -188,13 +193,14 @@ impl Default for LaneSettings {
 
 impl LaneSettings {
     /// The texts `check-config` requires while the lane is enabled, by key.
-    pub fn texts(&self) -> [(&'static str, &str); 20] {
+    pub fn texts(&self) -> [(&'static str, &str); 21] {
         super::texts_by_key!(
             self, "lane":
             planner_prompt, summarizer_prompt, respond_tool, respond_description, tool_description,
             clarify_reply, denied_reply, failed_reply, timed_out_reply, approval_reply,
             partial_note, sources_label, fallback_intro, unreadable_reply, pending_reply,
-            already_checking_reply, not_started_reply, cancelled_reply, unknown_outcome_reply, unknown_outcome_notice
+            already_checking_reply, not_started_reply, cancelled_reply, unknown_outcome_reply, unknown_outcome_notice,
+            private_answer_memory
         )
     }
 }

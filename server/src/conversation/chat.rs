@@ -42,35 +42,44 @@ impl Runtime {
     /// own: the person's words and the reply they were sent (a tool's summarised answer, the
     /// note that it will follow, a question back), never a tool's prompt or its raw result
     /// (seed §15's compact memory marker). Normal chat and the planner so read the conversation
-    /// as the person had it ("say that again", "thanks, and for the other order?"). A message
-    /// handled again keeps the turns its first run stored.
-    pub(super) async fn remember_lane_exchange(&self, inbound: &Inbound, reply: &str) -> Result<(), RuntimeError> {
-        let reply = db::clean_text(reply.trim());
+    /// as the person had it ("say that again", "thanks, and for the other order?"). The reply is
+    /// kept as the lane's ([`store::origin::TOOL_LANE`]): made from tool results, a model reads
+    /// it again as data. A reply with a private-data tool's answer (`private`) is kept as
+    /// `lane.private_answer_memory` instead, as the tool's context is never kept. A message
+    /// handled again keeps its person's turn and the reply it got this time. A failed write is
+    /// logged: the reply still goes out, and only memory lacks it.
+    pub(super) async fn remember_lane_exchange(&self, inbound: &Inbound, reply: &str, private: bool) {
+        let reply = db::clean_text(if private { self.settings.lane.private_answer_memory.trim() } else { reply.trim() });
         if reply.is_empty() {
-            return Ok(());
+            return;
         }
-        let mut conn = self.db.pool.acquire().await?;
-        let (speakers, label) = self.speaker(&mut conn, inbound).await?;
-        drop(conn);
-        let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
-        let at = db::now_ms();
-        let user_turn = store::NewTurn {
-            chat_id: &inbound.chat_id,
-            channel: &inbound.channel,
-            role: store::role::USER,
-            text: &inbound.text,
-            message_id: &inbound.message_id,
-            at,
-            tokens: memory::estimate_tokens(&current),
-            sender: label.as_ref().map(|_| inbound.sender.as_str()),
-            sender_label: label.as_deref(),
+        let remembered = async {
+            let mut conn = self.db.pool.acquire().await?;
+            let (speakers, label) = self.speaker(&mut conn, inbound).await?;
+            drop(conn);
+            let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
+            let user_turn = store::NewTurn {
+                chat_id: &inbound.chat_id,
+                channel: &inbound.channel,
+                role: store::role::USER,
+                text: &inbound.text,
+                message_id: &inbound.message_id,
+                at: db::now_ms(),
+                tokens: memory::estimate_tokens(&current),
+                sender: label.as_ref().map(|_| inbound.sender.as_str()),
+                sender_label: label.as_deref(),
+                origin: None,
+            };
+            let answer = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), sender: None, sender_label: None, origin: Some(store::origin::TOOL_LANE), ..user_turn.clone() };
+            let mut tx = self.db.begin_write().await?;
+            store::insert_turn(&mut tx, &user_turn).await?;
+            store::upsert_answer(&mut tx, &answer).await?;
+            tx.commit().await?;
+            Ok::<(), RuntimeError>(())
         };
-        let answer = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), sender: None, sender_label: None, ..user_turn.clone() };
-        let mut tx = self.db.begin_write().await?;
-        store::insert_turn(&mut tx, &user_turn).await?;
-        store::insert_turn(&mut tx, &answer).await?;
-        tx.commit().await?;
-        Ok(())
+        if let Err(e) = remembered.await {
+            tracing::warn!(correlation_id = %inbound.correlation_id, error = %e, "keeping the tool lane's exchange in the chat's memory failed");
+        }
     }
 
     /// Normal chat: the person's turn is stored, history is assembled within the budget
@@ -180,6 +189,7 @@ impl Runtime {
             tokens: memory::estimate_tokens(&current),
             sender: label.as_ref().map(|_| inbound.sender.as_str()),
             sender_label: label.as_deref(),
+            origin: None,
         };
         store::insert_turn(&mut tx, &user_turn).await?;
         tx.commit().await?;

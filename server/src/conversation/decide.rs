@@ -160,8 +160,8 @@ impl Runtime {
         }
         // 7. The tool lane.
         match self.lane.try_handle(inbound, actor, trace).await {
-            LaneOutcome::Handled { reply } => {
-                self.remember_lane_exchange(inbound, &reply).await?;
+            LaneOutcome::Handled { reply, private } => {
+                self.remember_lane_exchange(inbound, &reply, private).await;
                 trace.step("tool_lane", "handled", "TOOL_LANE", json!({}));
                 return Ok(Decision::reply(Route::ToolLane, reply));
             }

@@ -83,7 +83,9 @@ pub struct Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LaneOutcome {
     NotHandled,
-    Handled { reply: String },
+    /// Handled, with this reply; `private` when it holds a private-data tool's answer
+    /// (`lane.private_data_tags`), which chat memory does not keep.
+    Handled { reply: String, private: bool },
     /// Handled, with nothing to say now: what the person hears goes out through jobs already
     /// under way (a message handled again after its approval request was settled).
     Quiet,

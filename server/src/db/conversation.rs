@@ -9,6 +9,14 @@ pub mod role {
     pub const ASSISTANT: &str = "assistant";
 }
 
+/// Where an assistant's turn came from, when not from normal chat's own model (`None`).
+pub mod origin {
+    /// The tool lane's reply to a message, or a later message a job sent (a tool's summarised
+    /// answer, the note that it will follow, what an owner decided): made from tool results, so
+    /// a model reads it again as data, never as instructions.
+    pub const TOOL_LANE: &str = "tool_lane";
+}
+
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Turn {
     pub id: i64,
@@ -19,9 +27,11 @@ pub struct Turn {
     pub tokens: i64,
     /// A group member's turn: the label the model reads for its writer.
     pub sender_label: Option<String>,
+    /// See [`origin`].
+    pub origin: Option<String>,
 }
 
-const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender_label";
+const TURN_COLUMNS: &str = "id, role, text, message_id, at, tokens, sender_label, origin";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTurn<'a> {
@@ -35,6 +45,8 @@ pub struct NewTurn<'a> {
     /// In a group chat, the member who wrote a person's turn, and their label.
     pub sender: Option<&'a str>,
     pub sender_label: Option<&'a str>,
+    /// See [`origin`].
+    pub origin: Option<&'a str>,
 }
 
 /// Roughly four ASCII characters make a token, and any other character (an accent, a Chinese,
@@ -56,7 +68,7 @@ pub fn later_message_id(job_id: i64) -> String {
 /// Returns whether it was new.
 pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bool, DbError> {
     let done = sqlx::query(
-        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_label) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_label, origin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
          ON CONFLICT (message_id, role) DO NOTHING",
     )
     .bind(t.chat_id)
@@ -68,9 +80,31 @@ pub async fn insert_turn(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<bo
     .bind(t.tokens)
     .bind(t.sender)
     .bind(t.sender_label.map(super::clean_text))
+    .bind(t.origin)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Inserts an assistant's turn, or replaces the text of the one its message has: a message
+/// handled again whose reply came out otherwise (planned again, or past its deadline this
+/// time) is remembered as it was last answered.
+pub async fn upsert_answer(conn: &mut AnyConnection, t: &NewTurn<'_>) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO chat_turns (chat_id, channel, role, text, message_id, at, tokens, sender, sender_label, origin) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8) \
+         ON CONFLICT (message_id, role) DO UPDATE SET text = excluded.text, tokens = excluded.tokens, origin = excluded.origin",
+    )
+    .bind(t.chat_id)
+    .bind(t.channel)
+    .bind(role::ASSISTANT)
+    .bind(super::clean_text(t.text))
+    .bind(t.message_id)
+    .bind(t.at)
+    .bind(t.tokens)
+    .bind(t.origin)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Removes the person's turn of `message_id`, stored by an earlier run of the message that

@@ -52,7 +52,7 @@ mod tests {
     use super::*;
 
     fn turn(role: &str, text: &str) -> Turn {
-        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender_label: None }
+        Turn { id: 0, role: role.into(), text: text.into(), message_id: String::new(), at: 0, tokens: 0, sender_label: None, origin: None }
     }
 
     #[test]

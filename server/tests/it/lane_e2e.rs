@@ -557,6 +557,8 @@ async fn normal_chat_reads_what_the_tool_lane_answered(db: TestDb) {
     assert_eq!(said.len(), 3, "{said:?}");
     assert!(said[0].0 == "user" && said[0].1.contains("Where is my order 4821?"), "{said:?}");
     assert!(said[1].0 == "assistant" && said[1].1.contains("Your order has shipped with Parcel Co"), "{said:?}");
+    // Made from a tool's result: read again as data, not as the assistant's own word.
+    assert!(said[1].1.contains(r#"<untrusted_data kind=\"tool_answer\">"#), "{said:?}");
     assert!(said[2].0 == "user" && said[2].1.contains("Thank you so much!"), "{said:?}");
     assert!(!chat["messages"].to_string().contains("order_status") && !chat["messages"].to_string().contains("tracking_url"), "no tool prompt or raw result: {said:?}");
     // Told the date and time where the business is, as the planner and the summarizer are.
@@ -567,6 +569,27 @@ async fn normal_chat_reads_what_the_tool_lane_answered(db: TestDb) {
     crate::lane::assert_now(&crate::lane::runtime_facts(plan["system"].as_str().unwrap_or_default())["now"], "Asia/Tokyo");
 }
 both_backends!(lane_e2e_memory, normal_chat_reads_what_the_tool_lane_answered);
+
+/// An answer made from a private-data tool (tagged with one of `lane.private_data_tags`) is
+/// sent, but chat memory keeps `lane.private_answer_memory` in its place, as the tool's context
+/// is not kept either: later chat, compaction and eval cases never hold the figures.
+async fn a_private_answer_is_not_kept_in_chat_memory(db: TestDb) {
+    let tools = TOOLS.replacen("audience = \"owner_only\"\nrisk = \"low\"", "audience = \"owner_only\"\nrisk = \"low\"\ntags = [\"private_data\"]", 1);
+    assert_ne!(tools, TOOLS, "the sales report is tagged");
+    let r = rig_with(db, &tools, "", |_| {}).await;
+    r.add_owner().await;
+    let message = envelope(vec![vec![text_message(OWNER, "wamid.PRIV1", "Send me the sales report")]]);
+    assert_eq!(post_signed(&r.app, &message).await.status, axum::http::StatusCode::OK);
+    r.exchange(&[], 1).await;
+    let steps = r.steps("wamid.PRIV1").await;
+    assert!(r.shop.requests.lock().expect("lock").contains(&"sales".to_string()), "the report ran: {steps:?}");
+    let sent = r.graph.texts();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let marker = r.app.state.config.settings.lane.private_answer_memory.clone();
+    assert!(!marker.is_empty() && sent[0] != marker, "the owner got the answer itself: {sent:?}");
+    assert_eq!(memory_of(&r).await, vec![turn("user", "Send me the sales report", "wamid.PRIV1"), turn("assistant", &marker, "wamid.PRIV1")]);
+}
+both_backends!(lane_e2e_private_memory, a_private_answer_is_not_kept_in_chat_memory);
 
 async fn a_slow_tool_gets_one_acknowledgement_and_one_later_answer(db: TestDb) {
     let r = rig(db, |s| s.lane.immediate_deadline = Duration::from_millis(500)).await;
@@ -1028,7 +1051,11 @@ async fn a_call_answered_once_is_neither_run_nor_sent_twice(db: TestDb) {
     r.run_again("tool.call").await;
     r.exchange(&[], 1).await;
     assert_eq!(r.graph.texts(), vec![answer.clone()], "the job sent nothing: the reply held its answer");
+    // As if an earlier run had stored another reply for it: memory keeps the one it got last.
+    sqlx::query("UPDATE chat_turns SET text = 'an earlier reply' WHERE message_id = 'wamid.ONCE' AND role = 'assistant'").execute(pool).await.expect("earlier reply");
     r.handle_again("wamid.ONCE").await;
+    let remembered: String = sqlx::query_scalar("SELECT text FROM chat_turns WHERE message_id = 'wamid.ONCE' AND role = 'assistant'").fetch_one(pool).await.expect("remembered");
+    assert_eq!(remembered, answer, "remembered as it was answered again");
     let steps = r.steps("wamid.ONCE").await;
     assert_eq!(r.shop.requests.lock().expect("lock").len(), calls, "the call ran once: {steps:?}");
     assert!(steps.iter().any(|(s, d, _)| s == "AgentToolJobDedupe" && d == "already_answered"), "{steps:?}");

@@ -363,7 +363,10 @@ impl Processor {
         if !approvals::is_chat(&job.reply_to.channel) {
             return Ok(Delivered::Sent);
         }
-        match self.outbound.deliver(&job.reply_to, &answer.text, job_id, job.trace_id).await {
+        // A private-data tool's answer is not kept in chat memory, as its context is not.
+        let private = self.checkpoint.catalog().get(&job.tool).is_some_and(|t| super::adapter::is_private(&t.spec, &self.lane));
+        let remembered = if private { self.lane.private_answer_memory.as_str() } else { answer.text.as_str() };
+        match self.outbound.deliver(&job.reply_to, &answer.text, remembered, job_id, job.trace_id).await {
             Ok(delivered) => Ok(delivered),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),
             Err(DeliverError::Permanent { code, message }) => Err(JobError::permanent(&code, message)),

@@ -78,7 +78,7 @@ impl Processor {
         if self.lane.cancelled_reply.trim().is_empty() {
             return Ok(Some("lane.cancelled_reply is empty: nothing said".into()));
         }
-        match self.outbound.deliver(&job.reply_to, &self.lane.cancelled_reply, own_job, job.trace_id).await {
+        match self.outbound.deliver(&job.reply_to, &self.lane.cancelled_reply, &self.lane.cancelled_reply, own_job, job.trace_id).await {
             Ok(Delivered::Sent) => Ok(Some("the person was told the call was stopped".into())),
             Ok(Delivered::Refused { code }) => Ok(Some(format!("the person could not be told ({code})"))),
             Err(DeliverError::Retry { code, message }) => Err(JobError::retryable(&code, message)),

@@ -61,9 +61,14 @@ impl Lane {
                 replies.push(text);
             }
         };
+        let mut private = false;
         for (row, job) in &calls {
             let reply = match self.processor.kept(row).await {
-                Ok(Some(answer)) => answer.in_reply.then_some(answer.text),
+                Ok(Some(answer)) if answer.in_reply => {
+                    private |= self.private(&job.tool);
+                    Some(answer.text)
+                }
+                Ok(Some(_)) => None,
                 // Underway: its job sends the answer.
                 Ok(None) if !row.state.is_finished() => Some(lane.pending_reply.clone()),
                 // Ended without an answer (an owner cancelled it): nothing to take.
@@ -91,7 +96,7 @@ impl Lane {
         if replies.is_empty() {
             return Some(LaneOutcome::Quiet);
         }
-        Some(LaneOutcome::Handled { reply: replies.join("\n\n") })
+        Some(LaneOutcome::Handled { reply: replies.join("\n\n"), private })
     }
 
     /// What this message stored could not be read: planning without knowing could make a change

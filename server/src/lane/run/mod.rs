@@ -120,7 +120,7 @@ impl Lane {
         if let Some(question) = validation.clarify.clone() {
             trace.step("AgentToolPlanRejected", "clarify", "MISSING_ARGUMENT", json!({ "rejected": codes }));
             self.keep_question(inbound, input, candidates, &question, trace).await;
-            return LaneOutcome::Handled { reply: question };
+            return LaneOutcome::Handled { reply: question, private: false };
         }
         if !validation.rejected.is_empty() {
             let first = validation.rejected.first().map_or("LANE_REJECTED", |r| r.code.as_str());
@@ -132,7 +132,7 @@ impl Lane {
                 return LaneOutcome::NotHandled;
             }
             trace.step("AgentToolPlanRejected", "deny", first, json!({ "rejected": codes }));
-            return LaneOutcome::Handled { reply: lane.denied_reply.clone() };
+            return LaneOutcome::Handled { reply: lane.denied_reply.clone(), private: false };
         }
         let accepted: Vec<_> = validation.accepted.iter().map(|c| json!({ "tool": c.tool, "version": c.version, "needs_approval": c.needs_approval, "run_async": c.run_async })).collect();
         if validation.requires_owner_approval {
@@ -148,7 +148,8 @@ impl Lane {
             && self.chainable(&call.tool)
         {
             return match self.chain(inbound, actor, call.clone(), &proposed[0], candidates, input, trace).await {
-                Some(reply) => LaneOutcome::Handled { reply },
+                // Its later steps may be any of the offered tools.
+                Some(reply) => LaneOutcome::Handled { reply, private: candidates.iter().any(|t| self.private(t)) },
                 None => LaneOutcome::Quiet,
             };
         }
@@ -157,11 +158,13 @@ impl Lane {
         let count = validation.accepted.len();
         let session = if count > 1 { self.sessions_start(inbound, trace.id()).await } else { None };
         let mut replies = Vec::new();
+        let mut private = false;
         for (i, call) in validation.accepted.iter().enumerate() {
             let (reply, status, code) = match &call.needs_approval {
                 Some(reason) => (self.ask_owner(inbound, actor, call, reason, trace).await, "approval", "TOOL_NEEDS_APPROVAL".to_string()),
                 None => match self.bridge(inbound, actor, call, trace).await {
                     Ran::Answered(answer) => {
+                        private |= self.private(&call.tool);
                         let failed = answer.failure.clone();
                         (Some(answer.text), if failed.is_some() { "failed" } else { "answered" }, failed.unwrap_or_else(|| "OK".into()))
                     }
@@ -188,7 +191,7 @@ impl Lane {
         if replies.is_empty() {
             return LaneOutcome::Quiet;
         }
-        LaneOutcome::Handled { reply: replies.join("\n\n") }
+        LaneOutcome::Handled { reply: replies.join("\n\n"), private }
     }
 
     /// Keeps `question`, asked of `inbound`'s sender about the `offered` tools, so that their
@@ -218,6 +221,11 @@ impl Lane {
 
     fn decider<'a>(&'a self, index: &'a Index, catalog: &'a Catalog) -> Decider<'a> {
         Decider { settings: &self.settings.lane, index, catalog, planner: &self.planner, strict_supported: self.strict_supported, keep_text: self.settings.conversation.trace_text }
+    }
+
+    /// Whether `tool` answers with private account data (a `lane.private_data_tags` tag).
+    fn private(&self, tool: &str) -> bool {
+        self.checkpoint.catalog().get(tool).is_some_and(|t| crate::lane::adapter::is_private(&t.spec, &self.settings.lane))
     }
 
     fn read_only(&self, tool: &str) -> bool {
@@ -281,15 +289,16 @@ impl ToolLane for Lane {
             PlanOutcome::NoTool { .. } | PlanOutcome::Failed { .. } | PlanOutcome::Search { .. } => LaneOutcome::NotHandled,
             PlanOutcome::Clarify { reply, .. } => {
                 self.keep_question(inbound, &input, &offered, &reply, trace).await;
-                LaneOutcome::Handled { reply }
+                LaneOutcome::Handled { reply, private: false }
             }
-            PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply },
+            PlanOutcome::Deny { reply, .. } => LaneOutcome::Handled { reply, private: false },
             // An answer from results this chat was given; without any, it would be made up.
             PlanOutcome::FromContext { .. } if recent.contexts.is_empty() => {
                 trace.step("AgentToolFollowupResolved", "refused", "FOLLOWUP_WITHOUT_CONTEXT", json!({}));
                 LaneOutcome::NotHandled
             }
-            PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply },
+            // From kept contexts, which a private-data tool's answer never is.
+            PlanOutcome::FromContext { reply, .. } => LaneOutcome::Handled { reply, private: false },
             tool_use @ PlanOutcome::ToolUse { .. } => self.run_plan(inbound, actor, tool_use, &offered, &mut input, trace).await,
         }
     }
