@@ -46,6 +46,9 @@ pub struct SummaryInput {
     pub hidden_fields: Vec<String>,
     /// Values never shown wherever they appear (the chat id, the sender).
     pub hidden_values: Vec<String>,
+    /// The tool's own answer for a complete result (`answer_template`), sent instead of a
+    /// summary when every value it names is there.
+    pub answer_template: Option<String>,
 }
 
 impl SummaryInput {
@@ -53,7 +56,7 @@ impl SummaryInput {
     pub fn new(correlation_id: &str, request: &str, tool: &ToolDef, result: ToolResult) -> Self {
         let spec = &tool.spec;
         let hidden_fields = spec.hidden_fields();
-        Self { correlation_id: correlation_id.into(), request: request.into(), tool: spec.name.clone(), result, hidden_fields, hidden_values: Vec::new() }
+        Self { correlation_id: correlation_id.into(), request: request.into(), tool: spec.name.clone(), result, hidden_fields, hidden_values: Vec::new(), answer_template: spec.answer_template.clone() }
     }
 }
 
@@ -104,6 +107,13 @@ impl Summarizer {
             ToolResult::Partial(v) => (v, true),
         };
         let cleaned = clean(value, input);
+        // The tool's own answer, written by the owner, for a complete result: no model call.
+        if let Some(template) = input.answer_template.as_deref().filter(|_| !partial) {
+            match crate::tools::answer::render(template, &cleaned) {
+                Some(text) => return Summary { text: data::plain_text(&text, max), used_model: false, fallback_code: None },
+                None => tracing::info!(event = "AgentToolAnswerTemplateMissed", correlation_id = %input.correlation_id, tool = %input.tool, "a value the tool's answer_template names is not in the result; the summarizer writes the reply"),
+            }
+        }
         let sources = urls(&cleaned, lane.max_sources as usize);
         let req = self.request(input, &cleaned, partial);
         let answer = match self.model.chat(&req).await {

@@ -1,6 +1,7 @@
 //! Tools: the catalog every tool call is checked against, and the one checkpoint every call
 //! passes. Built-in, connector and MCP tools share one definition type.
 
+pub mod answer;
 pub mod audit;
 pub mod breaker;
 pub mod builtins;

@@ -533,6 +533,30 @@ async fn a_tool_request_gets_one_summarised_reply(db: TestDb) {
 }
 both_backends!(lane_e2e_summary, a_tool_request_gets_one_summarised_reply);
 
+/// A tool with its own answer (`answer_template`) replies with the owner's words and the
+/// result's values, and no model writes a summary; a result that lacks a value the template
+/// names is summarised as any other.
+async fn a_tool_s_own_answer_is_sent_as_written(db: TestDb) {
+    let template = "\nanswer_template = \"Order {data.id} is {data.status} with {data.carrier}. Track it here: {data.tracking_url}\"";
+    let tools = TOOLS.replacen("timeout = \"20s\"\n", &format!("timeout = \"20s\"{template}\n"), 1);
+    assert_ne!(tools, TOOLS);
+    let r = rig_with(db, &tools, "", |_| {}).await;
+    r.exchange(&[("wamid.TPL1", "Where is my order 4821?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Order 4821 is shipped with Parcel Co. Track it here: https://track.example/42".to_string()], "{:?}", r.steps("wamid.TPL1").await);
+    let summaries = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == SUMMARIZER_MODEL).count();
+    assert_eq!(summaries, 0, "no model wrote it");
+}
+both_backends!(lane_e2e_answer_template, a_tool_s_own_answer_is_sent_as_written);
+
+/// A result without a value the tool's own answer names is summarised as any other.
+async fn a_tool_s_own_answer_without_its_values_is_summarised(db: TestDb) {
+    let template = "\nanswer_template = \"Order {data.id} is with {data.courier}\"";
+    let r = rig_with(db, &TOOLS.replacen("timeout = \"20s\"\n", &format!("timeout = \"20s\"{template}\n"), 1), "", |_| {}).await;
+    r.exchange(&[("wamid.TPL2", "Where is my order 4821?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()], "the summarizer's: the result names no courier");
+}
+both_backends!(lane_e2e_answer_template_missed, a_tool_s_own_answer_without_its_values_is_summarised);
+
 /// The chat's memory, oldest first: (role, text, message id).
 async fn memory_of(r: &Rig) -> Vec<(String, String, String)> {
     sqlx::query_as("SELECT role, text, message_id FROM chat_turns ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("turns")

@@ -97,6 +97,20 @@ impl Catalog {
             if spec.max_result_bytes == 0 {
                 bad("max_result_bytes", "must be at least 1".into());
             }
+            if let Some(template) = &spec.answer_template {
+                match crate::tools::answer::parse(template) {
+                    Err(e) => bad("answer_template", e),
+                    Ok(_) if template.trim().is_empty() => bad("answer_template", "is empty: remove it, and the summarizer writes the reply".into()),
+                    Ok(_) => {
+                        let hidden = spec.hidden_fields();
+                        for field in crate::tools::answer::fields(template) {
+                            if hidden.contains(&field) || crate::redact::is_secret_name(&field) {
+                                bad("answer_template", format!("names {{{field}}}, a managed or secret field, whose value is never shown"));
+                            }
+                        }
+                    }
+                }
+            }
             let closed_input_schema = closed_schema(&spec.input_schema);
             let input = if spec.input_schema.get("type").and_then(|t| t.as_str()) != Some("object") {
                 bad("input_schema", "must be a JSON Schema with \"type\": \"object\"".into());

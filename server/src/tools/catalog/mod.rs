@@ -162,6 +162,11 @@ pub struct ToolSpec {
     pub chainable: bool,
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: u64,
+    /// The reply to a complete result, written by the owner and sent as written with the
+    /// result's values in it (`{field}`, `{a.b}`, `{items.0.title}`), instead of the one the
+    /// summarizer writes (`tools::answer`). Unset: the summarizer writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_template: Option<String>,
     #[serde(default = "default_true")]
     pub enabled: bool,
 }

@@ -130,6 +130,28 @@ fn a_tools_own_plan_threshold_is_a_fraction_and_leaves_other_versions_alone() {
     assert!(!serde_json::to_string(&plain.get("lookup_order").expect("tool").spec).expect("json").contains("plan_threshold"));
 }
 
+/// A tool's own answer names values of its result: never a managed or secret field (nor one
+/// whose name looks secret), whose value is never shown, and it must parse.
+#[test]
+fn an_answer_template_names_only_shown_values_and_parses() {
+    let with = |t: &str| GOOD.replace("timeout = \"5s\"", &format!("timeout = \"5s\"\nanswer_template = {t:?}"));
+    let tool = load(&with("Order {order_id}: {status}"), &["SHOP_API_KEY"]).expect("valid");
+    assert_eq!(tool.get("lookup_order").expect("tool").spec.answer_template.as_deref(), Some("Order {order_id}: {status}"));
+    for (bad, says) in [
+        ("Order {api_key}", "names {api_key}, a managed or secret field"),
+        ("For {chat_id}", "names {chat_id}, a managed or secret field"),
+        ("Use {access_token.value}", "names {access_token}, a managed or secret field"),
+        ("Order {order_id", "is not closed"),
+        ("  ", "is empty"),
+    ] {
+        let problems = load(&with(bad), &["SHOP_API_KEY"]).expect_err(bad);
+        assert!(problems.iter().any(|p| p.to_string().contains("(lookup_order).answer_template") && p.to_string().contains(says)), "{bad}: {problems:?}");
+    }
+    // Unset, the key is not part of the definition: versions of tools without it stay as they were.
+    let plain = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
+    assert!(!serde_json::to_string(&plain.get("lookup_order").expect("tool").spec).expect("json").contains("answer_template"));
+}
+
 #[test]
 fn extra_arguments_are_refused_unless_the_schema_allows_them() {
     let open = GOOD.replace("additionalProperties = false\n", "");

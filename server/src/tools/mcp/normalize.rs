@@ -199,6 +199,7 @@ pub fn to_spec(server: &ServerConfig, name: &str, def: &Value) -> Result<ToolSpe
         async_policy: AsyncPolicy::Allowed,
         chainable: false,
         max_result_bytes: 50_000,
+        answer_template: None,
         enabled: true,
     })
 }

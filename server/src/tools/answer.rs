@@ -1,0 +1,129 @@
+//! A tool's own answer (`answer_template` in tools.toml): the reply to a complete result,
+//! written by the owner, sent as written with the result's values in it, instead of a
+//! summary the summarizer model writes. An order's status or a booking's confirmation so
+//! reads the same every time, and costs no model call.
+//!
+//! `{field}` is that value of the result, `{a.b}` one inside it and `{items.0.title}` one in a
+//! list; `{{` and `}}` are braces. A value must be a plain one (text, a number, true or
+//! false): one missing, empty or not plain leaves the reply to the summarizer. The values are
+//! read from the result as cleaned for the summarizer (no managed or secret fields, no
+//! secret-looking ones, nor the chat's or sender's number), and shown as plain text. A
+//! connector's result is its HTTP status and, under `data`, the JSON it answered.
+
+use serde_json::Value;
+
+/// One piece of a template: text as written, or the path of a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Value(Vec<String>),
+}
+
+/// `template` in pieces, or what is wrong with it: an unclosed `{`, a lone `}`, an empty
+/// `{}`, or a path with an empty step.
+pub fn parse(template: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                text.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                text.push('}');
+            }
+            '{' => {
+                let mut path = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some('{') => return Err(format!("a {{ inside {{{path}: write {{{{ for a brace")),
+                        Some(c) => path.push(c),
+                        None => return Err(format!("{{{path} is not closed with }}")),
+                    }
+                }
+                let steps: Vec<String> = path.trim().split('.').map(|s| s.trim().to_string()).collect();
+                if steps.iter().any(String::is_empty) {
+                    return Err(format!("{{{path}}} is not a field: write {{name}}, {{a.b}} or {{items.0.title}}"));
+                }
+                if !text.is_empty() {
+                    pieces.push(Piece::Text(std::mem::take(&mut text)));
+                }
+                pieces.push(Piece::Value(steps));
+            }
+            '}' => return Err("a lone } : write }} for a brace".into()),
+            c => text.push(c),
+        }
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    Ok(pieces)
+}
+
+/// The fields a template names first in each of its paths (`order` of `{order.id}`).
+pub fn fields(template: &str) -> Vec<String> {
+    parse(template).unwrap_or_default().into_iter().filter_map(|p| if let Piece::Value(steps) = p { steps.into_iter().next() } else { None }).collect()
+}
+
+/// `template` with `result`'s values in it; `None` when it does not parse, or a value it names
+/// is missing, empty or not plain.
+pub fn render(template: &str, result: &Value) -> Option<String> {
+    let mut out = String::new();
+    for piece in parse(template).ok()? {
+        match piece {
+            Piece::Text(t) => out.push_str(&t),
+            Piece::Value(steps) => {
+                let mut at = result;
+                for step in &steps {
+                    at = match at {
+                        Value::Object(map) => map.get(step)?,
+                        Value::Array(items) => items.get(step.parse::<usize>().ok()?)?,
+                        _ => return None,
+                    };
+                }
+                let shown = match at {
+                    Value::String(s) if !s.trim().is_empty() => s.trim().to_string(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    _ => return None,
+                };
+                out.push_str(&shown);
+            }
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn values_fill_the_template_and_braces_can_be_written() {
+        let result = json!({ "id": "4821", "status": "shipped", "eta": { "days": 2 }, "items": [{ "title": "Mug" }], "paid": true });
+        assert_eq!(render("Order {id}: {status}, {eta.days} days. {items.0.title}; paid: {paid} {{ok}}", &result).as_deref(), Some("Order 4821: shipped, 2 days. Mug; paid: true {ok}"));
+        assert_eq!(fields("Order {id} {eta.days} {{x}}"), vec!["id".to_string(), "eta".to_string()]);
+    }
+
+    #[test]
+    fn a_missing_empty_or_composite_value_leaves_it_to_the_summarizer() {
+        let result = json!({ "id": "4821", "note": " ", "eta": { "days": 2 }, "gone": null, "items": [] });
+        for template in ["{missing}", "{note}", "{eta}", "{gone}", "{items.0}", "{id.x}", "{items.x}"] {
+            assert_eq!(render(template, &result), None, "{template}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_template_is_refused_with_its_reason() {
+        for (template, says) in [("Order {id", "is not closed"), ("{}", "is not a field"), ("{a..b}", "is not a field"), ("a } b", "lone }"), ("{a{b}}", "inside")] {
+            let err = parse(template).expect_err(template);
+            assert!(err.contains(says), "{template}: {err}");
+        }
+    }
+}
