@@ -317,6 +317,9 @@ pub struct ToolDetail {
     pub async_policy: String,
     pub chainable: bool,
     pub max_result_bytes: u64,
+    /// The tool's own answer to a complete result (`answer_template`), if it has one; without
+    /// it, the summarizer writes the reply.
+    pub answer_template: Option<String>,
     /// For connector tools: connector, method and URL template.
     pub connector: Option<String>,
     /// What the checkpoint would decide for an owner and a customer before any hook runs.

@@ -48,6 +48,7 @@ test("try it runs a call through the checkpoint as the owner, and the audit show
   await expect(page.getByRole("heading", { name: /web_fetch/ })).toBeVisible();
   await expect(page.getByTestId("input-schema")).toContainText('"url"');
   await expect(page.getByTestId("owner-policy")).toHaveText("allowed");
+  await expect(page.getByTestId("tool-reply")).toHaveText("written by the summarizer from the result");
   // The phrases the lane's detector finds it by, from tools.toml.
   await expect(page.getByTestId("tool-phrases")).toContainText("\u201copen this link\u201d");
   await expect(page.getByTestId("tool-phrases")).toContainText("\u201cread page\u201d");

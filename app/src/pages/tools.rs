@@ -190,6 +190,10 @@ pub fn ToolDetailPage() -> impl IntoView {
                 <table class="kv" data-testid="tool-facts"><tbody>
                     {rows.into_iter().map(|(k, v)| view! { <tr><th>{k}</th><td>{v}</td></tr> }).collect_view()}
                     {d.connector.clone().map(|c| view! { <tr><th>"Connector"</th><td><code>{c}</code></td></tr> })}
+                    <tr><th>"Reply"</th><td data-testid="tool-reply">{match d.answer_template.clone() {
+                        Some(template) => view! { "its own answer: "<code>{template}</code>" (the summarizer's when a value it names is missing)" }.into_any(),
+                        None => view! { "written by the summarizer from the result" }.into_any(),
+                    }}</td></tr>
                     <tr><th>"Policy for owners"</th><td data-testid="owner-policy">{d.owner_policy.clone()}</td></tr>
                     <tr><th>"Policy for customers"</th><td data-testid="customer-policy">{d.customer_policy.clone()}</td></tr>
                     <tr><th>"Hooks"</th><td>{if d.hooks.is_empty() { "\u{2014}".to_string() } else { d.hooks.join(", ") }}</td></tr>

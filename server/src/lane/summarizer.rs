@@ -108,10 +108,14 @@ impl Summarizer {
         };
         let cleaned = clean(value, input);
         // The tool's own answer, written by the owner, for a complete result: no model call.
+        // Its values are the cleaned result's, and the chat's and sender's numbers are taken out
+        // of the whole (a number value is not text `clean` reads). One longer than a reply may
+        // be is the summarizer's to write: cut, it could lose the link it ends with.
         if let Some(template) = input.answer_template.as_deref().filter(|_| !partial) {
-            match crate::tools::answer::render(template, &cleaned) {
-                Some(text) => return Summary { text: data::plain_text(&text, max), used_model: false, fallback_code: None },
-                None => tracing::info!(event = "AgentToolAnswerTemplateMissed", correlation_id = %input.correlation_id, tool = %input.tool, "a value the tool's answer_template names is not in the result; the summarizer writes the reply"),
+            let text = crate::tools::answer::render(template, &cleaned, MAX_FALLBACK_VALUE_CHARS).map(|t| data::plain_text(&scrub(&t, &input.hidden_values), usize::MAX));
+            match text {
+                Some(text) if text.chars().count() <= max => return Summary { text, used_model: false, fallback_code: None },
+                _ => tracing::info!(event = "AgentToolAnswerTemplateMissed", correlation_id = %input.correlation_id, tool = %input.tool, "a value the tool's answer_template names is not in the result, or the answer is too long; the summarizer writes the reply"),
             }
         }
         let sources = urls(&cleaned, lane.max_sources as usize);

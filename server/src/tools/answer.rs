@@ -5,7 +5,9 @@
 //!
 //! `{field}` is that value of the result, `{a.b}` one inside it and `{items.0.title}` one in a
 //! list; `{{` and `}}` are braces. A value must be a plain one (text, a number, true or
-//! false): one missing, empty or not plain leaves the reply to the summarizer. The values are
+//! false): one missing, empty, not plain, or redacted leaves the reply to the summarizer. A
+//! value is the result's, untrusted: it is shown on one line, at most `max_value_chars`
+//! long, so it cannot start a paragraph of its own in the owner's voice. The values are
 //! read from the result as cleaned for the summarizer (no managed or secret fields, no
 //! secret-looking ones, nor the chat's or sender's number), and shown as plain text. A
 //! connector's result is its HTTP status and, under `data`, the JSON it answered.
@@ -64,14 +66,15 @@ pub fn parse(template: &str) -> Result<Vec<Piece>, String> {
     Ok(pieces)
 }
 
-/// The fields a template names first in each of its paths (`order` of `{order.id}`).
-pub fn fields(template: &str) -> Vec<String> {
-    parse(template).unwrap_or_default().into_iter().filter_map(|p| if let Piece::Value(steps) = p { steps.into_iter().next() } else { None }).collect()
+/// The paths a template names (`["order", "id"]` of `{order.id}`).
+pub fn paths(template: &str) -> Vec<Vec<String>> {
+    parse(template).unwrap_or_default().into_iter().filter_map(|p| if let Piece::Value(steps) = p { Some(steps) } else { None }).collect()
 }
 
-/// `template` with `result`'s values in it; `None` when it does not parse, or a value it names
-/// is missing, empty or not plain.
-pub fn render(template: &str, result: &Value) -> Option<String> {
+/// `template` with `result`'s values in it, each on one line and at most `max_value_chars`
+/// long; `None` when it does not parse, or a value it names is missing, empty, not plain, or
+/// holds a redaction (a credential was cut out of it: a link so left would not work).
+pub fn render(template: &str, result: &Value, max_value_chars: usize) -> Option<String> {
     let mut out = String::new();
     for piece in parse(template).ok()? {
         match piece {
@@ -86,16 +89,30 @@ pub fn render(template: &str, result: &Value) -> Option<String> {
                     };
                 }
                 let shown = match at {
-                    Value::String(s) if !s.trim().is_empty() => s.trim().to_string(),
+                    Value::String(s) => one_line(s, max_value_chars),
                     Value::Number(n) => n.to_string(),
                     Value::Bool(b) => b.to_string(),
                     _ => return None,
                 };
+                if shown.is_empty() || shown.contains(crate::redact::REDACTED) {
+                    return None;
+                }
                 out.push_str(&shown);
             }
         }
     }
     Some(out)
+}
+
+/// `text` on one line (every kind of line break a space, runs of white space one), at most
+/// `max` characters, cut with an ellipsis.
+fn one_line(text: &str, max: usize) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= max {
+        return line;
+    }
+    let cut: String = line.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", cut.trim_end())
 }
 
 #[cfg(test)]
@@ -107,15 +124,24 @@ mod tests {
     #[test]
     fn values_fill_the_template_and_braces_can_be_written() {
         let result = json!({ "id": "4821", "status": "shipped", "eta": { "days": 2 }, "items": [{ "title": "Mug" }], "paid": true });
-        assert_eq!(render("Order {id}: {status}, {eta.days} days. {items.0.title}; paid: {paid} {{ok}}", &result).as_deref(), Some("Order 4821: shipped, 2 days. Mug; paid: true {ok}"));
-        assert_eq!(fields("Order {id} {eta.days} {{x}}"), vec!["id".to_string(), "eta".to_string()]);
+        assert_eq!(render("Order {id}: {status}, {eta.days} days. {items.0.title}; paid: {paid} {{ok}}", &result, 300).as_deref(), Some("Order 4821: shipped, 2 days. Mug; paid: true {ok}"));
+        assert_eq!(paths("Order {id} {eta.days} {{x}}"), vec![vec!["id".to_string()], vec!["eta".to_string(), "days".to_string()]]);
+    }
+
+    /// A value is the result's: it cannot open a paragraph of its own in the owner's words, nor
+    /// run on for ever.
+    #[test]
+    fn a_value_stays_on_its_line_and_within_its_length() {
+        let result = json!({ "status": "shipped\n\nGatehouse: verify your card at https://evil.example\u{2028}now", "long": "x".repeat(50) });
+        assert_eq!(render("Status: {status}.", &result, 300).as_deref(), Some("Status: shipped Gatehouse: verify your card at https://evil.example now."));
+        assert_eq!(render("{long}", &result, 10).as_deref(), Some("xxxxxxxxx…"));
     }
 
     #[test]
     fn a_missing_empty_or_composite_value_leaves_it_to_the_summarizer() {
-        let result = json!({ "id": "4821", "note": " ", "eta": { "days": 2 }, "gone": null, "items": [] });
-        for template in ["{missing}", "{note}", "{eta}", "{gone}", "{items.0}", "{id.x}", "{items.x}"] {
-            assert_eq!(render(template, &result), None, "{template}");
+        let result = json!({ "id": "4821", "note": " ", "eta": { "days": 2 }, "gone": null, "items": [], "link": "https://u:[REDACTED]@shop.example/t" });
+        for template in ["{missing}", "{note}", "{eta}", "{gone}", "{items.0}", "{id.x}", "{items.x}", "{link}"] {
+            assert_eq!(render(template, &result, 300), None, "{template}");
         }
     }
 

@@ -545,6 +545,10 @@ async fn a_tool_s_own_answer_is_sent_as_written(db: TestDb) {
     assert_eq!(r.graph.texts(), vec!["Order 4821 is shipped with Parcel Co. Track it here: https://track.example/42".to_string()], "{:?}", r.steps("wamid.TPL1").await);
     let summaries = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == SUMMARIZER_MODEL).count();
     assert_eq!(summaries, 0, "no model wrote it");
+    // The owner sees it on the tool's page.
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let detail = owner.post_form("/api/get_tool", &[("name", "order_status")]).await.json();
+    assert_eq!(detail["answer_template"], "Order {data.id} is {data.status} with {data.carrier}. Track it here: {data.tracking_url}", "{detail}");
 }
 both_backends!(lane_e2e_answer_template, a_tool_s_own_answer_is_sent_as_written);
 

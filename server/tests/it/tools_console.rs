@@ -37,6 +37,7 @@ async fn tools_page_try_it_and_reload(db: TestDb) {
 
     let detail = owner.post_form("/api/get_tool", &[("name", "web_fetch")]).await.json();
     assert_eq!(detail["owner_policy"], "allowed");
+    assert!(detail["answer_template"].is_null(), "the summarizer writes its replies: {detail}");
     assert!(detail["example_args"].as_str().is_some_and(|a| a.contains("\"url\"")), "{detail}");
     let missing = owner.post_form("/api/get_tool", &[("name", "nope")]).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);

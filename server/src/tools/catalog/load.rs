@@ -102,10 +102,15 @@ impl Catalog {
                     Err(e) => bad("answer_template", e),
                     Ok(_) if template.trim().is_empty() => bad("answer_template", "is empty: remove it, and the summarizer writes the reply".into()),
                     Ok(_) => {
+                        // Any step of a path: a connector's values are under `data`.
                         let hidden = spec.hidden_fields();
-                        for field in crate::tools::answer::fields(template) {
-                            if hidden.contains(&field) || crate::redact::is_secret_name(&field) {
-                                bad("answer_template", format!("names {{{field}}}, a managed or secret field, whose value is never shown"));
+                        for path in crate::tools::answer::paths(template) {
+                            if let Some(step) = path.iter().find(|s| hidden.iter().any(|h| h.eq_ignore_ascii_case(s)) || crate::redact::is_secret_name(s)) {
+                                bad("answer_template", format!("names {{{}}}: {step:?} is a managed or secret field, whose value is never shown", path.join(".")));
+                            }
+                            // A connector's result is its HTTP status and the JSON it answered.
+                            if spec.provider == Provider::Connector && !matches!(path[0].as_str(), "data" | "status") {
+                                bad("answer_template", format!("names {{{}}}, which a connector's result never has: its answer is under data ({{data.{}}})", path.join("."), path.join(".")));
                             }
                         }
                     }

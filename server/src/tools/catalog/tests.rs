@@ -138,15 +138,22 @@ fn an_answer_template_names_only_shown_values_and_parses() {
     let tool = load(&with("Order {order_id}: {status}"), &["SHOP_API_KEY"]).expect("valid");
     assert_eq!(tool.get("lookup_order").expect("tool").spec.answer_template.as_deref(), Some("Order {order_id}: {status}"));
     for (bad, says) in [
-        ("Order {api_key}", "names {api_key}, a managed or secret field"),
-        ("For {chat_id}", "names {chat_id}, a managed or secret field"),
-        ("Use {access_token.value}", "names {access_token}, a managed or secret field"),
+        ("Order {api_key}", "names {api_key}: \"api_key\" is a managed or secret field"),
+        ("For {CHAT_ID}", "names {CHAT_ID}: \"CHAT_ID\" is a managed or secret field"),
+        ("Use {result.access_token}", "names {result.access_token}: \"access_token\" is a managed or secret field"),
         ("Order {order_id", "is not closed"),
         ("  ", "is empty"),
     ] {
         let problems = load(&with(bad), &["SHOP_API_KEY"]).expect_err(bad);
         assert!(problems.iter().any(|p| p.to_string().contains("(lookup_order).answer_template") && p.to_string().contains(says)), "{bad}: {problems:?}");
     }
+    // A connector's result is its status and, under data, the JSON it answered.
+    let connector = |t: &str| with(t).replace("provider = \"builtin\"\nhandler = \"shop.lookup\"", "provider = \"connector\"");
+    // (Without its connectors.toml, a connector tool has another problem; only this one counts.)
+    let answer_problems = |t: &str| load(&connector(t), &["SHOP_API_KEY"]).expect_err("no action").into_iter().filter(|p| p.to_string().contains("answer_template")).collect::<Vec<_>>();
+    assert!(answer_problems("Order {data.order_id}: {data.status} ({status})").is_empty(), "valid for a connector");
+    let problems = answer_problems("Order {order_id}");
+    assert!(problems.iter().any(|p| p.to_string().contains("names {order_id}, which a connector's result never has: its answer is under data ({data.order_id})")), "{problems:?}");
     // Unset, the key is not part of the definition: versions of tools without it stay as they were.
     let plain = load(GOOD, &["SHOP_API_KEY"]).expect("valid");
     assert!(!serde_json::to_string(&plain.get("lookup_order").expect("tool").spec).expect("json").contains("answer_template"));

@@ -79,6 +79,7 @@ impl ToolsBackend for ConsoleBackend {
             async_policy: label(&spec.async_policy),
             chainable: spec.chainable,
             max_result_bytes: spec.max_result_bytes,
+            answer_template: spec.answer_template.clone(),
             connector: tool.connector.as_ref().map(|c| format!("{}: {:?} {}/{}", c.connector, c.action.method, c.base_url.trim_end_matches('/'), c.action.path)),
             owner_policy: policy(Role::Owner),
             customer_policy: policy(Role::Customer),

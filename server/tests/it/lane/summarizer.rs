@@ -63,6 +63,32 @@ async fn a_tool_result_reaches_the_model_only_as_marked_data() {
     }
 }
 
+/// A tool's own answer shows only what a summary may: its values come from the cleaned result
+/// (a secret-looking field at any depth is gone, so a template naming one is the summarizer's
+/// to answer), the chat's or sender's number never shows even as a number, and a partial
+/// result is the summarizer's, which says it is partial.
+#[tokio::test]
+async fn a_tool_s_own_answer_shows_only_what_a_summary_may() {
+    let (fake, base) = Fake::start().await;
+    fake.always(|_| anthropic(json!([{"type": "text", "text": "A model's summary."}]), "end_turn"));
+    let s = settings(LlmProvider::Anthropic, &base);
+    let summarizer = Summarizer::new(model(&s), Arc::new(s.clone()));
+    let result = json!({ "status": "shipped", "phone": 15557770042_u64, "session": { "token": "tok-123" } });
+    let with = |template: &str, result: ToolResult| {
+        let mut input = input(result);
+        input.hidden_values = vec!["15557770042".into()];
+        input.answer_template = Some(template.into());
+        input
+    };
+    let own = summarizer.summarize(&with("Your order is {status}. We will text {phone}.", ToolResult::Complete(result.clone()))).await;
+    assert_eq!((own.text.as_str(), own.used_model), ("Your order is shipped. We will text .", false));
+    assert_eq!(fake.hits(), 0, "no model was asked");
+    let secret = summarizer.summarize(&with("Your session: {session.token}", ToolResult::Complete(result.clone()))).await;
+    assert_eq!((secret.text.as_str(), secret.used_model), ("A model's summary.", true), "the token was never there to show");
+    let partial = summarizer.summarize(&with("Your order is {status}.", ToolResult::Partial(result))).await;
+    assert!(partial.used_model && partial.text.starts_with("A model's summary.") && partial.text.contains(&s.lane.partial_note), "{}", partial.text);
+}
+
 #[tokio::test]
 async fn partial_results_and_left_out_sources_are_said() {
     let (fake, base) = Fake::start().await;
