@@ -16,6 +16,23 @@ use crate::{
     traces::Recorder,
 };
 
+
+/// The person's turn of `inbound` as memory stores it: its text, counted as the model reads it
+/// (`current`, under its sender's `label` in a group).
+fn person_turn<'a>(inbound: &'a Inbound, label: Option<&'a str>, current: &str, at: i64) -> store::NewTurn<'a> {
+    store::NewTurn {
+        chat_id: &inbound.chat_id,
+        channel: &inbound.channel,
+        role: store::role::USER,
+        text: &inbound.text,
+        message_id: &inbound.message_id,
+        at,
+        tokens: memory::estimate_tokens(current),
+        sender: label.map(|_| inbound.sender.as_str()),
+        sender_label: label,
+        origin: None,
+    }
+}
 impl Runtime {
     /// In a group, how its members' words read to the model, and the label this message's
     /// sender's turn is stored under (fixed then for every later read). `(None, None)` in a
@@ -58,18 +75,7 @@ impl Runtime {
             let (speakers, label) = self.speaker(&mut conn, inbound).await?;
             drop(conn);
             let current = speakers.as_ref().map_or_else(|| inbound.text.clone(), |s| s.say(label.as_deref(), &inbound.text));
-            let user_turn = store::NewTurn {
-                chat_id: &inbound.chat_id,
-                channel: &inbound.channel,
-                role: store::role::USER,
-                text: &inbound.text,
-                message_id: &inbound.message_id,
-                at: db::now_ms(),
-                tokens: memory::estimate_tokens(&current),
-                sender: label.as_ref().map(|_| inbound.sender.as_str()),
-                sender_label: label.as_deref(),
-                origin: None,
-            };
+            let user_turn = person_turn(inbound, label.as_deref(), &current, db::now_ms());
             let answer = store::NewTurn { role: store::role::ASSISTANT, text: &reply, tokens: memory::estimate_tokens(&reply), sender: None, sender_label: None, origin: Some(store::origin::TOOL_LANE), ..user_turn.clone() };
             let mut tx = self.db.begin_write().await?;
             store::insert_turn(&mut tx, &user_turn).await?;
@@ -179,18 +185,7 @@ impl Runtime {
         req = req.with_system(crate::untrusted::with_facts(&conv.system_prompt, &json!({ "now": super::clock::facts(&conv.timezone) })));
         // The person's turn is stored before the call, so it stays in memory even if the call fails.
         let mut tx = self.db.begin_write().await?;
-        let user_turn = store::NewTurn {
-            chat_id: &inbound.chat_id,
-            channel: &inbound.channel,
-            role: store::role::USER,
-            text: &inbound.text,
-            message_id: &inbound.message_id,
-            at: now,
-            tokens: memory::estimate_tokens(&current),
-            sender: label.as_ref().map(|_| inbound.sender.as_str()),
-            sender_label: label.as_deref(),
-            origin: None,
-        };
+        let user_turn = person_turn(inbound, label.as_deref(), &current, now);
         store::insert_turn(&mut tx, &user_turn).await?;
         tx.commit().await?;
         let started = Instant::now();
