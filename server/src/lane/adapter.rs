@@ -58,6 +58,11 @@ pub fn is_private(spec: &crate::tools::catalog::ToolSpec, settings: &LaneSetting
     spec.tags.iter().any(|t| settings.private_data_tags.contains(t))
 }
 
+/// Whether the catalog's tool `name` reaches private account data; an unknown tool does not.
+pub fn is_private_tool(catalog: &Catalog, name: &str, settings: &LaneSettings) -> bool {
+    catalog.get(name).is_some_and(|t| is_private(&t.spec, settings))
+}
+
 /// The planner's view of `tools` for `to`: each offerable tool once, described by
 /// `settings.tool_description`, with the schema a call must satisfy minus managed and secret
 /// fields.

@@ -364,7 +364,7 @@ impl Processor {
             return Ok(Delivered::Sent);
         }
         // A private-data tool's answer is not kept in chat memory, as its context is not.
-        let private = self.checkpoint.catalog().get(&job.tool).is_some_and(|t| super::adapter::is_private(&t.spec, &self.lane));
+        let private = super::adapter::is_private_tool(&self.checkpoint.catalog(), &job.tool, &self.lane);
         let remembered = if private { self.lane.private_answer_memory.as_str() } else { answer.text.as_str() };
         match self.outbound.deliver(&job.reply_to, &answer.text, remembered, job_id, job.trace_id).await {
             Ok(delivered) => Ok(delivered),

@@ -225,7 +225,7 @@ impl Lane {
 
     /// Whether `tool` answers with private account data (a `lane.private_data_tags` tag).
     fn private(&self, tool: &str) -> bool {
-        self.checkpoint.catalog().get(tool).is_some_and(|t| crate::lane::adapter::is_private(&t.spec, &self.settings.lane))
+        crate::lane::adapter::is_private_tool(&self.checkpoint.catalog(), tool, &self.settings.lane)
     }
 
     fn read_only(&self, tool: &str) -> bool {
