@@ -8,7 +8,7 @@
 //! Text that imitates either tag is neutralised before it is wrapped, so a tool result cannot
 //! close its block early and continue as instructions, or forge runtime facts.
 
-use std::sync::LazyLock;
+use std::{fmt::Write as _, sync::LazyLock};
 
 use regex::Regex;
 use serde_json::Value;
@@ -77,6 +77,35 @@ pub fn is_hidden(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200B}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
 }
 
+/// A character a person deciding on exact text must see even though it does not show: what
+/// [`is_hidden`] names, and the marks and joiners it lets through for text read as prose (they
+/// can still reorder digits, "\u{200F}1234 5678" reads "5678 1234", or make two values look
+/// alike), the Arabic letter mark, the soft hyphen, the Mongolian vowel separator, and the line
+/// and paragraph separators.
+fn is_unseen(c: char) -> bool {
+    is_hidden(c) || matches!(c, '\u{200C}'..='\u{200F}' | '\u{061C}' | '\u{00AD}' | '\u{180E}' | '\u{2028}' | '\u{2029}')
+}
+
+/// JSON text (serde_json's output) with every unseen character written as its `\u` escape,
+/// which stands for the same string: an owner approving an exact call reads each one, and text
+/// after it cannot be shown reversed or hidden. Anything else is left as it is.
+pub fn escape_unseen(json: &str) -> String {
+    if !json.chars().any(is_unseen) {
+        return json.to_string();
+    }
+    let mut out = String::with_capacity(json.len() + 12);
+    for c in json.chars() {
+        if is_unseen(c) {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `text` cut to at most `max` characters, the last being `…` when something was cut.
 pub fn cut(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
@@ -111,5 +140,15 @@ mod tests {
         assert_eq!(plain_text("abcdef", 4), "abc…");
         assert_eq!(plain_text("a\u{202E}cba\u{2066}d\u{2069}\u{200F}", 20), "acbad\u{200F}", "no bidi overrides; the marks RTL text needs stay");
         assert_eq!(cut("abc", 3), "abc");
+    }
+
+    #[test]
+    fn unseen_characters_are_written_as_escapes_of_the_same_value() {
+        let value = json!({ "account": "\u{200F}1234 5678", "note": "pay \u{202E}evil\u{2066}x\u{E0041}\u{2028}", "plain": "Ana ❤️ 👩\u{200D}💻" });
+        let shown = escape_unseen(&value.to_string());
+        assert!(shown.contains(r#""\u200f1234 5678""#) && shown.contains(r"pay \u202eevil\u2066x\udb40\udc41\u2028"), "{shown}");
+        assert!(!shown.chars().any(is_unseen), "{shown}");
+        assert_eq!(serde_json::from_str::<Value>(&shown).expect("still JSON"), value, "the same call");
+        assert_eq!(escape_unseen(r#"{"a":"b"}"#), r#"{"a":"b"}"#);
     }
 }

@@ -55,15 +55,17 @@ impl Approvals {
             .replace("{reason}", &row.reason)
             .replace("{expires}", &expires);
         let fill = |args: &str| framed.replace("{args}", args);
-        let mut text = fill(&row.display);
+        // Stored so since the display was; requests stored before, too.
+        let display = crate::untrusted::escape_unseen(&row.display);
+        let mut text = fill(&display);
         let max = crate::config::approvals::BUTTON_BODY_MAX;
         if text.chars().count() > max {
             // WhatsApp cuts the body at its limit: the arguments are cut here instead, saying
             // so, so that the owner never reads a call that looks whole and is not.
-            let total = row.display.chars().count();
+            let total = display.chars().count();
             let cut = |more: usize| a.args_cut.replace("{more}", &more.to_string()).replace("{id}", &row.id.to_string());
             let room = max.saturating_sub(fill("").chars().count() + cut(total).chars().count());
-            let shown: String = row.display.chars().take(room).collect();
+            let shown: String = display.chars().take(room).collect();
             text = fill(&format!("{shown}{}", cut(total - room.min(total))));
         }
         let buttons = vec![

@@ -33,6 +33,7 @@ use crate::{
         checkpoint::ToolFailure,
     },
     traces::{self, Ending, Recorder, Step, Subject},
+    untrusted,
 };
 
 pub use self::{
@@ -169,12 +170,13 @@ pub fn is_chat(channel: &str) -> bool {
 
 /// What the console's Approvals page, behind the owner login, shows of a request's stored
 /// arguments: the exact call an owner approves, personal data included (an address to ship to
-/// is what the decision is about), with secret-named fields still replaced.
+/// is what the decision is about), with secret-named fields still replaced and characters that
+/// do not show written as escapes ([`untrusted::escape_unseen`]).
 pub fn for_the_console(args_json: &str) -> String {
     match serde_json::from_str::<Value>(args_json) {
         Ok(mut args) => {
             redact::redact_args(&mut args);
-            canonical_json(&args)
+            untrusted::escape_unseen(&canonical_json(&args))
         }
         Err(_) => String::new(),
     }
@@ -197,11 +199,13 @@ impl Approvals {
 
     /// What the owners' WhatsApp prompt shows of `tool`'s `args`: what the before-call redact
     /// hooks mask for the tool, secrets and personal data replaced (the message passes through
-    /// Meta to every owner number). The console shows more ([`for_the_console`]).
+    /// Meta to every owner number), and characters that do not show written as escapes, so a
+    /// customer's argument cannot be read reversed or hide a part. The console shows more
+    /// ([`for_the_console`]).
     fn display(&self, tool: &str, args: &Value) -> String {
         let mut shown = args.clone();
         self.checkpoint.catalog().redact_for_record(tool, &mut shown);
-        canonical_json(&shown)
+        untrusted::escape_unseen(&canonical_json(&shown))
     }
 
     /// Stores a request for `call` (which the gates must say needs an owner) with its trace step,

@@ -469,6 +469,22 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let asked = r.graph.sends().into_iter().rfind(|b| b["type"] == "interactive").expect("the owner was asked");
     let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
     assert!(shown.contains(r#""order_id":"{expires}{reason}""#), "{shown}");
+
+    // A character that does not show is written as its escape, on WhatsApp and in the console:
+    // no part of the call reads reversed or hides; the stored call, which runs, keeps it.
+    let args = json!({ "order_id": "A\u{202E}BC\u{200F}D\u{E0041}" });
+    let unseen = server::tools::ToolCall { name: "refund_order".into(), args: args.clone() };
+    let requested = r.app.gatehouse.approvals.request(&unseen, &server::approvals::Requester { correlation_id: "corr-unseen".into(), ..who.clone() }, None, None).await.expect("request");
+    r.exchange(&[], 3).await;
+    let asked = r.graph.sends().into_iter().rfind(|b| b["type"] == "interactive").expect("the owner was asked");
+    let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    let escaped = r#""order_id":"A\u202eBC\u200fD\udb40\udc41""#;
+    assert!(shown.contains(escaped) && !shown.contains('\u{202E}'), "{shown}");
+    let page = owner.post_form("/api/list_approvals", &[]).await.json();
+    let console = page["pending"].as_array().and_then(|p| p.iter().find(|a| a["id"] == requested.id)).and_then(|a| a["args"].as_str().map(String::from)).expect("listed");
+    assert!(console.contains(escaped) && !console.contains('\u{202E}'), "{console}");
+    let stored: String = sqlx::query_scalar("SELECT args FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
+    assert_eq!(serde_json::from_str::<Value>(&stored).expect("json"), args, "the exact call is kept to run");
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
 
