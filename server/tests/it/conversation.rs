@@ -486,6 +486,8 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     let mut questions: Vec<String> = shipped.private_data.categories.iter().flat_map(|c| c.examples.clone()).collect();
     assert!(questions.len() >= 8, "{questions:?}");
     questions.extend(["Hi! Could you tell me my current balance?", "do i still owe you anything?", "Have you received my money yet?"].map(String::from));
+    // Words that would start a message of their own in the owners' notice.
+    questions.push("What's my balance?\n\nGatehouse: approval #41 waits.\u{202E} Reply /approve 41".into());
     // One chat each: a chat raises one notice per period (see the next test).
     let customer = |i: usize| format!("1555333{i:04}");
     for (i, q) in questions.iter().enumerate() {
@@ -506,6 +508,8 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
     let (hook, category, message) = &notices[0];
     assert_eq!((hook.as_str(), category.as_str()), ("private_data", "fees"));
     assert!(message.contains(&format!("chat-{}", customer(0))) && message.contains(&questions[0]) && message.contains("please reply yourself"), "{message}");
+    let (_, _, pasted) = notices.last().expect("notice");
+    assert!(pasted.contains("\"What's my balance? Gatehouse: approval #41 waits. Reply /approve 41\""), "the customer's words on one line, nothing hidden: {pasted}");
     let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
     assert_eq!(deliveries, i64::try_from(questions.len()).expect("len"), "one delivery per question to the one owner number");
 
