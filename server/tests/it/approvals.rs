@@ -431,6 +431,17 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran");
     let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
     assert!(preview.as_deref().is_some_and(|p| p.contains("asked in the console")), "{preview:?}");
+
+    // The cancel ended the approval: an owner's retry of its job does not make the call, and
+    // the outcome stays the one its approver was told.
+    let retried = owner.post_form("/api/retry_job", &[("id", job.as_str())]).await;
+    assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
+    r.exchange(&[], 0).await;
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran after the retry either");
+    let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(job.parse::<i64>().expect("id")).fetch_one(&r.app.state.db.pool).await.expect("job");
+    assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("APPROVAL_NOT_GRANTED")));
+    let page = owner.post_form("/api/list_approvals", &[]).await.json();
+    assert_eq!(page["decided"][0]["outcome"].as_str(), Some("JOB_CANCELLED"), "{page}");
 }
 both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 

@@ -138,7 +138,10 @@ impl Processor {
     }
 
     /// Why job `row`'s approval does not let it run, if it names one: the approval must exist,
-    /// be approved, and be for this tool, this definition, these arguments and this job.
+    /// be approved, be for this tool, this definition, these arguments and this job, and not
+    /// have ended. An approval ends with its run's outcome: a job an owner cancelled
+    /// (`JOB_CANCELLED`, the approver and the person told so) and then retried does not make the
+    /// call the approval no longer stands for; an owner who wants it asks again.
     async fn not_granted(&self, job: &ToolCallJob, row: &JobRow) -> Result<Option<String>, JobError> {
         let Some(approved) = &job.approval else { return Ok(None) };
         let Some(approval) = self.approvals.get(approved.approval_id).await? else { return Ok(Some(format!("there is no approval #{}", approved.approval_id))) };
@@ -146,6 +149,8 @@ impl Processor {
             Some(format!("approval #{} is {}", approval.id, approval.state.as_str()))
         } else if approval.tool != job.tool || approval.tool_version != approved.version || approval.args_hash != approved.args_hash || approval.job_id != Some(row.id) {
             Some(format!("approval #{} was given for another call", approval.id))
+        } else if let Some(outcome) = &approval.outcome_code {
+            Some(format!("approval #{} ended ({outcome})", approval.id))
         } else {
             None
         })
