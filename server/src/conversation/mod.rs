@@ -343,9 +343,10 @@ impl InboundHandler for Runtime {
 }
 
 /// Whether `reply` is only the lane's word that the work is under way (`pending_reply`,
-/// `already_checking_reply`), with no answer joined to it.
+/// `already_checking_reply`) or that an owner was asked (`approval_reply`), with no answer
+/// joined to it: after the answer, or the owner's decision, it would be untrue.
 fn only_acknowledges(reply: &str, lane: &crate::config::LaneSettings) -> bool {
-    [&lane.pending_reply, &lane.already_checking_reply].iter().any(|ack| !ack.trim().is_empty() && reply.trim() == ack.trim())
+    [&lane.pending_reply, &lane.already_checking_reply, &lane.approval_reply].iter().any(|ack| !ack.trim().is_empty() && reply.trim() == ack.trim())
 }
 
 #[cfg(test)]
@@ -355,9 +356,11 @@ mod tests {
         let lane = crate::config::LaneSettings {
             pending_reply: "I'm looking that up now.".into(),
             already_checking_reply: "I'm already checking that.".into(),
+            approval_reply: "An owner must approve that; I have asked them.".into(),
             ..Default::default()
         };
         assert!(super::only_acknowledges(&lane.pending_reply, &lane));
+        assert!(super::only_acknowledges(&lane.approval_reply, &lane), "after the decision it is untrue");
         assert!(super::only_acknowledges(&format!("{}\n", lane.already_checking_reply), &lane));
         let joined = format!("The returns page says: free within 30 days.\n\n{}", lane.pending_reply);
         assert!(!super::only_acknowledges(&joined, &lane), "an answer joined to it is not lost");

@@ -136,6 +136,44 @@ async fn an_expiry_outside_the_window_is_not_called_told(db: TestDb) {
 }
 both_backends!(approvals_expiry_outside_window, an_expiry_outside_the_window_is_not_called_told);
 
+/// "That needs the owner's approval" is said only while it is true: the reply whose send is
+/// retried after the owner's decision reached the customer is not sent (`REPLY_SUPERSEDED`).
+/// Before, the customer read that an owner was asked after they were told the decision.
+async fn a_wait_for_an_owner_overtaken_by_the_decision_is_not_said(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High;
+        s.whatsapp.send_attempts = 1;
+        // The message's job tries its reply again long after the decision.
+        s.jobs.retry_base = Duration::from_secs(3600);
+        s.jobs.retry_max = Duration::from_secs(7200);
+    })
+    .await;
+    r.add_owner().await;
+    let waiting = r.app.state.config.settings.lane.approval_reply.clone();
+    let told = r.app.state.config.settings.approvals.requester_rejected.clone();
+    // The reply's first send meets a Meta server error.
+    let (failed, reply) = (Arc::new(AtomicBool::new(false)), waiting.clone());
+    r.graph.set_rule(move |body, _| (body["text"]["body"] == reply.as_str() && !failed.swap(true, Ordering::SeqCst)).then(|| crate::whatsapp::graph_error(503, 2, "Service temporarily unavailable")));
+    // The refused reply and the owner's question.
+    r.exchange(&[("wamid.WAITING", "Please refund my order 4821")], 2).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let rejected = owner.post_form("/api/decide_approval", &[("id", id.to_string().as_str()), ("decision", "reject")]).await;
+    assert_eq!(rejected.status, axum::http::StatusCode::OK, "{}", rejected.body);
+    let to_customer = || r.graph.sends().into_iter().filter(|b| b["to"] == CUSTOMER).filter_map(|b| b["text"]["body"].as_str().map(String::from)).collect::<Vec<_>>();
+    r.exchange(&[], 3).await;
+    assert_eq!(to_customer(), vec![waiting.clone(), told.clone()], "the refused reply, then the decision");
+    // The message's job tries its reply again.
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound' AND state = 'retryable'").execute(&r.app.state.db.pool).await.expect("due");
+    r.exchange(&[], 3).await;
+    assert_eq!(to_customer(), vec![waiting, told], "nothing after the decision");
+    let steps = r.steps("wamid.WAITING").await;
+    assert!(steps.iter().any(|(s, d, c)| s == "delivery" && d == "skipped" && c == "REPLY_SUPERSEDED"), "{steps:?}");
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&r.app.state.db.pool).await.expect("the message's job");
+    assert_eq!(state, "completed");
+}
+both_backends!(approvals_wait_superseded, a_wait_for_an_owner_overtaken_by_the_decision_is_not_said);
+
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     let r = rig(db, |_| {}).await;
