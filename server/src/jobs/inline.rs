@@ -28,10 +28,18 @@ pub struct Claimed {
     retry: RetryTimes,
 }
 
+/// How the lease owner of a run the lane makes while the person waits begins.
+const LANE_RUN: &str = "inline-";
+
+/// Whether a job's lease owner is a run the lane made at once ([`claim`]), not a worker's.
+pub fn is_lane_run(lease_owner: &str) -> bool {
+    lease_owner.starts_with(LANE_RUN)
+}
+
 /// Claims job `id` for the configured lease; `None` when a worker has it already (or it is not
 /// due).
 pub async fn claim(db: &Db, id: i64, settings: &JobSettings) -> Result<Option<Claimed>, DbError> {
-    let owner = format!("inline-{}", uuid::Uuid::new_v4().simple());
+    let owner = format!("{LANE_RUN}{}", uuid::Uuid::new_v4().simple());
     let now = db::now_ms();
     let mut tx = db.begin_write().await?;
     let job = store::claim_one(&mut tx, id, &owner, now, now.saturating_add(db::duration_ms(settings.lease))).await?;

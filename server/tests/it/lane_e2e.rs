@@ -940,6 +940,33 @@ async fn a_call_past_its_runs_with_nothing_kept_is_not_made_again(db: TestDb) {
 }
 both_backends!(lane_e2e_call_runs_capped, a_call_past_its_runs_with_nothing_kept_is_not_made_again);
 
+/// A tool that may not run as a job (`async_policy = "never"`) is called in the lane's own run
+/// only. A worker's run of its job follows one the lane could not finish (its lease lost, the
+/// process gone) before it kept an answer, when the person stopped waiting for it: it does not
+/// make the call, and the person is told it could not be done. Before, the worker made the call
+/// and sent its answer later.
+async fn a_tool_never_run_as_a_job_is_not_called_by_a_worker(db: TestDb) {
+    let tools = TOOLS.replacen("timeout = \"20s\"", "timeout = \"1s\"\nasync_policy = \"never\"", 1);
+    let r = rig_with(db, &tools, "", |_| {}).await;
+    let lane = r.app.state.config.settings.lane.clone();
+    r.exchange(&[("wamid.NEVER", "Where is my order 4821?")], 1).await;
+    assert_eq!(r.graph.texts(), vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()], "the lane's own run answered");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1);
+    // As if the lane's run had stopped before it kept its answer: the job is due again.
+    let pool = &r.app.state.db.pool;
+    sqlx::query("DELETE FROM tool_answers").execute(pool).await.expect("nothing kept");
+    sqlx::query("UPDATE jobs SET state = 'retryable', scheduled_at = 0, completed_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE kind = 'tool.call'")
+        .execute(pool)
+        .await
+        .expect("due again");
+    r.exchange(&[], 2).await;
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "a worker's run did not make the call");
+    assert_eq!(r.graph.texts().last(), Some(&lane.failed_reply), "told it could not be done");
+    let (state, attempt, code): (String, i64, Option<String>) = sqlx::query_as("SELECT state, attempt, last_error_code FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("the call's job");
+    assert_eq!((state.as_str(), attempt, code.as_deref()), ("discarded", 2, Some("TOOL_ATTEMPTS_EXHAUSTED")));
+}
+both_backends!(lane_e2e_never_async_worker, a_tool_never_run_as_a_job_is_not_called_by_a_worker);
+
 /// A tool that may not run as a job (`async_policy = "never"`) is tried in the lane's run only:
 /// a timeout is said at once, and nothing is retried in the background after a "please wait".
 async fn a_call_that_may_not_run_as_a_job_is_never_retried_later(db: TestDb) {

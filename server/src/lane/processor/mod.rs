@@ -191,9 +191,14 @@ impl Processor {
         // The call itself is made in the first `jobs.default_max_attempts` runs only. A later
         // run with nothing kept follows runs that stopped before they kept an answer (a crash,
         // a lost lease, a failed write): a call that brings its run down is not made again for
-        // each of the job's remaining runs (`jobs.attempts.tool_call`). The person is told it
-        // could not be done.
-        if row.attempt > self.call_attempts {
+        // each of the job's remaining runs (`jobs.attempts.tool_call`). A tool that may not run
+        // as a job (`async_policy = "never"`) is made in the lane's own run only: a worker's
+        // run follows one the lane could not finish or start (a lost lease, a crash, a failed
+        // claim), and its answer would come after the person stopped waiting for it. The
+        // person is told it could not be done.
+        let never_async = job.approval.is_none() && tool.as_deref().is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
+        let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
+        if row.attempt > self.call_attempts || (never_async && worker_run) {
             if unsafe_repeat {
                 // Marked just now, by this run: no earlier run made it.
                 self.unmark(row).await;
@@ -214,7 +219,6 @@ impl Processor {
         }
         // A tool that may not run as a job is tried in the lane's own run only: a person who
         // asked for it is never told to wait for a retry in the background.
-        let never_async = job.approval.is_none() && tool.is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
         if let Some(code) = &answer.failure
             && answer.retryable
             && !never_async
