@@ -60,10 +60,33 @@ impl SummaryInput {
     }
 }
 
+/// What wrote a reply to a call's result: the trace says it, so that an answer written
+/// without the model is not read as the model's failure, nor a fallback as the model's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Writer {
+    /// `models.summarizer`.
+    Model,
+    /// The tool's `answer_template`: the owner's words, no model call.
+    AnswerTemplate,
+    /// The kept fields listed without a model, when the model's summary could not be used
+    /// (`Summary::fallback_code` says why).
+    Fallback,
+    /// The lane's configured text for a call that failed, timed out or was not run.
+    LaneText,
+}
+
+impl Writer {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Summary {
     pub text: String,
-    pub used_model: bool,
+    pub by: Writer,
     /// Why no model summary was used (an `LLM_*` or `SUMMARY_*` code), when one was tried.
     pub fallback_code: Option<String>,
 }
@@ -101,8 +124,8 @@ impl Summarizer {
         let lane = &self.settings.lane;
         let max = lane.summary_max_chars as usize;
         let (value, partial) = match &input.result {
-            ToolResult::Failed { .. } => return Summary { text: data::plain_text(&lane.failed_reply, max), used_model: false, fallback_code: None },
-            ToolResult::TimedOut => return Summary { text: data::plain_text(&lane.timed_out_reply, max), used_model: false, fallback_code: None },
+            ToolResult::Failed { .. } => return Summary { text: data::plain_text(&lane.failed_reply, max), by: Writer::LaneText, fallback_code: None },
+            ToolResult::TimedOut => return Summary { text: data::plain_text(&lane.timed_out_reply, max), by: Writer::LaneText, fallback_code: None },
             ToolResult::Complete(v) => (v, v.get("truncated") == Some(&Value::Bool(true))),
             ToolResult::Partial(v) => (v, true),
         };
@@ -114,7 +137,7 @@ impl Summarizer {
         if let Some(template) = input.answer_template.as_deref().filter(|_| !partial) {
             let text = crate::tools::answer::render(template, &cleaned, MAX_FALLBACK_VALUE_CHARS).map(|t| data::plain_text(&scrub(&t, &input.hidden_values), usize::MAX));
             match text {
-                Some(text) if text.chars().count() <= max => return Summary { text, used_model: false, fallback_code: None },
+                Some(text) if text.chars().count() <= max => return Summary { text, by: Writer::AnswerTemplate, fallback_code: None },
                 _ => tracing::info!(event = "AgentToolAnswerTemplateMissed", correlation_id = %input.correlation_id, tool = %input.tool, "a value the tool's answer_template names is not in the result, or the answer is too long; the summarizer writes the reply"),
             }
         }
@@ -126,10 +149,10 @@ impl Summarizer {
             Err(e) => Err(e.code.as_str().to_string()),
         };
         let summary = match answer {
-            Ok(text) => Summary { text: finish(lane, &text, partial, &sources), used_model: true, fallback_code: None },
+            Ok(text) => Summary { text: finish(lane, &text, partial, &sources), by: Writer::Model, fallback_code: None },
             Err(code) => {
                 tracing::warn!(event = "AgentToolSummaryFallback", correlation_id = %input.correlation_id, tool = %input.tool, code = %code, "summarized without a model");
-                Summary { text: fallback(lane, &cleaned, partial), used_model: false, fallback_code: Some(code) }
+                Summary { text: fallback(lane, &cleaned, partial), by: Writer::Fallback, fallback_code: Some(code) }
             }
         };
         Summary { text: scrub(&summary.text, &input.hidden_values), ..summary }

@@ -497,6 +497,17 @@ impl Rig {
         self.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == PLANNER_MODEL).map(|b| b["messages"].to_string()).collect()
     }
 
+    /// The detail of message `wamid`'s first trace step named `step`.
+    pub(crate) async fn step_detail(&self, wamid: &str, step: &str) -> Value {
+        let detail: String = sqlx::query_scalar("SELECT s.detail FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = $1 AND s.step = $2 ORDER BY s.seq")
+            .bind(wamid)
+            .bind(step)
+            .fetch_one(&self.app.state.db.pool)
+            .await
+            .expect("the step");
+        serde_json::from_str(&detail).expect("json")
+    }
+
     pub(crate) async fn steps(&self, wamid: &str) -> Vec<(String, String, String)> {
         sqlx::query_as("SELECT s.step, s.decision, s.reason_code FROM trace_steps s JOIN traces t ON t.id = s.trace_id WHERE t.message_id = $1 ORDER BY s.seq")
             .bind(wamid)
@@ -545,6 +556,8 @@ async fn a_tool_s_own_answer_is_sent_as_written(db: TestDb) {
     assert_eq!(r.graph.texts(), vec!["Order 4821 is shipped with Parcel Co. Track it here: https://track.example/42".to_string()], "{:?}", r.steps("wamid.TPL1").await);
     let summaries = r.llm.seen.lock().expect("lock").iter().filter(|b| b["model"] == SUMMARIZER_MODEL).count();
     assert_eq!(summaries, 0, "no model wrote it");
+    let ran = r.step_detail("wamid.TPL1", "AgentToolExecutionSucceeded").await;
+    assert_eq!(ran["reply_by"], "answer_template", "the trace says who wrote it, not that the model failed: {ran}");
     // The owner sees it on the tool's page.
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
     let detail = owner.post_form("/api/get_tool", &[("name", "order_status")]).await.json();
@@ -558,6 +571,8 @@ async fn a_tool_s_own_answer_without_its_values_is_summarised(db: TestDb) {
     let r = rig_with(db, &TOOLS.replacen("timeout = \"20s\"\n", &format!("timeout = \"20s\"{template}\n"), 1), "", |_| {}).await;
     r.exchange(&[("wamid.TPL2", "Where is my order 4821?")], 1).await;
     assert_eq!(r.graph.texts(), vec!["Your order has shipped with Parcel Co: https://track.example/42".to_string()], "the summarizer's: the result names no courier");
+    let ran = r.step_detail("wamid.TPL2", "AgentToolExecutionSucceeded").await;
+    assert!(ran["reply_by"] == "model" && ran.get("summary_fallback").is_none(), "{ran}");
 }
 both_backends!(lane_e2e_answer_template_missed, a_tool_s_own_answer_without_its_values_is_summarised);
 

@@ -13,7 +13,7 @@ use super::{
     context::ContextStore,
     job::ToolCallJob,
     planner::ProposedCall,
-    summarizer::{Summarizer, SummaryInput, ToolResult},
+    summarizer::{Summarizer, SummaryInput, ToolResult, Writer},
     validator::{Advisory, PlanScope, Validator},
 };
 use crate::{
@@ -40,8 +40,12 @@ pub struct Answer {
     pub failure: Option<String>,
     /// A failure another attempt may fix.
     pub retryable: bool,
-    /// How the summary was made, for the trace.
-    pub used_model: bool,
+    /// What wrote it, for the trace; `None` for an answer an earlier run kept, whose own run
+    /// traced that.
+    pub by: Option<Writer>,
+    /// Why the summarizer's model was not used, when it was tried (an `LLM_*` or `SUMMARY_*`
+    /// code).
+    pub fallback_code: Option<String>,
     /// The call's result, when it succeeded: the next step of a chain is planned from it.
     pub output: Option<Value>,
     /// Sent again as an earlier attempt kept it: the call did not run this time.
@@ -55,6 +59,25 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// A call that failed with `code` (or was not made), told in `text`.
+    fn failed(text: String, code: &str) -> Self {
+        Self { text, failure: Some(code.into()), retryable: false, by: Some(Writer::LaneText), fallback_code: None, output: None, replayed: false, context_id: None, in_reply: false }
+    }
+
+    /// What a trace step of the run that came to this answer says of it besides its event: the
+    /// job, what wrote the reply and, for a summary written without the model, why.
+    pub fn detail(&self, job_id: i64) -> Value {
+        let mut detail = json!({ "job_id": job_id });
+        match self.by {
+            Some(by) => detail["reply_by"] = by.as_str().into(),
+            None => detail["replayed"] = true.into(),
+        }
+        if let Some(code) = &self.fallback_code {
+            detail["summary_fallback"] = code.as_str().into();
+        }
+        detail
+    }
+
     /// The trace event of a run that came to this answer, and its reason code.
     pub fn event(&self) -> (&'static str, &str) {
         match &self.failure {
@@ -179,7 +202,7 @@ impl Processor {
             tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "a tool call names an approval it does not have; not run");
             let code = ToolCode::ApprovalNotGranted.as_str();
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Ok(Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false });
+            return Ok(Answer::failed(text, code));
         }
         // A call not safe to repeat is marked as made before it is (see `unknown`): one an
         // earlier run made, whose answer was never kept, is not made again.
@@ -206,7 +229,7 @@ impl Processor {
             let code = ToolCode::AttemptsExhausted.as_str();
             tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, attempt = row.attempt, call_attempts = self.call_attempts, code, "the call's runs are used up with no answer kept; not made again");
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Ok(Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false });
+            return Ok(Answer::failed(text, code));
         }
         let (answer, maybe_applied) = self.run(job, &row.correlation_id).await;
         if unsafe_repeat && answer.failure.is_some() {
@@ -245,7 +268,7 @@ impl Processor {
             if answer.replayed {
                 tool_answers::mark_in_reply(&mut conn, row.id, true).await
             } else {
-                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.used_model, output: self.chain_output(job, answer), in_reply };
+                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.by == Some(Writer::Model), output: self.chain_output(job, answer), in_reply };
                 tool_answers::keep(&mut conn, row.id, &keep).await
             }
         };
@@ -269,7 +292,7 @@ impl Processor {
         let kept = tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await?;
         Ok(kept.map(|kept| {
             let output = kept.output.as_deref().and_then(|o| serde_json::from_str(o).ok());
-            Answer { text: kept.text, failure: kept.failure, retryable: false, used_model: kept.used_model, output, replayed: true, context_id: None, in_reply: kept.in_reply }
+            Answer { text: kept.text, failure: kept.failure, retryable: false, by: None, fallback_code: None, output, replayed: true, context_id: None, in_reply: kept.in_reply }
         }))
     }
 
@@ -302,7 +325,7 @@ impl Processor {
             tracing::warn!(correlation_id, tool = %job.tool, reason = %reason, "the tool changed since the call was accepted; not run");
             let code = ToolCode::Changed.as_str();
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return (Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }, false);
+            return (Answer::failed(text, code), false);
         }
         // The definition the call runs with, which summarizes its result: a catalog reloaded or
         // an MCP tool quarantined while it runs does not turn a call that happened into a failure.
@@ -325,7 +348,7 @@ impl Processor {
             // Not in the catalog (the call was refused as unknown): nothing to summarize with.
             let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
             let text = self.summarizer.without_tool(&failed);
-            return (Answer { text, failure: Some(ToolCode::Unknown.as_str().into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }, false);
+            return (Answer::failed(text, ToolCode::Unknown.as_str()), false);
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
@@ -342,7 +365,7 @@ impl Processor {
         if let Some(id) = context_id {
             tracing::info!(event = "AgentToolContextStored", correlation_id, tool = %job.tool, context.id = id, "tool context stored");
         }
-        (Answer { text: summary.text, failure, retryable, used_model: summary.used_model, output, replayed: false, context_id, in_reply: false }, maybe_applied)
+        (Answer { text: summary.text, failure, retryable, by: Some(summary.by), fallback_code: summary.fallback_code, output, replayed: false, context_id, in_reply: false }, maybe_applied)
     }
 }
 
@@ -355,7 +378,9 @@ impl Processor {
             Ok(answer) if answer.replayed => return,
             Ok(answer) => {
                 let (event, code) = answer.event();
-                let ran = Step::new(event, "later", code, json!({ "job_id": row.id, "attempt": row.attempt, "summarized_by_model": answer.used_model }));
+                let mut detail = answer.detail(row.id);
+                detail["attempt"] = row.attempt.into();
+                let ran = Step::new(event, "later", code, detail);
                 let stored = answer.context_stored(row.id).map(|(decision, code, detail)| Step::new("AgentToolContextStored", decision, code, detail));
                 [Some(ran), stored]
             }
@@ -410,7 +435,11 @@ impl Handler<ToolCallJob> for Processor {
 pub fn job_outcome(answer: &Answer, delivered: &Delivered) -> Result<JobOutput, JobError> {
     let note = delivered.note();
     match &answer.failure {
-        None => Ok(JobOutput { preview: Some(format!("answered ({} chars{}){note}", answer.text.chars().count(), if answer.used_model { "" } else { ", without the summarizer" })), snooze: None }),
+        None => Ok(JobOutput { preview: Some(format!("answered ({} chars{}){note}", answer.text.chars().count(), match answer.by {
+            Some(Writer::Model) | None => "",
+            Some(Writer::AnswerTemplate) => ", the tool's answer_template",
+            Some(Writer::Fallback | Writer::LaneText) => ", without the summarizer",
+        })), snooze: None }),
         Some(code) if note.is_empty() => Err(JobError::permanent(code, "the tool call failed; the person was told")),
         Some(code) => Err(JobError::permanent(code, format!("the tool call failed{note}"))),
     }

@@ -65,6 +65,6 @@ impl Processor {
             }
         }
         let text = data::plain_text(&self.lane.unknown_outcome_reply, self.lane.summary_max_chars as usize);
-        Answer { text, failure: Some(code.into()), retryable: false, used_model: false, output: None, replayed: false, context_id: None, in_reply: false }
+        Answer::failed(text, code)
     }
 }

@@ -253,7 +253,9 @@ impl Lane {
         match wait(lane.immediate_deadline, &state, answer).await {
             Waited::Answered(answer) => {
                 let (event, code) = answer.event();
-                trace.step(event, "answered", code, json!({ "job_id": job_id, "latency_ms": ms(started.elapsed()), "summarized_by_model": answer.used_model }));
+                let mut detail = answer.detail(job_id);
+                detail["latency_ms"] = ms(started.elapsed()).into();
+                trace.step(event, "answered", code, detail);
                 if let Some((decision, code, detail)) = answer.context_stored(job_id) {
                     trace.step("AgentToolContextStored", decision, code, detail);
                 }
@@ -356,7 +358,7 @@ mod tests {
     use super::*;
 
     fn answer(text: &str) -> Answer {
-        Answer { text: text.into(), failure: None, retryable: false, used_model: true, output: None, replayed: false, context_id: None, in_reply: false }
+        Answer { text: text.into(), failure: None, retryable: false, by: Some(crate::lane::summarizer::Writer::Model), fallback_code: None, output: None, replayed: false, context_id: None, in_reply: false }
     }
 
     /// The run claims the reply just as the deadline passes and sends its answer a moment later:

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use server::{
     config::LlmProvider,
-    lane::summarizer::{Summarizer, SummaryInput, ToolResult},
+    lane::summarizer::{Summarizer, SummaryInput, ToolResult, Writer},
 };
 
 use super::{Fake, SUMMARIZER_MODEL, TOOLS, anthropic, catalog, model, settings};
@@ -41,7 +41,7 @@ async fn a_tool_result_reaches_the_model_only_as_marked_data() {
     });
     let summary = summarizer.summarize(&input(ToolResult::Complete(result))).await;
     assert_eq!(summary.text, "We open at 9 and close at 5. Details: https://shop.example/hours", "the model's summary, as it wrote it");
-    assert!(summary.used_model && summary.fallback_code.is_none());
+    assert!(summary.by == Writer::Model && summary.fallback_code.is_none());
 
     let body = fake.body(0);
     assert_eq!((body["model"].as_str(), body["max_tokens"].as_u64()), (Some(SUMMARIZER_MODEL), Some(u64::from(s.lane.summarizer_max_tokens))));
@@ -81,12 +81,12 @@ async fn a_tool_s_own_answer_shows_only_what_a_summary_may() {
         input
     };
     let own = summarizer.summarize(&with("Your order is {status}. We will text {phone}.", ToolResult::Complete(result.clone()))).await;
-    assert_eq!((own.text.as_str(), own.used_model), ("Your order is shipped. We will text .", false));
+    assert_eq!((own.text.as_str(), own.by), ("Your order is shipped. We will text .", Writer::AnswerTemplate), "the owner's words, said to be");
     assert_eq!(fake.hits(), 0, "no model was asked");
     let secret = summarizer.summarize(&with("Your session: {session.token}", ToolResult::Complete(result.clone()))).await;
-    assert_eq!((secret.text.as_str(), secret.used_model), ("A model's summary.", true), "the token was never there to show");
+    assert_eq!((secret.text.as_str(), secret.by), ("A model's summary.", Writer::Model), "the token was never there to show");
     let partial = summarizer.summarize(&with("Your order is {status}.", ToolResult::Partial(result))).await;
-    assert!(partial.used_model && partial.text.starts_with("A model's summary.") && partial.text.contains(&s.lane.partial_note), "{}", partial.text);
+    assert!(partial.by == Writer::Model && partial.text.starts_with("A model's summary.") && partial.text.contains(&s.lane.partial_note), "{}", partial.text);
 }
 
 #[tokio::test]
@@ -116,8 +116,7 @@ async fn without_a_model_the_result_is_listed_plainly() {
     list[0]["snippet"] = json!("x".repeat(2_000));
     let result = json!({"query": "opening hours", "results": list});
     let summary = summarizer.summarize(&input(ToolResult::Partial(result))).await;
-    assert!(!summary.used_model);
-    assert_eq!(summary.fallback_code.as_deref(), Some("LLM_PROVIDER_ERROR"));
+    assert_eq!((summary.by, summary.fallback_code.as_deref()), (Writer::Fallback, Some("LLM_PROVIDER_ERROR")));
     let lines: Vec<&str> = summary.text.lines().collect();
     assert_eq!(lines[0], lane.fallback_intro);
     assert_eq!(lines[2], "- Result 2 — Snippet 2 second line — https://a.example/2", "title, snippet, url: the configured order");
@@ -129,7 +128,7 @@ async fn without_a_model_the_result_is_listed_plainly() {
 
     let hits = fake.hits();
     let failed = summarizer.summarize(&input(ToolResult::Failed { code: "TOOL_TIMEOUT".into() })).await;
-    assert_eq!((failed.text.as_str(), failed.used_model), (lane.failed_reply.as_str(), false));
+    assert_eq!((failed.text.as_str(), failed.by), (lane.failed_reply.as_str(), Writer::LaneText));
     let late = summarizer.summarize(&input(ToolResult::TimedOut)).await;
     assert_eq!(late.text, lane.timed_out_reply);
     assert_eq!(fake.hits(), hits, "a failed call never reaches the model, so nothing is claimed");
@@ -143,6 +142,6 @@ async fn a_model_answer_of_raw_json_is_not_sent() {
     fake.always(|_| anthropic(json!([{"type": "text", "text": "{\"title\": \"Hours\"}"}]), "end_turn"));
     let s = settings(LlmProvider::Anthropic, &base);
     let summary = Summarizer::new(model(&s), Arc::new(s.clone())).summarize(&input(ToolResult::Complete(json!({"title": "Hours"})))).await;
-    assert_eq!((summary.used_model, summary.fallback_code.as_deref()), (false, Some("SUMMARY_UNUSABLE")));
+    assert_eq!((summary.by, summary.fallback_code.as_deref()), (Writer::Fallback, Some("SUMMARY_UNUSABLE")));
     assert_eq!(summary.text, format!("{}\n- Hours", s.lane.fallback_intro));
 }
