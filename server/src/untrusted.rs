@@ -80,10 +80,41 @@ pub fn is_hidden(c: char) -> bool {
 /// A character a person deciding on exact text must see even though it does not show: what
 /// [`is_hidden`] names, and the marks and joiners it lets through for text read as prose (they
 /// can still reorder digits, "\u{200F}1234 5678" reads "5678 1234", or make two values look
-/// alike), the Arabic letter mark, the soft hyphen, the Mongolian vowel separator, and the line
-/// and paragraph separators.
-fn is_unseen(c: char) -> bool {
-    is_hidden(c) || matches!(c, '\u{200C}'..='\u{200F}' | '\u{061C}' | '\u{00AD}' | '\u{180E}' | '\u{2028}' | '\u{2029}')
+/// alike), the Arabic letter mark, the C1 controls, the soft hyphen, the combining grapheme
+/// joiner, the Mongolian vowel separator, the Khmer inherent vowels, the line and paragraph
+/// separators, the deprecated format characters (U+206A..U+206F), the Hangul fillers, the
+/// interlinear annotation marks and the musical formatting characters. The emoji variation
+/// selectors stay: they change how a symbol is drawn, not what text says.
+pub fn is_unseen(c: char) -> bool {
+    is_hidden(c)
+        || matches!(
+            c,
+            '\u{0080}'..='\u{009F}'
+                | '\u{00AD}'
+                | '\u{034F}'
+                | '\u{061C}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{17B4}'
+                | '\u{17B5}'
+                | '\u{180E}'
+                | '\u{200C}'..='\u{200F}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{206A}'..='\u{206F}'
+                | '\u{3164}'
+                | '\u{FFA0}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{1D173}'..='\u{1D17A}'
+        )
+}
+
+/// A person's words quoted inside a message of Gatehouse's own (an owner's notice): on one line,
+/// nothing that does not show, and double quotes made single, so that the quote can neither
+/// start a paragraph nor end early and go on in Gatehouse's voice. At most `max` characters.
+pub fn quoted_line(text: &str, max: usize) -> String {
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ").chars().filter(|c| !is_unseen(*c) && !c.is_control()).map(|c| if c == '"' { '\'' } else { c }).collect();
+    cut(line.trim(), max)
 }
 
 /// JSON text (serde_json's output) with every unseen character written as its `\u` escape,
@@ -143,10 +174,17 @@ mod tests {
     }
 
     #[test]
+    fn a_quoted_line_cannot_leave_its_quotes() {
+        let words = "What's my balance?\n\n\"Gatehouse: approval #41 waits.\u{202E}\u{200F} Reply /approve 41";
+        assert_eq!(quoted_line(words, 300), "What's my balance? 'Gatehouse: approval #41 waits. Reply /approve 41");
+        assert_eq!(quoted_line("abcdef", 4), "abc…");
+    }
+
+    #[test]
     fn unseen_characters_are_written_as_escapes_of_the_same_value() {
-        let value = json!({ "account": "\u{200F}1234 5678", "note": "pay \u{202E}evil\u{2066}x\u{E0041}\u{2028}", "plain": "Ana ❤️ 👩\u{200D}💻" });
+        let value = json!({ "account": "\u{200F}1234 5678", "note": "pay \u{202E}evil\u{2066}x\u{E0041}\u{2028}\u{85}\u{3164}", "plain": "Ana ❤️ 👩\u{200D}💻" });
         let shown = escape_unseen(&value.to_string());
-        assert!(shown.contains(r#""\u200f1234 5678""#) && shown.contains(r"pay \u202eevil\u2066x\udb40\udc41\u2028"), "{shown}");
+        assert!(shown.contains(r#""\u200f1234 5678""#) && shown.contains(r"pay \u202eevil\u2066x\udb40\udc41\u2028\u0085\u3164"), "{shown}");
         assert!(!shown.chars().any(is_unseen), "{shown}");
         assert_eq!(serde_json::from_str::<Value>(&shown).expect("still JSON"), value, "the same call");
         assert_eq!(escape_unseen(r#"{"a":"b"}"#), r#"{"a":"b"}"#);

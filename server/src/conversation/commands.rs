@@ -13,9 +13,9 @@ impl Runtime {
     pub(super) fn private_data_notice(&self, inbound: &Inbound, category: &str) -> db::owner_notifications::Notification {
         let settings = &self.settings.private_data;
         let description = settings.categories.iter().find(|c| c.name == category).map_or("", |c| c.description.as_str());
-        // On one line, nothing hidden: the notice goes to every owner in Gatehouse's voice, and
-        // a customer's words must not start a paragraph of their own that reads as its message.
-        let text = crate::untrusted::plain_text(&inbound.text.split_whitespace().collect::<Vec<_>>().join(" "), 300);
+        // The notice goes to every owner in Gatehouse's voice: the customer's words must not
+        // start a paragraph of their own, or end the quote, that reads as its message.
+        let text = crate::untrusted::quoted_line(&inbound.text, 300);
         let message = settings
             .owner_notice
             .replace("{sender}", &inbound.sender)

@@ -30,16 +30,18 @@ pub async fn run(cfg: LoadedConfig, files: ToolFiles, cmd: &ApprovalsCommand) ->
                 println!("no approvals{}", state.map(|s| format!(" in state {s}")).unwrap_or_default());
             }
             for r in rows {
+                // Requests stored before their display escaped what does not show, too.
+                let display = server::untrusted::escape_unseen(&r.display);
                 if *json {
                     let line = serde_json::json!({
                         "id": r.id, "state": r.state, "tool": r.tool, "version": r.tool_version, "risk": r.risk,
-                        "reason_code": r.reason_code, "args": r.display, "actor": r.actor, "channel": r.channel,
+                        "reason_code": r.reason_code, "args": display, "actor": r.actor, "channel": r.channel,
                         "requested_at": r.created_at, "expires_at": r.expires_at, "decided_at": r.decided_at,
                         "decided_by": r.decided_by, "job_id": r.job_id, "outcome": r.outcome_code, "trace_id": r.trace_id,
                     });
                     println!("{line}");
                 } else {
-                    println!("#{}\t{}\t{}\t{} risk\t{} via {}\t{}\texpires {}\t{}", r.id, r.state, r.tool, r.risk, r.actor, r.channel, when(r.created_at), when(r.expires_at), r.display);
+                    println!("#{}\t{}\t{}\t{} risk\t{} via {}\t{}\texpires {}\t{}", r.id, r.state, r.tool, r.risk, r.actor, r.channel, when(r.created_at), when(r.expires_at), display);
                 }
             }
             Ok(())
