@@ -174,6 +174,80 @@ async fn a_wait_for_an_owner_overtaken_by_the_decision_is_not_said(db: TestDb) {
 }
 both_backends!(approvals_wait_superseded, a_wait_for_an_owner_overtaken_by_the_decision_is_not_said);
 
+/// A message that asked two requests (a message handled again, whose first run asked one and
+/// whose second asked another), one of them decided: the other still waits, so the word that an
+/// owner was asked, sent again, still goes out.
+async fn a_wait_for_two_requests_is_said_while_one_waits(db: TestDb) {
+    let r = rig(db, |s| {
+        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High;
+        s.whatsapp.send_attempts = 1;
+        s.jobs.retry_base = Duration::from_secs(3600);
+        s.jobs.retry_max = Duration::from_secs(7200);
+    })
+    .await;
+    let waiting = r.app.state.config.settings.lane.approval_reply.clone();
+    let told = r.app.state.config.settings.approvals.requester_rejected.clone();
+    let (failed, reply) = (Arc::new(AtomicBool::new(false)), waiting.clone());
+    r.graph.set_rule(move |body, _| (body["text"]["body"] == reply.as_str() && !failed.swap(true, Ordering::SeqCst)).then(|| crate::whatsapp::graph_error(503, 2, "Service temporarily unavailable")));
+    r.exchange(&[("wamid.TWO", "Please refund my order 4821")], 1).await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), message_id: "wamid.TWO".into(), actor: server::domain::Role::Customer, ..console_requester("corr-two") };
+    r.app.gatehouse.approvals.request(&json_call("4822"), &who, None, None).await.expect("the second request");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM approvals ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("approvals");
+    assert_eq!(ids.len(), 2);
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let rejected = owner.post_form("/api/decide_approval", &[("id", ids[0].to_string().as_str()), ("decision", "reject")]).await;
+    assert_eq!(rejected.status, axum::http::StatusCode::OK, "{}", rejected.body);
+    r.exchange(&[], 2).await;
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound' AND state = 'retryable'").execute(&r.app.state.db.pool).await.expect("due");
+    r.exchange(&[], 3).await;
+    let to_customer: Vec<String> = r.graph.sends().into_iter().filter(|b| b["to"] == CUSTOMER).filter_map(|b| b["text"]["body"].as_str().map(String::from)).collect();
+    assert_eq!(to_customer, vec![waiting.clone(), told, waiting], "the other request still waits");
+}
+both_backends!(approvals_wait_one_of_two, a_wait_for_two_requests_is_said_while_one_waits);
+
+/// Requests `order`'s refund for `who`, approves it and cancels its job on the console: the job.
+async fn approve_then_cancel(r: &Rig, owner: &mut crate::support::Client, who: &server::approvals::Requester, order: &str) -> i64 {
+    let requested = r.app.gatehouse.approvals.request(&json_call(order), who, None, None).await.expect("request");
+    let id = requested.id.to_string();
+    let approved = owner.post_form("/api/decide_approval", &[("id", id.as_str()), ("decision", "approve")]).await;
+    assert_eq!(approved.status, axum::http::StatusCode::OK, "{}", approved.body);
+    let job: i64 = sqlx::query_scalar("SELECT job_id FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("job");
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", job.to_string().as_str())]).await;
+    assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
+    job
+}
+
+/// A customer's approved call whose job an owner cancels, then retries: the person, told it was
+/// stopped, hears nothing more, and the call is not made; nor when the retry comes before the
+/// cancel's follow-up has run.
+async fn a_cancelled_approved_call_retried_is_not_made(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let stopped = r.app.state.config.settings.lane.cancelled_reply.clone();
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-cancel-chat") };
+    let to_customer = || r.graph.sends().into_iter().filter(|b| b["to"] == CUSTOMER).filter_map(|b| b["text"]["body"].as_str().map(String::from)).collect::<Vec<_>>();
+    let first = approve_then_cancel(&r, &mut owner, &who, "7272").await;
+    r.exchange(&[], 1).await;
+    assert_eq!(to_customer(), vec![stopped.clone()]);
+    let retried = owner.post_form("/api/retry_job", &[("id", first.to_string().as_str())]).await;
+    assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
+    r.exchange(&[], 1).await;
+    assert_eq!(to_customer(), vec![stopped.clone()], "nothing more said");
+    // Retried at once, before the cancel's follow-up ran.
+    let second = approve_then_cancel(&r, &mut owner, &who, "7373").await;
+    let retried = owner.post_form("/api/retry_job", &[("id", second.to_string().as_str())]).await;
+    assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
+    r.exchange(&[], 1).await;
+    assert!(r.shop.requests.lock().expect("lock").is_empty(), "neither call was made");
+    for job in [first, second] {
+        let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(job).fetch_one(&r.app.state.db.pool).await.expect("job");
+        assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("APPROVAL_NOT_GRANTED")), "job {job}");
+    }
+    let outcomes: Vec<Option<String>> = sqlx::query_scalar("SELECT outcome_code FROM approvals ORDER BY id").fetch_all(&r.app.state.db.pool).await.expect("outcomes");
+    assert_eq!(outcomes, vec![Some("JOB_CANCELLED".to_string()); 2]);
+}
+both_backends!(approvals_cancelled_retry_chat, a_cancelled_approved_call_retried_is_not_made);
+
 /// Twenty owners deciding at once give one decision and one run; the losers are told who won.
 async fn twenty_concurrent_approvals_give_one_run(db: TestDb) {
     let r = rig(db, |_| {}).await;

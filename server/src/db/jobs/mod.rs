@@ -317,6 +317,13 @@ pub struct JobEvent {
 /// A `job_events` row: at, state, attempt, error code, message.
 type EventRow = (i64, String, i64, Option<String>, Option<String>);
 
+/// Whether job `job_id` was ever cancelled (its event trail says so, written in the cancel's
+/// own transaction), whatever its state now.
+pub async fn was_cancelled(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbError> {
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM job_events WHERE job_id = $1 AND state = 'cancelled'").bind(job_id).fetch_one(conn).await?;
+    Ok(n > 0)
+}
+
 pub async fn events(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<JobEvent>, DbError> {
     let found: Vec<EventRow> =
         sqlx::query_as("SELECT at, state, attempt, error_code, message FROM job_events WHERE job_id = $1 ORDER BY id")

@@ -31,6 +31,14 @@ use crate::{
     traces::{self, Step},
 };
 
+/// Why a job's approval does not let it run ([`Processor::not_granted`]).
+enum NotGranted {
+    /// The job names an approval it was not given: the person is told it could not be done.
+    Claimed(String),
+    /// Its approval ended when an owner cancelled the job, and the person was told it stopped.
+    Ended(String),
+}
+
 /// What a run of a call came to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
@@ -161,19 +169,20 @@ impl Processor {
     }
 
     /// Why job `row`'s approval does not let it run, if it names one: the approval must exist,
-    /// be approved, be for this tool, this definition, these arguments and this job, and not
-    /// have ended. An approval ends with its run's outcome: a job an owner cancelled
-    /// (`JOB_CANCELLED`, the approver and the person told so) and then retried does not make the
-    /// call the approval no longer stands for; an owner who wants it asks again.
-    async fn not_granted(&self, job: &ToolCallJob, row: &JobRow) -> Result<Option<String>, JobError> {
+    /// be approved, and be for this tool, this definition, these arguments and this job, whose
+    /// owner has not cancelled it. A cancel ends the approval (`JOB_CANCELLED`, its approver and
+    /// the person told so): a retry of the job does not make the call it no longer stands for,
+    /// and an owner who still wants it asks again. The job's event trail says so, written in
+    /// the cancel's own transaction, so no retry comes before it.
+    async fn not_granted(&self, job: &ToolCallJob, row: &JobRow) -> Result<Option<NotGranted>, JobError> {
         let Some(approved) = &job.approval else { return Ok(None) };
-        let Some(approval) = self.approvals.get(approved.approval_id).await? else { return Ok(Some(format!("there is no approval #{}", approved.approval_id))) };
+        let Some(approval) = self.approvals.get(approved.approval_id).await? else { return Ok(Some(NotGranted::Claimed(format!("there is no approval #{}", approved.approval_id)))) };
         Ok(if approval.state != crate::db::approvals::State::Approved {
-            Some(format!("approval #{} is {}", approval.id, approval.state.as_str()))
+            Some(NotGranted::Claimed(format!("approval #{} is {}", approval.id, approval.state.as_str())))
         } else if approval.tool != job.tool || approval.tool_version != approved.version || approval.args_hash != approved.args_hash || approval.job_id != Some(row.id) {
-            Some(format!("approval #{} was given for another call", approval.id))
-        } else if let Some(outcome) = &approval.outcome_code {
-            Some(format!("approval #{} ended ({outcome})", approval.id))
+            Some(NotGranted::Claimed(format!("approval #{} was given for another call", approval.id)))
+        } else if crate::db::jobs::was_cancelled(&mut *self.db.pool.acquire().await.map_err(DbError::from)?, row.id).await? {
+            Some(NotGranted::Ended(format!("approval #{} ended when an owner cancelled its job", approval.id)))
         } else {
             None
         })
@@ -198,11 +207,22 @@ impl Processor {
         }
         // The approval a job names is only a claim: the approvals table says whether an owner
         // approved exactly this call, for this job.
-        if let Some(why) = self.not_granted(job, row).await? {
-            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "a tool call names an approval it does not have; not run");
-            let code = ToolCode::ApprovalNotGranted.as_str();
-            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Ok(Answer::failed(text, code));
+        match self.not_granted(job, row).await? {
+            // The person was told it stopped: nothing more is said, and the outcome stays the
+            // cancel's.
+            Some(NotGranted::Ended(why)) => {
+                tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "an approved call whose job an owner cancelled is not run");
+                // Recorded by the cancel's follow-up, unless this retry came first.
+                self.approvals.run_cancelled(row).await?;
+                return Err(JobError::permanent(ToolCode::ApprovalNotGranted.as_str(), why));
+            }
+            Some(NotGranted::Claimed(why)) => {
+                tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "a tool call names an approval it does not have; not run");
+                let code = ToolCode::ApprovalNotGranted.as_str();
+                let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
+                return Ok(Answer::failed(text, code));
+            }
+            None => {}
         }
         // A call not safe to repeat is marked as made before it is (see `unknown`): one an
         // earlier run made, whose answer was never kept, is not made again.
@@ -384,7 +404,7 @@ impl Processor {
                 let stored = answer.context_stored(row.id).map(|(decision, code, detail)| Step::new("AgentToolContextStored", decision, code, detail));
                 [Some(ran), stored]
             }
-            Err(retry) => [Some(Step::new("AgentToolExecutionFailed", "retrying", &retry.code, json!({ "job_id": row.id, "attempt": row.attempt }))), None],
+            Err(e) => [Some(Step::new("AgentToolExecutionFailed", if e.retryable { "retrying" } else { "failed" }, &e.code, json!({ "job_id": row.id, "attempt": row.attempt }))), None],
         };
         for step in steps.iter().flatten() {
             traces::record_delivery(&self.db, &self.telemetry, trace_id, step, false).await;
