@@ -112,9 +112,20 @@ pub struct Handled {
     /// Show the reply as an answer to the inbound message (in groups).
     pub quote: bool,
     pub error_code: Option<String>,
-    /// The reply only says the work is under way ("I'm looking that up"): a later message about
-    /// the request that went out first (the answer, an owner's decision) makes it stale.
-    pub acknowledgement: bool,
+    /// The reply only says the work is under way, or that an owner was asked: a later message
+    /// about the request that went out first (the answer, an owner's decision) makes it stale.
+    pub acknowledgement: Option<Acknowledgement>,
+}
+
+/// What a reply that is only an acknowledgement says ([`Handled::acknowledgement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acknowledgement {
+    /// The work is under way ("I'm looking that up"): stale once a later message about it went
+    /// out.
+    Underway,
+    /// An owner was asked: stale once a later message about it went out and every request the
+    /// message asked is settled (one of two requests decided still leaves the other waiting).
+    OwnerAsked,
 }
 
 /// A failure of the runtime, with a stable code. Retryable failures run the message again later.

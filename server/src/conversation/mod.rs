@@ -28,7 +28,7 @@ use decide::Decision;
 use crate::{
     approvals::Approvals,
     budget::Budget,
-    channel::{self, Handled, HandlerError, InboundHandler, Presence},
+    channel::{self, Acknowledgement, Handled, HandlerError, InboundHandler, Presence},
     config::{Secrets, Settings},
     db::{self, Db, DbError, conversation as store},
     domain::{ChatKind, Role},
@@ -329,7 +329,7 @@ impl InboundHandler for Runtime {
         // attempts, or a disk that stays full longer than the backoff discards the message.
         let outcome = Runtime::handle(self, inbound).await.map_err(|e| HandlerError { code: e.code().into(), message: e.to_string(), retryable: true })?;
         let reply = outcome.reply.filter(|r| !r.trim().is_empty());
-        let acknowledgement = reply.as_deref().is_some_and(|r| only_acknowledges(r, &self.settings.lane));
+        let acknowledgement = reply.as_deref().and_then(|r| only_acknowledges(r, &self.settings.lane));
         Ok(Handled {
             trace_id: outcome.trace_id,
             role: outcome.actor,
@@ -345,12 +345,21 @@ impl InboundHandler for Runtime {
 /// Whether `reply` is only the lane's word that the work is under way (`pending_reply`,
 /// `already_checking_reply`) or that an owner was asked (`approval_reply`), with no answer
 /// joined to it: after the answer, or the owner's decision, it would be untrue.
-fn only_acknowledges(reply: &str, lane: &crate::config::LaneSettings) -> bool {
-    [&lane.pending_reply, &lane.already_checking_reply, &lane.approval_reply].iter().any(|ack| !ack.trim().is_empty() && reply.trim() == ack.trim())
+fn only_acknowledges(reply: &str, lane: &crate::config::LaneSettings) -> Option<Acknowledgement> {
+    let is = |ack: &str| !ack.trim().is_empty() && reply.trim() == ack.trim();
+    if is(&lane.pending_reply) || is(&lane.already_checking_reply) {
+        Some(Acknowledgement::Underway)
+    } else if is(&lane.approval_reply) {
+        Some(Acknowledgement::OwnerAsked)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::channel::Acknowledgement;
+
     #[test]
     fn only_a_bare_acknowledgement_is_one() {
         let lane = crate::config::LaneSettings {
@@ -359,12 +368,12 @@ mod tests {
             approval_reply: "An owner must approve that; I have asked them.".into(),
             ..Default::default()
         };
-        assert!(super::only_acknowledges(&lane.pending_reply, &lane));
-        assert!(super::only_acknowledges(&lane.approval_reply, &lane), "after the decision it is untrue");
-        assert!(super::only_acknowledges(&format!("{}\n", lane.already_checking_reply), &lane));
+        assert_eq!(super::only_acknowledges(&lane.pending_reply, &lane), Some(Acknowledgement::Underway));
+        assert_eq!(super::only_acknowledges(&lane.approval_reply, &lane), Some(Acknowledgement::OwnerAsked), "after the decision it is untrue");
+        assert_eq!(super::only_acknowledges(&format!("{}\n", lane.already_checking_reply), &lane), Some(Acknowledgement::Underway));
         let joined = format!("The returns page says: free within 30 days.\n\n{}", lane.pending_reply);
-        assert!(!super::only_acknowledges(&joined, &lane), "an answer joined to it is not lost");
-        assert!(!super::only_acknowledges("Your order has shipped.", &lane));
-        assert!(!super::only_acknowledges(" ", &crate::config::LaneSettings::default()), "no texts, no acknowledgement");
+        assert_eq!(super::only_acknowledges(&joined, &lane), None, "an answer joined to it is not lost");
+        assert_eq!(super::only_acknowledges("Your order has shipped.", &lane), None);
+        assert_eq!(super::only_acknowledges(" ", &crate::config::LaneSettings::default()), None, "no texts, no acknowledgement");
     }
 }

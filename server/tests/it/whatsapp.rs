@@ -230,7 +230,7 @@ impl InboundHandler for Echo {
             MessageKind::Unknown(kind) => format!("note: cannot read {kind}"),
             _ => self.fixed.clone().unwrap_or_else(|| format!("echo: {}", message.text)),
         };
-        Ok(Handled { trace_id: None, role: Role::Customer, route: "echo".into(), reply: Some(text), quote: true, error_code: None, acknowledgement: false })
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "echo".into(), reply: Some(text), quote: true, error_code: None, acknowledgement: None })
     }
 }
 
@@ -840,7 +840,7 @@ struct Silent;
 #[async_trait::async_trait]
 impl InboundHandler for Silent {
     async fn handle(&self, _message: &Inbound, _presence: &dyn Presence) -> Result<Handled, HandlerError> {
-        Ok(Handled { trace_id: None, role: Role::Customer, route: "silent".into(), reply: None, quote: false, error_code: None, acknowledgement: false })
+        Ok(Handled { trace_id: None, role: Role::Customer, route: "silent".into(), reply: None, quote: false, error_code: None, acknowledgement: None })
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::{
-    channel::{self, Handled, Inbound, InboundHandler, MessageKind, Presence},
+    channel::{self, Acknowledgement, Handled, Inbound, InboundHandler, MessageKind, Presence},
     db::{self, Db, DbError, whatsapp as store},
     domain::ChatKind,
     jobs::{Handler, JobContext, JobError, JobOutput},
@@ -180,12 +180,15 @@ impl InboundJob {
         // tool's answer, an owner's decision, the word that an owner stopped the call), on any
         // attempt (usually a retried send), is stale: "I'm checking" after the answer only
         // confuses. Not once a part of it went out.
-        if handled.acknowledgement
+        if let Some(ack) = handled.acknowledgement
             && let Some(trace_id) = handled.trace_id
         {
             let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
             let started = store::outbound_by_key(&mut conn, &super::sender::part_key(ctx.job.id, 0)).await.map_err(JobError::from)?.is_some_and(|part| part.wamid.is_some());
-            if !started && db::traces::later_delivery_sent(&mut conn, trace_id).await.map_err(JobError::from)? {
+            let stale = !started
+                && db::traces::later_delivery_sent(&mut conn, trace_id).await.map_err(JobError::from)?
+                && (ack == Acknowledgement::Underway || db::approvals::asked_by(&mut conn, &inbound.channel, &inbound.message_id).await.map_err(JobError::from)?.iter().all(|r| r.state != db::approvals::State::Pending));
+            if stale {
                 drop(conn);
                 self.trace_delivery(Some(trace_id), "skipped", "REPLY_SUPERSEDED", SUPERSEDED, false).await;
                 return Ok(format!("no reply: {SUPERSEDED}"));
