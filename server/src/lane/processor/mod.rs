@@ -456,7 +456,8 @@ pub fn job_outcome(answer: &Answer, delivered: &Delivered) -> Result<JobOutput, 
     let note = delivered.note();
     match &answer.failure {
         None => Ok(JobOutput { preview: Some(format!("answered ({} chars{}){note}", answer.text.chars().count(), match answer.by {
-            Some(Writer::Model) | None => "",
+            Some(Writer::Model) => "",
+            None => ", kept before",
             Some(Writer::AnswerTemplate) => ", the tool's answer_template",
             Some(Writer::Fallback | Writer::LaneText) => ", without the summarizer",
         })), snooze: None }),
