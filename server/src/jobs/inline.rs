@@ -28,8 +28,9 @@ pub struct Claimed {
     retry: RetryTimes,
 }
 
-/// How the lease owner of a run the lane makes while the person waits begins.
-const LANE_RUN: &str = "inline-";
+/// How the lease owner of a run the lane makes while the person waits begins. A worker's is its
+/// host's name and a UUID, and no host name holds a colon.
+const LANE_RUN: &str = "lane:";
 
 /// Whether a job's lease owner is a run the lane made at once ([`claim`]), not a worker's.
 pub fn is_lane_run(lease_owner: &str) -> bool {

@@ -978,7 +978,7 @@ async fn a_tool_never_run_as_a_job_is_not_called_by_a_worker(db: TestDb) {
     assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "a worker's run did not make the call");
     assert_eq!(r.graph.texts().last(), Some(&lane.failed_reply), "told it could not be done");
     let (state, attempt, code): (String, i64, Option<String>) = sqlx::query_as("SELECT state, attempt, last_error_code FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("the call's job");
-    assert_eq!((state.as_str(), attempt, code.as_deref()), ("discarded", 2, Some("TOOL_ATTEMPTS_EXHAUSTED")));
+    assert_eq!((state.as_str(), attempt, code.as_deref()), ("discarded", 2, Some("TOOL_NOT_RUN_AS_JOB")));
 }
 both_backends!(lane_e2e_never_async_worker, a_tool_never_run_as_a_job_is_not_called_by_a_worker);
 

@@ -241,13 +241,20 @@ impl Processor {
         // person is told it could not be done.
         let never_async = job.approval.is_none() && tool.as_deref().is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
         let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
-        if row.attempt > self.call_attempts || (never_async && worker_run) {
+        let refused = if never_async && worker_run {
+            Some((ToolCode::NotRunAsJob, "the tool may not run as a job and the lane's own run did not finish it; not made in a worker's run"))
+        } else if row.attempt > self.call_attempts {
+            Some((ToolCode::AttemptsExhausted, "the call's runs are used up with no answer kept; not made again"))
+        } else {
+            None
+        };
+        if let Some((code, why)) = refused {
             if unsafe_repeat {
                 // Marked just now, by this run: no earlier run made it.
                 self.unmark(row).await;
             }
-            let code = ToolCode::AttemptsExhausted.as_str();
-            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, attempt = row.attempt, call_attempts = self.call_attempts, code, "the call's runs are used up with no answer kept; not made again");
+            let code = code.as_str();
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, attempt = row.attempt, call_attempts = self.call_attempts, code, "{why}");
             let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
             return Ok(Answer::failed(text, code));
         }

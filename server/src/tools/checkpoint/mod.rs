@@ -107,6 +107,10 @@ pub enum ToolCode {
     /// not keep what they found. The call is not made again.
     #[strum(serialize = "TOOL_ATTEMPTS_EXHAUSTED")]
     AttemptsExhausted,
+    /// A worker's run of a call to a tool that may not run as a job (`async_policy = "never"`):
+    /// the lane's own run could not finish it, and the call is not made later.
+    #[strum(serialize = "TOOL_NOT_RUN_AS_JOB")]
+    NotRunAsJob,
 }
 
 impl ToolCode {
