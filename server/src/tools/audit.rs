@@ -1,8 +1,10 @@
 //! The tool-call audit writer: every call's row (and every owner notice a hook raises) is
 //! written in batches on a background task. It never drops a row silently: text is cleaned
-//! before writing (PostgreSQL refuses NUL in TEXT), a batch that keeps failing is split so one
-//! bad row cannot take others with it, and a row that still cannot be written is logged as an
-//! error with what identifies it and counted in `tool_audit_rows_lost_total`.
+//! before writing (PostgreSQL refuses NUL in TEXT), a batch the database cannot take now (a full
+//! disk, the database out of reach) is held whole and written once it can, a batch that keeps
+//! failing otherwise is split so one bad row cannot take others with it, and a row that still
+//! cannot be written is logged as an error with what identifies it and counted in
+//! `tool_audit_rows_lost_total`.
 
 use std::time::Duration;
 
@@ -57,6 +59,9 @@ impl Batch {
 /// connection) gets a few tries with backoff; a row the database refuses fails every time.
 const ATTEMPTS: usize = 4;
 
+/// How often a held batch is tried again.
+const HOLD_RETRY: Duration = Duration::from_secs(1);
+
 impl AuditWriter {
     /// Owner notices raised by hooks are delivered on WhatsApp through `queue`'s jobs.
     pub fn spawn(db: Db, queue: JobQueue) -> Self {
@@ -73,10 +78,8 @@ impl AuditWriter {
                         AuditMsg::Flush(done) => flushes.push(done),
                     }
                 }
-                write_or_split(&db, &queue, batch).await;
-                for done in flushes {
-                    let _ = done.send(());
-                }
+                write_or_split(&db, &queue, batch, &mut flushes).await;
+                release(&mut flushes);
             }
         });
         Self { tx }
@@ -96,7 +99,8 @@ impl AuditWriter {
         }
     }
 
-    /// Waits until every row sent so far is written (or given up on, loudly).
+    /// Waits until every row sent so far is written (or given up on, loudly), or is held
+    /// until the database can take it.
     pub async fn flush(&self) {
         let (done, wait) = oneshot::channel();
         if self.tx.send(AuditMsg::Flush(done)).is_ok() {
@@ -114,9 +118,25 @@ async fn write(db: &Db, queue: &JobQueue, batch: &Batch) -> Result<(), DbError> 
     queue.commit(tx).await
 }
 
-/// Writes `batch` with a few retries; if it still fails, writes each half on its own, down to
-/// single rows, so only what the database really refuses is lost, and that is logged.
-async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch) {
+/// Answers whoever waits for the rows sent before them.
+fn release(flushes: &mut Vec<oneshot::Sender<()>>) {
+    for done in flushes.drain(..) {
+        let _ = done.send(());
+    }
+}
+
+/// Whether a failed write is the database's state rather than the rows' fault: no room, or no
+/// database to reach. The rows are then held, not split and lost.
+fn not_the_rows(e: &DbError) -> bool {
+    e.is_storage_full() || e.is_unavailable()
+}
+
+/// Writes `batch` with a few retries. A batch the database cannot take now is held whole and
+/// tried again every [`HOLD_RETRY`] until it can (those waiting for a flush are answered
+/// first: a full disk must not hold up the console). A batch that fails otherwise is written
+/// half by half, down to single rows, so only what the database really refuses is lost, and
+/// that is logged.
+async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut Vec<oneshot::Sender<()>>) {
     let mut pending = vec![batch];
     while let Some(batch) = pending.pop() {
         if batch.len() == 0 {
@@ -129,6 +149,25 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch) {
             .await;
         match written {
             Ok(()) => {}
+            Err(e) if not_the_rows(&e) => {
+                tracing::warn!(code = e.code(), error = %e, rows = batch.len(), "tool audit rows are held until the database can take them");
+                release(flushes);
+                loop {
+                    tokio::time::sleep(HOLD_RETRY).await;
+                    match write(db, queue, &batch).await {
+                        Ok(()) => {
+                            tracing::info!(rows = batch.len(), "held tool audit rows written");
+                            break;
+                        }
+                        Err(e) if not_the_rows(&e) => {}
+                        // Something else now: judged as any failed batch.
+                        Err(_) => {
+                            pending.push(batch);
+                            break;
+                        }
+                    }
+                }
+            }
             Err(_) if batch.len() > 1 => {
                 let (a, b) = batch.split();
                 pending.push(b);
@@ -136,10 +175,10 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch) {
             }
             Err(e) => {
                 for r in &batch.rows {
-                    tracing::error!(error = %e, tool = %r.tool, correlation_id = %r.correlation_id, reason = %r.reason_code, "a tool audit row could not be written and is lost");
+                    tracing::error!(code = e.code(), error = %e, tool = %r.tool, correlation_id = %r.correlation_id, reason = %r.reason_code, "a tool audit row could not be written and is lost");
                 }
                 for n in &batch.notices {
-                    tracing::error!(error = %e, hook = %n.hook, correlation_id = %n.correlation_id, "an owner notice could not be written and is lost");
+                    tracing::error!(code = e.code(), error = %e, hook = %n.hook, correlation_id = %n.correlation_id, "an owner notice could not be written and is lost");
                 }
                 metrics::counter!("tool_audit_rows_lost_total").increment(batch.len() as u64);
             }
@@ -162,4 +201,69 @@ fn clean_notice(mut n: Notification) -> Notification {
         *text = db::clean_text(text);
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DatabaseSettings;
+
+    fn row(i: usize) -> AuditRow {
+        AuditRow {
+            at: 0,
+            tool: "order_status".into(),
+            version: None,
+            actor: "customer".into(),
+            chat_id: None,
+            chat_type: "direct".into(),
+            decision: "allow".into(),
+            reason_code: "OK".into(),
+            latency_us: 0,
+            attempts: 1,
+            correlation_id: format!("corr-{i}"),
+            args: "{}".into(),
+            trace_id: None,
+        }
+    }
+
+    async fn rows(db: &Db) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM tool_audit").fetch_one(&mut *db.pool.acquire().await.expect("conn")).await.expect("count")
+    }
+
+    /// Rows written while the disk is full are held, not split and lost, and written once there
+    /// is room; a flush meanwhile is answered rather than held up. Before, each batch was
+    /// retried for about a second, then split down to single rows and dropped.
+    #[tokio::test]
+    async fn rows_wait_out_a_full_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("a.db").display()), max_connections: 1, ..DatabaseSettings::default() };
+        let db = Db::connect(&settings).await.expect("connect");
+        db.migrate().await.expect("migrate");
+        {
+            let mut w = db.acquire_write().await.expect("writer");
+            sqlx::query("CREATE TABLE filler (b TEXT)").execute(&mut *w).await.expect("create");
+            let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut *w).await.expect("pages");
+            sqlx::query(&format!("PRAGMA max_page_count = {}", pages + 2)).execute(&mut *w).await.expect("cap");
+            let full = loop {
+                if let Err(e) = sqlx::query("INSERT INTO filler VALUES ($1)").bind("x".repeat(3000)).execute(&mut *w).await {
+                    break DbError::from(e);
+                }
+            };
+            assert!(full.is_storage_full(), "{full}");
+        }
+        let writer = AuditWriter::spawn(db.clone(), JobQueue::new(db.clone()));
+        for i in 0..300 {
+            writer.write(row(i));
+        }
+        tokio::time::timeout(Duration::from_secs(10), writer.flush()).await.expect("a flush is answered while rows are held");
+        assert_eq!(rows(&db).await, 0, "nothing could be written yet");
+        // Room again.
+        sqlx::query("PRAGMA max_page_count = 1000000").execute(&mut *db.acquire_write().await.expect("writer")).await.expect("room");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while rows(&db).await < 300 {
+            assert!(std::time::Instant::now() < deadline, "the held rows were not written: {}", rows(&db).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(rows(&db).await, 300, "every row, once");
+    }
 }
