@@ -244,6 +244,14 @@ async fn a_long_result_is_read_back_in_pages_by_its_own_chat(db: TestDb) {
     r.exchange(&[], 0).await;
     let gone = checkpoint.execute(call("read_result", serde_json::json!({ "result_ref": reference })), &ctx("chat-a")).await.expect_err("expired");
     assert_eq!(gone.code, "RESULT_NOT_FOUND");
+
+    // A long result that cannot be stored is the database's failure, worth another attempt,
+    // not the provider's: the call happened.
+    let pool = &r.app.state.db.pool;
+    sqlx::query("ALTER TABLE tool_results RENAME TO tool_results_away").execute(pool).await.expect("away");
+    let unstored = checkpoint.execute(call("big_report", serde_json::json!({})), &ctx("chat-a")).await.expect_err("not stored");
+    sqlx::query("ALTER TABLE tool_results_away RENAME TO tool_results").execute(pool).await.expect("back");
+    assert_eq!((unstored.code.as_str(), unstored.retryable, unstored.maybe_applied), ("DATABASE_ERROR", true, true), "{unstored:?}");
 }
 both_backends!(followup_read_result, a_long_result_is_read_back_in_pages_by_its_own_chat);
 

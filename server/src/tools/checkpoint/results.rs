@@ -41,9 +41,12 @@ impl Checkpoint {
             .await
         }
         .await;
+        // The database's failure (its code: STORAGE_FULL, DATABASE_ERROR), not the provider's,
+        // and one another attempt may clear: a job that asked waits for room without using an
+        // attempt. The call happened (the caller marks it so).
         if let Err(e) = stored {
-            tracing::error!(error = %e, tool = %spec.name, "storing a large tool result failed");
-            return Err(fail(ToolCode::ProviderError.as_str(), "the result was too large to pass on and could not be stored"));
+            tracing::error!(code = e.code(), error = %e, tool = %spec.name, "storing a large tool result failed");
+            return Err(ToolFailure { retryable: true, ..fail(e.code(), "the result was too large to pass on and could not be stored") });
         }
         let summary: String = text.chars().take(SUMMARY_CHARS.min(inline_limit)).collect();
         Ok(serde_json::json!({
