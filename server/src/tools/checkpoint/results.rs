@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{CallContext, Checkpoint, HARD_RESULT_LIMIT, ToolCode, ToolFailure, fail};
+use super::{CallContext, Checkpoint, HARD_RESULT_LIMIT, ToolFailure, fail};
 use crate::{db, tools::catalog::ToolSpec};
 
 /// Characters of a stored result's summary (at most the tool's inline limit).
