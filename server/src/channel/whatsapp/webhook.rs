@@ -114,6 +114,12 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Re
         tracing::info!(object = %object, "a signed webhook post for another Meta product was ignored; subscribe this URL to WhatsApp only");
     }
     let (messages, statuses, skipped) = (batch.messages.len(), batch.statuses.len(), batch.skipped);
+    if batch.unreadable > 0 {
+        // Signed by Meta, yet not readable: a customer's message may be among them. Answered
+        // 200 all the same (Meta would send the same again for days); said here, with a count.
+        tracing::warn!(code = "WEBHOOK_ITEM_UNREADABLE", items = batch.unreadable, messages, "a signed WhatsApp webhook post held entries, changes or messages that could not be read (no id or sender); they were skipped");
+        metrics::counter!("whatsapp_webhook_items_unreadable_total").increment(batch.unreadable as u64);
+    }
     match state.intake.store(batch).await {
         Ok(report) => {
             tracing::debug!(

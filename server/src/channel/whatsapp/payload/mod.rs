@@ -102,6 +102,28 @@ struct Message {
     group_id: Option<String>,
 }
 
+impl Message {
+    /// What a message that does not read as documented still says: its sender, id, time and
+    /// group; its kind is `malformed`.
+    fn malformed(raw: &serde_json::Value) -> Option<Self> {
+        let text = |key: &str| raw.get(key).and_then(serde_json::Value::as_str).map(String::from);
+        Some(Self {
+            from: text("from")?,
+            id: text("id")?,
+            timestamp: text("timestamp").unwrap_or_default(),
+            kind: MALFORMED.into(),
+            text: None,
+            interactive: None,
+            button: None,
+            context: None,
+            group_id: text("group_id"),
+        })
+    }
+}
+
+/// The kind of a message that does not read as Meta documents it.
+const MALFORMED: &str = "malformed";
+
 #[derive(Debug, Deserialize)]
 struct Text {
     #[serde(default)]
@@ -162,8 +184,20 @@ pub struct Batch {
     pub statuses: Vec<StatusUpdate>,
     /// Messages or statuses without the fields we need, and changes of other fields.
     pub skipped: usize,
+    /// Of those, entries, changes and messages that could not be read at all (not objects, or a
+    /// message without its id or sender): what a customer sent may be among them, so the
+    /// webhook logs them (`WEBHOOK_ITEM_UNREADABLE`). Changes of other fields and statuses of
+    /// other states are not counted here.
+    pub unreadable: usize,
     /// The `object` of a notification for another Meta product, which is ignored.
     pub other_object: Option<String>,
+}
+
+impl Batch {
+    fn unreadable_item(&mut self) {
+        self.skipped += 1;
+        self.unreadable += 1;
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -193,12 +227,12 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
     for entry in envelope.entry {
         match serde_json::from_value::<Entry>(entry) {
             Ok(entry) => changes.extend(entry.changes),
-            Err(_) => batch.skipped += 1,
+            Err(_) => batch.unreadable_item(),
         }
     }
     for change in changes {
         let Ok(change) = serde_json::from_value::<Change>(change) else {
-            batch.skipped += 1;
+            batch.unreadable_item();
             continue;
         };
         if change.field != "messages" {
@@ -206,7 +240,7 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
             continue;
         }
         let Ok(value) = serde_json::from_value::<Value>(change.value) else {
-            batch.skipped += 1;
+            batch.unreadable_item();
             continue;
         };
         let contacts: Vec<Contact> = value.contacts.into_iter().filter_map(|c| serde_json::from_value(c).ok()).collect();
@@ -216,7 +250,7 @@ pub fn parse(body: &[u8], raw_max_bytes: usize, now: i64) -> Result<Batch, Paylo
                     m.sender_name = contacts.iter().find(|c| c.wa_id == m.sender).map(|c| clip(c.profile.name.trim(), NAME_MAX_CHARS)).filter(|n| !n.is_empty());
                     batch.messages.push(m);
                 }
-                None => batch.skipped += 1,
+                None => batch.unreadable_item(),
             }
         }
         for s in value.statuses {
@@ -234,7 +268,10 @@ fn non_empty(s: String) -> Option<String> {
 }
 
 fn inbound(raw: &serde_json::Value, phone_number_id: &str, raw_max_bytes: usize, now: i64) -> Option<NewInbound> {
-    let m: Message = serde_json::from_value(raw.clone()).ok()?;
+    // A message whose parts are not as Meta documents them (a field of another type, `null`
+    // for a text's body) but that says who sent it and which it is: kept as a message of an
+    // unknown kind, with its raw JSON, so it is traced and answered as one, never dropped.
+    let m: Message = serde_json::from_value(raw.clone()).ok().or_else(|| Message::malformed(raw))?;
     if m.id.is_empty() || m.from.is_empty() {
         return None;
     }

@@ -37,6 +37,7 @@ fn a_malformed_entry_or_change_costs_only_itself() {
     let wamids: Vec<&str> = batch.messages.iter().map(|m| m.wamid.as_str()).collect();
     assert_eq!(wamids, ["wamid.A", "wamid.B"]);
     assert_eq!(batch.skipped, 5, "two entries and two changes that are not objects, and a change whose field is not a name");
+    assert_eq!(batch.unreadable, 4, "the entries and changes that are not objects; a field that is no name is no one's message");
     let nothing = parse(br#"{"object":"whatsapp_business_account","entry":null}"#, 100, 0).expect("an entry list of null is read as empty");
     assert_eq!((nothing.messages.len(), nothing.skipped), (0, 0));
 }
@@ -64,6 +65,23 @@ fn a_malformed_status_or_contact_costs_only_itself() {
     let statuses: Vec<&str> = batch.statuses.iter().map(|s| s.wamid.as_str()).collect();
     assert_eq!(statuses, ["wamid.OUT2", "wamid.OUT3"]);
     assert_eq!(batch.skipped, 1, "the status without a state");
+}
+
+/// A message whose parts are not as documented (a text's body `null`, an id of context that
+/// is a number) but that names its sender and id is kept, as a message of an unknown kind with
+/// its raw JSON: traced and answered, not lost. Before, it was skipped and only counted.
+#[test]
+fn a_message_not_as_documented_is_kept_by_its_id_and_sender() {
+    let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": { "messages": [
+        { "from": "111", "id": "wamid.ODD", "timestamp": "1739321024", "type": "text", "text": { "body": null }, "group_id": "g-2" },
+        { "from": "111", "id": 7, "type": "text", "text": { "body": null } }
+    ] } }] }] });
+    let batch = parse(body.to_string().as_bytes(), 10_000, 5).expect("parse");
+    assert_eq!(batch.messages.len(), 1, "{batch:?}");
+    let m = &batch.messages[0];
+    assert_eq!((m.wamid.as_str(), m.sender.as_str(), m.chat_id.as_str(), m.msg_type.as_str(), m.text.as_deref(), m.sent_at), ("wamid.ODD", "111", "g-2", "malformed", None, 1_739_321_024_000));
+    assert!(m.raw.as_deref().is_some_and(|r| r.contains("\"body\":null")), "{:?}", m.raw);
+    assert_eq!((batch.skipped, batch.unreadable), (1, 1), "the one without a readable id");
 }
 
 #[test]
@@ -94,6 +112,7 @@ fn every_entry_change_message_and_status_is_read() {
     let batch = parse(body.to_string().as_bytes(), 10_000, 5).expect("parse");
     assert_eq!(batch.messages.len(), 3);
     assert_eq!(batch.skipped, 2, "the other field and the message without an id");
+    assert_eq!(batch.unreadable, 1, "the message without an id; another field is no one's message");
     let a = &batch.messages[0];
     assert_eq!((a.msg_type.as_str(), a.text.as_deref(), a.context_id.as_deref(), a.sent_at), ("text", Some("hi"), Some("wamid.Q"), 1_739_321_024_000));
     assert_eq!(a.phone_number_id, "42");
