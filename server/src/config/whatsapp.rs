@@ -76,7 +76,7 @@ impl Default for WhatsAppSettings {
             request_timeout: Duration::from_secs(15),
             mark_read: true,
             typing_indicator: true,
-            unknown_type_reply: "Sorry, I can only read text messages for now. Please send your question as text.".into(),
+            unknown_type_reply: "Sorry, I can only read text messages. Please send your question as text.".into(),
             unknown_type_reply_every: Duration::from_secs(24 * 3600),
             undelivered_notice: "A message to {chat} could not be delivered ({code}); they may be waiting for an answer. {link}".into(),
             unhandled_notice: "A message from {chat} was not answered: handling it failed ({code}). Retry it, or answer them yourself: {link}".into(),

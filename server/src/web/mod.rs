@@ -50,9 +50,15 @@ fn console_routes() -> Vec<AxumRouteListing> {
 }
 
 /// Builds the whole router. Tests call this and drive it with `oneshot`.
-/// `/metrics` alone, for `server.metrics_addr`.
+/// `/metrics` alone, for `server.metrics_addr`; its answers carry `X-Request-Id` as the
+/// console's do.
 pub fn metrics_router(state: AppState) -> Router {
-    Router::new().route("/metrics", get(ops::metrics)).with_state(state)
+    Router::new().route("/metrics", get(ops::metrics)).with_state(state).layer(
+        ServiceBuilder::new()
+            .layer(from_fn(middleware::sanitize_request_id))
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::x_request_id()),
+    )
 }
 
 pub fn router(state: AppState) -> Router {

@@ -17,36 +17,37 @@ pub async fn healthz() -> Response {
     Json(json!({ "status": "alive" })).into_response()
 }
 
-/// 200 when the database answers and every shipped migration is applied; 503 with a reason
+/// 200 when the database answers and every shipped migration is applied; 503 with a stable
+/// code (`DATABASE_UNAVAILABLE`, `MIGRATIONS_UNREADABLE`, `MIGRATIONS_PENDING`) and a reason
 /// otherwise.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     // Callers are unauthenticated: they get a fixed reason; the details go to the log.
     let check = async {
         state.db.ping().await.map_err(|e| {
             tracing::warn!(error = %e, "readiness: database unreachable");
-            "database unreachable".to_string()
+            ("DATABASE_UNAVAILABLE", "database unreachable".to_string())
         })?;
         let pending = state.db.pending_migrations().await.map_err(|e| {
             tracing::warn!(error = %e, "readiness: cannot read applied migrations");
-            "cannot read the database's migrations".to_string()
+            ("MIGRATIONS_UNREADABLE", "cannot read the database's migrations".to_string())
         })?;
         if !pending.is_empty() {
             // Their names would tell anyone which build this is; the count is enough to act on.
             // Debug: a load balancer asks every few seconds.
             tracing::debug!(?pending, "readiness: migrations pending");
-            return Err(format!("{} migrations pending; run `gatehouse migrate`", pending.len()));
+            return Err(("MIGRATIONS_PENDING", format!("{} migrations pending; run `gatehouse migrate`", pending.len())));
         }
-        Ok::<(), String>(())
+        Ok::<(), (&str, String)>(())
     };
     match tokio::time::timeout(Duration::from_secs(3), check).await {
         Ok(Ok(())) => Json(json!({ "status": "ready" })).into_response(),
-        Ok(Err(reason)) => unavailable(&reason),
-        Err(_) => unavailable("database did not answer within 3 s"),
+        Ok(Err((code, reason))) => unavailable(code, &reason),
+        Err(_) => unavailable("DATABASE_UNAVAILABLE", "database did not answer within 3 s"),
     }
 }
 
-fn unavailable(reason: &str) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "reason": reason }))).into_response()
+fn unavailable(code: &str, reason: &str) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "code": code, "reason": reason }))).into_response()
 }
 
 /// `/metrics` on the console's address, which is the webhook's and so reached from the

@@ -42,7 +42,7 @@ async fn readyz_fails_when_database_goes_away(mut_db: TestDb) {
     }
     let res = c.get("/readyz").await;
     assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE, "{}", res.body);
-    assert_eq!(res.json()["status"], "unavailable");
+    assert_eq!((res.json()["status"].as_str(), res.json()["code"].as_str()), (Some("unavailable"), Some("DATABASE_UNAVAILABLE")), "{}", res.body);
     assert!(res.json()["reason"].as_str().unwrap_or_default().contains("database"), "{}", res.body);
     assert_eq!(c.get("/healthz").await.status, StatusCode::OK, "still alive");
 }
@@ -205,6 +205,7 @@ async fn metrics_behind_a_token_an_address_and_a_refresh_interval(db: TestDb) {
             let res = tower::ServiceExt::oneshot(router, req.body(axum::body::Body::empty()).expect("request")).await.expect("infallible");
             let status = res.status();
             let www = res.headers().get("www-authenticate").map(|v| v.to_str().unwrap_or_default().to_string());
+            assert!(res.headers().get("x-request-id").is_some_and(|v| !v.is_empty()), "every answer names its request");
             let body = http_body_util::BodyExt::collect(res.into_body()).await.expect("body").to_bytes();
             (status, www, String::from_utf8_lossy(&body).into_owned())
         }
