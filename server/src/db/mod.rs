@@ -272,6 +272,19 @@ impl Db {
         self.writer.close().await;
         self.pool.close().await;
     }
+
+    /// A migrated SQLite database in a folder of its own, for unit tests: `tweak` sets what a
+    /// test needs of the settings (its URL is the folder's file). Keep the folder while the
+    /// database is used.
+    #[cfg(test)]
+    pub(crate) async fn scratch(tweak: impl FnOnce(&mut DatabaseSettings)) -> (tempfile::TempDir, Self) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("scratch.db").display()), ..DatabaseSettings::default() };
+        tweak(&mut settings);
+        let db = Self::connect(&settings).await.expect("connect");
+        db.migrate().await.expect("migrate");
+        (dir, db)
+    }
 }
 
 #[cfg(test)]

@@ -206,7 +206,6 @@ fn clean_notice(mut n: Notification) -> Notification {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DatabaseSettings;
 
     fn row(i: usize) -> AuditRow {
         AuditRow {
@@ -235,10 +234,7 @@ mod tests {
     /// retried for about a second, then split down to single rows and dropped.
     #[tokio::test]
     async fn rows_wait_out_a_full_disk() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("a.db").display()), max_connections: 1, ..DatabaseSettings::default() };
-        let db = Db::connect(&settings).await.expect("connect");
-        db.migrate().await.expect("migrate");
+        let (_dir, db) = Db::scratch(|s| s.max_connections = 1).await;
         {
             let mut w = db.acquire_write().await.expect("writer");
             sqlx::query("CREATE TABLE filler (b TEXT)").execute(&mut *w).await.expect("create");

@@ -99,17 +99,13 @@ impl SessionStore for DbSessionStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DatabaseSettings;
 
     /// On a full disk a session's save (which only slides its idle expiry) is skipped, not a
     /// failed request: the owner keeps the console, where the banner says what is wrong. The
     /// database here has one connection whose file may not grow; the save needs new pages.
     #[tokio::test]
     async fn a_save_that_finds_no_room_keeps_the_session_and_the_request() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("s.db").display()), max_connections: 1, ..DatabaseSettings::default() };
-        let db = Db::connect(&settings).await.expect("connect");
-        db.migrate().await.expect("migrate");
+        let (_dir, db) = Db::scratch(|s| s.max_connections = 1).await;
         let store = DbSessionStore::new(db.clone());
         let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
         store.create(&mut record).await.expect("create");
@@ -130,10 +126,7 @@ mod tests {
     /// it by the id, and gives the record back with it.
     #[tokio::test]
     async fn a_session_is_stored_without_its_id() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let settings = DatabaseSettings { url: format!("sqlite://{}", dir.path().join("s.db").display()), ..DatabaseSettings::default() };
-        let db = Db::connect(&settings).await.expect("connect");
-        db.migrate().await.expect("migrate");
+        let (_dir, db) = Db::scratch(|_| {}).await;
         let store = DbSessionStore::new(db.clone());
         let mut record = Record { id: Id::default(), data: Default::default(), expiry_date: time::OffsetDateTime::now_utc() + time::Duration::hours(1) };
         record.data.insert("owner_id".into(), serde_json::json!(7));
