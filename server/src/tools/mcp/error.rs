@@ -58,3 +58,44 @@ pub enum McpError {
 }
 
 crate::db::from_sqlx_as_db!(McpError);
+
+impl McpError {
+    /// The stable code, alone (the display is the code and a sentence).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownServer(_) => "MCP_UNKNOWN_SERVER",
+            Self::UnknownTool(_) => "MCP_UNKNOWN_TOOL",
+            Self::Unavailable(_) => "MCP_SERVER_UNAVAILABLE",
+            Self::DefinitionChanged(_) => "MCP_DEFINITION_CHANGED",
+            Self::OAuth(e) => e.code(),
+            Self::FormUnknown(_) => "MCP_ELICITATION_UNKNOWN",
+            Self::FormClosed(_) => "MCP_ELICITATION_CLOSED",
+            Self::FormInvalid(_) => "MCP_ELICITATION_INVALID",
+            Self::Db(e) => e.code(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod code_tests {
+    use super::McpError;
+
+    /// The code an owner sees (the console's `oauth_error`) is the one the message starts with.
+    #[test]
+    fn each_error_s_code_is_the_one_it_says() {
+        let errors = [
+            McpError::UnknownServer("s".into()),
+            McpError::UnknownTool("t".into()),
+            McpError::Unavailable("down".into()),
+            McpError::DefinitionChanged("t".into()),
+            McpError::FormUnknown(1),
+            McpError::FormClosed(1),
+            McpError::FormInvalid(crate::tools::mcp::elicitation::form::FormError { field: "f".into(), message: "m".into() }),
+        ];
+        for e in errors {
+            assert!(e.to_string().starts_with(&format!("{}: ", e.code())), "{e}");
+        }
+        let db = McpError::Db(crate::db::DbError::Sql(sqlx::Error::PoolClosed));
+        assert_eq!(db.code(), "DATABASE_ERROR", "not the first words of a sentence: {db}");
+    }
+}

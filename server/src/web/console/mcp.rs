@@ -196,8 +196,8 @@ pub mod oauth_routes {
         match state.mcp.begin_login(&form.server, Some(owner_id), &by).await {
             Ok(url) => Redirect::to(&url).into_response(),
             Err(e) => {
-                tracing::warn!(mcp.server = %form.server, error = %e, "MCP login could not start");
-                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
+                tracing::warn!(mcp.server = %form.server, code = e.code(), error = %e, "MCP login could not start");
+                failed(e.code())
             }
         }
     }
@@ -234,8 +234,8 @@ pub mod oauth_routes {
         match state.mcp.finish_login(Some(owner_id), &code, &oauth_state, q.iss.as_deref(), &by).await {
             Ok(server) => back_to_page(&format!("connected={server}")),
             Err(e) => {
-                tracing::warn!(error = %e, "MCP login could not finish");
-                failed(e.to_string().split(':').next().unwrap_or("MCP_OAUTH_FAILED"))
+                tracing::warn!(code = e.code(), error = %e, "MCP login could not finish");
+                failed(e.code())
             }
         }
     }
