@@ -62,6 +62,9 @@ const ATTEMPTS: usize = 4;
 /// How often a held batch is tried again.
 const HOLD_RETRY: Duration = Duration::from_secs(1);
 
+/// Most rows and notices held while the database cannot take them; more are counted lost.
+const HOLD_MAX: usize = 100_000;
+
 impl AuditWriter {
     /// Owner notices raised by hooks are delivered on WhatsApp through `queue`'s jobs.
     pub fn spawn(db: Db, queue: JobQueue) -> Self {
@@ -78,7 +81,7 @@ impl AuditWriter {
                         AuditMsg::Flush(done) => flushes.push(done),
                     }
                 }
-                write_or_split(&db, &queue, batch, &mut flushes).await;
+                write_or_split(&db, &queue, batch, &mut flushes, &mut rx).await;
                 release(&mut flushes);
             }
         });
@@ -126,9 +129,64 @@ fn release(flushes: &mut Vec<oneshot::Sender<()>>) {
 }
 
 /// Whether a failed write is the database's state rather than the rows' fault: no room, or no
-/// database to reach. The rows are then held, not split and lost.
+/// database to reach for now. The rows are then held, not split and lost. A pool closed (the
+/// process is stopping) never comes back.
 fn not_the_rows(e: &DbError) -> bool {
-    e.is_storage_full() || e.is_unavailable()
+    e.is_storage_full() || (e.is_unavailable() && !matches!(e, DbError::Sql(sqlx::Error::PoolClosed)))
+}
+
+/// Logs and counts `batch` as lost, with why.
+fn lost(batch: &Batch, code: &str, why: &str) {
+    for r in &batch.rows {
+        tracing::error!(code, tool = %r.tool, correlation_id = %r.correlation_id, reason = %r.reason_code, "a tool audit row could not be written and is lost: {why}");
+    }
+    for n in &batch.notices {
+        tracing::error!(code, hook = %n.hook, correlation_id = %n.correlation_id, "an owner notice could not be written and is lost: {why}");
+    }
+    metrics::counter!("tool_audit_rows_lost_total").increment(batch.len() as u64);
+}
+
+/// Holds `batch`, which the database cannot take for its own state (`first`), and tries it
+/// again every [`HOLD_RETRY`] until it can. Meanwhile what is sent joins it (up to
+/// [`HOLD_MAX`]; more is counted lost) and every flush is answered at once: a full disk must
+/// not hold up the console. `Some` gives the batch back when it fails otherwise now.
+async fn hold(db: &Db, queue: &JobQueue, mut batch: Batch, first: &DbError, rx: &mut mpsc::UnboundedReceiver<AuditMsg>) -> Option<Batch> {
+    tracing::warn!(code = first.code(), error = %first, rows = batch.len(), "tool audit rows are held until the database can take them");
+    let mut tick = tokio::time::interval(HOLD_RETRY);
+    tick.tick().await;
+    let mut over = 0_u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => match write(db, queue, &batch).await {
+                Ok(()) => {
+                    tracing::info!(rows = batch.len(), "held tool audit rows written");
+                    if over > 0 {
+                        tracing::error!(code = first.code(), rows = over, "tool audit rows past the {HOLD_MAX} held were lost");
+                    }
+                    return None;
+                }
+                Err(e) if not_the_rows(&e) => {}
+                // Something else now: judged as any failed batch.
+                Err(_) => return Some(batch),
+            },
+            msg = rx.recv() => match msg {
+                Some(AuditMsg::Flush(done)) => {
+                    let _ = done.send(());
+                }
+                Some(AuditMsg::Row(r)) if batch.len() < HOLD_MAX => batch.rows.push(clean_row(r)),
+                Some(AuditMsg::Notify(n)) if batch.len() < HOLD_MAX => batch.notices.push(clean_notice(n)),
+                Some(_) => {
+                    over += 1;
+                    metrics::counter!("tool_audit_rows_lost_total").increment(1);
+                }
+                // Every writer is gone: the process is stopping.
+                None => {
+                    lost(&batch, first.code(), "the process stopped while the database could not take it");
+                    return None;
+                }
+            },
+        }
+    }
 }
 
 /// Writes `batch` with a few retries. A batch the database cannot take now is held whole and
@@ -136,7 +194,7 @@ fn not_the_rows(e: &DbError) -> bool {
 /// first: a full disk must not hold up the console). A batch that fails otherwise is written
 /// half by half, down to single rows, so only what the database really refuses is lost, and
 /// that is logged.
-async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut Vec<oneshot::Sender<()>>) {
+async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut Vec<oneshot::Sender<()>>, rx: &mut mpsc::UnboundedReceiver<AuditMsg>) {
     let mut pending = vec![batch];
     while let Some(batch) = pending.pop() {
         if batch.len() == 0 {
@@ -150,22 +208,9 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut V
         match written {
             Ok(()) => {}
             Err(e) if not_the_rows(&e) => {
-                tracing::warn!(code = e.code(), error = %e, rows = batch.len(), "tool audit rows are held until the database can take them");
                 release(flushes);
-                loop {
-                    tokio::time::sleep(HOLD_RETRY).await;
-                    match write(db, queue, &batch).await {
-                        Ok(()) => {
-                            tracing::info!(rows = batch.len(), "held tool audit rows written");
-                            break;
-                        }
-                        Err(e) if not_the_rows(&e) => {}
-                        // Something else now: judged as any failed batch.
-                        Err(_) => {
-                            pending.push(batch);
-                            break;
-                        }
-                    }
+                if let Some(back) = hold(db, queue, batch, &e, rx).await {
+                    pending.push(back);
                 }
             }
             Err(_) if batch.len() > 1 => {
@@ -173,15 +218,7 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut V
                 pending.push(b);
                 pending.push(a);
             }
-            Err(e) => {
-                for r in &batch.rows {
-                    tracing::error!(code = e.code(), error = %e, tool = %r.tool, correlation_id = %r.correlation_id, reason = %r.reason_code, "a tool audit row could not be written and is lost");
-                }
-                for n in &batch.notices {
-                    tracing::error!(code = e.code(), error = %e, hook = %n.hook, correlation_id = %n.correlation_id, "an owner notice could not be written and is lost");
-                }
-                metrics::counter!("tool_audit_rows_lost_total").increment(batch.len() as u64);
-            }
+            Err(e) => lost(&batch, e.code(), &e.to_string()),
         }
     }
 }
@@ -248,10 +285,16 @@ mod tests {
             assert!(full.is_storage_full(), "{full}");
         }
         let writer = AuditWriter::spawn(db.clone(), JobQueue::new(db.clone()));
-        for i in 0..300 {
+        for i in 0..200 {
             writer.write(row(i));
         }
         tokio::time::timeout(Duration::from_secs(10), writer.flush()).await.expect("a flush is answered while rows are held");
+        // Sent while they are held: they join them, and a flush still gets its answer.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for i in 200..300 {
+            writer.write(row(i));
+        }
+        tokio::time::timeout(Duration::from_secs(10), writer.flush()).await.expect("a flush sent after the hold began is answered");
         assert_eq!(rows(&db).await, 0, "nothing could be written yet");
         // Room again.
         sqlx::query("PRAGMA max_page_count = 1000000").execute(&mut *db.acquire_write().await.expect("writer")).await.expect("room");
