@@ -110,10 +110,12 @@ pub fn is_unseen(c: char) -> bool {
 }
 
 /// A person's words quoted inside a message of Gatehouse's own (an owner's notice): on one line,
-/// nothing that does not show, and double quotes made single, so that the quote can neither
-/// start a paragraph nor end early and go on in Gatehouse's voice. At most `max` characters.
+/// nothing that does not show but the joiners emoji and some scripts need (U+200C, U+200D),
+/// and double quotes made single, so that the quote can neither start a paragraph nor end
+/// early and go on in Gatehouse's voice. At most `max` characters.
 pub fn quoted_line(text: &str, max: usize) -> String {
-    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ").chars().filter(|c| !is_unseen(*c) && !c.is_control()).map(|c| if c == '"' { '\'' } else { c }).collect();
+    let kept = |c: &char| matches!(c, '\u{200C}' | '\u{200D}') || (!is_unseen(*c) && !c.is_control());
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ").chars().filter(kept).map(|c| if c == '"' { '\'' } else { c }).collect();
     cut(line.trim(), max)
 }
 
@@ -178,6 +180,7 @@ mod tests {
         let words = "What's my balance?\n\n\"Gatehouse: approval #41 waits.\u{202E}\u{200F} Reply /approve 41";
         assert_eq!(quoted_line(words, 300), "What's my balance? 'Gatehouse: approval #41 waits. Reply /approve 41");
         assert_eq!(quoted_line("abcdef", 4), "abc…");
+        assert_eq!(quoted_line("👩\u{200D}💻 ok", 20), "👩\u{200D}💻 ok", "an emoji stays whole");
     }
 
     #[test]

@@ -237,8 +237,9 @@ async fn a_cancelled_approved_call_retried_is_not_made(db: TestDb) {
     let second = approve_then_cancel(&r, &mut owner, &who, "7373").await;
     let retried = owner.post_form("/api/retry_job", &[("id", second.to_string().as_str())]).await;
     assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
-    r.exchange(&[], 1).await;
+    r.exchange(&[], 2).await;
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "neither call was made");
+    assert_eq!(to_customer(), vec![stopped.clone(), stopped.clone()], "each person told once that it stopped, the retry at once too");
     for job in [first, second] {
         let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(job).fetch_one(&r.app.state.db.pool).await.expect("job");
         assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("APPROVAL_NOT_GRANTED")), "job {job}");

@@ -117,7 +117,7 @@ async fn receive(State(state): State<WebhookState>, headers: HeaderMap, body: Re
     if batch.unreadable > 0 {
         // Signed by Meta, yet not readable: a customer's message may be among them. Answered
         // 200 all the same (Meta would send the same again for days); said here, with a count.
-        tracing::warn!(code = "WEBHOOK_ITEM_UNREADABLE", items = batch.unreadable, messages, "a signed WhatsApp webhook post held entries, changes or messages that could not be read (no id or sender); they were skipped");
+        tracing::warn!(code = "WEBHOOK_ITEM_UNREADABLE", items = batch.unreadable, messages, "a signed WhatsApp webhook post held entries, changes or messages that could not be read (not objects, or messages without an id, a sender or a readable group); they were skipped");
         metrics::counter!("whatsapp_webhook_items_unreadable_total").increment(batch.unreadable as u64);
     }
     match state.intake.store(batch).await {

@@ -317,10 +317,10 @@ pub struct JobEvent {
 /// A `job_events` row: at, state, attempt, error code, message.
 type EventRow = (i64, String, i64, Option<String>, Option<String>);
 
-/// Whether job `job_id` was ever cancelled (its event trail says so, written in the cancel's
-/// own transaction), whatever its state now.
+/// Whether an owner ever cancelled job `job_id` (its event trail says so, written in the
+/// cancel's own transaction), whatever its state now. Not an expiry or a rejection.
 pub async fn was_cancelled(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbError> {
-    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM job_events WHERE job_id = $1 AND state = 'cancelled'").bind(job_id).fetch_one(conn).await?;
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM job_events WHERE job_id = $1 AND state = 'cancelled' AND error_code = $2").bind(job_id).bind(CANCELLED).fetch_one(conn).await?;
     Ok(n > 0)
 }
 

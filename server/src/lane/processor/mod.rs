@@ -208,8 +208,8 @@ impl Processor {
         // The approval a job names is only a claim: the approvals table says whether an owner
         // approved exactly this call, for this job.
         match self.not_granted(job, row).await? {
-            // The person was told it stopped: nothing more is said, and the outcome stays the
-            // cancel's.
+            // The cancel's own follow-up (`tool.stopped`) tells the person it stopped: nothing
+            // more is said here, and the outcome stays the cancel's.
             Some(NotGranted::Ended(why)) => {
                 tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "an approved call whose job an owner cancelled is not run");
                 // Recorded by the cancel's follow-up, unless this retry came first.

@@ -49,14 +49,19 @@ impl Processor {
         let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
         let Some(row) = db::jobs::get(&mut conn, args.job_id).await? else { return Ok(Some("no such job".into())) };
         drop(conn);
-        if row.state != JobState::Cancelled || row.attempt != args.attempt || row.last_error_code.as_deref() != Some(db::jobs::CANCELLED) {
+        let job: ToolCallJob = serde_json::from_str(&row.args).map_err(|e| JobError::permanent("JOB_ARGS_INVALID", format!("the stopped call's args do not decode: {e}")))?;
+        // A call retried since may still answer, and is told by its run. An approved call's
+        // cancel ended its approval: a retry never makes it (and says nothing), so the stop is
+        // told all the same.
+        let retried = row.state != JobState::Cancelled || row.attempt != args.attempt || row.last_error_code.as_deref() != Some(db::jobs::CANCELLED);
+        if retried && job.approval.is_none() {
             return Ok(Some("the call's job was retried since: nothing to say".into()));
         }
-        // The cancelled run keeps its lease until it has stopped.
+        // The cancelled run keeps its lease until it has stopped (a retried approved call's
+        // run, until it has refused).
         if row.lease_expires_at.is_some() {
             return Ok(None);
         }
-        let job: ToolCallJob = serde_json::from_str(&row.args).map_err(|e| JobError::permanent("JOB_ARGS_INVALID", format!("the stopped call's args do not decode: {e}")))?;
         if job.approval.is_some() {
             self.approvals.run_cancelled(&row).await?;
         }

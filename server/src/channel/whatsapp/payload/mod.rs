@@ -107,6 +107,10 @@ impl Message {
     /// group; its kind is `malformed`.
     fn malformed(raw: &serde_json::Value) -> Option<Self> {
         let text = |key: &str| raw.get(key).and_then(serde_json::Value::as_str).map(String::from);
+        // A group it names, unread, would have its reply go to the member alone.
+        if raw.get("group_id").is_some_and(|g| !g.is_null() && !g.is_string()) {
+            return None;
+        }
         Some(Self {
             from: text("from")?,
             id: text("id")?,

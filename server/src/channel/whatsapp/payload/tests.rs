@@ -74,14 +74,15 @@ fn a_malformed_status_or_contact_costs_only_itself() {
 fn a_message_not_as_documented_is_kept_by_its_id_and_sender() {
     let body = serde_json::json!({ "object": "whatsapp_business_account", "entry": [{ "changes": [{ "field": "messages", "value": { "messages": [
         { "from": "111", "id": "wamid.ODD", "timestamp": "1739321024", "type": "text", "text": { "body": null }, "group_id": "g-2" },
-        { "from": "111", "id": 7, "type": "text", "text": { "body": null } }
+        { "from": "111", "id": 7, "type": "text", "text": { "body": null } },
+        { "from": "111", "id": "wamid.GROUP", "type": "text", "text": { "body": null }, "group_id": 12 }
     ] } }] }] });
     let batch = parse(body.to_string().as_bytes(), 10_000, 5).expect("parse");
     assert_eq!(batch.messages.len(), 1, "{batch:?}");
     let m = &batch.messages[0];
     assert_eq!((m.wamid.as_str(), m.sender.as_str(), m.chat_id.as_str(), m.msg_type.as_str(), m.text.as_deref(), m.sent_at), ("wamid.ODD", "111", "g-2", "malformed", None, 1_739_321_024_000));
     assert!(m.raw.as_deref().is_some_and(|r| r.contains("\"body\":null")), "{:?}", m.raw);
-    assert_eq!((batch.skipped, batch.unreadable), (1, 1), "the one without a readable id");
+    assert_eq!((batch.skipped, batch.unreadable), (2, 2), "the one without a readable id, and the one whose group cannot be read");
 }
 
 #[test]
