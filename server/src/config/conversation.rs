@@ -59,6 +59,22 @@ pub struct ConversationSettings {
     pub reserved_member_names: Vec<String>,
     /// The owner's /help text.
     pub owner_help: String,
+    /// The owner's `/status`: `{version}` is Gatehouse's, `{jobs}` the jobs by state
+    /// ("available 3, running 1") or `status_no_jobs`.
+    pub status_reply: String,
+    pub status_no_jobs: String,
+    /// The owner's `/jobs`: `{jobs}` the latest five, a line each; `jobs_empty_reply` when there
+    /// are none.
+    pub jobs_reply: String,
+    pub jobs_empty_reply: String,
+    /// An owner's command Gatehouse does not know: `{name}` is it; `owner_help` follows.
+    pub unknown_command_reply: String,
+    /// `/wrong` without a known EXPECTED.
+    pub wrong_usage_reply: String,
+    /// `/wrong` in a chat with no earlier answer to mark.
+    pub wrong_no_trace_reply: String,
+    /// `/wrong` taken: `{trace}` is the marked trace's number, `{expect}` what it should have been.
+    pub wrong_noted_reply: String,
     /// Keep message and reply text in traces (otherwise only lengths and decisions).
     pub trace_text: bool,
     /// Messages one customer chat (in a group, one member) may send per `rate_window` before
@@ -93,6 +109,14 @@ impl Default for ConversationSettings {
             group_owner_label: "{name} (owner)".into(),
             reserved_member_names: ["owner", "admin", "administrator", "staff", "manager", "support"].map(String::from).to_vec(),
             owner_help: String::new(),
+            status_reply: "Gatehouse {version} is running. Jobs: {jobs}.".into(),
+            status_no_jobs: "no jobs".into(),
+            jobs_reply: "Latest jobs:\n{jobs}".into(),
+            jobs_empty_reply: "No jobs yet.".into(),
+            unknown_command_reply: "There is no /{name} command.".into(),
+            wrong_usage_reply: "Say what it should have been: /wrong tool:NAME [what should have happened], /wrong normal_chat, /wrong guard or /wrong clarify.".into(),
+            wrong_no_trace_reply: "There is no earlier answer in this chat to mark.".into(),
+            wrong_noted_reply: "Noted: trace #{trace} should have been {expect}. It becomes an eval case, and a proposed fix appears on the console's Repairs page.".into(),
             trace_text: false,
             rate_limit: 20,
             group_rate_limit: 60,

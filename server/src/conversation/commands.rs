@@ -75,17 +75,18 @@ impl Runtime {
                 let counts = db::jobs::counts_by_state(&mut conn).await?;
                 let shown: Vec<String> = counts.iter().filter(|(_, n)| *n > 0).map(|(s, n)| format!("{} {n}", s.as_str())).collect();
                 let degraded = llm::degraded(&self.settings, &self.secrets).map(|d| format!(" {}", d.owner_instruction)).unwrap_or_default();
-                let jobs = if shown.is_empty() { "no jobs".to_string() } else { shown.join(", ") };
-                ("COMMAND_STATUS", format!("Gatehouse {} is running. Jobs: {jobs}.{degraded}", env!("CARGO_PKG_VERSION")))
+                let jobs = if shown.is_empty() { conv.status_no_jobs.trim().to_string() } else { shown.join(", ") };
+                let status = conv.status_reply.trim().replace("{version}", env!("CARGO_PKG_VERSION")).replace("{jobs}", &jobs);
+                ("COMMAND_STATUS", format!("{status}{degraded}"))
             }
             Command::Jobs => {
                 let mut conn = self.db.pool.acquire().await?;
                 let page = db::jobs::list(&mut conn, &db::jobs::JobFilter::default(), 5).await?;
                 let lines: Vec<String> = page.iter().map(|j| format!("#{} {} {}", j.id, j.kind, j.state.as_str())).collect();
-                ("COMMAND_JOBS", if lines.is_empty() { "No jobs yet.".to_string() } else { format!("Latest jobs:\n{}", lines.join("\n")) })
+                ("COMMAND_JOBS", if lines.is_empty() { conv.jobs_empty_reply.trim().to_string() } else { conv.jobs_reply.trim().replace("{jobs}", &lines.join("\n")) })
             }
             Command::Wrong(arg) => return self.mark_wrong(arg, owner_id, inbound, trace_id).await,
-            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("There is no /{name} command.\n{}", conv.owner_help.trim())),
+            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("{}\n{}", conv.unknown_command_reply.trim().replace("{name}", &name), conv.owner_help.trim())),
         })
     }
 
@@ -97,8 +98,9 @@ impl Runtime {
         let expect = words.next().unwrap_or_default().trim().to_string();
         let note = words.next().unwrap_or_default().trim().to_string();
         let known = matches!(expect.as_str(), "normal_chat" | "guard" | "clarify") || expect.strip_prefix("tool:").is_some_and(|t| !t.trim().is_empty());
+        let conv = &self.settings.conversation;
         if !known {
-            return Ok(("WRONG_USAGE", "Say what it should have been: /wrong tool:NAME [what should have happened], /wrong normal_chat, /wrong guard or /wrong clarify.".into()));
+            return Ok(("WRONG_USAGE", conv.wrong_usage_reply.trim().to_string()));
         }
         let mut conn = self.db.pool.acquire().await?;
         let quoted = match &inbound.quoted_id {
@@ -110,11 +112,11 @@ impl Runtime {
             None => db::traces::previous_in_chat(&mut conn, &inbound.channel, &inbound.chat_id, &inbound.message_id, trace_id).await?,
         };
         drop(conn);
-        let Some(target) = target else { return Ok(("WRONG_NO_TRACE", "There is no earlier answer in this chat to mark.".into())) };
+        let Some(target) = target else { return Ok(("WRONG_NO_TRACE", conv.wrong_no_trace_reply.trim().to_string())) };
         let mut job = self.queue.job(&MarkTraceJob { trace_id: target, expect: expect.clone(), note: note.chars().take(500).collect(), owner_id });
         job.correlation_id.clone_from(&inbound.correlation_id);
         self.queue.enqueue(&job).await?;
-        Ok(("TRACE_MARKED", format!("Noted: trace #{target} should have been {expect}. It becomes an eval case, and a proposed fix appears on the console's Repairs page.")))
+        Ok(("TRACE_MARKED", conv.wrong_noted_reply.trim().replace("{trace}", &target.to_string()).replace("{expect}", &expect)))
     }
 
 }

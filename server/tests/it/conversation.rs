@@ -523,6 +523,29 @@ async fn private_data_questions_are_handed_to_the_owner(db: TestDb) {
 }
 both_backends!(conversation_private_data_handoff, private_data_questions_are_handed_to_the_owner);
 
+/// The owner commands answer in the deployment's words (`[conversation]`), not the build's.
+async fn owner_commands_answer_in_the_configured_words(db: TestDb) {
+    let r = rig(db, 6000, true).await;
+    let mut s = settings(&r.runtime_base_url(), 6000);
+    s.conversation.status_reply = "Gatehouse {version} läuft. Aufträge: {jobs}.".into();
+    s.conversation.status_no_jobs = "keine".into();
+    s.conversation.jobs_empty_reply = "Noch keine Aufträge.".into();
+    s.conversation.unknown_command_reply = "Den Befehl /{name} gibt es nicht.".into();
+    s.conversation.wrong_usage_reply = "Sag, was es hätte sein sollen.".into();
+    let settings = Arc::new(s);
+    let model = llm::from_settings(&settings, &r.secrets()).expect("model");
+    let runtime = runtime(&r.db, settings, r.secrets(), model);
+    let mut replies = Vec::new();
+    for (id, text) in [("de1", "/status"), ("de2", "/jobs"), ("de3", "/nope"), ("de4", "/wrong maybe")] {
+        replies.push(runtime.handle(&msg(id, OWNER_PHONE, text)).await.expect("handle").reply.unwrap_or_default());
+    }
+    assert!(replies[0].starts_with("Gatehouse ") && replies[0].ends_with(" läuft. Aufträge: keine."), "{replies:?}");
+    assert_eq!(replies[1], "Noch keine Aufträge.");
+    assert!(replies[2].starts_with("Den Befehl /nope gibt es nicht.\nOwner commands:"), "{replies:?}");
+    assert_eq!(replies[3], "Sag, was es hätte sein sollen.");
+}
+both_backends!(conversation_owner_command_words, owner_commands_answer_in_the_configured_words);
+
 /// A chat asking private questions again and again gets the safe reply every time but pages
 /// the owners once per `private_data.notice_every`; another chat still raises its own.
 async fn one_private_data_notice_per_chat_per_period(db: TestDb) {
