@@ -86,7 +86,7 @@ impl Runtime {
                 ("COMMAND_JOBS", if lines.is_empty() { conv.jobs_empty_reply.trim().to_string() } else { conv.jobs_reply.trim().replace("{jobs}", &lines.join("\n")) })
             }
             Command::Wrong(arg) => return self.mark_wrong(arg, owner_id, inbound, trace_id).await,
-            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("{}\n{}", conv.unknown_command_reply.trim().replace("{name}", &name), conv.owner_help.trim())),
+            Command::Unknown(name) => ("COMMAND_UNKNOWN", format!("{}\n{}", conv.unknown_command_reply.trim().replace("{name}", name), conv.owner_help.trim())),
         })
     }
 
