@@ -147,11 +147,12 @@ impl Approvals {
             return Ok(());
         }
         let Some(row) = store::get(&mut tx, approval_id).await? else { return Ok(()) };
+        let a = &self.settings.approvals;
         let outcome = match code {
             "OK" => answer.chars().take(600).collect::<String>(),
-            unknown if unknown == ToolCode::OutcomeUnknown.as_str() => format!("was started, but whether it took effect is unknown ({code}): check it before approving it again."),
-            RUN_CANCELLED => format!("was cancelled by an owner before it finished ({code}): if it had started, check whether it took effect."),
-            _ => format!("did not complete ({code})."),
+            unknown if unknown == ToolCode::OutcomeUnknown.as_str() => a.outcome_unknown.trim().replace("{code}", code),
+            RUN_CANCELLED => a.outcome_cancelled.trim().replace("{code}", code),
+            _ => a.outcome_failed.trim().replace("{code}", code),
         };
         let message = self.settings.approvals.outcome_notice.replace("{id}", &approval_id.to_string()).replace("{tool}", &row.tool).replace("{outcome}", &outcome);
         let mut appended = None;

@@ -42,7 +42,8 @@ impl Approvals {
     /// The owner's WhatsApp message for approval `row`, with its buttons.
     pub fn prompt(&self, row: &ApprovalRow) -> (String, Vec<(String, String)>) {
         let a = &self.settings.approvals;
-        let requester = if row.actor == Role::Owner.as_str() { format!("An owner (+{})", row.sender.trim_start_matches('+')) } else { format!("A customer (+{})", row.sender.trim_start_matches('+')) };
+        let requester = if row.actor == Role::Owner.as_str() { &a.requester_owner } else { &a.requester_customer };
+        let requester = requester.trim().replace("{number}", row.sender.trim_start_matches('+'));
         let expires = chrono_like(row.expires_at);
         // `{args}` last: a customer's argument that reads "{reason}" stays as it is.
         let framed = a

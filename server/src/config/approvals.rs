@@ -53,6 +53,14 @@ pub struct ApprovalSettings {
     pub usage_reply: String,
     /// Told to the owner who decided, once the approved call ran: `{id}`, `{tool}`, `{outcome}`.
     pub outcome_notice: String,
+    /// `{outcome}` of a run whose effect is unknown, of a run an owner cancelled, and of one
+    /// that failed otherwise: `{code}` is the run's code. (A run that succeeded is its answer.)
+    pub outcome_unknown: String,
+    pub outcome_cancelled: String,
+    pub outcome_failed: String,
+    /// `{requester}` in `owner_prompt`, for an owner and for a customer: `{number}` is theirs.
+    pub requester_owner: String,
+    pub requester_customer: String,
     /// Told to the person who asked when an owner rejected the call. Promises nothing.
     pub requester_rejected: String,
     /// Told to the person who asked when no owner decided in time. Promises nothing.
@@ -85,6 +93,11 @@ struct Written {
     invalid_button_reply: String,
     usage_reply: String,
     outcome_notice: String,
+    outcome_unknown: String,
+    outcome_cancelled: String,
+    outcome_failed: String,
+    requester_owner: String,
+    requester_customer: String,
     requester_rejected: String,
     requester_expired: String,
     reasons: BTreeMap<String, String>,
@@ -109,6 +122,11 @@ impl Default for ApprovalSettings {
             invalid_button_reply: w.invalid_button_reply,
             usage_reply: w.usage_reply,
             outcome_notice: w.outcome_notice,
+            outcome_unknown: w.outcome_unknown,
+            outcome_cancelled: w.outcome_cancelled,
+            outcome_failed: w.outcome_failed,
+            requester_owner: w.requester_owner,
+            requester_customer: w.requester_customer,
             requester_rejected: w.requester_rejected,
             requester_expired: w.requester_expired,
             reasons: w.reasons,
@@ -145,12 +163,13 @@ impl ApprovalSettings {
     }
 
     /// Every text, by its key, for `check-config`.
-    pub fn texts(&self) -> [(&'static str, &str); 15] {
+    pub fn texts(&self) -> [(&'static str, &str); 20] {
         super::texts_by_key!(
             self, "approvals":
             owner_prompt, args_cut, approve_button, reject_button, approved_reply, rejected_reply,
             already_decided_reply, expired_reply, not_found_reply, not_an_owner_reply,
-            invalid_button_reply, usage_reply, outcome_notice, requester_rejected,
+            invalid_button_reply, usage_reply, outcome_notice, outcome_unknown, outcome_cancelled,
+            outcome_failed, requester_owner, requester_customer, requester_rejected,
             requester_expired
         )
     }

@@ -527,7 +527,8 @@ both_backends!(approvals_removed_number, a_number_no_longer_an_owners_is_not_ask
 /// shown running for ever, but with its outcome, `JOB_CANCELLED` (its approver is told, as of any
 /// outcome), recorded by the job the cancel queued.
 async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
-    let r = rig(db, |_| {}).await;
+    // The outcome in the deployment's words.
+    let r = rig(db, |s| s.approvals.outcome_cancelled = "wurde abgebrochen ({code}).".into()).await;
     let mut owner = r.app.with_owner("ada", "correct horse battery").await;
     let requested = r.app.gatehouse.approvals.request(&json_call("7171"), &console_requester("corr-cancel"), None, None).await.expect("request");
     let id = requested.id.to_string();
@@ -536,6 +537,9 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     let page = owner.post_form("/api/list_approvals", &[]).await.json();
     assert_eq!(page["decided"][0]["job_state"], "available", "{page}");
     let job = page["decided"][0]["job_id"].as_i64().expect("job").to_string();
+    // The approver has a WhatsApp number (as an owner who decided there would): the outcome goes to it.
+    r.add_owner().await;
+    sqlx::query("UPDATE approvals SET decider_phone = $1").bind(OWNER).execute(&r.app.state.db.pool).await.expect("number");
     let cancelled = owner.post_form("/api/cancel_job", &[("id", job.as_str())]).await;
     assert_eq!(cancelled.status, axum::http::StatusCode::OK, "{}", cancelled.body);
     r.exchange(&[], 0).await;
@@ -544,6 +548,8 @@ async fn a_cancelled_run_is_not_shown_running(db: TestDb) {
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "nothing ran");
     let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(&r.app.state.db.pool).await.expect("the cancel's job");
     assert!(preview.as_deref().is_some_and(|p| p.contains("asked in the console")), "{preview:?}");
+    let told: Vec<String> = r.graph.sends().into_iter().filter(|b| b["to"] == OWNER).filter_map(|b| b["text"]["body"].as_str().map(String::from)).collect();
+    assert!(told.iter().any(|m| m.ends_with(": wurde abgebrochen (JOB_CANCELLED).")), "the approver is told, in the deployment's words: {told:?}");
 
     // The cancel ended the approval: an owner's retry of its job does not make the call, and
     // the outcome stays the one its approver was told.
@@ -564,7 +570,7 @@ both_backends!(approvals_cancelled_run, a_cancelled_run_is_not_shown_running);
 /// approval binds and runs) keeps them exactly, and the trace only their hash.
 async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let mask = "\n[[hook]]\nname = \"mask-orders\"\npoint = \"before_tool_call\"\nkind = \"redact\"\ntools = [\"refund_order\"]\npattern = '7\\d(\\d\\d)'\nreplacement = \"7**$1\"\n";
-    let r = crate::lane_e2e::rig_with(db, &format!("{TOOLS}{mask}"), "", |_| {}).await;
+    let r = crate::lane_e2e::rig_with(db, &format!("{TOOLS}{mask}"), "", |s| s.approvals.requester_customer = "Kunde +{number}".into()).await;
     r.add_owner().await;
     let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-pii") };
     let args = json!({ "order_id": "7001", "email": "ana@example.com", "card_token": "tok_live_5f2a" });
@@ -574,6 +580,7 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
     let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
     let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
     assert!(shown.contains("7**01") && shown.contains("[PII]") && shown.contains("[REDACTED]"), "{shown}");
+    assert!(shown.contains(&format!("Approval #{}: Kunde +{}", requested.id, CUSTOMER.trim_start_matches('+'))), "the requester in the deployment's words: {shown}");
     assert!(!shown.contains("ana@example.com") && !shown.contains("tok_live_5f2a") && !shown.contains("7001"), "{shown}");
     let (stored, display): (String, String) = sqlx::query_as("SELECT args, display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
     assert_eq!(serde_json::from_str::<Value>(&stored).expect("json"), args, "the exact call is kept to run");
