@@ -5,7 +5,7 @@ use std::path::Path;
 
 use sqlx::AnyConnection;
 
-use super::{FileChange, RepairError, Workspace, files_of, read, run_all, table, table_of};
+use super::{FileChange, RepairError, TableRow, Workspace, files_of, read, run_all, table, table_of};
 use crate::db::{
     self, DbError,
     audit::{self, event},
@@ -88,29 +88,33 @@ fn still_swappable<'a>(dir: &Path, changes: &'a [FileChange], forward: bool) -> 
 
 /// Approves and applies repair `id`. Every case is replayed first over the files and cases as
 /// they are now, since the table the owner saw may be older than a case added or a tool file
-/// edited since: a repair that now breaks more cases than its table said is refused
-/// (`REPAIR_REPLAY_CHANGED`) with its table brought up to date, and one that breaks any needs
+/// edited since: a repair that now breaks a case its table did not say it breaks is refused
+/// (`REPAIR_REPLAY_CHANGED`) with its table brought up to date (the same number of broken
+/// cases, others among them, is a change too), and one that breaks any needs
 /// `confirm_regressions`. The state changes and the files are written inside one transaction,
 /// committed only once every file is written: whoever is first decides (a second approval
 /// waits for the row, then finds it decided), a file that cannot be written leaves the repair
 /// proposed, and a crash between the writes and the commit leaves it proposed with its files in
 /// place, which approving again completes. The caller reloads the catalog.
 ///
-/// `seen` is the [`fingerprint`] of the diff the owner was shown, when they were shown one: a
-/// proposal a cycle brought up to date since is refused (`REPAIR_CHANGED`), never applied unseen.
+/// `seen` is the [`fingerprint`] of the diff and table the owner was shown, when they were
+/// shown them: a proposal a cycle brought up to date since, or whose table another approval's
+/// replay changed, is refused (`REPAIR_CHANGED`), never applied unseen.
 pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Decider, confirm_regressions: bool, seen: Option<&str>) -> Result<RepairRow, RepairError> {
     let row = store::get_repair(conn, id).await?.ok_or(RepairError::NotFound(id))?;
     if row.state != RepairState::Proposed {
         return Err(RepairError::Decided { id, state: row.state.to_string() });
     }
-    if seen.is_some_and(|seen| seen != fingerprint(&row.diff)) {
+    if seen.is_some_and(|seen| seen != fingerprint(&row)) {
         return Err(RepairError::Changed(id));
     }
     // A file edited since the proposal is refused before the replay: replayed, the proposal's
     // text over the newer file would count the undoing of that edit as the repair's regressions.
     still_swappable(&ws.config_dir, &files_of(&row), true)?;
-    let regressions = replay_again(conn, ws, &row).await?;
-    if regressions > row.regressions {
+    let shown: std::collections::BTreeSet<String> = table_of(&row).into_iter().filter(TableRow::regressed).map(|t| t.case).collect();
+    let fresh = replay_again(conn, ws, &row).await?;
+    let regressions = fresh.iter().filter(|t| t.regressed()).count() as i64;
+    if fresh.iter().any(|t| t.regressed() && !shown.contains(&t.case)) {
         return Err(RepairError::ReplayChanged { id, regressions });
     }
     if regressions > 0 && !confirm_regressions {
@@ -122,17 +126,17 @@ pub async fn approve(conn: &mut AnyConnection, ws: &Workspace, id: i64, by: &Dec
     Ok(store::get_repair(conn, id).await?.unwrap_or(row))
 }
 
-/// What an approval names the diff it was shown by: its SHA-256, in hex.
-pub fn fingerprint(diff: &str) -> String {
-    db::sha256_hex(diff)
+/// What an approval names the repair it was shown by: the SHA-256, in hex, of its diff and its
+/// before/after table (which cases it fixes and breaks).
+pub fn fingerprint(row: &RepairRow) -> String {
+    db::sha256_hex(&format!("{}\n{}", row.diff, row.results))
 }
 
 /// Replays every stored case before and after `row`'s change, over the config folder as it is
-/// now, stores the table when it differs from the one on the row, and returns how many cases
-/// the change now breaks.
-async fn replay_again(conn: &mut AnyConnection, ws: &Workspace, row: &RepairRow) -> Result<i64, RepairError> {
+/// now, stores the table when it differs from the one on the row, and returns it.
+async fn replay_again(conn: &mut AnyConnection, ws: &Workspace, row: &RepairRow) -> Result<Vec<TableRow>, RepairError> {
     let cases = crate::evals::findings::cases(conn).await?;
-    let Some(change) = files_of(row).into_iter().find(|c| c.before != c.after) else { return Ok(0) };
+    let Some(change) = files_of(row).into_iter().find(|c| c.before != c.after) else { return Ok(Vec::new()) };
     let before = run_all(&ws.judge()?, &cases).await;
     let after = run_all(&ws.judge_with(&change)?, &cases).await;
     let fresh = table(&before, &after);
@@ -141,7 +145,7 @@ async fn replay_again(conn: &mut AnyConnection, ws: &Workspace, row: &RepairRow)
         let fixes = fresh.iter().filter(|r| r.fixed()).count() as i64;
         store::set_results(conn, row, &serde_json::to_string(&fresh).unwrap_or_default(), fixes, regressions).await?;
     }
-    Ok(regressions)
+    Ok(fresh)
 }
 
 /// Rejects repair `id` with a reason; its files are never touched. Refused while a file in

@@ -606,7 +606,12 @@ fn eval_and_repair_commands_replay_propose_and_decide() {
     let no_reason = gh(&["repair", "reject", "1", "--reason", " "]);
     assert!(no_reason.code == 2 && no_reason.stderr.contains("REPAIR_REASON_REQUIRED"), "{}", no_reason.all());
 
-    assert_eq!(gh(&["repair", "approve", "1"]).code, 0);
+    // Approved by what `show` printed: a value for another diff or table is refused.
+    let seen = shown.stdout.lines().find_map(|l| l.strip_prefix("seen: ")).expect("show names what it shows").to_string();
+    let other = gh(&["repair", "approve", "1", "--seen", &"0".repeat(64)]);
+    assert!(other.code == 2 && other.stderr.contains("REPAIR_CHANGED"), "{}", other.all());
+    assert_eq!(std::fs::read_to_string(&tools).expect("read"), original, "nothing applied");
+    assert_eq!(gh(&["repair", "approve", "1", "--seen", &seen]).code, 0);
     assert_ne!(std::fs::read_to_string(&tools).expect("read"), original);
     let again = gh(&["repair", "approve", "1"]);
     assert!(again.code == 2 && again.stderr.contains("REPAIR_ALREADY_DECIDED"), "{}", again.all());

@@ -283,6 +283,42 @@ async fn a_repair_is_replayed_again_when_approved(db: TestDb) {
 }
 both_backends!(evals_repair_replayed_on_approval, a_repair_is_replayed_again_when_approved);
 
+/// The owner confirms the cases a repair breaks by name, not by number: a replay that breaks as
+/// many cases as the table said, but another among them, is refused (`REPAIR_REPLAY_CHANGED`),
+/// and an approval made from the table before that replay then finds the repair changed
+/// (`REPAIR_CHANGED`). Before, the count alone was compared and the repair applied.
+async fn a_repair_that_breaks_another_case_than_shown_is_not_applied(db: TestDb) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    store::upsert_case(&mut conn, &case("wants-page", MISROUTED, "tool:web_fetch").to_row()).await.expect("case");
+    store::upsert_case(&mut conn, &case("just-chat", &format!("{MISROUTED}!"), "normal_chat").to_row()).await.expect("case");
+    let cases = findings::cases(&mut conn).await.expect("cases");
+    let p = repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().next().expect("a proposal");
+    assert_eq!((p.fixes(), p.regressions()), (1, 1), "{:?}", p.table);
+    let (row, _) = repairs::store(&mut conn, &p).await.expect("store");
+    let shown = repairs::fingerprint(&row);
+    let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
+
+    // The broken case goes, another the same edit breaks comes: still one.
+    assert!(store::delete_case(&mut conn, "just-chat").await.expect("delete"));
+    store::upsert_case(&mut conn, &case("just-ask", &format!("{MISROUTED}?"), "normal_chat").to_row()).await.expect("case");
+    let owner = Decider { name: "Ada".into(), login: "ada".into(), ..Decider::default() };
+    let refused = repairs::approve(&mut conn, &ws, row.id, &owner, true, None).await;
+    assert!(matches!(refused, Err(RepairError::ReplayChanged { regressions: 1, .. })), "{refused:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("tools.toml")).expect("read"), original, "nothing applied");
+    let stored = store::get_repair(&mut conn, row.id).await.expect("get").expect("row");
+    assert!(repairs::table_of(&stored).iter().any(|t| t.case == "just-ask" && t.regressed()), "{:?}", repairs::table_of(&stored));
+    // Approved from the table shown before: changed since.
+    let stale = repairs::approve(&mut conn, &ws, row.id, &owner, true, Some(&shown)).await;
+    assert!(matches!(stale, Err(RepairError::Changed(_))), "{stale:?}");
+    // From the table as it is now: applied.
+    let applied = repairs::approve(&mut conn, &ws, row.id, &owner, true, Some(&repairs::fingerprint(&stored))).await.expect("confirmed as shown");
+    assert_eq!((applied.state.as_str(), applied.regressions), ("applied", 1));
+}
+both_backends!(evals_repair_other_regression, a_repair_that_breaks_another_case_than_shown_is_not_applied);
+
 /// Deciding a repair and storing a proposal wait for each other, across connections and
 /// processes: two approvals of different repairs made from the same file cannot both pass the
 /// stale check (on PostgreSQL each locks only its own row), and two cycles storing one proposal

@@ -130,7 +130,7 @@ impl RepairsBackend for ConsoleBackend {
                 strategy: row.strategy.clone(),
                 summary: row.summary.clone(),
                 files: files.iter().map(|f| (f.path.clone(), diff_rows(f))).collect(),
-                seen: repairs::fingerprint(&row.diff),
+                seen: repairs::fingerprint(&row),
                 diff: row.diff.clone(),
                 table: repairs::table_of(&row)
                     .into_iter()

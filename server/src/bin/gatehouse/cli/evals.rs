@@ -77,7 +77,7 @@ pub enum RepairCommand {
         #[arg(long)]
         json: bool,
     },
-    /// A proposal's diff and its before/after table.
+    /// A proposal's diff and its before/after table, and the `seen` value that names them.
     Show { id: i64 },
     /// Apply a proposal: its files are written atomically and committed if the config folder is
     /// a git working tree. The running processes reload the catalog (see `tools reload`).
@@ -86,6 +86,10 @@ pub enum RepairCommand {
         /// Needed for a proposal that breaks a case that passes today.
         #[arg(long)]
         confirm_regressions: bool,
+        /// The `seen` value `repair show` printed: a proposal whose diff or table changed since
+        /// is refused (REPAIR_CHANGED), never applied unread.
+        #[arg(long)]
+        seen: Option<String>,
     },
     /// Reject a proposal; its files are never touched.
     Reject {
@@ -268,7 +272,7 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
         RepairCommand::Show { id } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
             let row = store::get_repair(&mut conn, *id).await.map_err(runtime)?.ok_or_else(|| usage(format!("REPAIR_NOT_FOUND: there is no repair {id}")))?;
-            println!("repair #{} ({}): {}\n", row.id, row.state, row.summary);
+            println!("repair #{} ({}): {}\nseen: {}\n", row.id, row.state, row.summary, repairs::fingerprint(&row));
             print!("{}", row.diff);
             println!("\n{:<28} {:<24} {:<34} after", "case", "expect", "before");
             for t in repairs::table_of(&row) {
@@ -283,9 +287,9 @@ async fn repair_with(gatehouse: &Gatehouse, cmd: &RepairCommand) -> Result<(), F
                 println!("{:<28} {:<24} {before:<34} {} {}{flag}", t.case, t.expect, mark(t.after_pass), t.after);
             }
         }
-        RepairCommand::Approve { id, confirm_regressions } => {
+        RepairCommand::Approve { id, confirm_regressions, seen } => {
             let mut conn = gatehouse.db.pool.acquire().await.map_err(runtime)?;
-            let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions, None).await.map_err(decision)?;
+            let row = repairs::approve(&mut conn, &workspace(gatehouse), *id, &cli, *confirm_regressions, seen.as_deref()).await.map_err(decision)?;
             // The reload needs connections of its own (a pool of one would wait for this one).
             drop(conn);
             println!("repair #{} applied: {}. {}", row.id, row.summary, tell_processes(gatehouse).await);
