@@ -1,7 +1,8 @@
 //! The tool-call audit writer: every call's row (and every owner notice a hook raises) is
 //! written in batches on a background task. It never drops a row silently: text is cleaned
 //! before writing (PostgreSQL refuses NUL in TEXT), a batch the database cannot take now (a full
-//! disk, the database out of reach) is held whole and written once it can, a batch that keeps
+//! disk, the database out of reach) is held whole (up to 100,000 rows and notices; more are
+//! counted lost) and written once it can, a batch that keeps
 //! failing otherwise is split so one bad row cannot take others with it, and a row that still
 //! cannot be written is logged as an error with what identifies it and counted in
 //! `tool_audit_rows_lost_total`.
@@ -130,9 +131,14 @@ fn release(flushes: &mut Vec<oneshot::Sender<()>>) {
 
 /// Whether a failed write is the database's state rather than the rows' fault: no room, or no
 /// database to reach for now. The rows are then held, not split and lost. A pool closed (the
-/// process is stopping) never comes back.
+/// process is stopping) never comes back ([`closed`]).
 fn not_the_rows(e: &DbError) -> bool {
-    e.is_storage_full() || (e.is_unavailable() && !matches!(e, DbError::Sql(sqlx::Error::PoolClosed)))
+    e.is_storage_full() || (e.is_unavailable() && !closed(e))
+}
+
+/// The pool is closed: the process is stopping, and nothing more will be written.
+fn closed(e: &DbError) -> bool {
+    matches!(e, DbError::Sql(sqlx::Error::PoolClosed))
 }
 
 /// Logs and counts `batch` as lost, with why.
@@ -148,26 +154,40 @@ fn lost(batch: &Batch, code: &str, why: &str) {
 
 /// Holds `batch`, which the database cannot take for its own state (`first`), and tries it
 /// again every [`HOLD_RETRY`] until it can. Meanwhile what is sent joins it (up to
-/// [`HOLD_MAX`]; more is counted lost) and every flush is answered at once: a full disk must
-/// not hold up the console. `Some` gives the batch back when it fails otherwise now.
+/// [`HOLD_MAX`]; more is counted lost) and every flush is answered between tries (a try waits
+/// at most for a connection): a full disk must not hold up the console. `Some` gives the batch back when it fails otherwise now.
 async fn hold(db: &Db, queue: &JobQueue, mut batch: Batch, first: &DbError, rx: &mut mpsc::UnboundedReceiver<AuditMsg>) -> Option<Batch> {
     tracing::warn!(code = first.code(), error = %first, rows = batch.len(), "tool audit rows are held until the database can take them");
     let mut tick = tokio::time::interval(HOLD_RETRY);
+    // A try that took long (an unreachable database waits for its connection) is followed by a
+    // pause, not by the tries it missed.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut over = 0_u64;
+    let over_lost = |over: u64| {
+        if over > 0 {
+            tracing::error!(code = first.code(), rows = over, "tool audit rows sent past the {HOLD_MAX} held were lost");
+        }
+    };
     loop {
         tokio::select! {
             _ = tick.tick() => match write(db, queue, &batch).await {
                 Ok(()) => {
                     tracing::info!(rows = batch.len(), "held tool audit rows written");
-                    if over > 0 {
-                        tracing::error!(code = first.code(), rows = over, "tool audit rows past the {HOLD_MAX} held were lost");
-                    }
+                    over_lost(over);
                     return None;
                 }
                 Err(e) if not_the_rows(&e) => {}
+                Err(e) if closed(&e) => {
+                    lost(&batch, e.code(), "the process is stopping");
+                    over_lost(over);
+                    return None;
+                }
                 // Something else now: judged as any failed batch.
-                Err(_) => return Some(batch),
+                Err(_) => {
+                    over_lost(over);
+                    return Some(batch);
+                }
             },
             msg = rx.recv() => match msg {
                 Some(AuditMsg::Flush(done)) => {
@@ -182,6 +202,7 @@ async fn hold(db: &Db, queue: &JobQueue, mut batch: Batch, first: &DbError, rx: 
                 // Every writer is gone: the process is stopping.
                 None => {
                     lost(&batch, first.code(), "the process stopped while the database could not take it");
+                    over_lost(over);
                     return None;
                 }
             },
@@ -213,6 +234,9 @@ async fn write_or_split(db: &Db, queue: &JobQueue, batch: Batch, flushes: &mut V
                     pending.push(back);
                 }
             }
+            // The process is stopping: nothing more will be written, and splitting only delays
+            // saying so.
+            Err(e) if closed(&e) => lost(&batch, e.code(), "the process is stopping"),
             Err(_) if batch.len() > 1 => {
                 let (a, b) = batch.split();
                 pending.push(b);
