@@ -203,6 +203,17 @@ mod tests {
         problems_at("[approvals.reasons]\nrisk = \"words\"\nAPPROVAL_RISK = \" \"\n", &["approvals.reasons.risk", "approvals.reasons.APPROVAL_RISK"]);
     }
 
+    /// The owner commands' answers must be set, `/jobs` must show the jobs, and the requester's
+    /// words may name only `{number}` (the prompt's own placeholders are filled in after them).
+    #[test]
+    fn command_answers_and_requester_words_are_checked() {
+        problems_at(
+            "[conversation]\njobs_reply = \"Latest\"\nstatus_reply = \" \"\n[approvals]\nrequester_customer = \"{args} +{number}\"\n",
+            &["conversation.jobs_reply", "conversation.status_reply", "approvals.requester_customer"],
+        );
+        assert!(load_text("[approvals]\nrequester_customer = \"Kunde +{number}\"\n").is_ok());
+    }
+
     /// The owner's prompt leaves the call's arguments room in WhatsApp's body, and shows them
     /// once (they are cut to fit once); a degraded budget warns the owners when it starts.
     #[test]

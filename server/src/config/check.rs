@@ -86,6 +86,15 @@ pub(super) fn values(figment: &Figment, settings: &Settings) -> Vec<Problem> {
         "conversation.rate_limited_reply",
         "must be set (and fit one WhatsApp message) when conversation.rate_limit or group_rate_limit is above 0".into(),
     );
+    // An empty answer would leave the owner's command unanswered; one too long, unsent.
+    for (key, text) in conv.command_texts() {
+        need(!text.trim().is_empty() && text.chars().count() <= 4096, key, "must be set and fit one WhatsApp message (4,096 characters)".into());
+    }
+    need(conv.jobs_reply.contains("{jobs}"), "conversation.jobs_reply", "must show {jobs}, the latest jobs".into());
+    for (key, text) in [("approvals.requester_owner", &settings.approvals.requester_owner), ("approvals.requester_customer", &settings.approvals.requester_customer)] {
+        let other = text.replace("{number}", "");
+        need(!other.contains('{'), key, "may name {number} only (it is filled into approvals.owner_prompt, whose own placeholders come after it)".into());
+    }
     for (key, value) in [
         ("conversation.rate_window", conv.rate_window),
         ("private_data.notice_every", settings.private_data.notice_every),

@@ -92,6 +92,17 @@ pub struct ConversationSettings {
     pub simulator_customer: String,
 }
 
+impl ConversationSettings {
+    /// The owner commands' answers, by key, for `check-config`.
+    pub fn command_texts(&self) -> [(&'static str, &str); 8] {
+        super::texts_by_key!(
+            self, "conversation":
+            status_reply, status_no_jobs, jobs_reply, jobs_empty_reply, unknown_command_reply,
+            wrong_usage_reply, wrong_no_trace_reply, wrong_noted_reply
+        )
+    }
+}
+
 impl Default for ConversationSettings {
     fn default() -> Self {
         Self {

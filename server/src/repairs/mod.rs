@@ -104,9 +104,9 @@ pub enum RepairError {
     Decided { id: i64, state: String },
     #[error("REPAIR_NEEDS_CONFIRMATION: repair {0} breaks a case that passes today; approve it again confirming the regressions")]
     NeedsConfirmation(i64),
-    #[error("REPAIR_REPLAY_CHANGED: replayed over today's cases and files, repair {id} breaks {regressions} case(s) that pass, more than its table said; the table is updated: review it, then approve again")]
+    #[error("REPAIR_REPLAY_CHANGED: replayed over today's cases and files, repair {id} breaks {regressions} case(s) that pass, among them one its table did not list; the table is updated: review it, then approve again")]
     ReplayChanged { id: i64, regressions: i64 },
-    #[error("REPAIR_CHANGED: repair {0} was brought up to date since it was shown (a cycle found its file changed); look at it again, then approve it")]
+    #[error("REPAIR_CHANGED: repair {0} changed since it was shown (a cycle brought its diff up to date, or a replay its table); look at it again, then approve it")]
     Changed(i64),
     #[error("REPAIR_STALE: {0} changed since the repair was proposed; propose again")]
     Stale(String),

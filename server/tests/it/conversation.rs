@@ -532,17 +532,24 @@ async fn owner_commands_answer_in_the_configured_words(db: TestDb) {
     s.conversation.jobs_empty_reply = "Noch keine Aufträge.".into();
     s.conversation.unknown_command_reply = "Den Befehl /{name} gibt es nicht.".into();
     s.conversation.wrong_usage_reply = "Sag, was es hätte sein sollen.".into();
+    s.conversation.wrong_no_trace_reply = "Nichts zu markieren.".into();
+    s.conversation.wrong_noted_reply = "Notiert: #{trace} hätte {expect} sein sollen.".into();
+    s.conversation.jobs_reply = "Letzte Aufträge:\n{jobs}".into();
     let settings = Arc::new(s);
     let model = llm::from_settings(&settings, &r.secrets()).expect("model");
     let runtime = runtime(&r.db, settings, r.secrets(), model);
     let mut replies = Vec::new();
-    for (id, text) in [("de1", "/status"), ("de2", "/jobs"), ("de3", "/nope"), ("de4", "/wrong maybe")] {
+    let asked = [("de1", "/status"), ("de2", "/jobs"), ("de3", "/nope"), ("de4", "/wrong maybe"), ("de5", "/wrong normal_chat"), ("de6", "Hello there"), ("de7", "/wrong normal_chat"), ("de8", "/jobs")];
+    for (id, text) in asked {
         replies.push(runtime.handle(&msg(id, OWNER_PHONE, text)).await.expect("handle").reply.unwrap_or_default());
     }
     assert!(replies[0].starts_with("Gatehouse ") && replies[0].ends_with(" läuft. Aufträge: keine."), "{replies:?}");
     assert_eq!(replies[1], "Noch keine Aufträge.");
     assert!(replies[2].starts_with("Den Befehl /nope gibt es nicht.\nOwner commands:"), "{replies:?}");
     assert_eq!(replies[3], "Sag, was es hätte sein sollen.");
+    assert_eq!(replies[4], "Nichts zu markieren.", "no earlier answer yet");
+    assert!(replies[6].starts_with("Notiert: #") && replies[6].ends_with(" hätte normal_chat sein sollen."), "{replies:?}");
+    assert!(replies[7].starts_with("Letzte Aufträge:\n#") && replies[7].contains("evals.mark"), "the marking's job: {replies:?}");
 }
 both_backends!(conversation_owner_command_words, owner_commands_answer_in_the_configured_words);
 
