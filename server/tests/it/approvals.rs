@@ -136,24 +136,30 @@ async fn an_expiry_outside_the_window_is_not_called_told(db: TestDb) {
 }
 both_backends!(approvals_expiry_outside_window, an_expiry_outside_the_window_is_not_called_told);
 
-/// "That needs the owner's approval" is said only while it is true: the reply whose send is
-/// retried after the owner's decision reached the customer is not sent (`REPLY_SUPERSEDED`).
-/// Before, the customer read that an owner was asked after they were told the decision.
-async fn a_wait_for_an_owner_overtaken_by_the_decision_is_not_said(db: TestDb) {
+/// A rig in which customers may ask for high-risk calls, the first send of `lane.approval_reply`
+/// meets a Meta server error, and the message's job tries its reply again long after any
+/// decision. With that reply and `approvals.requester_rejected`.
+async fn waiting_reply_refused_once(db: TestDb) -> (Rig, String, String) {
     let r = rig(db, |s| {
         s.lane.customer_max_risk = server::config::lane::RiskCeiling::High;
         s.whatsapp.send_attempts = 1;
-        // The message's job tries its reply again long after the decision.
         s.jobs.retry_base = Duration::from_secs(3600);
         s.jobs.retry_max = Duration::from_secs(7200);
     })
     .await;
-    r.add_owner().await;
     let waiting = r.app.state.config.settings.lane.approval_reply.clone();
     let told = r.app.state.config.settings.approvals.requester_rejected.clone();
-    // The reply's first send meets a Meta server error.
     let (failed, reply) = (Arc::new(AtomicBool::new(false)), waiting.clone());
     r.graph.set_rule(move |body, _| (body["text"]["body"] == reply.as_str() && !failed.swap(true, Ordering::SeqCst)).then(|| crate::whatsapp::graph_error(503, 2, "Service temporarily unavailable")));
+    (r, waiting, told)
+}
+
+/// "That needs the owner's approval" is said only while it is true: the reply whose send is
+/// retried after the owner's decision reached the customer is not sent (`REPLY_SUPERSEDED`).
+/// Before, the customer read that an owner was asked after they were told the decision.
+async fn a_wait_for_an_owner_overtaken_by_the_decision_is_not_said(db: TestDb) {
+    let (r, waiting, told) = waiting_reply_refused_once(db).await;
+    r.add_owner().await;
     // The refused reply and the owner's question.
     r.exchange(&[("wamid.WAITING", "Please refund my order 4821")], 2).await;
     let id: i64 = sqlx::query_scalar("SELECT id FROM approvals").fetch_one(&r.app.state.db.pool).await.expect("approval");
@@ -178,17 +184,7 @@ both_backends!(approvals_wait_superseded, a_wait_for_an_owner_overtaken_by_the_d
 /// whose second asked another), one of them decided: the other still waits, so the word that an
 /// owner was asked, sent again, still goes out.
 async fn a_wait_for_two_requests_is_said_while_one_waits(db: TestDb) {
-    let r = rig(db, |s| {
-        s.lane.customer_max_risk = server::config::lane::RiskCeiling::High;
-        s.whatsapp.send_attempts = 1;
-        s.jobs.retry_base = Duration::from_secs(3600);
-        s.jobs.retry_max = Duration::from_secs(7200);
-    })
-    .await;
-    let waiting = r.app.state.config.settings.lane.approval_reply.clone();
-    let told = r.app.state.config.settings.approvals.requester_rejected.clone();
-    let (failed, reply) = (Arc::new(AtomicBool::new(false)), waiting.clone());
-    r.graph.set_rule(move |body, _| (body["text"]["body"] == reply.as_str() && !failed.swap(true, Ordering::SeqCst)).then(|| crate::whatsapp::graph_error(503, 2, "Service temporarily unavailable")));
+    let (r, waiting, told) = waiting_reply_refused_once(db).await;
     r.exchange(&[("wamid.TWO", "Please refund my order 4821")], 1).await;
     let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), message_id: "wamid.TWO".into(), actor: server::domain::Role::Customer, ..console_requester("corr-two") };
     r.app.gatehouse.approvals.request(&json_call("4822"), &who, None, None).await.expect("the second request");

@@ -24,6 +24,15 @@ use crate::{
 const MISROUTED: &str = "what does the menu on bistro-example.com say";
 
 /// A copy of the shipped config folder, so a test may let a repair write to it.
+/// A copy of the shipped config folder, an app on it with the shipped lane, and the workspace
+/// repairs are proposed, replayed and applied in.
+async fn repair_rig(db: TestDb) -> (tempfile::TempDir, TestApp, Workspace) {
+    let dir = shipped_config_copy();
+    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
+    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    (dir, app, ws)
+}
+
 fn shipped_config_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config"));
@@ -177,9 +186,7 @@ both_backends!(evals_repair_loop, a_marked_trace_becomes_a_repair_the_owner_appr
 /// confirmation; a rejection needs a reason and touches nothing; a file edited since the
 /// proposal is not overwritten.
 async fn regressions_ask_twice_and_nothing_is_applied_without_an_owner(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     // The same words, two expectations: whatever routes one to the tool routes the other too.
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch"), case("just-chat", &format!("{MISROUTED}!"), "normal_chat")];
     let proposals = repairs::propose(&ws, &cases, None).await.expect("propose");
@@ -253,9 +260,7 @@ both_backends!(evals_repair_regressions, regressions_ask_twice_and_nothing_is_ap
 /// the repair breaks, stops the approval (`REPAIR_REPLAY_CHANGED`) and shows in the stored
 /// table; approving again then asks for the confirmation that every regression needs.
 async fn a_repair_is_replayed_again_when_approved(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     store::upsert_case(&mut conn, &case("wants-page", MISROUTED, "tool:web_fetch").to_row()).await.expect("case");
     let cases = findings::cases(&mut conn).await.expect("cases");
@@ -288,9 +293,7 @@ both_backends!(evals_repair_replayed_on_approval, a_repair_is_replayed_again_whe
 /// and an approval made from the table before that replay then finds the repair changed
 /// (`REPAIR_CHANGED`). Before, the count alone was compared and the repair applied.
 async fn a_repair_that_breaks_another_case_than_shown_is_not_applied(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     store::upsert_case(&mut conn, &case("wants-page", MISROUTED, "tool:web_fetch").to_row()).await.expect("case");
     store::upsert_case(&mut conn, &case("just-chat", &format!("{MISROUTED}!"), "normal_chat").to_row()).await.expect("case");
@@ -325,9 +328,7 @@ both_backends!(evals_repair_other_regression, a_repair_that_breaks_another_case_
 /// make one row. While another transaction holds the repairs, both wait; then the approval is
 /// applied and the proposal stored.
 async fn repair_writers_wait_for_each_other(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     let p = repairs::propose(&ws, &[case("wants-page", MISROUTED, "tool:web_fetch")], None).await.expect("propose").into_iter().next().expect("a proposal");
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let (row, _) = repairs::store(&mut conn, &p).await.expect("store");
@@ -362,9 +363,7 @@ both_backends!(evals_repair_writers_serialised, repair_writers_wait_for_each_oth
 /// is proposed again, wherever the edit now lands in the file, and can then be approved; a
 /// rejected edit is not proposed again because lines above it moved.
 async fn the_same_edit_proposed_again_updates_a_stale_proposal(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch")];
     let propose = async || repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal");
 
@@ -440,9 +439,7 @@ async fn bring_up_to_date(conn: &mut sqlx::AnyConnection, row: &store::RepairRow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_brought_up_to_date_during_its_approval_is_not_applied() {
     let Some(db) = TestDb::postgres().await else { return };
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (dir, app, ws) = repair_rig(db).await;
     let cases = vec![case("wants-page", MISROUTED, "tool:web_fetch")];
     let proposal = repairs::propose(&ws, &cases, None).await.expect("propose").into_iter().find(|p| p.case_ids == vec!["wants-page".to_string()]).expect("a proposal");
     let original = std::fs::read_to_string(dir.path().join("tools.toml")).expect("read");
@@ -492,9 +489,7 @@ fn first_changed_line(diff: &str) -> usize {
 /// the first proposal is that tool's own `plan_threshold` (not a phrase of this one message),
 /// replayed with no regression; once approved, the same message plans with that tool.
 async fn a_right_tool_short_of_the_threshold_gets_its_own(db: TestDb) {
-    let dir = shipped_config_copy();
-    let app = TestApp::in_dir_with(db, dir.path(), server::config::Secrets::default(), |s| s.lane = shipped_lane()).await;
-    let ws = Workspace { config_dir: dir.path().to_path_buf(), secrets: server::config::SecretSource::empty(), settings: Arc::new(app.state.config.settings.clone()), live: app.state.tools.catalog() };
+    let (_dir, app, ws) = repair_rig(db).await;
     let message = "the web page about cats";
     let cases = vec![case("cats-page", message, "tool:web_fetch"), case("goodbye", "thanks, see you tomorrow", "normal_chat")];
     let before = repairs::run_all(&ws.judge().expect("judge"), &cases).await;
