@@ -39,11 +39,11 @@ impl Period {
         self.into()
     }
 
-    /// How an owner reads it in a warning.
-    fn spoken(self) -> &'static str {
+    /// How an owner reads it in a warning (`budget.period_day`, `budget.period_month`).
+    fn spoken(self, b: &crate::config::BudgetSettings) -> &str {
         match self {
-            Self::Day => "today",
-            Self::Month => "this month",
+            Self::Day => b.period_day.trim(),
+            Self::Month => b.period_month.trim(),
         }
     }
 }
@@ -262,7 +262,7 @@ impl Budget {
         if claimed_top {
             let mut message = b
                 .warning
-                .replace("{period}", period.period.spoken())
+                .replace("{period}", period.period.spoken(b))
                 .replace("{percent}", &percent.to_string())
                 .replace("{spent}", &usd(period.spent_micro_usd))
                 .replace("{budget}", &usd(period.budget_micro_usd));

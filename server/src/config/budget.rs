@@ -34,9 +34,12 @@ pub struct BudgetSettings {
     pub at_limit: AtLimit,
     /// What a customer is told instead of an answer while `at_limit = "degraded"` applies.
     pub limit_reply: String,
-    /// The warning to owners: `{period}` (today, this month), `{percent}`, `{spent}` and
-    /// `{budget}` (US dollars) are filled in.
+    /// The warning to owners: `{period}` (`period_day` or `period_month`), `{percent}`,
+    /// `{spent}` and `{budget}` (US dollars) are filled in.
     pub warning: String,
+    /// `{period}` in `warning`, for the daily and the monthly budget.
+    pub period_day: String,
+    pub period_month: String,
     /// Added to the warning at 100% when `at_limit = "degraded"`.
     pub degraded_notice: String,
     /// How often a process re-reads the period's spend from the database (other processes'
@@ -54,6 +57,8 @@ impl Default for BudgetSettings {
             at_limit: AtLimit::WarnOnly,
             limit_reply: "Sorry, I can't answer right now. The business has been told and will get back to you.".into(),
             warning: "Gatehouse: model spend {period} is at {percent}% of its budget (${spent} of ${budget}).".into(),
+            period_day: "today".into(),
+            period_month: "this month".into(),
             degraded_notice: "Customers now get the budget's limit reply until the period ends; owners are still answered.".into(),
             refresh: Duration::from_secs(30),
         }
@@ -67,7 +72,7 @@ impl BudgetSettings {
     }
 
     /// Every text, by its key, for `check-config`.
-    pub fn texts(&self) -> [(&'static str, &str); 3] {
-        super::texts_by_key!(self, "budget": limit_reply, warning, degraded_notice)
+    pub fn texts(&self) -> [(&'static str, &str); 5] {
+        super::texts_by_key!(self, "budget": limit_reply, warning, degraded_notice, period_day, period_month)
     }
 }

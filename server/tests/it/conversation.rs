@@ -696,6 +696,8 @@ async fn budget_warns_each_share_once_and_limits_customers(db: TestDb) {
     settings.models.prices = vec![server::config::ModelPrice { model: CHAT_MODEL.into(), input: 1000.0, output: 1000.0, cache_read: None, cache_write: None }];
     settings.budget.daily_usd = 0.05;
     settings.budget.at_limit = server::config::AtLimit::Degraded;
+    // The period in the deployment's words.
+    settings.budget.period_day = "heute".into();
     let limit_reply = settings.budget.limit_reply.clone();
     let settings = Arc::new(settings);
     let counted = |settings: &Arc<Settings>| {
@@ -723,7 +725,7 @@ async fn budget_warns_each_share_once_and_limits_customers(db: TestDb) {
     assert_eq!(seen, [0, 1, 2, 3], "one warning at each share, when it is crossed");
     let given = notices().await;
     assert_eq!(given.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["BUDGET_WARNING", "BUDGET_WARNING", "BUDGET_EXHAUSTED"]);
-    assert!(given[0].1.contains("today is at 60% of its budget ($0.03 of $0.05)"), "the spend as it is when the share is crossed: {given:?}");
+    assert!(given[0].1.contains("heute is at 60% of its budget ($0.03 of $0.05)"), "the spend as it is when the share is crossed: {given:?}");
     assert!(given[2].1.contains("Customers now get"), "the 100% warning says what happens: {given:?}");
     let deliveries: i64 = sqlx::query("SELECT COUNT(*) FROM jobs WHERE kind = 'owner.notify'").fetch_one(&r.db.pool).await.expect("jobs").get(0);
     assert_eq!(deliveries, 3, "each warning goes to the owner's number on WhatsApp");
