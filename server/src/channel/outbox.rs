@@ -133,7 +133,7 @@ impl Outbound for Outbox {
         let mut conn = self.db.pool.acquire().await?;
         Ok(match to.channel.as_str() {
             SIMULATOR => sim::has_message(&mut conn, &sim_message_id(job_id)).await?,
-            WHATSAPP => db::whatsapp::outbound_for_job(&mut conn, job_id).await?.iter().any(|part| part.wamid.is_some()),
+            WHATSAPP => db::whatsapp::outbound_for_job(&mut conn, job_id).await?.iter().any(db::whatsapp::OutboundRow::went_out),
             _ => false,
         })
     }

@@ -1155,6 +1155,15 @@ async fn an_accepted_part_without_a_wamid_is_sent(db: TestDb) {
     assert_eq!(post_signed(&app, &status_envelope(vec![cb])).await.status, StatusCode::OK);
     assert_eq!(sender.send_text(961, &to, "Fresh.", None).await.expect("send"), SendOutcome::Sent { parts: 1, already_sent: 0 });
     assert_eq!(graph.texts().last().map(String::as_str), Some("Fresh."));
+
+    // A part accepted without a wamid went out: whoever asks (a stopped call's notice, the
+    // unhandled-message notice, a stale acknowledgement) is not told otherwise.
+    graph.set_rule(|_, _| Some((200, json!({ "messaging_product": "whatsapp" }))));
+    assert_eq!(sender.send_text(963, &to, "Short.", None).await.expect("send"), SendOutcome::Sent { parts: 1, already_sent: 0 });
+    graph.set_rule(|_, _| None);
+    let outbox = server::channel::Outbox::new(app.state.db.clone(), sender.clone(), app.gatehouse.jobs.telemetry().clone());
+    let reply_to = server::channel::ReplyTo { channel: server::channel::WHATSAPP.into(), chat_id: to.id.clone(), chat_kind: server::domain::ChatKind::Direct, message_id: "wamid.ASKED".into() };
+    assert!(server::channel::Outbound::went_out(&outbox, &reply_to, 963).await.expect("went out"), "accepted without a wamid is sent");
 }
 both_backends!(whatsapp_accepted_without_wamid, an_accepted_part_without_a_wamid_is_sent);
 

@@ -184,7 +184,7 @@ impl InboundJob {
             && let Some(trace_id) = handled.trace_id
         {
             let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
-            let started = store::outbound_by_key(&mut conn, &super::sender::part_key(ctx.job.id, 0)).await.map_err(JobError::from)?.is_some_and(|part| part.wamid.is_some());
+            let started = store::outbound_by_key(&mut conn, &super::sender::part_key(ctx.job.id, 0)).await.map_err(JobError::from)?.is_some_and(|part| part.went_out());
             let stale = !started
                 && db::traces::later_delivery_sent(&mut conn, trace_id).await.map_err(JobError::from)?
                 && (ack == Acknowledgement::Underway || db::approvals::asked_by(&mut conn, &inbound.channel, &inbound.message_id).await.map_err(JobError::from)?.iter().all(|r| r.state != db::approvals::State::Pending));

@@ -74,7 +74,7 @@ impl Unhandled {
         if parts.iter().any(|p| p.state == DeliveryState::Failed) {
             return Ok("Meta refused its reply for good: the undelivered-reply notice tells the owners");
         }
-        if !parts.is_empty() && parts.iter().all(|p| p.wamid.is_some()) {
+        if !parts.is_empty() && parts.iter().all(store::OutboundRow::went_out) {
             return Ok("its reply went out: no notice");
         }
         // The answer the reply was to announce went out on its own (a slow tool's, an owner's

@@ -86,6 +86,15 @@ pub struct OutboundRow {
     pub failed_at: Option<i64>,
 }
 
+impl OutboundRow {
+    /// Whether Meta took this part: its wamid is known, or its send was accepted with an answer
+    /// that named none (sent, the status callback to fill the wamid in), or a callback moved it
+    /// on. Not a part queued or failed.
+    pub fn went_out(&self) -> bool {
+        self.wamid.is_some() || matches!(self.state, DeliveryState::Sent | DeliveryState::Delivered | DeliveryState::Read)
+    }
+}
+
 const OUTBOUND_COLUMNS: &str = "id, idempotency_key, job_id, part, recipient, is_group, kind, body, quoted_id, wamid, state, attempts, \
     send_started_at, error_code, error_message, created_at, updated_at, sent_at, delivered_at, read_at, failed_at";
 
