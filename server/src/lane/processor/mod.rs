@@ -168,6 +168,12 @@ impl Processor {
         }
     }
 
+    /// The answer of a call that failed with `code` before or without its result: the lane's
+    /// configured text for a failed call.
+    fn not_made(&self, code: &str) -> Answer {
+        Answer::failed(self.summarizer.without_tool(&ToolResult::Failed { code: code.into() }), code)
+    }
+
     /// Why job `row`'s approval does not let it run, if it names one: the approval must exist,
     /// be approved, and be for this tool, this definition, these arguments and this job, whose
     /// owner has not cancelled it. A cancel ends the approval (`JOB_CANCELLED`, its approver and
@@ -219,8 +225,7 @@ impl Processor {
             Some(NotGranted::Claimed(why)) => {
                 tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, reason = %why, "a tool call names an approval it does not have; not run");
                 let code = ToolCode::ApprovalNotGranted.as_str();
-                let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-                return Ok(Answer::failed(text, code));
+                return Ok(self.not_made(code));
             }
             None => {}
         }
@@ -255,8 +260,7 @@ impl Processor {
             }
             let code = code.as_str();
             tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, tool = %job.tool, attempt = row.attempt, call_attempts = self.call_attempts, code, "{why}");
-            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return Ok(Answer::failed(text, code));
+            return Ok(self.not_made(code));
         }
         let (answer, maybe_applied) = self.run(job, &row.correlation_id).await;
         if unsafe_repeat && answer.failure.is_some() {
@@ -351,8 +355,7 @@ impl Processor {
         if let Some(reason) = self.changed_since_accepted(job, &ctx) {
             tracing::warn!(correlation_id, tool = %job.tool, reason = %reason, "the tool changed since the call was accepted; not run");
             let code = ToolCode::Changed.as_str();
-            let text = self.summarizer.without_tool(&ToolResult::Failed { code: code.into() });
-            return (Answer::failed(text, code), false);
+            return (self.not_made(code), false);
         }
         // The definition the call runs with, which summarizes its result: a catalog reloaded or
         // an MCP tool quarantined while it runs does not turn a call that happened into a failure.
@@ -373,9 +376,7 @@ impl Processor {
         };
         let Some(tool) = ran_with.or_else(|| self.checkpoint.catalog().get(&job.tool)) else {
             // Not in the catalog (the call was refused as unknown): nothing to summarize with.
-            let failed = ToolResult::Failed { code: ToolCode::Unknown.as_str().into() };
-            let text = self.summarizer.without_tool(&failed);
-            return (Answer::failed(text, ToolCode::Unknown.as_str()), false);
+            return (self.not_made(ToolCode::Unknown.as_str()), false);
         };
         let mut input = SummaryInput::new(correlation_id, &job.request, &tool, result);
         input.hidden_values = vec![job.reply_to.chat_id.clone(), job.sender.clone()];
