@@ -143,21 +143,17 @@ fn mcp_error(e: McpError) -> AppError {
 /// same-site, to [`FINISH_PATH`], where the owner's session (a SameSite=Strict cookie, not sent
 /// on the cross-site redirect itself) finishes the login that owner started.
 pub mod oauth_routes {
-    use std::sync::Arc;
-
-    use app::{auth::ClientIp, backend::SharedBackend};
+    use app::{auth::ClientIp, dto::ShellInfo};
     use axum::{
         Extension, Form, Router,
         extract::{Query, State},
-        http::{HeaderValue, StatusCode, header},
+        http::{HeaderValue, header},
         response::{Html, IntoResponse, Redirect, Response},
         routing::{get, post},
     };
-    use tower_sessions::Session;
-
     use crate::{
         tools::mcp::{AuditActor, CALLBACK_PATH, FINISH_PATH},
-        web::{AppState, console::ConsoleBackend},
+        web::AppState,
     };
 
     pub const START_PATH: &str = app::pages::mcp::OAUTH_START;
@@ -170,11 +166,6 @@ pub mod oauth_routes {
     /// The callback, outside the guard: it only hands the answer on to [`FINISH_PATH`].
     pub fn callback_route() -> Router {
         Router::new().route(CALLBACK_PATH, get(callback))
-    }
-
-    async fn owner(state: &AppState, session: &Session) -> Option<i64> {
-        let backend: SharedBackend = Arc::new(ConsoleBackend::new(state.clone()));
-        app::auth::owner_of(session, &backend).await.ok().flatten().map(|me| me.owner_id)
     }
 
     fn back_to_page(query: &str) -> Response {
@@ -190,8 +181,10 @@ pub mod oauth_routes {
         server: String,
     }
 
-    async fn start(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
-        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
+    /// Both routes are behind the console guard, which lets a request in only with the owner
+    /// it read ([`ShellInfo`], one read of the session) in its extensions.
+    async fn start(State(state): State<AppState>, Extension(me): Extension<ShellInfo>, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
+        let owner_id = me.owner_id;
         let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
         match state.mcp.begin_login(&form.server, Some(owner_id), &by).await {
             Ok(url) => Redirect::to(&url).into_response(),
@@ -224,8 +217,8 @@ pub mod oauth_routes {
         error: Option<String>,
     }
 
-    async fn finish(State(state): State<AppState>, session: Session, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
-        let Some(owner_id) = owner(&state, &session).await else { return StatusCode::UNAUTHORIZED.into_response() };
+    async fn finish(State(state): State<AppState>, Extension(me): Extension<ShellInfo>, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
+        let owner_id = me.owner_id;
         if q.error.is_some() {
             return failed("MCP_OAUTH_DENIED");
         }

@@ -235,6 +235,12 @@ pub async fn console_guard(State(guard): State<GuardState>, session: Session, re
         (false, false, "/login") => next.run(req).await,
         (true, _, _) => {
             slide(&session, &req, guard.slide);
+            let mut req = req;
+            if let Some(me) = owner {
+                // The owner this request was let in as: a route behind the guard takes it from
+                // here rather than reading the session again (a second read could fail alone).
+                req.extensions_mut().insert(me);
+            }
             next.run(req).await
         }
         // A form posted from a page whose session ended meanwhile: to the login, then back to
