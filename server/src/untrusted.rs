@@ -139,6 +139,36 @@ pub fn escape_unseen(json: &str) -> String {
     out
 }
 
+/// The longest start of JSON text `json` of at most `max` characters that does not end inside
+/// an escape: a cut never leaves `\u20` of `\u202e`, a lone `\` or half of a surrogate pair,
+/// which would read as another character or none.
+pub fn json_prefix(json: &str, max: usize) -> &str {
+    let mut chars = json.char_indices().peekable();
+    let (mut count, mut end) = (0, 0);
+    while let Some((at, c)) = chars.next() {
+        let mut len = 1;
+        if c == '\\' {
+            len += 1;
+            if chars.next().is_some_and(|(_, e)| e == 'u') {
+                let unit: String = (0..4).filter_map(|_| chars.next()).map(|(_, h)| h).collect();
+                len += unit.len();
+                // A high surrogate's escape and the low one after it are one character.
+                let high = u16::from_str_radix(&unit, 16).is_ok_and(|u| (0xD800..0xDC00).contains(&u));
+                if high && json[at..].get(6..8) == Some("\\u") {
+                    len += 6;
+                    chars.nth(5);
+                }
+            }
+        }
+        if count + len > max {
+            return &json[..end];
+        }
+        count += len;
+        end = chars.peek().map_or(json.len(), |&(next, _)| next);
+    }
+    json
+}
+
 /// `text` cut to at most `max` characters, the last being `…` when something was cut.
 pub fn cut(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
@@ -191,5 +221,21 @@ mod tests {
         assert!(!shown.chars().any(is_unseen), "{shown}");
         assert_eq!(serde_json::from_str::<Value>(&shown).expect("still JSON"), value, "the same call");
         assert_eq!(escape_unseen(r#"{"a":"b"}"#), r#"{"a":"b"}"#);
+    }
+
+    #[test]
+    fn a_json_prefix_never_ends_inside_an_escape() {
+        let json = r#"{"a":"x\u202ey\"z\\\udb40\udc41!"}"#;
+        let ends: Vec<&str> = (0..=json.len()).map(|max| json_prefix(json, max)).collect();
+        for (max, prefix) in ends.iter().enumerate() {
+            assert!(prefix.chars().count() <= max && json.starts_with(prefix), "{max}: {prefix}");
+        }
+        let distinct: std::collections::BTreeSet<&str> = ends.iter().copied().collect();
+        let expected = [
+            "", "{", "{\"", "{\"a", "{\"a\"", "{\"a\":", "{\"a\":\"", "{\"a\":\"x", r#"{"a":"x\u202e"#, r#"{"a":"x\u202ey"#, r#"{"a":"x\u202ey\""#,
+            r#"{"a":"x\u202ey\"z"#, r#"{"a":"x\u202ey\"z\\"#, r#"{"a":"x\u202ey\"z\\\udb40\udc41"#, r#"{"a":"x\u202ey\"z\\\udb40\udc41!"#, r#"{"a":"x\u202ey\"z\\\udb40\udc41!""#, json,
+        ];
+        assert_eq!(distinct, expected.into_iter().collect(), "a cut falls only between whole characters");
+        assert_eq!(json_prefix("héllo", 2), "hé");
     }
 }

@@ -66,8 +66,8 @@ impl Approvals {
             let total = display.chars().count();
             let cut = |more: usize| a.args_cut.replace("{more}", &more.to_string()).replace("{id}", &row.id.to_string());
             let room = max.saturating_sub(fill("").chars().count() + cut(total).chars().count());
-            let shown: String = display.chars().take(room).collect();
-            text = fill(&format!("{shown}{}", cut(total - room.min(total))));
+            let shown = crate::untrusted::json_prefix(&display, room);
+            text = fill(&format!("{shown}{}", cut(total - shown.chars().count())));
         }
         let buttons = vec![
             (Button::id_for(row.id, true, &row.nonce), a.approve_button.trim().to_string()),

@@ -615,10 +615,9 @@ async fn owners_see_the_call_without_secrets_or_personal_data(db: TestDb) {
 }
 both_backends!(approvals_redacted_display, owners_see_the_call_without_secrets_or_personal_data);
 
-/// Arguments too long for WhatsApp's 1,024-character body are cut, saying how much is left out
-/// (`approvals.args_cut`); the rest of the prompt stays whole, so the owner never reads a call
-/// that looks whole and is not.
-async fn arguments_too_long_for_the_prompt_are_cut_saying_so(db: TestDb) {
+/// The owner's WhatsApp prompt for `args` under a template of `{args}` and 990 more
+/// characters: the request's stored display and the body sent.
+async fn prompt_for_long_arguments(db: TestDb, args: Value) -> (String, String) {
     let rest = "R".repeat(990);
     let template = format!("{{args}}{rest}");
     let r = rig(db, move |s| {
@@ -628,18 +627,38 @@ async fn arguments_too_long_for_the_prompt_are_cut_saying_so(db: TestDb) {
     .await;
     r.add_owner().await;
     let who = server::approvals::Requester { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), sender: CUSTOMER.into(), actor: server::domain::Role::Customer, ..console_requester("corr-long") };
-    let call = server::tools::ToolCall { name: "refund_order".into(), args: json!({ "order_id": "7002", "email": "ana@example.com", "card_token": "tok_live_5f2a" }) };
+    let call = server::tools::ToolCall { name: "refund_order".into(), args };
     let requested = r.app.gatehouse.approvals.request(&call, &who, None, None).await.expect("request");
     r.exchange(&[], 1).await;
     let display: String = sqlx::query_scalar("SELECT display FROM approvals WHERE id = $1").bind(requested.id).fetch_one(&r.app.state.db.pool).await.expect("row");
     let asked = r.graph.sends().into_iter().find(|b| b["type"] == "interactive").expect("the owner was asked");
     let shown = asked["interactive"]["body"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(shown.ends_with(&rest), "the rest of the prompt stays whole: {shown}");
+    (display, shown)
+}
+
+/// Arguments too long for WhatsApp's 1,024-character body are cut, saying how much is left out
+/// (`approvals.args_cut`); the rest of the prompt stays whole, so the owner never reads a call
+/// that looks whole and is not.
+async fn arguments_too_long_for_the_prompt_are_cut_saying_so(db: TestDb) {
+    let (display, shown) = prompt_for_long_arguments(db, json!({ "order_id": "7002", "email": "ana@example.com", "card_token": "tok_live_5f2a" })).await;
     assert_eq!(shown.chars().count(), 1024, "{shown}");
-    let kept = 1024 - rest.len() - "…(+NN)".chars().count();
-    let expected = format!("{}…(+{}){rest}", display.chars().take(kept).collect::<String>(), display.chars().count() - kept);
+    let kept = 1024 - 990 - "…(+NN)".chars().count();
+    let expected = format!("{}…(+{}){}", display.chars().take(kept).collect::<String>(), display.chars().count() - kept, "R".repeat(990));
     assert_eq!(shown, expected);
 }
 both_backends!(approvals_long_arguments_cut, arguments_too_long_for_the_prompt_are_cut_saying_so);
+
+/// A cut that would fall inside an escape of a character that does not show (`\u202e`) falls
+/// before it: `\u2` would read as a different value.
+async fn a_cut_never_splits_an_escape(db: TestDb) {
+    let (display, shown) = prompt_for_long_arguments(db, json!({ "order_id": "\u{202E}".repeat(10) })).await;
+    assert_eq!(display, format!(r#"{{"order_id":"{}"}}"#, r"\u202e".repeat(10)));
+    // 28 characters would fit; the third escape would be cut after `\u2`.
+    let kept = r#"{"order_id":"\u202e\u202e"#;
+    assert_eq!(shown, format!("{kept}…(+{}){}", display.chars().count() - kept.chars().count(), "R".repeat(990)));
+}
+both_backends!(approvals_cut_whole_escapes, a_cut_never_splits_an_escape);
 
 /// The Approvals page's decision answers each refusal with its own status and code, not a
 /// server error: a request another owner decided first (409), one that is not there (404), and
