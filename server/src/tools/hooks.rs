@@ -52,10 +52,15 @@ pub struct HookSpec {
     /// For `redact`: the replacement text.
     #[serde(default = "default_replacement")]
     pub replacement: String,
-    /// For `notify_owner`: what the owner is told, before the tool and outcome.
+    /// For `notify_owner`: what the owner is told, before the tool and outcome; or the whole
+    /// notice when it names `{tool}` or `{code}` ([`HookSpec::notice`]).
     #[serde(default)]
     pub message: String,
 }
+
+/// What a `notify_owner` message may name: the tool, and the call's code (`OK`, or why it was
+/// refused or failed).
+const NOTICE_PLACEHOLDERS: [&str; 2] = ["{tool}", "{code}"];
 
 impl HookSpec {
     /// Why this hook cannot work as written, if it cannot.
@@ -65,6 +70,25 @@ impl HookSpec {
             (HookPoint::OnError, _) => Some("on_error hooks can only be notify_owner"),
             (HookPoint::AfterToolCall, _) => Some("after_tool_call hooks can only be redact or notify_owner"),
         }
+    }
+
+    /// Why this hook's `message` cannot work as written: it names a placeholder other than
+    /// `{tool}` and `{code}`, which would reach owners as typed.
+    pub fn message_problem(&self) -> Option<&'static str> {
+        let rest = NOTICE_PLACEHOLDERS.iter().fold(self.message.clone(), |text, p| text.replace(p, ""));
+        (self.kind == HookKind::NotifyOwner && rest.contains('{')).then_some("may name {tool} and {code} only")
+    }
+
+    /// The owners' notice for a call of `tool` that ended with `code` (`OK` when it succeeded).
+    /// A message naming `{tool}` or `{code}` is the whole notice, in the deployment's words;
+    /// another leads (or the hook's name does), and the tool and its outcome follow.
+    pub fn notice(&self, tool: &str, code: &str) -> String {
+        let message = self.message.trim();
+        if NOTICE_PLACEHOLDERS.iter().any(|p| message.contains(p)) {
+            return message.replace("{code}", code).replace("{tool}", tool);
+        }
+        let lead = if message.is_empty() { format!("Hook {}", self.name) } else { message.to_string() };
+        if code == "OK" { format!("{lead}: {tool} succeeded.") } else { format!("{lead}: {tool} ended with {code}.") }
     }
 }
 

@@ -558,6 +558,14 @@ kind = "notify_owner"
 tools = ["*"]
 pattern = "^TOOL_TIMEOUT"
 
+[[hook]]
+name = "lenta"
+point = "on_error"
+kind = "notify_owner"
+tools = ["slow"]
+pattern = "^TOOL_TIMEOUT"
+message = "La herramienta {tool} no respondió a tiempo ({code})."
+
 [audit]
 pii_fields = ["email"]
 "#;
@@ -591,12 +599,13 @@ async fn owners_are_notified_and_personal_data_stays_out_of_the_audit(db: TestDb
         vec![
             ("vip".into(), "OK".into(), "A VIP wrote: contact succeeded.".into()),
             ("slow-alert".into(), ToolCode::Timeout.as_str().into(), format!("Hook slow-alert: slow ended with {}.", ToolCode::Timeout.as_str())),
+            ("lenta".into(), ToolCode::Timeout.as_str().into(), format!("La herramienta slow no respondió a tiempo ({}).", ToolCode::Timeout.as_str())),
         ]
     );
     assert!(notices.iter().all(|n| n.correlation_id == "corr-9"));
     // Each notice is also on its way to every owner number on WhatsApp, as a durable job.
     let deliveries: Vec<String> = sqlx::query("SELECT args FROM jobs WHERE kind = 'owner.notify' ORDER BY id").fetch_all(&pool.pool).await.expect("jobs").iter().map(|r| r.get(0)).collect();
-    assert_eq!(deliveries.len(), 2, "{deliveries:?}");
+    assert_eq!(deliveries.len(), 3, "{deliveries:?}");
     let first: Value = serde_json::from_str(&deliveries[0]).expect("json");
     assert_eq!(first, json!({"to": "15550001111", "message": "A VIP wrote: contact succeeded."}));
 

@@ -206,6 +206,9 @@ impl Catalog {
             if let Some(why) = spec.problem() {
                 problems.push(problem(format!("{label}.kind"), why.into()));
             }
+            if let Some(why) = spec.message_problem() {
+                problems.push(problem(format!("{label}.message"), why.into()));
+            }
             match regex::Regex::new(&spec.pattern) {
                 Ok(regex) => hooks.push(hooks::Hook { spec, regex }),
                 Err(e) => problems.push(problem(format!("{label}.pattern"), format!("not a regular expression: {e}"))),

@@ -89,6 +89,18 @@ fn keys_that_would_do_nothing_are_refused() {
     assert!(load(&GOOD.replace("operation = \"read\"", "operation = \"read\"\nchainable = true"), &["SHOP_API_KEY"]).is_ok(), "a chained read loads");
 }
 
+/// A `notify_owner` message names `{tool}` and `{code}` only: another placeholder would reach
+/// owners as typed.
+#[test]
+fn a_notice_names_only_its_placeholders() {
+    let hook = |message: &str| format!("{GOOD}\n[[hook]]\nname = \"tell\"\npoint = \"on_error\"\nkind = \"notify_owner\"\ntools = [\"*\"]\npattern = \".\"\nmessage = \"{message}\"\n");
+    problems_mention(&load(&hook("{tool} fallo: {motivo}"), &["SHOP_API_KEY"]).expect_err("unknown placeholder"), &["(tell).message: may name {tool} and {code} only"]);
+    let catalog = load(&hook("{tool} fallo ({code})"), &["SHOP_API_KEY"]).expect("known placeholders");
+    assert_eq!(catalog.hooks[0].spec.notice("lookup_order", "TOOL_TIMEOUT"), "lookup_order fallo (TOOL_TIMEOUT)");
+    let plain = load(&hook("Slow"), &["SHOP_API_KEY"]).expect("plain");
+    assert_eq!(plain.hooks[0].spec.notice("lookup_order", "OK"), "Slow: lookup_order succeeded.");
+}
+
 /// Each problem carries its stable code: a file that is not TOML, a key no tool has, a value
 /// that is wrong.
 #[test]

@@ -330,18 +330,14 @@ impl Checkpoint {
         if let Err(f) = &result {
             super::hooks::on_error(&catalog.hooks, &call.name, &f.code, &f.message, &mut notify);
         }
-        let outcome = match &result {
-            Ok(_) => "succeeded".to_string(),
-            Err(f) => format!("ended with {}", f.code),
-        };
+        let code = result.as_ref().err().map_or("OK", |f| f.code.as_str());
         for hook in notify {
-            let lead = if hook.spec.message.trim().is_empty() { format!("Hook {}", hook.spec.name) } else { hook.spec.message.trim().to_string() };
             self.audit.notify(db::owner_notifications::Notification {
                 at: db::now_ms(),
                 hook: hook.spec.name.clone(),
                 tool: call.name.clone(),
-                reason_code: result.as_ref().err().map_or_else(|| "OK".into(), |f| f.code.clone()),
-                message: format!("{lead}: {} {outcome}.", call.name),
+                reason_code: code.to_string(),
+                message: hook.spec.notice(&call.name, code),
                 correlation_id: ctx.correlation_id.clone(),
             });
         }
