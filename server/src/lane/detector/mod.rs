@@ -15,6 +15,7 @@
 mod detection;
 mod doc;
 mod index;
+mod phrases;
 mod text;
 mod vectors;
 
@@ -27,6 +28,7 @@ pub use vectors::{VectorsError, WordVectors};
 use std::sync::Arc;
 
 use index::Inverted;
+use phrases::{Phrases, names_entity};
 use text::{Analyzer, Word};
 use vectors::ToolVectors;
 
@@ -377,51 +379,6 @@ impl Index {
                 kind,
             }),
         }
-    }
-}
-
-/// Whether the message names one of the context's entities (whole words, any case).
-fn names_entity(raw: &[&str], context: &RecentContext) -> bool {
-    context.entities.iter().any(|entity| {
-        let entity = text::split_words(entity);
-        !entity.is_empty()
-            && raw
-                .windows(entity.len())
-                .any(|w| w.iter().zip(&entity).all(|(a, b)| a == b))
-    })
-}
-
-/// A list of configured phrases, folded to words, matched on whole words.
-#[derive(Debug)]
-struct Phrases(Vec<Vec<String>>);
-
-impl Phrases {
-    fn new(phrases: &[String]) -> Self {
-        Self(
-            phrases
-                .iter()
-                .map(|p| text::split_words(p))
-                .filter(|p| !p.is_empty())
-                .collect(),
-        )
-    }
-
-    fn any_in(&self, words: &[&str]) -> bool {
-        self.0.iter().any(|p| {
-            words
-                .windows(p.len())
-                .any(|w| w.iter().zip(p).all(|(a, b)| a == b))
-        })
-    }
-
-    /// Whether word `i` is part of one of the phrases.
-    fn covers(&self, words: &[&str], i: usize) -> bool {
-        self.0.iter().any(|p| {
-            let n = p.len();
-            (i.saturating_sub(n - 1)..=i)
-                .filter(|&start| start + n <= words.len())
-                .any(|start| words[start..start + n].iter().zip(p).all(|(a, b)| a == b))
-        })
     }
 }
 
