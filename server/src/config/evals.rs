@@ -11,7 +11,7 @@ use super::duration_str;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvalSettings {
-    /// How often the `evals.scan` job looks at new traces for failure patterns; "0s": never
+    /// How often the `evals.cycle` job looks at new traces for failure patterns; "0s": never
     /// (owners' marks still make cases).
     #[serde(with = "duration_str")]
     pub scan_every: Duration,

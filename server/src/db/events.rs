@@ -92,6 +92,13 @@ where
     Ok(sqlx::query_as(&sql).bind(after).bind(limit).fetch_all(conn).await?)
 }
 
+/// Tells the other processes of a PostgreSQL deployment of an event none of them stores
+/// (`payload`, JSON), on [`NOTIFY_CHANNEL`].
+pub async fn notify(pool: &sqlx::AnyPool, payload: &str) -> Result<(), DbError> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(payload).execute(pool).await?;
+    Ok(())
+}
+
 /// The newest trace step and job event ids (0 when there are none).
 pub async fn newest(conn: &mut AnyConnection) -> Result<(i64, i64), DbError> {
     let (steps, jobs): (i64, i64) =

@@ -97,7 +97,7 @@ impl Events {
     pub async fn publish_fact(&self, envelope: Envelope) {
         if self.0.db.backend == Backend::Postgres {
             let payload = serde_json::json!({ "origin": self.0.origin, "event": envelope }).to_string();
-            let sent = sqlx::query("SELECT pg_notify($1, $2)").bind(store::NOTIFY_CHANNEL).bind(payload).execute(&self.0.db.pool).await;
+            let sent = store::notify(&self.0.db.pool, &payload).await;
             if let Err(e) = sent {
                 tracing::warn!(error = %e, kind = envelope.event.kind(), "notifying other processes of an event failed");
             }
