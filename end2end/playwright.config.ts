@@ -15,7 +15,8 @@ if (process.env.TEST_WORKER_INDEX === undefined) {
 export default defineConfig({
   testDir: "./tests",
   // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
-  // throttling test locks logins from this address last. The conversations test starts from no
+  // throttling test locks logins from this address last; before it, the accessibility check
+  // reads every page with the data the journeys left. The conversations test starts from no
   // chats, so the live test (which simulates messages) runs after it. The lane test runs a
   // Gatehouse of its own (with fake model, Graph and shop APIs) on the next port.
   projects: [
@@ -27,7 +28,8 @@ export default defineConfig({
     { name: "repairs", testMatch: "repairs.spec.ts", dependencies: ["conversations"] },
     { name: "lane", testMatch: "lane.spec.ts", dependencies: ["repairs"] },
     { name: "live", testMatch: "live.spec.ts", dependencies: ["repairs"] },
-    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["lane", "live"] },
+    { name: "a11y", testMatch: "a11y.spec.ts", dependencies: ["lane", "live"] },
+    { name: "throttle", testMatch: "throttle.spec.ts", dependencies: ["a11y"] },
   ],
   fullyParallel: false,
   workers: 1,

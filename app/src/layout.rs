@@ -40,9 +40,10 @@ fn nav_links(waiting: Option<WaitingInfo>) -> impl IntoView {
     NAV.iter()
         .map(|(href, label)| {
             let n = waiting.as_ref().map_or(0, |w| waiting_behind(href, w));
-            // Screen readers get the count in the link's name ("Approvals, 2 waiting for you").
-            let name = (n > 0).then(|| format!("{label}, {n} waiting for you"));
-            let count = (n > 0).then(|| view! { <span class="nav-count" data-testid="nav-count" aria-hidden="true">{n}</span> });
+            // Screen readers get the count in the link's name ("Approvals 2 waiting for you"),
+            // which starts with the words shown, so a spoken command that names them works.
+            let name = (n > 0).then(|| format!("{label} {n} waiting for you"));
+            let count = (n > 0).then(|| view! { " "<span class="nav-count" data-testid="nav-count" aria-hidden="true">{n}</span> });
             view! { <A href=*href exact=true attr:aria-label=name>{*label}{count}</A> }
         })
         .collect_view()

@@ -1,6 +1,6 @@
 import { test, expect } from "@playwright/test";
 
-import { expectHttpError, failOnConsoleErrors, hydrated, login, watchConsole } from "./fixtures";
+import { accessibilityViolations, expectHttpError, failOnConsoleErrors, hydrated, login, watchConsole } from "./fixtures";
 import { owner } from "./support";
 
 // One owner journey, in order, against a fresh database: the steps depend on each other
@@ -26,6 +26,7 @@ test("fresh start redirects to setup, which creates the owner and opens the dash
   await page.goto("/");
   await expect(page).toHaveURL(/\/setup$/);
   await hydrated(page);
+  expect(await accessibilityViolations(page), "the setup page meets WCAG 2.1 AA").toEqual([]);
   await page.getByLabel("Display name").fill(owner.name);
   await page.getByLabel("Login name").fill(owner.login);
   await page.getByLabel("Password (at least 12 characters)").fill(owner.password);
@@ -64,9 +65,9 @@ test("every console page renders from the navigation, also on a phone-sized scre
   await login(page, owner.login, owner.password);
   await expect(page.getByRole("heading", { name: "Dashboard" })).toBeVisible();
   for (const [link, heading] of NAV) {
-    // A section's link may also say how many things wait there ("MCP servers, 3 waiting for you").
+    // A section's link may also say how many things wait there ("MCP servers 3 waiting for you").
     const escaped = link.replace(/[.*+?^$()|[\]\\]/g, "\\$&");
-    const name = new RegExp(`^${escaped}(, \\d+ waiting for you)?$`);
+    const name = new RegExp(`^${escaped}( \\d+ waiting for you)?$`);
     await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name }).click();
     await expect(page.getByRole("heading", { level: 1, name: heading, exact: true })).toBeVisible();
     if (link === "Approvals") {

@@ -1,3 +1,5 @@
+import * as fs from "node:fs";
+
 import { expect, test, type ConsoleMessage, type Page } from "@playwright/test";
 
 /** HTTP error answers a test provokes on purpose (a wrong password, invalid input). Chromium
@@ -47,4 +49,22 @@ export function failOnConsoleErrors() {
   test.afterEach(() => {
     expect(errors, "browser console errors").toEqual([]);
   });
+}
+
+const axeSource = fs.readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
+
+type Violation = { id: string; impact: string | null; help: string; nodes: { target: unknown[] }[] };
+
+/** The page's WCAG 2.1 A and AA violations as axe-core finds them (names for every control and
+ *  link, labels for every field, contrast, landmarks, valid ARIA), one line each with the
+ *  elements concerned. axe runs inside the page through Playwright's evaluate, which the page's
+ *  Content-Security-Policy does not apply to. */
+export async function accessibilityViolations(page: Page): Promise<string[]> {
+  await page.evaluate(axeSource);
+  const found: Violation[] = await page.evaluate(async () => {
+    // @ts-expect-error: axe is the global the source above defines.
+    const result = await window.axe.run(document, { runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"] } });
+    return result.violations;
+  });
+  return found.map((v) => `${v.impact} ${v.id}: ${v.help} at ${v.nodes.map((n) => JSON.stringify(n.target)).join(", ")}`);
 }

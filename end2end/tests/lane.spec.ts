@@ -6,7 +6,7 @@ import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import * as path from "node:path";
 
-import { failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { accessibilityViolations, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { binary, dataDir, port, repo } from "./support";
 
 // The tool lane and owner approvals in the browser, against a Gatehouse of its own with a model:
@@ -230,6 +230,7 @@ test("a simulated chat gets a tool's answer, and its trace shows the lane", asyn
   await expect(timeline.locator('li[data-step="AgentToolPlanAccepted"]')).toBeVisible();
   await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
   await expect(timeline.getByTestId("step-job").first()).toBeVisible();
+  expect(await accessibilityViolations(page), "the lane's trace meets WCAG 2.1 AA").toEqual([]);
 });
 
 test("a follow-up in the simulator reuses the chat's tool context", async ({ page }) => {
@@ -279,6 +280,7 @@ test("an owner approves a customer's refund in the browser; the customer gets th
   await expect(row.getByTestId("approval-reason")).toContainText("APPROVAL_CUSTOMER_HIGH_RISK_WRITE");
   await expect(row.getByTestId("approve-approval")).toBeInViewport({ ratio: 1 });
   await expect(row.getByTestId("reject-approval")).toBeInViewport({ ratio: 1 });
+  expect(await accessibilityViolations(page), "a waiting approval meets WCAG 2.1 AA").toEqual([]);
   // Every page's navigation counts what waits, and a live page keeps the count current.
   const navCount = page.locator('nav a[href="/approvals"]').getByTestId("nav-count");
   await expect(navCount).toHaveText("1");

@@ -2,7 +2,7 @@ import { execFile } from "node:child_process";
 
 import { test, expect, type Page } from "@playwright/test";
 
-import { expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
+import { accessibilityViolations, expectHttpError, failOnConsoleErrors, hydrated, login } from "./fixtures";
 import { binary, configPath, gatehouse, owner, serverEnv } from "./support";
 
 // The MCP servers page against a real MCP server (the npm reference memory server over stdio,
@@ -90,6 +90,7 @@ test("a server's form waits for an owner, who answers it in the console", async 
     await expect(form.getByTestId("form-message")).toHaveText("<b>Which</b> seat?");
     // Defaults filled in; a required field without one is for the owner to fill.
     await expect(form.locator('input[data-field="seats"]')).toHaveValue("2");
+    expect(await accessibilityViolations(page), "a server's form meets WCAG 2.1 AA").toEqual([]);
     // An answer the schema refuses (the required choice not given) keeps what was filled in.
     expectHttpError("/api/mcp_answer_form", 400);
     await form.locator('input[data-field="seats"]').fill("3");

@@ -172,7 +172,7 @@ fn chart(c: &Chart) -> impl IntoView + use<> {
                 let label = format!("{} {}: {}", bar.label, series, value_text(&c.unit, value));
                 rects.push(view! {
                     <rect x=format!("{:.1}", i as f64 * BAR + 1.0) y=format!("{y:.2}") width=format!("{:.1}", BAR - 2.0) height=format!("{h:.2}")
-                        class=format!("s{}", j % 8) data-series=series aria-label=label />
+                        class=format!("s{}", j % 8) data-series=series><title>{label}</title></rect>
                 });
             }
         }
