@@ -16,7 +16,8 @@ export default defineConfig({
   testDir: "./tests",
   // The journey has an order: setup creates the owner, the jobs and tools tests use it, and the
   // throttling test locks logins from this address last; before it, the accessibility check
-  // reads every page with the data the journeys left. The conversations test starts from no
+  // reads every page with the data the journeys left (so a failure there skips the throttling
+  // test, which must come after every login). The conversations test starts from no
   // chats, so the live test (which simulates messages) runs after it. The lane test runs a
   // Gatehouse of its own (with fake model, Graph and shop APIs) on the next port.
   projects: [

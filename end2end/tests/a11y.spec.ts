@@ -47,7 +47,8 @@ test("every console page meets WCAG 2.1 AA", async ({ page }) => {
   }
   const found: string[] = [];
   for (const path of pages) {
-    await page.goto(path);
+    const response = await page.goto(path);
+    expect(response?.status(), path).toBe(200);
     await hydrated(page);
     found.push(...(await accessibilityViolations(page)).map((v) => `${path}: ${v}`));
   }

@@ -51,7 +51,7 @@ export function failOnConsoleErrors() {
   });
 }
 
-const axeSource = fs.readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
+let axeSource: string | undefined;
 
 type Violation = { id: string; impact: string | null; help: string; nodes: { target: unknown[] }[] };
 
@@ -60,6 +60,7 @@ type Violation = { id: string; impact: string | null; help: string; nodes: { tar
  *  elements concerned. axe runs inside the page through Playwright's evaluate, which the page's
  *  Content-Security-Policy does not apply to. */
 export async function accessibilityViolations(page: Page): Promise<string[]> {
+  axeSource ??= fs.readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
   await page.evaluate(axeSource);
   const found: Violation[] = await page.evaluate(async () => {
     // @ts-expect-error: axe is the global the source above defines.

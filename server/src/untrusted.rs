@@ -151,7 +151,7 @@ pub fn json_prefix(json: &str, max: usize) -> &str {
             len += 1;
             if chars.next().is_some_and(|(_, e)| e == 'u') {
                 let unit: String = (0..4).filter_map(|_| chars.next()).map(|(_, h)| h).collect();
-                len += unit.len();
+                len += unit.chars().count();
                 // A high surrogate's escape and the low one after it are one character.
                 let high = u16::from_str_radix(&unit, 16).is_ok_and(|u| (0xD800..0xDC00).contains(&u));
                 if high && json[at..].get(6..8) == Some("\\u") {

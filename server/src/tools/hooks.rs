@@ -11,7 +11,8 @@
 //!
 //! `notify_owner` works at every point: when its pattern matches (the arguments, the result or
 //! the error), owners get a notice naming the hook, the tool and the outcome (never the
-//! arguments), and the call goes on unchanged.
+//! arguments), or the hook's message as written when it names `{tool}` or `{code}`; the call
+//! goes on unchanged.
 //!
 //! A hook that aborts gives a reason code that reaches the audit.
 
@@ -72,11 +73,13 @@ impl HookSpec {
         }
     }
 
-    /// Why this hook's `message` cannot work as written: it names a placeholder other than
-    /// `{tool}` and `{code}`, which would reach owners as typed.
+    /// Why this hook's `message` cannot work as written: it names a placeholder (a word in
+    /// braces) other than `{tool}` and `{code}`, which would reach owners as typed. Other braces
+    /// ("Order {#}") are text.
     pub fn message_problem(&self) -> Option<&'static str> {
-        let rest = NOTICE_PLACEHOLDERS.iter().fold(self.message.clone(), |text, p| text.replace(p, ""));
-        (self.kind == HookKind::NotifyOwner && rest.contains('{')).then_some("may name {tool} and {code} only")
+        static PLACEHOLDER: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| Regex::new(r"\{[A-Za-z_][A-Za-z0-9_]*\}").expect("a valid pattern"));
+        let unknown = PLACEHOLDER.find_iter(&self.message).any(|m| !NOTICE_PLACEHOLDERS.contains(&m.as_str()));
+        (self.kind == HookKind::NotifyOwner && unknown).then_some("may name {tool} and {code} only")
     }
 
     /// The owners' notice for a call of `tool` that ended with `code` (`OK` when it succeeded).

@@ -51,7 +51,7 @@ impl Beat {
     /// Whether a run whose renewal just failed must stop now: its lease, surely held until
     /// `held_until`, could run out before the next decision, which comes after one more beat and
     /// its time to fail (`every + timeout`). With the default minute: at the second failed beat
-    /// in a row, some 22 to 30 s before the lease runs out.
+    /// in a row, some 15 to 30 s before the lease runs out.
     pub(crate) fn stop_unrenewed(&self, held_until: Instant) -> bool {
         Instant::now() + self.every + self.timeout + self.margin >= held_until
     }

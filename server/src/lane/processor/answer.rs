@@ -27,7 +27,7 @@ pub struct Answer {
     pub context_id: Option<i64>,
     /// A kept answer the lane took, for the reply to the message that asked (or, as a chain's
     /// earlier step, to plan the next): its job sends nothing, and the message handled again
-    /// takes it again instead of running the call ([`Processor::keep`]).
+    /// takes it again instead of running the call ([`super::Processor::keep`]).
     pub in_reply: bool,
 }
 

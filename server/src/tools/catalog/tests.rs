@@ -97,8 +97,8 @@ fn a_notice_names_only_its_placeholders() {
     problems_mention(&load(&hook("{tool} fallo: {motivo}"), &["SHOP_API_KEY"]).expect_err("unknown placeholder"), &["(tell).message: may name {tool} and {code} only"]);
     let catalog = load(&hook("{tool} fallo ({code})"), &["SHOP_API_KEY"]).expect("known placeholders");
     assert_eq!(catalog.hooks[0].spec.notice("lookup_order", "TOOL_TIMEOUT"), "lookup_order fallo (TOOL_TIMEOUT)");
-    let plain = load(&hook("Slow"), &["SHOP_API_KEY"]).expect("plain");
-    assert_eq!(plain.hooks[0].spec.notice("lookup_order", "OK"), "Slow: lookup_order succeeded.");
+    let plain = load(&hook("Slow {#}"), &["SHOP_API_KEY"]).expect("a brace around no word is text");
+    assert_eq!(plain.hooks[0].spec.notice("lookup_order", "OK"), "Slow {#}: lookup_order succeeded.");
 }
 
 /// Each problem carries its stable code: a file that is not TOML, a key no tool has, a value

@@ -147,7 +147,7 @@ pub mod oauth_routes {
     use axum::{
         Extension, Form, Router,
         extract::{Query, State},
-        http::{HeaderValue, header},
+        http::{HeaderValue, StatusCode, header},
         response::{Html, IntoResponse, Redirect, Response},
         routing::{get, post},
     };
@@ -181,10 +181,11 @@ pub mod oauth_routes {
         server: String,
     }
 
-    /// Both routes are behind the console guard, which lets a request in only with the owner
-    /// it read ([`ShellInfo`], one read of the session) in its extensions.
-    async fn start(State(state): State<AppState>, Extension(me): Extension<ShellInfo>, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
-        let owner_id = me.owner_id;
+    // Both routes take the owner the console guard let the request in as ([`ShellInfo`], from
+    // its one read of the session); they are behind it, so a request without one is no owner's.
+
+    async fn start(State(state): State<AppState>, me: Option<Extension<ShellInfo>>, ip: Option<Extension<ClientIp>>, Form(form): Form<StartForm>) -> Response {
+        let Some(Extension(ShellInfo { owner_id, .. })) = me else { return StatusCode::UNAUTHORIZED.into_response() };
         let by = AuditActor { owner_id: Some(owner_id), login: None, ip: ip.map(|Extension(ClientIp(ip))| ip) };
         match state.mcp.begin_login(&form.server, Some(owner_id), &by).await {
             Ok(url) => Redirect::to(&url).into_response(),
@@ -217,8 +218,8 @@ pub mod oauth_routes {
         error: Option<String>,
     }
 
-    async fn finish(State(state): State<AppState>, Extension(me): Extension<ShellInfo>, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
-        let owner_id = me.owner_id;
+    async fn finish(State(state): State<AppState>, me: Option<Extension<ShellInfo>>, ip: Option<Extension<ClientIp>>, Query(q): Query<FinishQuery>) -> Response {
+        let Some(Extension(ShellInfo { owner_id, .. })) = me else { return StatusCode::UNAUTHORIZED.into_response() };
         if q.error.is_some() {
             return failed("MCP_OAUTH_DENIED");
         }
