@@ -245,6 +245,11 @@ async fn inbound_jobs(app: &TestApp) -> i64 {
 
 /// Runs the worker until every `whatsapp.inbound` job has finished.
 async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
+    run_jobs_until(app, handler, "SELECT CAST(CASE WHEN COUNT(*) = 0 THEN 1 ELSE 0 END AS BIGINT) FROM jobs WHERE kind LIKE 'whatsapp.%' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
+}
+
+/// Runs the channel's jobs with `handler` until the count `done` selects is above 0.
+async fn run_jobs_until(app: &TestApp, handler: Arc<dyn InboundHandler>, done: &str) {
     let mut registry = Registry::new();
     app.gatehouse.whatsapp.register(&mut registry, &app.state.db, handler, &Default::default());
     let settings = WorkerSettings {
@@ -257,12 +262,8 @@ async fn run_jobs(app: &TestApp, handler: Arc<dyn InboundHandler>) {
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Worker::new(app.state.db.clone(), registry, settings, app.state.jobs.waker()).run(stopped));
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let open = count(app, "SELECT COUNT(*) FROM jobs WHERE kind LIKE 'whatsapp.%' AND state NOT IN ('completed', 'discarded', 'cancelled')").await;
-        if open == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{open} WhatsApp job(s) still open");
+    while count(app, done).await == 0 {
+        assert!(Instant::now() < deadline, "not done within 20 s: {done}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = stop.send(true);
@@ -793,30 +794,47 @@ async fn only_our_number_is_answered_and_typing_is_shown(db: TestDb) {
 }
 both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_is_shown);
 
-/// Without whatsapp.phone_number_id nothing can be sent, so the model is not asked at all.
-async fn without_a_phone_number_id_nothing_is_asked(db: TestDb) {
+/// Without whatsapp.phone_number_id nothing can be sent: the model is not asked, and the
+/// message waits for the setting instead of being lost.
+async fn without_a_phone_number_id_the_message_waits(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| s.whatsapp.phone_number_id = String::new()).await;
-    nothing_is_asked(&app, &graph, "wamid.NOID", "phone_number_id is not set").await;
+    message_waits_until_it_can_be_answered(app, &graph, "wamid.NOID").await;
 }
 
 /// Posts a message to `app`, which cannot send: no model is asked, nothing is sent, and the
-/// stored message's outcome says `why`.
-async fn nothing_is_asked(app: &TestApp, graph: &FakeGraph, wamid: &str, why: &str) {
-    assert_eq!(post_signed(app, &envelope(vec![vec![text_message("16505551234", wamid, "hello")]])).await.status, StatusCode::OK);
+/// message is not settled; its job waits on the deployment (`WHATSAPP_NOT_CONFIGURED`, no
+/// attempt used). Restarted with the phone number id and the token on the same database,
+/// Gatehouse answers it, once.
+async fn message_waits_until_it_can_be_answered(app: TestApp, graph: &FakeGraph, wamid: &str) {
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", wamid, "hello")]])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
-    run_jobs(app, echo.clone()).await;
-    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+    run_jobs_until(&app, echo.clone(), "SELECT COUNT(*) FROM job_events WHERE error_code = 'WHATSAPP_NOT_CONFIGURED' AND state = 'scheduled'").await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "no model is asked for a reply that cannot go out");
     assert!(graph.all().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
     let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
-    assert!(row.outcome.as_deref().is_some_and(|o| o.contains(why)), "{row:?}");
-}
-both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_nothing_is_asked);
+    assert_eq!(row.outcome, None, "the message is not settled");
+    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&mut *conn).await.expect("job");
+    assert_eq!((state.as_str(), attempt), ("scheduled", 0), "it waits, using no attempt");
+    // Due at once, as after the wait a restart finds it.
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound'").execute(&mut *conn).await.expect("due");
+    drop(conn);
 
-/// Without WHATSAPP_ACCESS_TOKEN nothing can be sent either: the model is not asked (its reply
-/// would be failed for good), and the message says why.
-async fn without_an_access_token_nothing_is_asked(db: TestDb) {
+    let TestApp { db, .. } = app;
+    let restarted = self::app(db, Some(graph), |_| {}).await;
+    run_jobs(&restarted, echo.clone()).await;
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(graph.texts(), vec!["echo: hello".to_string()], "answered once");
+    let mut conn = restarted.state.db.pool.acquire().await.expect("conn");
+    let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
+    assert!(row.outcome.as_deref().is_some_and(|o| o.starts_with("replied")), "{row:?}");
+}
+both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_the_message_waits);
+
+/// Without WHATSAPP_ACCESS_TOKEN nothing can be sent either: the message waits for it, as it
+/// waits out a refused token, and no model is asked meanwhile.
+async fn without_an_access_token_the_message_waits(db: TestDb) {
     let graph = FakeGraph::start().await;
     let base = graph.base_url.clone();
     let no_token = Secrets::from_lookup(|name| match name {
@@ -830,9 +848,9 @@ async fn without_an_access_token_nothing_is_asked(db: TestDb) {
         s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
     })
     .await;
-    nothing_is_asked(&app, &graph, "wamid.NOTOKEN", "WHATSAPP_ACCESS_TOKEN is not set").await;
+    message_waits_until_it_can_be_answered(app, &graph, "wamid.NOTOKEN").await;
 }
-both_backends!(whatsapp_no_access_token, without_an_access_token_nothing_is_asked);
+both_backends!(whatsapp_no_access_token, without_an_access_token_the_message_waits);
 
 /// Decides every message needs no answer.
 struct Silent;

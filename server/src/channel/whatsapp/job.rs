@@ -10,7 +10,7 @@ use crate::{
     channel::{self, Acknowledgement, Handled, Inbound, InboundHandler, MessageKind, Presence},
     db::{self, Db, DbError, whatsapp as store},
     domain::ChatKind,
-    jobs::{Handler, JobContext, JobError, JobOutput},
+    jobs::{Handler, JobCode, JobContext, JobError, JobOutput},
     telemetry::Telemetry,
     traces::{self, Step},
 };
@@ -135,21 +135,27 @@ impl Handler<ProcessInbound> for InboundJob {
         if let Some(outcome) = &row.outcome {
             return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });
         }
-        // One business account can hold several numbers, and Meta sends every number's messages
-        // to the app's webhook: only those addressed to ours are answered from it.
+        // Messages come in but no reply can go out: the deployment's gap, not the message's. Do
+        // not ask the model for a reply that cannot be sent; the message waits, using no
+        // attempt, until an operator sets what is missing and restarts Gatehouse, as it waits
+        // out a refused token, and is answered then (the ledger keeps its order in the chat).
         let ours = &self.sender.settings().phone_number_id;
-        let unanswerable = if ours.is_empty() {
-            // Nothing can be sent: do not ask the model for a reply that cannot go out.
-            Some("not answered: whatsapp.phone_number_id is not set, so nothing can be sent".to_string())
+        let missing = if ours.is_empty() {
+            Some("whatsapp.phone_number_id")
         } else if !self.sender.can_send() {
-            // Sends would fail for good, and the reply with them: do not ask the model either.
-            Some("not answered: WHATSAPP_ACCESS_TOKEN is not set, so nothing can be sent".to_string())
-        } else if row.phone_number_id != *ours {
-            Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
+            Some(crate::config::secrets::WHATSAPP_ACCESS_TOKEN)
         } else {
             None
         };
-        if let Some(outcome) = unanswerable {
+        if let Some(setting) = missing {
+            let why = format!("{setting} is not set, so no reply can be sent; the message waits until it is");
+            tracing::warn!(wamid = %row.wamid, "{why}");
+            return Err(JobError::retryable(JobCode::SendingNotConfigured.as_str(), why));
+        }
+        // One business account can hold several numbers, and Meta sends every number's messages
+        // to the app's webhook: only those addressed to ours are answered from it.
+        if row.phone_number_id != *ours {
+            let outcome = format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id);
             tracing::warn!(wamid = %row.wamid, "{outcome}");
             let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
             store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(JobError::from)?;
