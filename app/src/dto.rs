@@ -16,6 +16,9 @@ pub struct ShellInfo {
     pub disk: Option<DiskNotice>,
     /// Since when Meta refuses the WhatsApp access token (unix ms): replies wait meanwhile.
     pub whatsapp_token_rejected_since_ms: Option<i64>,
+    /// Set when WhatsApp messages come in (the app secret is set) but no reply can go out: the
+    /// setting that is missing (`whatsapp.phone_number_id` or `WHATSAPP_ACCESS_TOKEN`).
+    pub whatsapp_sending_unset: Option<String>,
 }
 
 /// The database's room to write, when it needs the owner.

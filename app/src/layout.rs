@@ -95,6 +95,12 @@ pub fn ConsoleLayout() -> impl IntoView {
                         <code>"WHATSAPP_ACCESS_TOKEN"</code>" and restart Gatehouse."
                     </div>
                 })}
+                {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.whatsapp_sending_unset).map(|setting| view! {
+                    <div class="banner alert" role="alert" data-testid="sending-banner">
+                        <strong>"WhatsApp messages come in, but no reply can go out: "</strong><code>{setting}</code>" is not set."
+                        " The messages wait in the queue and are answered in turn once it is set and Gatehouse restarted (within WhatsApp's 24-hour window)."
+                    </div>
+                })}
                 {move || shell.get().and_then(|res| res.ok()).and_then(|me| me.storage_warning).map(|w| view! {
                     <div class="banner warn" role="status" data-testid="storage-banner">
                         "Ephemeral storage: " {w} ". Set " <code>"database.url"</code> " to a lasting file or PostgreSQL."

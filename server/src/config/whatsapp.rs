@@ -15,7 +15,8 @@ pub struct WhatsAppSettings {
     pub graph_base_url: String,
     /// Graph API version path segment, such as "v25.0".
     pub graph_version: String,
-    /// The business phone number's id (not the number itself). Empty: nothing is sent.
+    /// The business phone number's id (not the number itself). Empty: nothing is sent, and
+    /// inbound messages wait until it is set.
     pub phone_number_id: String,
     /// Deadline of one Graph API request.
     #[serde(with = "duration_str")]

@@ -59,10 +59,6 @@ pub enum JobCode {
     /// account, a payment issue): retried once an operator has settled it.
     #[strum(serialize = "ACCOUNT_BLOCKED")]
     AccountBlocked,
-    /// WhatsApp messages come in (the app secret is set) but no reply can go out: no access
-    /// token or no phone number id. Retried once an operator has set them.
-    #[strum(serialize = "WHATSAPP_NOT_CONFIGURED")]
-    SendingNotConfigured,
 }
 
 impl JobCode {
@@ -126,15 +122,12 @@ impl JobError {
         Self { code: code.into(), message: message.into(), retryable: false }
     }
 
-    /// Whether this failure uses up the run's attempt. No room to write, rejected or missing
-    /// credentials and a blocked account are the deployment's failures, not the job's, and an
-    /// operator fixes them: such a run waits (snoozed) and tries again with the same attempts
-    /// left, so a full disk, an expired or unset token or a locked account discards nothing.
+    /// Whether this failure uses up the run's attempt. No room to write, rejected credentials
+    /// and a blocked account are the deployment's failures, not the job's, and an operator fixes
+    /// them: such a run waits (snoozed) and tries again with the same attempts left, so a full
+    /// disk, an expired token or a locked account discards nothing.
     pub fn uses_attempt(&self) -> bool {
-        !matches!(
-            self.code.parse::<JobCode>(),
-            Ok(JobCode::StorageFull | JobCode::CredentialsRejected | JobCode::AccountBlocked | JobCode::SendingNotConfigured)
-        )
+        !matches!(self.code.parse::<JobCode>(), Ok(JobCode::StorageFull | JobCode::CredentialsRejected | JobCode::AccountBlocked))
     }
 }
 

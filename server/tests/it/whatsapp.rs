@@ -799,36 +799,51 @@ both_backends!(whatsapp_our_number_only, only_our_number_is_answered_and_typing_
 async fn without_a_phone_number_id_the_message_waits(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = app(db, Some(&graph), |s| s.whatsapp.phone_number_id = String::new()).await;
-    message_waits_until_it_can_be_answered(app, &graph, "wamid.NOID").await;
+    messages_wait_until_they_can_be_answered(app, &graph, "whatsapp.phone_number_id").await;
 }
 
-/// Posts a message to `app`, which cannot send: no model is asked, nothing is sent, and the
-/// message is not settled; its job waits on the deployment (`WHATSAPP_NOT_CONFIGURED`, no
-/// attempt used). Restarted with the phone number id and the token on the same database,
-/// Gatehouse answers it, once.
-async fn message_waits_until_it_can_be_answered(app: TestApp, graph: &FakeGraph, wamid: &str) {
-    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", wamid, "hello")]])).await.status, StatusCode::OK);
+/// Posts two messages of one chat and a day-old one of another to `app`, which cannot send
+/// for want of `setting`: no model is asked, nothing is sent, and the two messages are not
+/// settled; their jobs wait, using no attempt, the second due after the first, saying why. The
+/// day-old one is settled unanswered (WhatsApp's window closed). The console says what is
+/// missing. Restarted with the phone number id and the token on the same database, Gatehouse
+/// answers the two, once each and in order.
+async fn messages_wait_until_they_can_be_answered(app: TestApp, graph: &FakeGraph, setting: &str) {
+    let sent = |from: &str, wamid: &str, text: &str, ago_secs: i64| {
+        let mut message = text_message(from, wamid, text);
+        message["timestamp"] = (server::db::now_ms() / 1000 - ago_secs).to_string().into();
+        message
+    };
+    let messages = vec![sent("16505551234", "wamid.ONE", "one", 60), sent("16505551234", "wamid.TWO", "two", 30), sent("16505550000", "wamid.OLD", "yesterday", 25 * 3600)];
+    assert_eq!(post_signed(&app, &envelope(vec![messages])).await.status, StatusCode::OK);
     let echo = Arc::new(Echo::default());
-    run_jobs_until(&app, echo.clone(), "SELECT COUNT(*) FROM job_events WHERE error_code = 'WHATSAPP_NOT_CONFIGURED' AND state = 'scheduled'").await;
+    let waiting = "SELECT CAST(CASE WHEN COUNT(*) = 2 THEN 1 ELSE 0 END AS BIGINT) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'scheduled' AND attempt = 0 AND result_preview LIKE 'waiting: %'";
+    run_jobs_until(&app, echo.clone(), waiting).await;
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "no model is asked for a reply that cannot go out");
     assert!(graph.all().is_empty());
     let mut conn = app.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
-    assert_eq!(row.outcome, None, "the message is not settled");
-    let (state, attempt): (String, i64) = sqlx::query_as("SELECT state, attempt FROM jobs WHERE kind = 'whatsapp.inbound'").fetch_one(&mut *conn).await.expect("job");
-    assert_eq!((state.as_str(), attempt), ("scheduled", 0), "it waits, using no attempt");
-    // Due at once, as after the wait a restart finds it.
-    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound'").execute(&mut *conn).await.expect("due");
+    for wamid in ["wamid.ONE", "wamid.TWO"] {
+        let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
+        assert_eq!(row.outcome, None, "{wamid} is not settled");
+    }
+    let old = store::inbound_by_wamid(&mut conn, "wamid.OLD").await.expect("get").expect("stored");
+    assert_eq!(old.outcome, Some(format!("not answered: {setting} was not set within WhatsApp's 24-hour window")));
+    let jobs: Vec<(i64, String)> = sqlx::query_as("SELECT scheduled_at, result_preview FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'scheduled' ORDER BY id").fetch_all(&mut *conn).await.expect("jobs");
+    assert_eq!(jobs.len(), 2);
+    assert!(jobs[1].0 - jobs[0].0 >= 900, "the second comes due after the first, so they are answered in order: {jobs:?}");
+    assert!(jobs[0].1.contains(setting), "the Jobs page says what is missing: {}", jobs[0].1);
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let page = owner.get("/jobs").await.body;
+    assert!(page.contains("data-testid=\"sending-banner\"") && page.contains(setting), "{page}");
+    // Due now, as a restart within the wait finds them at the next instant.
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound' AND state = 'scheduled'").execute(&mut *conn).await.expect("due");
     drop(conn);
 
     let TestApp { db, .. } = app;
     let restarted = self::app(db, Some(graph), |_| {}).await;
     run_jobs(&restarted, echo.clone()).await;
-    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
-    assert_eq!(graph.texts(), vec!["echo: hello".to_string()], "answered once");
-    let mut conn = restarted.state.db.pool.acquire().await.expect("conn");
-    let row = store::inbound_by_wamid(&mut conn, wamid).await.expect("get").expect("stored");
-    assert!(row.outcome.as_deref().is_some_and(|o| o.starts_with("replied")), "{row:?}");
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(graph.texts(), vec!["echo: one".to_string(), "echo: two".to_string()], "answered once each, in order");
 }
 both_backends!(whatsapp_no_phone_number_id, without_a_phone_number_id_the_message_waits);
 
@@ -848,7 +863,7 @@ async fn without_an_access_token_the_message_waits(db: TestDb) {
         s.whatsapp.phone_number_id = PHONE_NUMBER_ID.into();
     })
     .await;
-    message_waits_until_it_can_be_answered(app, &graph, "wamid.NOTOKEN").await;
+    messages_wait_until_they_can_be_answered(app, &graph, "WHATSAPP_ACCESS_TOKEN").await;
 }
 both_backends!(whatsapp_no_access_token, without_an_access_token_the_message_waits);
 

@@ -2,7 +2,10 @@
 //! [`InboundHandler`] (the conversation runtime) as an [`Inbound`], whatever its type; the reply
 //! goes out through the sender, and the delivery is appended to the message's trace.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use serde_json::json;
 
@@ -10,7 +13,7 @@ use crate::{
     channel::{self, Acknowledgement, Handled, Inbound, InboundHandler, MessageKind, Presence},
     db::{self, Db, DbError, whatsapp as store},
     domain::ChatKind,
-    jobs::{Handler, JobCode, JobContext, JobError, JobOutput},
+    jobs::{Handler, JobContext, JobError, JobOutput},
     telemetry::Telemetry,
     traces::{self, Step},
 };
@@ -28,11 +31,23 @@ pub struct InboundJob {
     telemetry: Telemetry,
     sender: Arc<WhatsAppSender>,
     handler: Arc<dyn InboundHandler>,
+    /// Whether this process has said (once, at ERROR) that messages wait for a send setting.
+    told_waiting: AtomicBool,
 }
+
+/// How often a message waiting for a send setting looks again: at the next multiple of this,
+/// plus [`IN_TURN_MS`] for each earlier message of its chat still unanswered, so that once the
+/// setting is there they come due one after the other, in the order they came (a chat's
+/// earlier job that is not due yet does not hold it, see `claim_in_order`).
+const SETTING_WAIT_MS: i64 = 60_000;
+const IN_TURN_MS: i64 = 1_000;
+/// WhatsApp's customer service window: a message older than this that could not be answered
+/// for want of a send setting is settled unanswered rather than answered days late.
+const WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
 impl InboundJob {
     pub fn new(db: Db, telemetry: Telemetry, sender: Arc<WhatsAppSender>, handler: Arc<dyn InboundHandler>) -> Self {
-        Self { db, telemetry, sender, handler }
+        Self { db, telemetry, sender, handler, told_waiting: AtomicBool::new(false) }
     }
 
     /// Appends a `delivery` step to the message's trace and, when the reply did not reach the
@@ -135,30 +150,32 @@ impl Handler<ProcessInbound> for InboundJob {
         if let Some(outcome) = &row.outcome {
             return Ok(JobOutput { preview: Some(format!("already processed: {outcome}")), snooze: None });
         }
-        // Messages come in but no reply can go out: the deployment's gap, not the message's. Do
-        // not ask the model for a reply that cannot be sent; the message waits, using no
-        // attempt, until an operator sets what is missing and restarts Gatehouse, as it waits
-        // out a refused token, and is answered then (the ledger keeps its order in the chat).
-        let ours = &self.sender.settings().phone_number_id;
-        let missing = if ours.is_empty() {
-            Some("whatsapp.phone_number_id")
-        } else if !self.sender.can_send() {
-            Some(crate::config::secrets::WHATSAPP_ACCESS_TOKEN)
-        } else {
-            None
-        };
-        if let Some(setting) = missing {
-            let why = format!("{setting} is not set, so no reply can be sent; the message waits until it is");
-            tracing::warn!(wamid = %row.wamid, "{why}");
-            return Err(JobError::retryable(JobCode::SendingNotConfigured.as_str(), why));
-        }
         // One business account can hold several numbers, and Meta sends every number's messages
-        // to the app's webhook: only those addressed to ours are answered from it.
-        if row.phone_number_id != *ours {
-            let outcome = format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id);
+        // to the app's webhook: only those addressed to ours are answered from it (while ours
+        // is not set, that is decided once it is).
+        let ours = &self.sender.settings().phone_number_id;
+        let now = db::now_ms();
+        let unanswered = if !ours.is_empty() && row.phone_number_id != *ours {
+            Some(format!("not answered: addressed to phone number id {}, not ours", row.phone_number_id))
+        } else {
+            match self.sender.missing_setting() {
+                // Too late to answer: WhatsApp's window closed while the setting was missing.
+                Some(setting) if now.saturating_sub(row.sent_at) > WINDOW_MS => Some(format!("not answered: {setting} was not set within WhatsApp's 24-hour window")),
+                // Messages come in but no reply can go out: the deployment's gap, not the
+                // message's. The model is not asked for a reply that cannot be sent; the message
+                // waits, using no attempt, until an operator sets what is missing and restarts.
+                Some(setting) => {
+                    let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
+                    let earlier = db::jobs::unfinished_before(&mut conn, &row.chat_id, &ctx.job.kind, ctx.job.id).await.map_err(JobError::from)?;
+                    return Ok(self.wait_for(setting, &row.wamid, now, earlier));
+                }
+                None => None,
+            }
+        };
+        if let Some(outcome) = unanswered {
             tracing::warn!(wamid = %row.wamid, "{outcome}");
             let mut conn = self.db.pool.acquire().await.map_err(|e| JobError::from(DbError::from(e)))?;
-            store::mark_inbound_processed(&mut conn, row.id, &outcome, db::now_ms()).await.map_err(JobError::from)?;
+            store::mark_inbound_processed(&mut conn, row.id, &outcome, now).await.map_err(JobError::from)?;
             return Ok(JobOutput { preview: Some(outcome), snooze: None });
         }
         let mut inbound = self.inbound(&row, &ctx.job.correlation_id).await.map_err(JobError::from)?;
@@ -177,6 +194,20 @@ impl Handler<ProcessInbound> for InboundJob {
 }
 
 impl InboundJob {
+    /// A message that waits for send `setting`, behind `earlier` unanswered messages of its
+    /// chat: it runs again at the next multiple of [`SETTING_WAIT_MS`] and its turn, saying why
+    /// on the Jobs page. The process says so once at ERROR.
+    fn wait_for(&self, setting: &str, wamid: &str, now: i64, earlier: i64) -> JobOutput {
+        let why = format!("waiting: {setting} is not set, so no reply can be sent; set it and restart Gatehouse");
+        if self.told_waiting.swap(true, Ordering::Relaxed) {
+            tracing::debug!(%wamid, "{why}");
+        } else {
+            tracing::error!(%wamid, "WhatsApp messages come in but {setting} is not set: they wait, unanswered, until it is set and Gatehouse restarted");
+        }
+        let next = (now / SETTING_WAIT_MS + 1) * SETTING_WAIT_MS + earlier * IN_TURN_MS;
+        JobOutput { preview: Some(why), snooze: Some(std::time::Duration::from_millis(u64::try_from(next - now).unwrap_or(0))) }
+    }
+
     /// Sends the runtime's reply (the ledger skips parts a retry already sent) and traces it.
     async fn deliver(&self, ctx: &JobContext, inbound: &Inbound, handled: &Handled) -> Result<String, JobError> {
         let Some(text) = handled.reply.as_deref().filter(|t| !t.trim().is_empty()) else {

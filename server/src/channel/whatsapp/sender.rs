@@ -163,6 +163,18 @@ impl WhatsAppSender {
         self.graph.is_configured()
     }
 
+    /// The setting whose absence keeps every reply from going out, if one is missing: the
+    /// phone number id, then the access token.
+    pub fn missing_setting(&self) -> Option<&'static str> {
+        if self.settings.phone_number_id.is_empty() {
+            Some("whatsapp.phone_number_id")
+        } else if !self.can_send() {
+            Some(crate::config::secrets::WHATSAPP_ACCESS_TOKEN)
+        } else {
+            None
+        }
+    }
+
     pub fn settings(&self) -> &WhatsAppSettings {
         &self.settings
     }

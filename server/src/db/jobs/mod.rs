@@ -253,6 +253,16 @@ pub async fn in_chat(conn: &mut AnyConnection, chat_id: &str, kind: &str) -> Res
     Ok(sqlx::query_as(&sql).bind(chat_id).bind(kind).fetch_all(&mut *conn).await?)
 }
 
+/// How many of chat `chat_id`'s jobs of `kind` older than job `id` are unfinished.
+pub async fn unfinished_before(conn: &mut AnyConnection, chat_id: &str, kind: &str, id: i64) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE chat_id = $1 AND kind = $2 AND id < $3 AND state IN ('available', 'scheduled', 'retryable', 'running')")
+        .bind(chat_id)
+        .bind(kind)
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?)
+}
+
 /// Chat `chat_id`'s jobs of `kind` for its message `message_id`, oldest first.
 pub async fn for_message(conn: &mut AnyConnection, chat_id: &str, kind: &str, message_id: &str) -> Result<Vec<JobRow>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM jobs WHERE chat_id = $1 AND kind = $2 AND message_id = $3 ORDER BY id");

@@ -107,6 +107,7 @@ impl OwnersBackend for ConsoleBackend {
             storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
             disk: disk_notice(&self.state.db, &self.state.config.settings.database),
             whatsapp_token_rejected_since_ms: self.state.whatsapp_sender.token_rejected_since(),
+            whatsapp_sending_unset: self.state.config.secrets.whatsapp_app_secret.as_ref().and(self.state.whatsapp_sender.missing_setting()).map(String::from),
         }))
     }
 
