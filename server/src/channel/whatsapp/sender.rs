@@ -158,17 +158,12 @@ impl WhatsAppSender {
         Some(self.token_rejected_since.load(Ordering::Relaxed)).filter(|&since| since != 0)
     }
 
-    /// Whether anything can be sent: a phone number id and an access token are set.
-    pub fn can_send(&self) -> bool {
-        self.graph.is_configured()
-    }
-
     /// The setting whose absence keeps every reply from going out, if one is missing: the
     /// phone number id, then the access token.
     pub fn missing_setting(&self) -> Option<&'static str> {
         if self.settings.phone_number_id.is_empty() {
             Some("whatsapp.phone_number_id")
-        } else if !self.can_send() {
+        } else if !self.graph.is_configured() {
             Some(crate::config::secrets::WHATSAPP_ACCESS_TOKEN)
         } else {
             None
