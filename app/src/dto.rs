@@ -93,6 +93,9 @@ pub struct Chart {
     pub unit: String,
     pub series: Vec<ChartSeries>,
     pub bars: Vec<ChartBar>,
+    /// The bars are hours or days in order, so the axis names the first and the last; else
+    /// each bar is a group its legend names, and the axis gives the scale alone.
+    pub over_time: bool,
     /// Said instead of the chart when every value is zero.
     pub empty: String,
 }

@@ -77,6 +77,10 @@ test("the dashboard's charts show a simulated conversation, each linked to its l
     await expect(chart).toBeVisible();
     await expect(chart.locator("figcaption a")).toHaveAttribute("href", link);
   }
+  // A chart of groups gives its scale alone on its axis (its legend names the bars); one over
+  // time names its first and last hour.
+  await expect(page.getByTestId("chart-mcp_health").locator(".chart-axis")).toHaveText(/^\s*max \d+\s*$/);
+  await expect(page.getByTestId("chart-replies").locator(".chart-axis")).toHaveText(/^\s*\d{1,2}h.*max \d+.*\d{1,2}h\s*$/);
 
   // Readable on a phone: every chart fits the screen's width.
   const widest = await page

@@ -176,8 +176,10 @@ fn chart(c: &Chart) -> impl IntoView + use<> {
                 });
             }
         }
-        let first = c.bars.first().map(|b| b.label.clone()).unwrap_or_default();
-        let last = c.bars.last().map(|b| b.label.clone()).unwrap_or_default();
+        // A chart of groups (jobs by state) names each bar in its legend; its axis would
+        // name two of them as if they were a range.
+        let end = |bar: Option<&crate::dto::ChartBar>| bar.filter(|_| c.over_time).map(|b| b.label.clone()).unwrap_or_default();
+        let (first, last) = (end(c.bars.first()), end(c.bars.last()));
         let legend = c.series.iter().enumerate().map(|(j, s)| {
             let total: i64 = c.bars.iter().map(|b| b.values.get(j).copied().unwrap_or(0)).sum();
             let name = format!("{} ({})", s.name, value_text(&c.unit, total));

@@ -140,6 +140,7 @@ fn one_bar_each(id: &str, title: &str, link: &str, groups: impl Iterator<Item = 
             .enumerate()
             .map(|(i, (name, n, _))| ChartBar { label: name.clone(), values: (0..groups.len()).map(|j| if i == j { *n } else { 0 }).collect() })
             .collect(),
+        over_time: false,
         empty: empty.into(),
     }
 }
@@ -202,6 +203,7 @@ fn stacked(
         unit: unit.into(),
         series: names.iter().map(|(name, _)| ChartSeries { name: name.clone(), link: series_link(name) }).collect(),
         bars,
+        over_time: true,
         empty: empty.into(),
     }
 }
