@@ -81,12 +81,25 @@ pub async fn findings_of_trace(conn: &mut AnyConnection, trace_id: i64) -> Resul
     Ok(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE trace_id = $1 ORDER BY id")).bind(trace_id).fetch_all(&mut *conn).await?)
 }
 
+/// The findings of the cases `case_ids`, oldest first, read in one query (through
+/// `findings_case`; sorted here, since the database would sort them apart from the index).
 pub async fn findings_of_cases(conn: &mut AnyConnection, case_ids: &[i64]) -> Result<Vec<FindingRow>, DbError> {
-    let mut rows = Vec::new();
-    for id in case_ids {
-        rows.extend(sqlx::query_as::<_, FindingRow>(&format!("SELECT {FINDING_COLUMNS} FROM findings WHERE case_id = $1")).bind(id).fetch_all(&mut *conn).await?);
+    if case_ids.is_empty() {
+        return Ok(Vec::new());
     }
+    let sql = findings_of_cases_sql(case_ids.len());
+    let mut q = sqlx::query_as::<_, FindingRow>(&sql);
+    for id in case_ids {
+        q = q.bind(*id);
+    }
+    let mut rows = q.fetch_all(&mut *conn).await?;
+    rows.sort_by_key(|r| r.id);
     Ok(rows)
+}
+
+/// The query [`findings_of_cases`] runs for `cases` case ids (`$1` ... `$cases`).
+pub fn findings_of_cases_sql(cases: usize) -> String {
+    format!("SELECT {FINDING_COLUMNS} FROM findings WHERE case_id IN ({})", super::placeholders(1, cases))
 }
 
 /// The newest trace id the scan has looked at.

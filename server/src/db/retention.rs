@@ -5,10 +5,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, placeholders};
-
-/// The states a job never leaves by itself.
-const FINISHED: &str = "('completed', 'cancelled', 'discarded')";
+use super::{DbError, jobs::FINISHED, placeholders};
 
 /// Deletes the rows of `table` whose id is one of `ids` and that still match `still` (what
 /// made them due, checked again in the delete), returning the ids deleted.
@@ -39,10 +36,12 @@ async fn delete_belonging(conn: &mut AnyConnection, table: &str, column: &str, i
     Ok(())
 }
 
-/// Up to `batch` finished jobs that ended before `before`, oldest first, with their events.
+/// Up to `batch` finished jobs that ended before `before`, with their events. They are taken as
+/// `jobs_state_updated` lists them (each state's oldest first), not sorted by id: a sort would
+/// read every due job for each batch, which after an upgrade or a long pause is most of them.
 pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) -> Result<u64, DbError> {
     let still = format!("state IN {FINISHED} AND updated_at < $1");
-    let due: Vec<i64> = sqlx::query_scalar(&format!("SELECT id FROM jobs WHERE {still} ORDER BY id LIMIT $2")).bind(before).bind(batch).fetch_all(&mut *conn).await?;
+    let due: Vec<i64> = sqlx::query_scalar(&finished_due_sql()).bind(before).bind(batch).fetch_all(&mut *conn).await?;
     // Checked again as they are deleted: a job run again from the console meanwhile is kept.
     let deleted = delete_ids(conn, "jobs", &still, before, &due).await?;
     // PostgreSQL's job events have no foreign key (migration 0028); a tool call's kept answer
@@ -51,6 +50,12 @@ pub async fn finished_jobs(conn: &mut AnyConnection, before: i64, batch: i64) ->
     delete_belonging(conn, "tool_answers", "job_id", &deleted).await?;
     delete_belonging(conn, "tool_call_starts", "job_id", &deleted).await?;
     Ok(deleted.len() as u64)
+}
+
+/// The query that picks a batch of finished jobs to remove (`$1` the time they ended before,
+/// `$2` the batch).
+pub fn finished_due_sql() -> String {
+    format!("SELECT id FROM jobs WHERE state IN {FINISHED} AND updated_at < $1 LIMIT $2")
 }
 
 /// Up to `batch` events from before `before` of jobs still unfinished (the periodic ones, which

@@ -106,17 +106,25 @@ pub async fn is_group(conn: &mut AnyConnection, channel: &str, chat_id: &str) ->
     Ok(group.is_some_and(|g| g != 0))
 }
 
+/// A WhatsApp chat's newest messages both ways (`$1` the chat, `$2` how many), newest first, with
+/// each incoming one's newest trace. Each side's newest `$2` are taken first (by their chat
+/// indexes), and only those look up their trace (by `traces_message`): not every message the
+/// chat ever had.
+pub const WHATSAPP_CHAT_MESSAGES: &str = "SELECT m.direction, m.sender, m.text, m.message_id, m.state, m.error_code, \
+       CASE WHEN m.direction = 'in' THEN (SELECT MAX(t.id) FROM traces t WHERE t.message_id = m.message_id) END AS trace_id, m.at FROM ( \
+     SELECT * FROM (SELECT 'in' AS direction, i.sender AS sender, COALESCE(i.text, '[' || i.msg_type || ']') AS text, i.wamid AS message_id, \
+            'received' AS state, NULL AS error_code, i.received_at AS at FROM whatsapp_inbound i WHERE i.chat_id = $1 ORDER BY i.id DESC LIMIT $2) AS i \
+     UNION ALL \
+     SELECT * FROM (SELECT 'out' AS direction, 'bot' AS sender, o.body AS text, o.idempotency_key AS message_id, o.state AS state, \
+            o.error_code AS error_code, o.created_at AS at FROM whatsapp_outbound o WHERE o.recipient = $1 ORDER BY o.id DESC LIMIT $2) AS o \
+   ) AS m ORDER BY m.at DESC LIMIT $2";
+
 /// One chat's messages, oldest first, with delivery states and trace links.
 pub async fn messages(conn: &mut AnyConnection, channel: &str, chat_id: &str, limit: i64) -> Result<Vec<ChatMessage>, DbError> {
     let sql = if channel == "simulator" {
         "SELECT direction, sender, text, message_id, state, NULL AS error_code, trace_id, at FROM simulator_messages WHERE chat_id = $1 ORDER BY id DESC LIMIT $2"
     } else {
-        "SELECT * FROM ( \
-           SELECT 'in' AS direction, i.sender AS sender, COALESCE(i.text, '[' || i.msg_type || ']') AS text, i.wamid AS message_id, 'received' AS state, NULL AS error_code, \
-                  (SELECT MAX(t.id) FROM traces t WHERE t.message_id = i.wamid) AS trace_id, i.received_at AS at FROM whatsapp_inbound i WHERE i.chat_id = $1 \
-           UNION ALL \
-           SELECT 'out', 'bot', o.body, o.idempotency_key, o.state, o.error_code, NULL, o.created_at FROM whatsapp_outbound o WHERE o.recipient = $1 \
-         ) AS m ORDER BY at DESC LIMIT $2"
+        WHATSAPP_CHAT_MESSAGES
     };
     let mut out: Vec<ChatMessage> = sqlx::query_as(sql).bind(chat_id).bind(limit).fetch_all(conn).await?;
     out.reverse();

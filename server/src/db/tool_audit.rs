@@ -51,10 +51,21 @@ pub async fn insert_many(conn: &mut AnyConnection, rows: &[AuditRow]) -> Result<
     Ok(())
 }
 
-/// Newest first.
+/// Newest first: of one tool (through `tool_audit_tool_at`), or of all.
 pub async fn recent(conn: &mut AnyConnection, tool: Option<&str>, limit: i64) -> Result<Vec<AuditRow>, DbError> {
-    let sql = format!("SELECT {COLUMNS} FROM tool_audit WHERE ($1 = '' OR tool = $1) ORDER BY id DESC LIMIT $2");
-    Ok(sqlx::query_as(&sql).bind(tool.unwrap_or_default()).bind(limit).fetch_all(&mut *conn).await?)
+    let Some(tool) = tool else {
+        return Ok(sqlx::query_as(&recent_sql(false)).bind(limit).fetch_all(&mut *conn).await?);
+    };
+    Ok(sqlx::query_as(&recent_sql(true)).bind(tool).bind(limit).fetch_all(&mut *conn).await?)
+}
+
+/// The query [`recent`] runs: of one tool (`$1`; the limit is `$2`), or of all (the limit `$1`).
+pub fn recent_sql(of_one_tool: bool) -> String {
+    if of_one_tool {
+        format!("SELECT {COLUMNS} FROM tool_audit WHERE tool = $1 ORDER BY id DESC LIMIT $2")
+    } else {
+        format!("SELECT {COLUMNS} FROM tool_audit ORDER BY id DESC LIMIT $1")
+    }
 }
 
 /// The tool calls made while a message was handled, in order.

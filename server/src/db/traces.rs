@@ -44,6 +44,11 @@ pub struct Appended {
 /// The outcome of a trace whose message is still being handled.
 pub const RUNNING: &str = "running";
 
+/// The newest trace of a message with a given outcome (`$1` channel, `$2` message, `$3`
+/// outcome), as [`begin`] looks for one left running on every message handled, through
+/// `traces_message`.
+pub const RUNNING_OF_MESSAGE: &str = "SELECT id FROM traces WHERE channel = $1 AND message_id = $2 AND outcome = $3 ORDER BY id DESC LIMIT 1";
+
 /// Starts a trace for a message, or returns the one an earlier, interrupted attempt left
 /// running (a process that died mid-message: its retry continues that trace). An attempt that
 /// failed and said so ended its trace as failed, so its retry begins a new one.
@@ -51,7 +56,7 @@ pub const RUNNING: &str = "running";
 /// the chat). Returns its id and how many steps it already has.
 pub async fn begin(conn: &mut AnyConnection, t: &TraceRow, sender: Option<&str>) -> Result<(i64, i64), DbError> {
     let earlier: Option<(i64,)> =
-        sqlx::query_as("SELECT id FROM traces WHERE channel = $1 AND message_id = $2 AND outcome = $3 ORDER BY id DESC LIMIT 1")
+        sqlx::query_as(RUNNING_OF_MESSAGE)
             .bind(&t.channel)
             .bind(&t.message_id)
             .bind(RUNNING)
@@ -137,24 +142,44 @@ pub struct Listed {
     pub text: Option<String>,
 }
 
-/// Newest first, each with its message's text (as [`inbound_text`] finds it).
+/// Newest first, each with its message's text (as [`inbound_text`] finds it). Only the filters
+/// that are set enter the query, so that each can use its index (`traces_chat`,
+/// `traces_outcome`, `traces_started`); a condition such as `($1 = '' OR chat_id = $1)` can use
+/// none, and a rare filter then reads the whole table.
 pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<Listed>, DbError> {
-    let sql = format!(
-        "SELECT t.*, {} AS text FROM (SELECT {COLUMNS} FROM traces WHERE ($1 = '' OR chat_id = $1) AND ($2 = '' OR route = $2) AND ($3 = '' OR outcome = $3) \
-           AND ($4 = '' OR error_code = $4) AND started_at >= $5 AND ($6 = 0 OR id < $6) ORDER BY id DESC LIMIT $7) t \
-         ORDER BY t.id DESC",
-        text_of("t.message_id")
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(&f.chat_id)
-        .bind(&f.route)
-        .bind(&f.outcome)
-        .bind(&f.error_code)
-        .bind(f.since_ms)
-        .bind(f.before_id)
-        .bind(limit)
-        .fetch_all(conn)
-        .await?)
+    let (texts, numbers) = set_filters(f);
+    let sql = list_sql(f);
+    let mut q = sqlx::query_as(&sql);
+    for (_, v) in texts {
+        q = q.bind(v);
+    }
+    for (_, v) in numbers {
+        q = q.bind(v);
+    }
+    Ok(q.bind(limit).fetch_all(conn).await?)
+}
+
+type SetFilters<'a> = (Vec<(&'static str, &'a str)>, Vec<(&'static str, i64)>);
+
+/// The filters of `f` that are set, as conditions and the values they bind, in order.
+fn set_filters(f: &TraceFilter) -> SetFilters<'_> {
+    let texts = [("chat_id =", f.chat_id.as_str()), ("route =", &f.route), ("outcome =", &f.outcome), ("error_code =", &f.error_code)];
+    let numbers = [("started_at >=", f.since_ms), ("id <", f.before_id)];
+    (texts.into_iter().filter(|(_, v)| !v.is_empty()).collect(), numbers.into_iter().filter(|(_, v)| *v > 0).collect())
+}
+
+/// The query [`list`] runs for `f`: its filters' values are `$1`, `$2`, ... in the order of
+/// [`TraceFilter`]'s fields, and the limit comes last.
+pub fn list_sql(f: &TraceFilter) -> String {
+    let (texts, numbers) = set_filters(f);
+    let conditions: Vec<String> =
+        texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate().map(|(i, condition)| format!(" AND {condition} ${}", i + 1)).collect();
+    format!(
+        "SELECT t.*, {} AS text FROM (SELECT {COLUMNS} FROM traces WHERE 1 = 1{} ORDER BY id DESC LIMIT ${}) t ORDER BY t.id DESC",
+        text_of("t.message_id"),
+        conditions.concat(),
+        conditions.len() + 1
+    )
 }
 
 /// Traces after `after_id`, oldest first (the evals scan, which stops at one still running).

@@ -22,6 +22,7 @@ mod jobs_race;
 mod lane;
 mod lane_e2e;
 mod leases;
+mod lookups;
 mod llm;
 mod mcp;
 mod mcp_elicitation;

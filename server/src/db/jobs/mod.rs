@@ -62,6 +62,10 @@ impl JobState {
 const DUE_STATES: &str = "('available', 'scheduled', 'retryable')";
 /// SQL list of unfinished states (a dedupe key is unique among these).
 const UNFINISHED: &str = "('available', 'scheduled', 'running', 'retryable', 'pending')";
+/// The states a job never leaves by itself, as the condition of the `jobs_finished` index
+/// (migration 0051) writes them: a query that filters by one of them repeats this condition to
+/// the letter, since SQLite uses a partial index only for a query whose WHERE holds its own.
+pub(super) const FINISHED: &str = "('completed', 'cancelled', 'discarded')";
 /// The error code of a job cancelled unrun because its time to live ran out.
 pub const EXPIRED: &str = "JOB_EXPIRED";
 /// The error code of a job an owner cancelled.
@@ -284,21 +288,8 @@ pub struct JobFilter {
 
 /// Newest first, at most `limit`.
 pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
-    // Each filter that is set adds its condition, with its value bound in the same order.
-    let texts = [
-        ("state =", filter.state.map(JobState::as_str)),
-        ("kind =", filter.kind.as_deref()),
-        ("tool_name =", filter.tool_name.as_deref()),
-        ("chat_id =", filter.chat_id.as_deref()),
-    ];
-    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
-    let texts: Vec<_> = texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
-    let numbers: Vec<_> = numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect();
-    let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
-    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
-        sql += &format!(" AND {condition} ${}", i + 1);
-    }
-    sql += &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1);
+    let (texts, numbers) = set_filters(filter);
+    let sql = list_sql(filter);
     let mut q = sqlx::query_as(&sql);
     for (_, v) in texts {
         q = q.bind(v);
@@ -307,6 +298,38 @@ pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> R
         q = q.bind(v);
     }
     Ok(q.bind(limit).fetch_all(&mut *conn).await?)
+}
+
+type SetFilters<'a> = (Vec<(&'static str, &'a str)>, Vec<(&'static str, i64)>);
+
+/// The filters of `filter` that are set, as conditions and the values they bind, in order.
+fn set_filters(filter: &JobFilter) -> SetFilters<'_> {
+    let texts = [
+        ("state =", filter.state.map(JobState::as_str)),
+        ("kind =", filter.kind.as_deref()),
+        ("tool_name =", filter.tool_name.as_deref()),
+        ("chat_id =", filter.chat_id.as_deref()),
+    ];
+    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
+    (
+        texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
+        numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
+    )
+}
+
+/// The query [`list`] runs for `filter`: each filter that is set adds its condition, its value
+/// bound as `$1`, `$2`, ... in the order of [`JobFilter`]'s fields; the limit comes last.
+pub fn list_sql(filter: &JobFilter) -> String {
+    let (texts, numbers) = set_filters(filter);
+    let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
+    if filter.state.is_some_and(JobState::is_finished) {
+        // Newest first through `jobs_finished`, not every job of the state sorted.
+        sql += &format!(" AND state IN {FINISHED}");
+    }
+    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
+        sql += &format!(" AND {condition} ${}", i + 1);
+    }
+    sql + &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1)
 }
 
 /// Number of jobs in each state (states with none are absent).

@@ -147,8 +147,12 @@ pub async fn outbound_by_wamid(conn: &mut AnyConnection, wamid: &str) -> Result<
 
 /// Ledger rows of one job, in part order.
 pub async fn outbound_for_job(conn: &mut AnyConnection, job_id: i64) -> Result<Vec<OutboundRow>, DbError> {
-    let sql = format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id");
-    Ok(sqlx::query_as(&sql).bind(job_id).fetch_all(&mut *conn).await?)
+    Ok(sqlx::query_as(&outbound_for_job_sql()).bind(job_id).fetch_all(&mut *conn).await?)
+}
+
+/// The query [`outbound_for_job`] runs (`$1` the job), through `whatsapp_outbound_job`.
+pub fn outbound_for_job_sql() -> String {
+    format!("SELECT {OUTBOUND_COLUMNS} FROM whatsapp_outbound WHERE job_id = $1 ORDER BY id")
 }
 
 /// Ledger rows for one recipient, oldest first.
