@@ -81,18 +81,15 @@ pub struct ChatSummary {
     pub last_at: i64,
 }
 
-/// Every chat, simulated and WhatsApp, most recent first.
+/// Every chat, simulated and WhatsApp, most recent first (from `chats`, which triggers keep as
+/// messages are stored, through `chats_last`), each WhatsApp customer's with their name.
 pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSummary>, DbError> {
-    let sql = format!(
-        "SELECT channel, chat_id, CASE WHEN channel = 'whatsapp' THEN ({}) END AS name, \
-                 CAST(SUM(n) AS BIGINT) AS messages, MAX(last_at) AS last_at FROM ( \
-                 SELECT 'simulator' AS channel, chat_id, COUNT(*) AS n, MAX(at) AS last_at FROM simulator_messages GROUP BY chat_id \
-                 UNION ALL SELECT 'whatsapp', chat_id, COUNT(*), MAX(received_at) FROM whatsapp_inbound GROUP BY chat_id \
-                 UNION ALL SELECT 'whatsapp', recipient, COUNT(*), MAX(created_at) FROM whatsapp_outbound GROUP BY recipient \
-               ) AS c GROUP BY channel, chat_id ORDER BY last_at DESC LIMIT $1",
-        super::whatsapp::latest_sender_name_sql("c.chat_id")
-    );
-    Ok(sqlx::query_as(&sql).bind(limit).fetch_all(conn).await?)
+    Ok(sqlx::query_as(&chats_sql()).bind(limit).fetch_all(conn).await?)
+}
+
+/// The query [`chats`] runs (`$1` how many).
+pub fn chats_sql() -> String {
+    "SELECT channel, chat_id, name, messages, last_at FROM chats ORDER BY last_at DESC LIMIT $1".into()
 }
 
 /// Whether a chat is a group, as its latest incoming message says (false when it has none).

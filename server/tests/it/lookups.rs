@@ -1,5 +1,5 @@
 //! The lookups that run on every message, or on console pages, over tables that are kept for
-//! ever (traces, the WhatsApp ledger, findings) or for a month (finished jobs) use an index,
+//! ever (traces, messages, the WhatsApp ledger, findings) or for a month (finished jobs) use an index,
 //! so that they cost the same after a year as on the first day. Each query is the one its
 //! function runs, planned by the database itself:
 //! - SQLite (`EXPLAIN QUERY PLAN`, with no statistics, as the server runs): it must name one
@@ -36,6 +36,7 @@ fn lookups() -> Vec<Lookup> {
             indexes: &["traces_message", "traces_outcome"],
         },
         Lookup { what: "a WhatsApp chat's page", sql: db::simulator::WHATSAPP_CHAT_MESSAGES.into(), table: "traces", indexes: &["traces_message"] },
+        Lookup { what: "the Conversations page", sql: db::simulator::chats_sql(), table: "whatsapp_inbound", indexes: &["chats_last"] },
         traces("the Traces page, failed only", TraceFilter { outcome: "failed".into(), ..TraceFilter::default() }, &["traces_outcome"]),
         traces("the Traces page, one chat", TraceFilter { chat_id: "15550001111".into(), ..TraceFilter::default() }, &["traces_chat"]),
         traces(

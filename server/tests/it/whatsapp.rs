@@ -441,6 +441,48 @@ async fn chats_show_the_customers_profile_name(db: TestDb) {
 }
 both_backends!(whatsapp_chat_names, chats_show_the_customers_profile_name);
 
+/// The Conversations page counts each chat's messages both ways and lists the chat with the
+/// latest first, from what the triggers of migration 0052 keep as messages are stored: a
+/// redelivered message is not counted twice. The migration counts what an older database
+/// already holds, and finds its customers' names.
+async fn chats_count_their_messages_as_they_are_stored(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |_| {}).await;
+    let (ada, bob) = ("16505551234", "16505550000");
+    let first = envelope(vec![vec![text_message(ada, "wamid.C1", "Hello"), text_message(bob, "wamid.C2", "Hi")]]);
+    assert_eq!(post_signed(&app, &first).await.status, StatusCode::OK);
+    assert_eq!(post_signed(&app, &first).await.status, StatusCode::OK, "redelivered");
+    run_jobs(&app, Arc::new(Echo::default())).await;
+    let later = envelope(vec![vec![text_message(ada, "wamid.C3", "Still there?")]]);
+    assert_eq!(post_signed(&app, &later).await.status, StatusCode::OK);
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let listed = |chats: &Value| -> Vec<(String, i64)> {
+        chats["chats"].as_array().expect("chats").iter().map(|c| (c["chat_id"].as_str().unwrap_or_default().to_string(), c["messages"].as_i64().unwrap_or(-1))).collect()
+    };
+    let chats = owner.post_form("/api/list_chats", &[]).await.json();
+    // Ada: two messages and one reply (the second waits for the worker); Bob: one and its reply.
+    assert_eq!(listed(&chats), vec![(ada.to_string(), 3), (bob.to_string(), 2)], "{chats}");
+
+    // An older database: its messages were stored before the counts were kept.
+    let pool = &app.state.db.pool;
+    let undo = if app.state.db.backend == db::Backend::Sqlite {
+        "DROP TRIGGER chats_whatsapp_inbound; DROP TRIGGER chats_whatsapp_outbound; DROP TRIGGER chats_simulator; DROP TABLE chats"
+    } else {
+        "DROP FUNCTION chats_whatsapp_inbound CASCADE; DROP FUNCTION chats_whatsapp_outbound CASCADE; DROP FUNCTION chats_simulator CASCADE; DROP TABLE chats"
+    };
+    sqlx::raw_sql(undo).execute(pool).await.expect("undo migration 0052");
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 52").execute(pool).await.expect("forget migration 0052");
+    let newest = envelope(vec![vec![text_message(bob, "wamid.C4", "Me again")]]);
+    assert_eq!(post_signed(&app, &newest).await.status, StatusCode::OK);
+    let applied = app.state.db.migrate().await.expect("migrate again");
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), vec![52]);
+    let chats = owner.post_form("/api/list_chats", &[]).await.json();
+    assert_eq!(listed(&chats), vec![(bob.to_string(), 3), (ada.to_string(), 3)], "{chats}");
+    assert_eq!(chats["chats"][1]["name"], "Test Customer", "the name is found again: {chats}");
+    assert_eq!(chats["chats"][0]["name"], Value::Null, "{chats}");
+}
+both_backends!(whatsapp_chat_counts, chats_count_their_messages_as_they_are_stored);
+
 async fn twenty_concurrent_deliveries_give_one_reply(db: TestDb) {
     let graph = FakeGraph::start().await;
     let app = Arc::new(app(db, Some(&graph), |_| {}).await);

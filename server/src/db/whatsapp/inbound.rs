@@ -262,16 +262,10 @@ async fn insert_and_enqueue_postgres(conn: &mut AnyConnection, messages: &[&NewI
     Ok(sqlx::query_as(&sql).bind(rows).bind(postgres_batch(jobs, now)?).bind(now).fetch_all(&mut *conn).await?)
 }
 
-/// The name a chat is shown by: the latest profile name its customer sent with a message, none
-/// for a group (its senders differ). A scalar subquery over the chat id `chat` (a placeholder or
-/// a column), for [`sender_name`] and the console's chat list.
-pub(crate) fn latest_sender_name_sql(chat: &str) -> String {
-    format!("SELECT sender_name FROM whatsapp_inbound WHERE chat_id = {chat} AND is_group = 0 AND sender_name IS NOT NULL ORDER BY id DESC LIMIT 1")
-}
-
-/// The name chat `chat_id` is shown by ([`latest_sender_name_sql`]).
+/// The name chat `chat_id` is shown by: its customer's latest profile name, which `chats` keeps
+/// (none for a group, whose senders differ, nor for a chat the webhook named nobody for).
 pub async fn sender_name(conn: &mut AnyConnection, chat_id: &str) -> Result<Option<String>, DbError> {
-    let name: Option<Option<String>> = sqlx::query_scalar(&latest_sender_name_sql("$1")).bind(chat_id).fetch_optional(&mut *conn).await?;
+    let name: Option<Option<String>> = sqlx::query_scalar("SELECT name FROM chats WHERE channel = 'whatsapp' AND chat_id = $1").bind(chat_id).fetch_optional(&mut *conn).await?;
     Ok(name.flatten())
 }
 
