@@ -42,7 +42,7 @@ use crate::config::DatabaseSettings;
 use checkpoint::Checkpointer;
 use connect::{describe_migration_error, migration_turn, pool_options, prepare_sqlite_url, sqlite_file_of};
 pub use sql::{begin_write_on, clean_text, duration_ms, now_ms, sha256_hex};
-pub(crate) use sql::{IntBool, anonymous_on_sqlite, backend_of, lease_end, lease_now, lock_until_commit, parse_stored, placeholders, rows_with_ids, stored_name, value_rows, value_rows_from};
+pub(crate) use sql::{IntBool, SetFilters, anonymous_on_sqlite, backend_of, lease_end, lease_now, lock_until_commit, parse_stored, placeholders, rows_with_ids, stored_name, value_rows, value_rows_from};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");

@@ -38,6 +38,49 @@ pub(crate) async fn lock_until_commit(conn: &mut sqlx::AnyConnection, key: &str)
     Ok(())
 }
 
+/// The filters of a list that are set, each a condition (`"chat_id ="`) with its value: only
+/// these enter its query, so that each can use its index (a condition such as
+/// `($1 = '' OR chat_id = $1)` can use none). Texts are bound before numbers, each in its order.
+pub(crate) struct SetFilters<'a> {
+    texts: Vec<(&'static str, &'a str)>,
+    numbers: Vec<(&'static str, i64)>,
+}
+
+impl<'a> SetFilters<'a> {
+    /// The filters whose value is `Some`.
+    pub(crate) fn new(
+        texts: impl IntoIterator<Item = (&'static str, Option<&'a str>)>,
+        numbers: impl IntoIterator<Item = (&'static str, Option<i64>)>,
+    ) -> Self {
+        Self {
+            texts: texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
+            numbers: numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
+        }
+    }
+
+    /// ` AND <condition> $1 AND <condition> $2 ...`, and the number of the placeholder after
+    /// them.
+    pub(crate) fn conditions(&self) -> (String, usize) {
+        let all = self.texts.iter().map(|(c, _)| c).chain(self.numbers.iter().map(|(c, _)| c));
+        let sql = all.enumerate().map(|(i, condition)| format!(" AND {condition} ${}", i + 1)).collect();
+        (sql, self.texts.len() + self.numbers.len() + 1)
+    }
+
+    /// `query` with the filters' values bound, in the order of [`Self::conditions`].
+    pub(crate) fn bind<'q, O>(self, mut query: sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments<'q>>) -> sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments<'q>>
+    where
+        'a: 'q,
+    {
+        for (_, v) in self.texts {
+            query = query.bind(v);
+        }
+        for (_, v) in self.numbers {
+            query = query.bind(v);
+        }
+        query
+    }
+}
+
 /// `$first, $first+1, ...` for `n` values.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")

@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::DbError;
+use super::{DbError, SetFilters};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct Step {
@@ -147,38 +147,28 @@ pub struct Listed {
 /// `traces_outcome`, `traces_started`); a condition such as `($1 = '' OR chat_id = $1)` can use
 /// none, and a rare filter then reads the whole table.
 pub async fn list(conn: &mut AnyConnection, f: &TraceFilter, limit: i64) -> Result<Vec<Listed>, DbError> {
-    let (texts, numbers) = set_filters(f);
     let sql = list_sql(f);
-    let mut q = sqlx::query_as(&sql);
-    for (_, v) in texts {
-        q = q.bind(v);
-    }
-    for (_, v) in numbers {
-        q = q.bind(v);
-    }
-    Ok(q.bind(limit).fetch_all(conn).await?)
+    Ok(set_filters(f).bind(sqlx::query_as(&sql)).bind(limit).fetch_all(conn).await?)
 }
 
-type SetFilters<'a> = (Vec<(&'static str, &'a str)>, Vec<(&'static str, i64)>);
-
-/// The filters of `f` that are set, as conditions and the values they bind, in order.
 fn set_filters(f: &TraceFilter) -> SetFilters<'_> {
-    let texts = [("chat_id =", f.chat_id.as_str()), ("route =", &f.route), ("outcome =", &f.outcome), ("error_code =", &f.error_code)];
-    let numbers = [("started_at >=", f.since_ms), ("id <", f.before_id)];
-    (texts.into_iter().filter(|(_, v)| !v.is_empty()).collect(), numbers.into_iter().filter(|(_, v)| *v > 0).collect())
+    fn text(v: &str) -> Option<&str> {
+        Some(v).filter(|v| !v.is_empty())
+    }
+    let number = |v: i64| Some(v).filter(|v| *v > 0);
+    SetFilters::new(
+        [("chat_id =", text(&f.chat_id)), ("route =", text(&f.route)), ("outcome =", text(&f.outcome)), ("error_code =", text(&f.error_code))],
+        [("started_at >=", number(f.since_ms)), ("id <", number(f.before_id))],
+    )
 }
 
 /// The query [`list`] runs for `f`: its filters' values are `$1`, `$2`, ... in the order of
 /// [`TraceFilter`]'s fields, and the limit comes last.
 pub fn list_sql(f: &TraceFilter) -> String {
-    let (texts, numbers) = set_filters(f);
-    let conditions: Vec<String> =
-        texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate().map(|(i, condition)| format!(" AND {condition} ${}", i + 1)).collect();
+    let (conditions, limit) = set_filters(f).conditions();
     format!(
-        "SELECT t.*, {} AS text FROM (SELECT {COLUMNS} FROM traces WHERE 1 = 1{} ORDER BY id DESC LIMIT ${}) t ORDER BY t.id DESC",
-        text_of("t.message_id"),
-        conditions.concat(),
-        conditions.len() + 1
+        "SELECT t.*, {} AS text FROM (SELECT {COLUMNS} FROM traces WHERE 1 = 1{conditions} ORDER BY id DESC LIMIT ${limit}) t ORDER BY t.id DESC",
+        text_of("t.message_id")
     )
 }
 

@@ -16,7 +16,7 @@ pub use self::{
     owner::{cancel, raise_attempts, release_pending, retry_now},
 };
 pub(crate) use self::enqueue::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes};
-use super::{DbError, placeholders};
+use super::{DbError, SetFilters, placeholders};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::IntoStaticStr, strum::EnumString, strum::Display)]
 #[serde(rename_all = "lowercase")]
@@ -288,48 +288,29 @@ pub struct JobFilter {
 
 /// Newest first, at most `limit`.
 pub async fn list(conn: &mut AnyConnection, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, DbError> {
-    let (texts, numbers) = set_filters(filter);
     let sql = list_sql(filter);
-    let mut q = sqlx::query_as(&sql);
-    for (_, v) in texts {
-        q = q.bind(v);
-    }
-    for (_, v) in numbers {
-        q = q.bind(v);
-    }
-    Ok(q.bind(limit).fetch_all(&mut *conn).await?)
+    Ok(set_filters(filter).bind(sqlx::query_as(&sql)).bind(limit).fetch_all(&mut *conn).await?)
 }
 
-type SetFilters<'a> = (Vec<(&'static str, &'a str)>, Vec<(&'static str, i64)>);
-
-/// The filters of `filter` that are set, as conditions and the values they bind, in order.
 fn set_filters(filter: &JobFilter) -> SetFilters<'_> {
-    let texts = [
-        ("state =", filter.state.map(JobState::as_str)),
-        ("kind =", filter.kind.as_deref()),
-        ("tool_name =", filter.tool_name.as_deref()),
-        ("chat_id =", filter.chat_id.as_deref()),
-    ];
-    let numbers = [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)];
-    (
-        texts.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
-        numbers.into_iter().filter_map(|(condition, v)| Some((condition, v?))).collect(),
+    SetFilters::new(
+        [
+            ("state =", filter.state.map(JobState::as_str)),
+            ("kind =", filter.kind.as_deref()),
+            ("tool_name =", filter.tool_name.as_deref()),
+            ("chat_id =", filter.chat_id.as_deref()),
+        ],
+        [("created_at >=", filter.created_from), ("created_at <", filter.created_to), ("id <", filter.before_id)],
     )
 }
 
 /// The query [`list`] runs for `filter`: each filter that is set adds its condition, its value
 /// bound as `$1`, `$2`, ... in the order of [`JobFilter`]'s fields; the limit comes last.
 pub fn list_sql(filter: &JobFilter) -> String {
-    let (texts, numbers) = set_filters(filter);
-    let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
-    if filter.state.is_some_and(JobState::is_finished) {
-        // Newest first through `jobs_finished`, not every job of the state sorted.
-        sql += &format!(" AND state IN {FINISHED}");
-    }
-    for (i, condition) in texts.iter().map(|(c, _)| c).chain(numbers.iter().map(|(c, _)| c)).enumerate() {
-        sql += &format!(" AND {condition} ${}", i + 1);
-    }
-    sql + &format!(" ORDER BY id DESC LIMIT ${}", texts.len() + numbers.len() + 1)
+    let (conditions, limit) = set_filters(filter).conditions();
+    // A finished state's jobs come newest first through `jobs_finished`, not all of them sorted.
+    let finished = if filter.state.is_some_and(JobState::is_finished) { format!(" AND state IN {FINISHED}") } else { String::new() };
+    format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1{finished}{conditions} ORDER BY id DESC LIMIT ${limit}")
 }
 
 /// Number of jobs in each state (states with none are absent).
