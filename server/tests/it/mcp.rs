@@ -153,6 +153,10 @@ async fn everything_over_stdio(db: TestDb) {
     assert_eq!(servers[0].health, "connected");
     assert!(servers[0].tool_count >= 8 && servers[0].last_seen_at.is_some(), "{servers:?}");
     rig.manager.shutdown().await;
+    // One process stopping (a `gatehouse mcp refresh` from a shell, a worker redeployed) does
+    // not mark the server down for the processes still connected to it.
+    let health: String = sqlx::query_scalar("SELECT health FROM mcp_servers WHERE id = 'everything'").fetch_one(&rig.db.pool).await.expect("health");
+    assert_eq!(health, "connected");
 }
 both_backends!(mcp_everything_stdio, everything_over_stdio);
 

@@ -246,7 +246,18 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
                 let since = Instant::now();
                 let ended = serve(&inner, &manager, &server, session, &pending, &mut refresh, &mut shutdown, &mut enabled).await;
                 server.live.send_modify(|l| l.peer = None);
-                record_health(&inner, &server, health::DOWN, Some(ended), false).await;
+                if *shutdown.borrow() {
+                    // This process leaving says nothing of the server: the health in the
+                    // database is every process's (the console's, `gatehouse mcp list`'s), and
+                    // others may still be connected to it, a `gatehouse mcp refresh` or `tools
+                    // call` from a shell among them. The next start records its own.
+                    server.live.send_modify(|l| {
+                        l.health = health::DOWN;
+                        l.last_error = Some(ended);
+                    });
+                } else {
+                    record_health(&inner, &server, health::DOWN, Some(ended), false).await;
+                }
                 if since.elapsed() >= STABLE {
                     delays = reconnect_delays();
                 }
