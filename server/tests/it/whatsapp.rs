@@ -1055,9 +1055,40 @@ async fn a_rejected_token_holds_replies_until_it_works(db: TestDb) {
     let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].state, DeliveryState::Sent);
-    assert_eq!(app.gatehouse.whatsapp.sender.token_rejected_since(), None, "a send that went out clears it");
+    assert_eq!(app.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read"), None, "a send that went out clears it");
 }
 both_backends!(whatsapp_token_rejected, a_rejected_token_holds_replies_until_it_works);
+
+/// Replies may go out from other processes (`gatehouse worker`) than the one serving the
+/// console: a token Meta refused to any of them shows on every console, until a send of any
+/// of them goes out.
+async fn a_refused_token_shows_on_every_console(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let console = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
+    let mut owner = console.with_owner("ada", "correct horse battery").await;
+    // The worker process's own pool and sender, on the same database and Graph API.
+    let pool = server::db::Db::connect(&console.state.config.settings.database).await.expect("worker pool");
+    let settings = console.state.config.settings.whatsapp.clone();
+    let client = server::channel::whatsapp::graph::GraphClient::new(&settings, Some(ACCESS_TOKEN.to_string().into())).expect("client");
+    let worker = WhatsAppSender::new(pool, client, settings);
+    let to = Recipient { id: "16505551234".into(), group: false };
+    assert!(!owner.get("/").await.body.contains("data-testid=\"token-banner\""));
+
+    graph.set_rule(|_, _| Some(graph_error(401, 190, "Error validating access token")));
+    let refused = worker.send_text(1, &to, "Hello.", None).await.expect_err("refused");
+    assert_eq!(refused.code(), Some("CREDENTIALS_REJECTED"));
+    let page = owner.get("/").await.body;
+    assert!(page.contains("data-testid=\"token-banner\""), "the console's own process sent nothing: {page}");
+    let since = console.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read").expect("recorded");
+    worker.send_text(2, &to, "Hello again.", None).await.expect_err("refused again");
+    assert_eq!(console.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read"), Some(since), "since the first refusal");
+
+    graph.set_rule(|_, _| None);
+    let sent = worker.send_text(1, &to, "Hello.", None).await.expect("the token works again");
+    assert_eq!(sent, SendOutcome::Sent { parts: 1, already_sent: 0 });
+    assert!(!owner.get("/").await.body.contains("data-testid=\"token-banner\""), "a send that went out clears it everywhere");
+}
+both_backends!(whatsapp_token_banner_everywhere, a_refused_token_shows_on_every_console);
 
 /// Meta refuses every send of the business account for a while (a policy block, 368): the
 /// reply waits, using no attempt, and goes out once Meta takes sends again, instead of being
@@ -1368,7 +1399,7 @@ async fn rate_limit_answers_are_retried_with_backoff(db: TestDb) {
     assert_eq!(graph.all().len(), before + 1, "one try");
     let row = store::outbound_by_key(&mut conn, "job:901:part:0").await.expect("get").expect("row");
     assert_eq!((row.state, row.error_code.as_deref()), (DeliveryState::Queued, Some("190")));
-    assert!(sender.token_rejected_since().is_some());
+    assert!(sender.token_rejected_since().await.expect("read").is_some());
 }
 both_backends!(whatsapp_rate_limit_retries, rate_limit_answers_are_retried_with_backoff);
 

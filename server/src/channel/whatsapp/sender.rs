@@ -25,13 +25,7 @@
 //! recorded as sent. The lease outlives one Graph API request, so only a sender that died
 //! mid-request leaves it to run out.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicI64, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use crate::{
     config::WhatsAppSettings,
@@ -120,8 +114,6 @@ pub struct WhatsAppSender {
     graph: GraphClient,
     pacer: Arc<Pacer>,
     settings: WhatsAppSettings,
-    /// Since when Meta refuses the access token (unix ms); 0 while it does not.
-    token_rejected_since: AtomicI64,
     /// Where a part refused for good queues the owners' notice ([`super::undelivered`]).
     notices: Option<JobQueue>,
 }
@@ -133,7 +125,7 @@ impl WhatsAppSender {
             pair_interval: settings.pair_interval,
             global_per_second: settings.global_rate_per_second,
         }));
-        Self { db, graph, pacer, settings, token_rejected_since: AtomicI64::new(0), notices: None }
+        Self { db, graph, pacer, settings, notices: None }
     }
 
     /// A part Meta refuses for good queues the owners' undelivered notice on `queue`.
@@ -152,10 +144,11 @@ impl WhatsAppSender {
         }
     }
 
-    /// Since when Meta refuses the access token, as the last sends found; `None` once one went
-    /// out.
-    pub fn token_rejected_since(&self) -> Option<i64> {
-        Some(self.token_rejected_since.load(Ordering::Relaxed)).filter(|&since| since != 0)
+    /// Since when Meta refuses the access token, as the last sends of any process on this
+    /// database found; `None` once one went out.
+    pub async fn token_rejected_since(&self) -> Result<Option<i64>, DbError> {
+        let mut conn = self.db.pool.acquire().await?;
+        store::token_rejected_since(&mut conn).await
     }
 
     /// The setting whose absence keeps every reply from going out, if one is missing: the
@@ -328,10 +321,14 @@ impl WhatsAppSender {
             let now = db::now_ms();
             match result {
                 Ok(wamid) => {
-                    if self.token_rejected_since.swap(0, Ordering::Relaxed) != 0 {
-                        tracing::info!("Meta accepts the access token again");
-                    }
                     store::mark_sent(&mut conn, row.id, &wamid, now).await?;
+                    // Read first, so that a send writes nothing more while all is well.
+                    let accepted = async { Ok::<_, DbError>(store::token_rejected_since(&mut conn).await?.is_some() && store::token_accepted(&mut conn).await?) };
+                    match accepted.await {
+                        Ok(true) => tracing::info!("Meta accepts the access token again"),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(error = %e, "recording that Meta accepts the access token failed; the console's banner stays until the next send"),
+                    }
                     metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string()).increment(1);
                     return Ok(Delivery::Sent);
                 }
@@ -351,7 +348,8 @@ impl WhatsAppSender {
                 Err(e) if e.is_token_rejected() || e.is_account_blocked() => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
                     let code = if e.is_token_rejected() {
-                        if self.token_rejected_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                        // Said once by the process that records it first, and on every console.
+                        if store::token_rejected(&mut conn, now).await? {
                             tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts");
                         }
                         JobCode::CredentialsRejected

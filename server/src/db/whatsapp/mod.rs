@@ -9,6 +9,25 @@ use sqlx::AnyConnection;
 pub use self::{inbound::*, outbound::*};
 use super::DbError;
 
+/// Since when Meta refuses the access token, as a process whose send it refused recorded it.
+pub async fn token_rejected_since(conn: &mut AnyConnection) -> Result<Option<i64>, DbError> {
+    let since: Option<Option<i64>> = sqlx::query_scalar("SELECT rejected_since FROM whatsapp_token WHERE id = 1").fetch_optional(&mut *conn).await?;
+    Ok(since.flatten())
+}
+
+/// Records that Meta refused the access token at `now`, unless it already refused it earlier;
+/// true when this recorded it.
+pub async fn token_rejected(conn: &mut AnyConnection, now: i64) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = $1 WHERE id = 1 AND rejected_since IS NULL").bind(now).execute(&mut *conn).await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Records that Meta accepts the access token; true when it had been refused.
+pub async fn token_accepted(conn: &mut AnyConnection) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = NULL WHERE id = 1 AND rejected_since IS NOT NULL").execute(&mut *conn).await?;
+    Ok(done.rows_affected() > 0)
+}
+
 /// Claims the notice `kind` for `chat_id`: true when it was last sent before `not_since` (or
 /// never). Run it in the transaction that records the message's reply, so a retried message
 /// finds its reply recorded and does not claim again.

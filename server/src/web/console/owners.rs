@@ -99,6 +99,7 @@ impl OwnersBackend for ConsoleBackend {
         if owner.session_epoch != who.epoch {
             return Ok(None);
         }
+        let token_rejected_since = db::whatsapp::token_rejected_since(&mut conn).await.map_err(internal)?;
         Ok(Some(ShellInfo {
             owner_id: owner.id,
             display_name: owner.display_name,
@@ -106,7 +107,7 @@ impl OwnersBackend for ConsoleBackend {
             degraded: self.state.degraded().map(|(provider, variable)| DegradedNotice { provider: provider.into(), variable: variable.into() }),
             storage_warning: self.state.config.settings.database.storage_warning().map(String::from),
             disk: disk_notice(&self.state.db, &self.state.config.settings.database),
-            whatsapp_token_rejected_since_ms: self.state.whatsapp_sender.token_rejected_since(),
+            whatsapp_token_rejected_since_ms: token_rejected_since,
             whatsapp_sending_unset: self.state.config.secrets.whatsapp_app_secret.as_ref().and(self.state.whatsapp_sender.missing_setting()).map(String::from),
         }))
     }
