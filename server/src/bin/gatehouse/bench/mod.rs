@@ -1,6 +1,7 @@
 //! `gatehouse bench jobs`: throughput and latency of the job queue on a given database, and its
 //! ceiling: the same jobs claimed and completed by plain batched SQL in the same run.
 
+pub mod console;
 pub mod detector;
 pub mod mcp;
 mod serve;

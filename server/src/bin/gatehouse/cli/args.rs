@@ -269,6 +269,9 @@ pub enum BenchCommand {
     Mcp(crate::bench::mcp::McpBench),
     /// Post signed WhatsApp webhooks over loopback; print requests/s and latency percentiles.
     Webhook(crate::bench::webhook::WebhookBench),
+    /// The reads of console pages and message handling on a filled database, and again at ten
+    /// times the data: median ms of each and the ratio.
+    Console(crate::bench::console::ConsoleBench),
     /// The lane's candidate detector on a JSON-lines catalog and labelled messages: recall@k,
     /// irrelevant messages planned, detection latency.
     Detector(crate::bench::detector::DetectorBench),

@@ -94,6 +94,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             Command::Bench(BenchCommand::Checkpoint(args)) => crate::bench::checkpoint(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Mcp(args)) => crate::bench::mcp::run(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Webhook(args)) => crate::bench::webhook::run(args).await.map_err(Failure::runtime),
+            Command::Bench(BenchCommand::Console(args)) => crate::bench::console::run(args).await.map_err(Failure::runtime),
             Command::Bench(BenchCommand::Detector(args)) => crate::bench::detector::command(args).map_err(Failure::runtime),
         }
     })
