@@ -1060,8 +1060,8 @@ async fn a_rejected_token_holds_replies_until_it_works(db: TestDb) {
 both_backends!(whatsapp_token_rejected, a_rejected_token_holds_replies_until_it_works);
 
 /// Replies may go out from other processes (`gatehouse worker`) than the one serving the
-/// console: a token Meta refused to any of them shows on every console, until a send of any
-/// of them goes out.
+/// console: a token Meta refused to any of them shows on every console that holds it, until a
+/// send of any of them goes out; a process started with another token does not show it.
 async fn a_refused_token_shows_on_every_console(db: TestDb) {
     let graph = FakeGraph::start().await;
     let console = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
@@ -1082,6 +1082,11 @@ async fn a_refused_token_shows_on_every_console(db: TestDb) {
     let since = console.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read").expect("recorded");
     worker.send_text(2, &to, "Hello again.", None).await.expect_err("refused again");
     assert_eq!(console.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read"), Some(since), "since the first refusal");
+    // A process started with a new token says nothing of the old one's refusal.
+    let settings = console.state.config.settings.whatsapp.clone();
+    let renewed = server::channel::whatsapp::graph::GraphClient::new(&settings, Some("a-renewed-token".to_string().into())).expect("client");
+    let restarted = WhatsAppSender::new(console.state.db.clone(), renewed, settings);
+    assert_eq!(restarted.token_rejected_since().await.expect("read"), None);
 
     graph.set_rule(|_, _| None);
     let sent = worker.send_text(1, &to, "Hello.", None).await.expect("the token works again");

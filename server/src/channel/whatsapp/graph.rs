@@ -120,6 +120,12 @@ impl GraphClient {
         Ok(Self { http, messages_url, token })
     }
 
+    /// The access token's SHA-256 (hex), to tell whether a refusal recorded by any process was
+    /// of this token; `None` without one.
+    pub fn token_fingerprint(&self) -> Option<String> {
+        self.token.as_ref().map(|t| crate::db::sha256_hex(t.expose_secret()))
+    }
+
     /// Whether a phone number id and an access token are set.
     pub fn is_configured(&self) -> bool {
         self.messages_url.is_some() && self.token.is_some()

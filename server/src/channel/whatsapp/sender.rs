@@ -144,11 +144,25 @@ impl WhatsAppSender {
         }
     }
 
-    /// Since when Meta refuses the access token, as the last sends of any process on this
-    /// database found; `None` once one went out.
+    /// Since when Meta refuses this process's access token, as the last sends of any process on
+    /// this database found; `None` once Meta took one, and for a refusal of another token (a
+    /// process started with a new one).
     pub async fn token_rejected_since(&self) -> Result<Option<i64>, DbError> {
+        let Some(token) = self.graph.token_fingerprint() else { return Ok(None) };
         let mut conn = self.db.pool.acquire().await?;
-        store::token_rejected_since(&mut conn).await
+        store::token_rejected_since(&mut conn, &token).await
+    }
+
+    /// Meta took a request with the access token (a message sent, or refused only for the
+    /// person's 24-hour window): a recorded refusal ends. Never fails the send.
+    async fn token_taken(&self, conn: &mut sqlx::AnyConnection) {
+        // Read first, so that a send writes nothing more while all is well.
+        let accepted = async { Ok::<_, DbError>(store::token_refusal_recorded(conn).await? && store::token_accepted(conn).await?) };
+        match accepted.await {
+            Ok(true) => tracing::info!("Meta accepts the access token again"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "recording that Meta accepts the access token failed; the console's banner stays until the next send"),
+        }
     }
 
     /// The setting whose absence keeps every reply from going out, if one is missing: the
@@ -322,18 +336,13 @@ impl WhatsAppSender {
             match result {
                 Ok(wamid) => {
                     store::mark_sent(&mut conn, row.id, &wamid, now).await?;
-                    // Read first, so that a send writes nothing more while all is well.
-                    let accepted = async { Ok::<_, DbError>(store::token_rejected_since(&mut conn).await?.is_some() && store::token_accepted(&mut conn).await?) };
-                    match accepted.await {
-                        Ok(true) => tracing::info!("Meta accepts the access token again"),
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!(error = %e, "recording that Meta accepts the access token failed; the console's banner stays until the next send"),
-                    }
+                    self.token_taken(&mut conn).await;
                     metrics::counter!("whatsapp_sent_total", "kind" => new.kind.to_string()).increment(1);
                     return Ok(Delivery::Sent);
                 }
                 Err(e) if e.is_outside_window() => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), "outside the 24-hour customer service window (131047)", true, now).await?;
+                    self.token_taken(&mut conn).await;
                     tracing::warn!(key = %row.idempotency_key, "reply refused: outside the 24-hour window");
                     // Told only when no window template goes in its place.
                     self.undelivered(&row.idempotency_key).await;
@@ -348,9 +357,14 @@ impl WhatsAppSender {
                 Err(e) if e.is_token_rejected() || e.is_account_blocked() => {
                     store::mark_send_failed(&mut conn, row.id, &e.code(), &e.to_string(), false, now).await?;
                     let code = if e.is_token_rejected() {
-                        // Said once by the process that records it first, and on every console.
-                        if store::token_rejected(&mut conn, now).await? {
-                            tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts");
+                        // Said once by the process that records it first, and on every console. A
+                        // failure to record it must not make the refusal an ordinary error (which
+                        // would use the job's attempts).
+                        let token = self.graph.token_fingerprint().unwrap_or_default();
+                        match store::token_rejected(&mut conn, &token, now).await {
+                            Ok(true) => tracing::error!(code = %e.code(), "Meta refuses the WhatsApp access token: replies wait until WHATSAPP_ACCESS_TOKEN holds a working one and Gatehouse restarts"),
+                            Ok(false) => {}
+                            Err(db) => tracing::error!(code = %e.code(), error = %db, "Meta refuses the WhatsApp access token (recording it for the console failed)"),
                         }
                         JobCode::CredentialsRejected
                     } else {

@@ -9,22 +9,34 @@ use sqlx::AnyConnection;
 pub use self::{inbound::*, outbound::*};
 use super::DbError;
 
-/// Since when Meta refuses the access token, as a process whose send it refused recorded it.
-pub async fn token_rejected_since(conn: &mut AnyConnection) -> Result<Option<i64>, DbError> {
-    let since: Option<Option<i64>> = sqlx::query_scalar("SELECT rejected_since FROM whatsapp_token WHERE id = 1").fetch_optional(&mut *conn).await?;
+/// Since when Meta refuses the access token whose SHA-256 is `token`, as a process whose send it
+/// refused recorded it (`None` for a refusal of another token).
+pub async fn token_rejected_since(conn: &mut AnyConnection, token: &str) -> Result<Option<i64>, DbError> {
+    let since: Option<Option<i64>> =
+        sqlx::query_scalar("SELECT rejected_since FROM whatsapp_token WHERE id = 1 AND token_sha256 = $1").bind(token).fetch_optional(&mut *conn).await?;
     Ok(since.flatten())
 }
 
-/// Records that Meta refused the access token at `now`, unless it already refused it earlier;
-/// true when this recorded it.
-pub async fn token_rejected(conn: &mut AnyConnection, now: i64) -> Result<bool, DbError> {
-    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = $1 WHERE id = 1 AND rejected_since IS NULL").bind(now).execute(&mut *conn).await?;
+/// Whether a refusal of any token is recorded (a cheap read before [`token_accepted`]).
+pub async fn token_refusal_recorded(conn: &mut AnyConnection) -> Result<bool, DbError> {
+    let since: Option<Option<i64>> = sqlx::query_scalar("SELECT rejected_since FROM whatsapp_token WHERE id = 1").fetch_optional(&mut *conn).await?;
+    Ok(since.flatten().is_some())
+}
+
+/// Records that Meta refused the access token whose SHA-256 is `token` at `now`, unless it
+/// already refused that one earlier; true when this recorded it.
+pub async fn token_rejected(conn: &mut AnyConnection, token: &str, now: i64) -> Result<bool, DbError> {
+    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = $1, token_sha256 = $2 WHERE id = 1 AND (rejected_since IS NULL OR token_sha256 <> $2)")
+        .bind(now)
+        .bind(token)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() > 0)
 }
 
-/// Records that Meta accepts the access token; true when it had been refused.
+/// Records that Meta takes the access token; true when a refusal had been recorded.
 pub async fn token_accepted(conn: &mut AnyConnection) -> Result<bool, DbError> {
-    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = NULL WHERE id = 1 AND rejected_since IS NOT NULL").execute(&mut *conn).await?;
+    let done = sqlx::query("UPDATE whatsapp_token SET rejected_since = NULL, token_sha256 = NULL WHERE id = 1 AND rejected_since IS NOT NULL").execute(&mut *conn).await?;
     Ok(done.rows_affected() > 0)
 }
 

@@ -99,7 +99,7 @@ impl OwnersBackend for ConsoleBackend {
         if owner.session_epoch != who.epoch {
             return Ok(None);
         }
-        let token_rejected_since = db::whatsapp::token_rejected_since(&mut conn).await.map_err(internal)?;
+        let token_rejected_since = self.state.whatsapp_sender.token_rejected_since().await.map_err(internal)?;
         Ok(Some(ShellInfo {
             owner_id: owner.id,
             display_name: owner.display_name,
