@@ -3,9 +3,10 @@
 -- (whatsapp_inbound, whatsapp_outbound, simulator_messages, all kept for ever) at each load, and
 -- to look for a name through every message of a chat that had none (a group); now each chat's
 -- count, latest time and name are kept here, by triggers, in the transaction that stores the
--- message. The triggers run once a statement, over
--- the rows it inserted, and take the chats in order, so that two processes storing groups of
--- messages at once lock the chats they share in the same order.
+-- message. The triggers run once a statement, over the rows it inserted, and take its chats in
+-- order, so that two processes' group commits of one statement each (messages alone) lock the
+-- chats they share in the same order. The tables are locked against writes while the counts
+-- are filled, so that a message an older process stores meanwhile is not left out of them.
 CREATE TABLE chats (
     channel  TEXT   NOT NULL,
     chat_id  TEXT   NOT NULL,
@@ -17,6 +18,7 @@ CREATE TABLE chats (
 );
 CREATE INDEX chats_last ON chats(last_at);
 
+LOCK TABLE whatsapp_inbound, whatsapp_outbound, simulator_messages IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO chats (channel, chat_id, messages, last_at)
 SELECT channel, chat_id, SUM(n), MAX(last_at) FROM (
     SELECT 'simulator' AS channel, chat_id, COUNT(*) AS n, MAX(at) AS last_at FROM simulator_messages GROUP BY chat_id
@@ -31,7 +33,7 @@ CREATE FUNCTION chats_whatsapp_inbound() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO chats (channel, chat_id, messages, last_at, name)
     SELECT 'whatsapp', g.chat_id, COUNT(*), MAX(g.received_at),
-           (SELECT x.sender_name FROM inserted x WHERE x.chat_id = g.chat_id AND x.is_group = 0 AND x.sender_name IS NOT NULL ORDER BY x.id DESC LIMIT 1)
+           (array_agg(g.sender_name ORDER BY g.id DESC) FILTER (WHERE g.is_group = 0 AND g.sender_name IS NOT NULL))[1]
     FROM inserted g GROUP BY g.chat_id ORDER BY g.chat_id
     ON CONFLICT (channel, chat_id) DO UPDATE
     SET messages = chats.messages + excluded.messages, last_at = GREATEST(chats.last_at, excluded.last_at), name = COALESCE(excluded.name, chats.name);

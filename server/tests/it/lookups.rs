@@ -46,6 +46,12 @@ fn lookups() -> Vec<Lookup> {
         ),
         jobs("the Jobs page, completed", JobState::Completed),
         jobs("the Jobs page, discarded", JobState::Discarded),
+        Lookup {
+            what: "the Jobs page, one chat's completed jobs",
+            sql: db::jobs::list_sql(&JobFilter { state: Some(JobState::Completed), chat_id: Some("15550001111".into()), ..JobFilter::default() }),
+            table: "jobs",
+            indexes: &["jobs_chat"],
+        },
         Lookup { what: "one tool's recent calls (the tool's page)", sql: db::tool_audit::recent_sql(true), table: "tool_audit", indexes: &["tool_audit_tool_at"] },
         Lookup { what: "a job's ledger rows", sql: db::whatsapp::outbound_for_job_sql(), table: "whatsapp_outbound", indexes: &["whatsapp_outbound_job"] },
         Lookup { what: "a repair's findings (the Repairs page)", sql: db::evals::findings_of_cases_sql(3), table: "findings", indexes: &["findings_case"] },

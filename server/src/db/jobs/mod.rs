@@ -308,8 +308,11 @@ fn set_filters(filter: &JobFilter) -> SetFilters<'_> {
 /// bound as `$1`, `$2`, ... in the order of [`JobFilter`]'s fields; the limit comes last.
 pub fn list_sql(filter: &JobFilter) -> String {
     let (conditions, limit) = set_filters(filter).conditions();
-    // A finished state's jobs come newest first through `jobs_finished`, not all of them sorted.
-    let finished = if filter.state.is_some_and(JobState::is_finished) { format!(" AND state IN {FINISHED}") } else { String::new() };
+    // A finished state's jobs come newest first through `jobs_finished`, not all of them sorted;
+    // a chat's or a tool's come through their own index (with the condition, SQLite would walk
+    // every finished job instead).
+    let narrower = filter.chat_id.is_some() || filter.tool_name.is_some();
+    let finished = if filter.state.is_some_and(JobState::is_finished) && !narrower { format!(" AND state IN {FINISHED}") } else { String::new() };
     format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1{finished}{conditions} ORDER BY id DESC LIMIT ${limit}")
 }
 
