@@ -84,13 +84,11 @@ pub struct ChatSummary {
 /// Every chat, simulated and WhatsApp, most recent first (from `chats`, which triggers keep as
 /// messages are stored, through `chats_last`), each WhatsApp customer's with their name.
 pub async fn chats(conn: &mut AnyConnection, limit: i64) -> Result<Vec<ChatSummary>, DbError> {
-    Ok(sqlx::query_as(&chats_sql()).bind(limit).fetch_all(conn).await?)
+    Ok(sqlx::query_as(CHATS).bind(limit).fetch_all(conn).await?)
 }
 
 /// The query [`chats`] runs (`$1` how many).
-pub fn chats_sql() -> String {
-    "SELECT channel, chat_id, name, messages, last_at FROM chats ORDER BY last_at DESC LIMIT $1".into()
-}
+pub const CHATS: &str = "SELECT channel, chat_id, name, messages, last_at FROM chats ORDER BY last_at DESC LIMIT $1";
 
 /// Whether a chat is a group, as its latest incoming message says (false when it has none).
 pub async fn is_group(conn: &mut AnyConnection, channel: &str, chat_id: &str) -> Result<bool, DbError> {

@@ -36,7 +36,7 @@ fn lookups() -> Vec<Lookup> {
             indexes: &["traces_message", "traces_outcome"],
         },
         Lookup { what: "a WhatsApp chat's page", sql: db::simulator::WHATSAPP_CHAT_MESSAGES.into(), table: "traces", indexes: &["traces_message"] },
-        Lookup { what: "the Conversations page", sql: db::simulator::chats_sql(), table: "whatsapp_inbound", indexes: &["chats_last"] },
+        Lookup { what: "the Conversations page", sql: db::simulator::CHATS.into(), table: "whatsapp_inbound", indexes: &["chats_last"] },
         traces("the Traces page, failed only", TraceFilter { outcome: "failed".into(), ..TraceFilter::default() }, &["traces_outcome"]),
         traces("the Traces page, one chat", TraceFilter { chat_id: "15550001111".into(), ..TraceFilter::default() }, &["traces_chat"]),
         traces(
