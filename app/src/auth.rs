@@ -66,16 +66,29 @@ fn session_error(e: tower_sessions::session::Error) -> AppError {
 
 pub(crate) fn backend() -> Result<SharedBackend, AppError> {
     use_context::<SharedBackend>().ok_or_else(|| {
-        tracing::error!("AdminBackend missing from context");
+        missing_from_context("the console backend", None);
         AppError::internal()
     })
 }
 
 pub(crate) async fn session() -> Result<Session, AppError> {
     leptos_axum::extract::<Session>().await.map_err(|e| {
-        tracing::error!(error = %e, "no session layer");
+        missing_from_context("the session", Some(&e.to_string()));
         AppError::internal()
     })
+}
+
+/// Logs that `what` was not in the reactive context. A page's data is fetched in a task of its
+/// own, which reaches the request's context through its page; a browser that leaves the page
+/// (or a live update's fetch it no longer waits for) ends the request and takes the context with
+/// it, so the fetch finds nothing, and nobody is waiting for its answer: that is logged at debug.
+/// With the request still there, something was not provided, which is a wiring fault.
+fn missing_from_context(what: &str, error: Option<&str>) {
+    if use_context::<http::request::Parts>().is_none() {
+        tracing::debug!(error, "{what} was gone: the request ended before its server function read it");
+    } else {
+        tracing::error!(error, "{what} is missing from the request's context");
+    }
 }
 
 pub(crate) async fn client_ip() -> String {
@@ -103,8 +116,10 @@ where
     Fut: Future<Output = Result<T, AppError>>,
 {
     let result = async {
-        let me = require_owner().await?;
-        work(me, backend()?).await
+        // Taken before the session is read: see `missing_from_context`.
+        let backend = backend()?;
+        let me = owner_of(&session().await?, &backend).await?.ok_or_else(AppError::unauthorized)?;
+        work(me, backend).await
     }
     .await;
     if let Ok(value) = &result {
@@ -241,5 +256,56 @@ pub fn retry_after(secs: u64) {
         && let Ok(v) = http::HeaderValue::from_str(&secs.to_string())
     {
         res.insert_header(http::header::RETRY_AFTER, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::Write,
+        sync::{Arc, Mutex},
+    };
+
+    use leptos::prelude::*;
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log lines").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `f` logs at ERROR.
+    fn errors_of(f: impl FnOnce()) -> String {
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::ERROR).with_ansi(false).with_writer(move || sink.clone()).finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(lines.0.lock().expect("log lines").clone()).expect("utf-8")
+    }
+
+    /// A page's data fetched after the browser left (its request, and the context with it, gone)
+    /// is refused quietly; the same absence while the request is there is a wiring fault.
+    #[test]
+    fn a_backend_gone_with_its_request_is_not_logged_as_an_error() {
+        let gone = Owner::new();
+        let logged = errors_of(|| gone.with(|| assert!(super::backend().is_err())));
+        assert!(logged.is_empty(), "{logged}");
+
+        let unwired = Owner::new();
+        let logged = errors_of(|| {
+            unwired.with(|| {
+                provide_context(http::Request::new(()).into_parts().0);
+                assert!(super::backend().is_err());
+            });
+        });
+        assert!(logged.contains("the console backend is missing from the request's context"), "{logged}");
     }
 }
