@@ -30,9 +30,9 @@ use crate::{
     config::{self, ConfigError, LoadedConfig},
     conversation::{self, Runtime, RuntimeParts, ToolLane},
     lane::{self, processor::stopped::CallStopped},
-    db::{Db, DbError},
+    db::{Db, DbError, jobs::Waiting},
     events::Events,
-    jobs::{self, JobQueue, Registry, Worker, WorkerSettings},
+    jobs::{self, JobCode, JobQueue, Registry, Worker, WorkerSettings},
     llm::{self, CallObserver, ChatModel, Observers},
     owners::notices::DeliverNotice,
     repairs::{
@@ -262,6 +262,23 @@ impl Gatehouse {
         let config = Arc::new(config);
         let reloads = Reloads::new(config.clone(), mcp.clone(), tools.clone(), db.clone(), tool_files.digest);
         Ok(Self { config, tool_files, db, jobs, events, tools, mcp, reloads, model, runtime, approvals, budget, whatsapp, simulator, cycle, retention, registry, telemetry })
+    }
+
+    /// Makes the jobs that wait on the deployment due now (see [`JobQueue::release_waiting`]):
+    /// a process starts after an operator freed room on the disk, renewed the WhatsApp access
+    /// token, settled the account or set a missing send setting, and the replies go out at once
+    /// rather than within the minute. Not those waiting on a refused token while this process
+    /// holds that same token: a restart that changed nothing would only be refused again at
+    /// once. Returns how many.
+    pub async fn release_waiting(&self) -> Result<usize, DbError> {
+        let refused_here = self.whatsapp.sender.token_rejected_since().await?.is_some();
+        let codes: Vec<&str> =
+            JobCode::WAITING_ON_THE_DEPLOYMENT.into_iter().filter(|c| !(refused_here && *c == JobCode::CredentialsRejected)).map(JobCode::as_str).collect();
+        let mut released = self.jobs.release_waiting(Waiting::Codes(&codes)).await?;
+        if let Some(waiting) = self.whatsapp.waiting_for_a_setting() {
+            released += self.jobs.release_waiting(waiting).await?;
+        }
+        Ok(released)
     }
 
     /// A worker over this build's job kinds, with the configured settings.

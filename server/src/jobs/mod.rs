@@ -62,6 +62,10 @@ pub enum JobCode {
 }
 
 impl JobCode {
+    /// The deployment's failures, not the job's: an operator fixes them, and a run that met one
+    /// waits without using an attempt (see [`JobError::uses_attempt`]).
+    pub const WAITING_ON_THE_DEPLOYMENT: [JobCode; 3] = [Self::StorageFull, Self::CredentialsRejected, Self::AccountBlocked];
+
     pub fn as_str(self) -> &'static str {
         self.into()
     }
@@ -127,7 +131,7 @@ impl JobError {
     /// them: such a run waits (snoozed) and tries again with the same attempts left, so a full
     /// disk, an expired token or a locked account discards nothing.
     pub fn uses_attempt(&self) -> bool {
-        !matches!(self.code.parse::<JobCode>(), Ok(JobCode::StorageFull | JobCode::CredentialsRejected | JobCode::AccountBlocked))
+        !self.code.parse::<JobCode>().is_ok_and(|code| JobCode::WAITING_ON_THE_DEPLOYMENT.contains(&code))
     }
 }
 

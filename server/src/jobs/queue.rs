@@ -12,7 +12,7 @@ use crate::{
     config::JobSettings,
     db::{
         self, Db, DbError,
-        jobs::{self as store, Enqueued, NewJob},
+        jobs::{self as store, Enqueued, NewJob, Waiting},
     },
     telemetry::Telemetry,
 };
@@ -155,6 +155,15 @@ impl JobQueue {
             tx.commit().await?;
         }
         Ok(enqueued)
+    }
+
+    /// Makes the `waiting` jobs due now (see [`store::release_waiting`]), and wakes the
+    /// workers. Returns how many.
+    pub async fn release_waiting(&self, waiting: Waiting<'_>) -> Result<usize, DbError> {
+        let mut tx = self.db.begin_write().await?;
+        let released = store::release_waiting(&mut tx, self.db.backend, waiting, db::now_ms()).await?;
+        self.commit(tx).await?;
+        Ok(released.len())
     }
 
     /// Commits a transaction that enqueued jobs, then wakes this process's workers.

@@ -849,7 +849,8 @@ async fn without_a_phone_number_id_the_message_waits(db: TestDb) {
 /// settled; their jobs wait, using no attempt, the second due after the first, saying why. The
 /// day-old one is settled unanswered (WhatsApp's window closed). The console says what is
 /// missing. Restarted with the phone number id and the token on the same database, Gatehouse
-/// answers the two, once each and in order.
+/// makes them due at once (not at the end of their wait) and answers the two, once each and in
+/// order.
 async fn messages_wait_until_they_can_be_answered(app: TestApp, graph: &FakeGraph, setting: &str) {
     let sent = |from: &str, wamid: &str, text: &str, ago_secs: i64| {
         let mut message = text_message(from, wamid, text);
@@ -877,12 +878,15 @@ async fn messages_wait_until_they_can_be_answered(app: TestApp, graph: &FakeGrap
     let mut owner = app.with_owner("ada", "correct horse battery").await;
     let page = owner.get("/jobs").await.body;
     assert!(page.contains("data-testid=\"sending-banner\"") && page.contains(setting), "{page}");
-    // Due now, as a restart within the wait finds them at the next instant.
-    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE kind = 'whatsapp.inbound' AND state = 'scheduled'").execute(&mut *conn).await.expect("due");
+    // They wait for the next whole minute; made an hour, so that only the restart's release
+    // (before, nothing) runs them within this test.
+    sqlx::query("UPDATE jobs SET scheduled_at = scheduled_at + 3600000 WHERE kind = 'whatsapp.inbound' AND state = 'scheduled'").execute(&mut *conn).await.expect("wait");
     drop(conn);
+    assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 0, "still without {setting}");
 
     let TestApp { db, .. } = app;
     let restarted = self::app(db, Some(graph), |_| {}).await;
+    assert_eq!(restarted.gatehouse.release_waiting().await.expect("release"), 2, "due at the start that has {setting}");
     run_jobs(&restarted, echo.clone()).await;
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
     assert_eq!(graph.texts(), vec!["echo: one".to_string(), "echo: two".to_string()], "answered once each, in order");
@@ -1058,6 +1062,36 @@ async fn a_rejected_token_holds_replies_until_it_works(db: TestDb) {
     assert_eq!(app.gatehouse.whatsapp.sender.token_rejected_since().await.expect("read"), None, "a send that went out clears it");
 }
 both_backends!(whatsapp_token_rejected, a_rejected_token_holds_replies_until_it_works);
+
+/// A start is how an operator puts a renewed access token in place: the replies waiting on the
+/// deployment run at once, not at the end of their wait (a minute each, before). Not while the
+/// process holds the very token Meta refused: that start changed nothing.
+async fn replies_waiting_on_the_deployment_run_at_start(db: TestDb) {
+    let graph = FakeGraph::start().await;
+    let app = app(db, Some(&graph), |s| s.whatsapp.send_attempts = 1).await;
+    graph.set_rule(|_, _| Some(graph_error(401, 190, "Error validating access token")));
+    assert_eq!(post_signed(&app, &envelope(vec![vec![text_message("16505551234", "wamid.START", "hello?")]])).await.status, StatusCode::OK);
+    let echo = Arc::new(Echo::default());
+    run_jobs_until(&app, echo.clone(), "SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'scheduled'").await;
+    // The wait a production worker gives it (a minute), made an hour: only a release runs it
+    // within this test.
+    let hour_from_now = db::now_ms() + 3_600_000;
+    sqlx::query("UPDATE jobs SET scheduled_at = $1 WHERE kind = 'whatsapp.inbound'").bind(hour_from_now).execute(&app.state.db.pool).await.expect("wait an hour");
+    graph.set_rule(|_, _| None);
+
+    assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 0, "started again with the refused token");
+    // The refusal on record is of the token the operator replaced.
+    sqlx::query("UPDATE whatsapp_token SET token_sha256 = 'the-replaced-token'").execute(&app.state.db.pool).await.expect("replace the token");
+    assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 1);
+    assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 0, "released once");
+    let due = count(&app, &format!("SELECT COUNT(*) FROM jobs WHERE kind = 'whatsapp.inbound' AND state = 'scheduled' AND scheduled_at < {hour_from_now}")).await;
+    assert_eq!(due, 1, "due now, still unclaimed");
+    run_jobs(&app, echo).await;
+    let mut conn = app.state.db.pool.acquire().await.expect("conn");
+    let rows = store::outbound_for_recipient(&mut conn, "16505551234").await.expect("ledger");
+    assert_eq!((rows.len(), rows[0].state), (1, DeliveryState::Sent));
+}
+both_backends!(whatsapp_released_at_start, replies_waiting_on_the_deployment_run_at_start);
 
 /// Replies may go out from other processes (`gatehouse worker`) than the one serving the
 /// console: a token Meta refused to any of them shows on every console that holds it, until a

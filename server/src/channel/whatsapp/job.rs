@@ -40,6 +40,9 @@ pub struct InboundJob {
 /// setting is there they come due one after the other, in the order they came (a chat's
 /// earlier job that is not due yet does not hold it, see `claim_in_order`).
 const SETTING_WAIT_MS: i64 = 60_000;
+/// How the preview of a message waiting for a send setting starts: a start with the setting in
+/// place makes such messages due at once (`WhatsApp::waiting_for_a_setting`).
+pub(super) const WAITING_FOR_A_SETTING: &str = "waiting: ";
 const IN_TURN_MS: i64 = 1_000;
 /// WhatsApp's customer service window: a message older than this that could not be answered
 /// for want of a send setting is settled unanswered rather than answered days late.
@@ -198,7 +201,7 @@ impl InboundJob {
     /// chat: it runs again at the next multiple of [`SETTING_WAIT_MS`] and its turn, saying why
     /// on the Jobs page. The process says so once at ERROR.
     fn wait_for(&self, setting: &str, wamid: &str, now: i64, earlier: i64) -> JobOutput {
-        let why = format!("waiting: {setting} is not set, so no reply can be sent; set it and restart Gatehouse");
+        let why = format!("{WAITING_FOR_A_SETTING}{setting} is not set, so no reply can be sent; set it and restart Gatehouse");
         if self.told_waiting.swap(true, Ordering::Relaxed) {
             tracing::debug!(%wamid, "{why}");
         } else {

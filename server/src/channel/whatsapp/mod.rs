@@ -26,9 +26,9 @@ use std::sync::Arc;
 
 use crate::{
     config::{JobTimeouts, Secrets, WhatsAppSettings},
-    db::Db,
+    db::{Db, jobs::Waiting},
     events::Events,
-    jobs::{JobQueue, Registry},
+    jobs::{JobKind, JobQueue, Registry},
     telemetry::Telemetry,
 };
 
@@ -60,6 +60,12 @@ impl WhatsApp {
             intake: intake.clone(),
         };
         Ok(Self { intake, sender, webhook, telemetry: queue.telemetry().clone() })
+    }
+
+    /// Its messages waiting for a send setting, when this process has every one: they are due
+    /// as soon as it starts (see `bootstrap::Gatehouse::release_waiting`), not at the next minute.
+    pub fn waiting_for_a_setting(&self) -> Option<Waiting<'static>> {
+        self.sender.missing_setting().is_none().then_some(Waiting::Previewed { kind: ProcessInbound::KIND, prefix: job::WAITING_FOR_A_SETTING })
     }
 
     /// The channel's jobs, each within its budget: each stored message goes to `handler`;

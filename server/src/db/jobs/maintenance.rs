@@ -3,7 +3,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{DbError, EXPIRED, JobState, events_for, wake_other_processes};
+use super::{DbError, EXPIRED, JobState, events_for, placeholders, wake_other_processes};
 use crate::db::{Backend, lease_now};
 
 /// Rows changed per maintenance statement, so a backlog after downtime stays within bind limits.
@@ -73,6 +73,52 @@ pub async fn release_cancelled_leases(conn: &mut AnyConnection, backend: Backend
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected())
+}
+
+/// Jobs that wait on something an operator puts right, which a process's start may have done.
+#[derive(Debug, Clone, Copy)]
+pub enum Waiting<'a> {
+    /// Their last run was snoozed with one of these codes (no room on the disk, a refused
+    /// access token, a blocked account).
+    Codes(&'a [&'a str]),
+    /// Jobs of `kind` whose handler rescheduled them with a preview starting with `prefix` (a
+    /// WhatsApp message waiting for a send setting). Matched with `LIKE`: `prefix` holds no `%`
+    /// or `_`.
+    Previewed { kind: &'a str, prefix: &'a str },
+}
+
+/// Makes the `waiting` jobs due now, instead of at the end of their wait. Returns their ids. A
+/// process calls it as it starts, which is how an operator puts a fix in place. Only the wait
+/// is shortened: nothing runs that would not have run a little later, and a chat's jobs are
+/// still claimed in order.
+pub async fn release_waiting(conn: &mut AnyConnection, backend: Backend, waiting: Waiting<'_>, now: i64) -> Result<Vec<i64>, DbError> {
+    let (condition, binds): (String, Vec<String>) = match waiting {
+        Waiting::Codes([]) => return Ok(Vec::new()),
+        Waiting::Codes(codes) => {
+            let latest = "(SELECT e.error_code FROM job_events e WHERE e.job_id = jobs.id ORDER BY e.id DESC LIMIT 1)";
+            (format!("{latest} IN ({})", placeholders(3, codes.len())), codes.iter().map(|c| c.to_string()).collect())
+        }
+        Waiting::Previewed { kind, prefix } => {
+            debug_assert!(!prefix.contains(['%', '_']), "a LIKE pattern's prefix: {prefix}");
+            ("jobs.kind = $3 AND jobs.result_preview LIKE $4".into(), vec![kind.into(), format!("{prefix}%")])
+        }
+    };
+    let filter = format!("jobs.state = 'scheduled' AND jobs.scheduled_at > $1 AND {condition}");
+    let sql = maintenance_update(backend, "scheduled_at = $1, updated_at = $1", &filter, &["id"]);
+    let mut released = Vec::new();
+    loop {
+        let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(now).bind(MAINTENANCE_BATCH);
+        for value in &binds {
+            q = q.bind(value.as_str());
+        }
+        let ids = q.fetch_all(&mut *conn).await?;
+        if ids.is_empty() {
+            break;
+        }
+        wake_other_processes(conn, &ids).await?;
+        released.extend(ids);
+    }
+    Ok(released)
 }
 
 /// On graceful shutdown: jobs this owner still holds go back to `available` without counting

@@ -97,6 +97,7 @@ pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failur
         }
         None => None,
     };
+    release_waiting(&gatehouse).await;
     let worker = gatehouse.config.settings.jobs.worker_in_serve.then(|| tokio::spawn(gatehouse.worker().run(shutdown.clone())));
     web::serve::serve(listener, router, grace, shutdown).await.map_err(Failure::runtime)?;
     let _ = tokio::time::timeout(grace, state.mcp.shutdown()).await;
@@ -115,6 +116,15 @@ pub async fn serve(mut cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failur
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The jobs that waited on the deployment run now: this start may be the operator's fix.
+async fn release_waiting(gatehouse: &Gatehouse) {
+    match gatehouse.release_waiting().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "jobs that waited on the deployment (room on the disk, the access token, the account) run now"),
+        Err(e) => tracing::warn!(error = %e, "could not release the jobs waiting on the deployment; they run at the end of their wait"),
+    }
 }
 
 /// Reloads and MCP decisions made in the deployment's other processes are followed here,
@@ -161,6 +171,7 @@ pub async fn worker(cfg: LoadedConfig, files: ToolFiles) -> Result<(), Failure> 
         tracing::error!(error = %e, "MCP servers could not start; their tools are not offered");
     }
     follow_catalog_reloads(&gatehouse);
+    release_waiting(&gatehouse).await;
     gatehouse.worker().run(web::serve::shutdown_watch()).await;
     let grace = gatehouse.config.settings.server.shutdown_grace;
     let _ = tokio::time::timeout(grace, gatehouse.mcp.shutdown()).await;
