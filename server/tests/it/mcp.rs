@@ -428,12 +428,9 @@ async fn a_changed_tool_stops_even_when_its_listing_cannot_be_stored(db: TestDb)
 }
 both_backends!(mcp_unstored_change, a_changed_tool_stops_even_when_its_listing_cannot_be_stored);
 
-/// Another process stored a changed definition and an owner approved it: a process whose server
-/// listed the old one when it last looked refuses the tool (its server may still serve the old
-/// one), lists it again, and offers it once its server lists the approved definition.
-async fn a_listing_older_than_the_approval_is_listed_again(db: TestDb) {
-    let (fx, rig) = approved_fixture(db).await;
-    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+/// Another process of `rig`'s deployment, whose server (of fixture `fx`) changes echo's
+/// definition, which that process stores and an owner approves there.
+async fn changed_and_approved_elsewhere(rig: &Rig, fx: &Fixture) -> Rig {
     let other = Rig::on(TestDb::sqlite(), rig.db.clone(), &fx.server("fx", "", 0)).await;
     other.connected("fx").await;
     other.call("fx__mutate", json!({})).await.expect("mutate ran");
@@ -443,22 +440,41 @@ async fn a_listing_older_than_the_approval_is_listed_again(db: TestDb) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     other.approve("fx__echo").await;
+    other
+}
 
-    let refused = code_of(rig.call("fx__echo", json!({"text": "b"})).await);
-    assert_eq!(refused.code, ToolCode::Quarantined.as_str(), "{refused:?}");
-    assert!(refused.message.contains("no owner approved"), "{refused:?}");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match rig.call("fx__echo", json!({"text": "c"})).await {
-            Ok(_) => break,
-            Err(e) => assert!(Instant::now() < deadline, "never listed again: {e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Another process stored a changed definition and an owner approved it: a process whose server
+/// listed the old one when it last looked lists it again before the call, and makes the call
+/// once its server lists the approved definition (before, the first call was refused).
+async fn a_listing_older_than_the_approval_is_listed_again(db: TestDb) {
+    let (fx, rig) = approved_fixture(db).await;
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+    let other = changed_and_approved_elsewhere(&rig, &fx).await;
+
+    let called = rig.call("fx__echo", json!({"text": "b"})).await.expect("listed again, then called");
+    assert_eq!(called.output["structured"]["echo"], "b");
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 2, "both calls reached the server");
     other.manager.shutdown().await;
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_listed_again, a_listing_older_than_the_approval_is_listed_again);
+
+/// The same approval, but this process's server still lists the old definition when asked
+/// again (another host's server was upgraded, not this one's): the call is refused and never
+/// reaches it; the database's word alone never makes a call.
+async fn a_server_still_listing_the_old_definition_is_refused(db: TestDb) {
+    let (fx, rig) = approved_fixture(db).await;
+    assert!(rig.call("fx__echo", json!({"text": "a"})).await.is_ok());
+    let upgraded = Fixture::new();
+    let other = changed_and_approved_elsewhere(&rig, &upgraded).await;
+
+    let refused = code_of(rig.call("fx__echo", json!({"text": "b"})).await);
+    assert_eq!(refused.code, ToolCode::Quarantined.as_str(), "{refused:?}");
+    assert_eq!(recorded(&fx.record).iter().filter(|n| *n == "echo").count(), 1, "the refused call never reached this process's server");
+    other.manager.shutdown().await;
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_old_listing_refused, a_server_still_listing_the_old_definition_is_refused);
 
 /// A decision made in another process (`gatehouse mcp reject` or `mcp disable` while `serve`
 /// runs, or a second `serve`) holds at once: the call is refused from the database before it

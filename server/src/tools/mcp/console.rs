@@ -3,9 +3,8 @@
 //! written to the owner audit.
 
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
-use super::{DiscoveryReport, McpError, McpManager, Trust, session};
+use super::{DiscoveryReport, McpError, McpManager, Trust};
 use crate::db::{self, audit, mcp::ToolRow};
 
 /// What the owner looked at when deciding on a tool.
@@ -194,15 +193,7 @@ impl McpManager {
             let entry = audit::AuditEntry { owner_id: by.owner_id, login: by.login.as_deref(), ip: by.ip.as_deref(), event: audit::event::MCP_SERVER_REFRESHED, detail: Some(json!({ "server": server })) };
             audit::record(&mut conn, entry).await?;
         }
-        let (done, answer) = oneshot::channel();
-        s.refresh.send(session::RefreshRequest::Refresh(done)).map_err(|_| McpError::Unavailable(format!("the supervisor of {server} is not running")))?;
-        let wait = s.config.discovery.timeout + s.config.call_timeout;
-        match tokio::time::timeout(wait, answer).await {
-            Ok(Ok(Ok(report))) => Ok(report),
-            Ok(Ok(Err(e))) => Err(McpError::Unavailable(e)),
-            Ok(Err(_)) => Err(McpError::Unavailable(format!("{server} stopped before the refresh finished"))),
-            Err(_) => Err(McpError::Unavailable(format!("{server} did not finish discovery within {wait:?}"))),
-        }
+        s.list_again().await
     }
 }
 

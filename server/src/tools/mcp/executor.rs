@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Instant};
 
 use serde_json::{Value, json};
 
-use super::{Inner, McpCode, session};
+use super::{Inner, Live, McpCode, session};
 use crate::{
     db,
     tools::{ToolDef, ToolError, ToolExecutor, checkpoint::ToolCode},
@@ -22,17 +22,23 @@ fn text_of(content: &[rmcp::model::ContentBlock]) -> String {
 }
 
 impl McpExecutor {
-    /// What the database says now of the tool and its server: an owner may have rejected the
-    /// tool, or disabled the server, from another process since this one built its catalog.
-    /// A database that cannot say fails the call (retryable): it does not reach the server.
-    async fn still_allowed(&self, name: &str, server_id: &str) -> Result<(), ToolError> {
+    /// The tool's row and its server's as the database holds them now. A database that cannot
+    /// say fails the call (retryable): it does not reach the server.
+    async fn decision(&self, name: &str, server_id: &str) -> Result<(Option<db::mcp::ToolRow>, Option<db::mcp::ServerRow>), ToolError> {
         let read = async {
             let mut conn = self.inner.db.pool.acquire().await?;
             let tool = db::mcp::tool_by_catalog_name(&mut conn, name).await?;
             let server = db::mcp::server(&mut conn, server_id).await?;
             Ok::<_, db::DbError>((tool, server))
         };
-        let (tool, server) = read.await.map_err(|e| ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))?;
+        read.await.map_err(|e| ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("cannot read {name}'s approval: {e}"), true))
+    }
+
+    /// What the database says now of the tool and its server: an owner may have rejected the
+    /// tool, or disabled the server, from another process since this one built its catalog.
+    /// A database that cannot say fails the call (retryable): it does not reach the server.
+    async fn still_allowed(&self, name: &str, server_id: &str) -> Result<(), ToolError> {
+        let (mut tool, server) = self.decision(name, server_id).await?;
         // Disabled or enabled again elsewhere: this process's server follows either way (its
         // supervisor stops, or reconnects).
         let live = self.inner.servers.get(server_id);
@@ -41,15 +47,24 @@ impl McpExecutor {
         {
             return Err(ToolError::refused(McpCode::ServerDisabled.as_str(), format!("the MCP server {server_id} is disabled")));
         }
-        // What the server lists now, even when that listing could not be stored. A listing
-        // older than the approval (another process stored and an owner approved a newer one)
-        // is refused too, and listed again (at most once per LIST_CHANGED_MIN_INTERVAL).
+        // What the server lists now, even when that listing could not be stored, must be what
+        // an owner approved. A listing older than the approval (another process stored the
+        // new definition and an owner approved it) is listed again first, and the call waits
+        // for it: the server decides, never the database alone.
+        let older = |t: &db::mcp::ToolRow, live: &Live| live.listed.as_ref().is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref());
+        if let (Some(t), Some(live)) = (&tool, live) {
+            let connected_and_older = {
+                let now = live.live.borrow();
+                t.usable() && now.peer.is_some() && older(t, &now)
+            };
+            if connected_and_older {
+                live.list_again_for_call(|now| !older(t, now)).await;
+                tool = self.decision(name, server_id).await?.0;
+            }
+        }
         let listed = live.and_then(|live| live.live.borrow().listed.clone());
         match tool {
             Some(t) if t.usable() && listed.as_ref().is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref()) => {
-                if let Some(live) = live.filter(|live| live.live.borrow().peer.is_some()) {
-                    let _ = live.refresh.send(session::RefreshRequest::ListChanged);
-                }
                 let why = if listed.is_some_and(|l| l.contains_key(&t.name)) { "lists it with a definition no owner approved" } else { "no longer lists it" };
                 Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now: its server {why}")))
             }

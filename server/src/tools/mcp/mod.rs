@@ -69,6 +69,9 @@ pub(crate) struct Server {
     pub(crate) enabled: watch::Sender<bool>,
     /// The OAuth access tokens sent to it lately, blanked in its results.
     pub(crate) sent_tokens: Arc<oauth::http::SentTokens>,
+    /// When a call last had its tools listed again ([`Server::list_again_for_call`]); held while
+    /// it waits, so calls that meet the same old listing share one.
+    listed_for_call: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Server {
@@ -78,6 +81,36 @@ impl Server {
         let enabled = enabled_override.unwrap_or(self.config.enabled);
         self.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
         enabled
+    }
+
+    /// Lists the server's tools again now, and waits until its supervisor has stored them.
+    pub(crate) async fn list_again(&self) -> Result<DiscoveryReport, McpError> {
+        let server = &self.config.id;
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.refresh.send(session::RefreshRequest::Refresh(done)).map_err(|_| McpError::Unavailable(format!("the supervisor of {server} is not running")))?;
+        let wait = self.config.discovery.timeout + self.config.call_timeout;
+        match tokio::time::timeout(wait, answer).await {
+            Ok(Ok(Ok(report))) => Ok(report),
+            Ok(Ok(Err(e))) => Err(McpError::Unavailable(e)),
+            Ok(Err(_)) => Err(McpError::Unavailable(format!("{server} stopped before the refresh finished"))),
+            Err(_) => Err(McpError::Unavailable(format!("{server} did not finish discovery within {wait:?}"))),
+        }
+    }
+
+    /// For a call that found this server's last listing older than an owner's approval (another
+    /// process stored the new definition, and an owner approved it): lists the tools again and
+    /// waits, unless `current` says the listing has caught up meanwhile (another call's). Calls
+    /// meeting the same old listing wait for one listing; a server that still lists the old
+    /// definition is asked again at most once per [`supervisor::LIST_CHANGED_MIN_INTERVAL`].
+    pub(crate) async fn list_again_for_call(&self, current: impl Fn(&Live) -> bool) {
+        let mut last = self.listed_for_call.lock().await;
+        if current(&self.live.borrow()) || last.is_some_and(|at| at.elapsed() < supervisor::LIST_CHANGED_MIN_INTERVAL) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        if let Err(e) = self.list_again().await {
+            tracing::debug!(mcp.server = %self.config.id, error = %e, "listing the tools again for a call failed");
+        }
     }
 }
 
@@ -131,6 +164,7 @@ impl McpManager {
                     refresh_rx: std::sync::Mutex::new(Some(refresh_rx)),
                     enabled: watch::channel(c.enabled).0,
                     sent_tokens: Arc::default(),
+                    listed_for_call: tokio::sync::Mutex::new(None),
                 };
                 (c.id.clone(), Arc::new(server))
             })
