@@ -183,8 +183,9 @@ pub trait JobHook: Send + Sync {
     async fn on_failure(&self, _job: &JobRow, _error: &JobError, _final_failure: bool) {}
 }
 
-/// The job kinds this build handles. Capabilities register their handlers here; a job of a
-/// kind nobody registered is discarded with `JOB_KIND_UNKNOWN`, never retried.
+/// The job kinds this build handles. Capabilities register their handlers here; a worker claims
+/// only jobs of the kinds its registry has, so a job of a kind it does not know (one a newer
+/// build enqueued, while an older worker still runs) waits for a worker that does.
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
     registry.handle::<echo::Echo>(Arc::new(echo::EchoHandler));
@@ -195,6 +196,8 @@ pub fn registry() -> Registry {
 #[derive(Default, Clone)]
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn JobHandler>>,
+    /// The kinds of `handlers`, sorted: what a worker claims.
+    kinds: Vec<String>,
     /// Kinds whose runs may take longer (or must take less) than the worker's `job_timeout`.
     budgets: HashMap<String, Duration>,
     /// Kinds run one at a time per chat ([`JobKind::ONE_AT_A_TIME_PER_CHAT`]).
@@ -216,8 +219,16 @@ impl Registry {
     }
 
     pub fn register(&mut self, kind: &str, handler: Arc<dyn JobHandler>) -> &mut Self {
-        self.handlers.insert(kind.to_string(), handler);
+        if self.handlers.insert(kind.to_string(), handler).is_none() {
+            let at = self.kinds.partition_point(|k| k.as_str() < kind);
+            self.kinds.insert(at, kind.to_string());
+        }
         self
+    }
+
+    /// The kinds registered, sorted: a worker claims jobs of these only.
+    pub fn kinds(&self) -> &[String] {
+        &self.kinds
     }
 
     /// Registers `handler` for jobs of kind `K`.

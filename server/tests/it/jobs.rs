@@ -634,7 +634,7 @@ async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     let unknown = queue.enqueue(&job("no.such.kind")).await.expect("e").job.id;
     let bad_args = queue.enqueue(&NewJob { args: serde_json::json!({"n": "not a number"}), ..job("typed") }).await.expect("e").job.id;
     let timed_out = queue.enqueue(&NewJob { max_attempts: 1, ..job("slow") }).await.expect("e").job.id;
-    let counts = wait_until_finished(&pool, 4, Duration::from_secs(20)).await;
+    let counts = wait_until_finished(&pool, 3, Duration::from_secs(20)).await;
     stop.send(true).expect("stop");
     worker.await.expect("worker");
 
@@ -643,15 +643,59 @@ async fn worker_runs_retries_discards_and_hooks(db: TestDb) {
     assert_eq!((r.state, r.attempt), (JobState::Completed, 3), "{counts:?}");
     assert_eq!(r.result_preview.as_deref(), Some(format!("done by job:{retried}").as_str()));
     let u = store::get(&mut conn, unknown).await.expect("g").expect("job");
-    assert_eq!((u.state, u.attempt, u.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_KIND_UNKNOWN")));
+    assert_eq!((u.state, u.attempt, u.last_error_code), (JobState::Available, 0, None), "a kind this worker does not handle is left to one that does");
     let b = store::get(&mut conn, bad_args).await.expect("g").expect("job");
     assert_eq!((b.state, b.attempt, b.last_error_code.as_deref()), (JobState::Discarded, 1, Some("JOB_ARGS_INVALID")));
     let t = store::get(&mut conn, timed_out).await.expect("g").expect("job");
     assert_eq!((t.state, t.last_error_code.as_deref()), (JobState::Discarded, Some("JOB_TIMEOUT")));
     assert_eq!(hook.ok.load(Ordering::SeqCst), 1);
-    assert_eq!(hook.failed_final.load(Ordering::SeqCst), 3);
+    assert_eq!(hook.failed_final.load(Ordering::SeqCst), 2);
 }
 both_backends!(worker_outcomes, worker_runs_retries_discards_and_hooks);
+
+/// Two builds share a database (a rolling upgrade, or an older `gatehouse worker` left
+/// running): the older worker leaves a kind only the newer build has for the newer one's
+/// workers, which run it on its first attempt. Before, the older worker claimed it and
+/// discarded it as an unknown kind, and nothing told anyone.
+async fn a_kind_a_worker_does_not_handle_waits_for_one_that_does(db: TestDb) {
+    let pool = fresh(&db).await;
+    let queue = JobQueue::new(pool.clone());
+    let mut older = Registry::new();
+    older.register("flaky", Arc::new(Probe::default()));
+    let (stop, stopped) = watch::channel(false);
+    let worker = tokio::spawn(Worker::new(pool.clone(), older, fast_settings(), queue.waker()).run(stopped));
+    let before = queue.enqueue(&job("flaky")).await.expect("e").job.id;
+    let newer_kind = queue.enqueue(&job("newer.kind")).await.expect("e").job.id;
+    let after = queue.enqueue(&job("flaky")).await.expect("e").job.id;
+    wait_until_finished(&pool, 2, Duration::from_secs(20)).await;
+    // Polled several times more (each poll interval and each wake-up).
+    tokio::time::sleep(fast_settings().poll_interval * 5).await;
+    queue.notify();
+    tokio::time::sleep(fast_settings().poll_interval * 2).await;
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    for id in [before, after] {
+        assert_eq!(store::get(&mut conn, id).await.expect("g").expect("job").state, JobState::Completed);
+    }
+    let waiting = store::get(&mut conn, newer_kind).await.expect("g").expect("job");
+    assert_eq!((waiting.state, waiting.attempt), (JobState::Available, 0), "left alone by the older worker");
+    drop(conn);
+
+    let mut newer = Registry::new();
+    let runs = Arc::new(Probe::default());
+    newer.register("newer.kind", runs.clone());
+    let (stop_newer, stopped) = watch::channel(false);
+    let newer_worker = tokio::spawn(Worker::new(pool.clone(), newer, fast_settings(), queue.waker()).run(stopped));
+    wait_until_finished(&pool, 3, Duration::from_secs(20)).await;
+    let mut conn = pool.pool.acquire().await.expect("conn");
+    let done = store::get(&mut conn, newer_kind).await.expect("g").expect("job");
+    assert_eq!((done.state, done.attempt), (JobState::Completed, 1));
+    assert_eq!(runs.runs.lock().expect("lock").get(&newer_kind), Some(&1));
+    for (stop, worker) in [(stop, worker), (stop_newer, newer_worker)] {
+        stop.send(true).expect("stop");
+        worker.await.expect("worker");
+    }
+}
+both_backends!(worker_kinds_of_its_own, a_kind_a_worker_does_not_handle_waits_for_one_that_does);
 
 /// A run that finds the disk full waits for room without using up an attempt: a job with two
 /// attempts whose first four runs meet a full disk and whose next one fails on its own still

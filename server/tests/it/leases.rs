@@ -75,7 +75,7 @@ async fn leases_follow_the_servers_clock(db: TestDb) {
     let next = queue.enqueue(&inbound("next")).await.expect("enqueue").job.id;
     let kinds = ["inbound".to_string()];
     let now = db::now_ms();
-    let claim = |owner, now: i64| store::Claim { queue: "default", owner, limit: 1, now, lease_until: now + LEASE, one_per_chat: &kinds };
+    let claim = |owner, now: i64| store::Claim { queue: "default", owner, limit: 1, now, lease_until: now + LEASE, kinds: None, one_per_chat: &kinds };
     let claimed = store::claim_in_order(&mut conn, pool.backend, claim("w-true", now)).await.expect("claim");
     assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![first]);
     assert!(store::cancel(&mut conn, first, "owner cancelled", db::now_ms()).await.expect("cancel"));

@@ -28,11 +28,13 @@ pub async fn claim(
     now: i64,
     lease_until: i64,
 ) -> Result<Vec<JobRow>, DbError> {
-    claim_in_order(conn, backend, Claim { queue, owner, limit, now, lease_until, one_per_chat: &[] }).await
+    claim_in_order(conn, backend, Claim { queue, owner, limit, now, lease_until, kinds: None, one_per_chat: &[] }).await
 }
 
-/// What a claim takes: see [`claim`]. Jobs of the `one_per_chat` kinds are claimed one at a
-/// time per chat, in the order they were stored.
+/// What a claim takes: see [`claim`]. Only jobs of `kinds` are claimed (a worker's own: one of
+/// an older build leaves a newer build's kinds to the workers that know them), or of any kind
+/// with `None`. Jobs of the `one_per_chat` kinds are claimed one at a time per chat, in the
+/// order they were stored.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     pub queue: &'a str,
@@ -40,6 +42,7 @@ pub struct Claim<'a> {
     pub limit: i64,
     pub now: i64,
     pub lease_until: i64,
+    pub kinds: Option<&'a [String]>,
     pub one_per_chat: &'a [String],
 }
 
@@ -51,6 +54,11 @@ pub struct Claim<'a> {
 /// it. On PostgreSQL a claim that has not committed yet still shows its jobs as due, so two
 /// workers cannot each take one of a chat's jobs.
 pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim<'_>) -> Result<Vec<JobRow>, DbError> {
+    if c.kinds.is_some_and(<[String]>::is_empty) {
+        return Ok(Vec::new());
+    }
+    // Bound after the `one_per_chat` kinds.
+    let of_kinds = c.kinds.map_or_else(String::new, |kinds| format!(" AND kind IN ({})", placeholders(6 + c.one_per_chat.len(), kinds.len())));
     let in_order = if c.one_per_chat.is_empty() {
         String::new()
     } else {
@@ -68,7 +76,7 @@ pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim
     };
     let due = format!(
         "SELECT id FROM jobs WHERE state IN {DUE_STATES} AND queue = $4 AND scheduled_at <= $1 \
-         AND (expires_at IS NULL OR expires_at > $1){in_order} ORDER BY priority DESC, scheduled_at, id LIMIT $5"
+         AND (expires_at IS NULL OR expires_at > $1){of_kinds}{in_order} ORDER BY priority DESC, scheduled_at, id LIMIT $5"
     );
     let set = format!("state = 'running', attempt = attempt + 1, started_at = $1, updated_at = $1, lease_owner = $2, lease_expires_at = {}", lease_end(backend, "$1", "$3"));
     let sql = match backend {
@@ -89,7 +97,7 @@ pub async fn claim_in_order(conn: &mut AnyConnection, backend: Backend, c: Claim
         Backend::Sqlite => format!("UPDATE jobs SET {set} WHERE id IN ({due}) RETURNING {COLUMNS}"),
     };
     let mut query = sqlx::query_as(&sql).bind(c.now).bind(c.owner).bind(c.lease_until).bind(c.queue).bind(c.limit);
-    for kind in c.one_per_chat {
+    for kind in c.one_per_chat.iter().chain(c.kinds.unwrap_or_default()) {
         query = query.bind(kind.as_str());
     }
     let claimed: Vec<JobRow> = query.fetch_all(&mut *conn).await?;

@@ -264,7 +264,15 @@ impl Worker {
     /// Claims up to `limit` due jobs in the caller's write transaction.
     async fn claim_in(&self, conn: &mut sqlx::AnyConnection, limit: usize, now: i64) -> Result<Vec<JobRow>, DbError> {
         let lease_until = now + db::duration_ms(self.settings.lease);
-        let claim = store::Claim { queue: &self.settings.queue, owner: &self.id, limit: limit as i64, now, lease_until, one_per_chat: self.registry.one_at_a_time_per_chat() };
+        let claim = store::Claim {
+            queue: &self.settings.queue,
+            owner: &self.id,
+            limit: limit as i64,
+            now,
+            lease_until,
+            kinds: Some(self.registry.kinds()),
+            one_per_chat: self.registry.one_at_a_time_per_chat(),
+        };
         store::claim_in_order(conn, self.db.backend, claim).await
     }
 
