@@ -158,9 +158,12 @@ impl JobQueue {
     }
 
     /// Makes the `waiting` jobs due now (see [`store::release_waiting`]), and wakes the
-    /// workers. Returns how many.
+    /// workers. Returns how many. Processes starting together release one after the other: one
+    /// that committed a chat's later job while another still held its earlier one would let the
+    /// later one be claimed first.
     pub async fn release_waiting(&self, waiting: Waiting<'_>) -> Result<usize, DbError> {
         let mut tx = self.db.begin_write().await?;
+        db::lock_until_commit(&mut tx, "jobs.release_waiting").await?;
         let released = store::release_waiting(&mut tx, self.db.backend, waiting, db::now_ms()).await?;
         self.commit(tx).await?;
         Ok(released.len())

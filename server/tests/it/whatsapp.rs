@@ -1080,6 +1080,10 @@ async fn replies_waiting_on_the_deployment_run_at_start(db: TestDb) {
     graph.set_rule(|_, _| None);
 
     assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 0, "started again with the refused token");
+    // A preview left by an earlier wait for a setting (a snooze for a code keeps it) says
+    // nothing of this wait.
+    sqlx::query("UPDATE jobs SET result_preview = 'waiting: whatsapp.phone_number_id is not set' WHERE kind = 'whatsapp.inbound'").execute(&app.state.db.pool).await.expect("old preview");
+    assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 0, "still the refused token");
     // The refusal on record is of the token the operator replaced.
     sqlx::query("UPDATE whatsapp_token SET token_sha256 = 'the-replaced-token'").execute(&app.state.db.pool).await.expect("replace the token");
     assert_eq!(app.gatehouse.release_waiting().await.expect("release"), 1);

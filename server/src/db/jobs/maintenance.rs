@@ -92,15 +92,16 @@ pub enum Waiting<'a> {
 /// is shortened: nothing runs that would not have run a little later, and a chat's jobs are
 /// still claimed in order.
 pub async fn release_waiting(conn: &mut AnyConnection, backend: Backend, waiting: Waiting<'_>, now: i64) -> Result<Vec<i64>, DbError> {
+    // The code of the job's last snooze (or none, for one its handler rescheduled).
+    let latest = "(SELECT e.error_code FROM job_events e WHERE e.job_id = jobs.id ORDER BY e.id DESC LIMIT 1)";
     let (condition, binds): (String, Vec<String>) = match waiting {
         Waiting::Codes([]) => return Ok(Vec::new()),
-        Waiting::Codes(codes) => {
-            let latest = "(SELECT e.error_code FROM job_events e WHERE e.job_id = jobs.id ORDER BY e.id DESC LIMIT 1)";
-            (format!("{latest} IN ({})", placeholders(3, codes.len())), codes.iter().map(|c| c.to_string()).collect())
-        }
+        Waiting::Codes(codes) => (format!("{latest} IN ({})", placeholders(3, codes.len())), codes.iter().map(|c| c.to_string()).collect()),
+        // A preview outlives the wait that wrote it (a snooze for a code keeps it): only a job
+        // whose last run was rescheduled by its handler waits on what the preview says.
         Waiting::Previewed { kind, prefix } => {
             debug_assert!(!prefix.contains(['%', '_']), "a LIKE pattern's prefix: {prefix}");
-            ("jobs.kind = $3 AND jobs.result_preview LIKE $4".into(), vec![kind.into(), format!("{prefix}%")])
+            (format!("jobs.kind = $3 AND jobs.result_preview LIKE $4 AND {latest} IS NULL"), vec![kind.into(), format!("{prefix}%")])
         }
     };
     let filter = format!("jobs.state = 'scheduled' AND jobs.scheduled_at > $1 AND {condition}");
