@@ -58,7 +58,12 @@ impl McpExecutor {
                 t.usable() && now.peer.is_some() && older(t, &now)
             };
             if connected_and_older {
-                live.list_again_for_call(|now| !older(t, now)).await;
+                // Within half the call's own time, which the call then has less of: the
+                // checkpoint's timeout covers both.
+                let bound = live.config.discovery.timeout.min(live.config.call_timeout / 2);
+                if tokio::time::timeout(bound, live.list_again_for_call(|now| !older(t, now))).await.is_err() {
+                    return Err(ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("{server_id} did not list its tools again within {bound:?}"), true));
+                }
                 tool = self.decision(name, server_id).await?.0;
             }
         }
@@ -78,6 +83,7 @@ impl McpExecutor {
 #[async_trait::async_trait]
 impl ToolExecutor for McpExecutor {
     async fn call(&self, tool: &ToolDef, args: &Value) -> Result<Value, ToolError> {
+        let started = Instant::now();
         let name = &tool.spec.name;
         // The catalog a call started with may be older than the latest decision: the routes are
         // the current usable set, so a tool quarantined since never reaches its server.
@@ -123,7 +129,7 @@ impl ToolExecutor for McpExecutor {
         };
         let params = rmcp::model::CallToolRequestParams::new(route.tool.clone()).with_arguments(args.as_object().cloned().unwrap_or_default());
         // A form waiting for an owner does not use up the server's own time.
-        let timeout = server.config.call_deadline();
+        let timeout = server.config.call_deadline().saturating_sub(started.elapsed());
         let scrub = |text: &str| session::scrub(&server.config, &self.inner.secrets, text);
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
         let result = match outcome {

@@ -111,6 +111,8 @@ impl Server {
         if let Err(e) = self.list_again().await {
             tracing::debug!(mcp.server = %self.config.id, error = %e, "listing the tools again for a call failed");
         }
+        // From its end too: a slow listing is not started again by the calls that waited for it.
+        *last = Some(std::time::Instant::now());
     }
 }
 
