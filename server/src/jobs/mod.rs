@@ -185,7 +185,8 @@ pub trait JobHook: Send + Sync {
 
 /// The job kinds this build handles. Capabilities register their handlers here; a worker claims
 /// only jobs of the kinds its registry has, so a job of a kind it does not know (one a newer
-/// build enqueued, while an older worker still runs) waits for a worker that does.
+/// build enqueued, while an older worker still runs) waits for a worker that does, for a day at
+/// most: then it is discarded with `JOB_KIND_UNKNOWN` (a kind a newer build removed).
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
     registry.handle::<echo::Echo>(Arc::new(echo::EchoHandler));

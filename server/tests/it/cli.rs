@@ -116,6 +116,21 @@ fn every_config_problem_is_reported_at_once() {
     assert!(!err.contains(SECRET));
 }
 
+/// A job of a kind this build has no worker for would wait unclaimed: refused by name, with
+/// the kinds it runs; one it runs is queued.
+#[test]
+fn jobs_enqueue_takes_only_kinds_this_build_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = config_with_tools(dir.path());
+    let path = path.to_str().expect("utf8");
+    let out = run(&["--config", path, "jobs", "enqueue", "system.ecko"], &[], None);
+    assert_eq!(out.code, 2, "{}", out.all());
+    assert!(out.stderr.contains("unknown job kind \"system.ecko\"") && out.stderr.contains("system.echo"), "{}", out.stderr);
+    let out = run(&["--config", path, "jobs", "enqueue", "system.echo", "--args", "{\"message\":\"hi\"}"], &[], None);
+    assert_eq!(out.code, 0, "{}", out.all());
+    assert!(out.stdout.contains("enqueued"), "{}", out.stdout);
+}
+
 /// A reason's words can be set from the environment like any other setting: its code stays in
 /// capitals (figment's `Env` lower-cases keys, and a lower-cased code is no code).
 #[test]

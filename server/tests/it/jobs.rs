@@ -666,8 +666,10 @@ async fn a_kind_a_worker_does_not_handle_waits_for_one_that_does(db: TestDb) {
     let worker = tokio::spawn(Worker::new(pool.clone(), older, fast_settings(), queue.waker()).run(stopped));
     let before = queue.enqueue(&job("flaky")).await.expect("e").job.id;
     let newer_kind = queue.enqueue(&job("newer.kind")).await.expect("e").job.id;
+    // Due for two days and taken by no worker of any build: a kind a newer build removed.
+    let gone = queue.enqueue(&NewJob { scheduled_at: Some(db::now_ms() - 2 * 86_400_000), ..job("removed.kind") }).await.expect("e").job.id;
     let after = queue.enqueue(&job("flaky")).await.expect("e").job.id;
-    wait_until_finished(&pool, 2, Duration::from_secs(20)).await;
+    wait_until_finished(&pool, 3, Duration::from_secs(20)).await;
     // Polled several times more (each poll interval and each wake-up).
     tokio::time::sleep(fast_settings().poll_interval * 5).await;
     queue.notify();
@@ -678,6 +680,8 @@ async fn a_kind_a_worker_does_not_handle_waits_for_one_that_does(db: TestDb) {
     }
     let waiting = store::get(&mut conn, newer_kind).await.expect("g").expect("job");
     assert_eq!((waiting.state, waiting.attempt), (JobState::Available, 0), "left alone by the older worker");
+    let discarded = store::get(&mut conn, gone).await.expect("g").expect("job");
+    assert_eq!((discarded.state, discarded.attempt, discarded.last_error_code.as_deref()), (JobState::Discarded, 0, Some("JOB_KIND_UNKNOWN")), "discarded after a day unclaimed");
     drop(conn);
 
     let mut newer = Registry::new();
@@ -685,7 +689,7 @@ async fn a_kind_a_worker_does_not_handle_waits_for_one_that_does(db: TestDb) {
     newer.register("newer.kind", runs.clone());
     let (stop_newer, stopped) = watch::channel(false);
     let newer_worker = tokio::spawn(Worker::new(pool.clone(), newer, fast_settings(), queue.waker()).run(stopped));
-    wait_until_finished(&pool, 3, Duration::from_secs(20)).await;
+    wait_until_finished(&pool, 4, Duration::from_secs(20)).await;
     let mut conn = pool.pool.acquire().await.expect("conn");
     let done = store::get(&mut conn, newer_kind).await.expect("g").expect("job");
     assert_eq!((done.state, done.attempt), (JobState::Completed, 1));

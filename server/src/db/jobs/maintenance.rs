@@ -62,6 +62,29 @@ pub async fn rescue(conn: &mut AnyConnection, backend: Backend, now: i64) -> Res
     Ok(retry)
 }
 
+/// Discards the jobs of `queue` due since before `due_before` whose kind is none of `kinds` (the
+/// kinds of the worker that runs this), with `code`: no worker of any build running since has
+/// claimed them (a kind a newer build removed, or one enqueued by mistake). Returns their ids.
+pub async fn discard_unknown_kinds(conn: &mut AnyConnection, backend: Backend, queue: &str, kinds: &[String], code: &str, due_before: i64, now: i64) -> Result<Vec<i64>, DbError> {
+    let set = format!("state = 'discarded', completed_at = $1, updated_at = $1, last_error_code = ${}, \
+               last_error_message = 'no worker took a job of its kind'", 5 + kinds.len().max(1));
+    let filter = format!(
+        "jobs.state IN ('available', 'scheduled', 'retryable') AND jobs.queue = $3 AND jobs.scheduled_at < $4 AND jobs.kind NOT IN ({})",
+        placeholders(5, kinds.len().max(1))
+    );
+    let sql = maintenance_update(backend, &set, &filter, &["id"]);
+    let mut q = sqlx::query_scalar::<_, i64>(&sql).bind(now).bind(MAINTENANCE_BATCH).bind(queue).bind(due_before);
+    if kinds.is_empty() {
+        q = q.bind("");
+    }
+    for kind in kinds {
+        q = q.bind(kind.as_str());
+    }
+    let ids = q.bind(code).fetch_all(&mut *conn).await?;
+    events_for(conn, &ids, now, JobState::Discarded, Some(code)).await?;
+    Ok(ids)
+}
+
 /// Lets go the leases of cancelled jobs whose runs' leases have run out (their worker stopped
 /// before it could, or the run was the lane's): their chats go on.
 pub async fn release_cancelled_leases(conn: &mut AnyConnection, backend: Backend, now: i64) -> Result<u64, DbError> {

@@ -12,7 +12,7 @@ use sqlx::AnyConnection;
 pub use self::{
     enqueue::{Enqueued, enqueue, enqueue_many},
     lease::{Claim, FailOutcome, Finished, Snooze, claim, claim_in_order, claim_one, complete, fail, heartbeat, release_cancelled, snooze},
-    maintenance::{delete_queue, expire, release_cancelled_leases, release_leases, release_waiting, rescue, Waiting},
+    maintenance::{Waiting, delete_queue, discard_unknown_kinds, expire, release_cancelled_leases, release_leases, release_waiting, rescue},
     owner::{cancel, raise_attempts, release_pending, retry_now},
 };
 pub(crate) use self::enqueue::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes};

@@ -4,8 +4,15 @@
 
 use std::time::Duration;
 
-use super::{super::queue::NOTIFY_CHANNEL, Worker};
+use super::{
+    super::{JobCode, queue::NOTIFY_CHANNEL},
+    Worker,
+};
 use crate::db::{self, Backend, DbError, jobs as store};
+
+/// How long a due job of a kind this worker does not handle is left for a worker that does
+/// (another build's, during an upgrade) before it is discarded: long past any upgrade.
+const UNCLAIMED_KIND_GRACE: Duration = Duration::from_secs(24 * 60 * 60);
 
 impl Worker {
     pub(super) async fn maintain(self) {
@@ -16,7 +23,13 @@ impl Worker {
                 let rescued = store::rescue(&mut tx, self.db.backend, now).await?;
                 let expired = store::expire(&mut tx, self.db.backend, now).await?;
                 let released = store::release_cancelled_leases(&mut tx, self.db.backend, now).await?;
-                let dropped = store::dropped_among(&mut tx, &[rescued.as_slice(), expired.as_slice()].concat()).await?;
+                let due_before = now.saturating_sub(db::duration_ms(UNCLAIMED_KIND_GRACE));
+                let kinds = self.registry.kinds();
+                let unknown = store::discard_unknown_kinds(&mut tx, self.db.backend, &self.settings.queue, kinds, JobCode::KindUnknown.as_str(), due_before, now).await?;
+                if !unknown.is_empty() {
+                    tracing::warn!(worker = %self.id, count = unknown.len(), code = JobCode::KindUnknown.as_str(), "discarded jobs of kinds no worker took for a day");
+                }
+                let dropped = store::dropped_among(&mut tx, &[rescued.as_slice(), expired.as_slice(), unknown.as_slice()].concat()).await?;
                 let followed = self.registry.follow_ups().enqueue(&mut tx, &dropped).await?;
                 tx.commit().await?;
                 followed.wake();

@@ -82,8 +82,13 @@ pub async fn jobs(cfg: LoadedConfig, files: ToolFiles, cmd: &JobsCommand) -> Res
                 return Err(Failure::usage("--args must be a JSON object"));
             }
             let gatehouse = build(cfg, files).await?;
+            // A kind this build has no worker for would wait unclaimed (see `Worker`'s claim).
+            let kinds = gatehouse.registry.kinds();
+            if !kinds.contains(&a.kind) {
+                return Err(Failure::usage(format!("unknown job kind {:?}; this build runs: {}", a.kind, kinds.join(", "))));
+            }
             let delay_ms = a.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            // Any kind, by name: the queue fills in this deployment's queue and attempts.
+            // Any kind of this build, by name: the queue fills in this deployment's queue and attempts.
             let job = db::jobs::NewJob {
                 kind: a.kind.clone(),
                 dedupe_key: a.dedupe_key.clone(),
