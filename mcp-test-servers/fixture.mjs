@@ -9,6 +9,8 @@
 //   flood     (only with FIXTURE_FLOOD=1) sends `count` notifications/tools/list_changed at once
 //   ask       (only with FIXTURE_ELICIT=1) asks the client to fill in a form (elicitation/create)
 //             and returns its answer as JSON, or the error when the client cannot take forms
+//   freeze    (only with FIXTURE_FREEZE=1) answers, then stops answering anything (pings too)
+//             until it is killed
 // Env: FIXTURE_RECORD (file: one JSON line per tools/call received), FIXTURE_STATE (folder for
 // the crash marker and the tool-list variant), FIXTURE_MANY (extra tools, listed 100 per page),
 // FIXTURE_LISTS (file: one line per tools/list request received).
@@ -43,6 +45,9 @@ function tools() {
   if (process.env.FIXTURE_FLOOD === "1") {
     list.push({ name: "flood", description: "Floods tools/list_changed.", inputSchema: obj({ count: { type: "integer" } }), annotations: { readOnlyHint: true } });
   }
+  if (process.env.FIXTURE_FREEZE === "1") {
+    list.push({ name: "freeze", description: "Answers, then stops answering.", inputSchema: obj(), annotations: { readOnlyHint: true } });
+  }
   if (process.env.FIXTURE_ELICIT === "1") {
     list.push({ name: "ask", description: "Asks for a booking form.", inputSchema: obj({ message: { type: "string" } }), annotations: { readOnlyHint: true } });
   }
@@ -73,6 +78,10 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
       return { content: text(JSON.stringify({ echo: args.text })), structuredContent: { echo: args.text } };
     case "hang":
       return new Promise(() => {});
+    case "freeze":
+      // The answer goes out first; then the whole process blocks (no CPU) until it is killed.
+      setTimeout(() => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0), 100);
+      return { content: text("freezing") };
     case "crash":
       if (!fs.existsSync(crashMarker)) {
         fs.writeFileSync(crashMarker, "1");

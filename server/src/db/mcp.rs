@@ -25,6 +25,10 @@ pub mod health {
     pub const DOWN: &str = "down";
     /// An OAuth server without a usable token: it waits for an owner to log in.
     pub const NEEDS_LOGIN: &str = "needs_login";
+    /// Recorded connected or degraded, but no process has seen it lately: every process that
+    /// was connected stopped, or died, without anyone recording its end. Never stored; shown by
+    /// readers without a live session of their own (`gatehouse mcp list`).
+    pub const UNKNOWN: &str = "unknown";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
@@ -90,6 +94,13 @@ pub async fn server(conn: &mut AnyConnection, id: &str) -> Result<Option<ServerR
 }
 
 /// Records health. `seen` also sets `last_seen_at` (the server answered).
+/// A connected server answered (its ping): seen now. The health stays what it is; a server an
+/// owner disabled, or recorded down meanwhile, is not made seen again.
+pub async fn touch_seen(conn: &mut AnyConnection, id: &str, now: i64) -> Result<(), DbError> {
+    sqlx::query("UPDATE mcp_servers SET last_seen_at = $1 WHERE id = $2 AND health IN ('connected', 'degraded')").bind(now).bind(id).execute(&mut *conn).await?;
+    Ok(())
+}
+
 pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_error: Option<&str>, seen: bool) -> Result<(), DbError> {
     let now = now_ms();
     sqlx::query(

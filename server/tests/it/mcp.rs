@@ -157,6 +157,12 @@ async fn everything_over_stdio(db: TestDb) {
     // not mark the server down for the processes still connected to it.
     let health: String = sqlx::query_scalar("SELECT health FROM mcp_servers WHERE id = 'everything'").fetch_one(&rig.db.pool).await.expect("health");
     assert_eq!(health, "connected");
+    // Read as `gatehouse mcp list` does (no session of its own): connected, as lately seen; then
+    // unknown once no process has seen it for three pings (every process that was connected
+    // stopped or died), where it used to say connected for ever.
+    assert_eq!(rig.manager.servers().await.expect("servers")[0].health, "connected");
+    sqlx::query("UPDATE mcp_servers SET last_seen_at = last_seen_at - 3600000 WHERE id = 'everything'").execute(&rig.db.pool).await.expect("age");
+    assert_eq!(rig.manager.servers().await.expect("servers")[0].health, "unknown");
 }
 both_backends!(mcp_everything_stdio, everything_over_stdio);
 
@@ -342,6 +348,37 @@ async fn denied_and_quarantined_tools_never_reach_the_server(db: TestDb) {
     rig.manager.shutdown().await;
 }
 both_backends!(mcp_never_reaches_server, denied_and_quarantined_tools_never_reach_the_server);
+
+/// A connected server is pinged: each answer is when it was last seen, and one that stops
+/// answering between calls (it freezes after answering one) is found by its ping and
+/// restarted, with no call made meanwhile; before, it stayed "connected" until a call timed out.
+async fn a_server_that_stops_answering_between_calls_is_restarted(db: TestDb) {
+    let fx = Fixture::new();
+    let (record, state) = (fx.record.display().to_string(), fx.state.display().to_string());
+    let extra = "ping_interval = \"200ms\"\ncall_timeout = \"1s\"\napproval = \"never\"\ndefault_risk = \"low\"";
+    let rig = Rig::new(db, &stdio("fx", extra, "node", &[&fixture()], &[("FIXTURE_RECORD", &record), ("FIXTURE_STATE", &state), ("FIXTURE_FREEZE", "1")])).await;
+    rig.connected("fx").await;
+    rig.approve("fx__freeze").await;
+    rig.approve("fx__echo").await;
+    let last_seen = || async { sqlx::query_scalar::<_, Option<i64>>("SELECT last_seen_at FROM mcp_servers WHERE id = 'fx'").fetch_one(&rig.db.pool).await.expect("seen").expect("seen at connect") };
+    let at_connect = last_seen().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while last_seen().await == at_connect {
+        assert!(Instant::now() < deadline, "no ping was answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let connections = rig.manager.live("fx").expect("live").connections;
+    rig.call("fx__freeze", json!({})).await.expect("it answers, then stops answering");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rig.manager.live("fx").expect("live").connections == connections || rig.manager.live("fx").expect("live").peer.is_none() {
+        assert!(Instant::now() < deadline, "the frozen server was not found and restarted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(rig.call("fx__echo", json!({"text": "back"})).await.is_ok(), "the restarted server answers");
+    rig.manager.shutdown().await;
+}
+both_backends!(mcp_pinged, a_server_that_stops_answering_between_calls_is_restarted);
 
 /// The fixture server, connected, with its two tools approved by an owner.
 async fn approved_fixture(db: TestDb) -> (Fixture, Rig) {

@@ -193,6 +193,9 @@ fn default_max_tools() -> u32 {
 fn default_call_timeout() -> Duration {
     Duration::from_secs(30)
 }
+fn default_ping_interval() -> Duration {
+    Duration::from_secs(30)
+}
 fn default_audience() -> Audience {
     Audience::OwnerOnly
 }
@@ -224,6 +227,10 @@ pub struct ServerConfig {
     pub max_tools: u32,
     #[serde(default = "default_call_timeout", with = "duration_str")]
     pub call_timeout: Duration,
+    /// How often a connected server is pinged: one that does not answer within `call_timeout`
+    /// is restarted (stdio) or connected again, and each answer is when it was last seen.
+    #[serde(default = "default_ping_interval", with = "duration_str")]
+    pub ping_interval: Duration,
     #[serde(default = "default_audience")]
     pub default_audience: Audience,
     /// The least risk its tools get; annotations can raise it, never lower it.
@@ -268,6 +275,12 @@ mod opt_duration {
 }
 
 impl ServerConfig {
+    /// How long after it was last seen a server's recorded health is no longer believed: three
+    /// pings missed by every process (each connected process pings it).
+    pub fn seen_lately(&self) -> Duration {
+        self.ping_interval * 3 + self.call_timeout
+    }
+
     /// How long a form of this server waits for an owner (zero: the server's requests are
     /// declined, nobody is asked).
     pub fn owner_wait(&self) -> Duration {

@@ -5,7 +5,10 @@
 use serde_json::{Value, json};
 
 use super::{DiscoveryReport, McpError, McpManager, Trust};
-use crate::db::{self, audit, mcp::ToolRow};
+use crate::db::{
+    self, audit,
+    mcp::{ToolRow, health},
+};
 
 /// What the owner looked at when deciding on a tool.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +99,15 @@ impl ToolStatus {
     }
 }
 
+/// The health a process without a session of its own shows for a server: as recorded, but
+/// `unknown` for one recorded connected or degraded that no process has seen within `lately`
+/// (each connected process pings it, and every answer is recorded).
+fn shown_health(row: &db::mcp::ServerRow, lately: std::time::Duration, now: i64) -> String {
+    let live = row.health == health::CONNECTED || row.health == health::DEGRADED;
+    let seen_lately = row.last_seen_at.is_some_and(|at| now.saturating_sub(at) <= db::duration_ms(lately));
+    if live && !seen_lately { health::UNKNOWN.to_string() } else { row.health.clone() }
+}
+
 impl McpManager {
     /// Every configured server with its health and tool counts.
     pub async fn servers(&self) -> Result<Vec<ServerStatus>, McpError> {
@@ -119,7 +131,7 @@ impl McpManager {
                     trust: s.config.trust,
                     enabled: *s.enabled.borrow(),
                     health: match row {
-                        Some(r) if !supervised => r.health.clone(),
+                        Some(r) if !supervised => shown_health(r, s.config.seen_lately(), db::now_ms()),
                         _ => live.health.to_string(),
                     },
                     last_error: if supervised { live.last_error.clone() } else { row.and_then(|r| r.last_error.clone()) },

@@ -297,6 +297,30 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
     });
 }
 
+/// Asks a connected server whether it is still there (MCP `ping`). An error it answers with (a
+/// server that does not know the method) is an answer too.
+async fn ping(peer: &rmcp::service::Peer<rmcp::RoleClient>, within: Duration) -> Result<(), String> {
+    let request = rmcp::model::ClientRequest::PingRequest(rmcp::model::PingRequest { method: Default::default(), extensions: Default::default() });
+    match tokio::time::timeout(within, peer.send_request(request)).await {
+        Ok(Ok(_) | Err(rmcp::ServiceError::McpError(_))) => Ok(()),
+        Ok(Err(e)) => Err(format!("a ping failed: {e}")),
+        Err(_) => Err(format!("no answer to a ping within {within:?}")),
+    }
+}
+
+/// Records that a connected server answered: when it was last seen, which readers without a
+/// session of their own go by (see `health::UNKNOWN`).
+async fn seen(inner: &Inner, server: &Server) {
+    let written = async {
+        let mut conn = inner.db.pool.acquire().await?;
+        db::mcp::touch_seen(&mut conn, &server.config.id, db::now_ms()).await
+    }
+    .await;
+    if let Err(e) = written {
+        tracing::warn!(mcp.server = %server.config.id, error = %e, "recording that an MCP server answered failed");
+    }
+}
+
 /// Serves one session until it ends; returns why it ended. A `ListChanged` within
 /// [`LIST_CHANGED_MIN_INTERVAL`] of the last one it acted on waits for that period to end, and
 /// any number of them meanwhile is one refresh.
@@ -321,9 +345,26 @@ async fn serve(
     };
     let mut last_list_changed: Option<tokio::time::Instant> = None;
     let mut deferred: Option<tokio::time::Instant> = None;
+    let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + cfg.ping_interval, cfg.ping_interval);
+    pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let req = tokio::select! {
             _ = &mut ended => return closed_by_server(),
+            _ = pings.tick() => {
+                match ping(&peer, cfg.call_timeout).await {
+                    Ok(()) => {
+                        seen(inner, server).await;
+                        continue;
+                    }
+                    // A server that hangs between calls (a stdio child stuck, an HTTP session
+                    // gone) is found here, not by the next call.
+                    Err(why) => {
+                        if let Some(c) = cancel.take() { c.cancel(); }
+                        let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+                        return format!("the server stopped answering ({why}); reconnecting");
+                    }
+                }
+            }
             _ = shutdown.changed() => {
                 if let Some(c) = cancel.take() { c.cancel(); }
                 let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;

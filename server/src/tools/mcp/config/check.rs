@@ -50,6 +50,9 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
         if server.call_timeout.is_zero() {
             bad("call_timeout", "must be longer than zero".into());
         }
+        if server.ping_interval.is_zero() {
+            bad("ping_interval", "must be longer than zero".into());
+        }
         match (server.elicitation, server.elicitation_ttl) {
             (_, Some(ttl)) if ttl.is_zero() => bad("elicitation_ttl", "must be longer than zero".into()),
             (ElicitationPolicy::Decline, Some(_)) => bad("elicitation_ttl", "is only read with elicitation = \"owner\"".into()),
