@@ -93,7 +93,6 @@ pub async fn server(conn: &mut AnyConnection, id: &str) -> Result<Option<ServerR
     Ok(sqlx::query_as(&format!("SELECT {SERVER_COLUMNS} FROM mcp_servers WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
-/// Records health. `seen` also sets `last_seen_at` (the server answered).
 /// A connected server answered (its ping): seen now. The health stays what it is; a server an
 /// owner disabled, or recorded down meanwhile, is not made seen again.
 pub async fn touch_seen(conn: &mut AnyConnection, id: &str, now: i64) -> Result<(), DbError> {
@@ -101,6 +100,7 @@ pub async fn touch_seen(conn: &mut AnyConnection, id: &str, now: i64) -> Result<
     Ok(())
 }
 
+/// Records health. `seen` also sets `last_seen_at` (the server answered).
 pub async fn set_health(conn: &mut AnyConnection, id: &str, health: &str, last_error: Option<&str>, seen: bool) -> Result<(), DbError> {
     let now = now_ms();
     sqlx::query(

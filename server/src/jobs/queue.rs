@@ -163,7 +163,7 @@ impl JobQueue {
     /// later one be claimed first.
     pub async fn release_waiting(&self, waiting: Waiting<'_>) -> Result<usize, DbError> {
         let mut tx = self.db.begin_write().await?;
-        db::lock_until_commit(&mut tx, "jobs.release_waiting").await?;
+        db::lock_until_commit(&mut tx, "gatehouse.jobs_release_waiting").await?;
         let released = store::release_waiting(&mut tx, self.db.backend, waiting, db::now_ms()).await?;
         self.commit(tx).await?;
         Ok(released.len())

@@ -276,9 +276,10 @@ mod opt_duration {
 
 impl ServerConfig {
     /// How long after it was last seen a server's recorded health is no longer believed: three
-    /// pings missed by every process (each connected process pings it).
+    /// pings missed by every process (each connected process pings it), and a minute for the
+    /// clocks of the hosts that wrote and read it.
     pub fn seen_lately(&self) -> Duration {
-        self.ping_interval * 3 + self.call_timeout
+        self.ping_interval * 3 + self.call_timeout + Duration::from_secs(60)
     }
 
     /// How long a form of this server waits for an owner (zero: the server's requests are

@@ -131,7 +131,9 @@ impl ToolExecutor for McpExecutor {
         // A form waiting for an owner does not use up the server's own time.
         let timeout = server.config.call_deadline().saturating_sub(started.elapsed());
         let scrub = |text: &str| session::scrub(&server.config, &self.inner.secrets, text);
+        let in_flight = server.call_started();
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
+        drop(in_flight);
         let result = match outcome {
             Err(_) => {
                 trial.failed(Instant::now());

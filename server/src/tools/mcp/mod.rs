@@ -72,6 +72,18 @@ pub(crate) struct Server {
     /// When a call last had its tools listed again ([`Server::list_again_for_call`]); held while
     /// it waits, so calls that meet the same old listing share one.
     listed_for_call: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Calls on their way to it now ([`Server::call_started`]): a server busy with them is not
+    /// pinged (see `supervisor::serve`).
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+/// A call in flight on its server, counted while it lives.
+pub(crate) struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Server {
@@ -81,6 +93,17 @@ impl Server {
         let enabled = enabled_override.unwrap_or(self.config.enabled);
         self.enabled.send_if_modified(|now| std::mem::replace(now, enabled) != enabled);
         enabled
+    }
+
+    /// Counts a call on its way to the server until the returned guard is dropped.
+    pub(crate) fn call_started(&self) -> InFlight<'_> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InFlight(&self.calls)
+    }
+
+    /// Whether calls are on their way to the server now.
+    pub(crate) fn busy(&self) -> bool {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// Lists the server's tools again now, and waits until its supervisor has stored them.
@@ -167,6 +190,7 @@ impl McpManager {
                     enabled: watch::channel(c.enabled).0,
                     sent_tokens: Arc::default(),
                     listed_for_call: tokio::sync::Mutex::new(None),
+                    calls: std::sync::atomic::AtomicUsize::new(0),
                 };
                 (c.id.clone(), Arc::new(server))
             })

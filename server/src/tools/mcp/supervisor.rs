@@ -30,6 +30,9 @@ const STABLE: Duration = Duration::from_secs(60);
 /// that sends them without end costs one discovery per period, not one per notification.
 /// Owner refreshes are never held back.
 pub const LIST_CHANGED_MIN_INTERVAL: Duration = Duration::from_secs(2);
+/// The longest a ping is waited for (less when the server's `call_timeout` is shorter): an
+/// MCP server answers one at once, unless it is stuck.
+const PING_WAIT: Duration = Duration::from_secs(10);
 
 type Waiters = Vec<oneshot::Sender<Result<DiscoveryReport, String>>>;
 
@@ -75,7 +78,7 @@ async fn store_health(inner: &Inner, server: &Server, state: &'static str, error
         }
     });
     let written = async {
-        let mut conn = inner.db.pool.acquire().await?;
+        let mut conn = inner.db.acquire_write().await?;
         db::mcp::set_health(&mut conn, &server.config.id, state, error.as_deref(), seen).await
     }
     .await;
@@ -299,7 +302,7 @@ pub(crate) async fn run(inner: Arc<Inner>, manager: McpManager, server: Arc<Serv
 
 /// Asks a connected server whether it is still there (MCP `ping`). An error it answers with (a
 /// server that does not know the method) is an answer too.
-async fn ping(peer: &rmcp::service::Peer<rmcp::RoleClient>, within: Duration) -> Result<(), String> {
+async fn ping_once(peer: &rmcp::service::Peer<rmcp::RoleClient>, within: Duration) -> Result<(), String> {
     let request = rmcp::model::ClientRequest::PingRequest(rmcp::model::PingRequest { method: Default::default(), extensions: Default::default() });
     match tokio::time::timeout(within, peer.send_request(request)).await {
         Ok(Ok(_) | Err(rmcp::ServiceError::McpError(_))) => Ok(()),
@@ -312,7 +315,7 @@ async fn ping(peer: &rmcp::service::Peer<rmcp::RoleClient>, within: Duration) ->
 /// session of their own go by (see `health::UNKNOWN`).
 async fn seen(inner: &Inner, server: &Server) {
     let written = async {
-        let mut conn = inner.db.pool.acquire().await?;
+        let mut conn = inner.db.acquire_write().await?;
         db::mcp::touch_seen(&mut conn, &server.config.id, db::now_ms()).await
     }
     .await;
@@ -347,23 +350,35 @@ async fn serve(
     let mut deferred: Option<tokio::time::Instant> = None;
     let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + cfg.ping_interval, cfg.ping_interval);
     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The ping in flight: waited for beside the session's other events, never instead of them.
+    let mut ping: Option<futures_util::future::BoxFuture<'static, Result<(), String>>> = None;
     loop {
         let req = tokio::select! {
             _ = &mut ended => return closed_by_server(),
-            _ = pings.tick() => {
-                match ping(&peer, cfg.call_timeout).await {
-                    Ok(()) => {
-                        seen(inner, server).await;
-                        continue;
-                    }
+            _ = pings.tick(), if ping.is_none() => {
+                // A server busy with calls is left to them: each has its own timeout, after
+                // which a server that stopped answering is replaced (`Probe`).
+                if !server.busy() {
+                    let (peer, within) = (peer.clone(), cfg.call_timeout.min(PING_WAIT));
+                    ping = Some(Box::pin(async move { ping_once(&peer, within).await }));
+                }
+                continue;
+            }
+            answered = async { ping.as_mut().expect("a ping in flight").await }, if ping.is_some() => {
+                ping = None;
+                match answered {
+                    Ok(()) => seen(inner, server).await,
+                    // Calls started meanwhile: they may be what it is busy with.
+                    Err(_) if server.busy() => {}
                     // A server that hangs between calls (a stdio child stuck, an HTTP session
                     // gone) is found here, not by the next call.
                     Err(why) => {
                         if let Some(c) = cancel.take() { c.cancel(); }
                         let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
-                        return format!("the server stopped answering ({why}); reconnecting");
+                        return format!("the server stopped answering ({}); reconnecting", session::scrub(cfg, &inner.secrets, &why));
                     }
                 }
+                continue;
             }
             _ = shutdown.changed() => {
                 if let Some(c) = cancel.take() { c.cancel(); }
