@@ -140,11 +140,21 @@ pub struct SecretEntry {
     pub set: bool,
 }
 
+/// A secret the tool files name (a connector's header, an MCP server's environment or header).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSecretEntry {
+    pub variable: String,
+    /// What reads it: "connector shop", "MCP server github (disabled)".
+    pub used_by: Vec<String>,
+    pub set: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SettingsInfo {
     pub config_path: String,
     pub entries: Vec<SettingEntry>,
     pub secrets: Vec<SecretEntry>,
+    pub tool_secrets: Vec<ToolSecretEntry>,
     pub my_phones: Vec<String>,
 }
 

@@ -82,6 +82,8 @@ test("every console page renders from the navigation, also on a phone-sized scre
   await page.getByRole("link", { name: "Settings", exact: true }).click();
   await expect(page.getByTestId("secrets")).toContainText("ANTHROPIC_API_KEY");
   await expect(page.getByTestId("secrets")).toContainText("unset");
+  // The shipped tool files name no secret: the page says so, and how one is named.
+  await expect(page.getByTestId("tool-secrets-empty")).toContainText("${VAR}");
   await expect(page.getByTestId("phones")).toHaveValue(owner.phone);
   await expect(page.getByTestId("effective-config")).toContainText("database.url");
 });

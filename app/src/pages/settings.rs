@@ -35,6 +35,30 @@ pub fn SettingsPage() -> impl IntoView {
                                 }).collect_view()}
                             </tbody>
                         </table>
+                        <h3>"Named in the tool files"</h3>
+                        {if s.tool_secrets.is_empty() {
+                            view! {
+                                <p data-testid="tool-secrets-empty">
+                                    "No connector or MCP server names a secret. A connector's header reads one as "
+                                    <code>"${VAR}"</code> " (config/connectors.toml), an MCP server's environment or header as "
+                                    <code>"{ secret = \"VAR\" }"</code> " (config/mcp.toml)."
+                                </p>
+                            }.into_any()
+                        } else {
+                            view! {
+                                <table class="kv" data-testid="tool-secrets">
+                                    <tbody>
+                                        {s.tool_secrets.into_iter().map(|e| view! {
+                                            <tr>
+                                                <th><code>{e.variable}</code></th>
+                                                <td>{if e.set { "set" } else { "unset" }}</td>
+                                                <td>{e.used_by.join(", ")}</td>
+                                            </tr>
+                                        }).collect_view()}
+                                    </tbody>
+                                </table>
+                            }.into_any()
+                        }}
                     </section>
                     <section>
                         <h2>"Effective configuration"</h2>

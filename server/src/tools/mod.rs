@@ -41,6 +41,25 @@ pub struct ToolFiles {
     pub digest: FilesDigest,
 }
 
+/// The environment variables the tool files name for secrets, each with what reads it: the
+/// connectors of the catalog (`${VAR}` in their headers) and the MCP servers (`{ secret =
+/// "VAR" }`, a disabled one said so, since an owner may enable it). Sorted by variable.
+pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager) -> Vec<(String, Vec<String>)> {
+    let mut named: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = std::collections::BTreeMap::new();
+    for connector in catalog.all().filter_map(|t| t.connector.as_ref()) {
+        for var in connector.secret_vars() {
+            named.entry(var.to_string()).or_default().insert(format!("connector {}", connector.connector));
+        }
+    }
+    for (server, enabled, vars) in mcp.secret_vars() {
+        let by = if enabled { format!("MCP server {server}") } else { format!("MCP server {server} (disabled)") };
+        for var in vars {
+            named.entry(var).or_default().insert(by.clone());
+        }
+    }
+    named.into_iter().map(|(var, by)| (var, by.into_iter().collect())).collect()
+}
+
 /// A digest of the tool files' bytes.
 pub type FilesDigest = [u8; 32];
 

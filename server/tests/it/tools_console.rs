@@ -169,3 +169,60 @@ async fn the_first_poll_follows_by_the_files_not_the_clocks(db: TestDb) {
     assert_eq!(worker.tools.catalog().get("web_fetch").expect("tool").version, after, "followed: its files changed after it read them");
 }
 both_backends!(tools_follow_by_files, the_first_poll_follows_by_the_files_not_the_clocks);
+
+/// A connector of the test's own, reading its key from `SHOP_API_KEY`.
+const SHOP_TOOL: &str = r#"
+[[tool]]
+name = "lookup_order"
+title = "Look up an order"
+description = "Finds an order by number."
+provider = "connector"
+operation = "read"
+audience = "public"
+risk = "low"
+input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string" } } }
+"#;
+const SHOP_CONNECTOR: &str = r#"
+[[connector]]
+id = "shop"
+title = "Shop"
+base_url = "https://shop.example/api"
+allowed_urls = ["https://shop.example/api/orders/*"]
+headers = { Authorization = "Bearer ${SHOP_API_KEY}" }
+
+[[connector.action]]
+tool = "lookup_order"
+method = "GET"
+path = "orders/{order_id}"
+"#;
+
+/// The Settings page lists the secrets the tool files name, with what reads each and whether
+/// it is set, never its value: before, only Gatehouse's own variables were listed, and an owner
+/// could not tell whether a connector's or an MCP server's key was there.
+async fn settings_list_the_secrets_the_tool_files_name(db: TestDb) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("gatehouse.toml"), "").expect("config");
+    std::fs::write(dir.path().join("tools.toml"), std::fs::read_to_string(SHIPPED).expect("shipped") + SHOP_TOOL).expect("tools");
+    std::fs::write(dir.path().join("connectors.toml"), SHOP_CONNECTOR).expect("connectors");
+    let value = "shop-key-never-shown";
+    let secrets = server::config::Secrets::from_lookup(move |name| (name == "SHOP_API_KEY").then(|| value.to_string()));
+    let app = TestApp::in_dir_with(db, dir.path(), secrets, |_| {}).await;
+    let page = app.with_owner("ada", PASSWORD).await.get("/settings").await.body;
+    let row = |var: &str| page.split("<tr>").find(|r| r.contains(var)).map(str::to_string).unwrap_or_default();
+    assert!(page.contains("data-testid=\"tool-secrets\""), "{page}");
+    let shop = row("SHOP_API_KEY");
+    assert!(shop.contains(">set<") && shop.contains("connector shop"), "{shop}");
+    assert!(!page.contains(value), "a secret's value is never shown");
+
+    // An MCP server's: unset, and said to be of a disabled server (an owner may enable it).
+    let mcp_dir = tempfile::tempdir().expect("tempdir");
+    let path = mcp_dir.path().join("mcp.toml");
+    let server = "[[server]]\nid = \"github\"\nenabled = false\n[server.transport]\ntype = \"stdio\"\ncommand = \"github-mcp\"\nenv = { GITHUB_TOKEN = { secret = \"GITHUB_PAT\" } }\n";
+    std::fs::write(&path, server).expect("write");
+    let mcp = server::tools::mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
+    let app = TestApp::with_mcp(TestDb::sqlite(), mcp, server::config::Secrets::default()).await;
+    let page = app.with_owner("ada", PASSWORD).await.get("/settings").await.body;
+    let github = page.split("<tr>").find(|r| r.contains("GITHUB_PAT")).unwrap_or_default();
+    assert!(github.contains(">unset<") && github.contains("MCP server github (disabled)"), "{page}");
+}
+both_backends!(settings_tool_secrets, settings_list_the_secrets_the_tool_files_name);

@@ -171,6 +171,11 @@ impl ConnectorAction {
         let allowed = compile_allowed(&allowed_urls)?;
         Ok(Self { connector, base_url, allowed_urls, allowed, headers, action })
     }
+
+    /// The environment variables its headers read (`${VAR}`).
+    pub fn secret_vars(&self) -> Vec<&str> {
+        self.headers.values().filter_map(|h| template::secrets_in(h).ok()).flatten().collect()
+    }
 }
 
 #[cfg(test)]

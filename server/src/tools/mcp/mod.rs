@@ -343,6 +343,12 @@ impl McpManager {
         Ok(self.server(server)?.live.borrow().clone())
     }
 
+    /// Each configured server's id, whether it is enabled now, and the environment variables its
+    /// `mcp.toml` entry names for secrets.
+    pub fn secret_vars(&self) -> Vec<(String, bool, Vec<String>)> {
+        self.inner.servers.values().map(|s| (s.config.id.clone(), *s.enabled.borrow(), s.config.secret_vars().into_iter().map(str::to_string).collect())).collect()
+    }
+
     /// The server that serves a catalog tool name, if it is an MCP tool of a configured server.
     pub fn server_of(&self, catalog_name: &str) -> Option<String> {
         let (prefix, _) = catalog_name.split_once(normalize::SEPARATOR)?;

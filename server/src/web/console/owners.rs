@@ -2,7 +2,7 @@
 
 use app::{
     backend::{LoginOutcome, OwnerIdentity, OwnersBackend, SetupAccess},
-    dto::{DashboardInfo, DegradedNotice, DiskNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo},
+    dto::{DashboardInfo, DegradedNotice, DiskNotice, SpendInfo, MigrationInfo, WaitingInfo, NewOwner, SecretEntry, SettingEntry, SettingsInfo, ShellInfo, ToolSecretEntry},
     error::{AppError, code},
 };
 use secrecy::SecretString;
@@ -170,6 +170,10 @@ impl OwnersBackend for ConsoleBackend {
             config_path: s.config.path.display().to_string(),
             entries: effective_entries(&s.config.settings),
             secrets: s.config.secrets.presence().into_iter().map(|(variable, set)| SecretEntry { variable: variable.into(), set }).collect(),
+            tool_secrets: crate::tools::secrets_named(&s.tools.catalog(), &s.mcp)
+                .into_iter()
+                .map(|(variable, used_by)| ToolSecretEntry { set: s.config.secrets.source.is_set(&variable), variable, used_by })
+                .collect(),
             my_phones,
         })
     }
