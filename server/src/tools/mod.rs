@@ -42,18 +42,16 @@ pub struct ToolFiles {
 }
 
 /// The environment variables the tool files name for secrets, each with what reads it: the
-/// connectors of the catalog (`${VAR}` in their headers) and the MCP servers (`{ secret =
-/// "VAR" }`, a disabled one said so, since an owner may enable it). Sorted by variable.
+/// connectors (`${VAR}` in their headers) and the MCP servers (`{ secret = "VAR" }`), a
+/// disabled one said so, since an owner sets them before enabling it. Sorted by variable.
 pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager) -> Vec<(String, Vec<String>)> {
     let mut named: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = std::collections::BTreeMap::new();
-    for connector in catalog.all().filter_map(|t| t.connector.as_ref()) {
-        for var in connector.secret_vars() {
-            named.entry(var.to_string()).or_default().insert(format!("connector {}", connector.connector));
-        }
-    }
-    for (server, enabled, vars) in mcp.secret_vars() {
-        let by = if enabled { format!("MCP server {server}") } else { format!("MCP server {server} (disabled)") };
-        for var in vars {
+    let connectors = catalog.connector_secrets.iter().map(|c| (format!("connector {}", c.connector), c.enabled, c.vars.clone()));
+    let servers = mcp.secret_vars().into_iter().map(|(server, enabled, vars)| (format!("MCP server {server}"), enabled, vars));
+    for (what, enabled, vars) in connectors.chain(servers) {
+        let by = if enabled { what } else { format!("{what} (disabled)") };
+        // A name that is no variable's is a secret pasted in its place: never shown.
+        for var in vars.into_iter().filter(|v| crate::config::secrets::is_env_name(v)) {
             named.entry(var).or_default().insert(by.clone());
         }
     }

@@ -181,6 +181,17 @@ operation = "read"
 audience = "public"
 risk = "low"
 input_schema = { type = "object", additionalProperties = false, required = ["order_id"], properties = { order_id = { type = "string" } } }
+
+[[tool]]
+name = "find_customer"
+title = "Find a customer"
+description = "Finds a customer."
+provider = "connector"
+operation = "read"
+audience = "owner_only"
+risk = "low"
+enabled = false
+input_schema = { type = "object" }
 "#;
 const SHOP_CONNECTOR: &str = r#"
 [[connector]]
@@ -194,6 +205,19 @@ headers = { Authorization = "Bearer ${SHOP_API_KEY}" }
 tool = "lookup_order"
 method = "GET"
 path = "orders/{order_id}"
+
+[[connector]]
+id = "crm"
+title = "CRM"
+base_url = "https://crm.example/api"
+allowed_urls = ["https://crm.example/api/*"]
+enabled = false
+
+[[connector.action]]
+tool = "find_customer"
+method = "GET"
+path = "customers"
+headers = { "X-Api-Key" = "${CRM_TOKEN}" }
 "#;
 
 /// The Settings page lists the secrets the tool files name, with what reads each and whether
@@ -213,6 +237,9 @@ async fn settings_list_the_secrets_the_tool_files_name(db: TestDb) {
     let shop = row("SHOP_API_KEY");
     assert!(shop.contains(">set<") && shop.contains("connector shop"), "{shop}");
     assert!(!page.contains(value), "a secret's value is never shown");
+    // A disabled connector's: what to set before enabling it.
+    let crm = row("CRM_TOKEN");
+    assert!(crm.contains(">unset<") && crm.contains("connector crm (disabled)"), "{page}");
 
     // An MCP server's: unset, and said to be of a disabled server (an owner may enable it).
     let mcp_dir = tempfile::tempdir().expect("tempdir");

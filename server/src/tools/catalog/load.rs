@@ -173,9 +173,10 @@ impl Catalog {
             })
             .collect();
         let mut actions = BTreeMap::new();
+        let mut connector_secrets = Vec::new();
         if connectors_path.is_file() {
             match connectors::load(&connectors_path, &declared, secret_is_set) {
-                Ok(found) => actions = found,
+                Ok((found, secrets)) => (actions, connector_secrets) = (found, secrets),
                 Err(found) => problems.extend(found),
             }
         }
@@ -215,7 +216,7 @@ impl Catalog {
             }
         }
         hooks.sort_by_key(|h| h.spec.priority);
-        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new() }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Self { approval_mode: file.approval_mode, tools, hooks, audit: file.audit, withheld: BTreeMap::new(), connector_secrets }) } else { Err(problems) }
     }
 }
 

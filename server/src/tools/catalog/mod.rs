@@ -247,6 +247,8 @@ pub struct Catalog {
     /// Tools that exist but are not offered (an MCP tool waiting for an owner, say): a call
     /// fails with the given code instead of `TOOL_UNKNOWN`.
     withheld: BTreeMap<String, Withheld>,
+    /// Each connector's secret variables, enabled or not (see `tools::secrets_named`).
+    pub connector_secrets: Vec<super::connectors::ConnectorSecrets>,
 }
 
 /// Why a known tool is not offered.
@@ -297,7 +299,7 @@ impl Catalog {
         }
         let mut all_withheld = self.withheld.clone();
         all_withheld.extend(withheld.into_iter().filter(|(name, _)| !tools.contains_key(name)));
-        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld }, clashes)
+        (Self { approval_mode: self.approval_mode, tools, hooks: self.hooks.clone(), audit: self.audit.clone(), withheld: all_withheld, connector_secrets: self.connector_secrets.clone() }, clashes)
     }
 
     /// Masks what of a call of `tool` with `args` must not be kept or shown: what its

@@ -10,11 +10,14 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    ConnectorAction, ConnectorCode, ConnectorSpec, DeclaredTool, Method, compile_allowed,
+    ConnectorAction, ConnectorCode, ConnectorSecrets, ConnectorSpec, DeclaredTool, Method, compile_allowed,
     template::{args_in, body_strings, secrets_in},
 };
 use crate::{
-    config::{Problem, secrets::secret_var_problem},
+    config::{
+        Problem,
+        secrets::{is_env_name, secret_var_problem},
+    },
     tools::toml_file,
 };
 
@@ -25,17 +28,17 @@ struct ConnectorsFile {
     connector: Vec<toml::Value>,
 }
 
-/// Loads `path` and binds each action to its tool in `tools`. Returns the actions by tool name.
-pub fn load(
-    path: &Path,
-    tools: &BTreeMap<String, DeclaredTool>,
-    secret_is_set: &dyn Fn(&str) -> bool,
-) -> Result<BTreeMap<String, Arc<ConnectorAction>>, Vec<Problem>> {
+/// What `connectors.toml` holds: the actions by tool name, and each connector's secret variables.
+pub type Loaded = (BTreeMap<String, Arc<ConnectorAction>>, Vec<ConnectorSecrets>);
+
+/// Loads `path` and binds each action to its tool in `tools`.
+pub fn load(path: &Path, tools: &BTreeMap<String, DeclaredTool>, secret_is_set: &dyn Fn(&str) -> bool) -> Result<Loaded, Vec<Problem>> {
     let problem = toml_file::problem_at(path);
     let text = toml_file::read(path, "the connectors file", &problem)?;
     let file: ConnectorsFile = toml_file::parse(&text, "not a connectors file", &problem)?;
     let mut problems = Vec::new();
     let mut actions = BTreeMap::new();
+    let mut secrets = Vec::new();
     let mut ids = BTreeSet::new();
     for entry in toml_file::entries::<ConnectorSpec>(file.connector, "connector", "id", &problem) {
         let Ok((label, spec)) = entry.map_err(|p| problems.push(p)) else { continue };
@@ -43,6 +46,9 @@ pub fn load(
         if !ids.insert(spec.id.clone()) {
             bad("id", format!("{:?} is defined more than once", spec.id));
         }
+        // A name that is no variable's (a pasted secret) is a problem below, and never listed.
+        let vars: BTreeSet<String> = spec.headers.values().chain(spec.action.iter().flat_map(|a| a.headers.values())).filter_map(|h| secrets_in(h).ok()).flatten().filter(|v| is_env_name(v)).map(str::to_string).collect();
+        secrets.push(ConnectorSecrets { connector: spec.id.clone(), enabled: spec.enabled, vars: vars.into_iter().collect() });
         match url::Url::parse(&spec.base_url) {
             Ok(u) if !matches!(u.scheme(), "http" | "https") => bad("base_url", "must be an http or https URL".into()),
             Ok(u) if u.host_str().is_none() => bad("base_url", "must name a host".into()),
@@ -147,7 +153,7 @@ pub fn load(
             }
         }
     }
-    if problems.is_empty() { Ok(actions) } else { Err(problems) }
+    if problems.is_empty() { Ok((actions, secrets)) } else { Err(problems) }
 }
 
 fn origin_of(url: &str) -> String {

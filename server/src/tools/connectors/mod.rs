@@ -143,6 +143,15 @@ fn default_true() -> bool {
     true
 }
 
+/// The environment variables a connector's headers read (`${VAR}`), enabled or not: what an
+/// owner sets before enabling it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConnectorSecrets {
+    pub connector: String,
+    pub enabled: bool,
+    pub vars: Vec<String>,
+}
+
 /// A checked action with its connector, attached to the tool it runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnectorAction {
@@ -170,11 +179,6 @@ impl ConnectorAction {
     pub fn new(connector: String, base_url: String, allowed_urls: Vec<String>, headers: BTreeMap<String, String>, action: ActionSpec) -> Result<Self, String> {
         let allowed = compile_allowed(&allowed_urls)?;
         Ok(Self { connector, base_url, allowed_urls, allowed, headers, action })
-    }
-
-    /// The environment variables its headers read (`${VAR}`).
-    pub fn secret_vars(&self) -> Vec<&str> {
-        self.headers.values().filter_map(|h| template::secrets_in(h).ok()).flatten().collect()
     }
 }
 

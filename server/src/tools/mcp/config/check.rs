@@ -127,11 +127,11 @@ pub fn load(path: &Path, secret_is_set: &dyn Fn(&str) -> bool) -> Result<McpConf
         } else if server.oauth != OAuthClient::default() {
             bad("oauth", "is only read with auth = \"oauth\"".into());
         }
-        if server.enabled {
-            for var in server.secret_vars() {
-                if let Some(why) = secret_var_problem(var, secret_is_set(var)) {
-                    bad("transport", why);
-                }
+        // Every server's names are names (a secret pasted in place of one is refused, and never
+        // shown); an enabled server's are set.
+        for var in server.secret_vars() {
+            if let Some(why) = secret_var_problem(var, !server.enabled || secret_is_set(var)) {
+                bad("transport", why);
             }
         }
         if problems.len() == before {

@@ -103,6 +103,19 @@ fn disabled_servers_need_no_secrets() {
     assert!(!cfg.get("remote").expect("server").enabled);
 }
 
+/// A disabled server's secrets need not be set, but must be named by variable: a secret pasted
+/// in place of its variable's name is refused, without repeating it, for the console lists
+/// the names (see `tools::secrets_named`).
+#[test]
+fn a_disabled_servers_pasted_secret_is_refused() {
+    let pasted = "sk_live_51Habc-def.ghi";
+    let text = "[[server]]\nid = \"crm\"\nenabled = false\n[server.transport]\ntype = \"stdio\"\ncommand = \"crm-mcp\"\n";
+    let text = format!("{text}env = {{ CRM_TOKEN = {{ secret = \"{pasted}\" }} }}\n");
+    let problems = load_text(&text, &[]).expect_err("a pasted secret is no variable's name");
+    let said = format!("{problems:?}");
+    assert!(said.contains("not an environment variable name") && !said.contains(pasted), "{said}");
+}
+
 #[test]
 fn the_shipped_file_enables_nothing_and_its_examples_are_valid() {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/mcp.toml"));
