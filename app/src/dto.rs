@@ -143,7 +143,8 @@ pub struct SecretEntry {
 /// A secret the tool files name (a connector's header, an MCP server's environment or header).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSecretEntry {
-    pub variable: String,
+    /// `None` for a name not written as variables are, which may be a pasted token: not shown.
+    pub variable: Option<String>,
     /// What reads it: "connector shop", "MCP server github (disabled)".
     pub used_by: Vec<String>,
     pub set: bool,

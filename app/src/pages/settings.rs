@@ -50,7 +50,10 @@ pub fn SettingsPage() -> impl IntoView {
                                     <tbody>
                                         {s.tool_secrets.into_iter().map(|e| view! {
                                             <tr>
-                                                <th><code>{e.variable}</code></th>
+                                                <th>{match e.variable {
+                                                    Some(v) => view! { <code>{v}</code> }.into_any(),
+                                                    None => view! { <span>"(not shown: not in capitals, so it may be a secret pasted where a variable's name belongs)"</span> }.into_any(),
+                                                }}</th>
                                                 <td>{if e.set { "set" } else { "unset" }}</td>
                                                 <td>{e.used_by.join(", ")}</td>
                                             </tr>

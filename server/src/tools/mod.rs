@@ -41,10 +41,29 @@ pub struct ToolFiles {
     pub digest: FilesDigest,
 }
 
-/// The environment variables the tool files name for secrets, each with what reads it: the
-/// connectors (`${VAR}` in their headers) and the MCP servers (`{ secret = "VAR" }`), a
-/// disabled one said so, since an owner sets them before enabling it. Sorted by variable.
-pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager) -> Vec<(String, Vec<String>)> {
+/// A secret the tool files name, as the console may show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedSecret {
+    /// The variable's name; `None` when it is not written as variables are (capitals, digits
+    /// and `_`): a lower-case name may be a token pasted in its place (`ghp_...`, `sk_live_...`),
+    /// and is never shown.
+    pub variable: Option<String>,
+    pub set: bool,
+    /// What reads it: "connector shop", "MCP server github (disabled)".
+    pub used_by: Vec<String>,
+}
+
+/// Whether `name` is written as environment variables conventionally are, so that showing it
+/// cannot show a token pasted in its place.
+fn shown_as_variable(name: &str) -> bool {
+    crate::config::secrets::is_env_name(name) && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The environment variables the tool files name for secrets, each with whether `secrets` has
+/// it and what reads it: the connectors (`${VAR}` in their headers) and the MCP servers
+/// (`{ secret = "VAR" }`), a disabled one said so, since an owner sets them before enabling
+/// it. Sorted by variable, the hidden ones last.
+pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager, secrets: &SecretSource) -> Vec<NamedSecret> {
     let mut named: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = std::collections::BTreeMap::new();
     let connectors = catalog.connector_secrets.iter().map(|c| (format!("connector {}", c.connector), c.enabled, c.vars.clone()));
     let servers = mcp.secret_vars().into_iter().map(|(server, enabled, vars)| (format!("MCP server {server}"), enabled, vars));
@@ -55,7 +74,12 @@ pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager) -> Vec<(String, V
             named.entry(var).or_default().insert(by.clone());
         }
     }
-    named.into_iter().map(|(var, by)| (var, by.into_iter().collect())).collect()
+    let (shown, hidden): (Vec<_>, Vec<_>) = named.into_iter().partition(|(var, _)| shown_as_variable(var));
+    shown
+        .into_iter()
+        .chain(hidden)
+        .map(|(var, by)| NamedSecret { set: secrets.is_set(&var), variable: shown_as_variable(&var).then_some(var), used_by: by.into_iter().collect() })
+        .collect()
 }
 
 /// A digest of the tool files' bytes.

@@ -245,11 +245,15 @@ async fn settings_list_the_secrets_the_tool_files_name(db: TestDb) {
     let mcp_dir = tempfile::tempdir().expect("tempdir");
     let path = mcp_dir.path().join("mcp.toml");
     let server = "[[server]]\nid = \"github\"\nenabled = false\n[server.transport]\ntype = \"stdio\"\ncommand = \"github-mcp\"\nenv = { GITHUB_TOKEN = { secret = \"GITHUB_PAT\" } }\n";
-    std::fs::write(&path, server).expect("write");
+    // A token pasted where its variable's name belongs (it has a variable name's letters).
+    let pasted = "ghp_16C7e42F292c6912E7710c838347Ae178B4a";
+    let other = format!("[[server]]\nid = \"gitlab\"\nenabled = false\n[server.transport]\ntype = \"stdio\"\ncommand = \"gitlab-mcp\"\nenv = {{ GITLAB_TOKEN = {{ secret = \"{pasted}\" }} }}\n");
+    std::fs::write(&path, format!("{server}{other}")).expect("write");
     let mcp = server::tools::mcp::config::load(&path, &|_| true).expect("valid mcp.toml");
     let app = TestApp::with_mcp(TestDb::sqlite(), mcp, server::config::Secrets::default()).await;
     let page = app.with_owner("ada", PASSWORD).await.get("/settings").await.body;
     let github = page.split("<tr>").find(|r| r.contains("GITHUB_PAT")).unwrap_or_default();
     assert!(github.contains(">unset<") && github.contains("MCP server github (disabled)"), "{page}");
+    assert!(!page.contains(pasted) && page.contains("not shown: not in capitals"), "a name that may be a pasted token is not shown: {page}");
 }
 both_backends!(settings_tool_secrets, settings_list_the_secrets_the_tool_files_name);

@@ -145,7 +145,7 @@ fn default_true() -> bool {
 
 /// The environment variables a connector's headers read (`${VAR}`), enabled or not: what an
 /// owner sets before enabling it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectorSecrets {
     pub connector: String,
     pub enabled: bool,

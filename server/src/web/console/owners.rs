@@ -170,9 +170,9 @@ impl OwnersBackend for ConsoleBackend {
             config_path: s.config.path.display().to_string(),
             entries: effective_entries(&s.config.settings),
             secrets: s.config.secrets.presence().into_iter().map(|(variable, set)| SecretEntry { variable: variable.into(), set }).collect(),
-            tool_secrets: crate::tools::secrets_named(&s.tools.catalog(), &s.mcp)
+            tool_secrets: crate::tools::secrets_named(&s.tools.catalog(), &s.mcp, &s.config.secrets.source)
                 .into_iter()
-                .map(|(variable, used_by)| ToolSecretEntry { set: s.config.secrets.source.is_set(&variable), variable, used_by })
+                .map(|n| ToolSecretEntry { variable: n.variable, used_by: n.used_by, set: n.set })
                 .collect(),
             my_phones,
         })
