@@ -141,7 +141,21 @@ pub fn secret_var_problem(var: &str, is_set: bool) -> Option<String> {
     if !is_env_name(var) {
         return Some("is not an environment variable name (letters, digits and _): write the variable's name here and put the secret itself in the environment".into());
     }
-    (!is_set).then(|| format!("needs the environment variable {var}, which is not set"))
+    (!is_set).then(|| {
+        if is_conventional_env_name(var) {
+            format!("needs the environment variable {var}, which is not set")
+        } else {
+            // Lower case may be a token pasted where the name belongs (`ghp_...`): not repeated.
+            "needs an environment variable that is not set (its name, not in capitals, is not repeated here: check that it is the variable's name, not the secret)".into()
+        }
+    })
+}
+
+/// Whether `name` is written as environment variables conventionally are (capitals, digits and
+/// `_`): one that is not may be a token pasted in its place, and is not repeated in messages
+/// or shown in the console.
+pub fn is_conventional_env_name(name: &str) -> bool {
+    is_env_name(name) && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
 #[cfg(test)]
@@ -156,6 +170,9 @@ mod tests {
         assert_eq!(secret_var_problem("SHOP_API_KEY", true), None);
         assert!(secret_var_problem("SHOP_API_KEY", false).is_some_and(|s| s.contains("SHOP_API_KEY, which is not set")));
         assert!(!is_env_name("9LIVES") && is_env_name("_X1"));
+        let token = "ghp_16C7e42F292c6912E7710c838347Ae178B4a";
+        let said = secret_var_problem(token, false).expect("not set");
+        assert!(!said.contains(token) && said.contains("not repeated"), "{said}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use checkpoint::{ApprovedCall, CallContext, Checkpoint, ToolCall, ToolError,
 pub use reloads::Reloads;
 
 use crate::{
-    config::{LoadedConfig, Problem, SecretSource, Settings},
+    config::{LoadedConfig, Problem, SecretSource, Settings, secrets::is_conventional_env_name},
     db::Db,
     jobs::JobQueue,
 };
@@ -53,12 +53,6 @@ pub struct NamedSecret {
     pub used_by: Vec<String>,
 }
 
-/// Whether `name` is written as environment variables conventionally are, so that showing it
-/// cannot show a token pasted in its place.
-fn shown_as_variable(name: &str) -> bool {
-    crate::config::secrets::is_env_name(name) && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-}
-
 /// The environment variables the tool files name for secrets, each with whether `secrets` has
 /// it and what reads it: the connectors (`${VAR}` in their headers) and the MCP servers
 /// (`{ secret = "VAR" }`), a disabled one said so, since an owner sets them before enabling
@@ -74,11 +68,11 @@ pub fn secrets_named(catalog: &Catalog, mcp: &mcp::McpManager, secrets: &SecretS
             named.entry(var).or_default().insert(by.clone());
         }
     }
-    let (shown, hidden): (Vec<_>, Vec<_>) = named.into_iter().partition(|(var, _)| shown_as_variable(var));
+    let (shown, hidden): (Vec<_>, Vec<_>) = named.into_iter().partition(|(var, _)| is_conventional_env_name(var));
     shown
         .into_iter()
         .chain(hidden)
-        .map(|(var, by)| NamedSecret { set: secrets.is_set(&var), variable: shown_as_variable(&var).then_some(var), used_by: by.into_iter().collect() })
+        .map(|(var, by)| NamedSecret { set: secrets.is_set(&var), variable: is_conventional_env_name(&var).then_some(var), used_by: by.into_iter().collect() })
         .collect()
 }
 
