@@ -134,6 +134,9 @@ impl ToolExecutor for McpExecutor {
         let in_flight = server.call_started();
         let outcome = tokio::time::timeout(timeout, peer.call_tool(params)).await;
         drop(in_flight);
+        if matches!(outcome, Ok(Ok(_) | Err(rmcp::ServiceError::McpError(_)))) {
+            server.answered();
+        }
         let result = match outcome {
             Err(_) => {
                 trial.failed(Instant::now());

@@ -75,6 +75,9 @@ pub(crate) struct Server {
     /// Calls on their way to it now ([`Server::call_started`]): a server busy with them is not
     /// pinged (see `supervisor::serve`).
     calls: std::sync::atomic::AtomicUsize,
+    /// When a call last got an answer (ms): a server busy with calls at every ping is seen by
+    /// them.
+    answered_at: std::sync::atomic::AtomicI64,
 }
 
 /// A call in flight on its server, counted while it lives.
@@ -104,6 +107,16 @@ impl Server {
     /// Whether calls are on their way to the server now.
     pub(crate) fn busy(&self) -> bool {
         self.calls.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// A call got an answer (a result or an error the server sent): it is there.
+    pub(crate) fn answered(&self) {
+        self.answered_at.store(db::now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a call got an answer within `within`.
+    pub(crate) fn answered_within(&self, within: Duration) -> bool {
+        db::now_ms().saturating_sub(self.answered_at.load(std::sync::atomic::Ordering::Relaxed)) <= db::duration_ms(within)
     }
 
     /// Lists the server's tools again now, and waits until its supervisor has stored them.
@@ -191,6 +204,7 @@ impl McpManager {
                     sent_tokens: Arc::default(),
                     listed_for_call: tokio::sync::Mutex::new(None),
                     calls: std::sync::atomic::AtomicUsize::new(0),
+                    answered_at: std::sync::atomic::AtomicI64::new(0),
                 };
                 (c.id.clone(), Arc::new(server))
             })

@@ -357,10 +357,13 @@ async fn serve(
             _ = &mut ended => return closed_by_server(),
             _ = pings.tick(), if ping.is_none() => {
                 // A server busy with calls is left to them: each has its own timeout, after
-                // which a server that stopped answering is replaced (`Probe`).
+                // which a server that stopped answering is replaced (`Probe`); their answers
+                // say it is there.
                 if !server.busy() {
                     let (peer, within) = (peer.clone(), cfg.call_timeout.min(PING_WAIT));
                     ping = Some(Box::pin(async move { ping_once(&peer, within).await }));
+                } else if server.answered_within(cfg.ping_interval) {
+                    seen(inner, server).await;
                 }
                 continue;
             }
