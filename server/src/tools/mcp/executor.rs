@@ -5,11 +5,14 @@ use std::{sync::Arc, time::Instant};
 
 use serde_json::{Value, json};
 
-use super::{Inner, Live, McpCode, session};
+use super::{Inner, McpCode, session};
 use crate::{
     db,
     tools::{ToolDef, ToolError, ToolExecutor, checkpoint::ToolCode},
 };
+
+/// A server's listing: each tool's definition hash by its name on the server.
+type ListedHashes = std::collections::HashMap<String, String>;
 
 /// Calls MCP tools for the checkpoint, which has already run every gate.
 pub(super) struct McpExecutor {
@@ -51,17 +54,17 @@ impl McpExecutor {
         // an owner approved. A listing older than the approval (another process stored the
         // new definition and an owner approved it) is listed again first, and the call waits
         // for it: the server decides, never the database alone.
-        let older = |t: &db::mcp::ToolRow, live: &Live| live.listed.as_ref().is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref());
+        let older = |t: &db::mcp::ToolRow, listed: Option<&ListedHashes>| listed.is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref());
         if let (Some(t), Some(live)) = (&tool, live) {
             let connected_and_older = {
                 let now = live.live.borrow();
-                t.usable() && now.peer.is_some() && older(t, &now)
+                t.usable() && now.peer.is_some() && older(t, now.listed.as_deref())
             };
             if connected_and_older {
                 // Within half the call's own time, which the call then has less of: the
                 // checkpoint's timeout covers both.
                 let bound = live.config.discovery.timeout.min(live.config.call_timeout / 2);
-                if tokio::time::timeout(bound, live.list_again_for_call(|now| !older(t, now))).await.is_err() {
+                if tokio::time::timeout(bound, live.list_again_for_call(|now| !older(t, now.listed.as_deref()))).await.is_err() {
                     return Err(ToolError::unsent(McpCode::ServerUnavailable.as_str(), format!("{server_id} did not list its tools again within {bound:?}"), true));
                 }
                 tool = self.decision(name, server_id).await?.0;
@@ -69,7 +72,7 @@ impl McpExecutor {
         }
         let listed = live.and_then(|live| live.live.borrow().listed.clone());
         match tool {
-            Some(t) if t.usable() && listed.as_ref().is_some_and(|l| l.get(&t.name) != t.approved_hash.as_ref()) => {
+            Some(t) if t.usable() && older(&t, listed.as_deref()) => {
                 let why = if listed.is_some_and(|l| l.contains_key(&t.name)) { "lists it with a definition no owner approved" } else { "no longer lists it" };
                 Err(ToolError::refused(ToolCode::Quarantined.as_str(), format!("{name} is not approved for use now: its server {why}")))
             }
