@@ -168,6 +168,11 @@ pub async fn retry_job(id: i64) -> Result<(), AppError> {
     for_owner(|me, backend| async move { backend.retry_job(me.owner_id, id, &client_ip().await).await }).await
 }
 
+#[server(endpoint = "run_job_again")]
+pub async fn run_job_again(id: i64) -> Result<i64, AppError> {
+    for_owner(|me, backend| async move { backend.run_job_again(me.owner_id, id, &client_ip().await).await }).await
+}
+
 #[server(endpoint = "cancel_job")]
 pub async fn cancel_job(id: i64) -> Result<(), AppError> {
     for_owner(|me, backend| async move { backend.cancel_job(me.owner_id, id, &client_ip().await).await }).await

@@ -72,6 +72,8 @@ pub trait JobsBackend: Send + Sync {
     /// Owner actions, audited with the owner and address.
     async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
     async fn cancel_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError>;
+    /// Runs a failed tool call again as a new job, whose id it returns.
+    async fn run_job_again(&self, owner_id: i64, id: i64, ip: &str) -> Result<i64, AppError>;
 }
 
 /// The tool catalog and the checkpoint.

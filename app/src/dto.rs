@@ -244,6 +244,15 @@ pub struct JobDetail {
     pub events: Vec<JobEventView>,
     pub can_retry: bool,
     pub can_cancel: bool,
+    /// A tool call whose call gave no result (it failed, an owner cancelled it), which an owner
+    /// may run again as a new job.
+    pub can_run_again: bool,
+    /// What an owner should know before running it again (its first run may have taken effect).
+    pub run_again_warning: Option<String>,
+    /// The job that last ran this job's call again, if one did.
+    pub ran_again_as: Option<i64>,
+    /// The job whose call this one runs again, if it does.
+    pub again_of: Option<i64>,
 }
 
 /// Filters of the Tools page, as they appear in its URL ("" means any).

@@ -20,6 +20,8 @@ import { binary, dataDir, port, repo } from "./support";
 //   approves in the console, the row updates live, the call reaches the shop once and the fake
 //   Graph API receives the answer for the customer. A second request is rejected with a reason,
 //   and the customer is told.
+// - A lookup the shop failed is run again by an owner from its job's page: the new job answers,
+//   and the message's trace shows the run again and the answer's delivery.
 
 const APP_SECRET = "e2e-app-secret";
 const ACCESS_TOKEN = "e2e-access-token";
@@ -37,6 +39,8 @@ type Sent = { to: string; type: string; text?: { body: string }; interactive?: u
 class Edge {
   sent: Sent[] = [];
   refunds: string[] = [];
+  /** Orders the shop does not know (yet): their lookups are answered 404. */
+  missing = new Set<string>();
   server = http.createServer((req, res) => {
     let body = "";
     req.on("data", (chunk) => (body += chunk));
@@ -86,6 +90,7 @@ class Edge {
       return json(200, { messaging_product: "whatsapp", contacts: [{ input: sent.to, wa_id: sent.to }], messages: [{ id: `wamid.out.${this.sent.length}` }] });
     }
     const status = /^\/api\/orders\/(\w+)$/.exec(url);
+    if (status && req.method === "GET" && this.missing.has(status[1])) return json(404, { error: "no such order" });
     if (status && req.method === "GET") return json(200, { id: status[1], status: "shipped", carrier: "Parcel Co" });
     const refund = /^\/api\/refunds\/(\w+)$/.exec(url);
     if (refund && req.method === "POST") {
@@ -261,6 +266,43 @@ test("the answer to a clarifying question in the simulator is planned with the r
   const timeline = page.getByTestId("trace-timeline");
   await expect(timeline.locator('li[data-step="AgentToolCandidate"]')).toContainText("CLARIFICATION_ANSWER");
   await expect(timeline.locator('li[data-step="AgentToolExecutionSucceeded"]')).toBeVisible();
+});
+
+test("an owner runs a failed lookup again from its job's page; the chat gets the answer", async ({ page }) => {
+  test.setTimeout(90_000);
+  edge.missing.add("4829");
+  await open(page, "/conversations");
+  await page.getByTestId("sim-from").fill("+15550100080");
+  await page.getByTestId("sim-text").fill("Where is my order 4829?");
+  await page.getByTestId("sim-send").click();
+  await expect(page.getByTestId("sim-result")).toHaveAttribute("data-route", "tool_lane");
+  await expect(page.getByTestId("sim-reply")).not.toHaveText(STATUS);
+  await page.getByTestId("sim-trace").click();
+  await expect(page.getByTestId("trace-route")).toHaveText("tool_lane");
+  const trace = page.url();
+  await page.getByTestId("step-job").first().click();
+  await hydrated(page);
+  await expect(page.getByRole("heading", { level: 1 })).toContainText("discarded");
+  await expect(page.getByTestId("run-again-hint")).toBeVisible();
+  await expect(page.getByTestId("run-again-warning")).toHaveCount(0);
+
+  // The shop knows the order now: the owner runs the call again.
+  edge.missing.delete("4829");
+  await page.getByTestId("run-job-again").click();
+  const again = page.getByTestId("ran-again-as").getByRole("link");
+  await expect(again).toBeVisible();
+  await again.click();
+  await hydrated(page);
+  await expect(page.getByRole("heading", { level: 1 })).toContainText("completed", { timeout: 20_000 });
+  await expect(page.getByTestId("again-of")).toBeVisible();
+  await expect(page.getByTestId("run-job-again")).toHaveCount(0);
+  expect(await accessibilityViolations(page), "the job page meets WCAG 2.1 AA").toEqual([]);
+
+  await page.goto(trace);
+  await hydrated(page);
+  const timeline = page.getByTestId("trace-timeline");
+  await expect(timeline.locator('li[data-step="AgentToolRunAgain"]')).toBeVisible();
+  await expect(timeline.locator('li[data-step="later_delivery"]')).toContainText("delivered");
 });
 
 test("an owner approves a customer's refund in the browser; the customer gets the answer once", async ({ page }) => {

@@ -1,11 +1,12 @@
 //! The Jobs page: live counts per state, a filterable, paged list, and each job's detail with
-//! its timeline and the owner actions retry-now and cancel.
+//! its timeline and the owner actions retry-now, cancel and, for a tool call that gave no
+//! result, run the call again as a new job.
 
 use leptos::prelude::*;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::{
-    api::{CancelJob, RetryJob, get_job, list_jobs},
+    api::{CancelJob, RetryJob, RunJobAgain, get_job, list_jobs},
     dto::{JobQuery, JobSummary},
     live::{JOBS_LIVE, fmt_time},
 };
@@ -102,6 +103,7 @@ pub fn JobDetailPage() -> impl IntoView {
     let id = Memo::new(move |_| params.with(|p| p.get("id").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)));
     let retry = ServerAction::<RetryJob>::new();
     let cancel = ServerAction::<CancelJob>::new();
+    let run_again = ServerAction::<RunJobAgain>::new();
     let detail = Resource::new(move || id.get(), get_job);
     view! {
         {super::page_head("Job", Some(JOBS_LIVE))}
@@ -126,6 +128,9 @@ pub fn JobDetailPage() -> impl IntoView {
                 ("Finished", d.completed_at.map(fmt_time).unwrap_or_else(|| "\u{2014}".into())),
                 ("Lease", d.lease_owner.clone().map(|o| format!("{o} until {}", d.lease_expires_at.map(fmt_time).unwrap_or_default())).unwrap_or_else(|| "\u{2014}".into())),
             ];
+            let job_link = |label: &'static str, testid: &'static str, other: i64| view! {
+                <p data-testid=testid>{label}" "<a href=format!("/jobs/{other}")>{format!("job #{other}")}</a></p>
+            };
             view! {
                 <h1>{format!("Job #{id}")}" "{state_badge(&s.state)}</h1>
                 <div class="actions">
@@ -141,7 +146,20 @@ pub fn JobDetailPage() -> impl IntoView {
                             <button type="submit" class="danger" data-testid="cancel-job">"Cancel"</button>
                         </ActionForm>
                     })}
+                    {d.can_run_again.then(|| view! {
+                        <ActionForm action=run_again>
+                            <input type="hidden" name="id" value=id />
+                            <button type="submit" data-testid="run-job-again">"Run the call again"</button>
+                        </ActionForm>
+                    })}
                 </div>
+                {d.can_run_again.then(|| view! {
+                    <p class="muted" data-testid="run-again-hint">"Runs the call again as a new job. The person gets its answer if it succeeds; a failure is not told to them again."</p>
+                })}
+                {d.run_again_warning.clone().map(|w| view! { <p class="warning" data-testid="run-again-warning">{w}</p> })}
+                {move || run_again.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
+                {d.ran_again_as.map(|other| job_link("Last run again as", "ran-again-as", other))}
+                {d.again_of.map(|other| job_link("Runs again the call of", "again-of", other))}
                 {move || retry.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
                 {move || cancel.value().get().and_then(|r| r.err()).map(|e| super::error_view(&e))}
                 {s.last_error_code.clone().map(|code| {

@@ -186,6 +186,7 @@ fn tool_call_job(row: &ApprovalRow) -> ToolCallJob {
         request: row.request.clone(),
         reply_to: ReplyTo { channel: row.channel.clone(), chat_id: row.chat_id.clone(), chat_kind: row.chat_kind.parse().unwrap_or(ChatKind::Direct), message_id: row.message_id.clone() },
         trace_id: row.trace_id,
+        again_of: None,
     }
 }
 

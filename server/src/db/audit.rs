@@ -15,6 +15,7 @@ pub mod event {
     pub const PASSWORD_RESET: &str = "password_reset";
     pub const JOB_RETRY: &str = "job_retry";
     pub const JOB_CANCEL: &str = "job_cancel";
+    pub const JOB_RUN_AGAIN: &str = "job_run_again";
     pub const TOOL_TRY: &str = "tool_try";
     pub const TOOLS_RELOAD: &str = "tools_reload";
     pub const MCP_TOOL_APPROVED: &str = "mcp_tool_approved";

@@ -229,6 +229,11 @@ async fn lock_for_steps(conn: &mut AnyConnection, trace_id: i64) -> Result<(), D
     Ok(())
 }
 
+/// Whether trace `id` is stored (retention removes old ones).
+pub async fn exists(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar::<_, i64>("SELECT id FROM traces WHERE id = $1").bind(id).fetch_optional(conn).await?.is_some())
+}
+
 /// Appends a step to a stored trace (the channel adds delivery once the reply is sent) and
 /// returns its place in the trace. Call it in a transaction (see [`lock_for_steps`]).
 pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> Result<i64, DbError> {

@@ -24,6 +24,7 @@ pub mod memory;
 pub use crate::tools::job;
 pub mod planner;
 pub mod processor;
+pub mod rerun;
 mod run;
 pub mod summarizer;
 pub mod validator;

@@ -32,6 +32,10 @@ pub struct ToolCallJob {
     /// one approved. `None` for a call that needs no approval.
     #[serde(default)]
     pub approval: Option<ApprovedCall>,
+    /// The job whose failed call an owner runs again with this one: the person was told that
+    /// failure, so this one's failure, or its cancel, tells them nothing more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub again_of: Option<i64>,
 }
 
 impl JobKind for ToolCallJob {

@@ -229,6 +229,9 @@ async fn a_cancelled_approved_call_retried_is_not_made(db: TestDb) {
     assert_eq!(retried.status, axum::http::StatusCode::OK, "{}", retried.body);
     r.exchange(&[], 1).await;
     assert_eq!(to_customer(), vec![stopped.clone()], "nothing more said");
+    // Nor is it run again as a job of its own: an approval runs its call once.
+    let again = owner.post_form("/api/run_job_again", &[("id", first.to_string().as_str())]).await;
+    assert_eq!((again.status, again.json()["code"].as_str()), (axum::http::StatusCode::CONFLICT, Some("RUN_AGAIN_APPROVED")), "{}", again.body);
     // Retried at once, before the cancel's follow-up ran.
     let second = approve_then_cancel(&r, &mut owner, &who, "7373").await;
     let retried = owner.post_form("/api/retry_job", &[("id", second.to_string().as_str())]).await;

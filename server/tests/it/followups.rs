@@ -299,6 +299,7 @@ input_schema = { type = "object", properties = { account = { type = "string" } }
         reply_to: server::channel::ReplyTo { channel: channel.into(), chat_id: CUSTOMER.into(), chat_kind: server::domain::ChatKind::Direct, message_id: "wamid.P".into() },
         trace_id: None,
         approval: None,
+        again_of: None,
     };
     // The sender's own number, and a field the tool manages, are never a context's either: the
     // summary leaves them out, and the planner reads the context in later turns (in a group,

@@ -39,6 +39,8 @@ pub(crate) struct Shop {
     pub(crate) refund_keys: Arc<Mutex<Vec<String>>>,
     /// Coupon requests still to be answered 503 (a provider's transient error).
     pub(crate) coupon_failures: Arc<Mutex<u32>>,
+    /// Order lookups still to be answered 503.
+    pub(crate) order_failures: Arc<Mutex<u32>>,
 }
 
 pub(crate) async fn shop() -> (SocketAddr, Shop) {
@@ -52,7 +54,14 @@ pub(crate) async fn shop() -> (SocketAddr, Shop) {
                     let wait = *shop.slow.lock().expect("lock");
                     tokio::time::sleep(wait).await;
                 }
-                Json(json!({ "id": id, "status": "shipped", "carrier": "Parcel Co", "tracking_url": "https://track.example/42" }))
+                {
+                    let mut failures = shop.order_failures.lock().expect("lock");
+                    if *failures > 0 {
+                        *failures -= 1;
+                        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "try again" })));
+                    }
+                }
+                (StatusCode::OK, Json(json!({ "id": id, "status": "shipped", "carrier": "Parcel Co", "tracking_url": "https://track.example/42" })))
             }),
         )
         .route(
@@ -1020,6 +1029,7 @@ async fn a_call_whose_tool_changed_while_it_waited_is_judged_again(db: TestDb) {
         reply_to: ReplyTo { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), chat_kind: ChatKind::Direct, message_id: message.into() },
         trace_id: None,
         approval: None,
+        again_of: None,
     };
     let queue = &r.app.gatehouse.jobs;
     queue.enqueue(&queue.job(&job("sha256:before-the-reload", "wamid.STALE"))).await.expect("enqueue");

@@ -36,6 +36,7 @@ mod otel;
 mod procs;
 mod props;
 mod retention;
+mod run_again;
 mod server_fns;
 mod setup;
 mod tools;

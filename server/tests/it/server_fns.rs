@@ -60,7 +60,7 @@ async fn every_server_fn_checks_the_session_itself(db: TestDb) {
         let body = match path.as_str() {
             "/api/update_phones" => "phones=%2B15550009999",
             "/api/list_jobs" => "state=&tool=&chat=&since_minutes=0&before=0",
-            "/api/get_job" | "/api/retry_job" | "/api/cancel_job" => "id=1",
+            "/api/get_job" | "/api/retry_job" | "/api/cancel_job" | "/api/run_job_again" => "id=1",
             "/api/list_tools" => "provider=&audience=&risk=",
             "/api/get_tool" => "name=web_fetch",
             "/api/try_tool" => "name=web_fetch&args=%7B%7D&chat_type=direct",

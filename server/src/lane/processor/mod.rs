@@ -394,6 +394,11 @@ impl Handler<ToolCallJob> for Processor {
         }
         // Run again after the lane took its answer as the message's reply (the run that gave it
         // could not record its end): the reply holds it, and it is not sent twice.
+        // A call an owner ran again that failed again: the person was told the first run's
+        // failure, and is told nothing more (the owner sees this job's).
+        if let (Some(first), Some(code)) = (args.again_of, &answer.failure) {
+            return Err(JobError::permanent(code, format!("the call failed again; the person, told job {first}'s failure, was not told")));
+        }
         let delivered = if answer.in_reply { Delivered::Sent } else { self.deliver(&args, ctx.job.id, &answer).await? };
         job_outcome(&answer, &delivered)
     }

@@ -101,6 +101,7 @@ impl Lane {
             reply_to: ReplyTo::of(inbound),
             trace_id: Some(trace.id()),
             approval: None,
+            again_of: None,
         };
         let key = job.dedupe_key(&call.canonical_args);
         if let Some(ran) = self.ran_before(&key, inbound, trace).await {

@@ -1,4 +1,4 @@
-//! The job queue: list, detail, and the owner's retry and cancel.
+//! The job queue: list, detail, and the owner's retry, cancel and run again of a failed call.
 
 use app::{
     backend::JobsBackend,
@@ -12,7 +12,14 @@ use crate::{
         self,
         jobs::{self as store, JobFilter, JobRow, JobState},
     },
-    jobs::actions::{self, ByOwner, JobAction},
+    jobs::{
+        JobKind,
+        actions::{self, ByOwner, JobAction},
+    },
+    lane::{
+        job::ToolCallJob,
+        rerun::{self, RunAgain},
+    },
     redact::redacted_pretty,
 };
 
@@ -51,6 +58,7 @@ impl JobsBackend for ConsoleBackend {
         let mut conn = self.state.db.pool.acquire().await.map_err(internal)?;
         let job = store::get(&mut conn, id).await.map_err(internal)?.ok_or_else(|| AppError::new(code::NOT_FOUND, no_job(id, self.state.config.settings.retention.finished_jobs_days)))?;
         let events = store::events(&mut conn, id).await.map_err(internal)?;
+        let again = self.run_again_view(&mut conn, &job).await.map_err(internal)?;
         Ok(JobDetail {
             summary: summary(&job),
             queue: job.queue.clone(),
@@ -73,6 +81,10 @@ impl JobsBackend for ConsoleBackend {
                 .collect(),
             can_retry: matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Discarded | JobState::Cancelled),
             can_cancel: !job.state.is_finished(),
+            can_run_again: again.can,
+            run_again_warning: again.warning,
+            ran_again_as: again.latest,
+            again_of: again.of,
         })
     }
 
@@ -84,9 +96,37 @@ impl JobsBackend for ConsoleBackend {
         self.job_action(owner_id, id, ip, JobAction::Cancel).await
     }
 
+    async fn run_job_again(&self, owner_id: i64, id: i64, ip: &str) -> Result<i64, AppError> {
+        let catalog = self.state.tools.catalog();
+        match rerun::run_again(&self.state.jobs, &catalog, id, ByOwner { owner_id, ip }).await.map_err(internal)? {
+            RunAgain::Queued { job_id, .. } => Ok(job_id),
+            RunAgain::Refused(why) => Err(AppError::new(why.code(), why.message(id))),
+            RunAgain::NoJob => Err(AppError::new(code::NOT_FOUND, format!("There is no job #{id}."))),
+        }
+    }
+
+}
+
+/// What the detail page says of running a job's call again.
+struct AgainView {
+    can: bool,
+    warning: Option<String>,
+    latest: Option<i64>,
+    of: Option<i64>,
 }
 
 impl ConsoleBackend {
+    async fn run_again_view(&self, conn: &mut sqlx::AnyConnection, job: &JobRow) -> Result<AgainView, db::DbError> {
+        if job.kind != ToolCallJob::KIND {
+            return Ok(AgainView { can: false, warning: None, latest: None, of: None });
+        }
+        let kept = db::tool_answers::get(&mut *conn, job.id).await?;
+        let latest = rerun::latest(&mut *conn, job.id).await?.map(|again| again.id);
+        let can = rerun::check(job, kept.as_ref(), latest, &self.state.tools.catalog()).is_ok();
+        let of = serde_json::from_str::<ToolCallJob>(&job.args).ok().and_then(|call| call.again_of);
+        Ok(AgainView { can, warning: can.then(|| rerun::warning(kept.as_ref())).flatten(), latest, of })
+    }
+
     async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
         let changed = actions::apply(&self.state.jobs, &self.state.follow_ups, action, id, ByOwner { owner_id, ip }).await.map_err(internal)?;
         if changed {

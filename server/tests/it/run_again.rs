@@ -1,0 +1,107 @@
+//! An owner runs a failed tool call again from the Jobs page: a new job of the same call for the
+//! same message, whose answer reaches the person; a failure again is not told to them again; a
+//! call run again already, or that gave its result, is refused with its code.
+
+use axum::http::StatusCode;
+
+use crate::{
+    both_backends,
+    lane_e2e::rig,
+    support::{Client, TestDb},
+};
+
+const ANSWER: &str = "Your order has shipped with Parcel Co: https://track.example/42";
+
+async fn run_again(owner: &mut Client, job: i64) -> crate::support::Resp {
+    owner.post_form("/api/run_job_again", &[("id", job.to_string().as_str())]).await
+}
+
+async fn detail(owner: &mut Client, job: i64) -> serde_json::Value {
+    owner.post_form("/api/get_job", &[("id", job.to_string().as_str())]).await.json()
+}
+
+async fn an_owner_runs_a_failed_call_again(db: TestDb) {
+    let r = rig(db, |s| s.jobs.default_max_attempts = 1).await;
+    let pool = &r.app.state.db.pool;
+    *r.shop.order_failures.lock().expect("lock") = 1;
+    r.exchange(&[("wamid.AGAIN", "Where is my order 4821?")], 1).await;
+    let told_first = r.graph.texts();
+    assert_eq!(told_first.len(), 1, "the failure is told: {told_first:?}");
+    assert_ne!(told_first[0], ANSWER);
+    let first: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("the call's job");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let page = detail(&mut owner, first).await;
+    assert_eq!((page["summary"]["state"].as_str(), page["can_run_again"].as_bool()), (Some("discarded"), Some(true)), "{page}");
+    assert!(page["run_again_warning"].is_null(), "a read has no outcome to doubt: {page}");
+
+    // Run again while the shop still fails: a new job, the same one for a second click before
+    // it runs; its failure is not told to the person again.
+    *r.shop.order_failures.lock().expect("lock") = 1;
+    let res = run_again(&mut owner, first).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let second = res.json().as_i64().expect("the new job's id");
+    assert_ne!(second, first);
+    let twice = run_again(&mut owner, first).await;
+    assert_eq!((twice.status, twice.json().as_i64()), (StatusCode::OK, Some(second)), "{}", twice.body);
+    r.exchange(&[], 1).await;
+    assert_eq!(r.graph.texts(), told_first, "the failure again is not told");
+    let (state, message): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_message FROM jobs WHERE id = $1").bind(second).fetch_one(pool).await.expect("job");
+    assert_eq!(state, "discarded");
+    assert!(message.as_deref().is_some_and(|m| m.contains("was not told")), "{message:?}");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 2, "the call was made again");
+
+    // The first job ran again already: refused, naming the job that did; that one runs again.
+    let refused = run_again(&mut owner, first).await;
+    assert_eq!((refused.status, refused.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_DONE")), "{}", refused.body);
+    assert!(refused.body.contains(&format!("job #{second}")), "{}", refused.body);
+    let page = detail(&mut owner, first).await;
+    assert_eq!((page["can_run_again"].as_bool(), page["ran_again_as"].as_i64()), (Some(false), Some(second)), "{page}");
+    let page = detail(&mut owner, second).await;
+    assert_eq!((page["can_run_again"].as_bool(), page["again_of"].as_i64()), (Some(true), Some(first)), "{page}");
+
+    // Run again once more, with the shop back: the person gets the answer, once.
+    let res = run_again(&mut owner, second).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let third = res.json().as_i64().expect("the new job's id");
+    r.exchange(&[], 2).await;
+    let mut told = told_first.clone();
+    told.push(ANSWER.to_string());
+    assert_eq!(r.graph.texts(), told);
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1").bind(third).fetch_one(pool).await.expect("job");
+    assert_eq!(state, "completed");
+    let answered = run_again(&mut owner, third).await;
+    assert_eq!((answered.status, answered.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_ANSWERED")), "{}", answered.body);
+
+    // Each run is the same request's: its message and correlation id; each run again is in the
+    // message's trace, with the answer's delivery, and in the owners' audit.
+    let (messages, requests): (i64, i64) = sqlx::query_as("SELECT COUNT(DISTINCT message_id), COUNT(DISTINCT correlation_id) FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("jobs");
+    assert_eq!((messages, requests), (1, 1));
+    let steps = r.steps("wamid.AGAIN").await;
+    assert_eq!(steps.iter().filter(|(s, d, _)| s == "AgentToolRunAgain" && d == "owner").count(), 2, "{steps:?}");
+    assert!(steps.iter().any(|(s, d, c)| s == "AgentToolExecutionSucceeded" && d == "later" && c == "OK"), "{steps:?}");
+    assert!(steps.iter().any(|(s, d, _)| s == "later_delivery" && d == "sent"), "{steps:?}");
+    let audited: Vec<String> = sqlx::query_scalar("SELECT detail FROM owner_audit WHERE event = 'job_run_again' ORDER BY id").fetch_all(pool).await.expect("audit");
+    assert_eq!(audited.len(), 2, "{audited:?}");
+    assert!(audited[0].contains(&format!("\"new_job_id\":{second}")), "{audited:?}");
+}
+both_backends!(run_again_failed_call, an_owner_runs_a_failed_call_again);
+
+/// A run again an owner cancels says nothing to the person: they were never told it would follow.
+async fn a_cancelled_run_again_says_nothing(db: TestDb) {
+    let r = rig(db, |s| s.jobs.default_max_attempts = 1).await;
+    let pool = &r.app.state.db.pool;
+    *r.shop.order_failures.lock().expect("lock") = 1;
+    r.exchange(&[("wamid.AGAIN", "Where is my order 4821?")], 1).await;
+    let told_first = r.graph.texts();
+    let first: i64 = sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'tool.call'").fetch_one(pool).await.expect("the call's job");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let second = run_again(&mut owner, first).await.json().as_i64().expect("the new job's id");
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", second.to_string().as_str())]).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    r.exchange(&[], 1).await;
+    let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(pool).await.expect("the cancel's job");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("nothing to say")), "{preview:?}");
+    assert_eq!(r.graph.texts(), told_first, "nothing more said");
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the cancelled run again made no call");
+}
+both_backends!(run_again_cancelled, a_cancelled_run_again_says_nothing);
