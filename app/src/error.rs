@@ -84,8 +84,8 @@ impl AppError {
             "APPROVAL_ALREADY_DECIDED" | "APPROVAL_EXPIRED" | "APPROVAL_NOT_NEEDED" | "APPROVAL_REFUSED" => 409,
             "APPROVAL_INVALID_BUTTON" => 400,
             // An owner's run again of a job's call that the job's state refuses.
-            "RUN_AGAIN_NOT_A_CALL" | "RUN_AGAIN_UNFINISHED" | "RUN_AGAIN_ANSWERED" | "RUN_AGAIN_DONE" | "RUN_AGAIN_APPROVED" | "RUN_AGAIN_UNREADABLE" | "RUN_AGAIN_TOOL_GONE"
-            | "RUN_AGAIN_NOT_AS_JOB" => 409,
+            "RUN_AGAIN_NOT_A_CALL" | "RUN_AGAIN_UNFINISHED" | "RUN_AGAIN_STOPPING" | "RUN_AGAIN_NO_CHAT" | "RUN_AGAIN_ANSWERED" | "RUN_AGAIN_DONE"
+            | "RUN_AGAIN_APPROVED" | "RUN_AGAIN_UNREADABLE" | "RUN_AGAIN_TOOL_GONE" | "RUN_AGAIN_NOT_AS_JOB" => 409,
             "APPROVAL_NOT_FOUND" => 404,
             // An MCP server's OAuth login: asked of a server without one, a login that is gone or
             // another owner's, and an authorization server that failed or refused.

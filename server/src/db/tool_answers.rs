@@ -65,6 +65,11 @@ pub async fn start(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbErro
     Ok(marked.rows_affected() == 1)
 }
 
+/// Whether job `job_id`'s call is marked as made ([`start`]).
+pub async fn started(conn: &mut AnyConnection, job_id: i64) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar::<_, i64>("SELECT job_id FROM tool_call_starts WHERE job_id = $1").bind(job_id).fetch_optional(conn).await?.is_some())
+}
+
 /// Removes job `job_id`'s mark: its call surely did not take effect (refused, never sent), and
 /// another attempt may make it.
 pub async fn unstart(conn: &mut AnyConnection, job_id: i64) -> Result<(), DbError> {

@@ -19,7 +19,7 @@ use sqlx::AnyConnection;
 use super::{JobKind, JobQueue};
 use crate::db::{
     DbError,
-    jobs::{Dropped, NewJob},
+    jobs::{Dropped, JobRow, NewJob},
 };
 
 /// A follow-up's arguments: the job it follows, at the attempt that was dropped or cancelled (a
@@ -40,8 +40,13 @@ impl From<&Dropped> for Followed {
 /// a job an owner cancelled, retried and cancelled again has one for each cancel (each of the
 /// same attempt, once the one before finished, since a finished job's key dedupes nothing).
 pub async fn follow_ups_of<F: JobKind>(conn: &mut AnyConnection, chat_id: &str, job_id: i64) -> Result<Vec<i64>, DbError> {
+    Ok(follow_up_rows_of::<F>(conn, chat_id, job_id).await?.into_iter().map(|row| row.id).collect())
+}
+
+/// [`follow_ups_of`], the jobs themselves.
+pub async fn follow_up_rows_of<F: JobKind>(conn: &mut AnyConnection, chat_id: &str, job_id: i64) -> Result<Vec<JobRow>, DbError> {
     let rows = crate::db::jobs::in_chat(conn, chat_id, F::KIND).await?;
-    Ok(rows.into_iter().filter(|row| serde_json::from_str::<Followed>(&row.args).is_ok_and(|f| f.job_id == job_id)).map(|row| row.id).collect())
+    Ok(rows.into_iter().filter(|row| serde_json::from_str::<Followed>(&row.args).is_ok_and(|f| f.job_id == job_id)).collect())
 }
 
 /// Makes a kind's follow-up of a job, on its queue.

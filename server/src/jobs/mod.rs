@@ -26,7 +26,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::db::jobs::JobRow;
 
-pub use dropped::{FollowUps, Followed, follow_ups_of};
+pub use dropped::{FollowUps, Followed, follow_up_rows_of, follow_ups_of};
 pub use queue::JobQueue;
 pub use worker::{Worker, WorkerSettings};
 

@@ -4,19 +4,25 @@
 //! call a second time (it sends again what its kept answer did not get out), so the call runs
 //! again as a job of its own: its answer, delivery and trace steps are its own, and the first
 //! job's history stays as it was. The job, the owner's audit row and the step on the message's
-//! trace commit together.
+//! trace commit together, the first job's row locked meanwhile. The first job is done from then
+//! on: a later run of it (an owner's retry, say) makes no call and says nothing.
 //!
-//! The person was told the first run's failure: a run again that succeeds sends them its answer,
-//! and one that fails again tells them nothing more (nor does an owner's cancel of it). A
-//! connector write carries the same `Idempotency-Key` as the first run (the key is the request's,
-//! not the job's), so a system that deduplicates by key applies it once.
+//! A run again that succeeds sends the person its answer. One that fails, or that an owner
+//! cancels, tells them only if they heard nothing of the first job (its answer, or that it was
+//! stopped, went out); else they were told already. A connector write carries the same
+//! `Idempotency-Key` as the first run (the key is the request's, not the job's), so a system that
+//! deduplicates by key applies it once.
 //!
 //! Not run again: an approved call (an owner's decision runs its call once; the person asks
 //! again), a call whose answer was a result (retrying its job sends that again), a job still
-//! unfinished, a tool gone from the catalog, or one that may not run as a job.
+//! unfinished, or cancelled and still stopping, one run again already, a tool gone from the
+//! catalog, or one that may not run as a job.
 
 use serde_json::json;
 
+use sqlx::AnyConnection;
+
+use super::processor::stopped::CallStopped;
 use crate::{
     db::{
         self, DbError,
@@ -24,7 +30,7 @@ use crate::{
         jobs::{self as store, JobRow, JobState, NewJob},
         tool_answers::{self, KeptAnswer},
     },
-    jobs::{JobKind, JobQueue, actions::ByOwner},
+    jobs::{JobKind, JobQueue, actions::ByOwner, follow_up_rows_of},
     tools::{Catalog, catalog::AsyncPolicy, checkpoint::ToolCode, job::ToolCallJob},
     traces::{self, Step},
 };
@@ -39,6 +45,12 @@ pub enum NotAgain {
     /// Still queued or running: it may yet answer.
     #[strum(serialize = "RUN_AGAIN_UNFINISHED")]
     Unfinished,
+    /// Cancelled while it ran, and still stopping, or the person is still being told it stopped.
+    #[strum(serialize = "RUN_AGAIN_STOPPING")]
+    Stopping,
+    /// Asked with no chat to answer (in the console).
+    #[strum(serialize = "RUN_AGAIN_NO_CHAT")]
+    NoChat,
     /// The call gave its result: retrying the job sends it again.
     #[strum(serialize = "RUN_AGAIN_ANSWERED")]
     Answered,
@@ -69,6 +81,8 @@ impl NotAgain {
         match self {
             Self::NotACall => format!("Job #{id} is not a tool call: only a tool call is run again."),
             Self::Unfinished => format!("Job #{id} has not finished: it may still answer."),
+            Self::Stopping => format!("Job #{id} was cancelled and is still stopping (or the person is being told it stopped): try again in a moment."),
+            Self::NoChat => format!("Job #{id} was asked with no chat to answer."),
             Self::Answered => format!("Job #{id}'s call gave its result: use Retry now to send that answer again."),
             Self::RanAgain(other) => format!("Job #{id}'s call was run again already, as job #{other}: open that job to run it again."),
             Self::Approved => format!("Job #{id} ran a call an owner approved, and an approval runs its call once: the person asks again for a new approval."),
@@ -79,20 +93,61 @@ impl NotAgain {
     }
 }
 
-/// Job `row`'s call, if an owner may run it again: `kept` is its kept answer, `ran_again` the
-/// job that ran it again, if one did ([`latest`]).
-pub fn check(row: &JobRow, kept: Option<&KeptAnswer>, ran_again: Option<i64>, catalog: &Catalog) -> Result<ToolCallJob, NotAgain> {
+/// What decides whether job `row`'s call may run again, and what the owner is warned of.
+#[derive(Debug, Default)]
+pub struct Facts {
+    pub kept: Option<KeptAnswer>,
+    /// The job that ran it again, if one did.
+    pub ran_again: Option<JobRow>,
+    /// Its cancelled run still holds its lease, or its `tool.stopped` job has not finished.
+    pub stopping: bool,
+    /// Its call is marked as made and nothing was kept: its outcome is unknown.
+    pub started: bool,
+}
+
+impl Facts {
+    /// Reads them for tool call `row`, at `now`.
+    pub async fn read(conn: &mut AnyConnection, row: &JobRow, now: i64) -> Result<Self, DbError> {
+        let kept = tool_answers::get(&mut *conn, row.id).await?;
+        let started = kept.is_none() && tool_answers::started(&mut *conn, row.id).await?;
+        let mut stopping = row.lease_expires_at.is_some_and(|until| until > now);
+        if let Some(chat_id) = &row.chat_id
+            && !stopping
+        {
+            stopping = follow_up_rows_of::<CallStopped>(&mut *conn, chat_id, row.id).await?.iter().any(|stop| !stop.state.is_finished());
+        }
+        Ok(Self { kept, ran_again: latest(&mut *conn, row).await?, stopping, started })
+    }
+
+    /// What an owner is warned of before running the call again: its first run may have taken
+    /// effect (`TOOL_OUTCOME_UNKNOWN`, or marked as made with nothing kept).
+    pub fn warning(&self) -> Option<String> {
+        let unknown = ToolCode::OutcomeUnknown.as_str();
+        (self.started || self.kept.as_ref().is_some_and(|k| k.failure.as_deref() == Some(unknown))).then(|| {
+            format!("Its first run may have taken effect ({unknown}): check the system it reaches before you run it again, or the change may be made twice.")
+        })
+    }
+}
+
+/// Job `row`'s call, if an owner may run it again.
+pub fn check(row: &JobRow, facts: &Facts, catalog: &Catalog) -> Result<ToolCallJob, NotAgain> {
     if row.kind != ToolCallJob::KIND {
         return Err(NotAgain::NotACall);
     }
     if !matches!(row.state, JobState::Discarded | JobState::Cancelled) {
         return Err(if row.state == JobState::Completed { NotAgain::Answered } else { NotAgain::Unfinished });
     }
-    if kept.is_some_and(|k| k.failure.is_none()) {
+    if facts.kept.as_ref().is_some_and(|k| k.failure.is_none()) {
         return Err(NotAgain::Answered);
     }
-    if let Some(other) = ran_again {
-        return Err(NotAgain::RanAgain(other));
+    if let Some(other) = &facts.ran_again {
+        return Err(NotAgain::RanAgain(other.id));
+    }
+    if facts.stopping {
+        return Err(NotAgain::Stopping);
+    }
+    if row.chat_id.is_none() {
+        return Err(NotAgain::NoChat);
     }
     let job = serde_json::from_str::<ToolCallJob>(&row.args).map_err(|_| NotAgain::Unreadable)?;
     if job.approval.is_some() {
@@ -105,23 +160,16 @@ pub fn check(row: &JobRow, kept: Option<&KeptAnswer>, ran_again: Option<i64>, ca
     }
 }
 
-/// What an owner is warned of before running job `row`'s call again: its first run may have
-/// taken effect (`TOOL_OUTCOME_UNKNOWN`).
-pub fn warning(kept: Option<&KeptAnswer>) -> Option<String> {
-    let unknown = ToolCode::OutcomeUnknown.as_str();
-    kept.is_some_and(|k| k.failure.as_deref() == Some(unknown)).then(|| {
-        format!("Its first run may have taken effect ({unknown}): check the system it reaches before you run it again, or the change may be made twice.")
-    })
-}
-
 /// The dedupe key of the run again of job `id`: two owners running it again at once make one.
 pub fn dedupe_key(id: i64) -> String {
     format!("{}:again:{id}", ToolCallJob::KIND)
 }
 
-/// The job that last ran job `id`'s call again, if one did.
-pub async fn latest(conn: &mut sqlx::AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
-    store::find_by_dedupe(conn, &dedupe_key(id)).await
+/// The job that last ran tool call `row`'s call again, if one did (read among its chat's jobs:
+/// only unfinished jobs' dedupe keys are indexed).
+pub async fn latest(conn: &mut AnyConnection, row: &JobRow) -> Result<Option<JobRow>, DbError> {
+    let Some(chat_id) = &row.chat_id else { return Ok(None) };
+    store::find_by_dedupe_in_chat(conn, chat_id, ToolCallJob::KIND, &dedupe_key(row.id)).await
 }
 
 /// How a run again went.
@@ -136,14 +184,14 @@ pub enum RunAgain {
 /// Runs job `id`'s call again as a new job, by an owner (see the module's documentation).
 pub async fn run_again(queue: &JobQueue, catalog: &Catalog, id: i64, by: ByOwner<'_>) -> Result<RunAgain, DbError> {
     let mut tx = queue.db().begin_write().await?;
-    let Some(row) = store::get(&mut tx, id).await? else { return Ok(RunAgain::NoJob) };
-    let kept = tool_answers::get(&mut tx, id).await?;
-    let ran_again = latest(&mut tx, id).await?;
+    // Locked: a retry, a cancel or another owner's run again of it waits for this one.
+    let Some(row) = store::get_for_update(&mut tx, id).await? else { return Ok(RunAgain::NoJob) };
+    let facts = Facts::read(&mut tx, &row, db::now_ms()).await?;
     // A second click (or a second owner) while the run again is underway: that one.
-    if let Some(again) = ran_again.as_ref().filter(|again| !again.state.is_finished()) {
+    if let Some(again) = facts.ran_again.as_ref().filter(|again| !again.state.is_finished()) {
         return Ok(RunAgain::Queued { job_id: again.id, deduplicated: true });
     }
-    let mut job = match check(&row, kept.as_ref(), ran_again.map(|again| again.id), catalog) {
+    let mut job = match check(&row, &facts, catalog) {
         Ok(job) => job,
         Err(why) => return Ok(RunAgain::Refused(why)),
     };
@@ -193,6 +241,8 @@ mod tests {
         let all = [
             NotAgain::NotACall,
             NotAgain::Unfinished,
+            NotAgain::Stopping,
+            NotAgain::NoChat,
             NotAgain::Answered,
             NotAgain::RanAgain(2),
             NotAgain::Approved,
@@ -200,11 +250,10 @@ mod tests {
             NotAgain::ToolGone("t".into()),
             NotAgain::NotAsJob("t".into()),
         ];
-        let mut codes: Vec<&str> = all.iter().map(NotAgain::code).collect();
         for why in &all {
             assert_eq!(app::error::AppError::new(why.code(), why.message(1)).status(), 409, "{}", why.code());
         }
-        codes.dedup();
-        assert_eq!(codes.len(), all.len());
+        let codes: std::collections::HashSet<&str> = all.iter().map(NotAgain::code).collect();
+        assert_eq!(codes.len(), all.len(), "one code each");
     }
 }

@@ -1,12 +1,21 @@
 //! An owner runs a failed tool call again from the Jobs page: a new job of the same call for the
-//! same message, whose answer reaches the person; a failure again is not told to them again; a
-//! call run again already, or that gave its result, is refused with its code.
+//! same message, whose answer reaches the person; a failure again is told only to a person who
+//! heard nothing of the first job; a call run again already, still stopping, or that gave its
+//! result, is refused with its code; the first job, run again, never makes its call itself.
 
 use axum::http::StatusCode;
 
+use serde_json::json;
+use server::{
+    channel::ReplyTo,
+    db::jobs::NewJob,
+    domain::{ChatKind, Role},
+    tools::job::ToolCallJob,
+};
+
 use crate::{
     both_backends,
-    lane_e2e::rig,
+    lane_e2e::{CUSTOMER, Rig, rig},
     support::{Client, TestDb},
 };
 
@@ -100,8 +109,95 @@ async fn a_cancelled_run_again_says_nothing(db: TestDb) {
     assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
     r.exchange(&[], 1).await;
     let preview: Option<String> = sqlx::query_scalar("SELECT result_preview FROM jobs WHERE kind = 'tool.stopped'").fetch_one(pool).await.expect("the cancel's job");
-    assert!(preview.as_deref().is_some_and(|p| p.contains("nothing to say")), "{preview:?}");
+    assert!(preview.as_deref().is_some_and(|p| p.contains("whose end the person heard")), "{preview:?}");
     assert_eq!(r.graph.texts(), told_first, "nothing more said");
     assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the cancelled run again made no call");
 }
 both_backends!(run_again_cancelled, a_cancelled_run_again_says_nothing);
+
+/// Stores an order lookup for `message` as a job that waits an hour (it is not run unless a
+/// test makes it due), as the lane would have: the job's id.
+async fn stored_call(r: &Rig, message: &str) -> i64 {
+    let call = ToolCallJob {
+        tool: "order_status".into(),
+        version: r.app.state.tools.catalog().get("order_status").expect("tool").version.clone(),
+        args: json!({ "order_id": "4821" }),
+        actor: Role::Customer,
+        chat_kind: ChatKind::Direct,
+        sender: CUSTOMER.into(),
+        request: "Where is my order 4821?".into(),
+        reply_to: ReplyTo { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), chat_kind: ChatKind::Direct, message_id: message.into() },
+        trace_id: None,
+        approval: None,
+        again_of: None,
+    };
+    let queue = &r.app.gatehouse.jobs;
+    let new = NewJob {
+        chat_id: Some(CUSTOMER.into()),
+        sender_id: Some(CUSTOMER.into()),
+        message_id: Some(message.into()),
+        tool_name: Some("order_status".into()),
+        scheduled_at: Some(server::db::now_ms() + 3_600_000),
+        ..queue.job(&call)
+    };
+    queue.enqueue(&new).await.expect("enqueue").job.id
+}
+
+/// A call an owner cancelled before it ran: its run again waits until the person was told it
+/// stopped, then answers; the first job is not retried after, and a run of it (a rescue, a
+/// retry that came first) makes no call and says nothing.
+async fn a_job_run_again_never_makes_its_call_itself(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let pool = &r.app.state.db.pool;
+    let stopped = r.app.state.config.settings.lane.cancelled_reply.clone();
+    let first = stored_call(&r, "wamid.STOPPED_FIRST").await;
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let cancelled = owner.post_form("/api/cancel_job", &[("id", first.to_string().as_str())]).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    let early = run_again(&mut owner, first).await;
+    assert_eq!((early.status, early.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_STOPPING")), "{}", early.body);
+    r.exchange(&[], 1).await;
+    assert_eq!(r.graph.texts(), vec![stopped.clone()], "told it stopped");
+
+    let res = run_again(&mut owner, first).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    r.exchange(&[], 2).await;
+    assert_eq!(r.graph.texts(), vec![stopped.clone(), ANSWER.to_string()]);
+
+    let retried = owner.post_form("/api/retry_job", &[("id", first.to_string().as_str())]).await;
+    assert_eq!((retried.status, retried.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_DONE")), "{}", retried.body);
+    let page = detail(&mut owner, first).await;
+    assert_eq!((page["can_retry"].as_bool(), page["can_run_again"].as_bool()), (Some(false), Some(false)), "{page}");
+    // Due again all the same (a retry that came before the run again, say).
+    sqlx::query("UPDATE jobs SET state = 'available', scheduled_at = 0, completed_at = NULL WHERE id = $1").bind(first).execute(pool).await.expect("due");
+    r.exchange(&[], 2).await;
+    let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(first).fetch_one(pool).await.expect("job");
+    assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("RUN_AGAIN_DONE")));
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the call was made once, by the run again");
+    assert_eq!(r.graph.texts(), vec![stopped, ANSWER.to_string()], "nothing more said");
+}
+both_backends!(run_again_first_job_done, a_job_run_again_never_makes_its_call_itself);
+
+/// A call whose job ended without the person hearing anything (its lease ran out on its last
+/// attempt, after the call was marked as made): the owner is warned its outcome is unknown, and
+/// a run again that fails tells the person.
+async fn a_person_who_heard_nothing_is_told_the_run_agains_failure(db: TestDb) {
+    let r = rig(db, |s| s.jobs.default_max_attempts = 1).await;
+    let pool = &r.app.state.db.pool;
+    let first = stored_call(&r, "wamid.LOST").await;
+    sqlx::query("UPDATE jobs SET state = 'discarded', completed_at = 1, last_error_code = 'JOB_LEASE_EXPIRED' WHERE id = $1").bind(first).execute(pool).await.expect("lost");
+    sqlx::query("INSERT INTO tool_call_starts (job_id, at) VALUES ($1, 1)").bind(first).execute(pool).await.expect("marked as made");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let page = detail(&mut owner, first).await;
+    assert_eq!(page["can_run_again"].as_bool(), Some(true), "{page}");
+    assert!(page["run_again_warning"].as_str().is_some_and(|w| w.contains("TOOL_OUTCOME_UNKNOWN")), "{page}");
+
+    *r.shop.order_failures.lock().expect("lock") = 1;
+    let res = run_again(&mut owner, first).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    r.exchange(&[], 1).await;
+    let told = r.graph.texts();
+    assert_eq!(told.len(), 1, "the failure is told: {told:?}");
+    assert_ne!(told[0], ANSWER);
+}
+both_backends!(run_again_told_when_unheard, a_person_who_heard_nothing_is_told_the_run_agains_failure);

@@ -195,6 +195,14 @@ pub async fn get(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, Db
     Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(&mut *conn).await?)
 }
 
+/// [`get`], with the row locked until the transaction ends on PostgreSQL (SQLite's write
+/// transactions hold the whole database already): an owner's action that decides by the job's
+/// state is not overtaken by another's.
+pub async fn get_for_update(conn: &mut AnyConnection, id: i64) -> Result<Option<JobRow>, DbError> {
+    let lock = if crate::db::backend_of(conn) == crate::db::Backend::Postgres { " FOR UPDATE" } else { "" };
+    Ok(sqlx::query_as(&format!("SELECT {COLUMNS} FROM jobs WHERE id = $1{lock}")).bind(id).fetch_optional(&mut *conn).await?)
+}
+
 /// A job dropped without being done (discarded, or cancelled unrun when its time to live ran
 /// out), or cancelled by an owner: what a kind's follow-up is made from
 /// (`jobs::Registry::when_dropped`, `when_cancelled`).

@@ -16,14 +16,11 @@ use super::{
     summarizer::{Summarizer, SummaryInput, ToolResult, Writer},
     validator::{Advisory, PlanScope, Validator},
 };
+use super::rerun::NotAgain;
 use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Delivered, Outbound},
-    db::{
-        Db, DbError,
-        jobs::JobRow,
-        tool_answers::{self, KeptAnswer},
-    },
+    db::{Db, DbError, jobs::JobRow},
     jobs::{Handler, JobContext, JobError, JobOutput, JobQueue},
     config::{LaneSettings, Settings},
     tools::{CallContext, Checkpoint, ToolCall, catalog::AsyncPolicy, checkpoint::ToolCode},
@@ -39,7 +36,9 @@ enum NotGranted {
     Ended(String),
 }
 
+mod again;
 mod answer;
+mod kept;
 pub mod stopped;
 mod unknown;
 
@@ -90,12 +89,14 @@ impl Processor {
     /// Why a call accepted against an earlier definition of its tool (the catalog was reloaded
     /// while its job waited) may no longer run without an owner: it is judged again by the
     /// lane's rules, which the checkpoint does not apply (the actor's risk ceiling, the owner a
-    /// customer's private-data call needs). `None` for an unchanged tool, or an approved call
-    /// (its approval binds the definition already).
+    /// customer's private-data call needs). `None` for an unchanged tool (unless an owner runs
+    /// the call again), or an approved call (its approval binds the definition already).
     fn changed_since_accepted(&self, job: &ToolCallJob, ctx: &CallContext) -> Option<String> {
         let catalog = self.checkpoint.catalog();
         let tool = catalog.get(&job.tool)?;
-        if job.approval.is_some() || tool.version == job.version {
+        // A call an owner runs again is judged again in any case: the rules may have changed
+        // since without a new definition (the lane's risk ceiling, say).
+        if job.approval.is_some() || (tool.version == job.version && job.again_of.is_none()) {
             return None;
         }
         let call = ProposedCall { id: String::new(), name: job.tool.clone(), args: job.args.clone(), reason: String::new() };
@@ -148,6 +149,14 @@ impl Processor {
     /// What [`Processor::final_answer`] comes to, before it is kept: the lane's own run keeps it
     /// once it knows who sends it.
     pub async fn settle(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
+        let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
+        // An owner ran its call again as another job, which answers for it: a later run of this
+        // one (a retry, a rescue) makes no call and says nothing. The lane's own run is a new
+        // job's first.
+        if worker_run && let Some(again) = self.ran_again(row).await? {
+            tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, again.id = again, "the call was run again as another job; not made here");
+            return Err(JobError::permanent(NotAgain::RanAgain(again).code(), format!("its call was run again as job {again}, which answers for it")));
+        }
         if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
             return Ok(kept);
@@ -186,7 +195,6 @@ impl Processor {
         // claim), and its answer would come after the person stopped waiting for it. The
         // person is told it could not be done.
         let never_async = job.approval.is_none() && tool.as_deref().is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
-        let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
         let refused = if never_async && worker_run {
             Some((ToolCode::NotRunAsJob, "the tool may not run as a job and the lane's own run did not finish it; not made in a worker's run"))
         } else if row.attempt > self.call_attempts {
@@ -222,60 +230,6 @@ impl Processor {
             return Err(JobError::retryable(code, "the tool call failed; retrying"));
         }
         Ok(answer)
-    }
-
-    /// Keeps job `row`'s answer, with who sends it: the lane, in the reply to the message that
-    /// asked (`in_reply`: it was still waiting), or else the job itself. One write both keeps
-    /// the answer and says so, before the lane is handed it: a crash after it leaves the job,
-    /// run again, sending nothing, and the message, handled again, taking the answer again. An
-    /// answer kept before is only marked as the lane's. A failed write is logged: the answer
-    /// still goes out, and only a rerun of its job would run the call again.
-    pub async fn keep(&self, job: &ToolCallJob, row: &JobRow, answer: &Answer, in_reply: bool) {
-        // Kept before, and nothing new to say of it: no write.
-        if answer.replayed && (answer.in_reply || !in_reply) {
-            return;
-        }
-        let kept = async {
-            let mut conn = self.db.acquire_write().await?;
-            if answer.replayed {
-                tool_answers::mark_in_reply(&mut conn, row.id, true).await
-            } else {
-                let keep = KeptAnswer { text: answer.text.clone(), failure: answer.failure.clone(), used_model: answer.by == Some(Writer::Model), output: self.chain_output(job, answer), in_reply };
-                tool_answers::keep(&mut conn, row.id, &keep).await
-            }
-        };
-        if let Err(e) = kept.await {
-            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, in_reply, error = %e, "keeping a tool call's answer failed");
-        }
-    }
-
-    /// The lane stopped listening after job `job_id`'s answer was kept as its reply (its own run
-    /// was stopped): the answer is its job's to send again. A failed write is logged: a rerun of
-    /// the job would then send nothing, and the message handled again takes the answer.
-    pub async fn handed_back(&self, job_id: i64) {
-        let marked = async { tool_answers::mark_in_reply(&mut *self.db.acquire_write().await?, job_id, false).await }.await;
-        if let Err(e) = marked {
-            tracing::warn!(job.id = job_id, error = %e, "marking a tool call's answer as its job's to send failed");
-        }
-    }
-
-    /// The answer an earlier attempt of job `row` kept, if one did.
-    pub async fn kept(&self, row: &JobRow) -> Result<Option<Answer>, DbError> {
-        let kept = tool_answers::get(&mut *self.db.pool.acquire().await?, row.id).await?;
-        Ok(kept.map(|kept| {
-            let output = kept.output.as_deref().and_then(|o| serde_json::from_str(o).ok());
-            Answer { text: kept.text, failure: kept.failure, retryable: false, by: None, fallback_code: None, output, replayed: true, context_id: None, in_reply: kept.in_reply }
-        }))
-    }
-
-    /// What a chain's next step is planned from, kept with a chainable tool's answer so the
-    /// message handled again plans from it too: the result as cleaned for the planner (no
-    /// secret or managed fields, chat id or sender).
-    fn chain_output(&self, job: &ToolCallJob, answer: &Answer) -> Option<String> {
-        let tool = self.checkpoint.catalog().get(&job.tool).filter(|t| t.spec.chainable)?;
-        let output = answer.output.as_ref()?;
-        let shown = super::summarizer::clean_with(output, &tool.spec.hidden_fields(), &[job.reply_to.chat_id.clone(), job.sender.clone()]);
-        Some(super::canonical_json(&shown))
     }
 
     /// Runs the call through the checkpoint and summarizes what came back; a chat's summarised
@@ -392,13 +346,15 @@ impl Handler<ToolCallJob> for Processor {
             let code = answer.failure.as_deref().unwrap_or("OK");
             self.approvals.record_outcome(approved.approval_id, code, &answer.text).await?;
         }
+        // A call an owner ran again that failed again: a person told how the first job ended is
+        // told nothing more (the owner sees this job's failure).
+        if let (Some(first), Some(code)) = (args.again_of, &answer.failure)
+            && self.first_told(&args, first).await?
+        {
+            return Err(JobError::permanent(code, format!("the call failed again; the person, told how job {first} ended, was not told")));
+        }
         // Run again after the lane took its answer as the message's reply (the run that gave it
         // could not record its end): the reply holds it, and it is not sent twice.
-        // A call an owner ran again that failed again: the person was told the first run's
-        // failure, and is told nothing more (the owner sees this job's).
-        if let (Some(first), Some(code)) = (args.again_of, &answer.failure) {
-            return Err(JobError::permanent(code, format!("the call failed again; the person, told job {first}'s failure, was not told")));
-        }
         let delivered = if answer.in_reply { Delivered::Sent } else { self.deliver(&args, ctx.job.id, &answer).await? };
         job_outcome(&answer, &delivered)
     }

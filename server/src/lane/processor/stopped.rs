@@ -50,9 +50,12 @@ impl Processor {
         let Some(row) = db::jobs::get(&mut conn, args.job_id).await? else { return Ok(Some("no such job".into())) };
         drop(conn);
         let job: ToolCallJob = serde_json::from_str(&row.args).map_err(|e| JobError::permanent("JOB_ARGS_INVALID", format!("the stopped call's args do not decode: {e}")))?;
-        // An owner's run again of a failed call: the person was not told it would follow.
-        if let Some(first) = job.again_of {
-            return Ok(Some(format!("a run again of job {first}'s call: the person was not told it would follow, so nothing to say")));
+        // An owner's run again of a call whose first job's end the person heard: they were not
+        // told this one would follow.
+        if let Some(first) = job.again_of
+            && self.first_told(&job, first).await?
+        {
+            return Ok(Some(format!("a run again of job {first}'s call, whose end the person heard: nothing to say")));
         }
         // A call retried since may still answer, and is told by its run. An approved call's
         // cancel ended its approval: a retry never makes it (and says nothing), so the stop is

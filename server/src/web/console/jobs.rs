@@ -79,7 +79,7 @@ impl JobsBackend for ConsoleBackend {
                 .into_iter()
                 .map(|e| JobEventView { at: e.at, state: e.state.as_str().into(), attempt: e.attempt, error_code: e.error_code, message: e.message })
                 .collect(),
-            can_retry: matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Discarded | JobState::Cancelled),
+            can_retry: matches!(job.state, JobState::Scheduled | JobState::Retryable | JobState::Discarded | JobState::Cancelled) && again.latest.is_none(),
             can_cancel: !job.state.is_finished(),
             can_run_again: again.can,
             run_again_warning: again.warning,
@@ -89,6 +89,9 @@ impl JobsBackend for ConsoleBackend {
     }
 
     async fn retry_job(&self, owner_id: i64, id: i64, ip: &str) -> Result<(), AppError> {
+        if let Some(refused) = self.ran_again_instead(id).await.map_err(internal)? {
+            return Err(refused);
+        }
         self.job_action(owner_id, id, ip, JobAction::Retry).await
     }
 
@@ -120,11 +123,24 @@ impl ConsoleBackend {
         if job.kind != ToolCallJob::KIND {
             return Ok(AgainView { can: false, warning: None, latest: None, of: None });
         }
-        let kept = db::tool_answers::get(&mut *conn, job.id).await?;
-        let latest = rerun::latest(&mut *conn, job.id).await?.map(|again| again.id);
-        let can = rerun::check(job, kept.as_ref(), latest, &self.state.tools.catalog()).is_ok();
+        let facts = rerun::Facts::read(&mut *conn, job, db::now_ms()).await?;
+        let can = rerun::check(job, &facts, &self.state.tools.catalog()).is_ok();
         let of = serde_json::from_str::<ToolCallJob>(&job.args).ok().and_then(|call| call.again_of);
-        Ok(AgainView { can, warning: can.then(|| rerun::warning(kept.as_ref())).flatten(), latest, of })
+        Ok(AgainView { can, warning: can.then(|| facts.warning()).flatten(), latest: facts.ran_again.map(|again| again.id), of })
+    }
+
+    /// Why job `id` is not retried: its call was run again as another job, which answers for it
+    /// (a run of it would make no call and say nothing).
+    async fn ran_again_instead(&self, id: i64) -> Result<Option<AppError>, db::DbError> {
+        let mut conn = self.state.db.pool.acquire().await?;
+        let Some(job) = store::get(&mut conn, id).await? else { return Ok(None) };
+        if job.kind != ToolCallJob::KIND {
+            return Ok(None);
+        }
+        Ok(rerun::latest(&mut conn, &job).await?.map(|again| {
+            let why = rerun::NotAgain::RanAgain(again.id);
+            AppError::new(why.code(), format!("Job #{id}'s call was run again as job #{}: retry or run that one again instead.", again.id))
+        }))
     }
 
     async fn job_action(&self, owner_id: i64, id: i64, ip: &str, action: JobAction) -> Result<(), AppError> {
