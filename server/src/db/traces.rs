@@ -229,13 +229,6 @@ async fn lock_for_steps(conn: &mut AnyConnection, trace_id: i64) -> Result<(), D
     Ok(())
 }
 
-/// Whether trace `id` is stored (retention removes old ones), taking its row lock on PostgreSQL
-/// (see [`lock_for_steps`]): a step appended in the same transaction then finds it still there.
-pub async fn exists(conn: &mut AnyConnection, id: i64) -> Result<bool, DbError> {
-    let lock = if super::backend_of(conn) == super::Backend::Postgres { " FOR UPDATE" } else { "" };
-    Ok(sqlx::query_scalar::<_, i64>(&format!("SELECT id FROM traces WHERE id = $1{lock}")).bind(id).fetch_optional(conn).await?.is_some())
-}
-
 /// Appends a step to a stored trace (the channel adds delivery once the reply is sent) and
 /// returns its place in the trace. Call it in a transaction (see [`lock_for_steps`]).
 pub async fn append_step(conn: &mut AnyConnection, trace_id: i64, s: &Step) -> Result<i64, DbError> {

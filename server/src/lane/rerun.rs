@@ -4,8 +4,9 @@
 //! call a second time (it sends again what its kept answer did not get out), so the call runs
 //! again as a job of its own: its answer, delivery and trace steps are its own, and the first
 //! job's history stays as it was. The job, the owner's audit row and the step on the message's
-//! trace commit together, the first job's row locked meanwhile. The first job is done from then
-//! on: a later run of it (an owner's retry, say) makes no call and says nothing.
+//! trace commit together with the first job marked as done again (`JOB_RUN_AGAIN`), its row
+//! locked meanwhile: it is not retried from then on, and a run of it makes no call and says
+//! nothing.
 //!
 //! A run again that succeeds sends the person its answer. One that fails, or that an owner
 //! cancels, tells them only if they heard nothing of the first job (its answer, or that it was
@@ -106,11 +107,13 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// Reads them for tool call `row`, at `now`.
-    pub async fn read(conn: &mut AnyConnection, row: &JobRow, now: i64) -> Result<Self, DbError> {
+    /// Reads them for tool call `row`.
+    pub async fn read(conn: &mut AnyConnection, row: &JobRow) -> Result<Self, DbError> {
         let kept = tool_answers::get(&mut *conn, row.id).await?;
         let started = kept.is_none() && tool_answers::started(&mut *conn, row.id).await?;
-        let mut stopping = row.lease_expires_at.is_some_and(|until| until > now);
+        // A cancelled run keeps its lease until it has stopped (or maintenance, once it ran
+        // out, lets it go): compared with no clock, as the database's may not be this host's.
+        let mut stopping = row.lease_expires_at.is_some();
         if let Some(chat_id) = &row.chat_id
             && !stopping
         {
@@ -184,9 +187,10 @@ pub enum RunAgain {
 /// Runs job `id`'s call again as a new job, by an owner (see the module's documentation).
 pub async fn run_again(queue: &JobQueue, catalog: &Catalog, id: i64, by: ByOwner<'_>) -> Result<RunAgain, DbError> {
     let mut tx = queue.db().begin_write().await?;
-    // Locked: a retry, a cancel or another owner's run again of it waits for this one.
+    // Locked: another owner's run again or retry of it waits for this one, and then finds it
+    // done again (`db::jobs::done_again`).
     let Some(row) = store::get_for_update(&mut tx, id).await? else { return Ok(RunAgain::NoJob) };
-    let facts = Facts::read(&mut tx, &row, db::now_ms()).await?;
+    let facts = Facts::read(&mut tx, &row).await?;
     // A second click (or a second owner) while the run again is underway: that one.
     if let Some(again) = facts.ran_again.as_ref().filter(|again| !again.state.is_finished()) {
         return Ok(RunAgain::Queued { job_id: again.id, deduplicated: true });
@@ -196,12 +200,6 @@ pub async fn run_again(queue: &JobQueue, catalog: &Catalog, id: i64, by: ByOwner
         Err(why) => return Ok(RunAgain::Refused(why)),
     };
     job.again_of = Some(id);
-    // A trace removed by retention gets no steps, from here or from the new job's runs.
-    if let Some(trace_id) = job.trace_id
-        && !db::traces::exists(&mut tx, trace_id).await?
-    {
-        job.trace_id = None;
-    }
     let new = NewJob {
         dedupe_key: Some(dedupe_key(id)),
         chat_id: row.chat_id.clone(),
@@ -219,6 +217,7 @@ pub async fn run_again(queue: &JobQueue, catalog: &Catalog, id: i64, by: ByOwner
     if enqueued.deduplicated {
         return Ok(RunAgain::Queued { job_id, deduplicated: true });
     }
+    store::done_again(&mut tx, id, job_id, db::now_ms()).await?;
     let detail = json!({ "job_id": id, "new_job_id": job_id });
     audit::record(&mut tx, AuditEntry { owner_id: Some(by.owner_id), ip: Some(by.ip), event: audit::event::JOB_RUN_AGAIN, detail: Some(detail.clone()), ..Default::default() }).await?;
     let appended = match job.trace_id {

@@ -168,12 +168,18 @@ async fn a_job_run_again_never_makes_its_call_itself(db: TestDb) {
     assert_eq!((retried.status, retried.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_DONE")), "{}", retried.body);
     let page = detail(&mut owner, first).await;
     assert_eq!((page["can_retry"].as_bool(), page["can_run_again"].as_bool()), (Some(false), Some(false)), "{page}");
+    // Nor by the queue itself, asked directly.
+    let mut tx = r.app.state.db.begin_write().await.expect("tx");
+    assert!(!server::db::jobs::retry_now(&mut tx, first, server::db::now_ms()).await.expect("retry"), "a job done again is not retried");
+    drop(tx);
     // Due again all the same (a retry that came before the run again, say).
     sqlx::query("UPDATE jobs SET state = 'available', scheduled_at = 0, completed_at = NULL WHERE id = $1").bind(first).execute(pool).await.expect("due");
     r.exchange(&[], 2).await;
     let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE id = $1").bind(first).fetch_one(pool).await.expect("job");
-    assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("RUN_AGAIN_DONE")));
+    assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("JOB_RUN_AGAIN")));
     assert_eq!(r.shop.requests.lock().expect("lock").len(), 1, "the call was made once, by the run again");
+    let timeline: Vec<Option<String>> = sqlx::query_scalar("SELECT error_code FROM job_events WHERE job_id = $1 ORDER BY id").bind(first).fetch_all(pool).await.expect("events");
+    assert!(timeline.iter().any(|c| c.as_deref() == Some("JOB_RUN_AGAIN")), "the first job's timeline says so: {timeline:?}");
     assert_eq!(r.graph.texts(), vec![stopped, ANSWER.to_string()], "nothing more said");
 }
 both_backends!(run_again_first_job_done, a_job_run_again_never_makes_its_call_itself);
@@ -201,3 +207,51 @@ async fn a_person_who_heard_nothing_is_told_the_run_agains_failure(db: TestDb) {
     assert_ne!(told[0], ANSWER);
 }
 both_backends!(run_again_told_when_unheard, a_person_who_heard_nothing_is_told_the_run_agains_failure);
+
+/// A slow call's failure its job sent the person itself; runs again of it, each failing, tell
+/// them nothing more, down a chain of runs again.
+async fn a_failure_the_job_sent_is_not_told_again_down_the_chain(db: TestDb) {
+    let r = rig(db, |s| s.jobs.default_max_attempts = 1).await;
+    let pool = &r.app.state.db.pool;
+    let first = stored_call(&r, "wamid.SENT_FAILURE").await;
+    *r.shop.order_failures.lock().expect("lock") = 3;
+    sqlx::query("UPDATE jobs SET scheduled_at = 0 WHERE id = $1").bind(first).execute(pool).await.expect("due");
+    r.exchange(&[], 1).await;
+    let told = r.graph.texts();
+    assert_eq!(told.len(), 1, "the job sent the failure: {told:?}");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let mut last = first;
+    for _ in 0..2 {
+        let res = run_again(&mut owner, last).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        last = res.json().as_i64().expect("the new job's id");
+        r.exchange(&[], 1).await;
+        let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1").bind(last).fetch_one(pool).await.expect("job");
+        assert_eq!(state, "discarded");
+    }
+    assert_eq!(r.shop.requests.lock().expect("lock").len(), 3, "each run made the call");
+    assert_eq!(r.graph.texts(), told, "told once");
+}
+both_backends!(run_again_chain_silent, a_failure_the_job_sent_is_not_told_again_down_the_chain);
+
+/// A call cancelled while it runs is not run again until its run has stopped (its lease).
+async fn a_call_still_stopping_is_not_run_again(db: TestDb) {
+    let r = rig(db, |_| {}).await;
+    let pool = &r.app.state.db.pool;
+    let first = stored_call(&r, "wamid.STOPPING").await;
+    sqlx::query("UPDATE jobs SET state = 'cancelled', last_error_code = 'JOB_CANCELLED', lease_owner = 'another-worker', lease_expires_at = $1 WHERE id = $2")
+        .bind(server::db::now_ms() + 60_000)
+        .bind(first)
+        .execute(pool)
+        .await
+        .expect("cancelled while running");
+    let mut owner = r.app.with_owner("ada", "correct horse battery").await;
+    let res = run_again(&mut owner, first).await;
+    assert_eq!((res.status, res.json()["code"].as_str()), (StatusCode::CONFLICT, Some("RUN_AGAIN_STOPPING")), "{}", res.body);
+    assert_eq!(detail(&mut owner, first).await["can_run_again"].as_bool(), Some(false));
+    // Stopped: it lets its lease go.
+    sqlx::query("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1").bind(first).execute(pool).await.expect("stopped");
+    let res = run_again(&mut owner, first).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+}
+both_backends!(run_again_waits_for_stopping, a_call_still_stopping_is_not_run_again);

@@ -13,7 +13,7 @@ pub use self::{
     enqueue::{Enqueued, enqueue, enqueue_many},
     lease::{Claim, FailOutcome, Finished, Snooze, claim, claim_in_order, claim_one, complete, fail, heartbeat, release_cancelled, snooze},
     maintenance::{Waiting, delete_queue, discard_unknown_kinds, expire, release_cancelled_leases, release_leases, release_waiting, rescue},
-    owner::{cancel, raise_attempts, release_pending, retry_now},
+    owner::{cancel, done_again, raise_attempts, release_pending, retry_now},
 };
 pub(crate) use self::enqueue::{ENQUEUE_CHUNK, INSERT_COLUMNS, SQLITE_COLUMNS, bind_sqlite, postgres_batch, postgres_enqueue_ctes};
 use super::{DbError, SetFilters, placeholders};
@@ -70,6 +70,9 @@ pub(super) const FINISHED: &str = "('completed', 'cancelled', 'discarded')";
 pub const EXPIRED: &str = "JOB_EXPIRED";
 /// The error code of a job an owner cancelled.
 pub const CANCELLED: &str = "JOB_CANCELLED";
+/// The error code of a finished job whose work an owner had done again by another job (a tool
+/// call run again): it is not retried, and a run of it does nothing.
+pub const DONE_AGAIN: &str = "JOB_RUN_AGAIN";
 
 /// A job to enqueue.
 #[derive(Debug, Clone, Default)]

@@ -2,7 +2,7 @@
 
 use sqlx::AnyConnection;
 
-use super::{CANCELLED, DbError, JobState, UNFINISHED, events_for, wake_other_processes};
+use super::{CANCELLED, DONE_AGAIN, DbError, JobState, UNFINISHED, events_for, wake_other_processes};
 use crate::db::{backend_of, lease_now};
 
 /// Cancels an unfinished job. A running one is cancelled in the table; its worker's result is
@@ -34,8 +34,8 @@ pub async fn raise_attempts(conn: &mut AnyConnection, id: i64, attempts: i64) ->
 /// Makes a waiting or finished-without-success job run now. A discarded or cancelled job gets
 /// one more attempt, and a time to live that ran out is lifted (else the job would never be
 /// claimed and the next maintenance would cancel it again). Refused while a cancelled run may
-/// still be stopping (its lease has not run out) and while another unfinished job holds the same
-/// dedupe key.
+/// still be stopping (its lease has not run out), while another unfinished job holds the same
+/// dedupe key, and for a job whose work another job does now ([`done_again`]).
 pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bool, DbError> {
     let sql = format!(
         "UPDATE jobs SET state = 'available', scheduled_at = $1, updated_at = $1, completed_at = NULL, \
@@ -43,6 +43,7 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
          expires_at = CASE WHEN expires_at <= $1 THEN NULL ELSE expires_at END, \
          max_attempts = CASE WHEN attempt >= max_attempts THEN attempt + 1 ELSE max_attempts END \
          WHERE id = $2 AND state IN ('scheduled', 'retryable', 'discarded', 'cancelled') \
+         AND (last_error_code IS NULL OR last_error_code <> '{DONE_AGAIN}') \
          AND (lease_expires_at IS NULL OR lease_expires_at < {lease_now}) \
          AND NOT EXISTS (SELECT 1 FROM jobs other WHERE other.dedupe_key = jobs.dedupe_key AND other.id <> jobs.id AND other.state IN {UNFINISHED})",
         lease_now = lease_now(backend_of(conn), "$1")
@@ -60,6 +61,26 @@ pub async fn retry_now(conn: &mut AnyConnection, id: i64, now: i64) -> Result<bo
         wake_other_processes(conn, &[id]).await?;
     }
     Ok(n == 1)
+}
+
+/// Marks finished job `id` as done again by job `by` ([`DONE_AGAIN`], in its event trail too),
+/// in the transaction that enqueued `by`: it is not retried from then on, and its retention
+/// starts again, so it is kept as long as the job that does its work. False when it is not
+/// finished without success.
+pub async fn done_again(conn: &mut AnyConnection, id: i64, by: i64, now: i64) -> Result<bool, DbError> {
+    let message = format!("done again by job {by}");
+    let row: Option<String> = sqlx::query_scalar(&format!(
+        "UPDATE jobs SET last_error_code = '{DONE_AGAIN}', last_error_message = $1, updated_at = $2 \
+         WHERE id = $3 AND state IN ('discarded', 'cancelled') RETURNING state"
+    ))
+    .bind(&message)
+    .bind(now)
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(state) = row.and_then(|s| JobState::parse(&s)) else { return Ok(false) };
+    events_for(conn, &[id], now, state, Some(DONE_AGAIN)).await?;
+    Ok(true)
 }
 
 /// Releases a pending job: approved to available, rejected to cancelled.

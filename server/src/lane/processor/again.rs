@@ -1,23 +1,17 @@
-//! What a `tool.call` job's run reads of an owner's run again of a call (`lane::rerun`): whether
-//! this job's call was run again as another job, and whether the person heard how the job a run
-//! again follows ended.
+//! Whether the person heard how the job a run again follows ended (`lane::rerun`): a run again's
+//! failure, or its cancel, is told only to a person who did not.
 
 use super::{Processor, stopped::CallStopped};
 use crate::{
-    db::{DbError, jobs::JobRow, tool_answers},
+    db::{DbError, tool_answers},
     jobs::follow_ups_of,
-    lane::{job::ToolCallJob, rerun},
+    lane::job::ToolCallJob,
 };
 
 /// How far back a chain of runs again is followed (each ran the one before it again).
 const MAX_CHAIN: usize = 32;
 
 impl Processor {
-    /// The job that ran job `row`'s call again, if an owner did.
-    pub(super) async fn ran_again(&self, row: &JobRow) -> Result<Option<i64>, DbError> {
-        Ok(rerun::latest(&mut *self.db.pool.acquire().await?, row).await?.map(|again| again.id))
-    }
-
     /// Whether the person heard how job `first` ended, or the job it ran again, and so on: its
     /// answer (in the message's reply, or sent on its own) or that it was stopped went out.
     pub(super) async fn first_told(&self, job: &ToolCallJob, first: i64) -> Result<bool, DbError> {

@@ -16,7 +16,6 @@ use super::{
     summarizer::{Summarizer, SummaryInput, ToolResult, Writer},
     validator::{Advisory, PlanScope, Validator},
 };
-use super::rerun::NotAgain;
 use crate::{
     approvals::{self, Approvals},
     channel::{DeliverError, Delivered, Outbound},
@@ -149,13 +148,11 @@ impl Processor {
     /// What [`Processor::final_answer`] comes to, before it is kept: the lane's own run keeps it
     /// once it knows who sends it.
     pub async fn settle(&self, job: &ToolCallJob, row: &JobRow) -> Result<Answer, JobError> {
-        let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
-        // An owner ran its call again as another job, which answers for it: a later run of this
-        // one (a retry, a rescue) makes no call and says nothing. The lane's own run is a new
-        // job's first.
-        if worker_run && let Some(again) = self.ran_again(row).await? {
-            tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, again.id = again, "the call was run again as another job; not made here");
-            return Err(JobError::permanent(NotAgain::RanAgain(again).code(), format!("its call was run again as job {again}, which answers for it")));
+        // An owner ran its call again as another job, which answers for it: such a job is not
+        // retried, and should it run all the same it makes no call and says nothing.
+        if row.last_error_code.as_deref() == Some(crate::db::jobs::DONE_AGAIN) {
+            tracing::warn!(job.id = row.id, correlation_id = %row.correlation_id, "the call was run again as another job; not made here");
+            return Err(JobError::permanent(crate::db::jobs::DONE_AGAIN, "its call was run again as another job, which answers for it"));
         }
         if let Some(kept) = self.kept(row).await? {
             tracing::info!(job.id = row.id, correlation_id = %row.correlation_id, "the call already ran; sending its kept answer");
@@ -195,6 +192,7 @@ impl Processor {
         // claim), and its answer would come after the person stopped waiting for it. The
         // person is told it could not be done.
         let never_async = job.approval.is_none() && tool.as_deref().is_some_and(|t| t.spec.async_policy == AsyncPolicy::Never);
+        let worker_run = !row.lease_owner.as_deref().is_some_and(crate::jobs::inline::is_lane_run);
         let refused = if never_async && worker_run {
             Some((ToolCode::NotRunAsJob, "the tool may not run as a job and the lane's own run did not finish it; not made in a worker's run"))
         } else if row.attempt > self.call_attempts {

@@ -123,7 +123,7 @@ impl ConsoleBackend {
         if job.kind != ToolCallJob::KIND {
             return Ok(AgainView { can: false, warning: None, latest: None, of: None });
         }
-        let facts = rerun::Facts::read(&mut *conn, job, db::now_ms()).await?;
+        let facts = rerun::Facts::read(&mut *conn, job).await?;
         let can = rerun::check(job, &facts, &self.state.tools.catalog()).is_ok();
         let of = serde_json::from_str::<ToolCallJob>(&job.args).ok().and_then(|call| call.again_of);
         Ok(AgainView { can, warning: can.then(|| facts.warning()).flatten(), latest: facts.ran_again.map(|again| again.id), of })
