@@ -119,7 +119,10 @@ impl Facts {
         {
             stopping = follow_up_rows_of::<CallStopped>(&mut *conn, chat_id, row.id).await?.iter().any(|stop| !stop.state.is_finished());
         }
-        Ok(Self { kept, ran_again: latest(&mut *conn, row).await?, stopping, started })
+        // Only a job marked as done again was run again (the mark and the run again commit
+        // together).
+        let ran_again = if row.last_error_code.as_deref() == Some(store::DONE_AGAIN) { latest(&mut *conn, row).await? } else { None };
+        Ok(Self { kept, ran_again, stopping, started })
     }
 
     /// What an owner is warned of before running the call again: its first run may have taken

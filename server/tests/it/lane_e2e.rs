@@ -455,6 +455,25 @@ pub(crate) async fn rig_with(db: TestDb, tools: &str, actions: &str, tweak: impl
     Rig { app, graph, llm, shop, dir }
 }
 
+/// The customer's order lookup for WhatsApp message `message`, validated against the tool's
+/// definition `version`, as the lane stores it.
+pub(crate) fn order_lookup(version: &str, message: &str) -> server::tools::job::ToolCallJob {
+    use server::{channel::ReplyTo, domain::{ChatKind, Role}};
+    server::tools::job::ToolCallJob {
+        tool: "order_status".into(),
+        version: version.into(),
+        args: json!({ "order_id": "4821" }),
+        actor: Role::Customer,
+        chat_kind: ChatKind::Direct,
+        sender: CUSTOMER.into(),
+        request: "Where is my order 4821?".into(),
+        reply_to: ReplyTo { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), chat_kind: ChatKind::Direct, message_id: message.into() },
+        trace_id: None,
+        approval: None,
+        again_of: None,
+    }
+}
+
 impl Rig {
     /// Adds an owner, Olga, with the number [`OWNER`].
     pub(crate) async fn add_owner(&self) {
@@ -1014,30 +1033,16 @@ both_backends!(lane_e2e_never_async, a_call_that_may_not_run_as_a_job_is_never_r
 /// private data, which a customer may not use without an owner, and which the checkpoint alone
 /// would have run. The same call accepted against the definition in force runs.
 async fn a_call_whose_tool_changed_while_it_waited_is_judged_again(db: TestDb) {
-    use server::{channel::ReplyTo, domain::{ChatKind, Role}, tools::job::ToolCallJob};
     let tools = TOOLS.replacen("risk = \"low\"\ntimeout = \"20s\"", "risk = \"low\"\ntimeout = \"20s\"\ntags = [\"private_data\"]", 1);
     let r = rig_with(db, &tools, "", |_| {}).await;
     let current = r.app.state.tools.catalog().get("order_status").expect("tool").version.clone();
-    let job = |version: &str, message: &str| ToolCallJob {
-        tool: "order_status".into(),
-        version: version.into(),
-        args: json!({ "order_id": "4821" }),
-        actor: Role::Customer,
-        chat_kind: ChatKind::Direct,
-        sender: CUSTOMER.into(),
-        request: "Where is my order 4821?".into(),
-        reply_to: ReplyTo { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), chat_kind: ChatKind::Direct, message_id: message.into() },
-        trace_id: None,
-        approval: None,
-        again_of: None,
-    };
     let queue = &r.app.gatehouse.jobs;
-    queue.enqueue(&queue.job(&job("sha256:before-the-reload", "wamid.STALE"))).await.expect("enqueue");
+    queue.enqueue(&queue.job(&order_lookup("sha256:before-the-reload", "wamid.STALE"))).await.expect("enqueue");
     r.exchange(&[], 1).await;
     assert!(r.shop.requests.lock().expect("lock").is_empty(), "not run");
     let (state, code): (String, Option<String>) = sqlx::query_as("SELECT state, last_error_code FROM jobs WHERE kind = 'tool.call'").fetch_one(&r.app.state.db.pool).await.expect("job");
     assert_eq!((state.as_str(), code.as_deref()), ("discarded", Some("TOOL_CHANGED")));
-    queue.enqueue(&queue.job(&job(&current, "wamid.CURRENT"))).await.expect("enqueue");
+    queue.enqueue(&queue.job(&order_lookup(&current, "wamid.CURRENT"))).await.expect("enqueue");
     r.exchange(&[], 2).await;
     assert_eq!(*r.shop.requests.lock().expect("lock"), vec!["orders/4821".to_string()], "accepted against this definition: run");
 }

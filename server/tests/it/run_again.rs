@@ -5,17 +5,11 @@
 
 use axum::http::StatusCode;
 
-use serde_json::json;
-use server::{
-    channel::ReplyTo,
-    db::jobs::NewJob,
-    domain::{ChatKind, Role},
-    tools::job::ToolCallJob,
-};
+use server::db::jobs::NewJob;
 
 use crate::{
     both_backends,
-    lane_e2e::{CUSTOMER, Rig, rig},
+    lane_e2e::{CUSTOMER, Rig, order_lookup, rig},
     support::{Client, TestDb},
 };
 
@@ -118,19 +112,7 @@ both_backends!(run_again_cancelled, a_cancelled_run_again_says_nothing);
 /// Stores an order lookup for `message` as a job that waits an hour (it is not run unless a
 /// test makes it due), as the lane would have: the job's id.
 async fn stored_call(r: &Rig, message: &str) -> i64 {
-    let call = ToolCallJob {
-        tool: "order_status".into(),
-        version: r.app.state.tools.catalog().get("order_status").expect("tool").version.clone(),
-        args: json!({ "order_id": "4821" }),
-        actor: Role::Customer,
-        chat_kind: ChatKind::Direct,
-        sender: CUSTOMER.into(),
-        request: "Where is my order 4821?".into(),
-        reply_to: ReplyTo { channel: "whatsapp".into(), chat_id: CUSTOMER.into(), chat_kind: ChatKind::Direct, message_id: message.into() },
-        trace_id: None,
-        approval: None,
-        again_of: None,
-    };
+    let call = order_lookup(&r.app.state.tools.catalog().get("order_status").expect("tool").version, message);
     let queue = &r.app.gatehouse.jobs;
     let new = NewJob {
         chat_id: Some(CUSTOMER.into()),

@@ -137,6 +137,9 @@ impl ConsoleBackend {
         if job.kind != ToolCallJob::KIND {
             return Ok(None);
         }
+        if job.last_error_code.as_deref() != Some(db::jobs::DONE_AGAIN) {
+            return Ok(None);
+        }
         Ok(rerun::latest(&mut conn, &job).await?.map(|again| {
             let why = rerun::NotAgain::RanAgain(again.id);
             AppError::new(why.code(), format!("Job #{id}'s call was run again as job #{}: retry or run that one again instead.", again.id))
