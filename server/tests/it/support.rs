@@ -109,7 +109,12 @@ impl TestDb {
     }
 
     pub async fn connect(&self) -> Db {
-        let settings = server::config::DatabaseSettings { url: self.url.clone(), ..Default::default() };
+        self.connect_with(server::config::DatabaseSettings::default().max_connections).await
+    }
+
+    /// [`TestDb::connect`] with a pool of `max_connections`.
+    pub async fn connect_with(&self, max_connections: u32) -> Db {
+        let settings = server::config::DatabaseSettings { url: self.url.clone(), max_connections, ..Default::default() };
         Db::connect(&settings).await.expect("connect test database")
     }
 
@@ -292,7 +297,7 @@ impl TestApp {
         init_test_logs();
         let mut settings = settings_for(&db);
         tweak(&mut settings);
-        let pool = db.connect().await;
+        let pool = db.connect_with(settings.database.max_connections).await;
         pool.migrate().await.expect("migrate");
         // The shipped tool files need no secrets; MCP servers are the MCP tests' own.
         let files = ToolFiles { mcp, ..ToolFiles::load(dir, &secrets.source).expect("tool files load") };

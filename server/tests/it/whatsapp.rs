@@ -1713,3 +1713,22 @@ async fn a_secret_with_a_trailing_newline_still_verifies(db: TestDb) {
     assert_eq!((res.status, res.body.as_str()), (StatusCode::OK, "42"));
 }
 both_backends!(whatsapp_secret_newline, a_secret_with_a_trailing_newline_still_verifies);
+
+/// The console's shell (every page, every live stream's session check) reads whether Meta
+/// refused the access token, and the dashboard its budgets, without holding a second
+/// connection: with one connection in the pool they answer, where they used to wait for the
+/// pool's timeout and answer 503.
+async fn the_console_shell_needs_one_connection_at_a_time(db: TestDb) {
+    let app = app(db, None, |s| {
+        s.database.max_connections = 1;
+        s.budget.daily_usd = 5.0;
+    })
+    .await;
+    let mut owner = app.with_owner("ada", "correct horse battery").await;
+    let shell = owner.post_form("/api/current_owner", &[]).await;
+    assert_eq!(shell.status, axum::http::StatusCode::OK, "{}", shell.body);
+    // The dashboard too, with a budget to read.
+    let dashboard = owner.post_form("/api/dashboard_facts", &[]).await;
+    assert_eq!(dashboard.status, axum::http::StatusCode::OK, "{}", dashboard.body);
+}
+both_backends!(whatsapp_shell_one_connection, the_console_shell_needs_one_connection_at_a_time);

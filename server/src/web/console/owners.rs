@@ -99,6 +99,10 @@ impl OwnersBackend for ConsoleBackend {
         if owner.session_epoch != who.epoch {
             return Ok(None);
         }
+        // Given back before the sender takes one of its own: every console request (and each
+        // live stream's session check) comes here, and requests that each held one connection
+        // while waiting for a second would starve the pool until its timeout.
+        drop(conn);
         let token_rejected_since = self.state.whatsapp_sender.token_rejected_since().await.map_err(internal)?;
         Ok(Some(ShellInfo {
             owner_id: owner.id,
@@ -120,10 +124,11 @@ impl OwnersBackend for ConsoleBackend {
     async fn dashboard(&self) -> Result<DashboardInfo, AppError> {
         let s = &self.state;
         let applied = s.db.applied_migrations().await.map_err(internal)?;
+        // Read before this function holds a connection of its own (see `shell_info`).
+        let budgets = s.budget.status().await.map_err(internal)?;
         let mut conn = s.db.pool.acquire().await.map_err(internal)?;
         let owner_count = db::owners::count(&mut conn).await.map_err(internal)?;
         let provider = s.config.settings.llm.provider;
-        let budgets = s.budget.status().await.map_err(internal)?;
         let mut spend = Vec::new();
         for (period, _key, starts_at) in crate::budget::periods_at(db::now_ms()) {
             let spoken = if period == crate::budget::Period::Day { "today" } else { "this month" };
